@@ -1,0 +1,26 @@
+"""archlab: a Hugging Face transformers plugin with the modern decoder LM and the classic encoder-decoder.
+
+`import archlab` registers every config and model class with the Auto classes, so
+`AutoModelForCausalLM.from_pretrained(folder)` loads an archlab checkpoint without `trust_remote_code`.
+"""
+
+from .registration import register_all
+from .modeling import (
+    DecoderConfig,
+    DecoderForCausalLM,
+    DecoderForSequenceClassification,
+    DecoderModel,
+    DecoderPreTrainedModel,
+)
+
+register_all()
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "DecoderConfig",
+    "DecoderPreTrainedModel",
+    "DecoderModel",
+    "DecoderForCausalLM",
+    "DecoderForSequenceClassification",
+]

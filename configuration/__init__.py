@@ -1,0 +1,1 @@
+"""archlab.configuration"""

@@ -1,0 +1,1 @@
+"""archlab.model_cards"""

@@ -1,0 +1,21 @@
+"""archlab's model code: one flat folder of sibling modules that import only torch and transformers.
+
+This is the folder Hugging Face's remote-code export copies next to a saved model (`custom_object_save` follows
+single-dot sibling imports only), so nothing here may import `archlab` or use `..`/nested imports.
+"""
+
+from .configuration_decoder import DecoderConfig
+from .modeling_decoder import (
+    DecoderForCausalLM,
+    DecoderForSequenceClassification,
+    DecoderModel,
+    DecoderPreTrainedModel,
+)
+
+__all__ = [
+    "DecoderConfig",
+    "DecoderPreTrainedModel",
+    "DecoderModel",
+    "DecoderForCausalLM",
+    "DecoderForSequenceClassification",
+]

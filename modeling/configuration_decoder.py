@@ -1,0 +1,152 @@
+"""`DecoderConfig`: the configuration of archlab's decoder-only language model.
+
+Field names and meanings follow `LlamaConfig` (and, for the variants, Mistral/Mixtral/Qwen2-MoE/Qwen3/Gemma2
+configs); new concepts get new, self-explaining fields. The default architecture is the LLaMA recipe
+(seed 000, section 5.x): pre-RMSNorm, RoPE, grouped-query attention, SwiGLU feed-forward, no biases.
+
+Every impossible value fails here, at construction, with a `ValueError` that names the field and what is
+allowed -- never later as a shape error inside `forward`.
+
+This file is part of the flat `modeling/` folder that Hugging Face's remote-code export copies next to a saved
+model: it may import only torch, transformers and sibling modules (`from .x import y`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from huggingface_hub.dataclasses import strict
+from transformers.configuration_utils import PreTrainedConfig
+
+from .validation import (
+    ACTIVATIONS,
+    check_choice,
+    check_non_negative,
+    check_positive,
+    check_probability,
+)
+
+
+@strict
+class DecoderConfig(PreTrainedConfig):
+    r"""Configuration of [`DecoderModel`], [`DecoderForCausalLM`] and [`DecoderForSequenceClassification`].
+
+    The LLaMA fields (with LlamaConfig's defaults, i.e. a LLaMA-7B shape) are:
+    `vocab_size`, `hidden_size`, `intermediate_size`, `num_hidden_layers`, `num_attention_heads`,
+    `num_key_value_heads` (GQA; defaults to `num_attention_heads`, 1 is MQA), `head_dim` (defaults to
+    `hidden_size // num_attention_heads`), `hidden_act`, `max_position_embeddings`, `initializer_range`,
+    `rms_norm_eps`, `use_cache`, `pad_token_id`, `bos_token_id`, `eos_token_id`, `tie_word_embeddings`,
+    `rope_parameters` (`{"rope_type": ..., "rope_theta": ..., ...}` exactly as in transformers),
+    `attention_bias`, `attention_dropout`, `mlp_bias`.
+
+    archlab fields:
+        classifier_lm_loss_weight (`float`, defaults to 0.0):
+            λ in L = L_FT + λ·L_PT for [`DecoderForSequenceClassification`] (seed 001, GPT fine-tuning): when
+            positive and `labels` are given, the next-token loss over the (non-pad) input is added.
+        lm_loss_chunk_size (`int`, defaults to 1024):
+            In training, the LM head and cross-entropy run over chunks of this many tokens so the full
+            `(tokens, vocab)` logits never exist at once; `0` turns chunking off.
+
+    Example:
+    ```python
+    >>> from archlab import DecoderConfig, DecoderForCausalLM
+    >>> config = DecoderConfig(vocab_size=1000, hidden_size=64, intermediate_size=176, num_hidden_layers=2,
+    ...                        num_attention_heads=4, num_key_value_heads=2)
+    >>> model = DecoderForCausalLM(config)
+    ```
+    """
+
+    model_type = "archlab_decoder"
+    keys_to_ignore_at_inference = ["past_key_values"]
+    base_model_tp_plan = {
+        "layers.*.self_attn.q_proj": "colwise",
+        "layers.*.self_attn.k_proj": "colwise",
+        "layers.*.self_attn.v_proj": "colwise",
+        "layers.*.self_attn.o_proj": "rowwise",
+        "layers.*.mlp.gate_proj": "colwise",
+        "layers.*.mlp.up_proj": "colwise",
+        "layers.*.mlp.down_proj": "rowwise",
+    }
+    base_model_pp_plan = {
+        "embed_tokens": (["input_ids"], ["inputs_embeds"]),
+        "layers": (["hidden_states", "attention_mask"], ["hidden_states"]),
+        "norm": (["hidden_states"], ["hidden_states"]),
+    }
+
+    # --- LlamaConfig fields ---
+    vocab_size: int = 32000
+    hidden_size: int = 4096
+    intermediate_size: int = 11008
+    num_hidden_layers: int = 32
+    num_attention_heads: int = 32
+    num_key_value_heads: int | None = None
+    head_dim: int | None = None
+    hidden_act: str = "silu"
+    max_position_embeddings: int = 2048
+    initializer_range: float = 0.02
+    rms_norm_eps: float = 1e-6
+    use_cache: bool = True
+    pad_token_id: int | None = None
+    bos_token_id: int | None = 1
+    eos_token_id: int | list[int] | None = 2
+    tie_word_embeddings: bool = False
+    rope_parameters: dict | None = None
+    attention_bias: bool = False
+    attention_dropout: int | float = 0.0
+    mlp_bias: bool = False
+
+    # --- archlab fields ---
+    classifier_lm_loss_weight: int | float = 0.0
+    lm_loss_chunk_size: int = 1024
+
+    def __post_init__(self, **kwargs: Any) -> None:
+        if self.num_key_value_heads is None:
+            self.num_key_value_heads = self.num_attention_heads
+        if self.head_dim is None and isinstance(self.num_attention_heads, int) and self.num_attention_heads > 0:
+            if self.hidden_size % self.num_attention_heads != 0:
+                raise ValueError(
+                    f"`hidden_size` ({self.hidden_size}) must be divisible by `num_attention_heads` "
+                    f"({self.num_attention_heads}) unless `head_dim` is given explicitly."
+                )
+            self.head_dim = self.hidden_size // self.num_attention_heads
+        super().__post_init__(**kwargs)
+
+    def validate_architecture(self) -> None:
+        """Called by `@strict` after construction (and again at save time)."""
+        for name in (
+            "vocab_size",
+            "hidden_size",
+            "intermediate_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+            "num_key_value_heads",
+            "head_dim",
+            "max_position_embeddings",
+        ):
+            check_positive(self, name)
+        check_positive(self, "rms_norm_eps", integer=False)
+        check_non_negative(self, "initializer_range")
+        check_probability(self, "attention_dropout")
+        check_non_negative(self, "classifier_lm_loss_weight")
+        check_non_negative(self, "lm_loss_chunk_size")
+        check_choice(self, "hidden_act", ACTIVATIONS)
+        if self.num_attention_heads % self.num_key_value_heads != 0:
+            raise ValueError(
+                f"`num_key_value_heads` ({self.num_key_value_heads}) must divide `num_attention_heads` "
+                f"({self.num_attention_heads}): allowed values are "
+                f"{[d for d in range(1, self.num_attention_heads + 1) if self.num_attention_heads % d == 0]}."
+            )
+        rotary_dim = int(self.head_dim * self.rope_parameters.get("partial_rotary_factor", 1.0))
+        if rotary_dim % 2 != 0 or rotary_dim == 0:
+            raise ValueError(
+                f"The rotary dimension (`head_dim` {self.head_dim} x `rope_parameters['partial_rotary_factor']` "
+                f"{self.rope_parameters.get('partial_rotary_factor', 1.0)} = {rotary_dim}) must be a positive even "
+                "number: RoPE rotates pairs of channels."
+            )
+        for name in ("pad_token_id", "bos_token_id"):
+            value = getattr(self, name)
+            if value is not None and not 0 <= value < self.vocab_size:
+                raise ValueError(f"`{name}` ({value}) must be None or in [0, vocab_size={self.vocab_size}).")
+
+
+__all__ = ["DecoderConfig"]

@@ -1,0 +1,111 @@
+"""Language-modelling losses.
+
+- `causal_lm_loss`: next-token cross-entropy, ignoring -100, summed and divided by `num_items_in_batch` when the
+  Trainer passes it (so gradient accumulation equals one big batch), else averaged — as transformers'
+  `ForCausalLMLoss`, plus the optional z-loss of PaLM (Chowdhery et al. 2022; seed 004): z · log²Z.
+- `ChunkedLinearCrossEntropy`: the same loss fused with the LM head. Logits exist one chunk of tokens at a time and
+  the gradient is computed in the forward pass, so training never holds the full (tokens × vocab) logits
+  (the memory peak of a small-model training step) and the big GEMMs stay cache-friendly.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+IGNORE_INDEX = -100
+
+
+def shift_labels(labels: torch.Tensor) -> torch.Tensor:
+    """Targets for next-token prediction: position t predicts labels[t + 1]; the last position predicts nothing."""
+    return F.pad(labels[..., 1:], (0, 1), value=IGNORE_INDEX)
+
+
+def _reduce(total: torch.Tensor, targets: torch.Tensor, num_items_in_batch) -> torch.Tensor:
+    if num_items_in_batch is None:
+        return total / (targets != IGNORE_INDEX).sum().clamp(min=1)
+    if torch.is_tensor(num_items_in_batch):
+        num_items_in_batch = num_items_in_batch.to(total.device)
+    return total / num_items_in_batch
+
+
+def causal_lm_loss(
+    logits: torch.Tensor,
+    labels: torch.Tensor,
+    num_items_in_batch: torch.Tensor | int | None = None,
+    z_loss_coef: float = 0.0,
+    shifted_labels: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Cross-entropy of logits (B, T, V) against next-token labels (B, T)."""
+    targets = (shifted_labels if shifted_labels is not None else shift_labels(labels)).reshape(-1)
+    logits = logits.reshape(-1, logits.shape[-1]).float()
+    targets = targets.to(logits.device)
+    total = F.cross_entropy(logits, targets, ignore_index=IGNORE_INDEX, reduction="sum")
+    if z_loss_coef:
+        log_z = torch.logsumexp(logits, dim=-1)
+        total = total + z_loss_coef * (log_z.square() * (targets != IGNORE_INDEX)).sum()
+    return _reduce(total, targets, num_items_in_batch)
+
+
+class ChunkedLinearCrossEntropy(torch.autograd.Function):
+    """sum over tokens of CE(hidden @ weightᵀ, target) [+ z·logsumexp²], gradient computed chunk by chunk."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, targets, chunk_size: int, z_loss_coef: float):  # type: ignore[override]
+        device_type = hidden.device.type
+        autocast = torch.is_autocast_enabled(device_type)
+        compute_dtype = torch.get_autocast_dtype(device_type) if autocast else hidden.dtype
+        with torch.autocast(device_type, enabled=False):
+            w = weight.to(compute_dtype)
+            grad_hidden = torch.empty_like(hidden) if hidden.requires_grad else None
+            grad_weight = torch.zeros_like(weight, dtype=torch.float32) if weight.requires_grad else None
+            total = hidden.new_zeros((), dtype=torch.float32)
+            for start in range(0, hidden.shape[0], chunk_size):
+                h = hidden[start : start + chunk_size].to(compute_dtype)
+                t = targets[start : start + chunk_size]
+                logits = (h @ w.t()).float()  # (n, V)
+                log_z = torch.logsumexp(logits, dim=-1)
+                valid = (t != IGNORE_INDEX).float()
+                safe_t = t.clamp(min=0)
+                picked = logits.gather(1, safe_t[:, None]).squeeze(1)
+                total += ((log_z - picked) * valid).sum()
+                if z_loss_coef:
+                    total += z_loss_coef * (log_z.square() * valid).sum()
+                if grad_hidden is None and grad_weight is None:
+                    continue
+                # d/dlogits: softmax · (1 + 2 z log Z) - onehot(target), zero for ignored tokens
+                grad = torch.exp_(logits.sub_(log_z[:, None]))
+                if z_loss_coef:
+                    grad.mul_((1 + 2 * z_loss_coef * log_z)[:, None])
+                grad.scatter_add_(1, safe_t[:, None], -torch.ones_like(picked)[:, None])
+                grad.mul_(valid[:, None])
+                grad = grad.to(compute_dtype)
+                if grad_hidden is not None:
+                    grad_hidden[start : start + chunk_size] = grad @ w
+                if grad_weight is not None:
+                    grad_weight.add_((grad.t() @ h).float())
+        ctx.save_for_backward(grad_hidden, grad_weight.to(weight.dtype) if grad_weight is not None else None)
+        return total
+
+    @staticmethod
+    def backward(ctx, grad_output):  # type: ignore[override]
+        grad_hidden, grad_weight = ctx.saved_tensors
+        grad_hidden = grad_hidden * grad_output.to(grad_hidden.dtype) if grad_hidden is not None else None
+        grad_weight = grad_weight * grad_output.to(grad_weight.dtype) if grad_weight is not None else None
+        return grad_hidden, grad_weight, None, None, None
+
+
+def chunked_causal_lm_loss(
+    hidden_states: torch.Tensor,
+    weight: torch.Tensor,
+    labels: torch.Tensor,
+    chunk_size: int,
+    num_items_in_batch: torch.Tensor | int | None = None,
+    z_loss_coef: float = 0.0,
+    shifted_labels: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """`causal_lm_loss(hidden_states @ weightᵀ, labels)` without materialising the logits."""
+    targets = (shifted_labels if shifted_labels is not None else shift_labels(labels)).reshape(-1)
+    hidden = hidden_states.reshape(-1, hidden_states.shape[-1])
+    total = ChunkedLinearCrossEntropy.apply(hidden, weight, targets.to(hidden.device), chunk_size, z_loss_coef)
+    return _reduce(total, targets, num_items_in_batch)

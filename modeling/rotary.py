@@ -1,0 +1,71 @@
+"""Rotary position embedding (RoPE; Su et al. 2021, seed 000 §5.2 "position encoding").
+
+The inverse frequencies come from transformers' `ROPE_INIT_FUNCTIONS`, so every `rope_parameters["rope_type"]`
+Hugging Face supports (default, linear, dynamic, yarn, llama3, ...) means exactly what it means there, and
+`cos`/`sin` are bit-identical to Llama's. `partial_rotary_factor` rotates only the first fraction of each head's
+channels (GPT-NeoX / Phi style).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS, dynamic_rope_update
+
+
+def default_rope_parameters(config, device=None, **kwargs) -> tuple[torch.Tensor, float]:
+    """θ_i = base^(-2i/d) over the rotary dimension d = head_dim · partial_rotary_factor."""
+    base = config.rope_parameters["rope_theta"]
+    partial = config.rope_parameters.get("partial_rotary_factor", 1.0)
+    dim = int(config.head_dim * partial)
+    inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64).to(device=device, dtype=torch.float) / dim))
+    return inv_freq, 1.0
+
+
+class RotaryEmbedding(nn.Module):
+    """Computes (cos, sin) of shape (batch, seq, rotary_dim) for the given position ids, once per forward."""
+
+    inv_freq: torch.Tensor
+
+    def __init__(self, config, device=None) -> None:
+        super().__init__()
+        self.config = config
+        self.max_seq_len_cached = config.max_position_embeddings
+        self.original_max_seq_len = config.max_position_embeddings
+        self.rope_type = config.rope_parameters.get("rope_type", "default")
+        init_fn = default_rope_parameters if self.rope_type == "default" else ROPE_INIT_FUNCTIONS[self.rope_type]
+        inv_freq, self.attention_scaling = init_fn(config, device)
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self.register_buffer("original_inv_freq", inv_freq.clone(), persistent=False)
+
+    # transformers' `_init_weights` re-derives `inv_freq` through this name for the default rope type.
+    compute_default_rope_parameters = staticmethod(default_rope_parameters)
+
+    @torch.no_grad()
+    @dynamic_rope_update  # recomputes inv_freq for the "dynamic" / "longrope" types
+    def forward(self, x: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        freqs = position_ids[..., None].float() * self.inv_freq.to(device=x.device, dtype=torch.float)
+        emb = torch.cat((freqs, freqs), dim=-1)  # (B, T, rotary_dim)
+        cos = emb.cos() * self.attention_scaling
+        sin = emb.sin() * self.attention_scaling
+        return cos.to(dtype=x.dtype), sin.to(dtype=x.dtype)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def apply_rotary(
+    query: torch.Tensor, key: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotate (B, H, T, D) queries and keys; channels past cos.shape[-1] pass through (partial rotary)."""
+    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # broadcast over heads
+    rotary_dim = cos.shape[-1]
+    if rotary_dim == query.shape[-1]:
+        return query * cos + rotate_half(query) * sin, key * cos + rotate_half(key) * sin
+    q_rot, q_pass = query[..., :rotary_dim], query[..., rotary_dim:]
+    k_rot, k_pass = key[..., :rotary_dim], key[..., rotary_dim:]
+    q_rot = q_rot * cos + rotate_half(q_rot) * sin
+    k_rot = k_rot * cos + rotate_half(k_rot) * sin
+    return torch.cat((q_rot, q_pass), dim=-1), torch.cat((k_rot, k_pass), dim=-1)

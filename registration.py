@@ -1,0 +1,44 @@
+"""Registers archlab's configs and models with transformers' Auto classes (idempotent).
+
+Two registrations per class: with the Auto mappings (so `import archlab` makes `AutoModel*.from_pretrained` work
+without `trust_remote_code`), and `register_for_auto_class` (so `save_pretrained` copies the modeling code and
+writes `auto_map`, and the folder also loads with `trust_remote_code=True` where archlab is not installed).
+"""
+
+from __future__ import annotations
+
+from transformers import (
+    AutoConfig,
+    AutoModel,
+    AutoModelForCausalLM,
+    AutoModelForSequenceClassification,
+)
+
+from .modeling import (
+    DecoderConfig,
+    DecoderForCausalLM,
+    DecoderForSequenceClassification,
+    DecoderModel,
+)
+
+# (Auto class, config class, model class)
+MODEL_REGISTRY = [
+    (AutoModel, DecoderConfig, DecoderModel),
+    (AutoModelForCausalLM, DecoderConfig, DecoderForCausalLM),
+    (AutoModelForSequenceClassification, DecoderConfig, DecoderForSequenceClassification),
+]
+
+_done = False
+
+
+def register_all() -> None:
+    global _done
+    if _done:
+        return
+    for config_class in {entry[1] for entry in MODEL_REGISTRY}:
+        AutoConfig.register(config_class.model_type, config_class, exist_ok=True)
+        config_class.register_for_auto_class("AutoConfig")
+    for auto_class, config_class, model_class in MODEL_REGISTRY:
+        auto_class.register(config_class, model_class, exist_ok=True)
+        model_class.register_for_auto_class(auto_class.__name__)
+    _done = True
