@@ -1,1 +1,6 @@
-"""archlab.configuration"""
+"""archlab.configuration: the configuration API (config classes re-exported from `archlab.modeling`), named
+presets, and checkpoint conversion to and from stock Hugging Face families."""
+
+from ..modeling import DecoderConfig
+
+__all__ = ["DecoderConfig"]

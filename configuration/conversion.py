@@ -1,0 +1,212 @@
+"""Checkpoint conversion between stock Hugging Face families and archlab.
+
+`convert_checkpoint(src, dst)` reads `src/config.json`; a stock family (e.g. "llama") becomes an archlab folder that
+the Auto classes load, and an archlab folder with `to="llama"` becomes a stock folder that `LlamaForCausalLM` loads,
+so every serving tool built for that family serves archlab models. A config that the target family cannot express is
+refused with a message that names the offending fields.
+
+Each family is a `FamilyConversion` in `FAMILIES`: how its config maps to an archlab config and back, and how its
+parameter names map (identity for Llama, whose names archlab uses). Later families register the same way.
+Weights are read and written as safetensors only; the model is built on the meta device, so converting never holds
+two copies of the weights.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file
+from transformers import AutoConfig, PreTrainedConfig, PreTrainedModel
+
+from ..modeling import DecoderConfig, DecoderForCausalLM
+
+# archlab decoder fields that change training only, never the function a checkpoint computes: any value is
+# compatible with a stock family. Other archlab fields must keep their default (the LLaMA recipe) to export.
+TRAINING_ONLY_FIELDS = {"lm_loss_chunk_size", "classifier_lm_loss_weight"}
+
+# PreTrainedConfig bookkeeping fields that are never architecture.
+_BOOKKEEPING = {
+    "architectures", "auto_map", "transformers_version", "dtype", "torch_dtype", "model_type", "_name_or_path",
+    "id2label", "label2id", "problem_type", "output_hidden_states", "return_dict", "chunk_size_feed_forward",
+    "is_encoder_decoder", "tie_word_embeddings", "use_cache",
+}
+
+# LlamaConfig fields archlab's DecoderConfig shares with identical meaning.
+LLAMA_FIELDS = (
+    "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+    "num_key_value_heads", "head_dim", "hidden_act", "max_position_embeddings", "initializer_range", "rms_norm_eps",
+    "use_cache", "pad_token_id", "bos_token_id", "eos_token_id", "tie_word_embeddings", "rope_parameters",
+    "attention_bias", "attention_dropout", "mlp_bias",
+)
+
+
+@dataclass
+class FamilyConversion:
+    """How one stock family maps to and from archlab."""
+
+    model_type: str  # the stock family's `model_type`
+    architecture: str  # the stock class written into `architectures`, e.g. "LlamaForCausalLM"
+    shared_fields: tuple[str, ...]  # config fields with the same name and meaning on both sides
+    # archlab fields that this family fixes to a value (beyond the defaults), e.g. sliding_window for Mistral
+    to_archlab_extra: Callable[[dict[str, Any]], dict[str, Any]] = lambda hf: {}
+    from_archlab_extra: Callable[[DecoderConfig], dict[str, Any]] = lambda cfg: {}
+    # archlab fields this family can express with a non-default value (handled by `from_archlab_extra`)
+    expressible_fields: set[str] = field(default_factory=set)
+    # parameter renames stock -> archlab (a function over the key); identity for families archlab mirrors
+    rename_to_archlab: Callable[[str], str] = lambda key: key
+    rename_from_archlab: Callable[[str], str] = lambda key: key
+    archlab_class: type[PreTrainedModel] = DecoderForCausalLM
+    archlab_config_class: type[PreTrainedConfig] = DecoderConfig
+
+
+FAMILIES: dict[str, FamilyConversion] = {
+    "llama": FamilyConversion(model_type="llama", architecture="LlamaForCausalLM", shared_fields=LLAMA_FIELDS),
+}
+
+ARCHLAB_MODEL_TYPES = {"archlab_decoder": DecoderConfig}
+
+
+class ConversionError(ValueError):
+    """The source cannot be converted as asked; the message says why and what would work."""
+
+
+def _read_config(folder: Path) -> dict[str, Any]:
+    path = folder / "config.json"
+    if not path.is_file():
+        raise ConversionError(f"{folder} has no config.json: not a Hugging Face model folder.")
+    return json.loads(path.read_text())
+
+
+def load_safetensors_state_dict(folder: Path) -> dict[str, torch.Tensor]:
+    """All tensors of a folder's `model.safetensors` or sharded `model-*.safetensors` (pickles are refused)."""
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        pickles = [p.name for p in folder.glob("*.bin")] + [p.name for p in folder.glob("*.pt")]
+        hint = f" It has pickled weights ({', '.join(pickles)}); re-save them as safetensors first." if pickles else ""
+        raise ConversionError(f"{folder} has no *.safetensors weights.{hint}")
+    state_dict: dict[str, torch.Tensor] = {}
+    for file in files:
+        state_dict.update(load_file(str(file)))
+    return state_dict
+
+
+def archlab_config_from(family: FamilyConversion, hf_config: dict[str, Any]) -> PreTrainedConfig:
+    kwargs = {k: hf_config[k] for k in family.shared_fields if k in hf_config}
+    # Legacy configs carry rope_theta/rope_scaling instead of rope_parameters; PreTrainedConfig standardises them.
+    for legacy in ("rope_theta", "rope_scaling", "partial_rotary_factor"):
+        if legacy in hf_config and "rope_parameters" not in hf_config:
+            kwargs[legacy] = hf_config[legacy]
+    kwargs.update(family.to_archlab_extra(hf_config))
+    return family.archlab_config_class(**kwargs)
+
+
+def incompatible_fields(family: FamilyConversion, config: PreTrainedConfig) -> dict[str, Any]:
+    """archlab fields whose value the stock family cannot express: {field: value}."""
+    defaults = type(config)().to_dict()
+    current = config.to_dict()
+    allowed = set(family.shared_fields) | TRAINING_ONLY_FIELDS | family.expressible_fields | _BOOKKEEPING
+    return {
+        key: value
+        for key, value in current.items()
+        if key not in allowed and not key.startswith("_") and key in defaults and value != defaults[key]
+    }
+
+
+def stock_config_from(family: FamilyConversion, config: PreTrainedConfig) -> dict[str, Any]:
+    bad = incompatible_fields(family, config)
+    if bad:
+        details = ", ".join(f"{k}={v!r}" for k, v in sorted(bad.items()))
+        raise ConversionError(
+            f"This archlab config is not {family.model_type}-equivalent: {details}. "
+            f"A stock {family.architecture} cannot compute these variants; keep them at their defaults to export."
+        )
+    out = {k: getattr(config, k) for k in family.shared_fields}
+    out.update(family.from_archlab_extra(config))
+    out["model_type"] = family.model_type
+    out["architectures"] = [family.architecture]
+    return out
+
+
+def _copy_side_files(src: Path, dst: Path) -> None:
+    """Tokenizer, generation config and other non-weight, non-code files travel along."""
+    skip_suffixes = {".safetensors", ".bin", ".pt", ".pth", ".py"}
+    skip_names = {"config.json", "model.safetensors.index.json", "README.md"}
+    for path in src.iterdir():
+        if path.is_file() and path.suffix not in skip_suffixes and path.name not in skip_names:
+            shutil.copy2(path, dst / path.name)
+
+
+def convert_checkpoint(src: str | os.PathLike, dst: str | os.PathLike, to: str | None = None) -> Path:
+    """Convert the model folder `src` into `dst` (complete or absent: written to a temp folder, then renamed).
+
+    - `src` of a stock family in `FAMILIES` -> an archlab folder (`to` must be None or "archlab").
+    - `src` an archlab folder and `to` a family name -> a stock folder of that family.
+    Returns `dst`.
+    """
+    src, dst = Path(src), Path(dst)
+    if dst.exists() and any(dst.iterdir()):
+        raise ConversionError(f"Destination {dst} exists and is not empty; choose a new folder.")
+    hf_config = _read_config(src)
+    model_type = hf_config.get("model_type")
+
+    if model_type in ARCHLAB_MODEL_TYPES:
+        if to is None or to == "archlab":
+            raise ConversionError(
+                f"{src} is already an archlab checkpoint; pass a target family to export it: "
+                f"to one of {sorted(FAMILIES)}."
+            )
+        if to not in FAMILIES:
+            raise ConversionError(f"Unknown target family {to!r}; allowed: {sorted(FAMILIES)}.")
+        family = FAMILIES[to]
+        config = AutoConfig.from_pretrained(src)
+        stock_config = stock_config_from(family, config)
+        state_dict = {family.rename_from_archlab(k): v for k, v in load_safetensors_state_dict(src).items()}
+        stock_cls = getattr(__import__("transformers"), family.architecture)
+        stock_config_obj = AutoConfig.for_model(**stock_config)
+        return _write(stock_cls, stock_config_obj, state_dict, src, dst)
+
+    if model_type in FAMILIES:
+        if to not in (None, "archlab"):
+            raise ConversionError(f"{src} is a {model_type} checkpoint; it converts to archlab only (no `to`).")
+        family = FAMILIES[model_type]
+        config = archlab_config_from(family, hf_config)
+        state_dict = {family.rename_to_archlab(k): v for k, v in load_safetensors_state_dict(src).items()}
+        return _write(family.archlab_class, config, state_dict, src, dst)
+
+    known = sorted(FAMILIES) + sorted(ARCHLAB_MODEL_TYPES)
+    raise ConversionError(f"{src} has model_type={model_type!r}; the converter knows: {known}.")
+
+
+def _write(model_cls: type[PreTrainedModel], config: PreTrainedConfig, state_dict, src: Path, dst: Path) -> Path:
+    with torch.device("meta"):
+        model = model_cls(config)
+    if getattr(config, "tie_word_embeddings", False):
+        state_dict = {k: v for k, v in state_dict.items() if k != "lm_head.weight"}
+    missing, unexpected = model.load_state_dict(state_dict, strict=False, assign=True)
+    missing = [k for k in missing if not (config.tie_word_embeddings and k == "lm_head.weight")]
+    if missing or unexpected:
+        raise ConversionError(
+            f"Weights do not match {model_cls.__name__}: missing {missing[:5]}, unexpected {unexpected[:5]}."
+        )
+    if config.tie_word_embeddings:
+        model.tie_weights()
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dst.name}.", dir=dst.parent))
+    try:
+        model.save_pretrained(tmp)
+        _copy_side_files(src, tmp)
+        if dst.exists():
+            dst.rmdir()
+        tmp.rename(dst)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return dst

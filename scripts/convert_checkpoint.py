@@ -1,0 +1,42 @@
+"""Convert a checkpoint folder between a stock Hugging Face family and archlab.
+
+    python scripts/convert_checkpoint.py path/to/llama   path/to/archlab          # stock -> archlab
+    python scripts/convert_checkpoint.py path/to/archlab path/to/llama --to llama  # archlab -> stock
+
+The source family is read from SRC/config.json. The logic lives in `archlab.configuration.conversion`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from archlab.configuration.conversion import FAMILIES, ConversionError, convert_checkpoint
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("src", help="source model folder (config.json + *.safetensors)")
+    parser.add_argument("dst", help="destination folder (must not exist or be empty)")
+    parser.add_argument(
+        "--to",
+        choices=sorted(FAMILIES),
+        default=None,
+        help="export an archlab folder to this stock family (omit to import a stock folder into archlab)",
+    )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        out = convert_checkpoint(args.src, args.dst, to=args.to)
+    except ConversionError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
