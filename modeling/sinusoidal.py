@@ -1,0 +1,93 @@
+"""Sinusoidal absolute position embeddings (Vaswani et al. 2017, §3.5; seed 000 §5.2 and seed 001 "positional
+encoding").
+
+    angle(pos, i) = pos / base^(2i / d)            for i = 0 .. ceil(d/2) - 1
+
+Two channel layouts of the same angles exist in the wild, and checkpoints depend on which one they were trained with:
+
+- `"interleaved"` — the paper's: channel 2i holds sin(angle(pos, i)) and channel 2i+1 holds cos(angle(pos, i)).
+- `"split"` — Marian's (and tensor2tensor's): the first ceil(d/2) channels hold the sines, the remaining floor(d/2)
+  channels the cosines. `MarianSinusoidalPositionalEmbedding` builds exactly this table.
+
+`SINUSOID_LAYOUTS` is the registry a config's layout field resolves through. The table is computed in float64 (as
+Marian does with numpy) and stored in the requested dtype.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+def _angles(num_positions: int, dim: int, base: float) -> torch.Tensor:
+    """(num_positions, ceil(dim/2)) float64 angles pos / base^(2i/dim)."""
+    positions = torch.arange(num_positions, dtype=torch.float64)[:, None]
+    exponents = torch.arange(0, dim, 2, dtype=torch.float64) / dim  # 2i / d
+    return positions / torch.pow(torch.tensor(base, dtype=torch.float64), exponents)
+
+
+def interleaved_table(num_positions: int, dim: int, base: float = 10000.0) -> torch.Tensor:
+    """PE[pos, 2i] = sin, PE[pos, 2i+1] = cos — the layout of the paper."""
+    angles = _angles(num_positions, dim, base)
+    table = torch.stack((angles.sin(), angles.cos()), dim=-1).flatten(1)  # (P, 2·ceil(d/2))
+    return table[:, :dim]
+
+
+def split_table(num_positions: int, dim: int, base: float = 10000.0) -> torch.Tensor:
+    """PE[pos, :ceil(d/2)] = sin, PE[pos, ceil(d/2):] = cos — Marian's layout."""
+    angles = _angles(num_positions, dim, base)
+    return torch.cat((angles.sin(), angles[:, : dim // 2].cos()), dim=-1)
+
+
+SINUSOID_LAYOUTS = {"interleaved": interleaved_table, "split": split_table}
+
+
+def sinusoid_table(
+    num_positions: int,
+    dim: int,
+    layout: str = "interleaved",
+    base: float = 10000.0,
+    dtype: torch.dtype = torch.float32,
+) -> torch.Tensor:
+    """The (num_positions, dim) table in the given layout ("interleaved" or "split")."""
+    if layout not in SINUSOID_LAYOUTS:
+        raise ValueError(f"Unknown sinusoid layout {layout!r}; allowed values: {', '.join(map(repr, SINUSOID_LAYOUTS))}.")
+    return SINUSOID_LAYOUTS[layout](num_positions, dim, base).to(dtype)
+
+
+class SinusoidalPositionalEmbedding(nn.Module):
+    """A fixed (not trained) table looked up by position id: (…, T) -> (…, T, dim).
+
+    The table is a buffer named `weight`, so the state-dict key is `embed_positions.weight` as in Marian. It is
+    `persistent` by default because Marian state dicts carry it (strict loading needs the key); models that do not
+    want it in their checkpoints pass `persistent=False`. `reset_parameters` recomputes it (models call it from
+    `_init_weights`, e.g. after meta-device initialisation).
+    """
+
+    weight: torch.Tensor
+
+    def __init__(
+        self,
+        num_positions: int,
+        dim: int,
+        layout: str = "interleaved",
+        base: float = 10000.0,
+        persistent: bool = True,
+    ) -> None:
+        super().__init__()
+        self.num_positions, self.dim, self.layout, self.base = num_positions, dim, layout, base
+        self.register_buffer("weight", sinusoid_table(num_positions, dim, layout, base), persistent=persistent)
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        table = sinusoid_table(self.num_positions, self.dim, self.layout, self.base)
+        self.weight.copy_(table.to(device=self.weight.device, dtype=self.weight.dtype))
+
+    def forward(self, position_ids: torch.Tensor) -> torch.Tensor:
+        return nn.functional.embedding(position_ids, self.weight)
+
+    def extra_repr(self) -> str:
+        return f"{self.num_positions}, {self.dim}, layout={self.layout!r}"
+
+
+__all__ = ["SINUSOID_LAYOUTS", "SinusoidalPositionalEmbedding", "interleaved_table", "split_table", "sinusoid_table"]
