@@ -110,9 +110,10 @@ class DecoderConfig(PreTrainedConfig):
                 )
             self.head_dim = self.hidden_size // self.num_attention_heads
         super().__post_init__(**kwargs)
+        self.validate_architecture()  # raise a plain ValueError now; `@strict` would wrap it in its own error type
 
     def validate_architecture(self) -> None:
-        """Called by `@strict` after construction (and again at save time)."""
+        """Every cross-field check; run at construction and again by `@strict` at save time."""
         for name in (
             "vocab_size",
             "hidden_size",
