@@ -26,6 +26,7 @@ from transformers.modeling_utils import PreTrainedModel
 from .attention import Attention
 from .configuration_decoder import DecoderConfig
 from .feed_forward import GatedMLP
+from .hub_mixin import HubMixin
 from .losses import causal_lm_loss, chunked_causal_lm_loss
 from .normalization import RMSNorm
 from .rotary import RotaryEmbedding
@@ -61,7 +62,7 @@ class DecoderLayer(GradientCheckpointingLayer):
         return hidden_states, attn_weights
 
 
-class DecoderPreTrainedModel(PreTrainedModel):
+class DecoderPreTrainedModel(HubMixin, PreTrainedModel):
     config_class = DecoderConfig
     config: DecoderConfig
     base_model_prefix = "model"

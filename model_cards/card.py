@@ -1,0 +1,236 @@
+"""Model cards for saved archlab folders, rendered from `model_card.md` with huggingface_hub's `ModelCard`.
+
+`write_model_card(folder, ...)` works on any folder written by `save_pretrained` (a checkpoint, a Trainer output,
+a dry-run of `scripts/push_to_hub.py`): everything it states is read from the folder -- `config.json`, the
+safetensors headers, `trainer_state.json`, tokenizer files -- or passed in by the caller.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+from huggingface_hub import EvalResult, ModelCard, ModelCardData
+
+from .facts import (
+    architecture_rows,
+    auto_class_for,
+    format_count,
+    parameter_counts,
+    pipeline_tag_for,
+    read_config,
+    training_summary,
+)
+
+TEMPLATE = Path(__file__).with_name("model_card.md")
+LOSS_CURVE = "loss_curve.png"
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "vocab.json", "tokenizer.model")
+
+DEFAULT_LIMITATIONS = (
+    "This is a research model trained with archlab. It has not been evaluated for safety, bias or factual "
+    "accuracy and should not be used to make decisions about people. Its knowledge is limited to its training "
+    "data; small models trained on little data produce fluent-looking but unreliable text."
+)
+
+
+def _usage(auto_class: str, pipeline_tag: str | None, model_id: str, has_tokenizer: bool, example: str) -> str:
+    """A snippet that runs as is against the saved folder (tested by executing it)."""
+    lines = [
+        "import torch",
+        f"from transformers import {auto_class}" + (", AutoTokenizer" if has_tokenizer else ""),
+        "",
+        f'model_id = "{model_id}"',
+        f"model = {auto_class}.from_pretrained(model_id, trust_remote_code=True)",
+    ]
+    if has_tokenizer:
+        lines += [
+            "tokenizer = AutoTokenizer.from_pretrained(model_id)",
+            f"inputs = tokenizer({example!r}, return_tensors=\"pt\")",
+        ]
+    else:
+        lines += [
+            "# no tokenizer was saved with this model: feed token ids directly",
+            "inputs = {\"input_ids\": torch.tensor([[1, 5, 6, 7, 8]])}",
+        ]
+    decode = "tokenizer.decode(output[0], skip_special_tokens=True)" if has_tokenizer else "output[0].tolist()"
+    if pipeline_tag in ("text-generation", "text2text-generation"):
+        lines += [
+            "output = model.generate(**inputs, max_new_tokens=20, do_sample=False)",
+            f"print({decode})",
+        ]
+    elif pipeline_tag == "text-classification":
+        lines += [
+            "with torch.no_grad():",
+            "    logits = model(**inputs).logits",
+            "print(model.config.id2label[int(logits.argmax(-1)[0])])",
+        ]
+    elif pipeline_tag == "fill-mask" and has_tokenizer:
+        lines[-1] = f"inputs = tokenizer({example!r} + ' ' + tokenizer.mask_token, return_tensors=\"pt\")"
+        lines += [
+            "with torch.no_grad():",
+            "    logits = model(**inputs).logits",
+            "masked = inputs[\"input_ids\"][0] == tokenizer.mask_token_id",
+            "print(tokenizer.decode(logits[0, masked].argmax(-1)))",
+        ]
+    elif pipeline_tag == "fill-mask":
+        lines += [
+            "with torch.no_grad():",
+            "    logits = model(**inputs).logits",
+            "print(logits.argmax(-1)[0].tolist())",
+        ]
+    else:
+        lines += [
+            "with torch.no_grad():",
+            "    hidden = model(**inputs).last_hidden_state",
+            "print(hidden.shape)",
+        ]
+    return "\n".join(lines)
+
+
+def _eval_results(
+    metrics: dict[str, Any] | list[EvalResult] | None, pipeline_tag: str | None, dataset: str
+) -> list[EvalResult] | None:
+    if not metrics:
+        return None
+    if isinstance(metrics, list):
+        return metrics
+    metrics = dict(metrics)
+    if pipeline_tag == "text-generation" and "loss" in metrics and "perplexity" not in metrics:
+        metrics["perplexity"] = math.exp(min(metrics["loss"], 50.0))
+    return [
+        EvalResult(
+            task_type=pipeline_tag or "other",
+            dataset_type=dataset,
+            dataset_name=dataset,
+            metric_type=name,
+            metric_value=round(float(value), 4),
+        )
+        for name, value in metrics.items()
+        if isinstance(value, (int, float))
+    ]
+
+
+def _loss_curve(folder: Path, loss_curve: str | Path | None, losses: list[tuple[int, float]]) -> str | None:
+    """The image's name inside `folder`: a given image is copied in; otherwise it is drawn from the Trainer log."""
+    target = folder / LOSS_CURVE
+    if loss_curve is not None:
+        source = Path(loss_curve)
+        if not source.is_file():
+            raise FileNotFoundError(f"`loss_curve` {source} does not exist.")
+        if source.resolve().parent != folder.resolve():
+            shutil.copyfile(source, target)
+            return LOSS_CURVE
+        return source.name
+    if target.is_file():
+        return LOSS_CURVE
+    if len(losses) < 2:
+        return None
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:  # matplotlib is optional: the card simply has no image
+        return None
+    figure, axis = plt.subplots(figsize=(6, 3.5))
+    axis.plot([step for step, _ in losses], [loss for _, loss in losses])
+    axis.set_xlabel("step")
+    axis.set_ylabel("training loss")
+    axis.grid(alpha=0.3)
+    figure.tight_layout()
+    figure.savefig(target, dpi=100, metadata={"Software": None})
+    plt.close(figure)
+    return LOSS_CURVE
+
+
+def write_model_card(
+    folder: str | Path,
+    *,
+    model_id: str | None = None,
+    base_model: str | None = None,
+    datasets: str | list[str] | None = None,
+    eval_results: dict[str, float] | list[EvalResult] | None = None,
+    eval_dataset: str | None = None,
+    trainer_state: Any = None,
+    training_args: Any = None,
+    license: str = "apache-2.0",
+    language: str | list[str] | None = None,
+    tags: list[str] | None = None,
+    pipeline_tag: str | None = None,
+    description: str | None = None,
+    limitations: str | None = None,
+    loss_curve: str | Path | None = None,
+    example_text: str = "def fibonacci(n):",
+) -> ModelCard:
+    """Write `README.md` (the model card) into a folder written by `save_pretrained`; returns its path.
+
+    All arguments but `folder` are optional:
+        model_id: the Hub id the card's usage snippet loads (defaults to the folder's name).
+        base_model: the Hub id this model was fine-tuned from (goes into the metadata and the text).
+        datasets: training data set name(s).
+        eval_results: `{metric: value}` (or `huggingface_hub.EvalResult`s) for the model-index; defaults to the
+            last evaluation in the Trainer state; a causal LM's `loss` also yields `perplexity`.
+        eval_dataset: the data set the evaluation ran on (defaults to the first of `datasets`).
+        trainer_state: a `TrainerState`, dict or path to `trainer_state.json` (defaults to the folder's own).
+        training_args: `TrainingArguments`, a dict or a JSON path (defaults to the folder's `training_args.json`;
+            the pickled `training_args.bin` is never read).
+        license, language, tags, pipeline_tag, description, limitations: card metadata and text.
+        loss_curve: an image of the loss curve, copied in as `loss_curve.png` (defaults to the folder's own
+            `loss_curve.png`, else one is drawn from the Trainer log when matplotlib is installed).
+        example_text: the prompt in the usage snippet.
+    """
+    folder = Path(folder)
+    config = read_config(folder)
+    architecture = (config.get("architectures") or ["DecoderModel"])[0]
+    pipeline_tag = pipeline_tag or pipeline_tag_for(architecture)
+    model_id = model_id or folder.resolve().name
+    datasets = [datasets] if isinstance(datasets, str) else list(datasets or [])
+    summary = training_summary(folder, trainer_state, training_args)
+    counts = parameter_counts(folder, config)
+    has_tokenizer = any((folder / name).is_file() for name in TOKENIZER_FILES)
+
+    results = _eval_results(
+        eval_results if eval_results is not None else summary["eval_metrics"],
+        pipeline_tag,
+        eval_dataset or (datasets[0] if datasets else "custom"),
+    )
+    card_data = ModelCardData(
+        library_name="transformers",
+        pipeline_tag=pipeline_tag,
+        license=license,
+        language=language,
+        datasets=datasets or None,
+        base_model=base_model,
+        tags=["archlab", str(config.get("model_type", "custom")), "custom_code", "safetensors", *(tags or [])],
+        model_name=model_id if results else None,  # the model-index's name; no stray key without one
+        eval_results=results,
+    )
+    default_description = (
+        f"A `{architecture}` trained with archlab, a Hugging Face transformers plugin for the architecture "
+        "catalogue of the last eight years (norms, positions, attention variants, gated FFNs, mixture of experts)."
+    )
+    card = ModelCard.from_template(
+        card_data,
+        template_path=str(TEMPLATE),
+        model_name=model_id,
+        description=description or default_description,
+        base_model=base_model,
+        datasets=datasets,
+        architecture=architecture_rows(config),
+        parameters=(
+            {"total": format_count(counts[0]), "active": format_count(counts[1])} if counts is not None else None
+        ),
+        usage=_usage(auto_class_for(architecture), pipeline_tag, model_id, has_tokenizer, example_text),
+        hyperparameters=summary["hyperparameters"],
+        results=summary["results"],
+        loss_curve=_loss_curve(folder, loss_curve, summary["losses"]),
+        limitations=limitations or DEFAULT_LIMITATIONS,
+    )
+    # the template's `{% if %}` lines leave runs of blank lines; Markdown ignores them, readers should not see them
+    card = ModelCard(re.sub(r"\n{3,}", "\n\n", str(card)))
+    path = folder / "README.md"
+    card.save(str(path))
+    return path

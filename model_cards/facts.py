@@ -1,0 +1,279 @@
+"""The facts a model card states, read from a saved folder without loading the model.
+
+- `architecture_rows`: the architecture table, generated from `config.json`. Every field is read with a default
+  (the LLaMA recipe for the decoder, Marian's for the encoder-decoder), so a folder written before a field existed
+  still gets a correct table.
+- `parameter_counts`: total parameters from the safetensors headers (tied weights are stored once, so they count
+  once) and active parameters per token for a mixture of experts (only `num_experts_per_tok` of the experts run).
+- `training_summary`: the training data, hyper-parameters, final losses and evaluation metrics from the Trainer's
+  state (`trainer_state.json`) and arguments (`TrainingArguments` or a JSON dict; never the pickled
+  `training_args.bin`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from safetensors import safe_open
+
+# architecture class name suffix -> Hub pipeline tag
+PIPELINE_TAGS = {
+    "ForCausalLM": "text-generation",
+    "ForSequenceClassification": "text-classification",
+    "ForConditionalGeneration": "text2text-generation",
+    "ForMaskedLM": "fill-mask",
+    "Model": "feature-extraction",
+}
+
+# architecture class name suffix -> the Auto class that loads it
+AUTO_CLASSES = {
+    "ForCausalLM": "AutoModelForCausalLM",
+    "ForSequenceClassification": "AutoModelForSequenceClassification",
+    "ForConditionalGeneration": "AutoModelForSeq2SeqLM",
+    "ForMaskedLM": "AutoModelForMaskedLM",
+    "Model": "AutoModel",
+}
+
+# the hyper-parameters worth stating, in TrainingArguments' names
+HYPERPARAMETERS = (
+    "learning_rate",
+    "lr_scheduler_type",
+    "warmup_steps",
+    "warmup_ratio",
+    "num_train_epochs",
+    "max_steps",
+    "per_device_train_batch_size",
+    "gradient_accumulation_steps",
+    "optim",
+    "adam_beta1",
+    "adam_beta2",
+    "adam_epsilon",
+    "weight_decay",
+    "max_grad_norm",
+    "bf16",
+    "fp16",
+    "seed",
+)
+
+_FFN_NAMES = {("gated", "silu"): "SwiGLU", ("gated", "swish"): "SwiGLU", ("gated", "gelu"): "GeGLU"}
+
+
+def _suffix(architecture: str, table: dict[str, str]) -> str | None:
+    for suffix, value in table.items():
+        if architecture.endswith(suffix):
+            return value
+    return None
+
+
+def pipeline_tag_for(architecture: str) -> str | None:
+    return _suffix(architecture, PIPELINE_TAGS)
+
+
+def auto_class_for(architecture: str) -> str:
+    return _suffix(architecture, AUTO_CLASSES) or "AutoModel"
+
+
+def read_config(folder: str | Path) -> dict[str, Any]:
+    path = Path(folder) / "config.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"No config.json in {folder}: is it a folder written by `save_pretrained`?")
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def _first(config: dict[str, Any], *names: str, default: Any = None) -> Any:
+    for name in names:
+        if config.get(name) is not None:
+            return config[name]
+    return default
+
+
+def _attention_kind(heads: int | None, kv_heads: int | None) -> str:
+    if not heads:
+        return "multi-head"
+    kv_heads = kv_heads or heads
+    if kv_heads == heads:
+        return f"multi-head (MHA), {heads} heads"
+    if kv_heads == 1:
+        return f"multi-query (MQA), {heads} query heads, 1 key/value head"
+    return f"grouped-query (GQA), {heads} query heads, {kv_heads} key/value heads"
+
+
+def _positions(config: dict[str, Any], encoder_decoder: bool) -> str:
+    kind = config.get("position_embedding_type", "sinusoidal" if encoder_decoder else "rope")
+    if kind != "rope":
+        return str(kind)
+    rope = config.get("rope_parameters") or {}
+    text = f"RoPE ({rope.get('rope_type', 'default')}, theta={rope.get('rope_theta', 10000.0):g}"
+    if rope.get("partial_rotary_factor", 1.0) != 1.0:
+        text += f", partial {rope['partial_rotary_factor']:g}"
+    return text + ")"
+
+
+def _attention_pattern(config: dict[str, Any]) -> str:
+    layer_types = config.get("layer_types")
+    window = config.get("sliding_window")
+    if layer_types:
+        counts: dict[str, int] = {}
+        for kind in layer_types:
+            counts[kind] = counts.get(kind, 0) + 1
+        text = ", ".join(f"{kind} x{n}" for kind, n in counts.items())
+    else:
+        text = "sliding window" if window else "full"
+    if window:
+        text += f" (window {window})"
+    return text
+
+
+def _experts(config: dict[str, Any]) -> str:
+    experts = _first(config, "num_local_experts", "num_experts", default=0) or 0
+    if experts <= 1:
+        return "none (dense)"
+    text = f"{experts} experts, top-{config.get('num_experts_per_tok', 2)} routing"
+    shared = _first(config, "num_shared_experts", "shared_expert_intermediate_size", default=0)
+    if shared:
+        text += ", shared expert" + ("s" if config.get("num_shared_experts", 1) > 1 else "")
+    return text
+
+
+def architecture_rows(config: dict[str, Any]) -> list[tuple[str, str]]:
+    """(property, value) rows for the card's architecture table."""
+    encoder_decoder = bool(config.get("is_encoder_decoder") or "encoder_layers" in config)
+    architecture = (config.get("architectures") or [config.get("model_type", "?")])[0]
+    hidden = _first(config, "hidden_size", "d_model")
+    rows = [("class", f"`{architecture}` (`model_type={config.get('model_type')}`)")]
+    if encoder_decoder:
+        rows.append(("layers", f"{config.get('encoder_layers')} encoder, {config.get('decoder_layers')} decoder"))
+        heads = _first(config, "encoder_attention_heads", "num_attention_heads")
+        kv_heads = config.get("num_key_value_heads")
+        ffn_width = _first(config, "encoder_ffn_dim", "intermediate_size")
+        act = _first(config, "activation_function", "hidden_act", default="relu")
+        default_norm, default_position, default_mlp = "layer_norm", "post", "plain"
+    else:
+        rows.append(("layers", str(config.get("num_hidden_layers"))))
+        heads = config.get("num_attention_heads")
+        kv_heads = config.get("num_key_value_heads")
+        ffn_width = config.get("intermediate_size")
+        act = _first(config, "hidden_act", "activation_function", default="silu")
+        default_norm, default_position, default_mlp = "rms_norm", "pre", "gated"
+    rows.append(("hidden size", str(hidden)))
+    rows.append(("attention", _attention_kind(heads, kv_heads)))
+    if config.get("head_dim"):
+        rows.append(("head dim", str(config["head_dim"])))
+    rows.append(("attention pattern", _attention_pattern(config)))
+    rows.append(("positions", _positions(config, encoder_decoder)))
+    norm = config.get("norm_type", default_norm)
+    eps = _first(config, "rms_norm_eps", "layer_norm_eps", "norm_eps")
+    rows.append(("normalization", f"{norm}" + (f" (eps={eps:g})" if isinstance(eps, (int, float)) else "")))
+    rows.append(("norm position", str(config.get("norm_position", default_position))))
+    mlp_type = config.get("mlp_type", default_mlp)
+    ffn_name = _FFN_NAMES.get((mlp_type, act), f"{mlp_type} MLP, {act}")
+    rows.append(("feed-forward", f"{ffn_name}, width {ffn_width}"))
+    rows.append(("experts", _experts(config)))
+    stability = [
+        f"{name}={config[name]}"
+        for name in ("qk_norm", "attn_logit_softcapping", "final_logit_softcapping", "z_loss_coef", "router_z_loss_coef")
+        if config.get(name)
+    ]
+    if stability:
+        rows.append(("stability", ", ".join(stability)))
+    rows.append(("vocabulary", str(config.get("vocab_size"))))
+    context = _first(config, "max_position_embeddings")
+    if context:
+        rows.append(("context length", str(context)))
+    rows.append(("tied embeddings", str(bool(config.get("tie_word_embeddings", False)))))
+    return rows
+
+
+def _weight_files(folder: Path) -> list[Path]:
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        shards = sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()))
+        return [folder / shard for shard in shards]
+    single = folder / "model.safetensors"
+    return [single] if single.is_file() else []
+
+
+def parameter_counts(folder: str | Path, config: dict[str, Any]) -> tuple[int, int] | None:
+    """(total, active per token), or None when the folder has no safetensors weights.
+
+    Active = total minus the experts a token does not visit: expert tensors (names containing `.experts.`) count
+    with the fraction `num_experts_per_tok / num_local_experts`; shared experts, attention and embeddings count fully.
+    """
+    files = _weight_files(Path(folder))
+    if not files:
+        return None
+    total = expert = 0
+    for file in files:
+        with safe_open(str(file), framework="pt") as handle:
+            for name in handle.keys():
+                size = math.prod(handle.get_slice(name).get_shape())
+                total += size
+                if ".experts." in f".{name}":
+                    expert += size
+    num_experts = _first(config, "num_local_experts", "num_experts", default=0) or 0
+    if expert and num_experts > 1:
+        active_fraction = min(config.get("num_experts_per_tok", 2), num_experts) / num_experts
+        return total, total - round(expert * (1.0 - active_fraction))
+    return total, total
+
+
+def format_count(count: int) -> str:
+    for unit, scale in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if count >= scale:
+            return f"{count / scale:.2f}{unit} ({count:,})"
+    return f"{count:,}"
+
+
+def _as_dict(obj: Any) -> dict[str, Any] | None:
+    """A TrainerState/TrainingArguments/dict/JSON path as a plain dict (None stays None)."""
+    if obj is None:
+        return None
+    if isinstance(obj, dict):
+        return obj
+    if isinstance(obj, (str, Path)):
+        return json.loads(Path(obj).read_text(encoding="utf-8"))
+    if hasattr(obj, "to_dict"):
+        return obj.to_dict()
+    if dataclasses.is_dataclass(obj):
+        return dataclasses.asdict(obj)
+    raise TypeError(f"Cannot read training information from {type(obj).__name__}: pass a dict, a path or a dataclass.")
+
+
+def training_summary(folder: Path, trainer_state: Any = None, training_args: Any = None) -> dict[str, Any]:
+    """What the card says about training; looks for trainer_state.json / training_args.json in the folder."""
+    state = _as_dict(trainer_state)
+    if state is None and (folder / "trainer_state.json").is_file():
+        state = _as_dict(folder / "trainer_state.json")
+    args = _as_dict(training_args)
+    if args is None and (folder / "training_args.json").is_file():
+        args = _as_dict(folder / "training_args.json")
+    summary: dict[str, Any] = {"hyperparameters": [], "results": [], "losses": [], "eval_metrics": {}}
+    if args:
+        summary["hyperparameters"] = [(k, args[k]) for k in HYPERPARAMETERS if args.get(k) not in (None, "", -1)]
+    if state:
+        history = state.get("log_history") or []
+        summary["losses"] = [(entry["step"], entry["loss"]) for entry in history if "loss" in entry and "step" in entry]
+        evals = [entry for entry in history if any(key.startswith("eval_") for key in entry)]
+        if evals:
+            summary["eval_metrics"] = {
+                key[len("eval_") :]: value
+                for key, value in evals[-1].items()
+                if key.startswith("eval_") and isinstance(value, (int, float)) and not key.endswith(
+                    ("_runtime", "_samples_per_second", "_steps_per_second")
+                )
+            }
+        results = [("steps", state.get("global_step")), ("epochs", state.get("epoch"))]
+        if state.get("train_batch_size"):
+            results.append(("train batch size (per device)", state["train_batch_size"]))
+        if state.get("num_input_tokens_seen"):
+            results.append(("tokens seen", state["num_input_tokens_seen"]))
+        if summary["losses"]:
+            results.append(("final training loss", round(summary["losses"][-1][1], 4)))
+        for key, value in summary["eval_metrics"].items():
+            results.append((f"evaluation {key}", round(value, 4) if isinstance(value, float) else value))
+        summary["results"] = [(k, v) for k, v in results if v is not None]
+    return summary

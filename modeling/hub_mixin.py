@@ -1,0 +1,63 @@
+"""`HubMixin`: what archlab's `PreTrainedModel` bases add for sharing models safely.
+
+- Loading refuses pickled weights: `from_pretrained` defaults to `use_safetensors=True`, so a folder or Hub repo
+  with only `pytorch_model.bin` fails with a clear error instead of unpickling it. Opt in explicitly with
+  `use_safetensors=False` (transformers then loads it with `torch.load(weights_only=True)`).
+  Saving needs nothing: transformers 5 writes safetensors only.
+- `auto_map` names every head of the family: `save_pretrained` of, say, a causal LM also lists the base model and
+  the classification head of the same file, so `AutoModelForSequenceClassification.from_pretrained(folder,
+  trust_remote_code=True)` can start fine-tuning from a shared causal LM where archlab is not installed.
+  (transformers itself writes only the saved class's own entry; the code for all of them is in the copied file.)
+
+Part of the flat `modeling/` folder copied next to saved models, so the same rules hold when loaded as remote code.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+
+class HubMixin:
+    """Put before `PreTrainedModel` in the bases of a family's `...PreTrainedModel`."""
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path: str | os.PathLike | None, *args: Any, **kwargs: Any):
+        defaulted = kwargs.get("use_safetensors") is None  # None is transformers' "safetensors, else pickle"
+        if defaulted:
+            kwargs["use_safetensors"] = True
+        try:
+            return super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
+        except OSError as error:
+            if not defaulted or "safetensors" not in str(error):
+                raise
+            raise OSError(
+                f"{error}\narchlab loads safetensors weights only, because unpickling a checkpoint "
+                "(pytorch_model.bin) can run arbitrary code. If you trust this checkpoint, pass "
+                "`use_safetensors=False` to load it, then `save_pretrained` it to get safetensors."
+            ) from error
+
+    def save_pretrained(self, save_directory: str | os.PathLike, *args: Any, **kwargs: Any) -> None:
+        if getattr(type(self), "_auto_class", None) is not None:
+            family = self._family_auto_map()
+            if family:
+                auto_map = dict(getattr(self.config, "auto_map", None) or {})
+                self.config.auto_map = {**family, **auto_map}
+        return super().save_pretrained(save_directory, *args, **kwargs)
+
+    def _family_auto_map(self) -> dict[str, str]:
+        """{auto class: "module.Class"} for every registered class of this config in this class's module file."""
+        module = sys.modules[type(self).__module__]
+        module_name = type(self).__module__.rsplit(".", 1)[-1]
+        family = {}
+        for obj in sorted(vars(module).values(), key=lambda o: getattr(o, "__name__", "")):
+            auto_class = getattr(obj, "__dict__", {}).get("_auto_class") if isinstance(obj, type) else None
+            if auto_class is None or getattr(obj, "config_class", None) is not self.config_class:
+                continue
+            family.setdefault(auto_class if isinstance(auto_class, str) else auto_class.__name__,
+                              f"{module_name}.{obj.__name__}")
+        return family
+
+
+__all__ = ["HubMixin"]
