@@ -5,12 +5,15 @@ single-dot sibling imports only), so nothing here may import `archlab` or use `.
 """
 
 from .configuration_decoder import DecoderConfig
+from .configuration_seq2seq import Seq2SeqConfig
 from .modeling_decoder import (
     DecoderForCausalLM,
     DecoderForSequenceClassification,
     DecoderModel,
     DecoderPreTrainedModel,
 )
+from .modeling_masked_lm import EncoderForMaskedLM
+from .modeling_seq2seq import Seq2SeqForConditionalGeneration, Seq2SeqModel, Seq2SeqPreTrainedModel
 
 __all__ = [
     "DecoderConfig",
@@ -18,4 +21,9 @@ __all__ = [
     "DecoderModel",
     "DecoderForCausalLM",
     "DecoderForSequenceClassification",
+    "Seq2SeqConfig",
+    "Seq2SeqPreTrainedModel",
+    "Seq2SeqModel",
+    "Seq2SeqForConditionalGeneration",
+    "EncoderForMaskedLM",
 ]

@@ -1,9 +1,11 @@
 """Multi-head attention (Vaswani et al. 2017) with grouped-query heads (Ainslie et al. 2023; seed 000 §5.2).
 
 One class covers MHA (`num_key_value_heads == num_attention_heads`), GQA and MQA (`num_key_value_heads == 1`),
-causal and bidirectional self-attention. The kernel is chosen through Hugging Face's attention interface
-(`config._attn_implementation`: "sdpa" by default, "eager", or any registered backend); `eager_attention_forward`
-below is the readable reference every backend is tested against.
+causal and bidirectional self-attention, and cross-attention (queries from the decoder, keys/values from the
+encoder's output, computed once per sequence and kept in an `EncoderDecoderCache`, as Bart/Marian do). The kernel
+is chosen through Hugging Face's attention interface (`config._attn_implementation`: "sdpa" by default, "eager",
+or any registered backend); `eager_attention_forward` below is the readable reference every backend is tested
+against.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from collections.abc import Callable
 
 import torch
 from torch import nn
-from transformers.cache_utils import Cache
+from transformers.cache_utils import Cache, EncoderDecoderCache
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from .rotary import apply_rotary
@@ -50,24 +52,63 @@ def eager_attention_forward(
 
 
 class Attention(nn.Module):
-    """Self-attention with separate q/k/v/o projections, named as in Llama (`q_proj`, ..., `o_proj`)."""
+    """Attention with separate q/k/v/o projections, named as in Llama (`q_proj`, ..., `o_proj`).
 
-    def __init__(self, config, layer_idx: int, is_causal: bool = True) -> None:
+    Sizes default to the decoder config's fields (`hidden_size`, `num_attention_heads`, `num_key_value_heads`,
+    `head_dim`, `attention_bias`); the encoder-decoder passes its own (`d_model`, `encoder_attention_heads`, ...) and
+    `output_name="out_proj"`, Marian/Bart's name for the output projection.
+    """
+
+    def __init__(
+        self,
+        config,
+        layer_idx: int,
+        is_causal: bool = True,
+        *,
+        hidden_size: int | None = None,
+        num_attention_heads: int | None = None,
+        num_key_value_heads: int | None = None,
+        head_dim: int | None = None,
+        bias: bool | None = None,
+        output_name: str = "o_proj",
+    ) -> None:
         super().__init__()
         self.config = config
         self.layer_idx = layer_idx
-        self.head_dim = config.head_dim
-        self.num_heads = config.num_attention_heads
-        self.num_key_value_heads = config.num_key_value_heads
+        hidden = hidden_size if hidden_size is not None else config.hidden_size
+        self.num_heads = num_attention_heads if num_attention_heads is not None else config.num_attention_heads
+        self.num_key_value_heads = (
+            num_key_value_heads if num_key_value_heads is not None else config.num_key_value_heads
+        )
+        self.head_dim = head_dim if head_dim is not None else config.head_dim
         self.num_key_value_groups = self.num_heads // self.num_key_value_heads
         self.scaling = self.head_dim**-0.5
         self.attention_dropout = config.attention_dropout
         self.is_causal = is_causal
-        hidden, bias = config.hidden_size, config.attention_bias
+        bias = bias if bias is not None else config.attention_bias
         self.q_proj = nn.Linear(hidden, self.num_heads * self.head_dim, bias=bias)
         self.k_proj = nn.Linear(hidden, self.num_key_value_heads * self.head_dim, bias=bias)
         self.v_proj = nn.Linear(hidden, self.num_key_value_heads * self.head_dim, bias=bias)
-        self.o_proj = nn.Linear(self.num_heads * self.head_dim, hidden, bias=bias)
+        self.output_name = output_name
+        self.add_module(output_name, nn.Linear(self.num_heads * self.head_dim, hidden, bias=bias))
+
+    def _project_key_value(self, states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(B, S, d) -> keys, values (B, H_kv, S, D)."""
+        shape = (*states.shape[:-1], -1, self.head_dim)
+        return self.k_proj(states).view(shape).transpose(1, 2), self.v_proj(states).view(shape).transpose(1, 2)
+
+    def _cross_key_value(
+        self, encoder_states: torch.Tensor, cache: EncoderDecoderCache | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys/values of the encoder output: projected at the first decoding step, then read back from the cache."""
+        if cache is not None and cache.is_updated.get(self.layer_idx):
+            layer = cache.cross_attention_cache.layers[self.layer_idx]
+            return layer.keys, layer.values
+        key, value = self._project_key_value(encoder_states)
+        if cache is not None:
+            key, value = cache.cross_attention_cache.update(key, value, self.layer_idx)
+            cache.is_updated[self.layer_idx] = True
+        return key, value
 
     def forward(
         self,
@@ -75,19 +116,23 @@ class Attention(nn.Module):
         position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
         attention_mask: torch.Tensor | None = None,
         past_key_values: Cache | None = None,
+        key_value_states: torch.Tensor | None = None,
         **kwargs,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Self-attention, or cross-attention over `key_value_states` (B, S, d) when given; for cross-attention
+        `past_key_values` is the `EncoderDecoderCache` (self-attention gets a plain per-layer cache)."""
         batch, seq_len, _ = hidden_states.shape
         shape = (batch, seq_len, -1, self.head_dim)
         query = self.q_proj(hidden_states).view(shape).transpose(1, 2)  # (B, H, T, D)
-        key = self.k_proj(hidden_states).view(shape).transpose(1, 2)  # (B, H_kv, T, D)
-        value = self.v_proj(hidden_states).view(shape).transpose(1, 2)
-
-        if position_embeddings is not None:
-            cos, sin = position_embeddings
-            query, key = apply_rotary(query, key, cos, sin)
-        if past_key_values is not None:
-            key, value = past_key_values.update(key, value, self.layer_idx)
+        if key_value_states is not None:
+            key, value = self._cross_key_value(key_value_states, past_key_values)  # (B, H_kv, S, D)
+        else:
+            key, value = self._project_key_value(hidden_states)  # (B, H_kv, T, D)
+            if position_embeddings is not None:
+                cos, sin = position_embeddings
+                query, key = apply_rotary(query, key, cos, sin)
+            if past_key_values is not None:
+                key, value = past_key_values.update(key, value, self.layer_idx)
 
         attention: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(
             self.config._attn_implementation, eager_attention_forward
@@ -102,5 +147,5 @@ class Attention(nn.Module):
             scaling=self.scaling,
             **kwargs,
         )
-        output = self.o_proj(output.reshape(batch, seq_len, -1))
+        output = getattr(self, self.output_name)(output.reshape(batch, seq_len, -1))
         return output, weights

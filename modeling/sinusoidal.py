@@ -51,7 +51,8 @@ def sinusoid_table(
 ) -> torch.Tensor:
     """The (num_positions, dim) table in the given layout ("interleaved" or "split")."""
     if layout not in SINUSOID_LAYOUTS:
-        raise ValueError(f"Unknown sinusoid layout {layout!r}; allowed values: {', '.join(map(repr, SINUSOID_LAYOUTS))}.")
+        allowed = ", ".join(map(repr, SINUSOID_LAYOUTS))
+        raise ValueError(f"Unknown sinusoid layout {layout!r}; allowed values: {allowed}.")
     return SINUSOID_LAYOUTS[layout](num_positions, dim, base).to(dtype)
 
 

@@ -11,6 +11,11 @@ from .modeling import (
     DecoderForSequenceClassification,
     DecoderModel,
     DecoderPreTrainedModel,
+    EncoderForMaskedLM,
+    Seq2SeqConfig,
+    Seq2SeqForConditionalGeneration,
+    Seq2SeqModel,
+    Seq2SeqPreTrainedModel,
 )
 
 register_all()
@@ -23,4 +28,9 @@ __all__ = [
     "DecoderModel",
     "DecoderForCausalLM",
     "DecoderForSequenceClassification",
+    "Seq2SeqConfig",
+    "Seq2SeqPreTrainedModel",
+    "Seq2SeqModel",
+    "Seq2SeqForConditionalGeneration",
+    "EncoderForMaskedLM",
 ]

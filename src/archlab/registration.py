@@ -11,6 +11,8 @@ from transformers import (
     AutoConfig,
     AutoModel,
     AutoModelForCausalLM,
+    AutoModelForMaskedLM,
+    AutoModelForSeq2SeqLM,
     AutoModelForSequenceClassification,
 )
 
@@ -19,6 +21,10 @@ from .modeling import (
     DecoderForCausalLM,
     DecoderForSequenceClassification,
     DecoderModel,
+    EncoderForMaskedLM,
+    Seq2SeqConfig,
+    Seq2SeqForConditionalGeneration,
+    Seq2SeqModel,
 )
 
 # (Auto class, config class, model class)
@@ -26,6 +32,9 @@ MODEL_REGISTRY = [
     (AutoModel, DecoderConfig, DecoderModel),
     (AutoModelForCausalLM, DecoderConfig, DecoderForCausalLM),
     (AutoModelForSequenceClassification, DecoderConfig, DecoderForSequenceClassification),
+    (AutoModel, Seq2SeqConfig, Seq2SeqModel),
+    (AutoModelForSeq2SeqLM, Seq2SeqConfig, Seq2SeqForConditionalGeneration),
+    (AutoModelForMaskedLM, Seq2SeqConfig, EncoderForMaskedLM),
 ]
 
 _done = False

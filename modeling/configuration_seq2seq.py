@@ -1,0 +1,192 @@
+"""`Seq2SeqConfig`: the configuration of archlab's encoder-decoder and of its encoder as a masked LM.
+
+Field names and meanings follow `MarianConfig` / `BartConfig` (`d_model`, `encoder_layers`, `decoder_ffn_dim`,
+`activation_function`, `scale_embedding`, `decoder_start_token_id`, ...). The defaults are the base model of
+"Attention Is All You Need" (Vaswani et al. 2017; seeds 000 §5.1, 001 and 003): 6 + 6 layers, d_model 512, 8 heads,
+ReLU feed-forward of 2048, dropout 0.1, post-LayerNorm, sinusoidal positions (the paper's interleaved layout) added
+to embeddings scaled by sqrt(d_model), one vocabulary shared by source, target and output projection.
+
+The catalogue's blocks are config choices here too (seed 000 §5.2, seed 004): `norm_type`, `norm_position`,
+`mlp_type`, `position_embedding_type` (T5's relative bias among them) and grouped-query attention through
+`encoder_key_value_heads` / `decoder_key_value_heads`, so a T5-style encoder-decoder is a config of this model.
+
+Every impossible value fails here, at construction, with a `ValueError` naming the field and what is allowed.
+This file is part of the flat `modeling/` folder that the remote-code export copies: torch/transformers imports and
+sibling modules only.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from huggingface_hub.dataclasses import strict
+from transformers.configuration_utils import PreTrainedConfig
+
+from .validation import ACTIVATIONS, check_choice, check_non_negative, check_positive, check_probability
+
+# Allowed values of the string fields; the modeling files resolve each through a registry with these keys.
+NORM_TYPES = ("layer_norm", "rms_norm")
+NORM_POSITIONS = ("post", "pre", "sandwich")
+MLP_TYPES = ("plain", "gated")
+POSITION_EMBEDDING_TYPES = ("sinusoidal", "learned", "none")
+SINUSOIDAL_LAYOUTS = ("interleaved", "split")
+
+
+@strict
+class Seq2SeqConfig(PreTrainedConfig):
+    r"""Configuration of [`Seq2SeqModel`], [`Seq2SeqForConditionalGeneration`] and [`EncoderForMaskedLM`].
+
+    Marian/Bart fields (same names and meanings): `vocab_size`, `decoder_vocab_size` (Marian: the target vocabulary
+    when embeddings are not shared; defaults to `vocab_size`), `d_model`, `encoder_layers`, `decoder_layers`,
+    `encoder_attention_heads`, `decoder_attention_heads`, `encoder_ffn_dim`, `decoder_ffn_dim`,
+    `activation_function`, `dropout`, `attention_dropout`, `activation_dropout`, `encoder_layerdrop`,
+    `decoder_layerdrop`, `max_position_embeddings`, `init_std`, `scale_embedding` (multiply token embeddings by
+    sqrt(d_model)), `share_encoder_decoder_embeddings`, `tie_word_embeddings` (output projection = target
+    embeddings), `use_cache`, `pad_token_id`, `bos_token_id`, `eos_token_id`, `decoder_start_token_id`,
+    `forced_eos_token_id`.
+
+    archlab fields:
+        norm_type (`str`, defaults to `"layer_norm"`): `"layer_norm"` or `"rms_norm"`.
+        layer_norm_eps (`float`, defaults to 1e-5): epsilon of every norm (nn.LayerNorm's default, as Marian).
+        norm_position (`str`, defaults to `"post"`): `"post"` (the paper, Marian: norm after each residual add),
+            `"pre"` (norm before each sub-layer, plus a final norm per stack: mBART, T5) or `"sandwich"` (pre and
+            post norm around each sub-layer, inside the residual).
+        mlp_type (`str`, defaults to `"plain"`): `"plain"` = fc2(act(fc1 x)); `"gated"` = fc2(act(a) ⊙ b) with
+            [a, b] = fc1 x (SwiGLU with `activation_function="silu"`, GeGLU with `"gelu"`).
+        position_embedding_type (`str`, defaults to `"sinusoidal"`): `"sinusoidal"` (fixed table),
+            `"learned"` (a trained table of `max_position_embeddings` rows), `"relative_bias"` (T5's bucketed
+            relative attention bias) or `"none"`.
+        sinusoidal_layout (`str`, defaults to `"interleaved"`): `"interleaved"` (the paper) or `"split"` (Marian).
+        encoder_key_value_heads / decoder_key_value_heads (`int`, default to the attention heads): GQA/MQA.
+        attention_bias, mlp_bias (`bool`, default to True): biases of the q/k/v/o projections and of fc1/fc2.
+        relative_attention_num_buckets, relative_attention_max_distance (`int`, 32 and 128): T5's bucketing.
+        lm_loss_chunk_size (`int`, defaults to 1024): in training, the LM head and cross-entropy run over chunks of
+            this many tokens so the full (tokens, vocab) logits never exist at once; 0 turns chunking off.
+
+    Example:
+    ```python
+    >>> from archlab import Seq2SeqConfig, Seq2SeqForConditionalGeneration
+    >>> config = Seq2SeqConfig(vocab_size=1000, d_model=64, encoder_layers=2, decoder_layers=2,
+    ...                        encoder_attention_heads=4, decoder_attention_heads=4,
+    ...                        encoder_ffn_dim=128, decoder_ffn_dim=128)
+    >>> model = Seq2SeqForConditionalGeneration(config)
+    ```
+    """
+
+    model_type = "archlab_seq2seq"
+    keys_to_ignore_at_inference = ["past_key_values"]
+    attribute_map = {
+        "num_attention_heads": "encoder_attention_heads",
+        "hidden_size": "d_model",
+        "num_hidden_layers": "encoder_layers",
+        "initializer_range": "init_std",
+    }
+
+    # --- MarianConfig / BartConfig fields ---
+    vocab_size: int = 37000
+    decoder_vocab_size: int | None = None
+    max_position_embeddings: int = 1024
+    encoder_layers: int = 6
+    encoder_ffn_dim: int = 2048
+    encoder_attention_heads: int = 8
+    decoder_layers: int = 6
+    decoder_ffn_dim: int = 2048
+    decoder_attention_heads: int = 8
+    encoder_layerdrop: float | int = 0.0
+    decoder_layerdrop: float | int = 0.0
+    use_cache: bool = True
+    is_encoder_decoder: bool = True
+    activation_function: str = "relu"
+    d_model: int = 512
+    dropout: float | int = 0.1
+    attention_dropout: float | int = 0.0
+    activation_dropout: float | int = 0.0
+    init_std: float = 0.02
+    scale_embedding: bool = True
+    pad_token_id: int | None = 0
+    bos_token_id: int | None = 1
+    eos_token_id: int | list[int] | None = 2
+    decoder_start_token_id: int | None = 1
+    forced_eos_token_id: int | list[int] | None = None
+    share_encoder_decoder_embeddings: bool = True
+    tie_word_embeddings: bool = True
+
+    # --- archlab fields ---
+    norm_type: str = "layer_norm"
+    layer_norm_eps: float = 1e-5
+    norm_position: str = "post"
+    mlp_type: str = "plain"
+    position_embedding_type: str = "sinusoidal"
+    sinusoidal_layout: str = "interleaved"
+    encoder_key_value_heads: int | None = None
+    decoder_key_value_heads: int | None = None
+    attention_bias: bool = True
+    mlp_bias: bool = True
+    relative_attention_num_buckets: int = 32
+    relative_attention_max_distance: int = 128
+    lm_loss_chunk_size: int = 1024
+
+    def __post_init__(self, **kwargs: Any) -> None:
+        self.decoder_vocab_size = self.decoder_vocab_size or self.vocab_size
+        if self.encoder_key_value_heads is None:
+            self.encoder_key_value_heads = self.encoder_attention_heads
+        if self.decoder_key_value_heads is None:
+            self.decoder_key_value_heads = self.decoder_attention_heads
+        super().__post_init__(**kwargs)
+        self.validate_architecture()  # a plain ValueError now; `@strict` would wrap it in its own error type
+
+    def validate_architecture(self) -> None:
+        """Every cross-field check; run at construction and again by `@strict` at save time."""
+        for name in (
+            "vocab_size",
+            "decoder_vocab_size",
+            "d_model",
+            "encoder_layers",
+            "decoder_layers",
+            "encoder_attention_heads",
+            "decoder_attention_heads",
+            "encoder_key_value_heads",
+            "decoder_key_value_heads",
+            "encoder_ffn_dim",
+            "decoder_ffn_dim",
+            "max_position_embeddings",
+            "relative_attention_num_buckets",
+            "relative_attention_max_distance",
+        ):
+            check_positive(self, name)
+        for name in ("dropout", "attention_dropout", "activation_dropout", "encoder_layerdrop", "decoder_layerdrop"):
+            check_probability(self, name)
+        check_positive(self, "layer_norm_eps", integer=False)
+        check_non_negative(self, "init_std")
+        check_non_negative(self, "lm_loss_chunk_size")
+        check_choice(self, "activation_function", ACTIVATIONS)
+        check_choice(self, "norm_type", NORM_TYPES)
+        check_choice(self, "norm_position", NORM_POSITIONS)
+        check_choice(self, "mlp_type", MLP_TYPES)
+        check_choice(self, "position_embedding_type", POSITION_EMBEDDING_TYPES)
+        check_choice(self, "sinusoidal_layout", SINUSOIDAL_LAYOUTS)
+        for side in ("encoder", "decoder"):
+            heads, kv_heads = getattr(self, f"{side}_attention_heads"), getattr(self, f"{side}_key_value_heads")
+            if self.d_model % heads != 0:
+                raise ValueError(
+                    f"`d_model` ({self.d_model}) must be divisible by `{side}_attention_heads` ({heads}): allowed "
+                    f"values are {[h for h in range(1, self.d_model + 1) if self.d_model % h == 0]}."
+                )
+            if heads % kv_heads != 0:
+                raise ValueError(
+                    f"`{side}_key_value_heads` ({kv_heads}) must divide `{side}_attention_heads` ({heads}): allowed "
+                    f"values are {[d for d in range(1, heads + 1) if heads % d == 0]}."
+                )
+        if self.share_encoder_decoder_embeddings and self.decoder_vocab_size != self.vocab_size:
+            raise ValueError(
+                f"`decoder_vocab_size` ({self.decoder_vocab_size}) must equal `vocab_size` ({self.vocab_size}) when "
+                "`share_encoder_decoder_embeddings=True`; set it to False for separate source/target vocabularies."
+            )
+        for name in ("pad_token_id", "bos_token_id", "decoder_start_token_id"):
+            value = getattr(self, name)
+            limit = min(self.vocab_size, self.decoder_vocab_size)
+            if value is not None and not 0 <= value < limit:
+                raise ValueError(f"`{name}` ({value}) must be None or in [0, {limit}) (the vocabulary sizes).")
+
+
+__all__ = ["Seq2SeqConfig"]

@@ -1,0 +1,117 @@
+"""`EncoderForMaskedLM`: archlab's encoder stack alone, with a masked-language-model head (BERT; Devlin et al. 2019).
+
+Seed 001 walks through the Hugging Face workflow for it (train a WordPiece tokenizer, mask 15 % of the tokens with
+`DataCollatorForLanguageModeling`, train with `Trainer`, query with `pipeline("fill-mask")`); seed 003 places it
+among the three architectures: bidirectional self-attention, every position sees every other, and the objective
+predicts only the masked tokens.
+
+The encoder is the one of `Seq2SeqModel` (same config, same layers: every catalogue choice applies). The head is
+BERT's: dense → activation → norm → projection tied to the token embeddings + a per-token bias.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from transformers import initialization as init
+from transformers.activations import ACT2FN
+from transformers.modeling_outputs import MaskedLMOutput
+
+from .configuration_seq2seq import Seq2SeqConfig
+from .losses import IGNORE_INDEX, causal_lm_loss
+from .modeling_seq2seq import Seq2SeqEncoder, Seq2SeqPreTrainedModel
+from .normalization import NORMS
+
+
+class MaskedLMHead(nn.Module):
+    """h → norm(act(dense h)) → logits over the vocabulary (BERT's `cls.predictions`, RoBERTa's `lm_head`)."""
+
+    def __init__(self, config: Seq2SeqConfig) -> None:
+        super().__init__()
+        self.dense = nn.Linear(config.d_model, config.d_model)
+        self.act_fn = ACT2FN[config.activation_function]
+        self.layer_norm = NORMS[config.norm_type](config.d_model, eps=config.layer_norm_eps)
+        self.decoder = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        self.bias = nn.Parameter(torch.zeros(config.vocab_size))
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return self.decoder(self.layer_norm(self.act_fn(self.dense(hidden_states)))) + self.bias
+
+
+class EncoderForMaskedLM(Seq2SeqPreTrainedModel):
+    """The encoder stack + `MaskedLMHead`; `labels` are -100 except at the masked positions.
+
+    In training, the head runs only on the positions that carry a label (about 15 % of them with the standard
+    collator), and `logits` is None; in evaluation and inference it returns logits for every position.
+    """
+
+    _tied_weights_keys = {"lm_head.decoder.weight": "encoder.embed_tokens.weight"}
+
+    def __init__(self, config: Seq2SeqConfig) -> None:
+        super().__init__(config)
+        self.encoder = Seq2SeqEncoder(config, nn.Embedding(config.vocab_size, config.d_model, config.pad_token_id))
+        self.lm_head = MaskedLMHead(config)
+        self.post_init()
+
+    @torch.no_grad()
+    def _init_weights(self, module: nn.Module) -> None:
+        super()._init_weights(module)
+        if isinstance(module, MaskedLMHead):
+            init.zeros_(module.bias)
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.encoder.embed_tokens
+
+    def set_input_embeddings(self, value: nn.Embedding) -> None:
+        self.encoder.embed_tokens = value
+
+    def get_output_embeddings(self) -> nn.Linear:
+        return self.lm_head.decoder
+
+    def set_output_embeddings(self, value: nn.Linear) -> None:
+        self.lm_head.decoder = value
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        labels: torch.LongTensor | None = None,
+        token_type_ids: torch.Tensor | None = None,  # BERT tokenizers emit it; there are no segment embeddings here
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        num_items_in_batch: torch.Tensor | int | None = None,
+        **kwargs,
+    ) -> MaskedLMOutput | tuple:
+        return_dict = return_dict if return_dict is not None else self.config.return_dict
+        outputs = self.encoder(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            inputs_embeds=inputs_embeds,
+            output_attentions=output_attentions if output_attentions is not None else self.config.output_attentions,
+            output_hidden_states=(
+                output_hidden_states if output_hidden_states is not None else self.config.output_hidden_states
+            ),
+            return_dict=True,
+            **kwargs,
+        )
+        hidden_states = outputs.last_hidden_state  # (B, T, d)
+        loss, logits = None, None
+        if labels is not None and self.training:
+            labels = labels.to(hidden_states.device)
+            masked = labels != IGNORE_INDEX
+            picked_logits = self.lm_head(hidden_states[masked])  # (N_masked, V)
+            loss = causal_lm_loss(picked_logits, labels, num_items_in_batch, shifted_labels=labels[masked])
+        else:
+            logits = self.lm_head(hidden_states)  # (B, T, V)
+            if labels is not None:
+                loss = causal_lm_loss(logits, labels, num_items_in_batch, shifted_labels=labels)
+
+        output = MaskedLMOutput(
+            loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
+        )
+        return output if return_dict else output.to_tuple()
+
+
+__all__ = ["EncoderForMaskedLM", "MaskedLMHead"]

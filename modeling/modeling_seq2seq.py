@@ -1,0 +1,639 @@
+"""archlab's encoder-decoder: `Seq2SeqModel` and `Seq2SeqForConditionalGeneration`.
+
+The Transformer of "Attention Is All You Need" (Vaswani et al. 2017; seeds 000 §5.1, 001 "encoder-decoder",
+003 "where cross-attention's keys and values come from"):
+
+    encoder:  x = embed(src)·√d + PE  →  N × [ self-attention (bidirectional, source padding masked) → FFN ]
+    decoder:  y = embed(tgt)·√d + PE  →  N × [ masked self-attention → cross-attention over the encoder's
+              final output (source padding masked) → FFN ]  →  linear (tied to the embeddings) → softmax
+
+each sub-layer wrapped as LayerNorm(x + Dropout(sublayer(x))) with the default post-norm; `norm_position` moves the
+norm before the sub-layer ("pre", with a final norm per stack) or around it ("sandwich"). Training is teacher forcing:
+`labels` are shifted right behind `decoder_start_token_id` to make the decoder input, and the loss compares logits
+with the *unshifted* labels. Generation (greedy, sampling, beam search) runs through `GenerationMixin` with an
+`EncoderDecoderCache`: the encoder runs once, every cross-attention layer projects its keys/values once.
+
+Module and parameter names are Marian's (`model.encoder.layers.N.self_attn.out_proj`, `fc1`, `fc2`,
+`self_attn_layer_norm`, `encoder_attn`, `final_layer_norm`, `final_logits_bias`, ...), so a Marian-equivalent config
+loads a `MarianMTModel` state dict with `strict=True` and computes the same function.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+from torch import nn
+from transformers import initialization as init
+from transformers.activations import ACT2FN
+from transformers.cache_utils import Cache, DynamicCache, EncoderDecoderCache
+from transformers.generation import GenerationMixin
+from transformers.masking_utils import create_bidirectional_mask, create_causal_mask
+from transformers.modeling_layers import GradientCheckpointingLayer
+from transformers.modeling_outputs import (
+    BaseModelOutput,
+    BaseModelOutputWithPastAndCrossAttentions,
+    Seq2SeqLMOutput,
+    Seq2SeqModelOutput,
+)
+from transformers.modeling_utils import PreTrainedModel
+
+from .attention import Attention
+from .configuration_seq2seq import Seq2SeqConfig
+from .losses import causal_lm_loss, chunked_causal_lm_loss
+from .normalization import NORMS
+from .sinusoidal import SinusoidalPositionalEmbedding, sinusoid_table
+
+IGNORE_INDEX = -100
+
+
+def shift_tokens_right(labels: torch.Tensor, pad_token_id: int | None, decoder_start_token_id: int) -> torch.Tensor:
+    """Teacher forcing: decoder input = [start, y_0, ..., y_{T-2}]; ignored label positions (-100) become padding."""
+    if pad_token_id is None:
+        raise ValueError("`pad_token_id` must be set in the config to build `decoder_input_ids` from `labels`.")
+    shifted = labels.new_full(labels.shape, decoder_start_token_id)
+    shifted[:, 1:] = labels[:, :-1]
+    return shifted.masked_fill_(shifted == IGNORE_INDEX, pad_token_id)
+
+
+# ---- feed-forward: fc2(act(fc1 x)), or gated fc2(act(a) ⊙ b) with [a, b] = fc1 x --------------------------------
+
+
+class GatedActivation(nn.Module):
+    """act(a) ⊙ b over the two halves of the last dimension (GLU variants, Shazeer 2020: SwiGLU, GeGLU)."""
+
+    def __init__(self, activation: str) -> None:
+        super().__init__()
+        self.act_fn = ACT2FN[activation]
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        gate, up = hidden_states.chunk(2, dim=-1)
+        return self.act_fn(gate) * up
+
+
+# mlp_type -> (activation module factory, fc1 width multiplier)
+FFN_ACTIVATIONS: dict[str, tuple[Callable[[str], nn.Module], int]] = {
+    "plain": (lambda name: ACT2FN[name], 1),
+    "gated": (GatedActivation, 2),
+}
+
+
+# ---- residual wiring: where the norm sits around a sub-layer ----------------------------------------------------
+
+
+def post_norm(x, sublayer, norm, output_norm, dropout):
+    """LayerNorm(x + Dropout(sublayer(x))) — the paper and Marian."""
+    out, weights = sublayer(x)
+    return norm(x + dropout(out)), weights
+
+
+def pre_norm(x, sublayer, norm, output_norm, dropout):
+    """x + Dropout(sublayer(LayerNorm(x))) — mBART, T5 (stacks end with a final norm)."""
+    out, weights = sublayer(norm(x))
+    return x + dropout(out), weights
+
+
+def sandwich_norm(x, sublayer, norm, output_norm, dropout):
+    """x + Dropout(Norm_out(sublayer(Norm_in(x)))) — CogView, Gemma2."""
+    out, weights = sublayer(norm(x))
+    return x + dropout(output_norm(out)), weights
+
+
+RESIDUALS: dict[str, Callable] = {"post": post_norm, "pre": pre_norm, "sandwich": sandwich_norm}
+
+
+def add_position_bias(mask: torch.Tensor | None, bias: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
+    """Fold an additive (1, H, Tq, Tk) position bias (T5) into an attention mask that is None, boolean or additive."""
+    if bias is None:
+        return mask
+    bias = bias.to(dtype)
+    if mask is None:
+        return bias
+    if mask.dtype == torch.bool:
+        mask = torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, torch.finfo(dtype).min)
+    return mask + bias
+
+
+class _Seq2SeqLayer(GradientCheckpointingLayer):
+    """What encoder and decoder layers share: the norms' factory, the residual wiring and the feed-forward."""
+
+    def __init__(self, config: Seq2SeqConfig, ffn_dim: int) -> None:
+        super().__init__()
+        self.config = config
+        self.residual = RESIDUALS[config.norm_position]
+        self.dropout = nn.Dropout(config.dropout)
+        activation, width = FFN_ACTIVATIONS[config.mlp_type]
+        self.fc1 = nn.Linear(config.d_model, width * ffn_dim, bias=config.mlp_bias)
+        self.activation_fn = activation(config.activation_function)
+        self.activation_dropout = nn.Dropout(config.activation_dropout)
+        self.fc2 = nn.Linear(ffn_dim, config.d_model, bias=config.mlp_bias)
+        self.final_layer_norm = self.make_norm()
+        self.final_output_layer_norm = self.make_output_norm()
+
+    def make_norm(self) -> nn.Module:
+        return NORMS[self.config.norm_type](self.config.d_model, eps=self.config.layer_norm_eps)
+
+    def make_output_norm(self) -> nn.Module:
+        """The second norm of a sandwich; nothing otherwise."""
+        return self.make_norm() if self.config.norm_position == "sandwich" else nn.Identity()
+
+    def feed_forward(self, hidden_states: torch.Tensor) -> tuple[torch.Tensor, None]:
+        hidden_states = self.activation_dropout(self.activation_fn(self.fc1(hidden_states)))
+        return self.fc2(hidden_states), None
+
+
+def _attention(config: Seq2SeqConfig, side: str, layer_idx: int, is_causal: bool) -> Attention:
+    heads = getattr(config, f"{side}_attention_heads")
+    return Attention(
+        config,
+        layer_idx,
+        is_causal=is_causal,
+        hidden_size=config.d_model,
+        num_attention_heads=heads,
+        num_key_value_heads=getattr(config, f"{side}_key_value_heads"),
+        head_dim=config.d_model // heads,
+        bias=config.attention_bias,
+        output_name="out_proj",
+    )
+
+
+class Seq2SeqEncoderLayer(_Seq2SeqLayer):
+    def __init__(self, config: Seq2SeqConfig, layer_idx: int) -> None:
+        super().__init__(config, config.encoder_ffn_dim)
+        self.self_attn = _attention(config, "encoder", layer_idx, is_causal=False)
+        self.self_attn_layer_norm = self.make_norm()
+        self.self_attn_output_layer_norm = self.make_output_norm()
+
+    def forward(
+        self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None, **kwargs
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        hidden_states, weights = self.residual(
+            hidden_states,
+            lambda h: self.self_attn(h, attention_mask=attention_mask, **kwargs),
+            self.self_attn_layer_norm,
+            self.self_attn_output_layer_norm,
+            self.dropout,
+        )
+        hidden_states, _ = self.residual(
+            hidden_states, self.feed_forward, self.final_layer_norm, self.final_output_layer_norm, self.dropout
+        )
+        return hidden_states, weights
+
+
+class Seq2SeqDecoderLayer(_Seq2SeqLayer):
+    def __init__(self, config: Seq2SeqConfig, layer_idx: int) -> None:
+        super().__init__(config, config.decoder_ffn_dim)
+        self.self_attn = _attention(config, "decoder", layer_idx, is_causal=True)
+        self.self_attn_layer_norm = self.make_norm()
+        self.self_attn_output_layer_norm = self.make_output_norm()
+        self.encoder_attn = _attention(config, "decoder", layer_idx, is_causal=False)
+        self.encoder_attn_layer_norm = self.make_norm()
+        self.encoder_attn_output_layer_norm = self.make_output_norm()
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        encoder_hidden_states: torch.Tensor | None = None,
+        encoder_attention_mask: torch.Tensor | None = None,
+        past_key_values: EncoderDecoderCache | None = None,
+        **kwargs,
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        self_cache = past_key_values.self_attention_cache if past_key_values is not None else None
+        hidden_states, self_weights = self.residual(
+            hidden_states,
+            lambda h: self.self_attn(h, attention_mask=attention_mask, past_key_values=self_cache, **kwargs),
+            self.self_attn_layer_norm,
+            self.self_attn_output_layer_norm,
+            self.dropout,
+        )
+        hidden_states, cross_weights = self.residual(
+            hidden_states,
+            lambda h: self.encoder_attn(
+                h,
+                key_value_states=encoder_hidden_states,
+                attention_mask=encoder_attention_mask,
+                past_key_values=past_key_values,
+                **kwargs,
+            ),
+            self.encoder_attn_layer_norm,
+            self.encoder_attn_output_layer_norm,
+            self.dropout,
+        )
+        hidden_states, _ = self.residual(
+            hidden_states, self.feed_forward, self.final_layer_norm, self.final_output_layer_norm, self.dropout
+        )
+        return hidden_states, self_weights, cross_weights
+
+
+class Seq2SeqPreTrainedModel(PreTrainedModel):
+    config_class = Seq2SeqConfig
+    config: Seq2SeqConfig
+    base_model_prefix = "model"
+    supports_gradient_checkpointing = True
+    _no_split_modules = ["Seq2SeqEncoderLayer", "Seq2SeqDecoderLayer"]
+    _skip_keys_device_placement = ["past_key_values"]
+    _supports_sdpa = True
+    _supports_flash_attn = True
+    _supports_flex_attn = True
+    _supports_attention_backend = True
+
+    @torch.no_grad()
+    def _init_weights(self, module: nn.Module) -> None:
+        super()._init_weights(module)
+        if isinstance(module, SinusoidalPositionalEmbedding):
+            init.copy_(module.weight, sinusoid_table(module.num_positions, module.dim, module.layout, module.base))
+        elif isinstance(module, Seq2SeqForConditionalGeneration):
+            init.zeros_(module.final_logits_bias)
+
+
+def make_position_embedding(config: Seq2SeqConfig) -> nn.Module | None:
+    """The absolute position table added to the (scaled) token embeddings, or None."""
+    if config.position_embedding_type == "sinusoidal":
+        return SinusoidalPositionalEmbedding(config.max_position_embeddings, config.d_model, config.sinusoidal_layout)
+    if config.position_embedding_type == "learned":
+        return nn.Embedding(config.max_position_embeddings, config.d_model)
+    return None
+
+
+def make_final_norm(config: Seq2SeqConfig) -> nn.Module:
+    """Pre-norm and sandwich stacks end with a norm (mBART's `layer_norm`); post-norm stacks already did."""
+    if config.norm_position == "post":
+        return nn.Identity()
+    return NORMS[config.norm_type](config.d_model, eps=config.layer_norm_eps)
+
+
+class Seq2SeqEncoder(nn.Module):
+    """Token embeddings (scaled) + positions → `encoder_layers` bidirectional layers (→ final norm if pre-norm)."""
+
+    def __init__(self, config: Seq2SeqConfig, embed_tokens: nn.Embedding) -> None:
+        super().__init__()
+        self.config = config
+        self.embed_scale = math.sqrt(config.d_model) if config.scale_embedding else 1.0
+        self.embed_tokens = embed_tokens
+        self.embed_positions = make_position_embedding(config)
+        self.dropout = nn.Dropout(config.dropout)
+        self.layers = nn.ModuleList([Seq2SeqEncoderLayer(config, i) for i in range(config.encoder_layers)])
+        self.layer_norm = make_final_norm(config)
+        self.position_bias = None  # T5's relative bias: an additive (1, H, T, T) score bias, or None
+        self.gradient_checkpointing = False
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        output_attentions: bool = False,
+        output_hidden_states: bool = False,
+        return_dict: bool = True,
+        **kwargs,
+    ) -> BaseModelOutput | tuple:
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("Pass exactly one of `input_ids` or `inputs_embeds`.")
+        if inputs_embeds is None:
+            inputs_embeds = self.embed_tokens(input_ids)
+        inputs_embeds = inputs_embeds * self.embed_scale
+        hidden_states = inputs_embeds
+        positions = torch.arange(inputs_embeds.shape[1], device=inputs_embeds.device)
+        if self.embed_positions is not None:
+            hidden_states = hidden_states + self.embed_positions(positions)
+        hidden_states = self.dropout(hidden_states)
+
+        mask = create_bidirectional_mask(
+            config=self.config,
+            inputs_embeds=inputs_embeds,
+            attention_mask=attention_mask,
+            allow_is_bidirectional_skip=self.position_bias is None,
+        )
+        if self.position_bias is not None:
+            mask = add_position_bias(mask, self.position_bias(positions, positions), inputs_embeds.dtype)
+
+        all_hidden_states = () if output_hidden_states else None
+        all_attentions = () if output_attentions else None
+        for layer in self.layers:
+            if output_hidden_states:
+                all_hidden_states += (hidden_states,)
+            if self.training and self.config.encoder_layerdrop > 0 and torch.rand([]) < self.config.encoder_layerdrop:
+                continue  # LayerDrop (Fan et al. 2019), as Marian/Bart
+            hidden_states, weights = layer(hidden_states, mask, output_attentions=output_attentions, **kwargs)
+            if output_attentions:
+                all_attentions += (weights,)
+        hidden_states = self.layer_norm(hidden_states)
+        if output_hidden_states:
+            all_hidden_states += (hidden_states,)
+        output = BaseModelOutput(
+            last_hidden_state=hidden_states, hidden_states=all_hidden_states, attentions=all_attentions
+        )
+        return output if return_dict else output.to_tuple()
+
+
+class Seq2SeqDecoder(nn.Module):
+    """Token embeddings (scaled) + positions → `decoder_layers` causal layers with cross-attention."""
+
+    def __init__(self, config: Seq2SeqConfig, embed_tokens: nn.Embedding) -> None:
+        super().__init__()
+        self.config = config
+        self.embed_scale = math.sqrt(config.d_model) if config.scale_embedding else 1.0
+        self.embed_tokens = embed_tokens
+        self.embed_positions = make_position_embedding(config)
+        self.dropout = nn.Dropout(config.dropout)
+        self.layers = nn.ModuleList([Seq2SeqDecoderLayer(config, i) for i in range(config.decoder_layers)])
+        self.layer_norm = make_final_norm(config)
+        self.position_bias = None
+        self.gradient_checkpointing = False
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        encoder_hidden_states: torch.Tensor | None = None,
+        encoder_attention_mask: torch.Tensor | None = None,
+        past_key_values: EncoderDecoderCache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        use_cache: bool = False,
+        output_attentions: bool = False,
+        output_hidden_states: bool = False,
+        return_dict: bool = True,
+        **kwargs,
+    ) -> BaseModelOutputWithPastAndCrossAttentions | tuple:
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("Pass exactly one of `decoder_input_ids` or `decoder_inputs_embeds`.")
+        if inputs_embeds is None:
+            inputs_embeds = self.embed_tokens(input_ids)
+        inputs_embeds = inputs_embeds * self.embed_scale
+        if use_cache and past_key_values is None:
+            past_key_values = EncoderDecoderCache(DynamicCache(config=self.config), DynamicCache(config=self.config))
+        self_cache = past_key_values.self_attention_cache if past_key_values is not None else None
+        past = self_cache.get_seq_length() if self_cache is not None else 0
+        seq_len = inputs_embeds.shape[1]
+        positions = torch.arange(past, past + seq_len, device=inputs_embeds.device)
+
+        hidden_states = inputs_embeds
+        if self.embed_positions is not None:
+            hidden_states = hidden_states + self.embed_positions(positions)
+        hidden_states = self.dropout(hidden_states)
+
+        if attention_mask is None and past > 0:
+            attention_mask = torch.ones(inputs_embeds.shape[0], past + seq_len, device=inputs_embeds.device)
+        causal_mask = create_causal_mask(
+            config=self.config,
+            inputs_embeds=inputs_embeds,
+            attention_mask=attention_mask,
+            past_key_values=self_cache,
+            position_ids=positions[None],
+            allow_is_causal_skip=self.position_bias is None,
+        )
+        if self.position_bias is not None:
+            key_positions = torch.arange(past + seq_len, device=inputs_embeds.device)
+            causal_mask = add_position_bias(causal_mask, self.position_bias(positions, key_positions), inputs_embeds.dtype)
+        cross_mask = create_bidirectional_mask(
+            config=self.config,
+            inputs_embeds=inputs_embeds,
+            attention_mask=encoder_attention_mask,
+            encoder_hidden_states=encoder_hidden_states,
+        )
+
+        all_hidden_states = () if output_hidden_states else None
+        all_attentions = () if output_attentions else None
+        all_cross_attentions = () if output_attentions else None
+        for layer in self.layers:
+            if output_hidden_states:
+                all_hidden_states += (hidden_states,)
+            if self.training and self.config.decoder_layerdrop > 0 and torch.rand([]) < self.config.decoder_layerdrop:
+                continue
+            hidden_states, self_weights, cross_weights = layer(
+                hidden_states,
+                causal_mask,
+                encoder_hidden_states,  # positional, for gradient checkpointing
+                encoder_attention_mask=cross_mask,
+                past_key_values=past_key_values,
+                output_attentions=output_attentions,
+                **kwargs,
+            )
+            if output_attentions:
+                all_attentions += (self_weights,)
+                all_cross_attentions += (cross_weights,)
+        hidden_states = self.layer_norm(hidden_states)
+        if output_hidden_states:
+            all_hidden_states += (hidden_states,)
+        output = BaseModelOutputWithPastAndCrossAttentions(
+            last_hidden_state=hidden_states,
+            past_key_values=past_key_values if use_cache else None,
+            hidden_states=all_hidden_states,
+            attentions=all_attentions,
+            cross_attentions=all_cross_attentions,
+        )
+        return output if return_dict else output.to_tuple()
+
+
+class Seq2SeqModel(Seq2SeqPreTrainedModel):
+    """Encoder + decoder without a head; returns the decoder's last hidden states and the encoder's output."""
+
+    def __init__(self, config: Seq2SeqConfig) -> None:
+        super().__init__(config)
+        if config.share_encoder_decoder_embeddings:
+            # one vocabulary for source and target (the paper's shared BPE); Marian keeps it as `shared`
+            self.shared = nn.Embedding(config.vocab_size, config.d_model, config.pad_token_id)
+            encoder_embeddings, decoder_embeddings = self.shared, self.shared
+            self._tied_weights_keys = {
+                "encoder.embed_tokens.weight": "shared.weight",
+                "decoder.embed_tokens.weight": "shared.weight",
+            }
+        else:
+            encoder_embeddings = nn.Embedding(config.vocab_size, config.d_model, config.pad_token_id)
+            decoder_embeddings = nn.Embedding(config.decoder_vocab_size, config.d_model, config.pad_token_id)
+        self.encoder = Seq2SeqEncoder(config, encoder_embeddings)
+        self.decoder = Seq2SeqDecoder(config, decoder_embeddings)
+        self.post_init()
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.encoder.embed_tokens
+
+    def set_input_embeddings(self, value: nn.Embedding) -> None:
+        if self.config.share_encoder_decoder_embeddings:
+            self.shared = value
+            self.decoder.embed_tokens = value
+        self.encoder.embed_tokens = value
+
+    def get_encoder(self, modality: str | None = None) -> Seq2SeqEncoder:
+        return self.encoder
+
+    def get_decoder(self) -> Seq2SeqDecoder:
+        return self.decoder
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        decoder_input_ids: torch.LongTensor | None = None,
+        decoder_attention_mask: torch.Tensor | None = None,
+        encoder_outputs: BaseModelOutput | tuple | None = None,
+        past_key_values: EncoderDecoderCache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        decoder_inputs_embeds: torch.Tensor | None = None,
+        use_cache: bool | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        **kwargs,
+    ) -> Seq2SeqModelOutput | tuple:
+        output_attentions = output_attentions if output_attentions is not None else self.config.output_attentions
+        output_hidden_states = (
+            output_hidden_states if output_hidden_states is not None else self.config.output_hidden_states
+        )
+        return_dict = return_dict if return_dict is not None else self.config.return_dict
+        use_cache = use_cache if use_cache is not None else self.config.use_cache
+        if self.training:
+            use_cache = False  # teacher forcing sees the whole target at once; nothing to cache
+
+        if encoder_outputs is None:
+            encoder_outputs = self.encoder(
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                inputs_embeds=inputs_embeds,
+                output_attentions=output_attentions,
+                output_hidden_states=output_hidden_states,
+                return_dict=True,
+                **kwargs,
+            )
+        elif not isinstance(encoder_outputs, BaseModelOutput):
+            encoder_outputs = BaseModelOutput(
+                last_hidden_state=encoder_outputs[0],
+                hidden_states=encoder_outputs[1] if len(encoder_outputs) > 1 else None,
+                attentions=encoder_outputs[2] if len(encoder_outputs) > 2 else None,
+            )
+        decoder_outputs = self.decoder(
+            input_ids=decoder_input_ids,
+            attention_mask=decoder_attention_mask,
+            encoder_hidden_states=encoder_outputs.last_hidden_state,
+            encoder_attention_mask=attention_mask,
+            past_key_values=past_key_values,
+            inputs_embeds=decoder_inputs_embeds,
+            use_cache=use_cache,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+            return_dict=True,
+            **kwargs,
+        )
+        output = Seq2SeqModelOutput(
+            last_hidden_state=decoder_outputs.last_hidden_state,
+            past_key_values=decoder_outputs.past_key_values,
+            decoder_hidden_states=decoder_outputs.hidden_states,
+            decoder_attentions=decoder_outputs.attentions,
+            cross_attentions=decoder_outputs.cross_attentions,
+            encoder_last_hidden_state=encoder_outputs.last_hidden_state,
+            encoder_hidden_states=encoder_outputs.hidden_states,
+            encoder_attentions=encoder_outputs.attentions,
+        )
+        return output if return_dict else output.to_tuple()
+
+
+class Seq2SeqForConditionalGeneration(Seq2SeqPreTrainedModel, GenerationMixin):
+    """Encoder-decoder + output projection (tied to the target embeddings by default) + `final_logits_bias`.
+
+    With `labels`, `decoder_input_ids` default to `shift_tokens_right(labels)` and the loss is the token-level
+    cross-entropy of `logits[:, t]` against `labels[:, t]` (no further shift), summed over non-ignored tokens and
+    divided by `num_items_in_batch` when the Trainer passes it (else by their count). In training the head and the
+    loss run chunked (`lm_loss_chunk_size`) and `logits` is None; Trainer's `label_smoothing_factor` pops `labels`,
+    so the model then returns full logits and the Trainer's smoother computes the loss from them.
+    """
+
+    _keys_to_ignore_on_load_missing = ["final_logits_bias"]
+
+    def __init__(self, config: Seq2SeqConfig) -> None:
+        super().__init__(config)
+        self.model = Seq2SeqModel(config)
+        self._tied_weights_keys = {"lm_head.weight": "model.decoder.embed_tokens.weight"}
+        if config.share_encoder_decoder_embeddings:
+            self._tied_weights_keys = {"lm_head.weight": "model.shared.weight"}
+        self.lm_head = nn.Linear(config.d_model, config.decoder_vocab_size, bias=False)
+        # Marian's constant output bias (a buffer: checkpoints carry it, training does not update it)
+        self.register_buffer("final_logits_bias", torch.zeros(1, config.decoder_vocab_size))
+        self.post_init()
+
+    def get_encoder(self, modality: str | None = None) -> Seq2SeqEncoder:
+        return self.model.encoder
+
+    def get_decoder(self) -> Seq2SeqDecoder:
+        return self.model.decoder
+
+    def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
+        """Used by `DataCollatorForSeq2Seq` (needed when the Trainer pops `labels` for label smoothing)."""
+        return shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        decoder_input_ids: torch.LongTensor | None = None,
+        decoder_attention_mask: torch.Tensor | None = None,
+        encoder_outputs: BaseModelOutput | tuple | None = None,
+        past_key_values: EncoderDecoderCache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        decoder_inputs_embeds: torch.Tensor | None = None,
+        labels: torch.LongTensor | None = None,
+        use_cache: bool | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        num_items_in_batch: torch.Tensor | int | None = None,
+        logits_to_keep: int | torch.Tensor = 0,
+        **kwargs,
+    ) -> Seq2SeqLMOutput | tuple:
+        return_dict = return_dict if return_dict is not None else self.config.return_dict
+        if labels is not None:
+            use_cache = False
+            if decoder_input_ids is None and decoder_inputs_embeds is None:
+                decoder_input_ids = self.prepare_decoder_input_ids_from_labels(labels)
+        outputs = self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            decoder_input_ids=decoder_input_ids,
+            decoder_attention_mask=decoder_attention_mask,
+            encoder_outputs=encoder_outputs,
+            past_key_values=past_key_values,
+            inputs_embeds=inputs_embeds,
+            decoder_inputs_embeds=decoder_inputs_embeds,
+            use_cache=use_cache,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+            return_dict=True,
+            **kwargs,
+        )
+        hidden_states = outputs.last_hidden_state  # (B, T, d)
+        loss, logits = None, None
+        chunk = self.config.lm_loss_chunk_size
+        if labels is not None and self.training and chunk > 0:
+            # logits = [h, 1] @ [W, b]ᵀ: the constant bias rides along as one more input channel
+            ones = hidden_states.new_ones(*hidden_states.shape[:-1], 1)
+            weight = torch.cat((self.lm_head.weight, self.final_logits_bias.t().to(self.lm_head.weight.dtype)), 1)
+            loss = chunked_causal_lm_loss(
+                torch.cat((hidden_states, ones), -1), weight, labels, chunk, num_items_in_batch, shifted_labels=labels
+            )
+        else:
+            keep = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
+            logits = self.lm_head(hidden_states[:, keep, :]) + self.final_logits_bias.to(hidden_states.dtype)
+            if labels is not None:
+                loss = causal_lm_loss(logits, labels, num_items_in_batch, shifted_labels=labels)
+
+        output = Seq2SeqLMOutput(
+            loss=loss,
+            logits=logits,
+            past_key_values=outputs.past_key_values,
+            decoder_hidden_states=outputs.decoder_hidden_states,
+            decoder_attentions=outputs.decoder_attentions,
+            cross_attentions=outputs.cross_attentions,
+            encoder_last_hidden_state=outputs.encoder_last_hidden_state,
+            encoder_hidden_states=outputs.encoder_hidden_states,
+            encoder_attentions=outputs.encoder_attentions,
+        )
+        return output if return_dict else output.to_tuple()
+
+
+__all__ = [
+    "Seq2SeqPreTrainedModel",
+    "Seq2SeqModel",
+    "Seq2SeqForConditionalGeneration",
+    "shift_tokens_right",
+]
