@@ -1,0 +1,276 @@
+"""Remote-code export: every registered model class saves a folder that loads anywhere.
+
+- In a fresh process where archlab cannot be imported, `Auto*.from_pretrained(folder, trust_remote_code=True)`
+  gives logits identical to the in-process model's; the same folder loads with archlab and no remote code.
+- The bundle is the full flat closure of sibling imports, byte-identical to the sources, and imports nothing but
+  torch, transformers and huggingface_hub (checked statically over the whole `modeling/` folder).
+- Saving is deterministic (same source -> same bytes), also when re-saved from the remote-code classes.
+- `auto_map` lists every head, so a causal LM folder loads as a classifier or a base model without archlab.
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import json
+import sys
+from pathlib import Path
+
+import conftest
+import pytest
+import torch
+import transformers
+from safetensors.torch import load_file, save_file
+
+import archlab.modeling
+from archlab import registration
+from isolated import check, run_without_archlab
+
+MODELING = Path(archlab.modeling.__file__).resolve().parent
+ALLOWED_TOP_LEVEL = {"torch", "transformers", "huggingface_hub", "__future__"} | set(sys.stdlib_module_names)
+
+# extra decoder configurations whose code paths live in other sibling files; applied when the config has the field
+VARIANTS = {
+    "moe": dict(num_local_experts=4, num_experts_per_tok=2),
+    "catalogue": dict(norm_type="layer_norm", mlp_type="plain", hidden_act="gelu", position_embedding_type="alibi"),
+}
+
+
+# used when tests/conftest.py has no `tiny_<family>_config` helper for a family
+TINY_FALLBACK = {
+    "seq2seq": dict(
+        vocab_size=97, d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+        decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=64,
+        pad_token_id=0, bos_token_id=1, eos_token_id=2, decoder_start_token_id=1, dropout=0.0,
+    ),
+}
+
+
+def tiny_config(config_class: type, **overrides):
+    """The conftest helper `tiny_<family>_config` for a config class (`archlab_seq2seq` -> `tiny_seq2seq_config`)."""
+    family = config_class.model_type.removeprefix("archlab_")
+    builder = getattr(conftest, f"tiny_{family}_config", None)
+    if builder is not None:
+        return builder(**overrides)
+    if family in TINY_FALLBACK:
+        return config_class(**{**TINY_FALLBACK[family], **overrides})
+    pytest.fail(f"tests/conftest.py needs `tiny_{family}_config` so {config_class.__name__} models are export-tested")
+
+
+def _supports(config_class: type, overrides: dict) -> bool:
+    try:
+        config = tiny_config(config_class, **overrides)
+    except (TypeError, ValueError):
+        return False
+    return all(getattr(config, key, None) == value for key, value in overrides.items())
+
+
+def _cases() -> list:
+    cases = [
+        pytest.param(auto.__name__, config_class, model_class, {}, id=model_class.__name__)
+        for auto, config_class, model_class in registration.MODEL_REGISTRY
+    ]
+    decoder = [entry for entry in registration.MODEL_REGISTRY if entry[2].__name__ == "DecoderForCausalLM"]
+    for name, overrides in VARIANTS.items():
+        for auto, config_class, model_class in decoder:
+            if _supports(config_class, overrides):
+                cases.append(pytest.param(auto.__name__, config_class, model_class, overrides, id=f"{name}"))
+    return cases
+
+
+CASES = _cases()
+
+
+def _inputs(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    generator = torch.Generator().manual_seed(0)
+    vocab = model.config.vocab_size
+    input_ids = torch.randint(3, vocab, (2, 7), generator=generator)
+    attention_mask = torch.ones_like(input_ids)
+    input_ids[1, :2] = model.config.pad_token_id  # left padding in the second row
+    attention_mask[1, :2] = 0
+    inputs = {"input_ids": input_ids, "attention_mask": attention_mask}
+    if "decoder_input_ids" in inspect.signature(model.forward).parameters:
+        inputs["decoder_input_ids"] = torch.randint(3, vocab, (2, 5), generator=generator)
+    return inputs
+
+
+def _output(outputs) -> torch.Tensor:
+    return outputs.logits if getattr(outputs, "logits", None) is not None else outputs.last_hidden_state
+
+
+RUNNER = """
+import json
+import torch
+import transformers
+from safetensors.torch import load_file, save_file
+
+torch.set_num_threads(1)
+results = {}
+for job in json.load(open("jobs.json")):
+    auto = getattr(transformers, job["auto"])
+    try:
+        model = auto.from_pretrained(job["folder"], trust_remote_code=True).eval()
+    except Exception as error:
+        results[job["name"]] = {"error": f"{type(error).__name__}: {error}"}
+        continue
+    inputs = load_file(job["inputs"])
+    with torch.no_grad():
+        outputs = model(**inputs)
+    tensor = outputs.logits if getattr(outputs, "logits", None) is not None else outputs.last_hidden_state
+    save_file({"output": tensor.contiguous()}, job["output"])
+    model.save_pretrained(job["resave"])
+    results[job["name"]] = {"class": type(model).__name__, "module": type(model).__module__}
+json.dump(results, open("results.json", "w"))
+"""
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory) -> dict:
+    """Save every case, run all remote-code loads in ONE isolated process, return what it reported."""
+    root = tmp_path_factory.mktemp("remote_code")
+    jobs, cases = [], {}
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        for param in CASES:
+            auto_name, config_class, model_class, overrides = param.values
+            name = param.id
+            torch.manual_seed(0)
+            model = model_class(tiny_config(config_class, **overrides)).eval()
+            folder = root / f"saved_{name}"
+            model.save_pretrained(folder)
+            inputs = _inputs(model)
+            with torch.no_grad():
+                reference = _output(model(**inputs))
+            save_file(inputs, root / f"inputs_{name}.safetensors")
+            cases[name] = dict(model=model, folder=folder, inputs=inputs, reference=reference, auto=auto_name)
+            jobs.append(
+                dict(name=name, auto=auto_name, folder=str(folder), inputs=str(root / f"inputs_{name}.safetensors"),
+                     output=str(root / f"output_{name}.safetensors"), resave=str(root / f"resaved_{name}"))
+            )
+        # the family auto_map: a causal LM folder opened as a base model and as a classifier
+        for auto_name in ("AutoModel", "AutoModelForSequenceClassification"):
+            jobs.append(
+                dict(name=f"causal_as_{auto_name}", auto=auto_name, folder=str(cases["DecoderForCausalLM"]["folder"]),
+                     inputs=str(root / "inputs_DecoderForCausalLM.safetensors"),
+                     output=str(root / f"output_causal_as_{auto_name}.safetensors"),
+                     resave=str(root / f"resaved_causal_as_{auto_name}"))
+            )
+    finally:
+        torch.set_num_threads(threads)
+    (root / "jobs.json").write_text(json.dumps(jobs))
+    check(run_without_archlab(RUNNER, root))
+    results = json.loads((root / "results.json").read_text())
+    return dict(root=root, cases=cases, results=results)
+
+
+def _case_ids() -> list[str]:
+    return [param.id for param in CASES]
+
+
+@pytest.mark.parametrize("name", _case_ids())
+def test_loads_without_archlab_with_identical_logits(exported, name):
+    case, result = exported["cases"][name], exported["results"][name]
+    assert "error" not in result, result.get("error")
+    assert result["class"] == type(case["model"]).__name__
+    assert result["module"].startswith("transformers_modules."), result["module"]
+    remote = load_file(exported["root"] / f"output_{name}.safetensors")["output"]
+    assert torch.equal(remote, case["reference"])
+
+
+@pytest.mark.parametrize("name", _case_ids())
+def test_same_folder_loads_with_archlab_without_remote_code(exported, name):
+    case = exported["cases"][name]
+    model = getattr(transformers, case["auto"]).from_pretrained(case["folder"]).eval()
+    assert type(model) is type(case["model"])  # archlab's own class, not a copy from the folder
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with torch.no_grad():
+            assert torch.equal(_output(model(**case["inputs"])), case["reference"])
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _sibling_closure(start: Path) -> set[str]:
+    """File names reached from `start` through `from .x import y`, anywhere in the file (also inside functions)."""
+    seen, todo = set(), [start.name]
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        for node in ast.walk(ast.parse((start.parent / name).read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.level == 1 and node.module:
+                todo.append(f"{node.module}.py")
+    return seen
+
+
+@pytest.mark.parametrize("name", _case_ids())
+def test_bundle_is_the_full_closure_byte_for_byte(exported, name):
+    case = exported["cases"][name]
+    model_file = Path(sys.modules[type(case["model"]).__module__].__file__)
+    config_file = Path(sys.modules[type(case["model"].config).__module__].__file__)
+    expected = _sibling_closure(model_file) | _sibling_closure(config_file)
+    bundled = {path.name for path in case["folder"].glob("*.py")}
+    assert bundled == expected
+    for file_name in bundled:
+        assert (case["folder"] / file_name).read_bytes() == (MODELING / file_name).read_bytes()
+
+
+@pytest.mark.parametrize("name", _case_ids())
+def test_resaving_from_remote_code_gives_the_same_bytes(exported, name):
+    """Same source -> same bytes, also for someone without archlab who fine-tunes and saves again."""
+    case = exported["cases"][name]
+    resaved = Path(exported["root"] / f"resaved_{name}")
+    original = {path.name: path.read_bytes() for path in case["folder"].glob("*.py")}
+    assert {path.name: path.read_bytes() for path in resaved.glob("*.py")} == original
+    original_map = json.loads((case["folder"] / "config.json").read_text())["auto_map"]
+    assert json.loads((resaved / "config.json").read_text())["auto_map"] == original_map
+
+
+def test_saving_twice_gives_identical_bytes(tmp_path):
+    config_class, model_class = registration.MODEL_REGISTRY[0][1:]
+    torch.manual_seed(0)
+    model = model_class(tiny_config(config_class))
+    model.save_pretrained(tmp_path / "a")
+    model.save_pretrained(tmp_path / "b")
+    names = sorted(path.name for path in (tmp_path / "a").iterdir())
+    assert names == sorted(path.name for path in (tmp_path / "b").iterdir())
+    for file_name in names:
+        assert (tmp_path / "a" / file_name).read_bytes() == (tmp_path / "b" / file_name).read_bytes(), file_name
+
+
+@pytest.mark.parametrize("auto_name", ["AutoModel", "AutoModelForSequenceClassification"])
+def test_causal_lm_folder_opens_as_every_head_without_archlab(exported, auto_name):
+    case = exported["cases"]["DecoderForCausalLM"]
+    auto_map = json.loads((case["folder"] / "config.json").read_text())["auto_map"]
+    assert {entry[0].__name__ for entry in registration.MODEL_REGISTRY
+            if entry[1] is type(case["model"].config)} <= set(auto_map) - {"AutoConfig"}
+    result = exported["results"][f"causal_as_{auto_name}"]
+    assert "error" not in result, result.get("error")
+    if auto_name == "AutoModel":  # the base model's hidden states are the causal LM's, before its head
+        hidden = load_file(exported["root"] / f"output_causal_as_{auto_name}.safetensors")["output"]
+        with torch.no_grad():
+            expected = case["model"].model(**case["inputs"]).last_hidden_state
+        torch.testing.assert_close(hidden, expected, rtol=0, atol=1e-6)
+
+
+def _imports(path: Path):
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield 0, alias.name
+        elif isinstance(node, ast.ImportFrom):
+            yield node.level, node.module
+
+
+@pytest.mark.parametrize("path", sorted(MODELING.glob("*.py")), ids=lambda path: path.name)
+def test_modeling_folder_imports_only_torch_transformers_and_siblings(path):
+    for level, module in _imports(path):
+        if level == 0:
+            assert module.split(".")[0] in ALLOWED_TOP_LEVEL, f"{path.name} imports {module}"
+        else:
+            # `from .x import y` with x a file in the folder; not `from . import x`, `from ..x`, `from .a.b`
+            assert level == 1 and module and "." not in module, f"{path.name}: relative import level {level} {module}"
+            assert (MODELING / f"{module}.py").is_file(), f"{path.name} imports missing sibling {module}"
