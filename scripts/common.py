@@ -1,0 +1,425 @@
+"""What the pretrain / finetune / generate scripts share: argument dataclasses (Hugging Face flag names, as in
+transformers' `examples/pytorch/*/run_*.py`), model kinds, config building, the checks that run before anything is
+written, a Trainer whose checkpoints are complete or absent, and the final save (model, tokenizer, loss curve, card).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoModelForMaskedLM,
+    AutoModelForSeq2SeqLM,
+    AutoModelForSequenceClassification,
+    HfArgumentParser,
+    Trainer,
+    TrainingArguments,
+)
+from transformers.trainer_utils import get_last_checkpoint, rotate_checkpoints
+
+import archlab
+from archlab.tokenization.training import save_tokenizer
+
+LOSS_CURVE = "loss_curve.png"
+STAGING = ".staging"  # never matches `checkpoint-N`, so a half-written save is never resumed from
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Model kinds
+# ---------------------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ModelKind:
+    config_class: str  # attribute of `archlab`
+    auto_class: Any  # the Auto class that builds the pretraining head
+    model_class: str  # attribute of `archlab`
+    max_positions_field: str = "max_position_embeddings"
+
+
+MODEL_KINDS: dict[str, ModelKind] = {
+    "decoder": ModelKind("DecoderConfig", AutoModelForCausalLM, "DecoderForCausalLM"),
+    "seq2seq": ModelKind("Seq2SeqConfig", AutoModelForSeq2SeqLM, "Seq2SeqForConditionalGeneration"),
+    "masked_lm": ModelKind("Seq2SeqConfig", AutoModelForMaskedLM, "EncoderForMaskedLM"),
+}
+CLASSIFICATION_AUTO_CLASS = AutoModelForSequenceClassification
+
+# The model the README's one command trains when no preset or config is given: ~3.4M parameters of LLaMA recipe
+# (pre-RMSNorm, RoPE, GQA, SwiGLU) that learns visible Python in a few CPU minutes.
+DEFAULT_ARCHITECTURES: dict[str, dict[str, Any]] = {
+    "decoder": dict(
+        hidden_size=256,
+        intermediate_size=688,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        tie_word_embeddings=True,
+    ),
+    "seq2seq": dict(d_model=256, encoder_layers=3, decoder_layers=3, encoder_attention_heads=4,
+                    decoder_attention_heads=4, encoder_ffn_dim=1024, decoder_ffn_dim=1024,
+                    max_position_embeddings=512),
+    "masked_lm": dict(d_model=256, encoder_layers=4, decoder_layers=1, encoder_attention_heads=4,
+                      decoder_attention_heads=4, encoder_ffn_dim=1024, decoder_ffn_dim=1024,
+                      max_position_embeddings=512),
+}
+
+
+def model_kind(name: str) -> ModelKind:
+    if name not in MODEL_KINDS:
+        raise ValueError(f"`--model_kind`={name!r} is not supported; allowed values: {', '.join(MODEL_KINDS)}.")
+    kind = MODEL_KINDS[name]
+    if not hasattr(archlab, kind.model_class):
+        raise ValueError(f"`--model_kind {name}` needs `archlab.{kind.model_class}`, which this install lacks.")
+    return kind
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Arguments
+# ---------------------------------------------------------------------------------------------------------------
+@dataclass
+class ModelArguments:
+    model_kind: str = field(default="decoder", metadata={"help": "decoder | seq2seq | masked_lm"})
+    model_name_or_path: str | None = field(
+        default=None, metadata={"help": "A saved model to start from; otherwise a new one is built from the config."}
+    )
+    preset: str | None = field(default=None, metadata={"help": "A named architecture preset (archlab.configuration)."})
+    config_name: str | None = field(default=None, metadata={"help": "A config JSON file (or folder) to build from."})
+    config_overrides: str | None = field(
+        default=None, metadata={"help": 'Config fields to override: "hidden_size=128,num_hidden_layers=2".'}
+    )
+    tokenizer_name: str | None = field(
+        default=None, metadata={"help": "A saved tokenizer to use; without it one is trained on the training split."}
+    )
+    tokenizer_algorithm: str | None = field(
+        default=None, metadata={"help": "bpe | wordpiece | unigram (default: bpe, wordpiece for masked_lm)."}
+    )
+    tokenizer_vocab_size: int | None = field(default=None, metadata={"help": "Vocabulary size to train (8192)."})
+    tokenizer_train_samples: int | None = field(
+        default=None, metadata={"help": "Train the tokenizer on at most this many training documents."}
+    )
+    cache_dir: str | None = field(default=None, metadata={"help": "Where `datasets` caches downloads and maps."})
+    attn_implementation: str | None = field(default=None, metadata={"help": "eager | sdpa | ..."})
+
+
+@dataclass
+class DataArguments:
+    dataset_name: str | None = field(default=None, metadata={"help": "A Hub dataset (needs network)."})
+    dataset_config_name: str | None = field(default=None, metadata={"help": "The Hub dataset's configuration."})
+    train_file: str | None = field(default=None, metadata={"help": "Local txt/json/jsonl/csv/parquet training file."})
+    validation_file: str | None = field(default=None, metadata={"help": "Local validation file (same format)."})
+    text_column_name: str = field(default="text", metadata={"help": "The column holding the text."})
+    validation_split_percentage: int = field(
+        default=5, metadata={"help": "Percentage of train held out when the source has no validation split."}
+    )
+    sample_by: str = field(default="document", metadata={"help": "For .txt files: document | paragraph | line."})
+    max_train_samples: int | None = field(default=None, metadata={"help": "Use at most this many training documents."})
+    max_eval_samples: int | None = field(default=None, metadata={"help": "Use at most this many validation documents."})
+    block_size: int = field(default=256, metadata={"help": "Tokens per packed training block."})
+    preprocessing_num_workers: int | None = field(default=None, metadata={"help": "Processes for `datasets.map`."})
+    overwrite_cache: bool = field(default=False, metadata={"help": "Recompute the cached tokenized datasets."})
+    streaming: bool = field(default=False, metadata={"help": "Stream the data (needs --max_steps)."})
+
+
+@dataclass
+class ArchlabTrainingArguments(TrainingArguments):
+    """`TrainingArguments` plus `--overwrite_output_dir` (the transformers 4 flag): start over in a folder that
+    already holds checkpoints. The scripts subclass this to set their own defaults."""
+
+    overwrite_output_dir: bool = field(
+        default=False, metadata={"help": "Delete earlier checkpoints in --output_dir and start over."}
+    )
+
+
+def parse_arguments(classes: Sequence[type], argv: Sequence[str] | None) -> tuple:
+    """`HfArgumentParser`: flags, or a single .json file holding them (as in transformers' examples)."""
+    parser = HfArgumentParser(tuple(classes))
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if len(argv) == 1 and argv[0].endswith(".json"):
+        return parser.parse_json_file(json_file=os.path.abspath(argv[0]))
+    return parser.parse_args_into_dataclasses(args=argv)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Checks that run before anything is written
+# ---------------------------------------------------------------------------------------------------------------
+def check_data_flags(data_args: DataArguments, training_args: TrainingArguments) -> None:
+    if data_args.dataset_name and (data_args.train_file or data_args.validation_file):
+        raise ValueError("Conflicting flags: --dataset_name and --train_file/--validation_file; pass one source.")
+    if data_args.validation_file and not data_args.train_file:
+        raise ValueError("--validation_file needs --train_file.")
+    for path in (data_args.train_file, data_args.validation_file):
+        if path and not os.path.isfile(path):
+            raise FileNotFoundError(f"Data file {path!r} does not exist.")
+    if data_args.streaming and training_args.max_steps <= 0:
+        raise ValueError("--streaming needs --max_steps: a streamed dataset has no length to count epochs by.")
+    if data_args.block_size < 2:
+        raise ValueError(f"--block_size must be at least 2, got {data_args.block_size}.")
+
+
+def check_model_flags(model_args: ModelArguments) -> None:
+    sources = [f"--{name}" for name in ("model_name_or_path", "preset", "config_name") if getattr(model_args, name)]
+    if len(sources) > 1:
+        raise ValueError(f"Conflicting flags: {' and '.join(sources)}; pass at most one model source.")
+    if model_args.model_name_or_path and model_args.config_overrides:
+        raise ValueError("Conflicting flags: --config_overrides cannot change a pretrained --model_name_or_path.")
+    trained = [name for name in ("tokenizer_algorithm", "tokenizer_vocab_size", "tokenizer_train_samples")
+               if getattr(model_args, name) is not None]
+    if trained and (model_args.tokenizer_name or model_args.model_name_or_path):
+        raise ValueError(
+            f"Conflicting flags: --{', --'.join(trained)} configure tokenizer training, but a tokenizer is loaded "
+            "(--tokenizer_name / --model_name_or_path)."
+        )
+    for name in ("model_name_or_path", "tokenizer_name", "config_name"):
+        path = getattr(model_args, name)
+        if path and (path.startswith((".", "/", "~")) or os.path.splitext(path)[1] == ".json"):
+            if not os.path.exists(os.path.expanduser(path)):
+                raise FileNotFoundError(f"--{name} {path!r} does not exist.")
+
+
+def resolve_resume(training_args: TrainingArguments, overwrite_output_dir: bool) -> str | None:
+    """The checkpoint to resume from (`--resume_from_checkpoint PATH`, or `true`/`last` for the newest one), after
+    refusing to train over an output folder that already holds checkpoints unless told to."""
+    output_dir = training_args.output_dir
+    requested = training_args.resume_from_checkpoint
+    last = get_last_checkpoint(output_dir) if os.path.isdir(output_dir) else None
+    if requested is None or str(requested).lower() in ("false", "no", "none", ""):
+        if last is not None and not overwrite_output_dir:
+            raise ValueError(
+                f"--output_dir {output_dir!r} already holds {os.path.basename(last)}: pass --resume_from_checkpoint "
+                "true to continue it, --overwrite_output_dir to start over, or another --output_dir."
+            )
+        return None
+    if overwrite_output_dir:
+        raise ValueError("Conflicting flags: --resume_from_checkpoint and --overwrite_output_dir.")
+    if str(requested).lower() in ("true", "yes", "last"):
+        if last is None:
+            raise FileNotFoundError(f"--resume_from_checkpoint: no checkpoint-N folder in {output_dir!r}.")
+        return last
+    if not os.path.isfile(os.path.join(requested, "trainer_state.json")):
+        raise FileNotFoundError(f"--resume_from_checkpoint {requested!r} is not a complete checkpoint folder.")
+    return requested
+
+
+def clear_output_dir(output_dir: str) -> None:
+    """For --overwrite_output_dir: remove earlier checkpoints and staging folders (never other files)."""
+    if not os.path.isdir(output_dir):
+        return
+    for entry in os.listdir(output_dir):
+        if entry.startswith(("checkpoint-", STAGING)):
+            shutil.rmtree(os.path.join(output_dir, entry), ignore_errors=True)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Configs
+# ---------------------------------------------------------------------------------------------------------------
+def parse_overrides(text: str | None) -> dict[str, Any]:
+    """ "a=1,b=true,c=rms_norm" -> {"a": 1, "b": True, "c": "rms_norm"} (values parsed as JSON when they are)."""
+    values: dict[str, Any] = {}
+    for item in filter(None, (part.strip() for part in (text or "").split(","))):
+        if "=" not in item:
+            raise ValueError(f"--config_overrides: {item!r} is not of the form key=value.")
+        key, raw = (s.strip() for s in item.split("=", 1))
+        try:
+            values[key] = json.loads(raw)
+        except json.JSONDecodeError:
+            values[key] = raw
+    return values
+
+
+def preset_values(name: str) -> dict[str, Any]:
+    """The config fields of a named preset from `archlab.configuration` (written by the catalogue work)."""
+    try:
+        from archlab.configuration import presets
+    except ImportError:
+        raise ValueError("--preset needs archlab.configuration.presets, which this install lacks.") from None
+    return dict(presets.preset_values(name))
+
+
+def build_config(model_args: ModelArguments, tokenizer: Any, block_size: int | None, num_labels: int | None = None):
+    """The model config: pretrained, preset, JSON or the default architecture, plus overrides; the vocabulary and
+    special-token ids come from the tokenizer unless the user set them. Fails on a tokenizer that does not fit."""
+    kind = model_kind(model_args.model_kind)
+    if model_args.model_name_or_path:
+        config = AutoConfig.from_pretrained(model_args.model_name_or_path)
+    else:
+        if model_args.preset:
+            values = preset_values(model_args.preset)
+        elif model_args.config_name:
+            path = model_args.config_name
+            path = os.path.join(path, "config.json") if os.path.isdir(path) else path
+            with open(path, encoding="utf-8") as f:
+                values = json.load(f)
+            for key in ("model_type", "architectures", "transformers_version", "auto_map"):
+                values.pop(key, None)
+        else:
+            values = dict(DEFAULT_ARCHITECTURES[model_args.model_kind])
+        overrides = parse_overrides(model_args.config_overrides)
+        user_set = set(overrides) | (set(values) if (model_args.preset or model_args.config_name) else set())
+        values.update(overrides)
+        if "vocab_size" not in user_set:
+            values["vocab_size"] = len(tokenizer)
+        for name in ("pad_token_id", "bos_token_id", "eos_token_id"):
+            token_id = getattr(tokenizer, name, None)
+            if name not in overrides and token_id is not None:
+                values[name] = token_id
+        if model_args.model_kind == "seq2seq" and "decoder_start_token_id" not in overrides:
+            values["decoder_start_token_id"] = tokenizer.pad_token_id  # Marian's convention
+        if num_labels is not None:
+            values["num_labels"] = num_labels
+        config = getattr(archlab, kind.config_class)(**values)
+    check_fits(config, tokenizer, block_size, kind)
+    return config
+
+
+def check_fits(config: Any, tokenizer: Any, block_size: int | None, kind: ModelKind) -> None:
+    if len(tokenizer) > config.vocab_size:
+        raise ValueError(
+            f"The tokenizer has {len(tokenizer)} tokens but the model's `vocab_size` is {config.vocab_size}: "
+            "token ids would index past the embedding. Use a matching tokenizer or a larger vocab_size."
+        )
+    max_positions = getattr(config, kind.max_positions_field, None)
+    if block_size is not None and max_positions is not None and block_size > max_positions:
+        raise ValueError(
+            f"--block_size {block_size} exceeds the model's `{kind.max_positions_field}` ({max_positions})."
+        )
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Trainer and saving
+# ---------------------------------------------------------------------------------------------------------------
+class AtomicCheckpointTrainer(Trainer):
+    """A `Trainer` whose `checkpoint-N` folders are complete or absent: each is written under `.staging/` and
+    renamed into place, so a run killed mid-save resumes from the previous complete checkpoint."""
+
+    _staging_dir: str | None = None
+
+    def _get_output_dir(self, trial: Any) -> str:
+        return self._staging_dir or super()._get_output_dir(trial)
+
+    def _save_checkpoint(self, model: torch.nn.Module, trial: Any) -> None:
+        run_dir = super()._get_output_dir(trial)
+        staging = os.path.join(run_dir, STAGING)
+        shutil.rmtree(staging, ignore_errors=True)
+        self._staging_dir = staging
+        try:
+            super()._save_checkpoint(model, trial)
+        finally:
+            self._staging_dir = None
+        name = f"checkpoint-{self.state.global_step}"
+        final = os.path.join(run_dir, name)
+        if os.path.isdir(final):
+            shutil.rmtree(final)
+        os.replace(os.path.join(staging, name), final)
+        shutil.rmtree(staging, ignore_errors=True)
+        if self.state.best_model_checkpoint and STAGING in self.state.best_model_checkpoint:
+            self.state.best_model_checkpoint = self.state.best_model_checkpoint.replace(
+                os.path.join(STAGING, ""), ""
+            )
+        if self.args.should_save:
+            rotate_checkpoints(run_dir, self.args.save_total_limit, self.state.best_model_checkpoint, use_mtime=True)
+
+
+def with_perplexity(metrics: dict[str, float], prefix: str = "eval") -> dict[str, float]:
+    loss = metrics.get(f"{prefix}_loss")
+    if loss is not None:
+        metrics[f"{prefix}_perplexity"] = math.exp(min(loss, 50.0))
+    return metrics
+
+
+def plot_loss_curve(log_history: list[dict[str, Any]], path: str | Path) -> bool:
+    """Training (and evaluation) loss against the step, as a PNG; False when there is nothing to draw."""
+    train = [(e["step"], e["loss"]) for e in log_history if "loss" in e and "step" in e]
+    evals = [(e["step"], e["eval_loss"]) for e in log_history if "eval_loss" in e and "step" in e]
+    if not train and not evals:
+        return False
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axis = plt.subplots(figsize=(6, 3.5))
+    if train:
+        axis.plot(*zip(*train), label="training loss")
+    if evals:
+        axis.plot(*zip(*evals), "o-", label="validation loss")
+    axis.set_xlabel("step")
+    axis.set_ylabel("cross-entropy (nats/token)")
+    axis.grid(alpha=0.3)
+    axis.legend()
+    figure.tight_layout()
+    figure.savefig(path, dpi=100, metadata={"Software": None})
+    plt.close(figure)
+    return True
+
+
+def save_final(
+    trainer: Trainer,
+    tokenizer: Any,
+    output_dir: str,
+    metrics: dict[str, float] | None = None,
+    datasets: list[str] | None = None,
+    base_model: str | None = None,
+) -> None:
+    """Model, tokenizer, trainer state, loss curve and model card -- written to a staging folder, then moved into
+    `output_dir` file by file with `config.json` last, so a folder that has a config has everything."""
+    staging = os.path.join(output_dir, STAGING + "-final")
+    shutil.rmtree(staging, ignore_errors=True)
+    model = trainer.model
+    model.config.use_cache = True  # the Trainer turns the cache off for training; generation wants it
+    model.save_pretrained(staging)
+    save_tokenizer(tokenizer, staging)
+    trainer.state.save_to_json(os.path.join(staging, "trainer_state.json"))
+    with open(os.path.join(staging, "training_args.json"), "w", encoding="utf-8") as f:
+        f.write(trainer.args.to_json_string())
+    if metrics:
+        with open(os.path.join(staging, "all_results.json"), "w", encoding="utf-8") as f:
+            json.dump(metrics, f, indent=2, sort_keys=True)
+    has_curve = plot_loss_curve(trainer.state.log_history, os.path.join(staging, LOSS_CURVE))
+    write_card(staging, metrics, datasets, base_model, os.path.join(staging, LOSS_CURVE) if has_curve else None)
+    entries = sorted(os.listdir(staging), key=lambda name: name == "config.json")
+    for entry in entries:
+        target = os.path.join(output_dir, entry)
+        if os.path.isdir(target):
+            shutil.rmtree(target)
+        os.replace(os.path.join(staging, entry), target)
+    os.rmdir(staging)
+
+
+def write_card(
+    folder: str, metrics: dict[str, float] | None, datasets: list[str] | None, base_model: str | None,
+    loss_curve: str | None,
+) -> None:
+    """The model card (README.md), rendered by archlab.model_cards."""
+    from archlab.model_cards import write_model_card
+
+    eval_results = {k[len("eval_"):]: v for k, v in (metrics or {}).items() if k.startswith("eval_")}
+    write_model_card(
+        folder,
+        datasets=datasets,
+        base_model=base_model,
+        eval_results={k: v for k, v in eval_results.items() if k in ("loss", "perplexity", "accuracy", "f1",
+                                                                     "bleu", "chrf", "exact_match")} or None,
+        loss_curve=loss_curve,
+    )
+
+
+def dataset_label(data_args: DataArguments) -> str:
+    if data_args.dataset_name:
+        return data_args.dataset_name
+    if data_args.train_file:
+        return os.path.basename(data_args.train_file)
+    return "python-stdlib-source"
+
+
+def log(message: str) -> None:
+    print(f"[archlab] {message}", flush=True)

@@ -1,0 +1,252 @@
+"""The data pipeline of the scripts: raw text -> tokenized documents -> fixed-size packed blocks (seed 001's
+`load_dataset` / `tokenize` / `group_texts` workflow, with document boundaries kept).
+
+Sources (`load_raw_datasets`): a Hub dataset by name (when the network allows), local text/JSON/JSONL/CSV/Parquet
+files, or -- when neither is given -- the embedded standard-library corpus (`corpus.py`). A train/validation split
+is made when the source has none; `streaming=True` gives `IterableDataset`s for corpora that do not fit in memory.
+
+Packing (`pack_causal_lm`): documents (each `<s> ... </s>`) are concatenated and cut into blocks of `block_size`
+tokens. `position_ids` restart at 0 wherever a document (or a piece of one) starts, and the first token of every
+piece gets label -100, as Hugging Face's `DataCollatorWithFlattening` does. Without an `attention_mask`, transformers'
+`masking_utils` reads the restarts as packed sequences and builds a block-diagonal causal mask, so attention never
+crosses documents; positions never exceed `block_size`. The tail of each `map` batch that does not fill a block is
+padded with a pad-token segment (its own "document", label -100), so no token is dropped.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+from datasets import Dataset, DatasetDict, IterableDataset, IterableDatasetDict, load_dataset
+
+from .corpus import stdlib_documents
+
+# File extension -> `datasets` builder.
+FILE_BUILDERS = {"txt": "text", "text": "text", "json": "json", "jsonl": "json", "csv": "csv", "parquet": "parquet"}
+SAMPLE_BY = ("document", "paragraph", "line")
+IGNORE_INDEX = -100
+
+AnyDataset = Dataset | IterableDataset
+AnyDatasetDict = DatasetDict | IterableDatasetDict
+
+
+def _builder_for(path: str) -> str:
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"Data file {path!r} does not exist.")
+    extension = path.rsplit(".", 1)[-1].lower() if "." in os.path.basename(path) else ""
+    if extension not in FILE_BUILDERS:
+        raise ValueError(
+            f"Data file {path!r}: extension {extension!r} is not supported; allowed: {', '.join(FILE_BUILDERS)}."
+        )
+    return FILE_BUILDERS[extension]
+
+
+def embedded_corpus(streaming: bool = False, cache_dir: str | None = None, validation_fraction: float = 0.05):
+    """The standard-library corpus as a `DatasetDict` (or `IterableDatasetDict`) with `train`/`validation`."""
+    make = IterableDataset.from_generator if streaming else Dataset.from_generator
+    splits = {}
+    for split in ("train", "validation"):
+        kwargs = {"gen_kwargs": {"split": split, "validation_fraction": validation_fraction}}
+        if not streaming:
+            kwargs["cache_dir"] = cache_dir
+        splits[split] = make(stdlib_documents, **kwargs)
+    return (IterableDatasetDict if streaming else DatasetDict)(splits)
+
+
+def load_raw_datasets(
+    dataset_name: str | None = None,
+    dataset_config_name: str | None = None,
+    train_file: str | None = None,
+    validation_file: str | None = None,
+    validation_split_percentage: int = 5,
+    streaming: bool = False,
+    cache_dir: str | None = None,
+    sample_by: str = "document",
+    seed: int = 42,
+) -> AnyDatasetDict:
+    """`train` and `validation` splits from the Hub, local files, or (neither given) the embedded corpus."""
+    if dataset_name and (train_file or validation_file):
+        raise ValueError("Pass either `dataset_name` or `train_file`/`validation_file`, not both.")
+    if validation_file and not train_file:
+        raise ValueError("`validation_file` needs a `train_file`.")
+    if not 0 < validation_split_percentage < 100:
+        raise ValueError(f"`validation_split_percentage` must be in (0, 100), got {validation_split_percentage}.")
+    if sample_by not in SAMPLE_BY:
+        raise ValueError(f"`sample_by`={sample_by!r} is not supported; allowed values: {SAMPLE_BY}.")
+
+    if dataset_name:
+        try:
+            raw = load_dataset(dataset_name, dataset_config_name, cache_dir=cache_dir, streaming=streaming)
+        except Exception as error:  # offline, unknown name, ...: say what to do instead
+            raise ValueError(
+                f"Could not load dataset {dataset_name!r} from the Hub ({type(error).__name__}: {error}). Without "
+                "network access, pass local files with --train_file, or omit both to use the embedded corpus."
+            ) from error
+    elif train_file:
+        files = {"train": train_file}
+        if validation_file:
+            files["validation"] = validation_file
+        builders = {_builder_for(path) for path in files.values()}
+        if len(builders) > 1:
+            raise ValueError(f"`train_file` and `validation_file` must have the same format, got {sorted(builders)}.")
+        builder = builders.pop()
+        extra = {"sample_by": sample_by} if builder == "text" else {}
+        raw = load_dataset(builder, data_files=files, cache_dir=cache_dir, streaming=streaming, **extra)
+    else:
+        return embedded_corpus(streaming=streaming, cache_dir=cache_dir)
+
+    if "train" not in raw:
+        raise ValueError(f"The dataset has no 'train' split; it has {list(raw)}.")
+    if "validation" not in raw:
+        raw = _split_off_validation(raw["train"], validation_split_percentage, streaming, seed)
+    return raw
+
+
+def _split_off_validation(train: AnyDataset, percentage: int, streaming: bool, seed: int) -> AnyDatasetDict:
+    if streaming:
+        # An IterableDataset has no length: hold out every (100 // percentage)-th example.
+        every = max(2, round(100 / percentage))
+        validation = train.filter(lambda _, i: i % every == 0, with_indices=True)
+        return IterableDatasetDict({"train": train.filter(lambda _, i: i % every != 0, with_indices=True),
+                                    "validation": validation})
+    if len(train) < 2:
+        raise ValueError(f"The dataset has {len(train)} example(s): too few to split off a validation set.")
+    parts = train.train_test_split(test_size=percentage / 100, seed=seed)
+    return DatasetDict({"train": parts["train"], "validation": parts["test"]})
+
+
+def check_columns(dataset: AnyDataset, *columns: str, split: str = "train") -> None:
+    """A ValueError naming the missing column and the ones that exist."""
+    names = dataset.column_names
+    if names is None and isinstance(dataset, IterableDataset):
+        names = list(next(iter(dataset)).keys())
+    for column in columns:
+        if column not in names:
+            raise ValueError(f"Column {column!r} not found in the {split} split; its columns are {names}.")
+
+
+def check_not_empty(dataset: AnyDataset, split: str = "train") -> None:
+    if isinstance(dataset, IterableDataset):
+        empty = next(iter(dataset), None) is None
+    else:
+        empty = len(dataset) == 0
+    if empty:
+        raise ValueError(f"The {split} split is empty.")
+
+
+def limit(dataset: AnyDataset, max_samples: int | None) -> AnyDataset:
+    """The first `max_samples` examples (all when None)."""
+    if max_samples is None:
+        return dataset
+    if isinstance(dataset, IterableDataset):
+        return dataset.take(max_samples)
+    return dataset.select(range(min(max_samples, len(dataset))))
+
+
+def _map(dataset: AnyDataset, function: Callable, num_proc: int | None, overwrite_cache: bool, desc: str, **kw):
+    """`dataset.map(batched=True)`, multi-process and cached for map-style datasets, lazy for streaming ones."""
+    if isinstance(dataset, IterableDataset):
+        return dataset.map(function, batched=True, **kw)
+    return dataset.map(
+        function, batched=True, num_proc=num_proc, load_from_cache_file=not overwrite_cache, desc=desc, **kw
+    )
+
+
+def tokenize_documents(
+    dataset: AnyDataset,
+    tokenizer: Any,
+    text_column: str = "text",
+    num_proc: int | None = None,
+    overwrite_cache: bool = False,
+) -> AnyDataset:
+    """`input_ids` per document, with the tokenizer's specials (e.g. `<s>`) and a final eos token."""
+    eos = tokenizer.eos_token_id
+    columns = dataset.column_names
+
+    def tokenize(batch: dict[str, list]) -> dict[str, list]:
+        encoded = tokenizer(batch[text_column], add_special_tokens=True, verbose=False)["input_ids"]
+        if eos is not None:
+            encoded = [ids if ids and ids[-1] == eos else ids + [eos] for ids in encoded]
+        return {"input_ids": encoded}
+
+    return _map(dataset, tokenize, num_proc, overwrite_cache, "Tokenizing", remove_columns=columns)
+
+
+def pack_documents(
+    documents: list[list[int]], block_size: int, pad_token_id: int, restart_positions: bool = True
+) -> dict[str, list[list[int]]]:
+    """Cut concatenated documents into blocks; see the module docstring. A pure function: the unit `map` runs.
+
+    With `restart_positions` (causal LM): `input_ids`, `position_ids`, `labels`. Without (masked LM, whose
+    collator makes the labels): `input_ids` and an `attention_mask` that is 0 on the padding only.
+    """
+    side = "position_ids" if restart_positions else "attention_mask"
+    blocks: dict[str, list[list[int]]] = {"input_ids": [], side: []}
+    if restart_positions:
+        blocks["labels"] = []
+    current: dict[str, list[int]] = {key: [] for key in blocks}
+
+    def add_piece(piece: list[int], is_padding: bool = False) -> None:
+        current["input_ids"].extend(piece)
+        if restart_positions:
+            current["position_ids"].extend(range(len(piece)))  # a restart marks a new document for the mask
+            current["labels"].extend([IGNORE_INDEX] * len(piece) if is_padding else [IGNORE_INDEX] + piece[1:])
+        else:
+            current["attention_mask"].extend([0 if is_padding else 1] * len(piece))
+
+    def flush() -> None:
+        for key, values in current.items():
+            blocks[key].append(values.copy())
+            values.clear()
+
+    for document in documents:
+        offset = 0
+        while offset < len(document):
+            piece = document[offset : offset + block_size - len(current["input_ids"])]
+            add_piece(piece)
+            offset += len(piece)
+            if len(current["input_ids"]) == block_size:
+                flush()
+    if current["input_ids"]:
+        add_piece([pad_token_id] * (block_size - len(current["input_ids"])), is_padding=True)
+        flush()
+    return blocks
+
+
+def pack_causal_lm(
+    tokenized: AnyDataset,
+    block_size: int,
+    pad_token_id: int,
+    num_proc: int | None = None,
+    overwrite_cache: bool = False,
+    restart_positions: bool = True,
+    batch_size: int = 1000,
+) -> AnyDataset:
+    """Packed blocks (see `pack_documents`); `restart_positions=False` is for the masked LM, whose bidirectional
+    mask in transformers has no packed-sequence form."""
+    if block_size < 2:
+        raise ValueError(f"`block_size` must be at least 2, got {block_size}.")
+
+    def pack(batch: dict[str, list]) -> dict[str, list]:
+        return pack_documents(batch["input_ids"], block_size, pad_token_id, restart_positions)
+
+    columns = tokenized.column_names
+    return _map(tokenized, pack, num_proc, overwrite_cache, f"Packing into blocks of {block_size}",
+                remove_columns=columns, batch_size=batch_size)
+
+
+__all__ = [
+    "FILE_BUILDERS",
+    "IGNORE_INDEX",
+    "SAMPLE_BY",
+    "check_columns",
+    "check_not_empty",
+    "embedded_corpus",
+    "limit",
+    "load_raw_datasets",
+    "pack_causal_lm",
+    "pack_documents",
+    "tokenize_documents",
+]

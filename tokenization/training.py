@@ -1,0 +1,249 @@
+"""Train, save and load archlab tokenizers with the `tokenizers` library (seed 001: "train a WordPiece tokenizer").
+
+Three algorithms, each a small builder in `ALGORITHMS`:
+- `"bpe"`: byte-level BPE (GPT-2 / LLaMA-3 style), lossless on any text, the default for the decoder and seq2seq;
+- `"wordpiece"`: BERT's WordPiece over whitespace/punctuation-split words, the default for the masked LM;
+- `"unigram"`: the SentencePiece Unigram LM over `▁`-marked words.
+
+The special tokens follow the model kind (`MODEL_KINDS`): every kind gets `<pad>`=0, `<s>`=1, `</s>`=2, `<unk>`=3
+(the ids `DecoderConfig` defaults to); the masked LM adds `<mask>`, the decoder adds the ChatML turn markers and a
+chat template whose assistant turns sit in `{% generation %}` blocks, so
+`apply_chat_template(..., return_assistant_tokens_mask=True)` marks the tokens to train on.
+
+`save_tokenizer` writes a folder `AutoTokenizer` loads, with `tokenizer_class` = "PreTrainedTokenizerFast" (the
+class every transformers version can load) instead of transformers 5's default "TokenizersBackend".
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+PAD, BOS, EOS, UNK, MASK = "<pad>", "<s>", "</s>", "<unk>", "<mask>"
+IM_START, IM_END = "<|im_start|>", "<|im_end|>"
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")  # "gpt2", "org/name"
+
+# ChatML with the assistant's answer (and its end marker) inside a generation block: the tokens a chat model is
+# trained to produce. The bos token opens the conversation because chat templates are tokenized without specials.
+CHAT_TEMPLATE = (
+    "{{ bos_token }}"
+    "{%- for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' }}"
+    "{%- if message['role'] == 'assistant' %}"
+    "{% generation %}{{ message['content'] + '<|im_end|>' }}{% endgeneration %}"
+    "{%- else %}"
+    "{{ message['content'] + '<|im_end|>' }}"
+    "{%- endif %}"
+    "{{ '\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{%- endif %}"
+)
+
+
+@dataclass(frozen=True)
+class TokenizerSpec:
+    """What a model kind needs from its tokenizer: special tokens, how single texts are wrapped, a chat template."""
+
+    special_tokens: tuple[str, ...]
+    single: str  # TemplateProcessing pattern for one sequence
+    pair: str  # ... and for a pair
+    default_algorithm: str
+    extra_special: tuple[str, ...] = ()
+    chat_template: str | None = None
+    named: dict[str, str] = field(default_factory=dict)  # tokenizer attribute -> token
+
+
+_BASE = (PAD, BOS, EOS, UNK)
+MODEL_KINDS: dict[str, TokenizerSpec] = {
+    # LLaMA-style: prepend <s>; documents get </s> appended by the data pipeline.
+    "decoder": TokenizerSpec(
+        special_tokens=_BASE + (IM_START, IM_END),
+        single=f"{BOS} $A",
+        pair=f"{BOS} $A {BOS} $B",
+        default_algorithm="bpe",
+        extra_special=(IM_START, IM_END),
+        chat_template=CHAT_TEMPLATE,
+        named={"pad_token": PAD, "bos_token": BOS, "eos_token": EOS, "unk_token": UNK},
+    ),
+    # Marian/T5-style: sources and targets end with </s>.
+    "seq2seq": TokenizerSpec(
+        special_tokens=_BASE,
+        single=f"$A {EOS}",
+        pair=f"$A {EOS} $B {EOS}",
+        default_algorithm="bpe",
+        named={"pad_token": PAD, "bos_token": BOS, "eos_token": EOS, "unk_token": UNK},
+    ),
+    # BERT/RoBERTa-style: <s> plays [CLS], </s> plays [SEP].
+    "masked_lm": TokenizerSpec(
+        special_tokens=_BASE + (MASK,),
+        single=f"{BOS} $A {EOS}",
+        pair=f"{BOS} $A {EOS} $B {EOS}",
+        default_algorithm="wordpiece",
+        named={
+            "pad_token": PAD,
+            "bos_token": BOS,
+            "eos_token": EOS,
+            "unk_token": UNK,
+            "mask_token": MASK,
+            "cls_token": BOS,
+            "sep_token": EOS,
+        },
+    ),
+}
+
+
+def _bpe(vocab_size: int, min_frequency: int, specials: list[str]) -> tuple[Tokenizer, Any]:
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        min_frequency=min_frequency,
+        special_tokens=specials,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),  # all 256 bytes: nothing is ever unknown
+        show_progress=False,
+    )
+    return tokenizer, trainer
+
+
+def _wordpiece(vocab_size: int, min_frequency: int, specials: list[str]) -> tuple[Tokenizer, Any]:
+    tokenizer = Tokenizer(models.WordPiece(unk_token=UNK))
+    tokenizer.normalizer = normalizers.NFC()
+    tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tokenizer.decoder = decoders.WordPiece()
+    trainer = trainers.WordPieceTrainer(
+        vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=specials, show_progress=False
+    )
+    return tokenizer, trainer
+
+
+def _unigram(vocab_size: int, min_frequency: int, specials: list[str]) -> tuple[Tokenizer, Any]:
+    tokenizer = Tokenizer(models.Unigram())
+    tokenizer.normalizer = normalizers.NFC()
+    tokenizer.pre_tokenizer = pre_tokenizers.Metaspace()
+    tokenizer.decoder = decoders.Metaspace()
+    trainer = trainers.UnigramTrainer(
+        vocab_size=vocab_size,
+        special_tokens=specials,
+        unk_token=UNK,
+        max_piece_length=16,
+        seed_size=100_000,  # the default 1M seed pieces make training minutes long on a few MB of code
+        show_progress=False,
+    )
+    return tokenizer, trainer
+
+
+ALGORITHMS = {"bpe": _bpe, "wordpiece": _wordpiece, "unigram": _unigram}
+
+
+def _check_choice(name: str, value: str, allowed: Iterable[str]) -> None:
+    allowed = list(allowed)
+    if value not in allowed:
+        raise ValueError(f"`{name}`={value!r} is not supported; allowed values: {', '.join(map(repr, allowed))}.")
+
+
+def _batches(texts: Iterable[str], batch_size: int = 1000) -> Iterator[list[str]]:
+    batch: list[str] = []
+    for text in texts:
+        if text:
+            batch.append(text)
+        if len(batch) == batch_size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+def train_tokenizer(
+    source: Iterable[str] | Sequence[str | os.PathLike] | Any,
+    model_kind: str = "decoder",
+    algorithm: str | None = None,
+    vocab_size: int = 8192,
+    min_frequency: int = 2,
+    text_column: str = "text",
+    model_max_length: int | None = None,
+) -> PreTrainedTokenizerFast:
+    """Train a tokenizer for `model_kind` and wrap it as a transformers fast tokenizer.
+
+    `source` is any of: a `datasets.Dataset`/`IterableDataset` (its `text_column` is read), a list of file paths
+    (`pathlib.Path`s, read by the Rust trainer), or any iterable of strings.
+    """
+    _check_choice("model_kind", model_kind, MODEL_KINDS)
+    spec = MODEL_KINDS[model_kind]
+    algorithm = algorithm or spec.default_algorithm
+    _check_choice("tokenizer algorithm", algorithm, ALGORITHMS)
+    if vocab_size <= len(spec.special_tokens):
+        raise ValueError(f"`vocab_size` must exceed the {len(spec.special_tokens)} special tokens, got {vocab_size}.")
+
+    tokenizer, trainer = ALGORITHMS[algorithm](vocab_size, min_frequency, list(spec.special_tokens))
+    if hasattr(source, "column_names") or hasattr(source, "features"):  # a datasets (Iterable)Dataset
+        columns = source.column_names
+        if columns is not None and text_column not in columns:
+            raise ValueError(f"Text column {text_column!r} not found; the dataset has columns {columns}.")
+        tokenizer.train_from_iterator(_batches(row[text_column] for row in source), trainer)
+    elif isinstance(source, (list, tuple)) and source and all(isinstance(s, os.PathLike) for s in source):
+        missing = [str(p) for p in source if not os.path.isfile(p)]
+        if missing:
+            raise FileNotFoundError(f"Tokenizer training files not found: {missing}")
+        tokenizer.train([os.fspath(p) for p in source], trainer)
+    else:
+        tokenizer.train_from_iterator(_batches(source), trainer)
+    if tokenizer.get_vocab_size() <= len(spec.special_tokens):
+        raise ValueError("The tokenizer training data is empty: no token besides the special tokens was learned.")
+
+    ids = {token: tokenizer.token_to_id(token) for token in spec.special_tokens}
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single=spec.single, pair=spec.pair, special_tokens=[(t, ids[t]) for t in (BOS, EOS)]
+    )
+    kwargs: dict[str, Any] = dict(spec.named)
+    if spec.extra_special:
+        kwargs["extra_special_tokens"] = list(spec.extra_special)
+    if model_max_length is not None:
+        kwargs["model_max_length"] = model_max_length
+    fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, **kwargs)
+    if spec.chat_template is not None:
+        fast.chat_template = spec.chat_template
+    return fast
+
+
+def save_tokenizer(tokenizer: PreTrainedTokenizerFast, folder: str | os.PathLike) -> None:
+    """`save_pretrained`, with the chat template inside tokenizer_config.json and a loadable `tokenizer_class`."""
+    tokenizer.save_pretrained(folder, save_jinja_files=False)
+    path = os.path.join(folder, "tokenizer_config.json")
+    with open(path, encoding="utf-8") as f:
+        config = json.load(f)
+    if config.get("tokenizer_class") == "TokenizersBackend":
+        # transformers 5 aliases PreTrainedTokenizerFast to TokenizersBackend; 4.x only knows the former.
+        config["tokenizer_class"] = "PreTrainedTokenizerFast"
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(config, f, indent=2, sort_keys=True, ensure_ascii=False)
+        f.write("\n")
+
+
+def load_tokenizer(name_or_path: str | os.PathLike, **kwargs: Any) -> PreTrainedTokenizerFast:
+    """`AutoTokenizer.from_pretrained`, with a clear error when a local folder does not exist."""
+    path = os.path.expanduser(os.fspath(name_or_path))
+    if not os.path.isdir(path) and not _HUB_ID.match(path):
+        raise FileNotFoundError(f"Tokenizer folder {path!r} does not exist.")
+    try:
+        return AutoTokenizer.from_pretrained(path, **kwargs)
+    except OSError as error:
+        raise OSError(f"Could not load a tokenizer from {path!r}: not a local folder, and the Hub {error}") from error
+
+
+__all__ = [
+    "ALGORITHMS",
+    "CHAT_TEMPLATE",
+    "MODEL_KINDS",
+    "TokenizerSpec",
+    "load_tokenizer",
+    "save_tokenizer",
+    "train_tokenizer",
+]
