@@ -24,13 +24,12 @@ class HubMixin:
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path: str | os.PathLike | None, *args: Any, **kwargs: Any):
-        defaulted = kwargs.get("use_safetensors") is None  # None is transformers' "safetensors, else pickle"
-        if defaulted:
+        if kwargs.get("use_safetensors") is None:  # None is transformers' "safetensors, else fall back to pickle"
             kwargs["use_safetensors"] = True
         try:
             return super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
         except OSError as error:
-            if not defaulted or "safetensors" not in str(error):
+            if kwargs["use_safetensors"] is not True or "safetensors" not in str(error):
                 raise
             raise OSError(
                 f"{error}\narchlab loads safetensors weights only, because unpickling a checkpoint "
