@@ -187,16 +187,28 @@ def train_tokenizer(
         columns = source.column_names
         if columns is not None and text_column not in columns:
             raise ValueError(f"Text column {text_column!r} not found; the dataset has columns {columns}.")
-        tokenizer.train_from_iterator(_batches(row[text_column] for row in source), trainer)
+        texts: Iterable[str] | None = (text for batch in source.iter(1000) for text in batch[text_column])
     elif isinstance(source, (list, tuple)) and source and all(isinstance(s, os.PathLike) for s in source):
         missing = [str(p) for p in source if not os.path.isfile(p)]
         if missing:
             raise FileNotFoundError(f"Tokenizer training files not found: {missing}")
+        if all(os.path.getsize(p) == 0 for p in source):
+            raise ValueError("The tokenizer training files are all empty.")
         tokenizer.train([os.fspath(p) for p in source], trainer)
+        texts = None
     else:
-        tokenizer.train_from_iterator(_batches(source), trainer)
-    if tokenizer.get_vocab_size() <= len(spec.special_tokens):
-        raise ValueError("The tokenizer training data is empty: no token besides the special tokens was learned.")
+        texts = source
+    if texts is not None:
+        seen = [0]  # non-empty texts the trainer consumed
+
+        def counted(batches: Iterator[list[str]]) -> Iterator[list[str]]:
+            for batch in batches:
+                seen[0] += len(batch)
+                yield batch
+
+        tokenizer.train_from_iterator(counted(_batches(texts)), trainer)
+        if seen[0] == 0:
+            raise ValueError("The tokenizer training data is empty: no non-empty text was given.")
 
     ids = {token: tokenizer.token_to_id(token) for token in spec.special_tokens}
     tokenizer.post_processor = processors.TemplateProcessing(

@@ -1,0 +1,129 @@
+"""Tokenizer training, saving and loading (tokenization/training.py)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from datasets import Dataset
+from transformers import AutoTokenizer
+
+from archlab.tokenization.training import (
+    ALGORITHMS,
+    BOS,
+    EOS,
+    MASK,
+    PAD,
+    UNK,
+    load_tokenizer,
+    save_tokenizer,
+    train_tokenizer,
+)
+
+TEXTS = [
+    "def add(a, b):\n    return a + b\n",
+    "class Point:\n    def __init__(self, x, y):\n        self.x = x\n        self.y = y\n",
+    "for i in range(10):\n    print(i * i)  # squares\n",
+    "import os\nprint(os.path.join('a', 'b'))\n",
+] * 20
+
+
+@pytest.mark.parametrize("algorithm", sorted(ALGORITHMS))
+def test_train_save_load_round_trip(tmp_path: Path, algorithm: str) -> None:
+    tokenizer = train_tokenizer(TEXTS, "decoder", algorithm, vocab_size=300, min_frequency=1)
+    save_tokenizer(tokenizer, tmp_path)
+    config = json.loads((tmp_path / "tokenizer_config.json").read_text())
+    assert config["tokenizer_class"] == "PreTrainedTokenizerFast"
+    loaded = AutoTokenizer.from_pretrained(tmp_path)
+    text = "def add(x, y):\n    return x + y\n"
+    assert loaded(text)["input_ids"] == tokenizer(text)["input_ids"]
+    assert len(loaded) == len(tokenizer) <= 300
+    # Ids the decoder config expects by default.
+    assert (loaded.pad_token_id, loaded.bos_token_id, loaded.eos_token_id) == (0, 1, 2)
+    assert loaded(text)["input_ids"][0] == loaded.bos_token_id  # LLaMA-style: <s> prepended
+    decoded = loaded.decode(loaded(text)["input_ids"], skip_special_tokens=True)
+    if algorithm == "bpe":
+        assert decoded == text  # byte-level BPE is lossless
+    else:
+        assert decoded.split() == text.split() or "".join(decoded.split()) == "".join(text.split())
+
+
+def test_byte_level_bpe_never_unknown() -> None:
+    tokenizer = train_tokenizer(TEXTS, "decoder", "bpe", vocab_size=300, min_frequency=1)
+    text = "naïve 😀 ∑ never seen"
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    assert tokenizer.unk_token_id not in ids
+    assert tokenizer.decode(ids) == text
+
+
+def test_special_tokens_per_model_kind() -> None:
+    decoder = train_tokenizer(TEXTS, "decoder", vocab_size=300, min_frequency=1)
+    seq2seq = train_tokenizer(TEXTS, "seq2seq", vocab_size=300, min_frequency=1)
+    masked = train_tokenizer(TEXTS, "masked_lm", vocab_size=300, min_frequency=1)
+    assert decoder.chat_template is not None and masked.chat_template is None
+    assert "<|im_start|>" in decoder.all_special_tokens and MASK not in decoder.all_special_tokens
+    assert masked.mask_token == MASK and masked.mask_token_id == 4
+    for tok in (decoder, seq2seq, masked):
+        assert [tok.convert_ids_to_tokens(i) for i in range(4)] == [PAD, BOS, EOS, UNK]
+    ids = seq2seq("x = 1")["input_ids"]
+    assert ids[-1] == seq2seq.eos_token_id and ids[0] != seq2seq.bos_token_id  # Marian-style: text </s>
+    ids = masked("x = 1")["input_ids"]
+    assert ids[0] == masked.cls_token_id and ids[-1] == masked.sep_token_id  # BERT-style: [CLS] text [SEP]
+
+
+def test_chat_template_marks_only_assistant_tokens(tmp_path: Path) -> None:
+    tokenizer = train_tokenizer(TEXTS, "decoder", vocab_size=300, min_frequency=1)
+    save_tokenizer(tokenizer, tmp_path)
+    tokenizer = load_tokenizer(tmp_path)
+    messages = [{"role": "user", "content": "add two numbers"}, {"role": "assistant", "content": "return a + b"}]
+    out = tokenizer.apply_chat_template(messages, tokenize=True, return_dict=True, return_assistant_tokens_mask=True)
+    ids, mask = out["input_ids"], out["assistant_masks"]
+    answer = [i for i, m in zip(ids, mask) if m]
+    assert tokenizer.decode(answer) == "return a + b<|im_end|>"
+    assert ids[0] == tokenizer.bos_token_id
+    prompt = tokenizer.apply_chat_template(messages[:1], tokenize=False, add_generation_prompt=True)
+    assert prompt.endswith("<|im_start|>assistant\n")
+
+
+def test_train_from_files_and_datasets(tmp_path: Path) -> None:
+    files = []
+    for i, text in enumerate(TEXTS[:4]):
+        path = tmp_path / f"f{i}.py"
+        path.write_text(text * 5)
+        files.append(path)
+    from_files = train_tokenizer(files, "masked_lm", "wordpiece", vocab_size=200, min_frequency=1)
+    from_dataset = train_tokenizer(Dataset.from_dict({"body": TEXTS}), "masked_lm", "wordpiece", vocab_size=200,
+                                   min_frequency=1, text_column="body")
+    assert from_files.tokenize("return") == ["return"] and from_dataset.tokenize("return") == ["return"]
+    with pytest.raises(ValueError, match="Text column 'text' not found"):
+        train_tokenizer(Dataset.from_dict({"body": TEXTS}), vocab_size=200)
+    with pytest.raises(FileNotFoundError, match="not found"):
+        train_tokenizer([tmp_path / "missing.txt"], vocab_size=200)
+
+
+def test_bad_arguments() -> None:
+    with pytest.raises(ValueError, match="model_kind.*allowed values: 'decoder', 'seq2seq', 'masked_lm'"):
+        train_tokenizer(TEXTS, "encoder")
+    with pytest.raises(ValueError, match="algorithm.*'bpe'"):
+        train_tokenizer(TEXTS, algorithm="sentencepiece")
+    with pytest.raises(ValueError, match="empty"):
+        train_tokenizer(["", ""], vocab_size=300)
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        load_tokenizer("./no/such/folder")
+
+
+def test_saved_tokenizer_loads_in_a_process_without_archlab(tmp_path: Path) -> None:
+    """Only transformers is needed to read it back (what a Hub user of the model has)."""
+    tokenizer = train_tokenizer(TEXTS, "decoder", vocab_size=300, min_frequency=1)
+    save_tokenizer(tokenizer, tmp_path)
+    code = (
+        "import sys; sys.modules['archlab'] = None\n"
+        "from transformers import AutoTokenizer\n"
+        f"t = AutoTokenizer.from_pretrained({str(tmp_path)!r})\n"
+        "print(t('x = 1')['input_ids'], t.chat_template is not None)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == f"{tokenizer('x = 1')['input_ids']} True"
