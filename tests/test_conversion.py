@@ -1,0 +1,93 @@
+"""scripts/convert_checkpoint.py and archlab.configuration.conversion: Llama folders to archlab and back."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+
+from archlab.configuration.conversion import ConversionError, convert_checkpoint
+from conftest import TINY, tiny_decoder_config
+
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "convert_checkpoint.py"
+
+
+@pytest.fixture
+def llama_folder(tmp_path):
+    model = LlamaForCausalLM(LlamaConfig(**TINY)).eval()
+    model.save_pretrained(tmp_path / "llama")
+    (tmp_path / "llama" / "tokenizer.json").write_text("{}")  # side files travel along
+    return tmp_path / "llama", model
+
+
+def test_llama_to_archlab_and_back_via_the_script(llama_folder, tmp_path):
+    src, reference = llama_folder
+    ids = torch.randint(3, 97, (2, 9))
+    run = subprocess.run([sys.executable, str(SCRIPT), str(src), str(tmp_path / "arch")], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    arch = AutoModelForCausalLM.from_pretrained(tmp_path / "arch").eval()
+    assert type(arch).__name__ == "DecoderForCausalLM"
+    assert (tmp_path / "arch" / "tokenizer.json").is_file()
+    assert (arch(ids).logits - reference(ids).logits).abs().max() <= 1e-4
+
+    run = subprocess.run([sys.executable, str(SCRIPT), str(tmp_path / "arch"), str(tmp_path / "back"), "--to", "llama"],
+                         capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    assert json.loads((tmp_path / "back" / "config.json").read_text())["model_type"] == "llama"
+    back = LlamaForCausalLM.from_pretrained(tmp_path / "back").eval()
+    assert torch.equal(back(ids).logits, reference(ids).logits)
+
+
+def test_non_equivalent_config_is_refused_with_the_fields_named(tmp_path):
+    config = tiny_decoder_config(lm_loss_chunk_size=7)  # training-only: still exportable
+    from archlab import DecoderForCausalLM
+
+    model = DecoderForCausalLM(config)
+    model.save_pretrained(tmp_path / "ok")
+    convert_checkpoint(tmp_path / "ok", tmp_path / "ok_llama", to="llama")
+    bad = dict(json.loads((tmp_path / "ok" / "config.json").read_text()))
+    field, value = _a_non_llama_field(config)
+    if field is None:
+        pytest.skip("no non-Llama architecture field exists in this DecoderConfig")
+    bad[field] = value
+    (tmp_path / "ok" / "config.json").write_text(json.dumps(bad))
+    with pytest.raises(ConversionError, match=field):
+        convert_checkpoint(tmp_path / "ok", tmp_path / "bad_llama", to="llama")
+    assert not (tmp_path / "bad_llama").exists()  # nothing half-written
+
+
+def _a_non_llama_field(config):
+    """An archlab-only architecture field and a non-default value for it (the catalogue grows over time)."""
+    candidates = {"norm_type": "layer_norm", "norm_position": "post", "position_embedding_type": "alibi",
+                  "qk_norm": True, "final_logit_softcapping": 30.0}
+    for field, value in candidates.items():
+        if hasattr(config, field):
+            return field, value
+    return None, None
+
+
+def test_errors_are_clear(tmp_path, llama_folder):
+    src, _ = llama_folder
+    with pytest.raises(ConversionError, match="no config.json"):
+        convert_checkpoint(tmp_path / "nowhere", tmp_path / "x")
+    with pytest.raises(ConversionError, match="converts to archlab only"):
+        convert_checkpoint(src, tmp_path / "x", to="llama")
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "f").write_text("x")
+    with pytest.raises(ConversionError, match="not empty"):
+        convert_checkpoint(src, tmp_path / "full")
+    run = subprocess.run([sys.executable, str(SCRIPT), str(src), str(tmp_path / "y"), "--to", "gpt9"],
+                         capture_output=True, text=True)
+    assert run.returncode == 2 and "invalid choice" in run.stderr
+
+
+def test_pickled_weights_are_refused(tmp_path):
+    folder = tmp_path / "pickled"
+    LlamaForCausalLM(LlamaConfig(**TINY)).save_pretrained(folder)
+    (folder / "model.safetensors").unlink()
+    torch.save({}, folder / "pytorch_model.bin")
+    with pytest.raises(ConversionError, match="pickled"):
+        convert_checkpoint(folder, tmp_path / "out")
