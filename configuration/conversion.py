@@ -67,8 +67,34 @@ class FamilyConversion:
     archlab_config_class: type[PreTrainedConfig] = DecoderConfig
 
 
+# MistralConfig: Llama's fields without the bias flags, plus `sliding_window`, which makes every layer local.
+MISTRAL_FIELDS = tuple(name for name in LLAMA_FIELDS if name not in ("attention_bias", "mlp_bias"))
+
+
+def _mistral_to_archlab(hf_config: dict[str, Any]) -> dict[str, Any]:
+    return {"sliding_window": hf_config.get("sliding_window")}
+
+
+def _mistral_from_archlab(config: DecoderConfig) -> dict[str, Any]:
+    expected = "full_attention" if config.sliding_window is None else "sliding_attention"
+    if any(kind != expected for kind in config.layer_types):
+        raise ConversionError(
+            f"MistralForCausalLM applies `sliding_window` to every layer; this config's `layer_types` "
+            f"({config.layer_types}) mixes local and global layers, which Mistral cannot express."
+        )
+    return {"sliding_window": config.sliding_window}
+
+
 FAMILIES: dict[str, FamilyConversion] = {
     "llama": FamilyConversion(model_type="llama", architecture="LlamaForCausalLM", shared_fields=LLAMA_FIELDS),
+    "mistral": FamilyConversion(
+        model_type="mistral",
+        architecture="MistralForCausalLM",
+        shared_fields=MISTRAL_FIELDS,
+        to_archlab_extra=_mistral_to_archlab,
+        from_archlab_extra=_mistral_from_archlab,
+        expressible_fields={"sliding_window", "layer_types"},
+    ),
 }
 
 ARCHLAB_MODEL_TYPES = {"archlab_decoder": DecoderConfig}
@@ -110,7 +136,9 @@ def archlab_config_from(family: FamilyConversion, hf_config: dict[str, Any]) -> 
 
 def incompatible_fields(family: FamilyConversion, config: PreTrainedConfig) -> dict[str, Any]:
     """archlab fields whose value the stock family cannot express: {field: value}."""
-    defaults = type(config)().to_dict()
+    # Defaults that derive from shared fields (one `layer_types` entry per layer, `moe_intermediate_size` =
+    # `intermediate_size`, ...) are compared at this config's values of those fields.
+    defaults = type(config)(**{name: getattr(config, name) for name in family.shared_fields}).to_dict()
     current = config.to_dict()
     allowed = set(family.shared_fields) | TRAINING_ONLY_FIELDS | family.expressible_fields | _BOOKKEEPING
     return {

@@ -17,6 +17,7 @@ from torch import nn
 from transformers.cache_utils import Cache, EncoderDecoderCache
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
+from .normalization import make_norm
 from .rotary import apply_rotary
 
 
@@ -37,12 +38,21 @@ def eager_attention_forward(
     attention_mask: torch.Tensor | None,
     scaling: float,
     dropout: float = 0.0,
+    softcap: float | None = None,
+    position_bias: torch.Tensor | None = None,
     **kwargs,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """softmax(Q Kᵀ · scaling + mask) V, written out. Shapes: q (B, H, Tq, D), k/v (B, H_kv, Tk, D)."""
+    """softmax(cap(Q Kᵀ · scaling) + bias + mask) V, written out. Shapes: q (B, H, Tq, D), k/v (B, H_kv, Tk, D).
+
+    `softcap` c maps scores to c · tanh(s / c) (Gemma2); `position_bias` (1 or B, H, Tq, Tk) is ALiBi or T5's bias.
+    """
     key = repeat_kv(key, module.num_key_value_groups)
     value = repeat_kv(value, module.num_key_value_groups)
     scores = torch.matmul(query, key.transpose(2, 3)) * scaling  # (B, H, Tq, Tk)
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
+    if position_bias is not None:
+        scores = scores + position_bias
     if attention_mask is not None:  # additive float mask (0 / -inf-ish), broadcast over heads
         scores = scores + attention_mask[:, :, :, : key.shape[-2]]
     probs = nn.functional.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
@@ -83,6 +93,17 @@ class Attention(nn.Module):
         self.head_dim = head_dim if head_dim is not None else config.head_dim
         self.num_key_value_groups = self.num_heads // self.num_key_value_heads
         self.scaling = self.head_dim**-0.5
+        # Catalogue variants (issue 3), fixed at construction; configs without these fields get the plain attention.
+        if getattr(config, "query_pre_attn_scalar", None) is not None:
+            self.scaling = config.query_pre_attn_scalar**-0.5  # Gemma2
+        self.softcap = getattr(config, "attn_logit_softcapping", None)
+        layer_types = getattr(config, "layer_types", None)
+        is_sliding = layer_types is not None and layer_types[layer_idx] == "sliding_attention"
+        self.sliding_window = config.sliding_window if is_sliding else None  # the mask does it; flash reads it
+        self.q_norm = self.k_norm = None
+        if getattr(config, "use_qk_norm", False):  # QK-norm (Qwen3, OLMo2; seed 004): per-head norm of q and k
+            self.q_norm = make_norm(config.norm_type, self.head_dim, config.rms_norm_eps, config.norm_bias)
+            self.k_norm = make_norm(config.norm_type, self.head_dim, config.rms_norm_eps, config.norm_bias)
         self.attention_dropout = config.attention_dropout
         self.is_causal = is_causal
         bias = bias if bias is not None else config.attention_bias
@@ -128,6 +149,8 @@ class Attention(nn.Module):
             key, value = self._cross_key_value(key_value_states, past_key_values)  # (B, H_kv, S, D)
         else:
             key, value = self._project_key_value(hidden_states)  # (B, H_kv, T, D)
+            if self.q_norm is not None:
+                query, key = self.q_norm(query), self.k_norm(key)
             if position_embeddings is not None:
                 cos, sin = position_embeddings
                 query, key = apply_rotary(query, key, cos, sin)
@@ -145,6 +168,8 @@ class Attention(nn.Module):
             attention_mask,
             dropout=self.attention_dropout if self.training else 0.0,
             scaling=self.scaling,
+            softcap=self.softcap,
+            sliding_window=self.sliding_window,
             **kwargs,
         )
         output = getattr(self, self.output_name)(output.reshape(batch, seq_len, -1))

@@ -1,0 +1,73 @@
+"""T5's bucketed relative position bias (Raffel et al. 2020, §2.1; seed 000 §5.2 "relative position encoding").
+
+Each (query, key) pair gets a learned scalar per head, indexed by a bucket of the signed distance key - query:
+half the buckets hold exact small distances, the rest cover distances up to `max_distance` logarithmically, and
+everything farther shares the last bucket. `bidirectional=True` (encoders, the prefix of a prefix-LM) spends half
+of the buckets on keys after the query; `bidirectional=False` (causal decoders) maps every future key to bucket 0,
+where the causal mask removes it anyway.
+
+The module takes explicit sizes, not a config, so the decoder (one bias shared by all layers) and a T5-style
+encoder-decoder (one per stack, bidirectional in the encoder, causal in the decoder) build it the same way.
+The parameter is named `relative_attention_bias` as in T5, of shape (num_buckets, num_heads).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+
+def relative_position_bucket(
+    relative_position: torch.Tensor, bidirectional: bool, num_buckets: int, max_distance: int
+) -> torch.Tensor:
+    """Bucket index in [0, num_buckets) of each signed distance (key - query)."""
+    buckets = torch.zeros_like(relative_position)
+    if bidirectional:
+        num_buckets //= 2
+        buckets = buckets + (relative_position > 0).long() * num_buckets  # keys after the query: upper half
+        distance = relative_position.abs()
+    else:
+        distance = (-relative_position).clamp(min=0)  # only the past has a distance; the future collapses to 0
+    max_exact = num_buckets // 2
+    is_small = distance < max_exact
+    # log-spaced buckets between max_exact and max_distance (clamp avoids log(0) on the small ones, unused there)
+    log_ratio = torch.log(distance.float().clamp(min=1) / max_exact) / math.log(max_distance / max_exact)
+    large = (max_exact + (log_ratio * (num_buckets - max_exact)).long()).clamp(max=num_buckets - 1)
+    return buckets + torch.where(is_small, distance, large)
+
+
+class RelativePositionBias(nn.Module):
+    """bias(query_positions, key_positions) -> (1, H, Tq, Tk) additive attention scores."""
+
+    def __init__(self, num_heads: int, num_buckets: int = 32, max_distance: int = 128, bidirectional: bool = False):
+        super().__init__()
+        if num_buckets < (4 if bidirectional else 2):
+            raise ValueError(
+                f"`relative_attention_num_buckets` must be >= {4 if bidirectional else 2}, got {num_buckets}."
+            )
+        exact = (num_buckets // 2 if bidirectional else num_buckets) // 2
+        if max_distance <= exact:
+            raise ValueError(
+                f"`relative_attention_max_distance` ({max_distance}) must exceed the {exact} exactly-bucketed "
+                f"distances of `relative_attention_num_buckets`={num_buckets}."
+            )
+        self.num_heads = num_heads
+        self.num_buckets = num_buckets
+        self.max_distance = max_distance
+        self.bidirectional = bidirectional
+        self.relative_attention_bias = nn.Embedding(num_buckets, num_heads)
+
+    def forward(self, query_positions: torch.Tensor, key_positions: torch.Tensor) -> torch.Tensor:
+        relative = key_positions[None, :].long() - query_positions[:, None].long()  # (Tq, Tk)
+        buckets = relative_position_bucket(relative, self.bidirectional, self.num_buckets, self.max_distance)
+        values = self.relative_attention_bias(buckets)  # (Tq, Tk, H)
+        return values.permute(2, 0, 1).unsqueeze(0)  # (1, H, Tq, Tk)
+
+    def extra_repr(self) -> str:
+        return f"heads={self.num_heads}, buckets={self.num_buckets}, max_distance={self.max_distance}, " \
+               f"bidirectional={self.bidirectional}"
+
+
+__all__ = ["RelativePositionBias", "relative_position_bucket"]
