@@ -1,0 +1,215 @@
+"""Side-by-side benchmark of archlab against its Hugging Face peer: same config, same weights, same inputs, one run.
+
+    python scripts/benchmark.py                     # dense decoder vs LlamaForCausalLM (the design-brief shape)
+    python scripts/benchmark.py --suite moe         # MoE decoder vs MixtralForCausalLM (scripts/benchmark_moe.py)
+    python scripts/benchmark.py --suite seq2seq     # encoder-decoder vs MarianMTModel (scripts/benchmark_seq2seq.py)
+    python scripts/benchmark.py --quick             # a small shape and 2 rounds, to check that everything runs
+
+Method (absolute numbers drift on shared machines, ratios measured side by side do not): both models live in one
+process with identical weights and inputs; each is warmed up; every round times both, alternating which goes first;
+the reported ratio is the median of the per-round ratios (archlab time ÷ peer time inverted, so > 1 means archlab is
+faster). An identical model timed against itself this way reads 0.9–1.07×: differences under ~10 % are noise.
+Peak memory is counted exactly (every live tensor, by torch's MemTracker), not sampled from the process RSS.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Harness shared by every suite
+# ----------------------------------------------------------------------------------------------------------------
+@dataclass
+class Row:
+    metric: str
+    archlab: float
+    peer: float
+    ratio: float  # > 1: archlab better (faster, or less memory)
+    unit: str
+    goal: str = ""
+
+
+@dataclass
+class Report:
+    title: str
+    peer_name: str
+    rows: list[Row] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def markdown(self) -> str:
+        lines = [f"### {self.title}", "", f"| metric | archlab | {self.peer_name} | ratio | goal |", "|---|---:|---:|---:|---|"]
+        for r in self.rows:
+            lines.append(f"| {r.metric} | {r.archlab:,.1f} {r.unit} | {r.peer:,.1f} {r.unit} | {r.ratio:.2f}× | {r.goal} |")
+        lines += [""] + [f"- {n}" for n in self.notes]
+        return "\n".join(lines)
+
+
+def compare_speed(run_archlab: Callable[[], None], run_peer: Callable[[], None], rounds: int, warmup: int = 1):
+    """Median seconds of each and the median per-round speed-up (peer time / archlab time), alternating order."""
+    for _ in range(warmup):
+        run_archlab()
+        run_peer()
+    times_a, times_p, ratios = [], [], []
+    for r in range(rounds):
+        order = [("a", run_archlab), ("p", run_peer)]
+        if r % 2:
+            order.reverse()
+        took = {}
+        for key, fn in order:
+            start = time.perf_counter()
+            fn()
+            took[key] = time.perf_counter() - start
+        times_a.append(took["a"])
+        times_p.append(took["p"])
+        ratios.append(took["p"] / took["a"])
+    return statistics.median(times_a), statistics.median(times_p), statistics.median(ratios)
+
+
+def peak_training_memory(model: torch.nn.Module, step: Callable[[], None], optimizer) -> int:
+    """Peak bytes of live tensors (params, grads, optimizer state, activations, temporaries) over one step."""
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    tracker = MemTracker()
+    tracker.track_external(model, optimizer)
+    with tracker:
+        step()
+    snapshot = tracker.get_tracker_snapshot("peak")
+    return int(sum(device_stats["Total"] for device_stats in snapshot.values()))
+
+
+def training_step(model, batch: dict, optimizer, autocast_dtype: torch.dtype | None = None) -> Callable[[], None]:
+    def step() -> None:
+        with torch.autocast("cpu", dtype=autocast_dtype, enabled=autocast_dtype is not None):
+            loss = model(**batch).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    return step
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Dense suite: DecoderForCausalLM vs LlamaForCausalLM
+# ----------------------------------------------------------------------------------------------------------------
+def dense_shape(quick: bool) -> dict:
+    if quick:
+        return dict(vocab_size=1024, hidden_size=128, intermediate_size=344, num_hidden_layers=2,
+                    num_attention_heads=4, num_key_value_heads=2)
+    return dict(vocab_size=8192, hidden_size=512, intermediate_size=1376, num_hidden_layers=8,
+                num_attention_heads=8, num_key_value_heads=2)
+
+
+def run_dense(args: argparse.Namespace) -> Report:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from archlab import DecoderConfig, DecoderForCausalLM
+
+    shape = dense_shape(args.quick)
+    common = dict(**shape, max_position_embeddings=4096, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    torch.manual_seed(0)
+    peer = LlamaForCausalLM(LlamaConfig(**common))
+    ours = DecoderForCausalLM(DecoderConfig(**common))
+    ours.load_state_dict(peer.state_dict(), strict=True)
+    batch_size, seq_len = (2, 64) if args.quick else (args.batch_size, args.seq_len)
+    ids = torch.randint(3, shape["vocab_size"], (batch_size, seq_len))
+    batch = {"input_ids": ids, "labels": ids}
+    tokens = batch_size * seq_len
+    report = Report(
+        title=f"Dense decoder vs LlamaForCausalLM — hidden {shape['hidden_size']}, {shape['num_hidden_layers']} layers, "
+        f"{shape['num_attention_heads']} heads / {shape['num_key_value_heads']} KV heads, vocab {shape['vocab_size']}",
+        peer_name="LlamaForCausalLM",
+    )
+
+    for label, dtype, goal in [("fp32", None, "≥ 1.3×"), ("bf16 autocast", torch.bfloat16, "≥ 1.3×")]:
+        ours.train(), peer.train()
+        opt_a = torch.optim.AdamW(ours.parameters(), lr=1e-4)
+        opt_p = torch.optim.AdamW(peer.parameters(), lr=1e-4)
+        t_a, t_p, ratio = compare_speed(training_step(ours, batch, opt_a, dtype), training_step(peer, batch, opt_p, dtype),
+                                        args.rounds)
+        report.rows.append(Row(f"training tokens/s, {label} (batch {batch_size}×{seq_len}, AdamW)",
+                               tokens / t_a, tokens / t_p, ratio, "tok/s", goal))
+        del opt_a, opt_p
+
+    opt_a = torch.optim.AdamW(ours.parameters(), lr=1e-4)
+    opt_p = torch.optim.AdamW(peer.parameters(), lr=1e-4)
+    mem_a = peak_training_memory(ours, training_step(ours, batch, opt_a), opt_a)
+    mem_p = peak_training_memory(peer, training_step(peer, batch, opt_p), opt_p)
+    report.rows.append(Row("peak memory of a training step, fp32", mem_a / 2**20, mem_p / 2**20, mem_p / mem_a, "MiB",
+                           "≤ 1.0× (ratio ≥ 1)"))
+    del opt_a, opt_p
+
+    ours.eval(), peer.eval()
+    new_tokens = 16 if args.quick else args.new_tokens
+    for gen_batch in (1, 8):
+        prompt = torch.randint(3, shape["vocab_size"], (gen_batch, 32))
+        kwargs = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False, pad_token_id=0)
+        t_a, t_p, ratio = compare_speed(lambda: ours.generate(prompt, **kwargs), lambda: peer.generate(prompt, **kwargs),
+                                        args.rounds)
+        n = gen_batch * new_tokens
+        report.rows.append(Row(f"generation tokens/s, batch {gen_batch}, {new_tokens} new tokens (greedy, DynamicCache)",
+                               n / t_a, n / t_p, ratio, "tok/s", "≥ 1.0×"))
+    report.notes.append(f"{args.rounds} rounds, torch {torch.__version__}, {torch.get_num_threads()} threads.")
+    return report
+
+
+SUITES: dict[str, Callable[[argparse.Namespace], Report]] = {"dense": run_dense}
+# Suites that live in their own module expose `run(args) -> Report`; they are imported only when asked for.
+EXTERNAL_SUITES = {"moe": "benchmark_moe", "seq2seq": "benchmark_seq2seq", "compile": "benchmark_compile"}
+
+
+def resolve_suite(name: str) -> Callable[[argparse.Namespace], Report]:
+    if name in SUITES:
+        return SUITES[name]
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    return importlib.import_module(EXTERNAL_SUITES[name]).run
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--suite", choices=sorted({*SUITES, *EXTERNAL_SUITES}), default=None, action="append",
+                        dest="suites", help="what to compare (repeatable; default: dense)")
+    parser.add_argument("--rounds", type=int, default=8, help="timed rounds per metric (median of ratios; >= 8)")
+    parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: all cores)")
+    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--seq-len", type=int, default=256)
+    parser.add_argument("--new-tokens", type=int, default=128)
+    parser.add_argument("--quick", action="store_true", help="tiny shapes and 2 rounds: checks that it runs")
+    parser.add_argument("--output", type=Path, default=None, help="also write the markdown tables here")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    suites = args.suites or ["dense"]
+    if args.quick:
+        args.rounds = min(args.rounds, 2)
+    elif args.rounds < 1:
+        parser.error("--rounds must be >= 1")
+    for name in ("batch_size", "seq_len", "new_tokens"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be >= 1")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    tables = []
+    for name in dict.fromkeys(suites):
+        report = resolve_suite(name)(args)
+        print(report.markdown(), flush=True)
+        tables.append(report.markdown())
+    if args.output:
+        args.output.write_text("\n\n".join(tables) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
