@@ -41,6 +41,7 @@ from transformers.modeling_utils import PreTrainedModel
 
 from .attention import Attention
 from .configuration_seq2seq import Seq2SeqConfig
+from .hub_mixin import HubMixin
 from .losses import causal_lm_loss, chunked_causal_lm_loss
 from .normalization import NORMS
 from .sinusoidal import SinusoidalPositionalEmbedding, sinusoid_table
@@ -227,7 +228,7 @@ class Seq2SeqDecoderLayer(_Seq2SeqLayer):
         return hidden_states, self_weights, cross_weights
 
 
-class Seq2SeqPreTrainedModel(PreTrainedModel):
+class Seq2SeqPreTrainedModel(HubMixin, PreTrainedModel):
     config_class = Seq2SeqConfig
     config: Seq2SeqConfig
     base_model_prefix = "model"
