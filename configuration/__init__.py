@@ -2,5 +2,6 @@
 presets, and checkpoint conversion to and from stock Hugging Face families."""
 
 from ..modeling import DecoderConfig, Seq2SeqConfig
+from .presets import PRESET_NOTES, PRESETS, list_presets, preset_config, preset_kwargs
 
-__all__ = ["DecoderConfig", "Seq2SeqConfig"]
+__all__ = ["DecoderConfig", "Seq2SeqConfig", "PRESETS", "PRESET_NOTES", "list_presets", "preset_config", "preset_kwargs"]

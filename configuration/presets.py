@@ -1,0 +1,173 @@
+"""Named decoder configurations: the shapes of seed 000's Table 5.1 that the catalogue can express, plus tiny and
+small sizes that train on a laptop CPU.
+
+A preset is a starting point: `preset_config("mistral-7b", num_hidden_layers=2)` overrides any field. Shapes
+(layers, heads, widths, vocabulary, context, norm, positions, activation, block) follow the models' published
+configurations; where a model has a detail archlab does not model, `PRESET_NOTES` says what differs (e.g. Qwen
+biases only q/k/v, archlab's `attention_bias` also biases the output projection).
+
+    >>> from archlab.configuration import list_presets, preset_config
+    >>> config = preset_config("tiny", vocab_size=4096, position_embedding_type="alibi")
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..modeling import DecoderConfig
+
+
+def _rope(theta: float = 10000.0, **extra: Any) -> dict[str, Any]:
+    return {"rope_type": "default", "rope_theta": theta, **extra}
+
+
+# LLaMA-style decoders: pre-RMSNorm, RoPE, SwiGLU, no biases (the DecoderConfig defaults)
+_LLAMA = dict(norm_type="rms_norm", norm_position="pre", mlp_type="gated", hidden_act="silu")
+# GPT-style decoders: pre-LayerNorm, plain GELU MLP of width 4d, biases everywhere
+_GPT = dict(norm_type="layer_norm", norm_position="pre", mlp_type="plain", hidden_act="gelu", attention_bias=True,
+            mlp_bias=True)
+
+PRESETS: dict[str, dict[str, Any]] = {
+    # --- laptop sizes (LLaMA recipe) ---
+    "tiny": dict(_LLAMA, vocab_size=8192, hidden_size=128, num_hidden_layers=4, num_attention_heads=4,
+                 num_key_value_heads=2, intermediate_size=352, max_position_embeddings=512, rope_parameters=_rope()),
+    "small": dict(_LLAMA, vocab_size=8192, hidden_size=512, num_hidden_layers=8, num_attention_heads=8,
+                  num_key_value_heads=2, intermediate_size=1376, max_position_embeddings=1024,
+                  rope_parameters=_rope()),
+    # --- Table 5.1, LLaMA family ---
+    "llama-2-7b": dict(_LLAMA, vocab_size=32000, hidden_size=4096, num_hidden_layers=32, num_attention_heads=32,
+                       intermediate_size=11008, max_position_embeddings=4096, rms_norm_eps=1e-5,
+                       rope_parameters=_rope()),
+    "llama-2-13b": dict(_LLAMA, vocab_size=32000, hidden_size=5120, num_hidden_layers=40, num_attention_heads=40,
+                        intermediate_size=13824, max_position_embeddings=4096, rms_norm_eps=1e-5,
+                        rope_parameters=_rope()),
+    "llama-2-70b": dict(_LLAMA, vocab_size=32000, hidden_size=8192, num_hidden_layers=80, num_attention_heads=64,
+                        num_key_value_heads=8, intermediate_size=28672, max_position_embeddings=4096,
+                        rms_norm_eps=1e-5, rope_parameters=_rope()),
+    "mistral-7b": dict(_LLAMA, vocab_size=32000, hidden_size=4096, num_hidden_layers=32, num_attention_heads=32,
+                       num_key_value_heads=8, intermediate_size=14336, max_position_embeddings=32768,
+                       sliding_window=4096, rms_norm_eps=1e-5, rope_parameters=_rope()),
+    "qwen1.5-7b": dict(_LLAMA, vocab_size=151936, hidden_size=4096, num_hidden_layers=32, num_attention_heads=32,
+                       intermediate_size=11008, max_position_embeddings=32768, attention_bias=True,
+                       rope_parameters=_rope(1e6)),
+    "qwen1.5-72b": dict(_LLAMA, vocab_size=152064, hidden_size=8192, num_hidden_layers=80, num_attention_heads=64,
+                        intermediate_size=24576, max_position_embeddings=32768, attention_bias=True,
+                        rope_parameters=_rope(1e6)),
+    "internlm2-20b": dict(_LLAMA, vocab_size=92544, hidden_size=6144, num_hidden_layers=48, num_attention_heads=48,
+                          num_key_value_heads=8, intermediate_size=16384, max_position_embeddings=32768,
+                          rms_norm_eps=1e-5, rope_parameters=_rope(1e6)),
+    "deepseek-7b": dict(_LLAMA, vocab_size=102400, hidden_size=4096, num_hidden_layers=30, num_attention_heads=32,
+                        intermediate_size=11008, max_position_embeddings=4096, rope_parameters=_rope()),
+    "deepseek-67b": dict(_LLAMA, vocab_size=102400, hidden_size=8192, num_hidden_layers=95, num_attention_heads=64,
+                         num_key_value_heads=8, intermediate_size=22016, max_position_embeddings=4096,
+                         rope_parameters=_rope()),
+    "yi-6b": dict(_LLAMA, vocab_size=64000, hidden_size=4096, num_hidden_layers=32, num_attention_heads=32,
+                  num_key_value_heads=4, intermediate_size=11008, max_position_embeddings=4096,
+                  rms_norm_eps=1e-5, rope_parameters=_rope(5e6)),
+    "yi-34b": dict(_LLAMA, vocab_size=64000, hidden_size=7168, num_hidden_layers=60, num_attention_heads=56,
+                   num_key_value_heads=8, intermediate_size=20480, max_position_embeddings=4096,
+                   rms_norm_eps=1e-5, rope_parameters=_rope(5e6)),
+    "yulan-12b": dict(_LLAMA, vocab_size=51200, hidden_size=4864, num_hidden_layers=40, num_attention_heads=38,
+                      intermediate_size=13056, max_position_embeddings=4096, rope_parameters=_rope()),
+    "baichuan2-7b": dict(_LLAMA, vocab_size=125696, hidden_size=4096, num_hidden_layers=32, num_attention_heads=32,
+                         intermediate_size=11008, max_position_embeddings=4096, rope_parameters=_rope()),
+    "baichuan2-13b": dict(_LLAMA, vocab_size=125696, hidden_size=5120, num_hidden_layers=40, num_attention_heads=40,
+                          intermediate_size=13696, max_position_embeddings=4096, position_embedding_type="alibi"),
+    # --- Gemma: GeGLU, (1 + w) RMSNorm, sqrt(d)-scaled tied embeddings ---
+    "gemma-7b": dict(_LLAMA, vocab_size=256000, hidden_size=3072, num_hidden_layers=28, num_attention_heads=16,
+                     head_dim=256, intermediate_size=24576, max_position_embeddings=8192, hidden_act="gelu_pytorch_tanh",
+                     norm_type="offset_rms_norm", scale_embedding=True, tie_word_embeddings=True,
+                     rope_parameters=_rope()),
+    "gemma-2-9b": dict(_LLAMA, vocab_size=256000, hidden_size=3584, num_hidden_layers=42, num_attention_heads=16,
+                       num_key_value_heads=8, head_dim=256, intermediate_size=14336, max_position_embeddings=8192,
+                       hidden_act="gelu_pytorch_tanh", norm_type="offset_rms_norm", norm_position="sandwich",
+                       scale_embedding=True, tie_word_embeddings=True, query_pre_attn_scalar=256,
+                       sliding_window=4096, layer_types=["sliding_attention", "full_attention"] * 21,
+                       attn_logit_softcapping=50.0, final_logit_softcapping=30.0, rope_parameters=_rope()),
+    # --- parallel attention + MLP blocks ---
+    "pythia-1.4b": dict(_GPT, vocab_size=50304, hidden_size=2048, num_hidden_layers=24, num_attention_heads=16,
+                        intermediate_size=8192, max_position_embeddings=2048, norm_position="parallel",
+                        rms_norm_eps=1e-5, rope_parameters=_rope(partial_rotary_factor=0.25)),
+    "pythia-12b": dict(_GPT, vocab_size=50688, hidden_size=5120, num_hidden_layers=36, num_attention_heads=40,
+                       intermediate_size=20480, max_position_embeddings=2048, norm_position="parallel",
+                       rms_norm_eps=1e-5, rope_parameters=_rope(partial_rotary_factor=0.25)),
+    "falcon-7b": dict(_GPT, vocab_size=65024, hidden_size=4544, num_hidden_layers=32, num_attention_heads=71,
+                      num_key_value_heads=1, intermediate_size=18176, max_position_embeddings=2048,
+                      norm_position="parallel", attention_bias=False, mlp_bias=False, rms_norm_eps=1e-5,
+                      rope_parameters=_rope()),
+    "falcon-180b": dict(_GPT, vocab_size=65024, hidden_size=14848, num_hidden_layers=80, num_attention_heads=232,
+                        num_key_value_heads=8, intermediate_size=59392, max_position_embeddings=2048,
+                        norm_position="parallel", attention_bias=False, mlp_bias=False, rms_norm_eps=1e-5,
+                        rope_parameters=_rope()),
+    "palm-540b": dict(vocab_size=256000, hidden_size=18432, num_hidden_layers=118, num_attention_heads=48,
+                      num_key_value_heads=1, head_dim=256, intermediate_size=73728, max_position_embeddings=2048,
+                      norm_type="layer_norm", norm_bias=False, norm_position="parallel", mlp_type="gated",
+                      hidden_act="silu", tie_word_embeddings=True, rope_parameters=_rope()),
+    # --- ALiBi ---
+    "bloom-176b": dict(_GPT, vocab_size=250880, hidden_size=14336, num_hidden_layers=70, num_attention_heads=112,
+                       intermediate_size=57344, max_position_embeddings=2048, hidden_act="gelu_pytorch_tanh",
+                       position_embedding_type="alibi", embedding_layernorm=True, tie_word_embeddings=True,
+                       rms_norm_eps=1e-5),
+    "mpt-30b": dict(_GPT, vocab_size=50432, hidden_size=7168, num_hidden_layers=48, num_attention_heads=64,
+                    intermediate_size=28672, max_position_embeddings=8192, attention_bias=False, mlp_bias=False,
+                    norm_bias=False, position_embedding_type="alibi", tie_word_embeddings=True, rms_norm_eps=1e-5),
+    # --- learned absolute positions ---
+    "gpt-3-175b": dict(_GPT, vocab_size=50257, hidden_size=12288, num_hidden_layers=96, num_attention_heads=96,
+                       intermediate_size=49152, max_position_embeddings=2048, position_embedding_type="learned",
+                       tie_word_embeddings=True, rms_norm_eps=1e-5),
+    "opt-175b": dict(_GPT, vocab_size=50272, hidden_size=12288, num_hidden_layers=96, num_attention_heads=96,
+                     intermediate_size=49152, max_position_embeddings=2048, position_embedding_type="learned",
+                     hidden_act="relu", tie_word_embeddings=True, rms_norm_eps=1e-5),
+    "galactica-120b": dict(_GPT, vocab_size=50000, hidden_size=10240, num_hidden_layers=96, num_attention_heads=80,
+                           intermediate_size=40960, max_position_embeddings=2048, position_embedding_type="learned",
+                           tie_word_embeddings=True, rms_norm_eps=1e-5),
+    # --- relative position bias ---
+    "chinchilla-70b": dict(_LLAMA, vocab_size=32000, hidden_size=8192, num_hidden_layers=80, num_attention_heads=64,
+                           intermediate_size=32768, max_position_embeddings=2048, mlp_type="plain", hidden_act="gelu",
+                           position_embedding_type="relative_bias"),
+    # --- DeepNorm + prefix LM ---
+    "glm-130b": dict(vocab_size=150528, hidden_size=12288, num_hidden_layers=70, num_attention_heads=96,
+                     intermediate_size=32768, max_position_embeddings=2048, norm_type="layer_norm",
+                     norm_position="deepnorm", mlp_type="gated", hidden_act="gelu", attention_bias=True,
+                     mlp_bias=True, prefix_lm=True, rms_norm_eps=1e-5, rope_parameters=_rope()),
+}
+
+PRESET_NOTES: dict[str, str] = {
+    "qwen1.5-7b": "Qwen biases q/k/v only; archlab's attention_bias also biases o_proj.",
+    "qwen1.5-72b": "Qwen biases q/k/v only; archlab's attention_bias also biases o_proj.",
+    "falcon-7b": "Falcon-7B shares one LayerNorm between attention and MLP; archlab's parallel block has two.",
+    "palm-540b": "PaLM shares one LayerNorm between attention and MLP and fuses the input projections.",
+    "chinchilla-70b": "Gopher/Chinchilla use Transformer-XL relative positions; the T5 bucketed bias stands in.",
+    "glm-130b": "GLM-130B uses 2D RoPE and blank-infilling; here a 1D-RoPE prefix LM with DeepNorm.",
+    "baichuan2-13b": "Baichuan2 normalises its LM head weights (NormHead); archlab uses a plain head.",
+    "gemma-7b": "Gemma-7B is multi-head (16 KV heads) with head_dim 256 > hidden_size / heads.",
+    "mpt-30b": "MPT clips QKV and uses no biases at all; the clipping is not modelled.",
+}
+
+
+def list_presets() -> list[str]:
+    """Names accepted by `preset_config`."""
+    return list(PRESETS)
+
+
+def preset_kwargs(name: str) -> dict[str, Any]:
+    """A copy of the preset's DecoderConfig keyword arguments."""
+    if name not in PRESETS:
+        raise ValueError(f"Unknown preset {name!r}; allowed values: {', '.join(map(repr, PRESETS))}.")
+    return {key: (dict(value) if isinstance(value, dict) else list(value) if isinstance(value, list) else value)
+            for key, value in PRESETS[name].items()}
+
+
+def preset_config(name: str, **overrides: Any) -> DecoderConfig:
+    """`DecoderConfig` of the named preset with `overrides` applied (validated like any config).
+
+    Overriding `num_hidden_layers` of a preset with interleaved `layer_types` re-derives the alternation."""
+    kwargs = preset_kwargs(name)
+    if "num_hidden_layers" in overrides and "layer_types" in kwargs and "layer_types" not in overrides:
+        pattern = kwargs["layer_types"][:2]
+        kwargs["layer_types"] = [pattern[i % len(pattern)] for i in range(overrides["num_hidden_layers"])]
+    kwargs.update(overrides)
+    return DecoderConfig(**kwargs)
+
+
+__all__ = ["PRESETS", "PRESET_NOTES", "list_presets", "preset_config", "preset_kwargs"]

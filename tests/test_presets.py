@@ -1,0 +1,56 @@
+"""Named presets: every one is a valid config, builds and runs when shrunk, and the full-size shapes have the
+published parameter counts."""
+
+import pytest
+import torch
+
+from archlab import DecoderForCausalLM
+from archlab.configuration import DecoderConfig, PRESETS, list_presets, preset_config, preset_kwargs
+
+
+@pytest.mark.parametrize("name", list_presets())
+def test_every_preset_is_a_valid_config_and_runs_shrunk(name):
+    config = preset_config(name)
+    assert isinstance(config, DecoderConfig)
+    head_dim = 16
+    heads = 4
+    kv = 1 if config.num_key_value_heads == 1 else 2
+    small = preset_config(
+        name, vocab_size=64, hidden_size=heads * head_dim, head_dim=head_dim, num_attention_heads=heads,
+        num_key_value_heads=kv, num_hidden_layers=2, intermediate_size=96, max_position_embeddings=32,
+        **({"sliding_window": 8} if config.sliding_window else {}),
+        **({"query_pre_attn_scalar": head_dim} if config.query_pre_attn_scalar else {}),
+    )
+    for field in ("norm_type", "norm_position", "position_embedding_type", "mlp_type", "hidden_act"):
+        assert getattr(small, field) == getattr(config, field)
+    model = DecoderForCausalLM(small).eval()
+    input_ids = torch.randint(0, 64, (1, 12))
+    assert torch.isfinite(model(input_ids).logits).all()
+
+
+@pytest.mark.parametrize(
+    ("name", "params"),
+    [("llama-2-7b", 6_738_415_616), ("llama-2-13b", 13_015_864_320), ("mistral-7b", 7_241_732_096)],
+)
+def test_full_size_parameter_counts(name, params):
+    with torch.device("meta"):
+        model = DecoderForCausalLM(preset_config(name))
+    assert sum(p.numel() for p in model.parameters()) == params
+
+
+def test_overrides_and_errors():
+    config = preset_config("tiny", position_embedding_type="alibi", vocab_size=500)
+    assert config.position_embedding_type == "alibi" and config.vocab_size == 500
+    assert config.hidden_size == PRESETS["tiny"]["hidden_size"]
+    with pytest.raises(ValueError, match="Unknown preset 'llama-9'.*'tiny'"):
+        preset_config("llama-9")
+    with pytest.raises(ValueError, match="norm_position"):
+        preset_config("tiny", norm_position="middle")
+    kwargs = preset_kwargs("gemma-2-9b")
+    kwargs["layer_types"].append("x")  # a copy: the registry is untouched
+    assert len(PRESETS["gemma-2-9b"]["layer_types"]) == 42
+
+
+def test_interleaved_preset_follows_a_new_depth():
+    config = preset_config("gemma-2-9b", num_hidden_layers=5)
+    assert config.layer_types == ["sliding_attention", "full_attention"] * 2 + ["sliding_attention"]
