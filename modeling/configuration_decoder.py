@@ -18,6 +18,7 @@ from typing import Any
 from huggingface_hub.dataclasses import strict
 from transformers.configuration_utils import PreTrainedConfig
 
+from .catalogue_validation import resolve_catalogue_defaults, validate_catalogue
 from .validation import (
     ACTIVATIONS,
     check_choice,
@@ -25,6 +26,7 @@ from .validation import (
     check_positive,
     check_probability,
 )
+from .moe import resolve_moe_defaults, validate_moe
 
 
 @strict
@@ -38,6 +40,24 @@ class DecoderConfig(PreTrainedConfig):
     `rms_norm_eps`, `use_cache`, `pad_token_id`, `bos_token_id`, `eos_token_id`, `tie_word_embeddings`,
     `rope_parameters` (`{"rope_type": ..., "rope_theta": ..., ...}` exactly as in transformers),
     `attention_bias`, `attention_dropout`, `mlp_bias`.
+
+    Mixture-of-experts fields (Mixtral / Qwen2-MoE names and meanings; see `moe.py`):
+        num_local_experts (`int`, defaults to 0): routed experts K per sparse layer; 0 means a dense model.
+        num_experts_per_tok (`int`, defaults to 2): experts k each token is sent to.
+        moe_intermediate_size (`int`, *optional*): width of each routed expert; defaults to `intermediate_size`.
+        shared_expert_intermediate_size (`int`, defaults to 0): width of the shared expert every token passes
+            through (Qwen2-MoE); 0 means none.
+        shared_expert_gate (`bool`, defaults to `True`): scale the shared expert by a per-token sigmoid gate
+            (Qwen2-MoE); `False` adds it ungated (DeepSeekMoE).
+        norm_topk_prob (`bool`, defaults to `True`): renormalise the k chosen probabilities to sum to 1 (Mixtral
+            always does; Qwen2-MoE's default is `False`).
+        mlp_layer_types (`list[str]`, *optional*): `"dense"` or `"sparse"` per layer; defaults to all sparse when
+            `num_local_experts` > 0, else all dense.
+        output_router_logits (`bool`, defaults to `False`): return the router logits and the load-balancing loss,
+            and add `router_aux_loss_coef` times it to the LM loss (as Mixtral).
+        router_aux_loss_coef (`float`, defaults to 0.001): weight of the load-balancing loss.
+        router_z_loss_coef (`float`, defaults to 0.0): weight of the ST-MoE router z-loss added to the LM loss.
+        router_jitter_noise (`float`, defaults to 0.0): Mixtral's multiplicative input noise in training.
 
     archlab fields:
         classifier_lm_loss_weight (`float`, defaults to 0.0):
@@ -76,7 +96,7 @@ class DecoderConfig(PreTrainedConfig):
     # --- LlamaConfig fields ---
     vocab_size: int = 32000
     hidden_size: int = 4096
-    intermediate_size: int = 11008
+    intermediate_size: int | None = None  # None: from `mlp_width_rule` (LLaMA-7B's 11008 by default)
     num_hidden_layers: int = 32
     num_attention_heads: int = 32
     num_key_value_heads: int | None = None
@@ -95,11 +115,48 @@ class DecoderConfig(PreTrainedConfig):
     attention_dropout: int | float = 0.0
     mlp_bias: bool = False
 
+    # --- mixture of experts (Mixtral / Qwen2-MoE fields, plus router_z_loss_coef) ---
+    num_local_experts: int = 0
+    num_experts_per_tok: int = 2
+    moe_intermediate_size: int | None = None
+    shared_expert_intermediate_size: int = 0
+    shared_expert_gate: bool = True
+    norm_topk_prob: bool = True
+    mlp_layer_types: list[str] | None = None
+    output_router_logits: bool = False
+    router_aux_loss_coef: int | float = 0.001
+    router_z_loss_coef: int | float = 0.0
+    router_jitter_noise: int | float = 0.0
+
     # --- archlab fields ---
     classifier_lm_loss_weight: int | float = 0.0
     lm_loss_chunk_size: int = 1024
 
+    # --- the architecture catalogue (issue 3); Mistral/Gemma2 names where they have the concept ---
+    norm_type: str = "rms_norm"
+    norm_position: str = "pre"
+    norm_bias: bool | None = None
+    deepnorm_alpha: int | float | None = None
+    deepnorm_beta: int | float | None = None
+    mlp_type: str = "gated"
+    mlp_width_rule: str = "8/3d"
+    mlp_width_multiple_of: int = 256
+    position_embedding_type: str = "rope"
+    relative_attention_num_buckets: int = 32
+    relative_attention_max_distance: int = 128
+    scale_embedding: bool = False
+    embedding_layernorm: bool = False
+    sliding_window: int | None = None
+    layer_types: list[str] | None = None
+    prefix_lm: bool = False
+    use_qk_norm: bool = False
+    query_pre_attn_scalar: int | float | None = None
+    attn_logit_softcapping: int | float | None = None
+    final_logit_softcapping: int | float | None = None
+    lm_z_loss_coef: int | float = 0.0
+
     def __post_init__(self, **kwargs: Any) -> None:
+        resolve_catalogue_defaults(self)
         if self.num_key_value_heads is None:
             self.num_key_value_heads = self.num_attention_heads
         if self.head_dim is None and isinstance(self.num_attention_heads, int) and self.num_attention_heads > 0:
@@ -109,6 +166,7 @@ class DecoderConfig(PreTrainedConfig):
                     f"({self.num_attention_heads}) unless `head_dim` is given explicitly."
                 )
             self.head_dim = self.hidden_size // self.num_attention_heads
+        resolve_moe_defaults(self)
         super().__post_init__(**kwargs)
         self.validate_architecture()  # raise a plain ValueError now; `@strict` would wrap it in its own error type
 
@@ -131,6 +189,7 @@ class DecoderConfig(PreTrainedConfig):
         check_non_negative(self, "classifier_lm_loss_weight")
         check_non_negative(self, "lm_loss_chunk_size")
         check_choice(self, "hidden_act", ACTIVATIONS)
+        validate_moe(self)
         if self.num_attention_heads % self.num_key_value_heads != 0:
             raise ValueError(
                 f"`num_key_value_heads` ({self.num_key_value_heads}) must divide `num_attention_heads` "
@@ -138,7 +197,7 @@ class DecoderConfig(PreTrainedConfig):
                 f"{[d for d in range(1, self.num_attention_heads + 1) if self.num_attention_heads % d == 0]}."
             )
         rotary_dim = int(self.head_dim * self.rope_parameters.get("partial_rotary_factor", 1.0))
-        if rotary_dim % 2 != 0 or rotary_dim == 0:
+        if self.position_embedding_type == "rope" and (rotary_dim % 2 != 0 or rotary_dim == 0):
             raise ValueError(
                 f"The rotary dimension (`head_dim` {self.head_dim} x `rope_parameters['partial_rotary_factor']` "
                 f"{self.rope_parameters.get('partial_rotary_factor', 1.0)} = {rotary_dim}) must be a positive even "
@@ -148,6 +207,7 @@ class DecoderConfig(PreTrainedConfig):
             value = getattr(self, name)
             if value is not None and not 0 <= value < self.vocab_size:
                 raise ValueError(f"`{name}` ({value}) must be None or in [0, vocab_size={self.vocab_size}).")
+        validate_catalogue(self)
 
 
 __all__ = ["DecoderConfig"]

@@ -14,52 +14,29 @@ import torch
 from torch import nn
 from transformers.cache_utils import Cache, DynamicCache
 from transformers.generation import GenerationMixin
-from transformers.masking_utils import create_causal_mask
-from transformers.modeling_layers import GradientCheckpointingLayer
+from transformers import initialization as init
 from transformers.modeling_outputs import (
     BaseModelOutputWithPast,
     CausalLMOutputWithPast,
+    MoeCausalLMOutputWithPast,
+    MoeModelOutputWithPast,
     SequenceClassifierOutputWithPast,
 )
 from transformers.modeling_utils import PreTrainedModel
 
-from .attention import Attention
+from .attention_patterns import build_masks, build_position_biases
+from .blocks import BLOCKS, DeepNormBlock, PreNormBlock, norm_from_config
 from .configuration_decoder import DecoderConfig
-from .feed_forward import GatedMLP
 from .hub_mixin import HubMixin
 from .losses import causal_lm_loss, chunked_causal_lm_loss
-from .normalization import RMSNorm
+from .moe import collect_router_logits, init_moe_weights, load_balancing_loss, router_z_loss
+from .normalization import OffsetRMSNorm
+from .positions import ALiBiBias, POSITION_EMBEDDINGS, make_absolute_position_embedding, make_position_bias
 from .rotary import RotaryEmbedding
+from .sinusoidal import SinusoidalPositionalEmbedding
 
 
-class DecoderLayer(GradientCheckpointingLayer):
-    """x + Attn(Norm(x)), then h + MLP(Norm(h)) — the pre-norm block."""
-
-    def __init__(self, config: DecoderConfig, layer_idx: int) -> None:
-        super().__init__()
-        self.self_attn = Attention(config, layer_idx, is_causal=True)
-        self.mlp = GatedMLP(config.hidden_size, config.intermediate_size, config.hidden_act, config.mlp_bias)
-        self.input_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
-        self.post_attention_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
-
-    def forward(
-        self,
-        hidden_states: torch.Tensor,
-        attention_mask: torch.Tensor | None = None,
-        position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
-        past_key_values: Cache | None = None,
-        **kwargs,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        attn_out, attn_weights = self.self_attn(
-            self.input_layernorm(hidden_states),
-            position_embeddings=position_embeddings,
-            attention_mask=attention_mask,
-            past_key_values=past_key_values,
-            **kwargs,
-        )
-        hidden_states = hidden_states + attn_out
-        hidden_states = hidden_states + self.mlp(self.post_attention_layernorm(hidden_states))
-        return hidden_states, attn_weights
+DecoderLayer = PreNormBlock  # the default (LLaMA) layer; every norm placement is in `blocks.BLOCKS`
 
 
 class DecoderPreTrainedModel(HubMixin, PreTrainedModel):
@@ -67,13 +44,30 @@ class DecoderPreTrainedModel(HubMixin, PreTrainedModel):
     config: DecoderConfig
     base_model_prefix = "model"
     supports_gradient_checkpointing = True
-    _no_split_modules = ["DecoderLayer"]
+    _no_split_modules = [block.__name__ for block in BLOCKS.values()]
     _skip_keys_device_placement = ["past_key_values"]
     _supports_sdpa = True
     _supports_flash_attn = True
     _supports_flex_attn = True
     _supports_attention_backend = True
     _can_compile_fullgraph = True
+
+    def _sdpa_can_dispatch(self, is_init_check: bool = False) -> bool:
+        # SDPA has no hook for tanh soft-capping of the scores: the default falls back to eager, an explicit
+        # request for sdpa is refused (never silently uncapped).
+        if self.config.attn_logit_softcapping is not None:
+            raise ValueError("`attn_logit_softcapping` needs 'eager' or 'flex_attention'; sdpa cannot soft-cap scores.")
+        return super()._sdpa_can_dispatch(is_init_check)
+
+    def _init_weights(self, module: nn.Module) -> None:
+        super()._init_weights(module)
+        init_moe_weights(module, self.config.initializer_range)  # expert tensors and routers; no-op otherwise
+        if isinstance(module, OffsetRMSNorm):
+            init.zeros_(module.weight)  # the gain is 1 + w
+        elif isinstance(module, DeepNormBlock):
+            module.init_deepnorm()  # runs after its children's default init
+        elif isinstance(module, (SinusoidalPositionalEmbedding, ALiBiBias)):
+            module.reset_parameters()  # non-persistent buffers, recomputed after meta-device loading
 
 
 class DecoderModel(DecoderPreTrainedModel):
@@ -84,9 +78,21 @@ class DecoderModel(DecoderPreTrainedModel):
         self.padding_idx = config.pad_token_id
         self.vocab_size = config.vocab_size
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, self.padding_idx)
-        self.layers = nn.ModuleList([DecoderLayer(config, i) for i in range(config.num_hidden_layers)])
-        self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
-        self.rotary_emb = RotaryEmbedding(config)
+        block = BLOCKS[config.norm_position]
+        self.layers = nn.ModuleList([block(config, i) for i in range(config.num_hidden_layers)])
+        self.norm = norm_from_config(config) if block.has_final_norm else nn.Identity()
+        # Positions (see positions.py): each of these is None unless `position_embedding_type` needs it.
+        _, uses_rope, _ = POSITION_EMBEDDINGS[config.position_embedding_type]
+        self.rotary_emb = RotaryEmbedding(config) if uses_rope else None
+        self.embed_positions = make_absolute_position_embedding(config)
+        self.position_bias = make_position_bias(config)
+        self.embed_scale = config.hidden_size**0.5 if config.scale_embedding else None
+        self.embedding_layernorm = norm_from_config(config) if config.embedding_layernorm else None
+        # Layer types present, and the first layer of each (the cache layer that sizes its mask and bias).
+        self.first_layer_of_type: dict[str, int] = {}
+        for i, layer in enumerate(self.layers):
+            self.first_layer_of_type.setdefault(layer.attention_type, i)
+        self.layer_types = tuple(self.first_layer_of_type)
         self.gradient_checkpointing = False
         self.post_init()
 
@@ -101,8 +107,13 @@ class DecoderModel(DecoderPreTrainedModel):
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
+        prefix_lengths: torch.LongTensor | None = None,
+        output_router_logits: bool | None = None,
         **kwargs,
-    ) -> BaseModelOutputWithPast | tuple:
+    ) -> MoeModelOutputWithPast | tuple:
+        r"""prefix_lengths (`torch.LongTensor` of shape `(batch,)`, *optional*):
+            With `config.prefix_lm`, the first `prefix_lengths[b]` tokens of row b attend to each other in both
+            directions (the prefix must be inside the first forward). None: plain causal attention."""
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("Pass exactly one of `input_ids` or `inputs_embeds`.")
         output_attentions = output_attentions if output_attentions is not None else self.config.output_attentions
@@ -123,24 +134,35 @@ class DecoderModel(DecoderPreTrainedModel):
             position_ids = torch.arange(inputs_embeds.shape[1], device=inputs_embeds.device) + past_seen
             position_ids = position_ids.unsqueeze(0)
 
-        mask = create_causal_mask(
-            config=self.config,
-            inputs_embeds=inputs_embeds,
-            attention_mask=attention_mask,
-            past_key_values=past_key_values,
-            position_ids=position_ids,
+        if prefix_lengths is not None and not self.config.prefix_lm:
+            raise ValueError("`prefix_lengths` was given but `config.prefix_lm` is False.")
+        masks = build_masks(
+            self.config, self.layer_types, inputs_embeds, attention_mask, past_key_values, position_ids, prefix_lengths
         )
+        biases = None
+        if self.position_bias is not None:  # ALiBi / T5 bias, one per layer type, shared by its layers
+            biases = build_position_biases(
+                self.position_bias, self.first_layer_of_type, inputs_embeds, attention_mask, past_key_values
+            )
         hidden_states = inputs_embeds
-        position_embeddings = self.rotary_emb(hidden_states, position_ids)
+        if self.embed_scale is not None:
+            hidden_states = hidden_states * torch.tensor(self.embed_scale, dtype=hidden_states.dtype)
+        if self.embed_positions is not None:
+            hidden_states = hidden_states + self.embed_positions(position_ids).to(hidden_states.dtype)
+        if self.embedding_layernorm is not None:
+            hidden_states = self.embedding_layernorm(hidden_states)
+        position_embeddings = self.rotary_emb(hidden_states, position_ids) if self.rotary_emb is not None else None
 
         all_hidden_states = () if output_hidden_states else None
         all_attentions = () if output_attentions else None
         for layer in self.layers:
             if output_hidden_states:
                 all_hidden_states += (hidden_states,)
+            if biases is not None:
+                kwargs["position_bias"] = biases[layer.attention_type]
             hidden_states, attn_weights = layer(
                 hidden_states,
-                attention_mask=mask,
+                attention_mask=masks[layer.attention_type],
                 position_embeddings=position_embeddings,
                 past_key_values=past_key_values,
                 output_attentions=output_attentions,
@@ -151,12 +173,16 @@ class DecoderModel(DecoderPreTrainedModel):
         hidden_states = self.norm(hidden_states)
         if output_hidden_states:
             all_hidden_states += (hidden_states,)
+        router_logits = collect_router_logits(self.layers)  # one (B·T, K) per sparse layer; () if dense
+        if output_router_logits is None:
+            output_router_logits = self.config.output_router_logits
 
-        output = BaseModelOutputWithPast(
+        output = MoeModelOutputWithPast(
             last_hidden_state=hidden_states,
             past_key_values=past_key_values if use_cache else None,
             hidden_states=all_hidden_states,
             attentions=all_attentions,
+            router_logits=router_logits if output_router_logits and router_logits else None,
         )
         return output if return_dict else output.to_tuple()
 
@@ -173,6 +199,8 @@ class DecoderForCausalLM(DecoderPreTrainedModel, GenerationMixin):
         self.model = DecoderModel(config)
         self.vocab_size = config.vocab_size
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        # Gemma2's c · tanh(logits / c); the chunked loss has no soft-cap, so with it the loss runs unchunked.
+        self.final_logit_softcapping = config.final_logit_softcapping
         self.post_init()
 
     def forward(
@@ -190,10 +218,14 @@ class DecoderForCausalLM(DecoderPreTrainedModel, GenerationMixin):
         logits_to_keep: int | torch.Tensor = 0,
         num_items_in_batch: torch.Tensor | int | None = None,
         shift_labels: torch.LongTensor | None = None,
+        output_router_logits: bool | None = None,
         **kwargs,
-    ) -> CausalLMOutputWithPast | tuple:
+    ) -> MoeCausalLMOutputWithPast | tuple:
         return_dict = return_dict if return_dict is not None else self.config.return_dict
+        if output_router_logits is None:
+            output_router_logits = self.config.output_router_logits
         outputs = self.model(
+            output_router_logits=True,  # the z-loss needs them even when they are not returned
             input_ids=input_ids,
             attention_mask=attention_mask,
             position_ids=position_ids,
@@ -208,22 +240,38 @@ class DecoderForCausalLM(DecoderPreTrainedModel, GenerationMixin):
         hidden_states = outputs.last_hidden_state
         loss, logits = None, None
         chunk = self.config.lm_loss_chunk_size
-        if (labels is not None or shift_labels is not None) and self.training and chunk > 0:
+        z_loss = self.config.lm_z_loss_coef
+        softcap = self.final_logit_softcapping
+        if (labels is not None or shift_labels is not None) and self.training and chunk > 0 and softcap is None:
             loss = chunked_causal_lm_loss(
-                hidden_states, self.lm_head.weight, labels, chunk, num_items_in_batch, shifted_labels=shift_labels
+                hidden_states, self.lm_head.weight, labels, chunk, num_items_in_batch, z_loss, shift_labels
             )
         else:
             keep = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
             logits = self.lm_head(hidden_states[:, keep, :])
+            if softcap is not None:
+                logits = torch.tanh(logits / softcap) * softcap
             if labels is not None or shift_labels is not None:
-                loss = causal_lm_loss(logits, labels, num_items_in_batch, shifted_labels=shift_labels)
+                loss = causal_lm_loss(logits, labels, num_items_in_batch, z_loss, shifted_labels=shift_labels)
 
-        output = CausalLMOutputWithPast(
+        # Mixture of experts: load-balancing loss (returned, and added to the LM loss as Mixtral) and z-loss.
+        router_logits, aux_loss = outputs.router_logits, None
+        if output_router_logits and router_logits:
+            cfg = self.config
+            aux_loss = load_balancing_loss(router_logits, cfg.num_local_experts, cfg.num_experts_per_tok, attention_mask)
+            if loss is not None:
+                loss = loss + cfg.router_aux_loss_coef * aux_loss.to(loss.device)
+        if loss is not None and router_logits and self.config.router_z_loss_coef > 0:
+            loss = loss + self.config.router_z_loss_coef * router_z_loss(router_logits, attention_mask).to(loss.device)
+
+        output = MoeCausalLMOutputWithPast(
             loss=loss,
+            aux_loss=aux_loss,
             logits=logits,
             past_key_values=outputs.past_key_values,
             hidden_states=outputs.hidden_states,
             attentions=outputs.attentions,
+            router_logits=router_logits if output_router_logits else None,
         )
         return output if return_dict else output.to_tuple()
 

@@ -1,0 +1,203 @@
+"""The decoder layer in each norm placement, chosen by `norm_position` (seed 000 §5.2 "normalization position";
+seed 004 "pre- vs post-norm", "parallel layers").
+
+    pre       x + Attn(N(x)); then h + MLP(N(h)); final norm after the stack      (GPT-2, LLaMA)
+    post      N(x + Attn(x)); then N(h + MLP(h)); no final norm                   (Vaswani et al., BERT, Marian)
+    sandwich  x + N(Attn(N(x))); then h + N(MLP(N(h))); final norm                (CogView, Gemma2)
+    parallel  x + Attn(N1(x)) + MLP(N2(x)); final norm                            (GPT-J, GPT-NeoX, PaLM, Falcon)
+    deepnorm  N(α·x + Attn(x)); then N(α·h + MLP(h)); Attn/MLP init scaled by β  (DeepNet, GLM-130B)
+
+Norm parameter names are Llama's and Gemma2's (`input_layernorm`, `post_attention_layernorm`,
+`pre_feedforward_layernorm`, `post_feedforward_layernorm`); in the post-norm blocks the norm after the MLP is
+`post_feedforward_layernorm`. Each block's `mlp` is a sub-module built by `build_mlp`, so a layer can be dense or
+a mixture of experts without a block subclass per combination.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from transformers import initialization as init
+from transformers.cache_utils import Cache
+from transformers.modeling_layers import GradientCheckpointingLayer
+
+from .attention import Attention
+from .feed_forward import MLPS
+from .moe import SparseMoeBlock
+from .normalization import make_norm
+
+
+def build_mlp(config, layer_idx: int) -> nn.Module:
+    """The feed-forward sub-module of layer `layer_idx` (`mlp_type`, `hidden_act`, `intermediate_size`); a
+    mixture of experts where `mlp_layer_types[layer_idx]` is "sparse" (see moe.py)."""
+    if config.mlp_layer_types[layer_idx] == "sparse":
+        return SparseMoeBlock(config)
+    return MLPS[config.mlp_type](config.hidden_size, config.intermediate_size, config.hidden_act, config.mlp_bias)
+
+
+def norm_from_config(config) -> nn.Module:
+    """The config's norm over the model width (`norm_type`, `rms_norm_eps`, `norm_bias`)."""
+    return make_norm(config.norm_type, config.hidden_size, config.rms_norm_eps, config.norm_bias)
+
+
+def deepnorm_constants(config) -> tuple[float, float]:
+    """(α, β) of DeepNet for a decoder-only stack of N layers: α = (2N)^(1/4), β = (8N)^(-1/4), unless given."""
+    n = config.num_hidden_layers
+    alpha = config.deepnorm_alpha if config.deepnorm_alpha is not None else (2 * n) ** 0.25
+    beta = config.deepnorm_beta if config.deepnorm_beta is not None else (8 * n) ** -0.25
+    return alpha, beta
+
+
+class DecoderBlock(GradientCheckpointingLayer):
+    """Attention + MLP of one layer; subclasses add the norms and say how they are wired."""
+
+    has_final_norm: bool = True  # whether the stack needs a norm after its last layer
+
+    def __init__(self, config, layer_idx: int) -> None:
+        super().__init__()
+        self.attention_type = config.layer_types[layer_idx] if config.layer_types else "full_attention"
+        self.self_attn = Attention(config, layer_idx, is_causal=True)
+        self.mlp = build_mlp(config, layer_idx)
+
+    def attend(self, hidden_states, attention_mask, position_embeddings, past_key_values, **kwargs):
+        return self.self_attn(
+            hidden_states,
+            position_embeddings=position_embeddings,
+            attention_mask=attention_mask,
+            past_key_values=past_key_values,
+            **kwargs,
+        )
+
+
+class PreNormBlock(DecoderBlock):
+    def __init__(self, config, layer_idx: int) -> None:
+        super().__init__(config, layer_idx)
+        self.input_layernorm = norm_from_config(config)
+        self.post_attention_layernorm = norm_from_config(config)
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
+        past_key_values: Cache | None = None,
+        **kwargs,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        attn_out, weights = self.attend(
+            self.input_layernorm(hidden_states), attention_mask, position_embeddings, past_key_values, **kwargs
+        )
+        hidden_states = hidden_states + attn_out
+        hidden_states = hidden_states + self.mlp(self.post_attention_layernorm(hidden_states))
+        return hidden_states, weights
+
+
+class PostNormBlock(DecoderBlock):
+    has_final_norm = False
+
+    def __init__(self, config, layer_idx: int) -> None:
+        super().__init__(config, layer_idx)
+        self.post_attention_layernorm = norm_from_config(config)
+        self.post_feedforward_layernorm = norm_from_config(config)
+        self.residual_scale = 1.0
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
+        past_key_values: Cache | None = None,
+        **kwargs,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        attn_out, weights = self.attend(hidden_states, attention_mask, position_embeddings, past_key_values, **kwargs)
+        hidden_states = self.post_attention_layernorm(hidden_states * self.residual_scale + attn_out)
+        hidden_states = self.post_feedforward_layernorm(hidden_states * self.residual_scale + self.mlp(hidden_states))
+        return hidden_states, weights
+
+
+class DeepNormBlock(PostNormBlock):
+    """Post-norm with the residual up-weighted by α; `init_deepnorm` scales the sub-layer init by β."""
+
+    def __init__(self, config, layer_idx: int) -> None:
+        super().__init__(config, layer_idx)
+        self.residual_scale, self.init_gain = deepnorm_constants(config)
+
+    def init_deepnorm(self) -> None:
+        """DeepNet's init: Xavier-normal with gain β for v/o and the MLP, gain 1 for q/k (skips loaded weights)."""
+        attn = self.self_attn
+        for proj in (attn.q_proj, attn.k_proj):
+            init.xavier_normal_(proj.weight, gain=1.0)
+        for proj in (attn.v_proj, attn.o_proj):
+            init.xavier_normal_(proj.weight, gain=self.init_gain)
+        for module in self.mlp.modules():
+            if isinstance(module, nn.Linear):
+                init.xavier_normal_(module.weight, gain=self.init_gain)
+
+
+class SandwichNormBlock(DecoderBlock):
+    def __init__(self, config, layer_idx: int) -> None:
+        super().__init__(config, layer_idx)
+        self.input_layernorm = norm_from_config(config)
+        self.post_attention_layernorm = norm_from_config(config)
+        self.pre_feedforward_layernorm = norm_from_config(config)
+        self.post_feedforward_layernorm = norm_from_config(config)
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
+        past_key_values: Cache | None = None,
+        **kwargs,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        attn_out, weights = self.attend(
+            self.input_layernorm(hidden_states), attention_mask, position_embeddings, past_key_values, **kwargs
+        )
+        hidden_states = hidden_states + self.post_attention_layernorm(attn_out)
+        mlp_out = self.mlp(self.pre_feedforward_layernorm(hidden_states))
+        hidden_states = hidden_states + self.post_feedforward_layernorm(mlp_out)
+        return hidden_states, weights
+
+
+class ParallelBlock(DecoderBlock):
+    """Attention and MLP read the same input: one residual add, and the two input GEMMs could be fused."""
+
+    def __init__(self, config, layer_idx: int) -> None:
+        super().__init__(config, layer_idx)
+        self.input_layernorm = norm_from_config(config)
+        self.post_attention_layernorm = norm_from_config(config)  # GPT-NeoX's name for the MLP's input norm
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
+        past_key_values: Cache | None = None,
+        **kwargs,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        attn_out, weights = self.attend(
+            self.input_layernorm(hidden_states), attention_mask, position_embeddings, past_key_values, **kwargs
+        )
+        mlp_out = self.mlp(self.post_attention_layernorm(hidden_states))
+        return hidden_states + attn_out + mlp_out, weights
+
+
+BLOCKS: dict[str, type[DecoderBlock]] = {
+    "pre": PreNormBlock,
+    "post": PostNormBlock,
+    "sandwich": SandwichNormBlock,
+    "parallel": ParallelBlock,
+    "deepnorm": DeepNormBlock,
+}
+
+__all__ = [
+    "BLOCKS",
+    "DecoderBlock",
+    "DeepNormBlock",
+    "ParallelBlock",
+    "PostNormBlock",
+    "PreNormBlock",
+    "SandwichNormBlock",
+    "build_mlp",
+    "deepnorm_constants",
+    "norm_from_config",
+]
