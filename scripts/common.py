@@ -273,7 +273,7 @@ def build_config(model_args: ModelArguments, tokenizer: Any, block_size: int | N
             if name not in overrides and token_id is not None:
                 values[name] = token_id
         if model_args.model_kind == "seq2seq" and "decoder_start_token_id" not in overrides:
-            values["decoder_start_token_id"] = tokenizer.pad_token_id  # Marian's convention
+            values["decoder_start_token_id"] = tokenizer.bos_token_id  # the seq2seq tokenizer never emits <s>
         if num_labels is not None:
             values["num_labels"] = num_labels
         config = getattr(archlab, kind.config_class)(**values)

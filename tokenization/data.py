@@ -93,12 +93,18 @@ def load_raw_datasets(
             raise ValueError(f"`train_file` and `validation_file` must have the same format, got {sorted(builders)}.")
         builder = builders.pop()
         extra = {"sample_by": sample_by} if builder == "text" else {}
-        raw = load_dataset(builder, data_files=files, cache_dir=cache_dir, streaming=streaming, **extra)
+        try:
+            raw = load_dataset(builder, data_files=files, cache_dir=cache_dir, streaming=streaming, **extra)
+        except ValueError as error:
+            if "corresponds to no data" not in str(error):  # `datasets`' words for a file without rows
+                raise
+            raise ValueError(f"The train split is empty: {files} hold no rows.") from error
     else:
         return embedded_corpus(streaming=streaming, cache_dir=cache_dir)
 
     if "train" not in raw:
         raise ValueError(f"The dataset has no 'train' split; it has {list(raw)}.")
+    check_not_empty(raw["train"], "train")
     if "validation" not in raw:
         raw = _split_off_validation(raw["train"], validation_split_percentage, streaming, seed)
     return raw

@@ -1,0 +1,171 @@
+"""scripts/pretrain.py end to end on tiny settings: outputs, bad inputs (clear errors, nothing written), and resuming
+after SIGKILL ends exactly where an uninterrupted run ends."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from archlab.scripts import pretrain
+from archlab.tokenization.training import save_tokenizer, train_tokenizer
+
+TINY_DECODER = "hidden_size=32,intermediate_size=64,num_hidden_layers=2,num_attention_heads=4,num_key_value_heads=2"
+TINY_SEQ2SEQ = (
+    "d_model=32,encoder_ffn_dim=64,decoder_ffn_dim=64,encoder_layers=1,decoder_layers=1,"
+    "encoder_attention_heads=2,decoder_attention_heads=2"
+)
+
+
+def code_texts(n: int) -> list[str]:
+    return [f"def function_{i}(value):\n    total = value * {i}\n    return total + {i % 7}\n" * 3 for i in range(n)]
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("data")
+    texts = code_texts(60)
+    (folder / "train.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    (folder / "content.jsonl").write_text("".join(json.dumps({"content": t}) + "\n" for t in texts))
+    (folder / "empty.csv").write_text("text\n")
+    tokenizer = train_tokenizer(texts, "decoder", vocab_size=300, min_frequency=1)
+    save_tokenizer(tokenizer, folder / "tokenizer")
+    return folder
+
+
+def tiny_args(out: Path, data_dir: Path, *extra: str, train_file: str | None = "train.jsonl") -> list[str]:
+    args = [
+        "--output_dir", str(out), "--cache_dir", str(data_dir / "cache"),
+        "--max_steps", "6", "--per_device_train_batch_size", "4", "--per_device_eval_batch_size", "4",
+        "--block_size", "32", "--config_overrides", TINY_DECODER,
+        "--eval_steps", "3", "--save_steps", "3", "--logging_steps", "1", "--warmup_steps", "0",
+        "--eval_max_blocks", "8", "--sample_max_new_tokens", "8", "--disable_tqdm", "true",
+        "--dataloader_pin_memory", "false",
+    ]
+    if train_file:
+        args += ["--train_file", str(data_dir / train_file)]
+    return args + list(extra)
+
+
+def test_pretrain_decoder_end_to_end(tmp_path: Path, data_dir: Path) -> None:
+    out = tmp_path / "run"
+    metrics = pretrain.main(tiny_args(out, data_dir, "--tokenizer_vocab_size", "300", "--learning_rate", "3e-3"))
+    assert metrics["eval_loss"] < metrics["before_eval_loss"]
+    assert metrics["eval_perplexity"] == pytest.approx(torch.tensor(metrics["eval_loss"]).exp().item(), rel=1e-4)
+    for name in ("config.json", "model.safetensors", "tokenizer.json", "README.md", "loss_curve.png",
+                 "trainer_state.json", "all_results.json", "checkpoint-6"):
+        assert (out / name).exists(), name
+    assert not any(entry.startswith(".staging") for entry in os.listdir(out))
+    assert json.loads((out / "tokenizer_config.json").read_text())["tokenizer_class"] == "PreTrainedTokenizerFast"
+    model = AutoModelForCausalLM.from_pretrained(out)
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    assert model.config.vocab_size == len(tokenizer) and model.config.use_cache
+    assert "loss_curve.png" in (out / "README.md").read_text()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["seq2seq", "masked_lm"])
+def test_pretrain_other_kinds(tmp_path: Path, data_dir: Path, kind: str) -> None:
+    out = tmp_path / kind
+    args = tiny_args(out, data_dir, "--model_kind", kind, "--tokenizer_vocab_size", "300")
+    args[args.index(TINY_DECODER)] = TINY_SEQ2SEQ
+    metrics = pretrain.main(args)
+    assert metrics["eval_loss"] == metrics["eval_loss"]  # finite, not NaN
+    config = json.loads((out / "config.json").read_text())
+    assert config["model_type"] == "archlab_seq2seq" and (out / "tokenizer.json").exists()
+
+
+BAD_INPUTS = [
+    (["--train_file", "missing.jsonl"], FileNotFoundError, "missing.jsonl' does not exist"),
+    (["--train_file", "empty.csv"], ValueError, "train split is empty"),
+    (["--train_file", "content.jsonl"], ValueError, "Column 'text' not found in the train split"),
+    (["--tokenizer_name", "tokenizer", "--config_overrides", "vocab_size=100"], ValueError,
+     "tokenizer has \\d+ tokens but the model's `vocab_size` is 100"),
+    (["--block_size", "512", "--config_overrides", "max_position_embeddings=256"], ValueError,
+     "--block_size 512 exceeds the model's `max_position_embeddings` \\(256\\)"),
+    (["--dataset_name", "wikitext"], ValueError, "Conflicting flags: --dataset_name and --train_file"),
+    (["--tokenizer_name", "tokenizer", "--tokenizer_vocab_size", "500"], ValueError, "Conflicting flags"),
+    (["--preset", "tiny", "--config_name", "config.json"], ValueError, "Conflicting flags: --preset and --config_name"),
+    (["--streaming", "true", "--max_steps", "-1"], ValueError, "--streaming needs --max_steps"),
+    (["--model_kind", "encoder"], ValueError, "allowed values: decoder, seq2seq, masked_lm"),
+    (["--resume_from_checkpoint", "true"], FileNotFoundError, "no checkpoint-N folder"),
+]
+
+
+@pytest.mark.parametrize("extra, error, message", BAD_INPUTS, ids=[m[:30] for _, _, m in BAD_INPUTS])
+def test_bad_input_fails_before_anything_is_written(
+    tmp_path: Path, data_dir: Path, extra: list[str], error: type, message: str
+) -> None:
+    out = tmp_path / "run"
+    args = tiny_args(out, data_dir)
+    for flag, value in zip(extra[::2], extra[1::2]):
+        if flag in ("--train_file", "--tokenizer_name"):
+            value = str(data_dir / value)
+        if flag == "--config_overrides":
+            value = f"{TINY_DECODER},{value}"
+        if flag in args:
+            args[args.index(flag) + 1] = value
+        else:
+            args += [flag, value]
+    with pytest.raises(error, match=message):
+        pretrain.main(args)
+    assert not out.exists()
+
+
+def test_existing_checkpoints_need_resume_or_overwrite(tmp_path: Path, data_dir: Path) -> None:
+    out = tmp_path / "run"
+    (out / "checkpoint-3").mkdir(parents=True)
+    with pytest.raises(ValueError, match="already holds checkpoint-3"):
+        pretrain.main(tiny_args(out, data_dir))
+    with pytest.raises(ValueError, match="Conflicting flags: --resume_from_checkpoint and --overwrite_output_dir"):
+        pretrain.main(tiny_args(out, data_dir, "--resume_from_checkpoint", "true", "--overwrite_output_dir", "true"))
+    assert os.listdir(out) == ["checkpoint-3"]
+
+
+KILLER = """
+import os, signal, sys
+from transformers import TrainerCallback
+from archlab.scripts import pretrain
+
+class KillAfterStep(TrainerCallback):
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step == int(os.environ["KILL_AT_STEP"]):
+            os.kill(os.getpid(), signal.SIGKILL)
+
+pretrain.main(sys.argv[1:], callbacks=[KillAfterStep()])
+"""
+
+
+@pytest.mark.slow
+def test_resume_after_sigkill_ends_where_an_uninterrupted_run_ends(tmp_path: Path, data_dir: Path) -> None:
+    common = ("--max_steps", "8", "--save_steps", "2", "--eval_strategy", "no", "--tokenizer_name",
+              str(data_dir / "tokenizer"), "--save_total_limit", "3")
+    reference = tmp_path / "reference"
+    pretrain.main(tiny_args(reference, data_dir, *common))
+
+    out = tmp_path / "killed"
+    env = {**os.environ, "KILL_AT_STEP": "5"}
+    run = subprocess.run([sys.executable, "-c", KILLER, *tiny_args(out, data_dir, *common)], env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == -9, run.stderr[-2000:]
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-2", "checkpoint-4"]
+    assert not (out / "config.json").exists()  # no final model from a killed run
+    (out / ".staging" / "checkpoint-6").mkdir(parents=True)  # as if killed in the middle of the next save
+
+    metrics = pretrain.main(tiny_args(out, data_dir, *common, "--resume_from_checkpoint", "true"))
+    assert not (out / ".staging").exists()
+    state = json.loads((out / "trainer_state.json").read_text())
+    assert state["global_step"] == 8
+    resumed, uninterrupted = load_file(out / "model.safetensors"), load_file(reference / "model.safetensors")
+    assert resumed.keys() == uninterrupted.keys()
+    for name in resumed:
+        torch.testing.assert_close(resumed[name], uninterrupted[name], atol=1e-6, rtol=1e-5)
+    reference_metrics = json.loads((reference / "all_results.json").read_text())
+    assert metrics["eval_loss"] == pytest.approx(reference_metrics["eval_loss"], abs=1e-6)
