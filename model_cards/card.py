@@ -36,7 +36,9 @@ DEFAULT_LIMITATIONS = (
 )
 
 
-def _usage(auto_class: str, pipeline_tag: str | None, model_id: str, has_tokenizer: bool, example: str) -> str:
+def _usage(
+    auto_class: str, pipeline_tag: str | None, model_id: str, has_tokenizer: bool, example: str, encoder_decoder: bool
+) -> str:
     """A snippet that runs as is against the saved folder (tested by executing it)."""
     lines = [
         "import torch",
@@ -82,6 +84,8 @@ def _usage(auto_class: str, pipeline_tag: str | None, model_id: str, has_tokeniz
             "print(logits.argmax(-1)[0].tolist())",
         ]
     else:
+        if encoder_decoder:  # the base encoder-decoder needs decoder inputs: start the decoder with its start token
+            lines.append("inputs[\"decoder_input_ids\"] = torch.tensor([[model.config.decoder_start_token_id]])")
         lines += [
             "with torch.no_grad():",
             "    hidden = model(**inputs).last_hidden_state",
@@ -223,7 +227,10 @@ def write_model_card(
         parameters=(
             {"total": format_count(counts[0]), "active": format_count(counts[1])} if counts is not None else None
         ),
-        usage=_usage(auto_class_for(architecture), pipeline_tag, model_id, has_tokenizer, example_text),
+        usage=_usage(
+            auto_class_for(architecture), pipeline_tag, model_id, has_tokenizer, example_text,
+            encoder_decoder=bool(config.get("is_encoder_decoder")) and not architecture.endswith("ForMaskedLM"),
+        ),
         hyperparameters=summary["hyperparameters"],
         results=summary["results"],
         loss_curve=_loss_curve(folder, loss_curve, summary["losses"]),

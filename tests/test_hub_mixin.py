@@ -49,6 +49,7 @@ def test_opting_in_loads_pickled_weights(tmp_path):
         assert torch.equal(loaded(ids).logits, model(ids).logits)
 
 
+@pytest.mark.slow  # a fresh interpreter
 def test_pickled_weights_are_refused_by_the_remote_code_too(tmp_path):
     folder, _ = _pickled_only_folder(tmp_path)
     code = f"""

@@ -125,8 +125,8 @@ json.dump(results, open("results.json", "w"))
 
 
 @pytest.fixture(scope="module")
-def exported(tmp_path_factory) -> dict:
-    """Save every case, run all remote-code loads in ONE isolated process, return what it reported."""
+def saved(tmp_path_factory) -> dict:
+    """Every case saved with its inputs and in-process reference output (one thread: bit-reproducible)."""
     root = tmp_path_factory.mktemp("remote_code")
     jobs, cases = [], {}
     threads = torch.get_num_threads()
@@ -148,26 +148,33 @@ def exported(tmp_path_factory) -> dict:
                 dict(name=name, auto=auto_name, folder=str(folder), inputs=str(root / f"inputs_{name}.safetensors"),
                      output=str(root / f"output_{name}.safetensors"), resave=str(root / f"resaved_{name}"))
             )
-        # the family auto_map: a causal LM folder opened as a base model and as a classifier
-        for auto_name in ("AutoModel", "AutoModelForSequenceClassification"):
-            jobs.append(
-                dict(name=f"causal_as_{auto_name}", auto=auto_name, folder=str(cases["DecoderForCausalLM"]["folder"]),
-                     inputs=str(root / "inputs_DecoderForCausalLM.safetensors"),
-                     output=str(root / f"output_causal_as_{auto_name}.safetensors"),
-                     resave=str(root / f"resaved_causal_as_{auto_name}"))
-            )
     finally:
         torch.set_num_threads(threads)
-    (root / "jobs.json").write_text(json.dumps(jobs))
+    # the family auto_map: a causal LM folder opened as a base model and as a classifier
+    for auto_name in ("AutoModel", "AutoModelForSequenceClassification"):
+        jobs.append(
+            dict(name=f"causal_as_{auto_name}", auto=auto_name, folder=str(cases["DecoderForCausalLM"]["folder"]),
+                 inputs=str(root / "inputs_DecoderForCausalLM.safetensors"),
+                 output=str(root / f"output_causal_as_{auto_name}.safetensors"),
+                 resave=str(root / f"resaved_causal_as_{auto_name}"))
+        )
+    return dict(root=root, cases=cases, jobs=jobs)
+
+
+@pytest.fixture(scope="module")
+def exported(saved) -> dict:
+    """All remote-code loads of `saved` in ONE isolated process (archlab not importable); what it reported."""
+    root = saved["root"]
+    (root / "jobs.json").write_text(json.dumps(saved["jobs"]))
     check(run_without_archlab(RUNNER, root))
-    results = json.loads((root / "results.json").read_text())
-    return dict(root=root, cases=cases, results=results)
+    return dict(saved, results=json.loads((root / "results.json").read_text()))
 
 
 def _case_ids() -> list[str]:
     return [param.id for param in CASES]
 
 
+@pytest.mark.slow  # one fresh interpreter for all cases: ~5 s idle, longer on a loaded machine
 @pytest.mark.parametrize("name", _case_ids())
 def test_loads_without_archlab_with_identical_logits(exported, name):
     case, result = exported["cases"][name], exported["results"][name]
@@ -179,8 +186,8 @@ def test_loads_without_archlab_with_identical_logits(exported, name):
 
 
 @pytest.mark.parametrize("name", _case_ids())
-def test_same_folder_loads_with_archlab_without_remote_code(exported, name):
-    case = exported["cases"][name]
+def test_same_folder_loads_with_archlab_without_remote_code(saved, name):
+    case = saved["cases"][name]
     model = getattr(transformers, case["auto"]).from_pretrained(case["folder"]).eval()
     assert type(model) is type(case["model"])  # archlab's own class, not a copy from the folder
     threads = torch.get_num_threads()
@@ -207,8 +214,8 @@ def _sibling_closure(start: Path) -> set[str]:
 
 
 @pytest.mark.parametrize("name", _case_ids())
-def test_bundle_is_the_full_closure_byte_for_byte(exported, name):
-    case = exported["cases"][name]
+def test_bundle_is_the_full_closure_byte_for_byte(saved, name):
+    case = saved["cases"][name]
     model_file = Path(sys.modules[type(case["model"]).__module__].__file__)
     config_file = Path(sys.modules[type(case["model"].config).__module__].__file__)
     expected = _sibling_closure(model_file) | _sibling_closure(config_file)
@@ -218,6 +225,7 @@ def test_bundle_is_the_full_closure_byte_for_byte(exported, name):
         assert (case["folder"] / file_name).read_bytes() == (MODELING / file_name).read_bytes()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", _case_ids())
 def test_resaving_from_remote_code_gives_the_same_bytes(exported, name):
     """Same source -> same bytes, also for someone without archlab who fine-tunes and saves again."""
@@ -241,6 +249,7 @@ def test_saving_twice_gives_identical_bytes(tmp_path):
         assert (tmp_path / "a" / file_name).read_bytes() == (tmp_path / "b" / file_name).read_bytes(), file_name
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("auto_name", ["AutoModel", "AutoModelForSequenceClassification"])
 def test_causal_lm_folder_opens_as_every_head_without_archlab(exported, auto_name):
     case = exported["cases"]["DecoderForCausalLM"]
