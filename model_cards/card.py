@@ -50,7 +50,7 @@ def _usage(
     if has_tokenizer:
         lines += [
             "tokenizer = AutoTokenizer.from_pretrained(model_id)",
-            f"inputs = tokenizer({example!r}, return_tensors=\"pt\")",
+            f"inputs = tokenizer({example!r}, return_tensors=\"pt\", return_token_type_ids=False)",
         ]
     else:
         lines += [
@@ -70,7 +70,10 @@ def _usage(
             "print(model.config.id2label[int(logits.argmax(-1)[0])])",
         ]
     elif pipeline_tag == "fill-mask" and has_tokenizer:
-        lines[-1] = f"inputs = tokenizer({example!r} + ' ' + tokenizer.mask_token, return_tensors=\"pt\")"
+        lines[-1] = (
+            f"inputs = tokenizer({example!r} + ' ' + tokenizer.mask_token, return_tensors=\"pt\", "
+            "return_token_type_ids=False)"
+        )
         lines += [
             "with torch.no_grad():",
             "    logits = model(**inputs).logits",
