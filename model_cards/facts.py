@@ -133,9 +133,14 @@ def _experts(config: dict[str, Any]) -> str:
     if experts <= 1:
         return "none (dense)"
     text = f"{experts} experts, top-{config.get('num_experts_per_tok', 2)} routing"
+    if config.get("moe_intermediate_size"):
+        text += f", expert width {config['moe_intermediate_size']}"
     shared = _first(config, "num_shared_experts", "shared_expert_intermediate_size", default=0)
     if shared:
         text += ", shared expert" + ("s" if config.get("num_shared_experts", 1) > 1 else "")
+    layer_types = config.get("mlp_layer_types")
+    if layer_types and "dense" in layer_types:
+        text += f"; sparse in {sum(kind != 'dense' for kind in layer_types)} of {len(layer_types)} layers"
     return text
 
 
@@ -175,7 +180,10 @@ def architecture_rows(config: dict[str, Any]) -> list[tuple[str, str]]:
     rows.append(("experts", _experts(config)))
     stability = [
         f"{name}={config[name]}"
-        for name in ("qk_norm", "attn_logit_softcapping", "final_logit_softcapping", "z_loss_coef", "router_z_loss_coef")
+        for name in (
+            "use_qk_norm", "qk_norm", "attn_logit_softcapping", "final_logit_softcapping", "lm_z_loss_coef",
+            "z_loss_coef", "router_z_loss_coef",
+        )
         if config.get(name)
     ]
     if stability:

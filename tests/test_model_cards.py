@@ -89,10 +89,12 @@ def test_parameter_counts_dense(tmp_path, tie):
     assert _count(text, "in total") == _count(text, "active per token") == unique
 
 
-def test_parameter_counts_mixture_of_experts(tmp_path):
-    config = tiny_decoder_config(num_local_experts=4, num_experts_per_tok=2)
-    if getattr(config, "num_local_experts", 0) != 4:
-        pytest.fail("DecoderConfig has no `num_local_experts`: update this test to the MoE field name")
+@pytest.mark.parametrize(
+    "moe", [dict(), dict(shared_expert_intermediate_size=16, mlp_layer_types=["dense", "sparse"])],
+    ids=["all-sparse", "shared-expert-and-dense-layer"],
+)
+def test_parameter_counts_mixture_of_experts(tmp_path, moe):
+    config = tiny_decoder_config(num_local_experts=4, num_experts_per_tok=2, **moe)
     model = DecoderForCausalLM(config)
     text = write_model_card(_save(model, tmp_path / "m")).read_text()
     # reference: per token, everything outside the routed experts runs, and k of the E experts of each MoE layer
@@ -103,6 +105,13 @@ def test_parameter_counts_mixture_of_experts(tmp_path):
     assert _count(text, "in total") == dense + 4 * one_expert_per_layer
     assert _count(text, "active per token") == dense + 2 * one_expert_per_layer
     assert "4 experts, top-2 routing" in text
+    # and the same numbers as the MoE module's own count, which walks the modules instead of the file
+    from archlab.modeling.moe import count_parameters
+
+    counts = count_parameters(model)
+    assert (_count(text, "in total"), _count(text, "active per token")) == (counts["total"], counts["active"])
+    if moe:
+        assert "shared expert" in text and "sparse in 1 of 2 layers" in text
 
 
 def test_training_facts_from_trainer_objects(tmp_path):
