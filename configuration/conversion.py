@@ -26,7 +26,8 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoConfig, PreTrainedConfig, PreTrainedModel
 
-from ..modeling import DecoderConfig, DecoderForCausalLM
+from ..modeling import DecoderConfig, DecoderForCausalLM, Seq2SeqConfig, Seq2SeqForConditionalGeneration
+from ..modeling.sinusoidal import split_table
 
 # archlab decoder fields that change training only, never the function a checkpoint computes: any value is
 # compatible with a stock family. Other archlab fields must keep their default (the LLaMA recipe) to export.
@@ -65,6 +66,11 @@ class FamilyConversion:
     rename_from_archlab: Callable[[str], str] = lambda key: key
     archlab_class: type[PreTrainedModel] = DecoderForCausalLM
     archlab_config_class: type[PreTrainedConfig] = DecoderConfig
+    # adds the tensors a checkpoint leaves out but the target's state dict names (tied copies, fixed tables);
+    # called in both directions with the (renamed) state dict and the archlab config
+    complete_state_dict: Callable[[dict[str, torch.Tensor], PreTrainedConfig], dict[str, torch.Tensor]] = (
+        lambda state_dict, config: state_dict
+    )
 
 
 # MistralConfig: Llama's fields without the bias flags, plus `sliding_window`, which makes every layer local.
@@ -85,6 +91,50 @@ def _mistral_from_archlab(config: DecoderConfig) -> dict[str, Any]:
     return {"sliding_window": config.sliding_window}
 
 
+# MarianConfig fields archlab's Seq2SeqConfig shares with identical meaning (Marian is archlab's classic recipe
+# with GELU/Swish, the split sinusoid layout and Marian's token conventions).
+MARIAN_FIELDS = (
+    "vocab_size", "decoder_vocab_size", "max_position_embeddings", "encoder_layers", "encoder_ffn_dim",
+    "encoder_attention_heads", "decoder_layers", "decoder_ffn_dim", "decoder_attention_heads", "encoder_layerdrop",
+    "decoder_layerdrop", "use_cache", "activation_function", "d_model", "dropout", "attention_dropout",
+    "activation_dropout", "init_std", "decoder_start_token_id", "scale_embedding", "pad_token_id", "eos_token_id",
+    "bos_token_id", "forced_eos_token_id", "share_encoder_decoder_embeddings", "tie_word_embeddings",
+)
+
+
+def _marian_to_archlab(hf_config: dict[str, Any]) -> dict[str, Any]:
+    """config.json omits fields at MarianConfig's defaults, which differ from archlab's: fill them in first."""
+    from transformers import MarianConfig
+
+    marian = MarianConfig(**{k: v for k, v in hf_config.items() if k in MARIAN_FIELDS})
+    return {**{k: getattr(marian, k) for k in MARIAN_FIELDS}, "sinusoidal_layout": "split"}
+
+
+def _marian_from_archlab(config: PreTrainedConfig) -> dict[str, Any]:
+    if config.sinusoidal_layout != "split":
+        raise ConversionError(
+            f"Marian's sinusoid table uses the split layout; this config has sinusoidal_layout="
+            f"{config.sinusoidal_layout!r}. Set it to 'split' (and retrain or fine-tune) to export."
+        )
+    return {}
+
+
+def _marian_state_dict(state_dict: dict[str, torch.Tensor], config: PreTrainedConfig) -> dict[str, torch.Tensor]:
+    """Marian's state dict names the shared embedding three times and holds the sinusoid tables; checkpoints saved
+    by transformers drop the tied copies and the tables."""
+    state_dict = dict(state_dict)
+    dtype = next(iter(state_dict.values())).dtype
+    table = split_table(config.max_position_embeddings, config.d_model).to(dtype)
+    for side in ("encoder", "decoder"):
+        state_dict.setdefault(f"model.{side}.embed_positions.weight", table.clone())  # one tensor per name
+    if config.share_encoder_decoder_embeddings:
+        shared = state_dict.get("model.shared.weight", state_dict.get("model.encoder.embed_tokens.weight"))
+        for key in ("model.shared.weight", "model.encoder.embed_tokens.weight", "model.decoder.embed_tokens.weight"):
+            state_dict.setdefault(key, shared)
+    state_dict.setdefault("final_logits_bias", torch.zeros(1, config.decoder_vocab_size, dtype=dtype))
+    return state_dict
+
+
 FAMILIES: dict[str, FamilyConversion] = {
     "llama": FamilyConversion(model_type="llama", architecture="LlamaForCausalLM", shared_fields=LLAMA_FIELDS),
     "mistral": FamilyConversion(
@@ -95,9 +145,20 @@ FAMILIES: dict[str, FamilyConversion] = {
         from_archlab_extra=_mistral_from_archlab,
         expressible_fields={"sliding_window", "layer_types"},
     ),
+    "marian": FamilyConversion(
+        model_type="marian",
+        architecture="MarianMTModel",
+        shared_fields=MARIAN_FIELDS,
+        to_archlab_extra=_marian_to_archlab,
+        from_archlab_extra=_marian_from_archlab,
+        expressible_fields={"sinusoidal_layout"},
+        archlab_class=Seq2SeqForConditionalGeneration,
+        archlab_config_class=Seq2SeqConfig,
+        complete_state_dict=_marian_state_dict,
+    ),
 }
 
-ARCHLAB_MODEL_TYPES = {"archlab_decoder": DecoderConfig}
+ARCHLAB_MODEL_TYPES = {"archlab_decoder": DecoderConfig, "archlab_seq2seq": Seq2SeqConfig}
 
 
 class ConversionError(ValueError):
@@ -195,8 +256,13 @@ def convert_checkpoint(src: str | os.PathLike, dst: str | os.PathLike, to: str |
             raise ConversionError(f"Unknown target family {to!r}; allowed: {sorted(FAMILIES)}.")
         family = FAMILIES[to]
         config = AutoConfig.from_pretrained(src)
+        if not isinstance(config, family.archlab_config_class):
+            raise ConversionError(
+                f"{src} is an {model_type} checkpoint; {to} models are {family.archlab_config_class.model_type}."
+            )
         stock_config = stock_config_from(family, config)
         state_dict = {family.rename_from_archlab(k): v for k, v in load_safetensors_state_dict(src).items()}
+        state_dict = family.complete_state_dict(state_dict, config)
         stock_cls = getattr(__import__("transformers"), family.architecture)
         stock_config_obj = AutoConfig.for_model(**stock_config)
         return _write(stock_cls, stock_config_obj, state_dict, src, dst)
@@ -207,6 +273,7 @@ def convert_checkpoint(src: str | os.PathLike, dst: str | os.PathLike, to: str |
         family = FAMILIES[model_type]
         config = archlab_config_from(family, hf_config)
         state_dict = {family.rename_to_archlab(k): v for k, v in load_safetensors_state_dict(src).items()}
+        state_dict = family.complete_state_dict(state_dict, config)
         return _write(family.archlab_class, config, state_dict, src, dst)
 
     known = sorted(FAMILIES) + sorted(ARCHLAB_MODEL_TYPES)

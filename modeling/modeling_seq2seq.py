@@ -387,7 +387,8 @@ class Seq2SeqDecoder(nn.Module):
         )
         if self.position_bias is not None:
             key_positions = torch.arange(past + seq_len, device=inputs_embeds.device)
-            causal_mask = add_position_bias(causal_mask, self.position_bias(positions, key_positions), inputs_embeds.dtype)
+            bias = self.position_bias(positions, key_positions)  # (1, H, T, past + T)
+            causal_mask = add_position_bias(causal_mask, bias, inputs_embeds.dtype)
         cross_mask = create_bidirectional_mask(
             config=self.config,
             inputs_embeds=inputs_embeds,

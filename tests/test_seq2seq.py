@@ -338,3 +338,37 @@ def test_learns_to_reverse_sequences():
         torch.set_num_threads(threads)
     accuracy = (out[:, 1:10] == labels).all(1).float().mean().item()
     assert accuracy >= 0.9, (loss.item(), accuracy)
+
+
+# ---- checkpoint conversion ---------------------------------------------------------------------------------------
+
+
+def test_converter_imports_and_exports_marian_folders(tmp_path):
+    from archlab.configuration.conversion import ConversionError, convert_checkpoint
+
+    reference, _ = marian_pair()
+    reference.save_pretrained(tmp_path / "marian")  # transformers drops the tied copies and the sinusoid tables
+    convert_checkpoint(tmp_path / "marian", tmp_path / "archlab")
+    ours = AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "archlab").eval()
+    assert type(ours) is Seq2SeqForConditionalGeneration and ours.config.sinusoidal_layout == "split"
+    source, mask, target = batch()
+    with torch.no_grad():
+        expected = reference(input_ids=source, attention_mask=mask, decoder_input_ids=target).logits
+        got = ours(input_ids=source, attention_mask=mask, decoder_input_ids=target).logits
+    assert (got - expected).abs().max() <= 1e-4
+    beams = dict(input_ids=source, attention_mask=mask, num_beams=4, max_new_tokens=10)
+    assert torch.equal(ours.generate(**beams), reference.generate(**beams))
+
+    convert_checkpoint(tmp_path / "archlab", tmp_path / "back", to="marian")
+    back = MarianMTModel.from_pretrained(tmp_path / "back").eval()
+    with torch.no_grad():
+        exported = back(input_ids=source, attention_mask=mask, decoder_input_ids=target).logits
+    torch.testing.assert_close(exported, expected)
+
+    ours.config.norm_position = "pre"
+    ours.save_pretrained(tmp_path / "pre_norm")
+    with pytest.raises(ConversionError, match="norm_position='pre'"):
+        convert_checkpoint(tmp_path / "pre_norm", tmp_path / "refused", to="marian")
+    tiny(sinusoidal_layout="interleaved").save_pretrained(tmp_path / "interleaved")
+    with pytest.raises(ConversionError, match="split layout"):
+        convert_checkpoint(tmp_path / "interleaved", tmp_path / "refused2", to="marian")
