@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from transformers import initialization as init
 from transformers.cache_utils import Cache
 from transformers.modeling_layers import GradientCheckpointingLayer
 
@@ -115,22 +114,19 @@ class PostNormBlock(DecoderBlock):
 
 
 class DeepNormBlock(PostNormBlock):
-    """Post-norm with the residual up-weighted by α; `init_deepnorm` scales the sub-layer init by β."""
+    """Post-norm with the residual up-weighted by α, and DeepNet's init: Xavier-normal with gain β for v/o and the
+    MLP, gain 1 for q/k. The gains are tagged on the linear layers (`deepnorm_gain`) and applied by the model's
+    `_init_weights`, which skips weights loaded from a checkpoint."""
 
     def __init__(self, config, layer_idx: int) -> None:
         super().__init__(config, layer_idx)
-        self.residual_scale, self.init_gain = deepnorm_constants(config)
-
-    def init_deepnorm(self) -> None:
-        """DeepNet's init: Xavier-normal with gain β for v/o and the MLP, gain 1 for q/k (skips loaded weights)."""
+        self.residual_scale, beta = deepnorm_constants(config)
         attn = self.self_attn
-        for proj in (attn.q_proj, attn.k_proj):
-            init.xavier_normal_(proj.weight, gain=1.0)
-        for proj in (attn.v_proj, attn.o_proj):
-            init.xavier_normal_(proj.weight, gain=self.init_gain)
+        for proj, gain in ((attn.q_proj, 1.0), (attn.k_proj, 1.0), (attn.v_proj, beta), (attn.o_proj, beta)):
+            proj.deepnorm_gain = gain
         for module in self.mlp.modules():
             if isinstance(module, nn.Linear):
-                init.xavier_normal_(module.weight, gain=self.init_gain)
+                module.deepnorm_gain = beta
 
 
 class SandwichNormBlock(DecoderBlock):

@@ -25,7 +25,7 @@ from transformers.modeling_outputs import (
 from transformers.modeling_utils import PreTrainedModel
 
 from .attention_patterns import build_masks, build_position_biases
-from .blocks import BLOCKS, DeepNormBlock, PreNormBlock, norm_from_config
+from .blocks import BLOCKS, PreNormBlock, norm_from_config
 from .configuration_decoder import DecoderConfig
 from .hub_mixin import HubMixin
 from .losses import causal_lm_loss, chunked_causal_lm_loss
@@ -64,8 +64,8 @@ class DecoderPreTrainedModel(HubMixin, PreTrainedModel):
         init_moe_weights(module, self.config.initializer_range)  # expert tensors and routers; no-op otherwise
         if isinstance(module, OffsetRMSNorm):
             init.zeros_(module.weight)  # the gain is 1 + w
-        elif isinstance(module, DeepNormBlock):
-            module.init_deepnorm()  # runs after its children's default init
+        elif isinstance(module, nn.Linear) and hasattr(module, "deepnorm_gain"):
+            init.xavier_normal_(module.weight, gain=module.deepnorm_gain)  # DeepNet's β-scaled init (blocks.py)
         elif isinstance(module, (SinusoidalPositionalEmbedding, ALiBiBias)):
             module.reset_parameters()  # non-persistent buffers, recomputed after meta-device loading
 
@@ -219,6 +219,7 @@ class DecoderForCausalLM(DecoderPreTrainedModel, GenerationMixin):
         num_items_in_batch: torch.Tensor | int | None = None,
         shift_labels: torch.LongTensor | None = None,
         output_router_logits: bool | None = None,
+        prefix_lengths: torch.LongTensor | None = None,
         **kwargs,
     ) -> MoeCausalLMOutputWithPast | tuple:
         return_dict = return_dict if return_dict is not None else self.config.return_dict
@@ -235,6 +236,7 @@ class DecoderForCausalLM(DecoderPreTrainedModel, GenerationMixin):
             output_attentions=output_attentions,
             output_hidden_states=output_hidden_states,
             return_dict=True,
+            prefix_lengths=prefix_lengths,  # prefix-LM (config.prefix_lm); a named argument so `generate` passes it
             **kwargs,
         )
         hidden_states = outputs.last_hidden_state

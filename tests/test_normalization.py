@@ -1,0 +1,50 @@
+"""Norms against their Hugging Face twins (LlamaRMSNorm, Gemma2RMSNorm, nn.LayerNorm) and the registry."""
+
+import pytest
+import torch
+from torch import nn
+from transformers.models.gemma2.modeling_gemma2 import Gemma2RMSNorm
+from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+from archlab.modeling.normalization import NORMS, LayerNorm, OffsetRMSNorm, RMSNorm, make_norm
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("ours", "theirs"), [(RMSNorm, LlamaRMSNorm), (OffsetRMSNorm, Gemma2RMSNorm)])
+def test_rms_norms_match_hugging_face(ours, theirs, dtype):
+    a, b = ours(24, eps=1e-6), theirs(24, eps=1e-6)
+    with torch.no_grad():
+        a.weight.normal_(0.5, 0.3)
+        b.weight.copy_(a.weight)
+    a, b = a.to(dtype), b.to(dtype)
+    x = torch.randn(3, 5, 24, dtype=dtype) * 4
+    assert torch.equal(a(x), b(x))
+    assert a(x).dtype == dtype
+
+
+def test_rms_norm_formula():
+    norm = RMSNorm(8, eps=1e-5)
+    x = torch.randn(4, 8)
+    expected = x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5)
+    torch.testing.assert_close(norm(x), expected)
+    offset = OffsetRMSNorm(8, eps=1e-5)
+    torch.testing.assert_close(offset(x), expected)  # w = 0 means gain 1
+
+
+def test_layer_norm_is_torch_layer_norm():
+    ours, ref = LayerNorm(16, eps=1e-5), nn.LayerNorm(16, eps=1e-5)
+    with torch.no_grad():
+        ours.weight.normal_(), ours.bias.normal_()
+        ref.load_state_dict(ours.state_dict())
+    x = torch.randn(2, 3, 16)
+    assert torch.equal(ours(x), ref(x))
+    assert LayerNorm(16, bias=False).bias is None
+
+
+def test_make_norm_and_registry():
+    assert set(NORMS) == {"rms_norm", "offset_rms_norm", "layer_norm"}
+    assert make_norm("layer_norm", 8, 1e-5).bias is not None  # LayerNorm keeps its bias by default
+    assert make_norm("layer_norm", 8, 1e-5, bias=False).bias is None
+    assert isinstance(make_norm("offset_rms_norm", 8, 1e-6), OffsetRMSNorm)
+    with pytest.raises(ValueError, match="norm_bias"):
+        make_norm("rms_norm", 8, 1e-6, bias=True)
