@@ -28,7 +28,7 @@ from .validation import ACTIVATIONS, check_choice, check_non_negative, check_pos
 NORM_TYPES = ("layer_norm", "rms_norm")
 NORM_POSITIONS = ("post", "pre", "sandwich")
 MLP_TYPES = ("plain", "gated")
-POSITION_EMBEDDING_TYPES = ("sinusoidal", "learned", "none")
+POSITION_EMBEDDING_TYPES = ("sinusoidal", "learned", "relative_bias", "none")
 SINUSOIDAL_LAYOUTS = ("interleaved", "split")
 
 
@@ -177,6 +177,15 @@ class Seq2SeqConfig(PreTrainedConfig):
                     f"`{side}_key_value_heads` ({kv_heads}) must divide `{side}_attention_heads` ({heads}): allowed "
                     f"values are {[d for d in range(1, heads + 1) if heads % d == 0]}."
                 )
+        exact = self.relative_attention_num_buckets // 4  # exactly-bucketed distances of the bidirectional encoder
+        if self.position_embedding_type == "relative_bias" and (
+            self.relative_attention_num_buckets < 4 or self.relative_attention_max_distance <= exact
+        ):
+            raise ValueError(
+                f"`relative_attention_num_buckets` ({self.relative_attention_num_buckets}) must be >= 4 and "
+                f"`relative_attention_max_distance` ({self.relative_attention_max_distance}) must exceed the {exact} "
+                "exactly-bucketed distances."
+            )
         if self.share_encoder_decoder_embeddings and self.decoder_vocab_size != self.vocab_size:
             raise ValueError(
                 f"`decoder_vocab_size` ({self.decoder_vocab_size}) must equal `vocab_size` ({self.vocab_size}) when "

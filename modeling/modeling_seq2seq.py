@@ -44,6 +44,7 @@ from .configuration_seq2seq import Seq2SeqConfig
 from .hub_mixin import HubMixin
 from .losses import causal_lm_loss, chunked_causal_lm_loss
 from .normalization import NORMS
+from .relative_bias import RelativePositionBias
 from .sinusoidal import SinusoidalPositionalEmbedding, sinusoid_table
 
 IGNORE_INDEX = -100
@@ -258,6 +259,18 @@ def make_position_embedding(config: Seq2SeqConfig) -> nn.Module | None:
     return None
 
 
+def make_position_bias(config: Seq2SeqConfig, side: str) -> RelativePositionBias | None:
+    """T5's relative bias, one per stack: bidirectional in the encoder, causal in the decoder; else None."""
+    if config.position_embedding_type != "relative_bias":
+        return None
+    return RelativePositionBias(
+        getattr(config, f"{side}_attention_heads"),
+        num_buckets=config.relative_attention_num_buckets,
+        max_distance=config.relative_attention_max_distance,
+        bidirectional=side == "encoder",
+    )
+
+
 def make_final_norm(config: Seq2SeqConfig) -> nn.Module:
     """Pre-norm and sandwich stacks end with a norm (mBART's `layer_norm`); post-norm stacks already did."""
     if config.norm_position == "post":
@@ -277,7 +290,7 @@ class Seq2SeqEncoder(nn.Module):
         self.dropout = nn.Dropout(config.dropout)
         self.layers = nn.ModuleList([Seq2SeqEncoderLayer(config, i) for i in range(config.encoder_layers)])
         self.layer_norm = make_final_norm(config)
-        self.position_bias = None  # T5's relative bias: an additive (1, H, T, T) score bias, or None
+        self.position_bias = make_position_bias(config, "encoder")  # (1, H, T, T) added to the scores, or None
         self.gradient_checkpointing = False
 
     def forward(
@@ -341,7 +354,7 @@ class Seq2SeqDecoder(nn.Module):
         self.dropout = nn.Dropout(config.dropout)
         self.layers = nn.ModuleList([Seq2SeqDecoderLayer(config, i) for i in range(config.decoder_layers)])
         self.layer_norm = make_final_norm(config)
-        self.position_bias = None
+        self.position_bias = make_position_bias(config, "decoder")  # self-attention only, as T5
         self.gradient_checkpointing = False
 
     def forward(

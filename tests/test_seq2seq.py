@@ -39,6 +39,11 @@ CATALOGUE = {
         norm_position="sandwich", share_encoder_decoder_embeddings=False, tie_word_embeddings=False,
         decoder_vocab_size=45, position_embedding_type="none", attention_bias=False, mlp_bias=False,
     ),
+    "t5_style": dict(
+        norm_position="pre", norm_type="rms_norm", mlp_type="gated", activation_function="gelu_new",
+        position_embedding_type="relative_bias", relative_attention_num_buckets=8, relative_attention_max_distance=16,
+        scale_embedding=False, attention_bias=False, mlp_bias=False, decoder_key_value_heads=2,
+    ),
 }
 
 
@@ -81,6 +86,8 @@ def marian_pair() -> tuple[MarianMTModel, Seq2SeqForConditionalGeneration]:
         (dict(activation_dropout=1.0), "`activation_dropout` must be a probability"),
         (dict(decoder_vocab_size=50), "`decoder_vocab_size` \\(50\\) must equal `vocab_size`"),
         (dict(activation_function="relu7"), "`activation_function`"),
+        (dict(position_embedding_type="rotary"), "'sinusoidal', 'learned', 'relative_bias', 'none'"),
+        (dict(position_embedding_type="relative_bias", relative_attention_max_distance=4), "must exceed"),
     ],
 )
 def test_bad_config_values_fail_at_construction(overrides, message):
@@ -178,6 +185,17 @@ def test_target_is_causal(name):
         b = model(input_ids=source, attention_mask=mask, decoder_input_ids=changed).logits
     torch.testing.assert_close(a[:, :4], b[:, :4])
     assert not torch.allclose(a[:, 4:], b[:, 4:])
+
+
+@pytest.mark.parametrize("kind, order_matters", [("none", False), ("relative_bias", True), ("learned", True)])
+def test_position_information_reaches_the_encoder(kind, order_matters):
+    """Without positions the encoder is permutation-equivariant; T5's bias (or a table) breaks the symmetry."""
+    model = tiny(**{**CATALOGUE["t5_style"], "position_embedding_type": kind})
+    source = torch.randint(3, 45, (1, 8))
+    with torch.no_grad():
+        forward = model.get_encoder()(input_ids=source).last_hidden_state
+        backward = model.get_encoder()(input_ids=source.flip(1)).last_hidden_state.flip(1)
+    assert torch.allclose(forward, backward, atol=1e-5) != order_matters
 
 
 # ---- cache, kernels --------------------------------------------------------------------------------------------
