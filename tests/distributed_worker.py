@@ -1,0 +1,226 @@
+"""The program `tests/test_distributed.py` launches with 2 CPU processes (gloo) under `torchrun` or `accelerate launch`.
+
+Sub-commands (rank 0 writes a JSON result to `--out`):
+
+- `trainer MODEL_DIR`: a minimal `Trainer` run on a fixed toy data set with `--global_batch` rows per optimizer step
+  split over the processes; records the loss of every step. Run as a plain process it is the 1-process reference.
+  Under `accelerate launch --config_file` the launcher's config applies.
+- `sharded MODEL_DIR ...`: loads each model twice in every rank, plain and sharded with transformers' native
+  parallelism (`tp_plan="auto"` for tensor parallelism, `DistributedConfig(ep_size=2)` for an expert-parallel
+  plan, `DistributedConfig(fsdp_size=2)` for FSDP2 training), and records the largest difference to the plain model.
+- `deepspeed MODEL_DIR --deepspeed CONFIG.json`: DeepSpeed ZeRO training steps vs. the same steps in one process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from types import SimpleNamespace
+
+import torch
+import torch.distributed as dist
+from datasets import Dataset
+from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM, Trainer, TrainerCallback, TrainingArguments
+from transformers.distributed import DistributedConfig
+
+import archlab  # noqa: F401  (registers the Auto classes)
+
+SEQ_LEN = 16
+LR = 1e-2
+
+
+def toy_rows(n: int, vocab: int, seed: int = 0) -> list[dict[str, list[int]]]:
+    """Counting sequences of ragged length, right-padded: ranks see different token counts per step, so the loss
+    is only right if the token count is summed across processes (`num_items_in_batch`)."""
+    g = torch.Generator().manual_seed(seed)
+    rows = []
+    for _ in range(n):
+        length = int(torch.randint(4, SEQ_LEN + 1, (1,), generator=g))
+        start = int(torch.randint(3, vocab - SEQ_LEN, (1,), generator=g))
+        ids = list(range(start, start + length)) + [0] * (SEQ_LEN - length)
+        rows.append({
+            "input_ids": ids,
+            "labels": ids[:length] + [-100] * (SEQ_LEN - length),
+            "attention_mask": [1] * length + [0] * (SEQ_LEN - length),
+        })
+    return rows
+
+
+class _RecordLoss(TrainerCallback):
+    def __init__(self) -> None:
+        self.losses: list[float] = []
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if logs and "loss" in logs:
+            self.losses.append(float(logs["loss"]))
+
+
+def run_trainer(args: argparse.Namespace) -> dict:
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if args.global_batch % world:
+        raise ValueError(f"--global_batch {args.global_batch} is not divisible by WORLD_SIZE {world}.")
+    model = AutoModelForCausalLM.from_pretrained(args.models[0])
+    data = Dataset.from_list(toy_rows(args.global_batch * args.steps, model.config.vocab_size))
+    training_args = TrainingArguments(
+        output_dir=args.output_dir,
+        per_device_train_batch_size=args.global_batch // world,
+        max_steps=args.steps,
+        learning_rate=3e-3,
+        lr_scheduler_type="constant",
+        train_sampling_strategy="sequential",
+        logging_steps=1,
+        report_to=[],
+        save_strategy="no",
+        use_cpu=True,
+        disable_tqdm=True,
+        seed=0,
+    )
+    recorder = _RecordLoss()
+    trainer = Trainer(model=model, args=training_args, train_dataset=data, callbacks=[recorder])
+    trainer.train()
+    return {"losses": recorder.losses, "world_size": world, "distributed_type": str(trainer.accelerator.distributed_type)}
+
+
+def _max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
+    if hasattr(a, "full_tensor"):
+        a = a.full_tensor()
+    return (a.float() - b.float()).abs().max().item()
+
+
+def _inputs(config, rows: int = 2, length: int = 10) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(3, config.vocab_size, (rows, length), generator=g)
+    mask = torch.ones_like(ids)
+    mask[0, :3] = 0  # one left-padded row
+    inputs = {"input_ids": ids, "attention_mask": mask}
+    if config.is_encoder_decoder:
+        inputs["decoder_input_ids"] = torch.randint(3, config.vocab_size, (rows, 7), generator=g)
+    return inputs
+
+
+def run_sharded(args: argparse.Namespace) -> dict:
+    results = {}
+    for path in args.models:
+        config = AutoConfig.from_pretrained(path)
+        auto = AutoModelForSeq2SeqLM if config.is_encoder_decoder else AutoModelForCausalLM
+        plain = auto.from_pretrained(path).eval()
+        inputs = _inputs(config)
+        with torch.no_grad():
+            reference = plain(**inputs).logits
+        entry = {}
+        # Tensor parallelism: every plan entry shards a weight across the 2 ranks.
+        tp = auto.from_pretrained(path, distributed_config=DistributedConfig(tp_size=2)).eval()
+        entry["tp_sharded"] = any(hasattr(p, "placements") and "Shard" in str(p.placements) for p in tp.parameters())
+        with torch.no_grad():
+            entry["tp_logits"] = _max_diff(tp(**inputs).logits, reference)
+        if not config.is_encoder_decoder:
+            gen_kwargs = dict(max_new_tokens=6, do_sample=False, pad_token_id=config.pad_token_id)
+            expected = plain.generate(**inputs, **gen_kwargs)
+            entry["tp_generate_equal"] = bool(torch.equal(tp.generate(**inputs, **gen_kwargs), expected))
+        del tp
+        if getattr(config, "base_model_ep_plan", None) and getattr(config, "num_local_experts", 0) > 1:
+            ep = auto.from_pretrained(path, distributed_config=DistributedConfig(ep_size=2, fsdp_size=2)).eval()
+            with torch.no_grad():
+                entry["ep_logits"] = _max_diff(ep(**inputs).logits, reference)
+            del ep
+        entry["fsdp_losses"], entry["reference_losses"] = _fsdp_vs_plain(auto, path, inputs)
+        results[os.path.basename(os.path.normpath(path))] = entry
+    return results
+
+
+def _labels(inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+    if "decoder_input_ids" in inputs:
+        return inputs["decoder_input_ids"]
+    return inputs["input_ids"].masked_fill(inputs["attention_mask"] == 0, -100)
+
+
+def _train_curve(model, optimizer, inputs: dict[str, torch.Tensor], sharded: bool, steps: int = 3, backward=None,
+                 step=None) -> list[float]:
+    """AdamW steps on the same global batch: one row per rank when `sharded`, both rows in one process otherwise.
+    The rows have different token counts, so each rank's loss is summed and divided by the global count (as the
+    Trainer does with `num_items_in_batch`) and multiplied by the world size, since the engines average gradients."""
+    world = dist.get_world_size() if sharded else 1
+    rows = slice(dist.get_rank(), dist.get_rank() + 1) if sharded else slice(None)
+    labels = _labels(inputs)
+    items = (labels != -100).sum()
+    losses = []
+    for _ in range(steps):
+        loss = model(**{k: v[rows] for k, v in inputs.items()}, labels=labels[rows], num_items_in_batch=items).loss
+        (backward or torch.Tensor.backward)(loss * world)
+        if step is None:
+            optimizer.step()
+            optimizer.zero_grad()
+        else:
+            step()
+        value = loss.detach().clone()
+        if sharded:
+            dist.all_reduce(value)
+        losses.append(value.item())
+    return losses
+
+
+def _fsdp_vs_plain(auto, path: str, inputs: dict[str, torch.Tensor]) -> tuple[list, list]:
+    curves = []
+    for sharded in (True, False):
+        kwargs = {"distributed_config": DistributedConfig(fsdp_size=2)} if sharded else {}
+        model = auto.from_pretrained(path, **kwargs).train()
+        curves.append(_train_curve(model, torch.optim.AdamW(model.parameters(), lr=LR), inputs, sharded))
+    return curves[0], curves[1]
+
+
+def run_deepspeed(args: argparse.Namespace) -> dict:
+    """ZeRO with DeepSpeed's own engine on CPU (`DS_ACCELERATOR=cpu`, gloo), its "auto" fields filled by
+    transformers' `HfTrainerDeepSpeedConfig` exactly as the Trainer fills them on GPUs."""
+    import deepspeed
+    from transformers.integrations.deepspeed import HfTrainerDeepSpeedConfig
+
+    path = args.models[0]
+    config = AutoConfig.from_pretrained(path)
+    inputs = _inputs(config)
+    world = int(os.environ["WORLD_SIZE"])
+    hf_args = SimpleNamespace(
+        world_size=world, per_device_train_batch_size=1, gradient_accumulation_steps=1, max_grad_norm=0.0,
+        learning_rate=LR, adam_beta1=0.9, adam_beta2=0.999, adam_epsilon=1e-8, weight_decay=0.01,
+        save_on_each_node=False, fp16=False, fp16_full_eval=False, bf16=False, bf16_full_eval=False,
+        get_warmup_steps=lambda steps: 0,
+    )
+    # the reference first: once an HfDeepSpeedConfig with ZeRO-3 exists, `from_pretrained` loads partitioned
+    plain = AutoModelForCausalLM.from_pretrained(path).train()
+    reference = _train_curve(plain, torch.optim.AdamW(plain.parameters(), lr=LR, weight_decay=0.01), inputs, False)
+    model = AutoModelForCausalLM.from_pretrained(path).train()
+    ds_config = HfTrainerDeepSpeedConfig(args.deepspeed)
+    ds_config.trainer_config_process(hf_args)
+    ds_config.trainer_config_finalize(hf_args, model, num_training_steps=3)
+    ds_config.config["optimizer"] = {"type": "AdamW", "params": {"lr": LR, "weight_decay": 0.01, "torch_adam": True}}
+    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=ds_config.config)
+    partitioned = [n for n, p in engine.module.named_parameters() if p.numel() == 0 and getattr(p, "ds_numel", 0)]
+    sharded = _train_curve(engine, None, inputs, True, backward=engine.backward, step=engine.step)
+    return {"stage": ds_config.config["zero_optimization"]["stage"], "partitioned": partitioned,
+            "losses": sharded, "reference_losses": reference}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("command", choices=list(COMMANDS))
+    parser.add_argument("models", nargs="+")
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--output_dir", default=None)
+    parser.add_argument("--global_batch", type=int, default=4)
+    parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--deepspeed", default=None)
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    result = COMMANDS[args.command](args)
+    if int(os.environ.get("RANK", "0")) == 0:
+        with open(args.out, "w", encoding="utf-8") as f:
+            json.dump(result, f)
+    if dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+
+
+COMMANDS = {"trainer": run_trainer, "sharded": run_sharded, "deepspeed": run_deepspeed}
+
+if __name__ == "__main__":
+    main()
