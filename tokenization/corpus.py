@@ -5,7 +5,8 @@ Every machine that runs archlab has them (`sysconfig.get_paths()["stdlib"]`), th
 
 - `stdlib_documents`: one document per `.py` file (`{"text", "path"}`), the pretraining corpus;
 - `code_docstring_pairs`: a real seq2seq task extracted with `ast` -- a function's code (docstring removed) ->
-  the first sentence of its docstring (`{"code", "docstring", "name", "path"}`).
+  the first sentence of its docstring (`{"code", "docstring", "name", "path"}`);
+- `instruction_examples`: the same pairs the other way round as chat turns, for instruction tuning.
 
 The train/validation split is by file (a stable hash of the relative path), so no file -- and no function -- is in
 both splits, and the split is the same on every machine and Python version that has the same files.
@@ -131,4 +132,12 @@ def code_docstring_pairs(
                 yield {**pair, "path": path.relative_to(root).as_posix()}
 
 
-__all__ = ["SPLITS", "code_docstring_pairs", "first_sentence", "stdlib_documents", "stdlib_files", "stdlib_root"]
+def instruction_examples(split: str | None = None, validation_fraction: float = 0.05, max_code_chars: int = 600):
+    """Chat-format instruction data from the same pairs: the user asks for a function by name and docstring
+    sentence, the assistant answers with its code (`{"messages": [user, assistant]}`)."""
+    for pair in code_docstring_pairs(split, validation_fraction, max_code_chars=max_code_chars):
+        request = f"Write a Python function `{pair['name']}`: {pair['docstring']}"
+        yield {"messages": [{"role": "user", "content": request}, {"role": "assistant", "content": pair["code"]}]}
+
+
+__all__ = ["SPLITS", "code_docstring_pairs", "instruction_examples", "first_sentence", "stdlib_documents", "stdlib_files", "stdlib_root"]
