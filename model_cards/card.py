@@ -193,7 +193,9 @@ def write_model_card(
     config = read_config(folder)
     architecture = (config.get("architectures") or ["DecoderModel"])[0]
     pipeline_tag = pipeline_tag or pipeline_tag_for(architecture)
-    model_id = model_id or folder.resolve().name
+    # a hidden folder is a staging folder inside the real output folder (as the training scripts write)
+    model_id = model_id or next(part for part in (folder.resolve(), *folder.resolve().parents)
+                                if not part.name.startswith(".")).name
     datasets = [datasets] if isinstance(datasets, str) else list(datasets or [])
     summary = training_summary(folder, trainer_state, training_args)
     counts = parameter_counts(folder, config)

@@ -59,6 +59,9 @@ HYPERPARAMETERS = (
     "seed",
 )
 
+# Trainer metrics about speed, not quality
+_TIMING_KEYS = ("_runtime", "_samples_per_second", "_steps_per_second", "_preparation_time", "_flos")
+
 _FFN_NAMES = {("gated", "silu"): "SwiGLU", ("gated", "swish"): "SwiGLU", ("gated", "gelu"): "GeGLU"}
 
 
@@ -261,7 +264,10 @@ def training_summary(folder: Path, trainer_state: Any = None, training_args: Any
         args = _as_dict(folder / "training_args.json")
     summary: dict[str, Any] = {"hyperparameters": [], "results": [], "losses": [], "eval_metrics": {}}
     if args:
-        summary["hyperparameters"] = [(k, args[k]) for k in HYPERPARAMETERS if args.get(k) not in (None, "", -1)]
+        skip = {"num_train_epochs"} if (args.get("max_steps") or -1) > 0 else set()  # max_steps overrides epochs
+        summary["hyperparameters"] = [
+            (k, args[k]) for k in HYPERPARAMETERS if k not in skip and args.get(k) not in (None, "", -1)
+        ]
     if state:
         history = state.get("log_history") or []
         summary["losses"] = [(entry["step"], entry["loss"]) for entry in history if "loss" in entry and "step" in entry]
@@ -270,11 +276,10 @@ def training_summary(folder: Path, trainer_state: Any = None, training_args: Any
             summary["eval_metrics"] = {
                 key[len("eval_") :]: value
                 for key, value in evals[-1].items()
-                if key.startswith("eval_") and isinstance(value, (int, float)) and not key.endswith(
-                    ("_runtime", "_samples_per_second", "_steps_per_second")
-                )
+                if key.startswith("eval_") and isinstance(value, (int, float)) and not key.endswith(_TIMING_KEYS)
             }
-        results = [("steps", state.get("global_step")), ("epochs", state.get("epoch"))]
+        epoch = state.get("epoch")
+        results = [("steps", state.get("global_step")), ("epochs", round(epoch, 4) if epoch is not None else None)]
         if state.get("train_batch_size"):
             results.append(("train batch size (per device)", state["train_batch_size"]))
         if state.get("num_input_tokens_seen"):

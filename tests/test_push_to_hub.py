@@ -9,6 +9,7 @@ import os
 import re
 import subprocess
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -53,6 +54,17 @@ def trained(tmp_path) -> tuple[Path, DecoderForCausalLM]:
     return folder, model
 
 
+@contextmanager
+def one_thread():
+    """The isolated interpreter runs with one thread; so does the in-process reference (bit-identical sums)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
 def _files(folder: Path) -> dict[str, bytes]:
     return {path.name: path.read_bytes() for path in sorted(folder.iterdir())}
 
@@ -88,7 +100,7 @@ def test_dry_run_loads_without_archlab_and_its_usage_snippet_runs(trained, tmp_p
     upload = tmp_path / "upload"
     assert _dry_run(folder, upload) == 0
     ids = torch.tensor([[1, 4, 11, 16, 17, 18]])
-    with torch.no_grad():
+    with torch.no_grad(), one_thread():
         save_file({"ids": ids, "logits": model(ids).logits}, tmp_path / "expected.safetensors")
     snippet = re.search(r"```python\n(.*?)```", (upload / "README.md").read_text(), re.S).group(1)
     assert f'"{REPO}"' in snippet
@@ -242,3 +254,43 @@ def test_unreachable_hub_fails_fast_and_leaves_nothing(trained, tmp_path):
     assert result.returncode == 2, result.stderr
     assert "Cannot reach the Hub at http://127.0.0.1:9" in result.stderr
     assert os.listdir(scratch) == []
+
+
+@pytest.mark.slow  # a short training run and a fresh interpreter
+def test_pretrain_output_pushes_and_loads_anywhere(tmp_path):
+    """scripts/pretrain.py writes model, tokenizer, logs and card; the dry run of its folder loads without archlab."""
+    from archlab.scripts import pretrain
+
+    corpus = tmp_path / "train.txt"
+    corpus.write_text("".join(f"def f{i}(x):\n    return x + {i}\n\n" for i in range(200)))
+    run = tmp_path / "run"
+    pretrain.main([
+        "--train_file", str(corpus), "--sample_by", "paragraph", "--tokenizer_vocab_size", "300",
+        "--config_overrides", "hidden_size=32,intermediate_size=64,num_hidden_layers=2,num_attention_heads=4,"
+        "num_key_value_heads=2", "--block_size", "32", "--max_steps", "3", "--per_device_train_batch_size", "4",
+        "--logging_steps", "1", "--output_dir", str(run), "--report_to", "none", "--save_strategy", "no",
+    ])
+    upload = tmp_path / "upload"
+    assert push_to_hub.main([str(run), REPO, "--dry-run", str(upload)]) == 0
+    names = set(os.listdir(upload))
+    assert {"README.md", "model.safetensors", "tokenizer.json", "trainer_state.json", "loss_curve.png"} <= names
+    card = (upload / "README.md").read_text()
+    assert "| learning_rate |" in card and "| final training loss |" in card and "train.txt" in card
+    snippet = re.search(r"```python\n(.*?)```", card, re.S).group(1).replace(f'"{REPO}"', repr(str(upload)))
+    assert "AutoTokenizer.from_pretrained(model_id)" in snippet
+    ids = torch.tensor([[1, 5, 9, 12]])
+    with torch.no_grad(), one_thread():
+        expected = push_to_hub.transformers.AutoModelForCausalLM.from_pretrained(upload).eval()(ids).logits
+    save_file({"ids": ids, "logits": expected}, tmp_path / "expected.safetensors")
+    code = f"""
+import torch
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM
+expected = load_file({str(tmp_path / "expected.safetensors")!r})
+model = AutoModelForCausalLM.from_pretrained({str(upload)!r}, trust_remote_code=True).eval()
+with torch.no_grad():
+    assert torch.equal(model(expected["ids"]).logits, expected["logits"])
+{snippet}
+print("SNIPPET-DONE")
+"""
+    assert "SNIPPET-DONE" in check(run_without_archlab(code, tmp_path / "isolated"))
