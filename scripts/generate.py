@@ -49,6 +49,8 @@ def check(args: GenerateArguments) -> None:
         raise ValueError(f"--temperature must be > 0 when sampling, got {args.temperature}.")
     if args.do_sample and args.num_beams > 1:
         raise ValueError("Conflicting flags: --num_beams > 1 is beam search; pass --do_sample false with it.")
+    if args.stream and args.num_beams > 1:
+        raise ValueError("Conflicting flags: beam search (--num_beams > 1) cannot stream; pass --stream false.")
 
 
 def main(argv: Sequence[str] | None = None) -> str:
