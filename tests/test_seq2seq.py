@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from transformers import AutoModelForSeq2SeqLM, MarianConfig, MarianMTModel, Seq2SeqTrainer, Seq2SeqTrainingArguments
 
-from archlab import Seq2SeqConfig, Seq2SeqForConditionalGeneration
+from archlab import Seq2SeqConfig, Seq2SeqForConditionalGeneration, translate
 from archlab.modeling.modeling_seq2seq import shift_tokens_right
 
 PAD, EOS, START = 0, 2, 1
@@ -319,6 +319,34 @@ def test_save_and_load_roundtrip(name, tmp_path):
     assert (loaded.lm_head.weight is loaded.model.decoder.embed_tokens.weight) == loaded.config.tie_word_embeddings
 
 
+# ---- translate helper ------------------------------------------------------------------------------------------
+
+
+def digit_tokenizer():
+    """Word-level tokenizer over the digits 0-9 (ids 3..12) with <pad>=0, <s>=1, </s>=2."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<pad>": PAD, "<s>": START, "</s>": EOS, **{str(d): d + 3 for d in range(10)}}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<pad>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, pad_token="<pad>", bos_token="<s>", eos_token="</s>")
+
+
+def test_translate_batches_in_order_and_matches_generate():
+    model = tiny(vocab_size=16, init_std=1.0)  # large weights: outputs depend on the input even untrained
+    tokenizer = digit_tokenizer()
+    texts = ["1 2 3", "4 5 6 7 8 9", "0", "9 9 1 2"]
+    out = translate(texts, model, tokenizer, batch_size=3, num_beams=2, max_new_tokens=5)
+    expected = []
+    for text in texts:  # one at a time, no padding
+        ids = tokenizer(text, return_tensors="pt")["input_ids"]
+        generated = model.generate(input_ids=ids, num_beams=2, max_new_tokens=5)
+        expected.append(tokenizer.decode(generated[0], skip_special_tokens=True))
+    assert out == expected and len(set(out)) > 1
+    assert translate("1 2 3", model, tokenizer, num_beams=2, max_new_tokens=5) == out[:1]
+
+
 # ---- learning ----------------------------------------------------------------------------------------------------
 
 
@@ -356,6 +384,8 @@ def test_learns_to_reverse_sequences():
         torch.set_num_threads(threads)
     accuracy = (out[:, 1:10] == labels).all(1).float().mean().item()
     assert accuracy >= 0.9, (loss.item(), accuracy)
+    assert translate(["0 1 2 3 4 5 6 7", "9 9 8 1 5 5 3 2"], model, digit_tokenizer(), max_new_tokens=9) == [
+        "7 6 5 4 3 2 1 0", "2 3 5 5 1 8 9 9"]
 
 
 # ---- checkpoint conversion ---------------------------------------------------------------------------------------

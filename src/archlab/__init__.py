@@ -17,6 +17,7 @@ from .modeling import (
     Seq2SeqModel,
     Seq2SeqPreTrainedModel,
 )
+from .text2text import translate
 
 register_all()
 
@@ -33,4 +34,5 @@ __all__ = [
     "Seq2SeqModel",
     "Seq2SeqForConditionalGeneration",
     "EncoderForMaskedLM",
+    "translate",
 ]
