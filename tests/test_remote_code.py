@@ -29,10 +29,28 @@ from isolated import check, run_without_archlab
 MODELING = Path(archlab.modeling.__file__).resolve().parent
 ALLOWED_TOP_LEVEL = {"torch", "transformers", "huggingface_hub", "__future__"} | set(sys.stdlib_module_names)
 
-# extra decoder configurations whose code paths live in other sibling files; applied when the config has the field
+# (model class, overrides): catalogue variants whose code lives in other sibling files or branches
 VARIANTS = {
-    "moe": dict(num_local_experts=4, num_experts_per_tok=2),
-    "catalogue": dict(norm_type="layer_norm", mlp_type="plain", hidden_act="gelu", position_embedding_type="alibi"),
+    "moe": ("DecoderForCausalLM", dict(num_local_experts=4, num_experts_per_tok=2)),
+    "moe-shared-expert": ("DecoderForCausalLM", dict(
+        num_local_experts=4, num_experts_per_tok=2, shared_expert_intermediate_size=16,
+        mlp_layer_types=["dense", "sparse"],
+    )),
+    "layernorm-gelu-alibi": ("DecoderForCausalLM", dict(
+        norm_type="layer_norm", mlp_type="plain", hidden_act="gelu", position_embedding_type="alibi",
+    )),
+    "parallel-relative-qknorm": ("DecoderForCausalLM", dict(
+        norm_position="parallel", position_embedding_type="relative_bias", use_qk_norm=True,
+    )),
+    "sandwich-window-softcap": ("DecoderForCausalLM", dict(
+        norm_position="sandwich", norm_type="offset_rms_norm", sliding_window=4,
+        layer_types=["sliding_attention", "full_attention"], attn_logit_softcapping=50.0,
+        final_logit_softcapping=30.0,
+    )),
+    "seq2seq-pre-gated-relative": ("Seq2SeqForConditionalGeneration", dict(
+        norm_position="pre", norm_type="rms_norm", mlp_type="gated", activation_function="silu",
+        position_embedding_type="relative_bias",
+    )),
 }
 
 
@@ -57,24 +75,15 @@ def tiny_config(config_class: type, **overrides):
     pytest.fail(f"tests/conftest.py needs `tiny_{family}_config` so {config_class.__name__} models are export-tested")
 
 
-def _supports(config_class: type, overrides: dict) -> bool:
-    try:
-        config = tiny_config(config_class, **overrides)
-    except (TypeError, ValueError):
-        return False
-    return all(getattr(config, key, None) == value for key, value in overrides.items())
-
-
 def _cases() -> list:
     cases = [
         pytest.param(auto.__name__, config_class, model_class, {}, id=model_class.__name__)
         for auto, config_class, model_class in registration.MODEL_REGISTRY
     ]
-    decoder = [entry for entry in registration.MODEL_REGISTRY if entry[2].__name__ == "DecoderForCausalLM"]
-    for name, overrides in VARIANTS.items():
-        for auto, config_class, model_class in decoder:
-            if _supports(config_class, overrides):
-                cases.append(pytest.param(auto.__name__, config_class, model_class, overrides, id=f"{name}"))
+    by_name = {entry[2].__name__: entry for entry in registration.MODEL_REGISTRY}
+    for name, (class_name, overrides) in VARIANTS.items():
+        auto, config_class, model_class = by_name[class_name]
+        cases.append(pytest.param(auto.__name__, config_class, model_class, overrides, id=name))
     return cases
 
 
