@@ -179,3 +179,11 @@ def test_usage_snippet_runs_for_every_head_without_archlab(tmp_path):
     code = "\n".join(f"exec({snippet!r}, {{}})\nprint('SNIPPET-DONE')" for snippet in snippets)
     out = check(run_without_archlab(code, tmp_path / "isolated"))
     assert out.count("SNIPPET-DONE") == len(snippets)
+
+
+def test_parameter_counts_of_a_sharded_checkpoint(tmp_path):
+    model = DecoderForCausalLM(tiny_decoder_config())
+    model.save_pretrained(tmp_path / "m", max_shard_size="20KB")
+    assert (tmp_path / "m" / "model.safetensors.index.json").is_file()
+    text = write_model_card(tmp_path / "m").read_text()
+    assert _count(text, "in total") == sum(p.numel() for p in model.parameters())
