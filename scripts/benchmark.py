@@ -164,7 +164,8 @@ def run_dense(args: argparse.Namespace) -> Report:
 
 SUITES: dict[str, Callable[[argparse.Namespace], Report]] = {"dense": run_dense}
 # Suites that live in their own module expose `run(args) -> Report`; they are imported only when asked for.
-EXTERNAL_SUITES = {"moe": "benchmark_moe", "seq2seq": "benchmark_seq2seq", "compile": "benchmark_compile"}
+EXTERNAL_SUITES = {"moe": "benchmark_moe", "seq2seq": "benchmark_seq2seq", "compile": "benchmark_compile",
+                   "variants": "benchmark_variants"}
 
 
 def resolve_suite(name: str) -> Callable[[argparse.Namespace], Report]:
