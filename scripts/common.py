@@ -53,8 +53,8 @@ MODEL_KINDS: dict[str, ModelKind] = {
 }
 CLASSIFICATION_AUTO_CLASS = AutoModelForSequenceClassification
 
-# The model the README's one command trains when no preset or config is given: ~3.4M parameters of LLaMA recipe
-# (pre-RMSNorm, RoPE, GQA, SwiGLU) that learns visible Python in a few CPU minutes.
+# The model the README's one command trains when no preset or config is given: ~4M parameters (with a 4096-token
+# vocabulary) of LLaMA recipe -- pre-RMSNorm, RoPE, GQA, SwiGLU -- that learns visible Python in a few CPU minutes.
 DEFAULT_ARCHITECTURES: dict[str, dict[str, Any]] = {
     "decoder": dict(
         hidden_size=256,
@@ -103,7 +103,7 @@ class ModelArguments:
     tokenizer_algorithm: str | None = field(
         default=None, metadata={"help": "bpe | wordpiece | unigram (default: bpe, wordpiece for masked_lm)."}
     )
-    tokenizer_vocab_size: int | None = field(default=None, metadata={"help": "Vocabulary size to train (8192)."})
+    tokenizer_vocab_size: int | None = field(default=None, metadata={"help": "Vocabulary size to train (4096)."})
     tokenizer_train_samples: int | None = field(
         default=None, metadata={"help": "Train the tokenizer on at most this many training documents."}
     )
@@ -236,13 +236,13 @@ def parse_overrides(text: str | None) -> dict[str, Any]:
     return values
 
 
-def preset_values(name: str) -> dict[str, Any]:
-    """The config fields of a named preset from `archlab.configuration` (written by the catalogue work)."""
-    try:
-        from archlab.configuration import presets
-    except ImportError:
-        raise ValueError("--preset needs archlab.configuration.presets, which this install lacks.") from None
-    return dict(presets.preset_values(name))
+def preset_values(name: str, kind: str) -> dict[str, Any]:
+    """The config fields of a named decoder preset (`archlab.configuration.presets`)."""
+    from archlab.configuration.presets import preset_kwargs
+
+    if kind != "decoder":
+        raise ValueError(f"Conflicting flags: --preset names decoder shapes; --model_kind {kind} takes --config_name.")
+    return preset_kwargs(name)
 
 
 def build_config(model_args: ModelArguments, tokenizer: Any, block_size: int | None, num_labels: int | None = None):
@@ -253,7 +253,8 @@ def build_config(model_args: ModelArguments, tokenizer: Any, block_size: int | N
         config = AutoConfig.from_pretrained(model_args.model_name_or_path)
     else:
         if model_args.preset:
-            values = preset_values(model_args.preset)
+            values = preset_values(model_args.preset, model_args.model_kind)
+            values.pop("vocab_size", None)  # a preset is a shape: the vocabulary is the tokenizer's
         elif model_args.config_name:
             path = model_args.config_name
             path = os.path.join(path, "config.json") if os.path.isdir(path) else path
@@ -264,7 +265,7 @@ def build_config(model_args: ModelArguments, tokenizer: Any, block_size: int | N
         else:
             values = dict(DEFAULT_ARCHITECTURES[model_args.model_kind])
         overrides = parse_overrides(model_args.config_overrides)
-        user_set = set(overrides) | (set(values) if (model_args.preset or model_args.config_name) else set())
+        user_set = set(overrides) | (set(values) if model_args.config_name else set())
         values.update(overrides)
         if "vocab_size" not in user_set:
             values["vocab_size"] = len(tokenizer)

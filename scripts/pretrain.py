@@ -58,9 +58,10 @@ class PretrainTrainingArguments(ArchlabTrainingArguments):
     """`TrainingArguments` with defaults for the README's few-minute CPU run."""
 
     output_dir: str | None = field(default="runs/pretrain", metadata={"help": "Where checkpoints and the model go."})
-    max_steps: int = field(default=600, metadata={"help": "Optimizer steps (overrides num_train_epochs)."})
-    per_device_train_batch_size: int = field(default=16, metadata={"help": "Blocks per step."})
+    max_steps: int = field(default=400, metadata={"help": "Optimizer steps (overrides num_train_epochs)."})
+    per_device_train_batch_size: int = field(default=8, metadata={"help": "Blocks per step."})
     per_device_eval_batch_size: int = field(default=16, metadata={"help": "Blocks per evaluation step."})
+    dataloader_pin_memory: bool = field(default=False, metadata={"help": "Pin memory (only useful on a GPU)."})
     learning_rate: float = field(default=2e-3, metadata={"help": "Peak AdamW learning rate."})
     lr_scheduler_type: str = field(default="cosine", metadata={"help": "Learning-rate schedule."})
     warmup_steps: float = field(default=30, metadata={"help": "Linear warm-up steps (or a fraction < 1)."})
@@ -89,7 +90,7 @@ def get_tokenizer(model_args: ModelArguments, train_split: Any, text_column: str
         source,
         model_kind=model_args.model_kind,
         algorithm=model_args.tokenizer_algorithm,
-        vocab_size=model_args.tokenizer_vocab_size or 8192,
+        vocab_size=model_args.tokenizer_vocab_size or 4096,
         text_column=text_column,
         model_max_length=block_size,
     )

@@ -169,3 +169,21 @@ def test_resume_after_sigkill_ends_where_an_uninterrupted_run_ends(tmp_path: Pat
         torch.testing.assert_close(resumed[name], uninterrupted[name], atol=1e-6, rtol=1e-5)
     reference_metrics = json.loads((reference / "all_results.json").read_text())
     assert metrics["eval_loss"] == pytest.approx(reference_metrics["eval_loss"], abs=1e-6)
+
+
+def test_config_from_preset_json_and_overrides(tmp_path: Path, data_dir: Path) -> None:
+    from archlab.scripts.common import ModelArguments, build_config
+    from archlab.tokenization.training import load_tokenizer
+
+    tokenizer = load_tokenizer(data_dir / "tokenizer")
+    config = build_config(ModelArguments(preset="tiny", config_overrides="num_hidden_layers=2"), tokenizer, 64)
+    assert (config.hidden_size, config.num_hidden_layers, config.vocab_size) == (128, 2, len(tokenizer))
+    assert (config.pad_token_id, config.bos_token_id, config.eos_token_id) == (0, 1, 2)
+    path = tmp_path / "config.json"
+    config.to_json_file(path)
+    again = build_config(ModelArguments(config_name=str(path)), tokenizer, 64)
+    assert again.to_dict() == config.to_dict()
+    with pytest.raises(ValueError, match="Unknown preset 'huge'"):
+        build_config(ModelArguments(preset="huge"), tokenizer, 64)
+    with pytest.raises(ValueError, match="not of the form key=value"):
+        build_config(ModelArguments(config_overrides="hidden_size"), tokenizer, 64)
