@@ -388,8 +388,6 @@ class Seq2SeqDecoder(nn.Module):
             hidden_states = hidden_states + self.embed_positions(positions)
         hidden_states = self.dropout(hidden_states)
 
-        if attention_mask is None and past > 0:
-            attention_mask = torch.ones(inputs_embeds.shape[0], past + seq_len, device=inputs_embeds.device)
         causal_mask = create_causal_mask(
             config=self.config,
             inputs_embeds=inputs_embeds,
@@ -572,6 +570,13 @@ class Seq2SeqForConditionalGeneration(Seq2SeqPreTrainedModel, GenerationMixin):
 
     def get_decoder(self) -> Seq2SeqDecoder:
         return self.model.decoder
+
+    def _reorder_cache(self, past_key_values: EncoderDecoderCache, beam_idx: torch.LongTensor) -> EncoderDecoderCache:
+        """Beam search (`generate` calls this between steps): reorder the self-attention cache only. Beams move only
+        within their own input's group, whose cross-attention keys/values are identical copies, so reordering those
+        would copy (layers × beams × source length × d_model) values per step for nothing."""
+        past_key_values.self_attention_cache.reorder_cache(beam_idx)
+        return past_key_values
 
     def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
         """Used by `DataCollatorForSeq2Seq` (needed when the Trainer pops `labels` for label smoothing)."""

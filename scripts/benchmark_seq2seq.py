@@ -43,7 +43,8 @@ def build_pair(quick: bool, max_positions: int) -> tuple[Seq2SeqForConditionalGe
     )
     torch.manual_seed(0)
     peer = MarianMTModel(MarianConfig(**marian, attn_implementation="sdpa"))
-    ours = Seq2SeqForConditionalGeneration(Seq2SeqConfig(**marian, sinusoidal_layout="split", attn_implementation="sdpa"))
+    config = Seq2SeqConfig(**marian, sinusoidal_layout="split", attn_implementation="sdpa")
+    ours = Seq2SeqForConditionalGeneration(config)
     ours.load_state_dict(peer.state_dict(), strict=True)
     return ours, peer
 

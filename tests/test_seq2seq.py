@@ -279,6 +279,23 @@ def test_num_items_in_batch_and_chunked_training_loss():
         torch.testing.assert_close(dict(model.named_parameters())[name].grad, grad, atol=1e-5, rtol=1e-4)
 
 
+def test_gradient_checkpointing_gives_the_same_gradients():
+    model = tiny(**CATALOGUE["t5_style"]).train()
+    source, mask, labels = batch()
+
+    def grads():
+        model.zero_grad()
+        model(input_ids=source, attention_mask=mask, labels=labels).loss.backward()
+        return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    plain = grads()
+    model.gradient_checkpointing_enable()
+    checkpointed = grads()
+    assert plain.keys() == checkpointed.keys()
+    for name in plain:
+        torch.testing.assert_close(checkpointed[name], plain[name])
+
+
 def test_label_smoothing_through_trainer(tmp_path):
     model = tiny(vocab_size=45)
     source, mask, labels = batch()
