@@ -47,7 +47,7 @@ def tiny_args(out: Path, data_dir: Path, *extra: str, train_file: str | None = "
         "--block_size", "32", "--config_overrides", TINY_DECODER,
         "--eval_steps", "3", "--save_steps", "3", "--logging_steps", "1", "--warmup_steps", "0",
         "--eval_max_blocks", "8", "--sample_max_new_tokens", "8", "--disable_tqdm", "true",
-        "--dataloader_pin_memory", "false",
+        "--dataloader_pin_memory", "false", "--preprocessing_num_workers", "1",
     ]
     if train_file:
         args += ["--train_file", str(data_dir / train_file)]
