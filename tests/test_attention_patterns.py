@@ -94,3 +94,17 @@ def test_prefix_lm_refusals():
         DecoderForCausalLM(tiny_decoder_config())(input_ids, prefix_lengths=torch.tensor([4]))
     with pytest.raises(ValueError, match=r"shape \(batch,\)"):
         model(input_ids, prefix_lengths=torch.tensor([4, 4]))
+
+
+def test_prefix_lm_eager_equals_sdpa_with_padding():
+    eager = DecoderForCausalLM(tiny_decoder_config(prefix_lm=True, attn_implementation="eager")).eval()
+    sdpa = DecoderForCausalLM(tiny_decoder_config(prefix_lm=True, attn_implementation="sdpa")).eval()
+    sdpa.load_state_dict(eager.state_dict())
+    input_ids = torch.randint(3, 97, (2, 10))
+    mask = torch.ones_like(input_ids)
+    mask[0, :2] = 0  # left padding: the prefix counts positions of the padded row
+    prefix = torch.tensor([6, 4])
+    with torch.no_grad():
+        a = eager(input_ids, attention_mask=mask, prefix_lengths=prefix).logits
+        b = sdpa(input_ids, attention_mask=mask, prefix_lengths=prefix).logits
+    torch.testing.assert_close(a[mask.bool()], b[mask.bool()], atol=1e-4, rtol=0)
