@@ -122,29 +122,35 @@ def validate_catalogue(config: Any) -> None:
         if "sliding_attention" in config.layer_types and config.sliding_window is None:
             raise ValueError("`layer_types` has 'sliding_attention' layers but `sliding_window` is None: set it.")
 
+    if config.prefix_lm and config.layer_types is not None and "sliding_attention" in config.layer_types:
+        raise ValueError(
+            "`prefix_lm=True` cannot be combined with sliding-window layers (`sliding_window`/`layer_types`): a "
+            "sliding cache drops prefix keys that later queries must still see. Use full attention layers."
+        )
     requested = _requested_attention(config)
-    if config.prefix_lm:
-        if config.layer_types is not None and "sliding_attention" in config.layer_types:
-            raise ValueError(
-                "`prefix_lm=True` cannot be combined with sliding-window layers (`sliding_window`/`layer_types`): a "
-                "sliding cache drops prefix keys that later queries must still see. Use full attention layers."
-            )
-        if requested is not None and requested.startswith("flash_attention"):
-            raise ValueError(
-                f"`prefix_lm=True` needs an arbitrary mask, which `attn_implementation`={requested!r} cannot take; "
-                "use 'sdpa', 'eager' or 'flex_attention'."
-            )
-    if config.position_embedding_type in BIAS_POSITIONS and requested is not None and requested.startswith("flash"):
+    if requested is not None:
+        check_attention_backend(config, requested)
+
+
+def check_attention_backend(config: Any, implementation: str) -> None:
+    """Refuse an attention backend that cannot honour the config's variants (at construction, or when a model
+    switches backend later)."""
+    if config.prefix_lm and implementation.startswith("flash"):
+        raise ValueError(
+            f"`prefix_lm=True` needs an arbitrary mask, which `attn_implementation`={implementation!r} cannot take; "
+            "use 'sdpa', 'eager' or 'flex_attention'."
+        )
+    if config.position_embedding_type in BIAS_POSITIONS and (implementation.startswith("flash") or "flex" in implementation):
         raise ValueError(
             f"`position_embedding_type`={config.position_embedding_type!r} adds a bias to the attention scores, "
-            f"which `attn_implementation`={requested!r} cannot take; use 'sdpa', 'eager' or 'flex_attention'."
+            f"which `attn_implementation`={implementation!r} cannot take here; use 'sdpa' or 'eager'."
         )
-    if config.attn_logit_softcapping is not None and requested is not None and "sdpa" in requested:
+    if config.attn_logit_softcapping is not None and "sdpa" in implementation:
         raise ValueError(
             "`attn_logit_softcapping` cannot be applied by `attn_implementation='sdpa'` (SDPA has no score hook); use "
             "'eager' or 'flex_attention' (the default falls back to 'eager' when soft-capping is set)."
         )
 
 
-__all__ = ["BIAS_POSITIONS", "LAYER_TYPES", "MLP_WIDTH_RULES", "intermediate_size_from_rule",
+__all__ = ["BIAS_POSITIONS", "LAYER_TYPES", "MLP_WIDTH_RULES", "check_attention_backend", "intermediate_size_from_rule",
            "resolve_catalogue_defaults", "validate_catalogue"]

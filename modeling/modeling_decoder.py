@@ -25,6 +25,7 @@ from transformers.modeling_outputs import (
 from transformers.modeling_utils import PreTrainedModel
 
 from .attention_patterns import build_masks, build_position_biases
+from .catalogue_validation import check_attention_backend
 from .blocks import BLOCKS, PreNormBlock, norm_from_config
 from .configuration_decoder import DecoderConfig
 from .hub_mixin import HubMixin
@@ -52,12 +53,20 @@ class DecoderPreTrainedModel(HubMixin, PreTrainedModel):
     _supports_attention_backend = True
     _can_compile_fullgraph = True
 
+    # Backends that cannot honour a catalogue variant refuse it (catalogue_validation.check_attention_backend):
+    # SDPA cannot soft-cap scores, so the default falls back to eager and an explicit request for sdpa fails;
+    # flash kernels take no bias (ALiBi/T5) and no prefix-LM mask.
     def _sdpa_can_dispatch(self, is_init_check: bool = False) -> bool:
-        # SDPA has no hook for tanh soft-capping of the scores: the default falls back to eager, an explicit
-        # request for sdpa is refused (never silently uncapped).
-        if self.config.attn_logit_softcapping is not None:
-            raise ValueError("`attn_logit_softcapping` needs 'eager' or 'flex_attention'; sdpa cannot soft-cap scores.")
+        check_attention_backend(self.config, "sdpa")
         return super()._sdpa_can_dispatch(is_init_check)
+
+    def _flash_attn_can_dispatch(self, flash_attn_version: int, is_init_check: bool = False) -> bool:
+        check_attention_backend(self.config, f"flash_attention_{flash_attn_version}")
+        return super()._flash_attn_can_dispatch(flash_attn_version, is_init_check)
+
+    def _flex_attn_can_dispatch(self, is_init_check: bool = False) -> bool:
+        check_attention_backend(self.config, "flex_attention")
+        return super()._flex_attn_can_dispatch(is_init_check)
 
     def _init_weights(self, module: nn.Module) -> None:
         super()._init_weights(module)

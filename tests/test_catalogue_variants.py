@@ -122,6 +122,14 @@ def test_softcapping_refuses_sdpa_and_falls_back_by_default():
         model.set_attn_implementation("sdpa")
 
 
+def test_bias_positions_refuse_flex_and_flash_when_switched_later():
+    model = DecoderForCausalLM(tiny_decoder_config(position_embedding_type="alibi"))
+    for backend in ("flex_attention", "flash_attention_2"):
+        with pytest.raises(ValueError, match="adds a bias"):
+            model.set_attn_implementation(backend)
+    assert model.config._attn_implementation == "sdpa"
+
+
 @pytest.mark.parametrize("name", VARIANTS)
 def test_save_load_round_trip(name, tmp_path):
     model = _perturb(_model(name))
