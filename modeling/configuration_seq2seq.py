@@ -22,12 +22,14 @@ from typing import Any
 from huggingface_hub.dataclasses import strict
 from transformers.configuration_utils import PreTrainedConfig
 
+from .normalization import NORMS
 from .validation import ACTIVATIONS, check_choice, check_non_negative, check_positive, check_probability
 
 # Allowed values of the string fields; the modeling files resolve each through a registry with these keys.
-NORM_TYPES = ("layer_norm", "rms_norm")
+NORM_TYPES = tuple(NORMS)  # layer_norm, rms_norm, offset_rms_norm (Gemma's 1 + w gain)
 NORM_POSITIONS = ("post", "pre", "sandwich")
 MLP_TYPES = ("plain", "gated")
+TP_ATTENTION = {"q_proj": "colwise", "k_proj": "colwise", "v_proj": "colwise", "out_proj": "rowwise"}
 POSITION_EMBEDDING_TYPES = ("sinusoidal", "learned", "relative_bias", "none")
 SINUSOIDAL_LAYOUTS = ("interleaved", "split")
 
@@ -46,7 +48,7 @@ class Seq2SeqConfig(PreTrainedConfig):
     `forced_eos_token_id`.
 
     archlab fields:
-        norm_type (`str`, defaults to `"layer_norm"`): `"layer_norm"` or `"rms_norm"`.
+        norm_type (`str`, defaults to `"layer_norm"`): `"layer_norm"`, `"rms_norm"` or `"offset_rms_norm"`.
         layer_norm_eps (`float`, defaults to 1e-5): epsilon of every norm (nn.LayerNorm's default, as Marian).
         norm_position (`str`, defaults to `"post"`): `"post"` (the paper, Marian: norm after each residual add),
             `"pre"` (norm before each sub-layer, plus a final norm per stack: mBART, T5) or `"sandwich"` (pre and
@@ -81,6 +83,24 @@ class Seq2SeqConfig(PreTrainedConfig):
         "num_hidden_layers": "encoder_layers",
         "initializer_range": "init_std",
     }
+
+    # FSDP2 (`DistributedConfig(fsdp_size=N)`): one shard group per layer of either stack; the embeddings, final
+    # norms and head stay in the root group.
+    base_model_fsdp_plan = {"encoder.layers.*": "free_full_weight", "decoder.layers.*": "free_full_weight"}
+
+    @property
+    def base_model_tp_plan(self) -> dict[str, str]:
+        """Tensor parallelism for `from_pretrained(..., tp_plan="auto")` (Marian/Bart in transformers have none):
+        Megatron's split -- q/k/v and fc1 by output columns, out_proj and fc2 by input rows -- so each rank runs
+        whole heads and a slice of the feed-forward, with one all-reduce per sub-layer. A gated fc1 packs
+        [gate, up], so each rank takes its slice of both halves."""
+        fc1 = "packed_colwise" if self.mlp_type == "gated" else "colwise"
+        plan = {}
+        for stack, attentions in (("encoder", ("self_attn",)), ("decoder", ("self_attn", "encoder_attn"))):
+            for attention in attentions:
+                plan.update({f"{stack}.layers.*.{attention}.{proj}": style for proj, style in TP_ATTENTION.items()})
+            plan.update({f"{stack}.layers.*.fc1": fc1, f"{stack}.layers.*.fc2": "rowwise"})
+        return plan
 
     # --- MarianConfig / BartConfig fields ---
     vocab_size: int = 37000

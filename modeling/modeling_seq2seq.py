@@ -43,7 +43,7 @@ from .attention import Attention
 from .configuration_seq2seq import Seq2SeqConfig
 from .hub_mixin import HubMixin
 from .losses import causal_lm_loss, chunked_causal_lm_loss
-from .normalization import NORMS
+from .normalization import NORMS, OffsetRMSNorm
 from .relative_bias import RelativePositionBias
 from .sinusoidal import SinusoidalPositionalEmbedding, sinusoid_table
 
@@ -244,7 +244,9 @@ class Seq2SeqPreTrainedModel(HubMixin, PreTrainedModel):
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
         super()._init_weights(module)
-        if isinstance(module, SinusoidalPositionalEmbedding):
+        if isinstance(module, OffsetRMSNorm):
+            init.zeros_(module.weight)  # the gain is 1 + w
+        elif isinstance(module, SinusoidalPositionalEmbedding):
             init.copy_(module.weight, sinusoid_table(module.num_positions, module.dim, module.layout, module.base))
         elif isinstance(module, Seq2SeqForConditionalGeneration):
             init.zeros_(module.final_logits_bias)

@@ -36,7 +36,7 @@ CATALOGUE = {
         encoder_key_value_heads=2, decoder_key_value_heads=1, position_embedding_type="learned",
     ),
     "sandwich_untied": dict(
-        norm_position="sandwich", share_encoder_decoder_embeddings=False, tie_word_embeddings=False,
+        norm_position="sandwich", norm_type="offset_rms_norm", share_encoder_decoder_embeddings=False, tie_word_embeddings=False,
         decoder_vocab_size=45, position_embedding_type="none", attention_bias=False, mlp_bias=False,
     ),
     "t5_style": dict(
