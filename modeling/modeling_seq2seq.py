@@ -573,6 +573,18 @@ class Seq2SeqForConditionalGeneration(Seq2SeqPreTrainedModel, GenerationMixin):
     def get_decoder(self) -> Seq2SeqDecoder:
         return self.model.decoder
 
+    def resize_token_embeddings(self, *args, **kwargs) -> nn.Embedding:
+        """With a shared vocabulary, the target side (`decoder_vocab_size`, `final_logits_bias`) follows."""
+        embeddings = super().resize_token_embeddings(*args, **kwargs)
+        if self.config.share_encoder_decoder_embeddings:
+            size = embeddings.weight.shape[0]
+            bias = self.final_logits_bias.new_zeros(1, size)
+            kept = min(size, self.final_logits_bias.shape[1])
+            bias[:, :kept] = self.final_logits_bias[:, :kept]
+            self.final_logits_bias = bias
+            self.config.decoder_vocab_size = size
+        return embeddings
+
     def _reorder_cache(self, past_key_values: EncoderDecoderCache, beam_idx: torch.LongTensor) -> EncoderDecoderCache:
         """Beam search (`generate` calls this between steps): reorder the self-attention cache only. Beams move only
         within their own input's group, whose cross-attention keys/values are identical copies, so reordering those

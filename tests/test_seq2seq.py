@@ -364,6 +364,20 @@ def test_translate_batches_in_order_and_matches_generate():
     assert translate("1 2 3", model, tokenizer, num_beams=2, max_new_tokens=5) == out[:1]
 
 
+def test_resize_token_embeddings_keeps_source_target_and_bias_in_step(tmp_path):
+    model = tiny(vocab_size=45)
+    model.final_logits_bias.normal_()
+    old_bias = model.final_logits_bias.clone()
+    model.resize_token_embeddings(50)
+    assert model.config.vocab_size == model.config.decoder_vocab_size == 50
+    assert model.final_logits_bias.shape == (1, 50) and torch.equal(model.final_logits_bias[:, :45], old_bias)
+    assert model.lm_head.weight is model.model.shared.weight is model.model.decoder.embed_tokens.weight
+    source, mask, target = batch(vocab=50)
+    assert model(input_ids=source, attention_mask=mask, decoder_input_ids=target).logits.shape[-1] == 50
+    model.save_pretrained(tmp_path)
+    assert AutoModelForSeq2SeqLM.from_pretrained(tmp_path).config.decoder_vocab_size == 50
+
+
 # ---- learning ----------------------------------------------------------------------------------------------------
 
 
