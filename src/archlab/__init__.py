@@ -17,6 +17,7 @@ from .modeling import (
     Seq2SeqModel,
     Seq2SeqPreTrainedModel,
 )
+from .modeling.moe import count_parameters
 from .text2text import translate
 
 register_all()
@@ -35,4 +36,5 @@ __all__ = [
     "Seq2SeqForConditionalGeneration",
     "EncoderForMaskedLM",
     "translate",
+    "count_parameters",
 ]
