@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Callable
@@ -91,6 +92,60 @@ def _mistral_from_archlab(config: DecoderConfig) -> dict[str, Any]:
     return {"sliding_window": config.sliding_window}
 
 
+# MixtralConfig: Mistral's fields plus the mixture of experts. Every layer is sparse, each expert is
+# `intermediate_size` wide, the top-k weights are always renormalised (archlab: `norm_topk_prob=True`).
+MIXTRAL_FIELDS = MISTRAL_FIELDS + (
+    "num_local_experts", "num_experts_per_tok", "output_router_logits", "router_aux_loss_coef", "router_jitter_noise",
+)
+
+
+def _mixtral_to_archlab(hf_config: dict[str, Any]) -> dict[str, Any]:
+    """config.json omits fields at MixtralConfig's defaults, which differ from archlab's: fill them in first."""
+    from transformers import MixtralConfig
+
+    names = MIXTRAL_FIELDS + ("sliding_window", "rope_theta", "rope_scaling")
+    mixtral = MixtralConfig(**{k: v for k, v in hf_config.items() if k in names})
+    return {
+        **{k: getattr(mixtral, k) for k in MIXTRAL_FIELDS},
+        "sliding_window": mixtral.sliding_window,
+        "norm_topk_prob": True,
+    }
+
+
+def _mixtral_state_dict(state_dict: dict[str, torch.Tensor], config: PreTrainedConfig) -> dict[str, torch.Tensor]:
+    """Mixtral checkpoints store one module per expert (`block_sparse_moe.experts.E.w1/w3/w2` = gate/up/down and
+    `block_sparse_moe.gate` the router); archlab holds them fused as transformers v5 does in memory
+    (`mlp.experts.gate_up_proj` = [w1; w3] stacked over experts, `mlp.experts.down_proj`, `mlp.gate`).
+    Already-fused state dicts (archlab -> Mixtral, whose `save_pretrained` writes the per-expert layout) pass."""
+    legacy = re.compile(r"^(model\.layers\.\d+)\.block_sparse_moe\.(?:gate\.weight|experts\.(\d+)\.(w[123])\.weight)$")
+    out: dict[str, torch.Tensor] = {}
+    experts: dict[str, dict[tuple[int, str], torch.Tensor]] = {}
+    for key, tensor in state_dict.items():
+        match = legacy.match(key)
+        if match is None:
+            out[key] = tensor
+        elif match.group(2) is None:
+            out[f"{match.group(1)}.mlp.gate.weight"] = tensor
+        else:
+            experts.setdefault(match.group(1), {})[(int(match.group(2)), match.group(3))] = tensor
+    for prefix, weights in experts.items():
+        ids = range(config.num_local_experts)
+        out[f"{prefix}.mlp.experts.gate_up_proj"] = torch.stack(
+            [torch.cat([weights[(e, "w1")], weights[(e, "w3")]]) for e in ids]
+        )
+        out[f"{prefix}.mlp.experts.down_proj"] = torch.stack([weights[(e, "w2")] for e in ids])
+    return out
+
+
+def _mixtral_from_archlab(config: DecoderConfig) -> dict[str, Any]:
+    if config.num_local_experts < 1 or "dense" in config.mlp_layer_types:
+        raise ConversionError(
+            f"MixtralForCausalLM has a mixture of experts in every layer; this config has num_local_experts="
+            f"{config.num_local_experts} and mlp_layer_types={config.mlp_layer_types}."
+        )
+    return _mistral_from_archlab(config)
+
+
 # MarianConfig fields archlab's Seq2SeqConfig shares with identical meaning (Marian is archlab's classic recipe
 # with GELU/Swish, the split sinusoid layout and Marian's token conventions).
 MARIAN_FIELDS = (
@@ -144,6 +199,16 @@ FAMILIES: dict[str, FamilyConversion] = {
         to_archlab_extra=_mistral_to_archlab,
         from_archlab_extra=_mistral_from_archlab,
         expressible_fields={"sliding_window", "layer_types"},
+    ),
+    "mixtral": FamilyConversion(
+        model_type="mixtral",
+        architecture="MixtralForCausalLM",
+        shared_fields=MIXTRAL_FIELDS,
+        to_archlab_extra=_mixtral_to_archlab,
+        from_archlab_extra=_mixtral_from_archlab,
+        # the router z-loss only changes training; it is dropped on export
+        expressible_fields={"sliding_window", "layer_types", "router_z_loss_coef"},
+        complete_state_dict=_mixtral_state_dict,
     ),
     "marian": FamilyConversion(
         model_type="marian",

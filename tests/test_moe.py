@@ -314,3 +314,32 @@ def test_bf16_autocast_runs_close_to_fp32():
         low = block(x)
     assert low.dtype == x.dtype  # as Mixtral: the expert GEMMs run in bf16, the mixture keeps the input dtype
     torch.testing.assert_close(low.float(), block(x), atol=3e-2, rtol=3e-2)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Converter (configuration/conversion.py): Mixtral folders both ways
+
+
+def test_convert_mixtral_folder_both_ways(tmp_path):
+    from archlab.configuration.conversion import ConversionError, convert_checkpoint
+
+    hf, _ = mixtral_pair(rms_norm_eps=1e-5, sliding_window=None)
+    hf.save_pretrained(tmp_path / "mixtral")
+    convert_checkpoint(tmp_path / "mixtral", tmp_path / "archlab")
+    ours = archlab.DecoderForCausalLM.from_pretrained(tmp_path / "archlab").eval()
+    assert ours.config.num_local_experts == 4 and ours.config.mlp_layer_types == ["sparse", "sparse"]
+    ids = torch.randint(3, 97, (2, 9))
+    assert (ours(ids).logits - hf(ids).logits).abs().max() <= 1e-4
+
+    convert_checkpoint(tmp_path / "archlab", tmp_path / "back", to="mixtral")
+    back = MixtralForCausalLM.from_pretrained(tmp_path / "back").eval()
+    assert (back(ids).logits - hf(ids).logits).abs().max() <= 1e-4
+
+    shared = archlab.DecoderForCausalLM(moe_config(shared_expert_intermediate_size=16))
+    shared.save_pretrained(tmp_path / "shared")
+    with pytest.raises(ConversionError, match="shared_expert_intermediate_size"):
+        convert_checkpoint(tmp_path / "shared", tmp_path / "nope", to="mixtral")
+    dense = archlab.DecoderForCausalLM(tiny_decoder_config())
+    dense.save_pretrained(tmp_path / "dense")
+    with pytest.raises(ConversionError, match="mixture of experts in every layer"):
+        convert_checkpoint(tmp_path / "dense", tmp_path / "nope2", to="mixtral")
