@@ -250,7 +250,11 @@ def build_config(model_args: ModelArguments, tokenizer: Any, block_size: int | N
     special-token ids come from the tokenizer unless the user set them. Fails on a tokenizer that does not fit."""
     kind = model_kind(model_args.model_kind)
     if model_args.model_name_or_path:
-        config = AutoConfig.from_pretrained(model_args.model_name_or_path)
+        try:
+            config = AutoConfig.from_pretrained(model_args.model_name_or_path)
+        except OSError as error:
+            raise OSError(f"--model_name_or_path {model_args.model_name_or_path!r} is neither a local folder nor "
+                          f"loadable from the Hub ({error})") from error
     else:
         if model_args.preset:
             values = preset_values(model_args.preset, model_args.model_kind)

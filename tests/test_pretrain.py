@@ -187,3 +187,16 @@ def test_config_from_preset_json_and_overrides(tmp_path: Path, data_dir: Path) -
         build_config(ModelArguments(preset="huge"), tokenizer, 64)
     with pytest.raises(ValueError, match="not of the form key=value"):
         build_config(ModelArguments(config_overrides="hidden_size"), tokenizer, 64)
+
+
+def test_pretrain_streaming(tmp_path: Path, data_dir: Path) -> None:
+    out = tmp_path / "streamed"
+    metrics = pretrain.main(tiny_args(out, data_dir, "--streaming", "true", "--tokenizer_name",
+                                      str(data_dir / "tokenizer"), "--max_steps", "3", "--eval_steps", "3"))
+    assert metrics["eval_loss"] == metrics["eval_loss"] and (out / "model.safetensors").exists()
+    args = tiny_args(tmp_path / "x", data_dir, "--model_name_or_path", "runs/missing-model")
+    position = args.index("--config_overrides")
+    del args[position : position + 2]
+    with pytest.raises(OSError, match="'runs/missing-model' is neither a local folder nor loadable from the Hub"):
+        pretrain.main(args)
+    assert not (tmp_path / "x").exists()

@@ -247,7 +247,7 @@ def load_tokenizer(name_or_path: str | os.PathLike, **kwargs: Any) -> PreTrained
     try:
         return AutoTokenizer.from_pretrained(path, **kwargs)
     except OSError as error:
-        raise OSError(f"Could not load a tokenizer from {path!r}: not a local folder, and the Hub {error}") from error
+        raise OSError(f"Tokenizer {path!r} is neither a local folder nor loadable from the Hub ({error})") from error
 
 
 __all__ = [
