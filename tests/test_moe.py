@@ -343,3 +343,19 @@ def test_convert_mixtral_folder_both_ways(tmp_path):
     dense.save_pretrained(tmp_path / "dense")
     with pytest.raises(ConversionError, match="mixture of experts in every layer"):
         convert_checkpoint(tmp_path / "dense", tmp_path / "nope2", to="mixtral")
+
+
+@pytest.mark.slow
+def test_sparse_block_compiles_fullgraph_without_host_sync():
+    """No `.item()`/`.tolist()` and no data-dependent shape: dynamo traces forward and backward as one graph."""
+    torch._dynamo.reset()
+    block = sparse_block(shared_expert_intermediate_size=16)
+    x = torch.randn(2, 7, 32, requires_grad=True)
+    compiled = torch.compile(block, fullgraph=True, backend="aot_eager")
+    out = compiled(x)
+    grad_compiled = torch.autograd.grad(out.square().sum(), (x, block.experts.gate_up_proj))
+    ref = block(x)
+    grad_ref = torch.autograd.grad(ref.square().sum(), (x, block.experts.gate_up_proj))
+    torch.testing.assert_close(out, ref)
+    for g, r in zip(grad_compiled, grad_ref):
+        torch.testing.assert_close(g, r)
