@@ -348,10 +348,14 @@ def plot_loss_curve(log_history: list[dict[str, Any]], path: str | Path) -> bool
     evals = [(e["step"], e["eval_loss"]) for e in log_history if "eval_loss" in e and "step" in e]
     if not train and not evals:
         return False
-    import matplotlib
+    try:
+        import matplotlib
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        log("matplotlib is not installed (pip install 'archlab[scripts]'): no loss-curve PNG.")
+        return False
 
     figure, axis = plt.subplots(figsize=(6, 3.5))
     if train:

@@ -243,6 +243,11 @@ def main(argv: Sequence[str] | None = None, callbacks: list[TrainerCallback] | N
     check_data_flags(data_args, training_args)
     if data_args.streaming:
         raise ValueError("--streaming is for pretraining; fine-tuning sets are loaded in memory.")
+    if args.task == "seq2seq":
+        try:
+            import sacrebleu  # noqa: F401  (needed by the metrics; fail now rather than after training)
+        except ImportError:
+            raise ImportError("--task seq2seq reports BLEU/chrF with sacrebleu: pip install 'archlab[scripts]'.") from None
     resume = resolve_resume(training_args, training_args.overwrite_output_dir)
     set_seed(training_args.seed)
     if training_args.label_names is None:
