@@ -11,7 +11,7 @@ Parameter layout is Hugging Face v5's (`mlp.gate.weight`, `mlp.experts.gate_up_p
 
 Speed: the (token, slot) pairs are sorted by expert once per layer and both expert projections run as grouped
 GEMMs over the sorted rows (`torch.nn.functional.grouped_mm`), with the backward pass written out as two more
-grouped GEMMs (the autograd formula of the op is several times slower on CPU). No Python loop over experts, no
+grouped GEMMs (so that compiled graphs use the same opaque custom ops). No Python loop over experts, no
 host synchronisation, no data-dependent shapes: the layer traces with `torch.compile(fullgraph=True)` and CUDA
 graphs. The same path serves the one-token decode step, where the grouped GEMM reads only the chosen experts.
 Builds without grouped_mm (torch < 2.9) or with feature sizes the kernel cannot stride over (it needs rows of a
