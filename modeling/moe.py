@@ -174,7 +174,7 @@ class Experts(nn.Module):
         expert_ids = torch.arange(self.num_experts, device=sorted_experts.device)
         offsets = torch.searchsorted(sorted_experts, expert_ids, right=True).to(torch.int32)  # (K,) group ends
         token_index = order // k  # which token each sorted row belongs to
-        x = hidden_states[token_index]  # (S, d)
+        x = hidden_states.index_select(0, token_index)  # (S, d); its backward is one index_add_
         if self.gated:
             gate, up = grouped_linear(x, self.gate_up_proj, offsets).chunk(2, dim=-1)  # (S, f) each
             h = self.act_fn(gate) * up
