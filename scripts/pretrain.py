@@ -43,6 +43,7 @@ from archlab.scripts.common import (
     with_perplexity,
 )
 from archlab.tokenization.data import (
+    IGNORE_INDEX,
     check_columns,
     check_not_empty,
     limit,
@@ -110,13 +111,18 @@ def split_for_seq2seq(blocks: Any, num_proc: int | None) -> Any:
 
     def split(batch: dict[str, list]) -> dict[str, list]:
         half = len(batch["input_ids"][0]) // 2
+        masks = batch["attention_mask"]  # 0 on the padding of a batch's last block
         return {
             "input_ids": [ids[:half] for ids in batch["input_ids"]],
-            "labels": [ids[half:] for ids in batch["input_ids"]],
+            "attention_mask": [mask[:half] for mask in masks],
+            "labels": [[t if m else IGNORE_INDEX for t, m in zip(ids[half:], mask[half:])]
+                       for ids, mask in zip(batch["input_ids"], masks)],
         }
 
     kwargs = {} if not hasattr(blocks, "__len__") else {"num_proc": num_proc, "desc": "Splitting blocks"}
-    return blocks.map(split, batched=True, remove_columns=blocks.column_names, **kwargs)
+    halves = blocks.map(split, batched=True, remove_columns=blocks.column_names, **kwargs)
+    # A tail block that is mostly padding can leave nothing to predict (or an all-padding encoder input).
+    return halves.filter(lambda row: any(row["attention_mask"]) and any(t != IGNORE_INDEX for t in row["labels"]))
 
 
 def prepare_data(kind: str, raw: Any, tokenizer: Any, data_args: DataArguments) -> dict[str, Any]:
