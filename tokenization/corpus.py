@@ -1,7 +1,7 @@
 """The embedded default corpus: the Python standard library's own source files.
 
 Every machine that runs archlab has them (`sysconfig.get_paths()["stdlib"]`), they are real text nobody here wrote
-(about 12 MB without the test suite, 30+ MB with it), so pretraining demos and tests need no download. Two views:
+(about 10 MB without the test suite and generated tables, 30+ MB with the tests), so pretraining demos and tests need no download. Two views:
 
 - `stdlib_documents`: one document per `.py` file (`{"text", "path"}`), the pretraining corpus;
 - `code_docstring_pairs`: a real seq2seq task extracted with `ast` -- a function's code (docstring removed) ->
@@ -24,7 +24,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 SPLITS = ("train", "validation")
-_SKIP_DIRS = {"site-packages", "dist-packages", "__pycache__", "lib2to3", "idlelib", "ensurepip", "turtledemo"}
+# Not source a language model should imitate: installed packages, generated tables (`encodings`' character maps,
+# `pydoc_data`'s help text), grammar fixtures and demo folders.
+_SKIP_DIRS = {"site-packages", "dist-packages", "__pycache__", "lib2to3", "idlelib", "ensurepip", "turtledemo",
+              "encodings", "pydoc_data"}
 _TEST_DIRS = {"test", "tests", "idle_test"}
 
 
