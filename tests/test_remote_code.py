@@ -147,12 +147,14 @@ def saved(tmp_path_factory) -> dict:
             torch.manual_seed(0)
             model = model_class(tiny_config(config_class, **overrides)).eval()
             folder = root / f"saved_{name}"
+            sources = {path.name: path.read_bytes() for path in MODELING.glob("*.py")}
             model.save_pretrained(folder)
             inputs = _inputs(model)
             with torch.no_grad():
                 reference = _output(model(**inputs))
             save_file(inputs, root / f"inputs_{name}.safetensors")
-            cases[name] = dict(model=model, folder=folder, inputs=inputs, reference=reference, auto=auto_name)
+            cases[name] = dict(model=model, folder=folder, inputs=inputs, reference=reference, auto=auto_name,
+                               sources=sources)  # the source bytes at save time
             jobs.append(
                 dict(name=name, auto=auto_name, folder=str(folder), inputs=str(root / f"inputs_{name}.safetensors"),
                      output=str(root / f"output_{name}.safetensors"), resave=str(root / f"resaved_{name}"))
@@ -231,7 +233,7 @@ def test_bundle_is_the_full_closure_byte_for_byte(saved, name):
     bundled = {path.name for path in case["folder"].glob("*.py")}
     assert bundled == expected
     for file_name in bundled:
-        assert (case["folder"] / file_name).read_bytes() == (MODELING / file_name).read_bytes()
+        assert (case["folder"] / file_name).read_bytes() == case["sources"][file_name]
 
 
 @pytest.mark.slow
