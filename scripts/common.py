@@ -381,7 +381,11 @@ def save_final(
     base_model: str | None = None,
 ) -> None:
     """Model, tokenizer, trainer state, loss curve and model card -- written to a staging folder, then moved into
-    `output_dir` file by file with `config.json` last, so a folder that has a config has everything."""
+    `output_dir` file by file with `config.json` last, so a folder that has a config has everything.
+    Under torchrun / accelerate launch only the main process writes; the others wait for it."""
+    if not trainer.args.should_save:
+        trainer.accelerator.wait_for_everyone()
+        return
     staging = os.path.join(output_dir, STAGING + "-final")
     shutil.rmtree(staging, ignore_errors=True)
     model = trainer.model
@@ -403,6 +407,7 @@ def save_final(
             shutil.rmtree(target)
         os.replace(os.path.join(staging, entry), target)
     os.rmdir(staging)
+    trainer.accelerator.wait_for_everyone()
 
 
 def write_card(
