@@ -241,6 +241,23 @@ class Seq2SeqPreTrainedModel(HubMixin, PreTrainedModel):
     _supports_flex_attn = True
     _supports_attention_backend = True
 
+    # T5's relative bias reaches the kernel folded into the attention mask; flash kernels take no mask and flex
+    # rebuilds masks from mask functions, so both would silently drop it: refuse them (at construction or later).
+    def _refuse_bias_backend(self, implementation: str) -> None:
+        if self.config.position_embedding_type == "relative_bias":
+            raise ValueError(
+                f"`position_embedding_type`='relative_bias' adds a bias to the attention scores, which "
+                f"`attn_implementation`={implementation!r} cannot take; use 'sdpa' or 'eager'."
+            )
+
+    def _flash_attn_can_dispatch(self, flash_attn_version: int, is_init_check: bool = False) -> bool:
+        self._refuse_bias_backend(f"flash_attention_{flash_attn_version}")
+        return super()._flash_attn_can_dispatch(flash_attn_version, is_init_check)
+
+    def _flex_attn_can_dispatch(self, is_init_check: bool = False) -> bool:
+        self._refuse_bias_backend("flex_attention")
+        return super()._flex_attn_can_dispatch(is_init_check)
+
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
         super()._init_weights(module)

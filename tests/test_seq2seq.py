@@ -243,6 +243,16 @@ def test_eager_equals_sdpa(name):
     torch.testing.assert_close(eager, sdpa, atol=1e-5, rtol=1e-5)
 
 
+def test_backends_that_would_drop_the_relative_bias_are_refused():
+    model = tiny(**CATALOGUE["t5_style"])
+    with pytest.raises(ValueError, match="'relative_bias' adds a bias"):
+        model.set_attn_implementation("flex_attention")
+    with pytest.raises(ValueError, match="'relative_bias' adds a bias"):
+        Seq2SeqForConditionalGeneration(
+            Seq2SeqConfig(**{**SMALL, **CATALOGUE["t5_style"]}, attn_implementation="flex_attention")
+        )
+
+
 # ---- training loss ---------------------------------------------------------------------------------------------
 
 
