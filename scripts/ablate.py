@@ -245,6 +245,59 @@ def plot_curves(results: list[dict[str, Any]], path: Path) -> None:
 
 
 # ----------------------------------------------------------------------------------------------------------------
+# Paired speed checks: the sequential tokens/s above drift with machine load; these alternate A and B each round
+# (benchmark.compare_speed: median of per-round ratios) for the two speed claims.
+# ----------------------------------------------------------------------------------------------------------------
+def paired_speed(args: argparse.Namespace, rounds: int = 10) -> list[str]:
+    from archlab.modeling.normalization import LayerNorm, RMSNorm
+    from archlab.scripts.benchmark import compare_speed
+
+    lines = ["| comparison | A | B | speed of A ÷ speed of B (median of per-round ratios) |", "|---|---|---|---:|"]
+    x = torch.randn(8, 256, 512, requires_grad=True)
+
+    def norm_step(norm):
+        def run():
+            for _ in range(5):
+                norm(x).sum().backward()
+        return run
+
+    _, _, ratio = compare_speed(norm_step(RMSNorm(512)), norm_step(LayerNorm(512)), rounds)
+    lines.append(f"| norm module fwd+bwd, (8, 256, 512) fp32 | RMSNorm | LayerNorm | {ratio:.2f}× |")
+
+    shape = dict(base_config(args), hidden_size=256, num_attention_heads=8, num_key_value_heads=8,
+                 max_position_embeddings=2048)
+    batch = torch.randint(0, VOCAB, (8, 2 * args.seq_len))
+    models = {}
+    for name, overrides in {"rms": {}, "ln": dict(norm_type="layer_norm")}.items():
+        torch.manual_seed(0)
+        models[name] = DecoderForCausalLM(DecoderConfig(**shape, **overrides)).train()
+
+    def train_step(model):
+        def run():
+            model(batch, labels=batch).loss.backward()
+            model.zero_grad(set_to_none=True)
+        return run
+
+    _, _, ratio = compare_speed(train_step(models["rms"]), train_step(models["ln"]), rounds)
+    lines.append(f"| training step, hidden 256, batch 8×{2 * args.seq_len} | RMSNorm model | LayerNorm model | {ratio:.2f}× |")
+
+    prompt = torch.randint(0, VOCAB, (4, 512))
+    decoders = {}
+    for kv in (8, 2, 1):
+        torch.manual_seed(0)
+        decoders[kv] = DecoderForCausalLM(DecoderConfig(**{**shape, "num_key_value_heads": kv})).eval()
+
+    def decode(model):
+        return lambda: model.generate(prompt, max_new_tokens=32, min_new_tokens=32, do_sample=False)
+
+    for kv, label in ((2, "GQA, 2 KV heads"), (1, "MQA, 1 KV head")):
+        with torch.no_grad():
+            _, _, ratio = compare_speed(decode(decoders[kv]), decode(decoders[8]), rounds)
+        lines.append(f"| greedy decoding, batch 4, 512-token prompt, 32 new tokens | {label} | MHA, 8 heads | {ratio:.2f}× |")
+    return lines
+
+
+# ----------------------------------------------------------------------------------------------------------------
 # Entry point
 # ----------------------------------------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
@@ -264,6 +317,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--corpus_bytes", type=int, default=8_000_000)
     parser.add_argument("--threads", type=int, default=1, help="torch threads (1 avoids spin contention on shared cores)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--paired_speed", action="store_true",
+                        help="also time RMSNorm vs LayerNorm and MHA/GQA/MQA decoding side by side (paired.md)")
     return parser
 
 
@@ -306,6 +361,10 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     (out / "ablations.md").write_text(table + "\n")
     plot_curves(results, out / "loss_curves.png")
     print(table)
+    if args.paired_speed:
+        paired = "\n".join(paired_speed(args))
+        (out / "paired.md").write_text(paired + "\n")
+        print(paired)
     return results
 
 
