@@ -92,6 +92,13 @@ class DecoderConfig(PreTrainedConfig):
         "layers": (["hidden_states", "attention_mask"], ["hidden_states"]),
         "norm": (["hidden_states"], ["hidden_states"]),
     }
+    # Expert parallelism (`DistributedConfig(ep_size=N)`), Mixtral's plan: each rank owns num_local_experts / N experts
+    # of every sparse layer and tokens are dispatched to them (dense layers and a TP run ignore it).
+    base_model_ep_plan = {
+        "layers.*.mlp.experts.gate_up_proj": "grouped_gemm",
+        "layers.*.mlp.experts.down_proj": "grouped_gemm",
+        "layers.*.mlp.experts": "ep_dispatch_experts",
+    }
 
     # --- LlamaConfig fields ---
     vocab_size: int = 32000

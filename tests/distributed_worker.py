@@ -121,6 +121,8 @@ def run_sharded(args: argparse.Namespace) -> dict:
         del tp
         if getattr(config, "base_model_ep_plan", None) and getattr(config, "num_local_experts", 0) > 1:
             ep = auto.from_pretrained(path, distributed_config=DistributedConfig(ep_size=2, fsdp_size=2)).eval()
+            experts = ep.model.layers[0].mlp.experts.gate_up_proj
+            entry["ep_local_experts"] = experts.to_local().shape[0] if hasattr(experts, "to_local") else None
             with torch.no_grad():
                 entry["ep_logits"] = _max_diff(ep(**inputs).logits, reference)
             del ep

@@ -63,6 +63,14 @@ def seq2seq_dirs(tmp_path_factory) -> list[str]:
 
 
 @pytest.fixture(scope="module")
+def moe_dir(tmp_path_factory) -> str:
+    torch.manual_seed(0)
+    path = tmp_path_factory.mktemp("moe")
+    DecoderForCausalLM(tiny_decoder_config(num_local_experts=4, num_experts_per_tok=2)).save_pretrained(path)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
 def decoder_dir(tmp_path_factory) -> str:
     torch.manual_seed(0)
     path = tmp_path_factory.mktemp("decoder")
@@ -100,10 +108,14 @@ def test_trainer_data_parallel_matches_one_process(tmp_path, decoder_dir):
 
 
 @pytest.mark.slow
-def test_tensor_parallel_and_fsdp2_match_one_process(tmp_path, decoder_dir, seq2seq_dirs):
-    """Decoder, encoder-decoder, encoder-decoder with a gated (packed) fc1: TP logits and FSDP2 training steps."""
-    result = _launch(tmp_path, _torchrun(), "sharded", decoder_dir, *seq2seq_dirs)
-    assert len(result) == 3
+def test_tensor_parallel_and_fsdp2_match_one_process(tmp_path, decoder_dir, seq2seq_dirs, moe_dir):
+    """Decoder, encoder-decoder, encoder-decoder with a gated (packed) fc1, MoE decoder: TP logits and FSDP2
+    training steps; for the MoE decoder also expert parallelism (each rank owns 2 of the 4 experts)."""
+    result = _launch(tmp_path, _torchrun(), "sharded", decoder_dir, *seq2seq_dirs, moe_dir)
+    assert len(result) == 4
+    moe = result[os.path.basename(moe_dir)]
+    assert moe["ep_local_experts"] == 2
+    assert moe["ep_logits"] <= 1e-4
     for name, entry in result.items():
         assert entry["tp_sharded"], f"{name}: tp_plan='auto' sharded no weight"
         assert entry["tp_logits"] <= 1e-4, name
