@@ -101,3 +101,26 @@ def test_lora_trains_saves_reloads_and_merges(tmp_path, family):
     merged.save_pretrained(tmp_path / "merged")
     torch.testing.assert_close(_logits(auto_class.from_pretrained(tmp_path / "merged"), batch), adapted,
                                rtol=0, atol=1e-4)
+
+
+def test_lora_on_moe_experts_trains_reloads_and_merges(tmp_path):
+    """PEFT's `target_parameters` puts LoRA on the experts' stacked weights (E, out, in), which archlab stores in
+    transformers v5's layout (`mlp.experts.gate_up_proj`, `mlp.experts.down_proj`)."""
+    base = DecoderForCausalLM(tiny_decoder_config(num_local_experts=4, num_experts_per_tok=2))
+    base.save_pretrained(tmp_path / "base")
+    config = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM",
+                        target_parameters=["mlp.experts.gate_up_proj", "mlp.experts.down_proj"])
+    model = get_peft_model(base, config)
+    expert_adapters = [n for n, p in model.named_parameters() if p.requires_grad and ".experts." in n]
+    assert len(expert_adapters) == 2 * 2 * 2  # 2 layers x 2 stacked weights x (A, B)
+    batch = _decoder_batch()
+    losses = _train(model, batch)
+    assert losses[-1] < losses[0] - 0.1, losses
+    assert all(p.abs().sum() > 0 for n, p in model.named_parameters() if ".experts." in n and "lora_B" in n)
+    adapted = _logits(model, batch)
+    model.save_pretrained(tmp_path / "adapter")
+    reloaded = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tmp_path / "base"), tmp_path / "adapter")
+    torch.testing.assert_close(_logits(reloaded, batch), adapted, rtol=0, atol=1e-5)
+    merged = reloaded.merge_and_unload()
+    assert type(merged) is DecoderForCausalLM
+    torch.testing.assert_close(_logits(merged, batch), adapted, rtol=0, atol=1e-4)
