@@ -133,8 +133,7 @@ class DecoderModel(DecoderPreTrainedModel):
         use_cache = use_cache if use_cache is not None else self.config.use_cache
         if self.gradient_checkpointing and self.training and use_cache:
             use_cache = False  # caching is pointless while recomputing activations
-        if use_cache and past_key_values is None and not self.training:
-            past_key_values = DynamicCache(config=self.config)
+        fresh_cache = use_cache and past_key_values is None and not self.training
 
         if inputs_embeds is None:
             inputs_embeds = self.embed_tokens(input_ids)
@@ -153,6 +152,10 @@ class DecoderModel(DecoderPreTrainedModel):
             biases = build_position_biases(
                 self.position_bias, self.first_layer_of_type, inputs_embeds, attention_mask, past_key_values
             )
+        if fresh_cache:
+            # Created only after the masks: an empty cache and no cache give the same mask, and only `None` lets
+            # transformers detect packed sequences (position ids restarting per document) in eval mode too.
+            past_key_values = DynamicCache(config=self.config)
         hidden_states = inputs_embeds
         if self.embed_scale is not None:
             hidden_states = hidden_states * torch.tensor(self.embed_scale, dtype=hidden_states.dtype)
@@ -226,11 +229,13 @@ class DecoderForCausalLM(DecoderPreTrainedModel, GenerationMixin):
         return_dict: bool | None = None,
         logits_to_keep: int | torch.Tensor = 0,
         num_items_in_batch: torch.Tensor | int | None = None,
-        shift_labels: torch.LongTensor | None = None,
         output_router_logits: bool | None = None,
         prefix_lengths: torch.LongTensor | None = None,
         **kwargs,
     ) -> MoeCausalLMOutputWithPast | tuple:
+        # `shift_labels` (pre-shifted targets, as transformers' loss accepts) comes through kwargs: a named
+        # argument with "label" in it would make Trainer wait for it as a label column and report no eval_loss.
+        shift_labels = kwargs.pop("shift_labels", None)
         return_dict = return_dict if return_dict is not None else self.config.return_dict
         if output_router_logits is None:
             output_router_logits = self.config.output_router_logits

@@ -48,3 +48,20 @@ def test_make_norm_and_registry():
     assert isinstance(make_norm("offset_rms_norm", 8, 1e-6), OffsetRMSNorm)
     with pytest.raises(ValueError, match="norm_bias"):
         make_norm("rms_norm", 8, 1e-6, bias=True)
+
+
+def test_rms_norm_matches_llama_forward_bitwise_and_backward():
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    from archlab.modeling.normalization import RMSNorm
+
+    ours, ref = RMSNorm(16), LlamaRMSNorm(16)
+    with torch.no_grad():
+        ours.weight.normal_()
+        ref.weight.copy_(ours.weight)
+    x = torch.randn(3, 5, 16, requires_grad=True)
+    y_ours, y_ref = ours(x), ref(x)
+    assert torch.equal(y_ours, y_ref)
+    g = torch.randn_like(y_ours)
+    for a, b in zip(torch.autograd.grad(y_ours, (x, ours.weight), g), torch.autograd.grad(y_ref, (x, ref.weight), g)):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
