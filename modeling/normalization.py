@@ -58,7 +58,12 @@ class RMSNorm(nn.Module):
         self.variance_epsilon = eps
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        return _RMSNormFunction.apply(hidden_states, self.weight, self.variance_epsilon)
+        if torch.is_grad_enabled() and (hidden_states.requires_grad or self.weight.requires_grad):
+            return _RMSNormFunction.apply(hidden_states, self.weight, self.variance_epsilon)
+        # Inference: the same arithmetic without the autograd.Function's per-call overhead (it shows in decoding).
+        x = hidden_states.to(torch.float32)
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
+        return self.weight * x.to(hidden_states.dtype)
 
     def extra_repr(self) -> str:
         return f"{tuple(self.weight.shape)}, eps={self.variance_epsilon}"

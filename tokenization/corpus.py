@@ -61,6 +61,16 @@ def stdlib_files(
     return files
 
 
+def corpus_fingerprint(split: str | None = None, validation_fraction: float = 0.05) -> str:
+    """A hash of exactly which files (path, size, mtime) make up a split: the cache key of the embedded corpus."""
+    root = stdlib_root()
+    digest = hashlib.sha1(f"{split}|{validation_fraction}".encode())
+    for path in stdlib_files(split, validation_fraction):
+        stat = path.stat()
+        digest.update(f"{path.relative_to(root).as_posix()}|{stat.st_size}|{stat.st_mtime_ns}\n".encode())
+    return digest.hexdigest()
+
+
 def _read(path: Path) -> str | None:
     try:
         return path.read_text(encoding="utf-8")

@@ -21,7 +21,7 @@ from typing import Any
 
 from datasets import Dataset, DatasetDict, IterableDataset, IterableDatasetDict, load_dataset
 
-from .corpus import stdlib_documents
+from .corpus import corpus_fingerprint, stdlib_documents
 
 # File extension -> `datasets` builder.
 FILE_BUILDERS = {"txt": "text", "text": "text", "json": "json", "jsonl": "json", "csv": "csv", "parquet": "parquet"}
@@ -51,6 +51,9 @@ def embedded_corpus(streaming: bool = False, cache_dir: str | None = None, valid
         kwargs = {"gen_kwargs": {"split": split, "validation_fraction": validation_fraction}}
         if not streaming:
             kwargs["cache_dir"] = cache_dir
+            # datasets keys its cache on the generator's name, not on what it yields: key it on the file list
+            # instead, so a changed corpus filter or Python version never reuses a stale cached corpus.
+            kwargs["fingerprint"] = corpus_fingerprint(split, validation_fraction)
         splits[split] = make(stdlib_documents, **kwargs)
     return (IterableDatasetDict if streaming else DatasetDict)(splits)
 
