@@ -59,7 +59,7 @@ class PretrainTrainingArguments(ArchlabTrainingArguments):
     """`TrainingArguments` with defaults for the README's few-minute CPU run."""
 
     output_dir: str | None = field(default="runs/pretrain", metadata={"help": "Where checkpoints and the model go."})
-    max_steps: int = field(default=240, metadata={"help": "Optimizer steps (overrides num_train_epochs)."})
+    max_steps: int = field(default=600, metadata={"help": "Optimizer steps (overrides num_train_epochs)."})
     per_device_train_batch_size: int = field(default=8, metadata={"help": "Blocks per step."})
     per_device_eval_batch_size: int = field(default=16, metadata={"help": "Blocks per evaluation step."})
     dataloader_pin_memory: bool = field(default=False, metadata={"help": "Pin memory (only useful on a GPU)."})
@@ -69,8 +69,8 @@ class PretrainTrainingArguments(ArchlabTrainingArguments):
     weight_decay: float = field(default=0.1, metadata={"help": "AdamW weight decay."})
     logging_steps: float = field(default=25, metadata={"help": "Log the training loss every N steps."})
     eval_strategy: str = field(default="steps", metadata={"help": "no | steps | epoch"})
-    eval_steps: float | None = field(default=120, metadata={"help": "Evaluate every N steps."})
-    save_steps: float = field(default=120, metadata={"help": "Checkpoint every N steps."})
+    eval_steps: float | None = field(default=200, metadata={"help": "Evaluate every N steps."})
+    save_steps: float = field(default=200, metadata={"help": "Checkpoint every N steps."})
     save_total_limit: int | None = field(default=2, metadata={"help": "Keep at most N checkpoints."})
     seed: int = field(default=42, metadata={"help": "Random seed."})
 
