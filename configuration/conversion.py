@@ -6,7 +6,9 @@ so every serving tool built for that family serves archlab models. A config that
 refused with a message that names the offending fields.
 
 Each family is a `FamilyConversion` in `FAMILIES`: how its config maps to an archlab config and back, and how its
-parameter names map (identity for Llama, whose names archlab uses). Later families register the same way.
+parameter names map (identity for Llama, whose names archlab uses). Later families register the same way. The
+Llama-like decoder families are rows of one table, `DECODER_FAMILIES`: the fields they share with archlab, the
+extra fields they read, the archlab values they imply and the checks a config must pass to export.
 Weights are read and written as safetensors only; the model is built on the meta device, so converting never holds
 two copies of the weights.
 """
@@ -77,21 +79,6 @@ class FamilyConversion:
 # MistralConfig: Llama's fields without the bias flags, plus `sliding_window`, which makes every layer local.
 MISTRAL_FIELDS = tuple(name for name in LLAMA_FIELDS if name not in ("attention_bias", "mlp_bias"))
 
-
-def _mistral_to_archlab(hf_config: dict[str, Any]) -> dict[str, Any]:
-    return {"sliding_window": hf_config.get("sliding_window")}
-
-
-def _mistral_from_archlab(config: DecoderConfig) -> dict[str, Any]:
-    expected = "full_attention" if config.sliding_window is None else "sliding_attention"
-    if any(kind != expected for kind in config.layer_types):
-        raise ConversionError(
-            f"MistralForCausalLM applies `sliding_window` to every layer; this config's `layer_types` "
-            f"({config.layer_types}) mixes local and global layers, which Mistral cannot express."
-        )
-    return {"sliding_window": config.sliding_window}
-
-
 # MixtralConfig: Mistral's fields plus the mixture of experts. Every layer is sparse, each expert is
 # `intermediate_size` wide, the top-k weights are always renormalised (archlab: `norm_topk_prob=True`).
 MIXTRAL_FIELDS = MISTRAL_FIELDS + (
@@ -99,17 +86,62 @@ MIXTRAL_FIELDS = MISTRAL_FIELDS + (
 )
 
 
-def _mixtral_to_archlab(hf_config: dict[str, Any]) -> dict[str, Any]:
-    """config.json omits fields at MixtralConfig's defaults, which differ from archlab's: fill them in first."""
-    from transformers import MixtralConfig
+def _one_window_for_every_layer(config: DecoderConfig, architecture: str) -> None:
+    expected = "full_attention" if config.sliding_window is None else "sliding_attention"
+    if any(kind != expected for kind in config.layer_types):
+        raise ConversionError(
+            f"{architecture} applies `sliding_window` to every layer; this config's `layer_types` "
+            f"({config.layer_types}) mixes local and global layers, which {architecture.removesuffix('ForCausalLM')} "
+            f"cannot express."
+        )
 
-    names = MIXTRAL_FIELDS + ("sliding_window", "rope_theta", "rope_scaling")
-    mixtral = MixtralConfig(**{k: v for k, v in hf_config.items() if k in names})
-    return {
-        **{k: getattr(mixtral, k) for k in MIXTRAL_FIELDS},
-        "sliding_window": mixtral.sliding_window,
-        "norm_topk_prob": True,
-    }
+
+def _experts_in_every_layer(config: DecoderConfig, architecture: str) -> None:
+    if config.num_local_experts < 1 or "dense" in config.mlp_layer_types:
+        raise ConversionError(
+            f"{architecture} has a mixture of experts in every layer; this config has num_local_experts="
+            f"{config.num_local_experts} and mlp_layer_types={config.mlp_layer_types}."
+        )
+
+
+@dataclass(frozen=True)
+class DecoderFamily:
+    """One row of `DECODER_FAMILIES`: a Llama-like stock decoder family, as data."""
+
+    prefix: str  # class-name prefix: "Mistral" -> MistralConfig, MistralForCausalLM
+    shared_fields: tuple[str, ...]
+    # stock fields archlab reads with the stock meaning but exports only under the `checks` (e.g. sliding_window)
+    extra_fields: tuple[str, ...] = ()
+    implied: dict[str, Any] = field(default_factory=dict)  # archlab values the family always has
+    checks: tuple[Callable[[DecoderConfig, str], None], ...] = ()  # raise ConversionError if not expressible
+    expressible_fields: frozenset[str] = frozenset()  # archlab fields it expresses with a non-default value
+    complete_state_dict: Callable[[dict[str, torch.Tensor], PreTrainedConfig], dict[str, torch.Tensor]] = (
+        lambda state_dict, config: state_dict
+    )
+
+    def to_archlab(self, hf_config: dict[str, Any]) -> dict[str, Any]:
+        """config.json may omit fields at the stock config's defaults, which differ from archlab's: read it
+        through the stock config class so that omitted fields take the stock meaning."""
+        stock_config_class = getattr(__import__("transformers"), f"{self.prefix}Config")
+        names = self.shared_fields + self.extra_fields + ("rope_theta", "rope_scaling")
+        stock = stock_config_class(**{k: v for k, v in hf_config.items() if k in names})
+        return {**{k: getattr(stock, k) for k in self.shared_fields + self.extra_fields}, **self.implied}
+
+    def from_archlab(self, config: DecoderConfig) -> dict[str, Any]:
+        for check in self.checks:
+            check(config, f"{self.prefix}ForCausalLM")
+        return {k: getattr(config, k) for k in self.extra_fields}
+
+    def conversion(self, model_type: str) -> FamilyConversion:
+        return FamilyConversion(
+            model_type=model_type,
+            architecture=f"{self.prefix}ForCausalLM",
+            shared_fields=self.shared_fields,
+            to_archlab_extra=self.to_archlab,
+            from_archlab_extra=self.from_archlab,
+            expressible_fields=set(self.expressible_fields),
+            complete_state_dict=self.complete_state_dict,
+        )
 
 
 def _mixtral_state_dict(state_dict: dict[str, torch.Tensor], config: PreTrainedConfig) -> dict[str, torch.Tensor]:
@@ -137,13 +169,26 @@ def _mixtral_state_dict(state_dict: dict[str, torch.Tensor], config: PreTrainedC
     return out
 
 
-def _mixtral_from_archlab(config: DecoderConfig) -> dict[str, Any]:
-    if config.num_local_experts < 1 or "dense" in config.mlp_layer_types:
-        raise ConversionError(
-            f"MixtralForCausalLM has a mixture of experts in every layer; this config has num_local_experts="
-            f"{config.num_local_experts} and mlp_layer_types={config.mlp_layer_types}."
-        )
-    return _mistral_from_archlab(config)
+DECODER_FAMILIES: dict[str, DecoderFamily] = {
+    "llama": DecoderFamily("Llama", LLAMA_FIELDS),
+    "mistral": DecoderFamily(
+        "Mistral",
+        MISTRAL_FIELDS,
+        extra_fields=("sliding_window",),
+        checks=(_one_window_for_every_layer,),
+        expressible_fields=frozenset({"sliding_window", "layer_types"}),
+    ),
+    "mixtral": DecoderFamily(
+        "Mixtral",
+        MIXTRAL_FIELDS,
+        extra_fields=("sliding_window",),
+        implied={"norm_topk_prob": True},
+        checks=(_experts_in_every_layer, _one_window_for_every_layer),
+        # the router z-loss only changes training; it is dropped on export
+        expressible_fields=frozenset({"sliding_window", "layer_types", "router_z_loss_coef"}),
+        complete_state_dict=_mixtral_state_dict,
+    ),
+}
 
 
 # MarianConfig fields archlab's Seq2SeqConfig shares with identical meaning (Marian is archlab's classic recipe
@@ -191,25 +236,7 @@ def _marian_state_dict(state_dict: dict[str, torch.Tensor], config: PreTrainedCo
 
 
 FAMILIES: dict[str, FamilyConversion] = {
-    "llama": FamilyConversion(model_type="llama", architecture="LlamaForCausalLM", shared_fields=LLAMA_FIELDS),
-    "mistral": FamilyConversion(
-        model_type="mistral",
-        architecture="MistralForCausalLM",
-        shared_fields=MISTRAL_FIELDS,
-        to_archlab_extra=_mistral_to_archlab,
-        from_archlab_extra=_mistral_from_archlab,
-        expressible_fields={"sliding_window", "layer_types"},
-    ),
-    "mixtral": FamilyConversion(
-        model_type="mixtral",
-        architecture="MixtralForCausalLM",
-        shared_fields=MIXTRAL_FIELDS,
-        to_archlab_extra=_mixtral_to_archlab,
-        from_archlab_extra=_mixtral_from_archlab,
-        # the router z-loss only changes training; it is dropped on export
-        expressible_fields={"sliding_window", "layer_types", "router_z_loss_coef"},
-        complete_state_dict=_mixtral_state_dict,
-    ),
+    **{model_type: row.conversion(model_type) for model_type, row in DECODER_FAMILIES.items()},
     "marian": FamilyConversion(
         model_type="marian",
         architecture="MarianMTModel",

@@ -91,3 +91,18 @@ def test_pickled_weights_are_refused(tmp_path):
     torch.save({}, folder / "pytorch_model.bin")
     with pytest.raises(ConversionError, match="pickled"):
         convert_checkpoint(folder, tmp_path / "out")
+
+
+@pytest.mark.parametrize("family", ["llama", "mistral", "mixtral"])
+def test_omitted_config_fields_take_the_stock_defaults(family):
+    """A hand-written config.json may leave fields at the stock family's defaults; they mean what transformers reads."""
+    import transformers
+
+    from archlab.configuration.conversion import DECODER_FAMILIES, FAMILIES, archlab_config_from
+
+    hf_config = {"model_type": family, "hidden_size": 32, "num_attention_heads": 4, "num_key_value_heads": 2}
+    stock = getattr(transformers, f"{DECODER_FAMILIES[family].prefix}Config")(**hf_config)
+    config = archlab_config_from(FAMILIES[family], hf_config)
+    for name in ("intermediate_size", "max_position_embeddings", "vocab_size", "rope_parameters"):
+        assert getattr(config, name) == getattr(stock, name), name
+    assert config.sliding_window == getattr(stock, "sliding_window", None)
