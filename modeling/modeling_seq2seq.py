@@ -44,6 +44,7 @@ from .configuration_seq2seq import Seq2SeqConfig
 from .hub_mixin import HubMixin
 from .losses import causal_lm_loss, chunked_causal_lm_loss
 from .normalization import NORMS, OffsetRMSNorm
+from .positions import LearnedPositionEmbedding
 from .relative_bias import RelativePositionBias
 from .sinusoidal import SinusoidalPositionalEmbedding, sinusoid_table
 
@@ -274,7 +275,7 @@ def make_position_embedding(config: Seq2SeqConfig) -> nn.Module | None:
     if config.position_embedding_type == "sinusoidal":
         return SinusoidalPositionalEmbedding(config.max_position_embeddings, config.d_model, config.sinusoidal_layout)
     if config.position_embedding_type == "learned":
-        return nn.Embedding(config.max_position_embeddings, config.d_model)
+        return LearnedPositionEmbedding(config.max_position_embeddings, config.d_model)
     return None
 
 

@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from .relative_bias import RelativePositionBias
-from .sinusoidal import SinusoidalPositionalEmbedding
+from .sinusoidal import SinusoidalPositionalEmbedding, check_position_ids
 
 
 def alibi_slopes(num_heads: int) -> torch.Tensor:
@@ -63,10 +63,18 @@ class ALiBiBias(nn.Module):
 
 
 class LearnedPositionEmbedding(nn.Embedding):
-    """A trained (max_position_embeddings, d) table looked up by position id (GPT-2's `wpe`, OPT, GPT-3)."""
+    """A trained (max_position_embeddings, d) table looked up by position id (GPT-2's `wpe`, OPT, GPT-3).
+
+    It has no row past the training length: longer sequences are refused with a ValueError naming
+    `max_position_embeddings` (not an index error inside the lookup).
+    """
 
     def __init__(self, num_positions: int, dim: int) -> None:
         super().__init__(num_positions, dim)
+
+    def forward(self, position_ids: torch.Tensor) -> torch.Tensor:
+        check_position_ids(position_ids, self.num_embeddings, "learned")
+        return super().forward(position_ids)
 
 
 def make_absolute_position_embedding(config) -> nn.Module | None:

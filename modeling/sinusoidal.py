@@ -42,6 +42,24 @@ def split_table(num_positions: int, dim: int, base: float = 10000.0) -> torch.Te
 SINUSOID_LAYOUTS = {"interleaved": interleaved_table, "split": split_table}
 
 
+def check_position_ids(position_ids: torch.Tensor, num_positions: int, table: str) -> None:
+    """Refuse position ids past an absolute position table (learned or sinusoidal) with a ValueError that names
+    `max_position_embeddings`, instead of an index error deep inside the embedding lookup.
+
+    Reads one scalar (the largest id) from the device; skipped while torch.compile traces and on the meta device.
+    """
+    if position_ids.numel() == 0 or position_ids.device.type == "meta" or torch.compiler.is_compiling():
+        return
+    largest = int(position_ids.max())
+    if largest >= num_positions:
+        raise ValueError(
+            f"Position ids reach {largest} (a sequence of {largest + 1} tokens, counting any cached ones), but the "
+            f"{table} position table has `max_position_embeddings` = {num_positions} rows. Use sequences of at most "
+            f"{num_positions} tokens, or a config with a larger `max_position_embeddings`; position types without a "
+            f"table (rope, alibi, relative_bias) have no such limit."
+        )
+
+
 def sinusoid_table(
     num_positions: int,
     dim: int,
@@ -85,10 +103,18 @@ class SinusoidalPositionalEmbedding(nn.Module):
         self.weight.copy_(table.to(device=self.weight.device, dtype=self.weight.dtype))
 
     def forward(self, position_ids: torch.Tensor) -> torch.Tensor:
+        check_position_ids(position_ids, self.num_positions, "sinusoidal")
         return nn.functional.embedding(position_ids, self.weight)
 
     def extra_repr(self) -> str:
         return f"{self.num_positions}, {self.dim}, layout={self.layout!r}"
 
 
-__all__ = ["SINUSOID_LAYOUTS", "SinusoidalPositionalEmbedding", "interleaved_table", "split_table", "sinusoid_table"]
+__all__ = [
+    "SINUSOID_LAYOUTS",
+    "SinusoidalPositionalEmbedding",
+    "check_position_ids",
+    "interleaved_table",
+    "sinusoid_table",
+    "split_table",
+]

@@ -97,3 +97,40 @@ def test_sinusoidal_positions_are_the_fixed_paper_table(tmp_path):
     model.save_pretrained(tmp_path)
     loaded = DecoderForCausalLM.from_pretrained(tmp_path)
     torch.testing.assert_close(loaded.model.embed_positions.weight, interleaved_table(40, 32).float())
+
+
+# Absolute position tables end at `max_position_embeddings`: longer sequences are refused by name, not by an index
+# error inside the lookup.
+@pytest.mark.parametrize("kind", ["learned", "sinusoidal"])
+def test_decoder_refuses_sequences_past_the_position_table(kind):
+    model = DecoderForCausalLM(tiny_decoder_config(position_embedding_type=kind, max_position_embeddings=16)).eval()
+    model(torch.randint(3, 97, (1, 16)))  # exactly the table: fine
+    with pytest.raises(ValueError, match=r"a sequence of 17 tokens.*`max_position_embeddings` = 16"):
+        model(torch.randint(3, 97, (1, 17)))
+    # generation crosses the limit one step at a time (prompt + cached tokens count)
+    with pytest.raises(ValueError, match=r"a sequence of 17 tokens.*`max_position_embeddings` = 16"):
+        model.generate(torch.randint(3, 97, (1, 10)), max_new_tokens=10, do_sample=False, pad_token_id=0)
+
+
+def test_packed_rows_longer_than_the_table_pass_when_every_document_fits():
+    model = DecoderForCausalLM(tiny_decoder_config(position_embedding_type="learned", max_position_embeddings=16))
+    position_ids = torch.cat([torch.arange(12), torch.arange(12)])[None]  # two documents of 12 in a row of 24
+    model(torch.randint(3, 97, (1, 24)), position_ids=position_ids)
+
+
+@pytest.mark.parametrize("kind", ["learned", "sinusoidal"])
+def test_seq2seq_refuses_sequences_past_the_position_table(kind):
+    from archlab import Seq2SeqConfig, Seq2SeqForConditionalGeneration
+
+    config = Seq2SeqConfig(
+        vocab_size=50, d_model=16, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
+        decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32, max_position_embeddings=8,
+        position_embedding_type=kind, pad_token_id=0, eos_token_id=1, decoder_start_token_id=2,
+    )
+    model = Seq2SeqForConditionalGeneration(config).eval()
+    short, long = torch.randint(3, 50, (1, 8)), torch.randint(3, 50, (1, 9))
+    model(input_ids=short, decoder_input_ids=short)
+    with pytest.raises(ValueError, match=r"a sequence of 9 tokens.*`max_position_embeddings` = 8"):
+        model(input_ids=long, decoder_input_ids=short)  # encoder side
+    with pytest.raises(ValueError, match=r"a sequence of 9 tokens.*`max_position_embeddings` = 8"):
+        model(input_ids=short, decoder_input_ids=long)  # decoder side
