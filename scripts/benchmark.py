@@ -108,6 +108,16 @@ def time_breakdown(step: Callable[[], None]) -> dict[str, float]:
     return {"gemm": gemm / total, "attention": attention / total, "other": 1 - (gemm + attention) / total}
 
 
+def native_bf16() -> str:
+    """Whether this CPU multiplies bf16 natively (AMX or AVX512-BF16); without it bf16 GEMMs are emulated."""
+    try:
+        flags = set(Path("/proc/cpuinfo").read_text().split())
+    except OSError:
+        return "unknown (no /proc/cpuinfo)"
+    native = sorted(flags & {"amx_bf16", "avx512_bf16"})
+    return f"yes ({', '.join(native)})" if native else "no (no amx_bf16 / avx512_bf16: bf16 GEMMs are emulated)"
+
+
 def training_step(model, batch: dict, optimizer, autocast_dtype: torch.dtype | None = None) -> Callable[[], None]:
     def step() -> None:
         with torch.autocast("cpu", dtype=autocast_dtype, enabled=autocast_dtype is not None):
@@ -185,7 +195,8 @@ def run_dense(args: argparse.Namespace) -> Report:
         n = gen_batch * new_tokens
         report.rows.append(Row(f"generation tokens/s, batch {gen_batch}, {new_tokens} new tokens (greedy, DynamicCache)",
                                n / t_a, n / t_p, ratio, "tok/s", "≥ 1.0×"))
-    report.notes.append(f"{args.rounds} rounds, torch {torch.__version__}, {torch.get_num_threads()} threads.")
+    report.notes.append(f"{args.rounds} rounds, torch {torch.__version__}, {torch.get_num_threads()} threads; "
+                        f"native bf16 on this CPU: {native_bf16()}.")
     return report
 
 
