@@ -56,8 +56,8 @@ def build_masks(
     if isinstance(attention_mask, dict):  # already built by `generate` for a compileable (static) cache
         if prefix_lengths is not None:
             raise ValueError(
-                "prefix-LM cannot use the masks `generate` precomputes for a static cache (they have no prefix); "
-                "generate with the default DynamicCache."
+                "prefix-LM cannot use precomputed masks (a dict of masks has no prefix in it); pass the 2D "
+                "`attention_mask` with `prefix_lengths` and the model builds the masks (`generate` does this)."
             )
         return attention_mask
     kwargs = dict(

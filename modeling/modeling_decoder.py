@@ -291,6 +291,16 @@ class DecoderForCausalLM(DecoderPreTrainedModel, GenerationMixin):
         )
         return output if return_dict else output.to_tuple()
 
+    def prepare_inputs_for_generation(
+        self, input_ids: torch.LongTensor, attention_mask: torch.Tensor | None = None, **kwargs
+    ) -> dict:
+        inputs = super().prepare_inputs_for_generation(input_ids, attention_mask=attention_mask, **kwargs)
+        if inputs.get("prefix_lengths") is not None:
+            # `generate` precomputes a static cache's masks without the prefix: hand the model the 2D mask instead,
+            # so it builds the prefix-LM masks itself (over the static cache's keys, as for any other cache).
+            inputs["attention_mask"] = attention_mask
+        return inputs
+
 
 class DecoderForSequenceClassification(DecoderPreTrainedModel):
     """Classifies a sequence from the hidden state of its last non-pad token (GPT fine-tuning, seed 001).

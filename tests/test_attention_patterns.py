@@ -88,12 +88,30 @@ def test_prefix_lm_refusals():
     out = model(input_ids[:, :3], use_cache=True)
     with pytest.raises(ValueError, match="whole prefix in the first forward"):
         model(input_ids[:, 3:], past_key_values=out.past_key_values, prefix_lengths=torch.tensor([6]))
-    with pytest.raises(ValueError, match="static cache"):
-        model.generate(input_ids, max_new_tokens=2, prefix_lengths=torch.tensor([4]), cache_implementation="static")
+    with pytest.raises(ValueError, match="precomputed masks"):  # a dict of ready masks has no prefix in it
+        model(input_ids, attention_mask={"full_attention": None}, prefix_lengths=torch.tensor([4]))
     with pytest.raises(ValueError, match="prefix_lm"):
         DecoderForCausalLM(tiny_decoder_config())(input_ids, prefix_lengths=torch.tensor([4]))
     with pytest.raises(ValueError, match=r"shape \(batch,\)"):
         model(input_ids, prefix_lengths=torch.tensor([4, 4]))
+
+
+@pytest.mark.parametrize("attn", ["eager", "sdpa"])
+def test_prefix_lm_generate_with_a_static_cache_equals_the_dynamic_cache(attn):
+    model = DecoderForCausalLM(tiny_decoder_config(prefix_lm=True, attn_implementation=attn)).eval()
+    input_ids = torch.randint(3, 97, (2, 8))
+    mask = torch.ones_like(input_ids)
+    mask[1, :2] = 0  # left padding
+    kwargs = dict(max_new_tokens=5, do_sample=False, pad_token_id=0, attention_mask=mask, output_logits=True,
+                  return_dict_in_generate=True)
+    prefix = torch.tensor([5, 7])
+    dynamic = model.generate(input_ids, prefix_lengths=prefix, **kwargs)
+    static = model.generate(input_ids, prefix_lengths=prefix, cache_implementation="static", **kwargs)
+    causal = model.generate(input_ids, cache_implementation="static", **kwargs)
+    assert torch.equal(static.sequences, dynamic.sequences)
+    for a, b in zip(static.logits, dynamic.logits):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=0)
+    assert (static.logits[0] - causal.logits[0]).abs().max() > 1e-3  # the prefix really is seen both ways
 
 
 def test_prefix_lm_eager_equals_sdpa_with_padding():
