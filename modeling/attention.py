@@ -66,7 +66,8 @@ class Attention(nn.Module):
 
     Sizes default to the decoder config's fields (`hidden_size`, `num_attention_heads`, `num_key_value_heads`,
     `head_dim`, `attention_bias`); the encoder-decoder passes its own (`d_model`, `encoder_attention_heads`, ...) and
-    `output_name="out_proj"`, Marian/Bart's name for the output projection.
+    `output_name="out_proj"`, Marian/Bart's name for the output projection; `scaling` (T5: 1.0) and `norm_eps` (the
+    QK-norm's epsilon) override the config's. QK-norm applies to cross-attention too (keys normalised before caching).
     """
 
     def __init__(
@@ -81,6 +82,8 @@ class Attention(nn.Module):
         head_dim: int | None = None,
         bias: bool | None = None,
         output_name: str = "o_proj",
+        scaling: float | None = None,
+        norm_eps: float | None = None,
     ) -> None:
         super().__init__()
         self.config = config
@@ -96,14 +99,18 @@ class Attention(nn.Module):
         # Catalogue variants (issue 3), fixed at construction; configs without these fields get the plain attention.
         if getattr(config, "query_pre_attn_scalar", None) is not None:
             self.scaling = config.query_pre_attn_scalar**-0.5  # Gemma2
+        if scaling is not None:
+            self.scaling = scaling  # e.g. 1.0: T5's unscaled q·kᵀ
         self.softcap = getattr(config, "attn_logit_softcapping", None)
         layer_types = getattr(config, "layer_types", None)
         is_sliding = layer_types is not None and layer_types[layer_idx] == "sliding_attention"
         self.sliding_window = config.sliding_window if is_sliding else None  # the mask does it; flash reads it
         self.q_norm = self.k_norm = None
         if getattr(config, "use_qk_norm", False):  # QK-norm (Qwen3, OLMo2; seed 004): per-head norm of q and k
-            self.q_norm = make_norm(config.norm_type, self.head_dim, config.rms_norm_eps, config.norm_bias)
-            self.k_norm = make_norm(config.norm_type, self.head_dim, config.rms_norm_eps, config.norm_bias)
+            eps = norm_eps if norm_eps is not None else config.rms_norm_eps
+            norm_bias = getattr(config, "norm_bias", None)  # None: the norm's own default
+            self.q_norm = make_norm(config.norm_type, self.head_dim, eps, norm_bias)
+            self.k_norm = make_norm(config.norm_type, self.head_dim, eps, norm_bias)
         self.attention_dropout = config.attention_dropout
         self.is_causal = is_causal
         bias = bias if bias is not None else config.attention_bias
@@ -126,6 +133,8 @@ class Attention(nn.Module):
             layer = cache.cross_attention_cache.layers[self.layer_idx]
             return layer.keys, layer.values
         key, value = self._project_key_value(encoder_states)
+        if self.k_norm is not None:
+            key = self.k_norm(key)  # normalised once, before caching
         if cache is not None:
             key, value = cache.cross_attention_cache.update(key, value, self.layer_idx)
             cache.is_updated[self.layer_idx] = True
@@ -147,6 +156,8 @@ class Attention(nn.Module):
         query = self.q_proj(hidden_states).view(shape).transpose(1, 2)  # (B, H, T, D)
         if key_value_states is not None:
             key, value = self._cross_key_value(key_value_states, past_key_values)  # (B, H_kv, S, D)
+            if self.q_norm is not None:
+                query = self.q_norm(query)
         else:
             key, value = self._project_key_value(hidden_states)  # (B, H_kv, T, D)
             if self.q_norm is not None:

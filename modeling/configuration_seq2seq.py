@@ -8,7 +8,10 @@ to embeddings scaled by sqrt(d_model), one vocabulary shared by source, target a
 
 The catalogue's blocks are config choices here too (seed 000 §5.2, seed 004): `norm_type`, `norm_position`,
 `mlp_type`, `position_embedding_type` (T5's relative bias among them) and grouped-query attention through
-`encoder_key_value_heads` / `decoder_key_value_heads`, so a T5-style encoder-decoder is a config of this model.
+`encoder_key_value_heads` / `decoder_key_value_heads`. With T5's own fields (`d_kv`, `scale_decoder_outputs`) and
+GPT-2's `scale_attn_weights`, T5 (Raffel et al. 2020) and T5 v1.1 / flan-T5 are configs of this model, at parity with
+`T5ForConditionalGeneration` (docs/seq2seq.md has the mapping). The decoder's stability fields (seed 004) apply here
+too, with the same names: `use_qk_norm`, `attn_logit_softcapping`, `final_logit_softcapping`.
 
 Every impossible value fails here, at construction, with a `ValueError` naming the field and what is allowed.
 This file is part of the flat `modeling/` folder that the remote-code export copies: torch/transformers imports and
@@ -62,6 +65,18 @@ class Seq2SeqConfig(PreTrainedConfig):
         encoder_key_value_heads / decoder_key_value_heads (`int`, default to the attention heads): GQA/MQA.
         attention_bias, mlp_bias (`bool`, default to True): biases of the q/k/v/o projections and of fc1/fc2.
         relative_attention_num_buckets, relative_attention_max_distance (`int`, 32 and 128): T5's bucketing.
+        d_kv (`int`, *optional*): T5's size of each attention head (q/k/v project to heads × d_kv); defaults to
+            `d_model // heads` of each stack, as Marian/Bart.
+        scale_attn_weights (`bool`, defaults to True): GPT-2's flag: scores are q·kᵀ / sqrt(head size). T5 uses
+            False (scores = q·kᵀ; its initialisation of q folds the scale in).
+        scale_decoder_outputs (`bool`, defaults to False): T5's flag: multiply the decoder's output by
+            d_model^-0.5 before the LM head (original T5, whose head is the tied embedding matrix; not T5 v1.1).
+        use_qk_norm (`bool`, defaults to False): a `norm_type` norm over each head's queries and keys, in self- and
+            cross-attention (Qwen3 `q_norm`/`k_norm`; seed 004), as `DecoderConfig.use_qk_norm`.
+        attn_logit_softcapping (`float`, *optional*): c · tanh(s / c) on attention scores (Gemma2); SDPA cannot do
+            it, so the default backend falls back to eager and an explicit `attn_implementation="sdpa"` fails.
+        final_logit_softcapping (`float`, *optional*): c · tanh(z / c) on the output logits (Gemma2); the training
+            loss then runs unchunked.
         lm_loss_chunk_size (`int`, defaults to 1024): in training, the LM head and cross-entropy run over chunks of
             this many tokens so the full (tokens, vocab) logits never exist at once; 0 turns chunking off.
 
@@ -145,6 +160,12 @@ class Seq2SeqConfig(PreTrainedConfig):
     relative_attention_num_buckets: int = 32
     relative_attention_max_distance: int = 128
     lm_loss_chunk_size: int = 1024
+    d_kv: int | None = None
+    scale_attn_weights: bool = True
+    scale_decoder_outputs: bool = False
+    use_qk_norm: bool = False
+    attn_logit_softcapping: int | float | None = None
+    final_logit_softcapping: int | float | None = None
 
     def __post_init__(self, **kwargs: Any) -> None:
         self.decoder_vocab_size = self.decoder_vocab_size or self.vocab_size
@@ -179,6 +200,9 @@ class Seq2SeqConfig(PreTrainedConfig):
         check_positive(self, "layer_norm_eps", integer=False)
         check_non_negative(self, "init_std")
         check_non_negative(self, "lm_loss_chunk_size")
+        for name in ("d_kv", "attn_logit_softcapping", "final_logit_softcapping"):
+            if getattr(self, name) is not None:
+                check_positive(self, name, integer=name == "d_kv")
         check_choice(self, "activation_function", ACTIVATIONS)
         check_choice(self, "norm_type", NORM_TYPES)
         check_choice(self, "norm_position", NORM_POSITIONS)
@@ -187,10 +211,11 @@ class Seq2SeqConfig(PreTrainedConfig):
         check_choice(self, "sinusoidal_layout", SINUSOIDAL_LAYOUTS)
         for side in ("encoder", "decoder"):
             heads, kv_heads = getattr(self, f"{side}_attention_heads"), getattr(self, f"{side}_key_value_heads")
-            if self.d_model % heads != 0:
+            if self.d_kv is None and self.d_model % heads != 0:
                 raise ValueError(
                     f"`d_model` ({self.d_model}) must be divisible by `{side}_attention_heads` ({heads}): allowed "
-                    f"values are {[h for h in range(1, self.d_model + 1) if self.d_model % h == 0]}."
+                    f"values are {[h for h in range(1, self.d_model + 1) if self.d_model % h == 0]}, or set `d_kv` (the "
+                    "head size)."
                 )
             if heads % kv_heads != 0:
                 raise ValueError(
@@ -205,6 +230,12 @@ class Seq2SeqConfig(PreTrainedConfig):
                 f"`relative_attention_num_buckets` ({self.relative_attention_num_buckets}) must be >= 4 and "
                 f"`relative_attention_max_distance` ({self.relative_attention_max_distance}) must exceed the {exact} "
                 "exactly-bucketed distances."
+            )
+        requested = getattr(self, "_attn_implementation_internal", None)
+        if self.attn_logit_softcapping is not None and isinstance(requested, str) and "sdpa" in requested:
+            raise ValueError(
+                "`attn_logit_softcapping` cannot be applied by `attn_implementation='sdpa'` (SDPA has no score hook); "
+                "use 'eager' (the default falls back to it when soft-capping is set)."
             )
         if self.share_encoder_decoder_embeddings and self.decoder_vocab_size != self.vocab_size:
             raise ValueError(

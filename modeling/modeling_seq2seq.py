@@ -148,17 +148,23 @@ class _Seq2SeqLayer(GradientCheckpointingLayer):
 
 def _attention(config: Seq2SeqConfig, side: str, layer_idx: int, is_causal: bool) -> Attention:
     heads = getattr(config, f"{side}_attention_heads")
-    return Attention(
+    attention = Attention(
         config,
         layer_idx,
         is_causal=is_causal,
         hidden_size=config.d_model,
         num_attention_heads=heads,
         num_key_value_heads=getattr(config, f"{side}_key_value_heads"),
-        head_dim=config.d_model // heads,
+        head_dim=config.d_kv or config.d_model // heads,  # T5's d_kv may differ from d_model / heads
         bias=config.attention_bias,
         output_name="out_proj",
+        scaling=None if config.scale_attn_weights else 1.0,  # T5: scores = q·kᵀ
+        norm_eps=config.layer_norm_eps,
     )
+    if not config.scale_attn_weights:
+        # T5 folds 1/sqrt(head size) into q's initialisation: the same initial scores as scaled attention
+        attention.q_proj.init_std = config.init_std * attention.head_dim**-0.5
+    return attention
 
 
 class Seq2SeqEncoderLayer(_Seq2SeqLayer):
@@ -251,6 +257,15 @@ class Seq2SeqPreTrainedModel(HubMixin, PreTrainedModel):
                 f"`attn_implementation`={implementation!r} cannot take; use 'sdpa' or 'eager'."
             )
 
+    def _sdpa_can_dispatch(self, is_init_check: bool = False) -> bool:
+        # SDPA has no score hook for soft-capping: the default then falls back to eager, an explicit request fails
+        if self.config.attn_logit_softcapping is not None:
+            raise ValueError(
+                "`attn_logit_softcapping` cannot be applied by `attn_implementation='sdpa'` (SDPA has no score hook); "
+                "use 'eager' (the default falls back to it when soft-capping is set)."
+            )
+        return super()._sdpa_can_dispatch(is_init_check)
+
     def _flash_attn_can_dispatch(self, flash_attn_version: int, is_init_check: bool = False) -> bool:
         self._refuse_bias_backend(f"flash_attention_{flash_attn_version}")
         return super()._flash_attn_can_dispatch(flash_attn_version, is_init_check)
@@ -268,6 +283,8 @@ class Seq2SeqPreTrainedModel(HubMixin, PreTrainedModel):
             init.copy_(module.weight, sinusoid_table(module.num_positions, module.dim, module.layout, module.base))
         elif isinstance(module, Seq2SeqForConditionalGeneration):
             init.zeros_(module.final_logits_bias)
+        elif isinstance(module, nn.Linear) and hasattr(module, "init_std"):
+            init.normal_(module.weight, mean=0.0, std=module.init_std)  # T5's q_proj, see `_attention`
 
 
 def make_position_embedding(config: Seq2SeqConfig) -> nn.Module | None:
@@ -577,6 +594,9 @@ class Seq2SeqForConditionalGeneration(Seq2SeqPreTrainedModel, GenerationMixin):
     def __init__(self, config: Seq2SeqConfig) -> None:
         super().__init__(config)
         self.model = Seq2SeqModel(config)
+        # T5 multiplies the decoder output by d_model^-0.5 before its (tied) head; Gemma2 soft-caps the logits
+        self.output_scale = config.d_model**-0.5 if config.scale_decoder_outputs else 1.0
+        self.final_logit_softcapping = config.final_logit_softcapping
         self._tied_weights_keys = {"lm_head.weight": "model.decoder.embed_tokens.weight"}
         if config.share_encoder_decoder_embeddings:
             self._tied_weights_keys = {"lm_head.weight": "model.shared.weight"}
@@ -653,10 +673,11 @@ class Seq2SeqForConditionalGeneration(Seq2SeqPreTrainedModel, GenerationMixin):
             return_dict=True,
             **kwargs,
         )
-        hidden_states = outputs.last_hidden_state  # (B, T, d)
+        hidden_states = outputs.last_hidden_state * self.output_scale  # (B, T, d)
         loss, logits = None, None
         chunk = self.config.lm_loss_chunk_size
-        if labels is not None and self.training and chunk > 0:
+        softcap = self.final_logit_softcapping
+        if labels is not None and self.training and chunk > 0 and softcap is None:  # the chunked loss has no soft-cap
             # logits = [h, 1] @ [W, b]ᵀ: the constant bias rides along as one more input channel
             ones = hidden_states.new_ones(*hidden_states.shape[:-1], 1)
             weight = torch.cat((self.lm_head.weight, self.final_logits_bias.t().to(self.lm_head.weight.dtype)), 1)
@@ -666,6 +687,8 @@ class Seq2SeqForConditionalGeneration(Seq2SeqPreTrainedModel, GenerationMixin):
         else:
             keep = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
             logits = self.lm_head(hidden_states[:, keep, :]) + self.final_logits_bias.to(hidden_states.dtype)
+            if softcap is not None:
+                logits = torch.tanh(logits / softcap) * softcap
             if labels is not None:
                 loss = causal_lm_loss(logits, labels, num_items_in_batch, shifted_labels=labels)
 
