@@ -235,6 +235,179 @@ def _marian_state_dict(state_dict: dict[str, torch.Tensor], config: PreTrainedCo
     return state_dict
 
 
+# T5 (Raffel et al. 2020) and T5 v1.1 / flan-T5 are archlab configs: pre-norm RMSNorm without bias, T5's relative
+# bias (once per stack), unscaled q·kᵀ, no embedding scaling, no absolute positions, a ReLU or gated-GELU FFN, and
+# (v1.0) a tied head fed d_model^-0.5 times the decoder output. T5Config fields with the same name and meaning:
+T5_FIELDS = (
+    "vocab_size", "d_model", "d_kv", "relative_attention_num_buckets", "relative_attention_max_distance", "use_cache",
+    "pad_token_id", "eos_token_id", "decoder_start_token_id",
+)
+T5_CONFIG_FIELDS = T5_FIELDS[:-1] + (
+    "d_ff", "num_layers", "num_decoder_layers", "num_heads", "dropout_rate", "layer_norm_epsilon", "feed_forward_proj",
+)
+# archlab values every T5 has (checked on export)
+T5_IMPLIED: dict[str, Any] = {
+    "norm_type": "rms_norm", "norm_position": "pre", "position_embedding_type": "relative_bias",
+    "scale_embedding": False, "attention_bias": False, "mlp_bias": False, "scale_attn_weights": False,
+    "share_encoder_decoder_embeddings": True,
+}
+# archlab fields T5 expresses through its own fields (or that do not change the function: dropout split, init, the
+# unused absolute-position length, bos)
+T5_EXPRESSIBLE = set(T5_IMPLIED) | {
+    "encoder_layers", "decoder_layers", "encoder_attention_heads", "decoder_attention_heads", "encoder_key_value_heads",
+    "decoder_key_value_heads", "encoder_ffn_dim", "decoder_ffn_dim", "activation_function", "mlp_type", "dropout",
+    "attention_dropout", "activation_dropout", "layer_norm_eps", "scale_decoder_outputs", "decoder_vocab_size",
+    "bos_token_id", "init_std", "max_position_embeddings",
+}
+T5_SUBLAYERS = {
+    "encoder": (("SelfAttention", "self_attn"),),
+    "decoder": (("SelfAttention", "self_attn"), ("EncDecAttention", "encoder_attn")),
+}
+T5_PROJECTIONS = (("q", "q_proj"), ("k", "k_proj"), ("v", "v_proj"), ("o", "out_proj"))
+
+
+def _t5_to_archlab(hf_config: dict[str, Any]) -> dict[str, Any]:
+    """config.json omits fields at T5Config's defaults: read it through T5Config. Whether the head is the tied
+    embedding fed d_model^-0.5 · output (T5 v1.0) or a separate matrix fed the output as is (v1.1, flan-T5) is
+    `scale_decoder_outputs` in configs saved by transformers 5 (which always write `tie_word_embeddings=True`) and
+    `tie_word_embeddings` in older ones."""
+    from transformers import T5Config
+
+    t5 = T5Config(**{k: v for k, v in hf_config.items() if k in T5_CONFIG_FIELDS})
+    tied = hf_config.get("scale_decoder_outputs", hf_config.get("tie_word_embeddings", True) is not False)
+    return {
+        **{k: getattr(t5, k) for k in T5_FIELDS[:-1]},
+        **T5_IMPLIED,
+        "decoder_start_token_id": hf_config.get("decoder_start_token_id", t5.pad_token_id),  # T5 starts from pad
+        "bos_token_id": None,
+        "encoder_layers": t5.num_layers,
+        "decoder_layers": t5.num_decoder_layers,
+        "encoder_attention_heads": t5.num_heads,
+        "decoder_attention_heads": t5.num_heads,
+        "encoder_ffn_dim": t5.d_ff,
+        "decoder_ffn_dim": t5.d_ff,
+        "mlp_type": "gated" if t5.is_gated_act else "plain",
+        "activation_function": t5.dense_act_fn,  # "gated-gelu" is gelu_new (T5Config's legacy mapping)
+        **{name: t5.dropout_rate for name in ("dropout", "attention_dropout", "activation_dropout")},
+        "layer_norm_eps": t5.layer_norm_epsilon,
+        "scale_decoder_outputs": tied,
+        "tie_word_embeddings": tied,
+    }
+
+
+def _t5_from_archlab(config: PreTrainedConfig) -> dict[str, Any]:
+    """T5 has one head count, FFN width and dropout rate for both stacks, no GQA, and ties its head exactly when it
+    scales the decoder output; `dropout` becomes `dropout_rate` (dropout changes training only)."""
+    wrong = {k: getattr(config, k) for k, v in T5_IMPLIED.items() if getattr(config, k) != v}
+    heads = {config.encoder_attention_heads, config.decoder_attention_heads, config.encoder_key_value_heads,
+             config.decoder_key_value_heads}
+    if len(heads) > 1:
+        wrong["attention heads (encoder, decoder, key/value)"] = sorted(heads)
+    if config.encoder_ffn_dim != config.decoder_ffn_dim:
+        wrong["encoder_ffn_dim/decoder_ffn_dim"] = (config.encoder_ffn_dim, config.decoder_ffn_dim)
+    if config.tie_word_embeddings != config.scale_decoder_outputs:
+        wrong["tie_word_embeddings/scale_decoder_outputs"] = (config.tie_word_embeddings, config.scale_decoder_outputs)
+    if wrong:
+        details = ", ".join(f"{k}={v!r}" for k, v in wrong.items())
+        raise ConversionError(
+            f"T5ForConditionalGeneration cannot express {details}; T5 needs {T5_IMPLIED}, one head count without "
+            "GQA, one FFN width, and a tied head exactly when `scale_decoder_outputs=True`."
+        )
+    act = config.activation_function
+    return {
+        "d_kv": config.d_kv or config.d_model // config.encoder_attention_heads,
+        "num_layers": config.encoder_layers,
+        "num_decoder_layers": config.decoder_layers,
+        "num_heads": config.encoder_attention_heads,
+        "d_ff": config.encoder_ffn_dim,
+        "feed_forward_proj": ("gated-gelu" if act == "gelu_new" else f"gated-{act}") if config.mlp_type == "gated" else act,
+        "dropout_rate": config.dropout,
+        "layer_norm_epsilon": config.layer_norm_eps,
+        "tie_word_embeddings": config.tie_word_embeddings,
+        "is_encoder_decoder": True,
+    }
+
+
+def t5_parameter_names(config: PreTrainedConfig) -> dict[str, str]:
+    """T5 parameter name -> archlab name (the documented key renaming), for every tensor except a gated FFN's
+    `wi_0`/`wi_1`, which archlab fuses into `fc1` = [wi_0; wi_1] (its gated FFN is act(a) ⊙ b with [a, b] = fc1 x).
+    T5's per-layer `layer.N.layer_norm` are archlab's `self_attn_layer_norm`, `encoder_attn_layer_norm` and
+    `final_layer_norm` (Marian's name for the FFN norm); T5's stack `final_layer_norm` is archlab's `layer_norm`."""
+    names = {"shared.weight": "model.shared.weight", "lm_head.weight": "lm_head.weight"}
+    for stack, sublayers in T5_SUBLAYERS.items():
+        ours = f"model.{stack}"
+        names[f"{stack}.embed_tokens.weight"] = f"{ours}.embed_tokens.weight"
+        names[f"{stack}.final_layer_norm.weight"] = f"{ours}.layer_norm.weight"
+        # T5 keeps the bias table in the first block's self-attention; archlab keeps it once per stack
+        names[f"{stack}.block.0.layer.0.SelfAttention.relative_attention_bias.weight"] = (
+            f"{ours}.position_bias.relative_attention_bias.weight"
+        )
+        for i in range(getattr(config, f"{stack}_layers")):
+            block, layer = f"{stack}.block.{i}.layer", f"{ours}.layers.{i}"
+            for j, (t5_name, name) in enumerate(sublayers):
+                names[f"{block}.{j}.layer_norm.weight"] = f"{layer}.{name}_layer_norm.weight"
+                for t5_proj, proj in T5_PROJECTIONS:
+                    names[f"{block}.{j}.{t5_name}.{t5_proj}.weight"] = f"{layer}.{name}.{proj}.weight"
+            ffn = f"{block}.{len(sublayers)}"
+            names[f"{ffn}.layer_norm.weight"] = f"{layer}.final_layer_norm.weight"
+            names[f"{ffn}.DenseReluDense.wo.weight"] = f"{layer}.fc2.weight"
+            if config.mlp_type != "gated":
+                names[f"{ffn}.DenseReluDense.wi.weight"] = f"{layer}.fc1.weight"
+    return names
+
+
+def _t5_gated_ffns(config: PreTrainedConfig):
+    """(T5 prefix of wi_0/wi_1, archlab fc1 name) of every gated FFN."""
+    if config.mlp_type != "gated":
+        return
+    for stack, sublayers in T5_SUBLAYERS.items():
+        for i in range(getattr(config, f"{stack}_layers")):
+            yield f"{stack}.block.{i}.layer.{len(sublayers)}.DenseReluDense", f"model.{stack}.layers.{i}.fc1.weight"
+
+
+def t5_state_dict_to_archlab(state_dict: dict[str, torch.Tensor], config: PreTrainedConfig) -> dict[str, torch.Tensor]:
+    """A `T5ForConditionalGeneration` state dict as a `Seq2SeqForConditionalGeneration` one (loads with strict=True)."""
+    names = t5_parameter_names(config)
+    unknown = [k for k in state_dict if k not in names and ".wi_" not in k and "EncDecAttention.relative" not in k]
+    if unknown:
+        raise ConversionError(f"Not T5 parameters of this config: {unknown[:5]}.")
+    out = {names[k]: v for k, v in state_dict.items() if k in names}
+    for t5_ffn, fc1 in _t5_gated_ffns(config):
+        out[fc1] = torch.cat((state_dict[f"{t5_ffn}.wi_0.weight"], state_dict[f"{t5_ffn}.wi_1.weight"]))
+    shared = out.get("model.shared.weight", out.get("model.encoder.embed_tokens.weight"))
+    for key in ("model.shared.weight", "model.encoder.embed_tokens.weight", "model.decoder.embed_tokens.weight"):
+        out.setdefault(key, shared)
+    if config.tie_word_embeddings:
+        head = out.get("lm_head.weight")
+        if head is not None and not torch.equal(head, shared):
+            raise ConversionError("The config ties the head to the embeddings but the checkpoint's lm_head differs.")
+        out["lm_head.weight"] = shared
+    out.setdefault("final_logits_bias", torch.zeros(1, config.decoder_vocab_size, dtype=shared.dtype))  # T5 has none
+    return out
+
+
+def archlab_state_dict_to_t5(state_dict: dict[str, torch.Tensor], config: PreTrainedConfig) -> dict[str, torch.Tensor]:
+    """The inverse of `t5_state_dict_to_archlab`; refuses a non-zero `final_logits_bias` (T5 has no output bias)."""
+    bias = state_dict.get("final_logits_bias")
+    if bias is not None and bias.any():
+        raise ConversionError("This model has a non-zero `final_logits_bias`, which T5 cannot express.")
+    names = {ours: t5 for t5, ours in t5_parameter_names(config).items()}
+    out = {names[k]: v for k, v in state_dict.items() if k in names}
+    for t5_ffn, fc1 in _t5_gated_ffns(config):
+        out[f"{t5_ffn}.wi_0.weight"], out[f"{t5_ffn}.wi_1.weight"] = state_dict[fc1].chunk(2)
+    shared = out.get("shared.weight", out.get("encoder.embed_tokens.weight"))
+    for key in ("shared.weight", "encoder.embed_tokens.weight", "decoder.embed_tokens.weight"):
+        out.setdefault(key, shared)  # checkpoints saved by transformers drop the tied copies
+    return out
+
+
+def _t5_state_dict(state_dict: dict[str, torch.Tensor], config: PreTrainedConfig) -> dict[str, torch.Tensor]:
+    """Both directions (`convert_checkpoint` renames nothing for T5): archlab names start with "model."."""
+    if any(key.startswith("model.") for key in state_dict):
+        return archlab_state_dict_to_t5(state_dict, config)
+    return t5_state_dict_to_archlab(state_dict, config)
+
+
 FAMILIES: dict[str, FamilyConversion] = {
     **{model_type: row.conversion(model_type) for model_type, row in DECODER_FAMILIES.items()},
     "marian": FamilyConversion(
@@ -247,6 +420,17 @@ FAMILIES: dict[str, FamilyConversion] = {
         archlab_class=Seq2SeqForConditionalGeneration,
         archlab_config_class=Seq2SeqConfig,
         complete_state_dict=_marian_state_dict,
+    ),
+    "t5": FamilyConversion(
+        model_type="t5",
+        architecture="T5ForConditionalGeneration",
+        shared_fields=T5_FIELDS,
+        to_archlab_extra=_t5_to_archlab,
+        from_archlab_extra=_t5_from_archlab,
+        expressible_fields=T5_EXPRESSIBLE,
+        archlab_class=Seq2SeqForConditionalGeneration,
+        archlab_config_class=Seq2SeqConfig,
+        complete_state_dict=_t5_state_dict,
     ),
 }
 
@@ -375,15 +559,19 @@ def convert_checkpoint(src: str | os.PathLike, dst: str | os.PathLike, to: str |
 def _write(model_cls: type[PreTrainedModel], config: PreTrainedConfig, state_dict, src: Path, dst: Path) -> Path:
     with torch.device("meta"):
         model = model_cls(config)
-    if getattr(config, "tie_word_embeddings", False):
-        state_dict = {k: v for k, v in state_dict.items() if k != "lm_head.weight"}
     missing, unexpected = model.load_state_dict(state_dict, strict=False, assign=True)
-    missing = [k for k in missing if not (config.tie_word_embeddings and k == "lm_head.weight")]
+    # Tie only when the head is the embedding: T5Config always says tie_word_embeddings=True, though T5 v1.1
+    # checkpoints carry their own head (transformers unties those at load time for the same reason).
+    head = state_dict.get("lm_head.weight")
+    tied = getattr(config, "tie_word_embeddings", False) and (
+        head is None or torch.equal(head, model.get_input_embeddings().weight)
+    )
+    missing = [k for k in missing if not (tied and k == "lm_head.weight")]
     if missing or unexpected:
         raise ConversionError(
             f"Weights do not match {model_cls.__name__}: missing {missing[:5]}, unexpected {unexpected[:5]}."
         )
-    if config.tie_word_embeddings:
+    if tied:
         model.tie_weights()
     dst.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{dst.name}.", dir=dst.parent))

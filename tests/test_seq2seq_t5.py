@@ -1,0 +1,190 @@
+"""T5 parity: a T5-equivalent `Seq2SeqConfig` computes `T5ForConditionalGeneration`'s function (v1.0 and v1.1).
+
+The reference is transformers' own T5 with random weights; its state dict reaches archlab through the documented
+key renaming of `configuration/conversion.py` and loads with `strict=True`. Checked: logits (fp32, <= 1e-4), loss,
+greedy and beam generation, incremental decoding, eager vs sdpa, and the converter in both directions.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoModelForSeq2SeqLM, T5Config, T5ForConditionalGeneration
+
+from archlab import Seq2SeqConfig, Seq2SeqForConditionalGeneration
+from archlab.configuration.conversion import (
+    FAMILIES,
+    ConversionError,
+    archlab_config_from,
+    archlab_state_dict_to_t5,
+    convert_checkpoint,
+    t5_state_dict_to_archlab,
+)
+
+VOCAB = 61
+# d_kv * num_heads (36) != d_model (32), as in T5 v1.1 small (6 heads of 64 on d_model 512)
+T5_SHAPE = dict(
+    vocab_size=VOCAB, d_model=32, d_kv=12, d_ff=48, num_layers=2, num_heads=3, relative_attention_num_buckets=8,
+    relative_attention_max_distance=20, dropout_rate=0.0, decoder_start_token_id=0,
+)
+VERSIONS = {
+    "v1.0": dict(feed_forward_proj="relu", tie_word_embeddings=True),  # tied head, output scaled by d_model^-0.5
+    "v1.1": dict(feed_forward_proj="gated-gelu", tie_word_embeddings=False),  # gelu_new GeGLU, separate head
+}
+
+
+def t5_reference(version: str) -> T5ForConditionalGeneration:
+    reference = T5ForConditionalGeneration(T5Config(**T5_SHAPE, **VERSIONS[version])).eval()
+    if version == "v1.1":
+        # transformers 5 ties T5's head at construction even for v1.1 (and unties it when a checkpoint has its own)
+        reference.lm_head.weight = torch.nn.Parameter(torch.empty(VOCAB, 32))
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, parameter in reference.named_parameters():
+            if "layer_norm" in name:
+                parameter.uniform_(0.5, 1.5, generator=generator)
+            else:  # large enough that greedy decoding does not repeat one token
+                parameter.normal_(0.0, 0.3, generator=generator)
+    return reference
+
+
+def t5_pair(version: str) -> tuple[T5ForConditionalGeneration, Seq2SeqForConditionalGeneration]:
+    reference = t5_reference(version)
+    config = archlab_config_from(FAMILIES["t5"], reference.config.to_dict())
+    ours = Seq2SeqForConditionalGeneration(config).eval()
+    ours.load_state_dict(t5_state_dict_to_archlab(reference.state_dict(), config), strict=True)
+    return reference, ours
+
+
+def batch():
+    """Two sources (the second right-padded) and two target prefixes starting with T5's start token (pad = 0)."""
+    generator = torch.Generator().manual_seed(1)
+    source = torch.randint(2, VOCAB, (2, 11), generator=generator)
+    mask = torch.ones_like(source)
+    mask[1, 6:] = 0
+    source[1, 6:] = 0
+    target = torch.randint(2, VOCAB, (2, 8), generator=generator)
+    target[:, 0] = 0
+    return source, mask, target
+
+
+def test_t5_config_maps_to_the_t5_recipe():
+    config = archlab_config_from(FAMILIES["t5"], t5_reference("v1.0").config.to_dict())
+    assert (config.norm_type, config.norm_position, config.position_embedding_type) == ("rms_norm", "pre", "relative_bias")
+    assert not (config.scale_embedding or config.scale_attn_weights or config.attention_bias or config.mlp_bias)
+    assert config.layer_norm_eps == 1e-6 and config.d_kv == 12 and config.decoder_start_token_id == 0
+    assert config.scale_decoder_outputs and config.tie_word_embeddings and config.mlp_type == "plain"
+    v11 = archlab_config_from(FAMILIES["t5"], t5_reference("v1.1").config.to_dict())
+    assert (v11.mlp_type, v11.activation_function) == ("gated", "gelu_new")
+    assert not (v11.scale_decoder_outputs or v11.tie_word_embeddings)
+    # a config.json written before transformers 5 says only tie_word_embeddings=False for v1.1
+    legacy = archlab_config_from(FAMILIES["t5"], {**T5_SHAPE, **VERSIONS["v1.1"]})
+    assert not (legacy.scale_decoder_outputs or legacy.tie_word_embeddings)
+
+
+@pytest.mark.parametrize("version", list(VERSIONS))
+def test_t5_logits_and_loss_match(version):
+    reference, ours = t5_pair(version)
+    source, mask, target = batch()
+    with torch.no_grad():
+        expected = reference(input_ids=source, attention_mask=mask, decoder_input_ids=target)
+        got = ours(input_ids=source, attention_mask=mask, decoder_input_ids=target)
+        assert expected.logits.std() > 0.05  # not a degenerate comparison
+        assert (got.logits - expected.logits).abs().max() <= 1e-4
+        torch.testing.assert_close(got.encoder_last_hidden_state, expected.encoder_last_hidden_state)
+        labels = target.masked_fill(torch.tensor([[False] * 6 + [True] * 2, [False] * 8]), -100)
+        expected_loss = reference(input_ids=source, attention_mask=mask, labels=labels).loss
+        got_loss = ours(input_ids=source, attention_mask=mask, labels=labels).loss
+    torch.testing.assert_close(got_loss, expected_loss, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("version", list(VERSIONS))
+@pytest.mark.parametrize("generate_kwargs", [dict(num_beams=1), dict(num_beams=3, length_penalty=0.8)], ids=["greedy", "beam"])
+def test_t5_generation_matches(version, generate_kwargs):
+    reference, ours = t5_pair(version)
+    source, mask, _ = batch()
+    kwargs = dict(input_ids=source, attention_mask=mask, max_new_tokens=12, do_sample=False, **generate_kwargs)
+    expected = reference.generate(**kwargs)
+    got = ours.generate(**kwargs)
+    assert torch.equal(got, expected)
+    assert len(set(expected[:, 1:].flatten().tolist())) > 2  # the outputs are not one repeated token
+
+
+@pytest.mark.parametrize("version", list(VERSIONS))
+def test_t5_incremental_decoding_and_eager_equal_full_sdpa(version):
+    _, ours = t5_pair(version)
+    source, mask, target = batch()
+    with torch.no_grad():
+        full = ours(input_ids=source, attention_mask=mask, decoder_input_ids=target).logits
+        step = ours(input_ids=source, attention_mask=mask, decoder_input_ids=target[:, :1], use_cache=True)
+        logits, cache = [step.logits], step.past_key_values
+        for t in range(1, target.shape[1]):
+            step = ours(
+                encoder_outputs=(step.encoder_last_hidden_state,), attention_mask=mask,
+                decoder_input_ids=target[:, t : t + 1], past_key_values=cache, use_cache=True,
+            )
+            logits.append(step.logits)
+            cache = step.past_key_values
+        ours.set_attn_implementation("eager")
+        eager = ours(input_ids=source, attention_mask=mask, decoder_input_ids=target).logits
+    torch.testing.assert_close(torch.cat(logits, 1), full, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(eager, full, atol=1e-5, rtol=1e-5)
+
+
+def test_t5_state_dict_round_trips_exactly():
+    for version in VERSIONS:
+        reference, ours = t5_pair(version)
+        back = archlab_state_dict_to_t5(ours.state_dict(), ours.config)
+        expected = reference.state_dict()
+        assert set(back) == set(expected)
+        assert all(torch.equal(back[key], expected[key]) for key in back)
+
+
+def test_unscaled_attention_folds_the_scale_into_the_query_initialisation():
+    config = archlab_config_from(FAMILIES["t5"], {**T5_SHAPE, "d_model": 256, "d_kv": 64, "num_heads": 4})
+    model = Seq2SeqForConditionalGeneration(config)
+    attention = model.model.encoder.layers[0].self_attn
+    assert attention.scaling == 1.0
+    q_std, k_std = attention.q_proj.weight.std().item(), attention.k_proj.weight.std().item()
+    assert k_std == pytest.approx(config.init_std, rel=0.1)
+    assert q_std == pytest.approx(config.init_std / 8, rel=0.1)  # init_std · d_kv^-1/2
+
+
+@pytest.mark.parametrize("version", list(VERSIONS))
+def test_converter_imports_and_exports_t5_folders(version, tmp_path):
+    reference = t5_reference(version)
+    reference.save_pretrained(tmp_path / "t5")
+    convert_checkpoint(tmp_path / "t5", tmp_path / "archlab")
+    ours = AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "archlab").eval()
+    assert type(ours) is Seq2SeqForConditionalGeneration
+    assert (ours.lm_head.weight is ours.model.shared.weight) == (version == "v1.0")
+    source, mask, target = batch()
+    with torch.no_grad():
+        expected = reference(input_ids=source, attention_mask=mask, decoder_input_ids=target).logits
+        got = ours(input_ids=source, attention_mask=mask, decoder_input_ids=target).logits
+    assert (got - expected).abs().max() <= 1e-4
+
+    convert_checkpoint(tmp_path / "archlab", tmp_path / "back", to="t5")
+    back = T5ForConditionalGeneration.from_pretrained(tmp_path / "back").eval()
+    assert back.config.scale_decoder_outputs == (version == "v1.0")
+    with torch.no_grad():
+        exported = back(input_ids=source, attention_mask=mask, decoder_input_ids=target).logits
+    torch.testing.assert_close(exported, expected)
+
+
+def test_converter_refuses_what_t5_cannot_express(tmp_path):
+    _, ours = t5_pair("v1.1")
+    for name, overrides, message in [
+        ("gqa", dict(decoder_key_value_heads=1), "attention heads"),
+        ("scaled", dict(scale_attn_weights=True), "scale_attn_weights=True"),
+        ("layer_norm", dict(norm_type="layer_norm"), "norm_type='layer_norm'"),
+        ("qk_norm", dict(use_qk_norm=True), "use_qk_norm=True"),
+    ]:
+        model = Seq2SeqForConditionalGeneration(Seq2SeqConfig(**{**ours.config.to_dict(), **overrides}))
+        model.save_pretrained(tmp_path / name)
+        with pytest.raises(ConversionError, match=message):
+            convert_checkpoint(tmp_path / name, tmp_path / f"{name}_refused", to="t5")
+    ours.final_logits_bias.fill_(0.5)
+    ours.save_pretrained(tmp_path / "bias")
+    with pytest.raises(ConversionError, match="final_logits_bias"):
+        convert_checkpoint(tmp_path / "bias", tmp_path / "bias_refused", to="t5")
