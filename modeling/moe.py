@@ -100,6 +100,16 @@ def _grouped_mm_tn(a: torch.Tensor, b: torch.Tensor, offsets: torch.Tensor) -> t
     return _grouped_mm_tn_op(a, b, offsets) if torch.compiler.is_compiling() else _grouped_mm_tn_eager(a, b, offsets)
 
 
+def _one_token_on_cpu(hidden_states: torch.Tensor) -> bool:
+    """Inference on CPU in eager mode with one token (a static check, no data read): `Experts._forward_one_token`."""
+    return (
+        hidden_states.shape[0] == 1
+        and hidden_states.device.type == "cpu"
+        and not torch.is_grad_enabled()
+        and not torch.compiler.is_compiling()
+    )
+
+
 class GroupedLinear(torch.autograd.Function):
     """y[rows of e] = x[rows of e] @ weight[e]ᵀ for weight (E, out, in) stored like nn.Linear, rows sorted by e."""
 
@@ -169,6 +179,8 @@ class Experts(nn.Module):
 
     def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor):
         """hidden_states (N, d), top_k_index/top_k_weights (N, k) -> Σ_slots weight · expert(x), (N, d)."""
+        if _one_token_on_cpu(hidden_states):
+            return self._forward_one_token(hidden_states, top_k_index, top_k_weights)
         k = top_k_index.shape[-1]
         sorted_experts, order = torch.sort(top_k_index.reshape(-1), stable=True)  # (S,) with S = N·k
         expert_ids = torch.arange(self.num_experts, device=sorted_experts.device)
@@ -184,6 +196,23 @@ class Experts(nn.Module):
         y = y * top_k_weights.reshape(-1)[order].unsqueeze(-1).to(y.dtype)
         out = torch.zeros(hidden_states.shape, dtype=y.dtype, device=y.device)
         return out.index_add_(0, token_index, y).to(hidden_states.dtype)
+
+    def _forward_one_token(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor):
+        """The one-token decode step on CPU: k plain matrix-vector products on the chosen experts' weights.
+
+        Reading the k chosen experts on the host costs nothing on CPU, and at one token the grouped path's sort,
+        gathers, scatter and per-expert kernel calls (including empty ones) cost more than they save.
+        """
+        out = None
+        for expert, weight in zip(top_k_index[0].tolist(), top_k_weights[0].tolist()):
+            if self.gated:
+                gate, up = F.linear(hidden_states, self.gate_up_proj[expert]).chunk(2, dim=-1)
+                h = self.act_fn(gate) * up
+            else:
+                h = self.act_fn(F.linear(hidden_states, self.up_proj[expert]))
+            y = F.linear(h, self.down_proj[expert]) * weight  # (1, d)
+            out = y if out is None else out.add_(y)
+        return out.to(hidden_states.dtype)
 
 
 class SparseMoeBlock(nn.Module):
