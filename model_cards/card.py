@@ -16,6 +16,7 @@ from typing import Any
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
 from .facts import (
+    SEQ2SEQ_PIPELINE_TAGS,
     architecture_rows,
     auto_class_for,
     format_count,
@@ -58,9 +59,15 @@ def _usage(
             "inputs = {\"input_ids\": torch.tensor([[1, 5, 6, 7, 8]])}",
         ]
     decode = "tokenizer.decode(output[0], skip_special_tokens=True)" if has_tokenizer else "output[0].tolist()"
-    if pipeline_tag in ("text-generation", "text2text-generation"):
+    if pipeline_tag == "text-generation":
         lines += [
             "output = model.generate(**inputs, max_new_tokens=20, do_sample=False)",
+            f"print({decode})",
+        ]
+    elif pipeline_tag in (*SEQ2SEQ_PIPELINE_TAGS, "text2text-generation"):  # transformers 5 has no pipeline for these
+        decode = "tokenizer.batch_decode(output, skip_special_tokens=True)" if has_tokenizer else "output.tolist()"
+        lines += [
+            "output = model.generate(**inputs, num_beams=4, max_new_tokens=40)",
             f"print({decode})",
         ]
     elif pipeline_tag == "text-classification":

@@ -20,11 +20,17 @@ from typing import Any
 
 from safetensors import safe_open
 
-# architecture class name suffix -> Hub pipeline tag
+# architecture class name suffix -> Hub pipeline tag. The encoder-decoder's default is `translation`, the task of the
+# model it implements (Vaswani et al.) and of the checkpoints it converts (Marian opus-mt); a summariser passes
+# `pipeline_tag="summarization"`. Not `text2text-generation`: the Hub now files that tag under `text-generation`,
+# whose widget and snippets call `pipeline("text-generation")`, which cannot load an encoder-decoder. For
+# `translation`/`summarization` the Hub itself says that transformers 5 has no such pipeline and shows loading the
+# model directly, which is what the card's usage snippet does.
+SEQ2SEQ_PIPELINE_TAGS = ("translation", "summarization")
 PIPELINE_TAGS = {
     "ForCausalLM": "text-generation",
     "ForSequenceClassification": "text-classification",
-    "ForConditionalGeneration": "text2text-generation",
+    "ForConditionalGeneration": "translation",
     "ForMaskedLM": "fill-mask",
     "Model": "feature-extraction",
 }

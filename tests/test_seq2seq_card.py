@@ -1,0 +1,46 @@
+"""The encoder-decoder's model card: a Hub pipeline tag that exists for encoder-decoders, and a usage snippet that runs.
+
+transformers 5 removed the text2text pipelines and the Hub files `text2text-generation` under `text-generation`, whose
+snippets would call a pipeline that cannot load an encoder-decoder; the card says `translation` (or the caller's
+`summarization`) and shows `generate` with beam search.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import re
+
+import pytest
+import torch
+from huggingface_hub import ModelCard
+
+from archlab import Seq2SeqConfig, Seq2SeqForConditionalGeneration, translate
+from archlab.model_cards import write_model_card
+
+from test_seq2seq import SMALL, digit_tokenizer
+
+
+def saved_translator(folder):
+    torch.manual_seed(0)
+    model = Seq2SeqForConditionalGeneration(Seq2SeqConfig(**{**SMALL, "vocab_size": 16, "init_std": 1.0})).eval()
+    model.save_pretrained(folder)
+    digit_tokenizer().save_pretrained(folder)
+    return model
+
+
+@pytest.mark.parametrize("pipeline_tag", [None, "summarization"])
+def test_card_tag_and_snippet_that_runs(tmp_path, pipeline_tag):
+    model = saved_translator(tmp_path / "m")
+    card = write_model_card(tmp_path / "m", model_id="someone/m", example_text="1 2 3", pipeline_tag=pipeline_tag)
+    assert ModelCard.load(card).data.pipeline_tag == (pipeline_tag or "translation")
+    text = card.read_text()
+    assert "text2text" not in text and "pipeline(" not in text
+    snippet = re.search(r"```python\n(.*?)```", text, re.S).group(1)
+    assert "AutoModelForSeq2SeqLM.from_pretrained(model_id, trust_remote_code=True)" in snippet
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        exec(snippet.replace('"someone/m"', repr(str(tmp_path / "m"))), {})
+    # the snippet prints what archlab's one-call helper returns for the same input and beam settings
+    expected = translate(["1 2 3"], model, digit_tokenizer(), num_beams=4, max_new_tokens=40)
+    assert printed.getvalue().strip() == repr(expected)
