@@ -13,7 +13,19 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+try:
+    from torch.distributed.tensor import DTensor
+except ImportError:  # a torch build without distributed support
+    DTensor = ()
+
 IGNORE_INDEX = -100
+
+
+def is_distributed_tensor(tensor: torch.Tensor) -> bool:
+    """True for a DTensor: a weight FSDP2 has not gathered (its module's forward has not run, e.g. an LM head in a
+    shard group of its own) or one tensor parallelism splits. The chunked loss reads the weight directly and needs
+    a plain tensor; with a DTensor the head must run through its module, whose hooks gather it."""
+    return isinstance(tensor, DTensor)
 
 
 def shift_labels(labels: torch.Tensor) -> torch.Tensor:

@@ -29,7 +29,7 @@ from .catalogue_validation import check_attention_backend
 from .blocks import BLOCKS, PreNormBlock, norm_from_config
 from .configuration_decoder import DecoderConfig
 from .hub_mixin import HubMixin
-from .losses import causal_lm_loss, chunked_causal_lm_loss
+from .losses import causal_lm_loss, chunked_causal_lm_loss, is_distributed_tensor
 from .moe import collect_router_logits, init_moe_weights, load_balancing_loss, router_z_loss
 from .normalization import OffsetRMSNorm
 from .positions import ALiBiBias, POSITION_EMBEDDINGS, make_absolute_position_embedding, make_position_bias
@@ -52,6 +52,12 @@ class DecoderPreTrainedModel(HubMixin, PreTrainedModel):
     _supports_flex_attn = True
     _supports_attention_backend = True
     _can_compile_fullgraph = True
+
+    def __init__(self, config: DecoderConfig, *inputs, **kwargs) -> None:
+        super().__init__(config, *inputs, **kwargs)
+        # The instance lists only the block this config builds: accelerate's FSDP wrap policy (TRANSFORMER_BASED_WRAP)
+        # raises on a listed class the model does not contain. The class attribute keeps every block.
+        self._no_split_modules = [BLOCKS[config.norm_position].__name__]
 
     # Backends that cannot honour a catalogue variant refuse it (catalogue_validation.check_attention_backend):
     # SDPA cannot soft-cap scores, so the default falls back to eager and an explicit request for sdpa fails;
@@ -205,6 +211,8 @@ class DecoderForCausalLM(DecoderPreTrainedModel, GenerationMixin):
     _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
     _tp_plan = {"lm_head": "colwise_gather_output"}
     _pp_plan = {"lm_head": (["hidden_states"], ["logits"])}
+    # FSDP2 (transformers-native): the head is gathered once and kept whole, grouped with the final norm (Llama's rule)
+    _fsdp_plan = {"lm_head": "keep_full_weight"}
 
     def __init__(self, config: DecoderConfig) -> None:
         super().__init__(config)
@@ -258,7 +266,8 @@ class DecoderForCausalLM(DecoderPreTrainedModel, GenerationMixin):
         chunk = self.config.lm_loss_chunk_size
         z_loss = self.config.lm_z_loss_coef
         softcap = self.final_logit_softcapping
-        if (labels is not None or shift_labels is not None) and self.training and chunk > 0 and softcap is None:
+        chunked = chunk > 0 and softcap is None and not is_distributed_tensor(self.lm_head.weight)
+        if (labels is not None or shift_labels is not None) and self.training and chunked:
             loss = chunked_causal_lm_loss(
                 hidden_states, self.lm_head.weight, labels, chunk, num_items_in_batch, z_loss, shift_labels
             )

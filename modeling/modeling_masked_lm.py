@@ -46,6 +46,7 @@ class EncoderForMaskedLM(Seq2SeqPreTrainedModel):
     """
 
     _tied_weights_keys = {"lm_head.decoder.weight": "encoder.embed_tokens.weight"}
+    _no_split_modules = ["Seq2SeqEncoderLayer"]  # no decoder: accelerate's FSDP wrap policy refuses absent classes
 
     def __init__(self, config: Seq2SeqConfig) -> None:
         super().__init__(config)

@@ -9,6 +9,9 @@ Sub-commands (rank 0 writes a JSON result to `--out`):
   parallelism (`tp_plan="auto"` for tensor parallelism, `DistributedConfig(ep_size=2)` for an expert-parallel
   plan, `DistributedConfig(fsdp_size=2)` for FSDP2 training), and records the largest difference to the plain model.
 - `deepspeed MODEL_DIR --deepspeed CONFIG.json`: DeepSpeed ZeRO training steps vs. the same steps in one process.
+- `accelerate_fsdp2 MODEL_DIR ...`: each model sharded by accelerate's own FSDP2 preparation (what
+  `Accelerator.prepare` runs on GPUs with `configs/accelerate/fsdp2.yaml`) vs. the same steps in one process, and
+  which modules became FSDP2 groups.
 """
 
 from __future__ import annotations
@@ -202,6 +205,40 @@ def run_deepspeed(args: argparse.Namespace) -> dict:
             "losses": sharded, "reference_losses": reference}
 
 
+def run_accelerate_fsdp2(args: argparse.Namespace) -> dict:
+    """accelerate 1.15 enables its FSDP plugin only on accelerator devices, so `Accelerator.prepare` cannot be used on
+    CPU; its FSDP2 preparation itself (`fsdp2_prepare_model`: wrap policy from `_no_split_modules`, the input
+    embedding, a [final norm, LM head] tail group, the root) runs on gloo and is called here as `prepare` calls it."""
+    from accelerate.utils import FullyShardedDataParallelPlugin
+    from accelerate.utils.fsdp_utils import fsdp2_prepare_model
+    from torch.distributed.fsdp import FSDPModule
+
+    dist.init_process_group("gloo")
+    results = {}
+    for path in args.models:
+        config = AutoConfig.from_pretrained(path)
+        inputs = _inputs(config)
+        plain = AutoModelForCausalLM.from_pretrained(path).train()
+        reference = _train_curve(plain, torch.optim.AdamW(plain.parameters(), lr=LR), inputs, False)
+        # the settings of configs/accelerate/fsdp2.yaml (full precision here: bf16 needs an accelerator)
+        plugin = FullyShardedDataParallelPlugin(
+            fsdp_version=2, auto_wrap_policy="transformer_based_wrap", reshard_after_forward=True
+        )
+        accelerator = SimpleNamespace(state=SimpleNamespace(fsdp_plugin=plugin), mixed_precision="no",
+                                      is_main_process=dist.get_rank() == 0, torch_device_mesh=None)
+        model = fsdp2_prepare_model(accelerator, AutoModelForCausalLM.from_pretrained(path).train())
+        groups = {name: m._get_fsdp_state() for name, m in model.named_modules() if isinstance(m, FSDPModule)}
+        results[os.path.basename(os.path.normpath(path))] = {
+            "wrapped_classes": sorted(plugin.transformer_cls_names_to_wrap),
+            "groups": list(groups),
+            # the modules that share the LM head's FSDP2 state (gathered together, kept whole through the loss)
+            "head_group": [name for name, state in groups.items() if state is groups["lm_head"]],
+            "losses": _train_curve(model, torch.optim.AdamW(model.parameters(), lr=LR), inputs, True),
+            "reference_losses": reference,
+        }
+    return results
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("command", choices=list(COMMANDS))
@@ -222,7 +259,8 @@ def main() -> None:
         dist.destroy_process_group()
 
 
-COMMANDS = {"trainer": run_trainer, "sharded": run_sharded, "deepspeed": run_deepspeed}
+COMMANDS = {"trainer": run_trainer, "sharded": run_sharded, "deepspeed": run_deepspeed,
+            "accelerate_fsdp2": run_accelerate_fsdp2}
 
 if __name__ == "__main__":
     main()

@@ -95,6 +95,50 @@ def test_shipped_launcher_configs_parse():
         assert config.get_value("zero_optimization.stage") == stage
 
 
+@pytest.mark.parametrize("norm_position", ["pre", "post", "sandwich", "parallel", "deepnorm"])
+def test_fsdp_plans_and_accelerate_wrap_policy(norm_position):
+    """What FSDP2 engines read from the model: transformers' plan keeps the LM head whole (Llama's rule), and
+    accelerate's TRANSFORMER_BASED_WRAP finds every class in `_no_split_modules` (it raises on an absent one)."""
+    from accelerate.utils import FullyShardedDataParallelPlugin
+    from transformers.distributed.fsdp import _resolve_tied_embed_lm_head_plan
+
+    from archlab import EncoderForMaskedLM
+
+    model = DecoderForCausalLM(tiny_decoder_config(norm_position=norm_position))
+    assert model._fsdp_plan["lm_head"] == "keep_full_weight"
+    assert model._fsdp_plan["model.layers.*"] == "free_full_weight"
+    seq2seq = Seq2SeqConfig(**SEQ2SEQ)
+    for module in (model, EncoderForMaskedLM(seq2seq), Seq2SeqForConditionalGeneration(seq2seq)):
+        plugin = FullyShardedDataParallelPlugin(fsdp_version=2, auto_wrap_policy="transformer_based_wrap")
+        plugin.set_auto_wrap_policy(module)
+        present = {type(m).__name__ for m in module.modules()}
+        assert plugin.transformer_cls_names_to_wrap and set(plugin.transformer_cls_names_to_wrap) <= present
+    assert model._no_split_modules == {type(model.model.layers[0]).__name__}
+    tied = DecoderForCausalLM(tiny_decoder_config(norm_position=norm_position, tie_word_embeddings=True))
+    plan = _resolve_tied_embed_lm_head_plan(tied._fsdp_plan, tied)  # the shared weight is wrapped once, kept whole
+    assert plan["model.embed_tokens"] == "keep_full_weight" and "lm_head" not in plan
+
+
+@pytest.mark.slow
+def test_accelerate_fsdp2_preparation_matches_one_process(tmp_path):
+    """accelerate's own FSDP2 preparation (GPU-only through `Accelerator.prepare`, run directly on gloo here): one
+    group per block, the LM head kept whole with the final norm (or alone in post-norm models, whose head then runs
+    unchunked so FSDP2 gathers it), and training steps equal to one process."""
+    dirs = []
+    for position in ("pre", "post"):
+        torch.manual_seed(0)
+        DecoderForCausalLM(tiny_decoder_config(norm_position=position)).save_pretrained(tmp_path / position)
+        dirs.append(str(tmp_path / position))
+    result = _launch(tmp_path, _torchrun(), "accelerate_fsdp2", *dirs)
+    pre, post = result["pre"], result["post"]
+    assert pre["wrapped_classes"] == ["PreNormBlock"] and post["wrapped_classes"] == ["PostNormBlock"]
+    assert {"model.layers.0", "model.layers.1", "lm_head"} <= set(pre["groups"])
+    assert pre["head_group"] == ["model.norm", "lm_head"] and post["head_group"] == ["lm_head"]
+    for entry in (pre, post):
+        assert entry["reference_losses"][-1] < entry["reference_losses"][0]
+        torch.testing.assert_close(entry["losses"], entry["reference_losses"], rtol=1e-4, atol=1e-5)
+
+
 @pytest.mark.slow
 def test_trainer_data_parallel_matches_one_process(tmp_path, decoder_dir):
     """torchrun, 2 processes × 2 rows vs. 1 process × 4 rows: the same loss at every step (ragged rows, so the token
