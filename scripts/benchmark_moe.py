@@ -18,6 +18,16 @@ time relative to archlab-moe in the same round (so machine-load drift cancels). 
 
     python -m archlab.scripts.benchmark_moe --rounds 8            # the issue's config (vocab 8192, d 512, 8 layers)
     python -m archlab.scripts.benchmark_moe --batch 2 --seq 128 --rounds 3 --decode-rounds 3   # quick look
+
+Reportable run: the defaults (batch 8 x 256 training, batch-1 decoding of 32 tokens after 32, 8 + 8 rounds, 2
+threads) on an otherwise idle machine, with `--json results.json` to keep the numbers. Estimated at about 5 minutes
+on a quiet 2-core machine: a warm-up and one round of every model took 4 minutes at a load average of 3-4, where
+the dense decoder trains ~3x and decodes ~5x slower than on the quiet machine. On a shared machine only the
+ratios mean anything, and only with >= 8 rounds.
+
+Mixtral's default `experts_implementation` in transformers 5.x is grouped_mm wherever the kernel exists (CPU with
+torch >= 2.9 included), eager in older releases; both are timed. archlab's decode step with one token on CPU takes
+the one-token expert path (k matrix-vector products), larger batches the grouped path.
 """
 
 from __future__ import annotations
