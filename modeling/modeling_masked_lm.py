@@ -83,12 +83,16 @@ class EncoderForMaskedLM(Seq2SeqPreTrainedModel):
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
         num_items_in_batch: torch.Tensor | int | None = None,
+        position_ids: torch.LongTensor | None = None,
         **kwargs,
     ) -> MaskedLMOutput | tuple:
+        r"""position_ids (`torch.LongTensor` of shape `(batch, T)`, *optional*): packed documents (positions restart
+            at each one, as `pack_documents(..., causal_labels=False)` writes them) attend only within themselves."""
         return_dict = return_dict if return_dict is not None else self.config.return_dict
         outputs = self.encoder(
             input_ids=input_ids,
             attention_mask=attention_mask,
+            position_ids=position_ids,
             inputs_embeds=inputs_embeds,
             output_attentions=output_attentions if output_attentions is not None else self.config.output_attentions,
             output_hidden_states=(

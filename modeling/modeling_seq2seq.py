@@ -29,7 +29,12 @@ from transformers import initialization as init
 from transformers.activations import ACT2FN
 from transformers.cache_utils import Cache, DynamicCache, EncoderDecoderCache
 from transformers.generation import GenerationMixin
-from transformers.masking_utils import create_bidirectional_mask, create_causal_mask
+from transformers.masking_utils import (
+    create_bidirectional_mask,
+    create_causal_mask,
+    find_packed_sequence_indices,
+    packed_sequence_mask_function,
+)
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import (
     BaseModelOutput,
@@ -338,23 +343,29 @@ class Seq2SeqEncoder(nn.Module):
         output_attentions: bool = False,
         output_hidden_states: bool = False,
         return_dict: bool = True,
+        position_ids: torch.LongTensor | None = None,
         **kwargs,
     ) -> BaseModelOutput | tuple:
+        r"""position_ids (`torch.LongTensor` of shape `(batch, T)`, *optional*): packed documents, as the decoder
+            takes them: positions restart at each document, and attention stays inside each document."""
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("Pass exactly one of `input_ids` or `inputs_embeds`.")
         if inputs_embeds is None:
             inputs_embeds = self.embed_tokens(input_ids)
         inputs_embeds = inputs_embeds * self.embed_scale
         hidden_states = inputs_embeds
-        positions = torch.arange(inputs_embeds.shape[1], device=inputs_embeds.device)
+        positions = torch.arange(inputs_embeds.shape[1], device=inputs_embeds.device)  # relative bias: distances
         if self.embed_positions is not None:
-            hidden_states = hidden_states + self.embed_positions(positions)
+            hidden_states = hidden_states + self.embed_positions(positions if position_ids is None else position_ids)
         hidden_states = self.dropout(hidden_states)
 
+        # Packed documents (positions restarting, tokenization/data.py): a block-diagonal bidirectional mask
+        documents = find_packed_sequence_indices(position_ids) if position_ids is not None else None
         mask = create_bidirectional_mask(
             config=self.config,
             inputs_embeds=inputs_embeds,
             attention_mask=attention_mask,
+            and_mask_function=packed_sequence_mask_function(documents) if documents is not None else None,
             allow_is_bidirectional_skip=self.position_bias is None,
         )
         if self.position_bias is not None:

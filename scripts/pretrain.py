@@ -136,7 +136,7 @@ def prepare_data(kind: str, raw: Any, tokenizer: Any, data_args: DataArguments) 
         )
         packed[split] = pack_causal_lm(
             documents, block_size, tokenizer.pad_token_id, data_args.preprocessing_num_workers,
-            data_args.overwrite_cache, restart_positions=kind == "decoder",
+            data_args.overwrite_cache, restart_positions=kind != "seq2seq", causal_labels=kind == "decoder",
         )
         if kind == "seq2seq":
             packed[split] = split_for_seq2seq(packed[split], data_args.preprocessing_num_workers)

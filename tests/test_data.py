@@ -75,7 +75,7 @@ def test_packing_respects_document_boundaries() -> None:
     assert max(p for row in blocks["position_ids"] for p in row) < block_size
 
 
-def test_masked_lm_packing_has_attention_mask_not_positions() -> None:
+def test_packing_without_boundaries_has_attention_mask_not_positions() -> None:
     documents = random_documents(10)
     blocks = pack_documents(documents, 32, PAD, restart_positions=False)
     assert set(blocks) == {"input_ids", "attention_mask"}
@@ -106,6 +106,59 @@ def test_packed_logits_equal_separate_documents(attn_implementation: str, traini
     reference = model.model(input_ids=input_ids, position_ids=position_ids, use_cache=False).last_hidden_state
     crossed = (plain - reference).abs().max().item()
     assert crossed > 1e-3
+
+
+def tiny_masked_lm(**overrides) -> archlab.EncoderForMaskedLM:
+    fields = dict(vocab_size=97, d_model=32, encoder_layers=2, decoder_layers=1, encoder_attention_heads=4,
+                  decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=32,
+                  pad_token_id=PAD, eos_token_id=2, dropout=0.0, attention_dropout=0.0)
+    return archlab.EncoderForMaskedLM(archlab.Seq2SeqConfig(**{**fields, **overrides}))
+
+
+@pytest.mark.parametrize("attn_implementation", ["eager", "sdpa"])
+@pytest.mark.parametrize("positions", ["sinusoidal", "learned", "relative_bias"])
+def test_masked_lm_packed_logits_equal_separate_documents(attn_implementation: str, positions: str) -> None:
+    """Masked-LM packing keeps documents apart too: positions restart per document and the encoder builds a
+    block-diagonal bidirectional mask from them, so packed logits equal each document run alone."""
+    model = tiny_masked_lm(position_embedding_type=positions, attn_implementation=attn_implementation).train()
+    documents = [[1] + d + [2] for d in random_documents(9, seed=2, low=2, high=20)]
+    blocks = pack_documents(documents, 24, PAD, causal_labels=False)
+    assert set(blocks) == {"input_ids", "position_ids"}  # DataCollatorForLanguageModeling makes the labels
+    input_ids, position_ids = torch.tensor(blocks["input_ids"]), torch.tensor(blocks["position_ids"])
+    packed = model(input_ids=input_ids, position_ids=position_ids).logits
+    for row in range(input_ids.shape[0]):
+        for start, end in segments(blocks["position_ids"][row]):
+            alone = model(input_ids=input_ids[row : row + 1, start:end]).logits
+            torch.testing.assert_close(packed[row, start:end], alone[0], atol=1e-5, rtol=1e-5)
+    # And the check can fail: the same blocks without the restarts attend across documents.
+    crossed = (model(input_ids=input_ids).logits - packed).abs().max().item()
+    assert crossed > 1e-3
+
+
+def test_masked_lm_packed_blocks_through_the_collator_and_trainer_columns() -> None:
+    """`position_ids` survive DataCollatorForLanguageModeling and the Trainer's unused-column filter (which keeps
+    only the model's forward arguments), and the loss of a collated packed batch is the per-document one."""
+    import inspect
+
+    from transformers import DataCollatorForLanguageModeling
+
+    texts = [f"def f{i}(x):\n    return x * {i}\n" for i in range(30)]
+    tokenizer = train_tokenizer(texts, vocab_size=300, min_frequency=1)
+    tokenizer.mask_token = tokenizer.unk_token  # any special token works as the mask for this check
+    model = tiny_masked_lm(vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id).eval()
+    assert "position_ids" in inspect.signature(model.forward).parameters
+    documents = [tokenizer(t)["input_ids"] for t in texts[:8]]
+    blocks = pack_documents(documents, 32, tokenizer.pad_token_id, causal_labels=False)
+    rows = [dict(zip(blocks, values)) for values in zip(*blocks.values())]
+    batch = DataCollatorForLanguageModeling(tokenizer, mlm_probability=0.3, seed=0)(rows)
+    assert torch.equal(batch["position_ids"], torch.tensor(blocks["position_ids"]))
+    assert (batch["labels"] != IGNORE_INDEX).any()
+    with torch.no_grad():
+        packed = model(**batch).logits
+        for row in range(batch["input_ids"].shape[0]):
+            for start, end in segments(blocks["position_ids"][row]):
+                alone = model(input_ids=batch["input_ids"][row : row + 1, start:end]).logits[0]
+                torch.testing.assert_close(packed[row, start:end], alone, atol=1e-5, rtol=1e-5)
 
 
 def test_packed_loss_ignores_document_starts() -> None:

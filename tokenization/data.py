@@ -11,6 +11,12 @@ piece gets label -100, as Hugging Face's `DataCollatorWithFlattening` does. With
 `masking_utils` reads the restarts as packed sequences and builds a block-diagonal causal mask, so attention never
 crosses documents; positions never exceed `block_size`. The tail of each `map` batch that does not fill a block is
 padded with a pad-token segment (its own "document", label -100), so no token is dropped.
+
+The masked LM packs the same way without labels (`causal_labels=False`; its collator masks tokens and makes them):
+`EncoderForMaskedLM` reads the restarting `position_ids` as documents and builds a block-diagonal *bidirectional*
+mask, so a packed block gives each document's outputs as if it ran alone. `restart_positions=False` keeps no
+boundaries (an `attention_mask` that is 0 on the padding only), for objectives that read across documents on
+purpose, such as the seq2seq continuation split of `scripts/pretrain.py`.
 """
 
 from __future__ import annotations
@@ -184,16 +190,21 @@ def tokenize_documents(
 
 
 def pack_documents(
-    documents: list[list[int]], block_size: int, pad_token_id: int, restart_positions: bool = True
+    documents: list[list[int]],
+    block_size: int,
+    pad_token_id: int,
+    restart_positions: bool = True,
+    causal_labels: bool = True,
 ) -> dict[str, list[list[int]]]:
     """Cut concatenated documents into blocks; see the module docstring. A pure function: the unit `map` runs.
 
-    With `restart_positions` (causal LM): `input_ids`, `position_ids`, `labels`. Without (masked LM, whose
-    collator makes the labels): `input_ids` and an `attention_mask` that is 0 on the padding only.
+    With `restart_positions`: `input_ids`, `position_ids` and, with `causal_labels` (causal LM), `labels`; without
+    them for the masked LM, whose collator makes the labels. Without `restart_positions` (no document boundaries):
+    `input_ids` and an `attention_mask` that is 0 on the padding only.
     """
     side = "position_ids" if restart_positions else "attention_mask"
     blocks: dict[str, list[list[int]]] = {"input_ids": [], side: []}
-    if restart_positions:
+    if restart_positions and causal_labels:
         blocks["labels"] = []
     current: dict[str, list[int]] = {key: [] for key in blocks}
 
@@ -201,8 +212,9 @@ def pack_documents(
         current["input_ids"].extend(piece)
         if restart_positions:
             current["position_ids"].extend(range(len(piece)))  # a restart marks a new document for the mask
+        if "labels" in current:
             current["labels"].extend([IGNORE_INDEX] * len(piece) if is_padding else [IGNORE_INDEX] + piece[1:])
-        else:
+        if not restart_positions:
             current["attention_mask"].extend([0 if is_padding else 1] * len(piece))
 
     def flush() -> None:
@@ -232,14 +244,16 @@ def pack_causal_lm(
     overwrite_cache: bool = False,
     restart_positions: bool = True,
     batch_size: int = 1000,
+    causal_labels: bool = True,
 ) -> AnyDataset:
-    """Packed blocks (see `pack_documents`); `restart_positions=False` is for the masked LM, whose bidirectional
-    mask in transformers has no packed-sequence form."""
+    """Packed blocks (see `pack_documents`): causal LM by default; `causal_labels=False` for the masked LM
+    (documents kept apart by restarting positions, labels made by its collator); `restart_positions=False` for
+    blocks without document boundaries."""
     if block_size < 2:
         raise ValueError(f"`block_size` must be at least 2, got {block_size}.")
 
     def pack(batch: dict[str, list]) -> dict[str, list]:
-        return pack_documents(batch["input_ids"], block_size, pad_token_id, restart_positions)
+        return pack_documents(batch["input_ids"], block_size, pad_token_id, restart_positions, causal_labels)
 
     columns = tokenized.column_names
     return _map(tokenized, pack, num_proc, overwrite_cache, f"Packing into blocks of {block_size}",
