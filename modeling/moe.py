@@ -13,7 +13,8 @@ Speed: the (token, slot) pairs are sorted by expert once per layer and both expe
 GEMMs over the sorted rows (`torch.nn.functional.grouped_mm`), with the backward pass written out as two more
 grouped GEMMs (so that compiled graphs use the same opaque custom ops). No Python loop over experts, no
 host synchronisation, no data-dependent shapes: the layer traces with `torch.compile(fullgraph=True)` and CUDA
-graphs. The same path serves the one-token decode step, where the grouped GEMM reads only the chosen experts.
+graphs. The one-token decode step on CPU (eager, no gradients) instead runs k plain matrix-vector products on the
+chosen experts, whose ids it reads on the host (free on CPU, faster than the grouped path's bookkeeping).
 Builds without grouped_mm (torch < 2.9) or with feature sizes the kernel cannot stride over (it needs rows of a
 multiple of 16 bytes) fall back to one GEMM per expert, which does synchronise.
 """
