@@ -162,7 +162,7 @@ def architecture_rows(config: dict[str, Any]) -> list[tuple[str, str]]:
     if encoder_decoder:
         rows.append(("layers", f"{config.get('encoder_layers')} encoder, {config.get('decoder_layers')} decoder"))
         heads = _first(config, "encoder_attention_heads", "num_attention_heads")
-        kv_heads = config.get("num_key_value_heads")
+        kv_heads = _first(config, "encoder_key_value_heads", "num_key_value_heads")
         ffn_width = _first(config, "encoder_ffn_dim", "intermediate_size")
         act = _first(config, "activation_function", "hidden_act", default="relu")
         default_norm, default_position, default_mlp = "layer_norm", "post", "plain"
@@ -175,8 +175,9 @@ def architecture_rows(config: dict[str, Any]) -> list[tuple[str, str]]:
         default_norm, default_position, default_mlp = "rms_norm", "pre", "gated"
     rows.append(("hidden size", str(hidden)))
     rows.append(("attention", _attention_kind(heads, kv_heads)))
-    if config.get("head_dim"):
-        rows.append(("head dim", str(config["head_dim"])))
+    head_dim = _first(config, "head_dim", "d_kv")  # T5's d_kv in the encoder-decoder
+    if head_dim:
+        rows.append(("head dim", str(head_dim)))
     rows.append(("attention pattern", _attention_pattern(config)))
     rows.append(("positions", _positions(config, encoder_decoder)))
     norm = config.get("norm_type", default_norm)

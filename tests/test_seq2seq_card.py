@@ -44,3 +44,12 @@ def test_card_tag_and_snippet_that_runs(tmp_path, pipeline_tag):
     # the snippet prints what archlab's one-call helper returns for the same input and beam settings
     expected = translate(["1 2 3"], model, digit_tokenizer(), num_beams=4, max_new_tokens=40)
     assert printed.getvalue().strip() == repr(expected)
+
+
+def test_architecture_rows_of_a_t5_style_config():
+    from archlab.model_cards.facts import architecture_rows
+
+    config = Seq2SeqConfig(**{**SMALL, "d_kv": 12, "encoder_key_value_heads": 2, "use_qk_norm": True}).to_dict()
+    rows = dict(architecture_rows(config))
+    assert rows["attention"] == "grouped-query (GQA), 4 query heads, 2 key/value heads"
+    assert rows["head dim"] == "12" and rows["stability"] == "use_qk_norm=True"
