@@ -47,7 +47,7 @@ from transformers.modeling_utils import PreTrainedModel
 from .attention import Attention
 from .configuration_seq2seq import Seq2SeqConfig
 from .hub_mixin import HubMixin
-from .losses import causal_lm_loss, chunked_causal_lm_loss
+from .losses import causal_lm_loss, chunked_causal_lm_loss, is_distributed_tensor
 from .normalization import NORMS, OffsetRMSNorm
 from .positions import LearnedPositionEmbedding
 from .relative_bias import RelativePositionBias
@@ -688,7 +688,9 @@ class Seq2SeqForConditionalGeneration(Seq2SeqPreTrainedModel, GenerationMixin):
         loss, logits = None, None
         chunk = self.config.lm_loss_chunk_size
         softcap = self.final_logit_softcapping
-        if labels is not None and self.training and chunk > 0 and softcap is None:  # the chunked loss has no soft-cap
+        # The chunked loss has no soft-cap and reads the head's weight directly (not while FSDP2/TP shard it).
+        chunked = chunk > 0 and softcap is None and not is_distributed_tensor(self.lm_head.weight)
+        if labels is not None and self.training and chunked:
             # logits = [h, 1] @ [W, b]ᵀ: the constant bias rides along as one more input channel
             ones = hidden_states.new_ones(*hidden_states.shape[:-1], 1)
             weight = torch.cat((self.lm_head.weight, self.final_logits_bias.t().to(self.lm_head.weight.dtype)), 1)
