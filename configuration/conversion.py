@@ -252,12 +252,12 @@ T5_IMPLIED: dict[str, Any] = {
     "share_encoder_decoder_embeddings": True,
 }
 # archlab fields T5 expresses through its own fields (or that do not change the function: dropout split, init, the
-# unused absolute-position length, bos)
+# unused absolute-position length, bos, whether the pad row trains)
 T5_EXPRESSIBLE = set(T5_IMPLIED) | {
     "encoder_layers", "decoder_layers", "encoder_attention_heads", "decoder_attention_heads", "encoder_key_value_heads",
     "decoder_key_value_heads", "encoder_ffn_dim", "decoder_ffn_dim", "activation_function", "mlp_type", "dropout",
     "attention_dropout", "activation_dropout", "layer_norm_eps", "scale_decoder_outputs", "decoder_vocab_size",
-    "bos_token_id", "init_std", "max_position_embeddings",
+    "bos_token_id", "init_std", "max_position_embeddings", "train_pad_embedding",
 }
 T5_SUBLAYERS = {
     "encoder": (("SelfAttention", "self_attn"),),
@@ -292,6 +292,7 @@ def _t5_to_archlab(hf_config: dict[str, Any]) -> dict[str, Any]:
         "layer_norm_eps": t5.layer_norm_epsilon,
         "scale_decoder_outputs": tied,
         "tie_word_embeddings": tied,
+        "train_pad_embedding": True,  # T5 has no padding_idx: its pad row is the decoder's start and trains
     }
 
 

@@ -71,6 +71,9 @@ class Seq2SeqConfig(PreTrainedConfig):
             False (scores = q·kᵀ; its initialisation of q folds the scale in).
         scale_decoder_outputs (`bool`, defaults to False): T5's flag: multiply the decoder's output by
             d_model^-0.5 before the LM head (original T5, whose head is the tied embedding matrix; not T5 v1.1).
+        train_pad_embedding (`bool`, defaults to False): whether the pad token's embedding row is trained. False is
+            Marian/Bart's `padding_idx` (that row stays zero and gets no gradient); T5 trains it, since it starts
+            decoding from the pad token.
         use_qk_norm (`bool`, defaults to False): a `norm_type` norm over each head's queries and keys, in self- and
             cross-attention (Qwen3 `q_norm`/`k_norm`; seed 004), as `DecoderConfig.use_qk_norm`.
         attn_logit_softcapping (`float`, *optional*): c · tanh(s / c) on attention scores (Gemma2); SDPA cannot do
@@ -163,6 +166,7 @@ class Seq2SeqConfig(PreTrainedConfig):
     d_kv: int | None = None
     scale_attn_weights: bool = True
     scale_decoder_outputs: bool = False
+    train_pad_embedding: bool = False
     use_qk_norm: bool = False
     attn_logit_softcapping: int | float | None = None
     final_logit_softcapping: int | float | None = None

@@ -493,17 +493,18 @@ class Seq2SeqModel(Seq2SeqPreTrainedModel):
 
     def __init__(self, config: Seq2SeqConfig) -> None:
         super().__init__(config)
+        padding_idx = None if config.train_pad_embedding else config.pad_token_id
         if config.share_encoder_decoder_embeddings:
             # one vocabulary for source and target (the paper's shared BPE); Marian keeps it as `shared`
-            self.shared = nn.Embedding(config.vocab_size, config.d_model, config.pad_token_id)
+            self.shared = nn.Embedding(config.vocab_size, config.d_model, padding_idx)
             encoder_embeddings, decoder_embeddings = self.shared, self.shared
             self._tied_weights_keys = {
                 "encoder.embed_tokens.weight": "shared.weight",
                 "decoder.embed_tokens.weight": "shared.weight",
             }
         else:
-            encoder_embeddings = nn.Embedding(config.vocab_size, config.d_model, config.pad_token_id)
-            decoder_embeddings = nn.Embedding(config.decoder_vocab_size, config.d_model, config.pad_token_id)
+            encoder_embeddings = nn.Embedding(config.vocab_size, config.d_model, padding_idx)
+            decoder_embeddings = nn.Embedding(config.decoder_vocab_size, config.d_model, padding_idx)
         self.encoder = Seq2SeqEncoder(config, encoder_embeddings)
         self.decoder = Seq2SeqDecoder(config, decoder_embeddings)
         self.post_init()

@@ -99,6 +99,26 @@ def test_t5_logits_and_loss_match(version):
 
 
 @pytest.mark.parametrize("version", list(VERSIONS))
+def test_t5_gradients_match(version):
+    """Fine-tuning a converted T5 updates what T5 updates: every gradient equals T5's, including the pad token's
+    embedding row (T5's decoder start), which a Marian-style `padding_idx` would freeze."""
+    reference, ours = t5_pair(version)
+    assert ours.config.train_pad_embedding
+    reference.train(), ours.train()  # dropout_rate is 0 in T5_SHAPE
+    source, mask, target = batch()
+    labels = target.roll(-1, 1)
+    reference(input_ids=source, attention_mask=mask, labels=labels).loss.backward()
+    ours(input_ids=source, attention_mask=mask, labels=labels).loss.backward()
+    grads = {name: p.grad for name, p in ours.named_parameters(remove_duplicate=False)}
+    grads["final_logits_bias"] = torch.zeros_like(ours.final_logits_bias)
+    as_t5 = archlab_state_dict_to_t5(grads, ours.config)
+    expected = {name: p.grad for name, p in reference.named_parameters(remove_duplicate=False)}
+    assert expected["shared.weight"][0].abs().max() > 0 and as_t5["shared.weight"][0].abs().max() > 0  # pad row
+    for name, grad in expected.items():
+        torch.testing.assert_close(as_t5[name], grad, atol=1e-5, rtol=1e-4, msg=name)
+
+
+@pytest.mark.parametrize("version", list(VERSIONS))
 @pytest.mark.parametrize("generate_kwargs", [dict(num_beams=1), dict(num_beams=3, length_penalty=0.8)], ids=["greedy", "beam"])
 def test_t5_generation_matches(version, generate_kwargs):
     reference, ours = t5_pair(version)
