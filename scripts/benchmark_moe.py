@@ -180,6 +180,15 @@ def main(argv: list[str] | None = None) -> dict:
         train_entries = [e for e in entries if e[0] != "mixtral-batched_mm"]
         results["train"] = rounds(train_entries, train_step, args.rounds, args.batch * args.seq)
         report("training step (full AdamW)", results["train"])
+        # Where each step goes: with the same GEMMs, 1 / (GEMM + attention share) bounds any speed-up.
+        from archlab.scripts.benchmark import time_breakdown
+
+        results["train_breakdown"] = {}
+        for name, model, impl in train_entries:
+            shares = time_breakdown(lambda: train_step(model, impl))
+            results["train_breakdown"][name] = shares
+            print(f"  {name:<20} GEMMs {shares['gemm']:.0%}, attention kernels {shares['attention']:.0%}, "
+                  f"everything else {shares['other']:.0%} (ceiling with these GEMMs: {1 / (1 - shares['other']):.2f}x)")
 
     if not args.no_decode:
         gen = torch.Generator().manual_seed(2)
