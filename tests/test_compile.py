@@ -74,3 +74,36 @@ def test_static_cache_generation_compiles():
     assert hasattr(model, "_compiled_call"), "generate did not compile the decoding step"
     assert torch.equal(output, expected)
     assert torch.equal(model.generate(**batch, **kwargs, compile_config=config), expected)  # reuses the graph
+
+
+def test_regional_compilation_trains_like_eager_without_recompiles():
+    """accelerate's `compile_regions` (what `--dynamo_use_regional_compilation` uses) compiles one block's code and
+    reuses it for every layer (as many graphs for 3 layers as for 1) and every later step (no recompile), and the
+    losses equal eager's."""
+    from accelerate.utils import compile_regions
+    from torch._dynamo.utils import counters
+
+    batch = {**_batch(), "labels": _batch()["input_ids"]}
+    graphs = {}
+    for layers in (1, 3):
+        torch._dynamo.reset()
+        counters.clear()
+        eager, model = _pair(num_hidden_layers=layers)
+        compiled = compile_regions(model, dynamic=False)
+        assert all(type(layer).__name__ == "OptimizedModule" for layer in compiled.model.layers)
+        losses = {}
+        for name, module in (("eager", eager), ("compiled", compiled)):
+            module.train()
+            optimizer = torch.optim.SGD(module.parameters(), lr=0.1)
+            losses[name] = []
+            for step in range(3):
+                with torch._dynamo.config.patch(error_on_recompile=step > 0):
+                    loss = module(**batch).loss
+                    loss.backward()
+                optimizer.step()
+                optimizer.zero_grad()
+                losses[name].append(loss.item())
+        graphs[layers] = counters["stats"]["unique_graphs"]
+        assert losses["eager"][-1] < losses["eager"][0]
+        torch.testing.assert_close(losses["compiled"], losses["eager"], rtol=1e-5, atol=1e-5)
+    assert graphs[3] == graphs[1] > 0
