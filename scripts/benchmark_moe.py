@@ -214,6 +214,32 @@ def main(argv: list[str] | None = None) -> dict:
     return results
 
 
+GOALS = {("train", "mixtral-grouped_mm"): "≥ 1.2× (HF's best)", ("train", "mixtral-eager"): "≥ 2.5× (the old default)",
+         ("train", "archlab-dense"): "≥ 0.9× (same active FLOPs)", ("decode", "mixtral-grouped_mm"): "≥ 1.0×"}
+
+
+def run(args: argparse.Namespace) -> "Report":
+    """`python scripts/benchmark.py --suite moe`: this benchmark through the shared harness (its rounds, threads and
+    --quick), as a table of archlab-moe against every other model."""
+    from archlab.scripts.benchmark import Report, Row
+
+    argv = ["--rounds", str(args.rounds), "--decode-rounds", str(args.rounds), "--threads", str(torch.get_num_threads())]
+    if args.quick:
+        argv += ["--vocab-size", "1024", "--hidden-size", "128", "--dense-intermediate-size", "344", "--layers", "2",
+                 "--heads", "4", "--kv-heads", "2", "--batch", "2", "--seq", "64", "--prompt", "8", "--new-tokens", "8"]
+    results = main(argv)
+    report = Report(title="Mixture of experts vs MixtralForCausalLM (8 experts top-2 unless --quick) and the dense "
+                          "models of the same active FLOPs", peer_name="peer")
+    for phase, label in (("train", "training step tokens/s"), ("decode", "greedy decode tokens/s")):
+        table = results[phase]
+        ours = table["archlab-moe"]["tokens_per_s"]
+        for name, row in table.items():
+            if name != "archlab-moe":
+                report.rows.append(Row(f"{label}: archlab-moe vs {name}", ours, row["tokens_per_s"],
+                                       row["archlab_moe_speedup"], "tok/s", GOALS.get((phase, name), "")))
+    return report
+
+
 def report(title: str, table: dict[str, dict[str, float]]) -> None:
     print(f"\n{title}")
     print(f"{'model':<20}{'tokens/s':>12}{'archlab-moe speed-up':>24}")

@@ -23,7 +23,7 @@ import torch
 from transformers import MarianConfig, MarianMTModel
 
 from archlab import Seq2SeqConfig, Seq2SeqForConditionalGeneration
-from archlab.scripts.benchmark import Report, Row, compare_speed, peak_training_memory, time_breakdown, training_step
+from archlab.scripts.benchmark import Report, Row, breakdown_notes, compare_speed, peak_training_memory, training_step
 
 
 def marian_shape(quick: bool) -> dict:
@@ -84,12 +84,7 @@ def run(args: argparse.Namespace) -> Report:
         parameter.requires_grad_(False)
     report.rows.append(Row("peak memory of a training step, fp32", mem_a / 2**20, mem_p / 2**20, mem_p / mem_a, "MiB",
                            "≤ 1.0× (ratio ≥ 1)"))
-    for name, model, opt in (("MarianMTModel", peer, opt_p), ("archlab", ours, opt_a)):
-        shares = time_breakdown(training_step(model, batch, opt))
-        report.notes.append(
-            f"Where {name}'s training step goes: GEMMs {shares['gemm']:.0%}, attention kernels "
-            f"{shares['attention']:.0%}, everything else {shares['other']:.0%} — with these GEMMs, even a free "
-            f"'everything else' would make the step at most {1 / (1 - shares['other']):.2f}× faster.")
+    report.notes += breakdown_notes([("MarianMTModel", peer, opt_p), ("archlab", ours, opt_a)], batch)
     del opt_a, opt_p
 
     # The training steps above drew different dropout masks for the two models: give them the same weights again.
