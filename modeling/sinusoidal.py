@@ -46,9 +46,11 @@ def check_position_ids(position_ids: torch.Tensor, num_positions: int, table: st
     """Refuse position ids past an absolute position table (learned or sinusoidal) with a ValueError that names
     `max_position_embeddings`, instead of an index error deep inside the embedding lookup.
 
-    Reads one scalar (the largest id) from the device; skipped while torch.compile traces and on the meta device.
+    Runs on CPU only, where reading the largest id costs one small reduction. On accelerators it would make every
+    forward (every decoding step) wait for the device and break CUDA-graph capture, so there the lookup's own
+    device-side bounds check reports the error; skipped too while torch.compile traces.
     """
-    if position_ids.numel() == 0 or position_ids.device.type == "meta" or torch.compiler.is_compiling():
+    if position_ids.numel() == 0 or position_ids.device.type != "cpu" or torch.compiler.is_compiling():
         return
     largest = int(position_ids.max())
     if largest >= num_positions:

@@ -134,3 +134,13 @@ def test_seq2seq_refuses_sequences_past_the_position_table(kind):
         model(input_ids=long, decoder_input_ids=short)  # encoder side
     with pytest.raises(ValueError, match=r"a sequence of 9 tokens.*`max_position_embeddings` = 8"):
         model(input_ids=short, decoder_input_ids=long)  # decoder side
+
+
+def test_position_check_never_reads_an_accelerator():
+    """The bounds check reads a scalar only from CPU tensors: on an accelerator it would synchronise every decoding
+    step (the meta device stands in for one here: reading it would raise)."""
+    from archlab.modeling.sinusoidal import check_position_ids
+
+    check_position_ids(torch.full((1, 5), 10**6, device="meta"), 10, "learned")
+    with pytest.raises(ValueError, match="max_position_embeddings"):
+        check_position_ids(torch.full((1, 5), 10**6), 10, "learned")
