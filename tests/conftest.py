@@ -40,3 +40,19 @@ def _seed():
 @pytest.fixture
 def tiny_config() -> archlab.DecoderConfig:
     return tiny_decoder_config()
+
+
+def seq2seq_incremental_logits(model, source, mask, target, prefix: int = 1) -> torch.Tensor:
+    """Decoder logits for `target` computed with the cache: the first `prefix` tokens in one call (which also runs
+    the encoder), then one token per call reusing the encoder output; to compare with one full forward."""
+    with torch.no_grad():
+        step = model(input_ids=source, attention_mask=mask, decoder_input_ids=target[:, :prefix], use_cache=True)
+        logits, cache = [step.logits], step.past_key_values
+        for t in range(prefix, target.shape[1]):
+            step = model(
+                encoder_outputs=(step.encoder_last_hidden_state,), attention_mask=mask,
+                decoder_input_ids=target[:, t : t + 1], past_key_values=cache, use_cache=True,
+            )
+            logits.append(step.logits)
+            cache = step.past_key_values
+    return torch.cat(logits, 1)

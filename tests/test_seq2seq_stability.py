@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from archlab import Seq2SeqConfig, Seq2SeqForConditionalGeneration
+from conftest import seq2seq_incremental_logits
 
 CONFIG = dict(
     vocab_size=53, d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
@@ -124,16 +125,8 @@ def test_incremental_decoding_equals_full_forward():
     source, mask, target = batch()
     with torch.no_grad():
         full = model(input_ids=source, attention_mask=mask, decoder_input_ids=target).logits
-        step = model(input_ids=source, attention_mask=mask, decoder_input_ids=target[:, :2], use_cache=True)
-        logits, cache = [step.logits], step.past_key_values
-        for t in range(2, target.shape[1]):
-            step = model(
-                encoder_outputs=(step.encoder_last_hidden_state,), attention_mask=mask,
-                decoder_input_ids=target[:, t : t + 1], past_key_values=cache, use_cache=True,
-            )
-            logits.append(step.logits)
-            cache = step.past_key_values
-    torch.testing.assert_close(torch.cat(logits, 1), full, atol=1e-5, rtol=1e-5)
+    incremental = seq2seq_incremental_logits(model, source, mask, target, prefix=2)
+    torch.testing.assert_close(incremental, full, atol=1e-5, rtol=1e-5)
 
 
 def test_training_loss_is_the_cross_entropy_of_the_capped_logits():

@@ -20,6 +20,7 @@ from archlab.configuration.conversion import (
     convert_checkpoint,
     t5_state_dict_to_archlab,
 )
+from conftest import seq2seq_incremental_logits
 
 VOCAB = 61
 # d_kv * num_heads (36) != d_model (32), as in T5 v1.1 small (6 heads of 64 on d_model 512)
@@ -136,18 +137,11 @@ def test_t5_incremental_decoding_and_eager_equal_full_sdpa(version):
     source, mask, target = batch()
     with torch.no_grad():
         full = ours(input_ids=source, attention_mask=mask, decoder_input_ids=target).logits
-        step = ours(input_ids=source, attention_mask=mask, decoder_input_ids=target[:, :1], use_cache=True)
-        logits, cache = [step.logits], step.past_key_values
-        for t in range(1, target.shape[1]):
-            step = ours(
-                encoder_outputs=(step.encoder_last_hidden_state,), attention_mask=mask,
-                decoder_input_ids=target[:, t : t + 1], past_key_values=cache, use_cache=True,
-            )
-            logits.append(step.logits)
-            cache = step.past_key_values
+    incremental = seq2seq_incremental_logits(ours, source, mask, target)
+    with torch.no_grad():
         ours.set_attn_implementation("eager")
         eager = ours(input_ids=source, attention_mask=mask, decoder_input_ids=target).logits
-    torch.testing.assert_close(torch.cat(logits, 1), full, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(incremental, full, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(eager, full, atol=1e-5, rtol=1e-5)
 
 
