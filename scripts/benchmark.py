@@ -131,6 +131,18 @@ def native_bf16() -> str:
     return f"yes ({', '.join(native)})" if native else "no (no amx_bf16 / avx512_bf16: bf16 GEMMs are emulated)"
 
 
+# The optimisers a benchmark can step, by Trainer's `optim` names. Trainer's default is "adamw_torch_fused" (torch >= 2.8),
+# so that is what a training benchmark times unless asked otherwise; the optimiser is the same for both models.
+OPTIMIZERS = {"adamw_torch_fused": {"fused": True}, "adamw_torch": {"foreach": True}}
+
+
+def make_optimizer(model: torch.nn.Module, optim: str = "adamw_torch_fused", lr: float = 1e-4) -> torch.optim.AdamW:
+    """AdamW over `model`'s parameters as Trainer builds it for `optim` (one of `OPTIMIZERS`)."""
+    if optim not in OPTIMIZERS:
+        raise ValueError(f"optim={optim!r} is not a benchmark optimiser; allowed: {sorted(OPTIMIZERS)}")
+    return torch.optim.AdamW(model.parameters(), lr=lr, **OPTIMIZERS[optim])
+
+
 def training_step(model, batch: dict, optimizer, autocast_dtype: torch.dtype | None = None) -> Callable[[], None]:
     def step() -> None:
         with torch.autocast("cpu", dtype=autocast_dtype, enabled=autocast_dtype is not None):
@@ -176,16 +188,14 @@ def run_dense(args: argparse.Namespace) -> Report:
 
     for label, dtype, goal in [("fp32", None, "≥ 1.3×"), ("bf16 autocast", torch.bfloat16, "≥ 1.3×")]:
         ours.train(), peer.train()
-        opt_a = torch.optim.AdamW(ours.parameters(), lr=1e-4)
-        opt_p = torch.optim.AdamW(peer.parameters(), lr=1e-4)
+        opt_a, opt_p = make_optimizer(ours, args.optim), make_optimizer(peer, args.optim)
         t_a, t_p, ratio = compare_speed(training_step(ours, batch, opt_a, dtype), training_step(peer, batch, opt_p, dtype),
                                         args.rounds)
-        report.rows.append(Row(f"training tokens/s, {label} (batch {batch_size}×{seq_len}, AdamW)",
+        report.rows.append(Row(f"training tokens/s, {label} (batch {batch_size}×{seq_len}, {args.optim})",
                                tokens / t_a, tokens / t_p, ratio, "tok/s", goal))
         del opt_a, opt_p
 
-    opt_a = torch.optim.AdamW(ours.parameters(), lr=1e-4)
-    opt_p = torch.optim.AdamW(peer.parameters(), lr=1e-4)
+    opt_a, opt_p = make_optimizer(ours, args.optim), make_optimizer(peer, args.optim)
     mem_a = peak_training_memory(ours, training_step(ours, batch, opt_a), opt_a)
     mem_p = peak_training_memory(peer, training_step(peer, batch, opt_p), opt_p)
     report.rows.append(Row("peak memory of a training step, fp32", mem_a / 2**20, mem_p / 2**20, mem_p / mem_a, "MiB",
@@ -230,6 +240,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--seq-len", type=int, default=256)
     parser.add_argument("--new-tokens", type=int, default=128)
+    parser.add_argument("--optim", choices=sorted(OPTIMIZERS), default="adamw_torch_fused",
+                        help="the optimiser of every training step, by Trainer's name (default: Trainer's default)")
     parser.add_argument("--quick", action="store_true", help="tiny shapes and 2 rounds: checks that it runs")
     parser.add_argument("--output", type=Path, default=None, help="also write the markdown tables here")
     return parser

@@ -2,9 +2,9 @@
 
 `accelerate.utils.compile_regions` (what `TorchDynamoPlugin(use_regional_compilation=True)` and Trainer's
 `torch_compile` with regional compilation use) compiles the repeated decoder block once and reuses the code for
-every layer, so the cold start is one block's compile, not the whole model's. This suite times a full AdamW
-training step of four models with identical weights and inputs, side by side (warm-up, alternating order, median of
-per-round ratios; see `scripts/benchmark.py`):
+every layer, so the cold start is one block's compile, not the whole model's. This suite times a full training
+step (optimiser: `--optim`, Trainer's default fused AdamW) of four models with identical weights and inputs, side by
+side (warm-up, alternating order, median of per-round ratios; see `scripts/benchmark.py`):
 
 - archlab compiled vs Llama compiled: the same tool applied to both;
 - archlab compiled vs Llama eager: what a user gains over the Hugging Face default;
@@ -25,7 +25,7 @@ from accelerate.utils import compile_regions
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from archlab import DecoderConfig, DecoderForCausalLM
-from archlab.scripts.benchmark import Report, Row, compare_speed, dense_shape, training_step
+from archlab.scripts.benchmark import Report, Row, compare_speed, dense_shape, make_optimizer, training_step
 
 
 def build_models(quick: bool) -> dict[str, torch.nn.Module]:
@@ -61,7 +61,7 @@ def run(args: argparse.Namespace) -> Report:
     cold, losses = {}, {}
     steps = {}
     for name, model in models.items():
-        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+        optimizer = make_optimizer(model, args.optim)
         steps[name] = training_step(model, batch, optimizer)
         if name.endswith("compiled"):
             start = time.perf_counter()

@@ -9,7 +9,8 @@ Models (same config, same weights, same inputs):
   archlab-dense        the dense decoder with the same active FLOPs (intermediate = k · moe_intermediate_size)
   llama-dense          `LlamaForCausalLM` of that dense shape
 
-Training: one full AdamW step (forward with labels and the load-balancing loss, backward, optimizer step).
+Training: one full step (forward with labels and the load-balancing loss, backward, optimizer step), with Trainer's
+default optimiser (fused AdamW) unless `--optim` says otherwise.
 Decode: greedy `generate` of `--new-tokens` tokens after a `--prompt`-token prompt, batch `--decode-batch`.
 
 Method: fixed `torch.set_num_threads`, a warm-up of every model, then `--rounds` rounds in which every model runs
@@ -43,6 +44,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, MixtralConfig, MixtralFo
 
 from archlab import DecoderConfig, DecoderForCausalLM
 from archlab.modeling.moe import count_parameters
+from archlab.scripts.benchmark import OPTIMIZERS, make_optimizer
 
 HF_EXPERTS = ("eager", "batched_mm", "grouped_mm")
 
@@ -66,6 +68,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--decode-batch", type=int, default=1)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--lr", type=float, default=1e-5, help="small, so routing stays comparable across models")
+    p.add_argument("--optim", choices=sorted(OPTIMIZERS), default="adamw_torch_fused",
+                   help="the optimiser of every training step, by Trainer's name (default: Trainer's default)")
     p.add_argument("--skip", nargs="*", default=[], help="model names to leave out, e.g. mixtral-eager")
     p.add_argument("--no-train", action="store_true")
     p.add_argument("--no-decode", action="store_true")
@@ -164,7 +168,7 @@ def main(argv: list[str] | None = None) -> dict:
     print(json.dumps(results["parameters"]))
 
     if not args.no_train:
-        optimizers = {id(m): torch.optim.AdamW(m.parameters(), lr=args.lr) for m in models.values()}
+        optimizers = {id(m): make_optimizer(m, args.optim, args.lr) for m in models.values()}
         gen = torch.Generator().manual_seed(1)
         ids = torch.randint(0, args.vocab_size, (args.batch, args.seq), generator=gen)
 
@@ -179,7 +183,7 @@ def main(argv: list[str] | None = None) -> dict:
 
         train_entries = [e for e in entries if e[0] != "mixtral-batched_mm"]
         results["train"] = rounds(train_entries, train_step, args.rounds, args.batch * args.seq)
-        report("training step (full AdamW)", results["train"])
+        report(f"training step (full {args.optim} step)", results["train"])
         # Where each step goes: with the same GEMMs, 1 / (GEMM + attention share) bounds any speed-up.
         from archlab.scripts.benchmark import time_breakdown
 
@@ -223,7 +227,8 @@ def run(args: argparse.Namespace) -> "Report":
     --quick), as a table of archlab-moe against every other model."""
     from archlab.scripts.benchmark import Report, Row
 
-    argv = ["--rounds", str(args.rounds), "--decode-rounds", str(args.rounds), "--threads", str(torch.get_num_threads())]
+    argv = ["--rounds", str(args.rounds), "--decode-rounds", str(args.rounds), "--threads", str(torch.get_num_threads()),
+            "--optim", args.optim]
     if args.quick:
         argv += ["--vocab-size", "1024", "--hidden-size", "128", "--dense-intermediate-size", "344", "--layers", "2",
                  "--heads", "4", "--kv-heads", "2", "--batch", "2", "--seq", "64", "--prompt", "8", "--new-tokens", "8"]

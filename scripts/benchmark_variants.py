@@ -16,7 +16,7 @@ import argparse
 import torch
 
 from archlab import DecoderConfig, DecoderForCausalLM
-from archlab.scripts.benchmark import Report, Row, compare_speed, training_step
+from archlab.scripts.benchmark import Report, Row, compare_speed, make_optimizer, training_step
 
 
 def _shape(quick: bool) -> dict:
@@ -119,7 +119,7 @@ NO_PEER = {
 def _compare(report: Report, label: str, ours, peer, batch: dict, prompt: torch.Tensor, args, peer_name: str) -> None:
     tokens = batch["input_ids"].numel()
     ours.train(), peer.train()
-    opt_a, opt_p = torch.optim.AdamW(ours.parameters()), torch.optim.AdamW(peer.parameters())
+    opt_a, opt_p = make_optimizer(ours, args.optim), make_optimizer(peer, args.optim)
     t_a, t_p, ratio = compare_speed(training_step(ours, batch, opt_a), training_step(peer, batch, opt_p), args.rounds)
     report.rows.append(Row(f"{label}: training tok/s vs {peer_name}", tokens / t_a, tokens / t_p, ratio, "tok/s"))
     ours.eval(), peer.eval()

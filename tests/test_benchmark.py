@@ -26,12 +26,30 @@ def test_every_named_suite_exists(name):
     (["--rounds", "0"], "--rounds must be >= 1"),
     (["--batch-size", "0"], "--batch-size must be >= 1"),
     (["--suite", "nope"], "invalid choice: 'nope'"),
+    (["--optim", "sgd"], "invalid choice: 'sgd'"),
 ])
 def test_bad_arguments_fail_at_parsing(argv, message, capsys):
     with pytest.raises(SystemExit) as error:
         benchmark.main(argv)
     assert error.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_default_optimizer_is_the_one_trainer_builds(tmp_path):
+    """The benchmarks time the optimiser a Trainer user gets by default, configured as Trainer configures it."""
+    from transformers import Trainer, TrainingArguments
+
+    model = DecoderForCausalLM(tiny_decoder_config())
+    default_optim = benchmark.build_parser().parse_args([]).optim
+    args = TrainingArguments(output_dir=str(tmp_path), report_to=[], use_cpu=True)
+    assert default_optim == args.optim.value
+    cls, kwargs = Trainer.get_optimizer_cls_and_kwargs(args, model)
+    ours = benchmark.make_optimizer(model, default_optim)
+    assert type(ours) is cls
+    for key in ("fused", "foreach"):
+        assert ours.defaults[key] == kwargs.get(key, ours.defaults[key]), key
+    with pytest.raises(ValueError, match="allowed: \\['adamw_torch', 'adamw_torch_fused'\\]"):
+        benchmark.make_optimizer(model, "adafactor")
 
 
 def test_time_breakdown_adds_up_and_sees_the_gemms():
