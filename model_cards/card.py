@@ -19,6 +19,7 @@ from .facts import (
     SEQ2SEQ_PIPELINE_TAGS,
     architecture_rows,
     auto_class_for,
+    check_pipeline_tag,
     format_count,
     parameter_counts,
     pipeline_tag_for,
@@ -64,7 +65,7 @@ def _usage(
             "output = model.generate(**inputs, max_new_tokens=20, do_sample=False)",
             f"print({decode})",
         ]
-    elif pipeline_tag in (*SEQ2SEQ_PIPELINE_TAGS, "text2text-generation"):  # transformers 5 has no pipeline for these
+    elif pipeline_tag in SEQ2SEQ_PIPELINE_TAGS:  # transformers 5 has no pipeline for these
         decode = "tokenizer.batch_decode(output, skip_special_tokens=True)" if has_tokenizer else "output.tolist()"
         lines += [
             "output = model.generate(**inputs, num_beams=4, max_new_tokens=40)",
@@ -199,6 +200,7 @@ def write_model_card(
     folder = Path(folder)
     config = read_config(folder)
     architecture = (config.get("architectures") or ["DecoderModel"])[0]
+    check_pipeline_tag(architecture, pipeline_tag)
     pipeline_tag = pipeline_tag or pipeline_tag_for(architecture)
     # a hidden folder is a staging folder inside the real output folder (as the training scripts write)
     model_id = model_id or next(part for part in (folder.resolve(), *folder.resolve().parents)

@@ -82,6 +82,22 @@ def pipeline_tag_for(architecture: str) -> str | None:
     return _suffix(architecture, PIPELINE_TAGS)
 
 
+def pipeline_tags_allowed(architecture: str) -> tuple[str, ...]:
+    """The Hub tasks a card may give this architecture: an encoder-decoder translates or summarises, every other
+    head has the one task its class does."""
+    if architecture.endswith("ForConditionalGeneration"):
+        return SEQ2SEQ_PIPELINE_TAGS
+    default = pipeline_tag_for(architecture)
+    return (default,) if default else ()
+
+
+def check_pipeline_tag(architecture: str, pipeline_tag: str | None) -> None:
+    """ValueError naming `pipeline_tag` and the allowed values when the tag does not fit the architecture."""
+    allowed = pipeline_tags_allowed(architecture)
+    if pipeline_tag is not None and pipeline_tag not in allowed:
+        raise ValueError(f"pipeline_tag={pipeline_tag!r} does not fit a {architecture}; allowed: {list(allowed)}")
+
+
 def auto_class_for(architecture: str) -> str:
     return _suffix(architecture, AUTO_CLASSES) or "AutoModel"
 

@@ -379,6 +379,7 @@ def save_final(
     metrics: dict[str, float] | None = None,
     datasets: list[str] | None = None,
     base_model: str | None = None,
+    pipeline_tag: str | None = None,
 ) -> None:
     """Model, tokenizer, trainer state, loss curve and model card -- written to a staging folder, then moved into
     `output_dir` file by file with `config.json` last, so a folder that has a config has everything.
@@ -399,7 +400,8 @@ def save_final(
         with open(os.path.join(staging, "all_results.json"), "w", encoding="utf-8") as f:
             json.dump(metrics, f, indent=2, sort_keys=True)
     has_curve = plot_loss_curve(trainer.state.log_history, os.path.join(staging, LOSS_CURVE))
-    write_card(staging, metrics, datasets, base_model, os.path.join(staging, LOSS_CURVE) if has_curve else None)
+    write_card(staging, metrics, datasets, base_model, os.path.join(staging, LOSS_CURVE) if has_curve else None,
+               pipeline_tag)
     entries = sorted(os.listdir(staging), key=lambda name: name == "config.json")
     for entry in entries:
         target = os.path.join(output_dir, entry)
@@ -413,8 +415,9 @@ def save_final(
 def write_card(
     folder: str, metrics: dict[str, float] | None, datasets: list[str] | None, base_model: str | None,
     loss_curve: str | None,
+    pipeline_tag: str | None = None,
 ) -> None:
-    """The model card (README.md), rendered by archlab.model_cards."""
+    """The model card (README.md), rendered by archlab.model_cards (`pipeline_tag`: None for the class's default)."""
     from archlab.model_cards import write_model_card
 
     eval_results = {k[len("eval_"):]: v for k, v in (metrics or {}).items() if k.startswith("eval_")}
@@ -425,6 +428,7 @@ def write_card(
         eval_results={k: v for k, v in eval_results.items() if k in ("loss", "perplexity", "accuracy", "f1",
                                                                      "bleu", "chrf", "exact_match")} or None,
         loss_curve=loss_curve,
+        pipeline_tag=pipeline_tag,
     )
 
 

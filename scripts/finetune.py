@@ -35,6 +35,7 @@ from transformers import (
     set_seed,
 )
 
+from archlab.model_cards.facts import SEQ2SEQ_PIPELINE_TAGS
 from archlab.scripts.common import (
     CLASSIFICATION_AUTO_CLASS,
     AtomicCheckpointTrainer,
@@ -71,6 +72,9 @@ class FinetuneArguments:
     target_column: str = field(default="docstring", metadata={"help": "seq2seq: the output column."})
     max_source_length: int = field(default=256, metadata={"help": "seq2seq: truncate inputs to this many tokens."})
     max_target_length: int = field(default=48, metadata={"help": "seq2seq: truncate targets to this many tokens."})
+    pipeline_tag: str | None = field(default=None, metadata={
+        "help": "seq2seq: the model card's Hub task, translation | summarization (default: summarization for the "
+                "embedded code -> docstring task, translation for your own data)."})
 
 
 @dataclass
@@ -243,6 +247,9 @@ def main(argv: Sequence[str] | None = None, callbacks: list[TrainerCallback] | N
     check_data_flags(data_args, training_args)
     if data_args.streaming:
         raise ValueError("--streaming is for pretraining; fine-tuning sets are loaded in memory.")
+    if args.pipeline_tag is not None and (args.task != "seq2seq" or args.pipeline_tag not in SEQ2SEQ_PIPELINE_TAGS):
+        raise ValueError(f"`--pipeline_tag`={args.pipeline_tag!r}: only --task seq2seq chooses its card's task, one of "
+                         f"{', '.join(SEQ2SEQ_PIPELINE_TAGS)} (the other tasks' tag follows from the model class).")
     if args.task == "seq2seq":
         try:
             import sacrebleu  # noqa: F401  (needed by the metrics; fail now rather than after training)
@@ -328,9 +335,13 @@ def main(argv: Sequence[str] | None = None, callbacks: list[TrainerCallback] | N
     log(f"After fine-tuning:  {_summary(after)}")
     trainer.state.log_history.insert(0, {**before, "step": 0})
     metrics = {**result.metrics, **after, **{f"before_{k}": v for k, v in before.items()}}
+    own_data = bool(data_args.train_file or data_args.dataset_name)
+    pipeline_tag = None
+    if args.task == "seq2seq":
+        pipeline_tag = args.pipeline_tag or ("translation" if own_data else "summarization")
     save_final(trainer, tokenizer, training_args.output_dir, metrics,
-               [dataset_label(data_args) if data_args.train_file or data_args.dataset_name else "python-stdlib-source"],
-               model_args.model_name_or_path)
+               [dataset_label(data_args) if own_data else "python-stdlib-source"], model_args.model_name_or_path,
+               pipeline_tag=pipeline_tag)
     log(f"Saved to {training_args.output_dir}")
     if args.task != "classification":
         show_example(model, tokenizer, raw["validation"][0], args)

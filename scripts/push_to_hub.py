@@ -29,7 +29,9 @@ from huggingface_hub.constants import ENDPOINT, is_offline_mode
 
 import archlab  # noqa: F401  (registers the archlab classes with the Auto classes)
 from archlab.model_cards import write_model_card
-from archlab.model_cards.facts import auto_class_for, read_config
+from archlab.model_cards.facts import (
+    PIPELINE_TAGS, SEQ2SEQ_PIPELINE_TAGS, auto_class_for, check_pipeline_tag, pipeline_tags_allowed, read_config,
+)
 
 # copied as they are, beside what `save_pretrained` writes (config, weights, code)
 TOKENIZER_FILES = (
@@ -68,6 +70,9 @@ def build_parser() -> argparse.ArgumentParser:
     card.add_argument("--license", default=None, help="license identifier (default apache-2.0)")
     card.add_argument("--language", nargs="+", default=None, help="language code(s) of the training data")
     card.add_argument("--tags", nargs="+", default=None, help="extra Hub tags")
+    card.add_argument("--pipeline_tag", choices=sorted({*PIPELINE_TAGS.values(), *SEQ2SEQ_PIPELINE_TAGS}), default=None,
+                      help="the Hub task (default: the card's, else the model class's; an encoder-decoder is "
+                           "`translation` or `summarization`)")
     return parser
 
 
@@ -77,7 +82,7 @@ def _check_repo_id(repo_id: str) -> None:
         raise PushError(f"`repo_id`={repo_id!r} must look like `user/name` (or `org/name`).")
 
 
-def _existing_card_data(folder: Path) -> dict[str, Any]:
+def _existing_card_data(folder: Path, architecture: str) -> dict[str, Any]:
     readme = folder / "README.md"
     if not readme.is_file():
         return {}
@@ -88,6 +93,8 @@ def _existing_card_data(folder: Path) -> dict[str, Any]:
         "license": data.license,
         "language": data.language,
         "eval_results": data.eval_results,
+        # kept when it still fits (a summariser stays one); an older card's tag that no longer does is dropped
+        "pipeline_tag": data.pipeline_tag if data.pipeline_tag in pipeline_tags_allowed(architecture) else None,
         "tags": [tag for tag in (data.tags or []) if tag not in ("archlab", "custom_code", "safetensors")
                  and not tag.startswith("archlab_")],
     }
@@ -102,6 +109,10 @@ def stage(folder: str | Path, out: str | Path, repo_id: str, card: dict[str, Any
     if not str(config.get("model_type", "")).startswith("archlab_"):
         raise PushError(f"{folder} holds a `{config.get('model_type')}` model, not an archlab one.")
     architecture = (config.get("architectures") or [""])[0]
+    try:  # an explicit tag that does not fit the model fails before anything is loaded or written
+        check_pipeline_tag(architecture, (card or {}).get("pipeline_tag"))
+    except ValueError as error:
+        raise PushError(str(error)) from error
     auto_class = getattr(transformers, auto_class_for(architecture))
     try:  # safetensors only (archlab refuses pickled weights): a `.bin`-only folder fails here, before any upload
         model = auto_class.from_pretrained(folder, dtype="auto")
@@ -111,7 +122,8 @@ def stage(folder: str | Path, out: str | Path, repo_id: str, card: dict[str, Any
     for name in TOKENIZER_FILES + LOG_FILES:
         if (folder / name).is_file():
             shutil.copyfile(folder / name, out / name)
-    card_kwargs = {**_existing_card_data(folder), **{k: v for k, v in (card or {}).items() if v is not None}}
+    given = {k: v for k, v in (card or {}).items() if v is not None}
+    card_kwargs = {**_existing_card_data(folder, architecture), **given}
     card_kwargs = {k: v for k, v in card_kwargs.items() if v not in (None, [], "")}
     write_model_card(out, model_id=repo_id, **card_kwargs)
     names = sorted(path.name for path in out.iterdir())
@@ -205,7 +217,7 @@ def push(
 def main(argv: Sequence[str] | None = None, api_factory: Callable[[], HfApi] = HfApi) -> int:
     args = build_parser().parse_args(argv)
     card = dict(base_model=args.base_model, datasets=args.datasets, license=args.license, language=args.language,
-                tags=args.tags)
+                tags=args.tags, pipeline_tag=args.pipeline_tag)
     try:
         _check_repo_id(args.repo_id)
         if args.dry_run is not None:

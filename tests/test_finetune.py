@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from datasets import Dataset
+from huggingface_hub import ModelCard
 from transformers import AutoModelForSequenceClassification, EvalPrediction
 
 import archlab
@@ -105,6 +106,8 @@ def test_seq2seq_on_the_embedded_docstring_task(tmp_path: Path) -> None:
     for key in ("eval_bleu", "eval_chrf", "eval_exact_match", "before_eval_chrf"):
         assert 0.0 <= metrics[key] <= 100.0
     assert json.loads((tmp_path / "docstrings" / "config.json").read_text())["model_type"] == "archlab_seq2seq"
+    # code -> first docstring sentence is a summarisation task, and the card says so
+    assert ModelCard.load(tmp_path / "docstrings" / "README.md").data.pipeline_tag == "summarization"
 
 
 def test_metrics() -> None:
@@ -129,6 +132,10 @@ def test_bad_inputs(tmp_path: Path, work: Path) -> None:
                                "--label_column_name", "category"))
     with pytest.raises(ValueError, match="Conflicting flags: --task seq2seq trains a seq2seq, not --model_kind"):
         finetune.main(run_args(out, "--task", "seq2seq", "--model_kind", "masked_lm"))
+    with pytest.raises(ValueError, match="only --task seq2seq chooses its card's task, one of translation, summar"):
+        finetune.main(run_args(out, "--task", "instruct", *base, "--pipeline_tag", "summarization"))
+    with pytest.raises(ValueError, match="`--pipeline_tag`='text-generation'"):
+        finetune.main(run_args(out, "--task", "seq2seq", "--pipeline_tag", "text-generation"))
     with pytest.raises(ValueError, match="--prompt_column and --response_column go together"):
         finetune.main(run_args(out, "--task", "instruct", *base, "--train_file", str(work / "instruct.jsonl"),
                                "--prompt_column", "prompt"))

@@ -46,6 +46,31 @@ def test_card_tag_and_snippet_that_runs(tmp_path, pipeline_tag):
     assert printed.getvalue().strip() == repr(expected)
 
 
+def test_a_tag_that_does_not_fit_is_refused(tmp_path):
+    saved_translator(tmp_path / "m")
+    with pytest.raises(ValueError, match=r"pipeline_tag='text-generation' .* allowed: \['translation', 'summarization'\]"):
+        write_model_card(tmp_path / "m", pipeline_tag="text-generation")
+    assert not (tmp_path / "m" / "README.md").exists()
+
+
+def test_push_keeps_or_sets_the_task(tmp_path, capsys):
+    """`push_to_hub.py --pipeline_tag summarization` tags a summariser; a later push of its folder keeps the tag;
+    a tag that does not fit the model fails before anything is written."""
+    from archlab.scripts import push_to_hub
+
+    saved_translator(tmp_path / "m")
+    dry = ["someone/m", "--dry-run"]
+    assert push_to_hub.main([str(tmp_path / "m"), *dry, str(tmp_path / "a"), "--pipeline_tag", "summarization"]) == 0
+    assert ModelCard.load(tmp_path / "a" / "README.md").data.pipeline_tag == "summarization"
+    assert push_to_hub.main([str(tmp_path / "a"), *dry, str(tmp_path / "b")]) == 0
+    assert ModelCard.load(tmp_path / "b" / "README.md").data.pipeline_tag == "summarization"
+    assert push_to_hub.main([str(tmp_path / "m"), *dry, str(tmp_path / "c"), "--pipeline_tag", "fill-mask"]) == 2
+    assert "pipeline_tag='fill-mask' does not fit a Seq2SeqForConditionalGeneration" in capsys.readouterr().err
+    assert not (tmp_path / "c").exists()
+    with pytest.raises(SystemExit):
+        push_to_hub.main([str(tmp_path / "m"), *dry, str(tmp_path / "d"), "--pipeline_tag", "text2text-generation"])
+
+
 def test_architecture_rows_of_a_t5_style_config():
     from archlab.model_cards.facts import architecture_rows
 
