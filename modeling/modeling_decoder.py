@@ -93,6 +93,9 @@ class DecoderModel(DecoderPreTrainedModel):
         self.padding_idx = config.pad_token_id
         self.vocab_size = config.vocab_size
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, self.padding_idx)
+        # Registered before the final norm: accelerate's FSDP2 preparation takes the base model's last `*Norm` child
+        # for the final norm and groups it with the LM head.
+        self.embedding_layernorm = norm_from_config(config) if config.embedding_layernorm else None
         block = BLOCKS[config.norm_position]
         self.layers = nn.ModuleList([block(config, i) for i in range(config.num_hidden_layers)])
         self.norm = norm_from_config(config) if block.has_final_norm else nn.Identity()
@@ -102,7 +105,6 @@ class DecoderModel(DecoderPreTrainedModel):
         self.embed_positions = make_absolute_position_embedding(config)
         self.position_bias = make_position_bias(config)
         self.embed_scale = config.hidden_size**0.5 if config.scale_embedding else None
-        self.embedding_layernorm = norm_from_config(config) if config.embedding_layernorm else None
         # Layer types present, and the first layer of each (the cache layer that sizes its mask and bias).
         self.first_layer_of_type: dict[str, int] = {}
         for i, layer in enumerate(self.layers):

@@ -119,6 +119,15 @@ def test_fsdp_plans_and_accelerate_wrap_policy(norm_position):
     assert plan["model.embed_tokens"] == "keep_full_weight" and "lm_head" not in plan
 
 
+def test_accelerate_groups_the_final_norm_with_the_head():
+    """accelerate's FSDP2 preparation puts "the final norm" (the base model's last `*Norm` child) in one unit with
+    the LM head; BLOOM's embedding LayerNorm must not be taken for it."""
+    from accelerate.utils.fsdp_utils import _find_final_norm
+
+    model = DecoderForCausalLM(tiny_decoder_config(embedding_layernorm=True, norm_type="layer_norm"))
+    assert _find_final_norm(model) is model.model.norm
+
+
 @pytest.mark.slow
 def test_accelerate_fsdp2_preparation_matches_one_process(tmp_path):
     """accelerate's own FSDP2 preparation (GPU-only through `Accelerator.prepare`, run directly on gloo here): one
