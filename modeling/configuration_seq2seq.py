@@ -9,8 +9,10 @@ to embeddings scaled by sqrt(d_model), one vocabulary shared by source, target a
 The catalogue's blocks are config choices here too (seed 000 §5.2, seed 004): `norm_type`, `norm_position`,
 `mlp_type`, `position_embedding_type` (T5's relative bias among them) and grouped-query attention through
 `encoder_key_value_heads` / `decoder_key_value_heads`. With T5's own fields (`d_kv`, `scale_decoder_outputs`) and
-GPT-2's `scale_attn_weights`, T5 (Raffel et al. 2020) and T5 v1.1 / flan-T5 are configs of this model, at parity with
-`T5ForConditionalGeneration` (docs/seq2seq.md has the mapping). The decoder's stability fields (seed 004) apply here
+GPT-2's `scale_attn_weights`, T5 (Raffel et al. 2020), T5 v1.1 / flan-T5 and mT5 (Xue et al. 2021) are configs of this
+model, at parity with `T5ForConditionalGeneration` / `MT5ForConditionalGeneration`, and so is UMT5 (Chung et al. 2023)
+with `relative_attention_bias_per_layer`; `clamp_fp16_hidden_states` is T5's fp16 overflow guard (docs/seq2seq.md
+has the mapping). The decoder's stability fields (seed 004) apply here
 too, with the same names: `use_qk_norm`, `attn_logit_softcapping`, `final_logit_softcapping`.
 
 Every impossible value fails here, at construction, with a `ValueError` naming the field and what is allowed.
@@ -65,12 +67,20 @@ class Seq2SeqConfig(PreTrainedConfig):
         encoder_key_value_heads / decoder_key_value_heads (`int`, default to the attention heads): GQA/MQA.
         attention_bias, mlp_bias (`bool`, default to True): biases of the q/k/v/o projections and of fc1/fc2.
         relative_attention_num_buckets, relative_attention_max_distance (`int`, 32 and 128): T5's bucketing.
+        relative_attention_bias_per_layer (`bool`, defaults to False): with `position_embedding_type=
+            "relative_bias"`, False is T5/mT5 (one bias table per stack, shared by its layers) and True is UMT5
+            (Chung et al. 2023: every self-attention layer has its own table; cross-attention has none either way).
+            Only `position_embedding_type="relative_bias"` has a table, so True requires it.
         d_kv (`int`, *optional*): T5's size of each attention head (q/k/v project to heads × d_kv); defaults to
             `d_model // heads` of each stack, as Marian/Bart.
         scale_attn_weights (`bool`, defaults to True): GPT-2's flag: scores are q·kᵀ / sqrt(head size). T5 uses
             False (scores = q·kᵀ; its initialisation of q folds the scale in).
         scale_decoder_outputs (`bool`, defaults to False): T5's flag: multiply the decoder's output by
             d_model^-0.5 before the LM head (original T5, whose head is the tied embedding matrix; not T5 v1.1).
+        clamp_fp16_hidden_states (`bool`, defaults to False): T5's fp16 guard: in float16, after every sub-layer's
+            residual add, if any hidden state overflowed to ±inf, clamp them all to ±(finfo.max - 1000), so the next
+            norm sees finite values (decided on the device, no host synchronisation). The T5 family converts with
+            True; other dtypes are never touched.
         train_pad_embedding (`bool`, defaults to False): whether the pad token's embedding row is trained. False is
             Marian/Bart's `padding_idx` (that row stays zero and gets no gradient); T5 trains it, since it starts
             decoding from the pad token.
@@ -162,10 +172,12 @@ class Seq2SeqConfig(PreTrainedConfig):
     mlp_bias: bool = True
     relative_attention_num_buckets: int = 32
     relative_attention_max_distance: int = 128
+    relative_attention_bias_per_layer: bool = False
     lm_loss_chunk_size: int = 1024
     d_kv: int | None = None
     scale_attn_weights: bool = True
     scale_decoder_outputs: bool = False
+    clamp_fp16_hidden_states: bool = False
     train_pad_embedding: bool = False
     use_qk_norm: bool = False
     attn_logit_softcapping: int | float | None = None
@@ -234,6 +246,11 @@ class Seq2SeqConfig(PreTrainedConfig):
                 f"`relative_attention_num_buckets` ({self.relative_attention_num_buckets}) must be >= 4 and "
                 f"`relative_attention_max_distance` ({self.relative_attention_max_distance}) must exceed the {exact} "
                 "exactly-bucketed distances."
+            )
+        if self.relative_attention_bias_per_layer and self.position_embedding_type != "relative_bias":
+            raise ValueError(
+                f"`relative_attention_bias_per_layer` (True) needs `position_embedding_type`='relative_bias' (got "
+                f"{self.position_embedding_type!r}): allowed values are False, or True with 'relative_bias'."
             )
         requested = getattr(self, "_attn_implementation_internal", None)
         if self.attn_logit_softcapping is not None and isinstance(requested, str) and "sdpa" in requested:

@@ -8,7 +8,9 @@ The Transformer of "Attention Is All You Need" (Vaswani et al. 2017; seeds 000 �
               final output (source padding masked) → FFN ]  →  linear (tied to the embeddings) → softmax
 
 each sub-layer wrapped as LayerNorm(x + Dropout(sublayer(x))) with the default post-norm; `norm_position` moves the
-norm before the sub-layer ("pre", with a final norm per stack) or around it ("sandwich"). Training is teacher forcing:
+norm before the sub-layer ("pre", with a final norm per stack) or around it ("sandwich"). T5's relative bias is one
+table per stack folded into the stack's mask once, or (UMT5, `relative_attention_bias_per_layer`) one table per layer
+that each layer adds to the mask; `clamp_fp16_hidden_states` is T5's fp16 guard after every residual add. Training is teacher forcing:
 `labels` are shifted right behind `decoder_start_token_id` to make the decoder input, and the loss compares logits
 with the *unshifted* labels. Generation (greedy, sampling, beam search) runs through `GenerationMixin` with an
 `EncoderDecoderCache`: the encoder runs once, every cross-attention layer projects its keys/values once.
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from functools import partial
 
 import torch
 from torch import nn
@@ -50,7 +53,7 @@ from .hub_mixin import HubMixin
 from .losses import causal_lm_loss, chunked_causal_lm_loss, is_distributed_tensor
 from .normalization import NORMS, OffsetRMSNorm
 from .positions import LearnedPositionEmbedding
-from .relative_bias import RelativePositionBias
+from .relative_bias import RelativePositionBias, position_buckets
 from .sinusoidal import SinusoidalPositionalEmbedding, sinusoid_table
 
 IGNORE_INDEX = -100
@@ -111,6 +114,13 @@ def sandwich_norm(x, sublayer, norm, output_norm, dropout):
 RESIDUALS: dict[str, Callable] = {"post": post_norm, "pre": pre_norm, "sandwich": sandwich_norm}
 
 
+def additive_mask(mask: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
+    """A boolean mask (True = attend) as an additive one (0 / finfo.min); None and additive masks pass unchanged."""
+    if mask is None or mask.dtype != torch.bool:
+        return mask
+    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, torch.finfo(dtype).min)
+
+
 def add_position_bias(mask: torch.Tensor | None, bias: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
     """Fold an additive (1, H, Tq, Tk) position bias (T5) into an attention mask that is None, boolean or additive."""
     if bias is None:
@@ -118,18 +128,46 @@ def add_position_bias(mask: torch.Tensor | None, bias: torch.Tensor | None, dtyp
     bias = bias.to(dtype)
     if mask is None:
         return bias
-    if mask.dtype == torch.bool:
-        mask = torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, torch.finfo(dtype).min)
-    return mask + bias
+    return additive_mask(mask, dtype) + bias
+
+
+def clamp_fp16(hidden_states: torch.Tensor) -> torch.Tensor:
+    """T5's fp16 guard (transformers' T5Block): if any fp16 hidden state overflowed to ±inf, clamp all of them to
+    ±(finfo.max - 1000); otherwise the clamp at ±finfo.max changes nothing. The limit is chosen on the device by
+    `torch.where`, so there is no host synchronisation (no `if tensor.any()`). Other dtypes pass unchanged."""
+    if hidden_states.dtype != torch.float16:
+        return hidden_states
+    largest = torch.finfo(torch.float16).max
+    limit = torch.where(torch.isinf(hidden_states).any(), largest - 1000, largest)
+    return torch.clamp(hidden_states, min=-limit, max=limit)
+
+
+def keep_hidden_states(hidden_states: torch.Tensor) -> torch.Tensor:
+    return hidden_states
+
+
+def make_layer_position_bias(config: Seq2SeqConfig, side: str) -> RelativePositionBias | None:
+    """UMT5: this layer's own relative bias table (bidirectional in the encoder, causal in the decoder); else None."""
+    if not config.relative_attention_bias_per_layer:
+        return None
+    return RelativePositionBias(
+        getattr(config, f"{side}_attention_heads"),
+        num_buckets=config.relative_attention_num_buckets,
+        max_distance=config.relative_attention_max_distance,
+        bidirectional=side == "encoder",
+    )
 
 
 class _Seq2SeqLayer(GradientCheckpointingLayer):
     """What encoder and decoder layers share: the norms' factory, the residual wiring and the feed-forward."""
 
-    def __init__(self, config: Seq2SeqConfig, ffn_dim: int) -> None:
+    def __init__(self, config: Seq2SeqConfig, ffn_dim: int, side: str) -> None:
         super().__init__()
         self.config = config
         self.residual = RESIDUALS[config.norm_position]
+        # applied after every residual add (T5's fp16 guard), or nothing
+        self.clamp = clamp_fp16 if config.clamp_fp16_hidden_states else keep_hidden_states
+        self.position_bias = make_layer_position_bias(config, side)  # UMT5: this layer's own table; else None
         self.dropout = nn.Dropout(config.dropout)
         activation, width = FFN_ACTIVATIONS[config.mlp_type]
         self.fc1 = nn.Linear(config.d_model, width * ffn_dim, bias=config.mlp_bias)
@@ -149,6 +187,12 @@ class _Seq2SeqLayer(GradientCheckpointingLayer):
     def feed_forward(self, hidden_states: torch.Tensor) -> tuple[torch.Tensor, None]:
         hidden_states = self.activation_dropout(self.activation_fn(self.fc1(hidden_states)))
         return self.fc2(hidden_states), None
+
+    def add_own_bias(self, mask: torch.Tensor | None, buckets: torch.Tensor | None, dtype: torch.dtype):
+        """UMT5: this layer's bias (looked up at the stack's bucket ids) added to the self-attention mask."""
+        if self.position_bias is None:
+            return mask
+        return add_position_bias(mask, self.position_bias.lookup(buckets), dtype)
 
 
 def _attention(config: Seq2SeqConfig, side: str, layer_idx: int, is_causal: bool) -> Attention:
@@ -174,14 +218,19 @@ def _attention(config: Seq2SeqConfig, side: str, layer_idx: int, is_causal: bool
 
 class Seq2SeqEncoderLayer(_Seq2SeqLayer):
     def __init__(self, config: Seq2SeqConfig, layer_idx: int) -> None:
-        super().__init__(config, config.encoder_ffn_dim)
+        super().__init__(config, config.encoder_ffn_dim, "encoder")
         self.self_attn = _attention(config, "encoder", layer_idx, is_causal=False)
         self.self_attn_layer_norm = self.make_norm()
         self.self_attn_output_layer_norm = self.make_output_norm()
 
     def forward(
-        self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None, **kwargs
+        self,
+        hidden_states: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        position_buckets: torch.Tensor | None = None,
+        **kwargs,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        attention_mask = self.add_own_bias(attention_mask, position_buckets, hidden_states.dtype)
         hidden_states, weights = self.residual(
             hidden_states,
             lambda h: self.self_attn(h, attention_mask=attention_mask, **kwargs),
@@ -189,15 +238,16 @@ class Seq2SeqEncoderLayer(_Seq2SeqLayer):
             self.self_attn_output_layer_norm,
             self.dropout,
         )
+        hidden_states = self.clamp(hidden_states)
         hidden_states, _ = self.residual(
             hidden_states, self.feed_forward, self.final_layer_norm, self.final_output_layer_norm, self.dropout
         )
-        return hidden_states, weights
+        return self.clamp(hidden_states), weights
 
 
 class Seq2SeqDecoderLayer(_Seq2SeqLayer):
     def __init__(self, config: Seq2SeqConfig, layer_idx: int) -> None:
-        super().__init__(config, config.decoder_ffn_dim)
+        super().__init__(config, config.decoder_ffn_dim, "decoder")
         self.self_attn = _attention(config, "decoder", layer_idx, is_causal=True)
         self.self_attn_layer_norm = self.make_norm()
         self.self_attn_output_layer_norm = self.make_output_norm()
@@ -212,9 +262,11 @@ class Seq2SeqDecoderLayer(_Seq2SeqLayer):
         encoder_hidden_states: torch.Tensor | None = None,
         encoder_attention_mask: torch.Tensor | None = None,
         past_key_values: EncoderDecoderCache | None = None,
+        position_buckets: torch.Tensor | None = None,
         **kwargs,
     ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         self_cache = past_key_values.self_attention_cache if past_key_values is not None else None
+        attention_mask = self.add_own_bias(attention_mask, position_buckets, hidden_states.dtype)
         hidden_states, self_weights = self.residual(
             hidden_states,
             lambda h: self.self_attn(h, attention_mask=attention_mask, past_key_values=self_cache, **kwargs),
@@ -222,6 +274,7 @@ class Seq2SeqDecoderLayer(_Seq2SeqLayer):
             self.self_attn_output_layer_norm,
             self.dropout,
         )
+        hidden_states = self.clamp(hidden_states)
         hidden_states, cross_weights = self.residual(
             hidden_states,
             lambda h: self.encoder_attn(
@@ -235,10 +288,11 @@ class Seq2SeqDecoderLayer(_Seq2SeqLayer):
             self.encoder_attn_output_layer_norm,
             self.dropout,
         )
+        hidden_states = self.clamp(hidden_states)
         hidden_states, _ = self.residual(
             hidden_states, self.feed_forward, self.final_layer_norm, self.final_output_layer_norm, self.dropout
         )
-        return hidden_states, self_weights, cross_weights
+        return self.clamp(hidden_states), self_weights, cross_weights
 
 
 class Seq2SeqPreTrainedModel(HubMixin, PreTrainedModel):
@@ -302,14 +356,28 @@ def make_position_embedding(config: Seq2SeqConfig) -> nn.Module | None:
 
 
 def make_position_bias(config: Seq2SeqConfig, side: str) -> RelativePositionBias | None:
-    """T5's relative bias, one per stack: bidirectional in the encoder, causal in the decoder; else None."""
-    if config.position_embedding_type != "relative_bias":
+    """T5's relative bias, one per stack: bidirectional in the encoder, causal in the decoder; else None (also when
+    every layer has its own table, UMT5)."""
+    if config.position_embedding_type != "relative_bias" or config.relative_attention_bias_per_layer:
         return None
     return RelativePositionBias(
         getattr(config, f"{side}_attention_heads"),
         num_buckets=config.relative_attention_num_buckets,
         max_distance=config.relative_attention_max_distance,
         bidirectional=side == "encoder",
+    )
+
+
+def make_position_buckets(config: Seq2SeqConfig, side: str) -> Callable | None:
+    """UMT5: (query positions, key positions) -> (Tq, Tk) bucket ids, computed once per stack and forward; each layer
+    looks its own table up at them. None when there are no per-layer tables."""
+    if not config.relative_attention_bias_per_layer:
+        return None
+    return partial(
+        position_buckets,
+        bidirectional=side == "encoder",
+        num_buckets=config.relative_attention_num_buckets,
+        max_distance=config.relative_attention_max_distance,
     )
 
 
@@ -333,6 +401,7 @@ class Seq2SeqEncoder(nn.Module):
         self.layers = nn.ModuleList([Seq2SeqEncoderLayer(config, i) for i in range(config.encoder_layers)])
         self.layer_norm = make_final_norm(config)
         self.position_bias = make_position_bias(config, "encoder")  # (1, H, T, T) added to the scores, or None
+        self.position_buckets = make_position_buckets(config, "encoder")  # per-layer tables (UMT5), or None
         self.gradient_checkpointing = False
 
     def forward(
@@ -366,10 +435,14 @@ class Seq2SeqEncoder(nn.Module):
             inputs_embeds=inputs_embeds,
             attention_mask=attention_mask,
             and_mask_function=packed_sequence_mask_function(documents) if documents is not None else None,
-            allow_is_bidirectional_skip=self.position_bias is None,
+            allow_is_bidirectional_skip=self.position_bias is None and self.position_buckets is None,
         )
+        buckets = None
         if self.position_bias is not None:
             mask = add_position_bias(mask, self.position_bias(positions, positions), inputs_embeds.dtype)
+        if self.position_buckets is not None:  # each layer adds its own table's bias to this (additive) mask
+            buckets = self.position_buckets(positions, positions)
+            mask = additive_mask(mask, inputs_embeds.dtype)
 
         all_hidden_states = () if output_hidden_states else None
         all_attentions = () if output_attentions else None
@@ -378,7 +451,9 @@ class Seq2SeqEncoder(nn.Module):
                 all_hidden_states += (hidden_states,)
             if self.training and self.config.encoder_layerdrop > 0 and torch.rand([]) < self.config.encoder_layerdrop:
                 continue  # LayerDrop (Fan et al. 2019), as Marian/Bart
-            hidden_states, weights = layer(hidden_states, mask, output_attentions=output_attentions, **kwargs)
+            hidden_states, weights = layer(
+                hidden_states, mask, position_buckets=buckets, output_attentions=output_attentions, **kwargs
+            )
             if output_attentions:
                 all_attentions += (weights,)
         hidden_states = self.layer_norm(hidden_states)
@@ -403,6 +478,7 @@ class Seq2SeqDecoder(nn.Module):
         self.layers = nn.ModuleList([Seq2SeqDecoderLayer(config, i) for i in range(config.decoder_layers)])
         self.layer_norm = make_final_norm(config)
         self.position_bias = make_position_bias(config, "decoder")  # self-attention only, as T5
+        self.position_buckets = make_position_buckets(config, "decoder")  # per-layer tables (UMT5), or None
         self.gradient_checkpointing = False
 
     def forward(
@@ -442,12 +518,16 @@ class Seq2SeqDecoder(nn.Module):
             attention_mask=attention_mask,
             past_key_values=self_cache,
             position_ids=positions[None],
-            allow_is_causal_skip=self.position_bias is None,
+            allow_is_causal_skip=self.position_bias is None and self.position_buckets is None,
         )
+        key_positions = torch.arange(past + seq_len, device=inputs_embeds.device)
+        buckets = None
         if self.position_bias is not None:
-            key_positions = torch.arange(past + seq_len, device=inputs_embeds.device)
             bias = self.position_bias(positions, key_positions)  # (1, H, T, past + T)
             causal_mask = add_position_bias(causal_mask, bias, inputs_embeds.dtype)
+        if self.position_buckets is not None:  # each layer adds its own table's bias to this (additive) mask
+            buckets = self.position_buckets(positions, key_positions)
+            causal_mask = additive_mask(causal_mask, inputs_embeds.dtype)
         cross_mask = create_bidirectional_mask(
             config=self.config,
             inputs_embeds=inputs_embeds,
@@ -469,6 +549,7 @@ class Seq2SeqDecoder(nn.Module):
                 encoder_hidden_states,  # positional, for gradient checkpointing
                 encoder_attention_mask=cross_mask,
                 past_key_values=past_key_values,
+                position_buckets=buckets,
                 output_attentions=output_attentions,
                 **kwargs,
             )

@@ -7,7 +7,8 @@ of the buckets on keys after the query; `bidirectional=False` (causal decoders) 
 where the causal mask removes it anyway.
 
 The module takes explicit sizes, not a config, so the decoder (one bias shared by all layers) and a T5-style
-encoder-decoder (one per stack, bidirectional in the encoder, causal in the decoder) build it the same way.
+encoder-decoder (one per stack, bidirectional in the encoder, causal in the decoder; or one per layer, as UMT5 of
+Chung et al. 2023) build it the same way.
 The parameter is named `relative_attention_bias` as in T5, of shape (num_buckets, num_heads).
 """
 
@@ -38,6 +39,14 @@ def relative_position_bucket(
     return buckets + torch.where(is_small, distance, large)
 
 
+def position_buckets(
+    query_positions: torch.Tensor, key_positions: torch.Tensor, bidirectional: bool, num_buckets: int, max_distance: int
+) -> torch.Tensor:
+    """(Tq, Tk) bucket index of every (query, key) pair of positions."""
+    relative = key_positions[None, :].long() - query_positions[:, None].long()  # (Tq, Tk)
+    return relative_position_bucket(relative, bidirectional, num_buckets, max_distance)
+
+
 class RelativePositionBias(nn.Module):
     """bias(query_positions, key_positions) -> (1, H, Tq, Tk) additive attention scores."""
 
@@ -59,15 +68,20 @@ class RelativePositionBias(nn.Module):
         self.bidirectional = bidirectional
         self.relative_attention_bias = nn.Embedding(num_buckets, num_heads)
 
+    def buckets(self, query_positions: torch.Tensor, key_positions: torch.Tensor) -> torch.Tensor:
+        """(Tq, Tk) bucket indices; the same for every table of one stack, so UMT5-style stacks compute them once."""
+        return position_buckets(query_positions, key_positions, self.bidirectional, self.num_buckets, self.max_distance)
+
+    def lookup(self, buckets: torch.Tensor) -> torch.Tensor:
+        """(Tq, Tk) bucket indices -> (1, H, Tq, Tk) bias."""
+        return self.relative_attention_bias(buckets).permute(2, 0, 1).unsqueeze(0)
+
     def forward(self, query_positions: torch.Tensor, key_positions: torch.Tensor) -> torch.Tensor:
-        relative = key_positions[None, :].long() - query_positions[:, None].long()  # (Tq, Tk)
-        buckets = relative_position_bucket(relative, self.bidirectional, self.num_buckets, self.max_distance)
-        values = self.relative_attention_bias(buckets)  # (Tq, Tk, H)
-        return values.permute(2, 0, 1).unsqueeze(0)  # (1, H, Tq, Tk)
+        return self.lookup(self.buckets(query_positions, key_positions))
 
     def extra_repr(self) -> str:
         return f"heads={self.num_heads}, buckets={self.num_buckets}, max_distance={self.max_distance}, " \
                f"bidirectional={self.bidirectional}"
 
 
-__all__ = ["RelativePositionBias", "relative_position_bucket"]
+__all__ = ["RelativePositionBias", "position_buckets", "relative_position_bucket"]
