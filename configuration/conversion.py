@@ -8,7 +8,9 @@ refused with a message that names the offending fields.
 Each family is a `FamilyConversion` in `FAMILIES`: how its config maps to an archlab config and back, and how its
 parameter names map (identity for Llama, whose names archlab uses). Later families register the same way. The
 Llama-like decoder families are rows of one table, `DECODER_FAMILIES`: the fields they share with archlab, the
-extra fields they read, the archlab values they imply and the checks a config must pass to export.
+extra fields they read, the archlab values they imply and the checks a config must pass to export. The encoder-decoder
+families are Marian and the T5 family (`t5`: T5 v1.0, v1.1, flan-T5; `mt5`; `umt5`), whose members are rows of
+`T5_VARIANTS` over one parameter renaming.
 Weights are read and written as safetensors only; the model is built on the meta device, so converting never holds
 two copies of the weights.
 """
@@ -237,7 +239,9 @@ def _marian_state_dict(state_dict: dict[str, torch.Tensor], config: PreTrainedCo
 
 # T5 (Raffel et al. 2020) and T5 v1.1 / flan-T5 are archlab configs: pre-norm RMSNorm without bias, T5's relative
 # bias (once per stack), unscaled q·kᵀ, no embedding scaling, no absolute positions, a ReLU or gated-GELU FFN, and
-# (v1.0) a tied head fed d_model^-0.5 times the decoder output. T5Config fields with the same name and meaning:
+# (v1.0) a tied head fed d_model^-0.5 times the decoder output. mT5 (Xue et al. 2021) is T5 v1.1's layout under its own
+# model_type; UMT5 (Chung et al. 2023) has a relative bias table in every self-attention layer. The three share T5's
+# parameter names and T5Config's fields; `T5_VARIANTS` says where they differ. Fields with the same name and meaning:
 T5_FIELDS = (
     "vocab_size", "d_model", "d_kv", "relative_attention_num_buckets", "relative_attention_max_distance", "use_cache",
     "pad_token_id", "eos_token_id", "decoder_start_token_id",
@@ -249,7 +253,7 @@ T5_CONFIG_FIELDS = T5_FIELDS[:-1] + (
 T5_IMPLIED: dict[str, Any] = {
     "norm_type": "rms_norm", "norm_position": "pre", "position_embedding_type": "relative_bias",
     "scale_embedding": False, "attention_bias": False, "mlp_bias": False, "scale_attn_weights": False,
-    "share_encoder_decoder_embeddings": True,
+    "share_encoder_decoder_embeddings": True, "relative_attention_bias_per_layer": False,
 }
 # archlab fields T5 expresses through its own fields (or that do not change the function: dropout split, init, the
 # unused absolute-position length, bos, whether the pad row trains)
@@ -258,6 +262,8 @@ T5_EXPRESSIBLE = set(T5_IMPLIED) | {
     "decoder_key_value_heads", "encoder_ffn_dim", "decoder_ffn_dim", "activation_function", "mlp_type", "dropout",
     "attention_dropout", "activation_dropout", "layer_norm_eps", "scale_decoder_outputs", "decoder_vocab_size",
     "bos_token_id", "init_std", "max_position_embeddings", "train_pad_embedding",
+    # every T5-family model clamps fp16 hidden states; archlab only when asked (fp32/bf16 compute the same either way)
+    "clamp_fp16_hidden_states",
 }
 T5_SUBLAYERS = {
     "encoder": (("SelfAttention", "self_attn"),),
@@ -266,67 +272,106 @@ T5_SUBLAYERS = {
 T5_PROJECTIONS = (("q", "q_proj"), ("k", "k_proj"), ("v", "v_proj"), ("o", "out_proj"))
 
 
-def _t5_to_archlab(hf_config: dict[str, Any]) -> dict[str, Any]:
-    """config.json omits fields at T5Config's defaults: read it through T5Config. Whether the head is the tied
-    embedding fed d_model^-0.5 · output (T5 v1.0) or a separate matrix fed the output as is (v1.1, flan-T5) is
-    `scale_decoder_outputs` in configs saved by transformers 5 (which always write `tie_word_embeddings=True`) and
-    `tie_word_embeddings` in older ones."""
-    from transformers import T5Config
+@dataclass(frozen=True)
+class T5Variant:
+    """One member of the T5 family, as data: what its stock classes compute beyond T5's shared layout."""
 
-    t5 = T5Config(**{k: v for k, v in hf_config.items() if k in T5_CONFIG_FIELDS})
-    tied = hf_config.get("scale_decoder_outputs", hf_config.get("tie_word_embeddings", True) is not False)
-    return {
-        **{k: getattr(t5, k) for k in T5_FIELDS[:-1]},
-        **T5_IMPLIED,
-        "decoder_start_token_id": hf_config.get("decoder_start_token_id", t5.pad_token_id),  # T5 starts from pad
-        "bos_token_id": None,
-        "encoder_layers": t5.num_layers,
-        "decoder_layers": t5.num_decoder_layers,
-        "encoder_attention_heads": t5.num_heads,
-        "decoder_attention_heads": t5.num_heads,
-        "encoder_ffn_dim": t5.d_ff,
-        "decoder_ffn_dim": t5.d_ff,
-        "mlp_type": "gated" if t5.is_gated_act else "plain",
-        "activation_function": t5.dense_act_fn,  # "gated-gelu" is gelu_new (T5Config's legacy mapping)
-        **{name: t5.dropout_rate for name in ("dropout", "attention_dropout", "activation_dropout")},
-        "layer_norm_eps": t5.layer_norm_epsilon,
-        "scale_decoder_outputs": tied,
-        "tie_word_embeddings": tied,
-        "train_pad_embedding": True,  # T5 has no padding_idx: its pad row is the decoder's start and trains
-    }
+    prefix: str  # stock class prefix: "MT5" -> MT5Config, MT5ForConditionalGeneration
+    # whether the decoder output is multiplied by d_model^-0.5 before the head: None = T5's own rule (exactly when the
+    # head is the tied embedding); a bool = always / never, whatever the config says
+    scales_decoder_outputs: bool | None = None
+    relative_attention_bias_per_layer: bool = False  # UMT5: a bias table in every self-attention layer
 
-
-def _t5_from_archlab(config: PreTrainedConfig) -> dict[str, Any]:
-    """T5 has one head count, FFN width and dropout rate for both stacks, no GQA, and ties its head exactly when it
-    scales the decoder output; `dropout` becomes `dropout_rate` (dropout changes training only)."""
-    wrong = {k: getattr(config, k) for k, v in T5_IMPLIED.items() if getattr(config, k) != v}
-    heads = {config.encoder_attention_heads, config.decoder_attention_heads, config.encoder_key_value_heads,
-             config.decoder_key_value_heads}
-    if len(heads) > 1:
-        wrong["attention heads (encoder, decoder, key/value)"] = sorted(heads)
-    if config.encoder_ffn_dim != config.decoder_ffn_dim:
-        wrong["encoder_ffn_dim/decoder_ffn_dim"] = (config.encoder_ffn_dim, config.decoder_ffn_dim)
-    if config.tie_word_embeddings != config.scale_decoder_outputs:
-        wrong["tie_word_embeddings/scale_decoder_outputs"] = (config.tie_word_embeddings, config.scale_decoder_outputs)
-    if wrong:
-        details = ", ".join(f"{k}={v!r}" for k, v in wrong.items())
-        raise ConversionError(
-            f"T5ForConditionalGeneration cannot express {details}; T5 needs {T5_IMPLIED}, one head count without "
-            "GQA, one FFN width, and a tied head exactly when `scale_decoder_outputs=True`."
+    def to_archlab(self, hf_config: dict[str, Any]) -> dict[str, Any]:
+        """config.json omits fields at the stock config's defaults: read it through that class. T5: whether the head
+        is the tied embedding fed d_model^-0.5 · output (v1.0) or a separate matrix fed the output as is (v1.1,
+        flan-T5) is `scale_decoder_outputs` in configs saved by transformers 5 (which always write
+        `tie_word_embeddings=True`) and `tie_word_embeddings` in older ones. mT5/UMT5 configs say nothing reliable
+        about the head (transformers 5 forces the flag to True; Google's checkpoints say False and carry their own
+        head), so `_t5_family_state_dict` decides from the weights."""
+        stock = getattr(__import__("transformers"), f"{self.prefix}Config")(
+            **{k: v for k, v in hf_config.items() if k in T5_CONFIG_FIELDS}
         )
-    act = config.activation_function
-    return {
-        "d_kv": config.d_kv or config.d_model // config.encoder_attention_heads,
-        "num_layers": config.encoder_layers,
-        "num_decoder_layers": config.decoder_layers,
-        "num_heads": config.encoder_attention_heads,
-        "d_ff": config.encoder_ffn_dim,
-        "feed_forward_proj": ("gated-gelu" if act == "gelu_new" else f"gated-{act}") if config.mlp_type == "gated" else act,
-        "dropout_rate": config.dropout,
-        "layer_norm_epsilon": config.layer_norm_eps,
-        "tie_word_embeddings": config.tie_word_embeddings,
-        "is_encoder_decoder": True,
-    }
+        scale = self.scales_decoder_outputs
+        if scale is None:
+            scale = hf_config.get("scale_decoder_outputs", hf_config.get("tie_word_embeddings", True) is not False)
+        return {
+            **{k: getattr(stock, k) for k in T5_FIELDS[:-1]},
+            **T5_IMPLIED,
+            "relative_attention_bias_per_layer": self.relative_attention_bias_per_layer,
+            "decoder_start_token_id": hf_config.get("decoder_start_token_id", stock.pad_token_id),  # starts from pad
+            "bos_token_id": None,
+            "encoder_layers": stock.num_layers,
+            "decoder_layers": stock.num_decoder_layers,
+            "encoder_attention_heads": stock.num_heads,
+            "decoder_attention_heads": stock.num_heads,
+            "encoder_ffn_dim": stock.d_ff,
+            "decoder_ffn_dim": stock.d_ff,
+            "mlp_type": "gated" if stock.is_gated_act else "plain",
+            "activation_function": stock.dense_act_fn,  # "gated-gelu" is gelu_new (T5Config's legacy mapping)
+            **{name: stock.dropout_rate for name in ("dropout", "attention_dropout", "activation_dropout")},
+            "layer_norm_eps": stock.layer_norm_epsilon,
+            "scale_decoder_outputs": scale,
+            # mT5/UMT5: what config.json says until the weights are seen (`_mt5_state_dict`)
+            "tie_word_embeddings": scale if self.scales_decoder_outputs is None else hf_config.get(
+                "tie_word_embeddings", True
+            ) is not False,
+            "train_pad_embedding": True,  # no padding_idx: the pad row is the decoder's start and trains
+            "clamp_fp16_hidden_states": True,  # the stock blocks clamp fp16 hidden states
+        }
+
+    def from_archlab(self, config: PreTrainedConfig) -> dict[str, Any]:
+        """One head count, FFN width and dropout rate for both stacks, no GQA, the variant's output scaling (T5: a
+        tied head exactly when scaled) and bias tables; `dropout` becomes `dropout_rate` (it changes training only)."""
+        architecture = f"{self.prefix}ForConditionalGeneration"
+        implied = {**T5_IMPLIED, "relative_attention_bias_per_layer": self.relative_attention_bias_per_layer}
+        wrong = {k: getattr(config, k) for k, v in implied.items() if getattr(config, k) != v}
+        heads = {config.encoder_attention_heads, config.decoder_attention_heads, config.encoder_key_value_heads,
+                 config.decoder_key_value_heads}
+        if len(heads) > 1:
+            wrong["attention heads (encoder, decoder, key/value)"] = sorted(heads)
+        if config.encoder_ffn_dim != config.decoder_ffn_dim:
+            wrong["encoder_ffn_dim/decoder_ffn_dim"] = (config.encoder_ffn_dim, config.decoder_ffn_dim)
+        if self.scales_decoder_outputs is None:
+            head_rule = "a tied head exactly when `scale_decoder_outputs=True`"
+            if config.tie_word_embeddings != config.scale_decoder_outputs:
+                wrong["tie_word_embeddings/scale_decoder_outputs"] = (
+                    config.tie_word_embeddings, config.scale_decoder_outputs
+                )
+        else:
+            head_rule = f"`scale_decoder_outputs={self.scales_decoder_outputs}`"
+            if config.scale_decoder_outputs != self.scales_decoder_outputs:
+                wrong["scale_decoder_outputs"] = config.scale_decoder_outputs
+        if wrong:
+            details = ", ".join(f"{k}={v!r}" for k, v in wrong.items())
+            raise ConversionError(
+                f"{architecture} cannot express {details}; it needs {implied}, one head count without GQA, one FFN "
+                f"width, and {head_rule}."
+            )
+        act = config.activation_function
+        return {
+            "d_kv": config.d_kv or config.d_model // config.encoder_attention_heads,
+            "num_layers": config.encoder_layers,
+            "num_decoder_layers": config.decoder_layers,
+            "num_heads": config.encoder_attention_heads,
+            "d_ff": config.encoder_ffn_dim,
+            "feed_forward_proj": (
+                ("gated-gelu" if act == "gelu_new" else f"gated-{act}") if config.mlp_type == "gated" else act
+            ),
+            "dropout_rate": config.dropout,
+            "layer_norm_epsilon": config.layer_norm_eps,
+            "tie_word_embeddings": config.tie_word_embeddings,
+            "is_encoder_decoder": True,
+        }
+
+
+# transformers 5's MT5ForConditionalGeneration never scales the decoder output and UMT5ForConditionalGeneration always
+# does (its config forces `tie_word_embeddings=True`, the flag its forward reads); T5 follows `scale_decoder_outputs`.
+T5_VARIANTS: dict[str, T5Variant] = {
+    "t5": T5Variant("T5"),
+    "mt5": T5Variant("MT5", scales_decoder_outputs=False),
+    "umt5": T5Variant("UMT5", scales_decoder_outputs=True, relative_attention_bias_per_layer=True),
+}
 
 
 def t5_parameter_names(config: PreTrainedConfig) -> dict[str, str]:
@@ -339,12 +384,18 @@ def t5_parameter_names(config: PreTrainedConfig) -> dict[str, str]:
         ours = f"model.{stack}"
         names[f"{stack}.embed_tokens.weight"] = f"{ours}.embed_tokens.weight"
         names[f"{stack}.final_layer_norm.weight"] = f"{ours}.layer_norm.weight"
-        # T5 keeps the bias table in the first block's self-attention; archlab keeps it once per stack
-        names[f"{stack}.block.0.layer.0.SelfAttention.relative_attention_bias.weight"] = (
-            f"{ours}.position_bias.relative_attention_bias.weight"
-        )
+        # T5 keeps the bias table in the first block's self-attention; archlab keeps it once per stack. UMT5 has one
+        # in every block's self-attention; archlab keeps those per layer.
+        if not config.relative_attention_bias_per_layer:
+            names[f"{stack}.block.0.layer.0.SelfAttention.relative_attention_bias.weight"] = (
+                f"{ours}.position_bias.relative_attention_bias.weight"
+            )
         for i in range(getattr(config, f"{stack}_layers")):
             block, layer = f"{stack}.block.{i}.layer", f"{ours}.layers.{i}"
+            if config.relative_attention_bias_per_layer:
+                names[f"{block}.0.SelfAttention.relative_attention_bias.weight"] = (
+                    f"{layer}.position_bias.relative_attention_bias.weight"
+                )
             for j, (t5_name, name) in enumerate(sublayers):
                 names[f"{block}.{j}.layer_norm.weight"] = f"{layer}.{name}_layer_norm.weight"
                 for t5_proj, proj in T5_PROJECTIONS:
@@ -409,6 +460,16 @@ def _t5_state_dict(state_dict: dict[str, torch.Tensor], config: PreTrainedConfig
     return t5_state_dict_to_archlab(state_dict, config)
 
 
+def _mt5_state_dict(state_dict: dict[str, torch.Tensor], config: PreTrainedConfig) -> dict[str, torch.Tensor]:
+    """`_t5_state_dict` for mT5/UMT5, whose configs cannot say whether the head is tied: on import, it is tied exactly
+    when the checkpoint has no `lm_head` or one equal to the embeddings (the archlab config is set accordingly)."""
+    if not any(key.startswith("model.") for key in state_dict):
+        head = state_dict.get("lm_head.weight")
+        shared = state_dict.get("shared.weight", state_dict.get("encoder.embed_tokens.weight"))
+        config.tie_word_embeddings = head is None or (shared is not None and torch.equal(head, shared))
+    return _t5_state_dict(state_dict, config)
+
+
 FAMILIES: dict[str, FamilyConversion] = {
     **{model_type: row.conversion(model_type) for model_type, row in DECODER_FAMILIES.items()},
     "marian": FamilyConversion(
@@ -422,17 +483,20 @@ FAMILIES: dict[str, FamilyConversion] = {
         archlab_config_class=Seq2SeqConfig,
         complete_state_dict=_marian_state_dict,
     ),
-    "t5": FamilyConversion(
-        model_type="t5",
-        architecture="T5ForConditionalGeneration",
-        shared_fields=T5_FIELDS,
-        to_archlab_extra=_t5_to_archlab,
-        from_archlab_extra=_t5_from_archlab,
-        expressible_fields=T5_EXPRESSIBLE,
-        archlab_class=Seq2SeqForConditionalGeneration,
-        archlab_config_class=Seq2SeqConfig,
-        complete_state_dict=_t5_state_dict,
-    ),
+    **{
+        model_type: FamilyConversion(
+            model_type=model_type,
+            architecture=f"{variant.prefix}ForConditionalGeneration",
+            shared_fields=T5_FIELDS,
+            to_archlab_extra=variant.to_archlab,
+            from_archlab_extra=variant.from_archlab,
+            expressible_fields=T5_EXPRESSIBLE,
+            archlab_class=Seq2SeqForConditionalGeneration,
+            archlab_config_class=Seq2SeqConfig,
+            complete_state_dict=_t5_state_dict if variant.scales_decoder_outputs is None else _mt5_state_dict,
+        )
+        for model_type, variant in T5_VARIANTS.items()
+    },
 }
 
 ARCHLAB_MODEL_TYPES = {"archlab_decoder": DecoderConfig, "archlab_seq2seq": Seq2SeqConfig}

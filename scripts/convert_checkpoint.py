@@ -3,7 +3,9 @@
     python scripts/convert_checkpoint.py path/to/llama   path/to/archlab          # stock -> archlab
     python scripts/convert_checkpoint.py path/to/archlab path/to/llama --to llama  # archlab -> stock
 
-The source family is read from SRC/config.json. The logic lives in `archlab.configuration.conversion`.
+The source family is read from SRC/config.json. Families: llama, mistral, mixtral (archlab decoder); marian, t5
+(T5 v1.0, v1.1, flan-T5), mt5 and umt5 (archlab encoder-decoder). The logic lives in
+`archlab.configuration.conversion`.
 """
 
 from __future__ import annotations
