@@ -67,7 +67,8 @@ def test_configs_map_to_the_family_recipes():
     mt5 = pair("mt5")[1].config
     umt5 = pair("umt5")[1].config
     for config in (mt5, umt5):
-        assert (config.norm_type, config.norm_position, config.position_embedding_type) == ("rms_norm", "pre", "relative_bias")
+        recipe = (config.norm_type, config.norm_position, config.position_embedding_type)
+        assert recipe == ("rms_norm", "pre", "relative_bias")
         assert (config.mlp_type, config.activation_function) == ("gated", "gelu_new")
         assert config.clamp_fp16_hidden_states and config.train_pad_embedding and config.decoder_start_token_id == 0
         assert (config.encoder_layers, config.decoder_layers) == (3, 2)
@@ -132,7 +133,9 @@ def test_gradients_match(family):
 
 
 @pytest.mark.parametrize("family", list(REFERENCES))
-@pytest.mark.parametrize("generate_kwargs", [dict(num_beams=1), dict(num_beams=3, length_penalty=0.8)], ids=["greedy", "beam"])
+@pytest.mark.parametrize(
+    "generate_kwargs", [dict(num_beams=1), dict(num_beams=3, length_penalty=0.8)], ids=["greedy", "beam"]
+)
 def test_generation_matches(family, generate_kwargs):
     reference, ours = pair(family)
     source, mask, _ = batch()
@@ -193,7 +196,8 @@ def test_converter_refuses_what_each_family_cannot_express(tmp_path):
             convert_checkpoint(tmp_path / name, tmp_path / f"{name}_refused", to=to)
     # mT5 never scales the decoder output, UMT5 always does
     for name, model, to in [("scaled_mt5", mt5, "mt5"), ("unscaled_umt5", umt5, "umt5")]:
-        flipped = Seq2SeqConfig(**{**model.config.to_dict(), "scale_decoder_outputs": not model.config.scale_decoder_outputs})
+        scaled = model.config.scale_decoder_outputs
+        flipped = Seq2SeqConfig(**{**model.config.to_dict(), "scale_decoder_outputs": not scaled})
         Seq2SeqForConditionalGeneration(flipped).save_pretrained(tmp_path / name)
         with pytest.raises(ConversionError, match="scale_decoder_outputs"):
             convert_checkpoint(tmp_path / name, tmp_path / f"{name}_refused", to=to)
