@@ -12,8 +12,9 @@ norm before the sub-layer ("pre", with a final norm per stack) or around it ("sa
 table per stack folded into the stack's mask once, or (UMT5, `relative_attention_bias_per_layer`) one table per layer
 that each layer adds to the mask; `clamp_fp16_hidden_states` is T5's fp16 guard after every residual add.
 Training is teacher forcing: `labels` are shifted right behind `decoder_start_token_id` to make the decoder input,
-and the loss compares logits with the *unshifted* labels. Generation (greedy, sampling, beam search) runs through `GenerationMixin` with an
-`EncoderDecoderCache`: the encoder runs once, every cross-attention layer projects its keys/values once.
+and the loss compares logits with the *unshifted* labels. Generation (greedy, sampling, beam search) runs through
+`GenerationMixin` with an `EncoderDecoderCache`: the encoder runs once, every cross-attention layer projects its
+keys/values once.
 
 Module and parameter names are Marian's (`model.encoder.layers.N.self_attn.out_proj`, `fc1`, `fc2`,
 `self_attn_layer_norm`, `encoder_attn`, `final_layer_norm`, `final_logits_bias`, ...), so a Marian-equivalent config
