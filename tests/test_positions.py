@@ -136,11 +136,29 @@ def test_seq2seq_refuses_sequences_past_the_position_table(kind):
         model(input_ids=short, decoder_input_ids=long)  # decoder side
 
 
+class _OnAccelerator(torch.Tensor):
+    """CPU data that reports an accelerator device and records every value it hands out (`max`, `item`, `int`...)."""
+
+    reads: list[str] = []
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        if getattr(func, "__self__", None) is torch.Tensor.device:  # the `.device` getter
+            return torch.device("cuda", 0)
+        name = getattr(func, "__name__", str(func))
+        if name not in ("numel", "dim", "__get__"):
+            cls.reads.append(name)
+        return super().__torch_function__(func, types, args, kwargs or {})
+
+
 def test_position_check_never_reads_an_accelerator():
-    """The bounds check reads a scalar only from CPU tensors: on an accelerator it would synchronise every decoding
-    step (the meta device stands in for one here: reading it would raise)."""
+    """The bounds check reads a scalar only from CPU tensors: on an accelerator that read would synchronise every
+    decoding step (and break CUDA-graph capture), so there the lookup's own device-side check reports the error."""
     from archlab.modeling.sinusoidal import check_position_ids
 
+    _OnAccelerator.reads.clear()
+    check_position_ids(torch.full((1, 5), 10**6).as_subclass(_OnAccelerator), 10, "learned")
+    assert _OnAccelerator.reads == []
     check_position_ids(torch.full((1, 5), 10**6, device="meta"), 10, "learned")
     with pytest.raises(ValueError, match="max_position_embeddings"):
         check_position_ids(torch.full((1, 5), 10**6), 10, "learned")
