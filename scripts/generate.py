@@ -47,6 +47,14 @@ def check(args: GenerateArguments) -> None:
         raise ValueError(f"--max_new_tokens must be >= 1, got {args.max_new_tokens}.")
     if args.do_sample and args.temperature <= 0:
         raise ValueError(f"--temperature must be > 0 when sampling, got {args.temperature}.")
+    if args.top_k < 0:
+        raise ValueError(f"--top_k must be >= 0 (0: all tokens), got {args.top_k}.")
+    if not 0 < args.top_p <= 1:
+        raise ValueError(f"--top_p must be in (0, 1], got {args.top_p}.")
+    if args.repetition_penalty <= 0:
+        raise ValueError(f"--repetition_penalty must be > 0 (1.0: none), got {args.repetition_penalty}.")
+    if args.num_beams < 1:
+        raise ValueError(f"--num_beams must be >= 1 (1: no beam search), got {args.num_beams}.")
     if args.do_sample and args.num_beams > 1:
         raise ValueError("Conflicting flags: --num_beams > 1 is beam search; pass --do_sample false with it.")
     if args.stream and args.num_beams > 1:

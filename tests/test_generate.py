@@ -74,3 +74,16 @@ def test_errors(saved: dict[str, Path], tmp_path: Path) -> None:
         generate.main(["--model_name_or_path", str(saved["decoder"]), "--num_beams", "3", "--do_sample", "false"])
     with pytest.raises(ValueError, match="--chat true needs a tokenizer with a chat template"):
         generate.main(["--model_name_or_path", str(saved["seq2seq"]), "--chat", "true"])
+
+
+@pytest.mark.parametrize("flag, value, message", [
+    ("--top_p", "2", r"--top_p must be in \(0, 1\], got 2.0"),
+    ("--top_p", "0", r"--top_p must be in \(0, 1\], got 0.0"),
+    ("--top_k", "-1", "--top_k must be >= 0"),
+    ("--repetition_penalty", "0", "--repetition_penalty must be > 0"),
+    ("--num_beams", "0", "--num_beams must be >= 1"),
+])
+def test_out_of_range_values_fail_before_loading(tmp_path: Path, flag: str, value: str, message: str) -> None:
+    (tmp_path / "config.json").write_text("{}")  # check() runs before any model or tokenizer is read
+    with pytest.raises(ValueError, match=message):
+        generate.main(["--model_name_or_path", str(tmp_path), flag, value, "--do_sample", "false"])
