@@ -139,4 +139,8 @@ def test_bad_inputs(tmp_path: Path, work: Path) -> None:
     with pytest.raises(ValueError, match="--prompt_column and --response_column go together"):
         finetune.main(run_args(out, "--task", "instruct", *base, "--train_file", str(work / "instruct.jsonl"),
                                "--prompt_column", "prompt"))
+    with pytest.raises(ValueError, match="--max_source_length must be >= 1"):
+        finetune.main(run_args(out, "--task", "seq2seq", "--max_source_length", "-3"))
+    with pytest.raises(ValueError, match="--max_target_length must be >= 1"):
+        finetune.main(run_args(out, "--task", "seq2seq", "--max_target_length", "0"))
     assert not out.exists()
