@@ -5,6 +5,7 @@ written, a Trainer whose checkpoints are complete or absent, and the final save 
 
 from __future__ import annotations
 
+import difflib
 import json
 import math
 import os
@@ -173,6 +174,7 @@ def check_model_flags(model_args: ModelArguments) -> None:
         raise ValueError(f"Conflicting flags: {' and '.join(sources)}; pass at most one model source.")
     if model_args.model_name_or_path and model_args.config_overrides:
         raise ValueError("Conflicting flags: --config_overrides cannot change a pretrained --model_name_or_path.")
+    check_override_names(model_args)
     trained = [name for name in ("tokenizer_algorithm", "tokenizer_vocab_size", "tokenizer_train_samples")
                if getattr(model_args, name) is not None]
     if trained and (model_args.tokenizer_name or model_args.model_name_or_path):
@@ -185,6 +187,32 @@ def check_model_flags(model_args: ModelArguments) -> None:
         if path and (path.startswith((".", "/", "~")) or os.path.splitext(path)[1] == ".json"):
             if not os.path.exists(os.path.expanduser(path)):
                 raise FileNotFoundError(f"--{name} {path!r} does not exist.")
+
+
+def check_override_names(model_args: ModelArguments) -> None:
+    """Refuse --config_overrides keys the config class does not know: a config stores any unknown keyword as an
+    attribute, so a typo ("num_hidden_layer=2") would otherwise train the default shape without a word."""
+    overrides = parse_overrides(model_args.config_overrides)
+    if not overrides:
+        return
+    config_class = getattr(archlab, model_kind(model_args.model_kind).config_class)
+    default = config_class()
+    unknown = []
+    for key, value in overrides.items():
+        if hasattr(default, key):
+            continue
+        try:  # keys the config consumes and rewrites (`rope_theta` -> `rope_parameters`) are not stored as given
+            if key not in config_class(**{key: value}).to_dict():
+                continue
+        except Exception:  # noqa: BLE001  (a value the config rejects: the full build reports it with context)
+            continue
+        unknown.append(key)
+    if unknown:
+        fields = sorted(set(default.to_dict()) | set(config_class.attribute_map))
+        named = [f"{key!r}" + "".join(f" (did you mean {m!r}?)" for m in difflib.get_close_matches(key, fields, n=1))
+                 for key in unknown]
+        raise ValueError(f"--config_overrides: {config_class.__name__} has no field {', '.join(named)}; "
+                         "docs/catalogue.md lists the fields.")
 
 
 def resolve_resume(training_args: TrainingArguments, overwrite_output_dir: bool) -> str | None:

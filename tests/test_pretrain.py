@@ -95,6 +95,8 @@ BAD_INPUTS = [
     (["--preset", "tiny", "--config_name", "config.json"], ValueError, "Conflicting flags: --preset and --config_name"),
     (["--streaming", "true", "--max_steps", "-1"], ValueError, "--streaming needs --max_steps"),
     (["--model_kind", "encoder"], ValueError, "allowed values: decoder, seq2seq, masked_lm"),
+    (["--config_overrides", "num_hidden_layer=1"], ValueError,
+     "DecoderConfig has no field 'num_hidden_layer' \\(did you mean 'num_hidden_layers'\\?\\)"),
     (["--resume_from_checkpoint", "true"], FileNotFoundError, "no checkpoint-N folder"),
 ]
 
