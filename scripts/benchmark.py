@@ -235,11 +235,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--suite", choices=sorted({*SUITES, *EXTERNAL_SUITES}), default=None, action="append",
                         dest="suites", help="what to compare (repeatable; default: dense)")
-    parser.add_argument("--rounds", type=int, default=8, help="timed rounds per metric (median of ratios; >= 8)")
-    parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: all cores)")
-    parser.add_argument("--batch-size", type=int, default=8)
-    parser.add_argument("--seq-len", type=int, default=256)
-    parser.add_argument("--new-tokens", type=int, default=128)
+    parser.add_argument("--rounds", type=int, default=8,
+                        help="timed rounds per metric, >= 1 (default: 8; the median of ratios needs about 8)")
+    parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads, >= 1 (default: all cores)")
+    parser.add_argument("--batch-size", type=int, default=8, help="sequences per batch (default: 8)")
+    parser.add_argument("--seq-len", type=int, default=256, help="tokens per sequence (default: 256)")
+    parser.add_argument("--new-tokens", type=int, default=128, help="tokens generated per decode (default: 128)")
     parser.add_argument("--optim", choices=sorted(OPTIMIZERS), default="adamw_torch_fused",
                         help="the optimiser of every training step, by Trainer's name (default: Trainer's default)")
     parser.add_argument("--quick", action="store_true", help="tiny shapes and 2 rounds: checks that it runs")
@@ -251,13 +252,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     suites = args.suites or ["dense"]
+    if args.rounds < 1:
+        parser.error("--rounds must be >= 1")
     if args.quick:
         args.rounds = min(args.rounds, 2)
-    elif args.rounds < 1:
-        parser.error("--rounds must be >= 1")
     for name in ("batch_size", "seq_len", "new_tokens"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1")
+    if args.threads is not None and args.threads < 1:
+        parser.error(f"--threads must be >= 1, got {args.threads}")
     if args.threads:
         torch.set_num_threads(args.threads)
     tables = []

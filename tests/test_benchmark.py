@@ -25,6 +25,8 @@ def test_every_named_suite_exists(name):
 @pytest.mark.parametrize("argv, message", [
     (["--rounds", "0"], "--rounds must be >= 1"),
     (["--batch-size", "0"], "--batch-size must be >= 1"),
+    (["--rounds", "-1", "--quick"], "--rounds must be >= 1"),
+    (["--threads", "0"], "--threads must be >= 1, got 0"),
     (["--suite", "nope"], "invalid choice: 'nope'"),
     (["--optim", "sgd"], "invalid choice: 'sgd'"),
 ])
