@@ -94,7 +94,10 @@ class ModelArguments:
     model_name_or_path: str | None = field(
         default=None, metadata={"help": "A saved model to start from; otherwise a new one is built from the config."}
     )
-    preset: str | None = field(default=None, metadata={"help": "A named architecture preset (archlab.configuration)."})
+    preset: str | None = field(default=None, metadata={
+        "help": "A named decoder shape: tiny, small, llama-2-7b, mistral-7b, ... (see `archlab.configuration."
+                "list_presets()`; a wrong name lists them all)."
+    })
     config_name: str | None = field(default=None, metadata={"help": "A config JSON file (or folder) to build from."})
     config_overrides: str | None = field(
         default=None, metadata={"help": 'Config fields to override: "hidden_size=128,num_hidden_layers=2".'}
@@ -103,9 +106,9 @@ class ModelArguments:
         default=None, metadata={"help": "A saved tokenizer to use; without it one is trained on the training split."}
     )
     tokenizer_algorithm: str | None = field(
-        default=None, metadata={"help": "bpe | wordpiece | unigram (default: bpe, wordpiece for masked_lm)."}
+        default=None, metadata={"help": "bpe | wordpiece | unigram; unset: bpe, or wordpiece for masked_lm."}
     )
-    tokenizer_vocab_size: int | None = field(default=None, metadata={"help": "Vocabulary size to train (4096)."})
+    tokenizer_vocab_size: int | None = field(default=None, metadata={"help": "Vocabulary size to train; unset: 4096."})
     tokenizer_train_samples: int | None = field(
         default=None, metadata={"help": "Train the tokenizer on at most this many training documents."}
     )
