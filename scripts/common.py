@@ -30,6 +30,8 @@ from transformers import (
 from transformers.trainer_utils import get_last_checkpoint, rotate_checkpoints
 
 import archlab
+from archlab.tokenization.data import SAMPLE_BY
+from archlab.tokenization.training import ALGORITHMS as TOKENIZER_ALGORITHMS
 from archlab.tokenization.training import save_tokenizer
 
 LOSS_CURVE = "loss_curve.png"
@@ -169,6 +171,13 @@ def check_data_flags(data_args: DataArguments, training_args: TrainingArguments)
         raise ValueError("--streaming needs --max_steps: a streamed dataset has no length to count epochs by.")
     if data_args.block_size < 2:
         raise ValueError(f"--block_size must be at least 2, got {data_args.block_size}.")
+    if data_args.sample_by not in SAMPLE_BY:
+        raise ValueError(f"--sample_by {data_args.sample_by!r} is not supported; allowed values: "
+                         f"{', '.join(SAMPLE_BY)}.")
+    for name in ("max_train_samples", "max_eval_samples"):
+        value = getattr(data_args, name)
+        if value is not None and value < 1:
+            raise ValueError(f"--{name} must be >= 1 (or unset: all), got {value}.")
 
 
 def check_model_flags(model_args: ModelArguments) -> None:
@@ -178,6 +187,14 @@ def check_model_flags(model_args: ModelArguments) -> None:
     if model_args.model_name_or_path and model_args.config_overrides:
         raise ValueError("Conflicting flags: --config_overrides cannot change a pretrained --model_name_or_path.")
     check_override_names(model_args)
+    algorithm = model_args.tokenizer_algorithm
+    if algorithm is not None and algorithm not in TOKENIZER_ALGORITHMS:
+        raise ValueError(f"--tokenizer_algorithm {algorithm!r} is not supported; allowed values: "
+                         f"{', '.join(TOKENIZER_ALGORITHMS)}.")
+    for name in ("tokenizer_vocab_size", "tokenizer_train_samples"):
+        value = getattr(model_args, name)
+        if value is not None and value < 1:
+            raise ValueError(f"--{name} must be >= 1, got {value}.")
     trained = [name for name in ("tokenizer_algorithm", "tokenizer_vocab_size", "tokenizer_train_samples")
                if getattr(model_args, name) is not None]
     if trained and (model_args.tokenizer_name or model_args.model_name_or_path):
