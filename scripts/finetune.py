@@ -86,6 +86,7 @@ class FinetuneTrainingArguments(Seq2SeqTrainingArguments):
     max_steps: int = field(default=300, metadata={"help": "Optimizer steps (overrides num_train_epochs)."})
     per_device_train_batch_size: int = field(default=16, metadata={"help": "Examples per step."})
     per_device_eval_batch_size: int = field(default=16, metadata={"help": "Examples per evaluation step."})
+    dataloader_pin_memory: bool = field(default=False, metadata={"help": "Pin memory (only useful on a GPU)."})
     learning_rate: float = field(default=5e-4, metadata={"help": "Peak AdamW learning rate."})
     lr_scheduler_type: str = field(default="cosine", metadata={"help": "Learning-rate schedule."})
     warmup_steps: float = field(default=20, metadata={"help": "Linear warm-up steps (or a fraction < 1)."})
