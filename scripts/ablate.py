@@ -301,22 +301,25 @@ def paired_speed(args: argparse.Namespace, rounds: int = 10) -> list[str]:
 # Entry point
 # ----------------------------------------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--output_dir", default="ablation")
-    parser.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated subset of: {', '.join(VARIANTS)}")
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--output_dir", default="ablation", help="where the results go (default: ablation)")
+    parser.add_argument("--variants", default=",".join(VARIANTS),
+                        help=f"comma-separated subset of (default: all): {', '.join(VARIANTS)}")
     parser.add_argument("--dataset_name", default=None, help="a `datasets.load_dataset` path; default: the stdlib corpus")
-    parser.add_argument("--text_column", default="text")
-    parser.add_argument("--steps", type=int, default=300)
-    parser.add_argument("--warmup_steps", type=int, default=30)
-    parser.add_argument("--batch_size", type=int, default=16)
-    parser.add_argument("--seq_len", type=int, default=128)
-    parser.add_argument("--hidden_size", type=int, default=128)
-    parser.add_argument("--layers", type=int, default=4)
-    parser.add_argument("--lr", type=float, default=3e-3)
-    parser.add_argument("--decode_tokens", type=int, default=64)
-    parser.add_argument("--corpus_bytes", type=int, default=8_000_000)
-    parser.add_argument("--threads", type=int, default=1, help="torch threads (1 avoids spin contention on shared cores)")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--text_column", default="text", help="with --dataset_name: the text column (default: text)")
+    parser.add_argument("--steps", type=int, default=300, help="training steps per variant (default: 300)")
+    parser.add_argument("--warmup_steps", type=int, default=30, help="linear warm-up steps, < --steps (default: 30)")
+    parser.add_argument("--batch_size", type=int, default=16, help="sequences per step (default: 16)")
+    parser.add_argument("--seq_len", type=int, default=128, help="training length L in bytes (default: 128)")
+    parser.add_argument("--hidden_size", type=int, default=128, help="model width, a multiple of 4 (default: 128)")
+    parser.add_argument("--layers", type=int, default=4, help="decoder layers (default: 4)")
+    parser.add_argument("--lr", type=float, default=3e-3, help="peak learning rate, > 0 (default: 3e-3)")
+    parser.add_argument("--decode_tokens", type=int, default=64, help="tokens per timed greedy decode (default: 64)")
+    parser.add_argument("--corpus_bytes", type=int, default=8_000_000,
+                        help="bytes of training text, a tenth as many for validation (default: 8000000)")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch threads (default: 1, which avoids spin contention on shared cores)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the weights and the batch order (default: 0)")
     parser.add_argument("--paired_speed", action="store_true",
                         help="also time RMSNorm vs LayerNorm and MHA/GQA/MQA decoding side by side (paired.md)")
     return parser
@@ -330,9 +333,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if unknown or not names:
         parser.error(f"--variants: unknown {unknown or 'empty list'}; allowed values: {', '.join(VARIANTS)}")
     args.variant_names = names
-    for flag in ("steps", "batch_size", "seq_len", "hidden_size", "layers", "decode_tokens", "threads"):
+    for flag in ("steps", "batch_size", "seq_len", "hidden_size", "layers", "decode_tokens", "threads", "corpus_bytes"):
         if getattr(args, flag) <= 0:
             parser.error(f"--{flag} must be a positive integer, got {getattr(args, flag)}")
+    if not args.lr > 0:
+        parser.error(f"--lr must be > 0, got {args.lr}")
     if not 0 <= args.warmup_steps < args.steps:
         parser.error(f"--warmup_steps must be in [0, --steps={args.steps}), got {args.warmup_steps}")
     if args.hidden_size % 4:

@@ -27,7 +27,8 @@ def test_tiny_ablation_writes_table_json_and_plot(tmp_path):
 @pytest.mark.parametrize(
     ("argv", "message"),
     [(["--variants", "baseline,nope"], "unknown"), (["--steps", "0"], "--steps"),
-     (["--warmup_steps", "400"], "--warmup_steps"), (["--hidden_size", "30"], "--hidden_size")],
+     (["--warmup_steps", "400"], "--warmup_steps"), (["--hidden_size", "30"], "--hidden_size"),
+     (["--lr", "-0.1"], "--lr must be > 0"), (["--corpus_bytes", "0"], "--corpus_bytes must be a positive integer")],
 )
 def test_bad_flags_are_refused(argv, message, capsys):
     with pytest.raises(SystemExit):
