@@ -5,6 +5,7 @@ written, a Trainer whose checkpoints are complete or absent, and the final save 
 
 from __future__ import annotations
 
+import argparse
 import difflib
 import json
 import math
@@ -147,9 +148,14 @@ class ArchlabTrainingArguments(TrainingArguments):
     )
 
 
-def parse_arguments(classes: Sequence[type], argv: Sequence[str] | None) -> tuple:
-    """`HfArgumentParser`: flags, or a single .json file holding them (as in transformers' examples)."""
-    parser = HfArgumentParser(tuple(classes))
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """Each flag's default, and the script's docstring as written (its example commands keep their lines)."""
+
+
+def parse_arguments(classes: Sequence[type], argv: Sequence[str] | None, description: str | None = None) -> tuple:
+    """`HfArgumentParser`: flags, or a single .json file holding them (as in transformers' examples); `description`
+    (the script's docstring) heads `--help`."""
+    parser = HfArgumentParser(tuple(classes), description=description, formatter_class=HelpFormatter)
     argv = list(sys.argv[1:] if argv is None else argv)
     if len(argv) == 1 and argv[0].endswith(".json"):
         return parser.parse_json_file(json_file=os.path.abspath(argv[0]))

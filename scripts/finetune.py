@@ -233,7 +233,7 @@ def task_texts(raw: Any, task: str, args: FinetuneArguments, text_column: str) -
 
 def main(argv: Sequence[str] | None = None, callbacks: list[TrainerCallback] | None = None) -> dict[str, float]:
     model_args, data_args, training_args, args = parse_arguments(
-        (ModelArguments, DataArguments, FinetuneTrainingArguments, FinetuneArguments), argv
+        (ModelArguments, DataArguments, FinetuneTrainingArguments, FinetuneArguments), argv, __doc__
     )
     # --- checks, then data, tokenizer and config: nothing is written before the Trainer starts ------------------
     if args.task not in TASKS:

@@ -62,7 +62,7 @@ def check(args: GenerateArguments) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> str:
-    (args,) = parse_arguments((GenerateArguments,), argv)
+    (args,) = parse_arguments((GenerateArguments,), argv, __doc__)
     check(args)
     config = AutoConfig.from_pretrained(args.model_name_or_path)
     architectures = config.architectures or []

@@ -163,7 +163,7 @@ def print_sample(model: Any, tokenizer: Any, prompt: str, max_new_tokens: int, s
 
 def main(argv: Sequence[str] | None = None, callbacks: list[TrainerCallback] | None = None) -> dict[str, float]:
     model_args, data_args, training_args, extra = parse_arguments(
-        (ModelArguments, PretrainDataArguments, PretrainTrainingArguments, PretrainArguments), argv
+        (ModelArguments, PretrainDataArguments, PretrainTrainingArguments, PretrainArguments), argv, __doc__
     )
     # --- every check that can fail runs before anything is written ---------------------------------------------
     kind = model_kind(model_args.model_kind)
