@@ -103,7 +103,9 @@ class ModelArguments:
     })
     config_name: str | None = field(default=None, metadata={"help": "A config JSON file (or folder) to build from."})
     config_overrides: str | None = field(
-        default=None, metadata={"help": 'Config fields to override: "hidden_size=128,num_hidden_layers=2".'}
+        default=None, metadata={"help": 'Config fields to override: "hidden_size=128,num_hidden_layers=2"; values are '
+                                        "read as JSON when they parse, so lists and objects work: "
+                                        """'layer_types=["sliding_attention","full_attention"]'."""}
     )
     tokenizer_name: str | None = field(
         default=None, metadata={"help": "A saved tokenizer to use; without it one is trained on the training split."}
@@ -277,10 +279,27 @@ def clear_output_dir(output_dir: str) -> None:
 # ---------------------------------------------------------------------------------------------------------------
 # Configs
 # ---------------------------------------------------------------------------------------------------------------
+def _split_top_level(text: str) -> list[str]:
+    """Split on the commas outside JSON brackets and quotes: 'a=1,b=[1,2],c={"x":1,"y":2}' -> 3 items."""
+    items, depth, quoted, start = [], 0, False, 0
+    for i, char in enumerate(text):
+        if char == '"' and (i == 0 or text[i - 1] != "\\"):
+            quoted = not quoted
+        elif not quoted and char in "[{":
+            depth += 1
+        elif not quoted and char in "]}":
+            depth -= 1
+        elif not quoted and depth == 0 and char == ",":
+            items.append(text[start:i])
+            start = i + 1
+    return items + [text[start:]]
+
+
 def parse_overrides(text: str | None) -> dict[str, Any]:
-    """ "a=1,b=true,c=rms_norm" -> {"a": 1, "b": True, "c": "rms_norm"} (values parsed as JSON when they are)."""
+    """ "a=1,b=true,c=rms_norm" -> {"a": 1, "b": True, "c": "rms_norm"} (values parsed as JSON when they are, so
+    lists and objects work too: 'layer_types=["sliding_attention","full_attention"]')."""
     values: dict[str, Any] = {}
-    for item in filter(None, (part.strip() for part in (text or "").split(","))):
+    for item in filter(None, (part.strip() for part in _split_top_level(text or ""))):
         if "=" not in item:
             raise ValueError(f"--config_overrides: {item!r} is not of the form key=value.")
         key, raw = (s.strip() for s in item.split("=", 1))

@@ -197,6 +197,17 @@ def test_config_from_preset_json_and_overrides(tmp_path: Path, data_dir: Path) -
         build_config(ModelArguments(config_overrides="hidden_size"), tokenizer, 64)
 
 
+def test_config_overrides_take_json_lists_and_objects() -> None:
+    from archlab.scripts.common import parse_overrides
+
+    text = 'num_hidden_layers=2,layer_types=["sliding_attention","full_attention"],rope_parameters={"rope_type":' \
+           '"linear","factor":2.0},sliding_window=8,note="a,b"'
+    assert parse_overrides(text) == {
+        "num_hidden_layers": 2, "layer_types": ["sliding_attention", "full_attention"],
+        "rope_parameters": {"rope_type": "linear", "factor": 2.0}, "sliding_window": 8, "note": "a,b",
+    }
+
+
 def test_pretrain_streaming(tmp_path: Path, data_dir: Path) -> None:
     out = tmp_path / "streamed"
     metrics = pretrain.main(tiny_args(out, data_dir, "--streaming", "true", "--tokenizer_name",
