@@ -51,7 +51,8 @@ def _usage(
     ]
     if has_tokenizer:
         lines += [
-            "tokenizer = AutoTokenizer.from_pretrained(model_id)",
+            # without archlab installed, AutoTokenizer reads the config's remote-code `auto_map` too: say yes up front
+            "tokenizer = AutoTokenizer.from_pretrained(model_id, trust_remote_code=True)",
             f"inputs = tokenizer({example!r}, return_tensors=\"pt\", return_token_type_ids=False)",
         ]
     else:

@@ -277,7 +277,7 @@ def test_pretrain_output_pushes_and_loads_anywhere(tmp_path):
     card = (upload / "README.md").read_text()
     assert "| learning_rate |" in card and "| final training loss |" in card and "train.txt" in card
     snippet = re.search(r"```python\n(.*?)```", card, re.S).group(1).replace(f'"{REPO}"', repr(str(upload)))
-    assert "AutoTokenizer.from_pretrained(model_id)" in snippet
+    assert "AutoTokenizer.from_pretrained(model_id, trust_remote_code=True)" in snippet
     ids = torch.tensor([[1, 5, 9, 12]])
     with torch.no_grad(), one_thread():
         expected = push_to_hub.transformers.AutoModelForCausalLM.from_pretrained(upload).eval()(ids).logits

@@ -379,6 +379,14 @@ def test_translate_batches_in_order_and_matches_generate():
     assert translate("1 2 3", model, tokenizer, num_beams=2, max_new_tokens=5) == out[:1]
 
 
+def test_translate_refuses_a_decoder_only_model():
+    from archlab import DecoderForCausalLM
+    from conftest import tiny_decoder_config
+
+    with pytest.raises(ValueError, match="needs an encoder-decoder .* DecoderForCausalLM is decoder-only"):
+        translate(["1 2 3"], DecoderForCausalLM(tiny_decoder_config(vocab_size=16)), digit_tokenizer())
+
+
 def test_resize_token_embeddings_keeps_source_target_and_bias_in_step(tmp_path):
     model = tiny(vocab_size=45)
     model.final_logits_bias.normal_()
