@@ -18,6 +18,7 @@ tokenizer trained on the task's training texts.
 
 from __future__ import annotations
 
+import copy
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -217,7 +218,20 @@ def seq2seq_metrics(tokenizer: Any):
 
 
 class AtomicSeq2SeqTrainer(AtomicCheckpointTrainer, Seq2SeqTrainer):
-    """`Seq2SeqTrainer` (generation in evaluation) with complete-or-absent checkpoints."""
+    """`Seq2SeqTrainer` (generation in evaluation) with complete-or-absent checkpoints.
+
+    Seq2SeqTrainer's evaluation writes every generation default (`max_length=20`, `num_beams=1`, ...) into the model's
+    own `generation_config`, so saved folders would carry them and every later `generate(max_new_tokens=...)` warns
+    about a conflicting `max_length`; each prediction step here leaves the model's generation config as it found it.
+    """
+
+    def prediction_step(self, *args, **kwargs):
+        kept = copy.deepcopy(self.model.generation_config)
+        kept._from_model_config = False  # what the parent sets, so generate does not re-derive it every step
+        try:
+            return super().prediction_step(*args, **kwargs)
+        finally:
+            self.model.generation_config = kept
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -348,7 +362,7 @@ def main(argv: Sequence[str] | None = None, callbacks: list[TrainerCallback] | N
                pipeline_tag=pipeline_tag)
     log(f"Saved to {training_args.output_dir}")
     if args.task != "classification":
-        show_example(model, tokenizer, raw["validation"][0], args)
+        show_example(model, tokenizer, raw["validation"][0], args, training_args.generation_max_length)
     return metrics
 
 
@@ -357,7 +371,9 @@ def _summary(metrics: dict[str, float]) -> str:
     return ", ".join(f"{k[5:]} {metrics[k]:.4g}" for k in keys if k in metrics)
 
 
-def show_example(model: Any, tokenizer: Any, example: dict[str, Any], args: FinetuneArguments) -> None:
+def show_example(
+    model: Any, tokenizer: Any, example: dict[str, Any], args: FinetuneArguments, max_new_tokens: int | None = None
+) -> None:
     model.eval()
     with torch.no_grad():
         if args.task == "instruct":
@@ -373,7 +389,7 @@ def show_example(model: Any, tokenizer: Any, example: dict[str, Any], args: Fine
             inputs = tokenizer(example[args.source_column], return_tensors="pt", truncation=True,
                                max_length=args.max_source_length)
             inputs.pop("token_type_ids", None)
-            output = model.generate(**inputs, max_new_tokens=48, num_beams=1, do_sample=False)
+            output = model.generate(**inputs, max_new_tokens=max_new_tokens or 48, num_beams=1, do_sample=False)
             log(f"Example -- code:\n{example[args.source_column]}\n"
                 f"generated: {tokenizer.decode(output[0], skip_special_tokens=True)}\n"
                 f"reference: {example[args.target_column]}")

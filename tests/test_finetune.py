@@ -106,6 +106,9 @@ def test_seq2seq_on_the_embedded_docstring_task(tmp_path: Path) -> None:
     for key in ("eval_bleu", "eval_chrf", "eval_exact_match", "before_eval_chrf"):
         assert 0.0 <= metrics[key] <= 100.0
     assert json.loads((tmp_path / "docstrings" / "config.json").read_text())["model_type"] == "archlab_seq2seq"
+    # evaluation by generation leaves the saved generation config as the model had it: no stray max_length=20
+    saved = json.loads((tmp_path / "docstrings" / "generation_config.json").read_text())
+    assert "max_length" not in saved and "num_beams" not in saved, saved
     # code -> first docstring sentence is a summarisation task, and the card says so
     assert ModelCard.load(tmp_path / "docstrings" / "README.md").data.pipeline_tag == "summarization"
 
