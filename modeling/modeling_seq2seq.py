@@ -147,16 +147,19 @@ def keep_hidden_states(hidden_states: torch.Tensor) -> torch.Tensor:
     return hidden_states
 
 
-def make_layer_position_bias(config: Seq2SeqConfig, side: str) -> RelativePositionBias | None:
-    """UMT5: this layer's own relative bias table (bidirectional in the encoder, causal in the decoder); else None."""
-    if not config.relative_attention_bias_per_layer:
-        return None
+def relative_bias_table(config: Seq2SeqConfig, side: str) -> RelativePositionBias:
+    """One T5 relative bias table of a stack's size: bidirectional in the encoder, causal in the decoder."""
     return RelativePositionBias(
         getattr(config, f"{side}_attention_heads"),
         num_buckets=config.relative_attention_num_buckets,
         max_distance=config.relative_attention_max_distance,
         bidirectional=side == "encoder",
     )
+
+
+def make_layer_position_bias(config: Seq2SeqConfig, side: str) -> RelativePositionBias | None:
+    """UMT5: this layer's own relative bias table; else None."""
+    return relative_bias_table(config, side) if config.relative_attention_bias_per_layer else None
 
 
 class _Seq2SeqLayer(GradientCheckpointingLayer):
@@ -361,12 +364,7 @@ def make_position_bias(config: Seq2SeqConfig, side: str) -> RelativePositionBias
     every layer has its own table, UMT5)."""
     if config.position_embedding_type != "relative_bias" or config.relative_attention_bias_per_layer:
         return None
-    return RelativePositionBias(
-        getattr(config, f"{side}_attention_heads"),
-        num_buckets=config.relative_attention_num_buckets,
-        max_distance=config.relative_attention_max_distance,
-        bidirectional=side == "encoder",
-    )
+    return relative_bias_table(config, side)
 
 
 def make_position_buckets(config: Seq2SeqConfig, side: str) -> Callable | None:

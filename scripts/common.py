@@ -179,13 +179,23 @@ def check_data_flags(data_args: DataArguments, training_args: TrainingArguments)
         raise ValueError("--streaming needs --max_steps: a streamed dataset has no length to count epochs by.")
     if data_args.block_size < 2:
         raise ValueError(f"--block_size must be at least 2, got {data_args.block_size}.")
-    if data_args.sample_by not in SAMPLE_BY:
-        raise ValueError(f"--sample_by {data_args.sample_by!r} is not supported; allowed values: "
-                         f"{', '.join(SAMPLE_BY)}.")
-    for name in ("max_train_samples", "max_eval_samples"):
-        value = getattr(data_args, name)
+    check_choice(data_args, "sample_by", SAMPLE_BY)
+    check_positive(data_args, ("max_train_samples", "max_eval_samples"), " (or unset: all)")
+
+
+def check_choice(args: Any, name: str, allowed: Sequence[str]) -> None:
+    """`--name` is unset or one of `allowed`, else a ValueError naming the flag and the allowed values."""
+    value = getattr(args, name)
+    if value is not None and value not in allowed:
+        raise ValueError(f"--{name} {value!r} is not supported; allowed values: {', '.join(allowed)}.")
+
+
+def check_positive(args: Any, names: Sequence[str], unset: str = "") -> None:
+    """Each `--name` is unset or >= 1, else a ValueError naming the flag (`unset` says what leaving it out means)."""
+    for name in names:
+        value = getattr(args, name)
         if value is not None and value < 1:
-            raise ValueError(f"--{name} must be >= 1 (or unset: all), got {value}.")
+            raise ValueError(f"--{name} must be >= 1{unset}, got {value}.")
 
 
 def check_model_flags(model_args: ModelArguments) -> None:
@@ -195,14 +205,8 @@ def check_model_flags(model_args: ModelArguments) -> None:
     if model_args.model_name_or_path and model_args.config_overrides:
         raise ValueError("Conflicting flags: --config_overrides cannot change a pretrained --model_name_or_path.")
     check_override_names(model_args)
-    algorithm = model_args.tokenizer_algorithm
-    if algorithm is not None and algorithm not in TOKENIZER_ALGORITHMS:
-        raise ValueError(f"--tokenizer_algorithm {algorithm!r} is not supported; allowed values: "
-                         f"{', '.join(TOKENIZER_ALGORITHMS)}.")
-    for name in ("tokenizer_vocab_size", "tokenizer_train_samples"):
-        value = getattr(model_args, name)
-        if value is not None and value < 1:
-            raise ValueError(f"--{name} must be >= 1, got {value}.")
+    check_choice(model_args, "tokenizer_algorithm", TOKENIZER_ALGORITHMS)
+    check_positive(model_args, ("tokenizer_vocab_size", "tokenizer_train_samples"))
     trained = [name for name in ("tokenizer_algorithm", "tokenizer_vocab_size", "tokenizer_train_samples")
                if getattr(model_args, name) is not None]
     if trained and (model_args.tokenizer_name or model_args.model_name_or_path):

@@ -45,6 +45,7 @@ from archlab.scripts.common import (
     build_config,
     check_data_flags,
     check_model_flags,
+    check_positive,
     clear_output_dir,
     dataset_label,
     log,
@@ -265,9 +266,7 @@ def main(argv: Sequence[str] | None = None, callbacks: list[TrainerCallback] | N
     if args.pipeline_tag is not None and (args.task != "seq2seq" or args.pipeline_tag not in SEQ2SEQ_PIPELINE_TAGS):
         raise ValueError(f"`--pipeline_tag`={args.pipeline_tag!r}: only --task seq2seq chooses its card's task, one of "
                          f"{', '.join(SEQ2SEQ_PIPELINE_TAGS)} (the other tasks' tag follows from the model class).")
-    for name in ("max_source_length", "max_target_length"):
-        if getattr(args, name) < 1:
-            raise ValueError(f"--{name} must be >= 1 (tokens), got {getattr(args, name)}.")
+    check_positive(args, ("max_source_length", "max_target_length"), " (tokens)")
     if args.task == "seq2seq":
         try:
             import sacrebleu  # noqa: F401  (needed by the metrics; fail now rather than after training)

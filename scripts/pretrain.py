@@ -33,6 +33,7 @@ from archlab.scripts.common import (
     build_config,
     check_data_flags,
     check_model_flags,
+    check_positive,
     clear_output_dir,
     dataset_label,
     log,
@@ -169,8 +170,7 @@ def main(argv: Sequence[str] | None = None, callbacks: list[TrainerCallback] | N
     kind = model_kind(model_args.model_kind)
     check_model_flags(model_args)
     check_data_flags(data_args, training_args)
-    if extra.eval_max_blocks is not None and extra.eval_max_blocks < 1:
-        raise ValueError(f"--eval_max_blocks must be >= 1 (or unset: all), got {extra.eval_max_blocks}.")
+    check_positive(extra, ("eval_max_blocks",), " (or unset: all)")
     resume = resolve_resume(training_args, training_args.overwrite_output_dir)
     set_seed(training_args.seed)
     if training_args.label_names is None:  # else the Trainer also waits for `shift_labels` and reports no eval loss

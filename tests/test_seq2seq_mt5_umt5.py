@@ -29,8 +29,9 @@ from archlab.configuration.conversion import (
     archlab_state_dict_to_t5,
     convert_checkpoint,
 )
-from conftest import seq2seq_incremental_logits
-from test_seq2seq_t5 import T5_SHAPE, VOCAB, batch
+from test_seq2seq_t5 import (
+    T5_SHAPE, VOCAB, batch, check_generation_matches, check_incremental_and_eager_equal_full,
+)
 
 REFERENCES = {"mt5": (MT5Config, MT5ForConditionalGeneration), "umt5": (UMT5Config, UMT5ForConditionalGeneration)}
 SHAPE = dict(T5_SHAPE, num_layers=3, num_decoder_layers=2, feed_forward_proj="gated-gelu")
@@ -137,27 +138,12 @@ def test_gradients_match(family):
     "generate_kwargs", [dict(num_beams=1), dict(num_beams=3, length_penalty=0.8)], ids=["greedy", "beam"]
 )
 def test_generation_matches(family, generate_kwargs):
-    reference, ours = pair(family)
-    source, mask, _ = batch()
-    kwargs = dict(input_ids=source, attention_mask=mask, max_new_tokens=12, do_sample=False, **generate_kwargs)
-    expected = reference.generate(**kwargs)
-    got = ours.generate(**kwargs)
-    assert torch.equal(got, expected)
-    assert len(set(expected[:, 1:].flatten().tolist())) > 2  # the outputs are not one repeated token
+    check_generation_matches(*pair(family), generate_kwargs)
 
 
 @pytest.mark.parametrize("family", list(REFERENCES))
 def test_incremental_decoding_and_eager_equal_full_sdpa(family):
-    _, ours = pair(family)
-    source, mask, target = batch()
-    with torch.no_grad():
-        full = ours(input_ids=source, attention_mask=mask, decoder_input_ids=target).logits
-    incremental = seq2seq_incremental_logits(ours, source, mask, target)
-    with torch.no_grad():
-        ours.set_attn_implementation("eager")
-        eager = ours(input_ids=source, attention_mask=mask, decoder_input_ids=target).logits
-    torch.testing.assert_close(incremental, full, atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(eager, full, atol=1e-5, rtol=1e-5)
+    check_incremental_and_eager_equal_full(pair(family)[1])
 
 
 @pytest.mark.parametrize("tied", [False, True], ids=["own_head", "tied_head"])

@@ -122,7 +122,11 @@ def test_t5_gradients_match(version):
 @pytest.mark.parametrize("version", list(VERSIONS))
 @pytest.mark.parametrize("generate_kwargs", [dict(num_beams=1), dict(num_beams=3, length_penalty=0.8)], ids=["greedy", "beam"])
 def test_t5_generation_matches(version, generate_kwargs):
-    reference, ours = t5_pair(version)
+    check_generation_matches(*t5_pair(version), generate_kwargs)
+
+
+def check_generation_matches(reference, ours, generate_kwargs: dict) -> None:
+    """Greedy or beam search gives the reference's tokens exactly (shared with the mT5/UMT5 tests)."""
     source, mask, _ = batch()
     kwargs = dict(input_ids=source, attention_mask=mask, max_new_tokens=12, do_sample=False, **generate_kwargs)
     expected = reference.generate(**kwargs)
@@ -133,7 +137,11 @@ def test_t5_generation_matches(version, generate_kwargs):
 
 @pytest.mark.parametrize("version", list(VERSIONS))
 def test_t5_incremental_decoding_and_eager_equal_full_sdpa(version):
-    _, ours = t5_pair(version)
+    check_incremental_and_eager_equal_full(t5_pair(version)[1])
+
+
+def check_incremental_and_eager_equal_full(ours) -> None:
+    """Cached one-token decoding and the eager kernels reproduce the full sdpa forward (shared with mT5/UMT5)."""
     source, mask, target = batch()
     with torch.no_grad():
         full = ours(input_ids=source, attention_mask=mask, decoder_input_ids=target).logits
