@@ -12,7 +12,7 @@ import math
 import os
 import shutil
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -162,6 +162,24 @@ def parse_arguments(classes: Sequence[type], argv: Sequence[str] | None, descrip
     if len(argv) == 1 and argv[0].endswith(".json"):
         return parser.parse_json_file(json_file=os.path.abspath(argv[0]))
     return parser.parse_args_into_dataclasses(args=argv)
+
+
+def run_cli(main: Callable[[], object]) -> None:
+    """Command-line entry of the training and generation scripts. An error that archlab itself raises about the
+    input (a bad flag, a missing file, a config field out of range: ValueError / FileNotFoundError whose message
+    names what to change) prints one `error: ...` line and exits with 2, as argparse does for a bad flag; errors
+    raised inside other libraries keep their traceback, which is what a bug report needs."""
+    try:
+        main()
+    except (ValueError, FileNotFoundError) as error:
+        frame = error.__traceback__
+        while frame is not None and frame.tb_next is not None:
+            frame = frame.tb_next
+        origin = frame.tb_frame.f_globals.get("__name__", "") if frame is not None else ""
+        if not (origin == "__main__" or origin.startswith("archlab")):
+            raise
+        print(f"error: {error}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -52,6 +52,7 @@ from archlab.scripts.common import (
     model_kind,
     parse_arguments,
     resolve_resume,
+    run_cli,
     save_final,
     with_perplexity,
 )
@@ -394,5 +395,10 @@ def show_example(
                 f"reference: {example[args.target_column]}")
 
 
+def cli() -> None:
+    """`archlab-finetune`: `main` with one-line errors for bad input (see `run_cli`)."""
+    run_cli(main)
+
+
 if __name__ == "__main__":
-    main()
+    cli()

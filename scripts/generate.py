@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM, TextStreamer, set_seed
 
-from archlab.scripts.common import log, parse_arguments
+from archlab.scripts.common import log, parse_arguments, run_cli
 from archlab.tokenization.training import load_tokenizer
 
 
@@ -119,5 +119,10 @@ def main(argv: Sequence[str] | None = None) -> str:
     return text
 
 
+def cli() -> None:
+    """`archlab-generate`: `main` with one-line errors for bad input (see `run_cli`)."""
+    run_cli(main)
+
+
 if __name__ == "__main__":
-    main()
+    cli()

@@ -40,6 +40,7 @@ from archlab.scripts.common import (
     model_kind,
     parse_arguments,
     resolve_resume,
+    run_cli,
     save_final,
     with_perplexity,
 )
@@ -236,5 +237,10 @@ def main(argv: Sequence[str] | None = None, callbacks: list[TrainerCallback] | N
     return metrics
 
 
+def cli() -> None:
+    """`archlab-pretrain`: `main` with one-line errors for bad input (see `run_cli`)."""
+    run_cli(main)
+
+
 if __name__ == "__main__":
-    main()
+    cli()

@@ -87,3 +87,31 @@ def test_out_of_range_values_fail_before_loading(tmp_path: Path, flag: str, valu
     (tmp_path / "config.json").write_text("{}")  # check() runs before any model or tokenizer is read
     with pytest.raises(ValueError, match=message):
         generate.main(["--model_name_or_path", str(tmp_path), flag, value, "--do_sample", "false"])
+
+
+def test_bad_input_is_one_error_line_not_a_traceback(tmp_path, capsys):
+    """The scripts' command-line entry: archlab's own input errors print `error: ...` and exit 2 (as argparse does);
+    an error raised inside another library keeps its traceback."""
+    import json
+
+    from archlab.scripts.common import run_cli
+
+    with pytest.raises(SystemExit) as exit_:
+        run_cli(lambda: generate.main(["--model_name_or_path", str(tmp_path / "nowhere")]))
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --model_name_or_path ") and "holds no saved model" in err
+    with pytest.raises(json.JSONDecodeError):
+        run_cli(lambda: json.loads("{"))
+
+
+def test_command_line_error_exit_code(tmp_path):
+    import subprocess
+    import sys
+
+    script = Path(__file__).resolve().parents[1] / "scripts" / "generate.py"
+    run = subprocess.run([sys.executable, str(script), "--model_name_or_path", str(tmp_path / "nowhere")],
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 2
+    assert "Traceback" not in run.stderr
+    assert "error: --model_name_or_path" in run.stderr and "holds no saved model (config.json)" in run.stderr
