@@ -237,6 +237,7 @@ def check_model_flags(model_args: ModelArguments) -> None:
         if path and (path.startswith((".", "/", "~")) or os.path.splitext(path)[1] == ".json"):
             if not os.path.exists(os.path.expanduser(path)):
                 raise FileNotFoundError(f"--{name} {path!r} does not exist.")
+    check_new_config(model_args)
 
 
 def check_override_names(model_args: ModelArguments) -> None:
@@ -341,6 +342,38 @@ def preset_values(name: str, kind: str) -> dict[str, Any]:
     return preset_kwargs(name)
 
 
+def new_config_values(model_args: ModelArguments) -> tuple[dict[str, Any], dict[str, Any], set[str]]:
+    """The fields of a new model's config before the tokenizer fills in its vocabulary and special ids: the preset,
+    JSON or default architecture with the overrides; also the overrides and every field the user set."""
+    if model_args.preset:
+        values = preset_values(model_args.preset, model_args.model_kind)
+        values.pop("vocab_size", None)  # a preset is a shape: the vocabulary is the tokenizer's
+    elif model_args.config_name:
+        path = model_args.config_name
+        path = os.path.join(path, "config.json") if os.path.isdir(path) else path
+        with open(path, encoding="utf-8") as f:
+            values = json.load(f)
+        for key in ("model_type", "architectures", "transformers_version", "auto_map"):
+            values.pop(key, None)
+    else:
+        values = dict(DEFAULT_ARCHITECTURES[model_args.model_kind])
+    overrides = parse_overrides(model_args.config_overrides)
+    user_set = set(overrides) | (set(values) if model_args.config_name else set())
+    values.update(overrides)
+    return values, overrides, user_set
+
+
+def check_new_config(model_args: ModelArguments) -> None:
+    """Build a new model's config once with a stand-in vocabulary, so a field out of range fails now, before a
+    tokenizer is trained or data is read (the real config gets the tokenizer's vocabulary and ids later)."""
+    if model_args.model_name_or_path:
+        return
+    values, _, user_set = new_config_values(model_args)
+    if "vocab_size" not in user_set:
+        values["vocab_size"] = 1 << 16
+    getattr(archlab, model_kind(model_args.model_kind).config_class)(**values)
+
+
 def build_config(model_args: ModelArguments, tokenizer: Any, block_size: int | None, num_labels: int | None = None):
     """The model config: pretrained, preset, JSON or the default architecture, plus overrides; the vocabulary and
     special-token ids come from the tokenizer unless the user set them. Fails on a tokenizer that does not fit."""
@@ -352,21 +385,7 @@ def build_config(model_args: ModelArguments, tokenizer: Any, block_size: int | N
             raise OSError(f"--model_name_or_path {model_args.model_name_or_path!r} is neither a local folder nor "
                           f"loadable from the Hub ({error})") from error
     else:
-        if model_args.preset:
-            values = preset_values(model_args.preset, model_args.model_kind)
-            values.pop("vocab_size", None)  # a preset is a shape: the vocabulary is the tokenizer's
-        elif model_args.config_name:
-            path = model_args.config_name
-            path = os.path.join(path, "config.json") if os.path.isdir(path) else path
-            with open(path, encoding="utf-8") as f:
-                values = json.load(f)
-            for key in ("model_type", "architectures", "transformers_version", "auto_map"):
-                values.pop(key, None)
-        else:
-            values = dict(DEFAULT_ARCHITECTURES[model_args.model_kind])
-        overrides = parse_overrides(model_args.config_overrides)
-        user_set = set(overrides) | (set(values) if model_args.config_name else set())
-        values.update(overrides)
+        values, overrides, user_set = new_config_values(model_args)
         if "vocab_size" not in user_set:
             values["vocab_size"] = len(tokenizer)
         for name in ("pad_token_id", "bos_token_id", "eos_token_id"):

@@ -127,6 +127,20 @@ def test_bad_input_fails_before_anything_is_written(
     assert not out.exists()
 
 
+def test_a_config_value_out_of_range_fails_before_the_tokenizer_is_trained(
+    tmp_path: Path, data_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def never(*args, **kwargs):
+        raise AssertionError("a tokenizer was trained before the config was checked")
+
+    monkeypatch.setattr(pretrain, "train_tokenizer", never)
+    args = tiny_args(tmp_path / "run", data_dir)
+    args[args.index("--config_overrides") + 1] = f"{TINY_DECODER},num_key_value_heads=3"
+    with pytest.raises(ValueError, match="`num_key_value_heads` \\(3\\) must divide `num_attention_heads`"):
+        pretrain.main(args)
+    assert not (tmp_path / "run").exists()
+
+
 def test_existing_checkpoints_need_resume_or_overwrite(tmp_path: Path, data_dir: Path) -> None:
     out = tmp_path / "run"
     (out / "checkpoint-3").mkdir(parents=True)
