@@ -26,12 +26,11 @@ from archlab.configuration.conversion import (
     FAMILIES,
     ConversionError,
     archlab_config_from,
-    archlab_state_dict_to_t5,
     convert_checkpoint,
 )
 from test_seq2seq_t5 import (
     T5_SHAPE, VOCAB, batch, check_generation_matches, check_incremental_and_eager_equal_full,
-    check_logits_and_loss_match,
+    check_logits_and_loss_match, training_gradients,
 )
 
 REFERENCES = {"mt5": (MT5Config, MT5ForConditionalGeneration), "umt5": (UMT5Config, UMT5ForConditionalGeneration)}
@@ -107,16 +106,8 @@ def test_gradients_match(family):
     """Fine-tuning a converted model updates what the reference updates, each of UMT5's tables included (with
     gradient checkpointing on in archlab, which passes the bucket ids through each checkpointed layer)."""
     reference, ours = pair(family)
-    reference.train(), ours.train()  # dropout_rate is 0 in the shape
     ours.gradient_checkpointing_enable()
-    source, mask, target = batch()
-    labels = target.roll(-1, 1)
-    reference(input_ids=source, attention_mask=mask, labels=labels).loss.backward()
-    ours(input_ids=source, attention_mask=mask, labels=labels).loss.backward()
-    grads = {name: p.grad for name, p in ours.named_parameters(remove_duplicate=False)}
-    grads["final_logits_bias"] = torch.zeros_like(ours.final_logits_bias)
-    as_stock = archlab_state_dict_to_t5(grads, ours.config)
-    expected = {name: p.grad for name, p in reference.named_parameters(remove_duplicate=False)}
+    as_stock, expected = training_gradients(reference, ours)
     tables = [name for name in expected if "relative_attention_bias" in name]
     assert len(tables) == (5 if family == "umt5" else 2)
     for name, grad in expected.items():

@@ -103,21 +103,27 @@ def check_logits_and_loss_match(reference, ours) -> None:
     torch.testing.assert_close(got_loss, expected_loss, atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("version", list(VERSIONS))
-def test_t5_gradients_match(version):
-    """Fine-tuning a converted T5 updates what T5 updates: every gradient equals T5's, including the pad token's
-    embedding row (T5's decoder start), which a Marian-style `padding_idx` would freeze."""
-    reference, ours = t5_pair(version)
-    assert ours.config.train_pad_embedding
-    reference.train(), ours.train()  # dropout_rate is 0 in T5_SHAPE
+def training_gradients(reference, ours) -> tuple[dict, dict]:
+    """One training step's gradients of both models (dropout is 0 in the shapes), archlab's in the reference's names
+    (shared with the mT5/UMT5 tests)."""
+    reference.train(), ours.train()
     source, mask, target = batch()
     labels = target.roll(-1, 1)
     reference(input_ids=source, attention_mask=mask, labels=labels).loss.backward()
     ours(input_ids=source, attention_mask=mask, labels=labels).loss.backward()
     grads = {name: p.grad for name, p in ours.named_parameters(remove_duplicate=False)}
     grads["final_logits_bias"] = torch.zeros_like(ours.final_logits_bias)
-    as_t5 = archlab_state_dict_to_t5(grads, ours.config)
     expected = {name: p.grad for name, p in reference.named_parameters(remove_duplicate=False)}
+    return archlab_state_dict_to_t5(grads, ours.config), expected
+
+
+@pytest.mark.parametrize("version", list(VERSIONS))
+def test_t5_gradients_match(version):
+    """Fine-tuning a converted T5 updates what T5 updates: every gradient equals T5's, including the pad token's
+    embedding row (T5's decoder start), which a Marian-style `padding_idx` would freeze."""
+    reference, ours = t5_pair(version)
+    assert ours.config.train_pad_embedding
+    as_t5, expected = training_gradients(reference, ours)
     assert expected["shared.weight"][0].abs().max() > 0 and as_t5["shared.weight"][0].abs().max() > 0  # pad row
     for name, grad in expected.items():
         torch.testing.assert_close(as_t5[name], grad, atol=1e-5, rtol=1e-4, msg=name)
