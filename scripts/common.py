@@ -26,9 +26,11 @@ from transformers import (
     AutoModelForSequenceClassification,
     HfArgumentParser,
     Trainer,
+    TrainerCallback,
     TrainingArguments,
 )
 from transformers.trainer_utils import get_last_checkpoint, rotate_checkpoints
+from transformers.training_args import ParallelMode
 
 import archlab
 from archlab.tokenization.data import SAMPLE_BY
@@ -419,9 +421,47 @@ def check_fits(config: Any, tokenizer: Any, block_size: int | None, kind: ModelK
 # ---------------------------------------------------------------------------------------------------------------
 class AtomicCheckpointTrainer(Trainer):
     """A `Trainer` whose `checkpoint-N` folders are complete or absent: each is written under `.staging/` and
-    renamed into place, so a run killed mid-save resumes from the previous complete checkpoint."""
+    renamed into place, so a run killed mid-save resumes from the previous complete checkpoint; and whose `train()`
+    trains one model under data parallelism even after an `evaluate()` (see `train`)."""
 
     _staging_dir: str | None = None
+
+    def train(self, *args: Any, **kwargs: Any) -> Any:
+        """`Trainer.train`, after undoing an evaluation-only preparation of the model.
+
+        In transformers 5.23 with accelerate 1.15, `evaluate()` before the first `train()` prepares the model with
+        `accelerator.prepare_model(model, evaluation_mode=True)`: no DistributedDataParallel wrapper, but the model
+        is marked `_is_accelerate_prepared`, so the `accelerator.prepare` of the training that follows returns it
+        unwrapped. Every process then trains its own replica on its own shard of the data, with no error. Undoing
+        that mark (and the evaluation's mixed-precision forward wrapper) lets `train()` wrap the model as usual.
+        Sharded engines (FSDP, DeepSpeed) fully prepare the model for evaluation and are left alone.
+        """
+        self._forget_evaluation_only_preparation()
+        return super().train(*args, **kwargs)
+
+    def _forget_evaluation_only_preparation(self) -> None:
+        model = self.model
+        if (
+            self.args.parallel_mode != ParallelMode.DISTRIBUTED
+            or self.is_fsdp_enabled
+            or self.is_deepspeed_enabled
+            or isinstance(self.model_wrapped, torch.nn.parallel.DistributedDataParallel)
+        ):
+            return
+        candidates = (model,) if self.model_wrapped is model else (model, self.model_wrapped)
+        prepared = [m for m in candidates if getattr(m, "_is_accelerate_prepared", False)]
+        if not prepared:
+            return
+        for module in prepared:
+            del module._is_accelerate_prepared
+        self.accelerator._models[:] = [m for m in self.accelerator._models if all(m is not p for p in prepared)]
+        original = model.__dict__.pop("_original_forward", None)  # set with the evaluation's autocast wrapper
+        if original is not None:  # training adds its own wrapper
+            if getattr(original, "__func__", None) is type(model).forward:
+                model.__dict__.pop("forward", None)
+            else:
+                model.forward = original
+        self.model_wrapped = model
 
     def _get_output_dir(self, trial: Any) -> str:
         return self._staging_dir or super()._get_output_dir(trial)
@@ -447,6 +487,39 @@ class AtomicCheckpointTrainer(Trainer):
             )
         if self.args.should_save:
             rotate_checkpoints(run_dir, self.args.save_total_limit, self.state.best_model_checkpoint, use_mtime=True)
+
+
+class _FirstEvaluation(TrainerCallback):
+    """Keeps the metrics of the first evaluation it sees and hands them to `report` at once."""
+
+    def __init__(self, report: Callable[[dict[str, float]], None]) -> None:
+        self.report = report
+        self.metrics: dict[str, float] | None = None
+
+    def on_evaluate(self, args: Any, state: Any, control: Any, metrics: dict[str, float] | None = None, **kwargs):
+        if self.metrics is None:
+            self.metrics = dict(metrics or {})
+            self.report(self.metrics)
+
+
+def train_evaluating_at_start(
+    trainer: Trainer, resume: str | None, report: Callable[[dict[str, float]], None]
+) -> tuple[dict[str, float], Any]:
+    """`trainer.train(resume_from_checkpoint=resume)` with an evaluation at its start (`eval_on_start`); `report`
+    gets that evaluation's metrics as soon as they exist. Returns (metrics at the start, the `TrainOutput`).
+
+    Evaluating inside `train()` rather than calling `trainer.evaluate()` first means the model is evaluated after it
+    is prepared for training (wrapped in DistributedDataParallel under torchrun / accelerate launch; see
+    `AtomicCheckpointTrainer.train` for what the other order does), and a resumed run reports the checkpoint it
+    starts from, not the model as built before loading it."""
+    trainer.args.eval_on_start = True
+    first = _FirstEvaluation(report)
+    trainer.add_callback(first)
+    try:
+        result = trainer.train(resume_from_checkpoint=resume)
+    finally:
+        trainer.remove_callback(first)
+    return first.metrics or {}, result
 
 
 def with_perplexity(metrics: dict[str, float], prefix: str = "eval") -> dict[str, float]:

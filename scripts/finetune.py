@@ -54,6 +54,7 @@ from archlab.scripts.common import (
     resolve_resume,
     run_cli,
     save_final,
+    train_evaluating_at_start,
     with_perplexity,
 )
 from archlab.tokenization.corpus import code_docstring_pairs, instruction_examples
@@ -346,12 +347,12 @@ def main(argv: Sequence[str] | None = None, callbacks: list[TrainerCallback] | N
         model=model, args=training_args, train_dataset=data["train"], eval_dataset=data["validation"],
         data_collator=collator, processing_class=tokenizer, compute_metrics=compute_metrics, callbacks=callbacks,
     )
-    before = with_perplexity(trainer.evaluate()) if args.task == "instruct" else trainer.evaluate()
-    log(f"Before fine-tuning: {_summary(before)}")
-    result = trainer.train(resume_from_checkpoint=resume)
-    after = with_perplexity(trainer.evaluate()) if args.task == "instruct" else trainer.evaluate()
+    task_metrics = with_perplexity if args.task == "instruct" else dict
+    before, result = train_evaluating_at_start(
+        trainer, resume, lambda metrics: log(f"Before fine-tuning: {_summary(task_metrics(dict(metrics)))}"))
+    before = task_metrics(before)
+    after = task_metrics(trainer.evaluate())
     log(f"After fine-tuning:  {_summary(after)}")
-    trainer.state.log_history.insert(0, {**before, "step": 0})
     metrics = {**result.metrics, **after, **{f"before_{k}": v for k, v in before.items()}}
     own_data = bool(data_args.train_file or data_args.dataset_name)
     pipeline_tag = None

@@ -42,6 +42,7 @@ from archlab.scripts.common import (
     resolve_resume,
     run_cli,
     save_final,
+    train_evaluating_at_start,
     with_perplexity,
 )
 from archlab.tokenization.data import (
@@ -220,13 +221,13 @@ def main(argv: Sequence[str] | None = None, callbacks: list[TrainerCallback] | N
         processing_class=tokenizer,
         callbacks=callbacks,
     )
-    before = with_perplexity(trainer.evaluate())
-    log(f"Before training: validation loss {before['eval_loss']:.4f}, perplexity {before['eval_perplexity']:.1f}")
-    result = trainer.train(resume_from_checkpoint=resume)
+    before, result = train_evaluating_at_start(trainer, resume, lambda metrics: log(
+        f"Before training: validation loss {metrics['eval_loss']:.4f}, "
+        f"perplexity {with_perplexity(dict(metrics))['eval_perplexity']:.1f}"))
+    before = with_perplexity(before)
     after = with_perplexity(trainer.evaluate())
     log(f"After training:  validation loss {after['eval_loss']:.4f}, perplexity {after['eval_perplexity']:.1f} "
         f"(before: {before['eval_loss']:.4f} / {before['eval_perplexity']:.1f})")
-    trainer.state.log_history.insert(0, {**before, "step": 0})
 
     metrics = {**result.metrics, **after, **{f"before_{k}": v for k, v in before.items()}}
     save_final(trainer, tokenizer, training_args.output_dir, metrics, [dataset_label(data_args)],

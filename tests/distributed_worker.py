@@ -4,7 +4,11 @@ Sub-commands (rank 0 writes a JSON result to `--out`):
 
 - `trainer MODEL_DIR`: a minimal `Trainer` run on a fixed toy data set with `--global_batch` rows per optimizer step
   split over the processes; records the loss of every step. Run as a plain process it is the 1-process reference.
-  Under `accelerate launch --config_file` the launcher's config applies.
+  Under `accelerate launch --config_file` the launcher's config applies. `--archlab_trainer` uses the scripts'
+  Trainer instead of the stock one, `--evaluate_first` calls `evaluate()` before `train()`.
+- `script NAME --weights_dir DIR -- ARGS...`: runs `archlab.scripts.NAME.main(ARGS)` (pretrain or finetune).
+Every training command saves each rank's final weights to `--weights_dir` (`rank-R.safetensors`) when given, so a
+test can check that the processes trained one model and that it equals the 1-process model.
 - `sharded MODEL_DIR ...`: loads each model twice in every rank, plain and sharded with transformers' native
   parallelism (`tp_plan="auto"` for tensor parallelism, `DistributedConfig(ep_size=2)` for an expert-parallel
   plan, `DistributedConfig(fsdp_size=2)` for FSDP2 training), and records the largest difference to the plain model.
@@ -19,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 from types import SimpleNamespace
 
 import torch
@@ -59,6 +64,30 @@ class _RecordLoss(TrainerCallback):
             self.losses.append(float(logs["loss"]))
 
 
+class _SaveWeightsAtEnd(TrainerCallback):
+    """Each rank writes the weights it ends training with to `DIR/rank-R.safetensors`."""
+
+    def __init__(self, weights_dir: str | None) -> None:
+        self.weights_dir = weights_dir
+
+    def on_train_end(self, args, state, control, model=None, **kwargs):
+        if self.weights_dir is None:
+            return
+        from safetensors.torch import save_file
+
+        os.makedirs(self.weights_dir, exist_ok=True)
+        weights = {name: tensor.detach().clone().contiguous() for name, tensor in model.state_dict().items()}
+        save_file(weights, os.path.join(self.weights_dir, f"rank-{os.environ.get('RANK', '0')}.safetensors"))
+
+
+def run_script(name: str, weights_dir: str, argv: list[str]) -> dict:
+    import importlib
+
+    script = importlib.import_module(f"archlab.scripts.{name}")
+    metrics = script.main(argv, callbacks=[_SaveWeightsAtEnd(weights_dir)])
+    return {"metrics": metrics, "world_size": int(os.environ.get("WORLD_SIZE", "1"))}
+
+
 def run_trainer(args: argparse.Namespace) -> dict:
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if args.global_batch % world:
@@ -80,7 +109,13 @@ def run_trainer(args: argparse.Namespace) -> dict:
         seed=0,
     )
     recorder = _RecordLoss()
-    trainer = Trainer(model=model, args=training_args, train_dataset=data, callbacks=[recorder])
+    trainer_class = Trainer
+    if args.archlab_trainer:
+        from archlab.scripts.common import AtomicCheckpointTrainer as trainer_class
+    trainer = trainer_class(model=model, args=training_args, train_dataset=data, eval_dataset=data,
+                            callbacks=[recorder, _SaveWeightsAtEnd(args.weights_dir)])
+    if args.evaluate_first:
+        trainer.evaluate()
     trainer.train()
     return {"losses": recorder.losses, "world_size": world, "distributed_type": str(trainer.accelerator.distributed_type)}
 
@@ -240,6 +275,15 @@ def run_accelerate_fsdp2(args: argparse.Namespace) -> dict:
 
 
 def main() -> None:
+    if sys.argv[1:2] == ["script"]:
+        parser = argparse.ArgumentParser(description=__doc__)
+        parser.add_argument("name", choices=["pretrain", "finetune"])
+        parser.add_argument("--out", required=True)
+        parser.add_argument("--weights_dir", required=True)
+        split = sys.argv.index("--")
+        args = parser.parse_args(sys.argv[2:split])
+        _write(args.out, run_script(args.name, args.weights_dir, sys.argv[split + 1:]))
+        return
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("command", choices=list(COMMANDS))
     parser.add_argument("models", nargs="+")
@@ -248,11 +292,17 @@ def main() -> None:
     parser.add_argument("--global_batch", type=int, default=4)
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--deepspeed", default=None)
+    parser.add_argument("--weights_dir", default=None)
+    parser.add_argument("--archlab_trainer", action="store_true")
+    parser.add_argument("--evaluate_first", action="store_true")
     args = parser.parse_args()
     torch.manual_seed(0)
-    result = COMMANDS[args.command](args)
+    _write(args.out, COMMANDS[args.command](args))
+
+
+def _write(out: str, result: dict) -> None:
     if int(os.environ.get("RANK", "0")) == 0:
-        with open(args.out, "w", encoding="utf-8") as f:
+        with open(out, "w", encoding="utf-8") as f:
             json.dump(result, f)
     if dist.is_initialized():
         dist.barrier()
