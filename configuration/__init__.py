@@ -1,5 +1,5 @@
-"""archlab.configuration: the configuration API (config classes re-exported from `archlab.modeling`), named
-presets, and checkpoint conversion to and from stock Hugging Face families."""
+"""archlab.configuration: the configuration API (config classes re-exported from `archlab.modeling`) and named
+presets. Checkpoint conversion to and from stock Hugging Face families is `archlab.conversion`."""
 
 from ..modeling import DecoderConfig, Seq2SeqConfig
 from .presets import PRESET_NOTES, PRESETS, list_presets, preset_config, preset_kwargs

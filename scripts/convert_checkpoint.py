@@ -5,7 +5,7 @@
 
 The source family is read from SRC/config.json. Families: llama, mistral, mixtral (archlab decoder); marian, t5
 (T5 v1.0, v1.1, flan-T5), mt5 and umt5 (archlab encoder-decoder). The logic lives in
-`archlab.configuration.conversion`.
+`archlab.conversion`.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from archlab.configuration.conversion import FAMILIES, ConversionError, convert_checkpoint
+from archlab.conversion import FAMILIES, ConversionError, convert_checkpoint
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,4 +1,4 @@
-"""scripts/convert_checkpoint.py and archlab.configuration.conversion: Llama folders to archlab and back."""
+"""scripts/convert_checkpoint.py and archlab.conversion: Llama folders to archlab and back."""
 
 import json
 import subprocess
@@ -9,7 +9,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
-from archlab.configuration.conversion import ConversionError, convert_checkpoint
+from archlab.conversion import ConversionError, convert_checkpoint
 from conftest import TINY, tiny_decoder_config
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "convert_checkpoint.py"
@@ -96,13 +96,11 @@ def test_pickled_weights_are_refused(tmp_path):
 @pytest.mark.parametrize("family", ["llama", "mistral", "mixtral"])
 def test_omitted_config_fields_take_the_stock_defaults(family):
     """A hand-written config.json may leave fields at the stock family's defaults; they mean what transformers reads."""
-    import transformers
-
-    from archlab.configuration.conversion import DECODER_FAMILIES, FAMILIES, archlab_config_from
+    from archlab.conversion import FAMILIES
 
     hf_config = {"model_type": family, "hidden_size": 32, "num_attention_heads": 4, "num_key_value_heads": 2}
-    stock = getattr(transformers, f"{DECODER_FAMILIES[family].prefix}Config")(**hf_config)
-    config = archlab_config_from(FAMILIES[family], hf_config)
+    stock = FAMILIES[family].config_class(**hf_config)
+    config = FAMILIES[family].archlab_config(hf_config)
     for name in ("intermediate_size", "max_position_embeddings", "vocab_size", "rope_parameters"):
         assert getattr(config, name) == getattr(stock, name), name
     assert config.sliding_window == getattr(stock, "sliding_window", None)

@@ -350,11 +350,11 @@ def test_bf16_autocast_runs_close_to_fp32():
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Converter (configuration/conversion.py): Mixtral folders both ways
+# Converter (archlab.conversion): Mixtral folders both ways
 
 
 def test_convert_mixtral_folder_both_ways(tmp_path):
-    from archlab.configuration.conversion import ConversionError, convert_checkpoint
+    from archlab.conversion import ConversionError, convert_checkpoint
 
     hf, _ = mixtral_pair(rms_norm_eps=1e-5, sliding_window=None)
     hf.save_pretrained(tmp_path / "mixtral")

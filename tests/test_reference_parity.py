@@ -59,12 +59,12 @@ def _assert_generation_matches(model, reference, cache="dynamic", prompt_len=9, 
 
 
 def _mistral_pair(attn):
-    from archlab.configuration.conversion import FAMILIES, archlab_config_from
+    from archlab.conversion import FAMILIES
 
     hf_config = MistralConfig(**BASE, intermediate_size=64, num_key_value_heads=2, sliding_window=6,
                               attn_implementation=attn)
     reference = MistralForCausalLM(hf_config).eval()
-    config = archlab_config_from(FAMILIES["mistral"], hf_config.to_dict())
+    config = FAMILIES["mistral"].archlab_config(hf_config.to_dict())
     config._attn_implementation = attn
     assert config.sliding_window == 6 and set(config.layer_types) == {"sliding_attention"}
     model = DecoderForCausalLM(config).eval()
@@ -87,7 +87,7 @@ def test_mistral_generation_past_the_window(cache):
 def test_mistral_checkpoint_converts_both_ways(tmp_path):
     from transformers import AutoModelForCausalLM
 
-    from archlab.configuration.conversion import ConversionError, convert_checkpoint
+    from archlab.conversion import ConversionError, convert_checkpoint
 
     _, reference = _mistral_pair("sdpa")
     reference.save_pretrained(tmp_path / "mistral")

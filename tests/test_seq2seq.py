@@ -446,7 +446,7 @@ def test_learns_to_reverse_sequences():
 
 
 def test_converter_imports_and_exports_marian_folders(tmp_path):
-    from archlab.configuration.conversion import ConversionError, convert_checkpoint
+    from archlab.conversion import ConversionError, convert_checkpoint
 
     reference, _ = marian_pair()
     reference.save_pretrained(tmp_path / "marian")  # transformers drops the tied copies and the sinusoid tables

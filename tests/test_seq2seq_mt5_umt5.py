@@ -4,7 +4,7 @@ encoder-decoder, and the converter takes their folders to archlab and back.
 mT5 is T5 v1.1's layout (gated-GELU, a separate head, no output scaling). UMT5 adds a relative bias table to every
 self-attention layer (`relative_attention_bias_per_layer`); in transformers 5 its forward always multiplies the decoder
 output by d_model^-0.5 (its config forces `tie_word_embeddings=True`). The references are transformers' own models
-with random weights; their state dicts reach archlab through `FAMILIES[...].complete_state_dict` and load with
+with random weights; their state dicts reach archlab through `FAMILIES[...].layout.to_archlab` and load with
 `strict=True`. Checked: logits (fp32, <= 1e-4), loss, greedy and beam generation, incremental decoding, eager vs sdpa,
 the converter both ways, and what export refuses.
 """
@@ -22,12 +22,7 @@ from transformers import (
 )
 
 from archlab import Seq2SeqConfig, Seq2SeqForConditionalGeneration
-from archlab.configuration.conversion import (
-    FAMILIES,
-    ConversionError,
-    archlab_config_from,
-    convert_checkpoint,
-)
+from archlab.conversion import FAMILIES, ConversionError, convert_checkpoint
 from test_seq2seq_t5 import (
     T5_SHAPE, VOCAB, batch, check_generation_matches, check_incremental_and_eager_equal_full,
     check_logits_and_loss_match, training_gradients,
@@ -57,8 +52,8 @@ def reference_model(family: str, tied: bool = False) -> MT5ForConditionalGenerat
 def pair(family: str, tied: bool = False):
     reference = reference_model(family, tied)
     conversion = FAMILIES[family]
-    config = archlab_config_from(conversion, reference.config.to_dict())
-    state_dict = conversion.complete_state_dict(reference.state_dict(), config)  # also decides the head's tying
+    config = conversion.archlab_config(reference.config.to_dict())
+    state_dict = conversion.layout.to_archlab(reference.state_dict(), config)  # also decides the head's tying
     ours = Seq2SeqForConditionalGeneration(config).eval()
     ours.load_state_dict(state_dict, strict=True)
     return reference, ours

@@ -1,7 +1,7 @@
 """T5 parity: a T5-equivalent `Seq2SeqConfig` computes `T5ForConditionalGeneration`'s function (v1.0 and v1.1).
 
 The reference is transformers' own T5 with random weights; its state dict reaches archlab through the documented
-key renaming of `configuration/conversion.py` and loads with `strict=True`. Checked: logits (fp32, <= 1e-4), loss,
+key renaming of `conversion/t5.py` and loads with `strict=True`. Checked: logits (fp32, <= 1e-4), loss,
 greedy and beam generation, incremental decoding, eager vs sdpa, and the converter in both directions.
 """
 
@@ -12,14 +12,8 @@ import torch
 from transformers import AutoModelForSeq2SeqLM, T5Config, T5ForConditionalGeneration
 
 from archlab import Seq2SeqConfig, Seq2SeqForConditionalGeneration
-from archlab.configuration.conversion import (
-    FAMILIES,
-    ConversionError,
-    archlab_config_from,
-    archlab_state_dict_to_t5,
-    convert_checkpoint,
-    t5_state_dict_to_archlab,
-)
+from archlab.conversion import FAMILIES, ConversionError, convert_checkpoint
+from archlab.conversion.t5 import archlab_state_dict_to_t5, t5_state_dict_to_archlab
 from conftest import seq2seq_incremental_logits
 
 VOCAB = 61
@@ -51,7 +45,7 @@ def t5_reference(version: str) -> T5ForConditionalGeneration:
 
 def t5_pair(version: str) -> tuple[T5ForConditionalGeneration, Seq2SeqForConditionalGeneration]:
     reference = t5_reference(version)
-    config = archlab_config_from(FAMILIES["t5"], reference.config.to_dict())
+    config = FAMILIES["t5"].archlab_config(reference.config.to_dict())
     ours = Seq2SeqForConditionalGeneration(config).eval()
     ours.load_state_dict(t5_state_dict_to_archlab(reference.state_dict(), config), strict=True)
     return reference, ours
@@ -70,16 +64,16 @@ def batch():
 
 
 def test_t5_config_maps_to_the_t5_recipe():
-    config = archlab_config_from(FAMILIES["t5"], t5_reference("v1.0").config.to_dict())
+    config = FAMILIES["t5"].archlab_config(t5_reference("v1.0").config.to_dict())
     assert (config.norm_type, config.norm_position, config.position_embedding_type) == ("rms_norm", "pre", "relative_bias")
     assert not (config.scale_embedding or config.scale_attn_weights or config.attention_bias or config.mlp_bias)
     assert config.layer_norm_eps == 1e-6 and config.d_kv == 12 and config.decoder_start_token_id == 0
     assert config.scale_decoder_outputs and config.tie_word_embeddings and config.mlp_type == "plain"
-    v11 = archlab_config_from(FAMILIES["t5"], t5_reference("v1.1").config.to_dict())
+    v11 = FAMILIES["t5"].archlab_config(t5_reference("v1.1").config.to_dict())
     assert (v11.mlp_type, v11.activation_function) == ("gated", "gelu_new")
     assert not (v11.scale_decoder_outputs or v11.tie_word_embeddings)
     # a config.json written before transformers 5 says only tie_word_embeddings=False for v1.1
-    legacy = archlab_config_from(FAMILIES["t5"], {**T5_SHAPE, **VERSIONS["v1.1"]})
+    legacy = FAMILIES["t5"].archlab_config({**T5_SHAPE, **VERSIONS["v1.1"]})
     assert not (legacy.scale_decoder_outputs or legacy.tie_word_embeddings)
 
 
@@ -173,7 +167,7 @@ def test_t5_state_dict_round_trips_exactly():
 
 
 def test_unscaled_attention_folds_the_scale_into_the_query_initialisation():
-    config = archlab_config_from(FAMILIES["t5"], {**T5_SHAPE, "d_model": 256, "d_kv": 64, "num_heads": 4})
+    config = FAMILIES["t5"].archlab_config({**T5_SHAPE, "d_model": 256, "d_kv": 64, "num_heads": 4})
     model = Seq2SeqForConditionalGeneration(config)
     attention = model.model.encoder.layers[0].self_attn
     assert attention.scaling == 1.0

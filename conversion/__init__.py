@@ -1,0 +1,14 @@
+"""archlab.conversion: checkpoints of stock Hugging Face families to archlab and back.
+
+- `family.py`: what a family is (`Family`: the stock classes, the config mapping, the weight `Layout`);
+- `families.py`: the table of families the converter knows (`FAMILIES`, by `model_type`);
+- `mixtral.py`, `marian.py`, `t5.py`: the families whose weights or configs need more than renaming;
+- `folders.py`: model folders on disk (safetensors only; a written folder is complete or absent);
+- `convert.py`: `convert_checkpoint(src, dst, to=None)`, what `scripts/convert_checkpoint.py` runs.
+"""
+
+from .convert import ARCHLAB_MODEL_TYPES, convert_checkpoint
+from .families import FAMILIES
+from .family import ConversionError, Family, Layout
+
+__all__ = ["ARCHLAB_MODEL_TYPES", "ConversionError", "FAMILIES", "Family", "Layout", "convert_checkpoint"]

@@ -1,0 +1,63 @@
+"""`convert_checkpoint`: a stock family's folder to an archlab folder, and an archlab folder back to a stock family.
+
+The source's family is read from its `config.json` (`model_type`); the destination is complete or absent.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from transformers import AutoConfig
+
+from ..modeling import DecoderConfig, Seq2SeqConfig
+from .families import FAMILIES
+from .family import ConversionError
+from .folders import load_state_dict, read_config, write_model
+
+ARCHLAB_MODEL_TYPES = {config.model_type: config for config in (DecoderConfig, Seq2SeqConfig)}
+
+
+def convert_checkpoint(src: str | os.PathLike, dst: str | os.PathLike, to: str | None = None) -> Path:
+    """Convert the model folder `src` into `dst` and return `dst`.
+
+    - `src` of a stock family in `FAMILIES` -> an archlab folder (`to` must be None or "archlab");
+    - `src` an archlab folder and `to` a family name -> a stock folder of that family.
+    """
+    src, dst = Path(src), Path(dst)
+    if dst.exists() and any(dst.iterdir()):
+        raise ConversionError(f"Destination {dst} exists and is not empty; choose a new folder.")
+    values = read_config(src)
+    model_type = values.get("model_type")
+
+    if model_type in ARCHLAB_MODEL_TYPES:
+        if to is None or to == "archlab":
+            raise ConversionError(
+                f"{src} is already an archlab checkpoint; pass a target family to export it: to one of "
+                f"{sorted(FAMILIES)}."
+            )
+        if to not in FAMILIES:
+            raise ConversionError(f"Unknown target family {to!r}; allowed: {sorted(FAMILIES)}.")
+        family = FAMILIES[to]
+        config = AutoConfig.from_pretrained(src)
+        if not isinstance(config, family.archlab_class.config_class):
+            raise ConversionError(
+                f"{src} is an {model_type} checkpoint; {to} models are {family.archlab_class.config_class.model_type}."
+            )
+        stock_config = family.export_config(config)
+        state_dict = family.layout.from_archlab(load_state_dict(src), config)
+        return write_model(family.model_class, stock_config, state_dict, src, dst)
+
+    if model_type in FAMILIES:
+        if to not in (None, "archlab"):
+            raise ConversionError(f"{src} is a {model_type} checkpoint; it converts to archlab only (no `to`).")
+        family = FAMILIES[model_type]
+        config = family.archlab_config(values)
+        state_dict = family.layout.to_archlab(load_state_dict(src), config)
+        return write_model(family.archlab_class, config, state_dict, src, dst)
+
+    known = sorted(FAMILIES) + sorted(ARCHLAB_MODEL_TYPES)
+    raise ConversionError(f"{src} has model_type={model_type!r}; the converter knows: {known}.")
+
+
+__all__ = ["convert_checkpoint"]
