@@ -55,7 +55,8 @@ class DecoderConfig(PreTrainedConfig):
             `num_local_experts` > 0, else all dense.
         output_router_logits (`bool`, defaults to `False`): return the router logits and the load-balancing loss,
             and add `router_aux_loss_coef` times it to the LM loss (as Mixtral).
-        router_aux_loss_coef (`float`, defaults to 0.001): weight of the load-balancing loss.
+        router_aux_loss_coef (`float`, *optional*): weight of the load-balancing loss; defaults to Mixtral's 0.001
+            when there are sparse layers. A dense model has no router, so it is 0 there whatever is given.
         router_z_loss_coef (`float`, defaults to 0.0): weight of the ST-MoE router z-loss added to the LM loss.
         router_jitter_noise (`float`, defaults to 0.0): Mixtral's multiplicative input noise in training.
 
@@ -78,6 +79,8 @@ class DecoderConfig(PreTrainedConfig):
 
     model_type = "archlab_decoder"
     keys_to_ignore_at_inference = ["past_key_values"]
+    # Mixtral's alias: code written for transformers 5's MoE configs (TRL's load-balancing loss) reads `num_experts`.
+    attribute_map = {"num_experts": "num_local_experts"}
     base_model_tp_plan = {
         "layers.*.self_attn.q_proj": "colwise",
         "layers.*.self_attn.k_proj": "colwise",
@@ -131,7 +134,7 @@ class DecoderConfig(PreTrainedConfig):
     norm_topk_prob: bool = True
     mlp_layer_types: list[str] | None = None
     output_router_logits: bool = False
-    router_aux_loss_coef: int | float = 0.001
+    router_aux_loss_coef: int | float | None = None  # None: 0.001 with sparse layers, else 0.0
     router_z_loss_coef: int | float = 0.0
     router_jitter_noise: int | float = 0.0
 

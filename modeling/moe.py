@@ -370,13 +370,21 @@ def count_parameters(model: nn.Module) -> dict[str, int]:
 
 
 def resolve_moe_defaults(config) -> None:
-    """Fill `moe_intermediate_size` (= `intermediate_size`, as Mixtral) and `mlp_layer_types` (all sparse when
-    `num_local_experts` > 0, else all dense)."""
+    """Fill `moe_intermediate_size` (= `intermediate_size`, as Mixtral), `mlp_layer_types` (all sparse when
+    `num_local_experts` > 0, else all dense) and `router_aux_loss_coef` (Mixtral's 0.001 with sparse layers, else 0)."""
     if config.moe_intermediate_size is None:
         config.moe_intermediate_size = config.intermediate_size
     if config.mlp_layer_types is None and isinstance(config.num_hidden_layers, int):
         kind = "sparse" if config.num_local_experts > 0 else "dense"
         config.mlp_layer_types = [kind] * config.num_hidden_layers
+    sparse = config.mlp_layer_types is not None and "sparse" in config.mlp_layer_types
+    coef = config.router_aux_loss_coef
+    if coef is None:
+        config.router_aux_loss_coef = 0.001 if sparse else 0.0
+    elif not sparse and isinstance(coef, (int, float)) and coef > 0:
+        # No router to balance. A positive weight would make trainers that take it as the MoE marker (TRL) ask for
+        # a load-balancing loss the model cannot return; files saved before this rule carry Mixtral's 0.001 here.
+        config.router_aux_loss_coef = 0.0
 
 
 def validate_moe(config) -> None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import statistics
 import sys
 import time
@@ -96,6 +97,11 @@ def time_breakdown(step: Callable[[], None]) -> dict[str, float]:
     step: the rest (norms, activations, RoPE, loss, optimizer) is all there is to remove."""
     from torch.profiler import ProfilerActivity, profile
 
+    # Kineto, the profiler's C++ backend, prints "USDT: ... profiler_start" / "profiler_stop" to stderr at every
+    # profile. USDT is its highest severity, above ERROR, so only a level past it (6) silences them, and Kineto's
+    # error lines with them: a profile that recorded nothing fails below instead. Kineto reads the variable once
+    # per process, at the first profile; a value the caller set wins.
+    os.environ.setdefault("KINETO_LOG_LEVEL", "6")
     step()  # warm: the first profiled call would also count one-off costs (allocations, lazy initialisation)
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         step()
@@ -106,6 +112,8 @@ def time_breakdown(step: Callable[[], None]) -> dict[str, float]:
             gemm += event.self_cpu_time_total
         elif "scaled_dot_product" in event.key:
             attention += event.self_cpu_time_total
+    if total <= 0:
+        raise RuntimeError("The profiler recorded no CPU time; run again with KINETO_LOG_LEVEL=0 to see why.")
     return {"gemm": gemm / total, "attention": attention / total, "other": 1 - (gemm + attention) / total}
 
 

@@ -1,9 +1,13 @@
 """The benchmark tool (scripts/benchmark.py): every suite it names exists, bad arguments fail at parsing, the step
-profile adds up, and the dense suite runs end to end at `--quick` size. No timing is asserted anywhere."""
+profile adds up without Kineto's marker lines on stderr, and the dense suite runs end to end at `--quick` size. No
+timing is asserted anywhere."""
 
 from __future__ import annotations
 
 import importlib
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -62,6 +66,30 @@ def test_time_breakdown_adds_up_and_sees_the_gemms():
     assert set(shares) == {"gemm", "attention", "other"}
     assert shares["gemm"] > 0 and shares["attention"] > 0 and shares["other"] > 0
     assert sum(shares.values()) == pytest.approx(1.0)
+
+
+PROFILE_A_MATMUL = """
+import torch
+from archlab.scripts.benchmark import time_breakdown
+a = torch.randn(64, 64)
+print(time_breakdown(lambda: a @ a)["gemm"] > 0)
+"""
+
+
+def _profile_in_a_fresh_process(**env: str) -> subprocess.CompletedProcess:
+    """Kineto reads its log level once per process, so each setting needs its own interpreter."""
+    base = {k: v for k, v in os.environ.items() if k != "KINETO_LOG_LEVEL"}
+    return subprocess.run([sys.executable, "-c", PROFILE_A_MATMUL], env={**base, **env}, capture_output=True,
+                          text=True, timeout=300)
+
+
+@pytest.mark.slow
+def test_profile_prints_no_kineto_markers_unless_the_caller_asks_for_them():
+    quiet = _profile_in_a_fresh_process()
+    assert quiet.returncode == 0 and quiet.stdout.strip() == "True", quiet.stderr
+    assert "USDT" not in quiet.stderr and "profiler_start" not in quiet.stderr, quiet.stderr
+    verbose = _profile_in_a_fresh_process(KINETO_LOG_LEVEL="5")  # the caller's level wins (and the check can fail)
+    assert "profiler_start" in verbose.stderr, verbose.stderr
 
 
 @pytest.mark.slow

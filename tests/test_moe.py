@@ -3,6 +3,8 @@ auxiliary losses, shared experts, Mixtral and Qwen2-MoE parity, cache, save/load
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -78,6 +80,26 @@ def test_defaults_dense_unless_experts():
     model = archlab.DecoderForCausalLM(moe_config(mlp_layer_types=["dense", "sparse"]))
     assert not isinstance(model.model.layers[0].mlp, SparseMoeBlock)
     assert isinstance(model.model.layers[1].mlp, SparseMoeBlock)
+
+
+def test_router_aux_loss_coef_only_on_models_with_experts_and_num_experts_alias(tmp_path):
+    """Mixtral's 0.001 with sparse layers; 0 on a dense model (trainers such as TRL take a positive coefficient as
+    the mark of a mixture of experts), also for a dense config.json saved with 0.001. `num_experts` is Mixtral's
+    alias of `num_local_experts`: read and set through it, never written to config.json."""
+    assert tiny_decoder_config().router_aux_loss_coef == 0.0
+    assert moe_config().router_aux_loss_coef == 0.001
+    assert moe_config(mlp_layer_types=["dense", "sparse"], router_aux_loss_coef=0.02).router_aux_loss_coef == 0.02
+    assert tiny_decoder_config(router_aux_loss_coef=0.001).router_aux_loss_coef == 0.0
+
+    archlab.DecoderForCausalLM(tiny_decoder_config()).save_pretrained(tmp_path)
+    saved = json.loads((tmp_path / "config.json").read_text())
+    assert "num_experts" not in saved
+    (tmp_path / "config.json").write_text(json.dumps({**saved, "router_aux_loss_coef": 0.001}))
+    assert archlab.DecoderConfig.from_pretrained(tmp_path).router_aux_loss_coef == 0.0
+
+    config = moe_config()
+    assert config.num_experts == config.num_local_experts == MOE["num_local_experts"]
+    assert tiny_decoder_config(num_experts=3, num_experts_per_tok=1).num_local_experts == 3
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -4,6 +4,7 @@
 `AutoModelForCausalLM.from_pretrained(folder)` loads an archlab checkpoint without `trust_remote_code`.
 """
 
+from .quiet import quiet_deepspeed_probe
 from .registration import register_all
 from .modeling import (
     DecoderConfig,
@@ -21,6 +22,7 @@ from .modeling.moe import count_parameters
 from .text2text import translate
 
 register_all()
+quiet_deepspeed_probe()
 
 __version__ = "0.1.0"
 
