@@ -2,6 +2,8 @@
 
 - `family.py`: what a family is (`Family`: the stock classes, the config mapping, the weight `Layout`);
 - `families.py`: the table of families the converter knows (`FAMILIES`, by `model_type`);
+- `fused_decoders.py`: GPT-2, OpenAI-GPT, GPT-NeoX, Falcon, BLOOM and MPT, whose weights are renamed, split and
+  transposed by the rules of `layouts.py` (refusal messages in `checks.py`);
 - `mixtral.py`, `marian.py`, `t5.py`: the families whose weights or configs need more than renaming;
 - `folders.py`: model folders on disk (safetensors only; a written folder is complete or absent);
 - `convert.py`: `convert_checkpoint(src, dst, to=None)`, what `scripts/convert_checkpoint.py` runs.

@@ -1,15 +1,22 @@
 """The families the converter knows: one `Family` row each, by `model_type`.
 
-The Llama-like decoders differ from Llama only in which config fields they have and what they fix; their weights
-have archlab's names already (archlab uses Llama's), except Mixtral's per-expert modules (`mixtral.py`). The
-encoder-decoders with their own layouts live in `marian.py` and `t5.py`.
+The Llama-like decoders (Llama, Mistral, Mixtral, Gemma, Gemma2, Qwen3) differ from Llama only in which config fields
+they have and what they fix; their weights have archlab's names already (archlab uses Llama's and Gemma2's), except
+Mixtral's per-expert modules (`mixtral.py`). The decoders with their own names, fused q/k/v and Conv1D weights
+(GPT-2, OpenAI-GPT, GPT-NeoX, Falcon, BLOOM, MPT) live in `fused_decoders.py`, the encoder-decoders in `marian.py`
+and `t5.py`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from transformers import (
+    Gemma2Config,
+    Gemma2ForCausalLM,
+    GemmaConfig,
+    GemmaForCausalLM,
     LlamaConfig,
     LlamaForCausalLM,
     MistralConfig,
@@ -17,10 +24,14 @@ from transformers import (
     MixtralConfig,
     MixtralForCausalLM,
     PreTrainedConfig,
+    Qwen3Config,
+    Qwen3ForCausalLM,
 )
 
 from ..modeling import DecoderForCausalLM
+from .checks import refuse_export, refuse_import, setting
 from .family import ConversionError, Family, same
+from .fused_decoders import FUSED_DECODERS
 from .marian import MARIAN
 from .mixtral import MIXTRAL_LAYOUT
 from .t5 import T5_VARIANTS, t5_family
@@ -39,6 +50,18 @@ MISTRAL_FIELDS = tuple(name for name in LLAMA_FIELDS if name not in ("attention_
 MIXTRAL_FIELDS = MISTRAL_FIELDS + (
     "num_local_experts", "num_experts_per_tok", "output_router_logits", "router_aux_loss_coef", "router_jitter_noise",
 )
+
+# Gemma: Llama's fields without mlp_bias, and a (1 + w) RMSNorm and sqrt(hidden) embedding scale always.
+GEMMA_FIELDS = tuple(name for name in LLAMA_FIELDS if name != "mlp_bias")
+GEMMA_IMPLIED = {"norm_type": "offset_rms_norm", "scale_embedding": True}
+# Gemma2: Gemma's, its activation named `hidden_activation`, plus the sandwich norm, soft-capping and local layers.
+GEMMA2_FIELDS = {
+    **same(*(name for name in GEMMA_FIELDS if name != "hidden_act"), "query_pre_attn_scalar", "sliding_window",
+           "layer_types", "attn_logit_softcapping", "final_logit_softcapping"),
+    "hidden_activation": "hidden_act",
+}
+# Qwen3: Gemma's field list (no mlp_bias) with Mistral's window, and QK-norm always.
+QWEN3_FIELDS = GEMMA_FIELDS + ("sliding_window", "layer_types")
 
 
 def one_window_for_every_layer(config: PreTrainedConfig, architecture: str) -> None:
@@ -70,6 +93,32 @@ def _mixtral_from_archlab(config: PreTrainedConfig) -> dict[str, Any]:
     return {}
 
 
+def _causal_only(family: str) -> Callable[[PreTrainedConfig, Mapping[str, Any]], dict[str, Any]]:
+    """Gemma/Gemma2's `use_bidirectional_attention` (an encoder use) has no archlab field."""
+    def to_archlab(stock: PreTrainedConfig, values: Mapping[str, Any]) -> dict[str, Any]:
+        if stock.use_bidirectional_attention:
+            refuse_import(family, {setting(stock, "use_bidirectional_attention"): "archlab's decoder is causal"})
+        return {}
+    return to_archlab
+
+
+def _gemma_from_archlab(config: PreTrainedConfig) -> dict[str, Any]:
+    if config.hidden_act == "gelu":
+        refuse_export("GemmaForCausalLM", {setting(config, "hidden_act"): "GemmaConfig reads 'gelu' as the tanh "
+                                           "approximation 'gelu_pytorch_tanh'"})
+    return {}
+
+
+def _gemma2_from_archlab(config: PreTrainedConfig) -> dict[str, Any]:
+    scalar = config.query_pre_attn_scalar
+    scalar = config.head_dim if scalar is None else scalar  # archlab's None: head_dim^-1/2
+    return {"query_pre_attn_scalar": int(scalar) if float(scalar).is_integer() else scalar}
+
+
+def _qwen3_from_archlab(config: PreTrainedConfig) -> dict[str, Any]:
+    return {"use_sliding_window": config.sliding_window is not None}
+
+
 FAMILIES: dict[str, Family] = {
     family.name: family
     for family in (
@@ -80,9 +129,18 @@ FAMILIES: dict[str, Family] = {
                implied={"norm_topk_prob": True}, from_archlab=_mixtral_from_archlab,
                # the router z-loss only changes training; it is dropped on export
                expressible=frozenset({"layer_types", "router_z_loss_coef"}), layout=MIXTRAL_LAYOUT),
+        Family(GemmaConfig, GemmaForCausalLM, DecoderForCausalLM, fields=same(*GEMMA_FIELDS), implied=GEMMA_IMPLIED,
+               to_archlab=_causal_only("gemma"), from_archlab=_gemma_from_archlab),
+        Family(Gemma2Config, Gemma2ForCausalLM, DecoderForCausalLM, fields=GEMMA2_FIELDS,
+               implied={**GEMMA_IMPLIED, "norm_position": "sandwich"}, to_archlab=_causal_only("gemma2"),
+               from_archlab=_gemma2_from_archlab),
+        Family(Qwen3Config, Qwen3ForCausalLM, DecoderForCausalLM, fields=same(*QWEN3_FIELDS),
+               implied={"use_qk_norm": True}, from_archlab=_qwen3_from_archlab),
+        *FUSED_DECODERS,
         MARIAN,
         *(t5_family(variant) for variant in T5_VARIANTS.values()),
     )
 }
 
-__all__ = ["FAMILIES", "LLAMA_FIELDS", "MISTRAL_FIELDS", "MIXTRAL_FIELDS"]
+__all__ = ["FAMILIES", "GEMMA2_FIELDS", "GEMMA_FIELDS", "LLAMA_FIELDS", "MISTRAL_FIELDS", "MIXTRAL_FIELDS",
+           "QWEN3_FIELDS"]
