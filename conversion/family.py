@@ -105,17 +105,18 @@ class Family:
         return self.archlab_class.config_class(**kwargs)
 
     def refused_fields(self, config: PreTrainedConfig) -> dict[str, Any]:
-        """archlab fields whose value this family cannot express: {field: value}."""
+        """archlab fields whose value this family cannot express: {field: "field=value (what the family needs)"}."""
         kept = {name for ours in self.fields.values() for name in ((ours,) if isinstance(ours, str) else ours)}
         kept |= set(self.expressible)
         expressible = type(config)(**{**self.implied, **{name: getattr(config, name) for name in kept}}).to_dict()
         current = config.to_dict()
         ignored = TRAINING_ONLY_FIELDS | BOOKKEEPING | kept
-        refused = {k: v for k, v in current.items()
+        refused = {k: f"{k}={v!r} (it needs {expressible[k]!r})" for k, v in current.items()
                    if k not in ignored and not k.startswith("_") and k in expressible and v != expressible[k]}
         for stock_name, ours in self.fields.items():
             if not isinstance(ours, str) and len({repr(getattr(config, name)) for name in ours}) > 1:
-                refused[f"{'/'.join(ours)} (one `{stock_name}` for all)"] = tuple(getattr(config, n) for n in ours)
+                values = tuple(getattr(config, n) for n in ours)
+                refused["/".join(ours)] = f"{'/'.join(ours)}={values!r} (it needs one value, its `{stock_name}`)"
         return refused
 
     def export_config(self, config: PreTrainedConfig) -> PreTrainedConfig:
@@ -123,10 +124,10 @@ class Family:
         extra = self.from_archlab(config)  # the family's own checks first: they say what it needs
         refused = self.refused_fields(config)
         if refused:
-            details = ", ".join(f"{k}={v!r}" for k, v in sorted(refused.items()))
+            details = ", ".join(refused[k] for k in sorted(refused))
             raise ConversionError(
                 f"This archlab config is not {self.name}-equivalent: {details}. A stock {self.architecture} cannot "
-                "compute these variants; keep them at their defaults to export."
+                "compute these variants; set them as given to export."
             )
         kwargs = {stock_name: getattr(config, ours if isinstance(ours, str) else ours[0])
                   for stock_name, ours in self.fields.items()}
