@@ -1,4 +1,7 @@
-"""The chunked LM-head + cross-entropy equals the naive loss in value and gradients (incl. z-loss)."""
+"""The chunked LM-head + cross-entropy equals the naive loss in value and gradients (incl. z-loss); labels of the
+wrong shape are named."""
+
+import re
 
 import pytest
 import torch
@@ -42,3 +45,15 @@ def test_all_ignored_gives_zero_not_nan():
     logits = torch.randn(1, 4, 11)
     labels = torch.full((1, 4), -100)
     assert causal_lm_loss(logits, labels).item() == 0.0
+
+
+def test_labels_of_the_wrong_shape_are_named():
+    """One target per token: a labels tensor of another shape is a ValueError naming both shapes, not a size error
+    inside cross_entropy (both the plain and the chunked loss)."""
+    hidden, weight = torch.randn(2, 5, 8), torch.randn(11, 8)
+    for labels in (torch.zeros(2, 4, dtype=torch.long), torch.zeros(10, dtype=torch.long)):
+        message = re.escape(f"`labels` has shape {tuple(labels.shape)}; it must be (2, 5), one target per token")
+        with pytest.raises(ValueError, match=message):
+            causal_lm_loss(hidden @ weight.t(), labels)
+        with pytest.raises(ValueError, match=message):
+            chunked_causal_lm_loss(hidden, weight, labels, chunk_size=4)

@@ -94,6 +94,9 @@ def marian_pair() -> tuple[MarianMTModel, Seq2SeqForConditionalGeneration]:
         (dict(activation_function="relu7"), "`activation_function`"),
         (dict(position_embedding_type="rotary"), "'sinusoidal', 'learned', 'relative_bias', 'none'"),
         (dict(position_embedding_type="relative_bias", relative_attention_max_distance=4), "must exceed"),
+        (dict(d_model="32"), "`d_model` must be an int, got '32' \\(a str\\)"),
+        (dict(dropout="0.1"), "`dropout` must be an int or a float, got '0.1'"),
+        (dict(layer_norm_eps="1e-5"), "`layer_norm_eps` must be a float, got '1e-5'"),
     ],
 )
 def test_bad_config_values_fail_at_construction(overrides, message):
