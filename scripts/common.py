@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError, safe_open
 from transformers import (
     AutoConfig,
     AutoModelForCausalLM,
@@ -33,6 +34,7 @@ from transformers.trainer_utils import get_last_checkpoint, rotate_checkpoints
 import archlab
 from archlab.tokenization.data import SAMPLE_BY
 from archlab.tokenization.training import ALGORITHMS as TOKENIZER_ALGORITHMS
+from archlab.tokenization.training import MODEL_KINDS as TOKENIZER_KINDS
 from archlab.tokenization.training import save_tokenizer
 
 LOSS_CURVE = "loss_curve.png"
@@ -159,9 +161,12 @@ def parse_arguments(classes: Sequence[type], argv: Sequence[str] | None, descrip
     (the script's docstring) heads `--help`."""
     parser = HfArgumentParser(tuple(classes), description=description, formatter_class=HelpFormatter)
     argv = list(sys.argv[1:] if argv is None else argv)
-    if len(argv) == 1 and argv[0].endswith(".json"):
-        return parser.parse_json_file(json_file=os.path.abspath(argv[0]))
-    return parser.parse_args_into_dataclasses(args=argv)
+    try:
+        if len(argv) == 1 and argv[0].endswith(".json"):
+            return parser.parse_json_file(json_file=os.path.abspath(argv[0]))
+        return parser.parse_args_into_dataclasses(args=argv)
+    except ValueError as error:  # TrainingArguments' own checks of flag values, made while the flags are parsed
+        raise ValueError(str(error)) from error
 
 
 def run_cli(main: Callable[[], object]) -> None:
@@ -201,6 +206,24 @@ def check_data_flags(data_args: DataArguments, training_args: TrainingArguments)
     check_positive(data_args, ("max_train_samples", "max_eval_samples"), " (or unset: all)")
 
 
+def check_training_flags(args: TrainingArguments) -> None:
+    """`TrainingArguments` values the Trainer would misuse without a word (--max_steps 0 trains one step and -5 a
+    whole epoch; --save_steps 0 never saves) or reject only once training starts, after the data is prepared."""
+    if args.max_steps == 0 or args.max_steps < -1:
+        raise ValueError(f"--max_steps must be >= 1, or -1 (unset: train --num_train_epochs epochs), got "
+                         f"{args.max_steps}.")
+    if args.max_steps == -1 and not args.num_train_epochs > 0:
+        raise ValueError(f"--num_train_epochs must be > 0 when --max_steps is -1, got {args.num_train_epochs}.")
+    if not args.learning_rate > 0:
+        raise ValueError(f"--learning_rate must be > 0, got {args.learning_rate}.")
+    check_positive(args, ("per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps"))
+    for kind in ("logging", "eval", "save"):
+        steps = getattr(args, f"{kind}_steps")
+        if getattr(args, f"{kind}_strategy") == "steps" and steps is not None and not steps > 0:
+            raise ValueError(f"--{kind}_steps must be > 0 with --{kind}_strategy steps (a number of steps, or a "
+                             f"fraction < 1 of the run's steps), got {steps}.")
+
+
 def check_choice(args: Any, name: str, allowed: Sequence[str]) -> None:
     """`--name` is unset or one of `allowed`, else a ValueError naming the flag and the allowed values."""
     value = getattr(args, name)
@@ -225,6 +248,10 @@ def check_model_flags(model_args: ModelArguments) -> None:
     check_override_names(model_args)
     check_choice(model_args, "tokenizer_algorithm", TOKENIZER_ALGORITHMS)
     check_positive(model_args, ("tokenizer_vocab_size", "tokenizer_train_samples"))
+    specials = len(TOKENIZER_KINDS[model_args.model_kind].special_tokens)
+    if model_args.tokenizer_vocab_size is not None and model_args.tokenizer_vocab_size <= specials:
+        raise ValueError(f"--tokenizer_vocab_size must exceed the {specials} special tokens of a "
+                         f"{model_args.model_kind} tokenizer, got {model_args.tokenizer_vocab_size}.")
     trained = [name for name in ("tokenizer_algorithm", "tokenizer_vocab_size", "tokenizer_train_samples")
                if getattr(model_args, name) is not None]
     if trained and (model_args.tokenizer_name or model_args.model_name_or_path):
@@ -237,7 +264,21 @@ def check_model_flags(model_args: ModelArguments) -> None:
         if path and (path.startswith((".", "/", "~")) or os.path.splitext(path)[1] == ".json"):
             if not os.path.exists(os.path.expanduser(path)):
                 raise FileNotFoundError(f"--{name} {path!r} does not exist.")
+    if model_args.model_name_or_path and os.path.isdir(model_args.model_name_or_path):
+        check_weights(model_args.model_name_or_path, "--model_name_or_path")
     check_new_config(model_args)
+
+
+def check_weights(folder: str, flag: str) -> None:
+    """Each `*.safetensors` file of a model folder opens (its header is whole and its data as long as the header
+    says), else a ValueError naming the file: loading a truncated or empty file fails deep inside transformers."""
+    for path in sorted(Path(folder).glob("*.safetensors")):
+        try:
+            with safe_open(path, framework="pt"):
+                pass
+        except (SafetensorError, OSError) as error:
+            raise ValueError(f"{flag} {folder!r}: {path} is damaged or not a safetensors file ({error}); save or "
+                             "download it again.") from None
 
 
 def check_override_names(model_args: ModelArguments) -> None:

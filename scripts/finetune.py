@@ -46,6 +46,7 @@ from archlab.scripts.common import (
     check_data_flags,
     check_model_flags,
     check_positive,
+    check_training_flags,
     clear_output_dir,
     dataset_label,
     log,
@@ -261,6 +262,7 @@ def main(argv: Sequence[str] | None = None, callbacks: list[TrainerCallback] | N
     model_args.model_kind = expected_kind
     model_kind(expected_kind)
     check_model_flags(model_args)
+    check_training_flags(training_args)
     check_data_flags(data_args, training_args)
     if data_args.streaming:
         raise ValueError("--streaming is for pretraining; fine-tuning sets are loaded in memory.")

@@ -34,6 +34,7 @@ from archlab.scripts.common import (
     check_data_flags,
     check_model_flags,
     check_positive,
+    check_training_flags,
     clear_output_dir,
     dataset_label,
     log,
@@ -170,6 +171,7 @@ def main(argv: Sequence[str] | None = None, callbacks: list[TrainerCallback] | N
     # --- every check that can fail runs before anything is written ---------------------------------------------
     kind = model_kind(model_args.model_kind)
     check_model_flags(model_args)
+    check_training_flags(training_args)
     check_data_flags(data_args, training_args)
     check_positive(extra, ("eval_max_blocks",), " (or unset: all)")
     resume = resolve_resume(training_args, training_args.overwrite_output_dir)

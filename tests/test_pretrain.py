@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -35,6 +36,9 @@ def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (folder / "train.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
     (folder / "content.jsonl").write_text("".join(json.dumps({"content": t}) + "\n" for t in texts))
     (folder / "empty.csv").write_text("text\n")
+    (folder / "blank.txt").write_text("\n \n")
+    (folder / "latin1.txt").write_bytes("café au lait\n".encode("latin-1") * 40)
+    (folder / "latin1.csv").write_bytes("text\ncafé\n".encode("latin-1") * 40)
     tokenizer = train_tokenizer(texts, "decoder", vocab_size=300, min_frequency=1)
     save_tokenizer(tokenizer, folder / "tokenizer")
     return folder
@@ -104,6 +108,14 @@ BAD_INPUTS = [
     (["--config_overrides", "num_hidden_layer=1"], ValueError,
      "DecoderConfig has no field 'num_hidden_layer' \\(did you mean 'num_hidden_layers'\\?\\)"),
     (["--resume_from_checkpoint", "true"], FileNotFoundError, "no checkpoint-N folder"),
+    (["--tokenizer_vocab_size", "5"], ValueError,
+     "--tokenizer_vocab_size must exceed the 6 special tokens of a decoder tokenizer, got 5"),
+    (["--train_file", "blank.txt"], ValueError, "The train split is empty: '.*blank.txt' holds no text"),
+    (["--train_file", "latin1.txt"], ValueError, "Data file '.*latin1.txt' is not UTF-8 text: byte 0xe9 at offset 3"),
+    (["--train_file", "latin1.csv"], ValueError, "Data file '.*latin1.csv' is not UTF-8 text: byte 0xe9 at offset 8"),
+    (["--config_overrides", 'hidden_size="32"'], ValueError, "`hidden_size` must be an int, got '32' \\(a str\\)"),
+    (["--config_overrides", 'rope_parameters={"rope_type":"spiral","rope_theta":1e4}'], ValueError,
+     "`rope_parameters\\['rope_type'\\]`='spiral' is not supported; allowed values: 'default', 'linear'"),
 ]
 
 
@@ -139,6 +151,42 @@ def test_a_config_value_out_of_range_fails_before_the_tokenizer_is_trained(
     with pytest.raises(ValueError, match="`num_key_value_heads` \\(3\\) must divide `num_attention_heads`"):
         pretrain.main(args)
     assert not (tmp_path / "run").exists()
+
+
+TRAINING_FLAGS = [
+    (["--learning_rate", "-1"], "--learning_rate must be > 0, got -1.0"),
+    (["--per_device_train_batch_size", "0"], "--per_device_train_batch_size must be >= 1, got 0"),
+    (["--gradient_accumulation_steps", "0"], "--gradient_accumulation_steps must be >= 1, got 0"),
+    (["--max_steps", "0"], "--max_steps must be >= 1, or -1 (unset: train --num_train_epochs epochs), got 0"),
+    (["--max_steps", "-5"], "--max_steps must be >= 1, or -1 (unset: train --num_train_epochs epochs), got -5"),
+    (["--max_steps", "-1", "--num_train_epochs", "0"], "--num_train_epochs must be > 0 when --max_steps is -1"),
+    (["--save_steps", "0"], "--save_steps must be > 0 with --save_strategy steps"),
+    (["--eval_steps", "-2"], "--eval_steps must be > 0 with --eval_strategy steps"),
+    (["--logging_steps", "0"], "requires non-zero --logging_steps"),  # TrainingArguments' own check
+]
+
+
+@pytest.mark.parametrize("extra, message", TRAINING_FLAGS, ids=[" ".join(extra) for extra, _ in TRAINING_FLAGS])
+def test_training_flags_are_checked_before_data_is_read(
+    tmp_path: Path, data_dir: Path, monkeypatch: pytest.MonkeyPatch, extra: list[str], message: str
+) -> None:
+    def never(*args, **kwargs):
+        raise AssertionError("data was loaded before the training flags were checked")
+
+    monkeypatch.setattr(pretrain, "load_raw_datasets", never)
+    out = tmp_path / "run"
+    with pytest.raises(ValueError, match=re.escape(message)):
+        pretrain.main(tiny_args(out, data_dir, *extra))
+    assert not out.exists()
+
+
+def test_a_flag_that_training_arguments_rejects_is_one_error_line(tmp_path: Path, data_dir: Path, capsys) -> None:
+    from archlab.scripts.common import run_cli
+
+    with pytest.raises(SystemExit) as exit_:
+        run_cli(lambda: pretrain.main(tiny_args(tmp_path / "run", data_dir, "--warmup_steps", "-3")))
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err.startswith("error: Got warmup_steps = -3")
 
 
 def test_existing_checkpoints_need_resume_or_overwrite(tmp_path: Path, data_dir: Path) -> None:
