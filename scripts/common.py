@@ -148,7 +148,8 @@ class ArchlabTrainingArguments(TrainingArguments):
     already holds checkpoints. The scripts subclass this to set their own defaults."""
 
     overwrite_output_dir: bool = field(
-        default=False, metadata={"help": "Delete earlier checkpoints in --output_dir and start over."}
+        default=False, metadata={"help": "Start over in an --output_dir that holds checkpoints (they are deleted) or "
+                                         "a finished model (it is replaced)."}
     )
 
 
@@ -313,18 +314,24 @@ def resolve_resume(training_args: TrainingArguments, overwrite_output_dir: bool)
     output_dir = training_args.output_dir
     requested = training_args.resume_from_checkpoint
     last = get_last_checkpoint(output_dir) if os.path.isdir(output_dir) else None
+    finished_model = os.path.isfile(os.path.join(output_dir, "config.json"))  # the final save writes it last
     if requested is None or str(requested).lower() in ("false", "no", "none", ""):
         if last is not None and not overwrite_output_dir:
             raise ValueError(
                 f"--output_dir {output_dir!r} already holds {os.path.basename(last)}: pass --resume_from_checkpoint "
                 "true to continue it, --overwrite_output_dir to start over, or another --output_dir."
             )
+        if finished_model and not overwrite_output_dir:
+            raise ValueError(f"--output_dir {output_dir!r} already holds a finished model: pass --overwrite_output_dir "
+                             "true to train it again from scratch, or another --output_dir.")
         return None
     if overwrite_output_dir:
         raise ValueError("Conflicting flags: --resume_from_checkpoint and --overwrite_output_dir.")
     if str(requested).lower() in ("true", "yes", "last"):
         if last is None:
-            raise FileNotFoundError(f"--resume_from_checkpoint: no checkpoint-N folder in {output_dir!r}.")
+            holds = " holds a finished model but" if finished_model else ""
+            raise FileNotFoundError(f"--resume_from_checkpoint: {output_dir!r}{holds} has no checkpoint-N folder to "
+                                    "resume from.")
         return last
     if not os.path.isfile(os.path.join(requested, "trainer_state.json")):
         raise FileNotFoundError(f"--resume_from_checkpoint {requested!r} is not a complete checkpoint folder.")

@@ -86,7 +86,9 @@ class FinetuneTrainingArguments(Seq2SeqTrainingArguments):
     """`Seq2SeqTrainingArguments` (a superset of `TrainingArguments`) with defaults for short CPU runs."""
 
     output_dir: str | None = field(default="runs/finetune", metadata={"help": "Where checkpoints and the model go."})
-    overwrite_output_dir: bool = field(default=False, metadata={"help": "Start over in a folder with checkpoints."})
+    overwrite_output_dir: bool = field(default=False, metadata={
+        "help": "Start over in an --output_dir that holds checkpoints (they are deleted) or a finished model (it is "
+                "replaced)."})
     max_steps: int = field(default=300, metadata={"help": "Optimizer steps (overrides num_train_epochs)."})
     per_device_train_batch_size: int = field(default=16, metadata={"help": "Examples per step."})
     per_device_eval_batch_size: int = field(default=16, metadata={"help": "Examples per evaluation step."})

@@ -189,6 +189,21 @@ def test_a_flag_that_training_arguments_rejects_is_one_error_line(tmp_path: Path
     assert capsys.readouterr().err.startswith("error: Got warmup_steps = -3")
 
 
+def test_a_finished_model_is_not_replaced(tmp_path: Path, data_dir: Path) -> None:
+    """A folder holding a final model but no checkpoint (a run with --save_strategy no) is refused like one with
+    checkpoints."""
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "config.json").write_text("{}")
+    (out / "model.safetensors").write_bytes(b"weights")
+    with pytest.raises(ValueError, match="already holds a finished model: pass --overwrite_output_dir true"):
+        pretrain.main(tiny_args(out, data_dir, "--save_strategy", "no"))
+    with pytest.raises(FileNotFoundError, match="holds a finished model but has no checkpoint-N folder"):
+        pretrain.main(tiny_args(out, data_dir, "--resume_from_checkpoint", "true"))
+    assert sorted(os.listdir(out)) == ["config.json", "model.safetensors"]
+    assert (out / "model.safetensors").read_bytes() == b"weights"
+
+
 def test_existing_checkpoints_need_resume_or_overwrite(tmp_path: Path, data_dir: Path) -> None:
     out = tmp_path / "run"
     (out / "checkpoint-3").mkdir(parents=True)
