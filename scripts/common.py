@@ -27,15 +27,17 @@ from transformers import (
     AutoModelForSequenceClassification,
     HfArgumentParser,
     Trainer,
+    TrainerCallback,
+    TrainerState,
     TrainingArguments,
 )
-from transformers.trainer_utils import get_last_checkpoint, rotate_checkpoints
+from transformers.trainer_utils import TrainOutput, get_last_checkpoint, rotate_checkpoints
 
 import archlab
 from archlab.tokenization.data import SAMPLE_BY
 from archlab.tokenization.training import ALGORITHMS as TOKENIZER_ALGORITHMS
 from archlab.tokenization.training import MODEL_KINDS as TOKENIZER_KINDS
-from archlab.tokenization.training import save_tokenizer
+from archlab.tokenization.training import has_tokenizer, load_tokenizer, save_tokenizer
 
 LOSS_CURVE = "loss_curve.png"
 STAGING = ".staging"  # never matches `checkpoint-N`, so a half-written save is never resumed from
@@ -338,6 +340,52 @@ def resolve_resume(training_args: TrainingArguments, overwrite_output_dir: bool)
     return requested
 
 
+def finished_run(resume: str | None, training_args: TrainingArguments) -> dict[str, float] | None:
+    """When `resume` is a checkpoint at the end of the run these flags ask for (--max_steps, or the same
+    --num_train_epochs) and --output_dir holds that step's final model: say so and return its saved results, so a
+    resume changes nothing. None otherwise (a finished checkpoint without its final model is loaded and saved as the
+    final model by `AtomicCheckpointTrainer.train`, which knows the exact length of an epoch-based run)."""
+    if resume is None:
+        return None
+    with open(os.path.join(resume, "trainer_state.json"), encoding="utf-8") as f:
+        state = json.load(f)
+    step = state.get("global_step", 0)
+    if training_args.max_steps > 0:
+        end, of = training_args.max_steps, f"--max_steps {training_args.max_steps}"
+    elif state.get("num_train_epochs") == training_args.num_train_epochs:
+        end, of = state.get("max_steps", 0), f"--num_train_epochs {training_args.num_train_epochs:g}"
+    else:
+        return None
+    if not 0 < end <= step:
+        return None
+    output_dir, name = training_args.output_dir, os.path.basename(os.path.normpath(resume))
+    final_state = os.path.join(output_dir, "trainer_state.json")
+    saved = os.path.isfile(os.path.join(output_dir, "config.json")) and os.path.isfile(final_state)
+    if saved:
+        with open(final_state, encoding="utf-8") as f:
+            saved = json.load(f).get("global_step") == step
+    if not saved:
+        log(f"{name} is at step {step} of {of}: the run is finished but its final model is not saved in "
+            f"{output_dir}; saving it without training.")
+        return None
+    log(f"{name} is at step {step} of {of}: the run is finished and its model is saved in {output_dir}; nothing to "
+        "do (a larger --max_steps trains on).")
+    results = os.path.join(output_dir, "all_results.json")
+    if not os.path.isfile(results):
+        return {}
+    with open(results, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def checkpoint_tokenizer(model_args: ModelArguments, resume: str | None) -> Any | None:
+    """When resuming a run that trained its own tokenizer: the one saved in the checkpoint (training another would
+    repeat that work and need not give the vocabulary the weights were trained with); else None."""
+    if resume is None or model_args.tokenizer_name or model_args.model_name_or_path or not has_tokenizer(resume):
+        return None
+    log(f"Using the tokenizer saved in {resume}")
+    return load_tokenizer(resume)
+
+
 def clear_output_dir(output_dir: str) -> None:
     """For --overwrite_output_dir: remove earlier checkpoints and staging folders (never other files)."""
     if not os.path.isdir(output_dir):
@@ -465,11 +513,73 @@ def check_fits(config: Any, tokenizer: Any, block_size: int | None, kind: ModelK
 # ---------------------------------------------------------------------------------------------------------------
 # Trainer and saving
 # ---------------------------------------------------------------------------------------------------------------
+class LogAtSave(TrainerCallback):
+    """Log the training loss at every save, so that a checkpoint's log history covers each step up to it and a resumed
+    run can report the mean loss of the whole run."""
+
+    def on_step_end(self, args: TrainingArguments, state: Any, control: Any, **kwargs: Any) -> Any:
+        if control.should_save and args.logging_strategy != "no":
+            control.should_log = True
+        return control
+
+    on_epoch_end = on_step_end
+
+
+def whole_run_train_loss(
+    log_history: list[dict[str, Any]], resumed_at: int, end: int, mean_since: float
+) -> float | None:
+    """The mean training loss over steps 1..`end` of a run resumed at step `resumed_at`: each loss logged up to the
+    resume (the mean over the steps since the log before it) weighted by its steps, plus `mean_since` for the
+    resumed steps. None when the logged losses stop short of `resumed_at` (steps whose loss was never logged)."""
+    total, logged = 0.0, 0
+    for entry in log_history:
+        step = entry.get("step", 0)
+        if "loss" in entry and logged < step <= resumed_at:
+            total += entry["loss"] * (step - logged)
+            logged = step
+    if logged != resumed_at or end <= 0:
+        return None
+    return (total + mean_since * (end - resumed_at)) / end
+
+
 class AtomicCheckpointTrainer(Trainer):
     """A `Trainer` whose `checkpoint-N` folders are complete or absent: each is written under `.staging/` and
-    renamed into place, so a run killed mid-save resumes from the previous complete checkpoint."""
+    renamed into place, so a run killed mid-save resumes from the previous complete checkpoint. Resuming from a
+    checkpoint at the run's last step trains nothing more, and a resumed run's `train_loss` is the whole run's."""
 
     _staging_dir: str | None = None
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.add_callback(LogAtSave)
+
+    def train(self, resume_from_checkpoint: str | bool | None = None, **kwargs: Any) -> TrainOutput:
+        if not isinstance(resume_from_checkpoint, str):
+            return super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
+        start = TrainerState.load_from_json(os.path.join(resume_from_checkpoint, "trainer_state.json"))
+        max_steps = self.args.max_steps
+        if max_steps <= 0:
+            max_steps = self.set_initial_training_values(self.args, self.get_train_dataloader())[-1]
+        if start.global_step >= max_steps:
+            # The Trainer checks for the end of the run only after a step, so it would train one step past it.
+            self._load_from_checkpoint(resume_from_checkpoint)
+            self.state = start
+            mean = whole_run_train_loss(start.log_history, start.global_step, start.global_step, 0.0)
+            metrics = {"epoch": start.epoch, "total_flos": start.total_flos}
+            return TrainOutput(start.global_step, mean, metrics if mean is None else {**metrics, "train_loss": mean})
+        output = super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
+        # The Trainer's train_loss averages the steps this call ran; report the whole run's where the log allows.
+        mean = whole_run_train_loss(self.state.log_history, start.global_step, output.global_step, output.training_loss)
+        summary = next((entry for entry in reversed(self.state.log_history) if "train_loss" in entry), {})
+        for metrics in (output.metrics, summary):
+            if mean is None:
+                metrics["train_loss_since_resume"] = metrics.pop("train_loss", output.training_loss)
+            else:
+                metrics["train_loss"] = mean
+        if mean is None:
+            log(f"train_loss_since_resume: the mean loss of the steps after {resume_from_checkpoint} only; the "
+                "checkpoint's log does not cover every step before it.")
+        return TrainOutput(output.global_step, output.training_loss if mean is None else mean, output.metrics)
 
     def _get_output_dir(self, trial: Any) -> str:
         return self._staging_dir or super()._get_output_dir(trial)
@@ -495,6 +605,14 @@ class AtomicCheckpointTrainer(Trainer):
             )
         if self.args.should_save:
             rotate_checkpoints(run_dir, self.args.save_total_limit, self.state.best_model_checkpoint, use_mtime=True)
+
+    def _issue_warnings_after_load(self, load_result: Any) -> None:
+        """A checkpoint stores a tied head once, under the embedding's name; the head then loads with the embedding
+        and is not missing (the Trainer would report `lm_head.weight` as missing from every such checkpoint)."""
+        state = self.model.state_dict(keep_vars=True)
+        loaded = {state[key].data_ptr() for key in state if key not in load_result.missing_keys}
+        missing = [key for key in load_result.missing_keys if key not in state or state[key].data_ptr() not in loaded]
+        super()._issue_warnings_after_load(load_result._replace(missing_keys=missing))
 
 
 def with_perplexity(metrics: dict[str, float], prefix: str = "eval") -> dict[str, float]:

@@ -47,8 +47,10 @@ from archlab.scripts.common import (
     check_model_flags,
     check_positive,
     check_training_flags,
+    checkpoint_tokenizer,
     clear_output_dir,
     dataset_label,
+    finished_run,
     log,
     model_kind,
     parse_arguments,
@@ -278,6 +280,9 @@ def main(argv: Sequence[str] | None = None, callbacks: list[TrainerCallback] | N
         except ImportError:
             raise ImportError("--task seq2seq reports BLEU/chrF with sacrebleu: pip install 'archlab[scripts]'.") from None
     resume = resolve_resume(training_args, training_args.overwrite_output_dir)
+    finished = finished_run(resume, training_args)
+    if finished is not None:
+        return finished
     set_seed(training_args.seed)
     if training_args.label_names is None:
         training_args.label_names = ["labels"]
@@ -300,9 +305,10 @@ def main(argv: Sequence[str] | None = None, callbacks: list[TrainerCallback] | N
         else:
             check_columns(raw[split], args.source_column, args.target_column, split=split)
 
-    if model_args.tokenizer_name or model_args.model_name_or_path:
+    tokenizer = checkpoint_tokenizer(model_args, resume)
+    if tokenizer is None and (model_args.tokenizer_name or model_args.model_name_or_path):
         tokenizer = load_tokenizer(model_args.tokenizer_name or model_args.model_name_or_path)
-    else:
+    elif tokenizer is None:
         log(f"Training a tokenizer for the {expected_kind} on the task's texts ...")
         tokenizer = train_tokenizer(task_texts(raw, args.task, args, data_args.text_column_name), expected_kind,
                                     model_args.tokenizer_algorithm, model_args.tokenizer_vocab_size or 4096)

@@ -4,6 +4,7 @@ after SIGKILL ends exactly where an uninterrupted run ends."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import subprocess
@@ -254,6 +255,66 @@ def test_resume_after_sigkill_ends_where_an_uninterrupted_run_ends(tmp_path: Pat
         torch.testing.assert_close(resumed[name], uninterrupted[name], atol=1e-6, rtol=1e-5)
     reference_metrics = json.loads((reference / "all_results.json").read_text())
     assert metrics["eval_loss"] == pytest.approx(reference_metrics["eval_loss"], abs=1e-6)
+
+
+# A constant learning rate: a run of 4 steps resumed to 6 trains what one run of 6 steps trains. Logging every 3 steps
+# and saving every 2 leaves checkpoint steps that only the log at each save covers.
+RESUMABLE = ("--eval_strategy", "no", "--lr_scheduler_type", "constant", "--save_steps", "2", "--logging_steps", "3",
+             "--tokenizer_vocab_size", "300")
+
+
+@pytest.mark.slow
+def test_resume_reuses_the_saved_tokenizer_and_reports_the_whole_runs_loss(
+    tmp_path: Path, data_dir: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture
+) -> None:
+    uninterrupted = pretrain.main(tiny_args(tmp_path / "reference", data_dir, *RESUMABLE, "--max_steps", "6"))
+    out = tmp_path / "run"
+    pretrain.main(tiny_args(out, data_dir, *RESUMABLE, "--max_steps", "4"))
+
+    def never(*args, **kwargs):
+        raise AssertionError("the resumed run trained a new tokenizer instead of loading the checkpoint's")
+
+    monkeypatch.setattr(pretrain, "train_tokenizer", never)
+    warnings = []  # transformers' loggers do not propagate to pytest's capture
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = lambda record: warnings.append(record.getMessage())
+    logging.getLogger("transformers.trainer").addHandler(handler)
+    capfd.readouterr()
+    try:
+        metrics = pretrain.main(tiny_args(out, data_dir, *RESUMABLE, "--max_steps", "6", "--resume_from_checkpoint",
+                                          "true"))
+    finally:
+        logging.getLogger("transformers.trainer").removeHandler(handler)
+    assert "Using the tokenizer saved in" in capfd.readouterr().out
+    assert not [w for w in warnings if "missing keys" in w], warnings  # the tied head loads with the embedding
+    assert json.loads((out / "trainer_state.json").read_text())["global_step"] == 6
+    # train_loss is the mean over all 6 steps (the Trainer's own averages the 2 resumed steps only)
+    assert metrics["train_loss"] == pytest.approx(uninterrupted["train_loss"], rel=1e-5)
+    assert json.loads((out / "all_results.json").read_text())["train_loss"] == metrics["train_loss"]
+
+
+@pytest.mark.slow
+def test_resuming_a_finished_run_changes_nothing(tmp_path: Path, data_dir: Path, capsys: pytest.CaptureFixture) -> None:
+    out = tmp_path / "run"
+    tokenizer = str(data_dir / "tokenizer")
+    args = tiny_args(out, data_dir, *RESUMABLE[:-2], "--max_steps", "4", "--tokenizer_name", tokenizer)
+    metrics = pretrain.main(args)
+    written = {path: path.stat().st_mtime_ns for path in out.rglob("*")}
+    capsys.readouterr()
+    again = pretrain.main(args + ["--resume_from_checkpoint", "true"])
+    assert "checkpoint-4 is at step 4 of --max_steps 4: the run is finished" in capsys.readouterr().out
+    assert {path: path.stat().st_mtime_ns for path in out.rglob("*")} == written
+    assert again == pytest.approx(metrics)
+
+    # killed after its last checkpoint, before the final save: the resume saves the final model without training
+    for path in out.iterdir():
+        if not path.name.startswith("checkpoint-"):
+            path.unlink()
+    pretrain.main(args + ["--resume_from_checkpoint", "true"])
+    assert json.loads((out / "trainer_state.json").read_text())["global_step"] == 4
+    assert sorted(path.name for path in out.glob("checkpoint-*")) == ["checkpoint-2", "checkpoint-4"]
+    final, checkpoint = load_file(out / "model.safetensors"), load_file(out / "checkpoint-4" / "model.safetensors")
+    assert final.keys() == checkpoint.keys() and all(torch.equal(final[k], checkpoint[k]) for k in final)
 
 
 def test_config_from_preset_json_and_overrides(tmp_path: Path, data_dir: Path) -> None:
