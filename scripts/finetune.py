@@ -91,7 +91,8 @@ class FinetuneTrainingArguments(Seq2SeqTrainingArguments):
     overwrite_output_dir: bool = field(default=False, metadata={
         "help": "Start over in an --output_dir that holds checkpoints (they are deleted) or a finished model (it is "
                 "replaced)."})
-    max_steps: int = field(default=300, metadata={"help": "Optimizer steps (overrides num_train_epochs)."})
+    max_steps: int = field(default=300, metadata={
+        "help": "Optimizer steps (>= 1), or -1 to train --num_train_epochs epochs."})
     per_device_train_batch_size: int = field(default=16, metadata={"help": "Examples per step."})
     per_device_eval_batch_size: int = field(default=16, metadata={"help": "Examples per evaluation step."})
     dataloader_pin_memory: bool = field(default=False, metadata={"help": "Pin memory (only useful on a GPU)."})

@@ -64,7 +64,8 @@ class PretrainTrainingArguments(ArchlabTrainingArguments):
     """`TrainingArguments` with defaults for the README's few-minute CPU run."""
 
     output_dir: str | None = field(default="runs/pretrain", metadata={"help": "Where checkpoints and the model go."})
-    max_steps: int = field(default=600, metadata={"help": "Optimizer steps (overrides num_train_epochs)."})
+    max_steps: int = field(default=600, metadata={
+        "help": "Optimizer steps (>= 1), or -1 to train --num_train_epochs epochs."})
     per_device_train_batch_size: int = field(default=8, metadata={"help": "Blocks per step."})
     per_device_eval_batch_size: int = field(default=16, metadata={"help": "Blocks per evaluation step."})
     dataloader_pin_memory: bool = field(default=False, metadata={"help": "Pin memory (only useful on a GPU)."})
