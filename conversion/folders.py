@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file
 from transformers import PreTrainedConfig, PreTrainedModel
 
@@ -32,7 +33,10 @@ def load_state_dict(folder: Path) -> StateDict:
         raise ConversionError(f"{folder} has no *.safetensors weights.{hint}")
     state_dict: StateDict = {}
     for file in files:
-        state_dict.update(load_file(str(file)))
+        try:
+            state_dict.update(load_file(str(file)))
+        except SafetensorError as error:  # a truncated or empty file
+            raise ConversionError(f"{file} is damaged or not a safetensors file ({error}).") from None
     return state_dict
 
 

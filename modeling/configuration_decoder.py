@@ -17,16 +17,32 @@ from typing import Any
 
 from huggingface_hub.dataclasses import strict
 from transformers.configuration_utils import PreTrainedConfig
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from .catalogue_validation import resolve_catalogue_defaults, validate_catalogue
 from .validation import (
     ACTIVATIONS,
     check_choice,
+    check_field_types,
     check_non_negative,
     check_positive,
     check_probability,
 )
 from .moe import resolve_moe_defaults, validate_moe
+
+# `rope_parameters["rope_type"]` values: transformers' registry of inverse-frequency functions, which rotary.py uses.
+ROPE_TYPES = ("default", *ROPE_INIT_FUNCTIONS)
+
+
+def check_rope_type(rope_parameters: Any) -> None:
+    """Each `rope_type` of `rope_parameters` (flat, or one dict per layer type) is one that RoPE can be built with."""
+    if not isinstance(rope_parameters, dict):
+        return
+    for parameters in [v for v in rope_parameters.values() if isinstance(v, dict)] or [rope_parameters]:
+        rope_type = parameters.get("rope_type", parameters.get("type", "default"))
+        if rope_type not in ROPE_TYPES:
+            raise ValueError(f"`rope_parameters['rope_type']`={rope_type!r} is not supported; allowed values: "
+                             f"{', '.join(map(repr, ROPE_TYPES))}.")
 
 
 @strict
@@ -166,6 +182,7 @@ class DecoderConfig(PreTrainedConfig):
     lm_z_loss_coef: int | float = 0.0
 
     def __post_init__(self, **kwargs: Any) -> None:
+        check_field_types(self)
         resolve_catalogue_defaults(self)
         if self.num_key_value_heads is None:
             self.num_key_value_heads = self.num_attention_heads
@@ -177,7 +194,12 @@ class DecoderConfig(PreTrainedConfig):
                 )
             self.head_dim = self.hidden_size // self.num_attention_heads
         resolve_moe_defaults(self)
-        super().__post_init__(**kwargs)
+        super().__post_init__(**kwargs)  # standardises `rope_parameters` (legacy `rope_theta` / `rope_scaling`)
+        check_rope_type(self.rope_parameters)  # transformers only warns about an unknown type; the model build fails
+        try:  # run again by `@strict` after this method, where a key missing from `rope_parameters` is a KeyError
+            self.validate_rope()
+        except KeyError as error:
+            raise ValueError(error.args[0] if error.args else str(error)) from None
         self.validate_architecture()  # raise a plain ValueError now; `@strict` would wrap it in its own error type
 
     def validate_architecture(self) -> None:

@@ -28,7 +28,14 @@ from huggingface_hub.dataclasses import strict
 from transformers.configuration_utils import PreTrainedConfig
 
 from .normalization import NORMS
-from .validation import ACTIVATIONS, check_choice, check_non_negative, check_positive, check_probability
+from .validation import (
+    ACTIVATIONS,
+    check_choice,
+    check_field_types,
+    check_non_negative,
+    check_positive,
+    check_probability,
+)
 
 # Allowed values of the string fields; the modeling files resolve each through a registry with these keys.
 NORM_TYPES = tuple(NORMS)  # layer_norm, rms_norm, offset_rms_norm (Gemma's 1 + w gain)
@@ -184,6 +191,7 @@ class Seq2SeqConfig(PreTrainedConfig):
     final_logit_softcapping: int | float | None = None
 
     def __post_init__(self, **kwargs: Any) -> None:
+        check_field_types(self)
         self.decoder_vocab_size = self.decoder_vocab_size or self.vocab_size
         if self.encoder_key_value_heads is None:
             self.encoder_key_value_heads = self.encoder_attention_heads

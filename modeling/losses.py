@@ -33,6 +33,13 @@ def shift_labels(labels: torch.Tensor) -> torch.Tensor:
     return F.pad(labels[..., 1:], (0, 1), value=IGNORE_INDEX)
 
 
+def _check_targets(targets: torch.Tensor, tokens: torch.Size, name: str) -> None:
+    """One target per token, else a ValueError naming both shapes (cross_entropy would report a bare size error)."""
+    if targets.shape != tokens:
+        raise ValueError(f"`{name}` has shape {tuple(targets.shape)}; it must be {tuple(tokens)}, one target per token "
+                         "(-100 where nothing is predicted).")
+
+
 def _reduce(total: torch.Tensor, targets: torch.Tensor, num_items_in_batch) -> torch.Tensor:
     if num_items_in_batch is None:
         return total / (targets != IGNORE_INDEX).sum().clamp(min=1)
@@ -49,6 +56,8 @@ def causal_lm_loss(
     shifted_labels: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Cross-entropy of logits (B, T, V) against next-token labels (B, T)."""
+    given = shifted_labels if shifted_labels is not None else labels
+    _check_targets(given, logits.shape[:-1], "labels" if shifted_labels is None else "shift_labels")
     targets = (shifted_labels if shifted_labels is not None else shift_labels(labels)).reshape(-1)
     logits = logits.reshape(-1, logits.shape[-1]).float()
     targets = targets.to(logits.device)
@@ -117,6 +126,8 @@ def chunked_causal_lm_loss(
     shifted_labels: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """`causal_lm_loss(hidden_states @ weightᵀ, labels)` without materialising the logits."""
+    given = shifted_labels if shifted_labels is not None else labels
+    _check_targets(given, hidden_states.shape[:-1], "labels" if shifted_labels is None else "shift_labels")
     targets = (shifted_labels if shifted_labels is not None else shift_labels(labels)).reshape(-1)
     hidden = hidden_states.reshape(-1, hidden_states.shape[-1])
     total = ChunkedLinearCrossEntropy.apply(hidden, weight, targets.to(hidden.device), chunk_size, z_loss_coef)

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError, safe_open
 from transformers import (
     AutoConfig,
     AutoModelForCausalLM,
@@ -27,15 +28,17 @@ from transformers import (
     HfArgumentParser,
     Trainer,
     TrainerCallback,
+    TrainerState,
     TrainingArguments,
 )
-from transformers.trainer_utils import get_last_checkpoint, rotate_checkpoints
+from transformers.trainer_utils import TrainOutput, get_last_checkpoint, rotate_checkpoints
 from transformers.training_args import ParallelMode
 
 import archlab
 from archlab.tokenization.data import SAMPLE_BY
 from archlab.tokenization.training import ALGORITHMS as TOKENIZER_ALGORITHMS
-from archlab.tokenization.training import save_tokenizer
+from archlab.tokenization.training import MODEL_KINDS as TOKENIZER_KINDS
+from archlab.tokenization.training import has_tokenizer, load_tokenizer, save_tokenizer
 
 LOSS_CURVE = "loss_curve.png"
 STAGING = ".staging"  # never matches `checkpoint-N`, so a half-written save is never resumed from
@@ -148,7 +151,8 @@ class ArchlabTrainingArguments(TrainingArguments):
     already holds checkpoints. The scripts subclass this to set their own defaults."""
 
     overwrite_output_dir: bool = field(
-        default=False, metadata={"help": "Delete earlier checkpoints in --output_dir and start over."}
+        default=False, metadata={"help": "Start over in an --output_dir that holds checkpoints (they are deleted) or "
+                                         "a finished model (it is replaced)."}
     )
 
 
@@ -161,9 +165,12 @@ def parse_arguments(classes: Sequence[type], argv: Sequence[str] | None, descrip
     (the script's docstring) heads `--help`."""
     parser = HfArgumentParser(tuple(classes), description=description, formatter_class=HelpFormatter)
     argv = list(sys.argv[1:] if argv is None else argv)
-    if len(argv) == 1 and argv[0].endswith(".json"):
-        return parser.parse_json_file(json_file=os.path.abspath(argv[0]))
-    return parser.parse_args_into_dataclasses(args=argv)
+    try:
+        if len(argv) == 1 and argv[0].endswith(".json"):
+            return parser.parse_json_file(json_file=os.path.abspath(argv[0]))
+        return parser.parse_args_into_dataclasses(args=argv)
+    except ValueError as error:  # TrainingArguments' own checks of flag values, made while the flags are parsed
+        raise ValueError(str(error)) from error
 
 
 def run_cli(main: Callable[[], object]) -> None:
@@ -203,6 +210,24 @@ def check_data_flags(data_args: DataArguments, training_args: TrainingArguments)
     check_positive(data_args, ("max_train_samples", "max_eval_samples"), " (or unset: all)")
 
 
+def check_training_flags(args: TrainingArguments) -> None:
+    """`TrainingArguments` values the Trainer would misuse without a word (--max_steps 0 trains one step and -5 a
+    whole epoch; --save_steps 0 never saves) or reject only once training starts, after the data is prepared."""
+    if args.max_steps == 0 or args.max_steps < -1:
+        raise ValueError(f"--max_steps must be >= 1, or -1 (unset: train --num_train_epochs epochs), got "
+                         f"{args.max_steps}.")
+    if args.max_steps == -1 and not args.num_train_epochs > 0:
+        raise ValueError(f"--num_train_epochs must be > 0 when --max_steps is -1, got {args.num_train_epochs}.")
+    if not args.learning_rate > 0:
+        raise ValueError(f"--learning_rate must be > 0, got {args.learning_rate}.")
+    check_positive(args, ("per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps"))
+    for kind in ("logging", "eval", "save"):
+        steps = getattr(args, f"{kind}_steps")
+        if getattr(args, f"{kind}_strategy") == "steps" and steps is not None and not steps > 0:
+            raise ValueError(f"--{kind}_steps must be > 0 with --{kind}_strategy steps (a number of steps, or a "
+                             f"fraction < 1 of the run's steps), got {steps}.")
+
+
 def check_choice(args: Any, name: str, allowed: Sequence[str]) -> None:
     """`--name` is unset or one of `allowed`, else a ValueError naming the flag and the allowed values."""
     value = getattr(args, name)
@@ -227,6 +252,10 @@ def check_model_flags(model_args: ModelArguments) -> None:
     check_override_names(model_args)
     check_choice(model_args, "tokenizer_algorithm", TOKENIZER_ALGORITHMS)
     check_positive(model_args, ("tokenizer_vocab_size", "tokenizer_train_samples"))
+    specials = len(TOKENIZER_KINDS[model_args.model_kind].special_tokens)
+    if model_args.tokenizer_vocab_size is not None and model_args.tokenizer_vocab_size <= specials:
+        raise ValueError(f"--tokenizer_vocab_size must exceed the {specials} special tokens of a "
+                         f"{model_args.model_kind} tokenizer, got {model_args.tokenizer_vocab_size}.")
     trained = [name for name in ("tokenizer_algorithm", "tokenizer_vocab_size", "tokenizer_train_samples")
                if getattr(model_args, name) is not None]
     if trained and (model_args.tokenizer_name or model_args.model_name_or_path):
@@ -239,7 +268,21 @@ def check_model_flags(model_args: ModelArguments) -> None:
         if path and (path.startswith((".", "/", "~")) or os.path.splitext(path)[1] == ".json"):
             if not os.path.exists(os.path.expanduser(path)):
                 raise FileNotFoundError(f"--{name} {path!r} does not exist.")
+    if model_args.model_name_or_path and os.path.isdir(model_args.model_name_or_path):
+        check_weights(model_args.model_name_or_path, "--model_name_or_path")
     check_new_config(model_args)
+
+
+def check_weights(folder: str, flag: str) -> None:
+    """Each `*.safetensors` file of a model folder opens (its header is whole and its data as long as the header
+    says), else a ValueError naming the file: loading a truncated or empty file fails deep inside transformers."""
+    for path in sorted(Path(folder).glob("*.safetensors")):
+        try:
+            with safe_open(path, framework="pt"):
+                pass
+        except (SafetensorError, OSError) as error:
+            raise ValueError(f"{flag} {folder!r}: {path} is damaged or not a safetensors file ({error}); save or "
+                             "download it again.") from None
 
 
 def check_override_names(model_args: ModelArguments) -> None:
@@ -274,22 +317,74 @@ def resolve_resume(training_args: TrainingArguments, overwrite_output_dir: bool)
     output_dir = training_args.output_dir
     requested = training_args.resume_from_checkpoint
     last = get_last_checkpoint(output_dir) if os.path.isdir(output_dir) else None
+    finished_model = os.path.isfile(os.path.join(output_dir, "config.json"))  # the final save writes it last
     if requested is None or str(requested).lower() in ("false", "no", "none", ""):
         if last is not None and not overwrite_output_dir:
             raise ValueError(
                 f"--output_dir {output_dir!r} already holds {os.path.basename(last)}: pass --resume_from_checkpoint "
                 "true to continue it, --overwrite_output_dir to start over, or another --output_dir."
             )
+        if finished_model and not overwrite_output_dir:
+            raise ValueError(f"--output_dir {output_dir!r} already holds a finished model: pass --overwrite_output_dir "
+                             "true to train it again from scratch, or another --output_dir.")
         return None
     if overwrite_output_dir:
         raise ValueError("Conflicting flags: --resume_from_checkpoint and --overwrite_output_dir.")
     if str(requested).lower() in ("true", "yes", "last"):
         if last is None:
-            raise FileNotFoundError(f"--resume_from_checkpoint: no checkpoint-N folder in {output_dir!r}.")
+            holds = " holds a finished model but" if finished_model else ""
+            raise FileNotFoundError(f"--resume_from_checkpoint: {output_dir!r}{holds} has no checkpoint-N folder to "
+                                    "resume from.")
         return last
     if not os.path.isfile(os.path.join(requested, "trainer_state.json")):
         raise FileNotFoundError(f"--resume_from_checkpoint {requested!r} is not a complete checkpoint folder.")
     return requested
+
+
+def finished_run(resume: str | None, training_args: TrainingArguments) -> dict[str, float] | None:
+    """When `resume` is a checkpoint at the end of the run these flags ask for (--max_steps, or the same
+    --num_train_epochs) and --output_dir holds that step's final model: say so and return its saved results, so a
+    resume changes nothing. None otherwise (a finished checkpoint without its final model is loaded and saved as the
+    final model by `AtomicCheckpointTrainer.train`, which knows the exact length of an epoch-based run)."""
+    if resume is None:
+        return None
+    with open(os.path.join(resume, "trainer_state.json"), encoding="utf-8") as f:
+        state = json.load(f)
+    step = state.get("global_step", 0)
+    if training_args.max_steps > 0:
+        end, of = training_args.max_steps, f"--max_steps {training_args.max_steps}"
+    elif state.get("num_train_epochs") == training_args.num_train_epochs:
+        end, of = state.get("max_steps", 0), f"--num_train_epochs {training_args.num_train_epochs:g}"
+    else:
+        return None
+    if not 0 < end <= step:
+        return None
+    output_dir, name = training_args.output_dir, os.path.basename(os.path.normpath(resume))
+    final_state = os.path.join(output_dir, "trainer_state.json")
+    saved = os.path.isfile(os.path.join(output_dir, "config.json")) and os.path.isfile(final_state)
+    if saved:
+        with open(final_state, encoding="utf-8") as f:
+            saved = json.load(f).get("global_step") == step
+    if not saved:
+        log(f"{name} is at step {step} of {of}: the run is finished but its final model is not saved in "
+            f"{output_dir}; saving it without training.")
+        return None
+    log(f"{name} is at step {step} of {of}: the run is finished and its model is saved in {output_dir}; nothing to "
+        "do (a larger --max_steps trains on).")
+    results = os.path.join(output_dir, "all_results.json")
+    if not os.path.isfile(results):
+        return {}
+    with open(results, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def checkpoint_tokenizer(model_args: ModelArguments, resume: str | None) -> Any | None:
+    """When resuming a run that trained its own tokenizer: the one saved in the checkpoint (training another would
+    repeat that work and need not give the vocabulary the weights were trained with); else None."""
+    if resume is None or model_args.tokenizer_name or model_args.model_name_or_path or not has_tokenizer(resume):
+        return None
+    log(f"Using the tokenizer saved in {resume}")
+    return load_tokenizer(resume)
 
 
 def clear_output_dir(output_dir: str) -> None:
@@ -419,15 +514,78 @@ def check_fits(config: Any, tokenizer: Any, block_size: int | None, kind: ModelK
 # ---------------------------------------------------------------------------------------------------------------
 # Trainer and saving
 # ---------------------------------------------------------------------------------------------------------------
+class LogAtSave(TrainerCallback):
+    """Log the training loss at every save, so that a checkpoint's log history covers each step up to it and a resumed
+    run can report the mean loss of the whole run."""
+
+    def on_step_end(self, args: TrainingArguments, state: Any, control: Any, **kwargs: Any) -> Any:
+        if control.should_save and args.logging_strategy != "no":
+            control.should_log = True
+        return control
+
+    on_epoch_end = on_step_end
+
+
+def whole_run_train_loss(
+    log_history: list[dict[str, Any]], resumed_at: int, end: int, mean_since: float
+) -> float | None:
+    """The mean training loss over steps 1..`end` of a run resumed at step `resumed_at`: each loss logged up to the
+    resume (the mean over the steps since the log before it) weighted by its steps, plus `mean_since` for the
+    resumed steps. None when the logged losses stop short of `resumed_at` (steps whose loss was never logged)."""
+    total, logged = 0.0, 0
+    for entry in log_history:
+        step = entry.get("step", 0)
+        if "loss" in entry and logged < step <= resumed_at:
+            total += entry["loss"] * (step - logged)
+            logged = step
+    if logged != resumed_at or end <= 0:
+        return None
+    return (total + mean_since * (end - resumed_at)) / end
+
+
 class AtomicCheckpointTrainer(Trainer):
     """A `Trainer` whose `checkpoint-N` folders are complete or absent: each is written under `.staging/` and
-    renamed into place, so a run killed mid-save resumes from the previous complete checkpoint; and whose `train()`
-    trains one model under data parallelism even after an `evaluate()` (see `train`)."""
+    renamed into place, so a run killed mid-save resumes from the previous complete checkpoint. Resuming from a
+    checkpoint at the run's last step trains nothing more, a resumed run's `train_loss` is the whole run's, and
+    `train()` trains one model under data parallelism even after an `evaluate()` (see `_forget_evaluation_only_preparation`)."""
 
     _staging_dir: str | None = None
 
-    def train(self, *args: Any, **kwargs: Any) -> Any:
-        """`Trainer.train`, after undoing an evaluation-only preparation of the model.
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.add_callback(LogAtSave)
+
+    def train(self, resume_from_checkpoint: str | bool | None = None, **kwargs: Any) -> TrainOutput:
+        self._forget_evaluation_only_preparation()
+        if not isinstance(resume_from_checkpoint, str):
+            return super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
+        start = TrainerState.load_from_json(os.path.join(resume_from_checkpoint, "trainer_state.json"))
+        max_steps = self.args.max_steps
+        if max_steps <= 0:
+            max_steps = self.set_initial_training_values(self.args, self.get_train_dataloader())[-1]
+        if start.global_step >= max_steps:
+            # The Trainer checks for the end of the run only after a step, so it would train one step past it.
+            self._load_from_checkpoint(resume_from_checkpoint)
+            self.state = start
+            mean = whole_run_train_loss(start.log_history, start.global_step, start.global_step, 0.0)
+            metrics = {"epoch": start.epoch, "total_flos": start.total_flos}
+            return TrainOutput(start.global_step, mean, metrics if mean is None else {**metrics, "train_loss": mean})
+        output = super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
+        # The Trainer's train_loss averages the steps this call ran; report the whole run's where the log allows.
+        mean = whole_run_train_loss(self.state.log_history, start.global_step, output.global_step, output.training_loss)
+        summary = next((entry for entry in reversed(self.state.log_history) if "train_loss" in entry), {})
+        for metrics in (output.metrics, summary):
+            if mean is None:
+                metrics["train_loss_since_resume"] = metrics.pop("train_loss", output.training_loss)
+            else:
+                metrics["train_loss"] = mean
+        if mean is None:
+            log(f"train_loss_since_resume: the mean loss of the steps after {resume_from_checkpoint} only; the "
+                "checkpoint's log does not cover every step before it.")
+        return TrainOutput(output.global_step, output.training_loss if mean is None else mean, output.metrics)
+
+    def _forget_evaluation_only_preparation(self) -> None:
+        """Undo an evaluation-only preparation of the model, so `train()` wraps it for data parallelism.
 
         In transformers 5.23 with accelerate 1.15, `evaluate()` before the first `train()` prepares the model with
         `accelerator.prepare_model(model, evaluation_mode=True)`: no DistributedDataParallel wrapper, but the model
@@ -436,10 +594,6 @@ class AtomicCheckpointTrainer(Trainer):
         that mark (and the evaluation's mixed-precision forward wrapper) lets `train()` wrap the model as usual.
         Sharded engines (FSDP, DeepSpeed) fully prepare the model for evaluation and are left alone.
         """
-        self._forget_evaluation_only_preparation()
-        return super().train(*args, **kwargs)
-
-    def _forget_evaluation_only_preparation(self) -> None:
         model = self.model
         if (
             self.args.parallel_mode != ParallelMode.DISTRIBUTED
@@ -488,6 +642,14 @@ class AtomicCheckpointTrainer(Trainer):
         if self.args.should_save:
             rotate_checkpoints(run_dir, self.args.save_total_limit, self.state.best_model_checkpoint, use_mtime=True)
 
+    def _issue_warnings_after_load(self, load_result: Any) -> None:
+        """A checkpoint stores a tied head once, under the embedding's name; the head then loads with the embedding
+        and is not missing (the Trainer would report `lm_head.weight` as missing from every such checkpoint)."""
+        state = self.model.state_dict(keep_vars=True)
+        loaded = {state[key].data_ptr() for key in state if key not in load_result.missing_keys}
+        missing = [key for key in load_result.missing_keys if key not in state or state[key].data_ptr() not in loaded]
+        super()._issue_warnings_after_load(load_result._replace(missing_keys=missing))
+
 
 class _FirstEvaluation(TrainerCallback):
     """Keeps the metrics of the first evaluation it sees and hands them to `report` at once."""
@@ -519,7 +681,9 @@ def train_evaluating_at_start(
         result = trainer.train(resume_from_checkpoint=resume)
     finally:
         trainer.remove_callback(first)
-    return first.metrics or {}, result
+    if first.metrics is None:  # train() took no step (a finished checkpoint being finalised): nothing to wrap
+        first.report(first.metrics := trainer.evaluate())
+    return first.metrics, result
 
 
 def with_perplexity(metrics: dict[str, float], prefix: str = "eval") -> dict[str, float]:

@@ -46,8 +46,11 @@ from archlab.scripts.common import (
     check_data_flags,
     check_model_flags,
     check_positive,
+    check_training_flags,
+    checkpoint_tokenizer,
     clear_output_dir,
     dataset_label,
+    finished_run,
     log,
     model_kind,
     parse_arguments,
@@ -86,8 +89,11 @@ class FinetuneTrainingArguments(Seq2SeqTrainingArguments):
     """`Seq2SeqTrainingArguments` (a superset of `TrainingArguments`) with defaults for short CPU runs."""
 
     output_dir: str | None = field(default="runs/finetune", metadata={"help": "Where checkpoints and the model go."})
-    overwrite_output_dir: bool = field(default=False, metadata={"help": "Start over in a folder with checkpoints."})
-    max_steps: int = field(default=300, metadata={"help": "Optimizer steps (overrides num_train_epochs)."})
+    overwrite_output_dir: bool = field(default=False, metadata={
+        "help": "Start over in an --output_dir that holds checkpoints (they are deleted) or a finished model (it is "
+                "replaced)."})
+    max_steps: int = field(default=300, metadata={
+        "help": "Optimizer steps (>= 1), or -1 to train --num_train_epochs epochs."})
     per_device_train_batch_size: int = field(default=16, metadata={"help": "Examples per step."})
     per_device_eval_batch_size: int = field(default=16, metadata={"help": "Examples per evaluation step."})
     dataloader_pin_memory: bool = field(default=False, metadata={"help": "Pin memory (only useful on a GPU)."})
@@ -262,6 +268,7 @@ def main(argv: Sequence[str] | None = None, callbacks: list[TrainerCallback] | N
     model_args.model_kind = expected_kind
     model_kind(expected_kind)
     check_model_flags(model_args)
+    check_training_flags(training_args)
     check_data_flags(data_args, training_args)
     if data_args.streaming:
         raise ValueError("--streaming is for pretraining; fine-tuning sets are loaded in memory.")
@@ -275,6 +282,9 @@ def main(argv: Sequence[str] | None = None, callbacks: list[TrainerCallback] | N
         except ImportError:
             raise ImportError("--task seq2seq reports BLEU/chrF with sacrebleu: pip install 'archlab[scripts]'.") from None
     resume = resolve_resume(training_args, training_args.overwrite_output_dir)
+    finished = finished_run(resume, training_args)
+    if finished is not None:
+        return finished
     set_seed(training_args.seed)
     if training_args.label_names is None:
         training_args.label_names = ["labels"]
@@ -297,9 +307,10 @@ def main(argv: Sequence[str] | None = None, callbacks: list[TrainerCallback] | N
         else:
             check_columns(raw[split], args.source_column, args.target_column, split=split)
 
-    if model_args.tokenizer_name or model_args.model_name_or_path:
+    tokenizer = checkpoint_tokenizer(model_args, resume)
+    if tokenizer is None and (model_args.tokenizer_name or model_args.model_name_or_path):
         tokenizer = load_tokenizer(model_args.tokenizer_name or model_args.model_name_or_path)
-    else:
+    elif tokenizer is None:
         log(f"Training a tokenizer for the {expected_kind} on the task's texts ...")
         tokenizer = train_tokenizer(task_texts(raw, args.task, args, data_args.text_column_name), expected_kind,
                                     model_args.tokenizer_algorithm, model_args.tokenizer_vocab_size or 4096)

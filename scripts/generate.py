@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM, TextStreamer, set_seed
 
-from archlab.scripts.common import log, parse_arguments, run_cli
-from archlab.tokenization.training import load_tokenizer
+from archlab.scripts.common import check_weights, log, parse_arguments, run_cli
+from archlab.tokenization.training import has_tokenizer, load_tokenizer
 
 
 @dataclass
@@ -59,6 +59,10 @@ def check(args: GenerateArguments) -> None:
         raise ValueError("Conflicting flags: --num_beams > 1 is beam search; pass --do_sample false with it.")
     if args.stream and args.num_beams > 1:
         raise ValueError("Conflicting flags: beam search (--num_beams > 1) cannot stream; pass --stream false.")
+    if not has_tokenizer(args.model_name_or_path):
+        raise FileNotFoundError(f"--model_name_or_path {args.model_name_or_path!r} holds no tokenizer "
+                                "(tokenizer.json): save the tokenizer next to the model, as the training scripts do.")
+    check_weights(args.model_name_or_path, "--model_name_or_path")
 
 
 def main(argv: Sequence[str] | None = None) -> str:

@@ -34,8 +34,11 @@ from archlab.scripts.common import (
     check_data_flags,
     check_model_flags,
     check_positive,
+    check_training_flags,
+    checkpoint_tokenizer,
     clear_output_dir,
     dataset_label,
+    finished_run,
     log,
     model_kind,
     parse_arguments,
@@ -62,7 +65,8 @@ class PretrainTrainingArguments(ArchlabTrainingArguments):
     """`TrainingArguments` with defaults for the README's few-minute CPU run."""
 
     output_dir: str | None = field(default="runs/pretrain", metadata={"help": "Where checkpoints and the model go."})
-    max_steps: int = field(default=600, metadata={"help": "Optimizer steps (overrides num_train_epochs)."})
+    max_steps: int = field(default=600, metadata={
+        "help": "Optimizer steps (>= 1), or -1 to train --num_train_epochs epochs."})
     per_device_train_batch_size: int = field(default=8, metadata={"help": "Blocks per step."})
     per_device_eval_batch_size: int = field(default=16, metadata={"help": "Blocks per evaluation step."})
     dataloader_pin_memory: bool = field(default=False, metadata={"help": "Pin memory (only useful on a GPU)."})
@@ -94,7 +98,11 @@ class PretrainArguments:
     eval_max_blocks: int | None = field(default=64, metadata={"help": "Evaluate on at most this many blocks."})
 
 
-def get_tokenizer(model_args: ModelArguments, train_split: Any, text_column: str, block_size: int):
+def get_tokenizer(model_args: ModelArguments, train_split: Any, text_column: str, block_size: int,
+                  resume: str | None = None):
+    saved = checkpoint_tokenizer(model_args, resume)
+    if saved is not None:
+        return saved
     if model_args.tokenizer_name or model_args.model_name_or_path:
         return load_tokenizer(model_args.tokenizer_name or model_args.model_name_or_path)
     source = limit(train_split, model_args.tokenizer_train_samples)
@@ -171,9 +179,13 @@ def main(argv: Sequence[str] | None = None, callbacks: list[TrainerCallback] | N
     # --- every check that can fail runs before anything is written ---------------------------------------------
     kind = model_kind(model_args.model_kind)
     check_model_flags(model_args)
+    check_training_flags(training_args)
     check_data_flags(data_args, training_args)
     check_positive(extra, ("eval_max_blocks",), " (or unset: all)")
     resume = resolve_resume(training_args, training_args.overwrite_output_dir)
+    finished = finished_run(resume, training_args)
+    if finished is not None:
+        return finished
     set_seed(training_args.seed)
     if training_args.label_names is None:  # else the Trainer also waits for `shift_labels` and reports no eval loss
         training_args.label_names = ["labels"]
@@ -191,7 +203,7 @@ def main(argv: Sequence[str] | None = None, callbacks: list[TrainerCallback] | N
         check_not_empty(raw[split], split)
         check_columns(raw[split], data_args.text_column_name, split=split)
 
-    tokenizer = get_tokenizer(model_args, raw["train"], data_args.text_column_name, data_args.block_size)
+    tokenizer = get_tokenizer(model_args, raw["train"], data_args.text_column_name, data_args.block_size, resume)
     config = build_config(model_args, tokenizer, data_args.block_size)
     data = prepare_data(model_args.model_kind, raw, tokenizer, data_args)
     check_not_empty(data["train"], "packed train")

@@ -42,6 +42,21 @@ def tiny_config() -> archlab.DecoderConfig:
     return tiny_decoder_config()
 
 
+def assert_close_to_scale(actual: torch.Tensor, expected: torch.Tensor, rtol: float = 1e-4, msg: str = "") -> None:
+    """Every element of `actual` within `rtol` x max|expected| of `expected`.
+
+    The rounding error of a float32 sum follows the size of its largest terms, not of its result, and its exact value
+    follows the CPU's summation order (AVX2 and AVX-512 kernels differ): a fixed absolute or an element-wise relative
+    tolerance fails the small entries of a tensor with large ones (a gradient of 1e-3 next to one of 3) on some hosts.
+    The default is the fp32 logit-parity standard (1e-4 on logits of order 1) taken relative to the scale."""
+    expected = expected.detach()
+    scale = expected.abs().max().item() if expected.numel() else 0.0
+    torch.testing.assert_close(
+        actual.detach(), expected, rtol=0.0, atol=rtol * scale,
+        msg=lambda text: f"{msg + ': ' if msg else ''}{text} (allowed: {rtol:g} x max|expected| {scale:.3g})",
+    )
+
+
 def seq2seq_incremental_logits(model, source, mask, target, prefix: int = 1) -> torch.Tensor:
     """Decoder logits for `target` computed with the cache: the first `prefix` tokens in one call (which also runs
     the encoder), then one token per call reusing the encoder output; to compare with one full forward."""

@@ -17,7 +17,7 @@ from archlab.modeling.blocks import (
     deepnorm_constants,
 )
 from archlab.modeling.feed_forward import MLP, GatedMLP
-from conftest import tiny_decoder_config
+from conftest import assert_close_to_scale, tiny_decoder_config
 
 
 def _attn(layer, x):
@@ -71,7 +71,7 @@ def test_block_matches_reference(placement, attn):
         for layer in model.model.layers:
             expected = reference(layer, expected)
         expected = model.model.norm(expected)
-    torch.testing.assert_close(ours, expected, atol=1e-5, rtol=0)
+    assert_close_to_scale(ours, expected, rtol=1e-5)
 
 
 def test_final_norm_only_where_the_stack_ends_unnormalised():

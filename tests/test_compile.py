@@ -10,7 +10,7 @@ import torch
 from transformers import CompileConfig
 
 from archlab import DecoderForCausalLM
-from conftest import tiny_decoder_config
+from conftest import assert_close_to_scale, tiny_decoder_config
 
 pytestmark = pytest.mark.slow
 
@@ -48,6 +48,7 @@ def test_compiled_training_step_matches_eager():
     compiled = torch.compile(model, fullgraph=True)
     batch = _batch()
     labels = batch["input_ids"].masked_fill(batch["attention_mask"] == 0, -100)
+    initial = [p.detach().clone() for p in eager.parameters()]  # both models start from these weights
     losses = []
     for m, run in ((eager, eager), (model, compiled)):
         optimizer = torch.optim.AdamW(m.parameters(), lr=1e-2)
@@ -56,9 +57,11 @@ def test_compiled_training_step_matches_eager():
         optimizer.step()
         losses.append(loss.detach())
     torch.testing.assert_close(losses[1], losses[0], rtol=1e-5, atol=1e-5)
-    for (name, p_eager), p_compiled in zip(eager.named_parameters(), model.parameters()):
+    for (name, p_eager), p_compiled, p_initial in zip(eager.named_parameters(), model.parameters(), initial):
         torch.testing.assert_close(p_compiled.grad, p_eager.grad, rtol=1e-4, atol=1e-6, msg=name)
-        torch.testing.assert_close(p_compiled, p_eager, rtol=1e-5, atol=1e-6, msg=name)
+        # AdamW's first step is about lr x sign(grad) even for a gradient at rounding level: compare the steps,
+        # relative to their size, not the weights to a fixed atol
+        assert_close_to_scale(p_compiled - p_initial, p_eager - p_initial, rtol=1e-3, msg=name)
 
 
 def test_static_cache_generation_compiles():

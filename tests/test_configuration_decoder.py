@@ -54,3 +54,30 @@ def test_unknown_activation_lists_allowed_values():
 def test_explicit_head_dim_allows_non_dividing_heads():
     config = tiny_decoder_config(hidden_size=30, head_dim=8)
     assert config.head_dim == 8
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (dict(hidden_size="128"), "`hidden_size` must be an int, got '128' \\(a str\\)"),
+        (dict(rms_norm_eps="1e-5"), "`rms_norm_eps` must be a float, got '1e-5' \\(a str\\)"),
+        (dict(attention_dropout="0.1"), "`attention_dropout` must be an int or a float, got '0.1'"),
+        (dict(tie_word_embeddings="yes"), "`tie_word_embeddings` must be a bool, got 'yes'"),
+        (dict(eos_token_id="2"), "`eos_token_id` must be an int, a list of int or None, got '2'"),
+        (dict(sliding_window=8.5), "`sliding_window` must be an int or None, got 8.5"),
+    ],
+)
+def test_a_value_of_the_wrong_type_is_named_at_construction(overrides, message):
+    """A JSON-quoted number ("128" from a hand-written config or --config_overrides) is a ValueError naming the field,
+    not a TypeError from the arithmetic that first touches it."""
+    with pytest.raises(ValueError, match=message):
+        DecoderConfig(**{**TINY, **overrides})
+
+
+def test_rope_type_is_checked_at_construction():
+    with pytest.raises(ValueError, match="`rope_parameters\\['rope_type'\\]`='spiral' is not supported; allowed values: "
+                                         "'default', 'linear', 'dynamic'"):
+        tiny_decoder_config(rope_parameters={"rope_type": "spiral", "rope_theta": 1e4})
+    with pytest.raises(ValueError, match="Missing required keys in `rope_parameters` for 'rope_type'='linear': {'factor'}"):
+        tiny_decoder_config(rope_parameters={"rope_type": "linear", "rope_theta": 1e4})
+    assert tiny_decoder_config(rope_parameters={"rope_type": "linear", "rope_theta": 1e4, "factor": 2.0})

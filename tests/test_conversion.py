@@ -104,3 +104,18 @@ def test_omitted_config_fields_take_the_stock_defaults(family):
     for name in ("intermediate_size", "max_position_embeddings", "vocab_size", "rope_parameters"):
         assert getattr(config, name) == getattr(stock, name), name
     assert config.sliding_window == getattr(stock, "sliding_window", None)
+
+
+@pytest.mark.parametrize("damage", ["truncated", "empty"])
+def test_a_damaged_weights_file_is_named(llama_folder, tmp_path, damage):
+    src, _ = llama_folder
+    weights = src / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100] if damage == "truncated" else b"")
+    with pytest.raises(ConversionError, match=f"{weights} is damaged or not a safetensors file"):
+        convert_checkpoint(src, tmp_path / "out")
+    if damage == "empty":  # the command line: one error line, exit status 2 (one run is enough: it takes seconds)
+        run = subprocess.run([sys.executable, str(SCRIPT), str(src), str(tmp_path / "out")], capture_output=True,
+                             text=True)
+        assert run.returncode == 2 and run.stderr.startswith(f"error: {weights} is damaged")
+        assert "Traceback" not in run.stderr
+    assert not (tmp_path / "out").exists()

@@ -146,4 +146,20 @@ def test_bad_inputs(tmp_path: Path, work: Path) -> None:
         finetune.main(run_args(out, "--task", "seq2seq", "--max_source_length", "-3"))
     with pytest.raises(ValueError, match="--max_target_length must be >= 1"):
         finetune.main(run_args(out, "--task", "seq2seq", "--max_target_length", "0"))
+    with pytest.raises(ValueError, match="--learning_rate must be > 0, got -1.0"):
+        finetune.main(run_args(out, "--task", "instruct", *base, "--learning_rate", "-1"))
+    with pytest.raises(ValueError, match="--per_device_train_batch_size must be >= 1, got 0"):
+        finetune.main(run_args(out, "--task", "instruct", *base, "--per_device_train_batch_size", "0"))
+    assert not out.exists()
+
+
+def test_a_damaged_base_model_is_named_before_anything_is_read(tmp_path: Path, work: Path) -> None:
+    import shutil
+
+    base = tmp_path / "base"
+    shutil.copytree(work / "base", base)
+    (base / "model.safetensors").write_bytes(b"")
+    out = tmp_path / "out"
+    with pytest.raises(ValueError, match=f"--model_name_or_path '{base}': {base / 'model.safetensors'} is damaged"):
+        finetune.main(run_args(out, "--task", "instruct", "--model_name_or_path", str(base)))
     assert not out.exists()

@@ -76,6 +76,36 @@ def test_errors(saved: dict[str, Path], tmp_path: Path) -> None:
         generate.main(["--model_name_or_path", str(saved["seq2seq"]), "--chat", "true"])
 
 
+@pytest.mark.parametrize("damage", ["truncated", "empty"])
+def test_a_damaged_weights_file_is_named_in_one_error_line(saved: dict[str, Path], tmp_path: Path, capsys,
+                                                           damage: str) -> None:
+    import shutil
+
+    from archlab.scripts.common import run_cli
+
+    folder = tmp_path / "decoder"
+    shutil.copytree(saved["decoder"], folder)
+    weights = folder / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2] if damage == "truncated" else b"")
+    with pytest.raises(SystemExit) as exit_:
+        run_cli(lambda: generate.main(["--model_name_or_path", str(folder)]))
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: --model_name_or_path {str(folder)!r}: {weights} is damaged or not a safetensors "
+                          "file") and err.count("\n") == 1
+
+
+def test_a_folder_without_tokenizer_files_is_named(saved: dict[str, Path], tmp_path: Path) -> None:
+    import shutil
+
+    folder = tmp_path / "no_tokenizer"
+    folder.mkdir()
+    for name in ("config.json", "generation_config.json", "model.safetensors"):
+        shutil.copy(saved["decoder"] / name, folder / name)
+    with pytest.raises(FileNotFoundError, match="--model_name_or_path '.*no_tokenizer' holds no tokenizer"):
+        generate.main(["--model_name_or_path", str(folder)])
+
+
 @pytest.mark.parametrize("flag, value, message", [
     ("--top_p", "2", r"--top_p must be in \(0, 1\], got 2.0"),
     ("--top_p", "0", r"--top_p must be in \(0, 1\], got 0.0"),

@@ -54,7 +54,7 @@ def test_loss_and_gradients_match_llama():
     labels = input_ids.masked_fill(mask == 0, -100)
     ours = model(input_ids, attention_mask=mask, labels=labels).loss  # chunked head + CE in training
     theirs = reference(input_ids, attention_mask=mask, labels=labels).loss
-    assert abs(ours.item() - theirs.item()) <= 1e-5
+    assert ours.item() == pytest.approx(theirs.item(), rel=1e-5)
     ours.backward(), theirs.backward()
     for (name, p), q in zip(model.named_parameters(), reference.parameters()):
         torch.testing.assert_close(p.grad, q.grad, atol=1e-5, rtol=1e-4, msg=name)

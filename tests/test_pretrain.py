@@ -4,7 +4,9 @@ after SIGKILL ends exactly where an uninterrupted run ends."""
 from __future__ import annotations
 
 import json
+import logging
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -35,6 +37,9 @@ def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (folder / "train.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
     (folder / "content.jsonl").write_text("".join(json.dumps({"content": t}) + "\n" for t in texts))
     (folder / "empty.csv").write_text("text\n")
+    (folder / "blank.txt").write_text("\n \n")
+    (folder / "latin1.txt").write_bytes("café au lait\n".encode("latin-1") * 40)
+    (folder / "latin1.csv").write_bytes("text\ncafé\n".encode("latin-1") * 40)
     tokenizer = train_tokenizer(texts, "decoder", vocab_size=300, min_frequency=1)
     save_tokenizer(tokenizer, folder / "tokenizer")
     return folder
@@ -104,6 +109,14 @@ BAD_INPUTS = [
     (["--config_overrides", "num_hidden_layer=1"], ValueError,
      "DecoderConfig has no field 'num_hidden_layer' \\(did you mean 'num_hidden_layers'\\?\\)"),
     (["--resume_from_checkpoint", "true"], FileNotFoundError, "no checkpoint-N folder"),
+    (["--tokenizer_vocab_size", "5"], ValueError,
+     "--tokenizer_vocab_size must exceed the 6 special tokens of a decoder tokenizer, got 5"),
+    (["--train_file", "blank.txt"], ValueError, "The train split is empty: '.*blank.txt' holds no text"),
+    (["--train_file", "latin1.txt"], ValueError, "Data file '.*latin1.txt' is not UTF-8 text: byte 0xe9 at offset 3"),
+    (["--train_file", "latin1.csv"], ValueError, "Data file '.*latin1.csv' is not UTF-8 text: byte 0xe9 at offset 8"),
+    (["--config_overrides", 'hidden_size="32"'], ValueError, "`hidden_size` must be an int, got '32' \\(a str\\)"),
+    (["--config_overrides", 'rope_parameters={"rope_type":"spiral","rope_theta":1e4}'], ValueError,
+     "`rope_parameters\\['rope_type'\\]`='spiral' is not supported; allowed values: 'default', 'linear'"),
 ]
 
 
@@ -139,6 +152,57 @@ def test_a_config_value_out_of_range_fails_before_the_tokenizer_is_trained(
     with pytest.raises(ValueError, match="`num_key_value_heads` \\(3\\) must divide `num_attention_heads`"):
         pretrain.main(args)
     assert not (tmp_path / "run").exists()
+
+
+TRAINING_FLAGS = [
+    (["--learning_rate", "-1"], "--learning_rate must be > 0, got -1.0"),
+    (["--per_device_train_batch_size", "0"], "--per_device_train_batch_size must be >= 1, got 0"),
+    (["--gradient_accumulation_steps", "0"], "--gradient_accumulation_steps must be >= 1, got 0"),
+    (["--max_steps", "0"], "--max_steps must be >= 1, or -1 (unset: train --num_train_epochs epochs), got 0"),
+    (["--max_steps", "-5"], "--max_steps must be >= 1, or -1 (unset: train --num_train_epochs epochs), got -5"),
+    (["--max_steps", "-1", "--num_train_epochs", "0"], "--num_train_epochs must be > 0 when --max_steps is -1"),
+    (["--save_steps", "0"], "--save_steps must be > 0 with --save_strategy steps"),
+    (["--eval_steps", "-2"], "--eval_steps must be > 0 with --eval_strategy steps"),
+    (["--logging_steps", "0"], "requires non-zero --logging_steps"),  # TrainingArguments' own check
+]
+
+
+@pytest.mark.parametrize("extra, message", TRAINING_FLAGS, ids=[" ".join(extra) for extra, _ in TRAINING_FLAGS])
+def test_training_flags_are_checked_before_data_is_read(
+    tmp_path: Path, data_dir: Path, monkeypatch: pytest.MonkeyPatch, extra: list[str], message: str
+) -> None:
+    def never(*args, **kwargs):
+        raise AssertionError("data was loaded before the training flags were checked")
+
+    monkeypatch.setattr(pretrain, "load_raw_datasets", never)
+    out = tmp_path / "run"
+    with pytest.raises(ValueError, match=re.escape(message)):
+        pretrain.main(tiny_args(out, data_dir, *extra))
+    assert not out.exists()
+
+
+def test_a_flag_that_training_arguments_rejects_is_one_error_line(tmp_path: Path, data_dir: Path, capsys) -> None:
+    from archlab.scripts.common import run_cli
+
+    with pytest.raises(SystemExit) as exit_:
+        run_cli(lambda: pretrain.main(tiny_args(tmp_path / "run", data_dir, "--warmup_steps", "-3")))
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err.startswith("error: Got warmup_steps = -3")
+
+
+def test_a_finished_model_is_not_replaced(tmp_path: Path, data_dir: Path) -> None:
+    """A folder holding a final model but no checkpoint (a run with --save_strategy no) is refused like one with
+    checkpoints."""
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "config.json").write_text("{}")
+    (out / "model.safetensors").write_bytes(b"weights")
+    with pytest.raises(ValueError, match="already holds a finished model: pass --overwrite_output_dir true"):
+        pretrain.main(tiny_args(out, data_dir, "--save_strategy", "no"))
+    with pytest.raises(FileNotFoundError, match="holds a finished model but has no checkpoint-N folder"):
+        pretrain.main(tiny_args(out, data_dir, "--resume_from_checkpoint", "true"))
+    assert sorted(os.listdir(out)) == ["config.json", "model.safetensors"]
+    assert (out / "model.safetensors").read_bytes() == b"weights"
 
 
 def test_existing_checkpoints_need_resume_or_overwrite(tmp_path: Path, data_dir: Path) -> None:
@@ -191,6 +255,66 @@ def test_resume_after_sigkill_ends_where_an_uninterrupted_run_ends(tmp_path: Pat
         torch.testing.assert_close(resumed[name], uninterrupted[name], atol=1e-6, rtol=1e-5)
     reference_metrics = json.loads((reference / "all_results.json").read_text())
     assert metrics["eval_loss"] == pytest.approx(reference_metrics["eval_loss"], abs=1e-6)
+
+
+# A constant learning rate: a run of 4 steps resumed to 6 trains what one run of 6 steps trains. Logging every 3 steps
+# and saving every 2 leaves checkpoint steps that only the log at each save covers.
+RESUMABLE = ("--eval_strategy", "no", "--lr_scheduler_type", "constant", "--save_steps", "2", "--logging_steps", "3",
+             "--tokenizer_vocab_size", "300")
+
+
+@pytest.mark.slow
+def test_resume_reuses_the_saved_tokenizer_and_reports_the_whole_runs_loss(
+    tmp_path: Path, data_dir: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture
+) -> None:
+    uninterrupted = pretrain.main(tiny_args(tmp_path / "reference", data_dir, *RESUMABLE, "--max_steps", "6"))
+    out = tmp_path / "run"
+    pretrain.main(tiny_args(out, data_dir, *RESUMABLE, "--max_steps", "4"))
+
+    def never(*args, **kwargs):
+        raise AssertionError("the resumed run trained a new tokenizer instead of loading the checkpoint's")
+
+    monkeypatch.setattr(pretrain, "train_tokenizer", never)
+    warnings = []  # transformers' loggers do not propagate to pytest's capture
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = lambda record: warnings.append(record.getMessage())
+    logging.getLogger("transformers.trainer").addHandler(handler)
+    capfd.readouterr()
+    try:
+        metrics = pretrain.main(tiny_args(out, data_dir, *RESUMABLE, "--max_steps", "6", "--resume_from_checkpoint",
+                                          "true"))
+    finally:
+        logging.getLogger("transformers.trainer").removeHandler(handler)
+    assert "Using the tokenizer saved in" in capfd.readouterr().out
+    assert not [w for w in warnings if "missing keys" in w], warnings  # the tied head loads with the embedding
+    assert json.loads((out / "trainer_state.json").read_text())["global_step"] == 6
+    # train_loss is the mean over all 6 steps (the Trainer's own averages the 2 resumed steps only)
+    assert metrics["train_loss"] == pytest.approx(uninterrupted["train_loss"], rel=1e-5)
+    assert json.loads((out / "all_results.json").read_text())["train_loss"] == metrics["train_loss"]
+
+
+@pytest.mark.slow
+def test_resuming_a_finished_run_changes_nothing(tmp_path: Path, data_dir: Path, capsys: pytest.CaptureFixture) -> None:
+    out = tmp_path / "run"
+    tokenizer = str(data_dir / "tokenizer")
+    args = tiny_args(out, data_dir, *RESUMABLE[:-2], "--max_steps", "4", "--tokenizer_name", tokenizer)
+    metrics = pretrain.main(args)
+    written = {path: path.stat().st_mtime_ns for path in out.rglob("*")}
+    capsys.readouterr()
+    again = pretrain.main(args + ["--resume_from_checkpoint", "true"])
+    assert "checkpoint-4 is at step 4 of --max_steps 4: the run is finished" in capsys.readouterr().out
+    assert {path: path.stat().st_mtime_ns for path in out.rglob("*")} == written
+    assert again == pytest.approx(metrics)
+
+    # killed after its last checkpoint, before the final save: the resume saves the final model without training
+    for path in out.iterdir():
+        if not path.name.startswith("checkpoint-"):
+            path.unlink()
+    pretrain.main(args + ["--resume_from_checkpoint", "true"])
+    assert json.loads((out / "trainer_state.json").read_text())["global_step"] == 4
+    assert sorted(path.name for path in out.glob("checkpoint-*")) == ["checkpoint-2", "checkpoint-4"]
+    final, checkpoint = load_file(out / "model.safetensors"), load_file(out / "checkpoint-4" / "model.safetensors")
+    assert final.keys() == checkpoint.keys() and all(torch.equal(final[k], checkpoint[k]) for k in final)
 
 
 def test_config_from_preset_json_and_overrides(tmp_path: Path, data_dir: Path) -> None:

@@ -9,6 +9,7 @@ from transformers import AutoModelForSeq2SeqLM, MarianConfig, MarianMTModel, Seq
 
 from archlab import Seq2SeqConfig, Seq2SeqForConditionalGeneration, translate
 from archlab.modeling.modeling_seq2seq import shift_tokens_right
+from conftest import assert_close_to_scale
 
 PAD, EOS, START = 0, 2, 1
 SMALL = dict(
@@ -93,6 +94,9 @@ def marian_pair() -> tuple[MarianMTModel, Seq2SeqForConditionalGeneration]:
         (dict(activation_function="relu7"), "`activation_function`"),
         (dict(position_embedding_type="rotary"), "'sinusoidal', 'learned', 'relative_bias', 'none'"),
         (dict(position_embedding_type="relative_bias", relative_attention_max_distance=4), "must exceed"),
+        (dict(d_model="32"), "`d_model` must be an int, got '32' \\(a str\\)"),
+        (dict(dropout="0.1"), "`dropout` must be an int or a float, got '0.1'"),
+        (dict(layer_norm_eps="1e-5"), "`layer_norm_eps` must be a float, got '1e-5'"),
     ],
 )
 def test_bad_config_values_fail_at_construction(overrides, message):
@@ -174,8 +178,8 @@ def test_source_padding_is_invisible(name):
         garbage = source.clone()
         garbage[1, 5:] = 17  # other content under the mask changes nothing (cross-attention padding)
         masked_garbage = model(input_ids=garbage, attention_mask=mask, decoder_input_ids=target)
-    torch.testing.assert_close(padded.encoder_last_hidden_state[1, :5], alone.encoder_last_hidden_state[0])
-    torch.testing.assert_close(padded.logits[1], alone.logits[0])
+    assert_close_to_scale(padded.encoder_last_hidden_state[1, :5], alone.encoder_last_hidden_state[0], rtol=1e-5)
+    assert_close_to_scale(padded.logits[1], alone.logits[0], rtol=1e-5)
     torch.testing.assert_close(masked_garbage.logits, padded.logits)
 
 
@@ -222,7 +226,7 @@ def test_incremental_decoding_equals_full_forward(name):
             )
             logits.append(step.logits)
             cache = step.past_key_values
-    torch.testing.assert_close(torch.cat(logits, 1), full, atol=1e-5, rtol=1e-5)
+    assert_close_to_scale(torch.cat(logits, 1), full, rtol=1e-5)
 
 
 def test_cross_attention_keys_values_are_computed_once_per_sequence():
@@ -245,7 +249,7 @@ def test_eager_equals_sdpa(name):
         sdpa = model(input_ids=source, attention_mask=mask, decoder_input_ids=target).logits
         model.set_attn_implementation("eager")
         eager = model(input_ids=source, attention_mask=mask, decoder_input_ids=target).logits
-    torch.testing.assert_close(eager, sdpa, atol=1e-5, rtol=1e-5)
+    assert_close_to_scale(eager, sdpa, rtol=1e-5)
 
 
 def test_backends_that_would_drop_the_relative_bias_are_refused():

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from archlab import Seq2SeqConfig, Seq2SeqForConditionalGeneration
-from conftest import seq2seq_incremental_logits
+from conftest import assert_close_to_scale, seq2seq_incremental_logits
 
 CONFIG = dict(
     vocab_size=53, d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
@@ -110,7 +110,7 @@ def test_qk_norm_alone_matches_the_reference_under_sdpa_and_eager():
         model.set_attn_implementation("eager")
         eager = model(input_ids=source, attention_mask=mask, decoder_input_ids=target).logits
     assert (sdpa - expected).abs().max() <= 1e-4
-    torch.testing.assert_close(eager, sdpa, atol=1e-5, rtol=1e-5)
+    assert_close_to_scale(eager, sdpa, rtol=1e-5)
 
 
 def test_qk_norm_parameters_in_self_and_cross_attention():
@@ -126,7 +126,7 @@ def test_incremental_decoding_equals_full_forward():
     with torch.no_grad():
         full = model(input_ids=source, attention_mask=mask, decoder_input_ids=target).logits
     incremental = seq2seq_incremental_logits(model, source, mask, target, prefix=2)
-    torch.testing.assert_close(incremental, full, atol=1e-5, rtol=1e-5)
+    assert_close_to_scale(incremental, full, rtol=1e-5)
 
 
 def test_training_loss_is_the_cross_entropy_of_the_capped_logits():

@@ -14,7 +14,7 @@ from transformers import AutoModelForSeq2SeqLM, T5Config, T5ForConditionalGenera
 from archlab import Seq2SeqConfig, Seq2SeqForConditionalGeneration
 from archlab.conversion import FAMILIES, ConversionError, convert_checkpoint
 from archlab.conversion.t5 import archlab_state_dict_to_t5, t5_state_dict_to_archlab
-from conftest import seq2seq_incremental_logits
+from conftest import assert_close_to_scale, seq2seq_incremental_logits
 
 VOCAB = 61
 # d_kv * num_heads (36) != d_model (32), as in T5 v1.1 small (6 heads of 64 on d_model 512)
@@ -28,7 +28,7 @@ VERSIONS = {
 }
 
 
-def t5_reference(version: str) -> T5ForConditionalGeneration:
+def t5_reference(version: str, std: float = 0.3) -> T5ForConditionalGeneration:
     reference = T5ForConditionalGeneration(T5Config(**T5_SHAPE, **VERSIONS[version])).eval()
     if version == "v1.1":
         # transformers 5 ties T5's head at construction even for v1.1 (and unties it when a checkpoint has its own)
@@ -38,13 +38,13 @@ def t5_reference(version: str) -> T5ForConditionalGeneration:
         for name, parameter in reference.named_parameters():
             if "layer_norm" in name:
                 parameter.uniform_(0.5, 1.5, generator=generator)
-            else:  # large enough that greedy decoding does not repeat one token
-                parameter.normal_(0.0, 0.3, generator=generator)
+            else:  # 0.3: large enough that greedy decoding does not repeat one token
+                parameter.normal_(0.0, std, generator=generator)
     return reference
 
 
-def t5_pair(version: str) -> tuple[T5ForConditionalGeneration, Seq2SeqForConditionalGeneration]:
-    reference = t5_reference(version)
+def t5_pair(version: str, std: float = 0.3) -> tuple[T5ForConditionalGeneration, Seq2SeqForConditionalGeneration]:
+    reference = t5_reference(version, std)
     config = FAMILIES["t5"].archlab_config(reference.config.to_dict())
     ours = Seq2SeqForConditionalGeneration(config).eval()
     ours.load_state_dict(t5_state_dict_to_archlab(reference.state_dict(), config), strict=True)
@@ -114,13 +114,17 @@ def training_gradients(reference, ours) -> tuple[dict, dict]:
 @pytest.mark.parametrize("version", list(VERSIONS))
 def test_t5_gradients_match(version):
     """Fine-tuning a converted T5 updates what T5 updates: every gradient equals T5's, including the pad token's
-    embedding row (T5's decoder start), which a Marian-style `padding_idx` would freeze."""
-    reference, ours = t5_pair(version)
+    embedding row (T5's decoder start), which a Marian-style `padding_idx` would freeze.
+
+    At the weights of 0.3 the generation tests need, attention is so saturated that float32 rounding alone moves
+    v1.1's gradients by up to 7e-4 of their scale on some inputs (float64 does not help: both RMSNorms round to
+    float32 even on float64 input); at 0.15 that stays below 1e-5, so the comparison can be strict."""
+    reference, ours = t5_pair(version, std=0.15)
     assert ours.config.train_pad_embedding
     as_t5, expected = training_gradients(reference, ours)
     assert expected["shared.weight"][0].abs().max() > 0 and as_t5["shared.weight"][0].abs().max() > 0  # pad row
     for name, grad in expected.items():
-        torch.testing.assert_close(as_t5[name], grad, atol=1e-5, rtol=1e-4, msg=name)
+        assert_close_to_scale(as_t5[name], grad, msg=name)
 
 
 @pytest.mark.parametrize("version", list(VERSIONS))
@@ -153,8 +157,8 @@ def check_incremental_and_eager_equal_full(ours) -> None:
     with torch.no_grad():
         ours.set_attn_implementation("eager")
         eager = ours(input_ids=source, attention_mask=mask, decoder_input_ids=target).logits
-    torch.testing.assert_close(incremental, full, atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(eager, full, atol=1e-5, rtol=1e-5)
+    assert_close_to_scale(incremental, full)  # logits up to 5: a fixed 1e-5 is below float32 rounding there
+    assert_close_to_scale(eager, full)
 
 
 def test_t5_state_dict_round_trips_exactly():

@@ -21,11 +21,13 @@ purpose, such as the seq2seq continuation split of `scripts/pretrain.py`.
 
 from __future__ import annotations
 
+import codecs
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from datasets import Dataset, DatasetDict, IterableDataset, IterableDatasetDict, load_dataset
+from datasets.exceptions import DatasetGenerationError
 
 from .corpus import corpus_fingerprint, stdlib_documents
 
@@ -101,6 +103,10 @@ def load_raw_datasets(
         if len(builders) > 1:
             raise ValueError(f"`train_file` and `validation_file` must have the same format, got {sorted(builders)}.")
         builder = builders.pop()
+        if builder != "parquet":
+            for split, path in files.items():
+                if not _has_text(path):
+                    raise ValueError(f"The {split} split is empty: {path!r} holds no text.")
         extra = {"sample_by": sample_by} if builder == "text" else {}
         try:
             raw = load_dataset(builder, data_files=files, cache_dir=cache_dir, streaming=streaming, **extra)
@@ -108,6 +114,10 @@ def load_raw_datasets(
             if "corresponds to no data" not in str(error):  # `datasets`' words for a file without rows
                 raise
             raise ValueError(f"The train split is empty: {files} hold no rows.") from error
+        except DatasetGenerationError:
+            if builder != "parquet":
+                _check_utf8(files.values())
+            raise
     else:
         return embedded_corpus(streaming=streaming, cache_dir=cache_dir)
 
@@ -119,6 +129,37 @@ def load_raw_datasets(
     return raw
 
 
+def _has_text(path: str) -> bool:
+    """Whether a text file holds anything but whitespace (an empty .txt file would be one empty document)."""
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            if chunk.strip():
+                return True
+    return False
+
+
+def _check_utf8(paths: Iterable[str]) -> None:
+    """A ValueError naming the first file that is not UTF-8 and the offending byte (`datasets` reports only that
+    generating the dataset failed)."""
+    for path in paths:
+        decoder, offset = codecs.getincrementaldecoder("utf-8")(), 0
+        with open(path, "rb") as f:
+            while True:
+                chunk = f.read(1 << 20)
+                pending = len(decoder.getstate()[0])  # bytes of a character cut by the previous chunk
+                try:
+                    decoder.decode(chunk, final=not chunk)
+                except UnicodeDecodeError as error:
+                    position = offset - pending + error.start
+                    raise ValueError(
+                        f"Data file {path!r} is not UTF-8 text: byte {error.object[error.start]:#04x} at offset "
+                        f"{position}; convert it to UTF-8 (e.g. `iconv -f latin1 -t utf-8`)."
+                    ) from None
+                if not chunk:
+                    break
+                offset += len(chunk)
+
+
 def _split_off_validation(train: AnyDataset, percentage: int, streaming: bool, seed: int) -> AnyDatasetDict:
     if streaming:
         # An IterableDataset has no length: hold out every (100 // percentage)-th example.
@@ -127,7 +168,9 @@ def _split_off_validation(train: AnyDataset, percentage: int, streaming: bool, s
         return IterableDatasetDict({"train": train.filter(lambda _, i: i % every != 0, with_indices=True),
                                     "validation": validation})
     if len(train) < 2:
-        raise ValueError(f"The dataset has {len(train)} example(s): too few to split off a validation set.")
+        raise ValueError(f"The dataset has {len(train)} example(s): too few to split off a validation set; give a "
+                         "validation file, or read a .txt file by `sample_by` 'paragraph' or 'line' (by 'document' "
+                         "it is one example).")
     parts = train.train_test_split(test_size=percentage / 100, seed=seed)
     return DatasetDict({"train": parts["train"], "validation": parts["test"]})
 

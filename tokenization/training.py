@@ -239,11 +239,23 @@ def save_tokenizer(tokenizer: PreTrainedTokenizerFast, folder: str | os.PathLike
         f.write("\n")
 
 
+# The files any transformers tokenizer is saved as; a folder with none of them holds no tokenizer.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "spiece.model", "vocab.json",
+                   "vocab.txt", "sentencepiece.bpe.model")
+
+
+def has_tokenizer(folder: str | os.PathLike) -> bool:
+    return any(os.path.isfile(os.path.join(folder, name)) for name in TOKENIZER_FILES)
+
+
 def load_tokenizer(name_or_path: str | os.PathLike, **kwargs: Any) -> PreTrainedTokenizerFast:
-    """`AutoTokenizer.from_pretrained`, with a clear error when a local folder does not exist."""
+    """`AutoTokenizer.from_pretrained`, with a clear error when a local folder does not exist or holds no tokenizer
+    (AutoTokenizer would then ask for sentencepiece or tiktoken)."""
     path = os.path.expanduser(os.fspath(name_or_path))
     if not os.path.isdir(path) and not _HUB_ID.match(path):
         raise FileNotFoundError(f"Tokenizer folder {path!r} does not exist.")
+    if os.path.isdir(path) and not has_tokenizer(path):
+        raise FileNotFoundError(f"{path!r} holds no tokenizer (none of {', '.join(TOKENIZER_FILES[:2])}, ...).")
     try:
         return AutoTokenizer.from_pretrained(path, **kwargs)
     except OSError as error:
@@ -254,7 +266,9 @@ __all__ = [
     "ALGORITHMS",
     "CHAT_TEMPLATE",
     "MODEL_KINDS",
+    "TOKENIZER_FILES",
     "TokenizerSpec",
+    "has_tokenizer",
     "load_tokenizer",
     "save_tokenizer",
     "train_tokenizer",
