@@ -424,7 +424,8 @@ class Seq2SeqEncoder(nn.Module):
         hidden_states = inputs_embeds
         positions = torch.arange(inputs_embeds.shape[1], device=inputs_embeds.device)  # relative bias: distances
         if self.embed_positions is not None:
-            hidden_states = hidden_states + self.embed_positions(positions if position_ids is None else position_ids)
+            position_embeddings = self.embed_positions(positions if position_ids is None else position_ids)
+            hidden_states = hidden_states + position_embeddings.to(hidden_states.dtype)  # never promote half to fp32
         hidden_states = self.dropout(hidden_states)
 
         # Packed documents (positions restarting, tokenization/data.py): a block-diagonal bidirectional mask
@@ -508,7 +509,7 @@ class Seq2SeqDecoder(nn.Module):
 
         hidden_states = inputs_embeds
         if self.embed_positions is not None:
-            hidden_states = hidden_states + self.embed_positions(positions)
+            hidden_states = hidden_states + self.embed_positions(positions).to(hidden_states.dtype)
         hidden_states = self.dropout(hidden_states)
 
         causal_mask = create_causal_mask(
