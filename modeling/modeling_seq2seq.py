@@ -162,6 +162,17 @@ def make_layer_position_bias(config: Seq2SeqConfig, side: str) -> RelativePositi
     return relative_bias_table(config, side) if config.relative_attention_bias_per_layer else None
 
 
+class TiedEmbedding(nn.Embedding):
+    """A stack's token embedding that `_tied_weights_keys` ties to `source` (`shared`): transformers replaces its
+    weight with the source's parameter after initialisation, and after loading (tying the parameter that a
+    checkpoint has). Until then it holds an uninitialised placeholder: it draws no random numbers, neither here nor
+    in `_init_weights`, so a seed builds the same model as when the stacks used the `shared` module itself."""
+
+    def __init__(self, source: nn.Embedding) -> None:
+        placeholder = torch.empty_like(source.weight)
+        super().__init__(source.num_embeddings, source.embedding_dim, source.padding_idx, _weight=placeholder)
+
+
 class _Seq2SeqLayer(GradientCheckpointingLayer):
     """What encoder and decoder layers share: the norms' factory, the residual wiring and the feed-forward."""
 
@@ -339,6 +350,8 @@ class Seq2SeqPreTrainedModel(HubMixin, PreTrainedModel):
 
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
+        if isinstance(module, TiedEmbedding):
+            return  # tied to `shared`, which is initialised
         super()._init_weights(module)
         if isinstance(module, OffsetRMSNorm):
             init.zeros_(module.weight)  # the gain is 1 + w
@@ -576,19 +589,28 @@ class Seq2SeqModel(Seq2SeqPreTrainedModel):
         super().__init__(config)
         padding_idx = None if config.train_pad_embedding else config.pad_token_id
         if config.share_encoder_decoder_embeddings:
-            # one vocabulary for source and target (the paper's shared BPE); Marian keeps it as `shared`
+            # One vocabulary for source and target (the paper's shared BPE); Marian keeps it as `shared`. Each stack
+            # has its own module holding that parameter (parameter tying, as Marian and Bart: one module registered
+            # under three names makes transformers' loader skip it when a checkpoint lacks it, left on meta).
             self.shared = nn.Embedding(config.vocab_size, config.d_model, padding_idx)
-            encoder_embeddings, decoder_embeddings = self.shared, self.shared
             self._tied_weights_keys = {
                 "encoder.embed_tokens.weight": "shared.weight",
                 "decoder.embed_tokens.weight": "shared.weight",
             }
+            encoder_embeddings, decoder_embeddings = TiedEmbedding(self.shared), TiedEmbedding(self.shared)
         else:
             encoder_embeddings = nn.Embedding(config.vocab_size, config.d_model, padding_idx)
             decoder_embeddings = nn.Embedding(config.decoder_vocab_size, config.d_model, padding_idx)
         self.encoder = Seq2SeqEncoder(config, encoder_embeddings)
         self.decoder = Seq2SeqDecoder(config, decoder_embeddings)
         self.post_init()
+
+    def get_expanded_tied_weights_keys(self, all_submodels: bool = False) -> dict[str, str]:
+        """transformers expands `_tied_weights_keys` only under `tie_word_embeddings`, the head's tie; a shared
+        vocabulary is one parameter whatever the head does (T5 v1.1: shared embeddings, separate head)."""
+        if all_submodels or not self.config.share_encoder_decoder_embeddings:
+            return super().get_expanded_tied_weights_keys(all_submodels)
+        return dict(self._tied_weights_keys)
 
     def get_input_embeddings(self) -> nn.Embedding:
         return self.encoder.embed_tokens
@@ -683,6 +705,7 @@ class Seq2SeqForConditionalGeneration(Seq2SeqPreTrainedModel, GenerationMixin):
     """
 
     _keys_to_ignore_on_load_missing = ["final_logits_bias"]
+    _tied_weights_keys = {"lm_head.weight": "model.decoder.embed_tokens.weight"}  # with `tie_word_embeddings`
 
     def __init__(self, config: Seq2SeqConfig) -> None:
         super().__init__(config)
@@ -690,8 +713,7 @@ class Seq2SeqForConditionalGeneration(Seq2SeqPreTrainedModel, GenerationMixin):
         # T5 multiplies the decoder output by d_model^-0.5 before its (tied) head; Gemma2 soft-caps the logits
         self.output_scale = config.d_model**-0.5 if config.scale_decoder_outputs else 1.0
         self.final_logit_softcapping = config.final_logit_softcapping
-        self._tied_weights_keys = {"lm_head.weight": "model.decoder.embed_tokens.weight"}
-        if config.share_encoder_decoder_embeddings:
+        if config.share_encoder_decoder_embeddings:  # the source of the decoder's own tie (Seq2SeqModel)
             self._tied_weights_keys = {"lm_head.weight": "model.shared.weight"}
         self.lm_head = nn.Linear(config.d_model, config.decoder_vocab_size, bias=False)
         # Marian's constant output bias (a buffer: checkpoints carry it, training does not update it)
