@@ -348,6 +348,18 @@ class Seq2SeqPreTrainedModel(HubMixin, PreTrainedModel):
         self._refuse_bias_backend("flex_attention")
         return super()._flex_attn_can_dispatch(is_init_check)
 
+    @classmethod
+    def maybe_distribute_model(cls, model: PreTrainedModel, distributed_config, mesh_manager) -> PreTrainedModel:
+        """Tie the weights before transformers' native FSDP2 shards the model. `from_pretrained` shards the model on
+        meta, before loading, with tying switched off: FSDP2 would then wrap each tied alias (the stacks' embeddings,
+        a tied head) as a parameter of its own, and after the tie at the end of loading keep gathering those stale
+        copies, so training drifts from one process after the first step. Tied first, they are one parameter,
+        sharded once. Not with tensor parallelism, whose plan shards each tied module's parameter by name (loading
+        ties them again)."""
+        if mesh_manager is not None and distributed_config.tp_size == 1:
+            model.tie_weights(recompute_mapping=False)
+        return super().maybe_distribute_model(model, distributed_config, mesh_manager)
+
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
         if isinstance(module, TiedEmbedding):
