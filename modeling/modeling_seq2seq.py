@@ -718,6 +718,9 @@ class Seq2SeqForConditionalGeneration(Seq2SeqPreTrainedModel, GenerationMixin):
 
     _keys_to_ignore_on_load_missing = ["final_logits_bias"]
     _tied_weights_keys = {"lm_head.weight": "model.decoder.embed_tokens.weight"}  # with `tie_word_embeddings`
+    # tensor parallelism: the head split by vocabulary rows, the logits gathered (the embeddings it may be tied to
+    # are split the same way, see `Seq2SeqConfig.base_model_tp_plan`)
+    _tp_plan = {"lm_head": "colwise_gather_output"}
 
     def __init__(self, config: Seq2SeqConfig) -> None:
         super().__init__(config)

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from archlab import DecoderForCausalLM, Seq2SeqConfig, Seq2SeqForConditionalGeneration
+from archlab import DecoderForCausalLM, EncoderForMaskedLM, Seq2SeqConfig, Seq2SeqForConditionalGeneration
 from conftest import tiny_decoder_config
 from distributed_worker import run_trainer
 
@@ -102,8 +102,6 @@ def test_fsdp_plans_and_accelerate_wrap_policy(norm_position):
     from accelerate.utils import FullyShardedDataParallelPlugin
     from transformers.distributed.fsdp import _resolve_tied_embed_lm_head_plan
 
-    from archlab import EncoderForMaskedLM
-
     model = DecoderForCausalLM(tiny_decoder_config(norm_position=norm_position))
     assert model._fsdp_plan["lm_head"] == "keep_full_weight"
     assert model._fsdp_plan["model.layers.*"] == "free_full_weight"
@@ -175,6 +173,30 @@ def test_tensor_parallel_and_fsdp2_match_one_process(tmp_path, decoder_dir, seq2
         assert entry.get("tp_generate_equal", True), name
         assert entry["reference_losses"][-1] < entry["reference_losses"][0], name
         torch.testing.assert_close(entry["fsdp_losses"], entry["reference_losses"], rtol=1e-4, atol=1e-5, msg=name)
+
+
+@pytest.mark.slow
+def test_tensor_parallel_with_tied_heads_matches_one_process(tmp_path):
+    """`tp_plan="auto"` on heads tied to their input embeddings: the decoder, the encoder-decoder with a shared and
+    with a separate target vocabulary, and the masked LM. A tied head is the embedding's parameter, split by
+    vocabulary rows for both modules (the head's own `colwise_gather_output` entry); without that entry the head's
+    `F.linear` meets a sharded weight and the forward fails. Logits and greedy generation equal one process."""
+    models = {
+        "decoder": DecoderForCausalLM(tiny_decoder_config(tie_word_embeddings=True)),
+        "seq2seq_shared": Seq2SeqForConditionalGeneration(Seq2SeqConfig(**{**SEQ2SEQ, "tie_word_embeddings": True})),
+        "seq2seq_separate": Seq2SeqForConditionalGeneration(Seq2SeqConfig(
+            **{**SEQ2SEQ, "tie_word_embeddings": True, "share_encoder_decoder_embeddings": False,
+               "decoder_vocab_size": 53})),
+        "masked_lm": EncoderForMaskedLM(Seq2SeqConfig(**{**SEQ2SEQ, "tie_word_embeddings": True})),
+    }
+    for name, model in models.items():
+        model.save_pretrained(tmp_path / name)
+    result = _launch(tmp_path, _torchrun(), "sharded", *(str(tmp_path / name) for name in models), "--tp_only")
+    assert set(result) == set(models)
+    for name, entry in result.items():
+        assert entry["tp_sharded"] and entry["tp_tied_head"], name
+        assert entry["tp_logits"] <= 1e-4, name
+        assert entry.get("tp_generate_equal", name == "masked_lm"), name
 
 
 @pytest.mark.slow
