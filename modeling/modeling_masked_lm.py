@@ -64,6 +64,17 @@ class EncoderForMaskedLM(Seq2SeqPreTrainedModel):
         self._tp_plan = {name: style for name, style in self._tp_plan.items() if name.startswith(own)}
         self._fsdp_plan = {name: style for name, style in self._fsdp_plan.items() if name.startswith(own)}
 
+    def resize_token_embeddings(self, *args, **kwargs) -> nn.Embedding:
+        """The head's per-token bias follows the vocabulary (kept entries keep their value, new ones start at 0)."""
+        embeddings = super().resize_token_embeddings(*args, **kwargs)
+        size, bias = embeddings.weight.shape[0], self.lm_head.bias
+        if bias.shape[0] != size:
+            resized = bias.new_zeros(size)
+            kept = min(size, bias.shape[0])
+            resized[:kept] = bias.detach()[:kept]
+            self.lm_head.bias = nn.Parameter(resized, requires_grad=bias.requires_grad)
+        return embeddings
+
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
         super()._init_weights(module)
