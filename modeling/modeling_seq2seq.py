@@ -51,6 +51,7 @@ from transformers.modeling_utils import PreTrainedModel
 from .attention import Attention
 from .configuration_seq2seq import Seq2SeqConfig
 from .hub_mixin import HubMixin
+from .input_checks import cached_length, check_attention_mask, check_token_ids
 from .losses import causal_lm_loss, chunked_causal_lm_loss, is_distributed_tensor
 from .normalization import NORMS, OffsetRMSNorm
 from .positions import LearnedPositionEmbedding
@@ -444,7 +445,9 @@ class Seq2SeqEncoder(nn.Module):
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("Pass exactly one of `input_ids` or `inputs_embeds`.")
         if inputs_embeds is None:
+            check_token_ids(input_ids, self.embed_tokens.num_embeddings)
             inputs_embeds = self.embed_tokens(input_ids)
+        check_attention_mask(attention_mask, *inputs_embeds.shape[:2], keys="source tokens")
         inputs_embeds = inputs_embeds * self.embed_scale
         hidden_states = inputs_embeds
         positions = torch.arange(inputs_embeds.shape[1], device=inputs_embeds.device)  # relative bias: distances
@@ -523,13 +526,22 @@ class Seq2SeqDecoder(nn.Module):
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("Pass exactly one of `decoder_input_ids` or `decoder_inputs_embeds`.")
         if inputs_embeds is None:
+            field = "vocab_size" if self.config.share_encoder_decoder_embeddings else "decoder_vocab_size"
+            check_token_ids(input_ids, self.embed_tokens.num_embeddings, "decoder_input_ids", field)
             inputs_embeds = self.embed_tokens(input_ids)
         inputs_embeds = inputs_embeds * self.embed_scale
         if use_cache and past_key_values is None:
             past_key_values = EncoderDecoderCache(DynamicCache(config=self.config), DynamicCache(config=self.config))
         self_cache = past_key_values.self_attention_cache if past_key_values is not None else None
         past = self_cache.get_seq_length() if self_cache is not None else 0
-        seq_len = inputs_embeds.shape[1]
+        batch_size, seq_len = inputs_embeds.shape[:2]
+        known_past = cached_length(self_cache)
+        check_attention_mask(
+            attention_mask, batch_size, None if known_past is None else known_past + seq_len,
+            "decoder_attention_mask", "cached + new target tokens",
+        )
+        if encoder_hidden_states is not None:
+            check_attention_mask(encoder_attention_mask, *encoder_hidden_states.shape[:2], keys="source tokens")
         positions = torch.arange(past, past + seq_len, device=inputs_embeds.device)
 
         hidden_states = inputs_embeds
