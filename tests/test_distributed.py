@@ -28,7 +28,7 @@ REPO = Path(__file__).resolve().parents[1]
 SEQ2SEQ = dict(vocab_size=61, d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
                decoder_attention_heads=4, encoder_ffn_dim=48, decoder_ffn_dim=48, max_position_embeddings=64,
                pad_token_id=0, eos_token_id=2, decoder_start_token_id=0, dropout=0.0,
-               tie_word_embeddings=False)  # FSDP2 with a tied head drifts in transformers 5.23 (docs/scaling.md)
+               tie_word_embeddings=False)  # untied by default; `seq2seq_tied` below covers the tied head
 
 
 def _free_port() -> int:
@@ -54,10 +54,16 @@ def _torchrun() -> list[str]:
 @pytest.fixture(scope="module")
 def seq2seq_dirs(tmp_path_factory) -> list[str]:
     dirs = []
-    for name, extra in (("seq2seq_plain", {}), ("seq2seq_gated", {"mlp_type": "gated", "activation_function": "silu"})):
+    variants = (
+        ("seq2seq_plain", {}),
+        ("seq2seq_gated", {"mlp_type": "gated", "activation_function": "silu"}),
+        # tied head: the weights are tied before FSDP2 shards them (Seq2SeqPreTrainedModel.maybe_distribute_model)
+        ("seq2seq_tied", {"tie_word_embeddings": True}),
+    )
+    for name, extra in variants:
         torch.manual_seed(0)
         path = tmp_path_factory.mktemp(name)
-        Seq2SeqForConditionalGeneration(Seq2SeqConfig(**SEQ2SEQ, **extra)).save_pretrained(path)
+        Seq2SeqForConditionalGeneration(Seq2SeqConfig(**{**SEQ2SEQ, **extra})).save_pretrained(path)
         dirs.append(str(path))
     return dirs
 
@@ -160,10 +166,10 @@ def test_trainer_data_parallel_matches_one_process(tmp_path, decoder_dir):
 
 @pytest.mark.slow
 def test_tensor_parallel_and_fsdp2_match_one_process(tmp_path, decoder_dir, seq2seq_dirs, moe_dir):
-    """Decoder, encoder-decoder, encoder-decoder with a gated (packed) fc1, MoE decoder: TP logits and FSDP2
+    """Decoder, encoder-decoder (shared vocabulary; gated (packed) fc1; tied head), MoE decoder: TP logits and FSDP2
     training steps; for the MoE decoder also expert parallelism (each rank owns 2 of the 4 experts)."""
     result = _launch(tmp_path, _torchrun(), "sharded", decoder_dir, *seq2seq_dirs, moe_dir)
-    assert len(result) == 4
+    assert len(result) == 5
     moe = result[os.path.basename(moe_dir)]
     assert moe["ep_local_experts"] == 2
     assert moe["ep_logits"] <= 1e-4
