@@ -20,7 +20,9 @@ def can_read_values(tensor: torch.Tensor) -> bool:
     return tensor.device.type == "cpu" and not torch.compiler.is_compiling()
 
 
-def check_token_ids(input_ids: torch.Tensor, vocab_size: int, name: str = "input_ids", field: str = "vocab_size") -> None:
+def check_token_ids(
+    input_ids: torch.Tensor, vocab_size: int, name: str = "input_ids", field: str = "vocab_size"
+) -> None:
     """Refuse ids outside [0, vocab_size) (CPU tensors only) with a ValueError naming `field`."""
     if input_ids.numel() == 0 or not can_read_values(input_ids):
         return

@@ -185,7 +185,8 @@ def test_rope_within_max_positions_and_dynamic_rope_do_not_warn(caplog):
     ids = torch.randint(3, 97, (1, 6))
     with caplog.at_level(logging.WARNING, logger="archlab.modeling.rotary"):
         DecoderForCausalLM(tiny_decoder_config(max_position_embeddings=8)).eval()(ids)
-        dynamic = tiny_decoder_config(max_position_embeddings=4, rope_parameters={"rope_type": "dynamic", "factor": 2.0})
+        dynamic = {"rope_type": "dynamic", "factor": 2.0}
+        dynamic = tiny_decoder_config(max_position_embeddings=4, rope_parameters=dynamic)
         DecoderForCausalLM(dynamic).eval()(ids)  # rescales itself past the length: its purpose
     assert not caplog.records
 
