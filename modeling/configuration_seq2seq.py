@@ -128,9 +128,14 @@ class Seq2SeqConfig(PreTrainedConfig):
         """Tensor parallelism for `from_pretrained(..., tp_plan="auto")` (Marian/Bart in transformers have none):
         Megatron's split -- q/k/v and fc1 by output columns, out_proj and fc2 by input rows -- so each rank runs
         whole heads and a slice of the feed-forward, with one all-reduce per sub-layer. A gated fc1 packs
-        [gate, up], so each rank takes its slice of both halves."""
+        [gate, up], so each rank takes its slice of both halves. The token embeddings are split by vocabulary rows
+        (transformers does the same to a decoder-only model's `embed_tokens`), like the LM head tied to them
+        (`colwise_gather_output` in the head models' own plans): a tied weight is one parameter, so both modules
+        must read it with the same layout. `shared` is listed too: its weight is the source the stacks tie to."""
         fc1 = "packed_colwise" if self.mlp_type == "gated" else "colwise"
-        plan = {}
+        plan = {"encoder.embed_tokens": "embedding_rowwise", "decoder.embed_tokens": "embedding_rowwise"}
+        if self.share_encoder_decoder_embeddings:
+            plan["shared"] = "embedding_rowwise"
         for stack, attentions in (("encoder", ("self_attn",)), ("decoder", ("self_attn", "encoder_attn"))):
             for attention in attentions:
                 plan.update({f"{stack}.layers.*.{attention}.{proj}": style for proj, style in TP_ATTENTION.items()})

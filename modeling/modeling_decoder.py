@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 from transformers.cache_utils import Cache, DynamicCache
-from transformers.generation import GenerationMixin
+from transformers.generation import GenerationMixin, MaxLengthCriteria, StoppingCriteriaList
 from transformers import initialization as init
 from transformers.modeling_outputs import (
     BaseModelOutputWithPast,
@@ -29,6 +29,7 @@ from .catalogue_validation import check_attention_backend
 from .blocks import BLOCKS, PreNormBlock, norm_from_config
 from .configuration_decoder import DecoderConfig
 from .hub_mixin import HubMixin
+from .input_checks import cached_length, check_attention_mask, check_token_ids
 from .losses import causal_lm_loss, chunked_causal_lm_loss, is_distributed_tensor
 from .moe import collect_router_logits, init_moe_weights, load_balancing_loss, router_z_loss
 from .normalization import OffsetRMSNorm
@@ -144,11 +145,21 @@ class DecoderModel(DecoderPreTrainedModel):
         fresh_cache = use_cache and past_key_values is None and not self.training
 
         if inputs_embeds is None:
+            check_token_ids(input_ids, self.embed_tokens.num_embeddings)
             inputs_embeds = self.embed_tokens(input_ids)
+        batch_size, seq_len = inputs_embeds.shape[:2]
+        past = cached_length(past_key_values)  # None only for a static cache on an accelerator
+        check_attention_mask(
+            attention_mask, batch_size, None if past is None else past + seq_len, keys="cached + new tokens"
+        )
+        positions_length = None  # known without reading a tensor when the positions are ours: 0 .. past + seq_len - 1
         if position_ids is None:
             past_seen = past_key_values.get_seq_length() if past_key_values is not None else 0
-            position_ids = torch.arange(inputs_embeds.shape[1], device=inputs_embeds.device) + past_seen
+            position_ids = torch.arange(seq_len, device=inputs_embeds.device) + past_seen
             position_ids = position_ids.unsqueeze(0)
+            positions_length = None if past is None else past + seq_len
+        if self.rotary_emb is not None:
+            self.rotary_emb.warn_past_max_positions(position_ids, positions_length)
 
         if prefix_lengths is not None and not self.config.prefix_lm:
             raise ValueError("`prefix_lengths` was given but `config.prefix_lm` is False.")
@@ -311,6 +322,19 @@ class DecoderForCausalLM(DecoderPreTrainedModel, GenerationMixin):
             # so it builds the prefix-LM masks itself (over the static cache's keys, as for any other cache).
             inputs["attention_mask"] = attention_mask
         return inputs
+
+    def _get_stopping_criteria(self, *args, **kwargs) -> StoppingCriteriaList:
+        """`generate`'s criteria without transformers' "exceeded the model's predefined maximum length" reminder
+        when there is no position table: it comes after the first streamed token, in the middle of the text, while
+        RoPE models already warned once before generating (`RotaryEmbedding.warn_past_max_positions`) and ALiBi,
+        T5-bias and NoPE models run past the training length by design. Tables keep it (their forward refuses
+        positions past the table on CPU; on accelerators the reminder is the only word before the lookup fails)."""
+        criteria = super()._get_stopping_criteria(*args, **kwargs)
+        if self.model.embed_positions is None:
+            for criterion in criteria:
+                if isinstance(criterion, MaxLengthCriteria):
+                    criterion.max_position_embeddings = None
+        return criteria
 
 
 class DecoderForSequenceClassification(DecoderPreTrainedModel):

@@ -47,12 +47,33 @@ class EncoderForMaskedLM(Seq2SeqPreTrainedModel):
 
     _tied_weights_keys = {"lm_head.decoder.weight": "encoder.embed_tokens.weight"}
     _no_split_modules = ["Seq2SeqEncoderLayer"]  # no decoder: accelerate's FSDP wrap policy refuses absent classes
+    # the projection split by vocabulary rows like the embedding it is tied to, the logits gathered
+    _tp_plan = {"lm_head.decoder": "colwise_gather_output"}
 
     def __init__(self, config: Seq2SeqConfig) -> None:
         super().__init__(config)
         self.encoder = Seq2SeqEncoder(config, nn.Embedding(config.vocab_size, config.d_model, config.pad_token_id))
         self.lm_head = MaskedLMHead(config)
         self.post_init()
+
+    def init_parallel_plans(self) -> None:
+        """The config's TP/FSDP plans cover the encoder-decoder; this model is the encoder alone, so the decoder's and
+        `shared`'s rules (which would match nothing here) are dropped."""
+        super().init_parallel_plans()
+        own = ("encoder.", "lm_head.")
+        self._tp_plan = {name: style for name, style in self._tp_plan.items() if name.startswith(own)}
+        self._fsdp_plan = {name: style for name, style in self._fsdp_plan.items() if name.startswith(own)}
+
+    def resize_token_embeddings(self, *args, **kwargs) -> nn.Embedding:
+        """The head's per-token bias follows the vocabulary (kept entries keep their value, new ones start at 0)."""
+        embeddings = super().resize_token_embeddings(*args, **kwargs)
+        size, bias = embeddings.weight.shape[0], self.lm_head.bias
+        if bias.shape[0] != size:
+            resized = bias.new_zeros(size)
+            kept = min(size, bias.shape[0])
+            resized[:kept] = bias.detach()[:kept]
+            self.lm_head.bias = nn.Parameter(resized, requires_grad=bias.requires_grad)
+        return embeddings
 
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:

@@ -51,6 +51,7 @@ from transformers.modeling_utils import PreTrainedModel
 from .attention import Attention
 from .configuration_seq2seq import Seq2SeqConfig
 from .hub_mixin import HubMixin
+from .input_checks import cached_length, check_attention_mask, check_token_ids
 from .losses import causal_lm_loss, chunked_causal_lm_loss, is_distributed_tensor
 from .normalization import NORMS, OffsetRMSNorm
 from .positions import LearnedPositionEmbedding
@@ -160,6 +161,17 @@ def relative_bias_table(config: Seq2SeqConfig, side: str) -> RelativePositionBia
 def make_layer_position_bias(config: Seq2SeqConfig, side: str) -> RelativePositionBias | None:
     """UMT5: this layer's own relative bias table; else None."""
     return relative_bias_table(config, side) if config.relative_attention_bias_per_layer else None
+
+
+class TiedEmbedding(nn.Embedding):
+    """A stack's token embedding that `_tied_weights_keys` ties to `source` (`shared`): transformers replaces its
+    weight with the source's parameter after initialisation, and after loading (tying the parameter that a
+    checkpoint has). Until then it holds an uninitialised placeholder: it draws no random numbers, neither here nor
+    in `_init_weights`, so a seed builds the same model as when the stacks used the `shared` module itself."""
+
+    def __init__(self, source: nn.Embedding) -> None:
+        placeholder = torch.empty_like(source.weight)
+        super().__init__(source.num_embeddings, source.embedding_dim, source.padding_idx, _weight=placeholder)
 
 
 class _Seq2SeqLayer(GradientCheckpointingLayer):
@@ -337,8 +349,22 @@ class Seq2SeqPreTrainedModel(HubMixin, PreTrainedModel):
         self._refuse_bias_backend("flex_attention")
         return super()._flex_attn_can_dispatch(is_init_check)
 
+    @classmethod
+    def maybe_distribute_model(cls, model: PreTrainedModel, distributed_config, mesh_manager) -> PreTrainedModel:
+        """Tie the weights before transformers' native FSDP2 shards the model. `from_pretrained` shards the model on
+        meta, before loading, with tying switched off: FSDP2 would then wrap each tied alias (the stacks' embeddings,
+        a tied head) as a parameter of its own, and after the tie at the end of loading keep gathering those stale
+        copies, so training drifts from one process after the first step. Tied first, they are one parameter,
+        sharded once. Not with tensor parallelism, whose plan shards each tied module's parameter by name (loading
+        ties them again)."""
+        if mesh_manager is not None and distributed_config.tp_size == 1:
+            model.tie_weights(recompute_mapping=False)
+        return super().maybe_distribute_model(model, distributed_config, mesh_manager)
+
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
+        if isinstance(module, TiedEmbedding):
+            return  # tied to `shared`, which is initialised
         super()._init_weights(module)
         if isinstance(module, OffsetRMSNorm):
             init.zeros_(module.weight)  # the gain is 1 + w
@@ -419,12 +445,15 @@ class Seq2SeqEncoder(nn.Module):
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("Pass exactly one of `input_ids` or `inputs_embeds`.")
         if inputs_embeds is None:
+            check_token_ids(input_ids, self.embed_tokens.num_embeddings)
             inputs_embeds = self.embed_tokens(input_ids)
+        check_attention_mask(attention_mask, *inputs_embeds.shape[:2], keys="source tokens")
         inputs_embeds = inputs_embeds * self.embed_scale
         hidden_states = inputs_embeds
         positions = torch.arange(inputs_embeds.shape[1], device=inputs_embeds.device)  # relative bias: distances
         if self.embed_positions is not None:
-            hidden_states = hidden_states + self.embed_positions(positions if position_ids is None else position_ids)
+            position_embeddings = self.embed_positions(positions if position_ids is None else position_ids)
+            hidden_states = hidden_states + position_embeddings.to(hidden_states.dtype)  # never promote half to fp32
         hidden_states = self.dropout(hidden_states)
 
         # Packed documents (positions restarting, tokenization/data.py): a block-diagonal bidirectional mask
@@ -497,18 +526,27 @@ class Seq2SeqDecoder(nn.Module):
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("Pass exactly one of `decoder_input_ids` or `decoder_inputs_embeds`.")
         if inputs_embeds is None:
+            field = "vocab_size" if self.config.share_encoder_decoder_embeddings else "decoder_vocab_size"
+            check_token_ids(input_ids, self.embed_tokens.num_embeddings, "decoder_input_ids", field)
             inputs_embeds = self.embed_tokens(input_ids)
         inputs_embeds = inputs_embeds * self.embed_scale
         if use_cache and past_key_values is None:
             past_key_values = EncoderDecoderCache(DynamicCache(config=self.config), DynamicCache(config=self.config))
         self_cache = past_key_values.self_attention_cache if past_key_values is not None else None
         past = self_cache.get_seq_length() if self_cache is not None else 0
-        seq_len = inputs_embeds.shape[1]
+        batch_size, seq_len = inputs_embeds.shape[:2]
+        known_past = cached_length(self_cache)
+        check_attention_mask(
+            attention_mask, batch_size, None if known_past is None else known_past + seq_len,
+            "decoder_attention_mask", "cached + new target tokens",
+        )
+        if encoder_hidden_states is not None:
+            check_attention_mask(encoder_attention_mask, *encoder_hidden_states.shape[:2], keys="source tokens")
         positions = torch.arange(past, past + seq_len, device=inputs_embeds.device)
 
         hidden_states = inputs_embeds
         if self.embed_positions is not None:
-            hidden_states = hidden_states + self.embed_positions(positions)
+            hidden_states = hidden_states + self.embed_positions(positions).to(hidden_states.dtype)
         hidden_states = self.dropout(hidden_states)
 
         causal_mask = create_causal_mask(
@@ -575,19 +613,28 @@ class Seq2SeqModel(Seq2SeqPreTrainedModel):
         super().__init__(config)
         padding_idx = None if config.train_pad_embedding else config.pad_token_id
         if config.share_encoder_decoder_embeddings:
-            # one vocabulary for source and target (the paper's shared BPE); Marian keeps it as `shared`
+            # One vocabulary for source and target (the paper's shared BPE); Marian keeps it as `shared`. Each stack
+            # has its own module holding that parameter (parameter tying, as Marian and Bart: one module registered
+            # under three names makes transformers' loader skip it when a checkpoint lacks it, left on meta).
             self.shared = nn.Embedding(config.vocab_size, config.d_model, padding_idx)
-            encoder_embeddings, decoder_embeddings = self.shared, self.shared
             self._tied_weights_keys = {
                 "encoder.embed_tokens.weight": "shared.weight",
                 "decoder.embed_tokens.weight": "shared.weight",
             }
+            encoder_embeddings, decoder_embeddings = TiedEmbedding(self.shared), TiedEmbedding(self.shared)
         else:
             encoder_embeddings = nn.Embedding(config.vocab_size, config.d_model, padding_idx)
             decoder_embeddings = nn.Embedding(config.decoder_vocab_size, config.d_model, padding_idx)
         self.encoder = Seq2SeqEncoder(config, encoder_embeddings)
         self.decoder = Seq2SeqDecoder(config, decoder_embeddings)
         self.post_init()
+
+    def get_expanded_tied_weights_keys(self, all_submodels: bool = False) -> dict[str, str]:
+        """transformers expands `_tied_weights_keys` only under `tie_word_embeddings`, the head's tie; a shared
+        vocabulary is one parameter whatever the head does (T5 v1.1: shared embeddings, separate head)."""
+        if all_submodels or not self.config.share_encoder_decoder_embeddings:
+            return super().get_expanded_tied_weights_keys(all_submodels)
+        return dict(self._tied_weights_keys)
 
     def get_input_embeddings(self) -> nn.Embedding:
         return self.encoder.embed_tokens
@@ -682,6 +729,10 @@ class Seq2SeqForConditionalGeneration(Seq2SeqPreTrainedModel, GenerationMixin):
     """
 
     _keys_to_ignore_on_load_missing = ["final_logits_bias"]
+    _tied_weights_keys = {"lm_head.weight": "model.decoder.embed_tokens.weight"}  # with `tie_word_embeddings`
+    # tensor parallelism: the head split by vocabulary rows, the logits gathered (the embeddings it may be tied to
+    # are split the same way, see `Seq2SeqConfig.base_model_tp_plan`)
+    _tp_plan = {"lm_head": "colwise_gather_output"}
 
     def __init__(self, config: Seq2SeqConfig) -> None:
         super().__init__(config)
@@ -689,8 +740,7 @@ class Seq2SeqForConditionalGeneration(Seq2SeqPreTrainedModel, GenerationMixin):
         # T5 multiplies the decoder output by d_model^-0.5 before its (tied) head; Gemma2 soft-caps the logits
         self.output_scale = config.d_model**-0.5 if config.scale_decoder_outputs else 1.0
         self.final_logit_softcapping = config.final_logit_softcapping
-        self._tied_weights_keys = {"lm_head.weight": "model.decoder.embed_tokens.weight"}
-        if config.share_encoder_decoder_embeddings:
+        if config.share_encoder_decoder_embeddings:  # the source of the decoder's own tie (Seq2SeqModel)
             self._tied_weights_keys = {"lm_head.weight": "model.shared.weight"}
         self.lm_head = nn.Linear(config.d_model, config.decoder_vocab_size, bias=False)
         # Marian's constant output bias (a buffer: checkpoints carry it, training does not update it)

@@ -4,6 +4,10 @@ The inverse frequencies come from transformers' `ROPE_INIT_FUNCTIONS`, so every 
 Hugging Face supports (default, linear, dynamic, yarn, llama3, ...) means exactly what it means there, and
 `cos`/`sin` are bit-identical to Llama's. `partial_rotary_factor` rotates only the first fraction of each head's
 channels (GPT-NeoX / Phi style).
+
+RoPE has no position table, so positions past `max_position_embeddings` compute; the model was just never trained on
+them. `warn_past_max_positions` says so once per model, through transformers' logging, in the forward that first
+reaches them: before `generate` streams any token, instead of transformers' length reminder after the first one.
 """
 
 from __future__ import annotations
@@ -11,6 +15,14 @@ from __future__ import annotations
 import torch
 from torch import nn
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS, dynamic_rope_update
+from transformers.utils import logging
+
+from .input_checks import can_read_values
+
+logger = logging.get_logger(__name__)
+
+# rope types that rescale themselves for sequences past `max_position_embeddings`: running there is their purpose
+LENGTH_EXTENDING_ROPE_TYPES = ("dynamic",)
 
 
 def default_rope_parameters(config, device=None, **kwargs) -> tuple[torch.Tensor, float]:
@@ -37,6 +49,23 @@ class RotaryEmbedding(nn.Module):
         inv_freq, self.attention_scaling = init_fn(config, device)
         self.register_buffer("inv_freq", inv_freq, persistent=False)
         self.register_buffer("original_inv_freq", inv_freq.clone(), persistent=False)
+        self.warned_past_max_positions = self.rope_type in LENGTH_EXTENDING_ROPE_TYPES
+
+    def warn_past_max_positions(self, position_ids: torch.Tensor, length: int | None = None) -> None:
+        """Warn once if positions reach `max_position_embeddings`. `length` (largest position + 1) comes from shapes
+        when the caller made the positions; otherwise the ids are read, on CPU only (never a device sync)."""
+        if self.warned_past_max_positions or torch.compiler.is_compiling():
+            return
+        if length is None and position_ids.numel() and can_read_values(position_ids):
+            length = int(position_ids.max()) + 1
+        if length is None or length <= self.original_max_seq_len:
+            return
+        self.warned_past_max_positions = True
+        logger.warning(
+            f"Position {length - 1} is past `max_position_embeddings` ({self.original_max_seq_len}): RoPE has no "
+            f"position table, so the model runs, but it was not trained this far and its outputs usually degrade; "
+            f"extend it with `rope_parameters` (e.g. rope_type 'yarn' or 'dynamic') if this is intended. Shown once."
+        )
 
     # transformers' `_init_weights` re-derives `inv_freq` through this name for the default rope type.
     compute_default_rope_parameters = staticmethod(default_rope_parameters)

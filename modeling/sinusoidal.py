@@ -10,7 +10,8 @@ Two channel layouts of the same angles exist in the wild, and checkpoints depend
   channels the cosines. `MarianSinusoidalPositionalEmbedding` builds exactly this table.
 
 `SINUSOID_LAYOUTS` is the registry a config's layout field resolves through. The table is computed in float64 (as
-Marian does with numpy) and stored in the requested dtype.
+Marian does with numpy) and stored in the requested dtype; the module's buffer is made in torch's default dtype, so it
+follows `from_pretrained(..., dtype=torch.bfloat16)` (which builds the model under that default) as parameters do.
 """
 
 from __future__ import annotations
@@ -97,7 +98,8 @@ class SinusoidalPositionalEmbedding(nn.Module):
     ) -> None:
         super().__init__()
         self.num_positions, self.dim, self.layout, self.base = num_positions, dim, layout, base
-        self.register_buffer("weight", sinusoid_table(num_positions, dim, layout, base), persistent=persistent)
+        table = sinusoid_table(num_positions, dim, layout, base, dtype=torch.get_default_dtype())
+        self.register_buffer("weight", table, persistent=persistent)
 
     @torch.no_grad()
     def reset_parameters(self) -> None:

@@ -27,6 +27,12 @@ TINY = dict(
 )
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    # marks that transformers' common model tests (test_transformers_common.py) put on some of their tests
+    for mark in ("accelerate_tests", "flash_attn_test", "flash_attn_3_test", "flash_attn_4_test", "torch_compile_test"):
+        config.addinivalue_line("markers", f"{mark}: set by transformers' common model tests")
+
+
 def tiny_decoder_config(**overrides) -> archlab.DecoderConfig:
     return archlab.DecoderConfig(**{**TINY, **overrides})
 

@@ -29,7 +29,15 @@ from types import SimpleNamespace
 import torch
 import torch.distributed as dist
 from datasets import Dataset
-from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM, Trainer, TrainerCallback, TrainingArguments
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoModelForMaskedLM,
+    AutoModelForSeq2SeqLM,
+    Trainer,
+    TrainerCallback,
+    TrainingArguments,
+)
 from transformers.distributed import DistributedConfig
 
 import archlab  # noqa: F401  (registers the Auto classes)
@@ -126,14 +134,25 @@ def _max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
     return (a.float() - b.float()).abs().max().item()
 
 
+def _masked_lm(config) -> bool:
+    return "EncoderForMaskedLM" in (config.architectures or [])
+
+
+def _auto_class(config):
+    """The Auto class of the saved head (a masked LM's config is an encoder-decoder config too)."""
+    if _masked_lm(config):
+        return AutoModelForMaskedLM
+    return AutoModelForSeq2SeqLM if config.is_encoder_decoder else AutoModelForCausalLM
+
+
 def _inputs(config, rows: int = 2, length: int = 10) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(1)
     ids = torch.randint(3, config.vocab_size, (rows, length), generator=g)
     mask = torch.ones_like(ids)
     mask[0, :3] = 0  # one left-padded row
     inputs = {"input_ids": ids, "attention_mask": mask}
-    if config.is_encoder_decoder:
-        inputs["decoder_input_ids"] = torch.randint(3, config.vocab_size, (rows, 7), generator=g)
+    if config.is_encoder_decoder and not _masked_lm(config):
+        inputs["decoder_input_ids"] = torch.randint(3, config.decoder_vocab_size, (rows, 7), generator=g)
     return inputs
 
 
@@ -141,7 +160,7 @@ def run_sharded(args: argparse.Namespace) -> dict:
     results = {}
     for path in args.models:
         config = AutoConfig.from_pretrained(path)
-        auto = AutoModelForSeq2SeqLM if config.is_encoder_decoder else AutoModelForCausalLM
+        auto = _auto_class(config)
         plain = auto.from_pretrained(path).eval()
         inputs = _inputs(config)
         with torch.no_grad():
@@ -150,13 +169,20 @@ def run_sharded(args: argparse.Namespace) -> dict:
         # Tensor parallelism: every plan entry shards a weight across the 2 ranks.
         tp = auto.from_pretrained(path, distributed_config=DistributedConfig(tp_size=2)).eval()
         entry["tp_sharded"] = any(hasattr(p, "placements") and "Shard" in str(p.placements) for p in tp.parameters())
+        # a tied head must still be the parameter of the embedding it is tied to (the decoder's, in a seq2seq model)
+        source = tp.get_decoder().embed_tokens if auto is AutoModelForSeq2SeqLM else tp.get_input_embeddings()
+        entry["tp_tied_head"] = tp.get_output_embeddings().weight is source.weight
         with torch.no_grad():
             entry["tp_logits"] = _max_diff(tp(**inputs).logits, reference)
-        if not config.is_encoder_decoder:
+        if plain.can_generate():
             gen_kwargs = dict(max_new_tokens=6, do_sample=False, pad_token_id=config.pad_token_id)
-            expected = plain.generate(**inputs, **gen_kwargs)
-            entry["tp_generate_equal"] = bool(torch.equal(tp.generate(**inputs, **gen_kwargs), expected))
+            generate_inputs = {k: v for k, v in inputs.items() if k != "decoder_input_ids"}
+            expected = plain.generate(**generate_inputs, **gen_kwargs)
+            entry["tp_generate_equal"] = bool(torch.equal(tp.generate(**generate_inputs, **gen_kwargs), expected))
         del tp
+        if args.tp_only:
+            results[os.path.basename(os.path.normpath(path))] = entry
+            continue
         if getattr(config, "base_model_ep_plan", None) and getattr(config, "num_local_experts", 0) > 1:
             ep = auto.from_pretrained(path, distributed_config=DistributedConfig(ep_size=2, fsdp_size=2)).eval()
             experts = ep.model.layers[0].mlp.experts.gate_up_proj
@@ -295,6 +321,7 @@ def main() -> None:
     parser.add_argument("--weights_dir", default=None)
     parser.add_argument("--archlab_trainer", action="store_true")
     parser.add_argument("--evaluate_first", action="store_true")
+    parser.add_argument("--tp_only", action="store_true", help="sharded: tensor parallelism only (no EP, no FSDP2)")
     args = parser.parse_args()
     torch.manual_seed(0)
     _write(args.out, COMMANDS[args.command](args))

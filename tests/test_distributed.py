@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from archlab import DecoderForCausalLM, Seq2SeqConfig, Seq2SeqForConditionalGeneration
+from archlab import DecoderForCausalLM, EncoderForMaskedLM, Seq2SeqConfig, Seq2SeqForConditionalGeneration
 from conftest import tiny_decoder_config
 from distributed_worker import run_trainer
 
@@ -28,7 +28,7 @@ REPO = Path(__file__).resolve().parents[1]
 SEQ2SEQ = dict(vocab_size=61, d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
                decoder_attention_heads=4, encoder_ffn_dim=48, decoder_ffn_dim=48, max_position_embeddings=64,
                pad_token_id=0, eos_token_id=2, decoder_start_token_id=0, dropout=0.0,
-               tie_word_embeddings=False)  # FSDP2 with a tied head drifts in transformers 5.23 (docs/scaling.md)
+               tie_word_embeddings=False)  # untied by default; `seq2seq_tied` below covers the tied head
 
 
 def _free_port() -> int:
@@ -54,10 +54,16 @@ def _torchrun() -> list[str]:
 @pytest.fixture(scope="module")
 def seq2seq_dirs(tmp_path_factory) -> list[str]:
     dirs = []
-    for name, extra in (("seq2seq_plain", {}), ("seq2seq_gated", {"mlp_type": "gated", "activation_function": "silu"})):
+    variants = (
+        ("seq2seq_plain", {}),
+        ("seq2seq_gated", {"mlp_type": "gated", "activation_function": "silu"}),
+        # tied head: the weights are tied before FSDP2 shards them (Seq2SeqPreTrainedModel.maybe_distribute_model)
+        ("seq2seq_tied", {"tie_word_embeddings": True}),
+    )
+    for name, extra in variants:
         torch.manual_seed(0)
         path = tmp_path_factory.mktemp(name)
-        Seq2SeqForConditionalGeneration(Seq2SeqConfig(**SEQ2SEQ, **extra)).save_pretrained(path)
+        Seq2SeqForConditionalGeneration(Seq2SeqConfig(**{**SEQ2SEQ, **extra})).save_pretrained(path)
         dirs.append(str(path))
     return dirs
 
@@ -101,8 +107,6 @@ def test_fsdp_plans_and_accelerate_wrap_policy(norm_position):
     accelerate's TRANSFORMER_BASED_WRAP finds every class in `_no_split_modules` (it raises on an absent one)."""
     from accelerate.utils import FullyShardedDataParallelPlugin
     from transformers.distributed.fsdp import _resolve_tied_embed_lm_head_plan
-
-    from archlab import EncoderForMaskedLM
 
     model = DecoderForCausalLM(tiny_decoder_config(norm_position=norm_position))
     assert model._fsdp_plan["lm_head"] == "keep_full_weight"
@@ -163,10 +167,10 @@ def test_trainer_data_parallel_matches_one_process(tmp_path, decoder_dir):
 
 @pytest.mark.slow
 def test_tensor_parallel_and_fsdp2_match_one_process(tmp_path, decoder_dir, seq2seq_dirs, moe_dir):
-    """Decoder, encoder-decoder, encoder-decoder with a gated (packed) fc1, MoE decoder: TP logits and FSDP2
+    """Decoder, encoder-decoder (shared vocabulary; gated (packed) fc1; tied head), MoE decoder: TP logits and FSDP2
     training steps; for the MoE decoder also expert parallelism (each rank owns 2 of the 4 experts)."""
     result = _launch(tmp_path, _torchrun(), "sharded", decoder_dir, *seq2seq_dirs, moe_dir)
-    assert len(result) == 4
+    assert len(result) == 5
     moe = result[os.path.basename(moe_dir)]
     assert moe["ep_local_experts"] == 2
     assert moe["ep_logits"] <= 1e-4
@@ -176,6 +180,30 @@ def test_tensor_parallel_and_fsdp2_match_one_process(tmp_path, decoder_dir, seq2
         assert entry.get("tp_generate_equal", True), name
         assert entry["reference_losses"][-1] < entry["reference_losses"][0], name
         torch.testing.assert_close(entry["fsdp_losses"], entry["reference_losses"], rtol=1e-4, atol=1e-5, msg=name)
+
+
+@pytest.mark.slow
+def test_tensor_parallel_with_tied_heads_matches_one_process(tmp_path):
+    """`tp_plan="auto"` on heads tied to their input embeddings: the decoder, the encoder-decoder with a shared and
+    with a separate target vocabulary, and the masked LM. A tied head is the embedding's parameter, split by
+    vocabulary rows for both modules (the head's own `colwise_gather_output` entry); without that entry the head's
+    `F.linear` meets a sharded weight and the forward fails. Logits and greedy generation equal one process."""
+    models = {
+        "decoder": DecoderForCausalLM(tiny_decoder_config(tie_word_embeddings=True)),
+        "seq2seq_shared": Seq2SeqForConditionalGeneration(Seq2SeqConfig(**{**SEQ2SEQ, "tie_word_embeddings": True})),
+        "seq2seq_separate": Seq2SeqForConditionalGeneration(Seq2SeqConfig(
+            **{**SEQ2SEQ, "tie_word_embeddings": True, "share_encoder_decoder_embeddings": False,
+               "decoder_vocab_size": 53})),
+        "masked_lm": EncoderForMaskedLM(Seq2SeqConfig(**{**SEQ2SEQ, "tie_word_embeddings": True})),
+    }
+    for name, model in models.items():
+        model.save_pretrained(tmp_path / name)
+    result = _launch(tmp_path, _torchrun(), "sharded", *(str(tmp_path / name) for name in models), "--tp_only")
+    assert set(result) == set(models)
+    for name, entry in result.items():
+        assert entry["tp_sharded"] and entry["tp_tied_head"], name
+        assert entry["tp_logits"] <= 1e-4, name
+        assert entry.get("tp_generate_equal", name == "masked_lm"), name
 
 
 @pytest.mark.slow

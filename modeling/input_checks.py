@@ -1,0 +1,64 @@
+"""Early, cheap checks of what `forward` is given: token ids inside the vocabulary, padding masks of the input's shape.
+
+Without them a token id past the embedding table ends in a bare `IndexError: index out of range in self` deep in the
+lookup, and a 2D `attention_mask` of the wrong length or batch is silently truncated, padded or broadcast by the
+mask builders. Each check raises one ValueError naming the argument and the config field instead.
+
+They never make an accelerator wait: shapes are free; values are read only from CPU tensors and not while
+torch.compile traces (the pattern of `check_position_ids` in sinusoidal.py). On accelerators an out-of-range id is
+still caught by the lookup's own device-side bounds check.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers.cache_utils import Cache
+
+
+def can_read_values(tensor: torch.Tensor) -> bool:
+    """Reading this tensor's values costs no device synchronisation and no graph break."""
+    return tensor.device.type == "cpu" and not torch.compiler.is_compiling()
+
+
+def check_token_ids(
+    input_ids: torch.Tensor, vocab_size: int, name: str = "input_ids", field: str = "vocab_size"
+) -> None:
+    """Refuse ids outside [0, vocab_size) (CPU tensors only) with a ValueError naming `field`."""
+    if input_ids.numel() == 0 or not can_read_values(input_ids):
+        return
+    low, high = (int(value) for value in torch.aminmax(input_ids))
+    if low < 0 or high >= vocab_size:
+        bad = high if high >= vocab_size else low
+        raise ValueError(
+            f"`{name}` holds token id {bad}, outside the model's vocabulary: `{field}` is {vocab_size}, so ids must "
+            f"be in [0, {vocab_size}). Is the tokenizer larger than the model's vocabulary? Use the tokenizer the "
+            f"model was trained with, or grow the model with `model.resize_token_embeddings(len(tokenizer))`."
+        )
+
+
+def cached_length(past_key_values: Cache | None) -> int | None:
+    """Tokens already in the cache; None when only a device tensor knows (a static cache on an accelerator)."""
+    if past_key_values is None:
+        return 0
+    length = past_key_values.get_seq_length()
+    if isinstance(length, torch.Tensor):
+        return int(length) if can_read_values(length) else None
+    return length
+
+
+def check_attention_mask(
+    attention_mask: torch.Tensor | None, batch_size: int, key_length: int | None, name: str = "attention_mask",
+    keys: str = "tokens",
+) -> None:
+    """A 2D padding mask must be (batch, key_length); `keys` says what the columns count. 4D masks and the dicts
+    of masks that `generate` prebuilds for static caches are the caller's own layout and pass unchecked; a None
+    `key_length` checks the batch only."""
+    if not isinstance(attention_mask, torch.Tensor) or attention_mask.dim() != 2:
+        return
+    rows, columns = attention_mask.shape
+    if rows != batch_size or (key_length is not None and columns != key_length):
+        expected = f"({batch_size}, {key_length if key_length is not None else '...'})"
+        raise ValueError(f"`{name}` has shape {tuple(attention_mask.shape)}, but must be (batch, {keys}) = {expected}.")
+
+
+__all__ = ["cached_length", "can_read_values", "check_attention_mask", "check_token_ids"]
