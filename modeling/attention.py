@@ -96,7 +96,7 @@ class Attention(nn.Module):
         self.head_dim = head_dim if head_dim is not None else config.head_dim
         self.num_key_value_groups = self.num_heads // self.num_key_value_heads
         self.scaling = self.head_dim**-0.5
-        # Catalogue variants (issue 3), fixed at construction; configs without these fields get the plain attention.
+        # Catalogue variants, fixed at construction; configs without these fields get the plain attention.
         if getattr(config, "query_pre_attn_scalar", None) is not None:
             self.scaling = config.query_pre_attn_scalar**-0.5  # Gemma2
         if scaling is not None:

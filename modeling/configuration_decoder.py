@@ -19,16 +19,27 @@ from huggingface_hub.dataclasses import strict
 from transformers.configuration_utils import PreTrainedConfig
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-from .catalogue_validation import resolve_catalogue_defaults, validate_catalogue
+from .catalogue import (
+    DECODER_NORM_POSITIONS,
+    LAYER_TYPES,
+    MLP_LAYER_TYPES,
+    MLP_TYPES,
+    MLP_WIDTH_RULES,
+    NORM_TYPES,
+    POSITION_SCHEMES,
+    intermediate_size_from_rule,
+)
 from .validation import (
     ACTIVATIONS,
+    check_attention_backend,
     check_choice,
     check_field_types,
     check_non_negative,
     check_positive,
     check_probability,
+    check_relative_buckets,
+    requested_attention,
 )
-from .moe import resolve_moe_defaults, validate_moe
 
 # `rope_parameters["rope_type"]` values: transformers' registry of inverse-frequency functions, which rotary.py uses.
 ROPE_TYPES = ("default", *ROPE_INIT_FUNCTIONS)
@@ -49,40 +60,78 @@ def check_rope_type(rope_parameters: Any) -> None:
 class DecoderConfig(PreTrainedConfig):
     r"""Configuration of [`DecoderModel`], [`DecoderForCausalLM`] and [`DecoderForSequenceClassification`].
 
-    The LLaMA fields (with LlamaConfig's defaults, i.e. a LLaMA-7B shape) are:
-    `vocab_size`, `hidden_size`, `intermediate_size`, `num_hidden_layers`, `num_attention_heads`,
-    `num_key_value_heads` (GQA; defaults to `num_attention_heads`, 1 is MQA), `head_dim` (defaults to
-    `hidden_size // num_attention_heads`), `hidden_act`, `max_position_embeddings`, `initializer_range`,
-    `rms_norm_eps`, `use_cache`, `pad_token_id`, `bos_token_id`, `eos_token_id`, `tie_word_embeddings`,
-    `rope_parameters` (`{"rope_type": ..., "rope_theta": ..., ...}` exactly as in transformers),
-    `attention_bias`, `attention_dropout`, `mlp_bias`.
+    The defaults are the LLaMA recipe at LLaMA-7B's shape. docs/catalogue.md shows the variants side by side.
 
-    Mixture-of-experts fields (Mixtral / Qwen2-MoE names and meanings; see `moe.py`):
-        num_local_experts (`int`, defaults to 0): routed experts K per sparse layer; 0 means a dense model.
-        num_experts_per_tok (`int`, defaults to 2): experts k each token is sent to.
-        moe_intermediate_size (`int`, *optional*): width of each routed expert; defaults to `intermediate_size`.
-        shared_expert_intermediate_size (`int`, defaults to 0): width of the shared expert every token passes
-            through (Qwen2-MoE); 0 means none.
-        shared_expert_gate (`bool`, defaults to `True`): scale the shared expert by a per-token sigmoid gate
-            (Qwen2-MoE); `False` adds it ungated (DeepSeekMoE).
-        norm_topk_prob (`bool`, defaults to `True`): renormalise the k chosen probabilities to sum to 1 (Mixtral
-            always does; Qwen2-MoE's default is `False`).
-        mlp_layer_types (`list[str]`, *optional*): `"dense"` or `"sparse"` per layer; defaults to all sparse when
+    LlamaConfig fields (same names, meanings and defaults):
+        vocab_size (`int`, 32000), hidden_size (`int`, 4096), num_hidden_layers (`int`, 32),
+        num_attention_heads (`int`, 32), max_position_embeddings (`int`, 2048), initializer_range (`float`, 0.02),
+        use_cache (`bool`, True), pad_token_id / bos_token_id / eos_token_id (None / 1 / 2),
+        tie_word_embeddings (`bool`, False), attention_dropout (`float`, 0.0).
+        intermediate_size (`int`, *optional*): the MLP width; None derives it from `mlp_width_rule` (11008 at 4096).
+        num_key_value_heads (`int`, *optional*): key/value heads, a divisor of `num_attention_heads` (GQA); None is
+            `num_attention_heads` (MHA), 1 is MQA.
+        head_dim (`int`, *optional*): channels per head; None is `hidden_size // num_attention_heads`.
+        hidden_act (`str`, `"silu"`): the MLP activation, any name of transformers' `ACT2FN`.
+        rms_norm_eps (`float`, 1e-6): epsilon of every norm (RMSNorm or LayerNorm).
+        rope_parameters (`dict`, *optional*): `{"rope_type": ..., "rope_theta": ..., ...}` exactly as transformers
+            reads it (default, linear, dynamic, yarn, llama3, ...; `partial_rotary_factor` rotates a fraction of
+            each head, as GPT-NeoX). Legacy `rope_theta` / `rope_scaling` are accepted.
+        attention_bias (`bool`, False): biases on the q/k/v/o projections. mlp_bias (`bool`, False): on the MLP.
+
+    Architecture catalogue (seed 000 §5.2, seed 004; Mistral / Gemma2 / Qwen3 / T5 names where they have the concept;
+    the allowed values are the registries of `catalogue.py`):
+        norm_type (`str`, `"rms_norm"`): `"rms_norm"`, `"offset_rms_norm"` (Gemma's (1 + w) gain) or `"layer_norm"`.
+        norm_position (`str`, `"pre"`): where the norms sit (blocks.py): `"pre"` (Llama), `"post"` (Vaswani et al.),
+            `"sandwich"` (Gemma2), `"parallel"` (attention and MLP on the same input: GPT-NeoX, PaLM) or
+            `"deepnorm"` (post-norm with DeepNet's α-weighted residual and β-scaled init).
+        norm_bias (`bool`, *optional*): a LayerNorm bias; None is True for `"layer_norm"`, False for the RMS norms.
+        deepnorm_alpha / deepnorm_beta (`float`, *optional*): DeepNet's α and β; None is (2N)^¼ and (8N)^-¼.
+        mlp_type (`str`, `"gated"`): `"gated"` = down(act(gate x) ⊙ up x) (SwiGLU with silu, GeGLU with gelu) or
+            `"plain"` = down(act(up x)) (the ReLU/GELU FFN of the original Transformer and GPT).
+        mlp_width_rule (`str`, `"8/3d"`) and mlp_width_multiple_of (`int`, 256): with `intermediate_size=None`, the
+            width is `"4d"` or `"8/3d"` times `hidden_size`, rounded up to the multiple (LLaMA's rule).
+        position_embedding_type (`str`, `"rope"`): `"rope"`, `"alibi"` (BLOOM, MPT), `"relative_bias"` (T5's
+            bucketed bias), `"learned"` (GPT-2, OPT), `"sinusoidal"` (Vaswani et al.) or `"none"` (NoPE).
+        relative_attention_num_buckets (`int`, 32) / relative_attention_max_distance (`int`, 128): T5's bucketing.
+        scale_embedding (`bool`, False): multiply the token embeddings by sqrt(hidden_size) (Vaswani et al., Gemma).
+        embedding_layernorm (`bool`, False): a norm right after the embeddings (BLOOM's `word_embeddings_layernorm`).
+        sliding_window (`int`, *optional*): the window of `"sliding_attention"` layers; alone, every layer slides
+            (Mistral).
+        layer_types (`list[str]`, *optional*): per layer `"full_attention"` or `"sliding_attention"` (Gemma2's
+            interleaved local/global layers); None follows `sliding_window`.
+        prefix_lm (`bool`, False): bidirectional attention over a per-row prefix given as `prefix_lengths` to
+            `forward` / `generate`, causal after it (seed 003).
+        use_qk_norm (`bool`, False): a `norm_type` norm over each head's queries and keys before RoPE (Qwen3).
+        query_pre_attn_scalar (`float`, *optional*): scores scaled by its -½ power instead of head_dim's (Gemma2).
+        attn_logit_softcapping / final_logit_softcapping (`float`, *optional*): c · tanh(x / c) on the attention
+            scores / the output logits (Gemma2). SDPA cannot cap scores: the default backend then falls back to
+            eager and an explicit `attn_implementation="sdpa"` fails.
+        lm_z_loss_coef (`float`, 0.0): PaLM's z-loss, + z · log²Z per token in the LM loss.
+
+    Mixture of experts (Mixtral / Qwen2-MoE names and meanings; moe.py):
+        num_local_experts (`int`, 0): routed experts K per sparse layer; 0 is a dense model.
+        num_experts_per_tok (`int`, 2): experts k each token is sent to.
+        moe_intermediate_size (`int`, *optional*): width of each routed expert; None is `intermediate_size`.
+        shared_expert_intermediate_size (`int`, 0): width of the shared expert every token passes through
+            (Qwen2-MoE); 0 is none.
+        shared_expert_gate (`bool`, True): scale the shared expert by a per-token sigmoid gate (Qwen2-MoE); False
+            adds it ungated (DeepSeekMoE).
+        norm_topk_prob (`bool`, True): renormalise the k chosen probabilities to sum to 1 (Mixtral always does).
+        mlp_layer_types (`list[str]`, *optional*): `"dense"` or `"sparse"` per layer; None is all sparse when
             `num_local_experts` > 0, else all dense.
-        output_router_logits (`bool`, defaults to `False`): return the router logits and the load-balancing loss,
-            and add `router_aux_loss_coef` times it to the LM loss (as Mixtral).
-        router_aux_loss_coef (`float`, *optional*): weight of the load-balancing loss; defaults to Mixtral's 0.001
-            when there are sparse layers. A dense model has no router, so it is 0 there whatever is given.
-        router_z_loss_coef (`float`, defaults to 0.0): weight of the ST-MoE router z-loss added to the LM loss.
-        router_jitter_noise (`float`, defaults to 0.0): Mixtral's multiplicative input noise in training.
+        output_router_logits (`bool`, False): return the router logits and the load-balancing loss, and add
+            `router_aux_loss_coef` times it to the LM loss (as Mixtral).
+        router_aux_loss_coef (`float`, *optional*): weight of the load-balancing loss; None is Mixtral's 0.001 with
+            sparse layers. A dense model has no router, so it is 0 there whatever is given.
+        router_z_loss_coef (`float`, 0.0): weight of the ST-MoE router z-loss added to the LM loss.
+        router_jitter_noise (`float`, 0.0): Mixtral's multiplicative input noise in training.
 
-    archlab fields:
-        classifier_lm_loss_weight (`float`, defaults to 0.0):
-            λ in L = L_FT + λ·L_PT for [`DecoderForSequenceClassification`] (seed 001, GPT fine-tuning): when
-            positive and `labels` are given, the next-token loss over the (non-pad) input is added.
-        lm_loss_chunk_size (`int`, defaults to 1024):
-            In training, the LM head and cross-entropy run over chunks of this many tokens so the full
-            `(tokens, vocab)` logits never exist at once; `0` turns chunking off.
+    Training:
+        classifier_lm_loss_weight (`float`, 0.0): λ in L = L_FT + λ·L_PT for [`DecoderForSequenceClassification`]
+            (seed 001, GPT fine-tuning): when positive and `labels` are given, the next-token loss over the
+            (non-pad) input is added.
+        lm_loss_chunk_size (`int`, 1024): in training, the LM head and cross-entropy run over chunks of this many
+            tokens so the full `(tokens, vocab)` logits never exist at once; 0 turns chunking off.
 
     Example:
     ```python
@@ -158,7 +207,7 @@ class DecoderConfig(PreTrainedConfig):
     classifier_lm_loss_weight: int | float = 0.0
     lm_loss_chunk_size: int = 1024
 
-    # --- the architecture catalogue (issue 3); Mistral/Gemma2 names where they have the concept ---
+    # --- the architecture catalogue; Mistral/Gemma2 names where they have the concept ---
     norm_type: str = "rms_norm"
     norm_position: str = "pre"
     norm_bias: bool | None = None
@@ -183,7 +232,7 @@ class DecoderConfig(PreTrainedConfig):
 
     def __post_init__(self, **kwargs: Any) -> None:
         check_field_types(self)
-        resolve_catalogue_defaults(self)
+        _resolve_catalogue_defaults(self)
         if self.num_key_value_heads is None:
             self.num_key_value_heads = self.num_attention_heads
         if self.head_dim is None and isinstance(self.num_attention_heads, int) and self.num_attention_heads > 0:
@@ -193,7 +242,7 @@ class DecoderConfig(PreTrainedConfig):
                     f"({self.num_attention_heads}) unless `head_dim` is given explicitly."
                 )
             self.head_dim = self.hidden_size // self.num_attention_heads
-        resolve_moe_defaults(self)
+        _resolve_moe_defaults(self)
         super().__post_init__(**kwargs)  # standardises `rope_parameters` (legacy `rope_theta` / `rope_scaling`)
         check_rope_type(self.rope_parameters)  # transformers only warns about an unknown type; the model build fails
         try:  # run again by `@strict` after this method, where a key missing from `rope_parameters` is a KeyError
@@ -221,7 +270,7 @@ class DecoderConfig(PreTrainedConfig):
         check_non_negative(self, "classifier_lm_loss_weight")
         check_non_negative(self, "lm_loss_chunk_size")
         check_choice(self, "hidden_act", ACTIVATIONS)
-        validate_moe(self)
+        _validate_moe(self)
         if self.num_attention_heads % self.num_key_value_heads != 0:
             raise ValueError(
                 f"`num_key_value_heads` ({self.num_key_value_heads}) must divide `num_attention_heads` "
@@ -239,7 +288,132 @@ class DecoderConfig(PreTrainedConfig):
             value = getattr(self, name)
             if value is not None and not 0 <= value < self.vocab_size:
                 raise ValueError(f"`{name}` ({value}) must be None or in [0, vocab_size={self.vocab_size}).")
-        validate_catalogue(self)
+        _validate_catalogue(self)
+
+
+# --- defaults that depend on other fields, and the catalogue's and the experts' cross-field checks ---
+
+
+def _resolve_catalogue_defaults(config: Any) -> None:
+    """Fill the fields whose default depends on others (before validation)."""
+    if config.intermediate_size is None and isinstance(config.hidden_size, int):
+        if not isinstance(config.mlp_width_multiple_of, int) or config.mlp_width_multiple_of <= 0:
+            raise ValueError(f"`mlp_width_multiple_of` must be a positive integer, got {config.mlp_width_multiple_of!r}.")
+        config.intermediate_size = intermediate_size_from_rule(
+            config.hidden_size, config.mlp_width_rule, config.mlp_width_multiple_of
+        )
+    if config.norm_bias is None:
+        config.norm_bias = config.norm_type == "layer_norm"
+    if config.layer_types is None and isinstance(config.num_hidden_layers, int):
+        # Mistral: a window means every layer is local. Always a list, as transformers' mask/cache helpers expect.
+        kind = "full_attention" if config.sliding_window is None else "sliding_attention"
+        config.layer_types = [kind] * config.num_hidden_layers
+
+
+def _validate_catalogue(config: Any) -> None:
+    check_choice(config, "norm_type", NORM_TYPES)
+    check_choice(config, "norm_position", DECODER_NORM_POSITIONS)
+    check_choice(config, "mlp_type", MLP_TYPES)
+    check_choice(config, "mlp_width_rule", MLP_WIDTH_RULES)
+    check_choice(config, "position_embedding_type", POSITION_SCHEMES)
+    check_positive(config, "mlp_width_multiple_of")
+    check_non_negative(config, "lm_z_loss_coef")
+    if config.norm_bias and config.norm_type != "layer_norm":
+        raise ValueError(f"`norm_bias=True` needs `norm_type='layer_norm'`: {config.norm_type!r} has no bias.")
+    for name in ("deepnorm_alpha", "deepnorm_beta"):
+        if getattr(config, name) is not None:
+            check_positive(config, name, integer=False)
+            if config.norm_position != "deepnorm":
+                raise ValueError(f"`{name}` is only used with `norm_position='deepnorm'` (got {config.norm_position!r}).")
+    for name in ("query_pre_attn_scalar", "attn_logit_softcapping", "final_logit_softcapping", "sliding_window"):
+        if getattr(config, name) is not None:
+            check_positive(config, name, integer=name == "sliding_window")
+
+    if config.position_embedding_type == "relative_bias":
+        check_positive(config, "relative_attention_num_buckets")
+        check_positive(config, "relative_attention_max_distance")
+        # prefix-LM: keys after the query inside the prefix, so the buckets cover both directions
+        check_relative_buckets(config.relative_attention_num_buckets, config.relative_attention_max_distance,
+                               bidirectional=config.prefix_lm)
+
+    # --- attention pattern ---
+    if config.sliding_window is not None and config.sliding_window > config.max_position_embeddings:
+        raise ValueError(
+            f"`sliding_window` ({config.sliding_window}) is larger than the context `max_position_embeddings` "
+            f"({config.max_position_embeddings}): the window would never slide. Use a smaller window or "
+            "`sliding_window=None` (full attention)."
+        )
+    if config.layer_types is not None:
+        if len(config.layer_types) != config.num_hidden_layers:
+            raise ValueError(
+                f"`layer_types` has {len(config.layer_types)} entries but `num_hidden_layers` is "
+                f"{config.num_hidden_layers}: give one attention type per layer."
+            )
+        for layer_type in config.layer_types:
+            if layer_type not in LAYER_TYPES:
+                raise ValueError(
+                    f"`layer_types` contains {layer_type!r}; allowed values: {', '.join(map(repr, LAYER_TYPES))}."
+                )
+        if "sliding_attention" in config.layer_types and config.sliding_window is None:
+            raise ValueError("`layer_types` has 'sliding_attention' layers but `sliding_window` is None: set it.")
+
+    if config.prefix_lm and config.layer_types is not None and "sliding_attention" in config.layer_types:
+        raise ValueError(
+            "`prefix_lm=True` cannot be combined with sliding-window layers (`sliding_window`/`layer_types`): a "
+            "sliding cache drops prefix keys that later queries must still see. Use full attention layers."
+        )
+    requested = requested_attention(config)
+    if requested is not None:
+        check_attention_backend(config, requested)
+
+
+def _resolve_moe_defaults(config: Any) -> None:
+    """Fill `moe_intermediate_size` (= `intermediate_size`, as Mixtral), `mlp_layer_types` (all sparse when
+    `num_local_experts` > 0, else all dense) and `router_aux_loss_coef` (Mixtral's 0.001 with sparse layers, else 0)."""
+    if config.moe_intermediate_size is None:
+        config.moe_intermediate_size = config.intermediate_size
+    if config.mlp_layer_types is None and isinstance(config.num_hidden_layers, int):
+        kind = "sparse" if config.num_local_experts > 0 else "dense"
+        config.mlp_layer_types = [kind] * config.num_hidden_layers
+    sparse = config.mlp_layer_types is not None and "sparse" in config.mlp_layer_types
+    coef = config.router_aux_loss_coef
+    if coef is None:
+        config.router_aux_loss_coef = 0.001 if sparse else 0.0
+    elif not sparse and isinstance(coef, (int, float)) and coef > 0:
+        # No router to balance. A positive weight would make trainers that take it as the MoE marker (TRL) ask for
+        # a load-balancing loss the model cannot return; files saved before this rule carry Mixtral's 0.001 here.
+        config.router_aux_loss_coef = 0.0
+
+
+def _validate_moe(config: Any) -> None:
+    check_non_negative(config, "num_local_experts")
+    check_positive(config, "num_experts_per_tok")
+    check_non_negative(config, "router_aux_loss_coef")
+    check_non_negative(config, "router_z_loss_coef")
+    check_non_negative(config, "shared_expert_intermediate_size")
+    if not 0.0 <= config.router_jitter_noise < 1.0:
+        raise ValueError(f"`router_jitter_noise` must be in [0, 1), got {config.router_jitter_noise!r}.")
+    types = config.mlp_layer_types
+    if len(types) != config.num_hidden_layers:
+        raise ValueError(
+            f"`mlp_layer_types` has {len(types)} entries but `num_hidden_layers` is {config.num_hidden_layers}: "
+            "give one of 'dense'/'sparse' per layer."
+        )
+    bad = sorted({t for t in types if t not in MLP_LAYER_TYPES})
+    if bad:
+        raise ValueError(f"`mlp_layer_types` contains {bad}; allowed values: {', '.join(map(repr, MLP_LAYER_TYPES))}.")
+    if "sparse" in types:
+        check_positive(config, "moe_intermediate_size")
+        if config.num_local_experts < 1:
+            raise ValueError(
+                "`mlp_layer_types` has sparse layers, so `num_local_experts` must be a positive integer, got "
+                f"{config.num_local_experts!r}."
+            )
+        if config.num_experts_per_tok > config.num_local_experts:
+            raise ValueError(
+                f"`num_experts_per_tok` ({config.num_experts_per_tok}) must be in [1, num_local_experts="
+                f"{config.num_local_experts}]."
+            )
 
 
 __all__ = ["DecoderConfig"]

@@ -27,23 +27,20 @@ from typing import Any
 from huggingface_hub.dataclasses import strict
 from transformers.configuration_utils import PreTrainedConfig
 
-from .normalization import NORMS
+from .catalogue import MLP_TYPES, NORM_TYPES, SEQ2SEQ_NORM_POSITIONS, SEQ2SEQ_POSITION_SCHEMES, SINUSOIDAL_LAYOUTS
 from .validation import (
     ACTIVATIONS,
+    check_attention_backend,
     check_choice,
     check_field_types,
     check_non_negative,
     check_positive,
     check_probability,
+    check_relative_buckets,
+    requested_attention,
 )
 
-# Allowed values of the string fields; the modeling files resolve each through a registry with these keys.
-NORM_TYPES = tuple(NORMS)  # layer_norm, rms_norm, offset_rms_norm (Gemma's 1 + w gain)
-NORM_POSITIONS = ("post", "pre", "sandwich")
-MLP_TYPES = ("plain", "gated")
 TP_ATTENTION = {"q_proj": "colwise", "k_proj": "colwise", "v_proj": "colwise", "out_proj": "rowwise"}
-POSITION_EMBEDDING_TYPES = ("sinusoidal", "learned", "relative_bias", "none")
-SINUSOIDAL_LAYOUTS = ("interleaved", "split")
 
 
 @strict
@@ -234,9 +231,9 @@ class Seq2SeqConfig(PreTrainedConfig):
                 check_positive(self, name, integer=name == "d_kv")
         check_choice(self, "activation_function", ACTIVATIONS)
         check_choice(self, "norm_type", NORM_TYPES)
-        check_choice(self, "norm_position", NORM_POSITIONS)
+        check_choice(self, "norm_position", SEQ2SEQ_NORM_POSITIONS)
         check_choice(self, "mlp_type", MLP_TYPES)
-        check_choice(self, "position_embedding_type", POSITION_EMBEDDING_TYPES)
+        check_choice(self, "position_embedding_type", SEQ2SEQ_POSITION_SCHEMES)
         check_choice(self, "sinusoidal_layout", SINUSOIDAL_LAYOUTS)
         for side in ("encoder", "decoder"):
             heads, kv_heads = getattr(self, f"{side}_attention_heads"), getattr(self, f"{side}_key_value_heads")
@@ -251,26 +248,19 @@ class Seq2SeqConfig(PreTrainedConfig):
                     f"`{side}_key_value_heads` ({kv_heads}) must divide `{side}_attention_heads` ({heads}): allowed "
                     f"values are {[d for d in range(1, heads + 1) if heads % d == 0]}."
                 )
-        exact = self.relative_attention_num_buckets // 4  # exactly-bucketed distances of the bidirectional encoder
-        if self.position_embedding_type == "relative_bias" and (
-            self.relative_attention_num_buckets < 4 or self.relative_attention_max_distance <= exact
-        ):
-            raise ValueError(
-                f"`relative_attention_num_buckets` ({self.relative_attention_num_buckets}) must be >= 4 and "
-                f"`relative_attention_max_distance` ({self.relative_attention_max_distance}) must exceed the {exact} "
-                "exactly-bucketed distances."
-            )
+        if self.position_embedding_type == "relative_bias":  # the encoder's bias is bidirectional, the decoder's not
+            for bidirectional in (True, False):
+                check_relative_buckets(
+                    self.relative_attention_num_buckets, self.relative_attention_max_distance, bidirectional
+                )
         if self.relative_attention_bias_per_layer and self.position_embedding_type != "relative_bias":
             raise ValueError(
                 f"`relative_attention_bias_per_layer` (True) needs `position_embedding_type`='relative_bias' (got "
                 f"{self.position_embedding_type!r}): allowed values are False, or True with 'relative_bias'."
             )
-        requested = getattr(self, "_attn_implementation_internal", None)
-        if self.attn_logit_softcapping is not None and isinstance(requested, str) and "sdpa" in requested:
-            raise ValueError(
-                "`attn_logit_softcapping` cannot be applied by `attn_implementation='sdpa'` (SDPA has no score hook); "
-                "use 'eager' (the default falls back to it when soft-capping is set)."
-            )
+        requested = requested_attention(self)
+        if requested is not None:
+            check_attention_backend(self, requested)
         if self.share_encoder_decoder_embeddings and self.decoder_vocab_size != self.vocab_size:
             raise ValueError(
                 f"`decoder_vocab_size` ({self.decoder_vocab_size}) must equal `vocab_size` ({self.vocab_size}) when "

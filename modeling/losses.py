@@ -6,12 +6,15 @@
 - `ChunkedLinearCrossEntropy`: the same loss fused with the LM head. Logits exist one chunk of tokens at a time and
   the gradient is computed in the forward pass, so training never holds the full (tokens × vocab) logits
   (the memory peak of a small-model training step) and the big GEMMs stay cache-friendly.
+- `lm_head_loss`: the head and its loss as both families' LM heads run them (chunked in training, logits otherwise,
+  soft-capping and output biases).
 """
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 try:
     from torch.distributed.tensor import DTensor
@@ -132,3 +135,53 @@ def chunked_causal_lm_loss(
     hidden = hidden_states.reshape(-1, hidden_states.shape[-1])
     total = ChunkedLinearCrossEntropy.apply(hidden, weight, targets.to(hidden.device), chunk_size, z_loss_coef)
     return _reduce(total, targets, num_items_in_batch)
+
+
+def lm_head_loss(
+    hidden_states: torch.Tensor,
+    head: nn.Linear,
+    *,
+    training: bool,
+    chunk_size: int,
+    labels: torch.Tensor | None = None,
+    shifted_labels: torch.Tensor | None = None,
+    output_bias: torch.Tensor | None = None,
+    softcap: float | None = None,
+    z_loss_coef: float = 0.0,
+    num_items_in_batch: torch.Tensor | int | None = None,
+    logits_to_keep: int | torch.Tensor = 0,
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """(loss, logits) of an LM head over hidden states (B, T, d), as both families' generation heads compute them.
+
+    In training with labels the head and the cross-entropy run chunked (`chunk_size` tokens at a time, never the
+    full logits) and `logits` is None; otherwise the logits of the last `logits_to_keep` positions (0: all) are
+    returned, with the loss when labels are given. `labels` are next-token labels (shifted here), `shifted_labels`
+    targets aligned with the positions. `output_bias` (1, V) is a constant bias added after the head (Marian's
+    `final_logits_bias`); a bias of the head itself is added too. `softcap` c applies c · tanh(z / c) to the logits
+    (Gemma2); the chunked loss has no soft-cap, so then, and when the head's weight is a DTensor (FSDP2 / tensor
+    parallelism must gather it through the module), the loss runs unchunked.
+    """
+    wants_loss = labels is not None or shifted_labels is not None
+    chunked = chunk_size > 0 and softcap is None and not is_distributed_tensor(head.weight)
+    if wants_loss and training and chunked:
+        weight, bias = head.weight, head.bias
+        if output_bias is not None:
+            bias = output_bias.reshape(-1) if bias is None else bias + output_bias.reshape(-1)
+        if bias is not None:  # logits = [h, 1] @ [W, b]ᵀ: the bias rides along as one more input channel
+            ones = hidden_states.new_ones(*hidden_states.shape[:-1], 1)
+            hidden_states = torch.cat((hidden_states, ones), -1)
+            weight = torch.cat((weight, bias.to(weight.dtype)[:, None]), 1)
+        loss = chunked_causal_lm_loss(
+            hidden_states, weight, labels, chunk_size, num_items_in_batch, z_loss_coef, shifted_labels
+        )
+        return loss, None
+    keep = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
+    logits = head(hidden_states[:, keep, :])
+    if output_bias is not None:
+        logits = logits + output_bias.to(hidden_states.dtype)
+    if softcap is not None:
+        logits = torch.tanh(logits / softcap) * softcap
+    loss = None
+    if wants_loss:
+        loss = causal_lm_loss(logits, labels, num_items_in_batch, z_loss_coef, shifted_labels=shifted_labels)
+    return loss, logits

@@ -14,44 +14,28 @@ import torch
 from torch import nn
 from transformers.cache_utils import Cache, DynamicCache
 from transformers.generation import GenerationMixin, MaxLengthCriteria, StoppingCriteriaList
-from transformers import initialization as init
 from transformers.modeling_outputs import (
-    BaseModelOutputWithPast,
-    CausalLMOutputWithPast,
     MoeCausalLMOutputWithPast,
     MoeModelOutputWithPast,
     SequenceClassifierOutputWithPast,
 )
-from transformers.modeling_utils import PreTrainedModel
 
 from .attention_patterns import build_masks, build_position_biases
-from .catalogue_validation import check_attention_backend
-from .blocks import BLOCKS, PreNormBlock, norm_from_config
+from .blocks import BLOCKS, norm_from_config
+from .catalogue import POSITION_SCHEMES
 from .configuration_decoder import DecoderConfig
-from .hub_mixin import HubMixin
 from .input_checks import cached_length, check_attention_mask, check_token_ids
-from .losses import causal_lm_loss, chunked_causal_lm_loss, is_distributed_tensor
-from .moe import collect_router_logits, init_moe_weights, load_balancing_loss, router_z_loss
-from .normalization import OffsetRMSNorm
-from .positions import ALiBiBias, POSITION_EMBEDDINGS, make_absolute_position_embedding, make_position_bias
+from .losses import causal_lm_loss, lm_head_loss
+from .moe import collect_router_logits, load_balancing_loss, router_z_loss
+from .positions import position_bias, position_table
+from .pretrained import ArchlabPreTrainedModel
 from .rotary import RotaryEmbedding
-from .sinusoidal import SinusoidalPositionalEmbedding
 
 
-DecoderLayer = PreNormBlock  # the default (LLaMA) layer; every norm placement is in `blocks.BLOCKS`
-
-
-class DecoderPreTrainedModel(HubMixin, PreTrainedModel):
+class DecoderPreTrainedModel(ArchlabPreTrainedModel):
     config_class = DecoderConfig
     config: DecoderConfig
-    base_model_prefix = "model"
-    supports_gradient_checkpointing = True
     _no_split_modules = [block.__name__ for block in BLOCKS.values()]
-    _skip_keys_device_placement = ["past_key_values"]
-    _supports_sdpa = True
-    _supports_flash_attn = True
-    _supports_flex_attn = True
-    _supports_attention_backend = True
     _can_compile_fullgraph = True
 
     def __init__(self, config: DecoderConfig, *inputs, **kwargs) -> None:
@@ -59,31 +43,6 @@ class DecoderPreTrainedModel(HubMixin, PreTrainedModel):
         # The instance lists only the block this config builds: accelerate's FSDP wrap policy (TRANSFORMER_BASED_WRAP)
         # raises on a listed class the model does not contain. The class attribute keeps every block.
         self._no_split_modules = [BLOCKS[config.norm_position].__name__]
-
-    # Backends that cannot honour a catalogue variant refuse it (catalogue_validation.check_attention_backend):
-    # SDPA cannot soft-cap scores, so the default falls back to eager and an explicit request for sdpa fails;
-    # flash kernels take no bias (ALiBi/T5) and no prefix-LM mask.
-    def _sdpa_can_dispatch(self, is_init_check: bool = False) -> bool:
-        check_attention_backend(self.config, "sdpa")
-        return super()._sdpa_can_dispatch(is_init_check)
-
-    def _flash_attn_can_dispatch(self, flash_attn_version: int, is_init_check: bool = False) -> bool:
-        check_attention_backend(self.config, f"flash_attention_{flash_attn_version}")
-        return super()._flash_attn_can_dispatch(flash_attn_version, is_init_check)
-
-    def _flex_attn_can_dispatch(self, is_init_check: bool = False) -> bool:
-        check_attention_backend(self.config, "flex_attention")
-        return super()._flex_attn_can_dispatch(is_init_check)
-
-    def _init_weights(self, module: nn.Module) -> None:
-        super()._init_weights(module)
-        init_moe_weights(module, self.config.initializer_range)  # expert tensors and routers; no-op otherwise
-        if isinstance(module, OffsetRMSNorm):
-            init.zeros_(module.weight)  # the gain is 1 + w
-        elif isinstance(module, nn.Linear) and hasattr(module, "deepnorm_gain"):
-            init.xavier_normal_(module.weight, gain=module.deepnorm_gain)  # DeepNet's β-scaled init (blocks.py)
-        elif isinstance(module, (SinusoidalPositionalEmbedding, ALiBiBias)):
-            module.reset_parameters()  # non-persistent buffers, recomputed after meta-device loading
 
 
 class DecoderModel(DecoderPreTrainedModel):
@@ -100,11 +59,16 @@ class DecoderModel(DecoderPreTrainedModel):
         block = BLOCKS[config.norm_position]
         self.layers = nn.ModuleList([block(config, i) for i in range(config.num_hidden_layers)])
         self.norm = norm_from_config(config) if block.has_final_norm else nn.Identity()
-        # Positions (see positions.py): each of these is None unless `position_embedding_type` needs it.
-        _, uses_rope, _ = POSITION_EMBEDDINGS[config.position_embedding_type]
-        self.rotary_emb = RotaryEmbedding(config) if uses_rope else None
-        self.embed_positions = make_absolute_position_embedding(config)
-        self.position_bias = make_position_bias(config)
+        # Positions (catalogue.POSITION_SCHEMES): each of these is None unless `position_embedding_type` needs it.
+        kind = config.position_embedding_type
+        self.rotary_emb = RotaryEmbedding(config) if POSITION_SCHEMES[kind].rotary else None
+        # a fixed sinusoid is fully determined by the config: kept out of checkpoints
+        self.embed_positions = position_table(kind, config.max_position_embeddings, config.hidden_size, persistent=False)
+        # prefix-LM: keys after the query inside the prefix, so T5's buckets cover both directions
+        self.position_bias = position_bias(
+            kind, config.num_attention_heads, config.relative_attention_num_buckets,
+            config.relative_attention_max_distance, bidirectional=config.prefix_lm,
+        )
         self.embed_scale = config.hidden_size**0.5 if config.scale_embedding else None
         # Layer types present, and the first layer of each (the cache layer that sizes its mask and bias).
         self.first_layer_of_type: dict[str, int] = {}
@@ -232,7 +196,7 @@ class DecoderForCausalLM(DecoderPreTrainedModel, GenerationMixin):
         self.model = DecoderModel(config)
         self.vocab_size = config.vocab_size
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
-        # Gemma2's c · tanh(logits / c); the chunked loss has no soft-cap, so with it the loss runs unchunked.
+        # Gemma2's c · tanh(logits / c); with it the loss runs unchunked (losses.lm_head_loss).
         self.final_logit_softcapping = config.final_logit_softcapping
         self.post_init()
 
@@ -275,22 +239,18 @@ class DecoderForCausalLM(DecoderPreTrainedModel, GenerationMixin):
             **kwargs,
         )
         hidden_states = outputs.last_hidden_state
-        loss, logits = None, None
-        chunk = self.config.lm_loss_chunk_size
-        z_loss = self.config.lm_z_loss_coef
-        softcap = self.final_logit_softcapping
-        chunked = chunk > 0 and softcap is None and not is_distributed_tensor(self.lm_head.weight)
-        if (labels is not None or shift_labels is not None) and self.training and chunked:
-            loss = chunked_causal_lm_loss(
-                hidden_states, self.lm_head.weight, labels, chunk, num_items_in_batch, z_loss, shift_labels
-            )
-        else:
-            keep = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
-            logits = self.lm_head(hidden_states[:, keep, :])
-            if softcap is not None:
-                logits = torch.tanh(logits / softcap) * softcap
-            if labels is not None or shift_labels is not None:
-                loss = causal_lm_loss(logits, labels, num_items_in_batch, z_loss, shifted_labels=shift_labels)
+        loss, logits = lm_head_loss(
+            hidden_states,
+            self.lm_head,
+            training=self.training,
+            chunk_size=self.config.lm_loss_chunk_size,
+            labels=labels,
+            shifted_labels=shift_labels,
+            softcap=self.final_logit_softcapping,
+            z_loss_coef=self.config.lm_z_loss_coef,
+            num_items_in_batch=num_items_in_batch,
+            logits_to_keep=logits_to_keep,
+        )
 
         # Mixture of experts: load-balancing loss (returned, and added to the LM loss as Mixtral) and z-loss.
         router_logits, aux_loss = outputs.router_logits, None

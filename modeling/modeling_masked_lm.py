@@ -19,8 +19,9 @@ from transformers.modeling_outputs import MaskedLMOutput
 
 from .configuration_seq2seq import Seq2SeqConfig
 from .losses import IGNORE_INDEX, causal_lm_loss
-from .modeling_seq2seq import Seq2SeqEncoder, Seq2SeqPreTrainedModel
-from .normalization import NORMS
+from .modeling_seq2seq import Seq2SeqPreTrainedModel
+from .seq2seq_stacks import Seq2SeqEncoder
+from .normalization import make_norm
 
 
 class MaskedLMHead(nn.Module):
@@ -30,7 +31,7 @@ class MaskedLMHead(nn.Module):
         super().__init__()
         self.dense = nn.Linear(config.d_model, config.d_model)
         self.act_fn = ACT2FN[config.activation_function]
-        self.layer_norm = NORMS[config.norm_type](config.d_model, eps=config.layer_norm_eps)
+        self.layer_norm = make_norm(config.norm_type, config.d_model, config.layer_norm_eps)
         self.decoder = nn.Linear(config.d_model, config.vocab_size, bias=False)
         self.bias = nn.Parameter(torch.zeros(config.vocab_size))
 

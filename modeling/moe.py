@@ -10,13 +10,10 @@ Parameter layout is Hugging Face v5's (`mlp.gate.weight`, `mlp.experts.gate_up_p
 `mlp.shared_expert.*`, `mlp.shared_expert_gate.weight`), so a Mixtral or Qwen2-MoE state dict loads as is.
 
 Speed: the (token, slot) pairs are sorted by expert once per layer and both expert projections run as grouped
-GEMMs over the sorted rows (`torch.nn.functional.grouped_mm`), with the backward pass written out as two more
-grouped GEMMs (so that compiled graphs use the same opaque custom ops). No Python loop over experts, no
-host synchronisation, no data-dependent shapes: the layer traces with `torch.compile(fullgraph=True)` and CUDA
-graphs. The one-token decode step on CPU (eager, no gradients) instead runs k plain matrix-vector products on the
-chosen experts, whose ids it reads on the host (free on CPU, faster than the grouped path's bookkeeping).
-Builds without grouped_mm (torch < 2.9) or with feature sizes the kernel cannot stride over (it needs rows of a
-multiple of 16 bytes) fall back to one GEMM per expert, which does synchronise.
+GEMMs over the sorted rows (`grouped_gemm.py`). No Python loop over experts, no host synchronisation, no
+data-dependent shapes: the layer traces with `torch.compile(fullgraph=True)` and CUDA graphs. The one-token decode
+step on CPU (eager, no gradients) instead runs k plain matrix-vector products on the chosen experts, whose ids it
+reads on the host (free on CPU, faster than the grouped path's bookkeeping).
 """
 
 from __future__ import annotations
@@ -30,75 +27,7 @@ from transformers import initialization as init
 from transformers.activations import ACT2FN
 
 from .feed_forward import MLPS
-from .validation import check_non_negative, check_positive
-
-_GROUPED_MM = getattr(F, "grouped_mm", None) or getattr(torch, "_grouped_mm", None)
-
-MLP_LAYER_TYPES = ("dense", "sparse")
-
-
-# --------------------------------------------------------------------------------------------------------------
-# Grouped GEMM: rows sorted by expert, `offsets[e]` = end row of expert e's group.
-
-
-def _rows_aligned(*tensors: torch.Tensor) -> bool:
-    """grouped_mm needs every non-unit stride to be a multiple of 16 bytes (a static, shape-only check)."""
-    return all((stride * t.element_size()) % 16 == 0 for t in tensors for stride in t.stride() if stride != 1)
-
-
-def _grouped_mm_eager(a: torch.Tensor, b: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
-    """Rows of group e of a (S, K) times b[e] (K, N) -> (S, N); one GEMM per expert without the kernel."""
-    if _GROUPED_MM is not None and _rows_aligned(a, b):
-        return _GROUPED_MM(a, b, offs=offsets)
-    out = a.new_empty(a.shape[0], b.shape[-1])
-    start = 0
-    for expert, end in enumerate(offsets.tolist()):  # fallback only: reads the offsets on the host
-        out[start:end] = a[start:end] @ b[expert]
-        start = end
-    return out
-
-
-def _grouped_mm_tn_eager(a: torch.Tensor, b: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
-    """Per group e: a[rows of e]ᵀ @ b[rows of e] -> (E, M, N), zeros for empty groups (the weight gradient)."""
-    a_t = a.t()
-    if _GROUPED_MM is not None and _rows_aligned(a_t, b):
-        return _GROUPED_MM(a_t, b, offs=offsets)
-    out = a.new_zeros(offsets.shape[0], a.shape[1], b.shape[1])
-    start = 0
-    for expert, end in enumerate(offsets.tolist()):
-        out[expert] = a[start:end].t() @ b[start:end]
-        start = end
-    return out
-
-
-# torch.compile: the meta function of aten._grouped_mm accepts only bf16, so under compilation the kernels are
-# opaque custom ops with their own shape functions (eager calls them directly and skips the dispatcher cost).
-@torch.library.custom_op("archlab::grouped_mm", mutates_args=())
-def _grouped_mm_op(a: torch.Tensor, b: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
-    return _grouped_mm_eager(a, b, offsets)
-
-
-@_grouped_mm_op.register_fake
-def _(a, b, offsets):
-    return a.new_empty(a.shape[0], b.shape[-1])
-
-
-@torch.library.custom_op("archlab::grouped_mm_tn", mutates_args=())
-def _grouped_mm_tn_op(a: torch.Tensor, b: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
-    return _grouped_mm_tn_eager(a, b, offsets)
-
-
-@_grouped_mm_tn_op.register_fake
-def _(a, b, offsets):
-    return a.new_empty(offsets.shape[0], a.shape[1], b.shape[1])
-
-
-def _grouped_mm(a: torch.Tensor, b: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
-    return _grouped_mm_op(a, b, offsets) if torch.compiler.is_compiling() else _grouped_mm_eager(a, b, offsets)
-
-
-def _grouped_mm_tn(a: torch.Tensor, b: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
-    return _grouped_mm_tn_op(a, b, offsets) if torch.compiler.is_compiling() else _grouped_mm_tn_eager(a, b, offsets)
+from .grouped_gemm import grouped_linear
 
 
 def _one_token_on_cpu(hidden_states: torch.Tensor) -> bool:
@@ -109,33 +38,6 @@ def _one_token_on_cpu(hidden_states: torch.Tensor) -> bool:
         and not torch.is_grad_enabled()
         and not torch.compiler.is_compiling()
     )
-
-
-class GroupedLinear(torch.autograd.Function):
-    """y[rows of e] = x[rows of e] @ weight[e]ᵀ for weight (E, out, in) stored like nn.Linear, rows sorted by e."""
-
-    @staticmethod
-    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
-        ctx.save_for_backward(x, weight, offsets)
-        return _grouped_mm(x, weight.transpose(1, 2), offsets)  # (S, out)
-
-    @staticmethod
-    def backward(ctx, grad_out: torch.Tensor):  # type: ignore[override]
-        x, weight, offsets = ctx.saved_tensors
-        grad_out = grad_out.contiguous()
-        grad_x = _grouped_mm(grad_out, weight, offsets) if ctx.needs_input_grad[0] else None  # (S, in)
-        grad_weight = _grouped_mm_tn(grad_out, x, offsets) if ctx.needs_input_grad[1] else None  # (E, out, in)
-        return grad_x, grad_weight, None
-
-
-def grouped_linear(x: torch.Tensor, weight: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
-    """Grouped `F.linear` over expert-sorted rows; follows autocast like `nn.Linear` does."""
-    if torch.is_autocast_enabled(x.device.type):
-        dtype = torch.get_autocast_dtype(x.device.type)
-        x, weight = x.to(dtype), weight.to(dtype)
-    else:
-        x = x.to(weight.dtype)
-    return GroupedLinear.apply(x, weight, offsets)
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -262,10 +164,6 @@ class SparseMoeBlock(nn.Module):
         return out.reshape(shape)
 
 
-def build_sparse_mlp(config, layer_idx: int) -> SparseMoeBlock:
-    return SparseMoeBlock(config)
-
-
 def collect_router_logits(layers: Iterable[nn.Module]) -> tuple[torch.Tensor, ...]:
     """The router logits the sparse layers left in their last forward, in layer order (and clears them)."""
     collected = []
@@ -365,72 +263,17 @@ def count_parameters(model: nn.Module) -> dict[str, int]:
     }
 
 
-# --------------------------------------------------------------------------------------------------------------
-# Config defaults and checks (called by DecoderConfig)
 
 
-def resolve_moe_defaults(config) -> None:
-    """Fill `moe_intermediate_size` (= `intermediate_size`, as Mixtral), `mlp_layer_types` (all sparse when
-    `num_local_experts` > 0, else all dense) and `router_aux_loss_coef` (Mixtral's 0.001 with sparse layers, else 0)."""
-    if config.moe_intermediate_size is None:
-        config.moe_intermediate_size = config.intermediate_size
-    if config.mlp_layer_types is None and isinstance(config.num_hidden_layers, int):
-        kind = "sparse" if config.num_local_experts > 0 else "dense"
-        config.mlp_layer_types = [kind] * config.num_hidden_layers
-    sparse = config.mlp_layer_types is not None and "sparse" in config.mlp_layer_types
-    coef = config.router_aux_loss_coef
-    if coef is None:
-        config.router_aux_loss_coef = 0.001 if sparse else 0.0
-    elif not sparse and isinstance(coef, (int, float)) and coef > 0:
-        # No router to balance. A positive weight would make trainers that take it as the MoE marker (TRL) ask for
-        # a load-balancing loss the model cannot return; files saved before this rule carry Mixtral's 0.001 here.
-        config.router_aux_loss_coef = 0.0
-
-
-def validate_moe(config) -> None:
-    check_non_negative(config, "num_local_experts")
-    check_positive(config, "num_experts_per_tok")
-    check_non_negative(config, "router_aux_loss_coef")
-    check_non_negative(config, "router_z_loss_coef")
-    check_non_negative(config, "shared_expert_intermediate_size")
-    if not 0.0 <= config.router_jitter_noise < 1.0:
-        raise ValueError(f"`router_jitter_noise` must be in [0, 1), got {config.router_jitter_noise!r}.")
-    types = config.mlp_layer_types
-    if len(types) != config.num_hidden_layers:
-        raise ValueError(
-            f"`mlp_layer_types` has {len(types)} entries but `num_hidden_layers` is {config.num_hidden_layers}: "
-            "give one of 'dense'/'sparse' per layer."
-        )
-    bad = sorted({t for t in types if t not in MLP_LAYER_TYPES})
-    if bad:
-        raise ValueError(f"`mlp_layer_types` contains {bad}; allowed values: {', '.join(map(repr, MLP_LAYER_TYPES))}.")
-    if "sparse" in types:
-        check_positive(config, "moe_intermediate_size")
-        if config.num_local_experts < 1:
-            raise ValueError(
-                "`mlp_layer_types` has sparse layers, so `num_local_experts` must be a positive integer, got "
-                f"{config.num_local_experts!r}."
-            )
-        if config.num_experts_per_tok > config.num_local_experts:
-            raise ValueError(
-                f"`num_experts_per_tok` ({config.num_experts_per_tok}) must be in [1, num_local_experts="
-                f"{config.num_local_experts}]."
-            )
 
 
 __all__ = [
     "Experts",
-    "GroupedLinear",
-    "MLP_LAYER_TYPES",
     "SparseMoeBlock",
     "TopKRouter",
-    "build_sparse_mlp",
     "collect_router_logits",
     "count_parameters",
-    "grouped_linear",
     "init_moe_weights",
     "load_balancing_loss",
-    "resolve_moe_defaults",
     "router_z_loss",
-    "validate_moe",
 ]

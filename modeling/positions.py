@@ -1,24 +1,26 @@
-"""Position information other than RoPE (seed 000 §5.2 "position encoding"; seed 001 "positional encoding").
+"""The modules of each position scheme, for both families (seed 000 §5.2 "position encoding"; seed 001
+"positional encoding"). `catalogue.POSITION_SCHEMES` says what a `position_embedding_type` adds; the factories here
+build it, once, in the model's `__init__`:
 
-Two kinds, resolved once from `position_embedding_type` in the model's `__init__` (see `POSITION_EMBEDDINGS`):
-
-- absolute embeddings added to the token embeddings (`embed_positions(position_ids)` -> (B, T, d)):
-  `LearnedPositionEmbedding` (GPT/OPT; rows beyond the training length are never trained) and the fixed
-  sinusoid of Vaswani et al. (`SinusoidalPositionalEmbedding` from `sinusoidal.py`, paper layout);
-- additive attention biases (`position_bias(query_positions, key_positions)` -> (1, H, Tq, Tk)), shared by all
-  layers and handed to the attention kernel: `ALiBiBias` here (Press et al. 2022, "Train Short, Test Long") and
-  the T5 bucketed relative bias in `relative_bias.py`.
-
-"rope" is handled by `rotary.py`; "none" adds nothing (NoPE: causal masking alone leaks order).
+- a table (`position_table`): absolute embeddings added to the token embeddings (`embed_positions(position_ids)`
+  -> (B, T, d)): `LearnedPositionEmbedding` (GPT/OPT; rows beyond the training length are never trained) and the
+  fixed sinusoid of Vaswani et al. (`SinusoidalPositionalEmbedding` in `sinusoidal.py`);
+- a bias (`position_bias`): additive attention scores (`bias(query_positions, key_positions)` -> (1, H, Tq, Tk))
+  handed to the attention kernel: `ALiBiBias` here (Press et al. 2022, "Train Short, Test Long") and T5's bucketed
+  relative bias (`relative_bias.py`);
+- a rotation: "rope" is `rotary.RotaryEmbedding`, built by the decoder. "none" adds nothing (NoPE: causal masking
+  alone leaks order).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 from torch import nn
 
+from .catalogue import POSITION_SCHEMES
 from .relative_bias import RelativePositionBias
 from .sinusoidal import SinusoidalPositionalEmbedding, check_position_ids
 
@@ -77,49 +79,45 @@ class LearnedPositionEmbedding(nn.Embedding):
         return super().forward(position_ids)
 
 
-def make_absolute_position_embedding(config) -> nn.Module | None:
-    """The module added to the token embeddings, or None."""
-    kind = config.position_embedding_type
-    if kind == "learned":
-        return LearnedPositionEmbedding(config.max_position_embeddings, config.hidden_size)
-    if kind == "sinusoidal":
-        # Not trained and fully determined by the config: kept out of checkpoints.
-        return SinusoidalPositionalEmbedding(
-            config.max_position_embeddings, config.hidden_size, layout="interleaved", persistent=False
-        )
-    return None
-
-
-def make_position_bias(config) -> nn.Module | None:
-    """The attention-bias module shared by all layers, or None."""
-    kind = config.position_embedding_type
-    if kind == "alibi":
-        return ALiBiBias(config.num_attention_heads)
-    if kind == "relative_bias":
-        return RelativePositionBias(
-            config.num_attention_heads,
-            num_buckets=config.relative_attention_num_buckets,
-            max_distance=config.relative_attention_max_distance,
-            bidirectional=config.prefix_lm,  # prefix-LM has keys after the query inside the prefix
-        )
-    return None
-
-
-# position_embedding_type -> (adds to embeddings, rotates q/k, biases attention scores)
-POSITION_EMBEDDINGS: dict[str, tuple[bool, bool, bool]] = {
-    "rope": (False, True, False),
-    "alibi": (False, False, True),
-    "relative_bias": (False, False, True),
-    "learned": (True, False, False),
-    "sinusoidal": (True, False, False),
-    "none": (False, False, False),
+# The table and bias modules by scheme name (the keys of `catalogue.POSITION_SCHEMES` with `table` / `bias`).
+POSITION_TABLES: dict[str, Callable[..., nn.Module]] = {
+    "learned": lambda num_positions, dim, layout, persistent: LearnedPositionEmbedding(num_positions, dim),
+    "sinusoidal": lambda num_positions, dim, layout, persistent: SinusoidalPositionalEmbedding(
+        num_positions, dim, layout, persistent=persistent
+    ),
 }
+POSITION_BIASES: dict[str, Callable[..., nn.Module]] = {
+    "alibi": lambda num_heads, num_buckets, max_distance, bidirectional: ALiBiBias(num_heads),
+    "relative_bias": lambda num_heads, num_buckets, max_distance, bidirectional: RelativePositionBias(
+        num_heads, num_buckets=num_buckets, max_distance=max_distance, bidirectional=bidirectional
+    ),
+}
+
+
+def position_table(
+    kind: str, num_positions: int, dim: int, layout: str = "interleaved", persistent: bool = True
+) -> nn.Module | None:
+    """The absolute position table of scheme `kind` (`persistent`: whether a fixed table is in checkpoints), or
+    None when the scheme has none."""
+    return POSITION_TABLES[kind](num_positions, dim, layout, persistent) if POSITION_SCHEMES[kind].table else None
+
+
+def position_bias(
+    kind: str, num_heads: int, num_buckets: int = 32, max_distance: int = 128, bidirectional: bool = False
+) -> nn.Module | None:
+    """The attention-score bias of scheme `kind` over `num_heads` heads (T5's bucketing for "relative_bias";
+    `bidirectional` for keys after the query: encoders, a prefix-LM's prefix), or None when the scheme has none."""
+    if not POSITION_SCHEMES[kind].bias:
+        return None
+    return POSITION_BIASES[kind](num_heads, num_buckets, max_distance, bidirectional)
+
 
 __all__ = [
     "ALiBiBias",
     "LearnedPositionEmbedding",
-    "POSITION_EMBEDDINGS",
+    "POSITION_BIASES",
+    "POSITION_TABLES",
     "alibi_slopes",
-    "make_absolute_position_embedding",
-    "make_position_bias",
+    "position_bias",
+    "position_table",
 ]

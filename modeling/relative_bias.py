@@ -19,6 +19,8 @@ import math
 import torch
 from torch import nn
 
+from .validation import check_relative_buckets
+
 
 def relative_position_bucket(
     relative_position: torch.Tensor, bidirectional: bool, num_buckets: int, max_distance: int
@@ -52,16 +54,7 @@ class RelativePositionBias(nn.Module):
 
     def __init__(self, num_heads: int, num_buckets: int = 32, max_distance: int = 128, bidirectional: bool = False):
         super().__init__()
-        if num_buckets < (4 if bidirectional else 2):
-            raise ValueError(
-                f"`relative_attention_num_buckets` must be >= {4 if bidirectional else 2}, got {num_buckets}."
-            )
-        exact = (num_buckets // 2 if bidirectional else num_buckets) // 2
-        if max_distance <= exact:
-            raise ValueError(
-                f"`relative_attention_max_distance` ({max_distance}) must exceed the {exact} exactly-bucketed "
-                f"distances of `relative_attention_num_buckets`={num_buckets}."
-            )
+        check_relative_buckets(num_buckets, max_distance, bidirectional)
         self.num_heads = num_heads
         self.num_buckets = num_buckets
         self.max_distance = max_distance

@@ -1,6 +1,8 @@
-"""Small helpers that make config validation errors name the field and what is allowed.
+"""The checks both config classes share, each raising a ValueError that names the field and what is allowed:
+scalar types and ranges, choices from the catalogue's registries, T5's relative-bias bucketing, and which attention
+backends can run a config's variants (at construction, and when a model switches backend later).
 
-Shared by every archlab config class. Imports nothing but torch/transformers (remote-code constraint).
+Config-side: imports no model code, only the catalogue's names (`catalogue.py`) and transformers.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ from collections.abc import Iterable
 from typing import Any
 
 from transformers.activations import ACT2FN
+
+from .catalogue import POSITION_SCHEMES
 
 # Activation names accepted by `hidden_act` / `activation_function`: whatever transformers' ACT2FN knows.
 ACTIVATIONS: tuple[str, ...] = tuple(sorted(ACT2FN.keys()))
@@ -85,11 +89,48 @@ def check_choice(config: Any, name: str, allowed: Iterable[str]) -> None:
         raise ValueError(f"`{name}`={value!r} is not supported; allowed values: {', '.join(map(repr, allowed))}.")
 
 
-def lookup(registry: dict[str, Any], key: str, field: str) -> Any:
-    """`registry[key]`, or a ValueError naming the config field and the valid keys."""
-    try:
-        return registry[key]
-    except KeyError:
+def check_relative_buckets(num_buckets: int, max_distance: int, bidirectional: bool) -> None:
+    """T5's bucketing needs log-spaced buckets beyond the exact ones: at least 2 buckets per direction, and a
+    `max_distance` above the exactly-bucketed distances (half of a direction's buckets)."""
+    per_direction = num_buckets // 2 if bidirectional else num_buckets
+    exact = per_direction // 2
+    if per_direction < 2:
         raise ValueError(
-            f"`{field}`={key!r} is not supported; allowed values: {', '.join(map(repr, registry))}."
-        ) from None
+            f"`relative_attention_num_buckets` must be >= {4 if bidirectional else 2}"
+            f"{' (bidirectional attention splits them between the two directions)' if bidirectional else ''}, "
+            f"got {num_buckets}."
+        )
+    if max_distance <= exact:
+        raise ValueError(
+            f"`relative_attention_max_distance` ({max_distance}) must exceed the {exact} exactly-bucketed distances "
+            f"of `relative_attention_num_buckets`={num_buckets}, or no bucket is log-spaced."
+        )
+
+
+def requested_attention(config: Any) -> str | None:
+    """The `attn_implementation` a user asked for in the config, if any (None while transformers picks one)."""
+    impl = getattr(config, "_attn_implementation_internal", None)
+    return impl if isinstance(impl, str) else None
+
+
+def check_attention_backend(config: Any, implementation: str) -> None:
+    """Refuse an attention backend that cannot honour the config's variants: flash kernels take no bias and no
+    arbitrary (prefix-LM) mask; transformers' flex path indexes a bias per batch row, which the batch-shared position
+    biases do not have; SDPA has no hook to soft-cap scores. Both families run this from their config and from their
+    models' backend dispatch checks."""
+    position_type = getattr(config, "position_embedding_type", "none")
+    if getattr(config, "prefix_lm", False) and implementation.startswith("flash"):
+        raise ValueError(
+            f"`prefix_lm=True` needs an arbitrary mask, which `attn_implementation`={implementation!r} cannot take; "
+            "use 'sdpa', 'eager' or 'flex_attention'."
+        )
+    if POSITION_SCHEMES[position_type].bias and (implementation.startswith("flash") or "flex" in implementation):
+        raise ValueError(
+            f"`position_embedding_type`={position_type!r} adds a bias to the attention scores, which "
+            f"`attn_implementation`={implementation!r} cannot take here; use 'sdpa' or 'eager'."
+        )
+    if getattr(config, "attn_logit_softcapping", None) is not None and "sdpa" in implementation:
+        raise ValueError(
+            "`attn_logit_softcapping` cannot be applied by `attn_implementation='sdpa'` (SDPA has no score hook); use "
+            "'eager' or 'flex_attention' (the default falls back to 'eager' when soft-capping is set)."
+        )

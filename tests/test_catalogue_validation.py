@@ -2,7 +2,7 @@
 
 import pytest
 
-from archlab.modeling.catalogue_validation import intermediate_size_from_rule
+from archlab.modeling.catalogue import intermediate_size_from_rule
 from conftest import tiny_decoder_config
 
 

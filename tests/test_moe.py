@@ -13,7 +13,8 @@ from transformers import MixtralConfig, MixtralForCausalLM, Qwen2MoeConfig, Qwen
 from transformers.models.mixtral.modeling_mixtral import load_balancing_loss_func
 
 import archlab
-from archlab.modeling import moe
+from archlab.modeling import grouped_gemm, moe
+from archlab.modeling.grouped_gemm import grouped_linear
 from archlab.modeling.moe import SparseMoeBlock, count_parameters, load_balancing_loss, router_z_loss
 
 MOE = dict(num_local_experts=4, num_experts_per_tok=2)
@@ -147,7 +148,7 @@ def test_grouped_linear_kernel_matches_per_expert_loop_forward_and_backward():
     offsets = torch.tensor([3, 3, 10, 16], dtype=torch.int32)  # expert 1 gets no rows
     x = torch.randn(16, 8, requires_grad=True)
     w = torch.randn(4, 12, 8, requires_grad=True)
-    y = moe.grouped_linear(x, w, offsets)
+    y = grouped_linear(x, w, offsets)
     starts = [0, 3, 3, 10]
     ref = torch.cat([x[s:e] @ w[i].t() for i, (s, e) in enumerate(zip(starts, offsets.tolist()))])
     torch.testing.assert_close(y, ref)
@@ -160,7 +161,7 @@ def test_grouped_linear_kernel_matches_per_expert_loop_forward_and_backward():
     # rows of 7 floats (28 bytes) are not 16-byte strided: the per-expert fallback gives the same numbers
     x7, w7 = x.detach()[:, :7].contiguous(), w.detach()[:, :, :7].contiguous()
     ref7 = torch.cat([x7[s:e] @ w7[i].t() for i, (s, e) in enumerate(zip(starts, offsets.tolist()))])
-    torch.testing.assert_close(moe.grouped_linear(x7, w7, offsets), ref7)
+    torch.testing.assert_close(grouped_linear(x7, w7, offsets), ref7)
 
 
 def test_fallback_without_kernel_matches(monkeypatch):
@@ -168,7 +169,7 @@ def test_fallback_without_kernel_matches(monkeypatch):
     x = torch.randn(2, 9, 32, requires_grad=True)
     out = block(x)
     grads = torch.autograd.grad(out.square().sum(), (x, block.experts.gate_up_proj, block.experts.down_proj))
-    monkeypatch.setattr(moe, "_GROUPED_MM", None)
+    monkeypatch.setattr(grouped_gemm, "_GROUPED_MM", None)
     out_fb = block(x)
     grads_fb = torch.autograd.grad(out_fb.square().sum(), (x, block.experts.gate_up_proj, block.experts.down_proj))
     torch.testing.assert_close(out_fb, out, atol=1e-6, rtol=1e-5)

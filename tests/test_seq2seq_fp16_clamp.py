@@ -14,7 +14,7 @@ import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from archlab import Seq2SeqConfig, Seq2SeqForConditionalGeneration
-from archlab.modeling.modeling_seq2seq import clamp_fp16
+from archlab.modeling.seq2seq_layers import clamp_fp16
 from test_seq2seq_t5 import VERSIONS, batch, t5_pair
 
 OVERFLOW = 1e4  # FFN outputs reach ~1e5 > 65504 with this factor (1e3 stays finite)

@@ -29,12 +29,12 @@ from typing import Any
 from datasets import Dataset, DatasetDict, IterableDataset, IterableDatasetDict, load_dataset
 from datasets.exceptions import DatasetGenerationError
 
+from ..modeling.losses import IGNORE_INDEX  # the label the losses skip
 from .corpus import corpus_fingerprint, stdlib_documents
 
 # File extension -> `datasets` builder.
 FILE_BUILDERS = {"txt": "text", "text": "text", "json": "json", "jsonl": "json", "csv": "csv", "parquet": "parquet"}
 SAMPLE_BY = ("document", "paragraph", "line")
-IGNORE_INDEX = -100
 
 AnyDataset = Dataset | IterableDataset
 AnyDatasetDict = DatasetDict | IterableDatasetDict

@@ -1,0 +1,66 @@
+"""`ArchlabPreTrainedModel`: what both families' `PreTrainedModel` bases share.
+
+- the attention backends a config's variants allow (`validation.check_attention_backend`, run when transformers
+  dispatches to SDPA, flash or flex, at construction and when `set_attn_implementation` switches later);
+- the weight initialisation of the catalogue's parts beyond transformers' defaults (normal Linear / Embedding,
+  LayerNorm ones and zeros): Gemma's offset norm, the fixed position tables, DeepNet's gains, T5's q scale,
+  the mixture of experts' 3-D tensors. transformers' `init` functions skip tensors loaded from a checkpoint, so
+  this also fills in only what a checkpoint lacks (e.g. non-persistent tables after meta-device loading);
+- safetensors-only loading and the family's `auto_map` (`HubMixin`).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from transformers import initialization as init
+from transformers.modeling_utils import PreTrainedModel
+
+from .hub_mixin import HubMixin
+from .moe import init_moe_weights
+from .normalization import OffsetRMSNorm
+from .positions import ALiBiBias, alibi_slopes
+from .sinusoidal import SinusoidalPositionalEmbedding, sinusoid_table
+from .validation import check_attention_backend
+
+
+class ArchlabPreTrainedModel(HubMixin, PreTrainedModel):
+    base_model_prefix = "model"
+    supports_gradient_checkpointing = True
+    _skip_keys_device_placement = ["past_key_values"]
+    _supports_sdpa = True
+    _supports_flash_attn = True
+    _supports_flex_attn = True
+    _supports_attention_backend = True
+
+    def _sdpa_can_dispatch(self, is_init_check: bool = False) -> bool:
+        check_attention_backend(self.config, "sdpa")
+        return super()._sdpa_can_dispatch(is_init_check)
+
+    def _flash_attn_can_dispatch(self, flash_attn_version: int, is_init_check: bool = False) -> bool:
+        check_attention_backend(self.config, f"flash_attention_{flash_attn_version}")
+        return super()._flash_attn_can_dispatch(flash_attn_version, is_init_check)
+
+    def _flex_attn_can_dispatch(self, is_init_check: bool = False) -> bool:
+        check_attention_backend(self.config, "flex_attention")
+        return super()._flex_attn_can_dispatch(is_init_check)
+
+    @torch.no_grad()
+    def _init_weights(self, module: nn.Module) -> None:
+        if getattr(module, "is_tied_alias", False):
+            return  # its weight becomes another module's parameter (seq2seq's TiedEmbedding)
+        super()._init_weights(module)
+        init_moe_weights(module, self.config.initializer_range)  # expert tensors and routers; no-op otherwise
+        if isinstance(module, OffsetRMSNorm):
+            init.zeros_(module.weight)  # the gain is 1 + w
+        elif isinstance(module, SinusoidalPositionalEmbedding):
+            init.copy_(module.weight, sinusoid_table(module.num_positions, module.dim, module.layout, module.base))
+        elif isinstance(module, ALiBiBias):
+            init.copy_(module.slopes, alibi_slopes(module.num_heads))
+        elif isinstance(module, nn.Linear) and hasattr(module, "deepnorm_gain"):
+            init.xavier_normal_(module.weight, gain=module.deepnorm_gain)  # DeepNet's β-scaled init (blocks.py)
+        elif isinstance(module, nn.Linear) and hasattr(module, "init_std"):
+            init.normal_(module.weight, mean=0.0, std=module.init_std)  # T5's q_proj (seq2seq_layers.py)
+
+
+__all__ = ["ArchlabPreTrainedModel"]
