@@ -65,7 +65,7 @@ class Attention(nn.Module):
     """Attention with separate q/k/v/o projections, named as in Llama (`q_proj`, ..., `o_proj`).
 
     Sizes default to the decoder config's fields (`hidden_size`, `num_attention_heads`, `num_key_value_heads`,
-    `head_dim`, `attention_bias`); the encoder-decoder passes its own (`d_model`, `encoder_attention_heads`, ...) and
+    `head_dim`, `attention_bias`, `qkv_bias`); the encoder-decoder passes its own (`d_model`, `encoder_attention_heads`, ...) and
     `output_name="out_proj"`, Marian/Bart's name for the output projection; `scaling` (T5: 1.0) and `norm_eps` (the
     QK-norm's epsilon) override the config's. QK-norm applies to cross-attention too (keys normalised before caching).
     """
@@ -114,9 +114,11 @@ class Attention(nn.Module):
         self.attention_dropout = config.attention_dropout
         self.is_causal = is_causal
         bias = bias if bias is not None else config.attention_bias
-        self.q_proj = nn.Linear(hidden, self.num_heads * self.head_dim, bias=bias)
-        self.k_proj = nn.Linear(hidden, self.num_key_value_heads * self.head_dim, bias=bias)
-        self.v_proj = nn.Linear(hidden, self.num_key_value_heads * self.head_dim, bias=bias)
+        qkv_bias = getattr(config, "qkv_bias", None)  # Qwen2: q/k/v with a bias, the output projection without
+        qkv_bias = bias if qkv_bias is None else qkv_bias
+        self.q_proj = nn.Linear(hidden, self.num_heads * self.head_dim, bias=qkv_bias)
+        self.k_proj = nn.Linear(hidden, self.num_key_value_heads * self.head_dim, bias=qkv_bias)
+        self.v_proj = nn.Linear(hidden, self.num_key_value_heads * self.head_dim, bias=qkv_bias)
         self.output_name = output_name
         self.add_module(output_name, nn.Linear(self.num_heads * self.head_dim, hidden, bias=bias))
 

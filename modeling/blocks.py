@@ -4,7 +4,8 @@ seed 004 "pre- vs post-norm", "parallel layers").
     pre       x + Attn(N(x)); then h + MLP(N(h)); final norm after the stack      (GPT-2, LLaMA)
     post      N(x + Attn(x)); then N(h + MLP(h)); no final norm                   (Vaswani et al., BERT, Marian)
     sandwich  x + N(Attn(N(x))); then h + N(MLP(N(h))); final norm                (CogView, Gemma2)
-    parallel  x + Attn(N1(x)) + MLP(N2(x)); final norm                            (GPT-J, GPT-NeoX, PaLM, Falcon)
+    parallel  x + Attn(N1(x)) + MLP(N2(x)); final norm                            (GPT-NeoX, Falcon-40B)
+    parallel_shared_norm  x + Attn(N(x)) + MLP(N(x)): one norm for both; final norm  (GPT-J, Falcon-7B, Phi)
     deepnorm  N(α·x + Attn(x)); then N(α·h + MLP(h)); Attn/MLP init scaled by β  (DeepNet, GLM-130B)
 
 Norm parameter names are Llama's and Gemma2's (`input_layernorm`, `post_attention_layernorm`,
@@ -177,11 +178,32 @@ class ParallelBlock(DecoderBlock):
         return hidden_states + attn_out + mlp_out, weights
 
 
+class SharedNormParallelBlock(DecoderBlock):
+    """The parallel block with one norm whose output both the attention and the MLP read."""
+
+    def __init__(self, config, layer_idx: int) -> None:
+        super().__init__(config, layer_idx)
+        self.input_layernorm = norm_from_config(config)
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
+        past_key_values: Cache | None = None,
+        **kwargs,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        normed = self.input_layernorm(hidden_states)
+        attn_out, weights = self.attend(normed, attention_mask, position_embeddings, past_key_values, **kwargs)
+        return hidden_states + attn_out + self.mlp(normed), weights
+
+
 BLOCKS: dict[str, type[DecoderBlock]] = {
     "pre": PreNormBlock,
     "post": PostNormBlock,
     "sandwich": SandwichNormBlock,
     "parallel": ParallelBlock,
+    "parallel_shared_norm": SharedNormParallelBlock,
     "deepnorm": DeepNormBlock,
 }
 
@@ -193,6 +215,7 @@ __all__ = [
     "PostNormBlock",
     "PreNormBlock",
     "SandwichNormBlock",
+    "SharedNormParallelBlock",
     "build_mlp",
     "deepnorm_constants",
     "norm_from_config",

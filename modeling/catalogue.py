@@ -35,7 +35,7 @@ SEQ2SEQ_POSITION_SCHEMES = ("sinusoidal", "learned", "relative_bias", "none")
 NORM_TYPES = ("rms_norm", "offset_rms_norm", "layer_norm")  # offset: Gemma's (1 + w) gain
 
 # Where the norms sit around a layer's sub-layers (blocks.py for the decoder, seq2seq_layers.py for the stacks).
-DECODER_NORM_POSITIONS = ("pre", "post", "sandwich", "parallel", "deepnorm")
+DECODER_NORM_POSITIONS = ("pre", "post", "sandwich", "parallel", "parallel_shared_norm", "deepnorm")
 SEQ2SEQ_NORM_POSITIONS = ("post", "pre", "sandwich")
 
 MLP_TYPES = ("gated", "plain")  # act(gate x) ⊙ up x (SwiGLU, GeGLU) | act(up x) (ReLU/GELU FFN)

@@ -77,12 +77,15 @@ class DecoderConfig(PreTrainedConfig):
             reads it (default, linear, dynamic, yarn, llama3, ...; `partial_rotary_factor` rotates a fraction of
             each head, as GPT-NeoX). Legacy `rope_theta` / `rope_scaling` are accepted.
         attention_bias (`bool`, False): biases on the q/k/v/o projections. mlp_bias (`bool`, False): on the MLP.
+        qkv_bias (`bool`, *optional*): biases on the q/k/v projections alone (Qwen2-MoE's name; Qwen2, StableLM-2:
+            True with `attention_bias=False`, the output projection without); None follows `attention_bias`.
 
     Architecture catalogue (seed 000 §5.2, seed 004; Mistral / Gemma2 / Qwen3 / T5 names where they have the concept;
     the allowed values are the registries of `catalogue.py`):
         norm_type (`str`, `"rms_norm"`): `"rms_norm"`, `"offset_rms_norm"` (Gemma's (1 + w) gain) or `"layer_norm"`.
         norm_position (`str`, `"pre"`): where the norms sit (blocks.py): `"pre"` (Llama), `"post"` (Vaswani et al.),
-            `"sandwich"` (Gemma2), `"parallel"` (attention and MLP on the same input: GPT-NeoX, PaLM) or
+            `"sandwich"` (Gemma2), `"parallel"` (attention and MLP on the same input: GPT-NeoX, PaLM),
+            `"parallel_shared_norm"` (the parallel block with one norm for both: GPT-J, Falcon-7B, Phi) or
             `"deepnorm"` (post-norm with DeepNet's α-weighted residual and β-scaled init).
         norm_bias (`bool`, *optional*): a LayerNorm bias; None is True for `"layer_norm"`, False for the RMS norms.
         deepnorm_alpha / deepnorm_beta (`float`, *optional*): DeepNet's α and β; None is (2N)^¼ and (8N)^-¼.
@@ -95,6 +98,12 @@ class DecoderConfig(PreTrainedConfig):
         relative_attention_num_buckets (`int`, 32) / relative_attention_max_distance (`int`, 128): T5's bucketing.
         scale_embedding (`bool`, False): multiply the token embeddings by sqrt(hidden_size) (Vaswani et al., Gemma).
         embedding_layernorm (`bool`, False): a norm right after the embeddings (BLOOM's `word_embeddings_layernorm`).
+        position_embedding_offset (`int`, 0): a `"learned"` table with this many extra leading rows, looked up at
+            position + offset (OPT's and Bart's table has 2).
+        position_ids_from_attention_mask (`bool`, False): number positions by counting the attention mask's ones
+            (OPT), so a left-padded row starts at 0 as it does alone; False numbers them 0, 1, ... from the first
+            column (GPT-2, Llama). Explicit `position_ids` (as `generate` passes them) always win.
+        lm_head_bias (`bool`, False): a bias on the LM head (Phi).
         sliding_window (`int`, *optional*): the window of `"sliding_attention"` layers; alone, every layer slides
             (Mistral).
         layer_types (`list[str]`, *optional*): per layer `"full_attention"` or `"sliding_attention"` (Gemma2's
@@ -187,6 +196,7 @@ class DecoderConfig(PreTrainedConfig):
     tie_word_embeddings: bool = False
     rope_parameters: dict | None = None
     attention_bias: bool = False
+    qkv_bias: bool | None = None  # None: as attention_bias (Qwen2-MoE's name)
     attention_dropout: int | float = 0.0
     mlp_bias: bool = False
 
@@ -221,6 +231,9 @@ class DecoderConfig(PreTrainedConfig):
     relative_attention_max_distance: int = 128
     scale_embedding: bool = False
     embedding_layernorm: bool = False
+    position_embedding_offset: int = 0
+    position_ids_from_attention_mask: bool = False
+    lm_head_bias: bool = False
     sliding_window: int | None = None
     layer_types: list[str] | None = None
     prefix_lm: bool = False
@@ -318,6 +331,13 @@ def _validate_catalogue(config: Any) -> None:
     check_choice(config, "position_embedding_type", POSITION_SCHEMES)
     check_positive(config, "mlp_width_multiple_of")
     check_non_negative(config, "lm_z_loss_coef")
+    check_non_negative(config, "position_embedding_offset")
+    if config.position_embedding_offset and config.position_embedding_type != "learned":
+        raise ValueError(
+            f"`position_embedding_offset` ({config.position_embedding_offset}) shifts a learned position table; "
+            f"`position_embedding_type` is {config.position_embedding_type!r}: allowed values are 0, or any with "
+            "'learned'."
+        )
     if config.norm_bias and config.norm_type != "layer_norm":
         raise ValueError(f"`norm_bias=True` needs `norm_type='layer_norm'`: {config.norm_type!r} has no bias.")
     for name in ("deepnorm_alpha", "deepnorm_beta"):

@@ -96,6 +96,12 @@ class Seq2SeqConfig(PreTrainedConfig):
             loss then runs unchunked.
         lm_loss_chunk_size (`int`, defaults to 1024): in training, the LM head and cross-entropy run over chunks of
             this many tokens so the full (tokens, vocab) logits never exist at once; 0 turns chunking off.
+        embedding_layernorm (`bool`, defaults to False): a norm right after the embeddings of each stack (Bart's
+            `layernorm_embedding`, BERT's embedding LayerNorm), as `DecoderConfig.embedding_layernorm`.
+        position_embedding_offset (`int`, defaults to 0): a `"learned"` table with this many extra leading rows,
+            looked up at position + offset (Bart's has 2), as `DecoderConfig.position_embedding_offset`.
+        type_vocab_size (`int`, defaults to 0): BERT's segment types: the encoder adds an embedding of
+            `token_type_ids` (0 when not given); 0 means none, and `token_type_ids` are ignored.
 
     Example:
     ```python
@@ -191,6 +197,9 @@ class Seq2SeqConfig(PreTrainedConfig):
     use_qk_norm: bool = False
     attn_logit_softcapping: int | float | None = None
     final_logit_softcapping: int | float | None = None
+    embedding_layernorm: bool = False
+    position_embedding_offset: int = 0
+    type_vocab_size: int = 0
 
     def __post_init__(self, **kwargs: Any) -> None:
         check_field_types(self)
@@ -226,6 +235,14 @@ class Seq2SeqConfig(PreTrainedConfig):
         check_positive(self, "layer_norm_eps", integer=False)
         check_non_negative(self, "init_std")
         check_non_negative(self, "lm_loss_chunk_size")
+        check_non_negative(self, "type_vocab_size")
+        check_non_negative(self, "position_embedding_offset")
+        if self.position_embedding_offset and self.position_embedding_type != "learned":
+            raise ValueError(
+                f"`position_embedding_offset` ({self.position_embedding_offset}) shifts a learned position table; "
+                f"`position_embedding_type` is {self.position_embedding_type!r}: allowed values are 0, or any with "
+                "'learned'."
+            )
         for name in ("d_kv", "attn_logit_softcapping", "final_logit_softcapping"):
             if getattr(self, name) is not None:
                 check_positive(self, name, integer=name == "d_kv")

@@ -27,9 +27,14 @@ from .configuration_decoder import DecoderConfig
 from .input_checks import cached_length, check_attention_mask, check_token_ids
 from .losses import causal_lm_loss, lm_head_loss
 from .moe import collect_router_logits, load_balancing_loss, router_z_loss
-from .positions import position_bias, position_table
+from .positions import position_bias, position_ids_from_mask, position_table
 from .pretrained import ArchlabPreTrainedModel
 from .rotary import RotaryEmbedding
+
+
+def _is_padding_mask(attention_mask: torch.Tensor | dict | None) -> bool:
+    """A 2D (batch, keys) padding mask, not the prebuilt masks `generate` hands a static cache."""
+    return isinstance(attention_mask, torch.Tensor) and attention_mask.dim() == 2
 
 
 class DecoderPreTrainedModel(ArchlabPreTrainedModel):
@@ -63,7 +68,10 @@ class DecoderModel(DecoderPreTrainedModel):
         kind = config.position_embedding_type
         self.rotary_emb = RotaryEmbedding(config) if POSITION_SCHEMES[kind].rotary else None
         # a fixed sinusoid is fully determined by the config: kept out of checkpoints
-        self.embed_positions = position_table(kind, config.max_position_embeddings, config.hidden_size, persistent=False)
+        self.embed_positions = position_table(
+            kind, config.max_position_embeddings, config.hidden_size, persistent=False,
+            offset=config.position_embedding_offset,
+        )
         # prefix-LM: keys after the query inside the prefix, so T5's buckets cover both directions
         self.position_bias = position_bias(
             kind, config.num_attention_heads, config.relative_attention_num_buckets,
@@ -117,6 +125,8 @@ class DecoderModel(DecoderPreTrainedModel):
             attention_mask, batch_size, None if past is None else past + seq_len, keys="cached + new tokens"
         )
         positions_length = None  # known without reading a tensor when the positions are ours: 0 .. past + seq_len - 1
+        if position_ids is None and self.config.position_ids_from_attention_mask and _is_padding_mask(attention_mask):
+            position_ids = position_ids_from_mask(attention_mask, seq_len)  # OPT: a padded row starts at 0
         if position_ids is None:
             past_seen = past_key_values.get_seq_length() if past_key_values is not None else 0
             position_ids = torch.arange(seq_len, device=inputs_embeds.device) + past_seen
@@ -195,7 +205,7 @@ class DecoderForCausalLM(DecoderPreTrainedModel, GenerationMixin):
         super().__init__(config)
         self.model = DecoderModel(config)
         self.vocab_size = config.vocab_size
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=config.lm_head_bias)  # Phi: a bias
         # Gemma2's c · tanh(logits / c); with it the loss runs unchunked (losses.lm_head_loss).
         self.final_logit_softcapping = config.final_logit_softcapping
         self.post_init()

@@ -100,7 +100,7 @@ class EncoderForMaskedLM(Seq2SeqPreTrainedModel):
         attention_mask: torch.Tensor | None = None,
         inputs_embeds: torch.Tensor | None = None,
         labels: torch.LongTensor | None = None,
-        token_type_ids: torch.Tensor | None = None,  # BERT tokenizers emit it; there are no segment embeddings here
+        token_type_ids: torch.Tensor | None = None,  # segment ids (`type_vocab_size` > 0; else ignored)
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
@@ -115,6 +115,7 @@ class EncoderForMaskedLM(Seq2SeqPreTrainedModel):
             input_ids=input_ids,
             attention_mask=attention_mask,
             position_ids=position_ids,
+            token_type_ids=token_type_ids,
             inputs_embeds=inputs_embeds,
             output_attentions=output_attentions if output_attentions is not None else self.config.output_attentions,
             output_hidden_states=(

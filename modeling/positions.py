@@ -68,21 +68,24 @@ class LearnedPositionEmbedding(nn.Embedding):
     """A trained (max_position_embeddings, d) table looked up by position id (GPT-2's `wpe`, OPT, GPT-3).
 
     It has no row past the training length: longer sequences are refused with a ValueError naming
-    `max_position_embeddings` (not an index error inside the lookup).
+    `max_position_embeddings` (not an index error inside the lookup). `offset` extra leading rows are looked up at
+    position + offset (OPT's and Bart's tables have 2); a padding position numbered -1 (positions counted from the
+    attention mask) reads row offset - 1, or row 0.
     """
 
-    def __init__(self, num_positions: int, dim: int) -> None:
-        super().__init__(num_positions, dim)
+    def __init__(self, num_positions: int, dim: int, offset: int = 0) -> None:
+        super().__init__(num_positions + offset, dim)
+        self.num_positions, self.offset = num_positions, offset
 
     def forward(self, position_ids: torch.Tensor) -> torch.Tensor:
-        check_position_ids(position_ids, self.num_embeddings, "learned")
-        return super().forward(position_ids)
+        check_position_ids(position_ids, self.num_positions, "learned")
+        return super().forward((position_ids + self.offset).clamp(min=0))
 
 
 # The table and bias modules by scheme name (the keys of `catalogue.POSITION_SCHEMES` with `table` / `bias`).
 POSITION_TABLES: dict[str, Callable[..., nn.Module]] = {
-    "learned": lambda num_positions, dim, layout, persistent: LearnedPositionEmbedding(num_positions, dim),
-    "sinusoidal": lambda num_positions, dim, layout, persistent: SinusoidalPositionalEmbedding(
+    "learned": lambda num_positions, dim, layout, persistent, offset: LearnedPositionEmbedding(num_positions, dim, offset),
+    "sinusoidal": lambda num_positions, dim, layout, persistent, offset: SinusoidalPositionalEmbedding(
         num_positions, dim, layout, persistent=persistent
     ),
 }
@@ -95,11 +98,20 @@ POSITION_BIASES: dict[str, Callable[..., nn.Module]] = {
 
 
 def position_table(
-    kind: str, num_positions: int, dim: int, layout: str = "interleaved", persistent: bool = True
+    kind: str, num_positions: int, dim: int, layout: str = "interleaved", persistent: bool = True, offset: int = 0
 ) -> nn.Module | None:
-    """The absolute position table of scheme `kind` (`persistent`: whether a fixed table is in checkpoints), or
-    None when the scheme has none."""
-    return POSITION_TABLES[kind](num_positions, dim, layout, persistent) if POSITION_SCHEMES[kind].table else None
+    """The absolute position table of scheme `kind` (`persistent`: whether a fixed table is in checkpoints;
+    `offset`: a learned table's extra leading rows), or None when the scheme has none."""
+    if not POSITION_SCHEMES[kind].table:
+        return None
+    return POSITION_TABLES[kind](num_positions, dim, layout, persistent, offset)
+
+
+def position_ids_from_mask(attention_mask: torch.Tensor, length: int) -> torch.Tensor:
+    """(B, length) positions of the last `length` columns of a 2D padding mask, counting only its ones: a
+    left-padded row starts at 0 as it does alone (OPT's numbering); padding columns get -1."""
+    positions = attention_mask.long().cumsum(-1) * attention_mask - 1
+    return positions[:, -length:]
 
 
 def position_bias(
@@ -119,5 +131,6 @@ __all__ = [
     "POSITION_TABLES",
     "alibi_slopes",
     "position_bias",
+    "position_ids_from_mask",
     "position_table",
 ]

@@ -61,6 +61,11 @@ def make_final_norm(config: Seq2SeqConfig) -> nn.Module:
     return make_norm(config.norm_type, config.d_model, config.layer_norm_eps)
 
 
+def embedding_norm(config: Seq2SeqConfig) -> nn.Module | None:
+    """Bart's and BERT's norm right after token + position (+ segment) embeddings, or None."""
+    return make_norm(config.norm_type, config.d_model, config.layer_norm_eps) if config.embedding_layernorm else None
+
+
 class Seq2SeqEncoder(nn.Module):
     """Token embeddings (scaled) + positions → `encoder_layers` bidirectional layers (→ final norm if pre-norm)."""
 
@@ -70,8 +75,12 @@ class Seq2SeqEncoder(nn.Module):
         self.embed_scale = math.sqrt(config.d_model) if config.scale_embedding else 1.0
         self.embed_tokens = embed_tokens
         self.embed_positions = position_table(
-            config.position_embedding_type, config.max_position_embeddings, config.d_model, config.sinusoidal_layout
+            config.position_embedding_type, config.max_position_embeddings, config.d_model, config.sinusoidal_layout,
+            offset=config.position_embedding_offset,
         )
+        # BERT's segment embeddings (`token_type_ids`), when the config has segment types
+        self.token_type_embeddings = nn.Embedding(config.type_vocab_size, config.d_model) if config.type_vocab_size else None
+        self.layernorm_embedding = embedding_norm(config)
         self.dropout = nn.Dropout(config.dropout)
         self.layers = nn.ModuleList([Seq2SeqEncoderLayer(config, i) for i in range(config.encoder_layers)])
         self.layer_norm = make_final_norm(config)
@@ -89,10 +98,13 @@ class Seq2SeqEncoder(nn.Module):
         output_hidden_states: bool = False,
         return_dict: bool = True,
         position_ids: torch.LongTensor | None = None,
+        token_type_ids: torch.LongTensor | None = None,
         **kwargs,
     ) -> BaseModelOutput | tuple:
         r"""position_ids (`torch.LongTensor` of shape `(batch, T)`, *optional*): packed documents, as the decoder
-            takes them: positions restart at each document, and attention stays inside each document."""
+            takes them: positions restart at each document, and attention stays inside each document.
+        token_type_ids (`torch.LongTensor` of shape `(batch, T)`, *optional*): BERT's segment ids, with
+            `config.type_vocab_size` > 0 (None: all 0); ignored otherwise, as tokenizers emit them anyway."""
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("Pass exactly one of `input_ids` or `inputs_embeds`.")
         if inputs_embeds is None:
@@ -105,6 +117,12 @@ class Seq2SeqEncoder(nn.Module):
         if self.embed_positions is not None:
             position_embeddings = self.embed_positions(positions if position_ids is None else position_ids)
             hidden_states = hidden_states + position_embeddings.to(hidden_states.dtype)  # never promote half to fp32
+        if self.token_type_embeddings is not None:
+            if token_type_ids is None:
+                token_type_ids = torch.zeros(hidden_states.shape[:2], dtype=torch.long, device=hidden_states.device)
+            hidden_states = hidden_states + self.token_type_embeddings(token_type_ids)
+        if self.layernorm_embedding is not None:
+            hidden_states = self.layernorm_embedding(hidden_states)
         hidden_states = self.dropout(hidden_states)
 
         # Packed documents (positions restarting, tokenization/data.py): a block-diagonal bidirectional mask
@@ -153,8 +171,10 @@ class Seq2SeqDecoder(nn.Module):
         self.embed_scale = math.sqrt(config.d_model) if config.scale_embedding else 1.0
         self.embed_tokens = embed_tokens
         self.embed_positions = position_table(
-            config.position_embedding_type, config.max_position_embeddings, config.d_model, config.sinusoidal_layout
+            config.position_embedding_type, config.max_position_embeddings, config.d_model, config.sinusoidal_layout,
+            offset=config.position_embedding_offset,
         )
+        self.layernorm_embedding = embedding_norm(config)
         self.dropout = nn.Dropout(config.dropout)
         self.layers = nn.ModuleList([Seq2SeqDecoderLayer(config, i) for i in range(config.decoder_layers)])
         self.layer_norm = make_final_norm(config)
@@ -201,6 +221,8 @@ class Seq2SeqDecoder(nn.Module):
         hidden_states = inputs_embeds
         if self.embed_positions is not None:
             hidden_states = hidden_states + self.embed_positions(positions).to(hidden_states.dtype)
+        if self.layernorm_embedding is not None:
+            hidden_states = self.layernorm_embedding(hidden_states)
         hidden_states = self.dropout(hidden_states)
 
         causal_mask = create_causal_mask(

@@ -11,6 +11,7 @@ from archlab.modeling.blocks import (
     BLOCKS,
     DeepNormBlock,
     ParallelBlock,
+    SharedNormParallelBlock,
     PostNormBlock,
     PreNormBlock,
     SandwichNormBlock,
@@ -79,8 +80,10 @@ def test_final_norm_only_where_the_stack_ends_unnormalised():
         model = DecoderForCausalLM(tiny_decoder_config(norm_position=placement))
         assert isinstance(model.model.layers[0], block)
         assert isinstance(model.model.norm, nn.Identity) == (placement in ("post", "deepnorm"))
-    assert {PreNormBlock, PostNormBlock, SandwichNormBlock, ParallelBlock, DeepNormBlock} == set(BLOCKS.values())
-    expected_norms = {"pre": 2, "post": 2, "sandwich": 4, "parallel": 2, "deepnorm": 2}
+    assert {PreNormBlock, PostNormBlock, SandwichNormBlock, ParallelBlock, SharedNormParallelBlock, DeepNormBlock} == set(
+        BLOCKS.values()
+    )
+    expected_norms = {"pre": 2, "post": 2, "sandwich": 4, "parallel": 2, "parallel_shared_norm": 1, "deepnorm": 2}
     for placement, count in expected_norms.items():
         layer = BLOCKS[placement](tiny_decoder_config(), 0)
         assert sum("layernorm" in name for name, _ in layer.named_children()) == count
