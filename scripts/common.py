@@ -682,7 +682,8 @@ def train_evaluating_at_start(
     finally:
         trainer.remove_callback(first)
     if first.metrics is None:  # train() took no step (a finished checkpoint being finalised): nothing to wrap
-        first.report(first.metrics := trainer.evaluate())
+        first.metrics = trainer.evaluate()
+        first.report(first.metrics)
     return first.metrics, result
 
 
