@@ -25,7 +25,8 @@ from accelerate.utils import compile_regions
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from archlab import DecoderConfig, DecoderForCausalLM
-from archlab.scripts.benchmark import Report, Row, compare_speed, dense_shape, make_optimizer, training_step
+from archlab.scripts.benchmark import dense_shape
+from archlab.training.benchmarking import Report, Row, compare_speed, make_optimizer, training_step
 
 
 def build_models(quick: bool) -> dict[str, torch.nn.Module]:

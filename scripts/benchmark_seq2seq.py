@@ -3,7 +3,7 @@
 Both models have the same Marian config (opus-mt shape by default: d_model 512, 6 + 6 layers, 8 heads, FFN 2048,
 Swish, dropout 0.1) and the same weights (archlab loads Marian's state dict with strict=True), and see the same
 inputs, side by side in one process (the method of `scripts/benchmark.py`: warm-up, alternating order, median of
-per-round ratios). The issue's goals:
+per-round ratios). The goals:
 
 - training tokens/s (full optimiser step, Trainer's default fused AdamW unless `--optim`; source + target tokens), goal ≥ 1.2×;
 - beam-search generation tokens/s (4 beams, EncoderDecoderCache, fixed output length), goal ≥ 1.0×;
@@ -23,7 +23,7 @@ import torch
 from transformers import MarianConfig, MarianMTModel
 
 from archlab import Seq2SeqConfig, Seq2SeqForConditionalGeneration
-from archlab.scripts.benchmark import (
+from archlab.training.benchmarking import (
     Report, Row, breakdown_notes, compare_speed, make_optimizer, peak_training_memory, training_step,
 )
 
