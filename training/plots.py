@@ -6,6 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from .reporting import log
 
 
@@ -44,3 +46,21 @@ def plot_loss_curve(log_history: list[dict[str, Any]], path: str | Path) -> bool
     plt.close(figure)
     return True
 
+
+def plot_ablation_curves(results: list[dict[str, Any]], path: str | Path) -> None:
+    """Each ablation variant's training loss (a running mean of 10 steps) against the step, as a PNG."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(10, 6))
+    for r in results:
+        curve = torch.tensor(r["loss_curve"])
+        k = min(10, len(curve))
+        smooth = torch.nn.functional.avg_pool1d(curve[None, None], k, stride=1)[0, 0]  # running mean
+        ax.plot(range(k - 1, len(curve)), smooth.tolist(), label=r["name"], linewidth=1)
+    ax.set_xlabel("step")
+    ax.set_ylabel("training loss (nats/byte, running mean of 10)")
+    ax.set_ylim(top=min(4.0, ax.get_ylim()[1]))
+    ax.legend(fontsize=7, ncol=2)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
