@@ -102,3 +102,23 @@ def test_dense_suite_runs_at_quick_size(tmp_path, capsys):
                 "generation tokens/s, batch 1", "generation tokens/s, batch 8", "Where LlamaForCausalLM's training step"):
         assert row in table, row
 
+
+def test_interleaved_rounds_warm_up_then_balance_the_order():
+    """Every suite's timing loop: one untimed warm-up call each, then rounds whose order rotates (two runs alternate
+    which goes first; with more, every other round is also reversed, so no run always follows the same one)."""
+    from archlab.training.benchmarking import compare_speed, interleaved_rounds
+
+    calls = []
+    runs = {name: (lambda name=name: calls.append(name)) for name in "ab"}
+    times = interleaved_rounds(runs, rounds=4)
+    assert "".join(calls) == "ab" + "ab" + "ba" + "ab" + "ba"
+    assert {name: len(seconds) for name, seconds in times.items()} == {"a": 4, "b": 4}
+
+    calls.clear()
+    interleaved_rounds({name: (lambda name=name: calls.append(name)) for name in "abc"}, rounds=4, warmup=0)
+    assert "".join(calls) == "abc" + "acb" + "cab" + "cba"
+
+    calls.clear()
+    median_a, median_p, ratio = compare_speed(runs["a"], runs["b"], rounds=3)
+    assert "".join(calls) == "ab" + "ab" + "ba" + "ab"
+    assert median_a > 0 and median_p > 0 and ratio > 0

@@ -166,3 +166,28 @@ def test_a_damaged_base_model_is_named_before_anything_is_read(tmp_path: Path, w
         finetune.main(run_args(out, "--task", "instruct", "--model_name_or_path", str(base)))
     assert not out.exists()
 
+
+def test_the_task_table_has_one_row_per_task_choice() -> None:
+    """`--task` takes exactly the rows of the task table, and each row names a model kind the scripts build and
+    reports every metric it computes in its before/after lines."""
+    import dataclasses
+
+    from archlab.training.kinds import MODEL_KINDS
+    from archlab.training.tasks import TASKS
+
+    task_flag = next(f for f in dataclasses.fields(finetune.FinetuneArguments) if f.name == "task")
+    assert task_flag.metadata["help"].split(" | ") == list(TASKS) == ["instruct", "classification", "seq2seq"]
+    assert task_flag.default in TASKS
+    assert {name: task.model_kind for name, task in TASKS.items()} == {
+        "instruct": "decoder", "classification": "decoder", "seq2seq": "seq2seq"}
+    assert all(task.model_kind in MODEL_KINDS for task in TASKS.values())
+
+    logits = np.array([[2.0, 0.0], [0.0, 1.0]])
+    computed = {
+        "instruct": TASKS["instruct"].view({"eval_loss": 1.0}),
+        "classification": {"eval_loss": 1.0, **{f"eval_{k}": v for k, v in TASKS["classification"].compute_metrics(
+            None)(EvalPrediction(predictions=logits, label_ids=np.array([0, 1]))).items()}},
+        "seq2seq": {"eval_loss": 1.0, **{f"eval_{k}": v for k, v in text_metrics(["a b"], ["a b"]).items()}},
+    }
+    for name, metrics in computed.items():
+        assert set(TASKS[name].summary_keys) == set(metrics), name
