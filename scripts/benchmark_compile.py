@@ -87,9 +87,9 @@ def run(args: argparse.Namespace) -> Report:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from archlab.scripts.benchmark import main as harness
+    from archlab.scripts.benchmark import main as benchmark_main
 
-    return harness(["--suite", "compile", *(argv or [])])
+    return benchmark_main(["--suite", "compile", *(argv or [])])
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ per-round ratios). The goals:
 - beam-search generation tokens/s (4 beams, EncoderDecoderCache, fixed output length), goal ≥ 1.0×;
 - peak memory of a training step, goal ≤ 1.0× (reported as Marian ÷ archlab, so ≥ 1 meets it).
 
-    python scripts/benchmark.py --suite seq2seq --threads 2            # through the shared harness
+    python scripts/benchmark.py --suite seq2seq --threads 2            # with the shared flags
     python -m archlab.scripts.benchmark_seq2seq --threads 2 --rounds 8  # the same, standalone
     python -m archlab.scripts.benchmark_seq2seq --quick                 # tiny shapes: checks that it runs
 """
