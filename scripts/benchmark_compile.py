@@ -25,7 +25,8 @@ from accelerate.utils import compile_regions
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from archlab import DecoderConfig, DecoderForCausalLM
-from archlab.scripts.benchmark import Report, Row, compare_speed, dense_shape, make_optimizer, training_step
+from archlab.scripts.benchmark import dense_shape
+from archlab.training.benchmarking import Report, Row, compare_speed, make_optimizer, training_step
 
 
 def build_models(quick: bool) -> dict[str, torch.nn.Module]:
@@ -86,9 +87,9 @@ def run(args: argparse.Namespace) -> Report:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from archlab.scripts.benchmark import main as harness
+    from archlab.scripts.benchmark import main as benchmark_main
 
-    return harness(["--suite", "compile", *(argv or [])])
+    return benchmark_main(["--suite", "compile", *(argv or [])])
 
 
 if __name__ == "__main__":

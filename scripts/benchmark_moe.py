@@ -13,11 +13,12 @@ Training: one full step (forward with labels and the load-balancing loss, backwa
 default optimiser (fused AdamW) unless `--optim` says otherwise.
 Decode: greedy `generate` of `--new-tokens` tokens after a `--prompt`-token prompt, batch `--decode-batch`.
 
-Method: fixed `torch.set_num_threads`, a warm-up of every model, then `--rounds` rounds in which every model runs
-once, the order rotating and reversing from round to round; a model's score is the median over rounds of its
-time relative to archlab-moe in the same round (so machine-load drift cancels). Absolute tokens/s are medians too.
+Method (the harness of `archlab.training.benchmarking`): fixed `torch.set_num_threads`, a warm-up of every model,
+then `--rounds` rounds in which every model runs once, the order rotating and reversing from round to round; a
+model's score is the median over rounds of its time relative to archlab-moe in the same round (so machine-load drift
+cancels). Absolute tokens/s are medians too.
 
-    python -m archlab.scripts.benchmark_moe --rounds 8            # the issue's config (vocab 8192, d 512, 8 layers)
+    python -m archlab.scripts.benchmark_moe --rounds 8            # the README's config (vocab 8192, d 512, 8 layers)
     python -m archlab.scripts.benchmark_moe --batch 2 --seq 128 --rounds 3 --decode-rounds 3   # quick look
 
 Reportable run: the defaults (batch 8 x 256 training, batch-1 decoding of 32 tokens after 32, 8 + 8 rounds, 2
@@ -36,15 +37,16 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import time
-from collections.abc import Callable
+from functools import partial
 
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, MixtralConfig, MixtralForCausalLM
 
 from archlab import DecoderConfig, DecoderForCausalLM
 from archlab.modeling.moe import count_parameters
-from archlab.scripts.benchmark import OPTIMIZERS, make_optimizer
+from archlab.training.benchmarking import (
+    OPTIMIZERS, Report, Row, interleaved_rounds, make_optimizer, median_ratios, time_breakdown,
+)
 
 HF_EXPERTS = ("eager", "batched_mm", "grouped_mm")
 
@@ -128,29 +130,13 @@ def runners(models: dict[str, torch.nn.Module], skip: list[str]) -> list[tuple[s
     return [e for e in entries if e[0] not in skip]
 
 
-def timed(fn: Callable[[], object]) -> float:
-    start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
-
-
 def rounds(entries, run_one, n_rounds: int, tokens: int) -> dict[str, dict[str, float]]:
-    """Warm up, then `n_rounds` rounds in rotating/reversing order; medians of tokens/s and of ratios."""
-    for name, model, impl in entries:
-        run_one(model, impl)
-    times: dict[str, list[float]] = {name: [] for name, _, _ in entries}
-    for r in range(n_rounds):
-        order = entries[r % len(entries) :] + entries[: r % len(entries)]
-        if r % 2:
-            order = order[::-1]
-        for name, model, impl in order:
-            times[name].append(timed(lambda: run_one(model, impl)))
-    ref = times["archlab-moe"]
+    """The harness's interleaved rounds over every entry; per model the median tokens/s and the median per-round
+    ratio of its time to archlab-moe's."""
+    times = interleaved_rounds({name: partial(run_one, model, impl) for name, model, impl in entries}, n_rounds)
+    speedups = median_ratios(times, "archlab-moe")  # >1: archlab-moe faster
     return {
-        name: {
-            "tokens_per_s": statistics.median(tokens / t for t in ts),
-            "archlab_moe_speedup": statistics.median(t / a for t, a in zip(ts, ref)),  # >1: archlab-moe faster
-        }
+        name: {"tokens_per_s": statistics.median(tokens / t for t in ts), "archlab_moe_speedup": speedups[name]}
         for name, ts in times.items()
     }
 
@@ -185,8 +171,6 @@ def main(argv: list[str] | None = None) -> dict:
         results["train"] = rounds(train_entries, train_step, args.rounds, args.batch * args.seq)
         report(f"training step (full {args.optim} step)", results["train"])
         # Where each step goes: with the same GEMMs, 1 / (GEMM + attention share) bounds any speed-up.
-        from archlab.scripts.benchmark import time_breakdown
-
         results["train_breakdown"] = {}
         for name, model, impl in train_entries:
             shares = time_breakdown(lambda: train_step(model, impl))
@@ -222,11 +206,9 @@ GOALS = {("train", "mixtral-grouped_mm"): "≥ 1.2× (HF's best)", ("train", "mi
          ("train", "archlab-dense"): "≥ 0.9× (same active FLOPs)", ("decode", "mixtral-grouped_mm"): "≥ 1.0×"}
 
 
-def run(args: argparse.Namespace) -> "Report":
-    """`python scripts/benchmark.py --suite moe`: this benchmark through the shared harness (its rounds, threads and
+def run(args: argparse.Namespace) -> Report:
+    """`python scripts/benchmark.py --suite moe`: this benchmark with the shared flags (their rounds, threads and
     --quick), as a table of archlab-moe against every other model."""
-    from archlab.scripts.benchmark import Report, Row
-
     argv = ["--rounds", str(args.rounds), "--decode-rounds", str(args.rounds), "--threads", str(torch.get_num_threads()),
             "--optim", args.optim]
     if args.quick:

@@ -3,13 +3,13 @@
 Both models have the same Marian config (opus-mt shape by default: d_model 512, 6 + 6 layers, 8 heads, FFN 2048,
 Swish, dropout 0.1) and the same weights (archlab loads Marian's state dict with strict=True), and see the same
 inputs, side by side in one process (the method of `scripts/benchmark.py`: warm-up, alternating order, median of
-per-round ratios). The issue's goals:
+per-round ratios). The goals:
 
 - training tokens/s (full optimiser step, Trainer's default fused AdamW unless `--optim`; source + target tokens), goal ≥ 1.2×;
 - beam-search generation tokens/s (4 beams, EncoderDecoderCache, fixed output length), goal ≥ 1.0×;
 - peak memory of a training step, goal ≤ 1.0× (reported as Marian ÷ archlab, so ≥ 1 meets it).
 
-    python scripts/benchmark.py --suite seq2seq --threads 2            # through the shared harness
+    python scripts/benchmark.py --suite seq2seq --threads 2            # with the shared flags
     python -m archlab.scripts.benchmark_seq2seq --threads 2 --rounds 8  # the same, standalone
     python -m archlab.scripts.benchmark_seq2seq --quick                 # tiny shapes: checks that it runs
 """
@@ -23,7 +23,7 @@ import torch
 from transformers import MarianConfig, MarianMTModel
 
 from archlab import Seq2SeqConfig, Seq2SeqForConditionalGeneration
-from archlab.scripts.benchmark import (
+from archlab.training.benchmarking import (
     Report, Row, breakdown_notes, compare_speed, make_optimizer, peak_training_memory, training_step,
 )
 

@@ -16,7 +16,7 @@ import argparse
 import torch
 
 from archlab import DecoderConfig, DecoderForCausalLM
-from archlab.scripts.benchmark import Report, Row, compare_speed, make_optimizer, training_step
+from archlab.training.benchmarking import Report, Row, compare_speed, make_optimizer, training_step
 
 
 def _shape(quick: bool) -> dict:

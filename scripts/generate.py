@@ -14,11 +14,9 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-import torch
-from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM, TextStreamer, set_seed
-
-from archlab.scripts.common import check_weights, log, parse_arguments, run_cli
-from archlab.tokenization.training import has_tokenizer, load_tokenizer
+from archlab.scripts.arguments import check_weights, parse_arguments, run_cli
+from archlab.tokenization.training import has_tokenizer
+from archlab.training.sampling import generate_text, load_for_generation
 
 
 @dataclass
@@ -68,59 +66,16 @@ def check(args: GenerateArguments) -> None:
 def main(argv: Sequence[str] | None = None) -> str:
     (args,) = parse_arguments((GenerateArguments,), argv, __doc__)
     check(args)
-    config = AutoConfig.from_pretrained(args.model_name_or_path)
-    architectures = config.architectures or []
-    seq2seq = any(name.endswith("ForConditionalGeneration") for name in architectures)
-    if seq2seq:
-        model = AutoModelForSeq2SeqLM.from_pretrained(args.model_name_or_path)
-    elif any(name.endswith("ForCausalLM") for name in architectures):
-        model = AutoModelForCausalLM.from_pretrained(args.model_name_or_path)
-    else:
-        raise ValueError(f"{args.model_name_or_path!r} holds a {config.architectures} model, which does not "
-                         "generate text; generate.py needs a decoder (ForCausalLM) or a seq2seq model.")
-    tokenizer = load_tokenizer(args.model_name_or_path)
-    model.eval()
-
+    model, tokenizer, seq2seq = load_for_generation(args.model_name_or_path)
     prompt = args.prompt
     if args.prompt_file:
         with open(args.prompt_file, encoding="utf-8") as f:
             prompt = f.read()
-    if args.chat:
-        if tokenizer.chat_template is None:
-            raise ValueError("--chat true needs a tokenizer with a chat template (train one with --model_kind decoder).")
-        inputs = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
-                                               return_tensors="pt", return_dict=True)
-    else:
-        inputs = tokenizer(prompt, return_tensors="pt")
-    inputs.pop("token_type_ids", None)
-
-    eos = [model.generation_config.eos_token_id or tokenizer.eos_token_id]
-    if args.chat and "<|im_end|>" in tokenizer.get_vocab():
-        eos.append(tokenizer.convert_tokens_to_ids("<|im_end|>"))  # a chat turn ends with the end-of-turn marker
-    streamer = TextStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True) if args.stream else None
-    set_seed(args.seed)
-    if args.stream and not seq2seq and not args.chat:
-        print(prompt, end="", flush=True)
-    with torch.no_grad():
-        output = model.generate(
-            **inputs,
-            max_new_tokens=args.max_new_tokens,
-            do_sample=args.do_sample,
-            temperature=args.temperature if args.do_sample else None,
-            top_k=args.top_k if args.do_sample else None,
-            top_p=args.top_p if args.do_sample else None,
-            repetition_penalty=args.repetition_penalty,
-            num_beams=args.num_beams,
-            eos_token_id=eos,
-            pad_token_id=tokenizer.pad_token_id,
-            streamer=streamer,
-        )
-    new_tokens = output[0] if seq2seq else output[0, inputs["input_ids"].shape[1]:]
-    text = tokenizer.decode(new_tokens, skip_special_tokens=True)
-    if not args.stream:
-        print(text)
-    log(f"{len(new_tokens)} tokens generated")
-    return text
+    return generate_text(
+        model, tokenizer, prompt, seq2seq=seq2seq, chat=args.chat, stream=args.stream, seed=args.seed,
+        max_new_tokens=args.max_new_tokens, do_sample=args.do_sample, temperature=args.temperature, top_k=args.top_k,
+        top_p=args.top_p, repetition_penalty=args.repetition_penalty, num_beams=args.num_beams,
+    )
 
 
 def cli() -> None:

@@ -119,7 +119,7 @@ def run_trainer(args: argparse.Namespace) -> dict:
     recorder = _RecordLoss()
     trainer_class = Trainer
     if args.archlab_trainer:
-        from archlab.scripts.common import AtomicCheckpointTrainer as trainer_class
+        from archlab.training.trainer import AtomicCheckpointTrainer as trainer_class
     trainer = trainer_class(model=model, args=training_args, train_dataset=data, eval_dataset=data,
                             callbacks=[recorder, _SaveWeightsAtEnd(args.weights_dir)])
     if args.evaluate_first:

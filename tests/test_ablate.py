@@ -4,7 +4,9 @@ import json
 
 import pytest
 
+from archlab import DecoderConfig
 from archlab.scripts import ablate
+from archlab.training.ablation_variants import VARIANTS, base_config
 
 
 def test_tiny_ablation_writes_table_json_and_plot(tmp_path):
@@ -38,9 +40,9 @@ def test_bad_flags_are_refused(argv, message, capsys):
 
 def test_every_variant_is_a_valid_config():
     args = ablate.parse_args([])
-    for name, variant in ablate.VARIANTS.items():
-        config = ablate.DecoderConfig(**{**ablate.base_config(args), **variant.config})
+    for name, variant in VARIANTS.items():
+        config = DecoderConfig(**{**base_config(args), **variant.config})
         assert config.vocab_size == 256, name
-    gated, plain = (ablate.DecoderConfig(**{**ablate.base_config(args), **ablate.VARIANTS[n].config})
+    gated, plain = (DecoderConfig(**{**base_config(args), **VARIANTS[n].config})
                     for n in ("baseline", "gelu_mlp"))
     assert 3 * gated.intermediate_size == pytest.approx(2 * plain.intermediate_size, rel=0.03)  # equal parameters

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from archlab.scripts import benchmark
+from archlab.training.benchmarking import make_optimizer, time_breakdown, training_step
 from archlab import DecoderForCausalLM
 from conftest import tiny_decoder_config
 
@@ -50,19 +51,19 @@ def test_default_optimizer_is_the_one_trainer_builds(tmp_path):
     args = TrainingArguments(output_dir=str(tmp_path), report_to=[], use_cpu=True)
     assert default_optim == args.optim.value
     cls, kwargs = Trainer.get_optimizer_cls_and_kwargs(args, model)
-    ours = benchmark.make_optimizer(model, default_optim)
+    ours = make_optimizer(model, default_optim)
     assert type(ours) is cls
     for key in ("fused", "foreach"):
         assert ours.defaults[key] == kwargs.get(key, ours.defaults[key]), key
     with pytest.raises(ValueError, match="allowed: \\['adamw_torch', 'adamw_torch_fused'\\]"):
-        benchmark.make_optimizer(model, "adafactor")
+        make_optimizer(model, "adafactor")
 
 
 def test_time_breakdown_adds_up_and_sees_the_gemms():
     model = DecoderForCausalLM(tiny_decoder_config())
     ids = torch.randint(3, 97, (2, 16))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    shares = benchmark.time_breakdown(benchmark.training_step(model, {"input_ids": ids, "labels": ids}, optimizer))
+    shares = time_breakdown(training_step(model, {"input_ids": ids, "labels": ids}, optimizer))
     assert set(shares) == {"gemm", "attention", "other"}
     assert shares["gemm"] > 0 and shares["attention"] > 0 and shares["other"] > 0
     assert sum(shares.values()) == pytest.approx(1.0)
@@ -70,7 +71,7 @@ def test_time_breakdown_adds_up_and_sees_the_gemms():
 
 PROFILE_A_MATMUL = """
 import torch
-from archlab.scripts.benchmark import time_breakdown
+from archlab.training.benchmarking import time_breakdown
 a = torch.randn(64, 64)
 print(time_breakdown(lambda: a @ a)["gemm"] > 0)
 """
@@ -100,3 +101,24 @@ def test_dense_suite_runs_at_quick_size(tmp_path, capsys):
     for row in ("training tokens/s, fp32", "training tokens/s, bf16 autocast", "peak memory of a training step",
                 "generation tokens/s, batch 1", "generation tokens/s, batch 8", "Where LlamaForCausalLM's training step"):
         assert row in table, row
+
+
+def test_interleaved_rounds_warm_up_then_balance_the_order():
+    """Every suite's timing loop: one untimed warm-up call each, then rounds whose order rotates (two runs alternate
+    which goes first; with more, every other round is also reversed, so no run always follows the same one)."""
+    from archlab.training.benchmarking import compare_speed, interleaved_rounds
+
+    calls = []
+    runs = {name: (lambda name=name: calls.append(name)) for name in "ab"}
+    times = interleaved_rounds(runs, rounds=4)
+    assert "".join(calls) == "ab" + "ab" + "ba" + "ab" + "ba"
+    assert {name: len(seconds) for name, seconds in times.items()} == {"a": 4, "b": 4}
+
+    calls.clear()
+    interleaved_rounds({name: (lambda name=name: calls.append(name)) for name in "abc"}, rounds=4, warmup=0)
+    assert "".join(calls) == "abc" + "acb" + "cab" + "cba"
+
+    calls.clear()
+    median_a, median_p, ratio = compare_speed(runs["a"], runs["b"], rounds=3)
+    assert "".join(calls) == "ab" + "ab" + "ba" + "ab"
+    assert median_a > 0 and median_p > 0 and ratio > 0

@@ -1,4 +1,4 @@
-"""scripts/callbacks.py: routing metrics during Trainer runs; a collapsed router is visible and the aux loss
+"""archlab.training.callbacks: routing metrics during Trainer runs; a collapsed router is visible and the aux loss
 pulls it back to balance."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from transformers import Trainer, TrainingArguments
 
 import archlab
 from archlab.modeling.moe import load_balancing_loss
-from archlab.scripts.callbacks import RouterStatsCallback, attach_router_stats
+from archlab.training.callbacks import RouterStatsCallback, attach_router_stats
 
 
 def collapsed_moe(**overrides) -> archlab.DecoderForCausalLM:
@@ -46,7 +46,7 @@ def test_router_stats_show_collapse_and_aux_loss_falls(tmp_path, caplog):
     # the collapsed start is what the metrics flag
     watcher = RouterStatsCallback()
     watcher.on_train_begin(None, None, None, model=model)
-    with caplog.at_level(logging.WARNING, logger="archlab.scripts.callbacks"):
+    with caplog.at_level(logging.WARNING, logger="archlab.training.callbacks"):
         model(probe)
         initial = watcher.summarize()
     watcher.on_train_end(None, None, None)

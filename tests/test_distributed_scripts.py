@@ -4,7 +4,7 @@ on every process, equal to one process trained on the same global batch (2 proce
 
 The scripts report the validation loss before training. Done as `trainer.evaluate()` before `trainer.train()`, that
 left the model unwrapped by DistributedDataParallel in transformers 5.23 / accelerate 1.15, and each process trained
-its own replica without a word (`AtomicCheckpointTrainer.train` in scripts/common.py); so the weights themselves are
+its own replica without a word (`AtomicCheckpointTrainer.train` in training/trainer.py); so the weights themselves are
 compared here, not just whether the run finished. Each launch costs 10-30 s on 2 cores, hence `slow`.
 """
 

@@ -17,6 +17,8 @@ import archlab
 from archlab.scripts import finetune
 from archlab.tokenization.data import IGNORE_INDEX
 from archlab.tokenization.training import save_tokenizer, train_tokenizer
+from archlab.training.metrics import classification_metrics, text_metrics
+from archlab.training.task_data import as_messages, tokenize_instruct
 
 from conftest import tiny_decoder_config
 
@@ -65,8 +67,8 @@ def run_args(out: Path, *extra: str) -> list[str]:
 def test_instruct_labels_cover_only_the_responses(work: Path) -> None:
     tokenizer = archlab.tokenization.training.load_tokenizer(work / "base")
     args = finetune.FinetuneArguments(prompt_column="prompt", response_column="response")
-    dataset = finetune.as_messages(Dataset.from_list(instruction_rows(5)), args)
-    encoded = finetune.tokenize_instruct(dataset, tokenizer, args, max_length=128, num_proc=None)
+    dataset = as_messages(Dataset.from_list(instruction_rows(5)), args)
+    encoded = tokenize_instruct(dataset, tokenizer, args, max_length=128, num_proc=None)
     for row, source in zip(encoded, instruction_rows(5)):
         trained = [t for t in row["labels"] if t != IGNORE_INDEX]
         assert tokenizer.decode(trained) == source["response"] + "<|im_end|>"
@@ -115,12 +117,12 @@ def test_seq2seq_on_the_embedded_docstring_task(tmp_path: Path) -> None:
 
 def test_metrics() -> None:
     logits = np.array([[2.0, 0.0], [0.0, 1.0], [3.0, 1.0], [0.0, 5.0]])
-    result = finetune.classification_metrics(EvalPrediction(predictions=logits, label_ids=np.array([0, 1, 1, 1])))
+    result = classification_metrics(EvalPrediction(predictions=logits, label_ids=np.array([0, 1, 1, 1])))
     # class 0: P=1/2, R=1 -> F1 2/3; class 1: P=1, R=2/3 -> F1 4/5
     assert result["accuracy"] == 0.75 and result["f1"] == pytest.approx((2 / 3 + 4 / 5) / 2)
-    same = finetune.text_metrics(["Return the sum of a and b."], ["Return the  sum of a and b."])
+    same = text_metrics(["Return the sum of a and b."], ["Return the  sum of a and b."])
     assert same == {"bleu": pytest.approx(100.0), "chrf": pytest.approx(100.0), "exact_match": 100.0}
-    assert finetune.text_metrics(["zzz"], ["Return the sum."])["exact_match"] == 0.0
+    assert text_metrics(["zzz"], ["Return the sum."])["exact_match"] == 0.0
 
 
 def test_bad_inputs(tmp_path: Path, work: Path) -> None:
@@ -163,3 +165,29 @@ def test_a_damaged_base_model_is_named_before_anything_is_read(tmp_path: Path, w
     with pytest.raises(ValueError, match=f"--model_name_or_path '{base}': {base / 'model.safetensors'} is damaged"):
         finetune.main(run_args(out, "--task", "instruct", "--model_name_or_path", str(base)))
     assert not out.exists()
+
+
+def test_the_task_table_has_one_row_per_task_choice() -> None:
+    """`--task` takes exactly the rows of the task table, and each row names a model kind the scripts build and
+    reports every metric it computes in its before/after lines."""
+    import dataclasses
+
+    from archlab.training.kinds import MODEL_KINDS
+    from archlab.training.tasks import TASKS
+
+    task_flag = next(f for f in dataclasses.fields(finetune.FinetuneArguments) if f.name == "task")
+    assert task_flag.metadata["help"].split(" | ") == list(TASKS) == ["instruct", "classification", "seq2seq"]
+    assert task_flag.default in TASKS
+    assert {name: task.model_kind for name, task in TASKS.items()} == {
+        "instruct": "decoder", "classification": "decoder", "seq2seq": "seq2seq"}
+    assert all(task.model_kind in MODEL_KINDS for task in TASKS.values())
+
+    logits = np.array([[2.0, 0.0], [0.0, 1.0]])
+    computed = {
+        "instruct": TASKS["instruct"].view({"eval_loss": 1.0}),
+        "classification": {"eval_loss": 1.0, **{f"eval_{k}": v for k, v in TASKS["classification"].compute_metrics(
+            None)(EvalPrediction(predictions=logits, label_ids=np.array([0, 1]))).items()}},
+        "seq2seq": {"eval_loss": 1.0, **{f"eval_{k}": v for k, v in text_metrics(["a b"], ["a b"]).items()}},
+    }
+    for name, metrics in computed.items():
+        assert set(TASKS[name].summary_keys) == set(metrics), name

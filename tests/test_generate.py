@@ -81,7 +81,7 @@ def test_a_damaged_weights_file_is_named_in_one_error_line(saved: dict[str, Path
                                                            damage: str) -> None:
     import shutil
 
-    from archlab.scripts.common import run_cli
+    from archlab.scripts.arguments import run_cli
 
     folder = tmp_path / "decoder"
     shutil.copytree(saved["decoder"], folder)
@@ -124,7 +124,7 @@ def test_bad_input_is_one_error_line_not_a_traceback(tmp_path, capsys):
     an error raised inside another library keeps its traceback."""
     import json
 
-    from archlab.scripts.common import run_cli
+    from archlab.scripts.arguments import run_cli
 
     with pytest.raises(SystemExit) as exit_:
         run_cli(lambda: generate.main(["--model_name_or_path", str(tmp_path / "nowhere")]))

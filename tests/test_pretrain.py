@@ -18,6 +18,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from archlab.scripts import pretrain
 from archlab.tokenization.training import save_tokenizer, train_tokenizer
+from archlab.training import pretraining, sources
 
 TINY_DECODER = "hidden_size=32,intermediate_size=64,num_hidden_layers=2,num_attention_heads=4,num_key_value_heads=2"
 TINY_SEQ2SEQ = (
@@ -146,7 +147,7 @@ def test_a_config_value_out_of_range_fails_before_the_tokenizer_is_trained(
     def never(*args, **kwargs):
         raise AssertionError("a tokenizer was trained before the config was checked")
 
-    monkeypatch.setattr(pretrain, "train_tokenizer", never)
+    monkeypatch.setattr(pretraining, "train_tokenizer", never)
     args = tiny_args(tmp_path / "run", data_dir)
     args[args.index("--config_overrides") + 1] = f"{TINY_DECODER},num_key_value_heads=3"
     with pytest.raises(ValueError, match="`num_key_value_heads` \\(3\\) must divide `num_attention_heads`"):
@@ -174,7 +175,7 @@ def test_training_flags_are_checked_before_data_is_read(
     def never(*args, **kwargs):
         raise AssertionError("data was loaded before the training flags were checked")
 
-    monkeypatch.setattr(pretrain, "load_raw_datasets", never)
+    monkeypatch.setattr(sources, "load_raw_datasets", never)
     out = tmp_path / "run"
     with pytest.raises(ValueError, match=re.escape(message)):
         pretrain.main(tiny_args(out, data_dir, *extra))
@@ -182,7 +183,7 @@ def test_training_flags_are_checked_before_data_is_read(
 
 
 def test_a_flag_that_training_arguments_rejects_is_one_error_line(tmp_path: Path, data_dir: Path, capsys) -> None:
-    from archlab.scripts.common import run_cli
+    from archlab.scripts.arguments import run_cli
 
     with pytest.raises(SystemExit) as exit_:
         run_cli(lambda: pretrain.main(tiny_args(tmp_path / "run", data_dir, "--warmup_steps", "-3")))
@@ -274,7 +275,7 @@ def test_resume_reuses_the_saved_tokenizer_and_reports_the_whole_runs_loss(
     def never(*args, **kwargs):
         raise AssertionError("the resumed run trained a new tokenizer instead of loading the checkpoint's")
 
-    monkeypatch.setattr(pretrain, "train_tokenizer", never)
+    monkeypatch.setattr(pretraining, "train_tokenizer", never)
     warnings = []  # transformers' loggers do not propagate to pytest's capture
     handler = logging.Handler(logging.WARNING)
     handler.emit = lambda record: warnings.append(record.getMessage())
@@ -318,7 +319,8 @@ def test_resuming_a_finished_run_changes_nothing(tmp_path: Path, data_dir: Path,
 
 
 def test_config_from_preset_json_and_overrides(tmp_path: Path, data_dir: Path) -> None:
-    from archlab.scripts.common import ModelArguments, build_config
+    from archlab.scripts.arguments import ModelArguments
+    from archlab.training.configs import build_config
     from archlab.tokenization.training import load_tokenizer
 
     tokenizer = load_tokenizer(data_dir / "tokenizer")
@@ -336,7 +338,7 @@ def test_config_from_preset_json_and_overrides(tmp_path: Path, data_dir: Path) -
 
 
 def test_config_overrides_take_json_lists_and_objects() -> None:
-    from archlab.scripts.common import parse_overrides
+    from archlab.training.configs import parse_overrides
 
     text = 'num_hidden_layers=2,layer_types=["sliding_attention","full_attention"],rope_parameters={"rope_type":' \
            '"linear","factor":2.0},sliding_window=8,note="a,b"'

@@ -17,10 +17,11 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 from tokenizers import Tokenizer, models, pre_tokenizers
-from transformers import PreTrainedTokenizerFast
+from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
 from archlab import DecoderForCausalLM
 from archlab.scripts import push_to_hub
+from archlab.training import hub as training_hub
 from conftest import tiny_decoder_config
 from isolated import check, run_without_archlab
 
@@ -189,7 +190,7 @@ def _live(folder: Path, hub: RecordingHub, *extra: str) -> int:
 
 
 def test_live_push_uploads_the_dry_run_in_one_commit(trained, tmp_path, monkeypatch):
-    monkeypatch.setattr(push_to_hub, "is_offline_mode", lambda: False)
+    monkeypatch.setattr(training_hub, "is_offline_mode", lambda: False)
     folder, _ = trained
     hub = RecordingHub()
     assert _live(folder, hub, "--private", "--revision", "v1", "--commit_message", "first model") == 0
@@ -204,7 +205,7 @@ def test_live_push_uploads_the_dry_run_in_one_commit(trained, tmp_path, monkeypa
 
 @pytest.mark.parametrize("existing", [False, True], ids=["new-repo", "existing-repo"])
 def test_failed_upload_removes_what_the_push_created(trained, monkeypatch, capsys, existing):
-    monkeypatch.setattr(push_to_hub, "is_offline_mode", lambda: False)
+    monkeypatch.setattr(training_hub, "is_offline_mode", lambda: False)
     folder, _ = trained
     hub = RecordingHub(existing=existing, fail_upload=True)
     assert _live(folder, hub, "--revision", "v2") == 1
@@ -214,7 +215,7 @@ def test_failed_upload_removes_what_the_push_created(trained, monkeypatch, capsy
 
 
 def test_private_push_into_a_public_repo_is_refused(trained, monkeypatch, capsys):
-    monkeypatch.setattr(push_to_hub, "is_offline_mode", lambda: False)
+    monkeypatch.setattr(training_hub, "is_offline_mode", lambda: False)
     folder, _ = trained
     hub = RecordingHub(existing=True, public=True)
     assert _live(folder, hub, "--private") == 2
@@ -223,8 +224,8 @@ def test_private_push_into_a_public_repo_is_refused(trained, monkeypatch, capsys
 
 
 def test_no_token_fails_before_anything(trained, monkeypatch, capsys):
-    monkeypatch.setattr(push_to_hub, "is_offline_mode", lambda: False)
-    monkeypatch.setattr(push_to_hub, "get_token", lambda: None)
+    monkeypatch.setattr(training_hub, "is_offline_mode", lambda: False)
+    monkeypatch.setattr(training_hub, "get_token", lambda: None)
     folder, _ = trained
     hub = RecordingHub()
     assert push_to_hub.main([str(folder), REPO], api_factory=lambda: hub) == 2
@@ -280,7 +281,7 @@ def test_pretrain_output_pushes_and_loads_anywhere(tmp_path):
     assert "AutoTokenizer.from_pretrained(model_id, trust_remote_code=True)" in snippet
     ids = torch.tensor([[1, 5, 9, 12]])
     with torch.no_grad(), one_thread():
-        expected = push_to_hub.transformers.AutoModelForCausalLM.from_pretrained(upload).eval()(ids).logits
+        expected = AutoModelForCausalLM.from_pretrained(upload).eval()(ids).logits
     save_file({"ids": ids, "logits": expected}, tmp_path / "expected.safetensors")
     code = f"""
 import torch

@@ -2,8 +2,7 @@
 
 Routing collapse (a few experts take every token, the rest stop learning) is invisible in the loss curve until it
 is too late; these metrics show it as it happens. Kept outside `modeling/` on purpose: a saved model never needs
-it, and `modeling/` is the folder Hugging Face's remote code copies next to a checkpoint. It sits with the training
-entry points (`pretrain.py` and friends) that attach it.
+it, and `modeling/` is the folder Hugging Face's remote code copies next to a checkpoint.
 
 Metrics, per sparse layer L, over the training forwards since the last log:
     moe/layer_L/router_entropy   mean per-token entropy of the router softmax, in nats (log K = undecided,

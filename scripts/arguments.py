@@ -1,0 +1,214 @@
+"""What the pretrain / finetune / generate scripts share as argument parsing: the argument dataclasses (Hugging
+Face flag names, as in transformers' `examples/pytorch/*/run_*.py`), parsing, the one-line command-line errors, and
+the checks of flag values that run before anything is written."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from safetensors import SafetensorError, safe_open
+from transformers import HfArgumentParser, TrainingArguments
+
+from archlab.tokenization.data import SAMPLE_BY
+from archlab.tokenization.training import ALGORITHMS as TOKENIZER_ALGORITHMS
+from archlab.tokenization.training import MODEL_KINDS as TOKENIZER_KINDS
+from archlab.training.configs import check_new_config, check_override_names
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Arguments
+# ---------------------------------------------------------------------------------------------------------------
+@dataclass
+class ModelArguments:
+    model_kind: str = field(default="decoder", metadata={"help": "decoder | seq2seq | masked_lm"})
+    model_name_or_path: str | None = field(
+        default=None, metadata={"help": "A saved model to start from; otherwise a new one is built from the config."}
+    )
+    preset: str | None = field(default=None, metadata={
+        "help": "A named decoder shape: tiny, small, llama-2-7b, mistral-7b, ... (see `archlab.configuration."
+                "list_presets()`; a wrong name lists them all)."
+    })
+    config_name: str | None = field(default=None, metadata={"help": "A config JSON file (or folder) to build from."})
+    config_overrides: str | None = field(
+        default=None, metadata={"help": 'Config fields to override: "hidden_size=128,num_hidden_layers=2"; values are '
+                                        "read as JSON when they parse, so lists and objects work: "
+                                        """'layer_types=["sliding_attention","full_attention"]'."""}
+    )
+    tokenizer_name: str | None = field(
+        default=None, metadata={"help": "A saved tokenizer to use; without it one is trained on the training split."}
+    )
+    tokenizer_algorithm: str | None = field(
+        default=None, metadata={"help": "bpe | wordpiece | unigram; unset: bpe, or wordpiece for masked_lm."}
+    )
+    tokenizer_vocab_size: int | None = field(default=None, metadata={"help": "Vocabulary size to train; unset: 4096."})
+    tokenizer_train_samples: int | None = field(
+        default=None, metadata={"help": "Train the tokenizer on at most this many training documents."}
+    )
+    cache_dir: str | None = field(default=None, metadata={"help": "Where `datasets` caches downloads and maps."})
+    attn_implementation: str | None = field(default=None, metadata={"help": "eager | sdpa | ..."})
+
+
+@dataclass
+class DataArguments:
+    dataset_name: str | None = field(default=None, metadata={"help": "A Hub dataset (needs network)."})
+    dataset_config_name: str | None = field(default=None, metadata={"help": "The Hub dataset's configuration."})
+    train_file: str | None = field(default=None, metadata={"help": "Local txt/json/jsonl/csv/parquet training file."})
+    validation_file: str | None = field(default=None, metadata={"help": "Local validation file (same format)."})
+    text_column_name: str = field(default="text", metadata={"help": "The column holding the text."})
+    validation_split_percentage: int = field(
+        default=5, metadata={"help": "Percentage of train held out when the source has no validation split."}
+    )
+    sample_by: str = field(default="document", metadata={"help": "For .txt files: document | paragraph | line."})
+    max_train_samples: int | None = field(default=None, metadata={"help": "Use at most this many training documents."})
+    max_eval_samples: int | None = field(default=None, metadata={"help": "Use at most this many validation documents."})
+    block_size: int = field(default=256, metadata={"help": "Tokens per packed training block."})
+    preprocessing_num_workers: int | None = field(default=None, metadata={"help": "Processes for `datasets.map`."})
+    overwrite_cache: bool = field(default=False, metadata={"help": "Recompute the cached tokenized datasets."})
+    streaming: bool = field(default=False, metadata={"help": "Stream the data (needs --max_steps)."})
+
+
+@dataclass
+class ArchlabTrainingArguments(TrainingArguments):
+    """`TrainingArguments` plus `--overwrite_output_dir` (the transformers 4 flag): start over in a folder that
+    already holds checkpoints. The scripts subclass this to set their own defaults."""
+
+    overwrite_output_dir: bool = field(
+        default=False, metadata={"help": "Start over in an --output_dir that holds checkpoints (they are deleted) or "
+                                         "a finished model (it is replaced)."}
+    )
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """Each flag's default, and the script's docstring as written (its example commands keep their lines)."""
+
+
+def parse_arguments(classes: Sequence[type], argv: Sequence[str] | None, description: str | None = None) -> tuple:
+    """`HfArgumentParser`: flags, or a single .json file holding them (as in transformers' examples); `description`
+    (the script's docstring) heads `--help`."""
+    parser = HfArgumentParser(tuple(classes), description=description, formatter_class=HelpFormatter)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        if len(argv) == 1 and argv[0].endswith(".json"):
+            return parser.parse_json_file(json_file=os.path.abspath(argv[0]))
+        return parser.parse_args_into_dataclasses(args=argv)
+    except ValueError as error:  # TrainingArguments' own checks of flag values, made while the flags are parsed
+        raise ValueError(str(error)) from error
+
+
+def run_cli(main: Callable[[], object]) -> None:
+    """Command-line entry of the training and generation scripts. An error that archlab itself raises about the
+    input (a bad flag, a missing file, a config field out of range: ValueError / FileNotFoundError whose message
+    names what to change) prints one `error: ...` line and exits with 2, as argparse does for a bad flag; errors
+    raised inside other libraries keep their traceback, which is what a bug report needs."""
+    try:
+        main()
+    except (ValueError, FileNotFoundError) as error:
+        frame = error.__traceback__
+        while frame is not None and frame.tb_next is not None:
+            frame = frame.tb_next
+        origin = frame.tb_frame.f_globals.get("__name__", "") if frame is not None else ""
+        if not (origin == "__main__" or origin.startswith("archlab")):
+            raise
+        print(f"error: {error}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Checks that run before anything is written
+# ---------------------------------------------------------------------------------------------------------------
+def check_data_flags(data_args: DataArguments, training_args: TrainingArguments) -> None:
+    if data_args.dataset_name and (data_args.train_file or data_args.validation_file):
+        raise ValueError("Conflicting flags: --dataset_name and --train_file/--validation_file; pass one source.")
+    if data_args.validation_file and not data_args.train_file:
+        raise ValueError("--validation_file needs --train_file.")
+    for path in (data_args.train_file, data_args.validation_file):
+        if path and not os.path.isfile(path):
+            raise FileNotFoundError(f"Data file {path!r} does not exist.")
+    if data_args.streaming and training_args.max_steps <= 0:
+        raise ValueError("--streaming needs --max_steps: a streamed dataset has no length to count epochs by.")
+    if data_args.block_size < 2:
+        raise ValueError(f"--block_size must be at least 2, got {data_args.block_size}.")
+    check_flag_choice(data_args, "sample_by", SAMPLE_BY)
+    check_flag_positive(data_args, ("max_train_samples", "max_eval_samples"), " (or unset: all)")
+
+
+def check_training_flags(args: TrainingArguments) -> None:
+    """`TrainingArguments` values the Trainer would misuse without a word (--max_steps 0 trains one step and -5 a
+    whole epoch; --save_steps 0 never saves) or reject only once training starts, after the data is prepared."""
+    if args.max_steps == 0 or args.max_steps < -1:
+        raise ValueError(f"--max_steps must be >= 1, or -1 (unset: train --num_train_epochs epochs), got "
+                         f"{args.max_steps}.")
+    if args.max_steps == -1 and not args.num_train_epochs > 0:
+        raise ValueError(f"--num_train_epochs must be > 0 when --max_steps is -1, got {args.num_train_epochs}.")
+    if not args.learning_rate > 0:
+        raise ValueError(f"--learning_rate must be > 0, got {args.learning_rate}.")
+    check_flag_positive(args, ("per_device_train_batch_size", "per_device_eval_batch_size",
+                               "gradient_accumulation_steps"))
+    for kind in ("logging", "eval", "save"):
+        steps = getattr(args, f"{kind}_steps")
+        if getattr(args, f"{kind}_strategy") == "steps" and steps is not None and not steps > 0:
+            raise ValueError(f"--{kind}_steps must be > 0 with --{kind}_strategy steps (a number of steps, or a "
+                             f"fraction < 1 of the run's steps), got {steps}.")
+
+
+def check_flag_choice(args: Any, name: str, allowed: Sequence[str]) -> None:
+    """`--name` is unset or one of `allowed`, else a ValueError naming the flag and the allowed values."""
+    value = getattr(args, name)
+    if value is not None and value not in allowed:
+        raise ValueError(f"--{name} {value!r} is not supported; allowed values: {', '.join(allowed)}.")
+
+
+def check_flag_positive(args: Any, names: Sequence[str], unset: str = "") -> None:
+    """Each `--name` is unset or >= 1, else a ValueError naming the flag (`unset` says what leaving it out means)."""
+    for name in names:
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            raise ValueError(f"--{name} must be >= 1{unset}, got {value}.")
+
+
+def check_model_flags(model_args: ModelArguments) -> None:
+    sources = [f"--{name}" for name in ("model_name_or_path", "preset", "config_name") if getattr(model_args, name)]
+    if len(sources) > 1:
+        raise ValueError(f"Conflicting flags: {' and '.join(sources)}; pass at most one model source.")
+    if model_args.model_name_or_path and model_args.config_overrides:
+        raise ValueError("Conflicting flags: --config_overrides cannot change a pretrained --model_name_or_path.")
+    check_override_names(model_args)
+    check_flag_choice(model_args, "tokenizer_algorithm", TOKENIZER_ALGORITHMS)
+    check_flag_positive(model_args, ("tokenizer_vocab_size", "tokenizer_train_samples"))
+    specials = len(TOKENIZER_KINDS[model_args.model_kind].special_tokens)
+    if model_args.tokenizer_vocab_size is not None and model_args.tokenizer_vocab_size <= specials:
+        raise ValueError(f"--tokenizer_vocab_size must exceed the {specials} special tokens of a "
+                         f"{model_args.model_kind} tokenizer, got {model_args.tokenizer_vocab_size}.")
+    trained = [name for name in ("tokenizer_algorithm", "tokenizer_vocab_size", "tokenizer_train_samples")
+               if getattr(model_args, name) is not None]
+    if trained and (model_args.tokenizer_name or model_args.model_name_or_path):
+        raise ValueError(
+            f"Conflicting flags: --{', --'.join(trained)} configure tokenizer training, but a tokenizer is loaded "
+            "(--tokenizer_name / --model_name_or_path)."
+        )
+    for name in ("model_name_or_path", "tokenizer_name", "config_name"):
+        path = getattr(model_args, name)
+        if path and (path.startswith((".", "/", "~")) or os.path.splitext(path)[1] == ".json"):
+            if not os.path.exists(os.path.expanduser(path)):
+                raise FileNotFoundError(f"--{name} {path!r} does not exist.")
+    if model_args.model_name_or_path and os.path.isdir(model_args.model_name_or_path):
+        check_weights(model_args.model_name_or_path, "--model_name_or_path")
+    check_new_config(model_args)
+
+
+def check_weights(folder: str, flag: str) -> None:
+    """Each `*.safetensors` file of a model folder opens (its header is whole and its data as long as the header
+    says), else a ValueError naming the file: loading a truncated or empty file fails deep inside transformers."""
+    for path in sorted(Path(folder).glob("*.safetensors")):
+        try:
+            with safe_open(path, framework="pt"):
+                pass
+        except (SafetensorError, OSError) as error:
+            raise ValueError(f"{flag} {folder!r}: {path} is damaged or not a safetensors file ({error}); save or "
+                             "download it again.") from None

@@ -1,0 +1,91 @@
+"""Where a run starts: the checkpoint to resume from (refusing to train over earlier checkpoints or a finished
+model unless told to), a finished run that needs nothing more, and clearing an output folder to start over."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+from transformers import TrainingArguments
+from transformers.trainer_utils import get_last_checkpoint
+
+from .reporting import log
+
+STAGING = ".staging"  # never matches `checkpoint-N`, so a half-written save is never resumed from
+
+
+def resolve_resume(training_args: TrainingArguments, overwrite_output_dir: bool) -> str | None:
+    """The checkpoint to resume from (`--resume_from_checkpoint PATH`, or `true`/`last` for the newest one), after
+    refusing to train over an output folder that already holds checkpoints unless told to."""
+    output_dir = training_args.output_dir
+    requested = training_args.resume_from_checkpoint
+    last = get_last_checkpoint(output_dir) if os.path.isdir(output_dir) else None
+    finished_model = os.path.isfile(os.path.join(output_dir, "config.json"))  # the final save writes it last
+    if requested is None or str(requested).lower() in ("false", "no", "none", ""):
+        if last is not None and not overwrite_output_dir:
+            raise ValueError(
+                f"--output_dir {output_dir!r} already holds {os.path.basename(last)}: pass --resume_from_checkpoint "
+                "true to continue it, --overwrite_output_dir to start over, or another --output_dir."
+            )
+        if finished_model and not overwrite_output_dir:
+            raise ValueError(f"--output_dir {output_dir!r} already holds a finished model: pass --overwrite_output_dir "
+                             "true to train it again from scratch, or another --output_dir.")
+        return None
+    if overwrite_output_dir:
+        raise ValueError("Conflicting flags: --resume_from_checkpoint and --overwrite_output_dir.")
+    if str(requested).lower() in ("true", "yes", "last"):
+        if last is None:
+            holds = " holds a finished model but" if finished_model else ""
+            raise FileNotFoundError(f"--resume_from_checkpoint: {output_dir!r}{holds} has no checkpoint-N folder to "
+                                    "resume from.")
+        return last
+    if not os.path.isfile(os.path.join(requested, "trainer_state.json")):
+        raise FileNotFoundError(f"--resume_from_checkpoint {requested!r} is not a complete checkpoint folder.")
+    return requested
+
+
+def finished_run(resume: str | None, training_args: TrainingArguments) -> dict[str, float] | None:
+    """When `resume` is a checkpoint at the end of the run these flags ask for (--max_steps, or the same
+    --num_train_epochs) and --output_dir holds that step's final model: say so and return its saved results, so a
+    resume changes nothing. None otherwise (a finished checkpoint without its final model is loaded and saved as the
+    final model by `AtomicCheckpointTrainer.train`, which knows the exact length of an epoch-based run)."""
+    if resume is None:
+        return None
+    with open(os.path.join(resume, "trainer_state.json"), encoding="utf-8") as f:
+        state = json.load(f)
+    step = state.get("global_step", 0)
+    if training_args.max_steps > 0:
+        end, of = training_args.max_steps, f"--max_steps {training_args.max_steps}"
+    elif state.get("num_train_epochs") == training_args.num_train_epochs:
+        end, of = state.get("max_steps", 0), f"--num_train_epochs {training_args.num_train_epochs:g}"
+    else:
+        return None
+    if not 0 < end <= step:
+        return None
+    output_dir, name = training_args.output_dir, os.path.basename(os.path.normpath(resume))
+    final_state = os.path.join(output_dir, "trainer_state.json")
+    saved = os.path.isfile(os.path.join(output_dir, "config.json")) and os.path.isfile(final_state)
+    if saved:
+        with open(final_state, encoding="utf-8") as f:
+            saved = json.load(f).get("global_step") == step
+    if not saved:
+        log(f"{name} is at step {step} of {of}: the run is finished but its final model is not saved in "
+            f"{output_dir}; saving it without training.")
+        return None
+    log(f"{name} is at step {step} of {of}: the run is finished and its model is saved in {output_dir}; nothing to "
+        "do (a larger --max_steps trains on).")
+    results = os.path.join(output_dir, "all_results.json")
+    if not os.path.isfile(results):
+        return {}
+    with open(results, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def clear_output_dir(output_dir: str) -> None:
+    """For --overwrite_output_dir: remove earlier checkpoints and staging folders (never other files)."""
+    if not os.path.isdir(output_dir):
+        return
+    for entry in os.listdir(output_dir):
+        if entry.startswith(("checkpoint-", STAGING)):
+            shutil.rmtree(os.path.join(output_dir, entry), ignore_errors=True)

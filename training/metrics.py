@@ -1,0 +1,57 @@
+"""Evaluation metrics of the training scripts: perplexity, classification accuracy and macro-F1, and the text
+metrics of generated sequences (sacrebleu's BLEU and chrF, exact match)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from archlab.tokenization.data import IGNORE_INDEX
+
+
+def with_perplexity(metrics: dict[str, float], prefix: str = "eval") -> dict[str, float]:
+    loss = metrics.get(f"{prefix}_loss")
+    if loss is not None:
+        metrics[f"{prefix}_perplexity"] = math.exp(min(loss, 50.0))
+    return metrics
+
+
+def classification_metrics(prediction: Any) -> dict[str, float]:
+    """Accuracy and macro-F1 over the classes that occur in labels or predictions."""
+    logits = prediction.predictions[0] if isinstance(prediction.predictions, tuple) else prediction.predictions
+    predicted, labels = np.argmax(logits, axis=-1), prediction.label_ids
+    f1s = []
+    for c in np.union1d(predicted, labels):
+        tp = np.sum((predicted == c) & (labels == c))
+        precision = tp / max(np.sum(predicted == c), 1)
+        recall = tp / max(np.sum(labels == c), 1)
+        f1s.append(0.0 if tp == 0 else 2 * precision * recall / (precision + recall))
+    return {"accuracy": float(np.mean(predicted == labels)), "f1": float(np.mean(f1s))}
+
+
+def text_metrics(predictions: list[str], references: list[str]) -> dict[str, float]:
+    """sacrebleu's corpus BLEU and chrF, and exact match (after whitespace normalisation)."""
+    import sacrebleu
+
+    predictions = [" ".join(p.split()) for p in predictions]
+    references = [" ".join(r.split()) for r in references]
+    return {
+        "bleu": sacrebleu.corpus_bleu(predictions, [references]).score,
+        "chrf": sacrebleu.corpus_chrf(predictions, [references]).score,
+        "exact_match": 100.0 * float(np.mean([p == r for p, r in zip(predictions, references)])),
+    }
+
+
+def seq2seq_metrics(tokenizer: Any) -> Callable[[Any], dict[str, float]]:
+    """`compute_metrics` for generated token ids: decodes predictions and labels, then `text_metrics`."""
+
+    def compute(prediction: Any) -> dict[str, float]:
+        generated = np.where(prediction.predictions < 0, tokenizer.pad_token_id, prediction.predictions)
+        labels = np.where(prediction.label_ids == IGNORE_INDEX, tokenizer.pad_token_id, prediction.label_ids)
+        return text_metrics(tokenizer.batch_decode(generated, skip_special_tokens=True),
+                            tokenizer.batch_decode(labels, skip_special_tokens=True))
+
+    return compute

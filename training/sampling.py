@@ -1,0 +1,137 @@
+"""Text from a trained model: the sample printed after pretraining, and streamed generation from a saved decoder or
+seq2seq folder (what `scripts/generate.py` runs)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM, TextStreamer, set_seed
+
+from archlab.tokenization.training import load_tokenizer
+
+from .reporting import log
+
+END_OF_TURN = "<|im_end|>"  # archlab's chat template closes every turn with it
+
+
+def print_sample(model: Any, tokenizer: Any, prompt: str, max_new_tokens: int, seed: int) -> str:
+    """A seeded sample (temperature 0.8, top-k 40) continuing `prompt`, logged and returned."""
+    model.eval()
+    inputs = tokenizer(prompt, return_tensors="pt")
+    set_seed(seed)
+    with torch.no_grad():
+        output = model.generate(
+            **inputs, max_new_tokens=max_new_tokens, do_sample=True, temperature=0.8, top_k=40,
+            pad_token_id=tokenizer.pad_token_id,
+        )
+    text = tokenizer.decode(output[0], skip_special_tokens=True)
+    log(f"Sample (prompt {prompt!r}, temperature 0.8, top-k 40):\n{text}\n")
+    return text
+
+
+def load_for_generation(folder: str) -> tuple[Any, Any, bool]:
+    """The model saved in `folder` (in eval mode), its tokenizer, and whether it is an encoder-decoder; a ValueError
+    for a model that does not generate text (a classifier, a masked LM)."""
+    config = AutoConfig.from_pretrained(folder)
+    architectures = config.architectures or []
+    seq2seq = any(name.endswith("ForConditionalGeneration") for name in architectures)
+    if seq2seq:
+        model = AutoModelForSeq2SeqLM.from_pretrained(folder)
+    elif any(name.endswith("ForCausalLM") for name in architectures):
+        model = AutoModelForCausalLM.from_pretrained(folder)
+    else:
+        raise ValueError(f"{folder!r} holds a {config.architectures} model, which does not "
+                         "generate text; generate.py needs a decoder (ForCausalLM) or a seq2seq model.")
+    tokenizer = load_tokenizer(folder)
+    model.eval()
+    return model, tokenizer, seq2seq
+
+
+def generate_text(
+    model: Any,
+    tokenizer: Any,
+    prompt: str,
+    *,
+    seq2seq: bool,
+    chat: bool = False,
+    stream: bool = True,
+    seed: int = 42,
+    max_new_tokens: int = 100,
+    do_sample: bool = True,
+    temperature: float = 0.8,
+    top_k: int = 40,
+    top_p: float = 0.95,
+    repetition_penalty: float = 1.0,
+    num_beams: int = 1,
+) -> str:
+    """Generate after `prompt` (a user turn of the chat template with `chat`), printing the text as it is generated
+    with `stream` (a decoder's prompt first) or at the end without; returns the generated text. The sampling
+    arguments are `GenerationConfig`'s; temperature, top-k and top-p apply only with `do_sample`."""
+    if chat:
+        if tokenizer.chat_template is None:
+            raise ValueError("--chat true needs a tokenizer with a chat template (train one with --model_kind decoder).")
+        inputs = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
+                                               return_tensors="pt", return_dict=True)
+    else:
+        inputs = tokenizer(prompt, return_tensors="pt")
+    inputs.pop("token_type_ids", None)
+
+    eos = [model.generation_config.eos_token_id or tokenizer.eos_token_id]
+    if chat and END_OF_TURN in tokenizer.get_vocab():
+        eos.append(tokenizer.convert_tokens_to_ids(END_OF_TURN))  # a chat turn ends with the end-of-turn marker
+    streamer = TextStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True) if stream else None
+    set_seed(seed)
+    if stream and not seq2seq and not chat:
+        print(prompt, end="", flush=True)
+    with torch.no_grad():
+        output = model.generate(
+            **inputs,
+            max_new_tokens=max_new_tokens,
+            do_sample=do_sample,
+            temperature=temperature if do_sample else None,
+            top_k=top_k if do_sample else None,
+            top_p=top_p if do_sample else None,
+            repetition_penalty=repetition_penalty,
+            num_beams=num_beams,
+            eos_token_id=eos,
+            pad_token_id=tokenizer.pad_token_id,
+            streamer=streamer,
+        )
+    new_tokens = output[0] if seq2seq else output[0, inputs["input_ids"].shape[1]:]
+    text = tokenizer.decode(new_tokens, skip_special_tokens=True)
+    if not stream:
+        print(text)
+    log(f"{len(new_tokens)} tokens generated")
+    return text
+
+
+def show_chat_example(model: Any, tokenizer: Any, example: dict[str, Any], args: Any,
+                      max_new_tokens: int | None = None) -> None:
+    """Log the fine-tuned chat model's greedy answer (up to 64 tokens) to the example's first user turn (in the
+    column `args.messages_column`)."""
+    model.eval()
+    with torch.no_grad():
+        prompt = example[args.messages_column][:1]
+        inputs = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, return_tensors="pt",
+                                               return_dict=True)
+        end = [tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids(END_OF_TURN)]
+        output = model.generate(**inputs, max_new_tokens=64, do_sample=False, eos_token_id=end,
+                                pad_token_id=tokenizer.pad_token_id)
+        answer = tokenizer.decode(output[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True)
+        log(f"Example -- user: {prompt[0]['content']}\nassistant:\n{answer}")
+
+
+def show_seq2seq_example(model: Any, tokenizer: Any, example: dict[str, Any], args: Any,
+                         max_new_tokens: int | None = None) -> None:
+    """Log the fine-tuned encoder-decoder's greedy output for the example's source (`args.source_column`, truncated
+    to `args.max_source_length`) beside its reference (`args.target_column`)."""
+    model.eval()
+    with torch.no_grad():
+        inputs = tokenizer(example[args.source_column], return_tensors="pt", truncation=True,
+                           max_length=args.max_source_length)
+        inputs.pop("token_type_ids", None)
+        output = model.generate(**inputs, max_new_tokens=max_new_tokens or 48, num_beams=1, do_sample=False)
+        log(f"Example -- code:\n{example[args.source_column]}\n"
+            f"generated: {tokenizer.decode(output[0], skip_special_tokens=True)}\n"
+            f"reference: {example[args.target_column]}")

@@ -1,0 +1,89 @@
+"""The final save of a run: model, tokenizer, trainer state, results, loss curve and model card, written so that a
+folder with a `config.json` has everything."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from typing import Any
+
+from transformers import Trainer
+
+from archlab.tokenization.training import save_tokenizer
+
+from .checkpoints import STAGING
+from .plots import plot_loss_curve
+
+LOSS_CURVE = "loss_curve.png"
+CARD_METRICS = ("loss", "perplexity", "accuracy", "f1", "bleu", "chrf", "exact_match")
+EMBEDDED_CORPUS = "python-stdlib-source"  # the model card's data set name for the embedded corpus
+
+
+def save_final(
+    trainer: Trainer,
+    tokenizer: Any,
+    output_dir: str,
+    metrics: dict[str, float] | None = None,
+    datasets: list[str] | None = None,
+    base_model: str | None = None,
+    pipeline_tag: str | None = None,
+) -> None:
+    """Model, tokenizer, trainer state, loss curve and model card -- written to a staging folder, then moved into
+    `output_dir` file by file with `config.json` last, so a folder that has a config has everything.
+    Under torchrun / accelerate launch only the main process writes; the others wait for it."""
+    if not trainer.args.should_save:
+        trainer.accelerator.wait_for_everyone()
+        return
+    staging = os.path.join(output_dir, STAGING + "-final")
+    shutil.rmtree(staging, ignore_errors=True)
+    model = trainer.model
+    model.config.use_cache = True  # the Trainer turns the cache off for training; generation wants it
+    model.save_pretrained(staging)
+    save_tokenizer(tokenizer, staging)
+    trainer.state.save_to_json(os.path.join(staging, "trainer_state.json"))
+    with open(os.path.join(staging, "training_args.json"), "w", encoding="utf-8") as f:
+        f.write(trainer.args.to_json_string())
+    if metrics:
+        with open(os.path.join(staging, "all_results.json"), "w", encoding="utf-8") as f:
+            json.dump(metrics, f, indent=2, sort_keys=True)
+    has_curve = plot_loss_curve(trainer.state.log_history, os.path.join(staging, LOSS_CURVE))
+    write_card(staging, metrics, datasets, base_model, os.path.join(staging, LOSS_CURVE) if has_curve else None,
+               pipeline_tag)
+    entries = sorted(os.listdir(staging), key=lambda name: name == "config.json")
+    for entry in entries:
+        target = os.path.join(output_dir, entry)
+        if os.path.isdir(target):
+            shutil.rmtree(target)
+        os.replace(os.path.join(staging, entry), target)
+    os.rmdir(staging)
+    trainer.accelerator.wait_for_everyone()
+
+
+def write_card(
+    folder: str, metrics: dict[str, float] | None, datasets: list[str] | None, base_model: str | None,
+    loss_curve: str | None,
+    pipeline_tag: str | None = None,
+) -> None:
+    """The model card (README.md), rendered by archlab.model_cards (`pipeline_tag`: None for the class's default)."""
+    from archlab.model_cards import write_model_card
+
+    eval_results = {k[len("eval_"):]: v for k, v in (metrics or {}).items() if k.startswith("eval_")}
+    write_model_card(
+        folder,
+        datasets=datasets,
+        base_model=base_model,
+        eval_results={k: v for k, v in eval_results.items() if k in CARD_METRICS} or None,
+        loss_curve=loss_curve,
+        pipeline_tag=pipeline_tag,
+    )
+
+
+def dataset_label(dataset_name: str | None, train_file: str | None) -> str:
+    """The model card's name for the training data: the Hub data set, the training file's name, or the embedded
+    corpus."""
+    if dataset_name:
+        return dataset_name
+    if train_file:
+        return os.path.basename(train_file)
+    return EMBEDDED_CORPUS

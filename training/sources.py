@@ -1,0 +1,60 @@
+"""The raw train and validation splits of a run: from the Hub, local files or the embedded corpus, limited to the
+sizes asked for and checked for text before anything is tokenized."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from archlab.tokenization.data import check_columns, check_not_empty, limit, load_raw_datasets
+
+SPLITS = ("train", "validation")
+
+
+class DataChoices(Protocol):
+    """The scripts' `DataArguments`, or any object with these attributes."""
+
+    dataset_name: str | None
+    dataset_config_name: str | None
+    train_file: str | None
+    validation_file: str | None
+    validation_split_percentage: int
+    sample_by: str
+    streaming: bool
+    text_column_name: str
+    max_train_samples: int | None
+    max_eval_samples: int | None
+
+
+def _limit(raw: Any, data: DataChoices) -> Any:
+    raw["train"] = limit(raw["train"], data.max_train_samples)
+    raw["validation"] = limit(raw["validation"], data.max_eval_samples)
+    return raw
+
+
+def load_documents(data: DataChoices, cache_dir: str | None, seed: int) -> Any:
+    """Pretraining documents: each split limited (a shuffled slice of the training set, not its first files),
+    non-empty and holding the text column."""
+    raw = load_raw_datasets(
+        data.dataset_name, data.dataset_config_name, data.train_file, data.validation_file,
+        data.validation_split_percentage, data.streaming, cache_dir, data.sample_by, seed,
+    )
+    if data.max_train_samples is not None and not data.streaming:
+        raw["train"] = raw["train"].shuffle(seed=seed)  # a slice of all of it, not of a-m
+    raw = _limit(raw, data)
+    for split in SPLITS:
+        check_not_empty(raw[split], split)
+        check_columns(raw[split], data.text_column_name, split=split)
+    return raw
+
+
+def load_examples(data: DataChoices, cache_dir: str | None, seed: int,
+                  default: Callable[[int | None, int | None], Any]) -> Any:
+    """Fine-tuning examples, in memory: the user's data set or files, else `default(max_train, max_eval)` (a task's
+    embedded-corpus examples); each split limited to the sizes asked for."""
+    if data.dataset_name or data.train_file:
+        raw = load_raw_datasets(data.dataset_name, data.dataset_config_name, data.train_file, data.validation_file,
+                                data.validation_split_percentage, cache_dir=cache_dir, seed=seed)
+    else:
+        raw = default(data.max_train_samples, data.max_eval_samples)
+    return _limit(raw, data)

@@ -1,0 +1,154 @@
+"""The data of each fine-tuning task: its embedded-corpus examples, the columns it reads, the texts a new tokenizer
+is trained on, and its tokenization (instruction tuning: chat template, loss on the assistant's turns only;
+classification: text and label ids; seq2seq: source and target)."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, Protocol
+
+from datasets import Dataset, DatasetDict
+
+from archlab.tokenization.data import IGNORE_INDEX, check_columns
+
+
+class TaskOptions(Protocol):
+    """The finetune script's task flags (`FinetuneArguments`), or any object with these attributes."""
+
+    prompt_column: str | None
+    response_column: str | None
+    messages_column: str
+    label_column_name: str
+    source_column: str
+    target_column: str
+    max_source_length: int
+    max_target_length: int
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Examples when the user gives no data
+# ---------------------------------------------------------------------------------------------------------------
+def embedded_examples(source: Callable[[str], Iterable[dict[str, Any]]]) -> Callable[[int | None, int | None], Any]:
+    """A task's default data: the first `max_train` / `max_eval` rows that `source(split)` yields, per split."""
+
+    def load(max_train: int | None, max_eval: int | None) -> DatasetDict:
+        sizes = {"train": max_train, "validation": max_eval}
+        return DatasetDict({split: Dataset.from_list(list(itertools.islice(source(split), n)))
+                            for split, n in sizes.items()})
+
+    return load
+
+
+def needs_train_file(max_train: int | None, max_eval: int | None) -> DatasetDict:
+    raise ValueError("--task classification needs --train_file (CSV/JSON with text and label columns).")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Instruction tuning
+# ---------------------------------------------------------------------------------------------------------------
+def as_messages(dataset: Any, args: TaskOptions) -> Any:
+    """Prompt/response columns -> the `messages` column the chat template reads."""
+    if args.prompt_column is None and args.response_column is None:
+        check_columns(dataset, args.messages_column)
+        return dataset
+    if args.prompt_column is None or args.response_column is None:
+        raise ValueError("--prompt_column and --response_column go together.")
+    check_columns(dataset, args.prompt_column, args.response_column)
+    return dataset.map(
+        lambda row: {args.messages_column: [{"role": "user", "content": row[args.prompt_column]},
+                                            {"role": "assistant", "content": row[args.response_column]}]},
+        remove_columns=dataset.column_names,
+    )
+
+
+def prepare_instruct(dataset: Any, split: str, args: TaskOptions, text_column: str) -> Any:
+    return as_messages(dataset, args)
+
+
+def instruct_texts(train: Any, args: TaskOptions, text_column: str) -> Iterator[str]:
+    return (m["content"] for row in train for m in row[args.messages_column])
+
+
+def tokenize_instruct(dataset: Any, tokenizer: Any, args: TaskOptions, max_length: int, num_proc: int | None,
+                      text_column: str = "text", label2id: dict[Any, int] | None = None) -> Any:
+    """`input_ids` of the whole conversation; `labels` only on the assistant's tokens (the rest -100)."""
+    if tokenizer.chat_template is None or "{% generation %}" not in tokenizer.chat_template:
+        raise ValueError("--task instruct needs a tokenizer whose chat template marks assistant turns with "
+                         "{% generation %} (archlab's decoder tokenizers do).")
+
+    def encode(batch: dict[str, list]) -> dict[str, list]:
+        out = tokenizer.apply_chat_template(batch[args.messages_column], tokenize=True, return_dict=True,
+                                            return_assistant_tokens_mask=True, truncation=True, max_length=max_length)
+        labels = [[t if m else IGNORE_INDEX for t, m in zip(ids, mask)]
+                  for ids, mask in zip(out["input_ids"], out["assistant_masks"])]
+        return {"input_ids": out["input_ids"], "attention_mask": out["attention_mask"], "labels": labels}
+
+    encoded = dataset.map(encode, batched=True, num_proc=num_proc, remove_columns=dataset.column_names,
+                          desc="Applying the chat template")
+    # A conversation truncated before the answer teaches nothing.
+    return encoded.filter(lambda row: any(t != IGNORE_INDEX for t in row["labels"]))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Classification
+# ---------------------------------------------------------------------------------------------------------------
+def check_classification_columns(dataset: Any, split: str, args: TaskOptions, text_column: str) -> Any:
+    check_columns(dataset, text_column, args.label_column_name, split=split)
+    return dataset
+
+
+def classification_texts(train: Any, args: TaskOptions, text_column: str) -> Iterator[str]:
+    return (row[text_column] for row in train)
+
+
+def label_maps(dataset: Any, column: str) -> tuple[dict[Any, int], dict[int, str]]:
+    values = sorted(set(dataset[column]), key=str)
+    if len(values) < 2:
+        raise ValueError(f"Column {column!r} has {len(values)} distinct label(s); classification needs at least 2.")
+    return {v: i for i, v in enumerate(values)}, {i: str(v) for i, v in enumerate(values)}
+
+
+def tokenize_classification(dataset: Any, tokenizer: Any, args: TaskOptions, max_length: int, num_proc: int | None,
+                            text_column: str = "text", label2id: dict[Any, int] | None = None) -> Any:
+    label, label2id = args.label_column_name, label2id or {}
+
+    def encode(batch: dict[str, list]) -> dict[str, list]:
+        out = tokenizer(batch[text_column], truncation=True, max_length=max_length)
+        unknown = {v for v in batch[label] if v not in label2id}
+        if unknown:
+            raise ValueError(f"Labels {sorted(map(str, unknown))} of the validation split are not in the training "
+                             f"split's {sorted(map(str, label2id))}.")
+        return {"input_ids": out["input_ids"], "attention_mask": out["attention_mask"],
+                "labels": [label2id[v] for v in batch[label]]}
+
+    return dataset.map(encode, batched=True, num_proc=num_proc, remove_columns=dataset.column_names,
+                       desc="Tokenizing")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Sequence to sequence
+# ---------------------------------------------------------------------------------------------------------------
+def check_pair_columns(dataset: Any, split: str, args: TaskOptions, text_column: str) -> Any:
+    check_columns(dataset, args.source_column, args.target_column, split=split)
+    return dataset
+
+
+def pair_texts(train: Any, args: TaskOptions, text_column: str) -> Iterator[str]:
+    return (text for row in train for text in (row[args.source_column], row[args.target_column]))
+
+
+def tokenize_seq2seq(dataset: Any, tokenizer: Any, args: TaskOptions, max_length: int | None, num_proc: int | None,
+                     text_column: str = "text", label2id: dict[Any, int] | None = None) -> Any:
+    """Sources truncated to --max_source_length and targets to --max_target_length (keeping the closing token);
+    `max_length`, the other tasks' truncation, does not apply."""
+
+    def encode(batch: dict[str, list]) -> dict[str, list]:
+        out = tokenizer(batch[args.source_column], text_target=batch[args.target_column], truncation=True,
+                        max_length=args.max_source_length)
+        labels = [ids[: args.max_target_length - 1] + ids[-1:] if len(ids) > args.max_target_length else ids
+                  for ids in out["labels"]]
+        return {"input_ids": out["input_ids"], "attention_mask": out["attention_mask"], "labels": labels}
+
+    return dataset.map(encode, batched=True, num_proc=num_proc, remove_columns=dataset.column_names,
+                       desc="Tokenizing pairs")

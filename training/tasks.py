@@ -1,0 +1,148 @@
+"""The fine-tuning tasks (`--task`), one table row each: the model kind and head it trains, its default data, how
+its examples are checked, tokenized and collated, its metrics and Trainer, and what it reports.
+
+- `instruct`: a decoder tuned on conversations with its chat template, loss on the assistant's turns only;
+- `classification`: sequence classification from text and label columns, accuracy and macro-F1;
+- `seq2seq`: an encoder-decoder evaluated by generation with BLEU, chrF and exact match.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from transformers import DataCollatorForSeq2Seq, DataCollatorWithPadding, PreTrainedModel
+
+from archlab.tokenization.corpus import code_docstring_pairs, instruction_examples
+from archlab.tokenization.data import IGNORE_INDEX, check_not_empty
+from archlab.tokenization.training import train_tokenizer
+
+from . import task_data
+from .task_data import TaskOptions
+from .configs import ModelChoices, build_config, build_model
+from .kinds import CLASSIFICATION_AUTO_CLASS, model_kind
+from .metrics import classification_metrics, seq2seq_metrics, with_perplexity
+from .reporting import log
+from .sampling import show_chat_example, show_seq2seq_example
+from .sources import SPLITS
+from .tokenizers import TokenizerChoices, get_tokenizer
+from .trainer import AtomicCheckpointTrainer, AtomicSeq2SeqTrainer
+
+
+@dataclass(frozen=True)
+class Task:
+    """One fine-tuning task: what it trains and, as functions, each step that differs between tasks."""
+
+    model_kind: str  # the `--model_kind` it trains
+    default_data: Callable[[int | None, int | None], Any]  # (max train, max eval) -> DatasetDict, without user data
+    prepare: Callable[..., Any]  # (split dataset, split name, options, text column) -> the dataset it tokenizes
+    tokenizer_texts: Callable[..., Iterable[str]]  # (train split, options, text column) -> a new tokenizer's texts
+    tokenize: Callable[..., Any]  # (dataset, tokenizer, options, max length, processes, text column, label2id)
+    collator: Callable[[Any, PreTrainedModel], Any]  # (tokenizer, model) -> data collator
+    trainer_class: type = AtomicCheckpointTrainer
+    auto_class: Any = None  # None: the model kind's own head
+    compute_metrics: Callable[[Any], Callable | None] = lambda tokenizer: None  # (tokenizer) -> `compute_metrics`
+    view: Callable[[dict[str, float]], dict[str, float]] = dict  # adds derived metrics to an evaluation's
+    summary_keys: tuple[str, ...] = ("eval_loss",)  # the metrics of its before/after lines
+    labels: bool = False  # a classification head: label ids from the training split
+    generates: bool = False  # evaluated by generation; its model card's task is translation or summarization
+    show_example: Callable[..., None] | None = None  # (model, tokenizer, example, options, max new tokens)
+
+
+TASKS: dict[str, Task] = {
+    "instruct": Task(
+        model_kind="decoder",
+        default_data=task_data.embedded_examples(instruction_examples),
+        prepare=task_data.prepare_instruct,
+        tokenizer_texts=task_data.instruct_texts,
+        tokenize=task_data.tokenize_instruct,
+        collator=lambda tokenizer, model: DataCollatorForSeq2Seq(tokenizer, label_pad_token_id=IGNORE_INDEX),
+        view=with_perplexity,
+        summary_keys=("eval_loss", "eval_perplexity"),
+        show_example=show_chat_example,
+    ),
+    "classification": Task(
+        model_kind="decoder",
+        default_data=task_data.needs_train_file,
+        prepare=task_data.check_classification_columns,
+        tokenizer_texts=task_data.classification_texts,
+        tokenize=task_data.tokenize_classification,
+        collator=lambda tokenizer, model: DataCollatorWithPadding(tokenizer),
+        auto_class=CLASSIFICATION_AUTO_CLASS,
+        compute_metrics=lambda tokenizer: classification_metrics,
+        summary_keys=("eval_loss", "eval_accuracy", "eval_f1"),
+        labels=True,
+    ),
+    "seq2seq": Task(
+        model_kind="seq2seq",
+        default_data=task_data.embedded_examples(code_docstring_pairs),
+        prepare=task_data.check_pair_columns,
+        tokenizer_texts=task_data.pair_texts,
+        tokenize=task_data.tokenize_seq2seq,
+        collator=lambda tokenizer, model: DataCollatorForSeq2Seq(tokenizer, model=model,
+                                                                 label_pad_token_id=IGNORE_INDEX),
+        trainer_class=AtomicSeq2SeqTrainer,
+        compute_metrics=seq2seq_metrics,
+        summary_keys=("eval_loss", "eval_bleu", "eval_chrf", "eval_exact_match"),
+        generates=True,
+        show_example=show_seq2seq_example,
+    ),
+}
+
+
+def check_installed(task: Task) -> None:
+    """The optional packages a task's metrics need, checked before training rather than after it."""
+    if task.generates and importlib.util.find_spec("sacrebleu") is None:
+        raise ImportError("--task seq2seq reports BLEU/chrF with sacrebleu: pip install 'archlab[scripts]'.")
+
+
+def prepare_splits(task: Task, raw: Any, options: TaskOptions, text_column: str) -> Any:
+    """Each split checked to be non-empty and put in the form the task tokenizes."""
+    for split in SPLITS:
+        check_not_empty(raw[split], split)
+        raw[split] = task.prepare(raw[split], split, options, text_column)
+    return raw
+
+
+def task_tokenizer(task: Task, choices: TokenizerChoices, train: Any, options: TaskOptions, text_column: str,
+                   resume: str | None) -> Any:
+    """`get_tokenizer` for fine-tuning: a new tokenizer is trained on the task's training texts."""
+
+    def train_new() -> Any:
+        log(f"Training a tokenizer for the {task.model_kind} on the task's texts ...")
+        return train_tokenizer(task.tokenizer_texts(train, options, text_column), task.model_kind,
+                               choices.tokenizer_algorithm, choices.tokenizer_vocab_size or 4096)
+
+    return get_tokenizer(choices, resume, train_new)
+
+
+def build_task_model(task: Task, choices: ModelChoices, raw: Any, tokenizer: Any, options: TaskOptions,
+                     text_column: str, block_size: int, num_proc: int | None,
+                     attn_implementation: str | None = None) -> dict[str, Any]:
+    """The task's config and model (its head), its tokenized splits and its collator, as `model`, `train`,
+    `validation` and `collator`. Examples are truncated rather than packed, to at most what the model positions."""
+    label2id: dict[Any, int] = {}
+    if task.labels:
+        label2id, id2label = task_data.label_maps(raw["train"], options.label_column_name)
+    config = build_config(choices, tokenizer, None, num_labels=len(label2id) or None)
+    max_length = min(block_size, config.max_position_embeddings)
+    if label2id:
+        config.num_labels, config.id2label, config.label2id = len(id2label), id2label, {v: k for k, v in id2label.items()}
+    data = {s: task.tokenize(raw[s], tokenizer, options, max_length, num_proc, text_column, label2id) for s in raw}
+    check_not_empty(data["train"], "tokenized train")
+
+    auto_class = task.auto_class or model_kind(task.model_kind).auto_class
+    model = build_model(auto_class, config, choices.model_name_or_path, attn_implementation)
+    log(f"{type(model).__name__}: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters; "
+        f"{len(data['train'])} training and {len(data['validation'])} validation examples")
+    return {**data, "model": model, "collator": task.collator(tokenizer, model)}
+
+
+def card_pipeline_tag(task: Task, chosen: str | None, own_data: bool) -> str | None:
+    """The model card's Hub task: the class's default (None), or for a generating task the one chosen, else
+    summarization for the embedded code -> docstring task and translation for the user's own data."""
+    if not task.generates:
+        return None
+    return chosen or ("translation" if own_data else "summarization")

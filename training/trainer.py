@@ -1,0 +1,171 @@
+"""Trainers whose `checkpoint-N` folders are complete or absent, that resume to the end of a run and report the
+whole run's training loss, and that train one model under data parallelism even after an `evaluate()`."""
+
+from __future__ import annotations
+
+import copy
+import os
+import shutil
+from typing import Any
+
+import torch
+from transformers import Seq2SeqTrainer, Trainer, TrainerCallback, TrainerState, TrainingArguments
+from transformers.trainer_utils import TrainOutput, rotate_checkpoints
+from transformers.training_args import ParallelMode
+
+from .checkpoints import STAGING
+from .reporting import log
+
+
+class LogAtSave(TrainerCallback):
+    """Log the training loss at every save, so that a checkpoint's log history covers each step up to it and a resumed
+    run can report the mean loss of the whole run."""
+
+    def on_step_end(self, args: TrainingArguments, state: Any, control: Any, **kwargs: Any) -> Any:
+        if control.should_save and args.logging_strategy != "no":
+            control.should_log = True
+        return control
+
+    on_epoch_end = on_step_end
+
+
+def whole_run_train_loss(
+    log_history: list[dict[str, Any]], resumed_at: int, end: int, mean_since: float
+) -> float | None:
+    """The mean training loss over steps 1..`end` of a run resumed at step `resumed_at`: each loss logged up to the
+    resume (the mean over the steps since the log before it) weighted by its steps, plus `mean_since` for the
+    resumed steps. None when the logged losses stop short of `resumed_at` (steps whose loss was never logged)."""
+    total, logged = 0.0, 0
+    for entry in log_history:
+        step = entry.get("step", 0)
+        if "loss" in entry and logged < step <= resumed_at:
+            total += entry["loss"] * (step - logged)
+            logged = step
+    if logged != resumed_at or end <= 0:
+        return None
+    return (total + mean_since * (end - resumed_at)) / end
+
+
+class AtomicCheckpointTrainer(Trainer):
+    """A `Trainer` whose `checkpoint-N` folders are complete or absent: each is written under `.staging/` and
+    renamed into place, so a run killed mid-save resumes from the previous complete checkpoint. Resuming from a
+    checkpoint at the run's last step trains nothing more, a resumed run's `train_loss` is the whole run's, and
+    `train()` trains one model under data parallelism even after an `evaluate()` (see `_forget_evaluation_only_preparation`)."""
+
+    _staging_dir: str | None = None
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.add_callback(LogAtSave)
+
+    def train(self, resume_from_checkpoint: str | bool | None = None, **kwargs: Any) -> TrainOutput:
+        self._forget_evaluation_only_preparation()
+        if not isinstance(resume_from_checkpoint, str):
+            return super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
+        start = TrainerState.load_from_json(os.path.join(resume_from_checkpoint, "trainer_state.json"))
+        max_steps = self.args.max_steps
+        if max_steps <= 0:
+            max_steps = self.set_initial_training_values(self.args, self.get_train_dataloader())[-1]
+        if start.global_step >= max_steps:
+            # The Trainer checks for the end of the run only after a step, so it would train one step past it.
+            self._load_from_checkpoint(resume_from_checkpoint)
+            self.state = start
+            mean = whole_run_train_loss(start.log_history, start.global_step, start.global_step, 0.0)
+            metrics = {"epoch": start.epoch, "total_flos": start.total_flos}
+            return TrainOutput(start.global_step, mean, metrics if mean is None else {**metrics, "train_loss": mean})
+        output = super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
+        # The Trainer's train_loss averages the steps this call ran; report the whole run's where the log allows.
+        mean = whole_run_train_loss(self.state.log_history, start.global_step, output.global_step, output.training_loss)
+        summary = next((entry for entry in reversed(self.state.log_history) if "train_loss" in entry), {})
+        for metrics in (output.metrics, summary):
+            if mean is None:
+                metrics["train_loss_since_resume"] = metrics.pop("train_loss", output.training_loss)
+            else:
+                metrics["train_loss"] = mean
+        if mean is None:
+            log(f"train_loss_since_resume: the mean loss of the steps after {resume_from_checkpoint} only; the "
+                "checkpoint's log does not cover every step before it.")
+        return TrainOutput(output.global_step, output.training_loss if mean is None else mean, output.metrics)
+
+    def _forget_evaluation_only_preparation(self) -> None:
+        """Undo an evaluation-only preparation of the model, so `train()` wraps it for data parallelism.
+
+        In transformers 5.23 with accelerate 1.15, `evaluate()` before the first `train()` prepares the model with
+        `accelerator.prepare_model(model, evaluation_mode=True)`: no DistributedDataParallel wrapper, but the model
+        is marked `_is_accelerate_prepared`, so the `accelerator.prepare` of the training that follows returns it
+        unwrapped. Every process then trains its own replica on its own shard of the data, with no error. Undoing
+        that mark (and the evaluation's mixed-precision forward wrapper) lets `train()` wrap the model as usual.
+        Sharded engines (FSDP, DeepSpeed) fully prepare the model for evaluation and are left alone.
+        """
+        model = self.model
+        if (
+            self.args.parallel_mode != ParallelMode.DISTRIBUTED
+            or self.is_fsdp_enabled
+            or self.is_deepspeed_enabled
+            or isinstance(self.model_wrapped, torch.nn.parallel.DistributedDataParallel)
+        ):
+            return
+        candidates = (model,) if self.model_wrapped is model else (model, self.model_wrapped)
+        prepared = [m for m in candidates if getattr(m, "_is_accelerate_prepared", False)]
+        if not prepared:
+            return
+        for module in prepared:
+            del module._is_accelerate_prepared
+        self.accelerator._models[:] = [m for m in self.accelerator._models if all(m is not p for p in prepared)]
+        original = model.__dict__.pop("_original_forward", None)  # set with the evaluation's autocast wrapper
+        if original is not None:  # training adds its own wrapper
+            if getattr(original, "__func__", None) is type(model).forward:
+                model.__dict__.pop("forward", None)
+            else:
+                model.forward = original
+        self.model_wrapped = model
+
+    def _get_output_dir(self, trial: Any) -> str:
+        return self._staging_dir or super()._get_output_dir(trial)
+
+    def _save_checkpoint(self, model: torch.nn.Module, trial: Any) -> None:
+        run_dir = super()._get_output_dir(trial)
+        staging = os.path.join(run_dir, STAGING)
+        shutil.rmtree(staging, ignore_errors=True)
+        self._staging_dir = staging
+        try:
+            super()._save_checkpoint(model, trial)
+        finally:
+            self._staging_dir = None
+        name = f"checkpoint-{self.state.global_step}"
+        final = os.path.join(run_dir, name)
+        if os.path.isdir(final):
+            shutil.rmtree(final)
+        os.replace(os.path.join(staging, name), final)
+        shutil.rmtree(staging, ignore_errors=True)
+        if self.state.best_model_checkpoint and STAGING in self.state.best_model_checkpoint:
+            self.state.best_model_checkpoint = self.state.best_model_checkpoint.replace(
+                os.path.join(STAGING, ""), ""
+            )
+        if self.args.should_save:
+            rotate_checkpoints(run_dir, self.args.save_total_limit, self.state.best_model_checkpoint, use_mtime=True)
+
+    def _issue_warnings_after_load(self, load_result: Any) -> None:
+        """A checkpoint stores a tied head once, under the embedding's name; the head then loads with the embedding
+        and is not missing (the Trainer would report `lm_head.weight` as missing from every such checkpoint)."""
+        state = self.model.state_dict(keep_vars=True)
+        loaded = {state[key].data_ptr() for key in state if key not in load_result.missing_keys}
+        missing = [key for key in load_result.missing_keys if key not in state or state[key].data_ptr() not in loaded]
+        super()._issue_warnings_after_load(load_result._replace(missing_keys=missing))
+
+
+class AtomicSeq2SeqTrainer(AtomicCheckpointTrainer, Seq2SeqTrainer):
+    """`Seq2SeqTrainer` (generation in evaluation) with complete-or-absent checkpoints.
+
+    Seq2SeqTrainer's evaluation writes every generation default (`max_length=20`, `num_beams=1`, ...) into the model's
+    own `generation_config`, so saved folders would carry them and every later `generate(max_new_tokens=...)` warns
+    about a conflicting `max_length`; each prediction step here leaves the model's generation config as it found it.
+    """
+
+    def prediction_step(self, *args, **kwargs):
+        kept = copy.deepcopy(self.model.generation_config)
+        kept._from_model_config = False  # what the parent sets, so generate does not re-derive it every step
+        try:
+            return super().prediction_step(*args, **kwargs)
+        finally:
+            self.model.generation_config = kept
