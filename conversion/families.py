@@ -36,6 +36,7 @@ from ..modeling import DecoderForCausalLM
 from .checks import refuse_export, refuse_import, setting
 from .family import ConversionError, Family, same
 from .fused_decoders import FUSED_DECODERS
+from .layernorm_decoders import LAYERNORM_DECODERS
 from .marian import MARIAN
 from .experts import MIXTRAL_LAYOUT, QWEN2_MOE_LAYOUT
 from .t5 import T5_VARIANTS, t5_family
@@ -184,6 +185,7 @@ FAMILIES: dict[str, Family] = {
                expressible=frozenset({"mlp_layer_types", "router_z_loss_coef"}),
                layout=QWEN2_MOE_LAYOUT),
         *FUSED_DECODERS,
+        *LAYERNORM_DECODERS,
         MARIAN,
         *(t5_family(variant) for variant in T5_VARIANTS.values()),
     )

@@ -183,8 +183,8 @@ def test_export_refuses_what_the_family_cannot_compute(family, folders, tmp_path
 
 # stock configs archlab cannot compute yet (or that transformers' stock class silently ignores)
 NOT_IMPORTABLE = {
-    "falcon-7b-shared-norm": (FalconConfig(hidden_size=32, num_attention_heads=4, num_hidden_layers=1),
-                              ["parallel_attn"]),
+    "falcon-new-sequential": (FalconConfig(hidden_size=32, num_attention_heads=4, num_hidden_layers=1,
+                                           new_decoder_architecture=True, parallel_attn=False), ["parallel_attn"]),
     "falcon-alibi": (FalconConfig(hidden_size=32, num_attention_heads=4, num_hidden_layers=1, alibi=True,
                                   parallel_attn=False), ["alibi"]),
     "bloom-post-ln-residual": (BloomConfig(hidden_size=32, n_head=4, apply_residual_connection_post_layernorm=True),
