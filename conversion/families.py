@@ -38,6 +38,8 @@ from .family import ConversionError, Family, same
 from .fused_decoders import FUSED_DECODERS
 from .layernorm_decoders import LAYERNORM_DECODERS
 from .marian import MARIAN
+from .bart import BART
+from .bert import BERT
 from .experts import MIXTRAL_LAYOUT, QWEN2_MOE_LAYOUT
 from .t5 import T5_VARIANTS, t5_family
 
@@ -187,6 +189,8 @@ FAMILIES: dict[str, Family] = {
         *FUSED_DECODERS,
         *LAYERNORM_DECODERS,
         MARIAN,
+        BART,
+        BERT,
         *(t5_family(variant) for variant in T5_VARIANTS.values()),
     )
 }
