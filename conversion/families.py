@@ -1,10 +1,11 @@
 """The families the converter knows: one `Family` row each, by `model_type`.
 
-The Llama-like decoders (Llama, Mistral, Mixtral, Gemma, Gemma2, Qwen3) differ from Llama only in which config fields
-they have and what they fix; their weights have archlab's names already (archlab uses Llama's and Gemma2's), except
-Mixtral's per-expert modules (`mixtral.py`). The decoders with their own names, fused q/k/v and Conv1D weights
-(GPT-2, OpenAI-GPT, GPT-NeoX, Falcon, BLOOM, MPT) live in `fused_decoders.py`, the encoder-decoders in `marian.py`
-and `t5.py`.
+The Llama-like decoders (Llama, Mistral, Mixtral, Gemma, Gemma2, Qwen2, Qwen2-MoE, Qwen3) differ from Llama only in
+which config fields they have and what they fix; their weights have archlab's names already (archlab uses Llama's and
+Gemma2's), except the per-expert modules of Mixtral's and Qwen2-MoE's saved checkpoints (`experts.py`). The decoders
+with their own names, fused q/k/v and Conv1D weights (GPT-2, OpenAI-GPT, GPT-NeoX, Falcon, BLOOM, MPT) live in
+`fused_decoders.py`, StableLM, Phi and OPT in `layernorm_decoders.py`, the encoder-decoders in `marian.py`, `bart.py`
+and `t5.py`, BERT (as `EncoderForMaskedLM`) in `bert.py`.
 """
 
 from __future__ import annotations
