@@ -4,7 +4,9 @@
 - `families.py`: the table of families the converter knows (`FAMILIES`, by `model_type`);
 - `fused_decoders.py`: GPT-2, OpenAI-GPT, GPT-NeoX, Falcon, BLOOM and MPT, whose weights are renamed, split and
   transposed by the rules of `layouts.py` (refusal messages in `checks.py`);
-- `mixtral.py`, `marian.py`, `t5.py`: the families whose weights or configs need more than renaming;
+- `layernorm_decoders.py`: StableLM, Phi and OPT (LayerNorm decoders; Phi's and OPT's weights renamed by rules);
+- `experts.py`: Mixtral's and Qwen2-MoE's per-expert checkpoint modules, fused as archlab holds them;
+- `marian.py`, `bart.py`, `t5.py`: the encoder-decoders; `bert.py`: BERT as archlab's masked LM;
 - `folders.py`: model folders on disk (safetensors only; a written folder is complete or absent);
 - `convert.py`: `convert_checkpoint(src, dst, to=None)`, what `scripts/convert_checkpoint.py` runs.
 """

@@ -44,6 +44,11 @@ def convert_checkpoint(src: str | os.PathLike, dst: str | os.PathLike, to: str |
             raise ConversionError(
                 f"{src} is an {model_type} checkpoint; {to} models are {family.archlab_class.config_class.model_type}."
             )
+        architectures = values.get("architectures") or [family.archlab_class.__name__]
+        if family.archlab_class.__name__ not in architectures:
+            raise ConversionError(
+                f"{src} holds a {', '.join(architectures)}; {to} exports a {family.archlab_class.__name__}."
+            )
         stock_config = family.export_config(config)
         state_dict = family.layout.from_archlab(load_state_dict(src), config)
         return write_model(family.model_class, stock_config, state_dict, src, dst)

@@ -1,10 +1,11 @@
 """The families the converter knows: one `Family` row each, by `model_type`.
 
-The Llama-like decoders (Llama, Mistral, Mixtral, Gemma, Gemma2, Qwen3) differ from Llama only in which config fields
-they have and what they fix; their weights have archlab's names already (archlab uses Llama's and Gemma2's), except
-Mixtral's per-expert modules (`mixtral.py`). The decoders with their own names, fused q/k/v and Conv1D weights
-(GPT-2, OpenAI-GPT, GPT-NeoX, Falcon, BLOOM, MPT) live in `fused_decoders.py`, the encoder-decoders in `marian.py`
-and `t5.py`.
+The Llama-like decoders (Llama, Mistral, Mixtral, Gemma, Gemma2, Qwen2, Qwen2-MoE, Qwen3) differ from Llama only in
+which config fields they have and what they fix; their weights have archlab's names already (archlab uses Llama's and
+Gemma2's), except the per-expert modules of Mixtral's and Qwen2-MoE's saved checkpoints (`experts.py`). The decoders
+with their own names, fused q/k/v and Conv1D weights (GPT-2, OpenAI-GPT, GPT-NeoX, Falcon, BLOOM, MPT) live in
+`fused_decoders.py`, StableLM, Phi and OPT in `layernorm_decoders.py`, the encoder-decoders in `marian.py`, `bart.py`
+and `t5.py`, BERT (as `EncoderForMaskedLM`) in `bert.py`.
 """
 
 from __future__ import annotations
@@ -24,6 +25,10 @@ from transformers import (
     MixtralConfig,
     MixtralForCausalLM,
     PreTrainedConfig,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+    Qwen2MoeConfig,
+    Qwen2MoeForCausalLM,
     Qwen3Config,
     Qwen3ForCausalLM,
 )
@@ -32,8 +37,11 @@ from ..modeling import DecoderForCausalLM
 from .checks import refuse_export, refuse_import, setting
 from .family import ConversionError, Family, same
 from .fused_decoders import FUSED_DECODERS
+from .layernorm_decoders import LAYERNORM_DECODERS
 from .marian import MARIAN
-from .mixtral import MIXTRAL_LAYOUT
+from .bart import BART
+from .bert import BERT
+from .experts import MIXTRAL_LAYOUT, QWEN2_MOE_LAYOUT
 from .t5 import T5_VARIANTS, t5_family
 
 # LlamaConfig fields archlab's DecoderConfig shares with identical meaning.
@@ -62,6 +70,16 @@ GEMMA2_FIELDS = {
 }
 # Qwen3: Gemma's field list (no mlp_bias) with Mistral's window, and QK-norm always.
 QWEN3_FIELDS = GEMMA_FIELDS + ("sliding_window", "layer_types")
+# Qwen2: Llama's without the bias flags and head_dim (always hidden / heads), with Qwen3's window; q/k/v always have
+# a bias, the output projection never (archlab: `qkv_bias=True`).
+QWEN2_FIELDS = tuple(name for name in MISTRAL_FIELDS if name != "head_dim") + ("layer_types",)
+# Qwen2-MoE: Qwen2's, its own `qkv_bias` flag, and the experts (`num_experts` is archlab's `num_local_experts`; every
+# sparse layer also has a gated shared expert). Which layers are sparse is computed (`_qwen2_moe_to_archlab`).
+QWEN2_MOE_FIELDS = {
+    **same(*QWEN2_FIELDS, "qkv_bias", "moe_intermediate_size", "shared_expert_intermediate_size",
+           "num_experts_per_tok", "norm_topk_prob", "output_router_logits", "router_aux_loss_coef"),
+    "num_experts": "num_local_experts",
+}
 
 
 def one_window_for_every_layer(config: PreTrainedConfig, architecture: str) -> None:
@@ -119,6 +137,32 @@ def _qwen3_from_archlab(config: PreTrainedConfig) -> dict[str, Any]:
     return {"use_sliding_window": config.sliding_window is not None}
 
 
+def _qwen2_moe_to_archlab(stock: PreTrainedConfig, values: Mapping[str, Any]) -> dict[str, Any]:
+    """Layer i is sparse when the model has experts, i + 1 is a multiple of `decoder_sparse_step` and i is not in
+    `mlp_only_layers`; Qwen2MoeConfig writes `sliding_window=0` when `use_sliding_window` is off."""
+    if stock.shared_expert_intermediate_size < 1 and stock.num_experts > 0:
+        refuse_import("qwen2_moe", {setting(stock, "shared_expert_intermediate_size"):
+                                    "a zero-width shared expert has no archlab form (0 there means none, without "
+                                    "the stock gate's weights)"})
+    sparse = [stock.num_experts > 0 and (i + 1) % stock.decoder_sparse_step == 0 and i not in stock.mlp_only_layers
+              for i in range(stock.num_hidden_layers)]
+    sliding = "sliding_attention" in stock.layer_types
+    return {"mlp_layer_types": ["sparse" if s else "dense" for s in sparse],
+            "sliding_window": stock.sliding_window if sliding or stock.use_sliding_window else None}
+
+
+def _qwen2_moe_from_archlab(config: PreTrainedConfig) -> dict[str, Any]:
+    wrong = {}
+    if config.num_local_experts > 0 and (config.shared_expert_intermediate_size < 1 or not config.shared_expert_gate):
+        wrong[f"{setting(config, 'shared_expert_intermediate_size')}, {setting(config, 'shared_expert_gate')}"] = (
+            "every Qwen2-MoE sparse layer has a shared expert with a sigmoid gate"
+        )
+    refuse_export("Qwen2MoeForCausalLM", wrong)
+    dense = [i for i, kind in enumerate(config.mlp_layer_types) if kind == "dense"]
+    return {"qkv_bias": config.attention_bias if config.qkv_bias is None else config.qkv_bias,
+            "decoder_sparse_step": 1, "mlp_only_layers": dense, **_qwen3_from_archlab(config)}
+
+
 FAMILIES: dict[str, Family] = {
     family.name: family
     for family in (
@@ -136,8 +180,18 @@ FAMILIES: dict[str, Family] = {
                from_archlab=_gemma2_from_archlab),
         Family(Qwen3Config, Qwen3ForCausalLM, DecoderForCausalLM, fields=same(*QWEN3_FIELDS),
                implied={"use_qk_norm": True}, from_archlab=_qwen3_from_archlab),
+        Family(Qwen2Config, Qwen2ForCausalLM, DecoderForCausalLM, fields=same(*QWEN2_FIELDS),
+               implied={"qkv_bias": True}, from_archlab=_qwen3_from_archlab),
+        Family(Qwen2MoeConfig, Qwen2MoeForCausalLM, DecoderForCausalLM, fields=QWEN2_MOE_FIELDS,
+               to_archlab=_qwen2_moe_to_archlab, from_archlab=_qwen2_moe_from_archlab,
+               # the router z-loss only changes training; it is dropped on export
+               expressible=frozenset({"mlp_layer_types", "router_z_loss_coef"}),
+               layout=QWEN2_MOE_LAYOUT),
         *FUSED_DECODERS,
+        *LAYERNORM_DECODERS,
         MARIAN,
+        BART,
+        BERT,
         *(t5_family(variant) for variant in T5_VARIANTS.values()),
     )
 }

@@ -58,12 +58,13 @@ def write_model(model_class: type[PreTrainedModel], config: PreTrainedConfig, st
         model = model_class(config)
     missing, unexpected = model.load_state_dict(state_dict, strict=False, assign=True)
     # Tie only when the head is the embedding: T5Config always says tie_word_embeddings=True, though T5 v1.1
-    # checkpoints carry their own head (transformers unties those at load time for the same reason).
+    # checkpoints carry their own head (transformers unties those at load time for the same reason). Tied tensors
+    # (the head, BERT's head bias) may then be missing: tying fills them.
     head = state_dict.get("lm_head.weight")
     tied = getattr(config, "tie_word_embeddings", False) and (
         head is None or torch.equal(head, model.get_input_embeddings().weight)
     )
-    missing = [k for k in missing if not (tied and k == "lm_head.weight")]
+    missing = [k for k in missing if not (tied and k in model.all_tied_weights_keys)]
     if missing or unexpected:
         raise ConversionError(
             f"Weights do not match {model_class.__name__}: missing {missing[:5]}, unexpected {unexpected[:5]}."

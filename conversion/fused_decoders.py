@@ -84,44 +84,52 @@ GPT_NEOX = Family(
 )
 
 
-# --- Falcon: the new decoder architecture (parallel block, two norms, grouped k/v) and the sequential one ----------
+# --- Falcon: the new decoder architecture (parallel block, grouped k/v) and the old one (Falcon-7B, sequential) ------
 
 def _falcon_to_archlab(stock: PreTrainedConfig, values: Mapping[str, Any]) -> dict[str, Any]:
+    """The new architecture has a parallel block with two norms (`ln_attn`, `ln_mlp`; `num_ln_in_parallel_attn=2`,
+    the default) or one shared norm (`num_ln_in_parallel_attn=1`); the old one has the parallel block with one shared
+    norm (`parallel_attn=True`, Falcon-7B) or the sequential pre-norm block, with one key/value head (`multi_query`)
+    or one per query head."""
     wrong = {}
     if stock.alibi:
         wrong[setting(stock, "alibi")] = ("Falcon adds its ALiBi bias before the 1/sqrt(head_dim) scaling and in "
                                           "bfloat16; archlab's ALiBi is neither")
+    layer_norms = stock.num_ln_in_parallel_attn
     if stock.new_decoder_architecture:
-        if not stock.parallel_attn or stock.num_ln_in_parallel_attn not in (None, 2):
+        if not stock.parallel_attn or layer_norms not in (None, 1, 2):
             wrong[f"{setting(stock, 'parallel_attn')}, {setting(stock, 'num_ln_in_parallel_attn')}"] = (
-                "the new decoder architecture converts with its parallel block and two norms (ln_attn, ln_mlp); one "
-                "shared norm has no archlab field yet, and the stock model cannot run it without parallel_attn"
+                "the new decoder architecture runs only with parallel_attn=True and 1 or 2 norms"
             )
-        kv_heads, position = stock.num_kv_heads, "parallel"
+        kv_heads, position = stock.num_kv_heads, "parallel_shared_norm" if layer_norms == 1 else "parallel"
     else:
-        if stock.parallel_attn:
-            wrong[f"{setting(stock, 'parallel_attn')} with new_decoder_architecture=False"] = (
-                "attention and MLP share ONE LayerNorm (Falcon-7B); archlab's parallel block has one norm each "
-                "and no field for a shared one yet"
+        if stock.parallel_attn and layer_norms == 2:
+            wrong[f"{setting(stock, 'num_ln_in_parallel_attn')} with new_decoder_architecture=False"] = (
+                "the stock model builds ln_attn/ln_mlp but its old architecture reads input_layernorm: it cannot run"
             )
         if not stock.multi_query and stock.num_kv_heads != stock.num_attention_heads:
             wrong[setting(stock, "num_kv_heads")] = "the old architecture without multi_query has one per head"
-        kv_heads, position = 1 if stock.multi_query else stock.num_attention_heads, "pre"
+        kv_heads = 1 if stock.multi_query else stock.num_attention_heads
+        position = "parallel_shared_norm" if stock.parallel_attn else "pre"
     refuse_import("falcon", wrong)
     return {"num_key_value_heads": kv_heads, "norm_position": position}
 
 
 def _falcon_from_archlab(config: PreTrainedConfig) -> dict[str, Any]:
-    heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
-    if config.norm_position == "parallel":
-        return {"new_decoder_architecture": True, "parallel_attn": True, "num_ln_in_parallel_attn": 2,
-                "num_kv_heads": kv_heads, "alibi": False}
-    if config.norm_position == "pre" and kv_heads in (1, heads):
-        return {"new_decoder_architecture": False, "parallel_attn": False, "multi_query": kv_heads != heads,
-                "num_kv_heads": kv_heads, "alibi": False}
+    """The parallel block is the new architecture; the shared-norm block is the old one (Falcon-7B) where its heads
+    allow (multi-query or one key/value head per query head), else the new one with one norm; the pre-norm block is
+    the old sequential one."""
+    heads, kv_heads, position = config.num_attention_heads, config.num_key_value_heads, config.norm_position
+    old_heads = kv_heads in (1, heads)
+    if position == "parallel" or (position == "parallel_shared_norm" and not old_heads):
+        return {"new_decoder_architecture": True, "parallel_attn": True, "alibi": False, "num_kv_heads": kv_heads,
+                "num_ln_in_parallel_attn": 2 if position == "parallel" else 1}
+    if position in ("parallel_shared_norm", "pre") and old_heads:
+        return {"new_decoder_architecture": False, "parallel_attn": position == "parallel_shared_norm",
+                "multi_query": kv_heads != heads, "num_kv_heads": kv_heads, "alibi": False}
     refuse_export("FalconForCausalLM", {
         f"{setting(config, 'norm_position')}, {setting(config, 'num_key_value_heads')}": (
-            "Falcon has the parallel block with any key/value heads, or the pre-norm block with "
+            "Falcon has the parallel block with one or two norms and any key/value heads, or the pre-norm block with "
             f"num_key_value_heads 1 or {heads}"
         )
     })
@@ -142,7 +150,7 @@ FALCON = Family(
             Rename("transformer.word_embeddings", "model.embed_tokens"),
             Rename("transformer.h.{n}.ln_attn", f"{LAYER}.input_layernorm", when={"norm_position": "parallel"}),
             Rename("transformer.h.{n}.ln_mlp", f"{LAYER}.post_attention_layernorm", when={"norm_position": "parallel"}),
-            Rename("transformer.h.{n}.input_layernorm", f"{LAYER}.input_layernorm", when={"norm_position": "pre"}),
+            Rename("transformer.h.{n}.input_layernorm", f"{LAYER}.input_layernorm"),  # pre-norm and shared norm
             Rename("transformer.h.{n}.post_attention_layernorm", f"{LAYER}.post_attention_layernorm",
                    when={"norm_position": "pre"}),
             # new architecture: per k/v group; old multi-query: [q; k; v] = one group; old MHA: per head

@@ -34,17 +34,25 @@ def _from_archlab(config: PreTrainedConfig) -> dict[str, Any]:
     return {}
 
 
-def complete_state_dict(state_dict: StateDict, config: PreTrainedConfig) -> StateDict:
+def complete_shared_embeddings(state_dict: StateDict, config: PreTrainedConfig) -> StateDict:
+    """The tied copies of the shared embedding and a zero `final_logits_bias`, where the state dict lacks them (Marian,
+    Bart and archlab name the same tensors)."""
     state_dict = dict(state_dict)
-    dtype = next(iter(state_dict.values())).dtype
-    table = split_table(config.max_position_embeddings, config.d_model).to(dtype)
-    for side in ("encoder", "decoder"):
-        state_dict.setdefault(f"model.{side}.embed_positions.weight", table.clone())  # one tensor per name
     if config.share_encoder_decoder_embeddings:
         shared = state_dict.get("model.shared.weight", state_dict.get("model.encoder.embed_tokens.weight"))
         for key in ("model.shared.weight", "model.encoder.embed_tokens.weight", "model.decoder.embed_tokens.weight"):
             state_dict.setdefault(key, shared)
+    dtype = next(iter(state_dict.values())).dtype
     state_dict.setdefault("final_logits_bias", torch.zeros(1, config.decoder_vocab_size, dtype=dtype))
+    return state_dict
+
+
+def complete_state_dict(state_dict: StateDict, config: PreTrainedConfig) -> StateDict:
+    state_dict = complete_shared_embeddings(state_dict, config)
+    dtype = state_dict["final_logits_bias"].dtype
+    table = split_table(config.max_position_embeddings, config.d_model).to(dtype)
+    for side in ("encoder", "decoder"):
+        state_dict.setdefault(f"model.{side}.embed_positions.weight", table.clone())  # one tensor per name
     return state_dict
 
 
@@ -57,4 +65,4 @@ MARIAN = Family(
     layout=Layout(complete_state_dict, complete_state_dict),
 )
 
-__all__ = ["MARIAN", "MARIAN_FIELDS"]
+__all__ = ["MARIAN", "MARIAN_FIELDS", "complete_shared_embeddings"]

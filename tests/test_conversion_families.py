@@ -1,9 +1,10 @@
-"""Every decoder family the converter knows, both ways, on tiny stock models with every parameter perturbed.
+"""Every family the converter knows, both ways, on tiny stock models with every parameter perturbed.
 
-Per family (and per block variant a flag selects): stock folder -> archlab folder -> logits within 1e-4 (fp32) of
-the stock model on a plain and a left-padded batch, the same greedy generation from a left-padded batch, then
-archlab -> stock folder -> the very same tensors and bit-identical logits. A config each family cannot express is
-refused with the fields named, both ways.
+One parametrised test over the families (and the block variants a flag selects): stock folder -> archlab folder ->
+logits within 1e-4 (fp32) of the stock model on a plain and a left-padded batch -> the same greedy generation (and
+beam search for the encoder-decoders; BERT: fill-mask logits only) -> archlab -> stock folder holding the very same
+tensors, whose model gives bit-identical logits. A config each family cannot express is refused with the fields
+named, both ways.
 """
 
 from __future__ import annotations
@@ -14,18 +15,32 @@ import json
 import pytest
 import torch
 from transformers import (
+    BartConfig,
+    BertConfig,
     BloomConfig,
     FalconConfig,
     Gemma2Config,
     GemmaConfig,
     GPT2Config,
     GPTNeoXConfig,
+    LlamaConfig,
+    MarianConfig,
+    MistralConfig,
+    MixtralConfig,
     MptConfig,
+    MT5Config,
     OpenAIGPTConfig,
+    OPTConfig,
+    PhiConfig,
+    Qwen2Config,
+    Qwen2MoeConfig,
     Qwen3Config,
+    StableLmConfig,
+    T5Config,
+    UMT5Config,
 )
 
-from archlab import DecoderConfig, DecoderForCausalLM
+from archlab import EncoderForMaskedLM
 from archlab.conversion import FAMILIES, ConversionError, convert_checkpoint
 
 ATOL = 1e-4
@@ -35,86 +50,155 @@ LLAMA_LIKE = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hi
                   num_key_value_heads=2, head_dim=8, max_position_embeddings=64, **IDS)
 GPT_SHAPE = dict(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, n_positions=64, **IDS)
 NEOX_SHAPE = {k: v for k, v in LLAMA_LIKE.items() if k not in ("num_key_value_heads", "head_dim")}  # MHA only
+QWEN2_SHAPE = {k: v for k, v in LLAMA_LIKE.items() if k != "head_dim"}  # head_dim is hidden / heads
+FALCON_SHAPE = dict(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                    max_position_embeddings=64, **IDS)
+OPT_SHAPE = dict(vocab_size=VOCAB, hidden_size=32, ffn_dim=48, num_hidden_layers=2, num_attention_heads=4,
+                 max_position_embeddings=64, pad_token_id=1, bos_token_id=2, eos_token_id=2)
 ROPE_25 = {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25}
+SEQ2SEQ_SHAPE = dict(vocab_size=VOCAB, d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+                     decoder_attention_heads=4, encoder_ffn_dim=48, decoder_ffn_dim=48, max_position_embeddings=64,
+                     dropout=0.0)
+# d_kv * num_heads (36) != d_model (32), as in T5 v1.1 small
+T5_SHAPE = dict(vocab_size=VOCAB, d_model=32, d_kv=12, d_ff=48, num_layers=2, num_heads=3,
+                relative_attention_num_buckets=8, relative_attention_max_distance=20, dropout_rate=0.0,
+                decoder_start_token_id=0)
 
 # case id -> (stock config, the archlab values the conversion must turn on)
 CASES = {
+    "llama": (LlamaConfig(**LLAMA_LIKE, attention_bias=True, mlp_bias=True),
+              {"attention_bias": True, "mlp_bias": True, "norm_position": "pre"}),
+    "mistral": (MistralConfig(**LLAMA_LIKE, sliding_window=4),
+                {"sliding_window": 4, "layer_types": ["sliding_attention"] * 2}),
+    "mixtral": (MixtralConfig(**LLAMA_LIKE, num_local_experts=4, num_experts_per_tok=2),
+                {"num_local_experts": 4, "mlp_layer_types": ["sparse"] * 2, "norm_topk_prob": True}),
+    "qwen2": (Qwen2Config(**QWEN2_SHAPE, use_sliding_window=True, sliding_window=4, max_window_layers=1),
+              {"qkv_bias": True, "attention_bias": False, "layer_types": ["full_attention", "sliding_attention"]}),
+    "qwen2_moe": (Qwen2MoeConfig(**{**QWEN2_SHAPE, "num_hidden_layers": 3}, num_experts=4, num_experts_per_tok=2,
+                                 moe_intermediate_size=16, shared_expert_intermediate_size=24, mlp_only_layers=[1]),
+                  {"mlp_layer_types": ["sparse", "dense", "sparse"], "num_local_experts": 4, "qkv_bias": True,
+                   "norm_topk_prob": False, "moe_intermediate_size": 16, "shared_expert_intermediate_size": 24}),
+    "qwen3": (Qwen3Config(**{**LLAMA_LIKE, "head_dim": 16}, attention_bias=True, use_sliding_window=True,
+                          sliding_window=4, max_window_layers=1),
+              {"use_qk_norm": True, "layer_types": ["full_attention", "sliding_attention"]}),
     "gemma": (GemmaConfig(**LLAMA_LIKE, attention_bias=True),
               {"norm_type": "offset_rms_norm", "scale_embedding": True}),
     "gemma2": (Gemma2Config(**LLAMA_LIKE, query_pre_attn_scalar=16, sliding_window=4, attn_logit_softcapping=5.0,
                             final_logit_softcapping=3.0),
                {"norm_position": "sandwich", "layer_types": ["sliding_attention", "full_attention"]}),
-    "qwen3": (Qwen3Config(**{**LLAMA_LIKE, "head_dim": 16}, attention_bias=True, use_sliding_window=True,
-                          sliding_window=4, max_window_layers=1),
-              {"use_qk_norm": True, "layer_types": ["full_attention", "sliding_attention"]}),
     "gpt_neox": (GPTNeoXConfig(**NEOX_SHAPE, rope_parameters=ROPE_25),
                  {"norm_position": "parallel", "norm_type": "layer_norm", "mlp_type": "plain"}),
     "gpt_neox-sequential": (
         GPTNeoXConfig(**NEOX_SHAPE, rope_parameters=ROPE_25, use_parallel_residual=False),
         {"norm_position": "pre"}),
-    "falcon": (FalconConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                            num_kv_heads=2, new_decoder_architecture=True, bias=True, ffn_hidden_size=48,
-                            max_position_embeddings=64, **IDS),
+    "falcon": (FalconConfig(**FALCON_SHAPE, num_kv_heads=2, new_decoder_architecture=True, bias=True,
+                            ffn_hidden_size=48),
                {"norm_position": "parallel", "num_key_value_heads": 2, "attention_bias": True}),
-    "falcon-sequential-mqa": (
-        FalconConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, multi_query=True,
-                     parallel_attn=False, max_position_embeddings=64, **IDS),
-        {"norm_position": "pre", "num_key_value_heads": 1, "attention_bias": False}),
+    "falcon-one-norm": (FalconConfig(**FALCON_SHAPE, num_kv_heads=2, new_decoder_architecture=True,
+                                     num_ln_in_parallel_attn=1),
+                        {"norm_position": "parallel_shared_norm", "num_key_value_heads": 2}),
+    "falcon-7b": (FalconConfig(**FALCON_SHAPE, multi_query=True, parallel_attn=True),  # the old architecture
+                  {"norm_position": "parallel_shared_norm", "num_key_value_heads": 1}),
+    "falcon-sequential-mqa": (FalconConfig(**FALCON_SHAPE, multi_query=True, parallel_attn=False),
+                              {"norm_position": "pre", "num_key_value_heads": 1, "attention_bias": False}),
     "bloom": (BloomConfig(vocab_size=VOCAB, hidden_size=32, n_layer=2, n_head=4, **IDS),
               {"position_embedding_type": "alibi", "embedding_layernorm": True, "intermediate_size": 128}),
     "mpt": (MptConfig(vocab_size=VOCAB, d_model=48, n_heads=6, n_layers=2, max_seq_len=64,
                       attn_config={"softmax_scale": 0.3}, **IDS),
             {"position_embedding_type": "alibi", "norm_bias": False, "attention_bias": False,
              "num_attention_heads": 6}),
+    "opt": (OPTConfig(**OPT_SHAPE),
+            {"norm_position": "pre", "position_embedding_offset": 2, "position_ids_from_attention_mask": True,
+             "hidden_act": "relu", "tie_word_embeddings": True}),
+    "opt-post-norm": (OPTConfig(**OPT_SHAPE, do_layer_norm_before=False, enable_bias=False, tie_word_embeddings=False),
+                      {"norm_position": "post", "attention_bias": False, "mlp_bias": False}),
     "gpt2": (GPT2Config(**GPT_SHAPE, n_inner=48),
              {"position_embedding_type": "learned", "intermediate_size": 48, "hidden_act": "gelu_new"}),
     "gpt2-unscaled": (GPT2Config(**GPT_SHAPE, scale_attn_weights=False, activation_function="relu"),
                       {"query_pre_attn_scalar": 1.0, "hidden_act": "relu"}),
     "openai-gpt": (OpenAIGPTConfig(**GPT_SHAPE),
                    {"norm_position": "post", "position_embedding_type": "learned", "hidden_act": "gelu_new"}),
+    "phi": (PhiConfig(**QWEN2_SHAPE, qk_layernorm=True),
+            {"norm_position": "parallel_shared_norm", "lm_head_bias": True, "use_qk_norm": True,
+             "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}}),
+    "stablelm": (StableLmConfig(**QWEN2_SHAPE, use_qkv_bias=True),
+                 {"norm_position": "pre", "norm_type": "layer_norm", "qkv_bias": True}),
+    "stablelm-parallel": (StableLmConfig(**QWEN2_SHAPE, use_parallel_residual=True),
+                          {"norm_position": "parallel_shared_norm", "qkv_bias": False}),
+    # encoder-decoders (Marian's token conventions: pad is the decoder start, eos is 0)
+    "marian": (MarianConfig(**SEQ2SEQ_SHAPE, scale_embedding=True, pad_token_id=60, eos_token_id=0,
+                            decoder_start_token_id=60, forced_eos_token_id=0),
+               {"sinusoidal_layout": "split", "scale_embedding": True}),
+    "bart": (BartConfig(**SEQ2SEQ_SHAPE),
+             {"position_embedding_type": "learned", "position_embedding_offset": 2, "embedding_layernorm": True}),
+    "t5-v1.0": (T5Config(**T5_SHAPE, feed_forward_proj="relu", tie_word_embeddings=True),
+                {"position_embedding_type": "relative_bias", "scale_decoder_outputs": True, "mlp_type": "plain"}),
+    "t5-v1.1": (T5Config(**T5_SHAPE, feed_forward_proj="gated-gelu", tie_word_embeddings=False),
+                {"scale_decoder_outputs": False, "mlp_type": "gated", "tie_word_embeddings": False}),
+    "mt5": (MT5Config(**T5_SHAPE, feed_forward_proj="gated-gelu"),
+            {"scale_decoder_outputs": False, "tie_word_embeddings": False}),
+    "umt5": (UMT5Config(**T5_SHAPE, feed_forward_proj="gated-gelu"),
+             {"relative_attention_bias_per_layer": True, "scale_decoder_outputs": True}),
+    # the masked LM
+    "bert": (BertConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                        intermediate_size=48, max_position_embeddings=64, type_vocab_size=2),
+             {"type_vocab_size": 2, "embedding_layernorm": True, "position_embedding_type": "learned",
+              "norm_position": "post", "decoder_layers": 1}),
 }
+# T5 v1.1, mT5 and UMT5 checkpoints carry a head of their own (transformers 5 ties one at construction)
+OWN_HEAD = {"t5-v1.1", "mt5", "umt5"}
+
+
+def _family(case: str):
+    return FAMILIES[CASES[case][0].model_type]
 
 
 @torch.no_grad()
 def _perturb(model: torch.nn.Module) -> None:
-    """Every parameter random: norm gains around 1 (Gemma's (1 + w) around w = 0), the rest around 0."""
+    """Every trained parameter random (norm gains around 1, Gemma's (1 + w) around w = 0, the rest around 0), and
+    Marian's and Bart's output bias; fixed tables (Marian's sinusoids) stay."""
     for module in model.modules():
         is_norm = "norm" in type(module).__name__.lower()
         offset = "gemma" in type(module).__name__.lower()
         for name, param in module.named_parameters(recurse=False):
-            mean = 1.0 if is_norm and name == "weight" and not offset else 0.0
-            param.normal_(mean, 0.2 if is_norm else 0.3)
+            if param.requires_grad:
+                mean = 1.0 if is_norm and name == "weight" and not offset else 0.0
+                param.normal_(mean, 0.2 if is_norm else 0.3)
+    for name, buffer in model.named_buffers():
+        if name == "final_logits_bias":
+            buffer.normal_()
 
 
 def _stock(case: str):
-    stock_config, _ = CASES[case]
-    model = FAMILIES[stock_config.model_type].model_class(stock_config).eval()
+    model = _family(case).model_class(CASES[case][0]).eval()
+    if case in OWN_HEAD:
+        model.lm_head.weight = torch.nn.Parameter(torch.empty_like(model.lm_head.weight))
     _perturb(model)
     return model
 
 
-def _batches():
-    ids = torch.randint(3, VOCAB, (3, 12))
+def _batches(pad: int):
+    """(3, 12) ids, the same left-padded (4 and 1 pads) with its mask, and (3, 6) target prefixes."""
+    generator = torch.Generator().manual_seed(1)
+    ids = torch.randint(3, VOCAB, (3, 12), generator=generator)
     mask = torch.ones_like(ids)
-    mask[0, :4] = 0  # left padding
+    mask[0, :4] = 0
     mask[1, :1] = 0
-    return ids, ids.masked_fill(mask == 0, 0), mask
+    target = torch.randint(3, VOCAB, (3, 6), generator=generator)
+    segments = torch.randint(0, 2, ids.shape, generator=generator)
+    return ids, ids.masked_fill(mask == 0, pad), mask, target, segments
 
 
-def _max_diff(model, reference, **inputs) -> float:
-    """Max |Δlogit| over the real (unmasked) tokens."""
+def _max_diff(model, reference, real: torch.Tensor | None = None, **inputs) -> float:
+    """Max |Δlogit| over the real (unmasked) tokens, or every position of the target."""
     ours, theirs = model(**inputs).logits, reference(**inputs).logits
-    real = inputs.get("attention_mask", torch.ones(ours.shape[:2])).bool()
+    real = torch.ones(ours.shape[:2], dtype=torch.bool) if real is None else real.bool()
     return (ours - theirs)[real].abs().max().item()
-
-
-def _generate(model, ids, mask):
-    return model.generate(ids, attention_mask=mask, max_new_tokens=5, do_sample=False, pad_token_id=0)
 
 
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory):
-    """case -> (stock model, its folder, the converted archlab folder, the folder exported back)."""
+    """case -> (stock model, the folder holding stock/, archlab/ and back/, the one exported back)."""
     torch.manual_seed(0)
     out = {}
     for case in CASES:
@@ -127,64 +211,131 @@ def folders(tmp_path_factory):
     return out
 
 
+def _check_decoder(model, reference, batches, pad: int) -> list[float]:
+    ids, padded, mask, _, _ = batches
+    diffs = [_max_diff(model, reference, input_ids=ids),
+             _max_diff(model, reference, mask, input_ids=padded, attention_mask=mask)]
+    if "position_ids" in inspect.signature(reference.forward).parameters:
+        # what `generate` passes: positions counted from the first real token (archlab's default is arange)
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        diffs.append(_max_diff(model, reference, mask, input_ids=padded, attention_mask=mask, position_ids=positions))
+    greedy = dict(attention_mask=mask, max_new_tokens=5, do_sample=False, pad_token_id=pad)
+    assert torch.equal(model.generate(padded, **greedy), reference.generate(padded, **greedy))
+    return diffs
+
+
+def _check_seq2seq(model, reference, batches, pad: int) -> list[float]:
+    ids, padded, mask, target, _ = batches
+    target[:, 0] = reference.config.decoder_start_token_id
+    diffs = [_max_diff(model, reference, input_ids=ids, decoder_input_ids=target),
+             _max_diff(model, reference, input_ids=padded, attention_mask=mask, decoder_input_ids=target)]
+    for beams in (1, 3):
+        search = dict(attention_mask=mask, max_new_tokens=6, num_beams=beams, do_sample=False)
+        assert torch.equal(model.generate(padded, **search), reference.generate(padded, **search)), beams
+    return diffs
+
+
+def _check_masked_lm(model, reference, batches, pad: int) -> list[float]:
+    ids, padded, mask, _, segments = batches
+    return [_max_diff(model, reference, input_ids=ids, token_type_ids=segments),
+            _max_diff(model, reference, mask, input_ids=padded, attention_mask=mask, token_type_ids=segments)]
+
+
+CHECKS = {"DecoderForCausalLM": _check_decoder, "Seq2SeqForConditionalGeneration": _check_seq2seq,
+          "EncoderForMaskedLM": _check_masked_lm}
+
+
+def _inputs(case: str, batches) -> dict[str, torch.Tensor]:
+    """The left-padded batch as the family's forward takes it."""
+    _, padded, mask, target, segments = batches
+    inputs = dict(input_ids=padded, attention_mask=mask)
+    if case in ("marian", "bart") or case.startswith(("t5", "mt5", "umt5")):
+        inputs["decoder_input_ids"] = target
+    if case == "bert":
+        inputs["token_type_ids"] = segments
+    return inputs
+
+
 @pytest.mark.parametrize("case", CASES)
 def test_stock_to_archlab_to_stock(case, folders):
     reference, root = folders[case]
-    family = FAMILIES[reference.config.model_type]
-    model = DecoderForCausalLM.from_pretrained(root / "archlab").eval()
+    family = _family(case)
+    model = family.archlab_class.from_pretrained(root / "archlab").eval()
+    assert type(model) is family.archlab_class
     for name, value in CASES[case][1].items():
         assert getattr(model.config, name) == value, name
 
-    ids, padded, mask = _batches()
+    pad = reference.config.pad_token_id or 0
+    batches = _batches(pad)
     with torch.no_grad():
-        assert _max_diff(model, reference, input_ids=ids) <= ATOL
-        assert _max_diff(model, reference, input_ids=padded, attention_mask=mask) <= ATOL
-        if "position_ids" in inspect.signature(reference.forward).parameters:
-            # what `generate` passes: positions counted from the first real token (archlab's default is arange)
-            positions = (mask.cumsum(-1) - 1).clamp(min=0)
-            assert _max_diff(model, reference, input_ids=padded, attention_mask=mask, position_ids=positions) <= ATOL
-    assert torch.equal(_generate(model, padded, mask), _generate(reference, padded, mask))
+        diffs = CHECKS[family.archlab_class.__name__](model, reference, batches, pad)
+    assert max(diffs) <= ATOL, diffs
 
     back = family.model_class.from_pretrained(root / "back").eval()
     assert json.loads((root / "back" / "config.json").read_text())["architectures"] == [family.architecture]
     theirs, ours = reference.state_dict(), back.state_dict()
     assert ours.keys() == theirs.keys()
-    assert all(torch.equal(ours[k], theirs[k]) for k in theirs)
+    assert [k for k in theirs if not torch.equal(ours[k], theirs[k])] == []
+    inputs = _inputs(case, batches)
     with torch.no_grad():
-        assert torch.equal(back(input_ids=padded, attention_mask=mask).logits,
-                           reference(input_ids=padded, attention_mask=mask).logits)
+        assert torch.equal(back(**inputs).logits, reference(**inputs).logits)
+
+
+def test_every_family_is_checked():
+    assert {config.model_type for config, _ in CASES.values()} == set(FAMILIES)
 
 
 # family -> (archlab config changes it cannot express, the fields its refusal must name)
 NOT_EXPRESSIBLE = {
+    "llama": ({"norm_type": "layer_norm"}, ["norm_type"]),
+    "mistral": ({"layer_types": ["sliding_attention", "full_attention"]}, ["layer_types"]),
+    "mixtral": ({"mlp_layer_types": ["dense", "sparse"]}, ["mlp_layer_types"]),
+    "qwen2": ({"qkv_bias": False}, ["qkv_bias"]),
+    "qwen2_moe": ({"shared_expert_gate": False}, ["shared_expert_gate"]),
+    "qwen3": ({"use_qk_norm": False}, ["use_qk_norm"]),
     "gemma": ({"norm_type": "rms_norm"}, ["norm_type"]),
     "gemma2": ({"norm_position": "pre"}, ["norm_position"]),
-    "qwen3": ({"use_qk_norm": False}, ["use_qk_norm"]),
     "gpt_neox": ({"num_key_value_heads": 2}, ["num_key_value_heads"]),
     "falcon": ({"norm_position": "pre", "num_key_value_heads": 2}, ["norm_position", "num_key_value_heads"]),
     "bloom": ({"intermediate_size": 96}, ["intermediate_size"]),
     "mpt": ({"norm_bias": True}, ["norm_bias"]),
+    "opt": ({"norm_position": "parallel", "position_ids_from_attention_mask": False}, ["norm_position"]),
     "gpt2": ({"norm_position": "post"}, ["norm_position"]),
     "openai-gpt": ({"hidden_act": "gelu"}, ["hidden_act"]),
+    "phi": ({"lm_head_bias": False, "mlp_type": "gated"}, ["lm_head_bias", "mlp_type"]),
+    "stablelm": ({"norm_position": "parallel"}, ["norm_position"]),
+    "bart": ({"embedding_layernorm": False}, ["embedding_layernorm"]),
+    "bert": ({"norm_position": "pre", "use_qk_norm": True}, ["norm_position", "use_qk_norm"]),
 }
+# family -> the case whose converted folder the refusal starts from
+START = {"falcon": "falcon", "gpt_neox": "gpt_neox", "opt": "opt", "stablelm": "stablelm"}
 
 
 @pytest.mark.parametrize("family", NOT_EXPRESSIBLE)
 def test_export_refuses_what_the_family_cannot_compute(family, folders, tmp_path):
     changes, named = NOT_EXPRESSIBLE[family]
-    _, root = folders[family]
-    config = DecoderConfig.from_pretrained(root / "archlab")
-    DecoderForCausalLM(DecoderConfig(**{**config.to_dict(), **changes})).save_pretrained(tmp_path / "archlab")
+    _, root = folders[START.get(family, family)]
+    archlab_class = FAMILIES[family].archlab_class
+    config = archlab_class.config_class.from_pretrained(root / "archlab")
+    archlab_class(archlab_class.config_class(**{**config.to_dict(), **changes})).save_pretrained(tmp_path / "archlab")
     with pytest.raises(ConversionError) as err:
         convert_checkpoint(tmp_path / "archlab", tmp_path / "out", to=family)
     assert all(name in str(err.value) for name in named), str(err.value)
     assert not (tmp_path / "out").exists()
 
 
+def test_export_refuses_a_folder_of_another_archlab_class(folders, tmp_path):
+    """An encoder-decoder folder is not a masked LM, though both are `archlab_seq2seq`."""
+    with pytest.raises(ConversionError, match="Seq2SeqForConditionalGeneration; bert exports a EncoderForMaskedLM"):
+        convert_checkpoint(folders["bart"][1] / "archlab", tmp_path / "out", to="bert")
+
+
 # stock configs archlab cannot compute yet (or that transformers' stock class silently ignores)
 NOT_IMPORTABLE = {
-    "falcon-7b-shared-norm": (FalconConfig(hidden_size=32, num_attention_heads=4, num_hidden_layers=1),
-                              ["parallel_attn"]),
+    "falcon-new-sequential": (FalconConfig(hidden_size=32, num_attention_heads=4, num_hidden_layers=1,
+                                           new_decoder_architecture=True, parallel_attn=False), ["parallel_attn"]),
+    "falcon-old-two-norms": (FalconConfig(hidden_size=32, num_attention_heads=4, num_hidden_layers=1,
+                                          num_ln_in_parallel_attn=2), ["num_ln_in_parallel_attn"]),
     "falcon-alibi": (FalconConfig(hidden_size=32, num_attention_heads=4, num_hidden_layers=1, alibi=True,
                                   parallel_attn=False), ["alibi"]),
     "bloom-post-ln-residual": (BloomConfig(hidden_size=32, n_head=4, apply_residual_connection_post_layernorm=True),
@@ -197,6 +348,18 @@ NOT_IMPORTABLE = {
                           ["scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn"]),
     "gemma-bidirectional": (GemmaConfig(hidden_size=32, num_attention_heads=4, head_dim=8,
                                         use_bidirectional_attention=True), ["use_bidirectional_attention"]),
+    "qwen2_moe-no-shared-expert": (Qwen2MoeConfig(**QWEN2_SHAPE, shared_expert_intermediate_size=0),
+                                   ["shared_expert_intermediate_size"]),
+    "stablelm-qk-layernorm": (StableLmConfig(**QWEN2_SHAPE, qk_layernorm=True), ["qk_layernorm"]),
+    "opt-350m": (OPTConfig(**OPT_SHAPE, word_embed_proj_dim=16, do_layer_norm_before=False),
+                 ["word_embed_proj_dim"]),
+    "opt-no-final-norm": (OPTConfig(**OPT_SHAPE, _remove_final_layer_norm=True, layer_norm_elementwise_affine=False),
+                          ["_remove_final_layer_norm", "layer_norm_elementwise_affine"]),
+    "bert-relative-positions": (BertConfig(hidden_size=32, num_attention_heads=4, is_decoder=True,
+                                           position_embedding_type="relative_key"),
+                                ["position_embedding_type", "is_decoder"]),
+    "bert-untied": (BertConfig(hidden_size=32, num_attention_heads=4, tie_word_embeddings=False),
+                    ["tie_word_embeddings"]),
 }
 
 
@@ -210,11 +373,16 @@ def test_import_refuses_what_archlab_cannot_compute(case):
 
 def test_checkpoints_saved_from_the_base_model_and_legacy_names_convert(folders, tmp_path):
     """Hub checkpoints of GPT-2/BLOOM lack the `transformer.` prefix and carry causal-mask buffers; Pythia's head
-    is `embed_out`. They convert to the same archlab weights."""
+    is `embed_out`; BERT's carry `gamma`/`beta` norms, the head's tied copies, the pooler and the next-sentence head.
+    They convert to the same archlab weights."""
     from safetensors.torch import load_file, save_file
 
+    def bert(key: str) -> str:
+        return key.replace("LayerNorm.weight", "LayerNorm.gamma").replace("LayerNorm.bias", "LayerNorm.beta")
+
     for case, rename in (("gpt2", lambda k: k.removeprefix("transformer.")),
-                         ("gpt_neox", lambda k: k.replace("lm_head.", "embed_out."))):
+                         ("gpt_neox", lambda k: k.replace("lm_head.", "embed_out.")),
+                         ("bert", bert)):
         reference, root = folders[case]
         src = tmp_path / case
         src.mkdir()
@@ -222,8 +390,39 @@ def test_checkpoints_saved_from_the_base_model_and_legacy_names_convert(folders,
         state = {rename(k): v.clone() for k, v in reference.state_dict().items()}
         if case == "gpt2":
             state["h.0.attn.bias"] = torch.ones(1, 1, 4, 4)
+        if case == "bert":
+            assert "cls.predictions.decoder.bias" in state
+            state |= {"bert.pooler.dense.weight": torch.ones(32, 32), "cls.seq_relationship.bias": torch.ones(2),
+                      "bert.embeddings.position_ids": torch.arange(64)[None]}
         save_file(state, str(src / "model.safetensors"))
         convert_checkpoint(src, tmp_path / f"{case}-archlab")
         ours = load_file(str(tmp_path / f"{case}-archlab" / "model.safetensors"))
         expected = load_file(str(root / "archlab" / "model.safetensors"))
         assert ours.keys() == expected.keys() and all(torch.equal(ours[k], expected[k]) for k in ours)
+
+
+def test_a_bert_head_that_differs_from_what_it_copies_is_refused(folders, tmp_path):
+    from safetensors.torch import save_file
+
+    reference, root = folders["bert"]
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "config.json").write_text((root / "stock" / "config.json").read_text())
+    state = {k: v.clone() for k, v in reference.state_dict().items()}
+    state["cls.predictions.decoder.bias"] += 1.0
+    save_file(state, str(tmp_path / "src" / "model.safetensors"))
+    with pytest.raises(ConversionError, match="cls.predictions.decoder.bias"):
+        convert_checkpoint(tmp_path / "src", tmp_path / "out")
+
+
+def test_a_masked_lm_without_segment_types_exports_with_one_zero_segment(folders, tmp_path):
+    reference, root = folders["bert"]
+    config = EncoderForMaskedLM.config_class.from_pretrained(root / "archlab")
+    model = EncoderForMaskedLM(EncoderForMaskedLM.config_class(**{**config.to_dict(), "type_vocab_size": 0})).eval()
+    model.save_pretrained(tmp_path / "archlab")
+    convert_checkpoint(tmp_path / "archlab", tmp_path / "bert", to="bert")
+    exported = FAMILIES["bert"].model_class.from_pretrained(tmp_path / "bert").eval()
+    assert exported.config.type_vocab_size == 1
+    ids = torch.randint(3, VOCAB, (2, 9))
+    with torch.no_grad():
+        assert (exported(ids).logits - model(ids).logits).abs().max() <= ATOL
+

@@ -295,7 +295,8 @@ def test_mixtral_parity_one_token_decoding():
     assert torch.equal(gen_a, gen_b)
 
 
-def test_qwen2_moe_parity_shared_experts_and_dense_layers():
+@pytest.mark.parametrize("qkv_bias", [True, False], ids=["stock_default_qkv_bias", "no_bias"])
+def test_qwen2_moe_parity_shared_experts_and_dense_layers(qkv_bias):
     kw = dict(
         vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4,
         num_key_value_heads=2, max_position_embeddings=128, rms_norm_eps=1e-6, moe_intermediate_size=16,
@@ -303,10 +304,11 @@ def test_qwen2_moe_parity_shared_experts_and_dense_layers():
         rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, output_router_logits=True,
     )
     hf = Qwen2MoeForCausalLM(
-        Qwen2MoeConfig(**kw, num_experts=6, mlp_only_layers=[1], qkv_bias=False, use_sliding_window=False)
+        Qwen2MoeConfig(**kw, num_experts=6, mlp_only_layers=[1], qkv_bias=qkv_bias, use_sliding_window=False)
     ).eval()
     ours = archlab.DecoderForCausalLM(
-        archlab.DecoderConfig(**kw, num_local_experts=6, mlp_layer_types=["sparse", "dense", "sparse"])
+        archlab.DecoderConfig(**kw, num_local_experts=6, mlp_layer_types=["sparse", "dense", "sparse"],
+                              qkv_bias=qkv_bias)
     ).eval()
     ours.load_state_dict(hf.state_dict(), strict=True)
     ids = torch.randint(0, 97, (2, 9))
