@@ -48,10 +48,10 @@ PRESETS: dict[str, dict[str, Any]] = {
                        num_key_value_heads=8, intermediate_size=14336, max_position_embeddings=32768,
                        sliding_window=4096, rms_norm_eps=1e-5, rope_parameters=_rope()),
     "qwen1.5-7b": dict(_LLAMA, vocab_size=151936, hidden_size=4096, num_hidden_layers=32, num_attention_heads=32,
-                       intermediate_size=11008, max_position_embeddings=32768, attention_bias=True,
+                       intermediate_size=11008, max_position_embeddings=32768, qkv_bias=True,
                        rope_parameters=_rope(1e6)),
     "qwen1.5-72b": dict(_LLAMA, vocab_size=152064, hidden_size=8192, num_hidden_layers=80, num_attention_heads=64,
-                        intermediate_size=24576, max_position_embeddings=32768, attention_bias=True,
+                        intermediate_size=24576, max_position_embeddings=32768, qkv_bias=True,
                         rope_parameters=_rope(1e6)),
     "internlm2-20b": dict(_LLAMA, vocab_size=92544, hidden_size=6144, num_hidden_layers=48, num_attention_heads=48,
                           num_key_value_heads=8, intermediate_size=16384, max_position_embeddings=32768,
@@ -93,7 +93,7 @@ PRESETS: dict[str, dict[str, Any]] = {
                        rms_norm_eps=1e-5, rope_parameters=_rope(partial_rotary_factor=0.25)),
     "falcon-7b": dict(_GPT, vocab_size=65024, hidden_size=4544, num_hidden_layers=32, num_attention_heads=71,
                       num_key_value_heads=1, intermediate_size=18176, max_position_embeddings=2048,
-                      norm_position="parallel", attention_bias=False, mlp_bias=False, rms_norm_eps=1e-5,
+                      norm_position="parallel_shared_norm", attention_bias=False, mlp_bias=False, rms_norm_eps=1e-5,
                       rope_parameters=_rope()),
     "falcon-180b": dict(_GPT, vocab_size=65024, hidden_size=14848, num_hidden_layers=80, num_attention_heads=232,
                         num_key_value_heads=8, intermediate_size=59392, max_position_embeddings=2048,
@@ -101,7 +101,7 @@ PRESETS: dict[str, dict[str, Any]] = {
                         rope_parameters=_rope()),
     "palm-540b": dict(vocab_size=256000, hidden_size=18432, num_hidden_layers=118, num_attention_heads=48,
                       num_key_value_heads=1, head_dim=256, intermediate_size=73728, max_position_embeddings=2048,
-                      norm_type="layer_norm", norm_bias=False, norm_position="parallel", mlp_type="gated",
+                      norm_type="layer_norm", norm_bias=False, norm_position="parallel_shared_norm", mlp_type="gated",
                       hidden_act="silu", tie_word_embeddings=True, rope_parameters=_rope()),
     # --- ALiBi ---
     "bloom-176b": dict(_GPT, vocab_size=250880, hidden_size=14336, num_hidden_layers=70, num_attention_heads=112,
@@ -133,10 +133,7 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 
 PRESET_NOTES: dict[str, str] = {
-    "qwen1.5-7b": "Qwen biases q/k/v only; archlab's attention_bias also biases o_proj.",
-    "qwen1.5-72b": "Qwen biases q/k/v only; archlab's attention_bias also biases o_proj.",
-    "falcon-7b": "Falcon-7B shares one LayerNorm between attention and MLP; archlab's parallel block has two.",
-    "palm-540b": "PaLM shares one LayerNorm between attention and MLP and fuses the input projections.",
+    "palm-540b": "PaLM fuses the attention and MLP input projections into one matrix; here they are separate.",
     "chinchilla-70b": "Gopher/Chinchilla use Transformer-XL relative positions; the T5 bucketed bias stands in.",
     "glm-130b": "GLM-130B uses 2D RoPE and blank-infilling; here a 1D-RoPE prefix LM with DeepNorm.",
     "baichuan2-13b": "Baichuan2 normalises its LM head weights (NormHead); archlab uses a plain head.",
