@@ -5,7 +5,7 @@ import torch
 
 from archlab import DecoderForCausalLM
 from archlab.modeling.attention_patterns import build_masks
-from conftest import tiny_decoder_config
+from helpers import tiny_decoder_config
 
 
 def _allowed(T, window=None, prefix=None):

@@ -15,7 +15,7 @@ import torch
 from archlab.scripts import benchmark
 from archlab.training.benchmarking import make_optimizer, time_breakdown, training_step
 from archlab import DecoderForCausalLM
-from conftest import tiny_decoder_config
+from helpers import tiny_decoder_config
 
 
 @pytest.mark.parametrize("name", sorted({*benchmark.SUITES, *benchmark.EXTERNAL_SUITES}))

@@ -18,7 +18,7 @@ from archlab.modeling.blocks import (
     deepnorm_constants,
 )
 from archlab.modeling.feed_forward import MLP, GatedMLP
-from conftest import assert_close_to_scale, tiny_decoder_config
+from helpers import assert_close_to_scale, tiny_decoder_config
 
 
 def _attn(layer, x):

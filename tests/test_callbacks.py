@@ -8,7 +8,7 @@ import math
 
 import pytest
 import torch
-from conftest import tiny_decoder_config
+from helpers import tiny_decoder_config
 from transformers import Trainer, TrainingArguments
 
 import archlab

@@ -4,7 +4,6 @@ registries by exactly the catalogue's names, and the config modules import no mo
 from __future__ import annotations
 
 import ast
-from pathlib import Path
 
 from archlab.modeling.blocks import BLOCKS
 from archlab.modeling.catalogue import (
@@ -19,8 +18,9 @@ from archlab.modeling.feed_forward import MLPS
 from archlab.modeling.normalization import NORMS
 from archlab.modeling.positions import POSITION_BIASES, POSITION_TABLES
 from archlab.modeling.seq2seq_layers import FFN_ACTIVATIONS, RESIDUALS
+from helpers import REPO
 
-MODELING = Path(__file__).resolve().parents[1] / "modeling"
+MODELING = REPO / "modeling"
 CONFIG_SIDE = {"configuration_decoder", "configuration_seq2seq", "catalogue", "validation"}
 
 

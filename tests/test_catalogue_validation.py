@@ -3,7 +3,7 @@
 import pytest
 
 from archlab.modeling.catalogue import intermediate_size_from_rule
-from conftest import tiny_decoder_config
+from helpers import tiny_decoder_config
 
 
 @pytest.mark.parametrize(

@@ -6,7 +6,7 @@ import torch
 from transformers import StaticCache
 
 from archlab import DecoderForCausalLM
-from conftest import assert_close_to_scale, tiny_decoder_config
+from helpers import assert_close_to_scale, tiny_decoder_config
 
 ATOL = 1e-4
 

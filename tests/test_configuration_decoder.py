@@ -3,7 +3,7 @@
 import pytest
 
 from archlab import DecoderConfig
-from conftest import TINY, tiny_decoder_config
+from helpers import TINY, tiny_decoder_config
 
 
 def test_llama_defaults_and_derived_fields():

@@ -22,7 +22,7 @@ from archlab.tokenization.data import (
 )
 from archlab.tokenization.training import train_tokenizer
 
-from conftest import tiny_decoder_config
+from helpers import tiny_decoder_config
 
 PAD = 0
 

@@ -8,47 +8,20 @@ the same work (same weights, same global batch). The launches cost tens of secon
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import socket
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
 from archlab import DecoderForCausalLM, EncoderForMaskedLM, Seq2SeqConfig, Seq2SeqForConditionalGeneration
-from conftest import tiny_decoder_config
+from distributed_launch import launch, torchrun
 from distributed_worker import run_trainer
-
-WORKER = Path(__file__).with_name("distributed_worker.py")
-REPO = Path(__file__).resolve().parents[1]
+from helpers import REPO, tiny_decoder_config
 
 SEQ2SEQ = dict(vocab_size=61, d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
                decoder_attention_heads=4, encoder_ffn_dim=48, decoder_ffn_dim=48, max_position_embeddings=64,
                pad_token_id=0, eos_token_id=2, decoder_start_token_id=0, dropout=0.0,
                tie_word_embeddings=False)  # untied by default; `seq2seq_tied` below covers the tied head
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _launch(tmp_path: Path, launcher: list[str], *worker_args: str, env: dict | None = None) -> dict:
-    out = tmp_path / f"result-{_free_port()}.json"
-    command = [*launcher, str(WORKER), *worker_args, "--out", str(out)]
-    run_env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
-    proc = subprocess.run(command, capture_output=True, text=True, timeout=600, env=run_env, cwd=tmp_path)
-    assert proc.returncode == 0, f"{' '.join(command)} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
-    return json.loads(out.read_text())
-
-
-def _torchrun() -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
-            "--master_port", str(_free_port())]
 
 
 @pytest.fixture(scope="module")
@@ -142,7 +115,7 @@ def test_accelerate_fsdp2_preparation_matches_one_process(tmp_path):
         torch.manual_seed(0)
         DecoderForCausalLM(tiny_decoder_config(norm_position=position)).save_pretrained(tmp_path / position)
         dirs.append(str(tmp_path / position))
-    result = _launch(tmp_path, _torchrun(), "accelerate_fsdp2", *dirs)
+    result = launch(tmp_path, torchrun(), "accelerate_fsdp2", *dirs)
     pre, post = result["pre"], result["post"]
     assert pre["wrapped_classes"] == ["PreNormBlock"] and post["wrapped_classes"] == ["PostNormBlock"]
     assert {"model.layers.0", "model.layers.1", "lm_head"} <= set(pre["groups"])
@@ -156,7 +129,7 @@ def test_accelerate_fsdp2_preparation_matches_one_process(tmp_path):
 def test_trainer_data_parallel_matches_one_process(tmp_path, decoder_dir):
     """torchrun, 2 processes × 2 rows vs. 1 process × 4 rows: the same loss at every step (ragged rows, so the token
     count must be summed across processes)."""
-    two = _launch(tmp_path, _torchrun(), "trainer", decoder_dir, "--output_dir", str(tmp_path / "two"))
+    two = launch(tmp_path, torchrun(), "trainer", decoder_dir, "--output_dir", str(tmp_path / "two"))
     assert two["world_size"] == 2 and two["distributed_type"] == "DistributedType.MULTI_CPU"
     one = run_trainer(argparse.Namespace(models=[decoder_dir], output_dir=str(tmp_path / "one"), global_batch=4, steps=4,
                                          weights_dir=None, archlab_trainer=False, evaluate_first=False))
@@ -169,7 +142,7 @@ def test_trainer_data_parallel_matches_one_process(tmp_path, decoder_dir):
 def test_tensor_parallel_and_fsdp2_match_one_process(tmp_path, decoder_dir, seq2seq_dirs, moe_dir):
     """Decoder, encoder-decoder (shared vocabulary; gated (packed) fc1; tied head), MoE decoder: TP logits and FSDP2
     training steps; for the MoE decoder also expert parallelism (each rank owns 2 of the 4 experts)."""
-    result = _launch(tmp_path, _torchrun(), "sharded", decoder_dir, *seq2seq_dirs, moe_dir)
+    result = launch(tmp_path, torchrun(), "sharded", decoder_dir, *seq2seq_dirs, moe_dir)
     assert len(result) == 5
     moe = result[os.path.basename(moe_dir)]
     assert moe["ep_local_experts"] == 2
@@ -198,7 +171,7 @@ def test_tensor_parallel_with_tied_heads_matches_one_process(tmp_path):
     }
     for name, model in models.items():
         model.save_pretrained(tmp_path / name)
-    result = _launch(tmp_path, _torchrun(), "sharded", *(str(tmp_path / name) for name in models), "--tp_only")
+    result = launch(tmp_path, torchrun(), "sharded", *(str(tmp_path / name) for name in models), "--tp_only")
     assert set(result) == set(models)
     for name, entry in result.items():
         assert entry["tp_sharded"] and entry["tp_tied_head"], name
@@ -210,8 +183,8 @@ def test_tensor_parallel_with_tied_heads_matches_one_process(tmp_path):
 def test_deepspeed_zero3_matches_one_process(tmp_path, decoder_dir):
     pytest.importorskip("deepspeed")
     config = REPO / "configs" / "deepspeed" / "zero3.json"
-    result = _launch(tmp_path, _torchrun(), "deepspeed", decoder_dir, "--deepspeed", str(config),
-                     env={"DS_ACCELERATOR": "cpu"})
+    result = launch(tmp_path, torchrun(), "deepspeed", decoder_dir, "--deepspeed", str(config),
+                    env={"DS_ACCELERATOR": "cpu"})
     assert result["stage"] == 3
     assert "lm_head.weight" in result["partitioned"]  # ZeRO-3 really partitioned the weights
     torch.testing.assert_close(result["losses"], result["reference_losses"], rtol=1e-4, atol=1e-5)

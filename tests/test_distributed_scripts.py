@@ -24,8 +24,9 @@ from safetensors.torch import load_file
 
 import archlab
 from archlab.tokenization.training import save_tokenizer, train_tokenizer
+from distributed_launch import WORKER, free_port, launch, torchrun
 from distributed_worker import run_script, run_trainer
-from test_distributed import REPO, WORKER, _free_port, _launch, _torchrun
+from helpers import REPO
 
 pytestmark = pytest.mark.slow
 
@@ -85,14 +86,14 @@ def run_single_process(name: str, data: Path, out: Path) -> dict[str, torch.Tens
 
 
 LAUNCHERS = {
-    "torchrun": _torchrun,
+    "torchrun": torchrun,
     "accelerate-config": lambda: [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
                                   str(REPO / "configs" / "accelerate" / "multi_cpu.yaml"),
-                                  "--main_process_port", str(_free_port())],
+                                  "--main_process_port", str(free_port())],
     # the plain flags docs/scaling.md gives for N CPU processes (`--cpu --num_processes 2` starts ONE process)
     "accelerate-flags": lambda: [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu",
                                  "--num_processes", "2", "--num_machines", "1", "--mixed_precision", "no",
-                                 "--dynamo_backend", "no", "--main_process_port", str(_free_port())],
+                                 "--dynamo_backend", "no", "--main_process_port", str(free_port())],
 }
 RUNS = [("pretrain", launcher) for launcher in LAUNCHERS] + [
     (f"finetune-{task}", launcher)
@@ -152,8 +153,8 @@ def test_archlab_trainer_trains_one_model_after_an_evaluation(evaluate_first: bo
         vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
         num_key_value_heads=2, max_position_embeddings=64, pad_token_id=0)).save_pretrained(model_dir)
     flags = ["--archlab_trainer", *(["--evaluate_first"] if evaluate_first else [])]
-    two = _launch(tmp_path, _torchrun(), "trainer", str(model_dir), "--output_dir", str(tmp_path / "two"),
-                  "--weights_dir", str(tmp_path / "weights"), *flags)
+    two = launch(tmp_path, torchrun(), "trainer", str(model_dir), "--output_dir", str(tmp_path / "two"),
+                 "--weights_dir", str(tmp_path / "weights"), *flags)
     assert two["world_size"] == 2
     run_trainer(argparse.Namespace(models=[str(model_dir)], output_dir=str(tmp_path / "one"), global_batch=4,
                                    steps=4, weights_dir=str(tmp_path / "one-weights"), archlab_trainer=True,

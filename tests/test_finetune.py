@@ -20,7 +20,7 @@ from archlab.tokenization.training import save_tokenizer, train_tokenizer
 from archlab.training.metrics import classification_metrics, text_metrics
 from archlab.training.task_data import as_messages, tokenize_instruct
 
-from conftest import tiny_decoder_config
+from helpers import tiny_decoder_config
 
 TINY_SEQ2SEQ = (
     "d_model=32,encoder_ffn_dim=64,decoder_ffn_dim=64,encoder_layers=1,decoder_layers=1,"

@@ -11,7 +11,7 @@ import archlab
 from archlab.scripts import generate
 from archlab.tokenization.training import save_tokenizer, train_tokenizer
 
-from conftest import tiny_decoder_config
+from helpers import REPO, tiny_decoder_config
 
 TEXTS = [f"def f{i}(x):\n    return x + {i}\n" for i in range(40)]
 
@@ -139,7 +139,7 @@ def test_command_line_error_exit_code(tmp_path):
     import subprocess
     import sys
 
-    script = Path(__file__).resolve().parents[1] / "scripts" / "generate.py"
+    script = REPO / "scripts" / "generate.py"
     run = subprocess.run([sys.executable, str(script), "--model_name_or_path", str(tmp_path / "nowhere")],
                          capture_output=True, text=True, timeout=300)
     assert run.returncode == 2

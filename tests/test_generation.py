@@ -6,7 +6,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast, pipeline
 
 from archlab import DecoderForCausalLM
-from conftest import tiny_decoder_config
+from helpers import tiny_decoder_config
 
 
 def _model():

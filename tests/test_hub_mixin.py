@@ -10,9 +10,8 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from archlab import DecoderForCausalLM, registration
-from conftest import tiny_decoder_config
+from helpers import tiny_config_for, tiny_decoder_config
 from isolated import check, run_without_archlab
-from test_remote_code import tiny_config
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".ckpt")
 
@@ -69,7 +68,7 @@ print(type(model).__module__)
 @pytest.mark.parametrize("entry", registration.MODEL_REGISTRY, ids=lambda entry: entry[2].__name__)
 def test_auto_map_lists_every_head_defined_in_the_saved_file(tmp_path, entry):
     auto_class, config_class, model_class = entry
-    model_class(tiny_config(config_class)).save_pretrained(tmp_path)
+    model_class(tiny_config_for(config_class)).save_pretrained(tmp_path)
     auto_map = json.loads((tmp_path / "config.json").read_text())["auto_map"]
     module = model_class.__module__
     expected = {

@@ -5,7 +5,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from archlab import DecoderForCausalLM
-from conftest import TINY, tiny_decoder_config
+from helpers import TINY, tiny_decoder_config
 
 ATOL = 1e-4
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from archlab.modeling.losses import causal_lm_loss, chunked_causal_lm_loss
-from conftest import assert_close_to_scale
+from helpers import assert_close_to_scale
 
 
 def _naive(hidden, weight, labels, num_items=None, z=0.0):

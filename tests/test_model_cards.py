@@ -16,9 +16,8 @@ from transformers import TrainerState, TrainingArguments
 from archlab import DecoderForCausalLM, registration
 from archlab.model_cards import write_model_card
 from archlab.model_cards.facts import architecture_rows
-from conftest import tiny_decoder_config
+from helpers import tiny_config_for, tiny_decoder_config
 from isolated import check, run_without_archlab
-from test_remote_code import tiny_config
 
 
 def _save(model, folder: Path) -> Path:
@@ -170,7 +169,7 @@ def test_folder_without_config_is_a_clear_error(tmp_path):
 def test_usage_snippet_runs_for_every_head_without_archlab(tmp_path):
     snippets = []
     for auto_class, config_class, model_class in registration.MODEL_REGISTRY:
-        folder = _save(model_class(tiny_config(config_class)), tmp_path / model_class.__name__)
+        folder = _save(model_class(tiny_config_for(config_class)), tmp_path / model_class.__name__)
         text = write_model_card(folder, model_id=f"someone/{model_class.__name__}").read_text()
         snippet = re.search(r"```python\n(.*?)```", text, re.S).group(1)
         assert f'model_id = "someone/{model_class.__name__}"' in snippet

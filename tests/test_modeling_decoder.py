@@ -9,7 +9,7 @@ import torch
 from transformers import AutoModelForCausalLM, DynamicCache, StaticCache
 
 from archlab import DecoderForCausalLM, DecoderModel
-from conftest import TINY, tiny_decoder_config
+from helpers import TINY, tiny_decoder_config
 
 
 def _model(**overrides):

@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import tiny_decoder_config
+from helpers import tiny_decoder_config
 from transformers import MixtralConfig, MixtralForCausalLM, Qwen2MoeConfig, Qwen2MoeForCausalLM
 from transformers.models.mixtral.modeling_mixtral import load_balancing_loss_func
 

@@ -13,7 +13,7 @@ from peft import LoraConfig, PeftModel, get_peft_model  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM  # noqa: E402
 
 from archlab import DecoderForCausalLM, Seq2SeqConfig, Seq2SeqForConditionalGeneration  # noqa: E402
-from conftest import tiny_decoder_config  # noqa: E402
+from helpers import tiny_decoder_config  # noqa: E402
 
 DECODER_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 SEQ2SEQ_TARGETS = ["q_proj", "k_proj", "v_proj", "out_proj", "fc1", "fc2"]

@@ -7,7 +7,7 @@ from transformers.models.bloom.modeling_bloom import build_alibi_tensor
 from archlab import DecoderForCausalLM
 from archlab.modeling.positions import ALiBiBias, LearnedPositionEmbedding, alibi_slopes
 from archlab.modeling.sinusoidal import SinusoidalPositionalEmbedding, interleaved_table
-from conftest import tiny_decoder_config
+from helpers import tiny_decoder_config
 
 
 @pytest.mark.parametrize("num_heads", [1, 2, 4, 6, 8, 12, 16, 20, 112])

@@ -22,7 +22,7 @@ from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 from archlab import DecoderForCausalLM
 from archlab.scripts import push_to_hub
 from archlab.training import hub as training_hub
-from conftest import tiny_decoder_config
+from helpers import tiny_decoder_config
 from isolated import check, run_without_archlab
 
 REPO = "someone/tiny-archlab"

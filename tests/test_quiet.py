@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 import archlab  # noqa: F401  (installs the filter)
-from conftest import tiny_decoder_config
+from helpers import tiny_decoder_config
 
 NOTE = "Setting accelerator to CPU"
 needs_deepspeed = pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="DeepSpeed not installed")

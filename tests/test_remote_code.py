@@ -16,7 +16,6 @@ import json
 import sys
 from pathlib import Path
 
-import conftest
 import pytest
 import torch
 import transformers
@@ -24,6 +23,7 @@ from safetensors.torch import load_file, save_file
 
 import archlab.modeling
 from archlab import registration
+from helpers import tiny_config_for
 from isolated import check, run_without_archlab
 
 MODELING = Path(archlab.modeling.__file__).resolve().parent
@@ -52,27 +52,6 @@ VARIANTS = {
         position_embedding_type="relative_bias",
     )),
 }
-
-
-# used when tests/conftest.py has no `tiny_<family>_config` helper for a family
-TINY_FALLBACK = {
-    "seq2seq": dict(
-        vocab_size=97, d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
-        decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=64,
-        pad_token_id=0, bos_token_id=1, eos_token_id=2, decoder_start_token_id=1, dropout=0.0,
-    ),
-}
-
-
-def tiny_config(config_class: type, **overrides):
-    """The conftest helper `tiny_<family>_config` for a config class (`archlab_seq2seq` -> `tiny_seq2seq_config`)."""
-    family = config_class.model_type.removeprefix("archlab_")
-    builder = getattr(conftest, f"tiny_{family}_config", None)
-    if builder is not None:
-        return builder(**overrides)
-    if family in TINY_FALLBACK:
-        return config_class(**{**TINY_FALLBACK[family], **overrides})
-    pytest.fail(f"tests/conftest.py needs `tiny_{family}_config` so {config_class.__name__} models are export-tested")
 
 
 def _cases() -> list:
@@ -145,7 +124,7 @@ def saved(tmp_path_factory) -> dict:
             auto_name, config_class, model_class, overrides = param.values
             name = param.id
             torch.manual_seed(0)
-            model = model_class(tiny_config(config_class, **overrides)).eval()
+            model = model_class(tiny_config_for(config_class, **overrides)).eval()
             folder = root / f"saved_{name}"
             sources = {path.name: path.read_bytes() for path in MODELING.glob("*.py")}
             model.save_pretrained(folder)
@@ -251,7 +230,7 @@ def test_resaving_from_remote_code_gives_the_same_bytes(exported, name):
 def test_saving_twice_gives_identical_bytes(tmp_path):
     config_class, model_class = registration.MODEL_REGISTRY[0][1:]
     torch.manual_seed(0)
-    model = model_class(tiny_config(config_class))
+    model = model_class(tiny_config_for(config_class))
     model.save_pretrained(tmp_path / "a")
     model.save_pretrained(tmp_path / "b")
     names = sorted(path.name for path in (tmp_path / "a").iterdir())

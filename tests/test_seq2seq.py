@@ -9,22 +9,10 @@ from transformers import AutoModelForSeq2SeqLM, MarianConfig, MarianMTModel, Seq
 
 from archlab import Seq2SeqConfig, Seq2SeqForConditionalGeneration, translate
 from archlab.modeling.modeling_seq2seq import shift_tokens_right
-from conftest import assert_close_to_scale
+from helpers import TINY_SEQ2SEQ, assert_close_to_scale, digit_tokenizer, tiny_decoder_config
 
 PAD, EOS, START = 0, 2, 1
-SMALL = dict(
-    vocab_size=61,
-    d_model=32,
-    encoder_layers=2,
-    decoder_layers=2,
-    encoder_attention_heads=4,
-    decoder_attention_heads=4,
-    encoder_ffn_dim=48,
-    decoder_ffn_dim=48,
-    max_position_embeddings=64,
-    dropout=0.0,
-    init_std=0.2,  # large enough that random models prefer different tokens at different steps
-)
+SMALL = dict(TINY_SEQ2SEQ, init_std=0.2)  # large enough that random models prefer different tokens at different steps
 # Marian's token conventions: pad is also the decoder start token, eos is 0.
 MARIAN = dict(
     SMALL, activation_function="swish", scale_embedding=True, pad_token_id=60, eos_token_id=0,
@@ -358,17 +346,6 @@ def test_save_and_load_roundtrip(name, tmp_path):
 # ---- translate helper ------------------------------------------------------------------------------------------
 
 
-def digit_tokenizer():
-    """Word-level tokenizer over the digits 0-9 (ids 3..12) with <pad>=0, <s>=1, </s>=2."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    vocab = {"<pad>": PAD, "<s>": START, "</s>": EOS, **{str(d): d + 3 for d in range(10)}}
-    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<pad>"))
-    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, pad_token="<pad>", bos_token="<s>", eos_token="</s>")
-
-
 def test_translate_batches_in_order_and_matches_generate():
     model = tiny(vocab_size=16, init_std=1.0)  # large weights: outputs depend on the input even untrained
     tokenizer = digit_tokenizer()
@@ -385,7 +362,6 @@ def test_translate_batches_in_order_and_matches_generate():
 
 def test_translate_refuses_a_decoder_only_model():
     from archlab import DecoderForCausalLM
-    from conftest import tiny_decoder_config
 
     with pytest.raises(ValueError, match="needs an encoder-decoder .* DecoderForCausalLM is decoder-only"):
         translate(["1 2 3"], DecoderForCausalLM(tiny_decoder_config(vocab_size=16)), digit_tokenizer())

@@ -15,15 +15,15 @@ import pytest
 import torch
 from huggingface_hub import ModelCard
 
-from archlab import Seq2SeqConfig, Seq2SeqForConditionalGeneration, translate
+from archlab import Seq2SeqForConditionalGeneration, translate
 from archlab.model_cards import write_model_card
 
-from test_seq2seq import SMALL, digit_tokenizer
+from helpers import digit_tokenizer, tiny_seq2seq_config
 
 
 def saved_translator(folder):
     torch.manual_seed(0)
-    model = Seq2SeqForConditionalGeneration(Seq2SeqConfig(**{**SMALL, "vocab_size": 16, "init_std": 1.0})).eval()
+    model = Seq2SeqForConditionalGeneration(tiny_seq2seq_config(vocab_size=16, init_std=1.0)).eval()
     model.save_pretrained(folder)
     digit_tokenizer().save_pretrained(folder)
     return model
@@ -74,7 +74,7 @@ def test_push_keeps_or_sets_the_task(tmp_path, capsys):
 def test_architecture_rows_of_a_t5_style_config():
     from archlab.model_cards.facts import architecture_rows
 
-    config = Seq2SeqConfig(**{**SMALL, "d_kv": 12, "encoder_key_value_heads": 2, "use_qk_norm": True}).to_dict()
+    config = tiny_seq2seq_config(d_kv=12, encoder_key_value_heads=2, use_qk_norm=True).to_dict()
     rows = dict(architecture_rows(config))
     assert rows["attention"] == "grouped-query (GQA), 4 query heads, 2 key/value heads"
     assert rows["head dim"] == "12" and rows["stability"] == "use_qk_norm=True"

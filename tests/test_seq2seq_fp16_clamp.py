@@ -15,7 +15,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 from archlab import Seq2SeqConfig, Seq2SeqForConditionalGeneration
 from archlab.modeling.seq2seq_layers import clamp_fp16
-from test_seq2seq_t5 import VERSIONS, batch, t5_pair
+from helpers import T5_VERSIONS, t5_batch, t5_pair
 
 OVERFLOW = 1e4  # FFN outputs reach ~1e5 > 65504 with this factor (1e3 stays finite)
 
@@ -30,7 +30,7 @@ def first_ffn_outputs(reference, ours):
     ]
 
 
-@pytest.mark.parametrize("version", list(VERSIONS))
+@pytest.mark.parametrize("version", list(T5_VERSIONS))
 def test_fp16_clamping_matches_t5_where_unclamped_hidden_states_overflow(version):
     reference, ours = t5_pair(version)
     assert ours.config.clamp_fp16_hidden_states  # the T5 conversion turns the guard on
@@ -38,7 +38,7 @@ def test_fp16_clamping_matches_t5_where_unclamped_hidden_states_overflow(version
         Seq2SeqConfig(**{**ours.config.to_dict(), "clamp_fp16_hidden_states": False})
     ).eval()
     unguarded.load_state_dict(ours.state_dict())
-    source, mask, target = batch()
+    source, mask, target = t5_batch()
     with torch.no_grad():
         for model in (reference, ours, unguarded):
             model.half()

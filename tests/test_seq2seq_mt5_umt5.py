@@ -23,10 +23,9 @@ from transformers import (
 
 from archlab import Seq2SeqConfig, Seq2SeqForConditionalGeneration
 from archlab.conversion import FAMILIES, ConversionError, convert_checkpoint
-from conftest import assert_close_to_scale
-from test_seq2seq_t5 import (
-    T5_SHAPE, VOCAB, batch, check_generation_matches, check_incremental_and_eager_equal_full,
-    check_logits_and_loss_match, training_gradients,
+from helpers import (
+    T5_SHAPE, T5_VOCAB, assert_close_to_scale, check_generation_matches, check_incremental_and_eager_equal_full,
+    check_logits_and_loss_match, t5_batch, training_gradients,
 )
 
 REFERENCES = {"mt5": (MT5Config, MT5ForConditionalGeneration), "umt5": (UMT5Config, UMT5ForConditionalGeneration)}
@@ -39,7 +38,7 @@ def reference_model(family: str, tied: bool = False) -> MT5ForConditionalGenerat
     config_class, model_class = REFERENCES[family]
     reference = model_class(config_class(**SHAPE)).eval()
     if not tied:
-        reference.lm_head.weight = torch.nn.Parameter(torch.empty(VOCAB, SHAPE["d_model"]))
+        reference.lm_head.weight = torch.nn.Parameter(torch.empty(T5_VOCAB, SHAPE["d_model"]))
     generator = torch.Generator().manual_seed(0)
     with torch.no_grad():
         for name, parameter in reference.named_parameters():
@@ -82,7 +81,7 @@ def test_umt5_has_a_bias_table_in_every_self_attention_layer_and_uses_each():
         f"model.decoder.layers.{i}.position_bias.relative_attention_bias.weight" for i in range(2)
     ]
     assert ours.model.encoder.position_bias is None and ours.model.decoder.position_bias is None
-    source, mask, target = batch()
+    source, mask, target = t5_batch()
     with torch.no_grad():
         before = ours(input_ids=source, attention_mask=mask, decoder_input_ids=target).logits
         for stack in (ours.model.encoder, ours.model.decoder):  # the last layer's table matters on its own
@@ -132,7 +131,7 @@ def test_converter_imports_and_exports_folders(family, tied, tmp_path):
     ours = AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "archlab").eval()
     assert type(ours) is Seq2SeqForConditionalGeneration
     assert (ours.lm_head.weight is ours.model.shared.weight) == tied
-    source, mask, target = batch()
+    source, mask, target = t5_batch()
     with torch.no_grad():
         expected = reference(input_ids=source, attention_mask=mask, decoder_input_ids=target).logits
         got = ours(input_ids=source, attention_mask=mask, decoder_input_ids=target).logits

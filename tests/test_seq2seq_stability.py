@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from archlab import Seq2SeqConfig, Seq2SeqForConditionalGeneration
-from conftest import assert_close_to_scale, seq2seq_incremental_logits
+from helpers import assert_close_to_scale, seq2seq_incremental_logits
 
 CONFIG = dict(
     vocab_size=53, d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,

@@ -9,58 +9,15 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import AutoModelForSeq2SeqLM, T5Config, T5ForConditionalGeneration
+from transformers import AutoModelForSeq2SeqLM, T5ForConditionalGeneration
 
 from archlab import Seq2SeqConfig, Seq2SeqForConditionalGeneration
 from archlab.conversion import FAMILIES, ConversionError, convert_checkpoint
-from archlab.conversion.t5 import archlab_state_dict_to_t5, t5_state_dict_to_archlab
-from conftest import assert_close_to_scale, seq2seq_incremental_logits
-
-VOCAB = 61
-# d_kv * num_heads (36) != d_model (32), as in T5 v1.1 small (6 heads of 64 on d_model 512)
-T5_SHAPE = dict(
-    vocab_size=VOCAB, d_model=32, d_kv=12, d_ff=48, num_layers=2, num_heads=3, relative_attention_num_buckets=8,
-    relative_attention_max_distance=20, dropout_rate=0.0, decoder_start_token_id=0,
+from archlab.conversion.t5 import archlab_state_dict_to_t5
+from helpers import (
+    T5_SHAPE, T5_VERSIONS, assert_close_to_scale, check_generation_matches, check_incremental_and_eager_equal_full,
+    check_logits_and_loss_match, t5_batch, t5_pair, t5_reference, training_gradients,
 )
-VERSIONS = {
-    "v1.0": dict(feed_forward_proj="relu", tie_word_embeddings=True),  # tied head, output scaled by d_model^-0.5
-    "v1.1": dict(feed_forward_proj="gated-gelu", tie_word_embeddings=False),  # gelu_new GeGLU, separate head
-}
-
-
-def t5_reference(version: str, std: float = 0.3) -> T5ForConditionalGeneration:
-    reference = T5ForConditionalGeneration(T5Config(**T5_SHAPE, **VERSIONS[version])).eval()
-    if version == "v1.1":
-        # transformers 5 ties T5's head at construction even for v1.1 (and unties it when a checkpoint has its own)
-        reference.lm_head.weight = torch.nn.Parameter(torch.empty(VOCAB, 32))
-    generator = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for name, parameter in reference.named_parameters():
-            if "layer_norm" in name:
-                parameter.uniform_(0.5, 1.5, generator=generator)
-            else:  # 0.3: large enough that greedy decoding does not repeat one token
-                parameter.normal_(0.0, std, generator=generator)
-    return reference
-
-
-def t5_pair(version: str, std: float = 0.3) -> tuple[T5ForConditionalGeneration, Seq2SeqForConditionalGeneration]:
-    reference = t5_reference(version, std)
-    config = FAMILIES["t5"].archlab_config(reference.config.to_dict())
-    ours = Seq2SeqForConditionalGeneration(config).eval()
-    ours.load_state_dict(t5_state_dict_to_archlab(reference.state_dict(), config), strict=True)
-    return reference, ours
-
-
-def batch():
-    """Two sources (the second right-padded) and two target prefixes starting with T5's start token (pad = 0)."""
-    generator = torch.Generator().manual_seed(1)
-    source = torch.randint(2, VOCAB, (2, 11), generator=generator)
-    mask = torch.ones_like(source)
-    mask[1, 6:] = 0
-    source[1, 6:] = 0
-    target = torch.randint(2, VOCAB, (2, 8), generator=generator)
-    target[:, 0] = 0
-    return source, mask, target
 
 
 def test_t5_config_maps_to_the_t5_recipe():
@@ -73,45 +30,16 @@ def test_t5_config_maps_to_the_t5_recipe():
     assert (v11.mlp_type, v11.activation_function) == ("gated", "gelu_new")
     assert not (v11.scale_decoder_outputs or v11.tie_word_embeddings)
     # a config.json written before transformers 5 says only tie_word_embeddings=False for v1.1
-    legacy = FAMILIES["t5"].archlab_config({**T5_SHAPE, **VERSIONS["v1.1"]})
+    legacy = FAMILIES["t5"].archlab_config({**T5_SHAPE, **T5_VERSIONS["v1.1"]})
     assert not (legacy.scale_decoder_outputs or legacy.tie_word_embeddings)
 
 
-@pytest.mark.parametrize("version", list(VERSIONS))
+@pytest.mark.parametrize("version", list(T5_VERSIONS))
 def test_t5_logits_and_loss_match(version):
     check_logits_and_loss_match(*t5_pair(version))
 
 
-def check_logits_and_loss_match(reference, ours) -> None:
-    """fp32 logits within 1e-4, the encoder output and the loss with labels equal (shared with mT5/UMT5)."""
-    source, mask, target = batch()
-    with torch.no_grad():
-        expected = reference(input_ids=source, attention_mask=mask, decoder_input_ids=target)
-        got = ours(input_ids=source, attention_mask=mask, decoder_input_ids=target)
-        assert expected.logits.std() > 0.05  # not a degenerate comparison
-        assert (got.logits - expected.logits).abs().max() <= 1e-4
-        torch.testing.assert_close(got.encoder_last_hidden_state, expected.encoder_last_hidden_state)
-        labels = target.masked_fill(torch.tensor([[False] * 6 + [True] * 2, [False] * 8]), -100)
-        expected_loss = reference(input_ids=source, attention_mask=mask, labels=labels).loss
-        got_loss = ours(input_ids=source, attention_mask=mask, labels=labels).loss
-    torch.testing.assert_close(got_loss, expected_loss, atol=1e-5, rtol=1e-5)
-
-
-def training_gradients(reference, ours) -> tuple[dict, dict]:
-    """One training step's gradients of both models (dropout is 0 in the shapes), archlab's in the reference's names
-    (shared with the mT5/UMT5 tests)."""
-    reference.train(), ours.train()
-    source, mask, target = batch()
-    labels = target.roll(-1, 1)
-    reference(input_ids=source, attention_mask=mask, labels=labels).loss.backward()
-    ours(input_ids=source, attention_mask=mask, labels=labels).loss.backward()
-    grads = {name: p.grad for name, p in ours.named_parameters(remove_duplicate=False)}
-    grads["final_logits_bias"] = torch.zeros_like(ours.final_logits_bias)
-    expected = {name: p.grad for name, p in reference.named_parameters(remove_duplicate=False)}
-    return archlab_state_dict_to_t5(grads, ours.config), expected
-
-
-@pytest.mark.parametrize("version", list(VERSIONS))
+@pytest.mark.parametrize("version", list(T5_VERSIONS))
 def test_t5_gradients_match(version):
     """Fine-tuning a converted T5 updates what T5 updates: every gradient equals T5's, including the pad token's
     embedding row (T5's decoder start), which a Marian-style `padding_idx` would freeze.
@@ -127,42 +55,19 @@ def test_t5_gradients_match(version):
         assert_close_to_scale(as_t5[name], grad, msg=name)
 
 
-@pytest.mark.parametrize("version", list(VERSIONS))
+@pytest.mark.parametrize("version", list(T5_VERSIONS))
 @pytest.mark.parametrize("generate_kwargs", [dict(num_beams=1), dict(num_beams=3, length_penalty=0.8)], ids=["greedy", "beam"])
 def test_t5_generation_matches(version, generate_kwargs):
     check_generation_matches(*t5_pair(version), generate_kwargs)
 
 
-def check_generation_matches(reference, ours, generate_kwargs: dict) -> None:
-    """Greedy or beam search gives the reference's tokens exactly (shared with the mT5/UMT5 tests)."""
-    source, mask, _ = batch()
-    kwargs = dict(input_ids=source, attention_mask=mask, max_new_tokens=12, do_sample=False, **generate_kwargs)
-    expected = reference.generate(**kwargs)
-    got = ours.generate(**kwargs)
-    assert torch.equal(got, expected)
-    assert len(set(expected[:, 1:].flatten().tolist())) > 2  # the outputs are not one repeated token
-
-
-@pytest.mark.parametrize("version", list(VERSIONS))
+@pytest.mark.parametrize("version", list(T5_VERSIONS))
 def test_t5_incremental_decoding_and_eager_equal_full_sdpa(version):
     check_incremental_and_eager_equal_full(t5_pair(version)[1])
 
 
-def check_incremental_and_eager_equal_full(ours) -> None:
-    """Cached one-token decoding and the eager kernels reproduce the full sdpa forward (shared with mT5/UMT5)."""
-    source, mask, target = batch()
-    with torch.no_grad():
-        full = ours(input_ids=source, attention_mask=mask, decoder_input_ids=target).logits
-    incremental = seq2seq_incremental_logits(ours, source, mask, target)
-    with torch.no_grad():
-        ours.set_attn_implementation("eager")
-        eager = ours(input_ids=source, attention_mask=mask, decoder_input_ids=target).logits
-    assert_close_to_scale(incremental, full)  # logits up to 5: a fixed 1e-5 is below float32 rounding there
-    assert_close_to_scale(eager, full)
-
-
 def test_t5_state_dict_round_trips_exactly():
-    for version in VERSIONS:
+    for version in T5_VERSIONS:
         reference, ours = t5_pair(version)
         back = archlab_state_dict_to_t5(ours.state_dict(), ours.config)
         expected = reference.state_dict()
@@ -180,7 +85,7 @@ def test_unscaled_attention_folds_the_scale_into_the_query_initialisation():
     assert q_std == pytest.approx(config.init_std / 8, rel=0.1)  # init_std · d_kv^-1/2
 
 
-@pytest.mark.parametrize("version", list(VERSIONS))
+@pytest.mark.parametrize("version", list(T5_VERSIONS))
 def test_converter_imports_and_exports_t5_folders(version, tmp_path):
     reference = t5_reference(version)
     reference.save_pretrained(tmp_path / "t5")
@@ -188,7 +93,7 @@ def test_converter_imports_and_exports_t5_folders(version, tmp_path):
     ours = AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "archlab").eval()
     assert type(ours) is Seq2SeqForConditionalGeneration
     assert (ours.lm_head.weight is ours.model.shared.weight) == (version == "v1.0")
-    source, mask, target = batch()
+    source, mask, target = t5_batch()
     with torch.no_grad():
         expected = reference(input_ids=source, attention_mask=mask, decoder_input_ids=target).logits
         got = ours(input_ids=source, attention_mask=mask, decoder_input_ids=target).logits

@@ -4,7 +4,7 @@ import torch
 from transformers import AutoModelForSequenceClassification
 
 from archlab import DecoderForSequenceClassification
-from conftest import tiny_decoder_config
+from helpers import tiny_decoder_config
 
 
 def _model(**kw):

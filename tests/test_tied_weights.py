@@ -16,7 +16,7 @@ from archlab import (
     Seq2SeqForConditionalGeneration,
     Seq2SeqModel,
 )
-from conftest import tiny_decoder_config
+from helpers import tiny_decoder_config
 
 SEQ2SEQ = dict(vocab_size=61, d_model=32, encoder_layers=1, decoder_layers=1, encoder_attention_heads=4,
                decoder_attention_heads=4, encoder_ffn_dim=48, decoder_ffn_dim=48, max_position_embeddings=64)

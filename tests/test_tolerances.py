@@ -1,10 +1,10 @@
-"""The scale-aware comparison the parity tests use (conftest.assert_close_to_scale) accepts what it should and fails
+"""The scale-aware comparison the parity tests use (helpers.assert_close_to_scale) accepts what it should and fails
 what it should."""
 
 import pytest
 import torch
 
-from conftest import assert_close_to_scale
+from helpers import assert_close_to_scale
 
 
 def test_the_tolerance_follows_the_largest_entry():

@@ -5,7 +5,7 @@ from datasets import Dataset
 from transformers import Trainer, TrainingArguments
 
 from archlab import DecoderForCausalLM
-from conftest import tiny_decoder_config
+from helpers import tiny_decoder_config
 
 
 def _dataset(n=32, seed=0):

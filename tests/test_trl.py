@@ -20,7 +20,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers  # noqa: E402
 from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast  # noqa: E402
 
 from archlab import DecoderForCausalLM  # noqa: E402
-from conftest import tiny_decoder_config  # noqa: E402
+from helpers import tiny_decoder_config  # noqa: E402
 
 WORDS = [f"w{i}" for i in range(90)]  # ids 4..93 of the tiny vocabulary (97)
 KINDS = {"dense": {}, "moe": dict(num_local_experts=4, num_experts_per_tok=2)}
