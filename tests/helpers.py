@@ -47,6 +47,15 @@ TINY_SEQ2SEQ = dict(
     dropout=0.0,
 )
 
+# The scripts' `--config_overrides` for a tiny model (the vocabulary comes from the tokenizer).
+TINY_DECODER_OVERRIDES = (
+    "hidden_size=32,intermediate_size=64,num_hidden_layers=2,num_attention_heads=4,num_key_value_heads=2"
+)
+TINY_SEQ2SEQ_OVERRIDES = (
+    "d_model=32,encoder_ffn_dim=64,decoder_ffn_dim=64,encoder_layers=1,decoder_layers=1,"
+    "encoder_attention_heads=2,decoder_attention_heads=2"
+)
+
 
 def tiny_decoder_config(**overrides) -> DecoderConfig:
     return DecoderConfig(**{**TINY, **overrides})

@@ -22,7 +22,7 @@ from archlab.tokenization.data import (
 )
 from archlab.tokenization.training import train_tokenizer
 
-from helpers import tiny_decoder_config
+from helpers import tiny_decoder_config, tiny_seq2seq_config
 
 PAD = 0
 
@@ -109,10 +109,7 @@ def test_packed_logits_equal_separate_documents(attn_implementation: str, traini
 
 
 def tiny_masked_lm(**overrides) -> archlab.EncoderForMaskedLM:
-    fields = dict(vocab_size=97, d_model=32, encoder_layers=2, decoder_layers=1, encoder_attention_heads=4,
-                  decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=32,
-                  pad_token_id=PAD, eos_token_id=2, dropout=0.0, attention_dropout=0.0)
-    return archlab.EncoderForMaskedLM(archlab.Seq2SeqConfig(**{**fields, **overrides}))
+    return archlab.EncoderForMaskedLM(tiny_seq2seq_config(vocab_size=97, **overrides))
 
 
 @pytest.mark.parametrize("attn_implementation", ["eager", "sdpa"])

@@ -13,15 +13,13 @@ import os
 import pytest
 import torch
 
-from archlab import DecoderForCausalLM, EncoderForMaskedLM, Seq2SeqConfig, Seq2SeqForConditionalGeneration
+from archlab import DecoderForCausalLM, EncoderForMaskedLM, Seq2SeqForConditionalGeneration
 from distributed_launch import launch, torchrun
 from distributed_worker import run_trainer
-from helpers import REPO, tiny_decoder_config
+from helpers import REPO, tiny_decoder_config, tiny_seq2seq_config
 
-SEQ2SEQ = dict(vocab_size=61, d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
-               decoder_attention_heads=4, encoder_ffn_dim=48, decoder_ffn_dim=48, max_position_embeddings=64,
-               pad_token_id=0, eos_token_id=2, decoder_start_token_id=0, dropout=0.0,
-               tie_word_embeddings=False)  # untied by default; `seq2seq_tied` below covers the tied head
+# untied by default; `seq2seq_tied` below covers the tied head
+SEQ2SEQ = dict(decoder_start_token_id=0, tie_word_embeddings=False)
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +34,7 @@ def seq2seq_dirs(tmp_path_factory) -> list[str]:
     for name, extra in variants:
         torch.manual_seed(0)
         path = tmp_path_factory.mktemp(name)
-        Seq2SeqForConditionalGeneration(Seq2SeqConfig(**{**SEQ2SEQ, **extra})).save_pretrained(path)
+        Seq2SeqForConditionalGeneration(tiny_seq2seq_config(**{**SEQ2SEQ, **extra})).save_pretrained(path)
         dirs.append(str(path))
     return dirs
 
@@ -84,7 +82,7 @@ def test_fsdp_plans_and_accelerate_wrap_policy(norm_position):
     model = DecoderForCausalLM(tiny_decoder_config(norm_position=norm_position))
     assert model._fsdp_plan["lm_head"] == "keep_full_weight"
     assert model._fsdp_plan["model.layers.*"] == "free_full_weight"
-    seq2seq = Seq2SeqConfig(**SEQ2SEQ)
+    seq2seq = tiny_seq2seq_config(**SEQ2SEQ)
     for module in (model, EncoderForMaskedLM(seq2seq), Seq2SeqForConditionalGeneration(seq2seq)):
         plugin = FullyShardedDataParallelPlugin(fsdp_version=2, auto_wrap_policy="transformer_based_wrap")
         plugin.set_auto_wrap_policy(module)
@@ -163,11 +161,11 @@ def test_tensor_parallel_with_tied_heads_matches_one_process(tmp_path):
     `F.linear` meets a sharded weight and the forward fails. Logits and greedy generation equal one process."""
     models = {
         "decoder": DecoderForCausalLM(tiny_decoder_config(tie_word_embeddings=True)),
-        "seq2seq_shared": Seq2SeqForConditionalGeneration(Seq2SeqConfig(**{**SEQ2SEQ, "tie_word_embeddings": True})),
-        "seq2seq_separate": Seq2SeqForConditionalGeneration(Seq2SeqConfig(
+        "seq2seq_shared": Seq2SeqForConditionalGeneration(tiny_seq2seq_config(**{**SEQ2SEQ, "tie_word_embeddings": True})),
+        "seq2seq_separate": Seq2SeqForConditionalGeneration(tiny_seq2seq_config(
             **{**SEQ2SEQ, "tie_word_embeddings": True, "share_encoder_decoder_embeddings": False,
                "decoder_vocab_size": 53})),
-        "masked_lm": EncoderForMaskedLM(Seq2SeqConfig(**{**SEQ2SEQ, "tie_word_embeddings": True})),
+        "masked_lm": EncoderForMaskedLM(tiny_seq2seq_config(**{**SEQ2SEQ, "tie_word_embeddings": True})),
     }
     for name, model in models.items():
         model.save_pretrained(tmp_path / name)

@@ -26,13 +26,10 @@ import archlab
 from archlab.tokenization.training import save_tokenizer, train_tokenizer
 from distributed_launch import WORKER, free_port, launch, torchrun
 from distributed_worker import run_script, run_trainer
-from helpers import REPO
+from helpers import REPO, TINY_DECODER_OVERRIDES, TINY_SEQ2SEQ_OVERRIDES, tiny_decoder_config
 
 pytestmark = pytest.mark.slow
 
-TINY_DECODER = "hidden_size=32,intermediate_size=64,num_hidden_layers=2,num_attention_heads=4,num_key_value_heads=2"
-TINY_SEQ2SEQ = ("d_model=32,encoder_ffn_dim=64,decoder_ffn_dim=64,encoder_layers=1,decoder_layers=1,"
-                "encoder_attention_heads=2,decoder_attention_heads=2,dropout=0.0")
 COMMON = [
     "--max_steps", "3", "--learning_rate", "3e-3", "--warmup_steps", "0", "--logging_steps", "1",
     "--eval_strategy", "no", "--save_strategy", "no", "--disable_tqdm", "true", "--use_cpu", "true",
@@ -63,7 +60,7 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def script_args(name: str, data: Path) -> list[str]:
     """`pretrain` or `finetune-TASK`: the script's flags for a tiny run on `data` (without the batch size)."""
-    decoder = ["--tokenizer_name", str(data / "decoder_tokenizer"), "--config_overrides", TINY_DECODER]
+    decoder = ["--tokenizer_name", str(data / "decoder_tokenizer"), "--config_overrides", TINY_DECODER_OVERRIDES]
     if name == "pretrain":
         return [*decoder, "--train_file", str(data / "code.jsonl"), "--block_size", "32", "--eval_max_blocks", "4",
                 "--sample_max_new_tokens", "0", "--preprocessing_num_workers", "1"]
@@ -74,7 +71,8 @@ def script_args(name: str, data: Path) -> list[str]:
         return ["--task", task, *decoder, *files, "--prompt_column", "prompt", "--response_column", "response"]
     if task == "classification":
         return ["--task", task, *decoder, *files]
-    return ["--task", task, "--tokenizer_name", str(data / "seq2seq_tokenizer"), "--config_overrides", TINY_SEQ2SEQ,
+    seq2seq = f"{TINY_SEQ2SEQ_OVERRIDES},dropout=0.0"
+    return ["--task", task, "--tokenizer_name", str(data / "seq2seq_tokenizer"), "--config_overrides", seq2seq,
             *files, "--generation_max_length", "8", "--max_source_length", "48", "--max_target_length", "16"]
 
 
@@ -149,9 +147,7 @@ def test_archlab_trainer_trains_one_model_after_an_evaluation(evaluate_first: bo
     transformers 5.23 leaves each process training its own replica in the second case."""
     torch.manual_seed(0)
     model_dir = tmp_path / "model"
-    archlab.DecoderForCausalLM(archlab.DecoderConfig(
-        vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=64, pad_token_id=0)).save_pretrained(model_dir)
+    archlab.DecoderForCausalLM(tiny_decoder_config(max_position_embeddings=64)).save_pretrained(model_dir)
     flags = ["--archlab_trainer", *(["--evaluate_first"] if evaluate_first else [])]
     two = launch(tmp_path, torchrun(), "trainer", str(model_dir), "--output_dir", str(tmp_path / "two"),
                  "--weights_dir", str(tmp_path / "weights"), *flags)

@@ -19,11 +19,9 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
 import archlab
-from helpers import tiny_decoder_config
+from helpers import tiny_decoder_config, tiny_seq2seq_config
 
-SEQ2SEQ = dict(vocab_size=97, d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
-               decoder_attention_heads=4, encoder_ffn_dim=48, decoder_ffn_dim=48, max_position_embeddings=64,
-               pad_token_id=0, eos_token_id=2, decoder_start_token_id=0)
+SEQ2SEQ = dict(vocab_size=97, decoder_start_token_id=0)  # the tokenizer below has 94 tokens
 
 
 def _tokenizer() -> PreTrainedTokenizerFast:
@@ -37,7 +35,7 @@ def _tokenizer() -> PreTrainedTokenizerFast:
 def _folder(kind: str, root: Path) -> Path:
     torch.manual_seed(0)
     model = (archlab.DecoderForCausalLM(tiny_decoder_config()) if kind == "decoder"
-             else archlab.Seq2SeqForConditionalGeneration(archlab.Seq2SeqConfig(**SEQ2SEQ)))
+             else archlab.Seq2SeqForConditionalGeneration(tiny_seq2seq_config(**SEQ2SEQ)))
     model.save_pretrained(root / kind)
     _tokenizer().save_pretrained(root / kind)
     return root / kind
@@ -130,7 +128,7 @@ def test_onnx_export_runs_in_onnxruntime_with_the_same_logits(kind, tmp_path):
     pytest.importorskip("onnxscript")
     ort = pytest.importorskip("onnxruntime")
     model = archlab.DecoderForCausalLM(tiny_decoder_config()) if kind == "decoder" else \
-        archlab.Seq2SeqForConditionalGeneration(archlab.Seq2SeqConfig(**SEQ2SEQ))
+        archlab.Seq2SeqForConditionalGeneration(tiny_seq2seq_config(**SEQ2SEQ))
     model.eval()
     batch, length = torch.export.Dim("batch"), torch.export.Dim("length")
     names = ["input_ids", "attention_mask"] + (["decoder_input_ids"] if kind == "seq2seq" else [])

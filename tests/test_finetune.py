@@ -20,12 +20,7 @@ from archlab.tokenization.training import save_tokenizer, train_tokenizer
 from archlab.training.metrics import classification_metrics, text_metrics
 from archlab.training.task_data import as_messages, tokenize_instruct
 
-from helpers import tiny_decoder_config
-
-TINY_SEQ2SEQ = (
-    "d_model=32,encoder_ffn_dim=64,decoder_ffn_dim=64,encoder_layers=1,decoder_layers=1,"
-    "encoder_attention_heads=2,decoder_attention_heads=2"
-)
+from helpers import TINY_SEQ2SEQ_OVERRIDES, tiny_decoder_config
 
 
 def sentiment_rows(n: int, seed: int) -> list[dict[str, str]]:
@@ -102,7 +97,7 @@ def test_classification_end_to_end(tmp_path: Path, work: Path) -> None:
 def test_seq2seq_on_the_embedded_docstring_task(tmp_path: Path) -> None:
     metrics = finetune.main(run_args(
         tmp_path / "docstrings", "--task", "seq2seq", "--max_train_samples", "64", "--max_eval_samples", "8",
-        "--tokenizer_vocab_size", "400", "--config_overrides", TINY_SEQ2SEQ, "--generation_max_length", "8",
+        "--tokenizer_vocab_size", "400", "--config_overrides", TINY_SEQ2SEQ_OVERRIDES, "--generation_max_length", "8",
         "--max_steps", "4",
     ))
     for key in ("eval_bleu", "eval_chrf", "eval_exact_match", "before_eval_chrf"):

@@ -11,7 +11,7 @@ import archlab
 from archlab.scripts import generate
 from archlab.tokenization.training import save_tokenizer, train_tokenizer
 
-from helpers import REPO, tiny_decoder_config
+from helpers import REPO, tiny_decoder_config, tiny_seq2seq_config
 
 TEXTS = [f"def f{i}(x):\n    return x + {i}\n" for i in range(40)]
 
@@ -26,9 +26,7 @@ def saved(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     save_tokenizer(decoder_tok, folder / "decoder")
 
     seq_tok = train_tokenizer(TEXTS, "seq2seq", vocab_size=200, min_frequency=1)
-    config = archlab.Seq2SeqConfig(vocab_size=len(seq_tok), d_model=32, encoder_layers=1, decoder_layers=1,
-                                   encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=64,
-                                   decoder_ffn_dim=64, max_position_embeddings=64)
+    config = tiny_seq2seq_config(vocab_size=len(seq_tok))
     archlab.Seq2SeqForConditionalGeneration(config).save_pretrained(folder / "seq2seq")
     save_tokenizer(seq_tok, folder / "seq2seq")
 

@@ -23,15 +23,10 @@ from archlab import (
     DecoderForSequenceClassification,
     DecoderModel,
     EncoderForMaskedLM,
-    Seq2SeqConfig,
     Seq2SeqForConditionalGeneration,
     Seq2SeqModel,
 )
-from helpers import tiny_decoder_config
-
-SEQ2SEQ = dict(vocab_size=61, d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
-               decoder_attention_heads=4, encoder_ffn_dim=48, decoder_ffn_dim=48, max_position_embeddings=64,
-               pad_token_id=0, eos_token_id=2, decoder_start_token_id=1, dropout=0.0)
+from helpers import tiny_decoder_config, tiny_seq2seq_config
 
 # Kept in float32 whatever the model's dtype, as transformers' Llama keeps them: RoPE's inverse frequencies
 # (positions times frequencies lose whole rotations in half precision) and ALiBi's head slopes.
@@ -48,16 +43,16 @@ HEADS = {
         AutoModelForSequenceClassification, DecoderForSequenceClassification, tiny_decoder_config(num_labels=3)
     ),
     "decoder_model": (AutoModel, DecoderModel, tiny_decoder_config()),
-    "seq2seq_lm": (AutoModelForSeq2SeqLM, Seq2SeqForConditionalGeneration, Seq2SeqConfig(**SEQ2SEQ)),
+    "seq2seq_lm": (AutoModelForSeq2SeqLM, Seq2SeqForConditionalGeneration, tiny_seq2seq_config()),
     "seq2seq_lm_marian": (  # Marian's layout of the sinusoid, persistent in checkpoints
-        AutoModelForSeq2SeqLM, Seq2SeqForConditionalGeneration, Seq2SeqConfig(**SEQ2SEQ, sinusoidal_layout="split")
+        AutoModelForSeq2SeqLM, Seq2SeqForConditionalGeneration, tiny_seq2seq_config(sinusoidal_layout="split")
     ),
     "seq2seq_lm_t5_bias": (
         AutoModelForSeq2SeqLM, Seq2SeqForConditionalGeneration,
-        Seq2SeqConfig(**SEQ2SEQ, position_embedding_type="relative_bias", norm_position="pre"),
+        tiny_seq2seq_config(position_embedding_type="relative_bias", norm_position="pre"),
     ),
-    "seq2seq_model": (AutoModel, Seq2SeqModel, Seq2SeqConfig(**SEQ2SEQ)),
-    "masked_lm": (AutoModelForMaskedLM, EncoderForMaskedLM, Seq2SeqConfig(**SEQ2SEQ)),
+    "seq2seq_model": (AutoModel, Seq2SeqModel, tiny_seq2seq_config()),
+    "masked_lm": (AutoModelForMaskedLM, EncoderForMaskedLM, tiny_seq2seq_config()),
 }
 
 

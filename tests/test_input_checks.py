@@ -9,12 +9,9 @@ import pytest
 import torch
 from transformers.generation.streamers import BaseStreamer
 
-from archlab import DecoderForCausalLM, EncoderForMaskedLM, Seq2SeqConfig, Seq2SeqForConditionalGeneration
+from archlab import DecoderForCausalLM, EncoderForMaskedLM, Seq2SeqForConditionalGeneration
 from archlab.modeling.input_checks import cached_length, check_attention_mask, check_token_ids
-from helpers import tiny_decoder_config
-
-SEQ2SEQ = dict(vocab_size=61, d_model=32, encoder_layers=1, decoder_layers=1, encoder_attention_heads=4,
-               decoder_attention_heads=4, encoder_ffn_dim=48, decoder_ffn_dim=48, max_position_embeddings=64)
+from helpers import tiny_decoder_config, tiny_seq2seq_config
 
 
 def one_line(error: pytest.ExceptionInfo) -> str:
@@ -37,20 +34,20 @@ def test_decoder_refuses_token_ids_outside_the_vocabulary(bad):
 
 
 def test_seq2seq_names_the_vocabulary_each_side_reads():
-    shared = Seq2SeqForConditionalGeneration(Seq2SeqConfig(**SEQ2SEQ)).eval()
+    shared = Seq2SeqForConditionalGeneration(tiny_seq2seq_config()).eval()
     ok = torch.tensor([[5, 6, 2]])
     with pytest.raises(ValueError, match=r"`input_ids` holds token id 61.*`vocab_size` is 61"):
         shared(input_ids=torch.tensor([[5, 61, 2]]), decoder_input_ids=ok)
     with pytest.raises(ValueError, match=r"`decoder_input_ids` holds token id 70.*`vocab_size` is 61"):
         shared(input_ids=ok, decoder_input_ids=torch.tensor([[1, 70]]))
     separate = Seq2SeqForConditionalGeneration(
-        Seq2SeqConfig(**SEQ2SEQ, share_encoder_decoder_embeddings=False, decoder_vocab_size=40)
+        tiny_seq2seq_config(share_encoder_decoder_embeddings=False, decoder_vocab_size=40)
     ).eval()
     separate(input_ids=torch.tensor([[60, 2]]), decoder_input_ids=torch.tensor([[1, 39]]))
     with pytest.raises(ValueError, match=r"`decoder_input_ids` holds token id 45.*`decoder_vocab_size` is 40"):
         separate(input_ids=ok, decoder_input_ids=torch.tensor([[1, 45]]))
     with pytest.raises(ValueError, match=r"`input_ids` holds token id 61.*`vocab_size` is 61"):
-        EncoderForMaskedLM(Seq2SeqConfig(**SEQ2SEQ)).eval()(torch.tensor([[3, 61]]))
+        EncoderForMaskedLM(tiny_seq2seq_config()).eval()(torch.tensor([[3, 61]]))
 
 
 def test_a_tokenizer_larger_than_the_model_fails_in_pipeline_with_the_field_named():
@@ -95,7 +92,7 @@ def test_decoder_mask_counts_the_cached_tokens():
 
 
 def test_seq2seq_and_masked_lm_refuse_masks_of_the_wrong_shape():
-    model = Seq2SeqForConditionalGeneration(Seq2SeqConfig(**SEQ2SEQ)).eval()
+    model = Seq2SeqForConditionalGeneration(tiny_seq2seq_config()).eval()
     source, target = torch.randint(3, 61, (2, 6)), torch.randint(3, 61, (2, 4))
     with pytest.raises(ValueError, match=r"`attention_mask` has shape \(2, 5\).*\(batch, source tokens\) = \(2, 6\)"):
         model(input_ids=source, attention_mask=torch.ones(2, 5), decoder_input_ids=target)
@@ -108,7 +105,7 @@ def test_seq2seq_and_masked_lm_refuse_masks_of_the_wrong_shape():
     mask[1, 4:] = 0
     assert model.generate(input_ids=source, attention_mask=mask, num_beams=2, max_new_tokens=3).shape[0] == 2
     with pytest.raises(ValueError, match=r"`attention_mask` has shape \(1, 6\)"):
-        EncoderForMaskedLM(Seq2SeqConfig(**SEQ2SEQ)).eval()(source, attention_mask=torch.ones(1, 6))
+        EncoderForMaskedLM(tiny_seq2seq_config()).eval()(source, attention_mask=torch.ones(1, 6))
 
 
 def test_checks_never_read_values_off_the_cpu():

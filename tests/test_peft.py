@@ -12,14 +12,11 @@ peft = pytest.importorskip("peft")
 from peft import LoraConfig, PeftModel, get_peft_model  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM  # noqa: E402
 
-from archlab import DecoderForCausalLM, Seq2SeqConfig, Seq2SeqForConditionalGeneration  # noqa: E402
-from helpers import tiny_decoder_config  # noqa: E402
+from archlab import DecoderForCausalLM, Seq2SeqForConditionalGeneration  # noqa: E402
+from helpers import tiny_decoder_config, tiny_seq2seq_config  # noqa: E402
 
 DECODER_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 SEQ2SEQ_TARGETS = ["q_proj", "k_proj", "v_proj", "out_proj", "fc1", "fc2"]
-SEQ2SEQ = dict(vocab_size=61, d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
-               decoder_attention_heads=4, encoder_ffn_dim=48, decoder_ffn_dim=48, max_position_embeddings=64,
-               pad_token_id=0, eos_token_id=2, decoder_start_token_id=0)
 
 
 def _decoder_batch(vocab: int = 97) -> dict[str, torch.Tensor]:
@@ -39,7 +36,7 @@ def _seq2seq_batch(vocab: int = 61) -> dict[str, torch.Tensor]:
 CASES = {
     "decoder": (lambda: DecoderForCausalLM(tiny_decoder_config()), DECODER_TARGETS, _decoder_batch, AutoModelForCausalLM,
                 "CAUSAL_LM"),
-    "seq2seq": (lambda: Seq2SeqForConditionalGeneration(Seq2SeqConfig(**SEQ2SEQ)), SEQ2SEQ_TARGETS, _seq2seq_batch,
+    "seq2seq": (lambda: Seq2SeqForConditionalGeneration(tiny_seq2seq_config(decoder_start_token_id=0)), SEQ2SEQ_TARGETS, _seq2seq_batch,
                 AutoModelForSeq2SeqLM, "SEQ_2_SEQ_LM"),
 }
 

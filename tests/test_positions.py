@@ -7,7 +7,7 @@ from transformers.models.bloom.modeling_bloom import build_alibi_tensor
 from archlab import DecoderForCausalLM
 from archlab.modeling.positions import ALiBiBias, LearnedPositionEmbedding, alibi_slopes
 from archlab.modeling.sinusoidal import SinusoidalPositionalEmbedding, interleaved_table
-from helpers import tiny_decoder_config
+from helpers import tiny_decoder_config, tiny_seq2seq_config
 
 
 @pytest.mark.parametrize("num_heads", [1, 2, 4, 6, 8, 12, 16, 20, 112])
@@ -120,13 +120,9 @@ def test_packed_rows_longer_than_the_table_pass_when_every_document_fits():
 
 @pytest.mark.parametrize("kind", ["learned", "sinusoidal"])
 def test_seq2seq_refuses_sequences_past_the_position_table(kind):
-    from archlab import Seq2SeqConfig, Seq2SeqForConditionalGeneration
+    from archlab import Seq2SeqForConditionalGeneration
 
-    config = Seq2SeqConfig(
-        vocab_size=50, d_model=16, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
-        decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32, max_position_embeddings=8,
-        position_embedding_type=kind, pad_token_id=0, eos_token_id=1, decoder_start_token_id=2,
-    )
+    config = tiny_seq2seq_config(max_position_embeddings=8, position_embedding_type=kind)
     model = Seq2SeqForConditionalGeneration(config).eval()
     short, long = torch.randint(3, 50, (1, 8)), torch.randint(3, 50, (1, 9))
     model(input_ids=short, decoder_input_ids=short)

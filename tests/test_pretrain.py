@@ -19,12 +19,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from archlab.scripts import pretrain
 from archlab.tokenization.training import save_tokenizer, train_tokenizer
 from archlab.training import pretraining, sources
-
-TINY_DECODER = "hidden_size=32,intermediate_size=64,num_hidden_layers=2,num_attention_heads=4,num_key_value_heads=2"
-TINY_SEQ2SEQ = (
-    "d_model=32,encoder_ffn_dim=64,decoder_ffn_dim=64,encoder_layers=1,decoder_layers=1,"
-    "encoder_attention_heads=2,decoder_attention_heads=2"
-)
+from helpers import TINY_DECODER_OVERRIDES, TINY_SEQ2SEQ_OVERRIDES
 
 
 def code_texts(n: int) -> list[str]:
@@ -50,7 +45,7 @@ def tiny_args(out: Path, data_dir: Path, *extra: str, train_file: str | None = "
     args = [
         "--output_dir", str(out), "--cache_dir", str(data_dir / "cache"),
         "--max_steps", "6", "--per_device_train_batch_size", "4", "--per_device_eval_batch_size", "4",
-        "--block_size", "32", "--config_overrides", TINY_DECODER,
+        "--block_size", "32", "--config_overrides", TINY_DECODER_OVERRIDES,
         "--eval_steps", "3", "--save_steps", "3", "--logging_steps", "1", "--warmup_steps", "0",
         "--eval_max_blocks", "8", "--sample_max_new_tokens", "8", "--disable_tqdm", "true",
         "--dataloader_pin_memory", "false", "--preprocessing_num_workers", "1",
@@ -81,7 +76,7 @@ def test_pretrain_decoder_end_to_end(tmp_path: Path, data_dir: Path) -> None:
 def test_pretrain_other_kinds(tmp_path: Path, data_dir: Path, kind: str) -> None:
     out = tmp_path / kind
     args = tiny_args(out, data_dir, "--model_kind", kind, "--tokenizer_vocab_size", "300")
-    args[args.index(TINY_DECODER)] = TINY_SEQ2SEQ
+    args[args.index(TINY_DECODER_OVERRIDES)] = TINY_SEQ2SEQ_OVERRIDES
     metrics = pretrain.main(args)
     assert metrics["eval_loss"] == metrics["eval_loss"]  # finite, not NaN
     config = json.loads((out / "config.json").read_text())
@@ -131,7 +126,7 @@ def test_bad_input_fails_before_anything_is_written(
         if flag in ("--train_file", "--tokenizer_name"):
             value = str(data_dir / value)
         if flag == "--config_overrides":
-            value = f"{TINY_DECODER},{value}"
+            value = f"{TINY_DECODER_OVERRIDES},{value}"
         if flag in args:
             args[args.index(flag) + 1] = value
         else:
@@ -149,7 +144,7 @@ def test_a_config_value_out_of_range_fails_before_the_tokenizer_is_trained(
 
     monkeypatch.setattr(pretraining, "train_tokenizer", never)
     args = tiny_args(tmp_path / "run", data_dir)
-    args[args.index("--config_overrides") + 1] = f"{TINY_DECODER},num_key_value_heads=3"
+    args[args.index("--config_overrides") + 1] = f"{TINY_DECODER_OVERRIDES},num_key_value_heads=3"
     with pytest.raises(ValueError, match="`num_key_value_heads` \\(3\\) must divide `num_attention_heads`"):
         pretrain.main(args)
     assert not (tmp_path / "run").exists()

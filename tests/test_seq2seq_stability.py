@@ -12,13 +12,12 @@ import torch
 import torch.nn.functional as F
 
 from archlab import Seq2SeqConfig, Seq2SeqForConditionalGeneration
-from helpers import assert_close_to_scale, seq2seq_incremental_logits
+from helpers import TINY_SEQ2SEQ, assert_close_to_scale, seq2seq_incremental_logits
 
 CONFIG = dict(
-    vocab_size=53, d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
-    decoder_attention_heads=4, decoder_key_value_heads=2, encoder_ffn_dim=48, decoder_ffn_dim=48, dropout=0.0,
-    norm_position="pre", norm_type="rms_norm", position_embedding_type="learned", max_position_embeddings=32,
-    init_std=0.3, use_qk_norm=True, attn_logit_softcapping=1.5, final_logit_softcapping=2.0,
+    TINY_SEQ2SEQ, vocab_size=53, decoder_key_value_heads=2, norm_position="pre", norm_type="rms_norm",
+    position_embedding_type="learned", max_position_embeddings=32, init_std=0.3, use_qk_norm=True,
+    attn_logit_softcapping=1.5, final_logit_softcapping=2.0,
 )
 
 

@@ -16,16 +16,14 @@ from archlab import (
     Seq2SeqForConditionalGeneration,
     Seq2SeqModel,
 )
-from helpers import tiny_decoder_config
+from helpers import tiny_decoder_config, tiny_seq2seq_config
 
-SEQ2SEQ = dict(vocab_size=61, d_model=32, encoder_layers=1, decoder_layers=1, encoder_attention_heads=4,
-               decoder_attention_heads=4, encoder_ffn_dim=48, decoder_ffn_dim=48, max_position_embeddings=64)
 COMBOS = [(True, True), (True, False), (False, True), (False, False)]  # (shared vocabulary, tied head)
 
 
 def seq2seq_config(share: bool, tie: bool) -> Seq2SeqConfig:
     extra = {} if share else {"decoder_vocab_size": 53}
-    return Seq2SeqConfig(**SEQ2SEQ, share_encoder_decoder_embeddings=share, tie_word_embeddings=tie, **extra)
+    return tiny_seq2seq_config(share_encoder_decoder_embeddings=share, tie_word_embeddings=tie, **extra)
 
 
 @pytest.mark.parametrize("share, tie", COMBOS)
@@ -84,7 +82,7 @@ def test_seq2seq_loads_checkpoints_missing_tied_weights(tmp_path, share, tie):
 
 @pytest.mark.parametrize("model_class, config, source", [
     (Seq2SeqModel, seq2seq_config(True, True), "shared.weight"),
-    (EncoderForMaskedLM, Seq2SeqConfig(**SEQ2SEQ), "encoder.embed_tokens.weight"),
+    (EncoderForMaskedLM, tiny_seq2seq_config(), "encoder.embed_tokens.weight"),
     (DecoderForCausalLM, tiny_decoder_config(tie_word_embeddings=True), "model.embed_tokens.weight"),
 ])
 def test_other_heads_load_checkpoints_missing_tied_weights(tmp_path, model_class, config, source):
