@@ -9,7 +9,7 @@ from transformers import AutoModelForSeq2SeqLM, MarianConfig, MarianMTModel, Seq
 
 from archlab import Seq2SeqConfig, Seq2SeqForConditionalGeneration, translate
 from archlab.modeling.modeling_seq2seq import shift_tokens_right
-from helpers import TINY_SEQ2SEQ, assert_close_to_scale, digit_tokenizer, tiny_decoder_config
+from helpers import TINY_SEQ2SEQ, assert_close_to_scale, digit_tokenizer
 
 PAD, EOS, START = 0, 2, 1
 SMALL = dict(TINY_SEQ2SEQ, init_std=0.2)  # large enough that random models prefer different tokens at different steps
@@ -341,30 +341,6 @@ def test_save_and_load_roundtrip(name, tmp_path):
     shared = loaded.model.encoder.embed_tokens.weight is loaded.model.decoder.embed_tokens.weight
     assert shared == loaded.config.share_encoder_decoder_embeddings
     assert (loaded.lm_head.weight is loaded.model.decoder.embed_tokens.weight) == loaded.config.tie_word_embeddings
-
-
-# ---- translate helper ------------------------------------------------------------------------------------------
-
-
-def test_translate_batches_in_order_and_matches_generate():
-    model = tiny(vocab_size=16, init_std=1.0)  # large weights: outputs depend on the input even untrained
-    tokenizer = digit_tokenizer()
-    texts = ["1 2 3", "4 5 6 7 8 9", "0", "9 9 1 2"]
-    out = translate(texts, model, tokenizer, batch_size=3, num_beams=2, max_new_tokens=5)
-    expected = []
-    for text in texts:  # one at a time, no padding
-        ids = tokenizer(text, return_tensors="pt")["input_ids"]
-        generated = model.generate(input_ids=ids, num_beams=2, max_new_tokens=5)
-        expected.append(tokenizer.decode(generated[0], skip_special_tokens=True))
-    assert out == expected and len(set(out)) > 1
-    assert translate("1 2 3", model, tokenizer, num_beams=2, max_new_tokens=5) == out[:1]
-
-
-def test_translate_refuses_a_decoder_only_model():
-    from archlab import DecoderForCausalLM
-
-    with pytest.raises(ValueError, match="needs an encoder-decoder .* DecoderForCausalLM is decoder-only"):
-        translate(["1 2 3"], DecoderForCausalLM(tiny_decoder_config(vocab_size=16)), digit_tokenizer())
 
 
 def test_resize_token_embeddings_keeps_source_target_and_bias_in_step(tmp_path):
