@@ -76,7 +76,8 @@ class CommonTests(common.ModelTesterMixin):
 
     @unittest.skip(
         "GenerationTesterMixin (tests/generation/test_utils.py) is not in the sdist, so no tester can inherit it; "
-        "archlab's generation is checked against the stock models by tests/test_generation.py and test_seq2seq*.py"
+        "archlab's generation is checked against the stock models by tests/modeling/ (test_generation.py, "
+        "test_modeling_seq2seq.py, test_seq2seq_*.py)"
     )
     def test_generation_tester_mixin_inheritance(self):
         pass
