@@ -109,7 +109,7 @@ def test_packed_logits_equal_separate_documents(attn_implementation: str, traini
 
 
 def tiny_masked_lm(**overrides) -> archlab.EncoderForMaskedLM:
-    return archlab.EncoderForMaskedLM(tiny_seq2seq_config(vocab_size=97, **overrides))
+    return archlab.EncoderForMaskedLM(tiny_seq2seq_config(**{"vocab_size": 97, **overrides}))
 
 
 @pytest.mark.parametrize("attn_implementation", ["eager", "sdpa"])
