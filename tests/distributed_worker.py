@@ -1,4 +1,5 @@
-"""The program `tests/test_distributed.py` launches with 2 CPU processes (gloo) under `torchrun` or `accelerate launch`.
+"""The program tests/integration/test_distributed*.py launch on 2 CPU processes (gloo) under `torchrun` or
+`accelerate launch`.
 
 Sub-commands (rank 0 writes a JSON result to `--out`):
 

@@ -19,7 +19,7 @@ fetch skips too on a developer's machine without the registry, but fails under C
 Two sibling modules of the upstream test tree are imported by `test_modeling_common.py` but are not in the sdist:
 `exporters/test_export.py` (ExportTesterMixin, torch.export tests) and `generation/test_utils.py`
 (GenerationTesterMixin, generate tests). Both become empty mixins here; archlab's generation is tested against the
-stock models by its own suite (tests/test_generation.py, tests/test_seq2seq*.py).
+stock models by its own suite (tests/modeling/: test_generation.py, test_modeling_seq2seq.py, test_seq2seq_*.py).
 """
 
 from __future__ import annotations

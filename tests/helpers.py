@@ -1,0 +1,224 @@
+"""What the tests share: tiny configs, small batches and tokenizers, and the parity assertions.
+
+Test modules import from here (`from helpers import ...`; pyproject.toml puts tests/ on the import path). conftest.py
+holds only fixtures and pytest hooks, and no test module imports another.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import T5Config, T5ForConditionalGeneration
+
+from archlab import DecoderConfig, Seq2SeqConfig, Seq2SeqForConditionalGeneration
+from archlab.conversion import FAMILIES
+from archlab.conversion.t5 import archlab_state_dict_to_t5, t5_state_dict_to_archlab
+
+REPO = Path(__file__).resolve().parents[1]
+
+# ---- tiny configs ------------------------------------------------------------------------------------------------
+
+TINY = dict(
+    vocab_size=97,
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=128,
+    pad_token_id=0,
+    bos_token_id=1,
+    eos_token_id=2,
+)
+
+# Seq2SeqConfig's token ids are its defaults: pad 0, bos 1 (also the decoder start), eos 2.
+TINY_SEQ2SEQ = dict(
+    vocab_size=61,
+    d_model=32,
+    encoder_layers=2,
+    decoder_layers=2,
+    encoder_attention_heads=4,
+    decoder_attention_heads=4,
+    encoder_ffn_dim=48,
+    decoder_ffn_dim=48,
+    max_position_embeddings=64,
+    dropout=0.0,
+)
+
+# The scripts' `--config_overrides` for a tiny model (the vocabulary comes from the tokenizer).
+TINY_DECODER_OVERRIDES = (
+    "hidden_size=32,intermediate_size=64,num_hidden_layers=2,num_attention_heads=4,num_key_value_heads=2"
+)
+TINY_SEQ2SEQ_OVERRIDES = (
+    "d_model=32,encoder_ffn_dim=64,decoder_ffn_dim=64,encoder_layers=1,decoder_layers=1,"
+    "encoder_attention_heads=2,decoder_attention_heads=2"
+)
+
+
+def tiny_decoder_config(**overrides) -> DecoderConfig:
+    return DecoderConfig(**{**TINY, **overrides})
+
+
+def tiny_seq2seq_config(**overrides) -> Seq2SeqConfig:
+    return Seq2SeqConfig(**{**TINY_SEQ2SEQ, **overrides})
+
+
+def tiny_config_for(config_class: type, **overrides):
+    """The tiny config of a registered config class: `tiny_<family>_config` above (`archlab_seq2seq` ->
+    `tiny_seq2seq_config`), so every family added to the registry gets export-tested once it has one."""
+    family = config_class.model_type.removeprefix("archlab_")
+    builder = globals().get(f"tiny_{family}_config")
+    if builder is None:
+        pytest.fail(f"tests/helpers.py needs `tiny_{family}_config` so {config_class.__name__} models are tested")
+    return builder(**overrides)
+
+
+# ---- tokenizers --------------------------------------------------------------------------------------------------
+
+
+def digit_tokenizer():
+    """Word-level tokenizer over the digits 0-9 (ids 3..12) with <pad>=0, <s>=1, </s>=2 (Seq2SeqConfig's ids)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<pad>": 0, "<s>": 1, "</s>": 2, **{str(d): d + 3 for d in range(10)}}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<pad>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, pad_token="<pad>", bos_token="<s>", eos_token="</s>")
+
+
+# ---- parity assertions -------------------------------------------------------------------------------------------
+
+
+def assert_close_to_scale(actual: torch.Tensor, expected: torch.Tensor, rtol: float = 1e-4, msg: str = "") -> None:
+    """Every element of `actual` within `rtol` x max|expected| of `expected`.
+
+    The rounding error of a float32 sum follows the size of its largest terms, not of its result, and its exact value
+    follows the CPU's summation order (AVX2 and AVX-512 kernels differ): a fixed absolute or an element-wise relative
+    tolerance fails the small entries of a tensor with large ones (a gradient of 1e-3 next to one of 3) on some hosts.
+    The default is the fp32 logit-parity standard (1e-4 on logits of order 1) taken relative to the scale."""
+    expected = expected.detach()
+    scale = expected.abs().max().item() if expected.numel() else 0.0
+    torch.testing.assert_close(
+        actual.detach(), expected, rtol=0.0, atol=rtol * scale,
+        msg=lambda text: f"{msg + ': ' if msg else ''}{text} (allowed: {rtol:g} x max|expected| {scale:.3g})",
+    )
+
+
+def seq2seq_incremental_logits(model, source, mask, target, prefix: int = 1) -> torch.Tensor:
+    """Decoder logits for `target` computed with the cache: the first `prefix` tokens in one call (which also runs
+    the encoder), then one token per call reusing the encoder output; to compare with one full forward."""
+    with torch.no_grad():
+        step = model(input_ids=source, attention_mask=mask, decoder_input_ids=target[:, :prefix], use_cache=True)
+        logits, cache = [step.logits], step.past_key_values
+        for t in range(prefix, target.shape[1]):
+            step = model(
+                encoder_outputs=(step.encoder_last_hidden_state,), attention_mask=mask,
+                decoder_input_ids=target[:, t : t + 1], past_key_values=cache, use_cache=True,
+            )
+            logits.append(step.logits)
+            cache = step.past_key_values
+    return torch.cat(logits, 1)
+
+
+# ---- T5 references: T5 v1.0 / v1.1 and, with their own shapes, mT5 and UMT5 --------------------------------------
+
+T5_VOCAB = 61
+# d_kv * num_heads (36) != d_model (32), as in T5 v1.1 small (6 heads of 64 on d_model 512)
+T5_SHAPE = dict(
+    vocab_size=T5_VOCAB, d_model=32, d_kv=12, d_ff=48, num_layers=2, num_heads=3, relative_attention_num_buckets=8,
+    relative_attention_max_distance=20, dropout_rate=0.0, decoder_start_token_id=0,
+)
+T5_VERSIONS = {
+    "v1.0": dict(feed_forward_proj="relu", tie_word_embeddings=True),  # tied head, output scaled by d_model^-0.5
+    "v1.1": dict(feed_forward_proj="gated-gelu", tie_word_embeddings=False),  # gelu_new GeGLU, separate head
+}
+
+
+def t5_reference(version: str, std: float = 0.3) -> T5ForConditionalGeneration:
+    reference = T5ForConditionalGeneration(T5Config(**T5_SHAPE, **T5_VERSIONS[version])).eval()
+    if version == "v1.1":
+        # transformers 5 ties T5's head at construction even for v1.1 (and unties it when a checkpoint has its own)
+        reference.lm_head.weight = torch.nn.Parameter(torch.empty(T5_VOCAB, 32))
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, parameter in reference.named_parameters():
+            if "layer_norm" in name:
+                parameter.uniform_(0.5, 1.5, generator=generator)
+            else:  # 0.3: large enough that greedy decoding does not repeat one token
+                parameter.normal_(0.0, std, generator=generator)
+    return reference
+
+
+def t5_pair(version: str, std: float = 0.3) -> tuple[T5ForConditionalGeneration, Seq2SeqForConditionalGeneration]:
+    reference = t5_reference(version, std)
+    config = FAMILIES["t5"].archlab_config(reference.config.to_dict())
+    ours = Seq2SeqForConditionalGeneration(config).eval()
+    ours.load_state_dict(t5_state_dict_to_archlab(reference.state_dict(), config), strict=True)
+    return reference, ours
+
+
+def t5_batch():
+    """Two sources (the second right-padded) and two target prefixes starting with T5's start token (pad = 0)."""
+    generator = torch.Generator().manual_seed(1)
+    source = torch.randint(2, T5_VOCAB, (2, 11), generator=generator)
+    mask = torch.ones_like(source)
+    mask[1, 6:] = 0
+    source[1, 6:] = 0
+    target = torch.randint(2, T5_VOCAB, (2, 8), generator=generator)
+    target[:, 0] = 0
+    return source, mask, target
+
+
+def check_logits_and_loss_match(reference, ours) -> None:
+    """fp32 logits within 1e-4, the encoder output and the loss with labels equal."""
+    source, mask, target = t5_batch()
+    with torch.no_grad():
+        expected = reference(input_ids=source, attention_mask=mask, decoder_input_ids=target)
+        got = ours(input_ids=source, attention_mask=mask, decoder_input_ids=target)
+        assert expected.logits.std() > 0.05  # not a degenerate comparison
+        assert (got.logits - expected.logits).abs().max() <= 1e-4
+        torch.testing.assert_close(got.encoder_last_hidden_state, expected.encoder_last_hidden_state)
+        labels = target.masked_fill(torch.tensor([[False] * 6 + [True] * 2, [False] * 8]), -100)
+        expected_loss = reference(input_ids=source, attention_mask=mask, labels=labels).loss
+        got_loss = ours(input_ids=source, attention_mask=mask, labels=labels).loss
+    torch.testing.assert_close(got_loss, expected_loss, atol=1e-5, rtol=1e-5)
+
+
+def training_gradients(reference, ours) -> tuple[dict, dict]:
+    """One training step's gradients of both models (dropout is 0 in the shapes), archlab's in the reference's
+    names."""
+    reference.train(), ours.train()
+    source, mask, target = t5_batch()
+    labels = target.roll(-1, 1)
+    reference(input_ids=source, attention_mask=mask, labels=labels).loss.backward()
+    ours(input_ids=source, attention_mask=mask, labels=labels).loss.backward()
+    grads = {name: p.grad for name, p in ours.named_parameters(remove_duplicate=False)}
+    grads["final_logits_bias"] = torch.zeros_like(ours.final_logits_bias)
+    expected = {name: p.grad for name, p in reference.named_parameters(remove_duplicate=False)}
+    return archlab_state_dict_to_t5(grads, ours.config), expected
+
+
+def check_generation_matches(reference, ours, generate_kwargs: dict) -> None:
+    """Greedy or beam search gives the reference's tokens exactly."""
+    source, mask, _ = t5_batch()
+    kwargs = dict(input_ids=source, attention_mask=mask, max_new_tokens=12, do_sample=False, **generate_kwargs)
+    expected = reference.generate(**kwargs)
+    got = ours.generate(**kwargs)
+    assert torch.equal(got, expected)
+    assert len(set(expected[:, 1:].flatten().tolist())) > 2  # the outputs are not one repeated token
+
+
+def check_incremental_and_eager_equal_full(ours) -> None:
+    """Cached one-token decoding and the eager kernels reproduce the full sdpa forward."""
+    source, mask, target = t5_batch()
+    with torch.no_grad():
+        full = ours(input_ids=source, attention_mask=mask, decoder_input_ids=target).logits
+    incremental = seq2seq_incremental_logits(ours, source, mask, target)
+    with torch.no_grad():
+        ours.set_attn_implementation("eager")
+        eager = ours(input_ids=source, attention_mask=mask, decoder_input_ids=target).logits
+    assert_close_to_scale(incremental, full)  # logits up to 5: a fixed 1e-5 is below float32 rounding there
+    assert_close_to_scale(eager, full)

@@ -1,0 +1,188 @@
+"""Multi-process runs with 2 CPU processes on gloo: data parallel (Trainer under torchrun), FSDP2 and tensor / expert
+parallelism through transformers' native `DistributedConfig` / `tp_plan="auto"`, and DeepSpeed ZeRO-3.
+
+Each test launches `tests/distributed_worker.py` and compares what the 2 processes computed with one process doing
+the same work (same weights, same global batch). The launches cost tens of seconds each, hence `slow`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+import pytest
+import torch
+
+from archlab import DecoderForCausalLM, EncoderForMaskedLM, Seq2SeqForConditionalGeneration
+from distributed_launch import launch, torchrun
+from distributed_worker import run_trainer
+from helpers import REPO, tiny_decoder_config, tiny_seq2seq_config
+
+# untied by default; `seq2seq_tied` below covers the tied head
+SEQ2SEQ = dict(decoder_start_token_id=0, tie_word_embeddings=False)
+
+
+@pytest.fixture(scope="module")
+def seq2seq_dirs(tmp_path_factory) -> list[str]:
+    dirs = []
+    variants = (
+        ("seq2seq_plain", {}),
+        ("seq2seq_gated", {"mlp_type": "gated", "activation_function": "silu"}),
+        # tied head: the weights are tied before FSDP2 shards them (Seq2SeqPreTrainedModel.maybe_distribute_model)
+        ("seq2seq_tied", {"tie_word_embeddings": True}),
+    )
+    for name, extra in variants:
+        torch.manual_seed(0)
+        path = tmp_path_factory.mktemp(name)
+        Seq2SeqForConditionalGeneration(tiny_seq2seq_config(**{**SEQ2SEQ, **extra})).save_pretrained(path)
+        dirs.append(str(path))
+    return dirs
+
+
+@pytest.fixture(scope="module")
+def moe_dir(tmp_path_factory) -> str:
+    torch.manual_seed(0)
+    path = tmp_path_factory.mktemp("moe")
+    DecoderForCausalLM(tiny_decoder_config(num_local_experts=4, num_experts_per_tok=2)).save_pretrained(path)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def decoder_dir(tmp_path_factory) -> str:
+    torch.manual_seed(0)
+    path = tmp_path_factory.mktemp("decoder")
+    DecoderForCausalLM(tiny_decoder_config()).save_pretrained(path)
+    return str(path)
+
+
+def test_shipped_launcher_configs_parse():
+    from accelerate.commands.config.config_args import load_config_from_file
+    from transformers.integrations.deepspeed import HfTrainerDeepSpeedConfig
+
+    # multi_cpu.yaml uses accelerate's torchrun launcher (type MULTI_GPU); the processes then run on CPU (gloo)
+    expected = {"multi_cpu": "MULTI_GPU", "multi_gpu": "MULTI_GPU", "fsdp2": "FSDP", "deepspeed_zero3": "DEEPSPEED"}
+    for name, kind in expected.items():
+        config = load_config_from_file(str(REPO / "configs" / "accelerate" / f"{name}.yaml"))
+        assert str(config.distributed_type).endswith(kind)
+    assert load_config_from_file(str(REPO / "configs" / "accelerate" / "fsdp2.yaml")).fsdp_config["fsdp_version"] == 2
+    deepspeed_file = load_config_from_file(str(REPO / "configs" / "accelerate" / "deepspeed_zero3.yaml"))
+    assert (REPO / deepspeed_file.deepspeed_config["deepspeed_config_file"]).is_file()
+    for stage in (2, 3):
+        config = HfTrainerDeepSpeedConfig(str(REPO / "configs" / "deepspeed" / f"zero{stage}.json"))
+        assert config.get_value("zero_optimization.stage") == stage
+
+
+@pytest.mark.parametrize("norm_position", ["pre", "post", "sandwich", "parallel", "deepnorm"])
+def test_fsdp_plans_and_accelerate_wrap_policy(norm_position):
+    """What FSDP2 engines read from the model: transformers' plan keeps the LM head whole (Llama's rule), and
+    accelerate's TRANSFORMER_BASED_WRAP finds every class in `_no_split_modules` (it raises on an absent one)."""
+    from accelerate.utils import FullyShardedDataParallelPlugin
+    from transformers.distributed.fsdp import _resolve_tied_embed_lm_head_plan
+
+    model = DecoderForCausalLM(tiny_decoder_config(norm_position=norm_position))
+    assert model._fsdp_plan["lm_head"] == "keep_full_weight"
+    assert model._fsdp_plan["model.layers.*"] == "free_full_weight"
+    seq2seq = tiny_seq2seq_config(**SEQ2SEQ)
+    for module in (model, EncoderForMaskedLM(seq2seq), Seq2SeqForConditionalGeneration(seq2seq)):
+        plugin = FullyShardedDataParallelPlugin(fsdp_version=2, auto_wrap_policy="transformer_based_wrap")
+        plugin.set_auto_wrap_policy(module)
+        present = {type(m).__name__ for m in module.modules()}
+        assert plugin.transformer_cls_names_to_wrap and set(plugin.transformer_cls_names_to_wrap) <= present
+    assert model._no_split_modules == {type(model.model.layers[0]).__name__}
+    tied = DecoderForCausalLM(tiny_decoder_config(norm_position=norm_position, tie_word_embeddings=True))
+    plan = _resolve_tied_embed_lm_head_plan(tied._fsdp_plan, tied)  # the shared weight is wrapped once, kept whole
+    assert plan["model.embed_tokens"] == "keep_full_weight" and "lm_head" not in plan
+
+
+def test_accelerate_groups_the_final_norm_with_the_head():
+    """accelerate's FSDP2 preparation puts "the final norm" (the base model's last `*Norm` child) in one unit with
+    the LM head; BLOOM's embedding LayerNorm must not be taken for it."""
+    from accelerate.utils.fsdp_utils import _find_final_norm
+
+    model = DecoderForCausalLM(tiny_decoder_config(embedding_layernorm=True, norm_type="layer_norm"))
+    assert _find_final_norm(model) is model.model.norm
+
+
+@pytest.mark.slow
+def test_accelerate_fsdp2_preparation_matches_one_process(tmp_path):
+    """accelerate's own FSDP2 preparation (GPU-only through `Accelerator.prepare`, run directly on gloo here): one
+    group per block, the LM head kept whole with the final norm (or alone in post-norm models, whose head then runs
+    unchunked so FSDP2 gathers it), and training steps equal to one process."""
+    dirs = []
+    for position in ("pre", "post"):
+        torch.manual_seed(0)
+        DecoderForCausalLM(tiny_decoder_config(norm_position=position)).save_pretrained(tmp_path / position)
+        dirs.append(str(tmp_path / position))
+    result = launch(tmp_path, torchrun(), "accelerate_fsdp2", *dirs)
+    pre, post = result["pre"], result["post"]
+    assert pre["wrapped_classes"] == ["PreNormBlock"] and post["wrapped_classes"] == ["PostNormBlock"]
+    assert {"model.layers.0", "model.layers.1", "lm_head"} <= set(pre["groups"])
+    assert pre["head_group"] == ["model.norm", "lm_head"] and post["head_group"] == ["lm_head"]
+    for entry in (pre, post):
+        assert entry["reference_losses"][-1] < entry["reference_losses"][0]
+        torch.testing.assert_close(entry["losses"], entry["reference_losses"], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_trainer_data_parallel_matches_one_process(tmp_path, decoder_dir):
+    """torchrun, 2 processes × 2 rows vs. 1 process × 4 rows: the same loss at every step (ragged rows, so the token
+    count must be summed across processes)."""
+    two = launch(tmp_path, torchrun(), "trainer", decoder_dir, "--output_dir", str(tmp_path / "two"))
+    assert two["world_size"] == 2 and two["distributed_type"] == "DistributedType.MULTI_CPU"
+    one = run_trainer(argparse.Namespace(models=[decoder_dir], output_dir=str(tmp_path / "one"), global_batch=4, steps=4,
+                                         weights_dir=None, archlab_trainer=False, evaluate_first=False))
+    assert len(one["losses"]) == len(two["losses"]) == 4
+    assert one["losses"][-1] < one["losses"][0]  # it trained
+    torch.testing.assert_close(two["losses"], one["losses"], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_tensor_parallel_and_fsdp2_match_one_process(tmp_path, decoder_dir, seq2seq_dirs, moe_dir):
+    """Decoder, encoder-decoder (shared vocabulary; gated (packed) fc1; tied head), MoE decoder: TP logits and FSDP2
+    training steps; for the MoE decoder also expert parallelism (each rank owns 2 of the 4 experts)."""
+    result = launch(tmp_path, torchrun(), "sharded", decoder_dir, *seq2seq_dirs, moe_dir)
+    assert len(result) == 5
+    moe = result[os.path.basename(moe_dir)]
+    assert moe["ep_local_experts"] == 2
+    assert moe["ep_logits"] <= 1e-4
+    for name, entry in result.items():
+        assert entry["tp_sharded"], f"{name}: tp_plan='auto' sharded no weight"
+        assert entry["tp_logits"] <= 1e-4, name
+        assert entry.get("tp_generate_equal", True), name
+        assert entry["reference_losses"][-1] < entry["reference_losses"][0], name
+        torch.testing.assert_close(entry["fsdp_losses"], entry["reference_losses"], rtol=1e-4, atol=1e-5, msg=name)
+
+
+@pytest.mark.slow
+def test_tensor_parallel_with_tied_heads_matches_one_process(tmp_path):
+    """`tp_plan="auto"` on heads tied to their input embeddings: the decoder, the encoder-decoder with a shared and
+    with a separate target vocabulary, and the masked LM. A tied head is the embedding's parameter, split by
+    vocabulary rows for both modules (the head's own `colwise_gather_output` entry); without that entry the head's
+    `F.linear` meets a sharded weight and the forward fails. Logits and greedy generation equal one process."""
+    models = {
+        "decoder": DecoderForCausalLM(tiny_decoder_config(tie_word_embeddings=True)),
+        "seq2seq_shared": Seq2SeqForConditionalGeneration(tiny_seq2seq_config(**{**SEQ2SEQ, "tie_word_embeddings": True})),
+        "seq2seq_separate": Seq2SeqForConditionalGeneration(tiny_seq2seq_config(
+            **{**SEQ2SEQ, "tie_word_embeddings": True, "share_encoder_decoder_embeddings": False,
+               "decoder_vocab_size": 53})),
+        "masked_lm": EncoderForMaskedLM(tiny_seq2seq_config(**{**SEQ2SEQ, "tie_word_embeddings": True})),
+    }
+    for name, model in models.items():
+        model.save_pretrained(tmp_path / name)
+    result = launch(tmp_path, torchrun(), "sharded", *(str(tmp_path / name) for name in models), "--tp_only")
+    assert set(result) == set(models)
+    for name, entry in result.items():
+        assert entry["tp_sharded"] and entry["tp_tied_head"], name
+        assert entry["tp_logits"] <= 1e-4, name
+        assert entry.get("tp_generate_equal", name == "masked_lm"), name
+
+
+@pytest.mark.slow
+def test_deepspeed_zero3_matches_one_process(tmp_path, decoder_dir):
+    pytest.importorskip("deepspeed")
+    config = REPO / "configs" / "deepspeed" / "zero3.json"
+    result = launch(tmp_path, torchrun(), "deepspeed", decoder_dir, "--deepspeed", str(config),
+                    env={"DS_ACCELERATOR": "cpu"})
+    assert result["stage"] == 3
+    assert "lm_head.weight" in result["partitioned"]  # ZeRO-3 really partitioned the weights
+    torch.testing.assert_close(result["losses"], result["reference_losses"], rtol=1e-4, atol=1e-5)

@@ -1,0 +1,123 @@
+"""PEFT LoRA (Hu et al. 2021) on archlab models: adapters on the attention and MLP projections (and the MoE experts'
+stacked weights through `target_parameters`) train, save, reload, and `merge_and_unload` gives the adapter model's
+logits with a plain archlab model that `AutoModel*.from_pretrained` loads.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+peft = pytest.importorskip("peft")
+from peft import LoraConfig, PeftModel, get_peft_model  # noqa: E402
+from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM  # noqa: E402
+
+from archlab import DecoderForCausalLM, Seq2SeqForConditionalGeneration  # noqa: E402
+from helpers import tiny_decoder_config, tiny_seq2seq_config  # noqa: E402
+
+DECODER_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+SEQ2SEQ_TARGETS = ["q_proj", "k_proj", "v_proj", "out_proj", "fc1", "fc2"]
+
+
+def _decoder_batch(vocab: int = 97) -> dict[str, torch.Tensor]:
+    """Counting sequences (a learnable task), one row left-padded."""
+    ids = torch.arange(12)[None, :] + torch.tensor([[5], [20], [40], [60]])
+    mask = torch.ones_like(ids)
+    mask[1, :4] = 0
+    return {"input_ids": ids, "attention_mask": mask, "labels": ids.masked_fill(mask == 0, -100)}
+
+
+def _seq2seq_batch(vocab: int = 61) -> dict[str, torch.Tensor]:
+    """Copy the source shifted by one (a learnable task)."""
+    source = torch.arange(9)[None, :] + torch.tensor([[5], [15], [30], [45]])
+    return {"input_ids": source, "attention_mask": torch.ones_like(source), "labels": source[:, :7] + 1}
+
+
+CASES = {
+    "decoder": (lambda: DecoderForCausalLM(tiny_decoder_config()), DECODER_TARGETS, _decoder_batch, AutoModelForCausalLM,
+                "CAUSAL_LM"),
+    "seq2seq": (lambda: Seq2SeqForConditionalGeneration(tiny_seq2seq_config(decoder_start_token_id=0)), SEQ2SEQ_TARGETS, _seq2seq_batch,
+                AutoModelForSeq2SeqLM, "SEQ_2_SEQ_LM"),
+}
+
+
+def _logits(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    model.eval()
+    with torch.no_grad():
+        return model(**batch).logits  # with labels: the seq2seq model shifts them into its decoder inputs
+
+
+def _train(model, batch: dict[str, torch.Tensor], steps: int = 12) -> list[float]:
+    model.train()
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
+    losses = []
+    for _ in range(steps):
+        loss = model(**batch).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(loss.item())
+    return losses
+
+
+@pytest.mark.parametrize("family", list(CASES))
+def test_lora_trains_saves_reloads_and_merges(tmp_path, family):
+    build, targets, make_batch, auto_class, task_type = CASES[family]
+    base = build()
+    base.save_pretrained(tmp_path / "base")
+    base_state = {k: v.clone() for k, v in base.state_dict().items()}
+    batch = make_batch()
+
+    config = LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0, target_modules=targets, task_type=task_type)
+    model = get_peft_model(base, config)
+    wrapped = {name.rsplit(".", 1)[-1] for name, module in model.named_modules() if hasattr(module, "lora_A")}
+    assert wrapped == set(targets)  # every projection kind got an adapter
+    trainable = [n for n, p in model.named_parameters() if p.requires_grad]
+    assert trainable and all("lora_" in n for n in trainable)
+
+    losses = _train(model, batch)
+    assert losses[-1] < losses[0] - 0.1, losses  # it learns
+    frozen = {k.replace("base_model.model.", "").replace(".base_layer", ""): v
+              for k, v in model.state_dict().items() if "lora_" not in k}
+    for name, value in base_state.items():  # the base weights did not move
+        torch.testing.assert_close(frozen[name], value, rtol=0, atol=0)
+
+    adapted = _logits(model, batch)
+    assert (adapted - _logits(auto_class.from_pretrained(tmp_path / "base"), batch)).abs().max() > 1e-3
+    model.save_pretrained(tmp_path / "adapter")
+    assert (tmp_path / "adapter" / "adapter_model.safetensors").is_file()
+
+    reloaded = PeftModel.from_pretrained(auto_class.from_pretrained(tmp_path / "base"), tmp_path / "adapter")
+    torch.testing.assert_close(_logits(reloaded, batch), adapted, rtol=0, atol=1e-5)
+
+    merged = reloaded.merge_and_unload()
+    assert type(merged).__name__ == type(base).__name__
+    assert not any("lora_" in n for n, _ in merged.named_parameters())
+    torch.testing.assert_close(_logits(merged, batch), adapted, rtol=0, atol=1e-4)
+
+    merged.save_pretrained(tmp_path / "merged")
+    torch.testing.assert_close(_logits(auto_class.from_pretrained(tmp_path / "merged"), batch), adapted,
+                               rtol=0, atol=1e-4)
+
+
+def test_lora_on_moe_experts_trains_reloads_and_merges(tmp_path):
+    """PEFT's `target_parameters` puts LoRA on the experts' stacked weights (E, out, in), which archlab stores in
+    transformers v5's layout (`mlp.experts.gate_up_proj`, `mlp.experts.down_proj`)."""
+    base = DecoderForCausalLM(tiny_decoder_config(num_local_experts=4, num_experts_per_tok=2))
+    base.save_pretrained(tmp_path / "base")
+    config = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM",
+                        target_parameters=["mlp.experts.gate_up_proj", "mlp.experts.down_proj"])
+    model = get_peft_model(base, config)
+    expert_adapters = [n for n, p in model.named_parameters() if p.requires_grad and ".experts." in n]
+    assert len(expert_adapters) == 2 * 2 * 2  # 2 layers x 2 stacked weights x (A, B)
+    batch = _decoder_batch()
+    losses = _train(model, batch)
+    assert losses[-1] < losses[0] - 0.1, losses
+    assert all(p.abs().sum() > 0 for n, p in model.named_parameters() if ".experts." in n and "lora_B" in n)
+    adapted = _logits(model, batch)
+    model.save_pretrained(tmp_path / "adapter")
+    reloaded = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tmp_path / "base"), tmp_path / "adapter")
+    torch.testing.assert_close(_logits(reloaded, batch), adapted, rtol=0, atol=1e-5)
+    merged = reloaded.merge_and_unload()
+    assert type(merged) is DecoderForCausalLM
+    torch.testing.assert_close(_logits(merged, batch), adapted, rtol=0, atol=1e-4)

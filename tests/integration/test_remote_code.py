@@ -1,0 +1,275 @@
+"""Remote-code export: every registered model class saves a folder that loads anywhere.
+
+- In a fresh process where archlab cannot be imported, `Auto*.from_pretrained(folder, trust_remote_code=True)`
+  gives logits identical to the in-process model's; the same folder loads with archlab and no remote code.
+- The bundle is the full flat closure of sibling imports, byte-identical to the sources, and imports nothing but
+  torch, transformers and huggingface_hub (checked statically over the whole `modeling/` folder).
+- Saving is deterministic (same source -> same bytes), also when re-saved from the remote-code classes.
+- `auto_map` lists every head, so a causal LM folder loads as a classifier or a base model without archlab.
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import transformers
+from safetensors.torch import load_file, save_file
+
+import archlab.modeling
+from archlab import registration
+from helpers import tiny_config_for
+from isolated import check, run_without_archlab
+
+MODELING = Path(archlab.modeling.__file__).resolve().parent
+ALLOWED_TOP_LEVEL = {"torch", "transformers", "huggingface_hub", "__future__"} | set(sys.stdlib_module_names)
+
+# (model class, overrides): catalogue variants whose code lives in other sibling files or branches
+VARIANTS = {
+    "moe": ("DecoderForCausalLM", dict(num_local_experts=4, num_experts_per_tok=2)),
+    "moe-shared-expert": ("DecoderForCausalLM", dict(
+        num_local_experts=4, num_experts_per_tok=2, shared_expert_intermediate_size=16,
+        mlp_layer_types=["dense", "sparse"],
+    )),
+    "layernorm-gelu-alibi": ("DecoderForCausalLM", dict(
+        norm_type="layer_norm", mlp_type="plain", hidden_act="gelu", position_embedding_type="alibi",
+    )),
+    "parallel-relative-qknorm": ("DecoderForCausalLM", dict(
+        norm_position="parallel", position_embedding_type="relative_bias", use_qk_norm=True,
+    )),
+    "sandwich-window-softcap": ("DecoderForCausalLM", dict(
+        norm_position="sandwich", norm_type="offset_rms_norm", sliding_window=4,
+        layer_types=["sliding_attention", "full_attention"], attn_logit_softcapping=50.0,
+        final_logit_softcapping=30.0,
+    )),
+    "seq2seq-pre-gated-relative": ("Seq2SeqForConditionalGeneration", dict(
+        norm_position="pre", norm_type="rms_norm", mlp_type="gated", activation_function="silu",
+        position_embedding_type="relative_bias",
+    )),
+}
+
+
+def _cases() -> list:
+    cases = [
+        pytest.param(auto.__name__, config_class, model_class, {}, id=model_class.__name__)
+        for auto, config_class, model_class in registration.MODEL_REGISTRY
+    ]
+    by_name = {entry[2].__name__: entry for entry in registration.MODEL_REGISTRY}
+    for name, (class_name, overrides) in VARIANTS.items():
+        auto, config_class, model_class = by_name[class_name]
+        cases.append(pytest.param(auto.__name__, config_class, model_class, overrides, id=name))
+    return cases
+
+
+CASES = _cases()
+
+
+def _inputs(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    generator = torch.Generator().manual_seed(0)
+    vocab = model.config.vocab_size
+    input_ids = torch.randint(3, vocab, (2, 7), generator=generator)
+    attention_mask = torch.ones_like(input_ids)
+    input_ids[1, :2] = model.config.pad_token_id  # left padding in the second row
+    attention_mask[1, :2] = 0
+    inputs = {"input_ids": input_ids, "attention_mask": attention_mask}
+    if "decoder_input_ids" in inspect.signature(model.forward).parameters:
+        inputs["decoder_input_ids"] = torch.randint(3, vocab, (2, 5), generator=generator)
+    return inputs
+
+
+def _output(outputs) -> torch.Tensor:
+    return outputs.logits if getattr(outputs, "logits", None) is not None else outputs.last_hidden_state
+
+
+RUNNER = """
+import json
+import torch
+import transformers
+from safetensors.torch import load_file, save_file
+
+torch.set_num_threads(1)
+results = {}
+for job in json.load(open("jobs.json")):
+    auto = getattr(transformers, job["auto"])
+    try:
+        model = auto.from_pretrained(job["folder"], trust_remote_code=True).eval()
+    except Exception as error:
+        results[job["name"]] = {"error": f"{type(error).__name__}: {error}"}
+        continue
+    inputs = load_file(job["inputs"])
+    with torch.no_grad():
+        outputs = model(**inputs)
+    tensor = outputs.logits if getattr(outputs, "logits", None) is not None else outputs.last_hidden_state
+    save_file({"output": tensor.contiguous()}, job["output"])
+    model.save_pretrained(job["resave"])
+    results[job["name"]] = {"class": type(model).__name__, "module": type(model).__module__}
+json.dump(results, open("results.json", "w"))
+"""
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory) -> dict:
+    """Every case saved with its inputs and in-process reference output (one thread: bit-reproducible)."""
+    root = tmp_path_factory.mktemp("remote_code")
+    jobs, cases = [], {}
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        for param in CASES:
+            auto_name, config_class, model_class, overrides = param.values
+            name = param.id
+            torch.manual_seed(0)
+            model = model_class(tiny_config_for(config_class, **overrides)).eval()
+            folder = root / f"saved_{name}"
+            sources = {path.name: path.read_bytes() for path in MODELING.glob("*.py")}
+            model.save_pretrained(folder)
+            inputs = _inputs(model)
+            with torch.no_grad():
+                reference = _output(model(**inputs))
+            save_file(inputs, root / f"inputs_{name}.safetensors")
+            cases[name] = dict(model=model, folder=folder, inputs=inputs, reference=reference, auto=auto_name,
+                               sources=sources)  # the source bytes at save time
+            jobs.append(
+                dict(name=name, auto=auto_name, folder=str(folder), inputs=str(root / f"inputs_{name}.safetensors"),
+                     output=str(root / f"output_{name}.safetensors"), resave=str(root / f"resaved_{name}"))
+            )
+    finally:
+        torch.set_num_threads(threads)
+    # the family auto_map: a causal LM folder opened as a base model and as a classifier
+    for auto_name in ("AutoModel", "AutoModelForSequenceClassification"):
+        jobs.append(
+            dict(name=f"causal_as_{auto_name}", auto=auto_name, folder=str(cases["DecoderForCausalLM"]["folder"]),
+                 inputs=str(root / "inputs_DecoderForCausalLM.safetensors"),
+                 output=str(root / f"output_causal_as_{auto_name}.safetensors"),
+                 resave=str(root / f"resaved_causal_as_{auto_name}"))
+        )
+    return dict(root=root, cases=cases, jobs=jobs)
+
+
+@pytest.fixture(scope="module")
+def exported(saved) -> dict:
+    """All remote-code loads of `saved` in ONE isolated process (archlab not importable); what it reported."""
+    root = saved["root"]
+    (root / "jobs.json").write_text(json.dumps(saved["jobs"]))
+    check(run_without_archlab(RUNNER, root))
+    return dict(saved, results=json.loads((root / "results.json").read_text()))
+
+
+def _case_ids() -> list[str]:
+    return [param.id for param in CASES]
+
+
+@pytest.mark.slow  # one fresh interpreter for all cases: ~5 s idle, longer on a loaded machine
+@pytest.mark.parametrize("name", _case_ids())
+def test_loads_without_archlab_with_identical_logits(exported, name):
+    case, result = exported["cases"][name], exported["results"][name]
+    assert "error" not in result, result.get("error")
+    assert result["class"] == type(case["model"]).__name__
+    assert result["module"].startswith("transformers_modules."), result["module"]
+    remote = load_file(exported["root"] / f"output_{name}.safetensors")["output"]
+    assert torch.equal(remote, case["reference"])
+
+
+@pytest.mark.parametrize("name", _case_ids())
+def test_same_folder_loads_with_archlab_without_remote_code(saved, name):
+    case = saved["cases"][name]
+    model = getattr(transformers, case["auto"]).from_pretrained(case["folder"]).eval()
+    assert type(model) is type(case["model"])  # archlab's own class, not a copy from the folder
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with torch.no_grad():
+            assert torch.equal(_output(model(**case["inputs"])), case["reference"])
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _sibling_closure(start: Path) -> set[str]:
+    """File names reached from `start` through `from .x import y`, anywhere in the file (also inside functions)."""
+    seen, todo = set(), [start.name]
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        for node in ast.walk(ast.parse((start.parent / name).read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.level == 1 and node.module:
+                todo.append(f"{node.module}.py")
+    return seen
+
+
+@pytest.mark.parametrize("name", _case_ids())
+def test_bundle_is_the_full_closure_byte_for_byte(saved, name):
+    case = saved["cases"][name]
+    model_file = Path(sys.modules[type(case["model"]).__module__].__file__)
+    config_file = Path(sys.modules[type(case["model"].config).__module__].__file__)
+    expected = _sibling_closure(model_file) | _sibling_closure(config_file)
+    bundled = {path.name for path in case["folder"].glob("*.py")}
+    assert bundled == expected
+    for file_name in bundled:
+        assert (case["folder"] / file_name).read_bytes() == case["sources"][file_name]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", _case_ids())
+def test_resaving_from_remote_code_gives_the_same_bytes(exported, name):
+    """Same source -> same bytes, also for someone without archlab who fine-tunes and saves again."""
+    case = exported["cases"][name]
+    resaved = Path(exported["root"] / f"resaved_{name}")
+    original = {path.name: path.read_bytes() for path in case["folder"].glob("*.py")}
+    assert {path.name: path.read_bytes() for path in resaved.glob("*.py")} == original
+    original_map = json.loads((case["folder"] / "config.json").read_text())["auto_map"]
+    assert json.loads((resaved / "config.json").read_text())["auto_map"] == original_map
+
+
+def test_saving_twice_gives_identical_bytes(tmp_path):
+    config_class, model_class = registration.MODEL_REGISTRY[0][1:]
+    torch.manual_seed(0)
+    model = model_class(tiny_config_for(config_class))
+    model.save_pretrained(tmp_path / "a")
+    model.save_pretrained(tmp_path / "b")
+    names = sorted(path.name for path in (tmp_path / "a").iterdir())
+    assert names == sorted(path.name for path in (tmp_path / "b").iterdir())
+    for file_name in names:
+        assert (tmp_path / "a" / file_name).read_bytes() == (tmp_path / "b" / file_name).read_bytes(), file_name
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("auto_name", ["AutoModel", "AutoModelForSequenceClassification"])
+def test_causal_lm_folder_opens_as_every_head_without_archlab(exported, auto_name):
+    case = exported["cases"]["DecoderForCausalLM"]
+    auto_map = json.loads((case["folder"] / "config.json").read_text())["auto_map"]
+    assert {entry[0].__name__ for entry in registration.MODEL_REGISTRY
+            if entry[1] is type(case["model"].config)} <= set(auto_map) - {"AutoConfig"}
+    result = exported["results"][f"causal_as_{auto_name}"]
+    assert "error" not in result, result.get("error")
+    if auto_name == "AutoModel":  # the base model's hidden states are the causal LM's, before its head
+        hidden = load_file(exported["root"] / f"output_causal_as_{auto_name}.safetensors")["output"]
+        with torch.no_grad():
+            expected = case["model"].model(**case["inputs"]).last_hidden_state
+        torch.testing.assert_close(hidden, expected, rtol=0, atol=1e-6)
+
+
+def _imports(path: Path):
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield 0, alias.name
+        elif isinstance(node, ast.ImportFrom):
+            yield node.level, node.module
+
+
+@pytest.mark.parametrize("path", sorted(MODELING.glob("*.py")), ids=lambda path: path.name)
+def test_modeling_folder_imports_only_torch_transformers_and_siblings(path):
+    for level, module in _imports(path):
+        if level == 0:
+            assert module.split(".")[0] in ALLOWED_TOP_LEVEL, f"{path.name} imports {module}"
+        else:
+            # `from .x import y` with x a file in the folder; not `from . import x`, `from ..x`, `from .a.b`
+            assert level == 1 and module and "." not in module, f"{path.name}: relative import level {level} {module}"
+            assert (MODELING / f"{module}.py").is_file(), f"{path.name} imports missing sibling {module}"

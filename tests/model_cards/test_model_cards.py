@@ -1,0 +1,188 @@
+"""archlab.model_cards.write_model_card: metadata, architecture table, parameter counts, training facts, loss curve,
+and a usage snippet that runs (executed against the saved folder, without archlab, for every registered head)."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+
+import pytest
+import torch
+from huggingface_hub import ModelCard
+from transformers import TrainerState, TrainingArguments
+
+from archlab import DecoderForCausalLM, registration
+from archlab.model_cards import write_model_card
+from archlab.model_cards.facts import architecture_rows
+from helpers import tiny_config_for, tiny_decoder_config
+from isolated import check, run_without_archlab
+
+
+def _save(model, folder: Path) -> Path:
+    model.save_pretrained(folder)
+    return folder
+
+
+def _table(text: str, first_header: str) -> dict[str, str]:
+    """The two-column Markdown table whose header starts with `first_header`, as a dict."""
+    block = text.split(f"| {first_header} |", 1)[1].split("\n\n", 1)[0]
+    rows = [line.strip("|").split("|") for line in block.splitlines()[2:] if line.startswith("|")]
+    return {key.strip(): value.strip() for key, value in rows}
+
+
+def test_metadata_and_model_index(tmp_path):
+    folder = _save(DecoderForCausalLM(tiny_decoder_config()), tmp_path / "m")
+    write_model_card(folder, model_id="someone/ft", base_model="someone/base", datasets=["stdlib", "docs"],
+                     eval_results={"loss": 2.0, "accuracy": 0.5}, license="mit", language="en", tags=["demo"])
+    data = ModelCard.load(folder / "README.md").data
+    assert data.library_name == "transformers" and data.pipeline_tag == "text-generation"
+    assert data.license == "mit" and data.language == "en" and data.base_model == "someone/base"
+    assert data.datasets == ["stdlib", "docs"]
+    assert {"archlab", "archlab_decoder", "custom_code", "safetensors", "demo"} <= set(data.tags)
+    metrics = {result.metric_type: result.metric_value for result in data.eval_results}
+    assert metrics == {"loss": 2.0, "accuracy": 0.5, "perplexity": round(math.exp(2.0), 4)}
+    assert {result.dataset_name for result in data.eval_results} == {"stdlib"}
+    assert data.model_name == "someone/ft"
+
+
+def test_architecture_table_follows_the_config(tmp_path):
+    config = tiny_decoder_config(num_key_value_heads=1)
+    folder = _save(DecoderForCausalLM(config), tmp_path / "m")
+    table = _table(write_model_card(folder).read_text(), "property")
+    assert table["layers"] == str(config.num_hidden_layers) and table["hidden size"] == str(config.hidden_size)
+    assert table["attention"].startswith("multi-query (MQA)")
+    assert table["normalization"].startswith(getattr(config, "norm_type", "rms_norm"))
+    assert table["norm position"] == getattr(config, "norm_position", "pre")
+    assert table["positions"].startswith("RoPE") or table["positions"] == getattr(config, "position_embedding_type")
+    assert table["feed-forward"] == f"SwiGLU, width {config.intermediate_size}"
+    assert table["experts"] == "none (dense)"
+
+
+def test_architecture_rows_read_missing_fields_with_defaults():
+    rows = dict(architecture_rows({"model_type": "archlab_decoder", "num_hidden_layers": 2, "hidden_size": 8,
+                                   "num_attention_heads": 2, "intermediate_size": 16}))
+    assert rows["normalization"] == "rms_norm" and rows["norm position"] == "pre"
+    assert rows["positions"].startswith("RoPE") and rows["attention"].startswith("multi-head (MHA)")
+    rows = dict(architecture_rows({"model_type": "archlab_seq2seq", "encoder_layers": 3, "decoder_layers": 2,
+                                   "d_model": 8, "encoder_attention_heads": 2, "encoder_ffn_dim": 32}))
+    assert rows["layers"] == "3 encoder, 2 decoder" and rows["norm position"] == "post"
+    assert rows["normalization"] == "layer_norm" and rows["positions"] == "sinusoidal"
+    assert rows["feed-forward"] == "plain MLP, relu, width 32"
+    rows = dict(architecture_rows({"num_local_experts": 8, "num_experts_per_tok": 2, "sliding_window": 64,
+                                   "layer_types": ["sliding_attention", "full_attention"] * 2}))
+    assert rows["experts"] == "8 experts, top-2 routing"
+    assert rows["attention pattern"] == "sliding_attention x2, full_attention x2 (window 64)"
+
+
+def _count(text: str, which: str) -> int:
+    return int(re.search(rf"\(([\d,]+)\) {which}", text).group(1).replace(",", ""))
+
+
+@pytest.mark.parametrize("tie", [False, True])
+def test_parameter_counts_dense(tmp_path, tie):
+    model = DecoderForCausalLM(tiny_decoder_config(tie_word_embeddings=tie))
+    text = write_model_card(_save(model, tmp_path / "m")).read_text()
+    unique = sum(p.numel() for p in model.parameters())  # parameters() yields a tied weight once
+    assert _count(text, "in total") == _count(text, "active per token") == unique
+
+
+@pytest.mark.parametrize(
+    "moe", [dict(), dict(shared_expert_intermediate_size=16, mlp_layer_types=["dense", "sparse"])],
+    ids=["all-sparse", "shared-expert-and-dense-layer"],
+)
+def test_parameter_counts_mixture_of_experts(tmp_path, moe):
+    config = tiny_decoder_config(num_local_experts=4, num_experts_per_tok=2, **moe)
+    model = DecoderForCausalLM(config)
+    text = write_model_card(_save(model, tmp_path / "m")).read_text()
+    # reference: per token, everything outside the routed experts runs, and k of the E experts of each MoE layer
+    routed = {name: p.numel() for name, p in model.named_parameters() if ".experts." in name}
+    assert routed, "expected routed-expert parameters named `...experts...`"
+    one_expert_per_layer = sum(routed.values()) // 4
+    dense = sum(p.numel() for p in model.parameters()) - sum(routed.values())
+    assert _count(text, "in total") == dense + 4 * one_expert_per_layer
+    assert _count(text, "active per token") == dense + 2 * one_expert_per_layer
+    assert "4 experts, top-2 routing" in text
+    # and the same numbers as the MoE module's own count, which walks the modules instead of the file
+    from archlab.modeling.moe import count_parameters
+
+    counts = count_parameters(model)
+    assert (_count(text, "in total"), _count(text, "active per token")) == (counts["total"], counts["active"])
+    if moe:
+        assert "shared expert" in text and "sparse in 1 of 2 layers" in text
+
+
+def test_training_facts_from_trainer_objects(tmp_path):
+    folder = _save(DecoderForCausalLM(tiny_decoder_config()), tmp_path / "m")
+    state = TrainerState(global_step=30, epoch=2.0, train_batch_size=4, log_history=[
+        {"step": 10, "loss": 3.0}, {"step": 20, "loss": 2.5}, {"step": 30, "loss": 2.25},
+        {"step": 30, "eval_loss": 2.5, "eval_runtime": 1.5, "eval_accuracy": 0.25},
+    ])
+    args = TrainingArguments(output_dir=str(tmp_path / "out"), learning_rate=1e-3, per_device_train_batch_size=4,
+                             seed=7, report_to=[])
+    text = write_model_card(folder, trainer_state=state, training_args=args, datasets="stdlib").read_text()
+    hyper = _table(text, "name")
+    assert hyper["learning_rate"] == "0.001" and hyper["per_device_train_batch_size"] == "4" and hyper["seed"] == "7"
+    results = _table(text, "result")
+    assert results["steps"] == "30" and results["final training loss"] == "2.25"
+    assert results["evaluation loss"] == "2.5" and results["evaluation accuracy"] == "0.25"
+    assert "evaluation runtime" not in results
+    metrics = {r.metric_type: r.metric_value for r in ModelCard.load(folder / "README.md").data.eval_results}
+    assert metrics["loss"] == 2.5 and metrics["accuracy"] == 0.25
+    assert (folder / "loss_curve.png").read_bytes().startswith(b"\x89PNG")
+    assert "![training loss](loss_curve.png)" in text
+
+
+def test_training_facts_from_the_folder_json_files(tmp_path):
+    folder = _save(DecoderForCausalLM(tiny_decoder_config()), tmp_path / "m")
+    (folder / "trainer_state.json").write_text(json.dumps({"global_step": 5, "log_history": [{"step": 5, "loss": 1.5}]}))
+    (folder / "training_args.json").write_text(json.dumps({"learning_rate": 0.01, "optim": "adamw_torch"}))
+    torch.save({"learning_rate": 123.0}, folder / "training_args.bin")  # pickled: must never be read
+    text = write_model_card(folder).read_text()
+    assert _table(text, "name") == {"learning_rate": "0.01", "optim": "adamw_torch"}
+    assert _table(text, "result")["final training loss"] == "1.5"
+    assert "loss_curve.png" not in text  # one logged point is no curve
+
+
+def test_given_loss_curve_is_copied_in(tmp_path):
+    folder = _save(DecoderForCausalLM(tiny_decoder_config()), tmp_path / "m")
+    image = tmp_path / "curve.png"
+    image.write_bytes(b"\x89PNG fake")
+    text = write_model_card(folder, loss_curve=image).read_text()
+    assert (folder / "loss_curve.png").read_bytes() == b"\x89PNG fake" and "(loss_curve.png)" in text
+
+
+def test_no_training_information(tmp_path):
+    folder = _save(DecoderForCausalLM(tiny_decoder_config()), tmp_path / "m")
+    text = write_model_card(folder).read_text()
+    assert "**Data:** not recorded." in text and "No Trainer state was saved" in text
+    assert ModelCard.load(folder / "README.md").data.eval_results is None
+
+
+def test_folder_without_config_is_a_clear_error(tmp_path):
+    with pytest.raises(FileNotFoundError, match="config.json"):
+        write_model_card(tmp_path)
+
+
+@pytest.mark.slow  # a fresh interpreter
+def test_usage_snippet_runs_for_every_head_without_archlab(tmp_path):
+    snippets = []
+    for auto_class, config_class, model_class in registration.MODEL_REGISTRY:
+        folder = _save(model_class(tiny_config_for(config_class)), tmp_path / model_class.__name__)
+        text = write_model_card(folder, model_id=f"someone/{model_class.__name__}").read_text()
+        snippet = re.search(r"```python\n(.*?)```", text, re.S).group(1)
+        assert f'model_id = "someone/{model_class.__name__}"' in snippet
+        assert f"{auto_class.__name__}.from_pretrained(model_id, trust_remote_code=True)" in snippet
+        snippets.append(snippet.replace(f'"someone/{model_class.__name__}"', repr(str(folder))))
+    code = "\n".join(f"exec({snippet!r}, {{}})\nprint('SNIPPET-DONE')" for snippet in snippets)
+    out = check(run_without_archlab(code, tmp_path / "isolated"))
+    assert out.count("SNIPPET-DONE") == len(snippets)
+
+
+def test_parameter_counts_of_a_sharded_checkpoint(tmp_path):
+    model = DecoderForCausalLM(tiny_decoder_config())
+    model.save_pretrained(tmp_path / "m", max_shard_size="20KB")
+    assert (tmp_path / "m" / "model.safetensors.index.json").is_file()
+    text = write_model_card(tmp_path / "m").read_text()
+    assert _count(text, "in total") == sum(p.numel() for p in model.parameters())

@@ -1,0 +1,169 @@
+"""modeling/attention.py on its own: the eager kernel against softmax(QKᵀ/√d)V written out head by head, grouped
+key/value heads, soft-capping and position biases, eager against SDPA, and cross-attention's cached keys/values."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+from transformers.cache_utils import DynamicCache, EncoderDecoderCache
+
+from archlab.modeling.attention import Attention, eager_attention_forward, repeat_kv
+from helpers import assert_close_to_scale, tiny_decoder_config
+
+BATCH, HEADS, QUERIES, KEYS, DIM = 2, 4, 5, 7, 8
+
+
+def qkv(kv_heads: int = HEADS, scale: float = 1.0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(1)
+    query = torch.randn(BATCH, HEADS, QUERIES, DIM, generator=generator) * scale
+    key = torch.randn(BATCH, kv_heads, KEYS, DIM, generator=generator) * scale
+    value = torch.randn(BATCH, kv_heads, KEYS, DIM, generator=generator)
+    return query, key, value
+
+
+def padding_mask(queries: int = QUERIES, keys: int = KEYS, causal: bool = False) -> torch.Tensor:
+    """Additive (B, 1, Tq, Tk) mask: the second row's last 2 keys are padding; causal aligns the queries with the
+    last keys (as when decoding after a cached prefix)."""
+    allowed = torch.ones(BATCH, 1, queries, keys, dtype=torch.bool)
+    allowed[1, :, :, -2:] = False
+    if causal:
+        allowed &= torch.ones(queries, keys, dtype=torch.bool).tril(keys - queries)
+    return torch.zeros(allowed.shape).masked_fill(~allowed, torch.finfo(torch.float32).min)
+
+
+def slow_attention(query, key, value, mask=None, scaling=None, softcap=None, bias=None):
+    """softmax(cap(q·kᵀ · scaling) + bias + mask) v for each batch row and head, in float64; query head h reads
+    key/value head h // (H / H_kv)."""
+    heads, kv_heads = query.shape[1], key.shape[1]
+    scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
+    out = torch.empty(query.shape[0], query.shape[2], heads, value.shape[-1], dtype=torch.float64)
+    for b in range(query.shape[0]):
+        for h in range(heads):
+            g = h // (heads // kv_heads)
+            scores = query[b, h].double() @ key[b, g].double().T * scaling
+            if softcap is not None:
+                scores = softcap * torch.tanh(scores / softcap)
+            if bias is not None:
+                scores = scores + bias[min(b, bias.shape[0] - 1), h].double()
+            if mask is not None:
+                scores = scores + mask[b, 0].double()
+            out[b, :, h] = scores.softmax(-1) @ value[b, g].double()
+    return out
+
+
+def eager(query, key, value, mask=None, **kwargs) -> torch.Tensor:
+    module = SimpleNamespace(num_key_value_groups=query.shape[1] // key.shape[1], training=False)
+    output, _ = eager_attention_forward(module, query, key, value, mask, scaling=query.shape[-1] ** -0.5, **kwargs)
+    return output
+
+
+@pytest.mark.parametrize("kv_heads", [4, 2, 1], ids=["mha", "gqa", "mqa"])
+def test_eager_kernel_is_softmax_of_scaled_scores_times_values(kv_heads):
+    query, key, value = qkv(kv_heads)
+    mask = padding_mask()
+    output = eager(query, key, value, mask)
+    assert output.shape == (BATCH, QUERIES, HEADS, DIM)
+    assert_close_to_scale(output, slow_attention(query, key, value, mask).float(), rtol=1e-5)
+    # the padded keys carry no weight: changing their values changes nothing in that row
+    changed = value.clone()
+    changed[:, :, -2:] = 100.0  # both rows; only the first may see them
+    torch.testing.assert_close(eager(query, key, changed, mask)[1], output[1])
+    assert not torch.allclose(eager(query, key, changed, mask)[0], output[0])
+
+
+def test_repeat_kv_gives_query_head_h_the_key_value_head_h_over_groups():
+    states = torch.randn(BATCH, 2, KEYS, DIM)
+    repeated = repeat_kv(states, 3)
+    assert repeated.shape == (BATCH, 6, KEYS, DIM)
+    for head in range(6):
+        assert torch.equal(repeated[:, head], states[:, head // 3])
+    assert repeat_kv(states, 1) is states
+
+
+@pytest.mark.parametrize("kv_heads", [2, 1], ids=["gqa", "mqa"])
+def test_grouped_heads_equal_multi_head_attention_with_repeated_key_value_weights(kv_heads):
+    """A GQA/MQA module computes what an MHA module computes when each of its key/value projections is copied to
+    the query heads that share it (head h reads key/value head h // groups)."""
+    grouped = Attention(tiny_decoder_config(num_key_value_heads=kv_heads), layer_idx=0).eval()
+    full = Attention(tiny_decoder_config(num_key_value_heads=HEADS), layer_idx=0).eval()
+    groups = HEADS // kv_heads
+    state = grouped.state_dict()
+    for name in ("k_proj.weight", "v_proj.weight"):
+        state[name] = state[name].view(kv_heads, -1, state[name].shape[-1]).repeat_interleave(groups, 0).flatten(0, 1)
+    full.load_state_dict(state)
+    hidden = torch.randn(BATCH, QUERIES, grouped.q_proj.in_features)
+    mask = padding_mask(QUERIES, QUERIES, causal=True)
+    with torch.no_grad():
+        got, expected = grouped(hidden, attention_mask=mask)[0], full(hidden, attention_mask=mask)[0]
+        assert_close_to_scale(got, expected, rtol=1e-5)
+        if kv_heads > 1:  # the other grouping (query head h reading key/value head h % H_kv) is a different model
+            tiled = grouped.state_dict()
+            for name in ("k_proj.weight", "v_proj.weight"):
+                tiled[name] = tiled[name].repeat(groups, 1)
+            full.load_state_dict(tiled)
+            assert (full(hidden, attention_mask=mask)[0] - got).abs().max() > 1e-3
+
+
+def test_soft_capping_bounds_the_scores_before_the_mask():
+    query, key, value = qkv(scale=4.0)  # scores up to ~50: the cap changes them
+    mask = padding_mask()
+    capped = eager(query, key, value, mask, softcap=5.0)
+    assert_close_to_scale(capped, slow_attention(query, key, value, mask, softcap=5.0).float(), rtol=1e-5)
+    assert (capped - eager(query, key, value, mask)).abs().max() > 1e-2
+
+
+@pytest.mark.parametrize("bias_batch", [1, BATCH], ids=["shared", "per_row"])
+def test_position_bias_is_added_to_the_scores(bias_batch):
+    query, key, value = qkv()
+    mask = padding_mask()
+    bias = torch.randn(bias_batch, HEADS, QUERIES, KEYS)
+    biased = eager(query, key, value, mask, position_bias=bias)
+    assert_close_to_scale(biased, slow_attention(query, key, value, mask, bias=bias).float(), rtol=1e-5)
+    assert (biased - eager(query, key, value, mask)).abs().max() > 1e-2
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["bidirectional", "causal"])
+def test_eager_equals_sdpa(causal):
+    eager_module = Attention(tiny_decoder_config(attn_implementation="eager"), layer_idx=0, is_causal=causal).eval()
+    sdpa_module = Attention(tiny_decoder_config(attn_implementation="sdpa"), layer_idx=0, is_causal=causal).eval()
+    sdpa_module.load_state_dict(eager_module.state_dict())
+    hidden = torch.randn(BATCH, QUERIES, eager_module.q_proj.in_features)
+    mask = padding_mask(QUERIES, QUERIES, causal=causal)
+    bias = torch.randn(1, HEADS, QUERIES, QUERIES)
+    with torch.no_grad():
+        for kwargs in (dict(attention_mask=mask), dict(attention_mask=mask, position_bias=bias)):
+            assert_close_to_scale(sdpa_module(hidden, **kwargs)[0], eager_module(hidden, **kwargs)[0], rtol=1e-5)
+        if causal:  # without a mask SDPA runs its own causal kernel; eager needs the causal mask spelled out
+            future = ~torch.ones(QUERIES, QUERIES, dtype=torch.bool).tril()
+            causal_mask = torch.zeros(1, 1, QUERIES, QUERIES).masked_fill(future, torch.finfo(torch.float32).min)
+            expected = eager_module(hidden, attention_mask=causal_mask)[0]
+            assert_close_to_scale(sdpa_module(hidden)[0], expected, rtol=1e-5)
+            assert (eager_module(hidden)[0] - expected).abs().max() > 1e-3  # the mask matters
+
+
+def test_cross_attention_projects_the_encoder_output_once_and_reads_it_from_the_cache():
+    module = Attention(tiny_decoder_config(attn_implementation="eager"), layer_idx=0, is_causal=False).eval()
+    calls = {"k": 0, "v": 0}
+    module.k_proj.register_forward_hook(lambda *_: calls.__setitem__("k", calls["k"] + 1))
+    module.v_proj.register_forward_hook(lambda *_: calls.__setitem__("v", calls["v"] + 1))
+    width = module.q_proj.in_features
+    encoder_states = torch.randn(BATCH, KEYS, width)
+    mask = padding_mask(1, KEYS)
+    cache = EncoderDecoderCache(DynamicCache(), DynamicCache())
+    with torch.no_grad():
+        for step in range(3):
+            hidden = torch.randn(BATCH, 1, width)
+            uncached = module(hidden, attention_mask=mask, key_value_states=encoder_states)[0]
+            calls_before = dict(calls)
+            # after the first step the cache answers: other encoder states passed in change nothing
+            states = encoder_states if step == 0 else torch.zeros_like(encoder_states)
+            cached = module(hidden, attention_mask=mask, key_value_states=states, past_key_values=cache)[0]
+            assert_close_to_scale(cached, uncached, rtol=1e-5)
+            assert calls == {"k": calls_before["k"] + (step == 0), "v": calls_before["v"] + (step == 0)}
+    assert cache.is_updated[0]
+    keys = cache.cross_attention_cache.layers[0].keys
+    assert keys.shape == (BATCH, module.num_key_value_heads, KEYS, module.head_dim)
+    torch.testing.assert_close(keys, module._project_key_value(encoder_states)[0])
+    assert cache.self_attention_cache.get_seq_length() == 0  # cross-attention leaves the decoder's own cache alone

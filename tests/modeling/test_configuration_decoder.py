@@ -1,0 +1,140 @@
+"""DecoderConfig: defaults, derived fields, and early, field-naming errors for impossible values and for invalid
+catalogue values and combinations (the MLP width rules included)."""
+
+import pytest
+
+from archlab import DecoderConfig
+from archlab.modeling.catalogue import intermediate_size_from_rule
+from helpers import TINY, tiny_decoder_config
+
+
+def test_llama_defaults_and_derived_fields():
+    config = DecoderConfig()
+    assert (config.hidden_size, config.num_hidden_layers, config.num_attention_heads) == (4096, 32, 32)
+    assert config.num_key_value_heads == 32 and config.head_dim == 128
+    assert config.rope_parameters == {"rope_type": "default", "rope_theta": 10000.0}
+    assert config.model_type == "archlab_decoder"
+
+
+def test_legacy_rope_theta_is_standardised():
+    config = tiny_decoder_config(rope_theta=500000.0)
+    assert config.rope_parameters["rope_theta"] == 500000.0
+
+
+def test_round_trip_through_dict():
+    config = tiny_decoder_config(num_key_value_heads=1)
+    again = DecoderConfig.from_dict(config.to_dict())
+    assert again.to_dict() == config.to_dict()
+
+
+@pytest.mark.parametrize(
+    "overrides, field",
+    [
+        (dict(hidden_size=30), "hidden_size"),
+        (dict(num_key_value_heads=3), "num_key_value_heads"),
+        (dict(vocab_size=0), "vocab_size"),
+        (dict(num_hidden_layers=-1), "num_hidden_layers"),
+        (dict(intermediate_size=0), "intermediate_size"),
+        (dict(hidden_act="swishy"), "hidden_act"),
+        (dict(head_dim=7), "rotary dimension"),
+        (dict(rope_parameters={"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.1}), "rotary"),
+        (dict(attention_dropout=1.5), "attention_dropout"),
+        (dict(pad_token_id=1000), "pad_token_id"),
+        (dict(rms_norm_eps=0.0), "rms_norm_eps"),
+    ],
+)
+def test_impossible_values_fail_at_construction_naming_the_field(overrides, field):
+    with pytest.raises(ValueError, match=field):
+        DecoderConfig(**{**TINY, **overrides})
+
+
+def test_unknown_activation_lists_allowed_values():
+    with pytest.raises(ValueError, match="allowed values:.*'silu'"):
+        tiny_decoder_config(hidden_act="swishy")
+
+
+def test_explicit_head_dim_allows_non_dividing_heads():
+    config = tiny_decoder_config(hidden_size=30, head_dim=8)
+    assert config.head_dim == 8
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (dict(hidden_size="128"), "`hidden_size` must be an int, got '128' \\(a str\\)"),
+        (dict(rms_norm_eps="1e-5"), "`rms_norm_eps` must be a float, got '1e-5' \\(a str\\)"),
+        (dict(attention_dropout="0.1"), "`attention_dropout` must be an int or a float, got '0.1'"),
+        (dict(tie_word_embeddings="yes"), "`tie_word_embeddings` must be a bool, got 'yes'"),
+        (dict(eos_token_id="2"), "`eos_token_id` must be an int, a list of int or None, got '2'"),
+        (dict(sliding_window=8.5), "`sliding_window` must be an int or None, got 8.5"),
+    ],
+)
+def test_a_value_of_the_wrong_type_is_named_at_construction(overrides, message):
+    """A JSON-quoted number ("128" from a hand-written config or --config_overrides) is a ValueError naming the field,
+    not a TypeError from the arithmetic that first touches it."""
+    with pytest.raises(ValueError, match=message):
+        DecoderConfig(**{**TINY, **overrides})
+
+
+def test_rope_type_is_checked_at_construction():
+    with pytest.raises(ValueError, match="`rope_parameters\\['rope_type'\\]`='spiral' is not supported; allowed values: "
+                                         "'default', 'linear', 'dynamic'"):
+        tiny_decoder_config(rope_parameters={"rope_type": "spiral", "rope_theta": 1e4})
+    with pytest.raises(ValueError, match="Missing required keys in `rope_parameters` for 'rope_type'='linear': {'factor'}"):
+        tiny_decoder_config(rope_parameters={"rope_type": "linear", "rope_theta": 1e4})
+    assert tiny_decoder_config(rope_parameters={"rope_type": "linear", "rope_theta": 1e4, "factor": 2.0})
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (dict(norm_type="batch_norm"), r"`norm_type`='batch_norm'.*'rms_norm'.*'layer_norm'"),
+        (dict(norm_position="middle"), r"`norm_position`.*'pre'.*'post'.*'sandwich'.*'parallel'.*'deepnorm'"),
+        (dict(mlp_type="swish"), r"`mlp_type`.*'gated'.*'plain'"),
+        (dict(position_embedding_type="xpos"), r"`position_embedding_type`.*'rope'.*'alibi'.*'relative_bias'"),
+        (dict(intermediate_size=None, mlp_width_rule="3d"), r"`mlp_width_rule`.*'4d'.*'8/3d'"),
+        (dict(norm_bias=True), r"`norm_bias=True` needs `norm_type='layer_norm'`"),
+        (dict(deepnorm_alpha=2.0), r"`deepnorm_alpha` is only used with `norm_position='deepnorm'`"),
+        (dict(norm_position="deepnorm", deepnorm_beta=-1.0), r"`deepnorm_beta` must be a positive"),
+        (dict(sliding_window=500), r"`sliding_window` \(500\) is larger than the context `max_position_embeddings`"),
+        (dict(sliding_window=0), r"`sliding_window` must be a positive integer"),
+        (dict(layer_types=["full_attention"]), r"`layer_types` has 1 entries but `num_hidden_layers` is 2"),
+        (dict(layer_types=["full_attention", "local"]), r"`layer_types` contains 'local'"),
+        (dict(layer_types=["sliding_attention", "full_attention"]), r"'sliding_attention' layers but `sliding_window`"),
+        (dict(prefix_lm=True, sliding_window=8), r"`prefix_lm=True` cannot be combined with sliding-window"),
+        (dict(prefix_lm=True, attn_implementation="flash_attention_2"), r"`prefix_lm=True` needs an arbitrary mask"),
+        (dict(position_embedding_type="alibi", attn_implementation="flash_attention_2"), r"adds a bias"),
+        (dict(attn_logit_softcapping=30.0, attn_implementation="sdpa"), r"`attn_logit_softcapping`.*sdpa"),
+        (dict(final_logit_softcapping=0.0), r"`final_logit_softcapping` must be a positive"),
+        (dict(lm_z_loss_coef=-1e-4), r"`lm_z_loss_coef` must be >= 0"),
+        (dict(position_embedding_type="relative_bias", relative_attention_num_buckets=1), r"relative_attention"),
+        (dict(position_embedding_type="relative_bias", relative_attention_max_distance=4,
+              relative_attention_num_buckets=16), r"relative_attention_max_distance"),
+        (dict(rope_parameters={"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.1}),
+         r"rotary dimension"),
+    ],
+)
+def test_invalid_combinations_are_refused_at_construction(overrides, message):
+    with pytest.raises(ValueError, match=message):
+        tiny_decoder_config(**overrides)
+
+
+def test_defaults_are_the_llama_recipe_and_derived_fields_resolve():
+    config = tiny_decoder_config()
+    assert (config.norm_type, config.norm_position, config.mlp_type, config.position_embedding_type) == (
+        "rms_norm", "pre", "gated", "rope")
+    assert config.norm_bias is False and config.layer_types == ["full_attention"] * 2
+    assert tiny_decoder_config(norm_type="layer_norm").norm_bias is True
+    assert tiny_decoder_config(sliding_window=8).layer_types == ["sliding_attention"] * 2  # Mistral semantics
+    # RoPE's even-rotary-dimension rule does not apply when RoPE is not used
+    odd = {"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.1}
+    assert tiny_decoder_config(position_embedding_type="alibi", rope_parameters=odd).position_embedding_type == "alibi"
+
+
+def test_mlp_width_rules():
+    assert intermediate_size_from_rule(4096, "8/3d", 256) == 11008  # LLaMA-7B
+    assert intermediate_size_from_rule(5120, "8/3d", 256) == 13824  # LLaMA-13B
+    assert intermediate_size_from_rule(768, "4d", 1) == 3072  # GPT-2
+    assert intermediate_size_from_rule(64, "8/3d", 8) == 176
+    assert tiny_decoder_config(intermediate_size=None, mlp_width_rule="4d", mlp_width_multiple_of=1).intermediate_size == 128
+    assert tiny_decoder_config(intermediate_size=100, mlp_width_rule="4d").intermediate_size == 100  # explicit wins

@@ -1,0 +1,194 @@
+"""What `forward` does with malformed input (modeling/input_checks.py) and with sequences past
+`max_position_embeddings` (modeling/rotary.py): one clear error or warning line, raised before any work."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+from transformers.generation.streamers import BaseStreamer
+
+from archlab import DecoderForCausalLM, EncoderForMaskedLM, Seq2SeqForConditionalGeneration
+from archlab.modeling.input_checks import cached_length, check_attention_mask, check_token_ids
+from helpers import tiny_decoder_config, tiny_seq2seq_config
+
+
+def one_line(error: pytest.ExceptionInfo) -> str:
+    message = str(error.value)
+    assert "\n" not in message
+    return message
+
+
+# ---- token ids past the embedding -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("bad", [97, 500, -1])
+def test_decoder_refuses_token_ids_outside_the_vocabulary(bad):
+    model = DecoderForCausalLM(tiny_decoder_config()).eval()  # vocab_size 97
+    ids = torch.tensor([[5, 6, bad, 7]])
+    with pytest.raises(ValueError, match="input_ids") as error:
+        model(ids)
+    assert f"token id {bad}" in one_line(error) and "`vocab_size` is 97" in one_line(error)
+    model(torch.tensor([[0, 96]]))  # both ends of the vocabulary are fine
+
+
+def test_seq2seq_names_the_vocabulary_each_side_reads():
+    shared = Seq2SeqForConditionalGeneration(tiny_seq2seq_config()).eval()
+    ok = torch.tensor([[5, 6, 2]])
+    with pytest.raises(ValueError, match=r"`input_ids` holds token id 61.*`vocab_size` is 61"):
+        shared(input_ids=torch.tensor([[5, 61, 2]]), decoder_input_ids=ok)
+    with pytest.raises(ValueError, match=r"`decoder_input_ids` holds token id 70.*`vocab_size` is 61"):
+        shared(input_ids=ok, decoder_input_ids=torch.tensor([[1, 70]]))
+    separate = Seq2SeqForConditionalGeneration(
+        tiny_seq2seq_config(share_encoder_decoder_embeddings=False, decoder_vocab_size=40)
+    ).eval()
+    separate(input_ids=torch.tensor([[60, 2]]), decoder_input_ids=torch.tensor([[1, 39]]))
+    with pytest.raises(ValueError, match=r"`decoder_input_ids` holds token id 45.*`decoder_vocab_size` is 40"):
+        separate(input_ids=ok, decoder_input_ids=torch.tensor([[1, 45]]))
+    with pytest.raises(ValueError, match=r"`input_ids` holds token id 61.*`vocab_size` is 61"):
+        EncoderForMaskedLM(tiny_seq2seq_config()).eval()(torch.tensor([[3, 61]]))
+
+
+def test_a_tokenizer_larger_than_the_model_fails_in_pipeline_with_the_field_named():
+    """The user-level case: a tokenizer with more tokens than the model, through `pipeline`."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast, pipeline
+
+    words = {f"w{i}": i for i in range(3, 120)}  # ids up to 119, the model has 97
+    tokenizer = Tokenizer(models.WordLevel({"<pad>": 0, "<s>": 1, "</s>": 2, **words}, unk_token="<pad>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=tokenizer, pad_token="<pad>", eos_token="</s>")
+    generator = pipeline("text-generation", model=DecoderForCausalLM(tiny_decoder_config()), tokenizer=tokenizer)
+    generator("w5 w6", max_new_tokens=2, do_sample=False)
+    with pytest.raises(ValueError, match=r"token id 110.*`vocab_size` is 97.*resize_token_embeddings"):
+        generator("w5 w110", max_new_tokens=2, do_sample=False)
+
+
+# ---- attention masks of the wrong shape ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("shape", [(2, 4), (2, 9), (3, 6), (1, 6)])
+def test_decoder_refuses_a_padding_mask_of_the_wrong_shape(shape):
+    model = DecoderForCausalLM(tiny_decoder_config()).eval()
+    ids = torch.randint(3, 97, (2, 6))
+    with pytest.raises(ValueError, match=r"`attention_mask` has shape .* must be \(batch, cached \+ new tokens\)"):
+        model(ids, attention_mask=torch.ones(shape, dtype=torch.long))
+
+
+def test_decoder_mask_counts_the_cached_tokens():
+    model = DecoderForCausalLM(tiny_decoder_config()).eval()
+    ids = torch.randint(3, 97, (2, 6))
+    with torch.no_grad():
+        cache = model(ids, attention_mask=torch.ones(2, 6, dtype=torch.long), use_cache=True).past_key_values
+        step = torch.randint(3, 97, (2, 1))
+        with pytest.raises(ValueError, match=r"\(2, 7\)"):  # 6 cached + 1 new
+            model(step, attention_mask=torch.ones(2, 1, dtype=torch.long), past_key_values=cache)
+        model(step, attention_mask=torch.ones(2, 7, dtype=torch.long), past_key_values=cache)
+    # generate grows the mask with the cache: left padding, several steps
+    mask = torch.ones(2, 6, dtype=torch.long)
+    mask[0, :2] = 0
+    assert model.generate(ids, attention_mask=mask, max_new_tokens=4, do_sample=False).shape == (2, 10)
+
+
+def test_seq2seq_and_masked_lm_refuse_masks_of_the_wrong_shape():
+    model = Seq2SeqForConditionalGeneration(tiny_seq2seq_config()).eval()
+    source, target = torch.randint(3, 61, (2, 6)), torch.randint(3, 61, (2, 4))
+    with pytest.raises(ValueError, match=r"`attention_mask` has shape \(2, 5\).*\(batch, source tokens\) = \(2, 6\)"):
+        model(input_ids=source, attention_mask=torch.ones(2, 5), decoder_input_ids=target)
+    with pytest.raises(ValueError, match=r"`decoder_attention_mask` has shape \(3, 4\).* = \(2, 4\)"):
+        model(input_ids=source, decoder_input_ids=target, decoder_attention_mask=torch.ones(3, 4))
+    encoder_out = model.get_encoder()(input_ids=source)
+    with pytest.raises(ValueError, match=r"`attention_mask` has shape \(2, 7\)"):  # checked against encoder_outputs
+        model(encoder_outputs=encoder_out, attention_mask=torch.ones(2, 7), decoder_input_ids=target)
+    mask = torch.ones(2, 6, dtype=torch.long)
+    mask[1, 4:] = 0
+    assert model.generate(input_ids=source, attention_mask=mask, num_beams=2, max_new_tokens=3).shape[0] == 2
+    with pytest.raises(ValueError, match=r"`attention_mask` has shape \(1, 6\)"):
+        EncoderForMaskedLM(tiny_seq2seq_config()).eval()(source, attention_mask=torch.ones(1, 6))
+
+
+def test_checks_never_read_values_off_the_cpu():
+    """Values are read from CPU tensors only: on an accelerator that would wait for the device in every forward.
+    A meta tensor stands in for a device tensor here (reading its values raises)."""
+    ids = torch.empty(2, 5, dtype=torch.long, device="meta")
+    check_token_ids(ids, 10)  # no value read, no error
+    check_attention_mask(torch.empty(2, 5, device="meta"), 2, 5)  # shapes are free
+    with pytest.raises(ValueError):
+        check_attention_mask(torch.empty(3, 5, device="meta"), 2, 5)
+
+    class StaticLikeCache:  # a static cache keeps its length in a device tensor
+        def get_seq_length(self):
+            return torch.empty((), dtype=torch.long, device="meta")
+
+    assert cached_length(StaticLikeCache()) is None
+    assert cached_length(None) == 0
+
+
+def test_checks_do_not_break_a_fullgraph_compile():
+    """While torch.compile traces, ids are not read (a data-dependent read would break the graph)."""
+    compiled = torch.compile(lambda ids: (check_token_ids(ids, 10), ids * 2)[1], fullgraph=True, backend="eager")
+    torch.testing.assert_close(compiled(torch.tensor([[1, 2, 30]])), torch.tensor([[2, 4, 60]]))
+
+
+# ---- RoPE past max_position_embeddings ---------------------------------------------------------------------------
+
+
+class RecordingStreamer(BaseStreamer):
+    """Records, in order, each streamed token into the same list the log handler writes to."""
+
+    def __init__(self, events: list) -> None:
+        self.events = events
+        self.calls = 0
+
+    def put(self, value) -> None:
+        self.calls += 1
+        if self.calls > 1:  # the first call is the prompt
+            self.events.append("token")
+
+    def end(self) -> None:
+        pass
+
+
+def test_rope_past_max_positions_warns_once_before_the_first_token():
+    """A prompt longer than `max_position_embeddings` runs (RoPE has no table) and says so once, in one line, before
+    any token is streamed; transformers' own "friendly reminder" (after the first token) does not also appear."""
+    model = DecoderForCausalLM(tiny_decoder_config(max_position_embeddings=8)).eval()
+    events: list = []
+
+    class Handler(logging.Handler):
+        def emit(self, record):
+            events.append(record.getMessage())
+
+    handler = Handler(level=logging.WARNING)
+    loggers = [logging.getLogger("archlab.modeling.rotary"), logging.getLogger("transformers")]
+    for logger in loggers:
+        logger.addHandler(handler)
+    try:
+        ids = torch.randint(3, 97, (1, 10))
+        model.generate(ids, max_new_tokens=3, do_sample=False, streamer=RecordingStreamer(events))
+        model.generate(ids, max_new_tokens=2, do_sample=False)  # once per model, not per call
+    finally:
+        for logger in loggers:
+            logger.removeHandler(handler)
+    warnings = [event for event in events if event != "token"]
+    assert len(warnings) == 1, warnings
+    assert events[0] == warnings[0]  # before the first streamed token
+    assert "`max_position_embeddings` (8)" in warnings[0] and "\n" not in warnings[0]
+    assert not any("friendly reminder" in event for event in events)
+
+
+def test_rope_within_max_positions_and_dynamic_rope_do_not_warn(caplog):
+    ids = torch.randint(3, 97, (1, 6))
+    with caplog.at_level(logging.WARNING, logger="archlab.modeling.rotary"):
+        DecoderForCausalLM(tiny_decoder_config(max_position_embeddings=8)).eval()(ids)
+        dynamic = {"rope_type": "dynamic", "factor": 2.0}
+        dynamic = tiny_decoder_config(max_position_embeddings=4, rope_parameters=dynamic)
+        DecoderForCausalLM(dynamic).eval()(ids)  # rescales itself past the length: its purpose
+    assert not caplog.records
+
+
+def test_learned_positions_past_the_table_still_fail_with_the_field_named():
+    model = DecoderForCausalLM(tiny_decoder_config(position_embedding_type="learned", max_position_embeddings=8))
+    with pytest.raises(ValueError, match="max_position_embeddings"):
+        model.eval()(torch.randint(3, 97, (1, 10)))

@@ -1,0 +1,124 @@
+"""The benchmark tool (scripts/benchmark.py): every suite it names exists, bad arguments fail at parsing, the step
+profile adds up without Kineto's marker lines on stderr, and the dense suite runs end to end at `--quick` size. No
+timing is asserted anywhere."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from archlab.scripts import benchmark
+from archlab.training.benchmarking import make_optimizer, time_breakdown, training_step
+from archlab import DecoderForCausalLM
+from helpers import tiny_decoder_config
+
+
+@pytest.mark.parametrize("name", sorted({*benchmark.SUITES, *benchmark.EXTERNAL_SUITES}))
+def test_every_named_suite_exists(name):
+    if name in benchmark.EXTERNAL_SUITES:
+        module = importlib.import_module(f"archlab.scripts.{benchmark.EXTERNAL_SUITES[name]}")
+        assert callable(module.run)
+    else:
+        assert callable(benchmark.SUITES[name])
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--rounds", "0"], "--rounds must be >= 1"),
+    (["--batch-size", "0"], "--batch-size must be >= 1"),
+    (["--rounds", "-1", "--quick"], "--rounds must be >= 1"),
+    (["--threads", "0"], "--threads must be >= 1, got 0"),
+    (["--suite", "nope"], "invalid choice: 'nope'"),
+    (["--optim", "sgd"], "invalid choice: 'sgd'"),
+])
+def test_bad_arguments_fail_at_parsing(argv, message, capsys):
+    with pytest.raises(SystemExit) as error:
+        benchmark.main(argv)
+    assert error.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_default_optimizer_is_the_one_trainer_builds(tmp_path):
+    """The benchmarks time the optimiser a Trainer user gets by default, configured as Trainer configures it."""
+    from transformers import Trainer, TrainingArguments
+
+    model = DecoderForCausalLM(tiny_decoder_config())
+    default_optim = benchmark.build_parser().parse_args([]).optim
+    args = TrainingArguments(output_dir=str(tmp_path), report_to=[], use_cpu=True)
+    assert default_optim == args.optim.value
+    cls, kwargs = Trainer.get_optimizer_cls_and_kwargs(args, model)
+    ours = make_optimizer(model, default_optim)
+    assert type(ours) is cls
+    for key in ("fused", "foreach"):
+        assert ours.defaults[key] == kwargs.get(key, ours.defaults[key]), key
+    with pytest.raises(ValueError, match="allowed: \\['adamw_torch', 'adamw_torch_fused'\\]"):
+        make_optimizer(model, "adafactor")
+
+
+def test_time_breakdown_adds_up_and_sees_the_gemms():
+    model = DecoderForCausalLM(tiny_decoder_config())
+    ids = torch.randint(3, 97, (2, 16))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    shares = time_breakdown(training_step(model, {"input_ids": ids, "labels": ids}, optimizer))
+    assert set(shares) == {"gemm", "attention", "other"}
+    assert shares["gemm"] > 0 and shares["attention"] > 0 and shares["other"] > 0
+    assert sum(shares.values()) == pytest.approx(1.0)
+
+
+PROFILE_A_MATMUL = """
+import torch
+from archlab.training.benchmarking import time_breakdown
+a = torch.randn(64, 64)
+print(time_breakdown(lambda: a @ a)["gemm"] > 0)
+"""
+
+
+def _profile_in_a_fresh_process(**env: str) -> subprocess.CompletedProcess:
+    """Kineto reads its log level once per process, so each setting needs its own interpreter."""
+    base = {k: v for k, v in os.environ.items() if k != "KINETO_LOG_LEVEL"}
+    return subprocess.run([sys.executable, "-c", PROFILE_A_MATMUL], env={**base, **env}, capture_output=True,
+                          text=True, timeout=300)
+
+
+@pytest.mark.slow
+def test_profile_prints_no_kineto_markers_unless_the_caller_asks_for_them():
+    quiet = _profile_in_a_fresh_process()
+    assert quiet.returncode == 0 and quiet.stdout.strip() == "True", quiet.stderr
+    assert "USDT" not in quiet.stderr and "profiler_start" not in quiet.stderr, quiet.stderr
+    verbose = _profile_in_a_fresh_process(KINETO_LOG_LEVEL="5")  # the caller's level wins (and the check can fail)
+    assert "profiler_start" in verbose.stderr, verbose.stderr
+
+
+@pytest.mark.slow
+def test_dense_suite_runs_at_quick_size(tmp_path, capsys):
+    out = tmp_path / "dense.md"
+    assert benchmark.main(["--quick", "--threads", "2", "--output", str(out)]) == 0
+    table = out.read_text()
+    for row in ("training tokens/s, fp32", "training tokens/s, bf16 autocast", "peak memory of a training step",
+                "generation tokens/s, batch 1", "generation tokens/s, batch 8", "Where LlamaForCausalLM's training step"):
+        assert row in table, row
+
+
+def test_interleaved_rounds_warm_up_then_balance_the_order():
+    """Every suite's timing loop: one untimed warm-up call each, then rounds whose order rotates (two runs alternate
+    which goes first; with more, every other round is also reversed, so no run always follows the same one)."""
+    from archlab.training.benchmarking import compare_speed, interleaved_rounds
+
+    calls = []
+    runs = {name: (lambda name=name: calls.append(name)) for name in "ab"}
+    times = interleaved_rounds(runs, rounds=4)
+    assert "".join(calls) == "ab" + "ab" + "ba" + "ab" + "ba"
+    assert {name: len(seconds) for name, seconds in times.items()} == {"a": 4, "b": 4}
+
+    calls.clear()
+    interleaved_rounds({name: (lambda name=name: calls.append(name)) for name in "abc"}, rounds=4, warmup=0)
+    assert "".join(calls) == "abc" + "acb" + "cab" + "cba"
+
+    calls.clear()
+    median_a, median_p, ratio = compare_speed(runs["a"], runs["b"], rounds=3)
+    assert "".join(calls) == "ab" + "ab" + "ba" + "ab"
+    assert median_a > 0 and median_p > 0 and ratio > 0

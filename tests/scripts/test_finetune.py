@@ -1,0 +1,188 @@
+"""scripts/finetune.py: instruction tuning (loss on responses only), classification (accuracy/F1), seq2seq on the
+embedded code -> docstring task (BLEU/chrF/exact match), and its bad inputs."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+from datasets import Dataset
+from huggingface_hub import ModelCard
+from transformers import AutoModelForSequenceClassification, EvalPrediction
+
+import archlab
+from archlab.scripts import finetune
+from archlab.tokenization.data import IGNORE_INDEX
+from archlab.tokenization.training import save_tokenizer, train_tokenizer
+from archlab.training.metrics import classification_metrics, text_metrics
+from archlab.training.task_data import as_messages, tokenize_instruct
+
+from helpers import TINY_SEQ2SEQ_OVERRIDES, tiny_decoder_config
+
+
+def sentiment_rows(n: int, seed: int) -> list[dict[str, str]]:
+    rng = random.Random(seed)
+    rows = []
+    for i in range(n):
+        positive = rng.random() < 0.5
+        words = ["great", "lovely", "fine", "good"] if positive else ["bad", "awful", "poor", "sad"]
+        rows.append({"text": " ".join(rng.choices(words, k=6)) + f" {i}", "label": "pos" if positive else "neg"})
+    return rows
+
+
+def instruction_rows(n: int) -> list[dict[str, str]]:
+    return [{"prompt": f"Return {i} squared.", "response": f"def f():\n    return {i} ** 2"} for i in range(n)]
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny saved decoder with its tokenizer, plus data files."""
+    folder = tmp_path_factory.mktemp("finetune")
+    texts = [r["text"] for r in sentiment_rows(50, 0)] + [r["prompt"] + r["response"] for r in instruction_rows(50)]
+    tokenizer = train_tokenizer(texts, "decoder", vocab_size=300, min_frequency=1)
+    model = archlab.DecoderForCausalLM(tiny_decoder_config(vocab_size=len(tokenizer)))
+    model.save_pretrained(folder / "base")
+    save_tokenizer(tokenizer, folder / "base")
+    Dataset.from_list(sentiment_rows(80, 1)).to_csv(folder / "train.csv")
+    Dataset.from_list(sentiment_rows(40, 2)).to_csv(folder / "validation.csv")
+    (folder / "instruct.jsonl").write_text("".join(json.dumps(r) + "\n" for r in instruction_rows(24)))
+    return folder
+
+
+def run_args(out: Path, *extra: str) -> list[str]:
+    return ["--output_dir", str(out), "--max_steps", "10", "--per_device_train_batch_size", "8",
+            "--per_device_eval_batch_size", "8", "--learning_rate", "3e-3", "--warmup_steps", "0",
+            "--logging_steps", "2", "--eval_strategy", "no", "--save_steps", "5", "--disable_tqdm", "true",
+            "--dataloader_pin_memory", "false", *extra]
+
+
+def test_instruct_labels_cover_only_the_responses(work: Path) -> None:
+    tokenizer = archlab.tokenization.training.load_tokenizer(work / "base")
+    args = finetune.FinetuneArguments(prompt_column="prompt", response_column="response")
+    dataset = as_messages(Dataset.from_list(instruction_rows(5)), args)
+    encoded = tokenize_instruct(dataset, tokenizer, args, max_length=128, num_proc=None)
+    for row, source in zip(encoded, instruction_rows(5)):
+        trained = [t for t in row["labels"] if t != IGNORE_INDEX]
+        assert tokenizer.decode(trained) == source["response"] + "<|im_end|>"
+        assert len(row["labels"]) == len(row["input_ids"])
+
+
+def test_instruct_end_to_end(tmp_path: Path, work: Path) -> None:
+    data = str(work / "instruct.jsonl")
+    metrics = finetune.main(run_args(
+        tmp_path / "chat", "--task", "instruct", "--model_name_or_path", str(work / "base"), "--train_file", data,
+        "--validation_file", data, "--prompt_column", "prompt", "--response_column", "response",
+    ))
+    assert metrics["eval_loss"] < metrics["before_eval_loss"]
+    assert (tmp_path / "chat" / "model.safetensors").exists() and (tmp_path / "chat" / "loss_curve.png").exists()
+
+
+def test_classification_end_to_end(tmp_path: Path, work: Path) -> None:
+    out = tmp_path / "cls"
+    metrics = finetune.main(run_args(
+        out, "--task", "classification", "--model_name_or_path", str(work / "base"),
+        "--train_file", str(work / "train.csv"), "--validation_file", str(work / "validation.csv"),
+        "--block_size", "32",
+    ))
+    assert metrics["eval_accuracy"] >= 0.9 and metrics["eval_f1"] >= 0.9
+    assert metrics["before_eval_accuracy"] < 0.9
+    model = AutoModelForSequenceClassification.from_pretrained(out)
+    assert model.config.id2label == {0: "neg", 1: "pos"}
+
+
+@pytest.mark.slow
+def test_seq2seq_on_the_embedded_docstring_task(tmp_path: Path) -> None:
+    metrics = finetune.main(run_args(
+        tmp_path / "docstrings", "--task", "seq2seq", "--max_train_samples", "64", "--max_eval_samples", "8",
+        "--tokenizer_vocab_size", "400", "--config_overrides", TINY_SEQ2SEQ_OVERRIDES, "--generation_max_length", "8",
+        "--max_steps", "4",
+    ))
+    for key in ("eval_bleu", "eval_chrf", "eval_exact_match", "before_eval_chrf"):
+        assert 0.0 <= metrics[key] <= 100.0
+    assert json.loads((tmp_path / "docstrings" / "config.json").read_text())["model_type"] == "archlab_seq2seq"
+    # evaluation by generation leaves the saved generation config as the model had it: no stray max_length=20
+    saved = json.loads((tmp_path / "docstrings" / "generation_config.json").read_text())
+    assert "max_length" not in saved and "num_beams" not in saved, saved
+    # code -> first docstring sentence is a summarisation task, and the card says so
+    assert ModelCard.load(tmp_path / "docstrings" / "README.md").data.pipeline_tag == "summarization"
+
+
+def test_metrics() -> None:
+    logits = np.array([[2.0, 0.0], [0.0, 1.0], [3.0, 1.0], [0.0, 5.0]])
+    result = classification_metrics(EvalPrediction(predictions=logits, label_ids=np.array([0, 1, 1, 1])))
+    # class 0: P=1/2, R=1 -> F1 2/3; class 1: P=1, R=2/3 -> F1 4/5
+    assert result["accuracy"] == 0.75 and result["f1"] == pytest.approx((2 / 3 + 4 / 5) / 2)
+    same = text_metrics(["Return the sum of a and b."], ["Return the  sum of a and b."])
+    assert same == {"bleu": pytest.approx(100.0), "chrf": pytest.approx(100.0), "exact_match": 100.0}
+    assert text_metrics(["zzz"], ["Return the sum."])["exact_match"] == 0.0
+
+
+def test_bad_inputs(tmp_path: Path, work: Path) -> None:
+    out = tmp_path / "bad"
+    base = ["--model_name_or_path", str(work / "base")]
+    with pytest.raises(ValueError, match="classification needs --train_file"):
+        finetune.main(run_args(out, "--task", "classification", *base))
+    with pytest.raises(ValueError, match="allowed values: instruct, classification, seq2seq"):
+        finetune.main(run_args(out, "--task", "translation", *base))
+    with pytest.raises(ValueError, match="Column 'category' not found"):
+        finetune.main(run_args(out, "--task", "classification", *base, "--train_file", str(work / "train.csv"),
+                               "--label_column_name", "category"))
+    with pytest.raises(ValueError, match="Conflicting flags: --task seq2seq trains a seq2seq, not --model_kind"):
+        finetune.main(run_args(out, "--task", "seq2seq", "--model_kind", "masked_lm"))
+    with pytest.raises(ValueError, match="only --task seq2seq chooses its card's task, one of translation, summar"):
+        finetune.main(run_args(out, "--task", "instruct", *base, "--pipeline_tag", "summarization"))
+    with pytest.raises(ValueError, match="`--pipeline_tag`='text-generation'"):
+        finetune.main(run_args(out, "--task", "seq2seq", "--pipeline_tag", "text-generation"))
+    with pytest.raises(ValueError, match="--prompt_column and --response_column go together"):
+        finetune.main(run_args(out, "--task", "instruct", *base, "--train_file", str(work / "instruct.jsonl"),
+                               "--prompt_column", "prompt"))
+    with pytest.raises(ValueError, match="--max_source_length must be >= 1"):
+        finetune.main(run_args(out, "--task", "seq2seq", "--max_source_length", "-3"))
+    with pytest.raises(ValueError, match="--max_target_length must be >= 1"):
+        finetune.main(run_args(out, "--task", "seq2seq", "--max_target_length", "0"))
+    with pytest.raises(ValueError, match="--learning_rate must be > 0, got -1.0"):
+        finetune.main(run_args(out, "--task", "instruct", *base, "--learning_rate", "-1"))
+    with pytest.raises(ValueError, match="--per_device_train_batch_size must be >= 1, got 0"):
+        finetune.main(run_args(out, "--task", "instruct", *base, "--per_device_train_batch_size", "0"))
+    assert not out.exists()
+
+
+def test_a_damaged_base_model_is_named_before_anything_is_read(tmp_path: Path, work: Path) -> None:
+    import shutil
+
+    base = tmp_path / "base"
+    shutil.copytree(work / "base", base)
+    (base / "model.safetensors").write_bytes(b"")
+    out = tmp_path / "out"
+    with pytest.raises(ValueError, match=f"--model_name_or_path '{base}': {base / 'model.safetensors'} is damaged"):
+        finetune.main(run_args(out, "--task", "instruct", "--model_name_or_path", str(base)))
+    assert not out.exists()
+
+
+def test_the_task_table_has_one_row_per_task_choice() -> None:
+    """`--task` takes exactly the rows of the task table, and each row names a model kind the scripts build and
+    reports every metric it computes in its before/after lines."""
+    import dataclasses
+
+    from archlab.training.kinds import MODEL_KINDS
+    from archlab.training.tasks import TASKS
+
+    task_flag = next(f for f in dataclasses.fields(finetune.FinetuneArguments) if f.name == "task")
+    assert task_flag.metadata["help"].split(" | ") == list(TASKS) == ["instruct", "classification", "seq2seq"]
+    assert task_flag.default in TASKS
+    assert {name: task.model_kind for name, task in TASKS.items()} == {
+        "instruct": "decoder", "classification": "decoder", "seq2seq": "seq2seq"}
+    assert all(task.model_kind in MODEL_KINDS for task in TASKS.values())
+
+    logits = np.array([[2.0, 0.0], [0.0, 1.0]])
+    computed = {
+        "instruct": TASKS["instruct"].view({"eval_loss": 1.0}),
+        "classification": {"eval_loss": 1.0, **{f"eval_{k}": v for k, v in TASKS["classification"].compute_metrics(
+            None)(EvalPrediction(predictions=logits, label_ids=np.array([0, 1]))).items()}},
+        "seq2seq": {"eval_loss": 1.0, **{f"eval_{k}": v for k, v in text_metrics(["a b"], ["a b"]).items()}},
+    }
+    for name, metrics in computed.items():
+        assert set(TASKS[name].summary_keys) == set(metrics), name

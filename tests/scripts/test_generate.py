@@ -1,0 +1,145 @@
+"""scripts/generate.py: streamed generation from saved decoder and seq2seq folders, and its errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+import archlab
+from archlab.scripts import generate
+from archlab.tokenization.training import save_tokenizer, train_tokenizer
+
+from helpers import REPO, tiny_decoder_config, tiny_seq2seq_config
+
+TEXTS = [f"def f{i}(x):\n    return x + {i}\n" for i in range(40)]
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    folder = tmp_path_factory.mktemp("generate")
+    torch.manual_seed(0)
+    decoder_tok = train_tokenizer(TEXTS, "decoder", vocab_size=200, min_frequency=1)
+    decoder = archlab.DecoderForCausalLM(tiny_decoder_config(vocab_size=len(decoder_tok)))
+    decoder.save_pretrained(folder / "decoder")
+    save_tokenizer(decoder_tok, folder / "decoder")
+
+    seq_tok = train_tokenizer(TEXTS, "seq2seq", vocab_size=200, min_frequency=1)
+    config = tiny_seq2seq_config(vocab_size=len(seq_tok))
+    archlab.Seq2SeqForConditionalGeneration(config).save_pretrained(folder / "seq2seq")
+    save_tokenizer(seq_tok, folder / "seq2seq")
+
+    masked_tok = train_tokenizer(TEXTS, "masked_lm", vocab_size=200, min_frequency=1)
+    archlab.EncoderForMaskedLM(config).save_pretrained(folder / "masked")
+    save_tokenizer(masked_tok, folder / "masked")
+    return {"decoder": folder / "decoder", "seq2seq": folder / "seq2seq", "masked": folder / "masked"}
+
+
+def test_decoder_streams_what_greedy_generate_returns(saved: dict[str, Path], capsys) -> None:
+    text = generate.main(["--model_name_or_path", str(saved["decoder"]), "--prompt", "def f1(x):",
+                          "--max_new_tokens", "12", "--do_sample", "false"])
+    model = archlab.DecoderForCausalLM.from_pretrained(saved["decoder"]).eval()
+    tokenizer = archlab.tokenization.training.load_tokenizer(saved["decoder"])
+    inputs = tokenizer("def f1(x):", return_tensors="pt")
+    expected = model.generate(**inputs, max_new_tokens=12, do_sample=False, pad_token_id=tokenizer.pad_token_id,
+                              eos_token_id=tokenizer.eos_token_id)
+    assert text == tokenizer.decode(expected[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True)
+    printed = capsys.readouterr().out
+    assert printed.startswith("def f1(x):") and text.strip() in printed  # the streamer printed it
+
+
+def test_sampling_is_seeded_and_chat_works(saved: dict[str, Path]) -> None:
+    args = ["--model_name_or_path", str(saved["decoder"]), "--max_new_tokens", "10", "--stream", "false"]
+    assert generate.main(args + ["--seed", "3"]) == generate.main(args + ["--seed", "3"])
+    assert isinstance(generate.main(args + ["--chat", "true", "--prompt", "add one"]), str)
+
+
+def test_seq2seq_generation(saved: dict[str, Path], capsys) -> None:
+    text = generate.main(["--model_name_or_path", str(saved["seq2seq"]), "--prompt", "def f(x): return x",
+                          "--max_new_tokens", "6", "--do_sample", "false", "--num_beams", "2", "--stream", "false"])
+    assert isinstance(text, str) and "tokens generated" in capsys.readouterr().out
+
+
+def test_errors(saved: dict[str, Path], tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="holds no saved model"):
+        generate.main(["--model_name_or_path", str(tmp_path / "nothing")])
+    with pytest.raises(ValueError, match="does not generate text"):
+        generate.main(["--model_name_or_path", str(saved["masked"])])
+    with pytest.raises(ValueError, match="Conflicting flags: --num_beams"):
+        generate.main(["--model_name_or_path", str(saved["decoder"]), "--num_beams", "3"])
+    with pytest.raises(ValueError, match="beam search .* cannot stream"):
+        generate.main(["--model_name_or_path", str(saved["decoder"]), "--num_beams", "3", "--do_sample", "false"])
+    with pytest.raises(ValueError, match="--chat true needs a tokenizer with a chat template"):
+        generate.main(["--model_name_or_path", str(saved["seq2seq"]), "--chat", "true"])
+
+
+@pytest.mark.parametrize("damage", ["truncated", "empty"])
+def test_a_damaged_weights_file_is_named_in_one_error_line(saved: dict[str, Path], tmp_path: Path, capsys,
+                                                           damage: str) -> None:
+    import shutil
+
+    from archlab.scripts.arguments import run_cli
+
+    folder = tmp_path / "decoder"
+    shutil.copytree(saved["decoder"], folder)
+    weights = folder / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2] if damage == "truncated" else b"")
+    with pytest.raises(SystemExit) as exit_:
+        run_cli(lambda: generate.main(["--model_name_or_path", str(folder)]))
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: --model_name_or_path {str(folder)!r}: {weights} is damaged or not a safetensors "
+                          "file") and err.count("\n") == 1
+
+
+def test_a_folder_without_tokenizer_files_is_named(saved: dict[str, Path], tmp_path: Path) -> None:
+    import shutil
+
+    folder = tmp_path / "no_tokenizer"
+    folder.mkdir()
+    for name in ("config.json", "generation_config.json", "model.safetensors"):
+        shutil.copy(saved["decoder"] / name, folder / name)
+    with pytest.raises(FileNotFoundError, match="--model_name_or_path '.*no_tokenizer' holds no tokenizer"):
+        generate.main(["--model_name_or_path", str(folder)])
+
+
+@pytest.mark.parametrize("flag, value, message", [
+    ("--top_p", "2", r"--top_p must be in \(0, 1\], got 2.0"),
+    ("--top_p", "0", r"--top_p must be in \(0, 1\], got 0.0"),
+    ("--top_k", "-1", "--top_k must be >= 0"),
+    ("--repetition_penalty", "0", "--repetition_penalty must be > 0"),
+    ("--num_beams", "0", "--num_beams must be >= 1"),
+])
+def test_out_of_range_values_fail_before_loading(tmp_path: Path, flag: str, value: str, message: str) -> None:
+    (tmp_path / "config.json").write_text("{}")  # check() runs before any model or tokenizer is read
+    with pytest.raises(ValueError, match=message):
+        generate.main(["--model_name_or_path", str(tmp_path), flag, value, "--do_sample", "false"])
+
+
+def test_bad_input_is_one_error_line_not_a_traceback(tmp_path, capsys):
+    """The scripts' command-line entry: archlab's own input errors print `error: ...` and exit 2 (as argparse does);
+    an error raised inside another library keeps its traceback."""
+    import json
+
+    from archlab.scripts.arguments import run_cli
+
+    with pytest.raises(SystemExit) as exit_:
+        run_cli(lambda: generate.main(["--model_name_or_path", str(tmp_path / "nowhere")]))
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --model_name_or_path ") and "holds no saved model" in err
+    with pytest.raises(json.JSONDecodeError):
+        run_cli(lambda: json.loads("{"))
+
+
+def test_command_line_error_exit_code(tmp_path):
+    import subprocess
+    import sys
+
+    script = REPO / "scripts" / "generate.py"
+    run = subprocess.run([sys.executable, str(script), "--model_name_or_path", str(tmp_path / "nowhere")],
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 2
+    assert "Traceback" not in run.stderr
+    assert "error: --model_name_or_path" in run.stderr and "holds no saved model (config.json)" in run.stderr

@@ -1,0 +1,356 @@
+"""scripts/pretrain.py end to end on tiny settings: outputs, bad inputs (clear errors, nothing written), and resuming
+after SIGKILL ends exactly where an uninterrupted run ends."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from archlab.scripts import pretrain
+from archlab.tokenization.training import save_tokenizer, train_tokenizer
+from archlab.training import pretraining, sources
+from helpers import TINY_DECODER_OVERRIDES, TINY_SEQ2SEQ_OVERRIDES
+
+
+def code_texts(n: int) -> list[str]:
+    return [f"def function_{i}(value):\n    total = value * {i}\n    return total + {i % 7}\n" * 3 for i in range(n)]
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("data")
+    texts = code_texts(60)
+    (folder / "train.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    (folder / "content.jsonl").write_text("".join(json.dumps({"content": t}) + "\n" for t in texts))
+    (folder / "empty.csv").write_text("text\n")
+    (folder / "blank.txt").write_text("\n \n")
+    (folder / "latin1.txt").write_bytes("café au lait\n".encode("latin-1") * 40)
+    (folder / "latin1.csv").write_bytes("text\ncafé\n".encode("latin-1") * 40)
+    tokenizer = train_tokenizer(texts, "decoder", vocab_size=300, min_frequency=1)
+    save_tokenizer(tokenizer, folder / "tokenizer")
+    return folder
+
+
+def tiny_args(out: Path, data_dir: Path, *extra: str, train_file: str | None = "train.jsonl") -> list[str]:
+    args = [
+        "--output_dir", str(out), "--cache_dir", str(data_dir / "cache"),
+        "--max_steps", "6", "--per_device_train_batch_size", "4", "--per_device_eval_batch_size", "4",
+        "--block_size", "32", "--config_overrides", TINY_DECODER_OVERRIDES,
+        "--eval_steps", "3", "--save_steps", "3", "--logging_steps", "1", "--warmup_steps", "0",
+        "--eval_max_blocks", "8", "--sample_max_new_tokens", "8", "--disable_tqdm", "true",
+        "--dataloader_pin_memory", "false", "--preprocessing_num_workers", "1",
+    ]
+    if train_file:
+        args += ["--train_file", str(data_dir / train_file)]
+    return args + list(extra)
+
+
+def test_pretrain_decoder_end_to_end(tmp_path: Path, data_dir: Path) -> None:
+    out = tmp_path / "run"
+    metrics = pretrain.main(tiny_args(out, data_dir, "--tokenizer_vocab_size", "300", "--learning_rate", "3e-3"))
+    assert metrics["eval_loss"] < metrics["before_eval_loss"]
+    assert metrics["eval_perplexity"] == pytest.approx(torch.tensor(metrics["eval_loss"]).exp().item(), rel=1e-4)
+    for name in ("config.json", "model.safetensors", "tokenizer.json", "README.md", "loss_curve.png",
+                 "trainer_state.json", "all_results.json", "checkpoint-6"):
+        assert (out / name).exists(), name
+    assert not any(entry.startswith(".staging") for entry in os.listdir(out))
+    assert json.loads((out / "tokenizer_config.json").read_text())["tokenizer_class"] == "PreTrainedTokenizerFast"
+    model = AutoModelForCausalLM.from_pretrained(out)
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    assert model.config.vocab_size == len(tokenizer) and model.config.use_cache
+    assert "loss_curve.png" in (out / "README.md").read_text()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["seq2seq", "masked_lm"])
+def test_pretrain_other_kinds(tmp_path: Path, data_dir: Path, kind: str) -> None:
+    out = tmp_path / kind
+    args = tiny_args(out, data_dir, "--model_kind", kind, "--tokenizer_vocab_size", "300")
+    args[args.index(TINY_DECODER_OVERRIDES)] = TINY_SEQ2SEQ_OVERRIDES
+    metrics = pretrain.main(args)
+    assert metrics["eval_loss"] == metrics["eval_loss"]  # finite, not NaN
+    config = json.loads((out / "config.json").read_text())
+    assert config["model_type"] == "archlab_seq2seq" and (out / "tokenizer.json").exists()
+
+
+BAD_INPUTS = [
+    (["--train_file", "missing.jsonl"], FileNotFoundError, "missing.jsonl' does not exist"),
+    (["--train_file", "empty.csv"], ValueError, "train split is empty"),
+    (["--train_file", "content.jsonl"], ValueError, "Column 'text' not found in the train split"),
+    (["--tokenizer_name", "tokenizer", "--config_overrides", "vocab_size=100"], ValueError,
+     "tokenizer has \\d+ tokens but the model's `vocab_size` is 100"),
+    (["--block_size", "512", "--config_overrides", "max_position_embeddings=256"], ValueError,
+     "--block_size 512 exceeds the model's `max_position_embeddings` \\(256\\)"),
+    (["--dataset_name", "wikitext"], ValueError, "Conflicting flags: --dataset_name and --train_file"),
+    (["--tokenizer_name", "tokenizer", "--tokenizer_vocab_size", "500"], ValueError, "Conflicting flags"),
+    (["--preset", "tiny", "--config_name", "config.json"], ValueError, "Conflicting flags: --preset and --config_name"),
+    (["--streaming", "true", "--max_steps", "-1"], ValueError, "--streaming needs --max_steps"),
+    (["--model_kind", "encoder"], ValueError, "allowed values: decoder, seq2seq, masked_lm"),
+    (["--tokenizer_algorithm", "sentencepiece"], ValueError,
+     "--tokenizer_algorithm 'sentencepiece' is not supported; allowed values: bpe, wordpiece, unigram"),
+    (["--tokenizer_train_samples", "0"], ValueError, "--tokenizer_train_samples must be >= 1, got 0"),
+    (["--sample_by", "sentence"], ValueError, "--sample_by 'sentence' is not supported; allowed values: document"),
+    (["--max_train_samples", "-3"], ValueError, "--max_train_samples must be >= 1"),
+    (["--eval_max_blocks", "0"], ValueError, "--eval_max_blocks must be >= 1"),
+    (["--config_overrides", "num_hidden_layer=1"], ValueError,
+     "DecoderConfig has no field 'num_hidden_layer' \\(did you mean 'num_hidden_layers'\\?\\)"),
+    (["--resume_from_checkpoint", "true"], FileNotFoundError, "no checkpoint-N folder"),
+    (["--tokenizer_vocab_size", "5"], ValueError,
+     "--tokenizer_vocab_size must exceed the 6 special tokens of a decoder tokenizer, got 5"),
+    (["--train_file", "blank.txt"], ValueError, "The train split is empty: '.*blank.txt' holds no text"),
+    (["--train_file", "latin1.txt"], ValueError, "Data file '.*latin1.txt' is not UTF-8 text: byte 0xe9 at offset 3"),
+    (["--train_file", "latin1.csv"], ValueError, "Data file '.*latin1.csv' is not UTF-8 text: byte 0xe9 at offset 8"),
+    (["--config_overrides", 'hidden_size="32"'], ValueError, "`hidden_size` must be an int, got '32' \\(a str\\)"),
+    (["--config_overrides", 'rope_parameters={"rope_type":"spiral","rope_theta":1e4}'], ValueError,
+     "`rope_parameters\\['rope_type'\\]`='spiral' is not supported; allowed values: 'default', 'linear'"),
+]
+
+
+@pytest.mark.parametrize("extra, error, message", BAD_INPUTS, ids=[m[:30] for _, _, m in BAD_INPUTS])
+def test_bad_input_fails_before_anything_is_written(
+    tmp_path: Path, data_dir: Path, extra: list[str], error: type, message: str
+) -> None:
+    out = tmp_path / "run"
+    args = tiny_args(out, data_dir)
+    for flag, value in zip(extra[::2], extra[1::2]):
+        if flag in ("--train_file", "--tokenizer_name"):
+            value = str(data_dir / value)
+        if flag == "--config_overrides":
+            value = f"{TINY_DECODER_OVERRIDES},{value}"
+        if flag in args:
+            args[args.index(flag) + 1] = value
+        else:
+            args += [flag, value]
+    with pytest.raises(error, match=message):
+        pretrain.main(args)
+    assert not out.exists()
+
+
+def test_a_config_value_out_of_range_fails_before_the_tokenizer_is_trained(
+    tmp_path: Path, data_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def never(*args, **kwargs):
+        raise AssertionError("a tokenizer was trained before the config was checked")
+
+    monkeypatch.setattr(pretraining, "train_tokenizer", never)
+    args = tiny_args(tmp_path / "run", data_dir)
+    args[args.index("--config_overrides") + 1] = f"{TINY_DECODER_OVERRIDES},num_key_value_heads=3"
+    with pytest.raises(ValueError, match="`num_key_value_heads` \\(3\\) must divide `num_attention_heads`"):
+        pretrain.main(args)
+    assert not (tmp_path / "run").exists()
+
+
+TRAINING_FLAGS = [
+    (["--learning_rate", "-1"], "--learning_rate must be > 0, got -1.0"),
+    (["--per_device_train_batch_size", "0"], "--per_device_train_batch_size must be >= 1, got 0"),
+    (["--gradient_accumulation_steps", "0"], "--gradient_accumulation_steps must be >= 1, got 0"),
+    (["--max_steps", "0"], "--max_steps must be >= 1, or -1 (unset: train --num_train_epochs epochs), got 0"),
+    (["--max_steps", "-5"], "--max_steps must be >= 1, or -1 (unset: train --num_train_epochs epochs), got -5"),
+    (["--max_steps", "-1", "--num_train_epochs", "0"], "--num_train_epochs must be > 0 when --max_steps is -1"),
+    (["--save_steps", "0"], "--save_steps must be > 0 with --save_strategy steps"),
+    (["--eval_steps", "-2"], "--eval_steps must be > 0 with --eval_strategy steps"),
+    (["--logging_steps", "0"], "requires non-zero --logging_steps"),  # TrainingArguments' own check
+]
+
+
+@pytest.mark.parametrize("extra, message", TRAINING_FLAGS, ids=[" ".join(extra) for extra, _ in TRAINING_FLAGS])
+def test_training_flags_are_checked_before_data_is_read(
+    tmp_path: Path, data_dir: Path, monkeypatch: pytest.MonkeyPatch, extra: list[str], message: str
+) -> None:
+    def never(*args, **kwargs):
+        raise AssertionError("data was loaded before the training flags were checked")
+
+    monkeypatch.setattr(sources, "load_raw_datasets", never)
+    out = tmp_path / "run"
+    with pytest.raises(ValueError, match=re.escape(message)):
+        pretrain.main(tiny_args(out, data_dir, *extra))
+    assert not out.exists()
+
+
+def test_a_flag_that_training_arguments_rejects_is_one_error_line(tmp_path: Path, data_dir: Path, capsys) -> None:
+    from archlab.scripts.arguments import run_cli
+
+    with pytest.raises(SystemExit) as exit_:
+        run_cli(lambda: pretrain.main(tiny_args(tmp_path / "run", data_dir, "--warmup_steps", "-3")))
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err.startswith("error: Got warmup_steps = -3")
+
+
+def test_a_finished_model_is_not_replaced(tmp_path: Path, data_dir: Path) -> None:
+    """A folder holding a final model but no checkpoint (a run with --save_strategy no) is refused like one with
+    checkpoints."""
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "config.json").write_text("{}")
+    (out / "model.safetensors").write_bytes(b"weights")
+    with pytest.raises(ValueError, match="already holds a finished model: pass --overwrite_output_dir true"):
+        pretrain.main(tiny_args(out, data_dir, "--save_strategy", "no"))
+    with pytest.raises(FileNotFoundError, match="holds a finished model but has no checkpoint-N folder"):
+        pretrain.main(tiny_args(out, data_dir, "--resume_from_checkpoint", "true"))
+    assert sorted(os.listdir(out)) == ["config.json", "model.safetensors"]
+    assert (out / "model.safetensors").read_bytes() == b"weights"
+
+
+def test_existing_checkpoints_need_resume_or_overwrite(tmp_path: Path, data_dir: Path) -> None:
+    out = tmp_path / "run"
+    (out / "checkpoint-3").mkdir(parents=True)
+    with pytest.raises(ValueError, match="already holds checkpoint-3"):
+        pretrain.main(tiny_args(out, data_dir))
+    with pytest.raises(ValueError, match="Conflicting flags: --resume_from_checkpoint and --overwrite_output_dir"):
+        pretrain.main(tiny_args(out, data_dir, "--resume_from_checkpoint", "true", "--overwrite_output_dir", "true"))
+    assert os.listdir(out) == ["checkpoint-3"]
+
+
+KILLER = """
+import os, signal, sys
+from transformers import TrainerCallback
+from archlab.scripts import pretrain
+
+class KillAfterStep(TrainerCallback):
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step == int(os.environ["KILL_AT_STEP"]):
+            os.kill(os.getpid(), signal.SIGKILL)
+
+pretrain.main(sys.argv[1:], callbacks=[KillAfterStep()])
+"""
+
+
+@pytest.mark.slow
+def test_resume_after_sigkill_ends_where_an_uninterrupted_run_ends(tmp_path: Path, data_dir: Path) -> None:
+    common = ("--max_steps", "8", "--save_steps", "2", "--eval_strategy", "no", "--tokenizer_name",
+              str(data_dir / "tokenizer"), "--save_total_limit", "3")
+    reference = tmp_path / "reference"
+    pretrain.main(tiny_args(reference, data_dir, *common))
+
+    out = tmp_path / "killed"
+    env = {**os.environ, "KILL_AT_STEP": "5"}
+    run = subprocess.run([sys.executable, "-c", KILLER, *tiny_args(out, data_dir, *common)], env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == -9, run.stderr[-2000:]
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-2", "checkpoint-4"]
+    assert not (out / "config.json").exists()  # no final model from a killed run
+    (out / ".staging" / "checkpoint-6").mkdir(parents=True)  # as if killed in the middle of the next save
+
+    metrics = pretrain.main(tiny_args(out, data_dir, *common, "--resume_from_checkpoint", "true"))
+    assert not (out / ".staging").exists()
+    state = json.loads((out / "trainer_state.json").read_text())
+    assert state["global_step"] == 8
+    resumed, uninterrupted = load_file(out / "model.safetensors"), load_file(reference / "model.safetensors")
+    assert resumed.keys() == uninterrupted.keys()
+    for name in resumed:
+        torch.testing.assert_close(resumed[name], uninterrupted[name], atol=1e-6, rtol=1e-5)
+    reference_metrics = json.loads((reference / "all_results.json").read_text())
+    assert metrics["eval_loss"] == pytest.approx(reference_metrics["eval_loss"], abs=1e-6)
+
+
+# A constant learning rate: a run of 4 steps resumed to 6 trains what one run of 6 steps trains. Logging every 3 steps
+# and saving every 2 leaves checkpoint steps that only the log at each save covers.
+RESUMABLE = ("--eval_strategy", "no", "--lr_scheduler_type", "constant", "--save_steps", "2", "--logging_steps", "3",
+             "--tokenizer_vocab_size", "300")
+
+
+@pytest.mark.slow
+def test_resume_reuses_the_saved_tokenizer_and_reports_the_whole_runs_loss(
+    tmp_path: Path, data_dir: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture
+) -> None:
+    uninterrupted = pretrain.main(tiny_args(tmp_path / "reference", data_dir, *RESUMABLE, "--max_steps", "6"))
+    out = tmp_path / "run"
+    pretrain.main(tiny_args(out, data_dir, *RESUMABLE, "--max_steps", "4"))
+
+    def never(*args, **kwargs):
+        raise AssertionError("the resumed run trained a new tokenizer instead of loading the checkpoint's")
+
+    monkeypatch.setattr(pretraining, "train_tokenizer", never)
+    warnings = []  # transformers' loggers do not propagate to pytest's capture
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = lambda record: warnings.append(record.getMessage())
+    logging.getLogger("transformers.trainer").addHandler(handler)
+    capfd.readouterr()
+    try:
+        metrics = pretrain.main(tiny_args(out, data_dir, *RESUMABLE, "--max_steps", "6", "--resume_from_checkpoint",
+                                          "true"))
+    finally:
+        logging.getLogger("transformers.trainer").removeHandler(handler)
+    assert "Using the tokenizer saved in" in capfd.readouterr().out
+    assert not [w for w in warnings if "missing keys" in w], warnings  # the tied head loads with the embedding
+    assert json.loads((out / "trainer_state.json").read_text())["global_step"] == 6
+    # train_loss is the mean over all 6 steps (the Trainer's own averages the 2 resumed steps only)
+    assert metrics["train_loss"] == pytest.approx(uninterrupted["train_loss"], rel=1e-5)
+    assert json.loads((out / "all_results.json").read_text())["train_loss"] == metrics["train_loss"]
+
+
+@pytest.mark.slow
+def test_resuming_a_finished_run_changes_nothing(tmp_path: Path, data_dir: Path, capsys: pytest.CaptureFixture) -> None:
+    out = tmp_path / "run"
+    tokenizer = str(data_dir / "tokenizer")
+    args = tiny_args(out, data_dir, *RESUMABLE[:-2], "--max_steps", "4", "--tokenizer_name", tokenizer)
+    metrics = pretrain.main(args)
+    written = {path: path.stat().st_mtime_ns for path in out.rglob("*")}
+    capsys.readouterr()
+    again = pretrain.main(args + ["--resume_from_checkpoint", "true"])
+    assert "checkpoint-4 is at step 4 of --max_steps 4: the run is finished" in capsys.readouterr().out
+    assert {path: path.stat().st_mtime_ns for path in out.rglob("*")} == written
+    assert again == pytest.approx(metrics)
+
+    # killed after its last checkpoint, before the final save: the resume saves the final model without training
+    for path in out.iterdir():
+        if not path.name.startswith("checkpoint-"):
+            path.unlink()
+    pretrain.main(args + ["--resume_from_checkpoint", "true"])
+    assert json.loads((out / "trainer_state.json").read_text())["global_step"] == 4
+    assert sorted(path.name for path in out.glob("checkpoint-*")) == ["checkpoint-2", "checkpoint-4"]
+    final, checkpoint = load_file(out / "model.safetensors"), load_file(out / "checkpoint-4" / "model.safetensors")
+    assert final.keys() == checkpoint.keys() and all(torch.equal(final[k], checkpoint[k]) for k in final)
+
+
+def test_config_from_preset_json_and_overrides(tmp_path: Path, data_dir: Path) -> None:
+    from archlab.scripts.arguments import ModelArguments
+    from archlab.training.configs import build_config
+    from archlab.tokenization.training import load_tokenizer
+
+    tokenizer = load_tokenizer(data_dir / "tokenizer")
+    config = build_config(ModelArguments(preset="tiny", config_overrides="num_hidden_layers=2"), tokenizer, 64)
+    assert (config.hidden_size, config.num_hidden_layers, config.vocab_size) == (128, 2, len(tokenizer))
+    assert (config.pad_token_id, config.bos_token_id, config.eos_token_id) == (0, 1, 2)
+    path = tmp_path / "config.json"
+    config.to_json_file(path)
+    again = build_config(ModelArguments(config_name=str(path)), tokenizer, 64)
+    assert again.to_dict() == config.to_dict()
+    with pytest.raises(ValueError, match="Unknown preset 'huge'"):
+        build_config(ModelArguments(preset="huge"), tokenizer, 64)
+    with pytest.raises(ValueError, match="not of the form key=value"):
+        build_config(ModelArguments(config_overrides="hidden_size"), tokenizer, 64)
+
+
+def test_config_overrides_take_json_lists_and_objects() -> None:
+    from archlab.training.configs import parse_overrides
+
+    text = 'num_hidden_layers=2,layer_types=["sliding_attention","full_attention"],rope_parameters={"rope_type":' \
+           '"linear","factor":2.0},sliding_window=8,note="a,b"'
+    assert parse_overrides(text) == {
+        "num_hidden_layers": 2, "layer_types": ["sliding_attention", "full_attention"],
+        "rope_parameters": {"rope_type": "linear", "factor": 2.0}, "sliding_window": 8, "note": "a,b",
+    }
+
+
+def test_pretrain_streaming(tmp_path: Path, data_dir: Path) -> None:
+    out = tmp_path / "streamed"
+    metrics = pretrain.main(tiny_args(out, data_dir, "--streaming", "true", "--tokenizer_name",
+                                      str(data_dir / "tokenizer"), "--max_steps", "3", "--eval_steps", "3"))
+    assert metrics["eval_loss"] == metrics["eval_loss"] and (out / "model.safetensors").exists()
+    args = tiny_args(tmp_path / "x", data_dir, "--model_name_or_path", "runs/missing-model")
+    position = args.index("--config_overrides")
+    del args[position : position + 2]
+    with pytest.raises(OSError, match="'runs/missing-model' is neither a local folder nor loadable from the Hub"):
+        pretrain.main(args)
+    assert not (tmp_path / "x").exists()
