@@ -11,12 +11,6 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import pytest
 import torch
 
-import archlab
-from helpers import tiny_decoder_config
-
-# Re-exported for the test modules that still import them from here (the converter tests).
-from helpers import TINY, assert_close_to_scale, seq2seq_incremental_logits  # noqa: F401, E402
-
 
 def pytest_configure(config: pytest.Config) -> None:
     # marks that transformers' common model tests (test_transformers_common.py) put on some of their tests
@@ -28,8 +22,3 @@ def pytest_configure(config: pytest.Config) -> None:
 def _seed():
     torch.manual_seed(0)
     yield
-
-
-@pytest.fixture
-def tiny_config() -> archlab.DecoderConfig:
-    return tiny_decoder_config()

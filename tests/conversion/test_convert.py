@@ -10,9 +10,9 @@ import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
 from archlab.conversion import ConversionError, convert_checkpoint
-from conftest import TINY, tiny_decoder_config
+from helpers import REPO, TINY, tiny_decoder_config
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "convert_checkpoint.py"
+SCRIPT = REPO / "scripts" / "convert_checkpoint.py"
 
 
 @pytest.fixture
