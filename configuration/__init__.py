@@ -4,4 +4,12 @@ presets. Checkpoint conversion to and from stock Hugging Face families is `archl
 from ..modeling import DecoderConfig, Seq2SeqConfig
 from .presets import PRESET_NOTES, PRESETS, list_presets, preset_config, preset_kwargs
 
-__all__ = ["DecoderConfig", "Seq2SeqConfig", "PRESETS", "PRESET_NOTES", "list_presets", "preset_config", "preset_kwargs"]
+__all__ = [
+    "DecoderConfig",
+    "Seq2SeqConfig",
+    "PRESETS",
+    "PRESET_NOTES",
+    "list_presets",
+    "preset_config",
+    "preset_kwargs",
+]

@@ -14,11 +14,14 @@ from .family import Family, Layout, same
 from .marian import MARIAN_FIELDS, complete_shared_embeddings
 
 # Marian's fields without the two Bart does not have (one vocabulary, always shared)
-BART_FIELDS = tuple(name for name in MARIAN_FIELDS
-                    if name not in ("decoder_vocab_size", "share_encoder_decoder_embeddings"))
+BART_FIELDS = tuple(
+    name for name in MARIAN_FIELDS if name not in ("decoder_vocab_size", "share_encoder_decoder_embeddings")
+)
 
 BART = Family(
-    BartConfig, BartForConditionalGeneration, Seq2SeqForConditionalGeneration,
+    BartConfig,
+    BartForConditionalGeneration,
+    Seq2SeqForConditionalGeneration,
     fields=same(*BART_FIELDS),
     implied={"position_embedding_type": "learned", "position_embedding_offset": 2, "embedding_layernorm": True},
     layout=Layout(complete_shared_embeddings, complete_shared_embeddings),

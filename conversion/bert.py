@@ -47,8 +47,10 @@ RULES = WeightRules(
     ignore=(r"\.position_ids$", r"\.token_type_ids$", r"^bert\.pooler\.", r"^cls\.seq_relationship\."),
 )
 # the tied copies in the stock head -> what they copy
-TIED_COPIES = {"cls.predictions.decoder.weight": "bert.embeddings.word_embeddings.weight",
-               "cls.predictions.decoder.bias": "cls.predictions.bias"}
+TIED_COPIES = {
+    "cls.predictions.decoder.weight": "bert.embeddings.word_embeddings.weight",
+    "cls.predictions.decoder.bias": "cls.predictions.bias",
+}
 LEGACY_NORM_NAMES = {".gamma": ".weight", ".beta": ".bias"}
 
 
@@ -64,8 +66,10 @@ def _bert_weights_to_archlab(state_dict: StateDict, config: PreTrainedConfig) ->
     for copy, source in TIED_COPIES.items():
         tensor = renamed.pop(copy, None)
         if tensor is not None and source in renamed and not torch.equal(tensor, renamed[source]):
-            raise ConversionError(f"The checkpoint's `{copy}` differs from `{source}`; BertForMaskedLM would then not "
-                                  "tie them, and archlab's head has one projection and one bias.")
+            raise ConversionError(
+                f"The checkpoint's `{copy}` differs from `{source}`; BertForMaskedLM would then not "
+                "tie them, and archlab's head has one projection and one bias."
+            )
     return RULES.to_archlab(renamed, config)
 
 
@@ -94,35 +98,76 @@ def _bert_to_archlab(stock: PreTrainedConfig, values: Mapping[str, Any]) -> dict
             "head has one bias"
         )
     refuse_import("bert", wrong)
-    return {"decoder_layers": 1, "decoder_attention_heads": stock.num_attention_heads,
-            "decoder_ffn_dim": stock.intermediate_size, "decoder_start_token_id": None}
+    return {
+        "decoder_layers": 1,
+        "decoder_attention_heads": stock.num_attention_heads,
+        "decoder_ffn_dim": stock.intermediate_size,
+        "decoder_start_token_id": None,
+    }
 
 
 def _bert_from_archlab(config: PreTrainedConfig) -> dict[str, Any]:
     if not config.tie_word_embeddings:
-        refuse_export("BertForMaskedLM", {setting(config, "tie_word_embeddings"):
-                                          "BertForMaskedLM's head is the word embeddings"})
+        refuse_export(
+            "BertForMaskedLM", {setting(config, "tie_word_embeddings"): "BertForMaskedLM's head is the word embeddings"}
+        )
     return {"type_vocab_size": max(config.type_vocab_size, 1)}
 
 
 BERT = Family(
-    BertConfig, BertForMaskedLM, EncoderForMaskedLM,
-    fields={**same("vocab_size", "max_position_embeddings", "type_vocab_size", "layer_norm_eps", "use_cache",
-                   "pad_token_id", "bos_token_id", "eos_token_id", "tie_word_embeddings"),
-            "hidden_size": "d_model", "num_hidden_layers": "encoder_layers",
-            "num_attention_heads": "encoder_attention_heads", "intermediate_size": "encoder_ffn_dim",
-            "hidden_act": "activation_function", "hidden_dropout_prob": "dropout",
-            "attention_probs_dropout_prob": "attention_dropout", "initializer_range": "init_std"},
-    implied={"position_embedding_type": "learned", "embedding_layernorm": True, "scale_embedding": False,
-             "norm_position": "post", "norm_type": "layer_norm", "mlp_type": "plain", "attention_bias": True,
-             "mlp_bias": True},
-    to_archlab=_bert_to_archlab, from_archlab=_bert_from_archlab,
+    BertConfig,
+    BertForMaskedLM,
+    EncoderForMaskedLM,
+    fields={
+        **same(
+            "vocab_size",
+            "max_position_embeddings",
+            "type_vocab_size",
+            "layer_norm_eps",
+            "use_cache",
+            "pad_token_id",
+            "bos_token_id",
+            "eos_token_id",
+            "tie_word_embeddings",
+        ),
+        "hidden_size": "d_model",
+        "num_hidden_layers": "encoder_layers",
+        "num_attention_heads": "encoder_attention_heads",
+        "intermediate_size": "encoder_ffn_dim",
+        "hidden_act": "activation_function",
+        "hidden_dropout_prob": "dropout",
+        "attention_probs_dropout_prob": "attention_dropout",
+        "initializer_range": "init_std",
+    },
+    implied={
+        "position_embedding_type": "learned",
+        "embedding_layernorm": True,
+        "scale_embedding": False,
+        "norm_position": "post",
+        "norm_type": "layer_norm",
+        "mlp_type": "plain",
+        "attention_bias": True,
+        "mlp_bias": True,
+    },
+    to_archlab=_bert_to_archlab,
+    from_archlab=_bert_from_archlab,
     # the decoder's fields (EncoderForMaskedLM has no decoder), and the dropouts BERT has no field for (training only)
-    expressible=frozenset({
-        "decoder_layers", "decoder_attention_heads", "decoder_key_value_heads", "decoder_ffn_dim", "decoder_layerdrop",
-        "decoder_start_token_id", "decoder_vocab_size", "forced_eos_token_id", "scale_decoder_outputs",
-        "share_encoder_decoder_embeddings", "activation_dropout", "encoder_layerdrop",
-    }),
+    expressible=frozenset(
+        {
+            "decoder_layers",
+            "decoder_attention_heads",
+            "decoder_key_value_heads",
+            "decoder_ffn_dim",
+            "decoder_layerdrop",
+            "decoder_start_token_id",
+            "decoder_vocab_size",
+            "forced_eos_token_id",
+            "scale_decoder_outputs",
+            "share_encoder_decoder_embeddings",
+            "activation_dropout",
+            "encoder_layerdrop",
+        }
+    ),
     layout=Layout(_bert_weights_to_archlab, _bert_weights_from_archlab),
 )
 

@@ -33,8 +33,10 @@ def setting(config: PreTrainedConfig | Any, name: str) -> str:
 def fixed_ratio_width(config: PreTrainedConfig, architecture: str, ratio: int = 4) -> dict[str, str]:
     """The families whose MLP is always `ratio`·hidden wide (BLOOM, MPT, OpenAI-GPT): the refusal if it is not."""
     if config.intermediate_size != ratio * config.hidden_size:
-        return {setting(config, "intermediate_size"): f"{architecture}'s MLP is always {ratio} x hidden_size = "
-                                                       f"{ratio * config.hidden_size} wide"}
+        return {
+            setting(config, "intermediate_size"): f"{architecture}'s MLP is always {ratio} x hidden_size = "
+            f"{ratio * config.hidden_size} wide"
+        }
     return {}
 
 

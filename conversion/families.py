@@ -34,29 +34,51 @@ from transformers import (
 )
 
 from ..modeling import DecoderForCausalLM
+from .bart import BART
+from .bert import BERT
 from .checks import refuse_export, refuse_import, setting
+from .experts import MIXTRAL_LAYOUT, QWEN2_MOE_LAYOUT
 from .family import ConversionError, Family, same
 from .fused_decoders import FUSED_DECODERS
 from .layernorm_decoders import LAYERNORM_DECODERS
 from .marian import MARIAN
-from .bart import BART
-from .bert import BERT
-from .experts import MIXTRAL_LAYOUT, QWEN2_MOE_LAYOUT
 from .t5 import T5_VARIANTS, t5_family
 
 # LlamaConfig fields archlab's DecoderConfig shares with identical meaning.
 LLAMA_FIELDS = (
-    "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-    "num_key_value_heads", "head_dim", "hidden_act", "max_position_embeddings", "initializer_range", "rms_norm_eps",
-    "use_cache", "pad_token_id", "bos_token_id", "eos_token_id", "tie_word_embeddings", "rope_parameters",
-    "attention_bias", "attention_dropout", "mlp_bias",
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "hidden_act",
+    "max_position_embeddings",
+    "initializer_range",
+    "rms_norm_eps",
+    "use_cache",
+    "pad_token_id",
+    "bos_token_id",
+    "eos_token_id",
+    "tie_word_embeddings",
+    "rope_parameters",
+    "attention_bias",
+    "attention_dropout",
+    "mlp_bias",
 )
 # MistralConfig: Llama's fields without the bias flags, plus `sliding_window`, which makes every layer local.
-MISTRAL_FIELDS = tuple(name for name in LLAMA_FIELDS if name not in ("attention_bias", "mlp_bias")) + ("sliding_window",)
+MISTRAL_FIELDS = tuple(name for name in LLAMA_FIELDS if name not in ("attention_bias", "mlp_bias")) + (
+    "sliding_window",
+)
 # MixtralConfig: Mistral's fields plus the mixture of experts. Every layer is sparse, each expert is
 # `intermediate_size` wide, the top-k weights are always renormalised (archlab: `norm_topk_prob=True`).
 MIXTRAL_FIELDS = MISTRAL_FIELDS + (
-    "num_local_experts", "num_experts_per_tok", "output_router_logits", "router_aux_loss_coef", "router_jitter_noise",
+    "num_local_experts",
+    "num_experts_per_tok",
+    "output_router_logits",
+    "router_aux_loss_coef",
+    "router_jitter_noise",
 )
 
 # Gemma: Llama's fields without mlp_bias, and a (1 + w) RMSNorm and sqrt(hidden) embedding scale always.
@@ -64,8 +86,14 @@ GEMMA_FIELDS = tuple(name for name in LLAMA_FIELDS if name != "mlp_bias")
 GEMMA_IMPLIED = {"norm_type": "offset_rms_norm", "scale_embedding": True}
 # Gemma2: Gemma's, its activation named `hidden_activation`, plus the sandwich norm, soft-capping and local layers.
 GEMMA2_FIELDS = {
-    **same(*(name for name in GEMMA_FIELDS if name != "hidden_act"), "query_pre_attn_scalar", "sliding_window",
-           "layer_types", "attn_logit_softcapping", "final_logit_softcapping"),
+    **same(
+        *(name for name in GEMMA_FIELDS if name != "hidden_act"),
+        "query_pre_attn_scalar",
+        "sliding_window",
+        "layer_types",
+        "attn_logit_softcapping",
+        "final_logit_softcapping",
+    ),
     "hidden_activation": "hidden_act",
 }
 # Qwen3: Gemma's field list (no mlp_bias) with Mistral's window, and QK-norm always.
@@ -76,8 +104,16 @@ QWEN2_FIELDS = tuple(name for name in MISTRAL_FIELDS if name != "head_dim") + ("
 # Qwen2-MoE: Qwen2's, its own `qkv_bias` flag, and the experts (`num_experts` is archlab's `num_local_experts`; every
 # sparse layer also has a gated shared expert). Which layers are sparse is computed (`_qwen2_moe_to_archlab`).
 QWEN2_MOE_FIELDS = {
-    **same(*QWEN2_FIELDS, "qkv_bias", "moe_intermediate_size", "shared_expert_intermediate_size",
-           "num_experts_per_tok", "norm_topk_prob", "output_router_logits", "router_aux_loss_coef"),
+    **same(
+        *QWEN2_FIELDS,
+        "qkv_bias",
+        "moe_intermediate_size",
+        "shared_expert_intermediate_size",
+        "num_experts_per_tok",
+        "norm_topk_prob",
+        "output_router_logits",
+        "router_aux_loss_coef",
+    ),
     "num_experts": "num_local_experts",
 }
 
@@ -113,17 +149,21 @@ def _mixtral_from_archlab(config: PreTrainedConfig) -> dict[str, Any]:
 
 def _causal_only(family: str) -> Callable[[PreTrainedConfig, Mapping[str, Any]], dict[str, Any]]:
     """Gemma/Gemma2's `use_bidirectional_attention` (an encoder use) has no archlab field."""
+
     def to_archlab(stock: PreTrainedConfig, values: Mapping[str, Any]) -> dict[str, Any]:
         if stock.use_bidirectional_attention:
             refuse_import(family, {setting(stock, "use_bidirectional_attention"): "archlab's decoder is causal"})
         return {}
+
     return to_archlab
 
 
 def _gemma_from_archlab(config: PreTrainedConfig) -> dict[str, Any]:
     if config.hidden_act == "gelu":
-        refuse_export("GemmaForCausalLM", {setting(config, "hidden_act"): "GemmaConfig reads 'gelu' as the tanh "
-                                           "approximation 'gelu_pytorch_tanh'"})
+        refuse_export(
+            "GemmaForCausalLM",
+            {setting(config, "hidden_act"): "GemmaConfig reads 'gelu' as the tanh approximation 'gelu_pytorch_tanh'"},
+        )
     return {}
 
 
@@ -141,14 +181,24 @@ def _qwen2_moe_to_archlab(stock: PreTrainedConfig, values: Mapping[str, Any]) ->
     """Layer i is sparse when the model has experts, i + 1 is a multiple of `decoder_sparse_step` and i is not in
     `mlp_only_layers`; Qwen2MoeConfig writes `sliding_window=0` when `use_sliding_window` is off."""
     if stock.shared_expert_intermediate_size < 1 and stock.num_experts > 0:
-        refuse_import("qwen2_moe", {setting(stock, "shared_expert_intermediate_size"):
-                                    "a zero-width shared expert has no archlab form (0 there means none, without "
-                                    "the stock gate's weights)"})
-    sparse = [stock.num_experts > 0 and (i + 1) % stock.decoder_sparse_step == 0 and i not in stock.mlp_only_layers
-              for i in range(stock.num_hidden_layers)]
+        refuse_import(
+            "qwen2_moe",
+            {
+                setting(
+                    stock, "shared_expert_intermediate_size"
+                ): "a zero-width shared expert has no archlab form (0 there means none, without "
+                "the stock gate's weights)"
+            },
+        )
+    sparse = [
+        stock.num_experts > 0 and (i + 1) % stock.decoder_sparse_step == 0 and i not in stock.mlp_only_layers
+        for i in range(stock.num_hidden_layers)
+    ]
     sliding = "sliding_attention" in stock.layer_types
-    return {"mlp_layer_types": ["sparse" if s else "dense" for s in sparse],
-            "sliding_window": stock.sliding_window if sliding or stock.use_sliding_window else None}
+    return {
+        "mlp_layer_types": ["sparse" if s else "dense" for s in sparse],
+        "sliding_window": stock.sliding_window if sliding or stock.use_sliding_window else None,
+    }
 
 
 def _qwen2_moe_from_archlab(config: PreTrainedConfig) -> dict[str, Any]:
@@ -159,34 +209,82 @@ def _qwen2_moe_from_archlab(config: PreTrainedConfig) -> dict[str, Any]:
         )
     refuse_export("Qwen2MoeForCausalLM", wrong)
     dense = [i for i, kind in enumerate(config.mlp_layer_types) if kind == "dense"]
-    return {"qkv_bias": config.attention_bias if config.qkv_bias is None else config.qkv_bias,
-            "decoder_sparse_step": 1, "mlp_only_layers": dense, **_qwen3_from_archlab(config)}
+    return {
+        "qkv_bias": config.attention_bias if config.qkv_bias is None else config.qkv_bias,
+        "decoder_sparse_step": 1,
+        "mlp_only_layers": dense,
+        **_qwen3_from_archlab(config),
+    }
 
 
 FAMILIES: dict[str, Family] = {
     family.name: family
     for family in (
         Family(LlamaConfig, LlamaForCausalLM, DecoderForCausalLM, fields=same(*LLAMA_FIELDS)),
-        Family(MistralConfig, MistralForCausalLM, DecoderForCausalLM, fields=same(*MISTRAL_FIELDS),
-               from_archlab=_mistral_from_archlab, expressible=frozenset({"layer_types"})),
-        Family(MixtralConfig, MixtralForCausalLM, DecoderForCausalLM, fields=same(*MIXTRAL_FIELDS),
-               implied={"norm_topk_prob": True}, from_archlab=_mixtral_from_archlab,
-               # the router z-loss only changes training; it is dropped on export
-               expressible=frozenset({"layer_types", "router_z_loss_coef"}), layout=MIXTRAL_LAYOUT),
-        Family(GemmaConfig, GemmaForCausalLM, DecoderForCausalLM, fields=same(*GEMMA_FIELDS), implied=GEMMA_IMPLIED,
-               to_archlab=_causal_only("gemma"), from_archlab=_gemma_from_archlab),
-        Family(Gemma2Config, Gemma2ForCausalLM, DecoderForCausalLM, fields=GEMMA2_FIELDS,
-               implied={**GEMMA_IMPLIED, "norm_position": "sandwich"}, to_archlab=_causal_only("gemma2"),
-               from_archlab=_gemma2_from_archlab),
-        Family(Qwen3Config, Qwen3ForCausalLM, DecoderForCausalLM, fields=same(*QWEN3_FIELDS),
-               implied={"use_qk_norm": True}, from_archlab=_qwen3_from_archlab),
-        Family(Qwen2Config, Qwen2ForCausalLM, DecoderForCausalLM, fields=same(*QWEN2_FIELDS),
-               implied={"qkv_bias": True}, from_archlab=_qwen3_from_archlab),
-        Family(Qwen2MoeConfig, Qwen2MoeForCausalLM, DecoderForCausalLM, fields=QWEN2_MOE_FIELDS,
-               to_archlab=_qwen2_moe_to_archlab, from_archlab=_qwen2_moe_from_archlab,
-               # the router z-loss only changes training; it is dropped on export
-               expressible=frozenset({"mlp_layer_types", "router_z_loss_coef"}),
-               layout=QWEN2_MOE_LAYOUT),
+        Family(
+            MistralConfig,
+            MistralForCausalLM,
+            DecoderForCausalLM,
+            fields=same(*MISTRAL_FIELDS),
+            from_archlab=_mistral_from_archlab,
+            expressible=frozenset({"layer_types"}),
+        ),
+        Family(
+            MixtralConfig,
+            MixtralForCausalLM,
+            DecoderForCausalLM,
+            fields=same(*MIXTRAL_FIELDS),
+            implied={"norm_topk_prob": True},
+            from_archlab=_mixtral_from_archlab,
+            # the router z-loss only changes training; it is dropped on export
+            expressible=frozenset({"layer_types", "router_z_loss_coef"}),
+            layout=MIXTRAL_LAYOUT,
+        ),
+        Family(
+            GemmaConfig,
+            GemmaForCausalLM,
+            DecoderForCausalLM,
+            fields=same(*GEMMA_FIELDS),
+            implied=GEMMA_IMPLIED,
+            to_archlab=_causal_only("gemma"),
+            from_archlab=_gemma_from_archlab,
+        ),
+        Family(
+            Gemma2Config,
+            Gemma2ForCausalLM,
+            DecoderForCausalLM,
+            fields=GEMMA2_FIELDS,
+            implied={**GEMMA_IMPLIED, "norm_position": "sandwich"},
+            to_archlab=_causal_only("gemma2"),
+            from_archlab=_gemma2_from_archlab,
+        ),
+        Family(
+            Qwen3Config,
+            Qwen3ForCausalLM,
+            DecoderForCausalLM,
+            fields=same(*QWEN3_FIELDS),
+            implied={"use_qk_norm": True},
+            from_archlab=_qwen3_from_archlab,
+        ),
+        Family(
+            Qwen2Config,
+            Qwen2ForCausalLM,
+            DecoderForCausalLM,
+            fields=same(*QWEN2_FIELDS),
+            implied={"qkv_bias": True},
+            from_archlab=_qwen3_from_archlab,
+        ),
+        Family(
+            Qwen2MoeConfig,
+            Qwen2MoeForCausalLM,
+            DecoderForCausalLM,
+            fields=QWEN2_MOE_FIELDS,
+            to_archlab=_qwen2_moe_to_archlab,
+            from_archlab=_qwen2_moe_from_archlab,
+            # the router z-loss only changes training; it is dropped on export
+            expressible=frozenset({"mlp_layer_types", "router_z_loss_coef"}),
+            layout=QWEN2_MOE_LAYOUT,
+        ),
         *FUSED_DECODERS,
         *LAYERNORM_DECODERS,
         MARIAN,
@@ -196,5 +294,12 @@ FAMILIES: dict[str, Family] = {
     )
 }
 
-__all__ = ["FAMILIES", "GEMMA2_FIELDS", "GEMMA_FIELDS", "LLAMA_FIELDS", "MISTRAL_FIELDS", "MIXTRAL_FIELDS",
-           "QWEN3_FIELDS"]
+__all__ = [
+    "FAMILIES",
+    "GEMMA2_FIELDS",
+    "GEMMA_FIELDS",
+    "LLAMA_FIELDS",
+    "MISTRAL_FIELDS",
+    "MIXTRAL_FIELDS",
+    "QWEN3_FIELDS",
+]

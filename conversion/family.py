@@ -29,11 +29,26 @@ StateDict = dict[str, torch.Tensor]
 TRAINING_ONLY_FIELDS = frozenset({"lm_loss_chunk_size", "classifier_lm_loss_weight"})
 
 # PreTrainedConfig bookkeeping that is never architecture.
-BOOKKEEPING = frozenset({
-    "architectures", "auto_map", "transformers_version", "dtype", "torch_dtype", "model_type", "_name_or_path",
-    "id2label", "label2id", "problem_type", "output_hidden_states", "return_dict", "chunk_size_feed_forward",
-    "is_encoder_decoder", "tie_word_embeddings", "use_cache",
-})
+BOOKKEEPING = frozenset(
+    {
+        "architectures",
+        "auto_map",
+        "transformers_version",
+        "dtype",
+        "torch_dtype",
+        "model_type",
+        "_name_or_path",
+        "id2label",
+        "label2id",
+        "problem_type",
+        "output_hidden_states",
+        "return_dict",
+        "chunk_size_feed_forward",
+        "is_encoder_decoder",
+        "tie_word_embeddings",
+        "use_cache",
+    }
+)
 
 
 class ConversionError(ValueError):
@@ -111,8 +126,11 @@ class Family:
         expressible = type(config)(**{**self.implied, **{name: getattr(config, name) for name in kept}}).to_dict()
         current = config.to_dict()
         ignored = TRAINING_ONLY_FIELDS | BOOKKEEPING | kept
-        refused = {k: f"{k}={v!r} (it needs {expressible[k]!r})" for k, v in current.items()
-                   if k not in ignored and not k.startswith("_") and k in expressible and v != expressible[k]}
+        refused = {
+            k: f"{k}={v!r} (it needs {expressible[k]!r})"
+            for k, v in current.items()
+            if k not in ignored and not k.startswith("_") and k in expressible and v != expressible[k]
+        }
         for stock_name, ours in self.fields.items():
             if not isinstance(ours, str) and len({repr(getattr(config, name)) for name in ours}) > 1:
                 values = tuple(getattr(config, n) for n in ours)
@@ -129,11 +147,21 @@ class Family:
                 f"This archlab config is not {self.name}-equivalent: {details}. A stock {self.architecture} cannot "
                 "compute these variants; set them as given to export."
             )
-        kwargs = {stock_name: getattr(config, ours if isinstance(ours, str) else ours[0])
-                  for stock_name, ours in self.fields.items()}
+        kwargs = {
+            stock_name: getattr(config, ours if isinstance(ours, str) else ours[0])
+            for stock_name, ours in self.fields.items()
+        }
         kwargs.update(extra)
         return self.config_class(**kwargs, architectures=[self.architecture])
 
 
-__all__ = ["BOOKKEEPING", "ConversionError", "Family", "IDENTITY", "Layout", "StateDict", "TRAINING_ONLY_FIELDS",
-           "same"]
+__all__ = [
+    "BOOKKEEPING",
+    "ConversionError",
+    "Family",
+    "IDENTITY",
+    "Layout",
+    "StateDict",
+    "TRAINING_ONLY_FIELDS",
+    "same",
+]

@@ -49,8 +49,9 @@ def copy_side_files(src: Path, dst: Path) -> None:
             shutil.copy2(path, dst / path.name)
 
 
-def write_model(model_class: type[PreTrainedModel], config: PreTrainedConfig, state_dict: StateDict, src: Path,
-                dst: Path) -> Path:
+def write_model(
+    model_class: type[PreTrainedModel], config: PreTrainedConfig, state_dict: StateDict, src: Path, dst: Path
+) -> Path:
     """`model_class(config)` holding exactly `state_dict`, saved to `dst` with `src`'s side files. The model is built
     on the meta device and takes the tensors as they are (no second copy); `dst` is written in a temporary folder
     beside it and renamed into place."""

@@ -44,6 +44,7 @@ NO_DROPOUT = {"resid_pdrop": 0.0, "embd_pdrop": 0.0}  # GPT-2 and OpenAI-GPT def
 
 # --- GPT-NeoX (Pythia): parallel or sequential block, partial rotary ------------------------------------------------
 
+
 def _neox_to_archlab(stock: PreTrainedConfig, values: Mapping[str, Any]) -> dict[str, Any]:
     # use_parallel_residual=False is the sequential block with its two norms: plain pre-norm
     return {"norm_position": "parallel" if stock.use_parallel_residual else "pre"}
@@ -58,13 +59,30 @@ def _neox_from_archlab(config: PreTrainedConfig) -> dict[str, Any]:
 
 
 GPT_NEOX = Family(
-    GPTNeoXConfig, GPTNeoXForCausalLM, DecoderForCausalLM,
-    fields={**same("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-                   "hidden_act", "max_position_embeddings", "use_cache", "rope_parameters", "attention_bias",
-                   "attention_dropout", *TOKENS),
-            "layer_norm_eps": "rms_norm_eps"},
+    GPTNeoXConfig,
+    GPTNeoXForCausalLM,
+    DecoderForCausalLM,
+    fields={
+        **same(
+            "vocab_size",
+            "hidden_size",
+            "intermediate_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+            "hidden_act",
+            "max_position_embeddings",
+            "use_cache",
+            "rope_parameters",
+            "attention_bias",
+            "attention_dropout",
+            *TOKENS,
+        ),
+        "layer_norm_eps": "rms_norm_eps",
+    },
     implied={"norm_type": "layer_norm", "mlp_type": "plain", "mlp_bias": True},
-    to_archlab=_neox_to_archlab, from_archlab=_neox_from_archlab, expressible=frozenset({"norm_position"}),
+    to_archlab=_neox_to_archlab,
+    from_archlab=_neox_from_archlab,
+    expressible=frozenset({"norm_position"}),
     layout=WeightRules(
         (
             Rename("gpt_neox.embed_in", "model.embed_tokens"),
@@ -86,6 +104,7 @@ GPT_NEOX = Family(
 
 # --- Falcon: the new decoder architecture (parallel block, grouped k/v) and the old one (Falcon-7B, sequential) ------
 
+
 def _falcon_to_archlab(stock: PreTrainedConfig, values: Mapping[str, Any]) -> dict[str, Any]:
     """The new architecture has a parallel block with two norms (`ln_attn`, `ln_mlp`; `num_ln_in_parallel_attn=2`,
     the default) or one shared norm (`num_ln_in_parallel_attn=1`); the old one has the parallel block with one shared
@@ -93,8 +112,9 @@ def _falcon_to_archlab(stock: PreTrainedConfig, values: Mapping[str, Any]) -> di
     or one per query head."""
     wrong = {}
     if stock.alibi:
-        wrong[setting(stock, "alibi")] = ("Falcon adds its ALiBi bias before the 1/sqrt(head_dim) scaling and in "
-                                          "bfloat16; archlab's ALiBi is neither")
+        wrong[setting(stock, "alibi")] = (
+            "Falcon adds its ALiBi bias before the 1/sqrt(head_dim) scaling and in bfloat16; archlab's ALiBi is neither"
+        )
     layer_norms = stock.num_ln_in_parallel_attn
     if stock.new_decoder_architecture:
         if not stock.parallel_attn or layer_norms not in (None, 1, 2):
@@ -122,28 +142,57 @@ def _falcon_from_archlab(config: PreTrainedConfig) -> dict[str, Any]:
     heads, kv_heads, position = config.num_attention_heads, config.num_key_value_heads, config.norm_position
     old_heads = kv_heads in (1, heads)
     if position == "parallel" or (position == "parallel_shared_norm" and not old_heads):
-        return {"new_decoder_architecture": True, "parallel_attn": True, "alibi": False, "num_kv_heads": kv_heads,
-                "num_ln_in_parallel_attn": 2 if position == "parallel" else 1}
+        return {
+            "new_decoder_architecture": True,
+            "parallel_attn": True,
+            "alibi": False,
+            "num_kv_heads": kv_heads,
+            "num_ln_in_parallel_attn": 2 if position == "parallel" else 1,
+        }
     if position in ("parallel_shared_norm", "pre") and old_heads:
-        return {"new_decoder_architecture": False, "parallel_attn": position == "parallel_shared_norm",
-                "multi_query": kv_heads != heads, "num_kv_heads": kv_heads, "alibi": False}
-    refuse_export("FalconForCausalLM", {
-        f"{setting(config, 'norm_position')}, {setting(config, 'num_key_value_heads')}": (
-            "Falcon has the parallel block with one or two norms and any key/value heads, or the pre-norm block with "
-            f"num_key_value_heads 1 or {heads}"
-        )
-    })
+        return {
+            "new_decoder_architecture": False,
+            "parallel_attn": position == "parallel_shared_norm",
+            "multi_query": kv_heads != heads,
+            "num_kv_heads": kv_heads,
+            "alibi": False,
+        }
+    refuse_export(
+        "FalconForCausalLM",
+        {
+            f"{setting(config, 'norm_position')}, {setting(config, 'num_key_value_heads')}": (
+                "Falcon has the parallel block with one or two norms and any key/value heads, or the pre-norm block with "
+                f"num_key_value_heads 1 or {heads}"
+            )
+        },
+    )
     return {}
 
 
 FALCON = Family(
-    FalconConfig, FalconForCausalLM, DecoderForCausalLM,
-    fields={**same("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "max_position_embeddings",
-                   "use_cache", "rope_parameters", "attention_dropout", *TOKENS),
-            "ffn_hidden_size": "intermediate_size", "activation": "hidden_act", "layer_norm_epsilon": "rms_norm_eps",
-            "bias": ("attention_bias", "mlp_bias")},
+    FalconConfig,
+    FalconForCausalLM,
+    DecoderForCausalLM,
+    fields={
+        **same(
+            "vocab_size",
+            "hidden_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+            "max_position_embeddings",
+            "use_cache",
+            "rope_parameters",
+            "attention_dropout",
+            *TOKENS,
+        ),
+        "ffn_hidden_size": "intermediate_size",
+        "activation": "hidden_act",
+        "layer_norm_epsilon": "rms_norm_eps",
+        "bias": ("attention_bias", "mlp_bias"),
+    },
     implied={"norm_type": "layer_norm", "mlp_type": "plain"},
-    to_archlab=_falcon_to_archlab, from_archlab=_falcon_from_archlab,
+    to_archlab=_falcon_to_archlab,
+    from_archlab=_falcon_from_archlab,
     expressible=frozenset({"norm_position", "num_key_value_heads"}),
     layout=WeightRules(
         (
@@ -151,8 +200,11 @@ FALCON = Family(
             Rename("transformer.h.{n}.ln_attn", f"{LAYER}.input_layernorm", when={"norm_position": "parallel"}),
             Rename("transformer.h.{n}.ln_mlp", f"{LAYER}.post_attention_layernorm", when={"norm_position": "parallel"}),
             Rename("transformer.h.{n}.input_layernorm", f"{LAYER}.input_layernorm"),  # pre-norm and shared norm
-            Rename("transformer.h.{n}.post_attention_layernorm", f"{LAYER}.post_attention_layernorm",
-                   when={"norm_position": "pre"}),
+            Rename(
+                "transformer.h.{n}.post_attention_layernorm",
+                f"{LAYER}.post_attention_layernorm",
+                when={"norm_position": "pre"},
+            ),
             # new architecture: per k/v group; old multi-query: [q; k; v] = one group; old MHA: per head
             FusedQKV("transformer.h.{n}.self_attention.query_key_value", ATTN, "grouped"),
             Rename("transformer.h.{n}.self_attention.dense", f"{ATTN}.o_proj"),
@@ -169,10 +221,17 @@ FALCON = Family(
 
 # --- BLOOM: ALiBi, embedding LayerNorm, MLP 4 x hidden ---------------------------------------------------------------
 
+
 def _bloom_to_archlab(stock: PreTrainedConfig, values: Mapping[str, Any]) -> dict[str, Any]:
     if stock.apply_residual_connection_post_layernorm:
-        refuse_import("bloom", {setting(stock, "apply_residual_connection_post_layernorm"):
-                                "the residual taken after the norm has no archlab field"})
+        refuse_import(
+            "bloom",
+            {
+                setting(
+                    stock, "apply_residual_connection_post_layernorm"
+                ): "the residual taken after the norm has no archlab field"
+            },
+        )
     return {"intermediate_size": 4 * stock.hidden_size}
 
 
@@ -182,12 +241,26 @@ def _bloom_from_archlab(config: PreTrainedConfig) -> dict[str, Any]:
 
 
 BLOOM = Family(
-    BloomConfig, BloomForCausalLM, DecoderForCausalLM,
-    fields={**same("vocab_size", "hidden_size", "use_cache", "attention_dropout", *TOKENS),
-            "n_layer": "num_hidden_layers", "n_head": "num_attention_heads", "layer_norm_epsilon": "rms_norm_eps"},
-    implied={"position_embedding_type": "alibi", "norm_type": "layer_norm", "embedding_layernorm": True,
-             "mlp_type": "plain", "hidden_act": "gelu_pytorch_tanh", "attention_bias": True, "mlp_bias": True},
-    to_archlab=_bloom_to_archlab, from_archlab=_bloom_from_archlab,
+    BloomConfig,
+    BloomForCausalLM,
+    DecoderForCausalLM,
+    fields={
+        **same("vocab_size", "hidden_size", "use_cache", "attention_dropout", *TOKENS),
+        "n_layer": "num_hidden_layers",
+        "n_head": "num_attention_heads",
+        "layer_norm_epsilon": "rms_norm_eps",
+    },
+    implied={
+        "position_embedding_type": "alibi",
+        "norm_type": "layer_norm",
+        "embedding_layernorm": True,
+        "mlp_type": "plain",
+        "hidden_act": "gelu_pytorch_tanh",
+        "attention_bias": True,
+        "mlp_bias": True,
+    },
+    to_archlab=_bloom_to_archlab,
+    from_archlab=_bloom_from_archlab,
     # ALiBi has no table: the length does not change the function
     expressible=frozenset({"intermediate_size", "max_position_embeddings"}),
     layout=WeightRules(
@@ -210,6 +283,7 @@ BLOOM = Family(
 
 # --- MPT: ALiBi, LayerNorm without bias, no linear biases ----------------------------------------------------------
 
+
 def _mpt_to_archlab(stock: PreTrainedConfig, values: Mapping[str, Any]) -> dict[str, Any]:
     attn = stock.attn_config
     ignored = "transformers' MptForCausalLM ignores it, so its logits are not what the checkpoint was trained for"
@@ -222,8 +296,12 @@ def _mpt_to_archlab(stock: PreTrainedConfig, values: Mapping[str, Any]) -> dict[
         wrong[setting(stock, "logit_scale")] = ignored
     if attn.clip_qkv is not None:
         wrong[f"attn_config.{setting(attn, 'clip_qkv')}"] = ignored
-    for name, default in (("qk_ln", False), ("prefix_lm", False), ("alibi", True),
-                          ("attn_type", "multihead_attention")):
+    for name, default in (
+        ("qk_ln", False),
+        ("prefix_lm", False),
+        ("alibi", True),
+        ("attn_type", "multihead_attention"),
+    ):
         if getattr(attn, name) != default:
             wrong[f"attn_config.{setting(attn, name)}"] = ignored
     if attn.alibi_bias_max != 8:
@@ -244,19 +322,39 @@ def _mpt_from_archlab(config: PreTrainedConfig) -> dict[str, Any]:
         wrong[setting(config, "attention_dropout")] = "transformers' MptAttentionConfig takes an integer attn_pdrop"
     refuse_export("MptForCausalLM", wrong)
     scalar = config.query_pre_attn_scalar
-    return {"attn_config": {"attn_pdrop": int(dropout), "softmax_scale": None if scalar is None else scalar**-0.5,
-                            "alibi": True, "alibi_bias_max": 8},
-            "no_bias": True, "expansion_ratio": 4}
+    return {
+        "attn_config": {
+            "attn_pdrop": int(dropout),
+            "softmax_scale": None if scalar is None else scalar**-0.5,
+            "alibi": True,
+            "alibi_bias_max": 8,
+        },
+        "no_bias": True,
+        "expansion_ratio": 4,
+    }
 
 
 MPT = Family(
-    MptConfig, MptForCausalLM, DecoderForCausalLM,
-    fields={**same("vocab_size", "use_cache", *TOKENS),
-            "d_model": "hidden_size", "n_heads": "num_attention_heads", "n_layers": "num_hidden_layers",
-            "max_seq_len": "max_position_embeddings", "layer_norm_epsilon": "rms_norm_eps"},
-    implied={"position_embedding_type": "alibi", "norm_type": "layer_norm", "norm_bias": False, "mlp_type": "plain",
-             "hidden_act": "gelu"},
-    to_archlab=_mpt_to_archlab, from_archlab=_mpt_from_archlab,
+    MptConfig,
+    MptForCausalLM,
+    DecoderForCausalLM,
+    fields={
+        **same("vocab_size", "use_cache", *TOKENS),
+        "d_model": "hidden_size",
+        "n_heads": "num_attention_heads",
+        "n_layers": "num_hidden_layers",
+        "max_seq_len": "max_position_embeddings",
+        "layer_norm_epsilon": "rms_norm_eps",
+    },
+    implied={
+        "position_embedding_type": "alibi",
+        "norm_type": "layer_norm",
+        "norm_bias": False,
+        "mlp_type": "plain",
+        "hidden_act": "gelu",
+    },
+    to_archlab=_mpt_to_archlab,
+    from_archlab=_mpt_from_archlab,
     expressible=frozenset({"intermediate_size", "attention_dropout", "query_pre_attn_scalar"}),
     layout=WeightRules(
         (
@@ -277,6 +375,7 @@ MPT = Family(
 
 # --- GPT-2: learned positions, pre-norm, Conv1D weights ------------------------------------------------------------
 
+
 def _gpt2_to_archlab(stock: PreTrainedConfig, values: Mapping[str, Any]) -> dict[str, Any]:
     wrong = {}
     if stock.scale_attn_by_inverse_layer_idx:
@@ -295,9 +394,14 @@ def _gpt2_to_archlab(stock: PreTrainedConfig, values: Mapping[str, Any]) -> dict
 def _gpt2_from_archlab(config: PreTrainedConfig) -> dict[str, Any]:
     scalar = config.query_pre_attn_scalar
     if scalar not in (None, 1, config.head_dim):
-        refuse_export("GPT2LMHeadModel", {setting(config, "query_pre_attn_scalar"):
-                                          f"GPT-2 scales scores by head_dim^-1/2 (None or {config.head_dim}) or not at "
-                                          "all (1)"})
+        refuse_export(
+            "GPT2LMHeadModel",
+            {
+                setting(
+                    config, "query_pre_attn_scalar"
+                ): f"GPT-2 scales scores by head_dim^-1/2 (None or {config.head_dim}) or not at all (1)"
+            },
+        )
     return {"n_inner": config.intermediate_size, "scale_attn_weights": scalar != 1, **NO_DROPOUT}
 
 
@@ -314,14 +418,28 @@ def _conv1d_rules(layer: str, ln_1: str, ln_2: str) -> tuple[Rename | FusedQKV, 
 
 
 GPT2 = Family(
-    GPT2Config, GPT2LMHeadModel, DecoderForCausalLM,
-    fields={**same("vocab_size", "use_cache", *TOKENS),
-            "n_embd": "hidden_size", "n_layer": "num_hidden_layers", "n_head": "num_attention_heads",
-            "n_positions": "max_position_embeddings", "activation_function": "hidden_act",
-            "layer_norm_epsilon": "rms_norm_eps", "attn_pdrop": "attention_dropout"},
-    implied={"position_embedding_type": "learned", "norm_type": "layer_norm", "mlp_type": "plain",
-             "attention_bias": True, "mlp_bias": True},
-    to_archlab=_gpt2_to_archlab, from_archlab=_gpt2_from_archlab,
+    GPT2Config,
+    GPT2LMHeadModel,
+    DecoderForCausalLM,
+    fields={
+        **same("vocab_size", "use_cache", *TOKENS),
+        "n_embd": "hidden_size",
+        "n_layer": "num_hidden_layers",
+        "n_head": "num_attention_heads",
+        "n_positions": "max_position_embeddings",
+        "activation_function": "hidden_act",
+        "layer_norm_epsilon": "rms_norm_eps",
+        "attn_pdrop": "attention_dropout",
+    },
+    implied={
+        "position_embedding_type": "learned",
+        "norm_type": "layer_norm",
+        "mlp_type": "plain",
+        "attention_bias": True,
+        "mlp_bias": True,
+    },
+    to_archlab=_gpt2_to_archlab,
+    from_archlab=_gpt2_from_archlab,
     expressible=frozenset({"intermediate_size", "query_pre_attn_scalar"}),
     layout=WeightRules(
         (
@@ -359,14 +477,28 @@ def _openai_from_archlab(config: PreTrainedConfig) -> dict[str, Any]:
 
 
 OPENAI_GPT = Family(
-    OpenAIGPTConfig, OpenAIGPTLMHeadModel, DecoderForCausalLM,
-    fields={**same("vocab_size", *TOKENS),
-            "n_embd": "hidden_size", "n_layer": "num_hidden_layers", "n_head": "num_attention_heads",
-            "n_positions": "max_position_embeddings", "layer_norm_epsilon": "rms_norm_eps",
-            "attn_pdrop": "attention_dropout"},
-    implied={"position_embedding_type": "learned", "norm_type": "layer_norm", "norm_position": "post",
-             "mlp_type": "plain", "attention_bias": True, "mlp_bias": True},
-    to_archlab=_openai_to_archlab, from_archlab=_openai_from_archlab,
+    OpenAIGPTConfig,
+    OpenAIGPTLMHeadModel,
+    DecoderForCausalLM,
+    fields={
+        **same("vocab_size", *TOKENS),
+        "n_embd": "hidden_size",
+        "n_layer": "num_hidden_layers",
+        "n_head": "num_attention_heads",
+        "n_positions": "max_position_embeddings",
+        "layer_norm_epsilon": "rms_norm_eps",
+        "attn_pdrop": "attention_dropout",
+    },
+    implied={
+        "position_embedding_type": "learned",
+        "norm_type": "layer_norm",
+        "norm_position": "post",
+        "mlp_type": "plain",
+        "attention_bias": True,
+        "mlp_bias": True,
+    },
+    to_archlab=_openai_to_archlab,
+    from_archlab=_openai_from_archlab,
     expressible=frozenset({"intermediate_size", "hidden_act"}),
     layout=WeightRules(
         (

@@ -31,9 +31,22 @@ from .layouts import Rename, WeightRules
 
 # fields StableLM and Phi share with archlab (and Llama) under the same names
 SHARED_FIELDS = (
-    "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-    "num_key_value_heads", "hidden_act", "max_position_embeddings", "initializer_range", "use_cache",
-    "tie_word_embeddings", "rope_parameters", "attention_dropout", "pad_token_id", "bos_token_id", "eos_token_id",
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "hidden_act",
+    "max_position_embeddings",
+    "initializer_range",
+    "use_cache",
+    "tie_word_embeddings",
+    "rope_parameters",
+    "attention_dropout",
+    "pad_token_id",
+    "bos_token_id",
+    "eos_token_id",
 )
 
 
@@ -49,44 +62,67 @@ def _full_rotary_unless_given(config: PreTrainedConfig) -> dict[str, Any]:
 
 # --- StableLM: Llama's names, LayerNorm, partial rotary, sequential or shared-norm parallel block -------------------
 
+
 def _stablelm_to_archlab(stock: PreTrainedConfig, values: Mapping[str, Any]) -> dict[str, Any]:
     if stock.qk_layernorm:
-        refuse_import("stablelm", {setting(stock, "qk_layernorm"): (
-            "StableLM normalises each head's queries and keys with a LayerNorm of its own (per-head weights, no bias); "
-            "archlab's use_qk_norm has one norm shared by every head"
-        )})
+        refuse_import(
+            "stablelm",
+            {
+                setting(stock, "qk_layernorm"): (
+                    "StableLM normalises each head's queries and keys with a LayerNorm of its own (per-head weights, no bias); "
+                    "archlab's use_qk_norm has one norm shared by every head"
+                )
+            },
+        )
     return {"norm_position": "parallel_shared_norm" if stock.use_parallel_residual else "pre"}
 
 
 def _stablelm_from_archlab(config: PreTrainedConfig) -> dict[str, Any]:
     if config.norm_position not in ("parallel_shared_norm", "pre"):
-        refuse_export("StableLmForCausalLM", {setting(config, "norm_position"):
-                                              "StableLM has 'pre' or 'parallel_shared_norm' (use_parallel_residual)"})
-    return {"use_parallel_residual": config.norm_position == "parallel_shared_norm",
-            "use_qkv_bias": config.attention_bias if config.qkv_bias is None else config.qkv_bias,
-            "rope_parameters": _full_rotary_unless_given(config)}
+        refuse_export(
+            "StableLmForCausalLM",
+            {setting(config, "norm_position"): "StableLM has 'pre' or 'parallel_shared_norm' (use_parallel_residual)"},
+        )
+    return {
+        "use_parallel_residual": config.norm_position == "parallel_shared_norm",
+        "use_qkv_bias": config.attention_bias if config.qkv_bias is None else config.qkv_bias,
+        "rope_parameters": _full_rotary_unless_given(config),
+    }
 
 
 STABLELM = Family(
-    StableLmConfig, StableLmForCausalLM, DecoderForCausalLM,
+    StableLmConfig,
+    StableLmForCausalLM,
+    DecoderForCausalLM,
     fields={**same(*SHARED_FIELDS), "layer_norm_eps": "rms_norm_eps", "use_qkv_bias": "qkv_bias"},
     implied={"norm_type": "layer_norm"},
-    to_archlab=_stablelm_to_archlab, from_archlab=_stablelm_from_archlab, expressible=frozenset({"norm_position"}),
+    to_archlab=_stablelm_to_archlab,
+    from_archlab=_stablelm_from_archlab,
+    expressible=frozenset({"norm_position"}),
 )
 
 
 # --- Phi: one shared LayerNorm per block, biases everywhere (the head too), partial rotary --------------------------
+
 
 def _phi_from_archlab(config: PreTrainedConfig) -> dict[str, Any]:
     return {"rope_parameters": _full_rotary_unless_given(config), "resid_pdrop": 0.0, "embd_pdrop": 0.0}
 
 
 PHI = Family(
-    PhiConfig, PhiForCausalLM, DecoderForCausalLM,
+    PhiConfig,
+    PhiForCausalLM,
+    DecoderForCausalLM,
     # Phi's qk_layernorm is one LayerNorm over head_dim shared by the heads, as archlab's QK-norm
     fields={**same(*SHARED_FIELDS), "layer_norm_eps": "rms_norm_eps", "qk_layernorm": "use_qk_norm"},
-    implied={"norm_type": "layer_norm", "norm_position": "parallel_shared_norm", "mlp_type": "plain",
-             "attention_bias": True, "mlp_bias": True, "lm_head_bias": True},
+    implied={
+        "norm_type": "layer_norm",
+        "norm_position": "parallel_shared_norm",
+        "mlp_type": "plain",
+        "attention_bias": True,
+        "mlp_bias": True,
+        "lm_head_bias": True,
+    },
     from_archlab=_phi_from_archlab,
     layout=WeightRules(
         (
@@ -109,6 +145,7 @@ PHI = Family(
 
 # --- OPT: learned positions offset by 2 and numbered from the mask, pre- or post-norm, ReLU ------------------------
 
+
 def _opt_to_archlab(stock: PreTrainedConfig, values: Mapping[str, Any]) -> dict[str, Any]:
     wrong = {}
     if stock.word_embed_proj_dim != stock.hidden_size:
@@ -126,29 +163,60 @@ def _opt_to_archlab(stock: PreTrainedConfig, values: Mapping[str, Any]) -> dict[
 
 def _opt_from_archlab(config: PreTrainedConfig) -> dict[str, Any]:
     if config.norm_position not in ("pre", "post"):
-        refuse_export("OPTForCausalLM", {setting(config, "norm_position"):
-                                         "OPT has 'pre' or 'post' (do_layer_norm_before=False)"})
-    return {"do_layer_norm_before": config.norm_position == "pre", "word_embed_proj_dim": config.hidden_size,
-            "dropout": 0.0, "layerdrop": 0.0}
+        refuse_export(
+            "OPTForCausalLM", {setting(config, "norm_position"): "OPT has 'pre' or 'post' (do_layer_norm_before=False)"}
+        )
+    return {
+        "do_layer_norm_before": config.norm_position == "pre",
+        "word_embed_proj_dim": config.hidden_size,
+        "dropout": 0.0,
+        "layerdrop": 0.0,
+    }
 
 
 def _opt_norms(position: str, attention_norm: str, mlp_norm: str) -> tuple[Rename, ...]:
     """OPT names a layer's two norms by what they sit next to; archlab by where they sit in its pre/post block."""
     layer, when = "model.decoder.layers.{n}", {"norm_position": position}
-    return (Rename(f"{layer}.self_attn_layer_norm", f"{LAYER}.{attention_norm}", when=when),
-            Rename(f"{layer}.final_layer_norm", f"{LAYER}.{mlp_norm}", when=when))
+    return (
+        Rename(f"{layer}.self_attn_layer_norm", f"{LAYER}.{attention_norm}", when=when),
+        Rename(f"{layer}.final_layer_norm", f"{LAYER}.{mlp_norm}", when=when),
+    )
 
 
 OPT = Family(
-    OPTConfig, OPTForCausalLM, DecoderForCausalLM,
-    fields={**same("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "max_position_embeddings",
-                   "attention_dropout", "use_cache", "pad_token_id", "bos_token_id", "eos_token_id",
-                   "tie_word_embeddings"),
-            "ffn_dim": "intermediate_size", "activation_function": "hidden_act", "init_std": "initializer_range",
-            "enable_bias": ("attention_bias", "mlp_bias")},
-    implied={"norm_type": "layer_norm", "rms_norm_eps": 1e-5, "mlp_type": "plain", "position_embedding_type": "learned",
-             "position_embedding_offset": 2, "position_ids_from_attention_mask": True},
-    to_archlab=_opt_to_archlab, from_archlab=_opt_from_archlab, expressible=frozenset({"norm_position"}),
+    OPTConfig,
+    OPTForCausalLM,
+    DecoderForCausalLM,
+    fields={
+        **same(
+            "vocab_size",
+            "hidden_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+            "max_position_embeddings",
+            "attention_dropout",
+            "use_cache",
+            "pad_token_id",
+            "bos_token_id",
+            "eos_token_id",
+            "tie_word_embeddings",
+        ),
+        "ffn_dim": "intermediate_size",
+        "activation_function": "hidden_act",
+        "init_std": "initializer_range",
+        "enable_bias": ("attention_bias", "mlp_bias"),
+    },
+    implied={
+        "norm_type": "layer_norm",
+        "rms_norm_eps": 1e-5,
+        "mlp_type": "plain",
+        "position_embedding_type": "learned",
+        "position_embedding_offset": 2,
+        "position_ids_from_attention_mask": True,
+    },
+    to_archlab=_opt_to_archlab,
+    from_archlab=_opt_from_archlab,
+    expressible=frozenset({"norm_position"}),
     layout=WeightRules(
         (
             Rename("model.decoder.embed_tokens", "model.embed_tokens"),

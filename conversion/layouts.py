@@ -110,8 +110,11 @@ def join_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, split: str, conf
     if split == "concat":
         return torch.cat([q, k, v])
     group = heads // kv_heads
-    parts = (q.reshape(kv_heads, group, head_dim, *rest), k.reshape(kv_heads, 1, head_dim, *rest),
-             v.reshape(kv_heads, 1, head_dim, *rest))
+    parts = (
+        q.reshape(kv_heads, group, head_dim, *rest),
+        k.reshape(kv_heads, 1, head_dim, *rest),
+        v.reshape(kv_heads, 1, head_dim, *rest),
+    )
     return torch.cat(parts, dim=1).reshape(-1, *rest)
 
 
@@ -135,8 +138,10 @@ class WeightRules:
         """Per side ("stock", "ours"), each rule's pattern; a fused rule matches all three archlab projections."""
         return {
             "stock": [(_pattern(rule.stock), rule) for rule in self.rules],
-            "ours": [(_pattern(rule.ours, _PROJECTIONS) if isinstance(rule, FusedQKV) else _pattern(rule.ours), rule)
-                     for rule in self.rules],
+            "ours": [
+                (_pattern(rule.ours, _PROJECTIONS) if isinstance(rule, FusedQKV) else _pattern(rule.ours), rule)
+                for rule in self.rules
+            ],
         }
 
     def _match(self, key: str, side: str, config: PreTrainedConfig) -> tuple[Rename | FusedQKV, re.Match] | None:

@@ -17,11 +17,32 @@ from .family import ConversionError, Family, Layout, StateDict, same
 
 # MarianConfig fields archlab's Seq2SeqConfig shares with identical meaning.
 MARIAN_FIELDS = (
-    "vocab_size", "decoder_vocab_size", "max_position_embeddings", "encoder_layers", "encoder_ffn_dim",
-    "encoder_attention_heads", "decoder_layers", "decoder_ffn_dim", "decoder_attention_heads", "encoder_layerdrop",
-    "decoder_layerdrop", "use_cache", "activation_function", "d_model", "dropout", "attention_dropout",
-    "activation_dropout", "init_std", "decoder_start_token_id", "scale_embedding", "pad_token_id", "eos_token_id",
-    "bos_token_id", "forced_eos_token_id", "share_encoder_decoder_embeddings", "tie_word_embeddings",
+    "vocab_size",
+    "decoder_vocab_size",
+    "max_position_embeddings",
+    "encoder_layers",
+    "encoder_ffn_dim",
+    "encoder_attention_heads",
+    "decoder_layers",
+    "decoder_ffn_dim",
+    "decoder_attention_heads",
+    "encoder_layerdrop",
+    "decoder_layerdrop",
+    "use_cache",
+    "activation_function",
+    "d_model",
+    "dropout",
+    "attention_dropout",
+    "activation_dropout",
+    "init_std",
+    "decoder_start_token_id",
+    "scale_embedding",
+    "pad_token_id",
+    "eos_token_id",
+    "bos_token_id",
+    "forced_eos_token_id",
+    "share_encoder_decoder_embeddings",
+    "tie_word_embeddings",
 )
 
 
@@ -57,7 +78,9 @@ def complete_state_dict(state_dict: StateDict, config: PreTrainedConfig) -> Stat
 
 
 MARIAN = Family(
-    MarianConfig, MarianMTModel, Seq2SeqForConditionalGeneration,
+    MarianConfig,
+    MarianMTModel,
+    Seq2SeqForConditionalGeneration,
     fields=same(*MARIAN_FIELDS),
     implied={"sinusoidal_layout": "split"},
     from_archlab=_from_archlab,

@@ -32,31 +32,58 @@ from ..modeling import Seq2SeqForConditionalGeneration
 from .family import ConversionError, Family, Layout, StateDict, same
 
 FIELDS: dict[str, str | tuple[str, ...]] = {
-    **same("vocab_size", "d_model", "relative_attention_num_buckets", "relative_attention_max_distance", "use_cache",
-           "pad_token_id", "eos_token_id"),
+    **same(
+        "vocab_size",
+        "d_model",
+        "relative_attention_num_buckets",
+        "relative_attention_max_distance",
+        "use_cache",
+        "pad_token_id",
+        "eos_token_id",
+    ),
     "num_layers": "encoder_layers",
     "num_decoder_layers": "decoder_layers",
-    "num_heads": ("encoder_attention_heads", "decoder_attention_heads", "encoder_key_value_heads",
-                  "decoder_key_value_heads"),
+    "num_heads": (
+        "encoder_attention_heads",
+        "decoder_attention_heads",
+        "encoder_key_value_heads",
+        "decoder_key_value_heads",
+    ),
     "d_ff": ("encoder_ffn_dim", "decoder_ffn_dim"),
     "dropout_rate": "dropout",
     "layer_norm_epsilon": "layer_norm_eps",
 }
 # archlab values every T5 has
 IMPLIED: dict[str, Any] = {
-    "norm_type": "rms_norm", "norm_position": "pre", "position_embedding_type": "relative_bias",
-    "scale_embedding": False, "attention_bias": False, "mlp_bias": False, "scale_attn_weights": False,
+    "norm_type": "rms_norm",
+    "norm_position": "pre",
+    "position_embedding_type": "relative_bias",
+    "scale_embedding": False,
+    "attention_bias": False,
+    "mlp_bias": False,
+    "scale_attn_weights": False,
     "share_encoder_decoder_embeddings": True,
 }
 # archlab fields T5 expresses through its own fields (or that do not change the function: the dropout split, init,
 # the unused absolute-position length, bos, whether the pad row trains)
-EXPRESSIBLE = frozenset({
-    "d_kv", "decoder_start_token_id", "activation_function", "mlp_type", "attention_dropout", "activation_dropout",
-    "scale_decoder_outputs", "decoder_vocab_size", "bos_token_id", "init_std", "max_position_embeddings",
-    "train_pad_embedding",
-    # every T5-family model clamps fp16 hidden states; archlab only when asked (fp32/bf16 compute the same either way)
-    "clamp_fp16_hidden_states",
-})
+EXPRESSIBLE = frozenset(
+    {
+        "d_kv",
+        "decoder_start_token_id",
+        "activation_function",
+        "mlp_type",
+        "attention_dropout",
+        "activation_dropout",
+        "scale_decoder_outputs",
+        "decoder_vocab_size",
+        "bos_token_id",
+        "init_std",
+        "max_position_embeddings",
+        "train_pad_embedding",
+        # every T5-family model clamps fp16 hidden states; archlab only when asked (fp32/bf16 compute the same either way)
+        "clamp_fp16_hidden_states",
+    }
+)
 SUBLAYERS = {
     "encoder": (("SelfAttention", "self_attn"),),
     "decoder": (("SelfAttention", "self_attn"), ("EncDecAttention", "encoder_attn")),
@@ -105,8 +132,12 @@ class T5Variant:
         architecture = self.model_class.__name__
         implied = {**IMPLIED, "relative_attention_bias_per_layer": self.relative_attention_bias_per_layer}
         wrong = {k: getattr(config, k) for k, v in implied.items() if getattr(config, k) != v}
-        heads = {config.encoder_attention_heads, config.decoder_attention_heads, config.encoder_key_value_heads,
-                 config.decoder_key_value_heads}
+        heads = {
+            config.encoder_attention_heads,
+            config.decoder_attention_heads,
+            config.encoder_key_value_heads,
+            config.decoder_key_value_heads,
+        }
         if len(heads) > 1:
             wrong["attention heads (encoder, decoder, key/value)"] = sorted(heads)
         if config.encoder_ffn_dim != config.decoder_ffn_dim:
@@ -115,7 +146,8 @@ class T5Variant:
             head_rule = "a tied head exactly when `scale_decoder_outputs=True`"
             if config.tie_word_embeddings != config.scale_decoder_outputs:
                 wrong["tie_word_embeddings/scale_decoder_outputs"] = (
-                    config.tie_word_embeddings, config.scale_decoder_outputs
+                    config.tie_word_embeddings,
+                    config.scale_decoder_outputs,
                 )
         else:
             head_rule = f"`scale_decoder_outputs={self.scales_decoder_outputs}`"
@@ -226,7 +258,9 @@ def _mt5_weights_to_archlab(state_dict: StateDict, config: PreTrainedConfig) -> 
 
 def t5_family(variant: T5Variant) -> Family:
     return Family(
-        variant.config_class, variant.model_class, Seq2SeqForConditionalGeneration,
+        variant.config_class,
+        variant.model_class,
+        Seq2SeqForConditionalGeneration,
         fields=FIELDS,
         implied={**IMPLIED, "relative_attention_bias_per_layer": variant.relative_attention_bias_per_layer},
         to_archlab=variant.to_archlab,
@@ -244,9 +278,16 @@ def t5_family(variant: T5Variant) -> Family:
 T5_VARIANTS: dict[str, T5Variant] = {
     "t5": T5Variant(T5Config, T5ForConditionalGeneration),
     "mt5": T5Variant(MT5Config, MT5ForConditionalGeneration, scales_decoder_outputs=False),
-    "umt5": T5Variant(UMT5Config, UMT5ForConditionalGeneration, scales_decoder_outputs=True,
-                      relative_attention_bias_per_layer=True),
+    "umt5": T5Variant(
+        UMT5Config, UMT5ForConditionalGeneration, scales_decoder_outputs=True, relative_attention_bias_per_layer=True
+    ),
 }
 
-__all__ = ["T5Variant", "T5_VARIANTS", "archlab_state_dict_to_t5", "t5_family", "t5_parameter_names",
-           "t5_state_dict_to_archlab"]
+__all__ = [
+    "T5Variant",
+    "T5_VARIANTS",
+    "archlab_state_dict_to_t5",
+    "t5_family",
+    "t5_parameter_names",
+    "t5_state_dict_to_archlab",
+]

@@ -53,12 +53,12 @@ def _usage(
         lines += [
             # without archlab installed, AutoTokenizer reads the config's remote-code `auto_map` too: say yes up front
             "tokenizer = AutoTokenizer.from_pretrained(model_id, trust_remote_code=True)",
-            f"inputs = tokenizer({example!r}, return_tensors=\"pt\", return_token_type_ids=False)",
+            f'inputs = tokenizer({example!r}, return_tensors="pt", return_token_type_ids=False)',
         ]
     else:
         lines += [
             "# no tokenizer was saved with this model: feed token ids directly",
-            "inputs = {\"input_ids\": torch.tensor([[1, 5, 6, 7, 8]])}",
+            'inputs = {"input_ids": torch.tensor([[1, 5, 6, 7, 8]])}',
         ]
     decode = "tokenizer.decode(output[0], skip_special_tokens=True)" if has_tokenizer else "output[0].tolist()"
     if pipeline_tag == "text-generation":
@@ -86,7 +86,7 @@ def _usage(
         lines += [
             "with torch.no_grad():",
             "    logits = model(**inputs).logits",
-            "masked = inputs[\"input_ids\"][0] == tokenizer.mask_token_id",
+            'masked = inputs["input_ids"][0] == tokenizer.mask_token_id',
             "print(tokenizer.decode(logits[0, masked].argmax(-1)))",
         ]
     elif pipeline_tag == "fill-mask":
@@ -97,7 +97,7 @@ def _usage(
         ]
     else:
         if encoder_decoder:  # the base encoder-decoder needs decoder inputs: start the decoder with its start token
-            lines.append("inputs[\"decoder_input_ids\"] = torch.tensor([[model.config.decoder_start_token_id]])")
+            lines.append('inputs["decoder_input_ids"] = torch.tensor([[model.config.decoder_start_token_id]])')
         lines += [
             "with torch.no_grad():",
             "    hidden = model(**inputs).last_hidden_state",
@@ -204,8 +204,10 @@ def write_model_card(
     check_pipeline_tag(architecture, pipeline_tag)
     pipeline_tag = pipeline_tag or pipeline_tag_for(architecture)
     # a hidden folder is a staging folder inside the real output folder (as the training scripts write)
-    model_id = model_id or next(part for part in (folder.resolve(), *folder.resolve().parents)
-                                if not part.name.startswith(".")).name
+    model_id = (
+        model_id
+        or next(part for part in (folder.resolve(), *folder.resolve().parents) if not part.name.startswith(".")).name
+    )
     datasets = [datasets] if isinstance(datasets, str) else list(datasets or [])
     summary = training_summary(folder, trainer_state, training_args)
     counts = parameter_counts(folder, config)
@@ -243,7 +245,11 @@ def write_model_card(
             {"total": format_count(counts[0]), "active": format_count(counts[1])} if counts is not None else None
         ),
         usage=_usage(
-            auto_class_for(architecture), pipeline_tag, model_id, has_tokenizer, example_text,
+            auto_class_for(architecture),
+            pipeline_tag,
+            model_id,
+            has_tokenizer,
+            example_text,
             encoder_decoder=bool(config.get("is_encoder_decoder")) and not architecture.endswith("ForMaskedLM"),
         ),
         hyperparameters=summary["hyperparameters"],

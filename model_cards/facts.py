@@ -207,8 +207,13 @@ def architecture_rows(config: dict[str, Any]) -> list[tuple[str, str]]:
     stability = [
         f"{name}={config[name]}"
         for name in (
-            "use_qk_norm", "qk_norm", "attn_logit_softcapping", "final_logit_softcapping", "lm_z_loss_coef",
-            "z_loss_coef", "router_z_loss_coef",
+            "use_qk_norm",
+            "qk_norm",
+            "attn_logit_softcapping",
+            "final_logit_softcapping",
+            "lm_z_loss_coef",
+            "z_loss_coef",
+            "router_z_loss_coef",
         )
         if config.get(name)
     ]

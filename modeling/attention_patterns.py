@@ -34,7 +34,9 @@ def prefix_lm_overlay(prefix_lengths: torch.Tensor) -> Callable:
 def check_prefix_lengths(prefix_lengths: torch.Tensor, batch_size: int, past_key_values: Cache | None) -> None:
     """The prefix must arrive in one forward: keys cached earlier cannot be recomputed to see later prefix tokens."""
     if prefix_lengths.shape != (batch_size,):
-        raise ValueError(f"`prefix_lengths` must have shape (batch,) = ({batch_size},), got {tuple(prefix_lengths.shape)}.")
+        raise ValueError(
+            f"`prefix_lengths` must have shape (batch,) = ({batch_size},), got {tuple(prefix_lengths.shape)}."
+        )
     past = past_key_values.get_seq_length() if past_key_values is not None else 0
     if past > 0 and bool((prefix_lengths > past).any()):
         raise ValueError(

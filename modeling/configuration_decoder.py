@@ -52,8 +52,10 @@ def check_rope_type(rope_parameters: Any) -> None:
     for parameters in [v for v in rope_parameters.values() if isinstance(v, dict)] or [rope_parameters]:
         rope_type = parameters.get("rope_type", parameters.get("type", "default"))
         if rope_type not in ROPE_TYPES:
-            raise ValueError(f"`rope_parameters['rope_type']`={rope_type!r} is not supported; allowed values: "
-                             f"{', '.join(map(repr, ROPE_TYPES))}.")
+            raise ValueError(
+                f"`rope_parameters['rope_type']`={rope_type!r} is not supported; allowed values: "
+                f"{', '.join(map(repr, ROPE_TYPES))}."
+            )
 
 
 @strict
@@ -311,7 +313,9 @@ def _resolve_catalogue_defaults(config: Any) -> None:
     """Fill the fields whose default depends on others (before validation)."""
     if config.intermediate_size is None and isinstance(config.hidden_size, int):
         if not isinstance(config.mlp_width_multiple_of, int) or config.mlp_width_multiple_of <= 0:
-            raise ValueError(f"`mlp_width_multiple_of` must be a positive integer, got {config.mlp_width_multiple_of!r}.")
+            raise ValueError(
+                f"`mlp_width_multiple_of` must be a positive integer, got {config.mlp_width_multiple_of!r}."
+            )
         config.intermediate_size = intermediate_size_from_rule(
             config.hidden_size, config.mlp_width_rule, config.mlp_width_multiple_of
         )
@@ -344,7 +348,9 @@ def _validate_catalogue(config: Any) -> None:
         if getattr(config, name) is not None:
             check_positive(config, name, integer=False)
             if config.norm_position != "deepnorm":
-                raise ValueError(f"`{name}` is only used with `norm_position='deepnorm'` (got {config.norm_position!r}).")
+                raise ValueError(
+                    f"`{name}` is only used with `norm_position='deepnorm'` (got {config.norm_position!r})."
+                )
     for name in ("query_pre_attn_scalar", "attn_logit_softcapping", "final_logit_softcapping", "sliding_window"):
         if getattr(config, name) is not None:
             check_positive(config, name, integer=name == "sliding_window")
@@ -353,8 +359,11 @@ def _validate_catalogue(config: Any) -> None:
         check_positive(config, "relative_attention_num_buckets")
         check_positive(config, "relative_attention_max_distance")
         # prefix-LM: keys after the query inside the prefix, so the buckets cover both directions
-        check_relative_buckets(config.relative_attention_num_buckets, config.relative_attention_max_distance,
-                               bidirectional=config.prefix_lm)
+        check_relative_buckets(
+            config.relative_attention_num_buckets,
+            config.relative_attention_max_distance,
+            bidirectional=config.prefix_lm,
+        )
 
     # --- attention pattern ---
     if config.sliding_window is not None and config.sliding_window > config.max_position_embeddings:

@@ -52,10 +52,15 @@ class HubMixin:
         family = {}
         for obj in sorted(vars(module).values(), key=lambda o: getattr(o, "__name__", "")):
             auto_class = getattr(obj, "__dict__", {}).get("_auto_class") if isinstance(obj, type) else None
-            if auto_class is None or obj.__module__ != type(self).__module__ or obj.config_class is not self.config_class:
+            if (
+                auto_class is None
+                or obj.__module__ != type(self).__module__
+                or obj.config_class is not self.config_class
+            ):
                 continue
-            family.setdefault(auto_class if isinstance(auto_class, str) else auto_class.__name__,
-                              f"{module_name}.{obj.__name__}")
+            family.setdefault(
+                auto_class if isinstance(auto_class, str) else auto_class.__name__, f"{module_name}.{obj.__name__}"
+            )
         return family
 
 

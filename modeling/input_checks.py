@@ -47,7 +47,10 @@ def cached_length(past_key_values: Cache | None) -> int | None:
 
 
 def check_attention_mask(
-    attention_mask: torch.Tensor | None, batch_size: int, key_length: int | None, name: str = "attention_mask",
+    attention_mask: torch.Tensor | None,
+    batch_size: int,
+    key_length: int | None,
+    name: str = "attention_mask",
     keys: str = "tokens",
 ) -> None:
     """A 2D padding mask must be (batch, key_length); `keys` says what the columns count. 4D masks and the dicts

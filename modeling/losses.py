@@ -39,8 +39,10 @@ def shift_labels(labels: torch.Tensor) -> torch.Tensor:
 def _check_targets(targets: torch.Tensor, tokens: torch.Size, name: str) -> None:
     """One target per token, else a ValueError naming both shapes (cross_entropy would report a bare size error)."""
     if targets.shape != tokens:
-        raise ValueError(f"`{name}` has shape {tuple(targets.shape)}; it must be {tuple(tokens)}, one target per token "
-                         "(-100 where nothing is predicted).")
+        raise ValueError(
+            f"`{name}` has shape {tuple(targets.shape)}; it must be {tuple(tokens)}, one target per token "
+            "(-100 where nothing is predicted)."
+        )
 
 
 def _reduce(total: torch.Tensor, targets: torch.Tensor, num_items_in_batch) -> torch.Tensor:

@@ -69,13 +69,19 @@ class DecoderModel(DecoderPreTrainedModel):
         self.rotary_emb = RotaryEmbedding(config) if POSITION_SCHEMES[kind].rotary else None
         # a fixed sinusoid is fully determined by the config: kept out of checkpoints
         self.embed_positions = position_table(
-            kind, config.max_position_embeddings, config.hidden_size, persistent=False,
+            kind,
+            config.max_position_embeddings,
+            config.hidden_size,
+            persistent=False,
             offset=config.position_embedding_offset,
         )
         # prefix-LM: keys after the query inside the prefix, so T5's buckets cover both directions
         self.position_bias = position_bias(
-            kind, config.num_attention_heads, config.relative_attention_num_buckets,
-            config.relative_attention_max_distance, bidirectional=config.prefix_lm,
+            kind,
+            config.num_attention_heads,
+            config.relative_attention_num_buckets,
+            config.relative_attention_max_distance,
+            bidirectional=config.prefix_lm,
         )
         self.embed_scale = config.hidden_size**0.5 if config.scale_embedding else None
         # Layer types present, and the first layer of each (the cache layer that sizes its mask and bias).
@@ -102,8 +108,8 @@ class DecoderModel(DecoderPreTrainedModel):
         **kwargs,
     ) -> MoeModelOutputWithPast | tuple:
         r"""prefix_lengths (`torch.LongTensor` of shape `(batch,)`, *optional*):
-            With `config.prefix_lm`, the first `prefix_lengths[b]` tokens of row b attend to each other in both
-            directions (the prefix must be inside the first forward). None: plain causal attention."""
+        With `config.prefix_lm`, the first `prefix_lengths[b]` tokens of row b attend to each other in both
+        directions (the prefix must be inside the first forward). None: plain causal attention."""
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("Pass exactly one of `input_ids` or `inputs_embeds`.")
         output_attentions = output_attentions if output_attentions is not None else self.config.output_attentions
@@ -266,7 +272,9 @@ class DecoderForCausalLM(DecoderPreTrainedModel, GenerationMixin):
         router_logits, aux_loss = outputs.router_logits, None
         if output_router_logits and router_logits:
             cfg = self.config
-            aux_loss = load_balancing_loss(router_logits, cfg.num_local_experts, cfg.num_experts_per_tok, attention_mask)
+            aux_loss = load_balancing_loss(
+                router_logits, cfg.num_local_experts, cfg.num_experts_per_tok, attention_mask
+            )
             if loss is not None:
                 loss = loss + cfg.router_aux_loss_coef * aux_loss.to(loss.device)
         if loss is not None and router_logits and self.config.router_z_loss_coef > 0:
@@ -359,7 +367,9 @@ class DecoderForSequenceClassification(DecoderPreTrainedModel):
             loss = self.loss_function(logits=logits, labels=labels, pooled_logits=logits, config=self.config)
             weight = self.config.classifier_lm_loss_weight
             if weight > 0 and input_ids is not None:
-                lm_labels = input_ids.masked_fill(attention_mask == 0, -100) if attention_mask is not None else input_ids
+                lm_labels = (
+                    input_ids.masked_fill(attention_mask == 0, -100) if attention_mask is not None else input_ids
+                )
                 lm_logits = hidden_states @ self.model.embed_tokens.weight.t()
                 loss = loss + weight * causal_lm_loss(lm_logits, lm_labels)
 

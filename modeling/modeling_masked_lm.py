@@ -20,8 +20,8 @@ from transformers.modeling_outputs import MaskedLMOutput
 from .configuration_seq2seq import Seq2SeqConfig
 from .losses import IGNORE_INDEX, causal_lm_loss
 from .modeling_seq2seq import Seq2SeqPreTrainedModel
-from .seq2seq_stacks import Seq2SeqEncoder
 from .normalization import make_norm
+from .seq2seq_stacks import Seq2SeqEncoder
 
 
 class MaskedLMHead(nn.Module):
@@ -109,7 +109,7 @@ class EncoderForMaskedLM(Seq2SeqPreTrainedModel):
         **kwargs,
     ) -> MaskedLMOutput | tuple:
         r"""position_ids (`torch.LongTensor` of shape `(batch, T)`, *optional*): packed documents (positions restart
-            at each one, as `pack_documents(..., causal_labels=False)` writes them) attend only within themselves."""
+        at each one, as `pack_documents(..., causal_labels=False)` writes them) attend only within themselves."""
         return_dict = return_dict if return_dict is not None else self.config.return_dict
         outputs = self.encoder(
             input_ids=input_ids,

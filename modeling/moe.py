@@ -215,9 +215,7 @@ def load_balancing_loss(
     logits = torch.cat([layer.to(router_logits[0].device) for layer in router_logits]).float()  # (L·N, K)
     probs = torch.softmax(logits, dim=-1)
     chosen = torch.topk(probs, top_k, dim=-1).indices  # (L·N, k)
-    row_weight = (
-        mask.repeat(len(router_logits)) if mask is not None else probs.new_ones(probs.shape[0])
-    )  # (L·N,)
+    row_weight = mask.repeat(len(router_logits)) if mask is not None else probs.new_ones(probs.shape[0])  # (L·N,)
     counts = probs.new_zeros(num_experts).scatter_add_(
         0, chosen.reshape(-1), row_weight.repeat_interleave(top_k)
     )  # assignments per expert
@@ -261,10 +259,6 @@ def count_parameters(model: nn.Module) -> dict[str, int]:
         "active": total - inactive,
         "embedding": embedding.weight.numel() if embedding is not None else 0,
     }
-
-
-
-
 
 
 __all__ = [

@@ -84,7 +84,9 @@ class LearnedPositionEmbedding(nn.Embedding):
 
 # The table and bias modules by scheme name (the keys of `catalogue.POSITION_SCHEMES` with `table` / `bias`).
 POSITION_TABLES: dict[str, Callable[..., nn.Module]] = {
-    "learned": lambda num_positions, dim, layout, persistent, offset: LearnedPositionEmbedding(num_positions, dim, offset),
+    "learned": lambda num_positions, dim, layout, persistent, offset: LearnedPositionEmbedding(
+        num_positions, dim, offset
+    ),
     "sinusoidal": lambda num_positions, dim, layout, persistent, offset: SinusoidalPositionalEmbedding(
         num_positions, dim, layout, persistent=persistent
     ),

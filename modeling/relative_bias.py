@@ -73,8 +73,10 @@ class RelativePositionBias(nn.Module):
         return self.lookup(self.buckets(query_positions, key_positions))
 
     def extra_repr(self) -> str:
-        return f"heads={self.num_heads}, buckets={self.num_buckets}, max_distance={self.max_distance}, " \
-               f"bidirectional={self.bidirectional}"
+        return (
+            f"heads={self.num_heads}, buckets={self.num_buckets}, max_distance={self.max_distance}, "
+            f"bidirectional={self.bidirectional}"
+        )
 
 
 __all__ = ["RelativePositionBias", "position_buckets", "relative_position_bucket"]

@@ -75,17 +75,24 @@ class Seq2SeqEncoder(nn.Module):
         self.embed_scale = math.sqrt(config.d_model) if config.scale_embedding else 1.0
         self.embed_tokens = embed_tokens
         self.embed_positions = position_table(
-            config.position_embedding_type, config.max_position_embeddings, config.d_model, config.sinusoidal_layout,
+            config.position_embedding_type,
+            config.max_position_embeddings,
+            config.d_model,
+            config.sinusoidal_layout,
             offset=config.position_embedding_offset,
         )
         # BERT's segment embeddings (`token_type_ids`), when the config has segment types
-        self.token_type_embeddings = nn.Embedding(config.type_vocab_size, config.d_model) if config.type_vocab_size else None
+        self.token_type_embeddings = (
+            nn.Embedding(config.type_vocab_size, config.d_model) if config.type_vocab_size else None
+        )
         self.layernorm_embedding = embedding_norm(config)
         self.dropout = nn.Dropout(config.dropout)
         self.layers = nn.ModuleList([Seq2SeqEncoderLayer(config, i) for i in range(config.encoder_layers)])
         self.layer_norm = make_final_norm(config)
         # one relative bias table per stack (T5), unless every layer has its own (UMT5)
-        self.position_bias = None if config.relative_attention_bias_per_layer else stack_position_bias(config, "encoder")
+        self.position_bias = (
+            None if config.relative_attention_bias_per_layer else stack_position_bias(config, "encoder")
+        )
         self.position_buckets = make_position_buckets(config, "encoder")  # per-layer tables (UMT5), or None
         self.gradient_checkpointing = False
 
@@ -171,7 +178,10 @@ class Seq2SeqDecoder(nn.Module):
         self.embed_scale = math.sqrt(config.d_model) if config.scale_embedding else 1.0
         self.embed_tokens = embed_tokens
         self.embed_positions = position_table(
-            config.position_embedding_type, config.max_position_embeddings, config.d_model, config.sinusoidal_layout,
+            config.position_embedding_type,
+            config.max_position_embeddings,
+            config.d_model,
+            config.sinusoidal_layout,
             offset=config.position_embedding_offset,
         )
         self.layernorm_embedding = embedding_norm(config)
@@ -179,7 +189,9 @@ class Seq2SeqDecoder(nn.Module):
         self.layers = nn.ModuleList([Seq2SeqDecoderLayer(config, i) for i in range(config.decoder_layers)])
         self.layer_norm = make_final_norm(config)
         # one relative bias table per stack for self-attention only (T5), unless every layer has its own (UMT5)
-        self.position_bias = None if config.relative_attention_bias_per_layer else stack_position_bias(config, "decoder")
+        self.position_bias = (
+            None if config.relative_attention_bias_per_layer else stack_position_bias(config, "decoder")
+        )
         self.position_buckets = make_position_buckets(config, "decoder")  # per-layer tables (UMT5), or None
         self.gradient_checkpointing = False
 
@@ -211,8 +223,11 @@ class Seq2SeqDecoder(nn.Module):
         batch_size, seq_len = inputs_embeds.shape[:2]
         known_past = cached_length(self_cache)
         check_attention_mask(
-            attention_mask, batch_size, None if known_past is None else known_past + seq_len,
-            "decoder_attention_mask", "cached + new target tokens",
+            attention_mask,
+            batch_size,
+            None if known_past is None else known_past + seq_len,
+            "decoder_attention_mask",
+            "cached + new target tokens",
         )
         if encoder_hidden_states is not None:
             check_attention_mask(encoder_attention_mask, *encoder_hidden_states.shape[:2], keys="source tokens")

@@ -34,9 +34,14 @@ from archlab.training.ablation_variants import VARIANTS
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--output_dir", default="ablation", help="where the results go (default: ablation)")
-    parser.add_argument("--variants", default=",".join(VARIANTS),
-                        help=f"comma-separated subset of (default: all): {', '.join(VARIANTS)}")
-    parser.add_argument("--dataset_name", default=None, help="a `datasets.load_dataset` path; default: the stdlib corpus")
+    parser.add_argument(
+        "--variants",
+        default=",".join(VARIANTS),
+        help=f"comma-separated subset of (default: all): {', '.join(VARIANTS)}",
+    )
+    parser.add_argument(
+        "--dataset_name", default=None, help="a `datasets.load_dataset` path; default: the stdlib corpus"
+    )
     parser.add_argument("--text_column", default="text", help="with --dataset_name: the text column (default: text)")
     parser.add_argument("--steps", type=int, default=300, help="training steps per variant (default: 300)")
     parser.add_argument("--warmup_steps", type=int, default=30, help="linear warm-up steps, < --steps (default: 30)")
@@ -46,13 +51,24 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--layers", type=int, default=4, help="decoder layers (default: 4)")
     parser.add_argument("--lr", type=float, default=3e-3, help="peak learning rate, > 0 (default: 3e-3)")
     parser.add_argument("--decode_tokens", type=int, default=64, help="tokens per timed greedy decode (default: 64)")
-    parser.add_argument("--corpus_bytes", type=int, default=8_000_000,
-                        help="bytes of training text, a tenth as many for validation (default: 8000000)")
-    parser.add_argument("--threads", type=int, default=1,
-                        help="torch threads (default: 1, which avoids spin contention on shared cores)")
+    parser.add_argument(
+        "--corpus_bytes",
+        type=int,
+        default=8_000_000,
+        help="bytes of training text, a tenth as many for validation (default: 8000000)",
+    )
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch threads (default: 1, which avoids spin contention on shared cores)",
+    )
     parser.add_argument("--seed", type=int, default=0, help="seed of the weights and the batch order (default: 0)")
-    parser.add_argument("--paired_speed", action="store_true",
-                        help="also time RMSNorm vs LayerNorm and MHA/GQA/MQA decoding side by side (paired.md)")
+    parser.add_argument(
+        "--paired_speed",
+        action="store_true",
+        help="also time RMSNorm vs LayerNorm and MHA/GQA/MQA decoding side by side (paired.md)",
+    )
     return parser
 
 

@@ -30,15 +30,21 @@ class ModelArguments:
     model_name_or_path: str | None = field(
         default=None, metadata={"help": "A saved model to start from; otherwise a new one is built from the config."}
     )
-    preset: str | None = field(default=None, metadata={
-        "help": "A named decoder shape: tiny, small, llama-2-7b, mistral-7b, ... (see `archlab.configuration."
-                "list_presets()`; a wrong name lists them all)."
-    })
+    preset: str | None = field(
+        default=None,
+        metadata={
+            "help": "A named decoder shape: tiny, small, llama-2-7b, mistral-7b, ... (see `archlab.configuration."
+            "list_presets()`; a wrong name lists them all)."
+        },
+    )
     config_name: str | None = field(default=None, metadata={"help": "A config JSON file (or folder) to build from."})
     config_overrides: str | None = field(
-        default=None, metadata={"help": 'Config fields to override: "hidden_size=128,num_hidden_layers=2"; values are '
-                                        "read as JSON when they parse, so lists and objects work: "
-                                        """'layer_types=["sliding_attention","full_attention"]'."""}
+        default=None,
+        metadata={
+            "help": 'Config fields to override: "hidden_size=128,num_hidden_layers=2"; values are '
+            "read as JSON when they parse, so lists and objects work: "
+            """'layer_types=["sliding_attention","full_attention"]'."""
+        },
     )
     tokenizer_name: str | None = field(
         default=None, metadata={"help": "A saved tokenizer to use; without it one is trained on the training split."}
@@ -79,8 +85,11 @@ class ArchlabTrainingArguments(TrainingArguments):
     already holds checkpoints. The scripts subclass this to set their own defaults."""
 
     overwrite_output_dir: bool = field(
-        default=False, metadata={"help": "Start over in an --output_dir that holds checkpoints (they are deleted) or "
-                                         "a finished model (it is replaced)."}
+        default=False,
+        metadata={
+            "help": "Start over in an --output_dir that holds checkpoints (they are deleted) or "
+            "a finished model (it is replaced)."
+        },
     )
 
 
@@ -142,19 +151,23 @@ def check_training_flags(args: TrainingArguments) -> None:
     """`TrainingArguments` values the Trainer would misuse without a word (--max_steps 0 trains one step and -5 a
     whole epoch; --save_steps 0 never saves) or reject only once training starts, after the data is prepared."""
     if args.max_steps == 0 or args.max_steps < -1:
-        raise ValueError(f"--max_steps must be >= 1, or -1 (unset: train --num_train_epochs epochs), got "
-                         f"{args.max_steps}.")
+        raise ValueError(
+            f"--max_steps must be >= 1, or -1 (unset: train --num_train_epochs epochs), got {args.max_steps}."
+        )
     if args.max_steps == -1 and not args.num_train_epochs > 0:
         raise ValueError(f"--num_train_epochs must be > 0 when --max_steps is -1, got {args.num_train_epochs}.")
     if not args.learning_rate > 0:
         raise ValueError(f"--learning_rate must be > 0, got {args.learning_rate}.")
-    check_flag_positive(args, ("per_device_train_batch_size", "per_device_eval_batch_size",
-                               "gradient_accumulation_steps"))
+    check_flag_positive(
+        args, ("per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps")
+    )
     for kind in ("logging", "eval", "save"):
         steps = getattr(args, f"{kind}_steps")
         if getattr(args, f"{kind}_strategy") == "steps" and steps is not None and not steps > 0:
-            raise ValueError(f"--{kind}_steps must be > 0 with --{kind}_strategy steps (a number of steps, or a "
-                             f"fraction < 1 of the run's steps), got {steps}.")
+            raise ValueError(
+                f"--{kind}_steps must be > 0 with --{kind}_strategy steps (a number of steps, or a "
+                f"fraction < 1 of the run's steps), got {steps}."
+            )
 
 
 def check_flag_choice(args: Any, name: str, allowed: Sequence[str]) -> None:
@@ -183,10 +196,15 @@ def check_model_flags(model_args: ModelArguments) -> None:
     check_flag_positive(model_args, ("tokenizer_vocab_size", "tokenizer_train_samples"))
     specials = len(TOKENIZER_KINDS[model_args.model_kind].special_tokens)
     if model_args.tokenizer_vocab_size is not None and model_args.tokenizer_vocab_size <= specials:
-        raise ValueError(f"--tokenizer_vocab_size must exceed the {specials} special tokens of a "
-                         f"{model_args.model_kind} tokenizer, got {model_args.tokenizer_vocab_size}.")
-    trained = [name for name in ("tokenizer_algorithm", "tokenizer_vocab_size", "tokenizer_train_samples")
-               if getattr(model_args, name) is not None]
+        raise ValueError(
+            f"--tokenizer_vocab_size must exceed the {specials} special tokens of a "
+            f"{model_args.model_kind} tokenizer, got {model_args.tokenizer_vocab_size}."
+        )
+    trained = [
+        name
+        for name in ("tokenizer_algorithm", "tokenizer_vocab_size", "tokenizer_train_samples")
+        if getattr(model_args, name) is not None
+    ]
     if trained and (model_args.tokenizer_name or model_args.model_name_or_path):
         raise ValueError(
             f"Conflicting flags: --{', --'.join(trained)} configure tokenizer training, but a tokenizer is loaded "
@@ -210,5 +228,6 @@ def check_weights(folder: str, flag: str) -> None:
             with safe_open(path, framework="pt"):
                 pass
         except (SafetensorError, OSError) as error:
-            raise ValueError(f"{flag} {folder!r}: {path} is damaged or not a safetensors file ({error}); save or "
-                             "download it again.") from None
+            raise ValueError(
+                f"{flag} {folder!r}: {path} is damaged or not a safetensors file ({error}); save or download it again."
+            ) from None

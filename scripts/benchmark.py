@@ -24,7 +24,14 @@ from pathlib import Path
 import torch
 
 from archlab.training.benchmarking import (
-    OPTIMIZERS, Report, Row, breakdown_notes, compare_speed, make_optimizer, native_bf16, peak_training_memory,
+    OPTIMIZERS,
+    Report,
+    Row,
+    breakdown_notes,
+    compare_speed,
+    make_optimizer,
+    native_bf16,
+    peak_training_memory,
     training_step,
 )
 
@@ -34,10 +41,22 @@ from archlab.training.benchmarking import (
 # ----------------------------------------------------------------------------------------------------------------
 def dense_shape(quick: bool) -> dict:
     if quick:
-        return dict(vocab_size=1024, hidden_size=128, intermediate_size=344, num_hidden_layers=2,
-                    num_attention_heads=4, num_key_value_heads=2)
-    return dict(vocab_size=8192, hidden_size=512, intermediate_size=1376, num_hidden_layers=8,
-                num_attention_heads=8, num_key_value_heads=2)
+        return dict(
+            vocab_size=1024,
+            hidden_size=128,
+            intermediate_size=344,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+        )
+    return dict(
+        vocab_size=8192,
+        hidden_size=512,
+        intermediate_size=1376,
+        num_hidden_layers=8,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+    )
 
 
 def run_dense(args: argparse.Namespace) -> Report:
@@ -64,17 +83,34 @@ def run_dense(args: argparse.Namespace) -> Report:
     for label, dtype, goal in [("fp32", None, "≥ 1.3×"), ("bf16 autocast", torch.bfloat16, "≥ 1.3×")]:
         ours.train(), peer.train()
         opt_a, opt_p = make_optimizer(ours, args.optim), make_optimizer(peer, args.optim)
-        t_a, t_p, ratio = compare_speed(training_step(ours, batch, opt_a, dtype), training_step(peer, batch, opt_p, dtype),
-                                        args.rounds)
-        report.rows.append(Row(f"training tokens/s, {label} (batch {batch_size}×{seq_len}, {args.optim})",
-                               tokens / t_a, tokens / t_p, ratio, "tok/s", goal))
+        t_a, t_p, ratio = compare_speed(
+            training_step(ours, batch, opt_a, dtype), training_step(peer, batch, opt_p, dtype), args.rounds
+        )
+        report.rows.append(
+            Row(
+                f"training tokens/s, {label} (batch {batch_size}×{seq_len}, {args.optim})",
+                tokens / t_a,
+                tokens / t_p,
+                ratio,
+                "tok/s",
+                goal,
+            )
+        )
         del opt_a, opt_p
 
     opt_a, opt_p = make_optimizer(ours, args.optim), make_optimizer(peer, args.optim)
     mem_a = peak_training_memory(ours, training_step(ours, batch, opt_a), opt_a)
     mem_p = peak_training_memory(peer, training_step(peer, batch, opt_p), opt_p)
-    report.rows.append(Row("peak memory of a training step, fp32", mem_a / 2**20, mem_p / 2**20, mem_p / mem_a, "MiB",
-                           "≤ 1.0× (ratio ≥ 1)"))
+    report.rows.append(
+        Row(
+            "peak memory of a training step, fp32",
+            mem_a / 2**20,
+            mem_p / 2**20,
+            mem_p / mem_a,
+            "MiB",
+            "≤ 1.0× (ratio ≥ 1)",
+        )
+    )
     report.notes += breakdown_notes([("LlamaForCausalLM", peer, opt_p), ("archlab", ours, opt_a)], batch)
     del opt_a, opt_p
 
@@ -83,20 +119,35 @@ def run_dense(args: argparse.Namespace) -> Report:
     for gen_batch in (1, 8):
         prompt = torch.randint(3, shape["vocab_size"], (gen_batch, 32))
         kwargs = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False, pad_token_id=0)
-        t_a, t_p, ratio = compare_speed(lambda: ours.generate(prompt, **kwargs), lambda: peer.generate(prompt, **kwargs),
-                                        args.rounds)
+        t_a, t_p, ratio = compare_speed(
+            lambda: ours.generate(prompt, **kwargs), lambda: peer.generate(prompt, **kwargs), args.rounds
+        )
         n = gen_batch * new_tokens
-        report.rows.append(Row(f"generation tokens/s, batch {gen_batch}, {new_tokens} new tokens (greedy, DynamicCache)",
-                               n / t_a, n / t_p, ratio, "tok/s", "≥ 1.0×"))
-    report.notes.append(f"{args.rounds} rounds, torch {torch.__version__}, {torch.get_num_threads()} threads; "
-                        f"native bf16 on this CPU: {native_bf16()}.")
+        report.rows.append(
+            Row(
+                f"generation tokens/s, batch {gen_batch}, {new_tokens} new tokens (greedy, DynamicCache)",
+                n / t_a,
+                n / t_p,
+                ratio,
+                "tok/s",
+                "≥ 1.0×",
+            )
+        )
+    report.notes.append(
+        f"{args.rounds} rounds, torch {torch.__version__}, {torch.get_num_threads()} threads; "
+        f"native bf16 on this CPU: {native_bf16()}."
+    )
     return report
 
 
 SUITES: dict[str, Callable[[argparse.Namespace], Report]] = {"dense": run_dense}
 # Suites that live in their own module expose `run(args) -> Report`; they are imported only when asked for.
-EXTERNAL_SUITES = {"moe": "benchmark_moe", "seq2seq": "benchmark_seq2seq", "compile": "benchmark_compile",
-                   "variants": "benchmark_variants"}
+EXTERNAL_SUITES = {
+    "moe": "benchmark_moe",
+    "seq2seq": "benchmark_seq2seq",
+    "compile": "benchmark_compile",
+    "variants": "benchmark_variants",
+}
 
 
 def resolve_suite(name: str) -> Callable[[argparse.Namespace], Report]:
@@ -107,16 +158,30 @@ def resolve_suite(name: str) -> Callable[[argparse.Namespace], Report]:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--suite", choices=sorted({*SUITES, *EXTERNAL_SUITES}), default=None, action="append",
-                        dest="suites", help="what to compare (repeatable; default: dense)")
-    parser.add_argument("--rounds", type=int, default=8,
-                        help="timed rounds per metric, >= 1 (default: 8; the median of ratios needs about 8)")
+    parser.add_argument(
+        "--suite",
+        choices=sorted({*SUITES, *EXTERNAL_SUITES}),
+        default=None,
+        action="append",
+        dest="suites",
+        help="what to compare (repeatable; default: dense)",
+    )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=8,
+        help="timed rounds per metric, >= 1 (default: 8; the median of ratios needs about 8)",
+    )
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads, >= 1 (default: all cores)")
     parser.add_argument("--batch-size", type=int, default=8, help="sequences per batch (default: 8)")
     parser.add_argument("--seq-len", type=int, default=256, help="tokens per sequence (default: 256)")
     parser.add_argument("--new-tokens", type=int, default=128, help="tokens generated per decode (default: 128)")
-    parser.add_argument("--optim", choices=sorted(OPTIMIZERS), default="adamw_torch_fused",
-                        help="the optimiser of every training step, by Trainer's name (default: Trainer's default)")
+    parser.add_argument(
+        "--optim",
+        choices=sorted(OPTIMIZERS),
+        default="adamw_torch_fused",
+        help="the optimiser of every training step, by Trainer's name (default: Trainer's default)",
+    )
     parser.add_argument("--quick", action="store_true", help="tiny shapes and 2 rounds: checks that it runs")
     parser.add_argument("--output", type=Path, default=None, help="also write the markdown tables here")
     return parser

@@ -36,8 +36,11 @@ def build_models(quick: bool) -> dict[str, torch.nn.Module]:
     llama = LlamaForCausalLM(LlamaConfig(**common))
     models: dict[str, torch.nn.Module] = {"llama eager": llama}
     for name in ("archlab eager", "archlab compiled", "llama compiled"):
-        model = (LlamaForCausalLM(LlamaConfig(**common)) if name.startswith("llama")
-                 else DecoderForCausalLM(DecoderConfig(**common)))
+        model = (
+            LlamaForCausalLM(LlamaConfig(**common))
+            if name.startswith("llama")
+            else DecoderForCausalLM(DecoderConfig(**common))
+        )
         model.load_state_dict(llama.state_dict(), strict=True)
         models[name] = model
     for name in ("archlab compiled", "llama compiled"):
@@ -70,18 +73,25 @@ def run(args: argparse.Namespace) -> Report:
             steps[name]()  # compiles the backward graph
             cold[name] = time.perf_counter() - start
 
-    report = Report(title=f"Regional compilation (accelerate `compile_regions`), training step, batch "
-                          f"{batch_size}×{seq_len}, fp32", peer_name="peer")
-    pairs = [("archlab compiled", "llama compiled", "same tool on both"),
-             ("archlab compiled", "llama eager", "vs the Hugging Face default"),
-             ("archlab compiled", "archlab eager", "what compiling gives archlab")]
+    report = Report(
+        title=f"Regional compilation (accelerate `compile_regions`), training step, batch {batch_size}×{seq_len}, fp32",
+        peer_name="peer",
+    )
+    pairs = [
+        ("archlab compiled", "llama compiled", "same tool on both"),
+        ("archlab compiled", "llama eager", "vs the Hugging Face default"),
+        ("archlab compiled", "archlab eager", "what compiling gives archlab"),
+    ]
     for ours, peer, what in pairs:
         t_a, t_p, ratio = compare_speed(steps[ours], steps[peer], args.rounds)
-        report.rows.append(Row(f"training tokens/s: {ours} vs {peer} ({what})", tokens / t_a, tokens / t_p, ratio,
-                               "tok/s"))
+        report.rows.append(
+            Row(f"training tokens/s: {ours} vs {peer} ({what})", tokens / t_a, tokens / t_p, ratio, "tok/s")
+        )
     for name, loss in losses.items():
-        report.notes.append(f"{name}: cold compile + first step {cold[name]:.0f} s; first loss {loss:.6f} "
-                            f"(eager Llama {reference:.6f}, |diff| {abs(loss - reference):.1e}).")
+        report.notes.append(
+            f"{name}: cold compile + first step {cold[name]:.0f} s; first loss {loss:.6f} "
+            f"(eager Llama {reference:.6f}, |diff| {abs(loss - reference):.1e})."
+        )
     report.notes.append(f"{args.rounds} rounds, torch {torch.__version__}, {torch.get_num_threads()} threads.")
     return report
 

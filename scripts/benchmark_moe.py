@@ -45,7 +45,13 @@ from transformers import LlamaConfig, LlamaForCausalLM, MixtralConfig, MixtralFo
 from archlab import DecoderConfig, DecoderForCausalLM
 from archlab.modeling.moe import count_parameters
 from archlab.training.benchmarking import (
-    OPTIMIZERS, Report, Row, interleaved_rounds, make_optimizer, median_ratios, time_breakdown,
+    OPTIMIZERS,
+    Report,
+    Row,
+    interleaved_rounds,
+    make_optimizer,
+    median_ratios,
+    time_breakdown,
 )
 
 HF_EXPERTS = ("eager", "batched_mm", "grouped_mm")
@@ -70,15 +76,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--decode-batch", type=int, default=1)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--lr", type=float, default=1e-5, help="small, so routing stays comparable across models")
-    p.add_argument("--optim", choices=sorted(OPTIMIZERS), default="adamw_torch_fused",
-                   help="the optimiser of every training step, by Trainer's name (default: Trainer's default)")
+    p.add_argument(
+        "--optim",
+        choices=sorted(OPTIMIZERS),
+        default="adamw_torch_fused",
+        help="the optimiser of every training step, by Trainer's name (default: Trainer's default)",
+    )
     p.add_argument("--skip", nargs="*", default=[], help="model names to leave out, e.g. mixtral-eager")
     p.add_argument("--no-train", action="store_true")
     p.add_argument("--no-decode", action="store_true")
     p.add_argument("--json", type=str, default=None, help="also write the results here")
     args = p.parse_args(argv)
     if args.dense_intermediate_size % args.top_k != 0:
-        p.error(f"--dense-intermediate-size ({args.dense_intermediate_size}) must be divisible by --top-k ({args.top_k})")
+        p.error(
+            f"--dense-intermediate-size ({args.dense_intermediate_size}) must be divisible by --top-k ({args.top_k})"
+        )
     if not 1 <= args.top_k <= args.experts:
         p.error(f"--top-k must be in [1, --experts={args.experts}], got {args.top_k}")
     return args
@@ -175,8 +187,10 @@ def main(argv: list[str] | None = None) -> dict:
         for name, model, impl in train_entries:
             shares = time_breakdown(lambda: train_step(model, impl))
             results["train_breakdown"][name] = shares
-            print(f"  {name:<20} GEMMs {shares['gemm']:.0%}, attention kernels {shares['attention']:.0%}, "
-                  f"everything else {shares['other']:.0%} (ceiling with these GEMMs: {1 / (1 - shares['other']):.2f}x)")
+            print(
+                f"  {name:<20} GEMMs {shares['gemm']:.0%}, attention kernels {shares['attention']:.0%}, "
+                f"everything else {shares['other']:.0%} (ceiling with these GEMMs: {1 / (1 - shares['other']):.2f}x)"
+            )
 
     if not args.no_decode:
         gen = torch.Generator().manual_seed(2)
@@ -202,28 +216,71 @@ def main(argv: list[str] | None = None) -> dict:
     return results
 
 
-GOALS = {("train", "mixtral-grouped_mm"): "≥ 1.2× (HF's best)", ("train", "mixtral-eager"): "≥ 2.5× (the old default)",
-         ("train", "archlab-dense"): "≥ 0.9× (same active FLOPs)", ("decode", "mixtral-grouped_mm"): "≥ 1.0×"}
+GOALS = {
+    ("train", "mixtral-grouped_mm"): "≥ 1.2× (HF's best)",
+    ("train", "mixtral-eager"): "≥ 2.5× (the old default)",
+    ("train", "archlab-dense"): "≥ 0.9× (same active FLOPs)",
+    ("decode", "mixtral-grouped_mm"): "≥ 1.0×",
+}
 
 
 def run(args: argparse.Namespace) -> Report:
     """`python scripts/benchmark.py --suite moe`: this benchmark with the shared flags (their rounds, threads and
     --quick), as a table of archlab-moe against every other model."""
-    argv = ["--rounds", str(args.rounds), "--decode-rounds", str(args.rounds), "--threads", str(torch.get_num_threads()),
-            "--optim", args.optim]
+    argv = [
+        "--rounds",
+        str(args.rounds),
+        "--decode-rounds",
+        str(args.rounds),
+        "--threads",
+        str(torch.get_num_threads()),
+        "--optim",
+        args.optim,
+    ]
     if args.quick:
-        argv += ["--vocab-size", "1024", "--hidden-size", "128", "--dense-intermediate-size", "344", "--layers", "2",
-                 "--heads", "4", "--kv-heads", "2", "--batch", "2", "--seq", "64", "--prompt", "8", "--new-tokens", "8"]
+        argv += [
+            "--vocab-size",
+            "1024",
+            "--hidden-size",
+            "128",
+            "--dense-intermediate-size",
+            "344",
+            "--layers",
+            "2",
+            "--heads",
+            "4",
+            "--kv-heads",
+            "2",
+            "--batch",
+            "2",
+            "--seq",
+            "64",
+            "--prompt",
+            "8",
+            "--new-tokens",
+            "8",
+        ]
     results = main(argv)
-    report = Report(title="Mixture of experts vs MixtralForCausalLM (8 experts top-2 unless --quick) and the dense "
-                          "models of the same active FLOPs", peer_name="peer")
+    report = Report(
+        title="Mixture of experts vs MixtralForCausalLM (8 experts top-2 unless --quick) and the dense "
+        "models of the same active FLOPs",
+        peer_name="peer",
+    )
     for phase, label in (("train", "training step tokens/s"), ("decode", "greedy decode tokens/s")):
         table = results[phase]
         ours = table["archlab-moe"]["tokens_per_s"]
         for name, row in table.items():
             if name != "archlab-moe":
-                report.rows.append(Row(f"{label}: archlab-moe vs {name}", ours, row["tokens_per_s"],
-                                       row["archlab_moe_speedup"], "tok/s", GOALS.get((phase, name), "")))
+                report.rows.append(
+                    Row(
+                        f"{label}: archlab-moe vs {name}",
+                        ours,
+                        row["tokens_per_s"],
+                        row["archlab_moe_speedup"],
+                        "tok/s",
+                        GOALS.get((phase, name), ""),
+                    )
+                )
     return report
 
 

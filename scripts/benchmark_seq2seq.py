@@ -24,24 +24,53 @@ from transformers import MarianConfig, MarianMTModel
 
 from archlab import Seq2SeqConfig, Seq2SeqForConditionalGeneration
 from archlab.training.benchmarking import (
-    Report, Row, breakdown_notes, compare_speed, make_optimizer, peak_training_memory, training_step,
+    Report,
+    Row,
+    breakdown_notes,
+    compare_speed,
+    make_optimizer,
+    peak_training_memory,
+    training_step,
 )
 
 
 def marian_shape(quick: bool) -> dict:
     if quick:
-        return dict(vocab_size=1024, d_model=64, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
-                    decoder_attention_heads=4, encoder_ffn_dim=256, decoder_ffn_dim=256)
-    return dict(vocab_size=8192, d_model=512, encoder_layers=6, decoder_layers=6, encoder_attention_heads=8,
-                decoder_attention_heads=8, encoder_ffn_dim=2048, decoder_ffn_dim=2048)
+        return dict(
+            vocab_size=1024,
+            d_model=64,
+            encoder_layers=2,
+            decoder_layers=2,
+            encoder_attention_heads=4,
+            decoder_attention_heads=4,
+            encoder_ffn_dim=256,
+            decoder_ffn_dim=256,
+        )
+    return dict(
+        vocab_size=8192,
+        d_model=512,
+        encoder_layers=6,
+        decoder_layers=6,
+        encoder_attention_heads=8,
+        decoder_attention_heads=8,
+        encoder_ffn_dim=2048,
+        decoder_ffn_dim=2048,
+    )
 
 
 def build_pair(quick: bool, max_positions: int) -> tuple[Seq2SeqForConditionalGeneration, MarianMTModel]:
     shape = marian_shape(quick)
     marian = dict(
-        shape, max_position_embeddings=max_positions, activation_function="swish", scale_embedding=True,
-        dropout=0.1, pad_token_id=shape["vocab_size"] - 1, decoder_start_token_id=shape["vocab_size"] - 1,
-        eos_token_id=0, forced_eos_token_id=0, bos_token_id=None,
+        shape,
+        max_position_embeddings=max_positions,
+        activation_function="swish",
+        scale_embedding=True,
+        dropout=0.1,
+        pad_token_id=shape["vocab_size"] - 1,
+        decoder_start_token_id=shape["vocab_size"] - 1,
+        eos_token_id=0,
+        forced_eos_token_id=0,
+        bos_token_id=None,
     )
     torch.manual_seed(0)
     peer = MarianMTModel(MarianConfig(**marian, attn_implementation="sdpa"))
@@ -72,8 +101,16 @@ def run(args: argparse.Namespace) -> Report:
     ours.train(), peer.train()
     opt_a, opt_p = make_optimizer(ours, args.optim), make_optimizer(peer, args.optim)
     t_a, t_p, ratio = compare_speed(training_step(ours, batch, opt_a), training_step(peer, batch, opt_p), args.rounds)
-    report.rows.append(Row(f"training tokens/s, fp32 (batch {batch_size}, {seq_len} source + {seq_len} target, {args.optim})",
-                           tokens / t_a, tokens / t_p, ratio, "tok/s", "≥ 1.2×"))
+    report.rows.append(
+        Row(
+            f"training tokens/s, fp32 (batch {batch_size}, {seq_len} source + {seq_len} target, {args.optim})",
+            tokens / t_a,
+            tokens / t_p,
+            ratio,
+            "tok/s",
+            "≥ 1.2×",
+        )
+    )
     mem_a = peak_training_memory(ours, training_step(ours, batch, opt_a), opt_a)
     # MemTracker hooks every parameter's gradient; Marian's sinusoid tables are frozen parameters (no gradient ever
     # reaches them: they are computed under no_grad), so flag them for the measurement only.
@@ -83,22 +120,44 @@ def run(args: argparse.Namespace) -> Report:
     mem_p = peak_training_memory(peer, training_step(peer, batch, opt_p), opt_p)
     for parameter in frozen:
         parameter.requires_grad_(False)
-    report.rows.append(Row("peak memory of a training step, fp32", mem_a / 2**20, mem_p / 2**20, mem_p / mem_a, "MiB",
-                           "≤ 1.0× (ratio ≥ 1)"))
+    report.rows.append(
+        Row(
+            "peak memory of a training step, fp32",
+            mem_a / 2**20,
+            mem_p / 2**20,
+            mem_p / mem_a,
+            "MiB",
+            "≤ 1.0× (ratio ≥ 1)",
+        )
+    )
     report.notes += breakdown_notes([("MarianMTModel", peer, opt_p), ("archlab", ours, opt_a)], batch)
     del opt_a, opt_p
 
     # The training steps above drew different dropout masks for the two models: give them the same weights again.
     ours.load_state_dict(peer.state_dict(), strict=True)
     ours.eval(), peer.eval()
-    beams = dict(input_ids=source, attention_mask=batch["attention_mask"], num_beams=4, max_new_tokens=new_tokens,
-                 min_new_tokens=new_tokens, early_stopping=False)
+    beams = dict(
+        input_ids=source,
+        attention_mask=batch["attention_mask"],
+        num_beams=4,
+        max_new_tokens=new_tokens,
+        min_new_tokens=new_tokens,
+        early_stopping=False,
+    )
     with torch.inference_mode():
         same = torch.equal(ours.generate(**beams), peer.generate(**beams))
         t_a, t_p, ratio = compare_speed(lambda: ours.generate(**beams), lambda: peer.generate(**beams), args.rounds)
     n = batch_size * new_tokens
-    report.rows.append(Row(f"beam-search tokens/s (batch {batch_size}, 4 beams, {new_tokens} new tokens)",
-                           n / t_a, n / t_p, ratio, "tok/s", "≥ 1.0×"))
+    report.rows.append(
+        Row(
+            f"beam-search tokens/s (batch {batch_size}, 4 beams, {new_tokens} new tokens)",
+            n / t_a,
+            n / t_p,
+            ratio,
+            "tok/s",
+            "≥ 1.0×",
+        )
+    )
     report.notes.append(f"beam-search outputs identical to Marian's: {same}.")
     report.notes.append(f"{args.rounds} rounds, torch {torch.__version__}, {torch.get_num_threads()} threads.")
     return report

@@ -28,8 +28,16 @@ def _shape(quick: bool) -> dict:
 def _peers(shape: dict, seq_len: int) -> list[tuple[str, torch.nn.Module, DecoderConfig, callable]]:
     """(label, HF model, equivalent archlab config, state-dict mapping) for each variant with a peer."""
     from transformers import (
-        BloomConfig, BloomForCausalLM, Gemma2Config, Gemma2ForCausalLM, GPTNeoXConfig, GPTNeoXForCausalLM,
-        MistralConfig, MistralForCausalLM, Qwen3Config, Qwen3ForCausalLM,
+        BloomConfig,
+        BloomForCausalLM,
+        Gemma2Config,
+        Gemma2ForCausalLM,
+        GPTNeoXConfig,
+        GPTNeoXForCausalLM,
+        MistralConfig,
+        MistralForCausalLM,
+        Qwen3Config,
+        Qwen3ForCausalLM,
     )
 
     d, heads = shape["hidden_size"], shape["num_attention_heads"]
@@ -40,29 +48,93 @@ def _peers(shape: dict, seq_len: int) -> list[tuple[str, torch.nn.Module, Decode
     mistral = MistralForCausalLM(MistralConfig(**llama_like, sliding_window=window))
     out.append((f"Mistral, sliding window {window}", mistral, DecoderConfig(**llama_like, sliding_window=window), None))
     qwen = Qwen3ForCausalLM(Qwen3Config(**llama_like, head_dim=d // heads))
-    out.append(("Qwen3, QK-norm", qwen, DecoderConfig(**llama_like, use_qk_norm=True, rms_norm_eps=1e-6,
-                                                       rope_parameters=qwen.config.rope_parameters), None))
-    gemma = Gemma2ForCausalLM(Gemma2Config(**llama_like, head_dim=d // heads, sliding_window=window,
-                                           attn_implementation="eager"))
-    out.append(("Gemma2, sandwich + soft-cap + local/global (eager both)", gemma, DecoderConfig(
-        **llama_like, head_dim=d // heads, hidden_act="gelu_pytorch_tanh", sliding_window=window,
-        layer_types=gemma.config.layer_types, query_pre_attn_scalar=gemma.config.query_pre_attn_scalar,
-        attn_logit_softcapping=gemma.config.attn_logit_softcapping,
-        final_logit_softcapping=gemma.config.final_logit_softcapping, norm_type="offset_rms_norm",
-        norm_position="sandwich", scale_embedding=True, tie_word_embeddings=True,
-        rope_parameters=gemma.config.rope_parameters), None))
+    out.append(
+        (
+            "Qwen3, QK-norm",
+            qwen,
+            DecoderConfig(
+                **llama_like, use_qk_norm=True, rms_norm_eps=1e-6, rope_parameters=qwen.config.rope_parameters
+            ),
+            None,
+        )
+    )
+    gemma = Gemma2ForCausalLM(
+        Gemma2Config(**llama_like, head_dim=d // heads, sliding_window=window, attn_implementation="eager")
+    )
+    out.append(
+        (
+            "Gemma2, sandwich + soft-cap + local/global (eager both)",
+            gemma,
+            DecoderConfig(
+                **llama_like,
+                head_dim=d // heads,
+                hidden_act="gelu_pytorch_tanh",
+                sliding_window=window,
+                layer_types=gemma.config.layer_types,
+                query_pre_attn_scalar=gemma.config.query_pre_attn_scalar,
+                attn_logit_softcapping=gemma.config.attn_logit_softcapping,
+                final_logit_softcapping=gemma.config.final_logit_softcapping,
+                norm_type="offset_rms_norm",
+                norm_position="sandwich",
+                scale_embedding=True,
+                tie_word_embeddings=True,
+                rope_parameters=gemma.config.rope_parameters,
+            ),
+            None,
+        )
+    )
     rope = {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25}
     neox = GPTNeoXForCausalLM(GPTNeoXConfig(**shape, intermediate_size=4 * d, rope_parameters=rope))
-    out.append(("GPT-NeoX, parallel block + partial rotary", neox, DecoderConfig(
-        **shape, intermediate_size=4 * d, rope_parameters=rope, norm_type="layer_norm", norm_position="parallel",
-        mlp_type="plain", hidden_act="gelu", attention_bias=True, mlp_bias=True, rms_norm_eps=1e-5,
-        max_position_embeddings=4096), _neox_keys))
-    bloom = BloomForCausalLM(BloomConfig(vocab_size=shape["vocab_size"], hidden_size=d, n_layer=shape["num_hidden_layers"],
-                                         n_head=heads, attn_implementation="eager"))
-    out.append(("BLOOM, ALiBi (archlab sdpa vs BLOOM eager)", bloom, DecoderConfig(
-        **shape, intermediate_size=4 * d, hidden_act="gelu_pytorch_tanh", position_embedding_type="alibi",
-        norm_type="layer_norm", rms_norm_eps=1e-5, embedding_layernorm=True, mlp_type="plain", attention_bias=True,
-        mlp_bias=True, tie_word_embeddings=True, max_position_embeddings=4096), _bloom_keys))
+    out.append(
+        (
+            "GPT-NeoX, parallel block + partial rotary",
+            neox,
+            DecoderConfig(
+                **shape,
+                intermediate_size=4 * d,
+                rope_parameters=rope,
+                norm_type="layer_norm",
+                norm_position="parallel",
+                mlp_type="plain",
+                hidden_act="gelu",
+                attention_bias=True,
+                mlp_bias=True,
+                rms_norm_eps=1e-5,
+                max_position_embeddings=4096,
+            ),
+            _neox_keys,
+        )
+    )
+    bloom = BloomForCausalLM(
+        BloomConfig(
+            vocab_size=shape["vocab_size"],
+            hidden_size=d,
+            n_layer=shape["num_hidden_layers"],
+            n_head=heads,
+            attn_implementation="eager",
+        )
+    )
+    out.append(
+        (
+            "BLOOM, ALiBi (archlab sdpa vs BLOOM eager)",
+            bloom,
+            DecoderConfig(
+                **shape,
+                intermediate_size=4 * d,
+                hidden_act="gelu_pytorch_tanh",
+                position_embedding_type="alibi",
+                norm_type="layer_norm",
+                rms_norm_eps=1e-5,
+                embedding_layernorm=True,
+                mlp_type="plain",
+                attention_bias=True,
+                mlp_bias=True,
+                tie_word_embeddings=True,
+                max_position_embeddings=4096,
+            ),
+            _bloom_keys,
+        )
+    )
     return out
 
 
@@ -86,23 +158,48 @@ def _rename(state: dict, renames: dict[str, str]) -> dict:
 def _neox_keys(state: dict, config: DecoderConfig) -> dict:
     state = {k: v for k, v in state.items() if "inv_freq" not in k}
     for i in range(config.num_hidden_layers):
-        _split_qkv(state, f"gpt_neox.layers.{i}.attention.query_key_value", config.num_attention_heads,
-                   f"gpt_neox.layers.{i}.attention")
-    return _rename(state, {"gpt_neox.embed_in": "model.embed_tokens", "gpt_neox.final_layer_norm": "model.norm",
-                           "gpt_neox.layers": "model.layers", ".attention.dense": ".self_attn.o_proj",
-                           ".attention.": ".self_attn.", "dense_h_to_4h": "up_proj", "dense_4h_to_h": "down_proj"})
+        _split_qkv(
+            state,
+            f"gpt_neox.layers.{i}.attention.query_key_value",
+            config.num_attention_heads,
+            f"gpt_neox.layers.{i}.attention",
+        )
+    return _rename(
+        state,
+        {
+            "gpt_neox.embed_in": "model.embed_tokens",
+            "gpt_neox.final_layer_norm": "model.norm",
+            "gpt_neox.layers": "model.layers",
+            ".attention.dense": ".self_attn.o_proj",
+            ".attention.": ".self_attn.",
+            "dense_h_to_4h": "up_proj",
+            "dense_4h_to_h": "down_proj",
+        },
+    )
 
 
 def _bloom_keys(state: dict, config: DecoderConfig) -> dict:
     state = dict(state)
     for i in range(config.num_hidden_layers):
-        _split_qkv(state, f"transformer.h.{i}.self_attention.query_key_value", config.num_attention_heads,
-                   f"transformer.h.{i}.self_attention")
-    return _rename(state, {"transformer.word_embeddings_layernorm": "model.embedding_layernorm",
-                           "transformer.word_embeddings": "model.embed_tokens", "transformer.ln_f": "model.norm",
-                           "transformer.h": "model.layers", ".self_attention.dense": ".self_attn.o_proj",
-                           ".self_attention.": ".self_attn.", "dense_h_to_4h": "up_proj",
-                           "dense_4h_to_h": "down_proj"})
+        _split_qkv(
+            state,
+            f"transformer.h.{i}.self_attention.query_key_value",
+            config.num_attention_heads,
+            f"transformer.h.{i}.self_attention",
+        )
+    return _rename(
+        state,
+        {
+            "transformer.word_embeddings_layernorm": "model.embedding_layernorm",
+            "transformer.word_embeddings": "model.embed_tokens",
+            "transformer.ln_f": "model.norm",
+            "transformer.h": "model.layers",
+            ".self_attention.dense": ".self_attn.o_proj",
+            ".self_attention.": ".self_attn.",
+            "dense_h_to_4h": "up_proj",
+            "dense_4h_to_h": "down_proj",
+        },
+    )
 
 
 NO_PEER = {
@@ -125,8 +222,9 @@ def _compare(report: Report, label: str, ours, peer, batch: dict, prompt: torch.
     ours.eval(), peer.eval()
     new = 16 if args.quick else min(args.new_tokens, 64)
     kwargs = dict(max_new_tokens=new, min_new_tokens=new, do_sample=False, pad_token_id=0)
-    t_a, t_p, ratio = compare_speed(lambda: ours.generate(prompt, **kwargs), lambda: peer.generate(prompt, **kwargs),
-                                    args.rounds)
+    t_a, t_p, ratio = compare_speed(
+        lambda: ours.generate(prompt, **kwargs), lambda: peer.generate(prompt, **kwargs), args.rounds
+    )
     n = prompt.shape[0] * new
     report.rows.append(Row(f"{label}: generation tok/s vs {peer_name}", n / t_a, n / t_p, ratio, "tok/s"))
 
@@ -137,20 +235,29 @@ def run(args: argparse.Namespace) -> Report:
     ids = torch.randint(3, shape["vocab_size"], (batch_size, seq_len))
     batch = {"input_ids": ids, "labels": ids}
     prompt = torch.randint(3, shape["vocab_size"], (1, 32))
-    report = Report(title=f"Catalogue variants — hidden {shape['hidden_size']}, {shape['num_hidden_layers']} layers, "
-                    f"batch {batch_size}×{seq_len}", peer_name="peer")
+    report = Report(
+        title=f"Catalogue variants — hidden {shape['hidden_size']}, {shape['num_hidden_layers']} layers, "
+        f"batch {batch_size}×{seq_len}",
+        peer_name="peer",
+    )
     for label, peer, config, mapping in _peers(shape, seq_len):
         torch.manual_seed(0)
         ours = DecoderForCausalLM(config)
         state = peer.state_dict()
         ours.load_state_dict(mapping(state, config) if mapping else state, strict=True)
         _compare(report, label, ours, peer, batch, prompt, args, type(peer).__name__)
-    base_config = dict(**shape, intermediate_size=8 * shape["hidden_size"] // 3 // 8 * 8,
-                       num_key_value_heads=shape["num_attention_heads"] // 4, max_position_embeddings=4096)
+    base_config = dict(
+        **shape,
+        intermediate_size=8 * shape["hidden_size"] // 3 // 8 * 8,
+        num_key_value_heads=shape["num_attention_heads"] // 4,
+        max_position_embeddings=4096,
+    )
     default = DecoderForCausalLM(DecoderConfig(**base_config))
     for label, overrides in NO_PEER.items():
         variant = DecoderForCausalLM(DecoderConfig(**base_config, **overrides))
         _compare(report, label, variant, default, batch, prompt, args, "archlab default")
-    report.notes.append(f"{args.rounds} rounds, {torch.get_num_threads()} threads; same weights on both sides of every "
-                        "peer row; no-peer rows compare fresh weights of equal shapes.")
+    report.notes.append(
+        f"{args.rounds} rounds, {torch.get_num_threads()} threads; same weights on both sides of every "
+        "peer row; no-peer rows compare fresh weights of equal shapes."
+    )
     return report

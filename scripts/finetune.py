@@ -61,9 +61,13 @@ class FinetuneArguments:
     target_column: str = field(default="docstring", metadata={"help": "seq2seq: the output column."})
     max_source_length: int = field(default=256, metadata={"help": "seq2seq: truncate inputs to this many tokens."})
     max_target_length: int = field(default=48, metadata={"help": "seq2seq: truncate targets to this many tokens."})
-    pipeline_tag: str | None = field(default=None, metadata={
-        "help": "seq2seq: the model card's Hub task, translation | summarization (default: summarization for the "
-                "embedded code -> docstring task, translation for your own data)."})
+    pipeline_tag: str | None = field(
+        default=None,
+        metadata={
+            "help": "seq2seq: the model card's Hub task, translation | summarization (default: summarization for the "
+            "embedded code -> docstring task, translation for your own data)."
+        },
+    )
 
 
 @dataclass
@@ -71,11 +75,16 @@ class FinetuneTrainingArguments(Seq2SeqTrainingArguments):
     """`Seq2SeqTrainingArguments` (a superset of `TrainingArguments`) with defaults for short CPU runs."""
 
     output_dir: str | None = field(default="runs/finetune", metadata={"help": "Where checkpoints and the model go."})
-    overwrite_output_dir: bool = field(default=False, metadata={
-        "help": "Start over in an --output_dir that holds checkpoints (they are deleted) or a finished model (it is "
-                "replaced)."})
-    max_steps: int = field(default=300, metadata={
-        "help": "Optimizer steps (>= 1), or -1 to train --num_train_epochs epochs."})
+    overwrite_output_dir: bool = field(
+        default=False,
+        metadata={
+            "help": "Start over in an --output_dir that holds checkpoints (they are deleted) or a finished model (it is "
+            "replaced)."
+        },
+    )
+    max_steps: int = field(
+        default=300, metadata={"help": "Optimizer steps (>= 1), or -1 to train --num_train_epochs epochs."}
+    )
     per_device_train_batch_size: int = field(default=16, metadata={"help": "Examples per step."})
     per_device_eval_batch_size: int = field(default=16, metadata={"help": "Examples per evaluation step."})
     dataloader_pin_memory: bool = field(default=False, metadata={"help": "Pin memory (only useful on a GPU)."})
@@ -98,8 +107,10 @@ def main(argv: Sequence[str] | None = None, callbacks: list[TrainerCallback] | N
         raise ValueError(f"`--task`={args.task!r} is not supported; allowed values: {', '.join(TASKS)}.")
     task = TASKS[args.task]
     if model_args.model_kind != "decoder" and model_args.model_kind != task.model_kind:
-        raise ValueError(f"Conflicting flags: --task {args.task} trains a {task.model_kind}, not --model_kind "
-                         f"{model_args.model_kind}.")
+        raise ValueError(
+            f"Conflicting flags: --task {args.task} trains a {task.model_kind}, not --model_kind "
+            f"{model_args.model_kind}."
+        )
     model_args.model_kind = task.model_kind
     model_kind(task.model_kind)
     check_model_flags(model_args)
@@ -108,8 +119,10 @@ def main(argv: Sequence[str] | None = None, callbacks: list[TrainerCallback] | N
     if data_args.streaming:
         raise ValueError("--streaming is for pretraining; fine-tuning sets are loaded in memory.")
     if args.pipeline_tag is not None and (not task.generates or args.pipeline_tag not in SEQ2SEQ_PIPELINE_TAGS):
-        raise ValueError(f"`--pipeline_tag`={args.pipeline_tag!r}: only --task seq2seq chooses its card's task, one of "
-                         f"{', '.join(SEQ2SEQ_PIPELINE_TAGS)} (the other tasks' tag follows from the model class).")
+        raise ValueError(
+            f"`--pipeline_tag`={args.pipeline_tag!r}: only --task seq2seq chooses its card's task, one of "
+            f"{', '.join(SEQ2SEQ_PIPELINE_TAGS)} (the other tasks' tag follows from the model class)."
+        )
     check_flag_positive(args, ("max_source_length", "max_target_length"), " (tokens)")
     check_installed(task)
     resume = resolve_resume(training_args, training_args.overwrite_output_dir)
@@ -125,26 +138,48 @@ def main(argv: Sequence[str] | None = None, callbacks: list[TrainerCallback] | N
     raw = load_examples(data_args, model_args.cache_dir, training_args.seed, task.default_data)
     raw = prepare_splits(task, raw, args, text_column)
     tokenizer = task_tokenizer(task, model_args, raw["train"], args, text_column, resume)
-    built = build_task_model(task, model_args, raw, tokenizer, args, text_column, data_args.block_size,
-                             data_args.preprocessing_num_workers, model_args.attn_implementation)
+    built = build_task_model(
+        task,
+        model_args,
+        raw,
+        tokenizer,
+        args,
+        text_column,
+        data_args.block_size,
+        data_args.preprocessing_num_workers,
+        model_args.attn_implementation,
+    )
 
     # --- training --------------------------------------------------------------------------------------------
     if training_args.overwrite_output_dir:
         clear_output_dir(training_args.output_dir)
     trainer = task.trainer_class(
-        model=built["model"], args=training_args, train_dataset=built["train"], eval_dataset=built["validation"],
-        data_collator=built["collator"], processing_class=tokenizer, compute_metrics=task.compute_metrics(tokenizer),
+        model=built["model"],
+        args=training_args,
+        train_dataset=built["train"],
+        eval_dataset=built["validation"],
+        data_collator=built["collator"],
+        processing_class=tokenizer,
+        compute_metrics=task.compute_metrics(tokenizer),
         callbacks=callbacks,
     )
     metrics = train_and_evaluate(
-        trainer, resume, task.view,
+        trainer,
+        resume,
+        task.view,
         lambda before: log(f"Before fine-tuning: {summary(before, task.summary_keys)}"),
         lambda after, before: log(f"After fine-tuning:  {summary(after, task.summary_keys)}"),
     )
     own_data = bool(data_args.train_file or data_args.dataset_name)
-    save_final(trainer, tokenizer, training_args.output_dir, metrics,
-               [dataset_label(data_args.dataset_name, data_args.train_file) if own_data else EMBEDDED_CORPUS],
-               model_args.model_name_or_path, pipeline_tag=card_pipeline_tag(task, args.pipeline_tag, own_data))
+    save_final(
+        trainer,
+        tokenizer,
+        training_args.output_dir,
+        metrics,
+        [dataset_label(data_args.dataset_name, data_args.train_file) if own_data else EMBEDDED_CORPUS],
+        model_args.model_name_or_path,
+        pipeline_tag=card_pipeline_tag(task, args.pipeline_tag, own_data),
+    )
     log(f"Saved to {training_args.output_dir}")
     if task.show_example is not None:
         task.show_example(built["model"], tokenizer, raw["validation"][0], args, training_args.generation_max_length)

@@ -58,8 +58,10 @@ def check(args: GenerateArguments) -> None:
     if args.stream and args.num_beams > 1:
         raise ValueError("Conflicting flags: beam search (--num_beams > 1) cannot stream; pass --stream false.")
     if not has_tokenizer(args.model_name_or_path):
-        raise FileNotFoundError(f"--model_name_or_path {args.model_name_or_path!r} holds no tokenizer "
-                                "(tokenizer.json): save the tokenizer next to the model, as the training scripts do.")
+        raise FileNotFoundError(
+            f"--model_name_or_path {args.model_name_or_path!r} holds no tokenizer "
+            "(tokenizer.json): save the tokenizer next to the model, as the training scripts do."
+        )
     check_weights(args.model_name_or_path, "--model_name_or_path")
 
 
@@ -72,9 +74,20 @@ def main(argv: Sequence[str] | None = None) -> str:
         with open(args.prompt_file, encoding="utf-8") as f:
             prompt = f.read()
     return generate_text(
-        model, tokenizer, prompt, seq2seq=seq2seq, chat=args.chat, stream=args.stream, seed=args.seed,
-        max_new_tokens=args.max_new_tokens, do_sample=args.do_sample, temperature=args.temperature, top_k=args.top_k,
-        top_p=args.top_p, repetition_penalty=args.repetition_penalty, num_beams=args.num_beams,
+        model,
+        tokenizer,
+        prompt,
+        seq2seq=seq2seq,
+        chat=args.chat,
+        stream=args.stream,
+        seed=args.seed,
+        max_new_tokens=args.max_new_tokens,
+        do_sample=args.do_sample,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        repetition_penalty=args.repetition_penalty,
+        num_beams=args.num_beams,
     )
 
 

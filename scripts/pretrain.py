@@ -53,8 +53,9 @@ class PretrainTrainingArguments(ArchlabTrainingArguments):
     """`TrainingArguments` with defaults for the README's few-minute CPU run."""
 
     output_dir: str | None = field(default="runs/pretrain", metadata={"help": "Where checkpoints and the model go."})
-    max_steps: int = field(default=600, metadata={
-        "help": "Optimizer steps (>= 1), or -1 to train --num_train_epochs epochs."})
+    max_steps: int = field(
+        default=600, metadata={"help": "Optimizer steps (>= 1), or -1 to train --num_train_epochs epochs."}
+    )
     per_device_train_batch_size: int = field(default=8, metadata={"help": "Blocks per step."})
     per_device_eval_batch_size: int = field(default=16, metadata={"help": "Blocks per evaluation step."})
     dataloader_pin_memory: bool = field(default=False, metadata={"help": "Pin memory (only useful on a GPU)."})
@@ -91,8 +92,10 @@ def report_before(metrics: dict[str, float]) -> None:
 
 
 def report_after(after: dict[str, float], before: dict[str, float]) -> None:
-    log(f"After training:  validation loss {after['eval_loss']:.4f}, perplexity {after['eval_perplexity']:.1f} "
-        f"(before: {before['eval_loss']:.4f} / {before['eval_perplexity']:.1f})")
+    log(
+        f"After training:  validation loss {after['eval_loss']:.4f}, perplexity {after['eval_perplexity']:.1f} "
+        f"(before: {before['eval_loss']:.4f} / {before['eval_perplexity']:.1f})"
+    )
 
 
 def main(argv: Sequence[str] | None = None, callbacks: list[TrainerCallback] | None = None) -> dict[str, float]:
@@ -114,16 +117,26 @@ def main(argv: Sequence[str] | None = None, callbacks: list[TrainerCallback] | N
         training_args.label_names = ["labels"]
 
     raw = load_documents(data_args, model_args.cache_dir, training_args.seed)
-    tokenizer = pretraining_tokenizer(model_args, raw["train"], data_args.text_column_name, data_args.block_size,
-                                      resume)
+    tokenizer = pretraining_tokenizer(
+        model_args, raw["train"], data_args.text_column_name, data_args.block_size, resume
+    )
     config = build_config(model_args, tokenizer, data_args.block_size)
-    data = prepare_data(model_args.model_kind, raw, tokenizer, data_args.block_size, data_args.text_column_name,
-                        data_args.preprocessing_num_workers, data_args.overwrite_cache)
+    data = prepare_data(
+        model_args.model_kind,
+        raw,
+        tokenizer,
+        data_args.block_size,
+        data_args.text_column_name,
+        data_args.preprocessing_num_workers,
+        data_args.overwrite_cache,
+    )
     check_not_empty(data["train"], "packed train")
     model = build_model(kind.auto_class, config, model_args.model_name_or_path, model_args.attn_implementation)
     n_params = sum(p.numel() for p in model.parameters())
-    log(f"{type(model).__name__}: {n_params / 1e6:.2f}M parameters, vocabulary {len(tokenizer)}, "
-        f"blocks of {data_args.block_size} tokens")
+    log(
+        f"{type(model).__name__}: {n_params / 1e6:.2f}M parameters, vocabulary {len(tokenizer)}, "
+        f"blocks of {data_args.block_size} tokens"
+    )
 
     # --- training --------------------------------------------------------------------------------------------
     if training_args.overwrite_output_dir:
@@ -138,8 +151,14 @@ def main(argv: Sequence[str] | None = None, callbacks: list[TrainerCallback] | N
         callbacks=callbacks,
     )
     metrics = train_and_evaluate(trainer, resume, with_perplexity, report_before, report_after)
-    save_final(trainer, tokenizer, training_args.output_dir, metrics,
-               [dataset_label(data_args.dataset_name, data_args.train_file)], model_args.model_name_or_path)
+    save_final(
+        trainer,
+        tokenizer,
+        training_args.output_dir,
+        metrics,
+        [dataset_label(data_args.dataset_name, data_args.train_file)],
+        model_args.model_name_or_path,
+    )
     log(f"Saved model, tokenizer, loss curve and model card to {training_args.output_dir}")
     if model_args.model_kind == "decoder" and extra.sample_max_new_tokens > 0:
         print_sample(model, tokenizer, extra.sample_prompt, extra.sample_max_new_tokens, training_args.seed)

@@ -56,11 +56,13 @@ def toy_rows(n: int, vocab: int, seed: int = 0) -> list[dict[str, list[int]]]:
         length = int(torch.randint(4, SEQ_LEN + 1, (1,), generator=g))
         start = int(torch.randint(3, vocab - SEQ_LEN, (1,), generator=g))
         ids = list(range(start, start + length)) + [0] * (SEQ_LEN - length)
-        rows.append({
-            "input_ids": ids,
-            "labels": ids[:length] + [-100] * (SEQ_LEN - length),
-            "attention_mask": [1] * length + [0] * (SEQ_LEN - length),
-        })
+        rows.append(
+            {
+                "input_ids": ids,
+                "labels": ids[:length] + [-100] * (SEQ_LEN - length),
+                "attention_mask": [1] * length + [0] * (SEQ_LEN - length),
+            }
+        )
     return rows
 
 
@@ -121,12 +123,21 @@ def run_trainer(args: argparse.Namespace) -> dict:
     trainer_class = Trainer
     if args.archlab_trainer:
         from archlab.training.trainer import AtomicCheckpointTrainer as trainer_class
-    trainer = trainer_class(model=model, args=training_args, train_dataset=data, eval_dataset=data,
-                            callbacks=[recorder, _SaveWeightsAtEnd(args.weights_dir)])
+    trainer = trainer_class(
+        model=model,
+        args=training_args,
+        train_dataset=data,
+        eval_dataset=data,
+        callbacks=[recorder, _SaveWeightsAtEnd(args.weights_dir)],
+    )
     if args.evaluate_first:
         trainer.evaluate()
     trainer.train()
-    return {"losses": recorder.losses, "world_size": world, "distributed_type": str(trainer.accelerator.distributed_type)}
+    return {
+        "losses": recorder.losses,
+        "world_size": world,
+        "distributed_type": str(trainer.accelerator.distributed_type),
+    }
 
 
 def _max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -202,8 +213,9 @@ def _labels(inputs: dict[str, torch.Tensor]) -> torch.Tensor:
     return inputs["input_ids"].masked_fill(inputs["attention_mask"] == 0, -100)
 
 
-def _train_curve(model, optimizer, inputs: dict[str, torch.Tensor], sharded: bool, steps: int = 3, backward=None,
-                 step=None) -> list[float]:
+def _train_curve(
+    model, optimizer, inputs: dict[str, torch.Tensor], sharded: bool, steps: int = 3, backward=None, step=None
+) -> list[float]:
     """AdamW steps on the same global batch: one row per rank when `sharded`, both rows in one process otherwise.
     The rows have different token counts, so each rank's loss is summed and divided by the global count (as the
     Trainer does with `num_items_in_batch`) and multiplied by the world size, since the engines average gradients."""
@@ -247,9 +259,20 @@ def run_deepspeed(args: argparse.Namespace) -> dict:
     inputs = _inputs(config)
     world = int(os.environ["WORLD_SIZE"])
     hf_args = SimpleNamespace(
-        world_size=world, per_device_train_batch_size=1, gradient_accumulation_steps=1, max_grad_norm=0.0,
-        learning_rate=LR, adam_beta1=0.9, adam_beta2=0.999, adam_epsilon=1e-8, weight_decay=0.01,
-        save_on_each_node=False, fp16=False, fp16_full_eval=False, bf16=False, bf16_full_eval=False,
+        world_size=world,
+        per_device_train_batch_size=1,
+        gradient_accumulation_steps=1,
+        max_grad_norm=0.0,
+        learning_rate=LR,
+        adam_beta1=0.9,
+        adam_beta2=0.999,
+        adam_epsilon=1e-8,
+        weight_decay=0.01,
+        save_on_each_node=False,
+        fp16=False,
+        fp16_full_eval=False,
+        bf16=False,
+        bf16_full_eval=False,
         get_warmup_steps=lambda steps: 0,
     )
     # the reference first: once an HfDeepSpeedConfig with ZeRO-3 exists, `from_pretrained` loads partitioned
@@ -263,8 +286,12 @@ def run_deepspeed(args: argparse.Namespace) -> dict:
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=ds_config.config)
     partitioned = [n for n, p in engine.module.named_parameters() if p.numel() == 0 and getattr(p, "ds_numel", 0)]
     sharded = _train_curve(engine, None, inputs, True, backward=engine.backward, step=engine.step)
-    return {"stage": ds_config.config["zero_optimization"]["stage"], "partitioned": partitioned,
-            "losses": sharded, "reference_losses": reference}
+    return {
+        "stage": ds_config.config["zero_optimization"]["stage"],
+        "partitioned": partitioned,
+        "losses": sharded,
+        "reference_losses": reference,
+    }
 
 
 def run_accelerate_fsdp2(args: argparse.Namespace) -> dict:
@@ -286,8 +313,12 @@ def run_accelerate_fsdp2(args: argparse.Namespace) -> dict:
         plugin = FullyShardedDataParallelPlugin(
             fsdp_version=2, auto_wrap_policy="transformer_based_wrap", reshard_after_forward=True
         )
-        accelerator = SimpleNamespace(state=SimpleNamespace(fsdp_plugin=plugin), mixed_precision="no",
-                                      is_main_process=dist.get_rank() == 0, torch_device_mesh=None)
+        accelerator = SimpleNamespace(
+            state=SimpleNamespace(fsdp_plugin=plugin),
+            mixed_precision="no",
+            is_main_process=dist.get_rank() == 0,
+            torch_device_mesh=None,
+        )
         model = fsdp2_prepare_model(accelerator, AutoModelForCausalLM.from_pretrained(path).train())
         groups = {name: m._get_fsdp_state() for name, m in model.named_modules() if isinstance(m, FSDPModule)}
         results[os.path.basename(os.path.normpath(path))] = {
@@ -309,7 +340,7 @@ def main() -> None:
         parser.add_argument("--weights_dir", required=True)
         split = sys.argv.index("--")
         args = parser.parse_args(sys.argv[2:split])
-        _write(args.out, run_script(args.name, args.weights_dir, sys.argv[split + 1:]))
+        _write(args.out, run_script(args.name, args.weights_dir, sys.argv[split + 1 :]))
         return
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("command", choices=list(COMMANDS))
@@ -337,8 +368,12 @@ def _write(out: str, result: dict) -> None:
         dist.destroy_process_group()
 
 
-COMMANDS = {"trainer": run_trainer, "sharded": run_sharded, "deepspeed": run_deepspeed,
-            "accelerate_fsdp2": run_accelerate_fsdp2}
+COMMANDS = {
+    "trainer": run_trainer,
+    "sharded": run_sharded,
+    "deepspeed": run_deepspeed,
+    "accelerate_fsdp2": run_accelerate_fsdp2,
+}
 
 if __name__ == "__main__":
     main()

@@ -102,7 +102,10 @@ def assert_close_to_scale(actual: torch.Tensor, expected: torch.Tensor, rtol: fl
     expected = expected.detach()
     scale = expected.abs().max().item() if expected.numel() else 0.0
     torch.testing.assert_close(
-        actual.detach(), expected, rtol=0.0, atol=rtol * scale,
+        actual.detach(),
+        expected,
+        rtol=0.0,
+        atol=rtol * scale,
         msg=lambda text: f"{msg + ': ' if msg else ''}{text} (allowed: {rtol:g} x max|expected| {scale:.3g})",
     )
 
@@ -115,8 +118,11 @@ def seq2seq_incremental_logits(model, source, mask, target, prefix: int = 1) -> 
         logits, cache = [step.logits], step.past_key_values
         for t in range(prefix, target.shape[1]):
             step = model(
-                encoder_outputs=(step.encoder_last_hidden_state,), attention_mask=mask,
-                decoder_input_ids=target[:, t : t + 1], past_key_values=cache, use_cache=True,
+                encoder_outputs=(step.encoder_last_hidden_state,),
+                attention_mask=mask,
+                decoder_input_ids=target[:, t : t + 1],
+                past_key_values=cache,
+                use_cache=True,
             )
             logits.append(step.logits)
             cache = step.past_key_values
@@ -128,8 +134,16 @@ def seq2seq_incremental_logits(model, source, mask, target, prefix: int = 1) -> 
 T5_VOCAB = 61
 # d_kv * num_heads (36) != d_model (32), as in T5 v1.1 small (6 heads of 64 on d_model 512)
 T5_SHAPE = dict(
-    vocab_size=T5_VOCAB, d_model=32, d_kv=12, d_ff=48, num_layers=2, num_heads=3, relative_attention_num_buckets=8,
-    relative_attention_max_distance=20, dropout_rate=0.0, decoder_start_token_id=0,
+    vocab_size=T5_VOCAB,
+    d_model=32,
+    d_kv=12,
+    d_ff=48,
+    num_layers=2,
+    num_heads=3,
+    relative_attention_num_buckets=8,
+    relative_attention_max_distance=20,
+    dropout_rate=0.0,
+    decoder_start_token_id=0,
 )
 T5_VERSIONS = {
     "v1.0": dict(feed_forward_proj="relu", tie_word_embeddings=True),  # tied head, output scaled by d_model^-0.5

@@ -13,7 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-PROLOGUE = '''
+PROLOGUE = """
 import importlib.abc
 import sys
 
@@ -32,13 +32,13 @@ except ModuleNotFoundError:
     pass
 else:
     raise SystemExit("archlab is importable: the isolation failed")
-'''
+"""
 
-EPILOGUE = '''
+EPILOGUE = """
 _leaked = sorted(name for name in sys.modules if name == "archlab" or name.startswith("archlab."))
 if _leaked:
     raise SystemExit(f"archlab modules were imported: {_leaked}")
-'''
+"""
 
 
 def run_without_archlab(code: str, workdir: Path, timeout: float = 300) -> subprocess.CompletedProcess:

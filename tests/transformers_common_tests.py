@@ -61,8 +61,19 @@ def _fetch(root: Path) -> None:
     """Download the sdist with pip and write the package folder `root/PACKAGE` atomically."""
     root.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=root) as tmp:
-        command = [sys.executable, "-m", "pip", "download", "--quiet", "--no-binary", ":all:", "--no-deps",
-                   f"transformers=={PINNED}", "--dest", tmp]
+        command = [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--quiet",
+            "--no-binary",
+            ":all:",
+            "--no-deps",
+            f"transformers=={PINNED}",
+            "--dest",
+            tmp,
+        ]
         proc = subprocess.run(command, capture_output=True, text=True, timeout=600)
         archives = list(Path(tmp).glob("transformers-*.tar.gz"))
         if proc.returncode != 0 or not archives:

@@ -26,8 +26,17 @@ from pathlib import Path
 SPLITS = ("train", "validation")
 # Not source a language model should imitate: installed packages, generated tables (`encodings`' character maps,
 # `pydoc_data`'s help text), grammar fixtures and demo folders.
-_SKIP_DIRS = {"site-packages", "dist-packages", "__pycache__", "lib2to3", "idlelib", "ensurepip", "turtledemo",
-              "encodings", "pydoc_data"}
+_SKIP_DIRS = {
+    "site-packages",
+    "dist-packages",
+    "__pycache__",
+    "lib2to3",
+    "idlelib",
+    "ensurepip",
+    "turtledemo",
+    "encodings",
+    "pydoc_data",
+}
 _TEST_DIRS = {"test", "tests", "idle_test"}
 
 
@@ -153,4 +162,12 @@ def instruction_examples(split: str | None = None, validation_fraction: float = 
         yield {"messages": [{"role": "user", "content": request}, {"role": "assistant", "content": pair["code"]}]}
 
 
-__all__ = ["SPLITS", "code_docstring_pairs", "instruction_examples", "first_sentence", "stdlib_documents", "stdlib_files", "stdlib_root"]
+__all__ = [
+    "SPLITS",
+    "code_docstring_pairs",
+    "instruction_examples",
+    "first_sentence",
+    "stdlib_documents",
+    "stdlib_files",
+    "stdlib_root",
+]

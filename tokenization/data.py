@@ -165,12 +165,15 @@ def _split_off_validation(train: AnyDataset, percentage: int, streaming: bool, s
         # An IterableDataset has no length: hold out every (100 // percentage)-th example.
         every = max(2, round(100 / percentage))
         validation = train.filter(lambda _, i: i % every == 0, with_indices=True)
-        return IterableDatasetDict({"train": train.filter(lambda _, i: i % every != 0, with_indices=True),
-                                    "validation": validation})
+        return IterableDatasetDict(
+            {"train": train.filter(lambda _, i: i % every != 0, with_indices=True), "validation": validation}
+        )
     if len(train) < 2:
-        raise ValueError(f"The dataset has {len(train)} example(s): too few to split off a validation set; give a "
-                         "validation file, or read a .txt file by `sample_by` 'paragraph' or 'line' (by 'document' "
-                         "it is one example).")
+        raise ValueError(
+            f"The dataset has {len(train)} example(s): too few to split off a validation set; give a "
+            "validation file, or read a .txt file by `sample_by` 'paragraph' or 'line' (by 'document' "
+            "it is one example)."
+        )
     parts = train.train_test_split(test_size=percentage / 100, seed=seed)
     return DatasetDict({"train": parts["train"], "validation": parts["test"]})
 
@@ -299,8 +302,15 @@ def pack_causal_lm(
         return pack_documents(batch["input_ids"], block_size, pad_token_id, restart_positions, causal_labels)
 
     columns = tokenized.column_names
-    return _map(tokenized, pack, num_proc, overwrite_cache, f"Packing into blocks of {block_size}",
-                remove_columns=columns, batch_size=batch_size)
+    return _map(
+        tokenized,
+        pack,
+        num_proc,
+        overwrite_cache,
+        f"Packing into blocks of {block_size}",
+        remove_columns=columns,
+        batch_size=batch_size,
+    )
 
 
 __all__ = [

@@ -240,8 +240,15 @@ def save_tokenizer(tokenizer: PreTrainedTokenizerFast, folder: str | os.PathLike
 
 
 # The files any transformers tokenizer is saved as; a folder with none of them holds no tokenizer.
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "spiece.model", "vocab.json",
-                   "vocab.txt", "sentencepiece.bpe.model")
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "tokenizer.model",
+    "spiece.model",
+    "vocab.json",
+    "vocab.txt",
+    "sentencepiece.bpe.model",
+)
 
 
 def has_tokenizer(folder: str | os.PathLike) -> bool:

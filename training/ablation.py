@@ -99,8 +99,9 @@ def decode_tokens_per_second(model: DecoderForCausalLM, prompt: torch.Tensor, ne
     return prompt.shape[0] * new_tokens / (time.perf_counter() - start)
 
 
-def run_variant(name: str, variant: Variant, args: AblationSettings, train: torch.Tensor, val: torch.Tensor,
-                val_long: torch.Tensor) -> dict[str, Any]:
+def run_variant(
+    name: str, variant: Variant, args: AblationSettings, train: torch.Tensor, val: torch.Tensor, val_long: torch.Tensor
+) -> dict[str, Any]:
     torch.manual_seed(args.seed)  # same initial weights wherever shapes agree
     config = DecoderConfig(**{**base_config(args), **variant.config}, attn_implementation="sdpa")
     model = DecoderForCausalLM(config).train()
@@ -130,8 +131,13 @@ def run_variant(name: str, variant: Variant, args: AblationSettings, train: torc
     peak = peak_training_memory(model, lambda: _train_step(model, batch, optimizer), optimizer)
     prompt = val[:4, :32]
     return dict(
-        name=name, claim=variant.claim, config=variant.config, warmup=variant.warmup, parameters=params,
-        diverged=diverged, loss_curve=curve,
+        name=name,
+        claim=variant.claim,
+        config=variant.config,
+        warmup=variant.warmup,
+        parameters=params,
+        diverged=diverged,
+        loss_curve=curve,
         val_loss=evaluate(model, val) if not diverged else float("nan"),
         val_loss_2x_tail=evaluate(model, val_long, from_position=args.seq_len) if not diverged else float("nan"),
         tokens_per_second=args.batch_size * args.seq_len / step_time,
@@ -164,8 +170,11 @@ def run_ablation(args: AblationSettings, output_dir: str | Path) -> list[dict[st
         start = time.perf_counter()
         results.append(run_variant(name, VARIANTS[name], args, train, val, val_long))
         r = results[-1]
-        print(f"{name:22s} val {r['val_loss']:.3f}  2x-tail {r['val_loss_2x_tail']:.3f}  "
-              f"{r['tokens_per_second']:,.0f} tok/s  ({time.perf_counter() - start:.0f}s)", flush=True)
+        print(
+            f"{name:22s} val {r['val_loss']:.3f}  2x-tail {r['val_loss_2x_tail']:.3f}  "
+            f"{r['tokens_per_second']:,.0f} tok/s  ({time.perf_counter() - start:.0f}s)",
+            flush=True,
+        )
         (out / "results.json").write_text(json.dumps({"args": vars(args), "results": results}, indent=1))
     table = markdown_table(results, args)
     (out / "ablations.md").write_text(table + "\n")

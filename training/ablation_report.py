@@ -46,13 +46,15 @@ def paired_speed(args: AblationSettings, rounds: int = 10) -> list[str]:
         def run():
             for _ in range(5):
                 norm(x).sum().backward()
+
         return run
 
     _, _, ratio = compare_speed(norm_step(RMSNorm(512)), norm_step(LayerNorm(512)), rounds)
     lines.append(f"| norm module fwd+bwd, (8, 256, 512) fp32 | RMSNorm | LayerNorm | {ratio:.2f}× |")
 
-    shape = dict(base_config(args), hidden_size=256, num_attention_heads=8, num_key_value_heads=8,
-                 max_position_embeddings=2048)
+    shape = dict(
+        base_config(args), hidden_size=256, num_attention_heads=8, num_key_value_heads=8, max_position_embeddings=2048
+    )
     batch = torch.randint(0, VOCAB, (8, 2 * args.seq_len))
     models = {}
     for name, overrides in {"rms": {}, "ln": dict(norm_type="layer_norm")}.items():
@@ -63,10 +65,13 @@ def paired_speed(args: AblationSettings, rounds: int = 10) -> list[str]:
         def run():
             model(batch, labels=batch).loss.backward()
             model.zero_grad(set_to_none=True)
+
         return run
 
     _, _, ratio = compare_speed(train_step(models["rms"]), train_step(models["ln"]), rounds)
-    lines.append(f"| training step, hidden 256, batch 8×{2 * args.seq_len} | RMSNorm model | LayerNorm model | {ratio:.2f}× |")
+    lines.append(
+        f"| training step, hidden 256, batch 8×{2 * args.seq_len} | RMSNorm model | LayerNorm model | {ratio:.2f}× |"
+    )
 
     prompt = torch.randint(0, VOCAB, (4, 512))
     decoders = {}
@@ -80,5 +85,7 @@ def paired_speed(args: AblationSettings, rounds: int = 10) -> list[str]:
     for kv, label in ((2, "GQA, 2 KV heads"), (1, "MQA, 1 KV head")):
         with torch.no_grad():
             _, _, ratio = compare_speed(decode(decoders[kv]), decode(decoders[8]), rounds)
-        lines.append(f"| greedy decoding, batch 4, 512-token prompt, 32 new tokens | {label} | MHA, 8 heads | {ratio:.2f}× |")
+        lines.append(
+            f"| greedy decoding, batch 4, 512-token prompt, 32 new tokens | {label} | MHA, 8 heads | {ratio:.2f}× |"
+        )
     return lines

@@ -25,10 +25,14 @@ VARIANTS: dict[str, Variant] = {
     "deepnorm_no_warmup": Variant(dict(norm_position="deepnorm"), warmup=False, claim="DeepNorm stabilises post-norm"),
     "sandwich_norm": Variant(dict(norm_position="sandwich"), claim="sandwich norm (Gemma2)"),
     "parallel_block": Variant(dict(norm_position="parallel"), claim="parallel block: faster, little quality loss"),
-    "gelu_mlp": Variant(dict(mlp_type="plain", hidden_act="gelu", intermediate_size=None, mlp_width_rule="4d"),
-                        claim="gated FFNs beat plain ones at equal parameters"),
-    "relu_mlp": Variant(dict(mlp_type="plain", hidden_act="relu", intermediate_size=None, mlp_width_rule="4d"),
-                        claim="gated FFNs beat plain ones at equal parameters"),
+    "gelu_mlp": Variant(
+        dict(mlp_type="plain", hidden_act="gelu", intermediate_size=None, mlp_width_rule="4d"),
+        claim="gated FFNs beat plain ones at equal parameters",
+    ),
+    "relu_mlp": Variant(
+        dict(mlp_type="plain", hidden_act="relu", intermediate_size=None, mlp_width_rule="4d"),
+        claim="gated FFNs beat plain ones at equal parameters",
+    ),
     "geglu": Variant(dict(hidden_act="gelu_pytorch_tanh"), claim="GeGLU ≈ SwiGLU"),
     "alibi": Variant(dict(position_embedding_type="alibi"), claim="ALiBi extrapolates past L"),
     "learned_positions": Variant(dict(position_embedding_type="learned"), claim="learned positions cannot extrapolate"),
@@ -62,8 +66,18 @@ class AblationSettings(Protocol):
 
 def base_config(args: AblationSettings) -> dict[str, Any]:
     return dict(
-        vocab_size=VOCAB, hidden_size=args.hidden_size, num_hidden_layers=args.layers, num_attention_heads=4,
-        num_key_value_heads=4, intermediate_size=None, mlp_width_rule="8/3d", mlp_width_multiple_of=8,
-        max_position_embeddings=4 * args.seq_len, pad_token_id=None, bos_token_id=None, eos_token_id=None,
-        tie_word_embeddings=True, lm_loss_chunk_size=0,
+        vocab_size=VOCAB,
+        hidden_size=args.hidden_size,
+        num_hidden_layers=args.layers,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        intermediate_size=None,
+        mlp_width_rule="8/3d",
+        mlp_width_multiple_of=8,
+        max_position_embeddings=4 * args.seq_len,
+        pad_token_id=None,
+        bos_token_id=None,
+        eos_token_id=None,
+        tie_word_embeddings=True,
+        lm_loss_chunk_size=0,
     )

@@ -36,9 +36,16 @@ class Report:
     notes: list[str] = field(default_factory=list)
 
     def markdown(self) -> str:
-        lines = [f"### {self.title}", "", f"| metric | archlab | {self.peer_name} | ratio | goal |", "|---|---:|---:|---:|---|"]
+        lines = [
+            f"### {self.title}",
+            "",
+            f"| metric | archlab | {self.peer_name} | ratio | goal |",
+            "|---|---:|---:|---:|---|",
+        ]
         for r in self.rows:
-            lines.append(f"| {r.metric} | {r.archlab:,.1f} {r.unit} | {r.peer:,.1f} {r.unit} | {r.ratio:.2f}× | {r.goal} |")
+            lines.append(
+                f"| {r.metric} | {r.archlab:,.1f} {r.unit} | {r.peer:,.1f} {r.unit} | {r.ratio:.2f}× | {r.goal} |"
+            )
         lines += [""] + [f"- {n}" for n in self.notes]
         return "\n".join(lines)
 
@@ -58,7 +65,7 @@ def interleaved_rounds(runs: dict[str, Callable[[], object]], rounds: int, warmu
     names = list(runs)
     times: dict[str, list[float]] = {name: [] for name in names}
     for r in range(rounds):
-        order = names[r % len(names):] + names[: r % len(names)]
+        order = names[r % len(names) :] + names[: r % len(names)]
         if r % 2 and len(names) > 2:
             order.reverse()
         for name in order:
@@ -77,8 +84,11 @@ def median_ratios(times: dict[str, list[float]], reference: str) -> dict[str, fl
 def compare_speed(run_archlab: Callable[[], None], run_peer: Callable[[], None], rounds: int, warmup: int = 1):
     """Median seconds of each and the median per-round speed-up (peer time / archlab time), alternating order."""
     times = interleaved_rounds({"archlab": run_archlab, "peer": run_peer}, rounds, warmup)
-    return (statistics.median(times["archlab"]), statistics.median(times["peer"]),
-            median_ratios(times, "archlab")["peer"])
+    return (
+        statistics.median(times["archlab"]),
+        statistics.median(times["peer"]),
+        median_ratios(times, "archlab")["peer"],
+    )
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -133,7 +143,8 @@ def breakdown_notes(models: list[tuple[str, torch.nn.Module, object]], batch: di
         notes.append(
             f"Where {name}'s training step goes: GEMMs {shares['gemm']:.0%}, attention kernels "
             f"{shares['attention']:.0%}, everything else {shares['other']:.0%} — with these GEMMs, even a free "
-            f"'everything else' would make the step at most {1 / (1 - shares['other']):.2f}× faster.")
+            f"'everything else' would make the step at most {1 / (1 - shares['other']):.2f}× faster."
+        )
     return notes
 
 

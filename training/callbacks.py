@@ -94,8 +94,11 @@ class RouterStatsCallback(TrainerCallback):
                 logger.warning(
                     "Router collapse in %s: %d of %d experts received no token since the last log "
                     "(router entropy %.3f of at most %.3f nats). Consider a larger `router_aux_loss_coef`.",
-                    key, int(metrics[f"moe/{key}/idle_experts"]), num_experts,
-                    metrics[f"moe/{key}/router_entropy"], math.log(num_experts),
+                    key,
+                    int(metrics[f"moe/{key}/idle_experts"]),
+                    num_experts,
+                    metrics[f"moe/{key}/router_entropy"],
+                    math.log(num_experts),
                 )
         self._stats = {}
         if record:

@@ -29,16 +29,19 @@ def resolve_resume(training_args: TrainingArguments, overwrite_output_dir: bool)
                 "true to continue it, --overwrite_output_dir to start over, or another --output_dir."
             )
         if finished_model and not overwrite_output_dir:
-            raise ValueError(f"--output_dir {output_dir!r} already holds a finished model: pass --overwrite_output_dir "
-                             "true to train it again from scratch, or another --output_dir.")
+            raise ValueError(
+                f"--output_dir {output_dir!r} already holds a finished model: pass --overwrite_output_dir "
+                "true to train it again from scratch, or another --output_dir."
+            )
         return None
     if overwrite_output_dir:
         raise ValueError("Conflicting flags: --resume_from_checkpoint and --overwrite_output_dir.")
     if str(requested).lower() in ("true", "yes", "last"):
         if last is None:
             holds = " holds a finished model but" if finished_model else ""
-            raise FileNotFoundError(f"--resume_from_checkpoint: {output_dir!r}{holds} has no checkpoint-N folder to "
-                                    "resume from.")
+            raise FileNotFoundError(
+                f"--resume_from_checkpoint: {output_dir!r}{holds} has no checkpoint-N folder to resume from."
+            )
         return last
     if not os.path.isfile(os.path.join(requested, "trainer_state.json")):
         raise FileNotFoundError(f"--resume_from_checkpoint {requested!r} is not a complete checkpoint folder.")
@@ -70,11 +73,15 @@ def finished_run(resume: str | None, training_args: TrainingArguments) -> dict[s
         with open(final_state, encoding="utf-8") as f:
             saved = json.load(f).get("global_step") == step
     if not saved:
-        log(f"{name} is at step {step} of {of}: the run is finished but its final model is not saved in "
-            f"{output_dir}; saving it without training.")
+        log(
+            f"{name} is at step {step} of {of}: the run is finished but its final model is not saved in "
+            f"{output_dir}; saving it without training."
+        )
         return None
-    log(f"{name} is at step {step} of {of}: the run is finished and its model is saved in {output_dir}; nothing to "
-        "do (a larger --max_steps trains on).")
+    log(
+        f"{name} is at step {step} of {of}: the run is finished and its model is saved in {output_dir}; nothing to "
+        "do (a larger --max_steps trains on)."
+    )
     results = os.path.join(output_dir, "all_results.json")
     if not os.path.isfile(results):
         return {}

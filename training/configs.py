@@ -77,10 +77,14 @@ def check_override_names(choices: ModelChoices) -> None:
         unknown.append(key)
     if unknown:
         fields = sorted(set(default.to_dict()) | set(config_class.attribute_map))
-        named = [f"{key!r}" + "".join(f" (did you mean {m!r}?)" for m in difflib.get_close_matches(key, fields, n=1))
-                 for key in unknown]
-        raise ValueError(f"--config_overrides: {config_class.__name__} has no field {', '.join(named)}; "
-                         "docs/catalogue.md lists the fields.")
+        named = [
+            f"{key!r}" + "".join(f" (did you mean {m!r}?)" for m in difflib.get_close_matches(key, fields, n=1))
+            for key in unknown
+        ]
+        raise ValueError(
+            f"--config_overrides: {config_class.__name__} has no field {', '.join(named)}; "
+            "docs/catalogue.md lists the fields."
+        )
 
 
 def preset_values(name: str, kind: str) -> dict[str, Any]:
@@ -132,8 +136,10 @@ def build_config(choices: ModelChoices, tokenizer: Any, block_size: int | None, 
         try:
             config = AutoConfig.from_pretrained(choices.model_name_or_path)
         except OSError as error:
-            raise OSError(f"--model_name_or_path {choices.model_name_or_path!r} is neither a local folder nor "
-                          f"loadable from the Hub ({error})") from error
+            raise OSError(
+                f"--model_name_or_path {choices.model_name_or_path!r} is neither a local folder nor "
+                f"loadable from the Hub ({error})"
+            ) from error
     else:
         values, overrides, user_set = new_config_values(choices)
         if "vocab_size" not in user_set:
@@ -164,8 +170,9 @@ def check_fits(config: Any, tokenizer: Any, block_size: int | None, kind: ModelK
         )
 
 
-def build_model(auto_class: Any, config: Any, model_name_or_path: str | None,
-                attn_implementation: str | None = None) -> PreTrainedModel:
+def build_model(
+    auto_class: Any, config: Any, model_name_or_path: str | None, attn_implementation: str | None = None
+) -> PreTrainedModel:
     """The pretrained model at `model_name_or_path` with `config`, or a new one from `config`."""
     if model_name_or_path:
         model = auto_class.from_pretrained(model_name_or_path, config=config)

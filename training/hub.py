@@ -59,8 +59,11 @@ def _existing_card_data(folder: Path, architecture: str) -> dict[str, Any]:
         "eval_results": data.eval_results,
         # kept when it still fits (a summariser stays one); an older card's tag that no longer does is dropped
         "pipeline_tag": data.pipeline_tag if data.pipeline_tag in pipeline_tags_allowed(architecture) else None,
-        "tags": [tag for tag in (data.tags or []) if tag not in ("archlab", "custom_code", "safetensors")
-                 and not tag.startswith("archlab_")],
+        "tags": [
+            tag
+            for tag in (data.tags or [])
+            if tag not in ("archlab", "custom_code", "safetensors") and not tag.startswith("archlab_")
+        ],
     }
 
 

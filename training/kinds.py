@@ -44,12 +44,26 @@ DEFAULT_ARCHITECTURES: dict[str, dict[str, Any]] = {
         max_position_embeddings=512,
         tie_word_embeddings=True,
     ),
-    "seq2seq": dict(d_model=256, encoder_layers=3, decoder_layers=3, encoder_attention_heads=4,
-                    decoder_attention_heads=4, encoder_ffn_dim=1024, decoder_ffn_dim=1024,
-                    max_position_embeddings=512),
-    "masked_lm": dict(d_model=256, encoder_layers=4, decoder_layers=1, encoder_attention_heads=4,
-                      decoder_attention_heads=4, encoder_ffn_dim=1024, decoder_ffn_dim=1024,
-                      max_position_embeddings=512),
+    "seq2seq": dict(
+        d_model=256,
+        encoder_layers=3,
+        decoder_layers=3,
+        encoder_attention_heads=4,
+        decoder_attention_heads=4,
+        encoder_ffn_dim=1024,
+        decoder_ffn_dim=1024,
+        max_position_embeddings=512,
+    ),
+    "masked_lm": dict(
+        d_model=256,
+        encoder_layers=4,
+        decoder_layers=1,
+        encoder_attention_heads=4,
+        decoder_attention_heads=4,
+        encoder_ffn_dim=1024,
+        decoder_ffn_dim=1024,
+        max_position_embeddings=512,
+    ),
 }
 
 

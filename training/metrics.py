@@ -51,7 +51,9 @@ def seq2seq_metrics(tokenizer: Any) -> Callable[[Any], dict[str, float]]:
     def compute(prediction: Any) -> dict[str, float]:
         generated = np.where(prediction.predictions < 0, tokenizer.pad_token_id, prediction.predictions)
         labels = np.where(prediction.label_ids == IGNORE_INDEX, tokenizer.pad_token_id, prediction.label_ids)
-        return text_metrics(tokenizer.batch_decode(generated, skip_special_tokens=True),
-                            tokenizer.batch_decode(labels, skip_special_tokens=True))
+        return text_metrics(
+            tokenizer.batch_decode(generated, skip_special_tokens=True),
+            tokenizer.batch_decode(labels, skip_special_tokens=True),
+        )
 
     return compute

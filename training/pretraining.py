@@ -19,8 +19,9 @@ from .reporting import log
 from .tokenizers import TokenizerChoices, get_tokenizer
 
 
-def pretraining_tokenizer(choices: TokenizerChoices, train_split: Any, text_column: str, block_size: int,
-                          resume: str | None = None) -> Any:
+def pretraining_tokenizer(
+    choices: TokenizerChoices, train_split: Any, text_column: str, block_size: int, resume: str | None = None
+) -> Any:
     """`get_tokenizer` for pretraining: a new tokenizer is trained on (at most --tokenizer_train_samples of) the
     training documents."""
 
@@ -48,8 +49,10 @@ def split_for_seq2seq(blocks: Any, num_proc: int | None) -> Any:
         return {
             "input_ids": [ids[:half] for ids in batch["input_ids"]],
             "attention_mask": [mask[:half] for mask in masks],
-            "labels": [[t if m else IGNORE_INDEX for t, m in zip(ids[half:], mask[half:])]
-                       for ids, mask in zip(batch["input_ids"], masks)],
+            "labels": [
+                [t if m else IGNORE_INDEX for t, m in zip(ids[half:], mask[half:])]
+                for ids, mask in zip(batch["input_ids"], masks)
+            ],
         }
 
     kwargs = {} if not hasattr(blocks, "__len__") else {"num_proc": num_proc, "desc": "Splitting blocks"}
@@ -58,8 +61,15 @@ def split_for_seq2seq(blocks: Any, num_proc: int | None) -> Any:
     return halves.filter(lambda row: any(row["attention_mask"]) and any(t != IGNORE_INDEX for t in row["labels"]))
 
 
-def prepare_data(kind: str, raw: Any, tokenizer: Any, block_size: int, text_column: str = "text",
-                 num_proc: int | None = None, overwrite_cache: bool = False) -> dict[str, Any]:
+def prepare_data(
+    kind: str,
+    raw: Any,
+    tokenizer: Any,
+    block_size: int,
+    text_column: str = "text",
+    num_proc: int | None = None,
+    overwrite_cache: bool = False,
+) -> dict[str, Any]:
     """Tokenized, packed train/validation sets and the collator for `kind` (seq2seq packs blocks twice as long and
     splits each into source and target)."""
     block_size = block_size * (2 if kind == "seq2seq" else 1)
@@ -67,8 +77,13 @@ def prepare_data(kind: str, raw: Any, tokenizer: Any, block_size: int, text_colu
     for split in ("train", "validation"):
         documents = tokenize_documents(raw[split], tokenizer, text_column, num_proc, overwrite_cache)
         packed[split] = pack_causal_lm(
-            documents, block_size, tokenizer.pad_token_id, num_proc,
-            overwrite_cache, restart_positions=kind != "seq2seq", causal_labels=kind == "decoder",
+            documents,
+            block_size,
+            tokenizer.pad_token_id,
+            num_proc,
+            overwrite_cache,
+            restart_positions=kind != "seq2seq",
+            causal_labels=kind == "decoder",
         )
         if kind == "seq2seq":
             packed[split] = split_for_seq2seq(packed[split], num_proc)

@@ -22,7 +22,11 @@ def print_sample(model: Any, tokenizer: Any, prompt: str, max_new_tokens: int, s
     set_seed(seed)
     with torch.no_grad():
         output = model.generate(
-            **inputs, max_new_tokens=max_new_tokens, do_sample=True, temperature=0.8, top_k=40,
+            **inputs,
+            max_new_tokens=max_new_tokens,
+            do_sample=True,
+            temperature=0.8,
+            top_k=40,
             pad_token_id=tokenizer.pad_token_id,
         )
     text = tokenizer.decode(output[0], skip_special_tokens=True)
@@ -41,8 +45,10 @@ def load_for_generation(folder: str) -> tuple[Any, Any, bool]:
     elif any(name.endswith("ForCausalLM") for name in architectures):
         model = AutoModelForCausalLM.from_pretrained(folder)
     else:
-        raise ValueError(f"{folder!r} holds a {config.architectures} model, which does not "
-                         "generate text; generate.py needs a decoder (ForCausalLM) or a seq2seq model.")
+        raise ValueError(
+            f"{folder!r} holds a {config.architectures} model, which does not "
+            "generate text; generate.py needs a decoder (ForCausalLM) or a seq2seq model."
+        )
     tokenizer = load_tokenizer(folder)
     model.eval()
     return model, tokenizer, seq2seq
@@ -70,9 +76,12 @@ def generate_text(
     arguments are `GenerationConfig`'s; temperature, top-k and top-p apply only with `do_sample`."""
     if chat:
         if tokenizer.chat_template is None:
-            raise ValueError("--chat true needs a tokenizer with a chat template (train one with --model_kind decoder).")
-        inputs = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
-                                               return_tensors="pt", return_dict=True)
+            raise ValueError(
+                "--chat true needs a tokenizer with a chat template (train one with --model_kind decoder)."
+            )
+        inputs = tokenizer.apply_chat_template(
+            [{"role": "user", "content": prompt}], add_generation_prompt=True, return_tensors="pt", return_dict=True
+        )
     else:
         inputs = tokenizer(prompt, return_tensors="pt")
     inputs.pop("token_type_ids", None)
@@ -98,7 +107,7 @@ def generate_text(
             pad_token_id=tokenizer.pad_token_id,
             streamer=streamer,
         )
-    new_tokens = output[0] if seq2seq else output[0, inputs["input_ids"].shape[1]:]
+    new_tokens = output[0] if seq2seq else output[0, inputs["input_ids"].shape[1] :]
     text = tokenizer.decode(new_tokens, skip_special_tokens=True)
     if not stream:
         print(text)
@@ -106,32 +115,39 @@ def generate_text(
     return text
 
 
-def show_chat_example(model: Any, tokenizer: Any, example: dict[str, Any], args: Any,
-                      max_new_tokens: int | None = None) -> None:
+def show_chat_example(
+    model: Any, tokenizer: Any, example: dict[str, Any], args: Any, max_new_tokens: int | None = None
+) -> None:
     """Log the fine-tuned chat model's greedy answer (up to 64 tokens) to the example's first user turn (in the
     column `args.messages_column`)."""
     model.eval()
     with torch.no_grad():
         prompt = example[args.messages_column][:1]
-        inputs = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, return_tensors="pt",
-                                               return_dict=True)
+        inputs = tokenizer.apply_chat_template(
+            prompt, add_generation_prompt=True, return_tensors="pt", return_dict=True
+        )
         end = [tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids(END_OF_TURN)]
-        output = model.generate(**inputs, max_new_tokens=64, do_sample=False, eos_token_id=end,
-                                pad_token_id=tokenizer.pad_token_id)
-        answer = tokenizer.decode(output[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True)
+        output = model.generate(
+            **inputs, max_new_tokens=64, do_sample=False, eos_token_id=end, pad_token_id=tokenizer.pad_token_id
+        )
+        answer = tokenizer.decode(output[0, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
         log(f"Example -- user: {prompt[0]['content']}\nassistant:\n{answer}")
 
 
-def show_seq2seq_example(model: Any, tokenizer: Any, example: dict[str, Any], args: Any,
-                         max_new_tokens: int | None = None) -> None:
+def show_seq2seq_example(
+    model: Any, tokenizer: Any, example: dict[str, Any], args: Any, max_new_tokens: int | None = None
+) -> None:
     """Log the fine-tuned encoder-decoder's greedy output for the example's source (`args.source_column`, truncated
     to `args.max_source_length`) beside its reference (`args.target_column`)."""
     model.eval()
     with torch.no_grad():
-        inputs = tokenizer(example[args.source_column], return_tensors="pt", truncation=True,
-                           max_length=args.max_source_length)
+        inputs = tokenizer(
+            example[args.source_column], return_tensors="pt", truncation=True, max_length=args.max_source_length
+        )
         inputs.pop("token_type_ids", None)
         output = model.generate(**inputs, max_new_tokens=max_new_tokens or 48, num_beams=1, do_sample=False)
-        log(f"Example -- code:\n{example[args.source_column]}\n"
+        log(
+            f"Example -- code:\n{example[args.source_column]}\n"
             f"generated: {tokenizer.decode(output[0], skip_special_tokens=True)}\n"
-            f"reference: {example[args.target_column]}")
+            f"reference: {example[args.target_column]}"
+        )

@@ -48,8 +48,9 @@ def save_final(
         with open(os.path.join(staging, "all_results.json"), "w", encoding="utf-8") as f:
             json.dump(metrics, f, indent=2, sort_keys=True)
     has_curve = plot_loss_curve(trainer.state.log_history, os.path.join(staging, LOSS_CURVE))
-    write_card(staging, metrics, datasets, base_model, os.path.join(staging, LOSS_CURVE) if has_curve else None,
-               pipeline_tag)
+    write_card(
+        staging, metrics, datasets, base_model, os.path.join(staging, LOSS_CURVE) if has_curve else None, pipeline_tag
+    )
     entries = sorted(os.listdir(staging), key=lambda name: name == "config.json")
     for entry in entries:
         target = os.path.join(output_dir, entry)
@@ -61,14 +62,17 @@ def save_final(
 
 
 def write_card(
-    folder: str, metrics: dict[str, float] | None, datasets: list[str] | None, base_model: str | None,
+    folder: str,
+    metrics: dict[str, float] | None,
+    datasets: list[str] | None,
+    base_model: str | None,
     loss_curve: str | None,
     pipeline_tag: str | None = None,
 ) -> None:
     """The model card (README.md), rendered by archlab.model_cards (`pipeline_tag`: None for the class's default)."""
     from archlab.model_cards import write_model_card
 
-    eval_results = {k[len("eval_"):]: v for k, v in (metrics or {}).items() if k.startswith("eval_")}
+    eval_results = {k[len("eval_") :]: v for k, v in (metrics or {}).items() if k.startswith("eval_")}
     write_model_card(
         folder,
         datasets=datasets,

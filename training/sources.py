@@ -36,8 +36,15 @@ def load_documents(data: DataChoices, cache_dir: str | None, seed: int) -> Any:
     """Pretraining documents: each split limited (a shuffled slice of the training set, not its first files),
     non-empty and holding the text column."""
     raw = load_raw_datasets(
-        data.dataset_name, data.dataset_config_name, data.train_file, data.validation_file,
-        data.validation_split_percentage, data.streaming, cache_dir, data.sample_by, seed,
+        data.dataset_name,
+        data.dataset_config_name,
+        data.train_file,
+        data.validation_file,
+        data.validation_split_percentage,
+        data.streaming,
+        cache_dir,
+        data.sample_by,
+        seed,
     )
     if data.max_train_samples is not None and not data.streaming:
         raw["train"] = raw["train"].shuffle(seed=seed)  # a slice of all of it, not of a-m
@@ -48,13 +55,21 @@ def load_documents(data: DataChoices, cache_dir: str | None, seed: int) -> Any:
     return raw
 
 
-def load_examples(data: DataChoices, cache_dir: str | None, seed: int,
-                  default: Callable[[int | None, int | None], Any]) -> Any:
+def load_examples(
+    data: DataChoices, cache_dir: str | None, seed: int, default: Callable[[int | None, int | None], Any]
+) -> Any:
     """Fine-tuning examples, in memory: the user's data set or files, else `default(max_train, max_eval)` (a task's
     embedded-corpus examples); each split limited to the sizes asked for."""
     if data.dataset_name or data.train_file:
-        raw = load_raw_datasets(data.dataset_name, data.dataset_config_name, data.train_file, data.validation_file,
-                                data.validation_split_percentage, cache_dir=cache_dir, seed=seed)
+        raw = load_raw_datasets(
+            data.dataset_name,
+            data.dataset_config_name,
+            data.train_file,
+            data.validation_file,
+            data.validation_split_percentage,
+            cache_dir=cache_dir,
+            seed=seed,
+        )
     else:
         raw = default(data.max_train_samples, data.max_eval_samples)
     return _limit(raw, data)

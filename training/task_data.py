@@ -34,8 +34,9 @@ def embedded_examples(source: Callable[[str], Iterable[dict[str, Any]]]) -> Call
 
     def load(max_train: int | None, max_eval: int | None) -> DatasetDict:
         sizes = {"train": max_train, "validation": max_eval}
-        return DatasetDict({split: Dataset.from_list(list(itertools.islice(source(split), n)))
-                            for split, n in sizes.items()})
+        return DatasetDict(
+            {split: Dataset.from_list(list(itertools.islice(source(split), n))) for split, n in sizes.items()}
+        )
 
     return load
 
@@ -56,8 +57,12 @@ def as_messages(dataset: Any, args: TaskOptions) -> Any:
         raise ValueError("--prompt_column and --response_column go together.")
     check_columns(dataset, args.prompt_column, args.response_column)
     return dataset.map(
-        lambda row: {args.messages_column: [{"role": "user", "content": row[args.prompt_column]},
-                                            {"role": "assistant", "content": row[args.response_column]}]},
+        lambda row: {
+            args.messages_column: [
+                {"role": "user", "content": row[args.prompt_column]},
+                {"role": "assistant", "content": row[args.response_column]},
+            ]
+        },
         remove_columns=dataset.column_names,
     )
 
@@ -70,22 +75,40 @@ def instruct_texts(train: Any, args: TaskOptions, text_column: str) -> Iterator[
     return (m["content"] for row in train for m in row[args.messages_column])
 
 
-def tokenize_instruct(dataset: Any, tokenizer: Any, args: TaskOptions, max_length: int, num_proc: int | None,
-                      text_column: str = "text", label2id: dict[Any, int] | None = None) -> Any:
+def tokenize_instruct(
+    dataset: Any,
+    tokenizer: Any,
+    args: TaskOptions,
+    max_length: int,
+    num_proc: int | None,
+    text_column: str = "text",
+    label2id: dict[Any, int] | None = None,
+) -> Any:
     """`input_ids` of the whole conversation; `labels` only on the assistant's tokens (the rest -100)."""
     if tokenizer.chat_template is None or "{% generation %}" not in tokenizer.chat_template:
-        raise ValueError("--task instruct needs a tokenizer whose chat template marks assistant turns with "
-                         "{% generation %} (archlab's decoder tokenizers do).")
+        raise ValueError(
+            "--task instruct needs a tokenizer whose chat template marks assistant turns with "
+            "{% generation %} (archlab's decoder tokenizers do)."
+        )
 
     def encode(batch: dict[str, list]) -> dict[str, list]:
-        out = tokenizer.apply_chat_template(batch[args.messages_column], tokenize=True, return_dict=True,
-                                            return_assistant_tokens_mask=True, truncation=True, max_length=max_length)
-        labels = [[t if m else IGNORE_INDEX for t, m in zip(ids, mask)]
-                  for ids, mask in zip(out["input_ids"], out["assistant_masks"])]
+        out = tokenizer.apply_chat_template(
+            batch[args.messages_column],
+            tokenize=True,
+            return_dict=True,
+            return_assistant_tokens_mask=True,
+            truncation=True,
+            max_length=max_length,
+        )
+        labels = [
+            [t if m else IGNORE_INDEX for t, m in zip(ids, mask)]
+            for ids, mask in zip(out["input_ids"], out["assistant_masks"])
+        ]
         return {"input_ids": out["input_ids"], "attention_mask": out["attention_mask"], "labels": labels}
 
-    encoded = dataset.map(encode, batched=True, num_proc=num_proc, remove_columns=dataset.column_names,
-                          desc="Applying the chat template")
+    encoded = dataset.map(
+        encode, batched=True, num_proc=num_proc, remove_columns=dataset.column_names, desc="Applying the chat template"
+    )
     # A conversation truncated before the answer teaches nothing.
     return encoded.filter(lambda row: any(t != IGNORE_INDEX for t in row["labels"]))
 
@@ -109,21 +132,32 @@ def label_maps(dataset: Any, column: str) -> tuple[dict[Any, int], dict[int, str
     return {v: i for i, v in enumerate(values)}, {i: str(v) for i, v in enumerate(values)}
 
 
-def tokenize_classification(dataset: Any, tokenizer: Any, args: TaskOptions, max_length: int, num_proc: int | None,
-                            text_column: str = "text", label2id: dict[Any, int] | None = None) -> Any:
+def tokenize_classification(
+    dataset: Any,
+    tokenizer: Any,
+    args: TaskOptions,
+    max_length: int,
+    num_proc: int | None,
+    text_column: str = "text",
+    label2id: dict[Any, int] | None = None,
+) -> Any:
     label, label2id = args.label_column_name, label2id or {}
 
     def encode(batch: dict[str, list]) -> dict[str, list]:
         out = tokenizer(batch[text_column], truncation=True, max_length=max_length)
         unknown = {v for v in batch[label] if v not in label2id}
         if unknown:
-            raise ValueError(f"Labels {sorted(map(str, unknown))} of the validation split are not in the training "
-                             f"split's {sorted(map(str, label2id))}.")
-        return {"input_ids": out["input_ids"], "attention_mask": out["attention_mask"],
-                "labels": [label2id[v] for v in batch[label]]}
+            raise ValueError(
+                f"Labels {sorted(map(str, unknown))} of the validation split are not in the training "
+                f"split's {sorted(map(str, label2id))}."
+            )
+        return {
+            "input_ids": out["input_ids"],
+            "attention_mask": out["attention_mask"],
+            "labels": [label2id[v] for v in batch[label]],
+        }
 
-    return dataset.map(encode, batched=True, num_proc=num_proc, remove_columns=dataset.column_names,
-                       desc="Tokenizing")
+    return dataset.map(encode, batched=True, num_proc=num_proc, remove_columns=dataset.column_names, desc="Tokenizing")
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -138,17 +172,31 @@ def pair_texts(train: Any, args: TaskOptions, text_column: str) -> Iterator[str]
     return (text for row in train for text in (row[args.source_column], row[args.target_column]))
 
 
-def tokenize_seq2seq(dataset: Any, tokenizer: Any, args: TaskOptions, max_length: int | None, num_proc: int | None,
-                     text_column: str = "text", label2id: dict[Any, int] | None = None) -> Any:
+def tokenize_seq2seq(
+    dataset: Any,
+    tokenizer: Any,
+    args: TaskOptions,
+    max_length: int | None,
+    num_proc: int | None,
+    text_column: str = "text",
+    label2id: dict[Any, int] | None = None,
+) -> Any:
     """Sources truncated to --max_source_length and targets to --max_target_length (keeping the closing token);
     `max_length`, the other tasks' truncation, does not apply."""
 
     def encode(batch: dict[str, list]) -> dict[str, list]:
-        out = tokenizer(batch[args.source_column], text_target=batch[args.target_column], truncation=True,
-                        max_length=args.max_source_length)
-        labels = [ids[: args.max_target_length - 1] + ids[-1:] if len(ids) > args.max_target_length else ids
-                  for ids in out["labels"]]
+        out = tokenizer(
+            batch[args.source_column],
+            text_target=batch[args.target_column],
+            truncation=True,
+            max_length=args.max_source_length,
+        )
+        labels = [
+            ids[: args.max_target_length - 1] + ids[-1:] if len(ids) > args.max_target_length else ids
+            for ids in out["labels"]
+        ]
         return {"input_ids": out["input_ids"], "attention_mask": out["attention_mask"], "labels": labels}
 
-    return dataset.map(encode, batched=True, num_proc=num_proc, remove_columns=dataset.column_names,
-                       desc="Tokenizing pairs")
+    return dataset.map(
+        encode, batched=True, num_proc=num_proc, remove_columns=dataset.column_names, desc="Tokenizing pairs"
+    )

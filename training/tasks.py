@@ -20,13 +20,13 @@ from archlab.tokenization.data import IGNORE_INDEX, check_not_empty
 from archlab.tokenization.training import train_tokenizer
 
 from . import task_data
-from .task_data import TaskOptions
 from .configs import ModelChoices, build_config, build_model
 from .kinds import CLASSIFICATION_AUTO_CLASS, model_kind
 from .metrics import classification_metrics, seq2seq_metrics, with_perplexity
 from .reporting import log
 from .sampling import show_chat_example, show_seq2seq_example
 from .sources import SPLITS
+from .task_data import TaskOptions
 from .tokenizers import TokenizerChoices, get_tokenizer
 from .trainer import AtomicCheckpointTrainer, AtomicSeq2SeqTrainer
 
@@ -81,8 +81,9 @@ TASKS: dict[str, Task] = {
         prepare=task_data.check_pair_columns,
         tokenizer_texts=task_data.pair_texts,
         tokenize=task_data.tokenize_seq2seq,
-        collator=lambda tokenizer, model: DataCollatorForSeq2Seq(tokenizer, model=model,
-                                                                 label_pad_token_id=IGNORE_INDEX),
+        collator=lambda tokenizer, model: DataCollatorForSeq2Seq(
+            tokenizer, model=model, label_pad_token_id=IGNORE_INDEX
+        ),
         trainer_class=AtomicSeq2SeqTrainer,
         compute_metrics=seq2seq_metrics,
         summary_keys=("eval_loss", "eval_bleu", "eval_chrf", "eval_exact_match"),
@@ -106,21 +107,34 @@ def prepare_splits(task: Task, raw: Any, options: TaskOptions, text_column: str)
     return raw
 
 
-def task_tokenizer(task: Task, choices: TokenizerChoices, train: Any, options: TaskOptions, text_column: str,
-                   resume: str | None) -> Any:
+def task_tokenizer(
+    task: Task, choices: TokenizerChoices, train: Any, options: TaskOptions, text_column: str, resume: str | None
+) -> Any:
     """`get_tokenizer` for fine-tuning: a new tokenizer is trained on the task's training texts."""
 
     def train_new() -> Any:
         log(f"Training a tokenizer for the {task.model_kind} on the task's texts ...")
-        return train_tokenizer(task.tokenizer_texts(train, options, text_column), task.model_kind,
-                               choices.tokenizer_algorithm, choices.tokenizer_vocab_size or 4096)
+        return train_tokenizer(
+            task.tokenizer_texts(train, options, text_column),
+            task.model_kind,
+            choices.tokenizer_algorithm,
+            choices.tokenizer_vocab_size or 4096,
+        )
 
     return get_tokenizer(choices, resume, train_new)
 
 
-def build_task_model(task: Task, choices: ModelChoices, raw: Any, tokenizer: Any, options: TaskOptions,
-                     text_column: str, block_size: int, num_proc: int | None,
-                     attn_implementation: str | None = None) -> dict[str, Any]:
+def build_task_model(
+    task: Task,
+    choices: ModelChoices,
+    raw: Any,
+    tokenizer: Any,
+    options: TaskOptions,
+    text_column: str,
+    block_size: int,
+    num_proc: int | None,
+    attn_implementation: str | None = None,
+) -> dict[str, Any]:
     """The task's config and model (its head), its tokenized splits and its collator, as `model`, `train`,
     `validation` and `collator`. Examples are truncated rather than packed, to at most what the model positions."""
     label2id: dict[Any, int] = {}
@@ -129,14 +143,20 @@ def build_task_model(task: Task, choices: ModelChoices, raw: Any, tokenizer: Any
     config = build_config(choices, tokenizer, None, num_labels=len(label2id) or None)
     max_length = min(block_size, config.max_position_embeddings)
     if label2id:
-        config.num_labels, config.id2label, config.label2id = len(id2label), id2label, {v: k for k, v in id2label.items()}
+        config.num_labels, config.id2label, config.label2id = (
+            len(id2label),
+            id2label,
+            {v: k for k, v in id2label.items()},
+        )
     data = {s: task.tokenize(raw[s], tokenizer, options, max_length, num_proc, text_column, label2id) for s in raw}
     check_not_empty(data["train"], "tokenized train")
 
     auto_class = task.auto_class or model_kind(task.model_kind).auto_class
     model = build_model(auto_class, config, choices.model_name_or_path, attn_implementation)
-    log(f"{type(model).__name__}: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters; "
-        f"{len(data['train'])} training and {len(data['validation'])} validation examples")
+    log(
+        f"{type(model).__name__}: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters; "
+        f"{len(data['train'])} training and {len(data['validation'])} validation examples"
+    )
     return {**data, "model": model, "collator": task.collator(tokenizer, model)}
 
 

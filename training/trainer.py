@@ -83,8 +83,10 @@ class AtomicCheckpointTrainer(Trainer):
             else:
                 metrics["train_loss"] = mean
         if mean is None:
-            log(f"train_loss_since_resume: the mean loss of the steps after {resume_from_checkpoint} only; the "
-                "checkpoint's log does not cover every step before it.")
+            log(
+                f"train_loss_since_resume: the mean loss of the steps after {resume_from_checkpoint} only; the "
+                "checkpoint's log does not cover every step before it."
+            )
         return TrainOutput(output.global_step, output.training_loss if mean is None else mean, output.metrics)
 
     def _forget_evaluation_only_preparation(self) -> None:
@@ -139,9 +141,7 @@ class AtomicCheckpointTrainer(Trainer):
         os.replace(os.path.join(staging, name), final)
         shutil.rmtree(staging, ignore_errors=True)
         if self.state.best_model_checkpoint and STAGING in self.state.best_model_checkpoint:
-            self.state.best_model_checkpoint = self.state.best_model_checkpoint.replace(
-                os.path.join(STAGING, ""), ""
-            )
+            self.state.best_model_checkpoint = self.state.best_model_checkpoint.replace(os.path.join(STAGING, ""), "")
         if self.args.should_save:
             rotate_checkpoints(run_dir, self.args.save_total_limit, self.state.best_model_checkpoint, use_mtime=True)
 

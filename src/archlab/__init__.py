@@ -4,8 +4,6 @@
 `AutoModelForCausalLM.from_pretrained(folder)` loads an archlab checkpoint without `trust_remote_code`.
 """
 
-from .quiet import quiet_deepspeed_probe
-from .registration import register_all
 from .modeling import (
     DecoderConfig,
     DecoderForCausalLM,
@@ -19,6 +17,8 @@ from .modeling import (
     Seq2SeqPreTrainedModel,
 )
 from .modeling.moe import count_parameters
+from .quiet import quiet_deepspeed_probe
+from .registration import register_all
 from .text2text import translate
 
 register_all()

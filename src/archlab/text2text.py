@@ -38,7 +38,7 @@ def translate(
     if not getattr(model.config, "is_encoder_decoder", False):
         raise ValueError(
             f"translate() needs an encoder-decoder (`config.is_encoder_decoder` True); {type(model).__name__} is "
-            "decoder-only: use `model.generate` or `pipeline(\"text-generation\")`, whose output continues the prompt."
+            'decoder-only: use `model.generate` or `pipeline("text-generation")`, whose output continues the prompt.'
         )
     if batch_size < 1:
         raise ValueError(f"`batch_size` must be a positive integer, got {batch_size!r}.")

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from archlab import DecoderForCausalLM
-from archlab.configuration import DecoderConfig, PRESETS, list_presets, preset_config, preset_kwargs
+from archlab.configuration import PRESETS, DecoderConfig, list_presets, preset_config, preset_kwargs
 
 
 @pytest.mark.parametrize("name", list_presets())
@@ -16,8 +16,15 @@ def test_every_preset_is_a_valid_config_and_runs_shrunk(name):
     heads = 4
     kv = 1 if config.num_key_value_heads == 1 else 2
     small = preset_config(
-        name, vocab_size=64, hidden_size=heads * head_dim, head_dim=head_dim, num_attention_heads=heads,
-        num_key_value_heads=kv, num_hidden_layers=2, intermediate_size=96, max_position_embeddings=32,
+        name,
+        vocab_size=64,
+        hidden_size=heads * head_dim,
+        head_dim=head_dim,
+        num_attention_heads=heads,
+        num_key_value_heads=kv,
+        num_hidden_layers=2,
+        intermediate_size=96,
+        max_position_embeddings=32,
         **({"sliding_window": 8} if config.sliding_window else {}),
         **({"query_pre_attn_scalar": head_dim} if config.query_pre_attn_scalar else {}),
     )

@@ -3,13 +3,13 @@
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
 from archlab.conversion import ConversionError, convert_checkpoint
+
 from helpers import REPO, TINY, tiny_decoder_config
 
 SCRIPT = REPO / "scripts" / "convert_checkpoint.py"
@@ -26,15 +26,20 @@ def llama_folder(tmp_path):
 def test_llama_to_archlab_and_back_via_the_script(llama_folder, tmp_path):
     src, reference = llama_folder
     ids = torch.randint(3, 97, (2, 9))
-    run = subprocess.run([sys.executable, str(SCRIPT), str(src), str(tmp_path / "arch")], capture_output=True, text=True)
+    run = subprocess.run(
+        [sys.executable, str(SCRIPT), str(src), str(tmp_path / "arch")], capture_output=True, text=True
+    )
     assert run.returncode == 0, run.stderr
     arch = AutoModelForCausalLM.from_pretrained(tmp_path / "arch").eval()
     assert type(arch).__name__ == "DecoderForCausalLM"
     assert (tmp_path / "arch" / "tokenizer.json").is_file()
     assert (arch(ids).logits - reference(ids).logits).abs().max() <= 1e-4
 
-    run = subprocess.run([sys.executable, str(SCRIPT), str(tmp_path / "arch"), str(tmp_path / "back"), "--to", "llama"],
-                         capture_output=True, text=True)
+    run = subprocess.run(
+        [sys.executable, str(SCRIPT), str(tmp_path / "arch"), str(tmp_path / "back"), "--to", "llama"],
+        capture_output=True,
+        text=True,
+    )
     assert run.returncode == 0, run.stderr
     assert json.loads((tmp_path / "back" / "config.json").read_text())["model_type"] == "llama"
     back = LlamaForCausalLM.from_pretrained(tmp_path / "back").eval()
@@ -61,8 +66,13 @@ def test_non_equivalent_config_is_refused_with_the_fields_named(tmp_path):
 
 def _a_non_llama_field(config):
     """An archlab-only architecture field and a non-default value for it (the catalogue grows over time)."""
-    candidates = {"norm_type": "layer_norm", "norm_position": "post", "position_embedding_type": "alibi",
-                  "qk_norm": True, "final_logit_softcapping": 30.0}
+    candidates = {
+        "norm_type": "layer_norm",
+        "norm_position": "post",
+        "position_embedding_type": "alibi",
+        "qk_norm": True,
+        "final_logit_softcapping": 30.0,
+    }
     for field, value in candidates.items():
         if hasattr(config, field):
             return field, value
@@ -79,8 +89,9 @@ def test_errors_are_clear(tmp_path, llama_folder):
     (tmp_path / "full" / "f").write_text("x")
     with pytest.raises(ConversionError, match="not empty"):
         convert_checkpoint(src, tmp_path / "full")
-    run = subprocess.run([sys.executable, str(SCRIPT), str(src), str(tmp_path / "y"), "--to", "gpt9"],
-                         capture_output=True, text=True)
+    run = subprocess.run(
+        [sys.executable, str(SCRIPT), str(src), str(tmp_path / "y"), "--to", "gpt9"], capture_output=True, text=True
+    )
     assert run.returncode == 2 and "invalid choice" in run.stderr
 
 
@@ -114,8 +125,9 @@ def test_a_damaged_weights_file_is_named(llama_folder, tmp_path, damage):
     with pytest.raises(ConversionError, match=f"{weights} is damaged or not a safetensors file"):
         convert_checkpoint(src, tmp_path / "out")
     if damage == "empty":  # the command line: one error line, exit status 2 (one run is enough: it takes seconds)
-        run = subprocess.run([sys.executable, str(SCRIPT), str(src), str(tmp_path / "out")], capture_output=True,
-                             text=True)
+        run = subprocess.run(
+            [sys.executable, str(SCRIPT), str(src), str(tmp_path / "out")], capture_output=True, text=True
+        )
         assert run.returncode == 2 and run.stderr.startswith(f"error: {weights} is damaged")
         assert "Traceback" not in run.stderr
     assert not (tmp_path / "out").exists()

@@ -46,104 +46,255 @@ from archlab.conversion import FAMILIES, ConversionError, convert_checkpoint
 ATOL = 1e-4
 VOCAB = 101
 IDS = dict(pad_token_id=0, bos_token_id=1, eos_token_id=2)
-LLAMA_LIKE = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                  num_key_value_heads=2, head_dim=8, max_position_embeddings=64, **IDS)
+LLAMA_LIKE = dict(
+    vocab_size=VOCAB,
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=8,
+    max_position_embeddings=64,
+    **IDS,
+)
 GPT_SHAPE = dict(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, n_positions=64, **IDS)
 NEOX_SHAPE = {k: v for k, v in LLAMA_LIKE.items() if k not in ("num_key_value_heads", "head_dim")}  # MHA only
 QWEN2_SHAPE = {k: v for k, v in LLAMA_LIKE.items() if k != "head_dim"}  # head_dim is hidden / heads
-FALCON_SHAPE = dict(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                    max_position_embeddings=64, **IDS)
-OPT_SHAPE = dict(vocab_size=VOCAB, hidden_size=32, ffn_dim=48, num_hidden_layers=2, num_attention_heads=4,
-                 max_position_embeddings=64, pad_token_id=1, bos_token_id=2, eos_token_id=2)
+FALCON_SHAPE = dict(
+    vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, max_position_embeddings=64, **IDS
+)
+OPT_SHAPE = dict(
+    vocab_size=VOCAB,
+    hidden_size=32,
+    ffn_dim=48,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    max_position_embeddings=64,
+    pad_token_id=1,
+    bos_token_id=2,
+    eos_token_id=2,
+)
 ROPE_25 = {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25}
-SEQ2SEQ_SHAPE = dict(vocab_size=VOCAB, d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
-                     decoder_attention_heads=4, encoder_ffn_dim=48, decoder_ffn_dim=48, max_position_embeddings=64,
-                     dropout=0.0)
+SEQ2SEQ_SHAPE = dict(
+    vocab_size=VOCAB,
+    d_model=32,
+    encoder_layers=2,
+    decoder_layers=2,
+    encoder_attention_heads=4,
+    decoder_attention_heads=4,
+    encoder_ffn_dim=48,
+    decoder_ffn_dim=48,
+    max_position_embeddings=64,
+    dropout=0.0,
+)
 # d_kv * num_heads (36) != d_model (32), as in T5 v1.1 small
-T5_SHAPE = dict(vocab_size=VOCAB, d_model=32, d_kv=12, d_ff=48, num_layers=2, num_heads=3,
-                relative_attention_num_buckets=8, relative_attention_max_distance=20, dropout_rate=0.0,
-                decoder_start_token_id=0)
+T5_SHAPE = dict(
+    vocab_size=VOCAB,
+    d_model=32,
+    d_kv=12,
+    d_ff=48,
+    num_layers=2,
+    num_heads=3,
+    relative_attention_num_buckets=8,
+    relative_attention_max_distance=20,
+    dropout_rate=0.0,
+    decoder_start_token_id=0,
+)
 
 # case id -> (stock config, the archlab values the conversion must turn on)
 CASES = {
-    "llama": (LlamaConfig(**LLAMA_LIKE, attention_bias=True, mlp_bias=True),
-              {"attention_bias": True, "mlp_bias": True, "norm_position": "pre"}),
-    "mistral": (MistralConfig(**LLAMA_LIKE, sliding_window=4),
-                {"sliding_window": 4, "layer_types": ["sliding_attention"] * 2}),
-    "mixtral": (MixtralConfig(**LLAMA_LIKE, num_local_experts=4, num_experts_per_tok=2),
-                {"num_local_experts": 4, "mlp_layer_types": ["sparse"] * 2, "norm_topk_prob": True}),
-    "qwen2": (Qwen2Config(**QWEN2_SHAPE, use_sliding_window=True, sliding_window=4, max_window_layers=1),
-              {"qkv_bias": True, "attention_bias": False, "layer_types": ["full_attention", "sliding_attention"]}),
-    "qwen2_moe": (Qwen2MoeConfig(**{**QWEN2_SHAPE, "num_hidden_layers": 3}, num_experts=4, num_experts_per_tok=2,
-                                 moe_intermediate_size=16, shared_expert_intermediate_size=24, mlp_only_layers=[1]),
-                  {"mlp_layer_types": ["sparse", "dense", "sparse"], "num_local_experts": 4, "qkv_bias": True,
-                   "norm_topk_prob": False, "moe_intermediate_size": 16, "shared_expert_intermediate_size": 24}),
-    "qwen3": (Qwen3Config(**{**LLAMA_LIKE, "head_dim": 16}, attention_bias=True, use_sliding_window=True,
-                          sliding_window=4, max_window_layers=1),
-              {"use_qk_norm": True, "layer_types": ["full_attention", "sliding_attention"]}),
-    "gemma": (GemmaConfig(**LLAMA_LIKE, attention_bias=True),
-              {"norm_type": "offset_rms_norm", "scale_embedding": True}),
-    "gemma2": (Gemma2Config(**LLAMA_LIKE, query_pre_attn_scalar=16, sliding_window=4, attn_logit_softcapping=5.0,
-                            final_logit_softcapping=3.0),
-               {"norm_position": "sandwich", "layer_types": ["sliding_attention", "full_attention"]}),
-    "gpt_neox": (GPTNeoXConfig(**NEOX_SHAPE, rope_parameters=ROPE_25),
-                 {"norm_position": "parallel", "norm_type": "layer_norm", "mlp_type": "plain"}),
+    "llama": (
+        LlamaConfig(**LLAMA_LIKE, attention_bias=True, mlp_bias=True),
+        {"attention_bias": True, "mlp_bias": True, "norm_position": "pre"},
+    ),
+    "mistral": (
+        MistralConfig(**LLAMA_LIKE, sliding_window=4),
+        {"sliding_window": 4, "layer_types": ["sliding_attention"] * 2},
+    ),
+    "mixtral": (
+        MixtralConfig(**LLAMA_LIKE, num_local_experts=4, num_experts_per_tok=2),
+        {"num_local_experts": 4, "mlp_layer_types": ["sparse"] * 2, "norm_topk_prob": True},
+    ),
+    "qwen2": (
+        Qwen2Config(**QWEN2_SHAPE, use_sliding_window=True, sliding_window=4, max_window_layers=1),
+        {"qkv_bias": True, "attention_bias": False, "layer_types": ["full_attention", "sliding_attention"]},
+    ),
+    "qwen2_moe": (
+        Qwen2MoeConfig(
+            **{**QWEN2_SHAPE, "num_hidden_layers": 3},
+            num_experts=4,
+            num_experts_per_tok=2,
+            moe_intermediate_size=16,
+            shared_expert_intermediate_size=24,
+            mlp_only_layers=[1],
+        ),
+        {
+            "mlp_layer_types": ["sparse", "dense", "sparse"],
+            "num_local_experts": 4,
+            "qkv_bias": True,
+            "norm_topk_prob": False,
+            "moe_intermediate_size": 16,
+            "shared_expert_intermediate_size": 24,
+        },
+    ),
+    "qwen3": (
+        Qwen3Config(
+            **{**LLAMA_LIKE, "head_dim": 16},
+            attention_bias=True,
+            use_sliding_window=True,
+            sliding_window=4,
+            max_window_layers=1,
+        ),
+        {"use_qk_norm": True, "layer_types": ["full_attention", "sliding_attention"]},
+    ),
+    "gemma": (
+        GemmaConfig(**LLAMA_LIKE, attention_bias=True),
+        {"norm_type": "offset_rms_norm", "scale_embedding": True},
+    ),
+    "gemma2": (
+        Gemma2Config(
+            **LLAMA_LIKE,
+            query_pre_attn_scalar=16,
+            sliding_window=4,
+            attn_logit_softcapping=5.0,
+            final_logit_softcapping=3.0,
+        ),
+        {"norm_position": "sandwich", "layer_types": ["sliding_attention", "full_attention"]},
+    ),
+    "gpt_neox": (
+        GPTNeoXConfig(**NEOX_SHAPE, rope_parameters=ROPE_25),
+        {"norm_position": "parallel", "norm_type": "layer_norm", "mlp_type": "plain"},
+    ),
     "gpt_neox-sequential": (
         GPTNeoXConfig(**NEOX_SHAPE, rope_parameters=ROPE_25, use_parallel_residual=False),
-        {"norm_position": "pre"}),
-    "falcon": (FalconConfig(**FALCON_SHAPE, num_kv_heads=2, new_decoder_architecture=True, bias=True,
-                            ffn_hidden_size=48),
-               {"norm_position": "parallel", "num_key_value_heads": 2, "attention_bias": True}),
-    "falcon-one-norm": (FalconConfig(**FALCON_SHAPE, num_kv_heads=2, new_decoder_architecture=True,
-                                     num_ln_in_parallel_attn=1),
-                        {"norm_position": "parallel_shared_norm", "num_key_value_heads": 2}),
-    "falcon-7b": (FalconConfig(**FALCON_SHAPE, multi_query=True, parallel_attn=True),  # the old architecture
-                  {"norm_position": "parallel_shared_norm", "num_key_value_heads": 1}),
-    "falcon-sequential-mqa": (FalconConfig(**FALCON_SHAPE, multi_query=True, parallel_attn=False),
-                              {"norm_position": "pre", "num_key_value_heads": 1, "attention_bias": False}),
-    "bloom": (BloomConfig(vocab_size=VOCAB, hidden_size=32, n_layer=2, n_head=4, **IDS),
-              {"position_embedding_type": "alibi", "embedding_layernorm": True, "intermediate_size": 128}),
-    "mpt": (MptConfig(vocab_size=VOCAB, d_model=48, n_heads=6, n_layers=2, max_seq_len=64,
-                      attn_config={"softmax_scale": 0.3}, **IDS),
-            {"position_embedding_type": "alibi", "norm_bias": False, "attention_bias": False,
-             "num_attention_heads": 6}),
-    "opt": (OPTConfig(**OPT_SHAPE),
-            {"norm_position": "pre", "position_embedding_offset": 2, "position_ids_from_attention_mask": True,
-             "hidden_act": "relu", "tie_word_embeddings": True}),
-    "opt-post-norm": (OPTConfig(**OPT_SHAPE, do_layer_norm_before=False, enable_bias=False, tie_word_embeddings=False),
-                      {"norm_position": "post", "attention_bias": False, "mlp_bias": False}),
-    "gpt2": (GPT2Config(**GPT_SHAPE, n_inner=48),
-             {"position_embedding_type": "learned", "intermediate_size": 48, "hidden_act": "gelu_new"}),
-    "gpt2-unscaled": (GPT2Config(**GPT_SHAPE, scale_attn_weights=False, activation_function="relu"),
-                      {"query_pre_attn_scalar": 1.0, "hidden_act": "relu"}),
-    "openai-gpt": (OpenAIGPTConfig(**GPT_SHAPE),
-                   {"norm_position": "post", "position_embedding_type": "learned", "hidden_act": "gelu_new"}),
-    "phi": (PhiConfig(**QWEN2_SHAPE, qk_layernorm=True),
-            {"norm_position": "parallel_shared_norm", "lm_head_bias": True, "use_qk_norm": True,
-             "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}}),
-    "stablelm": (StableLmConfig(**QWEN2_SHAPE, use_qkv_bias=True),
-                 {"norm_position": "pre", "norm_type": "layer_norm", "qkv_bias": True}),
-    "stablelm-parallel": (StableLmConfig(**QWEN2_SHAPE, use_parallel_residual=True),
-                          {"norm_position": "parallel_shared_norm", "qkv_bias": False}),
+        {"norm_position": "pre"},
+    ),
+    "falcon": (
+        FalconConfig(**FALCON_SHAPE, num_kv_heads=2, new_decoder_architecture=True, bias=True, ffn_hidden_size=48),
+        {"norm_position": "parallel", "num_key_value_heads": 2, "attention_bias": True},
+    ),
+    "falcon-one-norm": (
+        FalconConfig(**FALCON_SHAPE, num_kv_heads=2, new_decoder_architecture=True, num_ln_in_parallel_attn=1),
+        {"norm_position": "parallel_shared_norm", "num_key_value_heads": 2},
+    ),
+    "falcon-7b": (
+        FalconConfig(**FALCON_SHAPE, multi_query=True, parallel_attn=True),  # the old architecture
+        {"norm_position": "parallel_shared_norm", "num_key_value_heads": 1},
+    ),
+    "falcon-sequential-mqa": (
+        FalconConfig(**FALCON_SHAPE, multi_query=True, parallel_attn=False),
+        {"norm_position": "pre", "num_key_value_heads": 1, "attention_bias": False},
+    ),
+    "bloom": (
+        BloomConfig(vocab_size=VOCAB, hidden_size=32, n_layer=2, n_head=4, **IDS),
+        {"position_embedding_type": "alibi", "embedding_layernorm": True, "intermediate_size": 128},
+    ),
+    "mpt": (
+        MptConfig(
+            vocab_size=VOCAB,
+            d_model=48,
+            n_heads=6,
+            n_layers=2,
+            max_seq_len=64,
+            attn_config={"softmax_scale": 0.3},
+            **IDS,
+        ),
+        {"position_embedding_type": "alibi", "norm_bias": False, "attention_bias": False, "num_attention_heads": 6},
+    ),
+    "opt": (
+        OPTConfig(**OPT_SHAPE),
+        {
+            "norm_position": "pre",
+            "position_embedding_offset": 2,
+            "position_ids_from_attention_mask": True,
+            "hidden_act": "relu",
+            "tie_word_embeddings": True,
+        },
+    ),
+    "opt-post-norm": (
+        OPTConfig(**OPT_SHAPE, do_layer_norm_before=False, enable_bias=False, tie_word_embeddings=False),
+        {"norm_position": "post", "attention_bias": False, "mlp_bias": False},
+    ),
+    "gpt2": (
+        GPT2Config(**GPT_SHAPE, n_inner=48),
+        {"position_embedding_type": "learned", "intermediate_size": 48, "hidden_act": "gelu_new"},
+    ),
+    "gpt2-unscaled": (
+        GPT2Config(**GPT_SHAPE, scale_attn_weights=False, activation_function="relu"),
+        {"query_pre_attn_scalar": 1.0, "hidden_act": "relu"},
+    ),
+    "openai-gpt": (
+        OpenAIGPTConfig(**GPT_SHAPE),
+        {"norm_position": "post", "position_embedding_type": "learned", "hidden_act": "gelu_new"},
+    ),
+    "phi": (
+        PhiConfig(**QWEN2_SHAPE, qk_layernorm=True),
+        {
+            "norm_position": "parallel_shared_norm",
+            "lm_head_bias": True,
+            "use_qk_norm": True,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5},
+        },
+    ),
+    "stablelm": (
+        StableLmConfig(**QWEN2_SHAPE, use_qkv_bias=True),
+        {"norm_position": "pre", "norm_type": "layer_norm", "qkv_bias": True},
+    ),
+    "stablelm-parallel": (
+        StableLmConfig(**QWEN2_SHAPE, use_parallel_residual=True),
+        {"norm_position": "parallel_shared_norm", "qkv_bias": False},
+    ),
     # encoder-decoders (Marian's token conventions: pad is the decoder start, eos is 0)
-    "marian": (MarianConfig(**SEQ2SEQ_SHAPE, scale_embedding=True, pad_token_id=60, eos_token_id=0,
-                            decoder_start_token_id=60, forced_eos_token_id=0),
-               {"sinusoidal_layout": "split", "scale_embedding": True}),
-    "bart": (BartConfig(**SEQ2SEQ_SHAPE),
-             {"position_embedding_type": "learned", "position_embedding_offset": 2, "embedding_layernorm": True}),
-    "t5-v1.0": (T5Config(**T5_SHAPE, feed_forward_proj="relu", tie_word_embeddings=True),
-                {"position_embedding_type": "relative_bias", "scale_decoder_outputs": True, "mlp_type": "plain"}),
-    "t5-v1.1": (T5Config(**T5_SHAPE, feed_forward_proj="gated-gelu", tie_word_embeddings=False),
-                {"scale_decoder_outputs": False, "mlp_type": "gated", "tie_word_embeddings": False}),
-    "mt5": (MT5Config(**T5_SHAPE, feed_forward_proj="gated-gelu"),
-            {"scale_decoder_outputs": False, "tie_word_embeddings": False}),
-    "umt5": (UMT5Config(**T5_SHAPE, feed_forward_proj="gated-gelu"),
-             {"relative_attention_bias_per_layer": True, "scale_decoder_outputs": True}),
+    "marian": (
+        MarianConfig(
+            **SEQ2SEQ_SHAPE,
+            scale_embedding=True,
+            pad_token_id=60,
+            eos_token_id=0,
+            decoder_start_token_id=60,
+            forced_eos_token_id=0,
+        ),
+        {"sinusoidal_layout": "split", "scale_embedding": True},
+    ),
+    "bart": (
+        BartConfig(**SEQ2SEQ_SHAPE),
+        {"position_embedding_type": "learned", "position_embedding_offset": 2, "embedding_layernorm": True},
+    ),
+    "t5-v1.0": (
+        T5Config(**T5_SHAPE, feed_forward_proj="relu", tie_word_embeddings=True),
+        {"position_embedding_type": "relative_bias", "scale_decoder_outputs": True, "mlp_type": "plain"},
+    ),
+    "t5-v1.1": (
+        T5Config(**T5_SHAPE, feed_forward_proj="gated-gelu", tie_word_embeddings=False),
+        {"scale_decoder_outputs": False, "mlp_type": "gated", "tie_word_embeddings": False},
+    ),
+    "mt5": (
+        MT5Config(**T5_SHAPE, feed_forward_proj="gated-gelu"),
+        {"scale_decoder_outputs": False, "tie_word_embeddings": False},
+    ),
+    "umt5": (
+        UMT5Config(**T5_SHAPE, feed_forward_proj="gated-gelu"),
+        {"relative_attention_bias_per_layer": True, "scale_decoder_outputs": True},
+    ),
     # the masked LM
-    "bert": (BertConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                        intermediate_size=48, max_position_embeddings=64, type_vocab_size=2),
-             {"type_vocab_size": 2, "embedding_layernorm": True, "position_embedding_type": "learned",
-              "norm_position": "post", "decoder_layers": 1}),
+    "bert": (
+        BertConfig(
+            vocab_size=VOCAB,
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            intermediate_size=48,
+            max_position_embeddings=64,
+            type_vocab_size=2,
+        ),
+        {
+            "type_vocab_size": 2,
+            "embedding_layernorm": True,
+            "position_embedding_type": "learned",
+            "norm_position": "post",
+            "decoder_layers": 1,
+        },
+    ),
 }
 # T5 v1.1, mT5 and UMT5 checkpoints carry a head of their own (transformers 5 ties one at construction)
 OWN_HEAD = {"t5-v1.1", "mt5", "umt5"}
@@ -213,8 +364,10 @@ def folders(tmp_path_factory):
 
 def _check_decoder(model, reference, batches, pad: int) -> list[float]:
     ids, padded, mask, _, _ = batches
-    diffs = [_max_diff(model, reference, input_ids=ids),
-             _max_diff(model, reference, mask, input_ids=padded, attention_mask=mask)]
+    diffs = [
+        _max_diff(model, reference, input_ids=ids),
+        _max_diff(model, reference, mask, input_ids=padded, attention_mask=mask),
+    ]
     if "position_ids" in inspect.signature(reference.forward).parameters:
         # what `generate` passes: positions counted from the first real token (archlab's default is arange)
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
@@ -227,8 +380,10 @@ def _check_decoder(model, reference, batches, pad: int) -> list[float]:
 def _check_seq2seq(model, reference, batches, pad: int) -> list[float]:
     ids, padded, mask, target, _ = batches
     target[:, 0] = reference.config.decoder_start_token_id
-    diffs = [_max_diff(model, reference, input_ids=ids, decoder_input_ids=target),
-             _max_diff(model, reference, input_ids=padded, attention_mask=mask, decoder_input_ids=target)]
+    diffs = [
+        _max_diff(model, reference, input_ids=ids, decoder_input_ids=target),
+        _max_diff(model, reference, input_ids=padded, attention_mask=mask, decoder_input_ids=target),
+    ]
     for beams in (1, 3):
         search = dict(attention_mask=mask, max_new_tokens=6, num_beams=beams, do_sample=False)
         assert torch.equal(model.generate(padded, **search), reference.generate(padded, **search)), beams
@@ -237,12 +392,17 @@ def _check_seq2seq(model, reference, batches, pad: int) -> list[float]:
 
 def _check_masked_lm(model, reference, batches, pad: int) -> list[float]:
     ids, padded, mask, _, segments = batches
-    return [_max_diff(model, reference, input_ids=ids, token_type_ids=segments),
-            _max_diff(model, reference, mask, input_ids=padded, attention_mask=mask, token_type_ids=segments)]
+    return [
+        _max_diff(model, reference, input_ids=ids, token_type_ids=segments),
+        _max_diff(model, reference, mask, input_ids=padded, attention_mask=mask, token_type_ids=segments),
+    ]
 
 
-CHECKS = {"DecoderForCausalLM": _check_decoder, "Seq2SeqForConditionalGeneration": _check_seq2seq,
-          "EncoderForMaskedLM": _check_masked_lm}
+CHECKS = {
+    "DecoderForCausalLM": _check_decoder,
+    "Seq2SeqForConditionalGeneration": _check_seq2seq,
+    "EncoderForMaskedLM": _check_masked_lm,
+}
 
 
 def _inputs(case: str, batches) -> dict[str, torch.Tensor]:
@@ -332,34 +492,59 @@ def test_export_refuses_a_folder_of_another_archlab_class(folders, tmp_path):
 
 # stock configs archlab cannot compute yet (or that transformers' stock class silently ignores)
 NOT_IMPORTABLE = {
-    "falcon-new-sequential": (FalconConfig(hidden_size=32, num_attention_heads=4, num_hidden_layers=1,
-                                           new_decoder_architecture=True, parallel_attn=False), ["parallel_attn"]),
-    "falcon-old-two-norms": (FalconConfig(hidden_size=32, num_attention_heads=4, num_hidden_layers=1,
-                                          num_ln_in_parallel_attn=2), ["num_ln_in_parallel_attn"]),
-    "falcon-alibi": (FalconConfig(hidden_size=32, num_attention_heads=4, num_hidden_layers=1, alibi=True,
-                                  parallel_attn=False), ["alibi"]),
-    "bloom-post-ln-residual": (BloomConfig(hidden_size=32, n_head=4, apply_residual_connection_post_layernorm=True),
-                               ["apply_residual_connection_post_layernorm"]),
-    "mpt-clip-qkv": (MptConfig(d_model=32, n_heads=4, attn_config={"clip_qkv": 8.0, "alibi_bias_max": 16}),
-                     ["clip_qkv", "alibi_bias_max"]),
+    "falcon-new-sequential": (
+        FalconConfig(
+            hidden_size=32,
+            num_attention_heads=4,
+            num_hidden_layers=1,
+            new_decoder_architecture=True,
+            parallel_attn=False,
+        ),
+        ["parallel_attn"],
+    ),
+    "falcon-old-two-norms": (
+        FalconConfig(hidden_size=32, num_attention_heads=4, num_hidden_layers=1, num_ln_in_parallel_attn=2),
+        ["num_ln_in_parallel_attn"],
+    ),
+    "falcon-alibi": (
+        FalconConfig(hidden_size=32, num_attention_heads=4, num_hidden_layers=1, alibi=True, parallel_attn=False),
+        ["alibi"],
+    ),
+    "bloom-post-ln-residual": (
+        BloomConfig(hidden_size=32, n_head=4, apply_residual_connection_post_layernorm=True),
+        ["apply_residual_connection_post_layernorm"],
+    ),
+    "mpt-clip-qkv": (
+        MptConfig(d_model=32, n_heads=4, attn_config={"clip_qkv": 8.0, "alibi_bias_max": 16}),
+        ["clip_qkv", "alibi_bias_max"],
+    ),
     "mpt-biases": (MptConfig(d_model=32, n_heads=4, no_bias=False), ["no_bias"]),
-    "gpt2-layer-scaled": (GPT2Config(n_embd=32, n_head=4, scale_attn_by_inverse_layer_idx=True,
-                                     reorder_and_upcast_attn=True),
-                          ["scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn"]),
-    "gemma-bidirectional": (GemmaConfig(hidden_size=32, num_attention_heads=4, head_dim=8,
-                                        use_bidirectional_attention=True), ["use_bidirectional_attention"]),
-    "qwen2_moe-no-shared-expert": (Qwen2MoeConfig(**QWEN2_SHAPE, shared_expert_intermediate_size=0),
-                                   ["shared_expert_intermediate_size"]),
+    "gpt2-layer-scaled": (
+        GPT2Config(n_embd=32, n_head=4, scale_attn_by_inverse_layer_idx=True, reorder_and_upcast_attn=True),
+        ["scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn"],
+    ),
+    "gemma-bidirectional": (
+        GemmaConfig(hidden_size=32, num_attention_heads=4, head_dim=8, use_bidirectional_attention=True),
+        ["use_bidirectional_attention"],
+    ),
+    "qwen2_moe-no-shared-expert": (
+        Qwen2MoeConfig(**QWEN2_SHAPE, shared_expert_intermediate_size=0),
+        ["shared_expert_intermediate_size"],
+    ),
     "stablelm-qk-layernorm": (StableLmConfig(**QWEN2_SHAPE, qk_layernorm=True), ["qk_layernorm"]),
-    "opt-350m": (OPTConfig(**OPT_SHAPE, word_embed_proj_dim=16, do_layer_norm_before=False),
-                 ["word_embed_proj_dim"]),
-    "opt-no-final-norm": (OPTConfig(**OPT_SHAPE, _remove_final_layer_norm=True, layer_norm_elementwise_affine=False),
-                          ["_remove_final_layer_norm", "layer_norm_elementwise_affine"]),
-    "bert-relative-positions": (BertConfig(hidden_size=32, num_attention_heads=4, is_decoder=True,
-                                           position_embedding_type="relative_key"),
-                                ["position_embedding_type", "is_decoder"]),
-    "bert-untied": (BertConfig(hidden_size=32, num_attention_heads=4, tie_word_embeddings=False),
-                    ["tie_word_embeddings"]),
+    "opt-350m": (OPTConfig(**OPT_SHAPE, word_embed_proj_dim=16, do_layer_norm_before=False), ["word_embed_proj_dim"]),
+    "opt-no-final-norm": (
+        OPTConfig(**OPT_SHAPE, _remove_final_layer_norm=True, layer_norm_elementwise_affine=False),
+        ["_remove_final_layer_norm", "layer_norm_elementwise_affine"],
+    ),
+    "bert-relative-positions": (
+        BertConfig(hidden_size=32, num_attention_heads=4, is_decoder=True, position_embedding_type="relative_key"),
+        ["position_embedding_type", "is_decoder"],
+    ),
+    "bert-untied": (
+        BertConfig(hidden_size=32, num_attention_heads=4, tie_word_embeddings=False),
+        ["tie_word_embeddings"],
+    ),
 }
 
 
@@ -380,9 +565,11 @@ def test_checkpoints_saved_from_the_base_model_and_legacy_names_convert(folders,
     def bert(key: str) -> str:
         return key.replace("LayerNorm.weight", "LayerNorm.gamma").replace("LayerNorm.bias", "LayerNorm.beta")
 
-    for case, rename in (("gpt2", lambda k: k.removeprefix("transformer.")),
-                         ("gpt_neox", lambda k: k.replace("lm_head.", "embed_out.")),
-                         ("bert", bert)):
+    for case, rename in (
+        ("gpt2", lambda k: k.removeprefix("transformer.")),
+        ("gpt_neox", lambda k: k.replace("lm_head.", "embed_out.")),
+        ("bert", bert),
+    ):
         reference, root = folders[case]
         src = tmp_path / case
         src.mkdir()
@@ -392,8 +579,11 @@ def test_checkpoints_saved_from_the_base_model_and_legacy_names_convert(folders,
             state["h.0.attn.bias"] = torch.ones(1, 1, 4, 4)
         if case == "bert":
             assert "cls.predictions.decoder.bias" in state
-            state |= {"bert.pooler.dense.weight": torch.ones(32, 32), "cls.seq_relationship.bias": torch.ones(2),
-                      "bert.embeddings.position_ids": torch.arange(64)[None]}
+            state |= {
+                "bert.pooler.dense.weight": torch.ones(32, 32),
+                "cls.seq_relationship.bias": torch.ones(2),
+                "bert.embeddings.position_ids": torch.arange(64)[None],
+            }
         save_file(state, str(src / "model.safetensors"))
         convert_checkpoint(src, tmp_path / f"{case}-archlab")
         ours = load_file(str(tmp_path / f"{case}-archlab" / "model.safetensors"))
@@ -425,4 +615,3 @@ def test_a_masked_lm_without_segment_types_exports_with_one_zero_segment(folders
     ids = torch.randint(3, VOCAB, (2, 9))
     with torch.no_grad():
         assert (exported(ids).logits - model(ids).logits).abs().max() <= ATOL
-

@@ -10,6 +10,7 @@ import torch
 from transformers import CompileConfig
 
 from archlab import DecoderForCausalLM
+
 from helpers import assert_close_to_scale, tiny_decoder_config
 
 pytestmark = pytest.mark.slow

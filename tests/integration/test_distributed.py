@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from archlab import DecoderForCausalLM, EncoderForMaskedLM, Seq2SeqForConditionalGeneration
+
 from distributed_launch import launch, torchrun
 from distributed_worker import run_trainer
 from helpers import REPO, tiny_decoder_config, tiny_seq2seq_config
@@ -129,8 +130,17 @@ def test_trainer_data_parallel_matches_one_process(tmp_path, decoder_dir):
     count must be summed across processes)."""
     two = launch(tmp_path, torchrun(), "trainer", decoder_dir, "--output_dir", str(tmp_path / "two"))
     assert two["world_size"] == 2 and two["distributed_type"] == "DistributedType.MULTI_CPU"
-    one = run_trainer(argparse.Namespace(models=[decoder_dir], output_dir=str(tmp_path / "one"), global_batch=4, steps=4,
-                                         weights_dir=None, archlab_trainer=False, evaluate_first=False))
+    one = run_trainer(
+        argparse.Namespace(
+            models=[decoder_dir],
+            output_dir=str(tmp_path / "one"),
+            global_batch=4,
+            steps=4,
+            weights_dir=None,
+            archlab_trainer=False,
+            evaluate_first=False,
+        )
+    )
     assert len(one["losses"]) == len(two["losses"]) == 4
     assert one["losses"][-1] < one["losses"][0]  # it trained
     torch.testing.assert_close(two["losses"], one["losses"], rtol=1e-4, atol=1e-5)
@@ -161,10 +171,19 @@ def test_tensor_parallel_with_tied_heads_matches_one_process(tmp_path):
     `F.linear` meets a sharded weight and the forward fails. Logits and greedy generation equal one process."""
     models = {
         "decoder": DecoderForCausalLM(tiny_decoder_config(tie_word_embeddings=True)),
-        "seq2seq_shared": Seq2SeqForConditionalGeneration(tiny_seq2seq_config(**{**SEQ2SEQ, "tie_word_embeddings": True})),
-        "seq2seq_separate": Seq2SeqForConditionalGeneration(tiny_seq2seq_config(
-            **{**SEQ2SEQ, "tie_word_embeddings": True, "share_encoder_decoder_embeddings": False,
-               "decoder_vocab_size": 53})),
+        "seq2seq_shared": Seq2SeqForConditionalGeneration(
+            tiny_seq2seq_config(**{**SEQ2SEQ, "tie_word_embeddings": True})
+        ),
+        "seq2seq_separate": Seq2SeqForConditionalGeneration(
+            tiny_seq2seq_config(
+                **{
+                    **SEQ2SEQ,
+                    "tie_word_embeddings": True,
+                    "share_encoder_decoder_embeddings": False,
+                    "decoder_vocab_size": 53,
+                }
+            )
+        ),
         "masked_lm": EncoderForMaskedLM(tiny_seq2seq_config(**{**SEQ2SEQ, "tie_word_embeddings": True})),
     }
     for name, model in models.items():
@@ -181,8 +200,9 @@ def test_tensor_parallel_with_tied_heads_matches_one_process(tmp_path):
 def test_deepspeed_zero3_matches_one_process(tmp_path, decoder_dir):
     pytest.importorskip("deepspeed")
     config = REPO / "configs" / "deepspeed" / "zero3.json"
-    result = launch(tmp_path, torchrun(), "deepspeed", decoder_dir, "--deepspeed", str(config),
-                    env={"DS_ACCELERATOR": "cpu"})
+    result = launch(
+        tmp_path, torchrun(), "deepspeed", decoder_dir, "--deepspeed", str(config), env={"DS_ACCELERATOR": "cpu"}
+    )
     assert result["stage"] == 3
     assert "lm_head.weight" in result["partitioned"]  # ZeRO-3 really partitioned the weights
     torch.testing.assert_close(result["losses"], result["reference_losses"], rtol=1e-4, atol=1e-5)

@@ -24,6 +24,7 @@ from safetensors.torch import load_file
 
 import archlab
 from archlab.tokenization.training import save_tokenizer, train_tokenizer
+
 from distributed_launch import WORKER, free_port, launch, torchrun
 from distributed_worker import run_script, run_trainer
 from helpers import REPO, TINY_DECODER_OVERRIDES, TINY_SEQ2SEQ_OVERRIDES, tiny_decoder_config
@@ -31,10 +32,32 @@ from helpers import REPO, TINY_DECODER_OVERRIDES, TINY_SEQ2SEQ_OVERRIDES, tiny_d
 pytestmark = pytest.mark.slow
 
 COMMON = [
-    "--max_steps", "3", "--learning_rate", "3e-3", "--warmup_steps", "0", "--logging_steps", "1",
-    "--eval_strategy", "no", "--save_strategy", "no", "--disable_tqdm", "true", "--use_cpu", "true",
-    "--dataloader_pin_memory", "false", "--train_sampling_strategy", "sequential", "--seed", "0",
-    "--per_device_eval_batch_size", "4", "--report_to", "none",
+    "--max_steps",
+    "3",
+    "--learning_rate",
+    "3e-3",
+    "--warmup_steps",
+    "0",
+    "--logging_steps",
+    "1",
+    "--eval_strategy",
+    "no",
+    "--save_strategy",
+    "no",
+    "--disable_tqdm",
+    "true",
+    "--use_cpu",
+    "true",
+    "--dataloader_pin_memory",
+    "false",
+    "--train_sampling_strategy",
+    "sequential",
+    "--seed",
+    "0",
+    "--per_device_eval_batch_size",
+    "4",
+    "--report_to",
+    "none",
 ]
 
 
@@ -44,11 +67,17 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
     folder = tmp_path_factory.mktemp("dp_data")
     code = [f"def function_{i}(value):\n    total = value * {i}\n    return total + {i % 7}\n" for i in range(40)]
     pairs = [{"code": c, "docstring": f"Return the value times {i} plus {i % 7}."} for i, c in enumerate(code)]
-    reviews = [{"text": f"{'great good fine' if i % 2 else 'bad awful poor'} item {i}", "label": "pos" if i % 2 else "neg"}
-               for i in range(24)]
+    reviews = [
+        {"text": f"{'great good fine' if i % 2 else 'bad awful poor'} item {i}", "label": "pos" if i % 2 else "neg"}
+        for i in range(24)
+    ]
     chats = [{"prompt": f"Return {i} squared.", "response": f"def f():\n    return {i} ** 2"} for i in range(24)]
-    texts = [*code, *(p["docstring"] for p in pairs), *(r["text"] for r in reviews),
-             *(c["prompt"] + c["response"] for c in chats)]
+    texts = [
+        *code,
+        *(p["docstring"] for p in pairs),
+        *(r["text"] for r in reviews),
+        *(c["prompt"] + c["response"] for c in chats),
+    ]
     save_tokenizer(train_tokenizer(texts, "decoder", vocab_size=300, min_frequency=1), folder / "decoder_tokenizer")
     save_tokenizer(train_tokenizer(texts, "seq2seq", vocab_size=300, min_frequency=1), folder / "seq2seq_tokenizer")
     (folder / "code.jsonl").write_text("".join(json.dumps({"text": c * 3}) + "\n" for c in code))
@@ -62,8 +91,19 @@ def script_args(name: str, data: Path) -> list[str]:
     """`pretrain` or `finetune-TASK`: the script's flags for a tiny run on `data` (without the batch size)."""
     decoder = ["--tokenizer_name", str(data / "decoder_tokenizer"), "--config_overrides", TINY_DECODER_OVERRIDES]
     if name == "pretrain":
-        return [*decoder, "--train_file", str(data / "code.jsonl"), "--block_size", "32", "--eval_max_blocks", "4",
-                "--sample_max_new_tokens", "0", "--preprocessing_num_workers", "1"]
+        return [
+            *decoder,
+            "--train_file",
+            str(data / "code.jsonl"),
+            "--block_size",
+            "32",
+            "--eval_max_blocks",
+            "4",
+            "--sample_max_new_tokens",
+            "0",
+            "--preprocessing_num_workers",
+            "1",
+        ]
     task = name.split("-", 1)[1]
     files = {"instruct": "chats.jsonl", "classification": "reviews.csv", "seq2seq": "pairs.jsonl"}[task]
     files = ["--train_file", str(data / files), "--validation_file", str(data / files), "--max_eval_samples", "4"]
@@ -72,26 +112,61 @@ def script_args(name: str, data: Path) -> list[str]:
     if task == "classification":
         return ["--task", task, *decoder, *files]
     seq2seq = f"{TINY_SEQ2SEQ_OVERRIDES},dropout=0.0"
-    return ["--task", task, "--tokenizer_name", str(data / "seq2seq_tokenizer"), "--config_overrides", seq2seq,
-            *files, "--generation_max_length", "8", "--max_source_length", "48", "--max_target_length", "16"]
+    return [
+        "--task",
+        task,
+        "--tokenizer_name",
+        str(data / "seq2seq_tokenizer"),
+        "--config_overrides",
+        seq2seq,
+        *files,
+        "--generation_max_length",
+        "8",
+        "--max_source_length",
+        "48",
+        "--max_target_length",
+        "16",
+    ]
 
 
 def run_single_process(name: str, data: Path, out: Path) -> dict[str, torch.Tensor]:
     script = "pretrain" if name == "pretrain" else "finetune"
-    run_script(script, str(out / "weights"), [*script_args(name, data), *COMMON, "--output_dir", str(out / "run"),
-                                              "--per_device_train_batch_size", "4"])
+    run_script(
+        script,
+        str(out / "weights"),
+        [*script_args(name, data), *COMMON, "--output_dir", str(out / "run"), "--per_device_train_batch_size", "4"],
+    )
     return load_file(out / "weights" / "rank-0.safetensors")
 
 
 LAUNCHERS = {
     "torchrun": torchrun,
-    "accelerate-config": lambda: [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
-                                  str(REPO / "configs" / "accelerate" / "multi_cpu.yaml"),
-                                  "--main_process_port", str(free_port())],
+    "accelerate-config": lambda: [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--config_file",
+        str(REPO / "configs" / "accelerate" / "multi_cpu.yaml"),
+        "--main_process_port",
+        str(free_port()),
+    ],
     # the plain flags docs/scaling.md gives for N CPU processes (`--cpu --num_processes 2` starts ONE process)
-    "accelerate-flags": lambda: [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu",
-                                 "--num_processes", "2", "--num_machines", "1", "--mixed_precision", "no",
-                                 "--dynamo_backend", "no", "--main_process_port", str(free_port())],
+    "accelerate-flags": lambda: [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--multi_gpu",
+        "--num_processes",
+        "2",
+        "--num_machines",
+        "1",
+        "--mixed_precision",
+        "no",
+        "--dynamo_backend",
+        "no",
+        "--main_process_port",
+        str(free_port()),
+    ],
 }
 RUNS = [("pretrain", launcher) for launcher in LAUNCHERS] + [
     (f"finetune-{task}", launcher)
@@ -119,19 +194,35 @@ def assert_one_model(weights_dir: Path, reference: dict[str, torch.Tensor]) -> N
         torch.testing.assert_close(ranks[1][name], ranks[0][name], rtol=0, atol=0, msg=f"ranks differ in {name}")
         # One process sums the same per-token gradients in another order: float32 rounding after 3 AdamW steps,
         # far below the ~lr = 3e-3 each step moves a weight by.
-        torch.testing.assert_close(ranks[0][name], reference[name], rtol=1e-4, atol=2e-5,
-                                   msg=f"{name} differs from the 1-process run")
+        torch.testing.assert_close(
+            ranks[0][name], reference[name], rtol=1e-4, atol=2e-5, msg=f"{name} differs from the 1-process run"
+        )
     assert any(not torch.equal(reference[n], ranks[0][n]) for n in reference)  # (it trained: compared to itself)
 
 
 @pytest.mark.parametrize(("name", "launcher"), RUNS, ids=[f"{n}-{l}" for n, l in RUNS])
 def test_script_trains_one_model(name: str, launcher: str, data: Path, single_process, tmp_path: Path) -> None:
     script = "pretrain" if name == "pretrain" else "finetune"
-    command = [*LAUNCHERS[launcher](), str(WORKER), "script", script, "--out", str(tmp_path / "result.json"),
-               "--weights_dir", str(tmp_path / "weights"), "--", *script_args(name, data), *COMMON,
-               "--output_dir", str(tmp_path / "run"), "--per_device_train_batch_size", "2"]
-    proc = subprocess.run(command, capture_output=True, text=True, timeout=900, cwd=tmp_path,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    command = [
+        *LAUNCHERS[launcher](),
+        str(WORKER),
+        "script",
+        script,
+        "--out",
+        str(tmp_path / "result.json"),
+        "--weights_dir",
+        str(tmp_path / "weights"),
+        "--",
+        *script_args(name, data),
+        *COMMON,
+        "--output_dir",
+        str(tmp_path / "run"),
+        "--per_device_train_batch_size",
+        "2",
+    ]
+    proc = subprocess.run(
+        command, capture_output=True, text=True, timeout=900, cwd=tmp_path, env={**os.environ, "OMP_NUM_THREADS": "1"}
+    )
     assert proc.returncode == 0, f"{' '.join(command)}\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
     result = json.loads((tmp_path / "result.json").read_text())
     assert result["world_size"] == 2
@@ -149,10 +240,27 @@ def test_archlab_trainer_trains_one_model_after_an_evaluation(evaluate_first: bo
     model_dir = tmp_path / "model"
     archlab.DecoderForCausalLM(tiny_decoder_config(max_position_embeddings=64)).save_pretrained(model_dir)
     flags = ["--archlab_trainer", *(["--evaluate_first"] if evaluate_first else [])]
-    two = launch(tmp_path, torchrun(), "trainer", str(model_dir), "--output_dir", str(tmp_path / "two"),
-                 "--weights_dir", str(tmp_path / "weights"), *flags)
+    two = launch(
+        tmp_path,
+        torchrun(),
+        "trainer",
+        str(model_dir),
+        "--output_dir",
+        str(tmp_path / "two"),
+        "--weights_dir",
+        str(tmp_path / "weights"),
+        *flags,
+    )
     assert two["world_size"] == 2
-    run_trainer(argparse.Namespace(models=[str(model_dir)], output_dir=str(tmp_path / "one"), global_batch=4,
-                                   steps=4, weights_dir=str(tmp_path / "one-weights"), archlab_trainer=True,
-                                   evaluate_first=evaluate_first))
+    run_trainer(
+        argparse.Namespace(
+            models=[str(model_dir)],
+            output_dir=str(tmp_path / "one"),
+            global_batch=4,
+            steps=4,
+            weights_dir=str(tmp_path / "one-weights"),
+            archlab_trainer=True,
+            evaluate_first=evaluate_first,
+        )
+    )
     assert_one_model(tmp_path / "weights", load_file(tmp_path / "one-weights" / "rank-0.safetensors"))

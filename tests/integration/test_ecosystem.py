@@ -10,7 +10,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -19,6 +18,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
 import archlab
+
 from helpers import tiny_decoder_config, tiny_seq2seq_config
 
 SEQ2SEQ = dict(vocab_size=97, decoder_start_token_id=0)  # the tokenizer below has 94 tokens
@@ -28,14 +28,18 @@ def _tokenizer() -> PreTrainedTokenizerFast:
     vocab = {"<pad>": 0, "<s>": 1, "</s>": 2, "<unk>": 3, **{f"w{i}": i + 4 for i in range(90)}}
     tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", bos_token="<s>", eos_token="</s>",
-                                   unk_token="<unk>")
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token="<pad>", bos_token="<s>", eos_token="</s>", unk_token="<unk>"
+    )
 
 
 def _folder(kind: str, root: Path) -> Path:
     torch.manual_seed(0)
-    model = (archlab.DecoderForCausalLM(tiny_decoder_config()) if kind == "decoder"
-             else archlab.Seq2SeqForConditionalGeneration(tiny_seq2seq_config(**SEQ2SEQ)))
+    model = (
+        archlab.DecoderForCausalLM(tiny_decoder_config())
+        if kind == "decoder"
+        else archlab.Seq2SeqForConditionalGeneration(tiny_seq2seq_config(**SEQ2SEQ))
+    )
     model.save_pretrained(root / kind)
     _tokenizer().save_pretrained(root / kind)
     return root / kind
@@ -99,10 +103,27 @@ def test_lm_eval_command_with_trust_remote_code_on_a_local_task(kind, extra, tmp
     (tmp_path / "tasks" / "tiny.yaml").write_text(TASK.format(data=tmp_path / "tasks" / "tiny.jsonl"))
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "HF_MODULES_CACHE": str(tmp_path / "m")}
     done = subprocess.run(
-        ["lm_eval", "--model", "hf", "--model_args", f"pretrained={folder},trust_remote_code=True{extra}",
-         "--tasks", "archlab_tiny", "--include_path", str(tmp_path / "tasks"), "--device", "cpu",
-         "--batch_size", "4", "--output_path", str(tmp_path / "results")],
-        env=env, capture_output=True, text=True, timeout=600,
+        [
+            "lm_eval",
+            "--model",
+            "hf",
+            "--model_args",
+            f"pretrained={folder},trust_remote_code=True{extra}",
+            "--tasks",
+            "archlab_tiny",
+            "--include_path",
+            str(tmp_path / "tasks"),
+            "--device",
+            "cpu",
+            "--batch_size",
+            "4",
+            "--output_path",
+            str(tmp_path / "results"),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     results = json.loads(next((tmp_path / "results").rglob("results_*.json")).read_text())
@@ -116,8 +137,9 @@ class _Logits(torch.nn.Module):
         super().__init__()
         self.model = model
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                decoder_input_ids: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, decoder_input_ids: torch.Tensor | None = None
+    ) -> torch.Tensor:
         extra = {} if decoder_input_ids is None else {"decoder_input_ids": decoder_input_ids}
         return self.model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, **extra).logits
 
@@ -127,8 +149,11 @@ class _Logits(torch.nn.Module):
 def test_onnx_export_runs_in_onnxruntime_with_the_same_logits(kind, tmp_path):
     pytest.importorskip("onnxscript")
     ort = pytest.importorskip("onnxruntime")
-    model = archlab.DecoderForCausalLM(tiny_decoder_config()) if kind == "decoder" else \
-        archlab.Seq2SeqForConditionalGeneration(tiny_seq2seq_config(**SEQ2SEQ))
+    model = (
+        archlab.DecoderForCausalLM(tiny_decoder_config())
+        if kind == "decoder"
+        else archlab.Seq2SeqForConditionalGeneration(tiny_seq2seq_config(**SEQ2SEQ))
+    )
     model.eval()
     batch, length = torch.export.Dim("batch"), torch.export.Dim("length")
     names = ["input_ids", "attention_mask"] + (["decoder_input_ids"] if kind == "seq2seq" else [])
@@ -142,8 +167,15 @@ def test_onnx_export_runs_in_onnxruntime_with_the_same_logits(kind, tmp_path):
         mask[-1, : cols // 3] = 0  # a left-padded row
         return (ids, mask) + ((torch.randint(3, 97, (rows, cols - 2)),) if kind == "seq2seq" else ())
 
-    torch.onnx.export(_Logits(model), inputs(2, 9), tmp_path / "model.onnx", dynamo=True, dynamic_shapes=shapes,
-                      input_names=names, output_names=["logits"])
+    torch.onnx.export(
+        _Logits(model),
+        inputs(2, 9),
+        tmp_path / "model.onnx",
+        dynamo=True,
+        dynamic_shapes=shapes,
+        input_names=names,
+        output_names=["logits"],
+    )
     session = ort.InferenceSession(str(tmp_path / "model.onnx"))
     for rows, cols in ((2, 9), (3, 13)):
         feed = inputs(rows, cols)

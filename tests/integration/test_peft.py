@@ -13,6 +13,7 @@ from peft import LoraConfig, PeftModel, get_peft_model  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM  # noqa: E402
 
 from archlab import DecoderForCausalLM, Seq2SeqForConditionalGeneration  # noqa: E402
+
 from helpers import tiny_decoder_config, tiny_seq2seq_config  # noqa: E402
 
 DECODER_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -34,10 +35,20 @@ def _seq2seq_batch(vocab: int = 61) -> dict[str, torch.Tensor]:
 
 
 CASES = {
-    "decoder": (lambda: DecoderForCausalLM(tiny_decoder_config()), DECODER_TARGETS, _decoder_batch, AutoModelForCausalLM,
-                "CAUSAL_LM"),
-    "seq2seq": (lambda: Seq2SeqForConditionalGeneration(tiny_seq2seq_config(decoder_start_token_id=0)), SEQ2SEQ_TARGETS, _seq2seq_batch,
-                AutoModelForSeq2SeqLM, "SEQ_2_SEQ_LM"),
+    "decoder": (
+        lambda: DecoderForCausalLM(tiny_decoder_config()),
+        DECODER_TARGETS,
+        _decoder_batch,
+        AutoModelForCausalLM,
+        "CAUSAL_LM",
+    ),
+    "seq2seq": (
+        lambda: Seq2SeqForConditionalGeneration(tiny_seq2seq_config(decoder_start_token_id=0)),
+        SEQ2SEQ_TARGETS,
+        _seq2seq_batch,
+        AutoModelForSeq2SeqLM,
+        "SEQ_2_SEQ_LM",
+    ),
 }
 
 
@@ -77,8 +88,11 @@ def test_lora_trains_saves_reloads_and_merges(tmp_path, family):
 
     losses = _train(model, batch)
     assert losses[-1] < losses[0] - 0.1, losses  # it learns
-    frozen = {k.replace("base_model.model.", "").replace(".base_layer", ""): v
-              for k, v in model.state_dict().items() if "lora_" not in k}
+    frozen = {
+        k.replace("base_model.model.", "").replace(".base_layer", ""): v
+        for k, v in model.state_dict().items()
+        if "lora_" not in k
+    }
     for name, value in base_state.items():  # the base weights did not move
         torch.testing.assert_close(frozen[name], value, rtol=0, atol=0)
 
@@ -96,8 +110,9 @@ def test_lora_trains_saves_reloads_and_merges(tmp_path, family):
     torch.testing.assert_close(_logits(merged, batch), adapted, rtol=0, atol=1e-4)
 
     merged.save_pretrained(tmp_path / "merged")
-    torch.testing.assert_close(_logits(auto_class.from_pretrained(tmp_path / "merged"), batch), adapted,
-                               rtol=0, atol=1e-4)
+    torch.testing.assert_close(
+        _logits(auto_class.from_pretrained(tmp_path / "merged"), batch), adapted, rtol=0, atol=1e-4
+    )
 
 
 def test_lora_on_moe_experts_trains_reloads_and_merges(tmp_path):
@@ -105,8 +120,13 @@ def test_lora_on_moe_experts_trains_reloads_and_merges(tmp_path):
     transformers v5's layout (`mlp.experts.gate_up_proj`, `mlp.experts.down_proj`)."""
     base = DecoderForCausalLM(tiny_decoder_config(num_local_experts=4, num_experts_per_tok=2))
     base.save_pretrained(tmp_path / "base")
-    config = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM",
-                        target_parameters=["mlp.experts.gate_up_proj", "mlp.experts.down_proj"])
+    config = LoraConfig(
+        r=4,
+        lora_alpha=8,
+        target_modules=["q_proj", "v_proj"],
+        task_type="CAUSAL_LM",
+        target_parameters=["mlp.experts.gate_up_proj", "mlp.experts.down_proj"],
+    )
     model = get_peft_model(base, config)
     expert_adapters = [n for n, p in model.named_parameters() if p.requires_grad and ".experts." in n]
     assert len(expert_adapters) == 2 * 2 * 2  # 2 layers x 2 stacked weights x (A, B)

@@ -23,6 +23,7 @@ from safetensors.torch import load_file, save_file
 
 import archlab.modeling
 from archlab import registration
+
 from helpers import tiny_config_for
 from isolated import check, run_without_archlab
 
@@ -32,25 +33,53 @@ ALLOWED_TOP_LEVEL = {"torch", "transformers", "huggingface_hub", "__future__"} |
 # (model class, overrides): catalogue variants whose code lives in other sibling files or branches
 VARIANTS = {
     "moe": ("DecoderForCausalLM", dict(num_local_experts=4, num_experts_per_tok=2)),
-    "moe-shared-expert": ("DecoderForCausalLM", dict(
-        num_local_experts=4, num_experts_per_tok=2, shared_expert_intermediate_size=16,
-        mlp_layer_types=["dense", "sparse"],
-    )),
-    "layernorm-gelu-alibi": ("DecoderForCausalLM", dict(
-        norm_type="layer_norm", mlp_type="plain", hidden_act="gelu", position_embedding_type="alibi",
-    )),
-    "parallel-relative-qknorm": ("DecoderForCausalLM", dict(
-        norm_position="parallel", position_embedding_type="relative_bias", use_qk_norm=True,
-    )),
-    "sandwich-window-softcap": ("DecoderForCausalLM", dict(
-        norm_position="sandwich", norm_type="offset_rms_norm", sliding_window=4,
-        layer_types=["sliding_attention", "full_attention"], attn_logit_softcapping=50.0,
-        final_logit_softcapping=30.0,
-    )),
-    "seq2seq-pre-gated-relative": ("Seq2SeqForConditionalGeneration", dict(
-        norm_position="pre", norm_type="rms_norm", mlp_type="gated", activation_function="silu",
-        position_embedding_type="relative_bias",
-    )),
+    "moe-shared-expert": (
+        "DecoderForCausalLM",
+        dict(
+            num_local_experts=4,
+            num_experts_per_tok=2,
+            shared_expert_intermediate_size=16,
+            mlp_layer_types=["dense", "sparse"],
+        ),
+    ),
+    "layernorm-gelu-alibi": (
+        "DecoderForCausalLM",
+        dict(
+            norm_type="layer_norm",
+            mlp_type="plain",
+            hidden_act="gelu",
+            position_embedding_type="alibi",
+        ),
+    ),
+    "parallel-relative-qknorm": (
+        "DecoderForCausalLM",
+        dict(
+            norm_position="parallel",
+            position_embedding_type="relative_bias",
+            use_qk_norm=True,
+        ),
+    ),
+    "sandwich-window-softcap": (
+        "DecoderForCausalLM",
+        dict(
+            norm_position="sandwich",
+            norm_type="offset_rms_norm",
+            sliding_window=4,
+            layer_types=["sliding_attention", "full_attention"],
+            attn_logit_softcapping=50.0,
+            final_logit_softcapping=30.0,
+        ),
+    ),
+    "seq2seq-pre-gated-relative": (
+        "Seq2SeqForConditionalGeneration",
+        dict(
+            norm_position="pre",
+            norm_type="rms_norm",
+            mlp_type="gated",
+            activation_function="silu",
+            position_embedding_type="relative_bias",
+        ),
+    ),
 }
 
 
@@ -132,21 +161,32 @@ def saved(tmp_path_factory) -> dict:
             with torch.no_grad():
                 reference = _output(model(**inputs))
             save_file(inputs, root / f"inputs_{name}.safetensors")
-            cases[name] = dict(model=model, folder=folder, inputs=inputs, reference=reference, auto=auto_name,
-                               sources=sources)  # the source bytes at save time
+            cases[name] = dict(
+                model=model, folder=folder, inputs=inputs, reference=reference, auto=auto_name, sources=sources
+            )  # the source bytes at save time
             jobs.append(
-                dict(name=name, auto=auto_name, folder=str(folder), inputs=str(root / f"inputs_{name}.safetensors"),
-                     output=str(root / f"output_{name}.safetensors"), resave=str(root / f"resaved_{name}"))
+                dict(
+                    name=name,
+                    auto=auto_name,
+                    folder=str(folder),
+                    inputs=str(root / f"inputs_{name}.safetensors"),
+                    output=str(root / f"output_{name}.safetensors"),
+                    resave=str(root / f"resaved_{name}"),
+                )
             )
     finally:
         torch.set_num_threads(threads)
     # the family auto_map: a causal LM folder opened as a base model and as a classifier
     for auto_name in ("AutoModel", "AutoModelForSequenceClassification"):
         jobs.append(
-            dict(name=f"causal_as_{auto_name}", auto=auto_name, folder=str(cases["DecoderForCausalLM"]["folder"]),
-                 inputs=str(root / "inputs_DecoderForCausalLM.safetensors"),
-                 output=str(root / f"output_causal_as_{auto_name}.safetensors"),
-                 resave=str(root / f"resaved_causal_as_{auto_name}"))
+            dict(
+                name=f"causal_as_{auto_name}",
+                auto=auto_name,
+                folder=str(cases["DecoderForCausalLM"]["folder"]),
+                inputs=str(root / "inputs_DecoderForCausalLM.safetensors"),
+                output=str(root / f"output_causal_as_{auto_name}.safetensors"),
+                resave=str(root / f"resaved_causal_as_{auto_name}"),
+            )
         )
     return dict(root=root, cases=cases, jobs=jobs)
 
@@ -244,8 +284,9 @@ def test_saving_twice_gives_identical_bytes(tmp_path):
 def test_causal_lm_folder_opens_as_every_head_without_archlab(exported, auto_name):
     case = exported["cases"]["DecoderForCausalLM"]
     auto_map = json.loads((case["folder"] / "config.json").read_text())["auto_map"]
-    assert {entry[0].__name__ for entry in registration.MODEL_REGISTRY
-            if entry[1] is type(case["model"].config)} <= set(auto_map) - {"AutoConfig"}
+    assert {
+        entry[0].__name__ for entry in registration.MODEL_REGISTRY if entry[1] is type(case["model"].config)
+    } <= set(auto_map) - {"AutoConfig"}
     result = exported["results"][f"causal_as_{auto_name}"]
     assert "error" not in result, result.get("error")
     if auto_name == "AutoModel":  # the base model's hidden states are the causal LM's, before its head

@@ -5,6 +5,7 @@ from datasets import Dataset
 from transformers import Trainer, TrainingArguments
 
 from archlab import DecoderForCausalLM
+
 from helpers import tiny_decoder_config
 
 
@@ -23,16 +24,28 @@ def _dataset(n=32, seed=0):
 
 
 def _args(tmp_path, **kw):
-    base = dict(output_dir=str(tmp_path), report_to=[], save_strategy="no", logging_steps=1, seed=0,
-                data_seed=0, use_cpu=True, disable_tqdm=True, dataloader_num_workers=0)
+    base = dict(
+        output_dir=str(tmp_path),
+        report_to=[],
+        save_strategy="no",
+        logging_steps=1,
+        seed=0,
+        data_seed=0,
+        use_cpu=True,
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+    )
     return TrainingArguments(**{**base, **kw})
 
 
 def test_loss_falls(tmp_path):
     torch.manual_seed(0)
     model = DecoderForCausalLM(tiny_decoder_config())
-    trainer = Trainer(model=model, args=_args(tmp_path, max_steps=40, per_device_train_batch_size=8,
-                                              learning_rate=3e-3), train_dataset=_dataset(64))
+    trainer = Trainer(
+        model=model,
+        args=_args(tmp_path, max_steps=40, per_device_train_batch_size=8, learning_rate=3e-3),
+        train_dataset=_dataset(64),
+    )
     trainer.train()
     losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
     assert sum(losses[-5:]) / 5 < 0.7 * sum(losses[:5]) / 5
@@ -44,9 +57,16 @@ def test_gradient_accumulation_equals_big_batch(tmp_path):
     for batch, accumulation in [(4, 1), (2, 2), (1, 4)]:
         torch.manual_seed(0)
         model = DecoderForCausalLM(tiny_decoder_config())
-        args = _args(tmp_path / f"{batch}", max_steps=1, per_device_train_batch_size=batch,
-                     gradient_accumulation_steps=accumulation, learning_rate=0.5, optim="sgd",
-                     lr_scheduler_type="constant", max_grad_norm=0.0)
+        args = _args(
+            tmp_path / f"{batch}",
+            max_steps=1,
+            per_device_train_batch_size=batch,
+            gradient_accumulation_steps=accumulation,
+            learning_rate=0.5,
+            optim="sgd",
+            lr_scheduler_type="constant",
+            max_grad_norm=0.0,
+        )
         trainer = Trainer(model=model, args=args, train_dataset=data)
         trainer.train()
         results.append(torch.cat([p.detach().flatten() for p in model.parameters()]))

@@ -94,10 +94,19 @@ class DecoderTester:
 
     def get_config(self):
         return self.config_class(
-            vocab_size=self.vocab_size, hidden_size=self.hidden_size, num_hidden_layers=self.num_hidden_layers,
-            num_attention_heads=self.num_attention_heads, num_key_value_heads=2, intermediate_size=37,
-            hidden_act="gelu", max_position_embeddings=512, initializer_range=0.02, pad_token_id=0, bos_token_id=1,
-            eos_token_id=2, num_labels=3,
+            vocab_size=self.vocab_size,
+            hidden_size=self.hidden_size,
+            num_hidden_layers=self.num_hidden_layers,
+            num_attention_heads=self.num_attention_heads,
+            num_key_value_heads=2,
+            intermediate_size=37,
+            hidden_act="gelu",
+            max_position_embeddings=512,
+            initializer_range=0.02,
+            pad_token_id=0,
+            bos_token_id=1,
+            eos_token_id=2,
+            num_labels=3,
         )
 
     def prepare_config_and_inputs_for_common(self):
@@ -116,10 +125,22 @@ class Seq2SeqTester:
 
     def get_config(self):
         return self.config_class(
-            vocab_size=self.vocab_size, d_model=self.hidden_size, encoder_layers=2, decoder_layers=2,
-            encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=4, decoder_ffn_dim=4,
-            activation_function="gelu", dropout=0.1, attention_dropout=0.1, max_position_embeddings=100,
-            eos_token_id=2, pad_token_id=1, bos_token_id=0, decoder_start_token_id=3,
+            vocab_size=self.vocab_size,
+            d_model=self.hidden_size,
+            encoder_layers=2,
+            decoder_layers=2,
+            encoder_attention_heads=4,
+            decoder_attention_heads=4,
+            encoder_ffn_dim=4,
+            decoder_ffn_dim=4,
+            activation_function="gelu",
+            dropout=0.1,
+            attention_dropout=0.1,
+            max_position_embeddings=100,
+            eos_token_id=2,
+            pad_token_id=1,
+            bos_token_id=0,
+            decoder_start_token_id=3,
         )
 
     def prepare_config_and_inputs_for_common(self):
@@ -127,8 +148,12 @@ class Seq2SeqTester:
         input_ids[:, -1] = 2  # eos
         decoder_input_ids = common.ids_tensor([self.batch_size, self.seq_length], self.vocab_size)
         mask = input_ids.ne(1)
-        inputs = {"input_ids": input_ids, "decoder_input_ids": decoder_input_ids, "attention_mask": mask,
-                  "decoder_attention_mask": mask}
+        inputs = {
+            "input_ids": input_ids,
+            "decoder_input_ids": decoder_input_ids,
+            "attention_mask": mask,
+            "decoder_attention_mask": mask,
+        }
         return self.get_config(), inputs
 
 
@@ -145,20 +170,38 @@ class MaskedLMTester:
     def get_config(self):
         if self.config_class is BertConfig:
             return BertConfig(
-                vocab_size=self.vocab_size, hidden_size=self.hidden_size, num_hidden_layers=2, num_attention_heads=4,
-                intermediate_size=37, hidden_act="gelu", max_position_embeddings=512, type_vocab_size=16,
-                initializer_range=0.02, pad_token_id=0,
+                vocab_size=self.vocab_size,
+                hidden_size=self.hidden_size,
+                num_hidden_layers=2,
+                num_attention_heads=4,
+                intermediate_size=37,
+                hidden_act="gelu",
+                max_position_embeddings=512,
+                type_vocab_size=16,
+                initializer_range=0.02,
+                pad_token_id=0,
             )
         return self.config_class(
-            vocab_size=self.vocab_size, d_model=self.hidden_size, encoder_layers=2, decoder_layers=2,
-            encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=37, decoder_ffn_dim=37,
-            activation_function="gelu", max_position_embeddings=512, pad_token_id=0, is_encoder_decoder=False,
+            vocab_size=self.vocab_size,
+            d_model=self.hidden_size,
+            encoder_layers=2,
+            decoder_layers=2,
+            encoder_attention_heads=4,
+            decoder_attention_heads=4,
+            encoder_ffn_dim=37,
+            decoder_ffn_dim=37,
+            activation_function="gelu",
+            max_position_embeddings=512,
+            pad_token_id=0,
+            is_encoder_decoder=False,
         )
 
     def prepare_config_and_inputs_for_common(self):
         input_ids = common.ids_tensor([self.batch_size, self.seq_length], self.vocab_size)
-        return self.get_config(), {"input_ids": input_ids, "attention_mask": common.random_attention_mask(
-            [self.batch_size, self.seq_length])}
+        return self.get_config(), {
+            "input_ids": input_ids,
+            "attention_mask": common.random_attention_mask([self.batch_size, self.seq_length]),
+        }
 
 
 class ArchlabCommonTests(CommonTests):

@@ -20,6 +20,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers  # noqa: E402
 from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast  # noqa: E402
 
 from archlab import DecoderForCausalLM  # noqa: E402
+
 from helpers import tiny_decoder_config  # noqa: E402
 
 WORDS = [f"w{i}" for i in range(90)]  # ids 4..93 of the tiny vocabulary (97)
@@ -39,8 +40,9 @@ def tokenizer() -> PreTrainedTokenizerFast:
     vocab = {"<pad>": 0, "<s>": 1, "</s>": 2, "<unk>": 3, **{w: i + 4 for i, w in enumerate(WORDS)}}
     tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", bos_token="<s>", eos_token="</s>",
-                                   unk_token="<unk>")
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token="<pad>", bos_token="<s>", eos_token="</s>", unk_token="<unk>"
+    )
 
 
 def _model(kind: str, folder) -> DecoderForCausalLM:
@@ -55,23 +57,27 @@ def _text() -> Dataset:
 
 
 def _preferences() -> Dataset:
-    return Dataset.from_dict({
-        "prompt": [f"{WORDS[i]} {WORDS[i + 1]}" for i in range(16)],
-        "chosen": [f" {WORDS[i + 2]} {WORDS[i + 3]}" for i in range(16)],
-        "rejected": [f" {WORDS[i + 40]} {WORDS[i + 9]}" for i in range(16)],
-    })
+    return Dataset.from_dict(
+        {
+            "prompt": [f"{WORDS[i]} {WORDS[i + 1]}" for i in range(16)],
+            "chosen": [f" {WORDS[i + 2]} {WORDS[i + 3]}" for i in range(16)],
+            "rejected": [f" {WORDS[i + 40]} {WORDS[i + 9]}" for i in range(16)],
+        }
+    )
 
 
 def _sft(kind: str, tmp_path, tokenizer, **args) -> trl.SFTTrainer:
     config = trl.SFTConfig(output_dir=str(tmp_path / "out"), use_cpu=True, **args)
-    return trl.SFTTrainer(model=_model(kind, tmp_path / "model"), args=config, train_dataset=_text(),
-                          processing_class=tokenizer)
+    return trl.SFTTrainer(
+        model=_model(kind, tmp_path / "model"), args=config, train_dataset=_text(), processing_class=tokenizer
+    )
 
 
 def _dpo(kind: str, tmp_path, tokenizer, **args) -> trl.DPOTrainer:
     config = trl.DPOConfig(output_dir=str(tmp_path / "out"), use_cpu=True, **args)
-    return trl.DPOTrainer(model=_model(kind, tmp_path / "model"), args=config, train_dataset=_preferences(),
-                          processing_class=tokenizer)
+    return trl.DPOTrainer(
+        model=_model(kind, tmp_path / "model"), args=config, train_dataset=_preferences(), processing_class=tokenizer
+    )
 
 
 def _first_batch(trainer) -> dict[str, torch.Tensor]:

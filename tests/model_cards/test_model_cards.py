@@ -16,6 +16,7 @@ from transformers import TrainerState, TrainingArguments
 from archlab import DecoderForCausalLM, registration
 from archlab.model_cards import write_model_card
 from archlab.model_cards.facts import architecture_rows
+
 from helpers import tiny_config_for, tiny_decoder_config
 from isolated import check, run_without_archlab
 
@@ -34,8 +35,16 @@ def _table(text: str, first_header: str) -> dict[str, str]:
 
 def test_metadata_and_model_index(tmp_path):
     folder = _save(DecoderForCausalLM(tiny_decoder_config()), tmp_path / "m")
-    write_model_card(folder, model_id="someone/ft", base_model="someone/base", datasets=["stdlib", "docs"],
-                     eval_results={"loss": 2.0, "accuracy": 0.5}, license="mit", language="en", tags=["demo"])
+    write_model_card(
+        folder,
+        model_id="someone/ft",
+        base_model="someone/base",
+        datasets=["stdlib", "docs"],
+        eval_results={"loss": 2.0, "accuracy": 0.5},
+        license="mit",
+        language="en",
+        tags=["demo"],
+    )
     data = ModelCard.load(folder / "README.md").data
     assert data.library_name == "transformers" and data.pipeline_tag == "text-generation"
     assert data.license == "mit" and data.language == "en" and data.base_model == "someone/base"
@@ -55,23 +64,50 @@ def test_architecture_table_follows_the_config(tmp_path):
     assert table["attention"].startswith("multi-query (MQA)")
     assert table["normalization"].startswith(getattr(config, "norm_type", "rms_norm"))
     assert table["norm position"] == getattr(config, "norm_position", "pre")
-    assert table["positions"].startswith("RoPE") or table["positions"] == getattr(config, "position_embedding_type")
+    assert table["positions"].startswith("RoPE") or table["positions"] == config.position_embedding_type
     assert table["feed-forward"] == f"SwiGLU, width {config.intermediate_size}"
     assert table["experts"] == "none (dense)"
 
 
 def test_architecture_rows_read_missing_fields_with_defaults():
-    rows = dict(architecture_rows({"model_type": "archlab_decoder", "num_hidden_layers": 2, "hidden_size": 8,
-                                   "num_attention_heads": 2, "intermediate_size": 16}))
+    rows = dict(
+        architecture_rows(
+            {
+                "model_type": "archlab_decoder",
+                "num_hidden_layers": 2,
+                "hidden_size": 8,
+                "num_attention_heads": 2,
+                "intermediate_size": 16,
+            }
+        )
+    )
     assert rows["normalization"] == "rms_norm" and rows["norm position"] == "pre"
     assert rows["positions"].startswith("RoPE") and rows["attention"].startswith("multi-head (MHA)")
-    rows = dict(architecture_rows({"model_type": "archlab_seq2seq", "encoder_layers": 3, "decoder_layers": 2,
-                                   "d_model": 8, "encoder_attention_heads": 2, "encoder_ffn_dim": 32}))
+    rows = dict(
+        architecture_rows(
+            {
+                "model_type": "archlab_seq2seq",
+                "encoder_layers": 3,
+                "decoder_layers": 2,
+                "d_model": 8,
+                "encoder_attention_heads": 2,
+                "encoder_ffn_dim": 32,
+            }
+        )
+    )
     assert rows["layers"] == "3 encoder, 2 decoder" and rows["norm position"] == "post"
     assert rows["normalization"] == "layer_norm" and rows["positions"] == "sinusoidal"
     assert rows["feed-forward"] == "plain MLP, relu, width 32"
-    rows = dict(architecture_rows({"num_local_experts": 8, "num_experts_per_tok": 2, "sliding_window": 64,
-                                   "layer_types": ["sliding_attention", "full_attention"] * 2}))
+    rows = dict(
+        architecture_rows(
+            {
+                "num_local_experts": 8,
+                "num_experts_per_tok": 2,
+                "sliding_window": 64,
+                "layer_types": ["sliding_attention", "full_attention"] * 2,
+            }
+        )
+    )
     assert rows["experts"] == "8 experts, top-2 routing"
     assert rows["attention pattern"] == "sliding_attention x2, full_attention x2 (window 64)"
 
@@ -89,7 +125,8 @@ def test_parameter_counts_dense(tmp_path, tie):
 
 
 @pytest.mark.parametrize(
-    "moe", [dict(), dict(shared_expert_intermediate_size=16, mlp_layer_types=["dense", "sparse"])],
+    "moe",
+    [dict(), dict(shared_expert_intermediate_size=16, mlp_layer_types=["dense", "sparse"])],
     ids=["all-sparse", "shared-expert-and-dense-layer"],
 )
 def test_parameter_counts_mixture_of_experts(tmp_path, moe):
@@ -115,12 +152,20 @@ def test_parameter_counts_mixture_of_experts(tmp_path, moe):
 
 def test_training_facts_from_trainer_objects(tmp_path):
     folder = _save(DecoderForCausalLM(tiny_decoder_config()), tmp_path / "m")
-    state = TrainerState(global_step=30, epoch=2.0, train_batch_size=4, log_history=[
-        {"step": 10, "loss": 3.0}, {"step": 20, "loss": 2.5}, {"step": 30, "loss": 2.25},
-        {"step": 30, "eval_loss": 2.5, "eval_runtime": 1.5, "eval_accuracy": 0.25},
-    ])
-    args = TrainingArguments(output_dir=str(tmp_path / "out"), learning_rate=1e-3, per_device_train_batch_size=4,
-                             seed=7, report_to=[])
+    state = TrainerState(
+        global_step=30,
+        epoch=2.0,
+        train_batch_size=4,
+        log_history=[
+            {"step": 10, "loss": 3.0},
+            {"step": 20, "loss": 2.5},
+            {"step": 30, "loss": 2.25},
+            {"step": 30, "eval_loss": 2.5, "eval_runtime": 1.5, "eval_accuracy": 0.25},
+        ],
+    )
+    args = TrainingArguments(
+        output_dir=str(tmp_path / "out"), learning_rate=1e-3, per_device_train_batch_size=4, seed=7, report_to=[]
+    )
     text = write_model_card(folder, trainer_state=state, training_args=args, datasets="stdlib").read_text()
     hyper = _table(text, "name")
     assert hyper["learning_rate"] == "0.001" and hyper["per_device_train_batch_size"] == "4" and hyper["seed"] == "7"
@@ -136,7 +181,9 @@ def test_training_facts_from_trainer_objects(tmp_path):
 
 def test_training_facts_from_the_folder_json_files(tmp_path):
     folder = _save(DecoderForCausalLM(tiny_decoder_config()), tmp_path / "m")
-    (folder / "trainer_state.json").write_text(json.dumps({"global_step": 5, "log_history": [{"step": 5, "loss": 1.5}]}))
+    (folder / "trainer_state.json").write_text(
+        json.dumps({"global_step": 5, "log_history": [{"step": 5, "loss": 1.5}]})
+    )
     (folder / "training_args.json").write_text(json.dumps({"learning_rate": 0.01, "optim": "adamw_torch"}))
     torch.save({"learning_rate": 123.0}, folder / "training_args.bin")  # pickled: must never be read
     text = write_model_card(folder).read_text()

@@ -48,7 +48,9 @@ def test_card_tag_and_snippet_that_runs(tmp_path, pipeline_tag):
 
 def test_a_tag_that_does_not_fit_is_refused(tmp_path):
     saved_translator(tmp_path / "m")
-    with pytest.raises(ValueError, match=r"pipeline_tag='text-generation' .* allowed: \['translation', 'summarization'\]"):
+    with pytest.raises(
+        ValueError, match=r"pipeline_tag='text-generation' .* allowed: \['translation', 'summarization'\]"
+    ):
         write_model_card(tmp_path / "m", pipeline_tag="text-generation")
     assert not (tmp_path / "m" / "README.md").exists()
 

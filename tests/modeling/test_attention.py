@@ -10,6 +10,7 @@ import torch
 from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 
 from archlab.modeling.attention import Attention, eager_attention_forward, repeat_kv
+
 from helpers import assert_close_to_scale, tiny_decoder_config
 
 BATCH, HEADS, QUERIES, KEYS, DIM = 2, 4, 5, 7, 8

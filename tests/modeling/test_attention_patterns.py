@@ -5,6 +5,7 @@ import torch
 
 from archlab import DecoderForCausalLM
 from archlab.modeling.attention_patterns import build_masks
+
 from helpers import tiny_decoder_config
 
 
@@ -21,11 +22,13 @@ def _allowed(T, window=None, prefix=None):
 
 @pytest.mark.parametrize("attn", ["eager", "sdpa"])
 def test_masks_per_layer_type(attn):
-    config = tiny_decoder_config(sliding_window=3, layer_types=["sliding_attention", "full_attention"],
-                                 attn_implementation=attn)
+    config = tiny_decoder_config(
+        sliding_window=3, layer_types=["sliding_attention", "full_attention"], attn_implementation=attn
+    )
     embeds = torch.zeros(2, 9, 32)
-    masks = build_masks(config, ("sliding_attention", "full_attention"), embeds, torch.ones(2, 9, dtype=torch.long),
-                        None, None)
+    masks = build_masks(
+        config, ("sliding_attention", "full_attention"), embeds, torch.ones(2, 9, dtype=torch.long), None, None
+    )
     for layer_type, window in (("sliding_attention", 3), ("full_attention", None)):
         mask = masks[layer_type]
         if mask is None:  # sdpa: a plain causal mask is left to `is_causal`
@@ -102,8 +105,14 @@ def test_prefix_lm_generate_with_a_static_cache_equals_the_dynamic_cache(attn):
     input_ids = torch.randint(3, 97, (2, 8))
     mask = torch.ones_like(input_ids)
     mask[1, :2] = 0  # left padding
-    kwargs = dict(max_new_tokens=5, do_sample=False, pad_token_id=0, attention_mask=mask, output_logits=True,
-                  return_dict_in_generate=True)
+    kwargs = dict(
+        max_new_tokens=5,
+        do_sample=False,
+        pad_token_id=0,
+        attention_mask=mask,
+        output_logits=True,
+        return_dict_in_generate=True,
+    )
     prefix = torch.tensor([5, 7])
     dynamic = model.generate(input_ids, prefix_lengths=prefix, **kwargs)
     static = model.generate(input_ids, prefix_lengths=prefix, cache_implementation="static", **kwargs)

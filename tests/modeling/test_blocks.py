@@ -11,13 +11,14 @@ from archlab.modeling.blocks import (
     BLOCKS,
     DeepNormBlock,
     ParallelBlock,
-    SharedNormParallelBlock,
     PostNormBlock,
     PreNormBlock,
     SandwichNormBlock,
+    SharedNormParallelBlock,
     deepnorm_constants,
 )
 from archlab.modeling.feed_forward import MLP, GatedMLP
+
 from helpers import assert_close_to_scale, tiny_decoder_config
 
 
@@ -40,10 +41,11 @@ def _mlp(layer, x):
 
 REFERENCES = {
     "pre": lambda L, x: (h := x + _attn(L, L.input_layernorm(x))) + _mlp(L, L.post_attention_layernorm(h)),
-    "post": lambda L, x: L.post_feedforward_layernorm(
-        (h := L.post_attention_layernorm(x + _attn(L, x))) + _mlp(L, h)),
-    "sandwich": lambda L, x: (h := x + L.post_attention_layernorm(_attn(L, L.input_layernorm(x))))
-    + L.post_feedforward_layernorm(_mlp(L, L.pre_feedforward_layernorm(h))),
+    "post": lambda L, x: L.post_feedforward_layernorm((h := L.post_attention_layernorm(x + _attn(L, x))) + _mlp(L, h)),
+    "sandwich": lambda L, x: (
+        (h := x + L.post_attention_layernorm(_attn(L, L.input_layernorm(x))))
+        + L.post_feedforward_layernorm(_mlp(L, L.pre_feedforward_layernorm(h)))
+    ),
     "parallel": lambda L, x: x + _attn(L, L.input_layernorm(x)) + _mlp(L, L.post_attention_layernorm(x)),
 }
 
@@ -57,8 +59,9 @@ def _deepnorm_reference(layer, x):
 @pytest.mark.parametrize("placement", [*REFERENCES, "deepnorm"])
 @pytest.mark.parametrize("attn", ["eager", "sdpa"])
 def test_block_matches_reference(placement, attn):
-    config = tiny_decoder_config(norm_position=placement, norm_type="layer_norm", position_embedding_type="none",
-                                 attn_implementation=attn)
+    config = tiny_decoder_config(
+        norm_position=placement, norm_type="layer_norm", position_embedding_type="none", attn_implementation=attn
+    )
     model = DecoderForCausalLM(config).eval()
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -80,9 +83,14 @@ def test_final_norm_only_where_the_stack_ends_unnormalised():
         model = DecoderForCausalLM(tiny_decoder_config(norm_position=placement))
         assert isinstance(model.model.layers[0], block)
         assert isinstance(model.model.norm, nn.Identity) == (placement in ("post", "deepnorm"))
-    assert {PreNormBlock, PostNormBlock, SandwichNormBlock, ParallelBlock, SharedNormParallelBlock, DeepNormBlock} == set(
-        BLOCKS.values()
-    )
+    assert {
+        PreNormBlock,
+        PostNormBlock,
+        SandwichNormBlock,
+        ParallelBlock,
+        SharedNormParallelBlock,
+        DeepNormBlock,
+    } == set(BLOCKS.values())
     expected_norms = {"pre": 2, "post": 2, "sandwich": 4, "parallel": 2, "parallel_shared_norm": 1, "deepnorm": 2}
     for placement, count in expected_norms.items():
         layer = BLOCKS[placement](tiny_decoder_config(), 0)
@@ -90,8 +98,14 @@ def test_final_norm_only_where_the_stack_ends_unnormalised():
 
 
 def test_deepnorm_constants_and_init():
-    config = tiny_decoder_config(norm_position="deepnorm", num_hidden_layers=6, hidden_size=256, num_attention_heads=4,
-                                 num_key_value_heads=4, intermediate_size=512)
+    config = tiny_decoder_config(
+        norm_position="deepnorm",
+        num_hidden_layers=6,
+        hidden_size=256,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        intermediate_size=512,
+    )
     alpha, beta = deepnorm_constants(config)
     assert alpha == pytest.approx(12**0.25) and beta == pytest.approx(48**-0.25)  # DeepNet, decoder-only
     custom = tiny_decoder_config(norm_position="deepnorm", deepnorm_alpha=3.0, deepnorm_beta=0.5)
@@ -100,8 +114,12 @@ def test_deepnorm_constants_and_init():
     layer = model.model.layers[0]
     assert layer.residual_scale == pytest.approx(alpha)
     xavier = lambda w: math.sqrt(2.0 / (w.shape[0] + w.shape[1]))  # noqa: E731
-    for proj, gain in [(layer.self_attn.q_proj, 1.0), (layer.self_attn.v_proj, beta), (layer.self_attn.o_proj, beta),
-                       (layer.mlp.down_proj, beta)]:
+    for proj, gain in [
+        (layer.self_attn.q_proj, 1.0),
+        (layer.self_attn.v_proj, beta),
+        (layer.self_attn.o_proj, beta),
+        (layer.mlp.down_proj, beta),
+    ]:
         assert proj.weight.std().item() == pytest.approx(gain * xavier(proj.weight), rel=0.1)
     # a pre-norm model keeps the plain normal(initializer_range) init
     plain = DecoderForCausalLM(tiny_decoder_config(hidden_size=256, num_attention_heads=4, num_key_value_heads=4))

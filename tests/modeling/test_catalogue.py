@@ -18,6 +18,7 @@ from archlab.modeling.feed_forward import MLPS
 from archlab.modeling.normalization import NORMS
 from archlab.modeling.positions import POSITION_BIASES, POSITION_TABLES
 from archlab.modeling.seq2seq_layers import FFN_ACTIVATIONS, RESIDUALS
+
 from helpers import REPO
 
 MODELING = REPO / "modeling"

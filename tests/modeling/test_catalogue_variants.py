@@ -3,9 +3,9 @@ equal to the full forward (past any sliding window), eager equal to sdpa, and sa
 
 import pytest
 import torch
-from transformers import StaticCache
 
 from archlab import DecoderForCausalLM
+
 from helpers import assert_close_to_scale, tiny_decoder_config
 
 ATOL = 1e-4
@@ -17,26 +17,34 @@ VARIANTS = {
     "sandwich_norm": dict(norm_position="sandwich"),
     "parallel_block": dict(norm_position="parallel", norm_type="layer_norm"),
     "deepnorm": dict(norm_position="deepnorm", norm_type="layer_norm"),
-    "relu_mlp": dict(mlp_type="plain", hidden_act="relu", intermediate_size=None, mlp_width_rule="4d",
-                     mlp_width_multiple_of=8),
+    "relu_mlp": dict(
+        mlp_type="plain", hidden_act="relu", intermediate_size=None, mlp_width_rule="4d", mlp_width_multiple_of=8
+    ),
     "gelu_mlp": dict(mlp_type="plain", hidden_act="gelu"),
     "silu_mlp": dict(mlp_type="plain", hidden_act="silu"),
     "geglu": dict(hidden_act="gelu_pytorch_tanh", intermediate_size=None, mlp_width_multiple_of=8),
     "no_positions": dict(position_embedding_type="none"),
     "sinusoidal": dict(position_embedding_type="sinusoidal"),
     "learned": dict(position_embedding_type="learned"),
-    "relative_bias": dict(position_embedding_type="relative_bias", relative_attention_num_buckets=8,
-                          relative_attention_max_distance=16),
+    "relative_bias": dict(
+        position_embedding_type="relative_bias", relative_attention_num_buckets=8, relative_attention_max_distance=16
+    ),
     "alibi": dict(position_embedding_type="alibi"),
-    "partial_rope": dict(rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
-                                          "partial_rotary_factor": 0.5}),
-    "yarn_rope": dict(rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
-                                       "original_max_position_embeddings": 32}),
+    "partial_rope": dict(rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}),
+    "yarn_rope": dict(
+        rope_parameters={
+            "rope_type": "yarn",
+            "rope_theta": 10000.0,
+            "factor": 4.0,
+            "original_max_position_embeddings": 32,
+        }
+    ),
     "mqa": dict(num_key_value_heads=1),
     "sliding_window": dict(sliding_window=4),
     "interleaved_local_global": dict(sliding_window=4, layer_types=["sliding_attention", "full_attention"]),
-    "alibi_sliding": dict(position_embedding_type="alibi", sliding_window=4,
-                          layer_types=["sliding_attention", "full_attention"]),
+    "alibi_sliding": dict(
+        position_embedding_type="alibi", sliding_window=4, layer_types=["sliding_attention", "full_attention"]
+    ),
     "qk_norm": dict(use_qk_norm=True),
     "softcapping": dict(attn_logit_softcapping=2.0, final_logit_softcapping=5.0),
     "scaled_embedding_layernorm": dict(scale_embedding=True, embedding_layernorm=True),
@@ -85,8 +93,10 @@ def test_incremental_decoding_equals_full_forward(name):
     torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=ATOL, rtol=0)
 
 
-@pytest.mark.parametrize("name", ["alibi", "relative_bias", "sliding_window", "interleaved_local_global",
-                                  "alibi_sliding", "learned", "sinusoidal"])
+@pytest.mark.parametrize(
+    "name",
+    ["alibi", "relative_bias", "sliding_window", "interleaved_local_global", "alibi_sliding", "learned", "sinusoidal"],
+)
 def test_static_cache_generation_equals_uncached(name):
     model = _perturb(_model(name, attn="sdpa"))
     input_ids = torch.randint(3, 97, (2, 6))
@@ -136,8 +146,9 @@ def test_save_load_round_trip(name, tmp_path):
     model.save_pretrained(tmp_path)
     loaded = DecoderForCausalLM.from_pretrained(tmp_path).eval()
     ignore = {"_name_or_path"}
-    assert {k: v for k, v in loaded.config.to_dict().items() if k not in ignore} == \
-        {k: v for k, v in model.config.to_dict().items() if k not in ignore}
+    assert {k: v for k, v in loaded.config.to_dict().items() if k not in ignore} == {
+        k: v for k, v in model.config.to_dict().items() if k not in ignore
+    }
     input_ids = torch.randint(3, 97, (2, 9))
     with torch.no_grad():
         assert_close_to_scale(loaded(input_ids).logits, model(input_ids).logits, rtol=1e-5)

@@ -5,6 +5,7 @@ import pytest
 
 from archlab import DecoderConfig
 from archlab.modeling.catalogue import intermediate_size_from_rule
+
 from helpers import TINY, tiny_decoder_config
 
 
@@ -77,10 +78,15 @@ def test_a_value_of_the_wrong_type_is_named_at_construction(overrides, message):
 
 
 def test_rope_type_is_checked_at_construction():
-    with pytest.raises(ValueError, match="`rope_parameters\\['rope_type'\\]`='spiral' is not supported; allowed values: "
-                                         "'default', 'linear', 'dynamic'"):
+    with pytest.raises(
+        ValueError,
+        match="`rope_parameters\\['rope_type'\\]`='spiral' is not supported; allowed values: "
+        "'default', 'linear', 'dynamic'",
+    ):
         tiny_decoder_config(rope_parameters={"rope_type": "spiral", "rope_theta": 1e4})
-    with pytest.raises(ValueError, match="Missing required keys in `rope_parameters` for 'rope_type'='linear': {'factor'}"):
+    with pytest.raises(
+        ValueError, match="Missing required keys in `rope_parameters` for 'rope_type'='linear': {'factor'}"
+    ):
         tiny_decoder_config(rope_parameters={"rope_type": "linear", "rope_theta": 1e4})
     assert tiny_decoder_config(rope_parameters={"rope_type": "linear", "rope_theta": 1e4, "factor": 2.0})
 
@@ -108,10 +114,18 @@ def test_rope_type_is_checked_at_construction():
         (dict(final_logit_softcapping=0.0), r"`final_logit_softcapping` must be a positive"),
         (dict(lm_z_loss_coef=-1e-4), r"`lm_z_loss_coef` must be >= 0"),
         (dict(position_embedding_type="relative_bias", relative_attention_num_buckets=1), r"relative_attention"),
-        (dict(position_embedding_type="relative_bias", relative_attention_max_distance=4,
-              relative_attention_num_buckets=16), r"relative_attention_max_distance"),
-        (dict(rope_parameters={"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.1}),
-         r"rotary dimension"),
+        (
+            dict(
+                position_embedding_type="relative_bias",
+                relative_attention_max_distance=4,
+                relative_attention_num_buckets=16,
+            ),
+            r"relative_attention_max_distance",
+        ),
+        (
+            dict(rope_parameters={"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.1}),
+            r"rotary dimension",
+        ),
     ],
 )
 def test_invalid_combinations_are_refused_at_construction(overrides, message):
@@ -122,7 +136,11 @@ def test_invalid_combinations_are_refused_at_construction(overrides, message):
 def test_defaults_are_the_llama_recipe_and_derived_fields_resolve():
     config = tiny_decoder_config()
     assert (config.norm_type, config.norm_position, config.mlp_type, config.position_embedding_type) == (
-        "rms_norm", "pre", "gated", "rope")
+        "rms_norm",
+        "pre",
+        "gated",
+        "rope",
+    )
     assert config.norm_bias is False and config.layer_types == ["full_attention"] * 2
     assert tiny_decoder_config(norm_type="layer_norm").norm_bias is True
     assert tiny_decoder_config(sliding_window=8).layer_types == ["sliding_attention"] * 2  # Mistral semantics
@@ -136,5 +154,8 @@ def test_mlp_width_rules():
     assert intermediate_size_from_rule(5120, "8/3d", 256) == 13824  # LLaMA-13B
     assert intermediate_size_from_rule(768, "4d", 1) == 3072  # GPT-2
     assert intermediate_size_from_rule(64, "8/3d", 8) == 176
-    assert tiny_decoder_config(intermediate_size=None, mlp_width_rule="4d", mlp_width_multiple_of=1).intermediate_size == 128
+    assert (
+        tiny_decoder_config(intermediate_size=None, mlp_width_rule="4d", mlp_width_multiple_of=1).intermediate_size
+        == 128
+    )
     assert tiny_decoder_config(intermediate_size=100, mlp_width_rule="4d").intermediate_size == 100  # explicit wins

@@ -6,6 +6,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast, pipeline
 
 from archlab import DecoderForCausalLM
+
 from helpers import tiny_decoder_config
 
 
@@ -33,8 +34,9 @@ def test_greedy_with_cache_equals_no_cache_reference(cache):
 def test_beam_search_and_sampling_run_and_are_reproducible(cache):
     model = _model()
     ids = torch.randint(3, 97, (2, 5))
-    beams = model.generate(ids, max_new_tokens=8, num_beams=3, num_return_sequences=2, cache_implementation=cache,
-                           eos_token_id=None)
+    beams = model.generate(
+        ids, max_new_tokens=8, num_beams=3, num_return_sequences=2, cache_implementation=cache, eos_token_id=None
+    )
     assert beams.shape == (4, 13)
     torch.manual_seed(1)
     a = model.generate(ids, max_new_tokens=8, do_sample=True, top_k=20, temperature=0.8, cache_implementation=cache)
@@ -55,8 +57,9 @@ def _word_tokenizer(words):
     vocab = {"<pad>": 0, "<s>": 1, "</s>": 2, "<unk>": 3, **{w: i + 4 for i, w in enumerate(words)}}
     tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", bos_token="<s>", eos_token="</s>",
-                                   unk_token="<unk>")
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token="<pad>", bos_token="<s>", eos_token="</s>", unk_token="<unk>"
+    )
 
 
 def test_text_generation_pipeline():

@@ -26,6 +26,7 @@ from archlab import (
     Seq2SeqForConditionalGeneration,
     Seq2SeqModel,
 )
+
 from helpers import tiny_decoder_config, tiny_seq2seq_config
 
 # Kept in float32 whatever the model's dtype, as transformers' Llama keeps them: RoPE's inverse frequencies
@@ -36,19 +37,26 @@ FLOAT32_BY_DESIGN = ("inv_freq", "original_inv_freq", "slopes")
 HEADS = {
     "causal_lm": (AutoModelForCausalLM, DecoderForCausalLM, tiny_decoder_config()),
     "causal_lm_sinusoidal": (
-        AutoModelForCausalLM, DecoderForCausalLM, tiny_decoder_config(position_embedding_type="sinusoidal")
+        AutoModelForCausalLM,
+        DecoderForCausalLM,
+        tiny_decoder_config(position_embedding_type="sinusoidal"),
     ),
     "causal_lm_alibi": (AutoModelForCausalLM, DecoderForCausalLM, tiny_decoder_config(position_embedding_type="alibi")),
     "sequence_classification": (
-        AutoModelForSequenceClassification, DecoderForSequenceClassification, tiny_decoder_config(num_labels=3)
+        AutoModelForSequenceClassification,
+        DecoderForSequenceClassification,
+        tiny_decoder_config(num_labels=3),
     ),
     "decoder_model": (AutoModel, DecoderModel, tiny_decoder_config()),
     "seq2seq_lm": (AutoModelForSeq2SeqLM, Seq2SeqForConditionalGeneration, tiny_seq2seq_config()),
     "seq2seq_lm_marian": (  # Marian's layout of the sinusoid, persistent in checkpoints
-        AutoModelForSeq2SeqLM, Seq2SeqForConditionalGeneration, tiny_seq2seq_config(sinusoidal_layout="split")
+        AutoModelForSeq2SeqLM,
+        Seq2SeqForConditionalGeneration,
+        tiny_seq2seq_config(sinusoidal_layout="split"),
     ),
     "seq2seq_lm_t5_bias": (
-        AutoModelForSeq2SeqLM, Seq2SeqForConditionalGeneration,
+        AutoModelForSeq2SeqLM,
+        Seq2SeqForConditionalGeneration,
         tiny_seq2seq_config(position_embedding_type="relative_bias", norm_position="pre"),
     ),
     "seq2seq_model": (AutoModel, Seq2SeqModel, tiny_seq2seq_config()),
@@ -73,8 +81,11 @@ def test_loads_and_runs_in_half_precision_through_the_auto_class(saved, name, dt
     model = auto_class.from_pretrained(saved[name], dtype=dtype).eval()
     assert type(model) is model_class
     tensors = {**dict(model.named_parameters()), **dict(model.named_buffers())}
-    wrong = {key: value.dtype for key, value in tensors.items()
-             if value.is_floating_point() and value.dtype != dtype and not key.endswith(FLOAT32_BY_DESIGN)}
+    wrong = {
+        key: value.dtype
+        for key, value in tensors.items()
+        if value.is_floating_point() and value.dtype != dtype and not key.endswith(FLOAT32_BY_DESIGN)
+    }
     assert not wrong, wrong
     kept = [key for key, value in tensors.items() if key.endswith(FLOAT32_BY_DESIGN)]
     assert all(tensors[key].dtype == torch.float32 for key in kept)
@@ -92,6 +103,11 @@ def test_loads_and_runs_in_half_precision_through_the_auto_class(saved, name, dt
     assert result.dtype == dtype and torch.isfinite(result).all()
 
     if model.can_generate():
-        generated = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=4, do_sample=False,
-                                   num_beams=2 if config.is_encoder_decoder else 1)
+        generated = model.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            max_new_tokens=4,
+            do_sample=False,
+            num_beams=2 if config.is_encoder_decoder else 1,
+        )
         assert generated.shape[0] == 2 and generated.shape[1] >= 2

@@ -10,6 +10,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from archlab import DecoderForCausalLM, registration
+
 from helpers import tiny_config_for, tiny_decoder_config
 from isolated import check, run_without_archlab
 

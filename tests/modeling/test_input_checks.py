@@ -11,6 +11,7 @@ from transformers.generation.streamers import BaseStreamer
 
 from archlab import DecoderForCausalLM, EncoderForMaskedLM, Seq2SeqForConditionalGeneration
 from archlab.modeling.input_checks import cached_length, check_attention_mask, check_token_ids
+
 from helpers import tiny_decoder_config, tiny_seq2seq_config
 
 

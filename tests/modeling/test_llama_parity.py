@@ -5,6 +5,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from archlab import DecoderForCausalLM
+
 from helpers import TINY, tiny_decoder_config
 
 ATOL = 1e-4
@@ -30,11 +31,24 @@ def _batch():
 @pytest.mark.parametrize("attn", ["eager", "sdpa"])
 @pytest.mark.parametrize(
     "overrides",
-    [{}, {"num_key_value_heads": 1}, {"num_key_value_heads": 4, "attention_bias": True, "mlp_bias": True},
-     {"tie_word_embeddings": True}, {"head_dim": 16},
-     {"rope_parameters": {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
-                          "high_freq_factor": 4.0, "original_max_position_embeddings": 16}},
-     {"rope_parameters": {"rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0}}],
+    [
+        {},
+        {"num_key_value_heads": 1},
+        {"num_key_value_heads": 4, "attention_bias": True, "mlp_bias": True},
+        {"tie_word_embeddings": True},
+        {"head_dim": 16},
+        {
+            "rope_parameters": {
+                "rope_type": "llama3",
+                "rope_theta": 10000.0,
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 16,
+            }
+        },
+        {"rope_parameters": {"rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0}},
+    ],
     ids=["gqa", "mqa", "mha-bias", "tied", "head_dim", "llama3-rope", "linear-rope"],
 )
 def test_logits_match_llama_with_and_without_padding(attn, overrides):
@@ -67,8 +81,13 @@ def test_greedy_generation_matches_llama_token_for_token(cache):
     mask = torch.ones_like(input_ids)
     mask[0, :4] = 0
     input_ids = input_ids.masked_fill(mask == 0, TINY["pad_token_id"])
-    kwargs = dict(attention_mask=mask, max_new_tokens=12, do_sample=False, cache_implementation=cache,
-                  pad_token_id=TINY["pad_token_id"])
+    kwargs = dict(
+        attention_mask=mask,
+        max_new_tokens=12,
+        do_sample=False,
+        cache_implementation=cache,
+        pad_token_id=TINY["pad_token_id"],
+    )
     ours = model.generate(input_ids, **kwargs)
     theirs = reference.generate(input_ids, **kwargs)
     assert torch.equal(ours, theirs)

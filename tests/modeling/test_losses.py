@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from archlab.modeling.losses import causal_lm_loss, chunked_causal_lm_loss
+
 from helpers import assert_close_to_scale
 
 

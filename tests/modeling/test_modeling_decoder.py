@@ -9,6 +9,7 @@ import torch
 from transformers import AutoModelForCausalLM, DynamicCache, StaticCache
 
 from archlab import DecoderForCausalLM, DecoderModel
+
 from helpers import TINY, tiny_decoder_config
 
 
@@ -60,7 +61,9 @@ def test_incremental_decoding_equals_full_forward(cache_cls):
     model = _model()
     ids = torch.randint(3, 97, (2, 12))
     full = model(ids).logits
-    cache = DynamicCache(config=model.config) if cache_cls is DynamicCache else StaticCache(model.config, max_cache_len=16)
+    cache = (
+        DynamicCache(config=model.config) if cache_cls is DynamicCache else StaticCache(model.config, max_cache_len=16)
+    )
     steps = [model(ids[:, :5], past_key_values=cache, use_cache=True).logits]
     for t in range(5, 12):
         positions = torch.tensor([[t]])
@@ -146,7 +149,7 @@ def test_save_load_in_a_fresh_process(tmp_path):
 import torch, archlab
 from transformers import AutoModelForCausalLM
 torch.set_num_threads({torch.get_num_threads()})
-expected = torch.load({str(tmp_path / 'expected.pt')!r})
+expected = torch.load({str(tmp_path / "expected.pt")!r})
 model = AutoModelForCausalLM.from_pretrained({str(tmp_path)!r}).eval()
 assert torch.equal(model(expected["ids"]).logits, expected["logits"]), "logits differ"
 print("ok")

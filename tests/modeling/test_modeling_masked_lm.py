@@ -37,17 +37,31 @@ def wordpiece_tokenizer() -> PreTrainedTokenizerFast:
         single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B [SEP]", special_tokens=[("[CLS]", cls), ("[SEP]", sep)]
     )
     return PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer, pad_token="[PAD]", unk_token="[UNK]", cls_token="[CLS]", sep_token="[SEP]",
+        tokenizer_object=tokenizer,
+        pad_token="[PAD]",
+        unk_token="[UNK]",
+        cls_token="[CLS]",
+        sep_token="[SEP]",
         mask_token="[MASK]",
     )
 
 
 def tiny_mlm(tokenizer: PreTrainedTokenizerFast, **overrides) -> EncoderForMaskedLM:
     fields = dict(
-        vocab_size=len(tokenizer), d_model=32, encoder_layers=2, decoder_layers=1, encoder_attention_heads=4,
-        decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=32,
-        activation_function="gelu", pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.cls_token_id,
-        eos_token_id=tokenizer.sep_token_id, decoder_start_token_id=tokenizer.cls_token_id,
+        vocab_size=len(tokenizer),
+        d_model=32,
+        encoder_layers=2,
+        decoder_layers=1,
+        encoder_attention_heads=4,
+        decoder_attention_heads=4,
+        encoder_ffn_dim=64,
+        decoder_ffn_dim=64,
+        max_position_embeddings=32,
+        activation_function="gelu",
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.cls_token_id,
+        eos_token_id=tokenizer.sep_token_id,
+        decoder_start_token_id=tokenizer.cls_token_id,
     )
     config = Seq2SeqConfig(**{**fields, **overrides})
     return EncoderForMaskedLM(config)
@@ -111,8 +125,16 @@ def test_trainer_teaches_fill_mask(tokenizer, tmp_path):
     model = tiny_mlm(tokenizer, dropout=0.0, norm_position="pre", d_model=64, encoder_ffn_dim=128)
     dataset = [tokenizer(text) for text in corpus()] * 36
     args = TrainingArguments(
-        str(tmp_path), per_device_train_batch_size=36, max_steps=300, learning_rate=2e-3,
-        lr_scheduler_type="constant", report_to=[], use_cpu=True, save_strategy="no", logging_steps=100, seed=0,
+        str(tmp_path),
+        per_device_train_batch_size=36,
+        max_steps=300,
+        learning_rate=2e-3,
+        lr_scheduler_type="constant",
+        report_to=[],
+        use_cpu=True,
+        save_strategy="no",
+        logging_steps=100,
+        seed=0,
     )
     collator = DataCollatorForLanguageModeling(tokenizer, mlm_probability=0.25, seed=0)
     threads = torch.get_num_threads()

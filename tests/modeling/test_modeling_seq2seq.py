@@ -9,34 +9,67 @@ from transformers import AutoModelForSeq2SeqLM, MarianConfig, MarianMTModel, Seq
 
 from archlab import Seq2SeqConfig, Seq2SeqForConditionalGeneration, translate
 from archlab.modeling.modeling_seq2seq import shift_tokens_right
+
 from helpers import TINY_SEQ2SEQ, assert_close_to_scale, digit_tokenizer
 
 PAD, EOS, START = 0, 2, 1
 SMALL = dict(TINY_SEQ2SEQ, init_std=0.2)  # large enough that random models prefer different tokens at different steps
 # Marian's token conventions: pad is also the decoder start token, eos is 0.
 MARIAN = dict(
-    SMALL, activation_function="swish", scale_embedding=True, pad_token_id=60, eos_token_id=0,
-    decoder_start_token_id=60, bos_token_id=None, forced_eos_token_id=0,
+    SMALL,
+    activation_function="swish",
+    scale_embedding=True,
+    pad_token_id=60,
+    eos_token_id=0,
+    decoder_start_token_id=60,
+    bos_token_id=None,
+    forced_eos_token_id=0,
 )
 CATALOGUE = {
     "classic": dict(),
     "pre_rms_gated_gqa": dict(
-        norm_position="pre", norm_type="rms_norm", mlp_type="gated", activation_function="silu",
-        encoder_key_value_heads=2, decoder_key_value_heads=1, position_embedding_type="learned",
+        norm_position="pre",
+        norm_type="rms_norm",
+        mlp_type="gated",
+        activation_function="silu",
+        encoder_key_value_heads=2,
+        decoder_key_value_heads=1,
+        position_embedding_type="learned",
     ),
     "sandwich_untied": dict(
-        norm_position="sandwich", norm_type="offset_rms_norm", share_encoder_decoder_embeddings=False, tie_word_embeddings=False,
-        decoder_vocab_size=45, position_embedding_type="none", attention_bias=False, mlp_bias=False,
+        norm_position="sandwich",
+        norm_type="offset_rms_norm",
+        share_encoder_decoder_embeddings=False,
+        tie_word_embeddings=False,
+        decoder_vocab_size=45,
+        position_embedding_type="none",
+        attention_bias=False,
+        mlp_bias=False,
     ),
     "t5_style": dict(
-        norm_position="pre", norm_type="rms_norm", mlp_type="gated", activation_function="gelu_new",
-        position_embedding_type="relative_bias", relative_attention_num_buckets=8, relative_attention_max_distance=16,
-        scale_embedding=False, attention_bias=False, mlp_bias=False, decoder_key_value_heads=2,
-        d_kv=12, scale_attn_weights=False, scale_decoder_outputs=True, layer_norm_eps=1e-6,
+        norm_position="pre",
+        norm_type="rms_norm",
+        mlp_type="gated",
+        activation_function="gelu_new",
+        position_embedding_type="relative_bias",
+        relative_attention_num_buckets=8,
+        relative_attention_max_distance=16,
+        scale_embedding=False,
+        attention_bias=False,
+        mlp_bias=False,
+        decoder_key_value_heads=2,
+        d_kv=12,
+        scale_attn_weights=False,
+        scale_decoder_outputs=True,
+        layer_norm_eps=1e-6,
     ),
     "pre_qk_norm_softcap": dict(
-        norm_position="pre", norm_type="layer_norm", use_qk_norm=True, attn_logit_softcapping=3.0,
-        final_logit_softcapping=5.0, encoder_key_value_heads=1,
+        norm_position="pre",
+        norm_type="layer_norm",
+        use_qk_norm=True,
+        attn_logit_softcapping=3.0,
+        final_logit_softcapping=5.0,
+        encoder_key_value_heads=1,
     ),
 }
 
@@ -95,7 +128,11 @@ def test_bad_config_values_fail_at_construction(overrides, message):
 def test_defaults_are_the_papers_base_model():
     config = Seq2SeqConfig()
     assert (config.d_model, config.encoder_layers, config.decoder_layers, config.encoder_attention_heads) == (
-        512, 6, 6, 8)
+        512,
+        6,
+        6,
+        8,
+    )
     assert (config.encoder_ffn_dim, config.activation_function, config.dropout) == (2048, "relu", 0.1)
     assert config.norm_position == "post" and config.scale_embedding and config.sinusoidal_layout == "interleaved"
     assert config.hidden_size == 512 and config.num_hidden_layers == 6  # Marian's attribute map
@@ -209,8 +246,11 @@ def test_incremental_decoding_equals_full_forward(name):
         logits, cache = [step.logits], step.past_key_values
         for t in range(3, target.shape[1]):
             step = model(
-                encoder_outputs=encoded, attention_mask=mask, decoder_input_ids=target[:, t : t + 1],
-                past_key_values=cache, use_cache=True,
+                encoder_outputs=encoded,
+                attention_mask=mask,
+                decoder_input_ids=target[:, t : t + 1],
+                past_key_values=cache,
+                use_cache=True,
             )
             logits.append(step.logits)
             cache = step.past_key_values
@@ -309,7 +349,9 @@ def test_label_smoothing_through_trainer(tmp_path):
     args = Seq2SeqTrainingArguments(str(tmp_path), label_smoothing_factor=0.1, report_to=[], use_cpu=True)
     trainer = Seq2SeqTrainer(model=model, args=args)
     inputs = dict(
-        input_ids=source, attention_mask=mask, labels=labels,
+        input_ids=source,
+        attention_mask=mask,
+        labels=labels,
         decoder_input_ids=model.prepare_decoder_input_ids_from_labels(labels),  # as DataCollatorForSeq2Seq does
     )
     model.train()
@@ -365,9 +407,17 @@ def test_learns_to_reverse_sequences():
     """A 2+2-layer model learns to reverse digit strings from scratch; greedy decoding then gets them right."""
     torch.manual_seed(0)
     config = Seq2SeqConfig(
-        vocab_size=16, d_model=64, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
-        decoder_attention_heads=4, encoder_ffn_dim=128, decoder_ffn_dim=128, max_position_embeddings=32,
-        dropout=0.0, init_std=0.02,
+        vocab_size=16,
+        d_model=64,
+        encoder_layers=2,
+        decoder_layers=2,
+        encoder_attention_heads=4,
+        decoder_attention_heads=4,
+        encoder_ffn_dim=128,
+        decoder_ffn_dim=128,
+        max_position_embeddings=32,
+        dropout=0.0,
+        init_std=0.02,
     )
     model = Seq2SeqForConditionalGeneration(config)
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, betas=(0.9, 0.98), eps=1e-9)
@@ -395,7 +445,9 @@ def test_learns_to_reverse_sequences():
     accuracy = (out[:, 1:10] == labels).all(1).float().mean().item()
     assert accuracy >= 0.9, (loss.item(), accuracy)
     assert translate(["0 1 2 3 4 5 6 7", "9 9 8 1 5 5 3 2"], model, digit_tokenizer(), max_new_tokens=9) == [
-        "7 6 5 4 3 2 1 0", "2 3 5 5 1 8 9 9"]
+        "7 6 5 4 3 2 1 0",
+        "2 3 5 5 1 8 9 9",
+    ]
 
 
 # ---- checkpoint conversion ---------------------------------------------------------------------------------------

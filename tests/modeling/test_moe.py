@@ -7,8 +7,6 @@ import json
 
 import pytest
 import torch
-import torch.nn.functional as F
-from helpers import tiny_decoder_config
 from transformers import MixtralConfig, MixtralForCausalLM, Qwen2MoeConfig, Qwen2MoeForCausalLM
 from transformers.models.mixtral.modeling_mixtral import load_balancing_loss_func
 
@@ -16,6 +14,8 @@ import archlab
 from archlab.modeling import grouped_gemm, moe
 from archlab.modeling.grouped_gemm import grouped_linear
 from archlab.modeling.moe import SparseMoeBlock, count_parameters, load_balancing_loss, router_z_loss
+
+from helpers import tiny_decoder_config
 
 MOE = dict(num_local_experts=4, num_experts_per_tok=2)
 
@@ -250,10 +250,22 @@ def test_losses_are_added_to_the_lm_loss():
 
 def mixtral_pair(**overrides):
     kw = dict(
-        vocab_size=97, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=128, num_local_experts=4, num_experts_per_tok=2,
-        rms_norm_eps=1e-5, rope_parameters={"rope_type": "default", "rope_theta": 1e6}, output_router_logits=True,
-        router_aux_loss_coef=0.02, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+        vocab_size=97,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        rms_norm_eps=1e-5,
+        rope_parameters={"rope_type": "default", "rope_theta": 1e6},
+        output_router_logits=True,
+        router_aux_loss_coef=0.02,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
     )
     kw.update(overrides)
     hf = MixtralForCausalLM(MixtralConfig(**kw)).eval()
@@ -298,17 +310,28 @@ def test_mixtral_parity_one_token_decoding():
 @pytest.mark.parametrize("qkv_bias", [True, False], ids=["stock_default_qkv_bias", "no_bias"])
 def test_qwen2_moe_parity_shared_experts_and_dense_layers(qkv_bias):
     kw = dict(
-        vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=128, rms_norm_eps=1e-6, moe_intermediate_size=16,
-        shared_expert_intermediate_size=40, num_experts_per_tok=2, norm_topk_prob=False,
-        rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, output_router_logits=True,
+        vocab_size=97,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        rms_norm_eps=1e-6,
+        moe_intermediate_size=16,
+        shared_expert_intermediate_size=40,
+        num_experts_per_tok=2,
+        norm_topk_prob=False,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        output_router_logits=True,
     )
     hf = Qwen2MoeForCausalLM(
         Qwen2MoeConfig(**kw, num_experts=6, mlp_only_layers=[1], qkv_bias=qkv_bias, use_sliding_window=False)
     ).eval()
     ours = archlab.DecoderForCausalLM(
-        archlab.DecoderConfig(**kw, num_local_experts=6, mlp_layer_types=["sparse", "dense", "sparse"],
-                              qkv_bias=qkv_bias)
+        archlab.DecoderConfig(
+            **kw, num_local_experts=6, mlp_layer_types=["sparse", "dense", "sparse"], qkv_bias=qkv_bias
+        )
     ).eval()
     ours.load_state_dict(hf.state_dict(), strict=True)
     ids = torch.randint(0, 97, (2, 9))
@@ -337,7 +360,9 @@ def test_incremental_decoding_matches_full_forward():
 
 
 def test_save_and_load_round_trip(tmp_path):
-    model = archlab.DecoderForCausalLM(moe_config(shared_expert_intermediate_size=16, mlp_layer_types=["dense", "sparse"]))
+    model = archlab.DecoderForCausalLM(
+        moe_config(shared_expert_intermediate_size=16, mlp_layer_types=["dense", "sparse"])
+    )
     model.save_pretrained(tmp_path)
     loaded = archlab.DecoderForCausalLM.from_pretrained(tmp_path)
     assert loaded.config.mlp_layer_types == ["dense", "sparse"]

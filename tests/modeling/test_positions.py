@@ -7,6 +7,7 @@ from transformers.models.bloom.modeling_bloom import build_alibi_tensor
 from archlab import DecoderForCausalLM
 from archlab.modeling.positions import ALiBiBias, LearnedPositionEmbedding, alibi_slopes
 from archlab.modeling.sinusoidal import SinusoidalPositionalEmbedding, interleaved_table
+
 from helpers import tiny_decoder_config, tiny_seq2seq_config
 
 

@@ -24,8 +24,16 @@ from archlab import DecoderConfig, DecoderForCausalLM
 
 ATOL = 1e-4
 VOCAB = 97
-BASE = dict(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=3, num_attention_heads=4, pad_token_id=0,
-            bos_token_id=1, eos_token_id=2, max_position_embeddings=64)
+BASE = dict(
+    vocab_size=VOCAB,
+    hidden_size=32,
+    num_hidden_layers=3,
+    num_attention_heads=4,
+    pad_token_id=0,
+    bos_token_id=1,
+    eos_token_id=2,
+    max_position_embeddings=64,
+)
 
 
 def _batch(seq_len=20):
@@ -50,8 +58,9 @@ def _assert_generation_matches(model, reference, cache="dynamic", prompt_len=9, 
     mask = torch.ones_like(input_ids)
     mask[0, :3] = 0
     input_ids = input_ids.masked_fill(mask == 0, 0)
-    kwargs = dict(attention_mask=mask, max_new_tokens=new_tokens, do_sample=False, pad_token_id=0,
-                  cache_implementation=cache)
+    kwargs = dict(
+        attention_mask=mask, max_new_tokens=new_tokens, do_sample=False, pad_token_id=0, cache_implementation=cache
+    )
     assert torch.equal(model.generate(input_ids, **kwargs), reference.generate(input_ids, **kwargs))
 
 
@@ -61,8 +70,9 @@ def _assert_generation_matches(model, reference, cache="dynamic", prompt_len=9, 
 def _mistral_pair(attn):
     from archlab.conversion import FAMILIES
 
-    hf_config = MistralConfig(**BASE, intermediate_size=64, num_key_value_heads=2, sliding_window=6,
-                              attn_implementation=attn)
+    hf_config = MistralConfig(
+        **BASE, intermediate_size=64, num_key_value_heads=2, sliding_window=6, attn_implementation=attn
+    )
     reference = MistralForCausalLM(hf_config).eval()
     config = FAMILIES["mistral"].archlab_config(hf_config.to_dict())
     config._attn_implementation = attn
@@ -100,8 +110,14 @@ def test_mistral_checkpoint_converts_both_ways(tmp_path):
     back = MistralForCausalLM.from_pretrained(tmp_path / "back").eval()
     _assert_logits_match(model, back, seq_len=20)
 
-    mixed = DecoderForCausalLM(DecoderConfig(**BASE, intermediate_size=64, sliding_window=6,
-                                             layer_types=["sliding_attention", "full_attention", "full_attention"]))
+    mixed = DecoderForCausalLM(
+        DecoderConfig(
+            **BASE,
+            intermediate_size=64,
+            sliding_window=6,
+            layer_types=["sliding_attention", "full_attention", "full_attention"],
+        )
+    )
     mixed.save_pretrained(tmp_path / "mixed")
     with pytest.raises(ConversionError, match="layer_types"):
         convert_checkpoint(tmp_path / "mixed", tmp_path / "mixed_out", to="mistral")
@@ -114,18 +130,34 @@ def test_mistral_checkpoint_converts_both_ways(tmp_path):
 
 def _gemma2_pair():
     shape = dict(BASE, num_hidden_layers=4, intermediate_size=48, num_key_value_heads=2, head_dim=8)
-    reference = Gemma2ForCausalLM(Gemma2Config(
-        **shape, hidden_activation="gelu_pytorch_tanh", query_pre_attn_scalar=16, sliding_window=5,
-        attn_logit_softcapping=5.0, final_logit_softcapping=3.0, rms_norm_eps=1e-6, attn_implementation="eager",
-    )).eval()
+    reference = Gemma2ForCausalLM(
+        Gemma2Config(
+            **shape,
+            hidden_activation="gelu_pytorch_tanh",
+            query_pre_attn_scalar=16,
+            sliding_window=5,
+            attn_logit_softcapping=5.0,
+            final_logit_softcapping=3.0,
+            rms_norm_eps=1e-6,
+            attn_implementation="eager",
+        )
+    ).eval()
     with torch.no_grad():  # Gemma2 initialises its (1 + w) gains at w = 0; make them matter
         for name, p in reference.named_parameters():
             if "norm" in name:
                 p.normal_(0, 0.3)
     config = DecoderConfig(
-        **shape, hidden_act="gelu_pytorch_tanh", query_pre_attn_scalar=16, sliding_window=5,
-        layer_types=reference.config.layer_types, attn_logit_softcapping=5.0, final_logit_softcapping=3.0,
-        norm_type="offset_rms_norm", norm_position="sandwich", scale_embedding=True, tie_word_embeddings=True,
+        **shape,
+        hidden_act="gelu_pytorch_tanh",
+        query_pre_attn_scalar=16,
+        sliding_window=5,
+        layer_types=reference.config.layer_types,
+        attn_logit_softcapping=5.0,
+        final_logit_softcapping=3.0,
+        norm_type="offset_rms_norm",
+        norm_position="sandwich",
+        scale_embedding=True,
+        tie_word_embeddings=True,
         rope_parameters=reference.config.rope_parameters,
     )
     model = DecoderForCausalLM(config).eval()
@@ -156,8 +188,13 @@ def test_qwen3_qk_norm_logits(attn):
         for name, p in reference.named_parameters():
             if "q_norm" in name or "k_norm" in name:
                 p.normal_(1, 0.3)
-    config = DecoderConfig(**shape, use_qk_norm=True, rope_parameters=reference.config.rope_parameters,
-                           rms_norm_eps=reference.config.rms_norm_eps, attn_implementation=attn)
+    config = DecoderConfig(
+        **shape,
+        use_qk_norm=True,
+        rope_parameters=reference.config.rope_parameters,
+        rms_norm_eps=reference.config.rms_norm_eps,
+        attn_implementation=attn,
+    )
     model = DecoderForCausalLM(config).eval()
     model.load_state_dict(reference.state_dict(), strict=True)
     _assert_logits_match(model, reference)
@@ -177,8 +214,10 @@ def _split_fused_qkv(state, prefix, num_heads, head_dim, ours):
 
 def _neox_state_dict(reference, config):
     state = dict(reference.state_dict())
-    out = {"model.embed_tokens.weight": state.pop("gpt_neox.embed_in.weight"),
-           "lm_head.weight": state.pop("lm_head.weight")}
+    out = {
+        "model.embed_tokens.weight": state.pop("gpt_neox.embed_in.weight"),
+        "lm_head.weight": state.pop("lm_head.weight"),
+    }
     for kind in ("weight", "bias"):
         out[f"model.norm.{kind}"] = state.pop(f"gpt_neox.final_layer_norm.{kind}")
     for i in range(config.num_hidden_layers):
@@ -199,16 +238,30 @@ def _neox_state_dict(reference, config):
 @pytest.mark.parametrize("attn", ["eager", "sdpa"])
 def test_gpt_neox_parallel_block_partial_rotary(attn):
     rope = {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25}
-    reference = GPTNeoXForCausalLM(GPTNeoXConfig(
-        **BASE, intermediate_size=128, hidden_act="gelu", rope_parameters=rope, attn_implementation=attn,
-    )).eval()
+    reference = GPTNeoXForCausalLM(
+        GPTNeoXConfig(
+            **BASE,
+            intermediate_size=128,
+            hidden_act="gelu",
+            rope_parameters=rope,
+            attn_implementation=attn,
+        )
+    ).eval()
     with torch.no_grad():  # nonzero biases and norm parameters, so a wiring mistake shows
         for name, p in reference.named_parameters():
             if "bias" in name or "norm" in name:
                 p.normal_(0.5 if "norm" in name and "weight" in name else 0.0, 0.2)
     config = DecoderConfig(
-        **BASE, intermediate_size=128, hidden_act="gelu", rope_parameters=rope, norm_type="layer_norm",
-        norm_position="parallel", mlp_type="plain", attention_bias=True, mlp_bias=True, rms_norm_eps=1e-5,
+        **BASE,
+        intermediate_size=128,
+        hidden_act="gelu",
+        rope_parameters=rope,
+        norm_type="layer_norm",
+        norm_position="parallel",
+        mlp_type="plain",
+        attention_bias=True,
+        mlp_bias=True,
+        rms_norm_eps=1e-5,
         attn_implementation=attn,
     )
     model = DecoderForCausalLM(config).eval()
@@ -220,24 +273,49 @@ def test_gpt_neox_parallel_block_partial_rotary(attn):
 
 
 def _bloom_pair(attn, num_heads=4):
-    reference = BloomForCausalLM(BloomConfig(
-        vocab_size=VOCAB, hidden_size=48, n_layer=3, n_head=num_heads, pad_token_id=0, bos_token_id=1,
-        eos_token_id=2, attn_implementation="eager",
-    )).eval()
+    reference = BloomForCausalLM(
+        BloomConfig(
+            vocab_size=VOCAB,
+            hidden_size=48,
+            n_layer=3,
+            n_head=num_heads,
+            pad_token_id=0,
+            bos_token_id=1,
+            eos_token_id=2,
+            attn_implementation="eager",
+        )
+    ).eval()
     with torch.no_grad():
         for name, p in reference.named_parameters():
             if "bias" in name or "layernorm" in name or "ln_f" in name:
                 p.normal_(0.5 if "weight" in name else 0.0, 0.2)
     config = DecoderConfig(
-        vocab_size=VOCAB, hidden_size=48, num_hidden_layers=3, num_attention_heads=num_heads, intermediate_size=192,
-        hidden_act="gelu_pytorch_tanh", position_embedding_type="alibi", norm_type="layer_norm", rms_norm_eps=1e-5,
-        embedding_layernorm=True, mlp_type="plain", attention_bias=True, mlp_bias=True, tie_word_embeddings=True,
-        pad_token_id=0, bos_token_id=1, eos_token_id=2, max_position_embeddings=64, attn_implementation=attn,
+        vocab_size=VOCAB,
+        hidden_size=48,
+        num_hidden_layers=3,
+        num_attention_heads=num_heads,
+        intermediate_size=192,
+        hidden_act="gelu_pytorch_tanh",
+        position_embedding_type="alibi",
+        norm_type="layer_norm",
+        rms_norm_eps=1e-5,
+        embedding_layernorm=True,
+        mlp_type="plain",
+        attention_bias=True,
+        mlp_bias=True,
+        tie_word_embeddings=True,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+        max_position_embeddings=64,
+        attn_implementation=attn,
     )
     model = DecoderForCausalLM(config).eval()
     state = dict(reference.state_dict())
-    out = {"model.embed_tokens.weight": state.pop("transformer.word_embeddings.weight"),
-           "lm_head.weight": state.pop("lm_head.weight")}
+    out = {
+        "model.embed_tokens.weight": state.pop("transformer.word_embeddings.weight"),
+        "lm_head.weight": state.pop("lm_head.weight"),
+    }
     for kind in ("weight", "bias"):
         out[f"model.embedding_layernorm.{kind}"] = state.pop(f"transformer.word_embeddings_layernorm.{kind}")
         out[f"model.norm.{kind}"] = state.pop(f"transformer.ln_f.{kind}")

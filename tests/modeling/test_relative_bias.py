@@ -20,8 +20,14 @@ def test_buckets_match_t5(bidirectional, num_buckets, max_distance):
 
 @pytest.mark.parametrize("is_decoder", [False, True])
 def test_bias_matches_t5_compute_bias(is_decoder):
-    config = T5Config(d_model=32, d_kv=8, num_heads=4, relative_attention_num_buckets=16,
-                      relative_attention_max_distance=40, is_decoder=is_decoder)
+    config = T5Config(
+        d_model=32,
+        d_kv=8,
+        num_heads=4,
+        relative_attention_num_buckets=16,
+        relative_attention_max_distance=40,
+        is_decoder=is_decoder,
+    )
     t5 = T5Attention(config, has_relative_attention_bias=True)
     ours = RelativePositionBias(4, num_buckets=16, max_distance=40, bidirectional=not is_decoder)
     ours.load_state_dict(t5.state_dict(), strict=False)

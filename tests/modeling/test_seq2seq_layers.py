@@ -15,6 +15,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 from archlab import Seq2SeqConfig, Seq2SeqForConditionalGeneration
 from archlab.modeling.seq2seq_layers import clamp_fp16
+
 from helpers import T5_VERSIONS, t5_batch, t5_pair
 
 OVERFLOW = 1e4  # FFN outputs reach ~1e5 > 65504 with this factor (1e3 stays finite)

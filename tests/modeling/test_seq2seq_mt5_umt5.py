@@ -23,9 +23,16 @@ from transformers import (
 
 from archlab import Seq2SeqConfig, Seq2SeqForConditionalGeneration
 from archlab.conversion import FAMILIES, ConversionError, convert_checkpoint
+
 from helpers import (
-    T5_SHAPE, T5_VOCAB, assert_close_to_scale, check_generation_matches, check_incremental_and_eager_equal_full,
-    check_logits_and_loss_match, t5_batch, training_gradients,
+    T5_SHAPE,
+    T5_VOCAB,
+    assert_close_to_scale,
+    check_generation_matches,
+    check_incremental_and_eager_equal_full,
+    check_logits_and_loss_match,
+    t5_batch,
+    training_gradients,
 )
 
 REFERENCES = {"mt5": (MT5Config, MT5ForConditionalGeneration), "umt5": (UMT5Config, UMT5ForConditionalGeneration)}

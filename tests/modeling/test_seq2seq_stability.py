@@ -12,12 +12,21 @@ import torch
 import torch.nn.functional as F
 
 from archlab import Seq2SeqConfig, Seq2SeqForConditionalGeneration
+
 from helpers import TINY_SEQ2SEQ, assert_close_to_scale, seq2seq_incremental_logits
 
 CONFIG = dict(
-    TINY_SEQ2SEQ, vocab_size=53, decoder_key_value_heads=2, norm_position="pre", norm_type="rms_norm",
-    position_embedding_type="learned", max_position_embeddings=32, init_std=0.3, use_qk_norm=True,
-    attn_logit_softcapping=1.5, final_logit_softcapping=2.0,
+    TINY_SEQ2SEQ,
+    vocab_size=53,
+    decoder_key_value_heads=2,
+    norm_position="pre",
+    norm_type="rms_norm",
+    position_embedding_type="learned",
+    max_position_embeddings=32,
+    init_std=0.3,
+    use_qk_norm=True,
+    attn_logit_softcapping=1.5,
+    final_logit_softcapping=2.0,
 )
 
 
@@ -69,7 +78,14 @@ def reference_logits(model, source, mask, target, qk_norm=True, attn_cap=1.5, fi
     h = encoder.embed_tokens(source) * encoder.embed_scale + encoder.embed_positions.weight[: source.shape[1]]
     source_allowed = mask.bool()[:, None, :].expand(-1, source.shape[1], -1)
     for layer in encoder.layers:
-        h = h + reference_attention(layer.self_attn, rms(h, layer.self_attn_layer_norm), rms(h, layer.self_attn_layer_norm), source_allowed, qk_norm, attn_cap)
+        h = h + reference_attention(
+            layer.self_attn,
+            rms(h, layer.self_attn_layer_norm),
+            rms(h, layer.self_attn_layer_norm),
+            source_allowed,
+            qk_norm,
+            attn_cap,
+        )
         h = h + ffn(layer, rms(h, layer.final_layer_norm))
     memory = rms(h, encoder.layer_norm)
 
@@ -80,7 +96,9 @@ def reference_logits(model, source, mask, target, qk_norm=True, attn_cap=1.5, fi
     for layer in decoder.layers:
         normed = rms(y, layer.self_attn_layer_norm)
         y = y + reference_attention(layer.self_attn, normed, normed, causal, qk_norm, attn_cap)
-        y = y + reference_attention(layer.encoder_attn, rms(y, layer.encoder_attn_layer_norm), memory, cross_allowed, qk_norm, attn_cap)
+        y = y + reference_attention(
+            layer.encoder_attn, rms(y, layer.encoder_attn_layer_norm), memory, cross_allowed, qk_norm, attn_cap
+        )
         y = y + ffn(layer, rms(y, layer.final_layer_norm))
     logits = rms(y, decoder.layer_norm) @ model.lm_head.weight.T + model.final_logits_bias
     return logits if final_cap is None else final_cap * torch.tanh(logits / final_cap)
@@ -114,7 +132,11 @@ def test_qk_norm_alone_matches_the_reference_under_sdpa_and_eager():
 
 def test_qk_norm_parameters_in_self_and_cross_attention():
     names = set(model_with().state_dict())
-    for prefix in ("model.encoder.layers.0.self_attn", "model.decoder.layers.1.self_attn", "model.decoder.layers.1.encoder_attn"):
+    for prefix in (
+        "model.encoder.layers.0.self_attn",
+        "model.decoder.layers.1.self_attn",
+        "model.decoder.layers.1.encoder_attn",
+    ):
         assert {f"{prefix}.q_norm.weight", f"{prefix}.k_norm.weight"} <= names
     assert not any("q_norm" in name for name in model_with(use_qk_norm=False).state_dict())
 

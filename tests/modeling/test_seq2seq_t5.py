@@ -14,15 +14,28 @@ from transformers import AutoModelForSeq2SeqLM, T5ForConditionalGeneration
 from archlab import Seq2SeqConfig, Seq2SeqForConditionalGeneration
 from archlab.conversion import FAMILIES, ConversionError, convert_checkpoint
 from archlab.conversion.t5 import archlab_state_dict_to_t5
+
 from helpers import (
-    T5_SHAPE, T5_VERSIONS, assert_close_to_scale, check_generation_matches, check_incremental_and_eager_equal_full,
-    check_logits_and_loss_match, t5_batch, t5_pair, t5_reference, training_gradients,
+    T5_SHAPE,
+    T5_VERSIONS,
+    assert_close_to_scale,
+    check_generation_matches,
+    check_incremental_and_eager_equal_full,
+    check_logits_and_loss_match,
+    t5_batch,
+    t5_pair,
+    t5_reference,
+    training_gradients,
 )
 
 
 def test_t5_config_maps_to_the_t5_recipe():
     config = FAMILIES["t5"].archlab_config(t5_reference("v1.0").config.to_dict())
-    assert (config.norm_type, config.norm_position, config.position_embedding_type) == ("rms_norm", "pre", "relative_bias")
+    assert (config.norm_type, config.norm_position, config.position_embedding_type) == (
+        "rms_norm",
+        "pre",
+        "relative_bias",
+    )
     assert not (config.scale_embedding or config.scale_attn_weights or config.attention_bias or config.mlp_bias)
     assert config.layer_norm_eps == 1e-6 and config.d_kv == 12 and config.decoder_start_token_id == 0
     assert config.scale_decoder_outputs and config.tie_word_embeddings and config.mlp_type == "plain"
@@ -56,7 +69,9 @@ def test_t5_gradients_match(version):
 
 
 @pytest.mark.parametrize("version", list(T5_VERSIONS))
-@pytest.mark.parametrize("generate_kwargs", [dict(num_beams=1), dict(num_beams=3, length_penalty=0.8)], ids=["greedy", "beam"])
+@pytest.mark.parametrize(
+    "generate_kwargs", [dict(num_beams=1), dict(num_beams=3, length_penalty=0.8)], ids=["greedy", "beam"]
+)
 def test_t5_generation_matches(version, generate_kwargs):
     check_generation_matches(*t5_pair(version), generate_kwargs)
 

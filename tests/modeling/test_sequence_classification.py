@@ -4,6 +4,7 @@ import torch
 from transformers import AutoModelForSequenceClassification
 
 from archlab import DecoderForSequenceClassification
+
 from helpers import tiny_decoder_config
 
 

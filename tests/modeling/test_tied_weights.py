@@ -16,6 +16,7 @@ from archlab import (
     Seq2SeqForConditionalGeneration,
     Seq2SeqModel,
 )
+
 from helpers import tiny_decoder_config, tiny_seq2seq_config
 
 COMBOS = [(True, True), (True, False), (False, True), (False, False)]  # (shared vocabulary, tied head)
@@ -31,8 +32,12 @@ def test_seq2seq_declares_its_ties_as_transformers_5_mappings(share, tie):
     model = Seq2SeqForConditionalGeneration(seq2seq_config(share, tie))
     expected = {}
     if share:  # the shared vocabulary is one parameter whatever the head does
-        expected.update({"model.encoder.embed_tokens.weight": "model.shared.weight",
-                         "model.decoder.embed_tokens.weight": "model.shared.weight"})
+        expected.update(
+            {
+                "model.encoder.embed_tokens.weight": "model.shared.weight",
+                "model.decoder.embed_tokens.weight": "model.shared.weight",
+            }
+        )
     if tie:
         expected["lm_head.weight"] = "model.shared.weight" if share else "model.decoder.embed_tokens.weight"
     assert model.all_tied_weights_keys == expected
@@ -80,11 +85,14 @@ def test_seq2seq_loads_checkpoints_missing_tied_weights(tmp_path, share, tie):
         torch.testing.assert_close(loaded.model.shared.weight, model.model.shared.weight, atol=0, rtol=0)
 
 
-@pytest.mark.parametrize("model_class, config, source", [
-    (Seq2SeqModel, seq2seq_config(True, True), "shared.weight"),
-    (EncoderForMaskedLM, tiny_seq2seq_config(), "encoder.embed_tokens.weight"),
-    (DecoderForCausalLM, tiny_decoder_config(tie_word_embeddings=True), "model.embed_tokens.weight"),
-])
+@pytest.mark.parametrize(
+    "model_class, config, source",
+    [
+        (Seq2SeqModel, seq2seq_config(True, True), "shared.weight"),
+        (EncoderForMaskedLM, tiny_seq2seq_config(), "encoder.embed_tokens.weight"),
+        (DecoderForCausalLM, tiny_decoder_config(tie_word_embeddings=True), "model.embed_tokens.weight"),
+    ],
+)
 def test_other_heads_load_checkpoints_missing_tied_weights(tmp_path, model_class, config, source):
     stored = save_without(model_class(config), tmp_path, {source})
     loaded = model_class.from_pretrained(tmp_path)

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 import archlab  # noqa: F401  (installs the filter)
+
 from helpers import tiny_decoder_config
 
 NOTE = "Setting accelerator to CPU"

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from archlab import DecoderForCausalLM, Seq2SeqForConditionalGeneration, translate
+
 from helpers import digit_tokenizer, tiny_decoder_config, tiny_seq2seq_config
 
 

@@ -10,11 +10,30 @@ from archlab.training.ablation_variants import VARIANTS, base_config
 
 
 def test_tiny_ablation_writes_table_json_and_plot(tmp_path):
-    results = ablate.main([
-        "--output_dir", str(tmp_path), "--variants", "baseline,mqa,learned_positions", "--steps", "3",
-        "--warmup_steps", "1", "--batch_size", "2", "--seq_len", "16", "--hidden_size", "32", "--layers", "2",
-        "--decode_tokens", "4", "--corpus_bytes", "200000",
-    ])
+    results = ablate.main(
+        [
+            "--output_dir",
+            str(tmp_path),
+            "--variants",
+            "baseline,mqa,learned_positions",
+            "--steps",
+            "3",
+            "--warmup_steps",
+            "1",
+            "--batch_size",
+            "2",
+            "--seq_len",
+            "16",
+            "--hidden_size",
+            "32",
+            "--layers",
+            "2",
+            "--decode_tokens",
+            "4",
+            "--corpus_bytes",
+            "200000",
+        ]
+    )
     assert [r["name"] for r in results] == ["baseline", "mqa", "learned_positions"]
     table = (tmp_path / "ablations.md").read_text()
     assert "| baseline |" in table and "| mqa |" in table and "loss on 16..32" in table
@@ -28,9 +47,14 @@ def test_tiny_ablation_writes_table_json_and_plot(tmp_path):
 
 @pytest.mark.parametrize(
     ("argv", "message"),
-    [(["--variants", "baseline,nope"], "unknown"), (["--steps", "0"], "--steps"),
-     (["--warmup_steps", "400"], "--warmup_steps"), (["--hidden_size", "30"], "--hidden_size"),
-     (["--lr", "-0.1"], "--lr must be > 0"), (["--corpus_bytes", "0"], "--corpus_bytes must be a positive integer")],
+    [
+        (["--variants", "baseline,nope"], "unknown"),
+        (["--steps", "0"], "--steps"),
+        (["--warmup_steps", "400"], "--warmup_steps"),
+        (["--hidden_size", "30"], "--hidden_size"),
+        (["--lr", "-0.1"], "--lr must be > 0"),
+        (["--corpus_bytes", "0"], "--corpus_bytes must be a positive integer"),
+    ],
 )
 def test_bad_flags_are_refused(argv, message, capsys):
     with pytest.raises(SystemExit):
@@ -43,6 +67,5 @@ def test_every_variant_is_a_valid_config():
     for name, variant in VARIANTS.items():
         config = DecoderConfig(**{**base_config(args), **variant.config})
         assert config.vocab_size == 256, name
-    gated, plain = (DecoderConfig(**{**base_config(args), **VARIANTS[n].config})
-                    for n in ("baseline", "gelu_mlp"))
+    gated, plain = (DecoderConfig(**{**base_config(args), **VARIANTS[n].config}) for n in ("baseline", "gelu_mlp"))
     assert 3 * gated.intermediate_size == pytest.approx(2 * plain.intermediate_size, rel=0.03)  # equal parameters

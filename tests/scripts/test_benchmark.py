@@ -12,9 +12,10 @@ import sys
 import pytest
 import torch
 
+from archlab import DecoderForCausalLM
 from archlab.scripts import benchmark
 from archlab.training.benchmarking import make_optimizer, time_breakdown, training_step
-from archlab import DecoderForCausalLM
+
 from helpers import tiny_decoder_config
 
 
@@ -27,14 +28,17 @@ def test_every_named_suite_exists(name):
         assert callable(benchmark.SUITES[name])
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--rounds", "0"], "--rounds must be >= 1"),
-    (["--batch-size", "0"], "--batch-size must be >= 1"),
-    (["--rounds", "-1", "--quick"], "--rounds must be >= 1"),
-    (["--threads", "0"], "--threads must be >= 1, got 0"),
-    (["--suite", "nope"], "invalid choice: 'nope'"),
-    (["--optim", "sgd"], "invalid choice: 'sgd'"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--rounds", "0"], "--rounds must be >= 1"),
+        (["--batch-size", "0"], "--batch-size must be >= 1"),
+        (["--rounds", "-1", "--quick"], "--rounds must be >= 1"),
+        (["--threads", "0"], "--threads must be >= 1, got 0"),
+        (["--suite", "nope"], "invalid choice: 'nope'"),
+        (["--optim", "sgd"], "invalid choice: 'sgd'"),
+    ],
+)
 def test_bad_arguments_fail_at_parsing(argv, message, capsys):
     with pytest.raises(SystemExit) as error:
         benchmark.main(argv)
@@ -80,8 +84,9 @@ print(time_breakdown(lambda: a @ a)["gemm"] > 0)
 def _profile_in_a_fresh_process(**env: str) -> subprocess.CompletedProcess:
     """Kineto reads its log level once per process, so each setting needs its own interpreter."""
     base = {k: v for k, v in os.environ.items() if k != "KINETO_LOG_LEVEL"}
-    return subprocess.run([sys.executable, "-c", PROFILE_A_MATMUL], env={**base, **env}, capture_output=True,
-                          text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-c", PROFILE_A_MATMUL], env={**base, **env}, capture_output=True, text=True, timeout=300
+    )
 
 
 @pytest.mark.slow
@@ -98,8 +103,14 @@ def test_dense_suite_runs_at_quick_size(tmp_path, capsys):
     out = tmp_path / "dense.md"
     assert benchmark.main(["--quick", "--threads", "2", "--output", str(out)]) == 0
     table = out.read_text()
-    for row in ("training tokens/s, fp32", "training tokens/s, bf16 autocast", "peak memory of a training step",
-                "generation tokens/s, batch 1", "generation tokens/s, batch 8", "Where LlamaForCausalLM's training step"):
+    for row in (
+        "training tokens/s, fp32",
+        "training tokens/s, bf16 autocast",
+        "peak memory of a training step",
+        "generation tokens/s, batch 1",
+        "generation tokens/s, batch 8",
+        "Where LlamaForCausalLM's training step",
+    ):
         assert row in table, row
 
 

@@ -53,10 +53,31 @@ def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def run_args(out: Path, *extra: str) -> list[str]:
-    return ["--output_dir", str(out), "--max_steps", "10", "--per_device_train_batch_size", "8",
-            "--per_device_eval_batch_size", "8", "--learning_rate", "3e-3", "--warmup_steps", "0",
-            "--logging_steps", "2", "--eval_strategy", "no", "--save_steps", "5", "--disable_tqdm", "true",
-            "--dataloader_pin_memory", "false", *extra]
+    return [
+        "--output_dir",
+        str(out),
+        "--max_steps",
+        "10",
+        "--per_device_train_batch_size",
+        "8",
+        "--per_device_eval_batch_size",
+        "8",
+        "--learning_rate",
+        "3e-3",
+        "--warmup_steps",
+        "0",
+        "--logging_steps",
+        "2",
+        "--eval_strategy",
+        "no",
+        "--save_steps",
+        "5",
+        "--disable_tqdm",
+        "true",
+        "--dataloader_pin_memory",
+        "false",
+        *extra,
+    ]
 
 
 def test_instruct_labels_cover_only_the_responses(work: Path) -> None:
@@ -72,21 +93,44 @@ def test_instruct_labels_cover_only_the_responses(work: Path) -> None:
 
 def test_instruct_end_to_end(tmp_path: Path, work: Path) -> None:
     data = str(work / "instruct.jsonl")
-    metrics = finetune.main(run_args(
-        tmp_path / "chat", "--task", "instruct", "--model_name_or_path", str(work / "base"), "--train_file", data,
-        "--validation_file", data, "--prompt_column", "prompt", "--response_column", "response",
-    ))
+    metrics = finetune.main(
+        run_args(
+            tmp_path / "chat",
+            "--task",
+            "instruct",
+            "--model_name_or_path",
+            str(work / "base"),
+            "--train_file",
+            data,
+            "--validation_file",
+            data,
+            "--prompt_column",
+            "prompt",
+            "--response_column",
+            "response",
+        )
+    )
     assert metrics["eval_loss"] < metrics["before_eval_loss"]
     assert (tmp_path / "chat" / "model.safetensors").exists() and (tmp_path / "chat" / "loss_curve.png").exists()
 
 
 def test_classification_end_to_end(tmp_path: Path, work: Path) -> None:
     out = tmp_path / "cls"
-    metrics = finetune.main(run_args(
-        out, "--task", "classification", "--model_name_or_path", str(work / "base"),
-        "--train_file", str(work / "train.csv"), "--validation_file", str(work / "validation.csv"),
-        "--block_size", "32",
-    ))
+    metrics = finetune.main(
+        run_args(
+            out,
+            "--task",
+            "classification",
+            "--model_name_or_path",
+            str(work / "base"),
+            "--train_file",
+            str(work / "train.csv"),
+            "--validation_file",
+            str(work / "validation.csv"),
+            "--block_size",
+            "32",
+        )
+    )
     assert metrics["eval_accuracy"] >= 0.9 and metrics["eval_f1"] >= 0.9
     assert metrics["before_eval_accuracy"] < 0.9
     model = AutoModelForSequenceClassification.from_pretrained(out)
@@ -95,11 +139,25 @@ def test_classification_end_to_end(tmp_path: Path, work: Path) -> None:
 
 @pytest.mark.slow
 def test_seq2seq_on_the_embedded_docstring_task(tmp_path: Path) -> None:
-    metrics = finetune.main(run_args(
-        tmp_path / "docstrings", "--task", "seq2seq", "--max_train_samples", "64", "--max_eval_samples", "8",
-        "--tokenizer_vocab_size", "400", "--config_overrides", TINY_SEQ2SEQ_OVERRIDES, "--generation_max_length", "8",
-        "--max_steps", "4",
-    ))
+    metrics = finetune.main(
+        run_args(
+            tmp_path / "docstrings",
+            "--task",
+            "seq2seq",
+            "--max_train_samples",
+            "64",
+            "--max_eval_samples",
+            "8",
+            "--tokenizer_vocab_size",
+            "400",
+            "--config_overrides",
+            TINY_SEQ2SEQ_OVERRIDES,
+            "--generation_max_length",
+            "8",
+            "--max_steps",
+            "4",
+        )
+    )
     for key in ("eval_bleu", "eval_chrf", "eval_exact_match", "before_eval_chrf"):
         assert 0.0 <= metrics[key] <= 100.0
     assert json.loads((tmp_path / "docstrings" / "config.json").read_text())["model_type"] == "archlab_seq2seq"
@@ -128,8 +186,18 @@ def test_bad_inputs(tmp_path: Path, work: Path) -> None:
     with pytest.raises(ValueError, match="allowed values: instruct, classification, seq2seq"):
         finetune.main(run_args(out, "--task", "translation", *base))
     with pytest.raises(ValueError, match="Column 'category' not found"):
-        finetune.main(run_args(out, "--task", "classification", *base, "--train_file", str(work / "train.csv"),
-                               "--label_column_name", "category"))
+        finetune.main(
+            run_args(
+                out,
+                "--task",
+                "classification",
+                *base,
+                "--train_file",
+                str(work / "train.csv"),
+                "--label_column_name",
+                "category",
+            )
+        )
     with pytest.raises(ValueError, match="Conflicting flags: --task seq2seq trains a seq2seq, not --model_kind"):
         finetune.main(run_args(out, "--task", "seq2seq", "--model_kind", "masked_lm"))
     with pytest.raises(ValueError, match="only --task seq2seq chooses its card's task, one of translation, summar"):
@@ -137,8 +205,18 @@ def test_bad_inputs(tmp_path: Path, work: Path) -> None:
     with pytest.raises(ValueError, match="`--pipeline_tag`='text-generation'"):
         finetune.main(run_args(out, "--task", "seq2seq", "--pipeline_tag", "text-generation"))
     with pytest.raises(ValueError, match="--prompt_column and --response_column go together"):
-        finetune.main(run_args(out, "--task", "instruct", *base, "--train_file", str(work / "instruct.jsonl"),
-                               "--prompt_column", "prompt"))
+        finetune.main(
+            run_args(
+                out,
+                "--task",
+                "instruct",
+                *base,
+                "--train_file",
+                str(work / "instruct.jsonl"),
+                "--prompt_column",
+                "prompt",
+            )
+        )
     with pytest.raises(ValueError, match="--max_source_length must be >= 1"):
         finetune.main(run_args(out, "--task", "seq2seq", "--max_source_length", "-3"))
     with pytest.raises(ValueError, match="--max_target_length must be >= 1"):
@@ -174,14 +252,24 @@ def test_the_task_table_has_one_row_per_task_choice() -> None:
     assert task_flag.metadata["help"].split(" | ") == list(TASKS) == ["instruct", "classification", "seq2seq"]
     assert task_flag.default in TASKS
     assert {name: task.model_kind for name, task in TASKS.items()} == {
-        "instruct": "decoder", "classification": "decoder", "seq2seq": "seq2seq"}
+        "instruct": "decoder",
+        "classification": "decoder",
+        "seq2seq": "seq2seq",
+    }
     assert all(task.model_kind in MODEL_KINDS for task in TASKS.values())
 
     logits = np.array([[2.0, 0.0], [0.0, 1.0]])
     computed = {
         "instruct": TASKS["instruct"].view({"eval_loss": 1.0}),
-        "classification": {"eval_loss": 1.0, **{f"eval_{k}": v for k, v in TASKS["classification"].compute_metrics(
-            None)(EvalPrediction(predictions=logits, label_ids=np.array([0, 1]))).items()}},
+        "classification": {
+            "eval_loss": 1.0,
+            **{
+                f"eval_{k}": v
+                for k, v in TASKS["classification"]
+                .compute_metrics(None)(EvalPrediction(predictions=logits, label_ids=np.array([0, 1])))
+                .items()
+            },
+        },
         "seq2seq": {"eval_loss": 1.0, **{f"eval_{k}": v for k, v in text_metrics(["a b"], ["a b"]).items()}},
     }
     for name, metrics in computed.items():

@@ -37,14 +37,29 @@ def saved(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 def test_decoder_streams_what_greedy_generate_returns(saved: dict[str, Path], capsys) -> None:
-    text = generate.main(["--model_name_or_path", str(saved["decoder"]), "--prompt", "def f1(x):",
-                          "--max_new_tokens", "12", "--do_sample", "false"])
+    text = generate.main(
+        [
+            "--model_name_or_path",
+            str(saved["decoder"]),
+            "--prompt",
+            "def f1(x):",
+            "--max_new_tokens",
+            "12",
+            "--do_sample",
+            "false",
+        ]
+    )
     model = archlab.DecoderForCausalLM.from_pretrained(saved["decoder"]).eval()
     tokenizer = archlab.tokenization.training.load_tokenizer(saved["decoder"])
     inputs = tokenizer("def f1(x):", return_tensors="pt")
-    expected = model.generate(**inputs, max_new_tokens=12, do_sample=False, pad_token_id=tokenizer.pad_token_id,
-                              eos_token_id=tokenizer.eos_token_id)
-    assert text == tokenizer.decode(expected[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True)
+    expected = model.generate(
+        **inputs,
+        max_new_tokens=12,
+        do_sample=False,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
+    assert text == tokenizer.decode(expected[0, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
     printed = capsys.readouterr().out
     assert printed.startswith("def f1(x):") and text.strip() in printed  # the streamer printed it
 
@@ -56,8 +71,22 @@ def test_sampling_is_seeded_and_chat_works(saved: dict[str, Path]) -> None:
 
 
 def test_seq2seq_generation(saved: dict[str, Path], capsys) -> None:
-    text = generate.main(["--model_name_or_path", str(saved["seq2seq"]), "--prompt", "def f(x): return x",
-                          "--max_new_tokens", "6", "--do_sample", "false", "--num_beams", "2", "--stream", "false"])
+    text = generate.main(
+        [
+            "--model_name_or_path",
+            str(saved["seq2seq"]),
+            "--prompt",
+            "def f(x): return x",
+            "--max_new_tokens",
+            "6",
+            "--do_sample",
+            "false",
+            "--num_beams",
+            "2",
+            "--stream",
+            "false",
+        ]
+    )
     assert isinstance(text, str) and "tokens generated" in capsys.readouterr().out
 
 
@@ -75,8 +104,9 @@ def test_errors(saved: dict[str, Path], tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("damage", ["truncated", "empty"])
-def test_a_damaged_weights_file_is_named_in_one_error_line(saved: dict[str, Path], tmp_path: Path, capsys,
-                                                           damage: str) -> None:
+def test_a_damaged_weights_file_is_named_in_one_error_line(
+    saved: dict[str, Path], tmp_path: Path, capsys, damage: str
+) -> None:
     import shutil
 
     from archlab.scripts.arguments import run_cli
@@ -89,8 +119,10 @@ def test_a_damaged_weights_file_is_named_in_one_error_line(saved: dict[str, Path
         run_cli(lambda: generate.main(["--model_name_or_path", str(folder)]))
     assert exit_.value.code == 2
     err = capsys.readouterr().err
-    assert err.startswith(f"error: --model_name_or_path {str(folder)!r}: {weights} is damaged or not a safetensors "
-                          "file") and err.count("\n") == 1
+    assert (
+        err.startswith(f"error: --model_name_or_path {str(folder)!r}: {weights} is damaged or not a safetensors file")
+        and err.count("\n") == 1
+    )
 
 
 def test_a_folder_without_tokenizer_files_is_named(saved: dict[str, Path], tmp_path: Path) -> None:
@@ -104,13 +136,16 @@ def test_a_folder_without_tokenizer_files_is_named(saved: dict[str, Path], tmp_p
         generate.main(["--model_name_or_path", str(folder)])
 
 
-@pytest.mark.parametrize("flag, value, message", [
-    ("--top_p", "2", r"--top_p must be in \(0, 1\], got 2.0"),
-    ("--top_p", "0", r"--top_p must be in \(0, 1\], got 0.0"),
-    ("--top_k", "-1", "--top_k must be >= 0"),
-    ("--repetition_penalty", "0", "--repetition_penalty must be > 0"),
-    ("--num_beams", "0", "--num_beams must be >= 1"),
-])
+@pytest.mark.parametrize(
+    "flag, value, message",
+    [
+        ("--top_p", "2", r"--top_p must be in \(0, 1\], got 2.0"),
+        ("--top_p", "0", r"--top_p must be in \(0, 1\], got 0.0"),
+        ("--top_k", "-1", "--top_k must be >= 0"),
+        ("--repetition_penalty", "0", "--repetition_penalty must be > 0"),
+        ("--num_beams", "0", "--num_beams must be >= 1"),
+    ],
+)
 def test_out_of_range_values_fail_before_loading(tmp_path: Path, flag: str, value: str, message: str) -> None:
     (tmp_path / "config.json").write_text("{}")  # check() runs before any model or tokenizer is read
     with pytest.raises(ValueError, match=message):
@@ -138,8 +173,12 @@ def test_command_line_error_exit_code(tmp_path):
     import sys
 
     script = REPO / "scripts" / "generate.py"
-    run = subprocess.run([sys.executable, str(script), "--model_name_or_path", str(tmp_path / "nowhere")],
-                         capture_output=True, text=True, timeout=300)
+    run = subprocess.run(
+        [sys.executable, str(script), "--model_name_or_path", str(tmp_path / "nowhere")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert run.returncode == 2
     assert "Traceback" not in run.stderr
     assert "error: --model_name_or_path" in run.stderr and "holds no saved model (config.json)" in run.stderr

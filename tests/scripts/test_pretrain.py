@@ -19,6 +19,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from archlab.scripts import pretrain
 from archlab.tokenization.training import save_tokenizer, train_tokenizer
 from archlab.training import pretraining, sources
+
 from helpers import TINY_DECODER_OVERRIDES, TINY_SEQ2SEQ_OVERRIDES
 
 
@@ -43,12 +44,38 @@ def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def tiny_args(out: Path, data_dir: Path, *extra: str, train_file: str | None = "train.jsonl") -> list[str]:
     args = [
-        "--output_dir", str(out), "--cache_dir", str(data_dir / "cache"),
-        "--max_steps", "6", "--per_device_train_batch_size", "4", "--per_device_eval_batch_size", "4",
-        "--block_size", "32", "--config_overrides", TINY_DECODER_OVERRIDES,
-        "--eval_steps", "3", "--save_steps", "3", "--logging_steps", "1", "--warmup_steps", "0",
-        "--eval_max_blocks", "8", "--sample_max_new_tokens", "8", "--disable_tqdm", "true",
-        "--dataloader_pin_memory", "false", "--preprocessing_num_workers", "1",
+        "--output_dir",
+        str(out),
+        "--cache_dir",
+        str(data_dir / "cache"),
+        "--max_steps",
+        "6",
+        "--per_device_train_batch_size",
+        "4",
+        "--per_device_eval_batch_size",
+        "4",
+        "--block_size",
+        "32",
+        "--config_overrides",
+        TINY_DECODER_OVERRIDES,
+        "--eval_steps",
+        "3",
+        "--save_steps",
+        "3",
+        "--logging_steps",
+        "1",
+        "--warmup_steps",
+        "0",
+        "--eval_max_blocks",
+        "8",
+        "--sample_max_new_tokens",
+        "8",
+        "--disable_tqdm",
+        "true",
+        "--dataloader_pin_memory",
+        "false",
+        "--preprocessing_num_workers",
+        "1",
     ]
     if train_file:
         args += ["--train_file", str(data_dir / train_file)]
@@ -60,8 +87,16 @@ def test_pretrain_decoder_end_to_end(tmp_path: Path, data_dir: Path) -> None:
     metrics = pretrain.main(tiny_args(out, data_dir, "--tokenizer_vocab_size", "300", "--learning_rate", "3e-3"))
     assert metrics["eval_loss"] < metrics["before_eval_loss"]
     assert metrics["eval_perplexity"] == pytest.approx(torch.tensor(metrics["eval_loss"]).exp().item(), rel=1e-4)
-    for name in ("config.json", "model.safetensors", "tokenizer.json", "README.md", "loss_curve.png",
-                 "trainer_state.json", "all_results.json", "checkpoint-6"):
+    for name in (
+        "config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "README.md",
+        "loss_curve.png",
+        "trainer_state.json",
+        "all_results.json",
+        "checkpoint-6",
+    ):
         assert (out / name).exists(), name
     assert not any(entry.startswith(".staging") for entry in os.listdir(out))
     assert json.loads((out / "tokenizer_config.json").read_text())["tokenizer_class"] == "PreTrainedTokenizerFast"
@@ -87,32 +122,50 @@ BAD_INPUTS = [
     (["--train_file", "missing.jsonl"], FileNotFoundError, "missing.jsonl' does not exist"),
     (["--train_file", "empty.csv"], ValueError, "train split is empty"),
     (["--train_file", "content.jsonl"], ValueError, "Column 'text' not found in the train split"),
-    (["--tokenizer_name", "tokenizer", "--config_overrides", "vocab_size=100"], ValueError,
-     "tokenizer has \\d+ tokens but the model's `vocab_size` is 100"),
-    (["--block_size", "512", "--config_overrides", "max_position_embeddings=256"], ValueError,
-     "--block_size 512 exceeds the model's `max_position_embeddings` \\(256\\)"),
+    (
+        ["--tokenizer_name", "tokenizer", "--config_overrides", "vocab_size=100"],
+        ValueError,
+        "tokenizer has \\d+ tokens but the model's `vocab_size` is 100",
+    ),
+    (
+        ["--block_size", "512", "--config_overrides", "max_position_embeddings=256"],
+        ValueError,
+        "--block_size 512 exceeds the model's `max_position_embeddings` \\(256\\)",
+    ),
     (["--dataset_name", "wikitext"], ValueError, "Conflicting flags: --dataset_name and --train_file"),
     (["--tokenizer_name", "tokenizer", "--tokenizer_vocab_size", "500"], ValueError, "Conflicting flags"),
     (["--preset", "tiny", "--config_name", "config.json"], ValueError, "Conflicting flags: --preset and --config_name"),
     (["--streaming", "true", "--max_steps", "-1"], ValueError, "--streaming needs --max_steps"),
     (["--model_kind", "encoder"], ValueError, "allowed values: decoder, seq2seq, masked_lm"),
-    (["--tokenizer_algorithm", "sentencepiece"], ValueError,
-     "--tokenizer_algorithm 'sentencepiece' is not supported; allowed values: bpe, wordpiece, unigram"),
+    (
+        ["--tokenizer_algorithm", "sentencepiece"],
+        ValueError,
+        "--tokenizer_algorithm 'sentencepiece' is not supported; allowed values: bpe, wordpiece, unigram",
+    ),
     (["--tokenizer_train_samples", "0"], ValueError, "--tokenizer_train_samples must be >= 1, got 0"),
     (["--sample_by", "sentence"], ValueError, "--sample_by 'sentence' is not supported; allowed values: document"),
     (["--max_train_samples", "-3"], ValueError, "--max_train_samples must be >= 1"),
     (["--eval_max_blocks", "0"], ValueError, "--eval_max_blocks must be >= 1"),
-    (["--config_overrides", "num_hidden_layer=1"], ValueError,
-     "DecoderConfig has no field 'num_hidden_layer' \\(did you mean 'num_hidden_layers'\\?\\)"),
+    (
+        ["--config_overrides", "num_hidden_layer=1"],
+        ValueError,
+        "DecoderConfig has no field 'num_hidden_layer' \\(did you mean 'num_hidden_layers'\\?\\)",
+    ),
     (["--resume_from_checkpoint", "true"], FileNotFoundError, "no checkpoint-N folder"),
-    (["--tokenizer_vocab_size", "5"], ValueError,
-     "--tokenizer_vocab_size must exceed the 6 special tokens of a decoder tokenizer, got 5"),
+    (
+        ["--tokenizer_vocab_size", "5"],
+        ValueError,
+        "--tokenizer_vocab_size must exceed the 6 special tokens of a decoder tokenizer, got 5",
+    ),
     (["--train_file", "blank.txt"], ValueError, "The train split is empty: '.*blank.txt' holds no text"),
     (["--train_file", "latin1.txt"], ValueError, "Data file '.*latin1.txt' is not UTF-8 text: byte 0xe9 at offset 3"),
     (["--train_file", "latin1.csv"], ValueError, "Data file '.*latin1.csv' is not UTF-8 text: byte 0xe9 at offset 8"),
     (["--config_overrides", 'hidden_size="32"'], ValueError, "`hidden_size` must be an int, got '32' \\(a str\\)"),
-    (["--config_overrides", 'rope_parameters={"rope_type":"spiral","rope_theta":1e4}'], ValueError,
-     "`rope_parameters\\['rope_type'\\]`='spiral' is not supported; allowed values: 'default', 'linear'"),
+    (
+        ["--config_overrides", 'rope_parameters={"rope_type":"spiral","rope_theta":1e4}'],
+        ValueError,
+        "`rope_parameters\\['rope_type'\\]`='spiral' is not supported; allowed values: 'default', 'linear'",
+    ),
 ]
 
 
@@ -227,15 +280,30 @@ pretrain.main(sys.argv[1:], callbacks=[KillAfterStep()])
 
 @pytest.mark.slow
 def test_resume_after_sigkill_ends_where_an_uninterrupted_run_ends(tmp_path: Path, data_dir: Path) -> None:
-    common = ("--max_steps", "8", "--save_steps", "2", "--eval_strategy", "no", "--tokenizer_name",
-              str(data_dir / "tokenizer"), "--save_total_limit", "3")
+    common = (
+        "--max_steps",
+        "8",
+        "--save_steps",
+        "2",
+        "--eval_strategy",
+        "no",
+        "--tokenizer_name",
+        str(data_dir / "tokenizer"),
+        "--save_total_limit",
+        "3",
+    )
     reference = tmp_path / "reference"
     pretrain.main(tiny_args(reference, data_dir, *common))
 
     out = tmp_path / "killed"
     env = {**os.environ, "KILL_AT_STEP": "5"}
-    run = subprocess.run([sys.executable, "-c", KILLER, *tiny_args(out, data_dir, *common)], env=env,
-                         capture_output=True, text=True, timeout=600)
+    run = subprocess.run(
+        [sys.executable, "-c", KILLER, *tiny_args(out, data_dir, *common)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert run.returncode == -9, run.stderr[-2000:]
     assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-2", "checkpoint-4"]
     assert not (out / "config.json").exists()  # no final model from a killed run
@@ -255,8 +323,18 @@ def test_resume_after_sigkill_ends_where_an_uninterrupted_run_ends(tmp_path: Pat
 
 # A constant learning rate: a run of 4 steps resumed to 6 trains what one run of 6 steps trains. Logging every 3 steps
 # and saving every 2 leaves checkpoint steps that only the log at each save covers.
-RESUMABLE = ("--eval_strategy", "no", "--lr_scheduler_type", "constant", "--save_steps", "2", "--logging_steps", "3",
-             "--tokenizer_vocab_size", "300")
+RESUMABLE = (
+    "--eval_strategy",
+    "no",
+    "--lr_scheduler_type",
+    "constant",
+    "--save_steps",
+    "2",
+    "--logging_steps",
+    "3",
+    "--tokenizer_vocab_size",
+    "300",
+)
 
 
 @pytest.mark.slow
@@ -277,8 +355,9 @@ def test_resume_reuses_the_saved_tokenizer_and_reports_the_whole_runs_loss(
     logging.getLogger("transformers.trainer").addHandler(handler)
     capfd.readouterr()
     try:
-        metrics = pretrain.main(tiny_args(out, data_dir, *RESUMABLE, "--max_steps", "6", "--resume_from_checkpoint",
-                                          "true"))
+        metrics = pretrain.main(
+            tiny_args(out, data_dir, *RESUMABLE, "--max_steps", "6", "--resume_from_checkpoint", "true")
+        )
     finally:
         logging.getLogger("transformers.trainer").removeHandler(handler)
     assert "Using the tokenizer saved in" in capfd.readouterr().out
@@ -315,8 +394,8 @@ def test_resuming_a_finished_run_changes_nothing(tmp_path: Path, data_dir: Path,
 
 def test_config_from_preset_json_and_overrides(tmp_path: Path, data_dir: Path) -> None:
     from archlab.scripts.arguments import ModelArguments
-    from archlab.training.configs import build_config
     from archlab.tokenization.training import load_tokenizer
+    from archlab.training.configs import build_config
 
     tokenizer = load_tokenizer(data_dir / "tokenizer")
     config = build_config(ModelArguments(preset="tiny", config_overrides="num_hidden_layers=2"), tokenizer, 64)
@@ -335,18 +414,35 @@ def test_config_from_preset_json_and_overrides(tmp_path: Path, data_dir: Path) -
 def test_config_overrides_take_json_lists_and_objects() -> None:
     from archlab.training.configs import parse_overrides
 
-    text = 'num_hidden_layers=2,layer_types=["sliding_attention","full_attention"],rope_parameters={"rope_type":' \
-           '"linear","factor":2.0},sliding_window=8,note="a,b"'
+    text = (
+        'num_hidden_layers=2,layer_types=["sliding_attention","full_attention"],rope_parameters={"rope_type":'
+        '"linear","factor":2.0},sliding_window=8,note="a,b"'
+    )
     assert parse_overrides(text) == {
-        "num_hidden_layers": 2, "layer_types": ["sliding_attention", "full_attention"],
-        "rope_parameters": {"rope_type": "linear", "factor": 2.0}, "sliding_window": 8, "note": "a,b",
+        "num_hidden_layers": 2,
+        "layer_types": ["sliding_attention", "full_attention"],
+        "rope_parameters": {"rope_type": "linear", "factor": 2.0},
+        "sliding_window": 8,
+        "note": "a,b",
     }
 
 
 def test_pretrain_streaming(tmp_path: Path, data_dir: Path) -> None:
     out = tmp_path / "streamed"
-    metrics = pretrain.main(tiny_args(out, data_dir, "--streaming", "true", "--tokenizer_name",
-                                      str(data_dir / "tokenizer"), "--max_steps", "3", "--eval_steps", "3"))
+    metrics = pretrain.main(
+        tiny_args(
+            out,
+            data_dir,
+            "--streaming",
+            "true",
+            "--tokenizer_name",
+            str(data_dir / "tokenizer"),
+            "--max_steps",
+            "3",
+            "--eval_steps",
+            "3",
+        )
+    )
     assert metrics["eval_loss"] == metrics["eval_loss"] and (out / "model.safetensors").exists()
     args = tiny_args(tmp_path / "x", data_dir, "--model_name_or_path", "runs/missing-model")
     position = args.index("--config_overrides")

@@ -22,6 +22,7 @@ from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 from archlab import DecoderForCausalLM
 from archlab.scripts import push_to_hub
 from archlab.training import hub as training_hub
+
 from helpers import tiny_decoder_config
 from isolated import check, run_without_archlab
 
@@ -80,8 +81,15 @@ def test_dry_run_writes_exactly_the_upload_set(trained, tmp_path):
     names = set(_files(tmp_path / "upload"))
     code = {path.name for path in folder.glob("*.py")}
     assert names == code | {
-        "README.md", "config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
-        "tokenizer_config.json", "trainer_state.json", "training_args.json", "loss_curve.png",
+        "README.md",
+        "config.json",
+        "generation_config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "trainer_state.json",
+        "training_args.json",
+        "loss_curve.png",
     } | ({"special_tokens_map.json"} & set(os.listdir(folder)))
     card = (tmp_path / "upload" / "README.md").read_text()
     assert f'model_id = "{REPO}"' in card and "python-stdlib" in card
@@ -185,8 +193,9 @@ class RecordingHub:
 
 
 def _live(folder: Path, hub: RecordingHub, *extra: str) -> int:
-    return push_to_hub.main([str(folder), REPO, "--token", "hf_test", "--datasets", "python-stdlib", *extra],
-                            api_factory=lambda: hub)
+    return push_to_hub.main(
+        [str(folder), REPO, "--token", "hf_test", "--datasets", "python-stdlib", *extra], api_factory=lambda: hub
+    )
 
 
 def test_live_push_uploads_the_dry_run_in_one_commit(trained, tmp_path, monkeypatch):
@@ -246,11 +255,16 @@ def test_unreachable_hub_fails_fast_and_leaves_nothing(trained, tmp_path):
     scratch = tmp_path / "scratch"
     scratch.mkdir()
     env = {key: value for key, value in os.environ.items() if not key.startswith(("HF_", "PYTEST"))}
-    env.update(HF_TOKEN="hf_test", HF_ENDPOINT="http://127.0.0.1:9", HF_HOME=str(tmp_path / "hf_home"),
-               TMPDIR=str(scratch))
+    env.update(
+        HF_TOKEN="hf_test", HF_ENDPOINT="http://127.0.0.1:9", HF_HOME=str(tmp_path / "hf_home"), TMPDIR=str(scratch)
+    )
     result = subprocess.run(
-        [sys.executable, "-m", "archlab.scripts.push_to_hub", str(folder), REPO], env=env, capture_output=True,
-        text=True, timeout=300, cwd=tmp_path,
+        [sys.executable, "-m", "archlab.scripts.push_to_hub", str(folder), REPO],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
     )
     assert result.returncode == 2, result.stderr
     assert "Cannot reach the Hub at http://127.0.0.1:9" in result.stderr
@@ -265,12 +279,32 @@ def test_pretrain_output_pushes_and_loads_anywhere(tmp_path):
     corpus = tmp_path / "train.txt"
     corpus.write_text("".join(f"def f{i}(x):\n    return x + {i}\n\n" for i in range(200)))
     run = tmp_path / "run"
-    pretrain.main([
-        "--train_file", str(corpus), "--sample_by", "paragraph", "--tokenizer_vocab_size", "300",
-        "--config_overrides", "hidden_size=32,intermediate_size=64,num_hidden_layers=2,num_attention_heads=4,"
-        "num_key_value_heads=2", "--block_size", "32", "--max_steps", "3", "--per_device_train_batch_size", "4",
-        "--logging_steps", "1", "--output_dir", str(run), "--report_to", "none", "--save_strategy", "no",
-    ])
+    pretrain.main(
+        [
+            "--train_file",
+            str(corpus),
+            "--sample_by",
+            "paragraph",
+            "--tokenizer_vocab_size",
+            "300",
+            "--config_overrides",
+            "hidden_size=32,intermediate_size=64,num_hidden_layers=2,num_attention_heads=4,num_key_value_heads=2",
+            "--block_size",
+            "32",
+            "--max_steps",
+            "3",
+            "--per_device_train_batch_size",
+            "4",
+            "--logging_steps",
+            "1",
+            "--output_dir",
+            str(run),
+            "--report_to",
+            "none",
+            "--save_strategy",
+            "no",
+        ]
+    )
     upload = tmp_path / "upload"
     assert push_to_hub.main([str(run), REPO, "--dry-run", str(upload)]) == 0
     names = set(os.listdir(upload))

@@ -228,8 +228,9 @@ def test_local_formats_and_validation_split(tmp_path: Path, extension: str) -> N
         dataset.to_parquet(path)
     else:
         path.write_text("\n".join(r["text"] for r in rows))
-    raw = load_raw_datasets(train_file=str(path), validation_split_percentage=10, sample_by="line",
-                            cache_dir=str(tmp_path / "cache"))
+    raw = load_raw_datasets(
+        train_file=str(path), validation_split_percentage=10, sample_by="line", cache_dir=str(tmp_path / "cache")
+    )
     assert len(raw["train"]) == 36 and len(raw["validation"]) == 4
     assert set(raw["train"]["text"]).isdisjoint(raw["validation"]["text"])
 

@@ -95,8 +95,14 @@ def test_train_from_files_and_datasets(tmp_path: Path) -> None:
         path.write_text(text * 5)
         files.append(path)
     from_files = train_tokenizer(files, "masked_lm", "wordpiece", vocab_size=200, min_frequency=1)
-    from_dataset = train_tokenizer(Dataset.from_dict({"body": TEXTS}), "masked_lm", "wordpiece", vocab_size=200,
-                                   min_frequency=1, text_column="body")
+    from_dataset = train_tokenizer(
+        Dataset.from_dict({"body": TEXTS}),
+        "masked_lm",
+        "wordpiece",
+        vocab_size=200,
+        min_frequency=1,
+        text_column="body",
+    )
     assert from_files.tokenize("return") == ["return"] and from_dataset.tokenize("return") == ["return"]
     with pytest.raises(ValueError, match="Text column 'text' not found"):
         train_tokenizer(Dataset.from_dict({"body": TEXTS}), vocab_size=200)

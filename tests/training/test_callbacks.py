@@ -8,12 +8,13 @@ import math
 
 import pytest
 import torch
-from helpers import tiny_decoder_config
 from transformers import Trainer, TrainingArguments
 
 import archlab
 from archlab.modeling.moe import load_balancing_loss
 from archlab.training.callbacks import RouterStatsCallback, attach_router_stats
+
+from helpers import tiny_decoder_config
 
 
 def collapsed_moe(**overrides) -> archlab.DecoderForCausalLM:
@@ -55,8 +56,16 @@ def test_router_stats_show_collapse_and_aux_loss_falls(tmp_path, caplog):
     assert "Router collapse in layer_0" in caplog.text
 
     args = TrainingArguments(
-        output_dir=str(tmp_path), max_steps=24, per_device_train_batch_size=8, learning_rate=1e-2,
-        logging_steps=4, report_to=[], save_strategy="no", use_cpu=True, disable_tqdm=True, seed=0,
+        output_dir=str(tmp_path),
+        max_steps=24,
+        per_device_train_batch_size=8,
+        learning_rate=1e-2,
+        logging_steps=4,
+        report_to=[],
+        save_strategy="no",
+        use_cpu=True,
+        disable_tqdm=True,
+        seed=0,
     )
     trainer = Trainer(model=model, args=args, train_dataset=data)
     callback = attach_router_stats(trainer)
