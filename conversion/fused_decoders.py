@@ -161,8 +161,8 @@ def _falcon_from_archlab(config: PreTrainedConfig) -> dict[str, Any]:
         "FalconForCausalLM",
         {
             f"{setting(config, 'norm_position')}, {setting(config, 'num_key_value_heads')}": (
-                "Falcon has the parallel block with one or two norms and any key/value heads, or the pre-norm block with "
-                f"num_key_value_heads 1 or {heads}"
+                "Falcon has the parallel block with one or two norms and any key/value heads, or the pre-norm block "
+                f"with num_key_value_heads 1 or {heads}"
             )
         },
     )

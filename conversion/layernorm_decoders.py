@@ -69,8 +69,8 @@ def _stablelm_to_archlab(stock: PreTrainedConfig, values: Mapping[str, Any]) -> 
             "stablelm",
             {
                 setting(stock, "qk_layernorm"): (
-                    "StableLM normalises each head's queries and keys with a LayerNorm of its own (per-head weights, no bias); "
-                    "archlab's use_qk_norm has one norm shared by every head"
+                    "StableLM normalises each head's queries and keys with a LayerNorm of its own (per-head weights, "
+                    "no bias); archlab's use_qk_norm has one norm shared by every head"
                 )
             },
         )

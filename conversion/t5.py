@@ -80,7 +80,8 @@ EXPRESSIBLE = frozenset(
         "init_std",
         "max_position_embeddings",
         "train_pad_embedding",
-        # every T5-family model clamps fp16 hidden states; archlab only when asked (fp32/bf16 compute the same either way)
+        # every T5-family model clamps fp16 hidden states; archlab only when asked
+        # (fp32/bf16 compute the same either way)
         "clamp_fp16_hidden_states",
     }
 )

@@ -65,9 +65,10 @@ class Attention(nn.Module):
     """Attention with separate q/k/v/o projections, named as in Llama (`q_proj`, ..., `o_proj`).
 
     Sizes default to the decoder config's fields (`hidden_size`, `num_attention_heads`, `num_key_value_heads`,
-    `head_dim`, `attention_bias`, `qkv_bias`); the encoder-decoder passes its own (`d_model`, `encoder_attention_heads`, ...) and
-    `output_name="out_proj"`, Marian/Bart's name for the output projection; `scaling` (T5: 1.0) and `norm_eps` (the
-    QK-norm's epsilon) override the config's. QK-norm applies to cross-attention too (keys normalised before caching).
+    `head_dim`, `attention_bias`, `qkv_bias`); the encoder-decoder passes its own (`d_model`,
+    `encoder_attention_heads`, ...) and `output_name="out_proj"`, Marian/Bart's name for the output projection;
+    `scaling` (T5: 1.0) and `norm_eps` (the QK-norm's epsilon) override the config's.
+    QK-norm applies to cross-attention too (keys normalised before caching).
     """
 
     def __init__(

@@ -257,8 +257,8 @@ class Seq2SeqConfig(PreTrainedConfig):
             if self.d_kv is None and self.d_model % heads != 0:
                 raise ValueError(
                     f"`d_model` ({self.d_model}) must be divisible by `{side}_attention_heads` ({heads}): allowed "
-                    f"values are {[h for h in range(1, self.d_model + 1) if self.d_model % h == 0]}, or set `d_kv` (the "
-                    "head size)."
+                    f"values are {[h for h in range(1, self.d_model + 1) if self.d_model % h == 0]}, "
+                    "or set `d_kv` (the head size)."
                 )
             if heads % kv_heads != 0:
                 raise ValueError(

@@ -41,8 +41,8 @@ def _scalar_fields(config_class: type) -> tuple[tuple[str, str, tuple[Any, ...]]
     for name, hint in config_class.__dict__.get("__annotations__", {}).items():
         if isinstance(hint, str):  # `from __future__ import annotations`
             try:
-                hint = eval(hint, namespace)  # noqa: S307  (the class's own annotation, in its own module)
-            except Exception:  # noqa: BLE001  (a name that only exists for type checkers)
+                hint = eval(hint, namespace)  # the class's own annotation, in its own module
+            except Exception:  # a name that only exists for type checkers
                 continue
         types = (typing.get_args(hint) if typing.get_origin(hint) is not list else ()) or (hint,)
         if all(t in _SCALARS for t in types):

@@ -19,6 +19,7 @@ import argparse
 import importlib
 import sys
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -75,8 +76,9 @@ def run_dense(args: argparse.Namespace) -> Report:
     batch = {"input_ids": ids, "labels": ids}
     tokens = batch_size * seq_len
     report = Report(
-        title=f"Dense decoder vs LlamaForCausalLM — hidden {shape['hidden_size']}, {shape['num_hidden_layers']} layers, "
-        f"{shape['num_attention_heads']} heads / {shape['num_key_value_heads']} KV heads, vocab {shape['vocab_size']}",
+        title=f"Dense decoder vs LlamaForCausalLM — hidden {shape['hidden_size']}, "
+        f"{shape['num_hidden_layers']} layers, {shape['num_attention_heads']} heads / "
+        f"{shape['num_key_value_heads']} KV heads, vocab {shape['vocab_size']}",
         peer_name="LlamaForCausalLM",
     )
 
@@ -120,7 +122,7 @@ def run_dense(args: argparse.Namespace) -> Report:
         prompt = torch.randint(3, shape["vocab_size"], (gen_batch, 32))
         kwargs = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False, pad_token_id=0)
         t_a, t_p, ratio = compare_speed(
-            lambda: ours.generate(prompt, **kwargs), lambda: peer.generate(prompt, **kwargs), args.rounds
+            partial(ours.generate, prompt, **kwargs), partial(peer.generate, prompt, **kwargs), args.rounds
         )
         n = gen_batch * new_tokens
         report.rows.append(

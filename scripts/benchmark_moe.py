@@ -185,7 +185,7 @@ def main(argv: list[str] | None = None) -> dict:
         # Where each step goes: with the same GEMMs, 1 / (GEMM + attention share) bounds any speed-up.
         results["train_breakdown"] = {}
         for name, model, impl in train_entries:
-            shares = time_breakdown(lambda: train_step(model, impl))
+            shares = time_breakdown(partial(train_step, model, impl))
             results["train_breakdown"][name] = shares
             print(
                 f"  {name:<20} GEMMs {shares['gemm']:.0%}, attention kernels {shares['attention']:.0%}, "

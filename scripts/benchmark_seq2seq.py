@@ -5,7 +5,8 @@ Swish, dropout 0.1) and the same weights (archlab loads Marian's state dict with
 inputs, side by side in one process (the method of `scripts/benchmark.py`: warm-up, alternating order, median of
 per-round ratios). The goals:
 
-- training tokens/s (full optimiser step, Trainer's default fused AdamW unless `--optim`; source + target tokens), goal ≥ 1.2×;
+- training tokens/s (full optimiser step, Trainer's default fused AdamW unless `--optim`; source + target tokens),
+  goal ≥ 1.2×;
 - beam-search generation tokens/s (4 beams, EncoderDecoderCache, fixed output length), goal ≥ 1.0×;
 - peak memory of a training step, goal ≤ 1.0× (reported as Marian ÷ archlab, so ≥ 1 meets it).
 

@@ -78,8 +78,8 @@ class FinetuneTrainingArguments(Seq2SeqTrainingArguments):
     overwrite_output_dir: bool = field(
         default=False,
         metadata={
-            "help": "Start over in an --output_dir that holds checkpoints (they are deleted) or a finished model (it is "
-            "replaced)."
+            "help": "Start over in an --output_dir that holds checkpoints (they are deleted) or a finished model "
+            "(it is replaced)."
         },
     )
     max_steps: int = field(

@@ -1,7 +1,8 @@
 """The embedded default corpus: the Python standard library's own source files.
 
 Every machine that runs archlab has them (`sysconfig.get_paths()["stdlib"]`), they are real text nobody here wrote
-(about 10 MB without the test suite and generated tables, 30+ MB with the tests), so pretraining demos and tests need no download. Two views:
+(about 10 MB without the test suite and generated tables, 30+ MB with the tests), so pretraining demos and tests
+need no download. Two views:
 
 - `stdlib_documents`: one document per `.py` file (`{"text", "path"}`), the pretraining corpus;
 - `code_docstring_pairs`: a real seq2seq task extracted with `ast` -- a function's code (docstring removed) ->

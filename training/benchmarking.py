@@ -161,8 +161,9 @@ def native_bf16() -> str:
 # ----------------------------------------------------------------------------------------------------------------
 # The training step timed
 # ----------------------------------------------------------------------------------------------------------------
-# The optimisers a benchmark can step, by Trainer's `optim` names. Trainer's default is "adamw_torch_fused" (torch >= 2.8),
-# so that is what a training benchmark times unless asked otherwise; the optimiser is the same for both models.
+# The optimisers a benchmark can step, by Trainer's `optim` names. Trainer's default is "adamw_torch_fused"
+# (torch >= 2.8), so that is what a training benchmark times unless asked otherwise; the optimiser is the same for
+# both models.
 OPTIMIZERS = {"adamw_torch_fused": {"fused": True}, "adamw_torch": {"foreach": True}}
 
 

@@ -72,7 +72,7 @@ def check_override_names(choices: ModelChoices) -> None:
         try:  # keys the config consumes and rewrites (`rope_theta` -> `rope_parameters`) are not stored as given
             if key not in config_class(**{key: value}).to_dict():
                 continue
-        except Exception:  # noqa: BLE001  (a value the config rejects: the full build reports it with context)
+        except Exception:  # a value the config rejects: the full build reports it with context
             continue
         unknown.append(key)
     if unknown:

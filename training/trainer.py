@@ -50,7 +50,8 @@ class AtomicCheckpointTrainer(Trainer):
     """A `Trainer` whose `checkpoint-N` folders are complete or absent: each is written under `.staging/` and
     renamed into place, so a run killed mid-save resumes from the previous complete checkpoint. Resuming from a
     checkpoint at the run's last step trains nothing more, a resumed run's `train_loss` is the whole run's, and
-    `train()` trains one model under data parallelism even after an `evaluate()` (see `_forget_evaluation_only_preparation`)."""
+    `train()` trains one model under data parallelism even after an `evaluate()`
+    (see `_forget_evaluation_only_preparation`)."""
 
     _staging_dir: str | None = None
 

@@ -200,7 +200,7 @@ def assert_one_model(weights_dir: Path, reference: dict[str, torch.Tensor]) -> N
     assert any(not torch.equal(reference[n], ranks[0][n]) for n in reference)  # (it trained: compared to itself)
 
 
-@pytest.mark.parametrize(("name", "launcher"), RUNS, ids=[f"{n}-{l}" for n, l in RUNS])
+@pytest.mark.parametrize(("name", "launcher"), RUNS, ids=[f"{name}-{launcher}" for name, launcher in RUNS])
 def test_script_trains_one_model(name: str, launcher: str, data: Path, single_process, tmp_path: Path) -> None:
     script = "pretrain" if name == "pretrain" else "finetune"
     command = [

@@ -34,7 +34,7 @@ except transformers_common_tests.Unavailable as error:
         raise  # CI has the package registry: a failed fetch is a failure there, not a reason to skip
     pytest.skip(str(error), allow_module_level=True)
 
-from transformers import (  # noqa: E402
+from transformers import (
     BertConfig,
     BertForMaskedLM,
     LlamaConfig,
@@ -45,10 +45,10 @@ from transformers import (  # noqa: E402
     MarianModel,
     MarianMTModel,
 )
-from transformers.models.auto import modeling_auto  # noqa: E402
+from transformers.models.auto import modeling_auto
 
-import archlab  # noqa: E402
-from archlab.registration import MODEL_REGISTRY  # noqa: E402
+import archlab
+from archlab.registration import MODEL_REGISTRY
 
 # The mixins learn what a class is (base model, causal LM, seq2seq LM, ...) by looking its name up in transformers'
 # own tables of model types, which list only transformers' models; archlab's entries are added while a test runs.

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-import archlab  # noqa: F401  (installs the filter)
+import archlab  # installs the filter
 
 from helpers import tiny_decoder_config
 
