@@ -73,23 +73,59 @@ def causal_lm_loss(
     return _reduce(total, targets, num_items_in_batch)
 
 
+_FP32_ACCUMULATION: dict[str, bool] = {}  # by device: does the float32-output GEMM work there
+
+
+def _fp32_accumulating_matmul_works(device: torch.device) -> bool:
+    """Whether `torch.addmm(acc, a, b, out_dtype=float32, out=acc)` (half inputs, float32 accumulator, one GEMM)
+    runs on this device and gives the float32 product. It does on CUDA in recent torch; elsewhere the op is missing."""
+    key = str(device)
+    if key not in _FP32_ACCUMULATION:
+        try:
+            a = torch.arange(12.0, device=device).reshape(3, 4).to(torch.bfloat16)
+            acc = torch.ones(3, 3, device=device)
+            torch.addmm(acc, a, a.t(), out_dtype=torch.float32, out=acc)
+            _FP32_ACCUMULATION[key] = torch.equal(acc, 1 + a.float() @ a.float().t())
+        except (RuntimeError, TypeError, NotImplementedError):
+            _FP32_ACCUMULATION[key] = False
+    return _FP32_ACCUMULATION[key]
+
+
+def _accumulate_product(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
+    """acc (float32) += a @ b. Half inputs on a device with a float32-output GEMM accumulate in the GEMM's epilogue:
+    no half product and no float32 copy of it, which for a (vocab x hidden) weight gradient is the difference
+    between one and three passes over a tensor of up to a gigabyte per chunk. (Under torch.compile the plain form:
+    the compiler fuses the cast and the add itself, and the probe would break the graph.)"""
+    half = a.dtype in (torch.bfloat16, torch.float16)
+    if half and not torch.compiler.is_compiling() and _fp32_accumulating_matmul_works(a.device):
+        torch.addmm(acc, a, b, out_dtype=torch.float32, out=acc)
+    else:
+        acc.add_((a @ b).float())
+
+
 class ChunkedLinearCrossEntropy(torch.autograd.Function):
-    """sum over tokens of CE(hidden @ weightᵀ, target) [+ z·logsumexp²], gradient computed chunk by chunk."""
+    """sum over tokens of CE(hidden @ weightᵀ + bias, target) [+ z·logsumexp²], gradient computed chunk by chunk.
+
+    The bias is a separate input (not a column of ones appended to the hidden states): the GEMMs keep the model's
+    inner dimension, a multiple of 8 that tensor cores run at full rate, where `d + 1` falls back to slow kernels."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, targets, chunk_size: int, z_loss_coef: float):  # type: ignore[override]
+    def forward(ctx, hidden, weight, bias, targets, chunk_size: int, z_loss_coef: float):  # type: ignore[override]
         device_type = hidden.device.type
         autocast = torch.is_autocast_enabled(device_type)
         compute_dtype = torch.get_autocast_dtype(device_type) if autocast else hidden.dtype
         with torch.autocast(device_type, enabled=False):
             w = weight.to(compute_dtype)
+            b = bias.to(compute_dtype) if bias is not None else None
             grad_hidden = torch.empty_like(hidden) if hidden.requires_grad else None
             grad_weight = torch.zeros_like(weight, dtype=torch.float32) if weight.requires_grad else None
+            needs_grad_bias = bias is not None and bias.requires_grad
+            grad_bias = torch.zeros_like(bias, dtype=torch.float32) if needs_grad_bias else None
             total = hidden.new_zeros((), dtype=torch.float32)
             for start in range(0, hidden.shape[0], chunk_size):
                 h = hidden[start : start + chunk_size].to(compute_dtype)
                 t = targets[start : start + chunk_size]
-                logits = (h @ w.t()).float()  # (n, V)
+                logits = (h @ w.t() if b is None else torch.addmm(b, h, w.t())).float()  # (n, V)
                 log_z = torch.logsumexp(logits, dim=-1)
                 valid = (t != IGNORE_INDEX).float()
                 safe_t = t.clamp(min=0)
@@ -97,7 +133,7 @@ class ChunkedLinearCrossEntropy(torch.autograd.Function):
                 total += ((log_z - picked) * valid).sum()
                 if z_loss_coef:
                     total += z_loss_coef * (log_z.square() * valid).sum()
-                if grad_hidden is None and grad_weight is None:
+                if grad_hidden is None and grad_weight is None and grad_bias is None:
                     continue
                 # d/dlogits: softmax · (1 + 2 z log Z) - onehot(target), zero for ignored tokens
                 grad = torch.exp_(logits.sub_(log_z[:, None]))
@@ -105,20 +141,25 @@ class ChunkedLinearCrossEntropy(torch.autograd.Function):
                     grad.mul_((1 + 2 * z_loss_coef * log_z)[:, None])
                 grad.scatter_add_(1, safe_t[:, None], -torch.ones_like(picked)[:, None])
                 grad.mul_(valid[:, None])
+                if grad_bias is not None:
+                    grad_bias.add_(grad.sum(0))
                 grad = grad.to(compute_dtype)
                 if grad_hidden is not None:
                     grad_hidden[start : start + chunk_size] = grad @ w
                 if grad_weight is not None:
-                    grad_weight.add_((grad.t() @ h).float())
-        ctx.save_for_backward(grad_hidden, grad_weight.to(weight.dtype) if grad_weight is not None else None)
+                    _accumulate_product(grad_weight, grad.t(), h)
+        ctx.save_for_backward(
+            grad_hidden,
+            grad_weight.to(weight.dtype) if grad_weight is not None else None,
+            grad_bias.to(bias.dtype) if grad_bias is not None else None,
+        )
         return total
 
     @staticmethod
     def backward(ctx, grad_output):  # type: ignore[override]
-        grad_hidden, grad_weight = ctx.saved_tensors
-        grad_hidden = grad_hidden * grad_output.to(grad_hidden.dtype) if grad_hidden is not None else None
-        grad_weight = grad_weight * grad_output.to(grad_weight.dtype) if grad_weight is not None else None
-        return grad_hidden, grad_weight, None, None, None
+        grads = [g * grad_output.to(g.dtype) if g is not None else None for g in ctx.saved_tensors]
+        grad_hidden, grad_weight, grad_bias = grads
+        return grad_hidden, grad_weight, grad_bias, None, None, None
 
 
 def chunked_causal_lm_loss(
@@ -129,13 +170,14 @@ def chunked_causal_lm_loss(
     num_items_in_batch: torch.Tensor | int | None = None,
     z_loss_coef: float = 0.0,
     shifted_labels: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """`causal_lm_loss(hidden_states @ weightᵀ, labels)` without materialising the logits."""
+    """`causal_lm_loss(hidden_states @ weightᵀ + bias, labels)` without materialising the logits."""
     given = shifted_labels if shifted_labels is not None else labels
     _check_targets(given, hidden_states.shape[:-1], "labels" if shifted_labels is None else "shift_labels")
     targets = (shifted_labels if shifted_labels is not None else shift_labels(labels)).reshape(-1)
     hidden = hidden_states.reshape(-1, hidden_states.shape[-1])
-    total = ChunkedLinearCrossEntropy.apply(hidden, weight, targets.to(hidden.device), chunk_size, z_loss_coef)
+    total = ChunkedLinearCrossEntropy.apply(hidden, weight, bias, targets.to(hidden.device), chunk_size, z_loss_coef)
     return _reduce(total, targets, num_items_in_batch)
 
 
@@ -169,12 +211,8 @@ def lm_head_loss(
         weight, bias = head.weight, head.bias
         if output_bias is not None:
             bias = output_bias.reshape(-1) if bias is None else bias + output_bias.reshape(-1)
-        if bias is not None:  # logits = [h, 1] @ [W, b]ᵀ: the bias rides along as one more input channel
-            ones = hidden_states.new_ones(*hidden_states.shape[:-1], 1)
-            hidden_states = torch.cat((hidden_states, ones), -1)
-            weight = torch.cat((weight, bias.to(weight.dtype)[:, None]), 1)
         loss = chunked_causal_lm_loss(
-            hidden_states, weight, labels, chunk_size, num_items_in_batch, z_loss_coef, shifted_labels
+            hidden_states, weight, labels, chunk_size, num_items_in_batch, z_loss_coef, shifted_labels, bias
         )
         return loss, None
     keep = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep

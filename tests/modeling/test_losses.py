@@ -1,12 +1,13 @@
-"""The chunked LM-head + cross-entropy equals the naive loss in value and gradients (incl. z-loss); labels of the
-wrong shape are named."""
+"""The chunked LM-head + cross-entropy equals the naive loss in value and gradients (incl. z-loss, a head bias and a
+constant output bias, bf16 autocast); labels of the wrong shape are named."""
 
 import re
 
 import pytest
 import torch
+from torch import nn
 
-from archlab.modeling.losses import causal_lm_loss, chunked_causal_lm_loss
+from archlab.modeling.losses import _accumulate_product, causal_lm_loss, chunked_causal_lm_loss, lm_head_loss
 
 from helpers import assert_close_to_scale
 
@@ -30,6 +31,60 @@ def test_chunked_matches_naive_value_and_grads(chunk, z):
     torch.testing.assert_close(out, ref)
     for a, b in zip(g_out, g_ref):  # float64 in, but the chunked loss computes its logits in float32
         assert_close_to_scale(a, b, rtol=1e-5)
+
+
+def test_chunked_bias_matches_naive_value_and_grads():
+    torch.manual_seed(0)
+    hidden = torch.randn(3, 7, 16, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(50, 16, dtype=torch.float64, requires_grad=True)
+    bias = torch.randn(50, dtype=torch.float64, requires_grad=True)
+    labels = torch.randint(0, 50, (3, 7))
+    labels[1, 4:] = -100
+    ref = causal_lm_loss(hidden @ weight.t() + bias, labels)
+    out = chunked_causal_lm_loss(hidden, weight, labels, chunk_size=4, bias=bias)
+    torch.testing.assert_close(out, ref)
+    for a, b in zip(torch.autograd.grad(out, (hidden, weight, bias)), torch.autograd.grad(ref, (hidden, weight, bias))):
+        assert_close_to_scale(a, b, rtol=1e-5)
+
+
+def _head_losses(training_chunk: int, autocast: bool) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """Loss and gradients of an LM head with its own bias and a constant output bias (Marian's), chunked or not."""
+    torch.manual_seed(0)
+    head = nn.Linear(16, 40)
+    output_bias = torch.randn(1, 40)
+    hidden = torch.randn(2, 9, 16, requires_grad=True)
+    labels = torch.randint(0, 40, (2, 9))
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        loss, _ = lm_head_loss(
+            hidden, head, training=True, chunk_size=training_chunk, labels=labels, output_bias=output_bias
+        )
+    return loss, list(torch.autograd.grad(loss, (hidden, head.weight, head.bias)))
+
+
+@pytest.mark.parametrize("autocast", [False, True], ids=["fp32", "bf16-autocast"])
+def test_lm_head_loss_chunked_equals_unchunked_with_biases(autocast):
+    """The training path of both families' heads: chunked (the default) against the plain head + cross-entropy, with
+    the head's bias and the output bias. bf16: the two round at different places, so a bf16-sized tolerance."""
+    loss, grads = _head_losses(4, autocast)
+    ref_loss, ref_grads = _head_losses(0, autocast)
+    rtol = 2e-2 if autocast else 1e-5
+    torch.testing.assert_close(loss, ref_loss, rtol=rtol, atol=0)
+    for name, a, b in zip(("hidden", "weight", "bias"), grads, ref_grads):
+        assert_close_to_scale(a, b, rtol=rtol, msg=name)
+
+
+def test_weight_gradient_accumulates_in_float32():
+    """acc += a @ b for half inputs: the float32 result of the half product, on every device (on CUDA through the
+    float32-output GEMM, elsewhere through a float32 copy)."""
+    torch.manual_seed(0)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    a = torch.randn(64, 48, device=device).to(torch.bfloat16)
+    b = torch.randn(48, 32, device=device).to(torch.bfloat16)
+    acc = torch.randn(64, 32, device=device)
+    expected = acc + a.double().mm(b.double()).float()
+    _accumulate_product(acc, a, b)
+    assert acc.dtype == torch.float32
+    assert_close_to_scale(acc, expected, rtol=1e-2)  # the half product rounds to bf16 on the fallback path
 
 
 def test_num_items_in_batch_sums_then_divides():
