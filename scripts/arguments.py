@@ -14,6 +14,7 @@ from typing import Any
 
 from safetensors import SafetensorError, safe_open
 from transformers import HfArgumentParser, TrainingArguments
+from transformers.hf_argparser import string_to_bool
 
 from archlab.tokenization.data import SAMPLE_BY
 from archlab.tokenization.training import ALGORITHMS as TOKENIZER_ALGORITHMS
@@ -79,10 +80,19 @@ class DataArguments:
     streaming: bool = field(default=False, metadata={"help": "Stream the data (needs --max_steps)."})
 
 
+def bf16_by_default(use_cpu: bool, fp16: bool) -> bool:
+    """What the scripts train in when `--bf16` is not given: bf16 mixed precision (autocast over float32 weights,
+    what a GPU user would pick) on a CUDA GPU that has bf16 (Ampere or newer), float32 on the CPU or with --fp16."""
+    import torch
+
+    return not use_cpu and not fp16 and torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+
+
 @dataclass
 class ArchlabTrainingArguments(TrainingArguments):
     """`TrainingArguments` plus `--overwrite_output_dir` (the transformers 4 flag): start over in a folder that
-    already holds checkpoints. The scripts subclass this to set their own defaults."""
+    already holds checkpoints; and `--bf16` on by default where a CUDA GPU supports it. The scripts subclass this
+    to set their own defaults."""
 
     overwrite_output_dir: bool = field(
         default=False,
@@ -91,6 +101,18 @@ class ArchlabTrainingArguments(TrainingArguments):
             "a finished model (it is replaced)."
         },
     )
+    bf16: bool | None = field(
+        default=None,
+        metadata={
+            "help": "bf16 mixed precision (autocast over float32 weights). Default: on when training on a CUDA GPU "
+            "with bf16 support (Ampere or newer), off on the CPU or with --fp16; --bf16 false turns it off."
+        },
+    )
+
+    def __post_init__(self) -> None:
+        if self.bf16 is None:
+            self.bf16 = bf16_by_default(self.use_cpu, self.fp16)
+        super().__post_init__()
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
@@ -101,6 +123,11 @@ def parse_arguments(classes: Sequence[type], argv: Sequence[str] | None, descrip
     """`HfArgumentParser`: flags, or a single .json file holding them (as in transformers' examples); `description`
     (the script's docstring) heads `--help`."""
     parser = HfArgumentParser(tuple(classes), description=description, formatter_class=HelpFormatter)
+    for action in parser._actions:
+        # a boolean flag whose default is None ("decided later": --bf16, --tf32) takes a bare `--flag` as true, as
+        # every other boolean flag does; HfArgumentParser would demand a value
+        if action.type is string_to_bool and action.nargs is None and action.option_strings:
+            action.nargs, action.const = "?", True
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         if len(argv) == 1 and argv[0].endswith(".json"):

@@ -25,6 +25,7 @@ from transformers import Seq2SeqTrainingArguments, TrainerCallback, set_seed
 
 from archlab.model_cards.facts import SEQ2SEQ_PIPELINE_TAGS
 from archlab.scripts.arguments import (
+    ArchlabTrainingArguments,
     DataArguments,
     ModelArguments,
     check_data_flags,
@@ -71,17 +72,11 @@ class FinetuneArguments:
 
 
 @dataclass
-class FinetuneTrainingArguments(Seq2SeqTrainingArguments):
-    """`Seq2SeqTrainingArguments` (a superset of `TrainingArguments`) with defaults for short CPU runs."""
+class FinetuneTrainingArguments(ArchlabTrainingArguments, Seq2SeqTrainingArguments):
+    """`Seq2SeqTrainingArguments` (a superset of `TrainingArguments`) with archlab's flags and defaults for short
+    CPU runs."""
 
     output_dir: str | None = field(default="runs/finetune", metadata={"help": "Where checkpoints and the model go."})
-    overwrite_output_dir: bool = field(
-        default=False,
-        metadata={
-            "help": "Start over in an --output_dir that holds checkpoints (they are deleted) or a finished model "
-            "(it is replaced)."
-        },
-    )
     max_steps: int = field(
         default=300, metadata={"help": "Optimizer steps (>= 1), or -1 to train --num_train_epochs epochs."}
     )

@@ -1,0 +1,47 @@
+"""scripts/arguments.py: what the training scripts share in flag parsing — here, the precision a run picks when
+`--bf16` is not given (bf16 on a CUDA GPU that has it, float32 elsewhere) and bare boolean flags whose default is
+decided later."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from archlab.scripts.arguments import bf16_by_default, parse_arguments
+from archlab.scripts.finetune import FinetuneTrainingArguments
+from archlab.scripts.pretrain import PretrainTrainingArguments
+
+
+@pytest.fixture
+def bf16_gpu(monkeypatch):
+    """Pretend to be on an Ampere-or-newer CUDA machine (the decision reads only these two)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *args, **kwargs: True)
+
+
+def test_bf16_is_the_default_on_a_bf16_gpu_only(bf16_gpu, monkeypatch):
+    assert bf16_by_default(use_cpu=False, fp16=False)
+    assert not bf16_by_default(use_cpu=True, fp16=False)  # --use_cpu: float32
+    assert not bf16_by_default(use_cpu=False, fp16=True)  # --fp16 wins
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *args, **kwargs: False)
+    assert not bf16_by_default(use_cpu=False, fp16=False)  # pre-Ampere GPU
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert not bf16_by_default(use_cpu=False, fp16=False)  # CPU-only machine
+
+
+@pytest.mark.parametrize("arguments", [PretrainTrainingArguments, FinetuneTrainingArguments])
+def test_scripts_train_in_float32_on_the_cpu_unless_asked(arguments):
+    assert parse_arguments([arguments], [])[0].bf16 is False
+    assert parse_arguments([arguments], ["--use_cpu", "--bf16"])[0].bf16 is True  # a bare flag is true
+    assert parse_arguments([arguments], ["--bf16", "false"])[0].bf16 is False
+
+
+@pytest.mark.parametrize("arguments", [PretrainTrainingArguments, FinetuneTrainingArguments])
+def test_the_default_is_asked_only_when_bf16_is_not_given(arguments, monkeypatch):
+    """The scripts' arguments consult `bf16_by_default` (faked here: a GPU cannot be faked far enough for
+    TrainingArguments to set up its device) when --bf16 is absent, and an explicit value wins over it."""
+    import archlab.scripts.arguments as module
+
+    monkeypatch.setattr(module, "bf16_by_default", lambda use_cpu, fp16: True)
+    assert parse_arguments([arguments], ["--use_cpu"])[0].bf16 is True
+    assert parse_arguments([arguments], ["--use_cpu", "--bf16", "false"])[0].bf16 is False
