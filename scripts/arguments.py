@@ -91,8 +91,8 @@ def bf16_by_default(use_cpu: bool, fp16: bool) -> bool:
 @dataclass
 class ArchlabTrainingArguments(TrainingArguments):
     """`TrainingArguments` plus `--overwrite_output_dir` (the transformers 4 flag): start over in a folder that
-    already holds checkpoints; and `--bf16` on by default where a CUDA GPU supports it. The scripts subclass this
-    to set their own defaults."""
+    already holds checkpoints; `--bf16` on by default where a CUDA GPU supports it; `--torch_compile` compiles
+    regionally (`--regional_compilation`). The scripts subclass this to set their own defaults."""
 
     overwrite_output_dir: bool = field(
         default=False,
@@ -109,10 +109,21 @@ class ArchlabTrainingArguments(TrainingArguments):
         },
     )
 
+    regional_compilation: bool = field(
+        default=True,
+        metadata={
+            "help": "With --torch_compile: compile the repeated decoder block once and reuse it for every layer "
+            "(accelerate's regional compilation: a cold start of one block, not the whole model); false compiles "
+            "the whole model as one graph."
+        },
+    )
+
     def __post_init__(self) -> None:
         if self.bf16 is None:
             self.bf16 = bf16_by_default(self.use_cpu, self.fp16)
         super().__post_init__()
+        if self.torch_compile:  # Trainer's TorchDynamoPlugin reads this when it is built, as it reads the backend
+            os.environ["ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION"] = str(self.regional_compilation).lower()
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):

@@ -450,3 +450,30 @@ def test_pretrain_streaming(tmp_path: Path, data_dir: Path) -> None:
     with pytest.raises(OSError, match="'runs/missing-model' is neither a local folder nor loadable from the Hub"):
         pretrain.main(args)
     assert not (tmp_path / "x").exists()
+
+
+@pytest.mark.slow
+def test_torch_compile_compiles_regionally_and_trains_as_eager(tmp_path: Path, data_dir: Path, monkeypatch) -> None:
+    """`--torch_compile` goes through accelerate's regional compilation (one compile of the repeated block, reused
+    by every layer) and the compiled run's per-step losses are the eager run's."""
+    import accelerate.accelerator
+
+    compiled_regions = []
+    original = accelerate.accelerator.compile_regions
+
+    def recording(model, **kwargs):
+        compiled_regions.append(type(model).__name__)
+        return original(model, **kwargs)
+
+    monkeypatch.setattr(accelerate.accelerator, "compile_regions", recording)
+    # the flag sets accelerate's environment variable; monkeypatch removes it again after the test
+    monkeypatch.delenv("ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION", raising=False)
+    losses = {}
+    for name, extra in (("eager", ()), ("compiled", ("--torch_compile", "true"))):
+        out = tmp_path / name
+        pretrain.main(tiny_args(out, data_dir, "--max_steps", "3", "--eval_steps", "3", *extra))
+        history = json.loads((out / "trainer_state.json").read_text())["log_history"]
+        losses[name] = [entry["loss"] for entry in history if "loss" in entry]
+    assert compiled_regions == ["DecoderForCausalLM"]
+    assert len(losses["compiled"]) == 3
+    assert losses["compiled"] == pytest.approx(losses["eager"], rel=1e-4)
