@@ -73,31 +73,48 @@ def causal_lm_loss(
     return _reduce(total, targets, num_items_in_batch)
 
 
-_FP32_ACCUMULATION: dict[str, bool] = {}  # by device: does the float32-output GEMM work there
+_FP32_OUTPUT_GEMM: dict[str, bool] = {}  # by device: do the float32-output GEMMs work there
 
 
-def _fp32_accumulating_matmul_works(device: torch.device) -> bool:
-    """Whether `torch.addmm(acc, a, b, out_dtype=float32, out=acc)` (half inputs, float32 accumulator, one GEMM)
-    runs on this device and gives the float32 product. It does on CUDA in recent torch; elsewhere the op is missing."""
+def _fp32_output_gemm_works(device: torch.device) -> bool:
+    """Whether `torch.mm(a, b, out_dtype=float32)` and `torch.addmm(acc, a, b, out_dtype=float32, out=acc)` (half
+    inputs, float32 result and accumulator, one GEMM) run on this device and give the float32 products. They do on
+    CUDA in recent torch; elsewhere the ops are missing."""
     key = str(device)
-    if key not in _FP32_ACCUMULATION:
+    if key not in _FP32_OUTPUT_GEMM:
         try:
             a = torch.arange(12.0, device=device).reshape(3, 4).to(torch.bfloat16)
+            expected = a.float() @ a.float().t()
             acc = torch.ones(3, 3, device=device)
             torch.addmm(acc, a, a.t(), out_dtype=torch.float32, out=acc)
-            _FP32_ACCUMULATION[key] = torch.equal(acc, 1 + a.float() @ a.float().t())
+            product = torch.mm(a, a.t(), out_dtype=torch.float32)
+            _FP32_OUTPUT_GEMM[key] = torch.equal(acc, 1 + expected) and torch.equal(product, expected)
         except (RuntimeError, TypeError, NotImplementedError):
-            _FP32_ACCUMULATION[key] = False
-    return _FP32_ACCUMULATION[key]
+            _FP32_OUTPUT_GEMM[key] = False
+    return _FP32_OUTPUT_GEMM[key]
+
+
+def _use_fp32_output_gemm(a: torch.Tensor) -> bool:
+    """Half inputs on a device that has the float32-output GEMMs. Under torch.compile the plain forms: the compiler
+    fuses the casts itself, and the probe would break the graph."""
+    half = a.dtype in (torch.bfloat16, torch.float16)
+    return half and not torch.compiler.is_compiling() and _fp32_output_gemm_works(a.device)
+
+
+def _float32_logits(h: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+    """(h @ wᵀ + b) in float32 for the loss. With half inputs on CUDA the GEMM writes float32 itself (no half
+    logits and no float32 copy of them: one pass less over a chunk of logits, and logits rounded once, not twice)."""
+    if _use_fp32_output_gemm(h):
+        logits = torch.mm(h, w.t(), out_dtype=torch.float32)
+        return logits if b is None else logits.add_(b.float())
+    return (h @ w.t() if b is None else torch.addmm(b, h, w.t())).float()
 
 
 def _accumulate_product(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
     """acc (float32) += a @ b. Half inputs on a device with a float32-output GEMM accumulate in the GEMM's epilogue:
     no half product and no float32 copy of it, which for a (vocab x hidden) weight gradient is the difference
-    between one and three passes over a tensor of up to a gigabyte per chunk. (Under torch.compile the plain form:
-    the compiler fuses the cast and the add itself, and the probe would break the graph.)"""
-    half = a.dtype in (torch.bfloat16, torch.float16)
-    if half and not torch.compiler.is_compiling() and _fp32_accumulating_matmul_works(a.device):
+    between one and three passes over a tensor of up to a gigabyte per chunk."""
+    if _use_fp32_output_gemm(a):
         torch.addmm(acc, a, b, out_dtype=torch.float32, out=acc)
     else:
         acc.add_((a @ b).float())
@@ -125,7 +142,7 @@ class ChunkedLinearCrossEntropy(torch.autograd.Function):
             for start in range(0, hidden.shape[0], chunk_size):
                 h = hidden[start : start + chunk_size].to(compute_dtype)
                 t = targets[start : start + chunk_size]
-                logits = (h @ w.t() if b is None else torch.addmm(b, h, w.t())).float()  # (n, V)
+                logits = _float32_logits(h, w, b)  # (n, V)
                 log_z = torch.logsumexp(logits, dim=-1)
                 valid = (t != IGNORE_INDEX).float()
                 safe_t = t.clamp(min=0)

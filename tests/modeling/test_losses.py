@@ -7,7 +7,13 @@ import pytest
 import torch
 from torch import nn
 
-from archlab.modeling.losses import _accumulate_product, causal_lm_loss, chunked_causal_lm_loss, lm_head_loss
+from archlab.modeling.losses import (
+    _accumulate_product,
+    _float32_logits,
+    causal_lm_loss,
+    chunked_causal_lm_loss,
+    lm_head_loss,
+)
 
 from helpers import assert_close_to_scale
 
@@ -85,6 +91,18 @@ def test_weight_gradient_accumulates_in_float32():
     _accumulate_product(acc, a, b)
     assert acc.dtype == torch.float32
     assert_close_to_scale(acc, expected, rtol=1e-2)  # the half product rounds to bf16 on the fallback path
+
+
+def test_float32_logits_of_half_inputs():
+    """h @ wᵀ + b in float32 from bf16 inputs, on every device (on CUDA written by the GEMM in float32)."""
+    torch.manual_seed(0)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    h, w, b = (torch.randn(*shape, device=device).to(torch.bfloat16) for shape in ((16, 24), (40, 24), (40,)))
+    for bias in (None, b):
+        logits = _float32_logits(h, w, bias)
+        expected = h.double() @ w.double().t() + (0 if bias is None else bias.double())
+        assert logits.dtype == torch.float32 and logits.shape == (16, 40)
+        assert_close_to_scale(logits, expected.float(), rtol=1e-2)
 
 
 def test_num_items_in_batch_sums_then_divides():
