@@ -4,6 +4,11 @@ median of per-round ratios), the exact peak memory of a training step, and where
 Absolute times drift on shared machines; ratios measured within one round do not, so every comparison is a median
 of per-round ratios. `scripts/benchmark.py` runs its suites on this harness, and the ablation study
 (`archlab.training.ablation`) its paired speed checks.
+
+On a GPU the same functions take the device: kernels run asynchronously, so the timer is read only after
+`torch.cuda.synchronize()` (before a run starts and after it ends), and peak memory comes from the caching
+allocator's own counter (`torch.cuda.max_memory_allocated`, reset before each measured call). The columns a GPU
+table adds (MFU, share of the bandwidth roofline) are computed in `archlab.training.roofline`.
 """
 
 from __future__ import annotations
@@ -26,6 +31,8 @@ class Row:
     ratio: float  # > 1: archlab better (faster, or less memory)
     unit: str
     goal: str = ""
+    # Further columns, already formatted, by header (MFU, peak memory, ...); a row without one shows it empty.
+    extra: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -36,29 +43,41 @@ class Report:
     notes: list[str] = field(default_factory=list)
 
     def markdown(self) -> str:
-        lines = [
-            f"### {self.title}",
-            "",
-            f"| metric | archlab | {self.peer_name} | ratio | goal |",
-            "|---|---:|---:|---:|---|",
-        ]
+        extra = list(dict.fromkeys(header for r in self.rows for header in r.extra))
+        goals = any(r.goal for r in self.rows)
+        headers = ["metric", "archlab", self.peer_name, "ratio", *extra] + (["goal"] if goals else [])
+        aligns = ["---", "---:", "---:", "---:", *("---:" for _ in extra)] + (["---"] if goals else [])
+        lines = [f"### {self.title}", "", _table_line(headers), "|" + "|".join(aligns) + "|"]
         for r in self.rows:
-            lines.append(
-                f"| {r.metric} | {r.archlab:,.1f} {r.unit} | {r.peer:,.1f} {r.unit} | {r.ratio:.2f}× | {r.goal} |"
-            )
+            cells = [r.metric, f"{r.archlab:,.1f} {r.unit}", f"{r.peer:,.1f} {r.unit}", f"{r.ratio:.2f}×"]
+            cells += [r.extra.get(header, "") for header in extra] + ([r.goal] if goals else [])
+            lines.append(_table_line(cells))
         lines += [""] + [f"- {n}" for n in self.notes]
         return "\n".join(lines)
+
+
+def _table_line(cells: list[str]) -> str:
+    return "| " + " | ".join(cells) + " |"
 
 
 # ----------------------------------------------------------------------------------------------------------------
 # Timing
 # ----------------------------------------------------------------------------------------------------------------
-def interleaved_rounds(runs: dict[str, Callable[[], object]], rounds: int, warmup: int = 1) -> dict[str, list[float]]:
+def synchronize(device: torch.device | str | None) -> None:
+    """Wait for the device's queued kernels (a no-op on CPU, whose calls return when their work is done)."""
+    if device is not None and torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def interleaved_rounds(
+    runs: dict[str, Callable[[], object]], rounds: int, warmup: int = 1, device: torch.device | str | None = None
+) -> dict[str, list[float]]:
     """Seconds of each run in each of `rounds` rounds, after `warmup` untimed calls of every run.
 
     Round r runs them rotated by r places, so each run takes each position equally often; with more than two runs,
     every other round also reverses that order, so no run always follows the same one (with two, the rotation alone
-    alternates which goes first, and reversing it as well would undo that)."""
+    alternates which goes first, and reversing it as well would undo that). On a GPU (`device`), each timer starts
+    after the queue is empty and stops once the run's kernels have finished."""
     for _ in range(warmup):
         for run in runs.values():
             run()
@@ -69,8 +88,10 @@ def interleaved_rounds(runs: dict[str, Callable[[], object]], rounds: int, warmu
         if r % 2 and len(names) > 2:
             order.reverse()
         for name in order:
+            synchronize(device)
             start = time.perf_counter()
             runs[name]()
+            synchronize(device)
             times[name].append(time.perf_counter() - start)
     return times
 
@@ -81,9 +102,15 @@ def median_ratios(times: dict[str, list[float]], reference: str) -> dict[str, fl
     return {name: statistics.median(t / ref for t, ref in zip(ts, times[reference])) for name, ts in times.items()}
 
 
-def compare_speed(run_archlab: Callable[[], None], run_peer: Callable[[], None], rounds: int, warmup: int = 1):
+def compare_speed(
+    run_archlab: Callable[[], None],
+    run_peer: Callable[[], None],
+    rounds: int,
+    warmup: int = 1,
+    device: torch.device | str | None = None,
+):
     """Median seconds of each and the median per-round speed-up (peer time / archlab time), alternating order."""
-    times = interleaved_rounds({"archlab": run_archlab, "peer": run_peer}, rounds, warmup)
+    times = interleaved_rounds({"archlab": run_archlab, "peer": run_peer}, rounds, warmup, device)
     return (
         statistics.median(times["archlab"]),
         statistics.median(times["peer"]),
@@ -95,7 +122,14 @@ def compare_speed(run_archlab: Callable[[], None], run_peer: Callable[[], None],
 # Memory and profile
 # ----------------------------------------------------------------------------------------------------------------
 def peak_training_memory(model: torch.nn.Module, step: Callable[[], None], optimizer) -> int:
-    """Peak bytes of live tensors (params, grads, optimizer state, activations, temporaries) over one step."""
+    """Peak bytes of live tensors (params, grads, optimizer state, activations, temporaries) over one step.
+
+    On CPU, torch's MemTracker counts every tensor the step holds. On a GPU, the allocator's peak over the step,
+    less what was allocated before it, plus the model's and optimiser's own tensors: the same quantity, even when
+    other models share the device (their resident tensors are in the baseline and cancel)."""
+    device = next(model.parameters()).device
+    if device.type == "cuda":
+        return peak_cuda_memory(step, resident_bytes(model, optimizer), device)
     from torch.distributed._tools.mem_tracker import MemTracker
 
     tracker = MemTracker()
@@ -104,6 +138,29 @@ def peak_training_memory(model: torch.nn.Module, step: Callable[[], None], optim
         step()
     snapshot = tracker.get_tracker_snapshot("peak")
     return int(sum(device_stats["Total"] for device_stats in snapshot.values()))
+
+
+def resident_bytes(model: torch.nn.Module, optimizer=None) -> int:
+    """Bytes of the model's parameters and buffers and the optimiser's state, each storage counted once (tied or
+    shared weights are one tensor)."""
+    tensors = [*model.parameters(), *model.buffers()]
+    if optimizer is not None:
+        tensors += [value for state in optimizer.state.values() for value in state.values() if torch.is_tensor(value)]
+    storages = {
+        t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors if t.device.type != "meta"
+    }
+    return sum(storages.values())
+
+
+def peak_cuda_memory(run: Callable[[], object], resident: int, device: torch.device | str = "cuda") -> int:
+    """Peak bytes `run` holds on a GPU: the allocator's peak during the call above what was allocated before it,
+    plus `resident`, the bytes of what the run owns that already existed (its weights, optimiser state)."""
+    synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    before = torch.cuda.memory_allocated(device)
+    run()
+    synchronize(device)
+    return torch.cuda.max_memory_allocated(device) - before + resident
 
 
 GEMM_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::_grouped_mm")
@@ -175,8 +232,12 @@ def make_optimizer(model: torch.nn.Module, optim: str = "adamw_torch_fused", lr:
 
 
 def training_step(model, batch: dict, optimizer, autocast_dtype: torch.dtype | None = None) -> Callable[[], None]:
+    """One optimiser step over `batch`, under autocast to `autocast_dtype` on the model's device when given (bf16
+    autocast over fp32 weights is what `Trainer(bf16=True)` does)."""
+    device_type = next(model.parameters()).device.type
+
     def step() -> None:
-        with torch.autocast("cpu", dtype=autocast_dtype, enabled=autocast_dtype is not None):
+        with torch.autocast(device_type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
             loss = model(**batch).loss
         loss.backward()
         optimizer.step()
