@@ -4,6 +4,9 @@
     python scripts/benchmark.py --suite moe         # MoE decoder vs MixtralForCausalLM (scripts/benchmark_moe.py)
     python scripts/benchmark.py --suite seq2seq     # encoder-decoder vs MarianMTModel (scripts/benchmark_seq2seq.py)
     python scripts/benchmark.py --quick             # a small shape and 2 rounds, to check that everything runs
+    python scripts/benchmark.py --suite cuda-train --device cuda    # the GPU workloads (scripts/benchmark_cuda*.py):
+    python scripts/benchmark.py --suite cuda-decode --device cuda   #   training, decoding with DynamicCache, and
+    python scripts/benchmark.py --suite cuda-static --device cuda   #   decoding with a compiled static cache
 
 Method (absolute numbers drift on shared machines, ratios measured side by side do not): both models live in one
 process with identical weights and inputs; each is warmed up; every round times both, alternating which goes first;
@@ -11,6 +14,8 @@ the reported ratio is the median of the per-round ratios (archlab time ÷ peer t
 faster). An identical model timed against itself this way reads 0.9–1.07×: differences under ~10 % are noise.
 Peak memory is counted exactly (every live tensor, by torch's MemTracker), not sampled from the process RSS.
 The harness is `archlab.training.benchmarking`; each suite besides `dense` lives in its own `benchmark_*.py`.
+The cuda-* suites run the reference GPU shapes (or tiny ones with --quick, which also runs them on CPU with
+`--device cpu`), with MFU, share of the bandwidth roofline and peak memory per row.
 """
 
 from __future__ import annotations
@@ -144,18 +149,27 @@ def run_dense(args: argparse.Namespace) -> Report:
 
 SUITES: dict[str, Callable[[argparse.Namespace], Report]] = {"dense": run_dense}
 # Suites that live in their own module expose `run(args) -> Report`; they are imported only when asked for.
+# ("module" or "module:function", default function `run`.)
 EXTERNAL_SUITES = {
     "moe": "benchmark_moe",
     "seq2seq": "benchmark_seq2seq",
     "compile": "benchmark_compile",
     "variants": "benchmark_variants",
+    "cuda-train": "benchmark_cuda_train",
+    "cuda-decode": "benchmark_cuda_decode",
+    "cuda-static": "benchmark_cuda_decode:run_static",
 }
+# The suites that take --device and run the reference GPU shapes; the others run on CPU at their own sizes.
+DEVICE_SUITES = ("cuda-train", "cuda-decode", "cuda-static")
+# Defaults of the shape flags for the CPU suites (the cuda-* suites have fixed reference shapes instead).
+CPU_SHAPE_DEFAULTS = {"batch_size": 8, "seq_len": 256, "new_tokens": 128}
 
 
 def resolve_suite(name: str) -> Callable[[argparse.Namespace], Report]:
     if name in SUITES:
         return SUITES[name]
-    return importlib.import_module(f"archlab.scripts.{EXTERNAL_SUITES[name]}").run
+    module, _, function = EXTERNAL_SUITES[name].partition(":")
+    return getattr(importlib.import_module(f"archlab.scripts.{module}"), function or "run")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -175,9 +189,33 @@ def build_parser() -> argparse.ArgumentParser:
         help="timed rounds per metric, >= 1 (default: 8; the median of ratios needs about 8)",
     )
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads, >= 1 (default: all cores)")
-    parser.add_argument("--batch-size", type=int, default=8, help="sequences per batch (default: 8)")
-    parser.add_argument("--seq-len", type=int, default=256, help="tokens per sequence (default: 256)")
-    parser.add_argument("--new-tokens", type=int, default=128, help="tokens generated per decode (default: 128)")
+    parser.add_argument("--batch-size", type=int, default=None, help="sequences per batch, CPU suites (default: 8)")
+    parser.add_argument("--seq-len", type=int, default=None, help="tokens per sequence, CPU suites (default: 256)")
+    parser.add_argument(
+        "--new-tokens", type=int, default=None, help="tokens generated per decode, CPU suites (default: 128)"
+    )
+    parser.add_argument(
+        "--device",
+        default=None,
+        help="cuda-* suites: where to run, e.g. cuda, cuda:1, cpu (default: cuda when one is visible, else cpu)",
+    )
+    parser.add_argument(
+        "--peak-tflops",
+        "--peak_tflops",
+        type=float,
+        default=None,
+        help="cuda-* suites: the device's peak dense bf16 TFLOP/s for MFU (default: from a table of known GPUs)",
+    )
+    parser.add_argument(
+        "--peak-bandwidth",
+        "--peak_bandwidth",
+        type=float,
+        default=None,
+        help="cuda-* suites: the device's peak memory bandwidth in TB/s for the roofline (default: known GPUs)",
+    )
+    parser.add_argument(
+        "--decode-rounds", type=int, default=3, help="cuda-* suites: timed rounds per decode row, >= 1 (default: 3)"
+    )
     parser.add_argument(
         "--optim",
         choices=sorted(OPTIMIZERS),
@@ -189,19 +227,57 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def check_device_flags(parser: argparse.ArgumentParser, args: argparse.Namespace, suites: list[str]) -> None:
+    """--device and the peak rates belong to the cuda-* suites, the shape flags to the others: fail early, naming
+    which, rather than ignore a flag."""
+    device_suites = [s for s in suites if s in DEVICE_SUITES]
+    cpu_suites = [s for s in suites if s not in DEVICE_SUITES]
+    device_flags = {"--device": args.device, "--peak-tflops": args.peak_tflops, "--peak-bandwidth": args.peak_bandwidth}
+    for flag, value in device_flags.items():
+        if value is not None and cpu_suites:
+            parser.error(f"{flag} applies to the suites {list(DEVICE_SUITES)}; {cpu_suites} run on CPU")
+    for name in CPU_SHAPE_DEFAULTS:
+        if getattr(args, name) is not None and device_suites:
+            flag = f"--{name.replace('_', '-')}"
+            parser.error(f"{flag} applies to the CPU suites; {device_suites} run fixed reference shapes (or --quick)")
+    for flag, value in (("--peak-tflops", args.peak_tflops), ("--peak-bandwidth", args.peak_bandwidth)):
+        if value is not None and value <= 0:
+            parser.error(f"{flag} must be > 0, got {value}")
+    if args.device is not None:
+        try:
+            device = torch.device(args.device)
+        except RuntimeError:
+            parser.error(f"--device {args.device!r} is not a device; allowed: cpu, cuda, cuda:N")
+        if device.type not in ("cpu", "cuda"):
+            parser.error(f"--device {args.device!r}: allowed: cpu, cuda, cuda:N")
+        if device.type == "cuda" and not torch.cuda.is_available():
+            parser.error(f"--device {args.device}: no CUDA device is visible (torch.cuda.is_available() is False)")
+
+
+def resolve_defaults(args: argparse.Namespace) -> None:
+    """Clamp rounds for --quick and fill the CPU suites' shape defaults."""
+    if args.quick:
+        args.rounds = min(args.rounds, 2)
+        args.decode_rounds = min(args.decode_rounds, 2)
+    for name, default in CPU_SHAPE_DEFAULTS.items():
+        if getattr(args, name) is None:
+            setattr(args, name, default)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     suites = args.suites or ["dense"]
-    if args.rounds < 1:
-        parser.error("--rounds must be >= 1")
-    if args.quick:
-        args.rounds = min(args.rounds, 2)
-    for name in ("batch_size", "seq_len", "new_tokens"):
+    for name in ("rounds", "decode_rounds"):
         if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be >= 1")
+    for name in CPU_SHAPE_DEFAULTS:
+        if getattr(args, name) is not None and getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1")
     if args.threads is not None and args.threads < 1:
         parser.error(f"--threads must be >= 1, got {args.threads}")
+    check_device_flags(parser, args, suites)
+    resolve_defaults(args)
     if args.threads:
         torch.set_num_threads(args.threads)
     tables = []
@@ -209,8 +285,8 @@ def main(argv: list[str] | None = None) -> int:
         report = resolve_suite(name)(args)
         print(report.markdown(), flush=True)
         tables.append(report.markdown())
-    if args.output:
-        args.output.write_text("\n\n".join(tables) + "\n")
+        if args.output:  # after every suite, so a later one that fails leaves the earlier tables written
+            args.output.write_text("\n\n".join(tables) + "\n")
     return 0
 
 

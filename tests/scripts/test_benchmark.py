@@ -4,7 +4,6 @@ timing is asserted anywhere."""
 
 from __future__ import annotations
 
-import importlib
 import os
 import subprocess
 import sys
@@ -21,11 +20,7 @@ from helpers import tiny_decoder_config
 
 @pytest.mark.parametrize("name", sorted({*benchmark.SUITES, *benchmark.EXTERNAL_SUITES}))
 def test_every_named_suite_exists(name):
-    if name in benchmark.EXTERNAL_SUITES:
-        module = importlib.import_module(f"archlab.scripts.{benchmark.EXTERNAL_SUITES[name]}")
-        assert callable(module.run)
-    else:
-        assert callable(benchmark.SUITES[name])
+    assert callable(benchmark.resolve_suite(name))
 
 
 @pytest.mark.parametrize(

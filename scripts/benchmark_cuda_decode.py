@@ -1,0 +1,224 @@
+"""`--suite cuda-decode` and `--suite cuda-static`: generation on a GPU, archlab against its Hugging Face peers with
+the same weights, in bf16 (weights cast, no autocast), greedy `generate` of 256 new tokens after a 128-token prompt.
+
+cuda-decode (DynamicCache, transformers' default):
+- dense 1.1B (Llama shape) against `LlamaForCausalLM` at batch 1, 16 and 64, with the share of the bandwidth
+  roofline each side reaches (a step reads every weight once and each sequence's KV cache; archlab.training.roofline);
+- the prefill of a 2048-token prompt (batch 1, the logits of the last position, as `generate` runs it), with MFU;
+- mixture of experts (Mixtral shape) against `MixtralForCausalLM` at batch 1 and 16;
+- encoder-decoder (Marian shape) against `MarianMTModel`: beam search, 4 beams, batch 8, 256 source tokens, 128 new.
+
+cuda-static: the dense rows with `cache_implementation="static"`. On a GPU transformers then compiles the decoding
+step (torch.compile, mode "reduce-overhead": CUDA graphs) at the first call of each new shape; those first-call
+seconds, compilation included, are columns of their own, and tokens/s are of the warm calls after. On CPU
+transformers does not compile, and the static cache runs eagerly.
+
+Per row: tokens/s (batch × new tokens / seconds) both sides, the median per-round ratio, % of the roofline and peak
+memory (weights, cache, temporaries) both sides. `--decode-rounds` rounds (default 3: a GPU's timings vary little,
+and a row's generate takes seconds).
+
+    python scripts/benchmark.py --suite cuda-decode --device cuda --output cuda-decode.md
+    python scripts/benchmark.py --suite cuda-static --device cuda --output cuda-static.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+import torch
+
+from archlab.scripts.benchmark_cuda import (
+    Setup,
+    decoder_pair,
+    describe,
+    guarded,
+    llama_pair,
+    marian_pair,
+    peak_memory_pair,
+    random_ids,
+    row,
+    setup_from,
+    shape,
+    time_pair,
+    utilisation,
+)
+from archlab.training.benchmarking import Report, synchronize
+from archlab.training.roofline import beam_search_roofline_seconds, decode_roofline_seconds, decoder_forward_flops
+
+
+def decode_shape(setup: Setup) -> dict:
+    if setup.quick:  # one static batch size: each new one costs a compilation on a GPU
+        return dict(prompt=16, new_tokens=8, batches=(1, 4), static_batches=(1,), moe_batches=(1, 4), prefill=64)
+    return dict(
+        prompt=128, new_tokens=256, batches=(1, 16, 64), static_batches=(1, 16, 64), moe_batches=(1, 16), prefill=2048
+    )
+
+
+def bf16_pair(pair):
+    return tuple(model.to(torch.bfloat16).eval() for model in pair)
+
+
+def first_call_seconds(setup: Setup, run) -> float:
+    synchronize(setup.device)
+    start = time.perf_counter()
+    run()
+    synchronize(setup.device)
+    return time.perf_counter() - start
+
+
+def generate_row(setup: Setup, report: Report, metric: str, models, kwargs: dict, tokens: int, roofline_s, cold=False):
+    """Time `generate(**kwargs)` on both models (archlab first); with `cold`, time each one's first call apart."""
+    runs = tuple(lambda m=m: m.generate(**kwargs) for m in models)
+    extra = {}
+    if cold:
+        first = [first_call_seconds(setup, run) for run in runs]
+        extra = {"first call archlab": f"{first[0]:.1f} s", "first call peer": f"{first[1]:.1f} s"}
+    # Reduce-overhead compilation records its CUDA graphs over the first calls of a shape: warm up twice.
+    timed = time_pair(setup, *runs, setup.decode_rounds, warmup=2 if cold else 1)
+    peak = peak_memory_pair(setup, runs, models)
+    roofline = tuple(None if roofline_s is None else roofline_s / t for t in (timed.archlab, timed.peer))
+    extra["roofline tok/s"] = "n/a" if roofline_s is None else f"{tokens / roofline_s:,.0f}"
+    report.rows.append(row(metric, timed, tokens, "tok/s", roofline=roofline, peak=peak, extra=extra))
+
+
+def dense_generate_rows(setup: Setup, report: Report, cache: str) -> None:
+    sizes = decode_shape(setup)
+    ours, llama = bf16_pair(llama_pair(shape("dense", setup.quick), setup.device))
+    vocab = llama.config.vocab_size
+    for batch in sizes["static_batches" if cache == "static" else "batches"]:
+
+        def measure(batch=batch) -> None:
+            prompt = random_ids(vocab, batch, sizes["prompt"], device=setup.device, seed=batch)
+            kwargs = dict(
+                input_ids=prompt,
+                attention_mask=torch.ones_like(prompt),
+                max_new_tokens=sizes["new_tokens"],
+                min_new_tokens=sizes["new_tokens"],
+                do_sample=False,
+                pad_token_id=0,
+            )
+            if cache == "static":
+                kwargs["cache_implementation"] = "static"
+            roofline = decode_roofline_seconds(llama.config, setup.peaks, batch, sizes["prompt"], sizes["new_tokens"])
+            metric = (
+                f"dense 1.1B greedy decode, batch {batch}, {sizes['prompt']} + {sizes['new_tokens']} tokens, "
+                f"{'StaticCache' if cache == 'static' else 'DynamicCache'}: archlab vs LlamaForCausalLM"
+            )
+            tokens = batch * sizes["new_tokens"]
+            generate_row(setup, report, metric, (ours, llama), kwargs, tokens, roofline, cold=cache == "static")
+
+        guarded(report, setup, f"dense decode batch {batch} ({cache})", measure)
+
+
+def prefill_row(setup: Setup, report: Report) -> None:
+    length = decode_shape(setup)["prefill"]
+    ours, llama = bf16_pair(llama_pair(shape("dense", setup.quick), setup.device))
+    ids = random_ids(llama.config.vocab_size, 1, length, device=setup.device)
+    runs = tuple(lambda m=m: m(input_ids=ids, use_cache=False, logits_to_keep=1) for m in (ours, llama))
+    with torch.no_grad():
+        timed = time_pair(setup, *runs, setup.rounds)
+        peak = peak_memory_pair(setup, runs, (ours, llama))
+    flops = decoder_forward_flops(llama.config, 1, length, logits_positions=1)
+    mfu = tuple(utilisation(flops, t, setup.peaks.flops) for t in (timed.archlab, timed.peer))
+    metric = f"dense 1.1B prefill, 1 × {length} tokens (logits of the last): archlab vs LlamaForCausalLM"
+    report.rows.append(row(metric, timed, length, "tok/s", mfu=mfu, peak=peak))
+
+
+def moe_rows(setup: Setup, report: Report) -> None:
+    from transformers import MixtralConfig, MixtralForCausalLM
+
+    sizes = decode_shape(setup)
+    ours, mixtral = bf16_pair(decoder_pair(MixtralForCausalLM, MixtralConfig, shape("moe", setup.quick), setup.device))
+    implementation = mixtral.config._experts_implementation
+    for batch in sizes["moe_batches"]:
+
+        def measure(batch=batch) -> None:
+            prompt = random_ids(mixtral.config.vocab_size, batch, sizes["prompt"], device=setup.device, seed=batch)
+            kwargs = dict(
+                input_ids=prompt,
+                attention_mask=torch.ones_like(prompt),
+                max_new_tokens=sizes["new_tokens"],
+                min_new_tokens=sizes["new_tokens"],
+                do_sample=False,
+                pad_token_id=0,
+            )
+            roofline = decode_roofline_seconds(mixtral.config, setup.peaks, batch, sizes["prompt"], sizes["new_tokens"])
+            metric = (
+                f"MoE (Mixtral shape) greedy decode, batch {batch}, DynamicCache: archlab vs MixtralForCausalLM "
+                f"(experts: {implementation})"
+            )
+            generate_row(setup, report, metric, (ours, mixtral), kwargs, batch * sizes["new_tokens"], roofline)
+
+        guarded(report, setup, f"MoE decode batch {batch}", measure)
+
+
+def beam_search_row(setup: Setup, report: Report) -> None:
+    batch, beams, source_len, new_tokens = (2, 4, 16, 8) if setup.quick else (8, 4, 256, 128)
+    ours, marian = bf16_pair(marian_pair(shape("marian", setup.quick), max(source_len, new_tokens) + 2, setup.device))
+    source = random_ids(marian.config.vocab_size, batch, source_len, device=setup.device, low=1, seed=1)
+    kwargs = dict(
+        input_ids=source,
+        attention_mask=torch.ones_like(source),
+        num_beams=beams,
+        max_new_tokens=new_tokens,
+        min_new_tokens=new_tokens,
+        early_stopping=False,
+    )
+    roofline = beam_search_roofline_seconds(marian.config, setup.peaks, batch, beams, source_len, new_tokens)
+    metric = (
+        f"encoder-decoder (Marian shape) beam search, batch {batch}, {beams} beams, {source_len} source + "
+        f"{new_tokens} new tokens: archlab vs MarianMTModel"
+    )
+    generate_row(setup, report, metric, (ours, marian), kwargs, batch * new_tokens, roofline)
+
+
+def new_report(setup: Setup, what: str) -> Report:
+    sizes = decode_shape(setup)
+    return Report(
+        title=f"CUDA suite, {what} — {setup.peaks.name} — bf16 weights, greedy, {sizes['prompt']}-token prompt, "
+        f"{sizes['new_tokens']} new tokens" + (" — --quick shapes" if setup.quick else ""),
+        peer_name="peer",
+    )
+
+
+def closing_notes(setup: Setup, report: Report) -> None:
+    report.notes.append(
+        "% roofline: the least time a generation can take (each step reads the weights it uses once and each "
+        "sequence's KV cache, or does its FLOPs at the peak rate, whichever is slower) over the time measured; "
+        f"MFU: forward FLOPs incl. attention / time / peak. {setup.decode_rounds} rounds per decode row "
+        f"({setup.rounds} for the prefill), median of per-round ratios."
+    )
+    report.notes.append(describe(setup))
+
+
+def run(args: argparse.Namespace) -> Report:
+    setup = setup_from(args)
+    report = new_report(setup, "decoding (DynamicCache)")
+    guarded(report, setup, "dense decode", lambda: dense_generate_rows(setup, report, "dynamic"))
+    guarded(report, setup, "prefill", lambda: prefill_row(setup, report))
+    guarded(report, setup, "MoE decode", lambda: moe_rows(setup, report))
+    guarded(report, setup, "beam search", lambda: beam_search_row(setup, report))
+    closing_notes(setup, report)
+    return report
+
+
+def run_static(args: argparse.Namespace) -> Report:
+    setup = setup_from(args)
+    report = new_report(setup, 'decoding (cache_implementation="static")')
+    guarded(report, setup, "dense decode, static cache", lambda: dense_generate_rows(setup, report, "static"))
+    if not setup.cuda:
+        report.notes.append("Not compiled: transformers compiles the static-cache step on GPUs only.")
+    closing_notes(setup, report)
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    from archlab.scripts import benchmark
+
+    return benchmark.main(["--suite", "cuda-decode", *(sys.argv[1:] if argv is None else argv)])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,313 @@
+"""`--suite cuda-train`: training steps on a GPU, archlab against its Hugging Face peers with the same weights.
+
+Every step is what `Trainer(bf16=True)` runs: bf16 autocast over fp32 weights, the loss, backward, and Trainer's
+default optimiser (fused AdamW, `--optim`), no KV cache. The workloads (batch × tokens per sequence):
+
+- dense 1.1B (Llama shape: vocab 32000, hidden 2048, FFN 5632, 22 layers, 32 / 4 heads), 4 × 2048, against
+  `LlamaForCausalLM`; against Llama patched by liger-kernel (`apply_liger_kernel_to_llama`, where liger is
+  installed; it patches transformers' Llama for the whole process, so it runs in a child process of its own); and
+  both compiled by accelerate's `compile_regions` (the way scripts/benchmark_compile.py does), plus compiled archlab
+  against eager Llama;
+- a 128256-token vocabulary (16 layers, 32 / 8 heads), 4 × 2048, against Llama (and liger): peak memory is the point;
+- mixture of experts (Mixtral shape: hidden 1024, 8 layers, 16 / 4 heads, 8 experts of FFN 2816, top 2), 4 × 2048,
+  against `MixtralForCausalLM` (its default experts implementation, and eager) and against the dense Llama of the
+  same active FLOPs (FFN 2 × 2816);
+- encoder-decoder (Marian shape: d_model 1024, 6 + 6 layers, 16 heads, FFN 4096), 32 × (256 + 256), against
+  `MarianMTModel`.
+
+Per row: tokens/s both sides and the median per-round ratio, MFU (model FLOPs, attention included, over time and
+the GPU's peak: archlab.training.roofline) and peak memory of a step both sides. `--quick` runs the same at tiny
+shapes; `--device cpu --quick` runs it on CPU.
+
+    python scripts/benchmark.py --suite cuda-train --device cuda --output cuda-train.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+from archlab.scripts.benchmark_cuda import (
+    Setup,
+    decoder_pair,
+    describe,
+    guarded,
+    llama_pair,
+    log,
+    marian_pair,
+    random_ids,
+    row,
+    setup_from,
+    shape,
+    time_pair,
+    utilisation,
+)
+from archlab.training.benchmarking import Report, Row, make_optimizer, peak_training_memory, training_step
+from archlab.training.roofline import decoder_training_flops, seq2seq_training_flops
+
+BF16 = torch.bfloat16
+
+
+def batch_shape(setup: Setup) -> tuple[int, int]:
+    return (2, 64) if setup.quick else (4, 2048)
+
+
+def decoder_batch(setup: Setup, vocab: int) -> dict:
+    batch, seq = batch_shape(setup)
+    ids = random_ids(vocab, batch, seq, device=setup.device)
+    # No KV cache in training: Llama builds a DynamicCache even in train mode unless told not to, and a compiled
+    # block would recompile for the cache objects' state.
+    return {"input_ids": ids, "labels": ids, "use_cache": False}
+
+
+def training_row(setup: Setup, metric: str, models, optimizers, batch: dict, flops, tokens: int) -> Row:
+    """Time one training step of each side (archlab first in `models`), then measure each step's peak memory."""
+    steps = [training_step(m, batch, o, BF16) for m, o in zip(models, optimizers)]
+    timed = time_pair(setup, *steps, setup.rounds)
+    try:
+        peak = tuple(peak_training_memory(m, s, o) for m, s, o in zip(models, steps, optimizers))
+    except Exception as error:  # CPU's MemTracker does not follow every model (compiled regions); say why
+        log(f"{metric}: peak memory not measured: {type(error).__name__}: {error}")
+        peak = (None, None)
+    flops = flops if isinstance(flops, tuple) else (flops, flops)
+    mfu = tuple(utilisation(f, t, setup.peaks.flops) for f, t in zip(flops, (timed.archlab, timed.peer)))
+    return row(metric, timed, tokens, "tok/s", mfu=mfu, peak=peak)
+
+
+def decoder_flops(setup: Setup, config) -> float:
+    return decoder_training_flops(config, *batch_shape(setup))
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The workloads
+# ----------------------------------------------------------------------------------------------------------------
+def dense_rows(setup: Setup, report: Report, name: str, label: str, compiled: bool) -> None:
+    ours, llama = llama_pair(shape(name, setup.quick), setup.device)
+    ours.train(), llama.train()
+    batch, (b, s) = decoder_batch(setup, llama.config.vocab_size), batch_shape(setup)
+    optimizers = {id(m): make_optimizer(m, setup.optim) for m in (ours, llama)}
+    flops = decoder_flops(setup, llama.config)
+    report.rows.append(
+        training_row(
+            setup,
+            f"{label}: archlab vs LlamaForCausalLM (eager)",
+            (ours, llama),
+            (optimizers[id(ours)], optimizers[id(llama)]),
+            batch,
+            flops,
+            b * s,
+        )
+    )
+    if not compiled:
+        return
+    from accelerate.utils import compile_regions
+
+    # The compiled wrappers share the eager models' weights, so they share their optimisers too.
+    ours_c, llama_c = (compile_regions(m, dynamic=False) for m in (ours, llama))
+    cold = {}
+    for tag, wrapper, model in (("archlab", ours_c, ours), ("Llama", llama_c, llama)):
+        start = time.perf_counter()
+        training_step(wrapper, batch, optimizers[id(model)], BF16)()  # compiles the forward and backward graphs
+        cold[tag] = time.perf_counter() - start
+    for metric, pair, opts in (
+        ("archlab compiled vs Llama compiled (same tool on both)", (ours_c, llama_c), (ours, llama)),
+        ("archlab compiled vs Llama eager (the Hugging Face default)", (ours_c, llama), (ours, llama)),
+    ):
+        optimizer_pair = tuple(optimizers[id(m)] for m in opts)
+        report.rows.append(training_row(setup, f"{label}: {metric}", pair, optimizer_pair, batch, flops, b * s))
+    report.notes.append(
+        f"{label}, accelerate `compile_regions(dynamic=False)`: cold compile + first step {cold['archlab']:.0f} s "
+        f"(archlab), {cold['Llama']:.0f} s (Llama)."
+    )
+
+
+def moe_rows(setup: Setup, report: Report) -> None:
+    from transformers import LlamaConfig, LlamaForCausalLM, MixtralConfig, MixtralForCausalLM
+
+    base = shape("moe", setup.quick)
+    moe = dict(base, output_router_logits=True, router_aux_loss_coef=0.01)
+    ours, mixtral = decoder_pair(MixtralForCausalLM, MixtralConfig, moe, setup.device)
+    dense_shape = {k: v for k, v in base.items() if k not in ("num_local_experts", "num_experts_per_tok")}
+    dense_shape["intermediate_size"] = base["intermediate_size"] * base["num_experts_per_tok"]
+    llama = decoder_pair(LlamaForCausalLM, LlamaConfig, dense_shape, setup.device)[1]
+    for model in (ours, mixtral, llama):
+        model.train()
+    batch, (b, s) = decoder_batch(setup, mixtral.config.vocab_size), batch_shape(setup)
+    optimizers = {id(m): make_optimizer(m, setup.optim) for m in (ours, mixtral, llama)}
+    flops = decoder_flops(setup, mixtral.config)
+    default = mixtral.config._experts_implementation
+    label = "MoE (Mixtral shape)"
+    for implementation in dict.fromkeys([default, "eager"]):
+        mixtral.set_experts_implementation(implementation)
+        report.rows.append(
+            training_row(
+                setup,
+                f"{label}: archlab vs MixtralForCausalLM (experts: {implementation})",
+                (ours, mixtral),
+                (optimizers[id(ours)], optimizers[id(mixtral)]),
+                batch,
+                flops,
+                b * s,
+            )
+        )
+    mixtral.set_experts_implementation(default)
+    report.rows.append(
+        training_row(
+            setup,
+            f"{label}: archlab MoE vs dense LlamaForCausalLM of the same active FLOPs "
+            f"(FFN {dense_shape['intermediate_size']})",
+            (ours, llama),
+            (optimizers[id(ours)], optimizers[id(llama)]),
+            batch,
+            (flops, decoder_flops(setup, llama.config)),
+            b * s,
+        )
+    )
+
+
+def seq2seq_rows(setup: Setup, report: Report) -> None:
+    batch_size, length = (2, 32) if setup.quick else (32, 256)
+    ours, marian = marian_pair(shape("marian", setup.quick), length + 2, setup.device)
+    ours.train(), marian.train()
+    vocab = marian.config.vocab_size
+    source = random_ids(vocab, batch_size, length, device=setup.device, low=1, seed=1)
+    labels = random_ids(vocab, batch_size, length, device=setup.device, low=1, seed=2)
+    batch = {"input_ids": source, "attention_mask": torch.ones_like(source), "labels": labels}
+    flops = seq2seq_training_flops(marian.config, batch_size, length, length)
+    optimizers = (make_optimizer(ours, setup.optim), make_optimizer(marian, setup.optim))
+    # MemTracker (CPU) hooks every parameter's gradient; Marian's sinusoid tables are frozen parameters.
+    if not setup.cuda:
+        for parameter in marian.parameters():
+            parameter.requires_grad_(True)  # no gradient reaches them (computed under no_grad): none is stored
+    report.rows.append(
+        training_row(
+            setup,
+            f"encoder-decoder (Marian shape, {batch_size} × ({length} + {length})): archlab vs MarianMTModel",
+            (ours, marian),
+            optimizers,
+            batch,
+            flops,
+            2 * batch_size * length,
+        )
+    )
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# liger-kernel, in a child process (it patches transformers' Llama classes for the whole process)
+# ----------------------------------------------------------------------------------------------------------------
+DENSE_WORKLOADS = (("dense", "dense 1.1B"), ("big_vocab", "vocab 128256"))
+
+
+def liger_child(args: argparse.Namespace, output: Path) -> None:
+    """In a fresh process: patch Llama with liger, then time archlab against it for each workload; write the rows."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    from liger_kernel.transformers import apply_liger_kernel_to_llama
+
+    apply_liger_kernel_to_llama()
+    try:
+        liger = f"liger-kernel {version('liger-kernel')}"
+    except PackageNotFoundError:
+        liger = "liger-kernel (version unknown)"
+    setup = setup_from(args)
+    report, rows = Report(title="liger", peer_name="peer"), {}
+    for name, label in DENSE_WORKLOADS:
+
+        def measure(name=name, label=label) -> None:
+            ours, llama = llama_pair(shape(name, setup.quick), setup.device)
+            ours.train(), llama.train()
+            batch, (b, s) = decoder_batch(setup, llama.config.vocab_size), batch_shape(setup)
+            optimizers = (make_optimizer(ours, setup.optim), make_optimizer(llama, setup.optim))
+            metric = f"{label}: archlab vs LlamaForCausalLM + {liger}"
+            flops = decoder_flops(setup, llama.config)
+            rows[name] = asdict(training_row(setup, metric, (ours, llama), optimizers, batch, flops, b * s))
+
+        guarded(report, setup, f"{label} vs Llama + liger", measure)
+    output.write_text(json.dumps({"rows": rows, "notes": report.notes}))
+
+
+def liger_rows(args: argparse.Namespace) -> tuple[dict[str, Row], list[str]]:
+    """Rows by workload name from the child process, and notes (why there are none, if so)."""
+    if importlib.util.find_spec("liger_kernel") is None:
+        return {}, ["Llama + liger-kernel: skipped, liger-kernel is not installed."]
+    with tempfile.TemporaryDirectory() as folder:
+        output = Path(folder) / "liger.json"
+        command = [sys.executable, "-m", "archlab.scripts.benchmark_cuda_train", "--liger-child", str(output)]
+        command += forwarded_flags(args)
+        log("Llama + liger-kernel: child process")
+        done = subprocess.run(command, capture_output=True, text=True)
+        sys.stderr.write(done.stderr)
+        if done.returncode != 0 or not output.exists():
+            tail = (done.stderr.strip().splitlines() or ["(no output)"])[-1][:300]
+            return {}, [f"Llama + liger-kernel: the child process failed (exit {done.returncode}): {tail}"]
+        result = json.loads(output.read_text())
+    return {name: Row(**fields) for name, fields in result["rows"].items()}, result["notes"]
+
+
+def forwarded_flags(args: argparse.Namespace) -> list[str]:
+    flags = ["--rounds", str(args.rounds), "--optim", args.optim, "--device", str(setup_device(args))]
+    for name in ("peak_tflops", "peak_bandwidth"):
+        if getattr(args, name) is not None:
+            flags += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
+    return flags + (["--quick"] if args.quick else [])
+
+
+def setup_device(args: argparse.Namespace) -> str:
+    return args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The suite
+# ----------------------------------------------------------------------------------------------------------------
+def run(args: argparse.Namespace) -> Report:
+    liger, liger_notes = liger_rows(args)  # first, while this process holds nothing on the GPU
+    setup = setup_from(args)
+    b, s = batch_shape(setup)
+    report = Report(
+        title=f"CUDA suite, training — {setup.peaks.name} — bf16 autocast over fp32 weights, {setup.optim} "
+        f"(what `Trainer(bf16=True)` runs), batch {b} × {s} (encoder-decoder: see its row)"
+        + (" — --quick shapes" if setup.quick else ""),
+        peer_name="peer",
+    )
+
+    for name, label in DENSE_WORKLOADS:
+        compiled = name == "dense"
+        guarded(report, setup, label, lambda n=name, t=label, c=compiled: dense_rows(setup, report, n, t, c))
+        if name in liger:
+            report.rows.append(liger[name])
+    guarded(report, setup, "MoE", lambda: moe_rows(setup, report))
+    guarded(report, setup, "encoder-decoder", lambda: seq2seq_rows(setup, report))
+    report.notes += liger_notes
+    report.notes.append(
+        f"MFU: model FLOPs (6 per weight per token + attention, PaLM's accounting) / time / peak; peak memory: "
+        f"the step's own tensors (weights, gradients, optimiser state, activations). {setup.rounds} rounds, "
+        f"median of per-round ratios."
+    )
+    report.notes.append(describe(setup))
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    from archlab.scripts import benchmark
+
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "--liger-child":
+        parser = benchmark.build_parser()
+        args = parser.parse_args(argv[2:])
+        benchmark.resolve_defaults(args)
+        liger_child(args, Path(argv[1]))
+        return 0
+    return benchmark.main(["--suite", "cuda-train", *argv])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

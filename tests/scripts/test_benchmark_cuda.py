@@ -1,0 +1,132 @@
+"""The CUDA suites of scripts/benchmark.py (cuda-train, cuda-decode, cuda-static): their flags fail early when they
+do not apply, and every suite's whole code path runs on CPU at `--quick` size and writes every row of its table
+(liger's through a stand-in package, in the child process that keeps its patch away from this one). On a GPU the
+same suites run on it. No timing is asserted."""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from archlab.scripts import benchmark
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--device", "cpu"], "--device applies to the suites"),
+        (["--suite", "moe", "--peak-tflops", "989"], "--peak-tflops applies to the suites"),
+        (["--suite", "cuda-train", "--batch-size", "2"], "--batch-size applies to the CPU suites"),
+        (["--suite", "cuda-decode", "--new-tokens", "2"], "--new-tokens applies to the CPU suites"),
+        (["--suite", "cuda-train", "--peak-tflops", "0"], "--peak-tflops must be > 0, got 0.0"),
+        (["--suite", "cuda-train", "--peak_bandwidth", "-1"], "--peak-bandwidth must be > 0, got -1.0"),
+        (["--suite", "cuda-train", "--device", "tpu"], "--device 'tpu'"),
+        (["--suite", "cuda-train", "--device", "mps"], "allowed: cpu, cuda, cuda:N"),
+        (["--suite", "cuda-decode", "--decode-rounds", "0"], "--decode-rounds must be >= 1"),
+    ],
+)
+def test_flags_that_do_not_apply_fail_at_parsing(argv, message, capsys):
+    with pytest.raises(SystemExit) as error:
+        benchmark.main(argv)
+    assert error.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without CUDA")
+def test_asking_for_cuda_without_one_says_so(capsys):
+    with pytest.raises(SystemExit):
+        benchmark.main(["--suite", "cuda-train", "--device", "cuda"])
+    assert "no CUDA device is visible" in capsys.readouterr().err
+
+
+# A stand-in for liger-kernel: its patch marks transformers' Llama, and says in a file that it ran.
+FAKE_LIGER = """
+import os
+from pathlib import Path
+
+
+def apply_liger_kernel_to_llama(**kwargs):
+    from transformers.models.llama import modeling_llama
+
+    modeling_llama.LlamaForCausalLM.patched_by_fake_liger = True
+    Path(os.environ["FAKE_LIGER_MARKER"]).write_text("applied")
+"""
+
+
+def cells(table: str, metric_start: str) -> list[str]:
+    """The cells of the one row whose metric starts with `metric_start`."""
+    rows = [line for line in table.splitlines() if line.startswith(f"| {metric_start}")]
+    assert len(rows) == 1, (metric_start, table)
+    return [cell.strip() for cell in rows[0].strip("|").split("|")]
+
+
+def run_suites(tmp_path: Path, *argv: str, device: str = "cpu") -> str:
+    out = tmp_path / "table.md"
+    assert benchmark.main([*argv, "--device", device, "--quick", "--output", str(out)]) == 0
+    table = out.read_text()
+    assert "failed" not in table, table
+    return table
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_training_suite_runs_every_comparison(tmp_path, monkeypatch, device):
+    from transformers import LlamaForCausalLM
+
+    fake = tmp_path / "fake"
+    (fake / "liger_kernel" / "transformers").mkdir(parents=True)
+    (fake / "liger_kernel" / "__init__.py").write_text("")
+    (fake / "liger_kernel" / "transformers" / "__init__.py").write_text(FAKE_LIGER)
+    marker = tmp_path / "liger-applied"
+    monkeypatch.syspath_prepend(str(fake))
+    monkeypatch.setenv("PYTHONPATH", f"{fake}:{':'.join(sys.path)}")
+    monkeypatch.setenv("FAKE_LIGER_MARKER", str(marker))
+
+    table = run_suites(tmp_path, "--suite", "cuda-train", "--threads", "2", device=device)
+    for metric in (
+        "dense 1.1B: archlab vs LlamaForCausalLM (eager)",
+        "dense 1.1B: archlab compiled vs Llama compiled",
+        "dense 1.1B: archlab compiled vs Llama eager",
+        "dense 1.1B: archlab vs LlamaForCausalLM + liger-kernel",
+        "vocab 128256: archlab vs LlamaForCausalLM (eager)",
+        "vocab 128256: archlab vs LlamaForCausalLM + liger-kernel",
+        "MoE (Mixtral shape): archlab vs MixtralForCausalLM (experts: grouped_mm)",
+        "MoE (Mixtral shape): archlab vs MixtralForCausalLM (experts: eager)",
+        "MoE (Mixtral shape): archlab MoE vs dense LlamaForCausalLM",
+        "encoder-decoder (Marian shape",
+    ):
+        row = cells(table, metric)
+        assert row[1].endswith("tok/s") and row[2].endswith("tok/s") and row[3].endswith("×"), row
+    header = cells(table, "metric")
+    assert header[4:9] == ["MFU archlab", "MFU peer", "peak mem archlab", "peak mem peer", "mem peer ÷ archlab"]
+    eager = cells(table, "dense 1.1B: archlab vs LlamaForCausalLM (eager)")
+    assert re.fullmatch(r"[\d.,]+ (MiB|GiB)", eager[6]) and re.fullmatch(r"[\d.,]+ (MiB|GiB)", eager[7]), eager
+    assert "cold compile + first step" in table
+    assert marker.read_text() == "applied"  # the child process ran liger's patch ...
+    assert not hasattr(LlamaForCausalLM, "patched_by_fake_liger")  # ... and this process's Llama is untouched
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_decode_suites_run_every_comparison(tmp_path, device):
+    rates = ["--peak-tflops", "1", "--peak-bandwidth", "0.05"] if device == "cpu" else []
+    table = run_suites(tmp_path, "--suite", "cuda-decode", "--suite", "cuda-static", *rates, device=device)
+    decode, static = table.split("### CUDA suite, decoding (cache_implementation")
+    for batch in (1, 4):
+        row = cells(decode, f"dense 1.1B greedy decode, batch {batch}, 16 + 8 tokens, DynamicCache")
+        assert row[4].endswith("%") and row[5].endswith("%"), row  # roofline from the given rates
+    row = cells(static, "dense 1.1B greedy decode, batch 1, 16 + 8 tokens, StaticCache")
+    assert re.fullmatch(r"[\d.]+ s", row[header_index(static, "first call archlab")]), row
+    for batch in (1, 4):
+        cells(decode, f"MoE (Mixtral shape) greedy decode, batch {batch}")
+    prefill = cells(decode, "dense 1.1B prefill, 1 × 64 tokens")
+    assert prefill[header_index(decode, "MFU archlab")].endswith("%"), prefill
+    cells(decode, "encoder-decoder (Marian shape) beam search")
+
+
+def header_index(table: str, header: str) -> int:
+    return cells(table, "metric").index(header)
