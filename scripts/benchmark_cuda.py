@@ -139,10 +139,13 @@ def release(device: torch.device) -> None:
         torch.cuda.empty_cache()
 
 
+_logged: set[int] = set()
+
+
 def guarded(report: Report, setup: Setup, what: str, measure: Callable[[], None]) -> None:
     """Run one comparison; if it fails (out of memory, a kernel missing on this GPU), the table says so in a note
     and the next comparison still runs. The GPU's cache is emptied after each."""
-    start = time.perf_counter()
+    start, rows_before = time.perf_counter(), len(report.rows)
     log(f"{what}: start")
     try:
         measure()
@@ -152,6 +155,13 @@ def guarded(report: Report, setup: Setup, what: str, measure: Callable[[], None]
         report.notes.append(f"{what}: failed — {type(error).__name__}: {first_line}")
     finally:
         release(setup.device)
+    # Each row as soon as it is measured: a run stopped at its time limit still leaves these in the log.
+    for r in report.rows[rows_before:]:
+        if id(r) in _logged:  # an inner comparison logged it already
+            continue
+        _logged.add(id(r))
+        columns = ", ".join(f"{k} {v}" for k, v in r.extra.items())
+        log(f"row: {r.metric}: {r.archlab:,.1f} vs {r.peer:,.1f} {r.unit}, {r.ratio:.2f}×; {columns}")
     log(f"{what}: {time.perf_counter() - start:.0f} s")
 
 
