@@ -1,0 +1,169 @@
+#!/usr/bin/env bash
+# One call on a lent GPU machine: install archlab and the carried wheels beside the image's torch, show the machine,
+# then run the steps asked for, each under its own time limit, writing logs and tables under $OUT.
+#
+#   bash scripts/gpu/session.sh [--dry-run] STEP...
+#
+# Steps (setup and info always run first; each later step runs even when an earlier one failed):
+#   setup   install .whl/*.whl (once per machine) and this checkout (every call) into $SITE, no network
+#   info    nvidia-smi, versions, where each package is imported from, unmet requirements
+#   tests   the GPU tests: pytest -m "gpu or not slow" over the test files that check torch.cuda.is_available()
+#   quick   every CUDA suite at --quick size (about 2 minutes): checks that everything runs
+#   train   --suite cuda-train      (about 5-8 minutes, one call of its own)
+#   decode  --suite cuda-decode     (about 4-6 minutes, one call of its own)
+#   static  --suite cuda-static     (about 5-8 minutes: compiles per batch size; one call of its own)
+#
+# Environment: OUT (default ./gpu-out; the device tool sets it), SITE (/tmp/site), WHEEL_DIR (.whl),
+# PYTHON (python3), SESSION_BUDGET (seconds for the whole call, default 570: the device tool stops a command at 600),
+# STEP_LIMIT (seconds, replaces every step's own limit), DEVICE (cuda; `cpu` rehearses a session on a machine
+# without a GPU).
+# Files under $OUT: session.log (everything), steps.tsv (step, status, seconds), one markdown table per suite.
+set -uo pipefail
+cd "$(dirname "$0")/../.." || exit 2
+
+OUT="${OUT:-./gpu-out}"
+SITE="${SITE:-/tmp/site}"
+WHEEL_DIR="${WHEEL_DIR:-.whl}"
+PYTHON="${PYTHON:-python3}"
+SESSION_BUDGET="${SESSION_BUDGET:-570}"
+DEVICE="${DEVICE:-cuda}"
+STEPS_ALLOWED="setup info tests quick train decode static"
+# Each step's own limit in seconds; a step also stops where the session's budget ends.
+declare -A BUDGET=([setup]=120 [info]=60 [tests]=300 [quick]=240 [train]=540 [decode]=540 [static]=540)
+
+dry_run=0
+requested=()
+for arg in "$@"; do
+    case "$arg" in
+        --dry-run) dry_run=1 ;;
+        -h | --help) sed -n '2,18p' "$0"; exit 0 ;;
+        *)
+            if [[ " $STEPS_ALLOWED " != *" $arg "* ]]; then
+                echo "error: unknown step '$arg'; allowed: $STEPS_ALLOWED" >&2
+                exit 2
+            fi
+            requested+=("$arg") ;;
+    esac
+done
+steps=(setup info)
+for step in "${requested[@]}"; do
+    [[ " ${steps[*]} " == *" $step "* ]] || steps+=("$step")
+done
+
+mkdir -p "$OUT"
+LOG="$OUT/session.log"
+SUMMARY="$OUT/steps.tsv"
+START=$SECONDS
+export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false PIP_DISABLE_PIP_VERSION_CHECK=1
+BENCHMARK=("$PYTHON" -m archlab.scripts.benchmark --device "$DEVICE")
+
+say() { echo "[$(date +%H:%M:%S) +$((SECONDS - START))s] $*" | tee -a "$LOG"; }
+
+# ---- the steps' commands ----------------------------------------------------------------------------------------
+step_setup() {
+    shopt -s nullglob
+    local wheels=("$WHEEL_DIR"/*.whl)
+    shopt -u nullglob
+    if ((${#wheels[@]} == 0)); then
+        echo "no wheels in $WHEEL_DIR: run 'bash scripts/gpu/fetch_wheels.sh' where PyPI is reachable, and carry .whl"
+        return 1
+    fi
+    local stamp
+    stamp=$(sha256sum "${wheels[@]}" | sha256sum | cut -c1-16)
+    if [[ -f "$SITE/.wheels-$stamp" ]]; then
+        echo "wheels already installed in $SITE ($stamp)"
+    else
+        "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" \
+            "${wheels[@]}" || return 1
+        touch "$SITE/.wheels-$stamp"
+    fi
+    # archlab itself on every call: the checkout may have changed since the last one. Should the image's setuptools
+    # fail to build it, lay out the package by hand as pyproject's package-dir maps it (no metadata, same code).
+    if ! "$PYTHON" -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --upgrade \
+        --target "$SITE" .; then
+        echo "pip could not build archlab here: copying the package folders into $SITE/archlab instead"
+        rm -rf "$SITE/archlab" && cp -r src/archlab "$SITE/archlab" || return 1
+        local folder
+        for folder in modeling configuration conversion tokenization scripts model_cards training; do
+            cp -r "$folder" "$SITE/archlab/$folder" || return 1
+        done
+    fi
+    "$PYTHON" -c "import archlab, transformers; print('archlab from', archlab.__file__, '| transformers', transformers.__version__)"
+}
+
+step_info() {
+    if command -v nvidia-smi >/dev/null; then nvidia-smi; else echo "nvidia-smi: not found"; fi
+    "$PYTHON" scripts/gpu/environment.py
+}
+
+step_tests() {
+    local files
+    mapfile -t files < <(grep -rlE "cuda\.is_available|mark\.gpu" tests --include='test_*.py' | sort)
+    if ((${#files[@]} == 0)); then
+        echo "no test file checks for CUDA"
+        return 0
+    fi
+    "$PYTHON" -m pytest -q -p no:cacheprovider -m "gpu or not slow" "${files[@]}"
+}
+
+suite() {  # suite NAME OUTPUT [flags...]: one benchmark run, its table written to $OUT/OUTPUT
+    local name=$1 output=$2
+    shift 2
+    "${BENCHMARK[@]}" --suite "$name" --output "$OUT/$output" "$@"
+}
+
+step_quick() {
+    local status=0
+    for name in cuda-train cuda-decode cuda-static; do  # one process each, like the full runs
+        suite "$name" "quick-$name.md" --quick || status=1
+    done
+    return $status
+}
+step_train() { suite cuda-train cuda-train.md; }
+step_decode() { suite cuda-decode cuda-decode.md; }
+step_static() { suite cuda-static cuda-static.md; }
+
+# ---- running them -----------------------------------------------------------------------------------------------
+run_step() {
+    local step=$1 left limit started status
+    left=$((SESSION_BUDGET - (SECONDS - START) - 10))
+    limit=${STEP_LIMIT:-${BUDGET[$step]}}
+    ((left < limit)) && limit=$left
+    if ((limit < 20)); then
+        say "== $step: skipped, ${left}s left of the session's ${SESSION_BUDGET}s"
+        printf '%s\tskipped\t0\n' "$step" >>"$SUMMARY"
+        return
+    fi
+    if ((dry_run)); then
+        say "== $step: would run step_$step under timeout ${limit}s"
+        declare -f "step_$step" | sed '1,2d;$d' | tee -a "$LOG"
+        printf '%s\tdry-run\t0\n' "$step" >>"$SUMMARY"
+        return
+    fi
+    say "== $step: start (limit ${limit}s)"
+    started=$SECONDS
+    # A subshell under timeout: the step's functions and variables come along, and a hung step is killed.
+    timeout --kill-after=15 "$limit" bash -c "$(declare -f); $(declare -p PYTHON SITE WHEEL_DIR OUT BENCHMARK); step_$step" \
+        >>"$LOG" 2>&1
+    status=$?
+    local seconds=$((SECONDS - started)) verdict=ok
+    ((status == 124 || status == 137)) && verdict="timed out"
+    ((status != 0)) && [[ $verdict == ok ]] && verdict="failed (exit $status)"
+    say "== $step: $verdict after ${seconds}s"
+    printf '%s\t%s\t%s\n' "$step" "$verdict" "$seconds" >>"$SUMMARY"
+}
+
+: >"$SUMMARY"
+say "archlab GPU session: steps ${steps[*]}; OUT=$OUT SITE=$SITE WHEEL_DIR=$WHEEL_DIR budget ${SESSION_BUDGET}s"
+for step in "${steps[@]}"; do
+    run_step "$step"
+done
+
+# What the device tool's reply shows (the end of the output): the tables, then each step's verdict.
+for table in "$OUT"/*.md; do
+    [[ -f $table ]] && { echo; cat "$table"; }
+done
+echo
+column -t -s $'\t' "$SUMMARY" 2>/dev/null || cat "$SUMMARY"
+! grep -qv $'\tok\t\|\tdry-run\t' "$SUMMARY"
