@@ -130,7 +130,7 @@ run_step() {
     left=$((SESSION_BUDGET - (SECONDS - START) - 10))
     limit=${STEP_LIMIT:-${BUDGET[$step]}}
     ((left < limit)) && limit=$left
-    if ((limit < 20)); then
+    if ((left < 20)); then
         say "== $step: skipped, ${left}s left of the session's ${SESSION_BUDGET}s"
         printf '%s\tskipped\t0\n' "$step" >>"$SUMMARY"
         return

@@ -1,0 +1,79 @@
+"""scripts/gpu/session.sh, the one-command GPU session, on a machine without a GPU: it refuses unknown steps,
+always runs setup and info first, keeps going after a failed or timed-out step, skips steps once the call's budget
+is spent, and records every verdict in $OUT/steps.tsv. (Installing real wheels and running the suites on a GPU
+are what it is for; docs/gpu.md says how it was rehearsed with DEVICE=cpu.)"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SESSION = ROOT / "scripts" / "gpu" / "session.sh"
+
+pytestmark = pytest.mark.skipif(
+    shutil.which("bash") is None or shutil.which("timeout") is None, reason="needs bash and coreutils' timeout"
+)
+
+
+def session(tmp_path: Path, *steps: str, **env: str) -> tuple[subprocess.CompletedProcess, list[list[str]]]:
+    wheels = tmp_path / "no-wheels"
+    wheels.mkdir(exist_ok=True)
+    variables = {
+        **os.environ,
+        "OUT": str(tmp_path / "out"),
+        "SITE": str(tmp_path / "site"),
+        "WHEEL_DIR": str(wheels),
+        "PYTHON": sys.executable,
+        **env,
+    }
+    done = subprocess.run(
+        ["bash", str(SESSION), *steps], env=variables, capture_output=True, text=True, timeout=300, cwd=tmp_path
+    )
+    summary = tmp_path / "out" / "steps.tsv"
+    verdicts = [line.split("\t") for line in summary.read_text().splitlines()] if summary.exists() else []
+    return done, verdicts
+
+
+def test_unknown_steps_are_refused_with_the_allowed_ones(tmp_path):
+    done, verdicts = session(tmp_path, "tests", "benchmark")
+    assert done.returncode == 2
+    assert "unknown step 'benchmark'; allowed: setup info tests quick train decode static" in done.stderr
+    assert verdicts == []
+
+
+def test_dry_run_lists_setup_and_info_first_then_the_steps_once(tmp_path):
+    done, verdicts = session(tmp_path, "--dry-run", "train", "tests", "train")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert [v[:2] for v in verdicts] == [[s, "dry-run"] for s in ("setup", "info", "train", "tests")]
+    assert "cuda-train" in done.stdout and "pytest" in done.stdout
+
+
+def test_a_failed_step_does_not_stop_the_next_and_the_call_fails(tmp_path):
+    """No wheels: setup fails and says what to do; info still runs (and fails here: no GPU)."""
+    done, verdicts = session(tmp_path)
+    assert done.returncode == 1
+    assert [v[:2] for v in verdicts] == [["setup", "failed (exit 1)"], ["info", "failed (exit 1)"]]
+    log = (tmp_path / "out" / "session.log").read_text()
+    assert "no wheels in" in log and "fetch_wheels.sh" in log
+    assert "torch" in log and "no CUDA device visible" in log  # environment.py ran
+
+
+def test_steps_stop_at_their_limit_and_are_skipped_when_the_budget_is_spent(tmp_path):
+    done, verdicts = session(tmp_path, STEP_LIMIT="1")
+    assert ["info", "timed out"] == verdicts[1][:2]  # importing torch and transformers takes more than a second
+    done, verdicts = session(tmp_path, "tests", SESSION_BUDGET="25")
+    assert done.returncode == 1
+    assert [v[:2] for v in verdicts] == [[s, "skipped"] for s in ("setup", "info", "tests")]
+
+
+@pytest.mark.skipif(shutil.which("shellcheck") is None, reason="shellcheck is not installed")
+def test_shell_scripts_pass_shellcheck():
+    scripts = sorted(str(p) for p in (ROOT / "scripts" / "gpu").glob("*.sh"))
+    done = subprocess.run(["shellcheck", *scripts], capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout
