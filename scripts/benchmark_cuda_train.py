@@ -51,10 +51,19 @@ from archlab.scripts.benchmark_cuda import (
     time_pair,
     utilisation,
 )
-from archlab.training.benchmarking import Report, Row, make_optimizer, peak_training_memory, training_step
+from archlab.training.benchmarking import (
+    Report,
+    Row,
+    make_optimizer,
+    peak_training_memory,
+    synchronize,
+    training_step,
+)
 from archlab.training.roofline import decoder_training_flops, seq2seq_training_flops
 
 BF16 = torch.bfloat16
+# The Llama-shaped workloads (name in benchmark_cuda's shapes, label in the table), each also against liger.
+DENSE_WORKLOADS = (("dense", "dense 1.1B"), ("big_vocab", "vocab 128256"))
 
 
 def batch_shape(setup: Setup) -> tuple[int, int]:
@@ -117,6 +126,7 @@ def dense_rows(setup: Setup, report: Report, name: str, label: str, compiled: bo
     for tag, wrapper, model in (("archlab", ours_c, ours), ("Llama", llama_c, llama)):
         start = time.perf_counter()
         training_step(wrapper, batch, optimizers[id(model)], BF16)()  # compiles the forward and backward graphs
+        synchronize(setup.device)
         cold[tag] = time.perf_counter() - start
     for metric, pair, opts in (
         ("archlab compiled vs Llama compiled (same tool on both)", (ours_c, llama_c), (ours, llama)),
@@ -204,7 +214,7 @@ def seq2seq_rows(setup: Setup, report: Report) -> None:
 # ----------------------------------------------------------------------------------------------------------------
 # liger-kernel, in a child process (it patches transformers' Llama classes for the whole process)
 # ----------------------------------------------------------------------------------------------------------------
-DENSE_WORKLOADS = (("dense", "dense 1.1B"), ("big_vocab", "vocab 128256"))
+LIGER_TIMEOUT_S = 240  # two workloads of well under a minute each on a GPU; a hung child must not cost the table
 
 
 def liger_child(args: argparse.Namespace, output: Path) -> None:
@@ -244,7 +254,11 @@ def liger_rows(args: argparse.Namespace) -> tuple[dict[str, Row], list[str]]:
         command = [sys.executable, "-m", "archlab.scripts.benchmark_cuda_train", "--liger-child", str(output)]
         command += forwarded_flags(args)
         log("Llama + liger-kernel: child process")
-        done = subprocess.run(command, capture_output=True, text=True)
+        try:
+            done = subprocess.run(command, capture_output=True, text=True, timeout=LIGER_TIMEOUT_S)
+        except subprocess.TimeoutExpired as expired:
+            sys.stderr.write(expired.stderr.decode(errors="replace") if expired.stderr else "")
+            return {}, [f"Llama + liger-kernel: the child process took more than {LIGER_TIMEOUT_S} s and was stopped."]
         sys.stderr.write(done.stderr)
         if done.returncode != 0 or not output.exists():
             tail = (done.stderr.strip().splitlines() or ["(no output)"])[-1][:300]
@@ -255,7 +269,7 @@ def liger_rows(args: argparse.Namespace) -> tuple[dict[str, Row], list[str]]:
 
 def forwarded_flags(args: argparse.Namespace) -> list[str]:
     flags = ["--rounds", str(args.rounds), "--optim", args.optim, "--device", str(setup_device(args))]
-    for name in ("peak_tflops", "peak_bandwidth"):
+    for name in ("peak_tflops", "peak_bandwidth", "threads"):
         if getattr(args, name) is not None:
             flags += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
     return flags + (["--quick"] if args.quick else [])

@@ -7,11 +7,13 @@
 # Steps (setup and info always run first; each later step runs even when an earlier one failed):
 #   setup   install .whl/*.whl (once per machine) and this checkout (every call) into $SITE, no network
 #   info    nvidia-smi, versions, where each package is imported from, unmet requirements
-#   tests   the GPU tests: pytest -m "gpu or not slow" over the test files that check torch.cuda.is_available()
-#   quick   every CUDA suite at --quick size (about 2 minutes): checks that everything runs
-#   train   --suite cuda-train      (about 5-8 minutes, one call of its own)
-#   decode  --suite cuda-decode     (about 4-6 minutes, one call of its own)
-#   static  --suite cuda-static     (about 5-8 minutes: compiles per batch size; one call of its own)
+#   tests   the GPU tests: pytest -m "gpu or not slow" over the test files that mark a test gpu or check
+#           torch.cuda.is_available() (about 3-4 minutes: they run every CUDA suite at --quick size)
+#   quick   every CUDA suite at --quick size with the real liger-kernel, tables only (about 2-3 minutes)
+#   train   --suite cuda-train      (about 5-8 minutes, a call of its own)
+#   decode  --suite cuda-decode     (about 3-5 minutes; fits in a call after tests)
+#   static  --suite cuda-static     (about 5-8 minutes: compiles per batch size; a call of its own)
+# The calls of a session, and what the times are based on: docs/gpu.md.
 #
 # Environment: OUT (default ./gpu-out; the device tool sets it), SITE (/tmp/site), WHEEL_DIR (.whl),
 # PYTHON (python3), SESSION_BUDGET (seconds for the whole call, default 570: the device tool stops a command at 600),
@@ -36,7 +38,7 @@ requested=()
 for arg in "$@"; do
     case "$arg" in
         --dry-run) dry_run=1 ;;
-        -h | --help) sed -n '2,18p' "$0"; exit 0 ;;
+        -h | --help) sed -n '2,22p' "$0"; exit 0 ;;
         *)
             if [[ " $STEPS_ALLOWED " != *" $arg "* ]]; then
                 echo "error: unknown step '$arg'; allowed: $STEPS_ALLOWED" >&2
