@@ -18,8 +18,14 @@ def pytest_configure(config: pytest.Config) -> None:
         config.addinivalue_line("markers", f"{mark}: set by transformers' common model tests")
 
 
+@pytest.hookimpl(tryfirst=True)  # before `-m` selects: the marks added here count
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Tests marked `gpu` skip where torch sees no CUDA device (CI, the development machines)."""
+    """A test parametrized with a CUDA `device` is a `gpu` test too; `gpu` tests skip where torch sees no CUDA device
+    (CI, the development machines)."""
+    for item in items:
+        device = getattr(item, "callspec", None) and item.callspec.params.get("device")
+        if isinstance(device, (str, torch.device)) and torch.device(device).type == "cuda":
+            item.add_marker(pytest.mark.gpu)
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA device (torch.cuda.is_available() is False)")

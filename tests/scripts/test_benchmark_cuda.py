@@ -73,7 +73,7 @@ def run_suites(tmp_path: Path, *argv: str, device: str = "cpu") -> str:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
 def test_training_suite_runs_every_comparison(tmp_path, monkeypatch, device):
     from transformers import LlamaForCausalLM
 
@@ -111,7 +111,7 @@ def test_training_suite_runs_every_comparison(tmp_path, monkeypatch, device):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
 def test_decode_suites_run_every_comparison(tmp_path, device):
     rates = ["--peak-tflops", "1", "--peak-bandwidth", "0.05"] if device == "cpu" else []
     table = run_suites(tmp_path, "--suite", "cuda-decode", "--suite", "cuda-static", *rates, device=device)

@@ -80,7 +80,7 @@ def test_cuda_peak_counts_the_run_and_what_it_owns_not_other_tensors():
     del elsewhere
 
 
-@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
 def test_training_step_autocasts_on_the_models_own_device(device):
     """bf16 autocast must be the model's device's: a CUDA model under CPU autocast would train in fp32."""
     model = DecoderForCausalLM(tiny_decoder_config()).to(device)
