@@ -7,7 +7,7 @@
   the gradient is computed in the forward pass, so training never holds the full (tokens × vocab) logits
   (the memory peak of a small-model training step) and the big GEMMs stay cache-friendly.
 - `lm_head_loss`: the head and its loss as both families' LM heads run them (chunked in training, logits otherwise,
-  soft-capping and output biases).
+  soft-capping and output biases), or through a fused kernel the head carries (`fused_causal_lm_loss`).
 """
 
 from __future__ import annotations
@@ -139,6 +139,35 @@ def chunked_causal_lm_loss(
     return _reduce(total, targets, num_items_in_batch)
 
 
+def fused_causal_lm_loss(
+    fused_loss,
+    hidden_states: torch.Tensor,
+    head: nn.Linear,
+    labels: torch.Tensor | None,
+    shifted_labels: torch.Tensor | None,
+    output_bias: torch.Tensor | None,
+    softcap: float | None,
+    z_loss_coef: float,
+    num_items_in_batch: torch.Tensor | int | None,
+) -> torch.Tensor:
+    """`lm_head_loss`'s training loss through a fused linear cross-entropy kernel (e.g. Liger's, see archlab.liger).
+
+    `fused_loss(hidden (N, d), weight (V, d), bias (V,) | None, targets (N,), softcap, z_loss_coef)` returns the sum
+    over tokens of CE(logits, target) + z · logsumexp(logits)², logits = hidden @ Wᵀ + b soft-capped to
+    c · tanh(logits / c) when `softcap` c is given, tokens with target -100 adding nothing. The labels are shifted and
+    the sum reduced here, exactly as on the chunked path.
+    """
+    given = shifted_labels if shifted_labels is not None else labels
+    _check_targets(given, hidden_states.shape[:-1], "labels" if shifted_labels is None else "shift_labels")
+    targets = (shifted_labels if shifted_labels is not None else shift_labels(labels)).reshape(-1)
+    bias = head.bias
+    if output_bias is not None:
+        bias = output_bias.reshape(-1) if bias is None else bias + output_bias.reshape(-1)
+    hidden = hidden_states.reshape(-1, hidden_states.shape[-1])
+    total = fused_loss(hidden, head.weight, bias, targets.to(hidden.device), softcap, z_loss_coef)
+    return _reduce(total, targets, num_items_in_batch)
+
+
 def lm_head_loss(
     hidden_states: torch.Tensor,
     head: nn.Linear,
@@ -161,9 +190,14 @@ def lm_head_loss(
     targets aligned with the positions. `output_bias` (1, V) is a constant bias added after the head (Marian's
     `final_logits_bias`); a bias of the head itself is added too. `softcap` c applies c · tanh(z / c) to the logits
     (Gemma2); the chunked loss has no soft-cap, so then, and when the head's weight is a DTensor (FSDP2 / tensor
-    parallelism must gather it through the module), the loss runs unchunked.
+    parallelism must gather it through the module), the loss runs unchunked. A head carrying a fused kernel
+    (`head.fused_linear_cross_entropy`, set by archlab.liger) runs the training loss through it instead, soft-cap too.
     """
     wants_loss = labels is not None or shifted_labels is not None
+    fused_loss = getattr(head, "fused_linear_cross_entropy", None)
+    if wants_loss and training and fused_loss is not None and not is_distributed_tensor(head.weight):
+        args = (hidden_states, head, labels, shifted_labels, output_bias, softcap, z_loss_coef, num_items_in_batch)
+        return fused_causal_lm_loss(fused_loss, *args), None
     chunked = chunk_size > 0 and softcap is None and not is_distributed_tensor(head.weight)
     if wants_loss and training and chunked:
         weight, bias = head.weight, head.bias
