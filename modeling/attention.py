@@ -71,6 +71,10 @@ class Attention(nn.Module):
     QK-norm applies to cross-attention too (keys normalised before caching).
     """
 
+    # RoPE on (B, H, T, D) queries and keys. An instance may carry a fused kernel with the same arguments and result
+    # instead (archlab.liger sets Liger's); the class keeps the plain one, which is what saved models run.
+    rotate = staticmethod(apply_rotary)
+
     def __init__(
         self,
         config,
@@ -167,7 +171,7 @@ class Attention(nn.Module):
                 query, key = self.q_norm(query), self.k_norm(key)
             if position_embeddings is not None:
                 cos, sin = position_embeddings
-                query, key = apply_rotary(query, key, cos, sin)
+                query, key = self.rotate(query, key, cos, sin)
             if past_key_values is not None:
                 key, value = past_key_values.update(key, value, self.layer_idx)
 

@@ -7,7 +7,7 @@
   the gradient is computed in the forward pass, so training never holds the full (tokens × vocab) logits
   (the memory peak of a small-model training step) and the big GEMMs stay cache-friendly.
 - `lm_head_loss`: the head and its loss as both families' LM heads run them (chunked in training, logits otherwise,
-  soft-capping and output biases).
+  soft-capping and output biases), or through a fused kernel the head carries (`fused_causal_lm_loss`).
 """
 
 from __future__ import annotations
@@ -36,13 +36,17 @@ def shift_labels(labels: torch.Tensor) -> torch.Tensor:
     return F.pad(labels[..., 1:], (0, 1), value=IGNORE_INDEX)
 
 
-def _check_targets(targets: torch.Tensor, tokens: torch.Size, name: str) -> None:
-    """One target per token, else a ValueError naming both shapes (cross_entropy would report a bare size error)."""
-    if targets.shape != tokens:
+def flat_targets(labels: torch.Tensor | None, shifted_labels: torch.Tensor | None, tokens: torch.Size) -> torch.Tensor:
+    """The flat (N,) targets of next-token labels (shifted here) or of already aligned `shifted_labels`; a tensor of
+    another shape than the tokens' is a ValueError naming both shapes (cross_entropy would report a bare size
+    error)."""
+    given, name = (labels, "labels") if shifted_labels is None else (shifted_labels, "shift_labels")
+    if given.shape != tokens:
         raise ValueError(
-            f"`{name}` has shape {tuple(targets.shape)}; it must be {tuple(tokens)}, one target per token "
+            f"`{name}` has shape {tuple(given.shape)}; it must be {tuple(tokens)}, one target per token "
             "(-100 where nothing is predicted)."
         )
+    return (shift_labels(labels) if shifted_labels is None else shifted_labels).reshape(-1)
 
 
 def _reduce(total: torch.Tensor, targets: torch.Tensor, num_items_in_batch) -> torch.Tensor:
@@ -61,9 +65,7 @@ def causal_lm_loss(
     shifted_labels: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Cross-entropy of logits (B, T, V) against next-token labels (B, T)."""
-    given = shifted_labels if shifted_labels is not None else labels
-    _check_targets(given, logits.shape[:-1], "labels" if shifted_labels is None else "shift_labels")
-    targets = (shifted_labels if shifted_labels is not None else shift_labels(labels)).reshape(-1)
+    targets = flat_targets(labels, shifted_labels, logits.shape[:-1])
     logits = logits.reshape(-1, logits.shape[-1]).float()
     targets = targets.to(logits.device)
     total = F.cross_entropy(logits, targets, ignore_index=IGNORE_INDEX, reduction="sum")
@@ -190,11 +192,36 @@ def chunked_causal_lm_loss(
     bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """`causal_lm_loss(hidden_states @ weightᵀ + bias, labels)` without materialising the logits."""
-    given = shifted_labels if shifted_labels is not None else labels
-    _check_targets(given, hidden_states.shape[:-1], "labels" if shifted_labels is None else "shift_labels")
-    targets = (shifted_labels if shifted_labels is not None else shift_labels(labels)).reshape(-1)
+    targets = flat_targets(labels, shifted_labels, hidden_states.shape[:-1])
     hidden = hidden_states.reshape(-1, hidden_states.shape[-1])
     total = ChunkedLinearCrossEntropy.apply(hidden, weight, bias, targets.to(hidden.device), chunk_size, z_loss_coef)
+    return _reduce(total, targets, num_items_in_batch)
+
+
+def fused_causal_lm_loss(
+    fused_loss,
+    hidden_states: torch.Tensor,
+    head: nn.Linear,
+    labels: torch.Tensor | None,
+    shifted_labels: torch.Tensor | None,
+    output_bias: torch.Tensor | None,
+    softcap: float | None,
+    z_loss_coef: float,
+    num_items_in_batch: torch.Tensor | int | None,
+) -> torch.Tensor:
+    """`lm_head_loss`'s training loss through a fused linear cross-entropy kernel (e.g. Liger's, see archlab.liger).
+
+    `fused_loss(hidden (N, d), weight (V, d), bias (V,) | None, targets (N,), softcap, z_loss_coef)` returns the sum
+    over tokens of CE(logits, target) + z · logsumexp(logits)², logits = hidden @ Wᵀ + b soft-capped to
+    c · tanh(logits / c) when `softcap` c is given, tokens with target -100 adding nothing. The labels are shifted and
+    the sum reduced here, exactly as on the chunked path.
+    """
+    targets = flat_targets(labels, shifted_labels, hidden_states.shape[:-1])
+    bias = head.bias
+    if output_bias is not None:
+        bias = output_bias.reshape(-1) if bias is None else bias + output_bias.reshape(-1)
+    hidden = hidden_states.reshape(-1, hidden_states.shape[-1])
+    total = fused_loss(hidden, head.weight, bias, targets.to(hidden.device), softcap, z_loss_coef)
     return _reduce(total, targets, num_items_in_batch)
 
 
@@ -220,9 +247,14 @@ def lm_head_loss(
     targets aligned with the positions. `output_bias` (1, V) is a constant bias added after the head (Marian's
     `final_logits_bias`); a bias of the head itself is added too. `softcap` c applies c · tanh(z / c) to the logits
     (Gemma2); the chunked loss has no soft-cap, so then, and when the head's weight is a DTensor (FSDP2 / tensor
-    parallelism must gather it through the module), the loss runs unchunked.
+    parallelism must gather it through the module), the loss runs unchunked. A head carrying a fused kernel
+    (`head.fused_linear_cross_entropy`, set by archlab.liger) runs the training loss through it instead, soft-cap too.
     """
     wants_loss = labels is not None or shifted_labels is not None
+    fused_loss = getattr(head, "fused_linear_cross_entropy", None)
+    if wants_loss and training and fused_loss is not None and not is_distributed_tensor(head.weight):
+        args = (hidden_states, head, labels, shifted_labels, output_bias, softcap, z_loss_coef, num_items_in_batch)
+        return fused_causal_lm_loss(fused_loss, *args), None
     chunked = chunk_size > 0 and softcap is None and not is_distributed_tensor(head.weight)
     if wants_loss and training and chunked:
         weight, bias = head.weight, head.bias

@@ -232,8 +232,12 @@ class DecoderForCausalLM(DecoderPreTrainedModel, GenerationMixin):
         num_items_in_batch: torch.Tensor | int | None = None,
         output_router_logits: bool | None = None,
         prefix_lengths: torch.LongTensor | None = None,
+        skip_logits: bool | None = None,
         **kwargs,
     ) -> MoeCausalLMOutputWithPast | tuple:
+        r"""skip_logits (`bool`, *optional*):
+        With labels, True returns the loss alone (no logits, as in training; Trainer asks for it in evaluation under
+        `use_liger_kernel`), False the logits too, in training as well. None: by `self.training`."""
         # `shift_labels` (pre-shifted targets, as transformers' loss accepts) comes through kwargs: a named
         # argument with "label" in it would make Trainer wait for it as a label column and report no eval_loss.
         shift_labels = kwargs.pop("shift_labels", None)
@@ -258,7 +262,7 @@ class DecoderForCausalLM(DecoderPreTrainedModel, GenerationMixin):
         loss, logits = lm_head_loss(
             hidden_states,
             self.lm_head,
-            training=self.training,
+            training=self.training if skip_logits is None else skip_logits,
             chunk_size=self.config.lm_loss_chunk_size,
             labels=labels,
             shifted_labels=shift_labels,

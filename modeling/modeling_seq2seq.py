@@ -269,8 +269,12 @@ class Seq2SeqForConditionalGeneration(Seq2SeqPreTrainedModel, GenerationMixin):
         return_dict: bool | None = None,
         num_items_in_batch: torch.Tensor | int | None = None,
         logits_to_keep: int | torch.Tensor = 0,
+        skip_logits: bool | None = None,
         **kwargs,
     ) -> Seq2SeqLMOutput | tuple:
+        r"""skip_logits (`bool`, *optional*):
+        With labels, True returns the loss alone (no logits, as in training; Trainer asks for it in evaluation under
+        `use_liger_kernel`), False the logits too, in training as well. None: by `self.training`."""
         return_dict = return_dict if return_dict is not None else self.config.return_dict
         if labels is not None:
             use_cache = False
@@ -295,7 +299,7 @@ class Seq2SeqForConditionalGeneration(Seq2SeqPreTrainedModel, GenerationMixin):
         loss, logits = lm_head_loss(
             hidden_states,
             self.lm_head,
-            training=self.training,
+            training=self.training if skip_logits is None else skip_logits,
             chunk_size=self.config.lm_loss_chunk_size,
             shifted_labels=labels,  # aligned with the decoder input already (shifted right behind the start token)
             output_bias=self.final_logits_bias,

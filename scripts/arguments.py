@@ -5,6 +5,7 @@ the checks of flag values that run before anything is written."""
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -12,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
 from safetensors import SafetensorError, safe_open
 from transformers import HfArgumentParser, TrainingArguments
 from transformers.hf_argparser import string_to_bool
@@ -206,6 +208,23 @@ def check_training_flags(args: TrainingArguments) -> None:
                 f"--{kind}_steps must be > 0 with --{kind}_strategy steps (a number of steps, or a "
                 f"fraction < 1 of the run's steps), got {steps}."
             )
+    if args.use_liger_kernel:
+        check_liger_can_run(args)
+
+
+def check_liger_can_run(args: TrainingArguments) -> None:
+    """--use_liger_kernel needs liger-kernel and a GPU for its Triton kernels; the Trainer would find out only when
+    training starts (TRITON_INTERPRET=1, Triton's CPU interpreter, is let through: the tests run the kernels so)."""
+    if importlib.util.find_spec("liger_kernel") is None:
+        raise ValueError(
+            "--use_liger_kernel needs liger-kernel: `pip install liger-kernel` (or archlab's `liger` extra) on a "
+            "machine with a GPU."
+        )
+    if (args.use_cpu or not torch.accelerator.is_available()) and os.environ.get("TRITON_INTERPRET") != "1":
+        raise ValueError(
+            "--use_liger_kernel runs Liger's Triton kernels, which need a GPU, and this run is on the CPU: leave the "
+            "flag out (archlab's chunked LM loss already keeps the logits out of memory on the CPU)."
+        )
 
 
 def check_flag_choice(args: Any, name: str, allowed: Sequence[str]) -> None:

@@ -1,9 +1,12 @@
 """archlab: a Hugging Face transformers plugin with the modern decoder LM and the classic encoder-decoder.
 
 `import archlab` registers every config and model class with the Auto classes, so
-`AutoModelForCausalLM.from_pretrained(folder)` loads an archlab checkpoint without `trust_remote_code`.
+`AutoModelForCausalLM.from_pretrained(folder)` loads an archlab checkpoint without `trust_remote_code`, and makes
+`TrainingArguments(use_liger_kernel=True)` apply Liger's kernels to archlab models (archlab.liger; Liger itself is
+imported only when something asks for it).
 """
 
+from .liger import apply_liger_kernel_to_archlab, register_with_liger_when_loaded
 from .modeling import (
     DecoderConfig,
     DecoderForCausalLM,
@@ -22,6 +25,7 @@ from .registration import register_all
 from .text2text import translate
 
 register_all()
+register_with_liger_when_loaded()
 quiet_deepspeed_probe()
 
 __version__ = "0.1.0"
@@ -39,4 +43,5 @@ __all__ = [
     "EncoderForMaskedLM",
     "translate",
     "count_parameters",
+    "apply_liger_kernel_to_archlab",
 ]

@@ -1,5 +1,6 @@
 """modeling/attention.py on its own: the eager kernel against softmax(QKᵀ/√d)V written out head by head, grouped
-key/value heads, soft-capping and position biases, eager against SDPA, and cross-attention's cached keys/values."""
+key/value heads, soft-capping and position biases, eager against SDPA, cross-attention's cached keys/values, and an
+instance's own rotary kernel."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import torch
 from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 
 from archlab.modeling.attention import Attention, eager_attention_forward, repeat_kv
+from archlab.modeling.rotary import apply_rotary
 
 from helpers import assert_close_to_scale, tiny_decoder_config
 
@@ -168,3 +170,17 @@ def test_cross_attention_projects_the_encoder_output_once_and_reads_it_from_the_
     assert keys.shape == (BATCH, module.num_key_value_heads, KEYS, module.head_dim)
     torch.testing.assert_close(keys, module._project_key_value(encoder_states)[0])
     assert cache.self_attention_cache.get_seq_length() == 0  # cross-attention leaves the decoder's own cache alone
+
+
+def test_an_instance_may_carry_its_own_rotary_kernel():
+    """The seam archlab.liger uses for Liger's RoPE: `attention.rotate` on one instance, the class's elsewhere."""
+    config = tiny_decoder_config()
+    patched, plain = Attention(config, 0), Attention(config, 0)
+    plain.load_state_dict(patched.state_dict())
+    calls = []
+    patched.rotate = lambda q, k, cos, sin: calls.append(q.shape) or apply_rotary(q, k, cos, sin)
+    hidden = torch.randn(2, 5, config.hidden_size)
+    cos, sin = torch.randn(2, 5, config.head_dim), torch.randn(2, 5, config.head_dim)
+    torch.testing.assert_close(patched(hidden, (cos, sin))[0], plain(hidden, (cos, sin))[0])
+    assert calls == [(2, config.num_attention_heads, 5, config.head_dim)]
+    assert Attention.rotate is apply_rotary and "rotate" not in plain.__dict__

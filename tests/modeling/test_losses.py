@@ -1,5 +1,6 @@
 """The chunked LM-head + cross-entropy equals the naive loss in value and gradients (incl. z-loss, a head bias and a
-constant output bias, bf16 autocast); labels of the wrong shape are named."""
+constant output bias, bf16 autocast); labels of the wrong shape are named; a fused kernel carried by the head gets
+the head's bias, soft-cap and z-loss and its sum is reduced like the chunked one."""
 
 import re
 
@@ -131,3 +132,47 @@ def test_labels_of_the_wrong_shape_are_named():
             causal_lm_loss(hidden @ weight.t(), labels)
         with pytest.raises(ValueError, match=message):
             chunked_causal_lm_loss(hidden, weight, labels, chunk_size=4)
+
+
+def _reference_fused_loss(hidden, weight, bias, targets, softcap, z_loss_coef):
+    """The fused-kernel protocol of `losses.fused_causal_lm_loss`, written out with full logits."""
+    logits = hidden @ weight.t() + (bias if bias is not None else 0)
+    if softcap is not None:
+        logits = softcap * torch.tanh(logits / softcap)
+    valid = targets != -100
+    log_z = torch.logsumexp(logits, -1)
+    picked = logits.gather(1, targets.clamp(min=0)[:, None]).squeeze(1)
+    return ((log_z - picked + z_loss_coef * log_z.square()) * valid).sum()
+
+
+@pytest.mark.parametrize("shifted", [False, True])
+def test_a_fused_kernel_on_the_head_gets_bias_softcap_and_z_loss_and_is_reduced_like_the_chunked_one(shifted):
+    torch.manual_seed(0)
+    head = nn.Linear(16, 50, bias=True)
+    hidden = torch.randn(2, 7, 16, requires_grad=True)
+    labels = torch.randint(0, 50, (2, 7))
+    labels[0, :3] = -100
+    output_bias = torch.randn(1, 50)
+    kwargs = dict(
+        chunk_size=4,
+        output_bias=output_bias,
+        softcap=3.0,
+        z_loss_coef=1e-2,
+        num_items_in_batch=9,
+        **({"shifted_labels": labels} if shifted else {"labels": labels}),
+    )
+    expected, logits = lm_head_loss(hidden, head, training=False, **kwargs)  # full logits, then the loss
+    calls = []
+    head.fused_linear_cross_entropy = lambda *args: calls.append(args) or _reference_fused_loss(*args)
+    loss, no_logits = lm_head_loss(hidden, head, training=True, **kwargs)
+    assert no_logits is None and logits is not None and len(calls) == 1
+    _, weight, bias, targets, softcap, z_loss_coef = calls[0]
+    assert weight is head.weight and (softcap, z_loss_coef) == (3.0, 1e-2) and targets.shape == (14,)
+    torch.testing.assert_close(bias, head.bias + output_bias[0])
+    torch.testing.assert_close(loss, expected)
+    for grad, expected_grad in zip(
+        torch.autograd.grad(loss, (hidden, head.weight)), torch.autograd.grad(expected, (hidden, head.weight))
+    ):
+        assert_close_to_scale(grad, expected_grad)
+    del head.fused_linear_cross_entropy  # in evaluation the head computes logits as usual
+    assert lm_head_loss(hidden, head, training=False, **kwargs)[1] is not None

@@ -125,6 +125,17 @@ def test_training_loss_without_chunking_equals_chunked():
     torch.testing.assert_close(chunked.loss, plain.loss)
 
 
+def test_skip_logits_returns_the_loss_alone_or_the_logits_too():
+    """Trainer's evaluation under `use_liger_kernel` passes `skip_logits=True`; False asks for logits in training."""
+    model = _model()
+    ids = torch.randint(3, 97, (2, 8))
+    full = model(ids, labels=ids)
+    skipped = model(ids, labels=ids, skip_logits=True)
+    assert skipped.logits is None and full.logits is not None
+    torch.testing.assert_close(skipped.loss, full.loss)
+    assert model.train()(ids, labels=ids, skip_logits=False).logits is not None
+
+
 def test_save_load_round_trip_and_bf16(tmp_path):
     model = _model()
     model.save_pretrained(tmp_path)

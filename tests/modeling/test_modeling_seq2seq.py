@@ -326,6 +326,16 @@ def test_num_items_in_batch_and_chunked_training_loss():
         torch.testing.assert_close(dict(model.named_parameters())[name].grad, grad, atol=1e-5, rtol=1e-4)
 
 
+def test_skip_logits_returns_the_loss_alone():
+    model = tiny(vocab_size=45)
+    source, mask, labels = batch()
+    with torch.no_grad():
+        full = model(input_ids=source, attention_mask=mask, labels=labels)
+        skipped = model(input_ids=source, attention_mask=mask, labels=labels, skip_logits=True)
+    assert skipped.logits is None and full.logits is not None
+    torch.testing.assert_close(skipped.loss, full.loss)
+
+
 def test_gradient_checkpointing_gives_the_same_gradients():
     model = tiny(**CATALOGUE["t5_style"]).train()
     source, mask, labels = batch()

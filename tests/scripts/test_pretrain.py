@@ -3,6 +3,7 @@ after SIGKILL ends exactly where an uninterrupted run ends."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import logging
 import os
@@ -227,6 +228,24 @@ def test_training_flags_are_checked_before_data_is_read(
     out = tmp_path / "run"
     with pytest.raises(ValueError, match=re.escape(message)):
         pretrain.main(tiny_args(out, data_dir, *extra))
+    assert not out.exists()
+
+
+def test_use_liger_kernel_without_liger_or_a_gpu_is_refused_before_data_is_read(
+    tmp_path: Path, data_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def never(*args, **kwargs):
+        raise AssertionError("data was loaded before --use_liger_kernel was checked")
+
+    monkeypatch.setattr(sources, "load_raw_datasets", never)
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    if importlib.util.find_spec("liger_kernel") is None:
+        message = "--use_liger_kernel needs liger-kernel: `pip install liger-kernel`"
+    else:
+        message = "--use_liger_kernel runs Liger's Triton kernels, which need a GPU, and this run is on the CPU"
+    out = tmp_path / "run"
+    with pytest.raises(ValueError, match=re.escape(message)):
+        pretrain.main(tiny_args(out, data_dir, "--use_liger_kernel", "true", "--use_cpu", "true"))
     assert not out.exists()
 
 

@@ -1,0 +1,74 @@
+"""Runs Triton kernels on a CPU through Triton's interpreter, so GPU kernels such as Liger's can be checked against
+archlab's PyTorch modules on a machine without a GPU.
+
+The interpreter executes a kernel's Python body with NumPy, one program at a time. Whether a `@triton.jit` function
+is interpreted is decided when it is defined, Triton's own `tl.sum`, `tl.max`, ... included, and torch imports
+Triton: so the process must start with `TRITON_INTERPRET=1` in its environment (`run_pytest_interpreted`). Two gaps
+in the interpreter (Triton 3.9) stop Liger's kernels; `fill_interpreter_gaps` fills them for the duration of a test:
+
+- a Python float argument stays a Python float, while compiled Triton passes it as an fp32 scalar, so a kernel's
+  `eps.to(tl.float32)` fails: floats are handed to the kernel as fp32 scalars, as compiled Triton does;
+- `triton.language.extra.libdevice` functions (CUDA's libdevice: `rsqrt`, `tanh`) are declarations the interpreter
+  does not implement (they return None): each such name a kernel module imported is computed with NumPy.
+
+The interpreter computes in fp32 here: NumPy has no bfloat16, and bf16 kernels return NaN or garbage.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import triton
+import triton.language as tl
+from triton.runtime import interpreter
+
+INTERPRETING = bool(triton.knobs.runtime.interpret)  # this process started with TRITON_INTERPRET=1
+
+# libdevice functions the interpreter lacks, by name, as NumPy on the interpreter's arrays
+NUMPY_LIBDEVICE = {"rsqrt": lambda x: 1 / np.sqrt(x), "tanh": np.tanh}
+
+
+def is_interpreted(kernel) -> bool:
+    return isinstance(kernel, interpreter.InterpretedFunction)
+
+
+def _numpy_unary(function):
+    def apply(x: tl.tensor) -> tl.tensor:
+        return tl.tensor(interpreter.TensorHandle(function(x.handle.data), x.handle.dtype.scalar), x.type)
+
+    return apply
+
+
+def _float_as_fp32(convert):
+    def implicit_cvt(arg):
+        if isinstance(arg, float):
+            return tl.tensor(interpreter.TensorHandle(np.array([arg], dtype=np.float32), tl.float32), tl.float32)
+        return convert(arg)
+
+    return implicit_cvt
+
+
+def fill_interpreter_gaps(monkeypatch, module_prefix: str) -> None:
+    """Fill both gaps for the kernels of the loaded modules named `module_prefix...` (undone by `monkeypatch`)."""
+    monkeypatch.setattr(interpreter, "_implicit_cvt", _float_as_fp32(interpreter._implicit_cvt))
+    for name, module in list(sys.modules.items()):
+        if not name.startswith(module_prefix) or module is None:
+            continue
+        for function_name, numpy_function in NUMPY_LIBDEVICE.items():
+            function = getattr(module, function_name, None)
+            if getattr(function, "__module__", "").startswith("triton.language.extra"):
+                monkeypatch.setattr(module, function_name, _numpy_unary(numpy_function))
+
+
+def run_pytest_interpreted(*pytest_args: str, timeout: float = 840) -> subprocess.CompletedProcess:
+    """`python -m pytest *pytest_args` in a fresh process with TRITON_INTERPRET=1 (output captured)."""
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *pytest_args],
+        env={**os.environ, "TRITON_INTERPRET": "1"},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
