@@ -20,89 +20,23 @@ from transformers import (
     pipeline,
 )
 
-from archlab import DecoderForCausalLM, Seq2SeqForConditionalGeneration
+from archlab import DecoderForCausalLM
 from archlab.modeling import fast_decoding
-from archlab.modeling.catalogue import LAYER_TYPES, MLP_LAYER_TYPES, POSITION_SCHEMES, SEQ2SEQ_POSITION_SCHEMES
 from archlab.modeling.configuration_decoder import ROPE_TYPES
 
-from helpers import tiny_decoder_config, tiny_seq2seq_config
+from helpers import (
+    DECODER_VARIANTS,
+    NO_STATIC_CACHE,
+    ROPE_PARAMETERS,
+    SEQ2SEQ_VARIANTS,
+    decoder_variant,
+    randomised,
+    seq2seq_variant,
+    tiny_decoder_config,
+)
 
-# `rope_parameters` per rope type: generation (6 + 12 tokens) runs past `original_max_position_embeddings` (8), so
-# the length-dependent types switch frequencies while decoding.
-ROPE_PARAMETERS = {
-    "default": {},
-    "linear": {"factor": 2.0},
-    "dynamic": {"factor": 2.0},
-    "yarn": {"factor": 4.0, "original_max_position_embeddings": 8},
-    "longrope": {
-        "short_factor": [1.0] * 4,
-        "long_factor": [4.0] * 4,
-        "factor": 16.0,
-        "original_max_position_embeddings": 8,
-    },
-    "llama3": {
-        "factor": 8.0,
-        "low_freq_factor": 1.0,
-        "high_freq_factor": 4.0,
-        "original_max_position_embeddings": 8,
-    },
-    "proportional": {"partial_rotary_factor": 0.5},
-}
-WINDOW = 4  # well inside the 18 tokens generated
-DECODER_VARIANTS = {
-    **{f"positions_{kind}": dict(position_embedding_type=kind) for kind in POSITION_SCHEMES},
-    **{
-        f"rope_{kind}": dict(rope_parameters={"rope_type": kind, "rope_theta": 1e4, **ROPE_PARAMETERS[kind]})
-        for kind in ROPE_TYPES
-    },
-    "learned_positions_from_mask": dict(
-        position_embedding_type="learned", position_ids_from_attention_mask=True, position_embedding_offset=2
-    ),
-    **{f"all_{kind}": dict(sliding_window=WINDOW, layer_types=[kind, kind]) for kind in LAYER_TYPES},
-    "local_global": dict(sliding_window=WINDOW, layer_types=list(LAYER_TYPES)),
-    "alibi_local_global": dict(position_embedding_type="alibi", sliding_window=WINDOW, layer_types=list(LAYER_TYPES)),
-    "prefix_lm": dict(prefix_lm=True),
-    "prefix_lm_alibi": dict(prefix_lm=True, position_embedding_type="alibi"),
-    "moe": dict(num_local_experts=4, num_experts_per_tok=2),
-    "moe_shared_expert_dense_sparse": dict(
-        num_local_experts=4,
-        num_experts_per_tok=2,
-        shared_expert_intermediate_size=32,
-        mlp_layer_types=list(MLP_LAYER_TYPES),
-    ),
-}
-NO_STATIC_CACHE = {"rope_dynamic"}  # `static_cache_blocker`: these fall back to the dynamic cache
-
-SEQ2SEQ_VARIANTS = {
-    **{f"positions_{kind}": dict(position_embedding_type=kind) for kind in SEQ2SEQ_POSITION_SCHEMES},
-    "relative_bias_per_layer": dict(position_embedding_type="relative_bias", relative_attention_bias_per_layer=True),
-    "pre_norm_gqa": dict(norm_position="pre", decoder_key_value_heads=2),
-}
 # Random tiny models settle on repeating one token, which would hide a wrong step: no token may come twice.
 GREEDY = dict(do_sample=False, no_repeat_ngram_size=1, output_logits=True, return_dict_in_generate=True)
-
-
-def _randomised(model):
-    """Weights of std 0.5 (norms near 1), so the logits are far from ties and the outputs vary."""
-    generator = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for name, parameter in model.named_parameters():
-            if "norm" in name:
-                parameter.uniform_(0.5, 1.5, generator=generator)
-            else:
-                parameter.normal_(0.0, 0.5, generator=generator)
-    return model.eval()
-
-
-def _decoder(name: str) -> DecoderForCausalLM:
-    return _randomised(DecoderForCausalLM(tiny_decoder_config(**DECODER_VARIANTS[name])))
-
-
-def _seq2seq(name: str) -> Seq2SeqForConditionalGeneration:
-    config = tiny_seq2seq_config(
-        relative_attention_num_buckets=8, relative_attention_max_distance=16, **SEQ2SEQ_VARIANTS[name]
-    )
-    return _randomised(Seq2SeqForConditionalGeneration(config))
 
 
 def _prompts(batch: int, vocab: int, padding_side: str = "left") -> dict[str, torch.Tensor]:
@@ -129,7 +63,7 @@ def test_every_rope_type_is_covered():
 @pytest.mark.parametrize("batch", [1, 3])
 @pytest.mark.parametrize("name", sorted(set(DECODER_VARIANTS) - NO_STATIC_CACHE))
 def test_decoder_static_cache_equals_dynamic_cache(name, batch):
-    model = _decoder(name)
+    model = decoder_variant(name)
     inputs = _prompts(batch, model.config.vocab_size)
     if model.config.prefix_lm:
         inputs["prefix_lengths"] = torch.full((batch,), 4)
@@ -143,7 +77,7 @@ def test_decoder_static_cache_equals_dynamic_cache(name, batch):
 @pytest.mark.parametrize("num_beams", [1, 3])
 @pytest.mark.parametrize("name", sorted(SEQ2SEQ_VARIANTS))
 def test_seq2seq_static_cache_equals_dynamic_cache(name, num_beams):
-    model = _seq2seq(name)
+    model = seq2seq_variant(name)
     inputs = _prompts(3, model.config.vocab_size, padding_side="right")
     kwargs = dict(**inputs, **GREEDY, num_beams=num_beams, max_new_tokens=10, eos_token_id=None)
     if num_beams > 1:
@@ -173,7 +107,7 @@ def on_cuda(monkeypatch) -> None:
 
 @pytest.mark.parametrize("name", sorted(NO_STATIC_CACHE))
 def test_variants_without_a_static_path_fall_back_with_one_notice(name, notices, on_cuda):
-    model = _decoder(name)
+    model = decoder_variant(name)
     kwargs = dict(**_prompts(2, model.config.vocab_size), **GREEDY, max_new_tokens=12, pad_token_id=0)
     asked = model.generate(cache_implementation="static", **kwargs)
     default = model.generate(**kwargs)  # what CUDA would choose
@@ -185,7 +119,7 @@ def test_variants_without_a_static_path_fall_back_with_one_notice(name, notices,
 
 
 def test_default_on_cuda_is_the_static_cache_and_the_user_can_opt_out(on_cuda, notices):
-    model = _decoder("positions_rope")
+    model = decoder_variant("positions_rope")
     kwargs = dict(**_prompts(2, 97), **GREEDY, max_new_tokens=8, pad_token_id=0)
     default = model.generate(**kwargs)
     assert isinstance(default.past_key_values, StaticCache)
@@ -200,13 +134,13 @@ def test_default_on_cuda_is_the_static_cache_and_the_user_can_opt_out(on_cuda, n
 
 def test_cpu_default_is_unchanged():
     assert not fast_decoding.decodes_compiled_by_default(torch.device("cpu"))
-    model = _decoder("positions_rope")
+    model = decoder_variant("positions_rope")
     out = model.generate(**_prompts(2, 97), **GREEDY, max_new_tokens=4, pad_token_id=0)
     assert isinstance(out.past_key_values, DynamicCache)
 
 
 def test_seq2seq_default_on_cuda_is_the_static_cache_for_greedy_and_beam_search(on_cuda):
-    model = _seq2seq("positions_relative_bias")
+    model = seq2seq_variant("positions_relative_bias")
     inputs = _prompts(2, model.config.vocab_size)
     for num_beams in (1, 3):
         out = model.generate(**inputs, **GREEDY, num_beams=num_beams, max_new_tokens=6)
@@ -226,7 +160,7 @@ def _character_tokenizer() -> PreTrainedTokenizerFast:
 
 def test_sampling_stop_strings_and_streaming_on_the_default_path(on_cuda, capsys):
     tokenizer = _character_tokenizer()
-    model = _randomised(DecoderForCausalLM(tiny_decoder_config(vocab_size=len(tokenizer))))
+    model = randomised(DecoderForCausalLM(tiny_decoder_config(vocab_size=len(tokenizer))))
     inputs = tokenizer(["def f"], return_tensors="pt")
     prompt = inputs["input_ids"].shape[1]
     sampling = dict(**inputs, do_sample=True, temperature=1.5, max_new_tokens=12, pad_token_id=0, eos_token_id=None)
@@ -251,7 +185,7 @@ def test_sampling_stop_strings_and_streaming_on_the_default_path(on_cuda, capsys
 
 def test_text_generation_pipeline_takes_the_static_path(on_cuda, monkeypatch):
     tokenizer = _character_tokenizer()
-    model = _randomised(DecoderForCausalLM(tiny_decoder_config(vocab_size=len(tokenizer))))
+    model = randomised(DecoderForCausalLM(tiny_decoder_config(vocab_size=len(tokenizer))))
     caches = []
     prepare = model._prepare_static_cache
     monkeypatch.setattr(model, "_prepare_static_cache", lambda *a, **k: caches.append(prepare(*a, **k)) or caches[-1])
@@ -262,7 +196,7 @@ def test_text_generation_pipeline_takes_the_static_path(on_cuda, monkeypatch):
 
 def test_static_beam_reorder_keeps_the_tensors_in_place():
     """Compiled graphs and CUDA graphs hold the static cache's addresses: the beam reorder must copy into them."""
-    model = _decoder("positions_rope")
+    model = decoder_variant("positions_rope")
     inputs = _prompts(3, 97)
     cache = StaticCache(config=model.config, max_cache_len=10)
     model(**inputs, past_key_values=cache, use_cache=True)
@@ -275,7 +209,7 @@ def test_static_beam_reorder_keeps_the_tensors_in_place():
 
 
 def test_decoding_step_is_told_from_the_prefill_without_reading_the_device():
-    model = _seq2seq("positions_sinusoidal")
+    model = seq2seq_variant("positions_sinusoidal")
     inputs = _prompts(2, model.config.vocab_size)
     cache = EncoderDecoderCache(StaticCache(config=model.config, max_cache_len=8), StaticCache(model.config, 6))
     assert not fast_decoding.is_decoding_step(cache)
@@ -286,6 +220,6 @@ def test_decoding_step_is_told_from_the_prefill_without_reading_the_device():
 
 def test_prefix_lm_on_the_static_path_needs_the_whole_prefix_in_the_prompt():
     """Its decoding steps attend causally (every new token comes after the prefix), so a longer prefix is refused."""
-    model = _decoder("prefix_lm")
+    model = decoder_variant("prefix_lm")
     with pytest.raises(ValueError, match="whole prefix must be in the prompt"):
         model.generate(**_prompts(1, 97), prefix_lengths=torch.tensor([8]), cache_implementation="static")
