@@ -6,7 +6,7 @@
 
 The usual sampling flags (`--do_sample`, `--temperature`, `--top_k`, `--top_p`, `--repetition_penalty`,
 `--num_beams`, `--max_new_tokens`) map one to one onto `GenerationConfig`. The model runs on the GPU when there is
-one (`--device`), where `generate` decodes with a static cache and a compiled step (docs/generation.md).
+one (`--device`), where `generate` decodes with a static cache and a compiled step (docs/workflows.md).
 """
 
 from __future__ import annotations
