@@ -68,12 +68,24 @@ def static_cache_blocker(config) -> str | None:
     return None
 
 
+def _is_sharded(model) -> bool:
+    """Parameters split across processes (FSDP2, tensor parallelism): `DTensor`s."""
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:  # a torch built without distributed support
+        return False
+    return any(isinstance(parameter, DTensor) for parameter in model.parameters())
+
+
 def _default_blocker(model) -> str | None:
-    """Why the CUDA default does not take the static path for `model`: a variant that cannot, or a FlashAttention
-    backend (it breaks the compiled graph, and `generate` drops an all-ones padding mask before the cache is chosen,
-    which a static cache with FlashAttention needs); None when it does."""
+    """Why the CUDA default does not take the static path for `model`, or None when it does: a variant that cannot,
+    a FlashAttention backend (it breaks the compiled graph, and `generate` drops an all-ones padding mask before the
+    cache is chosen, which a static cache with FlashAttention needs), or sharded parameters (generation inside a
+    sharded training run is not where a compile should start unasked)."""
     if is_flash_attention_requested(model.config):
         return f"the attention backend {model.config._attn_implementation!r} is not compiled into the decoding step"
+    if _is_sharded(model):
+        return "its parameters are sharded (FSDP2 or tensor parallelism); ask for cache_implementation='static'"
     return static_cache_blocker(model.config)
 
 
@@ -83,9 +95,10 @@ def choose_cache_implementation(
     """The `cache_implementation` this `generate` call decodes with (None: transformers' dynamic cache).
 
     A cache the user passed, or any cache setting they chose, is kept; with none, the static cache where
-    `decodes_compiled_by_default` says so, unless `use_cache=False`, `disable_compile=True`, a decoding loop other
-    than greedy / sampling / beam search, or a variant that cannot (one logged line says which). A static cache
-    asked for by a variant that cannot decode with it falls back to the dynamic cache, with one logged line too.
+    `decodes_compiled_by_default` says so, unless `use_cache=False`, `disable_compile=True`, an assistant model, a
+    decoding loop other than greedy / sampling / beam search, or a model that cannot (`_default_blocker`; one logged
+    line says why). A static cache asked for by a variant that cannot decode with it falls back to the dynamic
+    cache, with one logged line too.
     """
     requested = generation_config.cache_implementation
     if model_kwargs.get("past_key_values") is not None:
@@ -95,6 +108,7 @@ def choose_cache_implementation(
             not decodes_compiled_by_default(model.device)
             or generation_config.use_cache is False
             or generation_config.disable_compile
+            or generation_config.is_assistant  # an assistant's cache is cropped after rejected tokens: dynamic only
             or generation_mode not in STATIC_CACHE_MODES
         ):
             return None

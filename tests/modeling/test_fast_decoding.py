@@ -14,11 +14,13 @@ from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import (
     DynamicCache,
     EncoderDecoderCache,
+    GenerationConfig,
     PreTrainedTokenizerFast,
     StaticCache,
     TextStreamer,
     pipeline,
 )
+from transformers.generation import GenerationMode
 
 from archlab import DecoderForCausalLM
 from archlab.modeling import fast_decoding
@@ -130,6 +132,29 @@ def test_default_on_cuda_is_the_static_cache_and_the_user_can_opt_out(on_cuda, n
     assert model.generate(**kwargs, past_key_values=own).past_key_values is own  # a cache passed in is used
     assert model.generate(**kwargs, use_cache=False).past_key_values is None
     assert not notices
+
+
+def test_flash_attention_keeps_the_dynamic_cache_by_default(on_cuda, notices):
+    """Only the choice is checked (no flash kernel here): FlashAttention breaks the compiled graph."""
+    model = decoder_variant("positions_rope")
+    model.config._attn_implementation = "flash_attention_2"
+    chosen = fast_decoding.choose_cache_implementation(model, GenerationConfig(), {}, GenerationMode.GREEDY_SEARCH)
+    assert chosen is None and len(notices) == 1 and "flash_attention_2" in notices[0]
+    asked = GenerationConfig(cache_implementation="static")  # transformers' own FlashAttention + static cache path
+    assert fast_decoding.choose_cache_implementation(model, asked, {}, GenerationMode.GREEDY_SEARCH) == "static"
+
+
+def test_assistants_and_other_decoding_loops_keep_the_dynamic_cache(on_cuda):
+    model = decoder_variant("positions_rope")
+    assistant = GenerationConfig()
+    assistant.is_assistant = True
+    assert fast_decoding.choose_cache_implementation(model, assistant, {}, GenerationMode.GREEDY_SEARCH) is None
+    for mode in set(GenerationMode) - set(fast_decoding.STATIC_CACHE_MODES):
+        assert fast_decoding.choose_cache_implementation(model, GenerationConfig(), {}, mode) is None, mode
+    # assisted decoding through generate: the main model's and the assistant's caches stay dynamic
+    inputs = _prompts(1, 97)
+    out = model.generate(**inputs, assistant_model=decoder_variant("positions_rope"), max_new_tokens=4, do_sample=False)
+    assert out.shape == (1, 10)
 
 
 def test_cpu_default_is_unchanged():
