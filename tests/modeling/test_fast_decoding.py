@@ -247,4 +247,6 @@ def test_prefix_lm_on_the_static_path_needs_the_whole_prefix_in_the_prompt():
     """Its decoding steps attend causally (every new token comes after the prefix), so a longer prefix is refused."""
     model = decoder_variant("prefix_lm")
     with pytest.raises(ValueError, match="whole prefix must be in the prompt"):
-        model.generate(**_prompts(1, 97), prefix_lengths=torch.tensor([8]), cache_implementation="static")
+        model.generate(
+            **_prompts(1, 97), prefix_lengths=torch.tensor([8]), cache_implementation="static", max_new_tokens=2
+        )
