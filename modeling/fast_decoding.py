@@ -2,14 +2,17 @@
 
 transformers' `generate` has the fast path already: with `cache_implementation="static"` the cache has fixed shapes,
 the masks are built outside the model, and on accelerators the decoding step is compiled (`torch.compile`, CUDA
-graphs through `mode="reduce-overhead"`), so a step costs about one read of the weights. It takes it only when
-asked. `FastDecodingMixin` makes it archlab's default on CUDA and fills in what transformers leaves out:
+graphs through `mode="reduce-overhead"`), so a batch-1 step is bound by reading the weights, not by launching many
+small kernels. It takes that path only when asked. `FastDecodingMixin` makes it archlab's default on CUDA and fills
+in what transformers leaves out:
 
 - the cache choice (`choose_cache_implementation`): on CUDA (`decodes_compiled_by_default`, the one device decision)
   and with no cache setting from the user, the static cache; `cache_implementation="dynamic"` or
-  `disable_compile=True` opt out, and nothing changes on CPU;
+  `disable_compile=True` opt out, assistant models and decoding loops without static caches are left alone, and
+  nothing changes on CPU;
 - variants whose decoding step cannot be compiled (`static_cache_blocker`: dynamic RoPE recomputes its frequencies
-  from a tensor in every forward) decode with the dynamic cache instead, with one logged line saying why;
+  from a tensor in every forward) decode with the dynamic cache instead, with one logged line saying why; by
+  default so do FlashAttention backends and sharded models;
 - beam search: transformers reorders a static cache by replacing its tensors (so compiled graphs and CUDA graphs
   recompile or re-record every step) and runs beam-search steps eagerly; here the reorder copies in place
   (`reorder_cache_in_place`) and the one-token steps run compiled, under the same criteria as greedy and sampling.
