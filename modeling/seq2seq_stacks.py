@@ -253,7 +253,7 @@ class Seq2SeqDecoder(nn.Module):
         key_positions = torch.arange(key_length, device=inputs_embeds.device) + key_offset
         buckets = None
         if self.position_bias is not None:
-            bias = self.position_bias(positions, key_positions)  # (1, H, T, past + T)
+            bias = self.position_bias(positions, key_positions)  # (1, H, T, key_length)
             causal_mask = add_position_bias(causal_mask, bias, inputs_embeds.dtype)
         if self.position_buckets is not None:  # each layer adds its own table's bias to this (additive) mask
             buckets = self.position_buckets(positions, key_positions)
