@@ -28,6 +28,7 @@ def print_sample(model: Any, tokenizer: Any, prompt: str, max_new_tokens: int, s
             temperature=0.8,
             top_k=40,
             pad_token_id=tokenizer.pad_token_id,
+            disable_compile=True,  # one short sample: on a GPU, compiling the decoding step would cost more
         )
     text = tokenizer.decode(output[0], skip_special_tokens=True)
     log(f"Sample (prompt {prompt!r}, temperature 0.8, top-k 40):\n{text}\n")
@@ -148,7 +149,12 @@ def show_chat_example(
         )
         end = [tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids(END_OF_TURN)]
         output = model.generate(
-            **inputs, max_new_tokens=64, do_sample=False, eos_token_id=end, pad_token_id=tokenizer.pad_token_id
+            **inputs,
+            max_new_tokens=64,
+            do_sample=False,
+            eos_token_id=end,
+            pad_token_id=tokenizer.pad_token_id,
+            disable_compile=True,  # one example: compiling the decoding step would cost more than it saves
         )
         answer = tokenizer.decode(output[0, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
         log(f"Example -- user: {prompt[0]['content']}\nassistant:\n{answer}")
@@ -165,7 +171,9 @@ def show_seq2seq_example(
             example[args.source_column], return_tensors="pt", truncation=True, max_length=args.max_source_length
         )
         inputs.pop("token_type_ids", None)
-        output = model.generate(**inputs, max_new_tokens=max_new_tokens or 48, num_beams=1, do_sample=False)
+        output = model.generate(  # one example: compiling the decoding step would cost more than it saves
+            **inputs, max_new_tokens=max_new_tokens or 48, num_beams=1, do_sample=False, disable_compile=True
+        )
         log(
             f"Example -- code:\n{example[args.source_column]}\n"
             f"generated: {tokenizer.decode(output[0], skip_special_tokens=True)}\n"
