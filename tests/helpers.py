@@ -115,6 +115,7 @@ DECODER_VARIANTS = {
     "alibi_local_global": dict(position_embedding_type="alibi", sliding_window=WINDOW, layer_types=list(LAYER_TYPES)),
     "prefix_lm": dict(prefix_lm=True),
     "prefix_lm_alibi": dict(prefix_lm=True, position_embedding_type="alibi"),
+    "softcapping_eager_attention": dict(attn_logit_softcapping=2.0, final_logit_softcapping=5.0),  # no sdpa here
     "moe": dict(num_local_experts=4, num_experts_per_tok=2),
     "moe_shared_expert_dense_sparse": dict(
         num_local_experts=4,
