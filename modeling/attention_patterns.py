@@ -16,6 +16,8 @@ from torch import nn
 from transformers.cache_utils import Cache
 from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
 
+from .input_checks import cached_length, can_read_values
+
 MASK_BUILDERS: dict[str, Callable] = {
     "full_attention": create_causal_mask,
     "sliding_attention": create_sliding_window_causal_mask,
@@ -37,8 +39,10 @@ def check_prefix_lengths(prefix_lengths: torch.Tensor, batch_size: int, past_key
         raise ValueError(
             f"`prefix_lengths` must have shape (batch,) = ({batch_size},), got {tuple(prefix_lengths.shape)}."
         )
-    past = past_key_values.get_seq_length() if past_key_values is not None else 0
-    if past > 0 and bool((prefix_lengths > past).any()):
+    if not can_read_values(prefix_lengths):
+        return  # never a device synchronisation or a graph break for a check
+    past = cached_length(past_key_values)
+    if past and bool((prefix_lengths > past).any()):
         raise ValueError(
             f"prefix-LM: the cache already holds {past} tokens but `prefix_lengths` reaches "
             f"{int(prefix_lengths.max())}; pass the whole prefix in the first forward (no chunked prefill of a prefix)."

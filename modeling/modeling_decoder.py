@@ -24,7 +24,8 @@ from .attention_patterns import build_masks, build_position_biases
 from .blocks import BLOCKS, norm_from_config
 from .catalogue import POSITION_SCHEMES
 from .configuration_decoder import DecoderConfig
-from .input_checks import cached_length, check_attention_mask, check_token_ids
+from .fast_decoding import FastDecodingMixin
+from .input_checks import cached_length, can_read_values, check_attention_mask, check_token_ids
 from .losses import causal_lm_loss, lm_head_loss
 from .moe import collect_router_logits, load_balancing_loss, router_z_loss
 from .positions import position_bias, position_ids_from_mask, position_table
@@ -198,8 +199,9 @@ class DecoderModel(DecoderPreTrainedModel):
         return output if return_dict else output.to_tuple()
 
 
-class DecoderForCausalLM(DecoderPreTrainedModel, GenerationMixin):
-    """Decoder + LM head. In training with `labels`, the head and the loss run chunked and `logits` is None."""
+class DecoderForCausalLM(DecoderPreTrainedModel, FastDecodingMixin, GenerationMixin):
+    """Decoder + LM head. In training with `labels`, the head and the loss run chunked and `logits` is None.
+    `generate` decodes with a static cache and a compiled step by default on CUDA (fast_decoding.py)."""
 
     _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
     _tp_plan = {"lm_head": "colwise_gather_output"}
@@ -296,12 +298,37 @@ class DecoderForCausalLM(DecoderPreTrainedModel, GenerationMixin):
         return output if return_dict else output.to_tuple()
 
     def prepare_inputs_for_generation(
-        self, input_ids: torch.LongTensor, attention_mask: torch.Tensor | None = None, **kwargs
+        self,
+        input_ids: torch.LongTensor,
+        attention_mask: torch.Tensor | None = None,
+        past_key_values: Cache | None = None,
+        is_first_iteration: bool | None = False,
+        **kwargs,
     ) -> dict:
-        inputs = super().prepare_inputs_for_generation(input_ids, attention_mask=attention_mask, **kwargs)
+        """transformers' inputs, with prefix-LM's `prefix_lengths` routed for the cache in use.
+
+        `generate` precomputes a static cache's masks without the prefix. In the prefill the model gets the 2D mask
+        instead and builds the prefix-LM masks itself; after it, every new token comes after the prefix, where
+        prefix-LM attention is causal attention, so the decoding steps take the precomputed masks (fixed shapes,
+        what the compiled step needs) and no prefix. A dynamic cache gets the 2D mask and the prefix at every step.
+        """
+        static = past_key_values is not None and past_key_values.is_compileable
+        prefix_lengths = kwargs.get("prefix_lengths")
+        if static and prefix_lengths is not None and not is_first_iteration:
+            kwargs.pop("prefix_lengths")
+        inputs = super().prepare_inputs_for_generation(
+            input_ids,
+            attention_mask=attention_mask,
+            past_key_values=past_key_values,
+            is_first_iteration=is_first_iteration,
+            **kwargs,
+        )
         if inputs.get("prefix_lengths") is not None:
-            # `generate` precomputes a static cache's masks without the prefix: hand the model the 2D mask instead,
-            # so it builds the prefix-LM masks itself (over the static cache's keys, as for any other cache).
+            if static and can_read_values(prefix_lengths) and int(prefix_lengths.max()) > input_ids.shape[1]:
+                raise ValueError(
+                    f"prefix-LM: `prefix_lengths` reaches {int(prefix_lengths.max())} but the prompt has "
+                    f"{input_ids.shape[1]} tokens; the whole prefix must be in the prompt."
+                )
             inputs["attention_mask"] = attention_mask
         return inputs
 

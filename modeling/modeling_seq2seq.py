@@ -31,6 +31,7 @@ from transformers.modeling_outputs import BaseModelOutput, Seq2SeqLMOutput, Seq2
 from transformers.modeling_utils import PreTrainedModel
 
 from .configuration_seq2seq import Seq2SeqConfig
+from .fast_decoding import FastDecodingMixin, reorder_cache_in_place
 from .losses import IGNORE_INDEX, lm_head_loss
 from .pretrained import ArchlabPreTrainedModel
 from .seq2seq_stacks import Seq2SeqDecoder, Seq2SeqEncoder
@@ -194,7 +195,7 @@ class Seq2SeqModel(Seq2SeqPreTrainedModel):
         return output if return_dict else output.to_tuple()
 
 
-class Seq2SeqForConditionalGeneration(Seq2SeqPreTrainedModel, GenerationMixin):
+class Seq2SeqForConditionalGeneration(Seq2SeqPreTrainedModel, FastDecodingMixin, GenerationMixin):
     """Encoder-decoder + output projection (tied to the target embeddings by default) + `final_logits_bias`.
 
     With `labels`, `decoder_input_ids` default to `shift_tokens_right(labels)` and the loss is the token-level
@@ -242,10 +243,11 @@ class Seq2SeqForConditionalGeneration(Seq2SeqPreTrainedModel, GenerationMixin):
         return embeddings
 
     def _reorder_cache(self, past_key_values: EncoderDecoderCache, beam_idx: torch.LongTensor) -> EncoderDecoderCache:
-        """Beam search (`generate` calls this between steps): reorder the self-attention cache only. Beams move only
-        within their own input's group, whose cross-attention keys/values are identical copies, so reordering those
-        would copy (layers × beams × source length × d_model) values per step for nothing."""
-        past_key_values.self_attention_cache.reorder_cache(beam_idx)
+        """Beam search (`generate` calls this between steps): reorder the self-attention cache only (a static one in
+        place, `reorder_cache_in_place`). Beams move only within their own input's group, whose cross-attention
+        keys/values are identical copies, so reordering those would copy (layers × beams × source length × d_model)
+        values per step for nothing."""
+        reorder_cache_in_place(past_key_values.self_attention_cache, beam_idx)
         return past_key_values
 
     def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:

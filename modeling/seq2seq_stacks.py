@@ -219,7 +219,7 @@ class Seq2SeqDecoder(nn.Module):
         if use_cache and past_key_values is None:
             past_key_values = EncoderDecoderCache(DynamicCache(config=self.config), DynamicCache(config=self.config))
         self_cache = past_key_values.self_attention_cache if past_key_values is not None else None
-        past = self_cache.get_seq_length() if self_cache is not None else 0
+        past = self_cache.get_seq_length() if self_cache is not None else 0  # a 0-d tensor for a static cache
         batch_size, seq_len = inputs_embeds.shape[:2]
         known_past = cached_length(self_cache)
         check_attention_mask(
@@ -231,7 +231,7 @@ class Seq2SeqDecoder(nn.Module):
         )
         if encoder_hidden_states is not None:
             check_attention_mask(encoder_attention_mask, *encoder_hidden_states.shape[:2], keys="source tokens")
-        positions = torch.arange(past, past + seq_len, device=inputs_embeds.device)
+        positions = torch.arange(seq_len, device=inputs_embeds.device) + past  # no host read of `past`: compiles
 
         hidden_states = inputs_embeds
         if self.embed_positions is not None:
@@ -248,10 +248,12 @@ class Seq2SeqDecoder(nn.Module):
             position_ids=positions[None],
             allow_is_causal_skip=self.position_bias is None and self.position_buckets is None,
         )
-        key_positions = torch.arange(past + seq_len, device=inputs_embeds.device)
+        # the keys the cache returns: past + seq_len of them, or every slot of a static cache (unfilled ones masked)
+        key_length, key_offset = self_cache.get_mask_sizes(seq_len, 0) if self_cache is not None else (seq_len, 0)
+        key_positions = torch.arange(key_length, device=inputs_embeds.device) + key_offset
         buckets = None
         if self.position_bias is not None:
-            bias = self.position_bias(positions, key_positions)  # (1, H, T, past + T)
+            bias = self.position_bias(positions, key_positions)  # (1, H, T, key_length)
             causal_mask = add_position_bias(causal_mask, bias, inputs_embeds.dtype)
         if self.position_buckets is not None:  # each layer adds its own table's bias to this (additive) mask
             buckets = self.position_buckets(positions, key_positions)

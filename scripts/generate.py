@@ -5,7 +5,8 @@
     python scripts/generate.py --model_name_or_path runs/docstrings --prompt "def add(a, b):\\n    return a + b"
 
 The usual sampling flags (`--do_sample`, `--temperature`, `--top_k`, `--top_p`, `--repetition_penalty`,
-`--num_beams`, `--max_new_tokens`) map one to one onto `GenerationConfig`.
+`--num_beams`, `--max_new_tokens`) map one to one onto `GenerationConfig`. The model runs on the GPU when there is
+one (`--device`), where `generate` decodes with a static cache and a compiled step (docs/workflows.md).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from dataclasses import dataclass, field
 
 from archlab.scripts.arguments import check_weights, parse_arguments, run_cli
 from archlab.tokenization.training import has_tokenizer
-from archlab.training.sampling import generate_text, load_for_generation
+from archlab.training.sampling import check_device, generate_text, load_for_generation
 
 
 @dataclass
@@ -34,9 +35,13 @@ class GenerateArguments:
     num_beams: int = field(default=1, metadata={"help": "Beam search width (with --do_sample false)."})
     seed: int = field(default=42, metadata={"help": "Random seed for sampling."})
     stream: bool = field(default=True, metadata={"help": "Print tokens as they are generated."})
+    device: str | None = field(
+        default=None, metadata={"help": "Where the model runs: cpu, cuda, cuda:1, ... (default: cuda if available)."}
+    )
 
 
 def check(args: GenerateArguments) -> None:
+    check_device(args.device)
     if not os.path.isfile(os.path.join(args.model_name_or_path, "config.json")):
         raise FileNotFoundError(f"--model_name_or_path {args.model_name_or_path!r} holds no saved model (config.json).")
     if args.prompt_file and not os.path.isfile(args.prompt_file):
@@ -68,7 +73,7 @@ def check(args: GenerateArguments) -> None:
 def main(argv: Sequence[str] | None = None) -> str:
     (args,) = parse_arguments((GenerateArguments,), argv, __doc__)
     check(args)
-    model, tokenizer, seq2seq = load_for_generation(args.model_name_or_path)
+    model, tokenizer, seq2seq = load_for_generation(args.model_name_or_path, args.device)
     prompt = args.prompt
     if args.prompt_file:
         with open(args.prompt_file, encoding="utf-8") as f:

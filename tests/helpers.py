@@ -12,9 +12,11 @@ import pytest
 import torch
 from transformers import T5Config, T5ForConditionalGeneration
 
-from archlab import DecoderConfig, Seq2SeqConfig, Seq2SeqForConditionalGeneration
+from archlab import DecoderConfig, DecoderForCausalLM, Seq2SeqConfig, Seq2SeqForConditionalGeneration
 from archlab.conversion import FAMILIES
 from archlab.conversion.t5 import archlab_state_dict_to_t5, t5_state_dict_to_archlab
+from archlab.modeling.catalogue import LAYER_TYPES, MLP_LAYER_TYPES, POSITION_SCHEMES, SEQ2SEQ_POSITION_SCHEMES
+from archlab.modeling.configuration_decoder import ROPE_TYPES
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -73,6 +75,85 @@ def tiny_config_for(config_class: type, **overrides):
     if builder is None:
         pytest.fail(f"tests/helpers.py needs `tiny_{family}_config` so {config_class.__name__} models are tested")
     return builder(**overrides)
+
+
+# ---- every catalogue variant, for decoding (fast_decoding.py's tests) ------------------------------------------
+
+# `rope_parameters` per rope type: generation (6 + 12 tokens) runs past `original_max_position_embeddings` (8), so
+# the length-dependent types switch frequencies while decoding.
+ROPE_PARAMETERS = {
+    "default": {},
+    "linear": {"factor": 2.0},
+    "dynamic": {"factor": 2.0},
+    "yarn": {"factor": 4.0, "original_max_position_embeddings": 8},
+    "longrope": {
+        "short_factor": [1.0] * 4,
+        "long_factor": [4.0] * 4,
+        "factor": 16.0,
+        "original_max_position_embeddings": 8,
+    },
+    "llama3": {
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8,
+    },
+    "proportional": {"partial_rotary_factor": 0.5},
+}
+WINDOW = 4  # well inside the 18 tokens generated
+DECODER_VARIANTS = {
+    **{f"positions_{kind}": dict(position_embedding_type=kind) for kind in POSITION_SCHEMES},
+    **{
+        f"rope_{kind}": dict(rope_parameters={"rope_type": kind, "rope_theta": 1e4, **ROPE_PARAMETERS[kind]})
+        for kind in ROPE_TYPES
+    },
+    "learned_positions_from_mask": dict(
+        position_embedding_type="learned", position_ids_from_attention_mask=True, position_embedding_offset=2
+    ),
+    **{f"all_{kind}": dict(sliding_window=WINDOW, layer_types=[kind, kind]) for kind in LAYER_TYPES},
+    "local_global": dict(sliding_window=WINDOW, layer_types=list(LAYER_TYPES)),
+    "alibi_local_global": dict(position_embedding_type="alibi", sliding_window=WINDOW, layer_types=list(LAYER_TYPES)),
+    "prefix_lm": dict(prefix_lm=True),
+    "prefix_lm_alibi": dict(prefix_lm=True, position_embedding_type="alibi"),
+    "softcapping_eager_attention": dict(attn_logit_softcapping=2.0, final_logit_softcapping=5.0),  # no sdpa here
+    "moe": dict(num_local_experts=4, num_experts_per_tok=2),
+    "moe_shared_expert_dense_sparse": dict(
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        shared_expert_intermediate_size=32,
+        mlp_layer_types=list(MLP_LAYER_TYPES),
+    ),
+}
+NO_STATIC_CACHE = {"rope_dynamic"}  # fast_decoding.static_cache_blocker: these decode with the dynamic cache
+
+SEQ2SEQ_VARIANTS = {
+    **{f"positions_{kind}": dict(position_embedding_type=kind) for kind in SEQ2SEQ_POSITION_SCHEMES},
+    "relative_bias_per_layer": dict(position_embedding_type="relative_bias", relative_attention_bias_per_layer=True),
+    "pre_norm_gqa": dict(norm_position="pre", decoder_key_value_heads=2),
+}
+
+
+def randomised(model):
+    """Weights of std 0.5 (norms near 1), so the logits are far from ties and the outputs vary."""
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if "norm" in name:
+                parameter.uniform_(0.5, 1.5, generator=generator)
+            else:
+                parameter.normal_(0.0, 0.5, generator=generator)
+    return model.eval()
+
+
+def decoder_variant(name: str) -> DecoderForCausalLM:
+    """The tiny decoder of `DECODER_VARIANTS[name]`, randomised, in eval mode."""
+    return randomised(DecoderForCausalLM(tiny_decoder_config(**DECODER_VARIANTS[name])))
+
+
+def seq2seq_variant(name: str) -> Seq2SeqForConditionalGeneration:
+    """The tiny encoder-decoder of `SEQ2SEQ_VARIANTS[name]` (T5 buckets sized for it), randomised, in eval mode."""
+    buckets = dict(relative_attention_num_buckets=8, relative_attention_max_distance=16)
+    return randomised(Seq2SeqForConditionalGeneration(tiny_seq2seq_config(**buckets, **SEQ2SEQ_VARIANTS[name])))
 
 
 # ---- tokenizers --------------------------------------------------------------------------------------------------

@@ -28,15 +28,35 @@ def print_sample(model: Any, tokenizer: Any, prompt: str, max_new_tokens: int, s
             temperature=0.8,
             top_k=40,
             pad_token_id=tokenizer.pad_token_id,
+            disable_compile=True,  # one short sample: on a GPU, compiling the decoding step would cost more
         )
     text = tokenizer.decode(output[0], skip_special_tokens=True)
     log(f"Sample (prompt {prompt!r}, temperature 0.8, top-k 40):\n{text}\n")
     return text
 
 
-def load_for_generation(folder: str) -> tuple[Any, Any, bool]:
-    """The model saved in `folder` (in eval mode), its tokenizer, and whether it is an encoder-decoder; a ValueError
-    for a model that does not generate text (a classifier, a masked LM)."""
+def default_device() -> str:
+    """Where generation runs unless told: the GPU when there is one (archlab decodes there with a static cache and
+    a compiled step), else the CPU."""
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def check_device(device: str | None) -> None:
+    """A ValueError naming `--device` for a device torch does not know, or a CUDA device on a machine without one."""
+    if device is None:
+        return
+    try:
+        kind = torch.device(device).type
+    except RuntimeError:
+        raise ValueError(f"--device {device!r} is not a device; use cpu, cuda or cuda:N.") from None
+    if kind == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"--device {device!r}: no CUDA GPU is available here; use --device cpu.")
+
+
+def load_for_generation(folder: str, device: str | None = None) -> tuple[Any, Any, bool]:
+    """The model saved in `folder` (in eval mode, on `device`, by default `default_device()`), its tokenizer, and
+    whether it is an encoder-decoder; a ValueError for a model that does not generate text (a classifier, a masked
+    LM)."""
     config = AutoConfig.from_pretrained(folder)
     architectures = config.architectures or []
     seq2seq = any(name.endswith("ForConditionalGeneration") for name in architectures)
@@ -50,7 +70,7 @@ def load_for_generation(folder: str) -> tuple[Any, Any, bool]:
             "generate text; generate.py needs a decoder (ForCausalLM) or a seq2seq model."
         )
     tokenizer = load_tokenizer(folder)
-    model.eval()
+    model.to(device or default_device()).eval()
     return model, tokenizer, seq2seq
 
 
@@ -85,6 +105,7 @@ def generate_text(
     else:
         inputs = tokenizer(prompt, return_tensors="pt")
     inputs.pop("token_type_ids", None)
+    inputs = inputs.to(model.device)
 
     eos = [model.generation_config.eos_token_id or tokenizer.eos_token_id]
     if chat and END_OF_TURN in tokenizer.get_vocab():
@@ -128,7 +149,12 @@ def show_chat_example(
         )
         end = [tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids(END_OF_TURN)]
         output = model.generate(
-            **inputs, max_new_tokens=64, do_sample=False, eos_token_id=end, pad_token_id=tokenizer.pad_token_id
+            **inputs,
+            max_new_tokens=64,
+            do_sample=False,
+            eos_token_id=end,
+            pad_token_id=tokenizer.pad_token_id,
+            disable_compile=True,  # one example: compiling the decoding step would cost more than it saves
         )
         answer = tokenizer.decode(output[0, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
         log(f"Example -- user: {prompt[0]['content']}\nassistant:\n{answer}")
@@ -145,7 +171,9 @@ def show_seq2seq_example(
             example[args.source_column], return_tensors="pt", truncation=True, max_length=args.max_source_length
         )
         inputs.pop("token_type_ids", None)
-        output = model.generate(**inputs, max_new_tokens=max_new_tokens or 48, num_beams=1, do_sample=False)
+        output = model.generate(  # one example: compiling the decoding step would cost more than it saves
+            **inputs, max_new_tokens=max_new_tokens or 48, num_beams=1, do_sample=False, disable_compile=True
+        )
         log(
             f"Example -- code:\n{example[args.source_column]}\n"
             f"generated: {tokenizer.decode(output[0], skip_special_tokens=True)}\n"

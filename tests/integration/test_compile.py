@@ -1,6 +1,8 @@
 """torch.compile: the decoder forward compiles with `fullgraph=True` (no graph break anywhere in the model), a compiled
 training step gives eager's loss and gradients, and `generate` with a StaticCache and a compiled decoding step gives
-eager's tokens. Cold compiles cost about a minute each on 2 CPU cores, hence few tests, all `slow`.
+eager's tokens: the dense decoder, the mixture of experts, and seq2seq beam search (fast_decoding.py compiles its
+steps); every catalogue variant's decoding step traces without a graph break. Cold compiles cost about a minute each
+on 2 CPU cores, hence few tests, all `slow`; the tracing checks use dynamo's "eager" backend (no code generation).
 """
 
 from __future__ import annotations
@@ -9,9 +11,19 @@ import pytest
 import torch
 from transformers import CompileConfig
 
-from archlab import DecoderForCausalLM
+from archlab import DecoderForCausalLM, Seq2SeqForConditionalGeneration
 
-from helpers import assert_close_to_scale, tiny_decoder_config
+from helpers import (
+    DECODER_VARIANTS,
+    NO_STATIC_CACHE,
+    SEQ2SEQ_VARIANTS,
+    assert_close_to_scale,
+    decoder_variant,
+    randomised,
+    seq2seq_variant,
+    tiny_decoder_config,
+    tiny_seq2seq_config,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -111,3 +123,99 @@ def test_regional_compilation_trains_like_eager_without_recompiles():
         assert losses["eager"][-1] < losses["eager"][0]
         torch.testing.assert_close(losses["compiled"], losses["eager"], rtol=1e-5, atol=1e-5)
     assert graphs[3] == graphs[1] > 0
+
+
+def _compile_config(**kwargs) -> CompileConfig:
+    config = CompileConfig(fullgraph=True, **kwargs)
+    config._compile_all_devices = True  # generate compiles only on accelerators unless told to (its testing hook)
+    return config
+
+
+def test_moe_static_cache_generation_compiles():
+    """The mixture of experts' decoding step at batch 1 compiled inside `generate`: the grouped-GEMM path (no host
+    read) gives the tokens of eager's one-token path, and a second call reuses the graph."""
+    torch._dynamo.reset()
+    config = tiny_decoder_config(
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        shared_expert_intermediate_size=32,
+        mlp_layer_types=["dense", "sparse"],
+    )
+    model = randomised(DecoderForCausalLM(config))
+    prompt = _batch()["input_ids"][1:]
+    kwargs = dict(max_new_tokens=8, do_sample=False, pad_token_id=0, cache_implementation="static")
+    expected = model.generate(prompt, **kwargs, disable_compile=True)
+    assert torch.equal(model.generate(prompt, **kwargs, compile_config=_compile_config(mode="default")), expected)
+    assert hasattr(model, "_compiled_call"), "generate did not compile the decoding step"
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        assert torch.equal(model.generate(prompt, **kwargs, compile_config=_compile_config(mode="default")), expected)
+
+
+def test_seq2seq_beam_search_compiles():
+    """T5-style relative bias, beam search on a static cache: the steps run compiled (transformers runs beam search
+    eagerly; fast_decoding compiles its one-token steps), the beams reorder in place, the tokens are eager's, and a
+    second call reuses the graph."""
+    torch._dynamo.reset()
+    config = tiny_seq2seq_config(
+        position_embedding_type="relative_bias", relative_attention_num_buckets=8, relative_attention_max_distance=16
+    )
+    model = randomised(Seq2SeqForConditionalGeneration(config))
+    source = torch.randint(3, 61, (2, 7), generator=torch.Generator().manual_seed(3))
+    mask = torch.ones_like(source)
+    mask[1, 5:] = 0
+    kwargs = dict(
+        attention_mask=mask, num_beams=3, num_return_sequences=2, max_new_tokens=8, cache_implementation="static"
+    )
+    expected = model.generate(source, **kwargs, disable_compile=True)
+    assert torch.equal(model.generate(source, **kwargs, compile_config=_compile_config(mode="default")), expected)
+    assert hasattr(model, "_compiled_decoding_forward"), "beam search did not compile its decoding steps"
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        assert torch.equal(model.generate(source, **kwargs, compile_config=_compile_config(mode="default")), expected)
+
+
+# dynamo's "eager" backend traces the step as torch.compile does (a graph break fails `fullgraph`) but generates no
+# code: seconds per variant instead of a minute
+TRACE_ONLY = dict(backend="eager", mode=None)
+
+
+def _traced_graphs() -> int:
+    from torch._dynamo.utils import counters
+
+    return counters["stats"]["unique_graphs"]
+
+
+@pytest.mark.parametrize("name", sorted(set(DECODER_VARIANTS) - NO_STATIC_CACHE))
+def test_every_decoder_variant_decodes_in_one_graph(name):
+    """Each catalogue variant's decoding step is one graph (`fullgraph=True`), gives eager's tokens on a left-padded
+    batch, and a second call recompiles nothing (sliding windows recompile once, in the first call, when the window
+    fills and the cache length becomes symbolic)."""
+    torch._dynamo.reset()
+    graphs = _traced_graphs()
+    model = decoder_variant(name)
+    inputs = _batch()
+    if model.config.prefix_lm:
+        inputs["prefix_lengths"] = torch.tensor([6, 8])
+    kwargs = dict(**inputs, max_new_tokens=8, do_sample=False, pad_token_id=0, cache_implementation="static")
+    expected = model.generate(**kwargs, disable_compile=True)
+    assert torch.equal(model.generate(**kwargs, compile_config=_compile_config(**TRACE_ONLY)), expected)
+    assert _traced_graphs() > graphs, "the decoding step was not compiled"
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        assert torch.equal(model.generate(**kwargs, compile_config=_compile_config(**TRACE_ONLY)), expected)
+
+
+@pytest.mark.parametrize("num_beams", [1, 3])
+@pytest.mark.parametrize("name", sorted(SEQ2SEQ_VARIANTS))
+def test_every_seq2seq_variant_decodes_in_one_graph(name, num_beams):
+    """The same for the encoder-decoder, greedy and beam search (whose steps fast_decoding compiles)."""
+    torch._dynamo.reset()
+    graphs = _traced_graphs()
+    model = seq2seq_variant(name)
+    source = torch.randint(3, 61, (2, 7), generator=torch.Generator().manual_seed(3))
+    mask = torch.ones_like(source)
+    mask[1, 5:] = 0
+    kwargs = dict(attention_mask=mask, num_beams=num_beams, max_new_tokens=8, cache_implementation="static")
+    expected = model.generate(source, **kwargs, disable_compile=True)
+    assert torch.equal(model.generate(source, **kwargs, compile_config=_compile_config(**TRACE_ONLY)), expected)
+    assert _traced_graphs() > graphs, "the decoding step was not compiled"
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        assert torch.equal(model.generate(source, **kwargs, compile_config=_compile_config(**TRACE_ONLY)), expected)

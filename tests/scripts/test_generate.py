@@ -90,6 +90,32 @@ def test_seq2seq_generation(saved: dict[str, Path], capsys) -> None:
     assert isinstance(text, str) and "tokens generated" in capsys.readouterr().out
 
 
+def test_on_cuda_the_script_decodes_on_the_static_path(saved: dict[str, Path], monkeypatch) -> None:
+    """With no flag, as on a GPU (the decision forced; the model stays on this CPU): the static cache, the same text."""
+    from archlab.modeling import fast_decoding
+
+    args = ["--model_name_or_path", str(saved["decoder"]), "--max_new_tokens", "8", "--do_sample", "false"]
+    expected = generate.main(args + ["--stream", "false"])
+    chosen = []
+    choose = fast_decoding.choose_cache_implementation
+    monkeypatch.setattr(fast_decoding, "decodes_compiled_by_default", lambda device: True)
+    monkeypatch.setattr(
+        fast_decoding, "choose_cache_implementation", lambda *args: chosen.append(choose(*args)) or chosen[-1]
+    )
+    assert generate.main(args) == expected  # streamed
+    assert chosen == ["static"]
+
+
+def test_device_flag(saved: dict[str, Path]) -> None:
+    args = ["--model_name_or_path", str(saved["decoder"]), "--max_new_tokens", "3", "--stream", "false"]
+    assert isinstance(generate.main(args + ["--device", "cpu"]), str)
+    with pytest.raises(ValueError, match="--device 'gpu0' is not a device; use cpu, cuda or cuda:N"):
+        generate.main(args + ["--device", "gpu0"])
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="--device 'cuda': no CUDA GPU is available here"):
+            generate.main(args + ["--device", "cuda"])
+
+
 def test_errors(saved: dict[str, Path], tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match="holds no saved model"):
         generate.main(["--model_name_or_path", str(tmp_path / "nothing")])

@@ -1,0 +1,221 @@
+"""Fast decoding: a static KV cache and a compiled one-token decoding step, the default on CUDA.
+
+transformers' `generate` has the fast path already: with `cache_implementation="static"` the cache has fixed shapes,
+the masks are built outside the model, and on accelerators the decoding step is compiled (`torch.compile`, CUDA
+graphs through `mode="reduce-overhead"`), so a batch-1 step is bound by reading the weights, not by launching many
+small kernels. It takes that path only when asked. `FastDecodingMixin` makes it archlab's default on CUDA and fills
+in what transformers leaves out:
+
+- the cache choice (`choose_cache_implementation`): on CUDA (`decodes_compiled_by_default`, the one device decision)
+  and with no cache setting from the user, the static cache; `cache_implementation="dynamic"` or
+  `disable_compile=True` opt out, assistant models and decoding loops without static caches are left alone, and
+  nothing changes on CPU;
+- variants whose decoding step cannot be compiled (`static_cache_blocker`: dynamic RoPE recomputes its frequencies
+  from a tensor in every forward) decode with the dynamic cache instead, with one logged line saying why; by
+  default so do FlashAttention backends and sharded models;
+- beam search: transformers reorders a static cache by replacing its tensors (so compiled graphs and CUDA graphs
+  recompile or re-record every step) and runs beam-search steps eagerly; here the reorder copies in place
+  (`reorder_cache_in_place`) and the one-token steps run compiled, under the same criteria as greedy and sampling.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+from transformers.cache_utils import Cache, EncoderDecoderCache, StaticLayer
+from transformers.generation.configuration_utils import (
+    ALL_STATIC_CACHE_IMPLEMENTATIONS,
+    CompileConfig,
+    GenerationConfig,
+    GenerationMode,
+)
+from transformers.utils import logging
+from transformers.utils.generic import is_flash_attention_requested
+
+logger = logging.get_logger(__name__)
+
+# The decoding loops that run their steps through the static cache: greedy and sampling (transformers' `_sample`),
+# beam search and beam sampling (`_beam_search`). Assisted decoding refuses static caches.
+STATIC_CACHE_MODES = (
+    GenerationMode.GREEDY_SEARCH,
+    GenerationMode.SAMPLE,
+    GenerationMode.BEAM_SEARCH,
+    GenerationMode.BEAM_SAMPLE,
+)
+
+
+def decodes_compiled_by_default(device: torch.device) -> bool:
+    """Whether `generate` on `device` takes the static cache (and with it the compiled decoding step) when the user
+    chose no cache: on CUDA. Elsewhere a compiled step is slower than eager until it has paid for its compilation."""
+    return device.type == "cuda"
+
+
+def _rope_types(config) -> list[str]:
+    """The `rope_type` of each RoPE parameter set of `config` (flat, or one per layer type); [] without RoPE."""
+    parameters = getattr(config, "rope_parameters", None)
+    if getattr(config, "position_embedding_type", None) != "rope" or not isinstance(parameters, dict):
+        return []
+    sets = [value for value in parameters.values() if isinstance(value, dict)] or [parameters]
+    return [p.get("rope_type", p.get("type", "default")) for p in sets]
+
+
+def static_cache_blocker(config) -> str | None:
+    """Why `config` cannot decode on the static, compiled path, or None when it can."""
+    if "dynamic" in _rope_types(config):
+        return (
+            "dynamic RoPE (rope_type 'dynamic') recomputes its frequencies from the sequence length inside every "
+            "forward, which a compiled decoding step cannot follow"
+        )
+    return None
+
+
+def _is_sharded(model) -> bool:
+    """Parameters split across processes (FSDP2, tensor parallelism): `DTensor`s."""
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:  # a torch built without distributed support
+        return False
+    return any(isinstance(parameter, DTensor) for parameter in model.parameters())
+
+
+def _default_blocker(model) -> str | None:
+    """Why the CUDA default does not take the static path for `model`, or None when it does: a variant that cannot,
+    a FlashAttention backend (it breaks the compiled graph, and `generate` drops an all-ones padding mask before the
+    cache is chosen, which a static cache with FlashAttention needs), or sharded parameters (generation inside a
+    sharded training run is not where a compile should start unasked)."""
+    if is_flash_attention_requested(model.config):
+        return f"the attention backend {model.config._attn_implementation!r} is not compiled into the decoding step"
+    if _is_sharded(model):
+        return "its parameters are sharded (FSDP2 or tensor parallelism); ask for cache_implementation='static'"
+    return static_cache_blocker(model.config)
+
+
+def choose_cache_implementation(
+    model, generation_config: GenerationConfig, model_kwargs: dict, generation_mode: GenerationMode
+) -> str | None:
+    """The `cache_implementation` this `generate` call decodes with (None: transformers' dynamic cache).
+
+    A cache the user passed, or any cache setting they chose, is kept; with none, the static cache where
+    `decodes_compiled_by_default` says so, unless `use_cache=False`, `disable_compile=True`, an assistant model, a
+    decoding loop other than greedy / sampling / beam search, or a model that cannot (`_default_blocker`; one logged
+    line says why). A static cache asked for by a variant that cannot decode with it falls back to the dynamic
+    cache, with one logged line too.
+    """
+    requested = generation_config.cache_implementation
+    if model_kwargs.get("past_key_values") is not None:
+        return requested  # transformers refuses a cache together with a setting; nothing to choose
+    if requested is None:
+        if (
+            not decodes_compiled_by_default(model.device)
+            or generation_config.use_cache is False
+            or generation_config.disable_compile
+            or generation_config.is_assistant  # an assistant's cache is cropped after rejected tokens: dynamic only
+            or generation_mode not in STATIC_CACHE_MODES
+        ):
+            return None
+        reason = _default_blocker(model)
+        if reason is not None:
+            logger.warning_once(
+                f"{type(model).__name__} decodes with the dynamic cache, not the compiled path: {reason}."
+            )
+            return None
+        return "static"
+    if requested in ALL_STATIC_CACHE_IMPLEMENTATIONS:
+        reason = static_cache_blocker(model.config)
+        if reason is not None:
+            fallback = "offloaded" if "offloaded" in requested else None
+            logger.warning_once(
+                f"cache_implementation={requested!r} is not available to this {type(model).__name__}: {reason}; "
+                f"it decodes with the {fallback or 'dynamic'} cache instead."
+            )
+            return fallback
+    return requested
+
+
+def reorder_cache_in_place(cache: Cache, beam_idx: torch.LongTensor) -> None:
+    """Beam search's reorder of a self-attention cache. Static layers are copied in place: their tensors' addresses
+    are baked into compiled graphs and CUDA graphs (transformers' own reorder replaces them, and reads the cache
+    length from the device). Other layers reorder as transformers does."""
+    for layer in cache.layers:
+        if isinstance(layer, StaticLayer):
+            if layer.is_initialized:
+                index = beam_idx.to(layer.keys.device)
+                layer.keys.copy_(layer.keys.index_select(0, index))
+                layer.values.copy_(layer.values.index_select(0, index))
+        else:
+            layer.reorder_cache(beam_idx)
+
+
+def is_decoding_step(cache: Cache | None) -> bool:
+    """A forward with `cache` is a decoding step, not the prefill: a compileable cache whose self-attention layers
+    already hold keys (and, for an encoder-decoder, whose cross-attention keys are cached). Python state only."""
+    if cache is None or not cache.is_compileable:
+        return False
+    if isinstance(cache, EncoderDecoderCache):
+        if not all(cache.is_updated.values()):
+            return False
+        cache = cache.self_attention_cache
+    return all(getattr(layer, "is_initialized", False) for layer in cache.layers)
+
+
+@contextmanager
+def compiled_decoding_steps(model, compile_config: CompileConfig | None) -> Iterator[None]:
+    """Inside, `model`'s decoding steps (`is_decoding_step`) run through a compiled `forward` and the prefill eagerly,
+    as transformers' greedy and sampling loops do. The compiled forward is kept on the model for the next call."""
+    compile_config = compile_config or model._default_compile_config()
+    own_forward = model.__dict__.get("forward")  # an instance-level forward (accelerate's hooks) is kept
+    eager = model.forward
+    if getattr(model, "_compiled_decoding_key", None) != (compile_config, eager):
+        model._compiled_decoding_forward = torch.compile(eager, **compile_config.to_dict())
+        model._compiled_decoding_key = (compile_config, eager)
+    compiled = model._compiled_decoding_forward
+
+    def forward(*args, **kwargs):
+        return (compiled if is_decoding_step(kwargs.get("past_key_values")) else eager)(*args, **kwargs)
+
+    model.forward = forward
+    try:
+        yield
+    finally:
+        if own_forward is None:
+            del model.forward
+        else:
+            model.forward = own_forward
+
+
+class FastDecodingMixin:
+    """`GenerationMixin` hooks for the fast path; listed before `GenerationMixin` in a model's bases."""
+
+    def _prepare_cache_for_generation(
+        self, generation_config: GenerationConfig, model_kwargs: dict, generation_mode: GenerationMode, *args, **kwargs
+    ):
+        generation_config.cache_implementation = choose_cache_implementation(
+            self, generation_config, model_kwargs, generation_mode
+        )
+        return super()._prepare_cache_for_generation(generation_config, model_kwargs, generation_mode, *args, **kwargs)
+
+    def _reorder_cache(self, past_key_values: Cache, beam_idx: torch.LongTensor) -> Cache:
+        reorder_cache_in_place(past_key_values, beam_idx)
+        return past_key_values
+
+    def _beam_search(self, input_ids, logits_processor, stopping_criteria, generation_config, synced_gpus=False, **kw):
+        """transformers' beam search, with the decoding steps compiled when greedy decoding would compile them."""
+        args = (input_ids, logits_processor, stopping_criteria, generation_config, synced_gpus)
+        if not self._valid_auto_compile_criteria(kw, generation_config):
+            return super()._beam_search(*args, **kw)
+        with compiled_decoding_steps(self, generation_config.compile_config):
+            return super()._beam_search(*args, **kw)
+
+
+__all__ = [
+    "FastDecodingMixin",
+    "STATIC_CACHE_MODES",
+    "choose_cache_implementation",
+    "compiled_decoding_steps",
+    "decodes_compiled_by_default",
+    "is_decoding_step",
+    "reorder_cache_in_place",
+    "static_cache_blocker",
+]

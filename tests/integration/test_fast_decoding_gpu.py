@@ -1,0 +1,126 @@
+"""The fast decoding path on a CUDA GPU (skipped without one): `generate` with no cache setting takes the static cache
+and compiles its decoding step (inductor, CUDA graphs), and gives the tokens of eager decoding (`disable_compile=True`:
+the dynamic cache, nothing compiled) at batch 1 and 16 — in fp32 exactly, in bf16 up to a late divergence at a
+near-tie, with the logits of the steps before it within bf16 rounding — and a second call recompiles nothing: the
+dense decoder, the mixture of experts (its one-token step), and seq2seq beam search.
+
+    python -m pytest tests/integration/test_fast_decoding_gpu.py
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch._dynamo.utils import counters
+from transformers import DynamicCache, StaticCache
+
+from archlab import DecoderConfig, DecoderForCausalLM, Seq2SeqConfig, Seq2SeqForConditionalGeneration
+
+from helpers import assert_close_to_scale
+
+pytestmark = [pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"), pytest.mark.slow]
+
+VOCAB = 512
+SHAPE = dict(vocab_size=VOCAB, hidden_size=256, intermediate_size=512, num_hidden_layers=4, num_attention_heads=8)
+MODELS = {
+    "dense": lambda: DecoderForCausalLM(DecoderConfig(**SHAPE, num_key_value_heads=2)),
+    "moe": lambda: DecoderForCausalLM(
+        DecoderConfig(**SHAPE, num_key_value_heads=2, num_local_experts=8, num_experts_per_tok=2)
+    ),
+    "seq2seq": lambda: Seq2SeqForConditionalGeneration(
+        Seq2SeqConfig(
+            vocab_size=VOCAB,
+            d_model=256,
+            encoder_layers=3,
+            decoder_layers=3,
+            encoder_attention_heads=8,
+            decoder_attention_heads=8,
+            encoder_ffn_dim=512,
+            decoder_ffn_dim=512,
+            dropout=0.0,
+        )
+    ),
+}
+NEW_TOKENS = 24
+AGREEING_STEPS_BF16 = 4  # bf16: at least the first new tokens agree; later a near-tie may flip
+
+
+def _model(kind: str, dtype: torch.dtype):
+    torch.manual_seed(0)
+    model = MODELS[kind]()
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():  # std 0.08 (~1.3 / sqrt(d)): logits spread out, greedy decoding does not loop on one token
+        for name, parameter in model.named_parameters():
+            if "norm" not in name:
+                parameter.normal_(0.0, 0.08, generator=generator)
+    return model.to("cuda", dtype).eval()
+
+
+def _inputs(kind: str, batch: int) -> dict[str, torch.Tensor]:
+    """Prompts of 16 to 32 tokens, padded to the longest: on the left for decoders, on the right for the encoder."""
+    generator = torch.Generator().manual_seed(batch)
+    ids = torch.randint(3, VOCAB, (batch, 32), generator=generator)
+    lengths = torch.randint(16, 33, (batch,), generator=generator)
+    lengths[0] = 32
+    positions = torch.arange(32)
+    real = positions[None] >= 32 - lengths[:, None] if kind != "seq2seq" else positions[None] < lengths[:, None]
+    return {"input_ids": ids.masked_fill(~real, 0).cuda(), "attention_mask": real.long().cuda()}
+
+
+def _generate(model, inputs, kind: str, **kwargs):
+    beams = dict(num_beams=4, num_return_sequences=2) if kind == "seq2seq" else {}
+    return model.generate(
+        **inputs,
+        **beams,
+        **kwargs,
+        max_new_tokens=NEW_TOKENS,
+        min_new_tokens=NEW_TOKENS,
+        do_sample=False,
+        pad_token_id=0,
+        output_logits=kind != "seq2seq",
+        output_scores=kind == "seq2seq",
+        return_dict_in_generate=True,
+    )
+
+
+def _assert_agree(fast, eager, dtype: torch.dtype, prompt: int) -> None:
+    """fp32: the same tokens. bf16: the same tokens up to a first difference at least AGREEING_STEPS_BF16 new tokens
+    in; before it, every step's logits within bf16 rounding of the scale."""
+    steps = fast.logits or fast.scores
+    if dtype == torch.float32:
+        assert torch.equal(fast.sequences, eager.sequences)
+        agreeing, rtol = len(steps), 1e-3
+    else:
+        differs = (fast.sequences != eager.sequences).any(0).nonzero()
+        agreeing = int(differs[0]) - prompt if len(differs) else len(steps)
+        assert agreeing >= AGREEING_STEPS_BF16, f"bf16 decoding diverged after {agreeing} new tokens"
+        rtol = 3e-2
+    for step in range(agreeing):
+        a, b = steps[step].float(), (eager.logits or eager.scores)[step].float()
+        finite = torch.isfinite(b)  # beam scores hold -inf
+        assert_close_to_scale(a[finite], b[finite], rtol=rtol, msg=f"step {step}")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("batch", [1, 16])
+@pytest.mark.parametrize("kind", sorted(MODELS))
+def test_fast_decoding_equals_eager_and_does_not_recompile(kind: str, batch: int, dtype: torch.dtype):
+    torch._dynamo.reset()
+    counters.clear()
+    model = _model(kind, dtype)
+    inputs = _inputs(kind, batch)
+    prompt = 1 if kind == "seq2seq" else inputs["input_ids"].shape[1]  # seq2seq outputs start with the start token
+
+    eager = _generate(model, inputs, kind, disable_compile=True)
+    fast = _generate(model, inputs, kind)  # no flag: the default on CUDA, which compiles while it warms up
+    cache = fast.past_key_values.self_attention_cache if kind == "seq2seq" else fast.past_key_values
+    eager_cache = eager.past_key_values.self_attention_cache if kind == "seq2seq" else eager.past_key_values
+    assert isinstance(cache, StaticCache) and isinstance(eager_cache, DynamicCache)
+    graphs = counters["stats"]["unique_graphs"]
+    assert graphs > 0, "the decoding step was not compiled"
+    _assert_agree(fast, eager, dtype, prompt)
+
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        again = _generate(model, inputs, kind)
+    assert counters["stats"]["unique_graphs"] == graphs
+    assert torch.equal(again.sequences, fast.sequences)

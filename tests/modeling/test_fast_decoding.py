@@ -1,0 +1,252 @@
+"""fast_decoding.py: the static cache decodes every catalogue variant as the dynamic cache does, token for token and
+logit for logit (each decoder position scheme and RoPE type, all-local and local/global sliding windows, prefix-LM,
+mixtures of experts; the seq2seq model's position schemes with greedy decoding and beam search); a variant that
+cannot falls back with one logged line; and the default on CUDA, forced here through `decodes_compiled_by_default`,
+takes the static path (sampling, stop strings, streaming and the pipeline included) unless the user opts out."""
+
+from __future__ import annotations
+
+import string
+
+import pytest
+import torch
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+from transformers import (
+    DynamicCache,
+    EncoderDecoderCache,
+    GenerationConfig,
+    PreTrainedTokenizerFast,
+    StaticCache,
+    TextStreamer,
+    pipeline,
+)
+from transformers.generation import GenerationMode
+
+from archlab import DecoderForCausalLM
+from archlab.modeling import fast_decoding
+from archlab.modeling.configuration_decoder import ROPE_TYPES
+
+from helpers import (
+    DECODER_VARIANTS,
+    NO_STATIC_CACHE,
+    ROPE_PARAMETERS,
+    SEQ2SEQ_VARIANTS,
+    decoder_variant,
+    randomised,
+    seq2seq_variant,
+    tiny_decoder_config,
+)
+
+# Random tiny models settle on repeating one token, which would hide a wrong step: no token may come twice.
+GREEDY = dict(do_sample=False, no_repeat_ngram_size=1, output_logits=True, return_dict_in_generate=True)
+
+
+def _prompts(batch: int, vocab: int, padding_side: str = "left") -> dict[str, torch.Tensor]:
+    """`batch` prompts of 6 tokens; with more than one, the first is padded by 2 (decoders: on the left)."""
+    ids = torch.randint(3, vocab, (batch, 6), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones_like(ids)
+    if batch > 1:
+        padding = slice(0, 2) if padding_side == "left" else slice(4, 6)
+        mask[0, padding] = 0
+        ids[0, padding] = 0
+    return {"input_ids": ids, "attention_mask": mask}
+
+
+def _assert_same_decoding(static, dynamic) -> None:
+    assert torch.equal(static.sequences, dynamic.sequences)
+    for step, (a, b) in enumerate(zip(static.logits, dynamic.logits)):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4, msg=f"logits of step {step}")
+
+
+def test_every_rope_type_is_covered():
+    assert set(ROPE_PARAMETERS) == set(ROPE_TYPES)
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+@pytest.mark.parametrize("name", sorted(set(DECODER_VARIANTS) - NO_STATIC_CACHE))
+def test_decoder_static_cache_equals_dynamic_cache(name, batch):
+    model = decoder_variant(name)
+    inputs = _prompts(batch, model.config.vocab_size)
+    if model.config.prefix_lm:
+        inputs["prefix_lengths"] = torch.full((batch,), 4)
+    kwargs = dict(**inputs, **GREEDY, max_new_tokens=12, pad_token_id=0, eos_token_id=None)
+    static = model.generate(cache_implementation="static", **kwargs)
+    dynamic = model.generate(cache_implementation="dynamic", **kwargs)
+    assert isinstance(static.past_key_values, StaticCache) and isinstance(dynamic.past_key_values, DynamicCache)
+    _assert_same_decoding(static, dynamic)
+
+
+@pytest.mark.parametrize("num_beams", [1, 3])
+@pytest.mark.parametrize("name", sorted(SEQ2SEQ_VARIANTS))
+def test_seq2seq_static_cache_equals_dynamic_cache(name, num_beams):
+    model = seq2seq_variant(name)
+    inputs = _prompts(3, model.config.vocab_size, padding_side="right")
+    kwargs = dict(**inputs, **GREEDY, num_beams=num_beams, max_new_tokens=10, eos_token_id=None)
+    if num_beams > 1:
+        kwargs.update(num_return_sequences=2, output_logits=False, output_scores=True)
+    static = model.generate(cache_implementation="static", **kwargs)
+    dynamic = model.generate(cache_implementation="dynamic", **kwargs)
+    assert isinstance(static.past_key_values.self_attention_cache, StaticCache)
+    assert torch.equal(static.sequences, dynamic.sequences)
+    for step, (a, b) in enumerate(zip(*(out.logits or out.scores for out in (static, dynamic)))):
+        finite = torch.isfinite(b)  # beam scores hold -inf for banned tokens
+        torch.testing.assert_close(a[finite], b[finite], atol=1e-4, rtol=1e-4, msg=f"step {step}")
+
+
+@pytest.fixture
+def notices(monkeypatch) -> list[str]:
+    """The one-line notices fast_decoding logs (`warning_once` shows each only once per process)."""
+    logged: list[str] = []
+    monkeypatch.setattr(fast_decoding.logger, "warning_once", logged.append)
+    return logged
+
+
+@pytest.fixture
+def on_cuda(monkeypatch) -> None:
+    """`generate` decides as it does on CUDA (the model stays on CPU, where nothing is compiled)."""
+    monkeypatch.setattr(fast_decoding, "decodes_compiled_by_default", lambda device: True)
+
+
+@pytest.mark.parametrize("name", sorted(NO_STATIC_CACHE))
+def test_variants_without_a_static_path_fall_back_with_one_notice(name, notices, on_cuda):
+    model = decoder_variant(name)
+    kwargs = dict(**_prompts(2, model.config.vocab_size), **GREEDY, max_new_tokens=12, pad_token_id=0)
+    asked = model.generate(cache_implementation="static", **kwargs)
+    default = model.generate(**kwargs)  # what CUDA would choose
+    dynamic = model.generate(cache_implementation="dynamic", **kwargs)
+    for out in (asked, default):
+        assert isinstance(out.past_key_values, DynamicCache)
+        _assert_same_decoding(out, dynamic)
+    assert len(notices) == 2 and all("dynamic RoPE" in notice and "\n" not in notice for notice in notices)
+
+
+def test_default_on_cuda_is_the_static_cache_and_the_user_can_opt_out(on_cuda, notices):
+    model = decoder_variant("positions_rope")
+    kwargs = dict(**_prompts(2, 97), **GREEDY, max_new_tokens=8, pad_token_id=0)
+    default = model.generate(**kwargs)
+    assert isinstance(default.past_key_values, StaticCache)
+    _assert_same_decoding(default, model.generate(cache_implementation="dynamic", **kwargs))
+    for opt_out in (dict(cache_implementation="dynamic"), dict(disable_compile=True)):
+        assert isinstance(model.generate(**kwargs, **opt_out).past_key_values, DynamicCache), opt_out
+    own = DynamicCache(config=model.config)
+    assert model.generate(**kwargs, past_key_values=own).past_key_values is own  # a cache passed in is used
+    assert model.generate(**kwargs, use_cache=False).past_key_values is None
+    assert not notices
+
+
+def test_flash_attention_keeps_the_dynamic_cache_by_default(on_cuda, notices):
+    """Only the choice is checked (no flash kernel here): FlashAttention breaks the compiled graph."""
+    model = decoder_variant("positions_rope")
+    model.config._attn_implementation = "flash_attention_2"
+    chosen = fast_decoding.choose_cache_implementation(model, GenerationConfig(), {}, GenerationMode.GREEDY_SEARCH)
+    assert chosen is None and len(notices) == 1 and "flash_attention_2" in notices[0]
+    asked = GenerationConfig(cache_implementation="static")  # transformers' own FlashAttention + static cache path
+    assert fast_decoding.choose_cache_implementation(model, asked, {}, GenerationMode.GREEDY_SEARCH) == "static"
+
+
+def test_assistants_and_other_decoding_loops_keep_the_dynamic_cache(on_cuda):
+    model = decoder_variant("positions_rope")
+    assistant = GenerationConfig()
+    assistant.is_assistant = True
+    assert fast_decoding.choose_cache_implementation(model, assistant, {}, GenerationMode.GREEDY_SEARCH) is None
+    for mode in set(GenerationMode) - set(fast_decoding.STATIC_CACHE_MODES):
+        assert fast_decoding.choose_cache_implementation(model, GenerationConfig(), {}, mode) is None, mode
+    # assisted decoding through generate: the main model's and the assistant's caches stay dynamic
+    inputs = _prompts(1, 97)
+    out = model.generate(**inputs, assistant_model=decoder_variant("positions_rope"), max_new_tokens=4, do_sample=False)
+    assert out.shape == (1, 10)
+
+
+def test_cpu_default_is_unchanged():
+    assert not fast_decoding.decodes_compiled_by_default(torch.device("cpu"))
+    model = decoder_variant("positions_rope")
+    out = model.generate(**_prompts(2, 97), **GREEDY, max_new_tokens=4, pad_token_id=0)
+    assert isinstance(out.past_key_values, DynamicCache)
+
+
+def test_seq2seq_default_on_cuda_is_the_static_cache_for_greedy_and_beam_search(on_cuda):
+    model = seq2seq_variant("positions_relative_bias")
+    inputs = _prompts(2, model.config.vocab_size)
+    for num_beams in (1, 3):
+        out = model.generate(**inputs, **GREEDY, num_beams=num_beams, max_new_tokens=6)
+        assert isinstance(out.past_key_values, EncoderDecoderCache)
+        assert isinstance(out.past_key_values.self_attention_cache, StaticCache)
+
+
+def _character_tokenizer() -> PreTrainedTokenizerFast:
+    """One token per character (a-z, 0-9, space), decoded by concatenation: stop strings can span tokens."""
+    characters = string.ascii_lowercase + string.digits + " "
+    vocab = {"<pad>": 0, "<s>": 1, "</s>": 2, **{c: i + 3 for i, c in enumerate(characters)}}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="<pad>"))
+    backend.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    backend.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<pad>", bos_token="<s>", eos_token="</s>")
+
+
+def test_sampling_stop_strings_and_streaming_on_the_default_path(on_cuda, capsys):
+    tokenizer = _character_tokenizer()
+    model = randomised(DecoderForCausalLM(tiny_decoder_config(vocab_size=len(tokenizer))))
+    inputs = tokenizer(["def f"], return_tensors="pt")
+    prompt = inputs["input_ids"].shape[1]
+    sampling = dict(**inputs, do_sample=True, temperature=1.5, max_new_tokens=12, pad_token_id=0, eos_token_id=None)
+    runs = {}
+    for cache in (None, "dynamic"):  # None: the default, which is static here
+        torch.manual_seed(3)
+        runs[cache] = model.generate(**sampling, return_dict_in_generate=True, cache_implementation=cache)
+    assert isinstance(runs[None].past_key_values, StaticCache)
+    sampled = runs[None].sequences[0]
+    assert torch.equal(sampled, runs["dynamic"].sequences[0])
+    assert len(set(sampled[prompt:].tolist())) > 3  # sampled, not one repeated token
+
+    # stop at the text of new tokens 3 and 4: the same sample, cut where its text first ends with it
+    stop = tokenizer.decode(sampled[prompt + 2 : prompt + 4])
+    cut = next(k for k in range(prompt + 1, len(sampled) + 1) if tokenizer.decode(sampled[:k]).endswith(stop))
+    torch.manual_seed(3)
+    streamer = TextStreamer(tokenizer, skip_prompt=True)
+    stopped = model.generate(**sampling, stop_strings=[stop], tokenizer=tokenizer, streamer=streamer)
+    assert torch.equal(stopped[0], sampled[:cut])
+    assert capsys.readouterr().out == tokenizer.decode(sampled[prompt:cut]) + "\n"  # streamed as it was generated
+
+
+def test_text_generation_pipeline_takes_the_static_path(on_cuda, monkeypatch):
+    tokenizer = _character_tokenizer()
+    model = randomised(DecoderForCausalLM(tiny_decoder_config(vocab_size=len(tokenizer))))
+    caches = []
+    prepare = model._prepare_static_cache
+    monkeypatch.setattr(model, "_prepare_static_cache", lambda *a, **k: caches.append(prepare(*a, **k)) or caches[-1])
+    generator = pipeline("text-generation", model=model, tokenizer=tokenizer)
+    text = generator("def f", max_new_tokens=5, do_sample=False)[0]["generated_text"]
+    assert text.startswith("def f") and len(caches) == 1
+
+
+def test_static_beam_reorder_keeps_the_tensors_in_place():
+    """Compiled graphs and CUDA graphs hold the static cache's addresses: the beam reorder must copy into them."""
+    model = decoder_variant("positions_rope")
+    inputs = _prompts(3, 97)
+    cache = StaticCache(config=model.config, max_cache_len=10)
+    model(**inputs, past_key_values=cache, use_cache=True)
+    expected = [(layer.keys[[2, 0, 0]].clone(), layer.values[[2, 0, 0]].clone()) for layer in cache.layers]
+    addresses = [layer.keys.data_ptr() for layer in cache.layers]
+    model._reorder_cache(cache, torch.tensor([2, 0, 0]))
+    assert [layer.keys.data_ptr() for layer in cache.layers] == addresses
+    for layer, (keys, values) in zip(cache.layers, expected):
+        assert torch.equal(layer.keys, keys) and torch.equal(layer.values, values)
+
+
+def test_decoding_step_is_told_from_the_prefill_without_reading_the_device():
+    model = seq2seq_variant("positions_sinusoidal")
+    inputs = _prompts(2, model.config.vocab_size)
+    cache = EncoderDecoderCache(StaticCache(config=model.config, max_cache_len=8), StaticCache(model.config, 6))
+    assert not fast_decoding.is_decoding_step(cache)
+    model(**inputs, decoder_input_ids=torch.ones(2, 1, dtype=torch.long), past_key_values=cache, use_cache=True)
+    assert fast_decoding.is_decoding_step(cache)
+    assert not fast_decoding.is_decoding_step(EncoderDecoderCache(DynamicCache(), DynamicCache()))  # not compiled
+
+
+def test_prefix_lm_on_the_static_path_needs_the_whole_prefix_in_the_prompt():
+    """Its decoding steps attend causally (every new token comes after the prefix), so a longer prefix is refused."""
+    model = decoder_variant("prefix_lm")
+    with pytest.raises(ValueError, match="whole prefix must be in the prompt"):
+        model.generate(
+            **_prompts(1, 97), prefix_lengths=torch.tensor([8]), cache_implementation="static", max_new_tokens=2
+        )
