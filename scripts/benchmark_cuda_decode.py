@@ -1,17 +1,19 @@
 """`--suite cuda-decode` and `--suite cuda-static`: generation on a GPU, archlab against its Hugging Face peers with
 the same weights, in bf16 (weights cast, no autocast), greedy `generate` of 256 new tokens after a 128-token prompt.
 
-cuda-decode (DynamicCache, transformers' default):
+cuda-decode (DynamicCache on both sides, named explicitly: on CUDA archlab's own default is the static cache):
 - dense 1.1B (Llama shape) against `LlamaForCausalLM` at batch 1, 16 and 64, with the share of the bandwidth
   roofline each side reaches (a step reads every weight once and each sequence's KV cache; archlab.training.roofline);
 - the prefill of a 2048-token prompt (batch 1, the logits of the last position, as `generate` runs it), with MFU;
 - mixture of experts (Mixtral shape) against `MixtralForCausalLM` at batch 1 and 16;
 - encoder-decoder (Marian shape) against `MarianMTModel`: beam search, 4 beams, batch 8, 256 source tokens, 128 new.
 
-cuda-static: the dense rows with `cache_implementation="static"`. On a GPU transformers then compiles the decoding
-step (torch.compile, mode "reduce-overhead": CUDA graphs) at the first call of each new shape; those first-call
-seconds, compilation included, are columns of their own, and tokens/s are of the warm calls after. On CPU
-transformers does not compile, and the static cache runs eagerly.
+cuda-static: the dense rows with `cache_implementation="static"` on both sides. On a GPU transformers then compiles
+the decoding step (torch.compile, mode "reduce-overhead": CUDA graphs) at the first call of each new shape; those
+first-call seconds, compilation included, are columns of their own, and tokens/s are of the warm calls after. Then
+the MoE and beam-search rows with no cache setting: each model decodes as it does for a user (archlab on CUDA: the
+static cache and a compiled step, beam search included; Mixtral and Marian: the dynamic cache, eager). On CPU
+nothing compiles, and the static cache runs eagerly.
 
 Per row: tokens/s (batch × new tokens / seconds) both sides, the median per-round ratio, % of the roofline and peak
 memory (weights, cache, temporaries) both sides. `--decode-rounds` rounds (default 3: a GPU's timings vary little,
@@ -68,9 +70,20 @@ def first_call_seconds(setup: Setup, run) -> float:
     return time.perf_counter() - start
 
 
-def generate_row(setup: Setup, report: Report, metric: str, models, kwargs: dict, tokens: int, roofline_s, cold=False):
-    """Time `generate(**kwargs)` on both models (archlab first); with `cold`, time each one's first call apart."""
-    runs = tuple(lambda m=m: m.generate(**kwargs) for m in models)
+def generate_row(
+    setup: Setup,
+    report: Report,
+    metric: str,
+    models,
+    kwargs: dict,
+    tokens: int,
+    roofline_s,
+    cold=False,
+    peer_kwargs: dict | None = None,
+):
+    """Time `generate(**kwargs)` on both models (archlab first; the peer with `peer_kwargs` if given); with `cold`,
+    time each one's first call apart."""
+    runs = (lambda: models[0].generate(**kwargs), lambda: models[1].generate(**(peer_kwargs or kwargs)))
     extra = {}
     if cold:
         first = [first_call_seconds(setup, run) for run in runs]
@@ -99,8 +112,8 @@ def dense_generate_rows(setup: Setup, report: Report, cache: str) -> None:
                 do_sample=False,
                 pad_token_id=0,
             )
-            if cache == "static":
-                kwargs["cache_implementation"] = "static"
+            # named on both sides: on CUDA archlab's default is the static cache, Llama's the dynamic one
+            kwargs["cache_implementation"] = cache
             roofline = decode_roofline_seconds(llama.config, setup.peaks, batch, sizes["prompt"], sizes["new_tokens"])
             metric = (
                 f"dense 1.1B greedy decode, batch {batch}, {sizes['prompt']} + {sizes['new_tokens']} tokens, "
@@ -126,12 +139,21 @@ def prefill_row(setup: Setup, report: Report) -> None:
     report.rows.append(row(metric, timed, length, "tok/s", mfu=mfu, peak=peak))
 
 
-def moe_rows(setup: Setup, report: Report) -> None:
+def cache_setting(cache: str) -> tuple[dict, str]:
+    """generate kwargs and the row's label: "dynamic" names the dynamic cache on both sides; "default" passes no
+    cache setting, so each model decodes the way it does for a user (archlab on CUDA: static cache, compiled)."""
+    if cache == "default":
+        return {}, "each model's default cache (archlab on CUDA: static, compiled)"
+    return {"cache_implementation": cache}, "DynamicCache" if cache == "dynamic" else "StaticCache"
+
+
+def moe_rows(setup: Setup, report: Report, cache: str = "dynamic") -> None:
     from transformers import MixtralConfig, MixtralForCausalLM
 
     sizes = decode_shape(setup)
     ours, mixtral = bf16_pair(decoder_pair(MixtralForCausalLM, MixtralConfig, shape("moe", setup.quick), setup.device))
     implementation = mixtral.config._experts_implementation
+    setting, label = cache_setting(cache)
     for batch in sizes["moe_batches"]:
 
         def measure(batch=batch) -> None:
@@ -143,21 +165,24 @@ def moe_rows(setup: Setup, report: Report) -> None:
                 min_new_tokens=sizes["new_tokens"],
                 do_sample=False,
                 pad_token_id=0,
+                **setting,
             )
             roofline = decode_roofline_seconds(mixtral.config, setup.peaks, batch, sizes["prompt"], sizes["new_tokens"])
             metric = (
-                f"MoE (Mixtral shape) greedy decode, batch {batch}, DynamicCache: archlab vs MixtralForCausalLM "
+                f"MoE (Mixtral shape) greedy decode, batch {batch}, {label}: archlab vs MixtralForCausalLM "
                 f"(experts: {implementation})"
             )
-            generate_row(setup, report, metric, (ours, mixtral), kwargs, batch * sizes["new_tokens"], roofline)
+            tokens = batch * sizes["new_tokens"]
+            generate_row(setup, report, metric, (ours, mixtral), kwargs, tokens, roofline, cold=cache == "default")
 
         guarded(report, setup, f"MoE decode batch {batch}", measure)
 
 
-def beam_search_row(setup: Setup, report: Report) -> None:
+def beam_search_row(setup: Setup, report: Report, cache: str = "dynamic") -> None:
     batch, beams, source_len, new_tokens = (2, 4, 16, 8) if setup.quick else (8, 4, 256, 128)
     ours, marian = bf16_pair(marian_pair(shape("marian", setup.quick), max(source_len, new_tokens) + 2, setup.device))
     source = random_ids(marian.config.vocab_size, batch, source_len, device=setup.device, low=1, seed=1)
+    setting, label = cache_setting(cache)
     kwargs = dict(
         input_ids=source,
         attention_mask=torch.ones_like(source),
@@ -165,13 +190,14 @@ def beam_search_row(setup: Setup, report: Report) -> None:
         max_new_tokens=new_tokens,
         min_new_tokens=new_tokens,
         early_stopping=False,
+        **setting,
     )
     roofline = beam_search_roofline_seconds(marian.config, setup.peaks, batch, beams, source_len, new_tokens)
     metric = (
         f"encoder-decoder (Marian shape) beam search, batch {batch}, {beams} beams, {source_len} source + "
-        f"{new_tokens} new tokens: archlab vs MarianMTModel"
+        f"{new_tokens} new tokens, {label}: archlab vs MarianMTModel"
     )
-    generate_row(setup, report, metric, (ours, marian), kwargs, batch * new_tokens, roofline)
+    generate_row(setup, report, metric, (ours, marian), kwargs, batch * new_tokens, roofline, cold=cache == "default")
 
 
 def new_report(setup: Setup, what: str) -> Report:
@@ -208,6 +234,8 @@ def run_static(args: argparse.Namespace) -> Report:
     setup = setup_from(args)
     report = new_report(setup, 'decoding (cache_implementation="static")')
     guarded(report, setup, "dense decode, static cache", lambda: dense_generate_rows(setup, report, "static"))
+    guarded(report, setup, "MoE decode, default cache", lambda: moe_rows(setup, report, "default"))
+    guarded(report, setup, "beam search, default cache", lambda: beam_search_row(setup, report, "default"))
     if not setup.cuda:
         report.notes.append("Not compiled: transformers compiles the static-cache step on GPUs only.")
     closing_notes(setup, report)

@@ -126,6 +126,12 @@ def test_decode_suites_run_every_comparison(tmp_path, device):
     prefill = cells(decode, "dense 1.1B prefill, 1 × 64 tokens")
     assert prefill[header_index(decode, "MFU archlab")].endswith("%"), prefill
     cells(decode, "encoder-decoder (Marian shape) beam search")
+    # each model's own default path: archlab's fast path against the peers' (first calls in columns of their own)
+    default = "each model's default cache"
+    for batch in (1, 4):
+        row = cells(static, f"MoE (Mixtral shape) greedy decode, batch {batch}, {default}")
+        assert re.fullmatch(r"[\d.]+ s", row[header_index(static, "first call archlab")]), row
+    cells(static, "encoder-decoder (Marian shape) beam search")
 
 
 def header_index(table: str, header: str) -> int:
