@@ -201,7 +201,7 @@ def chunked_causal_lm_loss(
 def fused_causal_lm_loss(
     fused_loss,
     hidden_states: torch.Tensor,
-    head: nn.Linear,
+    head: nn.Module,
     labels: torch.Tensor | None,
     shifted_labels: torch.Tensor | None,
     output_bias: torch.Tensor | None,
@@ -227,7 +227,7 @@ def fused_causal_lm_loss(
 
 def lm_head_loss(
     hidden_states: torch.Tensor,
-    head: nn.Linear,
+    head: nn.Module,
     *,
     training: bool,
     chunk_size: int,
@@ -246,17 +246,20 @@ def lm_head_loss(
     returned, with the loss when labels are given. `labels` are next-token labels (shifted here), `shifted_labels`
     targets aligned with the positions. `output_bias` (1, V) is a constant bias added after the head (Marian's
     `final_logits_bias`); a bias of the head itself is added too. `softcap` c applies c · tanh(z / c) to the logits
-    (Gemma2); the chunked loss has no soft-cap, so then, and when the head's weight is a DTensor (FSDP2 / tensor
-    parallelism must gather it through the module), the loss runs unchunked. A head carrying a fused kernel
+    (Gemma2); the chunked loss has no soft-cap, so then, when the head's weight is a DTensor (FSDP2 / tensor
+    parallelism must gather it through the module) and when the head is not a Linear (PEFT's LoRA layer on it), the
+    loss runs unchunked. A head carrying a fused kernel
     (`head.fused_linear_cross_entropy`, set by archlab.liger) runs the training loss through it instead, soft-cap too.
     """
     wants_loss = labels is not None or shifted_labels is not None
+    # the fused and chunked losses read the head's weight and bias themselves: right only for a Linear whose weight
+    # is a whole tensor, not for a head PEFT wraps (a LoRA layer on `lm_head`), nor a sharded weight (DTensor)
+    reads_weight = isinstance(head, nn.Linear) and not is_distributed_tensor(head.weight)
     fused_loss = getattr(head, "fused_linear_cross_entropy", None)
-    if wants_loss and training and fused_loss is not None and not is_distributed_tensor(head.weight):
+    if wants_loss and training and fused_loss is not None and reads_weight:
         args = (hidden_states, head, labels, shifted_labels, output_bias, softcap, z_loss_coef, num_items_in_batch)
         return fused_causal_lm_loss(fused_loss, *args), None
-    chunked = chunk_size > 0 and softcap is None and not is_distributed_tensor(head.weight)
-    if wants_loss and training and chunked:
+    if wants_loss and training and reads_weight and chunk_size > 0 and softcap is None:
         weight, bias = head.weight, head.bias
         if output_bias is not None:
             bias = output_bias.reshape(-1) if bias is None else bias + output_bias.reshape(-1)

@@ -141,3 +141,30 @@ def test_lora_on_moe_experts_trains_reloads_and_merges(tmp_path):
     merged = reloaded.merge_and_unload()
     assert type(merged) is DecoderForCausalLM
     torch.testing.assert_close(_logits(merged, batch), adapted, rtol=0, atol=1e-4)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("head", ["lora", "modules_to_save"])
+def test_an_adapted_lm_head_is_what_the_training_loss_reads(case, head):
+    """The chunked training loss reads the head's weight directly; a head PEFT wraps (a LoRA layer on `lm_head`, or
+    a trained copy of it through `modules_to_save`) must run through its module instead, so the training loss is the
+    adapted head's: equal to the unchunked loss, and the adapter gets a gradient."""
+    build, targets, batch_fn, _, task = CASES[case]
+    torch.manual_seed(0)
+    model = build()
+    extra = dict(target_modules=[*targets, "lm_head"]) if head == "lora" else dict(modules_to_save=["lm_head"])
+    extra.setdefault("target_modules", targets)
+    peft_model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, task_type=task, **extra))
+    with torch.no_grad():  # an adapted head that differs from the base head
+        for name, parameter in peft_model.named_parameters():
+            if "lm_head" in name and parameter.requires_grad:
+                parameter.add_(torch.randn_like(parameter) * 0.5)
+    peft_model.train()
+    batch = batch_fn()
+    assert model.config.lm_loss_chunk_size > 0
+    chunked = peft_model(**batch).loss
+    chunked.backward()
+    adapter_grads = [p.grad for n, p in peft_model.named_parameters() if "lm_head" in n and p.requires_grad]
+    assert adapter_grads and all(g is not None and g.abs().sum() > 0 for g in adapter_grads)
+    model.config.lm_loss_chunk_size = 0
+    torch.testing.assert_close(peft_model(**batch).loss, chunked, rtol=1e-5, atol=1e-6)
