@@ -15,6 +15,7 @@ from typing import Any
 
 from transformers import DataCollatorForSeq2Seq, DataCollatorWithPadding, PreTrainedModel
 
+from archlab.modeling.catalogue import POSITION_SCHEMES
 from archlab.tokenization.corpus import code_docstring_pairs, instruction_examples
 from archlab.tokenization.data import IGNORE_INDEX, check_not_empty
 from archlab.tokenization.training import train_tokenizer
@@ -124,6 +125,21 @@ def task_tokenizer(
     return get_tokenizer(choices, resume, train_new)
 
 
+def check_lengths_fit_the_position_table(config: Any, options: TaskOptions) -> None:
+    """An encoder-decoder with a position table (sinusoidal, learned) has positions for `max_position_embeddings`
+    tokens per side: longer sources or targets are refused here, naming the flag, not in the first forward."""
+    if not POSITION_SCHEMES[config.position_embedding_type].table:
+        return
+    limit = config.max_position_embeddings
+    for flag in ("max_source_length", "max_target_length"):
+        if getattr(options, flag) > limit:
+            raise ValueError(
+                f"--{flag} {getattr(options, flag)} is more than the model's {limit} positions "
+                f"(max_position_embeddings of its {config.position_embedding_type} table): pass --{flag} {limit} "
+                "or less, or a model with more positions."
+            )
+
+
 def build_task_model(
     task: Task,
     choices: ModelChoices,
@@ -141,6 +157,8 @@ def build_task_model(
     if task.labels:
         label2id, id2label = task_data.label_maps(raw["train"], options.label_column_name)
     config = build_config(choices, tokenizer, None, num_labels=len(label2id) or None)
+    if task.model_kind == "seq2seq":
+        check_lengths_fit_the_position_table(config, options)
     max_length = min(block_size, config.max_position_embeddings)
     if label2id:
         config.num_labels, config.id2label, config.label2id = (

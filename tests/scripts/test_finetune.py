@@ -274,3 +274,13 @@ def test_the_task_table_has_one_row_per_task_choice() -> None:
     }
     for name, metrics in computed.items():
         assert set(TASKS[name].summary_keys) == set(metrics), name
+
+
+def test_seq2seq_lengths_past_the_position_table_fail_before_training(tmp_path: Path) -> None:
+    """A sinusoidal encoder-decoder of 64 positions and --max_source_length 256 (the default): one error naming the
+    flag and the limit, before any training step (it would fail inside the first forward otherwise)."""
+    args = run_args(tmp_path / "run", "--task", "seq2seq", "--max_train_samples", "16", "--max_eval_samples", "4")
+    args += ["--config_overrides", TINY_SEQ2SEQ_OVERRIDES + ",max_position_embeddings=64", "--tokenizer_vocab_size"]
+    with pytest.raises(ValueError, match=r"--max_source_length 256 is more than the model's 64 positions"):
+        finetune.main([*args, "400"])
+    assert not (tmp_path / "run" / "checkpoint-5").exists()
