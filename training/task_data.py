@@ -48,14 +48,15 @@ def needs_train_file(max_train: int | None, max_eval: int | None) -> DatasetDict
 # ---------------------------------------------------------------------------------------------------------------
 # Instruction tuning
 # ---------------------------------------------------------------------------------------------------------------
-def as_messages(dataset: Any, args: TaskOptions) -> Any:
-    """Prompt/response columns -> the `messages` column the chat template reads."""
+def as_messages(dataset: Any, args: TaskOptions, split: str = "train") -> Any:
+    """Prompt/response columns -> the `messages` column the chat template reads (a missing column is named with
+    its split)."""
     if args.prompt_column is None and args.response_column is None:
-        check_columns(dataset, args.messages_column)
+        check_columns(dataset, args.messages_column, split=split)
         return dataset
     if args.prompt_column is None or args.response_column is None:
         raise ValueError("--prompt_column and --response_column go together.")
-    check_columns(dataset, args.prompt_column, args.response_column)
+    check_columns(dataset, args.prompt_column, args.response_column, split=split)
     return dataset.map(
         lambda row: {
             args.messages_column: [
@@ -68,7 +69,7 @@ def as_messages(dataset: Any, args: TaskOptions) -> Any:
 
 
 def prepare_instruct(dataset: Any, split: str, args: TaskOptions, text_column: str) -> Any:
-    return as_messages(dataset, args)
+    return as_messages(dataset, args, split)
 
 
 def instruct_texts(train: Any, args: TaskOptions, text_column: str) -> Iterator[str]:

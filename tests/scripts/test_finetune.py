@@ -284,3 +284,9 @@ def test_seq2seq_lengths_past_the_position_table_fail_before_training(tmp_path: 
     with pytest.raises(ValueError, match=r"--max_source_length 256 is more than the model's 64 positions"):
         finetune.main([*args, "400"])
     assert not (tmp_path / "run" / "checkpoint-5").exists()
+
+
+def test_a_missing_chat_column_is_named_with_its_split() -> None:
+    args = finetune.FinetuneArguments(prompt_column="prompt", response_column="answer")
+    with pytest.raises(ValueError, match=r"Column 'answer' not found in the validation split"):
+        as_messages(Dataset.from_list(instruction_rows(2)), args, "validation")
