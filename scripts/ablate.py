@@ -25,10 +25,9 @@ import argparse
 import sys
 from typing import Any
 
-import torch
-
 from archlab.training.ablation import run_ablation
 from archlab.training.ablation_variants import VARIANTS
+from archlab.training.benchmarking import torch_threads
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -94,8 +93,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     args = parse_args(argv)
-    torch.set_num_threads(args.threads)
-    return run_ablation(args, args.output_dir)
+    with torch_threads(args.threads):
+        return run_ablation(args, args.output_dir)
 
 
 if __name__ == "__main__":

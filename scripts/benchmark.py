@@ -38,6 +38,7 @@ from archlab.training.benchmarking import (
     make_optimizer,
     native_bf16,
     peak_training_memory,
+    torch_threads,
     training_step,
 )
 
@@ -278,15 +279,14 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--threads must be >= 1, got {args.threads}")
     check_device_flags(parser, args, suites)
     resolve_defaults(args)
-    if args.threads:
-        torch.set_num_threads(args.threads)
     tables = []
-    for name in dict.fromkeys(suites):
-        report = resolve_suite(name)(args)
-        print(report.markdown(), flush=True)
-        tables.append(report.markdown())
-        if args.output:  # after every suite, so a later one that fails leaves the earlier tables written
-            args.output.write_text("\n\n".join(tables) + "\n")
+    with torch_threads(args.threads):
+        for name in dict.fromkeys(suites):
+            report = resolve_suite(name)(args)
+            print(report.markdown(), flush=True)
+            tables.append(report.markdown())
+            if args.output:  # after every suite, so a later one that fails leaves the earlier tables written
+                args.output.write_text("\n\n".join(tables) + "\n")
     return 0
 
 

@@ -52,6 +52,7 @@ from archlab.training.benchmarking import (
     make_optimizer,
     median_ratios,
     time_breakdown,
+    torch_threads,
 )
 
 HF_EXPERTS = ("eager", "batched_mm", "grouped_mm")
@@ -155,7 +156,11 @@ def rounds(entries, run_one, n_rounds: int, tokens: int) -> dict[str, dict[str, 
 
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
-    torch.set_num_threads(args.threads)
+    with torch_threads(args.threads):
+        return run_suite(args)
+
+
+def run_suite(args: argparse.Namespace) -> dict:
     models = build_models(args)
     entries = runners(models, args.skip)
     results: dict = {"config": vars(args), "threads": torch.get_num_threads()}

@@ -16,7 +16,8 @@ from __future__ import annotations
 import os
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -63,6 +64,19 @@ def _table_line(cells: list[str]) -> str:
 # ----------------------------------------------------------------------------------------------------------------
 # Timing
 # ----------------------------------------------------------------------------------------------------------------
+@contextmanager
+def torch_threads(count: int | None) -> Iterator[None]:
+    """torch's intra-op thread count set to `count` (None: left as is) for the block, and restored after it, so a
+    benchmark or study called from Python (a test, a notebook) leaves the caller's setting as it found it."""
+    before = torch.get_num_threads()
+    if count:
+        torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 def synchronize(device: torch.device | str | None) -> None:
     """Wait for the device's queued kernels (a no-op on CPU, whose calls return when their work is done)."""
     if device is not None and torch.device(device).type == "cuda":

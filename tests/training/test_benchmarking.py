@@ -102,3 +102,17 @@ def test_cuda_training_peak_exceeds_weights_and_optimizer_state():
     step = training_step(model, {"input_ids": ids, "labels": ids}, optimizer, torch.bfloat16)
     step()  # the optimiser's state exists from here on
     assert peak_training_memory(model, step, optimizer) > resident_bytes(model, optimizer)
+
+
+def test_torch_threads_restores_the_callers_setting():
+    from archlab.training.benchmarking import torch_threads
+
+    before = torch.get_num_threads()
+    with torch_threads(1):
+        assert torch.get_num_threads() == 1
+    assert torch.get_num_threads() == before
+    with pytest.raises(RuntimeError), torch_threads(1):
+        raise RuntimeError("a failing benchmark")
+    assert torch.get_num_threads() == before
+    with torch_threads(None):  # no count: left as is
+        assert torch.get_num_threads() == before
