@@ -223,6 +223,8 @@ def liger_child(args: argparse.Namespace, output: Path) -> None:
 
     from liger_kernel.transformers import apply_liger_kernel_to_llama
 
+    from archlab.liger import apply_liger_kernel_to_archlab
+
     apply_liger_kernel_to_llama()
     try:
         liger = f"liger-kernel {version('liger-kernel')}"
@@ -240,6 +242,18 @@ def liger_child(args: argparse.Namespace, output: Path) -> None:
             metric = f"{label}: archlab vs LlamaForCausalLM + {liger}"
             flops = decoder_flops(setup, llama.config)
             rows[name] = asdict(training_row(setup, metric, (ours, llama), optimizers, batch, flops, b * s))
+            try:  # what Trainer's use_liger_kernel does to an archlab model
+                apply_liger_kernel_to_archlab(ours)
+            except ImportError as error:  # a liger-kernel without the modules archlab's patch uses
+                report.notes.append(
+                    f"archlab + use_liger_kernel: not measured, Liger's modules did not import ({error})."
+                )
+                return
+            metric = f"{label}: archlab + use_liger_kernel vs LlamaForCausalLM + {liger}"
+            optimizers = (make_optimizer(ours, setup.optim), make_optimizer(llama, setup.optim))
+            rows[f"{name} archlab-liger"] = asdict(
+                training_row(setup, metric, (ours, llama), optimizers, batch, flops, b * s)
+            )
 
         guarded(report, setup, f"{label} vs Llama + liger", measure)
     output.write_text(json.dumps({"rows": rows, "notes": report.notes}))
@@ -296,8 +310,9 @@ def run(args: argparse.Namespace) -> Report:
     for name, label in DENSE_WORKLOADS:
         compiled = name == "dense"
         guarded(report, setup, label, lambda n=name, t=label, c=compiled: dense_rows(setup, report, n, t, c))
-        if name in liger:
-            report.rows.append(liger[name])
+        for key in (name, f"{name} archlab-liger"):
+            if key in liger:
+                report.rows.append(liger[key])
     guarded(report, setup, "MoE", lambda: moe_rows(setup, report))
     guarded(report, setup, "encoder-decoder", lambda: seq2seq_rows(setup, report))
     report.notes += liger_notes
