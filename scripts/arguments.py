@@ -82,19 +82,26 @@ class DataArguments:
     streaming: bool = field(default=False, metadata={"help": "Stream the data (needs --max_steps)."})
 
 
+def on_a_cuda_gpu(use_cpu: bool) -> bool:
+    import torch
+
+    return not use_cpu and torch.cuda.is_available()
+
+
 def bf16_by_default(use_cpu: bool, fp16: bool) -> bool:
     """What the scripts train in when `--bf16` is not given: bf16 mixed precision (autocast over float32 weights,
     what a GPU user would pick) on a CUDA GPU that has bf16 (Ampere or newer), float32 on the CPU or with --fp16."""
     import torch
 
-    return not use_cpu and not fp16 and torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+    return on_a_cuda_gpu(use_cpu) and not fp16 and torch.cuda.is_bf16_supported()
 
 
 @dataclass
 class ArchlabTrainingArguments(TrainingArguments):
     """`TrainingArguments` plus `--overwrite_output_dir` (the transformers 4 flag): start over in a folder that
-    already holds checkpoints; `--bf16` on by default where a CUDA GPU supports it; `--torch_compile` compiles
-    regionally (`--regional_compilation`). The scripts subclass this to set their own defaults."""
+    already holds checkpoints; `--bf16` and `--dataloader_pin_memory` on by default where a CUDA GPU supports them;
+    `--torch_compile` compiles regionally (`--regional_compilation`). The scripts subclass this to set their own
+    defaults."""
 
     overwrite_output_dir: bool = field(
         default=False,
@@ -111,6 +118,13 @@ class ArchlabTrainingArguments(TrainingArguments):
         },
     )
 
+    dataloader_pin_memory: bool | None = field(
+        default=None,
+        metadata={
+            "help": "Pin the batches' host memory (faster copies to a GPU). Default: on when training on a CUDA "
+            "GPU, off on the CPU, where it only costs memory."
+        },
+    )
     regional_compilation: bool = field(
         default=True,
         metadata={
@@ -123,6 +137,8 @@ class ArchlabTrainingArguments(TrainingArguments):
     def __post_init__(self) -> None:
         if self.bf16 is None:
             self.bf16 = bf16_by_default(self.use_cpu, self.fp16)
+        if self.dataloader_pin_memory is None:
+            self.dataloader_pin_memory = on_a_cuda_gpu(self.use_cpu)
         super().__post_init__()
         if self.torch_compile:  # Trainer's TorchDynamoPlugin reads this when it is built, as it reads the backend
             os.environ["ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION"] = str(self.regional_compilation).lower()

@@ -82,7 +82,6 @@ class FinetuneTrainingArguments(ArchlabTrainingArguments, Seq2SeqTrainingArgumen
     )
     per_device_train_batch_size: int = field(default=16, metadata={"help": "Examples per step."})
     per_device_eval_batch_size: int = field(default=16, metadata={"help": "Examples per evaluation step."})
-    dataloader_pin_memory: bool = field(default=False, metadata={"help": "Pin memory (only useful on a GPU)."})
     learning_rate: float = field(default=5e-4, metadata={"help": "Peak AdamW learning rate."})
     lr_scheduler_type: str = field(default="cosine", metadata={"help": "Learning-rate schedule."})
     warmup_steps: float = field(default=20, metadata={"help": "Linear warm-up steps (or a fraction < 1)."})

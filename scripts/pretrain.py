@@ -58,7 +58,6 @@ class PretrainTrainingArguments(ArchlabTrainingArguments):
     )
     per_device_train_batch_size: int = field(default=8, metadata={"help": "Blocks per step."})
     per_device_eval_batch_size: int = field(default=16, metadata={"help": "Blocks per evaluation step."})
-    dataloader_pin_memory: bool = field(default=False, metadata={"help": "Pin memory (only useful on a GPU)."})
     learning_rate: float = field(default=2e-3, metadata={"help": "Peak AdamW learning rate."})
     lr_scheduler_type: str = field(default="cosine", metadata={"help": "Learning-rate schedule."})
     warmup_steps: float = field(default=30, metadata={"help": "Linear warm-up steps (or a fraction < 1)."})

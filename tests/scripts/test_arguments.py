@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from archlab.scripts.arguments import bf16_by_default, parse_arguments
+from archlab.scripts.arguments import bf16_by_default, on_a_cuda_gpu, parse_arguments
 from archlab.scripts.finetune import FinetuneTrainingArguments
 from archlab.scripts.pretrain import PretrainTrainingArguments
 
@@ -19,7 +19,8 @@ def bf16_gpu(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *args, **kwargs: True)
 
 
-def test_bf16_is_the_default_on_a_bf16_gpu_only(bf16_gpu, monkeypatch):
+def test_bf16_and_pinned_memory_are_the_defaults_on_a_gpu_only(bf16_gpu, monkeypatch):
+    assert on_a_cuda_gpu(use_cpu=False) and not on_a_cuda_gpu(use_cpu=True)
     assert bf16_by_default(use_cpu=False, fp16=False)
     assert not bf16_by_default(use_cpu=True, fp16=False)  # --use_cpu: float32
     assert not bf16_by_default(use_cpu=False, fp16=True)  # --fp16 wins
@@ -32,6 +33,8 @@ def test_bf16_is_the_default_on_a_bf16_gpu_only(bf16_gpu, monkeypatch):
 @pytest.mark.parametrize("arguments", [PretrainTrainingArguments, FinetuneTrainingArguments])
 def test_scripts_train_in_float32_on_the_cpu_unless_asked(arguments):
     assert parse_arguments([arguments], [])[0].bf16 is False
+    assert parse_arguments([arguments], [])[0].dataloader_pin_memory is False
+    assert parse_arguments([arguments], ["--dataloader_pin_memory"])[0].dataloader_pin_memory is True
     assert parse_arguments([arguments], ["--use_cpu", "--bf16"])[0].bf16 is True  # a bare flag is true
     assert parse_arguments([arguments], ["--bf16", "false"])[0].bf16 is False
 
