@@ -43,6 +43,8 @@ from transformers import (
 from archlab import EncoderForMaskedLM
 from archlab.conversion import FAMILIES, ConversionError, convert_checkpoint
 
+import helpers
+
 ATOL = 1e-4
 VOCAB = 101
 IDS = dict(pad_token_id=0, bos_token_id=1, eos_token_id=2)
@@ -87,19 +89,8 @@ SEQ2SEQ_SHAPE = dict(
     max_position_embeddings=64,
     dropout=0.0,
 )
-# d_kv * num_heads (36) != d_model (32), as in T5 v1.1 small
-T5_SHAPE = dict(
-    vocab_size=VOCAB,
-    d_model=32,
-    d_kv=12,
-    d_ff=48,
-    num_layers=2,
-    num_heads=3,
-    relative_attention_num_buckets=8,
-    relative_attention_max_distance=20,
-    dropout_rate=0.0,
-    decoder_start_token_id=0,
-)
+# the T5 reference shape of tests/helpers.py (d_kv * num_heads != d_model), at this file's vocabulary
+T5_SHAPE = dict(helpers.T5_SHAPE, vocab_size=VOCAB)
 
 # case id -> (stock config, the archlab values the conversion must turn on)
 CASES = {
