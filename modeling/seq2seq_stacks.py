@@ -66,10 +66,11 @@ def embedding_norm(config: Seq2SeqConfig) -> nn.Module | None:
     return make_norm(config.norm_type, config.d_model, config.layer_norm_eps) if config.embedding_layernorm else None
 
 
-class Seq2SeqEncoder(nn.Module):
-    """Token embeddings (scaled) + positions → `encoder_layers` bidirectional layers (→ final norm if pre-norm)."""
+class _Seq2SeqStack(nn.Module):
+    """What the encoder and the decoder stack share: token embeddings (scaled) + positions (+ BERT's segments in the
+    encoder) → `layer_class` layers → final norm if pre-norm, and the stack's relative-bias table (T5)."""
 
-    def __init__(self, config: Seq2SeqConfig, embed_tokens: nn.Embedding) -> None:
+    def __init__(self, config: Seq2SeqConfig, embed_tokens: nn.Embedding, side: str, layer_class: type) -> None:
         super().__init__()
         self.config = config
         self.embed_scale = math.sqrt(config.d_model) if config.scale_embedding else 1.0
@@ -81,20 +82,27 @@ class Seq2SeqEncoder(nn.Module):
             config.sinusoidal_layout,
             offset=config.position_embedding_offset,
         )
-        # BERT's segment embeddings (`token_type_ids`), when the config has segment types
-        self.token_type_embeddings = (
-            nn.Embedding(config.type_vocab_size, config.d_model) if config.type_vocab_size else None
-        )
+        if side == "encoder":  # BERT's segment embeddings (`token_type_ids`), when the config has segment types
+            self.token_type_embeddings = (
+                nn.Embedding(config.type_vocab_size, config.d_model) if config.type_vocab_size else None
+            )
         self.layernorm_embedding = embedding_norm(config)
         self.dropout = nn.Dropout(config.dropout)
-        self.layers = nn.ModuleList([Seq2SeqEncoderLayer(config, i) for i in range(config.encoder_layers)])
+        num_layers = config.encoder_layers if side == "encoder" else config.decoder_layers
+        self.layers = nn.ModuleList([layer_class(config, i) for i in range(num_layers)])
         self.layer_norm = make_final_norm(config)
-        # one relative bias table per stack (T5), unless every layer has its own (UMT5)
-        self.position_bias = (
-            None if config.relative_attention_bias_per_layer else stack_position_bias(config, "encoder")
-        )
-        self.position_buckets = make_position_buckets(config, "encoder")  # per-layer tables (UMT5), or None
+        # one relative bias table per stack (T5; the decoder's for self-attention only), unless every layer has its
+        # own (UMT5)
+        self.position_bias = None if config.relative_attention_bias_per_layer else stack_position_bias(config, side)
+        self.position_buckets = make_position_buckets(config, side)  # per-layer tables (UMT5), or None
         self.gradient_checkpointing = False
+
+
+class Seq2SeqEncoder(_Seq2SeqStack):
+    """Token embeddings (scaled) + positions → `encoder_layers` bidirectional layers (→ final norm if pre-norm)."""
+
+    def __init__(self, config: Seq2SeqConfig, embed_tokens: nn.Embedding) -> None:
+        super().__init__(config, embed_tokens, "encoder", Seq2SeqEncoderLayer)
 
     def forward(
         self,
@@ -169,31 +177,11 @@ class Seq2SeqEncoder(nn.Module):
         return output if return_dict else output.to_tuple()
 
 
-class Seq2SeqDecoder(nn.Module):
+class Seq2SeqDecoder(_Seq2SeqStack):
     """Token embeddings (scaled) + positions → `decoder_layers` causal layers with cross-attention."""
 
     def __init__(self, config: Seq2SeqConfig, embed_tokens: nn.Embedding) -> None:
-        super().__init__()
-        self.config = config
-        self.embed_scale = math.sqrt(config.d_model) if config.scale_embedding else 1.0
-        self.embed_tokens = embed_tokens
-        self.embed_positions = position_table(
-            config.position_embedding_type,
-            config.max_position_embeddings,
-            config.d_model,
-            config.sinusoidal_layout,
-            offset=config.position_embedding_offset,
-        )
-        self.layernorm_embedding = embedding_norm(config)
-        self.dropout = nn.Dropout(config.dropout)
-        self.layers = nn.ModuleList([Seq2SeqDecoderLayer(config, i) for i in range(config.decoder_layers)])
-        self.layer_norm = make_final_norm(config)
-        # one relative bias table per stack for self-attention only (T5), unless every layer has its own (UMT5)
-        self.position_bias = (
-            None if config.relative_attention_bias_per_layer else stack_position_bias(config, "decoder")
-        )
-        self.position_buckets = make_position_buckets(config, "decoder")  # per-layer tables (UMT5), or None
-        self.gradient_checkpointing = False
+        super().__init__(config, embed_tokens, "decoder", Seq2SeqDecoderLayer)
 
     def forward(
         self,
