@@ -13,6 +13,10 @@ in what transformers leaves out:
 - variants whose decoding step cannot be compiled (`static_cache_blocker`: dynamic RoPE recomputes its frequencies
   from a tensor in every forward) decode with the dynamic cache instead, with one logged line saying why; by
   default so do FlashAttention backends and sharded models;
+- greedy decoding on that path runs `decoding_loop.greedy_decode`: the whole step (masks, forward, token choice,
+  end-of-sequence bookkeeping) compiled as one graph and the loop never waiting for the device, where transformers
+  compiles the forward alone and reads the device every token; other greedy and sampling calls run transformers'
+  loop with its compiled forward (`decoding_loop.loop_blocker` says when);
 - beam search: transformers reorders a static cache by replacing its tensors (so compiled graphs and CUDA graphs
   recompile or re-record every step) and runs beam-search steps eagerly; here the reorder copies in place
   (`reorder_cache_in_place`) and the one-token steps run compiled, under the same criteria as greedy and sampling.
@@ -22,6 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 import torch
 from transformers.cache_utils import Cache, EncoderDecoderCache, StaticLayer
@@ -33,6 +38,8 @@ from transformers.generation.configuration_utils import (
 )
 from transformers.utils import logging
 from transformers.utils.generic import is_flash_attention_requested
+
+from .decoding_loop import compiled_decoding_step, greedy_decode, loop_blocker
 
 logger = logging.get_logger(__name__)
 
@@ -185,6 +192,15 @@ def compiled_decoding_steps(model, compile_config: CompileConfig | None) -> Iter
             model.forward = own_forward
 
 
+@dataclass
+class KeptCache:
+    """The last static cache `generate` built, and whether the next call may reset and reuse it."""
+
+    key: tuple
+    cache: Cache
+    reusable: bool = False
+
+
 class FastDecodingMixin:
     """`GenerationMixin` hooks for the fast path; listed before `GenerationMixin` in a model's bases."""
 
@@ -194,7 +210,53 @@ class FastDecodingMixin:
         generation_config.cache_implementation = choose_cache_implementation(
             self, generation_config, model_kwargs, generation_mode
         )
-        return super()._prepare_cache_for_generation(generation_config, model_kwargs, generation_mode, *args, **kwargs)
+        result = super()._prepare_cache_for_generation(
+            generation_config, model_kwargs, generation_mode, *args, **kwargs
+        )
+        kept = self.__dict__.get("_kept_static_cache")
+        if kept is not None and model_kwargs.get("past_key_values") is kept.cache:
+            kept.reusable = not generation_config.return_dict_in_generate  # a returned cache is the user's
+        return result
+
+    def _prepare_static_cache(self, cache_implementation, batch_size, max_cache_len, *args, **kwargs):
+        """transformers' static cache, reused by the next call at the same batch size and length (reset, not
+        reallocated) unless the call that used it returned it. transformers builds a new one per call: new addresses,
+        so the compiled step's CUDA graphs are recorded again every call, and past torch's re-record limit
+        (`cudagraph_unexpected_rerecord_limit`) no longer replayed."""
+        effective = max(max_cache_len, getattr(self, "_previous_max_cache_length", -1))
+        key = (cache_implementation, batch_size, effective, self.dtype, self.device)
+        kept = self.__dict__.get("_kept_static_cache")
+        if not self.config.is_encoder_decoder and kept is not None and kept.key == key and kept.reusable:
+            kept.cache.reset()
+            kept.reusable = False
+            return kept.cache
+        cache = super()._prepare_static_cache(cache_implementation, batch_size, max_cache_len, *args, **kwargs)
+        if not self.config.is_encoder_decoder:
+            self._kept_static_cache = KeptCache(key, cache)
+        return cache
+
+    def _sample(
+        self,
+        input_ids,
+        logits_processor,
+        stopping_criteria,
+        generation_config,
+        synced_gpus=False,
+        streamer=None,
+        **model_kwargs,
+    ):
+        """Greedy decoding through `greedy_decode` where transformers would compile the decoding step and
+        `loop_blocker` finds nothing against it; otherwise transformers' loop."""
+        args = (input_ids, logits_processor, stopping_criteria, generation_config)
+        if self._valid_auto_compile_criteria(model_kwargs, generation_config):
+            reason = loop_blocker(
+                self, logits_processor, stopping_criteria, generation_config, synced_gpus, streamer, model_kwargs
+            )
+            if reason is None:
+                step = compiled_decoding_step(self, generation_config.compile_config or self._default_compile_config())
+                return greedy_decode(self, *args, step_function=step, **model_kwargs)
+            logger.info_once(f"{type(self).__name__}: transformers' decoding loop runs this call ({reason}).")
+        return super()._sample(*args, synced_gpus=synced_gpus, streamer=streamer, **model_kwargs)
 
     def _reorder_cache(self, past_key_values: Cache, beam_idx: torch.LongTensor) -> Cache:
         reorder_cache_in_place(past_key_values, beam_idx)

@@ -78,18 +78,24 @@ def test_compiled_training_step_matches_eager():
 
 
 def test_static_cache_generation_compiles():
-    """transformers' own path: `cache_implementation="static"` + a `CompileConfig` compiles the decoding step."""
+    """`cache_implementation="static"` + a `CompileConfig`: greedy decoding compiles its whole step with inductor
+    (decoding_loop.py) and gives eager's tokens, with rows ending at end-of-sequence tokens after a minimum length;
+    a second call with another prompt length recompiles nothing."""
     torch._dynamo.reset()
     model = DecoderForCausalLM(tiny_decoder_config()).eval()
     batch = _batch()
     kwargs = dict(max_new_tokens=8, do_sample=False, pad_token_id=0, cache_implementation="static")
+    kwargs.update(eos_token_id=[5, 9, 17], min_new_tokens=3)
     expected = model.generate(**batch, **kwargs, disable_compile=True)
     config = CompileConfig(fullgraph=True, mode="default")
     config._compile_all_devices = True  # generate compiles only on accelerators unless told to (its testing hook)
     output = model.generate(**batch, **kwargs, compile_config=config)
-    assert hasattr(model, "_compiled_call"), "generate did not compile the decoding step"
+    assert hasattr(model, "_compiled_decoding_step"), "generate did not compile the decoding step"
     assert torch.equal(output, expected)
-    assert torch.equal(model.generate(**batch, **kwargs, compile_config=config), expected)  # reuses the graph
+    shorter = {key: value[:, 2:] for key, value in batch.items()}
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        expected = model.generate(**shorter, **kwargs, disable_compile=True)
+        assert torch.equal(model.generate(**shorter, **kwargs, compile_config=config), expected)
 
 
 def test_regional_compilation_trains_like_eager_without_recompiles():
@@ -146,7 +152,7 @@ def test_moe_static_cache_generation_compiles():
     kwargs = dict(max_new_tokens=8, do_sample=False, pad_token_id=0, cache_implementation="static")
     expected = model.generate(prompt, **kwargs, disable_compile=True)
     assert torch.equal(model.generate(prompt, **kwargs, compile_config=_compile_config(mode="default")), expected)
-    assert hasattr(model, "_compiled_call"), "generate did not compile the decoding step"
+    assert hasattr(model, "_compiled_decoding_step"), "generate did not compile the decoding step"
     with torch._dynamo.config.patch(error_on_recompile=True):
         assert torch.equal(model.generate(prompt, **kwargs, compile_config=_compile_config(mode="default")), expected)
 

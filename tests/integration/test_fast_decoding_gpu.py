@@ -118,9 +118,37 @@ def test_fast_decoding_equals_eager_and_does_not_recompile(kind: str, batch: int
     assert isinstance(cache, StaticCache) and isinstance(eager_cache, DynamicCache)
     graphs = counters["stats"]["unique_graphs"]
     assert graphs > 0, "the decoding step was not compiled"
+    if kind != "seq2seq":  # greedy decoders compile their whole step (decoding_loop.py)
+        assert hasattr(model, "_compiled_decoding_step")
+    assert counters["inductor"]["cudagraph_skips"] == 0, "the compiled step does not run as a CUDA graph"
     _assert_agree(fast, eager, dtype, prompt)
 
     with torch._dynamo.config.patch(error_on_recompile=True):
         again = _generate(model, inputs, kind)
     assert counters["stats"]["unique_graphs"] == graphs
     assert torch.equal(again.sequences, fast.sequences)
+
+
+def test_greedy_calls_reuse_one_recorded_step(monkeypatch):
+    """Calls that do not return the cache reuse generate's static cache and the loop's buffers: the CUDA graph
+    recorded in the first call is replayed by the next ones (no new recording, no skip), with the same tokens, and
+    rows ending at an end-of-sequence token end as in eager decoding."""
+    torch._dynamo.reset()
+    counters.clear()
+    model = _model("dense", torch.float32)
+    inputs = _inputs("dense", 4)
+    free = model.generate(**inputs, do_sample=False, max_new_tokens=NEW_TOKENS, pad_token_id=0, disable_compile=True)
+    eos = sorted({int(free[row, 32 + 3 * row]) for row in range(4)})  # rows end around new tokens 0, 3, 6, 9
+    kwargs = dict(do_sample=False, max_new_tokens=NEW_TOKENS, pad_token_id=0, eos_token_id=eos)
+    expected = model.generate(**inputs, **kwargs, disable_compile=True)
+    outputs = [model.generate(**inputs, **kwargs) for _ in range(2)]  # the first records the step
+    captures = []
+    capture_begin = torch.cuda.CUDAGraph.capture_begin
+    monkeypatch.setattr(
+        torch.cuda.CUDAGraph, "capture_begin", lambda *a, **k: captures.append(1) or capture_begin(*a, **k)
+    )
+    outputs += [model.generate(**inputs, **kwargs) for _ in range(2)]
+    assert counters["inductor"]["cudagraph_skips"] == 0
+    assert not captures, "a later call recorded the step again"
+    for output in outputs:
+        assert torch.equal(output, expected)

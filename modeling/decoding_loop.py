@@ -1,0 +1,295 @@
+"""Greedy decoding with no host round trip per token: the whole decoding step compiled, the loop run ahead of the GPU.
+
+transformers' greedy loop (`GenerationMixin._sample`) compiles only the model's forward. Around it, every token, it
+runs in eager Python: `prepare_inputs_for_generation`, the 4D masks for the static cache, the logits processors, the
+stopping criteria, and a read of `unfinished_sequences.max()` that waits for the GPU (on CUDA it is not deferred).
+At batch 1 a 1B-parameter model reads its weights in under a millisecond, so that per-token host work, not the GPU,
+sets the speed (the ~20 % of the bandwidth roofline measured with transformers' static-cache path).
+
+Here one compiled function is the whole step: the masks, the forward, the token choice (the `min_length` /
+`min_new_tokens` end-of-sequence ban, argmax, padding of finished rows, the end-of-sequence bookkeeping), and the
+in-place updates of the next step's inputs. Its inputs are fixed buffers (`DecodingBuffers`, kept on the model and
+reused at the same batch size and cache length) and the static cache, so with `mode="reduce-overhead"` (the default
+`CompileConfig`) every step replays one CUDA graph. The host only replays: it reads whether every row has finished
+once every `CHECK_EVERY` steps, and steps taken past the end are dropped from the output and rewound in the cache.
+
+The same step runs on CPU (plain PyTorch, or compiled when `compile_config._compile_all_devices`), where the tests
+check it against transformers' own loop token for token. `loop_blocker` says when this loop does not apply and
+transformers' loop runs instead (its compiled forward still used): sampling, streamers, logits processors other than
+the minimum-length ones, stopping criteria other than length and end-of-sequence, attention or hidden-state outputs,
+model inputs other than the prompt's ids, mask and positions, and caches other than a plain `StaticCache`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from transformers.cache_utils import StaticCache, StaticLayer
+from transformers.generation.logits_process import (
+    LogitsProcessorList,
+    MinLengthLogitsProcessor,
+    MinNewTokensLengthLogitsProcessor,
+)
+from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria, StoppingCriteriaList
+from transformers.generation.utils import GenerateDecoderOnlyOutput
+from transformers.masking_utils import create_masks_for_generate
+
+# How often the host reads whether every row has finished (one wait for the GPU per CHECK_EVERY tokens). Steps run
+# past the last row's end are dropped from the output and rewound in the cache.
+CHECK_EVERY = 16
+
+# Model inputs the decoding steps take over (ids, positions, mask) or that only the prefill reads.
+LOOP_MODEL_INPUTS = frozenset(
+    {"attention_mask", "position_ids", "past_key_values", "use_cache", "logits_to_keep", "inputs_embeds"}
+    | {"prefix_lengths"}  # prefix-LM: the prefix lies in the prompt; decoding steps are causal (see the model)
+)
+
+
+def _eos_bans(logits_processor: LogitsProcessorList) -> list[tuple[torch.Tensor, int]] | None:
+    """The processors as (banned ids, minimum length) pairs — ban those ids while the sequence, prompt included, is
+    shorter — or None when a processor is not a minimum-length one."""
+    bans = []
+    for processor in logits_processor:
+        if type(processor) is MinLengthLogitsProcessor:
+            bans.append((processor.eos_token_id, processor.min_length))
+        elif type(processor) is MinNewTokensLengthLogitsProcessor:
+            bans.append((processor.eos_token_id, processor.prompt_length_to_skip + processor.min_new_tokens))
+        else:
+            return None
+    return bans
+
+
+def loop_blocker(
+    model, logits_processor, stopping_criteria, generation_config, synced_gpus, streamer, model_kwargs
+) -> str | None:
+    """Why this greedy call runs transformers' loop rather than `greedy_decode`, or None when it runs here. Called by
+    `FastDecodingMixin._sample` only where transformers would compile the decoding step."""
+    config = generation_config
+    if config.do_sample:
+        return "sampling"
+    if model.config.is_encoder_decoder:
+        return "an encoder-decoder model"
+    if streamer is not None or synced_gpus or config.is_assistant:
+        return "a streamer, synced GPUs or an assistant model"
+    if config.output_attentions or config.output_hidden_states:
+        return "attentions or hidden states asked for"
+    if _eos_bans(logits_processor) is None:
+        return "logits processors other than min_length / min_new_tokens"
+    if any(type(criterion) not in (MaxLengthCriteria, EosTokenCriteria) for criterion in stopping_criteria):
+        return "stopping criteria other than the length and end-of-sequence ones"
+    if stopping_criteria.max_length is None:
+        return "no maximum length"
+    extra = sorted(key for key, value in model_kwargs.items() if value is not None and key not in LOOP_MODEL_INPUTS)
+    if extra:
+        return f"model inputs {extra}"
+    cache = model_kwargs.get("past_key_values")
+    if type(cache) is not StaticCache or getattr(cache, "_is_user_defined", False):
+        return "a cache other than generate's own StaticCache"
+    if any(type(layer) is not StaticLayer for layer in cache.layers):
+        return "sliding-window cache layers"
+    return None
+
+
+@dataclass
+class DecodingBuffers:
+    """The decoding step's inputs and outputs, at fixed addresses (what a replayed CUDA graph reads and writes)."""
+
+    input_ids: torch.Tensor  # (B, 1): the token fed to the next step
+    position_ids: torch.Tensor  # (B, 1): its position
+    attention_mask: torch.Tensor  # (B, max_cache_len): the prompt's padding, ones after it
+    unfinished: torch.Tensor  # (B,) long: 1 while the row has not produced an end-of-sequence token
+    length: torch.Tensor  # (): the sequence length before the token being chosen (prompt included)
+    step: torch.Tensor  # (): the index of the token being chosen among the new tokens
+    counted: torch.Tensor  # (): new tokens transformers' loop would have produced (it stops when every row ended)
+    tokens: torch.Tensor  # (B, max_cache_len): the new tokens
+    banned_below: torch.Tensor  # (V,): token v may not be chosen while `length` < banned_below[v] (min_length)
+
+    @classmethod
+    def for_shape(
+        cls, model, batch_size: int, max_cache_len: int, vocab_size: int, device: torch.device
+    ) -> DecodingBuffers:
+        """The buffers kept on `model` for this shape (new ones, marked static for compiled graphs, otherwise)."""
+        key = (batch_size, max_cache_len, vocab_size, device)
+        kept = getattr(model, "_decoding_buffers", None)
+        if kept is not None and kept[0] == key:
+            return kept[1]
+
+        def new(*shape):
+            tensor = torch.zeros(shape, dtype=torch.long, device=device)
+            torch._dynamo.mark_static_address(tensor)
+            return tensor
+
+        buffers = cls(
+            input_ids=new(batch_size, 1),
+            position_ids=new(batch_size, 1),
+            attention_mask=new(batch_size, max_cache_len),
+            unfinished=new(batch_size),
+            length=new(),
+            step=new(),
+            counted=new(),
+            tokens=new(batch_size, max_cache_len),
+            banned_below=new(vocab_size),
+        )
+        model._decoding_buffers = (key, buffers)
+        return buffers
+
+
+def choose_tokens(
+    logits: torch.Tensor,
+    buffers: DecodingBuffers,
+    eos_token_id: torch.Tensor | None,
+    pad_token_id: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """transformers' greedy token choice for one step, on device state only: the minimum-length bans, argmax, pad for
+    finished rows, end-of-sequence bookkeeping; records the tokens and advances `length`, `step` and `counted`.
+    Returns (next tokens (B,), processed scores (B, V))."""
+    scores = torch.where(buffers.length < buffers.banned_below, -math.inf, logits)
+    next_tokens = torch.argmax(scores, dim=-1)
+    alive = buffers.unfinished.amax()  # transformers' loop runs this step only while a row is unfinished
+    if eos_token_id is not None:
+        next_tokens = next_tokens * buffers.unfinished + pad_token_id * (1 - buffers.unfinished)
+        buffers.unfinished.mul_((~torch.isin(next_tokens, eos_token_id)).long())
+    buffers.tokens.index_copy_(1, buffers.step.view(1), next_tokens[:, None])
+    buffers.counted.add_(alive)
+    buffers.length.add_(1)
+    buffers.step.add_(1)
+    return next_tokens, scores
+
+
+def decoding_step(model, past_key_values, buffers, eos_token_id, pad_token_id, has_padding: bool):
+    """One decoding step, compiled whole: the masks transformers' loop would build, the forward of the last chosen
+    token, the choice of the next one; the next step's inputs are updated in place. Returns (logits, scores)."""
+    batch_size = buffers.input_ids.shape[0]
+    mask_function = getattr(model, "create_masks_for_generate", create_masks_for_generate)
+    masks = mask_function(
+        config=model.config,
+        inputs_embeds=torch.empty((batch_size, 1, 0), dtype=model.dtype, device=buffers.input_ids.device),
+        attention_mask=buffers.attention_mask if has_padding else None,
+        past_key_values=past_key_values,
+        position_ids=buffers.position_ids,
+        is_first_iteration=False,
+    )
+    outputs = model(
+        input_ids=buffers.input_ids,
+        position_ids=buffers.position_ids,
+        attention_mask=masks,
+        past_key_values=past_key_values,
+        use_cache=True,
+        logits_to_keep=1,
+        return_dict=True,
+    )
+    logits = outputs.logits[:, -1].to(dtype=torch.float32)
+    next_tokens, scores = choose_tokens(logits, buffers, eos_token_id, pad_token_id)
+    buffers.input_ids.copy_(next_tokens[:, None])
+    buffers.position_ids.add_(1)
+    return logits, scores
+
+
+def compiled_decoding_step(model, compile_config):
+    """`decoding_step` compiled with `compile_config` (transformers' `CompileConfig`), kept on the model and reused
+    while the config is the same (a new `torch.compile` would compile again)."""
+    kept = getattr(model, "_compiled_decoding_step", None)
+    if kept is not None and kept[0] == compile_config:
+        return kept[1]
+    compiled = torch.compile(decoding_step, **compile_config.to_dict())
+    model._compiled_decoding_step = (compile_config, compiled)
+    return compiled
+
+
+def _rewind(cache: StaticCache, steps: int) -> None:
+    """Forget the keys of the last `steps` forwards (steps run past the end of every row)."""
+    for layer in cache.layers:
+        if layer.is_initialized:
+            layer.cumulative_length.sub_(steps)
+
+
+def greedy_decode(
+    model,
+    input_ids: torch.LongTensor,
+    logits_processor: LogitsProcessorList,
+    stopping_criteria: StoppingCriteriaList,
+    generation_config,
+    step_function,
+    **model_kwargs,
+):
+    """transformers' greedy `_sample`, with every decoding step one call of `step_function` (`decoding_step`,
+    compiled or not) and no wait for the device between steps. Same outputs: sequences, and with
+    `return_dict_in_generate` the scores / logits asked for and the cache."""
+    config = generation_config
+    eos_token_id = next((c.eos_token_id for c in stopping_criteria if isinstance(c, EosTokenCriteria)), None)
+    pad_token_id = config._pad_token_tensor
+    if eos_token_id is not None:
+        eos_token_id = eos_token_id.to(input_ids.device)
+        pad_token_id = pad_token_id.to(input_ids.device)
+    keep_scores = config.return_dict_in_generate and config.output_scores
+    keep_logits = config.return_dict_in_generate and config.output_logits
+    scores, raw_logits = [], []
+
+    outputs = model._prefill(input_ids, config, model_kwargs, is_first_iteration=True)
+    model_kwargs = model._update_model_kwargs_for_generation(outputs, model_kwargs, is_encoder_decoder=False)
+    cache = model_kwargs["past_key_values"]
+    batch_size, prompt_length = input_ids.shape
+    new_tokens = stopping_criteria.max_length - prompt_length
+    logits = outputs.logits[:, -1].to(copy=True, dtype=torch.float32)
+    del outputs
+    buffers = DecodingBuffers.for_shape(model, batch_size, cache.get_max_length(), logits.shape[-1], input_ids.device)
+    buffers.banned_below.zero_()
+    for banned, min_length in _eos_bans(logits_processor):
+        ids = banned.to(input_ids.device).view(-1)
+        buffers.banned_below[ids] = buffers.banned_below[ids].clamp(min=min_length)
+    buffers.unfinished.fill_(1)
+    buffers.length.fill_(prompt_length)
+    buffers.step.zero_()
+    buffers.counted.zero_()
+    buffers.tokens.zero_()
+    mask = model_kwargs.get("attention_mask")
+    buffers.attention_mask.fill_(1)
+    if mask is not None:
+        buffers.attention_mask[:, : mask.shape[1]].copy_(mask)
+    buffers.position_ids.copy_(model_kwargs["position_ids"][:, -1:])
+    next_tokens, step_scores = choose_tokens(logits, buffers, eos_token_id, pad_token_id)
+    buffers.input_ids.copy_(next_tokens[:, None])
+    if keep_scores:
+        scores.append(step_scores)
+    if keep_logits:
+        raw_logits.append(logits)
+
+    has_padding = mask is not None
+    with model._optimize_model_for_decode():
+        for step in range(1, new_tokens):
+            logits, step_scores = step_function(model, cache, buffers, eos_token_id, pad_token_id, has_padding)
+            if keep_scores:
+                scores.append(step_scores.clone())
+            if keep_logits:
+                raw_logits.append(logits.clone())
+            if eos_token_id is not None and step % CHECK_EVERY == 0 and not bool(buffers.unfinished.any()):
+                break
+
+    steps_run = int(buffers.step)  # new tokens chosen, the one after the prefill included
+    counted = int(buffers.counted)
+    if steps_run > counted:
+        _rewind(cache, steps_run - counted)  # each step past the end fed one token into the cache
+    sequences = torch.cat([input_ids, buffers.tokens[:, :counted]], dim=-1)
+    if not config.return_dict_in_generate:
+        return sequences
+    return GenerateDecoderOnlyOutput(
+        sequences=sequences,
+        scores=tuple(scores[:counted]) if keep_scores else None,
+        logits=tuple(raw_logits[:counted]) if keep_logits else None,
+        attentions=None,
+        hidden_states=None,
+        past_key_values=cache,
+    )
+
+
+__all__ = [
+    "CHECK_EVERY",
+    "DecodingBuffers",
+    "choose_tokens",
+    "compiled_decoding_step",
+    "decoding_step",
+    "greedy_decode",
+    "loop_blocker",
+]

@@ -1,0 +1,243 @@
+"""decoding_loop.py: greedy decoding with the whole step in one function gives transformers' own loop's output — the
+same tokens, the same logits and scores per step, the same returned cache — for every catalogue variant it takes,
+with end-of-sequence tokens ending rows at different steps or all rows early, and min_length / min_new_tokens; it
+compiles as one graph (`fullgraph=True`) that a second call with another prompt reuses; the calls it does not take
+run transformers' loop; and generate's static cache is reused by the next call.
+
+Here the step runs uncompiled, or compiled by dynamo's "eager" backend (tracing only, no code generation); a real
+inductor compile is in tests/integration/test_compile.py, CUDA graphs in tests/integration/test_fast_decoding_gpu.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import CompileConfig, StaticCache, TextStreamer
+from transformers.cache_utils import StaticLayer
+
+from archlab.modeling import decoding_loop, fast_decoding
+
+from helpers import DECODER_VARIANTS, NO_STATIC_CACHE, decoder_variant, digit_tokenizer
+
+# Sliding-window layers of a static cache advance a Python int per token (transformers' `StaticSlidingWindowLayer`),
+# which one recorded step cannot follow: those variants keep transformers' loop.
+SLIDING = {"all_sliding_attention", "local_global", "alibi_local_global"}
+OUTPUTS = dict(do_sample=False, return_dict_in_generate=True, output_logits=True, output_scores=True)
+
+
+def _prompts(batch: int, vocab: int = 97) -> dict[str, torch.Tensor]:
+    """`batch` prompts of 6 tokens; with more than one, the first is left-padded by 2."""
+    ids = torch.randint(3, vocab, (batch, 6), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones_like(ids)
+    if batch > 1:
+        mask[0, :2] = 0
+        ids[0, :2] = 0
+    return {"input_ids": ids, "attention_mask": mask}
+
+
+def _compile_config(backend: str | None) -> CompileConfig:
+    """A config under which transformers compiles the decoding step on CPU too (`_compile_all_devices`)."""
+    config = CompileConfig(backend=backend or "eager", mode=None, fullgraph=True)
+    config._compile_all_devices = True
+    return config
+
+
+@pytest.fixture
+def loop_calls(monkeypatch) -> list[int]:
+    """Counts `greedy_decode` calls; the step runs uncompiled (tracing every variant would take minutes)."""
+    calls: list[int] = []
+    decode = decoding_loop.greedy_decode
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return decode(*args, **kwargs)
+
+    monkeypatch.setattr(fast_decoding, "greedy_decode", counted)
+    monkeypatch.setattr(fast_decoding, "compiled_decoding_step", lambda model, config: decoding_loop.decoding_step)
+    return calls
+
+
+def _both(model, loop_calls, **kwargs):
+    """(transformers' loop, this loop) on a static cache, with the same arguments."""
+    reference = model.generate(cache_implementation="static", **kwargs)
+    assert not loop_calls
+    ours = model.generate(cache_implementation="static", compile_config=_compile_config(None), **kwargs)
+    assert loop_calls == [1]
+    loop_calls.clear()
+    return reference, ours
+
+
+def _assert_same(reference, ours) -> None:
+    assert torch.equal(ours.sequences, reference.sequences)
+    for name in ("logits", "scores"):
+        expected, actual = getattr(reference, name), getattr(ours, name)
+        assert len(actual) == len(expected), name
+        for step, (a, b) in enumerate(zip(actual, expected)):
+            torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4, msg=f"{name} of step {step}")
+    cache, expected_cache = ours.past_key_values, reference.past_key_values
+    assert int(cache.get_seq_length()) == int(expected_cache.get_seq_length())
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+@pytest.mark.parametrize("name", sorted(set(DECODER_VARIANTS) - NO_STATIC_CACHE - SLIDING))
+def test_every_variant_decodes_as_transformers_loop(name, batch, loop_calls):
+    model = decoder_variant(name)
+    inputs = _prompts(batch)
+    if model.config.prefix_lm:
+        inputs["prefix_lengths"] = torch.full((batch,), 4)
+    reference, ours = _both(model, loop_calls, **inputs, **OUTPUTS, max_new_tokens=12, pad_token_id=0)
+    _assert_same(reference, ours)
+
+
+@pytest.mark.parametrize("name", sorted(SLIDING))
+def test_sliding_window_caches_keep_transformers_loop(name, loop_calls):
+    model = decoder_variant(name)
+    config = _compile_config(None)
+    out = model.generate(
+        **_prompts(2), **OUTPUTS, max_new_tokens=6, pad_token_id=0, cache_implementation="static", compile_config=config
+    )
+    assert not loop_calls and isinstance(out.past_key_values, StaticCache)
+    assert any(type(layer) is not StaticLayer for layer in out.past_key_values.layers)
+
+
+def _ending_tokens(model, inputs, steps: tuple[int, ...]) -> list[int]:
+    """Tokens that, taken as end-of-sequence tokens, end row b at new token `steps[b]` (or later, when a row ends
+    earlier at one of them): the tokens greedy decoding picks there without any end-of-sequence token."""
+    free = model.generate(**inputs, do_sample=False, max_new_tokens=max(steps) + 1, eos_token_id=None, pad_token_id=0)
+    prompt = inputs["input_ids"].shape[1]
+    return sorted({int(free[row, prompt + step]) for row, step in enumerate(steps)})
+
+
+def test_rows_ending_at_different_steps(loop_calls):
+    model = decoder_variant("positions_rope")
+    inputs = _prompts(3)
+    eos = _ending_tokens(model, inputs, (2, 9, 30))
+    reference, ours = _both(model, loop_calls, **inputs, **OUTPUTS, max_new_tokens=40, pad_token_id=0, eos_token_id=eos)
+    _assert_same(reference, ours)
+    assert (ours.sequences[:, 6:] == 0).any()  # finished rows were padded
+
+
+def test_all_rows_ending_early_drop_the_extra_steps_and_rewind_the_cache(loop_calls):
+    """Every row ends by new token 3; the loop reads the device every CHECK_EVERY steps, so it ran further: those
+    tokens are not returned and the cache forgets their keys (its length is transformers')."""
+    model = decoder_variant("positions_rope")
+    inputs = _prompts(2)
+    eos = _ending_tokens(model, inputs, (1, 3))
+    reference, ours = _both(model, loop_calls, **inputs, **OUTPUTS, max_new_tokens=40, pad_token_id=0, eos_token_id=eos)
+    assert ours.sequences.shape[1] < inputs["input_ids"].shape[1] + decoding_loop.CHECK_EVERY
+    _assert_same(reference, ours)
+    # the returned cache goes on decoding as transformers' does
+    follow = dict(max_new_tokens=5, do_sample=False, eos_token_id=None, pad_token_id=0, use_cache=True)
+    mask = torch.ones_like(reference.sequences)
+    mask[0, :2] = 0
+    continued = [
+        model.generate(input_ids=out.sequences, attention_mask=mask, past_key_values=out.past_key_values, **follow)
+        for out in (reference, ours)
+    ]
+    assert torch.equal(continued[0], continued[1])
+
+
+@pytest.mark.parametrize("minimum", [dict(min_new_tokens=7), dict(min_length=10), dict(min_length=9, min_new_tokens=5)])
+def test_minimum_lengths_ban_the_end_of_sequence_tokens_as_transformers_does(minimum, loop_calls):
+    model = decoder_variant("positions_rope")
+    inputs = _prompts(3)
+    eos = _ending_tokens(model, inputs, (1, 2, 3))
+    kwargs = dict(**inputs, **OUTPUTS, **minimum, max_new_tokens=20, pad_token_id=0, eos_token_id=eos)
+    reference, ours = _both(model, loop_calls, **kwargs)
+    _assert_same(reference, ours)
+
+
+def test_plain_sequences_without_return_dict(loop_calls):
+    model = decoder_variant("moe")
+    inputs = _prompts(3)
+    kwargs = dict(
+        **inputs, do_sample=False, max_new_tokens=10, pad_token_id=0, eos_token_id=_ending_tokens(model, inputs, (4,))
+    )
+    reference, ours = _both(model, loop_calls, **kwargs)
+    assert isinstance(ours, torch.Tensor) and torch.equal(ours, reference)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        dict(do_sample=True, top_k=5),  # sampling
+        dict(no_repeat_ngram_size=2),  # a processor reading the sequence so far
+        dict(repetition_penalty=1.3),
+        dict(output_hidden_states=True, return_dict_in_generate=True),
+        dict(max_time=30.0),  # a stopping criterion of its own
+    ],
+)
+def test_calls_it_does_not_take_run_transformers_loop(kwargs, loop_calls):
+    model = decoder_variant("positions_rope")
+    inputs = _prompts(2)
+    config = _compile_config(None)
+    model.generate(
+        **inputs, **kwargs, max_new_tokens=4, pad_token_id=0, cache_implementation="static", compile_config=config
+    )
+    assert not loop_calls
+    model.generate(**inputs, max_new_tokens=4, pad_token_id=0, cache_implementation="static", compile_config=config)
+    assert loop_calls  # the same call without it takes the loop
+
+
+def test_streamers_run_transformers_loop(loop_calls, capsys):
+    tokenizer = digit_tokenizer()
+    model = decoder_variant("positions_rope")
+    streamer = TextStreamer(tokenizer)
+    config = _compile_config(None)
+    model.generate(
+        **_prompts(1, 13), max_new_tokens=3, streamer=streamer, cache_implementation="static", compile_config=config
+    )
+    assert not loop_calls
+
+
+def test_without_compilation_transformers_loop_runs(loop_calls):
+    """The loop is for compiled decoding: a static cache on CPU without a compile config stays in transformers' loop."""
+    model = decoder_variant("positions_rope")
+    model.generate(**_prompts(2), max_new_tokens=4, pad_token_id=0, cache_implementation="static")
+    model.generate(
+        **_prompts(2), max_new_tokens=4, pad_token_id=0, compile_config=_compile_config(None), disable_compile=True
+    )
+    assert not loop_calls
+
+
+@pytest.mark.parametrize("name", ["positions_rope", "moe_shared_expert_dense_sparse", "positions_alibi", "prefix_lm"])
+def test_the_step_compiles_as_one_graph_reused_by_later_calls(name):
+    """fullgraph=True: no graph break anywhere in the step (masks, forward, token choice); then calls with another
+    prompt length, another batch content and other minimum lengths recompile nothing."""
+    torch._dynamo.reset()
+    model = decoder_variant(name)
+    config = _compile_config("eager")
+    inputs = _prompts(3)
+    if model.config.prefix_lm:
+        inputs["prefix_lengths"] = torch.full((3,), 4)
+    kwargs = dict(do_sample=False, max_new_tokens=12, pad_token_id=0, eos_token_id=[5, 7])
+    expected = model.generate(**inputs, cache_implementation="static", min_new_tokens=3, **kwargs)
+    assert torch.equal(model.generate(**inputs, compile_config=config, min_new_tokens=3, **kwargs), expected)
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        shorter = {key: value[:, 1:] if key != "prefix_lengths" else value for key, value in inputs.items()}
+        expected = model.generate(**shorter, cache_implementation="static", min_new_tokens=6, **kwargs)
+        assert torch.equal(model.generate(**shorter, compile_config=config, min_new_tokens=6, **kwargs), expected)
+
+
+def test_generate_reuses_its_static_cache_unless_it_returned_it():
+    """Compiled graphs and CUDA graphs hold the cache's addresses: a new cache every call records them again."""
+    model = decoder_variant("positions_rope")
+    inputs = _prompts(2)
+    caches = []
+    prepare = model._prepare_static_cache
+
+    def spy(*args, **kwargs):
+        caches.append(prepare(*args, **kwargs))
+        return caches[-1]
+
+    model._prepare_static_cache = spy
+    kwargs = dict(do_sample=False, max_new_tokens=8, pad_token_id=0, eos_token_id=None, cache_implementation="static")
+    first = model.generate(**inputs, **kwargs)
+    second = model.generate(**inputs, **kwargs)
+    assert caches[0] is caches[1] and torch.equal(first, second)
+    returned = model.generate(**inputs, **kwargs, return_dict_in_generate=True)  # reused, then handed to the user
+    assert caches[2] is caches[0] and torch.equal(returned.sequences, first)
+    after = model.generate(**inputs, **kwargs)
+    assert caches[3] is not returned.past_key_values and torch.equal(after, first)
+    assert model.generate(**inputs, **dict(kwargs, max_new_tokens=9)).shape[1] == first.shape[1] + 1  # longer: new
+    assert caches[4] is not caches[3]
