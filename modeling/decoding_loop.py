@@ -1,23 +1,27 @@
-"""Greedy decoding with no host round trip per token: the whole decoding step compiled, the loop run ahead of the GPU.
+"""Greedy decoding and sampling with no host round trip per token: the whole step compiled, the loop ahead of the GPU.
 
-transformers' greedy loop (`GenerationMixin._sample`) compiles only the model's forward. Around it, every token, it
-runs in eager Python: `prepare_inputs_for_generation`, the 4D masks for the static cache, the logits processors, the
-stopping criteria, and a read of `unfinished_sequences.max()` that waits for the GPU (on CUDA it is not deferred).
-At batch 1 a 1B-parameter model reads its weights in under a millisecond, so that per-token host work, not the GPU,
-sets the speed (the ~20 % of the bandwidth roofline measured with transformers' static-cache path).
+transformers' greedy and sampling loop (`GenerationMixin._sample`) compiles only the model's forward. Around it,
+every token, it runs in eager Python: `prepare_inputs_for_generation`, the 4D masks for the static cache, the logits
+processors, the stopping criteria, and a read of `unfinished_sequences.max()` that waits for the GPU (on CUDA it is
+not deferred). At batch 1 a 1B-parameter model reads its weights in under a millisecond, so that per-token host
+work, not the GPU, sets the speed (the ~20 % of the bandwidth roofline measured with transformers' static path).
 
 Here one compiled function is the whole step: the masks, the forward, the token choice (the `min_length` /
-`min_new_tokens` end-of-sequence ban, argmax, padding of finished rows, the end-of-sequence bookkeeping), and the
+`min_new_tokens` end-of-sequence ban, the score warpers — temperature, top-k, top-p, min-p, typical, epsilon, eta —,
+argmax or a sample drawn without a host read, padding of finished rows, the end-of-sequence bookkeeping), and the
 in-place updates of the next step's inputs. Its inputs are fixed buffers (`DecodingBuffers`, kept on the model and
 reused at the same batch size and cache length) and the static cache, so with `mode="reduce-overhead"` (the default
 `CompileConfig`) every step replays one CUDA graph. The host only replays: it reads whether every row has finished
-once every `CHECK_EVERY` steps, and steps taken past the end are dropped from the output and rewound in the cache.
+once every `CHECK_EVERY` steps (and hands a streamer the tokens so far), and steps taken past the end are dropped
+from the output and rewound in the cache.
 
 The same step runs on CPU (plain PyTorch, or compiled when `compile_config._compile_all_devices`), where the tests
 check it against transformers' own loop token for token. `loop_blocker` says when this loop does not apply and
-transformers' loop runs instead (its compiled forward still used): sampling, streamers, logits processors other than
-the minimum-length ones, stopping criteria other than length and end-of-sequence, attention or hidden-state outputs,
-model inputs other than the prompt's ids, mask and positions, and caches other than a plain `StaticCache`.
+transformers' loop runs instead (its compiled forward still used): logits processors that read the sequence so far
+(repetition penalty, n-gram bans, ...), stopping criteria other than length and end-of-sequence (stop strings, time),
+attention or hidden-state outputs, model inputs other than the prompt's ids, mask and positions, and caches other
+than a plain `StaticCache` (sliding-window layers). Samples follow transformers' distribution but not its random
+stream: `torch.multinomial` reads the device, so the step draws by the exponential race (`sample`).
 """
 
 from __future__ import annotations
@@ -28,9 +32,16 @@ from dataclasses import dataclass
 import torch
 from transformers.cache_utils import StaticCache, StaticLayer
 from transformers.generation.logits_process import (
+    EpsilonLogitsWarper,
+    EtaLogitsWarper,
     LogitsProcessorList,
     MinLengthLogitsProcessor,
     MinNewTokensLengthLogitsProcessor,
+    MinPLogitsWarper,
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+    TypicalLogitsWarper,
 )
 from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria, StoppingCriteriaList
 from transformers.generation.utils import GenerateDecoderOnlyOutput
@@ -47,36 +58,50 @@ LOOP_MODEL_INPUTS = frozenset(
 )
 
 
-def _eos_bans(logits_processor: LogitsProcessorList) -> list[tuple[torch.Tensor, int]] | None:
-    """The processors as (banned ids, minimum length) pairs — ban those ids while the sequence, prompt included, is
-    shorter — or None when a processor is not a minimum-length one."""
-    bans = []
+# Logits processors that read the scores alone (not the sequence so far): called inside the compiled step.
+SCORE_WARPERS = (
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+    MinPLogitsWarper,
+    TypicalLogitsWarper,
+    EpsilonLogitsWarper,
+    EtaLogitsWarper,
+)
+
+
+def split_processors(logits_processor: LogitsProcessorList) -> tuple[list[tuple[torch.Tensor, int]], list] | None:
+    """The processors as (end-of-sequence bans, score warpers), or None when one is neither. A ban is (banned ids,
+    minimum length): those ids may not be chosen while the sequence, prompt included, is shorter. Bans must come
+    before the warpers (as transformers orders them): the step applies them first."""
+    bans, warpers = [], []
     for processor in logits_processor:
-        if type(processor) is MinLengthLogitsProcessor:
+        if type(processor) is MinLengthLogitsProcessor and not warpers:
             bans.append((processor.eos_token_id, processor.min_length))
-        elif type(processor) is MinNewTokensLengthLogitsProcessor:
+        elif type(processor) is MinNewTokensLengthLogitsProcessor and not warpers:
             bans.append((processor.eos_token_id, processor.prompt_length_to_skip + processor.min_new_tokens))
+        elif type(processor) in SCORE_WARPERS:
+            warpers.append(processor)
         else:
             return None
-    return bans
+    return bans, warpers
 
 
 def loop_blocker(
     model, logits_processor, stopping_criteria, generation_config, synced_gpus, streamer, model_kwargs
 ) -> str | None:
-    """Why this greedy call runs transformers' loop rather than `greedy_decode`, or None when it runs here. Called by
+    """Why this call runs transformers' loop rather than `decode`, or None when it runs here. Called by
     `FastDecodingMixin._sample` only where transformers would compile the decoding step."""
     config = generation_config
-    if config.do_sample:
-        return "sampling"
     if model.config.is_encoder_decoder:
         return "an encoder-decoder model"
-    if streamer is not None or synced_gpus or config.is_assistant:
-        return "a streamer, synced GPUs or an assistant model"
+    if synced_gpus or config.is_assistant:
+        return "synced GPUs or an assistant model"
     if config.output_attentions or config.output_hidden_states:
         return "attentions or hidden states asked for"
-    if _eos_bans(logits_processor) is None:
-        return "logits processors other than min_length / min_new_tokens"
+    if split_processors(logits_processor) is None:
+        names = sorted({type(p).__name__ for p in logits_processor} - {c.__name__ for c in SCORE_WARPERS})
+        return f"logits processors {names}"
     if any(type(criterion) not in (MaxLengthCriteria, EosTokenCriteria) for criterion in stopping_criteria):
         return "stopping criteria other than the length and end-of-sequence ones"
     if stopping_criteria.max_length is None:
@@ -136,17 +161,29 @@ class DecodingBuffers:
         return buffers
 
 
+def sample(scores: torch.Tensor) -> torch.Tensor:
+    """One token per row from softmax(scores), as `torch.multinomial(probs, 1)` draws it in distribution, by the
+    exponential race: argmax of p_i / E_i with E_i ~ Exp(1). No host synchronisation, so it can be in a CUDA graph."""
+    probs = torch.softmax(scores, dim=-1)
+    race = torch.empty_like(probs).exponential_().clamp_(min=torch.finfo(probs.dtype).tiny)
+    return torch.argmax(probs / race, dim=-1)
+
+
 def choose_tokens(
     logits: torch.Tensor,
     buffers: DecodingBuffers,
+    warpers: list,
+    do_sample: bool,
     eos_token_id: torch.Tensor | None,
     pad_token_id: torch.Tensor | None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """transformers' greedy token choice for one step, on device state only: the minimum-length bans, argmax, pad for
-    finished rows, end-of-sequence bookkeeping; records the tokens and advances `length`, `step` and `counted`.
-    Returns (next tokens (B,), processed scores (B, V))."""
+    """transformers' token choice for one step, on device state only: the minimum-length bans, the score warpers
+    (temperature, top-k, top-p, ...), argmax or a sample, pad for finished rows, end-of-sequence bookkeeping; records
+    the tokens and advances `length`, `step` and `counted`. Returns (next tokens (B,), processed scores (B, V))."""
     scores = torch.where(buffers.length < buffers.banned_below, -math.inf, logits)
-    next_tokens = torch.argmax(scores, dim=-1)
+    for warper in warpers:
+        scores = warper(None, scores)  # score warpers do not read the sequence (SCORE_WARPERS)
+    next_tokens = sample(scores) if do_sample else torch.argmax(scores, dim=-1)
     alive = buffers.unfinished.amax()  # transformers' loop runs this step only while a row is unfinished
     if eos_token_id is not None:
         next_tokens = next_tokens * buffers.unfinished + pad_token_id * (1 - buffers.unfinished)
@@ -158,7 +195,7 @@ def choose_tokens(
     return next_tokens, scores
 
 
-def decoding_step(model, past_key_values, buffers, eos_token_id, pad_token_id, has_padding: bool):
+def decoding_step(model, past_key_values, buffers, warpers, do_sample, eos_token_id, pad_token_id, has_padding: bool):
     """One decoding step, compiled whole: the masks transformers' loop would build, the forward of the last chosen
     token, the choice of the next one; the next step's inputs are updated in place. Returns (logits, scores)."""
     batch_size = buffers.input_ids.shape[0]
@@ -181,7 +218,7 @@ def decoding_step(model, past_key_values, buffers, eos_token_id, pad_token_id, h
         return_dict=True,
     )
     logits = outputs.logits[:, -1].to(dtype=torch.float32)
-    next_tokens, scores = choose_tokens(logits, buffers, eos_token_id, pad_token_id)
+    next_tokens, scores = choose_tokens(logits, buffers, warpers, do_sample, eos_token_id, pad_token_id)
     buffers.input_ids.copy_(next_tokens[:, None])
     buffers.position_ids.add_(1)
     return logits, scores
@@ -205,38 +242,13 @@ def _rewind(cache: StaticCache, steps: int) -> None:
             layer.cumulative_length.sub_(steps)
 
 
-def greedy_decode(
-    model,
-    input_ids: torch.LongTensor,
-    logits_processor: LogitsProcessorList,
-    stopping_criteria: StoppingCriteriaList,
-    generation_config,
-    step_function,
-    **model_kwargs,
-):
-    """transformers' greedy `_sample`, with every decoding step one call of `step_function` (`decoding_step`,
-    compiled or not) and no wait for the device between steps. Same outputs: sequences, and with
-    `return_dict_in_generate` the scores / logits asked for and the cache."""
-    config = generation_config
-    eos_token_id = next((c.eos_token_id for c in stopping_criteria if isinstance(c, EosTokenCriteria)), None)
-    pad_token_id = config._pad_token_tensor
-    if eos_token_id is not None:
-        eos_token_id = eos_token_id.to(input_ids.device)
-        pad_token_id = pad_token_id.to(input_ids.device)
-    keep_scores = config.return_dict_in_generate and config.output_scores
-    keep_logits = config.return_dict_in_generate and config.output_logits
-    scores, raw_logits = [], []
-
-    outputs = model._prefill(input_ids, config, model_kwargs, is_first_iteration=True)
-    model_kwargs = model._update_model_kwargs_for_generation(outputs, model_kwargs, is_encoder_decoder=False)
+def _prepare_buffers(model, input_ids, logits, model_kwargs, bans) -> DecodingBuffers:
+    """The loop's buffers for this call, filled from the prompt (after the prefill)."""
     cache = model_kwargs["past_key_values"]
     batch_size, prompt_length = input_ids.shape
-    new_tokens = stopping_criteria.max_length - prompt_length
-    logits = outputs.logits[:, -1].to(copy=True, dtype=torch.float32)
-    del outputs
     buffers = DecodingBuffers.for_shape(model, batch_size, cache.get_max_length(), logits.shape[-1], input_ids.device)
     buffers.banned_below.zero_()
-    for banned, min_length in _eos_bans(logits_processor):
+    for banned, min_length in bans:
         ids = banned.to(input_ids.device).view(-1)
         buffers.banned_below[ids] = buffers.banned_below[ids].clamp(min=min_length)
     buffers.unfinished.fill_(1)
@@ -244,33 +256,81 @@ def greedy_decode(
     buffers.step.zero_()
     buffers.counted.zero_()
     buffers.tokens.zero_()
-    mask = model_kwargs.get("attention_mask")
     buffers.attention_mask.fill_(1)
+    mask = model_kwargs.get("attention_mask")
     if mask is not None:
         buffers.attention_mask[:, : mask.shape[1]].copy_(mask)
     buffers.position_ids.copy_(model_kwargs["position_ids"][:, -1:])
-    next_tokens, step_scores = choose_tokens(logits, buffers, eos_token_id, pad_token_id)
+    return buffers
+
+
+def decode(
+    model,
+    input_ids: torch.LongTensor,
+    logits_processor: LogitsProcessorList,
+    stopping_criteria: StoppingCriteriaList,
+    generation_config,
+    step_function,
+    streamer=None,
+    **model_kwargs,
+):
+    """transformers' `_sample` (greedy or sampling), with every decoding step one call of `step_function`
+    (`decoding_step`, compiled or not) and no wait for the device between steps. Same outputs: sequences, and with
+    `return_dict_in_generate` the scores / logits asked for and the cache. A streamer gets the first new token at
+    once, then the new tokens in chunks of up to CHECK_EVERY, as (batch, tokens) tensors (as in assisted decoding)."""
+    config = generation_config
+    eos_token_id = next((c.eos_token_id for c in stopping_criteria if isinstance(c, EosTokenCriteria)), None)
+    pad_token_id = config._pad_token_tensor
+    if eos_token_id is not None:
+        eos_token_id = eos_token_id.to(input_ids.device)
+        pad_token_id = pad_token_id.to(input_ids.device)
+    bans, warpers = split_processors(logits_processor)
+    keep_scores = config.return_dict_in_generate and config.output_scores
+    keep_logits = config.return_dict_in_generate and config.output_logits
+    scores, raw_logits = [], []
+
+    outputs = model._prefill(input_ids, config, model_kwargs, is_first_iteration=True)
+    model_kwargs = model._update_model_kwargs_for_generation(outputs, model_kwargs, is_encoder_decoder=False)
+    cache = model_kwargs["past_key_values"]
+    logits = outputs.logits[:, -1].to(copy=True, dtype=torch.float32)
+    del outputs
+    buffers = _prepare_buffers(model, input_ids, logits, model_kwargs, bans)
+    next_tokens, step_scores = choose_tokens(logits, buffers, warpers, config.do_sample, eos_token_id, pad_token_id)
     buffers.input_ids.copy_(next_tokens[:, None])
     if keep_scores:
         scores.append(step_scores)
     if keep_logits:
         raw_logits.append(logits)
+    streamed = 0
+    if streamer is not None:
+        streamer.put(next_tokens[:, None].cpu())
+        streamed = 1
 
-    has_padding = mask is not None
+    has_padding = model_kwargs.get("attention_mask") is not None
+    arguments = (warpers, config.do_sample, eos_token_id, pad_token_id, has_padding)
     with model._optimize_model_for_decode():
-        for step in range(1, new_tokens):
-            logits, step_scores = step_function(model, cache, buffers, eos_token_id, pad_token_id, has_padding)
+        for step in range(1, stopping_criteria.max_length - input_ids.shape[1]):
+            logits, step_scores = step_function(model, cache, buffers, *arguments)
             if keep_scores:
                 scores.append(step_scores.clone())
             if keep_logits:
                 raw_logits.append(logits.clone())
-            if eos_token_id is not None and step % CHECK_EVERY == 0 and not bool(buffers.unfinished.any()):
-                break
+            if (step + 1) % CHECK_EVERY == 0 and (eos_token_id is not None or streamer is not None):
+                counted = int(buffers.counted)  # waits for the device: once every CHECK_EVERY steps
+                if streamer is not None and counted > streamed:
+                    streamer.put(buffers.tokens[:, streamed:counted].cpu())
+                    streamed = counted
+                if counted < step + 1:  # every row has ended
+                    break
 
     steps_run = int(buffers.step)  # new tokens chosen, the one after the prefill included
     counted = int(buffers.counted)
     if steps_run > counted:
         _rewind(cache, steps_run - counted)  # each step past the end fed one token into the cache
+    if streamer is not None:
+        if counted > streamed:
+            streamer.put(buffers.tokens[:, streamed:counted].cpu())
+        streamer.end()
     sequences = torch.cat([input_ids, buffers.tokens[:, :counted]], dim=-1)
     if not config.return_dict_in_generate:
         return sequences
@@ -290,6 +350,8 @@ __all__ = [
     "choose_tokens",
     "compiled_decoding_step",
     "decoding_step",
-    "greedy_decode",
+    "decode",
+    "sample",
+    "split_processors",
     "loop_blocker",
 ]

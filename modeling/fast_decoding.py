@@ -13,10 +13,10 @@ in what transformers leaves out:
 - variants whose decoding step cannot be compiled (`static_cache_blocker`: dynamic RoPE recomputes its frequencies
   from a tensor in every forward) decode with the dynamic cache instead, with one logged line saying why; by
   default so do FlashAttention backends and sharded models;
-- greedy decoding on that path runs `decoding_loop.greedy_decode`: the whole step (masks, forward, token choice,
-  end-of-sequence bookkeeping) compiled as one graph and the loop never waiting for the device, where transformers
-  compiles the forward alone and reads the device every token; other greedy and sampling calls run transformers'
-  loop with its compiled forward (`decoding_loop.loop_blocker` says when);
+- greedy decoding and sampling on that path run `decoding_loop.decode`: the whole step (masks, forward, token
+  choice, end-of-sequence bookkeeping) compiled as one graph and the loop never waiting for the device, where
+  transformers compiles the forward alone and reads the device every token; the calls it does not take run
+  transformers' loop with its compiled forward (`decoding_loop.loop_blocker` says when);
 - beam search: transformers reorders a static cache by replacing its tensors (so compiled graphs and CUDA graphs
   recompile or re-record every step) and runs beam-search steps eagerly; here the reorder copies in place
   (`reorder_cache_in_place`) and the one-token steps run compiled, under the same criteria as greedy and sampling.
@@ -39,7 +39,7 @@ from transformers.generation.configuration_utils import (
 from transformers.utils import logging
 from transformers.utils.generic import is_flash_attention_requested
 
-from .decoding_loop import compiled_decoding_step, greedy_decode, loop_blocker
+from .decoding_loop import compiled_decoding_step, decode, loop_blocker
 
 logger = logging.get_logger(__name__)
 
@@ -245,8 +245,8 @@ class FastDecodingMixin:
         streamer=None,
         **model_kwargs,
     ):
-        """Greedy decoding through `greedy_decode` where transformers would compile the decoding step and
-        `loop_blocker` finds nothing against it; otherwise transformers' loop."""
+        """Greedy decoding and sampling through `decoding_loop.decode` where transformers would compile the decoding
+        step and `loop_blocker` finds nothing against it; otherwise transformers' loop."""
         args = (input_ids, logits_processor, stopping_criteria, generation_config)
         if self._valid_auto_compile_criteria(model_kwargs, generation_config):
             reason = loop_blocker(
@@ -254,7 +254,7 @@ class FastDecodingMixin:
             )
             if reason is None:
                 step = compiled_decoding_step(self, generation_config.compile_config or self._default_compile_config())
-                return greedy_decode(self, *args, step_function=step, **model_kwargs)
+                return decode(self, *args, step_function=step, streamer=streamer, **model_kwargs)
             logger.info_once(f"{type(self).__name__}: transformers' decoding loop runs this call ({reason}).")
         return super()._sample(*args, synced_gpus=synced_gpus, streamer=streamer, **model_kwargs)
 

@@ -98,6 +98,28 @@ def test_static_cache_generation_compiles():
         assert torch.equal(model.generate(**shorter, **kwargs, compile_config=config), expected)
 
 
+def test_sampling_compiles_with_its_draw_in_the_graph():
+    """Sampling through decoding_loop.py compiled by inductor: the draw (an exponential race, inductor's random
+    numbers) repeats with the seed, stays inside top-k, and a second call recompiles nothing."""
+    torch._dynamo.reset()
+    model = randomised(DecoderForCausalLM(tiny_decoder_config()))
+    batch = _batch()
+    config = _compile_config(mode="default")
+    kwargs = dict(do_sample=True, top_k=5, max_new_tokens=12, pad_token_id=0, eos_token_id=None, compile_config=config)
+    kwargs.update(cache_implementation="static", return_dict_in_generate=True, output_scores=True)
+    runs = []
+    for _ in range(2):
+        torch.manual_seed(0)
+        with torch._dynamo.config.patch(error_on_recompile=bool(runs)):
+            runs.append(model.generate(**batch, **kwargs))
+    assert hasattr(model, "_compiled_decoding_step")
+    assert torch.equal(runs[0].sequences, runs[1].sequences)
+    tokens = runs[0].sequences[:, batch["input_ids"].shape[1] :]
+    assert len(set(tokens.flatten().tolist())) > 3
+    for step, scores in enumerate(runs[0].scores):
+        assert torch.isfinite(scores.gather(1, tokens[:, step : step + 1])).all(), f"step {step}"
+
+
 def test_regional_compilation_trains_like_eager_without_recompiles():
     """accelerate's `compile_regions` (what `--dynamo_use_regional_compilation` uses) compiles one block's code and
     reuses it for every layer (as many graphs for 3 layers as for 1) and every later step (no recompile), and the

@@ -10,14 +10,24 @@ inductor compile is in tests/integration/test_compile.py, CUDA graphs in tests/i
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from transformers import CompileConfig, StaticCache, TextStreamer
 from transformers.cache_utils import StaticLayer
 
+from archlab import DecoderForCausalLM
 from archlab.modeling import decoding_loop, fast_decoding
 
-from helpers import DECODER_VARIANTS, NO_STATIC_CACHE, decoder_variant, digit_tokenizer
+from helpers import (
+    DECODER_VARIANTS,
+    NO_STATIC_CACHE,
+    decoder_variant,
+    digit_tokenizer,
+    randomised,
+    tiny_decoder_config,
+)
 
 # Sliding-window layers of a static cache advance a Python int per token (transformers' `StaticSlidingWindowLayer`),
 # which one recorded step cannot follow: those variants keep transformers' loop.
@@ -44,15 +54,15 @@ def _compile_config(backend: str | None) -> CompileConfig:
 
 @pytest.fixture
 def loop_calls(monkeypatch) -> list[int]:
-    """Counts `greedy_decode` calls; the step runs uncompiled (tracing every variant would take minutes)."""
+    """Counts `decode` calls; the step runs uncompiled (tracing every variant would take minutes)."""
     calls: list[int] = []
-    decode = decoding_loop.greedy_decode
+    decode = decoding_loop.decode
 
     def counted(*args, **kwargs):
         calls.append(1)
         return decode(*args, **kwargs)
 
-    monkeypatch.setattr(fast_decoding, "greedy_decode", counted)
+    monkeypatch.setattr(fast_decoding, "decode", counted)
     monkeypatch.setattr(fast_decoding, "compiled_decoding_step", lambda model, config: decoding_loop.decoding_step)
     return calls
 
@@ -160,9 +170,8 @@ def test_plain_sequences_without_return_dict(loop_calls):
 @pytest.mark.parametrize(
     "kwargs",
     [
-        dict(do_sample=True, top_k=5),  # sampling
         dict(no_repeat_ngram_size=2),  # a processor reading the sequence so far
-        dict(repetition_penalty=1.3),
+        dict(repetition_penalty=1.3, do_sample=True),
         dict(output_hidden_states=True, return_dict_in_generate=True),
         dict(max_time=30.0),  # a stopping criterion of its own
     ],
@@ -179,15 +188,80 @@ def test_calls_it_does_not_take_run_transformers_loop(kwargs, loop_calls):
     assert loop_calls  # the same call without it takes the loop
 
 
-def test_streamers_run_transformers_loop(loop_calls, capsys):
+def test_streaming_gives_the_text_as_transformers_loop(loop_calls, capsys):
+    """The first new token at once, then chunks: the printed text is transformers' loop's."""
     tokenizer = digit_tokenizer()
+    model = randomised(DecoderForCausalLM(tiny_decoder_config(vocab_size=len(tokenizer))))
+    inputs = tokenizer(["1 2 3"], return_tensors="pt")
+    kwargs = dict(**inputs, do_sample=False, max_new_tokens=40, pad_token_id=0, eos_token_id=None)
+    printed = []
+    for config in (None, _compile_config(None)):
+        model.generate(**kwargs, streamer=TextStreamer(tokenizer), cache_implementation="static", compile_config=config)
+        printed.append(capsys.readouterr().out)
+    assert loop_calls == [1] and printed[0] == printed[1] and len(printed[0].split()) > 40
+
+
+def test_sampling_with_top_k_1_is_greedy_decoding(loop_calls):
     model = decoder_variant("positions_rope")
-    streamer = TextStreamer(tokenizer)
-    config = _compile_config(None)
-    model.generate(
-        **_prompts(1, 13), max_new_tokens=3, streamer=streamer, cache_implementation="static", compile_config=config
+    inputs = _prompts(3)
+    greedy = model.generate(**inputs, do_sample=False, max_new_tokens=20, pad_token_id=0, cache_implementation="static")
+    kwargs = dict(do_sample=True, top_k=1, temperature=0.7, max_new_tokens=20, pad_token_id=0)
+    sampled = model.generate(**inputs, **kwargs, cache_implementation="static", compile_config=_compile_config(None))
+    assert loop_calls == [1] and torch.equal(sampled, greedy)
+
+
+def test_sampling_draws_within_the_warped_scores_and_repeats_with_the_seed(loop_calls):
+    """Every sampled token has a finite processed score (inside top-k and top-p), the scores are transformers'
+    warped scores of the sampled sequence, and the same seed draws the same sequence."""
+    model = decoder_variant("positions_rope")
+    inputs = _prompts(3)
+    kwargs = dict(
+        OUTPUTS,
+        do_sample=True,
+        temperature=1.5,
+        top_k=20,
+        top_p=0.9,
+        max_new_tokens=24,
+        pad_token_id=0,
+        eos_token_id=None,
     )
-    assert not loop_calls
+    config = _compile_config(None)
+    runs = []
+    for _ in range(2):
+        torch.manual_seed(0)
+        runs.append(model.generate(**inputs, **kwargs, cache_implementation="static", compile_config=config))
+    assert loop_calls == [1, 1] and torch.equal(runs[0].sequences, runs[1].sequences)
+    tokens = runs[0].sequences[:, 6:]
+    assert len(set(tokens.flatten().tolist())) > 10  # sampled, not one repeated token
+    for step, scores in enumerate(runs[0].scores):
+        assert torch.isfinite(scores.gather(1, tokens[:, step : step + 1])).all(), f"step {step}"
+        assert (torch.isfinite(scores).sum(-1) <= 20).all()
+    # transformers' loop, fed the sampled tokens, gives the same logits and warped scores step by step
+    forced = model.generate(
+        **inputs, **kwargs, cache_implementation="static", prefix_allowed_tokens_fn=_force(tokens, prompt=6)
+    )
+    assert torch.equal(forced.sequences, runs[0].sequences)
+    for step, (ours, theirs) in enumerate(zip(runs[0].logits, forced.logits)):
+        torch.testing.assert_close(ours, theirs, atol=1e-4, rtol=1e-4, msg=f"logits of step {step}")
+
+
+def _force(tokens: torch.Tensor, prompt: int):
+    """A `prefix_allowed_tokens_fn` allowing only the given token at each new position (for each batch row)."""
+    return lambda row, ids: [int(tokens[row, len(ids) - prompt])]
+
+
+def test_the_exponential_race_draws_from_the_softmax():
+    """`sample` draws index i with probability softmax(scores)_i, like torch.multinomial: 20,000 draws from one
+    distribution are within 0.02 total variation of it (a wrong draw, e.g. argmax of probs + noise, is far off)."""
+    generator = torch.Generator().manual_seed(0)
+    scores = torch.randn(12, generator=generator) * 1.5
+    scores[3] = -math.inf  # never drawn
+    torch.manual_seed(0)
+    draws = decoding_loop.sample(scores.expand(20_000, 12).clone())
+    frequencies = torch.bincount(draws, minlength=12).double() / len(draws)
+    probabilities = torch.softmax(scores.double(), -1)
+    assert frequencies[3] == 0
+    assert 0.5 * (frequencies - probabilities).abs().sum() < 0.02
 
 
 def test_without_compilation_transformers_loop_runs(loop_calls):
@@ -217,6 +291,21 @@ def test_the_step_compiles_as_one_graph_reused_by_later_calls(name):
         shorter = {key: value[:, 1:] if key != "prefix_lengths" else value for key, value in inputs.items()}
         expected = model.generate(**shorter, cache_implementation="static", min_new_tokens=6, **kwargs)
         assert torch.equal(model.generate(**shorter, compile_config=config, min_new_tokens=6, **kwargs), expected)
+
+
+def test_the_sampling_step_compiles_as_one_graph():
+    """Sampling with temperature, top-k and top-p: the warpers and the draw are in the graph too (fullgraph=True), a
+    second call recompiles nothing, and top-k 1 gives greedy decoding's tokens."""
+    torch._dynamo.reset()
+    model = decoder_variant("positions_rope")
+    inputs = _prompts(2)
+    kwargs = dict(do_sample=True, temperature=0.8, top_p=0.95, max_new_tokens=10, pad_token_id=0, eos_token_id=None)
+    greedy = model.generate(**inputs, do_sample=False, max_new_tokens=10, pad_token_id=0, eos_token_id=None)
+    config = _compile_config("eager")
+    assert torch.equal(model.generate(**inputs, **kwargs, top_k=1, compile_config=config), greedy)
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        sampled = model.generate(**inputs, **kwargs, top_k=1, compile_config=config)
+    assert torch.equal(sampled, greedy)
 
 
 def test_generate_reuses_its_static_cache_unless_it_returned_it():
