@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from archlab.scripts.arguments import bf16_by_default, on_a_cuda_gpu, parse_arguments
+from archlab.scripts.arguments import bf16_by_default, compile_by_default, on_a_cuda_gpu, parse_arguments
 from archlab.scripts.finetune import FinetuneTrainingArguments
 from archlab.scripts.pretrain import PretrainTrainingArguments
 
@@ -48,3 +48,31 @@ def test_the_default_is_asked_only_when_bf16_is_not_given(arguments, monkeypatch
     monkeypatch.setattr(module, "bf16_by_default", lambda use_cpu, fp16: True)
     assert parse_arguments([arguments], ["--use_cpu"])[0].bf16 is True
     assert parse_arguments([arguments], ["--use_cpu", "--bf16", "false"])[0].bf16 is False
+
+
+def test_compilation_is_the_default_on_a_gpu_triton_supports(monkeypatch):
+    import torch.utils._triton as triton_support
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(triton_support, "has_triton", lambda: True)
+    assert compile_by_default(use_cpu=False, deepspeed=None, fsdp="")
+    assert not compile_by_default(use_cpu=True, deepspeed=None, fsdp="")  # --use_cpu
+    assert not compile_by_default(use_cpu=False, deepspeed="configs/deepspeed/zero2.json", fsdp="")
+    assert not compile_by_default(use_cpu=False, deepspeed=None, fsdp="full_shard")
+    monkeypatch.setattr(triton_support, "has_triton", lambda: False)  # e.g. a GPU older than Volta
+    assert not compile_by_default(use_cpu=False, deepspeed=None, fsdp="")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert not compile_by_default(use_cpu=False, deepspeed=None, fsdp="")
+
+
+@pytest.mark.parametrize("arguments", [PretrainTrainingArguments, FinetuneTrainingArguments])
+def test_compilation_default_is_asked_only_when_the_flag_is_not_given(arguments, monkeypatch):
+    import archlab.scripts.arguments as module
+
+    assert parse_arguments([arguments], [])[0].torch_compile is False  # this CPU machine
+    monkeypatch.setattr(module, "compile_by_default", lambda use_cpu, deepspeed, fsdp: True)
+    assert parse_arguments([arguments], ["--use_cpu"])[0].torch_compile is True
+    assert parse_arguments([arguments], ["--use_cpu", "--torch_compile", "false"])[0].torch_compile is False
+    monkeypatch.setattr(module, "compile_by_default", lambda use_cpu, deepspeed, fsdp: False)
+    assert parse_arguments([arguments], ["--use_cpu", "--torch_compile"])[0].torch_compile is True  # a bare flag
+    assert parse_arguments([arguments], ["--use_cpu", "--torch_compile_mode", "max-autotune"])[0].torch_compile
