@@ -46,6 +46,9 @@ from transformers.generation.logits_process import (
 from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria, StoppingCriteriaList
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 from transformers.masking_utils import create_masks_for_generate
+from transformers.utils import logging
+
+logger = logging.get_logger(__name__)
 
 # How often the host reads whether every row has finished (one wait for the GPU per CHECK_EVERY tokens). Steps run
 # past the last row's end are dropped from the output and rewound in the cache.
@@ -224,15 +227,38 @@ def decoding_step(model, past_key_values, buffers, warpers, do_sample, eos_token
     return logits, scores
 
 
+def eager_on_compiler_failure(model, compiled, eager, what: str):
+    """`compiled`, until the compiler fails on it (no working Triton for this GPU, an inductor error): then one logged
+    line names the cause and `eager` runs from then on. The failure comes before the compiled graph runs (the
+    decoding steps compile without graph breaks), so the call is retried on the same state."""
+    current = [compiled]
+
+    def call(*args, **kwargs):
+        try:
+            return current[0](*args, **kwargs)
+        except torch._dynamo.exc.BackendCompilerFailed as error:
+            if current[0] is eager:
+                raise
+            cause = getattr(error, "inner_exception", None) or error.__cause__ or error
+            logger.warning(
+                f"Compiling {what} failed ({type(cause).__name__}: {cause}); {type(model).__name__} decodes eagerly."
+            )
+            current[0] = eager
+            return eager(*args, **kwargs)
+
+    return call
+
+
 def compiled_decoding_step(model, compile_config):
     """`decoding_step` compiled with `compile_config` (transformers' `CompileConfig`), kept on the model and reused
-    while the config is the same (a new `torch.compile` would compile again)."""
+    while the config is the same (a new `torch.compile` would compile again); eager where the compiler fails."""
     kept = getattr(model, "_compiled_decoding_step", None)
     if kept is not None and kept[0] == compile_config:
         return kept[1]
     compiled = torch.compile(decoding_step, **compile_config.to_dict())
-    model._compiled_decoding_step = (compile_config, compiled)
-    return compiled
+    step = eager_on_compiler_failure(model, compiled, decoding_step, "the decoding step")
+    model._compiled_decoding_step = (compile_config, step)
+    return step
 
 
 def _rewind(cache: StaticCache, steps: int) -> None:
@@ -310,11 +336,13 @@ def decode(
     arguments = (warpers, config.do_sample, eos_token_id, pad_token_id, has_padding)
     with model._optimize_model_for_decode():
         for step in range(1, stopping_criteria.max_length - input_ids.shape[1]):
+            torch.compiler.cudagraph_mark_step_begin()  # the last step's outputs are dead: replay, do not record anew
             logits, step_scores = step_function(model, cache, buffers, *arguments)
             if keep_scores:
                 scores.append(step_scores.clone())
             if keep_logits:
                 raw_logits.append(logits.clone())
+            del logits, step_scores  # a CUDA graph's outputs are overwritten by its next replay
             if (step + 1) % CHECK_EVERY == 0 and (eos_token_id is not None or streamer is not None):
                 counted = int(buffers.counted)  # waits for the device: once every CHECK_EVERY steps
                 if streamer is not None and counted > streamed:
@@ -351,6 +379,7 @@ __all__ = [
     "compiled_decoding_step",
     "decoding_step",
     "decode",
+    "eager_on_compiler_failure",
     "sample",
     "split_processors",
     "loop_blocker",

@@ -39,7 +39,7 @@ from transformers.generation.configuration_utils import (
 from transformers.utils import logging
 from transformers.utils.generic import is_flash_attention_requested
 
-from .decoding_loop import compiled_decoding_step, decode, loop_blocker
+from .decoding_loop import compiled_decoding_step, decode, eager_on_compiler_failure, loop_blocker
 
 logger = logging.get_logger(__name__)
 
@@ -175,7 +175,8 @@ def compiled_decoding_steps(model, compile_config: CompileConfig | None) -> Iter
     own_forward = model.__dict__.get("forward")  # an instance-level forward (accelerate's hooks) is kept
     eager = model.forward
     if getattr(model, "_compiled_decoding_key", None) != (compile_config, eager):
-        model._compiled_decoding_forward = torch.compile(eager, **compile_config.to_dict())
+        compiled = torch.compile(eager, **compile_config.to_dict())
+        model._compiled_decoding_forward = eager_on_compiler_failure(model, compiled, eager, "the decoding step")
         model._compiled_decoding_key = (compile_config, eager)
     compiled = model._compiled_decoding_forward
 
@@ -202,7 +203,8 @@ class KeptCache:
 
 
 class FastDecodingMixin:
-    """`GenerationMixin` hooks for the fast path; listed before `GenerationMixin` in a model's bases."""
+    """`GenerationMixin` hooks for the fast path; first in a model's bases (its `get_compiled_call` overrides
+    `PreTrainedModel`'s)."""
 
     def _prepare_cache_for_generation(
         self, generation_config: GenerationConfig, model_kwargs: dict, generation_mode: GenerationMode, *args, **kwargs
@@ -257,6 +259,15 @@ class FastDecodingMixin:
                 return decode(self, *args, step_function=step, streamer=streamer, **model_kwargs)
             logger.info_once(f"{type(self).__name__}: transformers' decoding loop runs this call ({reason}).")
         return super()._sample(*args, synced_gpus=synced_gpus, streamer=streamer, **model_kwargs)
+
+    def get_compiled_call(self, compile_config):
+        """transformers' compiled forward (its greedy and sampling loop's decoding steps), eager where the compiler
+        fails (one logged line) rather than an error in the middle of `generate`."""
+        compiled = super().get_compiled_call(compile_config)
+        if getattr(self, "_guarded_compiled_call", (None,))[0] is not compiled:
+            guarded = eager_on_compiler_failure(self, compiled, self.__call__, "the decoding step")
+            self._guarded_compiled_call = (compiled, guarded)
+        return self._guarded_compiled_call[1]
 
     def _reorder_cache(self, past_key_values: Cache, beam_idx: torch.LongTensor) -> Cache:
         reorder_cache_in_place(past_key_values, beam_idx)

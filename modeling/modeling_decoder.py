@@ -199,7 +199,7 @@ class DecoderModel(DecoderPreTrainedModel):
         return output if return_dict else output.to_tuple()
 
 
-class DecoderForCausalLM(DecoderPreTrainedModel, FastDecodingMixin, GenerationMixin):
+class DecoderForCausalLM(FastDecodingMixin, DecoderPreTrainedModel, GenerationMixin):
     """Decoder + LM head. In training with `labels`, the head and the loss run chunked and `logits` is None.
     `generate` decodes with a static cache and a compiled step by default on CUDA (fast_decoding.py)."""
 

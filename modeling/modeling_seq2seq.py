@@ -195,7 +195,7 @@ class Seq2SeqModel(Seq2SeqPreTrainedModel):
         return output if return_dict else output.to_tuple()
 
 
-class Seq2SeqForConditionalGeneration(Seq2SeqPreTrainedModel, FastDecodingMixin, GenerationMixin):
+class Seq2SeqForConditionalGeneration(FastDecodingMixin, Seq2SeqPreTrainedModel, GenerationMixin):
     """Encoder-decoder + output projection (tied to the target embeddings by default) + `final_logits_bias`.
 
     With `labels`, `decoder_input_ids` default to `shift_tokens_right(labels)` and the loss is the token-level

@@ -152,3 +152,25 @@ def test_greedy_calls_reuse_one_recorded_step(monkeypatch):
     assert not captures, "a later call recorded the step again"
     for output in outputs:
         assert torch.equal(output, expected)
+
+
+def test_sampling_runs_as_a_cuda_graph_and_repeats_with_the_seed():
+    """Sampling in the compiled step (the warpers and the draw inside the CUDA graph): no cudagraph skip, every token
+    within top-k, different draws step to step, and the same seed draws the same tokens."""
+    torch._dynamo.reset()
+    counters.clear()
+    model = _model("dense", torch.bfloat16)
+    inputs = _inputs("dense", 4)
+    kwargs = dict(do_sample=True, temperature=1.2, top_k=20, top_p=0.95, max_new_tokens=NEW_TOKENS, pad_token_id=0)
+    kwargs.update(eos_token_id=None, return_dict_in_generate=True, output_scores=True)
+    runs = []
+    for _ in range(2):
+        torch.manual_seed(0)
+        runs.append(model.generate(**inputs, **kwargs))
+    assert hasattr(model, "_compiled_decoding_step")
+    assert counters["inductor"]["cudagraph_skips"] == 0, "the sampling step does not run as a CUDA graph"
+    assert torch.equal(runs[0].sequences, runs[1].sequences)
+    tokens = runs[0].sequences[:, 32:]
+    assert len(set(tokens.flatten().tolist())) > NEW_TOKENS
+    for step, scores in enumerate(runs[0].scores):
+        assert torch.isfinite(scores.gather(1, tokens[:, step : step + 1])).all(), f"step {step}"

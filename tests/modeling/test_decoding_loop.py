@@ -26,6 +26,7 @@ from helpers import (
     decoder_variant,
     digit_tokenizer,
     randomised,
+    seq2seq_variant,
     tiny_decoder_config,
 )
 
@@ -306,6 +307,36 @@ def test_the_sampling_step_compiles_as_one_graph():
     with torch._dynamo.config.patch(error_on_recompile=True):
         sampled = model.generate(**inputs, **kwargs, top_k=1, compile_config=config)
     assert torch.equal(sampled, greedy)
+
+
+def _failing_backend(graph, example_inputs):
+    raise RuntimeError("Cannot find a working triton installation")
+
+
+@pytest.mark.parametrize(
+    "name, kwargs",
+    [
+        ("positions_rope", {}),  # this loop's step
+        ("positions_rope", dict(repetition_penalty=1.2)),  # transformers' loop and its compiled forward
+        ("positions_sinusoidal", dict(num_beams=3)),  # beam search's compiled steps (seq2seq)
+    ],
+)
+def test_a_failing_compiler_leaves_eager_decoding_with_one_notice(name, kwargs, monkeypatch):
+    """No working Triton, an inductor error: the step the compiler failed on runs eagerly, and so do the next ones,
+    in each decoding loop that compiles."""
+    torch._dynamo.reset()
+    model = seq2seq_variant(name) if "num_beams" in kwargs else decoder_variant(name)
+    inputs = _prompts(2, model.config.vocab_size)
+    kwargs = dict(kwargs, do_sample=False, max_new_tokens=10, pad_token_id=0, eos_token_id=None)
+    kwargs["cache_implementation"] = "static"
+    expected = model.generate(**inputs, **kwargs)
+    config = CompileConfig(backend=_failing_backend, mode=None)
+    config._compile_all_devices = True
+    notices: list[str] = []
+    monkeypatch.setattr(decoding_loop.logger, "warning", notices.append)
+    for _ in range(2):
+        assert torch.equal(model.generate(**inputs, **kwargs, compile_config=config), expected)
+    assert len(notices) == 1 and "triton" in notices[0] and "decodes eagerly" in notices[0], notices
 
 
 def test_generate_reuses_its_static_cache_unless_it_returned_it():
