@@ -9,8 +9,10 @@ cuda-decode (DynamicCache on both sides, named explicitly: on CUDA archlab's own
 - encoder-decoder (Marian shape) against `MarianMTModel`: beam search, 4 beams, batch 8, 256 source tokens, 128 new.
 
 cuda-static: the dense rows with `cache_implementation="static"` on both sides. On a GPU transformers then compiles
-the decoding step (torch.compile, mode "reduce-overhead": CUDA graphs) at the first call of each new shape; those
-first-call seconds, compilation included, are columns of their own, and tokens/s are of the warm calls after. Then
+the decoding step (torch.compile, mode "reduce-overhead": CUDA graphs) at the first call of each new shape, and
+archlab compiles its whole step (decoding_loop.py); those first-call seconds, compilation included, are columns of
+their own, and tokens/s are of the warm calls after. At batch 1 also: sampling against Llama, and archlab's loop
+against archlab in transformers' loop (what the whole-step compile gains over a compiled forward). Then
 the MoE and beam-search rows with no cache setting: each model decodes as it does for a user (archlab on CUDA: the
 static cache and a compiled step, beam search included; Mixtral and Marian: the dynamic cache, eager). On CPU
 nothing compiles, and the static cache runs eagerly.
@@ -80,10 +82,11 @@ def generate_row(
     roofline_s,
     cold=False,
     peer_kwargs: dict | None = None,
+    runs: tuple | None = None,
 ):
-    """Time `generate(**kwargs)` on both models (archlab first; the peer with `peer_kwargs` if given); with `cold`,
-    time each one's first call apart."""
-    runs = (lambda: models[0].generate(**kwargs), lambda: models[1].generate(**(peer_kwargs or kwargs)))
+    """Time `generate(**kwargs)` on both models (archlab first; the peer with `peer_kwargs` if given, or the two
+    `runs` given); with `cold`, time each one's first call apart."""
+    runs = runs or (lambda: models[0].generate(**kwargs), lambda: models[1].generate(**(peer_kwargs or kwargs)))
     extra = {}
     if cold:
         first = [first_call_seconds(setup, run) for run in runs]
@@ -121,8 +124,34 @@ def dense_generate_rows(setup: Setup, report: Report, cache: str) -> None:
             )
             tokens = batch * sizes["new_tokens"]
             generate_row(setup, report, metric, (ours, llama), kwargs, tokens, roofline, cold=cache == "static")
+            if cache == "static" and batch == 1:
+                loop_rows(setup, report, (ours, llama), kwargs, tokens, roofline)
 
         guarded(report, setup, f"dense decode batch {batch} ({cache})", measure)
+
+
+def loop_rows(setup: Setup, report: Report, models, kwargs: dict, tokens: int, roofline) -> None:
+    """Batch 1 on the static cache, two more rows: sampling (temperature 0.8, top-k 40, top-p 0.95, what
+    scripts/generate.py does) against Llama, and archlab's decoding loop (decoding_loop.py: the whole step compiled)
+    against archlab in transformers' loop (its compiled forward alone), same model: what the loop itself gains."""
+    from unittest import mock
+
+    import archlab.modeling.fast_decoding as fast_decoding
+
+    sampling = dict(kwargs, do_sample=True, temperature=0.8, top_k=40, top_p=0.95)
+    metric = "dense 1.1B sampling (T 0.8, top-k 40, top-p 0.95), batch 1, StaticCache: archlab vs LlamaForCausalLM"
+    generate_row(setup, report, metric, models, sampling, tokens, roofline, cold=True)
+
+    def transformers_loop():
+        with mock.patch.object(fast_decoding, "loop_blocker", lambda *args: "benchmark: transformers' loop"):
+            return models[0].generate(**kwargs)
+
+    metric = (
+        "dense 1.1B greedy decode, batch 1, StaticCache: archlab's decoding loop vs archlab in transformers' loop "
+        "(compiled forward only)"
+    )
+    runs = (lambda: models[0].generate(**kwargs), transformers_loop)
+    generate_row(setup, report, metric, (models[0], models[0]), kwargs, tokens, roofline, cold=True, runs=runs)
 
 
 def prefill_row(setup: Setup, report: Report) -> None:

@@ -121,6 +121,8 @@ def test_decode_suites_run_every_comparison(tmp_path, device):
         assert row[4].endswith("%") and row[5].endswith("%"), row  # roofline from the given rates
     row = cells(static, "dense 1.1B greedy decode, batch 1, 16 + 8 tokens, StaticCache")
     assert re.fullmatch(r"[\d.]+ s", row[header_index(static, "first call archlab")]), row
+    cells(static, "dense 1.1B sampling (T 0.8, top-k 40, top-p 0.95), batch 1, StaticCache")
+    cells(static, "dense 1.1B greedy decode, batch 1, StaticCache: archlab's decoding loop vs archlab in")
     for batch in (1, 4):
         cells(decode, f"MoE (Mixtral shape) greedy decode, batch {batch}")
     prefill = cells(decode, "dense 1.1B prefill, 1 × 64 tokens")
