@@ -17,9 +17,12 @@ in what transformers leaves out:
   choice, end-of-sequence bookkeeping) compiled as one graph and the loop never waiting for the device, where
   transformers compiles the forward alone and reads the device every token; the calls it does not take run
   transformers' loop with its compiled forward (`decoding_loop.loop_blocker` says when);
-- beam search: transformers reorders a static cache by replacing its tensors (so compiled graphs and CUDA graphs
-  recompile or re-record every step) and runs beam-search steps eagerly; here the reorder copies in place
-  (`reorder_cache_in_place`) and the one-token steps run compiled, under the same criteria as greedy and sampling.
+- beam search: on that path it runs `beam_loop.beam_search` — the whole step (forward, top-k over beams ×
+  vocabulary, the running/finished bookkeeping, the in-place cache reorder) compiled as one graph, no device read
+  per token. The beam searches it does not take (`beam_loop.beam_loop_blocker`: beam sampling, other processors)
+  run transformers' loop, where transformers would reorder a static cache by replacing its tensors (so compiled
+  graphs and CUDA graphs recompile or re-record every step) and run the steps eagerly; here the reorder copies in
+  place (`reorder_cache_in_place`) and the one-token steps run compiled.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from transformers.generation.configuration_utils import (
 from transformers.utils import logging
 from transformers.utils.generic import is_flash_attention_requested
 
+from .beam_loop import beam_loop_blocker, beam_search, compiled_beam_step
 from .decoding_loop import compiled_decoding_step, decode, eager_on_compiler_failure, loop_blocker
 
 logger = logging.get_logger(__name__)
@@ -278,6 +282,11 @@ class FastDecodingMixin:
         args = (input_ids, logits_processor, stopping_criteria, generation_config, synced_gpus)
         if not self._valid_auto_compile_criteria(kw, generation_config):
             return super()._beam_search(*args, **kw)
+        reason = beam_loop_blocker(self, logits_processor, stopping_criteria, generation_config, synced_gpus, kw)
+        if reason is None:
+            step = compiled_beam_step(self, generation_config.compile_config or self._default_compile_config())
+            return beam_search(self, *args[:4], step_function=step, **kw)
+        logger.info_once(f"{type(self).__name__}: transformers' beam-search loop runs this call ({reason}).")
         with compiled_decoding_steps(self, generation_config.compile_config):
             return super()._beam_search(*args, **kw)
 

@@ -179,24 +179,31 @@ def test_moe_static_cache_generation_compiles():
         assert torch.equal(model.generate(prompt, **kwargs, compile_config=_compile_config(mode="default")), expected)
 
 
-def test_seq2seq_beam_search_compiles():
-    """T5-style relative bias, beam search on a static cache: the steps run compiled (transformers runs beam search
-    eagerly; fast_decoding compiles its one-token steps), the beams reorder in place, the tokens are eager's, and a
-    second call reuses the graph."""
+@pytest.mark.parametrize("kind", ["seq2seq", "decoder"])
+def test_beam_search_compiles(kind):
+    """Beam search on a static cache compiled by inductor (beam_loop.py: the whole step, the cache reorder included)
+    gives eager's tokens — T5-style relative bias for the encoder-decoder, RoPE for the decoder, with end-of-sequence
+    tokens after a minimum length — and a second call reuses the graph. (The decoder case caught an inductor
+    miscompile of a cache gather placed after the forward's cache write; beam_step reorders first.)"""
     torch._dynamo.reset()
-    config = tiny_seq2seq_config(
-        position_embedding_type="relative_bias", relative_attention_num_buckets=8, relative_attention_max_distance=16
-    )
-    model = randomised(Seq2SeqForConditionalGeneration(config))
+    if kind == "seq2seq":
+        config = tiny_seq2seq_config(
+            position_embedding_type="relative_bias",
+            relative_attention_num_buckets=8,
+            relative_attention_max_distance=16,
+        )
+        model = randomised(Seq2SeqForConditionalGeneration(config))
+    else:
+        model = randomised(DecoderForCausalLM(tiny_decoder_config()))
     source = torch.randint(3, 61, (2, 7), generator=torch.Generator().manual_seed(3))
     mask = torch.ones_like(source)
-    mask[1, 5:] = 0
-    kwargs = dict(
-        attention_mask=mask, num_beams=3, num_return_sequences=2, max_new_tokens=8, cache_implementation="static"
-    )
+    if kind == "seq2seq":
+        mask[1, 5:] = 0
+    kwargs = dict(attention_mask=mask, num_beams=3, num_return_sequences=2, max_new_tokens=10, pad_token_id=0)
+    kwargs.update(cache_implementation="static", eos_token_id=[5, 7, 9], min_new_tokens=3)
     expected = model.generate(source, **kwargs, disable_compile=True)
     assert torch.equal(model.generate(source, **kwargs, compile_config=_compile_config(mode="default")), expected)
-    assert hasattr(model, "_compiled_decoding_forward"), "beam search did not compile its decoding steps"
+    assert hasattr(model, "_compiled_beam_step"), "beam search did not compile its step"
     with torch._dynamo.config.patch(error_on_recompile=True):
         assert torch.equal(model.generate(source, **kwargs, compile_config=_compile_config(mode="default")), expected)
 

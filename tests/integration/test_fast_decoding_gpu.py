@@ -118,8 +118,8 @@ def test_fast_decoding_equals_eager_and_does_not_recompile(kind: str, batch: int
     assert isinstance(cache, StaticCache) and isinstance(eager_cache, DynamicCache)
     graphs = counters["stats"]["unique_graphs"]
     assert graphs > 0, "the decoding step was not compiled"
-    if kind != "seq2seq":  # greedy decoders compile their whole step (decoding_loop.py)
-        assert hasattr(model, "_compiled_decoding_step")
+    # greedy decoders and beam search compile their whole step (decoding_loop.py, beam_loop.py)
+    assert hasattr(model, "_compiled_beam_step" if kind == "seq2seq" else "_compiled_decoding_step")
     assert counters["inductor"]["cudagraph_skips"] == 0, "the compiled step does not run as a CUDA graph"
     _assert_agree(fast, eager, dtype, prompt)
 

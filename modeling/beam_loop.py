@@ -1,0 +1,421 @@
+"""Beam search with the whole step compiled and no host round trip per token (decoder and encoder-decoder).
+
+transformers' beam search (`GenerationMixin._beam_search`) keeps its state in fixed-shape tensors, but runs every
+step in eager Python around the forward: the input preparation and masks, log-softmax and processors, the top-k over
+beams × vocabulary, the running/finished bookkeeping (`_get_top_k_continuations`, `_get_running_beams_for_next_
+iteration`, `_update_finished_beams`, `_check_early_stop_heuristic`), the cache reorder, and a read of whether the
+search is over that waits for the GPU — dozens of small kernels and a synchronisation per token. Here one compiled
+function is the whole step: it calls those same transformers methods with the sequence length as a device tensor
+(they divide by it and compare with it; the first, which writes at it, is `top_k_continuations` here), and updates
+fixed buffers (`BeamBuffers`) in place, so under the default `CompileConfig` a step is one CUDA graph replay. The
+self-attention cache is reordered in place; the cross-attention cache is not reordered at all (each beam of a
+sentence holds the same encoder states, so the reorder, which moves beams within a sentence, would copy identical
+rows).
+
+The host reads whether the search is over once every `CHECK_EVERY` steps. Once it is, each further step leaves the
+finished hypotheses as they are (`torch.where` on a `done` flag), so the output — sequences, `sequences_scores`,
+`beam_indices`, and the per-step `scores`/`logits` truncated to the steps transformers ran — is transformers'.
+`beam_loop_blocker` says when transformers' loop runs instead: beam sampling (`torch.multinomial` reads the device),
+processors other than the minimum-length ones, stopping criteria other than length and end-of-sequence, attention
+or hidden-state outputs, extra model inputs, caches other than generate's own static cache.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from transformers.cache_utils import EncoderDecoderCache, StaticCache, StaticLayer
+from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria
+from transformers.generation.utils import GenerateBeamDecoderOnlyOutput, GenerateBeamEncoderDecoderOutput
+from transformers.masking_utils import create_masks_for_generate
+
+from .decoding_loop import CHECK_EVERY, LOOP_MODEL_INPUTS, eager_on_compiler_failure, split_processors
+
+# What an encoder-decoder's beam steps take besides the cache: the source's mask and encoder states.
+SEQ2SEQ_MODEL_INPUTS = frozenset(
+    {"attention_mask", "encoder_outputs", "past_key_values", "use_cache", "logits_to_keep"}
+)
+
+
+def _self_attention_cache(cache):
+    return cache.self_attention_cache if isinstance(cache, EncoderDecoderCache) else cache
+
+
+def beam_loop_blocker(model, logits_processor, stopping_criteria, generation_config, synced_gpus, model_kwargs):
+    """Why this beam search runs transformers' loop rather than `beam_search`, or None when it runs here."""
+    config = generation_config
+    if config.do_sample:
+        return "beam sampling"
+    if synced_gpus or config.is_assistant:
+        return "synced GPUs or an assistant model"
+    if config.output_attentions or config.output_hidden_states:
+        return "attentions or hidden states asked for"
+    processors = split_processors(logits_processor)
+    if processors is None or processors[1]:
+        return "logits processors other than min_length / min_new_tokens"
+    if any(type(criterion) not in (MaxLengthCriteria, EosTokenCriteria) for criterion in stopping_criteria):
+        return "stopping criteria other than the length and end-of-sequence ones"
+    allowed = SEQ2SEQ_MODEL_INPUTS if model.config.is_encoder_decoder else LOOP_MODEL_INPUTS
+    extra = sorted(key for key, value in model_kwargs.items() if value is not None and key not in allowed)
+    if extra:
+        return f"model inputs {extra}"
+    cache = model_kwargs.get("past_key_values")
+    self_cache = _self_attention_cache(cache)
+    if type(self_cache) is not StaticCache or getattr(cache, "_is_user_defined", False):
+        return "a cache other than generate's own StaticCache"
+    if any(type(layer) is not StaticLayer for layer in self_cache.layers):
+        return "sliding-window cache layers"
+    return None
+
+
+@dataclass
+class BeamBuffers:
+    """Beam search's state at fixed addresses: transformers' tensors, with the generated-token axes sized to the
+    whole cache (`beam_indices` too, so the prompt length does not change a shape) and the step counters on device."""
+
+    running_sequences: torch.Tensor  # (B, beams, L) long
+    sequences: torch.Tensor  # (B, beams, L) long: the finished hypotheses
+    running_beam_scores: torch.Tensor  # (B, beams) float
+    beam_scores: torch.Tensor  # (B, beams) float
+    running_beam_indices: torch.Tensor  # (B, beams, L) int32
+    beam_indices: torch.Tensor  # (B, beams, L) int32
+    is_sent_finished: torch.Tensor  # (B, beams) bool
+    early_stop_unsatisfied: torch.Tensor  # (B, 1) bool
+    done: torch.Tensor  # () bool: transformers' loop would have stopped
+    cur_len: torch.Tensor  # () long: the sequence length before the token being chosen
+    prompt_len: torch.Tensor  # () long
+    max_length: torch.Tensor  # () long: generation_config.max_length (a tensor: calls of other lengths share a graph)
+    steps_after_done: torch.Tensor  # () long: forwards run after `done` (rewound in the cache at the end)
+    banned_below: torch.Tensor  # (V,) long: min_length bans, as in decoding_loop
+    position_ids: torch.Tensor  # (B·beams, 1) long: decoder-only models
+    attention_mask: torch.Tensor  # (B·beams, cache length) long: decoder-only models, the prompt's padding, ones
+
+    @classmethod
+    def for_shape(cls, model, batch_size, num_beams, length, cache_length, vocab_size, device) -> BeamBuffers:
+        """The buffers kept on `model` for this shape (new ones, marked static for compiled graphs, otherwise):
+        sequences of `length` tokens, a decoder-only model's padding mask over the `cache_length` cached keys."""
+        key = (batch_size, num_beams, length, cache_length, vocab_size, device)
+        kept = getattr(model, "_beam_buffers", None)
+        if kept is not None and kept[0] == key:
+            return kept[1]
+
+        def new(*shape, dtype=torch.long):
+            tensor = torch.zeros(shape, dtype=dtype, device=device)
+            torch._dynamo.mark_static_address(tensor)
+            return tensor
+
+        rows = batch_size * num_beams
+        buffers = cls(
+            running_sequences=new(batch_size, num_beams, length),
+            sequences=new(batch_size, num_beams, length),
+            running_beam_scores=new(batch_size, num_beams, dtype=torch.float32),
+            beam_scores=new(batch_size, num_beams, dtype=torch.float32),
+            running_beam_indices=new(batch_size, num_beams, length, dtype=torch.int32),
+            beam_indices=new(batch_size, num_beams, length, dtype=torch.int32),
+            is_sent_finished=new(batch_size, num_beams, dtype=torch.bool),
+            early_stop_unsatisfied=new(batch_size, 1, dtype=torch.bool),
+            done=new(dtype=torch.bool),
+            cur_len=new(),
+            prompt_len=new(),
+            max_length=new(),
+            steps_after_done=new(),
+            banned_below=new(vocab_size),
+            position_ids=new(rows, 1),
+            attention_mask=new(rows, cache_length),
+        )
+        model._beam_buffers = (key, buffers)
+        return buffers
+
+
+@dataclass(frozen=True)
+class BeamSettings:
+    """The per-call constants of a beam search (Python values: the compiled step specialises on them)."""
+
+    num_beams: int
+    beams_to_keep: int
+    length_penalty: float
+    early_stopping: bool | str
+
+
+def top_k_continuations(model, log_probs: torch.Tensor, buffers: BeamBuffers, beams_to_keep: int):
+    """transformers' `_get_top_k_continuations` (no sampling) with the length as a device tensor: its
+    `sequences[:, :, cur_len] = ids` would read the length on the host, `index_copy` does not."""
+    batch_size, num_beams = buffers.running_beam_scores.shape
+    topk_log_probs, topk_indices = torch.topk(log_probs, k=beams_to_keep)
+    vocab_size = log_probs.shape[-1] // num_beams
+    topk_current_beam_indices = topk_indices // vocab_size
+    topk_running_beam_indices = model._gather_beams(buffers.running_beam_indices, topk_current_beam_indices)
+    topk_running_sequences = model._gather_beams(buffers.running_sequences, topk_current_beam_indices)
+    topk_ids = topk_indices % vocab_size
+    topk_running_sequences = topk_running_sequences.index_copy(2, buffers.cur_len.view(1), topk_ids[:, :, None])
+    batch_offset = torch.arange(batch_size, device=topk_ids.device).view(-1, 1) * num_beams
+    chosen = (topk_current_beam_indices + batch_offset).to(topk_running_beam_indices.dtype)
+    column = (buffers.cur_len - buffers.prompt_len).view(1)
+    topk_running_beam_indices = topk_running_beam_indices.index_copy(2, column, chosen[:, :, None])
+    return topk_log_probs, topk_running_sequences, topk_running_beam_indices
+
+
+def choose_beams(model, log_probs_input, buffers: BeamBuffers, settings: BeamSettings, eos_token_id, top_mask):
+    """transformers' beam step after the forward (its steps b to g), on device state only. `log_probs_input`: the
+    float32 logits of the last position, (B·beams, V). Returns the processed log-probabilities (`scores`)."""
+    batch_size, num_beams = buffers.running_beam_scores.shape
+    log_probs = nn.functional.log_softmax(log_probs_input, dim=-1)
+    log_probs = torch.where(buffers.cur_len < buffers.banned_below, -torch.inf, log_probs)
+    scores = log_probs
+    log_probs = log_probs.view(batch_size, num_beams, -1) + buffers.running_beam_scores[:, :, None]
+    log_probs = log_probs.reshape(batch_size, -1)
+
+    topk_log_probs, topk_sequences, topk_beam_indices = top_k_continuations(
+        model, log_probs, buffers, settings.beams_to_keep
+    )
+    # the stopping criteria on the new token: end-of-sequence, or the maximum length reached
+    new_tokens = topk_sequences.gather(2, buffers.cur_len.expand(batch_size, settings.beams_to_keep, 1)).squeeze(2)
+    hits = (buffers.cur_len + 1 >= buffers.max_length).expand(batch_size, settings.beams_to_keep)
+    if eos_token_id is not None:
+        hits = hits | torch.isin(new_tokens, eos_token_id)
+    running_sequences, running_scores, running_indices = model._get_running_beams_for_next_iteration(
+        topk_log_probs=topk_log_probs,
+        topk_running_sequences=topk_sequences,
+        topk_running_beam_indices=topk_beam_indices,
+        next_token_hits_stopping_criteria=hits,
+        num_beams=num_beams,
+    )
+    sequences, beam_scores, beam_indices, is_sent_finished = model._update_finished_beams(
+        sequences=buffers.sequences,
+        topk_running_sequences=topk_sequences,
+        beam_scores=buffers.beam_scores,
+        topk_log_probs=topk_log_probs,
+        beam_indices=buffers.beam_indices,
+        topk_running_beam_indices=topk_beam_indices,
+        is_early_stop_heuristic_unsatisfied=buffers.early_stop_unsatisfied,
+        is_sent_finished=buffers.is_sent_finished,
+        next_token_hits_stopping_criteria=hits,
+        top_num_beam_mask=top_mask,
+        num_beams=num_beams,
+        cur_len=buffers.cur_len,
+        decoder_prompt_len=buffers.prompt_len,
+        length_penalty=settings.length_penalty,
+        early_stopping=settings.early_stopping,
+    )
+    done = buffers.done
+    for buffer, value in (
+        (buffers.sequences, sequences),
+        (buffers.beam_scores, beam_scores),
+        (buffers.beam_indices, beam_indices),
+        (buffers.is_sent_finished, is_sent_finished),
+    ):  # once the search is over (transformers stopped), the finished hypotheses stay as they are
+        buffer.copy_(torch.where(done, buffer, value))
+    buffers.running_sequences.copy_(running_sequences)
+    buffers.running_beam_scores.copy_(running_scores)
+    buffers.running_beam_indices.copy_(running_indices)
+    buffers.cur_len.add_(1)
+    unsatisfied = model._check_early_stop_heuristic(
+        is_early_stop_heuristic_unsatisfied=buffers.early_stop_unsatisfied,
+        running_beam_scores=buffers.running_beam_scores,
+        beam_scores=buffers.beam_scores,
+        is_sent_finished=buffers.is_sent_finished,
+        cur_len=buffers.cur_len,
+        max_length=buffers.max_length,
+        decoder_prompt_len=buffers.prompt_len,
+        early_stopping=settings.early_stopping,
+        length_penalty=settings.length_penalty,
+    )
+    buffers.early_stop_unsatisfied.copy_(unsatisfied)
+    going_on = model._beam_search_has_unfinished_sequences(
+        unsatisfied, buffers.is_sent_finished, hits, settings.early_stopping
+    )
+    buffers.done.logical_or_(~going_on)
+    return scores
+
+
+def _reorder_in_place(cache, beam_idx: torch.Tensor) -> None:
+    """The self-attention cache follows the beams (copied in place: its addresses are in the graph)."""
+    for layer in _self_attention_cache(cache).layers:
+        if layer.is_initialized:
+            layer.keys.copy_(layer.keys.index_select(0, beam_idx))
+            layer.values.copy_(layer.values.index_select(0, beam_idx))
+
+
+def beam_step(model, cache, buffers: BeamBuffers, settings, eos_token_id, top_mask, encoder_inputs, has_padding):
+    """One beam-search step, compiled whole: the cache reorder to the beams the last step chose, the masks and
+    forward of each beam's last token, `choose_beams`. Returns (logits, scores) of this step.
+
+    The reorder comes first, not after the choice as in transformers: inductor (torch 2.13) miscompiles a gather
+    of the cache into itself that follows the forward's write into it in the same graph (the rows come out wrong),
+    and compiles the other order correctly."""
+    reorder_cache(cache, buffers)
+    batch_size, num_beams = buffers.running_beam_scores.shape
+    rows = batch_size * num_beams
+    previous = (buffers.cur_len - 1).view(1)
+    tokens = buffers.running_sequences.view(rows, -1).index_select(1, previous)
+    empty = torch.empty((rows, 1, 0), dtype=model.dtype, device=tokens.device)
+    mask_function = getattr(model, "create_masks_for_generate", create_masks_for_generate)
+    if model.config.is_encoder_decoder:
+        masks = mask_function(config=model.config, inputs_embeds=empty, attention_mask=None, past_key_values=cache)
+        inputs = dict(decoder_input_ids=tokens, decoder_attention_mask=masks, **encoder_inputs)
+    else:
+        masks = mask_function(
+            config=model.config,
+            inputs_embeds=empty,
+            attention_mask=buffers.attention_mask if has_padding else None,
+            past_key_values=cache,
+            position_ids=buffers.position_ids,
+        )
+        inputs = dict(input_ids=tokens, position_ids=buffers.position_ids, attention_mask=masks)
+    outputs = model(**inputs, past_key_values=cache, use_cache=True, logits_to_keep=1, return_dict=True)
+    logits = outputs.logits[:, -1].to(dtype=torch.float32)
+    buffers.steps_after_done.add_(buffers.done.long())
+    scores = choose_beams(model, logits, buffers, settings, eos_token_id, top_mask)
+    buffers.position_ids.add_(1)
+    return logits, scores
+
+
+def reorder_cache(cache, buffers: BeamBuffers) -> None:
+    """Reorder the cache to the beams the last step chose (transformers' step g)."""
+    batch_size, num_beams = buffers.running_beam_scores.shape
+    column = (buffers.cur_len - 1 - buffers.prompt_len).view(1)
+    beam_idx = buffers.running_beam_indices.index_select(2, column).view(batch_size * num_beams)
+    _reorder_in_place(cache, beam_idx.long())
+
+
+def compiled_beam_step(model, compile_config):
+    """`beam_step` compiled with `compile_config`, kept on the model; eager where the compiler fails."""
+    kept = getattr(model, "_compiled_beam_step", None)
+    if kept is not None and kept[0] == compile_config:
+        return kept[1]
+    compiled = torch.compile(beam_step, **compile_config.to_dict())
+    step = eager_on_compiler_failure(model, compiled, beam_step, "the beam-search step")
+    model._compiled_beam_step = (compile_config, step)
+    return step
+
+
+def _initialise(model, buffers: BeamBuffers, input_ids, num_beams, max_length, pad_fill, bans, model_kwargs):
+    """transformers' initial beam state, in the buffers."""
+    prompt_len = input_ids.shape[1]
+    batch_size = input_ids.shape[0] // num_beams
+    buffers.running_sequences.fill_(pad_fill)
+    buffers.running_sequences[:, :, :prompt_len] = input_ids.view(batch_size, num_beams, prompt_len)
+    buffers.sequences.copy_(buffers.running_sequences)
+    buffers.running_beam_scores.zero_()
+    buffers.running_beam_scores[:, 1:] = -1e9
+    buffers.beam_scores.fill_(-1e9)
+    buffers.running_beam_indices.fill_(-1)
+    buffers.beam_indices.fill_(-1)
+    buffers.is_sent_finished.zero_()
+    buffers.early_stop_unsatisfied.fill_(True)
+    buffers.done.fill_(False)
+    buffers.cur_len.fill_(prompt_len)
+    buffers.prompt_len.fill_(prompt_len)
+    buffers.max_length.fill_(max_length)
+    buffers.steps_after_done.zero_()
+    buffers.banned_below.zero_()
+    for banned, min_length in bans:
+        ids = banned.to(input_ids.device).view(-1)
+        buffers.banned_below[ids] = buffers.banned_below[ids].clamp(min=min_length)
+    buffers.attention_mask.fill_(1)
+    mask = model_kwargs.get("attention_mask")
+    if not model.config.is_encoder_decoder:
+        if mask is not None:
+            buffers.attention_mask[:, : mask.shape[1]].copy_(mask)
+        buffers.position_ids.copy_(model_kwargs["position_ids"][:, -1:])
+
+
+def beam_search(model, input_ids, logits_processor, stopping_criteria, generation_config, step_function, **kwargs):
+    """transformers' `_beam_search` (no sampling), every step after the prefill one call of `step_function`
+    (`beam_step`, compiled or not), the device read once every CHECK_EVERY steps. Same outputs."""
+    config = generation_config
+    num_beams = config.num_beams
+    batch_size = input_ids.shape[0] // num_beams
+    prompt_len = input_ids.shape[1]
+    eos_token_id = config._eos_token_tensor
+    pad_token_id = config._pad_token_tensor
+    n_eos = eos_token_id.shape[0] if eos_token_id is not None else 0
+    settings = BeamSettings(
+        num_beams=num_beams,
+        beams_to_keep=max(2, 1 + n_eos) * num_beams,
+        length_penalty=config.length_penalty,
+        early_stopping=config.early_stopping,
+    )
+    top_mask = torch.arange(settings.beams_to_keep, device=input_ids.device) < num_beams
+    pad_fill = pad_token_id or eos_token_id[0] if eos_token_id is not None else -1
+    keep_scores = config.return_dict_in_generate and config.output_scores
+    keep_logits = config.return_dict_in_generate and config.output_logits
+    all_scores, raw_logits = [], []
+    bans, _ = split_processors(logits_processor)
+
+    outputs = model._prefill(input_ids, config, kwargs, is_first_iteration=True)
+    kwargs = model._update_model_kwargs_for_generation(outputs, kwargs, model.config.is_encoder_decoder)
+    cache = kwargs["past_key_values"]
+    logits = outputs.logits[:, -1].to(copy=True, dtype=torch.float32)
+    del outputs
+    # sized by the cache, which keeps the longest length of any call so far: a shorter call reuses the buffers
+    cache_length = _self_attention_cache(cache).get_max_length()
+    length = max(config.max_length, cache_length + 1)
+    buffers = BeamBuffers.for_shape(
+        model, batch_size, num_beams, length, cache_length, logits.shape[-1], input_ids.device
+    )
+    _initialise(model, buffers, input_ids, num_beams, config.max_length, pad_fill, bans, kwargs)
+    scores = choose_beams(model, logits, buffers, settings, eos_token_id, top_mask)
+    if keep_scores:
+        all_scores.append(scores)
+    if keep_logits:
+        raw_logits.append(logits)
+
+    encoder_inputs = {}
+    if model.config.is_encoder_decoder:
+        encoder_inputs = {"encoder_outputs": kwargs["encoder_outputs"], "attention_mask": kwargs.get("attention_mask")}
+    has_padding = not model.config.is_encoder_decoder and kwargs.get("attention_mask") is not None
+    arguments = (settings, eos_token_id, top_mask, encoder_inputs, has_padding)
+    for step in range(1, config.max_length - prompt_len):
+        torch.compiler.cudagraph_mark_step_begin()
+        logits, scores = step_function(model, cache, buffers, *arguments)
+        if keep_scores:
+            all_scores.append(scores.clone())
+        if keep_logits:
+            raw_logits.append(logits.clone())
+        del logits, scores
+        if (step + 1) % CHECK_EVERY == 0 and bool(buffers.done):
+            break
+
+    if config.return_dict_in_generate:
+        reorder_cache(cache, buffers)  # the returned cache follows the last choice, as transformers' does
+    steps_run = int(buffers.cur_len) - prompt_len
+    extra = int(buffers.steps_after_done)
+    for layer in _self_attention_cache(cache).layers:  # forwards past the end: forgotten, as in decoding_loop
+        if layer.is_initialized and extra:
+            layer.cumulative_length.sub_(extra)
+    ran = steps_run - extra  # the steps transformers' loop ran
+    nrs = config.num_return_sequences
+    sequences = buffers.sequences[:, :nrs].reshape(batch_size * nrs, -1)
+    beam_scores = buffers.beam_scores[:, :nrs].reshape(batch_size * nrs)
+    beam_indices = buffers.beam_indices[:, :nrs].reshape(batch_size * nrs, -1)
+    generated = int(((beam_indices + 1).bool()).sum(dim=1).max())
+    sequences = sequences[:, : prompt_len + generated].clone()
+    if not config.return_dict_in_generate:
+        return sequences
+    output_class = (
+        GenerateBeamEncoderDecoderOutput if model.config.is_encoder_decoder else GenerateBeamDecoderOnlyOutput
+    )
+    fields = dict(
+        sequences=sequences,
+        sequences_scores=beam_scores.clone() if config.output_scores else None,
+        scores=tuple(all_scores[:ran]) if keep_scores else None,
+        logits=tuple(raw_logits[:ran]) if keep_logits else None,
+        beam_indices=beam_indices[:, :generated].clone(),
+        past_key_values=cache,
+    )
+    return output_class(**fields)
+
+
+__all__ = [
+    "BeamBuffers",
+    "beam_loop_blocker",
+    "beam_search",
+    "beam_step",
+    "choose_beams",
+    "compiled_beam_step",
+    "reorder_cache",
+    "top_k_continuations",
+]

@@ -1,0 +1,169 @@
+"""beam_loop.py: beam search with the whole step in one function gives transformers' own beam search — the same
+sequences, `sequences_scores`, `beam_indices`, per-step scores and logits, and cache length — for the decoder and
+the encoder-decoder variants it takes, with searches ending early under each `early_stopping` setting and length
+penalty, and with min_new_tokens; it compiles as one graph that later calls reuse; the calls it does not take run
+transformers' loop.
+
+The step runs uncompiled here, or traced by dynamo's "eager" backend; a real inductor compile is in
+tests/integration/test_compile.py, CUDA graphs in tests/integration/test_fast_decoding_gpu.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import CompileConfig
+
+from archlab.modeling import beam_loop, fast_decoding
+
+from helpers import DECODER_VARIANTS, NO_STATIC_CACHE, SEQ2SEQ_VARIANTS, decoder_variant, seq2seq_variant
+
+SLIDING = {"all_sliding_attention", "local_global", "alibi_local_global"}  # transformers' loop (see test_decoding_loop)
+OUTPUTS = dict(return_dict_in_generate=True, output_scores=True, output_logits=True, pad_token_id=0)
+
+
+def _compile_config(backend: str = "eager", fullgraph: bool = True) -> CompileConfig:
+    config = CompileConfig(backend=backend, mode=None, fullgraph=fullgraph)
+    config._compile_all_devices = True  # transformers compiles on CPU too when told to (its testing hook)
+    return config
+
+
+@pytest.fixture
+def loop_calls(monkeypatch) -> list[int]:
+    """Counts `beam_search` calls; the step runs uncompiled."""
+    calls: list[int] = []
+    search = beam_loop.beam_search
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return search(*args, **kwargs)
+
+    monkeypatch.setattr(fast_decoding, "beam_search", counted)
+    monkeypatch.setattr(fast_decoding, "compiled_beam_step", lambda model, config: beam_loop.beam_step)
+    return calls
+
+
+def _model(kind: str, name: str):
+    return seq2seq_variant(name) if kind == "seq2seq" else decoder_variant(name)
+
+
+def _inputs(model, kind: str, length: int = 7) -> dict[str, torch.Tensor]:
+    """3 prompts (sources): one padded by 2, on the left for a decoder, on the right for an encoder."""
+    ids = torch.randint(3, model.config.vocab_size, (3, length), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones_like(ids)
+    padding = slice(length - 2, length) if kind == "seq2seq" else slice(0, 2)
+    mask[1, padding] = 0
+    ids[1, padding] = 0
+    return {"input_ids": ids, "attention_mask": mask}
+
+
+def _both(model, loop_calls, **kwargs):
+    reference = model.generate(cache_implementation="static", **kwargs)
+    assert not loop_calls
+    ours = model.generate(cache_implementation="static", compile_config=_compile_config(), **kwargs)
+    assert loop_calls == [1]
+    loop_calls.clear()
+    return reference, ours
+
+
+def _assert_same(reference, ours, kind: str) -> None:
+    assert torch.equal(ours.sequences, reference.sequences)
+    torch.testing.assert_close(ours.sequences_scores, reference.sequences_scores, atol=1e-5, rtol=1e-5)
+    assert torch.equal(ours.beam_indices, reference.beam_indices)
+    for name in ("scores", "logits"):
+        expected, actual = getattr(reference, name), getattr(ours, name)
+        assert len(actual) == len(expected), name
+        for step, (a, b) in enumerate(zip(actual, expected)):
+            torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4, msg=f"{name} of step {step}")
+    caches = [out.past_key_values for out in (reference, ours)]
+    if kind == "seq2seq":
+        caches = [cache.self_attention_cache for cache in caches]
+    assert int(caches[1].get_seq_length()) == int(caches[0].get_seq_length())
+
+
+VARIANTS = [("decoder", name) for name in sorted(set(DECODER_VARIANTS) - NO_STATIC_CACHE - SLIDING)] + [
+    ("seq2seq", name) for name in sorted(SEQ2SEQ_VARIANTS)
+]
+
+
+@pytest.mark.parametrize("kind, name", VARIANTS)
+def test_every_variant_searches_as_transformers_loop(kind, name, loop_calls):
+    model = _model(kind, name)
+    inputs = _inputs(model, kind)
+    if getattr(model.config, "prefix_lm", False):
+        inputs["prefix_lengths"] = torch.full((3,), 4)
+    kwargs = dict(**inputs, **OUTPUTS, num_beams=3, num_return_sequences=2, max_new_tokens=10, eos_token_id=[5, 7])
+    reference, ours = _both(model, loop_calls, **kwargs)
+    _assert_same(reference, ours, kind)
+
+
+@pytest.mark.parametrize(
+    "search",
+    [
+        dict(early_stopping=True, eos_token_id=list(range(3, 20))),
+        dict(early_stopping=False, eos_token_id=list(range(3, 12))),
+        dict(early_stopping=False, length_penalty=-1.0, eos_token_id=list(range(3, 8))),
+        dict(early_stopping="never", length_penalty=2.0, eos_token_id=list(range(3, 30))),
+        dict(min_new_tokens=6, eos_token_id=list(range(3, 20))),
+    ],
+    ids=["early_stopping", "heuristic", "negative_length_penalty", "never", "min_new_tokens"],
+)
+def test_searches_ending_early_end_as_transformers_loop(search, loop_calls):
+    """Many end-of-sequence tokens end the search well before max_new_tokens; the loop reads the device every
+    CHECK_EVERY steps and freezes the finished hypotheses after the end, so nothing of the extra steps shows."""
+    model = decoder_variant("positions_rope")
+    kwargs = dict(**_inputs(model, "decoder"), **OUTPUTS, num_beams=3, num_return_sequences=3, max_new_tokens=45)
+    reference, ours = _both(model, loop_calls, **kwargs, **search)
+    if "min_new_tokens" not in search and search["early_stopping"] != "never":
+        assert len(reference.scores) < 45  # it did end early
+    _assert_same(reference, ours, "decoder")
+
+
+def test_plain_sequences(loop_calls):
+    model = seq2seq_variant("positions_relative_bias")
+    kwargs = dict(**_inputs(model, "seq2seq"), num_beams=4, max_new_tokens=8, eos_token_id=[4, 9])
+    reference, ours = _both(model, loop_calls, **kwargs)
+    assert isinstance(ours, torch.Tensor) and torch.equal(ours, reference)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        dict(do_sample=True),  # beam sampling: torch.multinomial reads the device
+        dict(repetition_penalty=1.3),
+        dict(no_repeat_ngram_size=2),
+        dict(output_attentions=True, return_dict_in_generate=True),
+        dict(max_time=30.0),  # a stopping criterion of its own
+    ],
+)
+def test_calls_it_does_not_take_run_transformers_loop(kwargs, loop_calls):
+    model = decoder_variant("positions_rope")
+    inputs = _inputs(model, "decoder")
+    common = dict(num_beams=3, max_new_tokens=4, pad_token_id=0, cache_implementation="static")
+    # not fullgraph: transformers' compiled forward breaks its graph to warn about attention outputs under sdpa
+    model.generate(**inputs, **kwargs, **common, compile_config=_compile_config(fullgraph=False))
+    assert not loop_calls
+    model.generate(**inputs, **common, compile_config=_compile_config())
+    assert loop_calls == [1]  # the same call without it takes the loop
+
+
+@pytest.mark.parametrize("kind, name", [("decoder", "positions_rope"), ("seq2seq", "positions_relative_bias")])
+def test_the_step_compiles_as_one_graph_reused_by_later_calls(kind, name):
+    """fullgraph=True: the masks, forward, top-k, bookkeeping and cache reorder in one graph; a later call with
+    other minimum and maximum lengths (and, for the decoder, another prompt length) recompiles nothing (a new source
+    length does, as for transformers' compiled forward)."""
+    torch._dynamo.reset()
+    model = _model(kind, name)
+    inputs = _inputs(model, kind)
+    common = dict(num_beams=3, num_return_sequences=2, pad_token_id=0, eos_token_id=[5, 7])
+    calls = [dict(inputs, max_new_tokens=12, min_new_tokens=3)]
+    shorter = {key: value[:, 1:] for key, value in inputs.items()} if kind == "decoder" else inputs
+    calls.append(dict(shorter, max_new_tokens=10, min_new_tokens=5))
+    for index, kwargs in enumerate(calls):
+        expected = model.generate(**kwargs, **common, cache_implementation="static")
+        with torch._dynamo.config.patch(error_on_recompile=index > 0):
+            compiled = model.generate(
+                **kwargs, **common, cache_implementation="static", compile_config=_compile_config()
+            )
+            assert torch.equal(compiled, expected)
+    assert hasattr(model, "_compiled_beam_step")
