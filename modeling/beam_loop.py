@@ -26,21 +26,20 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
-from transformers.cache_utils import EncoderDecoderCache, StaticCache, StaticLayer
+from transformers.cache_utils import StaticCache, StaticLayer
 from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria
 from transformers.generation.utils import GenerateBeamDecoderOnlyOutput, GenerateBeamEncoderDecoderOutput
 from transformers.masking_utils import create_masks_for_generate
 
-from .decoding_loop import CHECK_EVERY, LOOP_MODEL_INPUTS, eager_on_compiler_failure, split_processors
-
-# What an encoder-decoder's beam steps take besides the cache: the source's mask and encoder states.
-SEQ2SEQ_MODEL_INPUTS = frozenset(
-    {"attention_mask", "encoder_outputs", "past_key_values", "use_cache", "logits_to_keep"}
+from .decoding_loop import (
+    CHECK_EVERY,
+    LOOP_MODEL_INPUTS,
+    SEQ2SEQ_MODEL_INPUTS,
+    eager_on_compiler_failure,
+    encoder_inputs,
+    self_attention_cache,
+    split_processors,
 )
-
-
-def _self_attention_cache(cache):
-    return cache.self_attention_cache if isinstance(cache, EncoderDecoderCache) else cache
 
 
 def beam_loop_blocker(model, logits_processor, stopping_criteria, generation_config, synced_gpus, model_kwargs):
@@ -62,7 +61,7 @@ def beam_loop_blocker(model, logits_processor, stopping_criteria, generation_con
     if extra:
         return f"model inputs {extra}"
     cache = model_kwargs.get("past_key_values")
-    self_cache = _self_attention_cache(cache)
+    self_cache = self_attention_cache(cache)
     if type(self_cache) is not StaticCache or getattr(cache, "_is_user_defined", False):
         return "a cache other than generate's own StaticCache"
     if any(type(layer) is not StaticLayer for layer in self_cache.layers):
@@ -232,13 +231,13 @@ def choose_beams(model, log_probs_input, buffers: BeamBuffers, settings: BeamSet
 
 def _reorder_in_place(cache, beam_idx: torch.Tensor) -> None:
     """The self-attention cache follows the beams (copied in place: its addresses are in the graph)."""
-    for layer in _self_attention_cache(cache).layers:
+    for layer in self_attention_cache(cache).layers:
         if layer.is_initialized:
             layer.keys.copy_(layer.keys.index_select(0, beam_idx))
             layer.values.copy_(layer.values.index_select(0, beam_idx))
 
 
-def beam_step(model, cache, buffers: BeamBuffers, settings, eos_token_id, top_mask, encoder_inputs, has_padding):
+def beam_step(model, cache, buffers: BeamBuffers, settings, eos_token_id, top_mask, encoder, has_padding):
     """One beam-search step, compiled whole: the cache reorder to the beams the last step chose, the masks and
     forward of each beam's last token, `choose_beams`. Returns (logits, scores) of this step.
 
@@ -254,7 +253,7 @@ def beam_step(model, cache, buffers: BeamBuffers, settings, eos_token_id, top_ma
     mask_function = getattr(model, "create_masks_for_generate", create_masks_for_generate)
     if model.config.is_encoder_decoder:
         masks = mask_function(config=model.config, inputs_embeds=empty, attention_mask=None, past_key_values=cache)
-        inputs = dict(decoder_input_ids=tokens, decoder_attention_mask=masks, **encoder_inputs)
+        inputs = dict(decoder_input_ids=tokens, decoder_attention_mask=masks, **encoder)
     else:
         masks = mask_function(
             config=model.config,
@@ -351,7 +350,7 @@ def beam_search(model, input_ids, logits_processor, stopping_criteria, generatio
     logits = outputs.logits[:, -1].to(copy=True, dtype=torch.float32)
     del outputs
     # sized by the cache, which keeps the longest length of any call so far: a shorter call reuses the buffers
-    cache_length = _self_attention_cache(cache).get_max_length()
+    cache_length = self_attention_cache(cache).get_max_length()
     length = max(config.max_length, cache_length + 1)
     buffers = BeamBuffers.for_shape(
         model, batch_size, num_beams, length, cache_length, logits.shape[-1], input_ids.device
@@ -363,11 +362,8 @@ def beam_search(model, input_ids, logits_processor, stopping_criteria, generatio
     if keep_logits:
         raw_logits.append(logits)
 
-    encoder_inputs = {}
-    if model.config.is_encoder_decoder:
-        encoder_inputs = {"encoder_outputs": kwargs["encoder_outputs"], "attention_mask": kwargs.get("attention_mask")}
     has_padding = not model.config.is_encoder_decoder and kwargs.get("attention_mask") is not None
-    arguments = (settings, eos_token_id, top_mask, encoder_inputs, has_padding)
+    arguments = (settings, eos_token_id, top_mask, encoder_inputs(model, kwargs), has_padding)
     for step in range(1, config.max_length - prompt_len):
         torch.compiler.cudagraph_mark_step_begin()
         logits, scores = step_function(model, cache, buffers, *arguments)
@@ -383,7 +379,7 @@ def beam_search(model, input_ids, logits_processor, stopping_criteria, generatio
         reorder_cache(cache, buffers)  # the returned cache follows the last choice, as transformers' does
     steps_run = int(buffers.cur_len) - prompt_len
     extra = int(buffers.steps_after_done)
-    for layer in _self_attention_cache(cache).layers:  # forwards past the end: forgotten, as in decoding_loop
+    for layer in self_attention_cache(cache).layers:  # forwards past the end: forgotten, as in decoding_loop
         if layer.is_initialized and extra:
             layer.cumulative_length.sub_(extra)
     ran = steps_run - extra  # the steps transformers' loop ran

@@ -15,6 +15,9 @@ reused at the same batch size and cache length) and the static cache, so with `m
 once every `CHECK_EVERY` steps (and hands a streamer the tokens so far), and steps taken past the end are dropped
 from the output and rewound in the cache.
 
+Decoders and encoder-decoders alike: an encoder-decoder's steps also take the encoder states and the source mask
+(`encoder_inputs`), and its decoder positions follow from the cache length.
+
 The same step runs on CPU (plain PyTorch, or compiled when `compile_config._compile_all_devices`), where the tests
 check it against transformers' own loop token for token. `loop_blocker` says when this loop does not apply and
 transformers' loop runs instead (its compiled forward still used): logits processors that read the sequence so far
@@ -30,7 +33,7 @@ import math
 from dataclasses import dataclass
 
 import torch
-from transformers.cache_utils import StaticCache, StaticLayer
+from transformers.cache_utils import EncoderDecoderCache, StaticCache, StaticLayer
 from transformers.generation.logits_process import (
     EpsilonLogitsWarper,
     EtaLogitsWarper,
@@ -44,7 +47,7 @@ from transformers.generation.logits_process import (
     TypicalLogitsWarper,
 )
 from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria, StoppingCriteriaList
-from transformers.generation.utils import GenerateDecoderOnlyOutput
+from transformers.generation.utils import GenerateDecoderOnlyOutput, GenerateEncoderDecoderOutput
 from transformers.masking_utils import create_masks_for_generate
 from transformers.utils import logging
 
@@ -59,6 +62,23 @@ LOOP_MODEL_INPUTS = frozenset(
     {"attention_mask", "position_ids", "past_key_values", "use_cache", "logits_to_keep", "inputs_embeds"}
     | {"prefix_lengths"}  # prefix-LM: the prefix lies in the prompt; decoding steps are causal (see the model)
 )
+# What an encoder-decoder's steps take besides the cache: the source's mask and encoder states.
+SEQ2SEQ_MODEL_INPUTS = frozenset(
+    {"attention_mask", "encoder_outputs", "past_key_values", "use_cache", "logits_to_keep"}
+)
+
+
+def self_attention_cache(cache):
+    """The cache the decoder's self-attention writes (an encoder-decoder's holds the cross-attention one beside)."""
+    return cache.self_attention_cache if isinstance(cache, EncoderDecoderCache) else cache
+
+
+def encoder_inputs(model, model_kwargs: dict) -> dict:
+    """What every decoding step of an encoder-decoder passes besides the token: the encoder states and the source
+    mask. Nothing for a decoder."""
+    if not model.config.is_encoder_decoder:
+        return {}
+    return {"encoder_outputs": model_kwargs["encoder_outputs"], "attention_mask": model_kwargs.get("attention_mask")}
 
 
 # Logits processors that read the scores alone (not the sequence so far): called inside the compiled step.
@@ -96,8 +116,6 @@ def loop_blocker(
     """Why this call runs transformers' loop rather than `decode`, or None when it runs here. Called by
     `FastDecodingMixin._sample` only where transformers would compile the decoding step."""
     config = generation_config
-    if model.config.is_encoder_decoder:
-        return "an encoder-decoder model"
     if synced_gpus or config.is_assistant:
         return "synced GPUs or an assistant model"
     if config.output_attentions or config.output_hidden_states:
@@ -109,13 +127,15 @@ def loop_blocker(
         return "stopping criteria other than the length and end-of-sequence ones"
     if stopping_criteria.max_length is None:
         return "no maximum length"
-    extra = sorted(key for key, value in model_kwargs.items() if value is not None and key not in LOOP_MODEL_INPUTS)
+    allowed = SEQ2SEQ_MODEL_INPUTS if model.config.is_encoder_decoder else LOOP_MODEL_INPUTS
+    extra = sorted(key for key, value in model_kwargs.items() if value is not None and key not in allowed)
     if extra:
         return f"model inputs {extra}"
     cache = model_kwargs.get("past_key_values")
-    if type(cache) is not StaticCache or getattr(cache, "_is_user_defined", False):
+    self_cache = self_attention_cache(cache)
+    if type(self_cache) is not StaticCache or getattr(cache, "_is_user_defined", False):
         return "a cache other than generate's own StaticCache"
-    if any(type(layer) is not StaticLayer for layer in cache.layers):
+    if any(type(layer) is not StaticLayer for layer in self_cache.layers):
         return "sliding-window cache layers"
     return None
 
@@ -198,28 +218,31 @@ def choose_tokens(
     return next_tokens, scores
 
 
-def decoding_step(model, past_key_values, buffers, warpers, do_sample, eos_token_id, pad_token_id, has_padding: bool):
+def decoding_step(
+    model, past_key_values, buffers, warpers, do_sample, eos_token_id, pad_token_id, has_padding, encoder
+):
     """One decoding step, compiled whole: the masks transformers' loop would build, the forward of the last chosen
-    token, the choice of the next one; the next step's inputs are updated in place. Returns (logits, scores)."""
+    token (with the `encoder` inputs for an encoder-decoder), the choice of the next one; the next step's inputs are
+    updated in place. Returns (logits, scores)."""
     batch_size = buffers.input_ids.shape[0]
     mask_function = getattr(model, "create_masks_for_generate", create_masks_for_generate)
-    masks = mask_function(
-        config=model.config,
-        inputs_embeds=torch.empty((batch_size, 1, 0), dtype=model.dtype, device=buffers.input_ids.device),
-        attention_mask=buffers.attention_mask if has_padding else None,
-        past_key_values=past_key_values,
-        position_ids=buffers.position_ids,
-        is_first_iteration=False,
-    )
-    outputs = model(
-        input_ids=buffers.input_ids,
-        position_ids=buffers.position_ids,
-        attention_mask=masks,
-        past_key_values=past_key_values,
-        use_cache=True,
-        logits_to_keep=1,
-        return_dict=True,
-    )
+    empty = torch.empty((batch_size, 1, 0), dtype=model.dtype, device=buffers.input_ids.device)
+    if model.config.is_encoder_decoder:  # the decoder's positions come from the cache length
+        masks = mask_function(
+            config=model.config, inputs_embeds=empty, attention_mask=None, past_key_values=past_key_values
+        )
+        inputs = dict(decoder_input_ids=buffers.input_ids, decoder_attention_mask=masks, **encoder)
+    else:
+        masks = mask_function(
+            config=model.config,
+            inputs_embeds=empty,
+            attention_mask=buffers.attention_mask if has_padding else None,
+            past_key_values=past_key_values,
+            position_ids=buffers.position_ids,
+            is_first_iteration=False,
+        )
+        inputs = dict(input_ids=buffers.input_ids, position_ids=buffers.position_ids, attention_mask=masks)
+    outputs = model(**inputs, past_key_values=past_key_values, use_cache=True, logits_to_keep=1, return_dict=True)
     logits = outputs.logits[:, -1].to(dtype=torch.float32)
     next_tokens, scores = choose_tokens(logits, buffers, warpers, do_sample, eos_token_id, pad_token_id)
     buffers.input_ids.copy_(next_tokens[:, None])
@@ -261,16 +284,16 @@ def compiled_decoding_step(model, compile_config):
     return step
 
 
-def _rewind(cache: StaticCache, steps: int) -> None:
+def _rewind(cache, steps: int) -> None:
     """Forget the keys of the last `steps` forwards (steps run past the end of every row)."""
-    for layer in cache.layers:
+    for layer in self_attention_cache(cache).layers:
         if layer.is_initialized:
             layer.cumulative_length.sub_(steps)
 
 
 def _prepare_buffers(model, input_ids, logits, model_kwargs, bans) -> DecodingBuffers:
     """The loop's buffers for this call, filled from the prompt (after the prefill)."""
-    cache = model_kwargs["past_key_values"]
+    cache = self_attention_cache(model_kwargs["past_key_values"])
     batch_size, prompt_length = input_ids.shape
     buffers = DecodingBuffers.for_shape(model, batch_size, cache.get_max_length(), logits.shape[-1], input_ids.device)
     buffers.banned_below.zero_()
@@ -283,10 +306,11 @@ def _prepare_buffers(model, input_ids, logits, model_kwargs, bans) -> DecodingBu
     buffers.counted.zero_()
     buffers.tokens.zero_()
     buffers.attention_mask.fill_(1)
-    mask = model_kwargs.get("attention_mask")
-    if mask is not None:
-        buffers.attention_mask[:, : mask.shape[1]].copy_(mask)
-    buffers.position_ids.copy_(model_kwargs["position_ids"][:, -1:])
+    if not model.config.is_encoder_decoder:  # (an encoder-decoder's mask is the source's, its positions implicit)
+        mask = model_kwargs.get("attention_mask")
+        if mask is not None:
+            buffers.attention_mask[:, : mask.shape[1]].copy_(mask)
+        buffers.position_ids.copy_(model_kwargs["position_ids"][:, -1:])
     return buffers
 
 
@@ -316,7 +340,8 @@ def decode(
     scores, raw_logits = [], []
 
     outputs = model._prefill(input_ids, config, model_kwargs, is_first_iteration=True)
-    model_kwargs = model._update_model_kwargs_for_generation(outputs, model_kwargs, is_encoder_decoder=False)
+    is_encoder_decoder = model.config.is_encoder_decoder
+    model_kwargs = model._update_model_kwargs_for_generation(outputs, model_kwargs, is_encoder_decoder)
     cache = model_kwargs["past_key_values"]
     logits = outputs.logits[:, -1].to(copy=True, dtype=torch.float32)
     del outputs
@@ -332,8 +357,15 @@ def decode(
         streamer.put(next_tokens[:, None].cpu())
         streamed = 1
 
-    has_padding = model_kwargs.get("attention_mask") is not None
-    arguments = (warpers, config.do_sample, eos_token_id, pad_token_id, has_padding)
+    has_padding = not is_encoder_decoder and model_kwargs.get("attention_mask") is not None
+    arguments = (
+        warpers,
+        config.do_sample,
+        eos_token_id,
+        pad_token_id,
+        has_padding,
+        encoder_inputs(model, model_kwargs),
+    )
     with model._optimize_model_for_decode():
         for step in range(1, stopping_criteria.max_length - input_ids.shape[1]):
             torch.compiler.cudagraph_mark_step_begin()  # the last step's outputs are dead: replay, do not record anew
@@ -362,12 +394,11 @@ def decode(
     sequences = torch.cat([input_ids, buffers.tokens[:, :counted]], dim=-1)
     if not config.return_dict_in_generate:
         return sequences
-    return GenerateDecoderOnlyOutput(
+    output_class = GenerateEncoderDecoderOutput if is_encoder_decoder else GenerateDecoderOnlyOutput
+    return output_class(
         sequences=sequences,
         scores=tuple(scores[:counted]) if keep_scores else None,
         logits=tuple(raw_logits[:counted]) if keep_logits else None,
-        attentions=None,
-        hidden_states=None,
         past_key_values=cache,
     )
 

@@ -23,6 +23,7 @@ from archlab.modeling import decoding_loop, fast_decoding
 from helpers import (
     DECODER_VARIANTS,
     NO_STATIC_CACHE,
+    SEQ2SEQ_VARIANTS,
     decoder_variant,
     digit_tokenizer,
     randomised,
@@ -85,7 +86,7 @@ def _assert_same(reference, ours) -> None:
         assert len(actual) == len(expected), name
         for step, (a, b) in enumerate(zip(actual, expected)):
             torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4, msg=f"{name} of step {step}")
-    cache, expected_cache = ours.past_key_values, reference.past_key_values
+    cache, expected_cache = (decoding_loop.self_attention_cache(o.past_key_values) for o in (ours, reference))
     assert int(cache.get_seq_length()) == int(expected_cache.get_seq_length())
 
 
@@ -97,6 +98,27 @@ def test_every_variant_decodes_as_transformers_loop(name, batch, loop_calls):
     if model.config.prefix_lm:
         inputs["prefix_lengths"] = torch.full((batch,), 4)
     reference, ours = _both(model, loop_calls, **inputs, **OUTPUTS, max_new_tokens=12, pad_token_id=0)
+    _assert_same(reference, ours)
+
+
+def _sources(model) -> dict[str, torch.Tensor]:
+    """3 source sentences of 7 tokens for an encoder-decoder, the second right-padded by 2."""
+    ids = torch.randint(3, model.config.vocab_size, (3, 7), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones_like(ids)
+    mask[1, 5:] = 0
+    return {"input_ids": ids.masked_fill(mask == 0, 0), "attention_mask": mask}
+
+
+@pytest.mark.parametrize("name", sorted(SEQ2SEQ_VARIANTS))
+def test_encoder_decoders_decode_as_transformers_loop(name, loop_calls):
+    """Greedy decoding of the encoder-decoder (what `archlab.translate` does by default): the decoder's steps take the
+    encoder states and the source mask; rows end at end-of-sequence tokens after a minimum length."""
+    model = seq2seq_variant(name)
+    inputs = _sources(model)
+    free = model.generate(**inputs, do_sample=False, max_new_tokens=12, eos_token_id=None)
+    eos = sorted({int(free[row, 1 + step]) for row, step in enumerate((3, 6, 9))})  # after the start token
+    kwargs = dict(**inputs, **OUTPUTS, max_new_tokens=20, eos_token_id=eos, min_new_tokens=2)
+    reference, ours = _both(model, loop_calls, **kwargs)
     _assert_same(reference, ours)
 
 
@@ -273,6 +295,21 @@ def test_without_compilation_transformers_loop_runs(loop_calls):
         **_prompts(2), max_new_tokens=4, pad_token_id=0, compile_config=_compile_config(None), disable_compile=True
     )
     assert not loop_calls
+
+
+def test_the_encoder_decoder_step_compiles_as_one_graph():
+    torch._dynamo.reset()
+    model = seq2seq_variant("positions_relative_bias")
+    inputs = _sources(model)
+    kwargs = dict(do_sample=False, max_new_tokens=12, eos_token_id=[5, 7], cache_implementation="static")
+    for index, minimum in enumerate((3, 6)):
+        expected = model.generate(**inputs, min_new_tokens=minimum, **kwargs)
+        with torch._dynamo.config.patch(error_on_recompile=index > 0):
+            compiled = model.generate(
+                **inputs, compile_config=_compile_config("eager"), min_new_tokens=minimum, **kwargs
+            )
+        assert torch.equal(compiled, expected)
+    assert hasattr(model, "_compiled_decoding_step")
 
 
 @pytest.mark.parametrize("name", ["positions_rope", "moe_shared_expert_dense_sparse", "positions_alibi", "prefix_lm"])
