@@ -26,47 +26,28 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
-from transformers.cache_utils import StaticCache, StaticLayer
-from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria
 from transformers.generation.utils import GenerateBeamDecoderOnlyOutput, GenerateBeamEncoderDecoderOutput
-from transformers.masking_utils import create_masks_for_generate
 
 from .decoding_loop import (
     CHECK_EVERY,
-    LOOP_MODEL_INPUTS,
-    SEQ2SEQ_MODEL_INPUTS,
     eager_on_compiler_failure,
     encoder_inputs,
+    one_token_logits,
     self_attention_cache,
+    shared_blocker,
     split_processors,
+    static_zeros,
 )
 
 
 def beam_loop_blocker(model, logits_processor, stopping_criteria, generation_config, synced_gpus, model_kwargs):
     """Why this beam search runs transformers' loop rather than `beam_search`, or None when it runs here."""
-    config = generation_config
-    if config.do_sample:
+    if generation_config.do_sample:
         return "beam sampling"
-    if synced_gpus or config.is_assistant:
-        return "synced GPUs or an assistant model"
-    if config.output_attentions or config.output_hidden_states:
-        return "attentions or hidden states asked for"
     processors = split_processors(logits_processor)
     if processors is None or processors[1]:
         return "logits processors other than min_length / min_new_tokens"
-    if any(type(criterion) not in (MaxLengthCriteria, EosTokenCriteria) for criterion in stopping_criteria):
-        return "stopping criteria other than the length and end-of-sequence ones"
-    allowed = SEQ2SEQ_MODEL_INPUTS if model.config.is_encoder_decoder else LOOP_MODEL_INPUTS
-    extra = sorted(key for key, value in model_kwargs.items() if value is not None and key not in allowed)
-    if extra:
-        return f"model inputs {extra}"
-    cache = model_kwargs.get("past_key_values")
-    self_cache = self_attention_cache(cache)
-    if type(self_cache) is not StaticCache or getattr(cache, "_is_user_defined", False):
-        return "a cache other than generate's own StaticCache"
-    if any(type(layer) is not StaticLayer for layer in self_cache.layers):
-        return "sliding-window cache layers"
-    return None
+    return shared_blocker(model, stopping_criteria, generation_config, synced_gpus, model_kwargs)
 
 
 @dataclass
@@ -101,9 +82,7 @@ class BeamBuffers:
             return kept[1]
 
         def new(*shape, dtype=torch.long):
-            tensor = torch.zeros(shape, dtype=dtype, device=device)
-            torch._dynamo.mark_static_address(tensor)
-            return tensor
+            return static_zeros(*shape, dtype=dtype, device=device)
 
         rows = batch_size * num_beams
         buffers = cls(
@@ -249,22 +228,8 @@ def beam_step(model, cache, buffers: BeamBuffers, settings, eos_token_id, top_ma
     rows = batch_size * num_beams
     previous = (buffers.cur_len - 1).view(1)
     tokens = buffers.running_sequences.view(rows, -1).index_select(1, previous)
-    empty = torch.empty((rows, 1, 0), dtype=model.dtype, device=tokens.device)
-    mask_function = getattr(model, "create_masks_for_generate", create_masks_for_generate)
-    if model.config.is_encoder_decoder:
-        masks = mask_function(config=model.config, inputs_embeds=empty, attention_mask=None, past_key_values=cache)
-        inputs = dict(decoder_input_ids=tokens, decoder_attention_mask=masks, **encoder)
-    else:
-        masks = mask_function(
-            config=model.config,
-            inputs_embeds=empty,
-            attention_mask=buffers.attention_mask if has_padding else None,
-            past_key_values=cache,
-            position_ids=buffers.position_ids,
-        )
-        inputs = dict(input_ids=tokens, position_ids=buffers.position_ids, attention_mask=masks)
-    outputs = model(**inputs, past_key_values=cache, use_cache=True, logits_to_keep=1, return_dict=True)
-    logits = outputs.logits[:, -1].to(dtype=torch.float32)
+    padding = buffers.attention_mask if has_padding else None
+    logits = one_token_logits(model, tokens, cache, buffers.position_ids, padding, encoder)
     buffers.steps_after_done.add_(buffers.done.long())
     scores = choose_beams(model, logits, buffers, settings, eos_token_id, top_mask)
     buffers.position_ids.add_(1)

@@ -110,19 +110,13 @@ def split_processors(logits_processor: LogitsProcessorList) -> tuple[list[tuple[
     return bans, warpers
 
 
-def loop_blocker(
-    model, logits_processor, stopping_criteria, generation_config, synced_gpus, streamer, model_kwargs
-) -> str | None:
-    """Why this call runs transformers' loop rather than `decode`, or None when it runs here. Called by
-    `FastDecodingMixin._sample` only where transformers would compile the decoding step."""
+def shared_blocker(model, stopping_criteria, generation_config, synced_gpus, model_kwargs) -> str | None:
+    """What keeps any call (`decode` or `beam_loop.beam_search`) in transformers' loop, or None."""
     config = generation_config
     if synced_gpus or config.is_assistant:
         return "synced GPUs or an assistant model"
     if config.output_attentions or config.output_hidden_states:
         return "attentions or hidden states asked for"
-    if split_processors(logits_processor) is None:
-        names = sorted({type(p).__name__ for p in logits_processor} - {c.__name__ for c in SCORE_WARPERS})
-        return f"logits processors {names}"
     if any(type(criterion) not in (MaxLengthCriteria, EosTokenCriteria) for criterion in stopping_criteria):
         return "stopping criteria other than the length and end-of-sequence ones"
     if stopping_criteria.max_length is None:
@@ -138,6 +132,24 @@ def loop_blocker(
     if any(type(layer) is not StaticLayer for layer in self_cache.layers):
         return "sliding-window cache layers"
     return None
+
+
+def loop_blocker(
+    model, logits_processor, stopping_criteria, generation_config, synced_gpus, streamer, model_kwargs
+) -> str | None:
+    """Why this call runs transformers' loop rather than `decode`, or None when it runs here. Called by
+    `FastDecodingMixin._sample` only where transformers would compile the decoding step. (Streamers are served.)"""
+    if split_processors(logits_processor) is None:
+        names = sorted({type(p).__name__ for p in logits_processor} - {c.__name__ for c in SCORE_WARPERS})
+        return f"logits processors {names}"
+    return shared_blocker(model, stopping_criteria, generation_config, synced_gpus, model_kwargs)
+
+
+def static_zeros(*shape: int, dtype: torch.dtype = torch.long, device=None) -> torch.Tensor:
+    """A zero buffer marked as having a fixed address: compiled graphs and CUDA graphs read it in place."""
+    tensor = torch.zeros(shape, dtype=dtype, device=device)
+    torch._dynamo.mark_static_address(tensor)
+    return tensor
 
 
 @dataclass
@@ -165,9 +177,7 @@ class DecodingBuffers:
             return kept[1]
 
         def new(*shape):
-            tensor = torch.zeros(shape, dtype=torch.long, device=device)
-            torch._dynamo.mark_static_address(tensor)
-            return tensor
+            return static_zeros(*shape, device=device)
 
         buffers = cls(
             input_ids=new(batch_size, 1),
@@ -218,32 +228,38 @@ def choose_tokens(
     return next_tokens, scores
 
 
+def one_token_logits(model, tokens, cache, position_ids, padding_mask, encoder: dict) -> torch.Tensor:
+    """The float32 logits of a forward of one token per row (B, 1) on a static `cache`, with the masks transformers'
+    loop builds for it (`create_masks_for_generate`; a decoder's from its `padding_mask` over the cache, or None, and
+    its `position_ids`; an encoder-decoder's decoder positions follow the cache length, and `encoder` holds its
+    encoder states and source mask). Traceable in one graph: no host read."""
+    mask_function = getattr(model, "create_masks_for_generate", create_masks_for_generate)
+    empty = torch.empty((tokens.shape[0], 1, 0), dtype=model.dtype, device=tokens.device)
+    if model.config.is_encoder_decoder:
+        masks = mask_function(config=model.config, inputs_embeds=empty, attention_mask=None, past_key_values=cache)
+        inputs = dict(decoder_input_ids=tokens, decoder_attention_mask=masks, **encoder)
+    else:
+        masks = mask_function(
+            config=model.config,
+            inputs_embeds=empty,
+            attention_mask=padding_mask,
+            past_key_values=cache,
+            position_ids=position_ids,
+            is_first_iteration=False,
+        )
+        inputs = dict(input_ids=tokens, position_ids=position_ids, attention_mask=masks)
+    outputs = model(**inputs, past_key_values=cache, use_cache=True, logits_to_keep=1, return_dict=True)
+    return outputs.logits[:, -1].to(dtype=torch.float32)
+
+
 def decoding_step(
     model, past_key_values, buffers, warpers, do_sample, eos_token_id, pad_token_id, has_padding, encoder
 ):
     """One decoding step, compiled whole: the masks transformers' loop would build, the forward of the last chosen
     token (with the `encoder` inputs for an encoder-decoder), the choice of the next one; the next step's inputs are
     updated in place. Returns (logits, scores)."""
-    batch_size = buffers.input_ids.shape[0]
-    mask_function = getattr(model, "create_masks_for_generate", create_masks_for_generate)
-    empty = torch.empty((batch_size, 1, 0), dtype=model.dtype, device=buffers.input_ids.device)
-    if model.config.is_encoder_decoder:  # the decoder's positions come from the cache length
-        masks = mask_function(
-            config=model.config, inputs_embeds=empty, attention_mask=None, past_key_values=past_key_values
-        )
-        inputs = dict(decoder_input_ids=buffers.input_ids, decoder_attention_mask=masks, **encoder)
-    else:
-        masks = mask_function(
-            config=model.config,
-            inputs_embeds=empty,
-            attention_mask=buffers.attention_mask if has_padding else None,
-            past_key_values=past_key_values,
-            position_ids=buffers.position_ids,
-            is_first_iteration=False,
-        )
-        inputs = dict(input_ids=buffers.input_ids, position_ids=buffers.position_ids, attention_mask=masks)
-    outputs = model(**inputs, past_key_values=past_key_values, use_cache=True, logits_to_keep=1, return_dict=True)
-    logits = outputs.logits[:, -1].to(dtype=torch.float32)
+    padding = buffers.attention_mask if has_padding else None
+    logits = one_token_logits(model, buffers.input_ids, past_key_values, buffers.position_ids, padding, encoder)
     next_tokens, scores = choose_tokens(logits, buffers, warpers, do_sample, eos_token_id, pad_token_id)
     buffers.input_ids.copy_(next_tokens[:, None])
     buffers.position_ids.add_(1)
@@ -411,7 +427,10 @@ __all__ = [
     "decoding_step",
     "decode",
     "eager_on_compiler_failure",
+    "one_token_logits",
     "sample",
     "split_processors",
     "loop_blocker",
+    "shared_blocker",
+    "static_zeros",
 ]
