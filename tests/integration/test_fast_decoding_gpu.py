@@ -18,7 +18,8 @@ from archlab import DecoderConfig, DecoderForCausalLM, Seq2SeqConfig, Seq2SeqFor
 
 from helpers import assert_close_to_scale
 
-pytestmark = [pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"), pytest.mark.slow]
+# `gpu`: skipped without CUDA (tests/conftest.py) and selected by the GPU session's `-m "gpu or not slow"`
+pytestmark = [pytest.mark.gpu, pytest.mark.slow]
 
 VOCAB = 512
 SHAPE = dict(vocab_size=VOCAB, hidden_size=256, intermediate_size=512, num_hidden_layers=4, num_attention_heads=8)
