@@ -1,5 +1,5 @@
-"""`--suite cuda-decode` and `--suite cuda-static`: generation on a GPU, archlab against its Hugging Face peers with
-the same weights, in bf16 (weights cast, no autocast), greedy `generate` of 256 new tokens after a 128-token prompt.
+"""`--suite cuda-decode`, `cuda-static` and `cuda-loops`: generation on a GPU, archlab against its Hugging Face peers
+with the same weights, in bf16 (weights cast, no autocast), `generate` of 256 new tokens after a 128-token prompt.
 
 cuda-decode (DynamicCache on both sides, named explicitly: on CUDA archlab's own default is the static cache):
 - dense 1.1B (Llama shape) against `LlamaForCausalLM` at batch 1, 16 and 64, with the share of the bandwidth
@@ -9,13 +9,15 @@ cuda-decode (DynamicCache on both sides, named explicitly: on CUDA archlab's own
 - encoder-decoder (Marian shape) against `MarianMTModel`: beam search, 4 beams, batch 8, 256 source tokens, 128 new.
 
 cuda-static: the dense rows with `cache_implementation="static"` on both sides. On a GPU transformers then compiles
-the decoding step (torch.compile, mode "reduce-overhead": CUDA graphs) at the first call of each new shape, and
+Llama's decoding step (torch.compile, mode "reduce-overhead": CUDA graphs) at the first call of each new shape, and
 archlab compiles its whole step (decoding_loop.py); those first-call seconds, compilation included, are columns of
-their own, and tokens/s are of the warm calls after. At batch 1 also: sampling against Llama, and archlab's loop
-against archlab in transformers' loop (what the whole-step compile gains over a compiled forward). Then
-the MoE and beam-search rows with no cache setting: each model decodes as it does for a user (archlab on CUDA: the
-static cache and a compiled step, beam search included; Mixtral and Marian: the dynamic cache, eager). On CPU
-nothing compiles, and the static cache runs eagerly.
+their own, and tokens/s are of the warm calls after.
+
+cuda-loops (every row compiles, so a suite of its own): at batch 1, sampling against Llama, and archlab's loop
+against archlab in transformers' loop (what the whole-step compile gains over a compiled forward); then the MoE and
+beam-search rows with no cache setting: each model decodes as it does for a user (archlab on CUDA: the static cache
+and its compiled loops, beam search included; Mixtral and Marian: the dynamic cache, eager). On CPU nothing
+compiles, and the static cache runs eagerly.
 
 Per row: tokens/s (batch × new tokens / seconds) both sides, the median per-round ratio, % of the roofline and peak
 memory (weights, cache, temporaries) both sides. `--decode-rounds` rounds (default 3: a GPU's timings vary little,
@@ -23,6 +25,7 @@ and a row's generate takes seconds).
 
     python scripts/benchmark.py --suite cuda-decode --device cuda --output cuda-decode.md
     python scripts/benchmark.py --suite cuda-static --device cuda --output cuda-static.md
+    python scripts/benchmark.py --suite cuda-loops --device cuda --output cuda-loops.md
 """
 
 from __future__ import annotations
@@ -102,42 +105,47 @@ def generate_row(
 def dense_generate_rows(setup: Setup, report: Report, cache: str) -> None:
     sizes = decode_shape(setup)
     ours, llama = bf16_pair(llama_pair(shape("dense", setup.quick), setup.device))
-    vocab = llama.config.vocab_size
     for batch in sizes["static_batches" if cache == "static" else "batches"]:
 
         def measure(batch=batch) -> None:
-            prompt = random_ids(vocab, batch, sizes["prompt"], device=setup.device, seed=batch)
-            kwargs = dict(
-                input_ids=prompt,
-                attention_mask=torch.ones_like(prompt),
-                max_new_tokens=sizes["new_tokens"],
-                min_new_tokens=sizes["new_tokens"],
-                do_sample=False,
-                pad_token_id=0,
-            )
-            # named on both sides: on CUDA archlab's default is the static cache, Llama's the dynamic one
-            kwargs["cache_implementation"] = cache
-            roofline = decode_roofline_seconds(llama.config, setup.peaks, batch, sizes["prompt"], sizes["new_tokens"])
+            kwargs, tokens, roofline = dense_generation(setup, llama.config, batch, cache)
             metric = (
                 f"dense 1.1B greedy decode, batch {batch}, {sizes['prompt']} + {sizes['new_tokens']} tokens, "
                 f"{'StaticCache' if cache == 'static' else 'DynamicCache'}: archlab vs LlamaForCausalLM"
             )
-            tokens = batch * sizes["new_tokens"]
             generate_row(setup, report, metric, (ours, llama), kwargs, tokens, roofline, cold=cache == "static")
-            if cache == "static" and batch == 1:
-                loop_rows(setup, report, (ours, llama), kwargs, tokens, roofline)
 
         guarded(report, setup, f"dense decode batch {batch} ({cache})", measure)
 
 
-def loop_rows(setup: Setup, report: Report, models, kwargs: dict, tokens: int, roofline) -> None:
-    """Batch 1 on the static cache, two more rows: sampling (temperature 0.8, top-k 40, top-p 0.95, what
+def dense_generation(setup: Setup, config, batch: int, cache: str) -> tuple[dict, int, float | None]:
+    """generate kwargs for the dense rows (random prompts; the cache named on both sides: on CUDA archlab's default
+    is the static cache, Llama's the dynamic one), the tokens they generate, and the roofline seconds."""
+    sizes = decode_shape(setup)
+    prompt = random_ids(config.vocab_size, batch, sizes["prompt"], device=setup.device, seed=batch)
+    kwargs = dict(
+        input_ids=prompt,
+        attention_mask=torch.ones_like(prompt),
+        max_new_tokens=sizes["new_tokens"],
+        min_new_tokens=sizes["new_tokens"],
+        do_sample=False,
+        pad_token_id=0,
+        cache_implementation=cache,
+    )
+    roofline = decode_roofline_seconds(config, setup.peaks, batch, sizes["prompt"], sizes["new_tokens"])
+    return kwargs, batch * sizes["new_tokens"], roofline
+
+
+def loop_rows(setup: Setup, report: Report) -> None:
+    """Batch 1 on the static cache, two rows: sampling (temperature 0.8, top-k 40, top-p 0.95, what
     scripts/generate.py does) against Llama, and archlab's decoding loop (decoding_loop.py: the whole step compiled)
     against archlab in transformers' loop (its compiled forward alone), same model: what the loop itself gains."""
     from unittest import mock
 
     import archlab.modeling.fast_decoding as fast_decoding
 
+    models = bf16_pair(llama_pair(shape("dense", setup.quick), setup.device))
+    kwargs, tokens, roofline = dense_generation(setup, models[1].config, 1, "static")
     sampling = dict(kwargs, do_sample=True, temperature=0.8, top_k=40, top_p=0.95)
     metric = "dense 1.1B sampling (T 0.8, top-k 40, top-p 0.95), batch 1, StaticCache: archlab vs LlamaForCausalLM"
     generate_row(setup, report, metric, models, sampling, tokens, roofline, cold=True)
@@ -263,12 +271,27 @@ def run_static(args: argparse.Namespace) -> Report:
     setup = setup_from(args)
     report = new_report(setup, 'decoding (cache_implementation="static")')
     guarded(report, setup, "dense decode, static cache", lambda: dense_generate_rows(setup, report, "static"))
-    guarded(report, setup, "MoE decode, default cache", lambda: moe_rows(setup, report, "default"))
-    guarded(report, setup, "beam search, default cache", lambda: beam_search_row(setup, report, "default"))
-    if not setup.cuda:
-        report.notes.append("Not compiled: transformers compiles the static-cache step on GPUs only.")
+    not_compiled_note(setup, report)
     closing_notes(setup, report)
     return report
+
+
+def run_loops(args: argparse.Namespace) -> Report:
+    """cuda-loops: archlab's compiled decoding loops beyond greedy dense decoding — sampling and the loop's own gain
+    at batch 1, then MoE and beam search on each model's default path (a suite of its own: every row compiles)."""
+    setup = setup_from(args)
+    report = new_report(setup, "the compiled decoding loops (sampling, MoE, beam search)")
+    guarded(report, setup, "batch-1 loop rows", lambda: loop_rows(setup, report))
+    guarded(report, setup, "MoE decode, default cache", lambda: moe_rows(setup, report, "default"))
+    guarded(report, setup, "beam search, default cache", lambda: beam_search_row(setup, report, "default"))
+    not_compiled_note(setup, report)
+    closing_notes(setup, report)
+    return report
+
+
+def not_compiled_note(setup: Setup, report: Report) -> None:
+    if not setup.cuda:
+        report.notes.append("Not compiled: generate compiles the static-cache step on GPUs only.")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -13,6 +13,7 @@
 #   train   --suite cuda-train      (about 5-8 minutes, a call of its own)
 #   decode  --suite cuda-decode     (about 3-5 minutes; fits in a call after tests)
 #   static  --suite cuda-static     (about 5-8 minutes: compiles per batch size; a call of its own)
+#   loops   --suite cuda-loops      (about 5 minutes: sampling, the loop's gain, MoE and beam search, all compiled)
 # The calls of a session, and what the times are based on: docs/gpu.md.
 #
 # Environment: OUT (default ./gpu-out; the device tool sets it), SITE (/tmp/site), WHEEL_DIR (.whl),
@@ -29,9 +30,9 @@ WHEEL_DIR="${WHEEL_DIR:-.whl}"
 PYTHON="${PYTHON:-python3}"
 SESSION_BUDGET="${SESSION_BUDGET:-570}"
 DEVICE="${DEVICE:-cuda}"
-STEPS_ALLOWED="setup info tests quick train decode static"
+STEPS_ALLOWED="setup info tests quick train decode static loops"
 # Each step's own limit in seconds; a step also stops where the session's budget ends.
-declare -A BUDGET=([setup]=120 [info]=60 [tests]=300 [quick]=240 [train]=540 [decode]=540 [static]=540)
+declare -A BUDGET=([setup]=120 [info]=60 [tests]=300 [quick]=240 [train]=540 [decode]=540 [static]=540 [loops]=540)
 
 dry_run=0
 requested=()
@@ -117,7 +118,7 @@ suite() {  # suite NAME OUTPUT [flags...]: one benchmark run, its table written 
 
 step_quick() {
     local status=0
-    for name in cuda-train cuda-decode cuda-static; do  # one process each, like the full runs
+    for name in cuda-train cuda-decode cuda-static cuda-loops; do  # one process each, like the full runs
         suite "$name" "quick-$name.md" --quick || status=1
     done
     return $status
@@ -125,6 +126,7 @@ step_quick() {
 step_train() { suite cuda-train cuda-train.md; }
 step_decode() { suite cuda-decode cuda-decode.md; }
 step_static() { suite cuda-static cuda-static.md; }
+step_loops() { suite cuda-loops cuda-loops.md; }
 
 # ---- running them -----------------------------------------------------------------------------------------------
 run_step() {

@@ -114,15 +114,17 @@ def test_training_suite_runs_every_comparison(tmp_path, monkeypatch, device):
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
 def test_decode_suites_run_every_comparison(tmp_path, device):
     rates = ["--peak-tflops", "1", "--peak-bandwidth", "0.05"] if device == "cpu" else []
-    table = run_suites(tmp_path, "--suite", "cuda-decode", "--suite", "cuda-static", *rates, device=device)
+    suites = ("--suite", "cuda-decode", "--suite", "cuda-static", "--suite", "cuda-loops")
+    table = run_suites(tmp_path, *suites, *rates, device=device)
     decode, static = table.split("### CUDA suite, decoding (cache_implementation")
+    static, loops = static.split("### CUDA suite, the compiled decoding loops")
     for batch in (1, 4):
         row = cells(decode, f"dense 1.1B greedy decode, batch {batch}, 16 + 8 tokens, DynamicCache")
         assert row[4].endswith("%") and row[5].endswith("%"), row  # roofline from the given rates
     row = cells(static, "dense 1.1B greedy decode, batch 1, 16 + 8 tokens, StaticCache")
     assert re.fullmatch(r"[\d.]+ s", row[header_index(static, "first call archlab")]), row
-    cells(static, "dense 1.1B sampling (T 0.8, top-k 40, top-p 0.95), batch 1, StaticCache")
-    cells(static, "dense 1.1B greedy decode, batch 1, StaticCache: archlab's decoding loop vs archlab in")
+    cells(loops, "dense 1.1B sampling (T 0.8, top-k 40, top-p 0.95), batch 1, StaticCache")
+    cells(loops, "dense 1.1B greedy decode, batch 1, StaticCache: archlab's decoding loop vs archlab in")
     for batch in (1, 4):
         cells(decode, f"MoE (Mixtral shape) greedy decode, batch {batch}")
     prefill = cells(decode, "dense 1.1B prefill, 1 × 64 tokens")
@@ -131,9 +133,9 @@ def test_decode_suites_run_every_comparison(tmp_path, device):
     # each model's own default path: archlab's fast path against the peers' (first calls in columns of their own)
     default = "each model's default cache"
     for batch in (1, 4):
-        row = cells(static, f"MoE (Mixtral shape) greedy decode, batch {batch}, {default}")
-        assert re.fullmatch(r"[\d.]+ s", row[header_index(static, "first call archlab")]), row
-    cells(static, "encoder-decoder (Marian shape) beam search")
+        row = cells(loops, f"MoE (Mixtral shape) greedy decode, batch {batch}, {default}")
+        assert re.fullmatch(r"[\d.]+ s", row[header_index(loops, "first call archlab")]), row
+    cells(loops, "encoder-decoder (Marian shape) beam search")
 
 
 def header_index(table: str, header: str) -> int:
