@@ -33,7 +33,7 @@ import math
 from dataclasses import dataclass
 
 import torch
-from transformers.cache_utils import EncoderDecoderCache, StaticCache, StaticLayer
+from transformers.cache_utils import Cache, EncoderDecoderCache, StaticCache, StaticLayer, StaticSlidingWindowLayer
 from transformers.generation.logits_process import (
     EpsilonLogitsWarper,
     EtaLogitsWarper,
@@ -110,6 +110,26 @@ def split_processors(logits_processor: LogitsProcessorList) -> tuple[list[tuple[
     return bans, warpers
 
 
+class UnfilledSlidingLayer(StaticLayer):
+    """A sliding-window layer of a static cache that the generation cannot fill: its window holds the whole cache
+    (every key stays in it), so it is a `StaticLayer` — whose length is a device tensor, which compiled loops replay
+    — still flagged sliding for transformers' mask functions. transformers' `StaticSlidingWindowLayer` counts its
+    length in a Python int as well, which one recorded step cannot follow."""
+
+    is_sliding = True
+
+
+def unfill_sliding_layers(cache: Cache, sliding_window: int | None, length: int) -> None:
+    """Swap each sliding-window layer of a fresh static `cache` of `length` positions for an `UnfilledSlidingLayer`
+    when the window spans them all: the same keys, masks and outputs (no key ever leaves the window), and the
+    compiled decoding loops can take it. With a shorter window the layers stay as they are."""
+    if sliding_window is None or sliding_window < length:
+        return
+    for index, layer in enumerate(cache.layers):
+        if type(layer) is StaticSlidingWindowLayer and not layer.is_initialized:
+            cache.layers[index] = UnfilledSlidingLayer(max_cache_len=length)
+
+
 def shared_blocker(model, stopping_criteria, generation_config, synced_gpus, model_kwargs) -> str | None:
     """What keeps any call (`decode` or `beam_loop.beam_search`) in transformers' loop, or None."""
     config = generation_config
@@ -129,8 +149,8 @@ def shared_blocker(model, stopping_criteria, generation_config, synced_gpus, mod
     self_cache = self_attention_cache(cache)
     if type(self_cache) is not StaticCache or getattr(cache, "_is_user_defined", False):
         return "a cache other than generate's own StaticCache"
-    if any(type(layer) is not StaticLayer for layer in self_cache.layers):
-        return "sliding-window cache layers"
+    if any(type(layer) not in (StaticLayer, UnfilledSlidingLayer) for layer in self_cache.layers):
+        return "sliding-window cache layers shorter than the cache (their length is a Python int per token)"
     return None
 
 
@@ -430,6 +450,8 @@ __all__ = [
     "one_token_logits",
     "sample",
     "split_processors",
+    "unfill_sliding_layers",
+    "UnfilledSlidingLayer",
     "loop_blocker",
     "shared_blocker",
     "static_zeros",

@@ -43,7 +43,13 @@ from transformers.utils import logging
 from transformers.utils.generic import is_flash_attention_requested
 
 from .beam_loop import beam_loop_blocker, beam_search, compiled_beam_step
-from .decoding_loop import compiled_decoding_step, decode, eager_on_compiler_failure, loop_blocker
+from .decoding_loop import (
+    compiled_decoding_step,
+    decode,
+    eager_on_compiler_failure,
+    loop_blocker,
+    unfill_sliding_layers,
+)
 
 logger = logging.get_logger(__name__)
 
@@ -238,6 +244,7 @@ class FastDecodingMixin:
             return kept.cache
         cache = super()._prepare_static_cache(cache_implementation, batch_size, max_cache_len, *args, **kwargs)
         if not self.config.is_encoder_decoder:
+            unfill_sliding_layers(cache, getattr(self.config, "sliding_window", None), effective)
             self._kept_static_cache = KeptCache(key, cache)
         return cache
 

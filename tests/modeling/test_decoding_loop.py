@@ -133,6 +133,25 @@ def test_sliding_window_caches_keep_transformers_loop(name, loop_calls):
     assert any(type(layer) is not StaticLayer for layer in out.past_key_values.layers)
 
 
+@pytest.mark.parametrize("name", sorted(SLIDING))
+def test_sliding_windows_spanning_the_cache_take_the_loop(name, loop_calls):
+    """A window at least as long as the cache (the usual case: windows of thousands, generations of hundreds): its
+    layers become `UnfilledSlidingLayer`s, the loop takes the call, and the output is the dynamic cache's (whose
+    sliding layers are transformers' own) and transformers' loop's."""
+    from archlab import DecoderForCausalLM
+
+    config = tiny_decoder_config(**dict(DECODER_VARIANTS[name], sliding_window=64))
+    model = randomised(DecoderForCausalLM(config))
+    kwargs = dict(**_prompts(3), **OUTPUTS, max_new_tokens=12, pad_token_id=0)
+    reference, ours = _both(model, loop_calls, **kwargs)
+    _assert_same(reference, ours)
+    assert any(isinstance(layer, decoding_loop.UnfilledSlidingLayer) for layer in ours.past_key_values.layers)
+    dynamic = model.generate(**kwargs, cache_implementation="dynamic")
+    assert torch.equal(dynamic.sequences, ours.sequences)
+    for step, (a, b) in enumerate(zip(ours.logits, dynamic.logits)):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4, msg=f"logits of step {step}")
+
+
 def _ending_tokens(model, inputs, steps: tuple[int, ...]) -> list[int]:
     """Tokens that, taken as end-of-sequence tokens, end row b at new token `steps[b]` (or later, when a row ends
     earlier at one of them): the tokens greedy decoding picks there without any end-of-sequence token."""
