@@ -32,6 +32,7 @@ from .decoding_loop import (
     CHECK_EVERY,
     eager_on_compiler_failure,
     encoder_inputs,
+    fill_bans,
     one_token_logits,
     self_attention_cache,
     shared_blocker,
@@ -45,7 +46,7 @@ def beam_loop_blocker(model, logits_processor, stopping_criteria, generation_con
     if generation_config.do_sample:
         return "beam sampling"
     processors = split_processors(logits_processor)
-    if processors is None or processors[1]:
+    if processors is None or processors.warpers or processors.repetition_penalty != 1.0:
         return "logits processors other than min_length / min_new_tokens"
     return shared_blocker(model, stopping_criteria, generation_config, synced_gpus, model_kwargs)
 
@@ -274,10 +275,7 @@ def _initialise(model, buffers: BeamBuffers, input_ids, num_beams, max_length, p
     buffers.prompt_len.fill_(prompt_len)
     buffers.max_length.fill_(max_length)
     buffers.steps_after_done.zero_()
-    buffers.banned_below.zero_()
-    for banned, min_length in bans:
-        ids = banned.to(input_ids.device).view(-1)
-        buffers.banned_below[ids] = buffers.banned_below[ids].clamp(min=min_length)
+    fill_bans(buffers.banned_below, bans)
     buffers.attention_mask.fill_(1)
     mask = model_kwargs.get("attention_mask")
     if not model.config.is_encoder_decoder:
@@ -307,7 +305,7 @@ def beam_search(model, input_ids, logits_processor, stopping_criteria, generatio
     keep_scores = config.return_dict_in_generate and config.output_scores
     keep_logits = config.return_dict_in_generate and config.output_logits
     all_scores, raw_logits = [], []
-    bans, _ = split_processors(logits_processor)
+    bans = split_processors(logits_processor).bans
 
     outputs = model._prefill(input_ids, config, kwargs, is_first_iteration=True)
     kwargs = model._update_model_kwargs_for_generation(outputs, kwargs, model.config.is_encoder_decoder)

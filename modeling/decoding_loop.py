@@ -7,7 +7,8 @@ not deferred). At batch 1 a 1B-parameter model reads its weights in under a mill
 work, not the GPU, sets the speed (the ~20 % of the bandwidth roofline measured with transformers' static path).
 
 Here one compiled function is the whole step: the masks, the forward, the token choice (the `min_length` /
-`min_new_tokens` end-of-sequence ban, the score warpers — temperature, top-k, top-p, min-p, typical, epsilon, eta —,
+`min_new_tokens` end-of-sequence ban, the repetition penalty (on a (batch, vocabulary) mask of the tokens seen so
+far), the score warpers — temperature, top-k, top-p, min-p, typical, epsilon, eta —,
 argmax or a sample drawn without a host read, padding of finished rows, the end-of-sequence bookkeeping), and the
 in-place updates of the next step's inputs. Its inputs are fixed buffers (`DecodingBuffers`, kept on the model and
 reused at the same batch size and cache length) and the static cache, so with `mode="reduce-overhead"` (the default
@@ -20,8 +21,8 @@ Decoders and encoder-decoders alike: an encoder-decoder's steps also take the en
 
 The same step runs on CPU (plain PyTorch, or compiled when `compile_config._compile_all_devices`), where the tests
 check it against transformers' own loop token for token. `loop_blocker` says when this loop does not apply and
-transformers' loop runs instead (its compiled forward still used): logits processors that read the sequence so far
-(repetition penalty, n-gram bans, ...), stopping criteria other than length and end-of-sequence (stop strings, time),
+transformers' loop runs instead (its compiled forward still used): other logits processors that read the sequence
+(n-gram bans, bad words, ...), stopping criteria other than length and end-of-sequence (stop strings, time),
 attention or hidden-state outputs, model inputs other than the prompt's ids, mask and positions, and caches other
 than a plain `StaticCache` (sliding-window layers). Samples follow transformers' distribution but not its random
 stream: `torch.multinomial` reads the device, so the step draws by the exponential race (`sample`).
@@ -41,6 +42,7 @@ from transformers.generation.logits_process import (
     MinLengthLogitsProcessor,
     MinNewTokensLengthLogitsProcessor,
     MinPLogitsWarper,
+    RepetitionPenaltyLogitsProcessor,
     TemperatureLogitsWarper,
     TopKLogitsWarper,
     TopPLogitsWarper,
@@ -93,21 +95,41 @@ SCORE_WARPERS = (
 )
 
 
-def split_processors(logits_processor: LogitsProcessorList) -> tuple[list[tuple[torch.Tensor, int]], list] | None:
-    """The processors as (end-of-sequence bans, score warpers), or None when one is neither. A ban is (banned ids,
-    minimum length): those ids may not be chosen while the sequence, prompt included, is shorter. Bans must come
-    before the warpers (as transformers orders them): the step applies them first."""
-    bans, warpers = [], []
+@dataclass
+class Processors:
+    """The logits processors of a call, as the compiled step applies them (in this order, as transformers orders
+    them): end-of-sequence `bans` — (banned ids, minimum length): not chosen while the sequence, prompt included, is
+    shorter —, a `repetition_penalty` on every token seen so far (none: 1.0), then the score `warpers`."""
+
+    bans: list[tuple[torch.Tensor, int]]
+    repetition_penalty: float
+    prompt_ignore_length: int | torch.Tensor  # prompt positions the penalty skips (per row: the left padding)
+    warpers: list
+
+
+def split_processors(logits_processor: LogitsProcessorList) -> Processors | None:
+    """`logits_processor` as `Processors`, or None when one is none of these kinds, or comes after a warper (the
+    step applies the warpers last), or is a second repetition penalty."""
+    found = Processors(bans=[], repetition_penalty=1.0, prompt_ignore_length=0, warpers=[])
+    penalties = 0
     for processor in logits_processor:
-        if type(processor) is MinLengthLogitsProcessor and not warpers:
-            bans.append((processor.eos_token_id, processor.min_length))
-        elif type(processor) is MinNewTokensLengthLogitsProcessor and not warpers:
-            bans.append((processor.eos_token_id, processor.prompt_length_to_skip + processor.min_new_tokens))
-        elif type(processor) in SCORE_WARPERS:
-            warpers.append(processor)
+        kind = type(processor)
+        if kind in SCORE_WARPERS:
+            found.warpers.append(processor)
+        elif found.warpers:
+            return None
+        elif kind is MinLengthLogitsProcessor:
+            found.bans.append((processor.eos_token_id, processor.min_length))
+        elif kind is MinNewTokensLengthLogitsProcessor:
+            found.bans.append((processor.eos_token_id, processor.prompt_length_to_skip + processor.min_new_tokens))
+        elif kind is RepetitionPenaltyLogitsProcessor:
+            penalties += 1
+            found.repetition_penalty = processor.penalty
+            if processor.prompt_ignore_length is not None:
+                found.prompt_ignore_length = processor.prompt_ignore_length
         else:
             return None
-    return bans, warpers
+    return found if penalties <= 1 else None
 
 
 class UnfilledSlidingLayer(StaticLayer):
@@ -185,6 +207,8 @@ class DecodingBuffers:
     counted: torch.Tensor  # (): new tokens transformers' loop would have produced (it stops when every row ended)
     tokens: torch.Tensor  # (B, max_cache_len): the new tokens
     banned_below: torch.Tensor  # (V,): token v may not be chosen while `length` < banned_below[v] (min_length)
+    seen: torch.Tensor  # (B, V + 1) bool: tokens in the sequence so far (the repetition penalty's; V: ids past V)
+    repetition_penalty: torch.Tensor  # () float32: 1.0 without a penalty (a tensor: values share one graph)
 
     @classmethod
     def for_shape(
@@ -196,8 +220,8 @@ class DecodingBuffers:
         if kept is not None and kept[0] == key:
             return kept[1]
 
-        def new(*shape):
-            return static_zeros(*shape, device=device)
+        def new(*shape, dtype=torch.long):
+            return static_zeros(*shape, dtype=dtype, device=device)
 
         buffers = cls(
             input_ids=new(batch_size, 1),
@@ -209,6 +233,8 @@ class DecodingBuffers:
             counted=new(),
             tokens=new(batch_size, max_cache_len),
             banned_below=new(vocab_size),
+            seen=new(batch_size, vocab_size + 1, dtype=torch.bool),
+            repetition_penalty=new(dtype=torch.float32),
         )
         model._decoding_buffers = (key, buffers)
         return buffers
@@ -230,10 +256,14 @@ def choose_tokens(
     eos_token_id: torch.Tensor | None,
     pad_token_id: torch.Tensor | None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """transformers' token choice for one step, on device state only: the minimum-length bans, the score warpers
-    (temperature, top-k, top-p, ...), argmax or a sample, pad for finished rows, end-of-sequence bookkeeping; records
-    the tokens and advances `length`, `step` and `counted`. Returns (next tokens (B,), processed scores (B, V))."""
+    """transformers' token choice for one step, on device state only: the minimum-length bans, the repetition
+    penalty, the score warpers (temperature, top-k, top-p, ...), argmax or a sample, pad for finished rows,
+    end-of-sequence bookkeeping; records the tokens (and marks them seen) and advances `length`, `step` and
+    `counted`. Returns (next tokens (B,), processed scores (B, V))."""
     scores = torch.where(buffers.length < buffers.banned_below, -math.inf, logits)
+    penalty = buffers.repetition_penalty
+    penalised = torch.where(scores < 0, scores * penalty, scores / penalty)
+    scores = torch.where(buffers.seen[:, : scores.shape[-1]], penalised, scores)
     for warper in warpers:
         scores = warper(None, scores)  # score warpers do not read the sequence (SCORE_WARPERS)
     next_tokens = sample(scores) if do_sample else torch.argmax(scores, dim=-1)
@@ -241,6 +271,7 @@ def choose_tokens(
     if eos_token_id is not None:
         next_tokens = next_tokens * buffers.unfinished + pad_token_id * (1 - buffers.unfinished)
         buffers.unfinished.mul_((~torch.isin(next_tokens, eos_token_id)).long())
+    buffers.seen.scatter_(1, next_tokens[:, None], True)
     buffers.tokens.index_copy_(1, buffers.step.view(1), next_tokens[:, None])
     buffers.counted.add_(alive)
     buffers.length.add_(1)
@@ -327,15 +358,30 @@ def _rewind(cache, steps: int) -> None:
             layer.cumulative_length.sub_(steps)
 
 
-def _prepare_buffers(model, input_ids, logits, model_kwargs, bans) -> DecodingBuffers:
+def fill_bans(banned_below: torch.Tensor, bans: list[tuple[torch.Tensor, int]]) -> None:
+    """`banned_below[v]`: the length below which token v may not be chosen (0: never banned)."""
+    banned_below.zero_()
+    for banned, min_length in bans:
+        ids = banned.to(banned_below.device).view(-1)
+        banned_below[ids] = banned_below[ids].clamp(min=min_length)
+
+
+def _prepare_buffers(model, input_ids, logits, model_kwargs, processors: Processors) -> DecodingBuffers:
     """The loop's buffers for this call, filled from the prompt (after the prefill)."""
     cache = self_attention_cache(model_kwargs["past_key_values"])
     batch_size, prompt_length = input_ids.shape
-    buffers = DecodingBuffers.for_shape(model, batch_size, cache.get_max_length(), logits.shape[-1], input_ids.device)
-    buffers.banned_below.zero_()
-    for banned, min_length in bans:
-        ids = banned.to(input_ids.device).view(-1)
-        buffers.banned_below[ids] = buffers.banned_below[ids].clamp(min=min_length)
+    vocab_size = logits.shape[-1]
+    buffers = DecodingBuffers.for_shape(model, batch_size, cache.get_max_length(), vocab_size, input_ids.device)
+    fill_bans(buffers.banned_below, processors.bans)
+    buffers.repetition_penalty.fill_(processors.repetition_penalty)
+    buffers.seen.zero_()
+    # the prompt's ids the penalty counts, as transformers selects them: past `prompt_ignore_length`, ids beyond the
+    # logits clamped to the extra column V
+    ignored = processors.prompt_ignore_length
+    if isinstance(ignored, torch.Tensor):
+        ignored = ignored.to(input_ids.device)[:, None]
+    skipped = torch.arange(prompt_length, device=input_ids.device)[None, :] < ignored
+    buffers.seen.scatter_(1, input_ids.masked_fill(skipped, vocab_size).clamp(max=vocab_size), True)
     buffers.unfinished.fill_(1)
     buffers.length.fill_(prompt_length)
     buffers.step.zero_()
@@ -370,7 +416,8 @@ def decode(
     if eos_token_id is not None:
         eos_token_id = eos_token_id.to(input_ids.device)
         pad_token_id = pad_token_id.to(input_ids.device)
-    bans, warpers = split_processors(logits_processor)
+    processors = split_processors(logits_processor)
+    warpers = processors.warpers
     keep_scores = config.return_dict_in_generate and config.output_scores
     keep_logits = config.return_dict_in_generate and config.output_logits
     scores, raw_logits = [], []
@@ -381,7 +428,7 @@ def decode(
     cache = model_kwargs["past_key_values"]
     logits = outputs.logits[:, -1].to(copy=True, dtype=torch.float32)
     del outputs
-    buffers = _prepare_buffers(model, input_ids, logits, model_kwargs, bans)
+    buffers = _prepare_buffers(model, input_ids, logits, model_kwargs, processors)
     next_tokens, step_scores = choose_tokens(logits, buffers, warpers, config.do_sample, eos_token_id, pad_token_id)
     buffers.input_ids.copy_(next_tokens[:, None])
     if keep_scores:
@@ -449,6 +496,8 @@ __all__ = [
     "eager_on_compiler_failure",
     "one_token_logits",
     "sample",
+    "Processors",
+    "fill_bans",
     "split_processors",
     "unfill_sliding_layers",
     "UnfilledSlidingLayer",

@@ -199,6 +199,29 @@ def test_minimum_lengths_ban_the_end_of_sequence_tokens_as_transformers_does(min
     _assert_same(reference, ours)
 
 
+@pytest.mark.parametrize("penalty", [1.3, 0.7])
+def test_repetition_penalty_as_transformers_applies_it(penalty, loop_calls):
+    """Every token of the sequence so far is penalised — the prompt's too, except each row's left padding (generate
+    skips it) — and the tokens chosen since; sampling with top-k 1 shows it applies before the warpers."""
+    model = decoder_variant("positions_rope")
+    inputs = _prompts(3)
+    kwargs = dict(**inputs, **OUTPUTS, max_new_tokens=16, pad_token_id=0, repetition_penalty=penalty)
+    reference, ours = _both(model, loop_calls, **kwargs)
+    _assert_same(reference, ours)
+    plain = model.generate(**dict(kwargs, repetition_penalty=1.0), cache_implementation="static")
+    assert not torch.equal(plain.sequences, reference.sequences)  # the penalty changed the choices
+    sampled = dict(kwargs, do_sample=True, top_k=1, temperature=0.9)
+    reference, ours = _both(model, loop_calls, **sampled)
+    assert torch.equal(ours.sequences, reference.sequences)
+
+
+def test_repetition_penalty_in_an_encoder_decoder(loop_calls):
+    model = seq2seq_variant("positions_sinusoidal")
+    kwargs = dict(**_sources(model), **OUTPUTS, max_new_tokens=16, repetition_penalty=1.5)
+    reference, ours = _both(model, loop_calls, **kwargs)
+    _assert_same(reference, ours)
+
+
 def test_plain_sequences_without_return_dict(loop_calls):
     model = decoder_variant("moe")
     inputs = _prompts(3)
@@ -213,7 +236,7 @@ def test_plain_sequences_without_return_dict(loop_calls):
     "kwargs",
     [
         dict(no_repeat_ngram_size=2),  # a processor reading the sequence so far
-        dict(repetition_penalty=1.3, do_sample=True),
+        dict(bad_words_ids=[[5], [7]]),
         dict(output_hidden_states=True, return_dict_in_generate=True),
         dict(max_time=30.0),  # a stopping criterion of its own
     ],
@@ -341,13 +364,17 @@ def test_the_step_compiles_as_one_graph_reused_by_later_calls(name):
     inputs = _prompts(3)
     if model.config.prefix_lm:
         inputs["prefix_lengths"] = torch.full((3,), 4)
-    kwargs = dict(do_sample=False, max_new_tokens=12, pad_token_id=0, eos_token_id=[5, 7])
-    expected = model.generate(**inputs, cache_implementation="static", min_new_tokens=3, **kwargs)
+    kwargs = dict(
+        do_sample=False, max_new_tokens=12, pad_token_id=0, eos_token_id=[5, 7], cache_implementation="static"
+    )
+    expected = model.generate(**inputs, min_new_tokens=3, **kwargs)
     assert torch.equal(model.generate(**inputs, compile_config=config, min_new_tokens=3, **kwargs), expected)
+    assert hasattr(model, "_compiled_decoding_step")
     with torch._dynamo.config.patch(error_on_recompile=True):
         shorter = {key: value[:, 1:] if key != "prefix_lengths" else value for key, value in inputs.items()}
-        expected = model.generate(**shorter, cache_implementation="static", min_new_tokens=6, **kwargs)
-        assert torch.equal(model.generate(**shorter, compile_config=config, min_new_tokens=6, **kwargs), expected)
+        later = dict(min_new_tokens=6, repetition_penalty=1.2)  # other bans, a penalty: buffers, not graph constants
+        expected = model.generate(**shorter, **later, **kwargs)
+        assert torch.equal(model.generate(**shorter, compile_config=config, **later, **kwargs), expected)
 
 
 def test_the_sampling_step_compiles_as_one_graph():
@@ -357,9 +384,11 @@ def test_the_sampling_step_compiles_as_one_graph():
     model = decoder_variant("positions_rope")
     inputs = _prompts(2)
     kwargs = dict(do_sample=True, temperature=0.8, top_p=0.95, max_new_tokens=10, pad_token_id=0, eos_token_id=None)
+    kwargs["cache_implementation"] = "static"
     greedy = model.generate(**inputs, do_sample=False, max_new_tokens=10, pad_token_id=0, eos_token_id=None)
     config = _compile_config("eager")
     assert torch.equal(model.generate(**inputs, **kwargs, top_k=1, compile_config=config), greedy)
+    assert hasattr(model, "_compiled_decoding_step")
     with torch._dynamo.config.patch(error_on_recompile=True):
         sampled = model.generate(**inputs, **kwargs, top_k=1, compile_config=config)
     assert torch.equal(sampled, greedy)
