@@ -425,7 +425,8 @@ def test_a_failing_compiler_leaves_eager_decoding_with_one_notice(name, kwargs, 
 
 
 def test_generate_reuses_its_static_cache_unless_it_returned_it():
-    """Compiled graphs and CUDA graphs hold the cache's addresses: a new cache every call records them again."""
+    """Compiled graphs and CUDA graphs hold the cache's addresses: a new cache every call records them again.
+    `release_decoding_memory` frees the kept cache and the loop's buffers."""
     model = decoder_variant("positions_rope")
     inputs = _prompts(2)
     caches = []
@@ -446,3 +447,8 @@ def test_generate_reuses_its_static_cache_unless_it_returned_it():
     assert caches[3] is not returned.past_key_values and torch.equal(after, first)
     assert model.generate(**inputs, **dict(kwargs, max_new_tokens=9)).shape[1] == first.shape[1] + 1  # longer: new
     assert caches[4] is not caches[3]
+    assert torch.equal(model.generate(**inputs, **kwargs, compile_config=_compile_config("eager")), first)
+    assert "_decoding_buffers" in model.__dict__  # the compiled loop's
+    model.release_decoding_memory()
+    assert "_kept_static_cache" not in model.__dict__ and "_decoding_buffers" not in model.__dict__
+    assert torch.equal(model.generate(**inputs, **kwargs), first)  # allocated again
