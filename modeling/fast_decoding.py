@@ -292,7 +292,9 @@ class FastDecodingMixin:
         return past_key_values
 
     def _beam_search(self, input_ids, logits_processor, stopping_criteria, generation_config, synced_gpus=False, **kw):
-        """transformers' beam search, with the decoding steps compiled when greedy decoding would compile them."""
+        """Beam search through `beam_loop.beam_search` where transformers would compile the decoding step and
+        `beam_loop_blocker` finds nothing against it; there otherwise transformers' loop with its one-token steps
+        compiled (`compiled_decoding_steps`); elsewhere transformers' loop as it is."""
         args = (input_ids, logits_processor, stopping_criteria, generation_config, synced_gpus)
         if not self._valid_auto_compile_criteria(kw, generation_config):
             return super()._beam_search(*args, **kw)
