@@ -16,8 +16,9 @@ The host reads whether the search is over once every `CHECK_EVERY` steps. Once i
 finished hypotheses as they are (`torch.where` on a `done` flag), so the output — sequences, `sequences_scores`,
 `beam_indices`, and the per-step `scores`/`logits` truncated to the steps transformers ran — is transformers'.
 `beam_loop_blocker` says when transformers' loop runs instead: beam sampling (`torch.multinomial` reads the device),
-processors other than the minimum-length ones, stopping criteria other than length and end-of-sequence, attention
-or hidden-state outputs, extra model inputs, caches other than generate's own static cache.
+processors other than the minimum-length and `no_repeat_ngram_size` ones, stopping criteria other than length and
+end-of-sequence, attention or hidden-state outputs, extra model inputs, caches other than generate's own static
+cache.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from .decoding_loop import (
     encoder_inputs,
     fill_bans,
     one_token_logits,
+    repeated_ngram_bans,
     self_attention_cache,
     shared_blocker,
     split_processors,
@@ -47,7 +49,7 @@ def beam_loop_blocker(model, logits_processor, stopping_criteria, generation_con
         return "beam sampling"
     processors = split_processors(logits_processor)
     if processors is None or processors.warpers or processors.repetition_penalty != 1.0:
-        return "logits processors other than min_length / min_new_tokens"
+        return "logits processors other than min_length / min_new_tokens / no_repeat_ngram_size"
     return shared_blocker(model, stopping_criteria, generation_config, synced_gpus, model_kwargs)
 
 
@@ -116,6 +118,7 @@ class BeamSettings:
     beams_to_keep: int
     length_penalty: float
     early_stopping: bool | str
+    no_repeat_ngram_size: int = 0
 
 
 def top_k_continuations(model, log_probs: torch.Tensor, buffers: BeamBuffers, beams_to_keep: int):
@@ -142,6 +145,10 @@ def choose_beams(model, log_probs_input, buffers: BeamBuffers, settings: BeamSet
     batch_size, num_beams = buffers.running_beam_scores.shape
     log_probs = nn.functional.log_softmax(log_probs_input, dim=-1)
     log_probs = torch.where(buffers.cur_len < buffers.banned_below, -torch.inf, log_probs)
+    if settings.no_repeat_ngram_size:
+        sequences = buffers.running_sequences.view(batch_size * num_beams, -1)
+        banned = repeated_ngram_bans(sequences, buffers.cur_len, settings.no_repeat_ngram_size, log_probs.shape[-1])
+        log_probs = log_probs.masked_fill(banned, -torch.inf)
     scores = log_probs
     log_probs = log_probs.view(batch_size, num_beams, -1) + buffers.running_beam_scores[:, :, None]
     log_probs = log_probs.reshape(batch_size, -1)
@@ -294,18 +301,20 @@ def beam_search(model, input_ids, logits_processor, stopping_criteria, generatio
     eos_token_id = config._eos_token_tensor
     pad_token_id = config._pad_token_tensor
     n_eos = eos_token_id.shape[0] if eos_token_id is not None else 0
+    processors = split_processors(logits_processor)
+    bans = processors.bans
     settings = BeamSettings(
         num_beams=num_beams,
         beams_to_keep=max(2, 1 + n_eos) * num_beams,
         length_penalty=config.length_penalty,
         early_stopping=config.early_stopping,
+        no_repeat_ngram_size=processors.no_repeat_ngram_size,
     )
     top_mask = torch.arange(settings.beams_to_keep, device=input_ids.device) < num_beams
     pad_fill = pad_token_id or eos_token_id[0] if eos_token_id is not None else -1
     keep_scores = config.return_dict_in_generate and config.output_scores
     keep_logits = config.return_dict_in_generate and config.output_logits
     all_scores, raw_logits = [], []
-    bans = split_processors(logits_processor).bans
 
     outputs = model._prefill(input_ids, config, kwargs, is_first_iteration=True)
     kwargs = model._update_model_kwargs_for_generation(outputs, kwargs, model.config.is_encoder_decoder)

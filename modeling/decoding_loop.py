@@ -6,26 +6,26 @@ processors, the stopping criteria, and a read of `unfinished_sequences.max()` th
 not deferred). At batch 1 a 1B-parameter model reads its weights in under a millisecond, so that per-token host
 work, not the GPU, sets the speed (the ~20 % of the bandwidth roofline measured with transformers' static path).
 
-Here one compiled function is the whole step: the masks, the forward, the token choice (the `min_length` /
+Here one compiled function is the whole step: the masks, the forward, the token choice — the `min_length` /
 `min_new_tokens` end-of-sequence ban, the repetition penalty (on a (batch, vocabulary) mask of the tokens seen so
-far), the score warpers — temperature, top-k, top-p, min-p, typical, epsilon, eta —,
-argmax or a sample drawn without a host read, padding of finished rows, the end-of-sequence bookkeeping), and the
-in-place updates of the next step's inputs. Its inputs are fixed buffers (`DecodingBuffers`, kept on the model and
-reused at the same batch size and cache length) and the static cache, so with `mode="reduce-overhead"` (the default
-`CompileConfig`) every step replays one CUDA graph. The host only replays: it reads whether every row has finished
-once every `CHECK_EVERY` steps (and hands a streamer the tokens so far), and steps taken past the end are dropped
-from the output and rewound in the cache.
+far), the `no_repeat_ngram_size` ban (`repeated_ngram_bans`), the score warpers (temperature, top-k, top-p, min-p,
+typical, epsilon, eta), argmax or a sample drawn without a host read, padding of finished rows, the end-of-sequence
+bookkeeping — and the in-place updates of the next step's inputs. Its inputs are fixed buffers (`DecodingBuffers`,
+kept on the model and reused at the same batch size and cache length) and the static cache, so with
+`mode="reduce-overhead"` (the default `CompileConfig`) every step replays one CUDA graph. The host only replays: it
+reads whether every row has finished once every `CHECK_EVERY` steps (and hands a streamer the tokens so far), and
+steps taken past the end are dropped from the output and rewound in the cache.
 
 Decoders and encoder-decoders alike: an encoder-decoder's steps also take the encoder states and the source mask
 (`encoder_inputs`), and its decoder positions follow from the cache length.
 
 The same step runs on CPU (plain PyTorch, or compiled when `compile_config._compile_all_devices`), where the tests
 check it against transformers' own loop token for token. `loop_blocker` says when this loop does not apply and
-transformers' loop runs instead (its compiled forward still used): other logits processors that read the sequence
-(n-gram bans, bad words, ...), stopping criteria other than length and end-of-sequence (stop strings, time),
-attention or hidden-state outputs, model inputs other than the prompt's ids, mask and positions, and caches other
-than a plain `StaticCache` (sliding-window layers). Samples follow transformers' distribution but not its random
-stream: `torch.multinomial` reads the device, so the step draws by the exponential race (`sample`).
+transformers' loop runs instead (its compiled forward still used): other logits processors (bad words, suppressed
+tokens, ...), stopping criteria other than length and end-of-sequence (stop strings, time), attention or
+hidden-state outputs, model inputs other than the prompt's ids, mask and positions, and caches other than a plain
+`StaticCache` (sliding windows shorter than the cache). Samples follow transformers' distribution but not its
+random stream: `torch.multinomial` reads the device, so the step draws by the exponential race (`sample`).
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ from transformers.generation.logits_process import (
     MinLengthLogitsProcessor,
     MinNewTokensLengthLogitsProcessor,
     MinPLogitsWarper,
+    NoRepeatNGramLogitsProcessor,
     RepetitionPenaltyLogitsProcessor,
     TemperatureLogitsWarper,
     TopKLogitsWarper,
@@ -99,18 +100,20 @@ SCORE_WARPERS = (
 class Processors:
     """The logits processors of a call, as the compiled step applies them (in this order, as transformers orders
     them): end-of-sequence `bans` — (banned ids, minimum length): not chosen while the sequence, prompt included, is
-    shorter —, a `repetition_penalty` on every token seen so far (none: 1.0), then the score `warpers`."""
+    shorter —, a `repetition_penalty` on every token seen so far (none: 1.0), the `no_repeat_ngram_size` ban
+    (0: none), then the score `warpers`."""
 
     bans: list[tuple[torch.Tensor, int]]
     repetition_penalty: float
     prompt_ignore_length: int | torch.Tensor  # prompt positions the penalty skips (per row: the left padding)
+    no_repeat_ngram_size: int  # 0: none
     warpers: list
 
 
 def split_processors(logits_processor: LogitsProcessorList) -> Processors | None:
     """`logits_processor` as `Processors`, or None when one is none of these kinds, or comes after a warper (the
     step applies the warpers last), or is a second repetition penalty."""
-    found = Processors(bans=[], repetition_penalty=1.0, prompt_ignore_length=0, warpers=[])
+    found = Processors(bans=[], repetition_penalty=1.0, prompt_ignore_length=0, no_repeat_ngram_size=0, warpers=[])
     penalties = 0
     for processor in logits_processor:
         kind = type(processor)
@@ -122,6 +125,8 @@ def split_processors(logits_processor: LogitsProcessorList) -> Processors | None
             found.bans.append((processor.eos_token_id, processor.min_length))
         elif kind is MinNewTokensLengthLogitsProcessor:
             found.bans.append((processor.eos_token_id, processor.prompt_length_to_skip + processor.min_new_tokens))
+        elif kind is NoRepeatNGramLogitsProcessor and not found.no_repeat_ngram_size:
+            found.no_repeat_ngram_size = processor.ngram_size
         elif kind is RepetitionPenaltyLogitsProcessor:
             penalties += 1
             found.repetition_penalty = processor.penalty
@@ -205,7 +210,7 @@ class DecodingBuffers:
     length: torch.Tensor  # (): the sequence length before the token being chosen (prompt included)
     step: torch.Tensor  # (): the index of the token being chosen among the new tokens
     counted: torch.Tensor  # (): new tokens transformers' loop would have produced (it stops when every row ended)
-    tokens: torch.Tensor  # (B, max_cache_len): the new tokens
+    sequence: torch.Tensor  # (B, max_cache_len + 1): the prompt's ids, then the new tokens
     banned_below: torch.Tensor  # (V,): token v may not be chosen while `length` < banned_below[v] (min_length)
     seen: torch.Tensor  # (B, V + 1) bool: tokens in the sequence so far (the repetition penalty's; V: ids past V)
     repetition_penalty: torch.Tensor  # () float32: 1.0 without a penalty (a tensor: values share one graph)
@@ -231,7 +236,7 @@ class DecodingBuffers:
             length=new(),
             step=new(),
             counted=new(),
-            tokens=new(batch_size, max_cache_len),
+            sequence=new(batch_size, max_cache_len + 1),
             banned_below=new(vocab_size),
             seen=new(batch_size, vocab_size + 1, dtype=torch.bool),
             repetition_penalty=new(dtype=torch.float32),
@@ -248,6 +253,23 @@ def sample(scores: torch.Tensor) -> torch.Tensor:
     return torch.argmax(probs / race, dim=-1)
 
 
+def repeated_ngram_bans(sequence: torch.Tensor, length: torch.Tensor, n: int, vocab_size: int) -> torch.Tensor:
+    """transformers' `no_repeat_ngram_size` ban on device, (rows, V) bool: the tokens that would complete an n-gram
+    already in each row's first `length` tokens of `sequence` (rows, L), i.e. that follow an earlier occurrence of
+    the row's last n - 1 tokens. Nothing before the sequence holds n - 1 tokens. Fixed shapes, no host read."""
+    rows, width = sequence.shape
+    windows = sequence.unfold(1, n, 1)  # (rows, width - n + 1, n): every n consecutive positions
+    starts = torch.arange(windows.shape[1], device=sequence.device)
+    match = (starts <= length - n).expand(rows, -1)  # the window's last token is already in the sequence
+    if n > 1:
+        last = sequence.index_select(1, (length - n + 1 + torch.arange(n - 1, device=sequence.device)).clamp(min=0))
+        match = match & (windows[:, :, :-1] == last[:, None, :]).all(-1)
+    match = match & (length + 1 >= n)
+    completing = windows[:, :, -1].masked_fill(~match, vocab_size).clamp(max=vocab_size)
+    banned = torch.zeros(rows, vocab_size + 1, dtype=torch.bool, device=sequence.device)
+    return banned.scatter_(1, completing, True)[:, :vocab_size]
+
+
 def choose_tokens(
     logits: torch.Tensor,
     buffers: DecodingBuffers,
@@ -255,15 +277,19 @@ def choose_tokens(
     do_sample: bool,
     eos_token_id: torch.Tensor | None,
     pad_token_id: torch.Tensor | None,
+    ngram: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """transformers' token choice for one step, on device state only: the minimum-length bans, the repetition
     penalty, the score warpers (temperature, top-k, top-p, ...), argmax or a sample, pad for finished rows,
     end-of-sequence bookkeeping; records the tokens (and marks them seen) and advances `length`, `step` and
-    `counted`. Returns (next tokens (B,), processed scores (B, V))."""
+    `counted`. `ngram`: `no_repeat_ngram_size` (0: none). Returns (next tokens (B,), processed scores (B, V))."""
     scores = torch.where(buffers.length < buffers.banned_below, -math.inf, logits)
     penalty = buffers.repetition_penalty
     penalised = torch.where(scores < 0, scores * penalty, scores / penalty)
     scores = torch.where(buffers.seen[:, : scores.shape[-1]], penalised, scores)
+    if ngram:
+        banned = repeated_ngram_bans(buffers.sequence, buffers.length, ngram, scores.shape[-1])
+        scores = scores.masked_fill(banned, -math.inf)
     for warper in warpers:
         scores = warper(None, scores)  # score warpers do not read the sequence (SCORE_WARPERS)
     next_tokens = sample(scores) if do_sample else torch.argmax(scores, dim=-1)
@@ -272,7 +298,7 @@ def choose_tokens(
         next_tokens = next_tokens * buffers.unfinished + pad_token_id * (1 - buffers.unfinished)
         buffers.unfinished.mul_((~torch.isin(next_tokens, eos_token_id)).long())
     buffers.seen.scatter_(1, next_tokens[:, None], True)
-    buffers.tokens.index_copy_(1, buffers.step.view(1), next_tokens[:, None])
+    buffers.sequence.index_copy_(1, buffers.length.view(1), next_tokens[:, None])
     buffers.counted.add_(alive)
     buffers.length.add_(1)
     buffers.step.add_(1)
@@ -304,14 +330,14 @@ def one_token_logits(model, tokens, cache, position_ids, padding_mask, encoder: 
 
 
 def decoding_step(
-    model, past_key_values, buffers, warpers, do_sample, eos_token_id, pad_token_id, has_padding, encoder
+    model, past_key_values, buffers, warpers, do_sample, eos_token_id, pad_token_id, has_padding, encoder, ngram=0
 ):
     """One decoding step, compiled whole: the masks transformers' loop would build, the forward of the last chosen
     token (with the `encoder` inputs for an encoder-decoder), the choice of the next one; the next step's inputs are
     updated in place. Returns (logits, scores)."""
     padding = buffers.attention_mask if has_padding else None
     logits = one_token_logits(model, buffers.input_ids, past_key_values, buffers.position_ids, padding, encoder)
-    next_tokens, scores = choose_tokens(logits, buffers, warpers, do_sample, eos_token_id, pad_token_id)
+    next_tokens, scores = choose_tokens(logits, buffers, warpers, do_sample, eos_token_id, pad_token_id, ngram)
     buffers.input_ids.copy_(next_tokens[:, None])
     buffers.position_ids.add_(1)
     return logits, scores
@@ -386,7 +412,8 @@ def _prepare_buffers(model, input_ids, logits, model_kwargs, processors: Process
     buffers.length.fill_(prompt_length)
     buffers.step.zero_()
     buffers.counted.zero_()
-    buffers.tokens.zero_()
+    buffers.sequence.zero_()
+    buffers.sequence[:, :prompt_length] = input_ids
     buffers.attention_mask.fill_(1)
     if not model.config.is_encoder_decoder:  # (an encoder-decoder's mask is the source's, its positions implicit)
         mask = model_kwargs.get("attention_mask")
@@ -422,6 +449,7 @@ def decode(
     keep_logits = config.return_dict_in_generate and config.output_logits
     scores, raw_logits = [], []
 
+    prompt_length = input_ids.shape[1]
     outputs = model._prefill(input_ids, config, model_kwargs, is_first_iteration=True)
     is_encoder_decoder = model.config.is_encoder_decoder
     model_kwargs = model._update_model_kwargs_for_generation(outputs, model_kwargs, is_encoder_decoder)
@@ -429,7 +457,10 @@ def decode(
     logits = outputs.logits[:, -1].to(copy=True, dtype=torch.float32)
     del outputs
     buffers = _prepare_buffers(model, input_ids, logits, model_kwargs, processors)
-    next_tokens, step_scores = choose_tokens(logits, buffers, warpers, config.do_sample, eos_token_id, pad_token_id)
+    ngram = processors.no_repeat_ngram_size
+    next_tokens, step_scores = choose_tokens(
+        logits, buffers, warpers, config.do_sample, eos_token_id, pad_token_id, ngram
+    )
     buffers.input_ids.copy_(next_tokens[:, None])
     if keep_scores:
         scores.append(step_scores)
@@ -448,9 +479,10 @@ def decode(
         pad_token_id,
         has_padding,
         encoder_inputs(model, model_kwargs),
+        ngram,
     )
     with model._optimize_model_for_decode():
-        for step in range(1, stopping_criteria.max_length - input_ids.shape[1]):
+        for step in range(1, stopping_criteria.max_length - prompt_length):
             torch.compiler.cudagraph_mark_step_begin()  # the last step's outputs are dead: replay, do not record anew
             logits, step_scores = step_function(model, cache, buffers, *arguments)
             if keep_scores:
@@ -461,7 +493,7 @@ def decode(
             if (step + 1) % CHECK_EVERY == 0 and (eos_token_id is not None or streamer is not None):
                 counted = int(buffers.counted)  # waits for the device: once every CHECK_EVERY steps
                 if streamer is not None and counted > streamed:
-                    streamer.put(buffers.tokens[:, streamed:counted].cpu())
+                    streamer.put(buffers.sequence[:, prompt_length + streamed : prompt_length + counted].cpu())
                     streamed = counted
                 if counted < step + 1:  # every row has ended
                     break
@@ -472,9 +504,9 @@ def decode(
         _rewind(cache, steps_run - counted)  # each step past the end fed one token into the cache
     if streamer is not None:
         if counted > streamed:
-            streamer.put(buffers.tokens[:, streamed:counted].cpu())
+            streamer.put(buffers.sequence[:, prompt_length + streamed : prompt_length + counted].cpu())
         streamer.end()
-    sequences = torch.cat([input_ids, buffers.tokens[:, :counted]], dim=-1)
+    sequences = buffers.sequence[:, : prompt_length + counted].clone()
     if not config.return_dict_in_generate:
         return sequences
     output_class = GenerateEncoderDecoderOutput if is_encoder_decoder else GenerateDecoderOnlyOutput
@@ -495,6 +527,7 @@ __all__ = [
     "decode",
     "eager_on_compiler_failure",
     "one_token_logits",
+    "repeated_ngram_bans",
     "sample",
     "Processors",
     "fill_bans",

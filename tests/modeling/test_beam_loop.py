@@ -119,6 +119,17 @@ def test_searches_ending_early_end_as_transformers_loop(search, loop_calls):
     _assert_same(reference, ours, "decoder")
 
 
+@pytest.mark.parametrize("kind, name", [("decoder", "positions_rope"), ("seq2seq", "positions_sinusoidal")])
+@pytest.mark.parametrize("n", [2, 3])
+def test_no_repeat_ngram_size_as_transformers_bans(n, kind, name, loop_calls):
+    """Summarization's usual setting (beams with `no_repeat_ngram_size`): the ban on every beam's sequence so far."""
+    model = _model(kind, name)
+    kwargs = dict(**_inputs(model, kind), **OUTPUTS, num_beams=4, max_new_tokens=20, no_repeat_ngram_size=n)
+    reference, ours = _both(model, loop_calls, **kwargs)
+    _assert_same(reference, ours, kind)
+    assert any(torch.isinf(scores).any() for scores in ours.scores)  # the ban did ban something
+
+
 def test_plain_sequences(loop_calls):
     model = seq2seq_variant("positions_relative_bias")
     kwargs = dict(**_inputs(model, "seq2seq"), num_beams=4, max_new_tokens=8, eos_token_id=[4, 9])
@@ -131,7 +142,7 @@ def test_plain_sequences(loop_calls):
     [
         dict(do_sample=True),  # beam sampling: torch.multinomial reads the device
         dict(repetition_penalty=1.3),
-        dict(no_repeat_ngram_size=2),
+        dict(bad_words_ids=[[5], [7]]),
         dict(output_attentions=True, return_dict_in_generate=True),
         dict(max_time=30.0),  # a stopping criterion of its own
     ],
@@ -155,7 +166,7 @@ def test_the_step_compiles_as_one_graph_reused_by_later_calls(kind, name):
     torch._dynamo.reset()
     model = _model(kind, name)
     inputs = _inputs(model, kind)
-    common = dict(num_beams=3, num_return_sequences=2, pad_token_id=0, eos_token_id=[5, 7])
+    common = dict(num_beams=3, num_return_sequences=2, pad_token_id=0, eos_token_id=[5, 7], no_repeat_ngram_size=3)
     calls = [dict(inputs, max_new_tokens=12, min_new_tokens=3)]
     shorter = {key: value[:, 1:] for key, value in inputs.items()} if kind == "decoder" else inputs
     calls.append(dict(shorter, max_new_tokens=10, min_new_tokens=5))

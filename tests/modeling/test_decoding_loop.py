@@ -215,6 +215,19 @@ def test_repetition_penalty_as_transformers_applies_it(penalty, loop_calls):
     assert torch.equal(ours.sequences, reference.sequences)
 
 
+@pytest.mark.parametrize("kind", ["decoder", "seq2seq"])
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_no_repeat_ngram_size_as_transformers_bans(n, kind, loop_calls):
+    """The n-gram ban on device (every window of the sequence so far compared with its last n - 1 tokens) bans what
+    transformers' host-side n-gram table bans: the same tokens and the same -inf pattern at every step."""
+    model = decoder_variant("positions_rope") if kind == "decoder" else seq2seq_variant("positions_sinusoidal")
+    inputs = _prompts(3) if kind == "decoder" else _sources(model)
+    kwargs = dict(**inputs, **OUTPUTS, max_new_tokens=10 if n == 1 else 24, pad_token_id=0, no_repeat_ngram_size=n)
+    reference, ours = _both(model, loop_calls, **kwargs)
+    _assert_same(reference, ours)
+    assert any(torch.isinf(a).any() for a in ours.scores)  # the ban did ban something
+
+
 def test_repetition_penalty_in_an_encoder_decoder(loop_calls):
     model = seq2seq_variant("positions_sinusoidal")
     kwargs = dict(**_sources(model), **OUTPUTS, max_new_tokens=16, repetition_penalty=1.5)
@@ -235,7 +248,7 @@ def test_plain_sequences_without_return_dict(loop_calls):
 @pytest.mark.parametrize(
     "kwargs",
     [
-        dict(no_repeat_ngram_size=2),  # a processor reading the sequence so far
+        dict(suppress_tokens=[5, 7]),  # a processor of its own
         dict(bad_words_ids=[[5], [7]]),
         dict(output_hidden_states=True, return_dict_in_generate=True),
         dict(max_time=30.0),  # a stopping criterion of its own
@@ -344,6 +357,7 @@ def test_the_encoder_decoder_step_compiles_as_one_graph():
     model = seq2seq_variant("positions_relative_bias")
     inputs = _sources(model)
     kwargs = dict(do_sample=False, max_new_tokens=12, eos_token_id=[5, 7], cache_implementation="static")
+    kwargs["no_repeat_ngram_size"] = 2  # the device-side n-gram ban traces too
     for index, minimum in enumerate((3, 6)):
         expected = model.generate(**inputs, min_new_tokens=minimum, **kwargs)
         with torch._dynamo.config.patch(error_on_recompile=index > 0):
