@@ -31,11 +31,13 @@ from transformers.generation.utils import GenerateBeamDecoderOnlyOutput, Generat
 
 from .decoding_loop import (
     CHECK_EVERY,
-    eager_on_compiler_failure,
     encoder_inputs,
     fill_bans,
+    fill_prompt_inputs,
+    kept_compiled,
     one_token_logits,
     repeated_ngram_bans,
+    rewind,
     self_attention_cache,
     shared_blocker,
     split_processors,
@@ -253,14 +255,8 @@ def reorder_cache(cache, buffers: BeamBuffers) -> None:
 
 
 def compiled_beam_step(model, compile_config):
-    """`beam_step` compiled with `compile_config`, kept on the model; eager where the compiler fails."""
-    kept = getattr(model, "_compiled_beam_step", None)
-    if kept is not None and kept[0] == compile_config:
-        return kept[1]
-    compiled = torch.compile(beam_step, **compile_config.to_dict())
-    step = eager_on_compiler_failure(model, compiled, beam_step, "the beam-search step")
-    model._compiled_beam_step = (compile_config, step)
-    return step
+    """`beam_step` compiled, kept on the model (`decoding_loop.kept_compiled`)."""
+    return kept_compiled(model, "_compiled_beam_step", beam_step, compile_config, "the beam-search step")
 
 
 def _initialise(model, buffers: BeamBuffers, input_ids, num_beams, max_length, pad_fill, bans, model_kwargs):
@@ -283,12 +279,7 @@ def _initialise(model, buffers: BeamBuffers, input_ids, num_beams, max_length, p
     buffers.max_length.fill_(max_length)
     buffers.steps_after_done.zero_()
     fill_bans(buffers.banned_below, bans)
-    buffers.attention_mask.fill_(1)
-    mask = model_kwargs.get("attention_mask")
-    if not model.config.is_encoder_decoder:
-        if mask is not None:
-            buffers.attention_mask[:, : mask.shape[1]].copy_(mask)
-        buffers.position_ids.copy_(model_kwargs["position_ids"][:, -1:])
+    fill_prompt_inputs(model, buffers, model_kwargs)
 
 
 def beam_search(model, input_ids, logits_processor, stopping_criteria, generation_config, step_function, **kwargs):
@@ -351,9 +342,7 @@ def beam_search(model, input_ids, logits_processor, stopping_criteria, generatio
         reorder_cache(cache, buffers)  # the returned cache follows the last choice, as transformers' does
     steps_run = int(buffers.cur_len) - prompt_len
     extra = int(buffers.steps_after_done)
-    for layer in self_attention_cache(cache).layers:  # forwards past the end: forgotten, as in decoding_loop
-        if layer.is_initialized and extra:
-            layer.cumulative_length.sub_(extra)
+    rewind(cache, extra)  # forwards past the end: forgotten
     ran = steps_run - extra  # the steps transformers' loop ran
     nrs = config.num_return_sequences
     sequences = buffers.sequences[:, :nrs].reshape(batch_size * nrs, -1)

@@ -365,23 +365,44 @@ def eager_on_compiler_failure(model, compiled, eager, what: str):
     return call
 
 
-def compiled_decoding_step(model, compile_config):
-    """`decoding_step` compiled with `compile_config` (transformers' `CompileConfig`), kept on the model and reused
-    while the config is the same (a new `torch.compile` would compile again); eager where the compiler fails."""
-    kept = getattr(model, "_compiled_decoding_step", None)
+def kept_compiled(model, attribute: str, function, compile_config, what: str):
+    """`function` compiled with `compile_config` (transformers' `CompileConfig`), kept on `model` under `attribute`
+    and reused while the config is the same (a new `torch.compile` would compile again); eager where the compiler
+    fails (`eager_on_compiler_failure`, whose notice names `what`)."""
+    kept = getattr(model, attribute, None)
     if kept is not None and kept[0] == compile_config:
         return kept[1]
-    compiled = torch.compile(decoding_step, **compile_config.to_dict())
-    step = eager_on_compiler_failure(model, compiled, decoding_step, "the decoding step")
-    model._compiled_decoding_step = (compile_config, step)
+    compiled = torch.compile(function, **compile_config.to_dict())
+    step = eager_on_compiler_failure(model, compiled, function, what)
+    setattr(model, attribute, (compile_config, step))
     return step
 
 
-def _rewind(cache, steps: int) -> None:
-    """Forget the keys of the last `steps` forwards (steps run past the end of every row)."""
+def compiled_decoding_step(model, compile_config):
+    """`decoding_step` compiled, kept on the model (`kept_compiled`)."""
+    return kept_compiled(model, "_compiled_decoding_step", decoding_step, compile_config, "the decoding step")
+
+
+def rewind(cache, steps: int) -> None:
+    """Forget the keys of the last `steps` forwards (steps run past the end of every row or search)."""
+    if not steps:
+        return
     for layer in self_attention_cache(cache).layers:
         if layer.is_initialized:
             layer.cumulative_length.sub_(steps)
+
+
+def fill_prompt_inputs(model, buffers, model_kwargs: dict) -> None:
+    """A decoder's padding mask over the cache (the prompt's, then ones) and the next position per row, from the
+    prefill's `model_kwargs`, into `buffers.attention_mask` and `buffers.position_ids`. An encoder-decoder needs
+    neither (its mask is the source's, its decoder positions follow the cache length)."""
+    buffers.attention_mask.fill_(1)
+    if model.config.is_encoder_decoder:
+        return
+    mask = model_kwargs.get("attention_mask")
+    if mask is not None:
+        buffers.attention_mask[:, : mask.shape[1]].copy_(mask)
+    buffers.position_ids.copy_(model_kwargs["position_ids"][:, -1:])
 
 
 def fill_bans(banned_below: torch.Tensor, bans: list[tuple[torch.Tensor, int]]) -> None:
@@ -414,12 +435,7 @@ def _prepare_buffers(model, input_ids, logits, model_kwargs, processors: Process
     buffers.counted.zero_()
     buffers.sequence.zero_()
     buffers.sequence[:, :prompt_length] = input_ids
-    buffers.attention_mask.fill_(1)
-    if not model.config.is_encoder_decoder:  # (an encoder-decoder's mask is the source's, its positions implicit)
-        mask = model_kwargs.get("attention_mask")
-        if mask is not None:
-            buffers.attention_mask[:, : mask.shape[1]].copy_(mask)
-        buffers.position_ids.copy_(model_kwargs["position_ids"][:, -1:])
+    fill_prompt_inputs(model, buffers, model_kwargs)
     return buffers
 
 
@@ -500,8 +516,7 @@ def decode(
 
     steps_run = int(buffers.step)  # new tokens chosen, the one after the prefill included
     counted = int(buffers.counted)
-    if steps_run > counted:
-        _rewind(cache, steps_run - counted)  # each step past the end fed one token into the cache
+    rewind(cache, steps_run - counted)  # each step past the end fed one token into the cache
     if streamer is not None:
         if counted > streamed:
             streamer.put(buffers.sequence[:, prompt_length + streamed : prompt_length + counted].cpu())
@@ -526,8 +541,11 @@ __all__ = [
     "decoding_step",
     "decode",
     "eager_on_compiler_failure",
+    "fill_prompt_inputs",
+    "kept_compiled",
     "one_token_logits",
     "repeated_ngram_bans",
+    "rewind",
     "sample",
     "Processors",
     "fill_bans",
