@@ -1,7 +1,7 @@
 """Normalization layers and the registry `norm_type` resolves through (seed 000 §5.2 "normalization"; seed 004).
 
 - `RMSNorm` (Zhang & Sennrich 2019): numerically identical to `LlamaRMSNorm` (statistics in fp32, weight applied
-  in the input dtype).
+  in the input dtype); the normalisation is torch's fused RMSNorm kernel where torch has one (`rms_normalized`).
 - `OffsetRMSNorm`: RMSNorm whose gain is stored as (1 + w), w initialised to 0 — Gemma/Gemma2's `Gemma2RMSNorm`,
   numerically identical to it (the whole computation in fp32). Weight decay then pulls the gain towards 1, not 0.
 - `LayerNorm` (Ba et al. 2016): `torch.nn.LayerNorm`, as in the original Transformer, GPT, BLOOM and GPT-NeoX.
@@ -15,36 +15,75 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+# torch's fused RMSNorm ops (torch >= 2.8; None in older torch, which then runs the op-by-op forms). The forward runs
+# on every device (on CPU as its decomposition); the backward has a CUDA kernel only (`FUSED_BACKWARD_DEVICES`).
+_FUSED_RMS_NORM = getattr(torch.ops.aten, "_fused_rms_norm", None)
+_FUSED_RMS_NORM_BACKWARD = getattr(torch.ops.aten, "_fused_rms_norm_backward", None)
+FUSED_BACKWARD_DEVICES = ("cuda",)
+
+
+def rms_normalized(hidden_states: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x·r rounded to x's dtype, r in fp32 with a trailing dimension of 1), r = (mean(x²) + eps)^-½ in fp32.
+
+    torch's `_fused_rms_norm` (torch ≥ 2.8): one kernel on CUDA where the op-by-op form runs six (cast, square,
+    mean, add + rsqrt, multiply, cast back) and moves ~4× the bytes — a third of a prefill's memory-bound work per
+    layer; elsewhere the same op-by-op arithmetic (its decomposition, equal bit for bit to Llama's), and under
+    `torch.compile` inductor fuses it either way."""
+    if _FUSED_RMS_NORM is not None:
+        return _FUSED_RMS_NORM(hidden_states, [hidden_states.shape[-1]], None, eps)
+    x = hidden_states.to(torch.float32)
+    rstd = torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+    return (x * rstd).to(hidden_states.dtype), rstd
+
 
 class _RMSNormFunction(torch.autograd.Function):
-    """Llama's RMSNorm forward, bit for bit, with a hand-written backward that keeps only x and 1/rms.
+    """Llama's RMSNorm forward (`rms_normalized`, then the gain in the input dtype), with a hand-written backward
+    that keeps only x and 1/rms.
 
     Autograd over the op-by-op forward saves four full-size intermediates per norm and runs ~10 kernels backward;
-    this keeps the input and one scalar per row and runs five:
+    this keeps the input and one scalar per row, and its backward is torch's fused kernel on CUDA
+    (`_uses_fused_backward`), elsewhere this formula:
         n = x·r, r = (mean(x²) + eps)^-½;   dx = r·(gₙ − n·mean(gₙ·n)), gₙ = g·w;   dw = Σ_rows g·n.
     """
 
     @staticmethod
     def forward(ctx, hidden_states: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:  # type: ignore[override]
-        x = hidden_states.to(torch.float32)
-        rstd = torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+        normed, rstd = rms_normalized(hidden_states, eps)
         ctx.save_for_backward(hidden_states, weight, rstd)
-        return weight * (x * rstd).to(hidden_states.dtype)
+        return weight * normed
 
     @staticmethod
     def backward(ctx, grad_output: torch.Tensor):  # type: ignore[override]
         hidden_states, weight, rstd = ctx.saved_tensors
+        needs_input, needs_weight = ctx.needs_input_grad[:2]
+        if _uses_fused_backward(hidden_states, weight):
+            grad_input, grad_weight = _FUSED_RMS_NORM_BACKWARD(
+                grad_output, hidden_states, [weight.shape[-1]], rstd, weight, [needs_input, needs_weight]
+            )
+            return grad_input, grad_weight, None
         normed = hidden_states.to(torch.float32) * rstd
         grad = grad_output.to(torch.float32)
         grad_weight = None
-        if ctx.needs_input_grad[1]:
+        if needs_weight:
             grad_weight = (grad * normed.to(hidden_states.dtype)).reshape(-1, weight.shape[-1]).sum(0).to(weight.dtype)
         grad_input = None
-        if ctx.needs_input_grad[0]:
+        if needs_input:
             grad_normed = grad * weight.to(torch.float32)
             dot = (grad_normed * normed).mean(-1, keepdim=True)
             grad_input = (rstd * (grad_normed - normed * dot)).to(hidden_states.dtype)
         return grad_input, grad_weight, None
+
+
+def _uses_fused_backward(hidden_states: torch.Tensor, weight: torch.Tensor) -> bool:
+    """torch's fused backward (one or two kernels where the formula above runs about twelve) where it has a kernel
+    (CUDA), for fp32 input and gain — the autocast training case (fp32 residual stream, fp32 gains) — where it is the
+    formula exactly. With half-precision inputs it would differ in rounding (its gain gradient comes back in the
+    input's dtype, from n before rounding), so those keep the formula."""
+    return (
+        _FUSED_RMS_NORM_BACKWARD is not None
+        and hidden_states.device.type in FUSED_BACKWARD_DEVICES
+        and hidden_states.dtype == weight.dtype == torch.float32
+    )
 
 
 class RMSNorm(nn.Module):
@@ -61,9 +100,7 @@ class RMSNorm(nn.Module):
         if torch.is_grad_enabled() and (hidden_states.requires_grad or self.weight.requires_grad):
             return _RMSNormFunction.apply(hidden_states, self.weight, self.variance_epsilon)
         # Inference: the same arithmetic without the autograd.Function's per-call overhead (it shows in decoding).
-        x = hidden_states.to(torch.float32)
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
-        return self.weight * x.to(hidden_states.dtype)
+        return self.weight * rms_normalized(hidden_states, self.variance_epsilon)[0]
 
     def extra_repr(self) -> str:
         return f"{tuple(self.weight.shape)}, eps={self.variance_epsilon}"
@@ -104,4 +141,4 @@ def make_norm(norm_type: str, hidden_size: int, eps: float, bias: bool | None = 
     return norm_class(hidden_size, eps=eps) if bias is None else norm_class(hidden_size, eps=eps, bias=bias)
 
 
-__all__ = ["NORMS", "RMSNorm", "OffsetRMSNorm", "LayerNorm", "make_norm"]
+__all__ = ["NORMS", "RMSNorm", "rms_normalized", "OffsetRMSNorm", "LayerNorm", "make_norm"]

@@ -65,3 +65,76 @@ def test_rms_norm_matches_llama_forward_bitwise_and_backward():
     g = torch.randn_like(y_ours)
     for a, b in zip(torch.autograd.grad(y_ours, (x, ours.weight), g), torch.autograd.grad(y_ref, (x, ref.weight), g)):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
+
+
+def test_rms_norm_fused_backward_takes_the_formulas_arguments(monkeypatch):
+    """On CUDA the backward is torch's fused kernel (`aten._fused_rms_norm_backward`, no CPU kernel). Its
+    decomposition — the same arithmetic, on CPU — stands in for it here: called with the arguments the norm passes,
+    it gives the formula's gradients, for input and gain together and each alone."""
+    from torch._decomp.decompositions import _fused_rms_norm_backward
+
+    from archlab.modeling import normalization
+
+    norm = RMSNorm(16, eps=1e-5)
+    with torch.no_grad():
+        norm.weight.normal_()
+    x = torch.randn(3, 5, 16)
+    g = torch.randn(3, 5, 16)
+
+    def gradients(wrt):
+        inputs = x.clone().requires_grad_("x" in wrt)
+        norm.weight.requires_grad_("w" in wrt)
+        targets = [t for t, name in ((inputs, "x"), (norm.weight, "w")) if name in wrt]
+        return torch.autograd.grad(norm(inputs), targets, g)
+
+    for wrt in ("xw", "x", "w"):
+        expected = gradients(wrt)
+        calls = []
+
+        def fused(*args, calls=calls):
+            calls.append(args[-1])
+            return _fused_rms_norm_backward(*args)
+
+        with monkeypatch.context() as patch:
+            patch.setattr(normalization, "FUSED_BACKWARD_DEVICES", ("cpu",))
+            patch.setattr(normalization, "_FUSED_RMS_NORM_BACKWARD", fused)
+            actual = gradients(wrt)
+        assert calls == [["x" in wrt, "w" in wrt]]
+        for a, b in zip(actual, expected):
+            torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
+    norm.weight.requires_grad_(True)
+
+
+def test_rms_norm_half_precision_keeps_the_formula(monkeypatch):
+    """bf16 inputs (or gains) never take the fused backward: its rounding would differ from Llama's."""
+    from archlab.modeling import normalization
+
+    def refuse(*args):
+        raise AssertionError("the fused backward ran for bf16")
+
+    monkeypatch.setattr(normalization, "FUSED_BACKWARD_DEVICES", ("cpu",))
+    monkeypatch.setattr(normalization, "_FUSED_RMS_NORM_BACKWARD", refuse)
+    norm = RMSNorm(16).to(torch.bfloat16)
+    x = torch.randn(2, 16, dtype=torch.bfloat16, requires_grad=True)
+    norm(x).float().sum().backward()
+    assert x.grad is not None and norm.weight.grad is not None
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="torch's fused RMSNorm kernels are CUDA kernels")
+def test_rms_norm_fused_kernels_match_llama_on_cuda():
+    """fp32 forward and backward through the fused CUDA kernels (training's case) against LlamaRMSNorm's autograd,
+    and the bf16 inference forward within one bf16 rounding."""
+    ours, ref = RMSNorm(1024).cuda(), LlamaRMSNorm(1024).cuda()
+    with torch.no_grad():
+        ours.weight.normal_()
+        ref.weight.copy_(ours.weight)
+    x = torch.randn(4, 256, 1024, device="cuda", requires_grad=True)
+    g = torch.randn(4, 256, 1024, device="cuda")
+    y_ours, y_ref = ours(x), ref(x)
+    torch.testing.assert_close(y_ours, y_ref, atol=1e-5, rtol=1e-5)
+    for a, b in zip(torch.autograd.grad(y_ours, (x, ours.weight), g), torch.autograd.grad(y_ref, (x, ref.weight), g)):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+    with torch.no_grad():
+        half = x.detach().bfloat16()
+        torch.testing.assert_close(ours.bfloat16()(half), ref.bfloat16()(half), atol=0, rtol=2**-7)
