@@ -20,17 +20,20 @@ Decoders and encoder-decoders alike: an encoder-decoder's steps also take the en
 (`encoder_inputs`), and its decoder positions follow from the cache length.
 
 The same step runs on CPU (plain PyTorch, or compiled when `compile_config._compile_all_devices`), where the tests
-check it against transformers' own loop token for token. `loop_blocker` says when this loop does not apply and
-transformers' loop runs instead (its compiled forward still used): other logits processors (bad words, suppressed
-tokens, ...), stopping criteria other than length and end-of-sequence (stop strings, time), attention or
-hidden-state outputs, model inputs other than the prompt's ids, mask and positions, and caches other than a plain
-`StaticCache` (sliding windows shorter than the cache). Samples follow transformers' distribution but not its
-random stream: `torch.multinomial` reads the device, so the step draws by the exponential race (`sample`).
+check it against transformers' own loop token for token. Stop strings are matched inside the step (transformers' own
+`StopStringCriteria` on the last ids of each row, `stop_string_hits`); `max_time` is read by the host at its
+check every `CHECK_EVERY` tokens, so a call may run up to CHECK_EVERY - 1 tokens past it. `loop_blocker` says when
+this loop does not apply and transformers' loop runs instead (its compiled forward still used): other logits
+processors (bad words, suppressed tokens, ...), other stopping criteria, attention or hidden-state outputs, model
+inputs other than the prompt's ids, mask and positions, and caches other than a plain `StaticCache` (sliding
+windows shorter than the cache). Samples follow transformers' distribution but not its random stream:
+`torch.multinomial` reads the device, so the step draws by the exponential race (`sample`).
 """
 
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
 
 import torch
@@ -49,7 +52,13 @@ from transformers.generation.logits_process import (
     TopPLogitsWarper,
     TypicalLogitsWarper,
 )
-from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria, StoppingCriteriaList
+from transformers.generation.stopping_criteria import (
+    EosTokenCriteria,
+    MaxLengthCriteria,
+    MaxTimeCriteria,
+    StoppingCriteriaList,
+    StopStringCriteria,
+)
 from transformers.generation.utils import GenerateDecoderOnlyOutput, GenerateEncoderDecoderOutput
 from transformers.masking_utils import create_masks_for_generate
 from transformers.utils import logging
@@ -64,10 +73,11 @@ CHECK_EVERY = 16
 LOOP_MODEL_INPUTS = frozenset(
     {"attention_mask", "position_ids", "past_key_values", "use_cache", "logits_to_keep", "inputs_embeds"}
     | {"prefix_lengths"}  # prefix-LM: the prefix lies in the prompt; decoding steps are causal (see the model)
+    | {"tokenizer"}  # generate's, for stop strings: it stays in the model kwargs, and no forward reads it
 )
 # What an encoder-decoder's steps take besides the cache: the source's mask and encoder states.
 SEQ2SEQ_MODEL_INPUTS = frozenset(
-    {"attention_mask", "encoder_outputs", "past_key_values", "use_cache", "logits_to_keep"}
+    {"attention_mask", "encoder_outputs", "past_key_values", "use_cache", "logits_to_keep", "tokenizer"}
 )
 
 
@@ -157,15 +167,24 @@ def unfill_sliding_layers(cache: Cache, sliding_window: int | None, length: int)
             cache.layers[index] = UnfilledSlidingLayer(max_cache_len=length)
 
 
-def shared_blocker(model, stopping_criteria, generation_config, synced_gpus, model_kwargs) -> str | None:
-    """What keeps any call (`decode` or `beam_loop.beam_search`) in transformers' loop, or None."""
+# The stopping criteria every compiled loop follows; `decode` follows `DECODE_CRITERIA`.
+LOOP_CRITERIA = (MaxLengthCriteria, EosTokenCriteria)
+DECODE_CRITERIA = (*LOOP_CRITERIA, StopStringCriteria, MaxTimeCriteria)
+
+
+def shared_blocker(
+    model, stopping_criteria, generation_config, synced_gpus, model_kwargs, criteria: tuple = LOOP_CRITERIA
+) -> str | None:
+    """What keeps any call (`decode` or `beam_loop.beam_search`) in transformers' loop, or None. `criteria`: the
+    stopping criteria the loop follows."""
     config = generation_config
     if synced_gpus or config.is_assistant:
         return "synced GPUs or an assistant model"
     if config.output_attentions or config.output_hidden_states:
         return "attentions or hidden states asked for"
-    if any(type(criterion) not in (MaxLengthCriteria, EosTokenCriteria) for criterion in stopping_criteria):
-        return "stopping criteria other than the length and end-of-sequence ones"
+    others = sorted({type(criterion).__name__ for criterion in stopping_criteria if type(criterion) not in criteria})
+    if others:
+        return f"stopping criteria {others}"
     if stopping_criteria.max_length is None:
         return "no maximum length"
     allowed = SEQ2SEQ_MODEL_INPUTS if model.config.is_encoder_decoder else LOOP_MODEL_INPUTS
@@ -189,7 +208,7 @@ def loop_blocker(
     if split_processors(logits_processor) is None:
         names = sorted({type(p).__name__ for p in logits_processor} - {c.__name__ for c in SCORE_WARPERS})
         return f"logits processors {names}"
-    return shared_blocker(model, stopping_criteria, generation_config, synced_gpus, model_kwargs)
+    return shared_blocker(model, stopping_criteria, generation_config, synced_gpus, model_kwargs, DECODE_CRITERIA)
 
 
 def static_zeros(*shape: int, dtype: torch.dtype = torch.long, device=None) -> torch.Tensor:
@@ -270,6 +289,18 @@ def repeated_ngram_bans(sequence: torch.Tensor, length: torch.Tensor, n: int, vo
     return banned.scatter_(1, completing, True)[:, :vocab_size]
 
 
+def stop_string_hits(criterion: StopStringCriteria, sequence: torch.Tensor, length: torch.Tensor) -> torch.Tensor:
+    """transformers' `StopStringCriteria` on each row's first `length` tokens of `sequence` (rows, L): (rows,) bool,
+    True where the row's text ends with one of its stop strings. It reads the last `maximum_token_len` ids; places
+    before the sequence's start get the id past its table (its "no match" entry), which ends a match as the
+    sequence's start does. Fixed shapes, no host read."""
+    span = criterion.maximum_token_len
+    positions = length - span + torch.arange(span, device=sequence.device)
+    ids = sequence.index_select(1, positions.clamp(min=0))
+    ids = ids.masked_fill(positions < 0, criterion.embedding_vec.shape[0] - 1)
+    return criterion(ids, None)
+
+
 def choose_tokens(
     logits: torch.Tensor,
     buffers: DecodingBuffers,
@@ -278,11 +309,13 @@ def choose_tokens(
     eos_token_id: torch.Tensor | None,
     pad_token_id: torch.Tensor | None,
     ngram: int = 0,
+    stop_strings: tuple[StopStringCriteria, ...] = (),
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """transformers' token choice for one step, on device state only: the minimum-length bans, the repetition
     penalty, the score warpers (temperature, top-k, top-p, ...), argmax or a sample, pad for finished rows,
-    end-of-sequence bookkeeping; records the tokens (and marks them seen) and advances `length`, `step` and
-    `counted`. `ngram`: `no_repeat_ngram_size` (0: none). Returns (next tokens (B,), processed scores (B, V))."""
+    end-of-sequence and stop-string bookkeeping; records the tokens (and marks them seen) and advances `length`,
+    `step` and `counted`. `ngram`: `no_repeat_ngram_size` (0: none); `stop_strings`: the call's
+    `StopStringCriteria`. Returns (next tokens (B,), processed scores (B, V))."""
     scores = torch.where(buffers.length < buffers.banned_below, -math.inf, logits)
     penalty = buffers.repetition_penalty
     penalised = torch.where(scores < 0, scores * penalty, scores / penalty)
@@ -302,6 +335,8 @@ def choose_tokens(
     buffers.counted.add_(alive)
     buffers.length.add_(1)
     buffers.step.add_(1)
+    for criterion in stop_strings:
+        buffers.unfinished.mul_((~stop_string_hits(criterion, buffers.sequence, buffers.length)).long())
     return next_tokens, scores
 
 
@@ -330,14 +365,26 @@ def one_token_logits(model, tokens, cache, position_ids, padding_mask, encoder: 
 
 
 def decoding_step(
-    model, past_key_values, buffers, warpers, do_sample, eos_token_id, pad_token_id, has_padding, encoder, ngram=0
+    model,
+    past_key_values,
+    buffers,
+    warpers,
+    do_sample,
+    eos_token_id,
+    pad_token_id,
+    has_padding,
+    encoder,
+    ngram=0,
+    stop_strings=(),
 ):
     """One decoding step, compiled whole: the masks transformers' loop would build, the forward of the last chosen
     token (with the `encoder` inputs for an encoder-decoder), the choice of the next one; the next step's inputs are
     updated in place. Returns (logits, scores)."""
     padding = buffers.attention_mask if has_padding else None
     logits = one_token_logits(model, buffers.input_ids, past_key_values, buffers.position_ids, padding, encoder)
-    next_tokens, scores = choose_tokens(logits, buffers, warpers, do_sample, eos_token_id, pad_token_id, ngram)
+    next_tokens, scores = choose_tokens(
+        logits, buffers, warpers, do_sample, eos_token_id, pad_token_id, ngram, stop_strings
+    )
     buffers.input_ids.copy_(next_tokens[:, None])
     buffers.position_ids.add_(1)
     return logits, scores
@@ -461,6 +508,12 @@ def decode(
         pad_token_id = pad_token_id.to(input_ids.device)
     processors = split_processors(logits_processor)
     warpers = processors.warpers
+    stop_strings = tuple(c for c in stopping_criteria if isinstance(c, StopStringCriteria))
+    for criterion in stop_strings:  # on the device before the step is traced, as its own call would move them
+        criterion.embedding_vec = criterion.embedding_vec.to(input_ids.device)
+        criterion.target_lens = criterion.target_lens.to(input_ids.device)
+    deadlines = [c.initial_timestamp + c.max_time for c in stopping_criteria if isinstance(c, MaxTimeCriteria)]
+    deadline = min(deadlines, default=None)
     keep_scores = config.return_dict_in_generate and config.output_scores
     keep_logits = config.return_dict_in_generate and config.output_logits
     scores, raw_logits = [], []
@@ -475,7 +528,7 @@ def decode(
     buffers = _prepare_buffers(model, input_ids, logits, model_kwargs, processors)
     ngram = processors.no_repeat_ngram_size
     next_tokens, step_scores = choose_tokens(
-        logits, buffers, warpers, config.do_sample, eos_token_id, pad_token_id, ngram
+        logits, buffers, warpers, config.do_sample, eos_token_id, pad_token_id, ngram, stop_strings
     )
     buffers.input_ids.copy_(next_tokens[:, None])
     if keep_scores:
@@ -496,7 +549,9 @@ def decode(
         has_padding,
         encoder_inputs(model, model_kwargs),
         ngram,
+        stop_strings,
     )
+    checks = eos_token_id is not None or bool(stop_strings) or streamer is not None or deadline is not None
     with model._optimize_model_for_decode():
         for step in range(1, stopping_criteria.max_length - prompt_length):
             torch.compiler.cudagraph_mark_step_begin()  # the last step's outputs are dead: replay, do not record anew
@@ -506,12 +561,14 @@ def decode(
             if keep_logits:
                 raw_logits.append(logits.clone())
             del logits, step_scores  # a CUDA graph's outputs are overwritten by its next replay
-            if (step + 1) % CHECK_EVERY == 0 and (eos_token_id is not None or streamer is not None):
+            if (step + 1) % CHECK_EVERY == 0 and checks:
                 counted = int(buffers.counted)  # waits for the device: once every CHECK_EVERY steps
                 if streamer is not None and counted > streamed:
                     streamer.put(buffers.sequence[:, prompt_length + streamed : prompt_length + counted].cpu())
                     streamed = counted
                 if counted < step + 1:  # every row has ended
+                    break
+                if deadline is not None and time.time() > deadline:  # max_time: read here, not every token
                     break
 
     steps_run = int(buffers.step)  # new tokens chosen, the one after the prefill included

@@ -170,6 +170,24 @@ def digit_tokenizer():
     return PreTrainedTokenizerFast(tokenizer_object=tokenizer, pad_token="<pad>", bos_token="<s>", eos_token="</s>")
 
 
+def character_tokenizer():
+    """One token per character (a-z, 0-9, space) after <pad>=0, <s>=1, </s>=2, decoded by concatenation: stop strings
+    can span tokens. Left padding, as decoder-only generation wants."""
+    import string
+
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    characters = string.ascii_lowercase + string.digits + " "
+    vocab = {"<pad>": 0, "<s>": 1, "</s>": 2, **{c: i + 3 for i, c in enumerate(characters)}}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="<pad>"))
+    backend.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    backend.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend, pad_token="<pad>", bos_token="<s>", eos_token="</s>", padding_side="left"
+    )
+
+
 # ---- parity assertions -------------------------------------------------------------------------------------------
 
 

@@ -14,7 +14,7 @@ import math
 
 import pytest
 import torch
-from transformers import CompileConfig, StaticCache, TextStreamer
+from transformers import CompileConfig, StaticCache, StoppingCriteria, StoppingCriteriaList, TextStreamer
 from transformers.cache_utils import StaticLayer
 
 from archlab import DecoderForCausalLM
@@ -24,6 +24,7 @@ from helpers import (
     DECODER_VARIANTS,
     NO_STATIC_CACHE,
     SEQ2SEQ_VARIANTS,
+    character_tokenizer,
     decoder_variant,
     digit_tokenizer,
     randomised,
@@ -245,13 +246,18 @@ def test_plain_sequences_without_return_dict(loop_calls):
     assert isinstance(ours, torch.Tensor) and torch.equal(ours, reference)
 
 
+class _NeverStop(StoppingCriteria):
+    def __call__(self, input_ids, scores, **kwargs):
+        return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+
+
 @pytest.mark.parametrize(
     "kwargs",
     [
         dict(suppress_tokens=[5, 7]),  # a processor of its own
         dict(bad_words_ids=[[5], [7]]),
         dict(output_hidden_states=True, return_dict_in_generate=True),
-        dict(max_time=30.0),  # a stopping criterion of its own
+        dict(stopping_criteria=StoppingCriteriaList([_NeverStop()])),  # a stopping criterion of its own
     ],
 )
 def test_calls_it_does_not_take_run_transformers_loop(kwargs, loop_calls):
@@ -264,6 +270,59 @@ def test_calls_it_does_not_take_run_transformers_loop(kwargs, loop_calls):
     assert not loop_calls
     model.generate(**inputs, max_new_tokens=4, pad_token_id=0, cache_implementation="static", compile_config=config)
     assert loop_calls  # the same call without it takes the loop
+
+
+def _stop_string_case():
+    """A one-character-per-token model, three left-padded prompts, and per row the text of two of its own greedy
+    new tokens (at steps 2-3, 7-8 and 12-13): stop strings that end every row, each at its own step (or earlier,
+    where another row's string comes first)."""
+    tokenizer = character_tokenizer()
+    model = randomised(DecoderForCausalLM(tiny_decoder_config(vocab_size=len(tokenizer))))
+    inputs = tokenizer(["def f", "ab", "hello wor"], return_tensors="pt", padding=True)
+    prompt = inputs["input_ids"].shape[1]
+    free = model.generate(**inputs, do_sample=False, max_new_tokens=30, pad_token_id=0, eos_token_id=None)
+    stops = [tokenizer.decode(free[row, prompt + step : prompt + step + 2]) for row, step in enumerate((2, 7, 12))]
+    return tokenizer, model, inputs, stops
+
+
+@pytest.mark.parametrize("eos_token_id", [None, 2])
+def test_stop_strings_end_rows_as_transformers_loop(eos_token_id, loop_calls):
+    """Matched inside the step, on each row's prompt and new tokens; with an end-of-sequence id the rows that
+    stopped are padded, without one they go on until every row has stopped, as transformers' loop does."""
+    tokenizer, model, inputs, stops = _stop_string_case()
+    kwargs = dict(**inputs, **OUTPUTS, max_new_tokens=30, pad_token_id=0, eos_token_id=eos_token_id)
+    reference, ours = _both(model, loop_calls, **kwargs, stop_strings=stops, tokenizer=tokenizer)
+    _assert_same(reference, ours)
+    prompt = inputs["input_ids"].shape[1]
+    assert ours.sequences.shape[1] <= prompt + 14  # every row stopped by step 13
+    if eos_token_id is not None:
+        assert (ours.sequences[:, prompt:] == 0).any()  # rows that stopped first were padded
+
+
+def test_stop_strings_compile_in_the_step():
+    """fullgraph=True: transformers' StopStringCriteria traces into the step; a second call recompiles nothing."""
+    torch._dynamo.reset()
+    tokenizer, model, inputs, stops = _stop_string_case()
+    kwargs = dict(**inputs, do_sample=False, max_new_tokens=30, pad_token_id=0, eos_token_id=2, tokenizer=tokenizer)
+    kwargs.update(stop_strings=stops, cache_implementation="static")
+    expected = model.generate(**kwargs)
+    for index in range(2):
+        with torch._dynamo.config.patch(error_on_recompile=index > 0):
+            assert torch.equal(model.generate(**kwargs, compile_config=_compile_config("eager")), expected)
+    assert hasattr(model, "_compiled_decoding_step")
+
+
+def test_max_time_is_read_at_the_loops_device_checks(loop_calls):
+    """max_time is not checked every token but at the host's read every CHECK_EVERY tokens: a call past its time
+    ends there, with every token chosen so far; a call within it is unchanged."""
+    model = decoder_variant("positions_rope")
+    inputs = _prompts(2)
+    kwargs = dict(**inputs, do_sample=False, max_new_tokens=40, pad_token_id=0, eos_token_id=None)
+    kwargs.update(cache_implementation="static", compile_config=_compile_config(None))
+    full = model.generate(**kwargs)
+    assert torch.equal(model.generate(**kwargs, max_time=0.0), full[:, : 6 + decoding_loop.CHECK_EVERY])
+    assert torch.equal(model.generate(**kwargs, max_time=600.0), full)
+    assert loop_calls == [1, 1, 1]
 
 
 def test_streaming_gives_the_text_as_transformers_loop(loop_calls, capsys):

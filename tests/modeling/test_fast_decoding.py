@@ -6,16 +6,12 @@ takes the static path (sampling, stop strings, streaming and the pipeline includ
 
 from __future__ import annotations
 
-import string
-
 import pytest
 import torch
-from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import (
     DynamicCache,
     EncoderDecoderCache,
     GenerationConfig,
-    PreTrainedTokenizerFast,
     StaticCache,
     TextStreamer,
     pipeline,
@@ -31,6 +27,7 @@ from helpers import (
     NO_STATIC_CACHE,
     ROPE_PARAMETERS,
     SEQ2SEQ_VARIANTS,
+    character_tokenizer,
     decoder_variant,
     randomised,
     seq2seq_variant,
@@ -173,18 +170,8 @@ def test_seq2seq_default_on_cuda_is_the_static_cache_for_greedy_and_beam_search(
         assert isinstance(out.past_key_values.self_attention_cache, StaticCache)
 
 
-def _character_tokenizer() -> PreTrainedTokenizerFast:
-    """One token per character (a-z, 0-9, space), decoded by concatenation: stop strings can span tokens."""
-    characters = string.ascii_lowercase + string.digits + " "
-    vocab = {"<pad>": 0, "<s>": 1, "</s>": 2, **{c: i + 3 for i, c in enumerate(characters)}}
-    backend = Tokenizer(models.WordLevel(vocab, unk_token="<pad>"))
-    backend.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
-    backend.decoder = decoders.Fuse()
-    return PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<pad>", bos_token="<s>", eos_token="</s>")
-
-
 def test_sampling_stop_strings_and_streaming_on_the_default_path(on_cuda, capsys):
-    tokenizer = _character_tokenizer()
+    tokenizer = character_tokenizer()
     model = randomised(DecoderForCausalLM(tiny_decoder_config(vocab_size=len(tokenizer))))
     inputs = tokenizer(["def f"], return_tensors="pt")
     prompt = inputs["input_ids"].shape[1]
@@ -209,7 +196,7 @@ def test_sampling_stop_strings_and_streaming_on_the_default_path(on_cuda, capsys
 
 
 def test_text_generation_pipeline_takes_the_static_path(on_cuda, monkeypatch):
-    tokenizer = _character_tokenizer()
+    tokenizer = character_tokenizer()
     model = randomised(DecoderForCausalLM(tiny_decoder_config(vocab_size=len(tokenizer))))
     caches = []
     prepare = model._prepare_static_cache
