@@ -61,6 +61,46 @@ def eager_attention_forward(
     return output, probs
 
 
+def one_token_grouped_sdpa(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float,
+    dropout: float = 0.0,
+    position_bias: torch.Tensor | None = None,
+    **kwargs,
+) -> tuple[torch.Tensor, None]:
+    """SDPA for one query token per row with grouped key/value heads, the keys and values read once per KV head.
+
+    A decoding step's queries (B, H, 1, D) are regrouped as (B, H_kv, H / H_kv, D): the query heads of one KV head
+    become that head's "query positions", all attending to every key, so nothing is repeated. transformers' SDPA
+    function does the same in eager mode but not under `torch.compile` — where its decoding steps repeat the whole
+    cache once per query head of a group (`repeat_kv`): for a 1B Llama-shaped model with 8 query heads per KV head,
+    16× its KV cache read and written per step, at batch 64 four times the weights' bytes. The mask, and ALiBi's or
+    T5's bias (per head: regrouped the same way), are folded into one additive or boolean mask as transformers does.
+    Returns (B, 1, H, D), as every attention function of the interface."""
+    batch, heads, _, head_dim = query.shape
+    kv_heads = key.shape[1]
+    query = query.reshape(batch, kv_heads, heads // kv_heads, head_dim)
+    mask = attention_mask
+    if mask is not None and mask.shape[1] != 1:
+        mask = mask.reshape(mask.shape[0], kv_heads, heads // kv_heads, mask.shape[-1])
+    if position_bias is not None:
+        bias = position_bias.reshape(position_bias.shape[0], kv_heads, heads // kv_heads, position_bias.shape[-1])
+        if mask is None:
+            mask = bias
+        elif mask.dtype == torch.bool:
+            mask = torch.where(mask, bias, torch.finfo(bias.dtype).min)
+        else:
+            mask = mask + bias
+    output = nn.functional.scaled_dot_product_attention(
+        query, key, value, attn_mask=mask, dropout_p=dropout, scale=scaling
+    )
+    return output.reshape(batch, 1, heads, head_dim), None
+
+
 class Attention(nn.Module):
     """Attention with separate q/k/v/o projections, named as in Llama (`q_proj`, ..., `o_proj`).
 
@@ -178,6 +218,13 @@ class Attention(nn.Module):
         attention: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(
             self.config._attn_implementation, eager_attention_forward
         )
+        if (
+            self.num_key_value_groups > 1
+            and query.shape[2] == 1
+            and self.config._attn_implementation == "sdpa"
+            and self.softcap is None  # transformers' SDPA refuses a soft-cap; so does the call below
+        ):
+            attention = one_token_grouped_sdpa  # a decoding step: the cache read once per KV head, compiled or not
         output, weights = attention(
             self,
             query,

@@ -10,7 +10,7 @@ import pytest
 import torch
 from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 
-from archlab.modeling.attention import Attention, eager_attention_forward, repeat_kv
+from archlab.modeling.attention import Attention, eager_attention_forward, one_token_grouped_sdpa, repeat_kv
 from archlab.modeling.rotary import apply_rotary
 
 from helpers import assert_close_to_scale, tiny_decoder_config
@@ -144,6 +144,61 @@ def test_eager_equals_sdpa(causal):
             expected = eager_module(hidden, attention_mask=causal_mask)[0]
             assert_close_to_scale(sdpa_module(hidden)[0], expected, rtol=1e-5)
             assert (eager_module(hidden)[0] - expected).abs().max() > 1e-3  # the mask matters
+
+
+@pytest.mark.parametrize("kv_heads", [2, 1], ids=["gqa", "mqa"])
+@pytest.mark.parametrize("masking", ["none", "additive", "boolean", "bias", "boolean+bias", "per-head"])
+def test_one_token_grouped_sdpa_is_attention_without_repeated_keys(kv_heads, masking):
+    """A decoding step's SDPA with the query heads of each KV head regrouped as its query positions: the keys and
+    values are not repeated, and every mask and bias form gives the written-out attention."""
+    query, key, value = qkv(kv_heads)
+    query = query[:, :, -1:]  # one query token per row
+    additive = padding_mask(1, KEYS)
+    bias = torch.randn(1, HEADS, 1, KEYS)
+    mask, kwargs, expected_bias = None, {}, None
+    if masking in ("additive", "per-head"):
+        mask = additive if masking == "additive" else additive.expand(-1, HEADS, -1, -1) + bias
+    if masking.startswith("boolean"):
+        mask = additive == 0
+    if "bias" in masking:
+        kwargs["position_bias"] = expected_bias = bias
+    expected_mask = None if mask is None else additive
+    if masking == "per-head":
+        expected_bias = bias
+    module = SimpleNamespace(num_key_value_groups=HEADS // kv_heads, training=False)
+    output, _ = one_token_grouped_sdpa(module, query, key, value, mask, scaling=DIM**-0.5, **kwargs)
+    expected = slow_attention(query, key, value, expected_mask, bias=expected_bias).float()
+    assert output.shape == (BATCH, 1, HEADS, DIM)
+    assert_close_to_scale(output, expected, rtol=1e-5)
+
+
+def test_decoding_steps_of_grouped_heads_take_the_regrouped_sdpa(monkeypatch):
+    """One query token with grouped KV heads under SDPA: `one_token_grouped_sdpa`, compiled or not (transformers'
+    SDPA function repeats the keys when compiled); equal to the eager kernel with repeated keys."""
+    from transformers.integrations import sdpa_attention
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the keys were repeated")
+
+    sdpa_module = Attention(tiny_decoder_config(attn_implementation="sdpa"), layer_idx=0).eval()
+    eager_module = Attention(tiny_decoder_config(attn_implementation="eager"), layer_idx=0).eval()
+    eager_module.load_state_dict(sdpa_module.state_dict())
+    hidden = torch.randn(BATCH, 1, sdpa_module.q_proj.in_features)
+    keys = torch.randn(BATCH, sdpa_module.num_key_value_heads, KEYS, DIM)
+    mask = padding_mask(1, KEYS + 1)  # the cached keys and the step's own
+
+    def step(module, hidden):
+        cache = DynamicCache()
+        cache.update(keys.clone(), keys.clone(), 0)
+        return module(hidden, attention_mask=mask, past_key_values=cache)[0]
+
+    monkeypatch.setattr(sdpa_attention, "repeat_kv", refuse)
+    with torch.no_grad():
+        expected = step(eager_module, hidden)
+        assert_close_to_scale(step(sdpa_module, hidden), expected, rtol=1e-5)
+        torch._dynamo.reset()
+        compiled = torch.compile(step, backend="eager", fullgraph=True)
+        assert_close_to_scale(compiled(sdpa_module, hidden), expected, rtol=1e-5)
 
 
 def test_cross_attention_projects_the_encoder_output_once_and_reads_it_from_the_cache():
