@@ -14,6 +14,8 @@
 #   decode  --suite cuda-decode     (about 3-5 minutes; fits in a call after tests)
 #   static  --suite cuda-static     (about 5-8 minutes: compiles per batch size; a call of its own)
 #   loops   --suite cuda-loops      (about 5 minutes: sampling, the loop's gain, MoE and beam search, all compiled)
+#   profile scripts/profile_cuda.py: where the GPU time goes in training (compiled and eager), the prefill and
+#           decoding at batch 1 and 64 — kernel time by kind, idle share, top kernels (about 5 minutes)
 # The calls of a session, and what the times are based on: docs/gpu.md.
 #
 # Environment: OUT (default ./gpu-out; the device tool sets it), SITE (/tmp/site), WHEEL_DIR (.whl),
@@ -30,16 +32,16 @@ WHEEL_DIR="${WHEEL_DIR:-.whl}"
 PYTHON="${PYTHON:-python3}"
 SESSION_BUDGET="${SESSION_BUDGET:-570}"
 DEVICE="${DEVICE:-cuda}"
-STEPS_ALLOWED="setup info tests quick train decode static loops"
+STEPS_ALLOWED="setup info tests quick train decode static loops profile"
 # Each step's own limit in seconds; a step also stops where the session's budget ends.
-declare -A BUDGET=([setup]=120 [info]=60 [tests]=300 [quick]=240 [train]=540 [decode]=540 [static]=540 [loops]=540)
+declare -A BUDGET=([setup]=120 [info]=60 [tests]=300 [quick]=240 [train]=540 [decode]=540 [static]=540 [loops]=540 [profile]=540)
 
 dry_run=0
 requested=()
 for arg in "$@"; do
     case "$arg" in
         --dry-run) dry_run=1 ;;
-        -h | --help) sed -n '2,22p' "$0"; exit 0 ;;
+        -h | --help) sed -n '2,24p' "$0"; exit 0 ;;
         *)
             if [[ " $STEPS_ALLOWED " != *" $arg "* ]]; then
                 echo "error: unknown step '$arg'; allowed: $STEPS_ALLOWED" >&2
@@ -127,6 +129,7 @@ step_train() { suite cuda-train cuda-train.md; }
 step_decode() { suite cuda-decode cuda-decode.md; }
 step_static() { suite cuda-static cuda-static.md; }
 step_loops() { suite cuda-loops cuda-loops.md; }
+step_profile() { "$PYTHON" -m archlab.scripts.profile_cuda --device "$DEVICE" --output "$OUT/profile"; }
 
 # ---- running them -----------------------------------------------------------------------------------------------
 run_step() {
@@ -148,7 +151,7 @@ run_step() {
     say "== $step: start (limit ${limit}s)"
     started=$SECONDS
     # A subshell under timeout: the step's functions and variables come along, and a hung step is killed.
-    timeout --kill-after=15 "$limit" bash -c "$(declare -f); $(declare -p PYTHON SITE WHEEL_DIR OUT BENCHMARK); step_$step" \
+    timeout --kill-after=15 "$limit" bash -c "$(declare -f); $(declare -p PYTHON SITE WHEEL_DIR OUT BENCHMARK DEVICE); step_$step" \
         >>"$LOG" 2>&1
     status=$?
     local seconds=$((SECONDS - started)) verdict=ok
@@ -167,6 +170,9 @@ done
 # What the device tool's reply shows (the end of the output): the tables, then each step's verdict.
 for table in "$OUT"/*.md; do
     [[ -f $table ]] && { echo; cat "$table"; }
+done
+for report in "$OUT"/profile/*.md; do  # the heads only (wall, busy share, kinds): the whole files come back too
+    [[ -f $report ]] && { echo; sed -n '1,/^$/p;/^| kind/,/^$/p' "$report"; }
 done
 echo
 column -t -s $'\t' "$SUMMARY" 2>/dev/null || cat "$SUMMARY"

@@ -1,0 +1,213 @@
+"""Where the GPU time of archlab's reference workloads goes: torch.profiler over a few steps of each, summarised.
+
+The CUDA suites of scripts/benchmark.py say how fast archlab is against its peers; this says why. For each workload
+it profiles a few steps after a warm-up (which compiles what the default path compiles) and writes one markdown
+file: the wall time per step, how much of it the GPU was busy (the rest is host overhead, launch gaps or syncs),
+kernels per step, the GPU time by kind of kernel (GEMM, attention, fused Triton, optimizer, other), and the top
+kernels. One call on a lent GPU (scripts/gpu/session.sh `profile`) then answers "kernel time or gaps? which
+kernels?" for every workload at once.
+
+    python scripts/profile_cuda.py --device cuda --output profile/           # every workload, reference shapes
+    python scripts/profile_cuda.py --workload decode-1 --workload prefill    # some of them
+    python scripts/profile_cuda.py --device cpu --quick --output /tmp/p      # the CPU rehearsal (tests run it)
+
+Workloads (the shapes of scripts/benchmark_cuda.py: the dense 1.1B Llama shape):
+    train         a training step as scripts/pretrain.py runs it on a GPU: bf16 autocast, fused AdamW, the decoder
+                  layers compiled regionally (accelerate's compile_regions), batch 4 x 2048
+    train-eager   the same step uncompiled (plain Trainer, DeepSpeed, FSDP)
+    prefill       the forward of one 2048-token prompt in bf16, logits of the last position
+    decode-1      `generate` at batch 1 (bf16, 128-token prompt, 256 new tokens), archlab's default path
+    decode-64     the same at batch 64
+On CPU the "kernels" are the leaf operators the profiler records, and busy time is their union.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from torch.autograd import DeviceType
+
+from archlab.scripts.benchmark_cuda import random_ids, shape
+from archlab.training.benchmarking import make_optimizer, synchronize, training_step
+
+WORKLOADS = ("train", "train-eager", "prefill", "decode-1", "decode-64")
+# Substrings of kernel (or operator) names, lower-cased, by kind; the first kind that matches wins.
+KINDS = (
+    ("attention", ("flash", "fmha", "attention", "cudnn", "sdpa", "softmax")),
+    ("GEMM", ("gemm", "cutlass", "nvjet", "cublas", "xmma", "wgmma", "aten::mm", "aten::addmm", "aten::bmm")),
+    ("optimizer", ("adam", "multi_tensor", "foreach")),
+    ("fused Triton", ("triton",)),
+    ("copy / cast", ("copy", "memcpy", "memset", "fill", "cat")),
+)
+
+
+def kind_of(name: str) -> str:
+    lowered = name.lower()
+    return next((kind for kind, keys in KINDS if any(key in lowered for key in keys)), "other elementwise / reduction")
+
+
+def kernels(profile, device: torch.device) -> list[tuple[str, float, float]]:
+    """(name, start µs, duration µs) of what ran on `device`: CUDA kernels, or on CPU the leaf operators."""
+    found = []
+    for event in profile.events():
+        if device.type == "cuda":
+            if event.device_type != DeviceType.CUDA:
+                continue
+        elif event.device_type != DeviceType.CPU or event.cpu_children:
+            continue
+        found.append((event.name, event.time_range.start, event.time_range.elapsed_us()))
+    return found
+
+
+def busy_microseconds(spans: list[tuple[str, float, float]]) -> float:
+    """The union of the kernels' time ranges (overlapping kernels, e.g. on two streams, counted once)."""
+    busy, end = 0.0, float("-inf")
+    for _, start, duration in sorted(spans, key=lambda span: span[1]):
+        stop = start + duration
+        if stop > end:
+            busy += stop - max(start, end)
+            end = stop
+    return busy
+
+
+def summary(name: str, device: torch.device, steps: int, wall: float, spans, top: int = 25) -> str:
+    """The markdown report of one workload: `steps` steps took `wall` seconds and ran `spans`."""
+
+    def ms(microseconds: float) -> str:  # over all steps -> per step
+        return f"{microseconds / 1e3 / steps:,.3f}"
+
+    busy = busy_microseconds(spans)
+    total = sum(duration for _, _, duration in spans) or 1.0
+    by_kind, by_name, calls = defaultdict(float), defaultdict(float), defaultdict(int)
+    for kernel, _, duration in spans:
+        by_kind[kind_of(kernel)] += duration
+        by_name[kernel] += duration
+        calls[kernel] += 1
+    lines = [
+        f"## {name} — {torch.cuda.get_device_name(device) if device.type == 'cuda' else 'CPU'}",
+        "",
+        f"{steps} steps profiled: {wall * 1e3 / steps:,.2f} ms per step wall, "
+        f"{ms(busy)} ms busy ({100 * busy / 1e6 / wall:.0f} % of the wall time), "
+        f"{len(spans) / steps:,.0f} kernels per step.",
+        "",
+        "| kind | ms per step | % of kernel time |",
+        "|---|---:|---:|",
+    ]
+    for kind, duration in sorted(by_kind.items(), key=lambda item: -item[1]):
+        lines.append(f"| {kind} | {ms(duration)} | {100 * duration / total:.1f} |")
+    lines += ["", "| kernel | calls per step | ms per step | % |", "|---|---:|---:|---:|"]
+    for kernel, duration in sorted(by_name.items(), key=lambda item: -item[1])[:top]:
+        label = kernel.replace("|", "/")[:110]
+        lines.append(f"| `{label}` | {calls[kernel] / steps:g} | {ms(duration)} | {100 * duration / total:.1f} |")
+    return "\n".join(lines) + "\n"
+
+
+# ---- the workloads: each returns (warm-up, one step, steps per profiled call) -----------------------------------
+def dense_model(device: torch.device, quick: bool, dtype: torch.dtype | None = None):
+    from archlab import DecoderConfig, DecoderForCausalLM
+    from archlab.scripts.benchmark_cuda import DECODER_COMMON, build_on
+
+    model = build_on(device, lambda: DecoderForCausalLM(DecoderConfig(**DECODER_COMMON, **shape("dense", quick))))
+    return model.to(dtype) if dtype is not None else model
+
+
+def training(device: torch.device, quick: bool, compiled: bool) -> tuple[Callable, Callable, int]:
+    model = dense_model(device, quick).train()
+    batch, length = (2, 64) if quick else (4, 2048)
+    ids = random_ids(model.config.vocab_size, batch, length, device=device)
+    wrapper = model
+    if compiled:
+        from accelerate.utils import compile_regions
+
+        wrapper = compile_regions(model, dynamic=False)
+    batch = {"input_ids": ids, "labels": ids, "use_cache": False}
+    step = training_step(wrapper, batch, make_optimizer(model), torch.bfloat16)  # Trainer(bf16=True)'s autocast
+    return (lambda: [step() for _ in range(2)]), step, 1
+
+
+def prefill(device: torch.device, quick: bool) -> tuple[Callable, Callable, int]:
+    model = dense_model(device, quick, torch.bfloat16).eval()
+    ids = random_ids(model.config.vocab_size, 1, 64 if quick else 2048, device=device)
+
+    def forward() -> None:
+        with torch.no_grad():
+            model(input_ids=ids, use_cache=False, logits_to_keep=1)
+
+    return forward, forward, 1
+
+
+def decoding(device: torch.device, quick: bool, batch: int) -> tuple[Callable, Callable, int]:
+    batch = min(batch, 4) if quick else batch
+    model = dense_model(device, quick, torch.bfloat16).eval()
+    prompt, new = (16, 16) if quick else (128, 256)
+    ids = random_ids(model.config.vocab_size, batch, prompt, device=device)
+    kwargs = dict(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=new)
+    kwargs.update(min_new_tokens=new, pad_token_id=0)
+
+    def generate() -> None:
+        model.generate(**kwargs)
+
+    return generate, generate, new
+
+
+def workload(name: str, device: torch.device, quick: bool) -> tuple[Callable, Callable, int]:
+    if name.startswith("train"):
+        return training(device, quick, compiled=name == "train")
+    if name == "prefill":
+        return prefill(device, quick)
+    return decoding(device, quick, batch=int(name.removeprefix("decode-")))
+
+
+def profile_workload(name: str, device: torch.device, quick: bool, rounds: int) -> str:
+    warm_up, step, steps_per_call = workload(name, device, quick)
+    warm_up()
+    synchronize(device)
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if device.type == "cuda":
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    with torch.profiler.profile(activities=activities) as profile:
+        start = time.perf_counter()
+        for _ in range(rounds):
+            step()
+        synchronize(device)
+        wall = time.perf_counter() - start
+    return summary(name, device, rounds * steps_per_call, wall, kernels(profile, device))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workload", action="append", choices=WORKLOADS, help="repeatable (default: every one)")
+    parser.add_argument("--device", default=None, help="cuda, cuda:1 or cpu (default: cuda when one is visible)")
+    parser.add_argument("--quick", action="store_true", help="tiny shapes (the CPU rehearsal)")
+    parser.add_argument("--rounds", type=int, default=3, help="profiled calls per workload, >= 1 (default: 3)")
+    parser.add_argument("--output", type=Path, default=Path("profile"), help="folder for one .md per workload")
+    args = parser.parse_args(argv)
+    if args.rounds < 1:
+        parser.error(f"--rounds must be >= 1, got {args.rounds}")
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if device.type == "cuda" and not torch.cuda.is_available():
+        parser.error(f"--device {args.device}: no CUDA device is visible")
+    args.output.mkdir(parents=True, exist_ok=True)
+    failed = 0
+    for name in args.workload or WORKLOADS:
+        print(f"[{time.strftime('%H:%M:%S')}] profiling {name}", file=sys.stderr, flush=True)
+        try:
+            report = profile_workload(name, device, args.quick, args.rounds)
+        except Exception as error:  # one workload failing (out of memory, a compile error) leaves the others
+            failed += 1
+            report = f"## {name}\n\nfailed: {type(error).__name__}: {error}\n"
+        (args.output / f"{name}.md").write_text(report)
+        print(report, flush=True)
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

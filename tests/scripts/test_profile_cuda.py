@@ -1,0 +1,60 @@
+"""scripts/profile_cuda.py: the profile summaries — kernel kinds, the GPU's busy time as a union of kernel spans —
+and the CPU rehearsal of the workloads, writing one report per workload."""
+
+from __future__ import annotations
+
+import pytest
+
+from archlab.scripts import profile_cuda
+
+
+@pytest.mark.parametrize(
+    "name, kind",
+    [
+        ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_warpgroupsize1x1x1", "GEMM"),
+        ("nvjet_tst_128x256_64x4_1x2_h_bz_coopA_TNN", "GEMM"),
+        ("pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<64, 128, 128, 4>>", "attention"),
+        ("fmha_cutlassF_bf16_aligned_64x64_rf_sm80(PyTorchMemEffAttention::AttentionKernel)", "attention"),
+        ("triton_red_fused__to_copy_add_mean_mul_pow_rsqrt_0", "fused Triton"),
+        ("void at::native::(anonymous namespace)::multi_tensor_apply_kernel<FusedAdamMathFunctor>", "optimizer"),
+        ("void at::native::unrolled_elementwise_kernel<at::native::direct_copy_kernel_cuda>", "copy / cast"),
+        ("void at::native::vectorized_elementwise_kernel<4, at::native::silu_kernel>", "other elementwise / reduction"),
+    ],
+)
+def test_kernels_are_sorted_by_kind(name, kind):
+    assert profile_cuda.kind_of(name) == kind
+
+
+def test_busy_time_counts_overlapping_kernels_once():
+    spans = [("a", 0.0, 10.0), ("b", 5.0, 10.0), ("c", 30.0, 5.0), ("d", 31.0, 1.0)]
+    assert profile_cuda.busy_microseconds(spans) == 20.0
+    assert profile_cuda.busy_microseconds([]) == 0.0
+
+
+def test_summary_reports_per_step_times_kinds_and_top_kernels():
+    import torch
+
+    one_step = [("sm90_gemm", 0.0, 3000.0), ("triton_poi_fused_add_0", 4000.0, 1000.0)]
+    spans = one_step + [(name, start + 5000.0, duration) for name, start, duration in one_step]
+    text = profile_cuda.summary("prefill", torch.device("cpu"), 2, 0.010, spans)
+    assert "5.00 ms per step wall, 4.000 ms busy (80 % of the wall time), 2 kernels per step" in text
+    assert "| GEMM | 3.000 | 75.0 |" in text and "| fused Triton | 1.000 | 25.0 |" in text
+    assert "| `sm90_gemm` | 1 | 3.000 | 75.0 |" in text
+
+
+def test_the_cpu_rehearsal_writes_a_report_per_workload(tmp_path, capsys):
+    workloads = ["train-eager", "prefill", "decode-1"]
+    argv = ["--device", "cpu", "--quick", "--rounds", "1", "--output", str(tmp_path)]
+    assert profile_cuda.main(argv + [arg for name in workloads for arg in ("--workload", name)]) == 0
+    for name in workloads:
+        report = (tmp_path / f"{name}.md").read_text()
+        assert report.startswith(f"## {name} — CPU") and "ms per step wall" in report and "| kernel |" in report
+    assert "## decode-1" in capsys.readouterr().out
+
+
+def test_bad_arguments_fail_early(capsys):
+    with pytest.raises(SystemExit):
+        profile_cuda.main(["--rounds", "0"])
+    assert "--rounds must be >= 1, got 0" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        profile_cuda.main(["--workload", "decode-2"])
