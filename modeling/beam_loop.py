@@ -16,9 +16,9 @@ The host reads whether the search is over once every `CHECK_EVERY` steps. Once i
 finished hypotheses as they are (`torch.where` on a `done` flag), so the output — sequences, `sequences_scores`,
 `beam_indices`, and the per-step `scores`/`logits` truncated to the steps transformers ran — is transformers'.
 `beam_loop_blocker` says when transformers' loop runs instead: beam sampling (`torch.multinomial` reads the device),
-processors other than the minimum-length and `no_repeat_ngram_size` ones, stopping criteria other than length and
-end-of-sequence, attention or hidden-state outputs, extra model inputs, caches other than generate's own static
-cache.
+processors other than the minimum-length, `no_repeat_ngram_size` and forced BOS/EOS ones, stopping criteria other
+than length and end-of-sequence, attention or hidden-state outputs, extra model inputs, caches other than generate's
+own static cache.
 """
 
 from __future__ import annotations
@@ -31,9 +31,12 @@ from transformers.generation.utils import GenerateBeamDecoderOnlyOutput, Generat
 
 from .decoding_loop import (
     CHECK_EVERY,
+    FORCED_PROCESSORS,
     encoder_inputs,
     fill_bans,
+    fill_forced,
     fill_prompt_inputs,
+    force_tokens,
     kept_compiled,
     one_token_logits,
     repeated_ngram_bans,
@@ -51,7 +54,7 @@ def beam_loop_blocker(model, logits_processor, stopping_criteria, generation_con
         return "beam sampling"
     processors = split_processors(logits_processor)
     if processors is None or processors.warpers or processors.repetition_penalty != 1.0:
-        return "logits processors other than min_length / min_new_tokens / no_repeat_ngram_size"
+        return "logits processors other than min_length / min_new_tokens / no_repeat_ngram_size / forced BOS, EOS"
     return shared_blocker(model, stopping_criteria, generation_config, synced_gpus, model_kwargs)
 
 
@@ -74,6 +77,8 @@ class BeamBuffers:
     max_length: torch.Tensor  # () long: generation_config.max_length (a tensor: calls of other lengths share a graph)
     steps_after_done: torch.Tensor  # () long: forwards run after `done` (rewound in the cache at the end)
     banned_below: torch.Tensor  # (V,) long: min_length bans, as in decoding_loop
+    forced_at: torch.Tensor  # (2,) long: forced BOS/EOS lengths, as in decoding_loop
+    forced_tokens: torch.Tensor  # (2, V) bool
     position_ids: torch.Tensor  # (B·beams, 1) long: decoder-only models
     attention_mask: torch.Tensor  # (B·beams, cache length) long: decoder-only models, the prompt's padding, ones
 
@@ -105,6 +110,8 @@ class BeamBuffers:
             max_length=new(),
             steps_after_done=new(),
             banned_below=new(vocab_size),
+            forced_at=new(len(FORCED_PROCESSORS)),
+            forced_tokens=new(len(FORCED_PROCESSORS), vocab_size, dtype=torch.bool),
             position_ids=new(rows, 1),
             attention_mask=new(rows, cache_length),
         )
@@ -151,6 +158,7 @@ def choose_beams(model, log_probs_input, buffers: BeamBuffers, settings: BeamSet
         sequences = buffers.running_sequences.view(batch_size * num_beams, -1)
         banned = repeated_ngram_bans(sequences, buffers.cur_len, settings.no_repeat_ngram_size, log_probs.shape[-1])
         log_probs = log_probs.masked_fill(banned, -torch.inf)
+    log_probs = force_tokens(log_probs, buffers.cur_len, buffers.forced_at, buffers.forced_tokens)
     scores = log_probs
     log_probs = log_probs.view(batch_size, num_beams, -1) + buffers.running_beam_scores[:, :, None]
     log_probs = log_probs.reshape(batch_size, -1)
@@ -259,7 +267,7 @@ def compiled_beam_step(model, compile_config):
     return kept_compiled(model, "_compiled_beam_step", beam_step, compile_config, "the beam-search step")
 
 
-def _initialise(model, buffers: BeamBuffers, input_ids, num_beams, max_length, pad_fill, bans, model_kwargs):
+def _initialise(model, buffers: BeamBuffers, input_ids, num_beams, max_length, pad_fill, processors, model_kwargs):
     """transformers' initial beam state, in the buffers."""
     prompt_len = input_ids.shape[1]
     batch_size = input_ids.shape[0] // num_beams
@@ -278,7 +286,8 @@ def _initialise(model, buffers: BeamBuffers, input_ids, num_beams, max_length, p
     buffers.prompt_len.fill_(prompt_len)
     buffers.max_length.fill_(max_length)
     buffers.steps_after_done.zero_()
-    fill_bans(buffers.banned_below, bans)
+    fill_bans(buffers.banned_below, processors.bans)
+    fill_forced(buffers.forced_at, buffers.forced_tokens, processors.forced)
     fill_prompt_inputs(model, buffers, model_kwargs)
 
 
@@ -293,7 +302,6 @@ def beam_search(model, input_ids, logits_processor, stopping_criteria, generatio
     pad_token_id = config._pad_token_tensor
     n_eos = eos_token_id.shape[0] if eos_token_id is not None else 0
     processors = split_processors(logits_processor)
-    bans = processors.bans
     settings = BeamSettings(
         num_beams=num_beams,
         beams_to_keep=max(2, 1 + n_eos) * num_beams,
@@ -318,7 +326,7 @@ def beam_search(model, input_ids, logits_processor, stopping_criteria, generatio
     buffers = BeamBuffers.for_shape(
         model, batch_size, num_beams, length, cache_length, logits.shape[-1], input_ids.device
     )
-    _initialise(model, buffers, input_ids, num_beams, config.max_length, pad_fill, bans, kwargs)
+    _initialise(model, buffers, input_ids, num_beams, config.max_length, pad_fill, processors, kwargs)
     scores = choose_beams(model, logits, buffers, settings, eos_token_id, top_mask)
     if keep_scores:
         all_scores.append(scores)

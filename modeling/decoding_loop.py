@@ -34,13 +34,15 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from transformers.cache_utils import Cache, EncoderDecoderCache, StaticCache, StaticLayer, StaticSlidingWindowLayer
 from transformers.generation.logits_process import (
     EpsilonLogitsWarper,
     EtaLogitsWarper,
+    ForcedBOSTokenLogitsProcessor,
+    ForcedEOSTokenLogitsProcessor,
     LogitsProcessorList,
     MinLengthLogitsProcessor,
     MinNewTokensLengthLogitsProcessor,
@@ -111,18 +113,26 @@ class Processors:
     """The logits processors of a call, as the compiled step applies them (in this order, as transformers orders
     them): end-of-sequence `bans` — (banned ids, minimum length): not chosen while the sequence, prompt included, is
     shorter —, a `repetition_penalty` on every token seen so far (none: 1.0), the `no_repeat_ngram_size` ban
-    (0: none), then the score `warpers`."""
+    (0: none), the `forced` tokens — (length, ids): at that sequence length every other token is -inf, the forced
+    ones 0 (`forced_bos_token_id` at length 1, `forced_eos_token_id` at max_length - 1) —, then the score
+    `warpers`."""
 
     bans: list[tuple[torch.Tensor, int]]
     repetition_penalty: float
     prompt_ignore_length: int | torch.Tensor  # prompt positions the penalty skips (per row: the left padding)
     no_repeat_ngram_size: int  # 0: none
     warpers: list
+    forced: list[tuple[int, torch.Tensor]] = field(default_factory=list)
+
+
+# The forced-token processors, in transformers' order (the EOS one overrides the BOS one where both apply).
+FORCED_PROCESSORS = (ForcedBOSTokenLogitsProcessor, ForcedEOSTokenLogitsProcessor)
 
 
 def split_processors(logits_processor: LogitsProcessorList) -> Processors | None:
     """`logits_processor` as `Processors`, or None when one is none of these kinds, or comes after a warper (the
-    step applies the warpers last), or is a second repetition penalty."""
+    step applies the warpers last), or is a second repetition penalty, or changes scores after a forced token
+    (transformers never orders them so; the step forces last before the warpers)."""
     found = Processors(bans=[], repetition_penalty=1.0, prompt_ignore_length=0, no_repeat_ngram_size=0, warpers=[])
     penalties = 0
     for processor in logits_processor:
@@ -130,6 +140,12 @@ def split_processors(logits_processor: LogitsProcessorList) -> Processors | None
         if kind in SCORE_WARPERS:
             found.warpers.append(processor)
         elif found.warpers:
+            return None
+        elif kind is ForcedBOSTokenLogitsProcessor:
+            found.forced.append((1, torch.tensor([processor.bos_token_id])))
+        elif kind is ForcedEOSTokenLogitsProcessor:
+            found.forced.append((processor.max_length - 1, processor.eos_token_id.view(-1)))
+        elif found.forced:
             return None
         elif kind is MinLengthLogitsProcessor:
             found.bans.append((processor.eos_token_id, processor.min_length))
@@ -144,7 +160,28 @@ def split_processors(logits_processor: LogitsProcessorList) -> Processors | None
                 found.prompt_ignore_length = processor.prompt_ignore_length
         else:
             return None
+    forced_kinds = [type(p) for p in logits_processor if type(p) in FORCED_PROCESSORS]
+    if any(forced_kinds.count(kind) > 1 for kind in FORCED_PROCESSORS) or forced_kinds[::-1] == [*FORCED_PROCESSORS]:
+        return None  # two of a kind, or EOS before BOS: not transformers' list (the step has a slot for each)
     return found if penalties <= 1 else None
+
+
+def fill_forced(forced_at: torch.Tensor, forced_tokens: torch.Tensor, forced: list[tuple[int, torch.Tensor]]) -> None:
+    """Slot i of (`forced_at`, `forced_tokens`) = the i-th forced-token processor's (length, ids); -1: none."""
+    forced_at.fill_(-1)
+    forced_tokens.zero_()
+    for slot, (length, ids) in enumerate(forced):
+        forced_at[slot] = length
+        forced_tokens[slot, ids.to(forced_tokens.device)] = True
+
+
+def force_tokens(scores: torch.Tensor, length: torch.Tensor, forced_at: torch.Tensor, forced_tokens: torch.Tensor):
+    """transformers' forced-token processors on device: where `length` is slot i's length, every score becomes -inf
+    and slot i's tokens 0 (the slots in their processors' order, so a later one overrides)."""
+    for slot in range(forced_at.shape[0]):
+        forced = torch.where(forced_tokens[slot], 0.0, -math.inf)
+        scores = torch.where(length == forced_at[slot], forced, scores)
+    return scores
 
 
 class UnfilledSlidingLayer(StaticLayer):
@@ -233,6 +270,8 @@ class DecodingBuffers:
     banned_below: torch.Tensor  # (V,): token v may not be chosen while `length` < banned_below[v] (min_length)
     seen: torch.Tensor  # (B, V + 1) bool: tokens in the sequence so far (the repetition penalty's; V: ids past V)
     repetition_penalty: torch.Tensor  # () float32: 1.0 without a penalty (a tensor: values share one graph)
+    forced_at: torch.Tensor  # (2,): the lengths at which the forced tokens apply (-1: none; `fill_forced`)
+    forced_tokens: torch.Tensor  # (2, V) bool: the tokens forced at those lengths
 
     @classmethod
     def for_shape(
@@ -259,6 +298,8 @@ class DecodingBuffers:
             banned_below=new(vocab_size),
             seen=new(batch_size, vocab_size + 1, dtype=torch.bool),
             repetition_penalty=new(dtype=torch.float32),
+            forced_at=new(len(FORCED_PROCESSORS)),
+            forced_tokens=new(len(FORCED_PROCESSORS), vocab_size, dtype=torch.bool),
         )
         model._decoding_buffers = (key, buffers)
         return buffers
@@ -312,7 +353,8 @@ def choose_tokens(
     stop_strings: tuple[StopStringCriteria, ...] = (),
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """transformers' token choice for one step, on device state only: the minimum-length bans, the repetition
-    penalty, the score warpers (temperature, top-k, top-p, ...), argmax or a sample, pad for finished rows,
+    penalty, the n-gram ban, the forced BOS/EOS tokens, the score warpers (temperature, top-k, top-p, ...), argmax
+    or a sample, pad for finished rows,
     end-of-sequence and stop-string bookkeeping; records the tokens (and marks them seen) and advances `length`,
     `step` and `counted`. `ngram`: `no_repeat_ngram_size` (0: none); `stop_strings`: the call's
     `StopStringCriteria`. Returns (next tokens (B,), processed scores (B, V))."""
@@ -323,6 +365,7 @@ def choose_tokens(
     if ngram:
         banned = repeated_ngram_bans(buffers.sequence, buffers.length, ngram, scores.shape[-1])
         scores = scores.masked_fill(banned, -math.inf)
+    scores = force_tokens(scores, buffers.length, buffers.forced_at, buffers.forced_tokens)
     for warper in warpers:
         scores = warper(None, scores)  # score warpers do not read the sequence (SCORE_WARPERS)
     next_tokens = sample(scores) if do_sample else torch.argmax(scores, dim=-1)
@@ -467,6 +510,7 @@ def _prepare_buffers(model, input_ids, logits, model_kwargs, processors: Process
     vocab_size = logits.shape[-1]
     buffers = DecodingBuffers.for_shape(model, batch_size, cache.get_max_length(), vocab_size, input_ids.device)
     fill_bans(buffers.banned_below, processors.bans)
+    fill_forced(buffers.forced_at, buffers.forced_tokens, processors.forced)
     buffers.repetition_penalty.fill_(processors.repetition_penalty)
     buffers.seen.zero_()
     # the prompt's ids the penalty counts, as transformers selects them: past `prompt_ignore_length`, ids beyond the
@@ -606,6 +650,8 @@ __all__ = [
     "sample",
     "Processors",
     "fill_bans",
+    "fill_forced",
+    "force_tokens",
     "split_processors",
     "unfill_sliding_layers",
     "UnfilledSlidingLayer",

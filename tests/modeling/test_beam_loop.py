@@ -167,6 +167,7 @@ def test_the_step_compiles_as_one_graph_reused_by_later_calls(kind, name):
     model = _model(kind, name)
     inputs = _inputs(model, kind)
     common = dict(num_beams=3, num_return_sequences=2, pad_token_id=0, eos_token_id=[5, 7], no_repeat_ngram_size=3)
+    common["forced_eos_token_id"] = 7  # Marian's setting: a buffer too, its length follows each call's
     calls = [dict(inputs, max_new_tokens=12, min_new_tokens=3)]
     shorter = {key: value[:, 1:] for key, value in inputs.items()} if kind == "decoder" else inputs
     calls.append(dict(shorter, max_new_tokens=10, min_new_tokens=5))
@@ -178,3 +179,29 @@ def test_the_step_compiles_as_one_graph_reused_by_later_calls(kind, name):
             )
             assert torch.equal(compiled, expected)
     assert hasattr(model, "_compiled_beam_step")
+
+
+@pytest.mark.parametrize("kind", ["decoder", "seq2seq"])
+def test_forced_bos_and_eos_tokens_as_transformers_forces_them(kind, loop_calls):
+    """Marian's and BART's settings (forced_eos_token_id; BART's forced_bos_token_id too) take the compiled beam
+    loop and give transformers' search."""
+    model = _model(kind, "positions_rope" if kind == "decoder" else "positions_sinusoidal")
+    inputs = _inputs(model, kind) if kind == "seq2seq" else {"input_ids": torch.ones(3, 1, dtype=torch.long)}
+    kwargs = dict(**inputs, **OUTPUTS, num_beams=3, max_new_tokens=8, eos_token_id=[5, 7])
+    kwargs.update(forced_bos_token_id=11, forced_eos_token_id=7, no_repeat_ngram_size=2)
+    reference, ours = _both(model, loop_calls, **kwargs)
+    _assert_same(reference, ours, kind)
+    assert (ours.sequences[:, 1] == 11).all()
+
+
+def test_the_marian_shaped_benchmark_model_takes_the_beam_loop(loop_calls):
+    """The cuda-loops suite's beam-search row: a Marian-shaped config, whose forced_eos_token_id used to keep every
+    search in transformers' loop."""
+    from archlab.scripts.benchmark_cuda import marian_pair, shape
+
+    ours = marian_pair(shape("marian", True), 64, torch.device("cpu"))[0].eval()  # the suite decodes in eval mode
+    assert ours.generation_config.forced_eos_token_id is not None
+    inputs = _inputs(ours, "seq2seq")
+    kwargs = dict(**inputs, num_beams=4, max_new_tokens=6, return_dict_in_generate=True, output_scores=True)
+    reference, searched = _both(ours, loop_calls, **kwargs)
+    assert torch.equal(searched.sequences, reference.sequences)

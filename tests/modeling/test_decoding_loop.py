@@ -229,6 +229,42 @@ def test_no_repeat_ngram_size_as_transformers_bans(n, kind, loop_calls):
     assert any(torch.isinf(a).any() for a in ours.scores)  # the ban did ban something
 
 
+@pytest.mark.parametrize("kind", ["decoder", "seq2seq"])
+def test_forced_bos_and_eos_tokens_as_transformers_forces_them(kind, loop_calls):
+    """forced_bos_token_id (the first token of an encoder-decoder's output, or of a decoder's after a one-token
+    prompt) and forced_eos_token_id (the last one at max_length): Marian's and BART's generation settings."""
+    model = decoder_variant("positions_rope") if kind == "decoder" else seq2seq_variant("positions_sinusoidal")
+    inputs = _sources(model) if kind == "seq2seq" else {"input_ids": torch.ones(3, 1, dtype=torch.long)}
+    kwargs = dict(**inputs, **OUTPUTS, max_new_tokens=9, pad_token_id=0, eos_token_id=None)
+    kwargs.update(forced_bos_token_id=11, forced_eos_token_id=[7, 9], repetition_penalty=1.3, no_repeat_ngram_size=2)
+    reference, ours = _both(model, loop_calls, **kwargs)
+    _assert_same(reference, ours)
+    start = 1  # the decoder start token, or the one-token prompt
+    assert (ours.sequences[:, start] == 11).all() and torch.isin(ours.sequences[:, -1], torch.tensor([7, 9])).all()
+
+
+def test_forced_tokens_in_an_unusual_order_keep_transformers_loop():
+    """The step forces after the bans and the penalty, as transformers' own processor list does; a hand-made list
+    that bans after forcing, or forces EOS before BOS, is left to transformers' loop."""
+    from transformers import LogitsProcessorList
+    from transformers.generation.logits_process import (
+        ForcedBOSTokenLogitsProcessor,
+        ForcedEOSTokenLogitsProcessor,
+        NoRepeatNGramLogitsProcessor,
+    )
+
+    bos, eos, ngram = (
+        ForcedBOSTokenLogitsProcessor(4),
+        ForcedEOSTokenLogitsProcessor(10, 2),
+        NoRepeatNGramLogitsProcessor(2),
+    )
+    split = decoding_loop.split_processors
+    assert split(LogitsProcessorList([ngram, bos, eos])).forced[1][0] == 9
+    assert split(LogitsProcessorList([bos, ngram])) is None
+    assert split(LogitsProcessorList([eos, bos])) is None
+    assert split(LogitsProcessorList([bos, bos])) is None
+
+
 def test_repetition_penalty_in_an_encoder_decoder(loop_calls):
     model = seq2seq_variant("positions_sinusoidal")
     kwargs = dict(**_sources(model), **OUTPUTS, max_new_tokens=16, repetition_penalty=1.5)
@@ -417,6 +453,7 @@ def test_the_encoder_decoder_step_compiles_as_one_graph():
     inputs = _sources(model)
     kwargs = dict(do_sample=False, max_new_tokens=12, eos_token_id=[5, 7], cache_implementation="static")
     kwargs["no_repeat_ngram_size"] = 2  # the device-side n-gram ban traces too
+    kwargs["forced_eos_token_id"] = 5  # and the forced tokens (Marian's setting)
     for index, minimum in enumerate((3, 6)):
         expected = model.generate(**inputs, min_new_tokens=minimum, **kwargs)
         with torch._dynamo.config.patch(error_on_recompile=index > 0):
