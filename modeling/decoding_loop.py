@@ -24,9 +24,9 @@ check it against transformers' own loop token for token. Stop strings are matche
 `StopStringCriteria` on the last ids of each row, `stop_string_hits`); `max_time` is read by the host at its
 check every `CHECK_EVERY` tokens, so a call may run up to CHECK_EVERY - 1 tokens past it. `loop_blocker` says when
 this loop does not apply and transformers' loop runs instead (its compiled forward still used): other logits
-processors (bad words, suppressed tokens, ...), other stopping criteria, attention or hidden-state outputs, model
-inputs other than the prompt's ids, mask and positions, and caches other than a plain `StaticCache` (sliding
-windows shorter than the cache). Samples follow transformers' distribution but not its random stream:
+processors (bad words of several tokens, sequence bias, ...), other stopping criteria, attention or hidden-state
+outputs, model inputs other than the prompt's ids, mask and positions, and caches other than a plain `StaticCache`
+(sliding windows shorter than the cache). Samples follow transformers' distribution but not its random stream:
 `torch.multinomial` reads the device, so the step draws by the exponential race (`sample`).
 """
 
@@ -47,8 +47,10 @@ from transformers.generation.logits_process import (
     MinLengthLogitsProcessor,
     MinNewTokensLengthLogitsProcessor,
     MinPLogitsWarper,
+    NoBadWordsLogitsProcessor,
     NoRepeatNGramLogitsProcessor,
     RepetitionPenaltyLogitsProcessor,
+    SuppressTokensLogitsProcessor,
     TemperatureLogitsWarper,
     TopKLogitsWarper,
     TopPLogitsWarper,
@@ -111,8 +113,9 @@ SCORE_WARPERS = (
 @dataclass
 class Processors:
     """The logits processors of a call, as the compiled step applies them (in this order, as transformers orders
-    them): end-of-sequence `bans` — (banned ids, minimum length): not chosen while the sequence, prompt included, is
-    shorter —, a `repetition_penalty` on every token seen so far (none: 1.0), the `no_repeat_ngram_size` ban
+    them): `bans` — (banned ids, minimum length): not chosen while the sequence, prompt included, is shorter; the
+    end-of-sequence ids under `min_length` / `min_new_tokens`, and with `ALWAYS` `suppress_tokens` and one-token
+    `bad_words_ids` —, a `repetition_penalty` on every token seen so far (none: 1.0), the `no_repeat_ngram_size` ban
     (0: none), the `forced` tokens — (length, ids): at that sequence length every other token is -inf, the forced
     ones 0 (`forced_bos_token_id` at length 1, `forced_eos_token_id` at max_length - 1) —, then the score
     `warpers`."""
@@ -124,6 +127,9 @@ class Processors:
     warpers: list
     forced: list[tuple[int, torch.Tensor]] = field(default_factory=list)
 
+
+# A ban's minimum length for tokens never allowed (`suppress_tokens`, one-token `bad_words_ids`).
+ALWAYS = torch.iinfo(torch.int64).max
 
 # The forced-token processors, in transformers' order (the EOS one overrides the BOS one where both apply).
 FORCED_PROCESSORS = (ForcedBOSTokenLogitsProcessor, ForcedEOSTokenLogitsProcessor)
@@ -149,6 +155,10 @@ def split_processors(logits_processor: LogitsProcessorList) -> Processors | None
             return None
         elif kind is MinLengthLogitsProcessor:
             found.bans.append((processor.eos_token_id, processor.min_length))
+        elif kind is SuppressTokensLogitsProcessor:
+            found.bans.append((processor.suppress_tokens, ALWAYS))
+        elif kind is NoBadWordsLogitsProcessor and all(len(words) == 1 for words in processor.sequence_bias):
+            found.bans.append((torch.tensor([words[0] for words in processor.sequence_bias], dtype=torch.long), ALWAYS))
         elif kind is MinNewTokensLengthLogitsProcessor:
             found.bans.append((processor.eos_token_id, processor.prompt_length_to_skip + processor.min_new_tokens))
         elif kind is NoRepeatNGramLogitsProcessor and not found.no_repeat_ngram_size:
@@ -496,10 +506,12 @@ def fill_prompt_inputs(model, buffers, model_kwargs: dict) -> None:
 
 
 def fill_bans(banned_below: torch.Tensor, bans: list[tuple[torch.Tensor, int]]) -> None:
-    """`banned_below[v]`: the length below which token v may not be chosen (0: never banned)."""
+    """`banned_below[v]`: the length below which token v may not be chosen (0: never banned; `ALWAYS`: never
+    allowed). Ids past the vocabulary ban nothing."""
     banned_below.zero_()
     for banned, min_length in bans:
         ids = banned.to(banned_below.device).view(-1)
+        ids = ids[(ids >= 0) & (ids < banned_below.shape[0])]
         banned_below[ids] = banned_below[ids].clamp(min=min_length)
 
 

@@ -142,7 +142,7 @@ def test_plain_sequences(loop_calls):
     [
         dict(do_sample=True),  # beam sampling: torch.multinomial reads the device
         dict(repetition_penalty=1.3),
-        dict(bad_words_ids=[[5], [7]]),
+        dict(bad_words_ids=[[5, 6]]),  # several tokens (one-token bad words are bans: taken)
         dict(output_attentions=True, return_dict_in_generate=True),
         dict(max_time=30.0),  # a stopping criterion of its own
     ],
@@ -205,3 +205,12 @@ def test_the_marian_shaped_benchmark_model_takes_the_beam_loop(loop_calls):
     kwargs = dict(**inputs, num_beams=4, max_new_tokens=6, return_dict_in_generate=True, output_scores=True)
     reference, searched = _both(ours, loop_calls, **kwargs)
     assert torch.equal(searched.sequences, reference.sequences)
+
+
+def test_suppressed_tokens_and_one_token_bad_words_in_beam_search(loop_calls):
+    model = _model("seq2seq", "positions_sinusoidal")
+    kwargs = dict(**_inputs(model, "seq2seq"), **OUTPUTS, num_beams=3, max_new_tokens=8, eos_token_id=[5, 7])
+    kwargs.update(suppress_tokens=[8, 9, 10], bad_words_ids=[[11], [12]])
+    reference, ours = _both(model, loop_calls, **kwargs)
+    _assert_same(reference, ours, "seq2seq")
+    assert not torch.isin(ours.sequences[:, 1:], torch.tensor([8, 9, 10, 11, 12])).any()

@@ -265,6 +265,20 @@ def test_forced_tokens_in_an_unusual_order_keep_transformers_loop():
     assert split(LogitsProcessorList([bos, bos])) is None
 
 
+@pytest.mark.parametrize("kind", ["decoder", "seq2seq"])
+def test_suppressed_tokens_and_one_token_bad_words_are_banned_as_transformers_bans_them(kind, loop_calls):
+    model = decoder_variant("positions_rope") if kind == "decoder" else seq2seq_variant("positions_sinusoidal")
+    inputs = _prompts(3) if kind == "decoder" else _sources(model)
+    free = model.generate(**inputs, do_sample=False, max_new_tokens=10, pad_token_id=0, eos_token_id=None)
+    picked = sorted(set(free[:, -10:].flatten().tolist()))  # tokens greedy decoding picks: the bans matter
+    chosen = (picked + [token for token in range(3, 40) if token not in picked])[:4]
+    kwargs = dict(**inputs, **OUTPUTS, max_new_tokens=10, pad_token_id=0, eos_token_id=[chosen[0]])
+    kwargs.update(suppress_tokens=chosen[1:3], bad_words_ids=[[chosen[3]], [chosen[0]]])  # the EOS one is dropped
+    reference, ours = _both(model, loop_calls, **kwargs)
+    _assert_same(reference, ours)
+    assert not torch.isin(ours.sequences[:, -10:], torch.tensor(chosen[1:])).any()
+
+
 def test_repetition_penalty_in_an_encoder_decoder(loop_calls):
     model = seq2seq_variant("positions_sinusoidal")
     kwargs = dict(**_sources(model), **OUTPUTS, max_new_tokens=16, repetition_penalty=1.5)
@@ -290,8 +304,8 @@ class _NeverStop(StoppingCriteria):
 @pytest.mark.parametrize(
     "kwargs",
     [
-        dict(suppress_tokens=[5, 7]),  # a processor of its own
-        dict(bad_words_ids=[[5], [7]]),
+        dict(sequence_bias={(5,): -2.0}),  # a processor of its own
+        dict(bad_words_ids=[[5, 6]]),  # bad words of several tokens (one-token ones are bans: taken)
         dict(output_hidden_states=True, return_dict_in_generate=True),
         dict(stopping_criteria=StoppingCriteriaList([_NeverStop()])),  # a stopping criterion of its own
     ],
