@@ -175,3 +175,48 @@ def test_sampling_runs_as_a_cuda_graph_and_repeats_with_the_seed():
     assert len(set(tokens.flatten().tolist())) > NEW_TOKENS
     for step, scores in enumerate(runs[0].scores):
         assert torch.isfinite(scores.gather(1, tokens[:, step : step + 1])).all(), f"step {step}"
+
+
+@pytest.mark.parametrize("num_beams", [1, 4])
+def test_translation_settings_run_in_the_cuda_graph(num_beams: int):
+    """Marian's and BART's generation settings — forced BOS/EOS tokens, the n-gram ban, suppressed tokens — inside
+    the compiled step of greedy decoding and beam search: eager's tokens in fp32, no cudagraph skip."""
+    torch._dynamo.reset()
+    counters.clear()
+    model = _model("seq2seq", torch.float32)
+    inputs = _inputs("seq2seq", 4)
+    kwargs = dict(num_beams=num_beams, max_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=0, eos_token_id=[5, 7])
+    kwargs.update(forced_bos_token_id=11, forced_eos_token_id=7, no_repeat_ngram_size=3, suppress_tokens=[8, 9])
+    eager = model.generate(**inputs, **kwargs, disable_compile=True)
+    fast = model.generate(**inputs, **kwargs)
+    assert hasattr(model, "_compiled_beam_step" if num_beams > 1 else "_compiled_decoding_step")
+    assert counters["inductor"]["cudagraph_skips"] == 0
+    assert torch.equal(fast, eager)
+    assert (fast[:, 1] == 11).all()
+
+
+def test_stop_strings_run_in_the_cuda_graph():
+    """Stop strings matched inside the compiled step on the GPU: eager's tokens, no cudagraph skip."""
+    from helpers import character_tokenizer
+
+    torch._dynamo.reset()
+    counters.clear()
+    tokenizer = character_tokenizer()
+    torch.manual_seed(0)
+    model = DecoderForCausalLM(DecoderConfig(**dict(SHAPE, vocab_size=len(tokenizer)), num_key_value_heads=2))
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if "norm" not in name:
+                parameter.normal_(0.0, 0.08)
+    model = model.cuda().eval()
+    inputs = {k: v.cuda() for k, v in tokenizer(["def f", "ab", "hello"], return_tensors="pt", padding=True).items()}
+    free = model.generate(**inputs, do_sample=False, max_new_tokens=20, pad_token_id=0, disable_compile=True)
+    prompt = inputs["input_ids"].shape[1]
+    stops = [tokenizer.decode(free[row, prompt + 2 + 3 * row : prompt + 4 + 3 * row]) for row in range(3)]
+    kwargs = dict(do_sample=False, max_new_tokens=20, pad_token_id=0, eos_token_id=2)
+    kwargs.update(stop_strings=stops, tokenizer=tokenizer)
+    eager = model.generate(**inputs, **kwargs, disable_compile=True)
+    fast = model.generate(**inputs, **kwargs)
+    assert hasattr(model, "_compiled_decoding_step")
+    assert counters["inductor"]["cudagraph_skips"] == 0
+    assert torch.equal(fast, eager) and fast.shape[1] < prompt + 20
