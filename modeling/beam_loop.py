@@ -16,9 +16,9 @@ The host reads whether the search is over once every `CHECK_EVERY` steps. Once i
 finished hypotheses as they are (`torch.where` on a `done` flag), so the output — sequences, `sequences_scores`,
 `beam_indices`, and the per-step `scores`/`logits` truncated to the steps transformers ran — is transformers'.
 `beam_loop_blocker` says when transformers' loop runs instead: beam sampling (`torch.multinomial` reads the device),
-processors other than the minimum-length, `no_repeat_ngram_size` and forced BOS/EOS ones, stopping criteria other
-than length and end-of-sequence, attention or hidden-state outputs, extra model inputs, caches other than generate's
-own static cache.
+processors other than bans (minimum lengths, suppressed tokens, one-token bad words), the repetition penalty,
+`no_repeat_ngram_size` and forced BOS/EOS tokens, stopping criteria other than length and end-of-sequence,
+attention or hidden-state outputs, extra model inputs, caches other than generate's own static cache.
 """
 
 from __future__ import annotations
@@ -53,8 +53,8 @@ def beam_loop_blocker(model, logits_processor, stopping_criteria, generation_con
     if generation_config.do_sample:
         return "beam sampling"
     processors = split_processors(logits_processor)
-    if processors is None or processors.warpers or processors.repetition_penalty != 1.0:
-        return "logits processors other than min_length / min_new_tokens / no_repeat_ngram_size / forced BOS, EOS"
+    if processors is None or processors.warpers:
+        return "logits processors other than bans, the repetition penalty, the n-gram ban and forced BOS/EOS tokens"
     return shared_blocker(model, stopping_criteria, generation_config, synced_gpus, model_kwargs)
 
 
@@ -79,6 +79,8 @@ class BeamBuffers:
     banned_below: torch.Tensor  # (V,) long: min_length bans, as in decoding_loop
     forced_at: torch.Tensor  # (2,) long: forced BOS/EOS lengths, as in decoding_loop
     forced_tokens: torch.Tensor  # (2, V) bool
+    repetition_penalty: torch.Tensor  # () float32 (a tensor: every penalty shares one graph)
+    penalty_skip: torch.Tensor  # (B·beams,) long: leading positions the penalty does not count (left padding)
     position_ids: torch.Tensor  # (B·beams, 1) long: decoder-only models
     attention_mask: torch.Tensor  # (B·beams, cache length) long: decoder-only models, the prompt's padding, ones
 
@@ -112,6 +114,8 @@ class BeamBuffers:
             banned_below=new(vocab_size),
             forced_at=new(len(FORCED_PROCESSORS)),
             forced_tokens=new(len(FORCED_PROCESSORS), vocab_size, dtype=torch.bool),
+            repetition_penalty=new(dtype=torch.float32),
+            penalty_skip=new(rows),
             position_ids=new(rows, 1),
             attention_mask=new(rows, cache_length),
         )
@@ -128,6 +132,7 @@ class BeamSettings:
     length_penalty: float
     early_stopping: bool | str
     no_repeat_ngram_size: int = 0
+    penalised: bool = False  # a repetition penalty (its value is a buffer)
 
 
 def top_k_continuations(model, log_probs: torch.Tensor, buffers: BeamBuffers, beams_to_keep: int):
@@ -153,6 +158,8 @@ def choose_beams(model, log_probs_input, buffers: BeamBuffers, settings: BeamSet
     float32 logits of the last position, (B·beams, V). Returns the processed log-probabilities (`scores`)."""
     batch_size, num_beams = buffers.running_beam_scores.shape
     log_probs = nn.functional.log_softmax(log_probs_input, dim=-1)
+    if settings.penalised:
+        log_probs = penalise_repeats(log_probs, buffers)
     log_probs = torch.where(buffers.cur_len < buffers.banned_below, -torch.inf, log_probs)
     if settings.no_repeat_ngram_size:
         sequences = buffers.running_sequences.view(batch_size * num_beams, -1)
@@ -226,6 +233,21 @@ def choose_beams(model, log_probs_input, buffers: BeamBuffers, settings: BeamSet
     return scores
 
 
+def penalise_repeats(log_probs: torch.Tensor, buffers: BeamBuffers) -> torch.Tensor:
+    """transformers' repetition penalty on each beam's log-probabilities (B·beams, V): the tokens of the beam's
+    sequence so far, past its `penalty_skip` leading positions, multiplied by the penalty where negative (divided
+    where positive). The seen tokens are gathered from the running sequences each step (no state to reorder)."""
+    rows, vocab = log_probs.shape
+    sequences = buffers.running_sequences.view(rows, -1)
+    positions = torch.arange(sequences.shape[1], device=sequences.device)
+    counted = (positions < buffers.cur_len) & (positions >= buffers.penalty_skip[:, None])
+    ids = sequences.masked_fill(~counted, vocab).clamp(max=vocab)
+    seen = torch.zeros(rows, vocab + 1, dtype=torch.bool, device=log_probs.device).scatter_(1, ids, True)
+    penalty = buffers.repetition_penalty
+    penalised = torch.where(log_probs < 0, log_probs * penalty, log_probs / penalty)
+    return torch.where(seen[:, :vocab], penalised, log_probs)
+
+
 def _reorder_in_place(cache, beam_idx: torch.Tensor) -> None:
     """The self-attention cache follows the beams (copied in place: its addresses are in the graph)."""
     for layer in self_attention_cache(cache).layers:
@@ -288,6 +310,9 @@ def _initialise(model, buffers: BeamBuffers, input_ids, num_beams, max_length, p
     buffers.steps_after_done.zero_()
     fill_bans(buffers.banned_below, processors.bans)
     fill_forced(buffers.forced_at, buffers.forced_tokens, processors.forced)
+    buffers.repetition_penalty.fill_(processors.repetition_penalty)
+    skip = processors.prompt_ignore_length
+    buffers.penalty_skip.copy_(skip.to(buffers.penalty_skip) if isinstance(skip, torch.Tensor) else torch.tensor(skip))
     fill_prompt_inputs(model, buffers, model_kwargs)
 
 
@@ -308,6 +333,7 @@ def beam_search(model, input_ids, logits_processor, stopping_criteria, generatio
         length_penalty=config.length_penalty,
         early_stopping=config.early_stopping,
         no_repeat_ngram_size=processors.no_repeat_ngram_size,
+        penalised=processors.repetition_penalty != 1.0,
     )
     top_mask = torch.arange(settings.beams_to_keep, device=input_ids.device) < num_beams
     pad_fill = pad_token_id or eos_token_id[0] if eos_token_id is not None else -1

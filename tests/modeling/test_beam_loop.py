@@ -141,7 +141,6 @@ def test_plain_sequences(loop_calls):
     "kwargs",
     [
         dict(do_sample=True),  # beam sampling: torch.multinomial reads the device
-        dict(repetition_penalty=1.3),
         dict(bad_words_ids=[[5, 6]]),  # several tokens (one-token bad words are bans: taken)
         dict(output_attentions=True, return_dict_in_generate=True),
         dict(max_time=30.0),  # a stopping criterion of its own
@@ -168,6 +167,7 @@ def test_the_step_compiles_as_one_graph_reused_by_later_calls(kind, name):
     inputs = _inputs(model, kind)
     common = dict(num_beams=3, num_return_sequences=2, pad_token_id=0, eos_token_id=[5, 7], no_repeat_ngram_size=3)
     common["forced_eos_token_id"] = 7  # Marian's setting: a buffer too, its length follows each call's
+    common["repetition_penalty"] = 1.2  # traced too (the seen tokens gathered from the running sequences)
     calls = [dict(inputs, max_new_tokens=12, min_new_tokens=3)]
     shorter = {key: value[:, 1:] for key, value in inputs.items()} if kind == "decoder" else inputs
     calls.append(dict(shorter, max_new_tokens=10, min_new_tokens=5))
@@ -214,3 +214,16 @@ def test_suppressed_tokens_and_one_token_bad_words_in_beam_search(loop_calls):
     reference, ours = _both(model, loop_calls, **kwargs)
     _assert_same(reference, ours, "seq2seq")
     assert not torch.isin(ours.sequences[:, 1:], torch.tensor([8, 9, 10, 11, 12])).any()
+
+
+@pytest.mark.parametrize("kind", ["decoder", "seq2seq"])
+@pytest.mark.parametrize("penalty", [1.3, 0.7])
+def test_repetition_penalty_in_beam_search_as_transformers_applies_it(kind, penalty, loop_calls):
+    """On each beam's log-probabilities, over its own sequence so far (a decoder's left padding skipped)."""
+    model = _model(kind, "positions_rope" if kind == "decoder" else "positions_sinusoidal")
+    kwargs = dict(**_inputs(model, kind), **OUTPUTS, num_beams=3, num_return_sequences=2, max_new_tokens=10)
+    kwargs.update(eos_token_id=[5, 7], repetition_penalty=penalty)
+    reference, ours = _both(model, loop_calls, **kwargs)
+    _assert_same(reference, ours, kind)
+    plain = model.generate(**dict(kwargs, repetition_penalty=1.0), cache_implementation="static")
+    assert not torch.equal(plain.sequences, reference.sequences)  # the penalty changed the search
