@@ -12,7 +12,8 @@ in what transformers leaves out:
   nothing changes on CPU;
 - variants whose decoding step cannot be compiled (`static_cache_blocker`: dynamic RoPE recomputes its frequencies
   from a tensor in every forward) decode with the dynamic cache instead, with one logged line saying why; by
-  default so do FlashAttention backends and sharded models;
+  default so do FlashAttention backends, sharded models, and generations longer than a sliding window
+  (`sliding_window_blocker`);
 - greedy decoding and sampling on that path run `decoding_loop.decode`: the whole step (masks, forward, token
   choice, end-of-sequence bookkeeping) compiled as one graph and the loop never waiting for the device, where
   transformers compiles the forward alone and reads the device every token; the calls it does not take run
@@ -88,6 +89,29 @@ def static_cache_blocker(config) -> str | None:
     return None
 
 
+def sliding_window_blocker(model, generation_config: GenerationConfig) -> str | None:
+    """Why the CUDA default keeps the dynamic cache for this generation, or None: sliding windows shorter than the
+    static cache it would get. Such layers are transformers' `StaticSlidingWindowLayer`, which once full counts its
+    length in a Python int that its compiled forward takes as an input (a symbolic int): CUDA graphs record a new
+    graph for every distinct value, i.e. every token. Windows at least as long take the compiled loops
+    (`decoding_loop.UnfilledSlidingLayer`)."""
+    config = model.config
+    window = getattr(config, "sliding_window", None)
+    if window is None or "sliding_attention" not in (getattr(config, "layer_types", None) or []):
+        return None
+    length = max(  # the static cache's length, as generate sizes it (it keeps the longest of any call so far)
+        generation_config.max_length - 1,
+        generation_config.max_cache_len or 0,
+        getattr(model, "_previous_max_cache_length", -1),
+    )
+    if window >= length:
+        return None
+    return (
+        f"its sliding window ({window}) is shorter than this generation's cache ({length} positions), and a static "
+        "cache's full sliding layers advance a Python counter per token, which CUDA graphs would record anew each step"
+    )
+
+
 def _is_sharded(model) -> bool:
     """Parameters split across processes (FSDP2, tensor parallelism): `DTensor`s."""
     try:
@@ -132,7 +156,7 @@ def choose_cache_implementation(
             or generation_mode not in STATIC_CACHE_MODES
         ):
             return None
-        reason = _default_blocker(model)
+        reason = _default_blocker(model) or sliding_window_blocker(model, generation_config)
         if reason is not None:
             logger.warning_once(
                 f"{type(model).__name__} decodes with the dynamic cache, not the compiled path: {reason}."
@@ -315,5 +339,6 @@ __all__ = [
     "decodes_compiled_by_default",
     "is_decoding_step",
     "reorder_cache_in_place",
+    "sliding_window_blocker",
     "static_cache_blocker",
 ]

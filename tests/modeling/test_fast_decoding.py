@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 from transformers import (
+    CompileConfig,
     DynamicCache,
     EncoderDecoderCache,
     GenerationConfig,
@@ -129,6 +130,41 @@ def test_default_on_cuda_is_the_static_cache_and_the_user_can_opt_out(on_cuda, n
     assert model.generate(**kwargs, past_key_values=own).past_key_values is own  # a cache passed in is used
     assert model.generate(**kwargs, use_cache=False).past_key_values is None
     assert not notices
+
+
+@pytest.mark.parametrize("name", ["local_global", "all_sliding_attention"])
+def test_sliding_windows_shorter_than_the_generation_keep_the_dynamic_cache_by_default(name, on_cuda, notices):
+    """Past its window a static sliding layer counts its length in a Python int (a new CUDA graph per token): the CUDA
+    default decodes such generations with the dynamic cache, with one notice; a window spanning the whole cache takes
+    the static path; asking for the static cache is honoured."""
+    kwargs = dict(**_prompts(2, 97), **GREEDY, pad_token_id=0, max_new_tokens=10)  # a 15-position cache
+    short = randomised(DecoderForCausalLM(tiny_decoder_config(**DECODER_VARIANTS[name])))  # window 4
+    assert isinstance(short.generate(**kwargs).past_key_values, DynamicCache)
+    assert len(notices) == 1 and "sliding window (4)" in notices[0] and "\n" not in notices[0]
+    assert isinstance(short.generate(**kwargs, cache_implementation="static").past_key_values, StaticCache)
+    spanning = randomised(DecoderForCausalLM(tiny_decoder_config(**dict(DECODER_VARIANTS[name], sliding_window=15))))
+    assert isinstance(spanning.generate(**kwargs).past_key_values, StaticCache)
+    assert len(notices) == 1
+
+
+def test_transformers_full_sliding_layers_take_their_length_as_a_symbolic_input():
+    """Why the default above: once a `StaticSlidingWindowLayer` is full, transformers' compiled forward takes the
+    layer's Python length as a symbolic int input, a new value every step (CUDA graphs record one graph per
+    distinct value). Should transformers change that, this fails and the fallback can go."""
+    graphs = []
+
+    def backend(graph, example_inputs):
+        graphs.append([node.meta.get("example_value") for node in graph.graph.nodes if node.op == "placeholder"])
+        return graph.forward
+
+    torch._dynamo.reset()
+    model = decoder_variant("local_global")
+    config = GenerationConfig(cache_implementation="static", max_new_tokens=12, do_sample=False, pad_token_id=0)
+    config.compile_config = CompileConfig(backend=backend, mode=None, fullgraph=False)
+    config.compile_config._compile_all_devices = True
+    model.generate(**_prompts(1, 97), generation_config=config)  # transformers' loop: the window is shorter
+    symbolic = [value for graph in graphs for value in graph if isinstance(value, torch.SymInt)]
+    assert symbolic, "transformers' static sliding layers no longer take a per-step int"
 
 
 def test_flash_attention_keeps_the_dynamic_cache_by_default(on_cuda, notices):
