@@ -151,12 +151,12 @@ def split_processors(logits_processor: LogitsProcessorList) -> Processors | None
             found.forced.append((1, torch.tensor([processor.bos_token_id])))
         elif kind is ForcedEOSTokenLogitsProcessor:
             found.forced.append((processor.max_length - 1, processor.eos_token_id.view(-1)))
+        elif kind is SuppressTokensLogitsProcessor:  # after the forced ones in transformers' list: see the end
+            found.bans.append((processor.suppress_tokens, ALWAYS))
         elif found.forced:
             return None
         elif kind is MinLengthLogitsProcessor:
             found.bans.append((processor.eos_token_id, processor.min_length))
-        elif kind is SuppressTokensLogitsProcessor:
-            found.bans.append((processor.suppress_tokens, ALWAYS))
         elif kind is NoBadWordsLogitsProcessor and all(len(words) == 1 for words in processor.sequence_bias):
             found.bans.append((torch.tensor([words[0] for words in processor.sequence_bias], dtype=torch.long), ALWAYS))
         elif kind is MinNewTokensLengthLogitsProcessor:
@@ -173,6 +173,9 @@ def split_processors(logits_processor: LogitsProcessorList) -> Processors | None
     forced_kinds = [type(p) for p in logits_processor if type(p) in FORCED_PROCESSORS]
     if any(forced_kinds.count(kind) > 1 for kind in FORCED_PROCESSORS) or forced_kinds[::-1] == [*FORCED_PROCESSORS]:
         return None  # two of a kind, or EOS before BOS: not transformers' list (the step has a slot for each)
+    never = {int(i) for banned, length in found.bans if length == ALWAYS for i in banned.view(-1).tolist()}
+    if any(int(i) in never for _, ids in found.forced for i in ids.tolist()):
+        return None  # a forced token also banned: its outcome depends on which comes first (the step forces last)
     return found if penalties <= 1 else None
 
 
@@ -362,11 +365,10 @@ def choose_tokens(
     ngram: int = 0,
     stop_strings: tuple[StopStringCriteria, ...] = (),
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """transformers' token choice for one step, on device state only: the minimum-length bans, the repetition
-    penalty, the n-gram ban, the forced BOS/EOS tokens, the score warpers (temperature, top-k, top-p, ...), argmax
-    or a sample, pad for finished rows,
-    end-of-sequence and stop-string bookkeeping; records the tokens (and marks them seen) and advances `length`,
-    `step` and `counted`. `ngram`: `no_repeat_ngram_size` (0: none); `stop_strings`: the call's
+    """transformers' token choice for one step, on device state only: the bans, the repetition penalty, the n-gram
+    ban, the forced BOS/EOS tokens, the score warpers (temperature, top-k, top-p, ...), argmax or a sample, pad for
+    finished rows, end-of-sequence and stop-string bookkeeping; records the tokens (and marks them seen) and advances
+    `length`, `step` and `counted`. `ngram`: `no_repeat_ngram_size` (0: none); `stop_strings`: the call's
     `StopStringCriteria`. Returns (next tokens (B,), processed scores (B, V))."""
     scores = torch.where(buffers.length < buffers.banned_below, -math.inf, logits)
     penalty = buffers.repetition_penalty

@@ -251,6 +251,7 @@ def test_forced_tokens_in_an_unusual_order_keep_transformers_loop():
         ForcedBOSTokenLogitsProcessor,
         ForcedEOSTokenLogitsProcessor,
         NoRepeatNGramLogitsProcessor,
+        SuppressTokensLogitsProcessor,
     )
 
     bos, eos, ngram = (
@@ -263,6 +264,9 @@ def test_forced_tokens_in_an_unusual_order_keep_transformers_loop():
     assert split(LogitsProcessorList([bos, ngram])) is None
     assert split(LogitsProcessorList([eos, bos])) is None
     assert split(LogitsProcessorList([bos, bos])) is None
+    suppress = SuppressTokensLogitsProcessor([5, 6])  # transformers lists it after the forced ones
+    assert split(LogitsProcessorList([bos, eos, suppress])).bans[0][1] == decoding_loop.ALWAYS
+    assert split(LogitsProcessorList([bos, eos, SuppressTokensLogitsProcessor([4])])) is None  # a forced one banned
 
 
 @pytest.mark.parametrize("kind", ["decoder", "seq2seq"])
