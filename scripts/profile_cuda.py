@@ -11,10 +11,12 @@ kernels?" for every workload at once.
     python scripts/profile_cuda.py --workload decode-1 --workload prefill    # some of them
     python scripts/profile_cuda.py --device cpu --quick --output /tmp/p      # the CPU rehearsal (tests run it)
 
-Workloads (the shapes of scripts/benchmark_cuda.py: the dense 1.1B Llama shape):
+Workloads (the shapes of scripts/benchmark_cuda.py: the dense 1.1B Llama shape unless named):
     train         a training step as scripts/pretrain.py runs it on a GPU: bf16 autocast, fused AdamW, the decoder
                   layers compiled regionally (accelerate's compile_regions), batch 4 x 2048
     train-eager   the same step uncompiled (plain Trainer, DeepSpeed, FSDP)
+    train-moe     the Mixtral-shape MoE training step as cuda-train times it (eager; 8 experts, top-2, aux loss)
+    train-seq2seq the Marian-shape encoder-decoder training step as cuda-train times it (eager, 32 x (256 + 256))
     prefill       the forward of one 2048-token prompt in bf16, logits of the last position
     decode-1      `generate` at batch 1 (bf16, 128-token prompt, 256 new tokens), archlab's default path
     decode-64     the same at batch 64
@@ -36,7 +38,7 @@ from torch.autograd import DeviceType
 from archlab.scripts.benchmark_cuda import random_ids, shape
 from archlab.training.benchmarking import make_optimizer, synchronize, training_step
 
-WORKLOADS = ("train", "train-eager", "prefill", "decode-1", "decode-64")
+WORKLOADS = ("train", "train-eager", "train-moe", "train-seq2seq", "prefill", "decode-1", "decode-64")
 # Substrings of kernel (or operator) names, lower-cased, by kind; the first kind that matches wins.
 KINDS = (
     ("attention", ("flash", "fmha", "attention", "cudnn", "sdpa", "softmax")),
@@ -117,18 +119,50 @@ def dense_model(device: torch.device, quick: bool, dtype: torch.dtype | None = N
     return model.to(dtype) if dtype is not None else model
 
 
-def training(device: torch.device, quick: bool, compiled: bool) -> tuple[Callable, Callable, int]:
-    model = dense_model(device, quick).train()
-    batch, length = (2, 64) if quick else (4, 2048)
-    ids = random_ids(model.config.vocab_size, batch, length, device=device)
+def training(model, batch: dict, compiled: bool = False) -> tuple[Callable, Callable, int]:
+    """Optimiser steps of `model` on `batch` as Trainer(bf16=True) runs them; the decoder layers compiled regionally
+    (accelerate's compile_regions, what the scripts do on a GPU) when `compiled`."""
+    model.train()
     wrapper = model
     if compiled:
         from accelerate.utils import compile_regions
 
         wrapper = compile_regions(model, dynamic=False)
-    batch = {"input_ids": ids, "labels": ids, "use_cache": False}
     step = training_step(wrapper, batch, make_optimizer(model), torch.bfloat16)  # Trainer(bf16=True)'s autocast
     return (lambda: [step() for _ in range(2)]), step, 1
+
+
+def dense_training(device: torch.device, quick: bool, compiled: bool) -> tuple[Callable, Callable, int]:
+    model = dense_model(device, quick)
+    batch, length = (2, 64) if quick else (4, 2048)
+    ids = random_ids(model.config.vocab_size, batch, length, device=device)
+    return training(model, {"input_ids": ids, "labels": ids, "use_cache": False}, compiled)
+
+
+def moe_training(device: torch.device, quick: bool) -> tuple[Callable, Callable, int]:
+    """The Mixtral-shape MoE (8 experts, top-2) as cuda-train times it: eager, router aux loss on."""
+    from archlab import DecoderConfig, DecoderForCausalLM
+    from archlab.scripts.benchmark_cuda import DECODER_COMMON, build_on
+
+    kwargs = dict(DECODER_COMMON, **shape("moe", quick), output_router_logits=True, router_aux_loss_coef=0.01)
+    model = build_on(device, lambda: DecoderForCausalLM(DecoderConfig(**kwargs)))
+    batch, length = (2, 64) if quick else (4, 2048)
+    ids = random_ids(model.config.vocab_size, batch, length, device=device)
+    return training(model, {"input_ids": ids, "labels": ids, "use_cache": False})
+
+
+def seq2seq_training(device: torch.device, quick: bool) -> tuple[Callable, Callable, int]:
+    """The Marian-shape encoder-decoder as cuda-train times it: eager, 32 × (256 source + 256 target) tokens."""
+    from archlab import Seq2SeqConfig, Seq2SeqForConditionalGeneration
+    from archlab.scripts.benchmark_cuda import build_on, marian_kwargs
+
+    batch, length = (2, 32) if quick else (32, 256)
+    config = Seq2SeqConfig(**marian_kwargs(shape("marian", quick), length + 2), sinusoidal_layout="split")
+    model = build_on(device, lambda: Seq2SeqForConditionalGeneration(config))
+    vocab = config.vocab_size
+    source = random_ids(vocab, batch, length, device=device, low=1, seed=1)
+    labels = random_ids(vocab, batch, length, device=device, low=1, seed=2)
+    return training(model, {"input_ids": source, "attention_mask": torch.ones_like(source), "labels": labels})
 
 
 def prefill(device: torch.device, quick: bool) -> tuple[Callable, Callable, int]:
@@ -157,8 +191,12 @@ def decoding(device: torch.device, quick: bool, batch: int) -> tuple[Callable, C
 
 
 def workload(name: str, device: torch.device, quick: bool) -> tuple[Callable, Callable, int]:
+    if name == "train-moe":
+        return moe_training(device, quick)
+    if name == "train-seq2seq":
+        return seq2seq_training(device, quick)
     if name.startswith("train"):
-        return training(device, quick, compiled=name == "train")
+        return dense_training(device, quick, compiled=name == "train")
     if name == "prefill":
         return prefill(device, quick)
     return decoding(device, quick, batch=int(name.removeprefix("decode-")))

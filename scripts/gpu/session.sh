@@ -14,8 +14,8 @@
 #   decode  --suite cuda-decode     (about 3-5 minutes; fits in a call after tests)
 #   static  --suite cuda-static     (about 5-8 minutes: compiles per batch size; a call of its own)
 #   loops   --suite cuda-loops      (about 5 minutes: sampling, the loop's gain, MoE and beam search, all compiled)
-#   profile scripts/profile_cuda.py: where the GPU time goes in training (compiled and eager), the prefill and
-#           decoding at batch 1 and 64 — kernel time by kind, idle share, top kernels (about 5 minutes)
+#   profile scripts/profile_cuda.py: where the GPU time goes in training (dense compiled and eager, MoE, seq2seq),
+#           the prefill and decoding at batch 1 and 64 — kernel time by kind, idle share, top kernels (~6 minutes)
 # The calls of a session, and what the times are based on: docs/gpu.md.
 #
 # Environment: OUT (default ./gpu-out; the device tool sets it), SITE (/tmp/site), WHEEL_DIR (.whl),

@@ -43,7 +43,7 @@ def test_summary_reports_per_step_times_kinds_and_top_kernels():
 
 
 def test_the_cpu_rehearsal_writes_a_report_per_workload(tmp_path, capsys):
-    workloads = ["train-eager", "prefill", "decode-1"]
+    workloads = ["train-eager", "train-moe", "train-seq2seq", "prefill", "decode-1"]
     argv = ["--device", "cpu", "--quick", "--rounds", "1", "--output", str(tmp_path)]
     assert profile_cuda.main(argv + [arg for name in workloads for arg in ("--workload", name)]) == 0
     for name in workloads:
