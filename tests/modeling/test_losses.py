@@ -54,18 +54,22 @@ def test_chunked_bias_matches_naive_value_and_grads():
         assert_close_to_scale(a, b, rtol=1e-5)
 
 
-def _head_losses(training_chunk: int, autocast: bool) -> tuple[torch.Tensor, list[torch.Tensor]]:
-    """Loss and gradients of an LM head with its own bias and a constant output bias (Marian's), chunked or not."""
+def _head_losses(
+    training_chunk: int, autocast: bool, device: str = "cpu", bias: bool = True
+) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """Loss and gradients of an LM head with its own bias (or none) and a constant output bias (Marian's), chunked
+    or not."""
     torch.manual_seed(0)
-    head = nn.Linear(16, 40)
-    output_bias = torch.randn(1, 40)
-    hidden = torch.randn(2, 9, 16, requires_grad=True)
-    labels = torch.randint(0, 40, (2, 9))
-    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+    head = nn.Linear(16, 40, bias=bias).to(device)
+    output_bias = torch.randn(1, 40, device=device)
+    hidden = torch.randn(2, 9, 16, device=device, requires_grad=True)
+    labels = torch.randint(0, 40, (2, 9), device=device)
+    labels[0, 3] = -100
+    with torch.autocast(device, dtype=torch.bfloat16, enabled=autocast):
         loss, _ = lm_head_loss(
             hidden, head, training=True, chunk_size=training_chunk, labels=labels, output_bias=output_bias
         )
-    return loss, list(torch.autograd.grad(loss, (hidden, head.weight, head.bias)))
+    return loss, list(torch.autograd.grad(loss, [hidden, head.weight] + ([head.bias] if bias else [])))
 
 
 @pytest.mark.parametrize("autocast", [False, True], ids=["fp32", "bf16-autocast"])
@@ -176,3 +180,89 @@ def test_a_fused_kernel_on_the_head_gets_bias_softcap_and_z_loss_and_is_reduced_
         assert_close_to_scale(grad, expected_grad)
     del head.fused_linear_cross_entropy  # in evaluation the head computes logits as usual
     assert lm_head_loss(hidden, head, training=False, **kwargs)[1] is not None
+
+
+def _chunk_case(z: float):
+    torch.manual_seed(0)
+    logits = torch.randn(6, 11) * 3
+    targets = torch.tensor([0, 3, -100, 10, 5, 7])
+    valid = (targets != -100).float()
+    safe = targets.clamp(min=0)
+    log_z = torch.logsumexp(logits, dim=-1)
+    eager = torch.exp_(logits.clone().sub_(log_z[:, None]))
+    if z:
+        eager.mul_((1 + 2 * z * log_z)[:, None])
+    eager.scatter_add_(1, safe[:, None], -torch.ones(6, 1))
+    eager.mul_(valid[:, None])
+    return logits, log_z, safe, valid, eager
+
+
+@pytest.mark.parametrize("z", [0.0, 1e-2])
+def test_the_out_of_place_logits_gradient_equals_the_in_place_chain(z):
+    from archlab.modeling.losses import logits_gradient
+
+    logits, log_z, safe, valid, eager = _chunk_case(z)
+    torch.testing.assert_close(logits_gradient(logits, log_z, safe, valid, z), eager, atol=1e-7, rtol=1e-6)
+    assert logits_gradient(logits, log_z, safe, valid, z, torch.bfloat16).dtype == torch.bfloat16
+
+
+def test_the_compiled_logits_gradient_gives_the_chunked_loss_its_gradients(monkeypatch):
+    """On CUDA the gradient chain is one compiled kernel; compiled here (inductor on CPU) the chunked loss and its
+    gradients equal the eager chain's, with a z-loss and an ignored token."""
+    from archlab.modeling import losses
+
+    torch.manual_seed(0)
+    hidden = torch.randn(2, 5, 16, requires_grad=True)
+    weight = torch.randn(40, 16, requires_grad=True)
+    labels = torch.randint(0, 40, (2, 5))
+    labels[0, 2] = -100
+
+    def run():
+        loss = chunked_causal_lm_loss(hidden, weight, labels, chunk_size=3, z_loss_coef=1e-3)
+        return (loss, *torch.autograd.grad(loss, (hidden, weight)))
+
+    expected = run()
+    calls = []
+    monkeypatch.setattr(losses, "FUSED_GRADIENT_DEVICES", ("cpu",))
+    monkeypatch.setattr(losses, "_COMPILED_LOGITS_GRADIENT", {})
+    original = losses.logits_gradient
+    monkeypatch.setattr(losses, "logits_gradient", lambda *a: calls.append(1) or original(*a))
+    for a, b in zip(run(), expected):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+    assert calls  # the compiled function ran (traced at least once)
+    assert losses._COMPILED_LOGITS_GRADIENT["cpu"] is not None  # and compiled: no fallback to the eager chain
+
+
+def test_a_failing_compiler_leaves_the_eager_gradient_chain(monkeypatch):
+    from archlab.modeling import losses
+
+    warnings = []
+    monkeypatch.setattr(losses.logger, "warning", warnings.append)
+
+    def failing(*args):
+        raise torch._dynamo.exc.BackendCompilerFailed(None, RuntimeError("no working triton"), None)
+
+    monkeypatch.setattr(losses, "FUSED_GRADIENT_DEVICES", ("cpu",))
+    monkeypatch.setattr(losses, "_COMPILED_LOGITS_GRADIENT", {"cpu": failing})
+    logits, log_z, safe, valid, _ = _chunk_case(0.0)
+    assert losses.fused_logits_gradient(logits, log_z, safe, valid, 0.0, torch.float32) is None
+    assert losses._COMPILED_LOGITS_GRADIENT["cpu"] is None  # not tried again
+    assert losses.fused_logits_gradient(logits, log_z, safe, valid, 0.0, torch.float32) is None
+    assert len(warnings) == 1 and "no working triton" in warnings[0]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the fused loss gradient and fp32-output GEMMs are CUDA's")
+@pytest.mark.parametrize("bias", [True, False], ids=["head-bias", "no-bias"])
+@pytest.mark.parametrize("autocast", [False, True], ids=["fp32", "bf16-autocast"])
+def test_the_chunked_loss_on_cuda_equals_the_unchunked_one(autocast, bias, monkeypatch):
+    """On CUDA the chunked loss runs its CUDA-only paths — the compiled gradient kernel, the float32-output GEMMs —
+    and equals the plain head + cross-entropy in value and gradients (fp32 without TF32, which the CUDA benchmark
+    suites switch on for the process)."""
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
+    loss, grads = _head_losses(4, autocast, "cuda", bias)
+    ref_loss, ref_grads = _head_losses(0, autocast, "cuda", bias)
+    rtol = 2e-2 if autocast else 1e-5
+    torch.testing.assert_close(loss, ref_loss, rtol=rtol, atol=0)
+    for a, b in zip(grads, ref_grads):
+        assert_close_to_scale(a, b, rtol=rtol)
