@@ -158,7 +158,9 @@ def fused_logits_gradient(logits, log_z, targets, valid, z_loss_coef: float, dty
     if device_type not in FUSED_GRADIENT_DEVICES or torch.compiler.is_compiling():
         return None
     if device_type not in _COMPILED_LOGITS_GRADIENT:
-        _COMPILED_LOGITS_GRADIENT[device_type] = torch.compile(logits_gradient, dynamic=False, fullgraph=True)
+        # automatic dynamic shapes: the last chunk's row count varies with the batch (variable-length fine-tuning);
+        # after the first change the rows become symbolic, so two graphs serve every batch (not one per remainder)
+        _COMPILED_LOGITS_GRADIENT[device_type] = torch.compile(logits_gradient, fullgraph=True)
     compiled = _COMPILED_LOGITS_GRADIENT[device_type]
     if compiled is None:
         return None
