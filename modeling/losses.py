@@ -146,7 +146,9 @@ def logits_gradient(
 
 
 _COMPILED_LOGITS_GRADIENT: dict[str, object] = {}  # by device type: the compiled `logits_gradient`, or None
-FUSED_GRADIENT_DEVICES = ("cuda",)  # where compiling it pays (on CPU the eager chain is as fast as its C++ kernel)
+# Where compiling it pays (on CPU the eager chain is about as fast as a C++ kernel); `()` turns it off, as does
+# TORCHDYNAMO_DISABLE=1.
+FUSED_GRADIENT_DEVICES = ("cuda",)
 
 
 def fused_logits_gradient(logits, log_z, targets, valid, z_loss_coef: float, dtype: torch.dtype):
@@ -155,8 +157,8 @@ def fused_logits_gradient(logits, log_z, targets, valid, z_loss_coef: float, dty
     vocabulary 32000 and 8192 tokens ~4 GB per step, most of the loss's non-GEMM time); None elsewhere, or where the
     compiler fails (one logged line), and the caller runs the eager chain."""
     device_type = logits.device.type
-    if device_type not in FUSED_GRADIENT_DEVICES or torch.compiler.is_compiling():
-        return None
+    if device_type not in FUSED_GRADIENT_DEVICES or torch.compiler.is_compiling() or torch._dynamo.config.disable:
+        return None  # (TORCHDYNAMO_DISABLE=1: the in-place eager chain, not the out-of-place one uncompiled)
     if device_type not in _COMPILED_LOGITS_GRADIENT:
         # automatic dynamic shapes: the last chunk's row count varies with the batch (variable-length fine-tuning);
         # after the first change the rows become symbolic, so two graphs serve every batch (not one per remainder)
