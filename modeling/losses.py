@@ -151,13 +151,17 @@ _COMPILED_LOGITS_GRADIENT: dict[str, object] = {}  # by device type: the compile
 FUSED_GRADIENT_DEVICES = ("cuda",)
 
 
+def _dynamo_disabled() -> bool:
+    return bool(getattr(torch._dynamo.config, "disable", False))
+
+
 def fused_logits_gradient(logits, log_z, targets, valid, z_loss_coef: float, dtype: torch.dtype):
     """`logits_gradient` as one compiled kernel on CUDA (read the float32 chunk once, write its gradient once in the
     GEMMs' dtype, where the eager chain subtract, exp, scatter, mask, cast reads and writes the chunk five times — at
     vocabulary 32000 and 8192 tokens ~4 GB per step, most of the loss's non-GEMM time); None elsewhere, or where the
     compiler fails (one logged line), and the caller runs the eager chain."""
     device_type = logits.device.type
-    if device_type not in FUSED_GRADIENT_DEVICES or torch.compiler.is_compiling() or torch._dynamo.config.disable:
+    if device_type not in FUSED_GRADIENT_DEVICES or torch.compiler.is_compiling() or _dynamo_disabled():
         return None  # (TORCHDYNAMO_DISABLE=1: the in-place eager chain, not the out-of-place one uncompiled)
     if device_type not in _COMPILED_LOGITS_GRADIENT:
         # automatic dynamic shapes: the last chunk's row count varies with the batch (variable-length fine-tuning);

@@ -254,8 +254,8 @@ def test_a_failing_compiler_leaves_the_eager_gradient_chain(monkeypatch):
     assert losses.fused_logits_gradient(logits, log_z, safe, valid, 0.0, torch.float32) is None
     assert len(warnings) == 1 and "no working triton" in warnings[0]
     monkeypatch.setattr(losses, "_COMPILED_LOGITS_GRADIENT", {})
-    monkeypatch.setattr(torch._dynamo.config, "disable", True)  # TORCHDYNAMO_DISABLE=1
-    assert losses.fused_logits_gradient(logits, log_z, safe, valid, 0.0, torch.float32) is None
+    with torch._dynamo.config.patch(disable=True):  # TORCHDYNAMO_DISABLE=1
+        assert losses.fused_logits_gradient(logits, log_z, safe, valid, 0.0, torch.float32) is None
     assert not losses._COMPILED_LOGITS_GRADIENT
 
 
