@@ -15,6 +15,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 from transformers.cache_utils import Cache, EncoderDecoderCache
+from transformers.integrations.sdpa_attention import create_position_bias_mask
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from .normalization import make_norm
@@ -89,12 +90,7 @@ def one_token_grouped_sdpa(
         mask = mask.reshape(mask.shape[0], kv_heads, heads // kv_heads, mask.shape[-1])
     if position_bias is not None:
         bias = position_bias.reshape(position_bias.shape[0], kv_heads, heads // kv_heads, position_bias.shape[-1])
-        if mask is None:
-            mask = bias
-        elif mask.dtype == torch.bool:
-            mask = torch.where(mask, bias, torch.finfo(bias.dtype).min)
-        else:
-            mask = mask + bias
+        mask = create_position_bias_mask(bias, mask, False, query, key)  # transformers' folding, not causal: 1 query
     output = nn.functional.scaled_dot_product_attention(
         query, key, value, attn_mask=mask, dropout_p=dropout, scale=scaling
     )

@@ -39,6 +39,7 @@ from .decoding_loop import (
     force_tokens,
     kept_compiled,
     one_token_logits,
+    penalise_seen,
     repeated_ngram_bans,
     rewind,
     self_attention_cache,
@@ -243,9 +244,7 @@ def penalise_repeats(log_probs: torch.Tensor, buffers: BeamBuffers) -> torch.Ten
     counted = (positions < buffers.cur_len) & (positions >= buffers.penalty_skip[:, None])
     ids = sequences.masked_fill(~counted, vocab).clamp(max=vocab)
     seen = torch.zeros(rows, vocab + 1, dtype=torch.bool, device=log_probs.device).scatter_(1, ids, True)
-    penalty = buffers.repetition_penalty
-    penalised = torch.where(log_probs < 0, log_probs * penalty, log_probs / penalty)
-    return torch.where(seen[:, :vocab], penalised, log_probs)
+    return penalise_seen(log_probs, seen[:, :vocab], buffers.repetition_penalty)
 
 
 def _reorder_in_place(cache, beam_idx: torch.Tensor) -> None:

@@ -343,6 +343,11 @@ def repeated_ngram_bans(sequence: torch.Tensor, length: torch.Tensor, n: int, vo
     return banned.scatter_(1, completing, True)[:, :vocab_size]
 
 
+def penalise_seen(scores: torch.Tensor, seen: torch.Tensor, penalty: torch.Tensor) -> torch.Tensor:
+    """transformers' repetition penalty where `seen`: negative scores multiplied by `penalty`, others divided."""
+    return torch.where(seen, torch.where(scores < 0, scores * penalty, scores / penalty), scores)
+
+
 def stop_string_hits(criterion: StopStringCriteria, sequence: torch.Tensor, length: torch.Tensor) -> torch.Tensor:
     """transformers' `StopStringCriteria` on each row's first `length` tokens of `sequence` (rows, L): (rows,) bool,
     True where the row's text ends with one of its stop strings. It reads the last `maximum_token_len` ids; places
@@ -371,9 +376,7 @@ def choose_tokens(
     `length`, `step` and `counted`. `ngram`: `no_repeat_ngram_size` (0: none); `stop_strings`: the call's
     `StopStringCriteria`. Returns (next tokens (B,), processed scores (B, V))."""
     scores = torch.where(buffers.length < buffers.banned_below, -math.inf, logits)
-    penalty = buffers.repetition_penalty
-    penalised = torch.where(scores < 0, scores * penalty, scores / penalty)
-    scores = torch.where(buffers.seen[:, : scores.shape[-1]], penalised, scores)
+    scores = penalise_seen(scores, buffers.seen[:, : scores.shape[-1]], buffers.repetition_penalty)
     if ngram:
         banned = repeated_ngram_bans(buffers.sequence, buffers.length, ngram, scores.shape[-1])
         scores = scores.masked_fill(banned, -math.inf)
@@ -659,6 +662,7 @@ __all__ = [
     "fill_prompt_inputs",
     "kept_compiled",
     "one_token_logits",
+    "penalise_seen",
     "repeated_ngram_bans",
     "rewind",
     "sample",
