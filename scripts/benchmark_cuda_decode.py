@@ -118,19 +118,27 @@ def dense_generate_rows(setup: Setup, report: Report, cache: str) -> None:
         guarded(report, setup, f"dense decode batch {batch} ({cache})", measure)
 
 
+def greedy_call(vocab: int, batch: int, prompt: int, new_tokens: int, device, **setting) -> dict:
+    """generate kwargs of the decode rows: `batch` random unpadded prompts of `prompt` tokens (seeded by the batch),
+    greedy, exactly `new_tokens` new tokens (no early end), pad 0, plus `setting`."""
+    ids = random_ids(vocab, batch, prompt, device=device, seed=batch)
+    return dict(
+        input_ids=ids,
+        attention_mask=torch.ones_like(ids),
+        max_new_tokens=new_tokens,
+        min_new_tokens=new_tokens,
+        do_sample=False,
+        pad_token_id=0,
+        **setting,
+    )
+
+
 def dense_generation(setup: Setup, config, batch: int, cache: str) -> tuple[dict, int, float | None]:
     """generate kwargs for the dense rows (random prompts; the cache named on both sides: on CUDA archlab's default
     is the static cache, Llama's the dynamic one), the tokens they generate, and the roofline seconds."""
     sizes = decode_shape(setup)
-    prompt = random_ids(config.vocab_size, batch, sizes["prompt"], device=setup.device, seed=batch)
-    kwargs = dict(
-        input_ids=prompt,
-        attention_mask=torch.ones_like(prompt),
-        max_new_tokens=sizes["new_tokens"],
-        min_new_tokens=sizes["new_tokens"],
-        do_sample=False,
-        pad_token_id=0,
-        cache_implementation=cache,
+    kwargs = greedy_call(
+        config.vocab_size, batch, sizes["prompt"], sizes["new_tokens"], setup.device, cache_implementation=cache
     )
     roofline = decode_roofline_seconds(config, setup.peaks, batch, sizes["prompt"], sizes["new_tokens"])
     return kwargs, batch * sizes["new_tokens"], roofline
@@ -194,16 +202,8 @@ def moe_rows(setup: Setup, report: Report, cache: str = "dynamic") -> None:
     for batch in sizes["moe_batches"]:
 
         def measure(batch=batch) -> None:
-            prompt = random_ids(mixtral.config.vocab_size, batch, sizes["prompt"], device=setup.device, seed=batch)
-            kwargs = dict(
-                input_ids=prompt,
-                attention_mask=torch.ones_like(prompt),
-                max_new_tokens=sizes["new_tokens"],
-                min_new_tokens=sizes["new_tokens"],
-                do_sample=False,
-                pad_token_id=0,
-                **setting,
-            )
+            vocab = mixtral.config.vocab_size
+            kwargs = greedy_call(vocab, batch, sizes["prompt"], sizes["new_tokens"], setup.device, **setting)
             roofline = decode_roofline_seconds(mixtral.config, setup.peaks, batch, sizes["prompt"], sizes["new_tokens"])
             metric = (
                 f"MoE (Mixtral shape) greedy decode, batch {batch}, {label}: archlab vs MixtralForCausalLM "

@@ -36,6 +36,7 @@ import torch
 from torch.autograd import DeviceType
 
 from archlab.scripts.benchmark_cuda import random_ids, shape
+from archlab.scripts.benchmark_cuda_decode import greedy_call
 from archlab.training.benchmarking import make_optimizer, synchronize, training_step
 
 WORKLOADS = ("train", "train-eager", "train-moe", "train-seq2seq", "prefill", "decode-1", "decode-64")
@@ -180,9 +181,7 @@ def decoding(device: torch.device, quick: bool, batch: int) -> tuple[Callable, C
     batch = min(batch, 4) if quick else batch
     model = dense_model(device, quick, torch.bfloat16).eval()
     prompt, new = (16, 16) if quick else (128, 256)
-    ids = random_ids(model.config.vocab_size, batch, prompt, device=device)
-    kwargs = dict(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=new)
-    kwargs.update(min_new_tokens=new, pad_token_id=0)
+    kwargs = greedy_call(model.config.vocab_size, batch, prompt, new, device)
 
     def generate() -> None:
         model.generate(**kwargs)
