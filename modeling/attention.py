@@ -18,6 +18,7 @@ from transformers.cache_utils import Cache, EncoderDecoderCache
 from transformers.integrations.sdpa_attention import create_position_bias_mask
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
+from .fused_projections import FusableProjections
 from .normalization import make_norm
 from .rotary import apply_rotary
 
@@ -97,8 +98,9 @@ def one_token_grouped_sdpa(
     return output.reshape(batch, 1, heads, head_dim), None
 
 
-class Attention(nn.Module):
-    """Attention with separate q/k/v/o projections, named as in Llama (`q_proj`, ..., `o_proj`).
+class Attention(FusableProjections, nn.Module):
+    """Attention with separate q/k/v/o projections, named as in Llama (`q_proj`, ..., `o_proj`); inference reads
+    q/k/v as one matrix where they are laid out side by side (`fused_projections.py`).
 
     Sizes default to the decoder config's fields (`hidden_size`, `num_attention_heads`, `num_key_value_heads`,
     `head_dim`, `attention_bias`, `qkv_bias`); the encoder-decoder passes its own (`d_model`,
@@ -110,6 +112,7 @@ class Attention(nn.Module):
     # RoPE on (B, H, T, D) queries and keys. An instance may carry a fused kernel with the same arguments and result
     # instead (archlab.liger sets Liger's); the class keeps the plain one, which is what saved models run.
     rotate = staticmethod(apply_rotary)
+    fusable = ("q_proj", "k_proj", "v_proj")
 
     def __init__(
         self,
@@ -163,6 +166,16 @@ class Attention(nn.Module):
         self.output_name = output_name
         self.add_module(output_name, nn.Linear(self.num_heads * self.head_dim, hidden, bias=bias))
 
+    def _project_self(self, states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(B, T, d) -> queries (B, H, T, D), keys and values (B, H_kv, T, D): one product where laid out."""
+        fused = self.fused_weights()
+        if fused is None:
+            query = self.q_proj(states).view(*states.shape[:-1], -1, self.head_dim).transpose(1, 2)
+            return (query, *self._project_key_value(states))
+        sizes = (self.num_heads * self.head_dim, *(2 * (self.num_key_value_heads * self.head_dim,)))
+        parts = nn.functional.linear(states, *fused).split(sizes, dim=-1)
+        return tuple(part.view(*states.shape[:-1], -1, self.head_dim).transpose(1, 2) for part in parts)
+
     def _project_key_value(self, states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(B, S, d) -> keys, values (B, H_kv, S, D)."""
         shape = (*states.shape[:-1], -1, self.head_dim)
@@ -195,14 +208,13 @@ class Attention(nn.Module):
         """Self-attention, or cross-attention over `key_value_states` (B, S, d) when given; for cross-attention
         `past_key_values` is the `EncoderDecoderCache` (self-attention gets a plain per-layer cache)."""
         batch, seq_len, _ = hidden_states.shape
-        shape = (batch, seq_len, -1, self.head_dim)
-        query = self.q_proj(hidden_states).view(shape).transpose(1, 2)  # (B, H, T, D)
         if key_value_states is not None:
+            query = self.q_proj(hidden_states).view(batch, seq_len, -1, self.head_dim).transpose(1, 2)  # (B, H, T, D)
             key, value = self._cross_key_value(key_value_states, past_key_values)  # (B, H_kv, S, D)
             if self.q_norm is not None:
                 query = self.q_norm(query)
         else:
-            key, value = self._project_key_value(hidden_states)  # (B, H_kv, T, D)
+            query, key, value = self._project_self(hidden_states)  # (B, H, T, D), (B, H_kv, T, D) twice
             if self.q_norm is not None:
                 query, key = self.q_norm(query), self.k_norm(key)
             if position_embeddings is not None:

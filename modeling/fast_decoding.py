@@ -51,6 +51,7 @@ from .decoding_loop import (
     loop_blocker,
     unfill_sliding_layers,
 )
+from .fused_projections import inference_projections
 
 logger = logging.get_logger(__name__)
 
@@ -290,7 +291,16 @@ class FastDecodingMixin:
         **model_kwargs,
     ):
         """Greedy decoding and sampling through `decoding_loop.decode` where transformers would compile the decoding
-        step and `loop_blocker` finds nothing against it; otherwise transformers' loop."""
+        step and `loop_blocker` finds nothing against it; otherwise transformers' loop. Either way q/k/v and gate/up
+        are read as one product each on CUDA (`fused_projections.inference_projections`)."""
+        with inference_projections(self):
+            return self._sample_with_projections_ready(
+                input_ids, logits_processor, stopping_criteria, generation_config, synced_gpus, streamer, **model_kwargs
+            )
+
+    def _sample_with_projections_ready(
+        self, input_ids, logits_processor, stopping_criteria, generation_config, synced_gpus, streamer, **model_kwargs
+    ):
         args = (input_ids, logits_processor, stopping_criteria, generation_config)
         if self._valid_auto_compile_criteria(model_kwargs, generation_config):
             reason = loop_blocker(
@@ -318,7 +328,16 @@ class FastDecodingMixin:
     def _beam_search(self, input_ids, logits_processor, stopping_criteria, generation_config, synced_gpus=False, **kw):
         """Beam search through `beam_loop.beam_search` where transformers would compile the decoding step and
         `beam_loop_blocker` finds nothing against it; there otherwise transformers' loop with its one-token steps
-        compiled (`compiled_decoding_steps`); elsewhere transformers' loop as it is."""
+        compiled (`compiled_decoding_steps`); elsewhere transformers' loop as it is. q/k/v and gate/up are read as
+        one product each on CUDA (`fused_projections.inference_projections`)."""
+        with inference_projections(self):
+            return self._beam_search_with_projections_ready(
+                input_ids, logits_processor, stopping_criteria, generation_config, synced_gpus, **kw
+            )
+
+    def _beam_search_with_projections_ready(
+        self, input_ids, logits_processor, stopping_criteria, generation_config, synced_gpus, **kw
+    ):
         args = (input_ids, logits_processor, stopping_criteria, generation_config, synced_gpus)
         if not self._valid_auto_compile_criteria(kw, generation_config):
             return super()._beam_search(*args, **kw)

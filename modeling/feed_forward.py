@@ -12,8 +12,12 @@ import torch
 from torch import nn
 from transformers.activations import ACT2FN
 
+from .fused_projections import FusableProjections
 
-class GatedMLP(nn.Module):
+
+class GatedMLP(FusableProjections, nn.Module):
+    fusable = ("gate_proj", "up_proj")  # inference reads both as one matrix where laid out (fused_projections.py)
+
     def __init__(self, hidden_size: int, intermediate_size: int, hidden_act: str, bias: bool = False) -> None:
         super().__init__()
         self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=bias)
@@ -22,7 +26,12 @@ class GatedMLP(nn.Module):
         self.act_fn = ACT2FN[hidden_act]
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.act_fn(self.gate_proj(hidden_states)) * self.up_proj(hidden_states))
+        fused = self.fused_weights()
+        if fused is not None:
+            gate, up = nn.functional.linear(hidden_states, *fused).chunk(2, dim=-1)
+        else:
+            gate, up = self.gate_proj(hidden_states), self.up_proj(hidden_states)
+        return self.down_proj(self.act_fn(gate) * up)
 
 
 class MLP(nn.Module):

@@ -214,6 +214,7 @@ class Seq2SeqDecoderLayer(_Seq2SeqLayer):
         self.self_attn_layer_norm = self.make_norm()
         self.self_attn_output_layer_norm = self.make_output_norm()
         self.encoder_attn = seq2seq_attention(config, "decoder", layer_idx, is_causal=False)
+        self.encoder_attn.fusable = ()  # its queries and its keys/values read different inputs: nothing to fuse
         self.encoder_attn_layer_norm = self.make_norm()
         self.encoder_attn_output_layer_norm = self.make_output_norm()
 

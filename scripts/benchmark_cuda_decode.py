@@ -4,7 +4,8 @@ with the same weights, in bf16 (weights cast, no autocast), `generate` of 256 ne
 cuda-decode (DynamicCache on both sides, named explicitly: on CUDA archlab's own default is the static cache):
 - dense 1.1B (Llama shape) against `LlamaForCausalLM` at batch 1, 16 and 64, with the share of the bandwidth
   roofline each side reaches (a step reads every weight once and each sequence's KV cache; archlab.training.roofline);
-- the prefill of a 2048-token prompt (batch 1, the logits of the last position, as `generate` runs it), with MFU;
+- the prefill of a 2048-token prompt (batch 1, the logits of the last position, as `generate` runs it: on CUDA with
+  q/k/v and gate/up laid out side by side, modeling/fused_projections.py), with MFU;
 - mixture of experts (Mixtral shape) against `MixtralForCausalLM` at batch 1 and 16;
 - encoder-decoder (Marian shape) against `MarianMTModel`: beam search, 4 beams, batch 8, 256 source tokens, 128 new.
 
@@ -36,6 +37,7 @@ import time
 
 import torch
 
+from archlab.modeling.fused_projections import inference_projections
 from archlab.scripts.benchmark_cuda import (
     Setup,
     decoder_pair,
@@ -175,7 +177,7 @@ def prefill_row(setup: Setup, report: Report) -> None:
     ours, llama = bf16_pair(llama_pair(shape("dense", setup.quick), setup.device))
     ids = random_ids(llama.config.vocab_size, 1, length, device=setup.device)
     runs = tuple(lambda m=m: m(input_ids=ids, use_cache=False, logits_to_keep=1) for m in (ours, llama))
-    with torch.no_grad():
+    with torch.no_grad(), inference_projections(ours):  # as generate's prefill runs on CUDA: q/k/v, gate/up fused
         timed = time_pair(setup, *runs, setup.rounds)
         peak = peak_memory_pair(setup, runs, (ours, llama))
     flops = decoder_forward_flops(llama.config, 1, length, logits_positions=1)

@@ -17,7 +17,8 @@ Workloads (the shapes of scripts/benchmark_cuda.py: the dense 1.1B Llama shape u
     train-eager   the same step uncompiled (plain Trainer, DeepSpeed, FSDP)
     train-moe     the Mixtral-shape MoE training step as cuda-train times it (eager; 8 experts, top-2, aux loss)
     train-seq2seq the Marian-shape encoder-decoder training step as cuda-train times it (eager, 32 x (256 + 256))
-    prefill       the forward of one 2048-token prompt in bf16, logits of the last position
+    prefill       the forward of one 2048-token prompt in bf16, logits of the last position (q/k/v and gate/up laid
+                  out as generate lays them out on CUDA: one product each)
     decode-1      `generate` at batch 1 (bf16, 128-token prompt, 256 new tokens), archlab's default path
     decode-64     the same at batch 64
 On CPU the "kernels" are the leaf operators the profiler records, and busy time is their union.
@@ -35,6 +36,7 @@ from pathlib import Path
 import torch
 from torch.autograd import DeviceType
 
+from archlab.modeling.fused_projections import inference_projections
 from archlab.scripts.benchmark_cuda import random_ids, shape
 from archlab.scripts.benchmark_cuda_decode import greedy_call
 from archlab.training.benchmarking import make_optimizer, synchronize, training_step
@@ -171,7 +173,7 @@ def prefill(device: torch.device, quick: bool) -> tuple[Callable, Callable, int]
     ids = random_ids(model.config.vocab_size, 1, 64 if quick else 2048, device=device)
 
     def forward() -> None:
-        with torch.no_grad():
+        with torch.no_grad(), inference_projections(model):  # as generate's prefill runs: q/k/v, gate/up fused on CUDA
             model(input_ids=ids, use_cache=False, logits_to_keep=1)
 
     return forward, forward, 1

@@ -179,6 +179,26 @@ def test_moe_static_cache_generation_compiles():
         assert torch.equal(model.generate(prompt, **kwargs, compile_config=_compile_config(mode="default")), expected)
 
 
+def test_laid_out_projections_compile(monkeypatch):
+    """With q/k/v and gate/up read as one product per group (fused_projections.py; generate does it on CUDA, here
+    on CPU), inductor compiles the greedy step over the blocks — a Qwen2-style q/k/v bias included — and gives the
+    tokens of the separate products; a second call recompiles nothing."""
+    from archlab.modeling import fused_projections
+
+    torch._dynamo.reset()
+    model = randomised(DecoderForCausalLM(tiny_decoder_config(qkv_bias=True)))
+    batch = _batch()
+    kwargs = dict(max_new_tokens=8, do_sample=False, pad_token_id=0, cache_implementation="static")
+    expected = model.generate(**batch, **kwargs, disable_compile=True)
+    monkeypatch.setattr(fused_projections, "FUSED_PROJECTION_DEVICES", ("cpu",))
+    config = _compile_config(mode="default")
+    assert torch.equal(model.generate(**batch, **kwargs, compile_config=config), expected)
+    attention = model.model.layers[0].self_attn
+    assert attention.k_proj.weight.data_ptr() == attention.q_proj.weight[-1].data_ptr() + 4 * model.config.hidden_size
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        assert torch.equal(model.generate(**batch, **kwargs, compile_config=config), expected)
+
+
 @pytest.mark.parametrize("kind", ["seq2seq", "decoder"])
 def test_beam_search_compiles(kind):
     """Beam search on a static cache compiled by inductor (beam_loop.py: the whole step, the cache reorder included)

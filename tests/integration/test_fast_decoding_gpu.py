@@ -15,6 +15,7 @@ from torch._dynamo.utils import counters
 from transformers import DynamicCache, StaticCache
 
 from archlab import DecoderConfig, DecoderForCausalLM, Seq2SeqConfig, Seq2SeqForConditionalGeneration
+from archlab.modeling.fused_projections import inference_projections
 
 from helpers import assert_close_to_scale
 
@@ -128,6 +129,27 @@ def test_fast_decoding_equals_eager_and_does_not_recompile(kind: str, batch: int
         again = _generate(model, inputs, kind)
     assert counters["stats"]["unique_graphs"] == graphs
     assert torch.equal(again.sequences, fast.sequences)
+
+
+def test_the_projection_layout_costs_no_memory_and_keeps_the_logits():
+    """generate on CUDA reads q/k/v and gate/up as one product per group (fused_projections.py): laying the
+    parameters out side by side does not grow the memory in use, and the one-product forward gives the separate
+    products' logits within bf16 rounding (other GEMM shapes, other kernels)."""
+    model = _model("dense", torch.bfloat16)
+    inputs = _inputs("dense", 4)
+    with torch.no_grad():
+        expected = model(**inputs).logits.float()
+        torch.cuda.synchronize()
+        before = torch.cuda.memory_allocated()
+        with inference_projections(model) as groups:
+            torch.cuda.synchronize()
+            assert groups == 2 * SHAPE["num_hidden_layers"]
+            assert torch.cuda.memory_allocated() <= before + 512 * groups  # the allocator rounds blocks to 512 bytes
+            actual = model(**inputs).logits.float()
+    assert_close_to_scale(actual, expected, rtol=3e-2)
+    address = model.model.layers[0].self_attn.q_proj.weight.data_ptr()
+    _generate(model, inputs, "dense")
+    assert model.model.layers[0].self_attn.q_proj.weight.data_ptr() == address  # generate reuses the layout
 
 
 def test_greedy_calls_reuse_one_recorded_step(monkeypatch):

@@ -1,0 +1,254 @@
+"""fused_projections.py: inside `inference_projections`, q/k/v and gate/up laid out side by side are read as one
+product per group, with the same outputs, the same parameters, state dict and checkpoints, and training untouched;
+anything that replaces, wraps or hooks a projection falls back to the separate products; `generate` enters the
+context on the listed devices only (CUDA by default; here the tests list the CPU), in transformers' loop, archlab's
+compiled loops and beam search alike, and later calls reuse the layout without recompiling."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+from archlab import DecoderForCausalLM
+from archlab.modeling import fused_projections
+from archlab.modeling.attention import Attention
+from archlab.modeling.fused_projections import fusable_modules, inference_projections
+
+from helpers import decoder_variant, randomised, seq2seq_variant, tiny_decoder_config
+
+IDS = torch.randint(3, 61, (2, 7), generator=torch.Generator().manual_seed(0))
+
+
+def _qwen2_like() -> DecoderForCausalLM:
+    """Biases on q/k/v only (Qwen2), a shared expert beside routed ones: every group the layout covers."""
+    config = tiny_decoder_config(
+        qkv_bias=True, num_local_experts=4, num_experts_per_tok=2, shared_expert_intermediate_size=32
+    )
+    return randomised(DecoderForCausalLM(config))
+
+
+MODELS = {
+    "llama": lambda: decoder_variant("positions_rope"),
+    "qwen2_moe": _qwen2_like,
+    "seq2seq_gqa": lambda: seq2seq_variant("pre_norm_gqa"),
+}
+
+
+def _laid_out(model) -> list[bool]:
+    """Per group: are its weights side by side in one storage (a view over them exists)?"""
+    groups = fusable_modules(model)
+    return [fused_projections._view_over([getattr(m, name).weight for name in m.fusable]) is not None for m in groups]
+
+
+def _separate_groups(model) -> int:
+    """Products a forward saves with every group read as one."""
+    return sum(len(module.fusable) - 1 for module in fusable_modules(model))
+
+
+@pytest.fixture
+def linear_calls(monkeypatch) -> list[int]:
+    """Counts matrix products (`F.linear`, which nn.Linear calls too)."""
+    calls: list[int] = []
+    linear = nn.functional.linear
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return linear(*args, **kwargs)
+
+    monkeypatch.setattr(nn.functional, "linear", counted)
+    return calls
+
+
+def _logits(model) -> torch.Tensor:
+    if model.config.is_encoder_decoder:
+        return model(input_ids=IDS, decoder_input_ids=IDS[:, :5]).logits
+    return model(input_ids=IDS).logits
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_the_layout_keeps_parameters_state_dict_and_checkpoints(name, tmp_path):
+    model = MODELS[name]()
+    before = {key: value.clone() for key, value in model.state_dict().items()}
+    parameters = dict(model.named_parameters())
+    assert not any(_laid_out(model))
+    with inference_projections(model, force=True) as groups:
+        assert groups == len(fusable_modules(model)) > 0
+        attention = next(module for module in model.modules() if isinstance(module, Attention))
+        assert attention._fused[0].data_ptr() == attention.q_proj.weight.data_ptr()
+    assert all(module._fused is None for module in fusable_modules(model))  # nothing refers to a block outside
+    assert all(_laid_out(model))
+    assert dict(model.named_parameters()) == parameters  # the same Parameter objects, only their storage moved
+    after = model.state_dict()
+    assert after.keys() == before.keys()
+    assert all(torch.equal(after[key], before[key]) for key in before)
+    address = attention.q_proj.weight.data_ptr()
+    with inference_projections(model, force=True):
+        pass
+    assert attention.q_proj.weight.data_ptr() == address  # laid out already: nothing copied again
+
+    model.save_pretrained(tmp_path)  # parameters sharing one storage: transformers saves them apart
+    loaded = type(model).from_pretrained(tmp_path)
+    assert all(torch.equal(loaded.state_dict()[key], before[key]) for key in before)
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_inside_the_context_each_group_is_one_product(name, linear_calls):
+    model = MODELS[name]()
+    with torch.no_grad():
+        expected = _logits(model)
+        separate = len(linear_calls)
+        linear_calls.clear()
+        with inference_projections(model, force=True):
+            actual = _logits(model)
+        fused = len(linear_calls)
+        linear_calls.clear()
+        after = _logits(model)
+    torch.testing.assert_close(actual, expected, atol=1e-5, rtol=1e-5)
+    assert _separate_groups(model) > 0
+    assert fused == separate - _separate_groups(model)
+    assert len(linear_calls) == separate  # outside the context, the separate products again
+    torch.testing.assert_close(after, expected, atol=0, rtol=0)
+
+
+def test_training_records_gradients_through_the_separate_projections(linear_calls):
+    model = MODELS["qwen2_moe"]().train()
+    reference = copy.deepcopy(model)
+    with inference_projections(model, force=True):  # laid out, and gradients recorded inside the context
+        for candidate in (reference, model):
+            linear_calls.clear()
+            candidate(input_ids=IDS, labels=IDS).loss.backward()
+            calls = len(linear_calls)
+        assert calls == len(linear_calls)
+    assert all(_laid_out(model))
+    for (name, ours), theirs in zip(model.named_parameters(), reference.parameters()):
+        torch.testing.assert_close(ours.grad, theirs.grad, atol=1e-6, rtol=1e-5, msg=name)
+    for candidate in (reference, model):
+        torch.optim.AdamW(candidate.parameters(), lr=1e-2).step()
+    assert all(_laid_out(model))  # the optimizer updates in place: the layout holds
+    with torch.no_grad(), inference_projections(model.eval(), force=True):
+        torch.testing.assert_close(_logits(model), _logits(reference.eval()), atol=1e-5, rtol=1e-5)
+
+
+def test_a_layout_made_in_inference_mode_still_trains():
+    model = MODELS["llama"]()
+    with torch.inference_mode(), inference_projections(model, force=True):
+        expected = _logits(model)
+    assert all(_laid_out(model))
+    assert not any(parameter.is_inference() for parameter in model.parameters())
+    model(input_ids=IDS, labels=IDS).loss.backward()  # inference tensors would refuse to be saved for backward
+    with torch.no_grad():
+        torch.testing.assert_close(_logits(model), expected, atol=1e-5, rtol=1e-5)
+
+
+def test_replaced_or_converted_parameters_are_read_separately():
+    model = MODELS["llama"]()
+    other = randomised(DecoderForCausalLM(model.config))
+    with torch.no_grad():
+        other.model.layers[0].self_attn.q_proj.weight.mul_(-1)
+    new = {key: value.clone() for key, value in other.state_dict().items()}
+    with torch.no_grad(), inference_projections(model, force=True):
+        model.load_state_dict(new, assign=True)  # new Parameter objects inside the context: the views are stale
+        torch.testing.assert_close(_logits(model), _logits(other), atol=1e-5, rtol=1e-5)
+    assert not any(_laid_out(model))
+    with torch.no_grad(), inference_projections(model, force=True):  # laid out anew
+        torch.testing.assert_close(_logits(model), _logits(other), atol=1e-5, rtol=1e-5)
+    assert all(_laid_out(model))
+
+    model.to(torch.float64)  # new storage for every parameter: the layout is gone, and no block kept the old one
+    assert not any(_laid_out(model))
+    with torch.no_grad(), inference_projections(model, force=True):
+        torch.testing.assert_close(_logits(model), _logits(other.double()), atol=1e-9, rtol=1e-9)
+
+
+def test_wrapped_or_hooked_projections_are_left_as_they_are():
+    from peft import LoraConfig, get_peft_model
+
+    from accelerate.hooks import ModelHook, add_hook_to_module
+
+    model = MODELS["llama"]()
+    seen = []
+    model.model.layers[1].mlp.up_proj.register_forward_hook(lambda module, args, out: seen.append(out.shape))
+    add_hook_to_module(model.model.layers[0].mlp.gate_proj, ModelHook())  # replaces the instance's forward
+    lora = get_peft_model(model, LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False))
+    with torch.no_grad():
+        expected = lora(input_ids=IDS).logits
+        with inference_projections(lora, force=True) as groups:
+            actual = lora(input_ids=IDS).logits
+    assert groups == 0  # of four: both attentions are LoRA'd, both MLPs hooked (accelerate's way, torch's way)
+    torch.testing.assert_close(actual, expected, atol=1e-5, rtol=1e-5)
+    assert len(seen) == 2  # the hook saw its projection inside the context too
+
+
+def _generation(model, **kwargs) -> torch.Tensor:
+    if model.config.is_encoder_decoder:
+        return model.generate(input_ids=IDS, max_new_tokens=8, num_beams=3, do_sample=False, **kwargs)
+    mask = torch.ones_like(IDS)
+    mask[0, :2] = 0
+    kwargs.update(max_new_tokens=8, do_sample=False, pad_token_id=0)
+    return model.generate(input_ids=IDS, attention_mask=mask, **kwargs)
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_generate_reads_one_product_per_group_only_on_the_listed_devices(name, monkeypatch, linear_calls):
+    model = MODELS[name]()
+    expected = _generation(model)
+    separate = len(linear_calls)
+    assert not any(_laid_out(model))  # CUDA only by default: on CPU nothing moves
+
+    monkeypatch.setattr(fused_projections, "FUSED_PROJECTION_DEVICES", ("cpu",))
+    linear_calls.clear()
+    assert torch.equal(_generation(model), expected)
+    assert all(_laid_out(model))
+    assert len(linear_calls) < separate
+
+
+def _compile_config():
+    from transformers import CompileConfig
+
+    config = CompileConfig(backend="eager", mode=None, fullgraph=True)
+    config._compile_all_devices = True  # transformers compiles the decoding step on CPU too
+    return config
+
+
+@pytest.mark.parametrize("name", ["llama", "seq2seq_gqa"])
+def test_the_compiled_loops_read_the_blocks_and_later_calls_do_not_recompile(name, monkeypatch):
+    """The compiled greedy and beam-search steps trace the one-product path (fullgraph=True), and a second call —
+    new views over the same memory — recompiles nothing."""
+    torch._dynamo.reset()
+    model = MODELS[name]()
+    expected = _generation(model, cache_implementation="static")
+    monkeypatch.setattr(fused_projections, "FUSED_PROJECTION_DEVICES", ("cpu",))
+    kwargs = dict(cache_implementation="static", compile_config=_compile_config())
+    assert torch.equal(_generation(model, **kwargs), expected)
+    assert all(_laid_out(model))
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        assert torch.equal(_generation(model, **kwargs), expected)
+
+
+def test_compiled_code_reads_the_blocks_only_inside_the_context(linear_calls):
+    torch._dynamo.reset()
+    mlp = MODELS["llama"]().model.layers[0].mlp
+    compiled = torch.compile(mlp, backend="eager", fullgraph=True)
+    x = torch.randn(2, 3, 32)
+    with torch.no_grad():
+        outside = compiled(x)
+        separate = len(linear_calls)  # counted while dynamo traces
+        linear_calls.clear()
+        with inference_projections(mlp, force=True):
+            inside = compiled(x)
+    assert (separate, len(linear_calls)) == (3, 2)  # gate, up, down; then the block and down
+    torch.testing.assert_close(inside, outside, atol=1e-5, rtol=1e-5)
+
+
+def test_a_model_with_a_global_hook_is_not_laid_out(monkeypatch):
+    monkeypatch.setattr(fused_projections, "FUSED_PROJECTION_DEVICES", ("cpu",))
+    model = MODELS["llama"]()
+    handle = nn.modules.module.register_module_forward_hook(lambda module, args, out: None)
+    try:
+        _generation(model)
+    finally:
+        handle.remove()
+    assert not any(_laid_out(model))
