@@ -14,8 +14,9 @@ Llama's decoding step (torch.compile, mode "reduce-overhead": CUDA graphs) at th
 archlab compiles its whole step (decoding_loop.py); those first-call seconds, compilation included, are columns of
 their own, and tokens/s are of the warm calls after.
 
-cuda-loops (every row compiles, so a suite of its own): at batch 1, sampling against Llama, and archlab's loop
-against archlab in transformers' loop (what the whole-step compile gains over a compiled forward); then the MoE and
+cuda-loops (every row compiles, so a suite of its own): at batch 1, sampling against Llama, archlab's loop
+against archlab in transformers' loop (what the whole-step compile gains over a compiled forward), and q/k/v and
+gate/up as one product each against separate products (what fused_projections.py gains); then the MoE and
 beam-search rows with no cache setting: each model decodes as it does for a user (archlab on CUDA: the static cache
 and its compiled loops, beam search included; Mixtral and Marian: the dynamic cache, eager). On CPU nothing
 compiles, and the static cache runs eagerly.
@@ -147,12 +148,14 @@ def dense_generation(setup: Setup, config, batch: int, cache: str) -> tuple[dict
 
 
 def loop_rows(setup: Setup, report: Report) -> None:
-    """Batch 1 on the static cache, two rows: sampling (temperature 0.8, top-k 40, top-p 0.95, what
-    scripts/generate.py does) against Llama, and archlab's decoding loop (decoding_loop.py: the whole step compiled)
-    against archlab in transformers' loop (its compiled forward alone), same model: what the loop itself gains."""
+    """Batch 1 on the static cache, three rows: sampling (temperature 0.8, top-k 40, top-p 0.95, what
+    scripts/generate.py does) against Llama; archlab's decoding loop (decoding_loop.py: the whole step compiled)
+    against archlab in transformers' loop (its compiled forward alone), same model: what the loop itself gains; and
+    the loop with q/k/v and gate/up read as one product each (the default on CUDA) against separate products."""
     from unittest import mock
 
     import archlab.modeling.fast_decoding as fast_decoding
+    import archlab.modeling.fused_projections as fused_projections
 
     models = bf16_pair(llama_pair(shape("dense", setup.quick), setup.device))
     kwargs, tokens, roofline = dense_generation(setup, models[1].config, 1, "static")
@@ -169,6 +172,17 @@ def loop_rows(setup: Setup, report: Report) -> None:
         "(compiled forward only)"
     )
     runs = (lambda: models[0].generate(**kwargs), transformers_loop)
+    generate_row(setup, report, metric, (models[0], models[0]), kwargs, tokens, roofline, cold=True, runs=runs)
+
+    def separate_projections():
+        with mock.patch.object(fused_projections, "FUSED_PROJECTION_DEVICES", ()):
+            return models[0].generate(**kwargs)
+
+    metric = (
+        "dense 1.1B greedy decode, batch 1, StaticCache, archlab's loop: q/k/v and gate/up one product each vs "
+        "separate (fused_projections.py; on CPU both separate)"
+    )
+    runs = (lambda: models[0].generate(**kwargs), separate_projections)
     generate_row(setup, report, metric, (models[0], models[0]), kwargs, tokens, roofline, cold=True, runs=runs)
 
 
