@@ -18,7 +18,9 @@ no stale copy.
 
 Modules with hooks on a projection (accelerate's offload hooks, DeepSpeed ZeRO-3, a user's forward hook), other
 `nn.Linear` subclasses (LoRA, quantized layers), tensor subclasses (DTensor) and mixed dtypes or devices are left as
-they are. `FUSED_PROJECTION_DEVICES` lists where `generate` enters the context: CUDA, where the step is launch- and
+they are. Parameters that are views of someone else's buffer (DeepSpeed's and FSDP's flat parameters, which their
+optimizers update through the buffer) are never moved: read as one product where they already lie side by side,
+separately otherwise. `FUSED_PROJECTION_DEVICES` lists where `generate` enters the context: CUDA, where the step is launch- and
 bandwidth-bound; on CPU the products run at the same rate separate or fused, and nothing changes.
 """
 
@@ -87,7 +89,22 @@ def _hooked(linear: nn.Module) -> bool:
     return bool(linear._forward_hooks or linear._forward_pre_hooks) or "forward" in linear.__dict__
 
 
-def _fusion_blocker(linears: list[nn.Module]) -> str | None:
+def _storage_of(tensor: torch.Tensor) -> tuple[int, int]:
+    storage = tensor.untyped_storage()
+    return storage.data_ptr(), storage.nbytes()
+
+
+def _may_move(parameter: torch.Tensor, laid_out_at: set[tuple[int, int]]) -> bool:
+    """A parameter may get new storage when it owns its storage whole, or when that storage is a block this module
+    laid out earlier (`laid_out_at`). A view of anything larger belongs to someone else's layout — DeepSpeed's and
+    FSDP's flat parameters, which their optimizers update through the buffer: moving it would detach it."""
+    whole = (
+        parameter.storage_offset() == 0 and parameter.numel() * parameter.element_size() == _storage_of(parameter)[1]
+    )
+    return whole or _storage_of(parameter) in laid_out_at
+
+
+def _fusion_blocker(linears: list[nn.Module], laid_out_at: set[tuple[int, int]]) -> str | None:
     """Why these projections cannot be laid out side by side, or None."""
     if any(type(linear) is not nn.Linear for linear in linears):
         return "a projection is not a plain nn.Linear"
@@ -100,6 +117,8 @@ def _fusion_blocker(linears: list[nn.Module]) -> str | None:
     tensors = weights + [bias for bias in biases if bias is not None]
     if any(type(tensor.data) is not torch.Tensor or tensor.is_meta for tensor in tensors):
         return "a parameter is a tensor subclass or on the meta device"
+    if any(not _may_move(tensor, laid_out_at) for tensor in tensors):
+        return "a parameter is a view of a larger buffer (an optimizer's or a wrapper's flat parameters)"
     if len({(tensor.device, tensor.dtype) for tensor in tensors}) != 1:
         return "the parameters differ in device or dtype"
     if len({weight.shape[1] for weight in weights}) != 1:
@@ -148,9 +167,12 @@ def _enter(module: FusableProjections) -> bool:
         return False
     weight, bias = _view_over(weights), _view_over(biases) if with_bias else None
     if weight is None or (with_bias and bias is None):  # not laid out yet, or no longer
-        if _fusion_blocker(linears) is not None:
+        laid_out_at = module.__dict__.setdefault("_laid_out_at", set())
+        if _fusion_blocker(linears, laid_out_at) is not None:
             return False
         weight, bias = _side_by_side(weights), _side_by_side(biases) if with_bias else None
+        laid_out_at.clear()
+        laid_out_at.update(_storage_of(block) for block in (weight, bias) if block is not None)
     for block in (weight, bias):
         if block is not None:  # CUDA graphs read it in place, as they read parameters (a new view, same address)
             torch._dynamo.mark_static_address(block)

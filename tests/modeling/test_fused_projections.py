@@ -15,6 +15,7 @@ from torch import nn
 from archlab import DecoderForCausalLM
 from archlab.modeling import fused_projections
 from archlab.modeling.attention import Attention
+from archlab.modeling.feed_forward import GatedMLP
 from archlab.modeling.fused_projections import fusable_modules, inference_projections
 
 from helpers import decoder_variant, randomised, seq2seq_variant, tiny_decoder_config
@@ -163,10 +164,40 @@ def test_replaced_or_converted_parameters_are_read_separately():
         torch.testing.assert_close(_logits(model), _logits(other.double()), atol=1e-9, rtol=1e-9)
 
 
-def test_wrapped_or_hooked_projections_are_left_as_they_are():
-    from peft import LoraConfig, get_peft_model
+def _flattened(model) -> torch.Tensor:
+    """Every parameter made a view of one flat buffer, in registration order, as DeepSpeed's bf16 optimizer and
+    FSDP's flat parameters lay them out (their optimizers then update the buffer)."""
+    parameters = list(model.parameters())
+    flat = torch.cat([parameter.detach().reshape(-1) for parameter in parameters])
+    offset = 0
+    for parameter in parameters:
+        parameter.data = flat[offset : offset + parameter.numel()].view_as(parameter)
+        offset += parameter.numel()
+    return flat
 
+
+@pytest.mark.parametrize("name", ["llama", "qwen2_moe"])
+def test_parameters_in_someone_elses_flat_buffer_are_never_moved(name):
+    """Projections already side by side in the buffer (no biases) are read as one product where they lie; others
+    (Qwen2: q weight, q bias, k weight, ...) stay separate. Either way the buffer still holds every parameter."""
+    model = MODELS[name]()
+    with torch.no_grad():
+        expected = _logits(model)
+    flat = _flattened(model)
+    with torch.no_grad(), inference_projections(model, force=True) as groups:
+        torch.testing.assert_close(_logits(model), expected, atol=1e-5, rtol=1e-5)
+    mlps = sum(isinstance(module, GatedMLP) for module in fusable_modules(model))
+    assert groups == (len(fusable_modules(model)) if name == "llama" else mlps)  # Qwen2: the shared experts' MLPs
+    assert all(parameter.untyped_storage().data_ptr() == flat.data_ptr() for parameter in model.parameters())
+    before = [parameter.detach().clone() for parameter in model.parameters()]
+    with torch.no_grad():
+        flat.add_(1.0)  # an optimizer step through the buffer reaches every parameter
+    assert all(torch.equal(parameter, old + 1.0) for parameter, old in zip(model.parameters(), before))
+
+
+def test_wrapped_or_hooked_projections_are_left_as_they_are():
     from accelerate.hooks import ModelHook, add_hook_to_module
+    from peft import LoraConfig, get_peft_model
 
     model = MODELS["llama"]()
     seen = []
