@@ -163,27 +163,30 @@ def loop_rows(setup: Setup, report: Report) -> None:
     metric = "dense 1.1B sampling (T 0.8, top-k 40, top-p 0.95), batch 1, StaticCache: archlab vs LlamaForCausalLM"
     generate_row(setup, report, metric, models, sampling, tokens, roofline, cold=True)
 
-    def transformers_loop():
-        with mock.patch.object(fast_decoding, "loop_blocker", lambda *args: "benchmark: transformers' loop"):
-            return models[0].generate(**kwargs)
-
     metric = (
         "dense 1.1B greedy decode, batch 1, StaticCache: archlab's decoding loop vs archlab in transformers' loop "
         "(compiled forward only)"
     )
-    runs = (lambda: models[0].generate(**kwargs), transformers_loop)
-    generate_row(setup, report, metric, (models[0], models[0]), kwargs, tokens, roofline, cold=True, runs=runs)
-
-    def separate_projections():
-        with mock.patch.object(fused_projections, "FUSED_PROJECTION_DEVICES", ()):
-            return models[0].generate(**kwargs)
-
+    transformers_loop = mock.patch.object(fast_decoding, "loop_blocker", lambda *args: "benchmark: transformers' loop")
+    against_itself(setup, report, metric, models[0], kwargs, tokens, roofline, transformers_loop)
     metric = (
         "dense 1.1B greedy decode, batch 1, StaticCache, archlab's loop: q/k/v and gate/up one product each vs "
         "separate (fused_projections.py; on CPU both separate)"
     )
-    runs = (lambda: models[0].generate(**kwargs), separate_projections)
-    generate_row(setup, report, metric, (models[0], models[0]), kwargs, tokens, roofline, cold=True, runs=runs)
+    separate = mock.patch.object(fused_projections, "FUSED_PROJECTION_DEVICES", ())
+    against_itself(setup, report, metric, models[0], kwargs, tokens, roofline, separate)
+
+
+def against_itself(setup: Setup, report: Report, metric: str, model, kwargs, tokens, roofline, patch) -> None:
+    """A row timing `model.generate(**kwargs)` against the same call under `patch` (a `mock.patch`, entered anew
+    for each call): what the patched-out part gains."""
+
+    def patched():
+        with patch:
+            return model.generate(**kwargs)
+
+    runs = (lambda: model.generate(**kwargs), patched)
+    generate_row(setup, report, metric, (model, model), kwargs, tokens, roofline, cold=True, runs=runs)
 
 
 def prefill_row(setup: Setup, report: Report) -> None:
