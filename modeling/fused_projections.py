@@ -20,8 +20,8 @@ Modules with hooks on a projection (accelerate's offload hooks, DeepSpeed ZeRO-3
 `nn.Linear` subclasses (LoRA, quantized layers), tensor subclasses (DTensor) and mixed dtypes or devices are left as
 they are. Parameters that are views of someone else's buffer (DeepSpeed's and FSDP's flat parameters, which their
 optimizers update through the buffer) are never moved: read as one product where they already lie side by side,
-separately otherwise. `FUSED_PROJECTION_DEVICES` lists where `generate` enters the context: CUDA, where the step is launch- and
-bandwidth-bound; on CPU the products run at the same rate separate or fused, and nothing changes.
+separately otherwise. `FUSED_PROJECTION_DEVICES` lists where `generate` enters the context: CUDA, where the step is
+launch- and bandwidth-bound; on CPU the products run at the same rate separate or fused, and nothing changes.
 """
 
 from __future__ import annotations
