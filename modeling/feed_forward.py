@@ -12,7 +12,25 @@ import torch
 from torch import nn
 from transformers.activations import ACT2FN
 
+from .compiled_kernels import CompiledKernel, elementwise_kernel
 from .fused_projections import FusableProjections
+
+_GATED_KERNELS: dict[str, CompiledKernel] = {}
+
+
+def gated_activation(hidden_act: str, act_fn, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """act(gate) ⊙ up, `act_fn` being `ACT2FN[hidden_act]`: on CUDA in eager mode one compiled kernel forward and one
+    backward (compiled_kernels.py; eager, two kernels forward, and autograd keeps act(gate) as well), the formula
+    elsewhere."""
+    if hidden_act not in _GATED_KERNELS:
+        act = ACT2FN[hidden_act]
+
+        def gated(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+            return act(gate) * up
+
+        _GATED_KERNELS[hidden_act] = elementwise_kernel(gated, f"the gated activation ({hidden_act})")
+    fused = _GATED_KERNELS[hidden_act](gate, up)
+    return fused if fused is not None else act_fn(gate) * up
 
 
 class GatedMLP(FusableProjections, nn.Module):
@@ -23,6 +41,7 @@ class GatedMLP(FusableProjections, nn.Module):
         self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=bias)
         self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=bias)
         self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=bias)
+        self.hidden_act = hidden_act
         self.act_fn = ACT2FN[hidden_act]
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
@@ -31,7 +50,7 @@ class GatedMLP(FusableProjections, nn.Module):
             gate, up = nn.functional.linear(hidden_states, *fused).chunk(2, dim=-1)
         else:
             gate, up = self.gate_proj(hidden_states), self.up_proj(hidden_states)
-        return self.down_proj(self.act_fn(gate) * up)
+        return self.down_proj(gated_activation(self.hidden_act, self.act_fn, gate, up))
 
 
 class MLP(nn.Module):

@@ -18,6 +18,8 @@ import torch.nn.functional as F
 from torch import nn
 from transformers.utils import logging
 
+from .compiled_kernels import CompiledKernel
+
 try:
     from torch.distributed.tensor import DTensor
 except ImportError:  # a torch build without distributed support
@@ -145,37 +147,21 @@ def logits_gradient(
     return (grad * valid[:, None]).to(dtype)
 
 
-_COMPILED_LOGITS_GRADIENT: dict[str, object] = {}  # by device type: the compiled `logits_gradient`, or None
 # Where compiling it pays (on CPU the eager chain is about as fast as a C++ kernel); `()` turns it off, as does
 # TORCHDYNAMO_DISABLE=1.
 FUSED_GRADIENT_DEVICES = ("cuda",)
-
-
-def _dynamo_disabled() -> bool:
-    return bool(getattr(torch._dynamo.config, "disable", False))
+# automatic dynamic shapes: the last chunk's row count varies with the batch (variable-length fine-tuning); after
+# the first change the rows become symbolic, so two graphs serve every batch (not one per remainder)
+LOGITS_GRADIENT = CompiledKernel(logits_gradient, "the LM loss's gradient", lambda: FUSED_GRADIENT_DEVICES)
 
 
 def fused_logits_gradient(logits, log_z, targets, valid, z_loss_coef: float, dtype: torch.dtype):
     """`logits_gradient` as one compiled kernel on CUDA (read the float32 chunk once, write its gradient once in the
     GEMMs' dtype, where the eager chain subtract, exp, scatter, mask, cast reads and writes the chunk five times — at
     vocabulary 32000 and 8192 tokens ~4 GB per step, most of the loss's non-GEMM time); None elsewhere, or where the
-    compiler fails (one logged line), and the caller runs the eager chain."""
-    device_type = logits.device.type
-    if device_type not in FUSED_GRADIENT_DEVICES or torch.compiler.is_compiling() or _dynamo_disabled():
-        return None  # (TORCHDYNAMO_DISABLE=1: the in-place eager chain, not the out-of-place one uncompiled)
-    if device_type not in _COMPILED_LOGITS_GRADIENT:
-        # automatic dynamic shapes: the last chunk's row count varies with the batch (variable-length fine-tuning);
-        # after the first change the rows become symbolic, so two graphs serve every batch (not one per remainder)
-        _COMPILED_LOGITS_GRADIENT[device_type] = torch.compile(logits_gradient, fullgraph=True)
-    compiled = _COMPILED_LOGITS_GRADIENT[device_type]
-    if compiled is None:
-        return None
-    try:
-        return compiled(logits, log_z, targets, valid, z_loss_coef, dtype)
-    except torch._dynamo.exc.BackendCompilerFailed as error:
-        _COMPILED_LOGITS_GRADIENT[device_type] = None
-        logger.warning(f"Compiling the LM loss's gradient failed ({error.inner_exception!r}); it runs eagerly.")
-        return None
+    compiler fails (one logged line), and the caller runs the eager chain (TORCHDYNAMO_DISABLE=1: the in-place
+    eager chain, not the out-of-place one uncompiled)."""
+    return LOGITS_GRADIENT(logits, log_z, targets, valid, z_loss_coef, dtype)
 
 
 class ChunkedLinearCrossEntropy(torch.autograd.Function):

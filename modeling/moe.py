@@ -26,7 +26,7 @@ from torch import nn
 from transformers import initialization as init
 from transformers.activations import ACT2FN
 
-from .feed_forward import MLPS
+from .feed_forward import MLPS, gated_activation
 from .grouped_gemm import grouped_linear
 
 
@@ -78,6 +78,7 @@ class Experts(nn.Module):
         else:
             self.up_proj = nn.Parameter(torch.empty(num_experts, in_rows, hidden_size))
         self.down_proj = nn.Parameter(torch.empty(num_experts, hidden_size, intermediate_size))
+        self.hidden_act = hidden_act
         self.act_fn = ACT2FN[hidden_act]
 
     def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor):
@@ -92,7 +93,7 @@ class Experts(nn.Module):
         x = hidden_states.index_select(0, token_index)  # (S, d); its backward is one index_add_
         if self.gated:
             gate, up = grouped_linear(x, self.gate_up_proj, offsets).chunk(2, dim=-1)  # (S, f) each
-            h = self.act_fn(gate) * up
+            h = gated_activation(self.hidden_act, self.act_fn, gate, up)
         else:
             h = self.act_fn(grouped_linear(x, self.up_proj, offsets))
         y = grouped_linear(h, self.down_proj, offsets)  # (S, d)

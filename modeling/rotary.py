@@ -17,6 +17,7 @@ from torch import nn
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS, dynamic_rope_update
 from transformers.utils import logging
 
+from .compiled_kernels import elementwise_kernel
 from .input_checks import can_read_values
 
 logger = logging.get_logger(__name__)
@@ -88,7 +89,33 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 def apply_rotary(
     query: torch.Tensor, key: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rotate (B, H, T, D) queries and keys; channels past cos.shape[-1] pass through (partial rotary)."""
+    """Rotate (B, H, T, D) queries and keys; channels past cos.shape[-1] pass through (partial rotary). On CUDA in
+    eager mode one compiled kernel forward and one backward (`compiled_kernels.py`), the formula elsewhere.
+
+    Under autocast the kernel writes the autocast dtype: the formula's result is float32 there (the rotary table
+    follows the float32 residual stream, as Llama's), and attention casts it down anyway — the kernel rounds the
+    same float32 values once, and saves writing and reading them in float32."""
+    device = query.device.type
+    if torch.is_autocast_enabled(device):
+        dtype = torch.get_autocast_dtype(device)
+    else:
+        dtype = torch.promote_types(query.dtype, cos.dtype)
+    fused = ROTARY_KERNEL(query, key, cos, sin, dtype)
+    return fused if fused is not None else rotary_formula(query, key, cos, sin)
+
+
+def _rotary_in(
+    query: torch.Tensor, key: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The formula, its results in `dtype` (what the compiled kernel computes)."""
+    query, key = rotary_formula(query, key, cos, sin)
+    return query.to(dtype), key.to(dtype)
+
+
+def rotary_formula(
+    query: torch.Tensor, key: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`apply_rotary` written out: q · cos + rotate_half(q) · sin, the same for k (Llama's arithmetic)."""
     cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # broadcast over heads
     rotary_dim = cos.shape[-1]
     if rotary_dim == query.shape[-1]:
@@ -98,3 +125,8 @@ def apply_rotary(
     q_rot = q_rot * cos + rotate_half(q_rot) * sin
     k_rot = k_rot * cos + rotate_half(k_rot) * sin
     return torch.cat((q_rot, q_pass), dim=-1), torch.cat((k_rot, k_pass), dim=-1)
+
+
+# Eager, the formula is ~8 kernels per tensor forward (multiply, split, negate, concatenate, multiply, add) and as
+# many backward, each a full pass over q or k; compiled, one pass each way.
+ROTARY_KERNEL = elementwise_kernel(_rotary_in, "the rotary embedding")

@@ -23,6 +23,7 @@ from transformers.modeling_layers import GradientCheckpointingLayer
 
 from .attention import Attention
 from .configuration_seq2seq import Seq2SeqConfig
+from .feed_forward import gated_activation
 from .normalization import make_norm
 from .positions import position_bias
 
@@ -47,11 +48,11 @@ class GatedActivation(nn.Module):
 
     def __init__(self, activation: str) -> None:
         super().__init__()
+        self.activation = activation
         self.act_fn = ACT2FN[activation]
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        gate, up = hidden_states.chunk(2, dim=-1)
-        return self.act_fn(gate) * up
+        return gated_activation(self.activation, self.act_fn, *hidden_states.chunk(2, dim=-1))
 
 
 # mlp_type -> (activation module factory, fc1 width multiplier)

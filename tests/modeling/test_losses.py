@@ -227,36 +227,36 @@ def test_the_compiled_logits_gradient_gives_the_chunked_loss_its_gradients(monke
 
     expected = [run(length) for length in (9, 5, 4, 6, 7)]
     monkeypatch.setattr(losses, "FUSED_GRADIENT_DEVICES", ("cpu",))
-    monkeypatch.setattr(losses, "_COMPILED_LOGITS_GRADIENT", {})
+    monkeypatch.setattr(losses.LOGITS_GRADIENT, "compiled", {})
     torch._dynamo.reset()
     counters.clear()
     for length, reference in zip((9, 5, 4, 6, 7), expected):
         for a, b in zip(run(length), reference):
             torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
-    assert losses._COMPILED_LOGITS_GRADIENT["cpu"] is not None  # compiled, no fallback to the eager chain
+    assert losses.LOGITS_GRADIENT.compiled["cpu"] is not None  # compiled, no fallback to the eager chain
     assert 1 <= counters["stats"]["unique_graphs"] <= 3  # full chunks, one row (specialised), symbolic rows
 
 
 def test_a_failing_compiler_leaves_the_eager_gradient_chain(monkeypatch):
-    from archlab.modeling import losses
+    from archlab.modeling import compiled_kernels, losses
 
     warnings = []
-    monkeypatch.setattr(losses.logger, "warning", warnings.append)
+    monkeypatch.setattr(compiled_kernels.logger, "warning", warnings.append)
 
     def failing(*args):
         raise torch._dynamo.exc.BackendCompilerFailed(None, RuntimeError("no working triton"), None)
 
     monkeypatch.setattr(losses, "FUSED_GRADIENT_DEVICES", ("cpu",))
-    monkeypatch.setattr(losses, "_COMPILED_LOGITS_GRADIENT", {"cpu": failing})
+    monkeypatch.setattr(losses.LOGITS_GRADIENT, "compiled", {"cpu": failing})
     logits, log_z, safe, valid, _ = _chunk_case(0.0)
     assert losses.fused_logits_gradient(logits, log_z, safe, valid, 0.0, torch.float32) is None
-    assert losses._COMPILED_LOGITS_GRADIENT["cpu"] is None  # not tried again
+    assert losses.LOGITS_GRADIENT.compiled["cpu"] is None  # not tried again
     assert losses.fused_logits_gradient(logits, log_z, safe, valid, 0.0, torch.float32) is None
     assert len(warnings) == 1 and "no working triton" in warnings[0]
-    monkeypatch.setattr(losses, "_COMPILED_LOGITS_GRADIENT", {})
+    monkeypatch.setattr(losses.LOGITS_GRADIENT, "compiled", {})
     with torch._dynamo.config.patch(disable=True):  # TORCHDYNAMO_DISABLE=1
         assert losses.fused_logits_gradient(logits, log_z, safe, valid, 0.0, torch.float32) is None
-    assert not losses._COMPILED_LOGITS_GRADIENT
+    assert not losses.LOGITS_GRADIENT.compiled
 
 
 @pytest.mark.gpu

@@ -1,0 +1,74 @@
+"""Short element-wise chains compiled into one kernel each on CUDA, for the paths that run eagerly.
+
+An eager forward runs every tensor operation as its own kernel, each reading and writing its operands in full: the
+rotary embedding of one layer's queries and keys is ~8 kernels (multiply by cos, split, negate, concatenate,
+multiply by sin, add), SwiGLU two, and autograd keeps SwiGLU's act(gate) for the backward pass. Liger's
+Triton kernels do each chain in one pass; here `torch.compile` (inductor's Triton on CUDA) writes the same fused
+kernels from the plain PyTorch formulas, forward and backward, so there is no second implementation to keep equal
+to the first. Plain `Trainer`, DeepSpeed and FSDP training, and generate's prefill, run eagerly and take them;
+compiled code (regional compilation, the compiled decoding steps) does not call them — inductor fuses the formula
+there anyway.
+
+`CompiledKernel(function, what, devices)` returns `function`'s result computed by the compiled kernel where it may
+run — a device in `devices()`, not already compiling or tracing, dynamo not disabled (`TORCHDYNAMO_DISABLE=1`) — and
+None otherwise, for the caller to run the formula. Shapes are automatically dynamic (a second length compiles one
+graph with symbolic sizes, which later lengths reuse). If the compiler fails (no working Triton for the GPU), one
+logged line says so and the formula runs from then on. The first call of each kernel compiles (seconds on a GPU).
+
+`FUSED_KERNEL_DEVICES` lists where the element-wise kernels compile: CUDA. On CPU the formulas' kernels are already
+memory-bound C++ loops and a compile does not pay; `()` turns them off everywhere.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from transformers.utils import logging
+
+logger = logging.get_logger(__name__)
+
+# Where the element-wise chains (rotary embedding, gated activations) run as compiled kernels.
+FUSED_KERNEL_DEVICES: tuple[str, ...] = ("cuda",)
+
+
+def _dynamo_disabled() -> bool:
+    return bool(getattr(torch._dynamo.config, "disable", False))
+
+
+class CompiledKernel:
+    """`function` compiled (fullgraph, automatic dynamic shapes), per device type, called where it may run."""
+
+    def __init__(self, function: Callable, what: str, devices: Callable[[], tuple[str, ...]]) -> None:
+        self.function = function
+        self.what = what
+        self.devices = devices
+        self.compiled: dict[str, Callable | None] = {}  # by device type; None once the compiler failed there
+
+    def __call__(self, *args):
+        """`function(*args)` from the compiled kernel (the first tensor argument's device decides), or None where
+        the caller should run `function` itself."""
+        device_type = args[0].device.type
+        if device_type not in self.devices() or torch.compiler.is_compiling() or torch.jit.is_tracing():
+            return None
+        if _dynamo_disabled():
+            return None
+        if device_type not in self.compiled:
+            self.compiled[device_type] = torch.compile(self.function, fullgraph=True)
+        compiled = self.compiled[device_type]
+        if compiled is None:
+            return None
+        try:
+            return compiled(*args)
+        except torch._dynamo.exc.BackendCompilerFailed as error:
+            self.compiled[device_type] = None
+            logger.warning(f"Compiling {self.what} failed ({error.inner_exception!r}); it runs eagerly.")
+            return None
+
+
+def elementwise_kernel(function: Callable, what: str) -> CompiledKernel:
+    """A `CompiledKernel` on `FUSED_KERNEL_DEVICES` (read at each call)."""
+    return CompiledKernel(function, what, lambda: FUSED_KERNEL_DEVICES)
+
+
+__all__ = ["FUSED_KERNEL_DEVICES", "CompiledKernel", "elementwise_kernel"]
