@@ -15,21 +15,22 @@ from transformers.activations import ACT2FN
 from .compiled_kernels import CompiledKernel, elementwise_kernel
 from .fused_projections import FusableProjections
 
-_GATED_KERNELS: dict[str, CompiledKernel] = {}
+_GATED_KERNELS: dict[str, tuple[CompiledKernel, type]] = {}  # by activation name: (kernel, its activation's class)
 
 
 def gated_activation(hidden_act: str, act_fn, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """act(gate) ⊙ up, `act_fn` being `ACT2FN[hidden_act]`: on CUDA in eager mode one compiled kernel forward and one
     backward (compiled_kernels.py; eager, two kernels forward, and autograd keeps act(gate) as well), the formula
-    elsewhere."""
+    elsewhere — and wherever `act_fn` was swapped for another activation."""
     if hidden_act not in _GATED_KERNELS:
         act = ACT2FN[hidden_act]
 
         def gated(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
             return act(gate) * up
 
-        _GATED_KERNELS[hidden_act] = elementwise_kernel(gated, f"the gated activation ({hidden_act})")
-    fused = _GATED_KERNELS[hidden_act](gate, up)
+        _GATED_KERNELS[hidden_act] = (elementwise_kernel(gated, f"the gated activation ({hidden_act})"), type(act))
+    kernel, act_class = _GATED_KERNELS[hidden_act]
+    fused = kernel(gate, up) if type(act_fn) is act_class else None
     return fused if fused is not None else act_fn(gate) * up
 
 

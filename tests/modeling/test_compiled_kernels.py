@@ -102,7 +102,10 @@ def test_the_gated_kernel_gives_the_formula(hidden_act, on_cpu):
     formula = _values_and_gradients(lambda g, u: (act(g) * u,), inputs)
     for a, b in zip(ours, formula):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-6)
-    assert feed_forward._GATED_KERNELS[hidden_act].compiled["cpu"] is not None
+    assert feed_forward._GATED_KERNELS[hidden_act][0].compiled["cpu"] is not None
+    swapped = _values_and_gradients(lambda g, u: (feed_forward.gated_activation(hidden_act, torch.tanh, g, u),), inputs)
+    for a, b in zip(swapped, _values_and_gradients(lambda g, u: (torch.tanh(g) * u,), inputs)):
+        torch.testing.assert_close(a, b, atol=0, rtol=0)  # an activation swapped in by hand is the one that runs
 
 
 MODELS = {
@@ -139,7 +142,7 @@ def test_a_training_step_through_the_kernels_equals_the_formulas(name, monkeypat
     torch.testing.assert_close(loss, reference(input_ids=ids, labels=labels, **extra).loss, atol=1e-5, rtol=1e-5)
     for (parameter_name, ours), theirs in zip(model.named_parameters(), reference.parameters()):
         torch.testing.assert_close(ours.grad, theirs.grad, atol=1e-5, rtol=1e-4, msg=parameter_name)
-    assert any(kernel.compiled.get("cpu") for kernel in feed_forward._GATED_KERNELS.values())
+    assert any(kernel.compiled.get("cpu") for kernel, _ in feed_forward._GATED_KERNELS.values())
 
 
 def test_compiled_code_runs_the_formulas_without_a_graph_break(on_cpu):
@@ -187,7 +190,7 @@ def test_the_kernels_compile_on_cuda_and_train_as_the_formulas(monkeypatch):
         loss = model(input_ids=ids, labels=ids).loss
     loss.backward()
     assert rotary.ROTARY_KERNEL.compiled.get("cuda") is not None
-    assert feed_forward._GATED_KERNELS["silu"].compiled.get("cuda") is not None
+    assert feed_forward._GATED_KERNELS["silu"][0].compiled.get("cuda") is not None
     monkeypatch.setattr(compiled_kernels, "FUSED_KERNEL_DEVICES", ())
     with torch.autocast("cuda", torch.bfloat16):
         expected = reference(input_ids=ids, labels=ids).loss
