@@ -31,6 +31,9 @@ from contextlib import contextmanager
 
 import torch
 from torch import nn
+from transformers.utils import logging
+
+logger = logging.get_logger(__name__)
 
 # The devices on which `generate` reads the projections as one product per group (`inference_projections`).
 FUSED_PROJECTION_DEVICES: tuple[str, ...] = ("cuda",)
@@ -170,7 +173,11 @@ def _enter(module: FusableProjections) -> bool:
         laid_out_at = module.__dict__.setdefault("_laid_out_at", set())
         if _fusion_blocker(linears, laid_out_at) is not None:
             return False
-        weight, bias = _side_by_side(weights), _side_by_side(biases) if with_bias else None
+        try:
+            weight, bias = _side_by_side(weights), _side_by_side(biases) if with_bias else None
+        except torch.OutOfMemoryError:  # the copy needs one group's size free for a moment: without it, as before
+            logger.warning_once("Too little free memory to lay out q/k/v and gate/up side by side; read separately.")
+            return False
         laid_out_at.clear()
         laid_out_at.update(_storage_of(block) for block in (weight, bias) if block is not None)
     for block in (weight, bias):

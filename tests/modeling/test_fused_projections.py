@@ -144,6 +144,20 @@ def test_a_layout_made_in_inference_mode_still_trains():
         torch.testing.assert_close(_logits(model), expected, atol=1e-5, rtol=1e-5)
 
 
+def test_too_little_memory_to_lay_out_leaves_the_separate_products(monkeypatch):
+    model = MODELS["llama"]()
+    with torch.no_grad():
+        expected = _logits(model)
+
+    def out_of_memory(parameters):  # the block's allocation fails
+        raise torch.OutOfMemoryError("CUDA out of memory (test)")
+
+    monkeypatch.setattr(fused_projections, "_side_by_side", out_of_memory)
+    with torch.no_grad(), inference_projections(model, force=True) as groups:
+        torch.testing.assert_close(_logits(model), expected, atol=0, rtol=0)
+    assert groups == 0 and not any(_laid_out(model))
+
+
 def test_replaced_or_converted_parameters_are_read_separately():
     model = MODELS["llama"]()
     other = randomised(DecoderForCausalLM(model.config))
