@@ -173,13 +173,15 @@ def _enter(module: FusableProjections) -> bool:
         laid_out_at = module.__dict__.setdefault("_laid_out_at", set())
         if _fusion_blocker(linears, laid_out_at) is not None:
             return False
-        try:
-            weight, bias = _side_by_side(weights), _side_by_side(biases) if with_bias else None
+        try:  # each block is recorded as this module's own as soon as it exists (a later failure keeps it movable)
+            weight = _side_by_side(weights)
+            laid_out_at.add(_storage_of(weight))
+            bias = _side_by_side(biases) if with_bias else None
+            if bias is not None:
+                laid_out_at.add(_storage_of(bias))
         except torch.OutOfMemoryError:  # the copy needs one group's size free for a moment: without it, as before
             logger.warning_once("Too little free memory to lay out q/k/v and gate/up side by side; read separately.")
             return False
-        laid_out_at.clear()
-        laid_out_at.update(_storage_of(block) for block in (weight, bias) if block is not None)
     for block in (weight, bias):
         if block is not None:  # CUDA graphs read it in place, as they read parameters (a new view, same address)
             torch._dynamo.mark_static_address(block)
