@@ -63,17 +63,32 @@ def _linears(module: FusableProjections) -> list[nn.Module]:
     return [module._modules[name] for name in module.fusable]  # type: ignore[attr-defined]  # (getattr: 5x slower)
 
 
-def _views_in_order(parts: list[torch.Tensor | None], block: torch.Tensor | None) -> bool:
-    """Whether `parts` are, in order, the consecutive rows of the contiguous `block` (all None for a None block).
-    Addresses are unique across devices (CUDA's unified address space), so equal addresses mean the same memory."""
-    if block is None:
-        return all(part is None for part in parts)
-    address, size = block.data_ptr(), block.element_size()
+def _side_by_side_in_memory(parts: list[torch.Tensor]) -> bool:
+    """Whether `parts` are contiguous and lie one after the other in memory, in order, with one dtype and one row
+    shape (pointer arithmetic only, a few µs). Addresses are unique across devices (CUDA's unified address space),
+    so equal addresses mean the same memory."""
+    first = parts[0]
+    address, size, row = first.data_ptr(), first.element_size(), first.shape[1:]
     for part in parts:
-        if part is None or part.data_ptr() != address or part.dtype != block.dtype or not part.is_contiguous():
+        if part.data_ptr() != address or part.dtype != first.dtype or part.shape[1:] != row:
+            return False
+        if not part.is_contiguous():
             return False
         address += part.numel() * size
-    return address == block.data_ptr() + block.numel() * size
+    return True
+
+
+def _views_in_order(parts: list[torch.Tensor | None], block: torch.Tensor | None) -> bool:
+    """Whether `parts` are, in order, the consecutive rows of the contiguous `block` (all None for a None block)."""
+    if block is None:
+        return all(part is None for part in parts)
+    if any(part is None for part in parts) or not _side_by_side_in_memory(parts):
+        return False
+    return (
+        parts[0].data_ptr() == block.data_ptr()
+        and parts[0].dtype == block.dtype
+        and sum(part.numel() for part in parts) == block.numel()
+    )
 
 
 def _is_laid_out(module: FusableProjections, fused: tuple[torch.Tensor, torch.Tensor | None]) -> bool:
@@ -108,15 +123,10 @@ def _may_move(parameter: torch.Tensor, laid_out_at: set[tuple[int, int]]) -> boo
 
 
 def _fusion_blocker(linears: list[nn.Module], laid_out_at: set[tuple[int, int]]) -> str | None:
-    """Why these projections cannot be laid out side by side, or None."""
-    if any(type(linear) is not nn.Linear for linear in linears):
-        return "a projection is not a plain nn.Linear"
-    if any(_hooked(linear) for linear in linears):
-        return "a projection has forward hooks"
+    """Why these plain, unhooked projections (all with a bias or none: `_enter` checked) cannot be moved into one
+    block, or None."""
     weights = [linear.weight for linear in linears]
     biases = [linear.bias for linear in linears]
-    if any(bias is None for bias in biases) and not all(bias is None for bias in biases):
-        return "some projections have a bias and some do not"
     tensors = weights + [bias for bias in biases if bias is not None]
     if any(type(tensor.data) is not torch.Tensor or tensor.is_meta for tensor in tensors):
         return "a parameter is a tensor subclass or on the meta device"
@@ -131,17 +141,12 @@ def _fusion_blocker(linears: list[nn.Module], laid_out_at: set[tuple[int, int]])
 
 def _view_over(parameters: list[nn.Parameter]) -> torch.Tensor | None:
     """The (rows of all, ...) view over `parameters` if they lie side by side, in order, in one storage; else None.
-    Pointer arithmetic only (a few µs): the usual case, a layout made by an earlier call."""
-    first = parameters[0]
+    The usual case: a layout made by an earlier call."""
     if any(type(parameter) is not nn.Parameter for parameter in parameters):  # a tensor subclass (DTensor, ...)
         return None
-    address, size, row = first.data_ptr(), first.element_size(), first.shape[1:]
-    for parameter in parameters:
-        if parameter.data_ptr() != address or parameter.dtype != first.dtype or parameter.shape[1:] != row:
-            return None
-        if not parameter.is_contiguous():
-            return None
-        address += parameter.numel() * size
+    if not _side_by_side_in_memory(parameters):
+        return None
+    first, row = parameters[0], parameters[0].shape[1:]
     rows = sum(parameter.shape[0] for parameter in parameters)
     strides = (row[0], 1) if row else (1,)
     return torch.as_strided(first.detach(), (rows, *row), strides, first.storage_offset())
