@@ -225,14 +225,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default=None, help="cuda, cuda:1 or cpu (default: cuda when one is visible)")
     parser.add_argument("--quick", action="store_true", help="tiny shapes (the CPU rehearsal)")
     parser.add_argument("--rounds", type=int, default=3, help="profiled calls per workload, >= 1 (default: 3)")
-    parser.add_argument("--output", type=Path, default=Path("profile"), help="folder for one .md per workload")
+    parser.add_argument(
+        "--output", type=Path, default=Path("profile.md"), help="markdown file: every workload's report, in order"
+    )
     args = parser.parse_args(argv)
     if args.rounds < 1:
         parser.error(f"--rounds must be >= 1, got {args.rounds}")
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if device.type == "cuda" and not torch.cuda.is_available():
         parser.error(f"--device {args.device}: no CUDA device is visible")
-    args.output.mkdir(parents=True, exist_ok=True)
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    # One file, rewritten after each workload: what a run cut short had finished is on disk, and a GPU session gets
+    # it back as one file (the device tool returns at most 8 files of a call).
+    reports: list[str] = []
     failed = 0
     for name in args.workload or WORKLOADS:
         print(f"[{time.strftime('%H:%M:%S')}] profiling {name}", file=sys.stderr, flush=True)
@@ -241,7 +246,8 @@ def main(argv: list[str] | None = None) -> int:
         except Exception as error:  # one workload failing (out of memory, a compile error) leaves the others
             failed += 1
             report = f"## {name}\n\nfailed: {type(error).__name__}: {error}\n"
-        (args.output / f"{name}.md").write_text(report)
+        reports.append(report)
+        args.output.write_text("\n".join(reports))
         print(report, flush=True)
         if device.type == "cuda":
             torch.cuda.empty_cache()

@@ -129,7 +129,7 @@ step_train() { suite cuda-train cuda-train.md; }
 step_decode() { suite cuda-decode cuda-decode.md; }
 step_static() { suite cuda-static cuda-static.md; }
 step_loops() { suite cuda-loops cuda-loops.md; }
-step_profile() { "$PYTHON" -m archlab.scripts.profile_cuda --device "$DEVICE" --output "$OUT/profile"; }
+step_profile() { "$PYTHON" -m archlab.scripts.profile_cuda --device "$DEVICE" --output "$OUT/profile.md"; }
 
 # ---- running them -----------------------------------------------------------------------------------------------
 run_step() {
@@ -169,11 +169,12 @@ done
 
 # What the device tool's reply shows (the end of the output): the tables, then each step's verdict.
 for table in "$OUT"/*.md; do
-    [[ -f $table ]] && { echo; cat "$table"; }
+    [[ -f $table && $table != "$OUT/profile.md" ]] && { echo; cat "$table"; }
 done
-for report in "$OUT"/profile/*.md; do  # the heads only (wall, busy share, kinds): the whole files come back too
-    [[ -f $report ]] && { echo; sed -n '1,/^$/p;/^| kind/,/^$/p' "$report"; }
-done
+if [[ -f "$OUT/profile.md" ]]; then  # each workload's head (wall, busy share, kinds), not its top kernels: the file
+    echo                              # comes back whole
+    awk '/^## /{show=1} /^\| kernel \|/{show=0} show' "$OUT/profile.md"
+fi
 echo
 column -t -s $'\t' "$SUMMARY" 2>/dev/null || cat "$SUMMARY"
 ! grep -qv $'\tok\t\|\tdry-run\t' "$SUMMARY"

@@ -42,13 +42,16 @@ def test_summary_reports_per_step_times_kinds_and_top_kernels():
     assert "| `sm90_gemm` | 1 | 3.000 | 75.0 |" in text
 
 
-def test_the_cpu_rehearsal_writes_a_report_per_workload(tmp_path, capsys):
+def test_the_cpu_rehearsal_writes_every_report_to_one_file(tmp_path, capsys):
     workloads = ["train-eager", "train-moe", "train-seq2seq", "prefill", "decode-1"]
-    argv = ["--device", "cpu", "--quick", "--rounds", "1", "--output", str(tmp_path)]
+    output = tmp_path / "out" / "profile.md"
+    argv = ["--device", "cpu", "--quick", "--rounds", "1", "--output", str(output)]
     assert profile_cuda.main(argv + [arg for name in workloads for arg in ("--workload", name)]) == 0
-    for name in workloads:
-        report = (tmp_path / f"{name}.md").read_text()
-        assert report.startswith(f"## {name} — CPU") and "ms per step wall" in report and "| kernel |" in report
+    reports = output.read_text().split("\n## ")
+    assert len(reports) == len(workloads)
+    for name, report in zip(workloads, reports):
+        assert report.lstrip("# ").startswith(f"{name} — CPU"), report[:80]
+        assert "ms per step wall" in report and "| kernel |" in report
     assert "## decode-1" in capsys.readouterr().out
 
 
