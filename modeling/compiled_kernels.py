@@ -13,7 +13,10 @@ there anyway.
 run — a device in `devices()`, not already compiling or tracing, dynamo not disabled (`TORCHDYNAMO_DISABLE=1`) — and
 None otherwise, for the caller to run the formula. Shapes are automatically dynamic (a second length compiles one
 graph with symbolic sizes, which later lengths reuse). If the compiler fails (no working Triton for the GPU), one
-logged line says so and the formula runs from then on. The first call of each kernel compiles (seconds on a GPU).
+logged line says so and the formula runs from then on. A call that would compile past dynamo's recompile limit (a
+process that runs many dtypes, ranks and sizes: a test session, a sweep over models), or inside a caller's
+`error_on_recompile`, runs the formula instead, once logged; the graphs already compiled keep serving their shapes.
+The first call of each kernel compiles (seconds on a GPU).
 
 `FUSED_KERNEL_DEVICES` lists where the element-wise kernels compile: CUDA. On CPU the formulas' kernels are already
 memory-bound C++ loops and a compile does not pay; `()` turns them off everywhere.
@@ -44,6 +47,7 @@ class CompiledKernel:
         self.what = what
         self.devices = devices
         self.compiled: dict[str, Callable | None] = {}  # by device type; None once the compiler failed there
+        self.told_no_recompile = False
 
     def __call__(self, *args):
         """`function(*args)` from the compiled kernel (the first tensor argument's device decides), or None where
@@ -63,6 +67,13 @@ class CompiledKernel:
         except torch._dynamo.exc.BackendCompilerFailed as error:
             self.compiled[device_type] = None
             logger.warning(f"Compiling {self.what} failed ({error.inner_exception!r}); it runs eagerly.")
+            return None
+        except (torch._dynamo.exc.FailOnRecompileLimitHit, torch._dynamo.exc.RecompileError) as error:
+            # a new shape or dtype that may not compile: this call runs the formula (no compile happened, nothing
+            # ran), the shapes compiled so far keep their kernels
+            if not self.told_no_recompile:
+                self.told_no_recompile = True
+                logger.warning(f"{self.what}: a new shape past dynamo's recompile limit runs eagerly ({type(error).__name__}).")
             return None
 
 

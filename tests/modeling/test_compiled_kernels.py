@@ -177,6 +177,27 @@ def test_a_failing_compiler_or_disabled_dynamo_leaves_the_formula(on_cpu, monkey
     assert not rotary.ROTARY_KERNEL.compiled
 
 
+def test_past_the_recompile_limit_or_under_error_on_recompile_new_shapes_run_the_formula(on_cpu, monkeypatch):
+    """A process that runs many shapes and dtypes (a test session on a GPU, a sweep) reaches dynamo's recompile limit
+    for a kernel; with fullgraph that is an error, and a caller's `error_on_recompile` (e.g. around a compiled
+    decoding loop whose eager prefill calls the kernels) makes any recompile one. Either way the call runs the
+    formula, one warning says so, and the graphs compiled so far keep running."""
+    warnings = []
+    monkeypatch.setattr(compiled_kernels.logger, "warning", warnings.append)
+    monkeypatch.setattr(rotary.ROTARY_KERNEL, "told_no_recompile", False, raising=False)
+    first = _rotary_inputs(7)
+    rotary.ROTARY_KERNEL(*first, torch.float32)  # compiles the first graph
+    for length, config in ((5, {"error_on_recompile": True}), (6, {"recompile_limit": 1})):
+        inputs = _rotary_inputs(length)
+        with torch._dynamo.config.patch(**config):
+            assert rotary.ROTARY_KERNEL(*inputs, torch.float32) is None  # no graph for it: the caller's formula
+            for a, b in zip(rotary.apply_rotary(*inputs), rotary.rotary_formula(*inputs)):
+                torch.testing.assert_close(a, b, atol=0, rtol=0)
+            assert rotary.ROTARY_KERNEL(*first, torch.float32) is not None  # the compiled length still compiled
+    assert len(warnings) == 1 and "recompile limit" in warnings[0], warnings
+    assert counters["stats"]["unique_graphs"] == 1
+
+
 @pytest.mark.gpu
 def test_the_kernels_compile_on_cuda_and_train_as_the_formulas(monkeypatch):
     """On CUDA (the default list) a bf16-autocast training step runs the compiled kernels (Triton) and gives the
