@@ -12,7 +12,25 @@ import pytest
 import torch
 
 
+# ARCHLAB_TEST_CUDA_PATHS_ON_CPU=1 (CI's second pass): the fast paths that run on CUDA only — the compiled element-wise
+# kernels (RoPE, gated activations), the LM loss's compiled gradient, q/k/v and gate/up read as one product in
+# generate — run on the CPU too, so every test of the suite checks them against its reference, all at once, as a GPU
+# runs them. (Not the decoding loops' CUDA default, which would compile every test's generate, nor the RMSNorm fused
+# backward, which has no CPU kernel; their own tests force them.)
+CUDA_PATHS_ON_CPU = os.environ.get("ARCHLAB_TEST_CUDA_PATHS_ON_CPU") == "1"
+
+
+def _open_the_cuda_paths_to_the_cpu() -> None:
+    from archlab.modeling import compiled_kernels, fused_projections, losses
+
+    compiled_kernels.FUSED_KERNEL_DEVICES = ("cuda", "cpu")
+    losses.FUSED_GRADIENT_DEVICES = ("cuda", "cpu")
+    fused_projections.FUSED_PROJECTION_DEVICES = ("cuda", "cpu")
+
+
 def pytest_configure(config: pytest.Config) -> None:
+    if CUDA_PATHS_ON_CPU:
+        _open_the_cuda_paths_to_the_cpu()
     # marks that transformers' common model tests (test_transformers_common.py) put on some of their tests
     for mark in ("accelerate_tests", "flash_attn_test", "flash_attn_3_test", "flash_attn_4_test", "torch_compile_test"):
         config.addinivalue_line("markers", f"{mark}: set by transformers' common model tests")

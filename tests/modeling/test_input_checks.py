@@ -186,7 +186,7 @@ def test_rope_within_max_positions_and_dynamic_rope_do_not_warn(caplog):
         dynamic = {"rope_type": "dynamic", "factor": 2.0}
         dynamic = tiny_decoder_config(max_position_embeddings=4, rope_parameters=dynamic)
         DecoderForCausalLM(dynamic).eval()(ids)  # rescales itself past the length: its purpose
-    assert not caplog.records
+    assert not [record for record in caplog.records if record.name.startswith("archlab")]
 
 
 def test_learned_positions_past_the_table_still_fail_with_the_field_named():
