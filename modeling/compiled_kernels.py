@@ -73,7 +73,9 @@ class CompiledKernel:
             # ran), the shapes compiled so far keep their kernels
             if not self.told_no_recompile:
                 self.told_no_recompile = True
-                logger.warning(f"{self.what}: a new shape past dynamo's recompile limit runs eagerly ({type(error).__name__}).")
+                logger.warning(
+                    f"{self.what}: a new shape past dynamo's recompile limit runs eagerly ({type(error).__name__})."
+                )
             return None
 
 
