@@ -112,6 +112,8 @@ class T5Variant:
         scale = self.scales_decoder_outputs
         if scale is None:
             scale = values.get("scale_decoder_outputs", values.get("tie_word_embeddings", True) is not False)
+        elif scale and _reads_scaling_from_the_tie_flag(self.config_class):
+            scale = values.get("tie_word_embeddings", True) is not False  # UMT5 from transformers 5.24 on
         tied = scale if self.scales_decoder_outputs is None else values.get("tie_word_embeddings", True) is not False
         return {
             "d_kv": stock.d_kv,
@@ -167,9 +169,17 @@ class T5Variant:
                 ("gated-gelu" if act == "gelu_new" else f"gated-{act}") if config.mlp_type == "gated" else act
             ),
             "decoder_start_token_id": config.decoder_start_token_id,
-            "tie_word_embeddings": config.tie_word_embeddings,
+            # a variant that always scales (UMT5) writes True: transformers up to 5.23 forces it, 5.24 scales by it
+            "tie_word_embeddings": config.tie_word_embeddings or bool(self.scales_decoder_outputs),
             "is_encoder_decoder": True,
         }
+
+
+def _reads_scaling_from_the_tie_flag(config_class: type[PreTrainedConfig]) -> bool:
+    """Whether the stock config turns config.json's `tie_word_embeddings` into its `scale_decoder_outputs` (UMT5 from
+    transformers 5.24: Google's UMT5 checkpoints, `tie_word_embeddings: false`, no longer scale) rather than the
+    variant's fixed rule (UMT5 up to 5.23 always scales)."""
+    return "scale_decoder_outputs" in vars(config_class(tie_word_embeddings=False))
 
 
 def t5_parameter_names(config: PreTrainedConfig) -> dict[str, str]:

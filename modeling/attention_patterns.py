@@ -16,6 +16,7 @@ from torch import nn
 from transformers.cache_utils import Cache
 from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
 
+from .cache_names import with_cache
 from .input_checks import cached_length, can_read_values
 
 MASK_BUILDERS: dict[str, Callable] = {
@@ -70,8 +71,8 @@ def build_masks(
         config=config,
         inputs_embeds=inputs_embeds,
         attention_mask=attention_mask,
-        past_key_values=past_key_values,
         position_ids=position_ids,
+        **with_cache(past_key_values),
     )
     if prefix_lengths is not None:
         check_prefix_lengths(prefix_lengths, inputs_embeds.shape[0], past_key_values)

@@ -29,6 +29,7 @@ import torch
 from torch import nn
 from transformers.generation.utils import GenerateBeamDecoderOnlyOutput, GenerateBeamEncoderDecoderOutput
 
+from .cache_names import cache_in, with_cache
 from .decoding_loop import (
     CHECK_EVERY,
     FORCED_PROCESSORS,
@@ -342,7 +343,7 @@ def beam_search(model, input_ids, logits_processor, stopping_criteria, generatio
 
     outputs = model._prefill(input_ids, config, kwargs, is_first_iteration=True)
     kwargs = model._update_model_kwargs_for_generation(outputs, kwargs, model.config.is_encoder_decoder)
-    cache = kwargs["past_key_values"]
+    cache = cache_in(kwargs)
     logits = outputs.logits[:, -1].to(copy=True, dtype=torch.float32)
     del outputs
     # sized by the cache, which keeps the longest length of any call so far: a shorter call reuses the buffers
@@ -394,7 +395,7 @@ def beam_search(model, input_ids, logits_processor, stopping_criteria, generatio
         scores=tuple(all_scores[:ran]) if keep_scores else None,
         logits=tuple(raw_logits[:ran]) if keep_logits else None,
         beam_indices=beam_indices[:, :generated].clone(),
-        past_key_values=cache,
+        **with_cache(cache),
     )
     return output_class(**fields)
 

@@ -154,7 +154,7 @@ class DecoderConfig(PreTrainedConfig):
     """
 
     model_type = "archlab_decoder"
-    keys_to_ignore_at_inference = ["past_key_values"]
+    keys_to_ignore_at_inference = ["past_key_values", "cache"]  # the cache under its names before and from 5.24
     # Mixtral's alias: code written for transformers 5's MoE configs (TRL's load-balancing loss) reads `num_experts`.
     attribute_map = {"num_experts": "num_local_experts"}
     base_model_tp_plan = {

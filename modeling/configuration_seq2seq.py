@@ -114,7 +114,7 @@ class Seq2SeqConfig(PreTrainedConfig):
     """
 
     model_type = "archlab_seq2seq"
-    keys_to_ignore_at_inference = ["past_key_values"]
+    keys_to_ignore_at_inference = ["past_key_values", "cache"]  # the cache under its names before and from 5.24
     attribute_map = {
         "num_attention_heads": "encoder_attention_heads",
         "hidden_size": "d_model",

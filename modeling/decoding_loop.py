@@ -67,6 +67,8 @@ from transformers.generation.utils import GenerateDecoderOnlyOutput, GenerateEnc
 from transformers.masking_utils import create_masks_for_generate
 from transformers.utils import logging
 
+from .cache_names import CACHE_NAMES, cache_in, with_cache
+
 logger = logging.get_logger(__name__)
 
 # How often the host reads whether every row has finished (one wait for the GPU per CHECK_EVERY tokens). Steps run
@@ -75,13 +77,13 @@ CHECK_EVERY = 16
 
 # Model inputs the decoding steps take over (ids, positions, mask) or that only the prefill reads.
 LOOP_MODEL_INPUTS = frozenset(
-    {"attention_mask", "position_ids", "past_key_values", "use_cache", "logits_to_keep", "inputs_embeds"}
+    {"attention_mask", "position_ids", *CACHE_NAMES, "use_cache", "logits_to_keep", "inputs_embeds"}
     | {"prefix_lengths"}  # prefix-LM: the prefix lies in the prompt; decoding steps are causal (see the model)
     | {"tokenizer"}  # generate's, for stop strings: it stays in the model kwargs, and no forward reads it
 )
 # What an encoder-decoder's steps take besides the cache: the source's mask and encoder states.
 SEQ2SEQ_MODEL_INPUTS = frozenset(
-    {"attention_mask", "encoder_outputs", "past_key_values", "use_cache", "logits_to_keep", "tokenizer"}
+    {"attention_mask", "encoder_outputs", *CACHE_NAMES, "use_cache", "logits_to_keep", "tokenizer"}
 )
 
 
@@ -241,7 +243,7 @@ def shared_blocker(
     extra = sorted(key for key, value in model_kwargs.items() if value is not None and key not in allowed)
     if extra:
         return f"model inputs {extra}"
-    cache = model_kwargs.get("past_key_values")
+    cache = cache_in(model_kwargs)
     self_cache = self_attention_cache(cache)
     if type(self_cache) is not StaticCache or getattr(cache, "_is_user_defined", False):
         return "a cache other than generate's own StaticCache"
@@ -406,19 +408,19 @@ def one_token_logits(model, tokens, cache, position_ids, padding_mask, encoder: 
     mask_function = getattr(model, "create_masks_for_generate", create_masks_for_generate)
     empty = torch.empty((tokens.shape[0], 1, 0), dtype=model.dtype, device=tokens.device)
     if model.config.is_encoder_decoder:
-        masks = mask_function(config=model.config, inputs_embeds=empty, attention_mask=None, past_key_values=cache)
+        masks = mask_function(config=model.config, inputs_embeds=empty, attention_mask=None, **with_cache(cache))
         inputs = dict(decoder_input_ids=tokens, decoder_attention_mask=masks, **encoder)
     else:
         masks = mask_function(
             config=model.config,
             inputs_embeds=empty,
             attention_mask=padding_mask,
-            past_key_values=cache,
             position_ids=position_ids,
+            **with_cache(cache),
             is_first_iteration=False,
         )
         inputs = dict(input_ids=tokens, position_ids=position_ids, attention_mask=masks)
-    outputs = model(**inputs, past_key_values=cache, use_cache=True, logits_to_keep=1, return_dict=True)
+    outputs = model(**inputs, **with_cache(cache), use_cache=True, logits_to_keep=1, return_dict=True)
     return outputs.logits[:, -1].to(dtype=torch.float32)
 
 
@@ -522,7 +524,7 @@ def fill_bans(banned_below: torch.Tensor, bans: list[tuple[torch.Tensor, int]]) 
 
 def _prepare_buffers(model, input_ids, logits, model_kwargs, processors: Processors) -> DecodingBuffers:
     """The loop's buffers for this call, filled from the prompt (after the prefill)."""
-    cache = self_attention_cache(model_kwargs["past_key_values"])
+    cache = self_attention_cache(cache_in(model_kwargs))
     batch_size, prompt_length = input_ids.shape
     vocab_size = logits.shape[-1]
     buffers = DecodingBuffers.for_shape(model, batch_size, cache.get_max_length(), vocab_size, input_ids.device)
@@ -583,7 +585,7 @@ def decode(
     outputs = model._prefill(input_ids, config, model_kwargs, is_first_iteration=True)
     is_encoder_decoder = model.config.is_encoder_decoder
     model_kwargs = model._update_model_kwargs_for_generation(outputs, model_kwargs, is_encoder_decoder)
-    cache = model_kwargs["past_key_values"]
+    cache = cache_in(model_kwargs)
     logits = outputs.logits[:, -1].to(copy=True, dtype=torch.float32)
     del outputs
     buffers = _prepare_buffers(model, input_ids, logits, model_kwargs, processors)
@@ -647,7 +649,7 @@ def decode(
         sequences=sequences,
         scores=tuple(scores[:counted]) if keep_scores else None,
         logits=tuple(raw_logits[:counted]) if keep_logits else None,
-        past_key_values=cache,
+        **with_cache(cache),
     )
 
 

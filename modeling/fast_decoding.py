@@ -44,6 +44,7 @@ from transformers.utils import logging
 from transformers.utils.generic import is_flash_attention_requested
 
 from .beam_loop import beam_loop_blocker, beam_search, compiled_beam_step
+from .cache_names import cache_in
 from .decoding_loop import (
     compiled_decoding_step,
     decode,
@@ -146,7 +147,7 @@ def choose_cache_implementation(
     cache, with one logged line too.
     """
     requested = generation_config.cache_implementation
-    if model_kwargs.get("past_key_values") is not None:
+    if cache_in(model_kwargs) is not None:
         return requested  # transformers refuses a cache together with a setting; nothing to choose
     if requested is None:
         if (
@@ -216,7 +217,7 @@ def compiled_decoding_steps(model, compile_config: CompileConfig | None) -> Iter
     compiled = model._compiled_decoding_forward
 
     def forward(*args, **kwargs):
-        return (compiled if is_decoding_step(kwargs.get("past_key_values")) else eager)(*args, **kwargs)
+        return (compiled if is_decoding_step(cache_in(kwargs)) else eager)(*args, **kwargs)
 
     model.forward = forward
     try:
@@ -251,7 +252,7 @@ class FastDecodingMixin:
             generation_config, model_kwargs, generation_mode, *args, **kwargs
         )
         kept = self.__dict__.get("_kept_static_cache")
-        if kept is not None and model_kwargs.get("past_key_values") is kept.cache:
+        if kept is not None and cache_in(model_kwargs) is kept.cache:
             kept.reusable = not generation_config.return_dict_in_generate  # a returned cache is the user's
         return result
 

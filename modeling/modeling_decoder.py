@@ -22,6 +22,7 @@ from transformers.modeling_outputs import (
 
 from .attention_patterns import build_masks, build_position_biases
 from .blocks import BLOCKS, norm_from_config
+from .cache_names import cache_argument, output_cache, with_cache
 from .catalogue import POSITION_SCHEMES
 from .configuration_decoder import DecoderConfig
 from .fast_decoding import FastDecodingMixin
@@ -106,11 +107,14 @@ class DecoderModel(DecoderPreTrainedModel):
         return_dict: bool | None = None,
         prefix_lengths: torch.LongTensor | None = None,
         output_router_logits: bool | None = None,
+        cache: Cache | None = None,
         **kwargs,
     ) -> MoeModelOutputWithPast | tuple:
         r"""prefix_lengths (`torch.LongTensor` of shape `(batch,)`, *optional*):
         With `config.prefix_lm`, the first `prefix_lengths[b]` tokens of row b attend to each other in both
-        directions (the prefix must be inside the first forward). None: plain causal attention."""
+        directions (the prefix must be inside the first forward). None: plain causal attention.
+        cache (`Cache`, *optional*): the KV cache, transformers 5.24's name for `past_key_values` (either works)."""
+        past_key_values = cache_argument(past_key_values, cache)
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("Pass exactly one of `input_ids` or `inputs_embeds`.")
         output_attentions = output_attentions if output_attentions is not None else self.config.output_attentions
@@ -191,7 +195,7 @@ class DecoderModel(DecoderPreTrainedModel):
 
         output = MoeModelOutputWithPast(
             last_hidden_state=hidden_states,
-            past_key_values=past_key_values if use_cache else None,
+            **with_cache(past_key_values if use_cache else None),
             hidden_states=all_hidden_states,
             attentions=all_attentions,
             router_logits=router_logits if output_router_logits and router_logits else None,
@@ -235,11 +239,14 @@ class DecoderForCausalLM(FastDecodingMixin, DecoderPreTrainedModel, GenerationMi
         output_router_logits: bool | None = None,
         prefix_lengths: torch.LongTensor | None = None,
         skip_logits: bool | None = None,
+        cache: Cache | None = None,
         **kwargs,
     ) -> MoeCausalLMOutputWithPast | tuple:
         r"""skip_logits (`bool`, *optional*):
         With labels, True returns the loss alone (no logits, as in training; Trainer asks for it in evaluation under
-        `use_liger_kernel`), False the logits too, in training as well. None: by `self.training`."""
+        `use_liger_kernel`), False the logits too, in training as well. None: by `self.training`.
+        cache (`Cache`, *optional*): the KV cache, transformers 5.24's name for `past_key_values` (either works)."""
+        past_key_values = cache_argument(past_key_values, cache)
         # `shift_labels` (pre-shifted targets, as transformers' loss accepts) comes through kwargs: a named
         # argument with "label" in it would make Trainer wait for it as a label column and report no eval_loss.
         shift_labels = kwargs.pop("shift_labels", None)
@@ -251,8 +258,8 @@ class DecoderForCausalLM(FastDecodingMixin, DecoderPreTrainedModel, GenerationMi
             input_ids=input_ids,
             attention_mask=attention_mask,
             position_ids=position_ids,
-            past_key_values=past_key_values,
             inputs_embeds=inputs_embeds,
+            **with_cache(past_key_values),
             use_cache=use_cache,
             output_attentions=output_attentions,
             output_hidden_states=output_hidden_states,
@@ -290,7 +297,7 @@ class DecoderForCausalLM(FastDecodingMixin, DecoderPreTrainedModel, GenerationMi
             loss=loss,
             aux_loss=aux_loss,
             logits=logits,
-            past_key_values=outputs.past_key_values,
+            **with_cache(output_cache(outputs)),
             hidden_states=outputs.hidden_states,
             attentions=outputs.attentions,
             router_logits=router_logits if output_router_logits else None,
@@ -303,6 +310,7 @@ class DecoderForCausalLM(FastDecodingMixin, DecoderPreTrainedModel, GenerationMi
         attention_mask: torch.Tensor | None = None,
         past_key_values: Cache | None = None,
         is_first_iteration: bool | None = False,
+        cache: Cache | None = None,
         **kwargs,
     ) -> dict:
         """transformers' inputs, with prefix-LM's `prefix_lengths` routed for the cache in use.
@@ -312,6 +320,7 @@ class DecoderForCausalLM(FastDecodingMixin, DecoderPreTrainedModel, GenerationMi
         prefix-LM attention is causal attention, so the decoding steps take the precomputed masks (fixed shapes,
         what the compiled step needs) and no prefix. A dynamic cache gets the 2D mask and the prefix at every step.
         """
+        past_key_values = cache_argument(past_key_values, cache)
         static = past_key_values is not None and past_key_values.is_compileable
         prefix_lengths = kwargs.get("prefix_lengths")
         if static and prefix_lengths is not None and not is_first_iteration:
@@ -319,8 +328,8 @@ class DecoderForCausalLM(FastDecodingMixin, DecoderPreTrainedModel, GenerationMi
         inputs = super().prepare_inputs_for_generation(
             input_ids,
             attention_mask=attention_mask,
-            past_key_values=past_key_values,
             is_first_iteration=is_first_iteration,
+            **with_cache(past_key_values),
             **kwargs,
         )
         if inputs.get("prefix_lengths") is not None:
@@ -372,16 +381,18 @@ class DecoderForSequenceClassification(DecoderPreTrainedModel):
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
+        cache: Cache | None = None,
         **kwargs,
     ) -> SequenceClassifierOutputWithPast | tuple:
+        past_key_values = cache_argument(past_key_values, cache)
         return_dict = return_dict if return_dict is not None else self.config.return_dict
         kwargs.pop("num_items_in_batch", None)
         outputs = self.model(
             input_ids=input_ids,
             attention_mask=attention_mask,
             position_ids=position_ids,
-            past_key_values=past_key_values,
             inputs_embeds=inputs_embeds,
+            **with_cache(past_key_values),
             use_cache=use_cache,
             output_attentions=output_attentions,
             output_hidden_states=output_hidden_states,
@@ -407,7 +418,7 @@ class DecoderForSequenceClassification(DecoderPreTrainedModel):
         output = SequenceClassifierOutputWithPast(
             loss=loss,
             logits=logits,
-            past_key_values=outputs.past_key_values,
+            **with_cache(output_cache(outputs)),
             hidden_states=outputs.hidden_states,
             attentions=outputs.attentions,
         )

@@ -30,6 +30,7 @@ from transformers.generation import GenerationMixin
 from transformers.modeling_outputs import BaseModelOutput, Seq2SeqLMOutput, Seq2SeqModelOutput
 from transformers.modeling_utils import PreTrainedModel
 
+from .cache_names import cache_argument, output_cache, with_cache
 from .configuration_seq2seq import Seq2SeqConfig
 from .fast_decoding import FastDecodingMixin, reorder_cache_in_place
 from .losses import IGNORE_INDEX, lm_head_loss
@@ -142,8 +143,10 @@ class Seq2SeqModel(Seq2SeqPreTrainedModel):
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
+        cache: EncoderDecoderCache | None = None,
         **kwargs,
     ) -> Seq2SeqModelOutput | tuple:
+        past_key_values = cache_argument(past_key_values, cache)  # `cache` from transformers 5.24 on
         output_attentions = output_attentions if output_attentions is not None else self.config.output_attentions
         output_hidden_states = (
             output_hidden_states if output_hidden_states is not None else self.config.output_hidden_states
@@ -174,7 +177,7 @@ class Seq2SeqModel(Seq2SeqPreTrainedModel):
             attention_mask=decoder_attention_mask,
             encoder_hidden_states=encoder_outputs.last_hidden_state,
             encoder_attention_mask=attention_mask,
-            past_key_values=past_key_values,
+            **with_cache(past_key_values),
             inputs_embeds=decoder_inputs_embeds,
             use_cache=use_cache,
             output_attentions=output_attentions,
@@ -184,7 +187,7 @@ class Seq2SeqModel(Seq2SeqPreTrainedModel):
         )
         output = Seq2SeqModelOutput(
             last_hidden_state=decoder_outputs.last_hidden_state,
-            past_key_values=decoder_outputs.past_key_values,
+            **with_cache(output_cache(decoder_outputs)),
             decoder_hidden_states=decoder_outputs.hidden_states,
             decoder_attentions=decoder_outputs.attentions,
             cross_attentions=decoder_outputs.cross_attentions,
@@ -272,11 +275,14 @@ class Seq2SeqForConditionalGeneration(FastDecodingMixin, Seq2SeqPreTrainedModel,
         num_items_in_batch: torch.Tensor | int | None = None,
         logits_to_keep: int | torch.Tensor = 0,
         skip_logits: bool | None = None,
+        cache: EncoderDecoderCache | None = None,
         **kwargs,
     ) -> Seq2SeqLMOutput | tuple:
         r"""skip_logits (`bool`, *optional*):
         With labels, True returns the loss alone (no logits, as in training; Trainer asks for it in evaluation under
-        `use_liger_kernel`), False the logits too, in training as well. None: by `self.training`."""
+        `use_liger_kernel`), False the logits too, in training as well. None: by `self.training`.
+        cache (`EncoderDecoderCache`, *optional*): transformers 5.24's name for `past_key_values` (either works)."""
+        past_key_values = cache_argument(past_key_values, cache)
         return_dict = return_dict if return_dict is not None else self.config.return_dict
         if labels is not None:
             use_cache = False
@@ -288,7 +294,7 @@ class Seq2SeqForConditionalGeneration(FastDecodingMixin, Seq2SeqPreTrainedModel,
             decoder_input_ids=decoder_input_ids,
             decoder_attention_mask=decoder_attention_mask,
             encoder_outputs=encoder_outputs,
-            past_key_values=past_key_values,
+            **with_cache(past_key_values),
             inputs_embeds=inputs_embeds,
             decoder_inputs_embeds=decoder_inputs_embeds,
             use_cache=use_cache,
@@ -313,7 +319,7 @@ class Seq2SeqForConditionalGeneration(FastDecodingMixin, Seq2SeqPreTrainedModel,
         output = Seq2SeqLMOutput(
             loss=loss,
             logits=logits,
-            past_key_values=outputs.past_key_values,
+            **with_cache(output_cache(outputs)),
             decoder_hidden_states=outputs.decoder_hidden_states,
             decoder_attentions=outputs.decoder_attentions,
             cross_attentions=outputs.cross_attentions,

@@ -27,7 +27,7 @@ from .validation import check_attention_backend
 class ArchlabPreTrainedModel(HubMixin, PreTrainedModel):
     base_model_prefix = "model"
     supports_gradient_checkpointing = True
-    _skip_keys_device_placement = ["past_key_values"]
+    _skip_keys_device_placement = ["past_key_values", "cache"]  # the cache under its names before and from 5.24
     _supports_sdpa = True
     _supports_flash_attn = True
     _supports_flex_attn = True

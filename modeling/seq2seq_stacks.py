@@ -27,6 +27,7 @@ from transformers.masking_utils import (
 )
 from transformers.modeling_outputs import BaseModelOutput, BaseModelOutputWithPastAndCrossAttentions
 
+from .cache_names import cache_argument, with_cache
 from .configuration_seq2seq import Seq2SeqConfig
 from .input_checks import cached_length, check_attention_mask, check_token_ids
 from .normalization import make_norm
@@ -195,8 +196,10 @@ class Seq2SeqDecoder(_Seq2SeqStack):
         output_attentions: bool = False,
         output_hidden_states: bool = False,
         return_dict: bool = True,
+        cache: EncoderDecoderCache | None = None,
         **kwargs,
     ) -> BaseModelOutputWithPastAndCrossAttentions | tuple:
+        past_key_values = cache_argument(past_key_values, cache)  # `cache` from transformers 5.24 on
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("Pass exactly one of `decoder_input_ids` or `decoder_inputs_embeds`.")
         if inputs_embeds is None:
@@ -232,8 +235,8 @@ class Seq2SeqDecoder(_Seq2SeqStack):
             config=self.config,
             inputs_embeds=inputs_embeds,
             attention_mask=attention_mask,
-            past_key_values=self_cache,
             position_ids=positions[None],
+            **with_cache(self_cache),
             allow_is_causal_skip=self.position_bias is None and self.position_buckets is None,
         )
         # the keys the cache returns: past + seq_len of them, or every slot of a static cache (unfilled ones masked)
@@ -279,7 +282,7 @@ class Seq2SeqDecoder(_Seq2SeqStack):
             all_hidden_states += (hidden_states,)
         output = BaseModelOutputWithPastAndCrossAttentions(
             last_hidden_state=hidden_states,
-            past_key_values=past_key_values if use_cache else None,
+            **with_cache(past_key_values if use_cache else None),
             hidden_states=all_hidden_states,
             attentions=all_attentions,
             cross_attentions=all_cross_attentions,

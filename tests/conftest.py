@@ -11,7 +11,6 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import pytest
 import torch
 
-
 # ARCHLAB_TEST_CUDA_PATHS_ON_CPU=1 (CI's second pass): the fast paths that run on CUDA only — the compiled element-wise
 # kernels (RoPE, gated activations), the LM loss's compiled gradient, q/k/v and gate/up read as one product in
 # generate — run on the CPU too, so every test of the suite checks them against its reference, all at once, as a GPU

@@ -5,7 +5,7 @@ initialisation of missing weights, eager vs. SDPA in fp32/fp16/bf16, batching eq
 resizing embeddings, ...). They are not part of the transformers wheel; they ship in its source distribution on PyPI.
 
 Fetched, not vendored: the test module is ~7,000 lines of someone else's code, and a copy would drift from the
-transformers release it tests. `load()` runs `pip download --no-binary :all: --no-deps transformers==5.23.0` once (the
+transformers release it tests. `load()` runs `pip download --no-binary :all: --no-deps transformers==5.24.0` once (the
 package registry is the one network source CI and developers have; pip prepares the sdist's metadata, ~20 s),
 extracts `tests/test_modeling_common.py` and the LICENSE into a cache folder (`$ARCHLAB_TEST_CACHE`, default
 `~/.cache/archlab`; written to a temporary folder and renamed into place, so concurrent runs never see half a copy)
@@ -36,7 +36,7 @@ from types import ModuleType
 
 import transformers
 
-PINNED = "5.23.0"
+PINNED = "5.24.0"
 PACKAGE = "hf_common_tests"  # the import name of the extracted test tree
 FILES = ("tests/test_modeling_common.py", "LICENSE")
 STUBS = {

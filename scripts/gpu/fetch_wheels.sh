@@ -15,7 +15,7 @@ PYTHON="${PYTHON:-python3}"
 DEST="${WHEEL_DIR:-.whl}"
 PYTHON_VERSION="${PYTHON_VERSION:-3.12}"
 PACKAGES=(
-    transformers==5.23.0  # the image has an older 5.x
+    transformers==5.24.0  # the image has an older 5.x
     datasets==5.2.0       # not in the image; archlab's data pipeline imports it
     dill==0.4.1           # datasets' needs that the image lacks
     multiprocess==0.70.19
