@@ -30,6 +30,7 @@ from torch import nn
 from transformers.generation.utils import GenerateBeamDecoderOnlyOutput, GenerateBeamEncoderDecoderOutput
 
 from .cache_names import cache_in, with_cache
+from .cache_spans import Spans, cache_tensors
 from .decoding_loop import (
     CHECK_EVERY,
     FORCED_PROCESSORS,
@@ -249,11 +250,12 @@ def penalise_repeats(log_probs: torch.Tensor, buffers: BeamBuffers) -> torch.Ten
 
 
 def _reorder_in_place(cache, beam_idx: torch.Tensor) -> None:
-    """The self-attention cache follows the beams (copied in place: its addresses are in the graph)."""
+    """The self-attention cache follows the beams (copied in place: its addresses are in the graph); where a span is
+    set, only the positions it covers (`cache_spans`: the rest holds nothing yet)."""
     for layer in self_attention_cache(cache).layers:
         if layer.is_initialized:
-            layer.keys.copy_(layer.keys.index_select(0, beam_idx))
-            layer.values.copy_(layer.values.index_select(0, beam_idx))
+            for tensor in cache_tensors(layer):
+                tensor.copy_(tensor.index_select(0, beam_idx))
 
 
 def beam_step(model, cache, buffers: BeamBuffers, settings, eos_token_id, top_mask, encoder, has_padding):
@@ -361,16 +363,18 @@ def beam_search(model, input_ids, logits_processor, stopping_criteria, generatio
 
     has_padding = not model.config.is_encoder_decoder and kwargs.get("attention_mask") is not None
     arguments = (settings, eos_token_id, top_mask, encoder_inputs(model, kwargs), has_padding)
-    for step in range(1, config.max_length - prompt_len):
-        torch.compiler.cudagraph_mark_step_begin()
-        logits, scores = step_function(model, cache, buffers, *arguments)
-        if keep_scores:
-            all_scores.append(scores.clone())
-        if keep_logits:
-            raw_logits.append(logits.clone())
-        del logits, scores
-        if (step + 1) % CHECK_EVERY == 0 and bool(buffers.done):
-            break
+    with Spans(cache) as spans:
+        for step in range(1, config.max_length - prompt_len):
+            torch.compiler.cudagraph_mark_step_begin()
+            spans.cover(prompt_len + step)  # the step writes position prompt_len + step - 1
+            logits, scores = step_function(model, cache, buffers, *arguments)
+            if keep_scores:
+                all_scores.append(scores.clone())
+            if keep_logits:
+                raw_logits.append(logits.clone())
+            del logits, scores
+            if (step + 1) % CHECK_EVERY == 0 and bool(buffers.done):
+                break
 
     if config.return_dict_in_generate:
         reorder_cache(cache, buffers)  # the returned cache follows the last choice, as transformers' does

@@ -68,6 +68,7 @@ from transformers.masking_utils import create_masks_for_generate
 from transformers.utils import logging
 
 from .cache_names import CACHE_NAMES, cache_in, with_cache
+from .cache_spans import SpannedLayer, Spans, attended_length
 
 logger = logging.get_logger(__name__)
 
@@ -199,7 +200,7 @@ def force_tokens(scores: torch.Tensor, length: torch.Tensor, forced_at: torch.Te
     return scores
 
 
-class UnfilledSlidingLayer(StaticLayer):
+class UnfilledSlidingLayer(SpannedLayer):
     """A sliding-window layer of a static cache that the generation cannot fill: its window holds the whole cache
     (every key stays in it), so it is a `StaticLayer` — whose length is a device tensor, which compiled loops replay
     — still flagged sliding for transformers' mask functions. transformers' `StaticSlidingWindowLayer` counts its
@@ -247,7 +248,7 @@ def shared_blocker(
     self_cache = self_attention_cache(cache)
     if type(self_cache) is not StaticCache or getattr(cache, "_is_user_defined", False):
         return "a cache other than generate's own StaticCache"
-    if any(type(layer) not in (StaticLayer, UnfilledSlidingLayer) for layer in self_cache.layers):
+    if any(type(layer) not in (StaticLayer, SpannedLayer, UnfilledSlidingLayer) for layer in self_cache.layers):
         return "sliding-window cache layers shorter than the cache (their length is a Python int per token)"
     return None
 
@@ -404,7 +405,12 @@ def one_token_logits(model, tokens, cache, position_ids, padding_mask, encoder: 
     """The float32 logits of a forward of one token per row (B, 1) on a static `cache`, with the masks transformers'
     loop builds for it (`create_masks_for_generate`; a decoder's from its `padding_mask` over the cache, or None, and
     its `position_ids`; an encoder-decoder's decoder positions follow the cache length, and `encoder` holds its
-    encoder states and source mask). Traceable in one graph: no host read."""
+    encoder states and source mask). Where the cache's layers read a span (`cache_spans`), the padding mask is cut to
+    it (gathered, not sliced: a slice is contiguous exactly when the span is the whole cache, which the compiled
+    graph would then guard on). Traceable in one graph: no host read."""
+    span = attended_length(cache)
+    if padding_mask is not None and span is not None:
+        padding_mask = padding_mask.index_select(1, torch.arange(span, device=padding_mask.device))
     mask_function = getattr(model, "create_masks_for_generate", create_masks_for_generate)
     empty = torch.empty((tokens.shape[0], 1, 0), dtype=model.dtype, device=tokens.device)
     if model.config.is_encoder_decoder:
@@ -615,9 +621,11 @@ def decode(
         stop_strings,
     )
     checks = eos_token_id is not None or bool(stop_strings) or streamer is not None or deadline is not None
-    with model._optimize_model_for_decode():
+    spans = Spans(cache)
+    with model._optimize_model_for_decode(), spans:
         for step in range(1, stopping_criteria.max_length - prompt_length):
             torch.compiler.cudagraph_mark_step_begin()  # the last step's outputs are dead: replay, do not record anew
+            spans.cover(prompt_length + step)  # the step writes position prompt_length + step - 1
             logits, step_scores = step_function(model, cache, buffers, *arguments)
             if keep_scores:
                 scores.append(step_scores.clone())

@@ -45,6 +45,7 @@ from transformers.utils.generic import is_flash_attention_requested
 
 from .beam_loop import beam_loop_blocker, beam_search, compiled_beam_step
 from .cache_names import cache_in
+from .cache_spans import make_spanned
 from .decoding_loop import (
     compiled_decoding_step,
     decode,
@@ -269,6 +270,7 @@ class FastDecodingMixin:
             kept.reusable = False
             return kept.cache
         cache = super()._prepare_static_cache(cache_implementation, batch_size, max_cache_len, *args, **kwargs)
+        make_spanned(cache)  # the compiled loops' steps read the filled part of the cache only (cache_spans.py)
         if not self.config.is_encoder_decoder:
             unfill_sliding_layers(cache, getattr(self.config, "sliding_window", None), effective)
             self._kept_static_cache = KeptCache(key, cache)

@@ -16,7 +16,8 @@ their own, and tokens/s are of the warm calls after.
 
 cuda-loops (every row compiles, so a suite of its own): at batch 1, sampling against Llama, archlab's loop
 against archlab in transformers' loop (what the whole-step compile gains over a compiled forward), and q/k/v and
-gate/up as one product each against separate products (what fused_projections.py gains); then the MoE and
+gate/up as one product each against separate products (what fused_projections.py gains); at batch 64 over 1,024
+positions, steps reading the filled cache against the whole cache (what cache_spans.py gains); then the MoE and
 beam-search rows with no cache setting: each model decodes as it does for a user (archlab on CUDA: the static cache
 and its compiled loops, beam search included; Mixtral and Marian: the dynamic cache, eager). On CPU nothing
 compiles, and the static cache runs eagerly.
@@ -175,6 +176,27 @@ def loop_rows(setup: Setup, report: Report) -> None:
     )
     separate = mock.patch.object(fused_projections, "FUSED_PROJECTION_DEVICES", ())
     against_itself(setup, report, metric, models[0], kwargs, tokens, roofline, separate)
+    guarded(report, setup, "cache spans", lambda: span_row(setup, report, models))
+
+
+def span_row(setup: Setup, report: Report, models) -> None:
+    """A long generation at a large batch, archlab's loop reading the filled part of the static cache rounded up to
+    a span (cache_spans.py, the default) against the same loop reading the whole cache every step: the KV bytes the
+    spans save (at batch 64 and 1,024 positions the whole cache is 1.5 GB a step beside 2.1 GB of weights)."""
+    from unittest import mock
+
+    import archlab.modeling.cache_spans as cache_spans
+
+    batch, prompt, new_tokens = (4, 16, 48) if setup.quick else (64, 128, 896)
+    config = models[1].config
+    kwargs = greedy_call(config.vocab_size, batch, prompt, new_tokens, setup.device, cache_implementation="static")
+    roofline = decode_roofline_seconds(config, setup.peaks, batch, prompt, new_tokens)
+    metric = (
+        f"dense 1.1B greedy decode, batch {batch}, {prompt} + {new_tokens} tokens, StaticCache, archlab's loop: "
+        "steps read the filled cache (spans) vs the whole cache (cache_spans.py)"
+    )
+    whole = mock.patch.object(cache_spans, "MIN_SPAN_STEP", 1 << 30)
+    against_itself(setup, report, metric, models[0], kwargs, batch * new_tokens, roofline, whole)
 
 
 def against_itself(setup: Setup, report: Report, metric: str, model, kwargs, tokens, roofline, patch) -> None:

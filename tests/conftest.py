@@ -55,3 +55,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def _seed():
     torch.manual_seed(0)
     yield
+
+
+@pytest.fixture(autouse=True)
+def _short_cache_spans(monkeypatch):
+    """The compiled decoding loops' cache spans (cache_spans.py) in steps of 2 positions, not 64: the tests' caches
+    of a few dozen positions then change span several times per generation, so every decoding test checks them
+    (test_cache_spans.py checks the rule's own numbers)."""
+    from archlab.modeling import cache_spans
+
+    monkeypatch.setattr(cache_spans, "MIN_SPAN_STEP", 2)

@@ -80,7 +80,8 @@ def test_compiled_training_step_matches_eager():
 def test_static_cache_generation_compiles():
     """`cache_implementation="static"` + a `CompileConfig`: greedy decoding compiles its whole step with inductor
     (decoding_loop.py) and gives eager's tokens, with rows ending at end-of-sequence tokens after a minimum length;
-    a second call with another prompt length recompiles nothing."""
+    the spans of the cache it reads (cache_spans.py; 2-position steps in the tests) share one graph, and a second call
+    with another prompt length recompiles nothing."""
     torch._dynamo.reset()
     model = DecoderForCausalLM(tiny_decoder_config()).eval()
     batch = _batch()
@@ -89,7 +90,8 @@ def test_static_cache_generation_compiles():
     expected = model.generate(**batch, **kwargs, disable_compile=True)
     config = CompileConfig(fullgraph=True, mode="default")
     config._compile_all_devices = True  # generate compiles only on accelerators unless told to (its testing hook)
-    output = model.generate(**batch, **kwargs, compile_config=config)
+    with torch._dynamo.config.patch(recompile_limit=1):  # fullgraph: a second graph for another span would raise
+        output = model.generate(**batch, **kwargs, compile_config=config)
     assert hasattr(model, "_compiled_decoding_step"), "generate did not compile the decoding step"
     assert torch.equal(output, expected)
     shorter = {key: value[:, 2:] for key, value in batch.items()}
@@ -222,7 +224,8 @@ def test_beam_search_compiles(kind):
     kwargs = dict(attention_mask=mask, num_beams=3, num_return_sequences=2, max_new_tokens=10, pad_token_id=0)
     kwargs.update(cache_implementation="static", eos_token_id=[5, 7, 9], min_new_tokens=3)
     expected = model.generate(source, **kwargs, disable_compile=True)
-    assert torch.equal(model.generate(source, **kwargs, compile_config=_compile_config(mode="default")), expected)
+    with torch._dynamo.config.patch(recompile_limit=1):  # one graph for every span of the cache (cache_spans.py)
+        assert torch.equal(model.generate(source, **kwargs, compile_config=_compile_config(mode="default")), expected)
     assert hasattr(model, "_compiled_beam_step"), "beam search did not compile its step"
     with torch._dynamo.config.patch(error_on_recompile=True):
         assert torch.equal(model.generate(source, **kwargs, compile_config=_compile_config(mode="default")), expected)

@@ -1,0 +1,177 @@
+"""Decoding steps that read only the filled part of a static KV cache, rounded up to a span.
+
+A static cache (`StaticLayer`) holds `max_cache_len` positions from the start, and transformers' decoding steps attend
+to all of them, the empty ones masked: every step reads the whole cache. At batch 1 that is nothing beside the
+weights; at batch 64 of a 1B Llama-shaped model a 2,176-position cache is 3.1 GB against 2.1 GB of weights, and half
+of it, on average over a 2,048-token generation, is still empty. Beam search also reorders the cache every step, in
+place, over its whole length.
+
+`SpannedLayer` is a `StaticLayer` with an optional `span`: a tensor whose length (its only use) is how many leading
+positions the decoding step sees — `update` returns the keys and values of those positions, `get_mask_sizes` sizes
+the masks to them, and beam search reorders only them. The compiled decoding loops (`decoding_loop.decode`,
+`beam_loop.beam_search`) set the span from the host before each step: the cache length after the step rounded up to
+a multiple of `span_step` (at least `MIN_SPAN_STEP` positions, at most `MAX_SPANS` spans per cache), so the spans
+change a few times per generation and never need a device read. The span's length is a dynamic dimension
+(`torch._dynamo.maybe_mark_dynamic`): one compiled graph serves every span, and with CUDA graphs one graph is
+recorded per span. Without a span (prefill, transformers' loops, anything outside the compiled loops) the layer is a
+plain `StaticLayer`.
+
+The same idea, done inside an attention kernel from per-row lengths, is vLLM's paged attention and FlashAttention's
+`flash_attn_with_kvcache(cache_seqlens=...)`; here it stays with PyTorch's SDPA and the static cache's fixed
+addresses, at the price of a few recorded graphs.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from transformers.cache_utils import Cache, EncoderDecoderCache, StaticLayer
+
+# Spans are multiples of at least this many positions (attention kernels tile keys by 64 or 128).
+MIN_SPAN_STEP = 64
+# At most this many distinct spans per cache length: each is one recorded CUDA graph of the decoding step.
+MAX_SPANS = 8
+
+
+class SpannedLayer(StaticLayer):
+    """A `StaticLayer` whose decoding steps can read only its first `span.shape[0]` positions (module docstring).
+    `span` is None outside the compiled decoding loops: then it reads like a `StaticLayer`.
+
+    Its `keys` and `values` hold one position more than `max_cache_len`, never written nor read: what a step reads is
+    then a slice of them whatever the span, the whole cache's span included. (Were the last span the whole tensor,
+    the compiled step would see a contiguous tensor there and a strided one before, and compile a second graph.)"""
+
+    span: torch.Tensor | None = None
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        self.max_cache_len += 1  # StaticLayer allocates (and marks static) tensors of max_cache_len positions
+        try:
+            super().lazy_initialization(key_states, value_states)
+        finally:
+            self.max_cache_len -= 1
+
+    def _read_length(self) -> int:
+        return self.max_cache_len if self.span is None else self.span.shape[0]
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        keys, values = super().update(key_states, value_states, *args, **kwargs)
+        length = self._read_length()
+        return keys[:, :, :length], values[:, :, :length]
+
+    def get_mask_sizes(self, *args, **kwargs) -> tuple[int, int]:
+        return self._read_length(), 0
+
+
+def as_spanned(layer: StaticLayer) -> SpannedLayer:
+    """`layer` (a plain `StaticLayer` not yet initialised) as a `SpannedLayer` with the same state."""
+    spanned = SpannedLayer.__new__(SpannedLayer)
+    spanned.__dict__.update(layer.__dict__)
+    return spanned
+
+
+def _self_attention_part(cache: Cache) -> Cache:
+    """The cache the decoder's self-attention writes (an encoder-decoder's holds a cross-attention one beside it,
+    whose length is the source's)."""
+    return cache.self_attention_cache if isinstance(cache, EncoderDecoderCache) else cache
+
+
+def self_attention_layers(cache: Cache) -> list:
+    return _self_attention_part(cache).layers
+
+
+def make_spanned(cache: Cache) -> None:
+    """Turn the plain `StaticLayer`s of `cache`'s self-attention part into `SpannedLayer`s (in place). An offloaded
+    cache (its layers moved between devices per forward) is left as it is."""
+    self_cache = _self_attention_part(cache)
+    if getattr(self_cache, "offloading", False):
+        return
+    layers = self_cache.layers
+    for index, layer in enumerate(layers):
+        if type(layer) is StaticLayer and not layer.is_initialized:  # (chunked prefill initialises it early)
+            layers[index] = as_spanned(layer)
+
+
+def span_step(max_cache_len: int) -> int:
+    """The spans' granularity for a cache of `max_cache_len` positions: a multiple of `MIN_SPAN_STEP`, large enough
+    for at most `MAX_SPANS` spans."""
+    return MIN_SPAN_STEP * max(1, math.ceil(max_cache_len / (MAX_SPANS * MIN_SPAN_STEP)))
+
+
+def span_length(needed: int, max_cache_len: int) -> int:
+    """The span of a step after which the cache holds `needed` positions: `needed` rounded up to the granularity,
+    at most the cache's length."""
+    step = span_step(max_cache_len)
+    return min(max_cache_len, step * math.ceil(needed / step))
+
+
+class Spans:
+    """Sets the span of every `SpannedLayer` of a cache before each decoding step, from the host; `clear` returns
+    them to whole-cache layers. The span tensors are made once per length and kept (one per recorded graph)."""
+
+    def __init__(self, cache: Cache):
+        layers = self_attention_layers(cache)
+        ready = all(getattr(layer, "is_initialized", False) for layer in layers)  # after the prefill: always
+        self.layers = [layer for layer in layers if isinstance(layer, SpannedLayer)] if ready else []
+        self.max_cache_len = self.layers[0].max_cache_len if self.layers else 0
+        self.current: int | None = None
+        self.markers: dict[int, torch.Tensor] = {}
+
+    def cover(self, needed: int) -> None:
+        """Before a step after which the cache holds `needed` positions: the layers read the span that covers them."""
+        if not self.layers:
+            return
+        length = span_length(needed, self.max_cache_len)
+        if length == self.current:
+            return
+        marker = self.markers.get(length)
+        if marker is None:
+            # on the cache's device: a CPU input would keep the step out of CUDA graphs
+            marker = torch.empty(length, dtype=torch.uint8, device=self.layers[0].keys.device)
+            torch._dynamo.maybe_mark_dynamic(marker, 0)
+            self.markers[length] = marker
+        for layer in self.layers:
+            layer.span = marker
+        self.current = length
+
+    def clear(self) -> None:
+        for layer in self.layers:
+            layer.span = None
+        self.current = None
+
+    def __enter__(self) -> Spans:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.clear()  # the cache generate returns, or keeps for the next call, reads whole again
+
+
+def attended_length(cache: Cache) -> int | None:
+    """The number of positions the next step of `cache`'s self-attention reads, where a span is set; else None."""
+    for layer in self_attention_layers(cache):
+        if isinstance(layer, SpannedLayer) and layer.span is not None:
+            return layer.span.shape[0]
+    return None
+
+
+def cache_tensors(layer) -> tuple[torch.Tensor, torch.Tensor]:
+    """The keys and values of a static layer a step reads: its span where one is set, else the whole cache."""
+    if isinstance(layer, SpannedLayer):
+        length = layer._read_length()
+        return layer.keys[:, :, :length], layer.values[:, :, :length]
+    return layer.keys, layer.values
+
+
+__all__ = [
+    "MAX_SPANS",
+    "MIN_SPAN_STEP",
+    "Spans",
+    "SpannedLayer",
+    "as_spanned",
+    "attended_length",
+    "cache_tensors",
+    "make_spanned",
+    "self_attention_layers",
+    "span_length",
+    "span_step",
+]

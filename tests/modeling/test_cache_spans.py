@@ -1,0 +1,192 @@
+"""cache_spans.py: the compiled decoding loops' steps read the filled part of the static cache, rounded up to a span.
+
+The rule's numbers; a `SpannedLayer` without a span reads like a `StaticLayer`; greedy decoding, sampling and beam
+search read spans that grow with the sequence and always cover it, and give the whole-cache steps' tokens; the
+compiled step is one graph for every span (dynamo's eager backend here; inductor in tests/integration/test_compile.py
+runs with the suite's 2-position spans too); beam search reorders the span only; generate's returned cache reads whole.
+(tests/conftest.py sets spans of 2 positions for the whole suite, so every decoding test reads spans.)
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import CompileConfig, StaticCache
+from transformers.cache_utils import StaticLayer
+
+from archlab.modeling import beam_loop, cache_spans, decoding_loop, fast_decoding
+from archlab.modeling.cache_spans import SpannedLayer, Spans, span_length, span_step
+
+from helpers import assert_close_to_scale, decoder_variant, seq2seq_variant
+
+
+def _compile_config() -> CompileConfig:
+    config = CompileConfig(backend="eager", mode=None, fullgraph=True)
+    config._compile_all_devices = True  # transformers' testing hook: compile on CPU too
+    return config
+
+
+def _prompts(batch: int = 3, length: int = 6) -> dict[str, torch.Tensor]:
+    ids = torch.randint(3, 97, (batch, length), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones_like(ids)
+    mask[0, :2] = 0
+    ids[0, :2] = 0
+    return {"input_ids": ids, "attention_mask": mask}
+
+
+def test_the_span_rule_at_production_sizes(monkeypatch):
+    monkeypatch.setattr(cache_spans, "MIN_SPAN_STEP", 64)  # the module's own value (conftest shortens it)
+    assert span_step(384) == 64 and span_step(512) == 64 and span_step(513) == 128 and span_step(2176) == 320
+    assert span_length(129, 384) == 192  # the benchmark's first step: a 128-token prompt
+    assert span_length(384, 384) == 384 and span_length(2176, 2176) == 2176
+    for max_len in (1, 63, 64, 65, 384, 2176, 4096, 32768):
+        spans = {span_length(needed, max_len) for needed in range(1, max_len + 1)}
+        assert len(spans) <= cache_spans.MAX_SPANS, max_len
+        assert max(spans) == max_len
+        for needed in range(1, max_len + 1, 7):
+            assert needed <= span_length(needed, max_len) <= max_len
+
+
+def test_a_layer_without_a_span_reads_as_a_static_layer():
+    keys, values = torch.randn(2, 3, 4, 8), torch.randn(2, 3, 4, 8)
+    plain, spanned = StaticLayer(max_cache_len=10), cache_spans.as_spanned(StaticLayer(max_cache_len=10))
+    for layer in (plain, spanned):
+        layer.update(keys, values)
+    out_plain, out_spanned = (
+        plain.update(keys[:, :, :1], values[:, :, :1]),
+        spanned.update(keys[:, :, :1], values[:, :, :1]),
+    )
+    for a, b in zip(out_plain, out_spanned):
+        assert torch.equal(a, b) and a.shape[2] == 10
+    assert spanned.get_mask_sizes(1) == plain.get_mask_sizes(1) == (10, 0)
+    assert spanned.keys.shape[2] == 11  # one position never used: every read is a slice (module docstring)
+    spanned.span = torch.empty(6, dtype=torch.uint8)
+    assert spanned.update(keys[:, :, :1], values[:, :, :1])[0].shape[2] == 6
+    assert spanned.get_mask_sizes(1) == (6, 0)
+    assert int(spanned.get_seq_length()) == 6
+
+
+def _record_read_lengths(monkeypatch) -> list[tuple[int, int]]:
+    """(positions filled after the update, positions returned) of every update of a spanned layer."""
+    seen = []
+    update = SpannedLayer.update
+
+    def recording(self, key_states, value_states, *args, **kwargs):
+        keys, values = update(self, key_states, value_states, *args, **kwargs)
+        seen.append((int(self.cumulative_length), keys.shape[2]))
+        return keys, values
+
+    monkeypatch.setattr(SpannedLayer, "update", recording)
+    return seen
+
+
+@pytest.mark.parametrize("do_sample", [False, True])
+def test_the_decoding_loop_reads_growing_spans_that_cover_the_sequence(do_sample, monkeypatch):
+    model = decoder_variant("positions_rope")
+    monkeypatch.setattr(fast_decoding, "compiled_decoding_step", lambda model, config: decoding_loop.decoding_step)
+    kwargs = dict(**_prompts(), max_new_tokens=20, pad_token_id=0, eos_token_id=None, do_sample=do_sample)
+    kwargs.update(cache_implementation="static", return_dict_in_generate=True, output_logits=True)
+    if do_sample:
+        kwargs.update(top_k=1)  # sampling's own path, one possible token per step
+    monkeypatch.setattr(cache_spans, "MIN_SPAN_STEP", 10**6)
+    whole = model.generate(**kwargs, compile_config=_compile_config())
+    monkeypatch.setattr(cache_spans, "MIN_SPAN_STEP", 4)
+    seen = _record_read_lengths(monkeypatch)
+    spans = model.generate(**kwargs, compile_config=_compile_config())
+
+    assert torch.equal(spans.sequences, whole.sequences)
+    for step, (a, b) in enumerate(zip(spans.logits, whole.logits)):
+        assert_close_to_scale(a, b, msg=f"logits of step {step}")
+    max_len = model._kept_static_cache.cache.get_max_length()
+    steps = [(filled, read) for filled, read in seen if filled > 6]  # the prefill (6 positions) reads the whole cache
+    assert all(filled <= read <= max_len for filled, read in steps)
+    assert all(read - filled < 4 or read == max_len for filled, read in steps)  # rounded up to the step only
+    reads = [read for _, read in steps]
+    assert reads == sorted(reads) and len(set(reads)) > 3 and reads[-1] == max_len
+    assert all(layer.span is None for layer in spans.past_key_values.layers)  # returned to whole-cache reads
+
+
+def test_the_compiled_step_is_one_graph_for_every_span(monkeypatch):
+    """fullgraph=True and a recompile limit of 1: a span that changed the graph would raise."""
+    torch._dynamo.reset()
+    monkeypatch.setattr(cache_spans, "MIN_SPAN_STEP", 3)
+    model = decoder_variant("positions_alibi")  # a position bias over the keys too
+    kwargs = dict(max_new_tokens=24, pad_token_id=0, eos_token_id=[5, 7], cache_implementation="static")
+    shorter = {key: value[:, 1:] for key, value in _prompts().items()}  # other spans at the same cache length
+    expected = [model.generate(**_prompts(), **kwargs), model.generate(**shorter, **kwargs, min_new_tokens=24)]
+    with torch._dynamo.config.patch(recompile_limit=1):
+        assert torch.equal(model.generate(**_prompts(), **kwargs, compile_config=_compile_config()), expected[0])
+        ours = model.generate(**shorter, **kwargs, min_new_tokens=24, compile_config=_compile_config())
+    assert torch.equal(ours, expected[1])
+
+
+@pytest.mark.parametrize("kind", ["decoder", "seq2seq"])
+def test_beam_search_reads_spans_and_gives_the_whole_cache_search(kind, monkeypatch):
+    model = decoder_variant("positions_rope") if kind == "decoder" else seq2seq_variant("positions_sinusoidal")
+    monkeypatch.setattr(fast_decoding, "compiled_beam_step", lambda model, config: beam_loop.beam_step)
+    inputs = _prompts(length=7)
+    if kind == "seq2seq":
+        inputs = {"input_ids": inputs["input_ids"] % model.config.vocab_size}
+    kwargs = dict(**inputs, num_beams=3, max_new_tokens=12, pad_token_id=0, eos_token_id=[5, 7])
+    kwargs.update(cache_implementation="static", return_dict_in_generate=True, output_scores=True)
+    monkeypatch.setattr(cache_spans, "MIN_SPAN_STEP", 10**6)
+    whole = model.generate(**kwargs, compile_config=_compile_config())
+    monkeypatch.setattr(cache_spans, "MIN_SPAN_STEP", 2)
+    seen = _record_read_lengths(monkeypatch)
+    spans = model.generate(**kwargs, compile_config=_compile_config())
+    assert torch.equal(spans.sequences, whole.sequences)
+    assert_close_to_scale(spans.sequences_scores, whole.sequences_scores)
+    reads = {read for filled, read in seen}
+    assert len(reads) > 3 and all(filled <= read for filled, read in seen)
+
+
+def test_beam_reorder_moves_the_span_only():
+    cache = StaticCache(config=decoder_variant("positions_rope").config, max_cache_len=10)
+    cache_spans.make_spanned(cache)
+    keys = torch.randn(3, 2, 5, 8)
+    for index in range(len(cache.layers)):
+        cache.update(keys, keys.clone(), index)
+    before = [layer.keys.clone() for layer in cache.layers]
+    spans = Spans(cache)
+    spans.cover(6)  # a span of 6 positions with 2-position steps
+    beam_loop._reorder_in_place(cache, torch.tensor([2, 0, 0]))
+    for layer, old in zip(cache.layers, before):
+        assert torch.equal(layer.keys[:, :, :6], old[[2, 0, 0], :, :6])
+        assert torch.equal(layer.keys[:, :, 6:], old[:, :, 6:])  # past the span: untouched (nothing written there)
+    spans.clear()
+    assert all(layer.span is None for layer in cache.layers)
+
+
+def test_generate_makes_its_static_caches_spanned_except_offloaded_or_initialised_ones():
+    model = decoder_variant("positions_rope")
+    out = model.generate(
+        **_prompts(), max_new_tokens=3, pad_token_id=0, cache_implementation="static", return_dict_in_generate=True
+    )
+    assert all(type(layer) is SpannedLayer for layer in out.past_key_values.layers)
+    seq2seq = seq2seq_variant("positions_sinusoidal")
+    source = torch.randint(3, 50, (2, 5))
+    out = seq2seq.generate(source, max_new_tokens=3, cache_implementation="static", return_dict_in_generate=True)
+    assert all(type(layer) is SpannedLayer for layer in out.past_key_values.self_attention_cache.layers)
+    assert all(type(layer) is StaticLayer for layer in out.past_key_values.cross_attention_cache.layers)
+
+    offloaded = StaticCache(config=model.config, max_cache_len=8)
+    offloaded.offloading = True  # as StaticCache(offloading=True) sets it (which needs a device with streams)
+    cache_spans.make_spanned(offloaded)
+    assert all(type(layer) is StaticLayer for layer in offloaded.layers)
+    initialised = StaticCache(config=model.config, max_cache_len=8)
+    initialised.early_initialization(batch_size=1, num_heads=2, head_dim=8, dtype=torch.float32, device="cpu")
+    cache_spans.make_spanned(initialised)
+    assert all(type(layer) is StaticLayer for layer in initialised.layers)
+
+
+def test_unfilled_sliding_layers_read_spans_too(monkeypatch):
+    model = decoder_variant("local_global")
+    monkeypatch.setattr(fast_decoding, "compiled_decoding_step", lambda model, config: decoding_loop.decoding_step)
+    kwargs = dict(**_prompts(), max_new_tokens=8, pad_token_id=0, eos_token_id=None, do_sample=False)
+    kwargs.update(cache_implementation="static", max_cache_len=None)
+    model.config.sliding_window = 64  # spans the whole cache: its layers become UnfilledSlidingLayers
+    expected = model.generate(**kwargs)
+    seen = _record_read_lengths(monkeypatch)
+    assert torch.equal(model.generate(**kwargs, compile_config=_compile_config()), expected)
+    assert any(isinstance(layer, decoding_loop.UnfilledSlidingLayer) for layer in model._kept_static_cache.cache.layers)
+    assert len({read for _, read in seen}) > 2
