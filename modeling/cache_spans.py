@@ -28,6 +28,8 @@ import math
 import torch
 from transformers.cache_utils import Cache, EncoderDecoderCache, StaticLayer
 
+# False: the compiled loops' steps read the whole cache, as transformers' steps do (what the benchmark compares with).
+READ_SPANS = True
 # Spans are multiples of at least this many positions (attention kernels tile keys by 64 or 128).
 MIN_SPAN_STEP = 64
 # At most this many distinct spans per cache length: each is one recorded CUDA graph of the decoding step.
@@ -111,7 +113,7 @@ class Spans:
 
     def __init__(self, cache: Cache):
         layers = self_attention_layers(cache)
-        ready = all(getattr(layer, "is_initialized", False) for layer in layers)  # after the prefill: always
+        ready = READ_SPANS and all(getattr(layer, "is_initialized", False) for layer in layers)  # (after a prefill)
         self.layers = [layer for layer in layers if isinstance(layer, SpannedLayer)] if ready else []
         self.max_cache_len = self.layers[0].max_cache_len if self.layers else 0
         self.current: int | None = None

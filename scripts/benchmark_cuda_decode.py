@@ -195,7 +195,7 @@ def span_row(setup: Setup, report: Report, models) -> None:
         f"dense 1.1B greedy decode, batch {batch}, {prompt} + {new_tokens} tokens, StaticCache, archlab's loop: "
         "steps read the filled cache (spans) vs the whole cache (cache_spans.py)"
     )
-    whole = mock.patch.object(cache_spans, "MIN_SPAN_STEP", 1 << 30)
+    whole = mock.patch.object(cache_spans, "READ_SPANS", False)
     against_itself(setup, report, metric, models[0], kwargs, batch * new_tokens, roofline, whole)
 
 

@@ -88,16 +88,19 @@ def test_the_decoding_loop_reads_growing_spans_that_cover_the_sequence(do_sample
     kwargs.update(cache_implementation="static", return_dict_in_generate=True, output_logits=True)
     if do_sample:
         kwargs.update(top_k=1)  # sampling's own path, one possible token per step
-    monkeypatch.setattr(cache_spans, "MIN_SPAN_STEP", 10**6)
-    whole = model.generate(**kwargs, compile_config=_compile_config())
-    monkeypatch.setattr(cache_spans, "MIN_SPAN_STEP", 4)
     seen = _record_read_lengths(monkeypatch)
+    monkeypatch.setattr(cache_spans, "READ_SPANS", False)  # the switch: every step reads the whole cache
+    whole = model.generate(**kwargs, compile_config=_compile_config())
+    max_len = model._kept_static_cache.cache.get_max_length()
+    assert {read for _, read in seen} == {max_len}
+    seen.clear()
+    monkeypatch.setattr(cache_spans, "READ_SPANS", True)
+    monkeypatch.setattr(cache_spans, "MIN_SPAN_STEP", 4)
     spans = model.generate(**kwargs, compile_config=_compile_config())
 
     assert torch.equal(spans.sequences, whole.sequences)
     for step, (a, b) in enumerate(zip(spans.logits, whole.logits)):
         assert_close_to_scale(a, b, msg=f"logits of step {step}")
-    max_len = model._kept_static_cache.cache.get_max_length()
     steps = [(filled, read) for filled, read in seen if filled > 6]  # the prefill (6 positions) reads the whole cache
     assert all(filled <= read <= max_len for filled, read in steps)
     assert all(read - filled < 4 or read == max_len for filled, read in steps)  # rounded up to the step only
