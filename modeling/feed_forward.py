@@ -21,7 +21,11 @@ _GATED_KERNELS: dict[str, tuple[CompiledKernel, type]] = {}  # by activation nam
 def gated_activation(hidden_act: str, act_fn, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """act(gate) ⊙ up, `act_fn` being `ACT2FN[hidden_act]`: on CUDA in eager mode one compiled kernel forward and one
     backward (compiled_kernels.py; eager, two kernels forward, and autograd keeps act(gate) as well), the formula
-    elsewhere — and wherever `act_fn` was swapped for another activation."""
+    elsewhere — and wherever `act_fn` was swapped for another activation. Inside compiled code the formula, which
+    the compiler fuses itself, without a look at the kernel table: a table filled during a trace would be guarded
+    on, and the next call recompile the whole compiled region (a regionally compiled block, once per process)."""
+    if torch.compiler.is_compiling():
+        return act_fn(gate) * up
     if hidden_act not in _GATED_KERNELS:
         act = ACT2FN[hidden_act]
 
