@@ -8,6 +8,7 @@
     python scripts/benchmark.py --suite cuda-decode --device cuda   #   training, decoding with DynamicCache, and
     python scripts/benchmark.py --suite cuda-static --device cuda   #   decoding with a compiled static cache,
     python scripts/benchmark.py --suite cuda-loops --device cuda    #   sampling, MoE and beam search compiled
+    python scripts/benchmark.py --suite cuda-train-compiled --device cuda  # the other training workloads compiled
 
 Method (absolute numbers drift on shared machines, ratios measured side by side do not): both models live in one
 process with identical weights and inputs; each is warmed up; every round times both, alternating which goes first;
@@ -158,12 +159,13 @@ EXTERNAL_SUITES = {
     "compile": "benchmark_compile",
     "variants": "benchmark_variants",
     "cuda-train": "benchmark_cuda_train",
+    "cuda-train-compiled": "benchmark_cuda_train:run_compiled",
     "cuda-decode": "benchmark_cuda_decode",
     "cuda-static": "benchmark_cuda_decode:run_static",
     "cuda-loops": "benchmark_cuda_decode:run_loops",
 }
 # The suites that take --device and run the reference GPU shapes; the others run on CPU at their own sizes.
-DEVICE_SUITES = ("cuda-train", "cuda-decode", "cuda-static", "cuda-loops")
+DEVICE_SUITES = ("cuda-train", "cuda-train-compiled", "cuda-decode", "cuda-static", "cuda-loops")
 # Defaults of the shape flags for the CPU suites (the cuda-* suites have fixed reference shapes instead).
 CPU_SHAPE_DEFAULTS = {"batch_size": 8, "seq_len": 256, "new_tokens": 128}
 

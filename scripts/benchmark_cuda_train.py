@@ -99,48 +99,56 @@ def decoder_flops(setup: Setup, config) -> float:
 # ----------------------------------------------------------------------------------------------------------------
 # The workloads
 # ----------------------------------------------------------------------------------------------------------------
-def dense_rows(setup: Setup, report: Report, name: str, label: str, compiled: bool) -> None:
+def dense_rows(setup: Setup, report: Report, name: str, label: str, compiled: bool, eager: bool = True) -> None:
     ours, llama = llama_pair(shape(name, setup.quick), setup.device)
     ours.train(), llama.train()
     batch, (b, s) = decoder_batch(setup, llama.config.vocab_size), batch_shape(setup)
     optimizers = {id(m): make_optimizer(m, setup.optim) for m in (ours, llama)}
     flops = decoder_flops(setup, llama.config)
-    report.rows.append(
-        training_row(
-            setup,
-            f"{label}: archlab vs LlamaForCausalLM (eager)",
-            (ours, llama),
-            (optimizers[id(ours)], optimizers[id(llama)]),
-            batch,
-            flops,
-            b * s,
+    if eager:
+        report.rows.append(
+            training_row(
+                setup,
+                f"{label}: archlab vs LlamaForCausalLM (eager)",
+                (ours, llama),
+                (optimizers[id(ours)], optimizers[id(llama)]),
+                batch,
+                flops,
+                b * s,
+            )
         )
-    )
-    if not compiled:
-        return
+    if compiled:
+        compiled_rows(setup, report, label, (ours, llama), optimizers, batch, flops, b * s, "Llama")
+
+
+def compiled_rows(setup: Setup, report: Report, label: str, models, optimizers: dict, batch, flops, tokens, peer):
+    """Both models compiled by accelerate's `compile_regions` (what `--torch_compile`, on by default on a GPU, gives
+    the scripts' Trainer): archlab compiled against the peer compiled the same way, and against the peer eager (what
+    its users get by default). `optimizers` by `id` of the eager models, whose weights the compiled wrappers share."""
     from accelerate.utils import compile_regions
 
-    # The compiled wrappers share the eager models' weights, so they share their optimisers too.
-    ours_c, llama_c = (compile_regions(m, dynamic=False) for m in (ours, llama))
+    wrappers = tuple(compile_regions(m, dynamic=False) for m in models)
     cold = {}
-    for tag, wrapper, model in (("archlab", ours_c, ours), ("Llama", llama_c, llama)):
+    for tag, wrapper, model in zip(("archlab", peer), wrappers, models):
         start = time.perf_counter()
         training_step(wrapper, batch, optimizers[id(model)], BF16)()  # compiles the forward and backward graphs
         synchronize(setup.device)
         cold[tag] = time.perf_counter() - start
-    for metric, pair, opts in (
-        ("archlab compiled vs Llama compiled (same tool on both)", (ours_c, llama_c), (ours, llama)),
-        ("archlab compiled vs Llama eager (the Hugging Face default)", (ours_c, llama), (ours, llama)),
+    for metric, pair in (
+        (f"archlab compiled vs {peer} compiled (same tool on both)", wrappers),
+        (f"archlab compiled vs {peer} eager (the Hugging Face default)", (wrappers[0], models[1])),
     ):
-        optimizer_pair = tuple(optimizers[id(m)] for m in opts)
-        report.rows.append(training_row(setup, f"{label}: {metric}", pair, optimizer_pair, batch, flops, b * s))
+        optimizer_pair = tuple(optimizers[id(m)] for m in models)
+        report.rows.append(training_row(setup, f"{label}: {metric}", pair, optimizer_pair, batch, flops, tokens))
     report.notes.append(
         f"{label}, accelerate `compile_regions(dynamic=False)`: cold compile + first step {cold['archlab']:.0f} s "
-        f"(archlab), {cold['Llama']:.0f} s (Llama)."
+        f"(archlab), {cold[peer]:.0f} s ({peer})."
     )
 
 
-def moe_rows(setup: Setup, report: Report) -> None:
+def moe_rows(setup: Setup, report: Report, compiled: bool = False) -> None:
+    """Eager: archlab against Mixtral (its default experts and eager) and the dense Llama of the same active FLOPs;
+    `compiled`: archlab against Mixtral, both compiled regionally and Mixtral eager (`compiled_rows`)."""
     from transformers import LlamaConfig, LlamaForCausalLM, MixtralConfig, MixtralForCausalLM
 
     base = shape("moe", setup.quick)
@@ -156,6 +164,9 @@ def moe_rows(setup: Setup, report: Report) -> None:
     flops = decoder_flops(setup, mixtral.config)
     default = mixtral.config._experts_implementation
     label = "MoE (Mixtral shape)"
+    if compiled:
+        compiled_rows(setup, report, label, (ours, mixtral), optimizers, batch, flops, b * s, "Mixtral")
+        return
     for implementation in dict.fromkeys([default, "eager"]):
         mixtral.set_experts_implementation(implementation)
         report.rows.append(
@@ -184,7 +195,8 @@ def moe_rows(setup: Setup, report: Report) -> None:
     )
 
 
-def seq2seq_rows(setup: Setup, report: Report) -> None:
+def seq2seq_rows(setup: Setup, report: Report, compiled: bool = False) -> None:
+    """archlab against Marian, eager; `compiled`: both compiled regionally, and Marian eager (`compiled_rows`)."""
     batch_size, length = (2, 32) if setup.quick else (32, 256)
     ours, marian = marian_pair(shape("marian", setup.quick), length + 2, setup.device)
     ours.train(), marian.train()
@@ -198,10 +210,15 @@ def seq2seq_rows(setup: Setup, report: Report) -> None:
     if not setup.cuda:
         for parameter in marian.parameters():
             parameter.requires_grad_(True)  # no gradient reaches them (computed under no_grad): none is stored
+    label = f"encoder-decoder (Marian shape, {batch_size} × ({length} + {length}))"
+    if compiled:
+        by_model = {id(ours): optimizers[0], id(marian): optimizers[1]}
+        compiled_rows(setup, report, label, (ours, marian), by_model, batch, flops, 2 * batch_size * length, "Marian")
+        return
     report.rows.append(
         training_row(
             setup,
-            f"encoder-decoder (Marian shape, {batch_size} × ({length} + {length})): archlab vs MarianMTModel",
+            f"{label}: archlab vs MarianMTModel",
             (ours, marian),
             optimizers,
             batch,
@@ -321,6 +338,25 @@ def run(args: argparse.Namespace) -> Report:
         f"the step's own tensors (weights, gradients, optimiser state, activations). {setup.rounds} rounds, "
         f"median of per-round ratios."
     )
+    report.notes.append(describe(setup))
+    return report
+
+
+def run_compiled(args: argparse.Namespace) -> Report:
+    """`--suite cuda-train-compiled`: the workloads beside the dense one on the scripts' default GPU path (regional
+    compilation, `--torch_compile`): archlab compiled against each peer compiled the same way and eager. (The dense
+    model's compiled rows are in cuda-train; a suite of its own keeps each under a GPU call's time.)"""
+    setup = setup_from(args)
+    b, s = batch_shape(setup)
+    report = Report(
+        title=f"CUDA suite, training compiled regionally (the scripts' default on a GPU) — {setup.peaks.name} — bf16 "
+        f"autocast over fp32 weights, {setup.optim}, batch {b} × {s} (encoder-decoder: see its row)"
+        + (" — --quick shapes" if setup.quick else ""),
+        peer_name="peer",
+    )
+    guarded(report, setup, "vocab 128256", lambda: dense_rows(setup, report, "big_vocab", "vocab 128256", True, False))
+    guarded(report, setup, "MoE", lambda: moe_rows(setup, report, compiled=True))
+    guarded(report, setup, "encoder-decoder", lambda: seq2seq_rows(setup, report, compiled=True))
     report.notes.append(describe(setup))
     return report
 

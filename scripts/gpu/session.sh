@@ -11,6 +11,7 @@
 #           torch.cuda.is_available() (about 3-4 minutes: they run every CUDA suite at --quick size)
 #   quick   every CUDA suite at --quick size with the real liger-kernel, tables only (about 2-3 minutes)
 #   train   --suite cuda-train      (about 5-8 minutes, a call of its own)
+#   compiled --suite cuda-train-compiled (vocab 128256, MoE, seq2seq compiled regionally; about 6-8 minutes)
 #   decode  --suite cuda-decode     (about 3-5 minutes; fits in a call after tests)
 #   static  --suite cuda-static     (about 5-8 minutes: compiles per batch size; a call of its own)
 #   loops   --suite cuda-loops      (about 5 minutes: sampling, the loop's gain, MoE and beam search, all compiled)
@@ -32,16 +33,16 @@ WHEEL_DIR="${WHEEL_DIR:-.whl}"
 PYTHON="${PYTHON:-python3}"
 SESSION_BUDGET="${SESSION_BUDGET:-570}"
 DEVICE="${DEVICE:-cuda}"
-STEPS_ALLOWED="setup info tests quick train decode static loops profile"
+STEPS_ALLOWED="setup info tests quick train compiled decode static loops profile"
 # Each step's own limit in seconds; a step also stops where the session's budget ends.
-declare -A BUDGET=([setup]=120 [info]=60 [tests]=300 [quick]=240 [train]=540 [decode]=540 [static]=540 [loops]=540 [profile]=540)
+declare -A BUDGET=([setup]=120 [info]=60 [tests]=300 [quick]=240 [train]=540 [compiled]=540 [decode]=540 [static]=540 [loops]=540 [profile]=540)
 
 dry_run=0
 requested=()
 for arg in "$@"; do
     case "$arg" in
         --dry-run) dry_run=1 ;;
-        -h | --help) sed -n '2,24p' "$0"; exit 0 ;;
+        -h | --help) sed -n '2,25p' "$0"; exit 0 ;;
         *)
             if [[ " $STEPS_ALLOWED " != *" $arg "* ]]; then
                 echo "error: unknown step '$arg'; allowed: $STEPS_ALLOWED" >&2
@@ -120,12 +121,13 @@ suite() {  # suite NAME OUTPUT [flags...]: one benchmark run, its table written 
 
 step_quick() {
     local status=0
-    for name in cuda-train cuda-decode cuda-static cuda-loops; do  # one process each, like the full runs
+    for name in cuda-train cuda-train-compiled cuda-decode cuda-static cuda-loops; do  # one process each, as in full
         suite "$name" "quick-$name.md" --quick || status=1
     done
     return $status
 }
 step_train() { suite cuda-train cuda-train.md; }
+step_compiled() { suite cuda-train-compiled cuda-train-compiled.md; }
 step_decode() { suite cuda-decode cuda-decode.md; }
 step_static() { suite cuda-static cuda-static.md; }
 step_loops() { suite cuda-loops cuda-loops.md; }

@@ -112,6 +112,31 @@ def test_training_suite_runs_every_comparison(tmp_path, monkeypatch, device):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_compiled_training_suite_runs_every_comparison(tmp_path, monkeypatch, device):
+    """cuda-train-compiled: vocabulary 128256, MoE and seq2seq compiled regionally against their peers compiled and
+    eager. On CPU dynamo's eager backend stands in for inductor (tracing, no code generation: inductor's compile of
+    six models would cost minutes; cuda-train's dense rows compile with inductor)."""
+    import accelerate.utils
+
+    if device == "cpu":
+        compile_regions = accelerate.utils.compile_regions
+        monkeypatch.setattr(
+            accelerate.utils, "compile_regions", lambda module, **kw: compile_regions(module, **kw, backend="eager")
+        )
+    table = run_suites(tmp_path, "--suite", "cuda-train-compiled", "--threads", "2", device=device)
+    for label, peer in (
+        ("vocab 128256", "Llama"),
+        ("MoE (Mixtral shape)", "Mixtral"),
+        ("encoder-decoder (Marian shape, 2 × (32 + 32))", "Marian"),
+    ):
+        for other in (f"{peer} compiled (same tool on both)", f"{peer} eager (the Hugging Face default)"):
+            row = cells(table, f"{label}: archlab compiled vs {other}")
+            assert row[1].endswith("tok/s") and row[2].endswith("tok/s") and row[3].endswith("×"), row
+        assert f"{label}, accelerate `compile_regions(dynamic=False)`: cold compile" in table
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
 def test_decode_suites_run_every_comparison(tmp_path, device):
     rates = ["--peak-tflops", "1", "--peak-bandwidth", "0.05"] if device == "cpu" else []
     suites = ("--suite", "cuda-decode", "--suite", "cuda-static", "--suite", "cuda-loops")
@@ -125,6 +150,7 @@ def test_decode_suites_run_every_comparison(tmp_path, device):
     assert re.fullmatch(r"[\d.]+ s", row[header_index(static, "first call archlab")]), row
     cells(loops, "dense 1.1B sampling (T 0.8, top-k 40, top-p 0.95), batch 1, StaticCache")
     cells(loops, "dense 1.1B greedy decode, batch 1, StaticCache: archlab's decoding loop vs archlab in")
+    cells(loops, "dense 1.1B greedy decode, batch 4, 16 + 48 tokens, StaticCache, archlab's loop: steps read the")
     for batch in (1, 4):
         cells(decode, f"MoE (Mixtral shape) greedy decode, batch {batch}")
     prefill = cells(decode, "dense 1.1B prefill, 1 × 64 tokens")
