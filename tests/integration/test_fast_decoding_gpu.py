@@ -242,3 +242,34 @@ def test_stop_strings_run_in_the_cuda_graph():
     assert hasattr(model, "_compiled_decoding_step")
     assert counters["inductor"]["cudagraph_skips"] == 0
     assert torch.equal(fast, eager) and fast.shape[1] < prompt + 20
+
+
+@pytest.mark.parametrize("kind", ["dense", "seq2seq"])
+def test_cache_spans_record_once_each_and_give_the_whole_cache_tokens(kind, monkeypatch):
+    """On the default path each step reads the filled part of the static cache (cache_spans.py; the suite's
+    2-position minimum: several spans per call here): the same tokens as steps reading the whole cache (fp32), no
+    cudagraph skip, one compiled graph for every span, and a later call replays the graphs recorded for them."""
+    from archlab.modeling import cache_spans
+
+    torch._dynamo.reset()
+    counters.clear()
+    model = _model(kind, torch.float32)
+    inputs = _inputs(kind, 4)
+    kwargs = dict(do_sample=False, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, pad_token_id=0)
+    if kind == "seq2seq":
+        kwargs.update(num_beams=3)
+    monkeypatch.setattr(cache_spans, "READ_SPANS", False)
+    whole = model.generate(**inputs, **kwargs)
+    monkeypatch.setattr(cache_spans, "READ_SPANS", True)
+    with torch._dynamo.config.patch(recompile_limit=2):  # the whole-cache graph, then one for every span
+        spans = [model.generate(**inputs, **kwargs) for _ in range(2)]
+        captures = []
+        capture_begin = torch.cuda.CUDAGraph.capture_begin
+        monkeypatch.setattr(
+            torch.cuda.CUDAGraph, "capture_begin", lambda *a, **k: captures.append(1) or capture_begin(*a, **k)
+        )
+        spans.append(model.generate(**inputs, **kwargs))
+    assert counters["inductor"]["cudagraph_skips"] == 0
+    assert not captures, "a later call recorded a span's step again"
+    for output in spans:
+        assert torch.equal(output, whole)
