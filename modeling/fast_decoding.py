@@ -258,14 +258,18 @@ class FastDecodingMixin:
         return result
 
     def _prepare_static_cache(self, cache_implementation, batch_size, max_cache_len, *args, **kwargs):
-        """transformers' static cache, reused by the next call at the same batch size and length (reset, not
-        reallocated) unless the call that used it returned it. transformers builds a new one per call: new addresses,
-        so the compiled step's CUDA graphs are recorded again every call, and past torch's re-record limit
-        (`cudagraph_unexpected_rerecord_limit`) no longer replayed."""
+        """transformers' static cache, reused by the next call of the same shape (batch size, length and, for an
+        encoder-decoder, source length; reset, not reallocated) unless the call that used it returned it.
+        transformers builds a new one per call: new addresses, so the compiled step's CUDA graphs are recorded again
+        every call, and past torch's re-record limit (`cudagraph_unexpected_rerecord_limit`, 128 recordings of a
+        step: a few dozen calls) no longer replayed."""
         effective = max(max_cache_len, getattr(self, "_previous_max_cache_length", -1))
         key = (cache_implementation, batch_size, effective, self.dtype, self.device)
+        if self.config.is_encoder_decoder:  # its cross-attention cache is as long as the source
+            model_kwargs = kwargs["model_kwargs"] if "model_kwargs" in kwargs else args[-1]
+            key += (model_kwargs["encoder_outputs"][0].shape[1],)
         kept = self.__dict__.get("_kept_static_cache")
-        if not self.config.is_encoder_decoder and kept is not None and kept.key == key and kept.reusable:
+        if kept is not None and kept.key == key and kept.reusable:
             kept.cache.reset()
             kept.reusable = False
             return kept.cache
@@ -273,7 +277,7 @@ class FastDecodingMixin:
         make_spanned(cache)  # the compiled loops' steps read the filled part of the cache only (cache_spans.py)
         if not self.config.is_encoder_decoder:
             unfill_sliding_layers(cache, getattr(self.config, "sliding_window", None), effective)
-            self._kept_static_cache = KeptCache(key, cache)
+        self._kept_static_cache = KeptCache(key, cache)
         return cache
 
     def release_decoding_memory(self) -> None:

@@ -581,3 +581,27 @@ def test_generate_reuses_its_static_cache_unless_it_returned_it():
     model.release_decoding_memory()
     assert "_kept_static_cache" not in model.__dict__ and "_decoding_buffers" not in model.__dict__
     assert torch.equal(model.generate(**inputs, **kwargs), first)  # allocated again
+
+
+@pytest.mark.parametrize("num_beams", [1, 3])
+def test_an_encoder_decoder_reuses_its_static_cache_for_sources_of_one_length(num_beams):
+    """An encoder-decoder's cache (self-attention and cross-attention parts) is kept too, for the next call with a
+    source of the same length: what a translation server repeating one shape replays without recording again."""
+    model = seq2seq_variant("positions_sinusoidal")
+    caches = []
+    prepare = model._prepare_static_cache
+
+    def spy(*args, **kwargs):
+        caches.append(prepare(*args, **kwargs))
+        return caches[-1]
+
+    model._prepare_static_cache = spy
+    sources = [torch.randint(3, 50, (2, n), generator=torch.Generator().manual_seed(n)) for n in (5, 5, 7)]
+    kwargs = dict(num_beams=num_beams, max_new_tokens=6, do_sample=False, pad_token_id=0, eos_token_id=None)
+    kwargs.update(cache_implementation="static", compile_config=_compile_config("eager"))
+    outputs = [model.generate(source, **kwargs) for source in sources]
+    assert caches[1] is caches[0] and caches[2] is not caches[0]  # a longer source: a cross-attention cache of its own
+    del model._prepare_static_cache
+    for source, output in zip(sources, outputs):
+        model.release_decoding_memory()
+        assert torch.equal(output, model.generate(source, **kwargs))  # a fresh cache: the same tokens
