@@ -8,9 +8,10 @@ search is over that waits for the GPU — dozens of small kernels and a synchron
 function is the whole step: it calls those same transformers methods with the sequence length as a device tensor
 (they divide by it and compare with it; the first, which writes at it, is `top_k_continuations` here), and updates
 fixed buffers (`BeamBuffers`) in place, so under the default `CompileConfig` a step is one CUDA graph replay. The
-self-attention cache is reordered in place; the cross-attention cache is not reordered at all (each beam of a
-sentence holds the same encoder states, so the reorder, which moves beams within a sentence, would copy identical
-rows).
+self-attention cache is reordered from a spare buffer into the other (`beam_reorder.py`: two passes where a reorder
+in place takes four), or in place where the spare does not fit; the cross-attention cache is not reordered at all
+(each beam of a sentence holds the same encoder states, so the reorder, which moves beams within a sentence, would
+copy identical rows).
 
 The host reads whether the search is over once every `CHECK_EVERY` steps. Once it is, each further step leaves the
 finished hypotheses as they are (`torch.where` on a `done` flag), so the output — sequences, `sequences_scores`,
@@ -29,8 +30,9 @@ import torch
 from torch import nn
 from transformers.generation.utils import GenerateBeamDecoderOnlyOutput, GenerateBeamEncoderDecoderOutput
 
+from .beam_reorder import Spares, reorder
 from .cache_names import cache_in, with_cache
-from .cache_spans import Spans, cache_tensors
+from .cache_spans import Spans
 from .decoding_loop import (
     CHECK_EVERY,
     FORCED_PROCESSORS,
@@ -249,15 +251,6 @@ def penalise_repeats(log_probs: torch.Tensor, buffers: BeamBuffers) -> torch.Ten
     return penalise_seen(log_probs, seen[:, :vocab], buffers.repetition_penalty)
 
 
-def _reorder_in_place(cache, beam_idx: torch.Tensor) -> None:
-    """The self-attention cache follows the beams (copied in place: its addresses are in the graph); where a span is
-    set, only the positions it covers (`cache_spans`: the rest holds nothing yet)."""
-    for layer in self_attention_cache(cache).layers:
-        if layer.is_initialized:
-            for tensor in cache_tensors(layer):
-                tensor.copy_(tensor.index_select(0, beam_idx))
-
-
 def beam_step(model, cache, buffers: BeamBuffers, settings, eos_token_id, top_mask, encoder, has_padding):
     """One beam-search step, compiled whole: the cache reorder to the beams the last step chose, the masks and
     forward of each beam's last token, `choose_beams`. Returns (logits, scores) of this step.
@@ -283,7 +276,7 @@ def reorder_cache(cache, buffers: BeamBuffers) -> None:
     batch_size, num_beams = buffers.running_beam_scores.shape
     column = (buffers.cur_len - 1 - buffers.prompt_len).view(1)
     beam_idx = buffers.running_beam_indices.index_select(2, column).view(batch_size * num_beams)
-    _reorder_in_place(cache, beam_idx.long())
+    reorder(cache, beam_idx.long())
 
 
 def compiled_beam_step(model, compile_config):
@@ -363,10 +356,11 @@ def beam_search(model, input_ids, logits_processor, stopping_criteria, generatio
 
     has_padding = not model.config.is_encoder_decoder and kwargs.get("attention_mask") is not None
     arguments = (settings, eos_token_id, top_mask, encoder_inputs(model, kwargs), has_padding)
-    with Spans(cache) as spans:
+    with Spans(cache) as spans, Spares(cache) as spares:
         for step in range(1, config.max_length - prompt_len):
             torch.compiler.cudagraph_mark_step_begin()
             spans.cover(prompt_len + step)  # the step writes position prompt_len + step - 1
+            spares.swap()  # the step's reorder reads the cache from one buffer and writes it to the other
             logits, scores = step_function(model, cache, buffers, *arguments)
             if keep_scores:
                 all_scores.append(scores.clone())
@@ -376,8 +370,9 @@ def beam_search(model, input_ids, logits_processor, stopping_criteria, generatio
             if (step + 1) % CHECK_EVERY == 0 and bool(buffers.done):
                 break
 
-    if config.return_dict_in_generate:
-        reorder_cache(cache, buffers)  # the returned cache follows the last choice, as transformers' does
+        if config.return_dict_in_generate:
+            spares.swap()
+            reorder_cache(cache, buffers)  # the returned cache follows the last choice, as transformers' does
     steps_run = int(buffers.cur_len) - prompt_len
     extra = int(buffers.steps_after_done)
     rewind(cache, extra)  # forwards past the end: forgotten

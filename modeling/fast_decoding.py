@@ -19,11 +19,11 @@ in what transformers leaves out:
   transformers compiles the forward alone and reads the device every token; the calls it does not take run
   transformers' loop with its compiled forward (`decoding_loop.loop_blocker` says when);
 - beam search: on that path it runs `beam_loop.beam_search` — the whole step (forward, top-k over beams ×
-  vocabulary, the running/finished bookkeeping, the in-place cache reorder) compiled as one graph, no device read
-  per token. The beam searches it does not take (`beam_loop.beam_loop_blocker`: beam sampling, other processors)
-  run transformers' loop, where transformers would reorder a static cache by replacing its tensors (so compiled
-  graphs and CUDA graphs recompile or re-record every step) and run the steps eagerly; here the reorder copies in
-  place (`reorder_cache_in_place`) and the one-token steps run compiled.
+  vocabulary, the running/finished bookkeeping, the cache reorder at fixed addresses) compiled as one graph, no
+  device read per token. The beam searches it does not take (`beam_loop.beam_loop_blocker`: beam sampling, other
+  processors) run transformers' loop, where transformers would reorder a static cache by replacing its tensors (so
+  compiled graphs and CUDA graphs recompile or re-record every step) and run the steps eagerly; here the reorder
+  copies in place (`reorder_cache_in_place`) and the one-token steps run compiled.
 """
 
 from __future__ import annotations

@@ -7,6 +7,8 @@ on 2 CPU cores, hence few tests, all `slow`; the tracing checks use dynamo's "ea
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 from transformers import CompileConfig
@@ -234,6 +236,45 @@ def test_beam_search_compiles(kind):
     assert hasattr(model, "_compiled_beam_step"), "beam search did not compile its step"
     with torch._dynamo.config.patch(error_on_recompile=True):
         assert torch.equal(model.generate(source, **kwargs, compile_config=_compile_config(mode="default")), expected)
+
+
+def test_the_reorder_from_spares_is_one_pass_per_tensor_compiled():
+    """beam_reorder.py's claim, in inductor's code: reordering a layer's span from its spare writes each tensor once
+    (the gather stores into the cache), where the in-place reorder writes twice (a gather into a temporary, a copy
+    back), in more loop nests."""
+    from torch._inductor.utils import run_and_get_code
+    from transformers import StaticCache
+
+    from archlab.modeling import beam_reorder, cache_spans
+
+    def filled_cache():
+        cache = StaticCache(config=tiny_decoder_config(num_hidden_layers=1), max_cache_len=12)
+        cache_spans.make_spanned(cache)
+        generator = torch.Generator().manual_seed(0)
+        keys = torch.randn(4, 2, 5, 16, generator=generator)
+        cache.update(keys, torch.randn(keys.shape, generator=generator), 0)
+        cache_spans.Spans(cache).cover(8)
+        return cache
+
+    beam_idx = torch.tensor([3, 0, 0, 2])
+    stores, nests = {}, {}
+    for spared in (False, True):
+        torch._dynamo.reset()
+        cache, reference = filled_cache(), filled_cache()
+        beam_reorder.reorder(reference, beam_idx)
+        with beam_reorder.Spares(cache) as spares:
+            if spared:
+                spares.swap()
+            else:
+                spares.__exit__()
+            _, code = run_and_get_code(torch.compile(beam_reorder.reorder, fullgraph=True), cache, beam_idx)
+            layer, expected = cache.layers[0], reference.layers[0]
+            assert torch.equal(layer.keys[:, :, :8], expected.keys[:, :, :8])
+            assert torch.equal(layer.values[:, :, :8], expected.values[:, :, :8])
+        # one store statement per written tensor, vectorised or not
+        stores[spared] = len(re.findall(r"\.store\(out_ptr\d|out_ptr\d+\[[^\]]*\] = ", code[-1]))
+        nests[spared] = code[-1].count("#pragma omp for")
+    assert stores == {False: 4, True: 2} and nests[True] < nests[False], (stores, nests)
 
 
 # dynamo's "eager" backend traces the step as torch.compile does (a graph break fails `fullgraph`) but generates no

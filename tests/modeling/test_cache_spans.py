@@ -14,7 +14,7 @@ import torch
 from transformers import CompileConfig, StaticCache
 from transformers.cache_utils import StaticLayer
 
-from archlab.modeling import beam_loop, cache_spans, decoding_loop, fast_decoding
+from archlab.modeling import beam_loop, beam_reorder, cache_spans, decoding_loop, fast_decoding
 from archlab.modeling.cache_spans import SpannedLayer, Spans, span_length, span_step
 
 from helpers import assert_close_to_scale, decoder_variant, seq2seq_variant
@@ -152,7 +152,7 @@ def test_beam_reorder_moves_the_span_only():
     before = [layer.keys.clone() for layer in cache.layers]
     spans = Spans(cache)
     spans.cover(6)  # a span of 6 positions with 2-position steps
-    beam_loop._reorder_in_place(cache, torch.tensor([2, 0, 0]))
+    beam_reorder.reorder(cache, torch.tensor([2, 0, 0]))
     for layer, old in zip(cache.layers, before):
         assert torch.equal(layer.keys[:, :, :6], old[[2, 0, 0], :, :6])
         assert torch.equal(layer.keys[:, :, 6:], old[:, :, 6:])  # past the span: untouched (nothing written there)
