@@ -276,6 +276,17 @@ def beam_search_row(setup: Setup, report: Report, cache: str = "dynamic") -> Non
         f"{new_tokens} new tokens, {label}: archlab vs MarianMTModel"
     )
     generate_row(setup, report, metric, (ours, marian), kwargs, batch * new_tokens, roofline, cold=cache == "default")
+    if cache == "default":  # the loop's reorder from a spare buffer (beam_reorder.py) against the in-place reorder
+        from unittest import mock
+
+        import archlab.modeling.beam_reorder as beam_reorder
+
+        metric = (
+            f"encoder-decoder (Marian shape) beam search, batch {batch}, {beams} beams, archlab's loop: the cache "
+            "reorder from a spare buffer vs in place (beam_reorder.py)"
+        )
+        in_place = mock.patch.object(beam_reorder, "DOUBLE_BUFFER", False)
+        against_itself(setup, report, metric, ours, kwargs, batch * new_tokens, roofline, in_place)
 
 
 def new_report(setup: Setup, what: str) -> Report:
