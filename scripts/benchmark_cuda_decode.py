@@ -282,8 +282,8 @@ def beam_search_row(setup: Setup, report: Report, cache: str = "dynamic") -> Non
         import archlab.modeling.beam_reorder as beam_reorder
 
         metric = (
-            f"encoder-decoder (Marian shape) beam search, batch {batch}, {beams} beams, archlab's loop: the cache "
-            "reorder from a spare buffer vs in place (beam_reorder.py)"
+            f"encoder-decoder (Marian shape) beam-search cache reorder, batch {batch}, {beams} beams, archlab's "
+            "loop: from a spare buffer vs in place (beam_reorder.py)"
         )
         in_place = mock.patch.object(beam_reorder, "DOUBLE_BUFFER", False)
         against_itself(setup, report, metric, ours, kwargs, batch * new_tokens, roofline, in_place)

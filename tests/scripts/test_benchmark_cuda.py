@@ -162,7 +162,7 @@ def test_decode_suites_run_every_comparison(tmp_path, device):
         row = cells(loops, f"MoE (Mixtral shape) greedy decode, batch {batch}, {default}")
         assert re.fullmatch(r"[\d.]+ s", row[header_index(loops, "first call archlab")]), row
     cells(loops, "encoder-decoder (Marian shape) beam search")
-    cells(loops, "encoder-decoder (Marian shape) beam search, batch 2, 4 beams, archlab's loop: the cache reorder")
+    cells(loops, "encoder-decoder (Marian shape) beam-search cache reorder, batch 2, 4 beams, archlab's loop")
 
 
 def header_index(table: str, header: str) -> int:
