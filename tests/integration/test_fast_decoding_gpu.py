@@ -273,3 +273,38 @@ def test_cache_spans_record_once_each_and_give_the_whole_cache_tokens(kind, monk
     assert not captures, "a later call recorded a span's step again"
     for output in spans:
         assert torch.equal(output, whole)
+
+
+@pytest.mark.parametrize("kind", ["dense", "seq2seq"])
+def test_beam_search_reorders_from_spares_as_in_place(kind, monkeypatch):
+    """Beam search on the default path reorders its cache from a spare buffer (beam_reorder.py): the same sequences
+    and scores as the in-place reorder (fp32), no cudagraph skip, the spares taken (the free memory allows them), and
+    a third call — both buffers' roles recorded for every span by then — records nothing."""
+    from archlab.modeling import beam_reorder, cache_spans
+
+    torch._dynamo.reset()
+    counters.clear()
+    model = _model(kind, torch.float32)
+    inputs = _inputs(kind, 4)
+    kwargs = dict(num_beams=3, do_sample=False, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, pad_token_id=0)
+    kwargs.update(return_dict_in_generate=True, output_scores=True)
+    monkeypatch.setattr(beam_reorder, "DOUBLE_BUFFER", False)
+    in_place = model.generate(**inputs, **kwargs)
+    model.release_decoding_memory()
+    monkeypatch.setattr(beam_reorder, "DOUBLE_BUFFER", True)
+    spared = model.generate(**inputs, **kwargs)
+    assert all(layer._spares is not None for layer in cache_spans.self_attention_layers(spared.past_key_values))
+    assert torch.equal(spared.sequences, in_place.sequences)
+    assert_close_to_scale(spared.sequences_scores, in_place.sequences_scores, rtol=1e-4)
+    kept = dict(kwargs, return_dict_in_generate=False)  # calls that keep the cache for the next one
+    outputs = [model.generate(**inputs, **kept) for _ in range(2)]
+    captures = []
+    capture_begin = torch.cuda.CUDAGraph.capture_begin
+    monkeypatch.setattr(
+        torch.cuda.CUDAGraph, "capture_begin", lambda *a, **k: captures.append(1) or capture_begin(*a, **k)
+    )
+    outputs.append(model.generate(**inputs, **kept))
+    assert counters["inductor"]["cudagraph_skips"] == 0
+    assert not captures, "a later call recorded a step again"
+    for output in outputs:
+        assert torch.equal(output, in_place.sequences)
