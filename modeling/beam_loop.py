@@ -35,21 +35,23 @@ from .cache_names import cache_in, with_cache
 from .cache_spans import Spans
 from .decoding_loop import (
     CHECK_EVERY,
-    FORCED_PROCESSORS,
     encoder_inputs,
-    fill_bans,
-    fill_forced,
     fill_prompt_inputs,
-    force_tokens,
     kept_compiled,
     one_token_logits,
-    penalise_seen,
-    repeated_ngram_bans,
     rewind,
     self_attention_cache,
     shared_blocker,
-    split_processors,
     static_zeros,
+)
+from .loop_processors import (
+    FORCED_PROCESSORS,
+    fill_bans,
+    fill_forced,
+    force_tokens,
+    penalise_seen,
+    repeated_ngram_bans,
+    split_processors,
 )
 
 

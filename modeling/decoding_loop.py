@@ -27,35 +27,19 @@ this loop does not apply and transformers' loop runs instead (its compiled forwa
 processors (bad words of several tokens, sequence bias, ...), other stopping criteria, attention or hidden-state
 outputs, model inputs other than the prompt's ids, mask and positions, and caches other than a plain `StaticCache`
 (sliding windows shorter than the cache). Samples follow transformers' distribution but not its random stream:
-`torch.multinomial` reads the device, so the step draws by the exponential race (`sample`).
+`torch.multinomial` reads the device, so the step draws by the exponential race (`sample`). The processors' device
+code (`split_processors`, the bans, `sample`, `stop_string_hits`) is in loop_processors.py, shared with beam_loop.py.
 """
 
 from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 from transformers.cache_utils import Cache, EncoderDecoderCache, StaticCache, StaticLayer, StaticSlidingWindowLayer
-from transformers.generation.logits_process import (
-    EpsilonLogitsWarper,
-    EtaLogitsWarper,
-    ForcedBOSTokenLogitsProcessor,
-    ForcedEOSTokenLogitsProcessor,
-    LogitsProcessorList,
-    MinLengthLogitsProcessor,
-    MinNewTokensLengthLogitsProcessor,
-    MinPLogitsWarper,
-    NoBadWordsLogitsProcessor,
-    NoRepeatNGramLogitsProcessor,
-    RepetitionPenaltyLogitsProcessor,
-    SuppressTokensLogitsProcessor,
-    TemperatureLogitsWarper,
-    TopKLogitsWarper,
-    TopPLogitsWarper,
-    TypicalLogitsWarper,
-)
+from transformers.generation.logits_process import LogitsProcessorList
 from transformers.generation.stopping_criteria import (
     EosTokenCriteria,
     MaxLengthCriteria,
@@ -69,6 +53,19 @@ from transformers.utils import logging
 
 from .cache_names import CACHE_NAMES, cache_in, with_cache
 from .cache_spans import SpannedLayer, Spans, attended_length
+from .loop_processors import (
+    FORCED_PROCESSORS,
+    SCORE_WARPERS,
+    Processors,
+    fill_bans,
+    fill_forced,
+    force_tokens,
+    penalise_seen,
+    repeated_ngram_bans,
+    sample,
+    split_processors,
+    stop_string_hits,
+)
 
 logger = logging.get_logger(__name__)
 
@@ -99,105 +96,6 @@ def encoder_inputs(model, model_kwargs: dict) -> dict:
     if not model.config.is_encoder_decoder:
         return {}
     return {"encoder_outputs": model_kwargs["encoder_outputs"], "attention_mask": model_kwargs.get("attention_mask")}
-
-
-# Logits processors that read the scores alone (not the sequence so far): called inside the compiled step.
-SCORE_WARPERS = (
-    TemperatureLogitsWarper,
-    TopKLogitsWarper,
-    TopPLogitsWarper,
-    MinPLogitsWarper,
-    TypicalLogitsWarper,
-    EpsilonLogitsWarper,
-    EtaLogitsWarper,
-)
-
-
-@dataclass
-class Processors:
-    """The logits processors of a call, as the compiled step applies them (in this order, as transformers orders
-    them): `bans` — (banned ids, minimum length): not chosen while the sequence, prompt included, is shorter; the
-    end-of-sequence ids under `min_length` / `min_new_tokens`, and with `ALWAYS` `suppress_tokens` and one-token
-    `bad_words_ids` —, a `repetition_penalty` on every token seen so far (none: 1.0), the `no_repeat_ngram_size` ban
-    (0: none), the `forced` tokens — (length, ids): at that sequence length every other token is -inf, the forced
-    ones 0 (`forced_bos_token_id` at length 1, `forced_eos_token_id` at max_length - 1) —, then the score
-    `warpers`."""
-
-    bans: list[tuple[torch.Tensor, int]]
-    repetition_penalty: float
-    prompt_ignore_length: int | torch.Tensor  # prompt positions the penalty skips (per row: the left padding)
-    no_repeat_ngram_size: int  # 0: none
-    warpers: list
-    forced: list[tuple[int, torch.Tensor]] = field(default_factory=list)
-
-
-# A ban's minimum length for tokens never allowed (`suppress_tokens`, one-token `bad_words_ids`).
-ALWAYS = torch.iinfo(torch.int64).max
-
-# The forced-token processors, in transformers' order (the EOS one overrides the BOS one where both apply).
-FORCED_PROCESSORS = (ForcedBOSTokenLogitsProcessor, ForcedEOSTokenLogitsProcessor)
-
-
-def split_processors(logits_processor: LogitsProcessorList) -> Processors | None:
-    """`logits_processor` as `Processors`, or None when one is none of these kinds, or comes after a warper (the
-    step applies the warpers last), or is a second repetition penalty, or changes scores after a forced token
-    (transformers never orders them so; the step forces last before the warpers)."""
-    found = Processors(bans=[], repetition_penalty=1.0, prompt_ignore_length=0, no_repeat_ngram_size=0, warpers=[])
-    penalties = 0
-    for processor in logits_processor:
-        kind = type(processor)
-        if kind in SCORE_WARPERS:
-            found.warpers.append(processor)
-        elif found.warpers:
-            return None
-        elif kind is ForcedBOSTokenLogitsProcessor:
-            found.forced.append((1, torch.tensor([processor.bos_token_id])))
-        elif kind is ForcedEOSTokenLogitsProcessor:
-            found.forced.append((processor.max_length - 1, processor.eos_token_id.view(-1)))
-        elif kind is SuppressTokensLogitsProcessor:  # after the forced ones in transformers' list: see the end
-            found.bans.append((processor.suppress_tokens, ALWAYS))
-        elif found.forced:
-            return None
-        elif kind is MinLengthLogitsProcessor:
-            found.bans.append((processor.eos_token_id, processor.min_length))
-        elif kind is NoBadWordsLogitsProcessor and all(len(words) == 1 for words in processor.sequence_bias):
-            found.bans.append((torch.tensor([words[0] for words in processor.sequence_bias], dtype=torch.long), ALWAYS))
-        elif kind is MinNewTokensLengthLogitsProcessor:
-            found.bans.append((processor.eos_token_id, processor.prompt_length_to_skip + processor.min_new_tokens))
-        elif kind is NoRepeatNGramLogitsProcessor and not found.no_repeat_ngram_size:
-            found.no_repeat_ngram_size = processor.ngram_size
-        elif kind is RepetitionPenaltyLogitsProcessor:
-            penalties += 1
-            found.repetition_penalty = processor.penalty
-            if processor.prompt_ignore_length is not None:
-                found.prompt_ignore_length = processor.prompt_ignore_length
-        else:
-            return None
-    forced_kinds = [type(p) for p in logits_processor if type(p) in FORCED_PROCESSORS]
-    if any(forced_kinds.count(kind) > 1 for kind in FORCED_PROCESSORS) or forced_kinds[::-1] == [*FORCED_PROCESSORS]:
-        return None  # two of a kind, or EOS before BOS: not transformers' list (the step has a slot for each)
-    never = {int(i) for banned, length in found.bans if length == ALWAYS for i in banned.view(-1).tolist()}
-    if any(int(i) in never for _, ids in found.forced for i in ids.tolist()):
-        return None  # a forced token also banned: its outcome depends on which comes first (the step forces last)
-    return found if penalties <= 1 else None
-
-
-def fill_forced(forced_at: torch.Tensor, forced_tokens: torch.Tensor, forced: list[tuple[int, torch.Tensor]]) -> None:
-    """Slot i of (`forced_at`, `forced_tokens`) = the i-th forced-token processor's (length, ids); -1: none."""
-    forced_at.fill_(-1)
-    forced_tokens.zero_()
-    for slot, (length, ids) in enumerate(forced):
-        forced_at[slot] = length
-        forced_tokens[slot, ids.to(forced_tokens.device)] = True
-
-
-def force_tokens(scores: torch.Tensor, length: torch.Tensor, forced_at: torch.Tensor, forced_tokens: torch.Tensor):
-    """transformers' forced-token processors on device: where `length` is slot i's length, every score becomes -inf
-    and slot i's tokens 0 (the slots in their processors' order, so a later one overrides)."""
-    for slot in range(forced_at.shape[0]):
-        forced = torch.where(forced_tokens[slot], 0.0, -math.inf)
-        scores = torch.where(length == forced_at[slot], forced, scores)
-    return scores
 
 
 class UnfilledSlidingLayer(SpannedLayer):
@@ -319,48 +217,6 @@ class DecodingBuffers:
         )
         model._decoding_buffers = (key, buffers)
         return buffers
-
-
-def sample(scores: torch.Tensor) -> torch.Tensor:
-    """One token per row from softmax(scores), as `torch.multinomial(probs, 1)` draws it in distribution, by the
-    exponential race: argmax of p_i / E_i with E_i ~ Exp(1). No host synchronisation, so it can be in a CUDA graph."""
-    probs = torch.softmax(scores, dim=-1)
-    race = torch.empty_like(probs).exponential_().clamp_(min=torch.finfo(probs.dtype).tiny)
-    return torch.argmax(probs / race, dim=-1)
-
-
-def repeated_ngram_bans(sequence: torch.Tensor, length: torch.Tensor, n: int, vocab_size: int) -> torch.Tensor:
-    """transformers' `no_repeat_ngram_size` ban on device, (rows, V) bool: the tokens that would complete an n-gram
-    already in each row's first `length` tokens of `sequence` (rows, L), i.e. that follow an earlier occurrence of
-    the row's last n - 1 tokens. Nothing before the sequence holds n - 1 tokens. Fixed shapes, no host read."""
-    rows, width = sequence.shape
-    windows = sequence.unfold(1, n, 1)  # (rows, width - n + 1, n): every n consecutive positions
-    starts = torch.arange(windows.shape[1], device=sequence.device)
-    match = (starts <= length - n).expand(rows, -1)  # the window's last token is already in the sequence
-    if n > 1:
-        last = sequence.index_select(1, (length - n + 1 + torch.arange(n - 1, device=sequence.device)).clamp(min=0))
-        match = match & (windows[:, :, :-1] == last[:, None, :]).all(-1)
-    match = match & (length + 1 >= n)
-    completing = windows[:, :, -1].masked_fill(~match, vocab_size).clamp(max=vocab_size)
-    banned = torch.zeros(rows, vocab_size + 1, dtype=torch.bool, device=sequence.device)
-    return banned.scatter_(1, completing, True)[:, :vocab_size]
-
-
-def penalise_seen(scores: torch.Tensor, seen: torch.Tensor, penalty: torch.Tensor) -> torch.Tensor:
-    """transformers' repetition penalty where `seen`: negative scores multiplied by `penalty`, others divided."""
-    return torch.where(seen, torch.where(scores < 0, scores * penalty, scores / penalty), scores)
-
-
-def stop_string_hits(criterion: StopStringCriteria, sequence: torch.Tensor, length: torch.Tensor) -> torch.Tensor:
-    """transformers' `StopStringCriteria` on each row's first `length` tokens of `sequence` (rows, L): (rows,) bool,
-    True where the row's text ends with one of its stop strings. It reads the last `maximum_token_len` ids; places
-    before the sequence's start get the id past its table (its "no match" entry), which ends a match as the
-    sequence's start does. Fixed shapes, no host read."""
-    span = criterion.maximum_token_len
-    positions = length - span + torch.arange(span, device=sequence.device)
-    ids = sequence.index_select(1, positions.clamp(min=0))
-    ids = ids.masked_fill(positions < 0, criterion.embedding_vec.shape[0] - 1)
-    return criterion(ids, None)
 
 
 def choose_tokens(
@@ -518,16 +374,6 @@ def fill_prompt_inputs(model, buffers, model_kwargs: dict) -> None:
     buffers.position_ids.copy_(model_kwargs["position_ids"][:, -1:])
 
 
-def fill_bans(banned_below: torch.Tensor, bans: list[tuple[torch.Tensor, int]]) -> None:
-    """`banned_below[v]`: the length below which token v may not be chosen (0: never banned; `ALWAYS`: never
-    allowed). Ids past the vocabulary ban nothing."""
-    banned_below.zero_()
-    for banned, min_length in bans:
-        ids = banned.to(banned_below.device).view(-1)
-        ids = ids[(ids >= 0) & (ids < banned_below.shape[0])]
-        banned_below[ids] = banned_below[ids].clamp(min=min_length)
-
-
 def _prepare_buffers(model, input_ids, logits, model_kwargs, processors: Processors) -> DecodingBuffers:
     """The loop's buffers for this call, filled from the prompt (after the prefill)."""
     cache = self_attention_cache(cache_in(model_kwargs))
@@ -672,15 +518,7 @@ __all__ = [
     "fill_prompt_inputs",
     "kept_compiled",
     "one_token_logits",
-    "penalise_seen",
-    "repeated_ngram_bans",
     "rewind",
-    "sample",
-    "Processors",
-    "fill_bans",
-    "fill_forced",
-    "force_tokens",
-    "split_processors",
     "unfill_sliding_layers",
     "UnfilledSlidingLayer",
     "loop_blocker",

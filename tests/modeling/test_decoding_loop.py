@@ -18,7 +18,7 @@ from transformers import CompileConfig, StaticCache, StoppingCriteria, StoppingC
 from transformers.cache_utils import StaticLayer
 
 from archlab import DecoderForCausalLM
-from archlab.modeling import decoding_loop, fast_decoding
+from archlab.modeling import decoding_loop, fast_decoding, loop_processors
 
 from helpers import (
     DECODER_VARIANTS,
@@ -260,13 +260,13 @@ def test_forced_tokens_in_an_unusual_order_keep_transformers_loop():
         ForcedEOSTokenLogitsProcessor(10, 2),
         NoRepeatNGramLogitsProcessor(2),
     )
-    split = decoding_loop.split_processors
+    split = loop_processors.split_processors
     assert split(LogitsProcessorList([ngram, bos, eos])).forced[1][0] == 9
     assert split(LogitsProcessorList([bos, ngram])) is None
     assert split(LogitsProcessorList([eos, bos])) is None
     assert split(LogitsProcessorList([bos, bos])) is None
     suppress = SuppressTokensLogitsProcessor([5, 6])  # transformers lists it after the forced ones
-    assert split(LogitsProcessorList([bos, eos, suppress])).bans[0][1] == decoding_loop.ALWAYS
+    assert split(LogitsProcessorList([bos, eos, suppress])).bans[0][1] == loop_processors.ALWAYS
     assert split(LogitsProcessorList([bos, eos, SuppressTokensLogitsProcessor([4])])) is None  # a forced one banned
 
 
@@ -449,7 +449,7 @@ def test_the_exponential_race_draws_from_the_softmax():
     scores = torch.randn(12, generator=generator) * 1.5
     scores[3] = -math.inf  # never drawn
     torch.manual_seed(0)
-    draws = decoding_loop.sample(scores.expand(20_000, 12).clone())
+    draws = loop_processors.sample(scores.expand(20_000, 12).clone())
     frequencies = torch.bincount(draws, minlength=12).double() / len(draws)
     probabilities = torch.softmax(scores.double(), -1)
     assert frequencies[3] == 0
