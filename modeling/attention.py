@@ -98,6 +98,27 @@ def one_token_grouped_sdpa(
     return output.reshape(batch, 1, heads, head_dim), None
 
 
+def rows_per_source(cache: Cache | None) -> int:
+    """How many consecutive rows of the batch share one source, whose cross-attention keys and values `cache` holds
+    once (beam search's beams of a sentence: `EncoderDecoderCache.rows_per_source`, set by generate's static cache);
+    1 for any other cache."""
+    return getattr(cache, "rows_per_source", 1) if cache is not None else 1
+
+
+def queries_per_source(query: torch.Tensor, mask: torch.Tensor | None, group: int):
+    """Queries (B, H, T, D) of `group` rows per source as (B / group, H, group · T, D): each source's rows attend to
+    its keys together, as one row of group · T queries (row r's query t at r · T + t). The mask (B, 1 or H, T or 1, S)
+    of those rows is the same for each: the first row's, repeated over the group's queries."""
+    batch, heads, length, head_dim = query.shape
+    query = query.view(batch // group, group, heads, length, head_dim).transpose(1, 2)
+    query = query.reshape(batch // group, heads, group * length, head_dim)
+    if mask is not None:
+        mask = mask[::group]
+        if mask.shape[2] != 1:
+            mask = mask.repeat(1, 1, group, 1)
+    return query, mask
+
+
 class Attention(FusableProjections, nn.Module):
     """Attention with separate q/k/v/o projections, named as in Llama (`q_proj`, ..., `o_proj`); inference reads
     q/k/v as one matrix where they are laid out side by side (`fused_projections.py`).
@@ -208,11 +229,17 @@ class Attention(FusableProjections, nn.Module):
         """Self-attention, or cross-attention over `key_value_states` (B, S, d) when given; for cross-attention
         `past_key_values` is the `EncoderDecoderCache` (self-attention gets a plain per-layer cache)."""
         batch, seq_len, _ = hidden_states.shape
+        group = 1
         if key_value_states is not None:
             query = self.q_proj(hidden_states).view(batch, seq_len, -1, self.head_dim).transpose(1, 2)  # (B, H, T, D)
-            key, value = self._cross_key_value(key_value_states, past_key_values)  # (B, H_kv, S, D)
+            group = rows_per_source(past_key_values)
+            if group > 1:  # the source's keys cached once for its `group` rows: projected from its first row
+                key_value_states = key_value_states[::group]
+            key, value = self._cross_key_value(key_value_states, past_key_values)  # (B / group, H_kv, S, D)
             if self.q_norm is not None:
                 query = self.q_norm(query)
+            if group > 1:
+                query, attention_mask = queries_per_source(query, attention_mask, group)
         else:
             query, key, value = self._project_self(hidden_states)  # (B, H, T, D), (B, H_kv, T, D) twice
             if self.q_norm is not None:
@@ -245,5 +272,6 @@ class Attention(FusableProjections, nn.Module):
             sliding_window=self.sliding_window,
             **kwargs,
         )
+        # (B / group, group · T, H, D) for grouped rows: row-major, so the same memory as (B, T, H, D)
         output = getattr(self, self.output_name)(output.reshape(batch, seq_len, -1))
         return output, weights

@@ -23,7 +23,10 @@ in what transformers leaves out:
   device read per token. The beam searches it does not take (`beam_loop.beam_loop_blocker`: beam sampling, other
   processors) run transformers' loop, where transformers would reorder a static cache by replacing its tensors (so
   compiled graphs and CUDA graphs recompile or re-record every step) and run the steps eagerly; here the reorder
-  copies in place (`reorder_cache_in_place`) and the one-token steps run compiled.
+  copies in place (`reorder_cache_in_place`) and the one-token steps run compiled. An encoder-decoder's beam search
+  (either loop) keeps each source's cross-attention keys and values once for all its beams (`SHARED_SOURCE_KEYS`,
+  `attention.rows_per_source`): the beams of a sentence attend to them together, and the cross-attention cache, the
+  largest read of a Marian-shaped step after the weights, shrinks by the number of beams.
 """
 
 from __future__ import annotations
@@ -56,6 +59,11 @@ from .decoding_loop import (
 from .fused_projections import inference_projections
 
 logger = logging.get_logger(__name__)
+
+# Beam search on generate's static cache keeps each source's cross-attention keys and values once for all its beams
+# (attention.rows_per_source): 1 / num_beams of the cross-attention cache's memory, and of its bytes read per step.
+# False: once per beam, as transformers' caches hold them.
+SHARED_SOURCE_KEYS = True
 
 # The decoding loops that run their steps through the static cache: greedy and sampling (transformers' `_sample`),
 # beam search and beam sampling (`_beam_search`). Assisted decoding refuses static caches.
@@ -249,9 +257,14 @@ class FastDecodingMixin:
         generation_config.cache_implementation = choose_cache_implementation(
             self, generation_config, model_kwargs, generation_mode
         )
-        result = super()._prepare_cache_for_generation(
-            generation_config, model_kwargs, generation_mode, *args, **kwargs
-        )
+        beams = generation_mode in (GenerationMode.BEAM_SEARCH, GenerationMode.BEAM_SAMPLE)
+        self._rows_per_source = generation_config.num_beams if beams and SHARED_SOURCE_KEYS else 1
+        try:
+            result = super()._prepare_cache_for_generation(
+                generation_config, model_kwargs, generation_mode, *args, **kwargs
+            )
+        finally:
+            del self._rows_per_source
         kept = self.__dict__.get("_kept_static_cache")
         if kept is not None and cache_in(model_kwargs) is kept.cache:
             kept.reusable = not generation_config.return_dict_in_generate  # a returned cache is the user's
@@ -265,9 +278,11 @@ class FastDecodingMixin:
         step: a few dozen calls) no longer replayed."""
         effective = max(max_cache_len, getattr(self, "_previous_max_cache_length", -1))
         key = (cache_implementation, batch_size, effective, self.dtype, self.device)
+        rows_per_source = 1
         if self.config.is_encoder_decoder:  # its cross-attention cache is as long as the source
             model_kwargs = kwargs["model_kwargs"] if "model_kwargs" in kwargs else args[-1]
-            key += (model_kwargs["encoder_outputs"][0].shape[1],)
+            rows_per_source = getattr(self, "_rows_per_source", 1)
+            key += (model_kwargs["encoder_outputs"][0].shape[1], rows_per_source)
         kept = self.__dict__.get("_kept_static_cache")
         if kept is not None and kept.key == key and kept.reusable:
             kept.cache.reset()
@@ -277,6 +292,8 @@ class FastDecodingMixin:
         make_spanned(cache)  # the compiled loops' steps read the filled part of the cache only (cache_spans.py)
         if not self.config.is_encoder_decoder:
             unfill_sliding_layers(cache, getattr(self.config, "sliding_window", None), effective)
+        elif rows_per_source > 1:  # beam search: each source's cross-attention keys once, not once per beam
+            cache.rows_per_source = rows_per_source
         self._kept_static_cache = KeptCache(key, cache)
         return cache
 

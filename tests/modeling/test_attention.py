@@ -227,6 +227,31 @@ def test_cross_attention_projects_the_encoder_output_once_and_reads_it_from_the_
     assert cache.self_attention_cache.get_seq_length() == 0  # cross-attention leaves the decoder's own cache alone
 
 
+@pytest.mark.parametrize("attn_implementation", ["sdpa", "eager"])
+@pytest.mark.parametrize("kv_heads", [HEADS, 2])
+@pytest.mark.parametrize("queries", [1, 3])
+def test_rows_sharing_a_source_read_its_cross_attention_keys_once(attn_implementation, kv_heads, queries):
+    """A cache with `rows_per_source` g (beam search's beams of a sentence) holds each source's keys and values once,
+    projected from its first row, and each source's g rows attend to them together (one row of g · T queries):
+    the output of every row equals per-row cross-attention over a per-row cache, padded sources included."""
+    config = tiny_decoder_config(attn_implementation=attn_implementation, num_key_value_heads=kv_heads)
+    module = Attention(config, layer_idx=0, is_causal=False).eval()
+    width, group, sources = module.q_proj.in_features, 3, 2
+    encoder_states = torch.randn(sources, KEYS, width).repeat_interleave(group, dim=0)  # as generate expands them
+    mask = padding_mask(queries, KEYS)[:sources].repeat_interleave(group, dim=0)  # (sources · g, 1, T, S)
+    shared = EncoderDecoderCache(DynamicCache(), DynamicCache())
+    shared.rows_per_source = group
+    per_row = EncoderDecoderCache(DynamicCache(), DynamicCache())
+    with torch.no_grad():
+        for step in range(2):
+            hidden = torch.randn(sources * group, queries, width)
+            ours = module(hidden, attention_mask=mask, key_value_states=encoder_states, past_key_values=shared)[0]
+            reference = module(hidden, attention_mask=mask, key_value_states=encoder_states, past_key_values=per_row)[0]
+            assert_close_to_scale(ours, reference, rtol=1e-5, msg=f"step {step}")
+    assert shared.cross_attention_cache.layers[0].keys.shape[0] == sources
+    assert per_row.cross_attention_cache.layers[0].keys.shape[0] == sources * group
+
+
 def test_an_instance_may_carry_its_own_rotary_kernel():
     """The seam archlab.liger uses for Liger's RoPE: `attention.rotate` on one instance, the class's elsewhere."""
     config = tiny_decoder_config()

@@ -273,3 +273,51 @@ def test_prefix_lm_on_the_static_path_needs_the_whole_prefix_in_the_prompt():
         model.generate(
             **_prompts(1, 97), prefix_lengths=torch.tensor([8]), cache_implementation="static", max_new_tokens=2
         )
+
+
+def _compile_everywhere() -> CompileConfig:
+    config = CompileConfig(backend="eager", mode=None, fullgraph=True)
+    config._compile_all_devices = True  # transformers' testing hook: compile (and take the static path) on CPU too
+    return config
+
+
+@pytest.mark.parametrize("name", ["positions_sinusoidal", "positions_relative_bias"])  # Marian's, T5's
+def test_beam_search_holds_each_source_once_in_the_cross_attention_cache(name, monkeypatch):
+    """On generate's static cache an encoder-decoder's beam search keeps each source's cross-attention keys once, not
+    once per beam (`SHARED_SOURCE_KEYS`): the same sequences and scores as keys per beam, in the compiled loop and in
+    transformers' loop (beam sampling) alike, with a padded source; the cache is kept for the next beam search, and a
+    greedy call of the same cache batch gets a cache of its own."""
+    torch._dynamo.reset()
+    model = seq2seq_variant(name)
+    inputs = _prompts(2, model.config.vocab_size, padding_side="right")
+    kwargs = dict(**inputs, num_beams=3, max_new_tokens=8, cache_implementation="static", pad_token_id=0)
+    kwargs.update(return_dict_in_generate=True, output_scores=True, compile_config=_compile_everywhere())
+    sampled = dict(kwargs, do_sample=True, top_k=5)
+    monkeypatch.setattr(fast_decoding, "SHARED_SOURCE_KEYS", False)
+    expected = model.generate(**kwargs)
+    torch.manual_seed(0)
+    expected_sample = model.generate(**sampled)
+    monkeypatch.setattr(fast_decoding, "SHARED_SOURCE_KEYS", True)
+    model.release_decoding_memory()
+    for reference, call in ((expected, kwargs), (expected_sample, sampled)):
+        torch.manual_seed(0)
+        ours = model.generate(**call)
+        assert torch.equal(ours.sequences, reference.sequences)
+        torch.testing.assert_close(ours.sequences_scores, reference.sequences_scores, atol=1e-5, rtol=1e-5)
+        assert ours.past_key_values.cross_attention_cache.layers[0].keys.shape[0] == 2  # 2 sources, 6 beams
+    kept = dict(kwargs, return_dict_in_generate=False)
+    first = model.generate(**kept)
+    cache = model._kept_static_cache.cache
+    assert torch.equal(model.generate(**kept), first) and model._kept_static_cache.cache is cache
+    greedy = dict(
+        kept, input_ids=inputs["input_ids"].repeat(3, 1), attention_mask=inputs["attention_mask"].repeat(3, 1)
+    )
+    greedy.update(num_beams=1, do_sample=False)
+    out = model.generate(**greedy)
+    assert (
+        model._kept_static_cache.cache is not cache
+        and getattr(model._kept_static_cache.cache, "rows_per_source", 1) == 1
+    )
+    model.release_decoding_memory()
+    monkeypatch.setattr(fast_decoding, "SHARED_SOURCE_KEYS", False)
+    assert torch.equal(out, model.generate(**greedy))
