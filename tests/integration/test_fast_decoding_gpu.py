@@ -294,6 +294,8 @@ def test_beam_search_reorders_from_spares_as_in_place(kind, monkeypatch):
     monkeypatch.setattr(beam_reorder, "DOUBLE_BUFFER", True)
     spared = model.generate(**inputs, **kwargs)
     assert all(layer._spares is not None for layer in cache_spans.self_attention_layers(spared.past_key_values))
+    if kind == "seq2seq":  # each source's cross-attention keys once, not once per beam (attention.rows_per_source)
+        assert spared.past_key_values.cross_attention_cache.layers[0].keys.shape[0] == 4
     assert torch.equal(spared.sequences, in_place.sequences)
     assert_close_to_scale(spared.sequences_scores, in_place.sequences_scores, rtol=1e-4)
     kept = dict(kwargs, return_dict_in_generate=False)  # calls that keep the cache for the next one
