@@ -98,6 +98,33 @@ def one_token_grouped_sdpa(
     return output.reshape(batch, 1, heads, head_dim), None
 
 
+def grouped_queries_sdpa(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float,
+    dropout: float = 0.0,
+    **kwargs,
+) -> tuple[torch.Tensor, None]:
+    """SDPA without a causal structure (cross-attention) for queries (B, H, T, D) over grouped key/value heads
+    (B, H_kv, S, D), the keys read once per KV head: as `one_token_grouped_sdpa`, with the query heads of a KV head
+    and their T queries as that head's H / H_kv · T query rows. The mask (B, 1, T or 1, S) is shared by the heads.
+    Returns (B, T, H, D)."""
+    batch, heads, length, head_dim = query.shape
+    kv_heads = key.shape[1]
+    per_kv = heads // kv_heads
+    query = query.reshape(batch, kv_heads, per_kv * length, head_dim)  # head k · per_kv + i, query t: row i · T + t
+    mask = attention_mask
+    if mask is not None and mask.shape[2] != 1:
+        mask = mask.repeat(1, 1, per_kv, 1)
+    output = nn.functional.scaled_dot_product_attention(
+        query, key, value, attn_mask=mask, dropout_p=dropout, scale=scaling
+    )
+    return output.reshape(batch, heads, length, head_dim).transpose(1, 2), None
+
+
 def rows_per_source(cache: Cache | None) -> int:
     """How many consecutive rows of the batch share one source, whose cross-attention keys and values `cache` holds
     once (beam search's beams of a sentence: `EncoderDecoderCache.rows_per_source`, set by generate's static cache);
@@ -260,6 +287,14 @@ class Attention(FusableProjections, nn.Module):
             and self.softcap is None  # transformers' SDPA refuses a soft-cap; so does the call below
         ):
             attention = one_token_grouped_sdpa  # a decoding step: the cache read once per KV head, compiled or not
+        elif (
+            group > 1
+            and self.num_key_value_groups > 1
+            and self.config._attn_implementation == "sdpa"
+            and self.softcap is None
+            and (attention_mask is None or attention_mask.shape[1] == 1)
+        ):
+            attention = grouped_queries_sdpa  # a source's beams and heads over its keys, read once per KV head
         output, weights = attention(
             self,
             query,

@@ -10,6 +10,7 @@ import pytest
 import torch
 from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 
+from archlab.modeling import attention as attention_module
 from archlab.modeling.attention import Attention, eager_attention_forward, one_token_grouped_sdpa, repeat_kv
 from archlab.modeling.rotary import apply_rotary
 
@@ -230,10 +231,14 @@ def test_cross_attention_projects_the_encoder_output_once_and_reads_it_from_the_
 @pytest.mark.parametrize("attn_implementation", ["sdpa", "eager"])
 @pytest.mark.parametrize("kv_heads", [HEADS, 2])
 @pytest.mark.parametrize("queries", [1, 3])
-def test_rows_sharing_a_source_read_its_cross_attention_keys_once(attn_implementation, kv_heads, queries):
+def test_rows_sharing_a_source_read_its_cross_attention_keys_once(attn_implementation, kv_heads, queries, monkeypatch):
     """A cache with `rows_per_source` g (beam search's beams of a sentence) holds each source's keys and values once,
-    projected from its first row, and each source's g rows attend to them together (one row of g · T queries):
-    the output of every row equals per-row cross-attention over a per-row cache, padded sources included."""
+    projected from its first row, and each source's g rows attend to them together (one row of g · T queries; with
+    grouped heads under SDPA, `grouped_queries_sdpa`: no key repeated per query head): the output of every row equals
+    per-row cross-attention over a per-row cache, padded sources included."""
+    calls = []
+    grouped = attention_module.grouped_queries_sdpa
+    monkeypatch.setattr(attention_module, "grouped_queries_sdpa", lambda *a, **k: calls.append(1) or grouped(*a, **k))
     config = tiny_decoder_config(attn_implementation=attn_implementation, num_key_value_heads=kv_heads)
     module = Attention(config, layer_idx=0, is_causal=False).eval()
     width, group, sources = module.q_proj.in_features, 3, 2
@@ -250,6 +255,7 @@ def test_rows_sharing_a_source_read_its_cross_attention_keys_once(attn_implement
             assert_close_to_scale(ours, reference, rtol=1e-5, msg=f"step {step}")
     assert shared.cross_attention_cache.layers[0].keys.shape[0] == sources
     assert per_row.cross_attention_cache.layers[0].keys.shape[0] == sources * group
+    assert bool(calls) == (attn_implementation == "sdpa" and kv_heads < HEADS)
 
 
 def test_an_instance_may_carry_its_own_rotary_kernel():
