@@ -300,8 +300,7 @@ class FastDecodingMixin:
     def release_decoding_memory(self) -> None:
         """Free what `generate` keeps on the model between calls on the fast path: the static KV cache it reuses (with
         beam search's spare buffers, `beam_reorder.py`) and the compiled loops' buffers (for a batch of 64 at 2,048
-        positions of a 1B model, gigabytes). The next call
-        allocates them again (and records its CUDA graphs again)."""
+        positions of a 1B model, gigabytes). The next call allocates them again (and records its CUDA graphs again)."""
         for name in ("_kept_static_cache", "_decoding_buffers", "_beam_buffers"):
             self.__dict__.pop(name, None)
 

@@ -85,6 +85,16 @@ def _generate(model, inputs, kind: str, **kwargs):
     )
 
 
+def _count_recordings(monkeypatch) -> list:
+    """From now on, one entry per CUDA graph recorded (`torch.cuda.CUDAGraph.capture_begin` calls)."""
+    captures = []
+    capture_begin = torch.cuda.CUDAGraph.capture_begin
+    monkeypatch.setattr(
+        torch.cuda.CUDAGraph, "capture_begin", lambda *a, **k: captures.append(1) or capture_begin(*a, **k)
+    )
+    return captures
+
+
 def _assert_agree(fast, eager, dtype: torch.dtype, prompt: int) -> None:
     """fp32: the same tokens. bf16: the same tokens up to a first difference at least AGREEING_STEPS_BF16 new tokens
     in; before it, every step's logits within bf16 rounding of the scale."""
@@ -165,11 +175,7 @@ def test_greedy_calls_reuse_one_recorded_step(monkeypatch):
     kwargs = dict(do_sample=False, max_new_tokens=NEW_TOKENS, pad_token_id=0, eos_token_id=eos)
     expected = model.generate(**inputs, **kwargs, disable_compile=True)
     outputs = [model.generate(**inputs, **kwargs) for _ in range(2)]  # the first records the step
-    captures = []
-    capture_begin = torch.cuda.CUDAGraph.capture_begin
-    monkeypatch.setattr(
-        torch.cuda.CUDAGraph, "capture_begin", lambda *a, **k: captures.append(1) or capture_begin(*a, **k)
-    )
+    captures = _count_recordings(monkeypatch)
     outputs += [model.generate(**inputs, **kwargs) for _ in range(2)]
     assert counters["inductor"]["cudagraph_skips"] == 0
     assert not captures, "a later call recorded the step again"
@@ -263,11 +269,7 @@ def test_cache_spans_record_once_each_and_give_the_whole_cache_tokens(kind, monk
     monkeypatch.setattr(cache_spans, "READ_SPANS", True)
     with torch._dynamo.config.patch(recompile_limit=2):  # the whole-cache graph, then one for every span
         spans = [model.generate(**inputs, **kwargs) for _ in range(2)]
-        captures = []
-        capture_begin = torch.cuda.CUDAGraph.capture_begin
-        monkeypatch.setattr(
-            torch.cuda.CUDAGraph, "capture_begin", lambda *a, **k: captures.append(1) or capture_begin(*a, **k)
-        )
+        captures = _count_recordings(monkeypatch)
         spans.append(model.generate(**inputs, **kwargs))
     assert counters["inductor"]["cudagraph_skips"] == 0
     assert not captures, "a later call recorded a span's step again"
@@ -300,11 +302,7 @@ def test_beam_search_reorders_from_spares_as_in_place(kind, monkeypatch):
     assert_close_to_scale(spared.sequences_scores, in_place.sequences_scores, rtol=1e-4)
     kept = dict(kwargs, return_dict_in_generate=False)  # calls that keep the cache for the next one
     outputs = [model.generate(**inputs, **kept) for _ in range(2)]
-    captures = []
-    capture_begin = torch.cuda.CUDAGraph.capture_begin
-    monkeypatch.setattr(
-        torch.cuda.CUDAGraph, "capture_begin", lambda *a, **k: captures.append(1) or capture_begin(*a, **k)
-    )
+    captures = _count_recordings(monkeypatch)
     outputs.append(model.generate(**inputs, **kept))
     assert counters["inductor"]["cudagraph_skips"] == 0
     assert not captures, "a later call recorded a step again"

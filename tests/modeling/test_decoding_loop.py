@@ -553,11 +553,8 @@ def test_a_failing_compiler_leaves_eager_decoding_with_one_notice(name, kwargs, 
     assert len(notices) == 1 and "triton" in notices[0] and "decodes eagerly" in notices[0], notices
 
 
-def test_generate_reuses_its_static_cache_unless_it_returned_it():
-    """Compiled graphs and CUDA graphs hold the cache's addresses: a new cache every call records them again.
-    `release_decoding_memory` frees the kept cache and the loop's buffers."""
-    model = decoder_variant("positions_rope")
-    inputs = _prompts(2)
+def _spy_on_static_caches(model) -> list:
+    """The static caches `model.generate` prepares from now on, in order (`del model._prepare_static_cache` stops)."""
     caches = []
     prepare = model._prepare_static_cache
 
@@ -566,6 +563,15 @@ def test_generate_reuses_its_static_cache_unless_it_returned_it():
         return caches[-1]
 
     model._prepare_static_cache = spy
+    return caches
+
+
+def test_generate_reuses_its_static_cache_unless_it_returned_it():
+    """Compiled graphs and CUDA graphs hold the cache's addresses: a new cache every call records them again.
+    `release_decoding_memory` frees the kept cache and the loop's buffers."""
+    model = decoder_variant("positions_rope")
+    inputs = _prompts(2)
+    caches = _spy_on_static_caches(model)
     kwargs = dict(do_sample=False, max_new_tokens=8, pad_token_id=0, eos_token_id=None, cache_implementation="static")
     first = model.generate(**inputs, **kwargs)
     second = model.generate(**inputs, **kwargs)
@@ -588,14 +594,7 @@ def test_an_encoder_decoder_reuses_its_static_cache_for_sources_of_one_length(nu
     """An encoder-decoder's cache (self-attention and cross-attention parts) is kept too, for the next call with a
     source of the same length: what a translation server repeating one shape replays without recording again."""
     model = seq2seq_variant("positions_sinusoidal")
-    caches = []
-    prepare = model._prepare_static_cache
-
-    def spy(*args, **kwargs):
-        caches.append(prepare(*args, **kwargs))
-        return caches[-1]
-
-    model._prepare_static_cache = spy
+    caches = _spy_on_static_caches(model)
     sources = [torch.randint(3, 50, (2, n), generator=torch.Generator().manual_seed(n)) for n in (5, 5, 7)]
     kwargs = dict(num_beams=num_beams, max_new_tokens=6, do_sample=False, pad_token_id=0, eos_token_id=None)
     kwargs.update(cache_implementation="static", compile_config=_compile_config("eager"))
