@@ -12,8 +12,8 @@ in what transformers leaves out:
   nothing changes on CPU;
 - variants whose decoding step cannot be compiled (`static_cache_blocker`: dynamic RoPE recomputes its frequencies
   from a tensor in every forward) decode with the dynamic cache instead, with one logged line saying why; by
-  default so do FlashAttention backends, sharded models, and generations longer than a sliding window
-  (`sliding_window_blocker`);
+  default so do FlashAttention backends, sharded models, and generations more than `WHOLE_CACHE_WINDOWS` sliding
+  windows long (`sliding_window_blocker`; shorter ones keep every key in the sliding layers, the window masked);
 - greedy decoding and sampling on that path run `decoding_loop.decode`: the whole step (masks, forward, token
   choice, end-of-sequence bookkeeping) compiled as one graph and the loop never waiting for the device, where
   transformers compiles the forward alone and reads the device every token; the calls it does not take run
@@ -50,11 +50,13 @@ from .beam_loop import beam_loop_blocker, beam_search, compiled_beam_step
 from .cache_names import cache_in
 from .cache_spans import make_spanned
 from .decoding_loop import (
+    WHOLE_CACHE_WINDOWS,
     compiled_decoding_step,
     decode,
     eager_on_compiler_failure,
+    keep_sliding_layers_whole,
+    keeps_whole_cache,
     loop_blocker,
-    unfill_sliding_layers,
 )
 from .fused_projections import inference_projections
 
@@ -101,11 +103,12 @@ def static_cache_blocker(config) -> str | None:
 
 
 def sliding_window_blocker(model, generation_config: GenerationConfig) -> str | None:
-    """Why the CUDA default keeps the dynamic cache for this generation, or None: sliding windows shorter than the
-    static cache it would get. Such layers are transformers' `StaticSlidingWindowLayer`, which once full counts its
-    length in a Python int that its compiled forward takes as an input (a symbolic int): CUDA graphs record a new
-    graph for every distinct value, i.e. every token. Windows at least as long take the compiled loops
-    (`decoding_loop.UnfilledSlidingLayer`)."""
+    """Why the CUDA default keeps the dynamic cache for this generation, or None: a static cache more than
+    `WHOLE_CACHE_WINDOWS` sliding windows long. Up to that length generate's static cache holds its sliding layers
+    whole (`decoding_loop.WholeCacheSlidingLayer`: the window is the mask's) and the compiled loops take them; past
+    it they are transformers' `StaticSlidingWindowLayer`, which once full counts its length in a Python int that its
+    compiled forward takes as an input (a symbolic int): CUDA graphs record a new graph for every distinct value,
+    i.e. every token."""
     config = model.config
     window = getattr(config, "sliding_window", None)
     if window is None or "sliding_attention" not in (getattr(config, "layer_types", None) or []):
@@ -115,11 +118,12 @@ def sliding_window_blocker(model, generation_config: GenerationConfig) -> str | 
         generation_config.max_cache_len or 0,
         getattr(model, "_previous_max_cache_length", -1),
     )
-    if window >= length:
+    if keeps_whole_cache(window, length):
         return None
     return (
-        f"its sliding window ({window}) is shorter than this generation's cache ({length} positions), and a static "
-        "cache's full sliding layers advance a Python counter per token, which CUDA graphs would record anew each step"
+        f"this generation's cache ({length} positions) is over {WHOLE_CACHE_WINDOWS} times its sliding window "
+        f"({window}), too long to keep whole in its sliding layers, and a static cache's window-long sliding layers "
+        "advance a Python counter per token, which CUDA graphs would record anew each step"
     )
 
 
@@ -291,7 +295,7 @@ class FastDecodingMixin:
         cache = super()._prepare_static_cache(cache_implementation, batch_size, max_cache_len, *args, **kwargs)
         make_spanned(cache)  # the compiled loops' steps read the filled part of the cache only (cache_spans.py)
         if not self.config.is_encoder_decoder:
-            unfill_sliding_layers(cache, getattr(self.config, "sliding_window", None), effective)
+            keep_sliding_layers_whole(cache, getattr(self.config, "sliding_window", None), effective)
         elif rows_per_source > 1:  # beam search: each source's cross-attention keys once, not once per beam
             cache.rows_per_source = rows_per_source
         self._kept_static_cache = KeptCache(key, cache)

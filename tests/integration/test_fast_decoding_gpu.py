@@ -2,7 +2,7 @@
 and compiles its decoding step (inductor, CUDA graphs), and gives the tokens of eager decoding (`disable_compile=True`:
 the dynamic cache, nothing compiled) at batch 1 and 16 — in fp32 exactly, in bf16 up to a late divergence at a
 near-tie, with the logits of the steps before it within bf16 rounding — and a second call recompiles nothing: the
-dense decoder, the mixture of experts (its one-token step), and seq2seq beam search.
+dense decoder, the mixture of experts (its one-token step), local/global sliding windows, and seq2seq beam search.
 
     python -m pytest tests/integration/test_fast_decoding_gpu.py
 """
@@ -28,6 +28,13 @@ MODELS = {
     "dense": lambda: DecoderForCausalLM(DecoderConfig(**SHAPE, num_key_value_heads=2)),
     "moe": lambda: DecoderForCausalLM(
         DecoderConfig(**SHAPE, num_key_value_heads=2, num_local_experts=8, num_experts_per_tok=2)
+    ),
+    # window 16: keys leave it from the prompt on; 32 + 24 positions is under 4 windows, so the sliding layers are
+    # kept whole (decoding_loop.WholeCacheSlidingLayer) where eager decoding's drop them
+    "sliding": lambda: DecoderForCausalLM(
+        DecoderConfig(
+            **SHAPE, num_key_value_heads=2, sliding_window=16, layer_types=["sliding_attention", "full_attention"] * 2
+        )
     ),
     "seq2seq": lambda: Seq2SeqForConditionalGeneration(
         Seq2SeqConfig(

@@ -14,7 +14,7 @@ import pytest
 import torch
 from transformers import CompileConfig
 
-from archlab.modeling import beam_loop, cache_spans, fast_decoding
+from archlab.modeling import beam_loop, cache_spans, decoding_loop, fast_decoding
 
 from helpers import (
     DECODER_VARIANTS,
@@ -25,7 +25,6 @@ from helpers import (
     seq2seq_variant,
 )
 
-SLIDING = {"all_sliding_attention", "local_global", "alibi_local_global"}  # transformers' loop (see test_decoding_loop)
 OUTPUTS = dict(return_dict_in_generate=True, output_scores=True, output_logits=True, pad_token_id=0)
 
 
@@ -88,7 +87,8 @@ def _assert_same(reference, ours, kind: str) -> None:
     assert int(caches[1].get_seq_length()) == int(caches[0].get_seq_length())
 
 
-VARIANTS = [("decoder", name) for name in sorted(set(DECODER_VARIANTS) - NO_STATIC_CACHE - SLIDING)] + [
+# Sliding-window variants (window 4) included: a 16-position cache is 4 windows, kept whole (`WholeCacheSlidingLayer`).
+VARIANTS = [("decoder", name) for name in sorted(set(DECODER_VARIANTS) - NO_STATIC_CACHE)] + [
     ("seq2seq", name) for name in sorted(SEQ2SEQ_VARIANTS)
 ]
 
@@ -102,6 +102,19 @@ def test_every_variant_searches_as_transformers_loop(kind, name, loop_calls):
     kwargs = dict(**inputs, **OUTPUTS, num_beams=3, num_return_sequences=2, max_new_tokens=10, eos_token_id=[5, 7])
     reference, ours = _both(model, loop_calls, **kwargs)
     _assert_same(reference, ours, kind)
+
+
+def test_sliding_windows_search_as_the_dynamic_cache(loop_calls):
+    """Beam search over whole-cache sliding layers (keys past the window masked, reordered with the rest) gives what
+    the dynamic cache's sliding layers, which drop those keys, give."""
+    model = decoder_variant("local_global")
+    kwargs = dict(**_inputs(model, "decoder"), **OUTPUTS, num_beams=3, num_return_sequences=2, max_new_tokens=10)
+    ours = model.generate(cache_implementation="static", compile_config=_compile_config(), **kwargs)
+    assert loop_calls == [1]
+    assert any(isinstance(layer, decoding_loop.WholeCacheSlidingLayer) for layer in ours.past_key_values.layers)
+    dynamic = model.generate(cache_implementation="dynamic", **kwargs)
+    assert torch.equal(ours.sequences, dynamic.sequences)
+    torch.testing.assert_close(ours.sequences_scores, dynamic.sequences_scores, atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize(

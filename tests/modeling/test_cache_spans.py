@@ -182,14 +182,15 @@ def test_generate_makes_its_static_caches_spanned_except_offloaded_or_initialise
     assert all(type(layer) is StaticLayer for layer in initialised.layers)
 
 
-def test_unfilled_sliding_layers_read_spans_too(monkeypatch):
+def test_whole_cache_sliding_layers_read_spans_too(monkeypatch):
     model = decoder_variant("local_global")
     monkeypatch.setattr(fast_decoding, "compiled_decoding_step", lambda model, config: decoding_loop.decoding_step)
     kwargs = dict(**_prompts(), max_new_tokens=8, pad_token_id=0, eos_token_id=None, do_sample=False)
     kwargs.update(cache_implementation="static", max_cache_len=None)
-    model.config.sliding_window = 64  # spans the whole cache: its layers become UnfilledSlidingLayers
+    model.config.sliding_window = 4  # a 13-position cache, at most 4 windows: its sliding layers are kept whole
     expected = model.generate(**kwargs)
     seen = _record_read_lengths(monkeypatch)
     assert torch.equal(model.generate(**kwargs, compile_config=_compile_config()), expected)
-    assert any(isinstance(layer, decoding_loop.UnfilledSlidingLayer) for layer in model._kept_static_cache.cache.layers)
+    layers = model._kept_static_cache.cache.layers
+    assert any(isinstance(layer, decoding_loop.WholeCacheSlidingLayer) for layer in layers)
     assert len({read for _, read in seen}) > 2

@@ -33,8 +33,7 @@ from helpers import (
     tiny_decoder_config,
 )
 
-# Sliding-window layers of a static cache advance a Python int per token (transformers' `StaticSlidingWindowLayer`),
-# which one recorded step cannot follow: those variants keep transformers' loop.
+# Sliding-window variants (window 4): their own tests, generations shorter and longer than WHOLE_CACHE_WINDOWS windows.
 SLIDING = {"all_sliding_attention", "local_global", "alibi_local_global"}
 OUTPUTS = dict(do_sample=False, return_dict_in_generate=True, output_logits=True, output_scores=True)
 
@@ -125,33 +124,33 @@ def test_encoder_decoders_decode_as_transformers_loop(name, loop_calls):
 
 
 @pytest.mark.parametrize("name", sorted(SLIDING))
-def test_sliding_window_caches_keep_transformers_loop(name, loop_calls):
-    model = decoder_variant(name)
-    config = _compile_config(None)
-    out = model.generate(
-        **_prompts(2), **OUTPUTS, max_new_tokens=6, pad_token_id=0, cache_implementation="static", compile_config=config
-    )
+def test_caches_over_four_windows_keep_transformers_loop(name, loop_calls):
+    """Past `WHOLE_CACHE_WINDOWS` windows the sliding layers are transformers' window-long ones, which count their
+    length in a Python int once full: transformers' loop runs."""
+    model = decoder_variant(name)  # window 4: a 17-position cache is over 4 windows
+    kwargs = dict(**_prompts(2), **OUTPUTS, max_new_tokens=12, pad_token_id=0, cache_implementation="static")
+    out = model.generate(**kwargs, compile_config=_compile_config(None))
     assert not loop_calls and isinstance(out.past_key_values, StaticCache)
     assert any(type(layer) is not StaticLayer for layer in out.past_key_values.layers)
 
 
+@pytest.mark.parametrize("batch", [1, 3])
 @pytest.mark.parametrize("name", sorted(SLIDING))
-def test_sliding_windows_spanning_the_cache_take_the_loop(name, loop_calls):
-    """A window at least as long as the cache (the usual case: windows of thousands, generations of hundreds): its
-    layers become `UnfilledSlidingLayer`s, the loop takes the call, and the output is the dynamic cache's (whose
-    sliding layers are transformers' own) and transformers' loop's."""
-    from archlab import DecoderForCausalLM
-
-    config = tiny_decoder_config(**dict(DECODER_VARIANTS[name], sliding_window=64))
-    model = randomised(DecoderForCausalLM(config))
-    kwargs = dict(**_prompts(3), **OUTPUTS, max_new_tokens=12, pad_token_id=0)
+def test_sliding_windows_keep_the_whole_cache_and_take_the_loop(name, batch, loop_calls):
+    """A cache of at most `WHOLE_CACHE_WINDOWS` windows (here 4 windows of 4, the first row left-padded, and the
+    usual case of windows of thousands and generations of hundreds): its sliding layers keep every key
+    (`WholeCacheSlidingLayer`) with the window in the mask, the loop takes the call, and the output is transformers'
+    loop's and the dynamic cache's, whose sliding layers drop the keys that leave the window."""
+    model = decoder_variant(name)
+    kwargs = dict(**_prompts(batch), **OUTPUTS, max_new_tokens=10, pad_token_id=0)  # 15 positions, 10 past the window
+    assert model.config.sliding_window == 4
     reference, ours = _both(model, loop_calls, **kwargs)
     _assert_same(reference, ours)
-    assert any(isinstance(layer, decoding_loop.UnfilledSlidingLayer) for layer in ours.past_key_values.layers)
+    assert any(isinstance(layer, decoding_loop.WholeCacheSlidingLayer) for layer in ours.past_key_values.layers)
     dynamic = model.generate(**kwargs, cache_implementation="dynamic")
     assert torch.equal(dynamic.sequences, ours.sequences)
     for step, (a, b) in enumerate(zip(ours.logits, dynamic.logits)):
-        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4, msg=f"logits of step {step}")
+        assert_close_to_scale(a, b, msg=f"logits of step {step}")
 
 
 def _ending_tokens(model, inputs, steps: tuple[int, ...]) -> list[int]:

@@ -133,18 +133,17 @@ def test_default_on_cuda_is_the_static_cache_and_the_user_can_opt_out(on_cuda, n
 
 
 @pytest.mark.parametrize("name", ["local_global", "all_sliding_attention"])
-def test_sliding_windows_shorter_than_the_generation_keep_the_dynamic_cache_by_default(name, on_cuda, notices):
-    """Past its window a static sliding layer counts its length in a Python int (a new CUDA graph per token): the CUDA
-    default decodes such generations with the dynamic cache, with one notice; a window spanning the whole cache takes
-    the static path; asking for the static cache is honoured."""
-    kwargs = dict(**_prompts(2, 97), **GREEDY, pad_token_id=0, max_new_tokens=10)  # a 15-position cache
-    short = randomised(DecoderForCausalLM(tiny_decoder_config(**DECODER_VARIANTS[name])))  # window 4
-    assert isinstance(short.generate(**kwargs).past_key_values, DynamicCache)
+def test_generations_over_four_windows_keep_the_dynamic_cache_by_default(name, on_cuda, notices):
+    """Past `WHOLE_CACHE_WINDOWS` windows a static cache's sliding layers are transformers' window-long ones, which
+    count their length in a Python int (a new CUDA graph per token): the CUDA default decodes such generations with
+    the dynamic cache, with one notice; up to 4 windows the static path; asking for the static cache is honoured."""
+    kwargs = dict(**_prompts(2, 97), **GREEDY, pad_token_id=0, max_new_tokens=12)  # a 17-position cache
+    model = randomised(DecoderForCausalLM(tiny_decoder_config(**DECODER_VARIANTS[name])))  # window 4
+    assert isinstance(model.generate(**dict(kwargs, max_new_tokens=10)).past_key_values, StaticCache)  # 15 positions
+    assert not notices
+    assert isinstance(model.generate(**kwargs).past_key_values, DynamicCache)
     assert len(notices) == 1 and "sliding window (4)" in notices[0] and "\n" not in notices[0]
-    assert isinstance(short.generate(**kwargs, cache_implementation="static").past_key_values, StaticCache)
-    spanning = randomised(DecoderForCausalLM(tiny_decoder_config(**dict(DECODER_VARIANTS[name], sliding_window=15))))
-    assert isinstance(spanning.generate(**kwargs).past_key_values, StaticCache)
-    assert len(notices) == 1
+    assert isinstance(model.generate(**kwargs, cache_implementation="static").past_key_values, StaticCache)
 
 
 def test_transformers_full_sliding_layers_take_their_length_as_a_symbolic_input():
