@@ -10,9 +10,10 @@ Sub-commands (rank 0 writes a JSON result to `--out`):
 - `script NAME --weights_dir DIR -- ARGS...`: runs `archlab.scripts.NAME.main(ARGS)` (pretrain or finetune).
 Every training command saves each rank's final weights to `--weights_dir` (`rank-R.safetensors`) when given, so a
 test can check that the processes trained one model and that it equals the 1-process model.
-- `sharded MODEL_DIR ...`: loads each model twice in every rank, plain and sharded with transformers' native
-  parallelism (`tp_plan="auto"` for tensor parallelism, `DistributedConfig(ep_size=2)` for an expert-parallel
-  plan, `DistributedConfig(fsdp_size=2)` for FSDP2 training), and records the largest difference to the plain model.
+- `sharded MODEL_DIR ... [--tp_only MODEL_DIR ...]`: loads each model twice in every rank, plain and sharded with
+  transformers' native parallelism (`tp_plan="auto"` for tensor parallelism, `DistributedConfig(ep_size=2)` for an
+  expert-parallel plan, `DistributedConfig(fsdp_size=2)` for FSDP2 training; those after `--tp_only` with tensor
+  parallelism only), and records the largest difference to the plain model.
 - `deepspeed MODEL_DIR --deepspeed CONFIG.json`: DeepSpeed ZeRO training steps vs. the same steps in one process.
 - `accelerate_fsdp2 MODEL_DIR ...`: each model sharded by accelerate's own FSDP2 preparation (what
   `Accelerator.prepare` runs on GPUs with `configs/accelerate/fsdp2.yaml`) vs. the same steps in one process, and
@@ -170,7 +171,7 @@ def _inputs(config, rows: int = 2, length: int = 10) -> dict[str, torch.Tensor]:
 
 def run_sharded(args: argparse.Namespace) -> dict:
     results = {}
-    for path in args.models:
+    for path in [*args.models, *args.tp_only]:
         config = AutoConfig.from_pretrained(path)
         auto = _auto_class(config)
         plain = auto.from_pretrained(path).eval()
@@ -192,7 +193,7 @@ def run_sharded(args: argparse.Namespace) -> dict:
             expected = plain.generate(**generate_inputs, **gen_kwargs)
             entry["tp_generate_equal"] = bool(torch.equal(tp.generate(**generate_inputs, **gen_kwargs), expected))
         del tp
-        if args.tp_only:
+        if path in args.tp_only:
             results[os.path.basename(os.path.normpath(path))] = entry
             continue
         if getattr(config, "base_model_ep_plan", None) and getattr(config, "num_local_experts", 0) > 1:
@@ -304,7 +305,7 @@ def run_accelerate_fsdp2(args: argparse.Namespace) -> dict:
 
     dist.init_process_group("gloo")
     results = {}
-    for path in args.models:
+    for path in [*args.models, *args.tp_only]:
         config = AutoConfig.from_pretrained(path)
         inputs = _inputs(config)
         plain = AutoModelForCausalLM.from_pretrained(path).train()
@@ -353,7 +354,7 @@ def main() -> None:
     parser.add_argument("--weights_dir", default=None)
     parser.add_argument("--archlab_trainer", action="store_true")
     parser.add_argument("--evaluate_first", action="store_true")
-    parser.add_argument("--tp_only", action="store_true", help="sharded: tensor parallelism only (no EP, no FSDP2)")
+    parser.add_argument("--tp_only", nargs="*", default=[], help="sharded: more models, for tensor parallelism only")
     args = parser.parse_args()
     torch.manual_seed(0)
     _write(args.out, COMMANDS[args.command](args))

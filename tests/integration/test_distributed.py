@@ -146,11 +146,40 @@ def test_trainer_data_parallel_matches_one_process(tmp_path, decoder_dir):
     torch.testing.assert_close(two["losses"], one["losses"], rtol=1e-4, atol=1e-5)
 
 
+# Heads tied to their input embeddings, checked with tensor parallelism only (see the test below).
+TIED_HEADS = {
+    "decoder": lambda: DecoderForCausalLM(tiny_decoder_config(tie_word_embeddings=True)),
+    "seq2seq_shared": lambda: Seq2SeqForConditionalGeneration(
+        tiny_seq2seq_config(**{**SEQ2SEQ, "tie_word_embeddings": True})
+    ),
+    "seq2seq_separate": lambda: Seq2SeqForConditionalGeneration(
+        tiny_seq2seq_config(
+            **{**SEQ2SEQ, "tie_word_embeddings": True},
+            share_encoder_decoder_embeddings=False,
+            decoder_vocab_size=53,
+        )
+    ),
+    "masked_lm": lambda: EncoderForMaskedLM(tiny_seq2seq_config(**{**SEQ2SEQ, "tie_word_embeddings": True})),
+}
+
+
+@pytest.fixture(scope="module")
+def sharded(tmp_path_factory, decoder_dir, seq2seq_dirs, moe_dir) -> dict:
+    """One launch of the `sharded` worker (each costs ~20 s of imports on 2 cores) for both tests below: the models
+    of the first checked with TP, EP and FSDP2, the tied-head models of the second with TP only."""
+    folder = tmp_path_factory.mktemp("sharded")
+    for name, build in TIED_HEADS.items():
+        torch.manual_seed(0)
+        build().save_pretrained(folder / f"tied_{name}")
+    tied = [str(folder / f"tied_{name}") for name in TIED_HEADS]
+    return launch(folder, torchrun(), "sharded", decoder_dir, *seq2seq_dirs, moe_dir, "--tp_only", *tied)
+
+
 @pytest.mark.slow
-def test_tensor_parallel_and_fsdp2_match_one_process(tmp_path, decoder_dir, seq2seq_dirs, moe_dir):
+def test_tensor_parallel_and_fsdp2_match_one_process(sharded, moe_dir):
     """Decoder, encoder-decoder (shared vocabulary; gated (packed) fc1; tied head), MoE decoder: TP logits and FSDP2
     training steps; for the MoE decoder also expert parallelism (each rank owns 2 of the 4 experts)."""
-    result = launch(tmp_path, torchrun(), "sharded", decoder_dir, *seq2seq_dirs, moe_dir)
+    result = {name: entry for name, entry in sharded.items() if not name.startswith("tied_")}
     assert len(result) == 5
     moe = result[os.path.basename(moe_dir)]
     assert moe["ep_local_experts"] == 2
@@ -164,33 +193,15 @@ def test_tensor_parallel_and_fsdp2_match_one_process(tmp_path, decoder_dir, seq2
 
 
 @pytest.mark.slow
-def test_tensor_parallel_with_tied_heads_matches_one_process(tmp_path):
+def test_tensor_parallel_with_tied_heads_matches_one_process(sharded):
     """`tp_plan="auto"` on heads tied to their input embeddings: the decoder, the encoder-decoder with a shared and
     with a separate target vocabulary, and the masked LM. A tied head is the embedding's parameter, split by
     vocabulary rows for both modules (the head's own `colwise_gather_output` entry); without that entry the head's
     `F.linear` meets a sharded weight and the forward fails. Logits and greedy generation equal one process."""
-    models = {
-        "decoder": DecoderForCausalLM(tiny_decoder_config(tie_word_embeddings=True)),
-        "seq2seq_shared": Seq2SeqForConditionalGeneration(
-            tiny_seq2seq_config(**{**SEQ2SEQ, "tie_word_embeddings": True})
-        ),
-        "seq2seq_separate": Seq2SeqForConditionalGeneration(
-            tiny_seq2seq_config(
-                **{
-                    **SEQ2SEQ,
-                    "tie_word_embeddings": True,
-                    "share_encoder_decoder_embeddings": False,
-                    "decoder_vocab_size": 53,
-                }
-            )
-        ),
-        "masked_lm": EncoderForMaskedLM(tiny_seq2seq_config(**{**SEQ2SEQ, "tie_word_embeddings": True})),
-    }
-    for name, model in models.items():
-        model.save_pretrained(tmp_path / name)
-    result = launch(tmp_path, torchrun(), "sharded", *(str(tmp_path / name) for name in models), "--tp_only")
-    assert set(result) == set(models)
+    result = {name.removeprefix("tied_"): entry for name, entry in sharded.items() if name.startswith("tied_")}
+    assert set(result) == set(TIED_HEADS)
     for name, entry in result.items():
+        assert "fsdp_losses" not in entry, name  # tensor parallelism only
         assert entry["tp_sharded"] and entry["tp_tied_head"], name
         assert entry["tp_logits"] <= 1e-4, name
         assert entry.get("tp_generate_equal", name == "masked_lm"), name

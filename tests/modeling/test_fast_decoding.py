@@ -6,6 +6,8 @@ takes the static path (sampling, stop strings, streaming and the pipeline includ
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 from transformers import (
@@ -20,7 +22,7 @@ from transformers import (
 from transformers.generation import GenerationMode
 
 from archlab import DecoderForCausalLM
-from archlab.modeling import fast_decoding
+from archlab.modeling import beam_loop, decoding_loop, fast_decoding
 from archlab.modeling.configuration_decoder import ROPE_TYPES
 
 from helpers import (
@@ -284,8 +286,11 @@ def test_beam_search_holds_each_source_once_in_the_cross_attention_cache(monkeyp
     """On generate's static cache an encoder-decoder's beam search keeps each source's cross-attention keys once, not
     once per beam (`SHARED_SOURCE_KEYS`): the same sequences and scores as keys per beam, in the compiled loop and in
     transformers' loop (beam sampling) alike, with a padded source; the cache is kept for the next beam search, and a
-    greedy call of the same cache batch gets a cache of its own."""
-    torch._dynamo.reset()
+    greedy call of the same cache batch gets a cache of its own. The steps run uncompiled (their compiled graphs with
+    shared keys: tests/integration/test_compile.py)."""
+    monkeypatch.setattr(fast_decoding, "compiled_beam_step", lambda model, config: beam_loop.beam_step)
+    monkeypatch.setattr(fast_decoding, "compiled_decoding_step", lambda model, config: decoding_loop.decoding_step)
+    monkeypatch.setattr(fast_decoding, "compiled_decoding_steps", lambda model, config: contextlib.nullcontext())
     model = seq2seq_variant("positions_sinusoidal")  # Marian's (every variant: tests/modeling/test_beam_loop.py)
     inputs = _prompts(2, model.config.vocab_size, padding_side="right")
     kwargs = dict(**inputs, num_beams=3, max_new_tokens=8, cache_implementation="static", pad_token_id=0)

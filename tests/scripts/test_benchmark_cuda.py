@@ -66,10 +66,21 @@ def cells(table: str, metric_start: str) -> list[str]:
 
 def run_suites(tmp_path: Path, *argv: str, device: str = "cpu") -> str:
     out = tmp_path / "table.md"
-    assert benchmark.main([*argv, "--device", device, "--quick", "--output", str(out)]) == 0
+    rounds = ["--rounds", "1", "--decode-rounds", "1"] if device == "cpu" else []  # on CPU: that it runs, not timings
+    assert benchmark.main([*argv, "--device", device, "--quick", *rounds, "--output", str(out)]) == 0
     table = out.read_text()
     assert "failed" not in table, table
     return table
+
+
+def _trace_only_regions(monkeypatch) -> None:
+    """accelerate's `compile_regions` with dynamo's eager backend (the suites' compiled rows on CPU)."""
+    import accelerate.utils
+
+    compile_regions = accelerate.utils.compile_regions
+    monkeypatch.setattr(
+        accelerate.utils, "compile_regions", lambda module, **kw: compile_regions(module, **kw, backend="eager")
+    )
 
 
 @pytest.mark.slow
@@ -86,6 +97,10 @@ def test_training_suite_runs_every_comparison(tmp_path, monkeypatch, device):
     monkeypatch.setenv("PYTHONPATH", f"{fake}:{':'.join(sys.path)}")
     monkeypatch.setenv("FAKE_LIGER_MARKER", str(marker))
 
+    # On CPU the compiled rows trace only: inductor's compile of both models' forward and backward costs ~15 s on 2
+    # cores, and tests/integration/test_compile.py compiles regions with it.
+    if device == "cpu":
+        _trace_only_regions(monkeypatch)
     table = run_suites(tmp_path, "--suite", "cuda-train", "--threads", "2", device=device)
     for metric in (
         "dense 1.1B: archlab vs LlamaForCausalLM (eager)",
@@ -115,14 +130,9 @@ def test_training_suite_runs_every_comparison(tmp_path, monkeypatch, device):
 def test_compiled_training_suite_runs_every_comparison(tmp_path, monkeypatch, device):
     """cuda-train-compiled: vocabulary 128256, MoE and seq2seq compiled regionally against their peers compiled and
     eager. On CPU dynamo's eager backend stands in for inductor (tracing, no code generation: inductor's compile of
-    six models would cost minutes; cuda-train's dense rows compile with inductor)."""
-    import accelerate.utils
-
+    six models would cost minutes)."""
     if device == "cpu":
-        compile_regions = accelerate.utils.compile_regions
-        monkeypatch.setattr(
-            accelerate.utils, "compile_regions", lambda module, **kw: compile_regions(module, **kw, backend="eager")
-        )
+        _trace_only_regions(monkeypatch)
     table = run_suites(tmp_path, "--suite", "cuda-train-compiled", "--threads", "2", device=device)
     for label, peer in (
         ("vocab 128256", "Llama"),
