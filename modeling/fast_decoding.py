@@ -26,7 +26,9 @@ in what transformers leaves out:
   copies in place (`reorder_cache_in_place`) and the one-token steps run compiled. An encoder-decoder's beam search
   (either loop) keeps each source's cross-attention keys and values once for all its beams (`SHARED_SOURCE_KEYS`,
   `attention.rows_per_source`): the beams of a sentence attend to them together, and the cross-attention cache, the
-  largest read of a Marian-shaped step after the weights, shrinks by the number of beams.
+  largest read of a Marian-shaped step after the weights, shrinks by the number of beams;
+- an encoder-decoder's source, on that path, is padded to a few lengths (`source_padding.py`), so calls with other
+  source lengths reuse the kept static cache and its recorded steps.
 """
 
 from __future__ import annotations
@@ -59,6 +61,7 @@ from .decoding_loop import (
     loop_blocker,
 )
 from .fused_projections import inference_projections
+from .source_padding import pad_source, padded_source_length, pads_sources
 
 logger = logging.get_logger(__name__)
 
@@ -274,6 +277,26 @@ class FastDecodingMixin:
             kept.reusable = not generation_config.return_dict_in_generate  # a returned cache is the user's
         return result
 
+    def _maybe_prepare_encoder_kwargs_for_generation(
+        self, inputs_tensor, model_kwargs: dict, model_input_name, generation_config: GenerationConfig
+    ):
+        """An encoder-decoder's source, on the fast path, right-padded to a multiple of `SOURCE_STEP` positions and to
+        the longest so far (source_padding.py) before it is encoded: later calls with other source lengths reuse the
+        static cache and the recorded steps."""
+        if self.config.is_encoder_decoder:
+            mode = generation_config.get_generation_mode()
+            cache = choose_cache_implementation(self, generation_config, model_kwargs, mode)
+            if pads_sources(self, generation_config, model_kwargs, model_input_name, cache):
+                previous = self.__dict__.get("_previous_max_source_length", 0)
+                limit = getattr(self.config, "max_position_embeddings", None)
+                length = padded_source_length(inputs_tensor.shape[1], previous, limit)
+                pad = generation_config._pad_token_tensor
+                inputs_tensor, model_kwargs = pad_source(inputs_tensor, model_kwargs, length, pad)
+                self._previous_max_source_length = max(previous, length)
+        return super()._maybe_prepare_encoder_kwargs_for_generation(
+            inputs_tensor, model_kwargs, model_input_name, generation_config
+        )
+
     def _prepare_static_cache(self, cache_implementation, batch_size, max_cache_len, *args, **kwargs):
         """transformers' static cache, reused by the next call of the same shape (batch size, length and, for an
         encoder-decoder, source length; reset, not reallocated) unless the call that used it returned it.
@@ -304,8 +327,9 @@ class FastDecodingMixin:
     def release_decoding_memory(self) -> None:
         """Free what `generate` keeps on the model between calls on the fast path: the static KV cache it reuses (with
         beam search's spare buffers, `beam_reorder.py`) and the compiled loops' buffers (for a batch of 64 at 2,048
-        positions of a 1B model, gigabytes). The next call allocates them again (and records its CUDA graphs again)."""
-        for name in ("_kept_static_cache", "_decoding_buffers", "_beam_buffers"):
+        positions of a 1B model, gigabytes), and the longest padded source (source_padding.py). The next call allocates
+        them again (and records its CUDA graphs again)."""
+        for name in ("_kept_static_cache", "_decoding_buffers", "_beam_buffers", "_previous_max_source_length"):
             self.__dict__.pop(name, None)
 
     def _sample(

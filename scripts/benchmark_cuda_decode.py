@@ -287,6 +287,37 @@ def beam_search_row(setup: Setup, report: Report, cache: str = "dynamic") -> Non
         )
         in_place = mock.patch.object(beam_reorder, "DOUBLE_BUFFER", False)
         against_itself(setup, report, metric, ours, kwargs, batch * new_tokens, roofline, in_place)
+        guarded(report, setup, "varied sources", lambda: varied_sources_row(setup, report, ours, kwargs, roofline))
+
+
+def varied_sources_row(setup: Setup, report: Report, model, kwargs: dict, roofline) -> None:
+    """Beam search over a translation job's batches, each padded to its own longest sentence: every call a source of
+    another length (the longest, then 7 positions shorter each call, down to half). Sources padded to multiples of
+    64 positions and to the longest so far (source_padding.py, the default: one cache, its steps recorded once)
+    against sources as they come (a new cache and new recordings every call). The roofline is the longest source's."""
+    import itertools
+    from unittest import mock
+
+    import archlab.modeling.source_padding as source_padding
+
+    ids, mask = kwargs["input_ids"], kwargs["attention_mask"]
+    lengths = itertools.cycle(range(ids.shape[1], ids.shape[1] // 2, -7))
+
+    def next_source():
+        length = next(lengths)
+        return model.generate(**dict(kwargs, input_ids=ids[:, :length], attention_mask=mask[:, :length]))
+
+    def unpadded():
+        with mock.patch.object(source_padding, "SOURCE_STEP", None):
+            return next_source()
+
+    batch, beams, new_tokens = ids.shape[0], kwargs["num_beams"], kwargs["max_new_tokens"]
+    metric = (
+        f"encoder-decoder (Marian shape) beam search, batch {batch}, {beams} beams, a source of another length every "
+        "call, archlab's loop: sources padded to a few lengths vs as they come (source_padding.py)"
+    )
+    runs = (next_source, unpadded)
+    generate_row(setup, report, metric, (model, model), kwargs, batch * new_tokens, roofline, cold=True, runs=runs)
 
 
 def new_report(setup: Setup, what: str) -> Report:

@@ -315,3 +315,28 @@ def test_beam_search_reorders_from_spares_as_in_place(kind, monkeypatch):
     assert not captures, "a later call recorded a step again"
     for output in outputs:
         assert torch.equal(output, in_place.sequences)
+
+
+@pytest.mark.parametrize("num_beams", [1, 3])
+def test_sources_of_other_lengths_replay_the_recorded_steps(num_beams, monkeypatch):
+    """A translation job's batches each padded to their own longest sentence: on the default path each source is
+    padded to a multiple of 64 positions and to the longest so far (source_padding.py), so after the first call the
+    calls with sources of other lengths reuse its cache and replay its recorded steps (no recording, no skip), with
+    eager decoding's tokens for the unpadded source."""
+    from archlab.modeling import source_padding
+
+    monkeypatch.setattr(source_padding, "SOURCE_STEP", 64)  # the production step (the suite's is 4)
+    torch._dynamo.reset()
+    counters.clear()
+    model = _model("seq2seq", torch.float32)
+    kwargs = dict(num_beams=num_beams, do_sample=False, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS)
+    kwargs.update(pad_token_id=0)
+    sources = [{k: v[:, :length] for k, v in _inputs("seq2seq", 4).items()} for length in (31, 20, 27)]
+    outputs = [model.generate(**sources[0], **kwargs) for _ in range(2)]  # records the steps (both spare roles)
+    captures = _count_recordings(monkeypatch)
+    outputs += [model.generate(**source, **kwargs) for source in sources[1:]]
+    assert counters["inductor"]["cudagraph_skips"] == 0
+    assert not captures, "a source of another length recorded a step again"
+    assert model._kept_static_cache.cache.cross_attention_cache.layers[0].keys.shape[2] == 64
+    for source, output in zip(sources[:1] + sources, outputs):
+        assert torch.equal(output, model.generate(**source, **kwargs, disable_compile=True))

@@ -14,7 +14,7 @@ import pytest
 import torch
 from transformers import CompileConfig
 
-from archlab.modeling import beam_loop, cache_spans, decoding_loop, fast_decoding
+from archlab.modeling import beam_loop, cache_spans, decoding_loop, fast_decoding, source_padding
 
 from helpers import (
     DECODER_VARIANTS,
@@ -242,9 +242,11 @@ def test_suppressed_tokens_and_one_token_bad_words_in_beam_search(loop_calls):
 @pytest.mark.parametrize("penalty", [1.3, 0.7])
 def test_repetition_penalty_in_beam_search_as_transformers_applies_it(kind, penalty, loop_calls, monkeypatch):
     """On each beam's log-probabilities, over its own sequence so far (a decoder's left padding skipped). The steps
-    read the whole cache, as transformers' do: a penalty below 1 makes beams of repeated tokens whose scores tie to
-    float32 rounding, which attention over a shorter span (cache_spans.py) rounds differently."""
+    read the whole cache and the source unpadded, as transformers' do: a penalty below 1 makes beams of repeated
+    tokens whose scores tie to float32 rounding, which attention over a shorter span (cache_spans.py) or a padded
+    source (source_padding.py) rounds differently."""
     monkeypatch.setattr(cache_spans, "MIN_SPAN_STEP", 10**6)
+    monkeypatch.setattr(source_padding, "SOURCE_STEP", None)
     model = _model(kind, "positions_rope" if kind == "decoder" else "positions_sinusoidal")
     kwargs = dict(**_inputs(model, kind), **OUTPUTS, num_beams=3, num_return_sequences=2, max_new_tokens=10)
     kwargs.update(eos_token_id=[5, 7], repetition_penalty=penalty)

@@ -589,17 +589,20 @@ def test_generate_reuses_its_static_cache_unless_it_returned_it():
 
 
 @pytest.mark.parametrize("num_beams", [1, 3])
-def test_an_encoder_decoder_reuses_its_static_cache_for_sources_of_one_length(num_beams):
-    """An encoder-decoder's cache (self-attention and cross-attention parts) is kept too, for the next call with a
-    source of the same length: what a translation server repeating one shape replays without recording again."""
+def test_an_encoder_decoder_reuses_its_static_cache_for_sources_padded_to_one_length(num_beams):
+    """An encoder-decoder's cache (self-attention and cross-attention parts) is kept too, for the next call whose
+    source pads to the same length (source_padding.py: multiples of SOURCE_STEP, 4 here, and at least the longest so
+    far): what a translation server replays without recording again. The tokens are those of the unpadded source."""
     model = seq2seq_variant("positions_sinusoidal")
     caches = _spy_on_static_caches(model)
-    sources = [torch.randint(3, 50, (2, n), generator=torch.Generator().manual_seed(n)) for n in (5, 5, 7)]
+    lengths = (5, 7, 9, 5, 12)  # padded to 8, 8, 12, 12, 12
+    sources = [torch.randint(3, 50, (2, n), generator=torch.Generator().manual_seed(n)) for n in lengths]
     kwargs = dict(num_beams=num_beams, max_new_tokens=6, do_sample=False, pad_token_id=0, eos_token_id=None)
-    kwargs.update(cache_implementation="static", compile_config=_compile_config("eager"))
-    outputs = [model.generate(source, **kwargs) for source in sources]
-    assert caches[1] is caches[0] and caches[2] is not caches[0]  # a longer source: a cross-attention cache of its own
+    kwargs.update(cache_implementation="static")
+    outputs = [model.generate(source, **kwargs, compile_config=_compile_config("eager")) for source in sources]
+    assert caches[1] is caches[0] and caches[2] is not caches[0]  # past the step: a cross-attention cache of its own
+    assert caches[3] is caches[2] and caches[4] is caches[2]  # shorter sources after it pad to the longest
+    assert model._kept_static_cache.cache.cross_attention_cache.layers[0].keys.shape[2] == 12
     del model._prepare_static_cache
     for source, output in zip(sources, outputs):
-        model.release_decoding_memory()
-        assert torch.equal(output, model.generate(source, **kwargs))  # a fresh cache: the same tokens
+        assert torch.equal(output, model.generate(source, **kwargs, disable_compile=True))  # unpadded

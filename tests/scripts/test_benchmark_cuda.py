@@ -173,6 +173,7 @@ def test_decode_suites_run_every_comparison(tmp_path, device):
         assert re.fullmatch(r"[\d.]+ s", row[header_index(loops, "first call archlab")]), row
     cells(loops, "encoder-decoder (Marian shape) beam search")
     cells(loops, "encoder-decoder (Marian shape) beam-search cache reorder, batch 2, 4 beams, archlab's loop")
+    cells(loops, "encoder-decoder (Marian shape) beam search, batch 2, 4 beams, a source of another length every call")
 
 
 def header_index(table: str, header: str) -> int:
