@@ -171,7 +171,7 @@ def test_decode_suites_run_every_comparison(tmp_path, device):
     for batch in (1, 4):
         row = cells(loops, f"MoE (Mixtral shape) greedy decode, batch {batch}, {default}")
         assert re.fullmatch(r"[\d.]+ s", row[header_index(loops, "first call archlab")]), row
-    cells(loops, "encoder-decoder (Marian shape) beam search")
+    cells(loops, "encoder-decoder (Marian shape) beam search, batch 2, 4 beams, 16 source + 8 new tokens")
     cells(loops, "encoder-decoder (Marian shape) beam-search cache reorder, batch 2, 4 beams, archlab's loop")
     cells(loops, "encoder-decoder (Marian shape) beam search, batch 2, 4 beams, a source of another length every call")
 
