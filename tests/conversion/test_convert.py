@@ -9,6 +9,7 @@ import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
 from archlab.conversion import ConversionError, convert_checkpoint
+from archlab.scripts import convert_checkpoint as convert_script
 
 from helpers import REPO, TINY, tiny_decoder_config
 
@@ -35,12 +36,8 @@ def test_llama_to_archlab_and_back_via_the_script(llama_folder, tmp_path):
     assert (tmp_path / "arch" / "tokenizer.json").is_file()
     assert (arch(ids).logits - reference(ids).logits).abs().max() <= 1e-4
 
-    run = subprocess.run(
-        [sys.executable, str(SCRIPT), str(tmp_path / "arch"), str(tmp_path / "back"), "--to", "llama"],
-        capture_output=True,
-        text=True,
-    )
-    assert run.returncode == 0, run.stderr
+    # back through the script's `main` in this process (a fresh one costs ~10 s of imports; the command ran above)
+    assert convert_script.main([str(tmp_path / "arch"), str(tmp_path / "back"), "--to", "llama"]) == 0
     assert json.loads((tmp_path / "back" / "config.json").read_text())["model_type"] == "llama"
     back = LlamaForCausalLM.from_pretrained(tmp_path / "back").eval()
     assert torch.equal(back(ids).logits, reference(ids).logits)
