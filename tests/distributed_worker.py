@@ -305,7 +305,7 @@ def run_accelerate_fsdp2(args: argparse.Namespace) -> dict:
 
     dist.init_process_group("gloo")
     results = {}
-    for path in [*args.models, *args.tp_only]:
+    for path in args.models:
         config = AutoConfig.from_pretrained(path)
         inputs = _inputs(config)
         plain = AutoModelForCausalLM.from_pretrained(path).train()
