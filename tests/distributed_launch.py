@@ -18,13 +18,28 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch(tmp_path: Path, launcher: list[str], *worker_args: str, env: dict | None = None) -> dict:
+def _launch(tmp_path: Path, launcher: list[str], worker_args: list[str], env: dict | None) -> tuple[dict, str]:
     out = tmp_path / f"result-{free_port()}.json"
-    command = [*launcher, str(WORKER), *worker_args, "--out", str(out)]
+    command = [*launcher, str(WORKER), "--out", str(out), *worker_args]
     run_env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
-    proc = subprocess.run(command, capture_output=True, text=True, timeout=600, env=run_env, cwd=tmp_path)
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=900, env=run_env, cwd=tmp_path)
     assert proc.returncode == 0, f"{' '.join(command)} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
-    return json.loads(out.read_text())
+    return json.loads(out.read_text()), proc.stdout
+
+
+def launch(tmp_path: Path, launcher: list[str], *worker_args: str, env: dict | None = None) -> dict:
+    """One worker sub-command on 2 processes: what rank 0 wrote."""
+    return _launch(tmp_path, launcher, list(worker_args), env)[0]
+
+
+def launch_batch(
+    tmp_path: Path, launcher: list[str], jobs: dict[str, list[str]], env: dict | None = None
+) -> tuple[dict, str]:
+    """Several worker sub-commands in ONE launch (`{name: [sub-command, args...]}`, run in that order; each launch
+    costs ~20 s of imports on 2 cores): `{name: that job's result}`, and what the processes printed."""
+    jobs_file = tmp_path / f"jobs-{free_port()}.json"
+    jobs_file.write_text(json.dumps(jobs))
+    return _launch(tmp_path, launcher, ["batch", str(jobs_file)], env)
 
 
 def torchrun() -> list[str]:

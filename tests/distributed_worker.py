@@ -18,6 +18,8 @@ test can check that the processes trained one model and that it equals the 1-pro
 - `accelerate_fsdp2 MODEL_DIR ...`: each model sharded by accelerate's own FSDP2 preparation (what
   `Accelerator.prepare` runs on GPUs with `configs/accelerate/fsdp2.yaml`) vs. the same steps in one process, and
   which modules became FSDP2 groups.
+- `batch JOBS.json`: several of the above in one launch (each launch costs ~20 s of imports on 2 cores), in the
+  order of the file's `{name: [sub-command, args...]}`; the result is `{name: that job's result}`.
 """
 
 from __future__ import annotations
@@ -253,7 +255,7 @@ def run_deepspeed(args: argparse.Namespace) -> dict:
     """ZeRO with DeepSpeed's own engine on CPU (`DS_ACCELERATOR=cpu`, gloo), its "auto" fields filled by
     transformers' `HfTrainerDeepSpeedConfig` exactly as the Trainer fills them on GPUs."""
     import deepspeed
-    from transformers.integrations.deepspeed import HfTrainerDeepSpeedConfig
+    from transformers.integrations.deepspeed import HfTrainerDeepSpeedConfig, unset_hf_deepspeed_config
 
     path = args.models[0]
     config = AutoConfig.from_pretrained(path)
@@ -287,6 +289,7 @@ def run_deepspeed(args: argparse.Namespace) -> dict:
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=ds_config.config)
     partitioned = [n for n, p in engine.module.named_parameters() if p.numel() == 0 and getattr(p, "ds_numel", 0)]
     sharded = _train_curve(engine, None, inputs, True, backward=engine.backward, step=engine.step)
+    unset_hf_deepspeed_config()  # later jobs of a batch load their models whole again
     return {
         "stage": ds_config.config["zero_optimization"]["stage"],
         "partitioned": partitioned,
@@ -303,7 +306,8 @@ def run_accelerate_fsdp2(args: argparse.Namespace) -> dict:
     from accelerate.utils.fsdp_utils import fsdp2_prepare_model
     from torch.distributed.fsdp import FSDPModule
 
-    dist.init_process_group("gloo")
+    if not dist.is_initialized():  # (an earlier job of the batch may have started it)
+        dist.init_process_group("gloo")
     results = {}
     for path in args.models:
         config = AutoConfig.from_pretrained(path)
@@ -333,20 +337,19 @@ def run_accelerate_fsdp2(args: argparse.Namespace) -> dict:
     return results
 
 
-def main() -> None:
-    if sys.argv[1:2] == ["script"]:
+def run_job(argv: list[str]) -> dict:
+    """One sub-command (`argv` as on the command line, without `--out`) run in this process; its result."""
+    torch.manual_seed(0)
+    if argv[:1] == ["script"]:
         parser = argparse.ArgumentParser(description=__doc__)
         parser.add_argument("name", choices=["pretrain", "finetune"])
-        parser.add_argument("--out", required=True)
         parser.add_argument("--weights_dir", required=True)
-        split = sys.argv.index("--")
-        args = parser.parse_args(sys.argv[2:split])
-        _write(args.out, run_script(args.name, args.weights_dir, sys.argv[split + 1 :]))
-        return
+        split = argv.index("--")
+        args = parser.parse_args(argv[1:split])
+        return run_script(args.name, args.weights_dir, argv[split + 1 :])
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("command", choices=list(COMMANDS))
     parser.add_argument("models", nargs="+")
-    parser.add_argument("--out", required=True)
     parser.add_argument("--output_dir", default=None)
     parser.add_argument("--global_batch", type=int, default=4)
     parser.add_argument("--steps", type=int, default=4)
@@ -355,9 +358,22 @@ def main() -> None:
     parser.add_argument("--archlab_trainer", action="store_true")
     parser.add_argument("--evaluate_first", action="store_true")
     parser.add_argument("--tp_only", nargs="*", default=[], help="sharded: more models, for tensor parallelism only")
-    args = parser.parse_args()
-    torch.manual_seed(0)
-    _write(args.out, COMMANDS[args.command](args))
+    args = parser.parse_args(argv)
+    return COMMANDS[args.command](args)
+
+
+def main() -> None:
+    argv = sys.argv[1:]
+    options = argv.index("--") if "--" in argv else len(argv)  # a script's own flags follow "--"
+    at = argv.index("--out", 0, options)
+    out = argv[at + 1]
+    del argv[at : at + 2]
+    if argv[0] == "batch":
+        with open(argv[1], encoding="utf-8") as f:
+            jobs = json.load(f)
+        _write(out, {name: run_job(job) for name, job in jobs.items()})
+    else:
+        _write(out, run_job(argv))
 
 
 def _write(out: str, result: dict) -> None:

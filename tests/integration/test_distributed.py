@@ -1,13 +1,15 @@
 """Multi-process runs with 2 CPU processes on gloo: data parallel (Trainer under torchrun), FSDP2 and tensor / expert
 parallelism through transformers' native `DistributedConfig` / `tp_plan="auto"`, and DeepSpeed ZeRO-3.
 
-Each test launches `tests/distributed_worker.py` and compares what the 2 processes computed with one process doing
-the same work (same weights, same global batch). The launches cost tens of seconds each, hence `slow`.
+The tests share one launch of `tests/distributed_worker.py` (a batch of its sub-commands; each launch costs ~20 s of
+imports on 2 cores) and compare what the 2 processes computed with one process doing the same work (same weights,
+same global batch); hence `slow`.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 
 import pytest
@@ -15,7 +17,7 @@ import torch
 
 from archlab import DecoderForCausalLM, EncoderForMaskedLM, Seq2SeqForConditionalGeneration
 
-from distributed_launch import launch, torchrun
+from distributed_launch import launch_batch, torchrun
 from distributed_worker import run_trainer
 from helpers import REPO, tiny_decoder_config, tiny_seq2seq_config
 
@@ -105,17 +107,11 @@ def test_accelerate_groups_the_final_norm_with_the_head():
 
 
 @pytest.mark.slow
-def test_accelerate_fsdp2_preparation_matches_one_process(tmp_path):
+def test_accelerate_fsdp2_preparation_matches_one_process(launched):
     """accelerate's own FSDP2 preparation (GPU-only through `Accelerator.prepare`, run directly on gloo here): one
     group per block, the LM head kept whole with the final norm (or alone in post-norm models, whose head then runs
     unchunked so FSDP2 gathers it), and training steps equal to one process."""
-    dirs = []
-    for position in ("pre", "post"):
-        torch.manual_seed(0)
-        DecoderForCausalLM(tiny_decoder_config(norm_position=position)).save_pretrained(tmp_path / position)
-        dirs.append(str(tmp_path / position))
-    result = launch(tmp_path, torchrun(), "accelerate_fsdp2", *dirs)
-    pre, post = result["pre"], result["post"]
+    pre, post = launched["accelerate_fsdp2"]["pre"], launched["accelerate_fsdp2"]["post"]
     assert pre["wrapped_classes"] == ["PreNormBlock"] and post["wrapped_classes"] == ["PostNormBlock"]
     assert {"model.layers.0", "model.layers.1", "lm_head"} <= set(pre["groups"])
     assert pre["head_group"] == ["model.norm", "lm_head"] and post["head_group"] == ["lm_head"]
@@ -125,10 +121,10 @@ def test_accelerate_fsdp2_preparation_matches_one_process(tmp_path):
 
 
 @pytest.mark.slow
-def test_trainer_data_parallel_matches_one_process(tmp_path, decoder_dir):
+def test_trainer_data_parallel_matches_one_process(tmp_path, decoder_dir, launched):
     """torchrun, 2 processes × 2 rows vs. 1 process × 4 rows: the same loss at every step (ragged rows, so the token
     count must be summed across processes)."""
-    two = launch(tmp_path, torchrun(), "trainer", decoder_dir, "--output_dir", str(tmp_path / "two"))
+    two = launched["trainer"]
     assert two["world_size"] == 2 and two["distributed_type"] == "DistributedType.MULTI_CPU"
     one = run_trainer(
         argparse.Namespace(
@@ -164,22 +160,36 @@ TIED_HEADS = {
 
 
 @pytest.fixture(scope="module")
-def sharded(tmp_path_factory, decoder_dir, seq2seq_dirs, moe_dir) -> dict:
-    """One launch of the `sharded` worker (each costs ~20 s of imports on 2 cores) for both tests below: the models
-    of the first checked with TP, EP and FSDP2, the tied-head models of the second with TP only."""
-    folder = tmp_path_factory.mktemp("sharded")
+def launched(tmp_path_factory, decoder_dir, seq2seq_dirs, moe_dir) -> dict:
+    """ONE torchrun launch (each costs ~20 s of imports on 2 cores) for every multi-process test of this file:
+    `sharded` (the models of the TP / EP / FSDP2 test, then the tied-head models with TP only), `trainer`,
+    `accelerate_fsdp2` (a pre-norm and a post-norm decoder) and, last (its ZeRO-3 config is global), `deepspeed`."""
+    folder = tmp_path_factory.mktemp("launched")
     for name, build in TIED_HEADS.items():
         torch.manual_seed(0)
         build().save_pretrained(folder / f"tied_{name}")
     tied = [str(folder / f"tied_{name}") for name in TIED_HEADS]
-    return launch(folder, torchrun(), "sharded", decoder_dir, *seq2seq_dirs, moe_dir, "--tp_only", *tied)
+    norm_positions = []
+    for position in ("pre", "post"):
+        torch.manual_seed(0)
+        DecoderForCausalLM(tiny_decoder_config(norm_position=position)).save_pretrained(folder / position)
+        norm_positions.append(str(folder / position))
+    jobs = {
+        "sharded": ["sharded", decoder_dir, *seq2seq_dirs, moe_dir, "--tp_only", *tied],
+        "trainer": ["trainer", decoder_dir, "--output_dir", str(folder / "trainer")],
+        "accelerate_fsdp2": ["accelerate_fsdp2", *norm_positions],
+    }
+    if importlib.util.find_spec("deepspeed") is not None:
+        zero3 = REPO / "configs" / "deepspeed" / "zero3.json"
+        jobs["deepspeed"] = ["deepspeed", decoder_dir, "--deepspeed", str(zero3)]
+    return launch_batch(folder, torchrun(), jobs, env={"DS_ACCELERATOR": "cpu"})[0]
 
 
 @pytest.mark.slow
-def test_tensor_parallel_and_fsdp2_match_one_process(sharded, moe_dir):
+def test_tensor_parallel_and_fsdp2_match_one_process(launched, moe_dir):
     """Decoder, encoder-decoder (shared vocabulary; gated (packed) fc1; tied head), MoE decoder: TP logits and FSDP2
     training steps; for the MoE decoder also expert parallelism (each rank owns 2 of the 4 experts)."""
-    result = {name: entry for name, entry in sharded.items() if not name.startswith("tied_")}
+    result = {name: entry for name, entry in launched["sharded"].items() if not name.startswith("tied_")}
     assert len(result) == 5
     moe = result[os.path.basename(moe_dir)]
     assert moe["ep_local_experts"] == 2
@@ -193,12 +203,14 @@ def test_tensor_parallel_and_fsdp2_match_one_process(sharded, moe_dir):
 
 
 @pytest.mark.slow
-def test_tensor_parallel_with_tied_heads_matches_one_process(sharded):
+def test_tensor_parallel_with_tied_heads_matches_one_process(launched):
     """`tp_plan="auto"` on heads tied to their input embeddings: the decoder, the encoder-decoder with a shared and
     with a separate target vocabulary, and the masked LM. A tied head is the embedding's parameter, split by
     vocabulary rows for both modules (the head's own `colwise_gather_output` entry); without that entry the head's
     `F.linear` meets a sharded weight and the forward fails. Logits and greedy generation equal one process."""
-    result = {name.removeprefix("tied_"): entry for name, entry in sharded.items() if name.startswith("tied_")}
+    result = {
+        name.removeprefix("tied_"): entry for name, entry in launched["sharded"].items() if name.startswith("tied_")
+    }
     assert set(result) == set(TIED_HEADS)
     for name, entry in result.items():
         assert "fsdp_losses" not in entry, name  # tensor parallelism only
@@ -208,12 +220,9 @@ def test_tensor_parallel_with_tied_heads_matches_one_process(sharded):
 
 
 @pytest.mark.slow
-def test_deepspeed_zero3_matches_one_process(tmp_path, decoder_dir):
+def test_deepspeed_zero3_matches_one_process(launched):
     pytest.importorskip("deepspeed")
-    config = REPO / "configs" / "deepspeed" / "zero3.json"
-    result = launch(
-        tmp_path, torchrun(), "deepspeed", decoder_dir, "--deepspeed", str(config), env={"DS_ACCELERATOR": "cpu"}
-    )
+    result = launched["deepspeed"]
     assert result["stage"] == 3
     assert "lm_head.weight" in result["partitioned"]  # ZeRO-3 really partitioned the weights
     torch.testing.assert_close(result["losses"], result["reference_losses"], rtol=1e-4, atol=1e-5)

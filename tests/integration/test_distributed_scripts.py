@@ -6,15 +6,14 @@ batch (2 processes x 2 rows vs 1 x 4 rows).
 The scripts report the validation loss before training. Done as `trainer.evaluate()` before `trainer.train()`, that
 left the model unwrapped by DistributedDataParallel in transformers 5.23 / accelerate 1.15, and each process trained
 its own replica without a word (`AtomicCheckpointTrainer.train` in training/trainer.py); so the weights themselves are
-compared here, not just whether the run finished. Each launch costs 10-30 s on 2 cores, hence `slow`.
+compared here, not just whether the run finished. Each launch costs ~20 s of imports on 2 cores, so each launcher is
+launched once and runs its scripts one after the other in the same processes; hence `slow`.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -26,7 +25,7 @@ from safetensors.torch import load_file
 import archlab
 from archlab.tokenization.training import save_tokenizer, train_tokenizer
 
-from distributed_launch import WORKER, free_port, launch, torchrun
+from distributed_launch import free_port, launch_batch, torchrun
 from distributed_worker import run_script, run_trainer
 from helpers import REPO, TINY_DECODER_OVERRIDES, TINY_SEQ2SEQ_OVERRIDES, tiny_decoder_config
 
@@ -169,9 +168,9 @@ LAUNCHERS = {
         str(free_port()),
     ],
 }
-# Every script and task once, every launcher at least once (each launch costs ~20 s on 2 cores: the processes' imports).
-# What could go wrong per script (its model not wrapped for data parallelism) does not depend on the launcher, and what
-# could go wrong per launcher (a config starting one process, ranks not set) does not depend on the script.
+# Every script and task once, every launcher at least once. What could go wrong per script (its model not wrapped for
+# data parallelism) does not depend on the launcher, and what could go wrong per launcher (a config starting one
+# process, ranks not set) does not depend on the script.
 RUNS = [
     ("pretrain", "torchrun"),
     ("pretrain", "accelerate-config"),  # the README's multi-process pretraining command
@@ -179,6 +178,51 @@ RUNS = [
     ("finetune-classification", "torchrun"),
     ("finetune-seq2seq", "accelerate-config"),
 ]
+# The scripts' Trainer with `evaluate()` before `train()` (the case that broke), beside the torchrun runs.
+EVALUATE_FIRST = "archlab-trainer-evaluate-first"
+
+
+def script_job(name: str, data: Path, folder: Path) -> list[str]:
+    """The worker's job running script `name` on 2 rows per process, writing to `folder`."""
+    script = "pretrain" if name == "pretrain" else "finetune"
+    return [
+        "script",
+        script,
+        "--weights_dir",
+        str(folder / "weights"),
+        "--",
+        *script_args(name, data),
+        *COMMON,
+        "--output_dir",
+        str(folder / "run"),
+        "--per_device_train_batch_size",
+        "2",
+    ]
+
+
+@pytest.fixture(scope="module")
+def launched(data: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """ONE launch per launcher (each costs ~20 s of imports on 2 cores) running its scripts one after the other in
+    the same 2 processes: `{(name, launcher): (the job's folder, its result, what the launch printed)}`."""
+    results = {}
+    for launcher in LAUNCHERS:
+        folder = tmp_path_factory.mktemp(launcher)
+        names = [name for name, used in RUNS if used == launcher]
+        jobs = {name: script_job(name, data, folder / name) for name in names}
+        if launcher == "torchrun":
+            torch.manual_seed(0)
+            model_dir = folder / "model"
+            archlab.DecoderForCausalLM(tiny_decoder_config(max_position_embeddings=64)).save_pretrained(model_dir)
+            trainer_folder = folder / EVALUATE_FIRST
+            jobs[EVALUATE_FIRST] = [
+                *("trainer", str(model_dir), "--output_dir", str(trainer_folder / "run")),
+                *("--weights_dir", str(trainer_folder / "weights"), "--archlab_trainer", "--evaluate_first"),
+            ]
+            names.append(EVALUATE_FIRST)
+        out, printed = launch_batch(folder, LAUNCHERS[launcher](), jobs)
+        for name in names:
+            results[name, launcher] = (folder / name, out[name], printed)
+    return results
 
 
 @pytest.fixture(scope="module")
@@ -207,67 +251,31 @@ def assert_one_model(weights_dir: Path, reference: dict[str, torch.Tensor]) -> N
 
 
 @pytest.mark.parametrize(("name", "launcher"), RUNS, ids=[f"{name}-{launcher}" for name, launcher in RUNS])
-def test_script_trains_one_model(name: str, launcher: str, data: Path, single_process, tmp_path: Path) -> None:
-    script = "pretrain" if name == "pretrain" else "finetune"
-    command = [
-        *LAUNCHERS[launcher](),
-        str(WORKER),
-        "script",
-        script,
-        "--out",
-        str(tmp_path / "result.json"),
-        "--weights_dir",
-        str(tmp_path / "weights"),
-        "--",
-        *script_args(name, data),
-        *COMMON,
-        "--output_dir",
-        str(tmp_path / "run"),
-        "--per_device_train_batch_size",
-        "2",
-    ]
-    proc = subprocess.run(
-        command, capture_output=True, text=True, timeout=900, cwd=tmp_path, env={**os.environ, "OMP_NUM_THREADS": "1"}
-    )
-    assert proc.returncode == 0, f"{' '.join(command)}\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
-    result = json.loads((tmp_path / "result.json").read_text())
+def test_script_trains_one_model(name: str, launcher: str, launched, single_process) -> None:
+    folder, result, printed = launched[name, launcher]
     assert result["world_size"] == 2
-    assert proc.stdout.count("Before ") == 2  # the loss before training is still reported (by each process)
+    scripts = sum(used == launcher for _, used in RUNS)
+    assert printed.count("Before ") == 2 * scripts  # the loss before training is still reported (by each process)
     assert "before_eval_loss" in result["metrics"]
-    assert (tmp_path / "run" / "config.json").is_file()  # one complete folder, written by rank 0
-    assert_one_model(tmp_path / "weights", single_process(name))
+    assert (folder / "run" / "config.json").is_file()  # one complete folder, written by rank 0
+    assert_one_model(folder / "weights", single_process(name))
 
 
-def test_archlab_trainer_trains_one_model_after_an_evaluation(tmp_path: Path) -> None:
+def test_archlab_trainer_trains_one_model_after_an_evaluation(tmp_path: Path, launched) -> None:
     """The scripts' Trainer under torchrun with `evaluate()` before `train()`, where the stock Trainer of transformers
     5.23 leaves each process training its own replica. (Training alone is the scripts' runs above and
     test_distributed.py's stock Trainer.)"""
-    evaluate_first = True
-    torch.manual_seed(0)
-    model_dir = tmp_path / "model"
-    archlab.DecoderForCausalLM(tiny_decoder_config(max_position_embeddings=64)).save_pretrained(model_dir)
-    flags = ["--archlab_trainer", *(["--evaluate_first"] if evaluate_first else [])]
-    two = launch(
-        tmp_path,
-        torchrun(),
-        "trainer",
-        str(model_dir),
-        "--output_dir",
-        str(tmp_path / "two"),
-        "--weights_dir",
-        str(tmp_path / "weights"),
-        *flags,
-    )
+    folder, two, _ = launched[EVALUATE_FIRST, "torchrun"]
     assert two["world_size"] == 2
     run_trainer(
         argparse.Namespace(
-            models=[str(model_dir)],
+            models=[str(folder.parent / "model")],
             output_dir=str(tmp_path / "one"),
             global_batch=4,
             steps=4,
             weights_dir=str(tmp_path / "one-weights"),
             archlab_trainer=True,
-            evaluate_first=evaluate_first,
+            evaluate_first=True,
         )
     )
-    assert_one_model(tmp_path / "weights", load_file(tmp_path / "one-weights" / "rank-0.safetensors"))
+    assert_one_model(folder / "weights", load_file(tmp_path / "one-weights" / "rank-0.safetensors"))
