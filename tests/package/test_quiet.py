@@ -41,32 +41,40 @@ def test_filter_drops_only_the_cpu_note_of_accelerates_isinstance_probe():
     assert extract_model_from_parallel(_record("ZeRO stage 3 offload: not enough CPU memory"))
 
 
-def _fresh_python(code: str, cwd: Path) -> str:
+def _fresh_pythons(codes: list[str], cwd: Path) -> list[str]:
+    """What each of `codes` prints, each run in its own fresh interpreter, all at once (each costs ~10 s of imports)."""
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-    done = subprocess.run([sys.executable, "-c", code], cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr
-    return done.stdout + done.stderr
+    runs = [
+        subprocess.Popen(
+            [sys.executable, "-c", code], cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        for code in codes
+    ]
+    printed = []
+    for run in runs:
+        stdout, stderr = run.communicate(timeout=300)
+        assert run.returncode == 0, stderr
+        printed.append(stdout + stderr)
+    return printed
 
 
 @pytest.mark.slow
 @needs_deepspeed
 def test_save_and_conversion_print_no_deepspeed_note_but_a_direct_import_does(tmp_path):
     archlab.DecoderForCausalLM(tiny_decoder_config()).save_pretrained(tmp_path / "model")
-    saved = _fresh_python(
-        "import archlab\n"
-        f"archlab.DecoderForCausalLM.from_pretrained({str(tmp_path / 'model')!r}).save_pretrained('again')\n",
+    saved, converted, imported = _fresh_pythons(
+        [
+            "import archlab\n"
+            f"archlab.DecoderForCausalLM.from_pretrained({str(tmp_path / 'model')!r}).save_pretrained('again')\n",
+            "from archlab.scripts.convert_checkpoint import main\n"
+            f"main([{str(tmp_path / 'model')!r}, 'llama', '--to', 'llama'])\n",
+            "import archlab, deepspeed\n",
+        ],
         tmp_path,
     )
     assert (tmp_path / "again" / "config.json").exists()
     assert NOTE not in saved, saved
-
-    converted = _fresh_python(
-        "from archlab.scripts.convert_checkpoint import main\n"
-        f"main([{str(tmp_path / 'model')!r}, 'llama', '--to', 'llama'])\n",
-        tmp_path,
-    )
     assert (tmp_path / "llama" / "config.json").exists()
     assert NOTE not in converted, converted
-
     # The same interpreter set-up does print it when DeepSpeed is imported directly: the checks above can fail.
-    assert NOTE in _fresh_python("import archlab, deepspeed\n", tmp_path)
+    assert NOTE in imported, imported
