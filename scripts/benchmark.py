@@ -23,6 +23,8 @@ The cuda-* suites run the reference GPU shapes (or tiny ones with --quick, which
 from __future__ import annotations
 
 import argparse
+import contextlib
+import gc
 import importlib
 import sys
 from collections.abc import Callable
@@ -269,6 +271,18 @@ def resolve_defaults(args: argparse.Namespace) -> None:
             setattr(args, name, default)
 
 
+@contextlib.contextmanager
+def long_lived_objects_frozen():
+    """The objects alive before the suites run (modules, and a calling process's own: a test session's) left out of
+    the garbage collections the suites run between comparisons, which then scan only what the suites made."""
+    gc.collect()
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -284,7 +298,7 @@ def main(argv: list[str] | None = None) -> int:
     check_device_flags(parser, args, suites)
     resolve_defaults(args)
     tables = []
-    with torch_threads(args.threads):
+    with torch_threads(args.threads), long_lived_objects_frozen():
         for name in dict.fromkeys(suites):
             report = resolve_suite(name)(args)
             print(report.markdown(), flush=True)
