@@ -9,7 +9,7 @@ import json
 import os
 from typing import Any, Protocol
 
-from transformers import AutoConfig, PreTrainedModel
+from transformers import AutoConfig, GenerationConfig, PreTrainedModel
 
 import archlab
 
@@ -57,17 +57,55 @@ def parse_overrides(text: str | None) -> dict[str, Any]:
     return values
 
 
+# Other codebases' names for archlab's fields (GPT-2, T5, BERT, Megatron, LLaMA's original code, nanoGPT ...): an
+# override under one of them is answered with the field it means, where string similarity would guess another.
+NAMES_ELSEWHERE = {
+    **dict.fromkeys(("num_heads", "n_head", "n_heads", "heads"), ("num_attention_heads",)),
+    **dict.fromkeys(("num_layers", "n_layer", "n_layers", "layers", "depth"), ("num_hidden_layers",)),
+    **dict.fromkeys(("n_embd", "n_embed", "dim", "embed_dim", "d_model", "model_dim"), ("hidden_size", "d_model")),
+    **dict.fromkeys(
+        ("n_positions", "n_ctx", "max_seq_len", "max_seq_length", "context_length", "seq_len", "block_size"),
+        ("max_position_embeddings",),
+    ),
+    **dict.fromkeys(
+        ("n_inner", "d_ff", "ffn_dim", "ffn_hidden_size", "mlp_dim"), ("intermediate_size", "encoder_ffn_dim")
+    ),
+    **dict.fromkeys(("num_kv_heads", "n_kv_heads", "kv_heads"), ("num_key_value_heads",)),
+    **dict.fromkeys(("n_experts", "moe_num_experts", "experts"), ("num_local_experts",)),
+    **dict.fromkeys(("top_k", "moe_top_k", "num_experts_per_token", "experts_per_token"), ("num_experts_per_tok",)),
+    **dict.fromkeys(("norm_eps", "layer_norm_epsilon", "eps"), ("rms_norm_eps", "layer_norm_eps")),
+    **dict.fromkeys(("window", "window_size", "sliding_window_size"), ("sliding_window",)),
+    **dict.fromkeys(("rope_base", "rotary_base", "rotary_emb_base", "base"), ("rope_parameters",)),
+    **dict.fromkeys(("activation", "act_fn", "hidden_activation"), ("hidden_act", "activation_function")),
+    **dict.fromkeys(("attn_pdrop", "attention_probs_dropout_prob"), ("attention_dropout",)),
+    **dict.fromkeys(("n_vocab", "vocab"), ("vocab_size",)),
+    **dict.fromkeys(("tie_embeddings", "tie_weights", "tied_embeddings"), ("tie_word_embeddings",)),
+}
+
+
+def likely_field(key: str, fields: list[str]) -> str | None:
+    """The field an unknown override `key` most likely means: its name in another codebase (`NAMES_ELSEWHERE`),
+    else the closest spelling, else None."""
+    meant = [field for field in NAMES_ELSEWHERE.get(key.lower(), ()) if field in fields]
+    return (meant or difflib.get_close_matches(key, fields, n=1) or [None])[0]
+
+
 def check_override_names(choices: ModelChoices) -> None:
     """Refuse --config_overrides keys the config class does not know: a config stores any unknown keyword as an
-    attribute, so a typo ("num_hidden_layer=2") would otherwise train the default shape without a word."""
+    attribute, so a typo ("num_hidden_layer=2") would otherwise train the default shape without a word; and a
+    generation setting ("top_k=2"), which a config drops without a word."""
     overrides = parse_overrides(choices.config_overrides)
     if not overrides:
         return
     config_class = getattr(archlab, model_kind(choices.model_kind).config_class)
     default = config_class()
-    unknown = []
+    generation_settings = set(GenerationConfig().to_dict())
+    unknown, generation = [], []
     for key, value in overrides.items():
         if hasattr(default, key):
+            continue
+        if key in generation_settings:
+            generation.append(key)
             continue
         try:  # keys the config consumes and rewrites (`rope_theta` -> `rope_parameters`) are not stored as given
             if key not in config_class(**{key: value}).to_dict():
@@ -75,16 +113,23 @@ def check_override_names(choices: ModelChoices) -> None:
         except Exception:  # a value the config rejects: the full build reports it with context
             continue
         unknown.append(key)
+    fields = sorted(set(default.to_dict()) | set(config_class.attribute_map))
+
+    def named(key: str) -> str:
+        return f"{key!r}" + (f" (did you mean {meant!r}?)" if (meant := likely_field(key, fields)) else "")
+
+    problems = []
     if unknown:
-        fields = sorted(set(default.to_dict()) | set(config_class.attribute_map))
-        named = [
-            f"{key!r}" + "".join(f" (did you mean {m!r}?)" for m in difflib.get_close_matches(key, fields, n=1))
-            for key in unknown
-        ]
-        raise ValueError(
-            f"--config_overrides: {config_class.__name__} has no field {', '.join(named)}; "
-            "docs/catalogue.md lists the fields."
+        problems.append(
+            f"{config_class.__name__} has no field {', '.join(map(named, unknown))}; docs/catalogue.md lists the fields"
         )
+    if generation:
+        problems.append(
+            f"{', '.join(map(named, generation))}: generation settings (transformers' GenerationConfig), which a model "
+            "config drops; give them when generating (scripts/generate.py's flags, or `generate(...)`)"
+        )
+    if problems:
+        raise ValueError(f"--config_overrides: {'; '.join(problems)}.")
 
 
 def preset_values(name: str, kind: str) -> dict[str, Any]:

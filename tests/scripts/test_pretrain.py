@@ -152,6 +152,16 @@ BAD_INPUTS = [
         ValueError,
         "DecoderConfig has no field 'num_hidden_layer' \\(did you mean 'num_hidden_layers'\\?\\)",
     ),
+    (  # another codebase's name for a field: the field it means, not the closest spelling ('lm_head_bias')
+        ["--config_overrides", "num_heads=2,n_layer=1"],
+        ValueError,
+        "'num_heads' \\(did you mean 'num_attention_heads'\\?\\), 'n_layer' \\(did you mean 'num_hidden_layers'",
+    ),
+    (  # a generation setting, which the config would drop without a word
+        ["--config_overrides", "top_k=2"],
+        ValueError,
+        "'top_k' \\(did you mean 'num_experts_per_tok'\\?\\): generation settings \\(transformers' GenerationConfig\\)",
+    ),
     (["--resume_from_checkpoint", "true"], FileNotFoundError, "no checkpoint-N folder"),
     (
         ["--tokenizer_vocab_size", "5"],
