@@ -27,17 +27,34 @@ class GenerateArguments:
     prompt_file: str | None = field(default=None, metadata={"help": "Read the prompt from this file instead."})
     chat: bool = field(default=False, metadata={"help": "Wrap the prompt as a user turn of the chat template."})
     max_new_tokens: int = field(default=100, metadata={"help": "Tokens to generate."})
-    do_sample: bool = field(default=True, metadata={"help": "Sample (true) or decode greedily / by beam search."})
+    do_sample: bool | None = field(
+        default=None,
+        metadata={"help": "Sample (true) or decode greedily / by beam search (default: true; false with --num_beams)."},
+    )
     temperature: float = field(default=0.8, metadata={"help": "Softmax temperature when sampling."})
     top_k: int = field(default=40, metadata={"help": "Sample among the k most likely tokens (0: all)."})
     top_p: float = field(default=0.95, metadata={"help": "Nucleus sampling mass."})
     repetition_penalty: float = field(default=1.0, metadata={"help": "> 1 discourages repeats."})
-    num_beams: int = field(default=1, metadata={"help": "Beam search width (with --do_sample false)."})
+    num_beams: int = field(
+        default=1, metadata={"help": "Beam search width (1: none); beam search neither samples nor streams."}
+    )
     seed: int = field(default=42, metadata={"help": "Random seed for sampling."})
-    stream: bool = field(default=True, metadata={"help": "Print tokens as they are generated."})
+    stream: bool | None = field(
+        default=None, metadata={"help": "Print tokens as they are generated (default: true; false with --num_beams)."}
+    )
     device: str | None = field(
         default=None, metadata={"help": "Where the model runs: cpu, cuda, cuda:1, ... (default: cuda if available)."}
     )
+
+
+def resolve_defaults(args: GenerateArguments) -> None:
+    """`--do_sample` and `--stream` left unset: true, except with beam search (`--num_beams` > 1), which neither
+    samples nor streams; given explicitly, they stand (and `check` refuses the combinations that cannot run)."""
+    beams = args.num_beams > 1
+    if args.do_sample is None:
+        args.do_sample = not beams
+    if args.stream is None:
+        args.stream = not beams
 
 
 def check(args: GenerateArguments) -> None:
@@ -59,9 +76,9 @@ def check(args: GenerateArguments) -> None:
     if args.num_beams < 1:
         raise ValueError(f"--num_beams must be >= 1 (1: no beam search), got {args.num_beams}.")
     if args.do_sample and args.num_beams > 1:
-        raise ValueError("Conflicting flags: --num_beams > 1 is beam search; pass --do_sample false with it.")
+        raise ValueError("Conflicting flags: --do_sample true and --num_beams > 1 (beam search does not sample).")
     if args.stream and args.num_beams > 1:
-        raise ValueError("Conflicting flags: beam search (--num_beams > 1) cannot stream; pass --stream false.")
+        raise ValueError("Conflicting flags: --stream true and --num_beams > 1 (beam search cannot stream).")
     if not has_tokenizer(args.model_name_or_path):
         raise FileNotFoundError(
             f"--model_name_or_path {args.model_name_or_path!r} holds no tokenizer "
@@ -72,6 +89,7 @@ def check(args: GenerateArguments) -> None:
 
 def main(argv: Sequence[str] | None = None) -> str:
     (args,) = parse_arguments((GenerateArguments,), argv, __doc__)
+    resolve_defaults(args)
     check(args)
     model, tokenizer, seq2seq = load_for_generation(args.model_name_or_path, args.device)
     prompt = args.prompt

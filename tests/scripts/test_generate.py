@@ -90,6 +90,21 @@ def test_seq2seq_generation(saved: dict[str, Path], capsys) -> None:
     assert isinstance(text, str) and "tokens generated" in capsys.readouterr().out
 
 
+def test_num_beams_alone_is_beam_search(saved: dict[str, Path], monkeypatch) -> None:
+    """`--num_beams N` without further flags: beam search, neither sampling nor streaming (the flags default to
+    false with it, true without)."""
+    from archlab.scripts import generate as script
+
+    calls = []
+    monkeypatch.setattr(script, "generate_text", lambda *args, **kwargs: calls.append(kwargs) or "")
+    base = ["--model_name_or_path", str(saved["decoder"])]
+    script.main([*base, "--num_beams", "3"])
+    script.main(base)
+    beams, default = calls
+    assert (beams["num_beams"], beams["do_sample"], beams["stream"]) == (3, False, False)
+    assert (default["num_beams"], default["do_sample"], default["stream"]) == (1, True, True)
+
+
 def test_on_cuda_the_script_decodes_on_the_static_path(saved: dict[str, Path], monkeypatch) -> None:
     """With no flag, as on a GPU (the decision forced; the model stays on this CPU): the static cache, the same text."""
     from archlab.modeling import fast_decoding
@@ -121,10 +136,11 @@ def test_errors(saved: dict[str, Path], tmp_path: Path) -> None:
         generate.main(["--model_name_or_path", str(tmp_path / "nothing")])
     with pytest.raises(ValueError, match="does not generate text"):
         generate.main(["--model_name_or_path", str(saved["masked"])])
-    with pytest.raises(ValueError, match="Conflicting flags: --num_beams"):
-        generate.main(["--model_name_or_path", str(saved["decoder"]), "--num_beams", "3"])
-    with pytest.raises(ValueError, match="beam search .* cannot stream"):
-        generate.main(["--model_name_or_path", str(saved["decoder"]), "--num_beams", "3", "--do_sample", "false"])
+    beams = ["--model_name_or_path", str(saved["decoder"]), "--num_beams", "3"]
+    with pytest.raises(ValueError, match="Conflicting flags: --do_sample true and --num_beams > 1"):
+        generate.main([*beams, "--do_sample", "true"])
+    with pytest.raises(ValueError, match="Conflicting flags: --stream true and --num_beams > 1"):
+        generate.main([*beams, "--stream"])
     with pytest.raises(ValueError, match="--chat true needs a tokenizer with a chat template"):
         generate.main(["--model_name_or_path", str(saved["seq2seq"]), "--chat", "true"])
 
