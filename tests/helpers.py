@@ -6,6 +6,8 @@ holds only fixtures and pytest hooks, and no test module imports another.
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -337,3 +339,20 @@ def check_incremental_and_eager_equal_full(ours) -> None:
         eager = ours(input_ids=source, attention_mask=mask, decoder_input_ids=target).logits
     assert_close_to_scale(incremental, full)  # logits up to 5: a fixed 1e-5 is below float32 rounding there
     assert_close_to_scale(eager, full)
+
+
+def run_pythons_at_once(runs: list[tuple[str, dict[str, str]]], cwd: Path | None = None) -> list:
+    """Each `(code, env)` of `runs` in its own fresh interpreter (`python -c code` with exactly `env`), all started
+    at once (each costs ~10 s of imports on 2 cores): their `subprocess.CompletedProcess`es, in order."""
+    started = [
+        (
+            command := [sys.executable, "-c", code],
+            subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True),
+        )
+        for code, env in runs
+    ]
+    done = []
+    for command, process in started:
+        stdout, stderr = process.communicate(timeout=300)
+        done.append(subprocess.CompletedProcess(command, process.returncode, stdout, stderr))
+    return done

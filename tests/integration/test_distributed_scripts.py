@@ -129,13 +129,24 @@ def script_args(name: str, data: Path) -> list[str]:
     ]
 
 
+def script_of(name: str) -> str:
+    return "pretrain" if name == "pretrain" else "finetune"
+
+
+def run_argv(name: str, data: Path, folder: Path, batch: int) -> list[str]:
+    """The script's whole command line for a run writing to `folder/run` with `batch` rows per process."""
+    return [
+        *script_args(name, data),
+        *COMMON,
+        "--output_dir",
+        str(folder / "run"),
+        "--per_device_train_batch_size",
+        str(batch),
+    ]
+
+
 def run_single_process(name: str, data: Path, out: Path) -> dict[str, torch.Tensor]:
-    script = "pretrain" if name == "pretrain" else "finetune"
-    run_script(
-        script,
-        str(out / "weights"),
-        [*script_args(name, data), *COMMON, "--output_dir", str(out / "run"), "--per_device_train_batch_size", "4"],
-    )
+    run_script(script_of(name), str(out / "weights"), run_argv(name, data, out, batch=4))
     return load_file(out / "weights" / "rank-0.safetensors")
 
 
@@ -184,20 +195,7 @@ EVALUATE_FIRST = "archlab-trainer-evaluate-first"
 
 def script_job(name: str, data: Path, folder: Path) -> list[str]:
     """The worker's job running script `name` on 2 rows per process, writing to `folder`."""
-    script = "pretrain" if name == "pretrain" else "finetune"
-    return [
-        "script",
-        script,
-        "--weights_dir",
-        str(folder / "weights"),
-        "--",
-        *script_args(name, data),
-        *COMMON,
-        "--output_dir",
-        str(folder / "run"),
-        "--per_device_train_batch_size",
-        "2",
-    ]
+    return ["script", script_of(name), "--weights_dir", str(folder / "weights"), "--", *run_argv(name, data, folder, 2)]
 
 
 @pytest.fixture(scope="module")

@@ -11,15 +11,13 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 import archlab  # installs the filter
 
-from helpers import tiny_decoder_config
+from helpers import run_pythons_at_once, tiny_decoder_config
 
 NOTE = "Setting accelerator to CPU"
 needs_deepspeed = pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="DeepSpeed not installed")
@@ -42,19 +40,12 @@ def test_filter_drops_only_the_cpu_note_of_accelerates_isinstance_probe():
 
 
 def _fresh_pythons(codes: list[str], cwd: Path) -> list[str]:
-    """What each of `codes` prints, each run in its own fresh interpreter, all at once (each costs ~10 s of imports)."""
+    """What each of `codes` prints, each run in its own fresh interpreter, all at once."""
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-    runs = [
-        subprocess.Popen(
-            [sys.executable, "-c", code], cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-        )
-        for code in codes
-    ]
     printed = []
-    for run in runs:
-        stdout, stderr = run.communicate(timeout=300)
-        assert run.returncode == 0, stderr
-        printed.append(stdout + stderr)
+    for run in run_pythons_at_once([(code, env) for code in codes], cwd):
+        assert run.returncode == 0, run.stderr
+        printed.append(run.stdout + run.stderr)
     return printed
 
 

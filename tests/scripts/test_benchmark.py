@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 
 import pytest
 import torch
@@ -15,7 +14,7 @@ from archlab import DecoderForCausalLM
 from archlab.scripts import benchmark
 from archlab.training.benchmarking import make_optimizer, time_breakdown, training_step
 
-from helpers import tiny_decoder_config
+from helpers import run_pythons_at_once, tiny_decoder_config
 
 
 @pytest.mark.parametrize("name", sorted({*benchmark.SUITES, *benchmark.EXTERNAL_SUITES}))
@@ -76,31 +75,20 @@ print(time_breakdown(lambda: a @ a)["gemm"] > 0)
 """
 
 
-def _profile_in_fresh_processes(*envs: dict[str, str]) -> list[tuple[int, str, str]]:
-    """(exit code, stdout, stderr) of the profile in one fresh interpreter per `envs` entry, run at once: Kineto reads
-    its log level once per process, so each setting needs its own interpreter (each ~10 s of imports)."""
+def _profile_in_fresh_processes(*envs: dict[str, str]) -> list[subprocess.CompletedProcess]:
+    """The profile in one fresh interpreter per `envs` entry, run at once: Kineto reads its log level once per
+    process, so each setting needs its own interpreter."""
     base = {k: v for k, v in os.environ.items() if k != "KINETO_LOG_LEVEL"}
-    runs = [
-        subprocess.Popen(
-            [sys.executable, "-c", PROFILE_A_MATMUL],
-            env={**base, **env},
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for env in envs
-    ]
-    printed = [run.communicate(timeout=300) for run in runs]
-    return [(run.returncode, *out) for run, out in zip(runs, printed)]
+    return run_pythons_at_once([(PROFILE_A_MATMUL, {**base, **env}) for env in envs])
 
 
 @pytest.mark.slow
 def test_profile_prints_no_kineto_markers_unless_the_caller_asks_for_them():
     # the second sets the level itself: the caller's level wins (and the check can fail)
-    (code, stdout, stderr), (_, _, verbose) = _profile_in_fresh_processes({}, {"KINETO_LOG_LEVEL": "5"})
-    assert code == 0 and stdout.strip() == "True", stderr
-    assert "USDT" not in stderr and "profiler_start" not in stderr, stderr
-    if "profiler_start" not in verbose:  # e.g. torch 2.11's CUDA build on a CPU: nothing to silence there
+    quiet, verbose = _profile_in_fresh_processes({}, {"KINETO_LOG_LEVEL": "5"})
+    assert quiet.returncode == 0 and quiet.stdout.strip() == "True", quiet.stderr
+    assert "USDT" not in quiet.stderr and "profiler_start" not in quiet.stderr, quiet.stderr
+    if "profiler_start" not in verbose.stderr:  # e.g. torch 2.11's CUDA build on a CPU: nothing to silence there
         pytest.skip("this torch's Kineto prints no start marker even when asked: the quiet check proves nothing")
 
 
