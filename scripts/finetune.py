@@ -50,6 +50,8 @@ from archlab.training.tasks import (
     task_tokenizer,
 )
 
+TASK_OUTPUT_DIR = "runs/finetune-{task}"
+
 
 @dataclass
 class FinetuneArguments:
@@ -76,7 +78,10 @@ class FinetuneTrainingArguments(ArchlabTrainingArguments, Seq2SeqTrainingArgumen
     """`Seq2SeqTrainingArguments` (a superset of `TrainingArguments`) with archlab's flags and defaults for short
     CPU runs."""
 
-    output_dir: str | None = field(default="runs/finetune", metadata={"help": "Where checkpoints and the model go."})
+    output_dir: str | None = field(
+        default=TASK_OUTPUT_DIR,
+        metadata={"help": "Where checkpoints and the model go ({task}: the --task, so each task has its own)."},
+    )
     max_steps: int = field(
         default=300, metadata={"help": "Optimizer steps (>= 1), or -1 to train --num_train_epochs epochs."}
     )
@@ -92,10 +97,19 @@ class FinetuneTrainingArguments(ArchlabTrainingArguments, Seq2SeqTrainingArgumen
     generation_max_length: int | None = field(default=48, metadata={"help": "seq2seq: generated length."})
 
 
-def main(argv: Sequence[str] | None = None, callbacks: list[TrainerCallback] | None = None) -> dict[str, float]:
+def parse(argv: Sequence[str] | None = None) -> tuple:
+    """The four argument groups; the default `--output_dir` names the task (a second task does not meet the first's
+    checkpoints)."""
     model_args, data_args, training_args, args = parse_arguments(
         (ModelArguments, DataArguments, FinetuneTrainingArguments, FinetuneArguments), argv, __doc__
     )
+    if training_args.output_dir == TASK_OUTPUT_DIR:
+        training_args.output_dir = TASK_OUTPUT_DIR.format(task=args.task)
+    return model_args, data_args, training_args, args
+
+
+def main(argv: Sequence[str] | None = None, callbacks: list[TrainerCallback] | None = None) -> dict[str, float]:
+    model_args, data_args, training_args, args = parse(argv)
     # --- checks, then data, tokenizer and config: nothing is written before the Trainer starts ------------------
     if args.task not in TASKS:
         raise ValueError(f"`--task`={args.task!r} is not supported; allowed values: {', '.join(TASKS)}.")

@@ -240,6 +240,14 @@ def test_a_damaged_base_model_is_named_before_anything_is_read(tmp_path: Path, w
     assert not out.exists()
 
 
+def test_each_task_has_its_own_default_output_dir() -> None:
+    """Fine-tuning a second task without --output_dir does not meet the first task's checkpoints (refused)."""
+    tasks = ("instruct", "classification", "seq2seq")
+    folders = {task: finetune.parse(["--task", task])[2].output_dir for task in tasks}
+    assert folders == {task: f"runs/finetune-{task}" for task in folders}
+    assert finetune.parse(["--task", "seq2seq", "--output_dir", "mine"])[2].output_dir == "mine"
+
+
 def test_the_task_table_has_one_row_per_task_choice() -> None:
     """`--task` takes exactly the rows of the task table, and each row names a model kind the scripts build and
     reports every metric it computes in its before/after lines."""
