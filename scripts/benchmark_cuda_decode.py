@@ -106,10 +106,12 @@ def generate_row(
     report.rows.append(row(metric, timed, tokens, "tok/s", roofline=roofline, peak=peak, extra=extra))
 
 
-def dense_generate_rows(setup: Setup, report: Report, cache: str) -> None:
+def dense_generate_rows(setup: Setup, report: Report, cache: str, batches: tuple[int, ...] | None = None) -> None:
+    """The dense model against Llama with the cache named on both sides, at each of `batches` (default: the
+    suite's batch sizes for that cache)."""
     sizes = decode_shape(setup)
     ours, llama = bf16_pair(llama_pair(shape("dense", setup.quick), setup.device))
-    for batch in sizes["static_batches" if cache == "static" else "batches"]:
+    for batch in batches or sizes["static_batches" if cache == "static" else "batches"]:
 
         def measure(batch=batch) -> None:
             kwargs, tokens, roofline = dense_generation(setup, llama.config, batch, cache)

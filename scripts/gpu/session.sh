@@ -7,8 +7,11 @@
 # Steps (setup and info always run first; each later step runs even when an earlier one failed):
 #   setup   install .whl/*.whl (once per machine) and this checkout (every call) into $SITE, no network
 #   info    nvidia-smi, versions, where each package is imported from, unmet requirements
+#   headline --suite cuda-headline: the issues' headline rows (dense training eager and compiled, batch-1 static
+#           decoding, the 2048-token prefill), each with its goal (about 5-6 minutes): a first session's numbers
 #   tests   the GPU tests: pytest -m "gpu or not slow" over the test files that mark a test gpu or check
-#           torch.cuda.is_available() (about 3-4 minutes: they run every CUDA suite at --quick size)
+#           torch.cuda.is_available() (about 3-4 minutes: they run every CUDA suite at --quick size); one line per
+#           test as it ends, so a run stopped at its limit still says which passed
 #   quick   every CUDA suite at --quick size with the real liger-kernel, tables only (about 2-3 minutes)
 #   train   --suite cuda-train      (about 5-8 minutes, a call of its own)
 #   compiled --suite cuda-train-compiled (vocab 128256, MoE, seq2seq compiled regionally; about 6-8 minutes)
@@ -33,16 +36,16 @@ WHEEL_DIR="${WHEEL_DIR:-.whl}"
 PYTHON="${PYTHON:-python3}"
 SESSION_BUDGET="${SESSION_BUDGET:-570}"
 DEVICE="${DEVICE:-cuda}"
-STEPS_ALLOWED="setup info tests quick train compiled decode static loops profile"
+STEPS_ALLOWED="setup info headline tests quick train compiled decode static loops profile"
 # Each step's own limit in seconds; a step also stops where the session's budget ends.
-declare -A BUDGET=([setup]=120 [info]=60 [tests]=300 [quick]=240 [train]=540 [compiled]=540 [decode]=540 [static]=540 [loops]=540 [profile]=540)
+declare -A BUDGET=([setup]=120 [info]=60 [headline]=480 [tests]=300 [quick]=240 [train]=540 [compiled]=540 [decode]=540 [static]=540 [loops]=540 [profile]=540)
 
 dry_run=0
 requested=()
 for arg in "$@"; do
     case "$arg" in
         --dry-run) dry_run=1 ;;
-        -h | --help) sed -n '2,25p' "$0"; exit 0 ;;
+        -h | --help) sed -n '2,29p' "$0"; exit 0 ;;
         *)
             if [[ " $STEPS_ALLOWED " != *" $arg "* ]]; then
                 echo "error: unknown step '$arg'; allowed: $STEPS_ALLOWED" >&2
@@ -110,7 +113,7 @@ step_tests() {
         echo "no test file checks for CUDA"
         return 0
     fi
-    "$PYTHON" -m pytest -q -p no:cacheprovider -m "gpu or not slow" "${files[@]}"
+    "$PYTHON" -m pytest -v --tb=short -p no:cacheprovider -m "gpu or not slow" "${files[@]}"
 }
 
 suite() {  # suite NAME OUTPUT [flags...]: one benchmark run, its table written to $OUT/OUTPUT
@@ -126,6 +129,7 @@ step_quick() {
     done
     return $status
 }
+step_headline() { suite cuda-headline cuda-headline.md; }
 step_train() { suite cuda-train cuda-train.md; }
 step_compiled() { suite cuda-train-compiled cuda-train-compiled.md; }
 step_decode() { suite cuda-decode cuda-decode.md; }

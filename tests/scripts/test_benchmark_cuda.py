@@ -178,3 +178,28 @@ def test_decode_suites_run_every_comparison(tmp_path, device):
 
 def header_index(table: str, header: str) -> int:
     return cells(table, "metric").index(header)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_headline_suite_runs_the_goal_rows(tmp_path, monkeypatch, device):
+    """cuda-headline (a GPU session's first look): the dense training rows eager and compiled, batch-1 static
+    decoding and the prefill, each with its goal from the issues."""
+    if device == "cpu":
+        _trace_only_regions(monkeypatch)
+    rates = ["--peak-tflops", "1", "--peak-bandwidth", "0.05"] if device == "cpu" else []
+    table = run_suites(tmp_path, "--suite", "cuda-headline", "--threads", "2", *rates, device=device)
+    goal = header_index(table, "goal")
+    for metric, wanted in (
+        ("dense 1.1B training: archlab vs LlamaForCausalLM (eager)", ""),
+        ("dense 1.1B training: archlab compiled vs Llama compiled", "≥ 1.0×, MFU ≥ 45 %"),
+        ("dense 1.1B training: archlab compiled vs Llama eager", "≥ 1.5× (the scripts' default"),
+        ("dense 1.1B greedy decode, batch 1, 16 + 8 tokens, StaticCache", "≥ 2.5×, ≥ 750 tok/s"),
+        ("dense 1.1B prefill, 1 × 64 tokens", "MFU ≥ 50 %"),
+    ):
+        row = cells(table, metric)
+        assert row[goal].startswith(wanted) and row[1].endswith("tok/s") and row[3].endswith("×"), row
+    decode = cells(table, "dense 1.1B greedy decode, batch 1")
+    assert re.fullmatch(r"[\d.]+ s", decode[header_index(table, "first call archlab")]), decode
+    assert decode[header_index(table, "% roofline archlab")].endswith("%"), decode
+    assert cells(table, "dense 1.1B training: archlab compiled vs Llama eager")[header_index(table, "MFU archlab")]

@@ -43,16 +43,16 @@ def session(tmp_path: Path, *steps: str, **env: str) -> tuple[subprocess.Complet
 def test_unknown_steps_are_refused_with_the_allowed_ones(tmp_path):
     done, verdicts = session(tmp_path, "tests", "benchmark")
     assert done.returncode == 2
-    allowed = "setup info tests quick train compiled decode static loops profile"
+    allowed = "setup info headline tests quick train compiled decode static loops profile"
     assert f"unknown step 'benchmark'; allowed: {allowed}" in done.stderr
     assert verdicts == []
 
 
 def test_dry_run_lists_setup_and_info_first_then_the_steps_once(tmp_path):
-    done, verdicts = session(tmp_path, "--dry-run", "train", "tests", "train")
+    done, verdicts = session(tmp_path, "--dry-run", "headline", "train", "tests", "train")
     assert done.returncode == 0, done.stdout + done.stderr
-    assert [v[:2] for v in verdicts] == [[s, "dry-run"] for s in ("setup", "info", "train", "tests")]
-    assert "cuda-train" in done.stdout and "pytest" in done.stdout
+    assert [v[:2] for v in verdicts] == [[s, "dry-run"] for s in ("setup", "info", "headline", "train", "tests")]
+    assert "cuda-headline" in done.stdout and "cuda-train" in done.stdout and "pytest" in done.stdout
 
 
 def test_a_failed_step_does_not_stop_the_next_and_the_call_fails(tmp_path):

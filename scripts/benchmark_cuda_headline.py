@@ -1,0 +1,73 @@
+"""`--suite cuda-headline`: the rows of the GPU issues' headline goals in one run, for a GPU session that can make
+one measuring call (about 5-6 minutes on an H100; docs/gpu.md): the first look at where both issues stand, before
+the full suites (cuda-train, cuda-static, ...) measure every workload.
+
+- training, dense 1.1B (Llama shape, 4 × 2048, what `Trainer(bf16=True)` runs): archlab eager vs LlamaForCausalLM;
+  archlab compiled by accelerate's `compile_regions` (the scripts' default on a GPU) vs Llama compiled the same way,
+  and vs Llama eager — the same rows as cuda-train's (without its liger child process and other workloads);
+- decoding, dense 1.1B in bf16, batch 1, 128-token prompt + 256 new tokens, `cache_implementation="static"` on both
+  sides (archlab: its default on CUDA, the whole step compiled; Llama: transformers compiles its forward), with each
+  side's first call (compilation included) — cuda-static's batch-1 row;
+- the prefill of a 2048-token prompt with MFU — cuda-decode's prefill row.
+
+Each row carries its goal from the issues; the other goals (Liger, vocabulary 128256, MoE, seq2seq, batch 16/64)
+are in the full suites.
+
+    python scripts/benchmark.py --suite cuda-headline --device cuda --output cuda-headline.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from archlab.scripts.benchmark_cuda import describe, guarded, setup_from
+from archlab.scripts.benchmark_cuda_decode import decode_shape, dense_generate_rows, not_compiled_note, prefill_row
+from archlab.scripts.benchmark_cuda_train import batch_shape, dense_rows
+from archlab.training.benchmarking import Report
+
+# Row metric's start -> the goal the issues set for it (the eager training row has none of its own: the scripts
+# compile on a GPU, so "archlab's default training path" is the compiled one).
+GOALS = {
+    "dense 1.1B training: archlab compiled vs Llama compiled": "≥ 1.0×, MFU ≥ 45 %",
+    "dense 1.1B training: archlab compiled vs Llama eager": "≥ 1.5× (the scripts' default on a GPU vs Llama's)",
+    "dense 1.1B greedy decode, batch 1": "≥ 2.5×, ≥ 750 tok/s (H100), ≥ 50 % roofline, first call < 60 s",
+    "dense 1.1B prefill": "MFU ≥ 50 %",
+}
+
+
+def run(args: argparse.Namespace) -> Report:
+    setup = setup_from(args)
+    b, s = batch_shape(setup)
+    sizes = decode_shape(setup)
+    report = Report(
+        title=f"CUDA suite, the headline goals — {setup.peaks.name} — training: bf16 autocast over fp32 weights, "
+        f"{setup.optim}, {b} × {s}; decoding: bf16 weights, greedy, {sizes['prompt']}-token prompt, "
+        f"{sizes['new_tokens']} new tokens" + (" — --quick shapes" if setup.quick else ""),
+        peer_name="peer",
+    )
+    label = "dense 1.1B training"
+    guarded(report, setup, label, lambda: dense_rows(setup, report, "dense", label, compiled=True))
+    guarded(report, setup, "dense decode batch 1 (static)", lambda: dense_generate_rows(setup, report, "static", (1,)))
+    guarded(report, setup, "prefill", lambda: prefill_row(setup, report))
+    for r in report.rows:
+        r.goal = next((goal for start, goal in GOALS.items() if r.metric.startswith(start)), "")
+    not_compiled_note(setup, report)
+    report.notes.append(
+        "Training MFU: model FLOPs (6 per weight per token + attention) / time / peak; decoding: % of the bandwidth "
+        "roofline (weights read once per step + the KV cache); prefill MFU: forward FLOPs / time / peak. "
+        f"{setup.rounds} rounds per training and prefill row, {setup.decode_rounds} per decode row; median of "
+        "per-round ratios."
+    )
+    report.notes.append(describe(setup))
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    from archlab.scripts import benchmark
+
+    return benchmark.main(["--suite", "cuda-headline", *(sys.argv[1:] if argv is None else argv)])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
