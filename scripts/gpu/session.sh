@@ -9,9 +9,9 @@
 #   info    nvidia-smi, versions, where each package is imported from, unmet requirements
 #   headline --suite cuda-headline: the issues' headline rows (dense training eager and compiled, batch-1 static
 #           decoding, the 2048-token prefill), each with its goal (about 5-6 minutes): a first session's numbers
-#   tests   the GPU tests: pytest -m "gpu or not slow" over the test files that mark a test gpu or check
-#           torch.cuda.is_available() (about 3-4 minutes: they run every CUDA suite at --quick size); one line per
-#           test as it ends, so a run stopped at its limit still says which passed
+#   tests   pytest -m gpu, then -m "not gpu and not slow", over the test files that mark a test gpu or check
+#           torch.cuda.is_available() (about 3-4 minutes: they run every CUDA suite at --quick size); the GPU tests
+#           print one line per test as it ends, so a run stopped at its limit still says which passed
 #   quick   every CUDA suite at --quick size with the real liger-kernel, tables only (about 2-3 minutes)
 #   train   --suite cuda-train      (about 5-8 minutes, a call of its own)
 #   compiled --suite cuda-train-compiled (vocab 128256, MoE, seq2seq compiled regionally; about 6-8 minutes)
@@ -113,7 +113,11 @@ step_tests() {
         echo "no test file checks for CUDA"
         return 0
     fi
-    "$PYTHON" -m pytest -v --tb=short -p no:cacheprovider -m "gpu or not slow" "${files[@]}"
+    # the GPU tests first (a step cut short at the call's budget has run those), then the fast CPU tests beside them
+    local status=0
+    "$PYTHON" -m pytest -v --tb=short -p no:cacheprovider -m gpu "${files[@]}" || status=1
+    "$PYTHON" -m pytest -q --tb=short -p no:cacheprovider -m "not gpu and not slow" "${files[@]}" || status=1
+    return $status
 }
 
 suite() {  # suite NAME OUTPUT [flags...]: one benchmark run, its table written to $OUT/OUTPUT
