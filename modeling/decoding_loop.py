@@ -26,10 +26,10 @@ check every `CHECK_EVERY` tokens, so a call may run up to CHECK_EVERY - 1 tokens
 this loop does not apply and transformers' loop runs instead (its compiled forward still used): other logits
 processors (bad words of several tokens, sequence bias, ...), other stopping criteria, attention or hidden-state
 outputs, model inputs other than the prompt's ids, mask and positions, and caches other than a plain `StaticCache`
-(sliding layers of caches over `WHOLE_CACHE_WINDOWS` windows long; shorter ones keep every key,
-`WholeCacheSlidingLayer`). Samples follow transformers' distribution but not its random stream:
-`torch.multinomial` reads the device, so the step draws by the exponential race (`sample`). The processors' device
-code (`split_processors`, the bans, `sample`, `stop_string_hits`) is in loop_processors.py, shared with beam_loop.py.
+(window-long sliding layers; generate's static cache keeps them whole where it can, sliding_layers.py). Samples
+follow transformers' distribution but not its random stream: `torch.multinomial` reads the device, so the step
+draws by the exponential race (`sample`). The processors' device code (`split_processors`, the bans, `sample`,
+`stop_string_hits`) is in loop_processors.py, shared with beam_loop.py.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ import time
 from dataclasses import dataclass
 
 import torch
-from transformers.cache_utils import Cache, EncoderDecoderCache, StaticCache, StaticLayer, StaticSlidingWindowLayer
+from transformers.cache_utils import EncoderDecoderCache, StaticCache, StaticLayer
 from transformers.generation.logits_process import LogitsProcessorList
 from transformers.generation.stopping_criteria import (
     EosTokenCriteria,
@@ -67,6 +67,7 @@ from .loop_processors import (
     split_processors,
     stop_string_hits,
 )
+from .sliding_layers import WholeCacheSlidingLayer
 
 logger = logging.get_logger(__name__)
 
@@ -99,40 +100,6 @@ def encoder_inputs(model, model_kwargs: dict) -> dict:
     return {"encoder_outputs": model_kwargs["encoder_outputs"], "attention_mask": model_kwargs.get("attention_mask")}
 
 
-class WholeCacheSlidingLayer(SpannedLayer):
-    """A sliding-window layer of a static cache that keeps every position of the cache: a `StaticLayer` — whose
-    length is a device tensor, which compiled loops replay — still flagged sliding, so transformers' mask functions
-    give its queries only the keys of their window (absolute key positions: `get_mask_sizes` offsets them by 0). Its
-    outputs are those of transformers' sliding layers, which drop the keys that leave the window. transformers'
-    `StaticSlidingWindowLayer` holds the window alone but, once full, counts its length in a Python int that its
-    compiled forward takes as a symbolic input: a new value, and a new CUDA graph, per token."""
-
-    is_sliding = True
-
-
-# A sliding layer keeps the whole cache (`WholeCacheSlidingLayer`) when the cache is at most this many windows long:
-# its memory, and what a decoding step reads from it (the filled span), stay within this factor of the window's.
-# Longer generations keep transformers' window-long sliding layers (the dynamic cache by default on CUDA).
-WHOLE_CACHE_WINDOWS = 4
-
-
-def keeps_whole_cache(sliding_window: int | None, length: int) -> bool:
-    """Whether generate's static cache of `length` positions holds its sliding layers (window `sliding_window`)
-    whole, as `WholeCacheSlidingLayer`s."""
-    return sliding_window is not None and length <= WHOLE_CACHE_WINDOWS * sliding_window
-
-
-def keep_sliding_layers_whole(cache: Cache, sliding_window: int | None, length: int) -> None:
-    """Swap each sliding-window layer of a fresh static `cache` of `length` positions for a `WholeCacheSlidingLayer`
-    where `keeps_whole_cache` allows: the same outputs, and the compiled decoding loops can take it. Past
-    `WHOLE_CACHE_WINDOWS` windows the layers stay transformers'."""
-    if not keeps_whole_cache(sliding_window, length):
-        return
-    for index, layer in enumerate(cache.layers):
-        if type(layer) is StaticSlidingWindowLayer and not layer.is_initialized:
-            cache.layers[index] = WholeCacheSlidingLayer(max_cache_len=length)
-
-
 # The stopping criteria every compiled loop follows; `decode` follows `DECODE_CRITERIA`.
 LOOP_CRITERIA = (MaxLengthCriteria, EosTokenCriteria)
 DECODE_CRITERIA = (*LOOP_CRITERIA, StopStringCriteria, MaxTimeCriteria)
@@ -163,8 +130,8 @@ def shared_blocker(
         return "a cache other than generate's own StaticCache"
     if any(type(layer) not in (StaticLayer, SpannedLayer, WholeCacheSlidingLayer) for layer in self_cache.layers):
         return (
-            f"sliding-window cache layers shorter than the cache, which is over {WHOLE_CACHE_WINDOWS} windows long "
-            "(their length is a Python int per token)"
+            "sliding-window cache layers shorter than the cache, too long to keep whole (sliding_layers.py; their "
+            "length is a Python int per token)"
         )
     return None
 
@@ -534,14 +501,10 @@ __all__ = [
     "DecodingBuffers",
     "eager_on_compiler_failure",
     "fill_prompt_inputs",
-    "keep_sliding_layers_whole",
-    "keeps_whole_cache",
     "kept_compiled",
     "loop_blocker",
     "one_token_logits",
     "rewind",
     "shared_blocker",
     "static_zeros",
-    "WHOLE_CACHE_WINDOWS",
-    "WholeCacheSlidingLayer",
 ]

@@ -12,8 +12,8 @@ in what transformers leaves out:
   nothing changes on CPU;
 - variants whose decoding step cannot be compiled (`static_cache_blocker`: dynamic RoPE recomputes its frequencies
   from a tensor in every forward) decode with the dynamic cache instead, with one logged line saying why; by
-  default so do FlashAttention backends, sharded models, and generations more than `WHOLE_CACHE_WINDOWS` sliding
-  windows long (`sliding_window_blocker`; shorter ones keep every key in the sliding layers, the window masked);
+  default so do FlashAttention backends, sharded models, and generations too long to keep every key in the sliding
+  layers (`sliding_window_blocker`, sliding_layers.py; shorter ones keep them, the window masked);
 - greedy decoding and sampling on that path run `decoding_loop.decode`: the whole step (masks, forward, token
   choice, end-of-sequence bookkeeping) compiled as one graph and the loop never waiting for the device, where
   transformers compiles the forward alone and reads the device every token; the calls it does not take run
@@ -51,16 +51,9 @@ from transformers.utils.generic import is_flash_attention_requested
 from .beam_loop import beam_loop_blocker, beam_search, compiled_beam_step
 from .cache_names import cache_in
 from .cache_spans import make_spanned
-from .decoding_loop import (
-    WHOLE_CACHE_WINDOWS,
-    compiled_decoding_step,
-    decode,
-    eager_on_compiler_failure,
-    keep_sliding_layers_whole,
-    keeps_whole_cache,
-    loop_blocker,
-)
+from .decoding_loop import compiled_decoding_step, decode, eager_on_compiler_failure, loop_blocker
 from .fused_projections import inference_projections
+from .sliding_layers import keep_sliding_layers_whole, kept_whole
 from .source_padding import pad_source, padded_source_length, pads_sources
 
 logger = logging.get_logger(__name__)
@@ -105,28 +98,33 @@ def static_cache_blocker(config) -> str | None:
     return None
 
 
-def sliding_window_blocker(model, generation_config: GenerationConfig) -> str | None:
-    """Why the CUDA default keeps the dynamic cache for this generation, or None: a static cache more than
-    `WHOLE_CACHE_WINDOWS` sliding windows long. Up to that length generate's static cache holds its sliding layers
-    whole (`decoding_loop.WholeCacheSlidingLayer`: the window is the mask's) and the compiled loops take them; past
-    it they are transformers' `StaticSlidingWindowLayer`, which once full counts its length in a Python int that its
-    compiled forward takes as an input (a symbolic int): CUDA graphs record a new graph for every distinct value,
-    i.e. every token."""
-    config = model.config
-    window = getattr(config, "sliding_window", None)
-    if window is None or "sliding_attention" not in (getattr(config, "layer_types", None) or []):
-        return None
-    length = max(  # the static cache's length, as generate sizes it (it keeps the longest of any call so far)
+def static_cache_length(model, generation_config: GenerationConfig) -> int:
+    """The length of the static cache generate builds for this call: it keeps the longest of any call so far."""
+    return max(
         generation_config.max_length - 1,
         generation_config.max_cache_len or 0,
         getattr(model, "_previous_max_cache_length", -1),
     )
-    if keeps_whole_cache(window, length):
+
+
+def sliding_window_blocker(model, generation_config: GenerationConfig, batch_size: int | None = None) -> str | None:
+    """Why the CUDA default keeps the dynamic cache for this generation, or None: a static cache too long to keep its
+    sliding layers whole (`sliding_layers.kept_whole`: over 4 windows, and past the window more bytes than the weights
+    or than a quarter of the free memory). Kept whole, the compiled loops take them; otherwise they are transformers'
+    `StaticSlidingWindowLayer`, which once full counts its length in a Python int that its compiled forward takes as
+    an input (a symbolic int): CUDA graphs record a new graph for every distinct value, i.e. every token.
+    `batch_size`: the rows of the call's cache (beams and returned sequences included)."""
+    config = model.config
+    window = getattr(config, "sliding_window", None)
+    if window is None or "sliding_attention" not in (getattr(config, "layer_types", None) or []):
+        return None
+    length = static_cache_length(model, generation_config)
+    if kept_whole(model, length, batch_size):
         return None
     return (
-        f"this generation's cache ({length} positions) is over {WHOLE_CACHE_WINDOWS} times its sliding window "
-        f"({window}), too long to keep whole in its sliding layers, and a static cache's window-long sliding layers "
-        "advance a Python counter per token, which CUDA graphs would record anew each step"
+        f"this generation's cache ({length} positions) is too long to keep whole in its sliding layers (window "
+        f"{window}; sliding_layers.py), and a static cache's window-long sliding layers advance a Python counter per "
+        "token, which CUDA graphs would record anew each step"
     )
 
 
@@ -152,7 +150,11 @@ def _default_blocker(model) -> str | None:
 
 
 def choose_cache_implementation(
-    model, generation_config: GenerationConfig, model_kwargs: dict, generation_mode: GenerationMode
+    model,
+    generation_config: GenerationConfig,
+    model_kwargs: dict,
+    generation_mode: GenerationMode,
+    cache_rows: int | None = None,
 ) -> str | None:
     """The `cache_implementation` this `generate` call decodes with (None: transformers' dynamic cache).
 
@@ -160,7 +162,8 @@ def choose_cache_implementation(
     `decodes_compiled_by_default` says so, unless `use_cache=False`, `disable_compile=True`, an assistant model, a
     decoding loop other than greedy / sampling / beam search, or a model that cannot (`_default_blocker`; one logged
     line says why). A static cache asked for by a variant that cannot decode with it falls back to the dynamic
-    cache, with one logged line too.
+    cache, with one logged line too. `cache_rows`: the rows of the static cache the call would build (whether a
+    sliding-window model's sliding layers can be kept whole depends on them).
     """
     requested = generation_config.cache_implementation
     if cache_in(model_kwargs) is not None:
@@ -174,7 +177,7 @@ def choose_cache_implementation(
             or generation_mode not in STATIC_CACHE_MODES
         ):
             return None
-        reason = _default_blocker(model) or sliding_window_blocker(model, generation_config)
+        reason = _default_blocker(model) or sliding_window_blocker(model, generation_config, cache_rows)
         if reason is not None:
             logger.warning_once(
                 f"{type(model).__name__} decodes with the dynamic cache, not the compiled path: {reason}."
@@ -261,8 +264,11 @@ class FastDecodingMixin:
     def _prepare_cache_for_generation(
         self, generation_config: GenerationConfig, model_kwargs: dict, generation_mode: GenerationMode, *args, **kwargs
     ):
+        batch_size = args[0] if args else kwargs.get("batch_size")
+        per_prompt = max(generation_config.num_beams, generation_config.num_return_sequences)
+        rows = None if batch_size is None else batch_size * per_prompt  # a static cache's, as transformers sizes it
         generation_config.cache_implementation = choose_cache_implementation(
-            self, generation_config, model_kwargs, generation_mode
+            self, generation_config, model_kwargs, generation_mode, rows
         )
         beams = generation_mode in (GenerationMode.BEAM_SEARCH, GenerationMode.BEAM_SAMPLE)
         self._rows_per_source = generation_config.num_beams if beams and SHARED_SOURCE_KEYS else 1
@@ -318,7 +324,8 @@ class FastDecodingMixin:
         cache = super()._prepare_static_cache(cache_implementation, batch_size, max_cache_len, *args, **kwargs)
         make_spanned(cache)  # the compiled loops' steps read the filled part of the cache only (cache_spans.py)
         if not self.config.is_encoder_decoder:
-            keep_sliding_layers_whole(cache, getattr(self.config, "sliding_window", None), effective)
+            if kept_whole(self, effective, batch_size):  # sliding layers (sliding_layers.py)
+                keep_sliding_layers_whole(cache, effective)
         elif rows_per_source > 1:  # beam search: each source's cross-attention keys once, not once per beam
             cache.rows_per_source = rows_per_source
         self._kept_static_cache = KeptCache(key, cache)

@@ -30,7 +30,7 @@ MODELS = {
         DecoderConfig(**SHAPE, num_key_value_heads=2, num_local_experts=8, num_experts_per_tok=2)
     ),
     # window 16: keys leave it from the prompt on; 32 + 24 positions is under 4 windows, so the sliding layers are
-    # kept whole (decoding_loop.WholeCacheSlidingLayer) where eager decoding's drop them
+    # kept whole (sliding_layers.WholeCacheSlidingLayer) where eager decoding's drop them
     "sliding": lambda: DecoderForCausalLM(
         DecoderConfig(
             **SHAPE, num_key_value_heads=2, sliding_window=16, layer_types=["sliding_attention", "full_attention"] * 2

@@ -14,7 +14,7 @@ import pytest
 import torch
 from transformers import CompileConfig
 
-from archlab.modeling import beam_loop, cache_spans, decoding_loop, fast_decoding, source_padding
+from archlab.modeling import beam_loop, cache_spans, fast_decoding, sliding_layers, source_padding
 
 from helpers import (
     DECODER_VARIANTS,
@@ -111,7 +111,7 @@ def test_sliding_windows_search_as_the_dynamic_cache(loop_calls):
     kwargs = dict(**_inputs(model, "decoder"), **OUTPUTS, num_beams=3, num_return_sequences=2, max_new_tokens=10)
     ours = model.generate(cache_implementation="static", compile_config=_compile_config(), **kwargs)
     assert loop_calls == [1]
-    assert any(isinstance(layer, decoding_loop.WholeCacheSlidingLayer) for layer in ours.past_key_values.layers)
+    assert any(isinstance(layer, sliding_layers.WholeCacheSlidingLayer) for layer in ours.past_key_values.layers)
     dynamic = model.generate(cache_implementation="dynamic", **kwargs)
     assert torch.equal(ours.sequences, dynamic.sequences)
     torch.testing.assert_close(ours.sequences_scores, dynamic.sequences_scores, atol=1e-5, rtol=1e-5)

@@ -14,7 +14,7 @@ import torch
 from transformers import CompileConfig, StaticCache
 from transformers.cache_utils import StaticLayer
 
-from archlab.modeling import beam_loop, beam_reorder, cache_spans, decoding_loop, fast_decoding
+from archlab.modeling import beam_loop, beam_reorder, cache_spans, decoding_loop, fast_decoding, sliding_layers
 from archlab.modeling.cache_spans import SpannedLayer, Spans, span_length, span_step
 
 from helpers import assert_close_to_scale, decoder_variant, seq2seq_variant
@@ -192,5 +192,5 @@ def test_whole_cache_sliding_layers_read_spans_too(monkeypatch):
     seen = _record_read_lengths(monkeypatch)
     assert torch.equal(model.generate(**kwargs, compile_config=_compile_config()), expected)
     layers = model._kept_static_cache.cache.layers
-    assert any(isinstance(layer, decoding_loop.WholeCacheSlidingLayer) for layer in layers)
+    assert any(isinstance(layer, sliding_layers.WholeCacheSlidingLayer) for layer in layers)
     assert len({read for _, read in seen}) > 2

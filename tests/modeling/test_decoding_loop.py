@@ -18,7 +18,7 @@ from transformers import CompileConfig, StaticCache, StoppingCriteria, StoppingC
 from transformers.cache_utils import StaticLayer
 
 from archlab import DecoderForCausalLM
-from archlab.modeling import decoding_loop, fast_decoding, loop_processors
+from archlab.modeling import decoding_loop, fast_decoding, loop_processors, sliding_layers
 
 from helpers import (
     DECODER_VARIANTS,
@@ -146,7 +146,7 @@ def test_sliding_windows_keep_the_whole_cache_and_take_the_loop(name, batch, loo
     assert model.config.sliding_window == 4
     reference, ours = _both(model, loop_calls, **kwargs)
     _assert_same(reference, ours)
-    assert any(isinstance(layer, decoding_loop.WholeCacheSlidingLayer) for layer in ours.past_key_values.layers)
+    assert any(isinstance(layer, sliding_layers.WholeCacheSlidingLayer) for layer in ours.past_key_values.layers)
     dynamic = model.generate(**kwargs, cache_implementation="dynamic")
     assert torch.equal(dynamic.sequences, ours.sequences)
     for step, (a, b) in enumerate(zip(ours.logits, dynamic.logits)):

@@ -22,7 +22,7 @@ from transformers import (
 from transformers.generation import GenerationMode
 
 from archlab import DecoderForCausalLM
-from archlab.modeling import beam_loop, decoding_loop, fast_decoding
+from archlab.modeling import beam_loop, decoding_loop, fast_decoding, sliding_layers
 from archlab.modeling.configuration_decoder import ROPE_TYPES
 
 from helpers import (
@@ -136,16 +136,55 @@ def test_default_on_cuda_is_the_static_cache_and_the_user_can_opt_out(on_cuda, n
 
 @pytest.mark.parametrize("name", ["local_global", "all_sliding_attention"])
 def test_generations_over_four_windows_keep_the_dynamic_cache_by_default(name, on_cuda, notices):
-    """Past `WHOLE_CACHE_WINDOWS` windows a static cache's sliding layers are transformers' window-long ones, which
-    count their length in a Python int (a new CUDA graph per token): the CUDA default decodes such generations with
-    the dynamic cache, with one notice; up to 4 windows the static path; asking for the static cache is honoured."""
+    """Past `WHOLE_CACHE_WINDOWS` windows (and, on CUDA, past what the memory bounds allow: next test) a static
+    cache's sliding layers are transformers' window-long ones, which count their length in a Python int (a new CUDA
+    graph per token): the CUDA default decodes such generations with the dynamic cache, with one notice; up to 4
+    windows the static path; asking for the static cache is honoured."""
     kwargs = dict(**_prompts(2, 97), **GREEDY, pad_token_id=0, max_new_tokens=12)  # a 17-position cache
     model = randomised(DecoderForCausalLM(tiny_decoder_config(**DECODER_VARIANTS[name])))  # window 4
     assert isinstance(model.generate(**dict(kwargs, max_new_tokens=10)).past_key_values, StaticCache)  # 15 positions
     assert not notices
     assert isinstance(model.generate(**kwargs).past_key_values, DynamicCache)
-    assert len(notices) == 1 and "sliding window (4)" in notices[0] and "\n" not in notices[0]
+    assert len(notices) == 1 and "(window 4;" in notices[0] and "\n" not in notices[0]
     assert isinstance(model.generate(**kwargs, cache_implementation="static").past_key_values, StaticCache)
+
+
+def test_on_cuda_longer_caches_keep_their_sliding_layers_whole_while_the_keys_past_the_window_fit(
+    on_cuda, notices, monkeypatch
+):
+    """Past 4 windows, on CUDA (its free memory stood in for here), the sliding layers stay whole while the keys kept
+    past the window weigh no more than the weights and a quarter of the free memory: the static path, the tokens and
+    logits of the dynamic cache (whose sliding layers drop those keys). Beyond either bound, the dynamic cache."""
+    kwargs = dict(**_prompts(2, 97), **GREEDY, pad_token_id=0, max_new_tokens=12)  # a 17-position cache, window 4
+    model = randomised(DecoderForCausalLM(tiny_decoder_config(**DECODER_VARIANTS["local_global"])))
+    extra = sliding_layers.bytes_past_the_window(model.config, 17, 2, model.dtype)
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    assert 0 < extra < weights
+    monkeypatch.setattr(sliding_layers, "free_device_memory", lambda device: 4 * extra)
+    whole = model.generate(**kwargs)
+    assert isinstance(whole.past_key_values, StaticCache) and not notices
+    assert any(isinstance(layer, sliding_layers.WholeCacheSlidingLayer) for layer in whole.past_key_values.layers)
+    _assert_same_decoding(whole, model.generate(**kwargs, cache_implementation="dynamic"))
+    model.release_decoding_memory()
+    monkeypatch.setattr(sliding_layers, "free_device_memory", lambda device: 4 * extra - 1)
+    assert isinstance(model.generate(**kwargs).past_key_values, DynamicCache)
+    assert len(notices) == 1 and "too long to keep whole" in notices[0]
+
+
+def test_keys_past_the_window_are_bounded_by_the_weights(monkeypatch):
+    """The rule itself: up to 4 windows always; past them only where the free memory is known (CUDA) and the rows'
+    keys past the window weigh at most the weights."""
+    model = DecoderForCausalLM(tiny_decoder_config(**DECODER_VARIANTS["local_global"]))  # window 4, 1 sliding layer
+    config = model.config
+    per_row_position = 2 * config.num_key_value_heads * config.head_dim * 4  # keys and values, float32
+    assert sliding_layers.bytes_past_the_window(config, 20, 3, torch.float32) == 3 * 16 * per_row_position
+    assert sliding_layers.kept_whole(model, 16, None)  # 4 windows
+    assert not sliding_layers.kept_whole(model, 17, 1)  # on CPU no free memory is known
+    monkeypatch.setattr(sliding_layers, "free_device_memory", lambda device: 1 << 50)
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    rows = weights // (13 * per_row_position)  # the most rows whose keys past the window, 13 positions, fit
+    assert sliding_layers.kept_whole(model, 17, rows) and not sliding_layers.kept_whole(model, 17, rows + 1)
+    assert not sliding_layers.kept_whole(model, 17, None)
 
 
 def test_transformers_full_sliding_layers_take_their_length_as_a_symbolic_input():
