@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import re
 import sys
 import time
 import traceback
@@ -163,6 +164,45 @@ def guarded(report: Report, setup: Setup, what: str, measure: Callable[[], None]
         columns = ", ".join(f"{k} {v}" for k, v in r.extra.items())
         log(f"row: {r.metric}: {r.archlab:,.1f} vs {r.peer:,.1f} {r.unit}, {r.ratio:.2f}×; {columns}")
     log(f"{what}: {time.perf_counter() - start:.0f} s")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The goals the GPU issues set, shown beside the rows they judge
+# ----------------------------------------------------------------------------------------------------------------
+# (regular expression the row's metric starts with, goal); the first match wins. Training rows also carry the
+# memory goal (peak memory never above the peer's: "mem peer ÷ archlab" ≥ 1.0×). The liger rows time archlab
+# eager; the 1.15× goal is for the scripts' default path (compiled).
+TRAIN_MEMORY = "peer ÷ archlab mem ≥ 1.0×"
+TRAIN_GOALS = [
+    (r"dense 1\.1B: archlab compiled vs Llama eager", f"≥ 1.5× (the scripts' default), {TRAIN_MEMORY}"),
+    (r"dense 1\.1B: archlab compiled vs Llama compiled", f"≥ 1.0×, MFU ≥ 45 %, {TRAIN_MEMORY}"),
+    (r"dense 1\.1B: archlab .*vs LlamaForCausalLM \+ ", f"≥ 1.15× for the default path, {TRAIN_MEMORY}"),
+    (r"vocab 128256: archlab (compiled vs Llama eager|vs LlamaForCausalLM \(eager\))", "≥ 1.2×, mem ≥ 1.3×"),
+    (r"MoE \(Mixtral shape\): archlab MoE vs dense", f"≥ 0.9×, {TRAIN_MEMORY}"),
+    (r"MoE \(Mixtral shape\): archlab (compiled )?vs Mixtral", f"≥ 3×, {TRAIN_MEMORY}"),
+    (
+        r"encoder-decoder \(Marian shape, .*\): archlab (compiled vs Marian eager|vs MarianMTModel)",
+        f"≥ 1.3×, {TRAIN_MEMORY}",
+    ),
+    (r"[^:]*: archlab", TRAIN_MEMORY),  # any other training row (e.g. compiled vs compiled peers)
+]
+DECODE_GOALS = [
+    (
+        r"dense 1\.1B greedy decode, batch 1, .*StaticCache: archlab vs Llama",
+        "≥ 2.5×, ≥ 50 % roofline (H100: 750 tok/s)",
+    ),
+    (r"dense 1\.1B greedy decode, batch (16|64), .*StaticCache: archlab vs Llama", "≥ 1.5×"),
+    (r"dense 1\.1B prefill", "MFU ≥ 50 %"),
+    (r"MoE \(Mixtral shape\) greedy decode, batch \d+, each model's default", "≥ 2×"),
+    (r"encoder-decoder \(Marian shape\) beam search, .*each model's default", "≥ 2×"),
+]
+
+
+def with_goals(report: Report, goals: list[tuple[str, str]]) -> Report:
+    """Each row's goal: the first of `goals` whose pattern its metric starts with (none: no goal)."""
+    for r in report.rows:
+        r.goal = next((goal for pattern, goal in goals if re.match(pattern, r.metric)), "")
+    return report
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -41,6 +41,7 @@ import torch
 
 from archlab.modeling.fused_projections import inference_projections
 from archlab.scripts.benchmark_cuda import (
+    DECODE_GOALS,
     Setup,
     decoder_pair,
     describe,
@@ -54,6 +55,7 @@ from archlab.scripts.benchmark_cuda import (
     shape,
     time_pair,
     utilisation,
+    with_goals,
 )
 from archlab.training.benchmarking import Report, synchronize
 from archlab.training.roofline import beam_search_roofline_seconds, decode_roofline_seconds, decoder_forward_flops
@@ -349,7 +351,7 @@ def run(args: argparse.Namespace) -> Report:
     guarded(report, setup, "MoE decode", lambda: moe_rows(setup, report))
     guarded(report, setup, "beam search", lambda: beam_search_row(setup, report))
     closing_notes(setup, report)
-    return report
+    return with_goals(report, DECODE_GOALS)
 
 
 def run_static(args: argparse.Namespace) -> Report:
@@ -358,7 +360,7 @@ def run_static(args: argparse.Namespace) -> Report:
     guarded(report, setup, "dense decode, static cache", lambda: dense_generate_rows(setup, report, "static"))
     not_compiled_note(setup, report)
     closing_notes(setup, report)
-    return report
+    return with_goals(report, DECODE_GOALS)
 
 
 def run_loops(args: argparse.Namespace) -> Report:
@@ -371,7 +373,7 @@ def run_loops(args: argparse.Namespace) -> Report:
     guarded(report, setup, "beam search, default cache", lambda: beam_search_row(setup, report, "default"))
     not_compiled_note(setup, report)
     closing_notes(setup, report)
-    return report
+    return with_goals(report, DECODE_GOALS)
 
 
 def not_compiled_note(setup: Setup, report: Report) -> None:

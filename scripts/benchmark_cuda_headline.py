@@ -10,8 +10,8 @@ the full suites (cuda-train, cuda-static, ...) measure every workload.
   side's first call (compilation included) — cuda-static's batch-1 row;
 - the prefill of a 2048-token prompt with MFU — cuda-decode's prefill row.
 
-Each row carries its goal from the issues; the other goals (Liger, vocabulary 128256, MoE, seq2seq, batch 16/64)
-are in the full suites.
+Each row carries its goal from the issues (benchmark_cuda's goal tables, as in the full suites); the other goals
+(Liger, vocabulary 128256, MoE, seq2seq, batch 16/64) are in the full suites.
 
     python scripts/benchmark.py --suite cuda-headline --device cuda --output cuda-headline.md
 """
@@ -21,19 +21,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-from archlab.scripts.benchmark_cuda import describe, guarded, setup_from
+from archlab.scripts.benchmark_cuda import DECODE_GOALS, TRAIN_GOALS, describe, guarded, setup_from, with_goals
 from archlab.scripts.benchmark_cuda_decode import decode_shape, dense_generate_rows, not_compiled_note, prefill_row
 from archlab.scripts.benchmark_cuda_train import batch_shape, dense_rows
 from archlab.training.benchmarking import Report
-
-# Row metric's start -> the goal the issues set for it (the eager training row has none of its own: the scripts
-# compile on a GPU, so "archlab's default training path" is the compiled one).
-GOALS = {
-    "dense 1.1B training: archlab compiled vs Llama compiled": "≥ 1.0×, MFU ≥ 45 %",
-    "dense 1.1B training: archlab compiled vs Llama eager": "≥ 1.5× (the scripts' default on a GPU vs Llama's)",
-    "dense 1.1B greedy decode, batch 1": "≥ 2.5×, ≥ 750 tok/s (H100), ≥ 50 % roofline, first call < 60 s",
-    "dense 1.1B prefill": "MFU ≥ 50 %",
-}
 
 
 def run(args: argparse.Namespace) -> Report:
@@ -46,12 +37,9 @@ def run(args: argparse.Namespace) -> Report:
         f"{sizes['new_tokens']} new tokens" + (" — --quick shapes" if setup.quick else ""),
         peer_name="peer",
     )
-    label = "dense 1.1B training"
-    guarded(report, setup, label, lambda: dense_rows(setup, report, "dense", label, compiled=True))
+    guarded(report, setup, "dense 1.1B training", lambda: dense_rows(setup, report, "dense", "dense 1.1B", True))
     guarded(report, setup, "dense decode batch 1 (static)", lambda: dense_generate_rows(setup, report, "static", (1,)))
     guarded(report, setup, "prefill", lambda: prefill_row(setup, report))
-    for r in report.rows:
-        r.goal = next((goal for start, goal in GOALS.items() if r.metric.startswith(start)), "")
     not_compiled_note(setup, report)
     report.notes.append(
         "Training MFU: model FLOPs (6 per weight per token + attention) / time / peak; decoding: % of the bandwidth "
@@ -60,7 +48,7 @@ def run(args: argparse.Namespace) -> Report:
         "per-round ratios."
     )
     report.notes.append(describe(setup))
-    return report
+    return with_goals(report, DECODE_GOALS + TRAIN_GOALS)  # decoding's first: training's last pattern takes any row
 
 
 def main(argv: list[str] | None = None) -> int:

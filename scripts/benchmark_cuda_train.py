@@ -37,6 +37,7 @@ from pathlib import Path
 import torch
 
 from archlab.scripts.benchmark_cuda import (
+    TRAIN_GOALS,
     Setup,
     decoder_pair,
     describe,
@@ -50,6 +51,7 @@ from archlab.scripts.benchmark_cuda import (
     shape,
     time_pair,
     utilisation,
+    with_goals,
 )
 from archlab.training.benchmarking import (
     Report,
@@ -339,7 +341,7 @@ def run(args: argparse.Namespace) -> Report:
         f"median of per-round ratios."
     )
     report.notes.append(describe(setup))
-    return report
+    return with_goals(report, TRAIN_GOALS)
 
 
 def run_compiled(args: argparse.Namespace) -> Report:
@@ -358,7 +360,7 @@ def run_compiled(args: argparse.Namespace) -> Report:
     guarded(report, setup, "MoE", lambda: moe_rows(setup, report, compiled=True))
     guarded(report, setup, "encoder-decoder", lambda: seq2seq_rows(setup, report, compiled=True))
     report.notes.append(describe(setup))
-    return report
+    return with_goals(report, TRAIN_GOALS)
 
 
 def main(argv: list[str] | None = None) -> int:
