@@ -297,10 +297,22 @@ def decoding_step(
     return logits, scores
 
 
+def announce_compiling(model, what: str) -> None:
+    """On CUDA, one line per process and model class the first time `what` is compiled: generate's first calls then
+    wait for the compiler, and whoever waits should know why and how to skip it."""
+    if model.device.type == "cuda":
+        logger.warning_once(
+            f"{type(model).__name__}: compiling {what} — the first calls of a new batch size or length take tens of "
+            "seconds, later ones reuse it; generate(..., disable_compile=True) decodes without compiling."
+        )
+
+
 def eager_on_compiler_failure(model, compiled, eager, what: str):
     """`compiled`, until the compiler fails on it (no working Triton for this GPU, an inductor error): then one logged
     line names the cause and `eager` runs from then on. The failure comes before the compiled graph runs (the
-    decoding steps compile without graph breaks), so the call is retried on the same state."""
+    decoding steps compile without graph breaks), so the call is retried on the same state. On CUDA one line says
+    that `what` is being compiled (`announce_compiling`)."""
+    announce_compiling(model, what)
     current = [compiled]
 
     def call(*args, **kwargs):
@@ -494,6 +506,7 @@ def decode(
 
 __all__ = [
     "CHECK_EVERY",
+    "announce_compiling",
     "choose_tokens",
     "compiled_decoding_step",
     "decode",

@@ -552,6 +552,23 @@ def test_a_failing_compiler_leaves_eager_decoding_with_one_notice(name, kwargs, 
     assert len(notices) == 1 and "triton" in notices[0] and "decodes eagerly" in notices[0], notices
 
 
+def test_compiling_on_cuda_is_announced_once_with_how_to_skip_it(monkeypatch):
+    """generate's first calls on CUDA wait for the compiler: one line says so, once per model class and step, and
+    names `disable_compile=True`; on CPU (nothing compiled by default) nothing is said."""
+    lines: list[str] = []
+    monkeypatch.setattr(decoding_loop.logger, "warning_once", lines.append)
+
+    class Model:
+        def __init__(self, device: str) -> None:
+            self.device = torch.device(device)
+
+    decoding_loop.announce_compiling(Model("cpu"), "the decoding step")
+    assert lines == []
+    decoding_loop.eager_on_compiler_failure(Model("cuda"), None, None, "the beam-search step")
+    assert len(lines) == 1 and "Model: compiling the beam-search step" in lines[0], lines
+    assert "disable_compile=True" in lines[0] and "\n" not in lines[0]
+
+
 def _spy_on_static_caches(model) -> list:
     """The static caches `model.generate` prepares from now on, in order (`del model._prepare_static_cache` stops)."""
     caches = []
