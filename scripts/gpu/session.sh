@@ -7,8 +7,8 @@
 # Steps (setup and info always run first; each later step runs even when an earlier one failed):
 #   setup   install .whl/*.whl (once per machine) and this checkout (every call) into $SITE, no network
 #   info    nvidia-smi, versions, where each package is imported from, unmet requirements
-#   headline --suite cuda-headline: the issues' headline rows (dense training eager and compiled, batch-1 static
-#           decoding, the 2048-token prefill), each with its goal (about 5-6 minutes): a first session's numbers
+#   headline --suite cuda-headline: the issues' headline rows (batch-1 static decoding, the 2048-token prefill,
+#           dense training eager and compiled), each with its goal (about 5-6 minutes): a first session's numbers
 #   tests   pytest -m gpu, then -m "not gpu and not slow", over the test files that mark a test gpu or check
 #           torch.cuda.is_available() (about 3-4 minutes: they run every CUDA suite at --quick size); the GPU tests
 #           print one line per test as it ends, so a run stopped at its limit still says which passed
