@@ -38,7 +38,7 @@ from archlab.scripts.arguments import (
 from archlab.training.checkpoints import clear_output_dir, finished_run, resolve_resume
 from archlab.training.evaluation import train_and_evaluate
 from archlab.training.kinds import model_kind
-from archlab.training.reporting import log, summary
+from archlab.training.reporting import log, summary, training_setup
 from archlab.training.saving import EMBEDDED_CORPUS, dataset_label, save_final
 from archlab.training.sources import load_examples
 from archlab.training.tasks import (
@@ -157,6 +157,8 @@ def main(argv: Sequence[str] | None = None, callbacks: list[TrainerCallback] | N
         data_args.preprocessing_num_workers,
         model_args.attn_implementation,
     )
+
+    log(training_setup(training_args))
 
     # --- training --------------------------------------------------------------------------------------------
     if training_args.overwrite_output_dir:

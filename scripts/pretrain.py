@@ -41,7 +41,7 @@ from archlab.training.evaluation import train_and_evaluate
 from archlab.training.kinds import model_kind
 from archlab.training.metrics import with_perplexity
 from archlab.training.pretraining import prepare_data, pretraining_tokenizer
-from archlab.training.reporting import log
+from archlab.training.reporting import log, training_setup
 from archlab.training.sampling import print_sample
 from archlab.training.saving import dataset_label, save_final
 from archlab.training.sources import load_documents
@@ -136,6 +136,7 @@ def main(argv: Sequence[str] | None = None, callbacks: list[TrainerCallback] | N
         f"{type(model).__name__}: {n_params / 1e6:.2f}M parameters, vocabulary {len(tokenizer)}, "
         f"blocks of {data_args.block_size} tokens"
     )
+    log(training_setup(training_args))
 
     # --- training --------------------------------------------------------------------------------------------
     if training_args.overwrite_output_dir:

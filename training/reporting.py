@@ -1,8 +1,10 @@
-"""The lines the training scripts print: progress messages and one-line metric summaries."""
+"""The lines the training scripts print: progress messages, one-line metric summaries, and how a run trains."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+
+import torch
 
 
 def log(message: str) -> None:
@@ -12,3 +14,24 @@ def log(message: str) -> None:
 def summary(metrics: dict[str, float], keys: Sequence[str]) -> str:
     """'loss 1.234, accuracy 0.9' for the `eval_*` keys present in `metrics`, in the order of `keys`."""
     return ", ".join(f"{k[5:]} {metrics[k]:.4g}" for k in keys if k in metrics)
+
+
+def training_setup(args) -> str:
+    """How a run trains, as the scripts resolved `args` (`ArchlabTrainingArguments`) for this machine: the device,
+    the processes, the precision and whether the model is compiled — the defaults differ between a CPU and a GPU, and
+    a user should see which took effect. Reads `args.device`, which sets up the processes as the Trainer would."""
+    device = args.device
+    if device.type == "cuda":
+        where = f"{device} ({torch.cuda.get_device_name(device)})"
+    else:
+        where = "the CPU" if device.type == "cpu" else str(device)
+    if args.world_size > 1:
+        where += f", {args.world_size} processes"
+    precision = "bf16 autocast" if args.bf16 else "fp16 autocast" if args.fp16 else "float32"
+    if not args.torch_compile:
+        how = "eager (no compilation)"
+    else:
+        regional = getattr(args, "regional_compilation", False)
+        how = "compiled regionally (one block, reused by every layer)" if regional else "compiled"
+        how += "; the first steps wait for the compiler"
+    return f"Training on {where}: {precision}, {how}"
