@@ -26,7 +26,8 @@ from .cache_spans import SpannedLayer, cache_tensors, self_attention_layers
 
 # False: every reorder copies in place (what the benchmark compares with).
 DOUBLE_BUFFER = True
-# On CUDA, the spares of a cache may take at most this share of the free device memory.
+# On CUDA, the spares of a cache may take at most this share of the free device memory (and so may the keys that
+# sliding_layers.py keeps past the window).
 FREE_MEMORY_SHARE = 0.25
 
 
@@ -45,12 +46,17 @@ def _affordable(layers: list[SpannedLayer]) -> bool:
     return fits(needed, layers[0].keys.device)
 
 
+def free_device_memory(device: torch.device) -> int | None:
+    """Free bytes on a CUDA device; None elsewhere (no bound is known). Also the bound of sliding_layers.py."""
+    if device.type != "cuda":
+        return None
+    return torch.cuda.mem_get_info(device)[0]
+
+
 def fits(needed: int, device: torch.device) -> bool:
     """Whether `needed` more bytes on `device` stay within `FREE_MEMORY_SHARE` of its free memory (CUDA only)."""
-    if not needed or device.type != "cuda":
-        return True
-    free, _ = torch.cuda.mem_get_info(device)
-    return needed <= FREE_MEMORY_SHARE * free
+    free = free_device_memory(device)
+    return not needed or free is None or needed <= FREE_MEMORY_SHARE * free
 
 
 class Spares:
@@ -109,4 +115,4 @@ def reorder(cache, beam_idx: torch.Tensor) -> None:
                 tensor.index_copy_(2, positions, source[:, :, :length].index_select(0, beam_idx))
 
 
-__all__ = ["DOUBLE_BUFFER", "FREE_MEMORY_SHARE", "Spares", "fits", "reorder"]
+__all__ = ["DOUBLE_BUFFER", "FREE_MEMORY_SHARE", "Spares", "fits", "free_device_memory", "reorder"]

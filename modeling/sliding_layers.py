@@ -24,25 +24,17 @@ from __future__ import annotations
 import torch
 from transformers.cache_utils import Cache, StaticSlidingWindowLayer
 
+from .beam_reorder import FREE_MEMORY_SHARE, free_device_memory  # the same share as beam search's spare buffers
 from .cache_spans import SpannedLayer
 
 # Up to this many windows a static cache always keeps its sliding layers whole.
 WHOLE_CACHE_WINDOWS = 4
-# Past it, on CUDA, the keys kept past the window may take at most this share of the free device memory.
-FREE_MEMORY_SHARE = 0.25
 
 
 class WholeCacheSlidingLayer(SpannedLayer):
     """A sliding-window layer of a static cache that keeps every position of the cache (module docstring)."""
 
     is_sliding = True
-
-
-def free_device_memory(device: torch.device) -> int | None:
-    """Free bytes on a CUDA device; None elsewhere (no bound known: only the `WHOLE_CACHE_WINDOWS` rule applies)."""
-    if device.type != "cuda":
-        return None
-    return torch.cuda.mem_get_info(device)[0]
 
 
 def bytes_past_the_window(config, length: int, batch_size: int, dtype: torch.dtype) -> int:
@@ -62,7 +54,7 @@ def kept_whole(model, length: int, batch_size: int | None) -> bool:
         return False
     if length <= WHOLE_CACHE_WINDOWS * window:
         return True
-    free = free_device_memory(model.device)
+    free = free_device_memory(model.device)  # None off CUDA: only the window rule
     if free is None or batch_size is None:
         return False
     extra = bytes_past_the_window(model.config, length, batch_size, model.dtype)
@@ -79,11 +71,9 @@ def keep_sliding_layers_whole(cache: Cache, length: int) -> None:
 
 
 __all__ = [
-    "FREE_MEMORY_SHARE",
     "WHOLE_CACHE_WINDOWS",
     "WholeCacheSlidingLayer",
     "bytes_past_the_window",
-    "free_device_memory",
     "keep_sliding_layers_whole",
     "kept_whole",
 ]
