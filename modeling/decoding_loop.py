@@ -26,7 +26,7 @@ check every `CHECK_EVERY` tokens, so a call may run up to CHECK_EVERY - 1 tokens
 this loop does not apply and transformers' loop runs instead (its compiled forward still used): other logits
 processors (bad words of several tokens, sequence bias, ...), other stopping criteria, attention or hidden-state
 outputs, model inputs other than the prompt's ids, mask and positions, and caches other than a plain `StaticCache`
-(window-long sliding layers; generate's static cache keeps them whole where it can, sliding_layers.py). Samples
+(its window-long sliding layers, which the loop decodes as rings, are the exception: sliding_layers.py). Samples
 follow transformers' distribution but not its random stream: `torch.multinomial` reads the device, so the step
 draws by the exponential race (`sample`). The processors' device code (`split_processors`, the bans, `sample`,
 `stop_string_hits`) is in loop_processors.py, shared with beam_loop.py.
@@ -53,7 +53,7 @@ from transformers.masking_utils import create_masks_for_generate
 from transformers.utils import logging
 
 from .cache_names import CACHE_NAMES, cache_in, with_cache
-from .cache_spans import SpannedLayer, Spans, attended_length
+from .cache_spans import SpannedLayer, Spans, attended_length, self_attention_layers
 from .loop_processors import (
     FORCED_PROCESSORS,
     SCORE_WARPERS,
@@ -67,7 +67,14 @@ from .loop_processors import (
     split_processors,
     stop_string_hits,
 )
-from .sliding_layers import WholeCacheSlidingLayer
+from .sliding_layers import (
+    RingSlidingLayer,
+    SlidingRings,
+    WholeCacheSlidingLayer,
+    ring_blocker,
+    ring_mask,
+    window_long_layers,
+)
 
 logger = logging.get_logger(__name__)
 
@@ -106,10 +113,17 @@ DECODE_CRITERIA = (*LOOP_CRITERIA, StopStringCriteria, MaxTimeCriteria)
 
 
 def shared_blocker(
-    model, stopping_criteria, generation_config, synced_gpus, model_kwargs, criteria: tuple = LOOP_CRITERIA
+    model,
+    stopping_criteria,
+    generation_config,
+    synced_gpus,
+    model_kwargs,
+    criteria: tuple = LOOP_CRITERIA,
+    rings: bool = False,
 ) -> str | None:
     """What keeps any call (`decode` or `beam_loop.beam_search`) in transformers' loop, or None. `criteria`: the
-    stopping criteria the loop follows."""
+    stopping criteria the loop follows; `rings`: whether the loop decodes window-long sliding layers as rings
+    (sliding_layers.py)."""
     config = generation_config
     if synced_gpus or config.is_assistant:
         return "synced GPUs or an assistant model"
@@ -128,12 +142,16 @@ def shared_blocker(
     self_cache = self_attention_cache(cache)
     if type(self_cache) is not StaticCache or getattr(cache, "_is_user_defined", False):
         return "a cache other than generate's own StaticCache"
-    if any(type(layer) not in (StaticLayer, SpannedLayer, WholeCacheSlidingLayer) for layer in self_cache.layers):
+    windows = window_long_layers(self_cache)
+    if windows and (why := ring_blocker(model) if rings else "beam search has no rings"):
         return (
-            "sliding-window cache layers shorter than the cache, too long to keep whole (sliding_layers.py; their "
-            "length is a Python int per token)"
+            f"window-long sliding-window cache layers, too long to keep whole ({why}; their length is a Python int "
+            "per token: sliding_layers.py)"
         )
-    return None
+    kinds = (StaticLayer, SpannedLayer, WholeCacheSlidingLayer)
+    layers = (layer for i, layer in enumerate(self_cache.layers) if i not in windows)
+    others = sorted({type(layer).__name__ for layer in layers if type(layer) not in kinds})
+    return f"cache layers {others}" if others else None
 
 
 def loop_blocker(
@@ -144,7 +162,9 @@ def loop_blocker(
     if split_processors(logits_processor) is None:
         names = sorted({type(p).__name__ for p in logits_processor} - {c.__name__ for c in SCORE_WARPERS})
         return f"logits processors {names}"
-    return shared_blocker(model, stopping_criteria, generation_config, synced_gpus, model_kwargs, DECODE_CRITERIA)
+    return shared_blocker(
+        model, stopping_criteria, generation_config, synced_gpus, model_kwargs, DECODE_CRITERIA, rings=True
+    )
 
 
 def static_zeros(*shape: int, dtype: torch.dtype = torch.long, device=None) -> torch.Tensor:
@@ -248,7 +268,10 @@ def one_token_logits(model, tokens, cache, position_ids, padding_mask, encoder: 
     its `position_ids`; an encoder-decoder's decoder positions follow the cache length, and `encoder` holds its
     encoder states and source mask). Where the cache's layers read a span (`cache_spans`), the padding mask is cut to
     it (gathered, not sliced: a slice is contiguous exactly when the span is the whole cache, which the compiled
-    graph would then guard on). Traceable in one graph: no host read."""
+    graph would then guard on). Sliding layers decoded as rings get their own mask (`sliding_layers.ring_mask`).
+    Traceable in one graph: no host read."""
+    ring = next((layer for layer in self_attention_layers(cache) if isinstance(layer, RingSlidingLayer)), None)
+    sliding = None if ring is None else ring_mask(model, ring, padding_mask, tokens.shape[0])
     span = attended_length(cache)
     if padding_mask is not None and span is not None:
         padding_mask = padding_mask.index_select(1, torch.arange(span, device=padding_mask.device))
@@ -266,6 +289,8 @@ def one_token_logits(model, tokens, cache, position_ids, padding_mask, encoder: 
             **with_cache(cache),
             is_first_iteration=False,
         )
+        if sliding is not None:  # replaces transformers' mask over the ring's slots, which assumes them in order
+            masks = dict(masks, sliding_attention=sliding) if isinstance(masks, dict) else sliding
         inputs = dict(input_ids=tokens, position_ids=position_ids, attention_mask=masks)
     outputs = model(**inputs, **with_cache(cache), use_cache=True, logits_to_keep=1, return_dict=True)
     return outputs.logits[:, -1].to(dtype=torch.float32)
@@ -371,12 +396,18 @@ def fill_prompt_inputs(model, buffers, model_kwargs: dict) -> None:
     buffers.position_ids.copy_(model_kwargs["position_ids"][:, -1:])
 
 
+def cache_positions(model, cache) -> int:
+    """The positions a static cache holds: its longest layer's, or, where every layer is window-long (sliding
+    layers decoded as rings), the length generate built it with."""
+    return max(cache.get_max_length(), getattr(model, "_previous_max_cache_length", -1))
+
+
 def _prepare_buffers(model, input_ids, logits, model_kwargs, processors: Processors) -> DecodingBuffers:
     """The loop's buffers for this call, filled from the prompt (after the prefill)."""
     cache = self_attention_cache(cache_in(model_kwargs))
     batch_size, prompt_length = input_ids.shape
     vocab_size = logits.shape[-1]
-    buffers = DecodingBuffers.for_shape(model, batch_size, cache.get_max_length(), vocab_size, input_ids.device)
+    buffers = DecodingBuffers.for_shape(model, batch_size, cache_positions(model, cache), vocab_size, input_ids.device)
     fill_bans(buffers.banned_below, processors.bans)
     fill_forced(buffers.forced_at, buffers.forced_tokens, processors.forced)
     buffers.repetition_penalty.fill_(processors.repetition_penalty)
@@ -465,29 +496,30 @@ def decode(
     )
     checks = eos_token_id is not None or bool(stop_strings) or streamer is not None or deadline is not None
     spans = Spans(cache)
-    with model._optimize_model_for_decode(), spans:
-        for step in range(1, stopping_criteria.max_length - prompt_length):
-            torch.compiler.cudagraph_mark_step_begin()  # the last step's outputs are dead: replay, do not record anew
-            spans.cover(prompt_length + step)  # the step writes position prompt_length + step - 1
-            logits, step_scores = step_function(model, cache, buffers, *arguments)
-            if keep_scores:
-                scores.append(step_scores.clone())
-            if keep_logits:
-                raw_logits.append(logits.clone())
-            del logits, step_scores  # a CUDA graph's outputs are overwritten by its next replay
-            if (step + 1) % CHECK_EVERY == 0 and checks:
-                counted = int(buffers.counted)  # waits for the device: once every CHECK_EVERY steps
-                if streamer is not None and counted > streamed:
-                    streamer.put(buffers.sequence[:, prompt_length + streamed : prompt_length + counted].cpu())
-                    streamed = counted
-                if counted < step + 1:  # every row has ended
-                    break
-                if deadline is not None and time.time() > deadline:  # max_time: read here, not every token
-                    break
+    with SlidingRings(cache):  # window-long sliding layers as rings, until the cache is rewound
+        with model._optimize_model_for_decode(), spans:
+            for step in range(1, stopping_criteria.max_length - prompt_length):
+                torch.compiler.cudagraph_mark_step_begin()  # the last outputs are dead: replay, do not record anew
+                spans.cover(prompt_length + step)  # the step writes position prompt_length + step - 1
+                logits, step_scores = step_function(model, cache, buffers, *arguments)
+                if keep_scores:
+                    scores.append(step_scores.clone())
+                if keep_logits:
+                    raw_logits.append(logits.clone())
+                del logits, step_scores  # a CUDA graph's outputs are overwritten by its next replay
+                if (step + 1) % CHECK_EVERY == 0 and checks:
+                    counted = int(buffers.counted)  # waits for the device: once every CHECK_EVERY steps
+                    if streamer is not None and counted > streamed:
+                        streamer.put(buffers.sequence[:, prompt_length + streamed : prompt_length + counted].cpu())
+                        streamed = counted
+                    if counted < step + 1:  # every row has ended
+                        break
+                    if deadline is not None and time.time() > deadline:  # max_time: read here, not every token
+                        break
 
-    steps_run = int(buffers.step)  # new tokens chosen, the one after the prefill included
-    counted = int(buffers.counted)
-    rewind(cache, steps_run - counted)  # each step past the end fed one token into the cache
+        steps_run = int(buffers.step)  # new tokens chosen, the one after the prefill included
+        counted = int(buffers.counted)
+        rewind(cache, steps_run - counted)  # each step past the end fed one token into the cache
     if streamer is not None:
         if counted > streamed:
             streamer.put(buffers.sequence[:, prompt_length + streamed : prompt_length + counted].cpu())

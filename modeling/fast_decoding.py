@@ -12,8 +12,9 @@ in what transformers leaves out:
   nothing changes on CPU;
 - variants whose decoding step cannot be compiled (`static_cache_blocker`: dynamic RoPE recomputes its frequencies
   from a tensor in every forward) decode with the dynamic cache instead, with one logged line saying why; by
-  default so do FlashAttention backends, sharded models, and generations too long to keep every key in the sliding
-  layers (`sliding_window_blocker`, sliding_layers.py; shorter ones keep them, the window masked);
+  default so do FlashAttention backends, sharded models, and beam searches or biased (ALiBi, T5) models too long to
+  keep every key in the sliding layers (`sliding_window_blocker`, sliding_layers.py; shorter ones keep them, the
+  window masked, and longer greedy and sampled generations decode window-long layers as rings);
 - greedy decoding and sampling on that path run `decoding_loop.decode`: the whole step (masks, forward, token
   choice, end-of-sequence bookkeeping) compiled as one graph and the loop never waiting for the device, where
   transformers compiles the forward alone and reads the device every token; the calls it does not take run
@@ -33,6 +34,7 @@ in what transformers leaves out:
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -53,7 +55,7 @@ from .cache_names import cache_in
 from .cache_spans import make_spanned
 from .decoding_loop import compiled_decoding_step, decode, eager_on_compiler_failure, loop_blocker
 from .fused_projections import inference_projections
-from .sliding_layers import keep_sliding_layers_whole, kept_whole
+from .sliding_layers import keep_sliding_layers_whole, kept_whole, ring_blocker, window_long_layers
 from .source_padding import pad_source, padded_source_length, pads_sources
 
 logger = logging.get_logger(__name__)
@@ -62,6 +64,9 @@ logger = logging.get_logger(__name__)
 # (attention.rows_per_source): 1 / num_beams of the cross-attention cache's memory, and of its bytes read per step.
 # False: once per beam, as transformers' caches hold them.
 SHARED_SOURCE_KEYS = True
+
+# The decoding loops that decode a static cache's window-long sliding layers as rings (`decoding_loop.decode`).
+RING_MODES = (GenerationMode.GREEDY_SEARCH, GenerationMode.SAMPLE)
 
 # The decoding loops that run their steps through the static cache: greedy and sampling (transformers' `_sample`),
 # beam search and beam sampling (`_beam_search`). Assisted decoding refuses static caches.
@@ -107,13 +112,19 @@ def static_cache_length(model, generation_config: GenerationConfig) -> int:
     )
 
 
-def sliding_window_blocker(model, generation_config: GenerationConfig, batch_size: int | None = None) -> str | None:
-    """Why the CUDA default keeps the dynamic cache for this generation, or None: a static cache too long to keep its
+def sliding_window_blocker(
+    model,
+    generation_config: GenerationConfig,
+    batch_size: int | None = None,
+    generation_mode: GenerationMode = GenerationMode.GREEDY_SEARCH,
+) -> str | None:
+    """Why the CUDA default keeps the dynamic cache for this generation, or None. A static cache too long to keep its
     sliding layers whole (`sliding_layers.kept_whole`: over 4 windows, and past the window more bytes than the weights
-    or than a quarter of the free memory). Kept whole, the compiled loops take them; otherwise they are transformers'
-    `StaticSlidingWindowLayer`, which once full counts its length in a Python int that its compiled forward takes as
-    an input (a symbolic int): CUDA graphs record a new graph for every distinct value, i.e. every token.
-    `batch_size`: the rows of the call's cache (beams and returned sequences included)."""
+    or than a quarter of the free memory) has transformers' window-long `StaticSlidingWindowLayer`s, which once full
+    count their length in a Python int that a compiled forward takes as an input: CUDA graphs would record a new
+    graph every token. Greedy decoding and sampling decode them as rings (`sliding_layers.SlidingRings`); beam search,
+    and variants a ring cannot serve (`ring_blocker`), keep the dynamic cache. `batch_size`: the rows of the call's
+    cache (beams and returned sequences included)."""
     config = model.config
     window = getattr(config, "sliding_window", None)
     if window is None or "sliding_attention" not in (getattr(config, "layer_types", None) or []):
@@ -121,10 +132,16 @@ def sliding_window_blocker(model, generation_config: GenerationConfig, batch_siz
     length = static_cache_length(model, generation_config)
     if kept_whole(model, length, batch_size):
         return None
+    if generation_mode not in RING_MODES:
+        why = "beam search does not decode sliding layers as rings"
+    else:
+        why = ring_blocker(model)
+        if why is None:
+            return None
     return (
         f"this generation's cache ({length} positions) is too long to keep whole in its sliding layers (window "
-        f"{window}; sliding_layers.py), and a static cache's window-long sliding layers advance a Python counter per "
-        "token, which CUDA graphs would record anew each step"
+        f"{window}; sliding_layers.py), {why}, and a static cache's window-long sliding layers advance a Python "
+        "counter per token, which CUDA graphs would record anew each step"
     )
 
 
@@ -177,7 +194,9 @@ def choose_cache_implementation(
             or generation_mode not in STATIC_CACHE_MODES
         ):
             return None
-        reason = _default_blocker(model) or sliding_window_blocker(model, generation_config, cache_rows)
+        reason = _default_blocker(model) or sliding_window_blocker(
+            model, generation_config, cache_rows, generation_mode
+        )
         if reason is not None:
             logger.warning_once(
                 f"{type(model).__name__} decodes with the dynamic cache, not the compiled path: {reason}."
@@ -246,6 +265,28 @@ def compiled_decoding_steps(model, compile_config: CompileConfig | None) -> Iter
             del model.forward
         else:
             model.forward = own_forward
+
+
+# torch.compile modes that run compiled code as CUDA graphs (one recorded per distinct symbolic size).
+CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
+
+
+def records_a_graph_per_token(model, generation_config: GenerationConfig, model_kwargs: dict) -> bool:
+    """Whether transformers' loop, compiling its steps, would record a CUDA graph for every token: the cache has
+    window-long sliding layers (their length a symbolic int once full) and the compile mode uses CUDA graphs."""
+    compile_config = generation_config.compile_config or model._default_compile_config()
+    return compile_config.mode in CUDA_GRAPH_MODES and bool(window_long_layers(cache_in(model_kwargs)))
+
+
+def eager_steps_for_window_long_layers(model, generation_config: GenerationConfig, model_kwargs: dict):
+    """The generation config transformers' own loop runs with: compiling off (a copy saying `disable_compile`) where
+    its compiled steps would record a CUDA graph each (`records_a_graph_per_token`); else as it is."""
+    if not records_a_graph_per_token(model, generation_config, model_kwargs):
+        return generation_config
+    logger.info_once(f"{type(model).__name__}: window-long sliding layers in transformers' loop: steps run eagerly.")
+    eager = copy.copy(generation_config)
+    eager.disable_compile = True
+    return eager
 
 
 @dataclass
@@ -369,6 +410,7 @@ class FastDecodingMixin:
                 step = compiled_decoding_step(self, generation_config.compile_config or self._default_compile_config())
                 return decode(self, *args, step_function=step, streamer=streamer, **model_kwargs)
             logger.info_once(f"{type(self).__name__}: transformers' decoding loop runs this call ({reason}).")
+            args = (*args[:3], eager_steps_for_window_long_layers(self, generation_config, model_kwargs))
         return super()._sample(*args, synced_gpus=synced_gpus, streamer=streamer, **model_kwargs)
 
     def get_compiled_call(self, compile_config):
@@ -405,6 +447,8 @@ class FastDecodingMixin:
             step = compiled_beam_step(self, generation_config.compile_config or self._default_compile_config())
             return beam_search(self, *args[:4], step_function=step, **kw)
         logger.info_once(f"{type(self).__name__}: transformers' beam-search loop runs this call ({reason}).")
+        if records_a_graph_per_token(self, generation_config, kw):
+            return super()._beam_search(*args, **kw)
         with compiled_decoding_steps(self, generation_config.compile_config):
             return super()._beam_search(*args, **kw)
 

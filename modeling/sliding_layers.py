@@ -16,16 +16,24 @@ cache it builds (`keep_sliding_layers_whole`):
   and fit in `FREE_MEMORY_SHARE` of the free device memory. So a Gemma-3-shaped model (windows of 1,024, five
   sliding layers in six) generates thousands of tokens at batch 1 on the compiled path, and a batch of 64 with long
   contexts, whose keys past the window would outweigh the weights, keeps the dynamic cache (eager, window-long reads).
-Past that, transformers' window-long layers: the CUDA default decodes with the dynamic cache and says why in one line.
+Past that, transformers' window-long layers (`StaticSlidingWindowLayer`, prefilled by transformers as usual). The
+greedy and sampling loop (`decoding_loop.decode`) decodes them on the compiled path through rings: after the prefill
+each becomes a `RingSlidingLayer` of `window + RING_SPARE_SLOTS` slots, position p in slot p mod slots, written at a
+device-tensor position (no Python counter, one CUDA graph for every step), its mask built per slot from the position
+each slot holds (`ring_mask`); after the loop the ring is unrolled back into the window-long layer (`SlidingRings`).
+Memory and reads per step are a window's, at any length. Variants a ring cannot serve (`ring_blocker`: position
+biases, which transformers sizes from the keys' order; attention backends other than SDPA and eager) and beam
+search keep the fallback: the CUDA default decodes with the dynamic cache and says why in one line.
 """
 
 from __future__ import annotations
 
 import torch
-from transformers.cache_utils import Cache, StaticSlidingWindowLayer
+from transformers.cache_utils import Cache, StaticLayer, StaticSlidingWindowLayer
 
 from .beam_reorder import FREE_MEMORY_SHARE, free_device_memory  # the same share as beam search's spare buffers
-from .cache_spans import SpannedLayer
+from .cache_spans import SpannedLayer, self_attention_layers
+from .catalogue import POSITION_SCHEMES
 
 # Up to this many windows a static cache always keeps its sliding layers whole.
 WHOLE_CACHE_WINDOWS = 4
@@ -70,10 +78,147 @@ def keep_sliding_layers_whole(cache: Cache, length: int) -> None:
             cache.layers[index] = WholeCacheSlidingLayer(max_cache_len=length)
 
 
+# A ring holds this many slots past its window: the decoding loop runs up to CHECK_EVERY - 1 steps past the end of
+# every row before it reads that they ended, and rewinds them; the window of the last kept position is still there.
+RING_SPARE_SLOTS = 16
+
+# Attention backends whose masks a ring builds itself: SDPA takes a boolean mask, eager an additive one.
+RING_BACKENDS = ("sdpa", "eager")
+
+
+def ring_blocker(model) -> str | None:
+    """Why `model`'s window-long sliding layers cannot decode as rings, or None when they can."""
+    config = model.config
+    if config.is_encoder_decoder:
+        return "an encoder-decoder"
+    if POSITION_SCHEMES[config.position_embedding_type].bias:
+        return f"{config.position_embedding_type} position biases are sized from the keys' order, which a ring breaks"
+    if config._attn_implementation not in RING_BACKENDS:
+        return f"the attention backend {config._attn_implementation!r} (a ring builds SDPA's and eager's masks)"
+    return None
+
+
+class RingSlidingLayer(StaticLayer):
+    """A sliding-window layer of `window + RING_SPARE_SLOTS` slots for the decoding loop's one-token steps: position p
+    lives in slot p mod slots, the position written next is `cumulative_length` (a device tensor: one compiled graph
+    and one CUDA graph for every step), and `ring_mask` gives each query the slots of its window."""
+
+    is_sliding = True
+
+    def __init__(self, window: int):
+        super().__init__(max_cache_len=window + RING_SPARE_SLOTS)
+        self.window = window
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if key_states.shape[-2] != 1:  # a static shape: checked at tracing, never on the device
+            raise ValueError(
+                f"a ring sliding layer takes one token per step, got {key_states.shape[-2]}; it exists only inside "
+                "the decoding loop (the prefill runs on transformers' window-long layer)"
+            )
+        slot = (self.cumulative_length % self.max_cache_len).view(1)
+        self.keys.index_copy_(2, slot, key_states)
+        self.values.index_copy_(2, slot, value_states)
+        self.cumulative_length.add_(1)
+        return self.keys, self.values
+
+    def get_mask_sizes(self, *args, **kwargs) -> tuple[int, int]:
+        return self.max_cache_len, 0  # transformers' mask of this size is replaced by `ring_mask`
+
+    def slot_positions(self) -> torch.Tensor:
+        """(slots,) the position each slot holds when the next token, at position `cumulative_length`, is written:
+        the latest position ≤ it in the slot's residue class (negative: never written)."""
+        slots = torch.arange(self.max_cache_len, device=self.cumulative_length.device)
+        return self.cumulative_length - (self.cumulative_length - slots) % self.max_cache_len
+
+    def fill_from(self, layer: StaticSlidingWindowLayer) -> None:
+        """Take the keys of a prefilled window-long layer (its slots hold positions n - held ... n - 1 in order)."""
+        if not self.is_initialized:
+            self.lazy_initialization(layer.keys[:, :, :1], layer.values[:, :, :1])
+        length = layer.cumulative_length_int
+        held = min(length, layer.max_cache_len)
+        slots = torch.arange(length - held, length, device=self.keys.device) % self.max_cache_len
+        self.keys.index_copy_(2, slots, layer.keys[:, :, :held])
+        self.values.index_copy_(2, slots, layer.values[:, :, :held])
+        self.cumulative_length.fill_(length)
+
+    def unroll_into(self, layer: StaticSlidingWindowLayer) -> None:
+        """Give the window-long layer this ring's last keys in position order and its length (one device read)."""
+        length = int(self.cumulative_length)
+        held = min(length, layer.max_cache_len)
+        slots = torch.arange(length - held, length, device=self.keys.device) % self.max_cache_len
+        layer.keys[:, :, :held].copy_(self.keys.index_select(2, slots))
+        layer.values[:, :, :held].copy_(self.values.index_select(2, slots))
+        layer.cumulative_length_int = length
+        layer.cumulative_length.fill_(held)  # the tensor length transformers' layer keeps until it is full
+
+
+def ring_mask(model, ring: RingSlidingLayer, padding_mask: torch.Tensor | None, batch_size: int) -> torch.Tensor:
+    """The sliding layers' mask of a one-token step over `ring`'s slots, (batch, 1, 1, slots): a slot is seen when
+    it holds a position of the query's window (written, fewer than `window` positions back) that is not padding
+    (`padding_mask` (batch, ≥ positions) over absolute positions, or None). Boolean for SDPA, additive for eager."""
+    position = ring.cumulative_length
+    held = ring.slot_positions()  # (slots,)
+    seen = ((held >= 0) & (position - held < ring.window)).expand(batch_size, -1)
+    if padding_mask is not None:
+        seen = seen & padding_mask.gather(1, held.clamp(min=0).expand(batch_size, -1)).bool()
+    seen = seen[:, None, None, :]
+    if model.config._attn_implementation == "sdpa":
+        return seen
+    return torch.zeros(seen.shape, dtype=model.dtype, device=seen.device).masked_fill(
+        ~seen, torch.finfo(model.dtype).min
+    )
+
+
+def window_long_layers(cache: Cache | None) -> list[int]:
+    """Indices of `cache`'s window-long sliding layers (transformers' `StaticSlidingWindowLayer`)."""
+    if cache is None:
+        return []
+    layers = self_attention_layers(cache)
+    return [i for i, layer in enumerate(layers) if type(layer) is StaticSlidingWindowLayer]
+
+
+class SlidingRings:
+    """Inside, each window-long sliding layer of a prefilled cache is a `RingSlidingLayer` holding its keys; on exit
+    the rings (rewound where steps were dropped) are unrolled back, so the cache generate returns or keeps is
+    transformers' again. A window-long layer keeps its ring for the next call: the same addresses, so the compiled
+    step's CUDA graphs replay."""
+
+    def __init__(self, cache: Cache):
+        self.layers = self_attention_layers(cache)
+        self.indices = window_long_layers(cache)
+        self.windows = [self.layers[i] for i in self.indices]
+
+    @property
+    def first(self) -> RingSlidingLayer | None:
+        """A ring (they all hold the same positions), or None without any; valid inside."""
+        return self.layers[self.indices[0]] if self.indices else None
+
+    def __enter__(self) -> SlidingRings:
+        for index, window in zip(self.indices, self.windows):
+            ring = getattr(window, "ring", None)
+            if ring is None:
+                ring = window.ring = RingSlidingLayer(window.max_cache_len)  # a window-long layer's length
+            ring.fill_from(window)
+            self.layers[index] = ring
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for index, window in zip(self.indices, self.windows):
+            self.layers[index].unroll_into(window)
+            self.layers[index] = window
+
+
 __all__ = [
+    "RING_BACKENDS",
+    "RING_SPARE_SLOTS",
+    "RingSlidingLayer",
+    "SlidingRings",
     "WHOLE_CACHE_WINDOWS",
     "WholeCacheSlidingLayer",
     "bytes_past_the_window",
     "keep_sliding_layers_whole",
     "kept_whole",
+    "ring_blocker",
+    "ring_mask",
+    "window_long_layers",
 ]

@@ -2,7 +2,8 @@
 and compiles its decoding step (inductor, CUDA graphs), and gives the tokens of eager decoding (`disable_compile=True`:
 the dynamic cache, nothing compiled) at batch 1 and 16 — in fp32 exactly, in bf16 up to a late divergence at a
 near-tie, with the logits of the steps before it within bf16 rounding — and a second call recompiles nothing: the
-dense decoder, the mixture of experts (its one-token step), local/global sliding windows, and seq2seq beam search.
+dense decoder, the mixture of experts (its one-token step), local/global sliding windows (kept whole, and past 4
+windows as rings), and seq2seq beam search.
 
     python -m pytest tests/integration/test_fast_decoding_gpu.py
 """
@@ -15,6 +16,7 @@ from torch._dynamo.utils import counters
 from transformers import DynamicCache, StaticCache
 
 from archlab import DecoderConfig, DecoderForCausalLM, Seq2SeqConfig, Seq2SeqForConditionalGeneration
+from archlab.modeling import sliding_layers
 from archlab.modeling.fused_projections import inference_projections
 
 from helpers import assert_close_to_scale
@@ -188,6 +190,36 @@ def test_greedy_calls_reuse_one_recorded_step(monkeypatch):
     assert not captures, "a later call recorded the step again"
     for output in outputs:
         assert torch.equal(output, expected)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_sliding_layers_decoded_as_rings_replay_one_recorded_step(dtype, monkeypatch):
+    """Window 8, 32 + 24 positions, the memory bound off (free memory read as none): past 4 windows the sliding
+    layers are window-long and the loop decodes them as rings — eager decoding's tokens, no cudagraph skip, and a
+    second call records nothing and reuses the rings."""
+    torch._dynamo.reset()
+    counters.clear()
+    monkeypatch.setattr(sliding_layers, "free_device_memory", lambda device: 0)
+    torch.manual_seed(0)
+    config = DecoderConfig(
+        **SHAPE, num_key_value_heads=2, sliding_window=8, layer_types=["sliding_attention", "full_attention"] * 2
+    )
+    model = DecoderForCausalLM(config).to("cuda", dtype).eval()
+    model.load_state_dict(_model("dense", dtype).state_dict())
+    inputs = _inputs("dense", 4)
+    eager = _generate(model, inputs, "dense", disable_compile=True)
+    fast = _generate(model, inputs, "dense")
+    assert sliding_layers.window_long_layers(fast.past_key_values)
+    assert all(layer.ring.is_initialized for layer in fast.past_key_values.layers if hasattr(layer, "ring"))
+    assert counters["inductor"]["cudagraph_skips"] == 0, "the compiled step does not run as a CUDA graph"
+    _assert_agree(fast, eager, dtype, inputs["input_ids"].shape[1])
+    plain = dict(max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=0)
+    first = model.generate(**inputs, **plain)  # a cache of its own (the one before was returned): kept for the next
+    captures = _count_recordings(monkeypatch)
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        again = model.generate(**inputs, **plain)
+    assert not captures, "a later call recorded the step again"
+    assert torch.equal(again, first) and torch.equal(first, fast.sequences)
 
 
 def test_sampling_runs_as_a_cuda_graph_and_repeats_with_the_seed():

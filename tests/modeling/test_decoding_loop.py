@@ -15,7 +15,6 @@ import math
 import pytest
 import torch
 from transformers import CompileConfig, StaticCache, StoppingCriteria, StoppingCriteriaList, TextStreamer
-from transformers.cache_utils import StaticLayer
 
 from archlab import DecoderForCausalLM
 from archlab.modeling import decoding_loop, fast_decoding, loop_processors, sliding_layers
@@ -123,15 +122,95 @@ def test_encoder_decoders_decode_as_transformers_loop(name, loop_calls):
     _assert_same(reference, ours)
 
 
-@pytest.mark.parametrize("name", sorted(SLIDING))
-def test_caches_over_four_windows_keep_transformers_loop(name, loop_calls):
-    """Past `WHOLE_CACHE_WINDOWS` windows the sliding layers are transformers' window-long ones, which count their
-    length in a Python int once full: transformers' loop runs."""
-    model = decoder_variant(name)  # window 4: a 17-position cache is over 4 windows
+def test_caches_over_four_windows_with_position_biases_keep_transformers_loop(loop_calls):
+    """Past `WHOLE_CACHE_WINDOWS` windows the sliding layers are transformers' window-long ones; ALiBi's bias is sized
+    from the keys' order, which a ring breaks: transformers' loop runs."""
+    model = decoder_variant("alibi_local_global")  # window 4: a 17-position cache is over 4 windows
     kwargs = dict(**_prompts(2), **OUTPUTS, max_new_tokens=12, pad_token_id=0, cache_implementation="static")
     out = model.generate(**kwargs, compile_config=_compile_config(None))
     assert not loop_calls and isinstance(out.past_key_values, StaticCache)
-    assert any(type(layer) is not StaticLayer for layer in out.past_key_values.layers)
+    assert sliding_layers.window_long_layers(out.past_key_values)
+
+
+def _assert_same_windows(reference, ours) -> None:
+    """The returned caches' window-long sliding layers hold the same length and keys (ours unrolled from rings)."""
+    for index in sliding_layers.window_long_layers(reference.past_key_values):
+        expected, actual = reference.past_key_values.layers[index], ours.past_key_values.layers[index]
+        assert type(actual) is type(expected) and actual.cumulative_length_int == expected.cumulative_length_int
+        held = min(expected.cumulative_length_int, expected.max_cache_len)
+        for name in ("keys", "values"):
+            assert_close_to_scale(getattr(actual, name)[:, :, :held], getattr(expected, name)[:, :, :held], msg=name)
+
+
+@pytest.mark.parametrize("prompt", [6, 30])
+@pytest.mark.parametrize("batch", [1, 3])
+@pytest.mark.parametrize("name", sorted(SLIDING - {"alibi_local_global"}))
+def test_caches_over_four_windows_decode_sliding_layers_as_rings(name, batch, prompt, loop_calls):
+    """Past `WHOLE_CACHE_WINDOWS` windows (window 4, 40 new tokens: the ring of 4 + 16 slots wraps twice; a prompt of
+    30 is longer than the ring), the loop decodes the window-long sliding layers as rings: transformers' loop's
+    tokens and logits, the dynamic cache's, and a returned cache whose window-long layers hold transformers' keys."""
+    model = decoder_variant(name)
+    inputs = _prompts(batch)
+    if prompt > 6:
+        inputs = {key: torch.cat([value, value[:, -1:].expand(-1, prompt - 6)], dim=1) for key, value in inputs.items()}
+        inputs["input_ids"][:, 6:] = torch.arange(3, 3 + prompt - 6)
+    kwargs = dict(**inputs, **OUTPUTS, max_new_tokens=40, pad_token_id=0, eos_token_id=None, no_repeat_ngram_size=1)
+    reference, ours = _both(model, loop_calls, **kwargs)
+    assert ours.sequences.shape[1] == prompt + 40
+    _assert_same(reference, ours)
+    _assert_same_windows(reference, ours)
+    dynamic = model.generate(**kwargs, cache_implementation="dynamic")
+    assert torch.equal(dynamic.sequences, ours.sequences)
+    for step, (a, b) in enumerate(zip(ours.logits, dynamic.logits)):
+        assert_close_to_scale(a, b, msg=f"logits of step {step}")
+
+
+def test_rings_rewind_the_steps_past_the_end(loop_calls):
+    """Rows ending at new tokens 21, 25 and 27: the loop ran on to its next check (step 31), and the rings, rewound,
+    leave transformers' window in the returned cache, which then goes on decoding as transformers' does. A ring
+    keeps enough slots past its window for every step the loop may run past the end."""
+    assert sliding_layers.RING_SPARE_SLOTS >= decoding_loop.CHECK_EVERY - 1
+    model = decoder_variant("local_global")
+    inputs = _prompts(3)
+    eos = _ending_tokens(model, inputs, (21, 25, 27))
+    kwargs = dict(**inputs, **OUTPUTS, max_new_tokens=40, pad_token_id=0, eos_token_id=eos)
+    reference, ours = _both(model, loop_calls, **kwargs)
+    assert ours.sequences.shape[1] < inputs["input_ids"].shape[1] + 40
+    _assert_same(reference, ours)
+    _assert_same_windows(reference, ours)
+    follow = dict(max_new_tokens=5, do_sample=False, eos_token_id=None, pad_token_id=0, cache_implementation=None)
+    mask = torch.ones_like(reference.sequences)
+    mask[0, :2] = 0
+    continued = [
+        model.generate(input_ids=out.sequences, attention_mask=mask, past_key_values=out.past_key_values, **follow)
+        for out in (reference, ours)
+    ]
+    assert torch.equal(continued[0], continued[1])
+
+
+def test_ring_steps_compile_as_one_graph_and_keep_their_rings(loop_calls):
+    """The ring's slot, mask and write trace into the step (fullgraph=True); a second call with another prompt
+    recompiles nothing and reuses the window-long layers' rings (the same addresses: CUDA graphs replay)."""
+    torch._dynamo.reset()
+    model = decoder_variant("all_sliding_attention")
+    config = _compile_config("eager")
+    kwargs = dict(do_sample=False, max_new_tokens=24, pad_token_id=0, eos_token_id=None, cache_implementation="static")
+    inputs = _prompts(2)
+    loop_calls.clear()
+    monkey = pytest.MonkeyPatch()
+    with monkey.context() as patch:  # the compiled step this time
+        patch.setattr(fast_decoding, "compiled_decoding_step", decoding_loop.compiled_decoding_step)
+        expected = model.generate(**inputs, **kwargs)
+        assert torch.equal(model.generate(**inputs, compile_config=config, **kwargs), expected)
+        cache = model._kept_static_cache.cache
+        rings = [layer.ring for layer in cache.layers]
+        addresses = [ring.keys.data_ptr() for ring in rings]
+        with torch._dynamo.config.patch(error_on_recompile=True):
+            shorter = {key: value[:, 1:] for key, value in inputs.items()}
+            expected = model.generate(**shorter, **kwargs)
+            assert torch.equal(model.generate(**shorter, compile_config=config, **kwargs), expected)
+    assert model._kept_static_cache.cache is cache
+    assert [layer.ring.keys.data_ptr() for layer in cache.layers] == addresses
 
 
 @pytest.mark.parametrize("batch", [1, 3])

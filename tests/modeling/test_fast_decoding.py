@@ -134,27 +134,87 @@ def test_default_on_cuda_is_the_static_cache_and_the_user_can_opt_out(on_cuda, n
     assert not notices
 
 
+def _window_long(output) -> bool:
+    return bool(sliding_layers.window_long_layers(output.past_key_values))
+
+
 @pytest.mark.parametrize("name", ["local_global", "all_sliding_attention"])
-def test_generations_over_four_windows_keep_the_dynamic_cache_by_default(name, on_cuda, notices):
+def test_generations_over_four_windows_decode_as_rings_by_default(name, on_cuda, notices, monkeypatch):
     """Past `WHOLE_CACHE_WINDOWS` windows (and, on CUDA, past what the memory bounds allow: next test) a static
-    cache's sliding layers are transformers' window-long ones, which count their length in a Python int (a new CUDA
-    graph per token): the CUDA default decodes such generations with the dynamic cache, with one notice; up to 4
-    windows the static path; asking for the static cache is honoured."""
+    cache's sliding layers are transformers' window-long ones: greedy decoding and sampling take them (the loop
+    decodes them as rings, sliding_layers.py), with the dynamic cache's tokens and logits; beam search, which has no
+    rings, keeps the dynamic cache by default, with one notice."""
     kwargs = dict(**_prompts(2, 97), **GREEDY, pad_token_id=0, max_new_tokens=12)  # a 17-position cache
     model = randomised(DecoderForCausalLM(tiny_decoder_config(**DECODER_VARIANTS[name])))  # window 4
     assert isinstance(model.generate(**dict(kwargs, max_new_tokens=10)).past_key_values, StaticCache)  # 15 positions
-    assert not notices
+    rings = []
+    monkeypatch.setattr(sliding_layers.RingSlidingLayer, "fill_from", _recorded(rings, "fill_from"))
+    monkeypatch.setattr(fast_decoding, "compiled_decoding_step", lambda model, config: decoding_loop.decoding_step)
+    default = model.generate(**kwargs, compile_config=_on_this_cpu())  # the loop takes the call, as on CUDA
+    assert _window_long(default) and rings and not notices
+    _assert_same_decoding(default, model.generate(**kwargs, cache_implementation="dynamic"))
+    beams = dict(kwargs, num_beams=2, output_logits=False)
+    assert isinstance(model.generate(**beams).past_key_values, DynamicCache)
+    assert len(notices) == 1 and "(window 4;" in notices[0] and "beam search" in notices[0] and "\n" not in notices[0]
+
+
+def _on_this_cpu() -> CompileConfig:
+    """A compile config under which generate compiles its decoding steps on CPU too (dynamo's tracing backend)."""
+    config = CompileConfig(backend="eager", mode=None, fullgraph=True)
+    config._compile_all_devices = True
+    return config
+
+
+def _recorded(calls: list, name: str):
+    """`RingSlidingLayer.<name>`, counting its calls in `calls`."""
+    method = getattr(sliding_layers.RingSlidingLayer, name)
+
+    def recorded(self, *args, **kwargs):
+        calls.append(self)
+        return method(self, *args, **kwargs)
+
+    return recorded
+
+
+def test_generations_over_four_windows_with_position_biases_keep_the_dynamic_cache(on_cuda, notices):
+    """ALiBi's bias is sized from the keys' order, which a ring breaks: past 4 windows, the dynamic cache, one notice
+    naming why; asking for the static cache is honoured (transformers' loop, steps run eagerly)."""
+    kwargs = dict(**_prompts(2, 97), **GREEDY, pad_token_id=0, max_new_tokens=12)
+    model = randomised(DecoderForCausalLM(tiny_decoder_config(**DECODER_VARIANTS["alibi_local_global"])))
     assert isinstance(model.generate(**kwargs).past_key_values, DynamicCache)
-    assert len(notices) == 1 and "(window 4;" in notices[0] and "\n" not in notices[0]
-    assert isinstance(model.generate(**kwargs, cache_implementation="static").past_key_values, StaticCache)
+    assert len(notices) == 1 and "alibi position biases" in notices[0] and "\n" not in notices[0]
+    assert _window_long(model.generate(**kwargs, cache_implementation="static"))
+
+
+def test_window_long_layers_in_transformers_loop_run_its_steps_eagerly(monkeypatch):
+    """A call the loop does not take (here a bad-words processor) with window-long sliding layers runs transformers'
+    loop with its steps uncompiled where they would run as CUDA graphs: each step would record a graph of its own."""
+    model = randomised(DecoderForCausalLM(tiny_decoder_config(**DECODER_VARIANTS["local_global"])))
+    config = _on_this_cpu()  # transformers would compile the steps on this CPU too
+    config.mode = "reduce-overhead"  # generate's default mode: CUDA graphs
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("transformers' loop compiled its steps")
+
+    monkeypatch.setattr(model, "get_compiled_call", refuse)
+    monkeypatch.setattr(model, "compiled_decoding_steps", refuse, raising=False)
+    kwargs = dict(**_prompts(2, 97), **GREEDY, pad_token_id=0, max_new_tokens=12, bad_words_ids=[[5, 6]])
+    static = model.generate(**kwargs, cache_implementation="static", compile_config=config)
+    assert _window_long(static)
+    _assert_same_decoding(static, model.generate(**kwargs, cache_implementation="dynamic"))
+    beams = dict(kwargs, num_beams=2, output_logits=False, output_scores=True)
+    monkeypatch.setattr(fast_decoding, "compiled_decoding_steps", refuse)
+    static = model.generate(**beams, cache_implementation="static", compile_config=config)
+    dynamic = model.generate(**beams, cache_implementation="dynamic")
+    assert _window_long(static) and torch.equal(static.sequences, dynamic.sequences)
 
 
 def test_on_cuda_longer_caches_keep_their_sliding_layers_whole_while_the_keys_past_the_window_fit(
     on_cuda, notices, monkeypatch
 ):
     """Past 4 windows, on CUDA (its free memory stood in for here), the sliding layers stay whole while the keys kept
-    past the window weigh no more than the weights and a quarter of the free memory: the static path, the tokens and
-    logits of the dynamic cache (whose sliding layers drop those keys). Beyond either bound, the dynamic cache."""
+    past the window weigh no more than the weights and a quarter of the free memory: the tokens and logits of the
+    dynamic cache (whose sliding layers drop those keys). Beyond either bound, window-long layers (rings)."""
     kwargs = dict(**_prompts(2, 97), **GREEDY, pad_token_id=0, max_new_tokens=12)  # a 17-position cache, window 4
     model = randomised(DecoderForCausalLM(tiny_decoder_config(**DECODER_VARIANTS["local_global"])))
     extra = sliding_layers.bytes_past_the_window(model.config, 17, 2, model.dtype)
@@ -167,8 +227,9 @@ def test_on_cuda_longer_caches_keep_their_sliding_layers_whole_while_the_keys_pa
     _assert_same_decoding(whole, model.generate(**kwargs, cache_implementation="dynamic"))
     model.release_decoding_memory()
     monkeypatch.setattr(sliding_layers, "free_device_memory", lambda device: 4 * extra - 1)
-    assert isinstance(model.generate(**kwargs).past_key_values, DynamicCache)
-    assert len(notices) == 1 and "too long to keep whole" in notices[0]
+    rings = model.generate(**kwargs)
+    assert _window_long(rings) and not notices
+    _assert_same_decoding(rings, whole)
 
 
 def test_keys_past_the_window_are_bounded_by_the_weights(monkeypatch):
