@@ -55,7 +55,14 @@ from .cache_names import cache_in
 from .cache_spans import make_spanned
 from .decoding_loop import compiled_decoding_step, decode, eager_on_compiler_failure, loop_blocker
 from .fused_projections import inference_projections
-from .sliding_layers import keep_sliding_layers_whole, kept_whole, ring_blocker, window_long_layers
+from .sliding_layers import (
+    RING_MODES,
+    decodes_as_rings,
+    keep_sliding_layers_whole,
+    kept_whole,
+    ring_blocker,
+    window_long_layers,
+)
 from .source_padding import pad_source, padded_source_length, pads_sources
 
 logger = logging.get_logger(__name__)
@@ -64,9 +71,6 @@ logger = logging.get_logger(__name__)
 # (attention.rows_per_source): 1 / num_beams of the cross-attention cache's memory, and of its bytes read per step.
 # False: once per beam, as transformers' caches hold them.
 SHARED_SOURCE_KEYS = True
-
-# The decoding loops that decode a static cache's window-long sliding layers as rings (`decoding_loop.decode`).
-RING_MODES = (GenerationMode.GREEDY_SEARCH, GenerationMode.SAMPLE)
 
 # The decoding loops that run their steps through the static cache: greedy and sampling (transformers' `_sample`),
 # beam search and beam sampling (`_beam_search`). Assisted decoding refuses static caches.
@@ -130,14 +134,12 @@ def sliding_window_blocker(
     if window is None or "sliding_attention" not in (getattr(config, "layer_types", None) or []):
         return None
     length = static_cache_length(model, generation_config)
-    if kept_whole(model, length, batch_size):
+    if decodes_as_rings(model, generation_mode) or kept_whole(model, length, batch_size):
         return None
     if generation_mode not in RING_MODES:
         why = "beam search does not decode sliding layers as rings"
     else:
         why = ring_blocker(model)
-        if why is None:
-            return None
     return (
         f"this generation's cache ({length} positions) is too long to keep whole in its sliding layers (window "
         f"{window}; sliding_layers.py), {why}, and a static cache's window-long sliding layers advance a Python "
@@ -313,12 +315,13 @@ class FastDecodingMixin:
         )
         beams = generation_mode in (GenerationMode.BEAM_SEARCH, GenerationMode.BEAM_SAMPLE)
         self._rows_per_source = generation_config.num_beams if beams and SHARED_SOURCE_KEYS else 1
+        self._decodes_rings = decodes_as_rings(self, generation_mode)  # for `_prepare_static_cache`
         try:
             result = super()._prepare_cache_for_generation(
                 generation_config, model_kwargs, generation_mode, *args, **kwargs
             )
         finally:
-            del self._rows_per_source
+            del self._rows_per_source, self._decodes_rings
         kept = self.__dict__.get("_kept_static_cache")
         if kept is not None and cache_in(model_kwargs) is kept.cache:
             kept.reusable = not generation_config.return_dict_in_generate  # a returned cache is the user's
@@ -351,7 +354,11 @@ class FastDecodingMixin:
         every call, and past torch's re-record limit (`cudagraph_unexpected_rerecord_limit`, 128 recordings of a
         step: a few dozen calls) no longer replayed."""
         effective = max(max_cache_len, getattr(self, "_previous_max_cache_length", -1))
-        key = (cache_implementation, batch_size, effective, self.dtype, self.device)
+        # sliding layers kept whole, or window-long (rings in greedy decoding and sampling: sliding_layers.py)
+        whole = not self.config.is_encoder_decoder and kept_whole(
+            self, effective, batch_size, getattr(self, "_decodes_rings", False)
+        )
+        key = (cache_implementation, batch_size, effective, self.dtype, self.device, whole)
         rows_per_source = 1
         if self.config.is_encoder_decoder:  # its cross-attention cache is as long as the source
             model_kwargs = kwargs["model_kwargs"] if "model_kwargs" in kwargs else args[-1]
@@ -364,10 +371,11 @@ class FastDecodingMixin:
             return kept.cache
         cache = super()._prepare_static_cache(cache_implementation, batch_size, max_cache_len, *args, **kwargs)
         make_spanned(cache)  # the compiled loops' steps read the filled part of the cache only (cache_spans.py)
-        if not self.config.is_encoder_decoder:
-            if kept_whole(self, effective, batch_size):  # sliding layers (sliding_layers.py)
-                keep_sliding_layers_whole(cache, effective)
-        elif rows_per_source > 1:  # beam search: each source's cross-attention keys once, not once per beam
+        if whole:
+            keep_sliding_layers_whole(cache, effective)
+        elif (
+            self.config.is_encoder_decoder and rows_per_source > 1
+        ):  # beam search: each source's cross-attention keys once, not once per beam
             cache.rows_per_source = rows_per_source
         self._kept_static_cache = KeptCache(key, cache)
         return cache

@@ -1,35 +1,37 @@
-"""Sliding-window layers of generate's static cache kept whole, so the compiled decoding loops take them.
+"""Sliding-window layers of generate's static cache that the compiled decoding loops can take: kept whole, or rings.
 
 transformers' `StaticSlidingWindowLayer` holds one window of keys but, once full, counts its length in a Python int
-that a compiled forward takes as a symbolic input: a new value, and a new CUDA graph, per token. A
-`WholeCacheSlidingLayer` instead keeps every position of the cache — a `StaticLayer` (its length a device tensor,
-which compiled loops replay) still flagged sliding, so transformers' mask functions give its queries only the keys of
-their window (absolute key positions) — and gives the outputs of transformers' sliding layers, which drop the keys
-that leave the window. What it costs is memory, and the keys past the window that a step reads (the filled span,
-`cache_spans.py`) and masks.
+that a compiled forward takes as a symbolic input: a new value, and a new CUDA graph, per token. Two ways round it:
+
+- A `WholeCacheSlidingLayer` keeps every position of the cache — a `StaticLayer` (its length a device tensor, which
+  compiled loops replay) still flagged sliding, so transformers' mask functions give its queries only the keys of
+  their window (absolute key positions) — and gives the outputs of transformers' sliding layers, which drop the keys
+  that leave the window. What it costs is memory, and the keys past the window that a step reads (the filled span,
+  `cache_spans.py`) and masks. Every loop takes it (greedy, sampling, beam search).
+- A `RingSlidingLayer` holds `window + RING_SPARE_SLOTS` slots, position p in slot p mod slots, written at a
+  device-tensor position (one compiled graph and one CUDA graph for every step), with its mask built per slot from
+  the position each slot holds (`ring_mask`). The cache keeps transformers' window-long layers, which the prefill
+  fills as usual; the greedy and sampling loop (`decoding_loop.decode`) moves each into its ring after the prefill
+  and unrolls it back after the loop (`SlidingRings`), so the cache generate returns is transformers'. A window's
+  memory and reads at any length. Not for position biases (ALiBi, T5: transformers sizes them from the keys'
+  order), attention backends other than SDPA and eager, or beam search (`ring_blocker`, `decodes_as_rings`).
 
 `kept_whole` decides, the same way for generate's cache choice (`fast_decoding.sliding_window_blocker`) and for the
 cache it builds (`keep_sliding_layers_whole`):
 - always up to `WHOLE_CACHE_WINDOWS` windows: memory and reads within that factor of the window's;
-- longer on CUDA while the keys kept past the window (every sliding layer, every row) take no more bytes than the
-  model's weights — a step, which reads the weights once, then reads at most about twice what a windowed step would —
-  and fit in `FREE_MEMORY_SHARE` of the free device memory. So a Gemma-3-shaped model (windows of 1,024, five
-  sliding layers in six) generates thousands of tokens at batch 1 on the compiled path, and a batch of 64 with long
-  contexts, whose keys past the window would outweigh the weights, keeps the dynamic cache (eager, window-long reads).
-Past that, transformers' window-long layers (`StaticSlidingWindowLayer`, prefilled by transformers as usual). The
-greedy and sampling loop (`decoding_loop.decode`) decodes them on the compiled path through rings: after the prefill
-each becomes a `RingSlidingLayer` of `window + RING_SPARE_SLOTS` slots, position p in slot p mod slots, written at a
-device-tensor position (no Python counter, one CUDA graph for every step), its mask built per slot from the position
-each slot holds (`ring_mask`); after the loop the ring is unrolled back into the window-long layer (`SlidingRings`).
-Memory and reads per step are a window's, at any length. Variants a ring cannot serve (`ring_blocker`: position
-biases, which transformers sizes from the keys' order; attention backends other than SDPA and eager) and beam
-search keep the fallback: the CUDA default decodes with the dynamic cache and says why in one line.
+- past that, calls that decode as rings take them;
+- the others, on CUDA, keep the layers whole while the keys kept past the window (every sliding layer, every row)
+  take no more bytes than the model's weights — a step, which reads the weights once, then reads at most about
+  twice what a windowed step would — and fit in `FREE_MEMORY_SHARE` of the free device memory (a beam search of a
+  Gemma-3-shaped model, windows of 1,024, generates thousands of tokens on the compiled path); past that they
+  decode with the dynamic cache, and the CUDA default says why in one line.
 """
 
 from __future__ import annotations
 
 import torch
 from transformers.cache_utils import Cache, StaticLayer, StaticSlidingWindowLayer
+from transformers.generation.configuration_utils import GenerationMode
 
 from .beam_reorder import FREE_MEMORY_SHARE, free_device_memory  # the same share as beam search's spare buffers
 from .cache_spans import SpannedLayer, self_attention_layers
@@ -54,14 +56,18 @@ def bytes_past_the_window(config, length: int, batch_size: int, dtype: torch.dty
     return layers * batch_size * max(length - config.sliding_window, 0) * per_position
 
 
-def kept_whole(model, length: int, batch_size: int | None) -> bool:
+def kept_whole(model, length: int, batch_size: int | None, rings: bool = False) -> bool:
     """Whether generate's static cache of `length` positions and `batch_size` rows holds `model`'s sliding layers
-    whole (module docstring). Without a batch size only the `WHOLE_CACHE_WINDOWS` rule applies."""
+    whole (module docstring). Without a batch size only the `WHOLE_CACHE_WINDOWS` rule applies, and so it does for
+    a call that decodes window-long layers as rings (`rings`, `decodes_as_rings`): past 4 windows a ring holds and
+    reads less than a whole layer."""
     window = getattr(model.config, "sliding_window", None)
     if window is None:
         return False
     if length <= WHOLE_CACHE_WINDOWS * window:
         return True
+    if rings:
+        return False
     free = free_device_memory(model.device)  # None off CUDA: only the window rule
     if free is None or batch_size is None:
         return False
@@ -78,6 +84,13 @@ def keep_sliding_layers_whole(cache: Cache, length: int) -> None:
             cache.layers[index] = WholeCacheSlidingLayer(max_cache_len=length)
 
 
+# False: past 4 windows greedy decoding and sampling keep sliding layers whole where the memory rule allows, as beam
+# search does, and fall back past it (what the benchmark compares the rings with).
+RINGS = True
+
+# The decoding loops that decode window-long sliding layers as rings: greedy and sampling (`decoding_loop.decode`).
+RING_MODES = (GenerationMode.GREEDY_SEARCH, GenerationMode.SAMPLE)
+
 # A ring holds this many slots past its window: the decoding loop runs up to CHECK_EVERY - 1 steps past the end of
 # every row before it reads that they ended, and rewinds them; the window of the last kept position is still there.
 RING_SPARE_SLOTS = 16
@@ -89,6 +102,8 @@ RING_BACKENDS = ("sdpa", "eager")
 def ring_blocker(model) -> str | None:
     """Why `model`'s window-long sliding layers cannot decode as rings, or None when they can."""
     config = model.config
+    if not RINGS:
+        return "rings are switched off (sliding_layers.RINGS)"
     if config.is_encoder_decoder:
         return "an encoder-decoder"
     if POSITION_SCHEMES[config.position_embedding_type].bias:
@@ -96,6 +111,11 @@ def ring_blocker(model) -> str | None:
     if config._attn_implementation not in RING_BACKENDS:
         return f"the attention backend {config._attn_implementation!r} (a ring builds SDPA's and eager's masks)"
     return None
+
+
+def decodes_as_rings(model, generation_mode: GenerationMode | None) -> bool:
+    """Whether a `generation_mode` call of `model` decodes window-long sliding layers as rings."""
+    return generation_mode in RING_MODES and ring_blocker(model) is None
 
 
 class RingSlidingLayer(StaticLayer):
@@ -209,13 +229,16 @@ class SlidingRings:
 
 
 __all__ = [
+    "RINGS",
     "RING_BACKENDS",
+    "RING_MODES",
     "RING_SPARE_SLOTS",
     "RingSlidingLayer",
     "SlidingRings",
     "WHOLE_CACHE_WINDOWS",
     "WholeCacheSlidingLayer",
     "bytes_past_the_window",
+    "decodes_as_rings",
     "keep_sliding_layers_whole",
     "kept_whole",
     "ring_blocker",

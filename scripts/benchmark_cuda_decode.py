@@ -17,7 +17,9 @@ their own, and tokens/s are of the warm calls after.
 cuda-loops (every row compiles, so a suite of its own): at batch 1, sampling against Llama, archlab's loop
 against archlab in transformers' loop (what the whole-step compile gains over a compiled forward), and q/k/v and
 gate/up as one product each against separate products (what fused_projections.py gains); at batch 64 over 1,024
-positions, steps reading the filled cache against the whole cache (what cache_spans.py gains); then the MoE and
+positions, steps reading the filled cache against the whole cache (what cache_spans.py gains); at batch 32 over
+eight windows of a sliding-window model, its sliding layers decoded as rings against kept whole (what
+sliding_layers.py's rings gain); then the MoE and
 beam-search rows with no cache setting: each model decodes as it does for a user (archlab on CUDA: the static cache
 and its compiled loops, beam search included; Mixtral and Marian: the dynamic cache, eager). On CPU nothing
 compiles, and the static cache runs eagerly.
@@ -42,7 +44,9 @@ import torch
 from archlab.modeling.fused_projections import inference_projections
 from archlab.scripts.benchmark_cuda import (
     DECODE_GOALS,
+    DECODER_COMMON,
     Setup,
+    build_on,
     decoder_pair,
     describe,
     guarded,
@@ -181,6 +185,7 @@ def loop_rows(setup: Setup, report: Report) -> None:
     separate = mock.patch.object(fused_projections, "FUSED_PROJECTION_DEVICES", ())
     against_itself(setup, report, metric, models[0], kwargs, tokens, roofline, separate)
     guarded(report, setup, "cache spans", lambda: span_row(setup, report, models))
+    guarded(report, setup, "sliding layers as rings", lambda: sliding_row(setup, report))
 
 
 def span_row(setup: Setup, report: Report, models) -> None:
@@ -201,6 +206,37 @@ def span_row(setup: Setup, report: Report, models) -> None:
     )
     whole = mock.patch.object(cache_spans, "READ_SPANS", False)
     against_itself(setup, report, metric, models[0], kwargs, batch * new_tokens, roofline, whole)
+
+
+def sliding_row(setup: Setup, report: Report) -> None:
+    """A generation eight windows long (every layer sliding, window 128: 128 + 896 positions at batch 32), archlab's
+    loop decoding the window-long sliding layers as rings (sliding_layers.py, the default past 4 windows) against the
+    same weights with the sliding layers kept whole (what the memory rule gives without rings): the cache bytes a
+    step reads and the memory the cache holds (a whole layer: every position; a ring: window + 16 slots)."""
+    from unittest import mock
+
+    import archlab.modeling.sliding_layers as sliding_layers
+    from archlab import DecoderConfig, DecoderForCausalLM
+
+    batch, prompt, new_tokens, window = (4, 16, 48, 8) if setup.quick else (32, 128, 896, 128)
+    config = DecoderConfig(**DECODER_COMMON, **shape("dense", setup.quick), sliding_window=window)
+    rings, whole = (build_on(setup.device, lambda: DecoderForCausalLM(config)) for _ in range(2))
+    whole.load_state_dict(rings.state_dict())
+    rings, whole = bf16_pair((rings, whole))
+    kwargs = greedy_call(config.vocab_size, batch, prompt, new_tokens, setup.device, cache_implementation="static")
+    roofline = decode_roofline_seconds(config, setup.peaks, batch, prompt, new_tokens)
+    metric = (
+        f"dense 1.1B, every layer sliding (window {window}), greedy decode, batch {batch}, {prompt} + {new_tokens} "
+        "tokens, StaticCache, archlab's loop: sliding layers as rings vs kept whole (sliding_layers.py)"
+    )
+    kept_whole = mock.patch.object(sliding_layers, "RINGS", False)
+
+    def whole_call():
+        with kept_whole:
+            return whole.generate(**kwargs)
+
+    runs = (lambda: rings.generate(**kwargs), whole_call)
+    generate_row(setup, report, metric, (rings, whole), kwargs, batch * new_tokens, roofline, cold=True, runs=runs)
 
 
 def against_itself(setup: Setup, report: Report, metric: str, model, kwargs, tokens, roofline, patch) -> None:

@@ -11,8 +11,9 @@ checkpointing) is not model FLOPs. MFU = model FLOPs / seconds / peak dense bf16
 
 A decode step cannot be faster than reading each weight it uses once plus each sequence's KV cache once (bytes /
 peak bandwidth), nor than its FLOPs at the peak rate; its roofline is the larger of the two, and a generation's is
-the sum over its steps (the prompt's forward pass first). With batch 1 of a dense model that is the weights' bytes
-per token: 2.2 GB at ~3 TB/s allows ~1,400 tokens/s for a 1.1B model in bf16.
+the sum over its steps (the prompt's forward pass first); a sliding-window layer's step reads at most its window of
+the cache. With batch 1 of a dense model that is the weights' bytes per token: 2.2 GB at ~3 TB/s allows ~1,400
+tokens/s for a 1.1B model in bf16.
 """
 
 from __future__ import annotations
@@ -131,15 +132,27 @@ def decode_roofline_seconds(
     if experts:
         touched = experts * (1 - (1 - config.num_experts_per_tok / experts) ** batch)
         weights += layers * routed * (touched / config.num_experts_per_tok - 1)
-    kv_per_position = 2 * layers * config.num_key_value_heads * hd * bytes_per_value
+    kv_per_layer_position = 2 * config.num_key_value_heads * hd * bytes_per_value
     seconds = max(
         weights * bytes_per_value / peaks.bandwidth, decoder_forward_flops(config, batch, prompt, 1) / peaks.flops
     )
     for context in range(prompt + 1, prompt + new_tokens):
-        read = weights * bytes_per_value + batch * kv_per_position * context
-        flops = batch * (2 * decoder_weights_per_token(config) + 4 * layers * config.num_attention_heads * hd * context)
+        attended = attended_positions(config, context)  # summed over the layers
+        read = weights * bytes_per_value + batch * kv_per_layer_position * attended
+        flops = batch * (2 * decoder_weights_per_token(config) + 4 * config.num_attention_heads * hd * attended)
         seconds += max(read / peaks.bandwidth, flops / peaks.flops)
     return seconds
+
+
+def attended_positions(config, context: int) -> int:
+    """Positions a one-token step at sequence length `context` must read, summed over the layers: `context` for a
+    full-attention layer, at most `sliding_window` for a sliding one (`layer_types`, Mistral / Gemma 2; a config
+    with a window and no layer types slides in every layer)."""
+    window = getattr(config, "sliding_window", None)
+    kinds = getattr(config, "layer_types", None) or ["sliding_attention" if window else "full_attention"] * (
+        config.num_hidden_layers
+    )
+    return sum(min(context, window) if kind == "sliding_attention" and window else context for kind in kinds)
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -194,12 +194,10 @@ def test_greedy_calls_reuse_one_recorded_step(monkeypatch):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 def test_sliding_layers_decoded_as_rings_replay_one_recorded_step(dtype, monkeypatch):
-    """Window 8, 32 + 24 positions, the memory bound off (free memory read as none): past 4 windows the sliding
-    layers are window-long and the loop decodes them as rings — eager decoding's tokens, no cudagraph skip, and a
-    second call records nothing and reuses the rings."""
+    """Window 8, 32 + 24 positions: past 4 windows the sliding layers are window-long and the loop decodes them as
+    rings — eager decoding's tokens, no cudagraph skip, and a second call records nothing and reuses the rings."""
     torch._dynamo.reset()
     counters.clear()
-    monkeypatch.setattr(sliding_layers, "free_device_memory", lambda device: 0)
     torch.manual_seed(0)
     config = DecoderConfig(
         **SHAPE, num_key_value_heads=2, sliding_window=8, layer_types=["sliding_attention", "full_attention"] * 2

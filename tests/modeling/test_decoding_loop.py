@@ -188,6 +188,38 @@ def test_rings_rewind_the_steps_past_the_end(loop_calls):
     assert torch.equal(continued[0], continued[1])
 
 
+def test_rings_sample_and_stream_as_whole_layers(loop_calls, monkeypatch):
+    """Sampling (top-k 10) over 40 new tokens with a fixed seed: the loop draws the same tokens with rings as with the
+    sliding layers kept whole (the same loop, the same draws, the same window), and a streamer gets them all."""
+    model = decoder_variant("local_global")
+    kwargs = dict(**_prompts(3), do_sample=True, top_k=10, max_new_tokens=40, min_new_tokens=40, pad_token_id=0)
+    kwargs.update(cache_implementation="static", compile_config=_compile_config(None))
+
+    class Collected:
+        def __init__(self):
+            self.tokens = []
+
+        def put(self, value):
+            self.tokens.append(value)
+
+        def end(self):
+            pass
+
+    def sampled(streamer=None):
+        torch.manual_seed(7)
+        return model.generate(**kwargs, streamer=streamer)
+
+    streamer = Collected()
+    rings = sampled(streamer)
+    monkeypatch.setattr(sliding_layers, "WHOLE_CACHE_WINDOWS", 100)
+    model.release_decoding_memory()
+    whole = sampled()
+    assert loop_calls == [1, 1]
+    assert torch.equal(rings, whole)
+    streamed = torch.cat([chunk.reshape(3, -1) for chunk in streamer.tokens[1:]], dim=1)  # after the prompt
+    assert torch.equal(streamed, rings[:, 6:])
+
+
 def test_ring_steps_compile_as_one_graph_and_keep_their_rings(loop_calls):
     """The ring's slot, mask and write trace into the step (fullgraph=True); a second call with another prompt
     recompiles nothing and reuses the window-long layers' rings (the same addresses: CUDA graphs replay)."""

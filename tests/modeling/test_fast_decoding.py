@@ -212,24 +212,27 @@ def test_window_long_layers_in_transformers_loop_run_its_steps_eagerly(monkeypat
 def test_on_cuda_longer_caches_keep_their_sliding_layers_whole_while_the_keys_past_the_window_fit(
     on_cuda, notices, monkeypatch
 ):
-    """Past 4 windows, on CUDA (its free memory stood in for here), the sliding layers stay whole while the keys kept
-    past the window weigh no more than the weights and a quarter of the free memory: the tokens and logits of the
-    dynamic cache (whose sliding layers drop those keys). Beyond either bound, window-long layers (rings)."""
+    """Past 4 windows, where a call does not decode as rings (rings switched off here, as in beam search or with
+    ALiBi), on CUDA (its free memory stood in for here) the sliding layers stay whole while the keys kept past the
+    window weigh no more than the weights and a quarter of the free memory: the tokens and logits of the dynamic
+    cache (whose sliding layers drop those keys). Beyond either bound, the dynamic cache. Greedy decoding with rings
+    takes them past 4 windows whatever the memory: they hold and read less."""
     kwargs = dict(**_prompts(2, 97), **GREEDY, pad_token_id=0, max_new_tokens=12)  # a 17-position cache, window 4
     model = randomised(DecoderForCausalLM(tiny_decoder_config(**DECODER_VARIANTS["local_global"])))
     extra = sliding_layers.bytes_past_the_window(model.config, 17, 2, model.dtype)
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
     assert 0 < extra < weights
     monkeypatch.setattr(sliding_layers, "free_device_memory", lambda device: 4 * extra)
+    assert _window_long(model.generate(**kwargs)) and not notices  # rings
+    monkeypatch.setattr(sliding_layers, "RINGS", False)
     whole = model.generate(**kwargs)
     assert isinstance(whole.past_key_values, StaticCache) and not notices
     assert any(isinstance(layer, sliding_layers.WholeCacheSlidingLayer) for layer in whole.past_key_values.layers)
     _assert_same_decoding(whole, model.generate(**kwargs, cache_implementation="dynamic"))
     model.release_decoding_memory()
     monkeypatch.setattr(sliding_layers, "free_device_memory", lambda device: 4 * extra - 1)
-    rings = model.generate(**kwargs)
-    assert _window_long(rings) and not notices
-    _assert_same_decoding(rings, whole)
+    assert isinstance(model.generate(**kwargs).past_key_values, DynamicCache)
+    assert len(notices) == 1 and "too long to keep whole" in notices[0] and "switched off" in notices[0]
 
 
 def test_keys_past_the_window_are_bounded_by_the_weights(monkeypatch):
@@ -246,6 +249,14 @@ def test_keys_past_the_window_are_bounded_by_the_weights(monkeypatch):
     rows = weights // (13 * per_row_position)  # the most rows whose keys past the window, 13 positions, fit
     assert sliding_layers.kept_whole(model, 17, rows) and not sliding_layers.kept_whole(model, 17, rows + 1)
     assert not sliding_layers.kept_whole(model, 17, None)
+    # a call decoding as rings keeps whole layers up to 4 windows only
+    assert sliding_layers.kept_whole(model, 16, 1, rings=True) and not sliding_layers.kept_whole(
+        model, 17, 1, rings=True
+    )
+    greedy, beams = GenerationMode.GREEDY_SEARCH, GenerationMode.BEAM_SEARCH
+    assert sliding_layers.decodes_as_rings(model, greedy) and not sliding_layers.decodes_as_rings(model, beams)
+    alibi = DecoderForCausalLM(tiny_decoder_config(**DECODER_VARIANTS["alibi_local_global"]))
+    assert not sliding_layers.decodes_as_rings(alibi, greedy)
 
 
 def test_transformers_full_sliding_layers_take_their_length_as_a_symbolic_input():

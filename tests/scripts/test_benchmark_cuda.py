@@ -165,6 +165,8 @@ def test_decode_suites_run_every_comparison(tmp_path, device):
     cells(loops, "dense 1.1B sampling (T 0.8, top-k 40, top-p 0.95), batch 1, StaticCache")
     cells(loops, "dense 1.1B greedy decode, batch 1, StaticCache: archlab's decoding loop vs archlab in")
     cells(loops, "dense 1.1B greedy decode, batch 4, 16 + 48 tokens, StaticCache, archlab's loop: steps read the")
+    rings = cells(loops, "dense 1.1B, every layer sliding (window 8), greedy decode, batch 4, 16 + 48 tokens")
+    assert rings[4].endswith("%") and rings[5].endswith("%"), rings  # the roofline counts a window per sliding layer
     for batch in (1, 4):
         cells(decode, f"MoE (Mixtral shape) greedy decode, batch {batch}")
     prefill = cells(decode, "dense 1.1B prefill, 1 × 64 tokens")

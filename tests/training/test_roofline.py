@@ -4,10 +4,20 @@ weights once per step and only the experts a batch can reach; GPU names resolve 
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
-from transformers import LlamaConfig, LlamaForCausalLM, MarianConfig, MarianMTModel, MixtralConfig, MixtralForCausalLM
+from transformers import (
+    LlamaConfig,
+    LlamaForCausalLM,
+    MarianConfig,
+    MarianMTModel,
+    MistralConfig,
+    MixtralConfig,
+    MixtralForCausalLM,
+)
 
 from archlab.training import roofline
 
@@ -98,6 +108,25 @@ def test_moe_decode_reads_k_experts_at_batch_one_and_all_of_them_at_large_batch(
     assert roofline.decode_roofline_seconds(config, BANDWIDTH_ONLY, 10_000, 1, 1) == pytest.approx(
         2 * every_expert / 1e12
     )
+
+
+def test_sliding_window_layers_read_at_most_their_window():
+    """Past the window a sliding layer's step reads the window's keys only: Mistral's all-sliding layers (a window and
+    no layer types), and Gemma 2's alternation (every other layer full)."""
+    kv = 2 * SMALL["num_key_value_heads"] * (SMALL["hidden_size"] // SMALL["num_attention_heads"]) * 2
+    layers = SMALL["num_hidden_layers"]
+    weights = 2 * roofline.decoder_weights_per_token(LlamaConfig(**SMALL)) / 1e12
+    step = lambda config, context: (  # noqa: E731 - one step's seconds: a generation of two tokens less its prompt
+        roofline.decode_roofline_seconds(config, BANDWIDTH_ONLY, 1, context - 1, 2)
+        - roofline.decode_roofline_seconds(config, BANDWIDTH_ONLY, 1, context - 1, 1)
+    )
+    full, mistral = LlamaConfig(**SMALL), MistralConfig(**SMALL, sliding_window=4)
+    assert step(full, 3) == pytest.approx(weights + layers * kv * 3 / 1e12)
+    assert step(mistral, 3) == pytest.approx(step(full, 3))  # inside the window
+    assert step(mistral, 10) == pytest.approx(weights + layers * kv * 4 / 1e12)
+    alternating = ["sliding_attention", "full_attention"] * (layers // 2)
+    gemma = SimpleNamespace(**SMALL, sliding_window=4, layer_types=alternating)  # Gemma 2-like, Llama-shaped
+    assert step(gemma, 10) == pytest.approx(weights + layers // 2 * kv * (4 + 10) / 1e12)
 
 
 def test_unknown_peaks_give_no_roofline():
