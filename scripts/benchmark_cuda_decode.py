@@ -197,15 +197,19 @@ def span_row(setup: Setup, report: Report, models) -> None:
     import archlab.modeling.cache_spans as cache_spans
 
     batch, prompt, new_tokens = (4, 16, 48) if setup.quick else (64, 128, 896)
-    config = models[1].config
-    kwargs = greedy_call(config.vocab_size, batch, prompt, new_tokens, setup.device, cache_implementation="static")
-    roofline = decode_roofline_seconds(config, setup.peaks, batch, prompt, new_tokens)
+    kwargs, tokens, roofline = long_static_call(setup, models[1].config, batch, prompt, new_tokens)
     metric = (
         f"dense 1.1B greedy decode, batch {batch}, {prompt} + {new_tokens} tokens, StaticCache, archlab's loop: "
         "steps read the filled cache (spans) vs the whole cache (cache_spans.py)"
     )
     whole = mock.patch.object(cache_spans, "READ_SPANS", False)
-    against_itself(setup, report, metric, models[0], kwargs, batch * new_tokens, roofline, whole)
+    against_itself(setup, report, metric, models[0], kwargs, tokens, roofline, whole)
+
+
+def long_static_call(setup: Setup, config, batch: int, prompt: int, new_tokens: int) -> tuple[dict, int, float]:
+    """(generate kwargs on the static cache, tokens generated, roofline seconds) of a long generation."""
+    kwargs = greedy_call(config.vocab_size, batch, prompt, new_tokens, setup.device, cache_implementation="static")
+    return kwargs, batch * new_tokens, decode_roofline_seconds(config, setup.peaks, batch, prompt, new_tokens)
 
 
 def sliding_row(setup: Setup, report: Report) -> None:
@@ -223,32 +227,29 @@ def sliding_row(setup: Setup, report: Report) -> None:
     rings, whole = (build_on(setup.device, lambda: DecoderForCausalLM(config)) for _ in range(2))
     whole.load_state_dict(rings.state_dict())
     rings, whole = bf16_pair((rings, whole))
-    kwargs = greedy_call(config.vocab_size, batch, prompt, new_tokens, setup.device, cache_implementation="static")
-    roofline = decode_roofline_seconds(config, setup.peaks, batch, prompt, new_tokens)
+    kwargs, tokens, roofline = long_static_call(setup, config, batch, prompt, new_tokens)
     metric = (
         f"dense 1.1B, every layer sliding (window {window}), greedy decode, batch {batch}, {prompt} + {new_tokens} "
         "tokens, StaticCache, archlab's loop: sliding layers as rings vs kept whole (sliding_layers.py)"
     )
     kept_whole = mock.patch.object(sliding_layers, "RINGS", False)
-
-    def whole_call():
-        with kept_whole:
-            return whole.generate(**kwargs)
-
-    runs = (lambda: rings.generate(**kwargs), whole_call)
-    generate_row(setup, report, metric, (rings, whole), kwargs, batch * new_tokens, roofline, cold=True, runs=runs)
+    against_itself(setup, report, metric, rings, kwargs, tokens, roofline, kept_whole, patched_model=whole)
 
 
-def against_itself(setup: Setup, report: Report, metric: str, model, kwargs, tokens, roofline, patch) -> None:
+def against_itself(
+    setup: Setup, report: Report, metric: str, model, kwargs, tokens, roofline, patch, patched_model=None
+) -> None:
     """A row timing `model.generate(**kwargs)` against the same call under `patch` (a `mock.patch`, entered anew
-    for each call): what the patched-out part gains."""
+    for each call): what the patched-out part gains. `patched_model` (a copy with the same weights) runs the
+    patched calls where the patch changes what generate keeps on the model between calls (its static cache)."""
+    patched_model = patched_model or model
 
     def patched():
         with patch:
-            return model.generate(**kwargs)
+            return patched_model.generate(**kwargs)
 
     runs = (lambda: model.generate(**kwargs), patched)
-    generate_row(setup, report, metric, (model, model), kwargs, tokens, roofline, cold=True, runs=runs)
+    generate_row(setup, report, metric, (model, patched_model), kwargs, tokens, roofline, cold=True, runs=runs)
 
 
 def prefill_row(setup: Setup, report: Report) -> None:

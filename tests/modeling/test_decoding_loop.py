@@ -178,14 +178,7 @@ def test_rings_rewind_the_steps_past_the_end(loop_calls):
     assert ours.sequences.shape[1] < inputs["input_ids"].shape[1] + 40
     _assert_same(reference, ours)
     _assert_same_windows(reference, ours)
-    follow = dict(max_new_tokens=5, do_sample=False, eos_token_id=None, pad_token_id=0, cache_implementation=None)
-    mask = torch.ones_like(reference.sequences)
-    mask[0, :2] = 0
-    continued = [
-        model.generate(input_ids=out.sequences, attention_mask=mask, past_key_values=out.past_key_values, **follow)
-        for out in (reference, ours)
-    ]
-    assert torch.equal(continued[0], continued[1])
+    _assert_continue_alike(model, reference, ours)
 
 
 def test_rings_sample_and_stream_as_whole_layers(loop_calls, monkeypatch):
@@ -272,6 +265,18 @@ def _ending_tokens(model, inputs, steps: tuple[int, ...]) -> list[int]:
     return sorted({int(free[row, prompt + step]) for row, step in enumerate(steps)})
 
 
+def _assert_continue_alike(model, reference, ours) -> None:
+    """Both returned caches (the first row left-padded by 2) go on decoding 5 tokens alike, in transformers' loop."""
+    follow = dict(max_new_tokens=5, do_sample=False, eos_token_id=None, pad_token_id=0, cache_implementation=None)
+    mask = torch.ones_like(reference.sequences)
+    mask[0, :2] = 0
+    continued = [
+        model.generate(input_ids=out.sequences, attention_mask=mask, past_key_values=out.past_key_values, **follow)
+        for out in (reference, ours)
+    ]
+    assert torch.equal(continued[0], continued[1])
+
+
 def test_rows_ending_at_different_steps(loop_calls):
     model = decoder_variant("positions_rope")
     inputs = _prompts(3)
@@ -290,15 +295,7 @@ def test_all_rows_ending_early_drop_the_extra_steps_and_rewind_the_cache(loop_ca
     reference, ours = _both(model, loop_calls, **inputs, **OUTPUTS, max_new_tokens=40, pad_token_id=0, eos_token_id=eos)
     assert ours.sequences.shape[1] < inputs["input_ids"].shape[1] + decoding_loop.CHECK_EVERY
     _assert_same(reference, ours)
-    # the returned cache goes on decoding as transformers' does
-    follow = dict(max_new_tokens=5, do_sample=False, eos_token_id=None, pad_token_id=0, use_cache=True)
-    mask = torch.ones_like(reference.sequences)
-    mask[0, :2] = 0
-    continued = [
-        model.generate(input_ids=out.sequences, attention_mask=mask, past_key_values=out.past_key_values, **follow)
-        for out in (reference, ours)
-    ]
-    assert torch.equal(continued[0], continued[1])
+    _assert_continue_alike(model, reference, ours)  # the returned cache goes on decoding as transformers' does
 
 
 @pytest.mark.parametrize("minimum", [dict(min_new_tokens=7), dict(min_length=10), dict(min_length=9, min_new_tokens=5)])
