@@ -90,7 +90,8 @@ def build_position_biases(
     """{layer type: (1, H, Tq, Tk) bias} over exactly the keys that layer type's cache returns.
 
     Query i and key j get their absolute token indices (q_offset + i, kv_offset + j), read from the cache the same
-    way `masking_utils` sizes the masks, so the bias stays right when a sliding cache has dropped old keys.
+    way `masking_utils` sizes the masks, so the bias stays right when a sliding cache has dropped old keys; a layer
+    whose slots are not in position order (a ring, sliding_layers.py) gives each slot's position itself.
     """
     q_length = inputs_embeds.shape[1]
     device = inputs_embeds.device
@@ -105,6 +106,9 @@ def build_position_biases(
             kv_length = attention_mask.shape[-1] if is_2d else q_length
         query_positions = torch.arange(q_length, device=device) + q_offset
         key_positions = torch.arange(kv_length, device=device) + kv_offset
+        layer = getattr(past_key_values, "layers", [None] * (layer_idx + 1))[layer_idx]
+        if hasattr(layer, "slot_positions"):  # a ring: slot j holds the position it gives
+            key_positions = layer.slot_positions().to(device)
         biases[layer_type] = bias_module(query_positions, key_positions).to(inputs_embeds.dtype)
     return biases
 

@@ -12,9 +12,9 @@ in what transformers leaves out:
   nothing changes on CPU;
 - variants whose decoding step cannot be compiled (`static_cache_blocker`: dynamic RoPE recomputes its frequencies
   from a tensor in every forward) decode with the dynamic cache instead, with one logged line saying why; by
-  default so do FlashAttention backends, sharded models, and beam searches or biased (ALiBi, T5) models too long to
-  keep every key in the sliding layers (`sliding_window_blocker`, sliding_layers.py; shorter ones keep them, the
-  window masked, and longer greedy and sampled generations decode window-long layers as rings);
+  default so do FlashAttention backends, sharded models, and beam searches too long to keep every key in the
+  sliding layers (`sliding_window_blocker`, sliding_layers.py; shorter ones keep them, the window masked, and
+  longer greedy and sampled generations decode window-long layers as rings);
 - greedy decoding and sampling on that path run `decoding_loop.decode`: the whole step (masks, forward, token
   choice, end-of-sequence bookkeeping) compiled as one graph and the loop never waiting for the device, where
   transformers compiles the forward alone and reads the device every token; the calls it does not take run

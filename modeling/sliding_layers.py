@@ -10,21 +10,22 @@ that a compiled forward takes as a symbolic input: a new value, and a new CUDA g
   `cache_spans.py`) and masks. Every loop takes it (greedy, sampling, beam search).
 - A `RingSlidingLayer` holds `window + RING_SPARE_SLOTS` slots, position p in slot p mod slots, written at a
   device-tensor position (one compiled graph and one CUDA graph for every step), with its mask built per slot from
-  the position each slot holds (`ring_mask`). The cache keeps transformers' window-long layers, which the prefill
+  the position each slot holds (`ring_mask`; ALiBi's and T5's biases take the same positions,
+  `attention_patterns.build_position_biases`). The cache keeps transformers' window-long layers, which the prefill
   fills as usual; the greedy and sampling loop (`decoding_loop.decode`) moves each into its ring after the prefill
   and unrolls it back after the loop (`SlidingRings`), so the cache generate returns is transformers'. A window's
-  memory and reads at any length. Not for position biases (ALiBi, T5: transformers sizes them from the keys'
-  order), attention backends other than SDPA and eager, or beam search (`ring_blocker`, `decodes_as_rings`).
+  memory and reads at any length. Not for attention backends other than SDPA and eager, or beam search
+  (`ring_blocker`, `decodes_as_rings`).
 
 `kept_whole` decides, the same way for generate's cache choice (`fast_decoding.sliding_window_blocker`) and for the
 cache it builds (`keep_sliding_layers_whole`):
 - always up to `WHOLE_CACHE_WINDOWS` windows: memory and reads within that factor of the window's;
-- past that, calls that decode as rings take them;
-- the others, on CUDA, keep the layers whole while the keys kept past the window (every sliding layer, every row)
-  take no more bytes than the model's weights — a step, which reads the weights once, then reads at most about
-  twice what a windowed step would — and fit in `FREE_MEMORY_SHARE` of the free device memory (a beam search of a
-  Gemma-3-shaped model, windows of 1,024, generates thousands of tokens on the compiled path); past that they
-  decode with the dynamic cache, and the CUDA default says why in one line.
+- past that, greedy decoding and sampling decode window-long layers as rings instead (`decodes_as_rings`);
+- the others (beam search), on CUDA, keep the layers whole while the keys kept past the window (every sliding
+  layer, every row) take no more bytes than the model's weights — a step, which reads the weights once, then reads
+  at most about twice what a windowed step would — and fit in `FREE_MEMORY_SHARE` of the free device memory (a
+  beam search of a Gemma-3-shaped model, windows of 1,024, generates thousands of tokens on the compiled path);
+  past that they decode with the dynamic cache, and the CUDA default says why in one line.
 """
 
 from __future__ import annotations
@@ -35,7 +36,6 @@ from transformers.generation.configuration_utils import GenerationMode
 
 from .beam_reorder import FREE_MEMORY_SHARE, free_device_memory  # the same share as beam search's spare buffers
 from .cache_spans import SpannedLayer, self_attention_layers
-from .catalogue import POSITION_SCHEMES
 
 # Up to this many windows a static cache always keeps its sliding layers whole.
 WHOLE_CACHE_WINDOWS = 4
@@ -106,8 +106,6 @@ def ring_blocker(model) -> str | None:
         return "rings are switched off (sliding_layers.RINGS)"
     if config.is_encoder_decoder:
         return "an encoder-decoder"
-    if POSITION_SCHEMES[config.position_embedding_type].bias:
-        return f"{config.position_embedding_type} position biases are sized from the keys' order, which a ring breaks"
     if config._attn_implementation not in RING_BACKENDS:
         return f"the attention backend {config._attn_implementation!r} (a ring builds SDPA's and eager's masks)"
     return None

@@ -14,7 +14,7 @@ import math
 
 import pytest
 import torch
-from transformers import CompileConfig, StaticCache, StoppingCriteria, StoppingCriteriaList, TextStreamer
+from transformers import CompileConfig, StoppingCriteria, StoppingCriteriaList, TextStreamer
 
 from archlab import DecoderForCausalLM
 from archlab.modeling import decoding_loop, fast_decoding, loop_processors, sliding_layers
@@ -122,16 +122,6 @@ def test_encoder_decoders_decode_as_transformers_loop(name, loop_calls):
     _assert_same(reference, ours)
 
 
-def test_caches_over_four_windows_with_position_biases_keep_transformers_loop(loop_calls):
-    """Past `WHOLE_CACHE_WINDOWS` windows the sliding layers are transformers' window-long ones; ALiBi's bias is sized
-    from the keys' order, which a ring breaks: transformers' loop runs."""
-    model = decoder_variant("alibi_local_global")  # window 4: a 17-position cache is over 4 windows
-    kwargs = dict(**_prompts(2), **OUTPUTS, max_new_tokens=12, pad_token_id=0, cache_implementation="static")
-    out = model.generate(**kwargs, compile_config=_compile_config(None))
-    assert not loop_calls and isinstance(out.past_key_values, StaticCache)
-    assert sliding_layers.window_long_layers(out.past_key_values)
-
-
 def _assert_same_windows(reference, ours) -> None:
     """The returned caches' window-long sliding layers hold the same length and keys (ours unrolled from rings)."""
     for index in sliding_layers.window_long_layers(reference.past_key_values):
@@ -144,7 +134,7 @@ def _assert_same_windows(reference, ours) -> None:
 
 @pytest.mark.parametrize("prompt", [6, 30])
 @pytest.mark.parametrize("batch", [1, 3])
-@pytest.mark.parametrize("name", sorted(SLIDING - {"alibi_local_global"}))
+@pytest.mark.parametrize("name", sorted(SLIDING))
 def test_caches_over_four_windows_decode_sliding_layers_as_rings(name, batch, prompt, loop_calls):
     """Past `WHOLE_CACHE_WINDOWS` windows (window 4, 40 new tokens: the ring of 4 + 16 slots wraps twice; a prompt of
     30 is longer than the ring), the loop decodes the window-long sliding layers as rings: transformers' loop's

@@ -7,6 +7,7 @@ takes the static path (sampling, stop strings, streaming and the pipeline includ
 from __future__ import annotations
 
 import contextlib
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -138,7 +139,7 @@ def _window_long(output) -> bool:
     return bool(sliding_layers.window_long_layers(output.past_key_values))
 
 
-@pytest.mark.parametrize("name", ["local_global", "all_sliding_attention"])
+@pytest.mark.parametrize("name", ["local_global", "all_sliding_attention", "alibi_local_global"])
 def test_generations_over_four_windows_decode_as_rings_by_default(name, on_cuda, notices, monkeypatch):
     """Past `WHOLE_CACHE_WINDOWS` windows (and, on CUDA, past what the memory bounds allow: next test) a static
     cache's sliding layers are transformers' window-long ones: greedy decoding and sampling take them (the loop
@@ -174,16 +175,6 @@ def _recorded(calls: list, name: str):
         return method(self, *args, **kwargs)
 
     return recorded
-
-
-def test_generations_over_four_windows_with_position_biases_keep_the_dynamic_cache(on_cuda, notices):
-    """ALiBi's bias is sized from the keys' order, which a ring breaks: past 4 windows, the dynamic cache, one notice
-    naming why; asking for the static cache is honoured (transformers' loop, steps run eagerly)."""
-    kwargs = dict(**_prompts(2, 97), **GREEDY, pad_token_id=0, max_new_tokens=12)
-    model = randomised(DecoderForCausalLM(tiny_decoder_config(**DECODER_VARIANTS["alibi_local_global"])))
-    assert isinstance(model.generate(**kwargs).past_key_values, DynamicCache)
-    assert len(notices) == 1 and "alibi position biases" in notices[0] and "\n" not in notices[0]
-    assert _window_long(model.generate(**kwargs, cache_implementation="static"))
 
 
 def test_window_long_layers_in_transformers_loop_run_its_steps_eagerly(monkeypatch):
@@ -255,8 +246,8 @@ def test_keys_past_the_window_are_bounded_by_the_weights(monkeypatch):
     )
     greedy, beams = GenerationMode.GREEDY_SEARCH, GenerationMode.BEAM_SEARCH
     assert sliding_layers.decodes_as_rings(model, greedy) and not sliding_layers.decodes_as_rings(model, beams)
-    alibi = DecoderForCausalLM(tiny_decoder_config(**DECODER_VARIANTS["alibi_local_global"]))
-    assert not sliding_layers.decodes_as_rings(alibi, greedy)
+    flash = SimpleNamespace(config=SimpleNamespace(is_encoder_decoder=False, _attn_implementation="flash_attention_2"))
+    assert "flash_attention_2" in sliding_layers.ring_blocker(flash)  # no mask of a ring's slots
 
 
 def test_transformers_full_sliding_layers_take_their_length_as_a_symbolic_input():
