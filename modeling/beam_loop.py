@@ -35,6 +35,7 @@ from .cache_names import cache_in, with_cache
 from .cache_spans import Spans
 from .decoding_loop import (
     CHECK_EVERY,
+    cache_positions,
     encoder_inputs,
     fill_prompt_inputs,
     kept_compiled,
@@ -53,6 +54,7 @@ from .loop_processors import (
     repeated_ngram_bans,
     split_processors,
 )
+from .sliding_layers import SlidingRings
 
 
 def beam_loop_blocker(model, logits_processor, stopping_criteria, generation_config, synced_gpus, model_kwargs):
@@ -344,7 +346,7 @@ def beam_search(model, input_ids, logits_processor, stopping_criteria, generatio
     logits = outputs.logits[:, -1].to(copy=True, dtype=torch.float32)
     del outputs
     # sized by the cache, which keeps the longest length of any call so far: a shorter call reuses the buffers
-    cache_length = self_attention_cache(cache).get_max_length()
+    cache_length = cache_positions(model, self_attention_cache(cache))
     length = max(config.max_length, cache_length + 1)
     buffers = BeamBuffers.for_shape(
         model, batch_size, num_beams, length, cache_length, logits.shape[-1], input_ids.device
@@ -358,26 +360,27 @@ def beam_search(model, input_ids, logits_processor, stopping_criteria, generatio
 
     has_padding = not model.config.is_encoder_decoder and kwargs.get("attention_mask") is not None
     arguments = (settings, eos_token_id, top_mask, encoder_inputs(model, kwargs), has_padding)
-    with Spans(cache) as spans, Spares(cache) as spares:
-        for step in range(1, config.max_length - prompt_len):
-            torch.compiler.cudagraph_mark_step_begin()
-            spans.cover(prompt_len + step)  # the step writes position prompt_len + step - 1
-            spares.swap()  # the step's reorder reads the cache from one buffer and writes it to the other
-            logits, scores = step_function(model, cache, buffers, *arguments)
-            if keep_scores:
-                all_scores.append(scores.clone())
-            if keep_logits:
-                raw_logits.append(logits.clone())
-            del logits, scores
-            if (step + 1) % CHECK_EVERY == 0 and bool(buffers.done):
-                break
+    with SlidingRings(cache):  # window-long sliding layers as rings, until the cache is rewound
+        with Spans(cache) as spans, Spares(cache) as spares:
+            for step in range(1, config.max_length - prompt_len):
+                torch.compiler.cudagraph_mark_step_begin()
+                spans.cover(prompt_len + step)  # the step writes position prompt_len + step - 1
+                spares.swap()  # the step's reorder reads the cache from one buffer and writes it to the other
+                logits, scores = step_function(model, cache, buffers, *arguments)
+                if keep_scores:
+                    all_scores.append(scores.clone())
+                if keep_logits:
+                    raw_logits.append(logits.clone())
+                del logits, scores
+                if (step + 1) % CHECK_EVERY == 0 and bool(buffers.done):
+                    break
 
-        if config.return_dict_in_generate:
-            spares.swap()
-            reorder_cache(cache, buffers)  # the returned cache follows the last choice, as transformers' does
-    steps_run = int(buffers.cur_len) - prompt_len
-    extra = int(buffers.steps_after_done)
-    rewind(cache, extra)  # forwards past the end: forgotten
+            if config.return_dict_in_generate:
+                spares.swap()
+                reorder_cache(cache, buffers)  # the returned cache follows the last choice, as transformers' does
+        steps_run = int(buffers.cur_len) - prompt_len
+        extra = int(buffers.steps_after_done)
+        rewind(cache, extra)  # forwards past the end: forgotten
     ran = steps_run - extra  # the steps transformers' loop ran
     nrs = config.num_return_sequences
     sequences = buffers.sequences[:, :nrs].reshape(batch_size * nrs, -1)

@@ -113,17 +113,10 @@ DECODE_CRITERIA = (*LOOP_CRITERIA, StopStringCriteria, MaxTimeCriteria)
 
 
 def shared_blocker(
-    model,
-    stopping_criteria,
-    generation_config,
-    synced_gpus,
-    model_kwargs,
-    criteria: tuple = LOOP_CRITERIA,
-    rings: bool = False,
+    model, stopping_criteria, generation_config, synced_gpus, model_kwargs, criteria: tuple = LOOP_CRITERIA
 ) -> str | None:
     """What keeps any call (`decode` or `beam_loop.beam_search`) in transformers' loop, or None. `criteria`: the
-    stopping criteria the loop follows; `rings`: whether the loop decodes window-long sliding layers as rings
-    (sliding_layers.py)."""
+    stopping criteria the loop follows. Both loops decode window-long sliding layers as rings (sliding_layers.py)."""
     config = generation_config
     if synced_gpus or config.is_assistant:
         return "synced GPUs or an assistant model"
@@ -143,7 +136,7 @@ def shared_blocker(
     if type(self_cache) is not StaticCache or getattr(cache, "_is_user_defined", False):
         return "a cache other than generate's own StaticCache"
     windows = window_long_layers(self_cache)
-    if windows and (why := ring_blocker(model) if rings else "beam search has no rings"):
+    if windows and (why := ring_blocker(model)):
         return (
             f"window-long sliding-window cache layers, too long to keep whole ({why}; their length is a Python int "
             "per token: sliding_layers.py)"
@@ -162,9 +155,7 @@ def loop_blocker(
     if split_processors(logits_processor) is None:
         names = sorted({type(p).__name__ for p in logits_processor} - {c.__name__ for c in SCORE_WARPERS})
         return f"logits processors {names}"
-    return shared_blocker(
-        model, stopping_criteria, generation_config, synced_gpus, model_kwargs, DECODE_CRITERIA, rings=True
-    )
+    return shared_blocker(model, stopping_criteria, generation_config, synced_gpus, model_kwargs, DECODE_CRITERIA)
 
 
 def static_zeros(*shape: int, dtype: torch.dtype = torch.long, device=None) -> torch.Tensor:

@@ -125,10 +125,10 @@ def sliding_window_blocker(
     """Why the CUDA default keeps the dynamic cache for this generation, or None. A static cache too long to keep its
     sliding layers whole (`sliding_layers.kept_whole`: over 4 windows, and past the window more bytes than the weights
     or than a quarter of the free memory) has transformers' window-long `StaticSlidingWindowLayer`s, which once full
-    count their length in a Python int that a compiled forward takes as an input: CUDA graphs would record a new
-    graph every token. Greedy decoding and sampling decode them as rings (`sliding_layers.SlidingRings`); beam search,
-    and variants a ring cannot serve (`ring_blocker`), keep the dynamic cache. `batch_size`: the rows of the call's
-    cache (beams and returned sequences included)."""
+    count their length in a Python int that a compiled forward takes as an input: CUDA graphs would record a new graph
+    every token. Greedy decoding, sampling and beam search decode them as rings (`sliding_layers.SlidingRings`); beam
+    sampling (transformers' loop), and backends a ring cannot serve (`ring_blocker`), keep the dynamic cache.
+    `batch_size`: the rows of the call's cache (beams and returned sequences included)."""
     config = model.config
     window = getattr(config, "sliding_window", None)
     if window is None or "sliding_attention" not in (getattr(config, "layer_types", None) or []):
@@ -137,7 +137,7 @@ def sliding_window_blocker(
     if decodes_as_rings(model, generation_mode) or kept_whole(model, length, batch_size):
         return None
     if generation_mode not in RING_MODES:
-        why = "beam search does not decode sliding layers as rings"
+        why = "beam sampling runs transformers' loop, which has no rings"
     else:
         why = ring_blocker(model)
     return (

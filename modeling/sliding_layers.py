@@ -12,20 +12,20 @@ that a compiled forward takes as a symbolic input: a new value, and a new CUDA g
   device-tensor position (one compiled graph and one CUDA graph for every step), with its mask built per slot from
   the position each slot holds (`ring_mask`; ALiBi's and T5's biases take the same positions,
   `attention_patterns.build_position_biases`). The cache keeps transformers' window-long layers, which the prefill
-  fills as usual; the greedy and sampling loop (`decoding_loop.decode`) moves each into its ring after the prefill
-  and unrolls it back after the loop (`SlidingRings`), so the cache generate returns is transformers'. A window's
-  memory and reads at any length. Not for attention backends other than SDPA and eager, or beam search
-  (`ring_blocker`, `decodes_as_rings`).
+  fills as usual; the greedy, sampling and beam-search loops (`decoding_loop.decode`, `beam_loop.beam_search`) move
+  each into its ring after the prefill and unroll it back after the loop (`SlidingRings`), so the cache generate
+  returns is transformers'. A window's memory and reads at any length. Not for attention backends other than SDPA
+  and eager, or beam sampling, which runs transformers' loop (`ring_blocker`, `decodes_as_rings`).
 
 `kept_whole` decides, the same way for generate's cache choice (`fast_decoding.sliding_window_blocker`) and for the
 cache it builds (`keep_sliding_layers_whole`):
 - always up to `WHOLE_CACHE_WINDOWS` windows: memory and reads within that factor of the window's;
-- past that, greedy decoding and sampling decode window-long layers as rings instead (`decodes_as_rings`);
-- the others (beam search), on CUDA, keep the layers whole while the keys kept past the window (every sliding
-  layer, every row) take no more bytes than the model's weights — a step, which reads the weights once, then reads
-  at most about twice what a windowed step would — and fit in `FREE_MEMORY_SHARE` of the free device memory (a
-  beam search of a Gemma-3-shaped model, windows of 1,024, generates thousands of tokens on the compiled path);
-  past that they decode with the dynamic cache, and the CUDA default says why in one line.
+- past that, greedy decoding, sampling and beam search decode window-long layers as rings (`decodes_as_rings`);
+- the others (beam sampling, transformers' loop), on CUDA, keep the layers whole while the keys kept past the window
+  (every sliding layer, every row) take no more bytes than the model's weights — a step, which reads the weights once,
+  then reads at most about twice what a windowed step would — and fit in `FREE_MEMORY_SHARE` of the free device memory
+  (a beam sampling of a Gemma-3-shaped model, windows of 1,024, generates thousands of tokens compiled); past that they
+  decode with the dynamic cache, and the CUDA default says why in one line.
 """
 
 from __future__ import annotations
@@ -88,8 +88,9 @@ def keep_sliding_layers_whole(cache: Cache, length: int) -> None:
 # search does, and fall back past it (what the benchmark compares the rings with).
 RINGS = True
 
-# The decoding loops that decode window-long sliding layers as rings: greedy and sampling (`decoding_loop.decode`).
-RING_MODES = (GenerationMode.GREEDY_SEARCH, GenerationMode.SAMPLE)
+# The decoding loops that decode window-long sliding layers as rings: greedy and sampling (`decoding_loop.decode`),
+# beam search (`beam_loop.beam_search`). Beam sampling runs transformers' loop.
+RING_MODES = (GenerationMode.GREEDY_SEARCH, GenerationMode.SAMPLE, GenerationMode.BEAM_SEARCH)
 
 # A ring holds this many slots past its window: the decoding loop runs up to CHECK_EVERY - 1 steps past the end of
 # every row before it reads that they ended, and rewinds them; the window of the last kept position is still there.

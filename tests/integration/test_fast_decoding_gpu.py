@@ -195,7 +195,8 @@ def test_greedy_calls_reuse_one_recorded_step(monkeypatch):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 def test_sliding_layers_decoded_as_rings_replay_one_recorded_step(dtype, monkeypatch):
     """Window 8, 32 + 24 positions: past 4 windows the sliding layers are window-long and the loop decodes them as
-    rings — eager decoding's tokens, no cudagraph skip, and a second call records nothing and reuses the rings."""
+    rings — eager decoding's tokens, no cudagraph skip, and a second call records nothing and reuses the rings; beam
+    search over rings gives eager beam search's sequences."""
     torch._dynamo.reset()
     counters.clear()
     torch.manual_seed(0)
@@ -218,6 +219,9 @@ def test_sliding_layers_decoded_as_rings_replay_one_recorded_step(dtype, monkeyp
         again = model.generate(**inputs, **plain)
     assert not captures, "a later call recorded the step again"
     assert torch.equal(again, first) and torch.equal(first, fast.sequences)
+    if dtype == torch.float32:  # beam search over the rings (bf16 beams may swap at near-ties)
+        beams = dict(plain, num_beams=3)
+        assert torch.equal(model.generate(**inputs, **beams), model.generate(**inputs, **beams, disable_compile=True))
 
 
 def test_sampling_runs_as_a_cuda_graph_and_repeats_with_the_seed():

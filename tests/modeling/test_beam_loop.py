@@ -117,6 +117,35 @@ def test_sliding_windows_search_as_the_dynamic_cache(loop_calls):
     torch.testing.assert_close(ours.sequences_scores, dynamic.sequences_scores, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("eos", [None, list(range(3, 9))], ids=["to_the_end", "ending_early"])
+@pytest.mark.parametrize("name", ["local_global", "all_sliding_attention", "alibi_local_global"])
+def test_sliding_windows_past_four_windows_search_as_rings(name, eos, loop_calls, monkeypatch):
+    """Past 4 windows (window 4, 7 + 40 positions, a prompt longer than the window) the loop searches over rings of
+    the window-long sliding layers, reordered with the beams: transformers' loop's sequences and scores, the dynamic
+    cache's sequences, and a returned cache whose windows hold the keys of the same search over whole layers —
+    transformers' own when the search ran to the end (one that ended early returns the beam order of the steps run
+    past its end, rewound, with rings as with whole layers)."""
+    model = decoder_variant(name)
+    kwargs = dict(**_inputs(model, "decoder"), **OUTPUTS, num_beams=3, num_return_sequences=2, max_new_tokens=40)
+    kwargs["eos_token_id"] = eos
+    reference, ours = _both(model, loop_calls, **kwargs)
+    _assert_same(reference, ours, "decoder")
+    assert torch.equal(ours.sequences, model.generate(cache_implementation="dynamic", **kwargs).sequences)
+    monkeypatch.setattr(sliding_layers, "WHOLE_CACHE_WINDOWS", 100)
+    model.release_decoding_memory()
+    _, whole = _both(model, loop_calls, **kwargs)
+    windows = sliding_layers.window_long_layers(ours.past_key_values)
+    assert windows
+    for index in windows:
+        expected, actual = (out.past_key_values.layers[index] for out in (reference, ours))
+        length = actual.cumulative_length_int
+        assert length == expected.cumulative_length_int
+        kept = whole.past_key_values.layers[index].keys[:, :, length - actual.max_cache_len : length]
+        assert_close_to_scale(actual.keys, kept, msg="window keys against whole layers")
+        if eos is None:
+            assert_close_to_scale(actual.keys, expected.keys, msg="window keys against transformers' loop")
+
+
 @pytest.mark.parametrize(
     "search",
     [

@@ -142,9 +142,9 @@ def _window_long(output) -> bool:
 @pytest.mark.parametrize("name", ["local_global", "all_sliding_attention", "alibi_local_global"])
 def test_generations_over_four_windows_decode_as_rings_by_default(name, on_cuda, notices, monkeypatch):
     """Past `WHOLE_CACHE_WINDOWS` windows (and, on CUDA, past what the memory bounds allow: next test) a static
-    cache's sliding layers are transformers' window-long ones: greedy decoding and sampling take them (the loop
-    decodes them as rings, sliding_layers.py), with the dynamic cache's tokens and logits; beam search, which has no
-    rings, keeps the dynamic cache by default, with one notice."""
+    cache's sliding layers are transformers' window-long ones: greedy decoding, sampling and beam search take them
+    (the loops decode them as rings, sliding_layers.py), with the dynamic cache's tokens and logits; beam sampling,
+    which runs transformers' loop, keeps the dynamic cache by default, with one notice."""
     kwargs = dict(**_prompts(2, 97), **GREEDY, pad_token_id=0, max_new_tokens=12)  # a 17-position cache
     model = randomised(DecoderForCausalLM(tiny_decoder_config(**DECODER_VARIANTS[name])))  # window 4
     assert isinstance(model.generate(**dict(kwargs, max_new_tokens=10)).past_key_values, StaticCache)  # 15 positions
@@ -155,8 +155,9 @@ def test_generations_over_four_windows_decode_as_rings_by_default(name, on_cuda,
     assert _window_long(default) and rings and not notices
     _assert_same_decoding(default, model.generate(**kwargs, cache_implementation="dynamic"))
     beams = dict(kwargs, num_beams=2, output_logits=False)
-    assert isinstance(model.generate(**beams).past_key_values, DynamicCache)
-    assert len(notices) == 1 and "(window 4;" in notices[0] and "beam search" in notices[0] and "\n" not in notices[0]
+    assert _window_long(model.generate(**beams)) and not notices  # beam search decodes them as rings too
+    assert isinstance(model.generate(**dict(beams, do_sample=True)).past_key_values, DynamicCache)
+    assert len(notices) == 1 and "(window 4;" in notices[0] and "beam sampling" in notices[0] and "\n" not in notices[0]
 
 
 def _on_this_cpu() -> CompileConfig:
@@ -203,11 +204,11 @@ def test_window_long_layers_in_transformers_loop_run_its_steps_eagerly(monkeypat
 def test_on_cuda_longer_caches_keep_their_sliding_layers_whole_while_the_keys_past_the_window_fit(
     on_cuda, notices, monkeypatch
 ):
-    """Past 4 windows, where a call does not decode as rings (rings switched off here, as in beam search or with
-    ALiBi), on CUDA (its free memory stood in for here) the sliding layers stay whole while the keys kept past the
-    window weigh no more than the weights and a quarter of the free memory: the tokens and logits of the dynamic
-    cache (whose sliding layers drop those keys). Beyond either bound, the dynamic cache. Greedy decoding with rings
-    takes them past 4 windows whatever the memory: they hold and read less."""
+    """Past 4 windows, where a call does not decode as rings (rings switched off here; beam sampling), on CUDA (its free
+    memory stood in for here) the sliding layers stay whole while the keys kept past the window weigh no more than the
+    weights and a quarter of the free memory: the tokens and logits of the dynamic cache (whose sliding layers drop
+    those keys). Beyond either bound, the dynamic cache. Greedy decoding with rings takes them past 4 windows whatever
+    the memory: they hold and read less."""
     kwargs = dict(**_prompts(2, 97), **GREEDY, pad_token_id=0, max_new_tokens=12)  # a 17-position cache, window 4
     model = randomised(DecoderForCausalLM(tiny_decoder_config(**DECODER_VARIANTS["local_global"])))
     extra = sliding_layers.bytes_past_the_window(model.config, 17, 2, model.dtype)
@@ -244,8 +245,9 @@ def test_keys_past_the_window_are_bounded_by_the_weights(monkeypatch):
     assert sliding_layers.kept_whole(model, 16, 1, rings=True) and not sliding_layers.kept_whole(
         model, 17, 1, rings=True
     )
-    greedy, beams = GenerationMode.GREEDY_SEARCH, GenerationMode.BEAM_SEARCH
-    assert sliding_layers.decodes_as_rings(model, greedy) and not sliding_layers.decodes_as_rings(model, beams)
+    greedy, beams, beam_sampling = GenerationMode.GREEDY_SEARCH, GenerationMode.BEAM_SEARCH, GenerationMode.BEAM_SAMPLE
+    assert sliding_layers.decodes_as_rings(model, greedy) and sliding_layers.decodes_as_rings(model, beams)
+    assert not sliding_layers.decodes_as_rings(model, beam_sampling)  # transformers' loop
     flash = SimpleNamespace(config=SimpleNamespace(is_encoder_decoder=False, _attn_implementation="flash_attention_2"))
     assert "flash_attention_2" in sliding_layers.ring_blocker(flash)  # no mask of a ring's slots
 
