@@ -102,6 +102,23 @@ def test_static_cache_generation_compiles():
         assert torch.equal(model.generate(**shorter, **kwargs, compile_config=config), expected)
 
 
+def test_rings_compile_with_inductor():
+    """Sliding layers decoded as rings (window 4, 12 + 24 positions: past 4 windows) compiled by inductor: the ring's
+    slot arithmetic, its mask and ALiBi's bias over its slots in the graph give eager's tokens, and a second call
+    recompiles nothing. (Beam search over rings: traced in test_beam_loop.py, compiled on the GPU.)"""
+    torch._dynamo.reset()
+    model = randomised(DecoderForCausalLM(tiny_decoder_config(**DECODER_VARIANTS["alibi_local_global"]))).eval()
+    batch = _batch()
+    config = CompileConfig(fullgraph=True, mode="default")
+    config._compile_all_devices = True
+    kwargs = dict(max_new_tokens=24, do_sample=False, pad_token_id=0, cache_implementation="static")
+    expected = model.generate(**batch, **kwargs, disable_compile=True)
+    assert torch.equal(model.generate(**batch, **kwargs, compile_config=config), expected)
+    assert any(hasattr(layer, "ring") for layer in model._kept_static_cache.cache.layers)
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        assert torch.equal(model.generate(**batch, **kwargs, compile_config=config), expected)
+
+
 def test_sampling_compiles_with_its_draw_in_the_graph():
     """Sampling through decoding_loop.py compiled by inductor: the draw (an exponential race, inductor's random
     numbers) repeats with the seed, stays inside top-k, and a second call recompiles nothing."""

@@ -208,11 +208,15 @@ def test_calls_it_does_not_take_run_transformers_loop(kwargs, loop_calls):
     assert loop_calls == [1]  # the same call without it takes the loop
 
 
-@pytest.mark.parametrize("kind, name", [("decoder", "positions_rope"), ("seq2seq", "positions_relative_bias")])
+@pytest.mark.parametrize(
+    "kind, name",
+    [("decoder", "positions_rope"), ("decoder", "alibi_local_global"), ("seq2seq", "positions_relative_bias")],
+)
 def test_the_step_compiles_as_one_graph_reused_by_later_calls(kind, name):
     """fullgraph=True: the masks, forward, top-k, bookkeeping and cache reorder in one graph; a later call with
     other minimum and maximum lengths (and, for the decoder, another prompt length) recompiles nothing (a new source
-    length does, as for transformers' compiled forward)."""
+    length does, as for transformers' compiled forward). The sliding-window decoder's 18-position cache is past 4
+    windows: its sliding layers are rings (sliding_layers.py), their mask and ALiBi's bias traced per slot."""
     torch._dynamo.reset()
     model = _model(kind, name)
     inputs = _inputs(model, kind)
