@@ -84,16 +84,17 @@ def keep_sliding_layers_whole(cache: Cache, length: int) -> None:
             cache.layers[index] = WholeCacheSlidingLayer(max_cache_len=length)
 
 
-# False: past 4 windows greedy decoding and sampling keep sliding layers whole where the memory rule allows, as beam
-# search does, and fall back past it (what the benchmark compares the rings with).
+# False: past 4 windows every loop keeps sliding layers whole where the memory rule allows, as beam sampling does, and
+# falls back past it (what the benchmark compares the rings with).
 RINGS = True
 
 # The decoding loops that decode window-long sliding layers as rings: greedy and sampling (`decoding_loop.decode`),
 # beam search (`beam_loop.beam_search`). Beam sampling runs transformers' loop.
 RING_MODES = (GenerationMode.GREEDY_SEARCH, GenerationMode.SAMPLE, GenerationMode.BEAM_SEARCH)
 
-# A ring holds this many slots past its window: the decoding loop runs up to CHECK_EVERY - 1 steps past the end of
-# every row before it reads that they ended, and rewinds them; the window of the last kept position is still there.
+# A ring holds this many slots past its window: the decoding loops run up to CHECK_EVERY - 1 steps past the end of
+# every row (every search) before they read that it ended, and rewind them; the window of the last kept position is
+# still there.
 RING_SPARE_SLOTS = 16
 
 # Attention backends whose masks a ring builds itself: SDPA takes a boolean mask, eager an additive one.
@@ -118,7 +119,7 @@ def decodes_as_rings(model, generation_mode: GenerationMode | None) -> bool:
 
 
 class RingSlidingLayer(StaticLayer):
-    """A sliding-window layer of `window + RING_SPARE_SLOTS` slots for the decoding loop's one-token steps: position p
+    """A sliding-window layer of `window + RING_SPARE_SLOTS` slots for the decoding loops' one-token steps: position p
     lives in slot p mod slots, the position written next is `cumulative_length` (a device tensor: one compiled graph
     and one CUDA graph for every step), and `ring_mask` gives each query the slots of its window."""
 
@@ -206,11 +207,6 @@ class SlidingRings:
         self.layers = self_attention_layers(cache)
         self.indices = window_long_layers(cache)
         self.windows = [self.layers[i] for i in self.indices]
-
-    @property
-    def first(self) -> RingSlidingLayer | None:
-        """A ring (they all hold the same positions), or None without any; valid inside."""
-        return self.layers[self.indices[0]] if self.indices else None
 
     def __enter__(self) -> SlidingRings:
         for index, window in zip(self.indices, self.windows):
