@@ -17,7 +17,7 @@
 #   compiled --suite cuda-train-compiled (vocab 128256, MoE, seq2seq compiled regionally; about 6-8 minutes)
 #   decode  --suite cuda-decode     (about 3-5 minutes; fits in a call after tests)
 #   static  --suite cuda-static     (about 5-8 minutes: compiles per batch size; a call of its own)
-#   loops   --suite cuda-loops      (about 5 minutes: sampling, the loop's gain, MoE and beam search, all compiled)
+#   loops   --suite cuda-loops      (about 6-7 minutes: sampling, the loop's gain, MoE, beam search, rings, all compiled)
 #   profile scripts/profile_cuda.py: where the GPU time goes in training (dense compiled and eager, MoE, seq2seq),
 #           the prefill and decoding at batch 1 and 64 — kernel time by kind, idle share, top kernels (~6 minutes)
 # The calls of a session, and what the times are based on: docs/gpu.md.
