@@ -12,9 +12,9 @@ in what transformers leaves out:
   nothing changes on CPU;
 - variants whose decoding step cannot be compiled (`static_cache_blocker`: dynamic RoPE recomputes its frequencies
   from a tensor in every forward) decode with the dynamic cache instead, with one logged line saying why; by
-  default so do FlashAttention backends, sharded models, and beam searches too long to keep every key in the
-  sliding layers (`sliding_window_blocker`, sliding_layers.py; shorter ones keep them, the window masked, and
-  longer greedy and sampled generations decode window-long layers as rings);
+  default so do FlashAttention backends, sharded models, and beam sampling too long to keep every key in the
+  sliding layers (`sliding_window_blocker`, sliding_layers.py; shorter generations keep them, the window masked,
+  and longer greedy decoding, sampling and beam search decode window-long layers as rings);
 - greedy decoding and sampling on that path run `decoding_loop.decode`: the whole step (masks, forward, token
   choice, end-of-sequence bookkeeping) compiled as one graph and the loop never waiting for the device, where
   transformers compiles the forward alone and reads the device every token; the calls it does not take run
@@ -354,7 +354,7 @@ class FastDecodingMixin:
         every call, and past torch's re-record limit (`cudagraph_unexpected_rerecord_limit`, 128 recordings of a
         step: a few dozen calls) no longer replayed."""
         effective = max(max_cache_len, getattr(self, "_previous_max_cache_length", -1))
-        # sliding layers kept whole, or window-long (rings in greedy decoding and sampling: sliding_layers.py)
+        # sliding layers kept whole, or window-long (rings in greedy decoding, sampling, beam search: sliding_layers.py)
         whole = not self.config.is_encoder_decoder and kept_whole(
             self, effective, batch_size, getattr(self, "_decodes_rings", False)
         )
