@@ -64,13 +64,18 @@ def _linears(module: FusableProjections) -> list[nn.Module]:
 
 
 def _side_by_side_in_memory(parts: list[torch.Tensor]) -> bool:
-    """Whether `parts` are contiguous and lie one after the other in memory, in order, with one dtype and one row
-    shape (pointer arithmetic only, a few µs). Addresses are unique across devices (CUDA's unified address space),
-    so equal addresses mean the same memory."""
+    """Whether `parts` are contiguous and lie one after the other in one storage, in order, with one dtype and one
+    row shape (pointer arithmetic only, a few µs). Addresses are unique across devices (CUDA's unified address
+    space), so equal addresses mean the same memory. Adjacent addresses alone do not make one block: CUDA's caching
+    allocator often places separately allocated weights back to back in one segment, and a view across them would
+    reach past the first one's storage."""
     first = parts[0]
     address, size, row = first.data_ptr(), first.element_size(), first.shape[1:]
+    storage = first.untyped_storage().data_ptr()
     for part in parts:
         if part.data_ptr() != address or part.dtype != first.dtype or part.shape[1:] != row:
+            return False
+        if part.untyped_storage().data_ptr() != storage:
             return False
         if not part.is_contiguous():
             return False

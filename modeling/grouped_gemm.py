@@ -5,7 +5,10 @@ grouped GEMMs. `offsets[e]` is the end row of expert e's group.
 Under torch.compile the kernels are opaque custom ops with their own shape functions (the meta function of
 `aten._grouped_mm` accepts only bf16), so compiled graphs call the same code eager does. Builds without
 grouped_mm (torch < 2.9) or with feature sizes the kernel cannot stride over (it needs rows of a multiple of 16
-bytes) fall back to one GEMM per expert, which reads the offsets on the host.
+bytes) fall back to one GEMM per expert, which reads the offsets on the host. While a CUDA graph is being recorded,
+dtypes the kernel does not take (it runs bf16; ATen's fallback for the others reads the offsets on the host too) run
+every expert over every row and keep each row's own (`_grouped_mm_masked`): E times the FLOPs of the few rows of a
+decoding step.
 """
 
 from __future__ import annotations
@@ -24,8 +27,39 @@ def _rows_aligned(*tensors: torch.Tensor) -> bool:
     return all((stride * t.element_size()) % 16 == 0 for t in tensors for stride in t.stride() if stride != 1)
 
 
+def _must_not_read_offsets_on_host(a: torch.Tensor) -> bool:
+    """Whether a grouped GEMM over `a` must avoid every path that reads the offsets on the host: while a CUDA graph
+    is being recorded (decoding's compiled step), for dtypes grouped_mm's CUDA kernel does not take (it runs bf16;
+    others go to an ATen fallback that copies the offsets to the CPU, which a recording refuses)."""
+    return a.is_cuda and a.dtype != torch.bfloat16 and torch.cuda.is_current_stream_capturing()
+
+
+def _row_groups(a: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    """The group of each row of a (len(offsets) for rows past the last group), on the device."""
+    rows = torch.arange(a.shape[0], device=a.device, dtype=offsets.dtype)
+    return torch.searchsorted(offsets, rows, right=True)
+
+
+def _grouped_mm_masked(a: torch.Tensor, b: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    """`_grouped_mm_eager` with no host read: each expert's product over every row, kept on its own rows. E times
+    the FLOPs; used only where nothing else can be recorded (fp32 or fp16 decoding steps, a few rows each)."""
+    groups = _row_groups(a, offsets).unsqueeze(1)
+    out = a.new_zeros(a.shape[0], b.shape[-1])
+    for expert in range(b.shape[0]):
+        out = torch.where(groups == expert, a @ b[expert], out)
+    return out
+
+
+def _grouped_mm_tn_masked(a: torch.Tensor, b: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    """`_grouped_mm_tn_eager` with no host read (see `_grouped_mm_masked`)."""
+    groups = _row_groups(a, offsets).unsqueeze(1)
+    return torch.stack([torch.where(groups == expert, a, 0).t() @ b for expert in range(offsets.shape[0])])
+
+
 def _grouped_mm_eager(a: torch.Tensor, b: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
     """Rows of group e of a (S, K) times b[e] (K, N) -> (S, N); one GEMM per expert without the kernel."""
+    if _must_not_read_offsets_on_host(a):
+        return _grouped_mm_masked(a, b, offsets)
     if _GROUPED_MM is not None and _rows_aligned(a, b):
         return _GROUPED_MM(a, b, offs=offsets)
     out = a.new_empty(a.shape[0], b.shape[-1])
@@ -38,6 +72,8 @@ def _grouped_mm_eager(a: torch.Tensor, b: torch.Tensor, offsets: torch.Tensor) -
 
 def _grouped_mm_tn_eager(a: torch.Tensor, b: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
     """Per group e: a[rows of e]ᵀ @ b[rows of e] -> (E, M, N), zeros for empty groups (the weight gradient)."""
+    if _must_not_read_offsets_on_host(a):
+        return _grouped_mm_tn_masked(a, b, offsets)
     a_t = a.t()
     if _GROUPED_MM is not None and _rows_aligned(a_t, b):
         return _GROUPED_MM(a_t, b, offs=offsets)

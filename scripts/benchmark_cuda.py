@@ -103,7 +103,8 @@ class Setup:
 def setup_from(args: argparse.Namespace) -> Setup:
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if device.type == "cuda":
-        torch.cuda.set_device(device)
+        if device.index is not None:  # `cuda` alone means the current device (torch >= 2.11 refuses it here)
+            torch.cuda.set_device(device)
         # What Trainer and the peers' own benchmarks run with: TF32 for any fp32 matmul left outside autocast.
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True

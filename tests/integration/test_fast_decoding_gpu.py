@@ -54,6 +54,10 @@ MODELS = {
 }
 NEW_TOKENS = 24
 AGREEING_STEPS_BF16 = 4  # bf16: at least the first new tokens agree; later a near-tie may flip
+# ... except in the mixture of experts, where a router's near-tie (bf16 rounding of 8 expert scores, 4 layers, every
+# row) sends a token to another expert from the first decoding steps on (2-3 steps in at batch 1 and 16 on an H100):
+# its first new token (the prefill) must agree, and every step's logits up to the first difference
+AGREEING_STEPS_BF16_ROUTED = 1
 
 
 def _model(kind: str, dtype: torch.dtype):
@@ -104,9 +108,9 @@ def _count_recordings(monkeypatch) -> list:
     return captures
 
 
-def _assert_agree(fast, eager, dtype: torch.dtype, prompt: int) -> None:
-    """fp32: the same tokens. bf16: the same tokens up to a first difference at least AGREEING_STEPS_BF16 new tokens
-    in; before it, every step's logits within bf16 rounding of the scale."""
+def _assert_agree(fast, eager, dtype: torch.dtype, prompt: int, least: int = AGREEING_STEPS_BF16) -> None:
+    """fp32: the same tokens. bf16: the same tokens up to a first difference at least `least` new tokens in; before
+    it, every step's logits within bf16 rounding of the scale."""
     steps = fast.logits or fast.scores
     if dtype == torch.float32:
         assert torch.equal(fast.sequences, eager.sequences)
@@ -114,7 +118,7 @@ def _assert_agree(fast, eager, dtype: torch.dtype, prompt: int) -> None:
     else:
         differs = (fast.sequences != eager.sequences).any(0).nonzero()
         agreeing = int(differs[0]) - prompt if len(differs) else len(steps)
-        assert agreeing >= AGREEING_STEPS_BF16, f"bf16 decoding diverged after {agreeing} new tokens"
+        assert agreeing >= least, f"bf16 decoding diverged after {agreeing} new tokens"
         rtol = 3e-2
     for step in range(agreeing):
         a, b = steps[step].float(), (eager.logits or eager.scores)[step].float()
@@ -142,7 +146,7 @@ def test_fast_decoding_equals_eager_and_does_not_recompile(kind: str, batch: int
     # greedy decoders and beam search compile their whole step (decoding_loop.py, beam_loop.py)
     assert hasattr(model, "_compiled_beam_step" if kind == "seq2seq" else "_compiled_decoding_step")
     assert counters["inductor"]["cudagraph_skips"] == 0, "the compiled step does not run as a CUDA graph"
-    _assert_agree(fast, eager, dtype, prompt)
+    _assert_agree(fast, eager, dtype, prompt, AGREEING_STEPS_BF16_ROUTED if kind == "moe" else AGREEING_STEPS_BF16)
 
     with torch._dynamo.config.patch(error_on_recompile=True):
         again = _generate(model, inputs, kind)

@@ -220,4 +220,8 @@ def test_the_kernels_compile_on_cuda_and_train_as_the_formulas(monkeypatch):
     expected.backward()
     torch.testing.assert_close(loss, expected, atol=2e-2, rtol=2e-2)
     for (name, ours), theirs in zip(model.named_parameters(), reference.parameters()):
-        assert_close_to_scale(ours.grad, theirs.grad, rtol=5e-2, msg=name)
+        # bf16 gradients differ by a few roundings at most elements, by up to ~7 % of the scale at a rare one (the
+        # tied embedding's, an H100 with torch 2.11): the whole within 2 %, every element within 10 %
+        assert_close_to_scale(ours.grad, theirs.grad, rtol=1e-1, msg=name)
+        relative = (ours.grad - theirs.grad).norm() / theirs.grad.norm()
+        assert relative <= 2e-2, f"{name}: gradients differ by {relative:.3g} of their norm"

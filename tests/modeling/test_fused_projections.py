@@ -7,6 +7,7 @@ compiled loops and beam search alike, and later calls reuse the layout without r
 from __future__ import annotations
 
 import copy
+import warnings
 
 import pytest
 import torch
@@ -142,6 +143,39 @@ def test_a_layout_made_in_inference_mode_still_trains():
     model(input_ids=IDS, labels=IDS).loss.backward()  # inference tensors would refuse to be saved for backward
     with torch.no_grad():
         torch.testing.assert_close(_logits(model), expected, atol=1e-5, rtol=1e-5)
+
+
+def _back_to_back_storages(parameters: list[nn.Parameter]) -> None:
+    """Give each parameter a storage of its own, the storages back to back in one buffer: what CUDA's caching
+    allocator often does with weights allocated one after the other (one segment, adjacent blocks)."""
+    nbytes = [parameter.numel() * parameter.element_size() for parameter in parameters]
+    memory = memoryview(bytearray(sum(nbytes)))
+    start = 0
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # frombuffer: "the given buffer is not writable" is not true
+        for parameter, size in zip(parameters, nbytes):
+            own = torch.frombuffer(memory[start : start + size], dtype=parameter.dtype).view(parameter.shape)
+            own.copy_(parameter)
+            parameter.data = own
+            start += size
+
+
+def test_weights_in_adjacent_storages_are_laid_out_not_read_across():
+    """Adjacent addresses are not one block: a view across separate storages would reach past the first (CUDA
+    raised 'setStorage: ... out of bounds'); the layout copies them into one block instead."""
+    model = MODELS["llama"]()
+    with torch.no_grad():
+        expected = _logits(model)
+    for module in fusable_modules(model):
+        weights = [getattr(module, name).weight for name in module.fusable]
+        _back_to_back_storages(weights)
+        assert fused_projections._side_by_side_in_memory(weights[:1])
+        assert weights[1].data_ptr() == weights[0].data_ptr() + weights[0].numel() * weights[0].element_size()
+    assert not any(_laid_out(model))
+    with torch.no_grad(), inference_projections(model, force=True) as groups:
+        torch.testing.assert_close(_logits(model), expected, atol=1e-5, rtol=1e-5)
+    assert groups == len(fusable_modules(model))
+    assert all(_laid_out(model))
 
 
 def test_too_little_memory_to_lay_out_leaves_the_separate_products(monkeypatch):

@@ -177,6 +177,42 @@ def test_fallback_without_kernel_matches(monkeypatch):
         torch.testing.assert_close(g_fb, g, atol=1e-6, rtol=1e-5)
 
 
+def test_while_a_cuda_graph_records_non_bf16_groups_run_without_host_reads(monkeypatch):
+    """fp32/fp16 inside a CUDA-graph recording (decoding's compiled step): grouped_mm's ATen fallback and the
+    per-expert loop both read the offsets on the host, which a recording refuses; the masked path gives the same
+    forward and backward, empty groups and rows past the last group included."""
+    block = sparse_block()
+    x = torch.randn(2, 9, 32, requires_grad=True)
+    out = block(x)
+    grads = torch.autograd.grad(out.square().sum(), (x, block.experts.gate_up_proj, block.experts.down_proj))
+
+    def no_host_reads(*args, **kwargs):
+        raise AssertionError("read the offsets on the host while recording")
+
+    assert not grouped_gemm._must_not_read_offsets_on_host(x)  # on the CPU, never
+    monkeypatch.setattr(grouped_gemm, "_must_not_read_offsets_on_host", lambda a: True)
+    monkeypatch.setattr(grouped_gemm, "_GROUPED_MM", no_host_reads)
+    monkeypatch.setattr(torch.Tensor, "tolist", no_host_reads)
+    out_masked = block(x)
+    grads_masked = torch.autograd.grad(
+        out_masked.square().sum(), (x, block.experts.gate_up_proj, block.experts.down_proj)
+    )
+    torch.testing.assert_close(out_masked, out, atol=1e-6, rtol=1e-5)
+    for g, g_masked in zip(grads, grads_masked):
+        torch.testing.assert_close(g_masked, g, atol=1e-6, rtol=1e-5)
+    offsets = torch.tensor([3, 3, 10], dtype=torch.int32)  # expert 1 empty, rows 10-11 in no group
+    a, b = torch.randn(12, 8), torch.randn(3, 8, 5)
+    starts = [0, 3, 3]
+    expected = torch.zeros(12, 5)
+    for expert, (start, end) in enumerate(zip(starts, [3, 3, 10])):
+        expected[start:end] = a[start:end] @ b[expert]
+    torch.testing.assert_close(grouped_gemm._grouped_mm_eager(a, b, offsets), expected)
+    c = torch.randn(12, 5)
+    weight_grads = grouped_gemm._grouped_mm_tn_eager(a, c, offsets)
+    for expert, (start, end) in enumerate(zip(starts, [3, 3, 10])):
+        torch.testing.assert_close(weight_grads[expert], a[start:end].t() @ c[start:end])
+
+
 def test_gradients_reach_exactly_the_chosen_experts():
     block = sparse_block(num_local_experts=8)
     x = torch.randn(3, 32)
