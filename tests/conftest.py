@@ -19,6 +19,12 @@ import torch
 CUDA_PATHS_ON_CPU = os.environ.get("ARCHLAB_TEST_CUDA_PATHS_ON_CPU") == "1"
 
 
+# ARCHLAB_TEST_FAILURES_AT_ONCE=1 (the GPU session's `tests` step): each failure's traceback is written as the test
+# ends, not in the summary at the end of the run, so a run stopped at its time limit still says why tests failed.
+FAILURES_AT_ONCE = os.environ.get("ARCHLAB_TEST_FAILURES_AT_ONCE") == "1"
+_config: pytest.Config | None = None
+
+
 def _open_the_cuda_paths_to_the_cpu() -> None:
     from archlab.modeling import compiled_kernels, fused_projections, losses
 
@@ -28,11 +34,20 @@ def _open_the_cuda_paths_to_the_cpu() -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    global _config
+    _config = config
     if CUDA_PATHS_ON_CPU:
         _open_the_cuda_paths_to_the_cpu()
     # marks that transformers' common model tests (test_transformers_common.py) put on some of their tests
     for mark in ("accelerate_tests", "flash_attn_test", "flash_attn_3_test", "flash_attn_4_test", "torch_compile_test"):
         config.addinivalue_line("markers", f"{mark}: set by transformers' common model tests")
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if FAILURES_AT_ONCE and report.failed and _config is not None:
+        reporter = _config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            reporter.write_line(f"\n--- {report.nodeid} failed ({report.when}):\n{report.longreprtext[-4000:]}")
 
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` selects: the marks added here count

@@ -115,7 +115,9 @@ step_tests() {
     fi
     # the GPU tests first (a step cut short at the call's budget has run those), then the fast CPU tests beside them
     local status=0
-    "$PYTHON" -m pytest -v --tb=short -p no:cacheprovider -m gpu "${files[@]}" || status=1
+    # each failure's traceback as the test ends (tests/conftest.py): a step stopped at its limit still says why
+    ARCHLAB_TEST_FAILURES_AT_ONCE=1 "$PYTHON" -m pytest -v --tb=short -p no:cacheprovider -m gpu "${files[@]}" ||
+        status=1
     "$PYTHON" -m pytest -q --tb=short -p no:cacheprovider -m "not gpu and not slow" "${files[@]}" || status=1
     return $status
 }

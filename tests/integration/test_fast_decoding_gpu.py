@@ -1,7 +1,7 @@
 """The fast decoding path on a CUDA GPU (skipped without one): `generate` with no cache setting takes the static cache
 and compiles its decoding step (inductor, CUDA graphs), and gives the tokens of eager decoding (`disable_compile=True`:
-the dynamic cache, nothing compiled) at batch 1 and 16 — in fp32 exactly, in bf16 up to a late divergence at a
-near-tie, with the logits of the steps before it within bf16 rounding — and a second call recompiles nothing: the
+the dynamic cache, nothing compiled) at batch 1 and 16 — in fp32 exactly, in bf16 up to a divergence at a near-tie,
+with the logits of the steps up to it within bf16 rounding — and a second call recompiles nothing: the
 dense decoder, the mixture of experts (its one-token step), local/global sliding windows (kept whole, and past 4
 windows as rings), and seq2seq beam search.
 
@@ -53,11 +53,6 @@ MODELS = {
     ),
 }
 NEW_TOKENS = 24
-AGREEING_STEPS_BF16 = 4  # bf16: at least the first new tokens agree; later a near-tie may flip
-# ... except in the mixture of experts, where a router's near-tie (bf16 rounding of 8 expert scores, 4 layers, every
-# row) sends a token to another expert from the first decoding steps on (2-3 steps in at batch 1 and 16 on an H100):
-# its first new token (the prefill) must agree, and every step's logits up to the first difference
-AGREEING_STEPS_BF16_ROUTED = 1
 
 
 def _model(kind: str, dtype: torch.dtype):
@@ -108,20 +103,24 @@ def _count_recordings(monkeypatch) -> list:
     return captures
 
 
-def _assert_agree(fast, eager, dtype: torch.dtype, prompt: int, least: int = AGREEING_STEPS_BF16) -> None:
-    """fp32: the same tokens. bf16: the same tokens up to a first difference at least `least` new tokens in; before
-    it, every step's logits within bf16 rounding of the scale."""
-    steps = fast.logits or fast.scores
+def _assert_agree(fast, eager, dtype: torch.dtype, prompt: int, score_the_differing_step: bool = True) -> None:
+    """fp32: the same tokens, every step's logits within 1e-3 of the scale. bf16: the same first new token, and
+    every step's logits within bf16 rounding of the scale (3e-2) up to the first step at which some row picks
+    another token, that step included: both sides score the same prefix there, so logits that close make the
+    different pick a near-tie. Left out behind a router (a near-tie among the expert scores inside the step sends a
+    token to another expert, which moves the logits by more than rounding) and in beam search (beams swapped at an
+    earlier near-tie show in the returned sequences only later)."""
+    steps, eager_steps = fast.logits or fast.scores, eager.logits or eager.scores
     if dtype == torch.float32:
         assert torch.equal(fast.sequences, eager.sequences)
-        agreeing, rtol = len(steps), 1e-3
+        compared, rtol = len(steps), 1e-3
     else:
         differs = (fast.sequences != eager.sequences).any(0).nonzero()
-        agreeing = int(differs[0]) - prompt if len(differs) else len(steps)
-        assert agreeing >= least, f"bf16 decoding diverged after {agreeing} new tokens"
-        rtol = 3e-2
-    for step in range(agreeing):
-        a, b = steps[step].float(), (eager.logits or eager.scores)[step].float()
+        first_difference = int(differs[0]) - prompt if len(differs) else len(steps)
+        assert first_difference >= 1, "bf16 decoding picked another first token"
+        compared, rtol = min(len(steps), first_difference + score_the_differing_step), 3e-2
+    for step in range(compared):
+        a, b = steps[step].float(), eager_steps[step].float()
         finite = torch.isfinite(b)  # beam scores hold -inf
         assert_close_to_scale(a[finite], b[finite], rtol=rtol, msg=f"step {step}")
 
@@ -146,7 +145,7 @@ def test_fast_decoding_equals_eager_and_does_not_recompile(kind: str, batch: int
     # greedy decoders and beam search compile their whole step (decoding_loop.py, beam_loop.py)
     assert hasattr(model, "_compiled_beam_step" if kind == "seq2seq" else "_compiled_decoding_step")
     assert counters["inductor"]["cudagraph_skips"] == 0, "the compiled step does not run as a CUDA graph"
-    _assert_agree(fast, eager, dtype, prompt, AGREEING_STEPS_BF16_ROUTED if kind == "moe" else AGREEING_STEPS_BF16)
+    _assert_agree(fast, eager, dtype, prompt, score_the_differing_step=kind not in ("moe", "seq2seq"))
 
     with torch._dynamo.config.patch(error_on_recompile=True):
         again = _generate(model, inputs, kind)
@@ -222,7 +221,9 @@ def test_sliding_layers_decoded_as_rings_replay_one_recorded_step(dtype, monkeyp
     with torch._dynamo.config.patch(error_on_recompile=True):
         again = model.generate(**inputs, **plain)
     assert not captures, "a later call recorded the step again"
-    assert torch.equal(again, first) and torch.equal(first, fast.sequences)
+    assert torch.equal(again, first)
+    if dtype == torch.float32:  # bf16: without output_logits the step is another graph, rounded otherwise
+        assert torch.equal(first, fast.sequences)
     if dtype == torch.float32:  # beam search over the rings (bf16 beams may swap at near-ties)
         beams = dict(plain, num_beams=3)
         assert torch.equal(model.generate(**inputs, **beams), model.generate(**inputs, **beams, disable_compile=True))
