@@ -8,10 +8,12 @@
 #   setup   install .whl/*.whl (once per machine) and this checkout (every call) into $SITE, no network
 #   info    nvidia-smi, versions, where each package is imported from, unmet requirements
 #   headline --suite cuda-headline: the issues' headline rows (batch-1 static decoding, the 2048-token prefill,
-#           dense training eager and compiled), each with its goal (about 5-6 minutes): a first session's numbers
+#           dense training eager and compiled), each with its goal (105 s on an H100): a first session's numbers
 #   tests   pytest -m gpu, then -m "not gpu and not slow", over the test files that mark a test gpu or check
-#           torch.cuda.is_available() (about 3-4 minutes: they run every CUDA suite at --quick size); the GPU tests
-#           print one line per test as it ends, so a run stopped at its limit still says which passed
+#           torch.cuda.is_available() (over 5 minutes: on an H100 28 of the 50 GPU tests ran in 300 s, each
+#           compiling its steps; the last ones run every CUDA suite at --quick size); the GPU tests print one line
+#           per test as it ends and each failure's traceback at once, so a run stopped at its limit says which
+#           passed and why others failed
 #   quick   every CUDA suite at --quick size with the real liger-kernel, tables only (about 2-3 minutes)
 #   train   --suite cuda-train      (about 5-8 minutes, a call of its own)
 #   compiled --suite cuda-train-compiled (vocab 128256, MoE, seq2seq compiled regionally; about 6-8 minutes)
@@ -38,14 +40,14 @@ SESSION_BUDGET="${SESSION_BUDGET:-570}"
 DEVICE="${DEVICE:-cuda}"
 STEPS_ALLOWED="setup info headline tests quick train compiled decode static loops profile"
 # Each step's own limit in seconds; a step also stops where the session's budget ends.
-declare -A BUDGET=([setup]=120 [info]=60 [headline]=480 [tests]=300 [quick]=240 [train]=540 [compiled]=540 [decode]=540 [static]=540 [loops]=540 [profile]=540)
+declare -A BUDGET=([setup]=120 [info]=60 [headline]=480 [tests]=540 [quick]=240 [train]=540 [compiled]=540 [decode]=540 [static]=540 [loops]=540 [profile]=540)
 
 dry_run=0
 requested=()
 for arg in "$@"; do
     case "$arg" in
         --dry-run) dry_run=1 ;;
-        -h | --help) sed -n '2,29p' "$0"; exit 0 ;;
+        -h | --help) sed -n '2,31p' "$0"; exit 0 ;;
         *)
             if [[ " $STEPS_ALLOWED " != *" $arg "* ]]; then
                 echo "error: unknown step '$arg'; allowed: $STEPS_ALLOWED" >&2
