@@ -64,18 +64,13 @@ def _linears(module: FusableProjections) -> list[nn.Module]:
 
 
 def _side_by_side_in_memory(parts: list[torch.Tensor]) -> bool:
-    """Whether `parts` are contiguous and lie one after the other in one storage, in order, with one dtype and one
-    row shape (pointer arithmetic only, a few µs). Addresses are unique across devices (CUDA's unified address
-    space), so equal addresses mean the same memory. Adjacent addresses alone do not make one block: CUDA's caching
-    allocator often places separately allocated weights back to back in one segment, and a view across them would
-    reach past the first one's storage."""
+    """Whether `parts` are contiguous and lie one after the other in memory, in order, with one dtype and one row
+    shape (pointer arithmetic only, a few µs). Addresses are unique across devices (CUDA's unified address space),
+    so equal addresses mean the same memory — but not the same storage (`_in_one_storage`)."""
     first = parts[0]
     address, size, row = first.data_ptr(), first.element_size(), first.shape[1:]
-    storage = first.untyped_storage().data_ptr()
     for part in parts:
         if part.data_ptr() != address or part.dtype != first.dtype or part.shape[1:] != row:
-            return False
-        if part.untyped_storage().data_ptr() != storage:
             return False
         if not part.is_contiguous():
             return False
@@ -83,8 +78,16 @@ def _side_by_side_in_memory(parts: list[torch.Tensor]) -> bool:
     return True
 
 
+def _in_one_storage(parts: list[torch.Tensor]) -> bool:
+    """Adjacent addresses alone do not make one block: CUDA's caching allocator often places separately allocated
+    weights back to back in one segment, and a view from the first across the others would reach past its storage."""
+    storage = parts[0].untyped_storage().data_ptr()
+    return all(part.untyped_storage().data_ptr() == storage for part in parts)
+
+
 def _views_in_order(parts: list[torch.Tensor | None], block: torch.Tensor | None) -> bool:
-    """Whether `parts` are, in order, the consecutive rows of the contiguous `block` (all None for a None block)."""
+    """Whether `parts` are, in order, the consecutive rows of the contiguous `block` (all None for a None block).
+    Pointers only: the block keeps its storage alive, so no other storage can own memory inside it."""
     if block is None:
         return all(part is None for part in parts)
     if any(part is None for part in parts) or not _side_by_side_in_memory(parts):
@@ -149,7 +152,7 @@ def _view_over(parameters: list[nn.Parameter]) -> torch.Tensor | None:
     The usual case: a layout made by an earlier call."""
     if any(type(parameter) is not nn.Parameter for parameter in parameters):  # a tensor subclass (DTensor, ...)
         return None
-    if not _side_by_side_in_memory(parameters):
+    if not (_side_by_side_in_memory(parameters) and _in_one_storage(parameters)):
         return None
     first, row = parameters[0], parameters[0].shape[1:]
     rows = sum(parameter.shape[0] for parameter in parameters)
