@@ -45,7 +45,23 @@ WORKLOADS = ("train", "train-eager", "train-moe", "train-seq2seq", "prefill", "d
 # Substrings of kernel (or operator) names, lower-cased, by kind; the first kind that matches wins.
 KINDS = (
     ("attention", ("flash", "fmha", "attention", "cudnn", "sdpa", "softmax")),
-    ("GEMM", ("gemm", "cutlass", "nvjet", "cublas", "xmma", "wgmma", "aten::mm", "aten::addmm", "aten::bmm")),
+    # cuBLAS runs a decoding step's matrix-vector products as gemv kernels, and split-K GEMMs end in a reduction
+    (
+        "GEMM",
+        (
+            "gemm",
+            "gemv",
+            "splitkreduce",
+            "cutlass",
+            "nvjet",
+            "cublas",
+            "xmma",
+            "wgmma",
+            "aten::mm",
+            "aten::addmm",
+            "aten::bmm",
+        ),
+    ),
     ("optimizer", ("adam", "multi_tensor", "foreach")),
     ("fused Triton", ("triton",)),
     ("copy / cast", ("copy", "memcpy", "memset", "fill", "cat")),

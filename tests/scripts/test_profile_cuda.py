@@ -13,6 +13,8 @@ from archlab.scripts import profile_cuda
     [
         ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_warpgroupsize1x1x1", "GEMM"),
         ("nvjet_tst_128x256_64x4_1x2_h_bz_coopA_TNN", "GEMM"),
+        ("void gemv2T_kernel_val<int, int, __nv_bfloat16, __nv_bfloat16, float, 128, 16, 4, 4, false>", "GEMM"),
+        ("void splitKreduce_kernel<32, 16, int, float, __nv_bfloat16, float, __nv_bfloat16>", "GEMM"),
         ("pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<64, 128, 128, 4>>", "attention"),
         ("fmha_cutlassF_bf16_aligned_64x64_rf_sm80(PyTorchMemEffAttention::AttentionKernel)", "attention"),
         ("triton_red_fused__to_copy_add_mean_mul_pow_rsqrt_0", "fused Triton"),
