@@ -18,7 +18,9 @@ Workloads (the shapes of scripts/benchmark_cuda.py: the dense 1.1B Llama shape u
     train-moe     the Mixtral-shape MoE training step as cuda-train times it (eager; 8 experts, top-2, aux loss)
     train-seq2seq the Marian-shape encoder-decoder training step as cuda-train times it (eager, 32 x (256 + 256))
     prefill       the forward of one 2048-token prompt in bf16, logits of the last position (q/k/v and gate/up laid
-                  out as generate lays them out on CUDA: one product each)
+                  out as generate lays them out on CUDA: one product each), eager as generate runs it
+    prefill-compiled  the same with the decoder layers compiled regionally: what compiling the prefill would gain
+                  (eager, the GPU may wait on the host launching ~40 small operations per layer)
     decode-1      `generate` at batch 1 (bf16, 128-token prompt, 256 new tokens), archlab's default path
     decode-64     the same at batch 64
 On CPU the "kernels" are the leaf operators the profiler records, and busy time is their union.
@@ -41,7 +43,16 @@ from archlab.scripts.benchmark_cuda import random_ids, shape
 from archlab.scripts.benchmark_cuda_decode import greedy_call
 from archlab.training.benchmarking import make_optimizer, synchronize, training_step
 
-WORKLOADS = ("train", "train-eager", "train-moe", "train-seq2seq", "prefill", "decode-1", "decode-64")
+WORKLOADS = (
+    "train",
+    "train-eager",
+    "train-moe",
+    "train-seq2seq",
+    "prefill",
+    "prefill-compiled",
+    "decode-1",
+    "decode-64",
+)
 # Substrings of kernel (or operator) names, lower-cased, by kind; the first kind that matches wins.
 KINDS = (
     ("attention", ("flash", "fmha", "attention", "cudnn", "sdpa", "softmax")),
@@ -184,15 +195,20 @@ def seq2seq_training(device: torch.device, quick: bool) -> tuple[Callable, Calla
     return training(model, {"input_ids": source, "attention_mask": torch.ones_like(source), "labels": labels})
 
 
-def prefill(device: torch.device, quick: bool) -> tuple[Callable, Callable, int]:
+def prefill(device: torch.device, quick: bool, compiled: bool = False) -> tuple[Callable, Callable, int]:
     model = dense_model(device, quick, torch.bfloat16).eval()
     ids = random_ids(model.config.vocab_size, 1, 64 if quick else 2048, device=device)
+    runner = model
+    if compiled:
+        from accelerate.utils import compile_regions
+
+        runner = compile_regions(model, dynamic=False)
 
     def forward() -> None:
         with torch.no_grad(), inference_projections(model):  # as generate's prefill runs: q/k/v, gate/up fused on CUDA
-            model(input_ids=ids, use_cache=False, logits_to_keep=1)
+            runner(input_ids=ids, use_cache=False, logits_to_keep=1)
 
-    return forward, forward, 1
+    return (lambda: [forward() for _ in range(2)]), forward, 1
 
 
 def decoding(device: torch.device, quick: bool, batch: int) -> tuple[Callable, Callable, int]:
@@ -214,8 +230,8 @@ def workload(name: str, device: torch.device, quick: bool) -> tuple[Callable, Ca
         return seq2seq_training(device, quick)
     if name.startswith("train"):
         return dense_training(device, quick, compiled=name == "train")
-    if name == "prefill":
-        return prefill(device, quick)
+    if name.startswith("prefill"):
+        return prefill(device, quick, compiled=name == "prefill-compiled")
     return decoding(device, quick, batch=int(name.removeprefix("decode-")))
 
 

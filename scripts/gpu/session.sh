@@ -21,7 +21,7 @@
 #   static  --suite cuda-static     (about 5-8 minutes: compiles per batch size; a call of its own)
 #   loops   --suite cuda-loops      (about 6-7 minutes: sampling, the loop's gain, MoE, beam search, rings, all compiled)
 #   profile scripts/profile_cuda.py: where the GPU time goes in training (dense compiled and eager, MoE, seq2seq),
-#           the prefill and decoding at batch 1 and 64 — kernel time by kind, idle share, top kernels (~6 minutes)
+#           the prefill (eager and compiled) and decoding at batch 1 and 64 — kernel time by kind, idle share, top kernels (~6 minutes)
 # The calls of a session, and what the times are based on: docs/gpu.md.
 #
 # Environment: OUT (default ./gpu-out; the device tool sets it), SITE (/tmp/site), WHEEL_DIR (.whl),

@@ -44,8 +44,14 @@ def test_summary_reports_per_step_times_kinds_and_top_kernels():
     assert "| `sm90_gemm` | 1 | 3.000 | 75.0 |" in text
 
 
-def test_the_cpu_rehearsal_writes_every_report_to_one_file(tmp_path, capsys):
-    workloads = ["train-eager", "train-moe", "train-seq2seq", "prefill", "decode-1"]
+def test_the_cpu_rehearsal_writes_every_report_to_one_file(tmp_path, capsys, monkeypatch):
+    import accelerate.utils
+
+    compile_regions = accelerate.utils.compile_regions  # traced by dynamo, no code generated: that the path runs
+    monkeypatch.setattr(
+        accelerate.utils, "compile_regions", lambda module, **kw: compile_regions(module, **kw, backend="eager")
+    )
+    workloads = ["train-eager", "train-moe", "train-seq2seq", "prefill", "prefill-compiled", "decode-1"]
     output = tmp_path / "out" / "profile.md"
     argv = ["--device", "cpu", "--quick", "--rounds", "1", "--output", str(output)]
     assert profile_cuda.main(argv + [arg for name in workloads for arg in ("--workload", name)]) == 0
