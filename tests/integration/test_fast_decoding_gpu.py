@@ -5,7 +5,7 @@ with the logits of the steps up to it within bf16 rounding — and a second call
 dense decoder, the mixture of experts (its one-token step), local/global sliding windows (kept whole, and past 4
 windows as rings), and seq2seq beam search.
 
-    python -m pytest tests/integration/test_fast_decoding_gpu.py
+    python -m pytest -m gpu tests/integration/test_fast_decoding_gpu.py
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from archlab.modeling.fused_projections import inference_projections
 
 from helpers import assert_close_to_scale
 
-# `gpu`: skipped without CUDA (tests/conftest.py) and selected by the GPU session's `-m "gpu or not slow"`
+# `gpu`: skipped without CUDA (tests/conftest.py) and selected by the GPU session's `-m gpu`; `slow`: CI's second run
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]
 
 VOCAB = 512
