@@ -161,6 +161,17 @@ def seq2seq_variant(name: str) -> Seq2SeqForConditionalGeneration:
 # ---- tokenizers --------------------------------------------------------------------------------------------------
 
 
+def trace_only_compile_regions(monkeypatch) -> None:
+    """accelerate's `compile_regions` with dynamo's eager backend: the compiled paths of the CUDA suites and the
+    profile traced on CPU, no code generated (that the path runs, in seconds)."""
+    import accelerate.utils
+
+    compile_regions = accelerate.utils.compile_regions
+    monkeypatch.setattr(
+        accelerate.utils, "compile_regions", lambda module, **kw: compile_regions(module, **kw, backend="eager")
+    )
+
+
 def digit_tokenizer():
     """Word-level tokenizer over the digits 0-9 (ids 3..12) with <pad>=0, <s>=1, </s>=2 (Seq2SeqConfig's ids)."""
     from tokenizers import Tokenizer, models, pre_tokenizers

@@ -14,6 +14,8 @@ import torch
 
 from archlab.scripts import benchmark
 
+from helpers import trace_only_compile_regions
+
 
 @pytest.mark.parametrize(
     "argv, message",
@@ -73,16 +75,6 @@ def run_suites(tmp_path: Path, *argv: str, device: str = "cpu") -> str:
     return table
 
 
-def _trace_only_regions(monkeypatch) -> None:
-    """accelerate's `compile_regions` with dynamo's eager backend (the suites' compiled rows on CPU)."""
-    import accelerate.utils
-
-    compile_regions = accelerate.utils.compile_regions
-    monkeypatch.setattr(
-        accelerate.utils, "compile_regions", lambda module, **kw: compile_regions(module, **kw, backend="eager")
-    )
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
 def test_training_suite_runs_every_comparison(tmp_path, monkeypatch, device):
@@ -100,7 +92,7 @@ def test_training_suite_runs_every_comparison(tmp_path, monkeypatch, device):
     # On CPU the compiled rows trace only: inductor's compile of both models' forward and backward costs ~15 s on 2
     # cores, and tests/integration/test_compile.py compiles regions with it.
     if device == "cpu":
-        _trace_only_regions(monkeypatch)
+        trace_only_compile_regions(monkeypatch)
     table = run_suites(tmp_path, "--suite", "cuda-train", "--threads", "2", device=device)
     for metric in (
         "dense 1.1B: archlab vs LlamaForCausalLM (eager)",
@@ -136,7 +128,7 @@ def test_compiled_training_suite_runs_every_comparison(tmp_path, monkeypatch, de
     eager. On CPU dynamo's eager backend stands in for inductor (tracing, no code generation: inductor's compile of
     six models would cost minutes)."""
     if device == "cpu":
-        _trace_only_regions(monkeypatch)
+        trace_only_compile_regions(monkeypatch)
     table = run_suites(tmp_path, "--suite", "cuda-train-compiled", "--threads", "2", device=device)
     for label, peer in (
         ("vocab 128256", "Llama"),
@@ -195,7 +187,7 @@ def test_headline_suite_runs_the_goal_rows(tmp_path, monkeypatch, device):
     """cuda-headline (a GPU session's first look): the dense training rows eager and compiled, batch-1 static
     decoding and the prefill, each with its goal from the issues."""
     if device == "cpu":
-        _trace_only_regions(monkeypatch)
+        trace_only_compile_regions(monkeypatch)
     rates = ["--peak-tflops", "1", "--peak-bandwidth", "0.05"] if device == "cpu" else []
     table = run_suites(tmp_path, "--suite", "cuda-headline", "--threads", "2", *rates, device=device)
     goal = header_index(table, "goal")

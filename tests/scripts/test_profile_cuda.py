@@ -7,6 +7,8 @@ import pytest
 
 from archlab.scripts import profile_cuda
 
+from helpers import trace_only_compile_regions
+
 
 @pytest.mark.parametrize(
     "name, kind",
@@ -45,12 +47,7 @@ def test_summary_reports_per_step_times_kinds_and_top_kernels():
 
 
 def test_the_cpu_rehearsal_writes_every_report_to_one_file(tmp_path, capsys, monkeypatch):
-    import accelerate.utils
-
-    compile_regions = accelerate.utils.compile_regions  # traced by dynamo, no code generated: that the path runs
-    monkeypatch.setattr(
-        accelerate.utils, "compile_regions", lambda module, **kw: compile_regions(module, **kw, backend="eager")
-    )
+    trace_only_compile_regions(monkeypatch)  # the compiled prefill traced, no code generated
     workloads = ["train-eager", "train-moe", "train-seq2seq", "prefill", "prefill-compiled", "decode-1"]
     output = tmp_path / "out" / "profile.md"
     argv = ["--device", "cpu", "--quick", "--rounds", "1", "--output", str(output)]
