@@ -273,6 +273,16 @@ def fused_causal_lm_loss(
     return _reduce(total, targets, num_items_in_batch)
 
 
+def uncompiled(module: nn.Module) -> nn.Module:
+    """The module a `torch.compile` wrapper (`OptimizedModule`, nested or not) runs, or `module` itself.
+    accelerate's `compile_regions` (Trainer's `--torch_compile` with regional compilation, the scripts' default on a
+    GPU) wraps every module outside the repeated blocks, the LM head included: a check `isinstance(head, nn.Linear)`
+    on the wrapper fails, and the chunked loss had silently given way to the full logits."""
+    while isinstance(module, torch._dynamo.eval_frame.OptimizedModule):
+        module = module._orig_mod
+    return module
+
+
 def lm_head_loss(
     hidden_states: torch.Tensor,
     head: nn.Module,
@@ -301,14 +311,16 @@ def lm_head_loss(
     """
     wants_loss = labels is not None or shifted_labels is not None
     # the fused and chunked losses read the head's weight and bias themselves: right only for a Linear whose weight
-    # is a whole tensor, not for a head PEFT wraps (a LoRA layer on `lm_head`), nor a sharded weight (DTensor)
-    reads_weight = isinstance(head, nn.Linear) and not is_distributed_tensor(head.weight)
-    fused_loss = getattr(head, "fused_linear_cross_entropy", None)
+    # is a whole tensor, not for a head PEFT wraps (a LoRA layer on `lm_head`), nor a sharded weight (DTensor); a
+    # head torch.compile wraps (accelerate's regional compilation compiles it apart) is read through the wrapper
+    linear = uncompiled(head)
+    reads_weight = isinstance(linear, nn.Linear) and not is_distributed_tensor(linear.weight)
+    fused_loss = getattr(linear, "fused_linear_cross_entropy", None)
     if wants_loss and training and fused_loss is not None and reads_weight:
-        args = (hidden_states, head, labels, shifted_labels, output_bias, softcap, z_loss_coef, num_items_in_batch)
+        args = (hidden_states, linear, labels, shifted_labels, output_bias, softcap, z_loss_coef, num_items_in_batch)
         return fused_causal_lm_loss(fused_loss, *args), None
     if wants_loss and training and reads_weight and chunk_size > 0 and softcap is None:
-        weight, bias = head.weight, head.bias
+        weight, bias = linear.weight, linear.bias
         if output_bias is not None:
             bias = output_bias.reshape(-1) if bias is None else bias + output_bias.reshape(-1)
         loss = chunked_causal_lm_loss(

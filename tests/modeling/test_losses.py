@@ -299,3 +299,43 @@ def test_the_chunked_loss_on_cuda_equals_the_unchunked_one(autocast, bias, monke
     torch.testing.assert_close(loss, ref_loss, rtol=rtol, atol=0)
     for a, b in zip(grads, ref_grads):
         assert_close_to_scale(a, b, rtol=rtol)
+
+
+@pytest.mark.parametrize("family", ["decoder", "seq2seq"])
+def test_regional_compilation_keeps_the_chunked_loss(family, monkeypatch):
+    """accelerate's `compile_regions` (the scripts' `--torch_compile` on a GPU) wraps the LM head in torch.compile's
+    `OptimizedModule`: the training loss still runs chunked through it (no logits returned, the full logits' memory
+    never held), with the loss and gradients of the uncompiled model. Traced by dynamo's eager backend."""
+    import accelerate.utils
+
+    from archlab import DecoderForCausalLM, Seq2SeqForConditionalGeneration
+    from archlab.modeling import losses
+
+    from helpers import randomised, tiny_decoder_config, tiny_seq2seq_config, trace_only_compile_regions
+
+    trace_only_compile_regions(monkeypatch)
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    if family == "decoder":
+        model = randomised(DecoderForCausalLM(tiny_decoder_config(lm_loss_chunk_size=8)))
+        ids = torch.randint(3, 97, (2, 12))
+        batch = {"input_ids": ids, "labels": ids}
+    else:
+        model = randomised(Seq2SeqForConditionalGeneration(tiny_seq2seq_config(lm_loss_chunk_size=8)))
+        source, target = torch.randint(3, 60, (2, 10)), torch.randint(3, 60, (2, 9))
+        batch = {"input_ids": source, "attention_mask": torch.ones_like(source), "labels": target}
+    model.train()
+    chunked, original = [], losses.chunked_causal_lm_loss
+    monkeypatch.setattr(losses, "chunked_causal_lm_loss", lambda *a, **k: chunked.append(1) or original(*a, **k))
+    results = {}
+    for name, runner in (("eager", model), ("compiled", accelerate.utils.compile_regions(model, dynamic=False))):
+        model.zero_grad()
+        torch.manual_seed(1)
+        out = runner(**batch)
+        out.loss.backward()
+        results[name] = (out, {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
+    assert type(accelerate.utils.compile_regions(model).lm_head).__name__ == "OptimizedModule"
+    assert len(chunked) == 2 and results["compiled"][0].logits is None
+    torch.testing.assert_close(results["compiled"][0].loss, results["eager"][0].loss, rtol=1e-5, atol=1e-6)
+    for name, grad in results["eager"][1].items():
+        assert_close_to_scale(results["compiled"][1][name], grad, rtol=1e-4, msg=name)
