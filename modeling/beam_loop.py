@@ -33,6 +33,7 @@ from transformers.generation.utils import GenerateBeamDecoderOnlyOutput, Generat
 from .beam_reorder import Spares, reorder
 from .cache_names import cache_in, with_cache
 from .cache_spans import Spans
+from .compiled_prefill import prefill
 from .decoding_loop import (
     CHECK_EVERY,
     cache_positions,
@@ -340,7 +341,7 @@ def beam_search(model, input_ids, logits_processor, stopping_criteria, generatio
     keep_logits = config.return_dict_in_generate and config.output_logits
     all_scores, raw_logits = [], []
 
-    outputs = model._prefill(input_ids, config, kwargs, is_first_iteration=True)
+    outputs = prefill(model, input_ids, config, kwargs)
     kwargs = model._update_model_kwargs_for_generation(outputs, kwargs, model.config.is_encoder_decoder)
     cache = cache_in(kwargs)
     logits = outputs.logits[:, -1].to(copy=True, dtype=torch.float32)

@@ -69,6 +69,9 @@ def as_spanned(layer: StaticLayer) -> SpannedLayer:
     """`layer` (a plain `StaticLayer` not yet initialised) as a `SpannedLayer` with the same state."""
     spanned = SpannedLayer.__new__(SpannedLayer)
     spanned.__dict__.update(layer.__dict__)
+    # an attribute of the instance from the start, as after a loop's `Spans.clear`: a compiled forward's guards on
+    # the layer (the compiled prefill's) then see the same state on a new cache and a kept one, and do not recompile
+    spanned.span = None
     return spanned
 
 

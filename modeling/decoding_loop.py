@@ -54,6 +54,8 @@ from transformers.utils import logging
 
 from .cache_names import CACHE_NAMES, cache_in, with_cache
 from .cache_spans import SpannedLayer, Spans, attended_length, self_attention_layers
+from .compile_fallback import eager_on_compiler_failure
+from .compiled_prefill import prefill
 from .loop_processors import (
     FORCED_PROCESSORS,
     SCORE_WARPERS,
@@ -313,40 +315,6 @@ def decoding_step(
     return logits, scores
 
 
-def announce_compiling(model, what: str) -> None:
-    """On CUDA, one line per process and model class the first time `what` is compiled: generate's first calls then
-    wait for the compiler, and whoever waits should know why and how to skip it."""
-    if model.device.type == "cuda":
-        logger.warning_once(
-            f"{type(model).__name__}: compiling {what} — the first calls of a new batch size or length take tens of "
-            "seconds, later ones reuse it; generate(..., disable_compile=True) decodes without compiling."
-        )
-
-
-def eager_on_compiler_failure(model, compiled, eager, what: str):
-    """`compiled`, until the compiler fails on it (no working Triton for this GPU, an inductor error): then one logged
-    line names the cause and `eager` runs from then on. The failure comes before the compiled graph runs (the
-    decoding steps compile without graph breaks), so the call is retried on the same state. On CUDA one line says
-    that `what` is being compiled (`announce_compiling`)."""
-    announce_compiling(model, what)
-    current = [compiled]
-
-    def call(*args, **kwargs):
-        try:
-            return current[0](*args, **kwargs)
-        except torch._dynamo.exc.BackendCompilerFailed as error:
-            if current[0] is eager:
-                raise
-            cause = getattr(error, "inner_exception", None) or error.__cause__ or error
-            logger.warning(
-                f"Compiling {what} failed ({type(cause).__name__}: {cause}); {type(model).__name__} decodes eagerly."
-            )
-            current[0] = eager
-            return eager(*args, **kwargs)
-
-    return call
-
-
 def kept_compiled(model, attribute: str, function, compile_config, what: str):
     """`function` compiled with `compile_config` (transformers' `CompileConfig`), kept on `model` under `attribute`
     and reused while the config is the same (a new `torch.compile` would compile again); eager where the compiler
@@ -453,7 +421,7 @@ def decode(
     scores, raw_logits = [], []
 
     prompt_length = input_ids.shape[1]
-    outputs = model._prefill(input_ids, config, model_kwargs, is_first_iteration=True)
+    outputs = prefill(model, input_ids, config, model_kwargs)
     is_encoder_decoder = model.config.is_encoder_decoder
     model_kwargs = model._update_model_kwargs_for_generation(outputs, model_kwargs, is_encoder_decoder)
     cache = cache_in(model_kwargs)
@@ -529,13 +497,11 @@ def decode(
 
 __all__ = [
     "CHECK_EVERY",
-    "announce_compiling",
     "choose_tokens",
     "compiled_decoding_step",
     "decode",
     "decoding_step",
     "DecodingBuffers",
-    "eager_on_compiler_failure",
     "fill_prompt_inputs",
     "kept_compiled",
     "loop_blocker",

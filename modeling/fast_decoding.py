@@ -29,7 +29,9 @@ in what transformers leaves out:
   `attention.rows_per_source`): the beams of a sentence attend to them together, and the cross-attention cache, the
   largest read of a Marian-shaped step after the weights, shrinks by the number of beams;
 - an encoder-decoder's source, on that path, is padded to a few lengths (`source_padding.py`), so calls with other
-  source lengths reuse the kept static cache and its recorded steps.
+  source lengths reuse the kept static cache and its recorded steps;
+- a decoder's prefill on that path (both loops) runs compiled whole with dynamic shapes once the kept cache exists
+  (`compiled_prefill.py`): eagerly, a long prompt's forward waits on the host launching its kernels.
 """
 
 from __future__ import annotations
@@ -53,7 +55,8 @@ from transformers.utils.generic import is_flash_attention_requested
 from .beam_loop import beam_loop_blocker, beam_search, compiled_beam_step
 from .cache_names import cache_in
 from .cache_spans import make_spanned
-from .decoding_loop import compiled_decoding_step, decode, eager_on_compiler_failure, loop_blocker
+from .compile_fallback import eager_on_compiler_failure
+from .decoding_loop import compiled_decoding_step, decode, loop_blocker
 from .fused_projections import inference_projections
 from .sliding_layers import (
     RING_MODES,

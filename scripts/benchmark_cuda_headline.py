@@ -1,11 +1,12 @@
 """`--suite cuda-headline`: the rows of the GPU issues' headline goals in one run, for a GPU session that can make
-one measuring call (about 5-6 minutes on an H100; docs/gpu.md): the first look at where both issues stand, before
-the full suites (cuda-train, cuda-static, ...) measure every workload.
+one measuring call (105 s on an H100 before the time-to-first-token row; docs/gpu.md): the first look at where both
+issues stand, before the full suites (cuda-train, cuda-static, ...) measure every workload.
 
 - decoding, dense 1.1B in bf16, batch 1, 128-token prompt + 256 new tokens, `cache_implementation="static"` on both
   sides (archlab: its default on CUDA, the whole step compiled; Llama: transformers compiles its forward), with each
   side's first call (compilation included) — cuda-static's batch-1 row;
-- the prefill of a 2048-token prompt with MFU — cuda-decode's prefill row;
+- the prefill of a 2048-token prompt with MFU, the forward eager and through `generate` (time to first token, each
+  model's default path) — cuda-decode's prefill rows;
 - training, dense 1.1B (Llama shape, 4 × 2048, what `Trainer(bf16=True)` runs): archlab eager vs LlamaForCausalLM;
   archlab compiled by accelerate's `compile_regions` (the scripts' default on a GPU) vs Llama compiled the same way,
   and vs Llama eager — the same rows as cuda-train's (without its liger child process and other workloads).
@@ -22,7 +23,13 @@ import argparse
 import sys
 
 from archlab.scripts.benchmark_cuda import DECODE_GOALS, TRAIN_GOALS, describe, guarded, setup_from, with_goals
-from archlab.scripts.benchmark_cuda_decode import decode_shape, dense_generate_rows, not_compiled_note, prefill_row
+from archlab.scripts.benchmark_cuda_decode import (
+    decode_shape,
+    dense_generate_rows,
+    not_compiled_note,
+    prefill_row,
+    time_to_first_token_row,
+)
 from archlab.scripts.benchmark_cuda_train import batch_shape, dense_rows
 from archlab.training.benchmarking import Report
 
@@ -41,6 +48,7 @@ def run(args: argparse.Namespace) -> Report:
     # issue); a run stopped at its limit keeps what it measured in the log.
     guarded(report, setup, "dense decode batch 1 (static)", lambda: dense_generate_rows(setup, report, "static", (1,)))
     guarded(report, setup, "prefill", lambda: prefill_row(setup, report))
+    guarded(report, setup, "time to first token", lambda: time_to_first_token_row(setup, report))
     guarded(report, setup, "dense 1.1B training", lambda: dense_rows(setup, report, "dense", "dense 1.1B", True))
     not_compiled_note(setup, report)
     report.notes.append(

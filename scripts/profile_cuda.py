@@ -19,8 +19,8 @@ Workloads (the shapes of scripts/benchmark_cuda.py: the dense 1.1B Llama shape u
     train-seq2seq the Marian-shape encoder-decoder training step as cuda-train times it (eager, 32 x (256 + 256))
     prefill       the forward of one 2048-token prompt in bf16, logits of the last position (q/k/v and gate/up laid
                   out as generate lays them out on CUDA: one product each), eager as generate runs it
-    prefill-compiled  the same with the decoder layers compiled regionally: what compiling the prefill would gain
-                  (eager, the GPU may wait on the host launching ~40 small operations per layer)
+    prefill-compiled  the same compiled whole with dynamic shapes, as generate's fast path compiles its prefill
+                  (modeling/compiled_prefill.py; eager, the GPU waited on the host two thirds of the time)
     decode-1      `generate` at batch 1 (bf16, 128-token prompt, 256 new tokens), archlab's default path
     decode-64     the same at batch 64
 On CPU the "kernels" are the leaf operators the profiler records, and busy time is their union.
@@ -201,10 +201,8 @@ def prefill(device: torch.device, quick: bool, compiled: bool = False) -> tuple[
     model = dense_model(device, quick, torch.bfloat16).eval()
     ids = random_ids(model.config.vocab_size, 1, 64 if quick else 2048, device=device)
     runner = model
-    if compiled:
-        from accelerate.utils import compile_regions
-
-        runner = compile_regions(model, dynamic=False)
+    if compiled:  # as generate's compiled prefill compiles it (modeling/compiled_prefill.py): whole, dynamic shapes
+        runner = torch.compile(model, dynamic=True, fullgraph=True)
 
     def forward() -> None:
         with torch.no_grad(), inference_projections(model):  # as generate's prefill runs: q/k/v, gate/up fused on CUDA

@@ -340,3 +340,19 @@ def test_every_seq2seq_variant_decodes_in_one_graph(name, num_beams):
     assert _traced_graphs() > graphs, "the decoding step was not compiled"
     with torch._dynamo.config.patch(error_on_recompile=True):
         assert torch.equal(model.generate(source, **kwargs, compile_config=_compile_config(**TRACE_ONLY)), expected)
+
+
+def test_the_prefill_compiles_once_for_every_prompt_length():
+    """generate's prefill on the compiled path (compiled_prefill.py) through inductor: dynamic shapes, so a prompt
+    and cache of other lengths reuse the code (no recompile), with eager's tokens both times."""
+    torch._dynamo.reset()
+    model = DecoderForCausalLM(tiny_decoder_config())
+    common = dict(do_sample=False, pad_token_id=0, eos_token_id=None, cache_implementation="static")
+    config = _compile_config(mode=None)
+    for index, (length, new) in enumerate(((6, 6), (9, 3))):
+        batch = {"input_ids": torch.randint(3, 97, (2, length), generator=torch.Generator().manual_seed(length))}
+        batch["attention_mask"] = torch.ones_like(batch["input_ids"])
+        expected = model.generate(**batch, **common, max_new_tokens=new, disable_compile=True)
+        with torch._dynamo.config.patch(error_on_recompile=index > 0):
+            assert torch.equal(model.generate(**batch, **common, max_new_tokens=new, compile_config=config), expected)
+    assert "_compiled_prefill" in model.__dict__

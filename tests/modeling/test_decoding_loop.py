@@ -17,7 +17,7 @@ import torch
 from transformers import CompileConfig, StoppingCriteria, StoppingCriteriaList, TextStreamer
 
 from archlab import DecoderForCausalLM
-from archlab.modeling import decoding_loop, fast_decoding, loop_processors, sliding_layers
+from archlab.modeling import compile_fallback, decoding_loop, fast_decoding, loop_processors, sliding_layers
 
 from helpers import (
     DECODER_VARIANTS,
@@ -625,16 +625,16 @@ def _failing_backend(graph, example_inputs):
 
 
 @pytest.mark.parametrize(
-    "name, kwargs",
+    "name, kwargs, pieces",
     [
-        ("positions_rope", {}),  # this loop's step
-        ("positions_rope", dict(repetition_penalty=1.2)),  # transformers' loop and its compiled forward
-        ("positions_sinusoidal", dict(num_beams=3)),  # beam search's compiled steps (seq2seq)
+        ("positions_rope", {}, {"the prefill", "the decoding step"}),  # this loop's step and prefill
+        ("positions_rope", dict(bad_words_ids=[[5, 6]]), {"the decoding step"}),  # transformers' loop, its forward
+        ("positions_sinusoidal", dict(num_beams=3), {"the beam-search step"}),  # beam search's steps (seq2seq)
     ],
 )
-def test_a_failing_compiler_leaves_eager_decoding_with_one_notice(name, kwargs, monkeypatch):
-    """No working Triton, an inductor error: the step the compiler failed on runs eagerly, and so do the next ones,
-    in each decoding loop that compiles."""
+def test_a_failing_compiler_leaves_eager_decoding_with_one_notice(name, kwargs, pieces, monkeypatch):
+    """No working Triton, an inductor error: the piece the compiler failed on (a step, the prefill) runs eagerly,
+    and so do the next ones, in each decoding loop that compiles: one notice per piece."""
     torch._dynamo.reset()
     model = seq2seq_variant(name) if "num_beams" in kwargs else decoder_variant(name)
     inputs = _prompts(2, model.config.vocab_size)
@@ -644,25 +644,27 @@ def test_a_failing_compiler_leaves_eager_decoding_with_one_notice(name, kwargs, 
     config = CompileConfig(backend=_failing_backend, mode=None)
     config._compile_all_devices = True
     notices: list[str] = []
-    monkeypatch.setattr(decoding_loop.logger, "warning", notices.append)
+    monkeypatch.setattr(compile_fallback.logger, "warning", notices.append)
     for _ in range(2):
         assert torch.equal(model.generate(**inputs, **kwargs, compile_config=config), expected)
-    assert len(notices) == 1 and "triton" in notices[0] and "decodes eagerly" in notices[0], notices
+    assert {piece for piece in pieces for notice in notices if f"Compiling {piece} failed" in notice} == pieces
+    assert len(notices) == len(pieces), notices
+    assert all("triton" in notice and "decodes eagerly" in notice for notice in notices), notices
 
 
 def test_compiling_on_cuda_is_announced_once_with_how_to_skip_it(monkeypatch):
     """generate's first calls on CUDA wait for the compiler: one line says so, once per model class and step, and
     names `disable_compile=True`; on CPU (nothing compiled by default) nothing is said."""
     lines: list[str] = []
-    monkeypatch.setattr(decoding_loop.logger, "warning_once", lines.append)
+    monkeypatch.setattr(compile_fallback.logger, "warning_once", lines.append)
 
     class Model:
         def __init__(self, device: str) -> None:
             self.device = torch.device(device)
 
-    decoding_loop.announce_compiling(Model("cpu"), "the decoding step")
+    compile_fallback.announce_compiling(Model("cpu"), "the decoding step")
     assert lines == []
-    decoding_loop.eager_on_compiler_failure(Model("cuda"), None, None, "the beam-search step")
+    compile_fallback.eager_on_compiler_failure(Model("cuda"), None, None, "the beam-search step")
     assert len(lines) == 1 and "Model: compiling the beam-search step" in lines[0], lines
     assert "disable_compile=True" in lines[0] and "\n" not in lines[0]
 

@@ -1,0 +1,81 @@
+"""The compiled loops' prefill, compiled whole with dynamic shapes (modeling/compiled_prefill.py): the tokens of eager
+decoding, one graph for every prompt length (no recompile), and eager where it must be (the first call of a new
+cache, an encoder-decoder, chunked prefill). Traced by dynamo's eager backend on CPU (transformers' testing hook
+`_compile_all_devices`), as the decoding steps' tests do."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import CompileConfig
+
+from archlab.modeling import compiled_prefill
+
+from helpers import decoder_variant, seq2seq_variant
+
+
+def _compile_config() -> CompileConfig:
+    config = CompileConfig(backend="eager", mode=None, fullgraph=True)
+    config._compile_all_devices = True
+    return config
+
+
+def _prompts(length: int, vocab: int = 97, seed: int = 1) -> dict[str, torch.Tensor]:
+    """Two prompts of `length` tokens, the first left-padded by 2."""
+    ids = torch.randint(3, vocab, (2, length), generator=torch.Generator().manual_seed(seed))
+    mask = torch.ones_like(ids)
+    mask[0, :2] = 0
+    ids[0, :2] = 0
+    return {"input_ids": ids, "attention_mask": mask}
+
+
+def _spy_on_prefills(model, monkeypatch) -> list[bool]:
+    """For each prefill of `model` from now on: whether it ran through the compiled forward."""
+    ran = []
+    prefill = type(model)._prefill
+
+    def spy(self, *args, **kwargs):
+        ran.append(self.__dict__.get("forward") is not None)
+        return prefill(self, *args, **kwargs)
+
+    monkeypatch.setattr(type(model), "_prefill", spy)
+    return ran
+
+
+@pytest.mark.parametrize("name", ["positions_rope", "positions_alibi", "moe"])
+def test_the_compiled_prefill_gives_eager_tokens_for_every_prompt_length_without_recompiling(name, monkeypatch):
+    torch._dynamo.reset()
+    model = decoder_variant(name)
+    common = dict(do_sample=False, pad_token_id=0, eos_token_id=None, cache_implementation="static")
+    # the same cache length (prompt + new tokens) every call: generate keeps the cache, the prefill's length varies
+    calls = [(_prompts(6), 10), (_prompts(6, seed=2), 10), (_prompts(9, seed=3), 7), (_prompts(4, seed=4), 12)]
+    expected = [model.generate(**p, **common, max_new_tokens=n, disable_compile=True) for p, n in calls]
+    ran = _spy_on_prefills(model, monkeypatch)
+    for index, (prompts, new) in enumerate(calls):
+        with torch._dynamo.config.patch(error_on_recompile=index >= 1):  # dynamic lengths from the first call
+            ours = model.generate(**prompts, **common, max_new_tokens=new, compile_config=_compile_config())
+        assert torch.equal(ours, expected[index]), index
+    assert ran == [True] * 4  # the eager calls above allocated the kept cache
+    assert "_compiled_prefill" in model.__dict__
+
+
+def test_a_new_cache_is_filled_eagerly_then_prefills_compile(monkeypatch):
+    """The first prefill into a new cache runs eagerly: the cache allocates its tensors inside its first update."""
+    torch._dynamo.reset()
+    model = decoder_variant("positions_rope")
+    ran = _spy_on_prefills(model, monkeypatch)
+    kwargs = dict(do_sample=False, pad_token_id=0, eos_token_id=None, max_new_tokens=6, cache_implementation="static")
+    first = model.generate(**_prompts(6), **kwargs, compile_config=_compile_config())
+    second = model.generate(**_prompts(6), **kwargs, compile_config=_compile_config())
+    assert ran == [False, True] and torch.equal(first, second)
+
+
+def test_where_the_prefill_stays_eager():
+    model = seq2seq_variant("positions_sinusoidal")
+    config = model.generation_config
+    assert "encoder-decoder" in compiled_prefill.prefill_blocker(model, config, {})
+    decoder = decoder_variant("positions_rope")
+    config = decoder.generation_config
+    assert "allocates its tensors" in compiled_prefill.prefill_blocker(decoder, config, {})
+    config.prefill_chunk_size = 4
+    assert "chunked prefill" in compiled_prefill.prefill_blocker(decoder, config, {})
