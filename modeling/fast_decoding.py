@@ -30,8 +30,9 @@ in what transformers leaves out:
   largest read of a Marian-shaped step after the weights, shrinks by the number of beams;
 - an encoder-decoder's source, on that path, is padded to a few lengths (`source_padding.py`), so calls with other
   source lengths reuse the kept static cache and its recorded steps;
-- a decoder's prefill on that path (both loops) runs compiled whole with dynamic shapes once the kept cache exists
-  (`compiled_prefill.py`): eagerly, a long prompt's forward waits on the host launching its kernels.
+- with `generate(..., compile_prefill=True)`, a decoder's prefill on that path (both loops) runs compiled whole with
+  dynamic shapes once the kept cache exists (`compiled_prefill.py`): eagerly, a long prompt's forward waits on the
+  host launching its kernels; compiling it costs about a minute once per process on an H100, so it is asked for.
 """
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ from .beam_loop import beam_loop_blocker, beam_search, compiled_beam_step
 from .cache_names import cache_in
 from .cache_spans import make_spanned
 from .compile_fallback import eager_on_compiler_failure
+from .compiled_prefill import check_compile_prefill
 from .decoding_loop import compiled_decoding_step, decode, loop_blocker
 from .fused_projections import inference_projections
 from .sliding_layers import (
@@ -390,6 +392,16 @@ class FastDecodingMixin:
         them again (and records its CUDA graphs again)."""
         for name in ("_kept_static_cache", "_decoding_buffers", "_beam_buffers", "_previous_max_source_length"):
             self.__dict__.pop(name, None)
+
+    def _prepare_generation_config(self, generation_config, **kwargs):
+        """transformers' preparation, plus `compile_prefill` (compiled_prefill.py: off unless asked for, as a keyword
+        of `generate` or an attribute of the generation config) checked to be a bool."""
+        compile_prefill = kwargs.pop("compile_prefill", None)
+        generation_config, model_kwargs = super()._prepare_generation_config(generation_config, **kwargs)
+        if compile_prefill is not None:
+            generation_config.compile_prefill = compile_prefill
+        check_compile_prefill(generation_config)
+        return generation_config, model_kwargs
 
     def _sample(
         self,

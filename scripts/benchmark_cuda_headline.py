@@ -5,8 +5,8 @@ issues stand, before the full suites (cuda-train, cuda-static, ...) measure ever
 - decoding, dense 1.1B in bf16, batch 1, 128-token prompt + 256 new tokens, `cache_implementation="static"` on both
   sides (archlab: its default on CUDA, the whole step compiled; Llama: transformers compiles its forward), with each
   side's first call (compilation included) — cuda-static's batch-1 row;
-- the prefill of a 2048-token prompt with MFU, the forward eager and through `generate` (time to first token, each
-  model's default path) — cuda-decode's prefill rows;
+- the prefill of a 2048-token prompt with MFU, the forward eager and through `generate` (time to first token,
+  archlab's prefill compiled) — cuda-decode's prefill rows;
 - training, dense 1.1B (Llama shape, 4 × 2048, what `Trainer(bf16=True)` runs): archlab eager vs LlamaForCausalLM;
   archlab compiled by accelerate's `compile_regions` (the scripts' default on a GPU) vs Llama compiled the same way,
   and vs Llama eager — the same rows as cuda-train's (without its liger child process and other workloads).

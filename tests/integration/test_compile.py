@@ -354,5 +354,6 @@ def test_the_prefill_compiles_once_for_every_prompt_length():
         batch["attention_mask"] = torch.ones_like(batch["input_ids"])
         expected = model.generate(**batch, **common, max_new_tokens=new, disable_compile=True)
         with torch._dynamo.config.patch(error_on_recompile=index > 0):
-            assert torch.equal(model.generate(**batch, **common, max_new_tokens=new, compile_config=config), expected)
+            ours = model.generate(**batch, **common, max_new_tokens=new, compile_config=config, compile_prefill=True)
+            assert torch.equal(ours, expected)
     assert "_compiled_prefill" in model.__dict__

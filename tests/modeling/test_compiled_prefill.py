@@ -53,7 +53,9 @@ def test_the_compiled_prefill_gives_eager_tokens_for_every_prompt_length_without
     ran = _spy_on_prefills(model, monkeypatch)
     for index, (prompts, new) in enumerate(calls):
         with torch._dynamo.config.patch(error_on_recompile=index >= 1):  # dynamic lengths from the first call
-            ours = model.generate(**prompts, **common, max_new_tokens=new, compile_config=_compile_config())
+            ours = model.generate(
+                **prompts, **common, max_new_tokens=new, compile_config=_compile_config(), compile_prefill=True
+            )
         assert torch.equal(ours, expected[index]), index
     assert ran == [True] * 4  # the eager calls above allocated the kept cache
     assert "_compiled_prefill" in model.__dict__
@@ -65,17 +67,40 @@ def test_a_new_cache_is_filled_eagerly_then_prefills_compile(monkeypatch):
     model = decoder_variant("positions_rope")
     ran = _spy_on_prefills(model, monkeypatch)
     kwargs = dict(do_sample=False, pad_token_id=0, eos_token_id=None, max_new_tokens=6, cache_implementation="static")
-    first = model.generate(**_prompts(6), **kwargs, compile_config=_compile_config())
-    second = model.generate(**_prompts(6), **kwargs, compile_config=_compile_config())
+    kwargs |= dict(compile_config=_compile_config(), compile_prefill=True)
+    first = model.generate(**_prompts(6), **kwargs)
+    second = model.generate(**_prompts(6), **kwargs)
     assert ran == [False, True] and torch.equal(first, second)
+    assert not getattr(model.generation_config, "compile_prefill", False)  # a keyword of one call, not kept
+    config = model.generation_config
+    config.compile_prefill = True  # or an attribute of the model's generation config
+    third = model.generate(**_prompts(6), **dict(kwargs, compile_prefill=None))
+    assert ran == [False, True, True] and torch.equal(third, first)
+
+
+def test_the_prefill_is_compiled_only_when_asked_for(monkeypatch):
+    """Compiling the prefill costs about a minute once (H100): by default generate's compiled path leaves it eager;
+    `compile_prefill` must be a bool, and a wrong value is named before anything runs."""
+    model = decoder_variant("positions_rope")
+    ran = _spy_on_prefills(model, monkeypatch)
+    kwargs = dict(do_sample=False, pad_token_id=0, eos_token_id=None, max_new_tokens=4, cache_implementation="static")
+    for _ in range(2):
+        model.generate(**_prompts(6), **kwargs, compile_config=_compile_config())
+    assert ran == [False, False] and "_compiled_prefill" not in model.__dict__
+    with pytest.raises(ValueError, match=r"`compile_prefill` must be True or False, got 'yes'"):
+        model.generate(**_prompts(6), **kwargs, compile_prefill="yes")
+    assert ran == [False, False]
 
 
 def test_where_the_prefill_stays_eager():
     model = seq2seq_variant("positions_sinusoidal")
     config = model.generation_config
+    assert "not asked for" in compiled_prefill.prefill_blocker(model, config, {})
+    config.compile_prefill = True
     assert "encoder-decoder" in compiled_prefill.prefill_blocker(model, config, {})
     decoder = decoder_variant("positions_rope")
     config = decoder.generation_config
+    config.compile_prefill = True
     assert "allocates its tensors" in compiled_prefill.prefill_blocker(decoder, config, {})
     config.prefill_chunk_size = 4
     assert "chunked prefill" in compiled_prefill.prefill_blocker(decoder, config, {})

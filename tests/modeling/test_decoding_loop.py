@@ -627,7 +627,8 @@ def _failing_backend(graph, example_inputs):
 @pytest.mark.parametrize(
     "name, kwargs, pieces",
     [
-        ("positions_rope", {}, {"the prefill", "the decoding step"}),  # this loop's step and prefill
+        ("positions_rope", {}, {"the decoding step"}),  # this loop's step
+        ("positions_rope", dict(compile_prefill=True), {"the prefill", "the decoding step"}),  # and its prefill
         ("positions_rope", dict(bad_words_ids=[[5, 6]]), {"the decoding step"}),  # transformers' loop, its forward
         ("positions_sinusoidal", dict(num_beams=3), {"the beam-search step"}),  # beam search's steps (seq2seq)
     ],
