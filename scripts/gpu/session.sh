@@ -22,13 +22,13 @@
 #   loops   --suite cuda-loops      (about 6-7 minutes: sampling, the loop's gain, MoE, beam search, rings, all compiled)
 #   profile scripts/profile_cuda.py: where the GPU time goes in training (dense compiled and eager, MoE, seq2seq),
 #           the prefill (eager and compiled) and decoding at batch 1 and 64 — kernel time by kind, idle share,
-#           top kernels (~6 minutes)
+#           top kernels (189 s on an H100); PROFILE_WORKLOADS="train-moe decode-1" profiles only those
 # The calls of a session, and what the times are based on: docs/gpu.md.
 #
 # Environment: OUT (default ./gpu-out; the device tool sets it), SITE (/tmp/site), WHEEL_DIR (.whl),
 # PYTHON (python3), SESSION_BUDGET (seconds for the whole call, default 570: the device tool stops a command at 600),
 # STEP_LIMIT (seconds, replaces every step's own limit), DEVICE (cuda; `cpu` rehearses a session on a machine
-# without a GPU).
+# without a GPU), PROFILE_WORKLOADS (the profile step's workloads, space-separated; default every one).
 # Files under $OUT: session.log (everything), steps.tsv (step, status, seconds), one markdown table per suite.
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 2
@@ -37,6 +37,7 @@ OUT="${OUT:-./gpu-out}"
 SITE="${SITE:-/tmp/site}"
 WHEEL_DIR="${WHEEL_DIR:-.whl}"
 PYTHON="${PYTHON:-python3}"
+PROFILE_WORKLOADS="${PROFILE_WORKLOADS:-}"
 SESSION_BUDGET="${SESSION_BUDGET:-570}"
 DEVICE="${DEVICE:-cuda}"
 STEPS_ALLOWED="setup info headline tests quick train compiled decode static loops profile"
@@ -144,7 +145,11 @@ step_compiled() { suite cuda-train-compiled cuda-train-compiled.md; }
 step_decode() { suite cuda-decode cuda-decode.md; }
 step_static() { suite cuda-static cuda-static.md; }
 step_loops() { suite cuda-loops cuda-loops.md; }
-step_profile() { "$PYTHON" -m archlab.scripts.profile_cuda --device "$DEVICE" --output "$OUT/profile.md"; }
+step_profile() {
+    local flags=() name
+    for name in $PROFILE_WORKLOADS; do flags+=(--workload "$name"); done
+    "$PYTHON" -m archlab.scripts.profile_cuda --device "$DEVICE" --output "$OUT/profile.md" "${flags[@]}"
+}
 
 # ---- running them -----------------------------------------------------------------------------------------------
 run_step() {
@@ -166,7 +171,7 @@ run_step() {
     say "== $step: start (limit ${limit}s)"
     started=$SECONDS
     # A subshell under timeout: the step's functions and variables come along, and a hung step is killed.
-    timeout --kill-after=15 "$limit" bash -c "$(declare -f); $(declare -p PYTHON SITE WHEEL_DIR OUT BENCHMARK DEVICE); step_$step" \
+    timeout --kill-after=15 "$limit" bash -c "$(declare -f); $(declare -p PYTHON SITE WHEEL_DIR OUT BENCHMARK DEVICE PROFILE_WORKLOADS); step_$step" \
         >>"$LOG" 2>&1
     status=$?
     local seconds=$((SECONDS - started)) verdict=ok

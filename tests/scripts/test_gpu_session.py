@@ -73,6 +73,16 @@ def test_steps_stop_at_their_limit_and_are_skipped_when_the_budget_is_spent(tmp_
     assert [v[:2] for v in verdicts] == [[s, "skipped"] for s in ("setup", "info", "tests")]
 
 
+def test_the_profile_step_profiles_the_workloads_named(tmp_path):
+    """PROFILE_WORKLOADS narrows the profile step (a call with little device time left); `echo` stands in for Python
+    so that the step's command line is what the log shows."""
+    done, verdicts = session(tmp_path, "profile", PYTHON="echo", PROFILE_WORKLOADS="train-moe decode-1")
+    assert ["profile", "ok"] == verdicts[-1][:2], done.stdout + done.stderr
+    log = (tmp_path / "out" / "session.log").read_text()
+    assert "archlab.scripts.profile_cuda --device cuda --output" in log
+    assert "profile.md --workload train-moe --workload decode-1" in log
+
+
 @pytest.mark.skipif(shutil.which("shellcheck") is None, reason="shellcheck is not installed")
 def test_shell_scripts_pass_shellcheck():
     scripts = sorted(str(p) for p in (ROOT / "scripts" / "gpu").glob("*.sh"))

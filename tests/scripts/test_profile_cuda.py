@@ -7,6 +7,8 @@ import pytest
 
 from archlab.scripts import profile_cuda
 
+from helpers import trace_only_compile_regions
+
 
 @pytest.mark.parametrize(
     "name, kind",
@@ -70,7 +72,8 @@ def test_summary_reports_per_step_times_kinds_and_top_kernels():
 def test_the_cpu_rehearsal_writes_every_report_to_one_file(tmp_path, capsys, monkeypatch):
     import torch
 
-    compile_model = torch.compile  # the compiled prefill traced by dynamo's eager backend, no code generated
+    trace_only_compile_regions(monkeypatch)  # the compiled training steps traced, no code generated
+    compile_model = torch.compile  # and the compiled prefill
     monkeypatch.setattr(torch, "compile", lambda model, **kw: compile_model(model, **{**kw, "backend": "eager"}))
     workloads = ["train-eager", "train-moe", "train-seq2seq", "prefill", "prefill-compiled", "decode-1"]
     output = tmp_path / "out" / "profile.md"
