@@ -393,11 +393,11 @@ class FastDecodingMixin:
         for name in ("_kept_static_cache", "_decoding_buffers", "_beam_buffers", "_previous_max_source_length"):
             self.__dict__.pop(name, None)
 
-    def _prepare_generation_config(self, generation_config, **kwargs):
+    def _prepare_generation_config(self, generation_config, *args, **kwargs):
         """transformers' preparation, plus `compile_prefill` (compiled_prefill.py: off unless asked for, as a keyword
         of `generate` or an attribute of the generation config) checked to be a bool."""
         compile_prefill = kwargs.pop("compile_prefill", None)
-        generation_config, model_kwargs = super()._prepare_generation_config(generation_config, **kwargs)
+        generation_config, model_kwargs = super()._prepare_generation_config(generation_config, *args, **kwargs)
         if compile_prefill is not None:
             generation_config.compile_prefill = compile_prefill
         check_compile_prefill(generation_config)
