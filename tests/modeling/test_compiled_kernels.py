@@ -225,3 +225,24 @@ def test_the_kernels_compile_on_cuda_and_train_as_the_formulas(monkeypatch):
         assert_close_to_scale(ours.grad, theirs.grad, rtol=1e-1, msg=name)
         relative = (ours.grad - theirs.grad).norm() / theirs.grad.norm()
         assert relative <= 2e-2, f"{name}: gradients differ by {relative:.3g} of their norm"
+
+
+def test_without_gradients_small_tensors_run_the_formula(on_cpu, monkeypatch):
+    """A compiled call costs the host more than the formula's launches: where no gradient is recorded (generate's
+    prefill, eager decoding steps) tensors under INFERENCE_MIN_ELEMENTS run the formula, larger ones the kernel;
+    training calls take the kernel whatever their size."""
+    model = randomised(DecoderForCausalLM(tiny_decoder_config()))
+    ids = torch.randint(3, 97, (2, 12))
+    with torch.no_grad():
+        expected = model(input_ids=ids).logits
+    assert rotary.ROTARY_KERNEL.compiled == {} and feed_forward._GATED_KERNELS["silu"][0].compiled == {}
+    monkeypatch.setattr(compiled_kernels, "INFERENCE_MIN_ELEMENTS", 2 * 4 * 12 * 8)  # the queries' size: compiled
+    with torch.no_grad():
+        torch.testing.assert_close(model(input_ids=ids).logits, expected, rtol=1e-5, atol=1e-5)
+    assert rotary.ROTARY_KERNEL.compiled["cpu"] is not None
+    assert feed_forward._GATED_KERNELS["silu"][0].compiled["cpu"] is not None  # the gate (2, 12, 64): larger
+    monkeypatch.setattr(compiled_kernels, "INFERENCE_MIN_ELEMENTS", 1 << 24)
+    query, key, cos, sin = _rotary_inputs(5)
+    assert rotary.ROTARY_KERNEL(query, key, cos, sin, torch.float32) is not None  # recording a gradient: compiled
+    with torch.no_grad():
+        assert rotary.ROTARY_KERNEL(query, key, cos, sin, torch.float32) is None
