@@ -10,6 +10,7 @@
     python scripts/benchmark.py --suite cuda-loops --device cuda    #   sampling, MoE and beam search compiled
     python scripts/benchmark.py --suite cuda-train-compiled --device cuda  # the other training workloads compiled
     python scripts/benchmark.py --suite cuda-headline --device cuda # the issues' headline rows, ~5 min (first look)
+    python scripts/benchmark.py --suite cuda-tuning --device cuda   # generate settings vs archlab's default decoding
 
 Method (absolute numbers drift on shared machines, ratios measured side by side do not): both models live in one
 process with identical weights and inputs; each is warmed up; every round times both, alternating which goes first;
@@ -167,9 +168,18 @@ EXTERNAL_SUITES = {
     "cuda-static": "benchmark_cuda_decode:run_static",
     "cuda-loops": "benchmark_cuda_decode:run_loops",
     "cuda-headline": "benchmark_cuda_headline",
+    "cuda-tuning": "benchmark_cuda_tuning",
 }
 # The suites that take --device and run the reference GPU shapes; the others run on CPU at their own sizes.
-DEVICE_SUITES = ("cuda-train", "cuda-train-compiled", "cuda-decode", "cuda-static", "cuda-loops", "cuda-headline")
+DEVICE_SUITES = (
+    "cuda-train",
+    "cuda-train-compiled",
+    "cuda-decode",
+    "cuda-static",
+    "cuda-loops",
+    "cuda-headline",
+    "cuda-tuning",
+)
 # Defaults of the shape flags for the CPU suites (the cuda-* suites have fixed reference shapes instead).
 CPU_SHAPE_DEFAULTS = {"batch_size": 8, "seq_len": 256, "new_tokens": 128}
 

@@ -20,6 +20,8 @@
 #   decode  --suite cuda-decode     (about 3-5 minutes; fits in a call after tests)
 #   static  --suite cuda-static     (about 5-8 minutes: compiles per batch size; a call of its own)
 #   loops   --suite cuda-loops      (about 6-7 minutes: sampling, the loop's gain, MoE, beam search, rings, all compiled)
+#   tuning  --suite cuda-tuning     (settings of the decoding step against the default: max-autotune's tuned GEMVs,
+#           the memory-efficient attention, both, at batch 1; max-autotune at batch 16; each row compiles twice)
 #   profile scripts/profile_cuda.py: where the GPU time goes in training (dense compiled and eager, MoE, seq2seq),
 #           the prefill (eager and compiled) and decoding at batch 1 and 64 — kernel time by kind, idle share,
 #           top kernels (189 s on an H100); PROFILE_WORKLOADS="train-moe decode-1" profiles only those
@@ -40,16 +42,16 @@ PYTHON="${PYTHON:-python3}"
 PROFILE_WORKLOADS="${PROFILE_WORKLOADS:-}"
 SESSION_BUDGET="${SESSION_BUDGET:-570}"
 DEVICE="${DEVICE:-cuda}"
-STEPS_ALLOWED="setup info headline tests quick train compiled decode static loops profile"
+STEPS_ALLOWED="setup info headline tests quick train compiled decode static loops tuning profile"
 # Each step's own limit in seconds; a step also stops where the session's budget ends.
-declare -A BUDGET=([setup]=120 [info]=60 [headline]=480 [tests]=540 [quick]=240 [train]=540 [compiled]=540 [decode]=540 [static]=540 [loops]=540 [profile]=540)
+declare -A BUDGET=([setup]=120 [info]=60 [headline]=480 [tests]=540 [quick]=240 [train]=540 [compiled]=540 [decode]=540 [static]=540 [loops]=540 [tuning]=540 [profile]=540)
 
 dry_run=0
 requested=()
 for arg in "$@"; do
     case "$arg" in
         --dry-run) dry_run=1 ;;
-        -h | --help) sed -n '2,32p' "$0"; exit 0 ;;
+        -h | --help) sed -n '2,34p' "$0"; exit 0 ;;
         *)
             if [[ " $STEPS_ALLOWED " != *" $arg "* ]]; then
                 echo "error: unknown step '$arg'; allowed: $STEPS_ALLOWED" >&2
@@ -134,7 +136,7 @@ suite() {  # suite NAME OUTPUT [flags...]: one benchmark run, its table written 
 
 step_quick() {
     local status=0
-    for name in cuda-train cuda-train-compiled cuda-decode cuda-static cuda-loops; do  # one process each, as in full
+    for name in cuda-train cuda-train-compiled cuda-decode cuda-static cuda-loops cuda-tuning; do  # one process each, as in full
         suite "$name" "quick-$name.md" --quick || status=1
     done
     return $status
@@ -145,6 +147,7 @@ step_compiled() { suite cuda-train-compiled cuda-train-compiled.md; }
 step_decode() { suite cuda-decode cuda-decode.md; }
 step_static() { suite cuda-static cuda-static.md; }
 step_loops() { suite cuda-loops cuda-loops.md; }
+step_tuning() { suite cuda-tuning cuda-tuning.md; }
 step_profile() {
     local flags=() name
     for name in $PROFILE_WORKLOADS; do flags+=(--workload "$name"); done
