@@ -18,6 +18,9 @@ Workloads (the shapes of scripts/benchmark_cuda.py: the dense 1.1B Llama shape u
     train-moe     the Mixtral-shape MoE training step as the scripts run it on a GPU (compiled regionally, as
                   cuda-train-compiled times it; 8 experts, top-2, aux loss): 0.69x the dense model of equal active
                   FLOPs there; eager it was host-bound (GPU busy 58 %)
+    train-moe-dense  the dense model of the MoE's active FLOPs (FFN 2 x 2816, the rest of its shape), the same way:
+                  the MoE's goal is 0.9x its speed, and the two profiles side by side say where the MoE's extra time
+                  goes (its 2.85x parameters: optimizer and weight casts; routing; grouped against plain GEMMs)
     train-seq2seq the Marian-shape encoder-decoder training step, the same way (compiled regionally, 32 x (256 +
                   256)); eager it was host-bound (GPU busy 46 %)
     prefill       the forward of one 2048-token prompt in bf16, logits of the last position (q/k/v and gate/up laid
@@ -50,6 +53,7 @@ WORKLOADS = (
     "train",
     "train-eager",
     "train-moe",
+    "train-moe-dense",
     "train-seq2seq",
     "prefill",
     "prefill-compiled",
@@ -174,13 +178,19 @@ def dense_training(device: torch.device, quick: bool, compiled: bool) -> tuple[C
     return training(model, {"input_ids": ids, "labels": ids, "use_cache": False}, compiled)
 
 
-def moe_training(device: torch.device, quick: bool) -> tuple[Callable, Callable, int]:
+def moe_training(device: torch.device, quick: bool, dense: bool = False) -> tuple[Callable, Callable, int]:
     """The Mixtral-shape MoE (8 experts, top-2) as cuda-train-compiled times it: compiled regionally, router aux
-    loss on."""
+    loss on; with `dense`, the dense model of its active FLOPs instead (one FFN of k x the expert width)."""
     from archlab import DecoderConfig, DecoderForCausalLM
     from archlab.scripts.benchmark_cuda import DECODER_COMMON, build_on
 
-    kwargs = dict(DECODER_COMMON, **shape("moe", quick), output_router_logits=True, router_aux_loss_coef=0.01)
+    moe = shape("moe", quick)
+    kwargs = dict(DECODER_COMMON, **moe, output_router_logits=True, router_aux_loss_coef=0.01)
+    if dense:
+        kwargs = dict(
+            DECODER_COMMON, **{k: v for k, v in moe.items() if k not in ("num_local_experts", "num_experts_per_tok")}
+        )
+        kwargs["intermediate_size"] = moe["intermediate_size"] * moe["num_experts_per_tok"]
     model = build_on(device, lambda: DecoderForCausalLM(DecoderConfig(**kwargs)))
     batch, length = (2, 64) if quick else (4, 2048)
     ids = random_ids(model.config.vocab_size, batch, length, device=device)
@@ -230,8 +240,8 @@ def decoding(device: torch.device, quick: bool, batch: int) -> tuple[Callable, C
 
 
 def workload(name: str, device: torch.device, quick: bool) -> tuple[Callable, Callable, int]:
-    if name == "train-moe":
-        return moe_training(device, quick)
+    if name.startswith("train-moe"):
+        return moe_training(device, quick, dense=name == "train-moe-dense")
     if name == "train-seq2seq":
         return seq2seq_training(device, quick)
     if name.startswith("train"):

@@ -75,7 +75,15 @@ def test_the_cpu_rehearsal_writes_every_report_to_one_file(tmp_path, capsys, mon
     trace_only_compile_regions(monkeypatch)  # the compiled training steps traced, no code generated
     compile_model = torch.compile  # and the compiled prefill
     monkeypatch.setattr(torch, "compile", lambda model, **kw: compile_model(model, **{**kw, "backend": "eager"}))
-    workloads = ["train-eager", "train-moe", "train-seq2seq", "prefill", "prefill-compiled", "decode-1"]
+    workloads = [
+        "train-eager",
+        "train-moe",
+        "train-moe-dense",
+        "train-seq2seq",
+        "prefill",
+        "prefill-compiled",
+        "decode-1",
+    ]
     output = tmp_path / "out" / "profile.md"
     argv = ["--device", "cpu", "--quick", "--rounds", "1", "--output", str(output)]
     assert profile_cuda.main(argv + [arg for name in workloads for arg in ("--workload", name)]) == 0
@@ -85,6 +93,8 @@ def test_the_cpu_rehearsal_writes_every_report_to_one_file(tmp_path, capsys, mon
         assert report.lstrip("# ").startswith(f"{name} — CPU"), report[:80]
         assert "ms per step wall" in report and "| kernel |" in report
     assert "## decode-1" in capsys.readouterr().out
+    moe, dense = (reports[workloads.index(name)] for name in ("train-moe", "train-moe-dense"))
+    assert "topk" in moe and "topk" not in dense  # the router (its aux loss) only in the MoE
 
 
 def test_bad_arguments_fail_early(capsys):
