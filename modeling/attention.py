@@ -18,6 +18,7 @@ from transformers.cache_utils import Cache, EncoderDecoderCache
 from transformers.integrations.sdpa_attention import create_position_bias_mask
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
+from .flex_decoding import flex_applies, flex_decode_attention
 from .fused_projections import FusableProjections
 from .normalization import make_norm
 from .rotary import apply_rotary
@@ -280,7 +281,9 @@ class Attention(FusableProjections, nn.Module):
         attention: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(
             self.config._attn_implementation, eager_attention_forward
         )
-        if (
+        if key_value_states is None and flex_applies(self, query, attention_mask, kwargs):
+            attention = flex_decode_attention  # a compiled decoding step: FlexAttention's split-KV kernel
+        elif (
             self.num_key_value_groups > 1
             and query.shape[2] == 1
             and self.config._attn_implementation == "sdpa"

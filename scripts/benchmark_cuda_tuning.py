@@ -1,4 +1,4 @@
-"""`--suite cuda-tuning`: settings a user can pass to `generate` for batch-1 decoding, each measured against
+"""`--suite cuda-tuning`: settings of the decoding step (batch 1, then 16), each measured against
 archlab's default path (the static cache, the whole step compiled with `CompileConfig()`: mode "reduce-overhead",
 CUDA graphs) on the same weights in one run — what the next default of the decoding step should be.
 
@@ -10,9 +10,11 @@ per model, and dynamo keeps one graph per compile setting):
   row becomes a tuned Triton reduction (`torch._inductor.decomposition.mm`, the setting gpt-fast decodes with),
   which can also take in the element-wise work around it (the norm's scale, SwiGLU before the down projection);
 - the decoding step's attention on SDPA's memory-efficient kernel (`torch.nn.attention.sdpa_kernel`), not cuDNN's;
-- both;
-- at batch 16 the products have 16 rows and stay GEMMs: max-autotune then tunes them (Triton templates against
-  cuBLAS), at a longer compile.
+- its self-attention through FlexAttention's split-KV decoding kernel, the step's mask read inside it
+  (modeling/flex_decoding.py, `FLEX_DECODING_DEVICES`: off by default until this row says otherwise);
+- max-autotune and FlexAttention together;
+- at batch 16, max-autotune (the products have 16 rows and stay GEMMs: it tunes them, Triton templates against
+  cuBLAS, at a longer compile) and FlexAttention (16 rows of keys to read).
 Each row gives both sides' first and second calls (compilation included) beside tokens/s and % of the roofline.
 On CPU nothing compiles (generate compiles on accelerators only) and the rows run their code path eagerly.
 
@@ -26,10 +28,12 @@ import contextlib
 import copy
 import functools
 import sys
+from unittest import mock
 
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from transformers import CompileConfig
 
+from archlab.modeling import flex_decoding
 from archlab.scripts.benchmark_cuda import guarded, llama_pair, setup_from, shape
 from archlab.scripts.benchmark_cuda_decode import (
     bf16_pair,
@@ -42,7 +46,7 @@ from archlab.scripts.benchmark_cuda_decode import (
 )
 from archlab.training.benchmarking import Report
 
-# The settings measured, by name: generate kwargs added and a context entered around each call.
+# The settings measured: a name, generate kwargs added, and a context entered around each call (or None).
 TUNED = {"compile_config": CompileConfig(mode="max-autotune")}
 # MATH beside it: on CPU (no memory-efficient kernel) SDPA falls back to it; on CUDA the efficient kernel applies.
 EFFICIENT_ATTENTION = (SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH)
@@ -52,11 +56,20 @@ def efficient_attention():
     return sdpa_kernel(list(EFFICIENT_ATTENTION))
 
 
+def flex_attention():
+    return mock.patch.object(flex_decoding, "FLEX_DECODING_DEVICES", ("cuda",))
+
+
+MAX_AUTOTUNE = 'compile_config=CompileConfig(mode="max-autotune") (coordinate-descent-tuned Triton GEMVs)'
+FLEX = "self-attention through FlexAttention's decoding kernel (flex_decoding.py)"
 SETTINGS = {
-    'compile_config=CompileConfig(mode="max-autotune") (coordinate-descent-tuned Triton GEMVs)': (TUNED, None),
+    MAX_AUTOTUNE: (TUNED, None),
     "attention on SDPA's memory-efficient kernel (sdpa_kernel)": ({}, efficient_attention),
-    "max-autotune and the memory-efficient attention": (TUNED, efficient_attention),
+    FLEX: ({}, flex_attention),
+    "max-autotune and FlexAttention": (TUNED, flex_attention),
 }
+# (batch, setting) in the order measured: every setting at batch 1, then the two of them that batch changes most
+ROWS = [(1, name) for name in SETTINGS] + [("larger", MAX_AUTOTUNE), ("larger", FLEX)]
 
 
 def setting_row(setup, report: Report, batch: int, name: str, models, setting: dict, context) -> None:
@@ -80,19 +93,17 @@ def setting_row(setup, report: Report, batch: int, name: str, models, setting: d
 
 def run(args: argparse.Namespace) -> Report:
     setup = setup_from(args)
-    report = new_report(setup, "settings of batch-1 decoding against archlab's default")
+    report = new_report(setup, "settings of the decoding step against archlab's default")
     default = bf16_pair(llama_pair(shape("dense", setup.quick), setup.device))[0]
-    tuned_name = next(iter(SETTINGS))
-    batch = 4 if setup.quick else 16
-    rows = [(1, name, setting, context) for name, (setting, context) in SETTINGS.items()]
-    rows.append((batch, tuned_name, TUNED, None))
+    larger = 4 if setup.quick else 16
     # copies before any generate: a model keeps its compiled step and static cache between calls
-    copies = [copy.deepcopy(default) for _ in rows]
-    for index, (batch, name, setting, context) in enumerate(rows):
-        models = (copies[index], default)
-        measure = functools.partial(setting_row, setup, report, batch, name, models, setting, context)
+    copies = [copy.deepcopy(default) for _ in ROWS]
+    for index, (batch, name) in enumerate(ROWS):
+        batch = larger if batch == "larger" else batch
+        setting, context = SETTINGS[name]
+        measure = functools.partial(setting_row, setup, report, batch, name, (copies[index], default), setting, context)
         guarded(report, setup, f"{name}, batch {batch}", measure)
-        copies[index] = models = None  # its memory back before the next row
+        copies[index] = None  # its memory back before the next row
     not_compiled_note(setup, report)
     closing_notes(setup, report)
     return report

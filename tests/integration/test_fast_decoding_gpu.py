@@ -379,3 +379,29 @@ def test_sources_of_other_lengths_replay_the_recorded_steps(num_beams, monkeypat
     assert model._kept_static_cache.cache.cross_attention_cache.layers[0].keys.shape[2] == 64
     for source, output in zip(sources[:1] + sources, outputs):
         assert torch.equal(output, model.generate(**source, **kwargs, disable_compile=True))
+
+
+@pytest.mark.parametrize("batch", [1, 16])
+@pytest.mark.parametrize("kind", ["dense", "sliding", "seq2seq"])
+def test_flex_decoding_equals_eager_without_falling_back(kind, batch, monkeypatch):
+    """The decoding step's self-attention through FlexAttention (flex_decoding.py, `FLEX_DECODING_DEVICES`, not yet
+    the default): inductor compiles it (no fallback to eager decoding, no cudagraph skip) and the fp32 tokens and
+    logits are eager decoding's, as on SDPA."""
+    from archlab.modeling import compile_fallback, flex_decoding
+
+    torch._dynamo.reset()
+    counters.clear()
+    failures = []
+    warning = compile_fallback.logger.warning  # (also what warning_once calls: the "compiling ..." notice)
+    monkeypatch.setattr(
+        compile_fallback.logger, "warning", lambda message, *a, **k: failures.append(message) or warning(message)
+    )
+    monkeypatch.setattr(flex_decoding, "FLEX_DECODING_DEVICES", ("cuda",))
+    model = _model(kind, torch.float32)
+    inputs = _inputs(kind, batch)
+    prompt = 1 if kind == "seq2seq" else inputs["input_ids"].shape[1]
+    eager = _generate(model, inputs, kind, disable_compile=True)
+    fast = _generate(model, inputs, kind)
+    assert not [message for message in failures if "failed" in message], failures
+    assert counters["stats"]["unique_graphs"] > 0 and counters["inductor"]["cudagraph_skips"] == 0
+    _assert_agree(fast, eager, torch.float32, prompt)

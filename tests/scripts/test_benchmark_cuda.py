@@ -223,14 +223,16 @@ def test_headline_suite_runs_the_goal_rows(tmp_path, monkeypatch, device):
 
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
 def test_tuning_suite_measures_each_setting_against_the_default(tmp_path, device):
-    """cuda-tuning: max-autotune, the memory-efficient attention and both at batch 1, max-autotune at a larger
-    batch, each on its own copy of the weights against archlab's default path, with both sides' first calls."""
+    """cuda-tuning: each setting of the decoding step (max-autotune, the memory-efficient attention, FlexAttention,
+    max-autotune with FlexAttention) at batch 1, two of them at a larger batch, each on its own copy of the weights
+    against archlab's default path, with both sides' first calls."""
     from archlab.scripts import benchmark_cuda_tuning
 
     rates = ["--peak-tflops", "1", "--peak-bandwidth", "0.05"] if device == "cpu" else []
     table = run_suites(tmp_path, "--suite", "cuda-tuning", *rates, device=device)
-    names = list(benchmark_cuda_tuning.SETTINGS)
-    for batch, name in [(1, name) for name in names] + [(4, names[0])]:
+    assert len(benchmark_cuda_tuning.SETTINGS) == 4
+    for batch, name in benchmark_cuda_tuning.ROWS:
+        batch = 4 if batch == "larger" else batch
         row = cells(table, f"dense 1.1B greedy decode, batch {batch}, 16 + 8 tokens, StaticCache, archlab: {name} vs")
         assert row[1].endswith("tok/s") and row[3].endswith("×"), row
         assert re.fullmatch(r"[\d.]+ s", row[header_index(table, "first call archlab")]), row
