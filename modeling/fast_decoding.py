@@ -69,6 +69,7 @@ from .sliding_layers import (
     window_long_layers,
 )
 from .source_padding import pad_source, padded_source_length, pads_sources
+from .step_compile import step_compile_config
 
 logger = logging.get_logger(__name__)
 
@@ -430,7 +431,7 @@ class FastDecodingMixin:
                 self, logits_processor, stopping_criteria, generation_config, synced_gpus, streamer, model_kwargs
             )
             if reason is None:
-                step = compiled_decoding_step(self, generation_config.compile_config or self._default_compile_config())
+                step = compiled_decoding_step(self, step_compile_config(self, generation_config))
                 return decode(self, *args, step_function=step, streamer=streamer, **model_kwargs)
             logger.info_once(f"{type(self).__name__}: transformers' decoding loop runs this call ({reason}).")
             args = (*args[:3], eager_steps_for_window_long_layers(self, generation_config, model_kwargs))
@@ -467,7 +468,7 @@ class FastDecodingMixin:
             return super()._beam_search(*args, **kw)
         reason = beam_loop_blocker(self, logits_processor, stopping_criteria, generation_config, synced_gpus, kw)
         if reason is None:
-            step = compiled_beam_step(self, generation_config.compile_config or self._default_compile_config())
+            step = compiled_beam_step(self, step_compile_config(self, generation_config))
             return beam_search(self, *args[:4], step_function=step, **kw)
         logger.info_once(f"{type(self).__name__}: transformers' beam-search loop runs this call ({reason}).")
         if records_a_graph_per_token(self, generation_config, kw):

@@ -4,17 +4,19 @@ CUDA graphs) on the same weights in one run — what the next default of the dec
 
 The profile of a batch-1 step on an H100 (docs/gpu.md) put its GEMVs at 42-77 % of the memory bandwidth (cuBLAS;
 the down projection split-K with a reduction kernel of its own) and its attention at 7.6 µs a layer (cuDNN, plus a
-memset, on 4 KV heads × 8 query rows). The rows, each setting on its own copy of the model (a compiled step is kept
-per model, and dynamo keeps one graph per compile setting):
-- `compile_config=CompileConfig(mode="max-autotune")`: with inductor's coordinate-descent tuning a product with one
-  row becomes a tuned Triton reduction (`torch._inductor.decomposition.mm`, the setting gpt-fast decodes with),
-  which can also take in the element-wise work around it (the norm's scale, SwiGLU before the down projection);
-- the decoding step's attention on SDPA's memory-efficient kernel (`torch.nn.attention.sdpa_kernel`), not cuDNN's;
-- its self-attention through FlexAttention's split-KV decoding kernel, the step's mask read inside it
-  (modeling/flex_decoding.py, `FLEX_DECODING_DEVICES`: off by default until this row says otherwise);
-- max-autotune and FlexAttention together;
-- at batch 16, max-autotune (the products have 16 rows and stay GEMMs: it tunes them, Triton templates against
-  cuBLAS, at a longer compile) and FlexAttention (16 rows of keys to read).
+memset and a kernel rebuilding the mask, on 4 KV heads × 8 query rows). The rows, each setting on its own copy of
+the model (a compiled step is kept per model, and dynamo keeps one graph per compile setting):
+- inductor's coordinate-descent tuning (modeling/step_compile.py, `TUNED_STEP_DEVICES`): a product of one row
+  becomes a Triton reduction whose block sizes are tuned while compiling (`torch._inductor.decomposition.mm`,
+  gpt-fast's setting), which can take in the element-wise work beside it (the norm's scale, SwiGLU);
+- the self-attention through FlexAttention's split-KV decoding kernel, the step's mask read inside it
+  (modeling/flex_decoding.py, `FLEX_DECODING_DEVICES`);
+- both of those;
+- `compile_config=CompileConfig(mode="max-autotune")`, what a user can pass: the same tuning, and every GEMM
+  autotuned (Triton templates against cuBLAS) at a longer compile;
+- the attention on SDPA's memory-efficient kernel (`torch.nn.attention.sdpa_kernel`), not cuDNN's;
+- at batch 16, the two candidate defaults again (the products have 16 rows there and stay GEMMs).
+Both candidates are off by default until these rows say otherwise.
 Each row gives both sides' first and second calls (compilation included) beside tokens/s and % of the roofline.
 On CPU nothing compiles (generate compiles on accelerators only) and the rows run their code path eagerly.
 
@@ -33,7 +35,7 @@ from unittest import mock
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from transformers import CompileConfig
 
-from archlab.modeling import flex_decoding
+from archlab.modeling import flex_decoding, step_compile
 from archlab.scripts.benchmark_cuda import guarded, llama_pair, setup_from, shape
 from archlab.scripts.benchmark_cuda_decode import (
     bf16_pair,
@@ -46,8 +48,8 @@ from archlab.scripts.benchmark_cuda_decode import (
 )
 from archlab.training.benchmarking import Report
 
-# The settings measured: a name, generate kwargs added, and a context entered around each call (or None).
-TUNED = {"compile_config": CompileConfig(mode="max-autotune")}
+# The settings measured: a name, generate kwargs added, and the contexts entered around each call.
+MAX_AUTOTUNE = {"compile_config": CompileConfig(mode="max-autotune")}
 # MATH beside it: on CPU (no memory-efficient kernel) SDPA falls back to it; on CUDA the efficient kernel applies.
 EFFICIENT_ATTENTION = (SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH)
 
@@ -60,27 +62,34 @@ def flex_attention():
     return mock.patch.object(flex_decoding, "FLEX_DECODING_DEVICES", ("cuda",))
 
 
-MAX_AUTOTUNE = 'compile_config=CompileConfig(mode="max-autotune") (coordinate-descent-tuned Triton GEMVs)'
+def tuned_step():
+    return mock.patch.object(step_compile, "TUNED_STEP_DEVICES", ("cuda",))
+
+
+TUNED = "coordinate-descent-tuned Triton GEMVs (step_compile.py's default candidate)"
 FLEX = "self-attention through FlexAttention's decoding kernel (flex_decoding.py)"
 SETTINGS = {
-    MAX_AUTOTUNE: (TUNED, None),
-    "attention on SDPA's memory-efficient kernel (sdpa_kernel)": ({}, efficient_attention),
-    FLEX: ({}, flex_attention),
-    "max-autotune and FlexAttention": (TUNED, flex_attention),
+    TUNED: ({}, (tuned_step,)),
+    FLEX: ({}, (flex_attention,)),
+    "both of those": ({}, (tuned_step, flex_attention)),
+    'compile_config=CompileConfig(mode="max-autotune") (the tuning, and every GEMM autotuned)': (MAX_AUTOTUNE, ()),
+    "attention on SDPA's memory-efficient kernel (sdpa_kernel)": ({}, (efficient_attention,)),
 }
-# (batch, setting) in the order measured: every setting at batch 1, then the two of them that batch changes most
-ROWS = [(1, name) for name in SETTINGS] + [("larger", MAX_AUTOTUNE), ("larger", FLEX)]
+# (batch, setting) in the order measured: every setting at batch 1, then the two candidate defaults at a larger batch
+ROWS = [(1, name) for name in SETTINGS] + [("larger", TUNED), ("larger", FLEX)]
 
 
-def setting_row(setup, report: Report, batch: int, name: str, models, setting: dict, context) -> None:
-    """`models[0]` (a copy of `models[1]`'s weights) generating with `setting` and inside `context`, against
+def setting_row(setup, report: Report, batch: int, name: str, models, setting: dict, contexts) -> None:
+    """`models[0]` (a copy of `models[1]`'s weights) generating with `setting` and inside `contexts`, against
     `models[1]` on archlab's default path."""
     tuned, default = models
     sizes = decode_shape(setup)
     kwargs, tokens, roofline = dense_generation(setup, default.config, batch, "static")
 
     def with_setting():
-        with context() if context is not None else contextlib.nullcontext():
+        with contextlib.ExitStack() as stack:
+            for context in contexts:
+                stack.enter_context(context())
             return tuned.generate(**kwargs, **setting)
 
     metric = (
@@ -100,8 +109,10 @@ def run(args: argparse.Namespace) -> Report:
     copies = [copy.deepcopy(default) for _ in ROWS]
     for index, (batch, name) in enumerate(ROWS):
         batch = larger if batch == "larger" else batch
-        setting, context = SETTINGS[name]
-        measure = functools.partial(setting_row, setup, report, batch, name, (copies[index], default), setting, context)
+        setting, contexts = SETTINGS[name]
+        measure = functools.partial(
+            setting_row, setup, report, batch, name, (copies[index], default), setting, contexts
+        )
         guarded(report, setup, f"{name}, batch {batch}", measure)
         copies[index] = None  # its memory back before the next row
     not_compiled_note(setup, report)

@@ -383,11 +383,12 @@ def test_sources_of_other_lengths_replay_the_recorded_steps(num_beams, monkeypat
 
 @pytest.mark.parametrize("batch", [1, 16])
 @pytest.mark.parametrize("kind", ["dense", "sliding", "seq2seq"])
-def test_flex_decoding_equals_eager_without_falling_back(kind, batch, monkeypatch):
-    """The decoding step's self-attention through FlexAttention (flex_decoding.py, `FLEX_DECODING_DEVICES`, not yet
-    the default): inductor compiles it (no fallback to eager decoding, no cudagraph skip) and the fp32 tokens and
-    logits are eager decoding's, as on SDPA."""
-    from archlab.modeling import compile_fallback, flex_decoding
+@pytest.mark.parametrize("candidate", ["flex", "tuned"])
+def test_candidate_defaults_equal_eager_without_falling_back(candidate, kind, batch, monkeypatch):
+    """The two candidates for the decoding step's default (`--suite cuda-tuning` measures them): the self-attention
+    through FlexAttention (flex_decoding.py) and inductor's coordinate-descent tuning (step_compile.py). Each
+    compiles (no fallback to eager decoding, no cudagraph skip) and gives eager decoding's fp32 tokens and logits."""
+    from archlab.modeling import compile_fallback, flex_decoding, step_compile
 
     torch._dynamo.reset()
     counters.clear()
@@ -396,7 +397,10 @@ def test_flex_decoding_equals_eager_without_falling_back(kind, batch, monkeypatc
     monkeypatch.setattr(
         compile_fallback.logger, "warning", lambda message, *a, **k: failures.append(message) or warning(message)
     )
-    monkeypatch.setattr(flex_decoding, "FLEX_DECODING_DEVICES", ("cuda",))
+    if candidate == "flex":
+        monkeypatch.setattr(flex_decoding, "FLEX_DECODING_DEVICES", ("cuda",))
+    else:
+        monkeypatch.setattr(step_compile, "TUNED_STEP_DEVICES", ("cuda",))
     model = _model(kind, torch.float32)
     inputs = _inputs(kind, batch)
     prompt = 1 if kind == "seq2seq" else inputs["input_ids"].shape[1]

@@ -223,14 +223,14 @@ def test_headline_suite_runs_the_goal_rows(tmp_path, monkeypatch, device):
 
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
 def test_tuning_suite_measures_each_setting_against_the_default(tmp_path, device):
-    """cuda-tuning: each setting of the decoding step (max-autotune, the memory-efficient attention, FlexAttention,
-    max-autotune with FlexAttention) at batch 1, two of them at a larger batch, each on its own copy of the weights
-    against archlab's default path, with both sides' first calls."""
+    """cuda-tuning: each setting of the decoding step (coordinate-descent tuning, FlexAttention, both, max-autotune,
+    the memory-efficient attention) at batch 1, the two candidate defaults at a larger batch, each on its own copy of
+    the weights against archlab's default path, with both sides' first calls."""
     from archlab.scripts import benchmark_cuda_tuning
 
     rates = ["--peak-tflops", "1", "--peak-bandwidth", "0.05"] if device == "cpu" else []
     table = run_suites(tmp_path, "--suite", "cuda-tuning", *rates, device=device)
-    assert len(benchmark_cuda_tuning.SETTINGS) == 4
+    assert len(benchmark_cuda_tuning.SETTINGS) == 5
     for batch, name in benchmark_cuda_tuning.ROWS:
         batch = 4 if batch == "larger" else batch
         row = cells(table, f"dense 1.1B greedy decode, batch {batch}, 16 + 8 tokens, StaticCache, archlab: {name} vs")

@@ -1,0 +1,53 @@
+"""How the decoding loops compile their step (modeling/step_compile.py): a CompileConfig passed to generate is used
+as given; otherwise the model's default, with inductor's coordinate-descent tuning added (and the mode's own options
+kept, torch.compile taking options or a mode, not both) only on the devices listed."""
+
+from __future__ import annotations
+
+import torch
+from transformers import CompileConfig, GenerationConfig
+
+from archlab import DecoderForCausalLM
+from archlab.modeling import step_compile
+from archlab.modeling.step_compile import step_compile_config
+
+from helpers import tiny_decoder_config
+
+
+def _model():
+    return DecoderForCausalLM(tiny_decoder_config()).eval()
+
+
+def test_a_config_of_the_call_is_used_as_given(monkeypatch):
+    monkeypatch.setattr(step_compile, "TUNED_STEP_DEVICES", ("cpu",))
+    own = CompileConfig(mode="max-autotune", fullgraph=True)
+    assert step_compile_config(_model(), GenerationConfig(compile_config=own)) is own
+
+
+def test_the_default_is_tuned_only_on_the_listed_devices(monkeypatch):
+    model = _model()
+    monkeypatch.setattr(step_compile, "TUNED_STEP_DEVICES", ())
+    assert step_compile_config(model, GenerationConfig()) == CompileConfig()
+    monkeypatch.setattr(step_compile, "TUNED_STEP_DEVICES", ("cpu",))
+    tuned = step_compile_config(model, GenerationConfig())
+    assert tuned.mode is None and tuned.backend == "inductor"
+    assert tuned.options == {"triton.cudagraphs": True, "coordinate_descent_tuning": True}  # reduce-overhead's kept
+    assert (tuned.fullgraph, tuned.dynamic) == (CompileConfig().fullgraph, CompileConfig().dynamic)
+    assert step_compile_config(model, GenerationConfig()) == tuned  # equal configs: the kept compiled step is reused
+
+
+def test_a_default_with_another_backend_or_options_is_left_as_it_is(monkeypatch):
+    model = _model()
+    monkeypatch.setattr(step_compile, "TUNED_STEP_DEVICES", ("cpu",))
+    for default in (CompileConfig(backend="tpu", mode="default"), CompileConfig(options={"max_autotune": True})):
+        monkeypatch.setattr(model, "_default_compile_config", lambda default=default: default)
+        assert step_compile_config(model, GenerationConfig()) is default
+
+
+def test_torch_compile_takes_the_tuned_config(monkeypatch):
+    monkeypatch.setattr(step_compile, "TUNED_STEP_DEVICES", ("cpu",))
+    torch._dynamo.reset()
+    tuned = step_compile_config(_model(), GenerationConfig())
+    compiled = torch.compile(lambda x: (x * 2).sum(-1), **tuned.to_dict())
+    x = torch.arange(6.0).reshape(2, 3)
+    torch.testing.assert_close(compiled(x), (x * 2).sum(-1))
