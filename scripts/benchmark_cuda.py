@@ -180,9 +180,9 @@ TRAIN_GOALS = [
     (r"dense 1\.1B: archlab .*vs LlamaForCausalLM \+ ", f"≥ 1.15× for the default path, {TRAIN_MEMORY}"),
     (r"vocab 128256: archlab (compiled vs Llama eager|vs LlamaForCausalLM \(eager\))", "≥ 1.2×, mem ≥ 1.3×"),
     (r"MoE \(Mixtral shape\): archlab MoE (compiled )?vs dense", f"≥ 0.9×, {TRAIN_MEMORY}"),
-    (r"MoE \(Mixtral shape\): archlab (compiled )?vs Mixtral", f"≥ 3×, {TRAIN_MEMORY}"),
+    (r"MoE \(Mixtral shape\): archlab (compiled (whole )?)?vs Mixtral", f"≥ 3×, {TRAIN_MEMORY}"),
     (
-        r"encoder-decoder \(Marian shape, .*\): archlab (compiled vs Marian eager|vs MarianMTModel)",
+        r"encoder-decoder \(Marian shape, .*\): archlab (compiled (whole )?vs Marian eager|vs MarianMTModel)",
         f"≥ 1.3×, {TRAIN_MEMORY}",
     ),
     (r"[^:]*: archlab", TRAIN_MEMORY),  # any other training row (e.g. compiled vs compiled peers)

@@ -123,35 +123,49 @@ def dense_rows(setup: Setup, report: Report, name: str, label: str, compiled: bo
         compiled_rows(setup, report, label, (ours, llama), optimizers, batch, flops, b * s, "Llama")
 
 
-def compiled_for_training(setup: Setup, model, batch: dict, optimizer) -> tuple[torch.nn.Module, float]:
+def compiled_for_training(setup: Setup, model, batch: dict, optimizer, whole: bool = False):
     """`model` compiled by accelerate's `compile_regions` (what `--torch_compile`, on by default on a GPU, gives the
-    scripts' Trainer), and the seconds of its first step (the cold compile of the forward and backward graphs)."""
+    scripts' Trainer), or with `whole` by `torch.compile` (what `--regional_compilation false` gives), and the
+    seconds of its first step (the cold compile of the forward and backward graphs)."""
     from accelerate.utils import compile_regions
 
-    wrapper = compile_regions(model, dynamic=False)
+    wrapper = torch.compile(model, dynamic=False) if whole else compile_regions(model, dynamic=False)
     start = time.perf_counter()
     training_step(wrapper, batch, optimizer, BF16)()
     synchronize(setup.device)
     return wrapper, time.perf_counter() - start
 
 
-def compiled_rows(setup: Setup, report: Report, label: str, models, optimizers: dict, batch, flops, tokens, peer):
+def compiled_rows(
+    setup: Setup, report: Report, label: str, models, optimizers: dict, batch, flops, tokens, peer, whole=False
+):
     """Both models compiled regionally (`compiled_for_training`): archlab compiled against the peer compiled the same
-    way, and against the peer eager (what its users get by default). `optimizers` by `id` of the eager models, whose
-    weights the compiled wrappers share. Returns archlab's compiled wrapper."""
+    way, and against the peer eager (what its users get by default). With `whole`, archlab compiled whole against
+    archlab compiled regionally too (a small model's regions each cost their guards and wrappers on the host).
+    `optimizers` by `id` of the eager models, whose weights the compiled wrappers share. Returns archlab's
+    regionally compiled wrapper."""
     compiled = [compiled_for_training(setup, m, batch, optimizers[id(m)]) for m in models]
     wrappers = tuple(wrapper for wrapper, _ in compiled)
     cold = dict(zip(("archlab", peer), (seconds for _, seconds in compiled)))
+    optimizer_pair = tuple(optimizers[id(m)] for m in models)
     for metric, pair in (
         (f"archlab compiled vs {peer} compiled (same tool on both)", wrappers),
         (f"archlab compiled vs {peer} eager (the Hugging Face default)", (wrappers[0], models[1])),
     ):
-        optimizer_pair = tuple(optimizers[id(m)] for m in models)
         report.rows.append(training_row(setup, f"{label}: {metric}", pair, optimizer_pair, batch, flops, tokens))
     report.notes.append(
         f"{label}, accelerate `compile_regions(dynamic=False)`: cold compile + first step {cold['archlab']:.0f} s "
         f"(archlab), {cold[peer]:.0f} s ({peer})."
     )
+    if whole:
+        ours = optimizers[id(models[0])]
+        whole_model, seconds = compiled_for_training(setup, models[0], batch, ours, whole=True)
+        for metric, pair, pair_optimizers in (
+            ("archlab compiled whole vs archlab compiled regionally", (whole_model, wrappers[0]), (ours, ours)),
+            (f"archlab compiled whole vs {peer} eager", (whole_model, models[1]), optimizer_pair),
+        ):
+            report.rows.append(training_row(setup, f"{label}: {metric}", pair, pair_optimizers, batch, flops, tokens))
+        report.notes.append(f"{label}, archlab `torch.compile` whole: cold compile + first step {seconds:.0f} s.")
     return wrappers[0]
 
 
@@ -175,7 +189,8 @@ def moe_rows(setup: Setup, report: Report, compiled: bool = False) -> None:
     label = "MoE (Mixtral shape)"
     dense_metric = f"dense LlamaForCausalLM of the same active FLOPs (FFN {dense_shape['intermediate_size']})"
     if compiled:  # the goal against the dense model on the scripts' default path: both compiled regionally
-        ours_compiled = compiled_rows(setup, report, label, (ours, mixtral), optimizers, batch, flops, b * s, "Mixtral")
+        pair = (ours, mixtral)
+        ours_compiled = compiled_rows(setup, report, label, pair, optimizers, batch, flops, b * s, "Mixtral", True)
         llama_compiled, _ = compiled_for_training(setup, llama, batch, optimizers[id(llama)])
         report.rows.append(
             training_row(
@@ -234,7 +249,8 @@ def seq2seq_rows(setup: Setup, report: Report, compiled: bool = False) -> None:
     label = f"encoder-decoder (Marian shape, {batch_size} × ({length} + {length}))"
     if compiled:
         by_model = {id(ours): optimizers[0], id(marian): optimizers[1]}
-        compiled_rows(setup, report, label, (ours, marian), by_model, batch, flops, 2 * batch_size * length, "Marian")
+        tokens = 2 * batch_size * length
+        compiled_rows(setup, report, label, (ours, marian), by_model, batch, flops, tokens, "Marian", whole=True)
         return
     report.rows.append(
         training_row(

@@ -134,10 +134,12 @@ def test_training_suite_runs_every_comparison(tmp_path, monkeypatch, device):
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
 def test_compiled_training_suite_runs_every_comparison(tmp_path, monkeypatch, device):
     """cuda-train-compiled: vocabulary 128256, MoE and seq2seq compiled regionally against their peers compiled and
-    eager. On CPU dynamo's eager backend stands in for inductor (tracing, no code generation: inductor's compile of
-    six models would cost minutes)."""
+    eager, and the MoE and seq2seq compiled whole against compiled regionally. On CPU dynamo's eager backend stands in
+    for inductor (tracing, no code generation: inductor's compile of eight models would cost minutes)."""
     if device == "cpu":
         trace_only_compile_regions(monkeypatch)
+        compile_model = torch.compile
+        monkeypatch.setattr(torch, "compile", lambda model, **kw: compile_model(model, **{**kw, "backend": "eager"}))
     table = run_suites(tmp_path, "--suite", "cuda-train-compiled", "--threads", "2", device=device)
     for label, peer in (
         ("vocab 128256", "Llama"),
@@ -150,6 +152,14 @@ def test_compiled_training_suite_runs_every_comparison(tmp_path, monkeypatch, de
         assert f"{label}, accelerate `compile_regions(dynamic=False)`: cold compile" in table
     dense = cells(table, "MoE (Mixtral shape): archlab MoE compiled vs dense LlamaForCausalLM compiled")
     assert dense[header_index(table, "goal")].startswith("≥ 0.9×"), dense
+    for label, peer in (
+        ("MoE (Mixtral shape)", "Mixtral"),
+        ("encoder-decoder (Marian shape, 2 × (32 + 32))", "Marian"),
+    ):
+        for other in ("archlab compiled regionally", f"{peer} eager"):
+            row = cells(table, f"{label}: archlab compiled whole vs {other}")
+            assert row[1].endswith("tok/s") and row[3].endswith("×"), row
+        assert f"{label}, archlab `torch.compile` whole: cold compile + first step" in table
 
 
 @pytest.mark.slow
