@@ -305,11 +305,21 @@ def _traced_graphs() -> int:
     return counters["stats"]["unique_graphs"]
 
 
+def _decoding_attention(attention: str, monkeypatch) -> None:
+    """ "flex": the decoding steps' self-attention through FlexAttention (flex_decoding.py), a candidate default on
+    CUDA, checked here on every variant; "sdpa": the default."""
+    from archlab.modeling import flex_decoding
+
+    monkeypatch.setattr(flex_decoding, "FLEX_DECODING_DEVICES", ("cpu",) if attention == "flex" else ())
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "flex"])
 @pytest.mark.parametrize("name", sorted(set(DECODER_VARIANTS) - NO_STATIC_CACHE))
-def test_every_decoder_variant_decodes_in_one_graph(name):
+def test_every_decoder_variant_decodes_in_one_graph(name, attention, monkeypatch):
     """Each catalogue variant's decoding step is one graph (`fullgraph=True`), gives eager's tokens on a left-padded
     batch, and a second call recompiles nothing (sliding windows recompile once, in the first call, when the window
-    fills and the cache length becomes symbolic)."""
+    fills and the cache length becomes symbolic) — with the self-attention on SDPA and through FlexAttention."""
+    _decoding_attention(attention, monkeypatch)
     torch._dynamo.reset()
     graphs = _traced_graphs()
     model = decoder_variant(name)
@@ -324,10 +334,12 @@ def test_every_decoder_variant_decodes_in_one_graph(name):
         assert torch.equal(model.generate(**kwargs, compile_config=_compile_config(**TRACE_ONLY)), expected)
 
 
+@pytest.mark.parametrize("attention", ["sdpa", "flex"])
 @pytest.mark.parametrize("num_beams", [1, 3])
 @pytest.mark.parametrize("name", sorted(SEQ2SEQ_VARIANTS))
-def test_every_seq2seq_variant_decodes_in_one_graph(name, num_beams):
+def test_every_seq2seq_variant_decodes_in_one_graph(name, num_beams, attention, monkeypatch):
     """The same for the encoder-decoder, greedy and beam search (whose steps fast_decoding compiles)."""
+    _decoding_attention(attention, monkeypatch)
     torch._dynamo.reset()
     graphs = _traced_graphs()
     model = seq2seq_variant(name)
