@@ -185,6 +185,7 @@ TRAIN_GOALS = [
         r"encoder-decoder \(Marian shape, .*\): archlab (compiled (whole )?vs Marian eager|vs MarianMTModel)",
         f"≥ 1.3×, {TRAIN_MEMORY}",
     ),
+    (r"[^:]*: archlab('s | compiled whole vs archlab)", ""),  # archlab against itself: settings, no goal
     (r"[^:]*: archlab", TRAIN_MEMORY),  # any other training row (e.g. compiled vs compiled peers)
 ]
 DECODE_GOALS = [

@@ -134,8 +134,9 @@ def test_training_suite_runs_every_comparison(tmp_path, monkeypatch, device):
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
 def test_compiled_training_suite_runs_every_comparison(tmp_path, monkeypatch, device):
     """cuda-train-compiled: vocabulary 128256, MoE and seq2seq compiled regionally against their peers compiled and
-    eager, and the MoE and seq2seq compiled whole against compiled regionally. On CPU dynamo's eager backend stands in
-    for inductor (tracing, no code generation: inductor's compile of eight models would cost minutes)."""
+    eager, the MoE and seq2seq compiled whole against compiled regionally, and the dense model's loss chunk sizes.
+    On CPU dynamo's eager backend stands in for inductor (tracing, no code generation: inductor's compile of eleven
+    models would cost minutes)."""
     if device == "cpu":
         trace_only_compile_regions(monkeypatch)
         compile_model = torch.compile
@@ -160,6 +161,9 @@ def test_compiled_training_suite_runs_every_comparison(tmp_path, monkeypatch, de
             row = cells(table, f"{label}: archlab compiled whole vs {other}")
             assert row[1].endswith("tok/s") and row[3].endswith("×"), row
         assert f"{label}, archlab `torch.compile` whole: cold compile + first step" in table
+    for what in ("chunks of 4096 tokens", "unchunked (lm_loss_chunk_size=0)"):
+        row = cells(table, f"dense 1.1B compiled: archlab's LM-head loss {what} vs the default chunks (1024 tokens)")
+        assert row[1].endswith("tok/s") and row[3].endswith("×"), row
 
 
 @pytest.mark.slow
