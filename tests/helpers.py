@@ -172,6 +172,13 @@ def trace_only_compile_regions(monkeypatch) -> None:
     )
 
 
+def trace_only_torch_compile(monkeypatch) -> None:
+    """`torch.compile` with dynamo's eager backend, whatever backend is asked for: a compiled path traced on CPU,
+    no code generated."""
+    compile_model = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda model, **kw: compile_model(model, **{**kw, "backend": "eager"}))
+
+
 def digit_tokenizer():
     """Word-level tokenizer over the digits 0-9 (ids 3..12) with <pad>=0, <s>=1, </s>=2 (Seq2SeqConfig's ids)."""
     from tokenizers import Tokenizer, models, pre_tokenizers

@@ -14,7 +14,7 @@ import torch
 
 from archlab.scripts import benchmark
 
-from helpers import trace_only_compile_regions
+from helpers import trace_only_compile_regions, trace_only_torch_compile
 
 
 @pytest.mark.parametrize(
@@ -139,8 +139,7 @@ def test_compiled_training_suite_runs_every_comparison(tmp_path, monkeypatch, de
     models would cost minutes)."""
     if device == "cpu":
         trace_only_compile_regions(monkeypatch)
-        compile_model = torch.compile
-        monkeypatch.setattr(torch, "compile", lambda model, **kw: compile_model(model, **{**kw, "backend": "eager"}))
+        trace_only_torch_compile(monkeypatch)
     table = run_suites(tmp_path, "--suite", "cuda-train-compiled", "--threads", "2", device=device)
     for label, peer in (
         ("vocab 128256", "Llama"),

@@ -7,7 +7,7 @@ import pytest
 
 from archlab.scripts import profile_cuda
 
-from helpers import trace_only_compile_regions
+from helpers import trace_only_compile_regions, trace_only_torch_compile
 
 
 @pytest.mark.parametrize(
@@ -70,20 +70,11 @@ def test_summary_reports_per_step_times_kinds_and_top_kernels():
 
 
 def test_the_cpu_rehearsal_writes_every_report_to_one_file(tmp_path, capsys, monkeypatch):
-    import torch
 
     trace_only_compile_regions(monkeypatch)  # the compiled training steps traced, no code generated
-    compile_model = torch.compile  # and the compiled prefill
-    monkeypatch.setattr(torch, "compile", lambda model, **kw: compile_model(model, **{**kw, "backend": "eager"}))
-    workloads = [
-        "train-eager",
-        "train-moe",
-        "train-moe-dense",
-        "train-seq2seq",
-        "prefill",
-        "prefill-compiled",
-        "decode-1",
-    ]
+    trace_only_torch_compile(monkeypatch)  # and the compiled prefill
+    # all but the dense compiled step and batch 64, the same code as train-moe's compile and decode-1
+    workloads = [name for name in profile_cuda.WORKLOADS if name not in ("train", "decode-64")]
     output = tmp_path / "out" / "profile.md"
     argv = ["--device", "cpu", "--quick", "--rounds", "1", "--output", str(output)]
     assert profile_cuda.main(argv + [arg for name in workloads for arg in ("--workload", name)]) == 0
