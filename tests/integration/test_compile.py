@@ -306,11 +306,13 @@ def _traced_graphs() -> int:
 
 
 def _decoding_attention(attention: str, monkeypatch) -> None:
-    """ "flex": the decoding steps' self-attention through FlexAttention (flex_decoding.py), a candidate default on
-    CUDA, checked here on every variant; "sdpa": the default."""
+    """With `attention` "flex" the decoding steps' self-attention runs through FlexAttention (flex_decoding.py), a
+    candidate default on CUDA, checked here on every variant (the tiny variants' heads of 8 admitted: traced, not
+    generated as kernels); with "sdpa", the default."""
     from archlab.modeling import flex_decoding
 
     monkeypatch.setattr(flex_decoding, "FLEX_DECODING_DEVICES", ("cpu",) if attention == "flex" else ())
+    monkeypatch.setattr(flex_decoding, "FLEX_HEAD_SIZES", (8, *flex_decoding.FLEX_HEAD_SIZES))
 
 
 @pytest.mark.parametrize("attention", ["sdpa", "flex"])

@@ -45,22 +45,23 @@ def test_flex_equals_sdpa(heads, kv_heads, additive, mask_batch):
 
 
 def _attention(**overrides):
-    model = DecoderForCausalLM(tiny_decoder_config(**overrides))
+    model = DecoderForCausalLM(tiny_decoder_config(head_dim=16, **overrides))
     return model.model.layers[0].self_attn
 
 
 def test_flex_applies_only_to_compiled_one_query_steps_on_the_listed_devices(monkeypatch):
     attention = _attention()
-    query, mask = torch.zeros(2, 4, 1, 8), torch.ones(2, 1, 1, 5, dtype=torch.bool)
+    query, mask = torch.zeros(2, 4, 1, 16), torch.ones(2, 1, 1, 5, dtype=torch.bool)
     monkeypatch.setattr(flex_decoding, "FLEX_DECODING_DEVICES", ("cpu",))
     assert not flex_applies(attention, query, mask, {})  # eager: SDPA (eager FlexAttention is unfused)
     monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
     assert flex_applies(attention, query, mask, {})
-    assert not flex_applies(attention, torch.zeros(2, 4, 3, 8), torch.ones(2, 1, 3, 5, dtype=torch.bool), {})
+    assert not flex_applies(attention, torch.zeros(2, 4, 3, 16), torch.ones(2, 1, 3, 5, dtype=torch.bool), {})
     assert not flex_applies(attention, query, torch.ones(2, 4, 1, 5, dtype=torch.bool), {})  # a mask per head
     assert not flex_applies(attention, query, None, {})
     assert not flex_applies(attention, query, mask, {"position_bias": torch.zeros(2, 4, 1, 5)})  # ALiBi, T5
     assert not flex_applies(_attention(attn_logit_softcapping=30.0), query, mask, {})
+    assert not flex_applies(attention, torch.zeros(2, 4, 1, 24), mask, {})  # a head size its kernels do not take
     monkeypatch.setattr(flex_decoding, "FLEX_DECODING_DEVICES", ())
     assert not flex_applies(attention, query, mask, {})
 
@@ -86,10 +87,10 @@ def _compiled_generate(model, batch, recorder, **kwargs):
 def test_compiled_decoding_through_flex_gives_eager_tokens(kind, monkeypatch):
     torch._dynamo.reset()
     torch.manual_seed(0)
-    if kind == "decoder":
-        model = DecoderForCausalLM(tiny_decoder_config()).eval()
+    if kind == "decoder":  # heads of 16: FlexAttention's smallest head size
+        model = DecoderForCausalLM(tiny_decoder_config(head_dim=16)).eval()
     else:
-        model = Seq2SeqForConditionalGeneration(tiny_seq2seq_config()).eval()
+        model = Seq2SeqForConditionalGeneration(tiny_seq2seq_config(d_model=64)).eval()
     g = torch.Generator().manual_seed(3)
     ids = torch.randint(3, model.config.vocab_size, (2, 10), generator=g)
     mask = torch.ones_like(ids)
