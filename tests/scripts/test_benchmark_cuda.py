@@ -238,7 +238,8 @@ def test_headline_suite_runs_the_goal_rows(tmp_path, monkeypatch, device):
 def test_tuning_suite_measures_each_setting_against_the_default(tmp_path, device):
     """cuda-tuning: each setting of the decoding step (coordinate-descent tuning, FlexAttention, both, max-autotune,
     the memory-efficient attention) at batch 1, the two candidate defaults at a larger batch, each on its own copy of
-    the weights against archlab's default path, with both sides' first calls."""
+    the weights against archlab's default path, with both sides' first calls; last, the prefill compiled with each
+    decoder block a nested compile region against without."""
     from archlab.scripts import benchmark_cuda_tuning
 
     rates = ["--peak-tflops", "1", "--peak-bandwidth", "0.05"] if device == "cpu" else []
@@ -250,3 +251,6 @@ def test_tuning_suite_measures_each_setting_against_the_default(tmp_path, device
         assert row[1].endswith("tok/s") and row[3].endswith("×"), row
         assert re.fullmatch(r"[\d.]+ s", row[header_index(table, "first call archlab")]), row
         assert row[header_index(table, "% roofline archlab")].endswith("%"), row
+    prefill = cells(table, "dense 1.1B prefill compiled whole (compile_prefill's way), 1 × 64 tokens: each decoder")
+    assert prefill[header_index(table, "MFU archlab")].endswith("%"), prefill
+    assert re.fullmatch(r"[\d.]+ s", prefill[header_index(table, "first call archlab")]), prefill
