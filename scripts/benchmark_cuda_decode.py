@@ -260,13 +260,19 @@ def prefill_row(setup: Setup, report: Report) -> None:
     ours, llama = bf16_pair(llama_pair(shape("dense", setup.quick), setup.device))
     ids = random_ids(llama.config.vocab_size, 1, length, device=setup.device)
     runs = tuple(lambda m=m: m(input_ids=ids, use_cache=False, logits_to_keep=1) for m in (ours, llama))
-    with torch.no_grad(), inference_projections(ours):  # as generate's prefill runs on CUDA: q/k/v, gate/up fused
-        timed = time_pair(setup, *runs, setup.rounds)
-        peak = peak_memory_pair(setup, runs, (ours, llama))
-    flops = decoder_forward_flops(llama.config, 1, length, logits_positions=1)
-    mfu = tuple(utilisation(flops, t, setup.peaks.flops) for t in (timed.archlab, timed.peer))
     metric = f"dense 1.1B prefill, 1 × {length} tokens (logits of the last): archlab vs LlamaForCausalLM"
-    report.rows.append(row(metric, timed, length, "tok/s", mfu=mfu, peak=peak))
+    with torch.no_grad(), inference_projections(ours):  # as generate's prefill runs on CUDA: q/k/v, gate/up fused
+        peak = peak_memory_pair(setup, runs, (ours, llama))
+        prefill_rate_row(setup, report, metric, runs, llama.config, length, peak=peak)
+
+
+def prefill_rate_row(setup: Setup, report: Report, metric: str, runs, config, length: int, warmup=1, **columns):
+    """Time the two prefill `runs` (batch 1, `length` tokens, the logits of the last) and add their row with MFU;
+    `columns`: `peak`, `extra` as `row` takes them."""
+    timed = time_pair(setup, *runs, setup.rounds, warmup=warmup)
+    flops = decoder_forward_flops(config, 1, length, logits_positions=1)
+    mfu = tuple(utilisation(flops, t, setup.peaks.flops) for t in (timed.archlab, timed.peer))
+    report.rows.append(row(metric, timed, length, "tok/s", mfu=mfu, **columns))
 
 
 def time_to_first_token_row(setup: Setup, report: Report) -> None:
@@ -284,15 +290,12 @@ def time_to_first_token_row(setup: Setup, report: Report) -> None:
     )
     first = [first_call_seconds(setup, run) for run in runs]
     compiling = first_call_seconds(setup, runs[0])  # archlab's second call: the prefill's compile
-    timed = time_pair(setup, *runs, setup.rounds, warmup=1)
-    flops = decoder_forward_flops(llama.config, 1, length, logits_positions=1)
-    mfu = tuple(utilisation(flops, t, setup.peaks.flops) for t in (timed.archlab, timed.peer))
     extra = {"first call archlab": f"{first[0] + compiling:.1f} s (2 calls)", "first call peer": f"{first[1]:.1f} s"}
     metric = (
         f"dense 1.1B prefill through generate (time to first token), 1 × {length} tokens: archlab "
         "compile_prefill=True vs LlamaForCausalLM"
     )
-    report.rows.append(row(metric, timed, length, "tok/s", mfu=mfu, extra=extra))
+    prefill_rate_row(setup, report, metric, runs, llama.config, length, extra=extra)
 
 
 def cache_setting(cache: str) -> tuple[dict, str]:

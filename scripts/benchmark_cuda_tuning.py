@@ -46,11 +46,8 @@ from archlab.scripts.benchmark_cuda import (
     guarded,
     llama_pair,
     random_ids,
-    row,
     setup_from,
     shape,
-    time_pair,
-    utilisation,
 )
 from archlab.scripts.benchmark_cuda_decode import (
     bf16_pair,
@@ -61,9 +58,9 @@ from archlab.scripts.benchmark_cuda_decode import (
     generate_row,
     new_report,
     not_compiled_note,
+    prefill_rate_row,
 )
 from archlab.training.benchmarking import Report
-from archlab.training.roofline import decoder_forward_flops
 
 # The settings measured: a name, generate kwargs added, and the contexts entered around each call.
 MAX_AUTOTUNE = {"compile_config": CompileConfig(mode="max-autotune")}
@@ -163,15 +160,12 @@ def prefill_compile_row(setup, report: Report, model) -> None:
 
     runs = (prefill_of(nested_model, nested_block_regions), prefill_of(model, contextlib.nullcontext))
     first = [first_call_seconds(setup, run) for run in runs]
-    timed = time_pair(setup, *runs, setup.rounds)
-    flops = decoder_forward_flops(model.config, 1, length, logits_positions=1)
-    mfu = tuple(utilisation(flops, t, setup.peaks.flops) for t in (timed.archlab, timed.peer))
     extra = {"first call archlab": f"{first[0]:.1f} s", "first call peer": f"{first[1]:.1f} s"}
     metric = (
         f"dense 1.1B prefill compiled whole (compile_prefill's way), 1 × {length} tokens: each decoder block a nested "
         "compile region vs without"
     )
-    report.rows.append(row(metric, timed, length, "tok/s", mfu=mfu, extra=extra))
+    prefill_rate_row(setup, report, metric, runs, model.config, length, extra=extra)
 
 
 def run(args: argparse.Namespace) -> Report:
