@@ -83,6 +83,13 @@ def shape(name: str, quick: bool) -> dict:
     return dict((QUICK if quick else FULL)[name])
 
 
+def dense_equivalent(moe_shape: dict) -> dict:
+    """The dense shape of an MoE shape's active FLOPs: no experts, one FFN of k × the expert width."""
+    dense = {k: v for k, v in moe_shape.items() if k not in ("num_local_experts", "num_experts_per_tok")}
+    dense["intermediate_size"] = moe_shape["intermediate_size"] * moe_shape["num_experts_per_tok"]
+    return dense
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # The device, and what every row needs from the command line
 # ----------------------------------------------------------------------------------------------------------------

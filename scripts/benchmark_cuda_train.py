@@ -40,6 +40,7 @@ from archlab.scripts.benchmark_cuda import (
     TRAIN_GOALS,
     Setup,
     decoder_pair,
+    dense_equivalent,
     describe,
     guarded,
     llama_pair,
@@ -177,8 +178,7 @@ def moe_rows(setup: Setup, report: Report, compiled: bool = False) -> None:
     base = shape("moe", setup.quick)
     moe = dict(base, output_router_logits=True, router_aux_loss_coef=0.01)
     ours, mixtral = decoder_pair(MixtralForCausalLM, MixtralConfig, moe, setup.device)
-    dense_shape = {k: v for k, v in base.items() if k not in ("num_local_experts", "num_experts_per_tok")}
-    dense_shape["intermediate_size"] = base["intermediate_size"] * base["num_experts_per_tok"]
+    dense_shape = dense_equivalent(base)
     llama = decoder_pair(LlamaForCausalLM, LlamaConfig, dense_shape, setup.device)[1]
     for model in (ours, mixtral, llama):
         model.train()

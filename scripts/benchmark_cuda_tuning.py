@@ -140,7 +140,8 @@ def nested_block_regions():
 def prefill_compile_row(setup, report: Report, model) -> None:
     """The prefill as compile_prefill compiles it (the forward whole, dynamic shapes, over an allocated static cache)
     with each decoder block a nested compile region against without: the compile's seconds (compile_prefill is
-    opt-in for its 68 s on an H100; on CPU, 22 tiny layers: 39.7 s plain, 16.9 s nested) and the warm prefill."""
+    opt-in for its 68 s on an H100; on CPU, 22 tiny layers: 39.7 s plain, 16.9 s nested) and the warm prefill.
+    `model` has not generated (it is copied here)."""
     length = decode_shape(setup)["prefill"]
     nested_model = copy.deepcopy(model)
     ids = random_ids(model.config.vocab_size, 1, length, device=setup.device)
@@ -172,19 +173,19 @@ def run(args: argparse.Namespace) -> Report:
     setup = setup_from(args)
     report = new_report(setup, "settings of the decoding step against archlab's default")
     default = bf16_pair(llama_pair(shape("dense", setup.quick), setup.device))[0]
+    # each row's model is copied from one taken before any generate: a model keeps its compiled step and static
+    # cache between calls, which a copy must not carry
+    pristine = copy.deepcopy(default)
     larger = 4 if setup.quick else 16
-    # copies before any generate: a model keeps its compiled step and static cache between calls
-    copies = [copy.deepcopy(default) for _ in ROWS]
-    for index, (batch, name) in enumerate(ROWS):
+    for batch, name in ROWS:
         batch = larger if batch == "larger" else batch
         setting, contexts = SETTINGS[name]
-        measure = functools.partial(
-            setting_row, setup, report, batch, name, (copies[index], default), setting, contexts
-        )
+        models = (copy.deepcopy(pristine), default)
+        measure = functools.partial(setting_row, setup, report, batch, name, models, setting, contexts)
         guarded(report, setup, f"{name}, batch {batch}", measure)
-        copies[index] = None  # its memory back before the next row
+        measure = models = None  # the copy's memory back before the next row
     # last: the two compiles of a 2,048-token prefill take the longest (68 s plain on an H100)
-    guarded(report, setup, "prefill compile, nested regions", lambda: prefill_compile_row(setup, report, default))
+    guarded(report, setup, "prefill compile, nested regions", lambda: prefill_compile_row(setup, report, pristine))
     not_compiled_note(setup, report)
     closing_notes(setup, report)
     return report

@@ -45,7 +45,7 @@ import torch
 from torch.autograd import DeviceType
 
 from archlab.modeling.fused_projections import inference_projections
-from archlab.scripts.benchmark_cuda import random_ids, shape
+from archlab.scripts.benchmark_cuda import dense_equivalent, random_ids, shape
 from archlab.scripts.benchmark_cuda_decode import greedy_call
 from archlab.training.benchmarking import make_optimizer, synchronize, training_step
 
@@ -185,12 +185,10 @@ def moe_training(device: torch.device, quick: bool, dense: bool = False) -> tupl
     from archlab.scripts.benchmark_cuda import DECODER_COMMON, build_on
 
     moe = shape("moe", quick)
-    kwargs = dict(DECODER_COMMON, **moe, output_router_logits=True, router_aux_loss_coef=0.01)
     if dense:
-        kwargs = dict(
-            DECODER_COMMON, **{k: v for k, v in moe.items() if k not in ("num_local_experts", "num_experts_per_tok")}
-        )
-        kwargs["intermediate_size"] = moe["intermediate_size"] * moe["num_experts_per_tok"]
+        kwargs = dict(DECODER_COMMON, **dense_equivalent(moe))
+    else:
+        kwargs = dict(DECODER_COMMON, **moe, output_router_logits=True, router_aux_loss_coef=0.01)
     model = build_on(device, lambda: DecoderForCausalLM(DecoderConfig(**kwargs)))
     batch, length = (2, 64) if quick else (4, 2048)
     ids = random_ids(model.config.vocab_size, batch, length, device=device)
