@@ -56,6 +56,7 @@ from .loop_processors import (
     split_processors,
 )
 from .sliding_layers import SlidingRings
+from .step_masks import source_length, step_mask_shape
 
 
 def beam_loop_blocker(model, logits_processor, stopping_criteria, generation_config, synced_gpus, model_kwargs):
@@ -93,12 +94,14 @@ class BeamBuffers:
     penalty_skip: torch.Tensor  # (B·beams,) long: leading positions the penalty does not count (left padding)
     position_ids: torch.Tensor  # (B·beams, 1) long: decoder-only models
     attention_mask: torch.Tensor  # (B·beams, cache length) long: decoder-only models, the prompt's padding, ones
+    step_masks: torch.Tensor  # (slots, B·beams, 1, 1, > cache and source) model dtype: the step's masks (step_masks.py)
 
     @classmethod
-    def for_shape(cls, model, batch_size, num_beams, length, cache_length, vocab_size, device) -> BeamBuffers:
+    def for_shape(cls, model, batch_size, num_beams, length, cache_length, vocab_size, device, source=0) -> BeamBuffers:
         """The buffers kept on `model` for this shape (new ones, marked static for compiled graphs, otherwise):
-        sequences of `length` tokens, a decoder-only model's padding mask over the `cache_length` cached keys."""
-        key = (batch_size, num_beams, length, cache_length, vocab_size, device)
+        sequences of `length` tokens, a decoder-only model's padding mask over the `cache_length` cached keys, the
+        step's masks over those keys and an encoder-decoder's `source` positions."""
+        key = (batch_size, num_beams, length, cache_length, vocab_size, device, model.dtype, source)
         kept = getattr(model, "_beam_buffers", None)
         if kept is not None and kept[0] == key:
             return kept[1]
@@ -128,6 +131,7 @@ class BeamBuffers:
             penalty_skip=new(rows),
             position_ids=new(rows, 1),
             attention_mask=new(rows, cache_length),
+            step_masks=new(*step_mask_shape(rows, max(cache_length, source)), dtype=model.dtype),
         )
         model._beam_buffers = (key, buffers)
         return buffers
@@ -269,7 +273,7 @@ def beam_step(model, cache, buffers: BeamBuffers, settings, eos_token_id, top_ma
     previous = (buffers.cur_len - 1).view(1)
     tokens = buffers.running_sequences.view(rows, -1).index_select(1, previous)
     padding = buffers.attention_mask if has_padding else None
-    logits = one_token_logits(model, tokens, cache, buffers.position_ids, padding, encoder)
+    logits = one_token_logits(model, tokens, cache, buffers.position_ids, padding, encoder, buffers.step_masks)
     buffers.steps_after_done.add_(buffers.done.long())
     scores = choose_beams(model, logits, buffers, settings, eos_token_id, top_mask)
     buffers.position_ids.add_(1)
@@ -349,8 +353,9 @@ def beam_search(model, input_ids, logits_processor, stopping_criteria, generatio
     # sized by the cache, which keeps the longest length of any call so far: a shorter call reuses the buffers
     cache_length = cache_positions(model, self_attention_cache(cache))
     length = max(config.max_length, cache_length + 1)
+    source = source_length(encoder_inputs(model, kwargs))
     buffers = BeamBuffers.for_shape(
-        model, batch_size, num_beams, length, cache_length, logits.shape[-1], input_ids.device
+        model, batch_size, num_beams, length, cache_length, logits.shape[-1], input_ids.device, source
     )
     _initialise(model, buffers, input_ids, num_beams, config.max_length, pad_fill, processors, kwargs)
     scores = choose_beams(model, logits, buffers, settings, eos_token_id, top_mask)

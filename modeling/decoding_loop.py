@@ -77,6 +77,7 @@ from .sliding_layers import (
     ring_mask,
     window_long_layers,
 )
+from .step_masks import realized_masks, realized_source_mask, source_length, step_mask_shape
 
 logger = logging.get_logger(__name__)
 
@@ -184,13 +185,15 @@ class DecodingBuffers:
     repetition_penalty: torch.Tensor  # () float32: 1.0 without a penalty (a tensor: values share one graph)
     forced_at: torch.Tensor  # (2,): the lengths at which the forced tokens apply (-1: none; `fill_forced`)
     forced_tokens: torch.Tensor  # (2, V) bool: the tokens forced at those lengths
+    step_masks: torch.Tensor  # (slots, B, 1, 1, > cache and source) model dtype: the step's masks (step_masks.py)
 
     @classmethod
     def for_shape(
-        cls, model, batch_size: int, max_cache_len: int, vocab_size: int, device: torch.device
+        cls, model, batch_size: int, max_cache_len: int, vocab_size: int, device: torch.device, source: int = 0
     ) -> DecodingBuffers:
-        """The buffers kept on `model` for this shape (new ones, marked static for compiled graphs, otherwise)."""
-        key = (batch_size, max_cache_len, vocab_size, device)
+        """The buffers kept on `model` for this shape (new ones, marked static for compiled graphs, otherwise);
+        `source`: an encoder-decoder's source positions (its mask's width)."""
+        key = (batch_size, max_cache_len, vocab_size, device, model.dtype, source)
         kept = getattr(model, "_decoding_buffers", None)
         if kept is not None and kept[0] == key:
             return kept[1]
@@ -212,6 +215,7 @@ class DecodingBuffers:
             repetition_penalty=new(dtype=torch.float32),
             forced_at=new(len(FORCED_PROCESSORS)),
             forced_tokens=new(len(FORCED_PROCESSORS), vocab_size, dtype=torch.bool),
+            step_masks=new(*step_mask_shape(batch_size, max(max_cache_len, source)), dtype=model.dtype),
         )
         model._decoding_buffers = (key, buffers)
         return buffers
@@ -255,13 +259,16 @@ def choose_tokens(
     return next_tokens, scores
 
 
-def one_token_logits(model, tokens, cache, position_ids, padding_mask, encoder: dict) -> torch.Tensor:
+def one_token_logits(
+    model, tokens, cache, position_ids, padding_mask, encoder: dict, mask_buffer: torch.Tensor | None = None
+) -> torch.Tensor:
     """The float32 logits of a forward of one token per row (B, 1) on a static `cache`, with the masks transformers'
     loop builds for it (`create_masks_for_generate`; a decoder's from its `padding_mask` over the cache, or None, and
     its `position_ids`; an encoder-decoder's decoder positions follow the cache length, and `encoder` holds its
     encoder states and source mask). Where the cache's layers read a span (`cache_spans`), the padding mask is cut to
     it (gathered, not sliced: a slice is contiguous exactly when the span is the whole cache, which the compiled
     graph would then guard on). Sliding layers decoded as rings get their own mask (`sliding_layers.ring_mask`).
+    The masks are written into `mask_buffer` and read from it by every layer (`step_masks.realized_masks`).
     Traceable in one graph: no host read."""
     ring = next((layer for layer in self_attention_layers(cache) if isinstance(layer, RingSlidingLayer)), None)
     sliding = None if ring is None else ring_mask(model, ring, padding_mask, tokens.shape[0])
@@ -272,6 +279,8 @@ def one_token_logits(model, tokens, cache, position_ids, padding_mask, encoder: 
     empty = torch.empty((tokens.shape[0], 1, 0), dtype=model.dtype, device=tokens.device)
     if model.config.is_encoder_decoder:
         masks = mask_function(config=model.config, inputs_embeds=empty, attention_mask=None, **with_cache(cache))
+        masks = realized_masks(masks, mask_buffer)
+        encoder = dict(encoder, attention_mask=realized_source_mask(encoder.get("attention_mask"), mask_buffer))
         inputs = dict(decoder_input_ids=tokens, decoder_attention_mask=masks, **encoder)
     else:
         masks = mask_function(
@@ -284,6 +293,7 @@ def one_token_logits(model, tokens, cache, position_ids, padding_mask, encoder: 
         )
         if sliding is not None:  # replaces transformers' mask over the ring's slots, which assumes them in order
             masks = dict(masks, sliding_attention=sliding) if isinstance(masks, dict) else sliding
+        masks = realized_masks(masks, mask_buffer)
         inputs = dict(input_ids=tokens, position_ids=position_ids, attention_mask=masks)
     outputs = model(**inputs, **with_cache(cache), use_cache=True, logits_to_keep=1, return_dict=True)
     return outputs.logits[:, -1].to(dtype=torch.float32)
@@ -306,7 +316,9 @@ def decoding_step(
     token (with the `encoder` inputs for an encoder-decoder), the choice of the next one; the next step's inputs are
     updated in place. Returns (logits, scores)."""
     padding = buffers.attention_mask if has_padding else None
-    logits = one_token_logits(model, buffers.input_ids, past_key_values, buffers.position_ids, padding, encoder)
+    logits = one_token_logits(
+        model, buffers.input_ids, past_key_values, buffers.position_ids, padding, encoder, buffers.step_masks
+    )
     next_tokens, scores = choose_tokens(
         logits, buffers, warpers, do_sample, eos_token_id, pad_token_id, ngram, stop_strings
     )
@@ -366,7 +378,10 @@ def _prepare_buffers(model, input_ids, logits, model_kwargs, processors: Process
     cache = self_attention_cache(cache_in(model_kwargs))
     batch_size, prompt_length = input_ids.shape
     vocab_size = logits.shape[-1]
-    buffers = DecodingBuffers.for_shape(model, batch_size, cache_positions(model, cache), vocab_size, input_ids.device)
+    source = source_length(encoder_inputs(model, model_kwargs))
+    buffers = DecodingBuffers.for_shape(
+        model, batch_size, cache_positions(model, cache), vocab_size, input_ids.device, source
+    )
     fill_bans(buffers.banned_below, processors.bans)
     fill_forced(buffers.forced_at, buffers.forced_tokens, processors.forced)
     buffers.repetition_penalty.fill_(processors.repetition_penalty)
