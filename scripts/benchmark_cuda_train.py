@@ -124,13 +124,17 @@ def dense_rows(setup: Setup, report: Report, name: str, label: str, compiled: bo
         compiled_rows(setup, report, label, (ours, llama), optimizers, batch, flops, b * s, "Llama")
 
 
-def compiled_for_training(setup: Setup, model, batch: dict, optimizer, whole: bool = False):
+def compiled_for_training(setup: Setup, model, batch: dict, optimizer, whole: bool = False, mode: str | None = None):
     """`model` compiled by accelerate's `compile_regions` (what `--torch_compile`, on by default on a GPU, gives the
-    scripts' Trainer), or with `whole` by `torch.compile` (what `--regional_compilation false` gives), and the
-    seconds of its first step (the cold compile of the forward and backward graphs)."""
+    scripts' Trainer), or with `whole` by `torch.compile` in `mode` (what `--regional_compilation false` gives, with
+    `--torch_compile_mode`), and the seconds of its first step (the cold compile of the forward and backward
+    graphs)."""
     from accelerate.utils import compile_regions
 
-    wrapper = torch.compile(model, dynamic=False) if whole else compile_regions(model, dynamic=False)
+    if whole:
+        wrapper = torch.compile(model, dynamic=False, mode=mode)
+    else:
+        wrapper = compile_regions(model, dynamic=False)
     start = time.perf_counter()
     training_step(wrapper, batch, optimizer, BF16)()
     synchronize(setup.device)
@@ -142,7 +146,9 @@ def compiled_rows(
 ):
     """Both models compiled regionally (`compiled_for_training`): archlab compiled against the peer compiled the same
     way, and against the peer eager (what its users get by default). With `whole`, archlab compiled whole against
-    archlab compiled regionally too (a small model's regions each cost their guards and wrappers on the host).
+    archlab compiled regionally too (a small model's regions each cost their guards and wrappers on the host), and
+    archlab compiled whole with CUDA graphs (mode "reduce-overhead": the forward and backward replayed, no launch
+    from the host but the optimizer's) against the peer eager.
     `optimizers` by `id` of the eager models, whose weights the compiled wrappers share. Returns archlab's
     regionally compiled wrapper."""
     compiled = [compiled_for_training(setup, m, batch, optimizers[id(m)]) for m in models]
@@ -167,6 +173,14 @@ def compiled_rows(
         ):
             report.rows.append(training_row(setup, f"{label}: {metric}", pair, pair_optimizers, batch, flops, tokens))
         report.notes.append(f"{label}, archlab `torch.compile` whole: cold compile + first step {seconds:.0f} s.")
+        graphed, seconds = compiled_for_training(setup, models[0], batch, ours, whole=True, mode="reduce-overhead")
+        metric = f"archlab compiled whole with CUDA graphs (mode reduce-overhead) vs {peer} eager"
+        report.rows.append(
+            training_row(setup, f"{label}: {metric}", (graphed, models[1]), optimizer_pair, batch, flops, tokens)
+        )
+        report.notes.append(
+            f"{label}, archlab compiled whole with CUDA graphs: cold compile + first step {seconds:.0f} s."
+        )
     return wrappers[0]
 
 

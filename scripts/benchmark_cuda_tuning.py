@@ -12,6 +12,9 @@ the model (a compiled step is kept per model, and dynamo keeps one graph per com
 - the self-attention through FlexAttention's split-KV decoding kernel, the step's mask read inside it
   (modeling/flex_decoding.py, `FLEX_DECODING_DEVICES`);
 - both of those;
+- inductor's combo kernels (step_compile.py's `TUNED_STEP_OPTIONS`): independent element-wise kernels launched as
+  one (a layer's query RoPE, key RoPE and cache writes; a batch-1 step ran ~15 launches a layer, a few µs each),
+  then all three together;
 - `compile_config=CompileConfig(mode="max-autotune")`, what a user can pass: the same tuning, and every GEMM
   autotuned (Triton templates against cuBLAS) at a longer compile;
 - the attention on SDPA's memory-efficient kernel (`torch.nn.attention.sdpa_kernel`), not cuDNN's;
@@ -80,21 +83,46 @@ def tuned_step():
     return mock.patch.object(step_compile, "TUNED_STEP_DEVICES", ("cuda",))
 
 
+def combo_kernels():
+    """The step compiled with inductor's combo kernels (on the tuned devices: `tuned_step` enters too)."""
+    return mock.patch.object(step_compile, "TUNED_STEP_OPTIONS", {"combo_kernels": True})
+
+
+def combo_kernels_tuned():
+    """Combo kernels and coordinate-descent tuning together."""
+    options = {"coordinate_descent_tuning": True, "combo_kernels": True}
+    return mock.patch.object(step_compile, "TUNED_STEP_OPTIONS", options)
+
+
 TUNED = "coordinate-descent-tuned Triton GEMVs (step_compile.py's default candidate)"
 FLEX = "self-attention through FlexAttention's decoding kernel (flex_decoding.py)"
 BOTH = "both of those"
+COMBO = "independent element-wise kernels launched as one (inductor's combo_kernels, step_compile.py's other candidate)"
+ALL = "combo kernels, coordinate-descent tuning and FlexAttention together"
 EFFICIENT = "attention on SDPA's memory-efficient kernel (sdpa_kernel)"
 AUTOTUNED = 'compile_config=CompileConfig(mode="max-autotune") (the tuning, and every GEMM autotuned)'
 SETTINGS = {
     TUNED: ({}, (tuned_step,)),
     FLEX: ({}, (flex_attention,)),
     BOTH: ({}, (tuned_step, flex_attention)),
+    COMBO: ({}, (tuned_step, combo_kernels)),
+    ALL: ({}, (tuned_step, combo_kernels_tuned, flex_attention)),
     EFFICIENT: ({}, (efficient_attention,)),
     AUTOTUNED: (MAX_AUTOTUNE, ()),
 }
 # (batch, setting) in the order measured: the candidate defaults first (at batch 1, both, then at a larger batch),
 # max-autotune last (its GEMM autotuning compiles longest; a call's budget may end the suite before it)
-ROWS = [(1, TUNED), (1, FLEX), (1, BOTH), ("larger", TUNED), ("larger", FLEX), (1, EFFICIENT), (1, AUTOTUNED)]
+ROWS = [
+    (1, TUNED),
+    (1, FLEX),
+    (1, BOTH),
+    (1, COMBO),
+    (1, ALL),
+    ("larger", TUNED),
+    ("larger", FLEX),
+    (1, EFFICIENT),
+    (1, AUTOTUNED),
+]
 
 
 def setting_row(setup, report: Report, batch: int, name: str, models, setting: dict, contexts) -> None:

@@ -389,14 +389,17 @@ CANDIDATE_CASES = [
     ("flex", "seq2seq", 1),
     ("tuned", "dense", 1),  # one-row products: the ones coordinate-descent tuning rewrites
     ("tuned", "seq2seq", 1),
+    ("combo", "dense", 1),  # inductor's combo kernels, with coordinate-descent tuning
+    ("combo", "seq2seq", 1),
 ]
 
 
 @pytest.mark.parametrize("candidate, kind, batch", CANDIDATE_CASES)
 def test_candidate_defaults_equal_eager_without_falling_back(candidate, kind, batch, monkeypatch):
-    """The two candidates for the decoding step's default (`--suite cuda-tuning` measures them): the self-attention
-    through FlexAttention (flex_decoding.py) and inductor's coordinate-descent tuning (step_compile.py). Each
-    compiles (no fallback to eager decoding, no cudagraph skip) and gives eager decoding's fp32 tokens and logits."""
+    """The candidates for the decoding step's default (`--suite cuda-tuning` measures them): the self-attention
+    through FlexAttention (flex_decoding.py), inductor's coordinate-descent tuning and its combo kernels
+    (step_compile.py). Each compiles (no fallback to eager decoding, no cudagraph skip) and gives eager decoding's
+    fp32 tokens and logits."""
     from archlab.modeling import compile_fallback, flex_decoding, step_compile
 
     torch._dynamo.reset()
@@ -410,6 +413,9 @@ def test_candidate_defaults_equal_eager_without_falling_back(candidate, kind, ba
         monkeypatch.setattr(flex_decoding, "FLEX_DECODING_DEVICES", ("cuda",))
     else:
         monkeypatch.setattr(step_compile, "TUNED_STEP_DEVICES", ("cuda",))
+    if candidate == "combo":
+        options = {"coordinate_descent_tuning": True, "combo_kernels": True}
+        monkeypatch.setattr(step_compile, "TUNED_STEP_OPTIONS", options)
     model = _model(kind, torch.float32)
     inputs = _inputs(kind, batch)
     prompt = 1 if kind == "seq2seq" else inputs["input_ids"].shape[1]

@@ -4,6 +4,7 @@ kept, torch.compile taking options or a mode, not both) only on the devices list
 
 from __future__ import annotations
 
+import pytest
 import torch
 from transformers import CompileConfig, GenerationConfig
 
@@ -34,6 +35,10 @@ def test_the_default_is_tuned_only_on_the_listed_devices(monkeypatch):
     assert tuned.options == {"triton.cudagraphs": True, "coordinate_descent_tuning": True}  # reduce-overhead's kept
     assert (tuned.fullgraph, tuned.dynamic) == (CompileConfig().fullgraph, CompileConfig().dynamic)
     assert step_compile_config(model, GenerationConfig()) == tuned  # equal configs: the kept compiled step is reused
+    monkeypatch.setattr(step_compile, "TUNED_STEP_OPTIONS", {"combo_kernels": True})
+    combined = step_compile_config(model, GenerationConfig())
+    assert combined.options == {"triton.cudagraphs": True, "combo_kernels": True}
+    assert combined != tuned  # another setting: another compiled step
 
 
 def test_a_default_with_another_backend_or_options_is_left_as_it_is(monkeypatch):
@@ -44,8 +49,12 @@ def test_a_default_with_another_backend_or_options_is_left_as_it_is(monkeypatch)
         assert step_compile_config(model, GenerationConfig()) is default
 
 
-def test_torch_compile_takes_the_tuned_config(monkeypatch):
+@pytest.mark.parametrize(
+    "options", [{"coordinate_descent_tuning": True}, {"coordinate_descent_tuning": True, "combo_kernels": True}]
+)
+def test_torch_compile_takes_the_tuned_config(options, monkeypatch):
     monkeypatch.setattr(step_compile, "TUNED_STEP_DEVICES", ("cpu",))
+    monkeypatch.setattr(step_compile, "TUNED_STEP_OPTIONS", options)
     torch._dynamo.reset()
     tuned = step_compile_config(_model(), GenerationConfig())
     compiled = torch.compile(lambda x: (x * 2).sum(-1), **tuned.to_dict())

@@ -134,7 +134,8 @@ def test_training_suite_runs_every_comparison(tmp_path, monkeypatch, device):
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
 def test_compiled_training_suite_runs_every_comparison(tmp_path, monkeypatch, device):
     """cuda-train-compiled: vocabulary 128256, MoE and seq2seq compiled regionally against their peers compiled and
-    eager, the MoE and seq2seq compiled whole against compiled regionally, and the dense model's loss chunk sizes.
+    eager, the MoE and seq2seq compiled whole (with and without CUDA graphs) against compiled regionally and their
+    peer eager, and the dense model's loss chunk sizes.
     On CPU dynamo's eager backend stands in for inductor (tracing, no code generation: inductor's compile of eleven
     models would cost minutes)."""
     if device == "cpu":
@@ -156,10 +157,15 @@ def test_compiled_training_suite_runs_every_comparison(tmp_path, monkeypatch, de
         ("MoE (Mixtral shape)", "Mixtral"),
         ("encoder-decoder (Marian shape, 2 × (32 + 32))", "Marian"),
     ):
-        for other in ("archlab compiled regionally", f"{peer} eager"):
-            row = cells(table, f"{label}: archlab compiled whole vs {other}")
+        for metric in (
+            "archlab compiled whole vs archlab compiled regionally",
+            f"archlab compiled whole vs {peer} eager",
+            f"archlab compiled whole with CUDA graphs (mode reduce-overhead) vs {peer} eager",
+        ):
+            row = cells(table, f"{label}: {metric}")
             assert row[1].endswith("tok/s") and row[3].endswith("×"), row
         assert f"{label}, archlab `torch.compile` whole: cold compile + first step" in table
+        assert f"{label}, archlab compiled whole with CUDA graphs: cold compile + first step" in table
     for what in ("chunks of 4096 tokens", "unchunked (lm_loss_chunk_size=0)"):
         row = cells(table, f"dense 1.1B compiled: archlab's LM-head loss {what} vs the default chunks (1024 tokens)")
         assert row[1].endswith("tok/s") and row[3].endswith("×"), row
@@ -236,15 +242,16 @@ def test_headline_suite_runs_the_goal_rows(tmp_path, monkeypatch, device):
 
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
 def test_tuning_suite_measures_each_setting_against_the_default(tmp_path, device):
-    """cuda-tuning: each setting of the decoding step (coordinate-descent tuning, FlexAttention, both, max-autotune,
-    the memory-efficient attention) at batch 1, the two candidate defaults at a larger batch, each on its own copy of
-    the weights against archlab's default path, with both sides' first calls; last, the prefill compiled with each
-    decoder block a nested compile region against without."""
+    """cuda-tuning: each setting of the decoding step (coordinate-descent tuning, FlexAttention, both, combo kernels,
+    all three, max-autotune, the memory-efficient attention) at batch 1, the two candidate defaults at a larger
+    batch, each on its own copy of the weights against archlab's default path, with both sides' first calls; last,
+    the prefill compiled with each decoder block a nested compile region against without."""
     from archlab.scripts import benchmark_cuda_tuning
 
     rates = ["--peak-tflops", "1", "--peak-bandwidth", "0.05"] if device == "cpu" else []
     table = run_suites(tmp_path, "--suite", "cuda-tuning", *rates, device=device)
-    assert len(benchmark_cuda_tuning.SETTINGS) == 5
+    assert len(benchmark_cuda_tuning.SETTINGS) == 7
+    assert {name for _, name in benchmark_cuda_tuning.ROWS} == set(benchmark_cuda_tuning.SETTINGS)
     for batch, name in benchmark_cuda_tuning.ROWS:
         batch = 4 if batch == "larger" else batch
         row = cells(table, f"dense 1.1B greedy decode, batch {batch}, 16 + 8 tokens, StaticCache, archlab: {name} vs")
