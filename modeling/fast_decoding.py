@@ -55,6 +55,7 @@ from transformers.utils.generic import is_flash_attention_requested
 
 from .beam_loop import beam_loop_blocker, beam_search, compiled_beam_step
 from .cache_names import cache_in
+from .cache_reset import reset_at_once
 from .cache_spans import make_spanned
 from .compile_fallback import eager_on_compiler_failure
 from .compiled_prefill import check_compile_prefill
@@ -372,7 +373,7 @@ class FastDecodingMixin:
             key += (model_kwargs["encoder_outputs"][0].shape[1], rows_per_source)
         kept = self.__dict__.get("_kept_static_cache")
         if kept is not None and kept.key == key and kept.reusable:
-            kept.cache.reset()
+            reset_at_once(kept.cache)  # one foreach kernel, not three launches a layer
             kept.reusable = False
             return kept.cache
         cache = super()._prepare_static_cache(cache_implementation, batch_size, max_cache_len, *args, **kwargs)
