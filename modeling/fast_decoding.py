@@ -155,11 +155,13 @@ def sliding_window_blocker(
 
 
 def _is_sharded(model) -> bool:
-    """Parameters split across processes (FSDP2, tensor parallelism): `DTensor`s."""
-    try:
-        from torch.distributed.tensor import DTensor
-    except ImportError:  # a torch built without distributed support
+    """Parameters split across processes (FSDP2, tensor parallelism): `DTensor`s, which only a process with a
+    process group has (their device mesh needs one). Elsewhere no parameter is looked at: the walk over a 22-layer
+    model's modules costs ~0.25 ms of host time, every `generate` call."""
+    if not torch.distributed.is_available() or not torch.distributed.is_initialized():
         return False
+    from torch.distributed.tensor import DTensor
+
     return any(isinstance(parameter, DTensor) for parameter in model.parameters())
 
 

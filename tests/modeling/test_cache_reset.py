@@ -10,6 +10,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import EncoderDecoderCache, StaticCache
 
 from archlab.modeling.cache_reset import reset_at_once
+
 from helpers import tiny_decoder_config
 
 
@@ -69,7 +70,9 @@ def _caches():
     yield _filled(StaticCache(config=tiny_decoder_config(num_hidden_layers=3), max_cache_len=12), 3)
     yield _filled(StaticCache(config=sliding, max_cache_len=12), 3)
     config = tiny_decoder_config(num_hidden_layers=2)
-    cache = EncoderDecoderCache(StaticCache(config=config, max_cache_len=12), StaticCache(config=config, max_cache_len=7))
+    cache = EncoderDecoderCache(
+        StaticCache(config=config, max_cache_len=12), StaticCache(config=config, max_cache_len=7)
+    )
     _filled(cache.self_attention_cache, 2)
     _filled(cache.cross_attention_cache, 2)
     cache.is_updated.update({0: True, 1: True})

@@ -282,6 +282,38 @@ def test_flash_attention_keeps_the_dynamic_cache_by_default(on_cuda, notices):
     assert fast_decoding.choose_cache_implementation(model, asked, {}, GenerationMode.GREEDY_SEARCH) == "static"
 
 
+def test_sharded_parameters_keep_the_dynamic_cache_by_default(on_cuda, notices, tmp_path, monkeypatch):
+    """A DTensor parameter (FSDP2, tensor parallelism: here one replicated on a single-process group) keeps the
+    dynamic cache; without a process group no parameter is looked at (a walk over every module per call)."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, distribute_tensor
+
+    model = decoder_variant("positions_rope")
+    walked = []
+    parameters = type(model).parameters
+
+    def counted(self, recurse=True):
+        for parameter in parameters(self, recurse):
+            walked.append(parameter)
+            yield parameter
+
+    with monkeypatch.context() as patch:
+        patch.setattr(type(model), "parameters", counted)
+        chosen = fast_decoding.choose_cache_implementation(model, GenerationConfig(), {}, GenerationMode.GREEDY_SEARCH)
+    assert chosen == "static" and not notices
+    assert len(walked) <= 2  # `model.device` reads the first parameter; nothing walks them all
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'group'}", rank=0, world_size=1)
+    try:
+        mesh = init_device_mesh("cpu", (1,))
+        weight = model.lm_head.weight
+        model.lm_head.weight = torch.nn.Parameter(distribute_tensor(weight.detach(), mesh, [Replicate()]))
+        chosen = fast_decoding.choose_cache_implementation(model, GenerationConfig(), {}, GenerationMode.GREEDY_SEARCH)
+        assert chosen is None and len(notices) == 1 and "sharded" in notices[0]
+    finally:
+        dist.destroy_process_group()
+
+
 def test_assistants_and_other_decoding_loops_keep_the_dynamic_cache(on_cuda):
     model = decoder_variant("positions_rope")
     assistant = GenerationConfig()
