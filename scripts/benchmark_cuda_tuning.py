@@ -148,9 +148,16 @@ def setting_row(setup, report: Report, batch: int, name: str, models, setting: d
 
 @contextlib.contextmanager
 def nested_block_regions():
-    """Every decoder block's forward one `torch.compiler.nested_compile_region` (traced and compiled once, stamped
-    out for each layer), with float attributes specialised (a region lifts a norm's eps as a symbolic float, which
-    torch's fused RMSNorm op refuses). The benchmark's own patch: no path of archlab compiles this way yet."""
+    """Every decoder block's forward one `torch.compiler.nested_compile_region`, with float attributes specialised
+    (a region lifts a norm's eps as a symbolic float, which torch's fused RMSNorm op refuses). The benchmark's own
+    patch: no path of archlab compiles this way yet.
+
+    What it does (torch 2.13, CPU; `TORCH_LOGS=hierarchical_compile`): dynamo still traces every layer (a block
+    returns None beside its hidden states and takes the cache object, so no traced region is reused as it is), but
+    the layers after the first trace to one subgraph, which AOT and inductor compile once. Over plain `StaticLayer`s
+    (this row's cache) that holds; over generate's cache, whose layers are `SpannedLayer`s (cache_spans.py), every
+    layer's subgraph comes out different, each is used once and inlined back: no gain, which is why
+    compiled_prefill.py does not compile this way."""
     from archlab.modeling import blocks
 
     classes = [cls for cls in vars(blocks).values() if isinstance(cls, type) and issubclass(cls, blocks.DecoderBlock)]
@@ -168,7 +175,8 @@ def nested_block_regions():
 def prefill_compile_row(setup, report: Report, model) -> None:
     """The prefill as compile_prefill compiles it (the forward whole, dynamic shapes, over an allocated static cache)
     with each decoder block a nested compile region against without: the compile's seconds (compile_prefill is
-    opt-in for its 68 s on an H100; on CPU, 22 tiny layers: 39.7 s plain, 16.9 s nested) and the warm prefill.
+    opt-in for its 68 s on an H100; on CPU, 22 tiny layers over a plain static cache, each with a fresh inductor
+    cache: 60.9 s plain, 22.7 s nested, the same logits; warm 2.64 against 2.76 ms) and the warm prefill.
     `model` has not generated (it is copied here)."""
     length = decode_shape(setup)["prefill"]
     nested_model = copy.deepcopy(model)
