@@ -54,7 +54,12 @@ class SpannedLayer(StaticLayer):
             self.max_cache_len -= 1
 
     def _read_length(self) -> int:
-        return self.max_cache_len if self.span is None else self.span.shape[0]
+        if self.span is not None:
+            return self.span.shape[0]
+        # from the keys' size where they exist, not from `max_cache_len`: under dynamic shapes (the compiled prefill)
+        # an int attribute becomes a symbol of its own per layer, where equal tensor sizes share one, and the
+        # layers' traces (nested compile regions) would differ by it
+        return self.max_cache_len if self.keys is None else self.keys.shape[-2] - 1
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         keys, values = super().update(key_states, value_states, *args, **kwargs)

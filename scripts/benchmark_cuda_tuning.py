@@ -19,9 +19,9 @@ the model (a compiled step is kept per model, and dynamo keeps one graph per com
   autotuned (Triton templates against cuBLAS) at a longer compile;
 - the attention on SDPA's memory-efficient kernel (`torch.nn.attention.sdpa_kernel`), not cuDNN's;
 - at batch 16, the two candidate defaults again (the products have 16 rows there and stay GEMMs);
-- last, the 2,048-token prefill compiled as compile_prefill compiles it, with each decoder block a nested compile
-  region (`torch.compiler.nested_compile_region`: one block traced and compiled, stamped out for every layer) against
-  without: its compile's seconds (compile_prefill is opt-in for its 68 s) and the warm prefill.
+- last, the 2,048-token prefill compiled as compile_prefill compiles it, its decoder blocks nested compile regions
+  (`torch.compiler.nested_compile_region`: the layers after the first compiled once; compiled_prefill.py) against
+  unrolled as before: its compile's seconds (compile_prefill is opt-in for its 68 s) and the warm prefill.
 Both candidates are off by default until these rows say otherwise.
 Each row gives both sides' first and second calls (compilation included) beside tokens/s and % of the roofline.
 On CPU nothing compiles (generate compiles on accelerators only) and the rows run their code path eagerly.
@@ -44,6 +44,8 @@ from transformers import CompileConfig, StaticCache
 
 from archlab.modeling import flex_decoding, step_compile
 from archlab.modeling.cache_names import with_cache
+from archlab.modeling.cache_spans import make_spanned
+from archlab.modeling.compiled_prefill import nested_block_regions
 from archlab.modeling.fused_projections import inference_projections
 from archlab.scripts.benchmark_cuda import (
     guarded,
@@ -146,44 +148,19 @@ def setting_row(setup, report: Report, batch: int, name: str, models, setting: d
     generate_row(setup, report, metric, models, kwargs, tokens, roofline, cold=True, runs=runs)
 
 
-@contextlib.contextmanager
-def nested_block_regions():
-    """Every decoder block's forward one `torch.compiler.nested_compile_region`, with float attributes specialised
-    (a region lifts a norm's eps as a symbolic float, which torch's fused RMSNorm op refuses). The benchmark's own
-    patch: no path of archlab compiles this way yet.
-
-    What it does (torch 2.13, CPU; `TORCH_LOGS=hierarchical_compile`): dynamo still traces every layer (a block
-    returns None beside its hidden states and takes the cache object, so no traced region is reused as it is), but
-    the layers after the first trace to one subgraph, which AOT and inductor compile once. Over plain `StaticLayer`s
-    (this row's cache) that holds; over generate's cache, whose layers are `SpannedLayer`s (cache_spans.py), every
-    layer's subgraph comes out different, each is used once and inlined back: no gain, which is why
-    compiled_prefill.py does not compile this way."""
-    from archlab.modeling import blocks
-
-    classes = [cls for cls in vars(blocks).values() if isinstance(cls, type) and issubclass(cls, blocks.DecoderBlock)]
-    forwards = {cls: cls.__dict__["forward"] for cls in classes if "forward" in cls.__dict__}
-    try:
-        for cls, forward in forwards.items():
-            cls.forward = torch.compiler.nested_compile_region(forward)
-        with torch._dynamo.config.patch(specialize_float=True):
-            yield
-    finally:
-        for cls, forward in forwards.items():
-            cls.forward = forward
-
-
 def prefill_compile_row(setup, report: Report, model) -> None:
-    """The prefill as compile_prefill compiles it (the forward whole, dynamic shapes, over an allocated static cache)
-    with each decoder block a nested compile region against without: the compile's seconds (compile_prefill is
-    opt-in for its 68 s on an H100; on CPU, 22 tiny layers over a plain static cache, each with a fresh inductor
-    cache: 60.9 s plain, 22.7 s nested, the same logits; warm 2.64 against 2.76 ms) and the warm prefill.
-    `model` has not generated (it is copied here)."""
+    """The prefill as compile_prefill compiles it (the forward whole, dynamic shapes, over an allocated static cache
+    of generate's kind), its decoder blocks nested compile regions (compiled_prefill.py's `nested_block_regions`)
+    against unrolled as before: the compile's seconds (68 s unrolled on an H100; on CPU, 22 tiny layers, a fresh
+    inductor cache each: 60.9 s against 22.7 s, the same logits) and the warm prefill. `model` has not generated (it
+    is copied here)."""
     length = decode_shape(setup)["prefill"]
     nested_model = copy.deepcopy(model)
     ids = random_ids(model.config.vocab_size, 1, length, device=setup.device)
 
     def prefill_of(m, context):
         cache = StaticCache(config=m.config, max_cache_len=length)
+        make_spanned(cache)  # generate's kind of static cache
         # on CPU the suite compiles nothing (generate does not there): the path runs eagerly
         compiled = torch.compile(m, dynamic=True, fullgraph=True) if setup.cuda else m
 
@@ -195,7 +172,8 @@ def prefill_compile_row(setup, report: Report, model) -> None:
         forward()  # the cache allocates its tensors eagerly, as generate's first call does
         return lambda: forward(compiled)
 
-    runs = (prefill_of(nested_model, nested_block_regions), prefill_of(model, contextlib.nullcontext))
+    regions = functools.partial(nested_block_regions, nested_model)
+    runs = (prefill_of(nested_model, regions), prefill_of(model, contextlib.nullcontext))
     first = [first_call_seconds(setup, run) for run in runs]
     extra = {"first call archlab": f"{first[0]:.1f} s", "first call peer": f"{first[1]:.1f} s"}
     metric = (

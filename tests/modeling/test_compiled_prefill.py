@@ -9,9 +9,10 @@ import pytest
 import torch
 from transformers import CompileConfig
 
+from archlab import DecoderForCausalLM
 from archlab.modeling import compiled_prefill
 
-from helpers import decoder_variant, seq2seq_variant
+from helpers import DECODER_VARIANTS, decoder_variant, randomised, seq2seq_variant, tiny_decoder_config
 
 
 def _compile_config() -> CompileConfig:
@@ -104,3 +105,52 @@ def test_where_the_prefill_stays_eager():
     assert "allocates its tensors" in compiled_prefill.prefill_blocker(decoder, config, {})
     config.prefill_chunk_size = 4
     assert "chunked prefill" in compiled_prefill.prefill_blocker(decoder, config, {})
+
+
+def _recording_config(graphs: list) -> CompileConfig:
+    """Dynamo's traced graphs kept in `graphs`, run as traced (no code generated)."""
+
+    def backend(graph_module, example_inputs):
+        graphs.append(graph_module)
+        return graph_module.forward
+
+    config = CompileConfig(backend=backend, mode=None, fullgraph=True)
+    config._compile_all_devices = True
+    return config
+
+
+def _subgraph_calls(graph_module) -> list[str]:
+    """The nested compile regions a traced graph calls, by the name of the subgraph each call runs."""
+    return [
+        node.args[0].target
+        for node in graph_module.graph.nodes
+        if node.op == "call_function" and "invoke_subgraph" in str(node.target)
+    ]
+
+
+@pytest.mark.parametrize("name, regions", [("positions_rope", True), ("positions_alibi", True), ("moe", False)])
+def test_the_prefill_compiles_the_decoder_blocks_as_one_nested_region(name, regions, monkeypatch):
+    """The prefill's graph calls one compiled region for every layer after the first (`nested_block_regions`:
+    dynamo traces the first inline, and each later layer's trace matches one installed subgraph, compiled once)
+    where the layers were unrolled; a mixture of experts keeps them unrolled. The tokens are eager decoding's, and
+    the block classes get their own forward back after each call."""
+    torch._dynamo.reset()
+    model = randomised(DecoderForCausalLM(tiny_decoder_config(**{**DECODER_VARIANTS[name], "num_hidden_layers": 4})))
+    classes = {type(layer) for layer in model.model.layers}
+    forwards = {cls: cls.forward for cls in classes}
+    kwargs = dict(do_sample=False, pad_token_id=0, eos_token_id=None, max_new_tokens=5, cache_implementation="static")
+    expected = model.generate(**_prompts(6), **kwargs, disable_compile=True)
+    graphs = []
+    config = _recording_config(graphs)
+    model.generate(**_prompts(6), **kwargs, compile_config=config, compile_prefill=True)  # allocates the cache
+    ours = model.generate(**_prompts(6), **kwargs, compile_config=config, compile_prefill=True)
+    assert torch.equal(ours, expected)
+    assert {cls: cls.forward for cls in classes} == forwards
+    (prefill,) = [graph for graph in graphs if any(node.name == "l_input_ids_" for node in graph.graph.nodes)]
+    calls = _subgraph_calls(prefill)
+    if regions:
+        assert len(calls) == model.config.num_hidden_layers - 1 and len(set(calls)) == 1, calls
+    else:
+        assert calls == []
+    monkeypatch.setattr(compiled_prefill, "NESTED_REGIONS", False)
+    assert compiled_prefill.region_block_classes(model) == []
