@@ -130,8 +130,8 @@ def _subgraph_calls(graph_module) -> list[str]:
 
 @pytest.mark.parametrize("name, regions", [("positions_rope", True), ("positions_alibi", True), ("moe", False)])
 def test_the_prefill_compiles_the_decoder_blocks_as_one_nested_region(name, regions, monkeypatch):
-    """The prefill's graph calls one compiled region for every layer after the first (`nested_block_regions`:
-    dynamo traces the first inline, and each later layer's trace matches one installed subgraph, compiled once)
+    """The prefill's graph calls one compiled region for every layer after the first (`nested_block_regions`: each
+    later layer's trace matches the second layer's installed subgraph, compiled once)
     where the layers were unrolled; a mixture of experts keeps them unrolled. The tokens are eager decoding's, and
     the block classes get their own forward back after each call."""
     torch._dynamo.reset()
@@ -148,8 +148,9 @@ def test_the_prefill_compiles_the_decoder_blocks_as_one_nested_region(name, regi
     assert {cls: cls.forward for cls in classes} == forwards
     (prefill,) = [graph for graph in graphs if any(node.name == "l_input_ids_" for node in graph.graph.nodes)]
     calls = _subgraph_calls(prefill)
-    if regions:
-        assert len(calls) == model.config.num_hidden_layers - 1 and len(set(calls)) == 1, calls
+    if regions:  # the first layer's own subgraph is inlined back by torch 2.13, called as a region by 2.11
+        layers = model.config.num_hidden_layers
+        assert len(calls) in (layers - 1, layers) and len(set(calls[-(layers - 1) :])) == 1, calls
     else:
         assert calls == []
     monkeypatch.setattr(compiled_prefill, "NESTED_REGIONS", False)
