@@ -5,9 +5,10 @@ The loops' step (decoding_loop.py, beam_loop.py) builds its masks as transformer
 cache position). Inductor leaves such a cheap tensor unmaterialised and recomputes it where it is read, and every
 layer's SDPA call then costs a kernel of its own: SDPA's decomposition turns the boolean mask into an additive one
 per call, and inductor's layout constraint for SDPA's kernels copies an input that is not a realised buffer with
-aligned strides (`sdpa_constraint`; torch 2.13 can cache that copy, `cache_sdpa_constraint`, off by default, and the
-GPU image's 2.11 cannot). The batch-1 decode profile on an H100 showed that kernel beside each layer's attention
-(docs/gpu.md); inductor's CPU code of a 3-layer step holds three copies of the mask.
+aligned strides (`sdpa_constraint`; torch 2.13's `cache_sdpa_constraint`, off by default, does not help: each call's
+conversion is a node of its own — checked on CPU — and the GPU image's 2.11 lacks it). The batch-1 decode profile
+on an H100 showed that kernel beside each layer's attention (docs/gpu.md); inductor's CPU code of a 3-layer step
+held three copies of the mask.
 
 `realized_masks` writes each such mask, additive already (0 where seen, the dtype's minimum elsewhere, as
 transformers' eager masks), into a slot of a static buffer whose rows are `ALIGNMENT`-aligned, and hands the layers
