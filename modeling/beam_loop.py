@@ -353,9 +353,9 @@ def beam_search(model, input_ids, logits_processor, stopping_criteria, generatio
     # sized by the cache, which keeps the longest length of any call so far: a shorter call reuses the buffers
     cache_length = cache_positions(model, self_attention_cache(cache))
     length = max(config.max_length, cache_length + 1)
-    source = source_length(encoder_inputs(model, kwargs))
+    encoder = encoder_inputs(model, kwargs)
     buffers = BeamBuffers.for_shape(
-        model, batch_size, num_beams, length, cache_length, logits.shape[-1], input_ids.device, source
+        model, batch_size, num_beams, length, cache_length, logits.shape[-1], input_ids.device, source_length(encoder)
     )
     _initialise(model, buffers, input_ids, num_beams, config.max_length, pad_fill, processors, kwargs)
     scores = choose_beams(model, logits, buffers, settings, eos_token_id, top_mask)
@@ -365,7 +365,7 @@ def beam_search(model, input_ids, logits_processor, stopping_criteria, generatio
         raw_logits.append(logits)
 
     has_padding = not model.config.is_encoder_decoder and kwargs.get("attention_mask") is not None
-    arguments = (settings, eos_token_id, top_mask, encoder_inputs(model, kwargs), has_padding)
+    arguments = (settings, eos_token_id, top_mask, encoder, has_padding)
     with SlidingRings(cache):  # window-long sliding layers as rings, until the cache is rewound
         with Spans(cache) as spans, Spares(cache) as spares:
             for step in range(1, config.max_length - prompt_len):
