@@ -1,6 +1,6 @@
 """How the decoding loops compile their step (modeling/step_compile.py): a CompileConfig passed to generate is used
-as given; otherwise the model's default, with inductor's coordinate-descent tuning added (and the mode's own options
-kept, torch.compile taking options or a mode, not both) only on the devices listed."""
+as given; otherwise the model's default, with the tuned inductor options added (and the mode's own options kept,
+torch.compile taking options or a mode, not both) only on the devices listed: CUDA by default, not the CPU."""
 
 from __future__ import annotations
 
@@ -27,9 +27,11 @@ def test_a_config_of_the_call_is_used_as_given(monkeypatch):
 
 def test_the_default_is_tuned_only_on_the_listed_devices(monkeypatch):
     model = _model()
+    assert step_compile_config(model, GenerationConfig()) == CompileConfig()  # CPU is not listed by default
     monkeypatch.setattr(step_compile, "TUNED_STEP_DEVICES", ())
     assert step_compile_config(model, GenerationConfig()) == CompileConfig()
     monkeypatch.setattr(step_compile, "TUNED_STEP_DEVICES", ("cpu",))
+    monkeypatch.setattr(step_compile, "TUNED_STEP_OPTIONS", {"coordinate_descent_tuning": True})
     tuned = step_compile_config(model, GenerationConfig())
     assert tuned.mode is None and tuned.backend == "inductor"
     assert tuned.options == {"triton.cudagraphs": True, "coordinate_descent_tuning": True}  # reduce-overhead's kept
@@ -50,7 +52,12 @@ def test_a_default_with_another_backend_or_options_is_left_as_it_is(monkeypatch)
 
 
 @pytest.mark.parametrize(
-    "options", [{"coordinate_descent_tuning": True}, {"coordinate_descent_tuning": True, "combo_kernels": True}]
+    "options",
+    [
+        step_compile.TUNED_STEP_OPTIONS,
+        {"coordinate_descent_tuning": True},
+        {"coordinate_descent_tuning": True, "combo_kernels": True},
+    ],
 )
 def test_torch_compile_takes_the_tuned_config(options, monkeypatch):
     monkeypatch.setattr(step_compile, "TUNED_STEP_DEVICES", ("cpu",))
