@@ -53,7 +53,7 @@ from transformers.masking_utils import create_masks_for_generate
 from transformers.utils import logging
 
 from .cache_names import CACHE_NAMES, cache_in, with_cache
-from .cache_spans import SpannedLayer, Spans, attended_length, self_attention_layers
+from .cache_spans import SpannedLayer, Spans, advance_lengths, attended_length, self_attention_layers
 from .compile_fallback import eager_on_compiler_failure
 from .compiled_prefill import prefill
 from .loop_processors import (
@@ -296,6 +296,7 @@ def one_token_logits(
         masks = realized_masks(masks, mask_buffer)
         inputs = dict(input_ids=tokens, position_ids=position_ids, attention_mask=masks)
     outputs = model(**inputs, **with_cache(cache), use_cache=True, logits_to_keep=1, return_dict=True)
+    advance_lengths(cache)  # the layers that left their length to the step (cache_spans.py), all at once
     return outputs.logits[:, -1].to(dtype=torch.float32)
 
 

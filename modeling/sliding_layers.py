@@ -124,6 +124,8 @@ class RingSlidingLayer(StaticLayer):
     and one CUDA graph for every step), and `ring_mask` gives each query the slots of its window."""
 
     is_sliding = True
+    # its steps' `cumulative_length` is advanced by the step, with every layer's (cache_spans.advance_lengths)
+    defers_length = True
 
     def __init__(self, window: int):
         super().__init__(max_cache_len=window + RING_SPARE_SLOTS)
@@ -138,8 +140,7 @@ class RingSlidingLayer(StaticLayer):
         slot = (self.cumulative_length % self.max_cache_len).view(1)
         self.keys.index_copy_(2, slot, key_states)
         self.values.index_copy_(2, slot, value_states)
-        self.cumulative_length.add_(1)
-        return self.keys, self.values
+        return self.keys, self.values  # the length: advanced after the step's forward (`defers_length`)
 
     def get_mask_sizes(self, *args, **kwargs) -> tuple[int, int]:
         return self.max_cache_len, 0  # transformers' mask of this size is replaced by `ring_mask`

@@ -63,7 +63,40 @@ def test_a_layer_without_a_span_reads_as_a_static_layer():
     spanned.span = torch.empty(6, dtype=torch.uint8)
     assert spanned.update(keys[:, :, :1], values[:, :, :1])[0].shape[2] == 6
     assert spanned.get_mask_sizes(1) == (6, 0)
-    assert int(spanned.get_seq_length()) == 6
+    assert torch.equal(spanned.keys[:, :, 5], keys[:, :, 0])  # written at its length...
+    assert int(spanned.get_seq_length()) == 5  # ... which the step advances (`advance_lengths`), not the layer
+    cache_spans.advance_lengths(_Layers([spanned, plain]))
+    assert int(spanned.get_seq_length()) == 6 and int(plain.get_seq_length()) == 5  # a plain layer advanced itself
+
+
+class _Layers:
+    def __init__(self, layers):
+        self.layers = layers
+
+
+def test_every_deferred_length_advances_in_one_kernel(monkeypatch):
+    """The lengths of the layers that read a span, and of rings, advance together in one `_foreach_add_` (not one
+    `add_` per layer, one tiny GPU kernel each); layers without a span keep advancing themselves."""
+    keys = torch.randn(1, 2, 3, 4)
+    layers = [cache_spans.as_spanned(StaticLayer(max_cache_len=8)) for _ in range(3)]
+    ring = sliding_layers.RingSlidingLayer(window=4)  # (the loops fill it from a prefilled layer)
+    ring.lazy_initialization(keys[:, :, :1], keys[:, :, :1])
+    ring.cumulative_length.fill_(1)
+    for layer in layers:
+        layer.update(keys, keys)
+    for layer in layers[:2]:
+        layer.span = torch.empty(4, dtype=torch.uint8)
+    calls = []
+    foreach_add = torch._foreach_add_
+    monkeypatch.setattr(
+        torch, "_foreach_add_", lambda tensors, n: calls.append(len(tensors)) or foreach_add(tensors, n)
+    )
+    for layer in [*layers, ring]:
+        layer.update(keys[:, :, :1], keys[:, :, :1])
+    assert [int(layer.cumulative_length) for layer in [*layers, ring]] == [3, 3, 4, 1]
+    cache_spans.advance_lengths(_Layers([*layers, ring]))
+    assert calls == [3]
+    assert [int(layer.cumulative_length) for layer in [*layers, ring]] == [4, 4, 4, 2]
 
 
 def _record_read_lengths(monkeypatch) -> list[tuple[int, int]]:
@@ -73,7 +106,8 @@ def _record_read_lengths(monkeypatch) -> list[tuple[int, int]]:
 
     def recording(self, key_states, value_states, *args, **kwargs):
         keys, values = update(self, key_states, value_states, *args, **kwargs)
-        seen.append((int(self.cumulative_length), keys.shape[2]))
+        deferred = key_states.shape[2] if self.defers_length else 0  # (the step advances the length after)
+        seen.append((int(self.cumulative_length) + deferred, keys.shape[2]))
         return keys, values
 
     monkeypatch.setattr(SpannedLayer, "update", recording)
@@ -194,3 +228,28 @@ def test_whole_cache_sliding_layers_read_spans_too(monkeypatch):
     layers = model._kept_static_cache.cache.layers
     assert any(isinstance(layer, sliding_layers.WholeCacheSlidingLayer) for layer in layers)
     assert len({read for _, read in seen}) > 2
+
+
+def test_a_compiled_step_advances_every_layer_length_at_once(monkeypatch):
+    """The graph of a compiled decoding step: the layers' lengths advanced by one `_foreach_add_` of them all, no
+    layer's own in-place `add_`; the tokens are eager decoding's."""
+    torch._dynamo.reset()
+    graphs = []
+
+    def recording_backend(graph_module, example_inputs):
+        graphs.append(graph_module)
+        return graph_module.forward
+
+    model = decoder_variant("positions_rope")
+    kwargs = dict(**_prompts(), max_new_tokens=6, pad_token_id=0, eos_token_id=None, cache_implementation="static")
+    expected = model.generate(**kwargs)
+    config = CompileConfig(backend=recording_backend, mode=None, fullgraph=True)
+    config._compile_all_devices = True
+    assert torch.equal(model.generate(**kwargs, compile_config=config), expected)
+    (step,) = graphs
+    (advance,) = [node for node in step.graph.nodes if node.target is torch._foreach_add_]
+    assert [str(length) for length in advance.args[0]] == [
+        f"l_past_key_values_layers_{i}_cumulative_length" for i in (0, 1)
+    ]
+    own = [node for node in step.graph.nodes if node.target == "add_" and "cumulative_length" in str(node.args[0])]
+    assert not own, "a layer advanced its own length"
