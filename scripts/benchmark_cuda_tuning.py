@@ -1,29 +1,30 @@
 """`--suite cuda-tuning`: settings of the decoding step (batch 1, then 16), each measured against
 archlab's default path (the static cache, the whole step compiled with `CompileConfig()`: mode "reduce-overhead",
-CUDA graphs) on the same weights in one run — what the next default of the decoding step should be.
+CUDA graphs, and on CUDA inductor's combo kernels, modeling/step_compile.py) on the same weights in one run — what
+the next default of the decoding step should be.
 
-The profile of a batch-1 step on an H100 (docs/gpu.md) put its GEMVs at 42-77 % of the memory bandwidth (cuBLAS;
-the down projection split-K with a reduction kernel of its own) and its attention at 7.6 µs a layer (cuDNN, plus a
-memset and a kernel rebuilding the mask, on 4 KV heads × 8 query rows). The rows, each setting on its own copy of
-the model (a compiled step is kept per model, and dynamo keeps one graph per compile setting):
-- inductor's coordinate-descent tuning (modeling/step_compile.py, `TUNED_STEP_DEVICES`): a product of one row
-  becomes a Triton reduction whose block sizes are tuned while compiling (`torch._inductor.decomposition.mm`,
-  gpt-fast's setting), which can take in the element-wise work beside it (the norm's scale, SwiGLU);
-- the self-attention through FlexAttention's split-KV decoding kernel, the step's mask read inside it
-  (modeling/flex_decoding.py, `FLEX_DECODING_DEVICES`);
-- both of those;
-- inductor's combo kernels (step_compile.py's `TUNED_STEP_OPTIONS`): independent element-wise kernels launched as
-  one (a layer's query RoPE, key RoPE and cache writes; a batch-1 step ran ~15 launches a layer, a few µs each),
-  then all three together;
-- at batch 16, the two first candidates again (the products have 16 rows there and stay GEMMs);
+The first run on an H100 (docs/gpu.md) made combo kernels the default (616 against 591 tok/s at batch 1) and ruled
+out coordinate-descent tuning (0.94× at batch 1, 0.97× at 16), FlexAttention at batch 1 (0.85×) and their mixes
+(0.97×, 1.01×). Its profile of the batch-1 step after: 1.79 ms a token, 75 % GPU-busy, 272 kernels (~12 a layer,
+a launch gap of ~1.6 µs each), cuBLAS's GEMVs at ~68 % of the bandwidth, cuDNN's attention 7.6 µs a layer beside a
+memset. The rows now, each setting on its own copy of the model (a compiled step is kept per model):
+- programmatic dependent launch (inductor's `triton.enable_pdl`, with the combo kernels): a Triton kernel launches
+  before the kernel it follows ends and waits on the device (`gdc_wait`), hiding its launch gap (Hopper);
+- the attention on SDPA's memory-efficient kernel (`torch.nn.attention.sdpa_kernel`), not cuDNN's with its memset;
+- at batch 16, the step without the combo kernels (the plain mode, the default before): whether they also win
+  there, and the self-attention through FlexAttention's split-KV decoding kernel (modeling/flex_decoding.py);
+- the time to first token of a 2,048-token prompt with `compile_prefill=True`, the prompt padded to a bucket and
+  the compiled forward replayed as a CUDA graph (modeling/prefill_buckets.py, the default there now) against the
+  same compiled forward without buckets or graphs (the default before: ~300 kernels launched from Python, 18.3 ms
+  for ~8.5 ms of kernels);
 - the 2,048-token prefill compiled as compile_prefill compiles it, its decoder blocks nested compile regions
   (`torch.compiler.nested_compile_region`: the layers after the first compiled once; compiled_prefill.py) against
   unrolled as before: its compile's seconds (68 s unrolled) and the warm prefill;
-- then settings no default would take: the attention on SDPA's memory-efficient kernel
-  (`torch.nn.attention.sdpa_kernel`), not cuDNN's; last `compile_config=CompileConfig(mode="max-autotune")`, what a
-  user can pass: the same tuning, and every GEMM autotuned (Triton templates against cuBLAS) at a longer compile.
-The rows run in this order; a call's budget ends the suite where it is, keeping the rows it finished.
-The candidates are off by default until these rows say otherwise.
+- last `compile_config=CompileConfig(mode="max-autotune")`, what a user can pass: every GEMM autotuned (Triton
+  templates against cuBLAS, with the element-wise work around them fused in) at a longer compile.
+The rows run in this order; a call's budget ends the suite where it is, keeping the rows it finished. Dynamo's
+recompile limit is raised while the suite runs: every setting compiles the same step function once more (the first
+run hit the limit of 8 at its seventh row, whose step then ran eagerly).
 Each row gives both sides' first and second calls (compilation included) beside tokens/s and % of the roofline.
 On CPU nothing compiles (generate compiles on accelerators only) and the rows run their code path eagerly.
 
@@ -43,7 +44,7 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from transformers import CompileConfig, StaticCache
 
-from archlab.modeling import flex_decoding, step_compile
+from archlab.modeling import flex_decoding, prefill_buckets, step_compile
 from archlab.modeling.cache_names import with_cache
 from archlab.modeling.cache_spans import make_spanned
 from archlab.modeling.compiled_prefill import nested_block_regions
@@ -82,42 +83,36 @@ def flex_attention():
     return mock.patch.object(flex_decoding, "FLEX_DECODING_DEVICES", ("cuda",))
 
 
-def tuned_step():
-    return mock.patch.object(step_compile, "TUNED_STEP_DEVICES", ("cuda",))
+def plain_step():
+    """The step compiled in the plain mode, without step_compile.py's options (the default before combo kernels)."""
+    return mock.patch.object(step_compile, "TUNED_STEP_DEVICES", ())
 
 
-def combo_kernels():
-    """The step compiled with inductor's combo kernels (on the tuned devices: `tuned_step` enters too)."""
-    return mock.patch.object(step_compile, "TUNED_STEP_OPTIONS", {"combo_kernels": True})
-
-
-def combo_kernels_tuned():
-    """Combo kernels and coordinate-descent tuning together."""
-    options = {"coordinate_descent_tuning": True, "combo_kernels": True}
+def dependent_launches():
+    """The default's options with programmatic dependent launch for inductor's Triton kernels."""
+    options = {**step_compile.TUNED_STEP_OPTIONS, "triton.enable_pdl": True}
     return mock.patch.object(step_compile, "TUNED_STEP_OPTIONS", options)
 
 
-TUNED = "coordinate-descent-tuned Triton GEMVs (step_compile.py's default candidate)"
-FLEX = "self-attention through FlexAttention's decoding kernel (flex_decoding.py)"
-BOTH = "both of those"
-COMBO = "independent element-wise kernels launched as one (inductor's combo_kernels, step_compile.py's other candidate)"
-ALL = "combo kernels, coordinate-descent tuning and FlexAttention together"
+PDL = "Triton kernels with programmatic dependent launch (inductor's triton.enable_pdl)"
 EFFICIENT = "attention on SDPA's memory-efficient kernel (sdpa_kernel)"
-AUTOTUNED = 'compile_config=CompileConfig(mode="max-autotune") (the tuning, and every GEMM autotuned)'
+PLAIN = "the plain mode, no combo kernels (the default before)"
+FLEX = "self-attention through FlexAttention's decoding kernel (flex_decoding.py)"
+AUTOTUNED = 'compile_config=CompileConfig(mode="max-autotune") (every GEMM autotuned)'
 SETTINGS = {
-    TUNED: ({}, (tuned_step,)),
-    FLEX: ({}, (flex_attention,)),
-    BOTH: ({}, (tuned_step, flex_attention)),
-    COMBO: ({}, (tuned_step, combo_kernels)),
-    ALL: ({}, (tuned_step, combo_kernels_tuned, flex_attention)),
+    PDL: ({}, (dependent_launches,)),
     EFFICIENT: ({}, (efficient_attention,)),
+    PLAIN: ({}, (plain_step,)),
+    FLEX: ({}, (flex_attention,)),
     AUTOTUNED: (MAX_AUTOTUNE, ()),
 }
-# (batch, setting) in the order measured: the candidate defaults first (at batch 1, then at a larger batch); then
-# the prefill's two compiles (`prefill_compile_row`); then the settings no default would take, max-autotune last
-# (its GEMM autotuning compiles longest): a call's budget ends the suite where it is, keeping the rows finished
-ROWS = [(1, TUNED), (1, FLEX), (1, BOTH), (1, COMBO), (1, ALL), ("larger", TUNED), ("larger", FLEX)]
-LATE_ROWS = [(1, EFFICIENT), (1, AUTOTUNED)]
+# (batch, setting) in the order measured: the candidates at batch 1, then at a larger batch; then the prefill's two
+# compiles (`prefill_compile_row`); max-autotune last (its GEMM autotuning compiles longest): a call's budget ends
+# the suite where it is, keeping the rows finished
+ROWS = [(1, PDL), (1, EFFICIENT), ("larger", PLAIN), ("larger", FLEX)]
+LATE_ROWS = [(1, AUTOTUNED)]
+# Each setting compiles the step function once more: dynamo's limit (8) would leave the later rows' steps eager.
+RECOMPILE_LIMIT = 64
 
 
 def setting_row(setup, report: Report, batch: int, name: str, models, setting: dict, contexts) -> None:
@@ -176,6 +171,31 @@ def prefill_compile_row(setup, report: Report, model) -> None:
     prefill_rate_row(setup, report, metric, runs, model.config, length, extra=extra)
 
 
+def prefill_graphs_row(setup, report: Report, model) -> None:
+    """generate(max_new_tokens=1, compile_prefill=True) on a 2,048-token prompt, two copies of `model` (which has
+    not generated): the prompt padded to its bucket and replayed as a CUDA graph against the compiled forward
+    without buckets (`PADDED_PREFILL_DEVICES` emptied around its calls). Two calls each before the timed ones (the
+    cache's allocation, the compile), the second side's warm-up also recording its graph."""
+    length = decode_shape(setup)["prefill"]
+    graphed, unpadded = copy.deepcopy(model), copy.deepcopy(model)
+    ids = random_ids(model.config.vocab_size, 1, length, device=setup.device)
+    kwargs = dict(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=1, do_sample=False)
+    kwargs.update(pad_token_id=0, compile_prefill=True)
+
+    def without_buckets():
+        with mock.patch.object(prefill_buckets, "PADDED_PREFILL_DEVICES", ()):
+            return unpadded.generate(**kwargs)
+
+    runs = (lambda: graphed.generate(**kwargs), without_buckets)
+    first = [first_call_seconds(setup, run) + first_call_seconds(setup, run) for run in runs]
+    extra = {"first call archlab": f"{first[0]:.1f} s (2 calls)", "first call peer": f"{first[1]:.1f} s (2 calls)"}
+    metric = (
+        f"dense 1.1B prefill through generate (time to first token), 1 × {length} tokens, compile_prefill=True: "
+        "the prompt padded to a bucket, replayed as a CUDA graph vs without"
+    )
+    prefill_rate_row(setup, report, metric, runs, model.config, length, warmup=2, extra=extra)
+
+
 def run(args: argparse.Namespace) -> Report:
     setup = setup_from(args)
     report = new_report(setup, "settings of the decoding step against archlab's default")
@@ -194,10 +214,14 @@ def run(args: argparse.Namespace) -> Report:
             guarded(report, setup, f"{name}, batch {batch}", measure)
             measure = models = None  # the copy's memory back before the next row
 
-    setting_rows(ROWS)
-    # the two compiles of a 2,048-token prefill (68 s unrolled on an H100)
-    guarded(report, setup, "prefill compile, nested regions", lambda: prefill_compile_row(setup, report, pristine))
-    setting_rows(LATE_ROWS)
+    with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
+        setting_rows(ROWS[:2])
+        guarded(report, setup, "prefill buckets", functools.partial(prefill_graphs_row, setup, report, pristine))
+        setting_rows(ROWS[2:])
+        # the two compiles of a 2,048-token prefill (68 s unrolled on an H100)
+        measure = functools.partial(prefill_compile_row, setup, report, pristine)
+        guarded(report, setup, "prefill compile, nested regions", measure)
+        setting_rows(LATE_ROWS)
     not_compiled_note(setup, report)
     closing_notes(setup, report)
     return report

@@ -242,15 +242,16 @@ def test_headline_suite_runs_the_goal_rows(tmp_path, monkeypatch, device):
 
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
 def test_tuning_suite_measures_each_setting_against_the_default(tmp_path, device):
-    """cuda-tuning: each setting of the decoding step (coordinate-descent tuning, FlexAttention, both, combo kernels,
-    all three, max-autotune, the memory-efficient attention) at batch 1, the two candidate defaults at a larger
-    batch, each on its own copy of the weights against archlab's default path, with both sides' first calls; last,
-    the prefill compiled with each decoder block a nested compile region against without."""
+    """cuda-tuning: each setting of the decoding step (programmatic dependent launch, the memory-efficient attention,
+    max-autotune at batch 1; the plain mode and FlexAttention at a larger batch), each on its own copy of the weights
+    against archlab's default path, with both sides' first calls; the time to first token with the prompt padded to
+    a bucket and replayed as a CUDA graph against without; and the prefill compiled with each decoder block a nested
+    compile region against without."""
     from archlab.scripts import benchmark_cuda_tuning
 
     rates = ["--peak-tflops", "1", "--peak-bandwidth", "0.05"] if device == "cpu" else []
     table = run_suites(tmp_path, "--suite", "cuda-tuning", *rates, device=device)
-    assert len(benchmark_cuda_tuning.SETTINGS) == 7
+    assert len(benchmark_cuda_tuning.SETTINGS) == 5
     rows = benchmark_cuda_tuning.ROWS + benchmark_cuda_tuning.LATE_ROWS
     assert {name for _, name in rows} == set(benchmark_cuda_tuning.SETTINGS)
     for batch, name in rows:
@@ -259,6 +260,8 @@ def test_tuning_suite_measures_each_setting_against_the_default(tmp_path, device
         assert row[1].endswith("tok/s") and row[3].endswith("×"), row
         assert re.fullmatch(r"[\d.]+ s", row[header_index(table, "first call archlab")]), row
         assert row[header_index(table, "% roofline archlab")].endswith("%"), row
+    buckets = cells(table, "dense 1.1B prefill through generate (time to first token), 1 × 64 tokens, compile_prefill")
+    assert buckets[header_index(table, "MFU archlab")].endswith("%"), buckets
     prefill = cells(table, "dense 1.1B prefill compiled whole (compile_prefill's way), 1 × 64 tokens: each decoder")
     assert prefill[header_index(table, "MFU archlab")].endswith("%"), prefill
     assert re.fullmatch(r"[\d.]+ s", prefill[header_index(table, "first call archlab")]), prefill
