@@ -9,14 +9,17 @@ layer); compiled whole, the forward is one guard check and one generated functio
 
 With `generate(..., compile_prefill=True)` (or `compile_prefill = True` on the generation config), `prefill` runs
 generate's prefill (`GenerationMixin._prefill`) with `model.forward` compiled whole: dynamic shapes (`dynamic=True`:
-one graph for every prompt length and cache length, so a new prompt does not compile again), no CUDA graphs (one
-would be recorded per length), one graph (`fullgraph`: a graph break, like a compiler failure, is found before
-anything runs, and the prefill then runs eagerly on the same state, with one logged line), kept on the model for the
-next call. It applies where the loops run (CUDA by default, `compile_config._compile_all_devices` elsewhere) to a
-decoder's prefill over a static cache already allocated: the first call of a new cache size runs its prefill
-eagerly, since the cache allocates its tensors (and marks their addresses static) inside its first update, which a
-compiled graph must not do; generate keeps the cache for the next call (fast_decoding.py), so later calls take the
-compiled prefill. An encoder-decoder's prefill is one decoder token after the encoder: nothing to gain.
+one graph for every prompt length and cache length, so a new prompt does not compile again); on CUDA the prompt
+padded on the right to one of a few bucket lengths and the forward compiled in mode "reduce-overhead", replaying a
+CUDA graph recorded once per bucket (`bucketed_forward`, prefill_buckets.py: a graph per prompt length would record
+nearly every call; where the prompt cannot be padded, no CUDA graphs); one graph (`fullgraph`: a graph break, like a
+compiler failure, is found before anything runs, and the prefill then runs eagerly on the same state, with one
+logged line), kept on the model for the next call. It applies where the loops run (CUDA by default,
+`compile_config._compile_all_devices` elsewhere) to a decoder's prefill over a static cache already allocated: the
+first call of a new cache size runs its prefill eagerly, since the cache allocates its tensors (and marks their
+addresses static) inside its first update, which a compiled graph must not do; generate keeps the cache for the next
+call (fast_decoding.py), so later calls take the compiled prefill. An encoder-decoder's prefill is one decoder token
+after the encoder: nothing to gain.
 
 Measured on an H100 (1.1B model, bf16, docs/gpu.md): the time to first token of a 2,048-token prompt through
 `generate` 18.3 ms against Llama's 26.2 ms (1.46×; 26 % MFU, the rest generate's own host work around the forward),
@@ -48,6 +51,7 @@ import torch
 from .cache_names import cache_in
 from .cache_spans import self_attention_layers
 from .compile_fallback import eager_on_compiler_failure
+from .prefill_buckets import padded_prefill_inputs, rewind_pads
 
 
 def check_compile_prefill(generation_config) -> None:
@@ -115,34 +119,102 @@ def nested_block_regions(model) -> Iterator[None]:
                 cls.forward = forward
 
 
-def compiled_prefill_forward(model, compile_config):
+def compiled_prefill_forward(model, compile_config, graphs: bool = False):
     """`model.forward` compiled for prefills (module docstring), kept on the model while the backend and the forward
-    are the same; eager where the compiler fails."""
+    are the same; with `graphs`, in mode "reduce-overhead" (CUDA graphs, one recorded per prompt length: for prompts
+    padded to buckets, prefill_buckets.py); eager where the compiler fails."""
     eager = model.forward
     key = (compile_config.backend, eager)
     kept = getattr(model, "_compiled_prefill", None)
     if kept is None or kept[0] != key:
-        compiled = torch.compile(eager, backend=compile_config.backend, dynamic=True, fullgraph=True)
+        kept = (key, {})
+        model._compiled_prefill = kept
+    if graphs not in kept[1]:
+        mode = {"mode": "reduce-overhead"} if graphs else {}
+        compiled = torch.compile(eager, backend=compile_config.backend, dynamic=True, fullgraph=True, **mode)
         fallback = eager_on_compiler_failure(model, compiled, eager, "the prefill", (torch._dynamo.exc.Unsupported,))
 
         def forward(*args, **kwargs):
             # contiguous tensor inputs: a prompt sliced by the caller (a non-contiguous mask) would otherwise fail a
             # stride guard of the dynamic graph and compile it again
-            kwargs = {name: value.contiguous() if torch.is_tensor(value) else value for name, value in kwargs.items()}
+            kwargs = {name: _contiguous(value) for name, value in kwargs.items()}
+            _static_sizes_beside_the_lengths(kwargs)
             return fallback(*args, **kwargs)
 
-        kept = (key, forward)
-        model._compiled_prefill = kept
-    return kept[1]
+        kept[1][graphs] = forward
+    return kept[1][graphs]
+
+
+# The static dimensions of the prefill's inputs by their rank: (batch, length) ids and positions, (batch, length)
+# padding masks, (batch, heads, queries, keys) masks
+_STATIC_DIMS = {2: (0,), 4: (0, 1)}
+
+
+def _static_sizes_beside_the_lengths(kwargs: dict) -> None:
+    """Only the lengths stay dynamic: the batch (and a mask's head dimension) of the inputs, and the batch, heads and
+    head size of the cache's tensors, are marked static. Under `dynamic=True` they would be symbols that the first
+    trace specialises at once (the cache's sizes must equal the weights'), and dynamo gives equal sizes one symbol
+    (duck sizing): a prompt as long as the head size (a 64-token bucket, head_dim 64) would be specialised with it,
+    and the next length would compile the whole forward again. (Duck sizing itself stays: the layers' traces share
+    the cache length's symbol, which lets their nested compile regions match.)"""
+    for name in ("input_ids", "position_ids", "attention_mask"):
+        value = kwargs.get(name)
+        for tensor in value.values() if isinstance(value, dict) else [value]:
+            if torch.is_tensor(tensor):
+                for dim in _STATIC_DIMS.get(tensor.dim(), ()):
+                    torch._dynamo.mark_static(tensor, dim)
+    cache = cache_in(kwargs)
+    for layer in self_attention_layers(cache) if cache is not None else []:
+        for tensor in (getattr(layer, "keys", None), getattr(layer, "values", None)):
+            if torch.is_tensor(tensor) and tensor.dim() == 4 and not hasattr(tensor, "_dynamo_static_indices"):
+                for dim in (0, 1, 3):
+                    torch._dynamo.mark_static(tensor, dim)
+
+
+def _contiguous(value):
+    if torch.is_tensor(value):
+        return value.contiguous()
+    if isinstance(value, dict):  # generate's masks, one per layer type
+        return {name: _contiguous(item) for name, item in value.items()}
+    return value
+
+
+def records_graphs(compile_config) -> bool:
+    """Whether a padded prefill compiles in mode "reduce-overhead" (CUDA graphs): where the call's compile config
+    is inductor in that mode (generate's default)."""
+    return compile_config.backend == "inductor" and compile_config.mode == "reduce-overhead"
+
+
+def bucketed_forward(model, compile_config, cache):
+    """The forward a compiled prefill calls: the prompt padded to its bucket where it can be (prefill_buckets.py),
+    through the forward compiled with CUDA graphs (`records_graphs`), the pads rewound from the cache after and the
+    logits taken out of the graph's memory; else the compiled forward as it is."""
+    plain = compiled_prefill_forward(model, compile_config)
+    graphs = records_graphs(compile_config)
+    padded_forward = compiled_prefill_forward(model, compile_config, graphs=graphs)
+
+    def forward(*args, **kwargs):
+        padded = padded_prefill_inputs(model, cache, kwargs)
+        if padded is None:
+            return plain(*args, **kwargs)
+        inputs, pads = padded
+        if graphs:
+            torch.compiler.cudagraph_mark_step_begin()  # a new step: the last call's decoding graphs' outputs are dead
+        outputs = padded_forward(*args, **inputs)
+        rewind_pads(cache, pads)
+        outputs.logits = outputs.logits.clone()  # a CUDA graph's output is overwritten by its next replay
+        return outputs
+
+    return forward
 
 
 def prefill(model, input_ids: torch.LongTensor, generation_config, model_kwargs: dict):
-    """generate's prefill, with `model.forward` compiled (`compiled_prefill_forward`) where `prefill_blocker` finds
-    nothing against it. Called by the compiled loops, so only where generate compiles its decoding steps."""
+    """generate's prefill, with `model.forward` compiled (`bucketed_forward`) where `prefill_blocker` finds nothing
+    against it. Called by the compiled loops, so only where generate compiles its decoding steps."""
     if prefill_blocker(model, generation_config, model_kwargs) is not None:
         return model._prefill(input_ids, generation_config, model_kwargs, is_first_iteration=True)
     compile_config = generation_config.compile_config or model._default_compile_config()
-    forward = compiled_prefill_forward(model, compile_config)
+    forward = bucketed_forward(model, compile_config, cache_in(model_kwargs))
     own_forward = model.__dict__.get("forward")  # an instance-level forward (accelerate's hooks) is kept
     model.forward = forward
     try:
@@ -157,10 +229,12 @@ def prefill(model, input_ids: torch.LongTensor, generation_config, model_kwargs:
 
 __all__ = [
     "NESTED_REGIONS",
+    "bucketed_forward",
     "check_compile_prefill",
     "compiled_prefill_forward",
     "nested_block_regions",
     "prefill",
     "prefill_blocker",
+    "records_graphs",
     "region_block_classes",
 ]

@@ -31,8 +31,9 @@ in what transformers leaves out:
 - an encoder-decoder's source, on that path, is padded to a few lengths (`source_padding.py`), so calls with other
   source lengths reuse the kept static cache and its recorded steps;
 - with `generate(..., compile_prefill=True)`, a decoder's prefill on that path (both loops) runs compiled whole with
-  dynamic shapes once the kept cache exists (`compiled_prefill.py`): eagerly, a long prompt's forward waits on the
-  host launching its kernels; compiling it costs about a minute once per process on an H100, so it is asked for.
+  dynamic shapes once the kept cache exists (`compiled_prefill.py`), on CUDA with the prompt padded to a bucket and
+  replayed as a CUDA graph (`prefill_buckets.py`): eagerly, a long prompt's forward waits on the host launching its
+  kernels; compiling it costs about a minute once per process on an H100, so it is asked for.
 """
 
 from __future__ import annotations

@@ -1,0 +1,150 @@
+"""The compiled prefill's prompts padded to buckets (modeling/prefill_buckets.py), so a GPU can replay one CUDA graph
+per bucket: the bucket rule; for every decoder variant, generate's tokens with padded prefills equal eager
+decoding's and the variants that cannot be padded are not; the padded forward's logits, cache contents and lengths
+equal the unpadded forward's; what is never padded. On CPU the devices' list is opened to it and the forward is
+traced by dynamo's eager backend (no CUDA graphs here)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import CompileConfig, StaticCache
+
+from archlab.modeling import compiled_prefill, prefill_buckets
+from archlab.modeling.cache_names import with_cache
+from archlab.modeling.cache_spans import make_spanned, self_attention_layers
+from archlab.modeling.prefill_buckets import bucket_length, pad_blocker
+
+from helpers import DECODER_VARIANTS, NO_STATIC_CACHE, assert_close_to_scale, decoder_variant
+
+
+@pytest.fixture
+def padded_on_cpu(monkeypatch):
+    monkeypatch.setattr(prefill_buckets, "PADDED_PREFILL_DEVICES", ("cpu",))
+    monkeypatch.setattr(prefill_buckets, "MIN_BUCKET", 8)  # pads at the tiny prompts' lengths
+
+
+def _compile_config() -> CompileConfig:
+    config = CompileConfig(backend="eager", mode=None, fullgraph=True)
+    config._compile_all_devices = True
+    return config
+
+
+def _prompts(length: int, seed: int) -> dict[str, torch.Tensor]:
+    """Two prompts of `length` tokens, the first left-padded by 2."""
+    ids = torch.randint(3, 97, (2, length), generator=torch.Generator().manual_seed(seed))
+    mask = torch.ones_like(ids)
+    mask[0, :2] = 0
+    ids[0, :2] = 0
+    return {"input_ids": ids, "attention_mask": mask}
+
+
+def test_the_bucket_rule():
+    assert [bucket_length(n, 10_000) for n in (1, 64, 65, 130, 300, 2000, 2048, 2049, 5000)] == [
+        64, 64, 128, 192, 320, 2048, 2048, 2560, 5120,
+    ]  # fmt: skip
+    assert bucket_length(130, 150) == 150 and bucket_length(130, 100) == 130  # the cache's length bounds it
+    lengths = range(64, 4097)
+    assert len({bucket_length(n, 10_000) for n in lengths}) <= 4 * 6  # four buckets per doubling at most
+    assert all(bucket_length(n, 10_000) - n <= n // 4 + 64 for n in lengths)
+
+
+def _spy_on_pads(monkeypatch) -> list[int | None]:
+    seen = []
+    padded = prefill_buckets.padded_prefill_inputs
+
+    def spy(*args):
+        result = padded(*args)
+        seen.append(None if result is None else result[1])
+        return result
+
+    monkeypatch.setattr(compiled_prefill, "padded_prefill_inputs", spy)
+    return seen
+
+
+@pytest.mark.parametrize("name", sorted(set(DECODER_VARIANTS) - NO_STATIC_CACHE))
+def test_padded_prefills_give_eager_tokens(name, padded_on_cpu, monkeypatch):
+    """Prompts of 6, 9 and 3 tokens padded to 8, 16 and 8 in a kept cache of 22 positions: generate's tokens are
+    eager decoding's, for every decoder variant, compiled once; those `pad_blocker` refuses run unpadded."""
+    torch._dynamo.reset()
+    model = decoder_variant(name)
+    common = dict(do_sample=False, pad_token_id=0, eos_token_id=None, cache_implementation="static")
+    calls = [(_prompts(length, seed), 22 - length) for seed, length in enumerate((6, 9, 3))]
+    expected = [model.generate(**p, **common, max_new_tokens=n, disable_compile=True) for p, n in calls]
+    seen = _spy_on_pads(monkeypatch)
+    for index, ((prompts, new), tokens) in enumerate(zip(calls, expected)):
+        # one graph for every bucket (8 is also the cache's head_dim here: no duck sizing to specialise it); an
+        # unpadded sliding window's mask spans the prompt until it is a window long (one more graph past it)
+        with torch._dynamo.config.patch(error_on_recompile=index >= 1 and seen[0] is not None):
+            ours = model.generate(
+                **prompts, **common, max_new_tokens=new, compile_config=_compile_config(), compile_prefill=True
+            )
+        assert torch.equal(ours, tokens)
+    blocker = pad_blocker(model, model._kept_static_cache.cache)
+    assert seen == ([None] * 3 if blocker else [2, 7, 5]), blocker
+
+
+@pytest.mark.parametrize("name", ["positions_rope", "positions_alibi", "learned_positions_from_mask", "moe"])
+def test_a_padded_forward_equals_the_prompts_own(name, padded_on_cpu):
+    """The forward of a 5-token prompt padded to 8: the last position's logits, the prompt's keys and values in the
+    cache and every layer's length are those of the forward of the prompt alone; the slots after it hold the pads."""
+    model = decoder_variant(name)
+    cache = StaticCache(config=model.config, max_cache_len=12)
+    make_spanned(cache)
+    prompts = _prompts(5, seed=3)
+
+    def prefill(forward):
+        cache.reset()
+        with torch.no_grad():
+            outputs = forward(**prompts, **with_cache(cache), use_cache=True, logits_to_keep=1, return_dict=True)
+        layers = self_attention_layers(cache)
+        return outputs.logits, [
+            (layer.keys.clone(), layer.values.clone(), int(layer.cumulative_length)) for layer in layers
+        ]
+
+    alone = prefill(model.forward)  # (allocates the cache)
+    padded = prefill(compiled_prefill.bucketed_forward(model, _compile_config(), cache))
+    assert padded[0].shape == alone[0].shape == (2, 1, model.config.vocab_size)
+    assert_close_to_scale(padded[0], alone[0])
+    real = prompts["attention_mask"].bool()  # (a left pad's own keys are whatever its masked query row gave)
+    for (keys, values, length), (own_keys, own_values, own_length) in zip(padded[1], alone[1]):
+        assert length == own_length == 5
+        assert_close_to_scale(keys[:, :, :5].transpose(1, 2)[real], own_keys[:, :, :5].transpose(1, 2)[real])
+        assert_close_to_scale(values[:, :, :5].transpose(1, 2)[real], own_values[:, :, :5].transpose(1, 2)[real])
+        assert keys[:, :, 5:8].abs().sum() > 0 and own_keys[:, :, 5:8].abs().sum() == 0  # the pads' slots
+
+
+def test_what_is_never_padded(padded_on_cpu, monkeypatch):
+    model = decoder_variant("positions_rope")
+    cache = StaticCache(config=model.config, max_cache_len=12)
+    make_spanned(cache)
+    assert "spanned static layers" in pad_blocker(model, cache)  # (not yet allocated)
+    model(**_prompts(5, seed=1), **with_cache(cache), use_cache=True)
+    assert pad_blocker(model, cache) is None
+    kwargs = dict(**_prompts(5, seed=1), **with_cache(cache), use_cache=True, logits_to_keep=1)
+    assert prefill_buckets.padded_prefill_inputs(model, cache, kwargs)[1] == 3
+    for extra in ({"inputs_embeds": torch.zeros(2, 5, 32)}, {"output_hidden_states": True}, {"logits_to_keep": 0}):
+        assert prefill_buckets.padded_prefill_inputs(model, cache, {**kwargs, **extra}) is None, extra
+    longrope = decoder_variant("rope_longrope")
+    assert "sequence's length" in pad_blocker(longrope, cache)
+    monkeypatch.setattr(prefill_buckets, "PADDED_PREFILL_DEVICES", ("cuda",))
+    assert "not on cuda" in pad_blocker(model, cache)
+
+
+def test_a_batch_as_large_as_the_bucket_compiles_once(padded_on_cpu):
+    """Eight prompts padded to 8 tokens, then to 16: the batch, as large as the first bucket, is static (duck sizing
+    would have given both one symbol, specialised with the batch, and the second bucket would compile again)."""
+    torch._dynamo.reset()
+    model = decoder_variant("positions_rope")
+    common = dict(do_sample=False, pad_token_id=0, eos_token_id=None, cache_implementation="static")
+    calls = []
+    for seed, length in enumerate((6, 11)):
+        ids = torch.randint(3, 97, (8, length), generator=torch.Generator().manual_seed(seed))
+        calls.append(({"input_ids": ids, "attention_mask": torch.ones_like(ids)}, 22 - length))
+    expected = [model.generate(**p, **common, max_new_tokens=n, disable_compile=True) for p, n in calls]
+    for index, ((prompts, new), tokens) in enumerate(zip(calls, expected)):
+        with torch._dynamo.config.patch(error_on_recompile=index >= 1):
+            ours = model.generate(
+                **prompts, **common, max_new_tokens=new, compile_config=_compile_config(), compile_prefill=True
+            )
+        assert torch.equal(ours, tokens)
