@@ -29,6 +29,9 @@ Workloads (the shapes of scripts/benchmark_cuda.py: the dense 1.1B Llama shape u
                   (modeling/compiled_prefill.py; eager, the GPU waited on the host two thirds of the time)
     decode-1      `generate` at batch 1 (bf16, 128-token prompt, 256 new tokens), archlab's default path
     decode-64     the same at batch 64
+    decode-1-tuned  decode-1 with the step compiled with coordinate-descent tuning beside the default's options
+                  (inductor's batch-1 GEMVs as Triton reductions fused with the norm and SwiGLU: 0.94x the default
+                  on an H100; its kernels' rates say whether hand-written fused GEMVs could beat cuBLAS's)
 On CPU the "kernels" are the leaf operators the profiler records, and busy time is their union.
 """
 
@@ -59,6 +62,7 @@ WORKLOADS = (
     "prefill-compiled",
     "decode-1",
     "decode-64",
+    "decode-1-tuned",
 )
 # Substrings of kernel (or operator) names, lower-cased, by kind; the first kind that matches wins.
 KINDS = (
@@ -225,11 +229,24 @@ def prefill(device: torch.device, quick: bool, compiled: bool = False) -> tuple[
     return (lambda: [forward() for _ in range(2)]), forward, 1
 
 
-def decoding(device: torch.device, quick: bool, batch: int) -> tuple[Callable, Callable, int]:
+def tuned_step_config():
+    """The decoding step's default compile options with coordinate-descent tuning added (step_compile.py)."""
+    from torch._inductor import list_mode_options
+    from transformers import CompileConfig
+
+    from archlab.modeling.step_compile import TUNED_STEP_OPTIONS
+
+    options = {**list_mode_options("reduce-overhead"), **TUNED_STEP_OPTIONS, "coordinate_descent_tuning": True}
+    return CompileConfig(fullgraph=True, mode=None, options=options)
+
+
+def decoding(device: torch.device, quick: bool, batch: int, tuned: bool = False) -> tuple[Callable, Callable, int]:
     batch = min(batch, 4) if quick else batch
     model = dense_model(device, quick, torch.bfloat16).eval()
     prompt, new = (16, 16) if quick else (128, 256)
     kwargs = greedy_call(model.config.vocab_size, batch, prompt, new, device)
+    if tuned:
+        kwargs["compile_config"] = tuned_step_config()
 
     def generate() -> None:
         model.generate(**kwargs)
@@ -246,7 +263,7 @@ def workload(name: str, device: torch.device, quick: bool) -> tuple[Callable, Ca
         return dense_training(device, quick, compiled=name == "train")
     if name.startswith("prefill"):
         return prefill(device, quick, compiled=name == "prefill-compiled")
-    return decoding(device, quick, batch=int(name.removeprefix("decode-")))
+    return decoding(device, quick, batch=int(name.split("-")[1]), tuned=name.endswith("-tuned"))
 
 
 def profile_workload(name: str, device: torch.device, quick: bool, rounds: int) -> str:

@@ -195,6 +195,40 @@ def test_greedy_calls_reuse_one_recorded_step(monkeypatch):
         assert torch.equal(output, expected)
 
 
+def test_the_compiled_prefill_replays_one_recorded_graph_per_bucket(monkeypatch):
+    """`compile_prefill=True` on CUDA: prompts of 32, 20 and 27 tokens (three rows, left-padded) are padded on the
+    right to their bucket (prefill_buckets.py) and the prefill replays the CUDA graph recorded for it: after
+    the calls that allocate the cache, compile and record, prompts of other lengths in the bucket record nothing and
+    compile nothing, with eager decoding's fp32 tokens (the same cache length every call: the kept cache)."""
+    from archlab.modeling import compiled_prefill
+
+    torch._dynamo.reset()
+    counters.clear()
+    model = _model("dense", torch.float32)
+    inputs = _inputs("dense", 3)
+    pads = []
+    padded = compiled_prefill.padded_prefill_inputs
+    monkeypatch.setattr(
+        compiled_prefill, "padded_prefill_inputs", lambda *a: (lambda r: pads.append(r and r[1]) or r)(padded(*a))
+    )
+
+    def call(length, **kwargs):
+        prompt = {name: value[:, -length:] for name, value in inputs.items()}
+        kwargs.update(do_sample=False, max_new_tokens=56 - length, min_new_tokens=56 - length, pad_token_id=0)
+        return model.generate(**prompt, **kwargs, compile_prefill=True)
+
+    expected = {length: call(length, disable_compile=True) for length in (32, 20, 27)}
+    outputs = [(32, call(32)) for _ in range(3)]  # allocates the kept cache; compiles the prefill; records it
+    captures = _count_recordings(monkeypatch)
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        outputs += [(length, call(length)) for length in (20, 27, 32)]
+    assert not captures, "a prompt in the same bucket recorded a graph again"
+    assert counters["inductor"]["cudagraph_skips"] == 0
+    assert pads[-3:] == [34, 27, 22], pads  # to 54 tokens: the bucket (64) held below the cache's 55 positions
+    for length, output in outputs:
+        assert torch.equal(output, expected[length]), length
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 def test_sliding_layers_decoded_as_rings_replay_one_recorded_step(dtype, monkeypatch):
     """Window 8, 32 + 24 positions: past 4 windows the sliding layers are window-long and the loop decodes them as

@@ -88,6 +88,14 @@ def test_the_cpu_rehearsal_writes_every_report_to_one_file(tmp_path, capsys, mon
     assert "topk" in moe and "topk" not in dense  # the router (its aux loss) only in the MoE
 
 
+def test_the_tuned_decoding_profile_adds_coordinate_descent_to_the_default_options():
+    from archlab.modeling import step_compile
+
+    options = profile_cuda.tuned_step_config().options
+    assert options["coordinate_descent_tuning"] and options["triton.cudagraphs"]  # (reduce-overhead's kept)
+    assert all(options[name] == value for name, value in step_compile.TUNED_STEP_OPTIONS.items())
+
+
 def test_bad_arguments_fail_early(capsys):
     with pytest.raises(SystemExit):
         profile_cuda.main(["--rounds", "0"])
