@@ -27,6 +27,9 @@ Workloads (the shapes of scripts/benchmark_cuda.py: the dense 1.1B Llama shape u
                   out as generate lays them out on CUDA: one product each), eager as generate runs it
     prefill-compiled  the same compiled whole with dynamic shapes, as generate's fast path compiles its prefill
                   (modeling/compiled_prefill.py; eager, the GPU waited on the host two thirds of the time)
+    ttft          `generate(max_new_tokens=1, compile_prefill=True)` on one 2048-token prompt, as the time-to-first-
+                  token rows run it: on CUDA the prompt's forward replayed as a CUDA graph (prefill_buckets.py); what
+                  is left of the wall time beside its ~8.5 ms of kernels is generate's own host work
     decode-1      `generate` at batch 1 (bf16, 128-token prompt, 256 new tokens), archlab's default path
     decode-64     the same at batch 64
     decode-1-tuned  decode-1 with the step compiled with coordinate-descent tuning beside the default's options
@@ -60,6 +63,7 @@ WORKLOADS = (
     "train-seq2seq",
     "prefill",
     "prefill-compiled",
+    "ttft",
     "decode-1",
     "decode-64",
     "decode-1-tuned",
@@ -229,6 +233,18 @@ def prefill(device: torch.device, quick: bool, compiled: bool = False) -> tuple[
     return (lambda: [forward() for _ in range(2)]), forward, 1
 
 
+def time_to_first_token(device: torch.device, quick: bool) -> tuple[Callable, Callable, int]:
+    model = dense_model(device, quick, torch.bfloat16).eval()
+    ids = random_ids(model.config.vocab_size, 1, 64 if quick else 2048, device=device)
+    kwargs = dict(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=1, do_sample=False)
+
+    def generate() -> None:
+        model.generate(**kwargs, pad_token_id=0, compile_prefill=True)
+
+    # the cache's allocation, the prefill's compile, its warm-up and recording; then replays
+    return (lambda: [generate() for _ in range(4)]), generate, 1
+
+
 def tuned_step_config():
     """The decoding step's default compile options with coordinate-descent tuning added (step_compile.py)."""
     from torch._inductor import list_mode_options
@@ -263,6 +279,8 @@ def workload(name: str, device: torch.device, quick: bool) -> tuple[Callable, Ca
         return dense_training(device, quick, compiled=name == "train")
     if name.startswith("prefill"):
         return prefill(device, quick, compiled=name == "prefill-compiled")
+    if name == "ttft":
+        return time_to_first_token(device, quick)
     return decoding(device, quick, batch=int(name.split("-")[1]), tuned=name.endswith("-tuned"))
 
 
