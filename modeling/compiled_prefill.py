@@ -138,36 +138,24 @@ def compiled_prefill_forward(model, compile_config, graphs: bool = False):
             # contiguous tensor inputs: a prompt sliced by the caller (a non-contiguous mask) would otherwise fail a
             # stride guard of the dynamic graph and compile it again
             kwargs = {name: _contiguous(value) for name, value in kwargs.items()}
-            _static_sizes_beside_the_lengths(kwargs)
+            _static_head_sizes(cache_in(kwargs))
             return fallback(*args, **kwargs)
 
         kept[1][graphs] = forward
     return kept[1][graphs]
 
 
-# The static dimensions of the prefill's inputs by their rank: (batch, length) ids and positions, (batch, length)
-# padding masks, (batch, heads, queries, keys) masks
-_STATIC_DIMS = {2: (0,), 4: (0, 1)}
-
-
-def _static_sizes_beside_the_lengths(kwargs: dict) -> None:
-    """Only the lengths stay dynamic: the batch (and a mask's head dimension) of the inputs, and the batch, heads and
-    head size of the cache's tensors, are marked static. Under `dynamic=True` they would be symbols that the first
-    trace specialises at once (the cache's sizes must equal the weights'), and dynamo gives equal sizes one symbol
-    (duck sizing): a prompt as long as the head size (a 64-token bucket, head_dim 64) would be specialised with it,
-    and the next length would compile the whole forward again. (Duck sizing itself stays: the layers' traces share
-    the cache length's symbol, which lets their nested compile regions match.)"""
-    for name in ("input_ids", "position_ids", "attention_mask"):
-        value = kwargs.get(name)
-        for tensor in value.values() if isinstance(value, dict) else [value]:
-            if torch.is_tensor(tensor):
-                for dim in _STATIC_DIMS.get(tensor.dim(), ()):
-                    torch._dynamo.mark_static(tensor, dim)
-    cache = cache_in(kwargs)
+def _static_head_sizes(cache) -> None:
+    """The heads and head size of the cache's tensors marked static (once per tensor). Under `dynamic=True` they
+    would be symbols that the first trace specialises at once (they must equal the weights'), and dynamo gives equal
+    sizes one symbol (duck sizing): a prompt as long as the head size (a 64-token bucket and head_dim 64) would be
+    specialised with it, and the next length would compile the whole forward again. The batch stays dynamic (a new
+    batch size does not compile again; prefill_buckets.py keeps a bucket off the batch size), and so does duck sizing
+    (the layers' traces share the cache length's symbol, which lets their nested compile regions match)."""
     for layer in self_attention_layers(cache) if cache is not None else []:
         for tensor in (getattr(layer, "keys", None), getattr(layer, "values", None)):
             if torch.is_tensor(tensor) and tensor.dim() == 4 and not hasattr(tensor, "_dynamo_static_indices"):
-                for dim in (0, 1, 3):
+                for dim in (1, 3):
                     torch._dynamo.mark_static(tensor, dim)
 
 

@@ -39,11 +39,16 @@ LENGTH_DEPENDENT_ROPE = ("dynamic", "longrope")
 PASSED_AS_THEY_ARE = ("cache", "past_key_values", "use_cache", "return_dict", "logits_to_keep")
 
 
-def bucket_length(length: int, limit: int) -> int:
+def bucket_length(length: int, limit: int, avoid: int | None = None) -> int:
     """The padded length of a `length`-token prompt: rounded up to a quarter of the largest power of two not above
-    it (at least `MIN_BUCKET`), at most `limit` (the cache's length) and never below `length`."""
+    it (at least `MIN_BUCKET`), at most `limit` (the cache's length) and never below `length`; the next bucket where
+    it would equal `avoid` (the batch size: equal sizes share one symbol in the dynamic graph, and a later length
+    would fail its guard and compile again) and the next one fits."""
     granularity = max(MIN_BUCKET, (1 << (max(length, 1).bit_length() - 1)) // 4)
-    return max(length, min(limit, -(-length // granularity) * granularity))
+    padded = -(-length // granularity) * granularity
+    if padded == avoid and padded + granularity <= limit:
+        padded += granularity
+    return max(length, min(limit, padded))
 
 
 def pad_blocker(model, cache) -> str | None:
@@ -90,7 +95,7 @@ def padded_prefill_inputs(model, cache, kwargs: dict) -> tuple[dict, int] | None
     positions = getattr(model.config, "max_position_embeddings", None)
     if isinstance(positions, int) and positions > 0:
         limit = min(limit, positions)
-    padded_length = bucket_length(length, limit)
+    padded_length = bucket_length(length, limit, avoid=ids.shape[0])
     pads = padded_length - length
     inputs = dict(kwargs)
     try:

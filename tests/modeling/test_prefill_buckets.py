@@ -44,6 +44,7 @@ def test_the_bucket_rule():
         64, 64, 128, 192, 320, 2048, 2048, 2560, 5120,
     ]  # fmt: skip
     assert bucket_length(130, 150) == 150 and bucket_length(130, 100) == 130  # the cache's length bounds it
+    assert bucket_length(50, 1000, avoid=64) == 128 and bucket_length(50, 100, avoid=64) == 64  # off the batch size
     lengths = range(64, 4097)
     assert len({bucket_length(n, 10_000) for n in lengths}) <= 4 * 6  # four buckets per doubling at most
     assert all(bucket_length(n, 10_000) - n <= n // 4 + 64 for n in lengths)
@@ -132,8 +133,8 @@ def test_what_is_never_padded(padded_on_cpu, monkeypatch):
 
 
 def test_a_batch_as_large_as_the_bucket_compiles_once(padded_on_cpu):
-    """Eight prompts padded to 8 tokens, then to 16: the batch, as large as the first bucket, is static (duck sizing
-    would have given both one symbol, specialised with the batch, and the second bucket would compile again)."""
+    """Eight prompts of 6 tokens, then of 11: the first bucket would be 8, the batch size, and goes to 16 (duck
+    sizing would give both one symbol, and the next length would fail the graph's guard and compile again)."""
     torch._dynamo.reset()
     model = decoder_variant("positions_rope")
     common = dict(do_sample=False, pad_token_id=0, eos_token_id=None, cache_implementation="static")
@@ -148,3 +149,27 @@ def test_a_batch_as_large_as_the_bucket_compiles_once(padded_on_cpu):
                 **prompts, **common, max_new_tokens=new, compile_config=_compile_config(), compile_prefill=True
             )
         assert torch.equal(ours, tokens)
+
+
+def test_another_batch_size_does_not_compile_the_prefill_again(padded_on_cpu):
+    """The batch stays a dynamic size of the prefill's graph: a new batch size (a new kept cache, filled eagerly
+    first) reuses the compiled prefill (the decoding step, static, compiles for it)."""
+    torch._dynamo.reset()
+    graphs = []
+
+    def recording_backend(graph_module, example_inputs):
+        graphs.append(graph_module)
+        return graph_module.forward
+
+    config = CompileConfig(backend=recording_backend, mode=None, fullgraph=True)
+    config._compile_all_devices = True
+    model = decoder_variant("positions_rope")
+    common = dict(do_sample=False, pad_token_id=0, eos_token_id=None, cache_implementation="static")
+    for batch in (2, 2, 3, 3):
+        ids = torch.randint(3, 97, (batch, 6), generator=torch.Generator().manual_seed(batch))
+        expected = model.generate(ids, **common, max_new_tokens=8, disable_compile=True)
+        assert torch.equal(
+            model.generate(ids, **common, max_new_tokens=8, compile_config=config, compile_prefill=True), expected
+        )
+    prefills = [graph for graph in graphs if any(node.name == "l_input_ids_" for node in graph.graph.nodes)]
+    assert len(prefills) == 1, f"{len(prefills)} prefill graphs"
