@@ -10,10 +10,10 @@
 #   headline --suite cuda-headline: the issues' headline rows (batch-1 static decoding, the 2048-token prefill,
 #           dense training eager and compiled), each with its goal (105 s on an H100): a first session's numbers
 #   tests   pytest -m gpu, then -m "not gpu and not slow", over the test files that mark a test gpu or check
-#           torch.cuda.is_available() (over 5 minutes: on an H100 28 of the 50 GPU tests ran in 300 s, each
-#           compiling its steps; the last ones run every CUDA suite at --quick size); the GPU tests print one line
-#           per test as it ends and each failure's traceback at once, so a run stopped at its limit says which
-#           passed and why others failed
+#           torch.cuda.is_available(); the GPU tests in GPU_TEST_WORKERS processes at once (one process took over
+#           5 minutes: on an H100 28 of the 50 GPU tests ran in 300 s, each compiling its steps on the CPU); they
+#           print one line per test as it ends and each failure's traceback at once, so a run stopped at its limit
+#           says which passed and why others failed
 #   quick   every CUDA suite at --quick size with the real liger-kernel, tables only (about 2-3 minutes)
 #   train   --suite cuda-train      (about 5-8 minutes, a call of its own)
 #   compiled --suite cuda-train-compiled (vocab 128256, MoE, seq2seq compiled regionally; about 6-8 minutes)
@@ -29,6 +29,7 @@
 #
 # Environment: OUT (default ./gpu-out; the device tool sets it), SITE (/tmp/site), WHEEL_DIR (.whl),
 # PYTHON (python3), SESSION_BUDGET (seconds for the whole call, default 570: the device tool stops a command at 600),
+# GPU_TEST_WORKERS (pytest processes the `tests` step runs the GPU tests in at once, default 4),
 # STEP_LIMIT (seconds, replaces every step's own limit), DEVICE (cuda; `cpu` rehearses a session on a machine
 # without a GPU), PROFILE_WORKLOADS (the profile step's workloads, space-separated; default every one).
 # Files under $OUT: session.log (everything), steps.tsv (step, status, seconds), one markdown table per suite.
@@ -40,6 +41,7 @@ SITE="${SITE:-/tmp/site}"
 WHEEL_DIR="${WHEEL_DIR:-.whl}"
 PYTHON="${PYTHON:-python3}"
 PROFILE_WORKLOADS="${PROFILE_WORKLOADS:-}"
+GPU_TEST_WORKERS="${GPU_TEST_WORKERS:-4}"
 SESSION_BUDGET="${SESSION_BUDGET:-570}"
 DEVICE="${DEVICE:-cuda}"
 STEPS_ALLOWED="setup info headline tests quick train compiled decode static loops tuning profile"
@@ -51,7 +53,7 @@ requested=()
 for arg in "$@"; do
     case "$arg" in
         --dry-run) dry_run=1 ;;
-        -h | --help) sed -n '2,34p' "$0"; exit 0 ;;
+        -h | --help) sed -n '2,35p' "$0"; exit 0 ;;
         *)
             if [[ " $STEPS_ALLOWED " != *" $arg "* ]]; then
                 echo "error: unknown step '$arg'; allowed: $STEPS_ALLOWED" >&2
@@ -121,10 +123,44 @@ step_tests() {
     fi
     # the GPU tests first (a step cut short at the call's budget has run those), then the fast CPU tests beside them
     local status=0
-    # each failure's traceback as the test ends (tests/conftest.py): a step stopped at its limit still says why
-    ARCHLAB_TEST_FAILURES_AT_ONCE=1 "$PYTHON" -m pytest -v --tb=short -p no:cacheprovider -m gpu "${files[@]}" ||
-        status=1
+    gpu_tests "${files[@]}" || status=1
     "$PYTHON" -m pytest -q --tb=short -p no:cacheprovider -m "not gpu and not slow" "${files[@]}" || status=1
+    return $status
+}
+
+# gpu_tests FILE...: their GPU tests dealt round-robin to GPU_TEST_WORKERS pytest processes run at once. Each test
+# spends most of its time compiling on the CPU (28 of 50 tests in 300 s, one process, on the first H100 session),
+# and the machine has 16 cores; the GPU holds several processes' tiny models. Each worker's log is printed when all
+# have ended, or when the step is stopped at its limit (the workers are stopped too).
+gpu_tests() {
+    local ids pids=() logs=() worker index status=0 folder
+    mapfile -t ids < <("$PYTHON" -m pytest --collect-only -q -p no:cacheprovider -m gpu "$@" 2>/dev/null | grep '::')
+    echo "${#ids[@]} GPU tests in $GPU_TEST_WORKERS processes"
+    ((${#ids[@]})) || return 0
+    folder=$(mktemp -d)
+    # shellcheck disable=SC2317,SC2329  # (reached through the trap)
+    stop_workers() {
+        kill "${pids[@]}" 2>/dev/null
+        wait
+        cat "${logs[@]}" 2>/dev/null
+        exit 124
+    }
+    trap stop_workers TERM INT
+    for ((worker = 0; worker < GPU_TEST_WORKERS; worker++)); do
+        local chunk=()
+        for ((index = worker; index < ${#ids[@]}; index += GPU_TEST_WORKERS)); do chunk+=("${ids[index]}"); done
+        ((${#chunk[@]})) || continue
+        logs+=("$folder/worker-$worker.log")
+        # each failure's traceback as the test ends (tests/conftest.py): a step stopped at its limit still says why
+        ARCHLAB_TEST_FAILURES_AT_ONCE=1 "$PYTHON" -m pytest -v --tb=short -p no:cacheprovider -m gpu "${chunk[@]}" \
+            >"$folder/worker-$worker.log" 2>&1 &
+        pids+=($!)
+    done
+    for index in "${!pids[@]}"; do
+        wait "${pids[index]}" || status=1
+    done
+    trap - TERM INT
+    cat "${logs[@]}"
     return $status
 }
 
@@ -174,7 +210,7 @@ run_step() {
     say "== $step: start (limit ${limit}s)"
     started=$SECONDS
     # A subshell under timeout: the step's functions and variables come along, and a hung step is killed.
-    timeout --kill-after=15 "$limit" bash -c "$(declare -f); $(declare -p PYTHON SITE WHEEL_DIR OUT BENCHMARK DEVICE PROFILE_WORKLOADS); step_$step" \
+    timeout --kill-after=15 "$limit" bash -c "$(declare -f); $(declare -p PYTHON SITE WHEEL_DIR OUT BENCHMARK DEVICE PROFILE_WORKLOADS GPU_TEST_WORKERS); step_$step" \
         >>"$LOG" 2>&1
     status=$?
     local seconds=$((SECONDS - started)) verdict=ok

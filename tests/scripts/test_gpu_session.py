@@ -83,6 +83,56 @@ def test_the_profile_step_profiles_the_workloads_named(tmp_path):
     assert "profile.md --workload train-moe --workload decode-1" in log
 
 
+FAKE_PYTHON = """#!/usr/bin/env bash
+# a stand-in for Python: pytest's collection lists five GPU tests; a GPU run of tests waits (10 s at most) until
+# three have started, so runs one after another would say ALONE
+if [[ " $* " == *" --collect-only "* ]]; then
+    for i in 1 2 3 4 5; do echo "tests/test_x.py::test_$i"; done
+    exit 0
+fi
+if [[ " $* " == *" -m gpu "* ]]; then
+    touch "$BARRIER/$$"
+    for _ in $(seq 100); do (($(ls "$BARRIER" | wc -l) >= 3)) && break; sleep 0.1; done
+    (($(ls "$BARRIER" | wc -l) >= 3)) || echo ALONE
+fi
+echo "RUN $*"
+"""
+
+
+def test_the_gpu_tests_run_in_several_processes_at_once(tmp_path):
+    """The `tests` step deals the collected GPU tests round-robin to GPU_TEST_WORKERS pytest processes that run
+    together, then runs the fast CPU tests once; each worker's output ends up in session.log."""
+    fake = tmp_path / "python"
+    fake.write_text(FAKE_PYTHON)
+    fake.chmod(0o755)
+    (tmp_path / "barrier").mkdir()
+    done, verdicts = session(
+        tmp_path, "tests", PYTHON=str(fake), GPU_TEST_WORKERS="3", BARRIER=str(tmp_path / "barrier")
+    )
+    assert ["tests", "ok"] == verdicts[-1][:2], done.stdout + done.stderr
+    log = (tmp_path / "out" / "session.log").read_text()
+    assert "5 GPU tests in 3 processes" in log and "ALONE" not in log
+    runs = [line for line in log.splitlines() if line.startswith("RUN -m pytest -v")]
+    dealt = sorted(tuple(int(word[-1]) for word in run.split() if "::test_" in word) for run in runs)
+    assert dealt == [(1, 4), (2, 5), (3,)]
+    assert sum("not gpu and not slow" in line for line in log.splitlines() if line.startswith("RUN")) == 1
+
+
+def test_gpu_test_workers_stopped_at_the_step_limit_leave_their_output(tmp_path):
+    """A `tests` step stopped at its limit stops its GPU test processes and still writes what they printed."""
+    fake = tmp_path / "python"
+    fake.write_text(FAKE_PYTHON.replace('echo "RUN $*"', 'echo "STARTED $*"; sleep 60; echo NEVER'))
+    fake.chmod(0o755)
+    (tmp_path / "barrier").mkdir()
+    done, verdicts = session(tmp_path, "tests", PYTHON=str(fake), STEP_LIMIT="8", BARRIER=str(tmp_path / "barrier"))
+    assert ["tests", "timed out"] == verdicts[-1][:2], done.stdout + done.stderr
+    log = (tmp_path / "out" / "session.log").read_text()
+    assert sum(line.startswith("STARTED -m pytest -v") for line in log.splitlines()) == 4 and "NEVER" not in log
+    if shutil.which("pgrep"):
+        left = subprocess.run(["pgrep", "-f", str(fake)], capture_output=True, text=True)
+        assert left.stdout == "", "a GPU test process outlived its step"
+
+
 @pytest.mark.skipif(shutil.which("shellcheck") is None, reason="shellcheck is not installed")
 def test_shell_scripts_pass_shellcheck():
     scripts = sorted(str(p) for p in (ROOT / "scripts" / "gpu").glob("*.sh"))
