@@ -195,17 +195,19 @@ def test_greedy_calls_reuse_one_recorded_step(monkeypatch):
         assert torch.equal(output, expected)
 
 
-def test_the_compiled_prefill_replays_one_recorded_graph_per_bucket(monkeypatch):
+@pytest.mark.parametrize("kind", ["dense", "moe"])
+def test_the_compiled_prefill_replays_one_recorded_graph_per_bucket(kind, monkeypatch):
     """`compile_prefill=True` on CUDA: prompts of 32, 20 and 27 tokens (three rows, left-padded) are padded on the
     right to their bucket (prefill_buckets.py) and the prefill replays the CUDA graph recorded for it: after
     the calls that allocate the cache, compile and record, prompts of other lengths in the bucket record nothing and
-    compile nothing, with eager decoding's fp32 tokens (the same cache length every call: the kept cache)."""
+    compile nothing, with eager decoding's fp32 tokens (the same cache length every call: the kept cache). The
+    mixture of experts too (its blocks leave the router's logits on the module, from the graph's memory)."""
     from archlab.modeling import compiled_prefill
 
     torch._dynamo.reset()
     counters.clear()
-    model = _model("dense", torch.float32)
-    inputs = _inputs("dense", 3)
+    model = _model(kind, torch.float32)
+    inputs = _inputs(kind, 3)
     pads = []
     padded = compiled_prefill.padded_prefill_inputs
     monkeypatch.setattr(
