@@ -427,6 +427,7 @@ CANDIDATE_CASES = [
     ("tuned", "seq2seq", 1),
     ("combo", "dense", 1),  # inductor's combo kernels alone (the H100's best batch-1 setting)
     ("combo", "seq2seq", 1),
+    ("pdl", "dense", 1),  # the default's combo kernels with programmatic dependent launch (cuda-tuning's next row)
 ]
 
 
@@ -451,6 +452,9 @@ def test_candidate_defaults_equal_eager_without_falling_back(candidate, kind, ba
         monkeypatch.setattr(step_compile, "TUNED_STEP_DEVICES", ("cuda",))
     if candidate == "combo":
         options = {"combo_kernels": True}
+        monkeypatch.setattr(step_compile, "TUNED_STEP_OPTIONS", options)
+    if candidate == "pdl":
+        options = {**step_compile.TUNED_STEP_OPTIONS, "triton.enable_pdl": True}
         monkeypatch.setattr(step_compile, "TUNED_STEP_OPTIONS", options)
     model = _model(kind, torch.float32)
     inputs = _inputs(kind, batch)
