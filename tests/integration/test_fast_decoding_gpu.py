@@ -435,8 +435,8 @@ CANDIDATE_CASES = [
 def test_candidate_defaults_equal_eager_without_falling_back(candidate, kind, batch, monkeypatch):
     """The candidates for the decoding step's default (`--suite cuda-tuning` measures them): the self-attention
     through FlexAttention (flex_decoding.py), inductor's coordinate-descent tuning, its combo kernels (the default
-    since) and programmatic dependent launch (step_compile.py). Each compiles (no fallback to eager decoding, no cudagraph skip) and gives eager decoding's
-    fp32 tokens and logits."""
+    since) and programmatic dependent launch (step_compile.py). Each compiles (no fallback to eager decoding, no
+    cudagraph skip) and gives eager decoding's fp32 tokens and logits."""
     from archlab.modeling import compile_fallback, flex_decoding, step_compile
 
     torch._dynamo.reset()

@@ -63,7 +63,18 @@ def _spy_on_pads(monkeypatch) -> list[int | None]:
     return seen
 
 
-@pytest.mark.parametrize("name", sorted(set(DECODER_VARIANTS) - NO_STATIC_CACHE))
+# the fast suite's share of the variants (each ~4 s): positions by RoPE and by bias, a prefix, experts, and one whose
+# sliding layers keep it unpadded; CI's slow run takes the others
+FAST_VARIANTS = {"positions_rope", "positions_alibi", "prefix_lm", "moe", "local_global"}
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        name if name in FAST_VARIANTS else pytest.param(name, marks=pytest.mark.slow)
+        for name in sorted(set(DECODER_VARIANTS) - NO_STATIC_CACHE)
+    ],
+)
 def test_padded_prefills_give_eager_tokens(name, padded_on_cpu, monkeypatch):
     """Prompts of 6, 9 and 3 tokens padded to 8, 16 and 8 in a kept cache of 22 positions: generate's tokens are
     eager decoding's, for every decoder variant, compiled once; those `pad_blocker` refuses run unpadded."""

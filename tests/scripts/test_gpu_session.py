@@ -121,7 +121,8 @@ def test_the_gpu_tests_run_in_several_processes_at_once(tmp_path):
 def test_gpu_test_workers_stopped_at_the_step_limit_leave_their_output(tmp_path):
     """A `tests` step stopped at its limit stops its GPU test processes and still writes what they printed."""
     fake = tmp_path / "python"
-    fake.write_text(FAKE_PYTHON.replace('echo "RUN $*"', 'echo "STARTED $*"; sleep 60; echo NEVER'))
+    stalled = 'echo "STARTED $*"; [[ " $* " == *" -m gpu "* ]] && sleep 60 && echo NEVER'
+    fake.write_text(FAKE_PYTHON.replace('echo "RUN $*"', stalled))
     fake.chmod(0o755)
     (tmp_path / "barrier").mkdir()
     done, verdicts = session(tmp_path, "tests", PYTHON=str(fake), STEP_LIMIT="8", BARRIER=str(tmp_path / "barrier"))
