@@ -192,6 +192,15 @@ def advance_lengths(cache: Cache, tokens: int = 1) -> None:
         torch._foreach_add_(lengths, tokens)
 
 
+def rewind_lengths(cache: Cache, positions: int) -> None:
+    """Every allocated self-attention layer of `cache` forgets its last `positions` positions (its length shortened
+    in one `torch._foreach_sub_`; the keys stay, to be overwritten): the steps run past the end of every row, a
+    prefill's pads."""
+    lengths = [layer.cumulative_length for layer in self_attention_layers(cache) if layer.is_initialized]
+    if positions and lengths:
+        torch._foreach_sub_(lengths, positions)
+
+
 def cache_tensors(layer) -> tuple[torch.Tensor, torch.Tensor]:
     """The keys and values of a static layer a step reads: its span where one is set, else the whole cache."""
     if isinstance(layer, SpannedLayer):
@@ -210,6 +219,7 @@ __all__ = [
     "attended_length",
     "cache_tensors",
     "make_spanned",
+    "rewind_lengths",
     "self_attention_layers",
     "span_length",
     "span_step",

@@ -49,9 +49,9 @@ from collections.abc import Callable, Iterator
 import torch
 
 from .cache_names import cache_in
-from .cache_spans import self_attention_layers
+from .cache_spans import rewind_lengths, self_attention_layers
 from .compile_fallback import eager_on_compiler_failure
-from .prefill_buckets import padded_prefill_inputs, rewind_pads
+from .prefill_buckets import padded_prefill_inputs
 
 
 def check_compile_prefill(generation_config) -> None:
@@ -189,7 +189,7 @@ def bucketed_forward(model, compile_config, cache):
         if graphs:
             torch.compiler.cudagraph_mark_step_begin()  # a new step: the last call's decoding graphs' outputs are dead
         outputs = padded_forward(*args, **inputs)
-        rewind_pads(cache, pads)
+        rewind_lengths(cache, pads)  # the pads' positions, after the prompt's
         outputs.logits = outputs.logits.clone()  # a CUDA graph's output is overwritten by its next replay
         return outputs
 

@@ -53,7 +53,7 @@ from transformers.masking_utils import create_masks_for_generate
 from transformers.utils import logging
 
 from .cache_names import CACHE_NAMES, cache_in, with_cache
-from .cache_spans import SpannedLayer, Spans, advance_lengths, attended_length, self_attention_layers
+from .cache_spans import SpannedLayer, Spans, advance_lengths, attended_length, rewind_lengths, self_attention_layers
 from .compile_fallback import eager_on_compiler_failure
 from .compiled_prefill import prefill
 from .loop_processors import (
@@ -348,11 +348,7 @@ def compiled_decoding_step(model, compile_config):
 
 def rewind(cache, steps: int) -> None:
     """Forget the keys of the last `steps` forwards (steps run past the end of every row or search)."""
-    if not steps:
-        return
-    for layer in self_attention_cache(cache).layers:
-        if layer.is_initialized:
-            layer.cumulative_length.sub_(steps)
+    rewind_lengths(cache, steps)
 
 
 def fill_prompt_inputs(model, buffers, model_kwargs: dict) -> None:

@@ -116,18 +116,10 @@ def padded_prefill_inputs(model, cache, kwargs: dict) -> tuple[dict, int] | None
     return inputs, pads
 
 
-def rewind_pads(cache, pads: int) -> None:
-    """The cache's layers forget the `pads` positions written after the prompt (they are overwritten as decoding
-    goes on)."""
-    if pads:
-        torch._foreach_sub_([layer.cumulative_length for layer in self_attention_layers(cache)], pads)
-
-
 __all__ = [
     "MIN_BUCKET",
     "PADDED_PREFILL_DEVICES",
     "bucket_length",
     "pad_blocker",
     "padded_prefill_inputs",
-    "rewind_pads",
 ]
