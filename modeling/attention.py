@@ -10,6 +10,7 @@ against.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import torch
@@ -22,6 +23,7 @@ from .flex_decoding import flex_applies, flex_decode_attention
 from .fused_projections import FusableProjections
 from .normalization import make_norm
 from .rotary import apply_rotary
+from .triton_decoding import decode_attention, triton_decoding_applies
 
 
 def repeat_kv(hidden_states: torch.Tensor, n_rep: int) -> torch.Tensor:
@@ -124,6 +126,14 @@ def grouped_queries_sdpa(
         query, key, value, attn_mask=mask, dropout_p=dropout, scale=scaling
     )
     return output.reshape(batch, heads, length, head_dim).transpose(1, 2), None
+
+
+def cache_capacity(cache: Cache | None, layer_idx: int) -> int | None:
+    """The most keys layer `layer_idx` of `cache` holds: a static layer's length; None for a dynamic cache."""
+    layers = getattr(cache, "layers", None)
+    if not layers or layer_idx is None or layer_idx >= len(layers):
+        return None
+    return getattr(layers[layer_idx], "max_cache_len", None)
 
 
 def rows_per_source(cache: Cache | None) -> int:
@@ -281,7 +291,10 @@ class Attention(FusableProjections, nn.Module):
         attention: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(
             self.config._attn_implementation, eager_attention_forward
         )
-        if key_value_states is None and flex_applies(self, query, attention_mask, kwargs):
+        if key_value_states is None and triton_decoding_applies(self, query, attention_mask, kwargs):
+            # a decoding step: one Triton kernel, the split of a row's keys set by the cache's capacity
+            attention = functools.partial(decode_attention, capacity=cache_capacity(past_key_values, self.layer_idx))
+        elif key_value_states is None and flex_applies(self, query, attention_mask, kwargs):
             attention = flex_decode_attention  # a compiled decoding step: FlexAttention's split-KV kernel
         elif (
             self.num_key_value_groups > 1

@@ -8,6 +8,9 @@ out coordinate-descent tuning (0.94× at batch 1, 0.97× at 16), FlexAttention a
 (0.97×, 1.01×). Its profile of the batch-1 step after: 1.79 ms a token, 75 % GPU-busy, 272 kernels (~12 a layer,
 a launch gap of ~1.6 µs each), cuBLAS's GEMVs at ~68 % of the bandwidth, cuDNN's attention 7.6 µs a layer beside a
 memset. The rows now, each setting on its own copy of the model (a compiled step is kept per model):
+- the self-attention through archlab's own Triton kernel (modeling/triton_decoding.py: one launch a layer, no
+  memset, the keys and values read once per KV head, split among programs only for long caches at small batches),
+  at batch 1 and 16;
 - programmatic dependent launch (inductor's `triton.enable_pdl`, with the combo kernels): a Triton kernel launches
   before the kernel it follows ends and waits on the device (`gdc_wait`), hiding its launch gap (Hopper);
 - the attention on SDPA's memory-efficient kernel (`torch.nn.attention.sdpa_kernel`), not cuDNN's with its memset;
@@ -44,7 +47,7 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from transformers import CompileConfig, StaticCache
 
-from archlab.modeling import flex_decoding, prefill_buckets, step_compile
+from archlab.modeling import flex_decoding, prefill_buckets, step_compile, triton_decoding
 from archlab.modeling.cache_names import with_cache
 from archlab.modeling.cache_spans import make_spanned
 from archlab.modeling.compiled_prefill import nested_block_regions
@@ -83,6 +86,10 @@ def flex_attention():
     return mock.patch.object(flex_decoding, "FLEX_DECODING_DEVICES", ("cuda",))
 
 
+def triton_attention():
+    return mock.patch.object(triton_decoding, "TRITON_DECODING_DEVICES", ("cuda",))
+
+
 def plain_step():
     """The step compiled in the plain mode, without step_compile.py's options (the default before combo kernels)."""
     return mock.patch.object(step_compile, "TUNED_STEP_DEVICES", ())
@@ -98,18 +105,20 @@ PDL = "Triton kernels with programmatic dependent launch (inductor's triton.enab
 EFFICIENT = "attention on SDPA's memory-efficient kernel (sdpa_kernel)"
 PLAIN = "the plain mode, no combo kernels (the default before)"
 FLEX = "self-attention through FlexAttention's decoding kernel (flex_decoding.py)"
+TRITON = "self-attention through archlab's Triton decoding kernel (triton_decoding.py)"
 AUTOTUNED = 'compile_config=CompileConfig(mode="max-autotune") (every GEMM autotuned)'
 SETTINGS = {
     PDL: ({}, (dependent_launches,)),
     EFFICIENT: ({}, (efficient_attention,)),
     PLAIN: ({}, (plain_step,)),
     FLEX: ({}, (flex_attention,)),
+    TRITON: ({}, (triton_attention,)),
     AUTOTUNED: (MAX_AUTOTUNE, ()),
 }
 # (batch, setting) in the order measured: the candidates at batch 1, then at a larger batch; then the prefill's two
 # compiles (`prefill_compile_row`); max-autotune last (its GEMM autotuning compiles longest): a call's budget ends
 # the suite where it is, keeping the rows finished
-ROWS = [(1, PDL), (1, EFFICIENT), ("larger", PLAIN), ("larger", FLEX)]
+ROWS = [(1, TRITON), (1, PDL), (1, EFFICIENT), ("larger", TRITON), ("larger", PLAIN), ("larger", FLEX)]
 LATE_ROWS = [(1, AUTOTUNED)]
 # Each setting compiles the step function once more: dynamo's limit (8) would leave the later rows' steps eager.
 RECOMPILE_LIMIT = 64
@@ -215,9 +224,9 @@ def run(args: argparse.Namespace) -> Report:
             measure = models = None  # the copy's memory back before the next row
 
     with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
-        setting_rows(ROWS[:2])
+        setting_rows(ROWS[:3])
         guarded(report, setup, "prefill buckets", functools.partial(prefill_graphs_row, setup, report, pristine))
-        setting_rows(ROWS[2:])
+        setting_rows(ROWS[3:])
         # the two compiles of a 2,048-token prefill (68 s unrolled on an H100)
         measure = functools.partial(prefill_compile_row, setup, report, pristine)
         guarded(report, setup, "prefill compile, nested regions", measure)

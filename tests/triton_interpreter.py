@@ -3,13 +3,16 @@ archlab's PyTorch modules on a machine without a GPU.
 
 The interpreter executes a kernel's Python body with NumPy, one program at a time. Whether a `@triton.jit` function
 is interpreted is decided when it is defined, Triton's own `tl.sum`, `tl.max`, ... included, and torch imports
-Triton: so the process must start with `TRITON_INTERPRET=1` in its environment (`run_pytest_interpreted`). Two gaps
-in the interpreter (Triton 3.9) stop Liger's kernels; `fill_interpreter_gaps` fills them for the duration of a test:
+Triton: so the process must start with `TRITON_INTERPRET=1` in its environment (`run_pytest_interpreted`). Gaps in
+the interpreter (Triton 3.6-3.9) stop Liger's kernels and archlab's own; `fill_interpreter_gaps` fills them for the
+duration of a test:
 
 - a Python float argument stays a Python float, while compiled Triton passes it as an fp32 scalar, so a kernel's
   `eps.to(tl.float32)` fails: floats are handed to the kernel as fp32 scalars, as compiled Triton does;
 - `triton.language.extra.libdevice` functions (CUDA's libdevice: `rsqrt`, `tanh`) are declarations the interpreter
-  does not implement (they return None): each such name a kernel module imported is computed with NumPy.
+  does not implement (they return None): each such name a kernel module imported is computed with NumPy;
+- a scalar (a kernel's int argument, or a value computed from one) is a one-element NumPy array, which NumPy 2
+  no longer converts to a Python int: a loop over `range(0, n)` of such an `n` fails; `__index__` takes its element.
 
 The interpreter computes in fp32 here: NumPy has no bfloat16, and bf16 kernels return NaN or garbage.
 """
@@ -51,9 +54,18 @@ def _float_as_fp32(convert):
     return implicit_cvt
 
 
+def _scalar_index(patch_lang_tensor):
+    def patch(tensor, scope) -> None:
+        patch_lang_tensor(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
+
+    return patch
+
+
 def fill_interpreter_gaps(monkeypatch, module_prefix: str) -> None:
-    """Fill both gaps for the kernels of the loaded modules named `module_prefix...` (undone by `monkeypatch`)."""
+    """Fill the gaps for the kernels of the loaded modules named `module_prefix...` (undone by `monkeypatch`)."""
     monkeypatch.setattr(interpreter, "_implicit_cvt", _float_as_fp32(interpreter._implicit_cvt))
+    monkeypatch.setattr(interpreter, "_patch_lang_tensor", _scalar_index(interpreter._patch_lang_tensor))
     for name, module in list(sys.modules.items()):
         if not name.startswith(module_prefix) or module is None:
             continue

@@ -428,16 +428,21 @@ CANDIDATE_CASES = [
     ("combo", "dense", 1),  # inductor's combo kernels alone (the H100's best batch-1 setting)
     ("combo", "seq2seq", 1),
     ("pdl", "dense", 1),  # the default's combo kernels with programmatic dependent launch (cuda-tuning's next row)
+    ("triton", "dense", 1),  # archlab's Triton decoding attention (triton_decoding.py), with the default's options
+    ("triton", "dense", 16),
+    ("triton", "sliding", 1),  # a window in the mask
+    ("triton", "seq2seq", 1),  # beam search's self-attention
 ]
 
 
 @pytest.mark.parametrize("candidate, kind, batch", CANDIDATE_CASES)
 def test_candidate_defaults_equal_eager_without_falling_back(candidate, kind, batch, monkeypatch):
     """The candidates for the decoding step's default (`--suite cuda-tuning` measures them): the self-attention
-    through FlexAttention (flex_decoding.py), inductor's coordinate-descent tuning, its combo kernels (the default
-    since) and programmatic dependent launch (step_compile.py). Each compiles (no fallback to eager decoding, no
-    cudagraph skip) and gives eager decoding's fp32 tokens and logits."""
-    from archlab.modeling import compile_fallback, flex_decoding, step_compile
+    through FlexAttention (flex_decoding.py) or archlab's Triton kernel (triton_decoding.py), inductor's
+    coordinate-descent tuning, its combo kernels (the default since) and programmatic dependent launch
+    (step_compile.py). Each compiles (no fallback to eager decoding, no cudagraph skip) and gives eager decoding's
+    fp32 tokens and logits."""
+    from archlab.modeling import compile_fallback, flex_decoding, step_compile, triton_decoding
 
     torch._dynamo.reset()
     counters.clear()
@@ -448,6 +453,8 @@ def test_candidate_defaults_equal_eager_without_falling_back(candidate, kind, ba
     )
     if candidate == "flex":
         monkeypatch.setattr(flex_decoding, "FLEX_DECODING_DEVICES", ("cuda",))
+    elif candidate == "triton":
+        monkeypatch.setattr(triton_decoding, "TRITON_DECODING_DEVICES", ("cuda",))
     else:
         monkeypatch.setattr(step_compile, "TUNED_STEP_DEVICES", ("cuda",))
     if candidate == "combo":
@@ -464,3 +471,8 @@ def test_candidate_defaults_equal_eager_without_falling_back(candidate, kind, ba
     assert not [message for message in failures if "failed" in message], failures
     assert counters["stats"]["unique_graphs"] > 0 and counters["inductor"]["cudagraph_skips"] == 0
     _assert_agree(fast, eager, torch.float32, prompt)
+    if candidate == "triton":  # the kernel takes this model's steps: its one-query self-attention on the GPU
+        attention = model.get_decoder().layers[0].self_attn
+        query = torch.zeros(batch, model.config.num_attention_heads, 1, attention.head_dim, device="cuda")
+        mask = torch.ones(batch, 1, 1, 40, dtype=torch.bool, device="cuda")
+        assert triton_decoding.triton_decoding_applies(attention, query, mask, {})

@@ -297,7 +297,13 @@ def test_causal_lm_folder_opens_as_every_head_without_archlab(exported, auto_nam
 
 
 def _imports(path: Path):
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+    """(level, module) of each import of `path`, except those inside a `try` block: optional ones, which
+    transformers' `check_imports` leaves out of a remote-code folder's requirements too (Triton, triton_decoding.py)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    optional = {id(inner) for node in ast.walk(tree) if isinstance(node, ast.Try) for inner in ast.walk(node)}
+    for node in ast.walk(tree):
+        if id(node) in optional:
+            continue
         if isinstance(node, ast.Import):
             for alias in node.names:
                 yield 0, alias.name

@@ -1,0 +1,270 @@
+"""The self-attention of a decoding step (one query per row) as one Triton kernel written for it: split-KV
+attention over grouped key/value heads (Dao et al.'s Flash-Decoding, 2023; Ainslie et al.'s GQA, 2023).
+
+Why: a batch-1 decoding step of the 1.1B model on an H100 spent 7.6 µs a layer in cuDNN's attention (a prefill kernel
+given 4 KV heads × 8 query rows: a handful of thread blocks) plus a memset kernel before it, for keys and values of
+~100 kB a layer at 384 positions (docs/gpu.md, the decode-1 profile): 0.19 ms of a 1.35-ms busy step, and 44 of its
+272 launches (each launch in a CUDA graph also costs ~1.6 µs of idle GPU). FlexAttention's generated decoding
+kernel (flex_decoding.py) lost to it (0.85×): it splits the keys across every SM and reduces the splits in more
+kernels. Here one program reads one KV head of one row, its keys in blocks, all the query heads of that KV head at
+once (the keys and values read once, as `attention.one_token_grouped_sdpa` does), with an online softmax; no
+memset, one launch a layer where the cache is short. Long caches at a small batch split each row's keys among
+`splits` programs (`split_count`: enough programs for the GPU, from the cache's capacity, a fixed number per
+compiled graph) whose partial results a second kernel combines.
+
+`decode_attention` is a `torch.library.triton_op`: inside `torch.compile` inductor calls the kernel from its generated
+code (and CUDA graphs record it), in eager code it launches as it is. Where it applies (`triton_decoding_applies`):
+one query per row, Triton importable, a device in `TRITON_DECODING_DEVICES`, SDPA as the attention implementation, no
+soft-cap and no position bias (ALiBi, T5's buckets), a mask shared by the heads ((batch or 1, 1, 1, keys), boolean
+or additive) or none, a head size that is a power of two from 16 to 256, fp32/fp16/bf16, inference (no dropout, no
+gradient: the kernel has no backward). Everything else runs as before. `TRITON_DECODING_DEVICES` is empty until
+`--suite cuda-tuning`'s row measures it against SDPA on a GPU; on CPU the tests run the kernel through Triton's
+interpreter (tests/triton_interpreter.py) against SDPA.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # the CPU wheels of torch come without Triton: nothing here applies
+    triton = None
+
+# Devices on which a decoding step's self-attention runs through `decode_attention` (`triton_decoding_applies`).
+TRITON_DECODING_DEVICES: tuple[str, ...] = ()
+HEAD_SIZES = (16, 32, 64, 128, 256)
+# Keys one program reads before a row's keys are split among programs; and the programs the GPU wants busy
+KEYS_PER_PROGRAM = 1024
+TARGET_PROGRAMS = 128
+BLOCK_KEYS = 64
+
+
+def triton_decoding_applies(module, query: torch.Tensor, attention_mask: torch.Tensor | None, kwargs: dict) -> bool:
+    """Whether `module`'s attention of `query` (B, H, T, D) runs through `decode_attention`."""
+    return (
+        triton is not None
+        and query.shape[2] == 1
+        and query.device.type in TRITON_DECODING_DEVICES
+        and module.config._attn_implementation == "sdpa"
+        and module.softcap is None
+        and kwargs.get("position_bias") is None
+        and (attention_mask is None or (attention_mask.dim() == 4 and attention_mask.shape[1:3] == (1, 1)))
+        and query.shape[-1] in HEAD_SIZES
+        and query.dtype in (torch.float32, torch.float16, torch.bfloat16)
+        and not module.training  # no attention dropout
+        and not (torch.is_grad_enabled() and query.requires_grad)  # no backward: inference only
+    )
+
+
+def split_count(rows: int, kv_heads: int, capacity: int) -> int:
+    """How many programs share one row's keys of one KV head: one while `capacity` keys fit one program's
+    `KEYS_PER_PROGRAM` or the batch's rows × heads alone keep the GPU busy; else enough for `TARGET_PROGRAMS`."""
+    wanted = math.ceil(capacity / KEYS_PER_PROGRAM)
+    room = max(1, TARGET_PROGRAMS // max(1, rows * kv_heads))
+    return max(1, min(wanted, room))
+
+
+if triton is not None:
+
+    @triton.jit
+    def _decode_split_kernel(
+        q_ptr, k_ptr, v_ptr, mask_ptr, out_ptr, part_ptr, stat_ptr,
+        keys, kv_heads, scale,
+        q_b, q_h, q_d,
+        k_b, k_h, k_s, k_d,
+        v_b, v_h, v_s, v_d,
+        m_b, m_s,
+        o_b, o_h, o_d,
+        GROUP: tl.constexpr, GROUP_ROWS: tl.constexpr, HEAD: tl.constexpr, BLOCK: tl.constexpr,
+        SPLITS: tl.constexpr, MASK: tl.constexpr, IEEE: tl.constexpr,
+    ):  # fmt: skip
+        """One program: row b, KV head h, its split of the keys. MASK: 0 none, 1 boolean (True attends), 2 additive.
+        SPLITS == 1 writes the output; otherwise the unnormalised partial output and (max, sum) of the split."""
+        pid = tl.program_id(0)
+        split = tl.program_id(1)
+        b = pid // kv_heads
+        h = pid % kv_heads
+        rows = tl.arange(0, GROUP_ROWS)
+        row_ok = rows < GROUP
+        dims = tl.arange(0, HEAD)
+        q = tl.load(
+            q_ptr + b * q_b + (h * GROUP + rows)[:, None] * q_h + dims[None, :] * q_d, mask=row_ok[:, None], other=0.0
+        )
+        blocks = tl.cdiv(tl.cdiv(keys, SPLITS), BLOCK)  # each split's blocks of keys; the last split's may end early
+        start = split * blocks * BLOCK
+        best = tl.full([GROUP_ROWS], float("-inf"), tl.float32)
+        total = tl.zeros([GROUP_ROWS], tl.float32)
+        acc = tl.zeros([GROUP_ROWS, HEAD], tl.float32)
+        for block in range(0, blocks):
+            cols = start + block * BLOCK + tl.arange(0, BLOCK)
+            col_ok = cols < keys
+            k_at = k_ptr + b * k_b + h * k_h + cols[:, None] * k_s + dims[None, :] * k_d
+            k = tl.load(k_at, mask=col_ok[:, None], other=0.0)
+            if IEEE:
+                scores = tl.dot(q, tl.trans(k), input_precision="ieee")
+            else:
+                scores = tl.dot(q, tl.trans(k))
+            scores = scores * scale
+            keep = col_ok
+            if MASK == 1:
+                keep = keep & (tl.load(mask_ptr + b * m_b + cols * m_s, mask=col_ok, other=0) != 0)
+            if MASK == 2:
+                scores += tl.load(mask_ptr + b * m_b + cols * m_s, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+            scores = tl.where(keep[None, :], scores, float("-inf"))
+            new_best = tl.maximum(best, tl.max(scores, 1))
+            safe = tl.where(new_best == float("-inf"), 0.0, new_best)  # rows with nothing kept yet
+            weights = tl.exp(scores - safe[:, None])
+            rescale = tl.exp(best - safe)
+            total = total * rescale + tl.sum(weights, 1)
+            v_at = v_ptr + b * v_b + h * v_h + cols[:, None] * v_s + dims[None, :] * v_d
+            v = tl.load(v_at, mask=col_ok[:, None], other=0.0)
+            if IEEE:
+                acc = acc * rescale[:, None] + tl.dot(weights.to(v.dtype), v, input_precision="ieee")
+            else:
+                acc = acc * rescale[:, None] + tl.dot(weights.to(v.dtype), v)
+            best = new_best
+        if SPLITS == 1:
+            out = acc / tl.where(total == 0.0, 1.0, total)[:, None]
+            tl.store(
+                out_ptr + b * o_b + (h * GROUP + rows)[:, None] * o_h + dims[None, :] * o_d,
+                out.to(out_ptr.dtype.element_ty),
+                mask=row_ok[:, None],
+            )
+        else:
+            slot = (pid * SPLITS + split) * GROUP_ROWS + rows
+            tl.store(part_ptr + slot[:, None] * HEAD + dims[None, :], acc)
+            tl.store(stat_ptr + slot * 2, best)
+            tl.store(stat_ptr + slot * 2 + 1, total)
+
+    @triton.jit
+    def _decode_combine_kernel(
+        part_ptr, stat_ptr, out_ptr,
+        kv_heads,
+        o_b, o_h, o_d,
+        GROUP: tl.constexpr, GROUP_ROWS: tl.constexpr, HEAD: tl.constexpr, SPLITS: tl.constexpr,
+    ):  # fmt: skip
+        """One program: row b, KV head h; the splits' partial outputs rescaled to their common maximum and summed."""
+        pid = tl.program_id(0)
+        b = pid // kv_heads
+        h = pid % kv_heads
+        rows = tl.arange(0, GROUP_ROWS)
+        dims = tl.arange(0, HEAD)
+        best = tl.full([GROUP_ROWS], float("-inf"), tl.float32)
+        for split in range(SPLITS):
+            slot = (pid * SPLITS + split) * GROUP_ROWS + rows
+            best = tl.maximum(best, tl.load(stat_ptr + slot * 2))
+        safe = tl.where(best == float("-inf"), 0.0, best)
+        total = tl.zeros([GROUP_ROWS], tl.float32)
+        acc = tl.zeros([GROUP_ROWS, HEAD], tl.float32)
+        for split in range(SPLITS):
+            slot = (pid * SPLITS + split) * GROUP_ROWS + rows
+            factor = tl.exp(tl.load(stat_ptr + slot * 2) - safe)
+            total += tl.load(stat_ptr + slot * 2 + 1) * factor
+            acc += tl.load(part_ptr + slot[:, None] * HEAD + dims[None, :]) * factor[:, None]
+        out = acc / tl.where(total == 0.0, 1.0, total)[:, None]
+        tl.store(
+            out_ptr + b * o_b + (h * GROUP + rows)[:, None] * o_h + dims[None, :] * o_d,
+            out.to(out_ptr.dtype.element_ty),
+            mask=(rows < GROUP)[:, None],
+        )
+
+    def _launchable(kernel, like: torch.Tensor):
+        """`kernel` wrapped for `torch.compile` to see (`wrap_triton`); under Triton's interpreter (TRITON_INTERPRET=1,
+        the CPU tests), whose kernels `wrap_triton` refuses, as it is, or not launched at all while `torch.compile`
+        traces with fake tensors (`like` is one): the op's output is allocated before the launch."""
+        if not triton.knobs.runtime.interpret:
+            return torch.library.wrap_triton(kernel)
+        if torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.PROXY) is not None:
+            raise RuntimeError("under Triton's interpreter, decode_attention compiles with backend='eager' only")
+        if torch._subclasses.fake_tensor.is_fake(like):
+            return _NotLaunched()
+        return kernel
+
+    class _NotLaunched:
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: None
+
+
+def _registered() -> bool:
+    """Whether `archlab::decode_attention` exists: a remote-code copy of this file (transformers_modules.*) imported
+    beside archlab, or a second exported model's, finds the first one's (a name is registered once a process)."""
+    return hasattr(torch.ops.archlab, "decode_attention")
+
+
+if triton is not None and not _registered():
+
+    @torch.library.triton_op("archlab::decode_attention", mutates_args=())
+    def _decode_attention_op(
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        mask: torch.Tensor | None,
+        scale: float,
+        splits: int,
+    ) -> torch.Tensor:
+        batch, heads, _, head_dim = query.shape
+        kv_heads, keys = key.shape[1], key.shape[2]
+        group = heads // kv_heads
+        output = query.new_empty(batch, 1, heads, head_dim)
+        if mask is None:
+            kind, mask_ptr, mask_strides = 0, query, (0, 0)
+        else:
+            rows = mask[:, 0, 0, :keys]
+            kind = 1 if rows.dtype == torch.bool else 2
+            mask_ptr = rows.view(torch.uint8) if kind == 1 else rows
+            mask_strides = (rows.stride(0) if rows.shape[0] > 1 else 0, rows.stride(1))
+        group_rows = max(16, triton.next_power_of_2(group))
+        if splits > 1:
+            parts = query.new_empty(batch * kv_heads * splits * group_rows, head_dim, dtype=torch.float32)
+            stats = query.new_empty(batch * kv_heads * splits * group_rows, 2, dtype=torch.float32)
+        else:
+            parts = stats = output
+        _launchable(_decode_split_kernel, query)[(batch * kv_heads, splits)](
+            query, key, value, mask_ptr, output, parts, stats,
+            keys, kv_heads, scale,
+            query.stride(0), query.stride(1), query.stride(3),
+            key.stride(0), key.stride(1), key.stride(2), key.stride(3),
+            value.stride(0), value.stride(1), value.stride(2), value.stride(3),
+            *mask_strides,
+            output.stride(0), output.stride(2), output.stride(3),
+            GROUP=group, GROUP_ROWS=group_rows, HEAD=head_dim, BLOCK=BLOCK_KEYS,
+            SPLITS=splits, MASK=kind, IEEE=query.dtype == torch.float32,
+        )  # fmt: skip
+        if splits > 1:
+            _launchable(_decode_combine_kernel, query)[(batch * kv_heads,)](
+                parts, stats, output, kv_heads,
+                output.stride(0), output.stride(2), output.stride(3),
+                GROUP=group, GROUP_ROWS=group_rows, HEAD=head_dim, SPLITS=splits,
+            )  # fmt: skip
+        return output
+
+
+def decode_attention(
+    module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float,
+    dropout: float = 0.0,
+    capacity: int | None = None,
+    **kwargs,
+) -> tuple[torch.Tensor, None]:
+    """Queries (B, H, 1, D) over keys and values (B, H_kv, S, D), with a boolean or additive mask (B or 1, 1, 1, ≥ S)
+    or none, as SDPA computes it; `capacity`: the most keys the cache holds (it sets the split, `split_count`, so one
+    compiled graph serves every length). Returns (B, 1, H, D), as every attention function of the interface."""
+    splits = split_count(query.shape[0], key.shape[1], capacity if capacity is not None else key.shape[2])
+    output = torch.ops.archlab.decode_attention(query, key, value, attention_mask, float(scaling), splits)
+    return output, None
+
+
+__all__ = [
+    "TRITON_DECODING_DEVICES",
+    "decode_attention",
+    "split_count",
+    "triton_decoding_applies",
+]

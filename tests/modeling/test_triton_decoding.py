@@ -1,0 +1,224 @@
+"""The decoding step's self-attention as archlab's own Triton kernel (modeling/triton_decoding.py): the output of SDPA
+for grouped and plain heads, boolean, additive and no masks, one program per row's keys or several (split-KV);
+used only where it applies; greedy decoding through it (transformers' loop, and archlab's loop with its step traced
+by dynamo) gives SDPA's tokens.
+
+The kernels run where Triton does: on a GPU, or on a CPU through Triton's interpreter (tests/triton_interpreter.py),
+which `test_kernels_through_the_triton_interpreter` starts in a fresh process (Triton must be installed: the GPU
+image's torch brings it; CPU wheels of torch do not, and then those tests skip)."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+from torch import nn
+from transformers import CompileConfig
+
+from archlab import DecoderForCausalLM
+from archlab.modeling import triton_decoding
+from archlab.modeling.attention import one_token_grouped_sdpa
+from archlab.modeling.triton_decoding import split_count, triton_decoding_applies
+
+from helpers import tiny_decoder_config
+
+HAS_TRITON = importlib.util.find_spec("triton") is not None
+if HAS_TRITON:
+    from triton_interpreter import INTERPRETING, fill_interpreter_gaps, run_pytest_interpreted
+else:
+    INTERPRETING = False
+KERNELS_RUN_HERE = HAS_TRITON and (torch.cuda.is_available() or INTERPRETING)
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+runs_kernels = pytest.mark.skipif(
+    not KERNELS_RUN_HERE, reason="runs Triton kernels: on CPU, test_kernels_through_the_triton_interpreter runs them"
+)
+
+
+@pytest.fixture(autouse=True)
+def _interpreter_gaps(monkeypatch):
+    if INTERPRETING:
+        fill_interpreter_gaps(monkeypatch, "archlab.modeling.triton_decoding")
+
+
+def test_a_row_s_keys_split_only_when_the_cache_is_long_and_the_batch_small():
+    assert split_count(1, 4, 384) == 1  # the benchmark's 128 + 256 tokens: one program per KV head
+    assert split_count(1, 4, triton_decoding.KEYS_PER_PROGRAM) == 1
+    assert split_count(1, 4, 4 * triton_decoding.KEYS_PER_PROGRAM) == 4
+    assert split_count(1, 4, 1000 * triton_decoding.KEYS_PER_PROGRAM) == triton_decoding.TARGET_PROGRAMS // 4
+    assert split_count(64, 4, 8 * triton_decoding.KEYS_PER_PROGRAM) == 1  # 256 programs already
+
+
+def _attention(**overrides):
+    model = DecoderForCausalLM(tiny_decoder_config(head_dim=16, **overrides)).eval()
+    return model.model.layers[0].self_attn
+
+
+def test_the_kernel_applies_only_to_one_query_steps_on_the_listed_devices(monkeypatch):
+    attention = _attention()
+    query, mask = torch.zeros(2, 4, 1, 16), torch.ones(2, 1, 1, 5, dtype=torch.bool)
+    monkeypatch.setattr(triton_decoding, "triton", object())  # as where Triton is installed
+    monkeypatch.setattr(triton_decoding, "TRITON_DECODING_DEVICES", ("cpu",))
+    assert triton_decoding_applies(attention, query, mask, {})
+    assert triton_decoding_applies(attention, query, None, {})  # no mask: every key
+    assert triton_decoding_applies(attention, query, mask.float(), {})  # additive
+    assert not triton_decoding_applies(attention, torch.zeros(2, 4, 3, 16), torch.ones(2, 1, 3, 5).bool(), {})
+    assert not triton_decoding_applies(attention, query, torch.ones(2, 4, 1, 5, dtype=torch.bool), {})  # per head
+    assert not triton_decoding_applies(attention, query, mask, {"position_bias": torch.zeros(2, 4, 1, 5)})
+    assert not triton_decoding_applies(_attention(attn_logit_softcapping=30.0), query, mask, {})
+    assert not triton_decoding_applies(attention, torch.zeros(2, 4, 1, 24), mask, {})  # not a power of two
+    assert not triton_decoding_applies(attention, query.double(), mask, {})
+    assert not triton_decoding_applies(attention, query.requires_grad_(), mask, {})  # no backward
+    assert not triton_decoding_applies(attention.train(), query.detach(), mask, {})  # dropout
+    attention.eval()
+    eager = _attention(attn_implementation="eager")
+    assert not triton_decoding_applies(eager, query, mask, {})
+    monkeypatch.setattr(triton_decoding, "TRITON_DECODING_DEVICES", ())
+    assert not triton_decoding_applies(attention, query, mask, {})
+    monkeypatch.setattr(triton_decoding, "TRITON_DECODING_DEVICES", ("cpu",))
+    monkeypatch.setattr(triton_decoding, "triton", None)  # CPU wheels of torch: no Triton
+    assert not triton_decoding_applies(attention, query, mask, {})
+
+
+def _inputs(batch, heads, kv_heads, keys, dim, mask_kind, mask_batch, dtype=torch.float32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    # the query as the model hands it over: (B, 1, H, D) transposed; keys a span of a longer cache
+    query = torch.randn(batch, 1, heads, dim, generator=g).transpose(1, 2)
+    key, value = (torch.randn(batch, kv_heads, keys + 7, dim, generator=g)[:, :, :keys] for _ in range(2))
+    mask = None
+    if mask_kind is not None:
+        mask = torch.rand(mask_batch, 1, 1, keys, generator=g) > 0.4
+        mask[..., -1] = True  # the step's own token: never every key masked
+        if mask_kind == "additive":
+            mask = torch.zeros(mask.shape).masked_fill(~mask, torch.finfo(torch.float32).min)
+    to = dict(device=DEVICE, dtype=dtype)
+    return query.to(**to), key.to(**to), value.to(**to), None if mask is None else mask.to(DEVICE)
+
+
+CASES = [  # batch, heads, KV heads, keys, head size, mask, the mask's batch, splits
+    (1, 8, 2, 37, 16, "bool", 1, 1),
+    (3, 8, 2, 130, 32, "bool", 3, 1),  # keys past one block, a padding mask per row
+    (2, 4, 4, 200, 16, "additive", 2, 3),  # plain heads, split in three
+    (2, 12, 4, 70, 64, None, 1, 2),  # three query heads a KV head, no mask
+    (1, 32, 4, 300, 64, "bool", 1, 4),  # the 1.1B model's heads, a mask shared by the batch
+    (2, 8, 2, 5, 16, "bool", 2, 4),  # splits past the keys: empty ones combine to nothing
+]
+
+
+@runs_kernels
+@pytest.mark.parametrize("batch, heads, kv_heads, keys, dim, mask_kind, mask_batch, splits", CASES)
+def test_the_kernel_equals_sdpa(batch, heads, kv_heads, keys, dim, mask_kind, mask_batch, splits):
+    query, key, value, mask = _inputs(batch, heads, kv_heads, keys, dim, mask_kind, mask_batch)
+    expected, _ = one_token_grouped_sdpa(nn.Module(), query, key, value, mask, scaling=0.3)
+    output = torch.ops.archlab.decode_attention(query, key, value, mask, 0.3, splits)
+    assert output.shape == (batch, 1, heads, dim) and output.dtype == query.dtype
+    torch.testing.assert_close(output, expected, rtol=1e-5, atol=1e-5)
+
+
+@runs_kernels
+def test_the_kernel_traced_by_dynamo_follows_the_span():
+    """One graph for every key count (the loops' spans are a dynamic size): the kernel's keys follow it."""
+    torch._dynamo.reset()
+    backend = "inductor" if torch.cuda.is_available() else "eager"  # the interpreter's kernels run in eager graphs
+
+    def attend(query, key, value, mask):
+        return torch.ops.archlab.decode_attention(query, key, value, mask, 0.3, 2)
+
+    compiled = torch.compile(attend, backend=backend, fullgraph=True, dynamic=True)
+    for keys in (40, 64, 100):
+        query, key, value, mask = _inputs(2, 8, 2, keys, 16, "bool", 2, seed=keys)
+        expected, _ = one_token_grouped_sdpa(nn.Module(), query, key, value, mask, scaling=0.3)
+        torch.testing.assert_close(compiled(query, key, value, mask), expected, rtol=1e-5, atol=1e-5)
+
+
+def _generate(model, batch, graphs: list | None = None):
+    """Greedy decoding; with `graphs`, archlab's loop on the static cache, its step traced by dynamo (on CPU through
+    generate's testing hook) and each traced graph's code kept in `graphs`, the graph run as traced."""
+    kwargs = dict(max_new_tokens=10, do_sample=False, pad_token_id=0)
+    if graphs is not None:
+
+        def backend(graph_module, example_inputs):
+            graphs.append(graph_module.code)
+            return graph_module.forward
+
+        config = CompileConfig(fullgraph=True, backend=backend, mode=None)
+        config._compile_all_devices = True
+        kwargs.update(cache_implementation="static", compile_config=config)
+    return model.generate(**batch, **kwargs)
+
+
+@runs_kernels
+@pytest.mark.parametrize("compiled", [False, True], ids=["transformers-loop", "archlab-loop"])
+def test_greedy_decoding_through_the_kernel_gives_sdpa_tokens(compiled, monkeypatch):
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = DecoderForCausalLM(tiny_decoder_config(head_dim=16, num_attention_heads=4, num_key_value_heads=2))
+    model = model.to(DEVICE).eval()
+    g = torch.Generator().manual_seed(3)
+    ids = torch.randint(3, model.config.vocab_size, (2, 9), generator=g).to(DEVICE)
+    mask = torch.ones_like(ids)
+    mask[0, :3] = 0  # a left-padded row
+    batch = {"input_ids": ids, "attention_mask": mask}
+    expected = _generate(model, batch, [] if compiled else None)
+    model.release_decoding_memory()
+    torch._dynamo.reset()
+    monkeypatch.setattr(triton_decoding, "TRITON_DECODING_DEVICES", (DEVICE,))
+    monkeypatch.setattr(triton_decoding, "KEYS_PER_PROGRAM", 8)  # long caches: a row's keys split among programs
+    calls = []
+    if compiled:
+        graphs = []
+        assert torch.equal(_generate(model, batch, graphs), expected)
+        # the static cache holds 9 + 10 positions: 3 splits of 8 keys, from the capacity, whatever the span
+        assert graphs and all(graph.count("archlab.decode_attention") == 2 for graph in graphs)
+        assert all(", 3)" in line for graph in graphs for line in graph.splitlines() if "decode_attention" in line)
+    else:
+        kernel = triton_decoding.decode_attention
+        monkeypatch.setattr(
+            "archlab.modeling.attention.decode_attention", lambda *a, **k: calls.append(1) or kernel(*a, **k)
+        )
+        assert torch.equal(_generate(model, batch), expected)
+        assert len(calls) == 2 * 9  # two layers, the nine steps after the prefill
+
+
+# ---- on a GPU: half precision, and the kernel inside inductor's code and CUDA graphs --------------------------------
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("splits", [1, 4])
+def test_the_kernel_in_half_precision_is_as_close_as_sdpa(dtype, splits):
+    """The 1.1B model's heads over 384 keys: the kernel's error against fp32 within twice SDPA's own in `dtype`."""
+    query, key, value, mask = _inputs(1, 32, 4, 384, 64, "bool", 1, dtype=dtype)
+    exact, _ = one_token_grouped_sdpa(nn.Module(), query.float(), key.float(), value.float(), mask, scaling=0.125)
+    sdpa, _ = one_token_grouped_sdpa(nn.Module(), query, key, value, mask, scaling=0.125)
+    output = torch.ops.archlab.decode_attention(query, key, value, mask, 0.125, splits)
+    assert output.dtype == dtype
+    ours, theirs = (output.float() - exact).abs().max(), (sdpa.float() - exact).abs().max()
+    assert ours <= 2 * theirs + 1e-3, (ours, theirs)
+
+
+@pytest.mark.gpu
+def test_the_kernel_compiled_with_cuda_graphs_follows_the_span_without_recompiling():
+    torch._dynamo.reset()
+
+    def attend(query, key, value, mask):
+        return torch.ops.archlab.decode_attention(query, key, value, mask, 0.3, 2)
+
+    compiled = torch.compile(attend, mode="reduce-overhead", fullgraph=True, dynamic=True)
+    for step, keys in enumerate((64, 128, 64, 192)):
+        query, key, value, mask = _inputs(2, 8, 2, keys, 64, "bool", 2, dtype=torch.bfloat16, seed=keys)
+        torch.compiler.cudagraph_mark_step_begin()
+        with torch._dynamo.config.patch(error_on_recompile=step > 0):
+            output = compiled(query, key, value, mask).clone()
+        torch.testing.assert_close(output, attend(query, key, value, mask), rtol=0, atol=0)
+
+
+# ---- on a CPU: the kernel tests above, through Triton's interpreter ------------------------------------------------
+
+
+@pytest.mark.skipif(not HAS_TRITON or KERNELS_RUN_HERE, reason="Triton missing, or the kernels run in this process")
+def test_kernels_through_the_triton_interpreter() -> None:
+    result = run_pytest_interpreted(__file__, "-m", "not gpu", "-rs")
+    summary = result.stdout[-4000:]
+    assert result.returncode == 0, summary + result.stderr[-2000:]
+    assert " 1 skipped" in summary.splitlines()[-1], summary  # every kernel test ran there (not this one)
