@@ -14,6 +14,7 @@ from transformers.activations import ACT2FN
 
 from .compiled_kernels import CompiledKernel, elementwise_kernel
 from .fused_projections import FusableProjections
+from .triton_gemv import gated_down, gated_down_applies
 
 _GATED_KERNELS: dict[str, tuple[CompiledKernel, type]] = {}  # by activation name: (kernel, its activation's class)
 
@@ -55,6 +56,8 @@ class GatedMLP(FusableProjections, nn.Module):
             gate, up = nn.functional.linear(hidden_states, *fused).chunk(2, dim=-1)
         else:
             gate, up = self.gate_proj(hidden_states), self.up_proj(hidden_states)
+        if gated_down_applies(self, gate):  # a decoding step: the activation inside the down GEMV (triton_gemv.py)
+            return gated_down(self, gate, up)
         return self.down_proj(gated_activation(self.hidden_act, self.act_fn, gate, up))
 
 

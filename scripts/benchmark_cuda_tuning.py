@@ -10,7 +10,8 @@ a launch gap of ~1.6 µs each), cuBLAS's GEMVs at ~68 % of the bandwidth, cuDNN'
 memset. The rows now, each setting on its own copy of the model (a compiled step is kept per model):
 - the self-attention through archlab's own Triton kernel (modeling/triton_decoding.py: one launch a layer, no
   memset, the keys and values read once per KV head, split among programs only for long caches at small batches),
-  at batch 1 and 16;
+  at batch 1 and 16; SiLU inside archlab's Triton GEMV of the down projection (modeling/triton_gemv.py: one kernel
+  where cuBLAS's split-K GEMV, its reduction and inductor's SwiGLU were three), and both kernels together;
 - programmatic dependent launch (inductor's `triton.enable_pdl`, with the combo kernels): a Triton kernel launches
   before the kernel it follows ends and waits on the device (`gdc_wait`), hiding its launch gap (Hopper);
 - the attention on SDPA's memory-efficient kernel (`torch.nn.attention.sdpa_kernel`), not cuDNN's with its memset;
@@ -47,7 +48,7 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from transformers import CompileConfig, StaticCache
 
-from archlab.modeling import flex_decoding, prefill_buckets, step_compile, triton_decoding
+from archlab.modeling import flex_decoding, prefill_buckets, step_compile, triton_decoding, triton_gemv
 from archlab.modeling.cache_names import with_cache
 from archlab.modeling.cache_spans import make_spanned
 from archlab.modeling.compiled_prefill import nested_block_regions
@@ -90,6 +91,10 @@ def triton_attention():
     return mock.patch.object(triton_decoding, "TRITON_DECODING_DEVICES", ("cuda",))
 
 
+def gated_down_kernel():
+    return mock.patch.object(triton_gemv, "GATED_DOWN_DEVICES", ("cuda",))
+
+
 def plain_step():
     """The step compiled in the plain mode, without step_compile.py's options (the default before combo kernels)."""
     return mock.patch.object(step_compile, "TUNED_STEP_DEVICES", ())
@@ -106,6 +111,8 @@ EFFICIENT = "attention on SDPA's memory-efficient kernel (sdpa_kernel)"
 PLAIN = "the plain mode, no combo kernels (the default before)"
 FLEX = "self-attention through FlexAttention's decoding kernel (flex_decoding.py)"
 TRITON = "self-attention through archlab's Triton decoding kernel (triton_decoding.py)"
+GATED_DOWN = "SwiGLU inside archlab's Triton down-projection GEMV (triton_gemv.py)"
+BOTH_KERNELS = "both of archlab's Triton kernels (attention, SwiGLU + down GEMV)"
 AUTOTUNED = 'compile_config=CompileConfig(mode="max-autotune") (every GEMM autotuned)'
 SETTINGS = {
     PDL: ({}, (dependent_launches,)),
@@ -113,12 +120,24 @@ SETTINGS = {
     PLAIN: ({}, (plain_step,)),
     FLEX: ({}, (flex_attention,)),
     TRITON: ({}, (triton_attention,)),
+    GATED_DOWN: ({}, (gated_down_kernel,)),
+    BOTH_KERNELS: ({}, (triton_attention, gated_down_kernel)),
     AUTOTUNED: (MAX_AUTOTUNE, ()),
 }
 # (batch, setting) in the order measured: the candidates at batch 1, then at a larger batch; then the prefill's two
 # compiles (`prefill_compile_row`); max-autotune last (its GEMM autotuning compiles longest): a call's budget ends
 # the suite where it is, keeping the rows finished
-ROWS = [(1, TRITON), (1, PDL), (1, EFFICIENT), ("larger", TRITON), ("larger", PLAIN), ("larger", FLEX)]
+ROWS = [
+    (1, TRITON),
+    (1, GATED_DOWN),
+    (1, BOTH_KERNELS),
+    (1, PDL),
+    (1, EFFICIENT),
+    ("larger", TRITON),
+    ("larger", PLAIN),
+    ("larger", FLEX),
+]
+FIRST_ROWS = 5  # those before the time-to-first-token row
 LATE_ROWS = [(1, AUTOTUNED)]
 # Each setting compiles the step function once more: dynamo's limit (8) would leave the later rows' steps eager.
 RECOMPILE_LIMIT = 64
@@ -224,9 +243,9 @@ def run(args: argparse.Namespace) -> Report:
             measure = models = None  # the copy's memory back before the next row
 
     with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
-        setting_rows(ROWS[:3])
+        setting_rows(ROWS[:FIRST_ROWS])
         guarded(report, setup, "prefill buckets", functools.partial(prefill_graphs_row, setup, report, pristine))
-        setting_rows(ROWS[3:])
+        setting_rows(ROWS[FIRST_ROWS:])
         # the two compiles of a 2,048-token prefill (68 s unrolled on an H100)
         measure = functools.partial(prefill_compile_row, setup, report, pristine)
         guarded(report, setup, "prefill compile, nested regions", measure)

@@ -19,26 +19,38 @@ The interpreter computes in fp32 here: NumPy has no bfloat16, and bf16 kernels r
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
 
 import numpy as np
-import triton
-import triton.language as tl
-from triton.runtime import interpreter
+import pytest
+import torch
 
-INTERPRETING = bool(triton.knobs.runtime.interpret)  # this process started with TRITON_INTERPRET=1
+HAS_TRITON = importlib.util.find_spec("triton") is not None  # CPU wheels of torch come without it
+INTERPRETING = HAS_TRITON and os.environ.get("TRITON_INTERPRET") == "1"  # this process started with TRITON_INTERPRET=1
+# Where a test of a Triton kernel runs it: on a GPU, or on a CPU under the interpreter
+KERNELS_RUN_HERE = HAS_TRITON and (torch.cuda.is_available() or INTERPRETING)
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+runs_kernels = pytest.mark.skipif(
+    not KERNELS_RUN_HERE, reason="runs Triton kernels: on CPU, test_kernels_through_the_triton_interpreter runs them"
+)
 
 # libdevice functions the interpreter lacks, by name, as NumPy on the interpreter's arrays
 NUMPY_LIBDEVICE = {"rsqrt": lambda x: 1 / np.sqrt(x), "tanh": np.tanh}
 
 
 def is_interpreted(kernel) -> bool:
+    from triton.runtime import interpreter
+
     return isinstance(kernel, interpreter.InterpretedFunction)
 
 
 def _numpy_unary(function):
+    import triton.language as tl
+    from triton.runtime import interpreter
+
     def apply(x: tl.tensor) -> tl.tensor:
         return tl.tensor(interpreter.TensorHandle(function(x.handle.data), x.handle.dtype.scalar), x.type)
 
@@ -46,6 +58,9 @@ def _numpy_unary(function):
 
 
 def _float_as_fp32(convert):
+    import triton.language as tl
+    from triton.runtime import interpreter
+
     def implicit_cvt(arg):
         if isinstance(arg, float):
             return tl.tensor(interpreter.TensorHandle(np.array([arg], dtype=np.float32), tl.float32), tl.float32)
@@ -64,6 +79,8 @@ def _scalar_index(patch_lang_tensor):
 
 def fill_interpreter_gaps(monkeypatch, module_prefix: str) -> None:
     """Fill the gaps for the kernels of the loaded modules named `module_prefix...` (undone by `monkeypatch`)."""
+    from triton.runtime import interpreter
+
     monkeypatch.setattr(interpreter, "_implicit_cvt", _float_as_fp32(interpreter._implicit_cvt))
     monkeypatch.setattr(interpreter, "_patch_lang_tensor", _scalar_index(interpreter._patch_lang_tensor))
     for name, module in list(sys.modules.items()):
@@ -84,3 +101,12 @@ def run_pytest_interpreted(*pytest_args: str, timeout: float = 840) -> subproces
         text=True,
         timeout=timeout,
     )
+
+
+def assert_kernel_tests_pass_interpreted(test_file: str) -> None:
+    """Run `test_file`'s tests but the GPU ones in a fresh process under the interpreter: all pass, and only one is
+    skipped, the one calling this (the kernels run in that process)."""
+    result = run_pytest_interpreted(test_file, "-m", "not gpu", "-rs")
+    summary = result.stdout[-4000:]
+    assert result.returncode == 0, summary + result.stderr[-2000:]
+    assert " 1 skipped" in summary.splitlines()[-1], summary

@@ -432,17 +432,19 @@ CANDIDATE_CASES = [
     ("triton", "dense", 16),
     ("triton", "sliding", 1),  # a window in the mask
     ("triton", "seq2seq", 1),  # beam search's self-attention
+    ("gemv", "dense", 1),  # archlab's SwiGLU + down-projection GEMV (triton_gemv.py)
+    ("gemv", "sliding", 1),
 ]
 
 
 @pytest.mark.parametrize("candidate, kind, batch", CANDIDATE_CASES)
 def test_candidate_defaults_equal_eager_without_falling_back(candidate, kind, batch, monkeypatch):
     """The candidates for the decoding step's default (`--suite cuda-tuning` measures them): the self-attention
-    through FlexAttention (flex_decoding.py) or archlab's Triton kernel (triton_decoding.py), inductor's
-    coordinate-descent tuning, its combo kernels (the default since) and programmatic dependent launch
-    (step_compile.py). Each compiles (no fallback to eager decoding, no cudagraph skip) and gives eager decoding's
-    fp32 tokens and logits."""
-    from archlab.modeling import compile_fallback, flex_decoding, step_compile, triton_decoding
+    through FlexAttention (flex_decoding.py) or archlab's Triton kernel (triton_decoding.py), the gated MLP's
+    SwiGLU inside archlab's down-projection GEMV (triton_gemv.py), inductor's coordinate-descent tuning, its combo
+    kernels (the default since) and programmatic dependent launch (step_compile.py). Each compiles (no fallback to
+    eager decoding, no cudagraph skip) and gives eager decoding's fp32 tokens and logits."""
+    from archlab.modeling import compile_fallback, flex_decoding, step_compile, triton_decoding, triton_gemv
 
     torch._dynamo.reset()
     counters.clear()
@@ -455,6 +457,8 @@ def test_candidate_defaults_equal_eager_without_falling_back(candidate, kind, ba
         monkeypatch.setattr(flex_decoding, "FLEX_DECODING_DEVICES", ("cuda",))
     elif candidate == "triton":
         monkeypatch.setattr(triton_decoding, "TRITON_DECODING_DEVICES", ("cuda",))
+    elif candidate == "gemv":
+        monkeypatch.setattr(triton_gemv, "GATED_DOWN_DEVICES", ("cuda",))
     else:
         monkeypatch.setattr(step_compile, "TUNED_STEP_DEVICES", ("cuda",))
     if candidate == "combo":
@@ -476,3 +480,7 @@ def test_candidate_defaults_equal_eager_without_falling_back(candidate, kind, ba
         query = torch.zeros(batch, model.config.num_attention_heads, 1, attention.head_dim, device="cuda")
         mask = torch.ones(batch, 1, 1, 40, dtype=torch.bool, device="cuda")
         assert triton_decoding.triton_decoding_applies(attention, query, mask, {})
+    if candidate == "gemv":  # the kernel takes this model's MLPs in its steps
+        mlp = model.model.layers[0].mlp
+        with torch.no_grad():
+            assert triton_gemv.gated_down_applies(mlp, torch.zeros(batch, 1, mlp.down_proj.in_features, device="cuda"))

@@ -9,8 +9,6 @@ image's torch brings it; CPU wheels of torch do not, and then those tests skip).
 
 from __future__ import annotations
 
-import importlib.util
-
 import pytest
 import torch
 from torch import nn
@@ -22,16 +20,14 @@ from archlab.modeling.attention import one_token_grouped_sdpa
 from archlab.modeling.triton_decoding import split_count, triton_decoding_applies
 
 from helpers import tiny_decoder_config
-
-HAS_TRITON = importlib.util.find_spec("triton") is not None
-if HAS_TRITON:
-    from triton_interpreter import INTERPRETING, fill_interpreter_gaps, run_pytest_interpreted
-else:
-    INTERPRETING = False
-KERNELS_RUN_HERE = HAS_TRITON and (torch.cuda.is_available() or INTERPRETING)
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-runs_kernels = pytest.mark.skipif(
-    not KERNELS_RUN_HERE, reason="runs Triton kernels: on CPU, test_kernels_through_the_triton_interpreter runs them"
+from triton_interpreter import (
+    DEVICE,
+    HAS_TRITON,
+    INTERPRETING,
+    KERNELS_RUN_HERE,
+    assert_kernel_tests_pass_interpreted,
+    fill_interpreter_gaps,
+    runs_kernels,
 )
 
 
@@ -218,7 +214,4 @@ def test_the_kernel_compiled_with_cuda_graphs_follows_the_span_without_recompili
 
 @pytest.mark.skipif(not HAS_TRITON or KERNELS_RUN_HERE, reason="Triton missing, or the kernels run in this process")
 def test_kernels_through_the_triton_interpreter() -> None:
-    result = run_pytest_interpreted(__file__, "-m", "not gpu", "-rs")
-    summary = result.stdout[-4000:]
-    assert result.returncode == 0, summary + result.stderr[-2000:]
-    assert " 1 skipped" in summary.splitlines()[-1], summary  # every kernel test ran there (not this one)
+    assert_kernel_tests_pass_interpreted(__file__)

@@ -1,0 +1,167 @@
+"""A gated MLP's down projection for a few rows (a decoding step) as one Triton kernel with the activation inside:
+down(act(gate) ⊙ up) read as a matrix-vector product whose vector is computed while the matrix streams in
+(SwiGLU, Shazeer 2020; the fused-GEMV idea of gpt-fast and of "megakernel" decoders).
+
+Why: in a batch-1 decoding step of the 1.1B model on an H100 (docs/gpu.md, the decode-1 profile) the MLP's tail is
+three kernels a layer: inductor's SwiGLU (1.1 µs), cuBLAS's down GEMV split in two along its 5,632 inputs (11.6 µs,
+~2 TB/s: 60 % of the bandwidth for 23 MB) and the split's reduction kernel (1.5 µs), each launch also leaving the GPU
+idle ~1.6 µs in the CUDA graph: ~17 µs a layer where streaming 23 MB takes ~7 µs. Here one kernel does it: each
+program owns `BLOCK_N` outputs, streams their rows of the weight in blocks of `BLOCK_K` inputs, and computes the
+matching act(gate) ⊙ up block itself (gate and up are a few kB, read from L2 by every program), rounded to the
+weights' dtype as the unfused path rounds it, accumulating in fp32. Block sizes, warps and pipeline stages are
+autotuned per (rows, outputs, inputs) the first time a shape runs (`triton.autotune`).
+
+`gated_down` is a `torch.library.triton_op`: inductor calls it from the decoding step's generated code, CUDA graphs
+record it. Where it applies (`gated_down_applies`): at most `MAX_ROWS` rows (a decoding step of a small batch),
+Triton importable, a device in `GATED_DOWN_DEVICES`, SiLU as the activation, fp32/fp16/bf16, inference (no gradient:
+the kernel has no backward). Everything else runs as before. `GATED_DOWN_DEVICES` is empty until `--suite
+cuda-tuning`'s row measures it on a GPU; on CPU the tests run the kernel through Triton's interpreter
+(tests/triton_interpreter.py) against the unfused formula.
+"""
+
+from __future__ import annotations
+
+import torch
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # the CPU wheels of torch come without Triton: nothing here applies
+    triton = None
+
+# Devices on which a gated MLP's down projection of a few rows runs through `gated_down` (`gated_down_applies`).
+GATED_DOWN_DEVICES: tuple[str, ...] = ()
+# The most rows (tokens) the kernel takes: each program keeps one fp32 accumulator row per token
+MAX_ROWS = 4
+ACTIVATIONS = ("silu", "swish")
+
+
+def gated_down_applies(module, gate: torch.Tensor) -> bool:
+    """Whether `module`'s (a GatedMLP) down projection of act(`gate`) ⊙ up runs through `gated_down`."""
+    rows = gate.numel() // gate.shape[-1]
+    return (
+        triton is not None
+        and gate.device.type in GATED_DOWN_DEVICES
+        and rows <= MAX_ROWS
+        and module.hidden_act in ACTIVATIONS
+        and gate.dtype in (torch.float32, torch.float16, torch.bfloat16)
+        and module.down_proj.weight.dtype == gate.dtype
+        and module.down_proj.weight.stride(-1) == 1
+        and not (torch.is_grad_enabled() and (gate.requires_grad or module.down_proj.weight.requires_grad))
+    )
+
+
+if triton is not None:
+
+    @triton.autotune(
+        configs=[
+            triton.Config({"BLOCK_N": n, "BLOCK_K": k}, num_warps=warps, num_stages=stages)
+            for n, k, warps, stages in [
+                (8, 256, 4, 4),
+                (16, 256, 4, 4),
+                (16, 512, 8, 3),
+                (32, 128, 4, 4),
+                (32, 256, 8, 4),
+                (8, 512, 4, 3),
+                (64, 128, 8, 3),
+            ]
+        ],
+        key=["rows", "outputs", "inputs"],
+    )
+    @triton.jit
+    def _gated_down_kernel(
+        gate_ptr, up_ptr, w_ptr, bias_ptr, y_ptr,
+        rows, outputs, inputs,
+        gate_m, up_m, w_n, y_m,
+        ROWS: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    ):  # fmt: skip
+        """One program: outputs [pid · BLOCK_N, + BLOCK_N) of every row (ROWS: `rows` rounded up to a power of two)."""
+        pid = tl.program_id(0)
+        ns = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+        n_ok = ns < outputs
+        ms = tl.arange(0, ROWS)
+        m_ok = ms < rows
+        acc = tl.zeros([ROWS, BLOCK_N], tl.float32)
+        for first in range(0, tl.cdiv(inputs, BLOCK_K)):
+            ks = first * BLOCK_K + tl.arange(0, BLOCK_K)
+            k_ok = ks < inputs
+            w = tl.load(w_ptr + ns[:, None] * w_n + ks[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
+            both = m_ok[:, None] & k_ok[None, :]
+            gate = tl.load(gate_ptr + ms[:, None] * gate_m + ks[None, :], mask=both, other=0.0).to(tl.float32)
+            up = tl.load(up_ptr + ms[:, None] * up_m + ks[None, :], mask=both, other=0.0).to(tl.float32)
+            # act(gate) ⊙ up in fp32, rounded to the weights' dtype as the unfused step hands it to the product
+            hidden = (gate * tl.sigmoid(gate) * up).to(w.dtype).to(tl.float32)
+            acc += tl.sum(hidden[:, None, :] * w.to(tl.float32)[None, :, :], axis=2)
+        if HAS_BIAS:
+            acc += tl.load(bias_ptr + ns, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+        tl.store(
+            y_ptr + ms[:, None] * y_m + ns[None, :], acc.to(y_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :]
+        )
+
+    def _launchable(kernel, like: torch.Tensor):
+        """`kernel` wrapped for `torch.compile` to see (`wrap_triton`); under Triton's interpreter (TRITON_INTERPRET=1,
+        the CPU tests) its first configuration, launched as it is (the interpreter neither benchmarks nor passes
+        `wrap_triton`), or not at all while `torch.compile` traces with fake tensors (`like` is one)."""
+        if not triton.knobs.runtime.interpret:
+            return torch.library.wrap_triton(kernel)
+        if torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.PROXY) is not None:
+            raise RuntimeError("under Triton's interpreter, gated_down compiles with backend='eager' only")
+        if torch._subclasses.fake_tensor.is_fake(like):
+            return _NotLaunched()
+        return _FirstConfig(kernel)
+
+    class _NotLaunched:
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: None
+
+    class _FirstConfig:
+        def __init__(self, autotuned):
+            self.autotuned = autotuned
+
+        def __getitem__(self, grid):
+            config = self.autotuned.configs[0]
+
+            def launch(*args, **kwargs):
+                grid_size = grid(config.kwargs) if callable(grid) else grid
+                return self.autotuned.fn[grid_size](*args, **kwargs, **config.kwargs)
+
+            return launch
+
+
+def _registered() -> bool:
+    """Whether `archlab::gated_down` exists (a remote-code copy of this file finds the first one's)."""
+    return hasattr(torch.ops.archlab, "gated_down")
+
+
+if triton is not None and not _registered():
+
+    @torch.library.triton_op("archlab::gated_down", mutates_args=())
+    def _gated_down_op(
+        gate: torch.Tensor, up: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
+    ) -> torch.Tensor:
+        inputs = gate.shape[-1]
+        outputs = weight.shape[0]
+        gate2, up2 = gate.reshape(-1, inputs), up.reshape(-1, inputs)
+        rows = gate2.shape[0]
+        output = gate.new_empty(rows, outputs)
+
+        def grid(meta):
+            return (triton.cdiv(outputs, meta["BLOCK_N"]),)
+
+        _launchable(_gated_down_kernel, gate)[grid](
+            gate2, up2, weight, weight if bias is None else bias, output,
+            rows, outputs, inputs,
+            gate2.stride(0), up2.stride(0), weight.stride(0), output.stride(0),
+            ROWS=triton.next_power_of_2(rows), HAS_BIAS=bias is not None,
+        )  # fmt: skip
+        return output.reshape(*gate.shape[:-1], outputs)
+
+
+def gated_down(module, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """`module.down_proj(act(gate) ⊙ up)` for a GatedMLP with SiLU, as one kernel (module docstring)."""
+    if gate.stride(-1) != 1 or up.stride(-1) != 1:
+        gate, up = gate.contiguous(), up.contiguous()
+    return torch.ops.archlab.gated_down(gate, up, module.down_proj.weight, module.down_proj.bias)
+
+
+__all__ = ["GATED_DOWN_DEVICES", "MAX_ROWS", "gated_down", "gated_down_applies"]

@@ -1,0 +1,168 @@
+"""A gated MLP's down projection of a decoding step as one Triton kernel with SiLU inside (modeling/triton_gemv.py):
+the unfused formula's output for one to four rows, with and without a bias, inputs not a multiple of the blocks;
+used only where it applies; greedy decoding through it (transformers' loop, and archlab's loop with its step traced by
+dynamo) gives the formula's tokens.
+
+The kernels run where Triton does: on a GPU, or on a CPU through Triton's interpreter (tests/triton_interpreter.py),
+which `test_kernels_through_the_triton_interpreter` starts in a fresh process."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+from transformers import CompileConfig
+
+from archlab import DecoderForCausalLM
+from archlab.modeling import triton_gemv
+from archlab.modeling.triton_gemv import gated_down_applies
+
+from helpers import tiny_decoder_config
+from triton_interpreter import (
+    DEVICE,
+    HAS_TRITON,
+    INTERPRETING,
+    KERNELS_RUN_HERE,
+    assert_kernel_tests_pass_interpreted,
+    fill_interpreter_gaps,
+    runs_kernels,
+)
+
+
+@pytest.fixture(autouse=True)
+def _interpreter_gaps(monkeypatch):
+    if INTERPRETING:
+        fill_interpreter_gaps(monkeypatch, "archlab.modeling.triton_gemv")
+
+
+def _mlp(**overrides):
+    model = DecoderForCausalLM(tiny_decoder_config(**overrides)).eval()
+    return model.model.layers[0].mlp
+
+
+def test_the_kernel_applies_only_to_a_few_rows_of_silu_on_the_listed_devices(monkeypatch):
+    mlp = _mlp()
+    gate = torch.zeros(1, 1, mlp.down_proj.in_features)
+    monkeypatch.setattr(triton_gemv, "triton", object())  # as where Triton is installed
+    monkeypatch.setattr(triton_gemv, "GATED_DOWN_DEVICES", ("cpu",))
+    with torch.no_grad():
+        assert gated_down_applies(mlp, gate)
+        assert gated_down_applies(mlp, torch.zeros(2, 2, gate.shape[-1]))  # 4 rows
+        assert not gated_down_applies(mlp, torch.zeros(5, 1, gate.shape[-1]))  # a prefill, a larger batch
+        assert not gated_down_applies(mlp, gate.double())
+        assert not gated_down_applies(_mlp(hidden_act="gelu_pytorch_tanh"), gate)  # GeGLU: not written
+    assert not gated_down_applies(mlp, gate)  # gradients wanted (the weights'): the kernel has no backward
+    monkeypatch.setattr(triton_gemv, "GATED_DOWN_DEVICES", ())
+    with torch.no_grad():
+        assert not gated_down_applies(mlp, gate)
+        monkeypatch.setattr(triton_gemv, "GATED_DOWN_DEVICES", ("cpu",))
+        monkeypatch.setattr(triton_gemv, "triton", None)  # CPU wheels of torch: no Triton
+        assert not gated_down_applies(mlp, gate)
+
+
+def _formula(gate, up, weight, bias):
+    return nn.functional.linear((nn.functional.silu(gate) * up).to(weight.dtype), weight, bias)
+
+
+def _inputs(rows, inputs, outputs, bias, dtype=torch.float32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    gate, up = torch.randn(rows, 1, 2 * inputs, generator=g).chunk(2, dim=-1)  # halves of the fused gate/up product
+    weight = torch.randn(outputs, inputs, generator=g) / inputs**0.5
+    to = dict(device=DEVICE, dtype=dtype)
+    bias = torch.randn(outputs, generator=g).to(**to) if bias else None
+    return gate.to(**to), up.to(**to), weight.to(**to), bias
+
+
+@runs_kernels
+@pytest.mark.parametrize("rows, inputs, outputs, bias", [(1, 300, 40, False), (3, 1000, 70, True), (4, 64, 8, False)])
+def test_the_kernel_equals_the_formula(rows, inputs, outputs, bias):
+    gate, up, weight, bias = _inputs(rows, inputs, outputs, bias)
+    output = torch.ops.archlab.gated_down(gate, up, weight, bias)
+    assert output.shape == (rows, 1, outputs) and output.dtype == gate.dtype
+    torch.testing.assert_close(output, _formula(gate, up, weight, bias), rtol=1e-5, atol=1e-5)
+
+
+def _generate(model, batch, graphs: list | None = None):
+    """Greedy decoding; with `graphs`, archlab's loop on the static cache, its step traced by dynamo (on CPU through
+    generate's testing hook) and each traced graph's code kept in `graphs`, the graph run as traced."""
+    kwargs = dict(max_new_tokens=10, do_sample=False, pad_token_id=0)
+    if graphs is not None:
+
+        def backend(graph_module, example_inputs):
+            graphs.append(graph_module.code)
+            return graph_module.forward
+
+        config = CompileConfig(fullgraph=True, backend=backend, mode=None)
+        config._compile_all_devices = True
+        kwargs.update(cache_implementation="static", compile_config=config)
+    return model.generate(**batch, **kwargs)
+
+
+@runs_kernels
+@pytest.mark.parametrize("compiled", [False, True], ids=["transformers-loop", "archlab-loop"])
+def test_greedy_decoding_through_the_kernel_gives_the_formula_s_tokens(compiled, monkeypatch):
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = DecoderForCausalLM(tiny_decoder_config()).to(DEVICE).eval()
+    g = torch.Generator().manual_seed(3)
+    ids = torch.randint(3, model.config.vocab_size, (2, 9), generator=g).to(DEVICE)
+    mask = torch.ones_like(ids)
+    mask[0, :3] = 0  # a left-padded row
+    batch = {"input_ids": ids, "attention_mask": mask}
+    expected = _generate(model, batch, [] if compiled else None)
+    model.release_decoding_memory()
+    torch._dynamo.reset()
+    monkeypatch.setattr(triton_gemv, "GATED_DOWN_DEVICES", (DEVICE,))
+    if compiled:
+        graphs = []
+        assert torch.equal(_generate(model, batch, graphs), expected)
+        assert graphs and all(graph.count("archlab.gated_down") == 2 for graph in graphs)  # both layers' steps
+    else:
+        calls = []
+        kernel = triton_gemv.gated_down
+        monkeypatch.setattr("archlab.modeling.feed_forward.gated_down", lambda *a: calls.append(1) or kernel(*a))
+        assert torch.equal(_generate(model, batch), expected)
+        assert len(calls) == 2 * 9  # two layers, the nine steps after the prefill (two rows each)
+
+
+# ---- on a GPU: half precision, and the kernel inside inductor's code and CUDA graphs --------------------------------
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("rows", [1, 4])
+def test_the_kernel_in_half_precision_is_as_close_as_the_formula(dtype, rows):
+    """The 1.1B model's down projection (5,632 → 2,048): the kernel's error against fp32 within twice the unfused
+    formula's own in `dtype` (autotuned on its first call)."""
+    gate, up, weight, _ = _inputs(rows, 5632, 2048, False, dtype=dtype)
+    exact = _formula(gate.float(), up.float(), weight.float(), None)
+    unfused = _formula(gate, up, weight, None)
+    output = torch.ops.archlab.gated_down(gate, up, weight, None)
+    assert output.dtype == dtype
+    ours, theirs = (output.float() - exact).abs().max(), (unfused.float() - exact).abs().max()
+    assert ours <= 2 * theirs + 1e-3, (ours, theirs)
+
+
+@pytest.mark.gpu
+def test_the_kernel_compiled_with_cuda_graphs_replays_without_recompiling():
+    torch._dynamo.reset()
+
+    def mlp_tail(gate, up, weight):
+        return torch.ops.archlab.gated_down(gate, up, weight, None)
+
+    compiled = torch.compile(mlp_tail, mode="reduce-overhead", fullgraph=True)
+    for step in range(4):
+        gate, up, weight, _ = _inputs(1, 5632, 2048, False, dtype=torch.bfloat16, seed=step)
+        torch.compiler.cudagraph_mark_step_begin()
+        with torch._dynamo.config.patch(error_on_recompile=step > 0):
+            output = compiled(gate, up, weight).clone()
+        # (inductor autotunes the kernel apart from the eager call: another block size may round the sum differently)
+        torch.testing.assert_close(output, mlp_tail(gate, up, weight), rtol=1e-2, atol=1e-2)
+
+
+# ---- on a CPU: the kernel tests above, through Triton's interpreter ------------------------------------------------
+
+
+@pytest.mark.skipif(not HAS_TRITON or KERNELS_RUN_HERE, reason="Triton missing, or the kernels run in this process")
+def test_kernels_through_the_triton_interpreter() -> None:
+    assert_kernel_tests_pass_interpreted(__file__)
