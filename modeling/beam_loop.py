@@ -32,7 +32,7 @@ from transformers.generation.utils import GenerateBeamDecoderOnlyOutput, Generat
 
 from .beam_reorder import Spares, reorder
 from .cache_names import cache_in, with_cache
-from .cache_spans import Spans
+from .cache_spans import Spans, self_attention_cache
 from .compiled_prefill import prefill
 from .decoding_loop import (
     CHECK_EVERY,
@@ -42,7 +42,6 @@ from .decoding_loop import (
     kept_compiled,
     one_token_logits,
     rewind,
-    self_attention_cache,
     shared_blocker,
     static_zeros,
 )

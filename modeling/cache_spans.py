@@ -97,20 +97,20 @@ def as_spanned(layer: StaticLayer) -> SpannedLayer:
     return spanned
 
 
-def _self_attention_part(cache: Cache) -> Cache:
+def self_attention_cache(cache: Cache) -> Cache:
     """The cache the decoder's self-attention writes (an encoder-decoder's holds a cross-attention one beside it,
     whose length is the source's)."""
     return cache.self_attention_cache if isinstance(cache, EncoderDecoderCache) else cache
 
 
 def self_attention_layers(cache: Cache) -> list:
-    return _self_attention_part(cache).layers
+    return self_attention_cache(cache).layers
 
 
 def make_spanned(cache: Cache) -> None:
     """Turn the plain `StaticLayer`s of `cache`'s self-attention part into `SpannedLayer`s (in place). An offloaded
     cache (its layers moved between devices per forward) is left as it is."""
-    self_cache = _self_attention_part(cache)
+    self_cache = self_attention_cache(cache)
     if getattr(self_cache, "offloading", False):
         return
     layers = self_cache.layers
@@ -220,6 +220,7 @@ __all__ = [
     "cache_tensors",
     "make_spanned",
     "rewind_lengths",
+    "self_attention_cache",
     "self_attention_layers",
     "span_length",
     "span_step",

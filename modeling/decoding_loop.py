@@ -39,7 +39,7 @@ import time
 from dataclasses import dataclass
 
 import torch
-from transformers.cache_utils import EncoderDecoderCache, StaticCache, StaticLayer
+from transformers.cache_utils import StaticCache, StaticLayer
 from transformers.generation.logits_process import LogitsProcessorList
 from transformers.generation.stopping_criteria import (
     EosTokenCriteria,
@@ -53,7 +53,15 @@ from transformers.masking_utils import create_masks_for_generate
 from transformers.utils import logging
 
 from .cache_names import CACHE_NAMES, cache_in, with_cache
-from .cache_spans import SpannedLayer, Spans, advance_lengths, attended_length, rewind_lengths, self_attention_layers
+from .cache_spans import (
+    SpannedLayer,
+    Spans,
+    advance_lengths,
+    attended_length,
+    rewind_lengths,
+    self_attention_cache,
+    self_attention_layers,
+)
 from .compile_fallback import eager_on_compiler_failure
 from .compiled_prefill import prefill
 from .loop_processors import (
@@ -95,11 +103,6 @@ LOOP_MODEL_INPUTS = frozenset(
 SEQ2SEQ_MODEL_INPUTS = frozenset(
     {"attention_mask", "encoder_outputs", *CACHE_NAMES, "use_cache", "logits_to_keep", "tokenizer"}
 )
-
-
-def self_attention_cache(cache):
-    """The cache the decoder's self-attention writes (an encoder-decoder's holds the cross-attention one beside)."""
-    return cache.self_attention_cache if isinstance(cache, EncoderDecoderCache) else cache
 
 
 def encoder_inputs(model, model_kwargs: dict) -> dict:

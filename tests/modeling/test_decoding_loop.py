@@ -17,7 +17,14 @@ import torch
 from transformers import CompileConfig, StoppingCriteria, StoppingCriteriaList, TextStreamer
 
 from archlab import DecoderForCausalLM
-from archlab.modeling import compile_fallback, decoding_loop, fast_decoding, loop_processors, sliding_layers
+from archlab.modeling import (
+    cache_spans,
+    compile_fallback,
+    decoding_loop,
+    fast_decoding,
+    loop_processors,
+    sliding_layers,
+)
 
 from helpers import (
     DECODER_VARIANTS,
@@ -86,7 +93,7 @@ def _assert_same(reference, ours) -> None:
         assert len(actual) == len(expected), name
         for step, (a, b) in enumerate(zip(actual, expected)):
             assert_close_to_scale(a, b, msg=f"{name} of step {step}")  # cache spans: sums of other lengths
-    cache, expected_cache = (decoding_loop.self_attention_cache(o.past_key_values) for o in (ours, reference))
+    cache, expected_cache = (cache_spans.self_attention_cache(o.past_key_values) for o in (ours, reference))
     assert int(cache.get_seq_length()) == int(expected_cache.get_seq_length())
 
 
