@@ -28,6 +28,8 @@ import math
 
 import torch
 
+from .triton_launch import launchable, registered
+
 try:
     import triton
     import triton.language as tl
@@ -172,30 +174,8 @@ if triton is not None:
             mask=(rows < GROUP)[:, None],
         )
 
-    def _launchable(kernel, like: torch.Tensor):
-        """`kernel` wrapped for `torch.compile` to see (`wrap_triton`); under Triton's interpreter (TRITON_INTERPRET=1,
-        the CPU tests), whose kernels `wrap_triton` refuses, as it is, or not launched at all while `torch.compile`
-        traces with fake tensors (`like` is one): the op's output is allocated before the launch."""
-        if not triton.knobs.runtime.interpret:
-            return torch.library.wrap_triton(kernel)
-        if torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.PROXY) is not None:
-            raise RuntimeError("under Triton's interpreter, decode_attention compiles with backend='eager' only")
-        if torch._subclasses.fake_tensor.is_fake(like):
-            return _NotLaunched()
-        return kernel
 
-    class _NotLaunched:
-        def __getitem__(self, grid):
-            return lambda *args, **kwargs: None
-
-
-def _registered() -> bool:
-    """Whether `archlab::decode_attention` exists: a remote-code copy of this file (transformers_modules.*) imported
-    beside archlab, or a second exported model's, finds the first one's (a name is registered once a process)."""
-    return hasattr(torch.ops.archlab, "decode_attention")
-
-
-if triton is not None and not _registered():
+if triton is not None and not registered("decode_attention"):
 
     @torch.library.triton_op("archlab::decode_attention", mutates_args=())
     def _decode_attention_op(
@@ -223,7 +203,7 @@ if triton is not None and not _registered():
             stats = query.new_empty(batch * kv_heads * splits * group_rows, 2, dtype=torch.float32)
         else:
             parts = stats = output
-        _launchable(_decode_split_kernel, query)[(batch * kv_heads, splits)](
+        launchable(_decode_split_kernel, query, "decode_attention")[(batch * kv_heads, splits)](
             query, key, value, mask_ptr, output, parts, stats,
             keys, kv_heads, scale,
             query.stride(0), query.stride(1), query.stride(3),
@@ -235,7 +215,7 @@ if triton is not None and not _registered():
             SPLITS=splits, MASK=kind, IEEE=query.dtype == torch.float32,
         )  # fmt: skip
         if splits > 1:
-            _launchable(_decode_combine_kernel, query)[(batch * kv_heads,)](
+            launchable(_decode_combine_kernel, query, "decode_attention")[(batch * kv_heads,)](
                 parts, stats, output, kv_heads,
                 output.stride(0), output.stride(2), output.stride(3),
                 GROUP=group, GROUP_ROWS=group_rows, HEAD=head_dim, SPLITS=splits,

@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import torch
 
+from .triton_launch import launchable, registered
+
 try:
     import triton
     import triton.language as tl
@@ -98,42 +100,8 @@ if triton is not None:
             y_ptr + ms[:, None] * y_m + ns[None, :], acc.to(y_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :]
         )
 
-    def _launchable(kernel, like: torch.Tensor):
-        """`kernel` wrapped for `torch.compile` to see (`wrap_triton`); under Triton's interpreter (TRITON_INTERPRET=1,
-        the CPU tests) its first configuration, launched as it is (the interpreter neither benchmarks nor passes
-        `wrap_triton`), or not at all while `torch.compile` traces with fake tensors (`like` is one)."""
-        if not triton.knobs.runtime.interpret:
-            return torch.library.wrap_triton(kernel)
-        if torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.PROXY) is not None:
-            raise RuntimeError("under Triton's interpreter, gated_down compiles with backend='eager' only")
-        if torch._subclasses.fake_tensor.is_fake(like):
-            return _NotLaunched()
-        return _FirstConfig(kernel)
 
-    class _NotLaunched:
-        def __getitem__(self, grid):
-            return lambda *args, **kwargs: None
-
-    class _FirstConfig:
-        def __init__(self, autotuned):
-            self.autotuned = autotuned
-
-        def __getitem__(self, grid):
-            config = self.autotuned.configs[0]
-
-            def launch(*args, **kwargs):
-                grid_size = grid(config.kwargs) if callable(grid) else grid
-                return self.autotuned.fn[grid_size](*args, **kwargs, **config.kwargs)
-
-            return launch
-
-
-def _registered() -> bool:
-    """Whether `archlab::gated_down` exists (a remote-code copy of this file finds the first one's)."""
-    return hasattr(torch.ops.archlab, "gated_down")
-
-
-if triton is not None and not _registered():
+if triton is not None and not registered("gated_down"):
 
     @torch.library.triton_op("archlab::gated_down", mutates_args=())
     def _gated_down_op(
@@ -148,7 +116,7 @@ if triton is not None and not _registered():
         def grid(meta):
             return (triton.cdiv(outputs, meta["BLOCK_N"]),)
 
-        _launchable(_gated_down_kernel, gate)[grid](
+        launchable(_gated_down_kernel, gate, "gated_down")[grid](
             gate2, up2, weight, weight if bias is None else bias, output,
             rows, outputs, inputs,
             gate2.stride(0), up2.stride(0), weight.stride(0), output.stride(0),

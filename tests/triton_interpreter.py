@@ -110,3 +110,31 @@ def assert_kernel_tests_pass_interpreted(test_file: str) -> None:
     summary = result.stdout[-4000:]
     assert result.returncode == 0, summary + result.stderr[-2000:]
     assert " 1 skipped" in summary.splitlines()[-1], summary
+
+
+def greedy_tokens(model, batch: dict, graphs: list | None = None) -> torch.Tensor:
+    """10 greedy tokens; with `graphs`, through archlab's loop on the static cache, its step traced by dynamo (on CPU
+    through generate's testing hook), each traced graph's code kept in `graphs` and the graph run as traced (the ops
+    a kernel test checks for are in it)."""
+    from transformers import CompileConfig
+
+    kwargs = dict(max_new_tokens=10, do_sample=False, pad_token_id=0)
+    if graphs is not None:
+
+        def backend(graph_module, example_inputs):
+            graphs.append(graph_module.code)
+            return graph_module.forward
+
+        config = CompileConfig(fullgraph=True, backend=backend, mode=None)
+        config._compile_all_devices = True
+        kwargs.update(cache_implementation="static", compile_config=config)
+    return model.generate(**batch, **kwargs)
+
+
+def left_padded_batch(vocab_size: int) -> dict:
+    """Two 9-token prompts on `DEVICE`, the first left-padded by 3."""
+    g = torch.Generator().manual_seed(3)
+    ids = torch.randint(3, vocab_size, (2, 9), generator=g).to(DEVICE)
+    mask = torch.ones_like(ids)
+    mask[0, :3] = 0
+    return {"input_ids": ids, "attention_mask": mask}

@@ -12,7 +12,6 @@ from __future__ import annotations
 import pytest
 import torch
 from torch import nn
-from transformers import CompileConfig
 
 from archlab import DecoderForCausalLM
 from archlab.modeling import triton_decoding
@@ -27,6 +26,8 @@ from triton_interpreter import (
     KERNELS_RUN_HERE,
     assert_kernel_tests_pass_interpreted,
     fill_interpreter_gaps,
+    greedy_tokens,
+    left_padded_batch,
     runs_kernels,
 )
 
@@ -127,22 +128,6 @@ def test_the_kernel_traced_by_dynamo_follows_the_span():
         torch.testing.assert_close(compiled(query, key, value, mask), expected, rtol=1e-5, atol=1e-5)
 
 
-def _generate(model, batch, graphs: list | None = None):
-    """Greedy decoding; with `graphs`, archlab's loop on the static cache, its step traced by dynamo (on CPU through
-    generate's testing hook) and each traced graph's code kept in `graphs`, the graph run as traced."""
-    kwargs = dict(max_new_tokens=10, do_sample=False, pad_token_id=0)
-    if graphs is not None:
-
-        def backend(graph_module, example_inputs):
-            graphs.append(graph_module.code)
-            return graph_module.forward
-
-        config = CompileConfig(fullgraph=True, backend=backend, mode=None)
-        config._compile_all_devices = True
-        kwargs.update(cache_implementation="static", compile_config=config)
-    return model.generate(**batch, **kwargs)
-
-
 @runs_kernels
 @pytest.mark.parametrize("compiled", [False, True], ids=["transformers-loop", "archlab-loop"])
 def test_greedy_decoding_through_the_kernel_gives_sdpa_tokens(compiled, monkeypatch):
@@ -150,12 +135,8 @@ def test_greedy_decoding_through_the_kernel_gives_sdpa_tokens(compiled, monkeypa
     torch.manual_seed(0)
     model = DecoderForCausalLM(tiny_decoder_config(head_dim=16, num_attention_heads=4, num_key_value_heads=2))
     model = model.to(DEVICE).eval()
-    g = torch.Generator().manual_seed(3)
-    ids = torch.randint(3, model.config.vocab_size, (2, 9), generator=g).to(DEVICE)
-    mask = torch.ones_like(ids)
-    mask[0, :3] = 0  # a left-padded row
-    batch = {"input_ids": ids, "attention_mask": mask}
-    expected = _generate(model, batch, [] if compiled else None)
+    batch = left_padded_batch(model.config.vocab_size)
+    expected = greedy_tokens(model, batch, [] if compiled else None)
     model.release_decoding_memory()
     torch._dynamo.reset()
     monkeypatch.setattr(triton_decoding, "TRITON_DECODING_DEVICES", (DEVICE,))
@@ -163,7 +144,7 @@ def test_greedy_decoding_through_the_kernel_gives_sdpa_tokens(compiled, monkeypa
     calls = []
     if compiled:
         graphs = []
-        assert torch.equal(_generate(model, batch, graphs), expected)
+        assert torch.equal(greedy_tokens(model, batch, graphs), expected)
         # the static cache holds 9 + 10 positions: 3 splits of 8 keys, from the capacity, whatever the span
         assert graphs and all(graph.count("archlab.decode_attention") == 2 for graph in graphs)
         assert all(", 3)" in line for graph in graphs for line in graph.splitlines() if "decode_attention" in line)
@@ -172,7 +153,7 @@ def test_greedy_decoding_through_the_kernel_gives_sdpa_tokens(compiled, monkeypa
         monkeypatch.setattr(
             "archlab.modeling.attention.decode_attention", lambda *a, **k: calls.append(1) or kernel(*a, **k)
         )
-        assert torch.equal(_generate(model, batch), expected)
+        assert torch.equal(greedy_tokens(model, batch), expected)
         assert len(calls) == 2 * 9  # two layers, the nine steps after the prefill
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import pytest
 import torch
 from torch import nn
-from transformers import CompileConfig
 
 from archlab import DecoderForCausalLM
 from archlab.modeling import triton_gemv
@@ -25,6 +24,8 @@ from triton_interpreter import (
     KERNELS_RUN_HERE,
     assert_kernel_tests_pass_interpreted,
     fill_interpreter_gaps,
+    greedy_tokens,
+    left_padded_batch,
     runs_kernels,
 )
 
@@ -82,46 +83,26 @@ def test_the_kernel_equals_the_formula(rows, inputs, outputs, bias):
     torch.testing.assert_close(output, _formula(gate, up, weight, bias), rtol=1e-5, atol=1e-5)
 
 
-def _generate(model, batch, graphs: list | None = None):
-    """Greedy decoding; with `graphs`, archlab's loop on the static cache, its step traced by dynamo (on CPU through
-    generate's testing hook) and each traced graph's code kept in `graphs`, the graph run as traced."""
-    kwargs = dict(max_new_tokens=10, do_sample=False, pad_token_id=0)
-    if graphs is not None:
-
-        def backend(graph_module, example_inputs):
-            graphs.append(graph_module.code)
-            return graph_module.forward
-
-        config = CompileConfig(fullgraph=True, backend=backend, mode=None)
-        config._compile_all_devices = True
-        kwargs.update(cache_implementation="static", compile_config=config)
-    return model.generate(**batch, **kwargs)
-
-
 @runs_kernels
 @pytest.mark.parametrize("compiled", [False, True], ids=["transformers-loop", "archlab-loop"])
 def test_greedy_decoding_through_the_kernel_gives_the_formula_s_tokens(compiled, monkeypatch):
     torch._dynamo.reset()
     torch.manual_seed(0)
     model = DecoderForCausalLM(tiny_decoder_config()).to(DEVICE).eval()
-    g = torch.Generator().manual_seed(3)
-    ids = torch.randint(3, model.config.vocab_size, (2, 9), generator=g).to(DEVICE)
-    mask = torch.ones_like(ids)
-    mask[0, :3] = 0  # a left-padded row
-    batch = {"input_ids": ids, "attention_mask": mask}
-    expected = _generate(model, batch, [] if compiled else None)
+    batch = left_padded_batch(model.config.vocab_size)
+    expected = greedy_tokens(model, batch, [] if compiled else None)
     model.release_decoding_memory()
     torch._dynamo.reset()
     monkeypatch.setattr(triton_gemv, "GATED_DOWN_DEVICES", (DEVICE,))
     if compiled:
         graphs = []
-        assert torch.equal(_generate(model, batch, graphs), expected)
+        assert torch.equal(greedy_tokens(model, batch, graphs), expected)
         assert graphs and all(graph.count("archlab.gated_down") == 2 for graph in graphs)  # both layers' steps
     else:
         calls = []
         kernel = triton_gemv.gated_down
         monkeypatch.setattr("archlab.modeling.feed_forward.gated_down", lambda *a: calls.append(1) or kernel(*a))
-        assert torch.equal(_generate(model, batch), expected)
+        assert torch.equal(greedy_tokens(model, batch), expected)
         assert len(calls) == 2 * 9  # two layers, the nine steps after the prefill (two rows each)
 
 
