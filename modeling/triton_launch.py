@@ -10,15 +10,10 @@ from __future__ import annotations
 
 import torch
 
-try:
-    import triton
-except ImportError:  # nothing here is called without it (the kernel modules define no op then)
-    triton = None
-
 
 def launchable(kernel, like: torch.Tensor, op: str):
     """`kernel[grid](...)`, as the running Triton allows (module docstring); `like`: one of the op's tensors."""
-    if not triton.knobs.runtime.interpret:
+    if not _interpreted(kernel):
         return torch.library.wrap_triton(kernel)
     if torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.PROXY) is not None:
         raise RuntimeError(f"under Triton's interpreter, {op} compiles with backend='eager' only")
@@ -27,6 +22,11 @@ def launchable(kernel, like: torch.Tensor, op: str):
     if hasattr(kernel, "configs"):  # triton.autotune's Autotuner
         return _FirstConfig(kernel)
     return kernel
+
+
+def _interpreted(kernel) -> bool:
+    """Whether `kernel` (or the kernel an autotuner wraps) was defined under the interpreter (TRITON_INTERPRET=1)."""
+    return any(type(k).__name__ == "InterpretedFunction" for k in (kernel, getattr(kernel, "fn", None)))
 
 
 def registered(op: str) -> bool:
