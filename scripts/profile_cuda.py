@@ -35,12 +35,15 @@ Workloads (the shapes of scripts/benchmark_cuda.py: the dense 1.1B Llama shape u
     decode-1-tuned  decode-1 with the step compiled with coordinate-descent tuning beside the default's options
                   (inductor's batch-1 GEMVs as Triton reductions fused with the norm and SwiGLU: 0.94x the default
                   on an H100; its kernels' rates say whether hand-written fused GEMVs could beat cuBLAS's)
+    decode-1-kernels  decode-1 with archlab's Triton kernels, the attention (triton_decoding.py) and SwiGLU inside
+                  the down GEMV (triton_gemv.py): their times beside cuDNN's attention and cuBLAS's split-K GEMV
 On CPU the "kernels" are the leaf operators the profiler records, and busy time is their union.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 import time
 from collections import defaultdict
@@ -67,6 +70,7 @@ WORKLOADS = (
     "decode-1",
     "decode-64",
     "decode-1-tuned",
+    "decode-1-kernels",
 )
 # Substrings of kernel (or operator) names, lower-cased, by kind; the first kind that matches wins.
 KINDS = (
@@ -256,7 +260,21 @@ def tuned_step_config():
     return CompileConfig(fullgraph=True, mode=None, options=options)
 
 
-def decoding(device: torch.device, quick: bool, batch: int, tuned: bool = False) -> tuple[Callable, Callable, int]:
+def archlab_kernels(device: torch.device):
+    """While it is entered, archlab's Triton kernels of the decoding step run on `device`'s type."""
+    from unittest import mock
+
+    from archlab.modeling import triton_decoding, triton_gemv
+
+    stack = contextlib.ExitStack()
+    stack.enter_context(mock.patch.object(triton_decoding, "TRITON_DECODING_DEVICES", (device.type,)))
+    stack.enter_context(mock.patch.object(triton_gemv, "GATED_DOWN_DEVICES", (device.type,)))
+    return stack
+
+
+def decoding(
+    device: torch.device, quick: bool, batch: int, tuned: bool = False, kernels: bool = False
+) -> tuple[Callable, Callable, int]:
     batch = min(batch, 4) if quick else batch
     model = dense_model(device, quick, torch.bfloat16).eval()
     prompt, new = (16, 16) if quick else (128, 256)
@@ -265,7 +283,8 @@ def decoding(device: torch.device, quick: bool, batch: int, tuned: bool = False)
         kwargs["compile_config"] = tuned_step_config()
 
     def generate() -> None:
-        model.generate(**kwargs)
+        with archlab_kernels(device) if kernels else contextlib.nullcontext():
+            model.generate(**kwargs)
 
     return generate, generate, new
 
@@ -281,7 +300,8 @@ def workload(name: str, device: torch.device, quick: bool) -> tuple[Callable, Ca
         return prefill(device, quick, compiled=name == "prefill-compiled")
     if name == "ttft":
         return time_to_first_token(device, quick)
-    return decoding(device, quick, batch=int(name.split("-")[1]), tuned=name.endswith("-tuned"))
+    batch = int(name.split("-")[1])
+    return decoding(device, quick, batch, tuned=name.endswith("-tuned"), kernels=name.endswith("-kernels"))
 
 
 def profile_workload(name: str, device: torch.device, quick: bool, rounds: int) -> str:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 
 import pytest
+import torch
 
 from archlab.scripts import profile_cuda
 
@@ -98,6 +99,14 @@ def test_the_tuned_decoding_profile_adds_coordinate_descent_to_the_default_optio
     options = profile_cuda.tuned_step_config().options
     assert options["coordinate_descent_tuning"] and options["triton.cudagraphs"]  # (reduce-overhead's kept)
     assert all(options[name] == value for name, value in step_compile.TUNED_STEP_OPTIONS.items())
+
+
+def test_the_kernels_decoding_profile_lists_the_device_for_both_triton_kernels_while_it_runs():
+    from archlab.modeling import triton_decoding, triton_gemv
+
+    with profile_cuda.archlab_kernels(torch.device("cuda")):
+        assert triton_decoding.TRITON_DECODING_DEVICES == ("cuda",) and triton_gemv.GATED_DOWN_DEVICES == ("cuda",)
+    assert triton_decoding.TRITON_DECODING_DEVICES == () and triton_gemv.GATED_DOWN_DEVICES == ()
 
 
 def test_bad_arguments_fail_early(capsys):
