@@ -42,6 +42,8 @@ HEAD_SIZES = (16, 32, 64, 128, 256)
 # Keys one program reads before a row's keys are split among programs; and the programs the GPU wants busy
 KEYS_PER_PROGRAM = 1024
 TARGET_PROGRAMS = 128
+# Keys a program reads at once: 64 (32 for heads of 256, whose pipelined key and value tiles would not fit the shared
+# memory of a GPU otherwise)
 BLOCK_KEYS = 64
 
 
@@ -211,7 +213,7 @@ if triton is not None and not registered("decode_attention"):
             value.stride(0), value.stride(1), value.stride(2), value.stride(3),
             *mask_strides,
             output.stride(0), output.stride(2), output.stride(3),
-            GROUP=group, GROUP_ROWS=group_rows, HEAD=head_dim, BLOCK=BLOCK_KEYS,
+            GROUP=group, GROUP_ROWS=group_rows, HEAD=head_dim, BLOCK=min(BLOCK_KEYS, 8192 // head_dim),
             SPLITS=splits, MASK=kind, IEEE=query.dtype == torch.float32,
         )  # fmt: skip
         if splits > 1:

@@ -99,6 +99,7 @@ CASES = [  # batch, heads, KV heads, keys, head size, mask, the mask's batch, sp
     (2, 12, 4, 70, 64, None, 1, 2),  # three query heads a KV head, no mask
     (1, 32, 4, 300, 64, "bool", 1, 4),  # the 1.1B model's heads, a mask shared by the batch
     (2, 8, 2, 5, 16, "bool", 2, 4),  # splits past the keys: empty ones combine to nothing
+    (1, 4, 2, 70, 256, "additive", 1, 2),  # the largest head size: blocks of 32 keys
 ]
 
 
