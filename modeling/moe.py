@@ -13,7 +13,8 @@ Speed: the (token, slot) pairs are sorted by expert once per layer and both expe
 GEMMs over the sorted rows (`grouped_gemm.py`). No Python loop over experts, no host synchronisation, no
 data-dependent shapes: the layer traces with `torch.compile(fullgraph=True)` and CUDA graphs. The one-token decode
 step on CPU (eager, no gradients) instead runs k plain matrix-vector products on the chosen experts, whose ids it
-reads on the host (free on CPU, faster than the grouped path's bookkeeping).
+reads on the host (free on CPU, faster than the grouped path's bookkeeping); a GPU candidate for a decoding step's
+few tokens, two Triton kernels indexed by the router's choice, is in triton_moe.py.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from transformers.activations import ACT2FN
 
 from .feed_forward import MLPS, gated_activation
 from .grouped_gemm import grouped_linear
+from .triton_moe import moe_decode, moe_decode_applies
 
 
 def _one_token_on_cpu(hidden_states: torch.Tensor) -> bool:
@@ -83,6 +85,8 @@ class Experts(nn.Module):
 
     def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor):
         """hidden_states (N, d), top_k_index/top_k_weights (N, k) -> Σ_slots weight · expert(x), (N, d)."""
+        if moe_decode_applies(self, hidden_states):  # a decoding step's few tokens: two Triton kernels (triton_moe.py)
+            return moe_decode(self, hidden_states, top_k_index, top_k_weights)
         if _one_token_on_cpu(hidden_states):
             return self._forward_one_token(hidden_states, top_k_index, top_k_weights)
         k = top_k_index.shape[-1]

@@ -12,6 +12,8 @@ memset. The rows now, each setting on its own copy of the model (a compiled step
   memset, the keys and values read once per KV head, split among programs only for long caches at small batches),
   at batch 1 and 16; SiLU inside archlab's Triton GEMV of the down projection (modeling/triton_gemv.py: one kernel
   where cuBLAS's split-K GEMV, its reduction and inductor's SwiGLU were three), and both kernels together;
+- the mixture of experts (Mixtral shape) at batch 1, its routed experts through archlab's two Triton kernels indexed
+  by the router's choice (modeling/triton_moe.py) against the grouped GEMMs (~10 launches a layer);
 - programmatic dependent launch (inductor's `triton.enable_pdl`, with the combo kernels): a Triton kernel launches
   before the kernel it follows ends and waits on the device (`gdc_wait`), hiding its launch gap (Hopper);
 - the attention on SDPA's memory-efficient kernel (`torch.nn.attention.sdpa_kernel`), not cuDNN's with its memset;
@@ -48,12 +50,13 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from transformers import CompileConfig, StaticCache
 
-from archlab.modeling import flex_decoding, prefill_buckets, step_compile, triton_decoding, triton_gemv
+from archlab.modeling import flex_decoding, prefill_buckets, step_compile, triton_decoding, triton_gemv, triton_moe
 from archlab.modeling.cache_names import with_cache
 from archlab.modeling.cache_spans import make_spanned
 from archlab.modeling.compiled_prefill import nested_block_regions
 from archlab.modeling.fused_projections import inference_projections
 from archlab.scripts.benchmark_cuda import (
+    decoder_pair,
     guarded,
     llama_pair,
     random_ids,
@@ -67,11 +70,13 @@ from archlab.scripts.benchmark_cuda_decode import (
     dense_generation,
     first_call_seconds,
     generate_row,
+    greedy_call,
     new_report,
     not_compiled_note,
     prefill_rate_row,
 )
 from archlab.training.benchmarking import Report
+from archlab.training.roofline import decode_roofline_seconds
 
 # The settings measured: a name, generate kwargs added, and the contexts entered around each call.
 MAX_AUTOTUNE = {"compile_config": CompileConfig(mode="max-autotune")}
@@ -113,6 +118,7 @@ FLEX = "self-attention through FlexAttention's decoding kernel (flex_decoding.py
 TRITON = "self-attention through archlab's Triton decoding kernel (triton_decoding.py)"
 GATED_DOWN = "SwiGLU inside archlab's Triton down-projection GEMV (triton_gemv.py)"
 BOTH_KERNELS = "both of archlab's Triton kernels (attention, SwiGLU + down GEMV)"
+MOE_KERNELS = "the routed experts through archlab's two Triton kernels (triton_moe.py)"
 AUTOTUNED = 'compile_config=CompileConfig(mode="max-autotune") (every GEMM autotuned)'
 SETTINGS = {
     PDL: ({}, (dependent_launches,)),
@@ -162,6 +168,29 @@ def setting_row(setup, report: Report, batch: int, name: str, models, setting: d
     )
     runs = (with_setting, lambda: default.generate(**kwargs))
     generate_row(setup, report, metric, models, kwargs, tokens, roofline, cold=True, runs=runs)
+
+
+def moe_kernels_row(setup, report: Report) -> None:
+    """The mixture of experts (GPU.md's Mixtral shape), batch 1: its routed experts through archlab's two Triton
+    kernels (triton_moe.py) against archlab's default (grouped GEMMs), two copies of one model."""
+    from transformers import MixtralConfig, MixtralForCausalLM
+
+    default = bf16_pair(decoder_pair(MixtralForCausalLM, MixtralConfig, shape("moe", setup.quick), setup.device))[0]
+    models = (copy.deepcopy(default), default)
+    sizes = decode_shape(setup)
+    kwargs = greedy_call(default.config.vocab_size, 1, sizes["prompt"], sizes["new_tokens"], setup.device)
+    roofline = decode_roofline_seconds(default.config, setup.peaks, 1, sizes["prompt"], sizes["new_tokens"])
+
+    def with_kernels():
+        with mock.patch.object(triton_moe, "MOE_DECODE_DEVICES", ("cuda",)):
+            return models[0].generate(**kwargs)
+
+    metric = (
+        f"MoE (Mixtral shape) greedy decode, batch 1, {sizes['prompt']} + {sizes['new_tokens']} tokens, archlab: "
+        f"{MOE_KERNELS} vs archlab's default"
+    )
+    runs = (with_kernels, lambda: default.generate(**kwargs))
+    generate_row(setup, report, metric, models, kwargs, sizes["new_tokens"], roofline, cold=True, runs=runs)
 
 
 def prefill_compile_row(setup, report: Report, model) -> None:
@@ -243,7 +272,9 @@ def run(args: argparse.Namespace) -> Report:
             measure = models = None  # the copy's memory back before the next row
 
     with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
-        setting_rows(ROWS[:FIRST_ROWS])
+        setting_rows(ROWS[:3])
+        guarded(report, setup, "MoE kernels", functools.partial(moe_kernels_row, setup, report))
+        setting_rows(ROWS[3:FIRST_ROWS])
         guarded(report, setup, "prefill buckets", functools.partial(prefill_graphs_row, setup, report, pristine))
         setting_rows(ROWS[FIRST_ROWS:])
         # the two compiles of a 2,048-token prefill (68 s unrolled on an H100)

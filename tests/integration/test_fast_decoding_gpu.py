@@ -434,6 +434,8 @@ CANDIDATE_CASES = [
     ("triton", "seq2seq", 1),  # beam search's self-attention
     ("gemv", "dense", 1),  # archlab's SwiGLU + down-projection GEMV (triton_gemv.py)
     ("gemv", "sliding", 1),
+    ("moe-kernels", "moe", 1),  # the MoE's routed experts through archlab's Triton kernels (triton_moe.py)
+    ("moe-kernels", "moe", 4),
 ]
 
 
@@ -441,10 +443,11 @@ CANDIDATE_CASES = [
 def test_candidate_defaults_equal_eager_without_falling_back(candidate, kind, batch, monkeypatch):
     """The candidates for the decoding step's default (`--suite cuda-tuning` measures them): the self-attention
     through FlexAttention (flex_decoding.py) or archlab's Triton kernel (triton_decoding.py), the gated MLP's
-    SwiGLU inside archlab's down-projection GEMV (triton_gemv.py), inductor's coordinate-descent tuning, its combo
-    kernels (the default since) and programmatic dependent launch (step_compile.py). Each compiles (no fallback to
-    eager decoding, no cudagraph skip) and gives eager decoding's fp32 tokens and logits."""
-    from archlab.modeling import compile_fallback, flex_decoding, step_compile, triton_decoding, triton_gemv
+    SwiGLU inside archlab's down-projection GEMV (triton_gemv.py), the MoE's routed experts through archlab's
+    Triton kernels (triton_moe.py), inductor's coordinate-descent tuning, its combo kernels (the default since) and
+    programmatic dependent launch (step_compile.py). Each compiles (no fallback to eager decoding, no cudagraph
+    skip) and gives eager decoding's fp32 tokens and logits."""
+    from archlab.modeling import compile_fallback, flex_decoding, step_compile, triton_decoding, triton_gemv, triton_moe
 
     torch._dynamo.reset()
     counters.clear()
@@ -459,6 +462,8 @@ def test_candidate_defaults_equal_eager_without_falling_back(candidate, kind, ba
         monkeypatch.setattr(triton_decoding, "TRITON_DECODING_DEVICES", ("cuda",))
     elif candidate == "gemv":
         monkeypatch.setattr(triton_gemv, "GATED_DOWN_DEVICES", ("cuda",))
+    elif candidate == "moe-kernels":
+        monkeypatch.setattr(triton_moe, "MOE_DECODE_DEVICES", ("cuda",))
     else:
         monkeypatch.setattr(step_compile, "TUNED_STEP_DEVICES", ("cuda",))
     if candidate == "combo":
@@ -480,6 +485,10 @@ def test_candidate_defaults_equal_eager_without_falling_back(candidate, kind, ba
         query = torch.zeros(batch, model.config.num_attention_heads, 1, attention.head_dim, device="cuda")
         mask = torch.ones(batch, 1, 1, 40, dtype=torch.bool, device="cuda")
         assert triton_decoding.triton_decoding_applies(attention, query, mask, {})
+    if candidate == "moe-kernels":  # the kernels take this model's experts in its steps
+        experts = model.model.layers[0].mlp.experts
+        with torch.no_grad():
+            assert triton_moe.moe_decode_applies(experts, torch.zeros(batch, model.config.hidden_size, device="cuda"))
     if candidate == "gemv":  # the kernel takes this model's MLPs in its steps
         mlp = model.model.layers[0].mlp
         with torch.no_grad():

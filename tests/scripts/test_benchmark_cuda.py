@@ -245,22 +245,24 @@ def test_tuning_suite_measures_each_setting_against_the_default(tmp_path, device
     """cuda-tuning: each setting of the decoding step (archlab's Triton attention kernel, its SwiGLU + down GEMV
     kernel, both, programmatic dependent launch, the memory-efficient attention, max-autotune at batch 1; the Triton
     attention, the plain mode and FlexAttention at a larger batch), each on its own copy of the weights against
-    archlab's default path, with both sides' first calls; the time to first token with the prompt padded to a bucket
-    and replayed as a CUDA graph against without; and the prefill compiled with each decoder block a nested compile
-    region against without."""
-    from archlab.scripts import benchmark_cuda_tuning
+    archlab's default path, with both sides' first calls; the MoE's routed experts through archlab's Triton kernels
+    against its default; the time to first token with the prompt padded to a bucket and replayed as a CUDA graph
+    against without; and the prefill compiled with each decoder block a nested compile region against without."""
+    from archlab.scripts import benchmark_cuda_tuning as tuning
 
     rates = ["--peak-tflops", "1", "--peak-bandwidth", "0.05"] if device == "cpu" else []
     table = run_suites(tmp_path, "--suite", "cuda-tuning", *rates, device=device)
-    assert len(benchmark_cuda_tuning.SETTINGS) == 8
-    rows = benchmark_cuda_tuning.ROWS + benchmark_cuda_tuning.LATE_ROWS
-    assert {name for _, name in rows} == set(benchmark_cuda_tuning.SETTINGS)
+    assert len(tuning.SETTINGS) == 8
+    rows = tuning.ROWS + tuning.LATE_ROWS
+    assert {name for _, name in rows} == set(tuning.SETTINGS)
     for batch, name in rows:
         batch = 4 if batch == "larger" else batch
         row = cells(table, f"dense 1.1B greedy decode, batch {batch}, 16 + 8 tokens, StaticCache, archlab: {name} vs")
         assert row[1].endswith("tok/s") and row[3].endswith("×"), row
         assert re.fullmatch(r"[\d.]+ s", row[header_index(table, "first call archlab")]), row
         assert row[header_index(table, "% roofline archlab")].endswith("%"), row
+    moe = cells(table, f"MoE (Mixtral shape) greedy decode, batch 1, 16 + 8 tokens, archlab: {tuning.MOE_KERNELS}")
+    assert moe[1].endswith("tok/s") and moe[3].endswith("×"), moe
     buckets = cells(table, "dense 1.1B prefill through generate (time to first token), 1 × 64 tokens, compile_prefill")
     assert buckets[header_index(table, "MFU archlab")].endswith("%"), buckets
     prefill = cells(table, "dense 1.1B prefill compiled whole (compile_prefill's way), 1 × 64 tokens: each decoder")

@@ -1,0 +1,164 @@
+"""A mixture of experts' routed experts for a few tokens (a decoding step) as two Triton kernels that read the chosen
+experts' weights where they lie: matrix-vector products indexed by the router's choice, SiLU and the router weights
+inside (the small-batch path of fused-MoE kernels such as vLLM's, after Mixtral, Jiang et al. 2024).
+
+Why: `moe.Experts` runs any number of tokens as grouped GEMMs over (token, slot) rows sorted by expert: a sort, a
+search for the groups' ends, a gather of the rows, two grouped GEMMs (CUTLASS tiles of 64-128 rows for one or two
+rows a group), the activation, a gather of the router weights, a zeroed output and a scatter-add: ~10 launches a
+layer. At one token the step reads only the k chosen experts' weights (the GPU.md MoE shape: 2 of 8 experts, ~35 MB a
+layer, ~10 µs of bandwidth) and those launches, each ~2-3 µs with its gap in a CUDA graph, take longer than the
+reading. Here: `_expert_gate_up_kernel`, one program per (token, slot) and block of outputs, streams the chosen
+expert's [gate; up] rows against the token; `_expert_down_kernel`, one program per token and block of outputs,
+streams each chosen expert's down rows against act(gate) ⊙ up (computed per block as it goes, rounded to the weights'
+dtype as the unfused path rounds it) and adds them with the router weights, in fp32. Two launches, no sort, no
+scatter. Block sizes are autotuned per shape on the first call.
+
+`moe_decode` is a `torch.library.triton_op` (inductor calls its kernels from the step's generated code, CUDA graphs
+record them). Where it applies (`moe_decode_applies`): at most `MAX_TOKENS` tokens, gated experts with SiLU, Triton
+importable, a device in `MOE_DECODE_DEVICES`, fp32/fp16/bf16, inference (no gradient: no backward). Everything else
+runs the grouped path. `MOE_DECODE_DEVICES` is empty until a GPU run measures it (`--suite cuda-tuning`'s MoE row);
+on CPU the tests run the kernels through Triton's interpreter (tests/triton_interpreter.py) against the grouped path.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .triton_launch import launchable, registered
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # the CPU wheels of torch come without Triton: nothing here applies
+    triton = None
+
+# Devices on which a few tokens' routed experts run through `moe_decode` (`moe_decode_applies`).
+MOE_DECODE_DEVICES: tuple[str, ...] = ()
+MAX_TOKENS = 4
+ACTIVATIONS = ("silu", "swish")
+
+
+def moe_decode_applies(experts, hidden_states: torch.Tensor) -> bool:
+    """Whether `experts` (a moe.Experts) run the (tokens, d) `hidden_states` through `moe_decode`."""
+    return (
+        triton is not None
+        and hidden_states.device.type in MOE_DECODE_DEVICES
+        and hidden_states.shape[0] <= MAX_TOKENS
+        and experts.gated
+        and experts.hidden_act in ACTIVATIONS
+        and hidden_states.dtype in (torch.float32, torch.float16, torch.bfloat16)
+        and experts.gate_up_proj.dtype == hidden_states.dtype
+        and experts.gate_up_proj.stride(-1) == 1
+        and experts.down_proj.stride(-1) == 1
+        and not (torch.is_grad_enabled() and (hidden_states.requires_grad or experts.down_proj.requires_grad))
+    )
+
+
+if triton is not None:
+    _CONFIGS = [
+        triton.Config({"BLOCK_N": n, "BLOCK_K": k}, num_warps=warps, num_stages=stages)
+        for n, k, warps, stages in [(8, 256, 4, 4), (16, 256, 4, 4), (32, 128, 4, 4), (16, 512, 8, 3), (64, 128, 8, 3)]
+    ]
+
+    @triton.autotune(configs=_CONFIGS, key=["outputs", "inputs"])
+    @triton.jit
+    def _expert_gate_up_kernel(
+        x_ptr, index_ptr, w_ptr, y_ptr,
+        slots, outputs, inputs,
+        x_m, w_e, w_n, y_m,
+        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    ):  # fmt: skip
+        """One program: (token, slot) `pid 0`, outputs [pid 1 · BLOCK_N, + BLOCK_N) of its expert's [gate; up]."""
+        slot = tl.program_id(0)
+        ns = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+        n_ok = ns < outputs
+        expert = tl.load(index_ptr + slot).to(tl.int64)
+        row = slot // slots
+        acc = tl.zeros([BLOCK_N], tl.float32)
+        for first in range(0, tl.cdiv(inputs, BLOCK_K)):
+            ks = first * BLOCK_K + tl.arange(0, BLOCK_K)
+            k_ok = ks < inputs
+            x = tl.load(x_ptr + row * x_m + ks, mask=k_ok, other=0.0).to(tl.float32)
+            w_at = w_ptr + expert * w_e + ns[:, None] * w_n + ks[None, :]
+            w = tl.load(w_at, mask=n_ok[:, None] & k_ok[None, :], other=0.0).to(tl.float32)
+            acc += tl.sum(w * x[None, :], axis=1)
+        tl.store(y_ptr + slot * y_m + ns, acc.to(y_ptr.dtype.element_ty), mask=n_ok)
+
+    @triton.autotune(configs=_CONFIGS, key=["outputs", "inputs"])
+    @triton.jit
+    def _expert_down_kernel(
+        h_ptr, index_ptr, weight_ptr, w_ptr, y_ptr,
+        outputs, inputs,
+        h_m, w_e, w_n, y_m,
+        SLOTS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    ):  # fmt: skip
+        """One program: token `pid 0`, outputs [pid 1 · BLOCK_N, + BLOCK_N) of Σ_slots weight · down(act(gate) ⊙ up)."""
+        row = tl.program_id(0)
+        ns = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+        n_ok = ns < outputs
+        acc = tl.zeros([BLOCK_N], tl.float32)
+        for j in tl.static_range(SLOTS):
+            slot = row * SLOTS + j
+            expert = tl.load(index_ptr + slot).to(tl.int64)
+            part = tl.zeros([BLOCK_N], tl.float32)
+            for first in range(0, tl.cdiv(inputs, BLOCK_K)):
+                ks = first * BLOCK_K + tl.arange(0, BLOCK_K)
+                k_ok = ks < inputs
+                gate = tl.load(h_ptr + slot * h_m + ks, mask=k_ok, other=0.0).to(tl.float32)
+                up = tl.load(h_ptr + slot * h_m + inputs + ks, mask=k_ok, other=0.0).to(tl.float32)
+                w_at = w_ptr + expert * w_e + ns[:, None] * w_n + ks[None, :]
+                w = tl.load(w_at, mask=n_ok[:, None] & k_ok[None, :], other=0.0)
+                hidden = (gate * tl.sigmoid(gate) * up).to(w.dtype).to(tl.float32)
+                part += tl.sum(w.to(tl.float32) * hidden[None, :], axis=1)
+            acc += tl.load(weight_ptr + slot).to(tl.float32) * part
+        tl.store(y_ptr + row * y_m + ns, acc.to(y_ptr.dtype.element_ty), mask=n_ok)
+
+
+if triton is not None and not registered("moe_decode"):
+
+    @torch.library.triton_op("archlab::moe_decode", mutates_args=())
+    def _moe_decode_op(
+        hidden_states: torch.Tensor,
+        top_k_index: torch.Tensor,
+        top_k_weights: torch.Tensor,
+        gate_up_proj: torch.Tensor,
+        down_proj: torch.Tensor,
+    ) -> torch.Tensor:
+        tokens, hidden = hidden_states.shape
+        slots = top_k_index.shape[1]
+        intermediate = down_proj.shape[2]
+        index = top_k_index.contiguous()
+        weights = top_k_weights.contiguous()
+        gate_up = hidden_states.new_empty(tokens * slots, 2 * intermediate)
+        output = hidden_states.new_empty(tokens, hidden)
+
+        def gate_up_grid(meta):
+            return (tokens * slots, triton.cdiv(2 * intermediate, meta["BLOCK_N"]))
+
+        def down_grid(meta):
+            return (tokens, triton.cdiv(hidden, meta["BLOCK_N"]))
+
+        launchable(_expert_gate_up_kernel, hidden_states, "moe_decode")[gate_up_grid](
+            hidden_states, index, gate_up_proj, gate_up,
+            slots, 2 * intermediate, hidden,
+            hidden_states.stride(0), gate_up_proj.stride(0), gate_up_proj.stride(1), gate_up.stride(0),
+        )  # fmt: skip
+        launchable(_expert_down_kernel, hidden_states, "moe_decode")[down_grid](
+            gate_up, index, weights, down_proj, output,
+            hidden, intermediate,
+            gate_up.stride(0), down_proj.stride(0), down_proj.stride(1), output.stride(0),
+            SLOTS=slots,
+        )  # fmt: skip
+        return output
+
+
+def moe_decode(experts, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor):
+    """`experts(hidden_states, top_k_index, top_k_weights)` for a few tokens (module docstring): (tokens, d)."""
+    if hidden_states.stride(-1) != 1:
+        hidden_states = hidden_states.contiguous()
+    return torch.ops.archlab.moe_decode(
+        hidden_states, top_k_index, top_k_weights, experts.gate_up_proj, experts.down_proj
+    )
+
+
+__all__ = ["MAX_TOKENS", "MOE_DECODE_DEVICES", "moe_decode", "moe_decode_applies"]

@@ -1,0 +1,171 @@
+"""A decoding step's routed experts as two Triton kernels indexed by the router's choice (modeling/triton_moe.py): the
+PyTorch experts' output for one to four tokens, one or two slots, sizes not a multiple of the blocks; used only
+where it applies; greedy decoding of a mixture of experts through them (transformers' loop, and archlab's loop with
+its step traced by dynamo) gives the PyTorch path's tokens.
+
+The kernels run where Triton does: on a GPU, or on a CPU through Triton's interpreter (tests/triton_interpreter.py),
+which `test_kernels_through_the_triton_interpreter` starts in a fresh process."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from archlab import DecoderForCausalLM
+from archlab.modeling import triton_moe
+from archlab.modeling.moe import Experts
+from archlab.modeling.triton_moe import moe_decode_applies
+
+from helpers import tiny_decoder_config
+from triton_interpreter import (
+    DEVICE,
+    HAS_TRITON,
+    INTERPRETING,
+    KERNELS_RUN_HERE,
+    assert_kernel_tests_pass_interpreted,
+    fill_interpreter_gaps,
+    greedy_tokens,
+    left_padded_batch,
+    runs_kernels,
+)
+
+MOE = dict(num_local_experts=4, num_experts_per_tok=2)
+
+
+@pytest.fixture(autouse=True)
+def _interpreter_gaps(monkeypatch):
+    if INTERPRETING:
+        fill_interpreter_gaps(monkeypatch, "archlab.modeling.triton_moe")
+
+
+def _experts(experts=4, hidden=48, intermediate=72, act="silu", gated=True, dtype=torch.float32, seed=0):
+    torch.manual_seed(seed)
+    module = Experts(experts, hidden, intermediate, act, gated)
+    with torch.no_grad():
+        for parameter in module.parameters():
+            parameter.normal_(0.0, parameter.shape[-1] ** -0.5)
+    return module.to(DEVICE, dtype).eval()
+
+
+def test_the_kernels_apply_only_to_a_few_tokens_of_gated_silu_experts_on_the_listed_devices(monkeypatch):
+    experts = _experts()
+    x = torch.zeros(1, 48)
+    monkeypatch.setattr(triton_moe, "triton", object())  # as where Triton is installed
+    monkeypatch.setattr(triton_moe, "MOE_DECODE_DEVICES", (x.device.type,))
+    with torch.no_grad():
+        assert moe_decode_applies(experts.cpu(), x)
+        assert moe_decode_applies(experts, torch.zeros(4, 48))
+        assert not moe_decode_applies(experts, torch.zeros(5, 48))  # a prefill, a larger batch: grouped GEMMs
+        assert not moe_decode_applies(_experts(act="gelu_pytorch_tanh").cpu(), x)
+        assert not moe_decode_applies(_experts(gated=False).cpu(), x)
+        assert not moe_decode_applies(experts, x.double())
+    assert not moe_decode_applies(experts, x)  # gradients wanted (the weights'): no backward
+    with torch.no_grad():
+        monkeypatch.setattr(triton_moe, "MOE_DECODE_DEVICES", ())
+        assert not moe_decode_applies(experts, x)
+        monkeypatch.setattr(triton_moe, "MOE_DECODE_DEVICES", ("cpu",))
+        monkeypatch.setattr(triton_moe, "triton", None)  # CPU wheels of torch: no Triton
+        assert not moe_decode_applies(experts, x)
+
+
+def _routing(tokens, experts, slots, dtype=torch.float32, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(tokens, 48, generator=g).to(DEVICE, dtype)
+    probs = torch.softmax(torch.randn(tokens, experts, generator=g), dim=-1)
+    weights, index = torch.topk(probs, slots, dim=-1)
+    return x, index.to(DEVICE), weights.to(DEVICE)
+
+
+def _reference(experts, x, index, weights):
+    """The PyTorch experts (the grouped GEMMs, or on CPU at one token the chosen experts' products)."""
+    with torch.no_grad():
+        return experts(x, index, weights)
+
+
+@runs_kernels
+@pytest.mark.parametrize("tokens, slots", [(1, 2), (3, 2), (4, 1)])
+def test_the_kernels_equal_the_pytorch_experts(tokens, slots):
+    experts = _experts()
+    x, index, weights = _routing(tokens, 4, slots)
+    expected = _reference(experts, x, index, weights)
+    with torch.no_grad():
+        output = torch.ops.archlab.moe_decode(x, index, weights, experts.gate_up_proj, experts.down_proj)
+    assert output.shape == x.shape and output.dtype == x.dtype
+    torch.testing.assert_close(output, expected, rtol=1e-5, atol=1e-5)
+
+
+@runs_kernels
+@pytest.mark.parametrize("dtype", [pytest.param(torch.bfloat16, marks=pytest.mark.gpu), torch.float16])
+def test_the_kernels_in_half_precision_are_as_close_as_the_pytorch_experts(dtype):
+    """The GPU.md MoE shape (d 1024, 8 experts of 2,816; a quarter of each width under the interpreter): the
+    kernels' error against fp32 within twice the PyTorch path's own in `dtype` (bf16 on a GPU only)."""
+    hidden, intermediate = (1024, 2816) if torch.cuda.is_available() else (256, 704)
+    experts = _experts(8, hidden, intermediate)
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(2, hidden, generator=g).to(DEVICE)
+    weights, index = torch.topk(torch.softmax(torch.randn(2, 8, generator=g), dim=-1), 2, dim=-1)
+    index, weights = index.to(DEVICE), weights.to(DEVICE)
+    exact = _reference(experts, x, index, weights)
+    half = experts.to(dtype)
+    pytorch = _reference(half, x.to(dtype), index, weights)
+    with torch.no_grad():
+        output = torch.ops.archlab.moe_decode(x.to(dtype), index, weights, half.gate_up_proj, half.down_proj)
+    assert output.dtype == dtype
+    ours, theirs = (output.float() - exact).abs().max(), (pytorch.float() - exact).abs().max()
+    assert ours <= 2 * theirs + 1e-3, (ours, theirs)
+
+
+@runs_kernels
+@pytest.mark.parametrize("compiled", [False, True], ids=["transformers-loop", "archlab-loop"])
+def test_greedy_decoding_through_the_kernels_gives_the_pytorch_tokens(compiled, monkeypatch):
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = DecoderForCausalLM(tiny_decoder_config(**MOE)).to(DEVICE).eval()
+    with torch.no_grad():  # weights of std d^-1/2: routing and logits spread out, no near-ties
+        for name, parameter in model.named_parameters():
+            if "norm" not in name:
+                parameter.normal_(0.0, parameter.shape[-1] ** -0.5)
+    batch = left_padded_batch(model.config.vocab_size)
+    expected = greedy_tokens(model, batch, [] if compiled else None)
+    model.release_decoding_memory()
+    torch._dynamo.reset()
+    monkeypatch.setattr(triton_moe, "MOE_DECODE_DEVICES", (DEVICE,))
+    if compiled:
+        graphs = []
+        assert torch.equal(greedy_tokens(model, batch, graphs), expected)
+        assert graphs and all(graph.count("archlab.moe_decode") == 2 for graph in graphs)  # both layers' steps
+    else:
+        calls = []
+        kernel = triton_moe.moe_decode
+        monkeypatch.setattr("archlab.modeling.moe.moe_decode", lambda *a: calls.append(1) or kernel(*a))
+        assert torch.equal(greedy_tokens(model, batch), expected)
+        assert len(calls) == 2 * 9  # two layers, the nine steps after the prefill (two tokens each)
+
+
+@pytest.mark.gpu
+def test_the_kernels_compiled_with_cuda_graphs_replay_without_recompiling():
+    torch._dynamo.reset()
+    experts = _experts(8, 1024, 2816, dtype=torch.bfloat16)
+
+    def routed(x, index, weights):
+        return torch.ops.archlab.moe_decode(x, index, weights, experts.gate_up_proj, experts.down_proj)
+
+    compiled = torch.compile(routed, mode="reduce-overhead", fullgraph=True)
+    for step in range(4):
+        g = torch.Generator().manual_seed(step)
+        x = torch.randn(1, 1024, generator=g).to(DEVICE, torch.bfloat16)
+        weights, index = torch.topk(torch.softmax(torch.randn(1, 8, generator=g), dim=-1), 2, dim=-1)
+        index, weights = index.to(DEVICE), weights.to(DEVICE)
+        torch.compiler.cudagraph_mark_step_begin()
+        with torch.no_grad(), torch._dynamo.config.patch(error_on_recompile=step > 0):
+            output = compiled(x, index, weights).clone()
+        with torch.no_grad():  # (inductor autotunes apart from the eager call: another block size, another rounding)
+            torch.testing.assert_close(output, routed(x, index, weights), rtol=1e-2, atol=1e-2)
+
+
+# ---- on a CPU: the kernel tests above, through Triton's interpreter ------------------------------------------------
+
+
+@pytest.mark.skipif(not HAS_TRITON or KERNELS_RUN_HERE, reason="Triton missing, or the kernels run in this process")
+def test_kernels_through_the_triton_interpreter() -> None:
+    assert_kernel_tests_pass_interpreted(__file__)
