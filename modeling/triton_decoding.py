@@ -51,8 +51,8 @@ def triton_decoding_applies(module, query: torch.Tensor, attention_mask: torch.T
     """Whether `module`'s attention of `query` (B, H, T, D) runs through `decode_attention`."""
     return (
         triton is not None
+        and query.device.type in TRITON_DECODING_DEVICES  # first: no guard on a traced length where it is not listed
         and query.shape[2] == 1
-        and query.device.type in TRITON_DECODING_DEVICES
         and module.config._attn_implementation == "sdpa"
         and module.softcap is None
         and kwargs.get("position_bias") is None

@@ -40,11 +40,10 @@ ACTIVATIONS = ("silu", "swish")
 
 def gated_down_applies(module, gate: torch.Tensor) -> bool:
     """Whether `module`'s (a GatedMLP) down projection of act(`gate`) ⊙ up runs through `gated_down`."""
-    rows = gate.numel() // gate.shape[-1]
     return (
         triton is not None
-        and gate.device.type in GATED_DOWN_DEVICES
-        and rows <= MAX_ROWS
+        and gate.device.type in GATED_DOWN_DEVICES  # first: no guard on a traced length where it is not listed
+        and gate.numel() // gate.shape[-1] <= MAX_ROWS
         and module.hidden_act in ACTIVATIONS
         and gate.dtype in (torch.float32, torch.float16, torch.bfloat16)
         and module.down_proj.weight.dtype == gate.dtype
