@@ -260,15 +260,16 @@ def tuned_step_config():
     return CompileConfig(fullgraph=True, mode=None, options=options)
 
 
-def archlab_kernels(device: torch.device):
-    """While it is entered, archlab's Triton kernels of the decoding step run on `device`'s type."""
+def archlab_kernels():
+    """While it is entered, archlab's Triton kernels of the decoding step run on CUDA (on a CPU rehearsal nothing
+    changes: compiled Triton needs a GPU)."""
     from unittest import mock
 
     from archlab.modeling import triton_decoding, triton_gemv
 
     stack = contextlib.ExitStack()
-    stack.enter_context(mock.patch.object(triton_decoding, "TRITON_DECODING_DEVICES", (device.type,)))
-    stack.enter_context(mock.patch.object(triton_gemv, "GATED_DOWN_DEVICES", (device.type,)))
+    stack.enter_context(mock.patch.object(triton_decoding, "TRITON_DECODING_DEVICES", ("cuda",)))
+    stack.enter_context(mock.patch.object(triton_gemv, "GATED_DOWN_DEVICES", ("cuda",)))
     return stack
 
 
@@ -283,7 +284,7 @@ def decoding(
         kwargs["compile_config"] = tuned_step_config()
 
     def generate() -> None:
-        with archlab_kernels(device) if kernels else contextlib.nullcontext():
+        with archlab_kernels() if kernels else contextlib.nullcontext():
             model.generate(**kwargs)
 
     return generate, generate, new

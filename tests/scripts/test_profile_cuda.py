@@ -6,7 +6,6 @@ from __future__ import annotations
 import functools
 
 import pytest
-import torch
 
 from archlab.scripts import profile_cuda
 
@@ -101,10 +100,10 @@ def test_the_tuned_decoding_profile_adds_coordinate_descent_to_the_default_optio
     assert all(options[name] == value for name, value in step_compile.TUNED_STEP_OPTIONS.items())
 
 
-def test_the_kernels_decoding_profile_lists_the_device_for_both_triton_kernels_while_it_runs():
+def test_the_kernels_decoding_profile_lists_cuda_for_both_triton_kernels_while_it_runs():
     from archlab.modeling import triton_decoding, triton_gemv
 
-    with profile_cuda.archlab_kernels(torch.device("cuda")):
+    with profile_cuda.archlab_kernels():
         assert triton_decoding.TRITON_DECODING_DEVICES == ("cuda",) and triton_gemv.GATED_DOWN_DEVICES == ("cuda",)
     assert triton_decoding.TRITON_DECODING_DEVICES == () and triton_gemv.GATED_DOWN_DEVICES == ()
 
