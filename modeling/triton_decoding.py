@@ -42,8 +42,8 @@ HEAD_SIZES = (16, 32, 64, 128, 256)
 # Keys one program reads before a row's keys are split among programs; and the programs the GPU wants busy
 KEYS_PER_PROGRAM = 1024
 TARGET_PROGRAMS = 128
-# Keys a program reads at once: 64 (32 for heads of 256, whose pipelined key and value tiles would not fit the shared
-# memory of a GPU otherwise)
+# Keys a program reads at once: up to 64, fewer for large heads in wide dtypes, so the pipelined key and value tiles
+# stay within ~75 kB of shared memory (`block_keys`; consumer GPUs have ~100 kB)
 BLOCK_KEYS = 64
 
 
@@ -62,6 +62,11 @@ def triton_decoding_applies(module, query: torch.Tensor, attention_mask: torch.T
         and not module.training  # no attention dropout
         and not (torch.is_grad_enabled() and query.requires_grad)  # no backward: inference only
     )
+
+
+def block_keys(head_dim: int, element_size: int) -> int:
+    """Keys a program reads at once for heads of `head_dim` values of `element_size` bytes (`BLOCK_KEYS` at most)."""
+    return max(16, min(BLOCK_KEYS, 16384 // (head_dim * element_size)))
 
 
 def split_count(rows: int, kv_heads: int, capacity: int) -> int:
@@ -213,7 +218,7 @@ if triton is not None and not registered("decode_attention"):
             value.stride(0), value.stride(1), value.stride(2), value.stride(3),
             *mask_strides,
             output.stride(0), output.stride(2), output.stride(3),
-            GROUP=group, GROUP_ROWS=group_rows, HEAD=head_dim, BLOCK=min(BLOCK_KEYS, 8192 // head_dim),
+            GROUP=group, GROUP_ROWS=group_rows, HEAD=head_dim, BLOCK=block_keys(head_dim, query.element_size()),
             SPLITS=splits, MASK=kind, IEEE=query.dtype == torch.float32,
         )  # fmt: skip
         if splits > 1:
@@ -246,6 +251,7 @@ def decode_attention(
 
 __all__ = [
     "TRITON_DECODING_DEVICES",
+    "block_keys",
     "decode_attention",
     "split_count",
     "triton_decoding_applies",
