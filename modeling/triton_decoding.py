@@ -117,7 +117,7 @@ if triton is not None:
                 scores = tl.dot(q, tl.trans(k), input_precision="ieee")
             else:
                 scores = tl.dot(q, tl.trans(k))
-            scores = scores * scale
+            scores = (scores * scale).to(tl.float32)  # inductor passes a Python float as an fp64 scalar
             keep = col_ok
             if MASK == 1:
                 keep = keep & (tl.load(mask_ptr + b * m_b + cols * m_s, mask=col_ok, other=0) != 0)
@@ -202,7 +202,7 @@ if triton is not None and not registered("decode_attention"):
         else:
             rows = mask[:, 0, 0, :keys]
             kind = 1 if rows.dtype == torch.bool else 2
-            mask_ptr = rows.view(torch.uint8) if kind == 1 else rows
+            mask_ptr = rows  # a boolean mask as it is (*i1): inductor cannot lower a bool→uint8 view
             mask_strides = (rows.stride(0) if rows.shape[0] > 1 else 0, rows.stride(1))
         group_rows = max(16, triton.next_power_of_2(group))
         if splits > 1:

@@ -23,7 +23,9 @@ ARCHS = (80, 90)
 SHARED_LIMIT = 99 * 1024
 
 
-def _compile(kernel, constexprs: dict, pointers: dict, arch: int, num_warps: int = 4, num_stages: int = 3):
+def _compile(
+    kernel, constexprs: dict, pointers: dict, arch: int, num_warps: int = 4, num_stages: int = 3, scale: str = "fp64"
+):
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -36,13 +38,15 @@ def _compile(kernel, constexprs: dict, pointers: dict, arch: int, num_warps: int
         elif name in pointers:
             signature[name] = pointers[name]
         else:
-            signature[name] = "fp32" if name == "scale" else "i32"
+            signature[name] = scale if name == "scale" else "i32"
     source = ASTSource(fn=fn, signature=signature, constexprs=constexprs)
     options = {"num_warps": num_warps, "num_stages": num_stages}
     return triton.compile(source, target=GPUTarget("cuda", arch, 32), options=options)
 
 
 def _assert_compiles(kernel, constexprs, pointers, arch, **options):
+    """`scale` (the attention's one float) is typed fp64 by default: inductor passes a Python float to a Triton kernel
+    as fp64 (torch/_inductor/codegen/triton_utils.py, `signature_of`), Triton's own launcher as fp32."""
     compiled = _compile(kernel, constexprs, pointers, arch, **options)
     assert "cubin" in compiled.asm
     assert compiled.metadata.shared <= SHARED_LIMIT, (compiled.metadata.shared, constexprs)
@@ -64,10 +68,11 @@ def test_the_attention_kernels_compile_and_fit_shared_memory(arch, dtype, head):
                 SPLITS=splits, MASK=mask, IEEE=dtype == "fp32",
             )  # fmt: skip
             scratch = "*fp32" if splits > 1 else f"*{dtype}"
-            mask_type = {0: f"*{dtype}", 1: "*u8", 2: "*fp32"}[mask]
+            mask_type = {0: f"*{dtype}", 1: "*i1", 2: "*fp32"}[mask]
             pointers = {name: f"*{dtype}" for name in ("q_ptr", "k_ptr", "v_ptr", "out_ptr")}
             pointers.update(mask_ptr=mask_type, part_ptr=scratch, stat_ptr=scratch)
-            _assert_compiles(triton_decoding._decode_split_kernel, constexprs, pointers, arch)
+            for scale in ("fp64", "fp32") if mask == 0 else ("fp64",):  # compiled by inductor; launched eagerly
+                _assert_compiles(triton_decoding._decode_split_kernel, constexprs, pointers, arch, scale=scale)
     constexprs = dict(GROUP=8, GROUP_ROWS=16, HEAD=head, SPLITS=4)
     pointers = {"part_ptr": "*fp32", "stat_ptr": "*fp32", "out_ptr": f"*{dtype}"}
     _assert_compiles(triton_decoding._decode_combine_kernel, constexprs, pointers, arch)
