@@ -9,7 +9,8 @@ layer); compiled whole, the forward is one guard check and one generated functio
 
 With `generate(..., compile_prefill=True)` (or `compile_prefill = True` on the generation config), `prefill` runs
 generate's prefill (`GenerationMixin._prefill`) with `model.forward` compiled whole: dynamic shapes (`dynamic=True`:
-one graph for every prompt length and cache length, so a new prompt does not compile again); on CUDA the prompt
+one graph for every prompt length and cache length, so a new prompt does not compile again; one more for prompts
+without left padding, to which transformers gives no mask over the empty cache: SDPA's `is_causal`); on CUDA the prompt
 padded on the right to one of a few bucket lengths and the forward compiled in mode "reduce-overhead", replaying a
 CUDA graph recorded once per bucket (`bucketed_forward`, prefill_buckets.py: a graph per prompt length would record
 nearly every call; where the prompt cannot be padded, no CUDA graphs); one graph (`fullgraph`: a graph break, like a

@@ -184,3 +184,30 @@ def test_another_batch_size_does_not_compile_the_prefill_again(padded_on_cpu):
         )
     prefills = [graph for graph in graphs if any(node.name == "l_input_ids_" for node in graph.graph.nodes)]
     assert len(prefills) == 1, f"{len(prefills)} prefill graphs"
+
+
+def test_prompts_with_and_without_padding_compile_one_prefill_each(padded_on_cpu):
+    """Over the empty static cache a prompt without padding gets no mask from transformers (SDPA's `is_causal`, the
+    flash kernel on a GPU), a left-padded one a mask tensor: one prefill graph each, whatever the order and length
+    of the prompts after them (the first GPU run of the bucket test recompiled at the first prompt without
+    padding), and eager decoding's tokens."""
+    torch._dynamo.reset()
+    graphs = []
+
+    def recording_backend(graph_module, example_inputs):
+        graphs.append(graph_module)
+        return graph_module.forward
+
+    config = CompileConfig(backend=recording_backend, mode=None, fullgraph=True)
+    config._compile_all_devices = True
+    model = decoder_variant("positions_rope")
+    common = dict(do_sample=False, pad_token_id=0, eos_token_id=None, cache_implementation="static")
+    calls = [(_prompts(length, seed), 22 - length) for seed, length in enumerate((6, 6, 9, 5, 3, 7))]
+    for index in (1, 3, 5):  # no padding in these
+        calls[index][0]["attention_mask"][:] = 1
+    for prompts, new in calls:
+        expected = model.generate(**prompts, **common, max_new_tokens=new, disable_compile=True)
+        ours = model.generate(**prompts, **common, max_new_tokens=new, compile_config=config, compile_prefill=True)
+        assert torch.equal(ours, expected)
+    prefills = [graph for graph in graphs if any(node.name == "l_input_ids_" for node in graph.graph.nodes)]
+    assert len(prefills) == 2, f"{len(prefills)} prefill graphs"
