@@ -201,13 +201,13 @@ def test_past_the_recompile_limit_or_under_error_on_recompile_new_shapes_run_the
 @pytest.mark.gpu
 def test_the_kernels_compile_on_cuda_and_train_as_the_formulas(monkeypatch):
     """On CUDA (the default list) a bf16-autocast training step runs the compiled kernels (Triton) and gives the
-    formulas' loss and gradients within bf16 rounding (the kernels round once, the formulas after every operation).
+    formulas' loss and gradients within bf16 rounding (the kernels round once, the formulas after every operation):
+    each parameter's gradient as close to the fp32 formulas' as the bf16 formulas' is, within a factor of 2 (a fixed
+    share of the norm held on an H100 and failed on an H200: the tied embedding's gradient, 3.4 % against 2 %).
     A dense model: a router's near-ties could route a token differently on the two sides."""
-    from helpers import assert_close_to_scale
-
     partial = {"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.5}
     model = randomised(DecoderForCausalLM(tiny_decoder_config(rope_parameters=partial))).cuda().train()  # no router
-    reference = copy.deepcopy(model)
+    reference, exact = copy.deepcopy(model), copy.deepcopy(model)
     ids = torch.randint(3, 61, (4, 64), generator=torch.Generator().manual_seed(0)).cuda()
     with torch.autocast("cuda", torch.bfloat16):
         loss = model(input_ids=ids, labels=ids).loss
@@ -218,13 +218,11 @@ def test_the_kernels_compile_on_cuda_and_train_as_the_formulas(monkeypatch):
     with torch.autocast("cuda", torch.bfloat16):
         expected = reference(input_ids=ids, labels=ids).loss
     expected.backward()
+    exact(input_ids=ids, labels=ids).loss.backward()  # fp32, the formulas
     torch.testing.assert_close(loss, expected, atol=2e-2, rtol=2e-2)
-    for (name, ours), theirs in zip(model.named_parameters(), reference.parameters()):
-        # bf16 gradients differ by a few roundings at most elements, by up to ~7 % of the scale at a rare one (the
-        # tied embedding's, an H100 with torch 2.11): the whole within 2 %, every element within 10 %
-        assert_close_to_scale(ours.grad, theirs.grad, rtol=1e-1, msg=name)
-        relative = (ours.grad - theirs.grad).norm() / theirs.grad.norm()
-        assert relative <= 2e-2, f"{name}: gradients differ by {relative:.3g} of their norm"
+    for (name, ours), theirs, truth in zip(model.named_parameters(), reference.parameters(), exact.parameters()):
+        error, their_error = ((grad - truth.grad).norm() / truth.grad.norm() for grad in (ours.grad, theirs.grad))
+        assert error <= 2 * their_error + 1e-3, f"{name}: {error:.3g} of the fp32 gradients' norm ({their_error:.3g})"
 
 
 def test_without_gradients_small_tensors_run_the_formula(on_cpu, monkeypatch):
