@@ -13,8 +13,10 @@ masks are written once into a buffer every layer reads, step_masks.py.)
 Where it applies (`flex_applies`): a self-attention step of one query per row, traced by `torch.compile` (eager
 FlexAttention is an unfused reference), on a device in `FLEX_DECODING_DEVICES`, with SDPA as the attention
 implementation, no soft-cap and no position bias (ALiBi, T5's buckets: those stay on SDPA with their bias folded into
-the mask), a mask shared by the heads, (batch or 1, 1, 1, keys), and a head size FlexAttention's kernels take (a
-power of two from 16 to 256). Everything else runs as before.
+the mask), not a sliding-window layer (on an H200 with torch 2.11 inductor failed to lower FlexAttention there,
+"'int' object has no attribute 'free_symbols'", and the step fell back to eager decoding), a mask shared by the
+heads, (batch or 1, 1, 1, keys), and a head size FlexAttention's kernels take (a power of two from 16 to 256).
+Everything else runs as before.
 
 `FLEX_DECODING_DEVICES` is empty until a GPU run measures it against SDPA (`--suite cuda-tuning`'s row); on CPU the
 tests set it to check that the step gives SDPA's tokens.
@@ -39,6 +41,7 @@ def flex_applies(module, query: torch.Tensor, attention_mask: torch.Tensor | Non
         and torch.compiler.is_compiling()
         and module.config._attn_implementation == "sdpa"
         and module.softcap is None
+        and module.sliding_window is None  # (FlexAttention's lowering failed on sliding layers: module docstring)
         and kwargs.get("position_bias") is None
         and attention_mask is not None
         and attention_mask.dim() == 4

@@ -61,6 +61,8 @@ def test_flex_applies_only_to_compiled_one_query_steps_on_the_listed_devices(mon
     assert not flex_applies(attention, query, None, {})
     assert not flex_applies(attention, query, mask, {"position_bias": torch.zeros(2, 4, 1, 5)})  # ALiBi, T5
     assert not flex_applies(_attention(attn_logit_softcapping=30.0), query, mask, {})
+    sliding = _attention(sliding_window=4, layer_types=["sliding_attention", "full_attention"])
+    assert sliding.sliding_window == 4 and not flex_applies(sliding, query, mask, {})  # (module docstring)
     assert not flex_applies(attention, torch.zeros(2, 4, 1, 24), mask, {})  # a head size its kernels do not take
     monkeypatch.setattr(flex_decoding, "FLEX_DECODING_DEVICES", ())
     assert not flex_applies(attention, query, mask, {})
