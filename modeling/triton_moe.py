@@ -55,9 +55,11 @@ def moe_decode_applies(experts, hidden_states: torch.Tensor) -> bool:
 
 
 if triton is not None:
+    # (the loops as in triton_gemv.py: products accumulated element-wise and summed after the loop, the loop unrolled
+    # UNROLL times so that its blocks' loads are in flight together)
     _CONFIGS = [
-        triton.Config({"BLOCK_N": n, "BLOCK_K": k}, num_warps=warps, num_stages=stages)
-        for n, k, warps, stages in [(8, 256, 4, 4), (16, 256, 4, 4), (32, 128, 4, 4), (16, 512, 8, 3), (64, 128, 8, 3)]
+        triton.Config({"BLOCK_N": n, "BLOCK_K": k, "UNROLL": unroll}, num_warps=warps, num_stages=1)
+        for n, k, unroll, warps in [(4, 512, 4, 4), (8, 256, 4, 4), (8, 512, 2, 4), (16, 256, 2, 4), (16, 512, 2, 8)]
     ]
 
     @triton.autotune(configs=_CONFIGS, key=["outputs", "inputs"])
@@ -66,7 +68,7 @@ if triton is not None:
         x_ptr, index_ptr, w_ptr, y_ptr,
         slots, outputs, inputs,
         x_m, w_e, w_n, y_m,
-        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, UNROLL: tl.constexpr,
     ):  # fmt: skip
         """One program: (token, slot) `pid 0`, outputs [pid 1 · BLOCK_N, + BLOCK_N) of its expert's [gate; up]."""
         slot = tl.program_id(0)
@@ -74,15 +76,15 @@ if triton is not None:
         n_ok = ns < outputs
         expert = tl.load(index_ptr + slot).to(tl.int64)
         row = slot // slots
-        acc = tl.zeros([BLOCK_N], tl.float32)
-        for first in range(0, tl.cdiv(inputs, BLOCK_K)):
+        acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
+        for first in tl.range(0, tl.cdiv(inputs, BLOCK_K), loop_unroll_factor=UNROLL):
             ks = first * BLOCK_K + tl.arange(0, BLOCK_K)
             k_ok = ks < inputs
             x = tl.load(x_ptr + row * x_m + ks, mask=k_ok, other=0.0).to(tl.float32)
             w_at = w_ptr + expert * w_e + ns[:, None] * w_n + ks[None, :]
             w = tl.load(w_at, mask=n_ok[:, None] & k_ok[None, :], other=0.0).to(tl.float32)
-            acc += tl.sum(w * x[None, :], axis=1)
-        tl.store(y_ptr + slot * y_m + ns, acc.to(y_ptr.dtype.element_ty), mask=n_ok)
+            acc += w * x[None, :]
+        tl.store(y_ptr + slot * y_m + ns, tl.sum(acc, axis=1).to(y_ptr.dtype.element_ty), mask=n_ok)
 
     @triton.autotune(configs=_CONFIGS, key=["outputs", "inputs"])
     @triton.jit
@@ -90,7 +92,7 @@ if triton is not None:
         h_ptr, index_ptr, weight_ptr, w_ptr, y_ptr,
         outputs, inputs,
         h_m, w_e, w_n, y_m,
-        SLOTS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+        SLOTS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, UNROLL: tl.constexpr,
     ):  # fmt: skip
         """One program: token `pid 0`, outputs [pid 1 · BLOCK_N, + BLOCK_N) of Σ_slots weight · down(act(gate) ⊙ up)."""
         row = tl.program_id(0)
@@ -100,8 +102,8 @@ if triton is not None:
         for j in tl.static_range(SLOTS):
             slot = row * SLOTS + j
             expert = tl.load(index_ptr + slot).to(tl.int64)
-            part = tl.zeros([BLOCK_N], tl.float32)
-            for first in range(0, tl.cdiv(inputs, BLOCK_K)):
+            part = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
+            for first in tl.range(0, tl.cdiv(inputs, BLOCK_K), loop_unroll_factor=UNROLL):
                 ks = first * BLOCK_K + tl.arange(0, BLOCK_K)
                 k_ok = ks < inputs
                 gate = tl.load(h_ptr + slot * h_m + ks, mask=k_ok, other=0.0).to(tl.float32)
@@ -109,8 +111,8 @@ if triton is not None:
                 w_at = w_ptr + expert * w_e + ns[:, None] * w_n + ks[None, :]
                 w = tl.load(w_at, mask=n_ok[:, None] & k_ok[None, :], other=0.0)
                 hidden = (gate * tl.sigmoid(gate) * up).to(w.dtype).to(tl.float32)
-                part += tl.sum(w.to(tl.float32) * hidden[None, :], axis=1)
-            acc += tl.load(weight_ptr + slot).to(tl.float32) * part
+                part += w.to(tl.float32) * hidden[None, :]
+            acc += tl.load(weight_ptr + slot).to(tl.float32) * tl.sum(part, axis=1)
         tl.store(y_ptr + row * y_m + ns, acc.to(y_ptr.dtype.element_ty), mask=n_ok)
 
 
