@@ -9,11 +9,13 @@
 #   info    nvidia-smi, versions, where each package is imported from, unmet requirements
 #   headline --suite cuda-headline: the issues' headline rows (batch-1 static decoding, the 2048-token prefill,
 #           dense training eager and compiled), each with its goal (105 s on an H100): a first session's numbers
-#   tests   pytest -m gpu, then -m "not gpu and not slow", over the test files that mark a test gpu or check
-#           torch.cuda.is_available(); the GPU tests in GPU_TEST_WORKERS processes at once (one process took over
-#           5 minutes: on an H100 28 of the 50 GPU tests ran in 300 s, each compiling its steps on the CPU); they
+#   tests   pytest -m gpu over the test files that mark a test gpu or check torch.cuda.is_available(), in
+#           GPU_TEST_WORKERS processes at once (one process took over 5 minutes: on an H100 28 of the 50 GPU tests ran
+#           in 300 s, each compiling its steps on the CPU; 78 in 4 processes took ~4 minutes on an H200); they
 #           print one line per test as it ends and each failure's traceback at once, so a run stopped at its limit
 #           says which passed and why others failed
+#   cputests pytest -m "not gpu and not slow" over the same files, on the image's torch (they ran after the GPU tests
+#           in `tests` until an H200 session spent its call's last 4 minutes on them: a step of its own now)
 #   quick   every CUDA suite at --quick size with the real liger-kernel, tables only (about 2-3 minutes)
 #   train   --suite cuda-train      (about 5-8 minutes, a call of its own)
 #   compiled --suite cuda-train-compiled (vocab 128256, MoE, seq2seq compiled regionally; about 6-8 minutes)
@@ -44,16 +46,16 @@ PROFILE_WORKLOADS="${PROFILE_WORKLOADS:-}"
 GPU_TEST_WORKERS="${GPU_TEST_WORKERS:-4}"
 SESSION_BUDGET="${SESSION_BUDGET:-570}"
 DEVICE="${DEVICE:-cuda}"
-STEPS_ALLOWED="setup info headline tests quick train compiled decode static loops tuning profile"
+STEPS_ALLOWED="setup info headline tests cputests quick train compiled decode static loops tuning profile"
 # Each step's own limit in seconds; a step also stops where the session's budget ends.
-declare -A BUDGET=([setup]=120 [info]=60 [headline]=480 [tests]=540 [quick]=240 [train]=540 [compiled]=540 [decode]=540 [static]=540 [loops]=540 [tuning]=540 [profile]=540)
+declare -A BUDGET=([setup]=120 [info]=60 [headline]=480 [tests]=540 [cputests]=540 [quick]=240 [train]=540 [compiled]=540 [decode]=540 [static]=540 [loops]=540 [tuning]=540 [profile]=540)
 
 dry_run=0
 requested=()
 for arg in "$@"; do
     case "$arg" in
         --dry-run) dry_run=1 ;;
-        -h | --help) sed -n '2,35p' "$0"; exit 0 ;;
+        -h | --help) sed -n '2,37p' "$0"; exit 0 ;;
         *)
             if [[ " $STEPS_ALLOWED " != *" $arg "* ]]; then
                 echo "error: unknown step '$arg'; allowed: $STEPS_ALLOWED" >&2
@@ -121,11 +123,13 @@ step_tests() {
         echo "no test file checks for CUDA"
         return 0
     fi
-    # the GPU tests first (a step cut short at the call's budget has run those), then the fast CPU tests beside them
-    local status=0
-    gpu_tests "${files[@]}" || status=1
-    "$PYTHON" -m pytest -q --tb=short -p no:cacheprovider -m "not gpu and not slow" "${files[@]}" || status=1
-    return $status
+    gpu_tests "${files[@]}"
+}
+
+step_cputests() {  # the CPU tests of the files `tests` runs, on the image's torch (the same versions run on CPU too)
+    local files
+    mapfile -t files < <(grep -rlE "cuda\.is_available|mark\.gpu" tests --include='test_*.py' | sort)
+    "$PYTHON" -m pytest -q --tb=short -p no:cacheprovider -m "not gpu and not slow" "${files[@]}"
 }
 
 # gpu_tests FILE...: their GPU tests dealt round-robin to GPU_TEST_WORKERS pytest processes run at once. Each test

@@ -43,7 +43,7 @@ def session(tmp_path: Path, *steps: str, **env: str) -> tuple[subprocess.Complet
 def test_unknown_steps_are_refused_with_the_allowed_ones(tmp_path):
     done, verdicts = session(tmp_path, "tests", "benchmark")
     assert done.returncode == 2
-    allowed = "setup info headline tests quick train compiled decode static loops tuning profile"
+    allowed = "setup info headline tests cputests quick train compiled decode static loops tuning profile"
     assert f"unknown step 'benchmark'; allowed: {allowed}" in done.stderr
     assert verdicts == []
 
@@ -101,15 +101,16 @@ echo "RUN $*"
 
 def test_the_gpu_tests_run_in_several_processes_at_once(tmp_path):
     """The `tests` step deals the collected GPU tests round-robin to GPU_TEST_WORKERS pytest processes that run
-    together, then runs the fast CPU tests once; each worker's output ends up in session.log."""
+    together, and nothing else (the fast CPU tests are `cputests`, run once); each worker's output ends up in
+    session.log."""
     fake = tmp_path / "python"
     fake.write_text(FAKE_PYTHON)
     fake.chmod(0o755)
     (tmp_path / "barrier").mkdir()
     done, verdicts = session(
-        tmp_path, "tests", PYTHON=str(fake), GPU_TEST_WORKERS="3", BARRIER=str(tmp_path / "barrier")
+        tmp_path, "tests", "cputests", PYTHON=str(fake), GPU_TEST_WORKERS="3", BARRIER=str(tmp_path / "barrier")
     )
-    assert ["tests", "ok"] == verdicts[-1][:2], done.stdout + done.stderr
+    assert [["tests", "ok"], ["cputests", "ok"]] == [v[:2] for v in verdicts[-2:]], done.stdout + done.stderr
     log = (tmp_path / "out" / "session.log").read_text()
     assert "5 GPU tests in 3 processes" in log and "ALONE" not in log
     runs = [line for line in log.splitlines() if line.startswith("RUN -m pytest -v")]
