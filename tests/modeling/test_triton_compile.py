@@ -23,6 +23,16 @@ ARCHS = (80, 90)
 SHARED_LIMIT = 99 * 1024
 
 
+# How a launch specializes the kernels' integer arguments (Triton's JIT and inductor alike): an argument equal to 1
+# becomes the constant 1, one divisible by 16 is marked so; pointers are 16-byte aligned (torch's allocations). The
+# compiled code depends on it: unit strides make loads contiguous, and only aligned, vectorised loads are pipelined
+# with asynchronous copies (more shared memory). Unit strides: the last dimension's of the attention's tensors and of
+# its mask; sizes (lengths, counts) and the mask's row stride (a key count) are not assumed divisible; every other
+# integer is a stride of rows of a hidden size or head size.
+UNIT_STRIDES = ("q_d", "k_d", "v_d", "o_d", "m_s")
+NOT_DIVISIBLE = ("keys", "kv_heads", "rows", "outputs", "inputs", "slots", "m_b")
+
+
 def _compile(
     kernel, constexprs: dict, pointers: dict, arch: int, num_warps: int = 4, num_stages: int = 3, scale: str = "fp64"
 ):
@@ -31,15 +41,22 @@ def _compile(
     from triton.compiler import ASTSource
 
     fn = kernel.fn if hasattr(kernel, "configs") else kernel  # an autotuner: its kernel
-    signature = {}
-    for name in fn.arg_names:
+    signature, constants, attrs = {}, dict(constexprs), {}
+    for index, name in enumerate(fn.arg_names):
         if name in constexprs:
             signature[name] = "constexpr"
         elif name in pointers:
             signature[name] = pointers[name]
+            attrs[(index,)] = [["tt.divisibility", 16]]
+        elif name == "scale":
+            signature[name] = scale
+        elif name in UNIT_STRIDES:
+            signature[name], constants[name] = "constexpr", 1
         else:
-            signature[name] = scale if name == "scale" else "i32"
-    source = ASTSource(fn=fn, signature=signature, constexprs=constexprs)
+            signature[name] = "i32"
+            if name not in NOT_DIVISIBLE:
+                attrs[(index,)] = [["tt.divisibility", 16]]
+    source = ASTSource(fn=fn, signature=signature, constexprs=constants, attrs=attrs)
     options = {"num_warps": num_warps, "num_stages": num_stages}
     return triton.compile(source, target=GPUTarget("cuda", arch, 32), options=options)
 
