@@ -162,9 +162,8 @@ def test_a_batch_as_large_as_the_bucket_compiles_once(padded_on_cpu):
         assert torch.equal(ours, tokens)
 
 
-def test_another_batch_size_does_not_compile_the_prefill_again(padded_on_cpu):
-    """The batch stays a dynamic size of the prefill's graph: a new batch size (a new kept cache, filled eagerly
-    first) reuses the compiled prefill (the decoding step, static, compiles for it)."""
+def _recording_compile_config() -> tuple[list, CompileConfig]:
+    """A fresh dynamo state and a compile config whose backend keeps every traced graph (run as traced) in the list."""
     torch._dynamo.reset()
     graphs = []
 
@@ -174,6 +173,18 @@ def test_another_batch_size_does_not_compile_the_prefill_again(padded_on_cpu):
 
     config = CompileConfig(backend=recording_backend, mode=None, fullgraph=True)
     config._compile_all_devices = True
+    return graphs, config
+
+
+def _prefill_graphs(graphs: list) -> list:
+    """The recorded graphs that take the prompt's ids (the prefill's, not the decoding step's)."""
+    return [graph for graph in graphs if any(node.name == "l_input_ids_" for node in graph.graph.nodes)]
+
+
+def test_another_batch_size_does_not_compile_the_prefill_again(padded_on_cpu):
+    """The batch stays a dynamic size of the prefill's graph: a new batch size (a new kept cache, filled eagerly
+    first) reuses the compiled prefill (the decoding step, static, compiles for it)."""
+    graphs, config = _recording_compile_config()
     model = decoder_variant("positions_rope")
     common = dict(do_sample=False, pad_token_id=0, eos_token_id=None, cache_implementation="static")
     for batch in (2, 2, 3, 3):
@@ -182,7 +193,7 @@ def test_another_batch_size_does_not_compile_the_prefill_again(padded_on_cpu):
         assert torch.equal(
             model.generate(ids, **common, max_new_tokens=8, compile_config=config, compile_prefill=True), expected
         )
-    prefills = [graph for graph in graphs if any(node.name == "l_input_ids_" for node in graph.graph.nodes)]
+    prefills = _prefill_graphs(graphs)
     assert len(prefills) == 1, f"{len(prefills)} prefill graphs"
 
 
@@ -191,15 +202,7 @@ def test_prompts_with_and_without_padding_compile_one_prefill_each(padded_on_cpu
     flash kernel on a GPU), a left-padded one a mask tensor: one prefill graph each, whatever the order and length
     of the prompts after them (the first GPU run of the bucket test recompiled at the first prompt without
     padding), and eager decoding's tokens."""
-    torch._dynamo.reset()
-    graphs = []
-
-    def recording_backend(graph_module, example_inputs):
-        graphs.append(graph_module)
-        return graph_module.forward
-
-    config = CompileConfig(backend=recording_backend, mode=None, fullgraph=True)
-    config._compile_all_devices = True
+    graphs, config = _recording_compile_config()
     model = decoder_variant("positions_rope")
     common = dict(do_sample=False, pad_token_id=0, eos_token_id=None, cache_implementation="static")
     calls = [(_prompts(length, seed), 22 - length) for seed, length in enumerate((6, 6, 9, 5, 3, 7))]
@@ -209,5 +212,5 @@ def test_prompts_with_and_without_padding_compile_one_prefill_each(padded_on_cpu
         expected = model.generate(**prompts, **common, max_new_tokens=new, disable_compile=True)
         ours = model.generate(**prompts, **common, max_new_tokens=new, compile_config=config, compile_prefill=True)
         assert torch.equal(ours, expected)
-    prefills = [graph for graph in graphs if any(node.name == "l_input_ids_" for node in graph.graph.nodes)]
+    prefills = _prefill_graphs(graphs)
     assert len(prefills) == 2, f"{len(prefills)} prefill graphs"
