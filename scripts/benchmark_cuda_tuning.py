@@ -31,7 +31,8 @@ memset. The rows now, each setting on its own copy of the model (a compiled step
 The rows run in this order; a call's budget ends the suite where it is, keeping the rows it finished. Dynamo's
 recompile limit is raised while the suite runs: every setting compiles the same step function once more (the first
 run hit the limit of 8 at its seventh row, whose step then ran eagerly).
-Each row gives both sides' first and second calls (compilation included) beside tokens/s and % of the roofline.
+Each row gives both sides' first and second calls (compilation included) beside tokens/s and % of the roofline; a
+setting whose step fails to compile (and would decode eagerly) ends its row with a note naming the compiler's error.
 On CPU nothing compiles (generate compiles on accelerators only) and the rows run their code path eagerly.
 
     python scripts/benchmark.py --suite cuda-tuning --device cuda --output cuda-tuning.md
@@ -44,13 +45,22 @@ import contextlib
 import copy
 import functools
 import sys
+from collections.abc import Callable
 from unittest import mock
 
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from transformers import CompileConfig, StaticCache
 
-from archlab.modeling import flex_decoding, prefill_buckets, step_compile, triton_decoding, triton_gemv, triton_moe
+from archlab.modeling import (
+    compile_fallback,
+    flex_decoding,
+    prefill_buckets,
+    step_compile,
+    triton_decoding,
+    triton_gemv,
+    triton_moe,
+)
 from archlab.modeling.cache_names import with_cache
 from archlab.modeling.cache_spans import make_spanned
 from archlab.modeling.compiled_prefill import nested_block_regions
@@ -149,6 +159,33 @@ LATE_ROWS = [(1, AUTOTUNED)]
 RECOMPILE_LIMIT = 64
 
 
+class FellBackToEager(RuntimeError):
+    """A setting whose decoding step did not compile: compile_fallback.py decoded eagerly instead."""
+
+
+def failing_on_fallback(run: Callable):
+    """`run`, raising `FellBackToEager` (with compile_fallback.py's line) where the compiler failed during it: the
+    row then ends as a note instead of timing eager decoding (the first H200 session timed a setting whose kernel did
+    not compile: 33 tok/s and two minutes of the call)."""
+
+    def checked():
+        failures = []
+        warning = compile_fallback.logger.warning
+
+        def record(message, *args, **kwargs):
+            if str(message).startswith("Compiling") and " failed (" in str(message):
+                failures.append(str(message))
+            return warning(message, *args, **kwargs)
+
+        with mock.patch.object(compile_fallback.logger, "warning", record):
+            result = run()
+        if failures:
+            raise FellBackToEager(failures[0])
+        return result
+
+    return checked
+
+
 def setting_row(setup, report: Report, batch: int, name: str, models, setting: dict, contexts) -> None:
     """`models[0]` (a copy of `models[1]`'s weights) generating with `setting` and inside `contexts`, against
     `models[1]` on archlab's default path."""
@@ -166,7 +203,7 @@ def setting_row(setup, report: Report, batch: int, name: str, models, setting: d
         f"dense 1.1B greedy decode, batch {batch}, {sizes['prompt']} + {sizes['new_tokens']} tokens, StaticCache, "
         f"archlab: {name} vs archlab's default"
     )
-    runs = (with_setting, lambda: default.generate(**kwargs))
+    runs = (failing_on_fallback(with_setting), lambda: default.generate(**kwargs))
     generate_row(setup, report, metric, models, kwargs, tokens, roofline, cold=True, runs=runs)
 
 
@@ -189,7 +226,7 @@ def moe_kernels_row(setup, report: Report) -> None:
         f"MoE (Mixtral shape) greedy decode, batch 1, {sizes['prompt']} + {sizes['new_tokens']} tokens, archlab: "
         f"{MOE_KERNELS} vs archlab's default"
     )
-    runs = (with_kernels, lambda: default.generate(**kwargs))
+    runs = (failing_on_fallback(with_kernels), lambda: default.generate(**kwargs))
     generate_row(setup, report, metric, models, kwargs, sizes["new_tokens"], roofline, cold=True, runs=runs)
 
 

@@ -268,3 +268,24 @@ def test_tuning_suite_measures_each_setting_against_the_default(tmp_path, device
     prefill = cells(table, "dense 1.1B prefill compiled whole (compile_prefill's way), 1 × 64 tokens: each decoder")
     assert prefill[header_index(table, "MFU archlab")].endswith("%"), prefill
     assert re.fullmatch(r"[\d.]+ s", prefill[header_index(table, "first call archlab")]), prefill
+
+
+def test_a_setting_whose_compile_fails_raises_instead_of_timing_eager_decoding():
+    """cuda-tuning times a setting through `failing_on_fallback`: where compile_fallback.py turns a compiler failure
+    into eager decoding (its one logged line), the call raises with that line, and the row becomes a note; the
+    "compiling ..." notice and calls that compile are not failures."""
+    from types import SimpleNamespace
+
+    from archlab.modeling.compile_fallback import eager_on_compiler_failure
+    from archlab.scripts import benchmark_cuda_tuning as tuning
+
+    model = SimpleNamespace(device=torch.device("cpu"))
+
+    def broken(*args):
+        raise ValueError("Loop-carried variable best has initial type fp32 but is re-assigned to fp64")
+
+    step = eager_on_compiler_failure(model, broken, lambda *args: "eager tokens", "the decoding step", (ValueError,))
+    with pytest.raises(tuning.FellBackToEager, match="Compiling the decoding step failed .*fp64"):
+        tuning.failing_on_fallback(step)()
+    working = eager_on_compiler_failure(model, lambda: "tokens", lambda: "eager tokens", "the decoding step")
+    assert tuning.failing_on_fallback(working)() == "tokens"
