@@ -11,6 +11,7 @@
     python scripts/benchmark.py --suite cuda-train-compiled --device cuda  # the other training workloads compiled
     python scripts/benchmark.py --suite cuda-headline --device cuda # the issues' headline rows, ~5 min (first look)
     python scripts/benchmark.py --suite cuda-tuning --device cuda   # generate settings vs archlab's default decoding
+    python scripts/benchmark.py --suite cuda-kernels --device cuda  # archlab's Triton kernels vs the PyTorch paths
 
 Method (absolute numbers drift on shared machines, ratios measured side by side do not): both models live in one
 process with identical weights and inputs; each is warmed up; every round times both, alternating which goes first;
@@ -169,6 +170,7 @@ EXTERNAL_SUITES = {
     "cuda-loops": "benchmark_cuda_decode:run_loops",
     "cuda-headline": "benchmark_cuda_headline",
     "cuda-tuning": "benchmark_cuda_tuning",
+    "cuda-kernels": "benchmark_cuda_kernels",
 }
 # The suites that take --device and run the reference GPU shapes; the others run on CPU at their own sizes.
 DEVICE_SUITES = (
@@ -179,6 +181,7 @@ DEVICE_SUITES = (
     "cuda-loops",
     "cuda-headline",
     "cuda-tuning",
+    "cuda-kernels",
 )
 # Defaults of the shape flags for the CPU suites (the cuda-* suites have fixed reference shapes instead).
 CPU_SHAPE_DEFAULTS = {"batch_size": 8, "seq_len": 256, "new_tokens": 128}

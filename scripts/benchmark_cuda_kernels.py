@@ -1,0 +1,223 @@
+"""`--suite cuda-kernels`: archlab's Triton kernels for the decoding step, each against the PyTorch path it would
+replace, at the reference shapes (the dense 1.1B model and the Mixtral-shaped MoE of benchmark_cuda.py), bf16.
+
+A `--suite cuda-tuning` row times whole generations with a setting on and off: a minute of GPU time each, and the
+answer is the step's. This suite times the kernels alone, the way a compiled decoding step runs them — `CALLS`
+calls captured in one CUDA graph and replayed (no host launch cost; the gaps between kernels inside a graph kept) —
+in seconds for all of them, with the share of the bandwidth roofline (the bytes a call must read once: keys and
+values, or the weights) beside each, and the choices the kernels made (the attention's split count, the GEMV's and
+the MoE's autotuned blocks). It says which kernel is worth a tuning row, and how to tune it:
+- the decoding attention (triton_decoding.py) against SDPA over the grouped heads (attention.one_token_grouped_sdpa,
+  what the step runs now: cuDNN's kernel and a memset on an H100), batch 1 and 16, 384 and 2,048 cached keys, with
+  the split count `split_count` picks and, at batch 1, others;
+- SwiGLU inside the down projection's GEMV (triton_gemv.py) against `down(silu(gate) * up)` (inductor's SwiGLU and
+  cuBLAS's GEMV in the step), 1 and 4 rows;
+- an MoE's routed experts (triton_moe.py) against archlab's default experts (moe.Experts: grouped GEMMs), 1 and 4
+  tokens, each token routed to 2 of 8 experts.
+The kernels run on CUDA, or on a CPU through Triton's interpreter (TRITON_INTERPRET=1, in fp32: NumPy has no
+bfloat16), which times nothing useful but runs every row's code (its test does); elsewhere the suite says so in a
+note and measures nothing.
+
+    python scripts/benchmark.py --suite cuda-kernels --device cuda --output cuda-kernels.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import os
+import sys
+from collections.abc import Callable
+from unittest import mock
+
+import torch
+import torch.nn.functional as F
+
+from archlab.modeling import triton_decoding, triton_gemv, triton_moe
+from archlab.scripts.benchmark_cuda import guarded, release, row, setup_from, shape, time_pair
+from archlab.training.benchmarking import Report
+
+# Calls captured in one CUDA graph: one replay is timed as a round
+CALLS = 50
+# Cached keys of the attention rows: the generate rows' 128 + 256 tokens, and a long cache
+KEY_COUNTS = (384, 2048)
+
+
+def calls_per_round(setup) -> int:
+    return CALLS if setup.cuda else 1  # (one call under the interpreter: it takes a fraction of a second)
+
+
+def graphed(setup, call: Callable[[], object]) -> Callable[[], None]:
+    """`CALLS` calls of `call`, captured once in a CUDA graph (after a warm-up that autotunes and compiles): its
+    replay; on CPU (the interpreter), one call as it is."""
+    if not setup.cuda:
+
+        def once() -> None:
+            call()
+
+        return once
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            call()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(CALLS):
+            call()
+    return graph.replay
+
+
+def kernel_row(setup, report: Report, metric: str, kernel: Callable, peer: Callable, bytes_read: int, extra=None):
+    """One row: `kernel` against `peer` as calls per second, µs per call and % of the bandwidth roofline."""
+    kernel, peer = graphed(setup, kernel), graphed(setup, peer)
+    timed = time_pair(setup, kernel, peer, setup.rounds)
+    calls = calls_per_round(setup)
+    per_call = (timed.archlab / calls, timed.peer / calls)
+    bandwidth = setup.peaks.bandwidth
+    roofline = tuple(None if not bandwidth else bytes_read / bandwidth / seconds for seconds in per_call)
+    columns = {"µs archlab": f"{per_call[0] * 1e6:.2f}", "µs peer": f"{per_call[1] * 1e6:.2f}"}
+    columns |= {"MB read": f"{bytes_read / 1e6:.2f}", **(extra or {})}
+    report.rows.append(row(metric, timed, calls, "calls/s", roofline=roofline, extra=columns))
+
+
+def attention_rows(setup, report: Report, batch: int, keys: int) -> None:
+    dense = shape("dense", setup.quick)
+    heads, kv_heads = dense["num_attention_heads"], dense["num_key_value_heads"]
+    head_dim = dense["hidden_size"] // heads
+    keys = keys if not setup.quick else keys // 16
+    generator = torch.Generator(device=setup.device).manual_seed(0)
+
+    def normal(*size):
+        return torch.randn(*size, generator=generator, device=setup.device, dtype=_dtype(setup))
+
+    query = normal(batch, heads, 1, head_dim)
+    key, value = normal(batch, kv_heads, keys, head_dim), normal(batch, kv_heads, keys, head_dim)
+    mask = torch.ones(batch, 1, 1, keys, dtype=torch.bool, device=setup.device)
+    mask[..., keys - keys // 8 :] = False  # the static cache's empty positions
+    scale = head_dim**-0.5
+    grouped = query.reshape(batch, kv_heads, heads // kv_heads, head_dim)
+
+    def peer():  # attention.one_token_grouped_sdpa's call
+        return F.scaled_dot_product_attention(grouped, key, value, attn_mask=mask, scale=scale)
+
+    default = triton_decoding.split_count(batch, kv_heads, keys)
+    others = (1, 2, 4, 8) if batch == 1 else ()
+    for splits in dict.fromkeys((default, *others)):
+
+        def kernel(splits=splits):
+            return torch.ops.archlab.decode_attention(query, key, value, mask, scale, splits)
+
+        label = "split_count's choice" if splits == default else "forced"
+        metric = (
+            f"decoding attention, batch {batch}, {heads} heads / {kv_heads} KV heads of {head_dim}, {keys} keys, "
+            f"{splits} split{'s' if splits > 1 else ''} ({label}): archlab's Triton kernel vs SDPA"
+        )
+        bytes_read = 2 * key.numel() * key.element_size()
+        kernel_row(setup, report, metric, kernel, peer, bytes_read)
+
+
+def gemv_row(setup, report: Report, rows: int) -> None:
+    dense = shape("dense", setup.quick)
+    hidden, inner = dense["hidden_size"], dense["intermediate_size"]
+    generator = torch.Generator(device=setup.device).manual_seed(0)
+    gate, up = (torch.randn(rows, inner, generator=generator, device=setup.device, dtype=_dtype(setup)) for _ in "gu")
+    weight = torch.randn(hidden, inner, generator=generator, device=setup.device, dtype=_dtype(setup)) * inner**-0.5
+
+    def kernel():
+        return torch.ops.archlab.gated_down(gate, up, weight, None)
+
+    def peer():
+        return F.linear(F.silu(gate) * up, weight)
+
+    metric = f"SwiGLU + down projection, {rows} row{'s' if rows > 1 else ''}, {inner} → {hidden}: archlab's GEMV vs"
+    metric += " down(silu(gate) * up)"
+    kernel_row(setup, report, metric, kernel, peer, weight.numel() * weight.element_size())
+    report.rows[-1].extra["kernel's choice"] = _best_config(triton_gemv._gated_down_kernel)
+
+
+def moe_row(setup, report: Report, tokens: int) -> None:
+    from archlab import DecoderConfig, DecoderForCausalLM
+
+    config = DecoderConfig(**{**shape("moe", setup.quick), "num_hidden_layers": 1})
+    experts = DecoderForCausalLM(config).model.layers[0].mlp.experts.to(setup.device, _dtype(setup)).eval()
+    generator = torch.Generator(device=setup.device).manual_seed(0)
+    hidden = torch.randn(tokens, config.hidden_size, generator=generator, device=setup.device, dtype=_dtype(setup))
+    choice = torch.stack(
+        [torch.randperm(config.num_local_experts, generator=generator, device=setup.device)[:2] for _ in range(tokens)]
+    )
+    weights = torch.softmax(torch.randn(tokens, 2, generator=generator, device=setup.device), -1).to(_dtype(setup))
+
+    def kernel():
+        return triton_moe.moe_decode(experts, hidden, choice, weights)
+
+    def peer():
+        with mock.patch.object(triton_moe, "MOE_DECODE_DEVICES", ()):
+            return experts(hidden, choice, weights)
+
+    used = choice.unique().numel()
+    all_experts = sum(p.numel() * p.element_size() for p in (experts.gate_up_proj, experts.down_proj))
+    metric = (
+        f"MoE routed experts, {tokens} token{'s' if tokens > 1 else ''} × 2 of {config.num_local_experts} experts "
+        f"({used} distinct): archlab's Triton kernels vs archlab's default experts"
+    )
+    kernel_row(setup, report, metric, kernel, peer, all_experts * used // config.num_local_experts)
+    report.rows[-1].extra["kernel's choice"] = _best_config(triton_moe._expert_down_kernel)
+
+
+def _dtype(setup) -> torch.dtype:
+    return torch.bfloat16 if setup.cuda else torch.float32  # (the interpreter computes with NumPy: no bfloat16)
+
+
+def kernels_run_here(setup) -> bool:
+    """Whether the kernels run on `setup`'s device: CUDA with Triton, or Triton's interpreter."""
+    interpreting = os.environ.get("TRITON_INTERPRET") == "1"
+    return triton_decoding.triton is not None and (setup.cuda or (interpreting and setup.device.type == "cpu"))
+
+
+def _best_config(autotuned) -> str:
+    best = getattr(autotuned, "best_config", None)
+    if best is None:  # (Triton's interpreter does not autotune: triton_launch.py launches the first configuration)
+        best = autotuned.configs[0]
+        return f"{best.kwargs} warps {best.num_warps} (the first: not autotuned)"
+    return f"{best.kwargs} warps {best.num_warps}"
+
+
+def run(args: argparse.Namespace) -> Report:
+    setup = setup_from(args)
+    report = Report(
+        title=f"CUDA suite, archlab's Triton kernels for the decoding step — {setup.peaks.name} — "
+        f"{str(_dtype(setup)).removeprefix('torch.')}, {calls_per_round(setup)} calls per CUDA graph"
+        + (" — --quick shapes" if setup.quick else ""),
+        peer_name="peer",
+    )
+    if not kernels_run_here(setup):
+        report.notes.append(
+            "Nothing measured: the kernels run on CUDA with Triton installed, or on a CPU under Triton's interpreter "
+            "(TRITON_INTERPRET=1), which times nothing useful."
+        )
+        return report
+    for batch, keys in ((1, KEY_COUNTS[0]), (1, KEY_COUNTS[1]), (16, KEY_COUNTS[0])):
+        measure = functools.partial(attention_rows, setup, report, batch, keys)
+        guarded(report, setup, f"attention, batch {batch}, {keys} keys", measure)
+    for rows in (1, triton_gemv.MAX_ROWS):
+        guarded(report, setup, f"GEMV, {rows} rows", functools.partial(gemv_row, setup, report, rows))
+    for tokens in (1, triton_moe.MAX_TOKENS):
+        guarded(report, setup, f"MoE, {tokens} tokens", functools.partial(moe_row, setup, report, tokens))
+    release(setup.device)
+    report.notes.append(
+        "µs per call: a CUDA graph of the calls replayed, its time over the calls; % roofline: the bytes a call must "
+        "read once (keys and values; the weights; the chosen experts' weights) at the peak bandwidth, over that time."
+    )
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    from archlab.scripts import benchmark
+
+    return benchmark.main(["--suite", "cuda-kernels", *(sys.argv[1:] if argv is None else argv)])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

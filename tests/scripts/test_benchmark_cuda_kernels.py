@@ -1,0 +1,80 @@
+"""`--suite cuda-kernels` (scripts/benchmark_cuda_kernels.py): archlab's Triton kernels each against the PyTorch
+path it would replace — rows for the attention (the split count chosen, and others at batch 1), the GEMV at 1 and 4
+rows and the MoE's experts at 1 and 4 tokens, with µs per call, the bytes read and the autotuner's choice; where the
+kernels cannot run, a note and no row.
+
+The rows run where the kernels do: on a GPU (quick shapes), or on a CPU through Triton's interpreter (fp32), which
+`test_kernels_through_the_triton_interpreter` starts in a fresh process (CI's interpreter step runs this file)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from archlab.scripts import benchmark
+
+from triton_interpreter import (
+    DEVICE,
+    HAS_TRITON,
+    INTERPRETING,
+    KERNELS_RUN_HERE,
+    assert_kernel_tests_pass_interpreted,
+    fill_interpreter_gaps,
+    runs_kernels,
+)
+
+
+def _table(tmp_path, device: str) -> str:
+    out = tmp_path / "kernels.md"
+    rates = ["--peak-bandwidth", "0.05"] if device == "cpu" else []
+    argv = ["--suite", "cuda-kernels", "--device", device, "--quick", "--rounds", "1", *rates, "--output", str(out)]
+    assert benchmark.main(argv) == 0
+    return out.read_text()
+
+
+def _rows(table: str, start: str) -> list[list[str]]:
+    return [
+        [cell.strip() for cell in line.strip("|").split("|")]
+        for line in table.splitlines()
+        if line.startswith(f"| {start}")
+    ]
+
+
+def test_where_the_kernels_cannot_run_the_suite_says_so_and_measures_nothing(tmp_path, monkeypatch):
+    """On a CPU without Triton's interpreter (where this runs under it, the variable is removed for the call)."""
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    table = _table(tmp_path, "cpu")
+    assert "Nothing measured: the kernels run on CUDA" in table
+    assert not _rows(table, "decoding attention") and not _rows(table, "SwiGLU") and not _rows(table, "MoE")
+
+
+@runs_kernels
+def test_each_kernel_has_rows_against_its_pytorch_path(tmp_path, monkeypatch):
+    if INTERPRETING:
+        fill_interpreter_gaps(monkeypatch, "archlab.modeling.triton_")
+    table = _table(tmp_path, DEVICE)
+    assert "failed" not in table, table
+    header = _rows(table, "metric")[0]
+    micro, read = header.index("µs archlab"), header.index("MB read")
+    attention = _rows(table, "decoding attention")
+    # batch 1 at 24 and 128 keys (quick): the chosen split and 1, 2, 4, 8 forced; batch 16: the chosen one
+    assert sum("split_count's choice" in row[0] for row in attention) == 3, table
+    assert {re.search(r"(\d+) splits?", row[0])[1] for row in attention if "batch 1," in row[0]} == {"1", "2", "4", "8"}
+    gemv, moe = _rows(table, "SwiGLU + down projection"), _rows(table, "MoE routed experts")
+    assert [row[0].split(",")[1].strip() for row in gemv] == ["1 row", "4 rows"], table
+    assert len(moe) == 2, table
+    for row in attention + gemv + moe:
+        assert row[1].endswith("calls/s") and row[3].endswith("×"), row
+        assert float(row[micro]) > 0 and float(row[read]) > 0, row
+    choice = header.index("kernel's choice")
+    assert all("BLOCK_N" in row[choice] for row in gemv + moe), table
+    assert all(("not autotuned" in row[choice]) == INTERPRETING for row in gemv + moe), table
+
+
+# ---- on a CPU: the test above, through Triton's interpreter --------------------------------------------------------
+
+
+@pytest.mark.skipif(not HAS_TRITON or KERNELS_RUN_HERE, reason="Triton missing, or the kernels run in this process")
+def test_kernels_through_the_triton_interpreter() -> None:
+    assert_kernel_tests_pass_interpreted(__file__)
