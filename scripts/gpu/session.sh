@@ -9,11 +9,15 @@
 #   info    nvidia-smi, versions, where each package is imported from, unmet requirements
 #   headline --suite cuda-headline: the issues' headline rows (batch-1 static decoding, the 2048-token prefill,
 #           dense training eager and compiled), each with its goal (105 s on an H100): a first session's numbers
+#   kernels --suite cuda-kernels: archlab's Triton kernels alone against the PyTorch paths they would replace, each
+#           as N calls in one CUDA graph (µs per call, % of the bandwidth, the split and autotuned blocks chosen):
+#           seconds per row, where a tuning row takes a minute
 #   tests   pytest -m gpu over the test files that mark a test gpu or check torch.cuda.is_available(), in
 #           GPU_TEST_WORKERS processes at once (one process took over 5 minutes: on an H100 28 of the 50 GPU tests ran
 #           in 300 s, each compiling its steps on the CPU; 78 in 4 processes took ~4 minutes on an H200); they
 #           print one line per test as it ends and each failure's traceback at once, so a run stopped at its limit
-#           says which passed and why others failed
+#           says which passed and why others failed; then the kernel test files' other tests, which run the
+#           kernels on the GPU where there is one (`runs_kernels`)
 #   cputests pytest -m "not gpu and not slow" over the same files, on the image's torch (they ran after the GPU tests
 #           in `tests` until an H200 session spent its call's last 4 minutes on them: a step of its own now)
 #   quick   every CUDA suite at --quick size with the real liger-kernel, tables only (about 2-3 minutes)
@@ -46,16 +50,16 @@ PROFILE_WORKLOADS="${PROFILE_WORKLOADS:-}"
 GPU_TEST_WORKERS="${GPU_TEST_WORKERS:-4}"
 SESSION_BUDGET="${SESSION_BUDGET:-570}"
 DEVICE="${DEVICE:-cuda}"
-STEPS_ALLOWED="setup info headline tests cputests quick train compiled decode static loops tuning profile"
+STEPS_ALLOWED="setup info headline kernels tests cputests quick train compiled decode static loops tuning profile"
 # Each step's own limit in seconds; a step also stops where the session's budget ends.
-declare -A BUDGET=([setup]=120 [info]=60 [headline]=480 [tests]=540 [cputests]=540 [quick]=240 [train]=540 [compiled]=540 [decode]=540 [static]=540 [loops]=540 [tuning]=540 [profile]=540)
+declare -A BUDGET=([setup]=120 [info]=60 [headline]=480 [kernels]=180 [tests]=540 [cputests]=540 [quick]=240 [train]=540 [compiled]=540 [decode]=540 [static]=540 [loops]=540 [tuning]=540 [profile]=540)
 
 dry_run=0
 requested=()
 for arg in "$@"; do
     case "$arg" in
         --dry-run) dry_run=1 ;;
-        -h | --help) sed -n '2,37p' "$0"; exit 0 ;;
+        -h | --help) sed -n '2,41p' "$0"; exit 0 ;;
         *)
             if [[ " $STEPS_ALLOWED " != *" $arg "* ]]; then
                 echo "error: unknown step '$arg'; allowed: $STEPS_ALLOWED" >&2
@@ -123,7 +127,12 @@ step_tests() {
         echo "no test file checks for CUDA"
         return 0
     fi
-    gpu_tests "${files[@]}"
+    local status=0 kernel_files
+    gpu_tests "${files[@]}" || status=1
+    # the kernel test files' other tests run the kernels on the GPU here (`runs_kernels`); the files' rest: `cputests`
+    mapfile -t kernel_files < <(grep -rl "runs_kernels" tests --include='test_*.py' | sort)
+    "$PYTHON" -m pytest -q --tb=short -p no:cacheprovider -m "not gpu and not slow" "${kernel_files[@]}" || status=1
+    return $status
 }
 
 step_cputests() {  # the CPU tests of the files `tests` runs, on the image's torch (the same versions run on CPU too)
@@ -176,12 +185,13 @@ suite() {  # suite NAME OUTPUT [flags...]: one benchmark run, its table written 
 
 step_quick() {
     local status=0
-    for name in cuda-train cuda-train-compiled cuda-decode cuda-static cuda-loops cuda-tuning; do  # one process each, as in full
+    for name in cuda-train cuda-train-compiled cuda-decode cuda-static cuda-loops cuda-tuning cuda-kernels; do  # one process each, as in full
         suite "$name" "quick-$name.md" --quick || status=1
     done
     return $status
 }
 step_headline() { suite cuda-headline cuda-headline.md; }
+step_kernels() { suite cuda-kernels cuda-kernels.md; }
 step_train() { suite cuda-train cuda-train.md; }
 step_compiled() { suite cuda-train-compiled cuda-train-compiled.md; }
 step_decode() { suite cuda-decode cuda-decode.md; }

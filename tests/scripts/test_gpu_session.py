@@ -43,7 +43,7 @@ def session(tmp_path: Path, *steps: str, **env: str) -> tuple[subprocess.Complet
 def test_unknown_steps_are_refused_with_the_allowed_ones(tmp_path):
     done, verdicts = session(tmp_path, "tests", "benchmark")
     assert done.returncode == 2
-    allowed = "setup info headline tests cputests quick train compiled decode static loops tuning profile"
+    allowed = "setup info headline kernels tests cputests quick train compiled decode static loops tuning profile"
     assert f"unknown step 'benchmark'; allowed: {allowed}" in done.stderr
     assert verdicts == []
 
@@ -101,8 +101,8 @@ echo "RUN $*"
 
 def test_the_gpu_tests_run_in_several_processes_at_once(tmp_path):
     """The `tests` step deals the collected GPU tests round-robin to GPU_TEST_WORKERS pytest processes that run
-    together, and nothing else (the fast CPU tests are `cputests`, run once); each worker's output ends up in
-    session.log."""
+    together, then runs the kernel test files' other tests (they run the kernels on the GPU); the files' fast CPU
+    tests are `cputests`, run once; each worker's output ends up in session.log."""
     fake = tmp_path / "python"
     fake.write_text(FAKE_PYTHON)
     fake.chmod(0o755)
@@ -116,7 +116,9 @@ def test_the_gpu_tests_run_in_several_processes_at_once(tmp_path):
     runs = [line for line in log.splitlines() if line.startswith("RUN -m pytest -v")]
     dealt = sorted(tuple(int(word[-1]) for word in run.split() if "::test_" in word) for run in runs)
     assert dealt == [(1, 4), (2, 5), (3,)]
-    assert sum("not gpu and not slow" in line for line in log.splitlines() if line.startswith("RUN")) == 1
+    others = [line for line in log.splitlines() if line.startswith("RUN") and "not gpu and not slow" in line]
+    assert len(others) == 2 and "test_triton_gemv.py" in others[0] and "test_benchmarking.py" not in others[0], others
+    assert "tests/training/test_benchmarking.py" in others[1], others  # cputests: every file that checks for CUDA
 
 
 def test_gpu_test_workers_stopped_at_the_step_limit_leave_their_output(tmp_path):
