@@ -105,6 +105,7 @@ if triton is not None:
         )
         blocks = tl.cdiv(tl.cdiv(keys, SPLITS), BLOCK)  # each split's blocks of keys; the last split's may end early
         start = split * blocks * BLOCK
+        scale = scale.to(tl.float32)  # once: inductor passes a Python float as an fp64 scalar (an fp64 tile otherwise)
         best = tl.full([GROUP_ROWS], float("-inf"), tl.float32)
         total = tl.zeros([GROUP_ROWS], tl.float32)
         acc = tl.zeros([GROUP_ROWS, HEAD], tl.float32)
@@ -117,7 +118,7 @@ if triton is not None:
                 scores = tl.dot(q, tl.trans(k), input_precision="ieee")
             else:
                 scores = tl.dot(q, tl.trans(k))
-            scores = (scores * scale).to(tl.float32)  # inductor passes a Python float as an fp64 scalar
+            scores = scores * scale
             keep = col_ok
             if MASK == 1:
                 keep = keep & (tl.load(mask_ptr + b * m_b + cols * m_s, mask=col_ok, other=0) != 0)
