@@ -231,9 +231,32 @@ class Attention(FusableProjections, nn.Module):
         if fused is None:
             query = self.q_proj(states).view(*states.shape[:-1], -1, self.head_dim).transpose(1, 2)
             return (query, *self._project_key_value(states))
+        return self.split_heads(nn.functional.linear(states, *fused))
+
+    def split_heads(self, projected: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q/k/v's product (B, T, (H + 2 H_kv) D) -> queries (B, H, T, D), keys and values (B, H_kv, T, D) (views)."""
         sizes = (self.num_heads * self.head_dim, *(2 * (self.num_key_value_heads * self.head_dim,)))
-        parts = nn.functional.linear(states, *fused).split(sizes, dim=-1)
-        return tuple(part.view(*states.shape[:-1], -1, self.head_dim).transpose(1, 2) for part in parts)
+        parts = projected.split(sizes, dim=-1)
+        return tuple(part.view(*projected.shape[:-1], -1, self.head_dim).transpose(1, 2) for part in parts)
+
+    def position_and_cache(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        position_embeddings: tuple[torch.Tensor, torch.Tensor] | None,
+        past_key_values: Cache | None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Self-attention's projected heads -> the heads attended: QK-norm, RoPE, and the keys and values of the
+        cache (this step's appended)."""
+        if self.q_norm is not None:
+            query, key = self.q_norm(query), self.k_norm(key)
+        if position_embeddings is not None:
+            cos, sin = position_embeddings
+            query, key = self.rotate(query, key, cos, sin)
+        if past_key_values is not None:
+            key, value = past_key_values.update(key, value, self.layer_idx)
+        return query, key, value
 
     def _project_key_value(self, states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(B, S, d) -> keys, values (B, H_kv, S, D)."""
@@ -280,21 +303,35 @@ class Attention(FusableProjections, nn.Module):
                 query, attention_mask = queries_per_source(query, attention_mask, group)
         else:
             query, key, value = self._project_self(hidden_states)  # (B, H, T, D), (B, H_kv, T, D) twice
-            if self.q_norm is not None:
-                query, key = self.q_norm(query), self.k_norm(key)
-            if position_embeddings is not None:
-                cos, sin = position_embeddings
-                query, key = self.rotate(query, key, cos, sin)
-            if past_key_values is not None:
-                key, value = past_key_values.update(key, value, self.layer_idx)
+            query, key, value = self.position_and_cache(query, key, value, position_embeddings, past_key_values)
+        cross = key_value_states is not None
+        output, weights = self.attend_heads(
+            query, key, value, attention_mask, past_key_values, cross=cross, group=group, **kwargs
+        )
+        # (B / group, group · T, H, D) for grouped rows: row-major, so the same memory as (B, T, H, D)
+        output = getattr(self, self.output_name)(output.reshape(batch, seq_len, -1))
+        return output, weights
 
+    def attend_heads(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        past_key_values: Cache | None,
+        cross: bool = False,
+        group: int = 1,
+        **kwargs,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The attention of the heads through the kernel that fits the call: (B, T, H, D) before the output
+        projection, and the weights where the kernel returns them. `group` rows share one source (cross-attention)."""
         attention: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(
             self.config._attn_implementation, eager_attention_forward
         )
-        if key_value_states is None and triton_decoding_applies(self, query, attention_mask, kwargs):
+        if not cross and triton_decoding_applies(self, query, attention_mask, kwargs):
             # a decoding step: one Triton kernel, the split of a row's keys set by the cache's capacity
             attention = functools.partial(decode_attention, capacity=cache_capacity(past_key_values, self.layer_idx))
-        elif key_value_states is None and flex_applies(self, query, attention_mask, kwargs):
+        elif not cross and flex_applies(self, query, attention_mask, kwargs):
             attention = flex_decode_attention  # a compiled decoding step: FlexAttention's split-KV kernel
         elif (
             self.num_key_value_groups > 1
@@ -323,6 +360,4 @@ class Attention(FusableProjections, nn.Module):
             sliding_window=self.sliding_window,
             **kwargs,
         )
-        # (B / group, group · T, H, D) for grouped rows: row-major, so the same memory as (B, T, H, D)
-        output = getattr(self, self.output_name)(output.reshape(batch, seq_len, -1))
         return output, weights

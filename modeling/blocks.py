@@ -22,6 +22,7 @@ from transformers.cache_utils import Cache
 from transformers.modeling_layers import GradientCheckpointingLayer
 
 from .attention import Attention
+from .decode_block import fused_block_applies, fused_block_forward
 from .feed_forward import MLPS
 from .moe import SparseMoeBlock
 from .normalization import make_norm
@@ -83,6 +84,10 @@ class PreNormBlock(DecoderBlock):
         past_key_values: Cache | None = None,
         **kwargs,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if fused_block_applies(self, hidden_states):  # a decoding step: norms and residuals inside the GEMVs
+            return fused_block_forward(
+                self, hidden_states, attention_mask, position_embeddings, past_key_values, **kwargs
+            )
         attn_out, weights = self.attend(
             self.input_layernorm(hidden_states), attention_mask, position_embeddings, past_key_values, **kwargs
         )

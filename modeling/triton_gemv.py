@@ -1,25 +1,34 @@
-"""A gated MLP's down projection for a few rows (a decoding step) as one Triton kernel with the activation inside:
-down(act(gate) ⊙ up) read as a matrix-vector product whose vector is computed while the matrix streams in
-(SwiGLU, Shazeer 2020; the fused-GEMV idea of gpt-fast and of "megakernel" decoders).
+"""Matrix-vector products of a decoding step (a few rows) as one Triton kernel with the work around them inside: an
+RMSNorm of the input before the product, SiLU(gate) ⊙ up as the input, a residual added after (RMSNorm, Zhang &
+Sennrich 2019; SwiGLU, Shazeer 2020; the fused-GEMV idea of gpt-fast and of "megakernel" decoders).
 
-Why: in a batch-1 decoding step of the 1.1B model on an H100 (docs/gpu.md, the decode-1 profile) the MLP's tail is
-three kernels a layer: inductor's SwiGLU (1.1 µs), cuBLAS's down GEMV split in two along its 5,632 inputs (11.6 µs,
-~2 TB/s: 60 % of the bandwidth for 23 MB) and the split's reduction kernel (1.5 µs), each launch also leaving the GPU
-idle ~1.6 µs in the CUDA graph: ~17 µs a layer where streaming 23 MB takes ~7 µs. Here one kernel does it: each
-program owns `BLOCK_N` outputs, streams their rows of the weight in blocks of `BLOCK_K` inputs, and computes the
-matching act(gate) ⊙ up block itself (gate and up are a few kB, read from L2 by every program), rounded to the
-weights' dtype as the unfused path rounds it, accumulating in fp32 element-wise (summed across threads once, after the
-loop), the loop unrolled so that several blocks' loads are in flight at once. Block sizes, warps and the unrolling
-are autotuned per (rows, outputs, inputs) the first time a shape runs (`triton.autotune`). The first H200 run
-measured the first version (a sum across threads in every block, no unrolling: its compiled code waited on each
-block's load in turn) at 0.88× the default step; the second is for the next GPU session.
+Why: a batch-1 decoding step of the 1.1B model on an H100 (docs/gpu.md, the decode-1 profile) is ~12 kernels a
+layer, and each launch leaves the GPU idle ~1.6 µs in the CUDA graph: ~25 µs of a layer's ~80. The products around
+which the small kernels sit run at 45-68 % of the bandwidth (cuBLAS's q/k/v and o GEMVs ~1.5 TB/s, its down GEMV split
+in two plus a reduction kernel). Here one kernel streams a weight and does the element-wise work beside it:
 
-`gated_down` is a `torch.library.triton_op`: inductor calls it from the decoding step's generated code, CUDA graphs
-record it. Where it applies (`gated_down_applies`): at most `MAX_ROWS` rows (a decoding step of a small batch),
-Triton importable, a device in `GATED_DOWN_DEVICES`, SiLU as the activation, fp32/fp16/bf16, inference (no gradient:
-the kernel has no backward). Everything else runs as before. `GATED_DOWN_DEVICES` is empty until `--suite
-cuda-tuning`'s row measures it on a GPU; on CPU the tests run the kernel through Triton's interpreter
-(tests/triton_interpreter.py) against the unfused formula.
+    PLAIN       y = W x (+ b) (+ r)                       the output projection, with the residual after it
+    RMS_NORM    y = W (g ⊙ x / rms(x)) (+ b) (+ r)        q/k/v and gate/up, with the layer's norm before them
+    SILU_GATED  y = W (silu(gate) ⊙ up) (+ b) (+ r)        the MLP's down projection, with SwiGLU and the residual
+
+so that a pre-norm layer's step is four of them beside RoPE and attention (decode_block.py). Each program owns
+`BLOCK_N` outputs, streams their rows of the weight in blocks of `BLOCK_K` inputs and computes the matching block of
+the input itself (x, g, gate and up are a few kB, read from L2 by every program), accumulating in fp32 element-wise
+(summed across threads once, after the loop), the loop unrolled so that several blocks' loads are in flight at once.
+RMSNorm takes one pass: the squares of x accumulate beside the products and 1/rms scales the sums after the loop
+(the unfused path rounds x / rms to the weights' dtype first; in half precision this is within that rounding).
+SwiGLU's input is rounded to the weights' dtype as the unfused path rounds it; the product is rounded to the
+output's dtype before the residual is added, as the unfused path adds it. Block sizes, warps and the unrolling are
+autotuned per (rows, outputs, inputs, prologue) the first time a shape runs (`triton.autotune`). The first H200 run
+measured the first gated version (a sum across threads in every block, no unrolling: its compiled code waited on
+each block's load in turn) at 0.88× the default step; this one is for the next GPU session.
+
+`gemv` and `gated_down` are `torch.library.triton_op`s: inductor calls them from the decoding step's generated code,
+CUDA graphs record them. The gated MLP uses `gated_down` alone where `gated_down_applies`: at most `MAX_ROWS` rows (a
+decoding step of a small batch), Triton importable, a device in `GATED_DOWN_DEVICES`, SiLU, fp32/fp16/bf16,
+inference (no gradient: the kernels have no backward). `GATED_DOWN_DEVICES` is empty until `--suite cuda-tuning`'s
+row measures it on a GPU; on CPU the tests run the kernel through Triton's interpreter (tests/triton_interpreter.py)
+against the unfused formulas.
 """
 
 from __future__ import annotations
@@ -39,6 +48,9 @@ GATED_DOWN_DEVICES: tuple[str, ...] = ()
 # The most rows (tokens) the kernel takes: each program keeps one fp32 accumulator row per token
 MAX_ROWS = 4
 ACTIVATIONS = ("silu", "swish")
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+# What the kernel computes its input from (`PROLOGUE`, module docstring)
+PLAIN, RMS_NORM, SILU_GATED = 0, 1, 2
 
 
 def gated_down_applies(module, gate: torch.Tensor) -> bool:
@@ -46,12 +58,23 @@ def gated_down_applies(module, gate: torch.Tensor) -> bool:
     return (
         triton is not None
         and gate.device.type in GATED_DOWN_DEVICES  # first: no guard on a traced length where it is not listed
-        and gate.numel() // gate.shape[-1] <= MAX_ROWS
+        and gemv_applies(gate, module.down_proj.weight)
         and module.hidden_act in ACTIVATIONS
-        and gate.dtype in (torch.float32, torch.float16, torch.bfloat16)
-        and module.down_proj.weight.dtype == gate.dtype
-        and module.down_proj.weight.stride(-1) == 1
-        and not (torch.is_grad_enabled() and (gate.requires_grad or module.down_proj.weight.requires_grad))
+    )
+
+
+def gemv_applies(x: torch.Tensor, *weights: torch.Tensor | None) -> bool:
+    """Whether the kernel takes input `x` against `weights` (the matrix; a norm's gain, a bias ...; None skipped): at
+    most `MAX_ROWS` rows, one dtype of fp32/fp16/bf16, the matrix's rows contiguous, no gradient wanted. The device
+    is the caller's to check (it decides whether a traced step guards on anything else)."""
+    present = [weight for weight in weights if weight is not None]
+    return (
+        triton is not None
+        and x.numel() // x.shape[-1] <= MAX_ROWS
+        and x.dtype in DTYPES
+        and all(weight.dtype == x.dtype for weight in present)
+        and present[0].stride(-1) == 1
+        and not (torch.is_grad_enabled() and (x.requires_grad or any(w.requires_grad for w in present)))
     )
 
 
@@ -71,15 +94,15 @@ if triton is not None:
                 (8, 1024, 2, 8),
             ]
         ],
-        key=["rows", "outputs", "inputs"],
+        key=["rows", "outputs", "inputs", "PROLOGUE"],
     )
     @triton.jit
-    def _gated_down_kernel(
-        gate_ptr, up_ptr, w_ptr, bias_ptr, y_ptr,
-        rows, outputs, inputs,
-        gate_m, up_m, w_n, y_m,
-        ROWS: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-        UNROLL: tl.constexpr,
+    def _gemv_kernel(
+        x_ptr, up_ptr, gain_ptr, w_ptr, bias_ptr, residual_ptr, y_ptr,
+        rows, outputs, inputs, eps,
+        x_m, up_m, w_n, residual_m, y_m,
+        ROWS: tl.constexpr, PROLOGUE: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
+        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, UNROLL: tl.constexpr,
     ):  # fmt: skip
         """One program: outputs [pid · BLOCK_N, + BLOCK_N) of every row (ROWS: `rows` rounded up to a power of two).
         The products accumulate element-wise and are summed once after the loop, and the loop is unrolled UNROLL
@@ -91,52 +114,125 @@ if triton is not None:
         ms = tl.arange(0, ROWS)
         m_ok = ms < rows
         acc = tl.zeros([ROWS, BLOCK_N, BLOCK_K], tl.float32)
+        squares = tl.zeros([ROWS, BLOCK_K], tl.float32)  # RMS_NORM: x², element-wise like the products
         for first in tl.range(0, tl.cdiv(inputs, BLOCK_K), loop_unroll_factor=UNROLL):
             ks = first * BLOCK_K + tl.arange(0, BLOCK_K)
             k_ok = ks < inputs
             w = tl.load(w_ptr + ns[:, None] * w_n + ks[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
             both = m_ok[:, None] & k_ok[None, :]
-            gate = tl.load(gate_ptr + ms[:, None] * gate_m + ks[None, :], mask=both, other=0.0).to(tl.float32)
-            up = tl.load(up_ptr + ms[:, None] * up_m + ks[None, :], mask=both, other=0.0).to(tl.float32)
-            # act(gate) ⊙ up in fp32, rounded to the weights' dtype as the unfused step hands it to the product
-            hidden = (gate * tl.sigmoid(gate) * up).to(w.dtype).to(tl.float32)
-            acc += hidden[:, None, :] * w.to(tl.float32)[None, :, :]
+            x = tl.load(x_ptr + ms[:, None] * x_m + ks[None, :], mask=both, other=0.0).to(tl.float32)
+            if PROLOGUE == 2:  # SILU_GATED: x is the gate; act(gate) ⊙ up rounded as the unfused step rounds it
+                up = tl.load(up_ptr + ms[:, None] * up_m + ks[None, :], mask=both, other=0.0).to(tl.float32)
+                x = (x * tl.sigmoid(x) * up).to(w.dtype).to(tl.float32)
+            elif PROLOGUE == 1:  # RMS_NORM: the gain now, 1/rms after the loop
+                squares += x * x
+                x = x * tl.load(gain_ptr + ks, mask=k_ok, other=0.0).to(tl.float32)[None, :]
+            acc += x[:, None, :] * w.to(tl.float32)[None, :, :]
         total = tl.sum(acc, axis=2)
+        if PROLOGUE == 1:
+            # eps: inductor passes a Python float as an fp64 scalar, Triton's launcher as fp32
+            mean = tl.sum(squares, axis=1) / inputs + eps.to(tl.float32)
+            total = total * (1.0 / tl.sqrt(mean))[:, None]
         if HAS_BIAS:
             total += tl.load(bias_ptr + ns, mask=n_ok, other=0.0).to(tl.float32)[None, :]
         out_ok = m_ok[:, None] & n_ok[None, :]
-        tl.store(y_ptr + ms[:, None] * y_m + ns[None, :], total.to(y_ptr.dtype.element_ty), mask=out_ok)
+        out = total.to(y_ptr.dtype.element_ty)
+        if HAS_RESIDUAL:  # added to the product rounded to the output's dtype, as the unfused step adds it
+            residual = tl.load(residual_ptr + ms[:, None] * residual_m + ns[None, :], mask=out_ok, other=0.0)
+            out = (out.to(tl.float32) + residual.to(tl.float32)).to(y_ptr.dtype.element_ty)
+        tl.store(y_ptr + ms[:, None] * y_m + ns[None, :], out, mask=out_ok)
+
+
+def _launch(
+    prologue: int,
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    residual: torch.Tensor | None,
+    up: torch.Tensor | None = None,
+    gain: torch.Tensor | None = None,
+    eps: float = 0.0,
+) -> torch.Tensor:
+    """The kernel over x (..., inputs) against weight (outputs, inputs): (..., outputs) in x's dtype."""
+    inputs, outputs = x.shape[-1], weight.shape[0]
+    x2 = x.reshape(-1, inputs)
+    up2 = up.reshape(-1, inputs) if up is not None else x2
+    residual2 = residual.reshape(-1, outputs) if residual is not None else x2
+    rows = x2.shape[0]
+    output = x.new_empty(rows, outputs)
+
+    def grid(meta):
+        return (triton.cdiv(outputs, meta["BLOCK_N"]),)
+
+    launchable(_gemv_kernel, x, "gemv")[grid](
+        x2, up2, weight if gain is None else gain, weight, weight if bias is None else bias, residual2, output,
+        rows, outputs, inputs, eps,
+        x2.stride(0), up2.stride(0), weight.stride(0), residual2.stride(0), output.stride(0),
+        ROWS=triton.next_power_of_2(rows), PROLOGUE=prologue, HAS_BIAS=bias is not None,
+        HAS_RESIDUAL=residual is not None,
+    )  # fmt: skip
+    return output.reshape(*x.shape[:-1], outputs)
 
 
 if triton is not None and not registered("gated_down"):
 
     @torch.library.triton_op("archlab::gated_down", mutates_args=())
     def _gated_down_op(
-        gate: torch.Tensor, up: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
+        gate: torch.Tensor,
+        up: torch.Tensor,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        residual: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        inputs = gate.shape[-1]
-        outputs = weight.shape[0]
-        gate2, up2 = gate.reshape(-1, inputs), up.reshape(-1, inputs)
-        rows = gate2.shape[0]
-        output = gate.new_empty(rows, outputs)
-
-        def grid(meta):
-            return (triton.cdiv(outputs, meta["BLOCK_N"]),)
-
-        launchable(_gated_down_kernel, gate, "gated_down")[grid](
-            gate2, up2, weight, weight if bias is None else bias, output,
-            rows, outputs, inputs,
-            gate2.stride(0), up2.stride(0), weight.stride(0), output.stride(0),
-            ROWS=triton.next_power_of_2(rows), HAS_BIAS=bias is not None,
-        )  # fmt: skip
-        return output.reshape(*gate.shape[:-1], outputs)
+        return _launch(SILU_GATED, gate, weight, bias, residual, up=up)
 
 
-def gated_down(module, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-    """`module.down_proj(act(gate) ⊙ up)` for a GatedMLP with SiLU, as one kernel (module docstring)."""
-    if gate.stride(-1) != 1 or up.stride(-1) != 1:
-        gate, up = gate.contiguous(), up.contiguous()
-    return torch.ops.archlab.gated_down(gate, up, module.down_proj.weight, module.down_proj.bias)
+if triton is not None and not registered("gemv"):
+
+    @torch.library.triton_op("archlab::gemv", mutates_args=())
+    def _gemv_op(
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        gain: torch.Tensor | None,
+        eps: float,
+        residual: torch.Tensor | None,
+    ) -> torch.Tensor:
+        return _launch(PLAIN if gain is None else RMS_NORM, x, weight, bias, residual, gain=gain, eps=eps)
 
 
-__all__ = ["GATED_DOWN_DEVICES", "MAX_ROWS", "gated_down", "gated_down_applies"]
+def _rows_contiguous(*tensors: torch.Tensor | None) -> list[torch.Tensor | None]:
+    return [t.contiguous() if t is not None and t.stride(-1) != 1 else t for t in tensors]
+
+
+def gated_down(module, gate: torch.Tensor, up: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+    """`module.down_proj(act(gate) ⊙ up)` (+ `residual`) for a GatedMLP with SiLU, as one kernel (module docstring)."""
+    gate, up, residual = _rows_contiguous(gate, up, residual)
+    return torch.ops.archlab.gated_down(gate, up, module.down_proj.weight, module.down_proj.bias, residual)
+
+
+def gemv(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    *,
+    norm: torch.nn.Module | None = None,
+    residual: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """`linear(norm(x), weight, bias)` (+ `residual`) as one kernel, `norm` an `RMSNorm` or None (module docstring)."""
+    x, residual = _rows_contiguous(x, residual)
+    gain, eps = (norm.weight, float(norm.variance_epsilon)) if norm is not None else (None, 0.0)
+    return torch.ops.archlab.gemv(x, weight, bias, gain, eps, residual)
+
+
+__all__ = [
+    "GATED_DOWN_DEVICES",
+    "MAX_ROWS",
+    "PLAIN",
+    "RMS_NORM",
+    "SILU_GATED",
+    "gated_down",
+    "gated_down_applies",
+    "gemv",
+    "gemv_applies",
+]

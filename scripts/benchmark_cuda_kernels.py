@@ -10,8 +10,9 @@ the MoE's autotuned blocks). It says which kernel is worth a tuning row, and how
 - the decoding attention (triton_decoding.py) against SDPA over the grouped heads (attention.one_token_grouped_sdpa,
   what the step runs now: cuDNN's kernel and a memset on an H100), batch 1 and 16, 384 and 2,048 cached keys, with
   the split count `split_count` picks and, at batch 1, others;
-- SwiGLU inside the down projection's GEMV (triton_gemv.py) against `down(silu(gate) * up)` (inductor's SwiGLU and
-  cuBLAS's GEMV in the step), 1 and 4 rows;
+- the GEMVs of a pre-norm layer's fused step (triton_gemv.py, decode_block.py) against what the compiled step runs
+  (compiled the same way: inductor's norm, SwiGLU and add kernels, cuBLAS's GEMVs), 1 and 4 rows: RMSNorm inside the
+  q/k/v product, the residual after the output projection, SwiGLU inside the down projection with the residual;
 - an MoE's routed experts (triton_moe.py) against archlab's default experts (moe.Experts: grouped GEMMs), 1 and 4
   tokens, each token routed to 2 of 8 experts.
 The kernels run on CUDA, or on a CPU through Triton's interpreter (TRITON_INTERPRET=1, in fp32: NumPy has no
@@ -118,23 +119,56 @@ def attention_rows(setup, report: Report, batch: int, keys: int) -> None:
         kernel_row(setup, report, metric, kernel, peer, bytes_read)
 
 
-def gemv_row(setup, report: Report, rows: int) -> None:
+def gemv_rows(setup, report: Report, rows: int) -> None:
+    """The GEMVs of a pre-norm layer's fused step (decode_block.py) against what the default compiled step runs
+    (inductor's code, compiled here as the step compiles it: its RMSNorm kernel, cuBLAS's GEMV, the add)."""
+    from archlab.modeling.normalization import RMSNorm
+
     dense = shape("dense", setup.quick)
     hidden, inner = dense["hidden_size"], dense["intermediate_size"]
+    heads, kv_heads = dense["num_attention_heads"], dense["num_key_value_heads"]
+    qkv = hidden + 2 * kv_heads * (hidden // heads)
     generator = torch.Generator(device=setup.device).manual_seed(0)
-    gate, up = (torch.randn(rows, inner, generator=generator, device=setup.device, dtype=_dtype(setup)) for _ in "gu")
-    weight = torch.randn(hidden, inner, generator=generator, device=setup.device, dtype=_dtype(setup)) * inner**-0.5
 
-    def kernel():
-        return torch.ops.archlab.gated_down(gate, up, weight, None)
+    def normal(*size, scale=1.0):
+        return torch.randn(*size, generator=generator, device=setup.device, dtype=_dtype(setup)) * scale
 
-    def peer():
-        return F.linear(F.silu(gate) * up, weight)
+    x, residual = normal(rows, hidden), normal(rows, hidden)
+    gate, up = normal(rows, inner), normal(rows, inner)
+    norm = RMSNorm(hidden).to(setup.device, _dtype(setup))
+    qkv_weight, o_weight = normal(qkv, hidden, scale=hidden**-0.5), normal(hidden, hidden, scale=hidden**-0.5)
+    down_weight = normal(hidden, inner, scale=inner**-0.5)
+    s = "s" if rows > 1 else ""
+    cases = [
+        (
+            f"RMSNorm + q/k/v projection, {rows} row{s}, {hidden} → {qkv}: archlab's GEMV vs linear(norm(x))",
+            lambda: triton_gemv.gemv(x, qkv_weight, norm=norm),
+            lambda: F.linear(norm(x), qkv_weight),
+            qkv_weight,
+        ),
+        (
+            f"output projection + residual, {rows} row{s}, {hidden} → {hidden}: archlab's GEMV vs linear(x) + r",
+            lambda: triton_gemv.gemv(x, o_weight, residual=residual),
+            lambda: F.linear(x, o_weight) + residual,
+            o_weight,
+        ),
+        (
+            f"SwiGLU + down projection + residual, {rows} row{s}, {inner} → {hidden}: archlab's GEMV vs"
+            " down(silu(gate) * up) + r",
+            lambda: torch.ops.archlab.gated_down(gate, up, down_weight, None, residual),
+            lambda: F.linear(F.silu(gate) * up, down_weight) + residual,
+            down_weight,
+        ),
+    ]
+    for metric, kernel, peer, weight in cases:
+        with torch.no_grad():
+            kernel_row(setup, report, metric, kernel, _compiled(setup, peer), weight.numel() * weight.element_size())
+        report.rows[-1].extra["kernel's choice"] = _best_config(triton_gemv._gemv_kernel)
 
-    metric = f"SwiGLU + down projection, {rows} row{'s' if rows > 1 else ''}, {inner} → {hidden}: archlab's GEMV vs"
-    metric += " down(silu(gate) * up)"
-    kernel_row(setup, report, metric, kernel, peer, weight.numel() * weight.element_size())
-    report.rows[-1].extra["kernel's choice"] = _best_config(triton_gemv._gated_down_kernel)
+
+def _compiled(setup, peer: Callable) -> Callable:
+    """`peer` as the decoding step's compile runs it (inductor, on CUDA); as it is under the interpreter."""
+    return torch.compile(peer, dynamic=False) if setup.cuda else peer
 
 
 def moe_row(setup, report: Report, tokens: int) -> None:
@@ -202,7 +236,7 @@ def run(args: argparse.Namespace) -> Report:
         measure = functools.partial(attention_rows, setup, report, batch, keys)
         guarded(report, setup, f"attention, batch {batch}, {keys} keys", measure)
     for rows in (1, triton_gemv.MAX_ROWS):
-        guarded(report, setup, f"GEMV, {rows} rows", functools.partial(gemv_row, setup, report, rows))
+        guarded(report, setup, f"GEMV, {rows} rows", functools.partial(gemv_rows, setup, report, rows))
     for tokens in (1, triton_moe.MAX_TOKENS):
         guarded(report, setup, f"MoE, {tokens} tokens", functools.partial(moe_row, setup, report, tokens))
     release(setup.device)

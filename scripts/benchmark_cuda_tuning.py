@@ -8,10 +8,13 @@ out coordinate-descent tuning (0.94× at batch 1, 0.97× at 16), FlexAttention a
 (0.97×, 1.01×). Its profile of the batch-1 step after: 1.79 ms a token, 75 % GPU-busy, 272 kernels (~12 a layer,
 a launch gap of ~1.6 µs each), cuBLAS's GEMVs at ~68 % of the bandwidth, cuDNN's attention 7.6 µs a layer beside a
 memset. The rows now, each setting on its own copy of the model (a compiled step is kept per model):
+- each pre-norm layer's step as four of archlab's Triton GEMVs with the work around them inside
+  (modeling/decode_block.py, modeling/triton_gemv.py: RMSNorm inside the q/k/v and gate/up products, the residual
+  added by the output and down projections, SwiGLU inside the down one): ~6 kernels a layer where the default runs
+  ~12; alone and with archlab's attention kernel;
 - the self-attention through archlab's own Triton kernel (modeling/triton_decoding.py: one launch a layer, no
   memset, the keys and values read once per KV head, split among programs only for long caches at small batches),
-  at batch 1 and 16; SiLU inside archlab's Triton GEMV of the down projection (modeling/triton_gemv.py: one kernel
-  where cuBLAS's split-K GEMV, its reduction and inductor's SwiGLU were three), and both kernels together;
+  at batch 1 and 16;
 - the mixture of experts (Mixtral shape) at batch 1, its routed experts through archlab's two Triton kernels indexed
   by the router's choice (modeling/triton_moe.py) against the grouped GEMMs (~10 launches a layer);
 - programmatic dependent launch (inductor's `triton.enable_pdl`, with the combo kernels): a Triton kernel launches
@@ -54,11 +57,11 @@ from transformers import CompileConfig, StaticCache
 
 from archlab.modeling import (
     compile_fallback,
+    decode_block,
     flex_decoding,
     prefill_buckets,
     step_compile,
     triton_decoding,
-    triton_gemv,
     triton_moe,
 )
 from archlab.modeling.cache_names import with_cache
@@ -106,8 +109,8 @@ def triton_attention():
     return mock.patch.object(triton_decoding, "TRITON_DECODING_DEVICES", ("cuda",))
 
 
-def gated_down_kernel():
-    return mock.patch.object(triton_gemv, "GATED_DOWN_DEVICES", ("cuda",))
+def fused_block():
+    return mock.patch.object(decode_block, "FUSED_BLOCK_DEVICES", ("cuda",))
 
 
 def plain_step():
@@ -126,8 +129,8 @@ EFFICIENT = "attention on SDPA's memory-efficient kernel (sdpa_kernel)"
 PLAIN = "the plain mode, no combo kernels (the default before)"
 FLEX = "self-attention through FlexAttention's decoding kernel (flex_decoding.py)"
 TRITON = "self-attention through archlab's Triton decoding kernel (triton_decoding.py)"
-GATED_DOWN = "SwiGLU inside archlab's Triton down-projection GEMV (triton_gemv.py)"
-BOTH_KERNELS = "both of archlab's Triton kernels (attention, SwiGLU + down GEMV)"
+FUSED_BLOCK = "each layer's step as four Triton GEMVs with the norms, SwiGLU and residual adds inside (decode_block.py)"
+FUSED_AND_ATTENTION = "the four-GEMV layer steps and archlab's Triton attention"
 MOE_KERNELS = "the routed experts through archlab's two Triton kernels (triton_moe.py)"
 AUTOTUNED = 'compile_config=CompileConfig(mode="max-autotune") (every GEMM autotuned)'
 SETTINGS = {
@@ -136,17 +139,17 @@ SETTINGS = {
     PLAIN: ({}, (plain_step,)),
     FLEX: ({}, (flex_attention,)),
     TRITON: ({}, (triton_attention,)),
-    GATED_DOWN: ({}, (gated_down_kernel,)),
-    BOTH_KERNELS: ({}, (triton_attention, gated_down_kernel)),
+    FUSED_BLOCK: ({}, (fused_block,)),
+    FUSED_AND_ATTENTION: ({}, (fused_block, triton_attention)),
     AUTOTUNED: (MAX_AUTOTUNE, ()),
 }
 # (batch, setting) in the order measured: the candidates at batch 1, then at a larger batch; then the prefill's two
 # compiles (`prefill_compile_row`); max-autotune last (its GEMM autotuning compiles longest): a call's budget ends
 # the suite where it is, keeping the rows finished
 ROWS = [
+    (1, FUSED_BLOCK),
+    (1, FUSED_AND_ATTENTION),
     (1, TRITON),
-    (1, GATED_DOWN),
-    (1, BOTH_KERNELS),
     (1, PDL),
     (1, EFFICIENT),
     ("larger", TRITON),

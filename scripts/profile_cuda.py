@@ -35,8 +35,9 @@ Workloads (the shapes of scripts/benchmark_cuda.py: the dense 1.1B Llama shape u
     decode-1-tuned  decode-1 with the step compiled with coordinate-descent tuning beside the default's options
                   (inductor's batch-1 GEMVs as Triton reductions fused with the norm and SwiGLU: 0.94x the default
                   on an H100; its kernels' rates say whether hand-written fused GEMVs could beat cuBLAS's)
-    decode-1-kernels  decode-1 with archlab's Triton kernels, the attention (triton_decoding.py) and SwiGLU inside
-                  the down GEMV (triton_gemv.py): their times beside cuDNN's attention and cuBLAS's split-K GEMV
+    decode-1-kernels  decode-1 with archlab's Triton kernels: the attention (triton_decoding.py) and each layer's
+                  step as four GEMVs with the norms, SwiGLU and residual adds inside (decode_block.py,
+                  triton_gemv.py): their times beside cuDNN's attention and cuBLAS's GEMVs, and kernels a step
 On CPU the "kernels" are the leaf operators the profiler records, and busy time is their union.
 """
 
@@ -265,11 +266,11 @@ def archlab_kernels():
     changes: compiled Triton needs a GPU)."""
     from unittest import mock
 
-    from archlab.modeling import triton_decoding, triton_gemv
+    from archlab.modeling import decode_block, triton_decoding
 
     stack = contextlib.ExitStack()
     stack.enter_context(mock.patch.object(triton_decoding, "TRITON_DECODING_DEVICES", ("cuda",)))
-    stack.enter_context(mock.patch.object(triton_gemv, "GATED_DOWN_DEVICES", ("cuda",)))
+    stack.enter_context(mock.patch.object(decode_block, "FUSED_BLOCK_DEVICES", ("cuda",)))
     return stack
 
 

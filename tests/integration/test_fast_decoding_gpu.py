@@ -444,6 +444,9 @@ CANDIDATE_CASES = [
     ("triton", "seq2seq", 1),  # beam search's self-attention
     ("gemv", "dense", 1),  # archlab's SwiGLU + down-projection GEMV (triton_gemv.py)
     ("gemv", "sliding", 1),
+    ("fused-block", "dense", 1),  # each layer's step as four GEMVs, norms and residuals inside (decode_block.py)
+    ("fused-block", "dense", 4),  # the most rows the GEMVs take
+    ("fused-block", "moe", 1),  # the attention half of an MoE layer
     ("moe-kernels", "moe", 1),  # the MoE's routed experts through archlab's Triton kernels (triton_moe.py)
     ("moe-kernels", "moe", 4),
 ]
@@ -453,11 +456,20 @@ CANDIDATE_CASES = [
 def test_candidate_defaults_equal_eager_without_falling_back(candidate, kind, batch, monkeypatch):
     """The candidates for the decoding step's default (`--suite cuda-tuning` measures them): the self-attention
     through FlexAttention (flex_decoding.py) or archlab's Triton kernel (triton_decoding.py), the gated MLP's
-    SwiGLU inside archlab's down-projection GEMV (triton_gemv.py), the MoE's routed experts through archlab's
+    SwiGLU inside archlab's down-projection GEMV (triton_gemv.py), each pre-norm layer's step as four GEMVs with the
+    norms and residual adds inside (decode_block.py), the MoE's routed experts through archlab's
     Triton kernels (triton_moe.py), inductor's coordinate-descent tuning, its combo kernels (the default since) and
     programmatic dependent launch (step_compile.py). Each compiles (no fallback to eager decoding, no cudagraph
     skip) and gives eager decoding's fp32 tokens and logits."""
-    from archlab.modeling import compile_fallback, flex_decoding, step_compile, triton_decoding, triton_gemv, triton_moe
+    from archlab.modeling import (
+        compile_fallback,
+        decode_block,
+        flex_decoding,
+        step_compile,
+        triton_decoding,
+        triton_gemv,
+        triton_moe,
+    )
 
     torch._dynamo.reset()
     counters.clear()
@@ -472,6 +484,8 @@ def test_candidate_defaults_equal_eager_without_falling_back(candidate, kind, ba
         monkeypatch.setattr(triton_decoding, "TRITON_DECODING_DEVICES", ("cuda",))
     elif candidate == "gemv":
         monkeypatch.setattr(triton_gemv, "GATED_DOWN_DEVICES", ("cuda",))
+    elif candidate == "fused-block":
+        monkeypatch.setattr(decode_block, "FUSED_BLOCK_DEVICES", ("cuda",))
     elif candidate == "moe-kernels":
         monkeypatch.setattr(triton_moe, "MOE_DECODE_DEVICES", ("cuda",))
     else:
@@ -503,3 +517,7 @@ def test_candidate_defaults_equal_eager_without_falling_back(candidate, kind, ba
         mlp = model.model.layers[0].mlp
         with torch.no_grad():
             assert triton_gemv.gated_down_applies(mlp, torch.zeros(batch, 1, mlp.down_proj.in_features, device="cuda"))
+    if candidate == "fused-block":  # the fused step takes this model's layers in its steps
+        step = torch.zeros(batch, 1, model.config.hidden_size, device="cuda")
+        with torch.no_grad(), inference_projections(model):
+            assert decode_block.fused_block_applies(model.model.layers[0], step)

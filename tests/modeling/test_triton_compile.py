@@ -50,7 +50,7 @@ def _compile(
         elif name in pointers:
             signature[name] = pointers[name]
             attrs[(index,)] = [["tt.divisibility", 16]]
-        elif name == "scale":
+        elif name in ("scale", "eps"):
             signature[name] = scale
         elif name in UNIT_STRIDES:
             signature[name], constants[name] = "constexpr", 1
@@ -100,15 +100,21 @@ def test_the_attention_kernels_compile_and_fit_shared_memory(arch, dtype, head):
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_the_gemv_compiles_in_every_autotuned_configuration(arch, dtype):
+    """Each prologue (plain, RMSNorm, SwiGLU) with a bias and a residual, `eps` typed as inductor passes it."""
     from archlab.modeling import triton_gemv
 
-    kernel = triton_gemv._gated_down_kernel
-    pointers = {name: f"*{dtype}" for name in ("gate_ptr", "up_ptr", "w_ptr", "bias_ptr", "y_ptr")}
+    kernel = triton_gemv._gemv_kernel
+    pointers = {name: f"*{dtype}" for name in GEMV_POINTERS}
     for config in kernel.configs:
         for rows in (1, 4):
-            constexprs = dict(ROWS=rows, HAS_BIAS=True, **config.kwargs)
-            options = dict(num_warps=config.num_warps, num_stages=config.num_stages)
-            _assert_compiles(kernel, constexprs, pointers, arch, **options)
+            for prologue in GEMV_PROLOGUES:
+                constexprs = dict(ROWS=rows, PROLOGUE=prologue, HAS_BIAS=True, HAS_RESIDUAL=True, **config.kwargs)
+                options = dict(num_warps=config.num_warps, num_stages=config.num_stages)
+                _assert_compiles(kernel, constexprs, pointers, arch, **options)
+
+
+GEMV_POINTERS = ("x_ptr", "up_ptr", "gain_ptr", "w_ptr", "bias_ptr", "residual_ptr", "y_ptr")
+GEMV_PROLOGUES = (0, 1, 2)  # triton_gemv's PLAIN, RMS_NORM, SILU_GATED
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -150,16 +156,19 @@ def _sass_loops(compiled) -> list[list[str]]:
     return [[text for at, text in code if start <= at <= end] for start, end in branches if start < end]
 
 
-@pytest.mark.parametrize("kernel_name", ["gemv", "moe_gate_up", "moe_down"])
+@pytest.mark.parametrize("kernel_name", ["gemv-plain", "gemv-rms_norm", "gemv-silu_gated", "moe_gate_up", "moe_down"])
 def test_the_streaming_loops_issue_wide_loads_and_no_shuffles(kernel_name):
     """What the GEMV and the MoE kernels are for — streaming weights at the memory's rate — as their sm90 code shows
     it, for every autotuned configuration at one row: each loop issues 128-bit loads, several per iteration, and
     no warp shuffle (the first GEMV summed across threads in every block: 56-256 shuffles in its loop, each block's
-    load waited for in turn, and an H200 measured it at 0.88x the default step)."""
+    load waited for in turn, and an H200 measured it at 0.88x the default step). The GEMV in each prologue."""
     from archlab.modeling import triton_gemv, triton_moe
 
+    gemv = (triton_gemv._gemv_kernel, GEMV_POINTERS)
     kernel, names, extra = {
-        "gemv": (triton_gemv._gated_down_kernel, ("gate_ptr", "up_ptr", "w_ptr", "bias_ptr", "y_ptr"), {"ROWS": 1}),
+        "gemv-plain": (*gemv, {"ROWS": 1, "PROLOGUE": 0, "HAS_RESIDUAL": True}),
+        "gemv-rms_norm": (*gemv, {"ROWS": 1, "PROLOGUE": 1, "HAS_RESIDUAL": False}),
+        "gemv-silu_gated": (*gemv, {"ROWS": 1, "PROLOGUE": 2, "HAS_RESIDUAL": True}),
         "moe_gate_up": (triton_moe._expert_gate_up_kernel, ("x_ptr", "w_ptr", "y_ptr"), {}),
         "moe_down": (triton_moe._expert_down_kernel, ("h_ptr", "w_ptr", "y_ptr"), {"SLOTS": 2}),
     }[kernel_name]

@@ -106,6 +106,59 @@ def test_greedy_decoding_through_the_kernel_gives_the_formula_s_tokens(compiled,
         assert len(calls) == 2 * 9  # two layers, the nine steps after the prefill (two rows each)
 
 
+def _norm(inputs, dtype=torch.float32, seed=1):
+    from archlab.modeling.normalization import RMSNorm
+
+    norm = RMSNorm(inputs, eps=1e-5)
+    with torch.no_grad():
+        norm.weight.copy_(1 + torch.randn(inputs, generator=torch.Generator().manual_seed(seed)) / 4)
+    return norm.to(DEVICE, dtype)
+
+
+@runs_kernels
+@pytest.mark.parametrize("prologue", ["plain", "rms_norm", "silu_gated"])
+@pytest.mark.parametrize("rows, inputs, outputs, bias", [(1, 300, 40, False), (3, 1000, 70, True), (4, 64, 8, False)])
+def test_each_prologue_with_a_residual_equals_the_unfused_step(prologue, rows, inputs, outputs, bias):
+    """y = W·input (+ b) + r, the input x as it comes, RMSNorm(x), or silu(gate) ⊙ up: the block's unfused arithmetic
+    (the norm module, nn.Linear, the residual added after)."""
+    gate, up, weight, bias = _inputs(rows, inputs, outputs, bias)
+    residual = torch.randn(rows, 1, outputs, generator=torch.Generator().manual_seed(2)).to(DEVICE)
+    if prologue == "silu_gated":
+        output = torch.ops.archlab.gated_down(gate, up, weight, bias, residual)
+        expected = _formula(gate, up, weight, bias) + residual
+    else:
+        norm = _norm(inputs) if prologue == "rms_norm" else None
+        output = triton_gemv.gemv(gate, weight, bias, norm=norm, residual=residual)
+        expected = nn.functional.linear(norm(gate) if norm else gate, weight, bias) + residual
+    assert output.shape == (rows, 1, outputs) and output.dtype == gate.dtype
+    torch.testing.assert_close(output, expected, rtol=1e-5, atol=1e-5)
+
+
+@runs_kernels
+def test_the_norm_s_epsilon_counts():
+    """A tiny input: mean(x²) far below eps, so 1/rms is set by eps (a kernel that dropped it would blow up)."""
+    gate, _, weight, _ = _inputs(2, 256, 16, False)
+    norm = _norm(256)
+    norm.variance_epsilon = 1e-2
+    output = triton_gemv.gemv(gate * 1e-3, weight, norm=norm)
+    torch.testing.assert_close(output, nn.functional.linear(norm(gate * 1e-3), weight), rtol=1e-5, atol=1e-7)
+
+
+def test_the_gemv_applies_to_a_few_rows_of_one_dtype_without_gradients(monkeypatch):
+    monkeypatch.setattr(triton_gemv, "triton", object())  # as where Triton is installed
+    x, weight, gain = torch.zeros(4, 1, 8), torch.zeros(16, 8), torch.ones(8)
+    with torch.no_grad():
+        assert triton_gemv.gemv_applies(x, weight, None, gain)
+        assert not triton_gemv.gemv_applies(torch.zeros(5, 8), weight)  # more than MAX_ROWS rows
+        assert not triton_gemv.gemv_applies(x, weight, gain.half())  # mixed dtypes
+        assert not triton_gemv.gemv_applies(x.double(), weight.double())
+        assert not triton_gemv.gemv_applies(x, weight.t().contiguous().t())  # the weight's rows strided
+    assert not triton_gemv.gemv_applies(x, nn.Parameter(weight))  # a gradient wanted: no backward
+    monkeypatch.setattr(triton_gemv, "triton", None)
+    with torch.no_grad():
+        assert not triton_gemv.gemv_applies(x, weight)
+
+
 # ---- on a GPU: half precision, and the kernel inside inductor's code and CUDA graphs --------------------------------
 
 
@@ -121,6 +174,27 @@ def test_the_kernel_in_half_precision_is_as_close_as_the_formula(dtype, rows):
     exact = _formula(gate.float(), up.float(), weight.float(), None)
     unfused = _formula(gate, up, weight, None)
     output = torch.ops.archlab.gated_down(gate, up, weight, None)
+    assert output.dtype == dtype
+    ours, theirs = (output.float() - exact).abs().max(), (unfused.float() - exact).abs().max()
+    assert ours <= 2 * theirs + 1e-3, (ours, theirs)
+
+
+@runs_kernels
+@pytest.mark.parametrize("dtype", [pytest.param(torch.bfloat16, marks=pytest.mark.gpu), torch.float16])
+@pytest.mark.parametrize("rows", [1, 4])
+def test_the_normed_gemv_with_a_residual_in_half_precision_is_as_close_as_the_unfused_step(dtype, rows):
+    """The 1.1B model's q/k/v product (2,048 → 2,560; a quarter of each under the interpreter) after its RMSNorm,
+    plus a residual: the kernel's error against fp32 within twice the unfused step's own in `dtype` (the kernel scales
+    by 1/rms after the sum, the unfused step rounds x/rms first: each within the other's rounding)."""
+    inputs, outputs = (2048, 2560) if torch.cuda.is_available() else (512, 640)
+    x, _, weight, _ = _inputs(rows, inputs, outputs, False, dtype=dtype)
+    x = x * 3  # a residual stream's scale: the norm's 1/rms away from 1
+    residual = torch.randn(rows, 1, outputs, generator=torch.Generator().manual_seed(4)).to(DEVICE, dtype)
+    norm = _norm(inputs, dtype)
+    fp32_norm = _norm(inputs)
+    exact = nn.functional.linear(fp32_norm(x.float()), weight.float()) + residual.float()
+    unfused = nn.functional.linear(norm(x), weight) + residual
+    output = triton_gemv.gemv(x, weight, norm=norm, residual=residual)
     assert output.dtype == dtype
     ours, theirs = (output.float() - exact).abs().max(), (unfused.float() - exact).abs().max()
     assert ours <= 2 * theirs + 1e-3, (ours, theirs)

@@ -242,12 +242,13 @@ def test_headline_suite_runs_the_goal_rows(tmp_path, monkeypatch, device):
 
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
 def test_tuning_suite_measures_each_setting_against_the_default(tmp_path, device):
-    """cuda-tuning: each setting of the decoding step (archlab's Triton attention kernel, its SwiGLU + down GEMV
-    kernel, both, programmatic dependent launch, the memory-efficient attention, max-autotune at batch 1; the Triton
-    attention, the plain mode and FlexAttention at a larger batch), each on its own copy of the weights against
-    archlab's default path, with both sides' first calls; the MoE's routed experts through archlab's Triton kernels
-    against its default; the time to first token with the prompt padded to a bucket and replayed as a CUDA graph
-    against without; and the prefill compiled with each decoder block a nested compile region against without."""
+    """cuda-tuning: each setting of the decoding step (the layers' steps as archlab's four fused GEMVs, with and
+    without its Triton attention kernel, the attention kernel alone, programmatic dependent launch, the
+    memory-efficient attention, max-autotune at batch 1; the Triton attention, the plain mode and FlexAttention at a
+    larger batch), each on its own copy of the weights against archlab's default path, with both sides' first calls;
+    the MoE's routed experts through archlab's Triton kernels against its default; the time to first token with the
+    prompt padded to a bucket and replayed as a CUDA graph against without; and the prefill compiled with each
+    decoder block a nested compile region against without."""
     from archlab.scripts import benchmark_cuda_tuning as tuning
 
     rates = ["--peak-tflops", "1", "--peak-bandwidth", "0.05"] if device == "cpu" else []

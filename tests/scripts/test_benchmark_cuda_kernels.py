@@ -1,7 +1,7 @@
 """`--suite cuda-kernels` (scripts/benchmark_cuda_kernels.py): archlab's Triton kernels each against the PyTorch
-path it would replace — rows for the attention (the split count chosen, and others at batch 1), the GEMV at 1 and 4
-rows and the MoE's experts at 1 and 4 tokens, with µs per call, the bytes read and the autotuner's choice; where the
-kernels cannot run, a note and no row.
+path it would replace — rows for the attention (the split count chosen, and others at batch 1), the GEMV in each of
+a fused layer's uses at 1 and 4 rows and the MoE's experts at 1 and 4 tokens, with µs per call, the bytes read and
+the autotuner's choice; where the kernels cannot run, a note and no row.
 
 The rows run where the kernels do: on a GPU (quick shapes), or on a CPU through Triton's interpreter (fp32), which
 `test_kernels_through_the_triton_interpreter` starts in a fresh process (CI's interpreter step runs this file)."""
@@ -61,8 +61,11 @@ def test_each_kernel_has_rows_against_its_pytorch_path(tmp_path, monkeypatch):
     # batch 1 at 24 and 128 keys (quick): the chosen split and 1, 2, 4, 8 forced; batch 16: the chosen one
     assert sum("split_count's choice" in row[0] for row in attention) == 3, table
     assert {re.search(r"(\d+) splits?", row[0])[1] for row in attention if "batch 1," in row[0]} == {"1", "2", "4", "8"}
-    gemv, moe = _rows(table, "SwiGLU + down projection"), _rows(table, "MoE routed experts")
-    assert [row[0].split(",")[1].strip() for row in gemv] == ["1 row", "4 rows"], table
+    gemv, moe = [], _rows(table, "MoE routed experts")
+    for kind in ("RMSNorm + q/k/v projection", "output projection + residual", "SwiGLU + down projection + residual"):
+        rows = _rows(table, kind)
+        assert [row[0].split(",")[1].strip() for row in rows] == ["1 row", "4 rows"], (kind, table)
+        gemv += rows
     assert len(moe) == 2, table
     for row in attention + gemv + moe:
         assert row[1].endswith("calls/s") and row[3].endswith("×"), row

@@ -100,12 +100,12 @@ def test_the_tuned_decoding_profile_adds_coordinate_descent_to_the_default_optio
     assert all(options[name] == value for name, value in step_compile.TUNED_STEP_OPTIONS.items())
 
 
-def test_the_kernels_decoding_profile_lists_cuda_for_both_triton_kernels_while_it_runs():
-    from archlab.modeling import triton_decoding, triton_gemv
+def test_the_kernels_decoding_profile_lists_cuda_for_archlab_s_attention_and_fused_layers_while_it_runs():
+    from archlab.modeling import decode_block, triton_decoding
 
     with profile_cuda.archlab_kernels():
-        assert triton_decoding.TRITON_DECODING_DEVICES == ("cuda",) and triton_gemv.GATED_DOWN_DEVICES == ("cuda",)
-    assert triton_decoding.TRITON_DECODING_DEVICES == () and triton_gemv.GATED_DOWN_DEVICES == ()
+        assert triton_decoding.TRITON_DECODING_DEVICES == ("cuda",) and decode_block.FUSED_BLOCK_DEVICES == ("cuda",)
+    assert triton_decoding.TRITON_DECODING_DEVICES == () and decode_block.FUSED_BLOCK_DEVICES == ()
 
 
 def test_bad_arguments_fail_early(capsys):

@@ -1,0 +1,113 @@
+"""A pre-norm decoder layer's decoding step with its norms and residual adds inside the matrix-vector products
+(triton_gemv.py): four kernels beside RoPE and attention, where the unfused step runs about ten.
+
+    unfused (a 1.1B layer on an H100, the decode-1 profile)         here
+    add + RMSNorm, q/k/v GEMV                                       RMSNorm inside the q/k/v GEMV
+    RoPE + cache writes (one inductor kernel), attention            the same (any of attention.py's kernels)
+    o GEMV                                                          o GEMV + the residual
+    add + RMSNorm, gate/up GEMV                                     RMSNorm inside the gate/up GEMV
+    SwiGLU, down GEMV (split in two) + its reduction                SwiGLU inside the down GEMV + the residual
+
+A CUDA graph leaves ~1.6 µs between kernels, and the decode-1 profile measured ~12 kernels a layer, 1.79 ms a token
+of which ~0.45 ms idle; the GEMVs ran at 45-68 % of the bandwidth. Four fewer launches a layer (~0.14 ms over 22
+layers) and GEMVs at the bandwidth are what the batch-1 goal (1.33 ms a token on an H100) needs.
+
+`fused_block_applies` says where: Triton importable, a device in `FUSED_BLOCK_DEVICES` (checked first: elsewhere a
+traced step guards on nothing new), at most `triton_gemv.MAX_ROWS` rows (a decoding step of a small batch),
+inference (no gradient), a `PreNormBlock` whose two norms are archlab's `RMSNorm` and whose attention reads q/k/v as
+one product (`fused_projections.inference_projections`: generate enters it on CUDA), one dtype, no hooks or patched
+forwards (accelerate's, Liger's). A dense layer's MLP joins where it is a SiLU `GatedMLP` with gate/up laid out as one
+product; a mixture of experts keeps its MLP (and its norm) and takes the attention half. Everything else runs the
+block's own forward. `FUSED_BLOCK_DEVICES` is empty until `--suite cuda-tuning`'s row measures it on a GPU; on CPU the
+tests run the kernels through Triton's interpreter against the block's forward.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from transformers.cache_utils import Cache
+
+from . import triton_gemv
+from .feed_forward import GatedMLP
+from .fused_projections import _hooked
+from .normalization import RMSNorm
+
+# Devices on which a pre-norm layer's decoding step runs through `fused_block_forward` (`fused_block_applies`).
+FUSED_BLOCK_DEVICES: tuple[str, ...] = ()
+
+
+def _plain(module: nn.Module) -> bool:
+    """No hooks and no forward replaced on the instance (accelerate's offload hooks, Liger's kernels)."""
+    return not _hooked(module)
+
+
+def _norm_fits(norm: nn.Module, hidden_states: torch.Tensor) -> bool:
+    return type(norm) is RMSNorm and _plain(norm) and norm.weight.dtype == hidden_states.dtype
+
+
+def fused_block_applies(block: nn.Module, hidden_states: torch.Tensor) -> bool:
+    """Whether `block`'s step over `hidden_states` (B, T, d) runs through `fused_block_forward` (module docstring)."""
+    from .blocks import PreNormBlock  # (blocks.py imports this module)
+
+    if triton_gemv.triton is None or hidden_states.device.type not in FUSED_BLOCK_DEVICES:
+        return False
+    attention = block.self_attn
+    fused = attention.fused_weights() if type(block) is PreNormBlock and _plain(attention) else None
+    output = getattr(attention, attention.output_name, None)
+    return (
+        fused is not None
+        and _norm_fits(block.input_layernorm, hidden_states)
+        and type(output) is nn.Linear
+        and _plain(output)
+        and triton_gemv.gemv_applies(hidden_states, fused[0], fused[1], block.input_layernorm.weight)
+        and triton_gemv.gemv_applies(hidden_states, output.weight, output.bias)
+    )
+
+
+def _mlp_fits(block: nn.Module, hidden_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+    """gate/up's (weight, bias) as one product where the dense MLP joins the fused step, else None."""
+    mlp = block.mlp
+    if type(mlp) is not GatedMLP or not _plain(mlp) or mlp.hidden_act not in triton_gemv.ACTIVATIONS:
+        return None
+    fused = mlp.fused_weights()
+    down = mlp.down_proj
+    fits = (
+        fused is not None
+        and _norm_fits(block.post_attention_layernorm, hidden_states)
+        and type(down) is nn.Linear
+        and _plain(down)
+        and triton_gemv.gemv_applies(hidden_states, *fused)
+        and triton_gemv.gemv_applies(hidden_states, down.weight, down.bias)
+    )
+    return fused if fits else None
+
+
+def fused_block_forward(
+    block: nn.Module,
+    hidden_states: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    position_embeddings: tuple[torch.Tensor, torch.Tensor] | None,
+    past_key_values: Cache | None,
+    **kwargs,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """`PreNormBlock.forward` for a decoding step where `fused_block_applies`: the same values (the norms' and
+    residuals' rounding aside, triton_gemv.py), the attention weights as the attention kernel returns them."""
+    attention = block.self_attn
+    batch, length, _ = hidden_states.shape
+    projected = triton_gemv.gemv(hidden_states, *attention.fused_weights(), norm=block.input_layernorm)
+    query, key, value = attention.split_heads(projected)
+    query, key, value = attention.position_and_cache(query, key, value, position_embeddings, past_key_values)
+    heads, weights = attention.attend_heads(query, key, value, attention_mask, past_key_values, **kwargs)
+    output = getattr(attention, attention.output_name)
+    hidden_states = triton_gemv.gemv(
+        heads.reshape(batch, length, -1), output.weight, output.bias, residual=hidden_states
+    )
+    gate_up = _mlp_fits(block, hidden_states)
+    if gate_up is None:  # a mixture of experts, or an MLP the kernels do not cover: as the block runs it
+        return hidden_states + block.mlp(block.post_attention_layernorm(hidden_states)), weights
+    gate, up = triton_gemv.gemv(hidden_states, *gate_up, norm=block.post_attention_layernorm).chunk(2, dim=-1)
+    return triton_gemv.gated_down(block.mlp, gate, up, residual=hidden_states), weights
+
+
+__all__ = ["FUSED_BLOCK_DEVICES", "fused_block_applies", "fused_block_forward"]

@@ -1,0 +1,146 @@
+"""A pre-norm layer's decoding step with its norms and residual adds inside the GEMVs (modeling/decode_block.py): used
+only where it applies; each layer's output equals the block's own forward (dense, a mixture of experts' attention
+half, QK-norm, biases); greedy decoding through it (transformers' loop, and archlab's loop with its step traced by
+dynamo) gives the block's tokens, four GEMV kernels a dense layer in the traced step.
+
+The kernels run where Triton does: on a GPU, or on a CPU through Triton's interpreter (tests/triton_interpreter.py),
+which `test_kernels_through_the_triton_interpreter` starts in a fresh process."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from archlab import DecoderForCausalLM
+from archlab.modeling import decode_block, fused_projections, triton_gemv
+from archlab.modeling.decode_block import fused_block_applies
+from archlab.modeling.fused_projections import inference_projections
+
+from helpers import randomised, tiny_decoder_config
+from triton_interpreter import (
+    DEVICE,
+    HAS_TRITON,
+    INTERPRETING,
+    KERNELS_RUN_HERE,
+    assert_kernel_tests_pass_interpreted,
+    fill_interpreter_gaps,
+    greedy_tokens,
+    left_padded_batch,
+    runs_kernels,
+)
+
+MOE = dict(num_local_experts=4, num_experts_per_tok=2)
+VARIANTS = {
+    "dense": {},
+    "biases": dict(attention_bias=True, mlp_bias=True),
+    "qk-norm": dict(use_qk_norm=True),
+    "moe": MOE,
+}
+
+
+@pytest.fixture(autouse=True)
+def _interpreter_gaps(monkeypatch):
+    if INTERPRETING:
+        fill_interpreter_gaps(monkeypatch, "archlab.modeling.triton_gemv")
+
+
+def _model(**overrides):
+    return randomised(DecoderForCausalLM(tiny_decoder_config(**overrides))).to(DEVICE)
+
+
+def test_the_fused_step_applies_only_to_plain_pre_norm_layers_of_a_few_rows(monkeypatch):
+    monkeypatch.setattr(triton_gemv, "triton", object())  # as where Triton is installed
+    monkeypatch.setattr(decode_block, "FUSED_BLOCK_DEVICES", (DEVICE,))
+    model = _model()
+    layer = model.model.layers[0]
+    step = torch.zeros(2, 1, model.config.hidden_size, device=DEVICE)
+    with torch.no_grad():
+        assert not fused_block_applies(layer, step)  # q/k/v not laid out as one product
+        with inference_projections(model, force=True):
+            assert fused_block_applies(layer, step)
+            assert fused_block_applies(_laid_out(_model(**MOE)), step)  # the attention half
+            assert not fused_block_applies(layer, torch.zeros(1, 5, step.shape[-1], device=DEVICE))  # a prefill
+            assert not fused_block_applies(layer, step.half())  # the weights' dtype differs
+            layer.input_layernorm.register_forward_hook(lambda *args: None)
+            assert not fused_block_applies(layer, step)  # hooked (accelerate, a user's hook)
+            for variant in (dict(norm_position="post"), dict(norm_type="offset_rms_norm")):
+                assert not fused_block_applies(_laid_out(_model(**variant)), step), variant
+        layer.input_layernorm._forward_hooks.clear()
+        monkeypatch.setattr(decode_block, "FUSED_BLOCK_DEVICES", ())
+        with inference_projections(model, force=True):
+            assert not fused_block_applies(layer, step)
+    with inference_projections(model, force=True):
+        monkeypatch.setattr(decode_block, "FUSED_BLOCK_DEVICES", (DEVICE,))
+        assert not fused_block_applies(layer, step)  # gradients recorded: the kernels have no backward
+
+
+def _laid_out(model):
+    """The first layer of `model`, its projections laid out as one product each (the context's layout outlives it
+    for this check: `fused_weights` reads `_fused`, set inside)."""
+    fused_projections._enter(model.model.layers[0].self_attn)
+    return model.model.layers[0]
+
+
+@runs_kernels
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_each_layer_s_step_equals_the_block_s_forward(variant, monkeypatch):
+    """A decoding step of two rows over a 5-token cache through every layer, fused against the block's forward (the
+    hidden states after each layer and the logits)."""
+    model = _model(**VARIANTS[variant])
+    config = model.config
+    ids = torch.randint(3, config.vocab_size, (2, 6), generator=torch.Generator().manual_seed(0)).to(DEVICE)
+    with torch.no_grad(), inference_projections(model, force=True):
+        prefix = model(ids[:, :5], use_cache=True)
+        expected = model(ids[:, 5:], past_key_values=copy.deepcopy(prefix.past_key_values), output_hidden_states=True)
+        monkeypatch.setattr(decode_block, "FUSED_BLOCK_DEVICES", (DEVICE,))
+        calls = _counted_calls(monkeypatch)
+        fused = model(ids[:, 5:], past_key_values=copy.deepcopy(prefix.past_key_values), output_hidden_states=True)
+    assert len(calls) == config.num_hidden_layers
+    # fp32 sums in another order: within 1e-5 of each tensor's scale (randomised weights: hidden states up to ~80)
+    for ours, theirs in [*zip(fused.hidden_states, expected.hidden_states), (fused.logits, expected.logits)]:
+        torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-5 * theirs.abs().max().item())
+
+
+def _counted_calls(monkeypatch) -> list:
+    """A list that gets an entry each time a block runs `fused_block_forward`."""
+    calls, forward = [], decode_block.fused_block_forward
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return forward(*args, **kwargs)
+
+    monkeypatch.setattr("archlab.modeling.blocks.fused_block_forward", counted)
+    return calls
+
+
+@runs_kernels
+@pytest.mark.parametrize("compiled", [False, True], ids=["transformers-loop", "archlab-loop"])
+def test_greedy_decoding_through_the_fused_step_gives_the_block_s_tokens(compiled, monkeypatch):
+    torch._dynamo.reset()
+    model = _model()
+    batch = left_padded_batch(model.config.vocab_size)
+    monkeypatch.setattr(fused_projections, "FUSED_PROJECTION_DEVICES", (DEVICE,))  # generate lays q/k/v out
+    expected = greedy_tokens(model, batch, [] if compiled else None)
+    model.release_decoding_memory()
+    torch._dynamo.reset()
+    monkeypatch.setattr(decode_block, "FUSED_BLOCK_DEVICES", (DEVICE,))
+    if compiled:
+        graphs = []
+        assert torch.equal(greedy_tokens(model, batch, graphs), expected)
+        # each of the two layers: q/k/v, o, gate/up through `gemv`, down through `gated_down`
+        assert graphs and all(graph.count("archlab.gemv") == 6 for graph in graphs)
+        assert all(graph.count("archlab.gated_down") == 2 for graph in graphs)
+    else:
+        calls = _counted_calls(monkeypatch)
+        assert torch.equal(greedy_tokens(model, batch), expected)
+        assert len(calls) == 2 * 9  # two layers, the nine steps after the prefill (two rows each)
+
+
+# ---- on a CPU: the kernel tests above, through Triton's interpreter ------------------------------------------------
+
+
+@pytest.mark.skipif(not HAS_TRITON or KERNELS_RUN_HERE, reason="Triton missing, or the kernels run in this process")
+def test_kernels_through_the_triton_interpreter() -> None:
+    assert_kernel_tests_pass_interpreted(__file__)
