@@ -28,10 +28,10 @@ import torch
 from torch import nn
 from transformers.cache_utils import Cache
 
-from . import triton_gemv
 from .feed_forward import GatedMLP
 from .fused_projections import _hooked
 from .normalization import RMSNorm
+from .triton_gemv import ACTIVATIONS, gated_down, gemv, gemv_applies
 
 # Devices on which a pre-norm layer's decoding step runs through `fused_block_forward` (`fused_block_applies`).
 FUSED_BLOCK_DEVICES: tuple[str, ...] = ()
@@ -47,28 +47,27 @@ def _norm_fits(norm: nn.Module, hidden_states: torch.Tensor) -> bool:
 
 
 def fused_block_applies(block: nn.Module, hidden_states: torch.Tensor) -> bool:
-    """Whether `block`'s step over `hidden_states` (B, T, d) runs through `fused_block_forward` (module docstring)."""
-    from .blocks import PreNormBlock  # (blocks.py imports this module)
-
-    if triton_gemv.triton is None or hidden_states.device.type not in FUSED_BLOCK_DEVICES:
+    """Whether `block`'s step over `hidden_states` (B, T, d) runs through `fused_block_forward` (module docstring).
+    `block` is a `PreNormBlock` (its forward asks)."""
+    if hidden_states.device.type not in FUSED_BLOCK_DEVICES:  # first: elsewhere a traced step guards on nothing new
         return False
     attention = block.self_attn
-    fused = attention.fused_weights() if type(block) is PreNormBlock and _plain(attention) else None
+    fused = attention.fused_weights() if _plain(attention) else None
     output = getattr(attention, attention.output_name, None)
     return (
         fused is not None
         and _norm_fits(block.input_layernorm, hidden_states)
         and type(output) is nn.Linear
         and _plain(output)
-        and triton_gemv.gemv_applies(hidden_states, fused[0], fused[1], block.input_layernorm.weight)
-        and triton_gemv.gemv_applies(hidden_states, output.weight, output.bias)
+        and gemv_applies(hidden_states, fused[0], fused[1], block.input_layernorm.weight)
+        and gemv_applies(hidden_states, output.weight, output.bias)
     )
 
 
 def _mlp_fits(block: nn.Module, hidden_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None] | None:
     """gate/up's (weight, bias) as one product where the dense MLP joins the fused step, else None."""
     mlp = block.mlp
-    if type(mlp) is not GatedMLP or not _plain(mlp) or mlp.hidden_act not in triton_gemv.ACTIVATIONS:
+    if type(mlp) is not GatedMLP or not _plain(mlp) or mlp.hidden_act not in ACTIVATIONS:
         return None
     fused = mlp.fused_weights()
     down = mlp.down_proj
@@ -77,8 +76,8 @@ def _mlp_fits(block: nn.Module, hidden_states: torch.Tensor) -> tuple[torch.Tens
         and _norm_fits(block.post_attention_layernorm, hidden_states)
         and type(down) is nn.Linear
         and _plain(down)
-        and triton_gemv.gemv_applies(hidden_states, *fused)
-        and triton_gemv.gemv_applies(hidden_states, down.weight, down.bias)
+        and gemv_applies(hidden_states, *fused)
+        and gemv_applies(hidden_states, down.weight, down.bias)
     )
     return fused if fits else None
 
@@ -95,19 +94,17 @@ def fused_block_forward(
     residuals' rounding aside, triton_gemv.py), the attention weights as the attention kernel returns them."""
     attention = block.self_attn
     batch, length, _ = hidden_states.shape
-    projected = triton_gemv.gemv(hidden_states, *attention.fused_weights(), norm=block.input_layernorm)
+    projected = gemv(hidden_states, *attention.fused_weights(), norm=block.input_layernorm)
     query, key, value = attention.split_heads(projected)
     query, key, value = attention.position_and_cache(query, key, value, position_embeddings, past_key_values)
     heads, weights = attention.attend_heads(query, key, value, attention_mask, past_key_values, **kwargs)
     output = getattr(attention, attention.output_name)
-    hidden_states = triton_gemv.gemv(
-        heads.reshape(batch, length, -1), output.weight, output.bias, residual=hidden_states
-    )
+    hidden_states = gemv(heads.reshape(batch, length, -1), output.weight, output.bias, residual=hidden_states)
     gate_up = _mlp_fits(block, hidden_states)
     if gate_up is None:  # a mixture of experts, or an MLP the kernels do not cover: as the block runs it
         return hidden_states + block.mlp(block.post_attention_layernorm(hidden_states)), weights
-    gate, up = triton_gemv.gemv(hidden_states, *gate_up, norm=block.post_attention_layernorm).chunk(2, dim=-1)
-    return triton_gemv.gated_down(block.mlp, gate, up, residual=hidden_states), weights
+    gate, up = gemv(hidden_states, *gate_up, norm=block.post_attention_layernorm).chunk(2, dim=-1)
+    return gated_down(block.mlp, gate, up, residual=hidden_states), weights
 
 
 __all__ = ["FUSED_BLOCK_DEVICES", "fused_block_applies", "fused_block_forward"]

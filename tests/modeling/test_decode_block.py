@@ -65,7 +65,7 @@ def test_the_fused_step_applies_only_to_plain_pre_norm_layers_of_a_few_rows(monk
             assert not fused_block_applies(layer, step.half())  # the weights' dtype differs
             layer.input_layernorm.register_forward_hook(lambda *args: None)
             assert not fused_block_applies(layer, step)  # hooked (accelerate, a user's hook)
-            for variant in (dict(norm_position="post"), dict(norm_type="offset_rms_norm")):
+            for variant in (dict(norm_type="layer_norm"), dict(norm_type="offset_rms_norm")):
                 assert not fused_block_applies(_laid_out(_model(**variant)), step), variant
         layer.input_layernorm._forward_hooks.clear()
         monkeypatch.setattr(decode_block, "FUSED_BLOCK_DEVICES", ())
