@@ -112,6 +112,29 @@ def assert_kernel_tests_pass_interpreted(test_file: str) -> None:
     assert " 1 skipped" in summary.splitlines()[-1], summary
 
 
+def interpreter_gaps_filled(module_prefix: str):
+    """The autouse fixture of a kernel test file: under the interpreter, the gaps of the kernels in the modules named
+    `module_prefix...` filled for each test (`fill_interpreter_gaps`)."""
+
+    @pytest.fixture(autouse=True)
+    def _interpreter_gaps(monkeypatch):
+        if INTERPRETING:
+            fill_interpreter_gaps(monkeypatch, module_prefix)
+
+    return _interpreter_gaps
+
+
+def interpreted_run_of(test_file: str):
+    """The test a kernel test file ends with: where Triton is installed but the kernels do not run in this process (a
+    CPU without TRITON_INTERPRET=1), the file's other tests in a fresh process under the interpreter."""
+
+    @pytest.mark.skipif(not HAS_TRITON or KERNELS_RUN_HERE, reason="Triton missing, or the kernels run in this process")
+    def test_kernels_through_the_triton_interpreter() -> None:
+        assert_kernel_tests_pass_interpreted(test_file)
+
+    return test_kernels_through_the_triton_interpreter
+
+
 def greedy_tokens(model, batch: dict, graphs: list | None = None) -> torch.Tensor:
     """10 greedy tokens; with `graphs`, through archlab's loop on the static cache, its step traced by dynamo (on CPU
     through generate's testing hook), each traced graph's code kept in `graphs` and the graph run as traced (the ops

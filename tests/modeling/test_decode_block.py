@@ -21,12 +21,9 @@ from archlab.modeling.fused_projections import inference_projections
 from helpers import randomised, tiny_decoder_config
 from triton_interpreter import (
     DEVICE,
-    HAS_TRITON,
-    INTERPRETING,
-    KERNELS_RUN_HERE,
-    assert_kernel_tests_pass_interpreted,
-    fill_interpreter_gaps,
     greedy_tokens,
+    interpreted_run_of,
+    interpreter_gaps_filled,
     left_padded_batch,
     runs_kernels,
 )
@@ -40,10 +37,7 @@ VARIANTS = {
 }
 
 
-@pytest.fixture(autouse=True)
-def _interpreter_gaps(monkeypatch):
-    if INTERPRETING:
-        fill_interpreter_gaps(monkeypatch, "archlab.modeling.triton_gemv")
+_interpreter_gaps = interpreter_gaps_filled("archlab.modeling.triton_gemv")
 
 
 def _model(**overrides):
@@ -141,6 +135,4 @@ def test_greedy_decoding_through_the_fused_step_gives_the_block_s_tokens(compile
 # ---- on a CPU: the kernel tests above, through Triton's interpreter ------------------------------------------------
 
 
-@pytest.mark.skipif(not HAS_TRITON or KERNELS_RUN_HERE, reason="Triton missing, or the kernels run in this process")
-def test_kernels_through_the_triton_interpreter() -> None:
-    assert_kernel_tests_pass_interpreted(__file__)
+test_kernels_through_the_triton_interpreter = interpreted_run_of(__file__)

@@ -21,21 +21,14 @@ from archlab.modeling.triton_decoding import split_count, triton_decoding_applie
 from helpers import tiny_decoder_config
 from triton_interpreter import (
     DEVICE,
-    HAS_TRITON,
-    INTERPRETING,
-    KERNELS_RUN_HERE,
-    assert_kernel_tests_pass_interpreted,
-    fill_interpreter_gaps,
     greedy_tokens,
+    interpreted_run_of,
+    interpreter_gaps_filled,
     left_padded_batch,
     runs_kernels,
 )
 
-
-@pytest.fixture(autouse=True)
-def _interpreter_gaps(monkeypatch):
-    if INTERPRETING:
-        fill_interpreter_gaps(monkeypatch, "archlab.modeling.triton_decoding")
+_interpreter_gaps = interpreter_gaps_filled("archlab.modeling.triton_decoding")
 
 
 def test_a_row_s_keys_split_only_when_the_cache_is_long_and_the_batch_small():
@@ -195,6 +188,4 @@ def test_the_kernel_compiled_with_cuda_graphs_follows_the_span_without_recompili
 # ---- on a CPU: the kernel tests above, through Triton's interpreter ------------------------------------------------
 
 
-@pytest.mark.skipif(not HAS_TRITON or KERNELS_RUN_HERE, reason="Triton missing, or the kernels run in this process")
-def test_kernels_through_the_triton_interpreter() -> None:
-    assert_kernel_tests_pass_interpreted(__file__)
+test_kernels_through_the_triton_interpreter = interpreted_run_of(__file__)

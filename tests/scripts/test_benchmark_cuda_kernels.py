@@ -10,17 +10,13 @@ from __future__ import annotations
 
 import re
 
-import pytest
-
 from archlab.scripts import benchmark
 
 from triton_interpreter import (
     DEVICE,
-    HAS_TRITON,
     INTERPRETING,
-    KERNELS_RUN_HERE,
-    assert_kernel_tests_pass_interpreted,
     fill_interpreter_gaps,
+    interpreted_run_of,
     runs_kernels,
 )
 
@@ -78,6 +74,4 @@ def test_each_kernel_has_rows_against_its_pytorch_path(tmp_path, monkeypatch):
 # ---- on a CPU: the test above, through Triton's interpreter --------------------------------------------------------
 
 
-@pytest.mark.skipif(not HAS_TRITON or KERNELS_RUN_HERE, reason="Triton missing, or the kernels run in this process")
-def test_kernels_through_the_triton_interpreter() -> None:
-    assert_kernel_tests_pass_interpreted(__file__)
+test_kernels_through_the_triton_interpreter = interpreted_run_of(__file__)
