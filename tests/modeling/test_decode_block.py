@@ -1,7 +1,8 @@
 """A pre-norm layer's decoding step with its norms and residual adds inside the GEMVs (modeling/decode_block.py): used
-only where it applies; each layer's output equals the block's own forward (dense, a mixture of experts' attention
-half, QK-norm, biases); greedy decoding through it (transformers' loop, and archlab's loop with its step traced by
-dynamo) gives the block's tokens, four GEMV kernels a dense layer in the traced step.
+only where it applies; each layer's output equals the block's own forward (every decoder variant of the tests:
+position schemes, masks, a mixture of experts' attention half; QK-norm, biases); greedy decoding through it
+(transformers' loop, and archlab's loop with its step traced by dynamo) gives the block's tokens, four GEMV kernels a
+dense layer in the traced step.
 
 The kernels run where Triton does: on a GPU, or on a CPU through Triton's interpreter (tests/triton_interpreter.py),
 which `test_kernels_through_the_triton_interpreter` starts in a fresh process."""
@@ -18,7 +19,7 @@ from archlab.modeling import decode_block, fused_projections, triton_gemv
 from archlab.modeling.decode_block import fused_block_applies
 from archlab.modeling.fused_projections import inference_projections
 
-from helpers import randomised, tiny_decoder_config
+from helpers import DECODER_VARIANTS, randomised, tiny_decoder_config
 from triton_interpreter import (
     DEVICE,
     greedy_tokens,
@@ -29,12 +30,9 @@ from triton_interpreter import (
 )
 
 MOE = dict(num_local_experts=4, num_experts_per_tok=2)
-VARIANTS = {
-    "dense": {},
-    "biases": dict(attention_bias=True, mlp_bias=True),
-    "qk-norm": dict(use_qk_norm=True),
-    "moe": MOE,
-}
+# every decoder variant of the catalogue's tests (all pre-norm, RMSNorm: position schemes, RoPE types, sliding and
+# prefix-LM masks, soft-capping, mixtures of experts), and biases and QK-norm
+VARIANTS = {**DECODER_VARIANTS, "biases": dict(attention_bias=True, mlp_bias=True), "qk_norm": dict(use_qk_norm=True)}
 
 
 _interpreter_gaps = interpreter_gaps_filled("archlab.modeling.triton_gemv")
