@@ -1,4 +1,4 @@
-"""Matrix-vector products of a decoding step (a few rows) as one Triton kernel with the work around them inside: an
+"""Matrix-vector products of a decoding step (a few rows) as Triton kernels with the work around them inside: an
 RMSNorm of the input before the product, SiLU(gate) ⊙ up as the input, a residual added after (RMSNorm, Zhang &
 Sennrich 2019; SwiGLU, Shazeer 2020; the fused-GEMV idea of gpt-fast and of "megakernel" decoders).
 
@@ -18,8 +18,12 @@ the input itself (x, g, gate and up are a few kB, read from L2 by every program)
 RMSNorm takes one pass: the squares of x accumulate beside the products and 1/rms scales the sums after the loop
 (the unfused path rounds x / rms to the weights' dtype first; in half precision this is within that rounding).
 SwiGLU's input is rounded to the weights' dtype as the unfused path rounds it; the product is rounded to the
-output's dtype before the residual is added, as the unfused path adds it. Block sizes, warps and the unrolling are
-autotuned per (rows, outputs, inputs, prologue) the first time a shape runs (`triton.autotune`). The first H200 run
+output's dtype before the residual is added, as the unfused path adds it. Those are up to `STREAMED_ROWS` rows;
+5-16 rows (a batch of decoding rows, beams, speculative tokens) take a second kernel with the same prologues and
+epilogue, whose programs multiply a 16-row block of the input by a block of the weight on the tensor cores
+(`tl.dot`, the input rounded to the weights' dtype first), the weight blocks pipelined by Triton. Block sizes,
+warps, stages and the unrolling are autotuned per (rows, outputs, inputs, prologue) the first time a shape runs
+(`triton.autotune`). The first H200 run
 measured the first gated version (a sum across threads in every block, no unrolling: its compiled code waited on
 each block's load in turn) at 0.88× the default step; this one is for the next GPU session.
 
@@ -45,8 +49,10 @@ except ImportError:  # the CPU wheels of torch come without Triton: nothing here
 
 # Devices on which a gated MLP's down projection of a few rows runs through `gated_down` (`gated_down_applies`).
 GATED_DOWN_DEVICES: tuple[str, ...] = ()
-# The most rows (tokens) the kernel takes: each program keeps one fp32 accumulator row per token
-MAX_ROWS = 4
+# The most rows (tokens) the kernels take: up to `STREAMED_ROWS` the streaming kernel (one fp32 accumulator row per
+# token, element-wise), above that the tensor-core kernel (`_dot_kernel`: rows padded to 16, a `tl.dot` per block)
+STREAMED_ROWS = 4
+MAX_ROWS = 16
 ACTIVATIONS = ("silu", "swish")
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 # What the kernel computes its input from (`PROLOGUE`, module docstring)
@@ -80,6 +86,40 @@ def gemv_applies(x: torch.Tensor, *weights: torch.Tensor | None) -> bool:
 
 if triton is not None:
 
+    @triton.jit
+    def _input_block(
+        x_ptr, up_ptr, gain_ptr, ms, ks, both, k_ok, x_m, up_m, squares, w_dtype: tl.constexpr, PROLOGUE: tl.constexpr
+    ):  # fmt: skip
+        """A block of the product's input, in fp32, as PROLOGUE computes it; `squares` += x² for RMS_NORM."""
+        x = tl.load(x_ptr + ms[:, None] * x_m + ks[None, :], mask=both, other=0.0).to(tl.float32)
+        if PROLOGUE == 2:  # SILU_GATED: x is the gate; act(gate) ⊙ up rounded as the unfused step rounds it
+            up = tl.load(up_ptr + ms[:, None] * up_m + ks[None, :], mask=both, other=0.0).to(tl.float32)
+            x = (x * tl.sigmoid(x) * up).to(w_dtype).to(tl.float32)
+        elif PROLOGUE == 1:  # RMS_NORM: the gain now, 1/rms after the loop
+            squares += x * x
+            x = x * tl.load(gain_ptr + ks, mask=k_ok, other=0.0).to(tl.float32)[None, :]
+        return x, squares
+
+    @triton.jit
+    def _store_output(
+        total, squares, inputs, eps, bias_ptr, residual_ptr, y_ptr, ns, n_ok, ms, m_ok, residual_m, y_m,
+        PROLOGUE: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
+    ):  # fmt: skip
+        """The sums `total` (rows × outputs, fp32) scaled by 1/rms (RMS_NORM), plus the bias, rounded to the output's
+        dtype, plus the residual, stored."""
+        if PROLOGUE == 1:
+            # eps: inductor passes a Python float as an fp64 scalar, Triton's launcher as fp32
+            mean = tl.sum(squares, axis=1) / inputs + eps.to(tl.float32)
+            total = total * (1.0 / tl.sqrt(mean))[:, None]
+        if HAS_BIAS:
+            total += tl.load(bias_ptr + ns, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+        out_ok = m_ok[:, None] & n_ok[None, :]
+        out = total.to(y_ptr.dtype.element_ty)
+        if HAS_RESIDUAL:  # added to the product rounded to the output's dtype, as the unfused step adds it
+            residual = tl.load(residual_ptr + ms[:, None] * residual_m + ns[None, :], mask=out_ok, other=0.0)
+            out = (out.to(tl.float32) + residual.to(tl.float32)).to(y_ptr.dtype.element_ty)
+        tl.store(y_ptr + ms[:, None] * y_m + ns[None, :], out, mask=out_ok)
+
     @triton.autotune(
         configs=[
             triton.Config({"BLOCK_N": n, "BLOCK_K": k, "UNROLL": unroll}, num_warps=warps, num_stages=1)
@@ -104,10 +144,10 @@ if triton is not None:
         ROWS: tl.constexpr, PROLOGUE: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, UNROLL: tl.constexpr,
     ):  # fmt: skip
-        """One program: outputs [pid · BLOCK_N, + BLOCK_N) of every row (ROWS: `rows` rounded up to a power of two).
-        The products accumulate element-wise and are summed once after the loop, and the loop is unrolled UNROLL
-        times: the unrolled blocks' loads are issued together (Triton does not pipeline loads that feed no `tl.dot`,
-        and a sum across threads in every block would wait on each block's load in turn)."""
+        """Up to STREAMED_ROWS rows. One program: outputs [pid · BLOCK_N, + BLOCK_N) of every row (ROWS: `rows`
+        rounded up to a power of two). The products accumulate element-wise and are summed once after the loop, and
+        the loop is unrolled UNROLL times: the unrolled blocks' loads are issued together (Triton does not pipeline
+        loads that feed no `tl.dot`, and a sum across threads in every block would wait on each block's load)."""
         pid = tl.program_id(0)
         ns = pid * BLOCK_N + tl.arange(0, BLOCK_N)
         n_ok = ns < outputs
@@ -120,27 +160,65 @@ if triton is not None:
             k_ok = ks < inputs
             w = tl.load(w_ptr + ns[:, None] * w_n + ks[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
             both = m_ok[:, None] & k_ok[None, :]
-            x = tl.load(x_ptr + ms[:, None] * x_m + ks[None, :], mask=both, other=0.0).to(tl.float32)
-            if PROLOGUE == 2:  # SILU_GATED: x is the gate; act(gate) ⊙ up rounded as the unfused step rounds it
-                up = tl.load(up_ptr + ms[:, None] * up_m + ks[None, :], mask=both, other=0.0).to(tl.float32)
-                x = (x * tl.sigmoid(x) * up).to(w.dtype).to(tl.float32)
-            elif PROLOGUE == 1:  # RMS_NORM: the gain now, 1/rms after the loop
-                squares += x * x
-                x = x * tl.load(gain_ptr + ks, mask=k_ok, other=0.0).to(tl.float32)[None, :]
+            x, squares = _input_block(
+                x_ptr, up_ptr, gain_ptr, ms, ks, both, k_ok, x_m, up_m, squares, w.dtype, PROLOGUE
+            )  # fmt: skip
             acc += x[:, None, :] * w.to(tl.float32)[None, :, :]
         total = tl.sum(acc, axis=2)
-        if PROLOGUE == 1:
-            # eps: inductor passes a Python float as an fp64 scalar, Triton's launcher as fp32
-            mean = tl.sum(squares, axis=1) / inputs + eps.to(tl.float32)
-            total = total * (1.0 / tl.sqrt(mean))[:, None]
-        if HAS_BIAS:
-            total += tl.load(bias_ptr + ns, mask=n_ok, other=0.0).to(tl.float32)[None, :]
-        out_ok = m_ok[:, None] & n_ok[None, :]
-        out = total.to(y_ptr.dtype.element_ty)
-        if HAS_RESIDUAL:  # added to the product rounded to the output's dtype, as the unfused step adds it
-            residual = tl.load(residual_ptr + ms[:, None] * residual_m + ns[None, :], mask=out_ok, other=0.0)
-            out = (out.to(tl.float32) + residual.to(tl.float32)).to(y_ptr.dtype.element_ty)
-        tl.store(y_ptr + ms[:, None] * y_m + ns[None, :], out, mask=out_ok)
+        _store_output(
+            total, squares, inputs, eps, bias_ptr, residual_ptr, y_ptr, ns, n_ok, ms, m_ok, residual_m, y_m,
+            PROLOGUE, HAS_BIAS, HAS_RESIDUAL,
+        )  # fmt: skip
+
+    @triton.autotune(
+        configs=[
+            triton.Config({"BLOCK_N": n, "BLOCK_K": k}, num_warps=warps, num_stages=stages)
+            for n, k, warps, stages in [  # each within 99 kB of shared memory in fp32 too (test_triton_compile.py)
+                (16, 128, 4, 4),
+                (32, 128, 4, 3),
+                (64, 64, 4, 4),
+                (32, 64, 4, 5),
+                (16, 256, 4, 2),
+                (32, 256, 4, 2),
+            ]
+        ],
+        key=["rows", "outputs", "inputs", "PROLOGUE"],
+    )
+    @triton.jit
+    def _dot_kernel(
+        x_ptr, up_ptr, gain_ptr, w_ptr, bias_ptr, residual_ptr, y_ptr,
+        rows, outputs, inputs, eps,
+        x_m, up_m, w_n, residual_m, y_m,
+        ROWS: tl.constexpr, PROLOGUE: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
+        IEEE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    ):  # fmt: skip
+        """More than STREAMED_ROWS rows (ROWS: `rows` rounded up to 16, the smallest tensor-core tile). One program:
+        outputs [pid · BLOCK_N, + BLOCK_N) of every row, a `tl.dot` of the input block (computed by the prologue,
+        rounded to the weights' dtype; fp32 weights: IEEE products) and the weight block per step, which Triton
+        pipelines (asynchronous copies, `num_stages` blocks in flight)."""
+        pid = tl.program_id(0)
+        ns = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+        n_ok = ns < outputs
+        ms = tl.arange(0, ROWS)
+        m_ok = ms < rows
+        acc = tl.zeros([ROWS, BLOCK_N], tl.float32)
+        squares = tl.zeros([ROWS, BLOCK_K], tl.float32)
+        for first in tl.range(0, tl.cdiv(inputs, BLOCK_K)):
+            ks = first * BLOCK_K + tl.arange(0, BLOCK_K)
+            k_ok = ks < inputs
+            w = tl.load(w_ptr + ns[:, None] * w_n + ks[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
+            both = m_ok[:, None] & k_ok[None, :]
+            x, squares = _input_block(
+                x_ptr, up_ptr, gain_ptr, ms, ks, both, k_ok, x_m, up_m, squares, w.dtype, PROLOGUE
+            )  # fmt: skip
+            if IEEE:
+                acc += tl.dot(x, tl.trans(w), input_precision="ieee")
+            else:
+                acc += tl.dot(x.to(w.dtype), tl.trans(w))
+        _store_output(
+            acc, squares, inputs, eps, bias_ptr, residual_ptr, y_ptr, ns, n_ok, ms, m_ok, residual_m, y_m,
+            PROLOGUE, HAS_BIAS, HAS_RESIDUAL,
+        )  # fmt: skip
 
 
 def _launch(
@@ -164,12 +242,15 @@ def _launch(
     def grid(meta):
         return (triton.cdiv(outputs, meta["BLOCK_N"]),)
 
-    launchable(_gemv_kernel, x, "gemv")[grid](
+    if rows <= STREAMED_ROWS:
+        kernel, constants = _gemv_kernel, dict(ROWS=triton.next_power_of_2(rows))
+    else:
+        kernel, constants = _dot_kernel, dict(ROWS=max(16, triton.next_power_of_2(rows)), IEEE=x.dtype == torch.float32)
+    launchable(kernel, x, "gemv")[grid](
         x2, up2, weight if gain is None else gain, weight, weight if bias is None else bias, residual2, output,
         rows, outputs, inputs, eps,
         x2.stride(0), up2.stride(0), weight.stride(0), residual2.stride(0), output.stride(0),
-        ROWS=triton.next_power_of_2(rows), PROLOGUE=prologue, HAS_BIAS=bias is not None,
-        HAS_RESIDUAL=residual is not None,
+        PROLOGUE=prologue, HAS_BIAS=bias is not None, HAS_RESIDUAL=residual is not None, **constants,
     )  # fmt: skip
     return output.reshape(*x.shape[:-1], outputs)
 
@@ -229,6 +310,7 @@ __all__ = [
     "GATED_DOWN_DEVICES",
     "MAX_ROWS",
     "PLAIN",
+    "STREAMED_ROWS",
     "RMS_NORM",
     "SILU_GATED",
     "gated_down",

@@ -11,8 +11,9 @@ the MoE's autotuned blocks). It says which kernel is worth a tuning row, and how
   what the step runs now: cuDNN's kernel and a memset on an H100), batch 1 and 16, 384 and 2,048 cached keys, with
   the split count `split_count` picks and, at batch 1, others;
 - the GEMVs of a pre-norm layer's fused step (triton_gemv.py, decode_block.py) against what the compiled step runs
-  (compiled the same way: inductor's norm, SwiGLU and add kernels, cuBLAS's GEMVs), 1 and 4 rows: RMSNorm inside the
-  q/k/v product, the residual after the output projection, SwiGLU inside the down projection with the residual;
+  (compiled the same way: inductor's norm, SwiGLU and add kernels, cuBLAS's GEMVs), 1, 4 and 16 rows (the last on
+  the tensor-core kernel): RMSNorm inside the q/k/v product, the residual after the output projection, SwiGLU inside
+  the down projection with the residual;
 - an MoE's routed experts (triton_moe.py) against archlab's default experts (moe.Experts: grouped GEMMs), 1 and 4
   tokens, each token routed to 2 of 8 experts.
 The kernels run on CUDA, or on a CPU through Triton's interpreter (TRITON_INTERPRET=1, in fp32: NumPy has no
@@ -163,7 +164,8 @@ def gemv_rows(setup, report: Report, rows: int) -> None:
     for metric, kernel, peer, weight in cases:
         with torch.no_grad():
             kernel_row(setup, report, metric, kernel, _compiled(setup, peer), weight.numel() * weight.element_size())
-        report.rows[-1].extra["kernel's choice"] = _best_config(triton_gemv._gemv_kernel)
+        kernel = triton_gemv._gemv_kernel if rows <= triton_gemv.STREAMED_ROWS else triton_gemv._dot_kernel
+        report.rows[-1].extra["kernel's choice"] = _best_config(kernel)
 
 
 def _compiled(setup, peer: Callable) -> Callable:
@@ -235,7 +237,7 @@ def run(args: argparse.Namespace) -> Report:
     for batch, keys in ((1, KEY_COUNTS[0]), (1, KEY_COUNTS[1]), (16, KEY_COUNTS[0])):
         measure = functools.partial(attention_rows, setup, report, batch, keys)
         guarded(report, setup, f"attention, batch {batch}, {keys} keys", measure)
-    for rows in (1, triton_gemv.MAX_ROWS):
+    for rows in (1, triton_gemv.STREAMED_ROWS, triton_gemv.MAX_ROWS):
         guarded(report, setup, f"GEMV, {rows} rows", functools.partial(gemv_rows, setup, report, rows))
     for tokens in (1, triton_moe.MAX_TOKENS):
         guarded(report, setup, f"MoE, {tokens} tokens", functools.partial(moe_row, setup, report, tokens))

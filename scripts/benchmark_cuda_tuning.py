@@ -153,6 +153,7 @@ ROWS = [
     (1, PDL),
     (1, EFFICIENT),
     ("larger", TRITON),
+    ("larger", FUSED_BLOCK),
     ("larger", PLAIN),
     ("larger", FLEX),
 ]

@@ -445,7 +445,8 @@ CANDIDATE_CASES = [
     ("gemv", "dense", 1),  # archlab's SwiGLU + down-projection GEMV (triton_gemv.py)
     ("gemv", "sliding", 1),
     ("fused-block", "dense", 1),  # each layer's step as four GEMVs, norms and residuals inside (decode_block.py)
-    ("fused-block", "dense", 4),  # the most rows the GEMVs take
+    ("fused-block", "dense", 4),  # the most rows the streaming GEMV takes
+    ("fused-block", "dense", 16),  # the tensor-core GEMV's
     ("fused-block", "moe", 1),  # the attention half of an MoE layer
     ("moe-kernels", "moe", 1),  # the MoE's routed experts through archlab's Triton kernels (triton_moe.py)
     ("moe-kernels", "moe", 4),

@@ -53,7 +53,8 @@ def test_the_fused_step_applies_only_to_plain_pre_norm_layers_of_a_few_rows(monk
         with inference_projections(model, force=True):
             assert fused_block_applies(layer, step)
             assert fused_block_applies(_laid_out(_model(**MOE)), step)  # the attention half
-            assert not fused_block_applies(layer, torch.zeros(1, 5, step.shape[-1], device=DEVICE))  # a prefill
+            assert fused_block_applies(layer, torch.zeros(16, 1, step.shape[-1], device=DEVICE))  # 16 rows
+            assert not fused_block_applies(layer, torch.zeros(1, 17, step.shape[-1], device=DEVICE))  # a prefill
             assert not fused_block_applies(layer, step.half())  # the weights' dtype differs
             layer.input_layernorm.register_forward_hook(lambda *args: None)
             assert not fused_block_applies(layer, step)  # hooked (accelerate, a user's hook)
@@ -80,9 +81,18 @@ def _laid_out(model):
 def test_each_layer_s_step_equals_the_block_s_forward(variant, monkeypatch):
     """A decoding step of two rows over a 5-token cache through every layer, fused against the block's forward (the
     hidden states after each layer and the logits)."""
-    model = _model(**VARIANTS[variant])
+    _assert_the_fused_step_equals_the_block_s(_model(**VARIANTS[variant]), 2, monkeypatch)
+
+
+@runs_kernels
+@pytest.mark.parametrize("rows", [7, 16])
+def test_steps_of_more_rows_take_the_tensor_core_kernel_and_equal_the_block_s_forward(rows, monkeypatch):
+    _assert_the_fused_step_equals_the_block_s(_model(), rows, monkeypatch)
+
+
+def _assert_the_fused_step_equals_the_block_s(model, rows: int, monkeypatch) -> None:
     config = model.config
-    ids = torch.randint(3, config.vocab_size, (2, 6), generator=torch.Generator().manual_seed(0)).to(DEVICE)
+    ids = torch.randint(3, config.vocab_size, (rows, 6), generator=torch.Generator().manual_seed(0)).to(DEVICE)
     with torch.no_grad(), inference_projections(model, force=True):
         prefix = model(ids[:, :5], use_cache=True)
         expected = model(ids[:, 5:], past_key_values=copy.deepcopy(prefix.past_key_values), output_hidden_states=True)

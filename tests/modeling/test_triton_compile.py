@@ -113,6 +113,23 @@ def test_the_gemv_compiles_in_every_autotuned_configuration(arch, dtype):
                 _assert_compiles(kernel, constexprs, pointers, arch, **options)
 
 
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_the_tensor_core_gemv_compiles_and_fits_shared_memory_in_every_autotuned_configuration(arch, dtype):
+    """5-16 rows (padded to 16), each prologue with a bias and a residual; fp32 weights as IEEE products."""
+    from archlab.modeling import triton_gemv
+
+    kernel = triton_gemv._dot_kernel
+    pointers = {name: f"*{dtype}" for name in GEMV_POINTERS}
+    for config in kernel.configs:
+        for prologue in GEMV_PROLOGUES:
+            constexprs = dict(
+                ROWS=16, PROLOGUE=prologue, HAS_BIAS=True, HAS_RESIDUAL=True, IEEE=dtype == "fp32", **config.kwargs
+            )
+            options = dict(num_warps=config.num_warps, num_stages=config.num_stages)
+            _assert_compiles(kernel, constexprs, pointers, arch, **options)
+
+
 GEMV_POINTERS = ("x_ptr", "up_ptr", "gain_ptr", "w_ptr", "bias_ptr", "residual_ptr", "y_ptr")
 GEMV_PROLOGUES = (0, 1, 2)  # triton_gemv's PLAIN, RMS_NORM, SILU_GATED
 
@@ -184,6 +201,20 @@ def test_the_streaming_loops_issue_wide_loads_and_no_shuffles(kernel_name):
         for loop in loops:
             assert not [text for text in loop if "SHFL" in text], (config, "a warp shuffle inside a loop")
             assert sum("LDG.E.128" in text for text in loop) >= 2, (config, "fewer than two 128-bit loads a loop")
+
+
+@pytest.mark.parametrize("prologue", GEMV_PROLOGUES)
+def test_the_tensor_core_gemv_loads_are_pipelined(prologue):
+    """The tensor-core GEMV's weight blocks feed `tl.dot`: its sm90 code copies them to shared memory asynchronously
+    (LDGSTS) inside the loop, in every configuration and prologue."""
+    from archlab.modeling import triton_gemv
+
+    kernel = triton_gemv._dot_kernel
+    for config in kernel.configs:
+        constexprs = dict(ROWS=16, PROLOGUE=prologue, HAS_BIAS=False, HAS_RESIDUAL=True, IEEE=False, **config.kwargs)
+        options = dict(num_warps=config.num_warps, num_stages=config.num_stages)
+        loops = _sass_loops(_compile(kernel, constexprs, {name: "*bf16" for name in GEMV_POINTERS}, 90, **options))
+        assert any(sum("LDGSTS" in text for text in loop) >= 1 for loop in loops), config
 
 
 def test_the_attention_loads_are_pipelined():

@@ -42,7 +42,8 @@ def test_the_kernel_applies_only_to_a_few_rows_of_silu_on_the_listed_devices(mon
     with torch.no_grad():
         assert gated_down_applies(mlp, gate)
         assert gated_down_applies(mlp, torch.zeros(2, 2, gate.shape[-1]))  # 4 rows
-        assert not gated_down_applies(mlp, torch.zeros(5, 1, gate.shape[-1]))  # a prefill, a larger batch
+        assert gated_down_applies(mlp, torch.zeros(16, 1, gate.shape[-1]))  # 16 rows: the tensor-core kernel
+        assert not gated_down_applies(mlp, torch.zeros(17, 1, gate.shape[-1]))  # a prefill, a larger batch
         assert not gated_down_applies(mlp, gate.double())
         assert not gated_down_applies(_mlp(hidden_act="gelu_pytorch_tanh"), gate)  # GeGLU: not written
     assert not gated_down_applies(mlp, gate)  # gradients wanted (the weights'): the kernel has no backward
@@ -110,10 +111,14 @@ def _norm(inputs, dtype=torch.float32, seed=1):
 
 @runs_kernels
 @pytest.mark.parametrize("prologue", ["plain", "rms_norm", "silu_gated"])
-@pytest.mark.parametrize("rows, inputs, outputs, bias", [(1, 300, 40, False), (3, 1000, 70, True), (4, 64, 8, False)])
+@pytest.mark.parametrize(
+    "rows, inputs, outputs, bias",
+    [(1, 300, 40, False), (3, 1000, 70, True), (4, 64, 8, False), (7, 300, 40, True), (16, 520, 72, False)],
+)
 def test_each_prologue_with_a_residual_equals_the_unfused_step(prologue, rows, inputs, outputs, bias):
     """y = W·input (+ b) + r, the input x as it comes, RMSNorm(x), or silu(gate) ⊙ up: the block's unfused arithmetic
-    (the norm module, nn.Linear, the residual added after)."""
+    (the norm module, nn.Linear, the residual added after); up to 4 rows the streaming kernel, 7 and 16 the
+    tensor-core one."""
     gate, up, weight, bias = _inputs(rows, inputs, outputs, bias)
     residual = torch.randn(rows, 1, outputs, generator=torch.Generator().manual_seed(2)).to(DEVICE)
     if prologue == "silu_gated":
@@ -142,7 +147,8 @@ def test_the_gemv_applies_to_a_few_rows_of_one_dtype_without_gradients(monkeypat
     x, weight, gain = torch.zeros(4, 1, 8), torch.zeros(16, 8), torch.ones(8)
     with torch.no_grad():
         assert triton_gemv.gemv_applies(x, weight, None, gain)
-        assert not triton_gemv.gemv_applies(torch.zeros(5, 8), weight)  # more than MAX_ROWS rows
+        assert triton_gemv.gemv_applies(torch.zeros(16, 8), weight)  # the tensor-core kernel's rows
+        assert not triton_gemv.gemv_applies(torch.zeros(17, 8), weight)  # more than MAX_ROWS rows
         assert not triton_gemv.gemv_applies(x, weight, gain.half())  # mixed dtypes
         assert not triton_gemv.gemv_applies(x.double(), weight.double())
         assert not triton_gemv.gemv_applies(x, weight.t().contiguous().t())  # the weight's rows strided
@@ -157,7 +163,7 @@ def test_the_gemv_applies_to_a_few_rows_of_one_dtype_without_gradients(monkeypat
 
 @runs_kernels
 @pytest.mark.parametrize("dtype", [pytest.param(torch.bfloat16, marks=pytest.mark.gpu), torch.float16])
-@pytest.mark.parametrize("rows", [1, 4])
+@pytest.mark.parametrize("rows", [1, 4, 16])
 def test_the_kernel_in_half_precision_is_as_close_as_the_formula(dtype, rows):
     """The 1.1B model's down projection (5,632 → 2,048; a quarter of each under the interpreter): the kernel's error
     against fp32 within twice the unfused formula's own in `dtype` (autotuned on its first call; bf16 on a GPU
@@ -174,7 +180,7 @@ def test_the_kernel_in_half_precision_is_as_close_as_the_formula(dtype, rows):
 
 @runs_kernels
 @pytest.mark.parametrize("dtype", [pytest.param(torch.bfloat16, marks=pytest.mark.gpu), torch.float16])
-@pytest.mark.parametrize("rows", [1, 4])
+@pytest.mark.parametrize("rows", [1, 4, 16])
 def test_the_normed_gemv_with_a_residual_in_half_precision_is_as_close_as_the_unfused_step(dtype, rows):
     """The 1.1B model's q/k/v product (2,048 → 2,560; a quarter of each under the interpreter) after its RMSNorm,
     plus a residual: the kernel's error against fp32 within twice the unfused step's own in `dtype` (the kernel scales

@@ -1,6 +1,6 @@
 """`--suite cuda-kernels` (scripts/benchmark_cuda_kernels.py): archlab's Triton kernels each against the PyTorch
 path it would replace — rows for the attention (the split count chosen, and others at batch 1), the GEMV in each of
-a fused layer's uses at 1 and 4 rows and the MoE's experts at 1 and 4 tokens, with µs per call, the bytes read and
+a fused layer's uses at 1, 4 and 16 rows and the MoE's experts at 1 and 4 tokens, with µs per call, the bytes read and
 the autotuner's choice; where the kernels cannot run, a note and no row.
 
 The rows run where the kernels do: on a GPU (quick shapes), or on a CPU through Triton's interpreter (fp32), which
@@ -60,7 +60,7 @@ def test_each_kernel_has_rows_against_its_pytorch_path(tmp_path, monkeypatch):
     gemv, moe = [], _rows(table, "MoE routed experts")
     for kind in ("RMSNorm + q/k/v projection", "output projection + residual", "SwiGLU + down projection + residual"):
         rows = _rows(table, kind)
-        assert [row[0].split(",")[1].strip() for row in rows] == ["1 row", "4 rows"], (kind, table)
+        assert [row[0].split(",")[1].strip() for row in rows] == ["1 row", "4 rows", "16 rows"], (kind, table)
         gemv += rows
     assert len(moe) == 2, table
     for row in attention + gemv + moe:
