@@ -14,6 +14,8 @@ the MoE's autotuned blocks). It says which kernel is worth a tuning row, and how
   (compiled the same way: inductor's norm, SwiGLU and add kernels, cuBLAS's GEMVs), 1, 4 and 16 rows (the last on
   the tensor-core kernel): RMSNorm inside the q/k/v product, the residual after the output projection, SwiGLU inside
   the down projection with the residual;
+- a pre-norm layer's decoding step (no cache: the attention is the same on both sides) fused against the default's
+  step, both compiled with the step's options, 1 and 16 rows;
 - an MoE's routed experts (triton_moe.py) against archlab's default experts (moe.Experts: grouped GEMMs), 1 and 4
   tokens, each token routed to 2 of 8 experts.
 The kernels run on CUDA, or on a CPU through Triton's interpreter (TRITON_INTERPRET=1, in fp32: NumPy has no
@@ -73,7 +75,11 @@ def graphed(setup, call: Callable[[], object]) -> Callable[[], None]:
 
 def kernel_row(setup, report: Report, metric: str, kernel: Callable, peer: Callable, bytes_read: int, extra=None):
     """One row: `kernel` against `peer` as calls per second, µs per call and % of the bandwidth roofline."""
-    kernel, peer = graphed(setup, kernel), graphed(setup, peer)
+    graphed_row(setup, report, metric, graphed(setup, kernel), graphed(setup, peer), bytes_read, extra)
+
+
+def graphed_row(setup, report: Report, metric: str, kernel: Callable, peer: Callable, bytes_read: int, extra=None):
+    """`kernel_row` for calls already `graphed`."""
     timed = time_pair(setup, kernel, peer, setup.rounds)
     calls = calls_per_round(setup)
     per_call = (timed.archlab / calls, timed.peer / calls)
@@ -168,6 +174,51 @@ def gemv_rows(setup, report: Report, rows: int) -> None:
         report.rows[-1].extra["kernel's choice"] = _best_config(kernel)
 
 
+def layer_row(setup, report: Report, rows: int) -> None:
+    """A pre-norm layer of the dense model (1.1B shape) on one decoding step, fused (decode_block.py: four GEMVs,
+    the norms and residual adds inside) against the default's step (inductor's norm, SwiGLU and add kernels around
+    cuBLAS's GEMVs), both compiled with the decoding step's options, q/k/v and gate/up read as one product each
+    (as generate reads them on CUDA). The attention has no cache here (it attends to the step's own token): it is
+    the same kernel on both sides, and what differs is everything around it."""
+    from archlab import DecoderConfig, DecoderForCausalLM
+    from archlab.modeling import decode_block, step_compile
+    from archlab.modeling.fused_projections import inference_projections
+
+    config = DecoderConfig(**{**shape("dense", setup.quick), "num_hidden_layers": 1})
+    model = DecoderForCausalLM(config).to(setup.device, _dtype(setup)).eval()
+    layer = model.model.layers[0]
+    generator = torch.Generator(device=setup.device).manual_seed(0)
+    hidden = torch.randn(rows, 1, config.hidden_size, generator=generator, device=setup.device, dtype=_dtype(setup))
+    positions = torch.full((rows, 1), 100, device=setup.device)
+    rotary = model.model.rotary_emb(hidden, positions)
+    fused_on = mock.patch.object(decode_block, "FUSED_BLOCK_DEVICES", (setup.device.type,))
+
+    def step():
+        return layer(hidden, position_embeddings=rotary)[0]
+
+    def fused_step():  # (eager: the fused path chosen at each call; compiled, at the trace: `fused_on` around it)
+        with fused_on:
+            return step()
+
+    def compiled(function):
+        return torch.compile(function, dynamic=False, options=step_compile.TUNED_STEP_OPTIONS)
+
+    weights = sum(p.numel() * p.element_size() for name, p in layer.named_parameters() if "norm" not in name)
+    s = "s" if rows > 1 else ""
+    metric = (
+        f"a pre-norm layer's decoding step (no cache), {rows} row{s}: the fused step (four GEMVs, decode_block.py) "
+        "vs the default's (norms, GEMVs, SwiGLU, adds), both compiled"
+    )
+    with torch.no_grad(), inference_projections(model, force=True):
+        if setup.cuda:
+            with fused_on:
+                fused = graphed(setup, compiled(step))
+            default = graphed(setup, compiled(lambda: step()))  # (another function: a cache entry of its own)
+        else:
+            fused, default = graphed(setup, fused_step), graphed(setup, step)
+        graphed_row(setup, report, metric, fused, default, weights)
+
+
 def _compiled(setup, peer: Callable) -> Callable:
     """`peer` as the decoding step's compile runs it (inductor, on CUDA); as it is under the interpreter."""
     return torch.compile(peer, dynamic=False) if setup.cuda else peer
@@ -234,6 +285,9 @@ def run(args: argparse.Namespace) -> Report:
             "(TRITON_INTERPRET=1), which times nothing useful."
         )
         return report
+    # the layer's step first (does the fused step win at all?), then the attention, the GEMVs, the MoE's kernels
+    for rows in (1, triton_gemv.MAX_ROWS):
+        guarded(report, setup, f"layer, {rows} rows", functools.partial(layer_row, setup, report, rows))
     for batch, keys in ((1, KEY_COUNTS[0]), (1, KEY_COUNTS[1]), (16, KEY_COUNTS[0])):
         measure = functools.partial(attention_rows, setup, report, batch, keys)
         guarded(report, setup, f"attention, batch {batch}, {keys} keys", measure)
