@@ -90,6 +90,25 @@ def test_steps_of_more_rows_take_the_tensor_core_kernel_and_equal_the_block_s_fo
     _assert_the_fused_step_equals_the_block_s(_model(), rows, monkeypatch)
 
 
+@runs_kernels
+@pytest.mark.parametrize("padded", [False, True], ids=["causal", "padded"])
+def test_a_short_prompt_s_forward_takes_the_fused_step_with_its_mask(padded, monkeypatch):
+    """A prefill of 12 tokens at batch 1 is 12 rows: the fused step runs it, each layer's attention with the causal
+    mask (or the padded prompt's), and gives the block's logits."""
+    model = _model()
+    ids = torch.randint(3, model.config.vocab_size, (1, 12), generator=torch.Generator().manual_seed(1)).to(DEVICE)
+    mask = torch.ones_like(ids)
+    if padded:
+        mask[:, :3] = 0
+    with torch.no_grad(), inference_projections(model, force=True):
+        expected = model(ids, attention_mask=mask).logits
+        monkeypatch.setattr(decode_block, "FUSED_BLOCK_DEVICES", (DEVICE,))
+        calls = _counted_calls(monkeypatch)
+        fused = model(ids, attention_mask=mask).logits
+    assert len(calls) == model.config.num_hidden_layers
+    torch.testing.assert_close(fused, expected, rtol=1e-5, atol=1e-5 * expected.abs().max().item())
+
+
 def _assert_the_fused_step_equals_the_block_s(model, rows: int, monkeypatch) -> None:
     config = model.config
     ids = torch.randint(3, config.vocab_size, (rows, 6), generator=torch.Generator().manual_seed(0)).to(DEVICE)
