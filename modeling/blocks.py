@@ -71,6 +71,10 @@ class DecoderBlock(GradientCheckpointingLayer):
 
 
 class PreNormBlock(DecoderBlock):
+    # how decode_block.py's fused step wires the MLP: after the attention's residual, through this norm
+    parallel = False
+    mlp_norm_name = "post_attention_layernorm"
+
     def __init__(self, config, layer_idx: int) -> None:
         super().__init__(config, layer_idx)
         self.input_layernorm = norm_from_config(config)
@@ -163,6 +167,9 @@ class SandwichNormBlock(DecoderBlock):
 class ParallelBlock(DecoderBlock):
     """Attention and MLP read the same input: one residual add, and the two input GEMMs could be fused."""
 
+    parallel = True  # (decode_block.py's fused step)
+    mlp_norm_name = "post_attention_layernorm"
+
     def __init__(self, config, layer_idx: int) -> None:
         super().__init__(config, layer_idx)
         self.input_layernorm = norm_from_config(config)
@@ -176,6 +183,10 @@ class ParallelBlock(DecoderBlock):
         past_key_values: Cache | None = None,
         **kwargs,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if fused_block_applies(self, hidden_states):  # a decoding step: norms and residuals inside the GEMVs
+            return fused_block_forward(
+                self, hidden_states, attention_mask, position_embeddings, past_key_values, **kwargs
+            )
         attn_out, weights = self.attend(
             self.input_layernorm(hidden_states), attention_mask, position_embeddings, past_key_values, **kwargs
         )
@@ -185,6 +196,9 @@ class ParallelBlock(DecoderBlock):
 
 class SharedNormParallelBlock(DecoderBlock):
     """The parallel block with one norm whose output both the attention and the MLP read."""
+
+    parallel = True  # (decode_block.py's fused step: the norm computed inside each of the two input GEMVs)
+    mlp_norm_name = "input_layernorm"
 
     def __init__(self, config, layer_idx: int) -> None:
         super().__init__(config, layer_idx)
@@ -198,6 +212,10 @@ class SharedNormParallelBlock(DecoderBlock):
         past_key_values: Cache | None = None,
         **kwargs,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if fused_block_applies(self, hidden_states):  # a decoding step: norms and residuals inside the GEMVs
+            return fused_block_forward(
+                self, hidden_states, attention_mask, position_embeddings, past_key_values, **kwargs
+            )
         normed = self.input_layernorm(hidden_states)
         attn_out, weights = self.attend(normed, attention_mask, position_embeddings, past_key_values, **kwargs)
         return hidden_states + attn_out + self.mlp(normed), weights

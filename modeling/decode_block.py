@@ -13,13 +13,15 @@ of which ~0.45 ms idle; the GEMVs ran at 45-68 % of the bandwidth. Four fewer la
 layers) and GEMVs at the bandwidth are what the batch-1 goal (1.33 ms a token on an H100) needs.
 
 `fused_block_applies` says where: Triton importable, a device in `FUSED_BLOCK_DEVICES` (checked first: elsewhere a
-traced step guards on nothing new), at most `triton_gemv.MAX_ROWS` rows (a decoding step of a small batch),
-inference (no gradient), a `PreNormBlock` whose two norms are archlab's `RMSNorm` and whose attention reads q/k/v as
-one product (`fused_projections.inference_projections`: generate enters it on CUDA), one dtype, no hooks or patched
-forwards (accelerate's, Liger's). A dense layer's MLP joins where it is a SiLU `GatedMLP` with gate/up laid out as one
-product; a mixture of experts keeps its MLP (and its norm) and takes the attention half. Everything else runs the
-block's own forward. `FUSED_BLOCK_DEVICES` is empty until `--suite cuda-tuning`'s row measures it on a GPU; on CPU the
-tests run the kernels through Triton's interpreter against the block's forward.
+traced step guards on nothing new), at most `triton_gemv.MAX_ROWS` rows (a decoding step of a small batch; a short
+prompt), inference (no gradient), a pre-norm or parallel block (GPT-NeoX's two norms, or GPT-J's shared one) whose
+norms are archlab's `RMSNorm` and whose attention reads q/k/v as one product (`fused_projections`'
+`inference_projections`: generate enters it on CUDA), one dtype, no hooks or patched forwards (accelerate's,
+Liger's). A dense layer's MLP joins where it is a SiLU `GatedMLP` with gate/up laid out as one product; a mixture of
+experts keeps its MLP (and its norm) and takes the attention half. A parallel block's MLP reads the block's input and
+adds its output after the attention's (GPT-J's shared norm is computed inside both input GEMVs). Everything else runs
+the block's own forward. `FUSED_BLOCK_DEVICES` is empty until `--suite cuda-tuning`'s row measures it on a GPU; on
+CPU the tests run the kernels through Triton's interpreter against the block's forward.
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ def _norm_fits(norm: nn.Module, hidden_states: torch.Tensor) -> bool:
 
 def fused_block_applies(block: nn.Module, hidden_states: torch.Tensor) -> bool:
     """Whether `block`'s step over `hidden_states` (B, T, d) runs through `fused_block_forward` (module docstring).
-    `block` is a `PreNormBlock` (its forward asks)."""
+    `block` is a `PreNormBlock`, `ParallelBlock` or `SharedNormParallelBlock` (its forward asks)."""
     if hidden_states.device.type not in FUSED_BLOCK_DEVICES:  # first: elsewhere a traced step guards on nothing new
         return False
     attention = block.self_attn
@@ -64,6 +66,11 @@ def fused_block_applies(block: nn.Module, hidden_states: torch.Tensor) -> bool:
     )
 
 
+def _mlp_norm(block: nn.Module) -> nn.Module:
+    """The norm before the block's MLP (`mlp_norm_name`: the shared norm of a parallel block is its input norm)."""
+    return getattr(block, block.mlp_norm_name)
+
+
 def _mlp_fits(block: nn.Module, hidden_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None] | None:
     """gate/up's (weight, bias) as one product where the dense MLP joins the fused step, else None."""
     mlp = block.mlp
@@ -73,7 +80,7 @@ def _mlp_fits(block: nn.Module, hidden_states: torch.Tensor) -> tuple[torch.Tens
     down = mlp.down_proj
     fits = (
         fused is not None
-        and _norm_fits(block.post_attention_layernorm, hidden_states)
+        and _norm_fits(_mlp_norm(block), hidden_states)
         and type(down) is nn.Linear
         and _plain(down)
         and gemv_applies(hidden_states, *fused)
@@ -90,20 +97,23 @@ def fused_block_forward(
     past_key_values: Cache | None,
     **kwargs,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """`PreNormBlock.forward` for a decoding step where `fused_block_applies`: the same values (the norms' and
-    residuals' rounding aside, triton_gemv.py), the attention weights as the attention kernel returns them."""
+    """The block's forward for a decoding step where `fused_block_applies`: the same values (the norms' and
+    residuals' rounding aside, triton_gemv.py), the attention weights as the attention kernel returns them. A
+    parallel block's MLP reads the block's input, and its output is added after the attention's."""
     attention = block.self_attn
     batch, length, _ = hidden_states.shape
+    block_input = hidden_states
     projected = gemv(hidden_states, *attention.fused_weights(), norm=block.input_layernorm)
     query, key, value = attention.split_heads(projected)
     query, key, value = attention.position_and_cache(query, key, value, position_embeddings, past_key_values)
     heads, weights = attention.attend_heads(query, key, value, attention_mask, past_key_values, **kwargs)
     output = getattr(attention, attention.output_name)
     hidden_states = gemv(heads.reshape(batch, length, -1), output.weight, output.bias, residual=hidden_states)
-    gate_up = _mlp_fits(block, hidden_states)
+    mlp_input = block_input if block.parallel else hidden_states
+    gate_up = _mlp_fits(block, mlp_input)
     if gate_up is None:  # a mixture of experts, or an MLP the kernels do not cover: as the block runs it
-        return hidden_states + block.mlp(block.post_attention_layernorm(hidden_states)), weights
-    gate, up = gemv(hidden_states, *gate_up, norm=block.post_attention_layernorm).chunk(2, dim=-1)
+        return hidden_states + block.mlp(_mlp_norm(block)(mlp_input)), weights
+    gate, up = gemv(mlp_input, *gate_up, norm=_mlp_norm(block)).chunk(2, dim=-1)
     return gated_down(block.mlp, gate, up, residual=hidden_states), weights
 
 

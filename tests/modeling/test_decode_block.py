@@ -31,8 +31,14 @@ from triton_interpreter import (
 
 MOE = dict(num_local_experts=4, num_experts_per_tok=2)
 # every decoder variant of the catalogue's tests (all pre-norm, RMSNorm: position schemes, RoPE types, sliding and
-# prefix-LM masks, soft-capping, mixtures of experts), and biases and QK-norm
-VARIANTS = {**DECODER_VARIANTS, "biases": dict(attention_bias=True, mlp_bias=True), "qk_norm": dict(use_qk_norm=True)}
+# prefix-LM masks, soft-capping, mixtures of experts), biases, QK-norm, and the parallel blocks
+VARIANTS = {
+    **DECODER_VARIANTS,
+    "biases": dict(attention_bias=True, mlp_bias=True),
+    "qk_norm": dict(use_qk_norm=True),
+    **{position: dict(norm_position=position) for position in ("parallel", "parallel_shared_norm")},
+    "parallel_moe": dict(norm_position="parallel", **MOE),
+}
 
 
 _interpreter_gaps = interpreter_gaps_filled("archlab.modeling.triton_gemv")
@@ -60,6 +66,8 @@ def test_the_fused_step_applies_only_to_plain_pre_norm_layers_of_a_few_rows(monk
             assert not fused_block_applies(layer, step)  # hooked (accelerate, a user's hook)
             for variant in (dict(norm_type="layer_norm"), dict(norm_type="offset_rms_norm")):
                 assert not fused_block_applies(_laid_out(_model(**variant)), step), variant
+            for position in ("parallel", "parallel_shared_norm"):
+                assert fused_block_applies(_laid_out(_model(norm_position=position)), step), position
         layer.input_layernorm._forward_hooks.clear()
         monkeypatch.setattr(decode_block, "FUSED_BLOCK_DEVICES", ())
         with inference_projections(model, force=True):
