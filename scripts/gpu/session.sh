@@ -10,8 +10,9 @@
 #   headline --suite cuda-headline: the issues' headline rows (batch-1 static decoding, the 2048-token prefill,
 #           dense training eager and compiled), each with its goal (105 s on an H100): a first session's numbers
 #   kernels --suite cuda-kernels: archlab's Triton kernels alone against the PyTorch paths they would replace, each
-#           as N calls in one CUDA graph (µs per call, % of the bandwidth, the split and autotuned blocks chosen):
-#           seconds per row, where a tuning row takes a minute
+#           as N calls in one CUDA graph (µs per call, % of the bandwidth, the split and autotuned blocks chosen),
+#           first a decoder layer's step fused vs the default's: seconds per row (plus their compiles), where a
+#           tuning row takes a minute
 #   tests   pytest -m gpu over the test files that mark a test gpu or check torch.cuda.is_available(), in
 #           GPU_TEST_WORKERS processes at once (one process took over 5 minutes: on an H100 28 of the 50 GPU tests ran
 #           in 300 s, each compiling its steps on the CPU; 78 in 4 processes took ~4 minutes on an H200); they
@@ -52,14 +53,14 @@ SESSION_BUDGET="${SESSION_BUDGET:-570}"
 DEVICE="${DEVICE:-cuda}"
 STEPS_ALLOWED="setup info headline kernels tests cputests quick train compiled decode static loops tuning profile"
 # Each step's own limit in seconds; a step also stops where the session's budget ends.
-declare -A BUDGET=([setup]=120 [info]=60 [headline]=480 [kernels]=180 [tests]=540 [cputests]=540 [quick]=240 [train]=540 [compiled]=540 [decode]=540 [static]=540 [loops]=540 [tuning]=540 [profile]=540)
+declare -A BUDGET=([setup]=120 [info]=60 [headline]=480 [kernels]=240 [tests]=540 [cputests]=540 [quick]=240 [train]=540 [compiled]=540 [decode]=540 [static]=540 [loops]=540 [tuning]=540 [profile]=540)
 
 dry_run=0
 requested=()
 for arg in "$@"; do
     case "$arg" in
         --dry-run) dry_run=1 ;;
-        -h | --help) sed -n '2,41p' "$0"; exit 0 ;;
+        -h | --help) sed -n '2,42p' "$0"; exit 0 ;;
         *)
             if [[ " $STEPS_ALLOWED " != *" $arg "* ]]; then
                 echo "error: unknown step '$arg'; allowed: $STEPS_ALLOWED" >&2
