@@ -87,18 +87,24 @@ def gemv_applies(x: torch.Tensor, *weights: torch.Tensor | None) -> bool:
 if triton is not None:
 
     @triton.jit
-    def _input_block(
-        x_ptr, up_ptr, gain_ptr, ms, ks, both, k_ok, x_m, up_m, squares, w_dtype: tl.constexpr, PROLOGUE: tl.constexpr
+    def _block_of_weight_and_input(
+        x_ptr, up_ptr, gain_ptr, w_ptr, ns, n_ok, ms, m_ok, first, inputs, x_m, up_m, w_n, squares,
+        PROLOGUE: tl.constexpr, BLOCK_K: tl.constexpr,
     ):  # fmt: skip
-        """A block of the product's input, in fp32, as PROLOGUE computes it; `squares` += x² for RMS_NORM."""
+        """Block `first` of inputs: the weight's rows `ns` there, and the product's input (fp32) as PROLOGUE computes
+        it; `squares` += x² for RMS_NORM."""
+        ks = first * BLOCK_K + tl.arange(0, BLOCK_K)
+        k_ok = ks < inputs
+        w = tl.load(w_ptr + ns[:, None] * w_n + ks[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
+        both = m_ok[:, None] & k_ok[None, :]
         x = tl.load(x_ptr + ms[:, None] * x_m + ks[None, :], mask=both, other=0.0).to(tl.float32)
         if PROLOGUE == 2:  # SILU_GATED: x is the gate; act(gate) ⊙ up rounded as the unfused step rounds it
             up = tl.load(up_ptr + ms[:, None] * up_m + ks[None, :], mask=both, other=0.0).to(tl.float32)
-            x = (x * tl.sigmoid(x) * up).to(w_dtype).to(tl.float32)
+            x = (x * tl.sigmoid(x) * up).to(w.dtype).to(tl.float32)
         elif PROLOGUE == 1:  # RMS_NORM: the gain now, 1/rms after the loop
             squares += x * x
             x = x * tl.load(gain_ptr + ks, mask=k_ok, other=0.0).to(tl.float32)[None, :]
-        return x, squares
+        return w, x, squares
 
     @triton.jit
     def _store_output(
@@ -156,12 +162,9 @@ if triton is not None:
         acc = tl.zeros([ROWS, BLOCK_N, BLOCK_K], tl.float32)
         squares = tl.zeros([ROWS, BLOCK_K], tl.float32)  # RMS_NORM: x², element-wise like the products
         for first in tl.range(0, tl.cdiv(inputs, BLOCK_K), loop_unroll_factor=UNROLL):
-            ks = first * BLOCK_K + tl.arange(0, BLOCK_K)
-            k_ok = ks < inputs
-            w = tl.load(w_ptr + ns[:, None] * w_n + ks[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
-            both = m_ok[:, None] & k_ok[None, :]
-            x, squares = _input_block(
-                x_ptr, up_ptr, gain_ptr, ms, ks, both, k_ok, x_m, up_m, squares, w.dtype, PROLOGUE
+            w, x, squares = _block_of_weight_and_input(
+                x_ptr, up_ptr, gain_ptr, w_ptr, ns, n_ok, ms, m_ok, first, inputs, x_m, up_m, w_n, squares,
+                PROLOGUE, BLOCK_K,
             )  # fmt: skip
             acc += x[:, None, :] * w.to(tl.float32)[None, :, :]
         total = tl.sum(acc, axis=2)
@@ -204,12 +207,9 @@ if triton is not None:
         acc = tl.zeros([ROWS, BLOCK_N], tl.float32)
         squares = tl.zeros([ROWS, BLOCK_K], tl.float32)
         for first in tl.range(0, tl.cdiv(inputs, BLOCK_K)):
-            ks = first * BLOCK_K + tl.arange(0, BLOCK_K)
-            k_ok = ks < inputs
-            w = tl.load(w_ptr + ns[:, None] * w_n + ks[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
-            both = m_ok[:, None] & k_ok[None, :]
-            x, squares = _input_block(
-                x_ptr, up_ptr, gain_ptr, ms, ks, both, k_ok, x_m, up_m, squares, w.dtype, PROLOGUE
+            w, x, squares = _block_of_weight_and_input(
+                x_ptr, up_ptr, gain_ptr, w_ptr, ns, n_ok, ms, m_ok, first, inputs, x_m, up_m, w_n, squares,
+                PROLOGUE, BLOCK_K,
             )  # fmt: skip
             if IEEE:
                 acc += tl.dot(x, tl.trans(w), input_precision="ieee")

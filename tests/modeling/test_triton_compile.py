@@ -99,35 +99,25 @@ def test_the_attention_kernels_compile_and_fit_shared_memory(arch, dtype, head):
 
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_the_gemv_compiles_in_every_autotuned_configuration(arch, dtype):
-    """Each prologue (plain, RMSNorm, SwiGLU) with a bias and a residual, `eps` typed as inductor passes it."""
+@pytest.mark.parametrize("kernel_name", ["streaming", "tensor_core"])
+def test_the_gemvs_compile_and_fit_shared_memory_in_every_autotuned_configuration(kernel_name, arch, dtype):
+    """Each prologue (plain, RMSNorm, SwiGLU) with a bias and a residual, `eps` typed as inductor passes it: the
+    streaming kernel at 1 and 4 rows, the tensor-core one at 5-16 (padded to 16; fp32 weights as IEEE products)."""
     from archlab.modeling import triton_gemv
 
-    kernel = triton_gemv._gemv_kernel
+    kernel, row_counts, extra = {
+        "streaming": (triton_gemv._gemv_kernel, (1, 4), {}),
+        "tensor_core": (triton_gemv._dot_kernel, (16,), {"IEEE": dtype == "fp32"}),
+    }[kernel_name]
     pointers = {name: f"*{dtype}" for name in GEMV_POINTERS}
     for config in kernel.configs:
-        for rows in (1, 4):
+        for rows in row_counts:
             for prologue in GEMV_PROLOGUES:
-                constexprs = dict(ROWS=rows, PROLOGUE=prologue, HAS_BIAS=True, HAS_RESIDUAL=True, **config.kwargs)
+                constexprs = dict(
+                    ROWS=rows, PROLOGUE=prologue, HAS_BIAS=True, HAS_RESIDUAL=True, **extra, **config.kwargs
+                )
                 options = dict(num_warps=config.num_warps, num_stages=config.num_stages)
                 _assert_compiles(kernel, constexprs, pointers, arch, **options)
-
-
-@pytest.mark.parametrize("arch", ARCHS)
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_the_tensor_core_gemv_compiles_and_fits_shared_memory_in_every_autotuned_configuration(arch, dtype):
-    """5-16 rows (padded to 16), each prologue with a bias and a residual; fp32 weights as IEEE products."""
-    from archlab.modeling import triton_gemv
-
-    kernel = triton_gemv._dot_kernel
-    pointers = {name: f"*{dtype}" for name in GEMV_POINTERS}
-    for config in kernel.configs:
-        for prologue in GEMV_PROLOGUES:
-            constexprs = dict(
-                ROWS=16, PROLOGUE=prologue, HAS_BIAS=True, HAS_RESIDUAL=True, IEEE=dtype == "fp32", **config.kwargs
-            )
-            options = dict(num_warps=config.num_warps, num_stages=config.num_stages)
-            _assert_compiles(kernel, constexprs, pointers, arch, **options)
 
 
 GEMV_POINTERS = ("x_ptr", "up_ptr", "gain_ptr", "w_ptr", "bias_ptr", "residual_ptr", "y_ptr")
