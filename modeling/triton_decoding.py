@@ -24,11 +24,12 @@ interpreter (tests/triton_interpreter.py) against SDPA.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
 
-from .triton_launch import launchable, registered
+from .triton_launch import dependent_launch, launchable, pdl_applies, pdl_launch, register_pdl_twin, registered
 
 try:
     import triton
@@ -89,10 +90,11 @@ if triton is not None:
         m_b, m_s,
         o_b, o_h, o_d,
         GROUP: tl.constexpr, GROUP_ROWS: tl.constexpr, HEAD: tl.constexpr, BLOCK: tl.constexpr,
-        SPLITS: tl.constexpr, MASK: tl.constexpr, IEEE: tl.constexpr,
+        SPLITS: tl.constexpr, MASK: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr,
     ):  # fmt: skip
         """One program: row b, KV head h, its split of the keys. MASK: 0 none, 1 boolean (True attends), 2 additive.
         SPLITS == 1 writes the output; otherwise the unnormalised partial output and (max, sum) of the split."""
+        dependent_launch(PDL)
         pid = tl.program_id(0)
         split = tl.program_id(1)
         b = pid // kv_heads
@@ -155,9 +157,10 @@ if triton is not None:
         part_ptr, stat_ptr, out_ptr,
         kv_heads,
         o_b, o_h, o_d,
-        GROUP: tl.constexpr, GROUP_ROWS: tl.constexpr, HEAD: tl.constexpr, SPLITS: tl.constexpr,
+        GROUP: tl.constexpr, GROUP_ROWS: tl.constexpr, HEAD: tl.constexpr, SPLITS: tl.constexpr, PDL: tl.constexpr,
     ):  # fmt: skip
         """One program: row b, KV head h; the splits' partial outputs rescaled to their common maximum and summed."""
+        dependent_launch(PDL)
         pid = tl.program_id(0)
         b = pid // kv_heads
         h = pid % kv_heads
@@ -183,6 +186,46 @@ if triton is not None:
         )
 
 
+def _decode_attention_body(query, key, value, mask, scale, splits, pdl: bool = False) -> torch.Tensor:
+    """The op's body; `pdl`: launched by its PDL twin (triton_launch.py)."""
+    batch, heads, _, head_dim = query.shape
+    kv_heads, keys = key.shape[1], key.shape[2]
+    group = heads // kv_heads
+    output = query.new_empty(batch, 1, heads, head_dim)
+    if mask is None:
+        kind, mask_ptr, mask_strides = 0, query, (0, 0)
+    else:
+        rows = mask[:, 0, 0, :keys]
+        kind = 1 if rows.dtype == torch.bool else 2
+        mask_ptr = rows  # a boolean mask as it is (*i1): inductor cannot lower a bool→uint8 view
+        mask_strides = (rows.stride(0) if rows.shape[0] > 1 else 0, rows.stride(1))
+    group_rows = max(16, triton.next_power_of_2(group))
+    if splits > 1:
+        parts = query.new_empty(batch * kv_heads * splits * group_rows, head_dim, dtype=torch.float32)
+        stats = query.new_empty(batch * kv_heads * splits * group_rows, 2, dtype=torch.float32)
+    else:
+        parts = stats = output
+    dependent = pdl and pdl_launch(query)
+    launchable(_decode_split_kernel, query, "decode_attention", pdl=dependent)[(batch * kv_heads, splits)](
+        query, key, value, mask_ptr, output, parts, stats,
+        keys, kv_heads, scale,
+        query.stride(0), query.stride(1), query.stride(3),
+        key.stride(0), key.stride(1), key.stride(2), key.stride(3),
+        value.stride(0), value.stride(1), value.stride(2), value.stride(3),
+        *mask_strides,
+        output.stride(0), output.stride(2), output.stride(3),
+        GROUP=group, GROUP_ROWS=group_rows, HEAD=head_dim, BLOCK=block_keys(head_dim, query.element_size()),
+        SPLITS=splits, MASK=kind, IEEE=query.dtype == torch.float32, PDL=dependent,
+    )  # fmt: skip
+    if splits > 1:
+        launchable(_decode_combine_kernel, query, "decode_attention", pdl=dependent)[(batch * kv_heads,)](
+            parts, stats, output, kv_heads,
+            output.stride(0), output.stride(2), output.stride(3),
+            GROUP=group, GROUP_ROWS=group_rows, HEAD=head_dim, SPLITS=splits, PDL=dependent,
+        )  # fmt: skip
+    return output
+
+
 if triton is not None and not registered("decode_attention"):
 
     @torch.library.triton_op("archlab::decode_attention", mutates_args=())
@@ -194,41 +237,11 @@ if triton is not None and not registered("decode_attention"):
         scale: float,
         splits: int,
     ) -> torch.Tensor:
-        batch, heads, _, head_dim = query.shape
-        kv_heads, keys = key.shape[1], key.shape[2]
-        group = heads // kv_heads
-        output = query.new_empty(batch, 1, heads, head_dim)
-        if mask is None:
-            kind, mask_ptr, mask_strides = 0, query, (0, 0)
-        else:
-            rows = mask[:, 0, 0, :keys]
-            kind = 1 if rows.dtype == torch.bool else 2
-            mask_ptr = rows  # a boolean mask as it is (*i1): inductor cannot lower a bool→uint8 view
-            mask_strides = (rows.stride(0) if rows.shape[0] > 1 else 0, rows.stride(1))
-        group_rows = max(16, triton.next_power_of_2(group))
-        if splits > 1:
-            parts = query.new_empty(batch * kv_heads * splits * group_rows, head_dim, dtype=torch.float32)
-            stats = query.new_empty(batch * kv_heads * splits * group_rows, 2, dtype=torch.float32)
-        else:
-            parts = stats = output
-        launchable(_decode_split_kernel, query, "decode_attention")[(batch * kv_heads, splits)](
-            query, key, value, mask_ptr, output, parts, stats,
-            keys, kv_heads, scale,
-            query.stride(0), query.stride(1), query.stride(3),
-            key.stride(0), key.stride(1), key.stride(2), key.stride(3),
-            value.stride(0), value.stride(1), value.stride(2), value.stride(3),
-            *mask_strides,
-            output.stride(0), output.stride(2), output.stride(3),
-            GROUP=group, GROUP_ROWS=group_rows, HEAD=head_dim, BLOCK=block_keys(head_dim, query.element_size()),
-            SPLITS=splits, MASK=kind, IEEE=query.dtype == torch.float32,
-        )  # fmt: skip
-        if splits > 1:
-            launchable(_decode_combine_kernel, query, "decode_attention")[(batch * kv_heads,)](
-                parts, stats, output, kv_heads,
-                output.stride(0), output.stride(2), output.stride(3),
-                GROUP=group, GROUP_ROWS=group_rows, HEAD=head_dim, SPLITS=splits,
-            )  # fmt: skip
-        return output
+        return _decode_attention_body(query, key, value, mask, scale, splits)
+
+
+if triton is not None:
+    register_pdl_twin("decode_attention", functools.partial(_decode_attention_body, pdl=True))
 
 
 def decode_attention(
@@ -246,7 +259,8 @@ def decode_attention(
     or none, as SDPA computes it; `capacity`: the most keys the cache holds (it sets the split, `split_count`, so one
     compiled graph serves every length). Returns (B, 1, H, D), as every attention function of the interface."""
     splits = split_count(query.shape[0], key.shape[1], capacity if capacity is not None else key.shape[2])
-    output = torch.ops.archlab.decode_attention(query, key, value, attention_mask, float(scaling), splits)
+    op = torch.ops.archlab.decode_attention_pdl if pdl_applies(query) else torch.ops.archlab.decode_attention
+    output = op(query, key, value, attention_mask, float(scaling), splits)
     return output, None
 
 

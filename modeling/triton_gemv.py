@@ -37,9 +37,11 @@ against the unfused formulas.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
-from .triton_launch import launchable, registered
+from .triton_launch import dependent_launch, launchable, pdl_applies, pdl_launch, register_pdl_twin, registered
 
 try:
     import triton
@@ -148,12 +150,13 @@ if triton is not None:
         rows, outputs, inputs, eps,
         x_m, up_m, w_n, residual_m, y_m,
         ROWS: tl.constexpr, PROLOGUE: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
-        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, UNROLL: tl.constexpr,
+        PDL: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, UNROLL: tl.constexpr,
     ):  # fmt: skip
         """Up to STREAMED_ROWS rows. One program: outputs [pid · BLOCK_N, + BLOCK_N) of every row (ROWS: `rows`
         rounded up to a power of two). The products accumulate element-wise and are summed once after the loop, and
         the loop is unrolled UNROLL times: the unrolled blocks' loads are issued together (Triton does not pipeline
         loads that feed no `tl.dot`, and a sum across threads in every block would wait on each block's load)."""
+        dependent_launch(PDL)
         pid = tl.program_id(0)
         ns = pid * BLOCK_N + tl.arange(0, BLOCK_N)
         n_ok = ns < outputs
@@ -193,12 +196,13 @@ if triton is not None:
         rows, outputs, inputs, eps,
         x_m, up_m, w_n, residual_m, y_m,
         ROWS: tl.constexpr, PROLOGUE: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
-        IEEE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+        PDL: tl.constexpr, IEEE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     ):  # fmt: skip
         """More than STREAMED_ROWS rows (ROWS: `rows` rounded up to 16, the smallest tensor-core tile). One program:
         outputs [pid · BLOCK_N, + BLOCK_N) of every row, a `tl.dot` of the input block (computed by the prologue,
         rounded to the weights' dtype; fp32 weights: IEEE products) and the weight block per step, which Triton
         pipelines (asynchronous copies, `num_stages` blocks in flight)."""
+        dependent_launch(PDL)
         pid = tl.program_id(0)
         ns = pid * BLOCK_N + tl.arange(0, BLOCK_N)
         n_ok = ns < outputs
@@ -230,8 +234,10 @@ def _launch(
     up: torch.Tensor | None = None,
     gain: torch.Tensor | None = None,
     eps: float = 0.0,
+    pdl: bool = False,
 ) -> torch.Tensor:
-    """The kernel over x (..., inputs) against weight (outputs, inputs): (..., outputs) in x's dtype."""
+    """The kernel over x (..., inputs) against weight (outputs, inputs): (..., outputs) in x's dtype; `pdl`: launched
+    by the op's PDL twin (triton_launch.py)."""
     inputs, outputs = x.shape[-1], weight.shape[0]
     x2 = x.reshape(-1, inputs)
     up2 = up.reshape(-1, inputs) if up is not None else x2
@@ -246,13 +252,22 @@ def _launch(
         kernel, constants = _gemv_kernel, dict(ROWS=triton.next_power_of_2(rows))
     else:
         kernel, constants = _dot_kernel, dict(ROWS=max(16, triton.next_power_of_2(rows)), IEEE=x.dtype == torch.float32)
-    launchable(kernel, x, "gemv")[grid](
+    dependent = pdl and pdl_launch(x)
+    launchable(kernel, x, "gemv", pdl=dependent)[grid](
         x2, up2, weight if gain is None else gain, weight, weight if bias is None else bias, residual2, output,
         rows, outputs, inputs, eps,
         x2.stride(0), up2.stride(0), weight.stride(0), residual2.stride(0), output.stride(0),
-        PROLOGUE=prologue, HAS_BIAS=bias is not None, HAS_RESIDUAL=residual is not None, **constants,
+        PROLOGUE=prologue, HAS_BIAS=bias is not None, HAS_RESIDUAL=residual is not None, PDL=dependent, **constants,
     )  # fmt: skip
     return output.reshape(*x.shape[:-1], outputs)
+
+
+def _gated_down_body(gate, up, weight, bias, residual=None, pdl: bool = False) -> torch.Tensor:
+    return _launch(SILU_GATED, gate, weight, bias, residual, up=up, pdl=pdl)
+
+
+def _gemv_body(x, weight, bias, gain, eps, residual, pdl: bool = False) -> torch.Tensor:
+    return _launch(PLAIN if gain is None else RMS_NORM, x, weight, bias, residual, gain=gain, eps=eps, pdl=pdl)
 
 
 if triton is not None and not registered("gated_down"):
@@ -265,7 +280,7 @@ if triton is not None and not registered("gated_down"):
         bias: torch.Tensor | None,
         residual: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        return _launch(SILU_GATED, gate, weight, bias, residual, up=up)
+        return _gated_down_body(gate, up, weight, bias, residual)
 
 
 if triton is not None and not registered("gemv"):
@@ -279,7 +294,12 @@ if triton is not None and not registered("gemv"):
         eps: float,
         residual: torch.Tensor | None,
     ) -> torch.Tensor:
-        return _launch(PLAIN if gain is None else RMS_NORM, x, weight, bias, residual, gain=gain, eps=eps)
+        return _gemv_body(x, weight, bias, gain, eps, residual)
+
+
+if triton is not None:
+    register_pdl_twin("gated_down", functools.partial(_gated_down_body, pdl=True))
+    register_pdl_twin("gemv", functools.partial(_gemv_body, pdl=True))
 
 
 def _rows_contiguous(*tensors: torch.Tensor | None) -> list[torch.Tensor | None]:
@@ -289,7 +309,8 @@ def _rows_contiguous(*tensors: torch.Tensor | None) -> list[torch.Tensor | None]
 def gated_down(module, gate: torch.Tensor, up: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
     """`module.down_proj(act(gate) ⊙ up)` (+ `residual`) for a GatedMLP with SiLU, as one kernel (module docstring)."""
     gate, up, residual = _rows_contiguous(gate, up, residual)
-    return torch.ops.archlab.gated_down(gate, up, module.down_proj.weight, module.down_proj.bias, residual)
+    op = torch.ops.archlab.gated_down_pdl if pdl_applies(gate) else torch.ops.archlab.gated_down
+    return op(gate, up, module.down_proj.weight, module.down_proj.bias, residual)
 
 
 def gemv(
@@ -303,7 +324,8 @@ def gemv(
     """`linear(norm(x), weight, bias)` (+ `residual`) as one kernel, `norm` an `RMSNorm` or None (module docstring)."""
     x, residual = _rows_contiguous(x, residual)
     gain, eps = (norm.weight, float(norm.variance_epsilon)) if norm is not None else (None, 0.0)
-    return torch.ops.archlab.gemv(x, weight, bias, gain, eps, residual)
+    op = torch.ops.archlab.gemv_pdl if pdl_applies(x) else torch.ops.archlab.gemv
+    return op(x, weight, bias, gain, eps, residual)
 
 
 __all__ = [

@@ -22,9 +22,11 @@ on CPU the tests run the kernels through Triton's interpreter (tests/triton_inte
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
-from .triton_launch import launchable, registered
+from .triton_launch import dependent_launch, launchable, pdl_applies, pdl_launch, register_pdl_twin, registered
 
 try:
     import triton
@@ -68,9 +70,10 @@ if triton is not None:
         x_ptr, index_ptr, w_ptr, y_ptr,
         slots, outputs, inputs,
         x_m, w_e, w_n, y_m,
-        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, UNROLL: tl.constexpr,
+        PDL: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, UNROLL: tl.constexpr,
     ):  # fmt: skip
         """One program: (token, slot) `pid 0`, outputs [pid 1 · BLOCK_N, + BLOCK_N) of its expert's [gate; up]."""
+        dependent_launch(PDL)
         slot = tl.program_id(0)
         ns = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
         n_ok = ns < outputs
@@ -92,9 +95,10 @@ if triton is not None:
         h_ptr, index_ptr, weight_ptr, w_ptr, y_ptr,
         outputs, inputs,
         h_m, w_e, w_n, y_m,
-        SLOTS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, UNROLL: tl.constexpr,
+        SLOTS: tl.constexpr, PDL: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, UNROLL: tl.constexpr,
     ):  # fmt: skip
         """One program: token `pid 0`, outputs [pid 1 · BLOCK_N, + BLOCK_N) of Σ_slots weight · down(act(gate) ⊙ up)."""
+        dependent_launch(PDL)
         row = tl.program_id(0)
         ns = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
         n_ok = ns < outputs
@@ -116,6 +120,38 @@ if triton is not None:
         tl.store(y_ptr + row * y_m + ns, acc.to(y_ptr.dtype.element_ty), mask=n_ok)
 
 
+def _moe_decode_body(hidden_states, top_k_index, top_k_weights, gate_up_proj, down_proj, pdl: bool = False):
+    """The op's body; `pdl`: launched by its PDL twin (triton_launch.py)."""
+    tokens, hidden = hidden_states.shape
+    slots = top_k_index.shape[1]
+    intermediate = down_proj.shape[2]
+    index = top_k_index.contiguous()
+    weights = top_k_weights.contiguous()
+    gate_up = hidden_states.new_empty(tokens * slots, 2 * intermediate)
+    output = hidden_states.new_empty(tokens, hidden)
+
+    def gate_up_grid(meta):
+        return (tokens * slots, triton.cdiv(2 * intermediate, meta["BLOCK_N"]))
+
+    def down_grid(meta):
+        return (tokens, triton.cdiv(hidden, meta["BLOCK_N"]))
+
+    dependent = pdl and pdl_launch(hidden_states)
+    launchable(_expert_gate_up_kernel, hidden_states, "moe_decode", pdl=dependent)[gate_up_grid](
+        hidden_states, index, gate_up_proj, gate_up,
+        slots, 2 * intermediate, hidden,
+        hidden_states.stride(0), gate_up_proj.stride(0), gate_up_proj.stride(1), gate_up.stride(0),
+        PDL=dependent,
+    )  # fmt: skip
+    launchable(_expert_down_kernel, hidden_states, "moe_decode", pdl=dependent)[down_grid](
+        gate_up, index, weights, down_proj, output,
+        hidden, intermediate,
+        gate_up.stride(0), down_proj.stride(0), down_proj.stride(1), output.stride(0),
+        SLOTS=slots, PDL=dependent,
+    )  # fmt: skip
+    return output
+
+
 if triton is not None and not registered("moe_decode"):
 
     @torch.library.triton_op("archlab::moe_decode", mutates_args=())
@@ -126,41 +162,19 @@ if triton is not None and not registered("moe_decode"):
         gate_up_proj: torch.Tensor,
         down_proj: torch.Tensor,
     ) -> torch.Tensor:
-        tokens, hidden = hidden_states.shape
-        slots = top_k_index.shape[1]
-        intermediate = down_proj.shape[2]
-        index = top_k_index.contiguous()
-        weights = top_k_weights.contiguous()
-        gate_up = hidden_states.new_empty(tokens * slots, 2 * intermediate)
-        output = hidden_states.new_empty(tokens, hidden)
+        return _moe_decode_body(hidden_states, top_k_index, top_k_weights, gate_up_proj, down_proj)
 
-        def gate_up_grid(meta):
-            return (tokens * slots, triton.cdiv(2 * intermediate, meta["BLOCK_N"]))
 
-        def down_grid(meta):
-            return (tokens, triton.cdiv(hidden, meta["BLOCK_N"]))
-
-        launchable(_expert_gate_up_kernel, hidden_states, "moe_decode")[gate_up_grid](
-            hidden_states, index, gate_up_proj, gate_up,
-            slots, 2 * intermediate, hidden,
-            hidden_states.stride(0), gate_up_proj.stride(0), gate_up_proj.stride(1), gate_up.stride(0),
-        )  # fmt: skip
-        launchable(_expert_down_kernel, hidden_states, "moe_decode")[down_grid](
-            gate_up, index, weights, down_proj, output,
-            hidden, intermediate,
-            gate_up.stride(0), down_proj.stride(0), down_proj.stride(1), output.stride(0),
-            SLOTS=slots,
-        )  # fmt: skip
-        return output
+if triton is not None:
+    register_pdl_twin("moe_decode", functools.partial(_moe_decode_body, pdl=True))
 
 
 def moe_decode(experts, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor):
     """`experts(hidden_states, top_k_index, top_k_weights)` for a few tokens (module docstring): (tokens, d)."""
     if hidden_states.stride(-1) != 1:
         hidden_states = hidden_states.contiguous()
-    return torch.ops.archlab.moe_decode(
-        hidden_states, top_k_index, top_k_weights, experts.gate_up_proj, experts.down_proj
-    )
+    op = torch.ops.archlab.moe_decode_pdl if pdl_applies(hidden_states) else torch.ops.archlab.moe_decode
+    return op(hidden_states, top_k_index, top_k_weights, experts.gate_up_proj, experts.down_proj)
 
 
 __all__ = ["MAX_TOKENS", "MOE_DECODE_DEVICES", "moe_decode", "moe_decode_applies"]

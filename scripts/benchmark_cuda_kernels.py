@@ -15,7 +15,8 @@ the MoE's autotuned blocks). It says which kernel is worth a tuning row, and how
   the tensor-core kernel): RMSNorm inside the q/k/v product, the residual after the output projection, SwiGLU inside
   the down projection with the residual;
 - a pre-norm layer's decoding step (no cache: the attention is the same on both sides) fused against the default's
-  step, both compiled with the step's options, 1 and 16 rows;
+  step, both compiled with the step's options, 1 and 16 rows; and at 1 row the fused step with its kernels launched
+  dependent on the kernel before (the ops' PDL twins, triton_launch.py) against the fused step;
 - an MoE's routed experts (triton_moe.py) against archlab's default experts (moe.Experts: grouped GEMMs), 1 and 4
   tokens, each token routed to 2 of 8 experts.
 The kernels run on CUDA, or on a CPU through Triton's interpreter (TRITON_INTERPRET=1, in fp32: NumPy has no
@@ -28,6 +29,7 @@ note and measures nothing.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import os
 import sys
@@ -174,14 +176,16 @@ def gemv_rows(setup, report: Report, rows: int) -> None:
         report.rows[-1].extra["kernel's choice"] = _best_config(kernel)
 
 
-def layer_row(setup, report: Report, rows: int) -> None:
+def layer_row(setup, report: Report, rows: int, pdl: bool = False) -> None:
     """A pre-norm layer of the dense model (1.1B shape) on one decoding step, fused (decode_block.py: four GEMVs,
     the norms and residual adds inside) against the default's step (inductor's norm, SwiGLU and add kernels around
     cuBLAS's GEMVs), both compiled with the decoding step's options, q/k/v and gate/up read as one product each
     (as generate reads them on CUDA). The attention has no cache here (it attends to the step's own token): it is
-    the same kernel on both sides, and what differs is everything around it."""
+    the same kernel on both sides, and what differs is everything around it. `pdl`: the fused step with its kernels
+    launched dependent on the kernel before (the ops' PDL twins, triton_launch.py; inductor's kernels with
+    `triton.enable_pdl`) against the fused step."""
     from archlab import DecoderConfig, DecoderForCausalLM
-    from archlab.modeling import decode_block, step_compile
+    from archlab.modeling import decode_block, step_compile, triton_launch
     from archlab.modeling.fused_projections import inference_projections
 
     config = DecoderConfig(**{**shape("dense", setup.quick), "num_hidden_layers": 1})
@@ -191,32 +195,51 @@ def layer_row(setup, report: Report, rows: int) -> None:
     hidden = torch.randn(rows, 1, config.hidden_size, generator=generator, device=setup.device, dtype=_dtype(setup))
     positions = torch.full((rows, 1), 100, device=setup.device)
     rotary = model.model.rotary_emb(hidden, positions)
-    fused_on = mock.patch.object(decode_block, "FUSED_BLOCK_DEVICES", (setup.device.type,))
+    device = (setup.device.type,)
+    fused_on = [mock.patch.object(decode_block, "FUSED_BLOCK_DEVICES", device)]
+    pdl_on = [*fused_on, mock.patch.object(triton_launch, "PDL_DEVICES", device)]
+    options = step_compile.TUNED_STEP_OPTIONS
+    pdl_options = {**options, "triton.enable_pdl": True}
 
-    def step():
-        return layer(hidden, position_embeddings=rotary)[0]
+    def runner(patches: list, compile_options: dict | None) -> Callable[[], None]:
+        """The layer's step with `patches` on, compiled with `compile_options` on CUDA (each a function of its own:
+        a cache entry of its own), graphed; under the interpreter, the patches entered at each call."""
 
-    def fused_step():  # (eager: the fused path chosen at each call; compiled, at the trace: `fused_on` around it)
-        with fused_on:
-            return step()
+        def step():
+            return layer(hidden, position_embeddings=rotary)[0]
 
-    def compiled(function):
-        return torch.compile(function, dynamic=False, options=step_compile.TUNED_STEP_OPTIONS)
+        with contextlib.ExitStack() as stack:
+            for patch in patches:
+                stack.enter_context(patch)
+            if setup.cuda:
+                return graphed(setup, torch.compile(step, dynamic=False, options=compile_options))
+
+        def patched_step():
+            with contextlib.ExitStack() as stack:
+                for patch in patches:
+                    stack.enter_context(patch)
+                return step()
+
+        return graphed(setup, patched_step)
 
     weights = sum(p.numel() * p.element_size() for name, p in layer.named_parameters() if "norm" not in name)
     s = "s" if rows > 1 else ""
-    metric = (
-        f"a pre-norm layer's decoding step (no cache), {rows} row{s}: the fused step (four GEMVs, decode_block.py) "
-        "vs the default's (norms, GEMVs, SwiGLU, adds), both compiled"
-    )
+    if pdl:
+        metric = (
+            f"a pre-norm layer's decoding step (no cache), {rows} row{s}: the fused step launched dependent on the "
+            "kernel before (archlab's PDL twins, inductor's triton.enable_pdl) vs the fused step, both compiled"
+        )
+    else:
+        metric = (
+            f"a pre-norm layer's decoding step (no cache), {rows} row{s}: the fused step (four GEMVs, "
+            "decode_block.py) vs the default's (norms, GEMVs, SwiGLU, adds), both compiled"
+        )
     with torch.no_grad(), inference_projections(model, force=True):
-        if setup.cuda:
-            with fused_on:
-                fused = graphed(setup, compiled(step))
-            default = graphed(setup, compiled(lambda: step()))  # (another function: a cache entry of its own)
+        if pdl:
+            pair = (runner(pdl_on, pdl_options), runner(fused_on, options))
         else:
-            fused, default = graphed(setup, fused_step), graphed(setup, step)
-        graphed_row(setup, report, metric, fused, default, weights)
+            pair = (runner(fused_on, options), runner([], options))
+        graphed_row(setup, report, metric, *pair, weights)
 
 
 def _compiled(setup, peer: Callable) -> Callable:
@@ -288,6 +311,7 @@ def run(args: argparse.Namespace) -> Report:
     # the layer's step first (does the fused step win at all?), then the attention, the GEMVs, the MoE's kernels
     for rows in (1, triton_gemv.MAX_ROWS):
         guarded(report, setup, f"layer, {rows} rows", functools.partial(layer_row, setup, report, rows))
+    guarded(report, setup, "layer with PDL, 1 row", functools.partial(layer_row, setup, report, 1, pdl=True))
     for batch, keys in ((1, KEY_COUNTS[0]), (1, KEY_COUNTS[1]), (16, KEY_COUNTS[0])):
         measure = functools.partial(attention_rows, setup, report, batch, keys)
         guarded(report, setup, f"attention, batch {batch}, {keys} keys", measure)

@@ -11,7 +11,9 @@ memset. The rows now, each setting on its own copy of the model (a compiled step
 - each pre-norm layer's step as four of archlab's Triton GEMVs with the work around them inside
   (modeling/decode_block.py, modeling/triton_gemv.py: RMSNorm inside the q/k/v and gate/up products, the residual
   added by the output and down projections, SwiGLU inside the down one): ~6 kernels a layer where the default runs
-  ~12; alone and with archlab's attention kernel;
+  ~12; alone, with archlab's attention kernel, and with both launched dependent on the kernel before (programmatic
+  dependent launch through the ops' PDL twins, triton_launch.py, inductor's kernels with `triton.enable_pdl`: a
+  kernel starts while the one before ends, the launch gap hidden);
 - the self-attention through archlab's own Triton kernel (modeling/triton_decoding.py: one launch a layer, no
   memset, the keys and values read once per KV head, split among programs only for long caches at small batches),
   at batch 1 and 16;
@@ -62,6 +64,7 @@ from archlab.modeling import (
     prefill_buckets,
     step_compile,
     triton_decoding,
+    triton_launch,
     triton_moe,
 )
 from archlab.modeling.cache_names import with_cache
@@ -124,6 +127,11 @@ def dependent_launches():
     return mock.patch.object(step_compile, "TUNED_STEP_OPTIONS", options)
 
 
+def own_dependent_launches():
+    """archlab's kernels through their ops' PDL twins (triton_launch.py), launched dependent on the kernel before."""
+    return mock.patch.object(triton_launch, "PDL_DEVICES", ("cuda",))
+
+
 PDL = "Triton kernels with programmatic dependent launch (inductor's triton.enable_pdl)"
 EFFICIENT = "attention on SDPA's memory-efficient kernel (sdpa_kernel)"
 PLAIN = "the plain mode, no combo kernels (the default before)"
@@ -131,6 +139,10 @@ FLEX = "self-attention through FlexAttention's decoding kernel (flex_decoding.py
 TRITON = "self-attention through archlab's Triton decoding kernel (triton_decoding.py)"
 FUSED_BLOCK = "each layer's step as four Triton GEMVs with the norms, SwiGLU and residual adds inside (decode_block.py)"
 FUSED_AND_ATTENTION = "the four-GEMV layer steps and archlab's Triton attention"
+FUSED_PDL = (
+    "the four-GEMV layer steps and archlab's Triton attention, every Triton kernel launched dependent on the one "
+    "before (archlab's PDL twins, inductor's triton.enable_pdl)"
+)
 MOE_KERNELS = "the routed experts through archlab's two Triton kernels (triton_moe.py)"
 AUTOTUNED = 'compile_config=CompileConfig(mode="max-autotune") (every GEMM autotuned)'
 SETTINGS = {
@@ -141,6 +153,7 @@ SETTINGS = {
     TRITON: ({}, (triton_attention,)),
     FUSED_BLOCK: ({}, (fused_block,)),
     FUSED_AND_ATTENTION: ({}, (fused_block, triton_attention)),
+    FUSED_PDL: ({}, (fused_block, triton_attention, own_dependent_launches, dependent_launches)),
     AUTOTUNED: (MAX_AUTOTUNE, ()),
 }
 # (batch, setting) in the order measured: the candidates at batch 1, then at a larger batch; then the prefill's two
@@ -149,6 +162,7 @@ SETTINGS = {
 ROWS = [
     (1, FUSED_BLOCK),
     (1, FUSED_AND_ATTENTION),
+    (1, FUSED_PDL),
     (1, TRITON),
     (1, PDL),
     (1, EFFICIENT),
@@ -157,7 +171,7 @@ ROWS = [
     ("larger", PLAIN),
     ("larger", FLEX),
 ]
-FIRST_ROWS = 5  # those before the time-to-first-token row
+FIRST_ROWS = 6  # those before the time-to-first-token row
 LATE_ROWS = [(1, AUTOTUNED)]
 # Each setting compiles the step function once more: dynamo's limit (8) would leave the later rows' steps eager.
 RECOMPILE_LIMIT = 64

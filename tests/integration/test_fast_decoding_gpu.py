@@ -450,6 +450,11 @@ CANDIDATE_CASES = [
     ("fused-block", "moe", 1),  # the attention half of an MoE layer
     ("moe-kernels", "moe", 1),  # the MoE's routed experts through archlab's Triton kernels (triton_moe.py)
     ("moe-kernels", "moe", 4),
+    # all of archlab's kernels (fused layers, attention, routed experts) through their PDL twins (triton_launch.py),
+    # inductor's kernels with programmatic dependent launch too: a kernel starts while the one before ends
+    ("fused-pdl", "dense", 1),
+    ("fused-pdl", "dense", 16),
+    ("fused-pdl", "moe", 1),
 ]
 
 
@@ -469,6 +474,7 @@ def test_candidate_defaults_equal_eager_without_falling_back(candidate, kind, ba
         step_compile,
         triton_decoding,
         triton_gemv,
+        triton_launch,
         triton_moe,
     )
 
@@ -489,12 +495,20 @@ def test_candidate_defaults_equal_eager_without_falling_back(candidate, kind, ba
         monkeypatch.setattr(decode_block, "FUSED_BLOCK_DEVICES", ("cuda",))
     elif candidate == "moe-kernels":
         monkeypatch.setattr(triton_moe, "MOE_DECODE_DEVICES", ("cuda",))
+    elif candidate == "fused-pdl":
+        for module, name in (
+            (decode_block, "FUSED_BLOCK_DEVICES"),
+            (triton_decoding, "TRITON_DECODING_DEVICES"),
+            (triton_moe, "MOE_DECODE_DEVICES"),
+            (triton_launch, "PDL_DEVICES"),
+        ):
+            monkeypatch.setattr(module, name, ("cuda",))
     else:
         monkeypatch.setattr(step_compile, "TUNED_STEP_DEVICES", ("cuda",))
     if candidate == "combo":
         options = {"combo_kernels": True}
         monkeypatch.setattr(step_compile, "TUNED_STEP_OPTIONS", options)
-    if candidate == "pdl":
+    if candidate in ("pdl", "fused-pdl"):
         options = {**step_compile.TUNED_STEP_OPTIONS, "triton.enable_pdl": True}
         monkeypatch.setattr(step_compile, "TUNED_STEP_OPTIONS", options)
     model = _model(kind, torch.float32)
@@ -518,7 +532,7 @@ def test_candidate_defaults_equal_eager_without_falling_back(candidate, kind, ba
         mlp = model.model.layers[0].mlp
         with torch.no_grad():
             assert triton_gemv.gated_down_applies(mlp, torch.zeros(batch, 1, mlp.down_proj.in_features, device="cuda"))
-    if candidate == "fused-block":  # the fused step takes this model's layers in its steps
+    if candidate.startswith("fused"):  # the fused step takes this model's layers in its steps
         step = torch.zeros(batch, 1, model.config.hidden_size, device="cuda")
         with torch.no_grad(), inference_projections(model):
             assert decode_block.fused_block_applies(model.model.layers[0], step)

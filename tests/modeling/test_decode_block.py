@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from archlab import DecoderForCausalLM
-from archlab.modeling import decode_block, fused_projections, triton_gemv
+from archlab.modeling import decode_block, fused_projections, triton_decoding, triton_gemv, triton_launch
 from archlab.modeling.decode_block import fused_block_applies
 from archlab.modeling.fused_projections import inference_projections
 
@@ -41,7 +41,7 @@ VARIANTS = {
 }
 
 
-_interpreter_gaps = interpreter_gaps_filled("archlab.modeling.triton_gemv")
+_interpreter_gaps = interpreter_gaps_filled("archlab.modeling.triton_")
 
 
 def _model(**overrides):
@@ -165,6 +165,45 @@ def test_greedy_decoding_through_the_fused_step_gives_the_block_s_tokens(compile
         calls = _counted_calls(monkeypatch)
         assert torch.equal(greedy_tokens(model, batch), expected)
         assert len(calls) == 2 * 9  # two layers, the nine steps after the prefill (two rows each)
+
+
+@runs_kernels
+def test_the_kernels_pdl_twins_compiled_by_inductor_give_the_block_s_tokens(monkeypatch):
+    """With `PDL_DEVICES` listing the device, the fused step's GEMVs and the Triton attention go through the ops' PDL
+    twins (triton_launch.py: custom ops, opaque to torch.compile); inductor compiles archlab's decoding step around
+    them (on a CPU too, the interpreter running the kernels inside the compiled step) and greedy decoding gives the
+    block's tokens: each layer's step 3 `gemv_pdl`, 1 `gated_down_pdl` and 1 `decode_attention_pdl`, and none of the
+    plain ops. (On a CPU the twins launch without the dependent-launch attribute, which is Hopper's:
+    test_triton_compile.py checks the code that goes with it.)"""
+    from torch._inductor.compile_fx import compile_fx
+    from transformers import CompileConfig
+
+    torch._dynamo.reset()
+    model = _model(head_dim=16, num_attention_heads=4, num_key_value_heads=2)  # a head size the attention kernel takes
+    batch = left_padded_batch(model.config.vocab_size)
+    monkeypatch.setattr(fused_projections, "FUSED_PROJECTION_DEVICES", (DEVICE,))
+    expected = greedy_tokens(model, batch)
+    model.release_decoding_memory()
+    torch._dynamo.reset()
+    monkeypatch.setattr(triton_decoding, "KEYS_PER_PROGRAM", 8)  # a row's keys split: the combine kernel's twin too
+    for module, name in ((decode_block, "FUSED_BLOCK_DEVICES"), (triton_decoding, "TRITON_DECODING_DEVICES")):
+        monkeypatch.setattr(module, name, (DEVICE,))
+    monkeypatch.setattr(triton_launch, "PDL_DEVICES", (DEVICE,))
+    graphs = []
+
+    def inductor(graph_module, example_inputs):
+        graphs.append(graph_module.code)
+        return compile_fx(graph_module, example_inputs)
+
+    config = CompileConfig(fullgraph=True, backend=inductor, mode=None)
+    config._compile_all_devices = True
+    kwargs = dict(max_new_tokens=10, do_sample=False, pad_token_id=0, cache_implementation="static")
+    assert torch.equal(model.generate(**batch, **kwargs, compile_config=config), expected)
+    layers = model.config.num_hidden_layers
+    assert graphs and all(graph.count("archlab.gemv_pdl") == 3 * layers for graph in graphs)
+    assert all(graph.count("archlab.gated_down_pdl") == layers for graph in graphs)
+    assert all(graph.count("archlab.decode_attention_pdl") == layers for graph in graphs)
+    assert not any("archlab.gemv.default" in graph or "archlab.gated_down.default" in graph for graph in graphs)
 
 
 # ---- on a CPU: the kernel tests above, through Triton's interpreter ------------------------------------------------

@@ -36,16 +36,23 @@ NOT_DIVISIBLE = ("keys", "m_b", "kv_heads", "rows", "slots")
 
 
 def _compile(
-    kernel, constexprs: dict, pointers: dict, arch: int, num_warps: int = 4, num_stages: int = 3, scale: str = "fp64"
+    kernel,
+    constexprs: dict,
+    pointers: dict,
+    arch: int,
+    num_warps: int = 4,
+    num_stages: int = 3,
+    scale: str = "fp64",
+    launch_pdl: bool = False,
 ):
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
     fn = kernel.fn if hasattr(kernel, "configs") else kernel  # an autotuner: its kernel
-    signature, constants, attrs = {}, dict(constexprs), {}
+    signature, constants, attrs = {}, {"PDL": False, **constexprs} if "PDL" in fn.arg_names else dict(constexprs), {}
     for index, name in enumerate(fn.arg_names):
-        if name in constexprs:
+        if name in constants:
             signature[name] = "constexpr"
         elif name in pointers:
             signature[name] = pointers[name]
@@ -59,7 +66,7 @@ def _compile(
             if name not in NOT_DIVISIBLE:
                 attrs[(index,)] = [["tt.divisibility", 16]]
     source = ASTSource(fn=fn, signature=signature, constexprs=constants, attrs=attrs)
-    options = {"num_warps": num_warps, "num_stages": num_stages}
+    options = {"num_warps": num_warps, "num_stages": num_stages, "launch_pdl": launch_pdl}
     return triton.compile(source, target=GPUTarget("cuda", arch, 32), options=options)
 
 
@@ -217,3 +224,61 @@ def test_the_attention_loads_are_pipelined():
     pointers["mask_ptr"] = "*i1"
     loops = _sass_loops(_compile(triton_decoding._decode_split_kernel, constexprs, pointers, 90))
     assert any(sum("LDGSTS" in text for text in loop) >= 2 for loop in loops)
+
+
+# Each kernel as its op's PDL twin launches it on Hopper (triton_launch.py): `PDL` set, Triton's `launch_pdl`
+PDL_CASES = {
+    "gemv": ("triton_gemv", "_gemv_kernel", dict(ROWS=1, PROLOGUE=1, HAS_BIAS=False, HAS_RESIDUAL=True), GEMV_POINTERS),
+    "gemv-tensor-core": (
+        "triton_gemv",
+        "_dot_kernel",
+        dict(ROWS=16, PROLOGUE=2, HAS_BIAS=False, HAS_RESIDUAL=True, IEEE=False),
+        GEMV_POINTERS,
+    ),
+    "attention-split": (
+        "triton_decoding",
+        "_decode_split_kernel",
+        dict(GROUP=8, GROUP_ROWS=16, HEAD=64, BLOCK=64, SPLITS=4, MASK=1, IEEE=False),
+        ("q_ptr", "k_ptr", "v_ptr", "out_ptr", "part_ptr", "stat_ptr", "mask_ptr"),
+    ),
+    "attention-combine": (
+        "triton_decoding",
+        "_decode_combine_kernel",
+        dict(GROUP=8, GROUP_ROWS=16, HEAD=64, SPLITS=4),
+        ("part_ptr", "stat_ptr", "out_ptr"),
+    ),
+    "moe-gate-up": ("triton_moe", "_expert_gate_up_kernel", {}, ("x_ptr", "index_ptr", "w_ptr", "y_ptr")),
+    "moe-down": (
+        "triton_moe",
+        "_expert_down_kernel",
+        dict(SLOTS=2),
+        ("h_ptr", "index_ptr", "weight_ptr", "w_ptr", "y_ptr"),
+    ),
+}
+
+
+@pytest.mark.parametrize("case", PDL_CASES)
+def test_dependent_launches_wait_for_the_kernel_before_touching_memory(case):
+    """With `PDL` (the ops' PDL twins on Hopper) each kernel's code starts with `griddepcontrol.wait` — no load or
+    store of global memory before it: the kernel before may still be writing its input, or reading the memory its
+    output reuses — then `griddepcontrol.launch_dependents`; the kernel is marked for a dependent launch; without
+    `PDL` neither instruction is there."""
+    import importlib
+
+    module_name, kernel_name, constexprs, names = PDL_CASES[case]
+    kernel = getattr(importlib.import_module(f"archlab.modeling.{module_name}"), kernel_name)
+    pointers = {name: "*bf16" for name in names}
+    pointers.update({"index_ptr": "*i64", "weight_ptr": "*fp32"} if module_name == "triton_moe" else {})
+    if module_name == "triton_decoding":
+        pointers.update(mask_ptr="*i1", part_ptr="*fp32", stat_ptr="*fp32")
+    config = kernel.configs[0] if hasattr(kernel, "configs") else None
+    constexprs = {**constexprs, **(config.kwargs if config else {})}
+    options = dict(num_warps=config.num_warps, num_stages=config.num_stages) if config else {}
+    compiled = _compile(kernel, {**constexprs, "PDL": True}, pointers, 90, launch_pdl=True, **options)
+    ptx = compiled.asm["ptx"]
+    assert compiled.metadata.launch_pdl
+    wait, launch = ptx.find("griddepcontrol.wait"), ptx.find("griddepcontrol.launch_dependents")
+    memory = [ptx.find(op) for op in ("ld.global", "st.global", "cp.async", "atom.global") if op in ptx]
+    assert 0 <= wait < launch and wait < min(memory), case
+    plain = _compile(kernel, {**constexprs, "PDL": False}, pointers, 90, **options).asm["ptx"]
+    assert "griddepcontrol" not in plain

@@ -243,7 +243,8 @@ def test_headline_suite_runs_the_goal_rows(tmp_path, monkeypatch, device):
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
 def test_tuning_suite_measures_each_setting_against_the_default(tmp_path, device):
     """cuda-tuning: each setting of the decoding step (the layers' steps as archlab's four fused GEMVs, with and
-    without its Triton attention kernel, the attention kernel alone, programmatic dependent launch, the
+    without its Triton attention kernel and with both launched dependent on the kernel before, the attention kernel
+    alone, programmatic dependent launch, the
     memory-efficient attention, max-autotune at batch 1; the Triton attention, the plain mode and FlexAttention at a
     larger batch), each on its own copy of the weights against archlab's default path, with both sides' first calls;
     the MoE's routed experts through archlab's Triton kernels against its default; the time to first token with the
@@ -253,7 +254,7 @@ def test_tuning_suite_measures_each_setting_against_the_default(tmp_path, device
 
     rates = ["--peak-tflops", "1", "--peak-bandwidth", "0.05"] if device == "cpu" else []
     table = run_suites(tmp_path, "--suite", "cuda-tuning", *rates, device=device)
-    assert len(tuning.SETTINGS) == 8
+    assert len(tuning.SETTINGS) == 9
     rows = tuning.ROWS + tuning.LATE_ROWS
     assert {name for _, name in rows} == set(tuning.SETTINGS)
     for batch, name in rows:

@@ -1,6 +1,7 @@
 """`--suite cuda-kernels` (scripts/benchmark_cuda_kernels.py): archlab's Triton kernels each against the PyTorch
 path it would replace — rows for the attention (the split count chosen, and others at batch 1), the GEMV in each of
-a fused layer's uses at 1, 4 and 16 rows, a whole layer's step fused and not at 1 and 16 rows, and the MoE's experts
+a fused layer's uses at 1, 4 and 16 rows, a whole layer's step fused and not at 1 and 16 rows (and at 1 row fused
+with its kernels launched dependent on the one before against fused), and the MoE's experts
 at 1 and 4 tokens, with µs per call, the bytes read and the autotuner's choice; where the kernels cannot run, a note
 and no row.
 
@@ -65,7 +66,8 @@ def test_each_kernel_has_rows_against_its_pytorch_path(tmp_path, monkeypatch):
         gemv += rows
     assert len(moe) == 2, table
     layers = _rows(table, "a pre-norm layer's decoding step")
-    assert [row[0].split(",")[1].split(":")[0].strip() for row in layers] == ["1 row", "16 rows"], table
+    assert [row[0].split(",")[1].split(":")[0].strip() for row in layers] == ["1 row", "16 rows", "1 row"], table
+    assert "PDL twins" in layers[2][0] and "PDL" not in layers[0][0], table
     for row in attention + gemv + moe + layers:
         assert row[1].endswith("calls/s") and row[3].endswith("×"), row
         assert float(row[micro]) > 0 and float(row[read]) > 0, row
