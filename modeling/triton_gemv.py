@@ -28,11 +28,13 @@ measured the first gated version (a sum across threads in every block, no unroll
 each block's load in turn) at 0.88× the default step; this one is for the next GPU session.
 
 `gemv` and `gated_down` are `torch.library.triton_op`s: inductor calls them from the decoding step's generated code,
-CUDA graphs record them. The gated MLP uses `gated_down` alone where `gated_down_applies`: at most `MAX_ROWS` rows (a
-decoding step of a small batch), Triton importable, a device in `GATED_DOWN_DEVICES`, SiLU, fp32/fp16/bf16,
-inference (no gradient: the kernels have no backward). `GATED_DOWN_DEVICES` is empty until `--suite cuda-tuning`'s
-row measures it on a GPU; on CPU the tests run the kernel through Triton's interpreter (tests/triton_interpreter.py)
-against the unfused formulas.
+CUDA graphs record them. Their PDL twins (triton_launch.py) launch the kernels dependent on the kernel before; the
+streaming kernel then reads its first weight block before it waits for that kernel (no kernel of a decoding step
+writes a weight), the input after. The gated MLP uses `gated_down` alone where `gated_down_applies`: at most
+`MAX_ROWS` rows (a decoding step of a small batch), Triton importable, a device in `GATED_DOWN_DEVICES`, SiLU,
+fp32/fp16/bf16, inference (no gradient: the kernels have no backward). `GATED_DOWN_DEVICES` is empty until
+`--suite cuda-tuning`'s row measures it on a GPU; on CPU the tests run the kernel through Triton's interpreter
+(tests/triton_interpreter.py) against the unfused formulas.
 """
 
 from __future__ import annotations
@@ -89,23 +91,40 @@ def gemv_applies(x: torch.Tensor, *weights: torch.Tensor | None) -> bool:
 if triton is not None:
 
     @triton.jit
+    def _weight_block(w_ptr, ns, n_ok, first, inputs, w_n, BLOCK_K: tl.constexpr):
+        """Block `first` of inputs of the weight's rows `ns`."""
+        ks = first * BLOCK_K + tl.arange(0, BLOCK_K)
+        return tl.load(w_ptr + ns[:, None] * w_n + ks[None, :], mask=n_ok[:, None] & (ks < inputs)[None, :], other=0.0)
+
+    @triton.jit
+    def _input_block(
+        x_ptr, up_ptr, gain_ptr, w_ptr, ms, m_ok, first, inputs, x_m, up_m, squares,
+        PROLOGUE: tl.constexpr, BLOCK_K: tl.constexpr,
+    ):  # fmt: skip
+        """Block `first` of the product's input (fp32) as PROLOGUE computes it; `squares` += x² for RMS_NORM."""
+        ks = first * BLOCK_K + tl.arange(0, BLOCK_K)
+        k_ok = ks < inputs
+        both = m_ok[:, None] & k_ok[None, :]
+        x = tl.load(x_ptr + ms[:, None] * x_m + ks[None, :], mask=both, other=0.0).to(tl.float32)
+        if PROLOGUE == 2:  # SILU_GATED: x is the gate; act(gate) ⊙ up rounded as the unfused step rounds it
+            up = tl.load(up_ptr + ms[:, None] * up_m + ks[None, :], mask=both, other=0.0).to(tl.float32)
+            x = (x * tl.sigmoid(x) * up).to(w_ptr.dtype.element_ty).to(tl.float32)
+        elif PROLOGUE == 1:  # RMS_NORM: the gain now, 1/rms after the loop
+            squares += x * x
+            x = x * tl.load(gain_ptr + ks, mask=k_ok, other=0.0).to(tl.float32)[None, :]
+        return x, squares
+
+    @triton.jit
     def _block_of_weight_and_input(
         x_ptr, up_ptr, gain_ptr, w_ptr, ns, n_ok, ms, m_ok, first, inputs, x_m, up_m, w_n, squares,
         PROLOGUE: tl.constexpr, BLOCK_K: tl.constexpr,
     ):  # fmt: skip
         """Block `first` of inputs: the weight's rows `ns` there, and the product's input (fp32) as PROLOGUE computes
         it; `squares` += x² for RMS_NORM."""
-        ks = first * BLOCK_K + tl.arange(0, BLOCK_K)
-        k_ok = ks < inputs
-        w = tl.load(w_ptr + ns[:, None] * w_n + ks[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
-        both = m_ok[:, None] & k_ok[None, :]
-        x = tl.load(x_ptr + ms[:, None] * x_m + ks[None, :], mask=both, other=0.0).to(tl.float32)
-        if PROLOGUE == 2:  # SILU_GATED: x is the gate; act(gate) ⊙ up rounded as the unfused step rounds it
-            up = tl.load(up_ptr + ms[:, None] * up_m + ks[None, :], mask=both, other=0.0).to(tl.float32)
-            x = (x * tl.sigmoid(x) * up).to(w.dtype).to(tl.float32)
-        elif PROLOGUE == 1:  # RMS_NORM: the gain now, 1/rms after the loop
-            squares += x * x
-            x = x * tl.load(gain_ptr + ks, mask=k_ok, other=0.0).to(tl.float32)[None, :]
+        w = _weight_block(w_ptr, ns, n_ok, first, inputs, w_n, BLOCK_K)
+        x, squares = _input_block(
+            x_ptr, up_ptr, gain_ptr, w_ptr, ms, m_ok, first, inputs, x_m, up_m, squares, PROLOGUE, BLOCK_K
+        )
         return w, x, squares
 
     @triton.jit
@@ -156,7 +175,6 @@ if triton is not None:
         rounded up to a power of two). The products accumulate element-wise and are summed once after the loop, and
         the loop is unrolled UNROLL times: the unrolled blocks' loads are issued together (Triton does not pipeline
         loads that feed no `tl.dot`, and a sum across threads in every block would wait on each block's load)."""
-        dependent_launch(PDL)
         pid = tl.program_id(0)
         ns = pid * BLOCK_N + tl.arange(0, BLOCK_N)
         n_ok = ns < outputs
@@ -164,7 +182,16 @@ if triton is not None:
         m_ok = ms < rows
         acc = tl.zeros([ROWS, BLOCK_N, BLOCK_K], tl.float32)
         squares = tl.zeros([ROWS, BLOCK_K], tl.float32)  # RMS_NORM: x², element-wise like the products
-        for first in tl.range(0, tl.cdiv(inputs, BLOCK_K), loop_unroll_factor=UNROLL):
+        start = 0
+        if PDL:  # the first block of the weight read while the kernel before ends (nothing on the GPU writes it)
+            w = _weight_block(w_ptr, ns, n_ok, 0, inputs, w_n, BLOCK_K)
+            dependent_launch(PDL)  # then the input, which the kernel before writes
+            x, squares = _input_block(
+                x_ptr, up_ptr, gain_ptr, w_ptr, ms, m_ok, 0, inputs, x_m, up_m, squares, PROLOGUE, BLOCK_K
+            )
+            acc += x[:, None, :] * w.to(tl.float32)[None, :, :]
+            start = 1
+        for first in tl.range(start, tl.cdiv(inputs, BLOCK_K), loop_unroll_factor=UNROLL):
             w, x, squares = _block_of_weight_and_input(
                 x_ptr, up_ptr, gain_ptr, w_ptr, ns, n_ok, ms, m_ok, first, inputs, x_m, up_m, w_n, squares,
                 PROLOGUE, BLOCK_K,

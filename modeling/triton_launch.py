@@ -73,11 +73,10 @@ else:
 
 def launchable(kernel, like: torch.Tensor, op: str, pdl: bool = False):
     """`kernel[grid](...)`, as the running Triton allows (module docstring); `like`: one of the op's tensors. `pdl`:
-    launched with programmatic dependent launch (a twin's body on a GPU that has it; the kernel's `PDL` set too)."""
-    if pdl:
-        return _Dependent(kernel)
+    launched with programmatic dependent launch (a twin's body on a GPU that has it; the kernel's `PDL` set too; the
+    interpreter has no such launch and runs the kernel as it is)."""
     if not _interpreted(kernel):
-        return torch.library.wrap_triton(kernel)
+        return _Dependent(kernel) if pdl else torch.library.wrap_triton(kernel)
     if torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.PROXY) is not None:
         raise RuntimeError(f"under Triton's interpreter, {op} compiles with backend='eager' only")
     if torch._subclasses.fake_tensor.is_fake(like):

@@ -22,6 +22,7 @@ from archlab.modeling.fused_projections import inference_projections
 from helpers import DECODER_VARIANTS, randomised, tiny_decoder_config
 from triton_interpreter import (
     DEVICE,
+    INTERPRETING,
     greedy_tokens,
     interpreted_run_of,
     interpreter_gaps_filled,
@@ -173,8 +174,9 @@ def test_the_kernels_pdl_twins_compiled_by_inductor_give_the_block_s_tokens(monk
     twins (triton_launch.py: custom ops, opaque to torch.compile); inductor compiles archlab's decoding step around
     them (on a CPU too, the interpreter running the kernels inside the compiled step) and greedy decoding gives the
     block's tokens: each layer's step 3 `gemv_pdl`, 1 `gated_down_pdl` and 1 `decode_attention_pdl`, and none of the
-    plain ops. (On a CPU the twins launch without the dependent-launch attribute, which is Hopper's:
-    test_triton_compile.py checks the code that goes with it.)"""
+    plain ops. The kernels run their dependent-launch code (the streaming GEMV's first weight block read before the
+    wait); under the interpreter without the `griddepcontrol` instructions and the launch attribute, which are
+    Hopper's (test_triton_compile.py checks the code that goes with them)."""
     from torch._inductor.compile_fx import compile_fx
     from transformers import CompileConfig
 
@@ -189,6 +191,10 @@ def test_the_kernels_pdl_twins_compiled_by_inductor_give_the_block_s_tokens(monk
     for module, name in ((decode_block, "FUSED_BLOCK_DEVICES"), (triton_decoding, "TRITON_DECODING_DEVICES")):
         monkeypatch.setattr(module, name, (DEVICE,))
     monkeypatch.setattr(triton_launch, "PDL_DEVICES", (DEVICE,))
+    if INTERPRETING:  # the kernels' dependent-launch code, the `griddepcontrol` instructions (Hopper's) left out
+        for module in (triton_gemv, triton_decoding):
+            monkeypatch.setattr(module, "pdl_launch", lambda like: True)
+            monkeypatch.setattr(module, "dependent_launch", lambda PDL: None)
     graphs = []
 
     def inductor(graph_module, example_inputs):

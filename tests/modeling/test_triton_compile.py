@@ -228,7 +228,6 @@ def test_the_attention_loads_are_pipelined():
 
 # Each kernel as its op's PDL twin launches it on Hopper (triton_launch.py): `PDL` set, Triton's `launch_pdl`
 PDL_CASES = {
-    "gemv": ("triton_gemv", "_gemv_kernel", dict(ROWS=1, PROLOGUE=1, HAS_BIAS=False, HAS_RESIDUAL=True), GEMV_POINTERS),
     "gemv-tensor-core": (
         "triton_gemv",
         "_dot_kernel",
@@ -257,12 +256,26 @@ PDL_CASES = {
 }
 
 
+def _pdl_ptx(kernel, constexprs: dict, pointers: dict, config, pdl: bool = True) -> str:
+    """The PTX of `kernel` in `config` (None: not autotuned) with `PDL` and Triton's `launch_pdl`, or without."""
+    constexprs = {**constexprs, **(config.kwargs if config else {}), "PDL": pdl}
+    options = dict(num_warps=config.num_warps, num_stages=config.num_stages) if config else {}
+    compiled = _compile(kernel, constexprs, pointers, 90, launch_pdl=pdl, **options)
+    assert compiled.metadata.launch_pdl == pdl
+    return compiled.asm["ptx"]
+
+
+def _global_accesses(ptx: str) -> list[str]:
+    ops = ("ld.global", "st.global", "cp.async", "atom.global", "red.global")
+    return [line.strip() for line in ptx.splitlines() if any(op in line for op in ops)]
+
+
 @pytest.mark.parametrize("case", PDL_CASES)
 def test_dependent_launches_wait_for_the_kernel_before_touching_memory(case):
     """With `PDL` (the ops' PDL twins on Hopper) each kernel's code starts with `griddepcontrol.wait` — no load or
-    store of global memory before it: the kernel before may still be writing its input, or reading the memory its
+    store of global memory before it: the kernel before may still be writing the input, or reading the memory the
     output reuses — then `griddepcontrol.launch_dependents`; the kernel is marked for a dependent launch; without
-    `PDL` neither instruction is there."""
+    `PDL` neither instruction is there. (The streaming GEMV reads its first weight block before: the next test.)"""
     import importlib
 
     module_name, kernel_name, constexprs, names = PDL_CASES[case]
@@ -272,13 +285,30 @@ def test_dependent_launches_wait_for_the_kernel_before_touching_memory(case):
     if module_name == "triton_decoding":
         pointers.update(mask_ptr="*i1", part_ptr="*fp32", stat_ptr="*fp32")
     config = kernel.configs[0] if hasattr(kernel, "configs") else None
-    constexprs = {**constexprs, **(config.kwargs if config else {})}
-    options = dict(num_warps=config.num_warps, num_stages=config.num_stages) if config else {}
-    compiled = _compile(kernel, {**constexprs, "PDL": True}, pointers, 90, launch_pdl=True, **options)
-    ptx = compiled.asm["ptx"]
-    assert compiled.metadata.launch_pdl
+    ptx, plain = _pdl_ptx(kernel, constexprs, pointers, config), _pdl_ptx(kernel, constexprs, pointers, config, False)
     wait, launch = ptx.find("griddepcontrol.wait"), ptx.find("griddepcontrol.launch_dependents")
-    memory = [ptx.find(op) for op in ("ld.global", "st.global", "cp.async", "atom.global") if op in ptx]
-    assert 0 <= wait < launch and wait < min(memory), case
-    plain = _compile(kernel, {**constexprs, "PDL": False}, pointers, 90, **options).asm["ptx"]
+    assert 0 <= wait < launch and not _global_accesses(ptx[:wait]) and _global_accesses(ptx[wait:]), case
     assert "griddepcontrol" not in plain
+
+
+@pytest.mark.parametrize("prologue", GEMV_PROLOGUES)
+def test_the_streaming_gemv_reads_its_first_weight_block_before_waiting(prologue):
+    """The streaming GEMV launched dependent reads the first block of its weight while the kernel before ends (no
+    kernel of a decoding step writes a weight), and nothing else: before `griddepcontrol.wait` its code holds exactly
+    the 128-bit loads of one BLOCK_N × BLOCK_K block of bf16 per thread and no store; the input (which the kernel
+    before writes), the gain, the up projection and the residual after it. Every configuration, 1 and 4 rows."""
+    from archlab.modeling import triton_gemv
+
+    kernel = triton_gemv._gemv_kernel
+    pointers = {name: "*bf16" for name in GEMV_POINTERS}
+    for config in kernel.configs:
+        for rows in (1, 4):
+            constexprs = dict(ROWS=rows, PROLOGUE=prologue, HAS_BIAS=True, HAS_RESIDUAL=True)
+            ptx = _pdl_ptx(kernel, constexprs, pointers, config)
+            wait, launch = ptx.find("griddepcontrol.wait"), ptx.find("griddepcontrol.launch_dependents")
+            assert 0 <= wait < launch, config
+            early = _global_accesses(ptx[:wait])
+            threads = 32 * config.num_warps
+            block_loads = config.kwargs["BLOCK_N"] * config.kwargs["BLOCK_K"] * 2 // (16 * threads)
+            assert len(early) == block_loads and all("ld.global.v4" in line for line in early), (config, early)
+    assert "griddepcontrol" not in _pdl_ptx(kernel, constexprs, pointers, config, pdl=False)

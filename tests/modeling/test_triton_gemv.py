@@ -8,17 +8,20 @@ which `test_kernels_through_the_triton_interpreter` starts in a fresh process.""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 from torch import nn
 
 from archlab import DecoderForCausalLM
-from archlab.modeling import triton_gemv
+from archlab.modeling import triton_gemv, triton_launch
 from archlab.modeling.triton_gemv import gated_down_applies
 
 from helpers import tiny_decoder_config
 from triton_interpreter import (
     DEVICE,
+    INTERPRETING,
     greedy_tokens,
     interpreted_run_of,
     interpreter_gaps_filled,
@@ -53,6 +56,11 @@ def test_the_kernel_applies_only_to_a_few_rows_of_silu_on_the_listed_devices(mon
         monkeypatch.setattr(triton_gemv, "GATED_DOWN_DEVICES", ("cpu",))
         monkeypatch.setattr(triton_gemv, "triton", None)  # CPU wheels of torch: no Triton
         assert not gated_down_applies(mlp, gate)
+
+
+def _down(weight, bias) -> SimpleNamespace:
+    """What `gated_down` reads of a gated MLP: its down projection's weight and bias."""
+    return SimpleNamespace(down_proj=SimpleNamespace(weight=weight, bias=bias))
 
 
 def _formula(gate, up, weight, bias):
@@ -115,14 +123,24 @@ def _norm(inputs, dtype=torch.float32, seed=1):
     "rows, inputs, outputs, bias",
     [(1, 300, 40, False), (3, 1000, 70, True), (4, 64, 8, False), (7, 300, 40, True), (16, 520, 72, False)],
 )
-def test_each_prologue_with_a_residual_equals_the_unfused_step(prologue, rows, inputs, outputs, bias):
+@pytest.mark.parametrize("launch", ["plain", "dependent"])
+def test_each_prologue_with_a_residual_equals_the_unfused_step(
+    prologue, rows, inputs, outputs, bias, launch, monkeypatch
+):
     """y = W·input (+ b) + r, the input x as it comes, RMSNorm(x), or silu(gate) ⊙ up: the block's unfused arithmetic
     (the norm module, nn.Linear, the residual added after); up to 4 rows the streaming kernel, 7 and 16 the
-    tensor-core one."""
+    tensor-core one. `dependent`: through the ops' PDL twins with the kernels' dependent-launch code (the streaming
+    kernel's first weight block read before the wait, outside its loop); on Hopper with the launch attribute, under
+    the interpreter with the `griddepcontrol` instructions left out (they are Hopper's)."""
+    if launch == "dependent":
+        monkeypatch.setattr(triton_launch, "PDL_DEVICES", (DEVICE,))
+        if INTERPRETING:
+            monkeypatch.setattr(triton_gemv, "pdl_launch", lambda like: True)
+            monkeypatch.setattr(triton_gemv, "dependent_launch", lambda PDL: None)
     gate, up, weight, bias = _inputs(rows, inputs, outputs, bias)
     residual = torch.randn(rows, 1, outputs, generator=torch.Generator().manual_seed(2)).to(DEVICE)
     if prologue == "silu_gated":
-        output = torch.ops.archlab.gated_down(gate, up, weight, bias, residual)
+        output = triton_gemv.gated_down(_down(weight, bias), gate, up, residual)
         expected = _formula(gate, up, weight, bias) + residual
     else:
         norm = _norm(inputs) if prologue == "rms_norm" else None
