@@ -92,6 +92,17 @@ def fill_interpreter_gaps(monkeypatch, module_prefix: str) -> None:
                 monkeypatch.setattr(module, function_name, _numpy_unary(numpy_function))
 
 
+def with_dependent_launch_code(monkeypatch, *modules) -> None:
+    """The kernels of `modules` (triton_gemv, ...) launched by their ops' PDL twins run their dependent-launch code
+    (triton_launch.py): on a GPU as the twins decide (Hopper: with the launch attribute); under the interpreter, which
+    has neither the attribute nor the `griddepcontrol` instructions, with the instructions left out."""
+    if not INTERPRETING:
+        return
+    for module in modules:
+        monkeypatch.setattr(module, "pdl_launch", lambda like: True)
+        monkeypatch.setattr(module, "dependent_launch", lambda PDL: None)
+
+
 def run_pytest_interpreted(*pytest_args: str, timeout: float = 840) -> subprocess.CompletedProcess:
     """`python -m pytest *pytest_args` in a fresh process with TRITON_INTERPRET=1 (output captured)."""
     return subprocess.run(

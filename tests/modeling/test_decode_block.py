@@ -22,12 +22,12 @@ from archlab.modeling.fused_projections import inference_projections
 from helpers import DECODER_VARIANTS, randomised, tiny_decoder_config
 from triton_interpreter import (
     DEVICE,
-    INTERPRETING,
     greedy_tokens,
     interpreted_run_of,
     interpreter_gaps_filled,
     left_padded_batch,
     runs_kernels,
+    with_dependent_launch_code,
 )
 
 MOE = dict(num_local_experts=4, num_experts_per_tok=2)
@@ -191,10 +191,7 @@ def test_the_kernels_pdl_twins_compiled_by_inductor_give_the_block_s_tokens(monk
     for module, name in ((decode_block, "FUSED_BLOCK_DEVICES"), (triton_decoding, "TRITON_DECODING_DEVICES")):
         monkeypatch.setattr(module, name, (DEVICE,))
     monkeypatch.setattr(triton_launch, "PDL_DEVICES", (DEVICE,))
-    if INTERPRETING:  # the kernels' dependent-launch code, the `griddepcontrol` instructions (Hopper's) left out
-        for module in (triton_gemv, triton_decoding):
-            monkeypatch.setattr(module, "pdl_launch", lambda like: True)
-            monkeypatch.setattr(module, "dependent_launch", lambda PDL: None)
+    with_dependent_launch_code(monkeypatch, triton_gemv, triton_decoding)
     graphs = []
 
     def inductor(graph_module, example_inputs):

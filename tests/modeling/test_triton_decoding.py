@@ -26,6 +26,7 @@ from triton_interpreter import (
     interpreter_gaps_filled,
     left_padded_batch,
     runs_kernels,
+    with_dependent_launch_code,
 )
 
 _interpreter_gaps = interpreter_gaps_filled("archlab.modeling.triton_decoding")
@@ -98,10 +99,13 @@ CASES = [  # batch, heads, KV heads, keys, head size, mask, the mask's batch, sp
 
 @runs_kernels
 @pytest.mark.parametrize("batch, heads, kv_heads, keys, dim, mask_kind, mask_batch, splits", CASES)
-def test_the_kernel_equals_sdpa(batch, heads, kv_heads, keys, dim, mask_kind, mask_batch, splits):
+@pytest.mark.parametrize("op", ["decode_attention", "decode_attention_pdl"])
+def test_the_kernel_equals_sdpa(batch, heads, kv_heads, keys, dim, mask_kind, mask_batch, splits, op, monkeypatch):
+    """The op, and its PDL twin running the kernels' dependent-launch code (triton_launch.py)."""
+    with_dependent_launch_code(monkeypatch, triton_decoding)
     query, key, value, mask = _inputs(batch, heads, kv_heads, keys, dim, mask_kind, mask_batch)
     expected, _ = one_token_grouped_sdpa(nn.Module(), query, key, value, mask, scaling=0.3)
-    output = torch.ops.archlab.decode_attention(query, key, value, mask, 0.3, splits)
+    output = getattr(torch.ops.archlab, op)(query, key, value, mask, 0.3, splits)
     assert output.shape == (batch, 1, heads, dim) and output.dtype == query.dtype
     torch.testing.assert_close(output, expected, rtol=1e-5, atol=1e-5)
 

@@ -21,12 +21,12 @@ from archlab.modeling.triton_gemv import gated_down_applies
 from helpers import tiny_decoder_config
 from triton_interpreter import (
     DEVICE,
-    INTERPRETING,
     greedy_tokens,
     interpreted_run_of,
     interpreter_gaps_filled,
     left_padded_batch,
     runs_kernels,
+    with_dependent_launch_code,
 )
 
 _interpreter_gaps = interpreter_gaps_filled("archlab.modeling.triton_gemv")
@@ -134,9 +134,7 @@ def test_each_prologue_with_a_residual_equals_the_unfused_step(
     the interpreter with the `griddepcontrol` instructions left out (they are Hopper's)."""
     if launch == "dependent":
         monkeypatch.setattr(triton_launch, "PDL_DEVICES", (DEVICE,))
-        if INTERPRETING:
-            monkeypatch.setattr(triton_gemv, "pdl_launch", lambda like: True)
-            monkeypatch.setattr(triton_gemv, "dependent_launch", lambda PDL: None)
+        with_dependent_launch_code(monkeypatch, triton_gemv)
     gate, up, weight, bias = _inputs(rows, inputs, outputs, bias)
     residual = torch.randn(rows, 1, outputs, generator=torch.Generator().manual_seed(2)).to(DEVICE)
     if prologue == "silu_gated":

@@ -24,6 +24,7 @@ from triton_interpreter import (
     interpreter_gaps_filled,
     left_padded_batch,
     runs_kernels,
+    with_dependent_launch_code,
 )
 
 MOE = dict(num_local_experts=4, num_experts_per_tok=2)
@@ -78,12 +79,15 @@ def _reference(experts, x, index, weights):
 
 @runs_kernels
 @pytest.mark.parametrize("tokens, slots", [(1, 2), (3, 2), (4, 1)])
-def test_the_kernels_equal_the_pytorch_experts(tokens, slots):
+@pytest.mark.parametrize("op", ["moe_decode", "moe_decode_pdl"])
+def test_the_kernels_equal_the_pytorch_experts(tokens, slots, op, monkeypatch):
+    """The op, and its PDL twin running the kernels' dependent-launch code (triton_launch.py)."""
+    with_dependent_launch_code(monkeypatch, triton_moe)
     experts = _experts()
     x, index, weights = _routing(tokens, 4, slots)
     expected = _reference(experts, x, index, weights)
     with torch.no_grad():
-        output = torch.ops.archlab.moe_decode(x, index, weights, experts.gate_up_proj, experts.down_proj)
+        output = getattr(torch.ops.archlab, op)(x, index, weights, experts.gate_up_proj, experts.down_proj)
     assert output.shape == x.shape and output.dtype == x.dtype
     torch.testing.assert_close(output, expected, rtol=1e-5, atol=1e-5)
 
