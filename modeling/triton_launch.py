@@ -8,15 +8,16 @@ tracing would record the launch-free body: an error says so).
 
 Each op also has a twin, `archlab::<op>_pdl` (`register_pdl_twin`): the same body and schema as a custom op, opaque to
 torch.compile (inductor calls it from its generated code like any extern op, CUDA graphs record what it launches),
-launching the kernels with programmatic dependent launch on a GPU that has it (Hopper and later: compute capability
-9). A kernel so launched may start while the kernel before it is still running; it waits for that kernel's writes
-(`griddepcontrol.wait`, the kernels' `PDL` branch) before it reads or writes anything, then lets the next kernel
-launch (`griddepcontrol.launch_dependents`), so that the launch latency inside a CUDA graph (~1.6 µs a kernel on an
-H100: a quarter of a batch-1 decoding step, docs/gpu.md) overlaps the kernel before. Inductor launches a
-`triton_op`'s kernels without that attribute in torch 2.11 (its `triton.enable_pdl` covers inductor's own kernels only),
-hence the twins. `pdl_applies` says where the callers take them: a device in `PDL_DEVICES`, empty until
-`--suite cuda-kernels` and `cuda-tuning` measure them; on CPU (Triton's interpreter) the twins run without the
-attribute, which is how the tests check their routing and their schema under torch.compile."""
+launching the kernels with programmatic dependent launch on a GPU that has it (Hopper and later: compute capability 9).
+A kernel so launched may start while the kernel before it is still running; it waits for that kernel's writes
+(`griddepcontrol.wait`, the kernels' `PDL` branch) before it reads or writes anything but a weight (the streaming GEMV's
+first block, triton_gemv.py), then lets the next kernel launch (`griddepcontrol.launch_dependents`), so that the launch
+latency inside a CUDA graph (~1.6 µs a kernel on an H100: a quarter of a batch-1 decoding step, docs/gpu.md) overlaps
+the kernel before. Inductor launches a `triton_op`'s kernels without that attribute in torch 2.11 (its
+`triton.enable_pdl` covers inductor's own kernels only), hence the twins. `pdl_applies` says where the callers take
+them: a device in `PDL_DEVICES`, empty until `--suite cuda-kernels` and `cuda-tuning` measure them; on CPU (Triton's
+interpreter) the twins run without the attribute, which is how the tests check their routing and their schema under
+torch.compile."""
 
 from __future__ import annotations
 
