@@ -18,7 +18,10 @@ prompt), inference (no gradient), a pre-norm or parallel block (GPT-NeoX's two n
 norms are archlab's `RMSNorm` and whose attention reads q/k/v as one product (`fused_projections`'
 `inference_projections`: generate enters it on CUDA), one dtype, no hooks or patched forwards (accelerate's,
 Liger's). A dense layer's MLP joins where it is a SiLU `GatedMLP` with gate/up laid out as one product; a mixture of
-experts keeps its MLP (and its norm) and takes the attention half. A parallel block's MLP reads the block's input and
+experts' where triton_moe.py's kernels take its experts (`MOE_DECODE_DEVICES`) and it has no shared expert: RMSNorm
+inside the router's GEMV and inside the experts' gate/up kernel, the residual added by their down kernel (two
+launches and the router's top-k beside the experts'); otherwise it keeps its MLP (and its norm), the attention half
+fused. A parallel block's MLP reads the block's input and
 adds its output after the attention's (GPT-J's shared norm is computed inside both input GEMVs). Everything else runs
 the block's own forward. `FUSED_BLOCK_DEVICES` is empty until `--suite cuda-tuning`'s row measures it on a GPU; on
 CPU the tests run the kernels through Triton's interpreter against the block's forward.
@@ -32,8 +35,10 @@ from transformers.cache_utils import Cache
 
 from .feed_forward import GatedMLP
 from .fused_projections import _hooked
+from .moe import SparseMoeBlock
 from .normalization import RMSNorm
 from .triton_gemv import ACTIVATIONS, gated_down, gemv, gemv_applies
+from .triton_moe import moe_decode, moe_decode_applies
 
 # Devices on which a pre-norm layer's decoding step runs through `fused_block_forward` (`fused_block_applies`).
 FUSED_BLOCK_DEVICES: tuple[str, ...] = ()
@@ -89,6 +94,35 @@ def _mlp_fits(block: nn.Module, hidden_states: torch.Tensor) -> tuple[torch.Tens
     return fused if fits else None
 
 
+def _moe_fits(block: nn.Module, hidden_states: torch.Tensor) -> bool:
+    """Whether the block's mixture of experts joins the fused step: routed experts only (no shared expert), plain
+    modules, its experts taking triton_moe.py's kernels, the router a GEMV with the norm inside."""
+    mlp = block.mlp
+    return (
+        type(mlp) is SparseMoeBlock
+        and _plain(mlp)
+        and _plain(mlp.gate)
+        and _plain(mlp.experts)
+        and mlp.shared_expert is None
+        and not mlp.training  # no router jitter
+        and _norm_fits(_mlp_norm(block), hidden_states)
+        and moe_decode_applies(mlp.experts, hidden_states.reshape(-1, hidden_states.shape[-1]))
+        and gemv_applies(hidden_states, mlp.gate.weight)
+    )
+
+
+def _fused_moe(block: nn.Module, mlp_input: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+    """The mixture of experts' half of the step: RMSNorm inside the router's GEMV and inside the experts' gate/up
+    kernel, the residual added by their down kernel; the router's logits left on the MLP as its forward leaves them."""
+    mlp, norm = block.mlp, _mlp_norm(block)
+    shape = mlp_input.shape
+    x = mlp_input.reshape(-1, shape[-1])
+    router_logits, top_weights, top_index = mlp.gate.route(gemv(x, mlp.gate.weight, norm=norm))
+    out = moe_decode(mlp.experts, x, top_index, top_weights, norm=norm, residual=residual.reshape(-1, shape[-1]))
+    mlp.router_logits = router_logits
+    return out.reshape(shape)
+
+
 def fused_block_forward(
     block: nn.Module,
     hidden_states: torch.Tensor,
@@ -110,8 +144,10 @@ def fused_block_forward(
     output = getattr(attention, attention.output_name)
     hidden_states = gemv(heads.reshape(batch, length, -1), output.weight, output.bias, residual=hidden_states)
     mlp_input = block_input if block.parallel else hidden_states
+    if _moe_fits(block, mlp_input):
+        return _fused_moe(block, mlp_input, hidden_states), weights
     gate_up = _mlp_fits(block, mlp_input)
-    if gate_up is None:  # a mixture of experts, or an MLP the kernels do not cover: as the block runs it
+    if gate_up is None:  # an MLP the kernels do not cover: as the block runs it
         return hidden_states + block.mlp(_mlp_norm(block)(mlp_input)), weights
     gate, up = gemv(mlp_input, *gate_up, norm=_mlp_norm(block)).chunk(2, dim=-1)
     return gated_down(block.mlp, gate, up, residual=hidden_states), weights

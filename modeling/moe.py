@@ -57,7 +57,10 @@ class TopKRouter(nn.Module):
         self.weight = nn.Parameter(torch.empty(num_experts, hidden_size))
 
     def forward(self, hidden_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        router_logits = F.linear(hidden_states, self.weight)  # (N, K)
+        return self.route(F.linear(hidden_states, self.weight))  # (N, K) logits
+
+    def route(self, router_logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(logits, top-k weights, top-k experts) from the (N, K) logits (the fused layer step computes them)."""
         probs = torch.softmax(router_logits.float(), dim=-1)
         top_weights, top_index = torch.topk(probs, self.top_k, dim=-1)  # (N, k)
         if self.norm_topk_prob:

@@ -11,7 +11,9 @@ reading. Here: `_expert_gate_up_kernel`, one program per (token, slot) and block
 expert's [gate; up] rows against the token; `_expert_down_kernel`, one program per token and block of outputs,
 streams each chosen expert's down rows against act(gate) ⊙ up (computed per block as it goes, rounded to the weights'
 dtype as the unfused path rounds it) and adds them with the router weights, in fp32. Two launches, no sort, no
-scatter. Block sizes are autotuned per shape on the first call.
+scatter. In the fused layer step (decode_block.py) the first also computes the layer's RMSNorm of the token (one
+pass, as triton_gemv.py's RMS_NORM prologue) and the second adds the residual. Block sizes are autotuned per shape
+on the first call.
 
 `moe_decode` is a `torch.library.triton_op` (inductor calls its kernels from the step's generated code, CUDA graphs
 record them). Where it applies (`moe_decode_applies`): at most `MAX_TOKENS` tokens, gated experts with SiLU, Triton
@@ -64,15 +66,17 @@ if triton is not None:
         for n, k, unroll, warps in [(4, 512, 4, 4), (8, 256, 4, 4), (8, 512, 2, 4), (16, 256, 2, 4), (16, 512, 2, 8)]
     ]
 
-    @triton.autotune(configs=_CONFIGS, key=["outputs", "inputs"])
+    @triton.autotune(configs=_CONFIGS, key=["outputs", "inputs", "NORM"])
     @triton.jit
     def _expert_gate_up_kernel(
-        x_ptr, index_ptr, w_ptr, y_ptr,
-        slots, outputs, inputs,
+        x_ptr, index_ptr, w_ptr, gain_ptr, y_ptr,
+        slots, outputs, inputs, eps,
         x_m, w_e, w_n, y_m,
-        PDL: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, UNROLL: tl.constexpr,
+        NORM: tl.constexpr, PDL: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, UNROLL: tl.constexpr,
     ):  # fmt: skip
-        """One program: (token, slot) `pid 0`, outputs [pid 1 · BLOCK_N, + BLOCK_N) of its expert's [gate; up]."""
+        """One program: (token, slot) `pid 0`, outputs [pid 1 · BLOCK_N, + BLOCK_N) of its expert's [gate; up]; with
+        NORM, of RMSNorm(x) (one pass: x² accumulated beside the products, 1/rms applied to the sums after the loop,
+        as triton_gemv.py's RMS_NORM prologue)."""
         dependent_launch(PDL)
         slot = tl.program_id(0)
         ns = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -80,24 +84,33 @@ if triton is not None:
         expert = tl.load(index_ptr + slot).to(tl.int64)
         row = slot // slots
         acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
+        squares = tl.zeros([BLOCK_K], tl.float32)
         for first in tl.range(0, tl.cdiv(inputs, BLOCK_K), loop_unroll_factor=UNROLL):
             ks = first * BLOCK_K + tl.arange(0, BLOCK_K)
             k_ok = ks < inputs
             x = tl.load(x_ptr + row * x_m + ks, mask=k_ok, other=0.0).to(tl.float32)
+            if NORM:
+                squares += x * x
+                x = x * tl.load(gain_ptr + ks, mask=k_ok, other=0.0).to(tl.float32)
             w_at = w_ptr + expert * w_e + ns[:, None] * w_n + ks[None, :]
             w = tl.load(w_at, mask=n_ok[:, None] & k_ok[None, :], other=0.0).to(tl.float32)
             acc += w * x[None, :]
-        tl.store(y_ptr + slot * y_m + ns, tl.sum(acc, axis=1).to(y_ptr.dtype.element_ty), mask=n_ok)
+        total = tl.sum(acc, axis=1)
+        if NORM:  # eps: inductor passes a Python float as an fp64 scalar, Triton's launcher as fp32
+            total = total / tl.sqrt(tl.sum(squares, axis=0) / inputs + eps.to(tl.float32))
+        tl.store(y_ptr + slot * y_m + ns, total.to(y_ptr.dtype.element_ty), mask=n_ok)
 
     @triton.autotune(configs=_CONFIGS, key=["outputs", "inputs"])
     @triton.jit
     def _expert_down_kernel(
-        h_ptr, index_ptr, weight_ptr, w_ptr, y_ptr,
+        h_ptr, index_ptr, weight_ptr, w_ptr, residual_ptr, y_ptr,
         outputs, inputs,
-        h_m, w_e, w_n, y_m,
-        SLOTS: tl.constexpr, PDL: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, UNROLL: tl.constexpr,
+        h_m, w_e, w_n, residual_m, y_m,
+        SLOTS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, PDL: tl.constexpr,
+        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, UNROLL: tl.constexpr,
     ):  # fmt: skip
-        """One program: token `pid 0`, outputs [pid 1 · BLOCK_N, + BLOCK_N) of Σ_slots weight · down(act(gate) ⊙ up)."""
+        """One program: token `pid 0`, outputs [pid 1 · BLOCK_N, + BLOCK_N) of Σ_slots weight · down(act(gate) ⊙ up),
+        rounded to the output's dtype, plus the residual (as the unfused step adds the block's output to it)."""
         dependent_launch(PDL)
         row = tl.program_id(0)
         ns = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -117,10 +130,16 @@ if triton is not None:
                 hidden = (gate * tl.sigmoid(gate) * up).to(w.dtype).to(tl.float32)
                 part += w.to(tl.float32) * hidden[None, :]
             acc += tl.load(weight_ptr + slot).to(tl.float32) * tl.sum(part, axis=1)
-        tl.store(y_ptr + row * y_m + ns, acc.to(y_ptr.dtype.element_ty), mask=n_ok)
+        out = acc.to(y_ptr.dtype.element_ty)
+        if HAS_RESIDUAL:
+            residual = tl.load(residual_ptr + row * residual_m + ns, mask=n_ok, other=0.0)
+            out = (out.to(tl.float32) + residual.to(tl.float32)).to(y_ptr.dtype.element_ty)
+        tl.store(y_ptr + row * y_m + ns, out, mask=n_ok)
 
 
-def _moe_decode_body(hidden_states, top_k_index, top_k_weights, gate_up_proj, down_proj, pdl: bool = False):
+def _moe_decode_body(
+    hidden_states, top_k_index, top_k_weights, gate_up_proj, down_proj, gain=None, eps=0.0, residual=None, pdl=False
+):
     """The op's body; `pdl`: launched by its PDL twin (triton_launch.py)."""
     tokens, hidden = hidden_states.shape
     slots = top_k_index.shape[1]
@@ -129,6 +148,7 @@ def _moe_decode_body(hidden_states, top_k_index, top_k_weights, gate_up_proj, do
     weights = top_k_weights.contiguous()
     gate_up = hidden_states.new_empty(tokens * slots, 2 * intermediate)
     output = hidden_states.new_empty(tokens, hidden)
+    residual2 = residual if residual is not None else output
 
     def gate_up_grid(meta):
         return (tokens * slots, triton.cdiv(2 * intermediate, meta["BLOCK_N"]))
@@ -138,16 +158,16 @@ def _moe_decode_body(hidden_states, top_k_index, top_k_weights, gate_up_proj, do
 
     dependent = pdl and pdl_launch(hidden_states)
     launchable(_expert_gate_up_kernel, hidden_states, "moe_decode", pdl=dependent)[gate_up_grid](
-        hidden_states, index, gate_up_proj, gate_up,
-        slots, 2 * intermediate, hidden,
+        hidden_states, index, gate_up_proj, gate_up_proj if gain is None else gain, gate_up,
+        slots, 2 * intermediate, hidden, eps,
         hidden_states.stride(0), gate_up_proj.stride(0), gate_up_proj.stride(1), gate_up.stride(0),
-        PDL=dependent,
+        NORM=gain is not None, PDL=dependent,
     )  # fmt: skip
     launchable(_expert_down_kernel, hidden_states, "moe_decode", pdl=dependent)[down_grid](
-        gate_up, index, weights, down_proj, output,
+        gate_up, index, weights, down_proj, residual2, output,
         hidden, intermediate,
-        gate_up.stride(0), down_proj.stride(0), down_proj.stride(1), output.stride(0),
-        SLOTS=slots, PDL=dependent,
+        gate_up.stride(0), down_proj.stride(0), down_proj.stride(1), residual2.stride(0), output.stride(0),
+        SLOTS=slots, HAS_RESIDUAL=residual is not None, PDL=dependent,
     )  # fmt: skip
     return output
 
@@ -161,20 +181,35 @@ if triton is not None and not registered("moe_decode"):
         top_k_weights: torch.Tensor,
         gate_up_proj: torch.Tensor,
         down_proj: torch.Tensor,
+        gain: torch.Tensor | None = None,
+        eps: float = 0.0,
+        residual: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        return _moe_decode_body(hidden_states, top_k_index, top_k_weights, gate_up_proj, down_proj)
+        return _moe_decode_body(hidden_states, top_k_index, top_k_weights, gate_up_proj, down_proj, gain, eps, residual)
 
 
 if triton is not None:
     register_pdl_twin("moe_decode", functools.partial(_moe_decode_body, pdl=True))
 
 
-def moe_decode(experts, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor):
-    """`experts(hidden_states, top_k_index, top_k_weights)` for a few tokens (module docstring): (tokens, d)."""
-    if hidden_states.stride(-1) != 1:
-        hidden_states = hidden_states.contiguous()
+def moe_decode(
+    experts,
+    hidden_states: torch.Tensor,
+    top_k_index: torch.Tensor,
+    top_k_weights: torch.Tensor,
+    *,
+    norm: torch.nn.Module | None = None,
+    residual: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """`experts(hidden_states, top_k_index, top_k_weights)` for a few tokens (module docstring): (tokens, d); with
+    `norm` (an `RMSNorm`) of `norm(hidden_states)`, computed inside the gate/up kernel, and `residual` (tokens, d)
+    added by the down kernel (the fused layer step's MLP half, decode_block.py)."""
+    hidden_states, residual = (
+        t.contiguous() if t is not None and t.stride(-1) != 1 else t for t in (hidden_states, residual)
+    )
+    gain, eps = (norm.weight, float(norm.variance_epsilon)) if norm is not None else (None, 0.0)
     op = torch.ops.archlab.moe_decode_pdl if pdl_applies(hidden_states) else torch.ops.archlab.moe_decode
-    return op(hidden_states, top_k_index, top_k_weights, experts.gate_up_proj, experts.down_proj)
+    return op(hidden_states, top_k_index, top_k_weights, experts.gate_up_proj, experts.down_proj, gain, eps, residual)
 
 
 __all__ = ["MAX_TOKENS", "MOE_DECODE_DEVICES", "moe_decode", "moe_decode_applies"]

@@ -18,7 +18,9 @@ memset. The rows now, each setting on its own copy of the model (a compiled step
   memset, the keys and values read once per KV head, split among programs only for long caches at small batches),
   at batch 1 and 16;
 - the mixture of experts (Mixtral shape) at batch 1, its routed experts through archlab's two Triton kernels indexed
-  by the router's choice (modeling/triton_moe.py) against the grouped GEMMs (~10 launches a layer);
+  by the router's choice (modeling/triton_moe.py) against the grouped GEMMs (~10 launches a layer); later, its
+  layers' whole steps fused (the MoE half with the norm and the residual inside the expert kernels) with archlab's
+  attention kernel and programmatic dependent launch;
 - programmatic dependent launch (inductor's `triton.enable_pdl`, with the combo kernels): a Triton kernel launches
   before the kernel it follows ends and waits on the device (`gdc_wait`), hiding its launch gap (Hopper);
 - the attention on SDPA's memory-efficient kernel (`torch.nn.attention.sdpa_kernel`), not cuDNN's with its memset;
@@ -144,6 +146,10 @@ FUSED_PDL = (
     "before (archlab's PDL twins, inductor's triton.enable_pdl)"
 )
 MOE_KERNELS = "the routed experts through archlab's two Triton kernels (triton_moe.py)"
+MOE_FUSED = (
+    "each layer's step fused, its MoE half through the expert kernels with the norm and residual inside, archlab's "
+    "attention kernel, every Triton kernel launched dependent on the one before"
+)
 AUTOTUNED = 'compile_config=CompileConfig(mode="max-autotune") (every GEMM autotuned)'
 SETTINGS = {
     PDL: ({}, (dependent_launches,)),
@@ -225,9 +231,11 @@ def setting_row(setup, report: Report, batch: int, name: str, models, setting: d
     generate_row(setup, report, metric, models, kwargs, tokens, roofline, cold=True, runs=runs)
 
 
-def moe_kernels_row(setup, report: Report) -> None:
+def moe_kernels_row(setup, report: Report, fused: bool = False) -> None:
     """The mixture of experts (GPU.md's Mixtral shape), batch 1: its routed experts through archlab's two Triton
-    kernels (triton_moe.py) against archlab's default (grouped GEMMs), two copies of one model."""
+    kernels (triton_moe.py) against archlab's default (grouped GEMMs), two copies of one model; `fused`: each layer's
+    whole step fused (decode_block.py: the attention half, and the MoE half with the norm and the residual inside
+    the expert kernels) with archlab's attention kernel, every Triton kernel launched dependent on the one before."""
     from transformers import MixtralConfig, MixtralForCausalLM
 
     default = bf16_pair(decoder_pair(MixtralForCausalLM, MixtralConfig, shape("moe", setup.quick), setup.device))[0]
@@ -236,13 +244,17 @@ def moe_kernels_row(setup, report: Report) -> None:
     kwargs = greedy_call(default.config.vocab_size, 1, sizes["prompt"], sizes["new_tokens"], setup.device)
     roofline = decode_roofline_seconds(default.config, setup.peaks, 1, sizes["prompt"], sizes["new_tokens"])
 
+    contexts = (fused_block, triton_attention, own_dependent_launches, dependent_launches) if fused else ()
+
     def with_kernels():
-        with mock.patch.object(triton_moe, "MOE_DECODE_DEVICES", ("cuda",)):
+        with contextlib.ExitStack() as stack:
+            for context in (lambda: mock.patch.object(triton_moe, "MOE_DECODE_DEVICES", ("cuda",)), *contexts):
+                stack.enter_context(context())
             return models[0].generate(**kwargs)
 
     metric = (
         f"MoE (Mixtral shape) greedy decode, batch 1, {sizes['prompt']} + {sizes['new_tokens']} tokens, archlab: "
-        f"{MOE_KERNELS} vs archlab's default"
+        f"{MOE_FUSED if fused else MOE_KERNELS} vs archlab's default"
     )
     runs = (failing_on_fallback(with_kernels), lambda: default.generate(**kwargs))
     generate_row(setup, report, metric, models, kwargs, sizes["new_tokens"], roofline, cold=True, runs=runs)
@@ -330,6 +342,8 @@ def run(args: argparse.Namespace) -> Report:
         setting_rows(ROWS[:3])
         guarded(report, setup, "MoE kernels", functools.partial(moe_kernels_row, setup, report))
         setting_rows(ROWS[3:FIRST_ROWS])
+        measure = functools.partial(moe_kernels_row, setup, report, fused=True)
+        guarded(report, setup, "MoE, fused layers", measure)
         guarded(report, setup, "prefill buckets", functools.partial(prefill_graphs_row, setup, report, pristine))
         setting_rows(ROWS[FIRST_ROWS:])
         # the two compiles of a 2,048-token prefill (68 s unrolled on an H100)

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from archlab import DecoderForCausalLM
-from archlab.modeling import decode_block, fused_projections, triton_decoding, triton_gemv, triton_launch
+from archlab.modeling import decode_block, fused_projections, triton_decoding, triton_gemv, triton_launch, triton_moe
 from archlab.modeling.decode_block import fused_block_applies
 from archlab.modeling.fused_projections import inference_projections
 
@@ -91,6 +91,24 @@ def test_each_layer_s_step_equals_the_block_s_forward(variant, monkeypatch):
     """A decoding step of two rows over a 5-token cache through every layer, fused against the block's forward (the
     hidden states after each layer and the logits)."""
     _assert_the_fused_step_equals_the_block_s(_model(**VARIANTS[variant]), 2, monkeypatch)
+
+
+@runs_kernels
+@pytest.mark.parametrize("variant", ["moe", "parallel_moe", "moe_norm_topk", "moe_shared_expert_dense_sparse"])
+def test_a_mixture_of_experts_takes_its_half_of_the_step_through_the_expert_kernels(variant, monkeypatch):
+    """With triton_moe.py's kernels on too, an MoE layer's MLP half joins the fused step: RMSNorm inside the router's
+    GEMV and the experts' gate/up kernel, the residual added by their down kernel; the same hidden states and logits
+    as the blocks' forward, once for each sparse layer. A shared expert
+    keeps the block's MLP (its layers' attention half still fused); a dense layer of a mixed model fuses as dense."""
+    monkeypatch.setattr(triton_moe, "MOE_DECODE_DEVICES", (DEVICE,))
+    calls, fused_moe = [], decode_block._fused_moe
+    monkeypatch.setattr(decode_block, "_fused_moe", lambda *a: calls.append(1) or fused_moe(*a))
+    overrides = {**MOE, "norm_topk_prob": True} if variant == "moe_norm_topk" else VARIANTS[variant]
+    model = _model(**overrides)
+    _assert_the_fused_step_equals_the_block_s(model, 2, monkeypatch)
+    sparse_layers = [layer for layer in model.model.layers if type(layer.mlp).__name__ == "SparseMoeBlock"]
+    shared = any(layer.mlp.shared_expert is not None for layer in sparse_layers)
+    assert len(calls) == (0 if shared else len(sparse_layers))
 
 
 @runs_kernels

@@ -136,14 +136,14 @@ GEMV_PROLOGUES = (0, 1, 2)  # triton_gemv's PLAIN, RMS_NORM, SILU_GATED
 def test_the_moe_kernels_compile_in_every_autotuned_configuration(arch, dtype):
     from archlab.modeling import triton_moe
 
-    for kernel, names in (
-        (triton_moe._expert_gate_up_kernel, ("x_ptr", "w_ptr", "y_ptr")),
-        (triton_moe._expert_down_kernel, ("h_ptr", "w_ptr", "y_ptr")),
+    for kernel, names, extra in (
+        (triton_moe._expert_gate_up_kernel, ("x_ptr", "w_ptr", "gain_ptr", "y_ptr"), {"NORM": True}),
+        (triton_moe._expert_down_kernel, ("h_ptr", "w_ptr", "residual_ptr", "y_ptr"), {"HAS_RESIDUAL": True}),
     ):
         pointers = {name: f"*{dtype}" for name in names}
         pointers.update(index_ptr="*i64", weight_ptr="*fp32")
         for config in kernel.configs:
-            constexprs = dict(config.kwargs)
+            constexprs = {**config.kwargs, **extra}
             if "SLOTS" in kernel.fn.arg_names:
                 constexprs["SLOTS"] = 2
             options = dict(num_warps=config.num_warps, num_stages=config.num_stages)
@@ -183,8 +183,12 @@ def test_the_streaming_loops_issue_wide_loads_and_no_shuffles(kernel_name):
         "gemv-plain": (*gemv, {"ROWS": 1, "PROLOGUE": 0, "HAS_RESIDUAL": True}),
         "gemv-rms_norm": (*gemv, {"ROWS": 1, "PROLOGUE": 1, "HAS_RESIDUAL": False}),
         "gemv-silu_gated": (*gemv, {"ROWS": 1, "PROLOGUE": 2, "HAS_RESIDUAL": True}),
-        "moe_gate_up": (triton_moe._expert_gate_up_kernel, ("x_ptr", "w_ptr", "y_ptr"), {}),
-        "moe_down": (triton_moe._expert_down_kernel, ("h_ptr", "w_ptr", "y_ptr"), {"SLOTS": 2}),
+        "moe_gate_up": (triton_moe._expert_gate_up_kernel, ("x_ptr", "w_ptr", "gain_ptr", "y_ptr"), {"NORM": True}),
+        "moe_down": (
+            triton_moe._expert_down_kernel,
+            ("h_ptr", "w_ptr", "residual_ptr", "y_ptr"),
+            {"SLOTS": 2, "HAS_RESIDUAL": True},
+        ),
     }[kernel_name]
     pointers = {name: "*bf16" for name in names}
     pointers.update(index_ptr="*i64", weight_ptr="*fp32")
@@ -246,12 +250,17 @@ PDL_CASES = {
         dict(GROUP=8, GROUP_ROWS=16, HEAD=64, SPLITS=4),
         ("part_ptr", "stat_ptr", "out_ptr"),
     ),
-    "moe-gate-up": ("triton_moe", "_expert_gate_up_kernel", {}, ("x_ptr", "index_ptr", "w_ptr", "y_ptr")),
+    "moe-gate-up": (
+        "triton_moe",
+        "_expert_gate_up_kernel",
+        dict(NORM=True),
+        ("x_ptr", "index_ptr", "w_ptr", "gain_ptr", "y_ptr"),
+    ),
     "moe-down": (
         "triton_moe",
         "_expert_down_kernel",
-        dict(SLOTS=2),
-        ("h_ptr", "index_ptr", "weight_ptr", "w_ptr", "y_ptr"),
+        dict(SLOTS=2, HAS_RESIDUAL=True),
+        ("h_ptr", "index_ptr", "weight_ptr", "w_ptr", "residual_ptr", "y_ptr"),
     ),
 }
 

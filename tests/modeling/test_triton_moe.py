@@ -12,9 +12,10 @@ import pytest
 import torch
 
 from archlab import DecoderForCausalLM
-from archlab.modeling import triton_moe
+from archlab.modeling import triton_launch, triton_moe
 from archlab.modeling.moe import Experts
-from archlab.modeling.triton_moe import moe_decode_applies
+from archlab.modeling.normalization import RMSNorm
+from archlab.modeling.triton_moe import moe_decode, moe_decode_applies
 
 from helpers import tiny_decoder_config
 from triton_interpreter import (
@@ -89,6 +90,28 @@ def test_the_kernels_equal_the_pytorch_experts(tokens, slots, op, monkeypatch):
     with torch.no_grad():
         output = getattr(torch.ops.archlab, op)(x, index, weights, experts.gate_up_proj, experts.down_proj)
     assert output.shape == x.shape and output.dtype == x.dtype
+    torch.testing.assert_close(output, expected, rtol=1e-5, atol=1e-5)
+
+
+@runs_kernels
+@pytest.mark.parametrize("tokens, slots", [(1, 2), (3, 2)])
+@pytest.mark.parametrize("dependent", [False, True], ids=["op", "pdl-twin"])
+def test_the_norm_inside_and_the_residual_after_equal_the_unfused_step(tokens, slots, dependent, monkeypatch):
+    """The fused layer step's MLP half (decode_block.py): RMSNorm(x) computed inside the gate/up kernel, the residual
+    added by the down kernel, against the norm module, the PyTorch experts and the add; through the op and its PDL
+    twin."""
+    if dependent:
+        monkeypatch.setattr(triton_launch, "PDL_DEVICES", (DEVICE,))
+        with_dependent_launch_code(monkeypatch, triton_moe)
+    experts = _experts()
+    x, index, weights = _routing(tokens, 4, slots)
+    x = x * 3.0  # an input far from unit scale, so a missing 1/rms shows
+    norm = RMSNorm(48, eps=1e-5).to(DEVICE)
+    with torch.no_grad():
+        norm.weight.copy_(torch.linspace(0.5, 1.5, 48))
+        residual = torch.randn(tokens, 48, generator=torch.Generator().manual_seed(4)).to(DEVICE)
+        expected = _reference(experts, norm(x), index, weights) + residual
+        output = moe_decode(experts, x, index, weights, norm=norm, residual=residual)
     torch.testing.assert_close(output, expected, rtol=1e-5, atol=1e-5)
 
 
