@@ -29,7 +29,7 @@ import math
 
 import torch
 
-from .triton_launch import dependent_launch, launchable, pdl_applies, pdl_launch, register_pdl_twin, registered
+from .triton_launch import archlab_op, dependent_launch, launchable, pdl_launch, register_pdl_twin, registered
 
 try:
     import triton
@@ -259,8 +259,7 @@ def decode_attention(
     or none, as SDPA computes it; `capacity`: the most keys the cache holds (it sets the split, `split_count`, so one
     compiled graph serves every length). Returns (B, 1, H, D), as every attention function of the interface."""
     splits = split_count(query.shape[0], key.shape[1], capacity if capacity is not None else key.shape[2])
-    op = torch.ops.archlab.decode_attention_pdl if pdl_applies(query) else torch.ops.archlab.decode_attention
-    output = op(query, key, value, attention_mask, float(scaling), splits)
+    output = archlab_op("decode_attention", query)(query, key, value, attention_mask, float(scaling), splits)
     return output, None
 
 

@@ -43,7 +43,15 @@ import functools
 
 import torch
 
-from .triton_launch import dependent_launch, launchable, pdl_applies, pdl_launch, register_pdl_twin, registered
+from .triton_launch import (
+    archlab_op,
+    dependent_launch,
+    launchable,
+    pdl_launch,
+    register_pdl_twin,
+    registered,
+    rows_contiguous,
+)
 
 try:
     import triton
@@ -329,15 +337,10 @@ if triton is not None:
     register_pdl_twin("gemv", functools.partial(_gemv_body, pdl=True))
 
 
-def _rows_contiguous(*tensors: torch.Tensor | None) -> list[torch.Tensor | None]:
-    return [t.contiguous() if t is not None and t.stride(-1) != 1 else t for t in tensors]
-
-
 def gated_down(module, gate: torch.Tensor, up: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
     """`module.down_proj(act(gate) ⊙ up)` (+ `residual`) for a GatedMLP with SiLU, as one kernel (module docstring)."""
-    gate, up, residual = _rows_contiguous(gate, up, residual)
-    op = torch.ops.archlab.gated_down_pdl if pdl_applies(gate) else torch.ops.archlab.gated_down
-    return op(gate, up, module.down_proj.weight, module.down_proj.bias, residual)
+    gate, up, residual = rows_contiguous(gate, up, residual)
+    return archlab_op("gated_down", gate)(gate, up, module.down_proj.weight, module.down_proj.bias, residual)
 
 
 def gemv(
@@ -349,10 +352,9 @@ def gemv(
     residual: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """`linear(norm(x), weight, bias)` (+ `residual`) as one kernel, `norm` an `RMSNorm` or None (module docstring)."""
-    x, residual = _rows_contiguous(x, residual)
+    x, residual = rows_contiguous(x, residual)
     gain, eps = (norm.weight, float(norm.variance_epsilon)) if norm is not None else (None, 0.0)
-    op = torch.ops.archlab.gemv_pdl if pdl_applies(x) else torch.ops.archlab.gemv
-    return op(x, weight, bias, gain, eps, residual)
+    return archlab_op("gemv", x)(x, weight, bias, gain, eps, residual)
 
 
 __all__ = [

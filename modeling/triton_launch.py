@@ -40,6 +40,16 @@ def pdl_applies(like: torch.Tensor) -> bool:
     return like.device.type in PDL_DEVICES
 
 
+def archlab_op(name: str, like: torch.Tensor):
+    """`torch.ops.archlab.<name>`, or its PDL twin where `pdl_applies` to `like` (one of the call's tensors)."""
+    return getattr(torch.ops.archlab, f"{name}_pdl" if pdl_applies(like) else name)
+
+
+def rows_contiguous(*tensors: torch.Tensor | None) -> list[torch.Tensor | None]:
+    """The tensors with unit stride in their last dimension (as the kernels read their rows), copied only where not."""
+    return [t.contiguous() if t is not None and t.stride(-1) != 1 else t for t in tensors]
+
+
 def pdl_launch(like: torch.Tensor) -> bool:
     """Whether a twin launches its kernels dependent on the kernel before (the kernels' `PDL` and Triton's
     `launch_pdl`): on a CUDA device of compute capability 9 or more."""
@@ -125,4 +135,13 @@ class _FirstConfig:
         return launch
 
 
-__all__ = ["PDL_DEVICES", "launchable", "pdl_applies", "pdl_launch", "register_pdl_twin", "registered"]
+__all__ = [
+    "PDL_DEVICES",
+    "archlab_op",
+    "launchable",
+    "pdl_applies",
+    "pdl_launch",
+    "register_pdl_twin",
+    "registered",
+    "rows_contiguous",
+]

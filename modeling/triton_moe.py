@@ -28,7 +28,15 @@ import functools
 
 import torch
 
-from .triton_launch import dependent_launch, launchable, pdl_applies, pdl_launch, register_pdl_twin, registered
+from .triton_launch import (
+    archlab_op,
+    dependent_launch,
+    launchable,
+    pdl_launch,
+    register_pdl_twin,
+    registered,
+    rows_contiguous,
+)
 
 try:
     import triton
@@ -204,11 +212,9 @@ def moe_decode(
     """`experts(hidden_states, top_k_index, top_k_weights)` for a few tokens (module docstring): (tokens, d); with
     `norm` (an `RMSNorm`) of `norm(hidden_states)`, computed inside the gate/up kernel, and `residual` (tokens, d)
     added by the down kernel (the fused layer step's MLP half, decode_block.py)."""
-    hidden_states, residual = (
-        t.contiguous() if t is not None and t.stride(-1) != 1 else t for t in (hidden_states, residual)
-    )
+    hidden_states, residual = rows_contiguous(hidden_states, residual)
     gain, eps = (norm.weight, float(norm.variance_epsilon)) if norm is not None else (None, 0.0)
-    op = torch.ops.archlab.moe_decode_pdl if pdl_applies(hidden_states) else torch.ops.archlab.moe_decode
+    op = archlab_op("moe_decode", hidden_states)
     return op(hidden_states, top_k_index, top_k_weights, experts.gate_up_proj, experts.down_proj, gain, eps, residual)
 
 
