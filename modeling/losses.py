@@ -6,7 +6,7 @@
 - `ChunkedLinearCrossEntropy`: the same loss fused with the LM head. Logits exist one chunk of tokens at a time and
   the gradient is computed in the forward pass, so training never holds the full (tokens × vocab) logits
   (the memory peak of a small-model training step) and the big GEMMs stay cache-friendly. On CUDA each chunk's
-  gradient is one compiled kernel (`fused_logits_gradient`), the GEMMs write and accumulate float32 themselves.
+  loss and gradient are one compiled function (`fused_chunk_loss`), the GEMMs write and accumulate float32 themselves.
 - `lm_head_loss`: the head and its loss as both families' LM heads run them (chunked in training, logits otherwise,
   soft-capping and output biases), or through a fused kernel the head carries (`fused_causal_lm_loss`).
 """
@@ -138,7 +138,7 @@ def logits_gradient(
 ) -> torch.Tensor:
     """d(loss)/d(logits) of one chunk, computed in float32 and returned in `dtype`: softmax · (1 + 2 z log Z) -
     onehot(target), zero for ignored tokens. Written out-of-place so that, compiled, it is one pass over the chunk's
-    logits (`fused_logits_gradient`)."""
+    logits (`fused_chunk_loss`)."""
     grad = torch.exp(logits - log_z[:, None])
     if z_loss_coef:
         grad = grad * (1 + 2 * z_loss_coef * log_z)[:, None]
@@ -147,21 +147,54 @@ def logits_gradient(
     return (grad * valid[:, None]).to(dtype)
 
 
+def chunk_loss_sum(logits: torch.Tensor, targets: torch.Tensor, valid: torch.Tensor, z_loss_coef: float):
+    """(sum over the chunk's tokens of CE [+ z · log²Z], log Z per token) from its float32 logits."""
+    log_z = torch.logsumexp(logits, dim=-1)
+    picked = logits.gather(1, targets[:, None]).squeeze(1)
+    total = ((log_z - picked) * valid).sum()
+    if z_loss_coef:
+        total = total + z_loss_coef * (log_z.square() * valid).sum()
+    return total, log_z
+
+
+def chunk_loss_and_gradient(
+    logits: torch.Tensor, targets: torch.Tensor, valid: torch.Tensor, z_loss_coef: float, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the chunk's loss sum, its logits' gradient in `dtype`): `chunk_loss_sum` and `logits_gradient` as one
+    function, so that compiled the log-sum-exp is a reduction inside the kernels that read the chunk anyway."""
+    total, log_z = chunk_loss_sum(logits, targets, valid, z_loss_coef)
+    return total, logits_gradient(logits, log_z, targets, valid, z_loss_coef, dtype)
+
+
 # Where compiling it pays (on CPU the eager chain is about as fast as a C++ kernel); `()` turns it off, as does
 # TORCHDYNAMO_DISABLE=1.
 FUSED_GRADIENT_DEVICES = ("cuda",)
 # automatic dynamic shapes: the last chunk's row count varies with the batch (variable-length fine-tuning); after
 # the first change the rows become symbolic, so two graphs serve every batch (not one per remainder)
-LOGITS_GRADIENT = CompiledKernel(logits_gradient, "the LM loss's gradient", lambda: FUSED_GRADIENT_DEVICES)
+CHUNK_LOSS = CompiledKernel(chunk_loss_and_gradient, "the LM loss and its gradient", lambda: FUSED_GRADIENT_DEVICES)
 
 
-def fused_logits_gradient(logits, log_z, targets, valid, z_loss_coef: float, dtype: torch.dtype):
-    """`logits_gradient` as one compiled kernel on CUDA (read the float32 chunk once, write its gradient once in the
-    GEMMs' dtype, where the eager chain subtract, exp, scatter, mask, cast reads and writes the chunk five times — at
-    vocabulary 32000 and 8192 tokens ~4 GB per step, most of the loss's non-GEMM time); None elsewhere, or where the
-    compiler fails (one logged line), and the caller runs the eager chain (TORCHDYNAMO_DISABLE=1: the in-place
-    eager chain, not the out-of-place one uncompiled)."""
-    return LOGITS_GRADIENT(logits, log_z, targets, valid, z_loss_coef, dtype)
+def fused_chunk_loss(logits, targets, valid, z_loss_coef: float, dtype: torch.dtype):
+    """`chunk_loss_and_gradient` compiled on CUDA: the float32 chunk read twice (log Z, then the gradient, written
+    once in the GEMMs' dtype). The eager chain reads and writes it about ten times — torch's log-sum-exp alone
+    (max, subtract into a new chunk-sized tensor, exp, sum), then subtract, exp, scatter, mask, cast: at vocabulary
+    32000 and 8192 tokens ~9 GB a step, most of the loss's non-GEMM time. None elsewhere, or where the compiler fails
+    (one logged line), and the caller runs the eager chain (TORCHDYNAMO_DISABLE=1: the in-place eager chain, not the
+    out-of-place one uncompiled)."""
+    return CHUNK_LOSS(logits, targets, valid, z_loss_coef, dtype)
+
+
+def _eager_chunk_loss(logits, targets, valid, z_loss_coef: float, with_gradient: bool):
+    """`chunk_loss_and_gradient` eagerly, the gradient (float32) written over the logits (no second chunk-sized
+    float32 buffer), or None without `with_gradient`."""
+    total, log_z = chunk_loss_sum(logits, targets, valid, z_loss_coef)
+    if not with_gradient:
+        return total, None
+    grad = torch.exp_(logits.sub_(log_z[:, None]))
+    if z_loss_coef:
+        grad.mul_((1 + 2 * z_loss_coef * log_z)[:, None])
+    grad.scatter_add_(1, targets[:, None], -torch.ones_like(log_z)[:, None])
+    return total, grad.mul_(valid[:, None])
 
 
 class ChunkedLinearCrossEntropy(torch.autograd.Function):
@@ -184,30 +217,23 @@ class ChunkedLinearCrossEntropy(torch.autograd.Function):
             needs_grad_bias = bias is not None and needs_bias
             grad_bias = torch.zeros_like(bias, dtype=torch.float32) if needs_grad_bias else None
             total = hidden.new_zeros((), dtype=torch.float32)
+            with_gradient = grad_hidden is not None or grad_weight is not None or grad_bias is not None
+            # the gradient's dtype: the GEMMs', or float32 where the bias's gradient sums it
+            grad_dtype = torch.float32 if grad_bias is not None else compute_dtype
             for start in range(0, hidden.shape[0], chunk_size):
                 h = hidden[start : start + chunk_size].to(compute_dtype)
                 t = targets[start : start + chunk_size]
                 logits = _float32_logits(h, w, b)  # (n, V)
-                log_z = torch.logsumexp(logits, dim=-1)
                 valid = (t != IGNORE_INDEX).float()
                 safe_t = t.clamp(min=0)
-                picked = logits.gather(1, safe_t[:, None]).squeeze(1)
+                # the chunk's loss sum, and d/dlogits: softmax · (1 + 2 z log Z) - onehot(target), 0 where ignored
+                fused = fused_chunk_loss(logits, safe_t, valid, z_loss_coef, grad_dtype) if with_gradient else None
+                chunk_total, grad = fused or _eager_chunk_loss(logits, safe_t, valid, z_loss_coef, with_gradient)
                 # out of place: torch 2.11's dynamo loses the gradient of an output it saw updated in place
-                total = total + ((log_z - picked) * valid).sum()
-                if z_loss_coef:
-                    total = total + z_loss_coef * (log_z.square() * valid).sum()
-                if grad_hidden is None and grad_weight is None and grad_bias is None:
-                    continue
-                # d/dlogits: softmax · (1 + 2 z log Z) - onehot(target), zero for ignored tokens
-                grad_dtype = torch.float32 if grad_bias is not None else compute_dtype  # the bias sums it in fp32
-                grad = fused_logits_gradient(logits, log_z, safe_t, valid, z_loss_coef, grad_dtype)
-                if grad is None:  # in place: no second chunk-sized float32 buffer
-                    grad = torch.exp_(logits.sub_(log_z[:, None]))
-                    if z_loss_coef:
-                        grad.mul_((1 + 2 * z_loss_coef * log_z)[:, None])
-                    grad.scatter_add_(1, safe_t[:, None], -torch.ones_like(picked)[:, None])
-                    grad.mul_(valid[:, None])
+                total = total + chunk_total
                 del logits
+                if grad is None:
+                    continue
                 if grad_bias is not None:
                     grad_bias.add_(grad.sum(0))
                 grad = grad.to(compute_dtype)

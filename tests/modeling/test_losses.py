@@ -252,14 +252,36 @@ def test_the_compiled_logits_gradient_gives_the_chunked_loss_its_gradients(monke
 
     expected = [run(length) for length in (9, 5, 4, 6, 7)]
     monkeypatch.setattr(losses, "FUSED_GRADIENT_DEVICES", ("cpu",))
-    monkeypatch.setattr(losses.LOGITS_GRADIENT, "compiled", {})
+    monkeypatch.setattr(losses.CHUNK_LOSS, "compiled", {})
     torch._dynamo.reset()
     counters.clear()
     for length, reference in zip((9, 5, 4, 6, 7), expected):
         for a, b in zip(run(length), reference):
             torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
-    assert losses.LOGITS_GRADIENT.compiled["cpu"] is not None  # compiled, no fallback to the eager chain
+    assert losses.CHUNK_LOSS.compiled["cpu"] is not None  # compiled, no fallback to the eager chain
     assert 1 <= counters["stats"]["unique_graphs"] <= 3  # full chunks, one row (specialised), symbolic rows
+
+    def eager(*args):
+        raise AssertionError("a chunk's loss ran eagerly beside the compiled function")
+
+    monkeypatch.setattr(losses, "_eager_chunk_loss", eager)  # the loss sum comes out of the compiled function too
+    for a, b in zip(run(9), expected[0]):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("z", [0.0, 1e-2])
+def test_a_chunks_loss_and_gradient_together_equal_the_eager_chain(z):
+    from archlab.modeling.losses import _eager_chunk_loss, chunk_loss_and_gradient
+
+    logits, log_z, safe, valid, expected_grad = _chunk_case(z)
+    expected = ((log_z - logits.gather(1, safe[:, None])[:, 0]) * valid).sum() + z * (log_z.square() * valid).sum()
+    total, grad = chunk_loss_and_gradient(logits, safe, valid, z, torch.float32)
+    torch.testing.assert_close(total, expected)
+    torch.testing.assert_close(grad, expected_grad, atol=1e-7, rtol=1e-6)
+    eager_total, eager_grad = _eager_chunk_loss(logits.clone(), safe, valid, z, True)
+    torch.testing.assert_close(eager_total, expected)
+    torch.testing.assert_close(eager_grad, expected_grad, atol=1e-7, rtol=1e-6)
+    assert _eager_chunk_loss(logits.clone(), safe, valid, z, False)[1] is None
 
 
 def test_a_failing_compiler_leaves_the_eager_gradient_chain(monkeypatch):
@@ -272,16 +294,16 @@ def test_a_failing_compiler_leaves_the_eager_gradient_chain(monkeypatch):
         raise torch._dynamo.exc.BackendCompilerFailed(None, RuntimeError("no working triton"), None)
 
     monkeypatch.setattr(losses, "FUSED_GRADIENT_DEVICES", ("cpu",))
-    monkeypatch.setattr(losses.LOGITS_GRADIENT, "compiled", {"cpu": failing})
-    logits, log_z, safe, valid, _ = _chunk_case(0.0)
-    assert losses.fused_logits_gradient(logits, log_z, safe, valid, 0.0, torch.float32) is None
-    assert losses.LOGITS_GRADIENT.compiled["cpu"] is None  # not tried again
-    assert losses.fused_logits_gradient(logits, log_z, safe, valid, 0.0, torch.float32) is None
+    monkeypatch.setattr(losses.CHUNK_LOSS, "compiled", {"cpu": failing})
+    logits, _, safe, valid, _ = _chunk_case(0.0)
+    assert losses.fused_chunk_loss(logits, safe, valid, 0.0, torch.float32) is None
+    assert losses.CHUNK_LOSS.compiled["cpu"] is None  # not tried again
+    assert losses.fused_chunk_loss(logits, safe, valid, 0.0, torch.float32) is None
     assert len(warnings) == 1 and "no working triton" in warnings[0]
-    monkeypatch.setattr(losses.LOGITS_GRADIENT, "compiled", {})
+    monkeypatch.setattr(losses.CHUNK_LOSS, "compiled", {})
     with torch._dynamo.config.patch(disable=True):  # TORCHDYNAMO_DISABLE=1
-        assert losses.fused_logits_gradient(logits, log_z, safe, valid, 0.0, torch.float32) is None
-    assert not losses.LOGITS_GRADIENT.compiled
+        assert losses.fused_chunk_loss(logits, safe, valid, 0.0, torch.float32) is None
+    assert not losses.CHUNK_LOSS.compiled
 
 
 @pytest.mark.gpu
