@@ -10,6 +10,8 @@ Needs Triton (CPU wheels of torch come without it: `.ci/run` installs it for thi
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from triton_interpreter import HAS_TRITON, INTERPRETING
@@ -150,11 +152,9 @@ def test_the_moe_kernels_compile_in_every_autotuned_configuration(arch, dtype):
             _assert_compiles(kernel, constexprs, pointers, arch, **options)
 
 
-def _sass_loops(compiled) -> list[list[str]]:
-    """The instructions of each loop of a compiled kernel's machine code (the span from a backward branch's target to
-    the branch), from Triton's own cuobjdump."""
+def _sass(compiled) -> str:
+    """A compiled kernel's machine code, from Triton's own cuobjdump."""
     import os
-    import re
     import subprocess
     import tempfile
 
@@ -164,8 +164,15 @@ def _sass_loops(compiled) -> list[list[str]]:
     with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
         cubin.write(compiled.asm["cubin"])
         cubin.flush()
-        sass = subprocess.run([tool, "-sass", cubin.name], capture_output=True, text=True, check=True).stdout
-    code = [(int(m[1], 16), m[2]) for m in re.finditer(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)]
+        return subprocess.run([tool, "-sass", cubin.name], capture_output=True, text=True, check=True).stdout
+
+
+def _sass_loops(compiled) -> list[list[str]]:
+    """The instructions of each loop of a compiled kernel's machine code (the span from a backward branch's target to
+    the branch)."""
+    import re
+
+    code = [(int(m[1], 16), m[2]) for m in re.finditer(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", _sass(compiled))]
     branches = [(int(target, 16), at) for at, text in code for target in re.findall(r"BRA\s+0x([0-9a-f]+)", text)]
     return [[text for at, text in code if start <= at <= end] for start, end in branches if start < end]
 
@@ -202,6 +209,57 @@ def test_the_streaming_loops_issue_wide_loads_and_no_shuffles(kernel_name):
         for loop in loops:
             assert not [text for text in loop if "SHFL" in text], (config, "a warp shuffle inside a loop")
             assert sum("LDG.E.128" in text for text in loop) >= 2, (config, "fewer than two 128-bit loads a loop")
+
+
+def _spills(compiled) -> int:
+    """Local-memory loads and stores in a kernel's machine code: registers spilled (none of its arrays is indexed
+    dynamically, the other reason for local memory)."""
+    import re
+
+    return len(re.findall(r"\b(?:STL|LDL)(?:\.[A-Z0-9]+)*\s", _sass(compiled)))
+
+
+def test_the_decoding_kernels_keep_everything_in_registers_at_one_and_two_rows():
+    """A weight-streaming loop that spills its accumulators to local memory reads and writes them every iteration
+    beside the weights. In bf16 on sm90, as the decoding steps of batch 1 and 2 launch them, no kernel spills: the
+    streaming GEMV in every configuration and prologue, launched plain or dependent (PDL, its first weight block read
+    before the wait), both MoE kernels in every configuration, the attention for heads of 64-256, with and without
+    splits, every mask kind. (At 4 rows the RMSNorm prologue's squares beside 4 × BLOCK_N × BLOCK_K accumulators
+    spill in 3 of the 8 configurations, which the autotuner then measures against the others.)"""
+    from archlab.modeling import triton_decoding, triton_gemv, triton_moe
+
+    spilled = []
+    kernel = triton_gemv._gemv_kernel
+    pointers = {name: "*bf16" for name in GEMV_POINTERS}
+    for config, rows, prologue, pdl in itertools.product(kernel.configs, (1, 2), GEMV_PROLOGUES, (False, True)):
+        constexprs = dict(ROWS=rows, PROLOGUE=prologue, HAS_BIAS=False, HAS_RESIDUAL=True, PDL=pdl, **config.kwargs)
+        options = dict(num_warps=config.num_warps, num_stages=config.num_stages, launch_pdl=pdl)
+        if _spills(_compile(kernel, constexprs, pointers, 90, **options)):
+            spilled.append(("gemv", constexprs, config.num_warps))
+    for kernel, names, extra in (
+        (triton_moe._expert_gate_up_kernel, ("x_ptr", "w_ptr", "gain_ptr", "y_ptr"), {"NORM": True}),
+        (triton_moe._expert_down_kernel, ("h_ptr", "w_ptr", "residual_ptr", "y_ptr"), {"HAS_RESIDUAL": True}),
+    ):
+        pointers = {name: "*bf16" for name in names}
+        pointers.update(index_ptr="*i64", weight_ptr="*fp32")
+        for config in kernel.configs:
+            constexprs = {**config.kwargs, **extra, **({"SLOTS": 2} if "SLOTS" in kernel.fn.arg_names else {})}
+            options = dict(num_warps=config.num_warps, num_stages=config.num_stages)
+            if _spills(_compile(kernel, constexprs, pointers, 90, **options)):
+                spilled.append((kernel.fn.__name__, constexprs, config.num_warps))
+    pointers = {name: "*bf16" for name in ("q_ptr", "k_ptr", "v_ptr", "out_ptr")}
+    for head, splits, mask in itertools.product((64, 128, 256), (1, 4), (0, 1, 2)):
+        block = triton_decoding.block_keys(head, DTYPES["bf16"])
+        constexprs = dict(GROUP=8, GROUP_ROWS=16, HEAD=head, BLOCK=block, SPLITS=splits, MASK=mask, IEEE=False)
+        scratch = "*fp32" if splits > 1 else "*bf16"
+        masks = {0: "*bf16", 1: "*i1", 2: "*fp32"}[mask]
+        compiled = _compile(
+            triton_decoding._decode_split_kernel, constexprs, {**pointers, "mask_ptr": masks, "part_ptr": scratch,
+            "stat_ptr": scratch}, 90,
+        )  # fmt: skip
+        if _spills(compiled):
+            spilled.append(("attention", constexprs))
+    assert not spilled, spilled
 
 
 @pytest.mark.parametrize("prologue", GEMV_PROLOGUES)
