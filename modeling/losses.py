@@ -85,9 +85,9 @@ _FP32_OUTPUT_GEMM: dict[str, bool] = {}  # by device: do the float32-output GEMM
 
 
 def _fp32_output_gemm_works(device: torch.device) -> bool:
-    """Whether `torch.mm(a, b, out_dtype=float32)` and `torch.addmm(acc, a, b, out_dtype=float32, out=acc)` (half
-    inputs, float32 result and accumulator, one GEMM) run on this device and give the float32 products. They do on
-    CUDA in recent torch; elsewhere the ops are missing."""
+    """Whether `torch.mm(a, b, out_dtype=float32)` (into a new tensor or `out=`) and `torch.addmm(acc, a, b,
+    out_dtype=float32, out=acc)` (half inputs, float32 result and accumulator, one GEMM) run on this device and give
+    the float32 products. They do on CUDA in recent torch; elsewhere the ops are missing."""
     key = str(device)
     if key not in _FP32_OUTPUT_GEMM:
         try:
@@ -96,7 +96,12 @@ def _fp32_output_gemm_works(device: torch.device) -> bool:
             acc = torch.ones(3, 3, device=device)
             torch.addmm(acc, a, a.t(), out_dtype=torch.float32, out=acc)
             product = torch.mm(a, a.t(), out_dtype=torch.float32)
-            _FP32_OUTPUT_GEMM[key] = torch.equal(acc, 1 + expected) and torch.equal(product, expected)
+            written = torch.full((3, 3), float("nan"), device=device)
+            torch.mm(a, a.t(), out_dtype=torch.float32, out=written)
+            _FP32_OUTPUT_GEMM[key] = all(
+                torch.equal(result, wanted)
+                for result, wanted in ((acc, 1 + expected), (product, expected), (written, expected))
+            )
         except (RuntimeError, TypeError, NotImplementedError):
             _FP32_OUTPUT_GEMM[key] = False
     return _FP32_OUTPUT_GEMM[key]
@@ -118,12 +123,18 @@ def _float32_logits(h: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) ->
     return (h @ w.t() if b is None else torch.addmm(b, h, w.t())).float()
 
 
-def _accumulate_product(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
-    """acc (float32) += a @ b. Half inputs on a device with a float32-output GEMM accumulate in the GEMM's epilogue:
-    no half product and no float32 copy of it, which for a (vocab x hidden) weight gradient is the difference
-    between one and three passes over a tensor of up to a gigabyte per chunk."""
+def _accumulate_product(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor, first: bool = False) -> None:
+    """acc (float32) += a @ b, or acc = a @ b for the `first` product (no zero-filled accumulator read back: for a
+    vocabulary of 128256 a gigabyte written and read less per step). Half inputs on a device with a float32-output
+    GEMM accumulate in the GEMM's epilogue: no half product and no float32 copy of it, which for a (vocab x hidden)
+    weight gradient is the difference between one and three passes over a tensor of up to a gigabyte per chunk."""
     if _use_fp32_output_gemm(a):
-        torch.addmm(acc, a, b, out_dtype=torch.float32, out=acc)
+        if first:
+            torch.mm(a, b, out_dtype=torch.float32, out=acc)
+        else:
+            torch.addmm(acc, a, b, out_dtype=torch.float32, out=acc)
+    elif first:
+        acc.copy_(a @ b)
     else:
         acc.add_((a @ b).float())
 
@@ -213,7 +224,8 @@ class ChunkedLinearCrossEntropy(torch.autograd.Function):
             b = bias.to(compute_dtype) if bias is not None else None
             needs_hidden, needs_weight, needs_bias = ctx.needs_input_grad[:3]
             grad_hidden = torch.empty_like(hidden) if needs_hidden else None
-            grad_weight = torch.zeros_like(weight, dtype=torch.float32) if needs_weight else None
+            # written by the first chunk's product (zeroed where there is none)
+            grad_weight = torch.empty_like(weight, dtype=torch.float32) if needs_weight else None
             needs_grad_bias = bias is not None and needs_bias
             grad_bias = torch.zeros_like(bias, dtype=torch.float32) if needs_grad_bias else None
             total = hidden.new_zeros((), dtype=torch.float32)
@@ -240,7 +252,9 @@ class ChunkedLinearCrossEntropy(torch.autograd.Function):
                 if grad_hidden is not None:
                     grad_hidden[start : start + chunk_size] = grad @ w
                 if grad_weight is not None:
-                    _accumulate_product(grad_weight, grad.t(), h)
+                    _accumulate_product(grad_weight, grad.t(), h, first=start == 0)
+        if grad_weight is not None and hidden.shape[0] == 0:
+            grad_weight.zero_()
         ctx.save_for_backward(
             grad_hidden,
             grad_weight.to(weight.dtype) if grad_weight is not None else None,

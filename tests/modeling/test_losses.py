@@ -6,6 +6,7 @@ import re
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from archlab.modeling.losses import (
@@ -361,3 +362,26 @@ def test_regional_compilation_keeps_the_chunked_loss(family, monkeypatch):
     torch.testing.assert_close(results["compiled"][0].loss, results["eager"][0].loss, rtol=1e-5, atol=1e-6)
     for name, grad in results["eager"][1].items():
         assert_close_to_scale(results["compiled"][1][name], grad, rtol=1e-4, msg=name)
+
+
+def test_the_weight_gradient_is_written_by_the_first_chunk_and_zero_without_tokens():
+    """The float32 weight gradient is not zero-filled first: the first chunk's product writes it (garbage in the
+    fresh buffer would show in a gradient that differs from the unchunked one), and a batch without tokens gives
+    zeros."""
+    from archlab.modeling.losses import ChunkedLinearCrossEntropy
+
+    torch.manual_seed(0)
+    weight = torch.randn(30, 8, requires_grad=True)
+    hidden = torch.randn(7, 8, requires_grad=True)
+    targets = torch.randint(0, 30, (7,))
+    for _ in range(3):  # fresh buffers from the caching allocator, which hold the last call's values
+        total = ChunkedLinearCrossEntropy.apply(hidden, weight, None, targets, 3, 0.0)
+        grad_weight, grad_hidden = torch.autograd.grad(total, (weight, hidden))
+        reference = F.cross_entropy(hidden @ weight.t(), targets, reduction="sum")
+        torch.testing.assert_close(total, reference)
+        for grad, expected in zip((grad_weight, grad_hidden), torch.autograd.grad(reference, (weight, hidden))):
+            torch.testing.assert_close(grad, expected)
+    empty = hidden[:0]
+    total = ChunkedLinearCrossEntropy.apply(empty, weight, None, targets[:0], 3, 0.0)
+    (grad_weight,) = torch.autograd.grad(total, (weight,))
+    assert total.item() == 0 and torch.count_nonzero(grad_weight) == 0
