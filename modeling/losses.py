@@ -255,7 +255,10 @@ class ChunkedLinearCrossEntropy(torch.autograd.Function):
                     _accumulate_product(grad_weight, grad.t(), h, first=start == 0)
         if grad_weight is not None and hidden.shape[0] == 0:
             grad_weight.zero_()
-        ctx.save_for_backward(
+        # kept on the context, not saved for backward: `backward` scales them in place and hands them over (autograd
+        # then takes them as the parameters' gradients without a copy); a saved tensor stays referenced by the graph,
+        # so its scaled copy was a second (vocab x hidden) float32 tensor at the start of the backward pass
+        ctx.gradients = (
             grad_hidden,
             grad_weight.to(weight.dtype) if grad_weight is not None else None,
             grad_bias.to(bias.dtype) if grad_bias is not None else None,
@@ -264,8 +267,17 @@ class ChunkedLinearCrossEntropy(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_output):  # type: ignore[override]
-        grads = [g * grad_output.to(g.dtype) if g is not None else None for g in ctx.saved_tensors]
-        grad_hidden, grad_weight, grad_bias = grads
+        gradients = ctx.gradients
+        if gradients is None:
+            raise RuntimeError(
+                "backward ran twice through the chunked LM loss (retain_graph=True): its gradients, computed in the "
+                "forward pass, were handed over by the first; set the config's lm_loss_chunk_size=0 (unchunked loss) "
+                "to backpropagate through it more than once"
+            )
+        ctx.gradients = None
+        grad_hidden, grad_weight, grad_bias = (
+            g.mul_(grad_output.to(g.dtype)) if g is not None else None for g in gradients
+        )
         return grad_hidden, grad_weight, grad_bias, None, None, None
 
 

@@ -385,3 +385,34 @@ def test_the_weight_gradient_is_written_by_the_first_chunk_and_zero_without_toke
     total = ChunkedLinearCrossEntropy.apply(empty, weight, None, targets[:0], 3, 0.0)
     (grad_weight,) = torch.autograd.grad(total, (weight,))
     assert total.item() == 0 and torch.count_nonzero(grad_weight) == 0
+
+
+def test_the_chunked_gradients_become_the_parameters_gradients_without_a_copy():
+    """The forward pass's float32 weight gradient, scaled in place by the backward pass, is the weight's `.grad`
+    itself (autograd takes it over): no second (vocab x hidden) tensor at the start of the backward pass. A second
+    backward through the loss (retain_graph) says how to do it."""
+    from archlab.modeling.losses import ChunkedLinearCrossEntropy
+
+    torch.manual_seed(0)
+    weight = torch.randn(30, 8, requires_grad=True)
+    hidden = torch.randn(7, 8, requires_grad=True)
+    targets = torch.randint(0, 30, (7,))
+    pointers = []
+    forward = ChunkedLinearCrossEntropy.forward
+
+    def recording(ctx, *args):
+        total = forward(ctx, *args)
+        pointers.extend(g.data_ptr() for g in ctx.gradients[:2])
+        return total
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(ChunkedLinearCrossEntropy, "forward", staticmethod(recording))
+        loss = ChunkedLinearCrossEntropy.apply(hidden, weight, None, targets, 3, 0.0) / 5
+    loss.backward(retain_graph=True)
+    reference = F.cross_entropy(hidden @ weight.t(), targets, reduction="sum") / 5
+    expected = torch.autograd.grad(reference, (hidden, weight))
+    torch.testing.assert_close(hidden.grad, expected[0])
+    torch.testing.assert_close(weight.grad, expected[1])
+    assert [hidden.grad.data_ptr(), weight.grad.data_ptr()] == pointers
+    with pytest.raises(RuntimeError, match="lm_loss_chunk_size=0"):
+        loss.backward()
