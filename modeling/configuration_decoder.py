@@ -142,7 +142,9 @@ class DecoderConfig(PreTrainedConfig):
             (seed 001, GPT fine-tuning): when positive and `labels` are given, the next-token loss over the
             (non-pad) input is added.
         lm_loss_chunk_size (`int`, 1024): in training, the LM head and cross-entropy run over chunks of this many
-            tokens so the full `(tokens, vocab)` logits never exist at once; 0 turns chunking off.
+            tokens so the full `(tokens, vocab)` logits never exist at once; 0 turns chunking off. The chunked loss
+            computes its gradients in the forward pass: one backward through it (not two with `retain_graph=True`,
+            which then needs 0).
 
     Example:
     ```python

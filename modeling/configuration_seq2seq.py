@@ -95,7 +95,9 @@ class Seq2SeqConfig(PreTrainedConfig):
         final_logit_softcapping (`float`, *optional*): c · tanh(z / c) on the output logits (Gemma2); the training
             loss then runs unchunked.
         lm_loss_chunk_size (`int`, defaults to 1024): in training, the LM head and cross-entropy run over chunks of
-            this many tokens so the full (tokens, vocab) logits never exist at once; 0 turns chunking off.
+            this many tokens so the full (tokens, vocab) logits never exist at once; 0 turns chunking off. The
+            chunked loss computes its gradients in the forward pass: one backward through it (not two with
+            `retain_graph=True`, which then needs 0).
         embedding_layernorm (`bool`, defaults to False): a norm right after the embeddings of each stack (Bart's
             `layernorm_embedding`, BERT's embedding LayerNorm), as `DecoderConfig.embedding_layernorm`.
         position_embedding_offset (`int`, defaults to 0): a `"learned"` table with this many extra leading rows,
