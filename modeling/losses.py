@@ -169,12 +169,14 @@ def chunk_loss_sum(logits: torch.Tensor, targets: torch.Tensor, valid: torch.Ten
 
 
 def chunk_loss_and_gradient(
-    logits: torch.Tensor, targets: torch.Tensor, valid: torch.Tensor, z_loss_coef: float, dtype: torch.dtype
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(the chunk's loss sum, its logits' gradient in `dtype`): `chunk_loss_sum` and `logits_gradient` as one
-    function, so that compiled the log-sum-exp is a reduction inside the kernels that read the chunk anyway."""
+    logits: torch.Tensor, targets: torch.Tensor, valid: torch.Tensor, z_loss_coef: float, out: torch.Tensor
+) -> torch.Tensor:
+    """The chunk's loss sum, its logits' gradient written into `out` (in `out`'s dtype): `chunk_loss_sum` and
+    `logits_gradient` as one function, so that compiled the log-sum-exp is a reduction inside the kernels that read
+    the chunk anyway, and the gradient is stored straight into its rows of the group's buffer."""
     total, log_z = chunk_loss_sum(logits, targets, valid, z_loss_coef)
-    return total, logits_gradient(logits, log_z, targets, valid, z_loss_coef, dtype)
+    out.copy_(logits_gradient(logits, log_z, targets, valid, z_loss_coef, out.dtype))
+    return total
 
 
 # Where compiling it pays (on CPU the eager chain is about as fast as a C++ kernel); `()` turns it off, as does
@@ -185,27 +187,35 @@ FUSED_GRADIENT_DEVICES = ("cuda",)
 CHUNK_LOSS = CompiledKernel(chunk_loss_and_gradient, "the LM loss and its gradient", lambda: FUSED_GRADIENT_DEVICES)
 
 
-def fused_chunk_loss(logits, targets, valid, z_loss_coef: float, dtype: torch.dtype):
+def fused_chunk_loss(logits, targets, valid, z_loss_coef: float, out: torch.Tensor):
     """`chunk_loss_and_gradient` compiled on CUDA: the float32 chunk read twice (log Z, then the gradient, written
-    once in the GEMMs' dtype). The eager chain reads and writes it about ten times — torch's log-sum-exp alone
-    (max, subtract into a new chunk-sized tensor, exp, sum), then subtract, exp, scatter, mask, cast: at vocabulary
-    32000 and 8192 tokens ~9 GB a step, most of the loss's non-GEMM time. None elsewhere, or where the compiler fails
-    (one logged line), and the caller runs the eager chain (TORCHDYNAMO_DISABLE=1: the in-place eager chain, not the
-    out-of-place one uncompiled)."""
-    return CHUNK_LOSS(logits, targets, valid, z_loss_coef, dtype)
+    once into `out` in the GEMMs' dtype). The eager chain reads and writes it about ten times — torch's log-sum-exp
+    alone (max, subtract into a new chunk-sized tensor, exp, sum), then subtract, exp, scatter, mask, cast: at
+    vocabulary 32000 and 8192 tokens ~9 GB a step, most of the loss's non-GEMM time. None elsewhere, or where the
+    compiler fails (one logged line), and the caller runs the eager chain (TORCHDYNAMO_DISABLE=1: the in-place eager
+    chain, not the out-of-place one uncompiled)."""
+    return CHUNK_LOSS(logits, targets, valid, z_loss_coef, out)
 
 
-def _eager_chunk_loss(logits, targets, valid, z_loss_coef: float, with_gradient: bool):
-    """`chunk_loss_and_gradient` eagerly, the gradient (float32) written over the logits (no second chunk-sized
-    float32 buffer), or None without `with_gradient`."""
+def _eager_chunk_loss(logits, targets, valid, z_loss_coef: float, out: torch.Tensor | None):
+    """`chunk_loss_and_gradient` eagerly, the gradient computed in float32 over the logits (no second chunk-sized
+    float32 buffer) and copied into `out`; the loss sum alone where `out` is None."""
     total, log_z = chunk_loss_sum(logits, targets, valid, z_loss_coef)
-    if not with_gradient:
-        return total, None
+    if out is None:
+        return total
     grad = torch.exp_(logits.sub_(log_z[:, None]))
     if z_loss_coef:
         grad.mul_((1 + 2 * z_loss_coef * log_z)[:, None])
     grad.scatter_add_(1, targets[:, None], -torch.ones_like(log_z)[:, None])
-    return total, grad.mul_(valid[:, None])
+    out.copy_(grad.mul_(valid[:, None]))
+    return total
+
+
+# Chunks whose logits' gradients one weight-gradient GEMM takes (`ChunkedLinearCrossEntropy`): the float32
+# accumulator, (vocab x hidden), is read and written once per group instead of once per chunk (at 1024-token chunks
+# and vocabulary 32000 it is as many bytes as the chunk's GEMM reads; 128256: 1 GB a chunk), for a group's gradients
+# held in the GEMMs' dtype until its product (4 chunks of bf16: the bytes of two chunks' float32 logits).
+WEIGHT_GRADIENT_CHUNKS = 4
 
 
 class ChunkedLinearCrossEntropy(torch.autograd.Function):
@@ -230,29 +240,38 @@ class ChunkedLinearCrossEntropy(torch.autograd.Function):
             grad_bias = torch.zeros_like(bias, dtype=torch.float32) if needs_grad_bias else None
             total = hidden.new_zeros((), dtype=torch.float32)
             with_gradient = grad_hidden is not None or grad_weight is not None or grad_bias is not None
-            # the gradient's dtype: the GEMMs', or float32 where the bias's gradient sums it
+            # the gradient's dtype: the GEMMs', or float32 where the bias's gradient sums it (one chunk a group then)
             grad_dtype = torch.float32 if grad_bias is not None else compute_dtype
-            for start in range(0, hidden.shape[0], chunk_size):
-                h = hidden[start : start + chunk_size].to(compute_dtype)
-                t = targets[start : start + chunk_size]
-                logits = _float32_logits(h, w, b)  # (n, V)
-                valid = (t != IGNORE_INDEX).float()
-                safe_t = t.clamp(min=0)
-                # the chunk's loss sum, and d/dlogits: softmax · (1 + 2 z log Z) - onehot(target), 0 where ignored
-                fused = fused_chunk_loss(logits, safe_t, valid, z_loss_coef, grad_dtype) if with_gradient else None
-                chunk_total, grad = fused or _eager_chunk_loss(logits, safe_t, valid, z_loss_coef, with_gradient)
-                # out of place: torch 2.11's dynamo loses the gradient of an output it saw updated in place
-                total = total + chunk_total
-                del logits
-                if grad is None:
-                    continue
-                if grad_bias is not None:
-                    grad_bias.add_(grad.sum(0))
-                grad = grad.to(compute_dtype)
-                if grad_hidden is not None:
-                    grad_hidden[start : start + chunk_size] = grad @ w
+            grouped = grad_weight is not None and grad_bias is None
+            group_rows = chunk_size * (WEIGHT_GRADIENT_CHUNKS if grouped else 1)
+            for group in range(0, hidden.shape[0], group_rows):
+                rows = min(group_rows, hidden.shape[0] - group)
+                grads = hidden.new_empty(rows, weight.shape[0], dtype=grad_dtype) if with_gradient else None
+                for start in range(group, group + rows, chunk_size):
+                    h = hidden[start : start + chunk_size].to(compute_dtype)
+                    t = targets[start : start + chunk_size]
+                    logits = _float32_logits(h, w, b)  # (n, V)
+                    valid = (t != IGNORE_INDEX).float()
+                    safe_t = t.clamp(min=0)
+                    # the chunk's loss sum, and d/dlogits: softmax · (1 + 2 z log Z) - onehot(target), 0 where
+                    # ignored, written into the chunk's rows of the group's gradients
+                    out = grads[start - group : start - group + h.shape[0]] if grads is not None else None
+                    chunk_total = fused_chunk_loss(logits, safe_t, valid, z_loss_coef, out) if out is not None else None
+                    if chunk_total is None:
+                        chunk_total = _eager_chunk_loss(logits, safe_t, valid, z_loss_coef, out)
+                    # out of place: torch 2.11's dynamo loses the gradient of an output it saw updated in place
+                    total = total + chunk_total
+                    del logits
+                    if out is None:
+                        continue
+                    if grad_bias is not None:
+                        grad_bias.add_(out.sum(0))
+                    if grad_hidden is not None:
+                        grad_hidden[start : start + chunk_size] = out.to(compute_dtype) @ w
                 if grad_weight is not None:
-                    _accumulate_product(grad_weight, grad.t(), h, first=start == 0)
+                    h = hidden[group : group + rows].to(compute_dtype)
+                    _accumulate_product(grad_weight, grads.to(compute_dtype).t(), h, first=group == 0)
+                grads = None  # freed before the next group's buffer is taken
         if grad_weight is not None and hidden.shape[0] == 0:
             grad_weight.zero_()
         # kept on the context, not saved for backward: `backward` scales them in place and hands them over (autograd
