@@ -6,7 +6,8 @@
 - `ChunkedLinearCrossEntropy`: the same loss fused with the LM head. Logits exist one chunk of tokens at a time and
   the gradient is computed in the forward pass, so training never holds the full (tokens × vocab) logits
   (the memory peak of a small-model training step) and the big GEMMs stay cache-friendly. On CUDA each chunk's
-  loss and gradient are one compiled function (`fused_chunk_loss`), the GEMMs write and accumulate float32 themselves.
+  loss and gradient are one compiled function (`fused_chunk_loss`), the GEMMs write and accumulate float32 themselves,
+  and the weight's gradient takes a group of chunks per GEMM (`WEIGHT_GRADIENT_CHUNKS`).
 - `lm_head_loss`: the head and its loss as both families' LM heads run them (chunked in training, logits otherwise,
   soft-capping and output biases), or through a fused kernel the head carries (`fused_causal_lm_loss`).
 """
