@@ -17,19 +17,34 @@ the kernel before. Inductor launches a `triton_op`'s kernels without that attrib
 `triton.enable_pdl` covers inductor's own kernels only), hence the twins. `pdl_applies` says where the callers take
 them: a device in `PDL_DEVICES`, empty until `--suite cuda-kernels` and `cuda-tuning` measure them; on CPU (Triton's
 interpreter) the twins run without the attribute, which is how the tests check their routing and their schema under
-torch.compile."""
+torch.compile.
+
+Launched directly (a twin's body, or an op called outside torch.compile), an autotuned kernel meets a new autotuning
+key (a new shape) with every configuration compiled at once, in threads (`compile_configs_at_once`: Triton's
+`AsyncCompileMode`; its compiler releases the GIL), before the autotuner benchmarks them: it would otherwise compile
+each in turn inside its benchmark — a decoding step's first call meets some 30-50 configurations (~0.4 s each on the
+development CPU). Inductor compiles the configurations of the kernels it launches itself in its own worker pool."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
+from transformers.utils import logging
 
 try:
     import triton
     import triton.language as tl
 except ImportError:  # the CPU wheels of torch come without Triton
     triton = None
+try:
+    from triton.runtime._async_compile import AsyncCompileMode
+except ImportError:  # no Triton, or one before 3.4
+    AsyncCompileMode = None
+
+logger = logging.get_logger(__name__)
 
 # Devices on which archlab's kernels are launched through the ops' PDL twins (`pdl_applies`).
 PDL_DEVICES: tuple[str, ...] = ()
@@ -87,7 +102,8 @@ def launchable(kernel, like: torch.Tensor, op: str, pdl: bool = False):
     launched with programmatic dependent launch (a twin's body on a GPU that has it; the kernel's `PDL` set too; the
     interpreter has no such launch and runs the kernel as it is)."""
     if not _interpreted(kernel):
-        return _Dependent(kernel) if pdl else torch.library.wrap_triton(kernel)
+        launcher = _Dependent(kernel) if pdl else torch.library.wrap_triton(kernel)
+        return launcher if _traced(like) else _ConfigsCompiledFirst(kernel, launcher, pdl)
     if torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.PROXY) is not None:
         raise RuntimeError(f"under Triton's interpreter, {op} compiles with backend='eager' only")
     if torch._subclasses.fake_tensor.is_fake(like):
@@ -121,6 +137,62 @@ class _Dependent:
         return lambda *args, **kwargs: self.kernel[grid](*args, **kwargs, launch_pdl=True)
 
 
+def _traced(like: torch.Tensor) -> bool:
+    """Whether the op is traced (fake tensors, a proxy mode, dynamo), not run: its launch then goes into a graph."""
+    proxy = torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.PROXY) is not None
+    return proxy or torch.compiler.is_compiling() or torch._subclasses.fake_tensor.is_fake(like)
+
+
+class _ConfigsCompiledFirst:
+    """`launcher[grid](...)` after `compile_configs_at_once` (with `pdl`, for a launch with Triton's `launch_pdl`)."""
+
+    def __init__(self, kernel, launcher, pdl: bool):
+        self.kernel, self.launcher, self.pdl = kernel, launcher, pdl
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            compile_configs_at_once(self.kernel, args, {**kwargs, "launch_pdl": True} if self.pdl else kwargs)
+            return self.launcher[grid](*args, **kwargs)
+
+        return launch
+
+
+# (kernel, autotuning key) pairs whose configurations were compiled at once, or tried
+_CONFIGS_COMPILED: set[tuple] = set()
+
+
+def autotuning_key(kernel, args: tuple, kwargs: dict) -> tuple:
+    """The key under which Triton's autotuner keeps `kernel`'s choice for this launch: the values of its `key`
+    arguments, then the dtypes of its tensor arguments (as `Autotuner.run` computes it)."""
+    named = {**dict(zip(kernel.arg_names, args)), **kwargs}
+    named = {name: value for name, value in named.items() if name in kernel.arg_names}
+    key = [named[name] for name in kernel.keys if name in named]
+    return tuple(key + [str(value.dtype) for value in named.values() if hasattr(value, "dtype")])
+
+
+def compile_configs_at_once(kernel, args: tuple, kwargs: dict) -> None:
+    """Every configuration of the autotuned `kernel` compiled for this launch, in parallel, the first time its
+    autotuning key is met (module docstring); the autotuner then finds them compiled. Not for a kernel without
+    configurations, a key met before or one the autotuner already chose for; anything that fails here (one logged
+    line) is left to the autotuner, which compiles the configurations itself as it would have."""
+    configs = getattr(kernel, "configs", None)
+    if AsyncCompileMode is None or configs is None or len(configs) < 2:
+        return
+    key = autotuning_key(kernel, args, kwargs)
+    if (kernel, key) in _CONFIGS_COMPILED or key in getattr(kernel, "cache", {}):
+        return
+    _CONFIGS_COMPILED.add((kernel, key))
+    try:
+        with (
+            ThreadPoolExecutor(max_workers=min(len(configs), os.cpu_count() or 1)) as pool,
+            AsyncCompileMode(pool, ignore_errors=True),
+        ):
+            for config in configs:
+                kernel.fn.warmup(*args, grid=(1,), **kwargs, **config.all_kwargs())
+    except Exception as error:  # whatever it is, the autotuner compiles as before
+        logger.warning_once(f"Compiling {kernel.fn.__name__}'s configurations at once failed ({error!r}).")
+
+
 class _FirstConfig:
     def __init__(self, autotuned):
         self.autotuned = autotuned
@@ -138,6 +210,7 @@ class _FirstConfig:
 __all__ = [
     "PDL_DEVICES",
     "archlab_op",
+    "compile_configs_at_once",
     "launchable",
     "pdl_applies",
     "pdl_launch",

@@ -379,3 +379,70 @@ def test_the_streaming_gemv_reads_its_first_weight_block_before_waiting(prologue
             block_loads = config.kwargs["BLOCK_N"] * config.kwargs["BLOCK_K"] * 2 // (16 * threads)
             assert len(early) == block_loads and all("ld.global.v4" in line for line in early), (config, early)
     assert "griddepcontrol" not in _pdl_ptx(kernel, constexprs, pointers, config, pdl=False)
+
+
+class _DriverWithoutGPU:
+    """What Triton's JIT asks its active driver before it compiles (the device, its stream, the target), answered for
+    an sm90 GPU that is not there: launches would fail, compiling works (Triton's own ptxas)."""
+
+    def get_current_device(self):
+        return 0
+
+    def get_current_stream(self, device=None):
+        return 0
+
+    def get_current_target(self):
+        from triton.backends.compiler import GPUTarget
+
+        return GPUTarget("cuda", 90, 32)
+
+
+def _gemv_launch(prologue: int) -> tuple[tuple, dict]:
+    """A streaming GEMV launch's arguments as `gemv`'s PDL twin gives them (1.1B gate/up shapes, one row)."""
+    import torch
+
+    x, w, y = (torch.zeros(*shape, dtype=torch.bfloat16) for shape in ((1, 2048), (5632, 2048), (1, 5632)))
+    args = (x, x, x, w, w, y, y, 1, 5632, 2048, 1e-6, 2048, 2048, 2048, 5632, 5632)
+    return args, dict(ROWS=1, PROLOGUE=prologue, HAS_BIAS=False, HAS_RESIDUAL=False, PDL=True, launch_pdl=True)
+
+
+def test_the_autotuners_key_is_the_one_archlab_computes(monkeypatch):
+    """`autotuning_key` (triton_launch.py) is the key under which Triton's autotuner keeps its choice for a launch, so
+    a shape it has tuned is not compiled again at once."""
+    from archlab.modeling import triton_gemv, triton_launch
+
+    kernel = triton_gemv._gemv_kernel
+    monkeypatch.setattr(kernel, "cache", {})
+    monkeypatch.setattr(kernel, "_bench", lambda *args, **kwargs: [1.0, 1.0, 1.0])  # no GPU to time them on
+    monkeypatch.setattr(kernel.fn, "run", lambda *args, **kwargs: None)
+    args, kwargs = _gemv_launch(prologue=1)
+    kernel[(1,)](*args, **kwargs)
+    assert list(kernel.cache) == [triton_launch.autotuning_key(kernel, args, kwargs)]
+
+
+def test_every_configuration_compiles_at_once_into_the_kernels_cache(monkeypatch):
+    """Through Triton's JIT and its AsyncCompileMode (a driver that answers for an sm90 GPU): a launch's every
+    configuration compiled in one go, each as the autotuner's benchmark launches it — those launches then find them
+    compiled and compile nothing."""
+    import triton.runtime.jit as jit
+    from triton.runtime import driver
+
+    from archlab.modeling import triton_gemv, triton_launch
+
+    kernel = triton_gemv._gemv_kernel
+    monkeypatch.setattr(kernel, "cache", {})
+    monkeypatch.setattr(triton_launch, "_CONFIGS_COMPILED", set())
+    monkeypatch.setattr(driver, "_active", _DriverWithoutGPU())  # `set_active`; put back as it was (no driver)
+    warnings = []
+    monkeypatch.setattr(triton_launch.logger, "warning_once", warnings.append)
+    args, kwargs = _gemv_launch(prologue=2)
+    triton_launch.compile_configs_at_once(kernel, args, kwargs)
+    assert not warnings
+
+    def compiling(*args, **kwargs):
+        raise AssertionError("a configuration compiled again")
+
+    monkeypatch.setattr(jit.JITFunction, "_do_compile", compiling)
+    for config in kernel.configs:  # as the autotuner's `_bench` launches each (here without the launch)
+        compiled = kernel.fn.run(*args, grid=(1,), warmup=True, **kwargs, **config.all_kwargs())
+        assert "cubin" in compiled.asm and compiled.metadata.launch_pdl
