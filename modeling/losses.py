@@ -184,7 +184,8 @@ def chunk_loss_and_gradient(
 # TORCHDYNAMO_DISABLE=1.
 FUSED_GRADIENT_DEVICES = ("cuda",)
 # automatic dynamic shapes: the last chunk's row count varies with the batch (variable-length fine-tuning); after
-# the first change the rows become symbolic, so two graphs serve every batch (not one per remainder)
+# the first change the rows become symbolic, so a few graphs serve every batch (not one per remainder; a storage
+# offset of 0 into the group's buffer is specialised apart once symbolic)
 CHUNK_LOSS = CompiledKernel(chunk_loss_and_gradient, "the LM loss and its gradient", lambda: FUSED_GRADIENT_DEVICES)
 
 
@@ -248,8 +249,9 @@ class ChunkedLinearCrossEntropy(torch.autograd.Function):
             for group in range(0, hidden.shape[0], group_rows):
                 rows = min(group_rows, hidden.shape[0] - group)
                 grads = hidden.new_empty(rows, weight.shape[0], dtype=grad_dtype) if with_gradient else None
+                group_hidden = hidden[group : group + rows].to(compute_dtype)
                 for start in range(group, group + rows, chunk_size):
-                    h = hidden[start : start + chunk_size].to(compute_dtype)
+                    h = group_hidden[start - group : start - group + chunk_size]
                     t = targets[start : start + chunk_size]
                     logits = _float32_logits(h, w, b)  # (n, V)
                     valid = (t != IGNORE_INDEX).float()
@@ -270,8 +272,7 @@ class ChunkedLinearCrossEntropy(torch.autograd.Function):
                     if grad_hidden is not None:
                         grad_hidden[start : start + chunk_size] = out.to(compute_dtype) @ w
                 if grad_weight is not None:
-                    h = hidden[group : group + rows].to(compute_dtype)
-                    _accumulate_product(grad_weight, grads.to(compute_dtype).t(), h, first=group == 0)
+                    _accumulate_product(grad_weight, grads.to(compute_dtype).t(), group_hidden, first=group == 0)
                 grads = None  # freed before the next group's buffer is taken
         if grad_weight is not None and hidden.shape[0] == 0:
             grad_weight.zero_()

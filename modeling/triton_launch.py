@@ -103,7 +103,8 @@ def launchable(kernel, like: torch.Tensor, op: str, pdl: bool = False):
     interpreter has no such launch and runs the kernel as it is)."""
     if not _interpreted(kernel):
         launcher = _Dependent(kernel) if pdl else torch.library.wrap_triton(kernel)
-        return launcher if _traced(like) else _ConfigsCompiledFirst(kernel, launcher, pdl)
+        autotuned = hasattr(kernel, "configs")  # triton.autotune's Autotuner
+        return _ConfigsCompiledFirst(kernel, launcher, pdl) if autotuned and not _traced(like) else launcher
     if torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.PROXY) is not None:
         raise RuntimeError(f"under Triton's interpreter, {op} compiles with backend='eager' only")
     if torch._subclasses.fake_tensor.is_fake(like):
