@@ -131,14 +131,17 @@ class GroupedLinear(torch.autograd.Function):
         return grad_x, grad_weight, None
 
 
+def grouped_compute_dtype(x: torch.Tensor, weight: torch.Tensor) -> torch.dtype:
+    """The dtype `grouped_linear` multiplies in: autocast's where it is on (as `nn.Linear`), else the weight's."""
+    if torch.is_autocast_enabled(x.device.type):
+        return torch.get_autocast_dtype(x.device.type)
+    return weight.dtype
+
+
 def grouped_linear(x: torch.Tensor, weight: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
     """Grouped `F.linear` over expert-sorted rows; follows autocast like `nn.Linear` does."""
-    if torch.is_autocast_enabled(x.device.type):
-        dtype = torch.get_autocast_dtype(x.device.type)
-        x, weight = x.to(dtype), weight.to(dtype)
-    else:
-        x = x.to(weight.dtype)
-    return GroupedLinear.apply(x, weight, offsets)
+    dtype = grouped_compute_dtype(x, weight)
+    return GroupedLinear.apply(x.to(dtype), weight.to(dtype), offsets)
 
 
-__all__ = ["GroupedLinear", "grouped_linear"]
+__all__ = ["GroupedLinear", "grouped_compute_dtype", "grouped_linear"]

@@ -10,7 +10,8 @@ Parameter layout is Hugging Face v5's (`mlp.gate.weight`, `mlp.experts.gate_up_p
 `mlp.shared_expert.*`, `mlp.shared_expert_gate.weight`), so a Mixtral or Qwen2-MoE state dict loads as is.
 
 Speed: the (token, slot) pairs are sorted by expert once per layer and both expert projections run as grouped
-GEMMs over the sorted rows (`grouped_gemm.py`). No Python loop over experts, no host synchronisation, no
+GEMMs over the sorted rows (`grouped_gemm.py`); the rows go there and back by gathers, so every sum over a token's
+slots runs in the same order each time (`moe_slots.py`). No Python loop over experts, no host synchronisation, no
 data-dependent shapes: the layer traces with `torch.compile(fullgraph=True)` and CUDA graphs. The one-token decode
 step on CPU (eager, no gradients) instead runs k plain matrix-vector products on the chosen experts, whose ids it
 reads on the host (free on CPU, faster than the grouped path's bookkeeping); a GPU candidate for a decoding step's
@@ -28,7 +29,8 @@ from transformers import initialization as init
 from transformers.activations import ACT2FN
 
 from .feed_forward import MLPS, gated_activation
-from .grouped_gemm import grouped_linear
+from .grouped_gemm import grouped_compute_dtype, grouped_linear
+from .moe_slots import slots_to_tokens, sort_slots, tokens_to_slots
 from .triton_moe import moe_decode, moe_decode_applies
 
 
@@ -92,21 +94,16 @@ class Experts(nn.Module):
             return moe_decode(self, hidden_states, top_k_index, top_k_weights)
         if _one_token_on_cpu(hidden_states):
             return self._forward_one_token(hidden_states, top_k_index, top_k_weights)
-        k = top_k_index.shape[-1]
-        sorted_experts, order = torch.sort(top_k_index.reshape(-1), stable=True)  # (S,) with S = N·k
-        expert_ids = torch.arange(self.num_experts, device=sorted_experts.device)
-        offsets = torch.searchsorted(sorted_experts, expert_ids, right=True).to(torch.int32)  # (K,) group ends
-        token_index = order // k  # which token each sorted row belongs to
-        x = hidden_states.index_select(0, token_index)  # (S, d); its backward is one index_add_
+        order, inverse, offsets = sort_slots(top_k_index, self.num_experts)  # S = N·k slots (moe_slots.py)
+        dtype = grouped_compute_dtype(hidden_states, self.down_proj)
+        x = tokens_to_slots(hidden_states, order, inverse, top_k_index.shape[-1], dtype)  # (S, d), expert order
         if self.gated:
             gate, up = grouped_linear(x, self.gate_up_proj, offsets).chunk(2, dim=-1)  # (S, f) each
             h = gated_activation(self.hidden_act, self.act_fn, gate, up)
         else:
             h = self.act_fn(grouped_linear(x, self.up_proj, offsets))
         y = grouped_linear(h, self.down_proj, offsets)  # (S, d)
-        y = y * top_k_weights.reshape(-1)[order].unsqueeze(-1).to(y.dtype)
-        out = torch.zeros(hidden_states.shape, dtype=y.dtype, device=y.device)
-        return out.index_add_(0, token_index, y).to(hidden_states.dtype)
+        return slots_to_tokens(y, top_k_weights, order, inverse).to(hidden_states.dtype)
 
     def _forward_one_token(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor):
         """The one-token decode step on CPU: k plain matrix-vector products on the chosen experts' weights.
