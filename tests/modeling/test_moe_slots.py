@@ -123,3 +123,23 @@ def test_compiled_training_step_of_the_experts_has_no_atomic_adds():
     torch.testing.assert_close(out, expected)
     for got, want in zip(grads, expected_grads):
         torch.testing.assert_close(got, want)
+
+
+@pytest.mark.gpu
+def test_a_top4_training_step_on_cuda_gives_the_same_bits_every_run():
+    """On a GPU, bf16 autocast as Trainer(bf16=True) runs it: two identical steps give bitwise equal outputs and
+    gradients (with scatter-adds, atomics summed a token's 4 slots in a different order each run)."""
+    torch.manual_seed(0)
+    model = archlab.DecoderForCausalLM(
+        tiny_decoder_config(hidden_size=256, num_local_experts=8, num_experts_per_tok=4, num_hidden_layers=1)
+    ).cuda()
+    block = model.model.layers[0].mlp
+    x = torch.randn(4, 512, 256, device="cuda", requires_grad=True)
+    params = (x, block.experts.gate_up_proj, block.experts.down_proj, block.gate.weight)
+    runs = []
+    for _ in range(2):
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            out = block(x)
+        runs.append((out, *torch.autograd.grad(out.float().square().sum(), params)))
+    for first, second in zip(*runs):
+        assert torch.equal(first, second)
