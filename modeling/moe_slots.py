@@ -38,13 +38,13 @@ class _TokensToSlots(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden, order, inverse, top_k: int, dtype: torch.dtype) -> torch.Tensor:  # type: ignore[override]
         ctx.save_for_backward(inverse)
-        ctx.top_k, ctx.input_dtype = top_k, hidden.dtype
+        ctx.tokens, ctx.top_k, ctx.input_dtype = hidden.shape[0], top_k, hidden.dtype
         return hidden.to(dtype).index_select(0, torch.div(order, top_k, rounding_mode="floor"))
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
         (inverse,) = ctx.saved_tensors
-        per_token = grad.index_select(0, inverse).view(-1, ctx.top_k, grad.shape[-1])
+        per_token = grad.index_select(0, inverse).view(ctx.tokens, ctx.top_k, grad.shape[-1])
         return per_token.sum(dim=1, dtype=ctx.input_dtype), None, None, None, None
 
 
@@ -70,7 +70,7 @@ class _SlotsToTokens(torch.autograd.Function):
         grad_y = None
         if ctx.needs_input_grad[0]:
             grad_slots = mix.transpose(1, 2) * grad  # (N, k, d): w[n, j] · grad[n]
-            grad_y = grad_slots.view(-1, grad_slots.shape[-1]).index_select(0, order)
+            grad_y = grad_slots.flatten(0, 1).index_select(0, order)
         return grad_y, grad_weights, None, None
 
 

@@ -67,6 +67,17 @@ def test_slots_go_to_expert_order_and_back_as_a_per_token_sum(top_k):
         torch.testing.assert_close(g, w)
 
 
+def test_no_tokens_route_to_no_rows():
+    block = (
+        archlab.DecoderForCausalLM(tiny_decoder_config(num_local_experts=4, num_hidden_layers=1)).model.layers[0].mlp
+    )
+    x = torch.randn(1, 0, 32, requires_grad=True)
+    out = block(x)
+    assert out.shape == (1, 0, 32)
+    out.sum().backward()
+    assert x.grad.shape == x.shape
+
+
 def test_slots_cast_before_the_copy_and_sum_gradients_in_the_input_dtype():
     weights, index = routed(7, 4, 3)
     order, inverse, _ = sort_slots(index, 4)
