@@ -10,9 +10,11 @@ atomic additions in whatever order the GPU runs them: from k = 3 the bf16 sums c
 forward's mixture and in the backward of the input's gather alike (inductor lowers both to atomic adds too). Here
 both ways are gathers: `tokens_to_slots` copies each token's row to its k sorted rows and, backward, gathers a
 token's k gradient rows by `inverse` and sums them; `slots_to_tokens` gathers each token's k expert outputs by
-`inverse` and mixes them with one batched product of the routing weights (Σ_j w_j · y_j over a (k × d) matrix per
-token, as torchtitan's MoE does), whose backward gathers by `order`. The same sums in the same order every run, and
-fewer passes over the (S × d) rows than weighting them, zero-filling the output and scattering onto it.
+`inverse` and mixes them with the routing weights (Σ_j w_j · y_j: eagerly one batched product over a (k × d) matrix
+per token, as torchtitan's MoE does; compiled, a multiply and a sum that inductor fuses with the gather into one
+kernel, where it would keep a bmm as a separate cuBLAS call), whose backward gathers by `order`. The same sums in
+the same order every run, and fewer passes over the (S × d) rows than weighting them, zero-filling the output and
+scattering onto it.
 """
 
 from __future__ import annotations
@@ -58,14 +60,18 @@ class _SlotsToTokens(torch.autograd.Function):
         mix = weights.to(y.dtype).unsqueeze(1)  # (N, 1, k)
         ctx.save_for_backward(slots, mix, order)
         ctx.weights_dtype = weights.dtype
-        return torch.bmm(mix, slots).squeeze(1)
+        if torch.compiler.is_compiling():  # one fused gather-multiply-sum kernel (inductor keeps a bmm extern)
+            return (slots * mix.transpose(1, 2)).sum(dim=1)
+        return torch.bmm(mix, slots).squeeze(1)  # eager: no (N, k, d) product written
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
         slots, mix, order = ctx.saved_tensors
         grad = grad.to(slots.dtype).unsqueeze(1)  # (N, 1, d)
         grad_weights = None
-        if ctx.needs_input_grad[1]:
+        if ctx.needs_input_grad[1] and torch.compiler.is_compiling():
+            grad_weights = (grad * slots).sum(dim=-1).to(ctx.weights_dtype)  # (N, k), fused
+        elif ctx.needs_input_grad[1]:
             grad_weights = torch.bmm(grad, slots.transpose(1, 2)).squeeze(1).to(ctx.weights_dtype)  # (N, k)
         grad_y = None
         if ctx.needs_input_grad[0]:
