@@ -6,7 +6,8 @@
   LayerNorm ones and zeros): Gemma's offset norm, the fixed position tables, DeepNet's gains, T5's q scale,
   the mixture of experts' 3-D tensors. transformers' `init` functions skip tensors loaded from a checkpoint, so
   this also fills in only what a checkpoint lacks (e.g. non-persistent tables after meta-device loading);
-- safetensors-only loading and the family's `auto_map` (`HubMixin`).
+- safetensors-only loading and the family's `auto_map` (`HubMixin`);
+- the signatures `generate` inspects every call, computed once per class (signatures.py).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from .hub_mixin import HubMixin
 from .moe import init_moe_weights
 from .normalization import OffsetRMSNorm
 from .positions import ALiBiBias, alibi_slopes
+from .signatures import keep_signatures
 from .sinusoidal import SinusoidalPositionalEmbedding, sinusoid_table
 from .validation import check_attention_backend
 
@@ -32,6 +34,10 @@ class ArchlabPreTrainedModel(HubMixin, PreTrainedModel):
     _supports_flash_attn = True
     _supports_flex_attn = True
     _supports_attention_backend = True
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        keep_signatures(cls)  # generate inspects forward & co. 8 times a call (signatures.py)
 
     def _sdpa_can_dispatch(self, is_init_check: bool = False) -> bool:
         check_attention_backend(self.config, "sdpa")
