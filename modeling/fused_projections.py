@@ -150,12 +150,22 @@ def _fusion_blocker(linears: list[nn.Module], laid_out_at: set[tuple[int, int]])
 def _view_over(parameters: list[nn.Parameter]) -> torch.Tensor | None:
     """The (rows of all, ...) view over `parameters` if they lie side by side, in order, in one storage; else None.
     The usual case: a layout made by an earlier call."""
-    if any(type(parameter) is not nn.Parameter for parameter in parameters):  # a tensor subclass (DTensor, ...)
-        return None
-    if not (_side_by_side_in_memory(parameters) and _in_one_storage(parameters)):
-        return None
-    first, row = parameters[0], parameters[0].shape[1:]
-    rows = sum(parameter.shape[0] for parameter in parameters)
+    # `_side_by_side_in_memory` and `_in_one_storage` in one loop (every `generate` call checks 2 groups a layer)
+    first = parameters[0]
+    address, storage, dtype, row = first.data_ptr(), first.untyped_storage().data_ptr(), first.dtype, first.shape[1:]
+    size, rows = first.element_size(), 0
+    for parameter in parameters:
+        if (
+            type(parameter) is not nn.Parameter  # a tensor subclass (DTensor, ...)
+            or parameter.data_ptr() != address
+            or parameter.dtype != dtype
+            or parameter.shape[1:] != row
+            or not parameter.is_contiguous()
+            or parameter.untyped_storage().data_ptr() != storage
+        ):
+            return None
+        address += parameter.numel() * size
+        rows += parameter.shape[0]
     strides = (row[0], 1) if row else (1,)
     return torch.as_strided(first.detach(), (rows, *row), strides, first.storage_offset())
 
@@ -203,7 +213,21 @@ def _enter(module: FusableProjections) -> bool:
 
 
 def fusable_modules(model: nn.Module) -> list[FusableProjections]:
-    return [module for module in model.modules() if isinstance(module, FusableProjections) and module.fusable]
+    """`model`'s modules with projections to fuse, each once, in `modules()` order. The walk does not descend into
+    a `FusableProjections` (its children are the projections themselves): a 22-layer decoder's walk visits ~70 of
+    its ~290 modules, ~0.1 ms less host time every `generate` call before the prefill."""
+    found, seen, stack = [], set(), [model]
+    while stack:
+        module = stack.pop()
+        if id(module) in seen:
+            continue
+        seen.add(id(module))
+        if isinstance(module, FusableProjections):
+            if module.fusable:
+                found.append(module)
+            continue
+        stack.extend(child for child in reversed(module._modules.values()) if child is not None)
+    return found
 
 
 def fuses_on(model: nn.Module) -> bool:

@@ -342,3 +342,14 @@ def test_a_model_with_a_global_hook_is_not_laid_out(monkeypatch):
     finally:
         handle.remove()
     assert not any(_laid_out(model))
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_the_walk_finds_what_every_module_finds_each_once(name):
+    """`fusable_modules` skips the inside of each group (its projections): the same modules, in the same order, as
+    filtering `modules()`; a group reachable twice (a module shared by two parents) is listed once."""
+    model = MODELS[name]()
+    everything = [m for m in model.modules() if isinstance(m, fused_projections.FusableProjections) and m.fusable]
+    assert fusable_modules(model) == everything and len(everything) > 0
+    shared = nn.ModuleDict({"first": model, "again": model})
+    assert fusable_modules(shared) == everything
