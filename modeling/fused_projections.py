@@ -66,7 +66,7 @@ def _linears(module: FusableProjections) -> list[nn.Module]:
 def _side_by_side_in_memory(parts: list[torch.Tensor]) -> bool:
     """Whether `parts` are contiguous and lie one after the other in memory, in order, with one dtype and one row
     shape (pointer arithmetic only, a few µs). Addresses are unique across devices (CUDA's unified address space),
-    so equal addresses mean the same memory — but not the same storage (`_in_one_storage`)."""
+    so equal addresses mean the same memory — but not the same storage (`_view_over` checks that too)."""
     first = parts[0]
     address, size, row = first.data_ptr(), first.element_size(), first.shape[1:]
     for part in parts:
@@ -76,13 +76,6 @@ def _side_by_side_in_memory(parts: list[torch.Tensor]) -> bool:
             return False
         address += part.numel() * size
     return True
-
-
-def _in_one_storage(parts: list[torch.Tensor]) -> bool:
-    """Adjacent addresses alone do not make one block: CUDA's caching allocator often places separately allocated
-    weights back to back in one segment, and a view from the first across the others would reach past its storage."""
-    storage = parts[0].untyped_storage().data_ptr()
-    return all(part.untyped_storage().data_ptr() == storage for part in parts)
 
 
 def _views_in_order(parts: list[torch.Tensor | None], block: torch.Tensor | None) -> bool:
@@ -149,8 +142,10 @@ def _fusion_blocker(linears: list[nn.Module], laid_out_at: set[tuple[int, int]])
 
 def _view_over(parameters: list[nn.Parameter]) -> torch.Tensor | None:
     """The (rows of all, ...) view over `parameters` if they lie side by side, in order, in one storage; else None.
-    The usual case: a layout made by an earlier call."""
-    # `_side_by_side_in_memory` and `_in_one_storage` in one loop (every `generate` call checks 2 groups a layer)
+    The usual case: a layout made by an earlier call. Adjacent addresses alone do not make one block: CUDA's caching
+    allocator often places separately allocated weights back to back in one segment, and a view from the first
+    across the others would reach past its storage. `_side_by_side_in_memory` plus one storage, in one loop (every
+    `generate` call checks 2 groups a layer)."""
     first = parameters[0]
     address, storage, dtype, row = first.data_ptr(), first.untyped_storage().data_ptr(), first.dtype, first.shape[1:]
     size, rows = first.element_size(), 0

@@ -170,7 +170,7 @@ def test_weights_in_adjacent_storages_are_laid_out_not_read_across():
         weights = [getattr(module, name).weight for name in module.fusable]
         _back_to_back_storages(weights)
         assert fused_projections._side_by_side_in_memory(weights)  # adjacent addresses ...
-        assert not fused_projections._in_one_storage(weights)  # ... of separate storages
+        assert fused_projections._view_over(weights) is None  # ... of separate storages: no view across
     assert not any(_laid_out(model))
     with torch.no_grad(), inference_projections(model, force=True) as groups:
         torch.testing.assert_close(_logits(model), expected, atol=1e-5, rtol=1e-5)
