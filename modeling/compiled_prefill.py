@@ -50,7 +50,7 @@ from collections.abc import Callable, Iterator
 import torch
 
 from .cache_names import cache_in
-from .cache_spans import rewind_lengths, self_attention_layers
+from .cache_spans import rewind_lengths, self_attention_layers, shared_positions
 from .compile_fallback import eager_on_compiler_failure
 from .prefill_buckets import padded_prefill_inputs
 
@@ -201,7 +201,9 @@ def prefill(model, input_ids: torch.LongTensor, generation_config, model_kwargs:
     """generate's prefill, with `model.forward` compiled (`bucketed_forward`) where `prefill_blocker` finds nothing
     against it. Called by the compiled loops, so only where generate compiles its decoding steps."""
     if prefill_blocker(model, generation_config, model_kwargs) is not None:
-        return model._prefill(input_ids, generation_config, model_kwargs, is_first_iteration=True)
+        chunked = generation_config.prefill_chunk_size is not None  # (several forwards, each of its own length)
+        with contextlib.nullcontext() if chunked else shared_positions(cache_in(model_kwargs)):
+            return model._prefill(input_ids, generation_config, model_kwargs, is_first_iteration=True)
     compile_config = generation_config.compile_config or model._default_compile_config()
     forward = bucketed_forward(model, compile_config, cache_in(model_kwargs))
     own_forward = model.__dict__.get("forward")  # an instance-level forward (accelerate's hooks) is kept

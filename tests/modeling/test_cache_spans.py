@@ -253,3 +253,80 @@ def test_a_compiled_step_advances_every_layer_length_at_once(monkeypatch):
     ]
     own = [node for node in step.graph.nodes if node.target == "add_" and "cumulative_length" in str(node.args[0])]
     assert not own, "a layer advanced its own length"
+
+
+def test_an_eager_forward_with_shared_positions_makes_them_once_and_advances_lengths_once(monkeypatch):
+    """Inside `shared_positions` the allocated layers write at one positions tensor, made by the first layer, and
+    their lengths advance by one `_foreach_add_` when the forward ends: the keys and lengths per-layer updates give.
+    A layer not yet allocated, or reading a span, keeps its own."""
+    keys = torch.randn(1, 2, 3, 4)
+    layers = [cache_spans.as_spanned(StaticLayer(max_cache_len=8)) for _ in range(4)]
+    for layer in layers[:3]:
+        layer.update(keys, keys)  # allocated, length 3 (the last: a new layer)
+    layers[2].span = torch.empty(8, dtype=torch.uint8)
+    expected = [cache_spans.as_spanned(StaticLayer(max_cache_len=8)) for _ in range(2)]
+    for layer in expected:
+        layer.update(keys, keys)
+        layer.update(keys[:, :, :2] * 2, keys[:, :, :2] * 2)
+    aranges, advances = [], []
+    arange, foreach_add = torch.arange, torch._foreach_add_
+    monkeypatch.setattr(torch, "arange", lambda *a, **k: aranges.append(a) or arange(*a, **k))
+    monkeypatch.setattr(
+        torch, "_foreach_add_", lambda tensors, n: advances.append((len(tensors), n)) or foreach_add(tensors, n)
+    )
+    with cache_spans.shared_positions(_Layers(layers)):
+        for layer in layers[:2]:
+            layer.update(keys[:, :, :2] * 2, keys[:, :, :2] * 2)
+        assert [int(layer.cumulative_length) for layer in layers[:2]] == [3, 3]  # advanced after the forward
+    assert (len(aranges), advances) == (1, [(2, 2)])
+    for layer, reference in zip(layers[:2], expected):
+        assert int(layer.cumulative_length) == 5 and layer.shared is None
+        assert torch.equal(layer.keys, reference.keys) and torch.equal(layer.values, reference.values)
+    assert layers[2].shared is None and layers[3].shared is None and not layers[3].is_initialized
+
+
+def test_a_forward_that_raises_advances_no_length():
+    keys = torch.randn(1, 2, 3, 4)
+    layers = [cache_spans.as_spanned(StaticLayer(max_cache_len=8)) for _ in range(2)]
+    for layer in layers:
+        layer.update(keys, keys)
+    with pytest.raises(RuntimeError, match="stopped"), cache_spans.shared_positions(_Layers(layers)):
+        layers[0].update(keys, keys)
+        raise RuntimeError("stopped")
+    assert [int(layer.cumulative_length) for layer in layers] == [3, 3]
+    assert all(layer.shared is None for layer in layers)
+
+
+@pytest.mark.parametrize("num_beams", [1, 2], ids=["greedy", "beam"])
+def test_the_loops_prefill_on_a_kept_cache_makes_its_positions_once(num_beams, monkeypatch):
+    """The compiled loops' eager prefill on the cache kept from the last call: one positions tensor for every layer
+    (no `arange` per layer), the tokens of dynamic-cache decoding, and the next call's too."""
+    model = decoder_variant("positions_rope")
+    kwargs = dict(**_prompts(), max_new_tokens=5, pad_token_id=0, eos_token_id=None, num_beams=num_beams)
+    expected = model.generate(**kwargs)
+    static = dict(kwargs, cache_implementation="static", compile_config=_compile_config())
+    assert torch.equal(model.generate(**static), expected)  # a new cache: allocated in its prefill
+    made = []
+    positions = SpannedLayer._positions
+
+    def spy(layer, tokens):
+        result = positions(layer, tokens)
+        made.append((layer.shared is not None, id(result)))
+        return result
+
+    monkeypatch.setattr(SpannedLayer, "_positions", spy)
+    original_prefill = decoding_loop.prefill if num_beams == 1 else beam_loop.prefill
+    prefill_calls = []
+
+    def prefill(*args, **kwargs):
+        made.clear()
+        outputs = original_prefill(*args, **kwargs)
+        prefill_calls.append(list(made))
+        return outputs
+
+    monkeypatch.setattr(decoding_loop if num_beams == 1 else beam_loop, "prefill", prefill)
+    for _ in range(2):
+        assert torch.equal(model.generate(**static), expected)
+    for made_in_prefill in prefill_calls:
+        assert len(made_in_prefill) == model.config.num_hidden_layers
+        assert all(shared for shared, _ in made_in_prefill) and len({ident for _, ident in made_in_prefill}) == 1
