@@ -79,12 +79,12 @@ class SpannedLayer(StaticLayer):
 
     def _positions(self, tokens: int) -> torch.Tensor:
         shared = self.shared
-        if shared is not None and shared.positions is not None:
-            return shared.positions  # (every layer of one forward writes as many tokens, at the same length)
-        positions = torch.arange(tokens, device=self.keys.device) + self.cumulative_length
-        if shared is not None:
-            shared.positions = positions
-        return positions
+        if shared is None:
+            return torch.arange(tokens, device=self.keys.device) + self.cumulative_length
+        if shared.positions is None:
+            shared.positions = torch.arange(tokens, device=self.keys.device) + self.cumulative_length
+        shared.written.append(self)
+        return shared.positions  # (every layer of one forward writes as many tokens, at the same length)
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         if self.defers_length:  # (initialised: the loops set spans after the prefill; shared positions likewise)
@@ -208,22 +208,23 @@ def advance_lengths(cache: Cache, tokens: int = 1) -> None:
 
 class SharedPositions:
     """The positions one eager forward writes at in every layer (`shared_positions`): None until its first layer's
-    update makes them."""
+    update makes them; and the layers that wrote there, whose lengths advance after the forward."""
 
-    __slots__ = ("positions",)
+    __slots__ = ("positions", "written")
 
     def __init__(self) -> None:
         self.positions: torch.Tensor | None = None
+        self.written: list[SpannedLayer] = []
 
 
 @contextlib.contextmanager
 def shared_positions(cache: Cache | None) -> Iterator[None]:
     """Around one eager forward (the loops' prefill, not chunked): the allocated `SpannedLayer`s of `cache` without a
-    span write its tokens at one positions tensor, made by the first layer's update, and their lengths advance
-    together after the forward (`advance_lengths`' single kernel). `StaticLayer.update` makes the positions and adds
-    to the length in every layer: 3 kernels a layer, 66 for 22 layers, where this makes 3 in all. The layers' lengths
-    are equal — every forward adds its tokens to each — so the first layer's places them all. Nothing changes while
-    compiling, or on a new cache (its layers are allocated in this forward)."""
+    span write its tokens at one positions tensor, made by the first layer's update, and the lengths of those that
+    wrote advance together after the forward (`advance_lengths`' single kernel). `StaticLayer.update` makes the
+    positions and adds to the length in every layer: 3 kernels a layer, 66 for 22 layers, where this makes 3 in all.
+    The layers' lengths are equal — every forward adds its tokens to each — so the first layer's places them all.
+    Nothing changes while compiling, or on a new cache (its layers are allocated in this forward)."""
     layers = [] if cache is None else self_attention_layers(cache)
     layers = [layer for layer in layers if type(layer) is SpannedLayer and layer.span is None and layer.is_initialized]
     if not layers or torch.compiler.is_compiling():
@@ -237,8 +238,8 @@ def shared_positions(cache: Cache | None) -> Iterator[None]:
     finally:
         for layer in layers:
             layer.shared = None
-    if shared.positions is not None:  # (a forward that raised adds nothing: the cache is reset by the next call)
-        torch._foreach_add_([layer.cumulative_length for layer in layers], shared.positions.shape[0])
+    if shared.written:  # (a forward that raised adds nothing: the cache is reset by the next call)
+        torch._foreach_add_([layer.cumulative_length for layer in shared.written], shared.positions.shape[0])
 
 
 def rewind_lengths(cache: Cache, positions: int) -> None:

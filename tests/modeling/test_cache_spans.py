@@ -258,11 +258,11 @@ def test_a_compiled_step_advances_every_layer_length_at_once(monkeypatch):
 def test_an_eager_forward_with_shared_positions_makes_them_once_and_advances_lengths_once(monkeypatch):
     """Inside `shared_positions` the allocated layers write at one positions tensor, made by the first layer, and
     their lengths advance by one `_foreach_add_` when the forward ends: the keys and lengths per-layer updates give.
-    A layer not yet allocated, or reading a span, keeps its own."""
+    A layer not yet allocated, or reading a span, keeps its own; one the forward does not write keeps its length."""
     keys = torch.randn(1, 2, 3, 4)
-    layers = [cache_spans.as_spanned(StaticLayer(max_cache_len=8)) for _ in range(4)]
-    for layer in layers[:3]:
-        layer.update(keys, keys)  # allocated, length 3 (the last: a new layer)
+    layers = [cache_spans.as_spanned(StaticLayer(max_cache_len=8)) for _ in range(5)]
+    for layer in [*layers[:3], layers[4]]:
+        layer.update(keys, keys)  # allocated, length 3 (the fourth: a new layer)
     layers[2].span = torch.empty(8, dtype=torch.uint8)
     expected = [cache_spans.as_spanned(StaticLayer(max_cache_len=8)) for _ in range(2)]
     for layer in expected:
@@ -283,6 +283,7 @@ def test_an_eager_forward_with_shared_positions_makes_them_once_and_advances_len
         assert int(layer.cumulative_length) == 5 and layer.shared is None
         assert torch.equal(layer.keys, reference.keys) and torch.equal(layer.values, reference.values)
     assert layers[2].shared is None and layers[3].shared is None and not layers[3].is_initialized
+    assert layers[4].shared is None and int(layers[4].cumulative_length) == 3  # allocated, not written: as it was
 
 
 def test_a_forward_that_raises_advances_no_length():
