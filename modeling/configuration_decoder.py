@@ -46,7 +46,10 @@ ROPE_TYPES = ("default", *ROPE_INIT_FUNCTIONS)
 
 
 def check_rope_type(rope_parameters: Any) -> None:
-    """Each `rope_type` of `rope_parameters` (flat, or one dict per layer type) is one that RoPE can be built with."""
+    """Each `rope_type` of `rope_parameters` (flat, or one dict per layer type) is one that RoPE can be built with,
+    its `rope_theta` a positive number and its `partial_rotary_factor` in (0, 1] (transformers checks neither: a
+    theta of 0 or below gives NaN or infinite frequencies that train silently, a factor above 1 a shape error in
+    the first forward)."""
     if not isinstance(rope_parameters, dict):
         return
     for parameters in [v for v in rope_parameters.values() if isinstance(v, dict)] or [rope_parameters]:
@@ -55,6 +58,20 @@ def check_rope_type(rope_parameters: Any) -> None:
             raise ValueError(
                 f"`rope_parameters['rope_type']`={rope_type!r} is not supported; allowed values: "
                 f"{', '.join(map(repr, ROPE_TYPES))}."
+            )
+        theta = parameters.get("rope_theta")
+        if theta is not None and (isinstance(theta, bool) or not isinstance(theta, (int, float)) or not theta > 0):
+            raise ValueError(
+                f"`rope_theta` (`rope_parameters['rope_theta']`) must be a positive number (the RoPE base, "
+                f"10000.0 by default), got {theta!r}."
+            )
+        factor = parameters.get("partial_rotary_factor")
+        if factor is not None and (
+            isinstance(factor, bool) or not isinstance(factor, (int, float)) or not 0 < factor <= 1
+        ):
+            raise ValueError(
+                "`partial_rotary_factor` (`rope_parameters['partial_rotary_factor']`, the share of each head's "
+                f"channels that RoPE rotates) must be in (0, 1], got {factor!r}."
             )
 
 
@@ -256,7 +273,9 @@ class DecoderConfig(PreTrainedConfig):
             if self.hidden_size % self.num_attention_heads != 0:
                 raise ValueError(
                     f"`hidden_size` ({self.hidden_size}) must be divisible by `num_attention_heads` "
-                    f"({self.num_attention_heads}) unless `head_dim` is given explicitly."
+                    f"({self.num_attention_heads}): allowed values are "
+                    f"{[h for h in range(1, self.hidden_size + 1) if self.hidden_size % h == 0]}, or set "
+                    "`head_dim` (the head size)."
                 )
             self.head_dim = self.hidden_size // self.num_attention_heads
         _resolve_moe_defaults(self)

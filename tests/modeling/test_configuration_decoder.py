@@ -49,6 +49,40 @@ def test_impossible_values_fail_at_construction_naming_the_field(overrides, fiel
         DecoderConfig(**{**TINY, **overrides})
 
 
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (dict(rope_theta=-5), r"`rope_theta` .* must be a positive number .* got -5"),
+        (dict(rope_theta=0.0), r"`rope_theta` .* must be a positive number .* got 0.0"),
+        (dict(rope_parameters={"rope_type": "default", "rope_theta": "1e4"}), r"`rope_theta` .* got '1e4'"),
+        (dict(partial_rotary_factor=1.5), r"`partial_rotary_factor` .* must be in \(0, 1\], got 1.5"),
+        (
+            dict(rope_parameters={"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.0}),
+            r"`partial_rotary_factor` .* must be in \(0, 1\], got 0.0",
+        ),
+        (
+            dict(rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": -1.0}}),
+            r"`rope_theta` .* got -1.0",
+        ),
+    ],
+)
+def test_rope_base_and_partial_factor_are_checked_at_construction(overrides, message):
+    """A non-positive base gave NaN or infinite inverse frequencies that trained silently (a NaN loss, a saved
+    model); a factor above 1 a shape error in the first forward."""
+    with pytest.raises(ValueError, match=message):
+        tiny_decoder_config(**overrides)
+
+
+def test_rope_factors_in_range_are_kept():
+    assert tiny_decoder_config(partial_rotary_factor=0.5).rope_parameters["partial_rotary_factor"] == 0.5
+    assert tiny_decoder_config(rope_theta=500000).rope_parameters["rope_theta"] == 500000
+
+
+def test_non_dividing_heads_list_the_allowed_head_counts():
+    with pytest.raises(ValueError, match=r"allowed values are \[1, 2, 4, 8, 16, 32\], or set `head_dim`"):
+        tiny_decoder_config(num_attention_heads=7, num_key_value_heads=7)
+
+
 def test_unknown_activation_lists_allowed_values():
     with pytest.raises(ValueError, match="allowed values:.*'silu'"):
         tiny_decoder_config(hidden_act="swishy")
