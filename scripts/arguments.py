@@ -169,7 +169,31 @@ class ArchlabTrainingArguments(TrainingArguments):
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
-    """Each flag's default, and the script's docstring as written (its example commands keep their lines)."""
+    """Each flag's default, and the script's docstring as written (its example commands keep their lines). A help
+    text that says its own default (a default decided later, such as `(default: true; false with --num_beams)`)
+    keeps its words, not a second `(default: None)`."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.help and "default:" in action.help:
+            return action.help
+        return super()._get_help_string(action)
+
+
+def check_unknown_flags(parser: argparse.ArgumentParser, unknown: Sequence[str]) -> None:
+    """A flag no argument group knows is a ValueError naming it and the closest known flags."""
+    import difflib
+
+    if not unknown:
+        return
+    named = [word.split("=", 1)[0] for word in unknown if word.startswith("-")]
+    if not named:
+        raise ValueError(f"Unexpected arguments {list(unknown)}: every value follows its --flag.")
+    names = sorted({option[2:].replace("-", "_") for action in parser._actions for option in action.option_strings})
+    hints = []
+    for flag in named:
+        close = difflib.get_close_matches(flag.lstrip("-").replace("-", "_"), names, n=2, cutoff=0.75)
+        hints.append(f"{flag} (did you mean {' or '.join('--' + name for name in close)}?)" if close else flag)
+    raise ValueError(f"Unknown flags: {', '.join(hints)}. `--help` lists every flag.")
 
 
 def parse_arguments(classes: Sequence[type], argv: Sequence[str] | None, description: str | None = None) -> tuple:
@@ -185,7 +209,9 @@ def parse_arguments(classes: Sequence[type], argv: Sequence[str] | None, descrip
     try:
         if len(argv) == 1 and argv[0].endswith(".json"):
             return parser.parse_json_file(json_file=os.path.abspath(argv[0]))
-        return parser.parse_args_into_dataclasses(args=argv)
+        *parsed, unknown = parser.parse_args_into_dataclasses(args=argv, return_remaining_strings=True)
+        check_unknown_flags(parser, unknown)
+        return tuple(parsed)
     except ValueError as error:  # TrainingArguments' own checks of flag values, made while the flags are parsed
         raise ValueError(str(error)) from error
 
@@ -315,6 +341,28 @@ def check_model_flags(model_args: ModelArguments) -> None:
     if model_args.model_name_or_path and os.path.isdir(model_args.model_name_or_path):
         check_weights(model_args.model_name_or_path, "--model_name_or_path")
     check_new_config(model_args)
+
+
+def check_pretrained_model_kind(model_args: ModelArguments, auto_class: Any, trains: str) -> None:
+    """A local `--model_name_or_path` folder holds a model `auto_class` can build (`trains` names the flag that chose
+    it), else a ValueError naming both: a decoder folder given to `--task seq2seq` failed inside transformers with
+    a list of every stock config class."""
+    folder = model_args.model_name_or_path
+    if not folder or not os.path.isfile(os.path.join(folder, "config.json")):
+        return
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(folder)
+    except Exception:
+        return
+    if type(config) in auto_class._model_mapping:
+        return
+    raise ValueError(
+        f"--model_name_or_path {folder!r} holds a `{config.model_type}` model ({type(config).__name__}), which "
+        f"{trains} cannot train: it needs a model {auto_class.__name__} builds. Pass such a folder, or leave out "
+        "--model_name_or_path to train a new model."
+    )
 
 
 def check_weights(folder: str, flag: str) -> None:

@@ -5,8 +5,8 @@
   (the template's `{% generation %}` blocks). Data: a `messages` column, or `--prompt_column`/`--response_column`;
   default: the embedded corpus's "write function `name`: <docstring>" -> code pairs.
       python scripts/finetune.py --task instruct --model_name_or_path runs/pretrain --output_dir runs/chat
-- `classification`: sequence classification (GPT fine-tuning, seed 001) from a CSV/JSON with text and label
-  columns; reports accuracy and macro-F1.
+- `classification`: sequence classification from a decoder's last token (as GPT fine-tuning does), from a CSV/JSON
+  with text and label columns; reports accuracy and macro-F1.
       python scripts/finetune.py --task classification --model_name_or_path runs/pretrain --train_file reviews.csv
 - `seq2seq`: encoder-decoder fine-tuning, by default on the embedded code -> docstring-first-sentence task,
   evaluated by generation with sacrebleu's BLEU and chrF and exact match.
@@ -31,6 +31,7 @@ from archlab.scripts.arguments import (
     check_data_flags,
     check_flag_positive,
     check_model_flags,
+    check_pretrained_model_kind,
     check_training_flags,
     parse_arguments,
     run_cli,
@@ -120,8 +121,9 @@ def main(argv: Sequence[str] | None = None, callbacks: list[TrainerCallback] | N
             f"{model_args.model_kind}."
         )
     model_args.model_kind = task.model_kind
-    model_kind(task.model_kind)
+    kind = model_kind(task.model_kind)
     check_model_flags(model_args)
+    check_pretrained_model_kind(model_args, task.auto_class or kind.auto_class, f"--task {args.task}")
     check_training_flags(training_args)
     check_data_flags(data_args, training_args)
     if data_args.streaming:

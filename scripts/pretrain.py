@@ -3,17 +3,17 @@ Python standard library's source), with a freshly trained byte-level BPE tokeniz
 
     python scripts/pretrain.py
 
-Seed 001's workflow as one command, shaped like transformers' `examples/pytorch/language-modeling/run_clm.py`:
-load data -> train (or load) a tokenizer -> tokenize and pack into blocks (documents never attend to each other)
--> `Trainer` -> validation loss and perplexity before and after -> save model, tokenizer, loss curve and model card
--> print a generated sample. Every flag of `TrainingArguments` works (`--max_steps`, `--learning_rate`,
-`--save_steps`, `--resume_from_checkpoint true`, ...).
+The whole pretraining workflow as one command, shaped like transformers'
+`examples/pytorch/language-modeling/run_clm.py`: load data -> train (or load) a tokenizer -> tokenize and pack
+into blocks (documents never attend to each other) -> `Trainer` -> validation loss and perplexity before and after
+-> save model, tokenizer, loss curve and model card -> print a generated sample. Every flag of `TrainingArguments`
+works (`--max_steps`, `--learning_rate`, `--save_steps`, `--resume_from_checkpoint true`, ...).
 
 Objectives per `--model_kind`:
 - `decoder`: next-token prediction on packed blocks (position ids restart per document);
 - `seq2seq`: continuation -- the encoder reads the first half of a block, the decoder predicts the second half
-  (the prefix-LM objective of seed 003 in encoder-decoder form);
-- `masked_lm`: BERT's 15 % masking on packed blocks (seed 001's fill-mask workflow).
+  (the prefix-LM objective in encoder-decoder form, as T5's prefix LM);
+- `masked_lm`: BERT's 15 % masking on packed blocks (the fill-mask workflow).
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from archlab.scripts.arguments import (
     check_data_flags,
     check_flag_positive,
     check_model_flags,
+    check_pretrained_model_kind,
     check_training_flags,
     parse_arguments,
     run_cli,
@@ -45,6 +46,7 @@ from archlab.training.reporting import log, training_setup
 from archlab.training.sampling import print_sample
 from archlab.training.saving import dataset_label, save_final
 from archlab.training.sources import load_documents
+from archlab.training.tokenizers import adopt_context_length
 from archlab.training.trainer import AtomicCheckpointTrainer
 
 
@@ -104,6 +106,7 @@ def main(argv: Sequence[str] | None = None, callbacks: list[TrainerCallback] | N
     # --- every check that can fail runs before anything is written ---------------------------------------------
     kind = model_kind(model_args.model_kind)
     check_model_flags(model_args)
+    check_pretrained_model_kind(model_args, kind.auto_class, f"--model_kind {model_args.model_kind}")
     check_training_flags(training_args)
     check_data_flags(data_args, training_args)
     check_flag_positive(extra, ("eval_max_blocks",), " (or unset: all)")
@@ -116,9 +119,7 @@ def main(argv: Sequence[str] | None = None, callbacks: list[TrainerCallback] | N
         training_args.label_names = ["labels"]
 
     raw = load_documents(data_args, model_args.cache_dir, training_args.seed)
-    tokenizer = pretraining_tokenizer(
-        model_args, raw["train"], data_args.text_column_name, data_args.block_size, resume
-    )
+    tokenizer = pretraining_tokenizer(model_args, raw["train"], data_args.text_column_name, resume)
     config = build_config(model_args, tokenizer, data_args.block_size)
     data = prepare_data(
         model_args.model_kind,
@@ -130,6 +131,7 @@ def main(argv: Sequence[str] | None = None, callbacks: list[TrainerCallback] | N
         data_args.overwrite_cache,
     )
     check_not_empty(data["train"], "packed train")
+    adopt_context_length(tokenizer, config, kind)  # after packing, which tokenizes whole documents
     model = build_model(kind.auto_class, config, model_args.model_name_or_path, model_args.attn_implementation)
     n_params = sum(p.numel() for p in model.parameters())
     log(

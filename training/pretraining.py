@@ -20,7 +20,7 @@ from .tokenizers import TokenizerChoices, get_tokenizer
 
 
 def pretraining_tokenizer(
-    choices: TokenizerChoices, train_split: Any, text_column: str, block_size: int, resume: str | None = None
+    choices: TokenizerChoices, train_split: Any, text_column: str, resume: str | None = None
 ) -> Any:
     """`get_tokenizer` for pretraining: a new tokenizer is trained on (at most --tokenizer_train_samples of) the
     training documents."""
@@ -34,7 +34,6 @@ def pretraining_tokenizer(
             algorithm=choices.tokenizer_algorithm,
             vocab_size=choices.tokenizer_vocab_size or 4096,
             text_column=text_column,
-            model_max_length=block_size,
         )
 
     return get_tokenizer(choices, resume, train)

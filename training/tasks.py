@@ -28,7 +28,7 @@ from .reporting import log
 from .sampling import show_chat_example, show_seq2seq_example
 from .sources import SPLITS
 from .task_data import TaskOptions
-from .tokenizers import TokenizerChoices, get_tokenizer
+from .tokenizers import TokenizerChoices, adopt_context_length, get_tokenizer
 from .trainer import AtomicCheckpointTrainer, AtomicSeq2SeqTrainer
 
 
@@ -168,6 +168,7 @@ def build_task_model(
         )
     data = {s: task.tokenize(raw[s], tokenizer, options, max_length, num_proc, text_column, label2id) for s in raw}
     check_not_empty(data["train"], "tokenized train")
+    adopt_context_length(tokenizer, config, model_kind(task.model_kind))
 
     auto_class = task.auto_class or model_kind(task.model_kind).auto_class
     model = build_model(auto_class, config, choices.model_name_or_path, attn_implementation)

@@ -6,6 +6,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from transformers.tokenization_utils_base import VERY_LARGE_INTEGER
+
 from archlab.tokenization.training import has_tokenizer, load_tokenizer
 
 from .reporting import log
@@ -40,3 +42,12 @@ def get_tokenizer(choices: TokenizerChoices, resume: str | None, train: Callable
     if choices.tokenizer_name or choices.model_name_or_path:
         return load_tokenizer(choices.tokenizer_name or choices.model_name_or_path)
     return train()
+
+
+def adopt_context_length(tokenizer: Any, config: Any, kind: Any) -> None:
+    """A tokenizer trained in this run (no `model_max_length` of its own) takes the model's context,
+    `max_position_embeddings`, as transformers' tokenizers carry their model's: `truncation=True` then cuts where
+    the model stops, not at the training block size. A loaded tokenizer keeps its own."""
+    positions = getattr(config, kind.max_positions_field, None)
+    if positions is not None and tokenizer.model_max_length >= VERY_LARGE_INTEGER:
+        tokenizer.model_max_length = positions

@@ -76,3 +76,31 @@ def test_compilation_default_is_asked_only_when_the_flag_is_not_given(arguments,
     monkeypatch.setattr(module, "compile_by_default", lambda use_cpu, deepspeed, fsdp: False)
     assert parse_arguments([arguments], ["--use_cpu", "--torch_compile"])[0].torch_compile is True  # a bare flag
     assert parse_arguments([arguments], ["--use_cpu", "--torch_compile_mode", "max-autotune"])[0].torch_compile
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--max_stepz", "5"], "Unknown flags: --max_stepz (did you mean --max_steps?)"),
+        (["--max-stepz=5"], "Unknown flags: --max-stepz (did you mean --max_steps?)"),
+        (["--zzz", "1"], "Unknown flags: --zzz. `--help` lists every flag."),
+        (["stray"], "Unexpected arguments ['stray']: every value follows its --flag."),
+    ],
+)
+def test_an_unknown_flag_is_named_with_the_closest_known_ones(argv, message):
+    """transformers' own wording ("Some specified arguments are not used by the HfArgumentParser") named no flag
+    the user meant."""
+    with pytest.raises(ValueError) as raised:
+        parse_arguments([PretrainTrainingArguments], argv)
+    assert str(raised.value).startswith(message)
+
+
+def test_help_that_states_its_own_default_gets_no_second_one(capsys):
+    from archlab.scripts.generate import GenerateArguments
+
+    with pytest.raises(SystemExit):
+        parse_arguments([GenerateArguments], ["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "(default: true; false with --num_beams)." in text
+    assert "--num_beams). (default: None)" not in text
+    assert "Tokens to generate. (default: 100)" in text  # the others keep argparse's default

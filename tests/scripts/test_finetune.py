@@ -20,7 +20,7 @@ from archlab.tokenization.training import save_tokenizer, train_tokenizer
 from archlab.training.metrics import classification_metrics, text_metrics
 from archlab.training.task_data import as_messages, tokenize_instruct
 
-from helpers import TINY_SEQ2SEQ_OVERRIDES, tiny_decoder_config
+from helpers import TINY_SEQ2SEQ, TINY_SEQ2SEQ_OVERRIDES, tiny_decoder_config
 
 
 def sentiment_rows(n: int, seed: int) -> list[dict[str, str]]:
@@ -237,6 +237,20 @@ def test_a_damaged_base_model_is_named_before_anything_is_read(tmp_path: Path, w
     out = tmp_path / "out"
     with pytest.raises(ValueError, match=f"--model_name_or_path '{base}': {base / 'model.safetensors'} is damaged"):
         finetune.main(run_args(out, "--task", "instruct", "--model_name_or_path", str(base)))
+    assert not out.exists()
+
+
+def test_a_base_model_of_the_wrong_kind_is_named_before_anything_is_read(tmp_path: Path, work: Path) -> None:
+    """A decoder folder given to --task seq2seq (and an encoder-decoder to the decoder tasks) is one error naming the
+    folder's model type and the flag, not transformers' list of every config class after the data is tokenized."""
+    seq2seq = tmp_path / "seq2seq"
+    archlab.Seq2SeqForConditionalGeneration(archlab.Seq2SeqConfig(**TINY_SEQ2SEQ)).save_pretrained(seq2seq)
+    out = tmp_path / "out"
+    with pytest.raises(ValueError, match=r"holds a `archlab_decoder` model \(DecoderConfig\), which --task seq2seq"):
+        finetune.main(run_args(out, "--task", "seq2seq", "--model_name_or_path", str(work / "base")))
+    for task, auto in (("instruct", "AutoModelForCausalLM"), ("classification", "AutoModelForSequenceClassification")):
+        with pytest.raises(ValueError, match=f"`archlab_seq2seq` model .*--task {task} cannot train: .*{auto}"):
+            finetune.main(run_args(out, "--task", task, "--model_name_or_path", str(seq2seq)))
     assert not out.exists()
 
 

@@ -104,6 +104,8 @@ def test_pretrain_decoder_end_to_end(tmp_path: Path, data_dir: Path) -> None:
     model = AutoModelForCausalLM.from_pretrained(out)
     tokenizer = AutoTokenizer.from_pretrained(out)
     assert model.config.vocab_size == len(tokenizer) and model.config.use_cache
+    # the tokenizer trained here carries the model's context, not the training block size (32)
+    assert tokenizer.model_max_length == model.config.max_position_embeddings == 512
     assert "loss_curve.png" in (out / "README.md").read_text()
 
 
@@ -177,6 +179,9 @@ BAD_INPUTS = [
         ValueError,
         "`rope_parameters\\['rope_type'\\]`='spiral' is not supported; allowed values: 'default', 'linear'",
     ),
+    # a NaN model trained, saved and reported as a success; a shape error in the first forward
+    (["--config_overrides", "rope_theta=-5"], ValueError, "`rope_theta` .* must be a positive number"),
+    (["--config_overrides", "partial_rotary_factor=1.5"], ValueError, "`partial_rotary_factor` .* in \\(0, 1\\]"),
 ]
 
 
@@ -210,6 +215,22 @@ def test_a_config_value_out_of_range_fails_before_the_tokenizer_is_trained(
     args = tiny_args(tmp_path / "run", data_dir)
     args[args.index("--config_overrides") + 1] = f"{TINY_DECODER_OVERRIDES},num_key_value_heads=3"
     with pytest.raises(ValueError, match="`num_key_value_heads` \\(3\\) must divide `num_attention_heads`"):
+        pretrain.main(args)
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_pretrained_folder_of_another_model_kind_is_refused_first(tmp_path: Path, data_dir: Path) -> None:
+    """--model_kind seq2seq over a decoder folder names the folder's model type, before anything is read."""
+    import archlab
+
+    from helpers import tiny_decoder_config
+
+    folder = tmp_path / "decoder"
+    archlab.DecoderForCausalLM(tiny_decoder_config()).save_pretrained(folder)
+    args = tiny_args(tmp_path / "run", data_dir, "--model_kind", "seq2seq", "--model_name_or_path", str(folder))
+    position = args.index("--config_overrides")
+    del args[position : position + 2]
+    with pytest.raises(ValueError, match=r"holds a `archlab_decoder` model .* --model_kind seq2seq cannot train"):
         pretrain.main(args)
     assert not (tmp_path / "run").exists()
 
