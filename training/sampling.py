@@ -92,8 +92,9 @@ def generate_text(
     num_beams: int = 1,
 ) -> str:
     """Generate after `prompt` (a user turn of the chat template with `chat`), printing the text as it is generated
-    with `stream` (a decoder's prompt first) or at the end without; returns the generated text. The sampling
-    arguments are `GenerationConfig`'s; temperature, top-k and top-p apply only with `do_sample`."""
+    with `stream` or at the end without, either way after a decoder's prompt (not a chat's or a seq2seq source);
+    returns the generated text. The sampling arguments are `GenerationConfig`'s; temperature, top-k and top-p apply
+    only with `do_sample`."""
     if chat:
         if tokenizer.chat_template is None:
             raise ValueError(
@@ -112,7 +113,8 @@ def generate_text(
         eos.append(tokenizer.convert_tokens_to_ids(END_OF_TURN))  # a chat turn ends with the end-of-turn marker
     streamer = TextStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True) if stream else None
     set_seed(seed)
-    if stream and not seq2seq and not chat:
+    continues_prompt = not seq2seq and not chat  # what it prints reads on from the prompt
+    if stream and continues_prompt:
         print(prompt, end="", flush=True)
     with torch.no_grad():
         output = model.generate(
@@ -131,7 +133,7 @@ def generate_text(
     new_tokens = output[0] if seq2seq else output[0, inputs["input_ids"].shape[1] :]
     text = tokenizer.decode(new_tokens, skip_special_tokens=True)
     if not stream:
-        print(text)
+        print(prompt + text if continues_prompt else text)
     log(f"{len(new_tokens)} tokens generated")
     return text
 

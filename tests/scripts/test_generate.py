@@ -64,6 +64,17 @@ def test_decoder_streams_what_greedy_generate_returns(saved: dict[str, Path], ca
     assert printed.startswith("def f1(x):") and text.strip() in printed  # the streamer printed it
 
 
+def test_streamed_or_not_a_decoder_prints_its_prompt_then_the_text(saved: dict[str, Path], capsys) -> None:
+    args = ["--model_name_or_path", str(saved["decoder"]), "--prompt", "def g(", "--max_new_tokens", "6"]
+    printed = {}
+    for stream, beams in (("true", "1"), ("false", "1"), ("false", "2")):
+        text = generate.main([*args, "--do_sample", "false", "--stream", stream, "--num_beams", beams])
+        out = capsys.readouterr().out
+        printed[stream, beams] = out[: out.index("def g(" + text) + len("def g(" + text)]
+    assert printed["true", "1"] == printed["false", "1"]
+    assert printed["false", "2"].startswith("def g(")
+
+
 def test_sampling_is_seeded_and_chat_works(saved: dict[str, Path]) -> None:
     args = ["--model_name_or_path", str(saved["decoder"]), "--max_new_tokens", "10", "--stream", "false"]
     assert generate.main(args + ["--seed", "3"]) == generate.main(args + ["--seed", "3"])
