@@ -1,6 +1,6 @@
 """Side-by-side benchmark of archlab against its Hugging Face peer: same config, same weights, same inputs, one run.
 
-    python scripts/benchmark.py                     # dense decoder vs LlamaForCausalLM (the design-brief shape)
+    python scripts/benchmark.py                     # dense decoder vs LlamaForCausalLM (hidden 512, 8 layers)
     python scripts/benchmark.py --suite moe         # MoE decoder vs MixtralForCausalLM (scripts/benchmark_moe.py)
     python scripts/benchmark.py --suite seq2seq     # encoder-decoder vs MarianMTModel (scripts/benchmark_seq2seq.py)
     python scripts/benchmark.py --quick             # a small shape and 2 rounds, to check that everything runs
@@ -9,7 +9,7 @@
     python scripts/benchmark.py --suite cuda-static --device cuda   #   decoding with a compiled static cache,
     python scripts/benchmark.py --suite cuda-loops --device cuda    #   sampling, MoE and beam search compiled
     python scripts/benchmark.py --suite cuda-train-compiled --device cuda  # the other training workloads compiled
-    python scripts/benchmark.py --suite cuda-headline --device cuda # the issues' headline rows, ~5 min (first look)
+    python scripts/benchmark.py --suite cuda-headline --device cuda # the headline goals' rows, ~2-4 min (first look)
     python scripts/benchmark.py --suite cuda-tuning --device cuda   # generate settings vs archlab's default decoding
     python scripts/benchmark.py --suite cuda-kernels --device cuda  # archlab's Triton kernels vs the PyTorch paths
 
