@@ -311,6 +311,7 @@ class DecoderForCausalLM(FastDecodingMixin, DecoderPreTrainedModel, GenerationMi
         past_key_values: Cache | None = None,
         is_first_iteration: bool | None = False,
         cache: Cache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
         **kwargs,
     ) -> dict:
         """transformers' inputs, with prefix-LM's `prefix_lengths` routed for the cache in use.
@@ -319,6 +320,8 @@ class DecoderForCausalLM(FastDecodingMixin, DecoderPreTrainedModel, GenerationMi
         instead and builds the prefix-LM masks itself; after it, every new token comes after the prefix, where
         prefix-LM attention is causal attention, so the decoding steps take the precomputed masks (fixed shapes,
         what the compiled step needs) and no prefix. A dynamic cache gets the 2D mask and the prefix at every step.
+        `inputs_embeds` (a prompt given as embeddings) is a named parameter because `generate` takes it only from
+        models whose `prepare_inputs_for_generation` names it.
         """
         past_key_values = cache_argument(past_key_values, cache)
         static = past_key_values is not None and past_key_values.is_compileable
@@ -329,6 +332,7 @@ class DecoderForCausalLM(FastDecodingMixin, DecoderPreTrainedModel, GenerationMi
             input_ids,
             attention_mask=attention_mask,
             is_first_iteration=is_first_iteration,
+            inputs_embeds=inputs_embeds,
             **with_cache(past_key_values),
             **kwargs,
         )

@@ -31,6 +31,19 @@ def test_greedy_with_cache_equals_no_cache_reference(cache):
 
 
 @pytest.mark.parametrize("cache", ["dynamic", "static"])
+def test_a_prompt_given_as_embeddings_generates_what_its_ids_do(cache):
+    """`generate(inputs_embeds=...)` (soft prompts, multimodal inputs) is taken only from models whose
+    `prepare_inputs_for_generation` names it; it returns the new tokens alone, those of the same prompt as ids."""
+    model = _model()
+    ids = torch.randint(3, 97, (2, 5))
+    ids[0, :2] = 0  # a left-padded row
+    mask = (ids != 0).long()
+    kwargs = dict(attention_mask=mask, max_new_tokens=8, do_sample=False, cache_implementation=cache, pad_token_id=0)
+    from_embeddings = model.generate(inputs_embeds=model.get_input_embeddings()(ids), **kwargs)
+    assert torch.equal(from_embeddings, model.generate(ids, **kwargs)[:, 5:])
+
+
+@pytest.mark.parametrize("cache", ["dynamic", "static"])
 def test_beam_search_and_sampling_run_and_are_reproducible(cache):
     model = _model()
     ids = torch.randint(3, 97, (2, 5))
