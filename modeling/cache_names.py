@@ -24,15 +24,26 @@ CACHE_NAMES = ("past_key_values", "cache")
 
 
 def cache_argument(past_key_values: Cache | None, cache: Cache | None) -> Cache | None:
-    """The cache a forward was given under either name; both at once is a ValueError naming them. From transformers
-    5.24 on, `past_key_values` gets the FutureWarning the stock models give for it (their `deprecate_kwarg`)."""
+    """The cache a forward was given under either name. From transformers 5.24 on, `past_key_values` gets the
+    FutureWarning the stock models give for it (their `deprecate_kwarg`).
+
+    Two different caches at once come from a caller written for the old name beside `generate`, which passes its
+    own under the new one: PEFT's prefix tuning hands its prefix cache as `past_key_values` next to generate's
+    empty `cache` in the prefill, and a fresh prefix again beside the filled cache at every step. The one holding
+    tokens is used — `cache` where both do, with a warning naming the one left out (the stock models keep the new
+    name always, and so drop a prefix given beside an empty cache without a word)."""
     if past_key_values is None:
         return cache
     if cache is not None and past_key_values is not cache:
-        raise ValueError(
-            "Pass the cache as `cache` or as `past_key_values` (its name before transformers 5.24), not both."
-        )
-    if CACHE_NAME == "cache" and not torch.compiler.is_compiling():
+        if int(cache.get_seq_length()) > 0 or int(past_key_values.get_seq_length()) == 0:
+            warnings.warn(
+                "Both `cache` and `past_key_values` (its name before transformers 5.24) were given: `cache` is used "
+                "and `past_key_values` left out.",
+                UserWarning,
+                stacklevel=3,
+            )
+            return cache
+    elif CACHE_NAME == "cache" and not torch.compiler.is_compiling():
         warnings.warn(
             "`past_key_values` is deprecated and will be removed in version 5.40.0. Use `cache` instead.",
             FutureWarning,

@@ -168,3 +168,28 @@ def test_an_adapted_lm_head_is_what_the_training_loss_reads(case, head):
     assert adapter_grads and all(g is not None and g.abs().sum() > 0 for g in adapter_grads)
     model.config.lm_loss_chunk_size = 0
     torch.testing.assert_close(peft_model(**batch).loss, chunked, rtol=1e-5, atol=1e-6)
+
+
+def test_prefix_tuning_generates_with_its_prefix():
+    """PEFT's prefix tuning hands its prefix cache as `past_key_values` beside generate's own (empty) `cache`
+    (transformers 5.24's name): generate's tokens are those of a forward-by-forward greedy loop through the adapter
+    model, and differ from the plain model's (transformers' stock models keep the new name and drop the prefix)."""
+    from peft import PrefixTuningConfig
+
+    model = DecoderForCausalLM(tiny_decoder_config()).eval()
+    adapted = get_peft_model(model, PrefixTuningConfig(task_type="CAUSAL_LM", num_virtual_tokens=4)).eval()
+    with torch.no_grad():
+        for parameter in adapted.prompt_encoder.parameters():
+            parameter.mul_(30)  # a prefix large enough to change the tokens
+    ids = torch.randint(3, 97, (1, 10), generator=torch.Generator().manual_seed(1))
+    reference = ids
+    with torch.no_grad():
+        for _ in range(5):
+            logits = adapted(input_ids=reference, attention_mask=torch.ones_like(reference)).logits
+            reference = torch.cat([reference, logits[:, -1].argmax(-1, keepdim=True)], dim=1)
+        plain = model.generate(ids, max_new_tokens=5, do_sample=False, pad_token_id=0)
+    generated = adapted.generate(
+        input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=5, do_sample=False, pad_token_id=0
+    )
+    assert torch.equal(generated, reference)
+    assert not torch.equal(generated, plain)

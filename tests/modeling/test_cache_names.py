@@ -1,12 +1,12 @@
 """cache_names.py: the models take the KV cache as `cache` (transformers 5.24's name) or `past_key_values` (before),
-return it under the installed release's name, and decode the same either way; two different caches are refused.
+return it under the installed release's name, and decode the same either way; of two caches, the one holding
+tokens.
 CI installs the newest transformers; the suite also runs on 5.23 (the GPU kit's pin before 5.24)."""
 
 from __future__ import annotations
 
 import warnings
 
-import pytest
 import torch
 from transformers import DynamicCache
 
@@ -51,10 +51,25 @@ def test_the_encoder_decoder_takes_its_cache_under_either_name():
     torch.testing.assert_close(by_new_name, by_old_name, rtol=0, atol=0)
 
 
-def test_two_different_caches_are_refused_and_the_old_name_warns_only_where_it_is_deprecated():
+def _filled(length: int) -> DynamicCache:
+    cache = DynamicCache()
+    if length:
+        cache.update(torch.zeros(1, 2, length, 4), torch.zeros(1, 2, length, 4), 0)
+    return cache
+
+
+def test_of_two_caches_the_one_holding_tokens_is_used_and_the_old_name_warns_only_where_deprecated():
+    """Both names at once (PEFT's prefix tuning beside generate): an empty `cache` yields to a filled
+    `past_key_values`; otherwise `cache` is used, with a warning naming the one left out."""
+    prefix, empty, filled = _filled(4), _filled(0), _filled(6)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert cache_argument(prefix, empty) is prefix  # the prefill: generate's cache is still empty
+        assert not caught
+        assert cache_argument(prefix, filled) is filled  # the steps after: generate's cache holds the prefix
+        assert cache_argument(_filled(0), empty) is empty
+        assert sum("`cache` is used and `past_key_values` left out" in str(w.message) for w in caught) == 2
     one, other = DynamicCache(), DynamicCache()
-    with pytest.raises(ValueError, match="`cache` or as `past_key_values`"):
-        cache_argument(one, other)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         assert cache_argument(one, one) is one and cache_argument(None, other) is other
