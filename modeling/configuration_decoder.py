@@ -45,7 +45,11 @@ from .validation import (
 ROPE_TYPES = ("default", *ROPE_INIT_FUNCTIONS)
 
 
-def check_rope_type(rope_parameters: Any) -> None:
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def check_rope_parameters(rope_parameters: Any) -> None:
     """Each `rope_type` of `rope_parameters` (flat, or one dict per layer type) is one that RoPE can be built with,
     its `rope_theta` a positive number and its `partial_rotary_factor` in (0, 1] (transformers checks neither: a
     theta of 0 or below gives NaN or infinite frequencies that train silently, a factor above 1 a shape error in
@@ -60,15 +64,13 @@ def check_rope_type(rope_parameters: Any) -> None:
                 f"{', '.join(map(repr, ROPE_TYPES))}."
             )
         theta = parameters.get("rope_theta")
-        if theta is not None and (isinstance(theta, bool) or not isinstance(theta, (int, float)) or not theta > 0):
+        if theta is not None and not (_is_number(theta) and theta > 0):
             raise ValueError(
                 f"`rope_theta` (`rope_parameters['rope_theta']`) must be a positive number (the RoPE base, "
                 f"10000.0 by default), got {theta!r}."
             )
         factor = parameters.get("partial_rotary_factor")
-        if factor is not None and (
-            isinstance(factor, bool) or not isinstance(factor, (int, float)) or not 0 < factor <= 1
-        ):
+        if factor is not None and not (_is_number(factor) and 0 < factor <= 1):
             raise ValueError(
                 "`partial_rotary_factor` (`rope_parameters['partial_rotary_factor']`, the share of each head's "
                 f"channels that RoPE rotates) must be in (0, 1], got {factor!r}."
@@ -280,7 +282,7 @@ class DecoderConfig(PreTrainedConfig):
             self.head_dim = self.hidden_size // self.num_attention_heads
         _resolve_moe_defaults(self)
         super().__post_init__(**kwargs)  # standardises `rope_parameters` (legacy `rope_theta` / `rope_scaling`)
-        check_rope_type(self.rope_parameters)  # transformers only warns about an unknown type; the model build fails
+        check_rope_parameters(self.rope_parameters)  # transformers only warns about an unknown type; the build fails
         try:  # run again by `@strict` after this method, where a key missing from `rope_parameters` is a KeyError
             self.validate_rope()
         except KeyError as error:

@@ -5,6 +5,7 @@ the checks of flag values that run before anything is written."""
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib.util
 import os
 import sys
@@ -181,8 +182,6 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescript
 
 def check_unknown_flags(parser: argparse.ArgumentParser, unknown: Sequence[str]) -> None:
     """A flag no argument group knows is a ValueError naming it and the closest known flags."""
-    import difflib
-
     if not unknown:
         return
     named = [word.split("=", 1)[0] for word in unknown if word.startswith("-")]
@@ -354,7 +353,7 @@ def check_pretrained_model_kind(model_args: ModelArguments, auto_class: Any, tra
 
     try:
         config = AutoConfig.from_pretrained(folder)
-    except Exception:
+    except Exception:  # an unreadable config is reported where the model is loaded, with its own message
         return
     if type(config) in auto_class._model_mapping:
         return

@@ -168,9 +168,10 @@ def build_task_model(
         )
     data = {s: task.tokenize(raw[s], tokenizer, options, max_length, num_proc, text_column, label2id) for s in raw}
     check_not_empty(data["train"], "tokenized train")
-    adopt_context_length(tokenizer, config, model_kind(task.model_kind))
+    kind = model_kind(task.model_kind)
+    adopt_context_length(tokenizer, config, kind)
 
-    auto_class = task.auto_class or model_kind(task.model_kind).auto_class
+    auto_class = task.auto_class or kind.auto_class
     model = build_model(auto_class, config, choices.model_name_or_path, attn_implementation)
     log(
         f"{type(model).__name__}: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters; "
