@@ -196,8 +196,8 @@ def init_moe_weights(module: nn.Module, std: float) -> None:
 
 def _rows_mask(router_logits: tuple[torch.Tensor, ...], attention_mask: torch.Tensor | None) -> torch.Tensor | None:
     """The (N,) float mask of real tokens for one layer's router rows (the last N // B columns of the mask)."""
-    if attention_mask is None or attention_mask.dim() != 2:
-        return None
+    if not isinstance(attention_mask, torch.Tensor) or attention_mask.dim() != 2:
+        return None  # no mask, a 4-D mask, or the masks `generate` builds per layer type for a static cache (a dict)
     rows = router_logits[0].shape[0]
     batch = attention_mask.shape[0]
     return attention_mask[:, -(rows // batch) :].reshape(-1).to(router_logits[0].device, torch.float32)

@@ -108,7 +108,8 @@ class SinusoidalPositionalEmbedding(nn.Module):
 
     def forward(self, position_ids: torch.Tensor) -> torch.Tensor:
         check_position_ids(position_ids, self.num_positions, "sinusoidal")
-        return nn.functional.embedding(position_ids, self.weight)
+        # padding numbered -1 (`position_ids_from_attention_mask`) reads row 0, as the learned table's clamp does
+        return nn.functional.embedding(position_ids.clamp(min=0), self.weight)
 
     def extra_repr(self) -> str:
         return f"{self.num_positions}, {self.dim}, layout={self.layout!r}"

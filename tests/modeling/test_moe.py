@@ -329,6 +329,18 @@ def test_mixtral_parity_logits_aux_loss_generation(impl):
     assert torch.equal(gen_a, gen_b)
 
 
+def test_router_logits_in_generate_on_the_static_cache():
+    """With `output_router_logits=True`, generate on the static cache (the default on CUDA) gave the load-balancing
+    loss the masks it builds per layer type, a dict: AttributeError. The tokens equal the dynamic cache's."""
+    _, ours = mixtral_pair()
+    ids = torch.randint(3, 97, (2, 7))
+    mask = torch.ones_like(ids)
+    mask[0, :3] = 0
+    kwargs = dict(attention_mask=mask, max_new_tokens=6, do_sample=False)
+    static = ours.generate(ids, cache_implementation="static", **kwargs)
+    assert torch.equal(static, ours.generate(ids, **kwargs))
+
+
 def test_mixtral_parity_one_token_decoding():
     """Batch-1 greedy decoding takes the one-token expert path at every step after the prompt."""
     hf, ours = mixtral_pair(output_router_logits=False)

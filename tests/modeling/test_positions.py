@@ -100,6 +100,25 @@ def test_sinusoidal_positions_are_the_fixed_paper_table(tmp_path):
     torch.testing.assert_close(loaded.model.embed_positions.weight, interleaved_table(40, 32).float())
 
 
+@pytest.mark.parametrize("kind", ["learned", "sinusoidal"])
+def test_positions_counted_from_the_mask_make_a_padded_row_equal_the_row_alone(kind):
+    """Padding is numbered -1 there (a left-padded row starts at 0): the sinusoidal lookup raised an index error on
+    any padded batch, left or right."""
+    config = tiny_decoder_config(position_embedding_type=kind, position_ids_from_attention_mask=True)
+    model = DecoderForCausalLM(config).eval()
+    ids = torch.randint(3, 97, (2, 7))
+    mask = torch.ones_like(ids)
+    mask[0, :3] = 0  # left padding
+    mask[1, 5:] = 0  # right padding
+    with torch.no_grad():
+        padded = model(ids, attention_mask=mask).logits
+        left_alone, right_alone = model(ids[:1, 3:]).logits, model(ids[1:, :5]).logits
+    torch.testing.assert_close(padded[0, 3:], left_alone[0], atol=1e-5, rtol=0)
+    torch.testing.assert_close(padded[1, :5], right_alone[0], atol=1e-5, rtol=0)
+    labels = ids.masked_fill(mask == 0, -100)
+    model.train()(ids, attention_mask=mask, labels=labels).loss.backward()
+
+
 # Absolute position tables end at `max_position_embeddings`: longer sequences are refused by name, not by an index
 # error inside the lookup.
 @pytest.mark.parametrize("kind", ["learned", "sinusoidal"])
