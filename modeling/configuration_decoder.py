@@ -315,18 +315,41 @@ class DecoderConfig(PreTrainedConfig):
                 f"({self.num_attention_heads}): allowed values are "
                 f"{[d for d in range(1, self.num_attention_heads + 1) if self.num_attention_heads % d == 0]}."
             )
-        rotary_dim = int(self.head_dim * self.rope_parameters.get("partial_rotary_factor", 1.0))
-        if self.position_embedding_type == "rope" and (rotary_dim % 2 != 0 or rotary_dim == 0):
-            raise ValueError(
-                f"The rotary dimension (`head_dim` {self.head_dim} x `rope_parameters['partial_rotary_factor']` "
-                f"{self.rope_parameters.get('partial_rotary_factor', 1.0)} = {rotary_dim}) must be a positive even "
-                "number: RoPE rotates pairs of channels."
-            )
+        if self.position_embedding_type == "rope":
+            _validate_rotary_dimension(self)
         for name in ("pad_token_id", "bos_token_id"):
             value = getattr(self, name)
             if value is not None and not 0 <= value < self.vocab_size:
                 raise ValueError(f"`{name}` ({value}) must be None or in [0, vocab_size={self.vocab_size}).")
         _validate_catalogue(self)
+
+
+def _validate_rotary_dimension(config: Any) -> None:
+    """One flat RoPE parameter set whose rotary dimension is a positive even number, with longrope's factors one per
+    rotary frequency (transformers only warns about their length; the first forward would fail on it)."""
+    per_layer_type = [name for name, value in config.rope_parameters.items() if isinstance(value, dict)]
+    if per_layer_type:
+        raise ValueError(
+            f"`rope_parameters` holds one parameter set per layer type ({', '.join(map(repr, per_layer_type))}), but "
+            "archlab's decoder builds one RoPE for all its layers: give one flat dict "
+            "(`{'rope_type': ..., 'rope_theta': ..., ...}`)."
+        )
+    partial = config.rope_parameters.get("partial_rotary_factor", 1.0)
+    rotary_dim = int(config.head_dim * partial)
+    if rotary_dim % 2 != 0 or rotary_dim == 0:
+        raise ValueError(
+            f"The rotary dimension (`head_dim` {config.head_dim} x `rope_parameters['partial_rotary_factor']` "
+            f"{partial} = {rotary_dim}) must be a positive even number: RoPE rotates pairs of channels."
+        )
+    if config.rope_parameters.get("rope_type", config.rope_parameters.get("type")) == "longrope":
+        for name in ("short_factor", "long_factor"):
+            factors = config.rope_parameters.get(name)
+            if isinstance(factors, (list, tuple)) and len(factors) != rotary_dim // 2:
+                raise ValueError(
+                    f"`rope_parameters['{name}']` has {len(factors)} entries; longrope needs one per rotary "
+                    f"frequency: {rotary_dim // 2} (the rotary dimension {rotary_dim} = `head_dim` {config.head_dim} "
+                    f"x `partial_rotary_factor` {partial}, halved)."
+                )
 
 
 # --- defaults that depend on other fields, and the catalogue's and the experts' cross-field checks ---
@@ -377,6 +400,13 @@ def _validate_catalogue(config: Any) -> None:
     for name in ("query_pre_attn_scalar", "attn_logit_softcapping", "final_logit_softcapping", "sliding_window"):
         if getattr(config, name) is not None:
             check_positive(config, name, integer=name == "sliding_window")
+    if config.sliding_window == 1 and "sliding_attention" in (config.layer_types or ()):
+        # transformers' sliding-window cache layers keep the last `window - 1` keys as `keys[..., -window + 1:, :]`,
+        # which keeps every key when the window is 1: decoding would see keys its mask leaves out
+        raise ValueError(
+            "`sliding_window` must be at least 2 for 'sliding_attention' layers, got 1 (each token attending to "
+            "itself alone); transformers' caches cannot keep a window that small."
+        )
 
     if config.position_embedding_type == "relative_bias":
         check_positive(config, "relative_attention_num_buckets")

@@ -2,11 +2,22 @@
 catalogue values and combinations (the MLP width rules included)."""
 
 import pytest
+import torch
 
-from archlab import DecoderConfig
+from archlab import DecoderConfig, DecoderForCausalLM
 from archlab.modeling.catalogue import intermediate_size_from_rule
 
 from helpers import TINY, tiny_decoder_config
+
+# tiny_decoder_config's heads are 8 wide: 4 rotary frequencies
+LONGROPE = {
+    "rope_type": "longrope",
+    "rope_theta": 1e4,
+    "factor": 2.0,
+    "original_max_position_embeddings": 64,
+    "short_factor": [1.0] * 4,
+    "long_factor": [1.5] * 4,
+}
 
 
 def test_llama_defaults_and_derived_fields():
@@ -160,11 +171,41 @@ def test_rope_type_is_checked_at_construction():
             dict(rope_parameters={"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.1}),
             r"rotary dimension",
         ),
+        # found by combining fields: each built a model that failed in its first forward or decoded wrongly
+        (
+            dict(
+                sliding_window=4,
+                layer_types=["sliding_attention", "full_attention"],
+                rope_parameters={
+                    "full_attention": {"rope_type": "default", "rope_theta": 1e6},
+                    "sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+                },
+            ),
+            r"`rope_parameters` holds one parameter set per layer type \('full_attention', 'sliding_attention'\)",
+        ),
+        (
+            dict(rope_parameters={**LONGROPE, "short_factor": [1.0] * 4, "partial_rotary_factor": 0.5}),
+            r"`rope_parameters\['short_factor'\]` has 4 entries; longrope needs one per rotary frequency: 2",
+        ),
+        (
+            dict(rope_parameters={**LONGROPE, "long_factor": [1.0] * 2}),
+            r"`rope_parameters\['long_factor'\]` has 2 entries; longrope needs one per rotary frequency: 4",
+        ),
+        (dict(sliding_window=1), r"`sliding_window` must be at least 2 for 'sliding_attention' layers, got 1"),
     ],
 )
 def test_invalid_combinations_are_refused_at_construction(overrides, message):
     with pytest.raises(ValueError, match=message):
         tiny_decoder_config(**overrides)
+
+
+def test_longrope_with_one_factor_per_rotary_frequency_builds_and_runs():
+    logits = DecoderForCausalLM(tiny_decoder_config(rope_parameters=LONGROPE))(torch.randint(3, 97, (1, 5))).logits
+    assert torch.isfinite(logits).all()
+
+
+def test_a_window_of_one_is_refused_only_where_a_layer_slides():
+    assert tiny_decoder_config(sliding_window=1, layer_types=["full_attention"] * 2).sliding_window == 1
 
 
 def test_defaults_are_the_llama_recipe_and_derived_fields_resolve():
