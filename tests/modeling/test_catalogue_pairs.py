@@ -1,8 +1,9 @@
 """Catalogue fields combined: every pair of choices from two different concerns (norm, placement, MLP, positions,
 attention pattern, prefix LM, stability, embeddings, biases, experts, tied head, loss) meets in at least one tiny
 model, and each model passes the checks that combinations broke before: training gives finite gradients; generate
-with the dynamic cache equals generate without a cache (logits and tokens) and on the static cache (tokens), on a
-left-padded batch whose padded row generates as it does alone; eager attention equals SDPA.
+with the dynamic cache equals generate without a cache (logits and tokens), on the static cache and in archlab's
+greedy and beam loops (the CUDA default, run uncompiled; tokens), on a left-padded batch whose padded row generates
+as it does alone; eager attention equals SDPA.
 
 test_catalogue_variants.py checks each choice alone. A combination fuzz found bugs that no choice shows alone (an
 MoE's router loss given the static cache's masks, sinusoidal positions counted from a padded mask), so here every
@@ -20,8 +21,10 @@ from functools import lru_cache
 
 import pytest
 import torch
+from transformers import CompileConfig
 
 from archlab import DecoderForCausalLM
+from archlab.modeling import beam_loop, decoding_loop, fast_decoding
 
 from helpers import assert_close_to_scale, randomised, tiny_decoder_config
 
@@ -187,12 +190,39 @@ def _prompts(config) -> dict:
     return inputs
 
 
+@pytest.fixture
+def loop_calls(monkeypatch) -> list[str]:
+    """Records which of archlab's loops ran (the CUDA default's greedy and beam loops); their steps run uncompiled
+    here, as in test_decoding_loop.py and test_beam_loop.py."""
+    calls: list[str] = []
+
+    def counted(name, loop):
+        def run(*args, **kwargs):
+            calls.append(name)
+            return loop(*args, **kwargs)
+
+        return run
+
+    monkeypatch.setattr(fast_decoding, "decode", counted("greedy", decoding_loop.decode))
+    monkeypatch.setattr(fast_decoding, "beam_search", counted("beams", beam_loop.beam_search))
+    monkeypatch.setattr(fast_decoding, "compiled_decoding_step", lambda model, config: decoding_loop.decoding_step)
+    monkeypatch.setattr(fast_decoding, "compiled_beam_step", lambda model, config: beam_loop.beam_step)
+    return calls
+
+
+def _compile_config() -> CompileConfig:
+    """A config under which transformers hands the decoding step to archlab's loops on CPU too."""
+    config = CompileConfig(backend="eager", mode=None, fullgraph=True)
+    config._compile_all_devices = True
+    return config
+
+
 def _name(model_choices) -> str:
     return "+".join(name for _, name in model_choices)
 
 
 @pytest.mark.parametrize("choices", all_pairs_design(), ids=_name)
-def test_combined_choices_train_and_decode_consistently(choices):
+def test_combined_choices_train_and_decode_consistently(choices, loop_calls):
     model = _model(choices)
     config = model.config
 
@@ -218,6 +248,14 @@ def test_combined_choices_train_and_decode_consistently(choices):
         assert_close_to_scale(a, b, msg=f"logits of step {step}")
     static = model.generate(**inputs, **common, cache_implementation="static")
     assert torch.equal(static, cached.sequences)
+    looped = model.generate(**inputs, **common, cache_implementation="static", compile_config=_compile_config())
+    assert loop_calls == ["greedy"] and torch.equal(looped, cached.sequences)
+
+    # beam search: archlab's beam loop on the static cache = transformers' on the dynamic cache
+    beams = dict(max_new_tokens=6, num_beams=2, do_sample=False, pad_token_id=0, eos_token_id=None)
+    expected = model.generate(**inputs, **beams)
+    searched = model.generate(**inputs, **beams, cache_implementation="static", compile_config=_compile_config())
+    assert loop_calls == ["greedy", "beams"] and torch.equal(searched, expected)
 
     # the left-padded row generates as it does alone
     alone = {"input_ids": inputs["input_ids"][:1, 2:]}
