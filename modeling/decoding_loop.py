@@ -99,9 +99,10 @@ LOOP_MODEL_INPUTS = frozenset(
     | {"prefix_lengths"}  # prefix-LM: the prefix lies in the prompt; decoding steps are causal (see the model)
     | {"tokenizer"}  # generate's, for stop strings: it stays in the model kwargs, and no forward reads it
 )
-# What an encoder-decoder's steps take besides the cache: the source's mask and encoder states.
+# What an encoder-decoder's steps take besides the cache: the source's mask and encoder states; segment ids are the
+# encoder's alone (read before the loop, when the source is encoded).
 SEQ2SEQ_MODEL_INPUTS = frozenset(
-    {"attention_mask", "encoder_outputs", *CACHE_NAMES, "use_cache", "logits_to_keep", "tokenizer"}
+    {"attention_mask", "encoder_outputs", *CACHE_NAMES, "use_cache", "logits_to_keep", "tokenizer", "token_type_ids"}
 )
 
 

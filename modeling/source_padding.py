@@ -27,6 +27,8 @@ from transformers.generation.configuration_utils import ALL_STATIC_CACHE_IMPLEME
 
 # Sources are padded to multiples of this many positions on the fast path (None: not padded).
 SOURCE_STEP: int | None = 64
+# the encoder's inputs besides the ids and the mask that hold one value per source position
+PER_POSITION_SOURCE_INPUTS = ("token_type_ids", "position_ids")
 
 
 def padded_source_length(length: int, previous: int, limit: int | None) -> int:
@@ -62,7 +64,8 @@ def pad_source(
     input_ids: torch.Tensor, model_kwargs: dict, length: int, pad_token_id: int | None
 ) -> tuple[torch.Tensor, dict]:
     """`input_ids` and the source mask in `model_kwargs` (all ones where absent) right-padded to `length` positions:
-    pad tokens (0 without one), masked."""
+    pad tokens (0 without one), masked. The encoder's other per-position inputs follow: segment ids
+    (`token_type_ids`) and `position_ids` are padded with 0, in range of any table, at masked positions."""
     batch, current = input_ids.shape
     mask = model_kwargs.get("attention_mask")
     if mask is None:
@@ -72,8 +75,12 @@ def pad_source(
     extra = length - current
     pad = 0 if pad_token_id is None else int(pad_token_id)
     ids = torch.cat([input_ids, input_ids.new_full((batch, extra), pad)], dim=1)
-    mask = torch.cat([mask, mask.new_zeros((batch, extra))], dim=1)
-    return ids, {**model_kwargs, "attention_mask": mask}
+    padded = {**model_kwargs, "attention_mask": torch.cat([mask, mask.new_zeros((batch, extra))], dim=1)}
+    for name in PER_POSITION_SOURCE_INPUTS:
+        value = model_kwargs.get(name)
+        if value is not None:
+            padded[name] = torch.cat([value, value.new_zeros((batch, extra))], dim=1)
+    return ids, padded
 
 
-__all__ = ["SOURCE_STEP", "pad_source", "padded_source_length", "pads_sources"]
+__all__ = ["PER_POSITION_SOURCE_INPUTS", "SOURCE_STEP", "pad_source", "padded_source_length", "pads_sources"]

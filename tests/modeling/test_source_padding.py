@@ -10,10 +10,11 @@ import pytest
 import torch
 from transformers import CompileConfig
 
-from archlab.modeling import source_padding
+from archlab import Seq2SeqForConditionalGeneration
+from archlab.modeling import beam_loop, decoding_loop, fast_decoding, source_padding
 from archlab.modeling.source_padding import pad_source, padded_source_length
 
-from helpers import seq2seq_variant
+from helpers import randomised, seq2seq_variant, tiny_seq2seq_config
 
 
 def test_lengths_grow_by_steps_to_the_longest_so_far_within_the_position_table(monkeypatch):
@@ -34,6 +35,10 @@ def test_padding_is_masked_pad_tokens_on_the_right():
     assert kwargs["attention_mask"].tolist() == [[1, 1, 1, 0, 0], [1, 1, 0, 0, 0]] and kwargs["other"] == 1
     ids_out, kwargs = pad_source(ids, {}, 4, None)  # no mask given: ones for the source; no pad token: 0
     assert ids_out[:, 3].tolist() == [0, 0] and kwargs["attention_mask"].tolist() == [[1, 1, 1, 0], [1, 1, 1, 0]]
+    segments, positions = torch.tensor([[0, 1, 1], [0, 0, 1]]), torch.tensor([[0, 1, 2], [0, 1, 0]])
+    _, kwargs = pad_source(ids, {"token_type_ids": segments, "position_ids": positions}, 5, 2)
+    assert kwargs["token_type_ids"].tolist() == [[0, 1, 1, 0, 0], [0, 0, 1, 0, 0]]
+    assert kwargs["position_ids"].tolist() == [[0, 1, 2, 0, 0], [0, 1, 0, 0, 0]]
 
 
 def _compiled() -> CompileConfig:
@@ -64,3 +69,30 @@ def test_only_the_fast_paths_sources_are_padded(call, padded):
     source = torch.randint(3, 50, (2, 5), generator=torch.Generator().manual_seed(0))
     model.generate(source, max_new_tokens=3, do_sample=False, return_dict_in_generate=True, **call)
     assert seen == [8 if padded else 5]  # the suite's step of 4
+
+
+@pytest.mark.parametrize("num_beams", [1, 3])
+def test_segment_ids_and_positions_follow_the_padded_source(num_beams, monkeypatch):
+    """A source with segment ids (`type_vocab_size`) or packed positions raised a shape error in the encoder on the
+    fast path (the CUDA default): only the ids and the mask were padded. The tokens equal the dynamic cache's, and
+    segment ids keep the call in archlab's loops (only the encoder reads them)."""
+    calls = []
+    monkeypatch.setattr(
+        fast_decoding, "decode", lambda *a, **k: calls.append("greedy") or decoding_loop.decode(*a, **k)
+    )
+    monkeypatch.setattr(
+        fast_decoding, "beam_search", lambda *a, **k: calls.append("beams") or beam_loop.beam_search(*a, **k)
+    )
+    monkeypatch.setattr(fast_decoding, "compiled_decoding_step", lambda model, config: decoding_loop.decoding_step)
+    monkeypatch.setattr(fast_decoding, "compiled_beam_step", lambda model, config: beam_loop.beam_step)
+    config = tiny_seq2seq_config(position_embedding_type="sinusoidal", type_vocab_size=2)
+    model = randomised(Seq2SeqForConditionalGeneration(config))
+    source = torch.randint(3, 50, (2, 6), generator=torch.Generator().manual_seed(0))
+    segments = torch.tensor([[0, 0, 0, 1, 1, 1], [0, 0, 1, 1, 1, 1]])
+    positions = torch.tensor([[0, 1, 2, 0, 1, 2], [0, 1, 0, 1, 2, 3]])  # two packed sources a row
+    kwargs = dict(max_new_tokens=5, num_beams=num_beams, do_sample=False)
+    for extra in ({"token_type_ids": segments}, {"token_type_ids": segments, "position_ids": positions}):
+        expected = model.generate(source, **extra, **kwargs)
+        fast = model.generate(source, **extra, **kwargs, cache_implementation="static", compile_config=_compiled())
+        assert torch.equal(fast, expected)
+    assert calls == ["greedy" if num_beams == 1 else "beams"]  # segment ids alone: the loop; with positions: not
