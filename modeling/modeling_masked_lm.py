@@ -53,7 +53,8 @@ class EncoderForMaskedLM(Seq2SeqPreTrainedModel):
 
     def __init__(self, config: Seq2SeqConfig) -> None:
         super().__init__(config)
-        self.encoder = Seq2SeqEncoder(config, nn.Embedding(config.vocab_size, config.d_model, config.pad_token_id))
+        padding_idx = None if config.train_pad_embedding else config.pad_token_id  # as Seq2SeqModel
+        self.encoder = Seq2SeqEncoder(config, nn.Embedding(config.vocab_size, config.d_model, padding_idx))
         self.lm_head = MaskedLMHead(config)
         self.post_init()
 

@@ -38,10 +38,16 @@ from .pretrained import ArchlabPreTrainedModel
 from .seq2seq_stacks import Seq2SeqDecoder, Seq2SeqEncoder
 
 
-def shift_tokens_right(labels: torch.Tensor, pad_token_id: int | None, decoder_start_token_id: int) -> torch.Tensor:
+def shift_tokens_right(
+    labels: torch.Tensor, pad_token_id: int | None, decoder_start_token_id: int | None
+) -> torch.Tensor:
     """Teacher forcing: decoder input = [start, y_0, ..., y_{T-2}]; ignored label positions (-100) become padding."""
-    if pad_token_id is None:
-        raise ValueError("`pad_token_id` must be set in the config to build `decoder_input_ids` from `labels`.")
+    for name, value in (("pad_token_id", pad_token_id), ("decoder_start_token_id", decoder_start_token_id)):
+        if value is None:
+            raise ValueError(
+                f"`{name}` must be set in the config to build `decoder_input_ids` from `labels` "
+                "(or pass `decoder_input_ids`)."
+            )
     shifted = labels.new_full(labels.shape, decoder_start_token_id)
     shifted[:, 1:] = labels[:, :-1]
     return shifted.masked_fill_(shifted == IGNORE_INDEX, pad_token_id)

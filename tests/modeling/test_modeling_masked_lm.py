@@ -150,3 +150,20 @@ def test_trainer_teaches_fill_mask(tokenizer, tmp_path):
         answer, words[2] = words[2], "[MASK]"
         correct += fill(" ".join(words))[0]["token_str"] == answer
     assert correct >= len(WORDS) - 1, correct
+
+
+@pytest.mark.parametrize("trained", [False, True])
+def test_the_pad_row_is_trained_as_the_config_says(trained):
+    """`train_pad_embedding` was honoured by the encoder-decoder and not by its encoder alone as a masked LM: the pad
+    row is Marian/Bart's `padding_idx` (zero, no gradient from the lookup) unless the config trains it."""
+    config = Seq2SeqConfig(
+        vocab_size=40,
+        d_model=16,
+        encoder_layers=1,
+        encoder_attention_heads=2,
+        encoder_ffn_dim=32,
+        train_pad_embedding=trained,
+    )
+    embeddings = EncoderForMaskedLM(config).get_input_embeddings()
+    assert embeddings.padding_idx == (None if trained else config.pad_token_id)
+    assert bool(embeddings.weight[config.pad_token_id].abs().sum() > 0) == trained

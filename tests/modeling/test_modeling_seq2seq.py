@@ -305,6 +305,17 @@ def test_labels_are_shifted_once():
     torch.testing.assert_close(out.loss, expected)
 
 
+@pytest.mark.parametrize("field", ["pad_token_id", "decoder_start_token_id"])
+def test_labels_without_the_tokens_to_shift_them_name_the_field(field):
+    labels = torch.tensor([[5, 6, EOS]])
+    tokens = {"pad_token_id": PAD, "decoder_start_token_id": START, field: None}
+    with pytest.raises(ValueError, match=f"`{field}` must be set in the config to build `decoder_input_ids`"):
+        shift_tokens_right(labels, tokens["pad_token_id"], tokens["decoder_start_token_id"])
+    model = tiny(vocab_size=45, decoder_start_token_id=None)
+    with pytest.raises(ValueError, match="`decoder_start_token_id` must be set"):
+        model(input_ids=labels, labels=labels)  # was a TypeError from `new_full`
+
+
 def test_num_items_in_batch_and_chunked_training_loss():
     model = tiny(vocab_size=45, lm_loss_chunk_size=3)
     model.final_logits_bias.normal_()
