@@ -310,9 +310,34 @@ class KeptCache:
     reusable: bool = False
 
 
+# What `generate` keeps on a model for its next call: the memory `release_decoding_memory` frees, and compiled
+# callables (transformers' `_compiled_call` and archlab's; several are bound to this model's `forward`, so a copy
+# running them would read this model's weights). A copy or a pickle of the model leaves them out, as torch leaves
+# out a module's `_compiled_call_impl`; the copy compiles and allocates its own when it generates.
+KEPT_MEMORY = ("_kept_static_cache", "_decoding_buffers", "_beam_buffers", "_previous_max_source_length")
+KEPT_COMPILED = (
+    "_compiled_call",
+    "_guarded_compiled_call",
+    "_compiled_decoding_forward",
+    "_compiled_decoding_key",
+    "_compiled_decoding_step",
+    "_compiled_beam_step",
+    "_compiled_prefill",
+)
+
+
 class FastDecodingMixin:
     """`GenerationMixin` hooks for the fast path; first in a model's bases (its `get_compiled_call` overrides
     `PreTrainedModel`'s)."""
+
+    def __getstate__(self) -> dict:
+        """The module's state without what generate keeps for its next call (`KEPT_MEMORY`, `KEPT_COMPILED`): a
+        `copy.deepcopy` (TRL's reference model, an EMA copy) decodes with its own weights, and `torch.save(model)`
+        pickles after a compiled `generate`."""
+        state = super().__getstate__()
+        for name in KEPT_MEMORY + KEPT_COMPILED:
+            state.pop(name, None)
+        return state
 
     def _prepare_cache_for_generation(
         self, generation_config: GenerationConfig, model_kwargs: dict, generation_mode: GenerationMode, *args, **kwargs
@@ -395,7 +420,7 @@ class FastDecodingMixin:
         beam search's spare buffers, `beam_reorder.py`) and the compiled loops' buffers (for a batch of 64 at 2,048
         positions of a 1B model, gigabytes), and the longest padded source (source_padding.py). The next call allocates
         them again (and records its CUDA graphs again)."""
-        for name in ("_kept_static_cache", "_decoding_buffers", "_beam_buffers", "_previous_max_source_length"):
+        for name in KEPT_MEMORY:
             self.__dict__.pop(name, None)
 
     def _prepare_generation_config(self, generation_config, *args, **kwargs):

@@ -7,6 +7,8 @@ takes the static path (sampling, stop strings, streaming and the pipeline includ
 from __future__ import annotations
 
 import contextlib
+import copy
+import io
 from types import SimpleNamespace
 
 import pytest
@@ -460,3 +462,34 @@ def test_beam_search_holds_each_source_once_in_the_cross_attention_cache(monkeyp
     model.release_decoding_memory()
     monkeypatch.setattr(fast_decoding, "SHARED_SOURCE_KEYS", False)
     assert torch.equal(out, model.generate(**greedy))
+
+
+@pytest.mark.parametrize(
+    "loop",
+    [dict(), dict(sequence_bias={(5,): -1.0})],  # archlab's loop; transformers' (a processor it does not take)
+    ids=["archlab's loop", "transformers' loop"],
+)
+def test_a_copy_after_compiled_decoding_decodes_with_its_own_weights(loop):
+    """transformers' compiled forward and archlab's are kept on the model for the next call, several bound to its
+    `forward`: a `copy.deepcopy` (TRL's reference model, an EMA copy) decoded with the original's weights, and
+    `torch.save(model)` failed to pickle them. Copies and pickles now leave them out and compile their own."""
+    model = decoder_variant("positions_rope")
+    config = CompileConfig(backend="eager", mode=None, fullgraph=False)
+    config._compile_all_devices = True  # transformers compiles on CPU too (its testing hook)
+    ids = torch.randint(3, 97, (1, 6), generator=torch.Generator().manual_seed(1))
+    kwargs = dict(max_new_tokens=8, do_sample=False, pad_token_id=0, **loop)
+    model.generate(ids, cache_implementation="static", compile_config=config, **kwargs)
+    kept = {name for name in vars(model) if name.startswith(("_compiled", "_guarded", "_kept"))}
+    assert kept and kept <= set(fast_decoding.KEPT_COMPILED + fast_decoding.KEPT_MEMORY)
+
+    twin = copy.deepcopy(model)
+    with torch.no_grad():
+        twin.lm_head.weight.neg_()
+    expected = twin.generate(ids, **kwargs)  # the dynamic cache, eager
+    assert torch.equal(twin.generate(ids, cache_implementation="static", compile_config=config, **kwargs), expected)
+
+    buffer = io.BytesIO()
+    torch.save(model, buffer)
+    buffer.seek(0)
+    loaded = torch.load(buffer, weights_only=False)
+    assert torch.equal(loaded.generate(ids, **kwargs), model.generate(ids, **kwargs))
