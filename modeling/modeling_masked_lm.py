@@ -126,6 +126,11 @@ class EncoderForMaskedLM(Seq2SeqPreTrainedModel):
             **kwargs,
         )
         hidden_states = outputs.last_hidden_state  # (B, T, d)
+        if labels is not None and labels.shape != hidden_states.shape[:2]:
+            raise ValueError(
+                f"`labels` has shape {tuple(labels.shape)}; it must be the input's {tuple(hidden_states.shape[:2])}, "
+                "one target per token (-100 where nothing is masked)."
+            )
         loss, logits = None, None
         if labels is not None and self.training:
             labels = labels.to(hidden_states.device)

@@ -53,6 +53,25 @@ def shift_tokens_right(
     return shifted.masked_fill_(shifted == IGNORE_INDEX, pad_token_id)
 
 
+def check_one_target_per_source(labels: torch.Tensor, input_ids, inputs_embeds, encoder_outputs) -> None:
+    """`labels` hold one target sequence per source: a batch of another size is a ValueError naming both (the
+    decoder would fail in its cross-attention with a bare matrix-size error)."""
+    source = next((s for s in (input_ids, inputs_embeds) if s is not None), None)
+    if source is None and encoder_outputs is not None:
+        source = encoder_outputs[0]
+    if source is not None and labels.shape[0] != source.shape[0]:
+        name = (
+            "input_ids"
+            if input_ids is not None
+            else "inputs_embeds"
+            if inputs_embeds is not None
+            else "encoder_outputs"
+        )
+        raise ValueError(
+            f"`labels` has {labels.shape[0]} rows but `{name}` has {source.shape[0]}: one target sequence per source."
+        )
+
+
 class TiedEmbedding(nn.Embedding):
     """A stack's token embedding that `_tied_weights_keys` ties to `source` (`shared`): transformers replaces its
     weight with the source's parameter after initialisation, and after loading (tying the parameter that a
@@ -292,6 +311,7 @@ class Seq2SeqForConditionalGeneration(FastDecodingMixin, Seq2SeqPreTrainedModel,
         return_dict = return_dict if return_dict is not None else self.config.return_dict
         if labels is not None:
             use_cache = False
+            check_one_target_per_source(labels, input_ids, inputs_embeds, encoder_outputs)
             if decoder_input_ids is None and decoder_inputs_embeds is None:
                 decoder_input_ids = self.prepare_decoder_input_ids_from_labels(labels)
         outputs = self.model(

@@ -109,6 +109,24 @@ def test_seq2seq_and_masked_lm_refuse_masks_of_the_wrong_shape():
         EncoderForMaskedLM(tiny_seq2seq_config()).eval()(source, attention_mask=torch.ones(1, 6))
 
 
+def test_seq2seq_and_masked_lm_refuse_labels_that_do_not_fit_the_source():
+    """Both ended in a bare error deep in forward: the decoder's cross-attention (a matrix-size error) or the masked
+    LM's pick of labelled positions (an IndexError in training, a message naming `shift_labels` in evaluation)."""
+    source = torch.randint(3, 61, (2, 6))
+    model = Seq2SeqForConditionalGeneration(tiny_seq2seq_config()).train()
+    with pytest.raises(ValueError, match=r"`labels` has 1 rows but `input_ids` has 2: one target sequence per source"):
+        model(input_ids=source, labels=source[:1])
+    encoder_out = model.get_encoder()(input_ids=source)
+    with pytest.raises(ValueError, match=r"`labels` has 3 rows but `encoder_outputs` has 2"):
+        model(encoder_outputs=encoder_out, labels=torch.randint(3, 61, (3, 4)))
+    assert torch.isfinite(model(input_ids=source, labels=source[:, :3]).loss)  # targets of another length: fine
+    masked_lm = EncoderForMaskedLM(tiny_seq2seq_config())
+    for mode in (masked_lm.train, masked_lm.eval):
+        mode()
+        with pytest.raises(ValueError, match=r"`labels` has shape \(2, 4\); it must be the input's \(2, 6\)"):
+            masked_lm(input_ids=source, labels=source[:, :4])
+
+
 def test_checks_never_read_values_off_the_cpu():
     """Values are read from CPU tensors only: on an accelerator that would wait for the device in every forward.
     A meta tensor stands in for a device tensor here (reading its values raises)."""
