@@ -6,6 +6,8 @@ holds only fixtures and pytest hooks, and no test module imports another.
 
 from __future__ import annotations
 
+import itertools
+import random
 import subprocess
 import sys
 from pathlib import Path
@@ -374,3 +376,77 @@ def run_pythons_at_once(runs: list[tuple[str, dict[str, str]]], cwd: Path | None
         stdout, stderr = process.communicate(timeout=300)
         done.append(subprocess.CompletedProcess(command, process.returncode, stdout, stderr))
     return done
+
+
+# ---- combinations of catalogue choices -------------------------------------------------------------------------
+
+
+def choice_fields(concerns: dict[str, dict[str, dict]], choices) -> dict:
+    """The config fields of `choices`, each a (concern, choice) of `concerns` (concern -> choice -> fields)."""
+    fields: dict = {}
+    for concern, name in choices:
+        fields.update(concerns[concern][name])
+    return fields
+
+
+def choice_names(choices) -> str:
+    return "+".join(name for _, name in choices)
+
+
+class AllPairsDesign:
+    """Tiny models such that every pair of choices of two concerns that builds on its own meets in at least one model
+    that builds: a greedy all-pairs design (Cohen et al. 1997, AETG), seeded, so the same models every run. Each model
+    starts from the first pair not yet covered and adds one choice or none per other concern, the best of 40 random
+    candidates. `build(choices)` makes the config and raises ValueError where the choices cannot be combined."""
+
+    def __init__(self, concerns: dict[str, dict[str, dict]], build) -> None:
+        self.concerns, self.build = concerns, build
+        self.choices = [(concern, name) for concern, names in concerns.items() for name in names]
+        self._refused: tuple | None = None
+        self._models: tuple | None = None
+
+    def builds(self, choices) -> bool:
+        try:
+            self.build(choices)
+        except ValueError:
+            return False
+        return True
+
+    def pairs(self) -> list[tuple]:
+        return [pair for pair in itertools.combinations(self.choices, 2) if pair[0][0] != pair[1][0]]
+
+    def refused_pairs(self) -> tuple[tuple, ...]:
+        if self._refused is None:
+            self._refused = tuple(pair for pair in self.pairs() if not self.builds(pair))
+        return self._refused
+
+    def buildable_pairs(self) -> set[tuple]:
+        return set(self.pairs()) - set(self.refused_pairs())
+
+    def covered_pairs(self) -> set[tuple]:
+        return {pair for model in self.models() for pair in itertools.combinations(model, 2)}
+
+    def models(self) -> tuple[tuple, ...]:
+        if self._models is None:
+            self._models = self._design()
+        return self._models
+
+    def _design(self) -> tuple[tuple, ...]:
+        uncovered, rng, design = self.buildable_pairs(), random.Random(0), []
+        while uncovered:
+            seed_pair = min(uncovered, key=lambda pair: [self.choices.index(choice) for choice in pair])
+            best, best_gain = seed_pair, 1
+            for _ in range(40):
+                model = list(seed_pair)
+                taken = {concern for concern, _ in seed_pair}
+                for concern in rng.sample(list(self.concerns), len(self.concerns)):
+                    choice = None if concern in taken else rng.choice([None, *self.concerns[concern]])
+                    if choice is not None:
+                        model.append((concern, choice))
+                model = tuple(sorted(model, key=self.choices.index))
+                gain = sum(pair in uncovered for pair in itertools.combinations(model, 2))
+                if gain > best_gain and self.builds(model):
+                    best, best_gain = model, gain
+            design.append(best)
+            uncovered -= set(itertools.combinations(best, 2))
+        return tuple(design)

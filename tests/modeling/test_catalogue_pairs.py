@@ -7,17 +7,14 @@ as it does alone; eager attention equals SDPA.
 
 test_catalogue_variants.py checks each choice alone. A combination fuzz found bugs that no choice shows alone (an
 MoE's router loss given the static cache's masks, sinusoidal positions counted from a padded mask), so here every
-pair of choices is covered by a greedy all-pairs design (Cohen et al. 1997, AETG): each model combines up to one
+pair of choices is covered by a greedy all-pairs design (`helpers.AllPairsDesign`): each model combines up to one
 choice per concern, picked to cover the most pairs not yet covered, ~40 models for ~480 pairs. A pair that cannot
 be built is refused when its config is made, with a ValueError that names a field (its own test).
 """
 
 from __future__ import annotations
 
-import itertools
-import random
 import re
-from functools import lru_cache
 
 import pytest
 import torch
@@ -26,7 +23,14 @@ from transformers import CompileConfig
 from archlab import DecoderForCausalLM
 from archlab.modeling import beam_loop, decoding_loop, fast_decoding
 
-from helpers import assert_close_to_scale, randomised, tiny_decoder_config
+from helpers import (
+    AllPairsDesign,
+    assert_close_to_scale,
+    choice_fields,
+    choice_names,
+    randomised,
+    tiny_decoder_config,
+)
 
 WINDOW = 4
 CONCERNS: dict[str, dict[str, dict]] = {
@@ -89,87 +93,29 @@ CONCERNS: dict[str, dict[str, dict]] = {
     "head": {"tied": dict(tie_word_embeddings=True)},
     "loss": {"z_loss_chunked": dict(lm_z_loss_coef=1e-3, lm_loss_chunk_size=8)},
 }
-CHOICES = [(concern, name) for concern, names in CONCERNS.items() for name in names]
 PREFIX_LENGTH = 3
 
 
-def _fields(choices) -> dict:
-    fields: dict = {}
-    for concern, name in choices:
-        fields.update(CONCERNS[concern][name])
-    return fields
-
-
 def _config(choices):
-    fields = _fields(choices)
+    fields = choice_fields(CONCERNS, choices)
     attn = "eager" if "attn_logit_softcapping" in fields else "sdpa"  # SDPA cannot soft-cap scores
     return tiny_decoder_config(**fields, attn_implementation=attn)
 
 
-def _builds(choices) -> bool:
-    try:
-        _config(choices)
-    except ValueError:
-        return False
-    return True
-
-
-@lru_cache(maxsize=1)
-def refused_pairs() -> tuple[tuple, ...]:
-    return tuple(pair for pair in itertools.combinations(CHOICES, 2) if pair[0][0] != pair[1][0] and not _builds(pair))
-
-
-@lru_cache(maxsize=1)
-def all_pairs_design() -> tuple[tuple, ...]:
-    """Models (each a tuple of (concern, choice)) such that every pair of choices of two concerns that builds on its
-    own is in at least one model that builds. Greedy and seeded: the same design every run."""
-    refused = set(refused_pairs())
-    uncovered = {
-        pair for pair in itertools.combinations(CHOICES, 2) if pair[0][0] != pair[1][0] and pair not in refused
-    }
-    rng = random.Random(0)
-    design = []
-    while uncovered:
-        seed_pair = min(uncovered)
-        best, best_gain = seed_pair, 1
-        for _ in range(40):  # candidates: the first uncovered pair, then one choice or none per other concern
-            model = list(seed_pair)
-            taken = {concern for concern, _ in seed_pair}
-            for concern in rng.sample(list(CONCERNS), len(CONCERNS)):
-                if concern in taken:
-                    continue
-                options = [None, *CONCERNS[concern]]
-                choice = rng.choice(options)
-                if choice is not None:
-                    model.append((concern, choice))
-            model = tuple(sorted(model, key=CHOICES.index))
-            gain = sum(pair in uncovered for pair in itertools.combinations(model, 2))
-            if gain > best_gain and _builds(model):
-                best, best_gain = model, gain
-        design.append(best)
-        uncovered -= set(itertools.combinations(best, 2))
-    return tuple(design)
+DESIGN = AllPairsDesign(CONCERNS, _config)
 
 
 def test_the_design_covers_every_pair_that_builds():
-    design = all_pairs_design()
-    covered = {pair for model in design for pair in itertools.combinations(model, 2)}
-    buildable = {
-        pair
-        for pair in itertools.combinations(CHOICES, 2)
-        if pair[0][0] != pair[1][0] and pair not in set(refused_pairs())
-    }
-    assert buildable <= covered
-    assert len(buildable) > 400 and len(design) < 80  # ~480 pairs in ~40 models
+    assert DESIGN.buildable_pairs() <= DESIGN.covered_pairs()
+    assert len(DESIGN.buildable_pairs()) > 400 and len(DESIGN.models()) < 80  # ~480 pairs in ~40 models
 
 
-@pytest.mark.parametrize("pair", refused_pairs(), ids=lambda pair: "+".join(name for _, name in pair))
+@pytest.mark.parametrize("pair", DESIGN.refused_pairs(), ids=choice_names)
 def test_a_pair_that_cannot_be_built_is_refused_naming_a_field(pair):
     with pytest.raises(ValueError) as refusal:
         _config(pair)
-    fields = set(_fields(pair))
     named = set(re.findall(r"`(\w+)", str(refusal.value)))
-    assert named & (fields | {"attn_implementation"}), str(refusal.value)
+    assert named & (set(choice_fields(CONCERNS, pair)) | {"attn_implementation"}), str(refusal.value)
 
 
 def _model(choices) -> DecoderForCausalLM:
@@ -217,11 +163,7 @@ def _compile_config() -> CompileConfig:
     return config
 
 
-def _name(model_choices) -> str:
-    return "+".join(name for _, name in model_choices)
-
-
-@pytest.mark.parametrize("choices", all_pairs_design(), ids=_name)
+@pytest.mark.parametrize("choices", DESIGN.models(), ids=choice_names)
 def test_combined_choices_train_and_decode_consistently(choices, loop_calls):
     model = _model(choices)
     config = model.config
@@ -265,8 +207,8 @@ def test_combined_choices_train_and_decode_consistently(choices, loop_calls):
 
     # eager attention = SDPA over the padded batch
     if config._attn_implementation == "sdpa":
-        eager = DecoderForCausalLM(tiny_decoder_config(**_fields(choices), attn_implementation="eager")).eval()
-        eager.load_state_dict(model.state_dict())
+        eager = DecoderForCausalLM(tiny_decoder_config(**choice_fields(CONCERNS, choices), attn_implementation="eager"))
+        eager.eval().load_state_dict(model.state_dict())
         with torch.no_grad():
             a, b = eager(**inputs).logits, model(**inputs).logits
         real = inputs["attention_mask"].bool()
