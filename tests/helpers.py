@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import T5Config, T5ForConditionalGeneration
+from transformers import CompileConfig, T5Config, T5ForConditionalGeneration
 
 from archlab import DecoderConfig, DecoderForCausalLM, Seq2SeqConfig, Seq2SeqForConditionalGeneration
 from archlab.conversion import FAMILIES
@@ -450,3 +450,30 @@ class AllPairsDesign:
             design.append(best)
             uncovered -= set(itertools.combinations(best, 2))
         return tuple(design)
+
+
+# ---- archlab's decoding loops on CPU -----------------------------------------------------------------------------
+
+
+def cpu_compile_config(fullgraph: bool = True) -> CompileConfig:
+    """A `CompileConfig` under which transformers compiles the decoding step on CPU too (its `_compile_all_devices`
+    testing hook), so `generate` on the static cache takes archlab's loops as it does by default on CUDA."""
+    config = CompileConfig(backend="eager", mode=None, fullgraph=fullgraph)
+    config._compile_all_devices = True
+    return config
+
+
+def count_archlab_loops(monkeypatch) -> list[str]:
+    """Run archlab's greedy and beam loops with their steps uncompiled, and record which ran ("greedy", "beams")."""
+    from archlab.modeling import beam_loop, decoding_loop, fast_decoding
+
+    calls: list[str] = []
+
+    def counted(name, loop):
+        return lambda *args, **kwargs: calls.append(name) or loop(*args, **kwargs)
+
+    monkeypatch.setattr(fast_decoding, "decode", counted("greedy", decoding_loop.decode))
+    monkeypatch.setattr(fast_decoding, "beam_search", counted("beams", beam_loop.beam_search))
+    monkeypatch.setattr(fast_decoding, "compiled_decoding_step", lambda model, config: decoding_loop.decoding_step)
+    monkeypatch.setattr(fast_decoding, "compiled_beam_step", lambda model, config: beam_loop.beam_step)
+    return calls

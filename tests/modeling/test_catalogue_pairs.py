@@ -18,16 +18,16 @@ import re
 
 import pytest
 import torch
-from transformers import CompileConfig
 
 from archlab import DecoderForCausalLM
-from archlab.modeling import beam_loop, decoding_loop, fast_decoding
 
 from helpers import (
     AllPairsDesign,
     assert_close_to_scale,
     choice_fields,
     choice_names,
+    count_archlab_loops,
+    cpu_compile_config,
     randomised,
     tiny_decoder_config,
 )
@@ -138,29 +138,7 @@ def _prompts(config) -> dict:
 
 @pytest.fixture
 def loop_calls(monkeypatch) -> list[str]:
-    """Records which of archlab's loops ran (the CUDA default's greedy and beam loops); their steps run uncompiled
-    here, as in test_decoding_loop.py and test_beam_loop.py."""
-    calls: list[str] = []
-
-    def counted(name, loop):
-        def run(*args, **kwargs):
-            calls.append(name)
-            return loop(*args, **kwargs)
-
-        return run
-
-    monkeypatch.setattr(fast_decoding, "decode", counted("greedy", decoding_loop.decode))
-    monkeypatch.setattr(fast_decoding, "beam_search", counted("beams", beam_loop.beam_search))
-    monkeypatch.setattr(fast_decoding, "compiled_decoding_step", lambda model, config: decoding_loop.decoding_step)
-    monkeypatch.setattr(fast_decoding, "compiled_beam_step", lambda model, config: beam_loop.beam_step)
-    return calls
-
-
-def _compile_config() -> CompileConfig:
-    """A config under which transformers hands the decoding step to archlab's loops on CPU too."""
-    config = CompileConfig(backend="eager", mode=None, fullgraph=True)
-    config._compile_all_devices = True
-    return config
+    return count_archlab_loops(monkeypatch)
 
 
 @pytest.mark.parametrize("choices", DESIGN.models(), ids=choice_names)
@@ -190,13 +168,13 @@ def test_combined_choices_train_and_decode_consistently(choices, loop_calls):
         assert_close_to_scale(a, b, msg=f"logits of step {step}")
     static = model.generate(**inputs, **common, cache_implementation="static")
     assert torch.equal(static, cached.sequences)
-    looped = model.generate(**inputs, **common, cache_implementation="static", compile_config=_compile_config())
+    looped = model.generate(**inputs, **common, cache_implementation="static", compile_config=cpu_compile_config())
     assert loop_calls == ["greedy"] and torch.equal(looped, cached.sequences)
 
     # beam search: archlab's beam loop on the static cache = transformers' on the dynamic cache
     beams = dict(max_new_tokens=6, num_beams=2, do_sample=False, pad_token_id=0, eos_token_id=None)
     expected = model.generate(**inputs, **beams)
-    searched = model.generate(**inputs, **beams, cache_implementation="static", compile_config=_compile_config())
+    searched = model.generate(**inputs, **beams, cache_implementation="static", compile_config=cpu_compile_config())
     assert loop_calls == ["greedy", "beams"] and torch.equal(searched, expected)
 
     # the left-padded row generates as it does alone

@@ -14,16 +14,16 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import CompileConfig
 
 from archlab import EncoderForMaskedLM, Seq2SeqForConditionalGeneration
-from archlab.modeling import beam_loop, decoding_loop, fast_decoding
 
 from helpers import (
     AllPairsDesign,
     assert_close_to_scale,
     choice_fields,
     choice_names,
+    count_archlab_loops,
+    cpu_compile_config,
     randomised,
     tiny_seq2seq_config,
 )
@@ -102,23 +102,7 @@ def test_the_design_covers_every_pair_and_every_pair_builds():
 
 @pytest.fixture
 def loop_calls(monkeypatch) -> list[str]:
-    """Records which of archlab's loops ran; their steps run uncompiled here (test_decoding_loop.py's way)."""
-    calls: list[str] = []
-
-    def counted(name, loop):
-        return lambda *args, **kwargs: calls.append(name) or loop(*args, **kwargs)
-
-    monkeypatch.setattr(fast_decoding, "decode", counted("greedy", decoding_loop.decode))
-    monkeypatch.setattr(fast_decoding, "beam_search", counted("beams", beam_loop.beam_search))
-    monkeypatch.setattr(fast_decoding, "compiled_decoding_step", lambda model, config: decoding_loop.decoding_step)
-    monkeypatch.setattr(fast_decoding, "compiled_beam_step", lambda model, config: beam_loop.beam_step)
-    return calls
-
-
-def _compile_config() -> CompileConfig:
-    config = CompileConfig(backend="eager", mode=None, fullgraph=True)
-    config._compile_all_devices = True  # transformers hands the decoding step to archlab's loops on CPU too
-    return config
+    return count_archlab_loops(monkeypatch)
 
 
 def _sources(config) -> dict:
@@ -159,11 +143,11 @@ def test_combined_choices_train_and_decode_consistently(choices, loop_calls):
     for step, (a, b) in enumerate(zip(cached.logits, uncached.logits)):
         assert_close_to_scale(a, b, msg=f"logits of step {step}")
     assert torch.equal(model.generate(**sources, **common, cache_implementation="static"), cached.sequences)
-    looped = model.generate(**sources, **common, cache_implementation="static", compile_config=_compile_config())
+    looped = model.generate(**sources, **common, cache_implementation="static", compile_config=cpu_compile_config())
     assert loop_calls == ["greedy"] and torch.equal(looped, cached.sequences)
     beams = {**common, "num_beams": 2, "max_new_tokens": 4}
     expected = model.generate(**sources, **beams)
-    searched = model.generate(**sources, **beams, cache_implementation="static", compile_config=_compile_config())
+    searched = model.generate(**sources, **beams, cache_implementation="static", compile_config=cpu_compile_config())
     assert loop_calls == ["greedy", "beams"] and torch.equal(searched, expected)
 
     # the right-padded source decodes as it does alone

@@ -11,10 +11,10 @@ import torch
 from transformers import CompileConfig
 
 from archlab import Seq2SeqForConditionalGeneration
-from archlab.modeling import beam_loop, decoding_loop, fast_decoding, source_padding
+from archlab.modeling import source_padding
 from archlab.modeling.source_padding import pad_source, padded_source_length
 
-from helpers import randomised, seq2seq_variant, tiny_seq2seq_config
+from helpers import count_archlab_loops, randomised, seq2seq_variant, tiny_seq2seq_config
 
 
 def test_lengths_grow_by_steps_to_the_longest_so_far_within_the_position_table(monkeypatch):
@@ -76,15 +76,7 @@ def test_segment_ids_and_positions_follow_the_padded_source(num_beams, monkeypat
     """A source with segment ids (`type_vocab_size`) or packed positions raised a shape error in the encoder on the
     fast path (the CUDA default): only the ids and the mask were padded. The tokens equal the dynamic cache's, and
     segment ids keep the call in archlab's loops (only the encoder reads them)."""
-    calls = []
-    monkeypatch.setattr(
-        fast_decoding, "decode", lambda *a, **k: calls.append("greedy") or decoding_loop.decode(*a, **k)
-    )
-    monkeypatch.setattr(
-        fast_decoding, "beam_search", lambda *a, **k: calls.append("beams") or beam_loop.beam_search(*a, **k)
-    )
-    monkeypatch.setattr(fast_decoding, "compiled_decoding_step", lambda model, config: decoding_loop.decoding_step)
-    monkeypatch.setattr(fast_decoding, "compiled_beam_step", lambda model, config: beam_loop.beam_step)
+    calls = count_archlab_loops(monkeypatch)
     config = tiny_seq2seq_config(position_embedding_type="sinusoidal", type_vocab_size=2)
     model = randomised(Seq2SeqForConditionalGeneration(config))
     source = torch.randint(3, 50, (2, 6), generator=torch.Generator().manual_seed(0))
