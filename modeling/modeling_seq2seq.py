@@ -56,20 +56,19 @@ def shift_tokens_right(
 def check_one_target_per_source(labels: torch.Tensor, input_ids, inputs_embeds, encoder_outputs) -> None:
     """`labels` hold one target sequence per source: a batch of another size is a ValueError naming both (the
     decoder would fail in its cross-attention with a bare matrix-size error)."""
-    source = next((s for s in (input_ids, inputs_embeds) if s is not None), None)
-    if source is None and encoder_outputs is not None:
-        source = encoder_outputs[0]
-    if source is not None and labels.shape[0] != source.shape[0]:
-        name = (
-            "input_ids"
-            if input_ids is not None
-            else "inputs_embeds"
-            if inputs_embeds is not None
-            else "encoder_outputs"
-        )
-        raise ValueError(
-            f"`labels` has {labels.shape[0]} rows but `{name}` has {source.shape[0]}: one target sequence per source."
-        )
+    sources = {
+        "input_ids": input_ids,
+        "inputs_embeds": inputs_embeds,
+        "encoder_outputs": None if encoder_outputs is None else encoder_outputs[0],
+    }
+    for name, source in sources.items():
+        if source is not None:
+            if labels.shape[0] != source.shape[0]:
+                raise ValueError(
+                    f"`labels` has {labels.shape[0]} rows but `{name}` has {source.shape[0]}: one target sequence "
+                    "per source."
+                )
+            return
 
 
 class TiedEmbedding(nn.Embedding):
