@@ -34,6 +34,7 @@ from helpers import (
     ROPE_PARAMETERS,
     SEQ2SEQ_VARIANTS,
     character_tokenizer,
+    cpu_compile_config,
     decoder_variant,
     randomised,
     seq2seq_variant,
@@ -474,8 +475,7 @@ def test_a_copy_after_compiled_decoding_decodes_with_its_own_weights(loop):
     `forward`: a `copy.deepcopy` (TRL's reference model, an EMA copy) decoded with the original's weights, and
     `torch.save(model)` failed to pickle them. Copies and pickles now leave them out and compile their own."""
     model = decoder_variant("positions_rope")
-    config = CompileConfig(backend="eager", mode=None, fullgraph=False)
-    config._compile_all_devices = True  # transformers compiles on CPU too (its testing hook)
+    config = cpu_compile_config(fullgraph=False)
     ids = torch.randint(3, 97, (1, 6), generator=torch.Generator().manual_seed(1))
     kwargs = dict(max_new_tokens=8, do_sample=False, pad_token_id=0, **loop)
     model.generate(ids, cache_implementation="static", compile_config=config, **kwargs)

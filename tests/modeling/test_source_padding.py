@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import CompileConfig
 
 from archlab import Seq2SeqForConditionalGeneration
 from archlab.modeling import source_padding
 from archlab.modeling.source_padding import pad_source, padded_source_length
 
-from helpers import count_archlab_loops, randomised, seq2seq_variant, tiny_seq2seq_config
+from helpers import count_archlab_loops, cpu_compile_config, randomised, seq2seq_variant, tiny_seq2seq_config
 
 
 def test_lengths_grow_by_steps_to_the_longest_so_far_within_the_position_table(monkeypatch):
@@ -41,20 +40,14 @@ def test_padding_is_masked_pad_tokens_on_the_right():
     assert kwargs["position_ids"].tolist() == [[0, 1, 2, 0, 0], [0, 1, 0, 0, 0]]
 
 
-def _compiled() -> CompileConfig:
-    config = CompileConfig(backend="eager", mode=None, fullgraph=True)
-    config._compile_all_devices = True
-    return config
-
-
 @pytest.mark.parametrize(
     "call, padded",
     [
-        (dict(cache_implementation="static", compile_config=_compiled()), True),
+        (dict(cache_implementation="static", compile_config=cpu_compile_config()), True),
         (dict(cache_implementation="static"), False),  # not compiled (CPU without transformers' testing hook)
         (dict(), False),  # the dynamic cache (the CPU default)
-        (dict(cache_implementation="static", compile_config=_compiled(), disable_compile=True), False),
-        (dict(cache_implementation="static", compile_config=_compiled(), output_hidden_states=True), False),
+        (dict(cache_implementation="static", compile_config=cpu_compile_config(), disable_compile=True), False),
+        (dict(cache_implementation="static", compile_config=cpu_compile_config(), output_hidden_states=True), False),
     ],
     ids=["fast path", "static not compiled", "dynamic", "compile disabled", "encoder states returned"],
 )
@@ -83,8 +76,9 @@ def test_segment_ids_and_positions_follow_the_padded_source(num_beams, monkeypat
     segments = torch.tensor([[0, 0, 0, 1, 1, 1], [0, 0, 1, 1, 1, 1]])
     positions = torch.tensor([[0, 1, 2, 0, 1, 2], [0, 1, 0, 1, 2, 3]])  # two packed sources a row
     kwargs = dict(max_new_tokens=5, num_beams=num_beams, do_sample=False)
+    fast_path = dict(cache_implementation="static", compile_config=cpu_compile_config())
     for extra in ({"token_type_ids": segments}, {"token_type_ids": segments, "position_ids": positions}):
         expected = model.generate(source, **extra, **kwargs)
-        fast = model.generate(source, **extra, **kwargs, cache_implementation="static", compile_config=_compiled())
+        fast = model.generate(source, **extra, **kwargs, **fast_path)
         assert torch.equal(fast, expected)
     assert calls == ["greedy" if num_beams == 1 else "beams"]  # segment ids alone: the loop; with positions: not
