@@ -112,7 +112,8 @@ def position_table(
 def position_ids_from_mask(attention_mask: torch.Tensor, length: int) -> torch.Tensor:
     """(B, length) positions of the last `length` columns of a 2D padding mask, counting only its ones: a
     left-padded row starts at 0 as it does alone (OPT's numbering); padding columns get -1."""
-    positions = attention_mask.long().cumsum(-1) * attention_mask - 1
+    mask = attention_mask.long()  # a float or bool mask counts the same (PEFT's prompt tuning prepends float ones)
+    positions = mask.cumsum(-1) * mask - 1
     return positions[:, -length:]
 
 

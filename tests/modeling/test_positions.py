@@ -119,6 +119,20 @@ def test_positions_counted_from_the_mask_make_a_padded_row_equal_the_row_alone(k
     model.train()(ids, attention_mask=mask, labels=labels).loss.backward()
 
 
+@pytest.mark.parametrize("kind", ["learned", "sinusoidal"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bool])
+def test_positions_counted_from_a_float_or_bool_mask(kind, dtype):
+    """PEFT's prompt tuning prepends float ones to the mask: the count must stay integer (it was promoted to float,
+    and the table lookup refused float indices)."""
+    model = DecoderForCausalLM(tiny_decoder_config(position_embedding_type=kind, position_ids_from_attention_mask=True))
+    ids = torch.randint(3, 97, (2, 7))
+    mask = torch.ones_like(ids)
+    mask[0, :3] = 0
+    with torch.no_grad():
+        expected = model.eval()(ids, attention_mask=mask).logits
+        torch.testing.assert_close(model(ids, attention_mask=mask.to(dtype)).logits, expected, atol=0, rtol=0)
+
+
 # Absolute position tables end at `max_position_embeddings`: longer sequences are refused by name, not by an index
 # error inside the lookup.
 @pytest.mark.parametrize("kind", ["learned", "sinusoidal"])
