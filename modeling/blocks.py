@@ -86,14 +86,26 @@ class PreNormBlock(DecoderBlock):
         attention_mask: torch.Tensor | None = None,
         position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
         past_key_values: Cache | None = None,
+        position_bias: torch.Tensor | None = None,
         **kwargs,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         if fused_block_applies(self, hidden_states):  # a decoding step: norms and residuals inside the GEMVs
             return fused_block_forward(
-                self, hidden_states, attention_mask, position_embeddings, past_key_values, **kwargs
+                self,
+                hidden_states,
+                attention_mask,
+                position_embeddings,
+                past_key_values,
+                position_bias=position_bias,
+                **kwargs,
             )
         attn_out, weights = self.attend(
-            self.input_layernorm(hidden_states), attention_mask, position_embeddings, past_key_values, **kwargs
+            self.input_layernorm(hidden_states),
+            attention_mask,
+            position_embeddings,
+            past_key_values,
+            position_bias=position_bias,
+            **kwargs,
         )
         hidden_states = hidden_states + attn_out
         hidden_states = hidden_states + self.mlp(self.post_attention_layernorm(hidden_states))
@@ -115,9 +127,12 @@ class PostNormBlock(DecoderBlock):
         attention_mask: torch.Tensor | None = None,
         position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
         past_key_values: Cache | None = None,
+        position_bias: torch.Tensor | None = None,
         **kwargs,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        attn_out, weights = self.attend(hidden_states, attention_mask, position_embeddings, past_key_values, **kwargs)
+        attn_out, weights = self.attend(
+            hidden_states, attention_mask, position_embeddings, past_key_values, position_bias=position_bias, **kwargs
+        )
         hidden_states = self.post_attention_layernorm(hidden_states * self.residual_scale + attn_out)
         hidden_states = self.post_feedforward_layernorm(hidden_states * self.residual_scale + self.mlp(hidden_states))
         return hidden_states, weights
@@ -153,10 +168,16 @@ class SandwichNormBlock(DecoderBlock):
         attention_mask: torch.Tensor | None = None,
         position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
         past_key_values: Cache | None = None,
+        position_bias: torch.Tensor | None = None,
         **kwargs,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         attn_out, weights = self.attend(
-            self.input_layernorm(hidden_states), attention_mask, position_embeddings, past_key_values, **kwargs
+            self.input_layernorm(hidden_states),
+            attention_mask,
+            position_embeddings,
+            past_key_values,
+            position_bias=position_bias,
+            **kwargs,
         )
         hidden_states = hidden_states + self.post_attention_layernorm(attn_out)
         mlp_out = self.mlp(self.pre_feedforward_layernorm(hidden_states))
@@ -181,14 +202,26 @@ class ParallelBlock(DecoderBlock):
         attention_mask: torch.Tensor | None = None,
         position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
         past_key_values: Cache | None = None,
+        position_bias: torch.Tensor | None = None,
         **kwargs,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         if fused_block_applies(self, hidden_states):  # a decoding step: norms and residuals inside the GEMVs
             return fused_block_forward(
-                self, hidden_states, attention_mask, position_embeddings, past_key_values, **kwargs
+                self,
+                hidden_states,
+                attention_mask,
+                position_embeddings,
+                past_key_values,
+                position_bias=position_bias,
+                **kwargs,
             )
         attn_out, weights = self.attend(
-            self.input_layernorm(hidden_states), attention_mask, position_embeddings, past_key_values, **kwargs
+            self.input_layernorm(hidden_states),
+            attention_mask,
+            position_embeddings,
+            past_key_values,
+            position_bias=position_bias,
+            **kwargs,
         )
         mlp_out = self.mlp(self.post_attention_layernorm(hidden_states))
         return hidden_states + attn_out + mlp_out, weights
@@ -210,14 +243,23 @@ class SharedNormParallelBlock(DecoderBlock):
         attention_mask: torch.Tensor | None = None,
         position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
         past_key_values: Cache | None = None,
+        position_bias: torch.Tensor | None = None,
         **kwargs,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         if fused_block_applies(self, hidden_states):  # a decoding step: norms and residuals inside the GEMVs
             return fused_block_forward(
-                self, hidden_states, attention_mask, position_embeddings, past_key_values, **kwargs
+                self,
+                hidden_states,
+                attention_mask,
+                position_embeddings,
+                past_key_values,
+                position_bias=position_bias,
+                **kwargs,
             )
         normed = self.input_layernorm(hidden_states)
-        attn_out, weights = self.attend(normed, attention_mask, position_embeddings, past_key_values, **kwargs)
+        attn_out, weights = self.attend(
+            normed, attention_mask, position_embeddings, past_key_values, position_bias=position_bias, **kwargs
+        )
         return hidden_states + attn_out + self.mlp(normed), weights
 
 

@@ -19,6 +19,7 @@ from transformers.modeling_outputs import (
     MoeModelOutputWithPast,
     SequenceClassifierOutputWithPast,
 )
+from transformers.models.auto import modeling_auto
 
 from .attention_patterns import build_masks, build_position_biases
 from .blocks import BLOCKS, norm_from_config
@@ -174,13 +175,14 @@ class DecoderModel(DecoderPreTrainedModel):
         for layer in self.layers:
             if output_hidden_states:
                 all_hidden_states += (hidden_states,)
-            if biases is not None:
-                kwargs["position_bias"] = biases[layer.attention_type]
+            # Positional: checkpointing with `use_reentrant=True` back-propagates only a layer's positional inputs
+            # itself. T5's learned bias, shared by the layers, as a keyword would have its graph freed by the first.
             hidden_states, attn_weights = layer(
                 hidden_states,
-                attention_mask=masks[layer.attention_type],
-                position_embeddings=position_embeddings,
-                past_key_values=past_key_values,
+                masks[layer.attention_type],
+                position_embeddings,
+                past_key_values,
+                None if biases is None else biases[layer.attention_type],
                 output_attentions=output_attentions,
                 **kwargs,
             )
@@ -366,6 +368,11 @@ class DecoderForSequenceClassification(DecoderPreTrainedModel):
     input (the auxiliary LM objective of GPT-1); the LM head is tied to the embeddings for that.
     """
 
+    # The loss is a per-batch mean (it ignores `num_items_in_batch`). Trainer, seeing `**kwargs` in `forward`, would
+    # otherwise take it as normalised over the whole accumulated batch and not divide it by
+    # `gradient_accumulation_steps`: each update would be that many times too large.
+    accepts_loss_kwargs = False
+
     def __init__(self, config: DecoderConfig) -> None:
         super().__init__(config)
         self.num_labels = config.num_labels
@@ -442,5 +449,12 @@ class DecoderForSequenceClassification(DecoderPreTrainedModel):
             return torch.full((batch,), seq_len - 1, device=hidden_states.device)
         return (positions * real).argmax(-1)
 
+
+# Trainer's label smoother (`label_smoothing_factor`: it pops `labels`, so the model's own shifted loss does not run)
+# shifts the labels only for the class names of this table; without the entry a causal LM would be trained to predict
+# the token it is given. Here rather than in archlab.registration, so that the remote-code copy of this file does it
+# too. The auto mapping reads registered classes first and, iterating, skips model types CONFIG_MAPPING_NAMES lacks,
+# so the entry changes nothing else there.
+modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.setdefault(DecoderConfig.model_type, DecoderForCausalLM.__name__)
 
 __all__ = ["DecoderPreTrainedModel", "DecoderModel", "DecoderForCausalLM", "DecoderForSequenceClassification"]

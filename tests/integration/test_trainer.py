@@ -1,10 +1,11 @@
-"""Trainer integration: the loss falls on a learnable toy task; gradient accumulation equals one big batch."""
+"""Trainer integration: the loss falls on a learnable toy task; gradient accumulation equals one big batch (for the
+causal LM and the classifier); the Trainer's label smoothing shifts the causal LM's labels."""
 
 import torch
 from datasets import Dataset
 from transformers import Trainer, TrainingArguments
 
-from archlab import DecoderForCausalLM
+from archlab import DecoderForCausalLM, DecoderForSequenceClassification
 
 from helpers import tiny_decoder_config
 
@@ -75,3 +76,47 @@ def test_gradient_accumulation_equals_big_batch(tmp_path):
     assert not torch.allclose(results[0], untouched)  # the step did something
     torch.testing.assert_close(results[1], results[0], atol=1e-6, rtol=1e-5)
     torch.testing.assert_close(results[2], results[0], atol=1e-6, rtol=1e-5)
+
+
+def _one_step_update(model_class, config, data, tmp_path, batch, accumulation):
+    """The parameter change of one SGD step at `batch` x `accumulation`."""
+    torch.manual_seed(0)
+    model = model_class(config)
+    before = torch.cat([p.detach().flatten() for p in model.parameters()])
+    args = _args(
+        tmp_path / f"{batch}x{accumulation}",
+        max_steps=1,
+        per_device_train_batch_size=batch,
+        gradient_accumulation_steps=accumulation,
+        learning_rate=0.5,
+        optim="sgd",
+        lr_scheduler_type="constant",
+        max_grad_norm=0.0,
+    )
+    Trainer(model=model, args=args, train_dataset=data).train()
+    return torch.cat([p.detach().flatten() for p in model.parameters()]) - before
+
+
+def test_classifier_gradient_accumulation_equals_big_batch(tmp_path):
+    """The classifier's loss is a mean per batch: Trainer must divide it by the accumulation steps (it did not, as
+    `forward` takes `**kwargs`, and each update was 4x too large)."""
+    rows = [{"input_ids": list(range(s, s + 8)), "labels": s % 3} for s in (5, 20, 40, 60)]
+    config = tiny_decoder_config(num_labels=3, pad_token_id=0)
+    big = _one_step_update(DecoderForSequenceClassification, config, Dataset.from_list(rows), tmp_path, 4, 1)
+    accumulated = _one_step_update(DecoderForSequenceClassification, config, Dataset.from_list(rows), tmp_path, 1, 4)
+    assert big.abs().max() > 0
+    torch.testing.assert_close(accumulated, big, atol=1e-6, rtol=1e-5)
+
+
+def test_label_smoothing_shifts_the_causal_lm_labels(tmp_path):
+    """Trainer's label smoother shifts labels only for the causal LMs transformers' table names: without archlab's
+    entry it scored each token against itself. With a vanishing factor its loss is the model's own."""
+    torch.manual_seed(0)
+    model = DecoderForCausalLM(tiny_decoder_config()).eval()
+    data = _dataset(8)
+    batch = {key: torch.tensor(data[key]) for key in ("input_ids", "labels", "attention_mask")}
+    with torch.no_grad():
+        own = model(**batch).loss.item()
+    args = _args(tmp_path, label_smoothing_factor=1e-6, per_device_eval_batch_size=8)
+    smoothed = Trainer(model=model, args=args, eval_dataset=data).evaluate()["eval_loss"]
+    assert abs(smoothed - own) < 1e-4 * max(1.0, own)

@@ -98,9 +98,21 @@ def test_left_padded_batch_equals_each_sequence_alone():
         torch.testing.assert_close(batch[i, width - len(s) :], alone, atol=1e-5, rtol=1e-4)
 
 
-def test_gradient_checkpointing_gives_same_gradients():
+@pytest.mark.parametrize("reentrant", [False, True])
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {},
+        # a bias with a learned table, shared by the layers of a type: reentrant checkpointing back-propagates only
+        # a layer's positional inputs itself, so the bias must be one (as a keyword, the first layer freed its graph)
+        dict(position_embedding_type="relative_bias", norm_position="sandwich"),
+        dict(position_embedding_type="alibi", norm_position="parallel"),
+    ],
+    ids=["rope", "relative_bias", "alibi"],
+)
+def test_gradient_checkpointing_gives_same_gradients(overrides, reentrant):
     torch.manual_seed(0)
-    model = _model().train()
+    model = _model(**overrides).train()
     ids = torch.randint(3, 97, (2, 8))
 
     def grads():
@@ -109,7 +121,7 @@ def test_gradient_checkpointing_gives_same_gradients():
         return [p.grad.clone() for p in model.parameters()]
 
     plain = grads()
-    model.gradient_checkpointing_enable()
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": reentrant})
     checkpointed = grads()
     for a, b in zip(plain, checkpointed):
         torch.testing.assert_close(a, b)
