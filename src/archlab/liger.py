@@ -30,18 +30,16 @@ marks each patched module with `liger_kernel = "<kernel>"`. It is idempotent and
 
 Registration: transformers' Trainer (and TRL's) call Liger's `_apply_liger_kernel_to_instance`, which looks the
 model's `model_type` up in Liger's table `MODEL_TYPE_TO_APPLY_LIGER_FN` and only logs for a type it does not know.
-Importing Liger costs seconds (it loads Triton and every kernel), so `import archlab` does not: it installs
-`_RegisterWhenLigerLoads`, an import hook that finds nothing itself, and adds "archlab_decoder" and "archlab_seq2seq"
-to the table the moment Liger's module defining it has run, whoever imports it (Trainer when training starts, TRL, a
-user). Where that module is already loaded, archlab registers at once.
+Importing Liger costs seconds (it loads Triton and every kernel), so `import archlab` does not: through an import hook
+(`import_hooks.after_import`) it adds "archlab_decoder" and "archlab_seq2seq" to the table the moment Liger's module
+defining it has run, whoever imports it (Trainer when training starts, TRL, a user). Where that module is already
+loaded, archlab registers at once.
 """
 
 from __future__ import annotations
 
 import functools
-import importlib.abc
 import inspect
-import sys
 from collections import Counter
 from dataclasses import dataclass, field
 from types import SimpleNamespace
@@ -51,6 +49,7 @@ from torch import nn
 from transformers.activations import ACT2FN
 from transformers.utils import logging
 
+from .import_hooks import after_import
 from .modeling import DecoderConfig, DecoderForCausalLM, Seq2SeqConfig, Seq2SeqForConditionalGeneration
 from .modeling.attention import Attention
 from .modeling.feed_forward import MLP, GatedMLP
@@ -303,45 +302,9 @@ def _register_in(module) -> None:
         )
 
 
-class _RegisterAfterExec(importlib.abc.Loader):
-    """Runs the module with its own loader, then registers archlab in the table it defined."""
-
-    def __init__(self, loader: importlib.abc.Loader) -> None:
-        self.loader = loader
-
-    def create_module(self, spec):
-        return self.loader.create_module(spec)
-
-    def exec_module(self, module) -> None:
-        module.__loader__ = module.__spec__.loader = self.loader  # the module looks as if imported plainly
-        self.loader.exec_module(module)
-        _register_in(module)
-
-
-class _RegisterWhenLigerLoads(importlib.abc.MetaPathFinder):
-    """An import hook for one module name: the other finders find Liger's table module, archlab registers after it
-    ran. Every other import costs one string comparison."""
-
-    def find_spec(self, fullname, path, target=None):
-        if fullname != LIGER_TABLE_MODULE:
-            return None
-        for finder in sys.meta_path:
-            find_spec = getattr(finder, "find_spec", None)
-            spec = None if finder is self or find_spec is None else find_spec(fullname, path, target)
-            if spec is not None:
-                if spec.loader is not None:
-                    spec.loader = _RegisterAfterExec(spec.loader)
-                return spec
-        return None
-
-
 def register_with_liger_when_loaded() -> None:
     """Register now if Liger's table module is loaded, else when it is (`import archlab` calls this; idempotent)."""
-    module = sys.modules.get(LIGER_TABLE_MODULE)
-    if module is not None:
-        _register_in(module)
-    elif not any(isinstance(finder, _RegisterWhenLigerLoads) for finder in sys.meta_path):
-        sys.meta_path.insert(0, _RegisterWhenLigerLoads())
+    after_import(LIGER_TABLE_MODULE, _register_in)
 
 
 __all__ = [

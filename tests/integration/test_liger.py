@@ -94,7 +94,7 @@ def test_import_archlab_leaves_liger_alone_until_liger_loads_then_registers() ->
         "from liger_kernel.transformers.monkey_patch import MODEL_TYPE_TO_APPLY_LIGER_FN as table\n"
         "assert table['archlab_decoder'] is table['archlab_seq2seq'] is archlab.apply_liger_kernel_to_archlab\n"
         "assert sys.modules['liger_kernel.transformers.monkey_patch'].__loader__.__class__.__name__ != "
-        "'_RegisterAfterExec'\n"
+        "'_RunAfterExec'\n"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]

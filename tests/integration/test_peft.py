@@ -1,9 +1,13 @@
 """PEFT LoRA (Hu et al. 2021) on archlab models: adapters on the attention and MLP projections (and the MoE experts'
 stacked weights through `target_parameters`) train, save, reload, and `merge_and_unload` gives the adapter model's
-logits with a plain archlab model that `AutoModel*.from_pretrained` loads.
+logits with a plain archlab model that `AutoModel*.from_pretrained` loads. Adapter configs without `target_modules`
+find PEFT's defaults for Llama's and Bart's module names (archlab.peft_defaults).
 """
 
 from __future__ import annotations
+
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -12,7 +16,9 @@ peft = pytest.importorskip("peft")
 from peft import LoraConfig, PeftModel, get_peft_model  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM  # noqa: E402
 
-from archlab import DecoderForCausalLM, Seq2SeqForConditionalGeneration  # noqa: E402
+from archlab import DecoderForCausalLM, EncoderForMaskedLM, Seq2SeqForConditionalGeneration  # noqa: E402
+from archlab.import_hooks import after_import  # noqa: E402
+from archlab.peft_defaults import PEFT_CONSTANTS_MODULE, register_with_peft  # noqa: E402
 
 from helpers import tiny_decoder_config, tiny_seq2seq_config  # noqa: E402
 
@@ -193,3 +199,43 @@ def test_prefix_tuning_generates_with_its_prefix():
     )
     assert torch.equal(generated, reference)
     assert not torch.equal(generated, plain)
+
+
+DEFAULT_TARGET_CASES = {
+    "decoder": (lambda: DecoderForCausalLM(tiny_decoder_config()), "CAUSAL_LM"),
+    "seq2seq": (lambda: Seq2SeqForConditionalGeneration(tiny_seq2seq_config()), "SEQ_2_SEQ_LM"),
+    "masked_lm": (lambda: EncoderForMaskedLM(tiny_seq2seq_config()), None),
+}
+
+
+@pytest.mark.parametrize("case", DEFAULT_TARGET_CASES)
+def test_lora_without_target_modules_adapts_queries_and_values(case, monkeypatch):
+    """PEFT refused archlab's model types without `target_modules`; they take Llama's and Bart's defaults."""
+    from peft.utils import constants
+
+    for table in (
+        constants.TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING,
+        constants.TRANSFORMERS_MODELS_TO_IA3_TARGET_MODULES_MAPPING,
+    ):
+        for model_type in ("archlab_decoder", "archlab_seq2seq"):
+            monkeypatch.delitem(table, model_type, raising=False)
+    after_import(PEFT_CONSTANTS_MODULE, register_with_peft)  # PEFT is loaded: registers at once
+    build, task_type = DEFAULT_TARGET_CASES[case]
+    model = get_peft_model(build(), LoraConfig(task_type=task_type))
+    adapted = {name.rsplit(".", 1)[-1] for name, module in model.named_modules() if hasattr(module, "lora_A")}
+    assert adapted == {"q_proj", "v_proj"}
+    attentions = [module for module in model.modules() if hasattr(module, "q_proj") and hasattr(module, "v_proj")]
+    assert attentions and all(hasattr(a.q_proj, "lora_A") and hasattr(a.v_proj, "lora_A") for a in attentions)
+
+
+@pytest.mark.slow
+def test_import_archlab_leaves_peft_alone_until_peft_loads_then_registers() -> None:
+    code = (
+        "import sys, archlab\n"
+        "assert 'peft' not in sys.modules, 'import archlab imported peft'\n"
+        "from peft import LoraConfig, get_peft_model\n"
+        "from peft.utils.constants import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as table\n"
+        "assert table['archlab_decoder'] == table['llama'] and table['archlab_seq2seq'] == table['bart']\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
