@@ -64,4 +64,20 @@ def check_attention_mask(
         raise ValueError(f"`{name}` has shape {tuple(attention_mask.shape)}, but must be (batch, {keys}) = {expected}.")
 
 
-__all__ = ["cached_length", "can_read_values", "check_attention_mask", "check_token_ids"]
+def check_cache_heads(cache: Cache | None, kv_heads: int, head_dim: int, heads_field: str, dim_field: str) -> None:
+    """Keys already in `cache` must have the attention's key/value heads and head size: a cache built elsewhere (a PEFT
+    prefix, sized from `num_attention_heads` and the model width) otherwise fails inside the cache's concatenation."""
+    layers = getattr(cache, "layers", None)
+    keys = getattr(layers[0], "keys", None) if layers else None
+    if not isinstance(keys, torch.Tensor) or keys.dim() != 4 or keys.numel() == 0:
+        return
+    if keys.shape[1] != kv_heads or keys.shape[-1] != head_dim:
+        raise ValueError(
+            f"`past_key_values` holds keys of {keys.shape[1]} heads of size {keys.shape[-1]}, but the model's "
+            f"attention has `{heads_field}`={kv_heads} key/value heads of size {head_dim} (`{dim_field}`). A PEFT "
+            f"prefix is sized from `num_attention_heads` and the model width: pass "
+            f"`PrefixTuningConfig(num_attention_heads={kv_heads}, token_dim={kv_heads * head_dim})`."
+        )
+
+
+__all__ = ["cached_length", "can_read_values", "check_attention_mask", "check_cache_heads", "check_token_ids"]

@@ -27,7 +27,7 @@ from .cache_names import cache_argument, output_cache, with_cache
 from .catalogue import POSITION_SCHEMES
 from .configuration_decoder import DecoderConfig
 from .fast_decoding import FastDecodingMixin
-from .input_checks import cached_length, can_read_values, check_attention_mask, check_token_ids
+from .input_checks import cached_length, can_read_values, check_attention_mask, check_cache_heads, check_token_ids
 from .losses import causal_lm_loss, lm_head_loss
 from .moe import collect_router_logits, load_balancing_loss, router_z_loss
 from .positions import position_bias, position_ids_from_mask, position_table
@@ -132,6 +132,8 @@ class DecoderModel(DecoderPreTrainedModel):
             check_token_ids(input_ids, self.embed_tokens.num_embeddings)
             inputs_embeds = self.embed_tokens(input_ids)
         batch_size, seq_len = inputs_embeds.shape[:2]
+        heads = self.layers[0].self_attn
+        check_cache_heads(past_key_values, heads.num_key_value_heads, heads.head_dim, "num_key_value_heads", "head_dim")
         past = cached_length(past_key_values)  # None only for a static cache on an accelerator
         check_attention_mask(
             attention_mask, batch_size, None if past is None else past + seq_len, keys="cached + new tokens"

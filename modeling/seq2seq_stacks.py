@@ -29,7 +29,7 @@ from transformers.modeling_outputs import BaseModelOutput, BaseModelOutputWithPa
 
 from .cache_names import cache_argument, with_cache
 from .configuration_seq2seq import Seq2SeqConfig
-from .input_checks import cached_length, check_attention_mask, check_token_ids
+from .input_checks import cached_length, check_attention_mask, check_cache_heads, check_token_ids
 from .normalization import make_norm
 from .positions import position_table
 from .relative_bias import position_buckets
@@ -210,6 +210,8 @@ class Seq2SeqDecoder(_Seq2SeqStack):
         if use_cache and past_key_values is None:
             past_key_values = EncoderDecoderCache(DynamicCache(config=self.config), DynamicCache(config=self.config))
         self_cache = past_key_values.self_attention_cache if past_key_values is not None else None
+        heads = self.layers[0].self_attn
+        check_cache_heads(self_cache, heads.num_key_value_heads, heads.head_dim, "decoder_key_value_heads", "d_kv")
         past = self_cache.get_seq_length() if self_cache is not None else 0  # a 0-d tensor for a static cache
         batch_size, seq_len = inputs_embeds.shape[:2]
         known_past = cached_length(self_cache)

@@ -201,6 +201,26 @@ def test_prefix_tuning_generates_with_its_prefix():
     assert not torch.equal(generated, plain)
 
 
+def test_seq2seq_prefix_tuning_sized_for_the_decoders_key_value_heads():
+    """PEFT sizes a prefix from `num_attention_heads` and the width: a decoder with GQA is refused by name, with the
+    sizes to give; given them, the adapter trains and generates."""
+    from peft import PrefixTuningConfig
+
+    config = tiny_seq2seq_config(decoder_key_value_heads=2, decoder_start_token_id=0)
+    batch = _seq2seq_batch()
+    sized_by_peft = PrefixTuningConfig(task_type="SEQ_2_SEQ_LM", num_virtual_tokens=3)
+    with pytest.raises(ValueError, match="decoder_key_value_heads"):
+        get_peft_model(Seq2SeqForConditionalGeneration(config), sized_by_peft)(**batch)
+    head_dim = config.d_model // config.decoder_attention_heads
+    sized = PrefixTuningConfig(
+        task_type="SEQ_2_SEQ_LM", num_virtual_tokens=3, num_attention_heads=2, token_dim=2 * head_dim
+    )
+    adapted = get_peft_model(Seq2SeqForConditionalGeneration(config), sized)
+    adapted(**batch).loss.backward()
+    assert all(p.grad is not None for p in adapted.prompt_encoder.parameters() if p.requires_grad)
+    assert adapted.generate(input_ids=batch["input_ids"], max_new_tokens=3).shape[0] == 4
+
+
 DEFAULT_TARGET_CASES = {
     "decoder": (lambda: DecoderForCausalLM(tiny_decoder_config()), "CAUSAL_LM"),
     "seq2seq": (lambda: Seq2SeqForConditionalGeneration(tiny_seq2seq_config()), "SEQ_2_SEQ_LM"),

@@ -211,3 +211,39 @@ def test_learned_positions_past_the_table_still_fail_with_the_field_named():
     model = DecoderForCausalLM(tiny_decoder_config(position_embedding_type="learned", max_position_embeddings=8))
     with pytest.raises(ValueError, match="max_position_embeddings"):
         model.eval()(torch.randint(3, 97, (1, 10)))
+
+
+# ---- a cache of other heads ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "family, overrides, field",
+    [
+        ("decoder", dict(num_key_value_heads=2), "num_key_value_heads"),
+        ("decoder", dict(head_dim=4), "head_dim"),
+        ("seq2seq", dict(decoder_key_value_heads=2), "decoder_key_value_heads"),
+        ("seq2seq", dict(d_kv=12), "d_kv"),
+    ],
+)
+def test_a_cache_of_other_heads_is_refused_by_name(family, overrides, field):
+    """Keys sized for `num_attention_heads` x width / heads (a PEFT prefix) met a GQA or `d_kv` attention in the
+    cache's concatenation, as a size mismatch; now a ValueError names the field and the sizes a prefix needs."""
+    from transformers import DynamicCache, EncoderDecoderCache
+
+    if family == "decoder":
+        config = tiny_decoder_config(**overrides)
+        model, ids = DecoderForCausalLM(config).eval(), {"input_ids": torch.randint(3, 97, (1, 3))}
+        heads, width = config.num_attention_heads, config.hidden_size
+    else:
+        config = tiny_seq2seq_config(**overrides)
+        model = Seq2SeqForConditionalGeneration(config).eval()
+        ids = {"input_ids": torch.randint(3, 50, (1, 5)), "decoder_input_ids": torch.tensor([[0, 5, 6]])}
+        heads, width = config.decoder_attention_heads, config.d_model
+    cache = DynamicCache(config=config)
+    for layer in range(2):
+        cache.update(torch.randn(1, heads, 2, width // heads), torch.randn(1, heads, 2, width // heads), layer)
+    if family == "seq2seq":
+        cache = EncoderDecoderCache(cache, DynamicCache(config=config))
+    with pytest.raises(ValueError, match=f"`{field}`") as error:
+        model(**ids, past_key_values=cache, attention_mask=None)
+    assert "PrefixTuningConfig(num_attention_heads=" in one_line(error)
