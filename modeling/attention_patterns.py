@@ -46,9 +46,9 @@ def check_prefix_lengths(prefix_lengths: torch.Tensor, batch_size: int, past_key
     if past and bool((prefix_lengths > past).any()):
         raise ValueError(
             f"prefix-LM: the cache already holds {past} tokens but `prefix_lengths` reaches "
-            f"{int(prefix_lengths.max())}; pass the whole prefix in the first forward (no chunked prefill of a prefix). "
-            "Cached tokens before the first forward (the virtual tokens of PEFT's prefix tuning) cannot see the prefix "
-            "either: a prefix-LM takes no such cache."
+            f"{int(prefix_lengths.max())}; pass the whole prefix in the first forward (no chunked prefill of a "
+            "prefix). Cached tokens before the first forward (the virtual tokens of PEFT's prefix tuning) cannot see "
+            "the prefix either: a prefix-LM takes no such cache."
         )
 
 
