@@ -86,8 +86,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error(f"--lr must be > 0, got {args.lr}")
     if not 0 <= args.warmup_steps < args.steps:
         parser.error(f"--warmup_steps must be in [0, --steps={args.steps}), got {args.warmup_steps}")
-    if args.hidden_size % 4:
-        parser.error(f"--hidden_size must be divisible by the 4 attention heads, got {args.hidden_size}")
+    if args.hidden_size % 8:  # 4 heads, each of an even size: RoPE rotates pairs of channels
+        parser.error(
+            f"--hidden_size must be a multiple of 8 (4 attention heads of an even size), got {args.hidden_size}"
+        )
+    if args.corpus_bytes // 10 < 2 * args.seq_len + 3:  # validation windows of 2L + 1 bytes from a tenth of the corpus
+        parser.error(
+            f"--corpus_bytes must be at least {10 * (2 * args.seq_len + 3)} (a tenth of it holds validation sequences "
+            f"of 2 x --seq_len + 1 bytes), got {args.corpus_bytes}"
+        )
     return args
 
 

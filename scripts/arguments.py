@@ -222,7 +222,7 @@ def run_cli(main: Callable[[], object]) -> None:
     raised inside other libraries keep their traceback, which is what a bug report needs."""
     try:
         main()
-    except (ValueError, FileNotFoundError) as error:
+    except (ValueError, OSError) as error:  # OSError: a model or tokenizer neither local nor on a reachable Hub
         frame = error.__traceback__
         while frame is not None and frame.tb_next is not None:
             frame = frame.tb_next
@@ -273,6 +273,13 @@ def check_training_flags(args: TrainingArguments) -> None:
                 f"--{kind}_steps must be > 0 with --{kind}_strategy steps (a number of steps, or a "
                 f"fraction < 1 of the run's steps), got {steps}."
             )
+    if args.fp16 and args.device.type == "cpu":
+        # accelerate turns fp16 autocast on for GPUs only: on the CPU the run would train in float32 while the
+        # scripts' "Training on the CPU: fp16 autocast" line and the saved training_args say fp16
+        raise ValueError(
+            "--fp16 runs only on a GPU (accelerate has no fp16 autocast on the CPU, so the run would silently train in "
+            "float32): leave it out, or use --bf16 true --use_cpu true for bf16 autocast on the CPU."
+        )
     if args.use_liger_kernel:
         check_liger_can_run(args)
 

@@ -94,8 +94,13 @@ def main(argv: Sequence[str] | None = None) -> str:
     model, tokenizer, seq2seq = load_for_generation(args.model_name_or_path, args.device)
     prompt = args.prompt
     if args.prompt_file:
-        with open(args.prompt_file, encoding="utf-8") as f:
-            prompt = f.read()
+        try:
+            with open(args.prompt_file, encoding="utf-8") as f:
+                prompt = f.read()
+        except UnicodeDecodeError as error:
+            raise ValueError(
+                f"--prompt_file {args.prompt_file!r} is not UTF-8 text ({error.reason} at byte {error.start})."
+            ) from None
     return generate_text(
         model,
         tokenizer,

@@ -188,6 +188,29 @@ def check_columns(dataset: AnyDataset, *columns: str, split: str = "train") -> N
             raise ValueError(f"Column {column!r} not found in the {split} split; its columns are {names}.")
 
 
+def check_text_columns(dataset: AnyDataset, *columns: str, split: str = "train") -> None:
+    """A ValueError naming a text column that holds something else than strings (numbers, lists) or has empty cells
+    (a CSV's empty field, a JSON null): the tokenizer would fail on them deep inside its training or `datasets.map`.
+    A streamed dataset whose types are unknown is let through."""
+    features = getattr(dataset, "features", None)
+    for column in columns:
+        feature = features.get(column) if features else None
+        if feature is None:
+            continue
+        if getattr(feature, "dtype", None) not in ("string", "large_string"):
+            raise ValueError(
+                f"Column {column!r} of the {split} split holds {feature}, not text: name a text column "
+                "(--text_column_name and the task's column flags)."
+            )
+        # the rows of this split only (a split or a limit is an index over the whole table)
+        nulls = 0 if isinstance(dataset, IterableDataset) else dataset.with_format("arrow")[column].null_count
+        if nulls:
+            raise ValueError(
+                f"Column {column!r} of the {split} split has {nulls} empty cell(s) (null / missing values): fill or "
+                "drop those rows."
+            )
+
+
 def check_not_empty(dataset: AnyDataset, split: str = "train") -> None:
     if isinstance(dataset, IterableDataset):
         empty = next(iter(dataset), None) is None

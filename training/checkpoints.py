@@ -20,6 +20,8 @@ def resolve_resume(training_args: TrainingArguments, overwrite_output_dir: bool)
     refusing to train over an output folder that already holds checkpoints unless told to."""
     output_dir = training_args.output_dir
     requested = training_args.resume_from_checkpoint
+    if os.path.exists(output_dir) and not os.path.isdir(output_dir):
+        raise ValueError(f"--output_dir {output_dir!r} is a file, not a folder: pass another --output_dir.")
     last = get_last_checkpoint(output_dir) if os.path.isdir(output_dir) else None
     finished_model = os.path.isfile(os.path.join(output_dir, "config.json"))  # the final save writes it last
     if requested is None or str(requested).lower() in ("false", "no", "none", ""):
@@ -89,10 +91,21 @@ def finished_run(resume: str | None, training_args: TrainingArguments) -> dict[s
         return json.load(f)
 
 
+# What marks a folder as holding a finished model (`save_final` moves `config.json` in last): an earlier run's must go
+# when a run starts over, or a crash of the new run before its own final save leaves the old model looking finished
+# (and `finished_run` would then take it for the new run's).
+FINISHED_MARKERS = ("config.json", "trainer_state.json")
+
+
 def clear_output_dir(output_dir: str) -> None:
-    """For --overwrite_output_dir: remove earlier checkpoints and staging folders (never other files)."""
+    """For --overwrite_output_dir: remove earlier checkpoints and staging folders, and the markers of an earlier
+    finished model (`FINISHED_MARKERS`; its other files are left, and replaced by the final save)."""
     if not os.path.isdir(output_dir):
         return
+    for name in FINISHED_MARKERS:  # config.json first: a folder without it is never taken for a finished model
+        path = os.path.join(output_dir, name)
+        if os.path.isfile(path):
+            os.remove(path)
     for entry in os.listdir(output_dir):
         if entry.startswith(("checkpoint-", STAGING)):
             shutil.rmtree(os.path.join(output_dir, entry), ignore_errors=True)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import difflib
 import json
 import os
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from transformers import AutoConfig, GenerationConfig, PreTrainedModel
@@ -98,26 +99,10 @@ def check_override_names(choices: ModelChoices) -> None:
     if not overrides:
         return
     config_class = getattr(archlab, model_kind(choices.model_kind).config_class)
-    default = config_class()
     generation_settings = set(GenerationConfig().to_dict())
-    unknown, generation = [], []
-    for key, value in overrides.items():
-        if hasattr(default, key):
-            continue
-        if key in generation_settings:
-            generation.append(key)
-            continue
-        try:  # keys the config consumes and rewrites (`rope_theta` -> `rope_parameters`) are not stored as given
-            if key not in config_class(**{key: value}).to_dict():
-                continue
-        except Exception:  # a value the config rejects: the full build reports it with context
-            continue
-        unknown.append(key)
-    fields = sorted(set(default.to_dict()) | set(config_class.attribute_map))
-
-    def named(key: str) -> str:
-        return f"{key!r}" + (f" (did you mean {meant!r}?)" if (meant := likely_field(key, fields)) else "")
-
+    generation = [key for key in overrides if key in generation_settings]
+    unknown = unknown_fields(config_class, {k: v for k, v in overrides.items() if k not in generation_settings})
+    named = field_namer(config_class)
     problems = []
     if unknown:
         problems.append(
@@ -141,6 +126,74 @@ def preset_values(name: str, kind: str) -> dict[str, Any]:
     return preset_kwargs(name)
 
 
+def config_file_values(choices: ModelChoices) -> dict[str, Any]:
+    """The fields of --config_name (a JSON file or a folder's config.json), refused with the flag named when the file
+    is not a JSON object, holds another model type than --model_kind builds, or has fields the config class does not
+    know (a config stores unknown keys silently, so a seq2seq config.json given to a decoder run would otherwise build
+    the default decoder: LLaMA-7B's shape)."""
+    path = choices.config_name
+    path = os.path.join(path, "config.json") if os.path.isdir(path) else path
+    try:
+        with open(path, encoding="utf-8") as f:
+            values = json.load(f)
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise ValueError(f"--config_name {choices.config_name!r}: {path} is not a JSON config ({error}).") from None
+    if not isinstance(values, dict):
+        raise ValueError(f"--config_name {choices.config_name!r}: {path} holds {type(values).__name__}, not a config.")
+    config_class = getattr(archlab, model_kind(choices.model_kind).config_class)
+    found = values.get("model_type")
+    if found is not None and found != config_class.model_type:
+        raise ValueError(
+            f"--config_name {choices.config_name!r} is a `{found}` config, but --model_kind {choices.model_kind} "
+            f"builds `{config_class.model_type}`: pass a matching --model_kind or config."
+        )
+    for key in ("model_type", "architectures", "transformers_version", "auto_map"):
+        values.pop(key, None)
+    drop_derived_layer_lists(values)
+    unknown = unknown_fields(config_class, values)
+    if unknown:
+        raise ValueError(
+            f"--config_name {choices.config_name!r}: {config_class.__name__} has no field "
+            f"{', '.join(map(field_namer(config_class), unknown))}; docs/catalogue.md lists the fields."
+        )
+    return values
+
+
+def drop_derived_layer_lists(values: dict[str, Any]) -> None:
+    """A saved decoder config spells out `layer_types` and `mlp_layer_types`, which the config derives from
+    `sliding_window` and `num_local_experts` when unset. Kept, they would pin the file's layer count and kinds: an
+    override `num_hidden_layers=4` failed on them, and `num_local_experts=4` built a dense model without a word.
+    Lists equal to the derived ones are dropped so the config derives them again; hand-made lists stay."""
+    attention = "full_attention" if values.get("sliding_window") is None else "sliding_attention"
+    mlp = "sparse" if (values.get("num_local_experts") or 0) > 0 else "dense"
+    for key, kind in (("layer_types", attention), ("mlp_layer_types", mlp)):
+        layers = values.get(key)
+        if isinstance(layers, list) and layers and all(layer == kind for layer in layers):
+            values.pop(key)
+
+
+def unknown_fields(config_class: Any, values: dict[str, Any]) -> list[str]:
+    """The keys of `values` that `config_class` neither has nor consumes: a config stores any unknown keyword as an
+    attribute without a word."""
+    default, unknown = config_class(), []
+    for key, value in values.items():
+        if hasattr(default, key):
+            continue
+        try:  # keys the config consumes and rewrites (`rope_theta` -> `rope_parameters`) are not stored as given
+            if key not in config_class(**{key: value}).to_dict():
+                continue
+        except Exception:  # a value the config rejects: the full build reports it with context
+            continue
+        unknown.append(key)
+    return unknown
+
+
+def field_namer(config_class: Any) -> Callable[[str], str]:
+    """`key` quoted, with the field of `config_class` it likely means ("(did you mean 'hidden_size'?)")."""
+    fields = sorted(set(config_class().to_dict()) | set(config_class.attribute_map))
+    return lambda key: f"{key!r}" + (f" (did you mean {meant!r}?)" if (meant := likely_field(key, fields)) else "")
+
+
 def new_config_values(choices: ModelChoices) -> tuple[dict[str, Any], dict[str, Any], set[str]]:
     """The fields of a new model's config before the tokenizer fills in its vocabulary and special ids: the preset,
     JSON or default architecture with the overrides; also the overrides and every field the user set."""
@@ -148,12 +201,7 @@ def new_config_values(choices: ModelChoices) -> tuple[dict[str, Any], dict[str, 
         values = preset_values(choices.preset, choices.model_kind)
         values.pop("vocab_size", None)  # a preset is a shape: the vocabulary is the tokenizer's
     elif choices.config_name:
-        path = choices.config_name
-        path = os.path.join(path, "config.json") if os.path.isdir(path) else path
-        with open(path, encoding="utf-8") as f:
-            values = json.load(f)
-        for key in ("model_type", "architectures", "transformers_version", "auto_map"):
-            values.pop(key, None)
+        values = config_file_values(choices)
     else:
         values = dict(DEFAULT_ARCHITECTURES[choices.model_kind])
     overrides = parse_overrides(choices.config_overrides)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from archlab.tokenization.data import check_columns, check_not_empty, limit, load_raw_datasets
+from archlab.tokenization.data import check_columns, check_not_empty, check_text_columns, limit, load_raw_datasets
 
 SPLITS = ("train", "validation")
 
@@ -52,6 +52,7 @@ def load_documents(data: DataChoices, cache_dir: str | None, seed: int) -> Any:
     for split in SPLITS:
         check_not_empty(raw[split], split)
         check_columns(raw[split], data.text_column_name, split=split)
+        check_text_columns(raw[split], data.text_column_name, split=split)
     return raw
 
 

@@ -10,7 +10,7 @@ from typing import Any, Protocol
 
 from datasets import Dataset, DatasetDict
 
-from archlab.tokenization.data import IGNORE_INDEX, check_columns
+from archlab.tokenization.data import IGNORE_INDEX, check_columns, check_text_columns
 
 
 class TaskOptions(Protocol):
@@ -57,6 +57,7 @@ def as_messages(dataset: Any, args: TaskOptions, split: str = "train") -> Any:
     if args.prompt_column is None or args.response_column is None:
         raise ValueError("--prompt_column and --response_column go together.")
     check_columns(dataset, args.prompt_column, args.response_column, split=split)
+    check_text_columns(dataset, args.prompt_column, args.response_column, split=split)
     return dataset.map(
         lambda row: {
             args.messages_column: [
@@ -119,6 +120,7 @@ def tokenize_instruct(
 # ---------------------------------------------------------------------------------------------------------------
 def check_classification_columns(dataset: Any, split: str, args: TaskOptions, text_column: str) -> Any:
     check_columns(dataset, text_column, args.label_column_name, split=split)
+    check_text_columns(dataset, text_column, split=split)
     return dataset
 
 
@@ -166,6 +168,7 @@ def tokenize_classification(
 # ---------------------------------------------------------------------------------------------------------------
 def check_pair_columns(dataset: Any, split: str, args: TaskOptions, text_column: str) -> Any:
     check_columns(dataset, args.source_column, args.target_column, split=split)
+    check_text_columns(dataset, args.source_column, args.target_column, split=split)
     return dataset
 
 

@@ -52,6 +52,8 @@ def test_tiny_ablation_writes_table_json_and_plot(tmp_path):
         (["--steps", "0"], "--steps"),
         (["--warmup_steps", "400"], "--warmup_steps"),
         (["--hidden_size", "30"], "--hidden_size"),
+        (["--hidden_size", "12"], "--hidden_size must be a multiple of 8"),  # RoPE needs an even head size
+        (["--corpus_bytes", "10"], "--corpus_bytes must be at least"),  # an empty validation split
         (["--lr", "-0.1"], "--lr must be > 0"),
         (["--corpus_bytes", "0"], "--corpus_bytes must be a positive integer"),
     ],

@@ -154,6 +154,10 @@ def test_errors(saved: dict[str, Path], tmp_path: Path) -> None:
         generate.main([*beams, "--stream"])
     with pytest.raises(ValueError, match="--chat true needs a tokenizer with a chat template"):
         generate.main(["--model_name_or_path", str(saved["seq2seq"]), "--chat", "true"])
+    latin1 = tmp_path / "prompt.txt"
+    latin1.write_bytes("café".encode("latin-1"))
+    with pytest.raises(ValueError, match="--prompt_file .* is not UTF-8 text"):
+        generate.main(["--model_name_or_path", str(saved["decoder"]), "--prompt_file", str(latin1)])
 
 
 @pytest.mark.parametrize("damage", ["truncated", "empty"])

@@ -245,6 +245,8 @@ TRAINING_FLAGS = [
     (["--save_steps", "0"], "--save_steps must be > 0 with --save_strategy steps"),
     (["--eval_steps", "-2"], "--eval_steps must be > 0 with --eval_strategy steps"),
     (["--logging_steps", "0"], "requires non-zero --logging_steps"),  # TrainingArguments' own check
+    # accelerate has no fp16 autocast on the CPU: the run trained in float32 while its log said fp16
+    (["--fp16", "true", "--use_cpu", "true"], "--fp16 runs only on a GPU"),
 ]
 
 
@@ -459,6 +461,64 @@ def test_config_from_preset_json_and_overrides(tmp_path: Path, data_dir: Path) -
         build_config(ModelArguments(preset="huge"), tokenizer, 64)
     with pytest.raises(ValueError, match="not of the form key=value"):
         build_config(ModelArguments(config_overrides="hidden_size"), tokenizer, 64)
+
+
+def _config_choices(config_name: str, overrides: str = "", kind: str = "decoder"):
+    from archlab.scripts.arguments import ModelArguments
+
+    return ModelArguments(model_kind=kind, config_name=config_name, config_overrides=overrides)
+
+
+def test_a_config_file_of_another_kind_or_with_unknown_fields_is_refused(tmp_path: Path) -> None:
+    """A config stores unknown keys without a word: a seq2seq config.json given to a decoder run built the default
+    decoder (LLaMA-7B's shape) and was killed for memory; a typo trained the default shape."""
+    from archlab.training.configs import new_config_values
+
+    seq2seq = tmp_path / "seq2seq.json"
+    seq2seq.write_text(json.dumps({"model_type": "archlab_seq2seq", "d_model": 32}))
+    with pytest.raises(ValueError, match="is a `archlab_seq2seq` config, but --model_kind decoder"):
+        new_config_values(_config_choices(str(seq2seq)))
+    typo = tmp_path / "typo.json"
+    typo.write_text(json.dumps({"hidden_sz": 32}))
+    with pytest.raises(ValueError, match="no field 'hidden_sz' \\(did you mean 'hidden_size'\\?\\)"):
+        new_config_values(_config_choices(str(typo)))
+    broken = tmp_path / "broken.json"
+    broken.write_text("{broken")
+    with pytest.raises(ValueError, match="is not a JSON config"):
+        new_config_values(_config_choices(str(broken)))
+
+
+def test_overrides_of_a_saved_config_rederive_its_per_layer_lists(tmp_path: Path) -> None:
+    """A saved config spells out `layer_types` and `mlp_layer_types`: kept, `num_local_experts=4` built a dense model
+    and `num_hidden_layers=3` failed on a list the user never wrote."""
+    import archlab
+    from archlab.training.configs import new_config_values
+
+    archlab.DecoderConfig(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1
+    ).save_pretrained(tmp_path)
+    values, _, _ = new_config_values(_config_choices(str(tmp_path), "num_local_experts=4,num_experts_per_tok=2"))
+    assert archlab.DecoderConfig(**values).mlp_layer_types == ["sparse", "sparse"]
+    values, _, _ = new_config_values(_config_choices(str(tmp_path), "num_hidden_layers=3"))
+    assert archlab.DecoderConfig(**values).layer_types == ["full_attention"] * 3
+    hand_made = ["sliding_attention", "full_attention"]
+    archlab.DecoderConfig(
+        hidden_size=32, num_hidden_layers=2, num_attention_heads=2, sliding_window=4, layer_types=hand_made
+    ).save_pretrained(tmp_path)
+    values, _, _ = new_config_values(_config_choices(str(tmp_path)))
+    assert values["layer_types"] == hand_made
+
+
+def test_overwrite_removes_the_markers_of_an_earlier_finished_model(tmp_path: Path) -> None:
+    """Left in place, an earlier run's `config.json` and `trainer_state.json` made a new run that crashed before its
+    final save look finished, and a resume handed back the earlier run's model."""
+    from archlab.training.checkpoints import clear_output_dir
+
+    for name in ("config.json", "trainer_state.json", "model.safetensors", "notes.txt"):
+        (tmp_path / name).write_text("{}")
+    (tmp_path / "checkpoint-3").mkdir()
+    clear_output_dir(str(tmp_path))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.safetensors", "notes.txt"]
 
 
 def test_config_overrides_take_json_lists_and_objects() -> None:

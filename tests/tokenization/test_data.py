@@ -15,6 +15,7 @@ from archlab.tokenization.data import (
     IGNORE_INDEX,
     check_columns,
     check_not_empty,
+    check_text_columns,
     load_raw_datasets,
     pack_causal_lm,
     pack_documents,
@@ -258,3 +259,27 @@ def test_bad_inputs(tmp_path: Path) -> None:
         check_not_empty(dataset.select([]), "validation")
     with pytest.raises(ValueError, match="block_size"):
         pack_causal_lm(dataset, 1, 0)
+
+
+@pytest.mark.parametrize(
+    "rows, message",
+    [
+        ([{"text": "a"}, {"text": None}], "has 1 empty cell"),
+        ([{"text": 1}, {"text": 2}], "holds Value\\('int64'\\), not text"),
+        ([{"text": ["a"]}, {"text": ["b"]}], "not text"),
+    ],
+)
+def test_a_text_column_without_text_is_named(rows, message) -> None:
+    """Empty cells (a CSV's empty field, a JSON null), numbers and lists failed inside tokenizer training or
+    `datasets.map`."""
+    with pytest.raises(ValueError, match=message):
+        check_text_columns(Dataset.from_list(rows), "text", split="train")
+    check_text_columns(Dataset.from_list([{"text": "a"}]), "text")
+
+
+def test_text_column_nulls_are_counted_in_the_split_alone() -> None:
+    """A split or a limit is an index over the whole table: nulls outside it are not the split's."""
+    rows = Dataset.from_list([{"text": "a"}, {"text": None}, {"text": "b"}])
+    check_text_columns(rows.select([0, 2]), "text")
+    with pytest.raises(ValueError, match="validation split has 1 empty cell"):
+        check_text_columns(rows.select([1, 2]), "text", split="validation")
