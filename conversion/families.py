@@ -10,6 +10,7 @@ and `t5.py`, BERT (as `EncoderForMaskedLM`) in `bert.py`.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -170,7 +171,19 @@ def _gemma_from_archlab(config: PreTrainedConfig) -> dict[str, Any]:
 def _gemma2_from_archlab(config: PreTrainedConfig) -> dict[str, Any]:
     scalar = config.query_pre_attn_scalar
     scalar = config.head_dim if scalar is None else scalar  # archlab's None: head_dim^-1/2
-    return {"query_pre_attn_scalar": int(scalar) if float(scalar).is_integer() else scalar}
+    if not float(scalar).is_integer():
+        refuse_export(
+            "Gemma2ForCausalLM",
+            {setting(config, "query_pre_attn_scalar"): "Gemma2Config's query_pre_attn_scalar is an integer"},
+        )
+    # Gemma2Config types the soft-capping values as floats (an int 1 is refused by its strict dataclass)
+    capping = {
+        name: None if getattr(config, name) is None else float(getattr(config, name))
+        for name in ("attn_logit_softcapping", "final_logit_softcapping")
+    }
+    # Gemma2ForCausalLM always builds its sliding-window mask: with every layer global the window is never used
+    window = config.max_position_embeddings if config.sliding_window is None else config.sliding_window
+    return {"query_pre_attn_scalar": int(scalar), **capping, "sliding_window": window}
 
 
 def _qwen3_from_archlab(config: PreTrainedConfig) -> dict[str, Any]:
@@ -293,6 +306,47 @@ FAMILIES: dict[str, Family] = {
         *(t5_family(variant) for variant in T5_VARIANTS.values()),
     )
 }
+
+# Stock classes whose default RoPE ignores `rope_parameters["partial_rotary_factor"]` (every channel rotates; other
+# rope types then fail in the first forward), and stock classes without a `head_dim` field that still read
+# `getattr(config, "head_dim")` (config.json may carry it).
+IGNORES_PARTIAL_ROTARY = ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "gemma", "gemma2", "falcon")
+READS_UNDECLARED_HEAD_DIM = ("qwen2", "qwen2_moe", "phi", "stablelm", "gpt_neox")
+
+
+def _guarded(family: Family) -> Family:
+    def to_archlab(stock: PreTrainedConfig, values: Mapping[str, Any]) -> dict[str, Any]:
+        wrong = {}
+        rope = getattr(stock, "rope_parameters", None) or {}
+        factor = rope.get("partial_rotary_factor") if isinstance(rope, dict) else None
+        if family.name in IGNORES_PARTIAL_ROTARY and factor not in (None, 1, 1.0):
+            wrong[f"rope_parameters['partial_rotary_factor']={factor!r}"] = (
+                f"{family.architecture} rotates every channel of each head (its default RoPE ignores the factor)"
+            )
+        head_dim = values.get("head_dim")
+        if family.name in READS_UNDECLARED_HEAD_DIM and head_dim is not None:
+            if head_dim != stock.hidden_size // stock.num_attention_heads:
+                wrong[f"head_dim={head_dim!r}"] = (
+                    f"{family.config_class.__name__} has no head_dim field (archlab takes hidden_size / "
+                    f"num_attention_heads = {stock.hidden_size // stock.num_attention_heads}), but "
+                    f"{family.architecture} reads it"
+                )
+        refuse_import(family.name, wrong)
+        return family.to_archlab(stock, values)
+
+    def from_archlab(config: PreTrainedConfig) -> dict[str, Any]:
+        factor = (getattr(config, "rope_parameters", None) or {}).get("partial_rotary_factor")
+        if family.name in IGNORES_PARTIAL_ROTARY and factor not in (None, 1, 1.0):
+            refuse_export(
+                family.architecture,
+                {f"rope_parameters['partial_rotary_factor']={factor!r}": "it rotates every channel of each head"},
+            )
+        return family.from_archlab(config)
+
+    return dataclasses.replace(family, to_archlab=to_archlab, from_archlab=from_archlab)
+
+
+FAMILIES = {name: _guarded(family) for name, family in FAMILIES.items()}
 
 __all__ = [
     "FAMILIES",

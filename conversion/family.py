@@ -123,7 +123,19 @@ class Family:
         """archlab fields whose value this family cannot express: {field: "field=value (what the family needs)"}."""
         kept = {name for ours in self.fields.values() for name in ((ours,) if isinstance(ours, str) else ours)}
         kept |= set(self.expressible)
-        expressible = type(config)(**{**self.implied, **{name: getattr(config, name) for name in kept}}).to_dict()
+        try:
+            expressible = type(config)(**{**self.implied, **{name: getattr(config, name) for name in kept}}).to_dict()
+        except ValueError as error:  # the fields the family keeps are not a config on their own (e.g. no head size)
+            defaults = type(config)().to_dict()
+            dropped = sorted(
+                f"{k}={v!r}"
+                for k, v in config.to_dict().items()
+                if k in defaults and k not in kept | BOOKKEEPING | TRAINING_ONLY_FIELDS and v != defaults[k]
+            )
+            raise ConversionError(
+                f"A stock {self.architecture} cannot compute this archlab config: without the fields it has no "
+                f"place for ({', '.join(dropped)}) it is not valid: {error}"
+            ) from None
         current = config.to_dict()
         ignored = TRAINING_ONLY_FIELDS | BOOKKEEPING | kept
         refused = {
@@ -152,7 +164,12 @@ class Family:
             for stock_name, ours in self.fields.items()
         }
         kwargs.update(extra)
-        return self.config_class(**kwargs, architectures=[self.architecture])
+        try:
+            return self.config_class(**kwargs, architectures=[self.architecture])
+        except Exception as error:  # the stock config class's own validation (strict dataclass types, ranges)
+            raise ConversionError(
+                f"A stock {self.config_class.__name__} refuses the values this archlab config maps to: {error}"
+            ) from None
 
 
 __all__ = [

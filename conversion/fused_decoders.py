@@ -223,6 +223,16 @@ FALCON = Family(
 
 
 def _bloom_to_archlab(stock: PreTrainedConfig, values: Mapping[str, Any]) -> dict[str, Any]:
+    if stock.slow_but_exact and stock.pretraining_tp > 1:
+        refuse_import(
+            "bloom",
+            {
+                f"{setting(stock, 'slow_but_exact')} with {setting(stock, 'pretraining_tp')}": (
+                    "transformers' BloomForCausalLM then sums the sliced output projections without their biases "
+                    "(self_attention.dense, mlp.dense_4h_to_h), which archlab does not compute"
+                )
+            },
+        )
     if stock.apply_residual_connection_post_layernorm:
         refuse_import(
             "bloom",

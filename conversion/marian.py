@@ -62,7 +62,9 @@ def complete_shared_embeddings(state_dict: StateDict, config: PreTrainedConfig) 
     if config.share_encoder_decoder_embeddings:
         shared = state_dict.get("model.shared.weight", state_dict.get("model.encoder.embed_tokens.weight"))
         for key in ("model.shared.weight", "model.encoder.embed_tokens.weight", "model.decoder.embed_tokens.weight"):
-            state_dict.setdefault(key, shared)
+            # one tensor per name: a stock model whose config unties them (tie_word_embeddings=False) would save one
+            # storage under one name only, and load the others as MISSING (random)
+            state_dict.setdefault(key, shared if key == "model.shared.weight" else shared.clone())
     dtype = next(iter(state_dict.values())).dtype
     state_dict.setdefault("final_logits_bias", torch.zeros(1, config.decoder_vocab_size, dtype=dtype))
     return state_dict

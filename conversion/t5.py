@@ -108,12 +108,13 @@ class T5Variant:
         output as is (v1.1, flan-T5) is `scale_decoder_outputs` in configs saved by transformers 5 (which always write
         `tie_word_embeddings=True`) and `tie_word_embeddings` in older ones. mT5/UMT5 configs say nothing reliable
         about the head (transformers 5 forces the flag to True; Google's checkpoints say False and carry their own
-        head), so the weights decide (`_mt5_weights_to_archlab`)."""
+        head), so the weights decide (`_weights_decide_the_tie`)."""
         scale = self.scales_decoder_outputs
-        if scale is None:
+        if scale is None or (scale and _reads_scaling_from_the_tie_flag(self.config_class)):
+            # T5; UMT5 from transformers 5.24 on: the saved `scale_decoder_outputs` (folders written by transformers 5,
+            # whose `tie_word_embeddings` is always True), else the legacy tie flag -- what the stock config reads
             scale = values.get("scale_decoder_outputs", values.get("tie_word_embeddings", True) is not False)
-        elif scale and _reads_scaling_from_the_tie_flag(self.config_class):
-            scale = values.get("tie_word_embeddings", True) is not False  # UMT5 from transformers 5.24 on
+        # whether the head is tied: the weights decide (`_weights_decide_the_tie`); this is the guess until then
         tied = scale if self.scales_decoder_outputs is None else values.get("tie_word_embeddings", True) is not False
         return {
             "d_kv": stock.d_kv,
@@ -143,9 +144,15 @@ class T5Variant:
         }
         if len(heads) > 1:
             wrong["attention heads (encoder, decoder, key/value)"] = sorted(heads)
+        if config.mlp_type == "gated" and config.activation_function == "gelu":
+            # T5Config reads feed_forward_proj="gated-gelu" as the tanh approximation (dense_act_fn="gelu_new")
+            wrong["activation_function (gated)"] = "gelu (T5's 'gated-gelu' is gelu_new)"
         if config.encoder_ffn_dim != config.decoder_ffn_dim:
             wrong["encoder_ffn_dim/decoder_ffn_dim"] = (config.encoder_ffn_dim, config.decoder_ffn_dim)
-        if self.scales_decoder_outputs is None:
+        scaling_field = _reads_scaling_from_the_tie_flag(self.config_class)
+        if scaling_field:  # transformers 5.24: the stock config stores `scale_decoder_outputs`; any head
+            head_rule = "any `scale_decoder_outputs`"
+        elif self.scales_decoder_outputs is None:
             head_rule = "a tied head exactly when `scale_decoder_outputs=True`"
             if config.tie_word_embeddings != config.scale_decoder_outputs:
                 wrong["tie_word_embeddings/scale_decoder_outputs"] = (
@@ -172,6 +179,14 @@ class T5Variant:
             # a variant that always scales (UMT5) writes True: transformers up to 5.23 forces it, 5.24 scales by it
             "tie_word_embeddings": config.tie_word_embeddings or bool(self.scales_decoder_outputs),
             "is_encoder_decoder": True,
+            **(
+                {
+                    "tie_word_embeddings": config.scale_decoder_outputs,
+                    "scale_decoder_outputs": config.scale_decoder_outputs,
+                }
+                if scaling_field
+                else {}
+            ),
         }
 
 
@@ -258,7 +273,7 @@ def archlab_state_dict_to_t5(state_dict: StateDict, config: PreTrainedConfig) ->
     return out
 
 
-def _mt5_weights_to_archlab(state_dict: StateDict, config: PreTrainedConfig) -> StateDict:
+def _weights_decide_the_tie(state_dict: StateDict, config: PreTrainedConfig) -> StateDict:
     """mT5/UMT5 configs cannot say whether the head is tied: it is exactly when the checkpoint has no `lm_head` or one
     equal to the embeddings (the archlab config is set accordingly)."""
     head = state_dict.get("lm_head.weight")
@@ -278,7 +293,7 @@ def t5_family(variant: T5Variant) -> Family:
         from_archlab=variant.from_archlab,
         expressible=EXPRESSIBLE,
         layout=Layout(
-            t5_state_dict_to_archlab if variant.scales_decoder_outputs is None else _mt5_weights_to_archlab,
+            _weights_decide_the_tie,
             archlab_state_dict_to_t5,
         ),
     )

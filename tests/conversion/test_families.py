@@ -251,6 +251,9 @@ CASES = {
         BartConfig(**SEQ2SEQ_SHAPE),
         {"position_embedding_type": "learned", "position_embedding_offset": 2, "embedding_layernorm": True},
     ),
+    # an untied head: the export wrote one storage for the three embedding names, and the stock model loaded two of
+    # them as missing (random)
+    "bart-untied": (BartConfig(**SEQ2SEQ_SHAPE, tie_word_embeddings=False), {"tie_word_embeddings": False}),
     "t5-v1.0": (
         T5Config(**T5_SHAPE, feed_forward_proj="relu", tie_word_embeddings=True),
         {"position_embedding_type": "relative_bias", "scale_decoder_outputs": True, "mlp_type": "plain"},
@@ -259,6 +262,15 @@ CASES = {
         T5Config(**T5_SHAPE, feed_forward_proj="gated-gelu", tie_word_embeddings=False),
         {"scale_decoder_outputs": False, "mlp_type": "gated", "tie_word_embeddings": False},
     ),
+    # transformers 5.24 saves this with `tie_word_embeddings: true` (its T5 always ties at construction),
+    # `scale_decoder_outputs: false` and no lm_head: a tied head fed the output unscaled
+    "t5-v1.1-tied": (
+        T5Config(**T5_SHAPE, feed_forward_proj="gated-gelu", tie_word_embeddings=False),
+        {
+            "scale_decoder_outputs": False,
+            "tie_word_embeddings": T5Config(tie_word_embeddings=False).tie_word_embeddings,
+        },
+    ),
     "mt5": (
         MT5Config(**T5_SHAPE, feed_forward_proj="gated-gelu"),
         {"scale_decoder_outputs": False, "tie_word_embeddings": False},
@@ -266,6 +278,12 @@ CASES = {
     "umt5": (
         UMT5Config(**T5_SHAPE, feed_forward_proj="gated-gelu"),
         {"relative_attention_bias_per_layer": True, "scale_decoder_outputs": True},
+    ),
+    # Google's UMT5 checkpoints say `tie_word_embeddings: false`: from transformers 5.24 on, unscaled (up to 5.23 UMT5
+    # always scales); saved by 5.24 the folder says `scale_decoder_outputs: false` beside a forced `true` tie flag
+    "umt5-unscaled": (
+        UMT5Config(**T5_SHAPE, feed_forward_proj="gated-gelu", tie_word_embeddings=False),
+        {"scale_decoder_outputs": getattr(UMT5Config(tie_word_embeddings=False), "scale_decoder_outputs", True)},
     ),
     # the masked LM
     "bert": (
@@ -288,7 +306,7 @@ CASES = {
     ),
 }
 # T5 v1.1, mT5 and UMT5 checkpoints carry a head of their own (transformers 5 ties one at construction)
-OWN_HEAD = {"t5-v1.1", "mt5", "umt5"}
+OWN_HEAD = {"t5-v1.1", "mt5", "umt5", "umt5-unscaled", "bart-untied"}
 
 
 def _family(case: str):
@@ -400,7 +418,7 @@ def _inputs(case: str, batches) -> dict[str, torch.Tensor]:
     """The left-padded batch as the family's forward takes it."""
     _, padded, mask, target, segments = batches
     inputs = dict(input_ids=padded, attention_mask=mask)
-    if case in ("marian", "bart") or case.startswith(("t5", "mt5", "umt5")):
+    if case.startswith(("marian", "bart", "t5", "mt5", "umt5")):
         inputs["decoder_input_ids"] = target
     if case == "bert":
         inputs["token_type_ids"] = segments
@@ -462,17 +480,85 @@ NOT_EXPRESSIBLE = {
 START = {"falcon": "falcon", "gpt_neox": "gpt_neox", "opt": "opt", "stablelm": "stablelm"}
 
 
-@pytest.mark.parametrize("family", NOT_EXPRESSIBLE)
-def test_export_refuses_what_the_family_cannot_compute(family, folders, tmp_path):
-    changes, named = NOT_EXPRESSIBLE[family]
-    _, root = folders[START.get(family, family)]
-    archlab_class = FAMILIES[family].archlab_class
-    config = archlab_class.config_class.from_pretrained(root / "archlab")
-    archlab_class(archlab_class.config_class(**{**config.to_dict(), **changes})).save_pretrained(tmp_path / "archlab")
+def _changed_archlab_folder(folders, case: str, changes: dict, folder):
+    """The archlab model converted from `case`, with `changes` to its config (fresh weights), saved in `folder`."""
+    archlab_class = _family(case).archlab_class
+    config = archlab_class.config_class.from_pretrained(folders[case][1] / "archlab")
+    model = archlab_class(archlab_class.config_class(**{**config.to_dict(), **changes})).eval()
+    model.save_pretrained(folder)
+    return model
+
+
+def _assert_export_refused(folders, tmp_path, family: str, case: str, changes: dict, named: list[str]) -> None:
+    _changed_archlab_folder(folders, case, changes, tmp_path / "archlab")
     with pytest.raises(ConversionError) as err:
         convert_checkpoint(tmp_path / "archlab", tmp_path / "out", to=family)
     assert all(name in str(err.value) for name in named), str(err.value)
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("family", NOT_EXPRESSIBLE)
+def test_export_refuses_what_the_family_cannot_compute(family, folders, tmp_path):
+    changes, named = NOT_EXPRESSIBLE[family]
+    _assert_export_refused(folders, tmp_path, family, START.get(family, family), changes, named)
+
+
+# more refusals: id -> (family, the case to start from, changes, the fields named)
+ALSO_NOT_EXPRESSIBLE = {
+    # the stock default RoPE of the Llama-like families rotates every channel whatever the factor says
+    "llama-partial-rotary": ("llama", "llama", {"rope_parameters": ROPE_25}, ["partial_rotary_factor"]),
+    "gemma-partial-rotary": ("gemma", "gemma", {"rope_parameters": ROPE_25}, ["partial_rotary_factor"]),
+    # T5Config reads "gated-gelu" as the tanh approximation
+    "t5-gated-exact-gelu": ("t5", "t5-v1.1", {"activation_function": "gelu"}, ["gelu"]),
+    "gemma2-fractional-scalar": ("gemma2", "gemma2", {"query_pre_attn_scalar": 12.5}, ["query_pre_attn_scalar"]),
+    # what Bart keeps (no d_kv) is no valid config on its own: a ConversionError naming the field, not a ValueError
+    "bart-head-size": (
+        "bart",
+        "bart",
+        dict(
+            d_kv=8,
+            **{
+                f"{side}_{kind}": 3
+                for side in ("encoder", "decoder")
+                for kind in ("attention_heads", "key_value_heads")
+            },
+        ),
+        ["d_kv"],
+    ),
+}
+
+
+@pytest.mark.parametrize("case", ALSO_NOT_EXPRESSIBLE)
+def test_export_refuses_with_the_archlab_field_named(case, folders, tmp_path):
+    _assert_export_refused(folders, tmp_path, *ALSO_NOT_EXPRESSIBLE[case])
+
+
+@pytest.mark.parametrize("family", ["bart", "marian"])
+def test_an_archlab_model_with_its_own_head_exports_every_embedding(family, folders, tmp_path):
+    """The three shared embedding names were given one tensor: saved once, and the stock model (untied by
+    `tie_word_embeddings=False`) loaded its encoder's and decoder's embeddings as missing, random."""
+    model = _changed_archlab_folder(folders, family, {"tie_word_embeddings": False}, tmp_path / "archlab")
+    convert_checkpoint(tmp_path / "archlab", tmp_path / family, to=family)
+    exported = FAMILIES[family].model_class.from_pretrained(tmp_path / family).eval()
+    ids, target = torch.randint(3, 50, (2, 8)), torch.randint(3, 50, (2, 5))
+    with torch.no_grad():
+        diff = (
+            exported(input_ids=ids, decoder_input_ids=target).logits
+            - model(input_ids=ids, decoder_input_ids=target).logits
+        )
+    assert diff.abs().max() <= ATOL
+
+
+def test_gemma2_exports_without_a_window_and_with_integer_caps(folders, tmp_path):
+    """Gemma2's stock model always builds a sliding-window mask (it failed on a config without a window), and its
+    config types the soft-caps as floats (an int failed its strict validation, as a traceback)."""
+    changes = dict(sliding_window=None, layer_types=None, attn_logit_softcapping=5, final_logit_softcapping=3)
+    model = _changed_archlab_folder(folders, "gemma2", changes, tmp_path / "archlab")
+    convert_checkpoint(tmp_path / "archlab", tmp_path / "gemma2", to="gemma2")
+    exported = FAMILIES["gemma2"].model_class.from_pretrained(tmp_path / "gemma2").eval()
+    ids = torch.randint(3, VOCAB, (2, 9))
+    with torch.no_grad():
+        assert (exported(ids).logits - model(ids).logits).abs().max() <= ATOL
 
 
 def test_export_refuses_a_folder_of_another_archlab_class(folders, tmp_path):
@@ -536,6 +622,15 @@ NOT_IMPORTABLE = {
         BertConfig(hidden_size=32, num_attention_heads=4, tie_word_embeddings=False),
         ["tie_word_embeddings"],
     ),
+    # the stock slow path sums sliced output projections without their biases
+    "bloom-slow-but-exact": (
+        BloomConfig(hidden_size=32, n_head=4, slow_but_exact=True, pretraining_tp=2),
+        ["slow_but_exact", "pretraining_tp"],
+    ),
+    # the stock default RoPE rotates every channel: the factor is ignored there
+    "llama-partial-rotary": (LlamaConfig(**LLAMA_LIKE, rope_parameters=ROPE_25), ["partial_rotary_factor"]),
+    # no `head_dim` field in Qwen2Config, but Qwen2's attention reads one from config.json
+    "qwen2-undeclared-head-dim": (Qwen2Config(**QWEN2_SHAPE, head_dim=16), ["head_dim"]),
 }
 
 
