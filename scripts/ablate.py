@@ -22,9 +22,10 @@ Tokens are UTF-8 bytes (vocabulary 256): no tokenizer training, and the same tex
 from __future__ import annotations
 
 import argparse
-import sys
+import os
 from typing import Any
 
+from archlab.scripts.arguments import run_cli
 from archlab.training.ablation import run_ablation
 from archlab.training.ablation_variants import VARIANTS
 from archlab.training.benchmarking import torch_threads
@@ -95,6 +96,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             f"--corpus_bytes must be at least {10 * (2 * args.seq_len + 3)} (a tenth of it holds validation sequences "
             f"of 2 x --seq_len + 1 bytes), got {args.corpus_bytes}"
         )
+    if os.path.exists(args.output_dir) and not os.path.isdir(args.output_dir):
+        parser.error(f"--output_dir {args.output_dir!r} is a file, not a folder")
     return args
 
 
@@ -104,5 +107,10 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         return run_ablation(args, args.output_dir)
 
 
+def cli() -> None:
+    """`python scripts/ablate.py`: `main` with one-line errors for archlab's own input errors (see `run_cli`)."""
+    run_cli(main)
+
+
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    cli()

@@ -314,7 +314,9 @@ def check_flag_positive(args: Any, names: Sequence[str], unset: str = "") -> Non
             raise ValueError(f"--{name} must be >= 1{unset}, got {value}.")
 
 
-def check_model_flags(model_args: ModelArguments) -> None:
+def check_model_flags(model_args: ModelArguments, block_size: int | None = None) -> None:
+    """Every model flag, before anything is read; `block_size` (pretraining's) is checked against a new model's
+    positions."""
     sources = [f"--{name}" for name in ("model_name_or_path", "preset", "config_name") if getattr(model_args, name)]
     if len(sources) > 1:
         raise ValueError(f"Conflicting flags: {' and '.join(sources)}; pass at most one model source.")
@@ -346,7 +348,22 @@ def check_model_flags(model_args: ModelArguments) -> None:
                 raise FileNotFoundError(f"--{name} {path!r} does not exist.")
     if model_args.model_name_or_path and os.path.isdir(model_args.model_name_or_path):
         check_weights(model_args.model_name_or_path, "--model_name_or_path")
-    check_new_config(model_args)
+    check_attention_implementation(model_args.attn_implementation)
+    check_new_config(model_args, block_size)
+
+
+def check_attention_implementation(name: str | None) -> None:
+    """transformers' registered attention functions ("eager", "sdpa", "flex_attention", "flash_attention_2", ...) or
+    a kernel on the Hub ("org/repo"); an unknown name failed inside `set_attn_implementation`, after the tokenizer was
+    trained and the data prepared."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    allowed = ["eager", *sorted(key for key in ALL_ATTENTION_FUNCTIONS.valid_keys() if "|" not in key)]
+    if name is not None and name not in allowed and "/" not in name:
+        raise ValueError(
+            f"--attn_implementation {name!r} is not supported; allowed values: {', '.join(allowed)}, or a Hub "
+            "kernel as 'org/repo'."
+        )
 
 
 def check_pretrained_model_kind(model_args: ModelArguments, auto_class: Any, trains: str) -> None:

@@ -2,7 +2,7 @@
 
     python scripts/generate.py --model_name_or_path runs/pretrain --prompt "def parse_args("
     python scripts/generate.py --model_name_or_path runs/chat --chat true --prompt "Reverse a list."
-    python scripts/generate.py --model_name_or_path runs/docstrings --prompt "def add(a, b):\\n    return a + b"
+    python scripts/generate.py --model_name_or_path runs/docstrings --prompt $'def add(a, b):\\n    return a + b'
 
 The usual sampling flags (`--do_sample`, `--temperature`, `--top_k`, `--top_p`, `--repetition_penalty`,
 `--num_beams`, `--max_new_tokens`) map one to one onto `GenerationConfig`. The model runs on the GPU when there is

@@ -37,7 +37,7 @@ from archlab.scripts.arguments import (
 )
 from archlab.tokenization.data import check_not_empty, limit
 from archlab.training.checkpoints import clear_output_dir, finished_run, resolve_resume
-from archlab.training.configs import build_config, build_model
+from archlab.training.configs import build_config, build_model, check_resumed_config
 from archlab.training.evaluation import train_and_evaluate
 from archlab.training.kinds import model_kind
 from archlab.training.metrics import with_perplexity
@@ -105,12 +105,13 @@ def main(argv: Sequence[str] | None = None, callbacks: list[TrainerCallback] | N
     )
     # --- every check that can fail runs before anything is written ---------------------------------------------
     kind = model_kind(model_args.model_kind)
-    check_model_flags(model_args)
+    check_model_flags(model_args, data_args.block_size)
     check_pretrained_model_kind(model_args, kind.auto_class, f"--model_kind {model_args.model_kind}")
     check_training_flags(training_args)
     check_data_flags(data_args, training_args)
     check_flag_positive(extra, ("eval_max_blocks",), " (or unset: all)")
     resume = resolve_resume(training_args, training_args.overwrite_output_dir)
+    check_resumed_config(model_args, resume)
     finished = finished_run(resume, training_args)
     if finished is not None:
         return finished

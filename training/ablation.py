@@ -160,9 +160,9 @@ def run_ablation(args: AblationSettings, output_dir: str | Path) -> list[dict[st
     `ablations.md` (the table) and `loss_curves.png` to `output_dir`, and with `args.paired_speed` also `paired.md`
     (`ablation_report.paired_speed`). Returns one result per variant."""
     out = Path(output_dir)
-    out.mkdir(parents=True, exist_ok=True)
     train = byte_stream(load_texts(args, "train"), args.corpus_bytes)
     val_stream = byte_stream(load_texts(args, "validation"), args.corpus_bytes // 10)
+    out.mkdir(parents=True, exist_ok=True)  # after the data loads: a run that cannot start leaves no folder
     val = windows(val_stream, 32, args.seq_len + 1, torch.Generator().manual_seed(123))
     val_long = windows(val_stream, 16, 2 * args.seq_len + 1, torch.Generator().manual_seed(456))
     results = []

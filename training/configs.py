@@ -210,15 +210,40 @@ def new_config_values(choices: ModelChoices) -> tuple[dict[str, Any], dict[str, 
     return values, overrides, user_set
 
 
-def check_new_config(choices: ModelChoices) -> None:
-    """Build a new model's config once with a stand-in vocabulary, so a field out of range fails now, before a
-    tokenizer is trained or data is read (the real config gets the tokenizer's vocabulary and ids later)."""
+def check_new_config(choices: ModelChoices, block_size: int | None = None) -> None:
+    """Build a new model's config once with a stand-in vocabulary, so a field out of range, or a `block_size` past
+    its positions, fails now, before a tokenizer is trained or data is read (the real config gets the tokenizer's
+    vocabulary and ids later)."""
     if choices.model_name_or_path:
         return
     values, _, user_set = new_config_values(choices)
     if "vocab_size" not in user_set:
         values["vocab_size"] = 1 << 16
-    getattr(archlab, model_kind(choices.model_kind).config_class)(**values)
+    kind = model_kind(choices.model_kind)
+    config = getattr(archlab, kind.config_class)(**values)
+    check_block_fits(config, block_size, kind)
+
+
+def check_resumed_config(choices: ModelChoices, checkpoint: str | None) -> None:
+    """A resumed run must build the model its checkpoint holds: the architecture these flags set (preset, config file,
+    overrides) is compared field by field with the checkpoint's config.json, before any data is read. Another
+    `hidden_size` failed as a size mismatch inside the Trainer's checkpoint load, after data preparation."""
+    path = os.path.join(checkpoint, "config.json") if checkpoint else None
+    if path is None or choices.model_name_or_path or not os.path.isfile(path):
+        return
+    with open(path, encoding="utf-8") as f:
+        saved = json.load(f)
+    values, _, _ = new_config_values(choices)
+    config_class = getattr(archlab, model_kind(choices.model_kind).config_class)
+    rebuilt = config_class(**{"vocab_size": saved.get("vocab_size"), **values}).to_dict()
+    differ = [key for key in values if key in saved and key in rebuilt and rebuilt[key] != saved[key]]
+    if differ:
+        raise ValueError(
+            f"--resume_from_checkpoint: {checkpoint} holds a model with "
+            f"{', '.join(f'{key}={saved[key]!r}' for key in differ)}, but these flags build "
+            f"{', '.join(f'{key}={rebuilt[key]!r}' for key in differ)}: resume with the run's own --preset / "
+            "--config_name / --config_overrides, or start a new run in another --output_dir."
+        )
 
 
 def build_config(choices: ModelChoices, tokenizer: Any, block_size: int | None, num_labels: int | None = None):
@@ -256,6 +281,10 @@ def check_fits(config: Any, tokenizer: Any, block_size: int | None, kind: ModelK
             f"The tokenizer has {len(tokenizer)} tokens but the model's `vocab_size` is {config.vocab_size}: "
             "token ids would index past the embedding. Use a matching tokenizer or a larger vocab_size."
         )
+    check_block_fits(config, block_size, kind)
+
+
+def check_block_fits(config: Any, block_size: int | None, kind: ModelKind) -> None:
     max_positions = getattr(config, kind.max_positions_field, None)
     if block_size is not None and max_positions is not None and block_size > max_positions:
         raise ValueError(

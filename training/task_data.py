@@ -112,7 +112,13 @@ def tokenize_instruct(
         encode, batched=True, num_proc=num_proc, remove_columns=dataset.column_names, desc="Applying the chat template"
     )
     # A conversation truncated before the answer teaches nothing.
-    return encoded.filter(lambda row: any(t != IGNORE_INDEX for t in row["labels"]))
+    kept = encoded.filter(lambda row: any(t != IGNORE_INDEX for t in row["labels"]))
+    if isinstance(kept, Dataset) and len(encoded) and not len(kept):  # (a streamed split cannot say)
+        raise ValueError(
+            f"Every one of the {len(encoded)} conversations loses its answer when cut to {max_length} tokens (the "
+            "model's positions, or --block_size): give a larger --block_size or a model with more positions."
+        )
+    return kept
 
 
 # ---------------------------------------------------------------------------------------------------------------

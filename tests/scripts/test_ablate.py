@@ -64,6 +64,19 @@ def test_bad_flags_are_refused(argv, message, capsys):
     assert message in capsys.readouterr().err
 
 
+def test_an_output_dir_that_is_a_file_is_refused(tmp_path, capsys):
+    (tmp_path / "results").write_text("")
+    with pytest.raises(SystemExit):
+        ablate.parse_args(["--output_dir", str(tmp_path / "results")])
+    assert "is a file, not a folder" in capsys.readouterr().err
+
+
+def test_a_run_whose_data_cannot_load_leaves_no_folder(tmp_path):
+    with pytest.raises((OSError, ValueError)):  # datasets' own error for a dataset that is nowhere
+        ablate.main(["--output_dir", str(tmp_path / "out"), "--dataset_name", str(tmp_path / "nowhere")])
+    assert not (tmp_path / "out").exists()
+
+
 def test_every_variant_is_a_valid_config():
     args = ablate.parse_args([])
     for name, variant in VARIANTS.items():

@@ -91,6 +91,15 @@ def test_instruct_labels_cover_only_the_responses(work: Path) -> None:
         assert len(row["labels"]) == len(row["input_ids"])
 
 
+def test_instruct_conversations_that_all_lose_their_answer_are_named(work: Path) -> None:
+    """Cut before every answer, the split was "empty" with no reason given."""
+    tokenizer = archlab.tokenization.training.load_tokenizer(work / "base")
+    args = finetune.FinetuneArguments(prompt_column="prompt", response_column="response")
+    dataset = as_messages(Dataset.from_list(instruction_rows(3)), args)
+    with pytest.raises(ValueError, match="Every one of the 3 conversations loses its answer when cut to 4 tokens"):
+        tokenize_instruct(dataset, tokenizer, args, max_length=4, num_proc=None)
+
+
 def test_instruct_end_to_end(tmp_path: Path, work: Path) -> None:
     data = str(work / "instruct.jsonl")
     metrics = finetune.main(

@@ -182,6 +182,11 @@ BAD_INPUTS = [
     # a NaN model trained, saved and reported as a success; a shape error in the first forward
     (["--config_overrides", "rope_theta=-5"], ValueError, "`rope_theta` .* must be a positive number"),
     (["--config_overrides", "partial_rotary_factor=1.5"], ValueError, "`partial_rotary_factor` .* in \\(0, 1\\]"),
+    (
+        ["--attn_implementation", "flash_attention_9"],
+        ValueError,
+        "--attn_implementation 'flash_attention_9' is not supported; allowed values: eager, ",
+    ),
 ]
 
 
@@ -203,6 +208,57 @@ def test_bad_input_fails_before_anything_is_written(
     with pytest.raises(error, match=message):
         pretrain.main(args)
     assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (
+            ["--block_size", "512", "--config_overrides", f"{TINY_DECODER_OVERRIDES},max_position_embeddings=256"],
+            "--block_size 512 exceeds the model's `max_position_embeddings` \\(256\\)",
+        ),
+        (["--attn_implementation", "flash_attention_9"], "--attn_implementation 'flash_attention_9'"),
+    ],
+)
+def test_model_flags_fail_before_data_is_read(
+    tmp_path: Path, data_dir: Path, monkeypatch: pytest.MonkeyPatch, extra: list[str], message: str
+) -> None:
+    """Both failed only after the tokenizer was trained and the data prepared."""
+
+    def never(*args, **kwargs):
+        raise AssertionError("data was loaded before the model flags were checked")
+
+    monkeypatch.setattr(sources, "load_raw_datasets", never)
+    args = tiny_args(tmp_path / "run", data_dir)
+    for flag, value in zip(extra[::2], extra[1::2]):
+        if flag in args:
+            args[args.index(flag) + 1] = value
+        else:
+            args += [flag, value]
+    with pytest.raises(ValueError, match=message):
+        pretrain.main(args)
+
+
+def test_resuming_with_another_architecture_is_refused_before_data_is_read(
+    tmp_path: Path, data_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another hidden size failed as a size mismatch inside the Trainer's checkpoint load, after data preparation."""
+    import archlab
+
+    from helpers import tiny_decoder_config
+
+    def never(*args, **kwargs):
+        raise AssertionError("data was loaded before the checkpoint's config was compared")
+
+    checkpoint = tmp_path / "run" / "checkpoint-3"
+    archlab.DecoderConfig(**{**tiny_decoder_config().to_dict(), "hidden_size": 64}).save_pretrained(checkpoint)
+    (checkpoint / "trainer_state.json").write_text(json.dumps({"global_step": 3}))
+    monkeypatch.setattr(sources, "load_raw_datasets", never)
+    args = tiny_args(tmp_path / "run", data_dir, "--resume_from_checkpoint", "true")
+    with pytest.raises(
+        ValueError, match="checkpoint-3 holds a model with hidden_size=64.* these flags build hidden_size=32"
+    ):
+        pretrain.main(args)
 
 
 def test_a_config_value_out_of_range_fails_before_the_tokenizer_is_trained(
