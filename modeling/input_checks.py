@@ -65,13 +65,14 @@ def check_attention_mask(
 
 
 def check_cache_heads(cache: Cache | None, kv_heads: int, head_dim: int, heads_field: str, dim_field: str) -> None:
-    """Keys already in `cache` must have the attention's key/value heads and head size: a cache built elsewhere (a PEFT
-    prefix, sized from `num_attention_heads` and the model width) otherwise fails inside the cache's concatenation."""
+    """Keys already in `cache` must have the attention's head size, and a head count that divides its key/value heads
+    (a tensor-parallel rank caches its share of them): a cache built elsewhere (a PEFT prefix, sized from
+    `num_attention_heads` and the model width) otherwise fails inside the cache's concatenation."""
     layers = getattr(cache, "layers", None)
     keys = getattr(layers[0], "keys", None) if layers else None
     if not isinstance(keys, torch.Tensor) or keys.dim() != 4 or keys.numel() == 0:
         return
-    if keys.shape[1] != kv_heads or keys.shape[-1] != head_dim:
+    if kv_heads % keys.shape[1] or keys.shape[-1] != head_dim:
         raise ValueError(
             f"`past_key_values` holds keys of {keys.shape[1]} heads of size {keys.shape[-1]}, but the model's "
             f"attention has `{heads_field}`={kv_heads} key/value heads of size {head_dim} (`{dim_field}`). A PEFT "

@@ -247,3 +247,16 @@ def test_a_cache_of_other_heads_is_refused_by_name(family, overrides, field):
     with pytest.raises(ValueError, match=f"`{field}`") as error:
         model(**ids, past_key_values=cache, attention_mask=None)
     assert "PrefixTuningConfig(num_attention_heads=" in one_line(error)
+
+
+def test_a_cache_holding_a_tensor_parallel_share_of_the_heads_passes():
+    """A tensor-parallel rank caches its share of the key/value heads (1 of 2 on 2 ranks)."""
+    from transformers import DynamicCache
+
+    from archlab.modeling.input_checks import check_cache_heads
+
+    cache = DynamicCache()
+    cache.update(torch.randn(1, 1, 2, 8), torch.randn(1, 1, 2, 8), 0)
+    check_cache_heads(cache, 2, 8, "num_key_value_heads", "head_dim")
+    with pytest.raises(ValueError, match="`head_dim`"):
+        check_cache_heads(cache, 2, 4, "num_key_value_heads", "head_dim")
