@@ -37,6 +37,7 @@ from .compiled_prefill import prefill
 from .decoding_loop import (
     CHECK_EVERY,
     cache_positions,
+    cached_prompt_length,
     encoder_inputs,
     fill_prompt_inputs,
     kept_compiled,
@@ -47,6 +48,7 @@ from .decoding_loop import (
 )
 from .loop_processors import (
     FORCED_PROCESSORS,
+    check_ids,
     fill_bans,
     fill_forced,
     force_tokens,
@@ -326,6 +328,7 @@ def beam_search(model, input_ids, logits_processor, stopping_criteria, generatio
     num_beams = config.num_beams
     batch_size = input_ids.shape[0] // num_beams
     prompt_len = input_ids.shape[1]
+    cached_length = cached_prompt_length(model, input_ids, kwargs)
     eos_token_id = config._eos_token_tensor
     pad_token_id = config._pad_token_tensor
     n_eos = eos_token_id.shape[0] if eos_token_id is not None else 0
@@ -356,6 +359,7 @@ def beam_search(model, input_ids, logits_processor, stopping_criteria, generatio
     buffers = BeamBuffers.for_shape(
         model, batch_size, num_beams, length, cache_length, logits.shape[-1], input_ids.device, source_length(encoder)
     )
+    check_ids(processors, logits)
     _initialise(model, buffers, input_ids, num_beams, config.max_length, pad_fill, processors, kwargs)
     scores = choose_beams(model, logits, buffers, settings, eos_token_id, top_mask)
     if keep_scores:
@@ -369,7 +373,7 @@ def beam_search(model, input_ids, logits_processor, stopping_criteria, generatio
         with Spans(cache) as spans, Spares(cache) as spares:
             for step in range(1, config.max_length - prompt_len):
                 torch.compiler.cudagraph_mark_step_begin()
-                spans.cover(prompt_len + step)  # the step writes position prompt_len + step - 1
+                spans.cover(cached_length + step)  # the step writes position cached_length + step - 1
                 spares.swap()  # the step's reorder reads the cache from one buffer and writes it to the other
                 logits, scores = step_function(model, cache, buffers, *arguments)
                 if keep_scores:

@@ -31,10 +31,21 @@ def eager_on_compiler_failure(model, compiled, eager, what: str, failures: tuple
     same state. On CUDA one line says that `what` is being compiled (`announce_compiling`)."""
     announce_compiling(model, what)
     current = [compiled]
+    told = []
 
     def call(*args, **kwargs):
         try:
             return current[0](*args, **kwargs)
+        except (torch._dynamo.exc.FailOnRecompileLimitHit, torch._dynamo.exc.RecompileError) as error:
+            # a new specialisation past dynamo's recompile limit under fullgraph=True: raised before anything ran;
+            # this call runs eagerly, the specialisations compiled so far keep their graphs
+            if current[0] is eager:
+                raise
+            if not told:
+                told.append(True)
+                name = type(model).__name__
+                logger.warning(f"{name}: {what} past dynamo's recompile limit runs eagerly ({type(error).__name__}).")
+            return eager(*args, **kwargs)
         except (torch._dynamo.exc.BackendCompilerFailed, *failures) as error:
             if current[0] is eager:
                 raise

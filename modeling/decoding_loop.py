@@ -68,6 +68,7 @@ from .loop_processors import (
     FORCED_PROCESSORS,
     SCORE_WARPERS,
     Processors,
+    check_ids,
     fill_bans,
     fill_forced,
     force_tokens,
@@ -165,6 +166,15 @@ def loop_blocker(
     return shared_blocker(model, stopping_criteria, generation_config, synced_gpus, model_kwargs, DECODE_CRITERIA)
 
 
+def cached_prompt_length(model, input_ids: torch.Tensor, model_kwargs: dict) -> int:
+    """The positions the prefill writes into the cache: a decoder prompt given as `inputs_embeds` is as long as the
+    embeddings (transformers' `input_ids` is then empty, or as long); otherwise `input_ids`' length."""
+    embeds = model_kwargs.get("inputs_embeds")
+    if embeds is not None and not model.config.is_encoder_decoder:
+        return max(embeds.shape[1], input_ids.shape[1])
+    return input_ids.shape[1]
+
+
 def static_zeros(*shape: int, dtype: torch.dtype = torch.long, device=None) -> torch.Tensor:
     """A zero buffer marked as having a fixed address: compiled graphs and CUDA graphs read it in place."""
     tensor = torch.zeros(shape, dtype=dtype, device=device)
@@ -186,6 +196,7 @@ class DecodingBuffers:
     sequence: torch.Tensor  # (B, max_cache_len + 1): the prompt's ids, then the new tokens
     banned_below: torch.Tensor  # (V,): token v may not be chosen while `length` < banned_below[v] (min_length)
     seen: torch.Tensor  # (B, V + 1) bool: tokens in the sequence so far (the repetition penalty's; V: ids past V)
+    penalty_skip: torch.Tensor  # (B,): positions of the sequence below which the penalty does not count a token
     repetition_penalty: torch.Tensor  # () float32: 1.0 without a penalty (a tensor: values share one graph)
     forced_at: torch.Tensor  # (2,): the lengths at which the forced tokens apply (-1: none; `fill_forced`)
     forced_tokens: torch.Tensor  # (2, V) bool: the tokens forced at those lengths
@@ -216,6 +227,7 @@ class DecodingBuffers:
             sequence=new(batch_size, max_cache_len + 1),
             banned_below=new(vocab_size),
             seen=new(batch_size, vocab_size + 1, dtype=torch.bool),
+            penalty_skip=new(batch_size),
             repetition_penalty=new(dtype=torch.float32),
             forced_at=new(len(FORCED_PROCESSORS)),
             forced_tokens=new(len(FORCED_PROCESSORS), vocab_size, dtype=torch.bool),
@@ -253,7 +265,10 @@ def choose_tokens(
     if eos_token_id is not None:
         next_tokens = next_tokens * buffers.unfinished + pad_token_id * (1 - buffers.unfinished)
         buffers.unfinished.mul_((~torch.isin(next_tokens, eos_token_id)).long())
-    buffers.seen.scatter_(1, next_tokens[:, None], True)
+    # transformers' penalty skips the first `prompt_ignore_length` positions of the ids, which are new tokens when
+    # the prompt came as inputs_embeds (its ids then empty): those are not counted either
+    counted = torch.where(buffers.length >= buffers.penalty_skip, next_tokens, buffers.seen.shape[1] - 1)
+    buffers.seen.scatter_(1, counted[:, None], True)
     buffers.sequence.index_copy_(1, buffers.length.view(1), next_tokens[:, None])
     buffers.counted.add_(alive)
     buffers.length.add_(1)
@@ -393,6 +408,7 @@ def _prepare_buffers(model, input_ids, logits, model_kwargs, processors: Process
     if isinstance(ignored, torch.Tensor):
         ignored = ignored.to(input_ids.device)[:, None]
     skipped = torch.arange(prompt_length, device=input_ids.device)[None, :] < ignored
+    buffers.penalty_skip.copy_(torch.as_tensor(ignored).view(-1).expand(batch_size))
     buffers.seen.scatter_(1, input_ids.masked_fill(skipped, vocab_size).clamp(max=vocab_size), True)
     buffers.unfinished.fill_(1)
     buffers.length.fill_(prompt_length)
@@ -437,12 +453,14 @@ def decode(
     scores, raw_logits = [], []
 
     prompt_length = input_ids.shape[1]
+    cached_length = cached_prompt_length(model, input_ids, model_kwargs)
     outputs = prefill(model, input_ids, config, model_kwargs)
     is_encoder_decoder = model.config.is_encoder_decoder
     model_kwargs = model._update_model_kwargs_for_generation(outputs, model_kwargs, is_encoder_decoder)
     cache = cache_in(model_kwargs)
     logits = outputs.logits[:, -1].to(copy=True, dtype=torch.float32)
     del outputs
+    check_ids(processors, logits)
     buffers = _prepare_buffers(model, input_ids, logits, model_kwargs, processors)
     ngram = processors.no_repeat_ngram_size
     next_tokens, step_scores = choose_tokens(
@@ -475,7 +493,7 @@ def decode(
         with model._optimize_model_for_decode(), spans:
             for step in range(1, stopping_criteria.max_length - prompt_length):
                 torch.compiler.cudagraph_mark_step_begin()  # the last outputs are dead: replay, do not record anew
-                spans.cover(prompt_length + step)  # the step writes position prompt_length + step - 1
+                spans.cover(cached_length + step)  # the step writes position cached_length + step - 1
                 logits, step_scores = step_function(model, cache, buffers, *arguments)
                 if keep_scores:
                     scores.append(step_scores.clone())
@@ -513,6 +531,7 @@ def decode(
 
 __all__ = [
     "CHECK_EVERY",
+    "cached_prompt_length",
     "choose_tokens",
     "compiled_decoding_step",
     "decode",

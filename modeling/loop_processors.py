@@ -65,6 +65,7 @@ class Processors:
     no_repeat_ngram_size: int  # 0: none
     warpers: list
     forced: list[tuple[int, torch.Tensor]] = field(default_factory=list)
+    checked: list = field(default_factory=list)  # processors whose argument checks need the logits (`check_ids`)
 
 
 # A ban's minimum length for tokens never allowed (`suppress_tokens`, one-token `bad_words_ids`).
@@ -98,6 +99,7 @@ def split_processors(logits_processor: LogitsProcessorList) -> Processors | None
             found.bans.append((processor.eos_token_id, processor.min_length))
         elif kind is NoBadWordsLogitsProcessor and all(len(words) == 1 for words in processor.sequence_bias):
             found.bans.append((torch.tensor([words[0] for words in processor.sequence_bias], dtype=torch.long), ALWAYS))
+            found.checked.append(processor)
         elif kind is MinNewTokensLengthLogitsProcessor:
             found.bans.append((processor.eos_token_id, processor.prompt_length_to_skip + processor.min_new_tokens))
         elif kind is NoRepeatNGramLogitsProcessor and not found.no_repeat_ngram_size:
@@ -116,6 +118,13 @@ def split_processors(logits_processor: LogitsProcessorList) -> Processors | None
     if any(int(i) in never for _, ids in found.forced for i in ids.tolist()):
         return None  # a forced token also banned: its outcome depends on which comes first (the step forces last)
     return found if penalties <= 1 else None
+
+
+def check_ids(processors: Processors, logits: torch.Tensor) -> None:
+    """The argument checks transformers' processors make on their first call, which the loops do not make: bad words
+    past the vocabulary raise transformers' ValueError (`fill_bans` would drop them)."""
+    for processor in processors.checked:
+        processor._prepare_bias_variables(logits)
 
 
 def fill_forced(forced_at: torch.Tensor, forced_tokens: torch.Tensor, forced: list[tuple[int, torch.Tensor]]) -> None:
@@ -159,6 +168,8 @@ def repeated_ngram_bans(sequence: torch.Tensor, length: torch.Tensor, n: int, vo
     already in each row's first `length` tokens of `sequence` (rows, L), i.e. that follow an earlier occurrence of
     the row's last n - 1 tokens. Nothing before the sequence holds n - 1 tokens. Fixed shapes, no host read."""
     rows, width = sequence.shape
+    if n > width:  # no n-gram fits in the sequence buffer (max_length < n): transformers bans nothing either
+        return torch.zeros(rows, vocab_size, dtype=torch.bool, device=sequence.device)
     windows = sequence.unfold(1, n, 1)  # (rows, width - n + 1, n): every n consecutive positions
     starts = torch.arange(windows.shape[1], device=sequence.device)
     match = (starts <= length - n).expand(rows, -1)  # the window's last token is already in the sequence
@@ -193,6 +204,7 @@ __all__ = [
     "FORCED_PROCESSORS",
     "SCORE_WARPERS",
     "Processors",
+    "check_ids",
     "fill_bans",
     "fill_forced",
     "force_tokens",
