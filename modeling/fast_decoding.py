@@ -55,6 +55,7 @@ from transformers.utils import logging
 from transformers.utils.generic import is_flash_attention_requested
 
 from .beam_loop import beam_loop_blocker, beam_search, compiled_beam_step
+from .cache_growth import grow_static_cache
 from .cache_names import cache_in
 from .cache_reset import reset_at_once
 from .cache_spans import make_spanned
@@ -342,6 +343,8 @@ class FastDecodingMixin:
     def _prepare_cache_for_generation(
         self, generation_config: GenerationConfig, model_kwargs: dict, generation_mode: GenerationMode, *args, **kwargs
     ):
+        # a static cache passed back to continue from (multi-turn) grows to this call's length (cache_growth.py)
+        grow_static_cache(self, cache_in(model_kwargs), generation_config.max_length - 1)
         batch_size = args[0] if args else kwargs.get("batch_size")
         per_prompt = max(generation_config.num_beams, generation_config.num_return_sequences)
         rows = None if batch_size is None else batch_size * per_prompt  # a static cache's, as transformers sizes it

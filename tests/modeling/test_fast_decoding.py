@@ -25,7 +25,7 @@ from transformers import (
 from transformers.generation import GenerationMode
 
 from archlab import DecoderForCausalLM
-from archlab.modeling import beam_loop, decoding_loop, fast_decoding, sliding_layers
+from archlab.modeling import beam_loop, cache_growth, decoding_loop, fast_decoding, sliding_layers
 from archlab.modeling.configuration_decoder import ROPE_TYPES
 
 from helpers import (
@@ -136,6 +136,58 @@ def test_default_on_cuda_is_the_static_cache_and_the_user_can_opt_out(on_cuda, n
     assert model.generate(**kwargs, past_key_values=own).past_key_values is own  # a cache passed in is used
     assert model.generate(**kwargs, use_cache=False).past_key_values is None
     assert not notices
+
+
+@pytest.mark.parametrize("loop", ["archlab", "transformers"])
+@pytest.mark.parametrize(
+    "name", ["positions_rope", "positions_alibi", "positions_learned", "positions_relative_bias", "moe", "local_global"]
+)
+def test_a_returned_static_cache_continues_the_conversation_as_a_dynamic_one(name, loop, on_cuda, monkeypatch):
+    """Multi-turn with `past_key_values=out.past_key_values`: the CUDA default's static cache, too short for the next
+    turn, grows in place (cache_growth.py) and the turn decodes as it does from transformers' dynamic cache. (Stock
+    Llama raises an IndexError from a static cache there.)"""
+    model = decoder_variant(name)
+    grown = []
+    monkeypatch.setattr(cache_growth.logger, "warning_once", grown.append)
+    # "archlab": its compiled loop (traced eagerly here) takes the first turn, as on CUDA, and leaves the cache to the
+    # next, which runs transformers' loop (a cache passed in); "transformers": its loop runs both
+    if loop == "archlab":
+        monkeypatch.setattr(fast_decoding, "compiled_decoding_step", lambda model, config: decoding_loop.decoding_step)
+    compile_config = _on_this_cpu() if loop == "archlab" else None
+    first = dict(**_prompts(1, model.config.vocab_size), **GREEDY, pad_token_id=0, eos_token_id=None)
+    runs = {}
+    for cache in (None, "dynamic"):  # None: the default, static here
+        turn = model.generate(**first, max_new_tokens=5, cache_implementation=cache, compile_config=compile_config)
+        reply = torch.tensor([[5, 6, 7]])  # the user's next message, after the model's answer
+        ids = torch.cat([turn.sequences, reply], dim=-1)
+        runs[cache] = (
+            turn,
+            model.generate(
+                input_ids=ids,
+                attention_mask=torch.ones_like(ids),
+                past_key_values=turn.past_key_values,
+                **GREEDY,
+                max_new_tokens=6,
+                pad_token_id=0,
+                eos_token_id=None,
+                compile_config=compile_config,
+            ),
+        )
+    (static_turn, static_next), (_, dynamic_next) = runs[None], runs["dynamic"]
+    assert isinstance(static_turn.past_key_values, StaticCache)
+    assert static_next.past_key_values is static_turn.past_key_values  # the user's object, grown in place
+    _assert_same_decoding(static_next, dynamic_next)
+    assert len(grown) == 1 and "holds" in grown[0] and "\n" not in grown[0]
+
+
+def test_a_static_cache_that_fits_the_next_turn_is_not_copied():
+    model = decoder_variant("positions_rope")
+    cache = StaticCache(config=model.config, max_cache_len=40)
+    kwargs = dict(**GREEDY, pad_token_id=0, eos_token_id=None, max_new_tokens=4, past_key_values=cache)
+    turn = model.generate(**_prompts(1, 97), **kwargs)
+    addresses = [layer.keys.data_ptr() for layer in cache.layers]
+    model.generate(input_ids=torch.cat([turn.sequences, torch.tensor([[5, 6]])], dim=-1), **kwargs)
+    assert [layer.keys.data_ptr() for layer in cache.layers] == addresses and cache.get_max_length() == 40
 
 
 def _window_long(output) -> bool:
