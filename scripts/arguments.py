@@ -18,11 +18,13 @@ import torch
 from safetensors import SafetensorError, safe_open
 from transformers import HfArgumentParser, TrainingArguments
 from transformers.hf_argparser import string_to_bool
+from transformers.utils import is_torch_bf16_gpu_available
 
 from archlab.tokenization.data import SAMPLE_BY
 from archlab.tokenization.training import ALGORITHMS as TOKENIZER_ALGORITHMS
 from archlab.tokenization.training import MODEL_KINDS as TOKENIZER_KINDS
 from archlab.training.configs import check_new_config, check_override_names
+from archlab.training.reporting import log
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -159,6 +161,12 @@ class ArchlabTrainingArguments(TrainingArguments):
     def __post_init__(self) -> None:
         if self.bf16 is None:
             self.bf16 = bf16_by_default(self.use_cpu, self.fp16)
+        elif self.bf16 and not self.use_cpu and not is_torch_bf16_gpu_available():
+            # (TrainingArguments' own message names neither flag as the command line spells it)
+            raise ValueError(
+                "--bf16 true needs a GPU with bf16 support, and this machine has none: add --use_cpu true for bf16 "
+                "autocast on the CPU, or leave --bf16 out."
+            )
         if self.dataloader_pin_memory is None:
             self.dataloader_pin_memory = on_a_cuda_gpu(self.use_cpu)
         if self.torch_compile is None:
@@ -282,6 +290,18 @@ def check_training_flags(args: TrainingArguments) -> None:
         )
     if args.use_liger_kernel:
         check_liger_can_run(args)
+    warn_about_a_warmup_longer_than_the_run(args)
+
+
+def warn_about_a_warmup_longer_than_the_run(args: TrainingArguments) -> None:
+    """A warm-up of as many steps as --max_steps or more never reaches the peak learning rate (the scripts' default
+    warm-up under a short --max_steps, most often): one line says so; the run goes on."""
+    warmup = args.warmup_steps
+    if args.max_steps > 0 and warmup >= 1 and warmup >= args.max_steps:
+        log(
+            f"Warning: --warmup_steps {warmup:g} >= --max_steps {args.max_steps}: the learning rate never reaches "
+            f"--learning_rate {args.learning_rate:g}. Lower --warmup_steps (or give a fraction < 1 of the run)."
+        )
 
 
 def check_liger_can_run(args: TrainingArguments) -> None:

@@ -7,7 +7,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from archlab.scripts.arguments import bf16_by_default, compile_by_default, on_a_cuda_gpu, parse_arguments
+from archlab.scripts.arguments import (
+    bf16_by_default,
+    check_training_flags,
+    compile_by_default,
+    on_a_cuda_gpu,
+    parse_arguments,
+)
 from archlab.scripts.finetune import FinetuneTrainingArguments
 from archlab.scripts.pretrain import PretrainTrainingArguments
 
@@ -48,6 +54,33 @@ def test_the_default_is_asked_only_when_bf16_is_not_given(arguments, monkeypatch
     monkeypatch.setattr(module, "bf16_by_default", lambda use_cpu, fp16: True)
     assert parse_arguments([arguments], ["--use_cpu"])[0].bf16 is True
     assert parse_arguments([arguments], ["--use_cpu", "--bf16", "false"])[0].bf16 is False
+
+
+@pytest.mark.parametrize("arguments", [PretrainTrainingArguments, FinetuneTrainingArguments])
+def test_bf16_without_a_bf16_gpu_points_to_use_cpu(arguments, monkeypatch):
+    import archlab.scripts.arguments as module
+
+    monkeypatch.setattr(module, "is_torch_bf16_gpu_available", lambda: False)
+    with pytest.raises(ValueError, match=r"--bf16 true needs a GPU with bf16 support.*add --use_cpu true"):
+        parse_arguments([arguments], ["--bf16", "true"])
+    assert parse_arguments([arguments], ["--bf16", "true", "--use_cpu", "true"])[0].bf16 is True
+
+
+@pytest.mark.parametrize(
+    "flags, warned",
+    [
+        (["--max_steps", "10"], True),  # the default 30 warm-up steps
+        (["--max_steps", "30", "--warmup_steps", "30"], True),
+        (["--max_steps", "31"], False),
+        (["--max_steps", "10", "--warmup_steps", "0.1"], False),  # a fraction of the run
+        (["--max_steps", "-1"], False),  # epochs: the length is known only once the data is
+    ],
+)
+def test_a_warmup_as_long_as_the_run_is_named_once(flags, warned, capsys):
+    check_training_flags(parse_arguments([PretrainTrainingArguments], ["--use_cpu", *flags])[0])
+    out = capsys.readouterr().out
+    assert ("never reaches --learning_rate" in out) is warned
+    assert out.count("\n") == int(warned)
 
 
 def test_compilation_is_the_default_on_a_gpu_triton_supports(monkeypatch):
