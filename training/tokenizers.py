@@ -3,6 +3,7 @@ the user named, or a new one trained for the run."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -40,8 +41,28 @@ def get_tokenizer(choices: TokenizerChoices, resume: str | None, train: Callable
     if saved is not None:
         return saved
     if choices.tokenizer_name or choices.model_name_or_path:
-        return load_tokenizer(choices.tokenizer_name or choices.model_name_or_path)
+        tokenizer = load_tokenizer(choices.tokenizer_name or choices.model_name_or_path)
+        if choices.tokenizer_name and choices.model_name_or_path:
+            warn_about_other_token_ids(tokenizer, choices.tokenizer_name, choices.model_name_or_path)
+        return tokenizer
     return train()
+
+
+def warn_about_other_token_ids(tokenizer: Any, tokenizer_name: str, model_path: str) -> None:
+    """One line when --tokenizer_name gives tokens of the model's own tokenizer (saved beside its weights) other ids:
+    the pretrained embeddings would be read under other meanings. (A tokenizer larger than the embedding is refused
+    later, `configs.check_fits`; one that only adds tokens after the model's keeps every id and passes.)"""
+    if not os.path.isdir(model_path) or not has_tokenizer(model_path):
+        return
+    own = load_tokenizer(model_path).get_vocab()
+    named = tokenizer.get_vocab()
+    moved = sum(named.get(token) != index for token, index in own.items())
+    if moved:
+        log(
+            f"Warning: --tokenizer_name {tokenizer_name} gives {moved} of the {len(own)} tokens of the model's own "
+            f"tokenizer ({model_path}) other ids or none: its pretrained embeddings will be read under other meanings. "
+            "Leave --tokenizer_name out to use the model's own."
+        )
 
 
 def adopt_context_length(tokenizer: Any, config: Any, kind: Any) -> None:

@@ -133,3 +133,27 @@ def test_saved_tokenizer_loads_in_a_process_without_archlab(tmp_path: Path) -> N
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == f"{tokenizer('x = 1')['input_ids']} True"
+
+
+def test_a_named_tokenizer_that_moves_the_models_token_ids_is_warned_about(tmp_path: Path, capsys) -> None:
+    """--model_name_or_path with a --tokenizer_name of other ids (smaller than the embedding, so not refused) would
+    train the pretrained embeddings under other meanings: one line says so. Same ids plus added tokens: silent."""
+    from types import SimpleNamespace
+
+    from archlab.training.tokenizers import get_tokenizer
+
+    model, same, other = tmp_path / "model", tmp_path / "same", tmp_path / "other"
+    save_tokenizer(train_tokenizer(TEXTS, "decoder", "bpe", vocab_size=300, min_frequency=1), model)
+    extended = load_tokenizer(model)
+    extended.add_tokens(["<extra>"])
+    save_tokenizer(extended, same)
+    save_tokenizer(train_tokenizer(TEXTS[:2], "decoder", "wordpiece", vocab_size=200, min_frequency=1), other)
+
+    def choose(tokenizer_name):
+        choices = SimpleNamespace(model_name_or_path=str(model), tokenizer_name=str(tokenizer_name))
+        return get_tokenizer(choices, None, train=lambda: None)
+
+    assert len(choose(same)) == len(extended) and "Warning" not in capsys.readouterr().out
+    assert len(choose(other)) < len(extended)
+    out = capsys.readouterr().out
+    assert "tokens of the model's own tokenizer" in out and "other ids" in out and out.count("\n") == 1
