@@ -3,9 +3,11 @@
     python scripts/generate.py --model_name_or_path runs/pretrain --prompt "def parse_args("
     python scripts/generate.py --model_name_or_path runs/chat --chat true --prompt "Reverse a list."
     python scripts/generate.py --model_name_or_path runs/docstrings --prompt $'def add(a, b):\\n    return a + b'
+    python scripts/generate.py --model_name_or_path runs/pretrain --prompt "def f(" --stop_strings $'\\n\\n' "class "
 
 The usual sampling flags (`--do_sample`, `--temperature`, `--top_k`, `--top_p`, `--repetition_penalty`,
-`--num_beams`, `--max_new_tokens`) map one to one onto `GenerationConfig`. The model runs on the GPU when there is
+`--num_beams`, `--max_new_tokens`, `--stop_strings`) map one to one onto `GenerationConfig`; a stop string ends the
+text once generated, as in transformers (it is kept, as the last words printed). The model runs on the GPU when there is
 one (`--device`), where `generate` decodes with a static cache and a compiled step (docs/workflows.md).
 """
 
@@ -27,6 +29,10 @@ class GenerateArguments:
     prompt_file: str | None = field(default=None, metadata={"help": "Read the prompt from this file instead."})
     chat: bool = field(default=False, metadata={"help": "Wrap the prompt as a user turn of the chat template."})
     max_new_tokens: int = field(default=100, metadata={"help": "Tokens to generate."})
+    stop_strings: list[str] | None = field(
+        default=None,
+        metadata={"help": "Stop once the generated text ends with any of these strings (kept in the output)."},
+    )
     do_sample: bool | None = field(
         default=None,
         metadata={"help": "Sample (true) or decode greedily / by beam search (default: true; false with --num_beams)."},
@@ -73,6 +79,8 @@ def check(args: GenerateArguments) -> None:
         raise ValueError(f"--top_p must be in (0, 1], got {args.top_p}.")
     if args.repetition_penalty <= 0:
         raise ValueError(f"--repetition_penalty must be > 0 (1.0: none), got {args.repetition_penalty}.")
+    if args.stop_strings is not None and not all(args.stop_strings):
+        raise ValueError("--stop_strings: an empty string would stop at once; give non-empty strings.")
     if args.num_beams < 1:
         raise ValueError(f"--num_beams must be >= 1 (1: no beam search), got {args.num_beams}.")
     if args.do_sample and args.num_beams > 1:
@@ -116,6 +124,7 @@ def main(argv: Sequence[str] | None = None) -> str:
         top_p=args.top_p,
         repetition_penalty=args.repetition_penalty,
         num_beams=args.num_beams,
+        stop_strings=args.stop_strings,
     )
 
 

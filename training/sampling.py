@@ -3,6 +3,7 @@ seq2seq folder (what `scripts/generate.py` runs)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -90,11 +91,12 @@ def generate_text(
     top_p: float = 0.95,
     repetition_penalty: float = 1.0,
     num_beams: int = 1,
+    stop_strings: Sequence[str] | None = None,
 ) -> str:
     """Generate after `prompt` (a user turn of the chat template with `chat`), printing the text as it is generated
     with `stream` or at the end without, either way after a decoder's prompt (not a chat's or a seq2seq source);
     returns the generated text. The sampling arguments are `GenerationConfig`'s; temperature, top-k and top-p apply
-    only with `do_sample`."""
+    only with `do_sample`; `stop_strings` ends the generation once its text ends with one of them."""
     if chat:
         if tokenizer.chat_template is None:
             raise ValueError(
@@ -129,6 +131,7 @@ def generate_text(
             eos_token_id=eos,
             pad_token_id=tokenizer.pad_token_id,
             streamer=streamer,
+            **(dict(stop_strings=list(stop_strings), tokenizer=tokenizer) if stop_strings else {}),
         )
     new_tokens = output[0] if seq2seq else output[0, inputs["input_ids"].shape[1] :]
     text = tokenizer.decode(new_tokens, skip_special_tokens=True)

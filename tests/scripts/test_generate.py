@@ -75,6 +75,24 @@ def test_streamed_or_not_a_decoder_prints_its_prompt_then_the_text(saved: dict[s
     assert printed["false", "2"].startswith("def g(")
 
 
+def test_stop_strings_end_the_text_where_it_first_ends_with_one(saved: dict[str, Path]) -> None:
+    args = ["--model_name_or_path", str(saved["decoder"]), "--prompt", "def f1(x):", "--do_sample", "false"]
+    model = archlab.DecoderForCausalLM.from_pretrained(saved["decoder"]).eval()
+    tokenizer = archlab.tokenization.training.load_tokenizer(saved["decoder"])
+    inputs = tokenizer("def f1(x):", return_tensors="pt", return_token_type_ids=False)
+    new = model.generate(**inputs, max_new_tokens=12, do_sample=False, pad_token_id=tokenizer.pad_token_id)[
+        0, inputs["input_ids"].shape[1] :
+    ]
+    stop = tokenizer.decode(new[1:3])  # new tokens 2 and 3
+    assert stop.isprintable() and len(stop) > 1
+    cut = next(k for k in range(1, len(new) + 1) if tokenizer.decode(new[:k]).endswith(stop))
+    for stream in ("true", "false"):
+        stopped = generate.main([*args, "--max_new_tokens", "12", "--stream", stream, "--stop_strings", "@@", stop])
+        assert stopped == tokenizer.decode(new[:cut], skip_special_tokens=True), stream
+    with pytest.raises(ValueError, match="--stop_strings: an empty string"):
+        generate.main([*args, "--stop_strings", ""])
+
+
 def test_sampling_is_seeded_and_chat_works(saved: dict[str, Path]) -> None:
     args = ["--model_name_or_path", str(saved["decoder"]), "--max_new_tokens", "10", "--stream", "false"]
     assert generate.main(args + ["--seed", "3"]) == generate.main(args + ["--seed", "3"])
