@@ -271,7 +271,8 @@ class DecoderConfig(PreTrainedConfig):
         _resolve_catalogue_defaults(self)
         if self.num_key_value_heads is None:
             self.num_key_value_heads = self.num_attention_heads
-        if self.head_dim is None and isinstance(self.num_attention_heads, int) and self.num_attention_heads > 0:
+        heads, hidden = self.num_attention_heads, self.hidden_size
+        if self.head_dim is None and isinstance(heads, int) and heads > 0 and isinstance(hidden, int) and hidden > 0:
             if self.hidden_size % self.num_attention_heads != 0:
                 raise ValueError(
                     f"`hidden_size` ({self.hidden_size}) must be divisible by `num_attention_heads` "
@@ -280,6 +281,7 @@ class DecoderConfig(PreTrainedConfig):
                     "`head_dim` (the head size)."
                 )
             self.head_dim = self.hidden_size // self.num_attention_heads
+        # (a hidden size <= 0 leaves head_dim unset: validate_architecture names the field)
         _resolve_moe_defaults(self)
         super().__post_init__(**kwargs)  # standardises `rope_parameters` (legacy `rope_theta` / `rope_scaling`)
         check_rope_parameters(self.rope_parameters)  # transformers only warns about an unknown type; the build fails

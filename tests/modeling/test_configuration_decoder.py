@@ -149,6 +149,7 @@ def test_rope_type_is_checked_at_construction():
         (dict(norm_position="deepnorm", deepnorm_beta=-1.0), r"`deepnorm_beta` must be a positive"),
         (dict(sliding_window=500), r"`sliding_window` \(500\) is larger than the context `max_position_embeddings`"),
         (dict(sliding_window=0), r"`sliding_window` must be a positive integer"),
+        (dict(hidden_size=-3), r"`hidden_size` must be a positive integer, got -3"),  # not "allowed values are []"
         (dict(layer_types=["full_attention"]), r"`layer_types` has 1 entries but `num_hidden_layers` is 2"),
         (dict(layer_types=["full_attention", "local"]), r"`layer_types` contains 'local'"),
         (dict(layer_types=["sliding_attention", "full_attention"]), r"'sliding_attention' layers but `sliding_window`"),
