@@ -27,11 +27,14 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import initialization as init
 from transformers.activations import ACT2FN
+from transformers.utils import logging
 
 from .feed_forward import MLPS, gated_activation
 from .grouped_gemm import grouped_compute_dtype, grouped_linear
 from .moe_slots import slots_to_tokens, sort_slots, tokens_to_slots
 from .triton_moe import moe_decode, moe_decode_applies
+
+logger = logging.get_logger(__name__)
 
 
 def _one_token_on_cpu(hidden_states: torch.Tensor) -> bool:
@@ -172,11 +175,21 @@ class SparseMoeBlock(nn.Module):
 def collect_router_logits(layers: Iterable[nn.Module]) -> tuple[torch.Tensor, ...]:
     """The router logits the sparse layers left in their last forward, in layer order (and clears them)."""
     collected = []
+    trains_a_router = False
     for layer in layers:
         mlp = getattr(layer, "mlp", None)
         if isinstance(mlp, SparseMoeBlock) and mlp.router_logits is not None:
             collected.append(mlp.router_logits)
             mlp.router_logits = None
+            trains_a_router = trains_a_router or mlp.gate.weight.requires_grad
+    if trains_a_router and torch.is_grad_enabled() and not any(logits.requires_grad for logits in collected):
+        # reentrant checkpointing runs each layer's forward without autograd and gives back only its output: the
+        # logits left beside it carry no graph, so the router losses would train nothing (Mixtral's do the same)
+        logger.warning_once(
+            "The mixture of experts' router logits carry no gradient (gradient checkpointing with "
+            "use_reentrant=True): the load-balancing and router z-losses train nothing. Use "
+            "gradient_checkpointing_kwargs={'use_reentrant': False}, transformers' default."
+        )
     return tuple(collected)
 
 

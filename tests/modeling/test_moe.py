@@ -280,6 +280,26 @@ def test_losses_are_added_to_the_lm_loss():
     torch.testing.assert_close(with_z.loss, base.loss + 0.1 * router_z_loss(logits))
 
 
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_router_losses_without_a_gradient_are_named_under_reentrant_checkpointing(reentrant, monkeypatch):
+    """Reentrant checkpointing gives back only a layer's output: the router logits left beside it carry no graph and
+    the router losses would train nothing, silently (as Mixtral's). Non-reentrant (transformers' default): they do."""
+    warned = []
+    monkeypatch.setattr(moe.logger, "warning_once", warned.append)
+    model = archlab.DecoderForCausalLM(moe_config(output_router_logits=True)).train()
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": reentrant})
+    ids = torch.randint(3, 97, (2, 8))
+    out = model(ids, labels=ids)
+    assert out.aux_loss.requires_grad is not reentrant
+    assert len(warned) == int(reentrant) and all("use_reentrant" in line and "\n" not in line for line in warned)
+    with torch.no_grad():
+        model(ids, labels=ids)  # evaluation: nothing to train, nothing said
+    for layer in model.model.layers:
+        layer.mlp.gate.requires_grad_(False)  # a frozen router (LoRA on the rest): nothing to say
+    model(ids, labels=ids)
+    assert len(warned) == int(reentrant)
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Parity with transformers
 
