@@ -137,15 +137,27 @@ def experts_in_every_layer(config: PreTrainedConfig, architecture: str) -> None:
         )
 
 
-def _mistral_from_archlab(config: PreTrainedConfig) -> dict[str, Any]:
-    one_window_for_every_layer(config, "MistralForCausalLM")
+def _unused_window(config: PreTrainedConfig) -> dict[str, Any]:
+    """A window set on a model whose layers are all global is never applied: exported as none (Mistral and Mixtral
+    would apply it to every layer)."""
+    if config.sliding_window is not None and all(kind == "full_attention" for kind in config.layer_types):
+        return {"sliding_window": None}
     return {}
+
+
+def _mistral_from_archlab(config: PreTrainedConfig) -> dict[str, Any]:
+    unused = _unused_window(config)
+    if not unused:
+        one_window_for_every_layer(config, "MistralForCausalLM")
+    return unused
 
 
 def _mixtral_from_archlab(config: PreTrainedConfig) -> dict[str, Any]:
     experts_in_every_layer(config, "MixtralForCausalLM")
-    one_window_for_every_layer(config, "MixtralForCausalLM")
-    return {}
+    unused = _unused_window(config)
+    if not unused:
+        one_window_for_every_layer(config, "MixtralForCausalLM")
+    return unused
 
 
 def _causal_only(family: str) -> Callable[[PreTrainedConfig, Mapping[str, Any]], dict[str, Any]]:
@@ -227,6 +239,8 @@ def _qwen2_moe_from_archlab(config: PreTrainedConfig) -> dict[str, Any]:
         "decoder_sparse_step": 1,
         "mlp_only_layers": dense,
         **_qwen3_from_archlab(config),
+        # no sparse layer, no router logits: Qwen2-MoE's load-balancing loss fails on an empty tuple (IndexError)
+        **({"output_router_logits": False} if len(dense) == len(config.mlp_layer_types) else {}),
     }
 
 

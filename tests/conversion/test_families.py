@@ -561,6 +561,27 @@ def test_gemma2_exports_without_a_window_and_with_integer_caps(folders, tmp_path
         assert (exported(ids).logits - model(ids).logits).abs().max() <= ATOL
 
 
+@pytest.mark.parametrize(
+    "family, changes",
+    [
+        # a window on a model whose layers are all global is never applied; Mistral would apply it to every layer
+        ("mistral", dict(sliding_window=4, layer_types=["full_attention", "full_attention"])),
+        ("mixtral", dict(sliding_window=4, layer_types=["full_attention", "full_attention"])),
+        # no sparse layer: stock Qwen2-MoE's load-balancing loss failed on an empty tuple of router logits
+        ("qwen2_moe", dict(mlp_layer_types=["dense"] * 3, output_router_logits=True)),
+    ],
+)
+def test_exports_of_settings_that_change_nothing(family, changes, folders, tmp_path):
+    model = _changed_archlab_folder(folders, family, changes, tmp_path / "archlab")
+    convert_checkpoint(tmp_path / "archlab", tmp_path / family, to=family)
+    exported = FAMILIES[family].model_class.from_pretrained(tmp_path / family).eval()
+    ids = torch.randint(3, VOCAB, (2, 9))
+    with torch.no_grad():
+        theirs, ours = exported(ids, labels=ids), model(ids, labels=ids)
+    assert (theirs.logits - ours.logits).abs().max() <= ATOL
+    torch.testing.assert_close(theirs.loss, ours.loss, atol=ATOL, rtol=0)
+
+
 def test_export_refuses_a_folder_of_another_archlab_class(folders, tmp_path):
     """An encoder-decoder folder is not a masked LM, though both are `archlab_seq2seq`."""
     with pytest.raises(ConversionError, match="Seq2SeqForConditionalGeneration; bert exports a EncoderForMaskedLM"):
