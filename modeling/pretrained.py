@@ -18,8 +18,10 @@ from transformers import initialization as init
 from transformers.modeling_utils import PreTrainedModel
 
 from .hub_mixin import HubMixin
+from .import_hooks import after_import
 from .moe import init_moe_weights
 from .normalization import OffsetRMSNorm
+from .peft_defaults import PEFT_CONSTANTS_MODULE, register_with_peft
 from .positions import ALiBiBias, alibi_slopes
 from .signatures import keep_signatures
 from .sinusoidal import SinusoidalPositionalEmbedding, sinusoid_table
@@ -68,5 +70,9 @@ class ArchlabPreTrainedModel(HubMixin, PreTrainedModel):
         elif isinstance(module, nn.Linear) and hasattr(module, "init_std"):
             init.normal_(module.weight, mean=0.0, std=module.init_std)  # T5's q_proj (seq2seq_layers.py)
 
+
+# PEFT's default target modules for archlab's model types, the moment PEFT loads (peft_defaults.py); here, so a saved
+# model's own copy of the code registers them too
+after_import(PEFT_CONSTANTS_MODULE, register_with_peft)
 
 __all__ = ["ArchlabPreTrainedModel"]

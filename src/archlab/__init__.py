@@ -3,10 +3,10 @@
 `import archlab` registers every config and model class with the Auto classes, so
 `AutoModelForCausalLM.from_pretrained(folder)` loads an archlab checkpoint without `trust_remote_code`, and makes
 `TrainingArguments(use_liger_kernel=True)` apply Liger's kernels to archlab models (archlab.liger) and PEFT's adapters
-find their default target modules (archlab.peft_defaults); Liger and PEFT are imported only when something asks.
+find their default target modules (archlab.modeling.peft_defaults); Liger and PEFT are imported only when something
+asks.
 """
 
-from .import_hooks import after_import
 from .liger import apply_liger_kernel_to_archlab, register_with_liger_when_loaded
 from .modeling import (
     DecoderConfig,
@@ -21,14 +21,12 @@ from .modeling import (
     Seq2SeqPreTrainedModel,
 )
 from .modeling.moe import count_parameters
-from .peft_defaults import PEFT_CONSTANTS_MODULE, register_with_peft
 from .quiet import quiet_deepspeed_probe
 from .registration import register_all
 from .text2text import translate
 
 register_all()
 register_with_liger_when_loaded()
-after_import(PEFT_CONSTANTS_MODULE, register_with_peft)
 quiet_deepspeed_probe()
 
 __version__ = "0.1.0"

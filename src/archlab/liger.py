@@ -49,10 +49,10 @@ from torch import nn
 from transformers.activations import ACT2FN
 from transformers.utils import logging
 
-from .import_hooks import after_import
 from .modeling import DecoderConfig, DecoderForCausalLM, Seq2SeqConfig, Seq2SeqForConditionalGeneration
 from .modeling.attention import Attention
 from .modeling.feed_forward import MLP, GatedMLP
+from .modeling.import_hooks import after_import
 from .modeling.losses import IGNORE_INDEX
 from .modeling.modeling_decoder import DecoderModel
 from .modeling.modeling_masked_lm import EncoderForMaskedLM

@@ -1,7 +1,7 @@
 """PEFT LoRA (Hu et al. 2021) on archlab models: adapters on the attention and MLP projections (and the MoE experts'
 stacked weights through `target_parameters`) train, save, reload, and `merge_and_unload` gives the adapter model's
 logits with a plain archlab model that `AutoModel*.from_pretrained` loads. Adapter configs without `target_modules`
-find PEFT's defaults for Llama's and Bart's module names (archlab.peft_defaults).
+find PEFT's defaults for Llama's and Bart's module names (archlab.modeling.peft_defaults).
 """
 
 from __future__ import annotations
@@ -17,10 +17,11 @@ from peft import LoraConfig, PeftModel, get_peft_model  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM  # noqa: E402
 
 from archlab import DecoderForCausalLM, EncoderForMaskedLM, Seq2SeqForConditionalGeneration  # noqa: E402
-from archlab.import_hooks import after_import  # noqa: E402
-from archlab.peft_defaults import PEFT_CONSTANTS_MODULE, register_with_peft  # noqa: E402
+from archlab.modeling.import_hooks import after_import  # noqa: E402
+from archlab.modeling.peft_defaults import PEFT_CONSTANTS_MODULE, register_with_peft  # noqa: E402
 
 from helpers import tiny_decoder_config, tiny_seq2seq_config  # noqa: E402
+from isolated import check, run_without_archlab  # noqa: E402
 
 DECODER_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 SEQ2SEQ_TARGETS = ["q_proj", "k_proj", "v_proj", "out_proj", "fc1", "fc2"]
@@ -259,3 +260,21 @@ def test_import_archlab_leaves_peft_alone_until_peft_loads_then_registers() -> N
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("peft_first", [False, True])
+def test_a_remote_code_model_without_archlab_finds_peft_defaults_too(tmp_path, peft_first) -> None:
+    """The saved model's own copy of the code registers PEFT's defaults, whether PEFT is imported before the model
+    loads or after."""
+    DecoderForCausalLM(tiny_decoder_config()).save_pretrained(tmp_path / "model")
+    peft_import = "from peft import LoraConfig, get_peft_model\n"
+    code = (
+        (peft_import if peft_first else "")
+        + "from transformers import AutoModelForCausalLM\n"
+        + f"model = AutoModelForCausalLM.from_pretrained({str(tmp_path / 'model')!r}, trust_remote_code=True)\n"
+        + ("" if peft_first else peft_import)
+        + "model = get_peft_model(model, LoraConfig(task_type='CAUSAL_LM'))\n"
+        + "print(sorted({n.rsplit('.', 1)[-1] for n, m in model.named_modules() if hasattr(m, 'lora_A')}))\n"
+    )
+    assert check(run_without_archlab(code, tmp_path / "run")).strip().splitlines()[-1] == "['q_proj', 'v_proj']"

@@ -4,15 +4,17 @@ PEFT picks an adapter's default target modules (LoRA's `q_proj`/`v_proj`, IA³'s
 norms, ...) by `model_type` from the `TRANSFORMERS_MODELS_TO_*` tables of `peft.utils.constants`, and refuses a type it
 does not list ("Please specify `target_modules`"). archlab's module names are Llama's in the decoder and Bart's in the
 encoder-decoder and its masked LM, so each table's entry for those two is archlab's too. They are added the moment
-PEFT's constants module has run, whoever imports it (`import_hooks.after_import`: `import archlab` does not import
-PEFT); an entry PEFT itself has for an archlab type is kept.
+PEFT's constants module has run, whoever imports it (`import_hooks.after_import`: importing archlab does not import
+PEFT); an entry PEFT itself has for an archlab type is kept. The modeling files ask for it as they load, so a saved
+model's own copy of this code (remote code, on a machine without archlab) registers too.
 """
 
 from __future__ import annotations
 
 from types import ModuleType
 
-from .modeling import DecoderConfig, Seq2SeqConfig
+from .configuration_decoder import DecoderConfig
+from .configuration_seq2seq import Seq2SeqConfig
 
 PEFT_CONSTANTS_MODULE = "peft.utils.constants"
 TABLE_PREFIX = "TRANSFORMERS_MODELS_TO_"
