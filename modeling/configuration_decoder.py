@@ -266,6 +266,34 @@ class DecoderConfig(PreTrainedConfig):
     final_logit_softcapping: int | float | None = None
     lm_z_loss_coef: int | float = 0.0
 
+    @classmethod
+    def from_dict(cls, config_dict: dict[str, Any], **kwargs: Any) -> DecoderConfig:
+        """`from_pretrained(folder, num_hidden_layers=n)`: transformers sets the field after construction, which
+        would leave the saved per-layer lists (`layer_types`, `mlp_layer_types`) at the old length -- a model that
+        cannot be built (more layers) or saved (fewer). They follow here, as with Llama, whose config has none: the
+        first n layers keep their types (they are the layers loaded from the checkpoint), and a list of one type
+        grows with it; a mixed list cannot grow without a choice, so pass that list with the new length too."""
+        layers = kwargs.get("num_hidden_layers")
+        if isinstance(layers, int) and not isinstance(layers, bool) and layers > 0:
+            config_dict = dict(config_dict, num_hidden_layers=layers)
+            for name in ("layer_types", "mlp_layer_types"):
+                types = config_dict.get(name)
+                if name in kwargs:  # given with the new length: built with it
+                    config_dict[name] = kwargs[name]
+                    continue
+                if not isinstance(types, list) or not types or len(types) == layers:
+                    continue
+                if layers < len(types):
+                    config_dict[name] = types[:layers]
+                elif len(set(types)) == 1:
+                    config_dict[name] = types[:1] * layers
+                else:
+                    raise ValueError(
+                        f"`num_hidden_layers={layers}` adds layers to a model whose `{name}` mixes types ({types}): "
+                        f"pass `{name}` with {layers} entries too."
+                    )
+        return super().from_dict(config_dict, **kwargs)
+
     def __post_init__(self, **kwargs: Any) -> None:
         check_field_types(self)
         _resolve_catalogue_defaults(self)

@@ -8,6 +8,8 @@
   the classification head of the same file, so `AutoModelForSequenceClassification.from_pretrained(folder,
   trust_remote_code=True)` can start fine-tuning from a shared causal LM where archlab is not installed.
   (transformers itself writes only the saved class's own entry; the code for all of them is in the copied file.)
+- A config that cannot be saved fails `save_pretrained` before anything is written (transformers would first create
+  the folder and copy the code into it).
 
 Part of the flat `modeling/` folder copied next to saved models, so the same rules hold when loaded as remote code.
 """
@@ -31,6 +33,10 @@ class HubMixin:
         except OSError as error:
             if kwargs["use_safetensors"] is not True or "safetensors" not in str(error):
                 raise
+            folder = os.path.join(os.fspath(pretrained_model_name_or_path), kwargs.get("subfolder") or "")
+            pickled = (".bin", ".bin.index.json")
+            if os.path.isdir(folder) and not any(name.endswith(pickled) for name in os.listdir(folder)):
+                raise  # no pickled weights either: transformers' "no file named model.safetensors" is the whole story
             raise OSError(
                 f"{error}\narchlab loads safetensors weights only, because unpickling a checkpoint "
                 "(pytorch_model.bin) can run arbitrary code. If you trust this checkpoint, pass "
@@ -38,6 +44,11 @@ class HubMixin:
             ) from error
 
     def save_pretrained(self, save_directory: str | os.PathLike, *args: Any, **kwargs: Any) -> None:
+        validate = getattr(self.config, "validate", None)
+        if callable(validate) and not os.path.isfile(save_directory) and not getattr(self, "_hf_peft_config_loaded", 0):
+            # transformers checks the config when it writes config.json, after creating the folder and copying the
+            # bundled code into it: a config that cannot be saved would leave a folder of code files and nothing else
+            validate()
         if getattr(type(self), "_auto_class", None) is not None:
             family = self._family_auto_map()
             if family:

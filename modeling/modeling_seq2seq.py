@@ -107,6 +107,14 @@ class Seq2SeqPreTrainedModel(ArchlabPreTrainedModel):
         if isinstance(module, Seq2SeqForConditionalGeneration):
             init.zeros_(module.final_logits_bias)
 
+    def resize_token_embeddings(self, *args, **kwargs) -> nn.Embedding:
+        """With a shared vocabulary, `decoder_vocab_size` follows `vocab_size` (the config requires them equal, so
+        the base model and the masked LM could not be saved after a resize otherwise)."""
+        embeddings = super().resize_token_embeddings(*args, **kwargs)
+        if self.config.share_encoder_decoder_embeddings:
+            self.config.decoder_vocab_size = embeddings.weight.shape[0]
+        return embeddings
+
 
 class Seq2SeqModel(Seq2SeqPreTrainedModel):
     """Encoder + decoder without a head; returns the decoder's last hidden states and the encoder's output."""
@@ -266,7 +274,6 @@ class Seq2SeqForConditionalGeneration(FastDecodingMixin, Seq2SeqPreTrainedModel,
             kept = min(size, self.final_logits_bias.shape[1])
             bias[:, :kept] = self.final_logits_bias[:, :kept]
             self.final_logits_bias = bias
-            self.config.decoder_vocab_size = size
         return embeddings
 
     def _reorder_cache(self, past_key_values: EncoderDecoderCache, beam_idx: torch.LongTensor) -> EncoderDecoderCache:

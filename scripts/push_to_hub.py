@@ -90,7 +90,14 @@ def main(argv: Sequence[str] | None = None, api_factory: Callable[[], HfApi] = H
     except PushError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    except Exception as error:  # the upload itself failed; what this push created has been removed again
+    except Exception as error:
+        if args.dry_run is not None:  # nothing is uploaded in a dry run; DIR is left as it was
+            print(
+                f"error: the dry run failed, {args.dry_run} was left as it was: {type(error).__name__}: {error}",
+                file=sys.stderr,
+            )
+            return 1
+        # the upload itself failed; what this push created has been removed again
         print(
             f"error: the upload failed, nothing was left on the Hub: {type(error).__name__}: {error}", file=sys.stderr
         )

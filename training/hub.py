@@ -82,9 +82,18 @@ def stage(folder: str | Path, out: str | Path, repo_id: str, card: dict[str, Any
         raise PushError(str(error)) from error
     auto_class = getattr(transformers, auto_class_for(architecture))
     try:  # safetensors only (archlab refuses pickled weights): a `.bin`-only folder fails here, before any upload
-        model = auto_class.from_pretrained(folder, dtype="auto")
-    except OSError as error:
-        raise PushError(str(error)) from error
+        model, info = auto_class.from_pretrained(folder, dtype="auto", output_loading_info=True)
+    except (OSError, RuntimeError, ValueError) as error:  # no weights, pickled only, shapes that do not fit, ...
+        raise PushError(f"Cannot load the model in {folder}: {error}") from error
+    # a weight the checkpoint lacks would be uploaded freshly initialised, one it has beyond the model dropped
+    incomplete = {kind: info.get(kind) for kind in ("missing_keys", "unexpected_keys", "mismatched_keys")}
+    incomplete = {kind: sorted(map(str, keys)) for kind, keys in incomplete.items() if keys}
+    if incomplete:
+        details = "; ".join(f"{kind.replace('_', ' ')}: {', '.join(keys)}" for kind, keys in incomplete.items())
+        raise PushError(
+            f"The weights in {folder} do not match its config.json ({details}): the upload would hold freshly "
+            "initialised or dropped weights. Save the model again with `save_pretrained`."
+        )
     model.save_pretrained(out)  # weights, config with auto_map, generation config, the bundled code
     for name in TOKENIZER_FILES + LOG_FILES:
         if (folder / name).is_file():

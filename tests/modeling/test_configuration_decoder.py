@@ -235,3 +235,38 @@ def test_mlp_width_rules():
         == 128
     )
     assert tiny_decoder_config(intermediate_size=100, mlp_width_rule="4d").intermediate_size == 100  # explicit wins
+
+
+@pytest.mark.parametrize(
+    "variant",
+    [
+        dict(),  # the LLaMA recipe: its saved `layer_types`/`mlp_layer_types` are derived defaults
+        dict(num_local_experts=4, num_experts_per_tok=2),
+        dict(sliding_window=4, layer_types=["full_attention", "sliding_attention"]),
+    ],
+)
+def test_from_pretrained_with_fewer_or_more_layers_builds_and_saves(tmp_path, variant):
+    """`from_pretrained(folder, num_hidden_layers=n)` works as it does for Llama: the saved per-layer lists follow
+    (the first n kept; a list of one type grows with it), so the model builds and saves again. Before, fewer
+    layers gave a model whose save failed and more layers an IndexError."""
+    model = DecoderForCausalLM(tiny_decoder_config(**variant)).eval()
+    model.save_pretrained(tmp_path / "two")
+    one = DecoderForCausalLM.from_pretrained(tmp_path / "two", num_hidden_layers=1)
+    assert len(one.model.layers) == 1
+    assert one.config.layer_types == model.config.layer_types[:1]
+    assert one.config.mlp_layer_types == model.config.mlp_layer_types[:1]
+    torch.testing.assert_close(one.model.layers[0].state_dict(), model.model.layers[0].state_dict(), atol=0, rtol=0)
+    one.save_pretrained(tmp_path / "one")
+    assert DecoderForCausalLM.from_pretrained(tmp_path / "one").config.num_hidden_layers == 1
+    if len(set(model.config.layer_types)) == 1:
+        three = DecoderForCausalLM.from_pretrained(tmp_path / "two", num_hidden_layers=3)
+        assert len(three.model.layers) == 3 and len(three.config.layer_types) == 3
+        assert three.config.mlp_layer_types == model.config.mlp_layer_types[:1] * 3
+        three(torch.tensor([[1, 5, 6]]))
+        three.save_pretrained(tmp_path / "three")
+    else:  # which type the new layers get is the caller's choice
+        with pytest.raises(ValueError, match=r"`layer_types` mixes types.*pass `layer_types` with 3 entries"):
+            DecoderForCausalLM.from_pretrained(tmp_path / "two", num_hidden_layers=3)
+        kinds = ["full_attention", "sliding_attention", "full_attention"]
+        three = DecoderForCausalLM.from_pretrained(tmp_path / "two", num_hidden_layers=3, layer_types=kinds)
+        assert three.config.layer_types == kinds and len(three.model.layers) == 3

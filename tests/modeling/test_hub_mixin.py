@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from huggingface_hub.errors import StrictDataclassClassValidationError
 from transformers import AutoModelForCausalLM
 
 from archlab import DecoderForCausalLM, registration
@@ -82,3 +83,26 @@ def test_auto_map_lists_every_head_defined_in_the_saved_file(tmp_path, entry):
     # every entry's code is in the folder
     for reference in auto_map.values():
         assert (tmp_path / f"{reference.split('.')[0]}.py").is_file()
+
+
+def test_a_config_that_cannot_be_saved_fails_before_anything_is_written(tmp_path):
+    """transformers creates the folder and copies the bundled code before it checks the config (when writing
+    config.json): an invalid config left a folder of code files only. It fails first now, and nothing is written."""
+    model = DecoderForCausalLM(tiny_decoder_config())
+    model.config.num_hidden_layers = 1  # `layer_types` still lists 2 layers
+    with pytest.raises(StrictDataclassClassValidationError, match="`mlp_layer_types` has 2 entries"):
+        model.save_pretrained(tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+    (tmp_path / "existing").mkdir()
+    with pytest.raises(StrictDataclassClassValidationError, match="num_hidden_layers"):
+        model.save_pretrained(tmp_path / "existing")
+    assert list((tmp_path / "existing").iterdir()) == []
+
+
+def test_a_folder_without_any_weights_is_not_blamed_on_pickles(tmp_path):
+    """A folder with a config and no weights at all gets transformers' "no file named model.safetensors" alone, as
+    stock models do, not the advice to load pickled weights with `use_safetensors=False` (there are none)."""
+    tiny_decoder_config().save_pretrained(tmp_path)
+    with pytest.raises(OSError, match="no file named model.safetensors") as error:
+        DecoderForCausalLM.from_pretrained(tmp_path)
+    assert "use_safetensors=False" not in str(error.value)

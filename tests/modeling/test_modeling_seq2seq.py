@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from transformers import AutoModelForSeq2SeqLM, MarianConfig, MarianMTModel, Seq2SeqTrainer, Seq2SeqTrainingArguments
 
-from archlab import Seq2SeqConfig, Seq2SeqForConditionalGeneration, translate
+from archlab import EncoderForMaskedLM, Seq2SeqConfig, Seq2SeqForConditionalGeneration, Seq2SeqModel, translate
 from archlab.modeling.modeling_seq2seq import shift_tokens_right
 
 from helpers import TINY_SEQ2SEQ, assert_close_to_scale, digit_tokenizer
@@ -418,6 +418,24 @@ def test_resize_token_embeddings_keeps_source_target_and_bias_in_step(tmp_path):
     assert model(input_ids=source, attention_mask=mask, decoder_input_ids=target).logits.shape[-1] == 50
     model.save_pretrained(tmp_path)
     assert AutoModelForSeq2SeqLM.from_pretrained(tmp_path).config.decoder_vocab_size == 50
+
+
+@pytest.mark.parametrize("model_class", [Seq2SeqModel, EncoderForMaskedLM])
+@pytest.mark.parametrize("size", [40, 70])
+def test_resized_base_model_and_masked_lm_save_and_load(tmp_path, model_class, size):
+    """The base model and the masked LM resize the shared vocabulary too: `decoder_vocab_size` follows, so the
+    config stays valid and the model saves (it failed at save time, leaving only the code files) and loads back."""
+    model = model_class(Seq2SeqConfig(**TINY_SEQ2SEQ)).eval()
+    model.resize_token_embeddings(size)
+    assert model.config.vocab_size == model.config.decoder_vocab_size == size
+    model.save_pretrained(tmp_path)
+    loaded = model_class.from_pretrained(tmp_path).eval()
+    assert loaded.config.decoder_vocab_size == size
+    ids = torch.tensor([[1, 5, size - 1, 2]])
+    extra = {"decoder_input_ids": ids} if model_class is Seq2SeqModel else {}
+    with torch.no_grad():
+        expected, actual = model(input_ids=ids, **extra), loaded(input_ids=ids, **extra)
+    torch.testing.assert_close(actual[0], expected[0], atol=0, rtol=0)
 
 
 # ---- learning ----------------------------------------------------------------------------------------------------

@@ -130,6 +130,27 @@ def test_failed_dry_run_leaves_nothing(trained, tmp_path, capsys):
     assert not out.exists() and os.listdir(out.parent) == []
 
 
+def test_dry_run_refuses_weights_that_do_not_match_the_config(trained, tmp_path, capsys):
+    """A checkpoint missing a weight would be uploaded with it freshly initialised (exit 0 before); a config whose
+    shapes the weights do not fit failed as "the upload failed, nothing was left on the Hub" in a dry run. Both are
+    refused before anything is written, naming the problem."""
+    folder, _ = trained
+    weights = load_file(folder / "model.safetensors")
+    del weights["lm_head.weight"]
+    save_file(weights, folder / "model.safetensors", metadata={"format": "pt"})
+    out = tmp_path / "out" / "upload"
+    assert _dry_run(folder, out) == 2
+    assert "missing keys: lm_head.weight" in capsys.readouterr().err
+    assert not out.exists() and os.listdir(out.parent) == []
+
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "intermediate_size": 96}))
+    assert _dry_run(folder, out) == 2
+    err = capsys.readouterr().err
+    assert "Cannot load the model" in err and "upload failed" not in err
+    assert not out.exists() and os.listdir(out.parent) == []
+
+
 class RecordingHub:
     """Stands in for `HfApi`: records calls, snapshots the uploaded folder, can fail the upload."""
 
