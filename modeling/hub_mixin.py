@@ -10,12 +10,16 @@
   (transformers itself writes only the saved class's own entry; the code for all of them is in the copied file.)
 - A config that cannot be saved fails `save_pretrained` before anything is written (transformers would first create
   the folder and copy the code into it).
+- Saving into a folder that holds an earlier save with the other layout (one `model.safetensors` against shards and
+  their index) leaves no stale weights behind: transformers removes old shards but not an old single file, which
+  `from_pretrained` then prefers over the new shards, silently loading the earlier weights.
 
 Part of the flat `modeling/` folder copied next to saved models, so the same rules hold when loaded as remote code.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from typing import Any
@@ -54,7 +58,10 @@ class HubMixin:
             if family:
                 auto_map = dict(getattr(self.config, "auto_map", None) or {})
                 self.config.auto_map = {**family, **auto_map}
-        return super().save_pretrained(save_directory, *args, **kwargs)
+        result = super().save_pretrained(save_directory, *args, **kwargs)
+        if kwargs.get("is_main_process", True) and os.path.isdir(save_directory):
+            remove_the_other_layout(save_directory)
+        return result
 
     def _family_auto_map(self) -> dict[str, str]:
         """{auto class: "module.Class"} for every registered class of this config in this class's module file."""
@@ -73,6 +80,25 @@ class HubMixin:
                 auto_class if isinstance(auto_class, str) else auto_class.__name__, f"{module_name}.{obj.__name__}"
             )
         return family
+
+
+SINGLE_FILE, SHARD_INDEX = "model.safetensors", "model.safetensors.index.json"
+
+
+def remove_the_other_layout(folder: str | os.PathLike) -> None:
+    """After a save into `folder`: an index whose shards are all there is the save just written, and a single
+    weights file beside it is stale; an index with shards missing (transformers removed them, having written a
+    single file) is stale itself."""
+    index = os.path.join(folder, SHARD_INDEX)
+    if not os.path.isfile(index):
+        return
+    with open(index, encoding="utf-8") as f:
+        shards = set(json.load(f).get("weight_map", {}).values())
+    stale = SINGLE_FILE if all(os.path.isfile(os.path.join(folder, shard)) for shard in shards) else SHARD_INDEX
+    if stale == SHARD_INDEX or SINGLE_FILE not in shards:
+        path = os.path.join(folder, stale)
+        if os.path.isfile(path):
+            os.remove(path)
 
 
 __all__ = ["HubMixin"]

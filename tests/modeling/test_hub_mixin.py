@@ -106,3 +106,18 @@ def test_a_folder_without_any_weights_is_not_blamed_on_pickles(tmp_path):
     with pytest.raises(OSError, match="no file named model.safetensors") as error:
         DecoderForCausalLM.from_pretrained(tmp_path)
     assert "use_safetensors=False" not in str(error.value)
+
+
+@pytest.mark.parametrize("first, second", [("1GB", "20KB"), ("20KB", "1GB")])
+def test_saving_over_the_other_layout_loads_the_new_weights(tmp_path, first, second):
+    """A sharded save over a single `model.safetensors` left that file, which `from_pretrained` prefers: the earlier
+    weights loaded silently (stock Llama too). Single over shards left a stale index. Neither stays now."""
+    torch.manual_seed(0)
+    old, new = DecoderForCausalLM(tiny_decoder_config()), DecoderForCausalLM(tiny_decoder_config())
+    old.save_pretrained(tmp_path, max_shard_size=first)
+    new.save_pretrained(tmp_path, max_shard_size=second)
+    loaded = DecoderForCausalLM.from_pretrained(tmp_path)
+    assert torch.equal(loaded.lm_head.weight, new.lm_head.weight)
+    names = {path.name for path in tmp_path.iterdir()}
+    sharded = second == "20KB"
+    assert ("model.safetensors" in names) is not sharded and ("model.safetensors.index.json" in names) is sharded
