@@ -125,7 +125,8 @@ def _eval_results(
             metric_value=round(float(value), 4),
         )
         for name, value in metrics.items()
-        if isinstance(value, (int, float))
+        # a number the Hub's model-index takes: not a flag, not NaN or infinity (YAML's `.nan`, which it rejects)
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
     ]
 
 

@@ -56,6 +56,17 @@ def test_metadata_and_model_index(tmp_path):
     assert data.model_name == "someone/ft"
 
 
+def test_model_index_leaves_out_values_the_hub_rejects(tmp_path):
+    """A NaN or infinite metric was written as YAML's `.nan`/`.inf`, and a flag as 1.0."""
+    folder = _save(DecoderForCausalLM(tiny_decoder_config()), tmp_path / "m")
+    metrics = {"loss": 2.0, "bleu": float("nan"), "chrf": float("inf"), "converged": True, "steps": 3}
+    write_model_card(folder, model_id="someone/ft", datasets=["stdlib"], eval_results=metrics)
+    text = (folder / "README.md").read_text()
+    assert ".nan" not in text and ".inf" not in text
+    kept = {r.metric_type for r in ModelCard.load(folder / "README.md").data.eval_results}
+    assert kept == {"loss", "perplexity", "steps"}
+
+
 def test_architecture_table_follows_the_config(tmp_path):
     config = tiny_decoder_config(num_key_value_heads=1)
     folder = _save(DecoderForCausalLM(config), tmp_path / "m")
