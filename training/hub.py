@@ -116,7 +116,9 @@ def default_commit_message(folder: str | Path) -> str:
 def dry_run(folder: str | Path, out: str | Path, repo_id: str, card: dict[str, Any] | None = None) -> list[str]:
     """`stage` into `out` atomically: on any error `out` is left as it was (absent or empty)."""
     out = Path(out)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+    if out.exists() and not out.is_dir():
+        raise PushError(f"--dry-run {out} is a file; give a folder that does not exist or is empty.")
+    if out.exists() and any(out.iterdir()):
         raise PushError(f"--dry-run folder {out} exists and is not empty.")
     out.parent.mkdir(parents=True, exist_ok=True)
     partial = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))

@@ -119,6 +119,9 @@ def test_dry_run_refuses_a_non_empty_target(trained, tmp_path, capsys):
     assert _dry_run(folder, tmp_path / "upload") == 2
     assert "not empty" in capsys.readouterr().err
     assert _files(tmp_path / "upload") == {"keep.txt": b"mine"}
+    (tmp_path / "a_file").write_text("mine")
+    assert _dry_run(folder, tmp_path / "a_file") == 2
+    assert "is a file; give a folder" in capsys.readouterr().err
 
 
 def test_failed_dry_run_leaves_nothing(trained, tmp_path, capsys):
