@@ -141,8 +141,8 @@ def shared_blocker(
         return f"model inputs {extra}"
     cache = cache_in(model_kwargs)
     self_cache = self_attention_cache(cache)
-    if type(self_cache) is not StaticCache or getattr(cache, "_is_user_defined", False):
-        return "a cache other than generate's own StaticCache"
+    if type(self_cache) is not StaticCache:  # (one the user passes in, a returned one continuing a conversation, is)
+        return "a cache other than a StaticCache"
     windows = window_long_layers(self_cache)
     if windows and (why := ring_blocker(model)):
         return (

@@ -138,46 +138,77 @@ def test_default_on_cuda_is_the_static_cache_and_the_user_can_opt_out(on_cuda, n
     assert not notices
 
 
+def _conversation(model, cache, turns: int = 3, **kwargs) -> list:
+    """`turns` calls of generate, each continuing from the last one's cache with the user's next message appended
+    (a left-padded batch of 2); the first call takes `cache` (None: generate's choice; a string: that
+    cache_implementation; a Cache: passed in). Returns each call's output."""
+    inputs = _prompts(2, model.config.vocab_size)
+    ids, mask = inputs["input_ids"], inputs["attention_mask"]
+    common = dict(**GREEDY, pad_token_id=0, eos_token_id=None, **kwargs)
+    outputs = []
+    for turn in range(turns):
+        if isinstance(cache, str):
+            chosen = dict(cache_implementation=cache)
+        else:
+            chosen = {} if cache is None else dict(past_key_values=cache)
+        out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=4 + turn, **chosen, **common)
+        outputs.append(out)
+        cache = out.past_key_values  # the next turn continues from it
+        reply = torch.tensor([[5 + turn, 6, 7]] * 2)  # the user's next message, after the model's answer
+        ids = torch.cat([out.sequences, reply], dim=-1)
+        mask = torch.cat([mask, torch.ones(2, ids.shape[1] - mask.shape[1], dtype=mask.dtype)], dim=-1)
+    return outputs
+
+
 @pytest.mark.parametrize("loop", ["archlab", "transformers"])
 @pytest.mark.parametrize(
-    "name", ["positions_rope", "positions_alibi", "positions_learned", "positions_relative_bias", "moe", "local_global"]
+    "name",
+    ["positions_rope", "positions_alibi", "positions_learned", "positions_relative_bias", "moe", "local_global"],
 )
-def test_a_returned_static_cache_continues_the_conversation_as_a_dynamic_one(name, loop, on_cuda, monkeypatch):
+def test_a_conversation_continues_from_the_returned_static_cache_as_from_a_dynamic_one(
+    name, loop, on_cuda, monkeypatch
+):
     """Multi-turn with `past_key_values=out.past_key_values`: the CUDA default's static cache, too short for the next
-    turn, grows in place (cache_growth.py) and the turn decodes as it does from transformers' dynamic cache. (Stock
-    Llama raises an IndexError from a static cache there.)"""
+    turn, grows in place (cache_growth.py) and each turn decodes as from transformers' dynamic cache. (Stock Llama
+    raises an IndexError from a static cache there.) "archlab": its compiled loop (traced eagerly here) takes every
+    turn, as on CUDA; "transformers": its loop does."""
     model = decoder_variant(name)
-    grown = []
+    grown, loops = [], []
     monkeypatch.setattr(cache_growth.logger, "warning_once", grown.append)
-    # "archlab": its compiled loop (traced eagerly here) takes the first turn, as on CUDA, and leaves the cache to the
-    # next, which runs transformers' loop (a cache passed in); "transformers": its loop runs both
+    monkeypatch.setattr(fast_decoding, "decode", _recorded_call(fast_decoding.decode, loops))
+    kwargs = {}
     if loop == "archlab":
         monkeypatch.setattr(fast_decoding, "compiled_decoding_step", lambda model, config: decoding_loop.decoding_step)
-    compile_config = _on_this_cpu() if loop == "archlab" else None
-    first = dict(**_prompts(1, model.config.vocab_size), **GREEDY, pad_token_id=0, eos_token_id=None)
-    runs = {}
-    for cache in (None, "dynamic"):  # None: the default, static here
-        turn = model.generate(**first, max_new_tokens=5, cache_implementation=cache, compile_config=compile_config)
-        reply = torch.tensor([[5, 6, 7]])  # the user's next message, after the model's answer
-        ids = torch.cat([turn.sequences, reply], dim=-1)
-        runs[cache] = (
-            turn,
-            model.generate(
-                input_ids=ids,
-                attention_mask=torch.ones_like(ids),
-                past_key_values=turn.past_key_values,
-                **GREEDY,
-                max_new_tokens=6,
-                pad_token_id=0,
-                eos_token_id=None,
-                compile_config=compile_config,
-            ),
-        )
-    (static_turn, static_next), (_, dynamic_next) = runs[None], runs["dynamic"]
-    assert isinstance(static_turn.past_key_values, StaticCache)
-    assert static_next.past_key_values is static_turn.past_key_values  # the user's object, grown in place
-    _assert_same_decoding(static_next, dynamic_next)
-    assert len(grown) == 1 and "holds" in grown[0] and "\n" not in grown[0]
+        kwargs = dict(compile_config=_on_this_cpu())
+    static = _conversation(model, None, **kwargs)
+    assert len(loops) == (3 if loop == "archlab" else 0)
+    dynamic = _conversation(model, "dynamic", **kwargs)
+    assert isinstance(static[0].past_key_values, StaticCache)
+    assert all(out.past_key_values is static[0].past_key_values for out in static)  # the user's object, grown
+    for turn, (a, b) in enumerate(zip(static, dynamic)):
+        assert torch.equal(a.sequences, b.sequences), f"turn {turn}"
+        _assert_same_decoding(a, b)
+    assert len(grown) == 2 and all("holds" in line and "\n" not in line for line in grown)  # turns 2 and 3 grew it
+
+
+def test_a_conversation_from_a_static_cache_of_ones_own_takes_the_whole_step_loop(on_cuda, monkeypatch):
+    model = decoder_variant("positions_rope")
+    loops = []
+    monkeypatch.setattr(fast_decoding, "decode", _recorded_call(fast_decoding.decode, loops))
+    monkeypatch.setattr(fast_decoding, "compiled_decoding_step", lambda model, config: decoding_loop.decoding_step)
+    own = StaticCache(config=model.config, max_cache_len=48)
+    static = _conversation(model, own, compile_config=_on_this_cpu())
+    assert len(loops) == 3 and all(out.past_key_values is own for out in static)
+    for a, b in zip(static, _conversation(model, "dynamic")):
+        _assert_same_decoding(a, b)
+
+
+def _recorded_call(function, calls: list):
+    def recorded(*args, **kwargs):
+        calls.append(function)
+        return function(*args, **kwargs)
+
+    return recorded
 
 
 def test_a_static_cache_that_fits_the_next_turn_is_not_copied():
