@@ -5,15 +5,19 @@ FLOPs follow PaLM's accounting (Chowdhery et al. 2022, appendix B, "model FLOPs 
 costs 2 FLOPs per token forward and 6 per trained token (forward + backward), and attention adds 4 · L · d_attn · T
 FLOPs per token forward (QKᵀ and the weighted sum of V over T positions; 12 · L · d_attn · T in training), counted
 over the whole T × T score matrix as PaLM counts it (causal masking is not subtracted). d_attn is the query width,
-heads × head_dim. Embedding lookups are gathers and cost nothing; the LM head is a matmul and counts. A
-mixture-of-experts layer counts the k experts a token is routed to and its router. Recomputation (gradient
-checkpointing) is not model FLOPs. MFU = model FLOPs / seconds / peak dense bf16 FLOP/s.
+heads × head_dim. A sliding-window layer's T is its window where the window is shorter (the keys its last query
+spans, as the decode roofline reads them). Embedding lookups are gathers and cost nothing; the LM head is a matmul
+and counts. A mixture-of-experts layer counts the k experts a token is routed to (of `moe_intermediate_size`), its
+router and its shared expert; dense layers (`mlp_layer_types`) their MLP; a plain MLP (`mlp_type="plain"`) two
+matrices, a gated one three. Recomputation (gradient checkpointing) is not model FLOPs. MFU = model FLOPs / seconds
+/ peak dense bf16 FLOP/s.
 
 A decode step cannot be faster than reading each weight it uses once plus each sequence's KV cache once (bytes /
 peak bandwidth), nor than its FLOPs at the peak rate; its roofline is the larger of the two, and a generation's is
 the sum over its steps (the prompt's forward pass first); a sliding-window layer's step reads at most its window of
-the cache. With batch 1 of a dense model that is the weights' bytes per token: 2.2 GB at ~3 TB/s allows ~1,400
-tokens/s for a 1.1B model in bf16.
+the cache. Beam search's cross-attention keys and values are the same for every beam of a source: read once per
+source, not per beam. With batch 1 of a dense model that is the weights' bytes per token: 2.2 GB at ~3 TB/s allows
+~1,400 tokens/s for a 1.1B model in bf16.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ KNOWN_GPUS: list[tuple[str, float, float]] = [
     (r"\bH100\b.*\bNVL\b", 835.0, 3.9),
     (r"\bH100\b.*\bPCIe\b", 756.0, 2.0),
     (r"\bH100\b", 989.0, 3.35),  # SXM5: "NVIDIA H100 80GB HBM3"
+    (r"\bH200\b.*\bNVL\b", 835.0, 4.8),
     (r"\bH200\b", 989.0, 4.8),
     (r"\bB200\b", 2250.0, 8.0),
     (r"\bA100\b.*SXM.*80GB", 312.0, 2.039),
@@ -59,11 +64,17 @@ def device_peaks(
         name = torch.cuda.get_device_name(device)
     else:
         name = f"CPU ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
-    known = next(((t, b) for pattern, t, b in KNOWN_GPUS if device.type == "cuda" and re.search(pattern, name)), None)
+    # A MIG slice ("NVIDIA H100 80GB HBM3 MIG 1g.10gb") has a share of the chip's SMs and memory bandwidth: the
+    # whole chip's datasheet row would understate its MFU several times, so it has none (the overrides still apply).
+    mig = device.type == "cuda" and re.search(r"\bMIG\b", name) is not None
+    known = next(
+        ((t, b) for pattern, t, b in KNOWN_GPUS if device.type == "cuda" and not mig and re.search(pattern, name)), None
+    )
     flops = tflops if tflops is not None else (known[0] if known else None)
     bandwidth = bandwidth_tb_s if bandwidth_tb_s is not None else (known[1] if known else None)
     overridden = tflops is not None or bandwidth_tb_s is not None
-    source = "--peak-tflops/--peak-bandwidth" if overridden else ("datasheet" if known else "unknown")
+    unknown = "unknown (a MIG slice)" if mig else "unknown"
+    source = "--peak-tflops/--peak-bandwidth" if overridden else ("datasheet" if known else unknown)
     return DevicePeaks(
         name=name,
         flops=flops * 1e12 if flops is not None else None,
@@ -79,30 +90,54 @@ def _head_dim(config) -> int:
     return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
 
 
-def decoder_layer_weights(config) -> tuple[int, int]:
-    """(matmul weights a token uses in one layer, of which routed-expert weights). A gated MLP (SwiGLU: gate, up,
-    down) of `intermediate_size`, or k of `num_local_experts` such experts plus the router."""
+def _mlp_weights(config, width: int) -> int:
+    """Matmul weights of one MLP of `width`: gate, up and down (gated, SwiGLU), or up and down (`mlp_type="plain"`)."""
+    return (2 if getattr(config, "mlp_type", "gated") == "plain" else 3) * config.hidden_size * width
+
+
+def _sparse_layers(config) -> list[bool]:
+    """Per layer, whether its MLP is a mixture of experts: every layer of a config with experts (Mixtral), or those
+    `mlp_layer_types` names "sparse" (archlab's DecoderConfig)."""
+    if not getattr(config, "num_local_experts", None):
+        return [False] * config.num_hidden_layers
+    kinds = getattr(config, "mlp_layer_types", None)
+    return [kind == "sparse" for kind in kinds] if kinds else [True] * config.num_hidden_layers
+
+
+def decoder_layer_weights(config, sparse: bool | None = None) -> tuple[int, int]:
+    """(matmul weights a token uses in one layer, of which routed-expert weights). A dense layer: an MLP of
+    `intermediate_size`; a sparse one (`sparse`; None: whether the config has experts): k of `num_local_experts`
+    experts of `moe_intermediate_size` (default `intermediate_size`), the router, and a shared expert of
+    `shared_expert_intermediate_size` with its one-column gate where there is one."""
     h, hd = config.hidden_size, _head_dim(config)
     heads, kv = config.num_attention_heads, config.num_key_value_heads
     attention = h * hd * (heads + 2 * kv) + heads * hd * h
     experts = getattr(config, "num_local_experts", None) or 0
-    mlp = 3 * h * config.intermediate_size
-    if experts:
-        routed = config.num_experts_per_tok * mlp
-        return attention + routed + h * experts, routed
-    return attention + mlp, 0
+    if not (experts if sparse is None else sparse):
+        return attention + _mlp_weights(config, config.intermediate_size), 0
+    width = getattr(config, "moe_intermediate_size", None) or config.intermediate_size
+    routed = config.num_experts_per_tok * _mlp_weights(config, width)
+    shared = getattr(config, "shared_expert_intermediate_size", None) or 0
+    if shared:
+        shared = _mlp_weights(config, shared) + (h if getattr(config, "shared_expert_gate", True) else 0)
+    return attention + routed + h * experts + shared, routed
+
+
+def decoder_stack_weights(config) -> tuple[int, int]:
+    """(matmul weights one token uses over all layers, of which routed-expert weights)."""
+    layers = [decoder_layer_weights(config, sparse) for sparse in _sparse_layers(config)]
+    return sum(weights for weights, _ in layers), sum(routed for _, routed in layers)
 
 
 def decoder_weights_per_token(config) -> int:
     """Matmul weights one token uses: every layer's (routed experts: only its k) and the LM head."""
-    per_layer, _ = decoder_layer_weights(config)
-    return config.num_hidden_layers * per_layer + config.hidden_size * config.vocab_size
+    return decoder_stack_weights(config)[0] + config.hidden_size * config.vocab_size
 
 
 def decoder_training_flops(config, batch: int, seq_len: int) -> float:
     """Model FLOPs of one training step (forward + backward) over `batch` sequences of `seq_len` tokens."""
     tokens = batch * seq_len
-    attention = 12 * config.num_hidden_layers * config.num_attention_heads * _head_dim(config) * seq_len
+    attention = 12 * config.num_attention_heads * _head_dim(config) * attended_positions(config, seq_len)
     return tokens * (6 * decoder_weights_per_token(config) + attention)
 
 
@@ -111,7 +146,7 @@ def decoder_forward_flops(config, batch: int, seq_len: int, logits_positions: in
     1: the last only, as `generate` does)."""
     head = config.hidden_size * config.vocab_size
     body = decoder_weights_per_token(config) - head
-    attention = 4 * config.num_hidden_layers * config.num_attention_heads * _head_dim(config) * seq_len
+    attention = 4 * config.num_attention_heads * _head_dim(config) * attended_positions(config, seq_len)
     positions = seq_len if logits_positions is None else logits_positions
     return batch * (seq_len * (2 * body + attention) + positions * 2 * head)
 
@@ -121,20 +156,27 @@ def decode_roofline_seconds(
 ) -> float | None:
     """The least time greedy decoding can take: the prompt's forward pass, then one step per further token, each
     bounded by the bytes it must read (the weights it uses once, each sequence's KV cache) and by its FLOPs. None
-    when a peak is unknown. With a mixture of experts, a step reads the experts its batch is routed to: with uniform
-    routing, K · (1 − (1 − k/K)^batch) of K per layer."""
+    when a peak is unknown. With a mixture of experts, a pass over n tokens reads the experts they are routed to:
+    with uniform routing, K · (1 − (1 − k/K)^n) of K per layer (n: the batch in a step, batch × prompt in the
+    prompt's pass)."""
     if peaks.flops is None or peaks.bandwidth is None:
         return None
-    layers, hd = config.num_hidden_layers, _head_dim(config)
-    per_layer, routed = decoder_layer_weights(config)
-    experts = getattr(config, "num_local_experts", None) or 0
-    weights = layers * per_layer + config.hidden_size * config.vocab_size
-    if experts:
-        touched = experts * (1 - (1 - config.num_experts_per_tok / experts) ** batch)
-        weights += layers * routed * (touched / config.num_experts_per_tok - 1)
+    hd = _head_dim(config)
+    stack, routed = decoder_stack_weights(config)
+
+    def weights_read(tokens: int) -> float:
+        """The weights a pass over `tokens` tokens reads: the routed experts they reach in place of k per layer."""
+        weights = stack + config.hidden_size * config.vocab_size
+        if routed:
+            experts, k = config.num_local_experts, config.num_experts_per_tok
+            weights += routed * (experts * (1 - (1 - k / experts) ** tokens) / k - 1)
+        return weights
+
+    weights = weights_read(batch)
     kv_per_layer_position = 2 * config.num_key_value_heads * hd * bytes_per_value
     seconds = max(
-        weights * bytes_per_value / peaks.bandwidth, decoder_forward_flops(config, batch, prompt, 1) / peaks.flops
+        weights_read(batch * prompt) * bytes_per_value / peaks.bandwidth,
+        decoder_forward_flops(config, batch, prompt, 1) / peaks.flops,
     )
     for context in range(prompt + 1, prompt + new_tokens):
         attended = attended_positions(config, context)  # summed over the layers
@@ -158,43 +200,62 @@ def attended_positions(config, context: int) -> int:
 # ----------------------------------------------------------------------------------------------------------------
 # Encoder-decoder models (MarianConfig / BartConfig names, which archlab's Seq2SeqConfig shares)
 # ----------------------------------------------------------------------------------------------------------------
+def seq2seq_widths(config, side: str) -> tuple[int, int]:
+    """(query width heads × head_dim, key/value width kv_heads × head_dim) of `side`'s ("encoder" / "decoder")
+    attention; a decoder's cross-attention has the decoder's. Marian/Bart: both d_model; archlab's Seq2SeqConfig
+    also has GQA (`{side}_key_value_heads`) and T5's head size `d_kv`."""
+    heads = getattr(config, f"{side}_attention_heads")
+    kv_heads = getattr(config, f"{side}_key_value_heads", None) or heads
+    head_dim = getattr(config, "d_kv", None) or config.d_model // heads
+    return heads * head_dim, kv_heads * head_dim
+
+
 def seq2seq_weights(config) -> dict[str, int]:
     """Matmul weights per token: `encoder` per source token, `cross_kv` per source token (each decoder layer's
     cross-attention keys and values), `decoder` per target token (self-attention, cross-attention queries and
-    output, MLP, LM head)."""
+    output, MLP, LM head). A plain FFN (Marian) has two matrices, a gated one (`mlp_type="gated"`) three."""
     d = config.d_model
+    ffn = 3 if getattr(config, "mlp_type", "plain") == "gated" else 2
+    (eq, ekv), (dq, dkv) = seq2seq_widths(config, "encoder"), seq2seq_widths(config, "decoder")
+    vocab = getattr(config, "decoder_vocab_size", None) or config.vocab_size
     return {
-        "encoder": config.encoder_layers * (4 * d * d + 2 * d * config.encoder_ffn_dim),
-        "cross_kv": config.decoder_layers * 2 * d * d,
-        "decoder": config.decoder_layers * (6 * d * d + 2 * d * config.decoder_ffn_dim) + d * config.vocab_size,
+        "encoder": config.encoder_layers * (2 * d * (eq + ekv) + ffn * d * config.encoder_ffn_dim),
+        "cross_kv": config.decoder_layers * 2 * d * dkv,
+        "decoder": config.decoder_layers * (2 * d * (2 * dq + dkv) + ffn * d * config.decoder_ffn_dim) + d * vocab,
     }
 
 
 def seq2seq_training_flops(config, batch: int, source_len: int, target_len: int) -> float:
     """Model FLOPs of one training step: 6 per weight per token it sees, plus encoder self-attention, decoder
-    self-attention and cross-attention (12 · d per query-key pair)."""
-    w, d = seq2seq_weights(config), config.d_model
+    self-attention and cross-attention (12 · query width per query-key pair)."""
+    w = seq2seq_weights(config)
+    eq, dq = seq2seq_widths(config, "encoder")[0], seq2seq_widths(config, "decoder")[0]
     weights = (w["encoder"] + w["cross_kv"]) * source_len + w["decoder"] * target_len
-    pairs = config.encoder_layers * source_len**2 + config.decoder_layers * (target_len**2 + target_len * source_len)
-    return batch * (6 * weights + 12 * d * pairs)
+    attention = eq * config.encoder_layers * source_len**2
+    attention += dq * config.decoder_layers * (target_len**2 + target_len * source_len)
+    return batch * (6 * weights + 12 * attention)
 
 
 def beam_search_roofline_seconds(
     config, peaks: DevicePeaks, batch: int, beams: int, source_len: int, new_tokens: int, bytes_per_value: int = 2
 ) -> float | None:
     """The least time beam search can take: the encoder pass, then one decoder step per token for batch × beams
-    sequences, each step reading the decoder's weights once and every sequence's self- and cross-attention cache."""
+    sequences, each step reading the decoder's weights once, every sequence's self-attention cache and each
+    source's cross-attention keys and values once (its beams attend to the same ones)."""
     if peaks.flops is None or peaks.bandwidth is None:
         return None
-    w, d, layers = seq2seq_weights(config), config.d_model, config.decoder_layers
-    encoder_flops = (
-        batch * source_len * (2 * (w["encoder"] + w["cross_kv"]) + 4 * config.encoder_layers * d * source_len)
-    )
+    w, layers = seq2seq_weights(config), config.decoder_layers
+    eq = seq2seq_widths(config, "encoder")[0]
+    dq, dkv = seq2seq_widths(config, "decoder")
+    encoder_attention = 4 * config.encoder_layers * eq * source_len
+    encoder_flops = batch * source_len * (2 * (w["encoder"] + w["cross_kv"]) + encoder_attention)
     encoder_bytes = (w["encoder"] + w["cross_kv"]) * bytes_per_value
     seconds = max(encoder_bytes / peaks.bandwidth, encoder_flops / peaks.flops)
     sequences = batch * beams
+    kv_per_layer_position = 2 * dkv * bytes_per_value
+    cross = batch * layers * source_len * kv_per_layer_position
     for context in range(1, new_tokens + 1):
-        read = w["decoder"] * bytes_per_value + sequences * 2 * layers * d * (context + source_len) * bytes_per_value
-        flops = sequences * (2 * w["decoder"] + 4 * layers * d * (context + source_len))
+        read = w["decoder"] * bytes_per_value + sequences * layers * context * kv_per_layer_position + cross
+        flops = sequences * (2 * w["decoder"] + 4 * layers * dq * (context + source_len))
         seconds += max(read / peaks.bandwidth, flops / peaks.flops)
     return seconds
