@@ -134,7 +134,8 @@ def describe(setup: Setup) -> str:
 
     return (
         f"{peaks.name}: {tflops}, {bandwidth} ({peaks.source}); torch {torch.__version__}"
-        f"{f' (CUDA {torch.version.cuda})' if setup.cuda else ''}, transformers {transformers.__version__}."
+        f"{f' (CUDA {torch.version.cuda})' if setup.cuda else ''}, transformers {transformers.__version__}. "
+        "MFU counts model FLOPs as PaLM (appendix B) does: the causal half of attention included, no recomputation."
     )
 
 
