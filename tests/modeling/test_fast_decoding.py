@@ -203,6 +203,22 @@ def test_a_conversation_from_a_static_cache_of_ones_own_takes_the_whole_step_loo
         _assert_same_decoding(a, b)
 
 
+@pytest.mark.parametrize("name", ["positions_rope", "moe", "local_global"])
+def test_beam_search_from_a_static_cache_of_ones_own_takes_the_whole_step_loop(name, on_cuda, monkeypatch):
+    model = decoder_variant(name)
+    loops = []
+    monkeypatch.setattr(fast_decoding, "beam_search", _recorded_call(fast_decoding.beam_search, loops))
+    monkeypatch.setattr(fast_decoding, "compiled_beam_step", lambda model, config: beam_loop.beam_step)
+    kwargs = dict(**_prompts(2, model.config.vocab_size), **GREEDY, num_beams=3, max_new_tokens=6, pad_token_id=0)
+    own = model.generate(
+        **kwargs, past_key_values=StaticCache(config=model.config, max_cache_len=20), compile_config=_on_this_cpu()
+    )
+    dynamic = model.generate(**kwargs, past_key_values=DynamicCache(config=model.config))
+    assert len(loops) == 1
+    _assert_same_decoding(own, dynamic)
+    torch.testing.assert_close(own.sequences_scores, dynamic.sequences_scores, atol=1e-5, rtol=1e-5)
+
+
 def _recorded_call(function, calls: list):
     def recorded(*args, **kwargs):
         calls.append(function)
