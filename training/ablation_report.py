@@ -26,10 +26,15 @@ def markdown_table(results: list[dict[str, Any]], args: AblationSettings) -> str
         flag = " (diverged)" if r["diverged"] else ""
         lines.append(
             f"| {r['name']}{flag} | {r['parameters'] / 1e6:.2f}M | {r['val_loss']:.3f} | {r['val_loss_2x_tail']:.3f} | "
-            f"{r['tokens_per_second']:,.0f} ({speed:.2f}×) | {r['peak_memory_mb']:.0f} | "
+            f"{r['tokens_per_second']:,.0f} ({speed:.2f}×) | {_megabytes(r['peak_memory_mb'])} | "
             f"{r['kv_bytes_per_token']:,.0f} | {r['decode_tokens_per_second']:,.0f} ({decode:.2f}×) |"
         )
     return "\n".join(lines)
+
+
+def _megabytes(mb: float) -> str:
+    """Whole megabytes, or two significant digits below 10 (a tiny model's step holds well under one)."""
+    return f"{mb:,.0f}" if mb >= 10 else f"{mb:.2g}"
 
 
 # ----------------------------------------------------------------------------------------------------------------
