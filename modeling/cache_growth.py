@@ -61,11 +61,12 @@ def grow_static_cache(model, cache: Cache | None, positions: int) -> None:
             "(the cached tokens, the new prompt and max_new_tokens). Build it with max_cache_len of at least "
             f"{positions}, or continue from a DynamicCache."
         )
-    logger.warning_once(
-        f"{type(model).__name__}: the static cache passed to generate holds {held} positions and this call needs "
-        f"{positions}; it is grown in place (a copy per growth). A StaticCache built with a max_cache_len that fits "
-        "every turn, or cache_implementation='dynamic', avoids the copies."
+    logger.warning_once(  # (no lengths in it: said once per process, not once per turn)
+        f"{type(model).__name__}: a static cache passed to generate holds fewer positions than the call needs; it is "
+        "grown in place (a copy per growth). A StaticCache built with a max_cache_len that fits every turn, or "
+        "cache_implementation='dynamic', avoids the copies."
     )
+    logger.info(f"{type(model).__name__}: the static cache grows from {held} to {positions} positions.")
     for layer in short:
         _grow_layer(layer, positions)
     kept = model.__dict__.get("_kept_static_cache")

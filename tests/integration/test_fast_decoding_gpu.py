@@ -182,6 +182,42 @@ def test_the_projection_layout_costs_no_memory_and_keeps_the_logits():
     assert model.model.layers[0].self_attn.q_proj.weight.data_ptr() == address  # generate reuses the layout
 
 
+@pytest.mark.parametrize("own_cache", [False, True], ids=["returned", "own"])
+def test_a_conversation_continued_from_the_cache_equals_eager_decoding(own_cache):
+    """Three turns, each passing the last call's cache back with the next message appended: from the default's
+    returned static cache (grown in place each turn, cache_growth.py) or from a StaticCache of one's own, every turn
+    on the compiled whole-step loop, the tokens of eager decoding from a dynamic cache (fp32)."""
+    torch._dynamo.reset()
+    counters.clear()
+    model = _model("dense", torch.float32)
+    inputs = _inputs("dense", 4)
+    kwargs = dict(do_sample=False, max_new_tokens=8, pad_token_id=0, eos_token_id=None, return_dict_in_generate=True)
+    runs = {}
+    for side in ("fast", "eager"):
+        ids, mask = inputs["input_ids"], inputs["attention_mask"]
+        cache = StaticCache(config=model.config, max_cache_len=128) if own_cache and side == "fast" else None
+        if side == "eager":
+            cache = DynamicCache(config=model.config)
+        runs[side] = []
+        for turn in range(3):
+            out = model.generate(
+                input_ids=ids,
+                attention_mask=mask,
+                **kwargs,
+                **({"past_key_values": cache} if cache is not None else {}),
+            )
+            runs[side].append(out.sequences)
+            cache = out.past_key_values
+            reply = torch.randint(3, VOCAB, (4, 5), generator=torch.Generator().manual_seed(turn)).cuda()
+            ids = torch.cat([out.sequences, reply], dim=-1)
+            mask = torch.cat([mask, torch.ones_like(ids[:, mask.shape[1] :])], dim=-1)
+        if side == "fast":
+            assert isinstance(cache, StaticCache)
+    assert counters["inductor"]["cudagraph_skips"] == 0
+    for turn, (fast, eager) in enumerate(zip(runs["fast"], runs["eager"])):
+        assert torch.equal(fast, eager), f"turn {turn}"
+
+
 def test_greedy_calls_reuse_one_recorded_step(monkeypatch):
     """Calls that do not return the cache reuse generate's static cache and the loop's buffers: the CUDA graph
     recorded in the first call is replayed by the next ones (no new recording, no skip), with the same tokens, and
