@@ -181,6 +181,16 @@ def trace_only_torch_compile(monkeypatch) -> None:
     monkeypatch.setattr(torch, "compile", lambda model, **kw: compile_model(model, **{**kw, "backend": "eager"}))
 
 
+def forbid(monkeypatch, module, name: str, message: str) -> None:
+    """Replace `module.name` with a function that fails the test with `message` if it is called (an expensive step
+    that a check must come before: loading data, training a tokenizer)."""
+
+    def never(*args, **kwargs):
+        raise AssertionError(message)
+
+    monkeypatch.setattr(module, name, never)
+
+
 def digit_tokenizer():
     """Word-level tokenizer over the digits 0-9 (ids 3..12) with <pad>=0, <s>=1, </s>=2 (Seq2SeqConfig's ids)."""
     from tokenizers import Tokenizer, models, pre_tokenizers

@@ -21,7 +21,7 @@ from archlab.scripts import pretrain
 from archlab.tokenization.training import save_tokenizer, train_tokenizer
 from archlab.training import pretraining, sources
 
-from helpers import TINY_DECODER_OVERRIDES, TINY_SEQ2SEQ_OVERRIDES
+from helpers import TINY_DECODER_OVERRIDES, TINY_SEQ2SEQ_OVERRIDES, forbid
 
 
 def code_texts(n: int) -> list[str]:
@@ -225,10 +225,7 @@ def test_model_flags_fail_before_data_is_read(
 ) -> None:
     """Both failed only after the tokenizer was trained and the data prepared."""
 
-    def never(*args, **kwargs):
-        raise AssertionError("data was loaded before the model flags were checked")
-
-    monkeypatch.setattr(sources, "load_raw_datasets", never)
+    forbid(monkeypatch, sources, "load_raw_datasets", "data was loaded before the model flags were checked")
     args = tiny_args(tmp_path / "run", data_dir)
     for flag, value in zip(extra[::2], extra[1::2]):
         if flag in args:
@@ -247,13 +244,10 @@ def test_resuming_with_another_architecture_is_refused_before_data_is_read(
 
     from helpers import tiny_decoder_config
 
-    def never(*args, **kwargs):
-        raise AssertionError("data was loaded before the checkpoint's config was compared")
-
     checkpoint = tmp_path / "run" / "checkpoint-3"
     archlab.DecoderConfig(**{**tiny_decoder_config().to_dict(), "hidden_size": 64}).save_pretrained(checkpoint)
     (checkpoint / "trainer_state.json").write_text(json.dumps({"global_step": 3}))
-    monkeypatch.setattr(sources, "load_raw_datasets", never)
+    forbid(monkeypatch, sources, "load_raw_datasets", "data was loaded before the checkpoint's config was compared")
     args = tiny_args(tmp_path / "run", data_dir, "--resume_from_checkpoint", "true")
     with pytest.raises(
         ValueError, match="checkpoint-3 holds a model with hidden_size=64.* these flags build hidden_size=32"
@@ -264,10 +258,7 @@ def test_resuming_with_another_architecture_is_refused_before_data_is_read(
 def test_a_config_value_out_of_range_fails_before_the_tokenizer_is_trained(
     tmp_path: Path, data_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    def never(*args, **kwargs):
-        raise AssertionError("a tokenizer was trained before the config was checked")
-
-    monkeypatch.setattr(pretraining, "train_tokenizer", never)
+    forbid(monkeypatch, pretraining, "train_tokenizer", "a tokenizer was trained before the config was checked")
     args = tiny_args(tmp_path / "run", data_dir)
     args[args.index("--config_overrides") + 1] = f"{TINY_DECODER_OVERRIDES},num_key_value_heads=3"
     with pytest.raises(ValueError, match="`num_key_value_heads` \\(3\\) must divide `num_attention_heads`"):
@@ -310,10 +301,7 @@ TRAINING_FLAGS = [
 def test_training_flags_are_checked_before_data_is_read(
     tmp_path: Path, data_dir: Path, monkeypatch: pytest.MonkeyPatch, extra: list[str], message: str
 ) -> None:
-    def never(*args, **kwargs):
-        raise AssertionError("data was loaded before the training flags were checked")
-
-    monkeypatch.setattr(sources, "load_raw_datasets", never)
+    forbid(monkeypatch, sources, "load_raw_datasets", "data was loaded before the training flags were checked")
     out = tmp_path / "run"
     with pytest.raises(ValueError, match=re.escape(message)):
         pretrain.main(tiny_args(out, data_dir, *extra))
@@ -323,10 +311,7 @@ def test_training_flags_are_checked_before_data_is_read(
 def test_use_liger_kernel_without_liger_or_a_gpu_is_refused_before_data_is_read(
     tmp_path: Path, data_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    def never(*args, **kwargs):
-        raise AssertionError("data was loaded before --use_liger_kernel was checked")
-
-    monkeypatch.setattr(sources, "load_raw_datasets", never)
+    forbid(monkeypatch, sources, "load_raw_datasets", "data was loaded before --use_liger_kernel was checked")
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     if importlib.util.find_spec("liger_kernel") is None:
         message = "--use_liger_kernel needs liger-kernel: `pip install liger-kernel`"
@@ -452,11 +437,7 @@ def test_resume_reuses_the_saved_tokenizer_and_reports_the_whole_runs_loss(
     uninterrupted = pretrain.main(tiny_args(tmp_path / "reference", data_dir, *RESUMABLE, "--max_steps", "6"))
     out = tmp_path / "run"
     pretrain.main(tiny_args(out, data_dir, *RESUMABLE, "--max_steps", "4"))
-
-    def never(*args, **kwargs):
-        raise AssertionError("the resumed run trained a new tokenizer instead of loading the checkpoint's")
-
-    monkeypatch.setattr(pretraining, "train_tokenizer", never)
+    forbid(monkeypatch, pretraining, "train_tokenizer", "the resumed run trained a new tokenizer, not the checkpoint's")
     warnings = []  # transformers' loggers do not propagate to pytest's capture
     handler = logging.Handler(logging.WARNING)
     handler.emit = lambda record: warnings.append(record.getMessage())
