@@ -79,19 +79,23 @@ class _RecordLoss(TrainerCallback):
 
 
 class _SaveWeightsAtEnd(TrainerCallback):
-    """Each rank writes the weights it ends training with to `DIR/rank-R.safetensors`."""
+    """Each rank writes the weights it ends training with to `DIR/rank-R.safetensors` (and its tokenizer to
+    `DIR/rank-R.tokenizer.json`)."""
 
     def __init__(self, weights_dir: str | None) -> None:
         self.weights_dir = weights_dir
 
-    def on_train_end(self, args, state, control, model=None, **kwargs):
+    def on_train_end(self, args, state, control, model=None, processing_class=None, **kwargs):
         if self.weights_dir is None:
             return
         from safetensors.torch import save_file
 
         os.makedirs(self.weights_dir, exist_ok=True)
+        rank = os.environ.get("RANK", "0")
         weights = {name: tensor.detach().clone().contiguous() for name, tensor in model.state_dict().items()}
-        save_file(weights, os.path.join(self.weights_dir, f"rank-{os.environ.get('RANK', '0')}.safetensors"))
+        save_file(weights, os.path.join(self.weights_dir, f"rank-{rank}.safetensors"))
+        if hasattr(processing_class, "backend_tokenizer"):  # the tokenizer this rank trained on
+            processing_class.backend_tokenizer.save(os.path.join(self.weights_dir, f"rank-{rank}.tokenizer.json"))
 
 
 def run_script(name: str, weights_dir: str, argv: list[str]) -> dict:

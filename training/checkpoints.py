@@ -3,6 +3,7 @@ model unless told to), a finished run that needs nothing more, and clearing an o
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -105,7 +106,10 @@ def clear_output_dir(output_dir: str) -> None:
     for name in FINISHED_MARKERS:  # config.json first: a folder without it is never taken for a finished model
         path = os.path.join(output_dir, name)
         if os.path.isfile(path):
-            os.remove(path)
+            # under torchrun / accelerate launch every process clears the folder at the same moment: another one
+            # may remove the file between the check and the removal
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(path)
     for entry in os.listdir(output_dir):
         if entry.startswith(("checkpoint-", STAGING)):
             shutil.rmtree(os.path.join(output_dir, entry), ignore_errors=True)

@@ -2,13 +2,24 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 
 import torch
 
 
+def is_main_process() -> bool:
+    """Whether this is the first process of a torchrun / accelerate launch run (or the only process)."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_rank() == 0
+    return int(os.environ.get("RANK", "0")) == 0
+
+
 def log(message: str) -> None:
-    print(f"[archlab] {message}", flush=True)
+    """One `[archlab] ...` line, printed by the first process only: the processes of a data-parallel run each printed
+    every line (as transformers' example scripts leave their replicas' logs at warning level)."""
+    if is_main_process():
+        print(f"[archlab] {message}", flush=True)
 
 
 def summary(metrics: dict[str, float], keys: Sequence[str]) -> str:

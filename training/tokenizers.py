@@ -7,6 +7,7 @@ import os
 from collections.abc import Callable
 from typing import Any, Protocol
 
+import torch.distributed as dist
 from transformers.tokenization_utils_base import VERY_LARGE_INTEGER
 
 from archlab.tokenization.training import has_tokenizer, load_tokenizer
@@ -45,7 +46,27 @@ def get_tokenizer(choices: TokenizerChoices, resume: str | None, train: Callable
         if choices.tokenizer_name and choices.model_name_or_path:
             warn_about_other_token_ids(tokenizer, choices.tokenizer_name, choices.model_name_or_path)
         return tokenizer
-    return train()
+    return train_on_the_main_process(train)
+
+
+def train_on_the_main_process(train: Callable[[], Any]) -> Any:
+    """`train()`, run once under torchrun / accelerate launch: the first process trains and hands its tokenizer to the
+    others. WordPiece and Unigram training are not deterministic across processes (each process's hash seeds order
+    ties differently), so a tokenizer trained by every process gave each its own token ids for the same text, and
+    the processes trained one model on differently encoded data while only the first process's tokenizer was saved.
+    An error of the first process's training is raised by every process."""
+    if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+        return train()
+    result: list[Any] = [None]
+    if dist.get_rank() == 0:
+        try:
+            result[0] = train()
+        except Exception as error:  # the others would wait for a tokenizer forever
+            result[0] = error
+    dist.broadcast_object_list(result, src=0)
+    if isinstance(result[0], Exception):
+        raise result[0]
+    return result[0]
 
 
 def warn_about_other_token_ids(tokenizer: Any, tokenizer_name: str, model_path: str) -> None:

@@ -127,24 +127,33 @@ class AtomicCheckpointTrainer(Trainer):
         return self._staging_dir or super()._get_output_dir(trial)
 
     def _save_checkpoint(self, model: torch.nn.Module, trial: Any) -> None:
+        # Under torchrun / accelerate launch every process writes into the staging folder (its own
+        # `rng_state_R.pth`; rank 0 the rest), but only the saving process clears it and renames it into place, each
+        # after every process is done with it: a process that renamed or cleared the folder while another still
+        # wrote to it crashed the run or left a `checkpoint-N` without its files.
         run_dir = super()._get_output_dir(trial)
         staging = os.path.join(run_dir, STAGING)
-        shutil.rmtree(staging, ignore_errors=True)
+        if self.args.should_save:
+            shutil.rmtree(staging, ignore_errors=True)
+        self.accelerator.wait_for_everyone()
         self._staging_dir = staging
         try:
             super()._save_checkpoint(model, trial)
         finally:
             self._staging_dir = None
+        self.accelerator.wait_for_everyone()
         name = f"checkpoint-{self.state.global_step}"
         final = os.path.join(run_dir, name)
-        if os.path.isdir(final):
-            shutil.rmtree(final)
-        os.replace(os.path.join(staging, name), final)
-        shutil.rmtree(staging, ignore_errors=True)
+        if self.args.should_save:
+            if os.path.isdir(final):
+                shutil.rmtree(final)
+            os.replace(os.path.join(staging, name), final)
+            shutil.rmtree(staging, ignore_errors=True)
         if self.state.best_model_checkpoint and STAGING in self.state.best_model_checkpoint:
             self.state.best_model_checkpoint = self.state.best_model_checkpoint.replace(os.path.join(STAGING, ""), "")
         if self.args.should_save:
             rotate_checkpoints(run_dir, self.args.save_total_limit, self.state.best_model_checkpoint, use_mtime=True)
+        self.accelerator.wait_for_everyone()
 
     def _issue_warnings_after_load(self, load_result: Any) -> None:
         """A checkpoint stores a tied head once, under the embedding's name; the head then loads with the embedding

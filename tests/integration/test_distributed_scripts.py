@@ -191,6 +191,21 @@ RUNS = [
 ]
 # The scripts' Trainer with `evaluate()` before `train()` (the case that broke), beside the torchrun runs.
 EVALUATE_FIRST = "archlab-trainer-evaluate-first"
+# Beside them too: pretraining that saves a checkpoint at every step, and one that trains its own WordPiece tokenizer.
+CHECKPOINTED = "pretrain-checkpoints"
+TOKENIZER_TRAINED = "pretrain-trains-its-tokenizer"
+EXTRA_TORCHRUN_SCRIPTS = (CHECKPOINTED, TOKENIZER_TRAINED)
+
+
+def extra_torchrun_jobs(data: Path, folder: Path) -> dict[str, list[str]]:
+    """`CHECKPOINTED` and `TOKENIZER_TRAINED`: the pretraining run of `script_job`, with those changes."""
+    checkpointed = script_job("pretrain", data, folder / CHECKPOINTED)
+    checkpointed += ["--save_strategy", "steps", "--save_steps", "1", "--save_total_limit", "5"]
+    trained = script_job("pretrain", data, folder / TOKENIZER_TRAINED)
+    at = trained.index("--tokenizer_name")
+    del trained[at : at + 2]
+    trained += ["--tokenizer_algorithm", "wordpiece", "--tokenizer_vocab_size", "200"]
+    return {CHECKPOINTED: checkpointed, TOKENIZER_TRAINED: trained}
 
 
 def script_job(name: str, data: Path, folder: Path) -> list[str]:
@@ -217,6 +232,8 @@ def launched(data: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
                 *("--weights_dir", str(trainer_folder / "weights"), "--archlab_trainer", "--evaluate_first"),
             ]
             names.append(EVALUATE_FIRST)
+            jobs.update(extra_torchrun_jobs(data, folder))
+            names += EXTRA_TORCHRUN_SCRIPTS
         out, printed = launch_batch(folder, LAUNCHERS[launcher](), jobs)
         for name in names:
             results[name, launcher] = (folder / name, out[name], printed)
@@ -252,8 +269,8 @@ def assert_one_model(weights_dir: Path, reference: dict[str, torch.Tensor]) -> N
 def test_script_trains_one_model(name: str, launcher: str, launched, single_process) -> None:
     folder, result, printed = launched[name, launcher]
     assert result["world_size"] == 2
-    scripts = sum(used == launcher for _, used in RUNS)
-    assert printed.count("Before ") == 2 * scripts  # the loss before training is still reported (by each process)
+    scripts = sum(used == launcher for _, used in RUNS) + (len(EXTRA_TORCHRUN_SCRIPTS) if launcher == "torchrun" else 0)
+    assert printed.count("Before ") == scripts  # the loss before training is still reported, by the first process
     assert "before_eval_loss" in result["metrics"]
     assert (folder / "run" / "config.json").is_file()  # one complete folder, written by rank 0
     assert_one_model(folder / "weights", single_process(name))
@@ -277,3 +294,30 @@ def test_archlab_trainer_trains_one_model_after_an_evaluation(tmp_path: Path, la
         )
     )
     assert_one_model(folder / "weights", load_file(tmp_path / "one-weights" / "rank-0.safetensors"))
+
+
+def test_checkpoints_of_two_processes_are_complete(launched) -> None:
+    """Every process writes into the checkpoint's staging folder (its own RNG state), and only the saving process
+    renames it into place, after the others are done: each process clearing or renaming the folder on its own crashed
+    the run or left a `checkpoint-N` without its files (rank 1's RNG state, or the model)."""
+    folder, result, _ = launched[CHECKPOINTED, "torchrun"]
+    assert result["world_size"] == 2
+    run = folder / "run"
+    assert sorted(p.name for p in run.glob("checkpoint-*")) == ["checkpoint-1", "checkpoint-2", "checkpoint-3"]
+    for checkpoint in run.glob("checkpoint-*"):
+        files = {p.name for p in checkpoint.iterdir()}
+        expected = {"model.safetensors", "optimizer.pt", "scheduler.pt", "trainer_state.json"}
+        assert expected | {"rng_state_0.pth", "rng_state_1.pth"} <= files, checkpoint.name
+    assert not [p.name for p in run.iterdir() if p.name.startswith(".staging")]
+    assert (run / "config.json").is_file()
+
+
+def test_a_tokenizer_trained_under_two_processes_is_one_tokenizer(launched) -> None:
+    """WordPiece training orders ties by each process's hash seed: every process training its own gave each its own
+    token ids. The first process trains, the others get its tokenizer, the one saved with the model."""
+    folder, result, _ = launched[TOKENIZER_TRAINED, "torchrun"]
+    assert result["world_size"] == 2
+    ranks = [json.loads((folder / "weights" / f"rank-{r}.tokenizer.json").read_text()) for r in range(2)]
+    assert ranks[0]["model"]["vocab"] == ranks[1]["model"]["vocab"]
+    saved = json.loads((folder / "run" / "tokenizer.json").read_text())
+    assert saved["model"]["vocab"] == ranks[0]["model"]["vocab"]

@@ -558,6 +558,27 @@ def test_overwrite_removes_the_markers_of_an_earlier_finished_model(tmp_path: Pa
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model.safetensors", "notes.txt"]
 
 
+def test_overwrite_tolerates_another_process_clearing_the_same_folder(tmp_path: Path, monkeypatch) -> None:
+    """Under torchrun every process runs `clear_output_dir` at once: a marker file another process removed between
+    the check and the removal was a FileNotFoundError (a traceback) in this one."""
+    from archlab.training import checkpoints
+
+    for name in ("config.json", "trainer_state.json"):
+        (tmp_path / name).write_text("{}")
+    (tmp_path / "checkpoint-3").mkdir()
+    isfile = os.path.isfile
+
+    def removed_by_the_other_process(path):
+        exists = isfile(path)
+        if exists and os.path.basename(path) in checkpoints.FINISHED_MARKERS:
+            os.remove(path)
+        return exists
+
+    monkeypatch.setattr(checkpoints.os.path, "isfile", removed_by_the_other_process)
+    checkpoints.clear_output_dir(str(tmp_path))
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_config_overrides_take_json_lists_and_objects() -> None:
     from archlab.training.configs import parse_overrides
 

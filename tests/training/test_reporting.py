@@ -33,3 +33,15 @@ def test_a_gpu_run_names_the_gpu_precision_processes_and_compilation(monkeypatch
     assert "wait for the compiler" in line
     args.torch_compile, args.regional_compilation, args.bf16, args.fp16 = True, False, False, True
     assert reporting.training_setup(args).endswith("fp16 autocast, compiled; the first steps wait for the compiler")
+
+
+def test_log_lines_are_printed_by_the_first_process_only(monkeypatch, capsys):
+    """Under torchrun every process printed every `[archlab]` line (the tests/integration/test_distributed_scripts.py
+    runs count them across processes)."""
+    for rank, printed in (("0", "[archlab] hello\n"), ("1", "")):
+        monkeypatch.setenv("RANK", rank)
+        reporting.log("hello")
+        assert capsys.readouterr().out == printed
+    monkeypatch.delenv("RANK")
+    reporting.log("alone")
+    assert capsys.readouterr().out == "[archlab] alone\n"
