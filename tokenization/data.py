@@ -229,6 +229,17 @@ def limit(dataset: AnyDataset, max_samples: int | None) -> AnyDataset:
     return dataset.select(range(min(max_samples, len(dataset))))
 
 
+def _column_names(dataset: AnyDataset) -> list[str]:
+    """The dataset's columns; a streamed one whose features are unknown (a text file, a data set without metadata)
+    says None, so its first example is read for them (`map` would otherwise keep the input columns beside its
+    output, and a batch whose output has another number of rows fails inside `datasets`)."""
+    names = dataset.column_names
+    if names is None and isinstance(dataset, IterableDataset):
+        first = next(iter(dataset), None)
+        names = list(first) if first is not None else []
+    return names
+
+
 def _map(dataset: AnyDataset, function: Callable, num_proc: int | None, overwrite_cache: bool, desc: str, **kw):
     """`dataset.map(batched=True)`, multi-process and cached for map-style datasets, lazy for streaming ones."""
     if isinstance(dataset, IterableDataset):
@@ -245,12 +256,16 @@ def tokenize_documents(
     num_proc: int | None = None,
     overwrite_cache: bool = False,
 ) -> AnyDataset:
-    """`input_ids` per document, with the tokenizer's specials (e.g. `<s>`) and a final eos token."""
+    """`input_ids` per document, with the tokenizer's specials (e.g. `<s>`) and a final eos token. Empty and
+    whitespace-only texts (the blank lines of a text file read by `line`) are dropped, as run_mlm.py's line-by-line
+    mode drops them: with the specials each was a document of its own, `<s> </s>`, teaching the model to end a text
+    as soon as it starts."""
     eos = tokenizer.eos_token_id
-    columns = dataset.column_names
+    columns = _column_names(dataset)
 
     def tokenize(batch: dict[str, list]) -> dict[str, list]:
-        encoded = tokenizer(batch[text_column], add_special_tokens=True, verbose=False)["input_ids"]
+        texts = [text for text in batch[text_column] if text and not text.isspace()]
+        encoded = tokenizer(texts, add_special_tokens=True, verbose=False)["input_ids"] if texts else []
         if eos is not None:
             encoded = [ids if ids and ids[-1] == eos else ids + [eos] for ids in encoded]
         return {"input_ids": encoded}
@@ -324,7 +339,7 @@ def pack_causal_lm(
     def pack(batch: dict[str, list]) -> dict[str, list]:
         return pack_documents(batch["input_ids"], block_size, pad_token_id, restart_positions, causal_labels)
 
-    columns = tokenized.column_names
+    columns = _column_names(tokenized)
     return _map(
         tokenized,
         pack,

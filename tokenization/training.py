@@ -16,6 +16,7 @@ class every transformers version can load) instead of transformers 5's default "
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -161,6 +162,21 @@ def _batches(texts: Iterable[str], batch_size: int = 1000) -> Iterator[list[str]
         yield batch
 
 
+@contextlib.contextmanager
+def _vocabulary_holds_the_alphabet(vocab_size: int, algorithm: str) -> Iterator[None]:
+    """Unigram training fails with a bare `Exception` of `tokenizers` when `vocab_size` cannot hold every character
+    of the texts: a ValueError naming the flag instead."""
+    try:
+        yield
+    except Exception as error:
+        if "not large enough to contain all chars" not in str(error):
+            raise
+        raise ValueError(
+            f"`vocab_size` {vocab_size} (--tokenizer_vocab_size) is too small for {algorithm} training: the "
+            "vocabulary must hold every character of the training texts; give a larger one."
+        ) from None
+
+
 def train_tokenizer(
     source: Iterable[str] | Sequence[str | os.PathLike] | Any,
     model_kind: str = "decoder",
@@ -194,7 +210,8 @@ def train_tokenizer(
             raise FileNotFoundError(f"Tokenizer training files not found: {missing}")
         if all(os.path.getsize(p) == 0 for p in source):
             raise ValueError("The tokenizer training files are all empty.")
-        tokenizer.train([os.fspath(p) for p in source], trainer)
+        with _vocabulary_holds_the_alphabet(vocab_size, algorithm):
+            tokenizer.train([os.fspath(p) for p in source], trainer)
         texts = None
     else:
         texts = source
@@ -206,7 +223,8 @@ def train_tokenizer(
                 seen[0] += len(batch)
                 yield batch
 
-        tokenizer.train_from_iterator(counted(_batches(texts)), trainer)
+        with _vocabulary_holds_the_alphabet(vocab_size, algorithm):
+            tokenizer.train_from_iterator(counted(_batches(texts)), trainer)
         if seen[0] == 0:
             raise ValueError("The tokenizer training data is empty: no non-empty text was given.")
 

@@ -192,18 +192,15 @@ def tokenize_seq2seq(
     label2id: dict[Any, int] | None = None,
 ) -> Any:
     """Sources truncated to --max_source_length and targets to --max_target_length (keeping the closing token);
-    `max_length`, the other tasks' truncation, does not apply."""
+    `max_length`, the other tasks' truncation, does not apply. Each side is tokenized with its own length, as
+    run_translation.py does: one call with `text_target` cut the targets at --max_source_length as well."""
 
     def encode(batch: dict[str, list]) -> dict[str, list]:
-        out = tokenizer(
-            batch[args.source_column],
-            text_target=batch[args.target_column],
-            truncation=True,
-            max_length=args.max_source_length,
-        )
+        out = tokenizer(batch[args.source_column], truncation=True, max_length=args.max_source_length)
+        targets = tokenizer(text_target=batch[args.target_column], truncation=True, max_length=args.max_target_length)
         labels = [
             ids[: args.max_target_length - 1] + ids[-1:] if len(ids) > args.max_target_length else ids
-            for ids in out["labels"]
+            for ids in targets["input_ids"]
         ]
         return {"input_ids": out["input_ids"], "attention_mask": out["attention_mask"], "labels": labels}
 

@@ -18,7 +18,7 @@ from archlab.scripts import finetune
 from archlab.tokenization.data import IGNORE_INDEX
 from archlab.tokenization.training import save_tokenizer, train_tokenizer
 from archlab.training.metrics import classification_metrics, text_metrics
-from archlab.training.task_data import as_messages, tokenize_instruct
+from archlab.training.task_data import as_messages, tokenize_instruct, tokenize_seq2seq
 
 from helpers import TINY_SEQ2SEQ, TINY_SEQ2SEQ_OVERRIDES, tiny_decoder_config
 
@@ -321,3 +321,17 @@ def test_a_missing_chat_column_is_named_with_its_split() -> None:
     args = finetune.FinetuneArguments(prompt_column="prompt", response_column="answer")
     with pytest.raises(ValueError, match=r"Column 'answer' not found in the validation split"):
         as_messages(Dataset.from_list(instruction_rows(2)), args, "validation")
+
+
+def test_seq2seq_targets_are_cut_at_max_target_length_not_at_max_source_length() -> None:
+    """Sources and targets were tokenized in one call (`text_target`) with the sources' max_length: with
+    --max_source_length below --max_target_length every target was cut at the source length."""
+    pairs = [{"code": "x", "docstring": " ".join(f"w{i}" for i in range(40))}, {"code": "y " * 40, "docstring": "z"}]
+    tokenizer = train_tokenizer([p["code"] + p["docstring"] for p in pairs], "seq2seq", vocab_size=100, min_frequency=1)
+    for source_length, target_length in ((8, 24), (24, 8)):
+        args = finetune.FinetuneArguments(max_source_length=source_length, max_target_length=target_length)
+        encoded = tokenize_seq2seq(Dataset.from_list(pairs), tokenizer, args, max_length=None, num_proc=None)
+        assert [len(row["input_ids"]) for row in encoded][1] == source_length
+        assert [len(row["labels"]) for row in encoded][0] == target_length
+        for row in encoded:  # each side keeps its closing token
+            assert row["input_ids"][-1] == row["labels"][-1] == tokenizer.eos_token_id

@@ -199,6 +199,42 @@ def test_tokenize_and_pack_with_datasets_map(tmp_path: Path) -> None:
     assert sum(t != IGNORE_INDEX for t in labels) <= real - len(tokenized)
 
 
+@pytest.mark.parametrize("streaming", [False, True])
+def test_blank_lines_are_not_documents(tmp_path: Path, streaming: bool) -> None:
+    """A text file read by line has a row per blank line; with `<s>` and `</s>` added, each was a document `<s> </s>`
+    that taught the model to end a text as soon as it starts. Empty and whitespace-only texts are dropped."""
+    lines = ["def f(x):", "", "    return x", "   ", "", "print(f(2))"]
+    tokenizer = train_tokenizer(lines, vocab_size=300, min_frequency=1)
+    data_file = tmp_path / "train.txt"
+    data_file.write_text("\n".join(lines) + "\n")
+    raw = load_raw_datasets(
+        train_file=str(data_file), validation_file=str(data_file), sample_by="line", streaming=streaming
+    )
+    documents = [row["input_ids"] for row in tokenize_documents(raw["train"], tokenizer)]
+    expected = [tokenizer(line).input_ids + [tokenizer.eos_token_id] for line in lines if line.strip()]
+    assert documents == expected
+    assert [tokenizer.bos_token_id, tokenizer.eos_token_id] not in documents
+
+
+def test_streamed_text_files_with_a_validation_file_pack(tmp_path: Path) -> None:
+    """A streamed text file has no known columns (`column_names` is None) when a validation file is given: `map` kept
+    the `text` column beside the blocks, and packing failed inside `datasets` ("Column lengths mismatch") at the first
+    training step."""
+    texts = [f"value_{i} = {i} ** 2\n" * (1 + i % 5) for i in range(12)]
+    tokenizer = train_tokenizer(texts, vocab_size=300, min_frequency=1)
+    data_file = tmp_path / "train.txt"
+    data_file.write_text("\n\n".join(texts))
+    raw = load_raw_datasets(
+        train_file=str(data_file), validation_file=str(data_file), sample_by="paragraph", streaming=True
+    )
+    eager = load_raw_datasets(train_file=str(data_file), validation_file=str(data_file), sample_by="paragraph")
+    for split in ("train", "validation"):
+        assert raw[split].column_names is None  # (what made the difference)
+        streamed = list(pack_causal_lm(tokenize_documents(raw[split], tokenizer), 16, PAD))
+        blocks = pack_causal_lm(tokenize_documents(eager[split], tokenizer), 16, PAD)
+        assert streamed == list(blocks)
+
+
 def test_streaming_packs_like_map_style(tmp_path: Path) -> None:
     texts = [f"value_{i} = {i} ** 2\n" * (1 + i % 5) for i in range(30)]
     tokenizer = train_tokenizer(texts, vocab_size=300, min_frequency=1)

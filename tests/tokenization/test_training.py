@@ -121,6 +121,15 @@ def test_bad_arguments() -> None:
         load_tokenizer("./no/such/folder")
 
 
+def test_a_unigram_vocabulary_smaller_than_the_alphabet_is_a_value_error(tmp_path: Path) -> None:
+    """`tokenizers` raised a bare Exception, so the scripts printed a traceback instead of one `error:` line."""
+    with pytest.raises(ValueError, match=r"`vocab_size` 12 \(--tokenizer_vocab_size\) is too small for unigram"):
+        train_tokenizer(TEXTS, algorithm="unigram", vocab_size=12)
+    (tmp_path / "texts.txt").write_text("".join(TEXTS))
+    with pytest.raises(ValueError, match="too small for unigram"):
+        train_tokenizer([tmp_path / "texts.txt"], algorithm="unigram", vocab_size=12)
+
+
 def test_saved_tokenizer_loads_in_a_process_without_archlab(tmp_path: Path) -> None:
     """Only transformers is needed to read it back (what a Hub user of the model has)."""
     tokenizer = train_tokenizer(TEXTS, "decoder", vocab_size=300, min_frequency=1)
