@@ -244,8 +244,13 @@ def train_tokenizer(
 
 
 def save_tokenizer(tokenizer: PreTrainedTokenizerFast, folder: str | os.PathLike) -> None:
-    """`save_pretrained`, with the chat template inside tokenizer_config.json and a loadable `tokenizer_class`."""
+    """`save_pretrained`, with the chat template inside tokenizer_config.json and a loadable `tokenizer_class`. A
+    template file of an earlier save in the folder (`chat_template.jinja`, transformers' default layout, which the
+    Trainer's own save writes) is removed: it would stand beside the one in tokenizer_config.json."""
     tokenizer.save_pretrained(folder, save_jinja_files=False)
+    for name in ("chat_template.jinja", "chat_template.json"):
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(os.path.join(folder, name))
     path = os.path.join(folder, "tokenizer_config.json")
     with open(path, encoding="utf-8") as f:
         config = json.load(f)

@@ -3,12 +3,14 @@ folder with a `config.json` has everything."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 from typing import Any
 
 from transformers import Trainer
+from transformers.trainer import TRAINING_ARGS_NAME
 
 from archlab.tokenization.training import save_tokenizer
 
@@ -31,15 +33,20 @@ def save_final(
 ) -> None:
     """Model, tokenizer, trainer state, loss curve and model card -- written to a staging folder, then moved into
     `output_dir` file by file with `config.json` last, so a folder that has a config has everything.
-    Under torchrun / accelerate launch only the main process writes; the others wait for it."""
+    Under torchrun / accelerate launch only the main process writes; the others wait for it. The weights go through
+    `Trainer.save_model`, which every process calls: under FSDP or DeepSpeed ZeRO-3 each holds a shard, and the whole
+    weights are gathered from all of them (the main process's own parameters alone would be its shard)."""
+    staging = os.path.join(output_dir, STAGING + "-final")
+    if trainer.args.should_save:
+        shutil.rmtree(staging, ignore_errors=True)
+    trainer.accelerator.wait_for_everyone()
+    trainer.model.config.use_cache = True  # the Trainer turns the cache off for training; generation wants it
+    trainer.save_model(staging, _internal_call=True)  # (_internal_call: no push of its own)
     if not trainer.args.should_save:
         trainer.accelerator.wait_for_everyone()
         return
-    staging = os.path.join(output_dir, STAGING + "-final")
-    shutil.rmtree(staging, ignore_errors=True)
-    model = trainer.model
-    model.config.use_cache = True  # the Trainer turns the cache off for training; generation wants it
-    model.save_pretrained(staging)
+    with contextlib.suppress(FileNotFoundError):  # the pickled TrainingArguments; training_args.json has them
+        os.remove(os.path.join(staging, TRAINING_ARGS_NAME))
     save_tokenizer(tokenizer, staging)
     trainer.state.save_to_json(os.path.join(staging, "trainer_state.json"))
     with open(os.path.join(staging, "training_args.json"), "w", encoding="utf-8") as f:
