@@ -290,6 +290,15 @@ def check_training_flags(args: TrainingArguments) -> None:
         )
     if args.use_liger_kernel:
         check_liger_can_run(args)
+    fsdp = bool(args.fsdp) or os.environ.get("ACCELERATE_USE_FSDP", "false").lower() in ("1", "true")
+    if fsdp and args.device.type == "cpu":
+        # accelerate builds its FSDP plugin on accelerator devices only: the run would be plain data parallelism,
+        # every process holding the whole model, while the flags and the saved training_args say FSDP
+        raise ValueError(
+            "FSDP (--fsdp or an accelerate FSDP config) shards the model across GPUs; on the CPU accelerate runs "
+            "plain data parallelism instead. Leave it out on the CPU (torchrun / accelerate launch alone train data "
+            "parallel), or run on GPUs."
+        )
     warn_about_a_warmup_longer_than_the_run(args)
 
 

@@ -294,6 +294,8 @@ TRAINING_FLAGS = [
     (["--logging_steps", "0"], "requires non-zero --logging_steps"),  # TrainingArguments' own check
     # accelerate has no fp16 autocast on the CPU: the run trained in float32 while its log said fp16
     (["--fp16", "true", "--use_cpu", "true"], "--fp16 runs only on a GPU"),
+    # accelerate has no FSDP on the CPU: the run trained plain data parallel while the flags said FSDP
+    (["--fsdp", "full_shard", "--use_cpu", "true"], "FSDP (--fsdp or an accelerate FSDP config) shards the model"),
 ]
 
 
