@@ -40,6 +40,7 @@ from archlab.training.checkpoints import clear_output_dir, finished_run, resolve
 from archlab.training.evaluation import train_and_evaluate
 from archlab.training.kinds import model_kind
 from archlab.training.reporting import log, summary, training_setup
+from archlab.training.sampling import stop_at_the_end_of_a_turn
 from archlab.training.saving import EMBEDDED_CORPUS, dataset_label, save_final
 from archlab.training.sources import load_examples
 from archlab.training.tasks import (
@@ -183,6 +184,8 @@ def main(argv: Sequence[str] | None = None, callbacks: list[TrainerCallback] | N
         lambda after, before: log(f"After fine-tuning:  {summary(after, task.summary_keys)}"),
     )
     own_data = bool(data_args.train_file or data_args.dataset_name)
+    if task.chat:
+        stop_at_the_end_of_a_turn(built["model"], tokenizer)
     save_final(
         trainer,
         tokenizer,

@@ -141,6 +141,18 @@ def generate_text(
     return text
 
 
+def stop_at_the_end_of_a_turn(model: Any, tokenizer: Any) -> None:
+    """A chat model's generation config stops at the chat template's end-of-turn token as well as at eos, as chat
+    models on the Hub ship it: `generate` and `pipeline("text-generation")` with a conversation then end with the
+    assistant's turn instead of running on into the next one."""
+    if END_OF_TURN not in tokenizer.get_vocab():
+        return
+    eos = model.generation_config.eos_token_id
+    ids = [] if eos is None else list(eos) if isinstance(eos, (list, tuple)) else [eos]
+    end = tokenizer.convert_tokens_to_ids(END_OF_TURN)
+    model.generation_config.eos_token_id = ids + [end] if end not in ids else ids
+
+
 def show_chat_example(
     model: Any, tokenizer: Any, example: dict[str, Any], args: Any, max_new_tokens: int | None = None
 ) -> None:

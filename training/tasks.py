@@ -50,6 +50,7 @@ class Task:
     labels: bool = False  # a classification head: label ids from the training split
     generates: bool = False  # evaluated by generation; its model card's task is translation or summarization
     show_example: Callable[..., None] | None = None  # (model, tokenizer, example, options, max new tokens)
+    chat: bool = False  # a chat model: its saved generation config stops at the end of a turn too
 
 
 TASKS: dict[str, Task] = {
@@ -63,6 +64,7 @@ TASKS: dict[str, Task] = {
         view=with_perplexity,
         summary_keys=("eval_loss", "eval_perplexity"),
         show_example=show_chat_example,
+        chat=True,
     ),
     "classification": Task(
         model_kind="decoder",

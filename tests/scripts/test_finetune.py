@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from datasets import Dataset
 from huggingface_hub import ModelCard
-from transformers import AutoModelForSequenceClassification, EvalPrediction
+from transformers import AutoModelForSequenceClassification, AutoTokenizer, EvalPrediction
 
 import archlab
 from archlab.scripts import finetune
@@ -121,6 +121,10 @@ def test_instruct_end_to_end(tmp_path: Path, work: Path) -> None:
     )
     assert metrics["eval_loss"] < metrics["before_eval_loss"]
     assert (tmp_path / "chat" / "model.safetensors").exists() and (tmp_path / "chat" / "loss_curve.png").exists()
+    # generate and the text-generation pipeline stop at the end of the assistant's turn, as Hub chat models do
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "chat")
+    saved = json.loads((tmp_path / "chat" / "generation_config.json").read_text())["eos_token_id"]
+    assert saved == [tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|im_end|>")]
 
 
 def test_classification_end_to_end(tmp_path: Path, work: Path) -> None:
