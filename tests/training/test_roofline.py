@@ -110,24 +110,30 @@ def test_sliding_window_layers_count_their_window_of_keys(layer_types):
     assert roofline.decoder_training_flops(config, 2, 10) == counted(step) - 3 * masked
 
 
-def test_seq2seq_training_flops_match_flop_counter():
-    config = MarianConfig(
-        vocab_size=101,
-        d_model=32,
-        encoder_layers=2,
-        decoder_layers=3,
-        encoder_attention_heads=4,
-        decoder_attention_heads=4,
-        encoder_ffn_dim=64,
-        decoder_ffn_dim=48,
-        pad_token_id=100,
-        decoder_start_token_id=100,
-        attn_implementation="eager",
-    )
-    model = MarianMTModel(config)
+# one encoder-decoder shape for both configs (Marian's field names, which archlab's Seq2SeqConfig shares)
+SEQ2SEQ_SHAPE = dict(
+    vocab_size=101,
+    d_model=32,
+    encoder_layers=2,
+    decoder_layers=3,
+    encoder_attention_heads=4,
+    decoder_attention_heads=4,
+    encoder_ffn_dim=64,
+    decoder_ffn_dim=48,
+    pad_token_id=100,
+    decoder_start_token_id=100,
+    attn_implementation="eager",
+)
+
+
+def _seq2seq_flops_match(model) -> None:
     source, target = torch.randint(0, 99, (2, 7)), torch.randint(0, 99, (2, 5))
     step = lambda: model(input_ids=source, labels=target).loss.backward()  # noqa: E731
-    assert counted(step) == roofline.seq2seq_training_flops(config, 2, 7, 5)
+    assert counted(step) == roofline.seq2seq_training_flops(model.config, 2, 7, 5)
+
+
+def test_seq2seq_training_flops_match_flop_counter():
+    _seq2seq_flops_match(MarianMTModel(MarianConfig(**SEQ2SEQ_SHAPE)))
 
 
 @pytest.mark.parametrize(
@@ -137,25 +143,8 @@ def test_seq2seq_training_flops_match_flop_counter():
 )
 def test_seq2seq_training_flops_match_flop_counter_on_archlab_variants(variant):
     """archlab's Seq2SeqConfig: a gated FFN (three matrices), GQA's narrower keys and values, T5's head size d_kv."""
-    config = Seq2SeqConfig(
-        vocab_size=101,
-        d_model=32,
-        encoder_layers=2,
-        decoder_layers=3,
-        encoder_attention_heads=4,
-        decoder_attention_heads=4,
-        encoder_ffn_dim=64,
-        decoder_ffn_dim=48,
-        pad_token_id=100,
-        decoder_start_token_id=100,
-        attn_implementation="eager",
-        lm_loss_chunk_size=0,
-        **variant,
-    )
-    model = Seq2SeqForConditionalGeneration(config)
-    source, target = torch.randint(0, 99, (2, 7)), torch.randint(0, 99, (2, 5))
-    step = lambda: model(input_ids=source, labels=target).loss.backward()  # noqa: E731
-    assert counted(step) == roofline.seq2seq_training_flops(config, 2, 7, 5)
+    config = Seq2SeqConfig(**SEQ2SEQ_SHAPE, lm_loss_chunk_size=0, **variant)
+    _seq2seq_flops_match(Seq2SeqForConditionalGeneration(config))
 
 
 def test_beam_search_reads_each_sources_cross_attention_once_per_step():
