@@ -151,18 +151,7 @@ def test_beam_search_reads_each_sources_cross_attention_once_per_step():
     """A beam-search step reads the decoder's weights, every sequence's self-attention cache and each source's
     cross-attention keys and values once: the beams of a source attend to the same ones (archlab keeps them once per
     source). The bytes are those of the model's own weights and cache tensors."""
-    config = MarianConfig(
-        vocab_size=101,
-        d_model=32,
-        encoder_layers=2,
-        decoder_layers=3,
-        encoder_attention_heads=4,
-        decoder_attention_heads=4,
-        encoder_ffn_dim=64,
-        decoder_ffn_dim=48,
-        pad_token_id=100,
-        decoder_start_token_id=100,
-    )
+    config = MarianConfig(**{**SEQ2SEQ_SHAPE, "attn_implementation": None})
     model = MarianMTModel(config).to(torch.bfloat16)
     batch, beams, source_len = 2, 4, 7
     with torch.no_grad():
