@@ -20,6 +20,7 @@ from transformers import (
 )
 
 from archlab import DecoderConfig, DecoderForCausalLM, Seq2SeqConfig, Seq2SeqForConditionalGeneration
+from archlab.modeling import compiled_kernels, fused_projections, losses
 from archlab.training import roofline
 
 SMALL = dict(
@@ -40,6 +41,15 @@ def _grouped_mm_flops(a_shape, b_shape, *args, out_shape=None, **kwargs) -> int:
 
 
 GROUPED_MM = {torch.ops.aten._grouped_mm: _grouped_mm_flops} if hasattr(torch.ops.aten, "_grouped_mm") else {}
+
+
+@pytest.fixture(autouse=True)
+def plain_pytorch_paths(monkeypatch):
+    """FLOPs are counted on the plain PyTorch path: `FlopCounterMode` is a dispatch mode, under which the compiled
+    kernels that CI's second pass opens to the CPU (ARCHLAB_TEST_CUDA_PATHS_ON_CPU) find no frame to compile."""
+    monkeypatch.setattr(compiled_kernels, "FUSED_KERNEL_DEVICES", ("cuda",))
+    monkeypatch.setattr(losses, "FUSED_GRADIENT_DEVICES", ("cuda",))
+    monkeypatch.setattr(fused_projections, "FUSED_PROJECTION_DEVICES", ("cuda",))
 
 
 def counted(run) -> int:
