@@ -164,7 +164,10 @@ def main(argv: Sequence[str] | None = None, callbacks: list[TrainerCallback] | N
     )
     log(f"Saved model, tokenizer, loss curve and model card to {training_args.output_dir}")
     if model_args.model_kind == "decoder" and extra.sample_max_new_tokens > 0:
-        print_sample(model, tokenizer, extra.sample_prompt, extra.sample_max_new_tokens, training_args.seed)
+        if trainer.is_fsdp_enabled:  # the model's own parameters are each process's shard: generate from the folder
+            log(f"No sample under FSDP: `python scripts/generate.py --model_name_or_path {training_args.output_dir}`")
+        else:
+            print_sample(model, tokenizer, extra.sample_prompt, extra.sample_max_new_tokens, training_args.seed)
     return metrics
 
 
