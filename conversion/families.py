@@ -119,7 +119,12 @@ QWEN2_MOE_FIELDS = {
 }
 
 
-def one_window_for_every_layer(config: PreTrainedConfig, architecture: str) -> None:
+def one_window_for_every_layer(config: PreTrainedConfig, architecture: str) -> dict[str, Any]:
+    """The stock fields of a family that applies `sliding_window` to every layer: none to add where archlab's layers
+    are all local or all global without a window; `sliding_window=None` where a window is set on layers that are all
+    global (it is never applied, and the stock model would apply it everywhere). Mixed layers are refused."""
+    if config.sliding_window is not None and all(kind == "full_attention" for kind in config.layer_types):
+        return {"sliding_window": None}
     expected = "full_attention" if config.sliding_window is None else "sliding_attention"
     if any(kind != expected for kind in config.layer_types):
         raise ConversionError(
@@ -127,6 +132,7 @@ def one_window_for_every_layer(config: PreTrainedConfig, architecture: str) -> N
             f"({config.layer_types}) mixes local and global layers, which {architecture.removesuffix('ForCausalLM')} "
             f"cannot express."
         )
+    return {}
 
 
 def experts_in_every_layer(config: PreTrainedConfig, architecture: str) -> None:
@@ -137,27 +143,13 @@ def experts_in_every_layer(config: PreTrainedConfig, architecture: str) -> None:
         )
 
 
-def _unused_window(config: PreTrainedConfig) -> dict[str, Any]:
-    """A window set on a model whose layers are all global is never applied: exported as none (Mistral and Mixtral
-    would apply it to every layer)."""
-    if config.sliding_window is not None and all(kind == "full_attention" for kind in config.layer_types):
-        return {"sliding_window": None}
-    return {}
-
-
 def _mistral_from_archlab(config: PreTrainedConfig) -> dict[str, Any]:
-    unused = _unused_window(config)
-    if not unused:
-        one_window_for_every_layer(config, "MistralForCausalLM")
-    return unused
+    return one_window_for_every_layer(config, "MistralForCausalLM")
 
 
 def _mixtral_from_archlab(config: PreTrainedConfig) -> dict[str, Any]:
     experts_in_every_layer(config, "MixtralForCausalLM")
-    unused = _unused_window(config)
-    if not unused:
-        one_window_for_every_layer(config, "MixtralForCausalLM")
-    return unused
+    return one_window_for_every_layer(config, "MixtralForCausalLM")
 
 
 def _causal_only(family: str) -> Callable[[PreTrainedConfig, Mapping[str, Any]], dict[str, Any]]:

@@ -94,11 +94,10 @@ def remove_the_other_layout(folder: str | os.PathLike) -> None:
         return
     with open(index, encoding="utf-8") as f:
         shards = set(json.load(f).get("weight_map", {}).values())
-    stale = SINGLE_FILE if all(os.path.isfile(os.path.join(folder, shard)) for shard in shards) else SHARD_INDEX
-    if stale == SHARD_INDEX or SINGLE_FILE not in shards:
-        path = os.path.join(folder, stale)
-        if os.path.isfile(path):
-            os.remove(path)
+    if not all(os.path.isfile(os.path.join(folder, shard)) for shard in shards):
+        os.remove(index)
+    elif SINGLE_FILE not in shards and os.path.isfile(os.path.join(folder, SINGLE_FILE)):
+        os.remove(os.path.join(folder, SINGLE_FILE))
 
 
 __all__ = ["HubMixin"]
