@@ -40,7 +40,7 @@ from archlab.training.checkpoints import clear_output_dir, finished_run, resolve
 from archlab.training.evaluation import train_and_evaluate
 from archlab.training.kinds import model_kind
 from archlab.training.reporting import log, summary, training_setup
-from archlab.training.sampling import stop_at_the_end_of_a_turn
+from archlab.training.sampling import sample_unless_sharded, stop_at_the_end_of_a_turn
 from archlab.training.saving import EMBEDDED_CORPUS, dataset_label, save_final
 from archlab.training.sources import load_examples
 from archlab.training.tasks import (
@@ -197,7 +197,12 @@ def main(argv: Sequence[str] | None = None, callbacks: list[TrainerCallback] | N
     )
     log(f"Saved to {training_args.output_dir}")
     if task.show_example is not None:
-        task.show_example(built["model"], tokenizer, raw["validation"][0], args, training_args.generation_max_length)
+        example, max_new_tokens = raw["validation"][0], training_args.generation_max_length
+        sample_unless_sharded(
+            trainer,
+            training_args.output_dir,
+            lambda: task.show_example(built["model"], tokenizer, example, args, max_new_tokens),
+        )
     return metrics
 
 

@@ -43,7 +43,7 @@ from archlab.training.kinds import model_kind
 from archlab.training.metrics import with_perplexity
 from archlab.training.pretraining import prepare_data, pretraining_tokenizer
 from archlab.training.reporting import log, training_setup
-from archlab.training.sampling import print_sample
+from archlab.training.sampling import print_sample, sample_unless_sharded
 from archlab.training.saving import dataset_label, save_final
 from archlab.training.sources import load_documents
 from archlab.training.tokenizers import adopt_context_length
@@ -164,10 +164,12 @@ def main(argv: Sequence[str] | None = None, callbacks: list[TrainerCallback] | N
     )
     log(f"Saved model, tokenizer, loss curve and model card to {training_args.output_dir}")
     if model_args.model_kind == "decoder" and extra.sample_max_new_tokens > 0:
-        if trainer.is_fsdp_enabled:  # the model's own parameters are each process's shard: generate from the folder
-            log(f"No sample under FSDP: `python scripts/generate.py --model_name_or_path {training_args.output_dir}`")
-        else:
-            print_sample(model, tokenizer, extra.sample_prompt, extra.sample_max_new_tokens, training_args.seed)
+        prompt, max_new_tokens = extra.sample_prompt, extra.sample_max_new_tokens
+        sample_unless_sharded(
+            trainer,
+            training_args.output_dir,
+            lambda: print_sample(model, tokenizer, prompt, max_new_tokens, training_args.seed),
+        )
     return metrics
 
 

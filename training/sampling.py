@@ -3,7 +3,7 @@ seq2seq folder (what `scripts/generate.py` runs)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -34,6 +34,15 @@ def print_sample(model: Any, tokenizer: Any, prompt: str, max_new_tokens: int, s
     text = tokenizer.decode(output[0], skip_special_tokens=True)
     log(f"Sample (prompt {prompt!r}, temperature 0.8, top-k 40):\n{text}\n")
     return text
+
+
+def sample_unless_sharded(trainer: Any, output_dir: str, sample: Callable[[], object]) -> None:
+    """Run `sample` (text from the trained model) unless FSDP trained it: each process's parameters are then its own
+    shard, so one line says how to generate from the saved folder instead."""
+    if trainer.is_fsdp_enabled:
+        log(f"No sample under FSDP: `python scripts/generate.py --model_name_or_path {output_dir}`")
+        return
+    sample()
 
 
 def default_device() -> str:

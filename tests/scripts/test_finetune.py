@@ -100,7 +100,7 @@ def test_instruct_conversations_that_all_lose_their_answer_are_named(work: Path)
         tokenize_instruct(dataset, tokenizer, args, max_length=4, num_proc=None)
 
 
-def test_instruct_end_to_end(tmp_path: Path, work: Path) -> None:
+def test_instruct_end_to_end(tmp_path: Path, work: Path, capsys) -> None:
     data = str(work / "instruct.jsonl")
     metrics = finetune.main(
         run_args(
@@ -121,6 +121,7 @@ def test_instruct_end_to_end(tmp_path: Path, work: Path) -> None:
     )
     assert metrics["eval_loss"] < metrics["before_eval_loss"]
     assert (tmp_path / "chat" / "model.safetensors").exists() and (tmp_path / "chat" / "loss_curve.png").exists()
+    assert "[archlab] Example -- user:" in capsys.readouterr().out  # the answer to a validation prompt, after the save
     # generate and the text-generation pipeline stop at the end of the assistant's turn, as Hub chat models do
     tokenizer = AutoTokenizer.from_pretrained(tmp_path / "chat")
     saved = json.loads((tmp_path / "chat" / "generation_config.json").read_text())["eos_token_id"]
