@@ -23,6 +23,7 @@ from transformers.utils import is_torch_bf16_gpu_available
 from archlab.tokenization.data import SAMPLE_BY
 from archlab.tokenization.training import ALGORITHMS as TOKENIZER_ALGORITHMS
 from archlab.tokenization.training import MODEL_KINDS as TOKENIZER_KINDS
+from archlab.tokenization.training import check_vocab_size
 from archlab.training.configs import check_new_config, check_override_names
 from archlab.training.reporting import log
 
@@ -354,12 +355,10 @@ def check_model_flags(model_args: ModelArguments, block_size: int | None = None)
     check_override_names(model_args)
     check_flag_choice(model_args, "tokenizer_algorithm", TOKENIZER_ALGORITHMS)
     check_flag_positive(model_args, ("tokenizer_vocab_size", "tokenizer_train_samples"))
-    specials = len(TOKENIZER_KINDS[model_args.model_kind].special_tokens)
-    if model_args.tokenizer_vocab_size is not None and model_args.tokenizer_vocab_size <= specials:
-        raise ValueError(
-            f"--tokenizer_vocab_size must exceed the {specials} special tokens of a "
-            f"{model_args.model_kind} tokenizer, got {model_args.tokenizer_vocab_size}."
-        )
+    if model_args.tokenizer_vocab_size is not None:
+        kind = model_args.model_kind
+        algorithm = model_args.tokenizer_algorithm or TOKENIZER_KINDS[kind].default_algorithm
+        check_vocab_size(model_args.tokenizer_vocab_size, kind, algorithm, "--tokenizer_vocab_size")
     trained = [
         name
         for name in ("tokenizer_algorithm", "tokenizer_vocab_size", "tokenizer_train_samples")

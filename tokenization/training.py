@@ -144,6 +144,18 @@ def _unigram(vocab_size: int, min_frequency: int, specials: list[str]) -> tuple[
 ALGORITHMS = {"bpe": _bpe, "wordpiece": _wordpiece, "unigram": _unigram}
 
 
+def check_vocab_size(vocab_size: int, model_kind: str, algorithm: str, name: str = "`vocab_size`") -> None:
+    """A ValueError naming `name` when no vocabulary trained can be that small: it holds the special tokens, and for
+    BPE its 256 bytes as well (the texts' characters add to it for WordPiece and Unigram, checked after training)."""
+    specials = len(MODEL_KINDS[model_kind].special_tokens)
+    smallest = specials + (len(pre_tokenizers.ByteLevel.alphabet()) if algorithm == "bpe" else 1)
+    if vocab_size < smallest:
+        raise ValueError(
+            f"{name} must be at least {smallest} for a {algorithm} {model_kind} tokenizer (its {specials} special "
+            f"tokens{' and 256 bytes' if algorithm == 'bpe' else ''}), got {vocab_size}."
+        )
+
+
 def _check_choice(name: str, value: str, allowed: Iterable[str]) -> None:
     allowed = list(allowed)
     if value not in allowed:
@@ -177,6 +189,17 @@ def _vocabulary_holds_the_alphabet(vocab_size: int, algorithm: str) -> Iterator[
         ) from None
 
 
+def _check_the_vocabulary_kept_its_size(trained: int, vocab_size: int, algorithm: str) -> None:
+    """BPE's 256 bytes and WordPiece's characters (with their `##` forms) enter the vocabulary whatever its size, so
+    `tokenizers` silently returns more entries than asked for: a ValueError with the smallest size that works."""
+    if trained > vocab_size:
+        raise ValueError(
+            f"`vocab_size` {vocab_size} (--tokenizer_vocab_size) is too small for {algorithm} training: the "
+            f"alphabet of the training texts and the special tokens alone take {trained} entries; give "
+            f"{trained} or more."
+        )
+
+
 def train_tokenizer(
     source: Iterable[str] | Sequence[str | os.PathLike] | Any,
     model_kind: str = "decoder",
@@ -195,8 +218,7 @@ def train_tokenizer(
     spec = MODEL_KINDS[model_kind]
     algorithm = algorithm or spec.default_algorithm
     _check_choice("tokenizer algorithm", algorithm, ALGORITHMS)
-    if vocab_size <= len(spec.special_tokens):
-        raise ValueError(f"`vocab_size` must exceed the {len(spec.special_tokens)} special tokens, got {vocab_size}.")
+    check_vocab_size(vocab_size, model_kind, algorithm)
 
     tokenizer, trainer = ALGORITHMS[algorithm](vocab_size, min_frequency, list(spec.special_tokens))
     if hasattr(source, "column_names") or hasattr(source, "features"):  # a datasets (Iterable)Dataset
@@ -228,6 +250,7 @@ def train_tokenizer(
         if seen[0] == 0:
             raise ValueError("The tokenizer training data is empty: no non-empty text was given.")
 
+    _check_the_vocabulary_kept_its_size(tokenizer.get_vocab_size(), vocab_size, algorithm)
     ids = {token: tokenizer.token_to_id(token) for token in spec.special_tokens}
     tokenizer.post_processor = processors.TemplateProcessing(
         single=spec.single, pair=spec.pair, special_tokens=[(t, ids[t]) for t in (BOS, EOS)]

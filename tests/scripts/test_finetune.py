@@ -332,7 +332,7 @@ def test_seq2seq_targets_are_cut_at_max_target_length_not_at_max_source_length()
     """Sources and targets were tokenized in one call (`text_target`) with the sources' max_length: with
     --max_source_length below --max_target_length every target was cut at the source length."""
     pairs = [{"code": "x", "docstring": " ".join(f"w{i}" for i in range(40))}, {"code": "y " * 40, "docstring": "z"}]
-    tokenizer = train_tokenizer([p["code"] + p["docstring"] for p in pairs], "seq2seq", vocab_size=100, min_frequency=1)
+    tokenizer = train_tokenizer([p["code"] + p["docstring"] for p in pairs], "seq2seq", vocab_size=300, min_frequency=1)
     for source_length, target_length in ((8, 24), (24, 8)):
         args = finetune.FinetuneArguments(max_source_length=source_length, max_target_length=target_length)
         encoded = tokenize_seq2seq(Dataset.from_list(pairs), tokenizer, args, max_length=None, num_proc=None)

@@ -168,7 +168,8 @@ BAD_INPUTS = [
     (
         ["--tokenizer_vocab_size", "5"],
         ValueError,
-        "--tokenizer_vocab_size must exceed the 6 special tokens of a decoder tokenizer, got 5",
+        "--tokenizer_vocab_size must be at least 262 for a bpe decoder tokenizer \\(its 6 special tokens and 256 "
+        "bytes\\), got 5",
     ),
     (["--train_file", "blank.txt"], ValueError, "The train split is empty: '.*blank.txt' holds no text"),
     (["--train_file", "latin1.txt"], ValueError, "Data file '.*latin1.txt' is not UTF-8 text: byte 0xe9 at offset 3"),

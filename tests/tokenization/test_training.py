@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -105,9 +106,9 @@ def test_train_from_files_and_datasets(tmp_path: Path) -> None:
     )
     assert from_files.tokenize("return") == ["return"] and from_dataset.tokenize("return") == ["return"]
     with pytest.raises(ValueError, match="Text column 'text' not found"):
-        train_tokenizer(Dataset.from_dict({"body": TEXTS}), vocab_size=200)
+        train_tokenizer(Dataset.from_dict({"body": TEXTS}), vocab_size=300)
     with pytest.raises(FileNotFoundError, match="not found"):
-        train_tokenizer([tmp_path / "missing.txt"], vocab_size=200)
+        train_tokenizer([tmp_path / "missing.txt"], vocab_size=300)
 
 
 def test_bad_arguments() -> None:
@@ -128,6 +129,18 @@ def test_a_unigram_vocabulary_smaller_than_the_alphabet_is_a_value_error(tmp_pat
     (tmp_path / "texts.txt").write_text("".join(TEXTS))
     with pytest.raises(ValueError, match="too small for unigram"):
         train_tokenizer([tmp_path / "texts.txt"], algorithm="unigram", vocab_size=12)
+
+
+def test_a_vocabulary_smaller_than_what_training_returns_is_a_value_error() -> None:
+    """BPE keeps its 256 bytes and WordPiece every character (and its `##` form) whatever `vocab_size` says:
+    `tokenizers` silently returned 262 entries for 100 asked (BPE), and 40 for 20 (WordPiece)."""
+    with pytest.raises(ValueError, match=r"`vocab_size` must be at least 262 for a bpe decoder tokenizer \(its 6 "):
+        train_tokenizer(TEXTS, algorithm="bpe", vocab_size=261, min_frequency=1)
+    assert len(train_tokenizer(TEXTS, algorithm="bpe", vocab_size=262, min_frequency=1)) == 262
+    with pytest.raises(ValueError, match=r"`vocab_size` 20 \(--tokenizer_vocab_size\) is too small for wordpiece") as e:
+        train_tokenizer(TEXTS, algorithm="wordpiece", vocab_size=20, min_frequency=1)
+    smallest = int(re.search(r"give (\d+) or more", str(e.value)).group(1))
+    assert len(train_tokenizer(TEXTS, algorithm="wordpiece", vocab_size=smallest, min_frequency=1)) == smallest
 
 
 def test_saved_tokenizer_loads_in_a_process_without_archlab(tmp_path: Path) -> None:
