@@ -42,7 +42,7 @@ from archlab.training.kinds import model_kind
 from archlab.training.reporting import log, summary, training_setup
 from archlab.training.sampling import sample_unless_sharded, stop_at_the_end_of_a_turn
 from archlab.training.saving import EMBEDDED_CORPUS, dataset_label, save_final
-from archlab.training.sources import load_examples
+from archlab.training.sources import first_process_writes_the_cache, load_examples
 from archlab.training.tasks import (
     TASKS,
     build_task_model,
@@ -159,6 +159,7 @@ def main(argv: Sequence[str] | None = None, callbacks: list[TrainerCallback] | N
         data_args.block_size,
         data_args.preprocessing_num_workers,
         model_args.attn_implementation,
+        first_process_writes_the_cache(training_args, raw),
     )
 
     log(training_setup(training_args))

@@ -45,7 +45,7 @@ from archlab.training.pretraining import prepare_data, pretraining_tokenizer
 from archlab.training.reporting import log, training_setup
 from archlab.training.sampling import print_sample, sample_unless_sharded
 from archlab.training.saving import dataset_label, save_final
-from archlab.training.sources import load_documents
+from archlab.training.sources import first_process_writes_the_cache, load_documents
 from archlab.training.tokenizers import adopt_context_length
 from archlab.training.trainer import AtomicCheckpointTrainer
 
@@ -122,15 +122,16 @@ def main(argv: Sequence[str] | None = None, callbacks: list[TrainerCallback] | N
     raw = load_documents(data_args, model_args.cache_dir, training_args.seed)
     tokenizer = pretraining_tokenizer(model_args, raw["train"], data_args.text_column_name, resume)
     config = build_config(model_args, tokenizer, data_args.block_size)
-    data = prepare_data(
-        model_args.model_kind,
-        raw,
-        tokenizer,
-        data_args.block_size,
-        data_args.text_column_name,
-        data_args.preprocessing_num_workers,
-        data_args.overwrite_cache,
-    )
+    with first_process_writes_the_cache(training_args, raw):
+        data = prepare_data(
+            model_args.model_kind,
+            raw,
+            tokenizer,
+            data_args.block_size,
+            data_args.text_column_name,
+            data_args.preprocessing_num_workers,
+            data_args.overwrite_cache,
+        )
     check_not_empty(data["train"], "packed train")
     adopt_context_length(tokenizer, config, kind)  # after packing, which tokenizes whole documents
     model = build_model(kind.auto_class, config, model_args.model_name_or_path, model_args.attn_implementation)

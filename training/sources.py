@@ -3,6 +3,7 @@ sizes asked for and checked for text before anything is tokenized."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -74,3 +75,13 @@ def load_examples(
     else:
         raw = default(data.max_train_samples, data.max_eval_samples)
     return _limit(raw, data)
+
+
+def first_process_writes_the_cache(training_args: Any, raw: Any) -> contextlib.AbstractContextManager:
+    """Where the splits are read from `datasets` cache files, `training_args.main_process_first()`: the first process
+    tokenizes and writes the cached results, the others then load them (as transformers' example scripts do), instead
+    of every process tokenizing every split at once. In-memory and streamed splits have no cache to share, and each
+    process goes on at once."""
+    if all(getattr(raw[split], "cache_files", None) for split in raw):
+        return training_args.main_process_first(desc="tokenizing")
+    return contextlib.nullcontext()

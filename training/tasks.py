@@ -8,6 +8,7 @@ its examples are checked, tokenized and collated, its metrics and Trainer, and w
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -152,9 +153,12 @@ def build_task_model(
     block_size: int,
     num_proc: int | None,
     attn_implementation: str | None = None,
+    tokenizing: contextlib.AbstractContextManager | None = None,
 ) -> dict[str, Any]:
     """The task's config and model (its head), its tokenized splits and its collator, as `model`, `train`,
-    `validation` and `collator`. Examples are truncated rather than packed, to at most what the model positions."""
+    `validation` and `collator`. Examples are truncated rather than packed, to at most what the model positions.
+    `tokenizing` is entered around the tokenization alone (the scripts' `first_process_writes_the_cache`); building
+    the model can be collective (DeepSpeed ZeRO-3), so no process may wait for the others there."""
     label2id: dict[Any, int] = {}
     if task.labels:
         label2id, id2label = task_data.label_maps(raw["train"], options.label_column_name)
@@ -168,7 +172,8 @@ def build_task_model(
             id2label,
             {v: k for k, v in id2label.items()},
         )
-    data = {s: task.tokenize(raw[s], tokenizer, options, max_length, num_proc, text_column, label2id) for s in raw}
+    with tokenizing or contextlib.nullcontext():
+        data = {s: task.tokenize(raw[s], tokenizer, options, max_length, num_proc, text_column, label2id) for s in raw}
     check_not_empty(data["train"], "tokenized train")
     kind = model_kind(task.model_kind)
     adopt_context_length(tokenizer, config, kind)
