@@ -69,7 +69,9 @@ class ModelArguments:
 
 @dataclass
 class DataArguments:
-    dataset_name: str | None = field(default=None, metadata={"help": "A Hub dataset (needs network)."})
+    dataset_name: str | None = field(
+        default=None, metadata={"help": "A Hub dataset (needs network), or a local folder saved by `save_to_disk`."}
+    )
     dataset_config_name: str | None = field(default=None, metadata={"help": "The Hub dataset's configuration."})
     train_file: str | None = field(default=None, metadata={"help": "Local txt/json/jsonl/csv/parquet training file."})
     validation_file: str | None = field(default=None, metadata={"help": "Local validation file (same format)."})

@@ -26,7 +26,7 @@ import os
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from datasets import Dataset, DatasetDict, IterableDataset, IterableDatasetDict, load_dataset
+from datasets import Dataset, DatasetDict, IterableDataset, IterableDatasetDict, load_dataset, load_from_disk
 from datasets.exceptions import DatasetGenerationError
 
 from ..modeling.losses import IGNORE_INDEX  # the label the losses skip
@@ -87,12 +87,20 @@ def load_raw_datasets(
     if sample_by not in SAMPLE_BY:
         raise ValueError(f"`sample_by`={sample_by!r} is not supported; allowed values: {SAMPLE_BY}.")
 
-    if dataset_name:
+    if dataset_name and _saved_to_disk(dataset_name):
+        if dataset_config_name:
+            raise ValueError(
+                f"--dataset_config_name {dataset_config_name!r}: {dataset_name!r} is a folder saved by "
+                "`save_to_disk`, which has no configurations."
+            )
+        raw = _load_saved(dataset_name, streaming)
+    elif dataset_name:
         try:
             raw = load_dataset(dataset_name, dataset_config_name, cache_dir=cache_dir, streaming=streaming)
         except Exception as error:  # offline, unknown name, ...: say what to do instead
+            where = "the local folder" if os.path.isdir(dataset_name) else "the Hub"
             raise ValueError(
-                f"Could not load dataset {dataset_name!r} from the Hub ({type(error).__name__}: {error}). Without "
+                f"Could not load dataset {dataset_name!r} from {where} ({type(error).__name__}: {error}). Without "
                 "network access, pass local files with --train_file, or omit both to use the embedded corpus."
             ) from error
     elif train_file:
@@ -126,6 +134,22 @@ def load_raw_datasets(
     check_not_empty(raw["train"], "train")
     if "validation" not in raw:
         raw = _split_off_validation(raw["train"], validation_split_percentage, streaming, seed)
+    return raw
+
+
+def _saved_to_disk(path: str) -> bool:
+    """Whether `path` is a folder written by `Dataset.save_to_disk` or `DatasetDict.save_to_disk`, which
+    `load_dataset` refuses ("use `load_from_disk` instead")."""
+    return any(os.path.isfile(os.path.join(path, name)) for name in ("dataset_dict.json", "state.json"))
+
+
+def _load_saved(path: str, streaming: bool) -> AnyDatasetDict:
+    """A `save_to_disk` folder as splits: a saved `DatasetDict` as it is, a saved `Dataset` as the train split;
+    streamed, each split is iterated from its Arrow files."""
+    saved = load_from_disk(path)
+    raw = saved if isinstance(saved, DatasetDict) else DatasetDict({"train": saved})
+    if streaming:
+        return IterableDatasetDict({split: dataset.to_iterable_dataset() for split, dataset in raw.items()})
     return raw
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from datasets import Dataset, IterableDataset
+from datasets import Dataset, DatasetDict, IterableDataset
 
 import archlab
 from archlab.tokenization.data import (
@@ -276,6 +276,27 @@ def test_embedded_corpus_is_the_default(tmp_path: Path) -> None:
     raw = load_raw_datasets(cache_dir=str(tmp_path))
     assert len(raw["train"]) > 100 and len(raw["validation"]) > 5
     assert "def " in raw["train"][0]["text"]
+
+
+@pytest.mark.parametrize("streaming", [False, True])
+def test_a_folder_saved_by_save_to_disk_is_a_dataset_name(tmp_path: Path, streaming: bool) -> None:
+    """`--dataset_name` of a `save_to_disk` folder (what a preprocessing step leaves) failed as "Could not load
+    dataset ... from the Hub": `load_dataset` refuses such folders. A saved DatasetDict keeps its splits; a saved
+    Dataset is the train split, and the validation split is taken from it as for any dataset without one."""
+    texts = [f"document {i}" for i in range(40)]
+    DatasetDict(
+        {"train": Dataset.from_dict({"text": texts}), "validation": Dataset.from_dict({"text": ["v"]})}
+    ).save_to_disk(tmp_path / "splits")
+    raw = load_raw_datasets(dataset_name=str(tmp_path / "splits"), streaming=streaming)
+    assert [row["text"] for row in raw["train"]] == texts and [row["text"] for row in raw["validation"]] == ["v"]
+    Dataset.from_dict({"text": texts}).save_to_disk(tmp_path / "one")
+    raw = load_raw_datasets(dataset_name=str(tmp_path / "one"), streaming=streaming, validation_split_percentage=10)
+    assert sorted(row["text"] for split in ("train", "validation") for row in raw[split]) == sorted(texts)
+    with pytest.raises(ValueError, match="--dataset_config_name 'en': .* is a folder saved by `save_to_disk`"):
+        load_raw_datasets(dataset_name=str(tmp_path / "one"), dataset_config_name="en")
+    (tmp_path / "other").mkdir()
+    with pytest.raises(ValueError, match="Could not load dataset .*other' from the local folder"):
+        load_raw_datasets(dataset_name=str(tmp_path / "other"))
 
 
 def test_bad_inputs(tmp_path: Path) -> None:
