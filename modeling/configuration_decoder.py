@@ -49,14 +49,26 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
+# Numeric `rope_parameters` entries of the scaled rope types (transformers only warns about a bad one, or reads it
+# unchecked): a scaling `factor` or pre-training length of 0 gives NaN frequencies that train silently, and a string
+# (a hand-written config.json) a TypeError in the first forward.
+ROPE_POSITIVE_KEYS = ("factor", "original_max_position_embeddings")
+ROPE_NUMBER_KEYS = ("attention_factor", "beta_fast", "beta_slow", "low_freq_factor", "high_freq_factor", "mscale")
+
+
+def rope_parameter_sets(rope_parameters: Any) -> list[dict]:
+    """The parameter sets of `rope_parameters`: the dict itself, or its one dict per layer type."""
+    if not isinstance(rope_parameters, dict):
+        return []
+    return [v for v in rope_parameters.values() if isinstance(v, dict)] or [rope_parameters]
+
+
 def check_rope_parameters(rope_parameters: Any) -> None:
     """Each `rope_type` of `rope_parameters` (flat, or one dict per layer type) is one that RoPE can be built with,
-    its `rope_theta` a positive number and its `partial_rotary_factor` in (0, 1] (transformers checks neither: a
-    theta of 0 or below gives NaN or infinite frequencies that train silently, a factor above 1 a shape error in
-    the first forward)."""
-    if not isinstance(rope_parameters, dict):
-        return
-    for parameters in [v for v in rope_parameters.values() if isinstance(v, dict)] or [rope_parameters]:
+    its `rope_theta` a positive number, its `partial_rotary_factor` in (0, 1] and its scaling `factor` a positive
+    number (transformers checks none of these: a theta or factor of 0 or below gives NaN or infinite frequencies that
+    train silently, a partial factor above 1 a shape error in the first forward)."""
+    for parameters in rope_parameter_sets(rope_parameters):
         rope_type = parameters.get("rope_type", parameters.get("type", "default"))
         if rope_type not in ROPE_TYPES:
             raise ValueError(
@@ -75,6 +87,12 @@ def check_rope_parameters(rope_parameters: Any) -> None:
                 "`partial_rotary_factor` (`rope_parameters['partial_rotary_factor']`, the share of each head's "
                 f"channels that RoPE rotates) must be in (0, 1], got {factor!r}."
             )
+        for key in ROPE_POSITIVE_KEYS + ROPE_NUMBER_KEYS:
+            value = parameters.get(key)
+            if value is None or (_is_number(value) and (value > 0 or key not in ROPE_POSITIVE_KEYS)):
+                continue
+            kind = "a positive number" if key in ROPE_POSITIVE_KEYS else "a number"
+            raise ValueError(f"`rope_parameters['{key}']` (rope_type {rope_type!r}) must be {kind}, got {value!r}.")
 
 
 @strict
@@ -311,6 +329,11 @@ class DecoderConfig(PreTrainedConfig):
             self.head_dim = self.hidden_size // self.num_attention_heads
         # (a hidden size <= 0 leaves head_dim unset: validate_architecture names the field)
         _resolve_moe_defaults(self)
+        for name, value in (("rope_parameters", self.rope_parameters), ("rope_scaling", kwargs.get("rope_scaling"))):
+            if value is not None and not isinstance(value, dict):  # transformers' standardising would fail on it
+                raise ValueError(
+                    f"`{name}` must be a dict (`{{'rope_type': ..., 'rope_theta': ..., ...}}`) or None, got {value!r}."
+                )
         super().__post_init__(**kwargs)  # standardises `rope_parameters` (legacy `rope_theta` / `rope_scaling`)
         check_rope_parameters(self.rope_parameters)  # transformers only warns about an unknown type; the build fails
         try:  # run again by `@strict` after this method, where a key missing from `rope_parameters` is a KeyError

@@ -84,6 +84,44 @@ def test_rope_base_and_partial_factor_are_checked_at_construction(overrides, mes
         tiny_decoder_config(**overrides)
 
 
+@pytest.mark.parametrize(
+    ("rope_parameters", "message"),
+    [
+        (
+            {"rope_type": "linear", "factor": 0.0},
+            r"`rope_parameters\['factor'\]` \(rope_type 'linear'\) must be a positive",
+        ),
+        (
+            {"rope_type": "yarn", "factor": -4.0},
+            r"`rope_parameters\['factor'\]` \(rope_type 'yarn'\) must be a positive",
+        ),
+        (
+            {"rope_type": "llama3", "factor": 0, "low_freq_factor": 1.0, "high_freq_factor": 4.0},
+            r"`rope_parameters\['factor'\]` \(rope_type 'llama3'\) must be a positive number, got 0",
+        ),
+        ({"rope_type": "linear", "factor": "2"}, r"`rope_parameters\['factor'\]` .* got '2'"),
+        (
+            {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": "16"},
+            r"`rope_parameters\['original_max_position_embeddings'\]` .* must be a positive number, got '16'",
+        ),
+        ({"rope_type": "yarn", "factor": 4.0, "beta_fast": "32"}, r"`rope_parameters\['beta_fast'\]` .* got '32'"),
+    ],
+)
+def test_rope_scaling_factor_is_a_positive_number_at_construction(rope_parameters, message):
+    """transformers only warns about these: a scaling factor of 0 gave NaN logits in every forward (linear, yarn,
+    llama3), a quoted number a TypeError in the first forward."""
+    with pytest.raises(ValueError, match=message):
+        tiny_decoder_config(rope_parameters={"rope_theta": 1e4, **rope_parameters})
+
+
+def test_rope_parameters_that_are_not_a_dict_are_named():
+    """transformers' standardising failed on them with an AttributeError ('str' object has no attribute ...)."""
+    with pytest.raises(ValueError, match=r"`rope_parameters` must be a dict .* got 'yarn'"):
+        tiny_decoder_config(rope_parameters="yarn")
+    with pytest.raises(ValueError, match=r"`rope_scaling` must be a dict .* got \[2.0\]"):
+        tiny_decoder_config(rope_scaling=[2.0])
+
+
 def test_rope_factors_in_range_are_kept():
     assert tiny_decoder_config(partial_rotary_factor=0.5).rope_parameters["partial_rotary_factor"] == 0.5
     assert tiny_decoder_config(rope_theta=500000).rope_parameters["rope_theta"] == 500000
