@@ -342,6 +342,12 @@ class DecoderConfig(PreTrainedConfig):
             raise ValueError(error.args[0] if error.args else str(error)) from None
         self.validate_architecture()  # raise a plain ValueError now; `@strict` would wrap it in its own error type
 
+    def validate_rope(self) -> None:
+        """transformers' checks of `rope_parameters` (an even `head_dim` among them) where the model builds RoPE: with
+        other positions the parameters are unused, and an odd `head_dim` is fine."""
+        if self.position_embedding_type == "rope":
+            super().validate_rope()
+
     def validate_architecture(self) -> None:
         """Every cross-field check; run at construction and again by `@strict` at save time."""
         for name in (

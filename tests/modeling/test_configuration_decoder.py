@@ -122,6 +122,20 @@ def test_rope_parameters_that_are_not_a_dict_are_named():
         tiny_decoder_config(rope_scaling=[2.0])
 
 
+@pytest.mark.parametrize("positions", ["alibi", "relative_bias", "learned", "sinusoidal", "none"])
+def test_an_odd_head_dim_builds_without_rope(positions):
+    """transformers' RoPE check (an even head_dim) refused every config with an odd head_dim, whatever its positions,
+    naming RoPE: only a model that rotates needs pairs of channels."""
+    config = tiny_decoder_config(
+        hidden_size=33, num_attention_heads=3, num_key_value_heads=3, position_embedding_type=positions
+    )
+    assert config.head_dim == 11
+    logits = DecoderForCausalLM(config)(torch.randint(3, 97, (1, 5))).logits
+    assert torch.isfinite(logits).all()
+    with pytest.raises(ValueError, match=r"head_dim.*11"):
+        tiny_decoder_config(hidden_size=33, num_attention_heads=3, num_key_value_heads=3)
+
+
 def test_rope_factors_in_range_are_kept():
     assert tiny_decoder_config(partial_rotary_factor=0.5).rope_parameters["partial_rotary_factor"] == 0.5
     assert tiny_decoder_config(rope_theta=500000).rope_parameters["rope_theta"] == 500000
