@@ -400,7 +400,15 @@ def _validate_rotary_dimension(config: Any) -> None:
             f"The rotary dimension (`head_dim` {config.head_dim} x `rope_parameters['partial_rotary_factor']` "
             f"{partial} = {rotary_dim}) must be a positive even number: RoPE rotates pairs of channels."
         )
-    if config.rope_parameters.get("rope_type", config.rope_parameters.get("type")) == "longrope":
+    rope_type = config.rope_parameters.get("rope_type", config.rope_parameters.get("type"))
+    if rope_type == "dynamic" and rotary_dim < 4:
+        # dynamic NTK rescales the base by a power d / (d - 2): transformers divides by zero building the model
+        raise ValueError(
+            f"`rope_parameters['rope_type']`='dynamic' needs a rotary dimension of at least 4, got {rotary_dim} "
+            f"(`head_dim` {config.head_dim} x `partial_rotary_factor` {partial}): raise either, or use another rope "
+            "type."
+        )
+    if rope_type == "longrope":
         for name in ("short_factor", "long_factor"):
             factors = config.rope_parameters.get(name)
             if isinstance(factors, (list, tuple)) and len(factors) != rotary_dim // 2:

@@ -245,6 +245,10 @@ def test_rope_type_is_checked_at_construction():
             r"`rope_parameters\['long_factor'\]` has 2 entries; longrope needs one per rotary frequency: 4",
         ),
         (dict(sliding_window=1), r"`sliding_window` must be at least 2 for 'sliding_attention' layers, got 1"),
+        (  # transformers' dynamic NTK divided by zero (rotary dimension - 2) building the model
+            dict(rope_parameters={"rope_type": "dynamic", "factor": 2.0, "partial_rotary_factor": 0.25}),
+            r"'dynamic' needs a rotary dimension of at least 4, got 2 \(`head_dim` 8 x `partial_rotary_factor` 0.25\)",
+        ),
     ],
 )
 def test_invalid_combinations_are_refused_at_construction(overrides, message):
