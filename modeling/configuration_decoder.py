@@ -310,7 +310,11 @@ class DecoderConfig(PreTrainedConfig):
                         f"`num_hidden_layers={layers}` adds layers to a model whose `{name}` mixes types ({types}): "
                         f"pass `{name}` with {layers} entries too."
                     )
-        return super().from_dict(config_dict, **kwargs)
+        loaded = super().from_dict(config_dict, **kwargs)
+        # transformers sets the other overrides (`from_pretrained(folder, num_key_value_heads=3)`) on the built
+        # config, past `__post_init__`'s checks: without these, an impossible value failed late, in the model
+        _check_resolved(loaded[0] if isinstance(loaded, tuple) else loaded)
+        return loaded
 
     def __post_init__(self, **kwargs: Any) -> None:
         check_field_types(self)
@@ -330,17 +334,9 @@ class DecoderConfig(PreTrainedConfig):
         # (a hidden size <= 0 leaves head_dim unset: validate_architecture names the field)
         _resolve_moe_defaults(self)
         for name, value in (("rope_parameters", self.rope_parameters), ("rope_scaling", kwargs.get("rope_scaling"))):
-            if value is not None and not isinstance(value, dict):  # transformers' standardising would fail on it
-                raise ValueError(
-                    f"`{name}` must be a dict (`{{'rope_type': ..., 'rope_theta': ..., ...}}`) or None, got {value!r}."
-                )
+            _check_rope_dict(name, value)  # transformers' standardising would fail on it
         super().__post_init__(**kwargs)  # standardises `rope_parameters` (legacy `rope_theta` / `rope_scaling`)
-        check_rope_parameters(self.rope_parameters)  # transformers only warns about an unknown type; the build fails
-        try:  # run again by `@strict` after this method, where a key missing from `rope_parameters` is a KeyError
-            self.validate_rope()
-        except KeyError as error:
-            raise ValueError(error.args[0] if error.args else str(error)) from None
-        self.validate_architecture()  # raise a plain ValueError now; `@strict` would wrap it in its own error type
+        _check_resolved(self)
 
     def validate_rope(self) -> None:
         """transformers' checks of `rope_parameters` (an even `head_dim` among them) where the model builds RoPE: with
@@ -381,6 +377,26 @@ class DecoderConfig(PreTrainedConfig):
             if value is not None and not 0 <= value < self.vocab_size:
                 raise ValueError(f"`{name}` ({value}) must be None or in [0, vocab_size={self.vocab_size}).")
         _validate_catalogue(self)
+
+
+def _check_rope_dict(name: str, value: Any) -> None:
+    if value is not None and not isinstance(value, dict):
+        raise ValueError(
+            f"`{name}` must be a dict (`{{'rope_type': ..., 'rope_theta': ..., ...}}`) or None, got {value!r}."
+        )
+
+
+def _check_resolved(config: DecoderConfig) -> None:
+    """Every check of a config whose derived fields are resolved: at construction, and again on the overrides that
+    `from_pretrained(folder, field=value)` sets after it."""
+    check_field_types(config)
+    _check_rope_dict("rope_parameters", config.rope_parameters)
+    check_rope_parameters(config.rope_parameters)  # transformers only warns about an unknown type; the build fails
+    try:  # run again by `@strict` after `__post_init__`, where a key missing from `rope_parameters` is a KeyError
+        config.validate_rope()
+    except KeyError as error:
+        raise ValueError(error.args[0] if error.args else str(error)) from None
+    config.validate_architecture()  # raise a plain ValueError now; `@strict` would wrap it in its own error type
 
 
 def _validate_rotary_dimension(config: Any) -> None:

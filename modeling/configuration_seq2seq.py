@@ -203,6 +203,17 @@ class Seq2SeqConfig(PreTrainedConfig):
     position_embedding_offset: int = 0
     type_vocab_size: int = 0
 
+    @classmethod
+    def from_dict(cls, config_dict: dict[str, Any], **kwargs: Any) -> Seq2SeqConfig:
+        """transformers sets the overrides of `from_pretrained(folder, field=value)` on the built config, past
+        `__post_init__`'s checks: they are checked here, so an impossible value fails now, naming the field, not
+        later in the model."""
+        loaded = super().from_dict(config_dict, **kwargs)
+        config = loaded[0] if isinstance(loaded, tuple) else loaded
+        check_field_types(config)
+        config.validate_architecture()
+        return loaded
+
     def __post_init__(self, **kwargs: Any) -> None:
         check_field_types(self)
         self.decoder_vocab_size = self.decoder_vocab_size or self.vocab_size

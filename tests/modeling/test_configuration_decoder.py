@@ -3,6 +3,7 @@ catalogue values and combinations (the MLP width rules included)."""
 
 import pytest
 import torch
+from transformers import AutoConfig
 
 from archlab import DecoderConfig, DecoderForCausalLM
 from archlab.modeling.catalogue import intermediate_size_from_rule
@@ -134,6 +135,26 @@ def test_an_odd_head_dim_builds_without_rope(positions):
     assert torch.isfinite(logits).all()
     with pytest.raises(ValueError, match=r"head_dim.*11"):
         tiny_decoder_config(hidden_size=33, num_attention_heads=3, num_key_value_heads=3)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (dict(num_key_value_heads=3), r"`num_key_value_heads` \(3\) must divide `num_attention_heads` \(4\)"),
+        (dict(sliding_window=0), r"`sliding_window` must be a positive integer, got 0"),
+        (dict(hidden_act="swishy"), r"`hidden_act`='swishy' is not supported"),
+        (dict(layer_types=["full_attention"]), r"`layer_types` has 1 entries but `num_hidden_layers` is 2"),
+        (dict(rope_parameters={"rope_type": "linear", "factor": 0.0}), r"`rope_parameters\['factor'\]`"),
+        (dict(num_experts=2, num_experts_per_tok=3, mlp_layer_types=["sparse"] * 2), r"`num_experts_per_tok` \(3\)"),
+    ],
+)
+def test_from_pretrained_overrides_fail_as_at_construction(tmp_path, overrides, message):
+    """transformers sets `from_pretrained(folder, field=value)` overrides on the built config, past its checks: each
+    of these loaded, and the model failed later (a shape error in the first forward, a KeyError building it, NaN
+    logits) or, for a window of 0, ran."""
+    tiny_decoder_config().save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match=message):
+        AutoConfig.from_pretrained(tmp_path, **overrides)
 
 
 def test_rope_factors_in_range_are_kept():

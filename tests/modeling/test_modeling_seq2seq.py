@@ -125,6 +125,23 @@ def test_bad_config_values_fail_at_construction(overrides, message):
         Seq2SeqConfig(**{**SMALL, **overrides})
 
 
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (dict(decoder_key_value_heads=3), "`decoder_key_value_heads` \\(3\\) must divide"),
+        (dict(dropout=1.5), "`dropout` must be a probability"),
+        (dict(norm_position="deepnorm"), "`norm_position`='deepnorm' is not supported"),
+        (dict(d_model="32"), "`d_model` must be an int, got '32'"),
+    ],
+)
+def test_from_pretrained_overrides_fail_as_at_construction(tmp_path, overrides, message):
+    """transformers sets `from_pretrained(folder, field=value)` overrides on the built config, past its checks: each
+    of these loaded a model that failed later (a shape error in the first forward for the key/value heads)."""
+    Seq2SeqConfig(**SMALL).save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match=message):
+        AutoModelForSeq2SeqLM.from_pretrained(tmp_path, **overrides)
+
+
 def test_defaults_are_the_papers_base_model():
     config = Seq2SeqConfig()
     assert (config.d_model, config.encoder_layers, config.decoder_layers, config.encoder_attention_heads) == (
