@@ -310,6 +310,7 @@ class DecoderConfig(PreTrainedConfig):
                         f"`num_hidden_layers={layers}` adds layers to a model whose `{name}` mixes types ({types}): "
                         f"pass `{name}` with {layers} entries too."
                     )
+        config_dict = _derive_per_layer_types_again(config_dict, kwargs)
         loaded = super().from_dict(config_dict, **kwargs)
         # transformers sets the other overrides (`from_pretrained(folder, num_key_value_heads=3)`) on the built
         # config, past `__post_init__`'s checks: without these, an impossible value failed late, in the model
@@ -377,6 +378,27 @@ class DecoderConfig(PreTrainedConfig):
             if value is not None and not 0 <= value < self.vocab_size:
                 raise ValueError(f"`{name}` ({value}) must be None or in [0, vocab_size={self.vocab_size}).")
         _validate_catalogue(self)
+
+
+def _derive_per_layer_types_again(config_dict: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    """`from_pretrained(folder, sliding_window=w)` (or `num_local_experts=K`) on a folder saved without a window
+    (without experts): its saved `layer_types` (`mlp_layer_types`) are the ones construction derived, every layer
+    full (dense), and kept as saved they left the window (the experts) silently unused. They are derived again here,
+    as `DecoderConfig(sliding_window=w)` makes every layer slide (Mistral) and `num_local_experts=K` every layer
+    sparse (Mixtral), with Mixtral's router loss weight; a list given with the override wins."""
+    experts = overrides.get("num_local_experts", overrides.get("num_experts"))
+    for field, value, name, plain, dropped in (
+        ("sliding_window", overrides.get("sliding_window"), "layer_types", "full_attention", ()),
+        ("num_local_experts", experts, "mlp_layer_types", "dense", ("router_aux_loss_coef",)),
+    ):
+        if value is None or value == 0 or name in overrides or config_dict.get(field):
+            continue
+        types = config_dict.get(name)
+        if isinstance(types, list) and set(types) <= {plain}:
+            unset = {name, *(key for key in dropped if key not in overrides)}
+            config_dict = {key: v for key, v in config_dict.items() if key not in unset}
+            config_dict[field] = value
+    return config_dict
 
 
 def _check_rope_dict(name: str, value: Any) -> None:

@@ -347,3 +347,21 @@ def test_from_pretrained_with_fewer_or_more_layers_builds_and_saves(tmp_path, va
         kinds = ["full_attention", "sliding_attention", "full_attention"]
         three = DecoderForCausalLM.from_pretrained(tmp_path / "two", num_hidden_layers=3, layer_types=kinds)
         assert three.config.layer_types == kinds and len(three.model.layers) == 3
+
+
+def test_from_pretrained_with_a_window_or_experts_derives_the_layer_types_again(tmp_path):
+    """A folder saved without a window (or experts) holds the per-layer types construction derived, all full (all
+    dense): `from_pretrained(folder, sliding_window=4)` kept them, so the window was silently unused (and the
+    experts). Now as at construction: every layer slides (Mistral), every layer is sparse (Mixtral)."""
+    tiny_decoder_config().save_pretrained(tmp_path)
+    windowed = AutoConfig.from_pretrained(tmp_path, sliding_window=4)
+    assert windowed.layer_types == ["sliding_attention"] * 2
+    experts = AutoConfig.from_pretrained(tmp_path, num_local_experts=4)
+    assert experts.mlp_layer_types == ["sparse"] * 2 and experts.router_aux_loss_coef == 0.001
+    # types given with the override, or saved mixed, are kept
+    assert (
+        AutoConfig.from_pretrained(tmp_path, sliding_window=4, layer_types=["full_attention"] * 2).layer_types
+        == ["full_attention"] * 2
+    )
+    tiny_decoder_config(sliding_window=8, layer_types=["sliding_attention", "full_attention"]).save_pretrained(tmp_path)
+    assert AutoConfig.from_pretrained(tmp_path, sliding_window=4).layer_types == ["sliding_attention", "full_attention"]
