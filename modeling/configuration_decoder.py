@@ -341,7 +341,8 @@ class DecoderConfig(PreTrainedConfig):
 
     def validate_rope(self) -> None:
         """transformers' checks of `rope_parameters` (an even `head_dim` among them) where the model builds RoPE: with
-        other positions the parameters are unused, and an odd `head_dim` is fine."""
+        other positions the parameters are unused, and an odd `head_dim` is fine (`_validate_unused_rope` refuses
+        parameters that ask for a RoPE variant there)."""
         if self.position_embedding_type == "rope":
             super().validate_rope()
 
@@ -373,6 +374,8 @@ class DecoderConfig(PreTrainedConfig):
             )
         if self.position_embedding_type == "rope":
             _validate_rotary_dimension(self)
+        else:
+            _validate_unused_rope(self)
         for name in ("pad_token_id", "bos_token_id"):
             value = getattr(self, name)
             if value is not None and not 0 <= value < self.vocab_size:
@@ -419,6 +422,23 @@ def _check_resolved(config: DecoderConfig) -> None:
     except KeyError as error:
         raise ValueError(error.args[0] if error.args else str(error)) from None
     config.validate_architecture()  # raise a plain ValueError now; `@strict` would wrap it in its own error type
+
+
+def _validate_unused_rope(config: Any) -> None:
+    """Without RoPE (`position_embedding_type` other than 'rope') `rope_parameters` are unused: transformers fills in
+    the default ones for every config, but a scaled rope type or a partial rotary factor asks for a RoPE variant that
+    the model would silently not compute."""
+    for parameters in rope_parameter_sets(config.rope_parameters):
+        rope_type = parameters.get("rope_type", parameters.get("type", "default"))
+        asked = [f"rope_type={rope_type!r}"] if rope_type != "default" else []
+        if parameters.get("partial_rotary_factor", 1.0) != 1.0:
+            asked.append(f"partial_rotary_factor={parameters['partial_rotary_factor']!r}")
+        if asked:
+            raise ValueError(
+                f"`rope_parameters` asks for a RoPE variant ({', '.join(asked)}) but `position_embedding_type` is "
+                f"{config.position_embedding_type!r}, which builds no RoPE: set `position_embedding_type='rope'`, or "
+                "leave `rope_parameters` unset."
+            )
 
 
 def _validate_rotary_dimension(config: Any) -> None:

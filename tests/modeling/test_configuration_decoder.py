@@ -157,6 +157,18 @@ def test_from_pretrained_overrides_fail_as_at_construction(tmp_path, overrides, 
         AutoConfig.from_pretrained(tmp_path, **overrides)
 
 
+@pytest.mark.parametrize(
+    "rope_parameters",
+    [{"rope_type": "linear", "factor": 2.0}, {"rope_type": "default", "partial_rotary_factor": 0.5}],
+)
+def test_a_rope_variant_without_rope_positions_is_refused(rope_parameters):
+    """A scaled or partial RoPE with ALiBi (or any other positions) was accepted and silently not computed."""
+    with pytest.raises(ValueError, match=r"`rope_parameters` asks for a RoPE variant .* `position_embedding_type` is"):
+        tiny_decoder_config(position_embedding_type="alibi", rope_parameters={"rope_theta": 1e4, **rope_parameters})
+    # the default parameters transformers fills in for every config stay accepted
+    assert tiny_decoder_config(position_embedding_type="alibi", rope_theta=5e5).position_embedding_type == "alibi"
+
+
 def test_rope_factors_in_range_are_kept():
     assert tiny_decoder_config(partial_rotary_factor=0.5).rope_parameters["partial_rotary_factor"] == 0.5
     assert tiny_decoder_config(rope_theta=500000).rope_parameters["rope_theta"] == 500000
@@ -297,9 +309,6 @@ def test_defaults_are_the_llama_recipe_and_derived_fields_resolve():
     assert config.norm_bias is False and config.layer_types == ["full_attention"] * 2
     assert tiny_decoder_config(norm_type="layer_norm").norm_bias is True
     assert tiny_decoder_config(sliding_window=8).layer_types == ["sliding_attention"] * 2  # Mistral semantics
-    # RoPE's even-rotary-dimension rule does not apply when RoPE is not used
-    odd = {"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.1}
-    assert tiny_decoder_config(position_embedding_type="alibi", rope_parameters=odd).position_embedding_type == "alibi"
 
 
 def test_mlp_width_rules():
