@@ -22,9 +22,16 @@ _GROUPED_MM = getattr(F, "grouped_mm", None) or getattr(torch, "_grouped_mm", No
 # Grouped GEMM: rows sorted by expert, `offsets[e]` = end row of expert e's group.
 
 
+# The dtypes grouped_mm takes (float64 raised "Expected mat_a to be Float32, BFloat16 or Float16 matrix").
+_GROUPED_MM_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
 def _rows_aligned(*tensors: torch.Tensor) -> bool:
-    """grouped_mm needs every non-unit stride to be a multiple of 16 bytes (a static, shape-only check)."""
-    return all((stride * t.element_size()) % 16 == 0 for t in tensors for stride in t.stride() if stride != 1)
+    """grouped_mm needs a dtype it takes and every non-unit stride a multiple of 16 bytes (a static, shape-only
+    check); the per-expert fallback computes the rest."""
+    return all(t.dtype in _GROUPED_MM_DTYPES for t in tensors) and all(
+        (stride * t.element_size()) % 16 == 0 for t in tensors for stride in t.stride() if stride != 1
+    )
 
 
 def _must_not_read_offsets_on_host(a: torch.Tensor) -> bool:

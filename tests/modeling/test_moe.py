@@ -3,6 +3,7 @@ auxiliary losses, shared experts, Mixtral and Qwen2-MoE parity, cache, save/load
 
 from __future__ import annotations
 
+import copy
 import json
 
 import pytest
@@ -15,7 +16,7 @@ from archlab.modeling import grouped_gemm, moe
 from archlab.modeling.grouped_gemm import grouped_linear
 from archlab.modeling.moe import SparseMoeBlock, count_parameters, load_balancing_loss, router_z_loss
 
-from helpers import tiny_decoder_config
+from helpers import assert_close_to_scale, tiny_decoder_config
 
 MOE = dict(num_local_experts=4, num_experts_per_tok=2)
 
@@ -175,6 +176,19 @@ def test_fallback_without_kernel_matches(monkeypatch):
     torch.testing.assert_close(out_fb, out, atol=1e-6, rtol=1e-5)
     for g, g_fb in zip(grads, grads_fb):
         torch.testing.assert_close(g_fb, g, atol=1e-6, rtol=1e-5)
+
+
+def test_a_float64_model_with_experts_runs_and_trains():
+    """grouped_mm takes float32/bf16/fp16 only: `model.double()` (gradient checks, float64 references) raised
+    "Expected mat_a to be Float32, BFloat16 or Float16 matrix" in the first forward; the per-expert loop runs it."""
+    config = tiny_decoder_config(num_local_experts=4, num_experts_per_tok=2)
+    model = archlab.DecoderForCausalLM(config)
+    ids = torch.randint(3, 97, (2, 7), generator=torch.Generator().manual_seed(0))
+    expected = model.eval()(ids).logits
+    wide = copy.deepcopy(model).double()
+    assert_close_to_scale(wide(ids).logits.float(), expected, rtol=1e-5)
+    wide.train()(ids, labels=ids).loss.backward()
+    assert torch.isfinite(wide.model.layers[0].mlp.experts.gate_up_proj.grad).all()
 
 
 def test_while_a_cuda_graph_records_non_bf16_groups_run_without_host_reads(monkeypatch):
