@@ -276,6 +276,39 @@ class Seq2SeqForConditionalGeneration(FastDecodingMixin, Seq2SeqPreTrainedModel,
             self.final_logits_bias = bias
         return embeddings
 
+    def _resize_token_embeddings(self, new_num_tokens, pad_to_multiple_of=None, mean_resizing=True) -> nn.Embedding:
+        """Separate vocabularies (`share_encoder_decoder_embeddings=False`): `resize_token_embeddings` is the source
+        side alone, as Marian's; transformers' also resized an untied head, to the source size, which then no longer
+        matched the target embeddings and `final_logits_bias` (a shape error in the next forward).
+        `resize_decoder_token_embeddings` resizes the target side."""
+        if self.config.share_encoder_decoder_embeddings:
+            return super()._resize_token_embeddings(new_num_tokens, pad_to_multiple_of, mean_resizing)
+        old = self.get_input_embeddings()
+        new = self._get_resized_embeddings(old, new_num_tokens, pad_to_multiple_of, mean_resizing)
+        new.requires_grad_(old.weight.requires_grad)
+        self.set_input_embeddings(new)
+        return self.get_input_embeddings()
+
+    def resize_decoder_token_embeddings(self, new_num_tokens: int) -> nn.Embedding:
+        """Marian's: the target vocabulary of separate vocabularies -- the decoder's embeddings, the head (tied or
+        not), `final_logits_bias` and `decoder_vocab_size`."""
+        if self.config.share_encoder_decoder_embeddings:
+            raise ValueError(
+                "`resize_decoder_token_embeddings` resizes the target side of separate vocabularies, but "
+                "`share_encoder_decoder_embeddings` is True: use `resize_token_embeddings`."
+            )
+        decoder = self.get_decoder()
+        decoder.embed_tokens = self._get_resized_embeddings(decoder.embed_tokens, new_num_tokens)
+        if not self.config.tie_word_embeddings:
+            self.lm_head = self._get_resized_lm_head(self.lm_head, new_num_tokens)
+        bias = self.final_logits_bias.new_zeros(1, new_num_tokens)
+        kept = min(new_num_tokens, self.final_logits_bias.shape[1])
+        bias[:, :kept] = self.final_logits_bias[:, :kept]
+        self.final_logits_bias = bias
+        self.config.decoder_vocab_size = new_num_tokens
+        self.tie_weights()
+        return decoder.embed_tokens
+
     def _reorder_cache(self, past_key_values: EncoderDecoderCache, beam_idx: torch.LongTensor) -> EncoderDecoderCache:
         """Beam search (`generate` calls this between steps): reorder the self-attention cache only (a static one in
         place, `reorder_cache_in_place`). Beams move only within their own input's group, whose cross-attention

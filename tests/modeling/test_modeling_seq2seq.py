@@ -437,6 +437,36 @@ def test_resize_token_embeddings_keeps_source_target_and_bias_in_step(tmp_path):
     assert AutoModelForSeq2SeqLM.from_pretrained(tmp_path).config.decoder_vocab_size == 50
 
 
+@pytest.mark.parametrize("tied", [True, False])
+def test_separate_vocabularies_resize_each_side_on_its_own(tmp_path, tied):
+    """`resize_token_embeddings` is the source side of separate vocabularies (Marian's); an untied head was resized
+    with it, to the source size, and the next forward failed on its shape (70 logits against a target bias of 53).
+    `resize_decoder_token_embeddings` (Marian's too) resizes the target side: embeddings, head, bias."""
+    config = Seq2SeqConfig(
+        **TINY_SEQ2SEQ, share_encoder_decoder_embeddings=False, decoder_vocab_size=53, tie_word_embeddings=tied
+    )
+    model = Seq2SeqForConditionalGeneration(config).eval()
+    model.resize_token_embeddings(70)
+    assert (model.config.vocab_size, model.config.decoder_vocab_size, model.lm_head.weight.shape[0]) == (70, 53, 53)
+    model.resize_decoder_token_embeddings(57)
+    assert model.config.decoder_vocab_size == model.lm_head.weight.shape[0] == model.final_logits_bias.shape[1] == 57
+    assert (model.lm_head.weight is model.model.decoder.embed_tokens.weight) == tied
+    generator = torch.Generator().manual_seed(0)
+    source, target = (
+        torch.randint(3, 70, (2, 6), generator=generator),
+        torch.randint(3, 57, (2, 5), generator=generator),
+    )
+    with torch.no_grad():
+        logits = model(input_ids=source, decoder_input_ids=target).logits
+    assert logits.shape[-1] == 57
+    model.save_pretrained(tmp_path)
+    with torch.no_grad():
+        loaded = AutoModelForSeq2SeqLM.from_pretrained(tmp_path).eval()(input_ids=source, decoder_input_ids=target)
+    torch.testing.assert_close(loaded.logits, logits, atol=0, rtol=0)
+    with pytest.raises(ValueError, match="use `resize_token_embeddings`"):
+        tiny().resize_decoder_token_embeddings(70)
+
+
 @pytest.mark.parametrize("model_class", [Seq2SeqModel, EncoderForMaskedLM])
 @pytest.mark.parametrize("size", [40, 70])
 def test_resized_base_model_and_masked_lm_save_and_load(tmp_path, model_class, size):
