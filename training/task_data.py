@@ -135,7 +135,14 @@ def classification_texts(train: Any, args: TaskOptions, text_column: str) -> Ite
 
 
 def label_maps(dataset: Any, column: str) -> tuple[dict[Any, int], dict[int, str]]:
-    values = sorted(set(dataset[column]), key=str)
+    """label -> id and id -> label name, the labels in sorted order as run_glue.py sorts them: integer labels
+    0..n-1 keep their values as ids (sorted as text, label 10 was id 2 among 0..11, and `logits.argmax(-1)` no
+    longer gave the label); labels of mixed types sort by their text."""
+    values = list(set(dataset[column]))
+    try:
+        values.sort()
+    except TypeError:
+        values.sort(key=str)
     if len(values) < 2:
         raise ValueError(f"Column {column!r} has {len(values)} distinct label(s); classification needs at least 2.")
     return {v: i for i, v in enumerate(values)}, {i: str(v) for i, v in enumerate(values)}

@@ -18,7 +18,7 @@ from archlab.scripts import finetune
 from archlab.tokenization.data import IGNORE_INDEX
 from archlab.tokenization.training import save_tokenizer, train_tokenizer
 from archlab.training.metrics import classification_metrics, text_metrics
-from archlab.training.task_data import as_messages, tokenize_instruct, tokenize_seq2seq
+from archlab.training.task_data import as_messages, label_maps, tokenize_instruct, tokenize_seq2seq
 
 from helpers import TINY_SEQ2SEQ, TINY_SEQ2SEQ_OVERRIDES, tiny_decoder_config
 
@@ -340,3 +340,13 @@ def test_seq2seq_targets_are_cut_at_max_target_length_not_at_max_source_length()
         assert [len(row["labels"]) for row in encoded][0] == target_length
         for row in encoded:  # each side keeps its closing token
             assert row["input_ids"][-1] == row["labels"][-1] == tokenizer.eos_token_id
+
+
+def test_integer_labels_keep_their_values_as_ids() -> None:
+    """Labels 0..11 were sorted as text ("10" before "2"): label 10 got id 2, so `logits.argmax(-1)` of the saved
+    classifier did not give the label (run_glue.py sorts them as numbers)."""
+    label2id, id2label = label_maps(Dataset.from_list([{"label": i % 12} for i in range(36)]), "label")
+    assert label2id == {i: i for i in range(12)}
+    assert id2label == {i: str(i) for i in range(12)}
+    label2id, _ = label_maps(Dataset.from_list([{"label": v} for v in ("pos", "neg", "neutral")]), "label")
+    assert label2id == {"neg": 0, "neutral": 1, "pos": 2}
