@@ -1,5 +1,6 @@
-"""Evaluation metrics of the training scripts: perplexity, classification accuracy and macro-F1, and the text
-metrics of generated sequences (sacrebleu's BLEU and chrF, exact match)."""
+"""Evaluation metrics of the training scripts: perplexity, classification accuracy and macro-F1 (a regression head's
+mean squared error and Pearson's r), and the text metrics of generated sequences (sacrebleu's BLEU and chrF, exact
+match)."""
 
 from __future__ import annotations
 
@@ -20,8 +21,11 @@ def with_perplexity(metrics: dict[str, float], prefix: str = "eval") -> dict[str
 
 
 def classification_metrics(prediction: Any) -> dict[str, float]:
-    """Accuracy and macro-F1 over the classes that occur in labels or predictions."""
+    """Accuracy and macro-F1 over the classes that occur in labels or predictions; for a regression head (one
+    output) the mean squared error and Pearson's correlation instead, as run_glue.py reports a float label column."""
     logits = prediction.predictions[0] if isinstance(prediction.predictions, tuple) else prediction.predictions
+    if logits.shape[-1] == 1:
+        return regression_metrics(logits[..., 0], prediction.label_ids)
     predicted, labels = np.argmax(logits, axis=-1), prediction.label_ids
     f1s = []
     for c in np.union1d(predicted, labels):
@@ -30,6 +34,14 @@ def classification_metrics(prediction: Any) -> dict[str, float]:
         recall = tp / max(np.sum(labels == c), 1)
         f1s.append(0.0 if tp == 0 else 2 * precision * recall / (precision + recall))
     return {"accuracy": float(np.mean(predicted == labels)), "f1": float(np.mean(f1s))}
+
+
+def regression_metrics(predicted: np.ndarray, labels: np.ndarray) -> dict[str, float]:
+    """Mean squared error and Pearson's r (0 where either side is constant, where r is undefined)."""
+    predicted, labels = predicted.astype(np.float64).ravel(), labels.astype(np.float64).ravel()
+    constant = np.std(predicted) == 0 or np.std(labels) == 0
+    pearson = 0.0 if constant else float(np.corrcoef(predicted, labels)[0, 1])
+    return {"mse": float(np.mean((predicted - labels) ** 2)), "pearson": pearson}
 
 
 def text_metrics(predictions: list[str], references: list[str]) -> dict[str, float]:

@@ -8,7 +8,7 @@ import itertools
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Protocol
 
-from datasets import Dataset, DatasetDict
+from datasets import ClassLabel, Dataset, DatasetDict, IterableDataset, Value
 
 from archlab.tokenization.data import IGNORE_INDEX, check_columns, check_text_columns
 
@@ -127,7 +127,33 @@ def tokenize_instruct(
 def check_classification_columns(dataset: Any, split: str, args: TaskOptions, text_column: str) -> Any:
     check_columns(dataset, text_column, args.label_column_name, split=split)
     check_text_columns(dataset, text_column, split=split)
+    check_label_column(dataset, args.label_column_name, split)
     return dataset
+
+
+def check_label_column(dataset: Any, column: str, split: str) -> None:
+    """One label per row, none missing: a row without a label (a CSV's empty field, a JSON null) became a class of its
+    own, "None", trained and scored as one; a list of labels (multi-label rows) failed as an unhashable type."""
+    feature = (getattr(dataset, "features", None) or {}).get(column)
+    if feature is not None and not isinstance(feature, (Value, ClassLabel)):
+        raise ValueError(
+            f"Column {column!r} of the {split} split holds {feature}, not one label per row: --task classification "
+            "takes a class (a name or an integer) or a number to regress (floats) in each row; multi-label rows "
+            "(lists of labels) are not supported. Name the label column with --label_column_name."
+        )
+    nulls = 0 if isinstance(dataset, IterableDataset) else dataset.with_format("arrow")[column].null_count
+    if nulls:
+        raise ValueError(
+            f"Column {column!r} of the {split} split has {nulls} empty cell(s) (rows without a label): fill or drop "
+            "those rows."
+        )
+
+
+def is_regression(dataset: Any, column: str) -> bool:
+    """Float labels are regression targets (one output, mean squared error), as run_glue.py reads a float label
+    column; integer and text labels are classes."""
+    feature = (getattr(dataset, "features", None) or {}).get(column)
+    return isinstance(feature, Value) and feature.dtype in ("float16", "float32", "float64")
 
 
 def classification_texts(train: Any, args: TaskOptions, text_column: str) -> Iterator[str]:
@@ -138,6 +164,9 @@ def label_maps(dataset: Any, column: str) -> tuple[dict[Any, int], dict[int, str
     """label -> id and id -> label name, the labels in sorted order as run_glue.py sorts them: integer labels
     0..n-1 keep their values as ids (sorted as text, label 10 was id 2 among 0..11, and `logits.argmax(-1)` no
     longer gave the label); labels of mixed types sort by their text."""
+    feature = (getattr(dataset, "features", None) or {}).get(column)
+    if isinstance(feature, ClassLabel):  # a Hub data set's classes: their ids and names as it defines them
+        return {i: i for i in range(feature.num_classes)}, dict(enumerate(feature.names))
     values = list(set(dataset[column]))
     try:
         values.sort()
@@ -146,6 +175,12 @@ def label_maps(dataset: Any, column: str) -> tuple[dict[Any, int], dict[int, str
     if len(values) < 2:
         raise ValueError(f"Column {column!r} has {len(values)} distinct label(s); classification needs at least 2.")
     return {v: i for i, v in enumerate(values)}, {i: str(v) for i, v in enumerate(values)}
+
+
+def shortened(values: list[str], most: int = 10) -> str:
+    """A list of labels for a message: the first `most`, then how many more."""
+    shown = ", ".join(repr(v) for v in values[:most])
+    return f"[{shown}, ... {len(values) - most} more]" if len(values) > most else f"[{shown}]"
 
 
 def tokenize_classification(
@@ -157,21 +192,22 @@ def tokenize_classification(
     text_column: str = "text",
     label2id: dict[Any, int] | None = None,
 ) -> Any:
-    label, label2id = args.label_column_name, label2id or {}
+    """`input_ids` and the label ids of `label2id`; with `label2id` None (regression), the labels as floats."""
+    label = args.label_column_name
 
     def encode(batch: dict[str, list]) -> dict[str, list]:
         out = tokenizer(batch[text_column], truncation=True, max_length=max_length)
-        unknown = {v for v in batch[label] if v not in label2id}
-        if unknown:
-            raise ValueError(
-                f"Labels {sorted(map(str, unknown))} of the validation split are not in the training "
-                f"split's {sorted(map(str, label2id))}."
-            )
-        return {
-            "input_ids": out["input_ids"],
-            "attention_mask": out["attention_mask"],
-            "labels": [label2id[v] for v in batch[label]],
-        }
+        if label2id is None:
+            labels = [float(v) for v in batch[label]]
+        else:
+            unknown = sorted(map(str, {v for v in batch[label] if v not in label2id}))
+            if unknown:
+                raise ValueError(
+                    f"Labels {shortened(unknown)} of the validation split are not in the training split's "
+                    f"{shortened(sorted(map(str, label2id)))}."
+                )
+            labels = [label2id[v] for v in batch[label]]
+        return {"input_ids": out["input_ids"], "attention_mask": out["attention_mask"], "labels": labels}
 
     return dataset.map(encode, batched=True, num_proc=num_proc, remove_columns=dataset.column_names, desc="Tokenizing")
 

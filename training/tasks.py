@@ -2,7 +2,8 @@
 its examples are checked, tokenized and collated, its metrics and Trainer, and what it reports.
 
 - `instruct`: a decoder tuned on conversations with its chat template, loss on the assistant's turns only;
-- `classification`: sequence classification from text and label columns, accuracy and macro-F1;
+- `classification`: sequence classification from text and label columns, accuracy and macro-F1 (float labels:
+  regression, mean squared error and Pearson's r);
 - `seq2seq`: an encoder-decoder evaluated by generation with BLEU, chrF and exact match.
 """
 
@@ -76,7 +77,7 @@ TASKS: dict[str, Task] = {
         collator=lambda tokenizer, model: DataCollatorWithPadding(tokenizer),
         auto_class=CLASSIFICATION_AUTO_CLASS,
         compute_metrics=lambda tokenizer: classification_metrics,
-        summary_keys=("eval_loss", "eval_accuracy", "eval_f1"),
+        summary_keys=("eval_loss", "eval_accuracy", "eval_f1", "eval_mse", "eval_pearson"),
         labels=True,
     ),
     "seq2seq": Task(
@@ -159,19 +160,23 @@ def build_task_model(
     `validation` and `collator`. Examples are truncated rather than packed, to at most what the model positions.
     `tokenizing` is entered around the tokenization alone (the scripts' `first_process_writes_the_cache`); building
     the model can be collective (DeepSpeed ZeRO-3), so no process may wait for the others there."""
-    label2id: dict[Any, int] = {}
-    if task.labels:
+    label2id: dict[Any, int] | None = {}
+    regression = task.labels and task_data.is_regression(raw["train"], options.label_column_name)
+    if task.labels and not regression:
         label2id, id2label = task_data.label_maps(raw["train"], options.label_column_name)
-    config = build_config(choices, tokenizer, None, num_labels=len(label2id) or None)
+    config = build_config(choices, tokenizer, None, num_labels=1 if regression else len(label2id) or None)
     if task.model_kind == "seq2seq":
         check_lengths_fit_the_position_table(config, options)
     max_length = min(block_size, config.max_position_embeddings)
-    if label2id:
+    if regression:  # one output trained by mean squared error; the tokenized labels are floats (label2id None)
+        config.num_labels, config.problem_type, label2id = 1, "regression", None
+    elif label2id:
         config.num_labels, config.id2label, config.label2id = (
             len(id2label),
             id2label,
             {v: k for k, v in id2label.items()},
         )
+        config.problem_type = "single_label_classification"
     with tokenizing or contextlib.nullcontext():
         data = {s: task.tokenize(raw[s], tokenizer, options, max_length, num_proc, text_column, label2id) for s in raw}
     check_not_empty(data["train"], "tokenized train")

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from datasets import Dataset
+from datasets import ClassLabel, Dataset, Features
 from huggingface_hub import ModelCard
 from transformers import AutoModelForSequenceClassification, AutoTokenizer, EvalPrediction
 
@@ -190,6 +190,11 @@ def test_metrics() -> None:
     same = text_metrics(["Return the sum of a and b."], ["Return the  sum of a and b."])
     assert same == {"bleu": pytest.approx(100.0), "chrf": pytest.approx(100.0), "exact_match": 100.0}
     assert text_metrics(["zzz"], ["Return the sum."])["exact_match"] == 0.0
+    # a regression head (one output): mean squared error and Pearson's r
+    scores = classification_metrics(
+        EvalPrediction(predictions=np.array([[1.0], [2.0], [4.0]]), label_ids=np.array([1.0, 3.0, 5.0]))
+    )
+    assert scores == {"mse": pytest.approx(2 / 3), "pearson": pytest.approx(np.corrcoef([1, 2, 4], [1, 3, 5])[0, 1])}
 
 
 def test_bad_inputs(tmp_path: Path, work: Path) -> None:
@@ -301,8 +306,9 @@ def test_the_task_table_has_one_row_per_task_choice() -> None:
             "eval_loss": 1.0,
             **{
                 f"eval_{k}": v
+                for predictions, labels in ((logits, np.array([0, 1])), (logits[:, :1], np.array([0.5, 1.5])))
                 for k, v in TASKS["classification"]
-                .compute_metrics(None)(EvalPrediction(predictions=logits, label_ids=np.array([0, 1])))
+                .compute_metrics(None)(EvalPrediction(predictions=predictions, label_ids=labels))
                 .items()
             },
         },
@@ -350,3 +356,60 @@ def test_integer_labels_keep_their_values_as_ids() -> None:
     assert id2label == {i: str(i) for i in range(12)}
     label2id, _ = label_maps(Dataset.from_list([{"label": v} for v in ("pos", "neg", "neutral")]), "label")
     assert label2id == {"neg": 0, "neutral": 1, "pos": 2}
+    # a Hub data set's ClassLabel column keeps its own ids and names (they were the ids as text: "0", "1")
+    features = Features({"label": ClassLabel(names=["negative", "positive"])})
+    label2id, id2label = label_maps(Dataset.from_dict({"label": [1, 1]}, features=features), "label")
+    assert label2id == {0: 0, 1: 1} and id2label == {0: "negative", 1: "positive"}
+
+
+def test_float_labels_train_a_regression_head(tmp_path: Path, work: Path) -> None:
+    """A float label column is a regression target, as run_glue.py reads it: one output trained by mean squared
+    error. Each distinct float was a class of its own (80 classes for 80 rows), and a validation split of other
+    values failed on labels "not in the training split"."""
+    for name, n, seed in (("train", 80, 1), ("validation", 40, 2)):
+        rows = [
+            {**row, "score": (0.9 if row["label"] == "pos" else 0.1) + 0.01 * (i % 5)}
+            for i, row in enumerate(sentiment_rows(n, seed))
+        ]
+        Dataset.from_list(rows).to_csv(tmp_path / f"{name}.csv")
+    out = tmp_path / "reg"
+    metrics = finetune.main(
+        run_args(
+            out,
+            "--task",
+            "classification",
+            "--model_name_or_path",
+            str(work / "base"),
+            "--train_file",
+            str(tmp_path / "train.csv"),
+            "--validation_file",
+            str(tmp_path / "validation.csv"),
+            "--label_column_name",
+            "score",
+            "--block_size",
+            "32",
+            "--max_steps",
+            "20",
+        )
+    )
+    assert metrics["eval_mse"] == pytest.approx(metrics["eval_loss"], rel=1e-4)
+    assert metrics["eval_mse"] < 0.02 < metrics["before_eval_mse"] and metrics["eval_pearson"] > 0.9
+    model = AutoModelForSequenceClassification.from_pretrained(out)
+    assert model.config.num_labels == 1 and model.config.problem_type == "regression"
+
+
+def test_rows_without_one_label_are_named_before_training(tmp_path: Path, work: Path) -> None:
+    """A row without a label (a CSV's empty field) trained as a class "None"; a list of labels per row failed as
+    an unhashable type inside the label mapping."""
+    rows = sentiment_rows(20, 0)
+    Dataset.from_list([{**row, "label": None if i == 3 else row["label"]} for i, row in enumerate(rows)]).to_csv(
+        tmp_path / "missing.csv"
+    )
+    Dataset.from_list([{**row, "label": [row["label"], "other"]} for row in rows]).to_json(tmp_path / "lists.jsonl")
+    out = tmp_path / "out"
+    base = ["--task", "classification", "--model_name_or_path", str(work / "base"), "--train_file"]
+    with pytest.raises(ValueError, match=r"Column 'label' of the train split has 1 empty cell\(s\)"):
+        finetune.main(run_args(out, *base, str(tmp_path / "missing.csv")))
+    with pytest.raises(ValueError, match=r"Column 'label' of the train split holds List\(Value\('string'\)\), not one"):
+        finetune.main(run_args(out, *base, str(tmp_path / "lists.jsonl")))
+    assert not out.exists()
