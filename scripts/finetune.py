@@ -6,7 +6,8 @@
   default: the embedded corpus's "write function `name`: <docstring>" -> code pairs.
       python scripts/finetune.py --task instruct --model_name_or_path runs/pretrain --output_dir runs/chat
 - `classification`: sequence classification from a decoder's last token (as GPT fine-tuning does), from a CSV/JSON
-  with text and label columns; reports accuracy and macro-F1.
+  with text and label columns; reports accuracy and macro-F1. Float labels are regression targets (one output,
+  mean squared error), as run_glue.py reads them; reports MSE and Pearson's r.
       python scripts/finetune.py --task classification --model_name_or_path runs/pretrain --train_file reviews.csv
 - `seq2seq`: encoder-decoder fine-tuning, by default on the embedded code -> docstring-first-sentence task,
   evaluated by generation with sacrebleu's BLEU and chrF and exact match.
