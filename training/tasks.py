@@ -126,7 +126,22 @@ def task_tokenizer(
             choices.tokenizer_vocab_size or 4096,
         )
 
-    return get_tokenizer(choices, resume, train_new)
+    tokenizer = get_tokenizer(choices, resume, train_new)
+    pad_with_eos(tokenizer)
+    return tokenizer
+
+
+def pad_with_eos(tokenizer: Any) -> None:
+    """A tokenizer without a pad token (a converted Llama's, say) pads the batches with its end-of-sequence token, as
+    TRL's trainers do: the collators failed with "Asking to pad but the tokenizer does not have a padding token" at
+    the first evaluation, after the data and model were prepared. The padding is masked out (`attention_mask` 0,
+    labels -100), and the classifier pools the last token the mask keeps, so what pads does not matter. (The Trainer
+    then aligns the model's `pad_token_id` with the tokenizer's, as it does for every run.)"""
+    if tokenizer.pad_token is None and tokenizer.eos_token is not None:
+        log(
+            f"The tokenizer has no pad token: batches are padded with its end-of-sequence token {tokenizer.eos_token!r}"
+        )
+        tokenizer.pad_token = tokenizer.eos_token
 
 
 def check_lengths_fit_the_position_table(config: Any, options: TaskOptions) -> None:

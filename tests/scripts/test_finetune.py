@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from datasets import ClassLabel, Dataset, Features
 from huggingface_hub import ModelCard
 from transformers import AutoModelForSequenceClassification, AutoTokenizer, EvalPrediction
@@ -20,7 +21,7 @@ from archlab.tokenization.training import save_tokenizer, train_tokenizer
 from archlab.training.metrics import classification_metrics, text_metrics
 from archlab.training.task_data import as_messages, label_maps, tokenize_instruct, tokenize_seq2seq
 
-from helpers import TINY_SEQ2SEQ, TINY_SEQ2SEQ_OVERRIDES, tiny_decoder_config
+from helpers import TINY_SEQ2SEQ, TINY_SEQ2SEQ_OVERRIDES, assert_close_to_scale, tiny_decoder_config
 
 
 def sentiment_rows(n: int, seed: int) -> list[dict[str, str]]:
@@ -413,3 +414,37 @@ def test_rows_without_one_label_are_named_before_training(tmp_path: Path, work: 
     with pytest.raises(ValueError, match=r"Column 'label' of the train split holds List\(Value\('string'\)\), not one"):
         finetune.main(run_args(out, *base, str(tmp_path / "lists.jsonl")))
     assert not out.exists()
+
+
+@pytest.mark.parametrize("task", ["classification", "instruct"])
+def test_a_tokenizer_without_a_pad_token_pads_with_its_eos_token(tmp_path: Path, work: Path, task: str) -> None:
+    """A base model whose tokenizer has no pad token (a converted Llama's): the collator failed with "Asking to pad
+    but the tokenizer does not have a padding token" at the first evaluation. Batches are padded with the
+    end-of-sequence token, masked out, and the saved classifier gives the same logits padded or not."""
+    base = tmp_path / "base"
+    tokenizer = AutoTokenizer.from_pretrained(work / "base")
+    tokenizer.pad_token = None
+    tokenizer.save_pretrained(base)
+    archlab.DecoderForCausalLM(tiny_decoder_config(vocab_size=len(tokenizer), pad_token_id=None)).save_pretrained(base)
+    data = {
+        "classification": ["--train_file", str(work / "train.csv"), "--block_size", "32"],
+        "instruct": [
+            "--train_file",
+            str(work / "instruct.jsonl"),
+            "--prompt_column",
+            "prompt",
+            "--response_column",
+            "response",
+        ],
+    }[task]
+    out = tmp_path / "out"
+    metrics = finetune.main(run_args(out, "--task", task, "--model_name_or_path", str(base), *data))
+    assert metrics["eval_loss"] < metrics["before_eval_loss"]
+    saved = AutoTokenizer.from_pretrained(out)
+    assert saved.pad_token == saved.eos_token
+    if task == "classification":
+        model = AutoModelForSequenceClassification.from_pretrained(out).eval()
+        texts = ["great good lovely", "bad sad awful poor awful sad bad"]
+        batch = saved(texts, return_tensors="pt", padding=True)
+        alone = torch.cat([model(**saved(text, return_tensors="pt")).logits for text in texts])
+        assert_close_to_scale(model(**batch).logits, alone)
