@@ -119,12 +119,16 @@ def load_raw_datasets(
         try:
             raw = load_dataset(builder, data_files=files, cache_dir=cache_dir, streaming=streaming, **extra)
         except ValueError as error:
-            if "corresponds to no data" not in str(error):  # `datasets`' words for a file without rows
+            if not _no_rows(error):
                 raise
-            raise ValueError(f"The train split is empty: {files} hold no rows.") from error
+            split = _split_without_rows(builder, files, cache_dir, extra) or "train"
+            raise ValueError(f"The {split} split is empty: {files[split]!r} holds no rows.") from error
         except DatasetGenerationError:
             if builder != "parquet":
                 _check_utf8(files.values())
+            split = _split_without_rows(builder, files, cache_dir, extra)
+            if split is not None:  # an empty train CSV beside a validation file fails on its columns' null type
+                raise ValueError(f"The {split} split is empty: {files[split]!r} holds no rows.") from None
             raise
     else:
         return embedded_corpus(streaming=streaming, cache_dir=cache_dir)
@@ -151,6 +155,25 @@ def _load_saved(path: str, streaming: bool) -> AnyDatasetDict:
     if streaming:
         return IterableDatasetDict({split: dataset.to_iterable_dataset() for split, dataset in raw.items()})
     return raw
+
+
+def _no_rows(error: Exception) -> bool:
+    return "corresponds to no data" in str(error)  # `datasets`' words for a split without rows
+
+
+def _split_without_rows(builder: str, files: dict[str, str], cache_dir: str | None, extra: dict) -> str | None:
+    """The split whose file holds no rows (a CSV with only its header, say), each file loaded alone: loaded together,
+    an empty validation file was reported as an empty train split, and an empty train file beside a validation file
+    failed as a `DatasetGenerationError` about a column of null type."""
+    for split, path in files.items():
+        try:
+            load_dataset(builder, data_files={split: path}, cache_dir=cache_dir, **extra)
+        except ValueError as error:
+            if _no_rows(error):
+                return split
+        except DatasetGenerationError:
+            pass
+    return None
 
 
 def _has_text(path: str) -> bool:

@@ -318,6 +318,18 @@ def test_bad_inputs(tmp_path: Path) -> None:
         pack_causal_lm(dataset, 1, 0)
 
 
+@pytest.mark.parametrize("empty", ["train", "validation"])
+def test_a_file_with_a_header_and_no_rows_is_named_with_its_split(tmp_path: Path, empty: str) -> None:
+    """A validation CSV with its header and no rows was reported as an empty train split."""
+    files = {split: tmp_path / f"{split}.csv" for split in ("train", "validation")}
+    for split, path in files.items():
+        path.write_text("text,label\n" + ("" if split == empty else "a b,1\nc d,0\n"))
+    with pytest.raises(ValueError, match=f"The {empty} split is empty: '{files[empty]}' holds no rows"):
+        load_raw_datasets(
+            train_file=str(files["train"]), validation_file=str(files["validation"]), cache_dir=str(tmp_path)
+        )
+
+
 @pytest.mark.parametrize(
     "rows, message",
     [
