@@ -97,17 +97,26 @@ class FinetuneTrainingArguments(ArchlabTrainingArguments, Seq2SeqTrainingArgumen
     save_steps: float = field(default=100, metadata={"help": "Checkpoint every N steps."})
     save_total_limit: int | None = field(default=2, metadata={"help": "Keep at most N checkpoints."})
     predict_with_generate: bool = field(default=True, metadata={"help": "seq2seq: evaluate generated text."})
-    generation_max_length: int | None = field(default=48, metadata={"help": "seq2seq: generated length."})
+    generation_max_length: int | None = field(
+        default=None,
+        metadata={
+            "help": "seq2seq: the evaluation's generated length (unset: --max_target_length, as run_translation)."
+        },
+    )
 
 
 def parse(argv: Sequence[str] | None = None) -> tuple:
     """The four argument groups; the default `--output_dir` names the task (a second task does not meet the first's
-    checkpoints)."""
+    checkpoints), and the evaluation generates up to --max_target_length tokens unless --generation_max_length says."""
     model_args, data_args, training_args, args = parse_arguments(
         (ModelArguments, DataArguments, FinetuneTrainingArguments, FinetuneArguments), argv, __doc__
     )
     if training_args.output_dir == TASK_OUTPUT_DIR:
         training_args.output_dir = TASK_OUTPUT_DIR.format(task=args.task)
+    if training_args.generation_max_length is None:
+        # as run_translation.py: a fixed default cut every generated target at 48 tokens under a larger
+        # --max_target_length, and BLEU/chrF/exact match fell without a word
+        training_args.generation_max_length = args.max_target_length
     return model_args, data_args, training_args, args
 
 

@@ -319,6 +319,16 @@ def test_the_task_table_has_one_row_per_task_choice() -> None:
         assert set(TASKS[name].summary_keys) == set(metrics), name
 
 
+def test_the_evaluation_generates_up_to_max_target_length() -> None:
+    """--max_target_length 96 trained 96-token targets while the evaluation generated 48 (a fixed default), scoring
+    every longer target as cut; unset, --generation_max_length follows --max_target_length, as in run_translation."""
+    parsed = finetune.parse(["--task", "seq2seq", "--max_target_length", "96"])[2]
+    assert parsed.generation_max_length == 96
+    assert finetune.parse(["--task", "seq2seq"])[2].generation_max_length == 48
+    given = ["--task", "seq2seq", "--max_target_length", "96", "--generation_max_length", "20"]
+    assert finetune.parse(given)[2].generation_max_length == 20
+
+
 def test_seq2seq_lengths_past_the_position_table_fail_before_training(tmp_path: Path) -> None:
     """A sinusoidal encoder-decoder of 64 positions and --max_source_length 256 (the default): one error naming the
     flag and the limit, before any training step (it would fail inside the first forward otherwise)."""
