@@ -293,11 +293,19 @@ def check_block_fits(config: Any, block_size: int | None, kind: ModelKind) -> No
 
 
 def build_model(
-    auto_class: Any, config: Any, model_name_or_path: str | None, attn_implementation: str | None = None
+    auto_class: Any,
+    config: Any,
+    model_name_or_path: str | None,
+    attn_implementation: str | None = None,
+    ignore_mismatched_sizes: bool = False,
 ) -> PreTrainedModel:
-    """The pretrained model at `model_name_or_path` with `config`, or a new one from `config`."""
+    """The pretrained model at `model_name_or_path` with `config`, or a new one from `config`
+    (`ignore_mismatched_sizes`: weights of another shape than `config` gives them, a classifier's head for another
+    number of labels, are initialized anew)."""
     if model_name_or_path:
-        model = auto_class.from_pretrained(model_name_or_path, config=config)
+        model = auto_class.from_pretrained(
+            model_name_or_path, config=config, ignore_mismatched_sizes=ignore_mismatched_sizes
+        )
     else:
         model = auto_class.from_config(config)
     if attn_implementation:

@@ -183,6 +183,13 @@ def build_task_model(
     if task.model_kind == "seq2seq":
         check_lengths_fit_the_position_table(config, options)
     max_length = min(block_size, config.max_position_embeddings)
+    head = classifier_head_labels(config) if task.labels else None  # a classifier's own labels, to fine-tune on
+    if head is not None and label2id:
+        label2id, id2label = keep_the_heads_label_ids(head, label2id, id2label)
+    new_head = head is not None and len(head) != (1 if regression else len(label2id))
+    if new_head:
+        labels = ", ".join(sorted(head, key=head.get))
+        log(f"{choices.model_name_or_path}'s classifier has {len(head)} outputs ({labels}); a new head is trained")
     if regression:  # one output trained by mean squared error; the tokenized labels are floats (label2id None)
         config.num_labels, config.problem_type, label2id = 1, "regression", None
     elif label2id:
@@ -199,12 +206,32 @@ def build_task_model(
     adopt_context_length(tokenizer, config, kind)
 
     auto_class = task.auto_class or kind.auto_class
-    model = build_model(auto_class, config, choices.model_name_or_path, attn_implementation)
+    model = build_model(auto_class, config, choices.model_name_or_path, attn_implementation, new_head)
     log(
         f"{type(model).__name__}: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters; "
         f"{len(data['train'])} training and {len(data['validation'])} validation examples"
     )
     return {**data, "model": model, "collator": task.collator(tokenizer, model)}
+
+
+def classifier_head_labels(config: Any) -> dict[str, int] | None:
+    """The label -> id map of a pretrained sequence classifier's head (its `architectures` say it has one), else
+    None: a language model's config holds a placeholder `label2id` (LABEL_0, LABEL_1) and no head."""
+    if not any(name.endswith("ForSequenceClassification") for name in getattr(config, "architectures", None) or ()):
+        return None
+    return {str(name): int(i) for i, name in config.id2label.items()}  # (a config may hold no label2id)
+
+
+def keep_the_heads_label_ids(
+    head: dict[str, int], label2id: dict[Any, int], id2label: dict[int, str]
+) -> tuple[dict[Any, int], dict[int, str]]:
+    """The data's labels under the ids of the classifier being fine-tuned when it has the same labels, as run_glue.py
+    does: the sorted order of the data gave a head trained on `pos`=0, `neg`=1 the ids the other way round, and
+    every prediction of the pretrained head was read as the other class (accuracy 1.0 -> 0.0 before training)."""
+    if set(head) != set(id2label.values()):
+        return label2id, id2label
+    relabel = {i: head[name] for i, name in id2label.items()}
+    return {value: relabel[i] for value, i in label2id.items()}, {relabel[i]: name for i, name in id2label.items()}
 
 
 def card_pipeline_tag(task: Task, chosen: str | None, own_data: bool) -> str | None:

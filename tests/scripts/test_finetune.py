@@ -458,3 +458,24 @@ def test_a_tokenizer_without_a_pad_token_pads_with_its_eos_token(tmp_path: Path,
         batch = saved(texts, return_tensors="pt", padding=True)
         alone = torch.cat([model(**saved(text, return_tensors="pt")).logits for text in texts])
         assert_close_to_scale(model(**batch).logits, alone)
+
+
+def test_a_classifier_is_fine_tuned_under_its_own_label_ids(tmp_path: Path, work: Path) -> None:
+    """A classifier whose head has the data's labels in another order (pos=0, neg=1) keeps its ids, as run_glue.py
+    keeps them: the data's sorted order relabelled its outputs, and every prediction read as the other class. One
+    with another number of labels gets a new head (it failed in `from_pretrained` on the head's size)."""
+    tokenizer = AutoTokenizer.from_pretrained(work / "base")
+    for name, labels in (("swapped", ["pos", "neg"]), ("three", ["a", "b", "c"])):
+        id2label = dict(enumerate(labels))
+        config = tiny_decoder_config(vocab_size=len(tokenizer), id2label=id2label)
+        archlab.DecoderForSequenceClassification(config).save_pretrained(tmp_path / name)
+        tokenizer.save_pretrained(tmp_path / name)
+    files = ["--train_file", str(work / "train.csv"), "--validation_file", str(work / "validation.csv")]
+    before = {}
+    for name in ("swapped", "three"):
+        args = ["--task", "classification", "--model_name_or_path", str(tmp_path / name), *files, "--block_size", "32"]
+        before[name] = finetune.main(run_args(tmp_path / f"out-{name}", *args, "--max_steps", "1"))
+    swapped = AutoModelForSequenceClassification.from_pretrained(tmp_path / "out-swapped")
+    assert swapped.config.id2label == {0: "pos", 1: "neg"} and swapped.config.label2id == {"pos": 0, "neg": 1}
+    three = AutoModelForSequenceClassification.from_pretrained(tmp_path / "out-three")
+    assert three.config.id2label == {0: "neg", 1: "pos"} and three.score.weight.shape[0] == 2
