@@ -53,6 +53,7 @@ def as_messages(dataset: Any, args: TaskOptions, split: str = "train") -> Any:
     its split)."""
     if args.prompt_column is None and args.response_column is None:
         check_columns(dataset, args.messages_column, split=split)
+        check_conversations(dataset, args.messages_column, split)
         return dataset
     if args.prompt_column is None or args.response_column is None:
         raise ValueError("--prompt_column and --response_column go together.")
@@ -67,6 +68,33 @@ def as_messages(dataset: Any, args: TaskOptions, split: str = "train") -> Any:
         },
         remove_columns=dataset.column_names,
     )
+
+
+def check_conversations(dataset: Any, column: str, split: str) -> None:
+    """Each row of `column` a list of {"role", "content"} messages, and some conversation with an assistant turn:
+    a column of strings failed inside the chat template's `datasets.map` ("Chat messages should be dicts"), messages
+    without a role as a jinja `UndefinedError`, and conversations without an answer as every conversation "losing
+    its answer when cut" to the model's length."""
+    answered = 0
+    for row, conversation in enumerate(dataset[column]):
+        if not isinstance(conversation, list):
+            raise ValueError(
+                f"Column {column!r} of the {split} split holds {type(conversation).__name__} in row {row}, not a "
+                'conversation (a list of {"role": ..., "content": ...} messages); for prompt and response columns '
+                "pass --prompt_column and --response_column."
+            )
+        for message in conversation:
+            if not isinstance(message, dict) or not {"role", "content"} <= message.keys():
+                raise ValueError(
+                    f"Column {column!r} of the {split} split: row {row} has a message {message!r} without a "
+                    '"role" and a "content"; each message is {"role": "user" | "assistant" | "system", "content": ...}.'
+                )
+        answered += any(message["role"] == "assistant" for message in conversation)
+    if split == "train" and not answered:
+        raise ValueError(
+            f"Column {column!r} of the {split} split has no assistant message in any of its {len(dataset)} "
+            "conversations: instruction tuning learns the assistant's turns, so there is nothing to learn."
+        )
 
 
 def prepare_instruct(dataset: Any, split: str, args: TaskOptions, text_column: str) -> Any:

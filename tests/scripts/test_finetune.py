@@ -345,6 +345,21 @@ def test_a_missing_chat_column_is_named_with_its_split() -> None:
         as_messages(Dataset.from_list(instruction_rows(2)), args, "validation")
 
 
+@pytest.mark.parametrize(
+    "conversation, message",
+    [
+        ("hello", r"Column 'messages' of the train split holds str in row 0, not a conversation"),
+        ([{"user": "hi"}, {"assistant": "yo"}], r"row 0 has a message \{'user': 'hi'.*\} without a \"role\""),
+        ([{"role": "user", "content": "hi"}], r"no assistant message in any of its 3 conversations"),
+    ],
+)
+def test_a_messages_column_that_is_not_conversations_is_named(conversation, message) -> None:
+    """Strings failed inside the chat template's `datasets.map` ("Chat messages should be dicts"), messages without
+    a role as jinja's UndefinedError, and conversations without an answer as each "losing its answer when cut"."""
+    with pytest.raises(ValueError, match=message):
+        as_messages(Dataset.from_list([{"messages": conversation}] * 3), finetune.FinetuneArguments())
+
+
 def test_seq2seq_targets_are_cut_at_max_target_length_not_at_max_source_length() -> None:
     """Sources and targets were tokenized in one call (`text_target`) with the sources' max_length: with
     --max_source_length below --max_target_length every target was cut at the source length."""
