@@ -291,6 +291,13 @@ def check_training_flags(args: TrainingArguments) -> None:
             "--fp16 runs only on a GPU (accelerate has no fp16 autocast on the CPU, so the run would silently train in "
             "float32): leave it out, or use --bf16 true --use_cpu true for bf16 autocast on the CPU."
         )
+    if args.do_predict:
+        # transformers' example scripts predict a --test_file under --do_predict; here it was accepted and ignored
+        raise ValueError(
+            "--do_predict: these scripts have no test split to predict (run_glue.py's --test_file); they evaluate the "
+            "validation split before and after training. Predict with the saved folder: `pipeline(...)` or "
+            "scripts/generate.py."
+        )
     if args.use_liger_kernel:
         check_liger_can_run(args)
     fsdp = bool(args.fsdp) or os.environ.get("ACCELERATE_USE_FSDP", "false").lower() in ("1", "true")

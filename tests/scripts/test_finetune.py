@@ -245,6 +245,8 @@ def test_bad_inputs(tmp_path: Path, work: Path) -> None:
         finetune.main(run_args(out, "--task", "instruct", *base, "--learning_rate", "-1"))
     with pytest.raises(ValueError, match="--per_device_train_batch_size must be >= 1, got 0"):
         finetune.main(run_args(out, "--task", "instruct", *base, "--per_device_train_batch_size", "0"))
+    with pytest.raises(ValueError, match="--do_predict: these scripts have no test split to predict"):  # was ignored
+        finetune.main(run_args(out, "--task", "classification", *base, "--do_predict", "true"))
     assert not out.exists()
 
 
