@@ -366,6 +366,12 @@ class DecoderForCausalLM(FastDecodingMixin, DecoderPreTrainedModel, GenerationMi
 class DecoderForSequenceClassification(DecoderPreTrainedModel):
     """Classifies a sequence from the hidden state of its last non-pad token (GPT fine-tuning, seed 001).
 
+    The last token is the last one `attention_mask` keeps; without a mask, the last that is not `pad_token_id` (as
+    `LlamaForSequenceClassification` finds it, from the ids alone); with neither, the last position. So where the
+    pad token is also the end-of-sequence token, a text that ends with it is pooled at that token when a mask is
+    given, where Llama's head pools the token before it; and a batch without mask or pad token is pooled at its last
+    position, where Llama's head refuses a batch of more than one row.
+
     With `config.classifier_lm_loss_weight = λ > 0` the loss is L_FT + λ·L_PT, L_PT the next-token loss on the
     input (the auxiliary LM objective of GPT-1); the LM head is tied to the embeddings for that.
     """
