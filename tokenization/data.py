@@ -121,14 +121,23 @@ def load_raw_datasets(
         except ValueError as error:
             if not _no_rows(error):
                 raise
-            split = _split_without_rows(builder, files, cache_dir, extra) or "train"
+            alone = _load_each_alone(builder, files, cache_dir, extra)
+            split = next((split for split, loaded in alone.items() if loaded is None), "train")
             raise ValueError(f"The {split} split is empty: {files[split]!r} holds no rows.") from error
-        except DatasetGenerationError:
+        except DatasetGenerationError as error:
             if builder != "parquet":
                 _check_utf8(files.values())
-            split = _split_without_rows(builder, files, cache_dir, extra)
-            if split is not None:  # an empty train CSV beside a validation file fails on its columns' null type
-                raise ValueError(f"The {split} split is empty: {files[split]!r} holds no rows.") from None
+            alone = _load_each_alone(builder, files, cache_dir, extra)
+            for split, loaded in alone.items():
+                if loaded is None:  # an empty train CSV beside a validation file fails on its columns' null type
+                    raise ValueError(f"The {split} split is empty: {files[split]!r} holds no rows.") from None
+            if len(alone) == 2 and all(isinstance(loaded, Dataset) for loaded in alone.values()):
+                # each file reads alone: the validation file's values do not fit the columns read from the train file
+                raise ValueError(
+                    f"The validation file {files['validation']!r} does not fit the columns of the train file "
+                    f"{files['train']!r} ({error.__cause__}): train has {dict(alone['train'].features)}, validation "
+                    f"{dict(alone['validation'].features)}; give both files the same columns and value types."
+                ) from error
             raise
     else:
         return embedded_corpus(streaming=streaming, cache_dir=cache_dir)
@@ -161,19 +170,20 @@ def _no_rows(error: Exception) -> bool:
     return "corresponds to no data" in str(error)  # `datasets`' words for a split without rows
 
 
-def _split_without_rows(builder: str, files: dict[str, str], cache_dir: str | None, extra: dict) -> str | None:
-    """The split whose file holds no rows (a CSV with only its header, say), each file loaded alone: loaded together,
-    an empty validation file was reported as an empty train split, and an empty train file beside a validation file
-    failed as a `DatasetGenerationError` about a column of null type."""
+def _load_each_alone(builder: str, files: dict[str, str], cache_dir: str | None, extra: dict) -> dict[str, Any]:
+    """Each file loaded alone, to say which one fails when they fail together: its `Dataset`, None for a file without
+    rows (a CSV with only its header, say), or the error. Loaded together, an empty validation file was reported as
+    an empty train split, and an empty train file, or a validation file whose values do not fit the train file's
+    column types, failed as a bare `DatasetGenerationError`."""
+    alone: dict[str, Any] = {}
     for split, path in files.items():
         try:
-            load_dataset(builder, data_files={split: path}, cache_dir=cache_dir, **extra)
+            alone[split] = load_dataset(builder, data_files={split: path}, cache_dir=cache_dir, **extra)[split]
         except ValueError as error:
-            if _no_rows(error):
-                return split
-        except DatasetGenerationError:
-            pass
-    return None
+            alone[split] = None if _no_rows(error) else error
+        except DatasetGenerationError as error:
+            alone[split] = error
+    return alone
 
 
 def _has_text(path: str) -> bool:

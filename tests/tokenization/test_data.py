@@ -330,6 +330,19 @@ def test_a_file_with_a_header_and_no_rows_is_named_with_its_split(tmp_path: Path
         )
 
 
+def test_a_validation_file_whose_values_do_not_fit_the_train_files_columns_is_named(tmp_path: Path) -> None:
+    """`datasets` reads the validation file with the train file's column types: a float column holding "high" in the
+    validation file failed as a bare DatasetGenerationError."""
+    (tmp_path / "train.csv").write_text("text,score\na b,0.5\nc d,1.5\n")
+    (tmp_path / "validation.csv").write_text("text,score\na b,high\n")
+    with pytest.raises(ValueError, match=r"validation file '.*validation.csv' does not fit the columns of the train "):
+        load_raw_datasets(
+            train_file=str(tmp_path / "train.csv"),
+            validation_file=str(tmp_path / "validation.csv"),
+            cache_dir=str(tmp_path),
+        )
+
+
 @pytest.mark.parametrize(
     "rows, message",
     [
