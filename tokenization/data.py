@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import codecs
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from datasets import Dataset, DatasetDict, IterableDataset, IterableDatasetDict, load_dataset, load_from_disk
@@ -235,14 +235,18 @@ def _split_off_validation(train: AnyDataset, percentage: int, streaming: bool, s
     return DatasetDict({"train": parts["train"], "validation": parts["test"]})
 
 
-def check_columns(dataset: AnyDataset, *columns: str, split: str = "train") -> None:
-    """A ValueError naming the missing column and the ones that exist."""
+def check_columns(
+    dataset: AnyDataset, *columns: str, split: str = "train", flags: Sequence[str | None] | None = None
+) -> None:
+    """A ValueError naming the missing column, the ones that exist and the flag that names it (`flags`, one per
+    column: "--text_column_name", ...; the default column of a flag not given is otherwise a name from nowhere)."""
     names = dataset.column_names
     if names is None and isinstance(dataset, IterableDataset):
         names = list(next(iter(dataset)).keys())
-    for column in columns:
+    for column, flag in zip(columns, flags or [None] * len(columns)):
         if column not in names:
-            raise ValueError(f"Column {column!r} not found in the {split} split; its columns are {names}.")
+            hint = f": name the column with {flag}" if flag else ""
+            raise ValueError(f"Column {column!r} not found in the {split} split; its columns are {names}{hint}.")
 
 
 def check_text_columns(dataset: AnyDataset, *columns: str, split: str = "train") -> None:

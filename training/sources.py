@@ -52,7 +52,7 @@ def load_documents(data: DataChoices, cache_dir: str | None, seed: int) -> Any:
     raw = _limit(raw, data)
     for split in SPLITS:
         check_not_empty(raw[split], split)
-        check_columns(raw[split], data.text_column_name, split=split)
+        check_columns(raw[split], data.text_column_name, split=split, flags=["--text_column_name"])
         check_text_columns(raw[split], data.text_column_name, split=split)
     return raw
 

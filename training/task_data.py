@@ -52,12 +52,14 @@ def as_messages(dataset: Any, args: TaskOptions, split: str = "train") -> Any:
     """Prompt/response columns -> the `messages` column the chat template reads (a missing column is named with
     its split)."""
     if args.prompt_column is None and args.response_column is None:
-        check_columns(dataset, args.messages_column, split=split)
+        check_columns(dataset, args.messages_column, split=split, flags=["--messages_column"])
         check_conversations(dataset, args.messages_column, split)
         return dataset
     if args.prompt_column is None or args.response_column is None:
         raise ValueError("--prompt_column and --response_column go together.")
-    check_columns(dataset, args.prompt_column, args.response_column, split=split)
+    check_columns(
+        dataset, args.prompt_column, args.response_column, split=split, flags=["--prompt_column", "--response_column"]
+    )
     check_text_columns(dataset, args.prompt_column, args.response_column, split=split)
     return dataset.map(
         lambda row: {
@@ -153,7 +155,9 @@ def tokenize_instruct(
 # Classification
 # ---------------------------------------------------------------------------------------------------------------
 def check_classification_columns(dataset: Any, split: str, args: TaskOptions, text_column: str) -> Any:
-    check_columns(dataset, text_column, args.label_column_name, split=split)
+    check_columns(
+        dataset, text_column, args.label_column_name, split=split, flags=["--text_column_name", "--label_column_name"]
+    )
     check_text_columns(dataset, text_column, split=split)
     check_label_column(dataset, args.label_column_name, split)
     return dataset
@@ -244,7 +248,9 @@ def tokenize_classification(
 # Sequence to sequence
 # ---------------------------------------------------------------------------------------------------------------
 def check_pair_columns(dataset: Any, split: str, args: TaskOptions, text_column: str) -> Any:
-    check_columns(dataset, args.source_column, args.target_column, split=split)
+    check_columns(
+        dataset, args.source_column, args.target_column, split=split, flags=["--source_column", "--target_column"]
+    )
     check_text_columns(dataset, args.source_column, args.target_column, split=split)
     return dataset
 

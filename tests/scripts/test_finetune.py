@@ -19,7 +19,7 @@ from archlab.scripts import finetune
 from archlab.tokenization.data import IGNORE_INDEX
 from archlab.tokenization.training import save_tokenizer, train_tokenizer
 from archlab.training.metrics import classification_metrics, text_metrics
-from archlab.training.task_data import as_messages, label_maps, tokenize_instruct, tokenize_seq2seq
+from archlab.training.task_data import as_messages, check_pair_columns, label_maps, tokenize_instruct, tokenize_seq2seq
 
 from helpers import TINY_SEQ2SEQ, TINY_SEQ2SEQ_OVERRIDES, assert_close_to_scale, tiny_decoder_config
 
@@ -205,7 +205,7 @@ def test_bad_inputs(tmp_path: Path, work: Path) -> None:
         finetune.main(run_args(out, "--task", "classification", *base))
     with pytest.raises(ValueError, match="allowed values: instruct, classification, seq2seq"):
         finetune.main(run_args(out, "--task", "translation", *base))
-    with pytest.raises(ValueError, match="Column 'category' not found"):
+    with pytest.raises(ValueError, match="Column 'category' not found.*: name the column with --label_column_name"):
         finetune.main(
             run_args(
                 out,
@@ -343,8 +343,18 @@ def test_seq2seq_lengths_past_the_position_table_fail_before_training(tmp_path: 
 
 def test_a_missing_chat_column_is_named_with_its_split() -> None:
     args = finetune.FinetuneArguments(prompt_column="prompt", response_column="answer")
-    with pytest.raises(ValueError, match=r"Column 'answer' not found in the validation split"):
+    with pytest.raises(ValueError, match=r"Column 'answer' not found in the validation split.*--response_column\."):
         as_messages(Dataset.from_list(instruction_rows(2)), args, "validation")
+
+
+def test_a_missing_default_column_names_the_flag_that_names_it() -> None:
+    """The code -> docstring task's default columns ('code', 'docstring') on the user's own pairs: the error named a
+    column the user never gave, and not the flag to change it."""
+    pairs = Dataset.from_list([{"en": "one", "fr": "un"}])
+    with pytest.raises(
+        ValueError, match=r"Column 'code' not found .*\['en', 'fr'\]: name the column with --source_col"
+    ):
+        check_pair_columns(pairs, "train", finetune.FinetuneArguments(), "text")
 
 
 @pytest.mark.parametrize(
