@@ -263,13 +263,18 @@ def check_text_columns(dataset: AnyDataset, *columns: str, split: str = "train")
                 f"Column {column!r} of the {split} split holds {feature}, not text: name a text column "
                 "(--text_column_name and the task's column flags)."
             )
-        # the rows of this split only (a split or a limit is an index over the whole table)
-        nulls = 0 if isinstance(dataset, IterableDataset) else dataset.with_format("arrow")[column].null_count
-        if nulls:
-            raise ValueError(
-                f"Column {column!r} of the {split} split has {nulls} empty cell(s) (null / missing values): fill or "
-                "drop those rows."
-            )
+        check_no_empty_cells(dataset, column, split, "null / missing values")
+
+
+def check_no_empty_cells(dataset: AnyDataset, column: str, split: str, what: str) -> None:
+    """A ValueError naming `column` when some rows of this split hold no value there (`what` they are); a streamed
+    dataset is let through."""
+    # the rows of this split only (a split or a limit is an index over the whole table)
+    nulls = 0 if isinstance(dataset, IterableDataset) else dataset.with_format("arrow")[column].null_count
+    if nulls:
+        raise ValueError(
+            f"Column {column!r} of the {split} split has {nulls} empty cell(s) ({what}): fill or drop those rows."
+        )
 
 
 def check_not_empty(dataset: AnyDataset, split: str = "train") -> None:

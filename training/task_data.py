@@ -8,9 +8,9 @@ import itertools
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Protocol
 
-from datasets import ClassLabel, Dataset, DatasetDict, IterableDataset, Value
+from datasets import ClassLabel, Dataset, DatasetDict, Value
 
-from archlab.tokenization.data import IGNORE_INDEX, check_columns, check_text_columns
+from archlab.tokenization.data import IGNORE_INDEX, check_columns, check_no_empty_cells, check_text_columns
 
 
 class TaskOptions(Protocol):
@@ -173,12 +173,7 @@ def check_label_column(dataset: Any, column: str, split: str) -> None:
             "takes a class (a name or an integer) or a number to regress (floats) in each row; multi-label rows "
             "(lists of labels) are not supported. Name the label column with --label_column_name."
         )
-    nulls = 0 if isinstance(dataset, IterableDataset) else dataset.with_format("arrow")[column].null_count
-    if nulls:
-        raise ValueError(
-            f"Column {column!r} of the {split} split has {nulls} empty cell(s) (rows without a label): fill or drop "
-            "those rows."
-        )
+    check_no_empty_cells(dataset, column, split, "rows without a label")
 
 
 def is_regression(dataset: Any, column: str) -> bool:
