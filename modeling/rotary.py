@@ -7,7 +7,9 @@ channels (GPT-NeoX / Phi style).
 
 RoPE has no position table, so positions past `max_position_embeddings` compute; the model was just never trained on
 them. `warn_past_max_positions` says so once per model, through transformers' logging, in the forward that first
-reaches them: before `generate` streams any token, instead of transformers' length reminder after the first one.
+reaches them: before `generate` streams any token, instead of transformers' length reminder after the first one. The
+types that scale a pretraining length (`SCALING_ROPE_TYPES`) run as far as `factor` x `original_max_position_embeddings`
+where that is longer (`rope_length`: Qwen2.5's yarn recipe keeps `max_position_embeddings` at the pretraining length).
 """
 
 from __future__ import annotations
@@ -24,6 +26,23 @@ logger = logging.get_logger(__name__)
 
 # rope types that rescale themselves for sequences past `max_position_embeddings`: running there is their purpose
 LENGTH_EXTENDING_ROPE_TYPES = ("dynamic",)
+# rope types that stretch `original_max_position_embeddings` by `factor` (transformers' yarn, llama3 and longrope)
+SCALING_ROPE_TYPES = ("yarn", "llama3", "longrope")
+
+
+def rope_length(config) -> tuple[int, str]:
+    """The positions a RoPE config runs as intended, and how that length reads in a message: `max_position_embeddings`,
+    or for `SCALING_ROPE_TYPES` `factor` x `original_max_position_embeddings` where that is longer."""
+    length, source = config.max_position_embeddings, f"`max_position_embeddings` ({config.max_position_embeddings})"
+    parameters = config.rope_parameters
+    factor, original = parameters.get("factor"), parameters.get("original_max_position_embeddings")
+    if parameters.get("rope_type") in SCALING_ROPE_TYPES and factor and original and factor * original > length:
+        length = int(factor * original)
+        source = (
+            f"the {length} positions of rope_type {parameters['rope_type']!r} (`factor` {factor} x "
+            f"`original_max_position_embeddings` {original})"
+        )
+    return length, source
 
 
 def default_rope_parameters(config, device=None, **kwargs) -> tuple[torch.Tensor, float]:
@@ -51,21 +70,28 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("inv_freq", inv_freq, persistent=False)
         self.register_buffer("original_inv_freq", inv_freq.clone(), persistent=False)
         self.warned_past_max_positions = self.rope_type in LENGTH_EXTENDING_ROPE_TYPES
+        self.intended_length, self.intended_length_source = rope_length(config)
 
     def warn_past_max_positions(self, position_ids: torch.Tensor, length: int | None = None) -> None:
-        """Warn once if positions reach `max_position_embeddings`. `length` (largest position + 1) comes from shapes
-        when the caller made the positions; otherwise the ids are read, on CPU only (never a device sync)."""
+        """Warn once if positions reach `max_position_embeddings` (for `SCALING_ROPE_TYPES`, the length they scale to:
+        `rope_length`). `length` (largest position + 1) comes from shapes when the caller made the positions;
+        otherwise the ids are read, on CPU only (never a device sync)."""
         if self.warned_past_max_positions or torch.compiler.is_compiling():
             return
         if length is None and position_ids.numel() and can_read_values(position_ids):
             length = int(position_ids.max()) + 1
-        if length is None or length <= self.original_max_seq_len:
+        if length is None or length <= self.intended_length:
             return
         self.warned_past_max_positions = True
+        extend = (
+            "extend it with `rope_parameters` (e.g. rope_type 'yarn' or 'dynamic')"
+            if self.rope_type == "default"
+            else "a larger `rope_parameters['factor']` extends it further"
+        )
         logger.warning(
-            f"Position {length - 1} is past `max_position_embeddings` ({self.original_max_seq_len}): RoPE has no "
-            f"position table, so the model runs, but it was not trained this far and its outputs usually degrade; "
-            f"extend it with `rope_parameters` (e.g. rope_type 'yarn' or 'dynamic') if this is intended. Shown once."
+            f"Position {length - 1} is past {self.intended_length_source}: RoPE has no position table, so the model "
+            f"runs, but it was not trained this far and its outputs usually degrade; {extend} if this is intended. "
+            "Shown once."
         )
 
     # transformers' `_init_weights` re-derives `inv_freq` through this name for the default rope type.

@@ -207,6 +207,19 @@ def test_rope_within_max_positions_and_dynamic_rope_do_not_warn(caplog):
     assert not [record for record in caplog.records if record.name.startswith("archlab")]
 
 
+def test_rope_scaled_by_a_factor_warns_only_past_the_length_it_scales_to(caplog):
+    """yarn with `max_position_embeddings` left at the pretraining length (Qwen2.5's recipe): `factor` 4 runs 4x as
+    far without a word, and past that the warning names the scaled length instead of suggesting yarn."""
+    yarn = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 8}
+    model = DecoderForCausalLM(tiny_decoder_config(max_position_embeddings=8, rope_parameters=yarn)).eval()
+    with caplog.at_level(logging.WARNING, logger="archlab.modeling.rotary"):
+        model(torch.randint(3, 97, (1, 32)))
+        assert not [record for record in caplog.records if record.name.startswith("archlab")]
+        model(torch.randint(3, 97, (1, 33)))
+    (warning,) = [record.getMessage() for record in caplog.records if record.name.startswith("archlab")]
+    assert "Position 32 is past the 32 positions of rope_type 'yarn'" in warning and "'dynamic'" not in warning
+
+
 def test_learned_positions_past_the_table_still_fail_with_the_field_named():
     model = DecoderForCausalLM(tiny_decoder_config(position_embedding_type="learned", max_position_embeddings=8))
     with pytest.raises(ValueError, match="max_position_embeddings"):
