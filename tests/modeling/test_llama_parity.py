@@ -91,3 +91,37 @@ def test_greedy_generation_matches_llama_token_for_token(cache):
     ours = model.generate(input_ids, **kwargs)
     theirs = reference.generate(input_ids, **kwargs)
     assert torch.equal(ours, theirs)
+
+
+# rope types whose frequencies depend on the length (dynamic, longrope) or scale a pretraining length of 8 positions
+LONG_ROPE = {
+    "dynamic": {"factor": 2.0},
+    "yarn": {"factor": 4.0, "original_max_position_embeddings": 8, "beta_fast": 16.0, "mscale": 0.9},
+    "longrope": {
+        "short_factor": [1.0, 1.2, 1.5, 2.0],
+        "long_factor": [2.0, 3.0, 4.0, 5.0],
+        "original_max_position_embeddings": 8,
+    },
+}
+
+
+@pytest.mark.parametrize("cache", ["dynamic", "static"])
+@pytest.mark.parametrize("rope_type", sorted(LONG_ROPE))
+def test_rope_past_the_pretraining_length_matches_llama_in_forward_and_generate(rope_type, cache):
+    """Logits of sequences shorter and longer than `original_max_position_embeddings` / `max_position_embeddings`
+    (16), and greedy decoding from 6 to 30 tokens, each step's scores: dynamic RoPE and longrope recompute their
+    frequencies as the sequence grows, as Llama's do. (Dynamic RoPE decodes with the dynamic cache either way.)"""
+    rope = {"rope_type": rope_type, "rope_theta": 10000.0, **LONG_ROPE[rope_type]}
+    model, reference = _pair("eager", max_position_embeddings=16, rope_parameters=rope)
+    with torch.no_grad():
+        for length in (6, 12, 40):
+            input_ids = torch.randint(3, TINY["vocab_size"], (2, length))
+            assert (model(input_ids).logits - reference(input_ids).logits).abs().max() <= ATOL, length
+    model, reference = _pair("eager", max_position_embeddings=16, rope_parameters=rope)  # dynamic RoPE's state anew
+    input_ids = torch.randint(3, TINY["vocab_size"], (2, 6))
+    kwargs = dict(max_new_tokens=24, do_sample=False, cache_implementation=cache, eos_token_id=None)
+    kwargs |= dict(output_scores=True, return_dict_in_generate=True, pad_token_id=TINY["pad_token_id"])
+    ours, theirs = model.generate(input_ids, **kwargs), reference.generate(input_ids, **kwargs)
+    assert torch.equal(ours.sequences, theirs.sequences)
+    for step, (a, b) in enumerate(zip(ours.scores, theirs.scores)):
+        assert (a - b).abs().max() <= ATOL, step
