@@ -45,7 +45,9 @@ class ALiBiBias(nn.Module):
     Only the distance enters, so the bias is the same for any absolute offset and the model runs (and, per the paper,
     keeps its perplexity) past the training length. For causal attention only j <= i survives the mask, where this
     equals BLOOM's `m_h · j` up to a per-row constant that softmax cancels; the |i - j| form is also right for the
-    bidirectional part of prefix-LM and for encoders.
+    bidirectional part of prefix-LM and for encoders. The distance counts columns, as MPT's does: BLOOM counts only
+    the attended keys (`attention_mask.cumsum(-1) - 1`), which differs where a row's mask has zeros between attended
+    tokens (docs/conversion.md, "Positions and padding").
     """
 
     slopes: torch.Tensor
