@@ -59,10 +59,12 @@ from .cache_growth import grow_static_cache
 from .cache_names import cache_in
 from .cache_reset import reset_at_once
 from .cache_spans import make_spanned
+from .catalogue import POSITION_SCHEMES
 from .compile_fallback import eager_on_compiler_failure
 from .compiled_prefill import check_compile_prefill
 from .decoding_loop import compiled_decoding_step, decode, loop_blocker
 from .fused_projections import inference_projections
+from .sinusoidal import check_generation_fits_the_table
 from .sliding_layers import (
     RING_MODES,
     decodes_as_rings,
@@ -327,6 +329,12 @@ KEPT_COMPILED = (
 )
 
 
+def table_of(config) -> str | None:
+    """The absolute position table a config's model looks positions up in ("learned", "sinusoidal"), else None."""
+    kind = getattr(config, "position_embedding_type", None)
+    return kind if kind in POSITION_SCHEMES and POSITION_SCHEMES[kind].table else None
+
+
 class FastDecodingMixin:
     """`GenerationMixin` hooks for the fast path; first in a model's bases (its `get_compiled_call` overrides
     `PreTrainedModel`'s)."""
@@ -365,13 +373,35 @@ class FastDecodingMixin:
             kept.reusable = not generation_config.return_dict_in_generate  # a returned cache is the user's
         return result
 
+    def _validate_generated_length(self, generation_config: GenerationConfig, input_ids_length, has_default):
+        """transformers' checks, and on an accelerator a `max_length` past an absolute position table refused up front
+        (`check_generation_fits_the_table`): the last token generated is fed to no forward."""
+        super()._validate_generated_length(generation_config, input_ids_length, has_default)
+        check_generation_fits_the_table(
+            self.config,
+            self.device,
+            generation_config.max_length - 1,
+            table_of(self.config),
+            f"`max_length` {generation_config.max_length} ({input_ids_length} input tokens and the new ones)",
+            f"ask for at most {getattr(self.config, 'max_position_embeddings', 0) + 1 - input_ids_length} new tokens",
+        )
+
     def _maybe_prepare_encoder_kwargs_for_generation(
         self, inputs_tensor, model_kwargs: dict, model_input_name, generation_config: GenerationConfig
     ):
         """An encoder-decoder's source, on the fast path, right-padded to a multiple of `SOURCE_STEP` positions and to
         the longest so far (source_padding.py) before it is encoded: later calls with other source lengths reuse the
-        static cache and the recorded steps."""
+        static cache and the recorded steps. On an accelerator, a source longer than an absolute position table is
+        refused first (`check_generation_fits_the_table`)."""
         if self.config.is_encoder_decoder:
+            check_generation_fits_the_table(
+                self.config,
+                inputs_tensor.device,
+                inputs_tensor.shape[1],
+                table_of(self.config),
+                f"A source of {inputs_tensor.shape[1]} tokens",
+                "truncate the sources (the tokenizer's `truncation=True, max_length=...`)",
+            )
             mode = generation_config.get_generation_mode()
             cache = choose_cache_implementation(self, generation_config, model_kwargs, mode)
             if pads_sources(self, generation_config, model_kwargs, model_input_name, cache):

@@ -43,15 +43,22 @@ def split_table(num_positions: int, dim: int, base: float = 10000.0) -> torch.Te
 SINUSOID_LAYOUTS = {"interleaved": interleaved_table, "split": split_table}
 
 
+# Where each forward checks its position ids against the table (reading the largest id costs one small reduction).
+CHECKED_PER_FORWARD = ("cpu",)
+
+
 def check_position_ids(position_ids: torch.Tensor, num_positions: int, table: str) -> None:
     """Refuse position ids past an absolute position table (learned or sinusoidal) with a ValueError that names
     `max_position_embeddings`, instead of an index error deep inside the embedding lookup.
 
-    Runs on CPU only, where reading the largest id costs one small reduction. On accelerators it would make every
-    forward (every decoding step) wait for the device and break CUDA-graph capture, so there the lookup's own
-    device-side bounds check reports the error; skipped too while torch.compile traces.
+    Runs on CPU only (`CHECKED_PER_FORWARD`). On accelerators it would make every forward (every decoding step) wait
+    for the device and break CUDA-graph capture, so there the lookup's own device-side bounds check reports the error
+    (`check_generation_fits_the_table` refuses a `generate` call up front instead); skipped too while torch.compile
+    traces.
     """
-    if position_ids.numel() == 0 or position_ids.device.type != "cpu" or torch.compiler.is_compiling():
+    if position_ids.numel() == 0 or position_ids.device.type not in CHECKED_PER_FORWARD:
+        return
+    if torch.compiler.is_compiling():
         return
     largest = int(position_ids.max())
     if largest >= num_positions:
@@ -61,6 +68,24 @@ def check_position_ids(position_ids: torch.Tensor, num_positions: int, table: st
             f"{num_positions} tokens, or a config with a larger `max_position_embeddings`; position types without a "
             f"table (rope, alibi, relative_bias) have no such limit."
         )
+
+
+def check_generation_fits_the_table(
+    config, device: torch.device, positions: int, table: str | None, what: str, fewer: str
+) -> None:
+    """Where no forward checks its position ids (an accelerator, `CHECKED_PER_FORWARD`), a `generate` call that would
+    look up `positions` positions of an absolute table (`table`: "learned" or "sinusoidal"; None for position types
+    without one) longer than `max_position_embeddings` is refused before anything runs: the lookup's device-side
+    assert would otherwise end the process's CUDA context at the step that crosses it. `what` says what needs the
+    positions, `fewer` what to lower."""
+    limit = getattr(config, "max_position_embeddings", None)
+    if table is None or device.type in CHECKED_PER_FORWARD or limit is None or positions <= limit:
+        return
+    raise ValueError(
+        f"{what} needs {positions} positions, but the {table} position table has `max_position_embeddings` = "
+        f"{limit} rows. On {device.type} the positions are not checked at each step (an out-of-range lookup is a "
+        f"device-side assert that ends the CUDA context), so this call is refused before it starts: {fewer}."
+    )
 
 
 def sinusoid_table(
@@ -118,6 +143,7 @@ class SinusoidalPositionalEmbedding(nn.Module):
 __all__ = [
     "SINUSOID_LAYOUTS",
     "SinusoidalPositionalEmbedding",
+    "check_generation_fits_the_table",
     "check_position_ids",
     "interleaved_table",
     "sinusoid_table",

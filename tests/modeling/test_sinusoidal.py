@@ -8,7 +8,11 @@ import pytest
 import torch
 from transformers.models.marian.modeling_marian import MarianSinusoidalPositionalEmbedding
 
+from archlab import DecoderForCausalLM, Seq2SeqForConditionalGeneration
+from archlab.modeling import sinusoidal
 from archlab.modeling.sinusoidal import SinusoidalPositionalEmbedding, sinusoid_table
+
+from helpers import tiny_decoder_config, tiny_seq2seq_config
 
 
 @pytest.mark.parametrize("dim", [16, 17, 64])
@@ -62,3 +66,32 @@ def test_module_lookup_reset_and_errors():
     torch.testing.assert_close(module.weight, sinusoid_table(32, 8, "split"))
     with pytest.raises(ValueError, match="'interleaved', 'split'"):
         sinusoid_table(4, 8, layout="halves")
+
+
+@pytest.mark.parametrize("positions", ["learned", "sinusoidal"])
+def test_generation_past_the_table_is_refused_up_front_where_no_forward_checks(monkeypatch, positions):
+    """On an accelerator no forward checks its position ids (it would wait for the device every step), and the
+    lookup past the table was a device-side assert at the step that crossed it, ending the CUDA context: there a
+    `generate` call that needs more positions than the table has is refused before anything runs. Stood in for on the
+    CPU by checking no forward; the limit is exact (the last token generated is fed to no forward)."""
+    monkeypatch.setattr(sinusoidal, "CHECKED_PER_FORWARD", ())
+    calls = []
+    decoder = DecoderForCausalLM(tiny_decoder_config(position_embedding_type=positions, max_position_embeddings=16))
+    decoder.register_forward_pre_hook(lambda module, args: calls.append(1))
+    prompt = torch.randint(3, 60, (1, 5))
+    assert decoder.eval().generate(prompt, max_new_tokens=12, min_new_tokens=12).shape[1] == 17  # 16 positions fed
+    with pytest.raises(
+        ValueError,
+        match=f"needs 17 positions, but the {positions} position table has .* 16 rows.*ask for at most 12 new tokens",
+    ):
+        calls.clear()
+        decoder.generate(prompt, max_new_tokens=13)
+    assert calls == []
+    seq2seq = Seq2SeqForConditionalGeneration(
+        tiny_seq2seq_config(position_embedding_type=positions, max_position_embeddings=16)
+    )
+    with pytest.raises(ValueError, match="A source of 17 tokens needs 17 positions.*truncate the sources"):
+        seq2seq.eval().generate(torch.randint(3, 60, (1, 17)), max_new_tokens=3)
+    with pytest.raises(ValueError, match="needs 17 positions.*ask for at most 16 new tokens"):
+        seq2seq.generate(prompt, max_new_tokens=17)
+    assert seq2seq.generate(torch.randint(3, 60, (1, 16)), max_new_tokens=16, min_new_tokens=16).shape[1] == 17
