@@ -1,6 +1,7 @@
 """`convert_checkpoint`: a stock family's folder to an archlab folder, and an archlab folder back to a stock family.
 
-The source's family is read from its `config.json` (`model_type`); the destination is complete or absent.
+The source's family is read from its `config.json` (`model_type`), its head (causal LM or sequence classifier) from
+`architectures` (`heads.py`); the destination is complete or absent.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from ..modeling import DecoderConfig, Seq2SeqConfig
 from .families import FAMILIES
 from .family import ConversionError
 from .folders import load_state_dict, read_config, write_model
+from .heads import archlab_row, stock_row
 
 ARCHLAB_MODEL_TYPES = {config.model_type: config for config in (DecoderConfig, Seq2SeqConfig)}
 
@@ -23,6 +25,8 @@ def convert_checkpoint(src: str | os.PathLike, dst: str | os.PathLike, to: str |
 
     - `src` of a stock family in `FAMILIES` -> an archlab folder (`to` must be None or "archlab");
     - `src` an archlab folder and `to` a family name -> a stock folder of that family.
+
+    A decoder family's `<Family>ForSequenceClassification` is archlab's `DecoderForSequenceClassification`, both ways.
     """
     src, dst = Path(src), Path(dst)
     if dst.exists() and any(dst.iterdir()):
@@ -44,11 +48,7 @@ def convert_checkpoint(src: str | os.PathLike, dst: str | os.PathLike, to: str |
             raise ConversionError(
                 f"{src} is an {model_type} checkpoint; {to} models are {family.archlab_class.config_class.model_type}."
             )
-        architectures = values.get("architectures") or [family.archlab_class.__name__]
-        if family.archlab_class.__name__ not in architectures:
-            raise ConversionError(
-                f"{src} holds a {', '.join(architectures)}; {to} exports a {family.archlab_class.__name__}."
-            )
+        family = archlab_row(family, values.get("architectures"), src, to)
         stock_config = family.export_config(config)
         state_dict = family.layout.from_archlab(load_state_dict(src), config)
         return write_model(family.model_class, stock_config, state_dict, src, dst)
@@ -56,7 +56,7 @@ def convert_checkpoint(src: str | os.PathLike, dst: str | os.PathLike, to: str |
     if model_type in FAMILIES:
         if to not in (None, "archlab"):
             raise ConversionError(f"{src} is a {model_type} checkpoint; it converts to archlab only (no `to`).")
-        family = FAMILIES[model_type]
+        family = stock_row(FAMILIES[model_type], values.get("architectures"), src)
         config = family.archlab_config(values)
         state_dict = family.layout.to_archlab(load_state_dict(src), config)
         return write_model(family.archlab_class, config, state_dict, src, dst)

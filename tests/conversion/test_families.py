@@ -40,8 +40,9 @@ from transformers import (
     UMT5Config,
 )
 
-from archlab import EncoderForMaskedLM
+from archlab import DecoderForSequenceClassification, EncoderForMaskedLM
 from archlab.conversion import FAMILIES, ConversionError, convert_checkpoint
+from archlab.conversion.heads import SEQUENCE_CLASSIFICATION
 
 import helpers
 
@@ -452,6 +453,70 @@ def test_stock_to_archlab_to_stock(case, folders):
 
 def test_every_family_is_checked():
     assert {config.model_type for config, _ in CASES.values()} == set(FAMILIES)
+    assert {CASES[case][0].model_type for case in CLASSIFIER_CASES} == {
+        name for name, family in FAMILIES.items() if SEQUENCE_CLASSIFICATION.stock_class(family) is not None
+    }
+
+
+# --- sequence classifiers (reward models): every decoder case's `<Family>ForSequenceClassification` ---------------
+
+CLASSIFIER_CASES = [case for case in CASES if SEQUENCE_CLASSIFICATION.stock_class(_family(case)) is not None]
+LABELS = {0: "worse", 1: "same", 2: "better"}
+
+
+@pytest.fixture(scope="module")
+def classifier_folders(tmp_path_factory):
+    """case -> (stock classifier with 3 labels, the folder holding stock/, archlab/ and back/)."""
+    torch.manual_seed(0)
+    out = {}
+    for case in CLASSIFIER_CASES:
+        root = tmp_path_factory.mktemp(f"{case}-classifier")
+        config = CASES[case][0]
+        labels = dict(id2label=LABELS, label2id={v: k for k, v in LABELS.items()})
+        config = type(config)(**{**config.to_dict(), **labels, "problem_type": "single_label_classification"})
+        reference = SEQUENCE_CLASSIFICATION.stock_class(_family(case))(config).eval()
+        _perturb(reference)  # the score too
+        reference.save_pretrained(root / "stock")
+        convert_checkpoint(root / "stock", root / "archlab")
+        convert_checkpoint(root / "archlab", root / "back", to=config.model_type)
+        out[case] = reference, root
+    return out
+
+
+@pytest.mark.parametrize("case", CLASSIFIER_CASES)
+def test_a_sequence_classifier_converts_both_ways(case, classifier_folders):
+    """The stock classifier (pooled at the last token that is not `pad_token_id`) and archlab's (the last token the
+    mask keeps) give the same logits on a plain, a left-padded and a right-padded batch; the labels, problem type and
+    pad token travel both ways, and the exported folder holds the very same tensors."""
+    reference, root = classifier_folders[case]
+    model = DecoderForSequenceClassification.from_pretrained(root / "archlab").eval()
+    assert type(model) is DecoderForSequenceClassification
+    assert model.score.bias is None and model.score.weight.shape == (3, model.config.hidden_size)
+    for name in ("num_labels", "id2label", "label2id", "problem_type", "pad_token_id"):
+        assert getattr(model.config, name) == getattr(reference.config, name), name
+    for name, value in CASES[case][1].items():
+        assert getattr(model.config, name) == value, name
+
+    pad = reference.config.pad_token_id
+    ids, left, mask, _, _ = _batches(pad)
+    right_mask = mask.flip(-1)
+    right = ids.masked_fill(right_mask == 0, pad)
+    batches = [dict(input_ids=ids), dict(input_ids=left, attention_mask=mask)]
+    batches.append(dict(input_ids=right, attention_mask=right_mask))
+    with torch.no_grad():
+        diffs = [(model(**inputs).logits - reference(**inputs).logits).abs().max().item() for inputs in batches]
+    assert max(diffs) <= ATOL, diffs
+
+    stock_class = type(reference)
+    back = stock_class.from_pretrained(root / "back").eval()
+    assert json.loads((root / "back" / "config.json").read_text())["architectures"] == [stock_class.__name__]
+    for name in ("id2label", "label2id", "problem_type", "pad_token_id"):
+        assert getattr(back.config, name) == getattr(reference.config, name), name
+    theirs, ours = reference.state_dict(), back.state_dict()
+    assert ours.keys() == theirs.keys()
+    assert [k for k in theirs if not torch.equal(ours[k], theirs[k])] == []
+    with torch.no_grad():
+        assert torch.equal(back(**batches[1]).logits, reference(**batches[1]).logits)
 
 
 # family -> (archlab config changes it cannot express, the fields its refusal must name)

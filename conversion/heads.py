@@ -1,0 +1,159 @@
+"""Task heads on a decoder family's body: a stock `<Family>ForSequenceClassification` folder (a reward model, a
+classifier) is archlab's `DecoderForSequenceClassification`, and back.
+
+Every decoder family's stock classifier is its base model, under the causal LM's prefix (`model.`, `transformer.`,
+`gpt_neox.`), and a bias-free `score` Linear (hidden -> num_labels) read at the last token that is not
+`pad_token_id`; archlab's has the same `score`. So a head is a small addition to a family's row (`Head.on`): the
+stock class (transformers' own auto mapping names it per `model_type`), the head's modules, whose tensors keep their
+names both ways while the body converts as the family's causal LM does, and the config fields the head reads
+(`id2label`/`label2id`, hence `num_labels`, and `problem_type`), carried as given; `pad_token_id` is mapped by every
+decoder family already.
+
+Which head a folder holds is read from its `architectures`: a stock folder's class name ends in the head's suffix
+(`ForSequenceClassification`), an archlab folder names `DecoderForSequenceClassification`. Other task heads
+(`ForTokenClassification`, `ForQuestionAnswering`, ...) are refused, naming what converts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import transformers
+from transformers import PreTrainedConfig, PreTrainedModel
+from transformers.models.auto.modeling_auto import MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES
+
+from ..modeling import DecoderForCausalLM, DecoderForSequenceClassification
+from .family import ConversionError, Family, Layout, StateDict
+
+# stock task heads the converter does not convert: refused by name before any weight is read
+UNCONVERTED_SUFFIXES = (
+    "ForTokenClassification",
+    "ForQuestionAnswering",
+    "ForMultipleChoice",
+    "ForNextSentencePrediction",
+)
+
+
+@dataclass(frozen=True)
+class Head:
+    """A task head on a decoder family's body: archlab's class, the stock class names by `model_type`, the head's
+    modules (the same names on both sides) and the config fields it reads."""
+
+    archlab_class: type[PreTrainedModel]
+    stock_names: Mapping[str, str]
+    modules: tuple[str, ...]
+    config_fields: tuple[str, ...]
+
+    @property
+    def suffix(self) -> str:
+        return self.archlab_class.__name__.removeprefix("Decoder")
+
+    def stock_class(self, family: Family) -> type[PreTrainedModel] | None:
+        """The family's stock class with this head, or None where the converter has none (not a decoder family)."""
+        if family.archlab_class is not DecoderForCausalLM or family.name not in self.stock_names:
+            return None
+        return getattr(transformers, self.stock_names[family.name], None)
+
+    def _split(self, state_dict: StateDict) -> tuple[StateDict, StateDict]:
+        head = {k: v for k, v in state_dict.items() if k.split(".")[0] in self.modules}
+        return {k: v for k, v in state_dict.items() if k not in head}, head
+
+    def on(self, family: Family) -> Family:
+        """The family's row with this head in place of the LM head."""
+        stock_class = self.stock_class(family)
+        if stock_class is None:
+            raise ValueError(f"{family.name} has no {self.suffix} form")
+        layout = family.layout
+
+        def to_archlab_weights(state_dict: StateDict, config: PreTrainedConfig) -> StateDict:
+            body, head = self._split(state_dict)
+            return {**layout.to_archlab(body, config), **head}
+
+        def from_archlab_weights(state_dict: StateDict, config: PreTrainedConfig) -> StateDict:
+            body, head = self._split(state_dict)
+            return {**layout.from_archlab(body, config), **head}
+
+        def head_fields(config: PreTrainedConfig) -> dict[str, Any]:
+            _warn_if_pad_is_eos(config, stock_class.__name__)
+            return {name: getattr(config, name) for name in self.config_fields}
+
+        return dataclasses.replace(
+            family,
+            model_class=stock_class,
+            archlab_class=self.archlab_class,
+            to_archlab=lambda stock, values: {**family.to_archlab(stock, values), **head_fields(stock)},
+            from_archlab=lambda config: {**family.from_archlab(config), **head_fields(config)},
+            layout=Layout(to_archlab=to_archlab_weights, from_archlab=from_archlab_weights),
+        )
+
+
+def _warn_if_pad_is_eos(config: PreTrainedConfig, stock_class: str) -> None:
+    """The two classifiers pool alike on padded batches, except at a real token that is the pad token: the stock one
+    skips it (it reads the ids), archlab's keeps it when the mask does. A text ending with the end-of-sequence token
+    that doubles as the pad token (a common reward-model set-up) is scored at different tokens."""
+    eos = config.eos_token_id
+    if config.pad_token_id is not None and config.pad_token_id in (eos if isinstance(eos, list) else [eos]):
+        warnings.warn(
+            f"pad_token_id={config.pad_token_id} is also an end-of-sequence token: for a text that ends with it, "
+            f"{stock_class} scores the token before it, DecoderForSequenceClassification (given an attention mask "
+            "that keeps it) that token itself. Drop the trailing end-of-sequence token, or give the model a pad token "
+            "of its own, to get the same scores from both.",
+            stacklevel=2,
+        )
+
+
+SEQUENCE_CLASSIFICATION = Head(
+    DecoderForSequenceClassification,
+    MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES,
+    modules=("score",),
+    config_fields=("id2label", "label2id", "problem_type"),
+)
+HEADS = (SEQUENCE_CLASSIFICATION,)
+
+
+def supported_classes(family: Family) -> list[str]:
+    """The stock classes the converter reads and writes for a family: its own, then one per head."""
+    return [family.architecture] + [cls.__name__ for head in HEADS if (cls := head.stock_class(family)) is not None]
+
+
+def stock_row(family: Family, architectures: Sequence[str] | None, src: Path) -> Family:
+    """The row converting a stock folder of `family` whose config names `architectures` (absent: the family's own
+    class); a head the converter does not convert is refused with what it does."""
+    for name in architectures or ():
+        refused = name.endswith(UNCONVERTED_SUFFIXES)
+        for head in HEADS:
+            if name.endswith(head.suffix):
+                if head.stock_class(family) is not None:
+                    return head.on(family)
+                refused = True
+        if refused:
+            raise ConversionError(
+                f"{src} holds a {name}, a head the converter does not convert; for {family.name} it converts "
+                f"{' and '.join(supported_classes(family))}."
+            )
+    return family
+
+
+def archlab_row(family: Family, architectures: Sequence[str] | None, src: Path, to: str) -> Family:
+    """The row exporting an archlab folder that names `architectures` (absent: the family's archlab class) to the
+    stock `family`."""
+    names = list(architectures or [family.archlab_class.__name__])
+    for head in HEADS:
+        if head.archlab_class.__name__ in names:
+            if head.stock_class(family) is not None:
+                return head.on(family)
+            raise ConversionError(
+                f"{src} holds a {head.archlab_class.__name__}; {to} has no {head.suffix} class the converter writes "
+                f"(it exports {family.archlab_class.__name__} as {family.architecture})."
+            )
+    if family.archlab_class.__name__ not in names:
+        raise ConversionError(f"{src} holds a {', '.join(names)}; {to} exports a {family.archlab_class.__name__}.")
+    return family
+
+
+__all__ = ["HEADS", "Head", "SEQUENCE_CLASSIFICATION", "archlab_row", "stock_row", "supported_classes"]
