@@ -30,6 +30,8 @@ from transformers.models.auto.modeling_auto import MODEL_FOR_SEQUENCE_CLASSIFICA
 from ..modeling import DecoderForCausalLM, DecoderForSequenceClassification
 from .family import ConversionError, Family, Layout, StateDict
 
+# archlab fields only DecoderForCausalLM's head reads (Phi's implied `lm_head_bias=True` is no classifier's concern)
+LM_HEAD_ONLY_FIELDS = frozenset({"lm_head_bias"})
 # stock task heads the converter does not convert: refused by name before any weight is read
 UNCONVERTED_SUFFIXES = (
     "ForTokenClassification",
@@ -89,6 +91,8 @@ class Head:
             to_archlab=lambda stock, values: {**family.to_archlab(stock, values), **head_fields(stock)},
             from_archlab=lambda config: {**family.from_archlab(config), **head_fields(config)},
             layout=Layout(to_archlab=to_archlab_weights, from_archlab=from_archlab_weights),
+            # the LM head's settings are not the classifier's: any value exports
+            expressible=family.expressible | LM_HEAD_ONLY_FIELDS,
         )
 
 

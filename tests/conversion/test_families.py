@@ -787,3 +787,35 @@ def test_a_masked_lm_without_segment_types_exports_with_one_zero_segment(folders
     ids = torch.randint(3, VOCAB, (2, 9))
     with torch.no_grad():
         assert (exported(ids).logits - model(ids).logits).abs().max() <= ATOL
+
+
+def test_a_classifier_exports_whatever_its_lm_head_settings(classifier_folders, tmp_path):
+    """Phi's causal LM needs `lm_head_bias=True`; a classifier has no LM head, and its export was refused for it."""
+    config = DecoderForSequenceClassification.config_class.from_pretrained(classifier_folders["phi"][1] / "archlab")
+    model = DecoderForSequenceClassification(type(config)(**{**config.to_dict(), "lm_head_bias": False})).eval()
+    model.save_pretrained(tmp_path / "archlab")
+    convert_checkpoint(tmp_path / "archlab", tmp_path / "phi", to="phi")
+    exported = type(classifier_folders["phi"][0]).from_pretrained(tmp_path / "phi").eval()
+    ids = torch.randint(3, VOCAB, (2, 9))
+    with torch.no_grad():
+        assert (exported(ids).logits - model(ids).logits).abs().max() <= ATOL
+
+
+@pytest.mark.parametrize(
+    "to, changes, named",
+    [
+        (
+            "llama",
+            {"norm_type": "layer_norm"},
+            "norm_type='layer_norm' (it needs 'rms_norm'). A stock LlamaForSequenceClassification cannot compute",
+        ),
+        ("bert", {}, "is an archlab_decoder checkpoint; bert models are archlab_seq2seq"),
+    ],
+)
+def test_a_classifier_export_is_refused_with_what_is_missing_named(to, changes, named, classifier_folders, tmp_path):
+    config = DecoderForSequenceClassification.config_class.from_pretrained(classifier_folders["llama"][1] / "archlab")
+    DecoderForSequenceClassification(type(config)(**{**config.to_dict(), **changes})).save_pretrained(tmp_path / "a")
+    with pytest.raises(ConversionError) as err:
+        convert_checkpoint(tmp_path / "a", tmp_path / "out", to=to)
+    assert named in str(err.value), str(err.value)
+    assert not (tmp_path / "out").exists()
