@@ -5,6 +5,7 @@ classification: text and label ids; seq2seq: source and target)."""
 from __future__ import annotations
 
 import itertools
+import re
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Protocol
 
@@ -107,6 +108,18 @@ def instruct_texts(train: Any, args: TaskOptions, text_column: str) -> Iterator[
     return (m["content"] for row in train for m in row[args.messages_column])
 
 
+GENERATION_BLOCK = re.compile(r"\{%-?\s*generation\s*-?%\}")
+
+
+def marks_generation(chat_template: str | dict[str, str] | None) -> bool:
+    """Whether a chat template (or the default of named templates) opens `{% generation %}` blocks, written with
+    whitespace control or without (`{%- generation -%}`, as transformers and TRL read them: only the plain spelling
+    was accepted, and such a tokenizer was refused as having no markers)."""
+    if isinstance(chat_template, dict):
+        chat_template = chat_template.get("default")
+    return isinstance(chat_template, str) and GENERATION_BLOCK.search(chat_template) is not None
+
+
 def tokenize_instruct(
     dataset: Any,
     tokenizer: Any,
@@ -117,7 +130,7 @@ def tokenize_instruct(
     label2id: dict[Any, int] | None = None,
 ) -> Any:
     """`input_ids` of the whole conversation; `labels` only on the assistant's tokens (the rest -100)."""
-    if tokenizer.chat_template is None or "{% generation %}" not in tokenizer.chat_template:
+    if not marks_generation(tokenizer.chat_template):
         raise ValueError(
             "--task instruct needs a tokenizer whose chat template marks assistant turns with "
             "{% generation %} (archlab's decoder tokenizers do)."

@@ -92,6 +92,17 @@ def test_instruct_labels_cover_only_the_responses(work: Path) -> None:
         assert len(row["labels"]) == len(row["input_ids"])
 
 
+def test_instruct_takes_generation_blocks_written_with_whitespace_control(work: Path) -> None:
+    """`{%- generation -%}` marks the assistant's tokens for transformers and TRL as `{% generation %}` does: such a
+    template was refused as having no markers."""
+    tokenizer = archlab.tokenization.training.load_tokenizer(work / "base")
+    args = finetune.FinetuneArguments(prompt_column="prompt", response_column="response")
+    dataset = as_messages(Dataset.from_list(instruction_rows(3)), args)
+    plain = tokenize_instruct(dataset, tokenizer, args, max_length=128, num_proc=None)
+    tokenizer.chat_template = tokenizer.chat_template.replace("{% generation %}", "{%- generation -%}")
+    assert tokenize_instruct(dataset, tokenizer, args, max_length=128, num_proc=None)["labels"] == plain["labels"]
+
+
 def test_instruct_conversations_that_all_lose_their_answer_are_named(work: Path) -> None:
     """Cut before every answer, the split was "empty" with no reason given."""
     tokenizer = archlab.tokenization.training.load_tokenizer(work / "base")
