@@ -119,9 +119,7 @@ def generate_text(
     inputs.pop("token_type_ids", None)
     inputs = inputs.to(model.device)
 
-    eos = [model.generation_config.eos_token_id or tokenizer.eos_token_id]
-    if chat and END_OF_TURN in tokenizer.get_vocab():
-        eos.append(tokenizer.convert_tokens_to_ids(END_OF_TURN))  # a chat turn ends with the end-of-turn marker
+    eos = stop_token_ids(model, tokenizer, chat)
     streamer = TextStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True) if stream else None
     set_seed(seed)
     continues_prompt = not seq2seq and not chat  # what it prints reads on from the prompt
@@ -148,6 +146,21 @@ def generate_text(
         print(prompt + text if continues_prompt else text)
     log(f"{len(new_tokens)} tokens generated")
     return text
+
+
+def stop_token_ids(model: Any, tokenizer: Any, chat: bool) -> list[int]:
+    """The ids `generate` stops at: the model's generation config's (one id or several; the tokenizer's eos when it
+    has none), and with `chat` the chat template's end-of-turn token as well. (One id or a list was put in a list
+    as it was: a fine-tuned chat model's config holds a list, and `generate` failed on the nested one with
+    "TypeError: not a sequence".)"""
+    eos = model.generation_config.eos_token_id
+    ids = [] if eos is None else list(eos) if isinstance(eos, (list, tuple)) else [eos]
+    if not ids and tokenizer.eos_token_id is not None:
+        ids = [tokenizer.eos_token_id]
+    if chat and END_OF_TURN in tokenizer.get_vocab():
+        end = tokenizer.convert_tokens_to_ids(END_OF_TURN)  # a chat turn ends with the end-of-turn marker
+        ids += [end] if end not in ids else []
+    return ids
 
 
 def stop_at_the_end_of_a_turn(model: Any, tokenizer: Any) -> None:

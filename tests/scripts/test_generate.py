@@ -10,6 +10,7 @@ import torch
 import archlab
 from archlab.scripts import generate
 from archlab.tokenization.training import save_tokenizer, train_tokenizer
+from archlab.training.sampling import stop_at_the_end_of_a_turn
 
 from helpers import REPO, tiny_decoder_config, tiny_seq2seq_config
 
@@ -99,6 +100,19 @@ def test_sampling_is_seeded_and_chat_works(saved: dict[str, Path]) -> None:
     args = ["--model_name_or_path", str(saved["decoder"]), "--max_new_tokens", "10", "--stream", "false"]
     assert generate.main(args + ["--seed", "3"]) == generate.main(args + ["--seed", "3"])
     assert isinstance(generate.main(args + ["--chat", "true", "--prompt", "add one"]), str)
+
+
+def test_a_chat_model_that_stops_at_the_end_of_a_turn_generates(saved: dict[str, Path], tmp_path: Path) -> None:
+    """A fine-tuned chat model's generation config stops at eos and at `<|im_end|>` (a list of ids): generate.py put
+    that list inside another, and `generate` failed with "TypeError: not a sequence", with --chat and without."""
+    model = archlab.DecoderForCausalLM.from_pretrained(saved["decoder"])
+    tokenizer = archlab.tokenization.training.load_tokenizer(saved["decoder"])
+    stop_at_the_end_of_a_turn(model, tokenizer)
+    model.save_pretrained(tmp_path)
+    save_tokenizer(tokenizer, tmp_path)
+    args = ["--model_name_or_path", str(tmp_path), "--max_new_tokens", "4", "--stream", "false", "--prompt", "add"]
+    for chat in ("true", "false"):
+        assert isinstance(generate.main([*args, "--chat", chat]), str)
 
 
 def test_seq2seq_generation(saved: dict[str, Path], capsys) -> None:

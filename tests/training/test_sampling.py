@@ -5,8 +5,20 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
+import torch
 
-from archlab.training.sampling import sample_unless_sharded
+import archlab
+from archlab.tokenization.training import train_tokenizer
+from archlab.training.sampling import sample_unless_sharded, stop_token_ids
+
+from helpers import tiny_decoder_config
+
+
+@pytest.fixture(scope="module")
+def chat_model() -> tuple:
+    tokenizer = train_tokenizer(["You answer briefly. Say hi. hello there"] * 4, "decoder", vocab_size=280)
+    torch.manual_seed(0)
+    return archlab.DecoderForCausalLM(tiny_decoder_config(vocab_size=len(tokenizer))), tokenizer
 
 
 @pytest.mark.parametrize("fsdp", [False, True])
@@ -22,3 +34,15 @@ def test_no_sample_from_a_model_fsdp_sharded_and_one_line_says_how(fsdp, capsys)
     else:
         assert calls == ["sampled"]
         assert printed == ""
+
+
+@pytest.mark.parametrize("saved", [None, 2, [2, 5], [2]])
+def test_stop_ids_are_one_flat_list_with_the_end_of_a_turn_for_a_chat(chat_model, saved):
+    """The generation config's eos (none: the tokenizer's; one id; a list) and, for a chat, `<|im_end|>` once: flat,
+    as `generate` takes them (a list inside the list failed with "TypeError: not a sequence")."""
+    model, tokenizer = chat_model
+    model.generation_config.eos_token_id = saved
+    end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    assert end == 5 and tokenizer.eos_token_id == 2
+    assert stop_token_ids(model, tokenizer, chat=False) == ([2, 5] if saved == [2, 5] else [2])
+    assert stop_token_ids(model, tokenizer, chat=True) == [2, 5]
