@@ -178,25 +178,29 @@ def stop_at_the_end_of_a_turn(model: Any, tokenizer: Any) -> None:
 def show_chat_example(
     model: Any, tokenizer: Any, example: dict[str, Any], args: Any, max_new_tokens: int | None = None
 ) -> None:
-    """Log the fine-tuned chat model's greedy answer (up to 64 tokens) to the example's first user turn (in the
-    column `args.messages_column`)."""
+    """Log the fine-tuned chat model's greedy answer (up to 64 tokens) to the example's conversation up to its first
+    assistant turn (in the column `args.messages_column`): a system message and the user's turn, not the first
+    message alone (a conversation that opens with a system message showed the system text as the user's turn and
+    the answer to it)."""
+    messages = example[args.messages_column]
+    first_answer = next((i for i, m in enumerate(messages) if m["role"] == "assistant"), len(messages))
+    prompt = messages[:first_answer] or messages[:1]
     model.eval()
     with torch.no_grad():
-        prompt = example[args.messages_column][:1]
         inputs = tokenizer.apply_chat_template(
             prompt, add_generation_prompt=True, return_tensors="pt", return_dict=True
         )
-        end = [tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids(END_OF_TURN)]
         output = model.generate(
             **inputs,
             max_new_tokens=64,
             do_sample=False,
-            eos_token_id=end,
+            eos_token_id=stop_token_ids(model, tokenizer, chat=True),
             pad_token_id=tokenizer.pad_token_id,
             disable_compile=True,  # one example: compiling the decoding step would cost more than it saves
         )
         answer = tokenizer.decode(output[0, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
-        log(f"Example -- user: {prompt[0]['content']}\nassistant:\n{answer}")
+        turns = "\n".join(f"{m['role']}: {m['content']}" for m in prompt)
+        log(f"Example -- {turns}\nassistant:\n{answer}")
 
 
 def show_seq2seq_example(

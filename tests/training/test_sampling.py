@@ -9,7 +9,7 @@ import torch
 
 import archlab
 from archlab.tokenization.training import train_tokenizer
-from archlab.training.sampling import sample_unless_sharded, stop_token_ids
+from archlab.training.sampling import sample_unless_sharded, show_chat_example, stop_token_ids
 
 from helpers import tiny_decoder_config
 
@@ -34,6 +34,26 @@ def test_no_sample_from_a_model_fsdp_sharded_and_one_line_says_how(fsdp, capsys)
     else:
         assert calls == ["sampled"]
         assert printed == ""
+
+
+def test_the_example_answer_is_to_the_conversation_before_its_first_answer(chat_model, capsys, monkeypatch):
+    """A conversation opening with a system message: the example showed the system text as the user's turn, and
+    the model answered the system message alone (`messages[:1]`)."""
+    model, tokenizer = chat_model
+    messages = [
+        {"role": "system", "content": "You answer briefly."},
+        {"role": "user", "content": "Say hi."},
+        {"role": "assistant", "content": "hello there"},
+        {"role": "user", "content": "Say hi."},
+    ]
+    prompts = []
+    generate = model.generate
+    monkeypatch.setattr(model, "generate", lambda **kw: prompts.append(kw["input_ids"]) or generate(**kw))
+    show_chat_example(model, tokenizer, {"messages": messages}, SimpleNamespace(messages_column="messages"))
+    printed = capsys.readouterr().out
+    assert "Example -- system: You answer briefly.\nuser: Say hi.\nassistant:\n" in printed
+    expected = tokenizer.apply_chat_template(messages[:2], add_generation_prompt=True, return_tensors="pt")
+    assert torch.equal(prompts[0], expected["input_ids"])
 
 
 @pytest.mark.parametrize("saved", [None, 2, [2, 5], [2]])
