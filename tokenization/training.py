@@ -33,14 +33,25 @@ _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")  # "gpt2", "org/name"
 
 # ChatML with the assistant's answer (and its end marker) inside a generation block: the tokens a chat model is
 # trained to produce. The bos token opens the conversation because chat templates are tokenized without specials.
+# A message's content is its text, or a list of text parts ({"type": "text", "text": ...}, OpenAI's and transformers'
+# multimodal layout) joined; anything else (images, tool calls without text) is refused by name.
 CHAT_TEMPLATE = (
     "{{ bos_token }}"
     "{%- for message in messages %}"
+    "{%- if message['content'] is string %}"
+    "{%- set content = message['content'] %}"
+    "{%- elif message['content'] is iterable and message['content'] is not mapping "
+    "and message['content'] | rejectattr('type', 'equalto', 'text') | list | length == 0 %}"
+    "{%- set content = message['content'] | map(attribute='text') | join('') %}"
+    "{%- else %}"
+    "{{ raise_exception('archlab\\'s chat template takes a message\\'s content as text or a list of text parts "
+    '({"type": "text", "text": ...}), got: \' + message[\'content\'] | string) }}'
+    "{%- endif %}"
     "{{ '<|im_start|>' + message['role'] + '\n' }}"
     "{%- if message['role'] == 'assistant' %}"
-    "{% generation %}{{ message['content'] + '<|im_end|>' }}{% endgeneration %}"
+    "{% generation %}{{ content + '<|im_end|>' }}{% endgeneration %}"
     "{%- else %}"
-    "{{ message['content'] + '<|im_end|>' }}"
+    "{{ content + '<|im_end|>' }}"
     "{%- endif %}"
     "{{ '\n' }}"
     "{%- endfor %}"

@@ -77,7 +77,8 @@ def check_conversations(dataset: Any, column: str, split: str) -> None:
     """Each row of `column` a list of {"role", "content"} messages, and some conversation with an assistant turn:
     a column of strings failed inside the chat template's `datasets.map` ("Chat messages should be dicts"), messages
     without a role as a jinja `UndefinedError`, and conversations without an answer as every conversation "losing
-    its answer when cut" to the model's length."""
+    its answer when cut" to the model's length. A message's content is text or a list of text parts (other content,
+    an image part or None, is named here rather than by the chat template inside `datasets.map`)."""
     answered = 0
     for row, conversation in enumerate(dataset[column]):
         if not isinstance(conversation, list):
@@ -92,6 +93,12 @@ def check_conversations(dataset: Any, column: str, split: str) -> None:
                     f"Column {column!r} of the {split} split: row {row} has a message {message!r} without a "
                     '"role" and a "content"; each message is {"role": "user" | "assistant" | "system", "content": ...}.'
                 )
+            if message_text(message["content"]) is None:
+                raise ValueError(
+                    f"Column {column!r} of the {split} split: row {row} has a message whose content is "
+                    f"{message['content']!r}; a message's content is text, or a list of text parts "
+                    '({"type": "text", "text": ...}): images and other parts are not read.'
+                )
         answered += any(message["role"] == "assistant" for message in conversation)
     if split == "train" and not answered:
         raise ValueError(
@@ -100,12 +107,24 @@ def check_conversations(dataset: Any, column: str, split: str) -> None:
         )
 
 
+def message_text(content: Any) -> str | None:
+    """A message's text: its content when a string, the text of a list of text parts joined (as the chat template
+    reads them), None for anything else."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list) and all(
+        isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str) for part in content
+    ):
+        return "".join(part["text"] for part in content)
+    return None
+
+
 def prepare_instruct(dataset: Any, split: str, args: TaskOptions, text_column: str) -> Any:
     return as_messages(dataset, args, split)
 
 
 def instruct_texts(train: Any, args: TaskOptions, text_column: str) -> Iterator[str]:
-    return (m["content"] for row in train for m in row[args.messages_column])
+    return (message_text(m["content"]) for row in train for m in row[args.messages_column])
 
 
 GENERATION_BLOCK = re.compile(r"\{%-?\s*generation\s*-?%\}")

@@ -19,7 +19,14 @@ from archlab.scripts import finetune
 from archlab.tokenization.data import IGNORE_INDEX
 from archlab.tokenization.training import save_tokenizer, train_tokenizer
 from archlab.training.metrics import classification_metrics, text_metrics
-from archlab.training.task_data import as_messages, check_pair_columns, label_maps, tokenize_instruct, tokenize_seq2seq
+from archlab.training.task_data import (
+    as_messages,
+    check_pair_columns,
+    instruct_texts,
+    label_maps,
+    tokenize_instruct,
+    tokenize_seq2seq,
+)
 
 from helpers import TINY_SEQ2SEQ, TINY_SEQ2SEQ_OVERRIDES, assert_close_to_scale, tiny_decoder_config
 
@@ -90,6 +97,25 @@ def test_instruct_labels_cover_only_the_responses(work: Path) -> None:
         trained = [t for t in row["labels"] if t != IGNORE_INDEX]
         assert tokenizer.decode(trained) == source["response"] + "<|im_end|>"
         assert len(row["labels"]) == len(row["input_ids"])
+
+
+def test_instruct_reads_text_parts_as_their_text(work: Path) -> None:
+    """A messages column of text parts ({"type": "text", "text": ...}) gives the labels of the same text as strings,
+    and a new tokenizer is trained on that text (the lists of parts went to the tokenizer trainer)."""
+    tokenizer = archlab.tokenization.training.load_tokenizer(work / "base")
+    args = finetune.FinetuneArguments(prompt_column="prompt", response_column="response")
+    strings = as_messages(Dataset.from_list(instruction_rows(3)), args)
+    parts = Dataset.from_list(
+        [
+            {"messages": [{**m, "content": [{"type": "text", "text": m["content"]}]} for m in row]}
+            for row in strings["messages"]
+        ]
+    )
+    args = finetune.FinetuneArguments()
+    assert as_messages(parts, args) is parts
+    encoded = [tokenize_instruct(d, tokenizer, args, max_length=128, num_proc=None) for d in (strings, parts)]
+    assert encoded[0]["labels"] == encoded[1]["labels"] and encoded[0]["input_ids"] == encoded[1]["input_ids"]
+    assert list(instruct_texts(parts, args, "text")) == list(instruct_texts(strings, args, "text"))
 
 
 def test_instruct_takes_generation_blocks_written_with_whitespace_control(work: Path) -> None:
@@ -374,6 +400,14 @@ def test_a_missing_default_column_names_the_flag_that_names_it() -> None:
         ("hello", r"Column 'messages' of the train split holds str in row 0, not a conversation"),
         ([{"user": "hi"}, {"assistant": "yo"}], r"row 0 has a message \{'user': 'hi'.*\} without a \"role\""),
         ([{"role": "user", "content": "hi"}], r"no assistant message in any of its 3 conversations"),
+        ([{"role": "assistant", "content": None}], r"row 0 has a message whose content is None; .* list of text"),
+        (
+            [
+                {"role": "user", "content": [{"type": "image", "text": None}]},
+                {"role": "assistant", "content": [{"type": "text", "text": "yo"}]},
+            ],
+            r"row 0 has a message whose content is \[\{'type': 'image'.*images and other parts are not read",
+        ),
     ],
 )
 def test_a_messages_column_that_is_not_conversations_is_named(conversation, message) -> None:

@@ -89,6 +89,26 @@ def test_chat_template_marks_only_assistant_tokens(tmp_path: Path) -> None:
     assert prompt.endswith("<|im_start|>assistant\n")
 
 
+def test_chat_template_reads_text_parts_as_their_text_and_names_other_content() -> None:
+    """Content as a list of text parts (OpenAI's layout, transformers' multimodal one) failed inside the template with
+    "can only concatenate list (not "str") to list"; it now renders, and is masked, as the same text; other content
+    (an image part, a bare part) is refused by name."""
+    tokenizer = train_tokenizer(TEXTS, "decoder", vocab_size=300, min_frequency=1)
+    texts = [("system", ["be brief"]), ("user", ["add ", "two numbers"]), ("assistant", ["return a + b"])]
+    as_strings = [{"role": role, "content": "".join(parts)} for role, parts in texts]
+    as_parts = [{"role": role, "content": [{"type": "text", "text": p} for p in parts]} for role, parts in texts]
+    for options in (
+        dict(tokenize=True, return_dict=True, return_assistant_tokens_mask=True),
+        dict(tokenize=False, continue_final_message=True),
+    ):
+        assert tokenizer.apply_chat_template(as_parts, **options) == tokenizer.apply_chat_template(
+            as_strings, **options
+        )
+    for content in ([{"type": "image", "url": "cat.png"}], {"type": "text", "text": "hi"}):
+        with pytest.raises(Exception, match=r"content as text or a list of text parts .*, got: .*(cat.png|'hi')"):
+            tokenizer.apply_chat_template([{"role": "user", "content": content}], tokenize=False)
+
+
 def test_train_from_files_and_datasets(tmp_path: Path) -> None:
     files = []
     for i, text in enumerate(TEXTS[:4]):
