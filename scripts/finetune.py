@@ -175,6 +175,8 @@ def main(argv: Sequence[str] | None = None, callbacks: list[TrainerCallback] | N
     log(training_setup(training_args))
 
     # --- training --------------------------------------------------------------------------------------------
+    if task.chat:  # before training, so the checkpoints' generation configs stop at the end of a turn as well
+        stop_at_the_end_of_a_turn(built["model"], tokenizer)
     if training_args.overwrite_output_dir:
         clear_output_dir(training_args.output_dir)
     trainer = task.trainer_class(
@@ -195,8 +197,6 @@ def main(argv: Sequence[str] | None = None, callbacks: list[TrainerCallback] | N
         lambda after, before: log(f"After fine-tuning:  {summary(after, task.summary_keys)}"),
     )
     own_data = bool(data_args.train_file or data_args.dataset_name)
-    if task.chat:
-        stop_at_the_end_of_a_turn(built["model"], tokenizer)
     save_final(
         trainer,
         tokenizer,

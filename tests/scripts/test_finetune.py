@@ -162,8 +162,9 @@ def test_instruct_end_to_end(tmp_path: Path, work: Path, capsys) -> None:
     assert "[archlab] Example -- user:" in capsys.readouterr().out  # the answer to a validation prompt, after the save
     # generate and the text-generation pipeline stop at the end of the assistant's turn, as Hub chat models do
     tokenizer = AutoTokenizer.from_pretrained(tmp_path / "chat")
-    saved = json.loads((tmp_path / "chat" / "generation_config.json").read_text())["eos_token_id"]
-    assert saved == [tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|im_end|>")]
+    for folder in ("", "checkpoint-5"):  # a checkpoint as well: it stopped at eos only
+        saved = json.loads((tmp_path / "chat" / folder / "generation_config.json").read_text())["eos_token_id"]
+        assert saved == [tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|im_end|>")]
 
 
 def test_classification_end_to_end(tmp_path: Path, work: Path) -> None:
