@@ -148,6 +148,25 @@ def generate_text(
     return text
 
 
+def end_of_turn_id(tokenizer: Any) -> int | None:
+    """The token the tokenizer's chat template closes an assistant's turn with: the special token it writes right
+    after an answer's text (archlab's `<|im_end|>`; a Hub model's Llama 3 `<|eot_id|>`, Gemma `<end_of_turn>`, Phi-3
+    `<|end|>`); else `<|im_end|>` where the vocabulary has it, else None."""
+    fallback = tokenizer.convert_tokens_to_ids(END_OF_TURN) if END_OF_TURN in tokenizer.get_vocab() else None
+    if not getattr(tokenizer, "chat_template", None):
+        return fallback
+    answer = "archlab answer text"
+    conversation = [{"role": "user", "content": "a question"}, {"role": "assistant", "content": answer}]
+    try:
+        text = tokenizer.apply_chat_template(conversation, tokenize=False)
+    except Exception:  # a template that takes other roles or content: no turn end to read
+        return fallback
+    after = text.split(answer, 1)[1] if answer in text else ""
+    ids = tokenizer(after, add_special_tokens=False)["input_ids"] if after else []
+    special = set(tokenizer.all_special_ids) | set(tokenizer.added_tokens_decoder)
+    return ids[0] if ids and ids[0] in special else fallback
+
+
 def stop_token_ids(model: Any, tokenizer: Any, chat: bool) -> list[int]:
     """The ids `generate` stops at: the model's generation config's (one id or several; the tokenizer's eos when it
     has none), and with `chat` the chat template's end-of-turn token as well. (One id or a list was put in a list
@@ -157,21 +176,20 @@ def stop_token_ids(model: Any, tokenizer: Any, chat: bool) -> list[int]:
     ids = [] if eos is None else list(eos) if isinstance(eos, (list, tuple)) else [eos]
     if not ids and tokenizer.eos_token_id is not None:
         ids = [tokenizer.eos_token_id]
-    if chat and END_OF_TURN in tokenizer.get_vocab():
-        end = tokenizer.convert_tokens_to_ids(END_OF_TURN)  # a chat turn ends with the end-of-turn marker
-        ids += [end] if end not in ids else []
+    end = end_of_turn_id(tokenizer) if chat else None  # a chat turn ends with the template's end-of-turn token
+    ids += [end] if end is not None and end not in ids else []
     return ids
 
 
 def stop_at_the_end_of_a_turn(model: Any, tokenizer: Any) -> None:
-    """A chat model's generation config stops at the chat template's end-of-turn token as well as at eos, as chat
-    models on the Hub ship it: `generate` and `pipeline("text-generation")` with a conversation then end with the
-    assistant's turn instead of running on into the next one."""
-    if END_OF_TURN not in tokenizer.get_vocab():
+    """A chat model's generation config stops at the chat template's end-of-turn token (`end_of_turn_id`) as well as
+    at eos, as chat models on the Hub ship it: `generate` and `pipeline("text-generation")` with a conversation then
+    end with the assistant's turn instead of running on into the next one."""
+    end = end_of_turn_id(tokenizer)
+    if end is None:
         return
     eos = model.generation_config.eos_token_id
     ids = [] if eos is None else list(eos) if isinstance(eos, (list, tuple)) else [eos]
-    end = tokenizer.convert_tokens_to_ids(END_OF_TURN)
     model.generation_config.eos_token_id = ids + [end] if end not in ids else ids
 
 

@@ -9,7 +9,13 @@ import torch
 
 import archlab
 from archlab.tokenization.training import train_tokenizer
-from archlab.training.sampling import sample_unless_sharded, show_chat_example, stop_token_ids
+from archlab.training.sampling import (
+    end_of_turn_id,
+    sample_unless_sharded,
+    show_chat_example,
+    stop_at_the_end_of_a_turn,
+    stop_token_ids,
+)
 
 from helpers import tiny_decoder_config
 
@@ -66,3 +72,31 @@ def test_stop_ids_are_one_flat_list_with_the_end_of_a_turn_for_a_chat(chat_model
     assert end == 5 and tokenizer.eos_token_id == 2
     assert stop_token_ids(model, tokenizer, chat=False) == ([2, 5] if saved == [2, 5] else [2])
     assert stop_token_ids(model, tokenizer, chat=True) == [2, 5]
+
+
+LLAMA3_STYLE = (
+    "{% for m in messages %}<|start_header_id|>{{ m['role'] }}<|end_header_id|>\n\n{{ m['content'] }}<|eot_id|>"
+    "{% endfor %}{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}"
+)
+
+
+def test_the_end_of_a_turn_is_read_from_another_template(chat_model):
+    """A Hub tokenizer's template closes a turn with its own token (Llama 3's `<|eot_id|>`): only archlab's
+    `<|im_end|>` was looked for, so a chat model fine-tuned from one ran on past its answer."""
+    model, archlab_tokenizer = chat_model
+    tokenizer = train_tokenizer(["Say hi. hello there"] * 4, "decoder", vocab_size=280)
+    tokenizer.chat_template = LLAMA3_STYLE
+    im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    assert end_of_turn_id(tokenizer) == im_end  # the template's token is not in the vocabulary: archlab's, as before
+    tokenizer.add_special_tokens(
+        {"additional_special_tokens": ["<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"]}
+    )
+    eot = tokenizer.convert_tokens_to_ids("<|eot_id|>")
+    assert end_of_turn_id(tokenizer) == eot
+    assert end_of_turn_id(archlab_tokenizer) == archlab_tokenizer.convert_tokens_to_ids("<|im_end|>")
+    model.generation_config.eos_token_id = 2
+    assert stop_token_ids(model, tokenizer, chat=True) == [2, eot]
+    stop_at_the_end_of_a_turn(model, tokenizer)
+    assert model.generation_config.eos_token_id == [2, eot]
+    tokenizer.chat_template = None
+    assert end_of_turn_id(tokenizer) == im_end
