@@ -379,7 +379,10 @@ def fill_prompt_inputs(model, buffers, model_kwargs: dict) -> None:
         return
     mask = model_kwargs.get("attention_mask")
     if mask is not None:
-        buffers.attention_mask[:, : mask.shape[1]].copy_(mask)
+        # the prefill's update appended the next token's column: past a cache of max_length - 1 positions when only
+        # one token is generated (max_new_tokens=1), and no step reads it then
+        width = min(mask.shape[1], buffers.attention_mask.shape[1])
+        buffers.attention_mask[:, :width].copy_(mask[:, :width])
     buffers.position_ids.copy_(model_kwargs["position_ids"][:, -1:])
 
 

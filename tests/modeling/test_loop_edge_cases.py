@@ -46,6 +46,19 @@ def test_an_ngram_longer_than_the_generation_bans_nothing(kind, num_beams, monke
     assert torch.equal(ours, reference)
 
 
+@pytest.mark.parametrize("num_beams", [1, 3])
+def test_one_new_token_from_a_padded_prompt_decodes_as_transformers_loop(num_beams, monkeypatch):
+    """max_new_tokens=1 on a fresh model: the static cache holds the prompt alone, and the mask the prefill extends by
+    the next token's column is one longer than the loops' mask buffer (this raised a size mismatch)."""
+    model = decoder_variant("positions_rope")
+    ids = torch.randint(3, 97, (2, 6), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones_like(ids)
+    mask[0, :2] = 0
+    kwargs = dict(input_ids=ids, attention_mask=mask, max_new_tokens=1, num_beams=num_beams, pad_token_id=0)
+    reference, ours = _both(model, monkeypatch, "greedy" if num_beams == 1 else "beams", **kwargs)
+    assert torch.equal(ours, reference)
+
+
 @pytest.mark.parametrize("num_beams", [1, 2])
 def test_bad_words_past_the_vocabulary_raise_transformers_error(num_beams, monkeypatch):
     model = decoder_variant("positions_rope")
