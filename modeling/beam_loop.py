@@ -336,7 +336,8 @@ def beam_search(model, input_ids, logits_processor, stopping_criteria, generatio
     settings = BeamSettings(
         num_beams=num_beams,
         beams_to_keep=max(2, 1 + n_eos) * num_beams,
-        length_penalty=config.length_penalty,
+        # a float: the step raises it to a power of the length as a tensor, where an int's negative powers raise
+        length_penalty=float(config.length_penalty),
         early_stopping=config.early_stopping,
         no_repeat_ngram_size=processors.no_repeat_ngram_size,
         penalised=processors.repetition_penalty != 1.0,

@@ -168,6 +168,16 @@ def test_searches_ending_early_end_as_transformers_loop(search, loop_calls):
     _assert_same(reference, ours, "decoder")
 
 
+@pytest.mark.parametrize("length_penalty", [-1, 2])
+def test_an_integer_length_penalty_searches_as_transformers_loop(length_penalty, loop_calls):
+    """`length_penalty=-1` as an int: the step raises the length, a tensor, to it (an int tensor's negative powers
+    raised 'Integers to negative integer powers are not allowed'); transformers raises a Python int."""
+    model = decoder_variant("positions_rope")
+    kwargs = dict(**_inputs(model, "decoder"), **OUTPUTS, num_beams=3, max_new_tokens=12, eos_token_id=[5, 7, 9])
+    reference, ours = _both(model, loop_calls, length_penalty=length_penalty, **kwargs)
+    _assert_same(reference, ours, "decoder")
+
+
 @pytest.mark.parametrize("kind, name", [("decoder", "positions_rope"), ("seq2seq", "positions_sinusoidal")])
 @pytest.mark.parametrize("n", [2, 3])
 def test_no_repeat_ngram_size_as_transformers_bans(n, kind, name, loop_calls):
