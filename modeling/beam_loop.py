@@ -14,8 +14,9 @@ in place takes four), or in place where the spare does not fit; the cross-attent
 copy identical rows).
 
 The host reads whether the search is over once every `CHECK_EVERY` steps. Once it is, each further step leaves the
-finished hypotheses as they are (`torch.where` on a `done` flag), so the output — sequences, `sequences_scores`,
-`beam_indices`, and the per-step `scores`/`logits` truncated to the steps transformers ran — is transformers'.
+finished hypotheses as they are (`torch.where` on a `done` flag) and the cache's rows in their order (`reorder_cache`),
+so the output — sequences, `sequences_scores`, `beam_indices`, the per-step `scores`/`logits` truncated to the steps
+transformers ran, and the returned cache, rewound — is transformers'.
 `beam_loop_blocker` says when transformers' loop runs instead: beam sampling (`torch.multinomial` reads the device),
 processors other than bans (minimum lengths, suppressed tokens, one-token bad words), the repetition penalty,
 `no_repeat_ngram_size` and forced BOS/EOS tokens, stopping criteria other than length and end-of-sequence,
@@ -282,11 +283,15 @@ def beam_step(model, cache, buffers: BeamBuffers, settings, eos_token_id, top_ma
 
 
 def reorder_cache(cache, buffers: BeamBuffers) -> None:
-    """Reorder the cache to the beams the last step chose (transformers' step g)."""
+    """Reorder the cache to the beams the last step chose (transformers' step g). Once a step has run past the end
+    of the search, the rows stay in the order of transformers' last choice (the first step past the end applied it):
+    the returned cache is transformers' when the search ends early too."""
     batch_size, num_beams = buffers.running_beam_scores.shape
+    rows = batch_size * num_beams
     column = (buffers.cur_len - 1 - buffers.prompt_len).view(1)
-    beam_idx = buffers.running_beam_indices.index_select(2, column).view(batch_size * num_beams)
-    reorder(cache, beam_idx.long())
+    beam_idx = buffers.running_beam_indices.index_select(2, column).view(rows).long()
+    unchanged = torch.arange(rows, device=beam_idx.device)
+    reorder(cache, torch.where(buffers.steps_after_done > 0, unchanged, beam_idx))
 
 
 def compiled_beam_step(model, compile_config):

@@ -122,9 +122,8 @@ def test_sliding_windows_search_as_the_dynamic_cache(loop_calls):
 def test_sliding_windows_past_four_windows_search_as_rings(name, eos, loop_calls, monkeypatch):
     """Past 4 windows (window 4, 7 + 40 positions, a prompt longer than the window) the loop searches over rings of
     the window-long sliding layers, reordered with the beams: transformers' loop's sequences and scores, the dynamic
-    cache's sequences, and a returned cache whose windows hold the keys of the same search over whole layers —
-    transformers' own when the search ran to the end (one that ended early returns the beam order of the steps run
-    past its end, rewound, with rings as with whole layers)."""
+    cache's sequences, and a returned cache whose windows hold the keys of the same search over whole layers and of
+    transformers' loop, whether the search ran to the end or ended early."""
     model = decoder_variant(name)
     kwargs = dict(**_inputs(model, "decoder"), **OUTPUTS, num_beams=3, num_return_sequences=2, max_new_tokens=40)
     kwargs["eos_token_id"] = eos
@@ -142,8 +141,7 @@ def test_sliding_windows_past_four_windows_search_as_rings(name, eos, loop_calls
         assert length == expected.cumulative_length_int
         kept = whole.past_key_values.layers[index].keys[:, :, length - actual.max_cache_len : length]
         assert_close_to_scale(actual.keys, kept, msg="window keys against whole layers")
-        if eos is None:
-            assert_close_to_scale(actual.keys, expected.keys, msg="window keys against transformers' loop")
+        assert_close_to_scale(actual.keys, expected.keys, msg="window keys against transformers' loop")
 
 
 @pytest.mark.parametrize(
@@ -166,6 +164,25 @@ def test_searches_ending_early_end_as_transformers_loop(search, loop_calls):
     if "min_new_tokens" not in search and search["early_stopping"] != "never":
         assert len(reference.scores) < 45  # it did end early
     _assert_same(reference, ours, "decoder")
+
+
+@pytest.mark.parametrize("kind, name", [("decoder", "positions_rope"), ("seq2seq", "positions_sinusoidal")])
+def test_a_search_ending_early_returns_transformers_cache(kind, name, loop_calls):
+    """The steps run past the end (the device is read every CHECK_EVERY steps) leave the returned cache's rows in
+    the order of transformers' last choice: they reordered it to their own choices, so rows held other beams' keys."""
+    model = _model(kind, name)
+    kwargs = dict(**_inputs(model, kind), **OUTPUTS, num_beams=3, max_new_tokens=40, eos_token_id=list(range(3, 40)))
+    reference, ours = _both(model, loop_calls, **kwargs)
+    _assert_same(reference, ours, kind)
+    assert len(reference.scores) < 40 - beam_loop.CHECK_EVERY  # it ended early, with steps run past its end
+    caches = [out.past_key_values for out in (reference, ours)]
+    if kind == "seq2seq":
+        caches = [cache.self_attention_cache for cache in caches]
+    length = int(caches[0].get_seq_length())
+    for expected, actual in zip(*(cache.layers for cache in caches)):
+        for name in ("keys", "values"):
+            expected_tensor, actual_tensor = (getattr(layer, name)[:, :, :length] for layer in (expected, actual))
+            assert_close_to_scale(actual_tensor, expected_tensor, msg=name)
 
 
 @pytest.mark.parametrize("length_penalty", [-1, 2])
