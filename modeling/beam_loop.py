@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
+from transformers.generation.stopping_criteria import EosTokenCriteria
 from transformers.generation.utils import GenerateBeamDecoderOnlyOutput, GenerateBeamEncoderDecoderOutput
 
 from .beam_reorder import Spares, reorder
@@ -262,6 +263,12 @@ def penalise_repeats(log_probs: torch.Tensor, buffers: BeamBuffers) -> torch.Ten
     return penalise_seen(log_probs, seen[:, :vocab], buffers.repetition_penalty)
 
 
+def ending_ids(stopping_criteria, device) -> torch.Tensor | None:
+    """The token ids that end a beam: those of the `EosTokenCriteria` in `stopping_criteria` (None: none)."""
+    ids = [criterion.eos_token_id.view(-1) for criterion in stopping_criteria if type(criterion) is EosTokenCriteria]
+    return torch.cat(ids).to(device) if ids else None
+
+
 def beam_step(model, cache, buffers: BeamBuffers, settings, eos_token_id, top_mask, encoder, has_padding):
     """One beam-search step, compiled whole: the cache reorder to the beams the last step chose, the masks and
     forward of each beam's last token, `choose_beams`. Returns (logits, scores) of this step.
@@ -349,6 +356,9 @@ def beam_search(model, input_ids, logits_processor, stopping_criteria, generatio
     )
     top_mask = torch.arange(settings.beams_to_keep, device=input_ids.device) < num_beams
     pad_fill = pad_token_id or eos_token_id[0] if eos_token_id is not None else -1
+    # a beam ends on the ids of the call's `EosTokenCriteria`, as transformers' stopping criteria say: a custom one
+    # takes precedence over the config's ids, or stands alone without them (which still size the top-k and the fill)
+    eos_token_id = ending_ids(stopping_criteria, input_ids.device)
     keep_scores = config.return_dict_in_generate and config.output_scores
     keep_logits = config.return_dict_in_generate and config.output_logits
     all_scores, raw_logits = [], []

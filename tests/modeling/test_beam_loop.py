@@ -185,6 +185,21 @@ def test_a_search_ending_early_returns_transformers_cache(kind, name, loop_calls
             assert_close_to_scale(actual_tensor, expected_tensor, msg=name)
 
 
+@pytest.mark.parametrize("config_eos", [None, [2]], ids=["alone", "over_the_config"])
+def test_a_custom_end_of_sequence_criterion_ends_beams_as_transformers_loop(config_eos, loop_calls):
+    """An `EosTokenCriteria` passed in `stopping_criteria` ends beams on its ids, alone or over the config's (which
+    then still size the top-k): the loop ended them on the config's ids only (with none, every beam ran to the end)."""
+    from transformers import StoppingCriteriaList
+    from transformers.generation.stopping_criteria import EosTokenCriteria
+
+    model = decoder_variant("positions_rope")
+    criteria = StoppingCriteriaList([EosTokenCriteria(eos_token_id=list(range(3, 20)))])
+    kwargs = dict(**_inputs(model, "decoder"), **OUTPUTS, num_beams=3, max_new_tokens=30, eos_token_id=config_eos)
+    reference, ours = _both(model, loop_calls, stopping_criteria=criteria, **kwargs)
+    _assert_same(reference, ours, "decoder")
+    assert len(reference.scores) < 30  # the criterion ended the search
+
+
 @pytest.mark.parametrize("length_penalty", [-1, 2])
 def test_an_integer_length_penalty_searches_as_transformers_loop(length_penalty, loop_calls):
     """`length_penalty=-1` as an int: the step raises the length, a tensor, to it (an int tensor's negative powers
