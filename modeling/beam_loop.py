@@ -19,8 +19,9 @@ so the output — sequences, `sequences_scores`, `beam_indices`, the per-step `s
 transformers ran, and the returned cache, rewound — is transformers'.
 `beam_loop_blocker` says when transformers' loop runs instead: beam sampling (`torch.multinomial` reads the device),
 processors other than bans (minimum lengths, suppressed tokens, one-token bad words), the repetition penalty,
-`no_repeat_ngram_size` and forced BOS/EOS tokens, stopping criteria other than length and end-of-sequence,
-attention or hidden-state outputs, extra model inputs, caches other than generate's own static cache.
+`no_repeat_ngram_size` and forced BOS/EOS tokens, stopping criteria other than length and end-of-sequence (and a
+length criterion other than the config's `max_length`), attention or hidden-state outputs, extra model inputs, caches
+other than generate's own static cache.
 """
 
 from __future__ import annotations
@@ -69,6 +70,9 @@ def beam_loop_blocker(model, logits_processor, stopping_criteria, generation_con
     processors = split_processors(logits_processor)
     if processors is None or processors.warpers:
         return "logits processors other than bans, the repetition penalty, the n-gram ban and forced BOS/EOS tokens"
+    if stopping_criteria.max_length not in (None, generation_config.max_length):
+        # a custom MaxLengthCriteria: transformers' beams end at its length, its heuristic reads the config's
+        return "a MaxLengthCriteria other than the generation config's max_length"
     return shared_blocker(model, stopping_criteria, generation_config, synced_gpus, model_kwargs)
 
 

@@ -200,6 +200,23 @@ def test_a_custom_end_of_sequence_criterion_ends_beams_as_transformers_loop(conf
     assert len(reference.scores) < 30  # the criterion ended the search
 
 
+def test_a_custom_maximum_length_criterion_runs_transformers_loop(loop_calls):
+    """A `MaxLengthCriteria` in `stopping_criteria` takes precedence over `max_new_tokens` in transformers' loop (its
+    beams end at its length; the early-stop heuristic still reads the config's): the loop, which searched to the
+    config's length (20 new tokens, not 5), leaves it to transformers."""
+    from transformers import StoppingCriteriaList
+    from transformers.generation.stopping_criteria import MaxLengthCriteria
+
+    model = decoder_variant("positions_rope")
+    criteria = StoppingCriteriaList([MaxLengthCriteria(max_length=12)])  # 7 + 5
+    kwargs = dict(**_inputs(model, "decoder"), **OUTPUTS, num_beams=3, max_new_tokens=20, stopping_criteria=criteria)
+    reference = model.generate(cache_implementation="static", **kwargs)
+    ours = model.generate(cache_implementation="static", compile_config=_compile_config(), **kwargs)
+    assert not loop_calls
+    assert ours.sequences.shape[1] == reference.sequences.shape[1] == 12
+    _assert_same(reference, ours, "decoder")
+
+
 @pytest.mark.parametrize("length_penalty", [-1, 2])
 def test_an_integer_length_penalty_searches_as_transformers_loop(length_penalty, loop_calls):
     """`length_penalty=-1` as an int: the step raises the length, a tensor, to it (an int tensor's negative powers
