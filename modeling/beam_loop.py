@@ -67,6 +67,8 @@ def beam_loop_blocker(model, logits_processor, stopping_criteria, generation_con
     """Why this beam search runs transformers' loop rather than `beam_search`, or None when it runs here."""
     if generation_config.do_sample:
         return "beam sampling"
+    if generation_config.low_memory:
+        return "low_memory=True (transformers' loop raises its error)"
     processors = split_processors(logits_processor)
     if processors is None or processors.warpers:
         return "logits processors other than bans, the repetition penalty, the n-gram ban and forced BOS/EOS tokens"

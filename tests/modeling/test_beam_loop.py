@@ -217,6 +217,16 @@ def test_a_custom_maximum_length_criterion_runs_transformers_loop(loop_calls):
     _assert_same(reference, ours, "decoder")
 
 
+def test_low_memory_raises_transformers_error(loop_calls):
+    """transformers' beam search refuses `low_memory=True` (sequential beams were dropped); the loop ran without it."""
+    model = decoder_variant("positions_rope")
+    kwargs = dict(**_inputs(model, "decoder"), num_beams=3, max_new_tokens=4, pad_token_id=0, low_memory=True)
+    for extra in ({}, dict(compile_config=_compile_config())):
+        with pytest.raises(ValueError, match="low_memory=True"):
+            model.generate(cache_implementation="static", **kwargs, **extra)
+    assert not loop_calls
+
+
 @pytest.mark.parametrize("length_penalty", [-1, 2])
 def test_an_integer_length_penalty_searches_as_transformers_loop(length_penalty, loop_calls):
     """`length_penalty=-1` as an int: the step raises the length, a tensor, to it (an int tensor's negative powers
