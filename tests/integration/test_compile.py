@@ -290,8 +290,9 @@ def test_the_reorder_from_spares_is_one_pass_per_tensor_compiled():
             assert torch.equal(layer.values[:, :, :8], expected.values[:, :, :8])
         # one store statement per written tensor, vectorised or not
         stores[spared] = len(re.findall(r"\.store\(out_ptr\d|out_ptr\d+\[[^\]]*\] = ", code[-1]))
-        nests[spared] = code[-1].count("#pragma omp for")
-    assert stores == {False: 4, True: 2} and nests[True] < nests[False], (stores, nests)
+        nests[spared] = code[-1].count("#pragma omp for")  # parallel loop nests (none with one thread: no OpenMP)
+    assert stores == {False: 4, True: 2}, stores
+    assert nests[True] < nests[False] or torch.get_num_threads() == 1, nests
 
 
 # dynamo's "eager" backend traces the step as torch.compile does (a graph break fails `fullgraph`) but generates no
