@@ -8,8 +8,16 @@ import os
 import shutil
 from typing import Any
 
+import numpy as np
 import torch
-from transformers import Seq2SeqTrainer, Trainer, TrainerCallback, TrainerState, TrainingArguments
+from transformers import (
+    DataCollatorForLanguageModeling,
+    Seq2SeqTrainer,
+    Trainer,
+    TrainerCallback,
+    TrainerState,
+    TrainingArguments,
+)
 from transformers.trainer_utils import TrainOutput, rotate_checkpoints
 from transformers.training_args import ParallelMode
 
@@ -58,6 +66,47 @@ class AtomicCheckpointTrainer(Trainer):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.add_callback(LogAtSave)
+        collator = self.data_collator
+        self._masking = None
+        if isinstance(collator, DataCollatorForLanguageModeling) and collator.mlm:
+            self._masking = copy.copy(collator)
+
+    def get_train_dataloader(self) -> Any:
+        """With a masked-LM collator, the training batches leave the loader unmasked; `get_batch_samples` masks them
+        (see `_mask_by_step`)."""
+        if self._masking is None:
+            return super().get_train_dataloader()
+        unmasked = copy.copy(self._masking)
+        unmasked.mlm = False
+        self.data_collator = unmasked
+        try:
+            return super().get_train_dataloader()
+        finally:
+            self.data_collator = self._masking
+
+    def get_batch_samples(self, epoch_iterator: Any, num_batches: int, device: torch.device) -> tuple[list, Any]:
+        batches, count = super().get_batch_samples(epoch_iterator, num_batches, device)
+        if self._masking is None:
+            return batches, count
+        for index, batch in enumerate(batches):
+            self._mask_by_step(batch, index)
+        return batches, self._get_num_items_in_batch(batches, device)
+
+    def _mask_by_step(self, batch: dict[str, Any], index: int) -> None:
+        """Mask micro-batch `index` of the coming optimizer step with a generator seeded by (seed, process, step,
+        index), not by the global RNG the collator draws from. The loader collates one batch ahead and a resumed run
+        skips the batches already trained without collating them, so collator masking drew other masks after a
+        resume (and shifted the dropout RNG the checkpoint restores): a resumed masked-LM run trained on other
+        masks than an uninterrupted one."""
+        seed = np.random.SeedSequence([self.args.seed, self.args.process_index, self.state.global_step, index])
+        kept = self._masking.generator
+        self._masking.generator = torch.Generator().manual_seed(int(seed.generate_state(1, np.uint64)[0] >> 1))
+        try:
+            ids = batch["input_ids"]
+            masked, labels = self._masking.torch_mask_tokens(ids.cpu())
+        finally:
+            self._masking.generator = kept
+        batch["input_ids"], batch["labels"] = masked.to(ids.device), labels.to(ids.device)
 
     def train(self, resume_from_checkpoint: str | bool | None = None, **kwargs: Any) -> TrainOutput:
         self._forget_evaluation_only_preparation()
