@@ -52,6 +52,7 @@ from archlab.training.tasks import (
     prepare_splits,
     task_tokenizer,
 )
+from archlab.training.tokenizers import check_resumed_tokenizer
 
 TASK_OUTPUT_DIR = "runs/finetune-{task}"
 
@@ -147,6 +148,7 @@ def main(argv: Sequence[str] | None = None, callbacks: list[TrainerCallback] | N
     check_flag_positive(args, ("max_source_length", "max_target_length"), " (tokens)")
     check_installed(task)
     resume = resolve_resume(training_args, training_args.overwrite_output_dir)
+    check_resumed_tokenizer(model_args, resume)
     finished = finished_run(resume, training_args)
     if finished is not None:
         return finished

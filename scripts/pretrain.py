@@ -46,7 +46,7 @@ from archlab.training.reporting import log, training_setup
 from archlab.training.sampling import print_sample, sample_unless_sharded
 from archlab.training.saving import dataset_label, save_final
 from archlab.training.sources import first_process_writes_the_cache, load_documents
-from archlab.training.tokenizers import adopt_context_length
+from archlab.training.tokenizers import adopt_context_length, check_resumed_tokenizer
 from archlab.training.trainer import AtomicCheckpointTrainer
 
 
@@ -112,6 +112,7 @@ def main(argv: Sequence[str] | None = None, callbacks: list[TrainerCallback] | N
     check_flag_positive(extra, ("eval_max_blocks",), " (or unset: all)")
     resume = resolve_resume(training_args, training_args.overwrite_output_dir)
     check_resumed_config(model_args, resume)
+    check_resumed_tokenizer(model_args, resume)
     finished = finished_run(resume, training_args)
     if finished is not None:
         return finished

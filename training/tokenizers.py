@@ -49,6 +49,26 @@ def get_tokenizer(choices: TokenizerChoices, resume: str | None, train: Callable
     return train_on_the_main_process(train)
 
 
+def check_resumed_tokenizer(choices: TokenizerChoices, resume: str | None) -> None:
+    """A resumed run must read its data with the tokenizer its checkpoint was trained with: one named by
+    --tokenizer_name or --model_name_or_path that gives any of its tokens another id than the checkpoint's saved
+    tokenizer is refused, before any data is read. One of the same size trained the checkpoint's embeddings on other
+    token ids without a word. (The checkpoint's may hold more tokens: those a task adds after loading.)"""
+    name = choices.tokenizer_name or choices.model_name_or_path
+    if resume is None or not name or not has_tokenizer(resume):
+        return
+    saved = load_tokenizer(resume).get_vocab()
+    named = load_tokenizer(name).get_vocab()
+    moved = sum(saved.get(token) != index for token, index in named.items())
+    if moved:
+        flag = "--tokenizer_name" if choices.tokenizer_name else "--model_name_or_path"
+        raise ValueError(
+            f"--resume_from_checkpoint: {resume} was trained with another tokenizer: {moved} of the {len(named)} "
+            f"tokens of {flag} {name} have other ids or none in the one saved there. Resume with the run's own "
+            f"{flag}, or start a new run in another --output_dir."
+        )
+
+
 def train_on_the_main_process(train: Callable[[], Any]) -> Any:
     """`train()`, run once under torchrun / accelerate launch: the first process trains and hands its tokenizer to the
     others. WordPiece and Unigram training are not deterministic across processes (each process's hash seeds order

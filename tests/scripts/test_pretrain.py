@@ -256,6 +256,23 @@ def test_resuming_with_another_architecture_is_refused_before_data_is_read(
         pretrain.main(args)
 
 
+def test_resuming_with_another_tokenizer_is_refused_before_data_is_read(
+    tmp_path: Path, data_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A --tokenizer_name of the checkpoint's size but other token ids trained its embeddings on other tokens without
+    a word."""
+    checkpoint = tmp_path / "run" / "checkpoint-3"
+    save_tokenizer(train_tokenizer(code_texts(60), "decoder", vocab_size=300, min_frequency=1), checkpoint)
+    (checkpoint / "trainer_state.json").write_text(json.dumps({"global_step": 3}))
+    other = tmp_path / "other"
+    texts = [text.replace("value", "x") + " zebra quokka" for text in code_texts(60)]
+    save_tokenizer(train_tokenizer(texts, "decoder", vocab_size=300, min_frequency=1), other)
+    forbid(monkeypatch, sources, "load_raw_datasets", "data was loaded before the checkpoint's tokenizer was compared")
+    args = tiny_args(tmp_path / "run", data_dir, "--resume_from_checkpoint", "true", "--tokenizer_name", str(other))
+    with pytest.raises(ValueError, match="checkpoint-3 was trained with another tokenizer: \\d+ of the 300 tokens"):
+        pretrain.main(args)
+
+
 def test_a_config_value_out_of_range_fails_before_the_tokenizer_is_trained(
     tmp_path: Path, data_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
