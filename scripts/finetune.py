@@ -37,7 +37,13 @@ from archlab.scripts.arguments import (
     parse_arguments,
     run_cli,
 )
-from archlab.training.checkpoints import clear_output_dir, finished_run, resolve_resume
+from archlab.training.checkpoints import (
+    check_resumed_run_facts,
+    clear_output_dir,
+    finished_run,
+    resolve_resume,
+    run_facts,
+)
 from archlab.training.evaluation import train_and_evaluate
 from archlab.training.kinds import model_kind
 from archlab.training.reporting import log, summary, training_setup
@@ -149,6 +155,8 @@ def main(argv: Sequence[str] | None = None, callbacks: list[TrainerCallback] | N
     check_installed(task)
     resume = resolve_resume(training_args, training_args.overwrite_output_dir)
     check_resumed_tokenizer(model_args, resume)
+    facts = run_facts(training_args)
+    check_resumed_run_facts(resume, facts)
     finished = finished_run(resume, training_args)
     if finished is not None:
         return finished
@@ -191,6 +199,7 @@ def main(argv: Sequence[str] | None = None, callbacks: list[TrainerCallback] | N
         compute_metrics=task.compute_metrics(tokenizer),
         callbacks=callbacks,
     )
+    trainer.run_facts = facts
     metrics = train_and_evaluate(
         trainer,
         resume,

@@ -36,7 +36,13 @@ from archlab.scripts.arguments import (
     run_cli,
 )
 from archlab.tokenization.data import check_not_empty, limit
-from archlab.training.checkpoints import clear_output_dir, finished_run, resolve_resume
+from archlab.training.checkpoints import (
+    check_resumed_run_facts,
+    clear_output_dir,
+    finished_run,
+    resolve_resume,
+    run_facts,
+)
 from archlab.training.configs import build_config, build_model, check_resumed_config
 from archlab.training.evaluation import train_and_evaluate
 from archlab.training.kinds import model_kind
@@ -113,6 +119,8 @@ def main(argv: Sequence[str] | None = None, callbacks: list[TrainerCallback] | N
     resume = resolve_resume(training_args, training_args.overwrite_output_dir)
     check_resumed_config(model_args, resume)
     check_resumed_tokenizer(model_args, resume)
+    facts = run_facts(training_args, data_args.block_size)
+    check_resumed_run_facts(resume, facts)
     finished = finished_run(resume, training_args)
     if finished is not None:
         return finished
@@ -155,6 +163,7 @@ def main(argv: Sequence[str] | None = None, callbacks: list[TrainerCallback] | N
         processing_class=tokenizer,
         callbacks=callbacks,
     )
+    trainer.run_facts = facts
     metrics = train_and_evaluate(trainer, resume, with_perplexity, report_before, report_after)
     save_final(
         trainer,

@@ -14,6 +14,7 @@ from transformers.trainer_utils import get_last_checkpoint
 from .reporting import log
 
 STAGING = ".staging"  # never matches `checkpoint-N`, so a half-written save is never resumed from
+RUN_FACTS = "run_facts.json"  # what a resume must keep, saved in each checkpoint (`AtomicCheckpointTrainer`)
 
 
 def resolve_resume(training_args: TrainingArguments, overwrite_output_dir: bool) -> str | None:
@@ -49,6 +50,49 @@ def resolve_resume(training_args: TrainingArguments, overwrite_output_dir: bool)
     if not os.path.isfile(os.path.join(requested, "trainer_state.json")):
         raise FileNotFoundError(f"--resume_from_checkpoint {requested!r} is not a complete checkpoint folder.")
     return requested
+
+
+def run_facts(training_args: TrainingArguments, block_size: int | None = None) -> dict[str, int]:
+    """What a resumed run must keep for its data to go on where the checkpoint stopped: the Trainer skips
+    `global_step` x --gradient_accumulation_steps batches of the resumed run's own size, so another number of examples
+    per optimizer step skips examples never trained (or trains some twice), and another --block_size (pretraining)
+    packs other blocks, of which it skips as many as it trained of the old ones."""
+    facts = {
+        "examples_per_step": training_args.per_device_train_batch_size
+        * training_args.gradient_accumulation_steps
+        * max(1, training_args.world_size)
+    }
+    if block_size is not None:
+        facts["block_size"] = block_size
+    return facts
+
+
+FACT_FLAGS = {
+    "examples_per_step": "--per_device_train_batch_size x --gradient_accumulation_steps x processes",
+    "block_size": "--block_size",
+}
+
+
+def check_resumed_run_facts(resume: str | None, facts: dict[str, int]) -> None:
+    """Refuse, before any data is read, a resume whose flags change one of the checkpoint's `run_facts`: the
+    Trainer resumed such a run without a word (another batch size with a warning only), at another place in the
+    data than the checkpoint stopped. Checkpoints saved without the facts are not checked."""
+    path = os.path.join(resume, RUN_FACTS) if resume else None
+    if path is None or not os.path.isfile(path):
+        return
+    with open(path, encoding="utf-8") as f:
+        saved = json.load(f)
+    differ = [key for key in facts if key in saved and saved[key] != facts[key]]
+    if differ:
+        raise ValueError(
+            f"--resume_from_checkpoint: {resume} was trained with "
+            + ", ".join(f"{FACT_FLAGS.get(key, key)} = {saved[key]}" for key in differ)
+            + ", but these flags give "
+            + ", ".join(str(facts[key]) for key in differ)
+            + ": the resumed run would skip other data than the checkpoint trained on. Resume with the run's own "
+            "values (another per-device batch size is fine when --gradient_accumulation_steps keeps the product), "
+            "or start a new run in another --output_dir."
+        )
 
 
 def finished_run(resume: str | None, training_args: TrainingArguments) -> dict[str, float] | None:

@@ -4,6 +4,7 @@ whole run's training loss, and that train one model under data parallelism even 
 from __future__ import annotations
 
 import copy
+import json
 import os
 import shutil
 from typing import Any
@@ -21,7 +22,7 @@ from transformers import (
 from transformers.trainer_utils import TrainOutput, rotate_checkpoints
 from transformers.training_args import ParallelMode
 
-from .checkpoints import STAGING
+from .checkpoints import RUN_FACTS, STAGING
 from .reporting import log
 
 
@@ -62,6 +63,7 @@ class AtomicCheckpointTrainer(Trainer):
     (see `_forget_evaluation_only_preparation`)."""
 
     _staging_dir: str | None = None
+    run_facts: dict[str, Any] | None = None  # saved in each checkpoint (see `checkpoints.run_facts`)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -194,6 +196,9 @@ class AtomicCheckpointTrainer(Trainer):
         name = f"checkpoint-{self.state.global_step}"
         final = os.path.join(run_dir, name)
         if self.args.should_save:
+            if self.run_facts is not None:
+                with open(os.path.join(staging, name, RUN_FACTS), "w", encoding="utf-8") as f:
+                    json.dump(self.run_facts, f)
             if os.path.isdir(final):
                 shutil.rmtree(final)
             os.replace(os.path.join(staging, name), final)

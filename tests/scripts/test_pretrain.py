@@ -508,6 +508,33 @@ def test_a_resumed_masked_lm_run_masks_and_ends_as_an_uninterrupted_one(tmp_path
 
 
 @pytest.mark.slow
+def test_resuming_with_another_batch_or_block_size_is_refused_before_data_is_read(
+    tmp_path: Path, data_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The Trainer skips as many batches of the resumed run's own size as the checkpoint trained: another
+    --block_size or --gradient_accumulation_steps resumed without a word (another batch size with a warning only),
+    skipping data never trained."""
+    out = tmp_path / "run"
+    common = (*RESUMABLE[:-2], "--tokenizer_name", str(data_dir / "tokenizer"))
+    pretrain.main(tiny_args(out, data_dir, *common, "--max_steps", "2"))
+    resume = (*common, "--max_steps", "4", "--resume_from_checkpoint", "true")
+    with monkeypatch.context() as patched:
+        forbid(patched, sources, "load_raw_datasets", "data was loaded before the checkpoint's run was compared")
+        for extra, message in [
+            (("--block_size", "64"), "trained with --block_size = 32, but these flags give 64"),
+            (("--gradient_accumulation_steps", "2"), "--gradient_accumulation_steps x processes = 4, but .* give 8"),
+            (("--per_device_train_batch_size", "8"), "x processes = 4, but these flags give 8"),
+        ]:
+            with pytest.raises(ValueError, match=message):
+                pretrain.main(tiny_args(out, data_dir, *resume, *extra))
+    # the same examples per step in other micro-batches go on where the checkpoint stopped
+    pretrain.main(
+        tiny_args(out, data_dir, *resume, "--per_device_train_batch_size", "2", "--gradient_accumulation_steps", "2")
+    )
+    assert json.loads((out / "trainer_state.json").read_text())["global_step"] == 4
+
+
+@pytest.mark.slow
 def test_resuming_a_finished_run_changes_nothing(tmp_path: Path, data_dir: Path, capsys: pytest.CaptureFixture) -> None:
     out = tmp_path / "run"
     tokenizer = str(data_dir / "tokenizer")
