@@ -19,7 +19,7 @@ from transformers import (
     TrainerState,
     TrainingArguments,
 )
-from transformers.trainer_utils import TrainOutput, rotate_checkpoints
+from transformers.trainer_utils import TrainOutput, has_length, rotate_checkpoints
 from transformers.training_args import ParallelMode
 
 from .checkpoints import RUN_FACTS, STAGING
@@ -140,6 +140,28 @@ class AtomicCheckpointTrainer(Trainer):
                 "checkpoint's log does not cover every step before it."
             )
         return TrainOutput(output.global_step, output.training_loss if mean is None else mean, output.metrics)
+
+    def _init_training_state(
+        self, max_steps: int, num_update_steps_per_epoch: int, num_train_epochs: int, checkpoint: str | None, trial: Any
+    ) -> tuple[int, int]:
+        """Where a resumed run goes on in a streamed (length-less) training set that it passes through more than once.
+
+        The Trainer takes an epoch of such a set to be --max_steps long, so it resumed in the first pass, skipping
+        global_step batches of it: past the end of a shorter stream, it started the next pass at its first batch,
+        and trained other batches than an uninterrupted run. The checkpoint's `epoch` (passes done, plus the
+        fraction of its own max_steps x gradient_accumulation_steps batches into the current one) says where it
+        stopped."""
+        epochs, steps = super()._init_training_state(
+            max_steps, num_update_steps_per_epoch, num_train_epochs, checkpoint, trial
+        )
+        if checkpoint is None or has_length(self.train_dataset) or self.args.ignore_data_skip:
+            return epochs, steps
+        saved = TrainerState.load_from_json(os.path.join(checkpoint, "trainer_state.json"))
+        if not saved.epoch or not saved.max_steps:
+            return epochs, steps
+        passes = int(saved.epoch)
+        batches = round((saved.epoch - passes) * saved.max_steps * self.args.gradient_accumulation_steps)
+        return passes, batches
 
     def _forget_evaluation_only_preparation(self) -> None:
         """Undo an evaluation-only preparation of the model, so `train()` wraps it for data parallelism.

@@ -535,6 +535,32 @@ def test_resuming_with_another_batch_or_block_size_is_refused_before_data_is_rea
 
 
 @pytest.mark.slow
+def test_a_resumed_stream_shorter_than_the_run_goes_on_where_it_stopped(tmp_path: Path, data_dir: Path) -> None:
+    """5 documents stream 3 batches a pass. The Trainer took a pass to be --max_steps long: resumed at step 4 (one
+    batch into the second pass) it skipped 4 batches of the first pass, ran past its end and began the second pass
+    from its first batch, training other batches than an uninterrupted run."""
+    common = (*RESUMABLE[:-2], "--streaming", "true", "--max_train_samples", "5", "--logging_steps", "1")
+    common += ("--tokenizer_name", str(data_dir / "tokenizer"))
+    reference = tmp_path / "reference"
+    pretrain.main(tiny_args(reference, data_dir, *common, "--max_steps", "6"))
+    out = tmp_path / "run"
+    pretrain.main(tiny_args(out, data_dir, *common, "--max_steps", "4"))
+    pretrain.main(tiny_args(out, data_dir, *common, "--max_steps", "6", "--resume_from_checkpoint", "true"))
+
+    def logged(folder: Path) -> list[float]:
+        """step, loss and epoch of each logged step"""
+        history = json.loads((folder / "trainer_state.json").read_text())["log_history"]
+        entries = [entry for entry in history if "loss" in entry]
+        return [value for entry in entries for value in (entry["step"], entry["loss"], entry["epoch"])]
+
+    assert logged(reference)[2:12:3] == pytest.approx([1 / 6, 2 / 6, 0.5, 1 + 1 / 6])
+    assert logged(out)[12:] == pytest.approx(logged(reference)[12:], rel=1e-6)
+    resumed, uninterrupted = load_file(out / "model.safetensors"), load_file(reference / "model.safetensors")
+    for name in uninterrupted:
+        torch.testing.assert_close(resumed[name], uninterrupted[name], atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.slow
 def test_resuming_a_finished_run_changes_nothing(tmp_path: Path, data_dir: Path, capsys: pytest.CaptureFixture) -> None:
     out = tmp_path / "run"
     tokenizer = str(data_dir / "tokenizer")
