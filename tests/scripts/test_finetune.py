@@ -17,7 +17,8 @@ from transformers import AutoModelForSequenceClassification, AutoTokenizer, Eval
 import archlab
 from archlab.scripts import finetune
 from archlab.tokenization.data import IGNORE_INDEX
-from archlab.tokenization.training import save_tokenizer, train_tokenizer
+from archlab.tokenization.training import load_tokenizer, save_tokenizer, train_tokenizer
+from archlab.training import sources
 from archlab.training.metrics import classification_metrics, text_metrics
 from archlab.training.task_data import (
     as_messages,
@@ -28,7 +29,7 @@ from archlab.training.task_data import (
     tokenize_seq2seq,
 )
 
-from helpers import TINY_SEQ2SEQ, TINY_SEQ2SEQ_OVERRIDES, assert_close_to_scale, tiny_decoder_config
+from helpers import TINY_SEQ2SEQ, TINY_SEQ2SEQ_OVERRIDES, assert_close_to_scale, forbid, tiny_decoder_config
 
 
 def sentiment_rows(n: int, seed: int) -> list[dict[str, str]]:
@@ -286,6 +287,32 @@ def test_bad_inputs(tmp_path: Path, work: Path) -> None:
     with pytest.raises(ValueError, match="--do_predict: these scripts have no test split to predict"):  # was ignored
         finetune.main(run_args(out, "--task", "classification", *base, "--do_predict", "true"))
     assert not out.exists()
+
+
+def test_a_resume_that_would_skip_other_data_or_read_other_token_ids_is_refused_first(
+    tmp_path: Path, work: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Both resumed without a word: another batch size skipped examples never trained (a warning in the log only),
+    another base model's tokenizer trained the checkpoint on other token ids."""
+    checkpoint = tmp_path / "out" / "checkpoint-5"
+    checkpoint.mkdir(parents=True)
+    (checkpoint / "trainer_state.json").write_text(json.dumps({"global_step": 5}))
+    (checkpoint / "run_facts.json").write_text(json.dumps({"examples_per_step": 8}))
+    save_tokenizer(AutoTokenizer.from_pretrained(work / "base"), checkpoint)
+    forbid(monkeypatch, sources, "load_raw_datasets", "data was loaded before the checkpoint was compared")
+    args = run_args(tmp_path / "out", "--task", "classification", "--model_name_or_path", str(work / "base"))
+    args += ["--train_file", str(work / "train.csv"), "--resume_from_checkpoint", "true"]
+    with pytest.raises(ValueError, match="x processes = 8, but these flags give 4: the resumed run would skip"):
+        finetune.main(args + ["--per_device_train_batch_size", "4"])
+    other = tmp_path / "other"
+    texts = [row["text"].upper() for row in sentiment_rows(50, 0)]
+    save_tokenizer(train_tokenizer(texts, "decoder", vocab_size=300, min_frequency=1), other)
+    (checkpoint / "tokenizer.json").unlink()
+    save_tokenizer(load_tokenizer(other), checkpoint)
+    with pytest.raises(
+        ValueError, match="checkpoint-5 was trained with another tokenizer: \\d+ of the \\d+ tokens of --m"
+    ):
+        finetune.main(args)
 
 
 def test_a_damaged_base_model_is_named_before_anything_is_read(tmp_path: Path, work: Path) -> None:
