@@ -70,7 +70,8 @@ class AtomicCheckpointTrainer(Trainer):
         self.add_callback(LogAtSave)
         collator = self.data_collator
         self._masking = None
-        if isinstance(collator, DataCollatorForLanguageModeling) and collator.mlm:
+        # whole-word masking needs the collator's offset mappings: left to the collator
+        if isinstance(collator, DataCollatorForLanguageModeling) and collator.mlm and not collator.whole_word_mask:
             self._masking = copy.copy(collator)
 
     def get_train_dataloader(self) -> Any:
