@@ -36,7 +36,14 @@ def pretraining_tokenizer(
             text_column=text_column,
         )
 
-    return get_tokenizer(choices, resume, train)
+    tokenizer = get_tokenizer(choices, resume, train)
+    if choices.model_kind == "masked_lm" and tokenizer.mask_token is None:  # the collator's error came after the data
+        named = "--tokenizer_name" if choices.tokenizer_name else "--model_name_or_path"
+        raise ValueError(
+            f"--model_kind masked_lm needs a tokenizer with a mask token (BERT's [MASK]), and the one of {named} "
+            f"has none: give one that has, or leave {named} out to train a masked_lm tokenizer."
+        )
+    return tokenizer
 
 
 def split_for_seq2seq(blocks: Any, num_proc: int | None) -> Any:

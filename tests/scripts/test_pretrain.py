@@ -109,6 +109,22 @@ def test_pretrain_decoder_end_to_end(tmp_path: Path, data_dir: Path) -> None:
     assert "loss_curve.png" in (out / "README.md").read_text()
 
 
+def test_a_masked_lm_with_a_tokenizer_without_a_mask_token_is_refused_before_data_is_read(
+    tmp_path: Path, data_dir: Path, monkeypatch
+) -> None:
+    """The collator failed on it only after the data was tokenized and packed."""
+    args = tiny_args(
+        tmp_path / "run", data_dir, "--model_kind", "masked_lm", "--tokenizer_name", str(data_dir / "tokenizer")
+    )
+    args[args.index(TINY_DECODER_OVERRIDES)] = TINY_SEQ2SEQ_OVERRIDES
+    forbid(monkeypatch, pretrain, "prepare_data", "the data was prepared before the tokenizer was checked")
+    with pytest.raises(
+        ValueError,
+        match=r"masked_lm needs a tokenizer with a mask token \(BERT's \[MASK\]\), and the one of --tokenizer_name",
+    ):
+        pretrain.main(args)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", ["seq2seq", "masked_lm"])
 def test_pretrain_other_kinds(tmp_path: Path, data_dir: Path, kind: str) -> None:
