@@ -35,7 +35,7 @@ from transformers.cache_utils import Cache
 
 from .feed_forward import GatedMLP
 from .fused_projections import _hooked
-from .moe import SparseMoeBlock
+from .moe import Experts, SparseMoeBlock, TopKRouter
 from .normalization import RMSNorm
 from .triton_gemv import ACTIVATIONS, gated_down, gemv, gemv_applies
 from .triton_moe import moe_decode, moe_decode_applies
@@ -96,10 +96,13 @@ def _mlp_fits(block: nn.Module, hidden_states: torch.Tensor) -> tuple[torch.Tens
 
 def _moe_fits(block: nn.Module, hidden_states: torch.Tensor) -> bool:
     """Whether the block's mixture of experts joins the fused step: routed experts only (no shared expert), plain
-    modules, its experts taking triton_moe.py's kernels, the router a GEMV with the norm inside."""
+    modules, its experts taking triton_moe.py's kernels, the router a GEMV with the norm inside. A router or experts
+    that PEFT wraps (LoRA through `target_parameters`) keep the block's forward: the step reads their weights."""
     mlp = block.mlp
     return (
         type(mlp) is SparseMoeBlock
+        and type(mlp.gate) is TopKRouter
+        and type(mlp.experts) is Experts
         and _plain(mlp)
         and _plain(mlp.gate)
         and _plain(mlp.experts)

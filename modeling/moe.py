@@ -137,6 +137,9 @@ class SparseMoeBlock(nn.Module):
         super().__init__()
         mlp_type = getattr(config, "mlp_type", "gated")
         self.jitter_noise = config.router_jitter_noise
+        # read here, not from `gate`: PEFT's `target_parameters` wraps the router and the experts (a `ParamWrapper`
+        # that does not forward their attributes)
+        self.num_experts, self.top_k = config.num_local_experts, config.num_experts_per_tok
         self.gate = TopKRouter(
             config.hidden_size, config.num_local_experts, config.num_experts_per_tok, config.norm_topk_prob
         )
@@ -181,7 +184,7 @@ def collect_router_logits(layers: Iterable[nn.Module]) -> tuple[torch.Tensor, ..
         if isinstance(mlp, SparseMoeBlock) and mlp.router_logits is not None:
             collected.append(mlp.router_logits)
             mlp.router_logits = None
-            trains_a_router = trains_a_router or mlp.gate.weight.requires_grad
+            trains_a_router = trains_a_router or any(p.requires_grad for p in mlp.gate.parameters())  # or its LoRA
     if trains_a_router and torch.is_grad_enabled() and not any(logits.requires_grad for logits in collected):
         # reentrant checkpointing runs each layer's forward without autograd and gives back only its output: the
         # logits left beside it carry no graph, so the router losses would train nothing (Mixtral's do the same)
@@ -270,7 +273,7 @@ def count_parameters(model: nn.Module) -> dict[str, int]:
     for module in model.modules():
         if isinstance(module, SparseMoeBlock):
             experts = sum(p.numel() for p in module.experts.parameters())
-            inactive += experts * (module.gate.num_experts - module.gate.top_k) // module.gate.num_experts
+            inactive += experts * (module.num_experts - module.top_k) // module.num_experts
     embedding = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
     return {
         "total": total,

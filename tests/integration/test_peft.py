@@ -278,3 +278,36 @@ def test_a_remote_code_model_without_archlab_finds_peft_defaults_too(tmp_path, p
         + "print(sorted({n.rsplit('.', 1)[-1] for n, m in model.named_modules() if hasattr(m, 'lora_A')}))\n"
     )
     assert check(run_without_archlab(code, tmp_path / "run")).strip().splitlines()[-1] == "['q_proj', 'v_proj']"
+
+
+def test_moe_helpers_find_a_router_and_experts_that_peft_wraps(monkeypatch):
+    """LoRA on the router's and the experts' weights (`target_parameters`) puts them inside PEFT's `ParamWrapper`,
+    which does not forward their attributes: `count_parameters` counts the wrapped model (it read `gate.top_k`),
+    reentrant checkpointing still says that a trained router's losses train nothing (it read the frozen
+    `gate.weight`), and the fused decoding step leaves such a layer to its own forward (it read `experts.gated`,
+    and `gate.weight` without the adapter)."""
+    from archlab import count_parameters
+    from archlab.modeling import decode_block, moe
+
+    config = tiny_decoder_config(num_local_experts=4, num_experts_per_tok=2, output_router_logits=True)
+    expected = count_parameters(DecoderForCausalLM(config))
+    lora = LoraConfig(r=2, target_modules=["q_proj"], target_parameters=["mlp.gate.weight", "mlp.experts.gate_up_proj"])
+    model = get_peft_model(DecoderForCausalLM(config), lora)
+    counts = count_parameters(model)
+    added = sum(p.numel() for n, p in model.named_parameters() if "lora_" in n)
+    assert counts["total"] == expected["total"] + added and counts["embedding"] == expected["embedding"]
+
+    warned = []
+    monkeypatch.setattr(moe.logger, "warning_once", warned.append)
+    model.train()
+    model.base_model.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": True})
+    ids = torch.randint(3, 97, (2, 8))
+    model(input_ids=ids, labels=ids)
+    assert len(warned) == 1 and "use_reentrant" in warned[0]
+
+    monkeypatch.setattr(decode_block, "moe_decode_applies", lambda experts, hidden: experts.gated)
+    monkeypatch.setattr(decode_block, "gemv_applies", lambda *tensors, **kwargs: True)
+    hidden = torch.randn(1, 1, config.hidden_size)
+    plain = DecoderForCausalLM(config).eval().model.layers[0]
+    assert decode_block._moe_fits(plain, hidden)  # the check this test relies on passes for a plain layer
+    assert not decode_block._moe_fits(model.eval().base_model.model.model.layers[0], hidden)
