@@ -12,12 +12,19 @@ still caught by the lookup's own device-side bounds check.
 from __future__ import annotations
 
 import torch
+from torch import nn
 from transformers.cache_utils import Cache
 
 
 def can_read_values(tensor: torch.Tensor) -> bool:
     """Reading this tensor's values costs no device synchronisation and no graph break."""
     return tensor.device.type == "cpu" and not torch.compiler.is_compiling()
+
+
+def embedding_rows(embedding: nn.Module) -> int:
+    """The vocabulary size of a token embedding: its weight's rows. Also for an embedding that PEFT wraps (a LoRA
+    `Embedding`, `modules_to_save`), which gives its base layer's `weight` but not `num_embeddings`."""
+    return embedding.weight.shape[0]
 
 
 def check_token_ids(

@@ -27,7 +27,14 @@ from .cache_names import cache_argument, output_cache, with_cache
 from .catalogue import POSITION_SCHEMES
 from .configuration_decoder import DecoderConfig
 from .fast_decoding import FastDecodingMixin
-from .input_checks import cached_length, can_read_values, check_attention_mask, check_cache_heads, check_token_ids
+from .input_checks import (
+    cached_length,
+    can_read_values,
+    check_attention_mask,
+    check_cache_heads,
+    check_token_ids,
+    embedding_rows,
+)
 from .losses import causal_lm_loss, lm_head_loss
 from .moe import collect_router_logits, load_balancing_loss, router_z_loss
 from .positions import position_bias, position_ids_from_mask, position_table
@@ -129,7 +136,7 @@ class DecoderModel(DecoderPreTrainedModel):
         fresh_cache = use_cache and past_key_values is None and not self.training
 
         if inputs_embeds is None:
-            check_token_ids(input_ids, self.embed_tokens.num_embeddings)
+            check_token_ids(input_ids, embedding_rows(self.embed_tokens))
             inputs_embeds = self.embed_tokens(input_ids)
         batch_size, seq_len = inputs_embeds.shape[:2]
         heads = self.layers[0].self_attn

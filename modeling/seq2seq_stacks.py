@@ -29,7 +29,7 @@ from transformers.modeling_outputs import BaseModelOutput, BaseModelOutputWithPa
 
 from .cache_names import cache_argument, with_cache
 from .configuration_seq2seq import Seq2SeqConfig
-from .input_checks import cached_length, check_attention_mask, check_cache_heads, check_token_ids
+from .input_checks import cached_length, check_attention_mask, check_cache_heads, check_token_ids, embedding_rows
 from .normalization import make_norm
 from .positions import position_table
 from .relative_bias import position_buckets
@@ -124,7 +124,7 @@ class Seq2SeqEncoder(_Seq2SeqStack):
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("Pass exactly one of `input_ids` or `inputs_embeds`.")
         if inputs_embeds is None:
-            check_token_ids(input_ids, self.embed_tokens.num_embeddings)
+            check_token_ids(input_ids, embedding_rows(self.embed_tokens))
             inputs_embeds = self.embed_tokens(input_ids)
         check_attention_mask(attention_mask, *inputs_embeds.shape[:2], keys="source tokens")
         inputs_embeds = inputs_embeds * self.embed_scale
@@ -204,7 +204,7 @@ class Seq2SeqDecoder(_Seq2SeqStack):
             raise ValueError("Pass exactly one of `decoder_input_ids` or `decoder_inputs_embeds`.")
         if inputs_embeds is None:
             field = "vocab_size" if self.config.share_encoder_decoder_embeddings else "decoder_vocab_size"
-            check_token_ids(input_ids, self.embed_tokens.num_embeddings, "decoder_input_ids", field)
+            check_token_ids(input_ids, embedding_rows(self.embed_tokens), "decoder_input_ids", field)
             inputs_embeds = self.embed_tokens(input_ids)
         inputs_embeds = inputs_embeds * self.embed_scale
         if use_cache and past_key_values is None:

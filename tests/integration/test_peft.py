@@ -311,3 +311,31 @@ def test_moe_helpers_find_a_router_and_experts_that_peft_wraps(monkeypatch):
     plain = DecoderForCausalLM(config).eval().model.layers[0]
     assert decode_block._moe_fits(plain, hidden)  # the check this test relies on passes for a plain layer
     assert not decode_block._moe_fits(model.eval().base_model.model.model.layers[0], hidden)
+
+
+EMBEDDING_CASES = {
+    "decoder": (lambda: DecoderForCausalLM(tiny_decoder_config()), 97, "CAUSAL_LM"),
+    "seq2seq": (lambda: Seq2SeqForConditionalGeneration(tiny_seq2seq_config(decoder_start_token_id=0)), 61, None),
+    "masked_lm": (lambda: EncoderForMaskedLM(tiny_seq2seq_config()), 61, None),
+}
+
+
+@pytest.mark.parametrize("case", EMBEDDING_CASES)
+def test_lora_on_the_token_embeddings_runs_and_still_checks_ids(case):
+    """LoRA on `embed_tokens` (as on Llama's or Bart's) wraps the embedding in PEFT's `Embedding`, which has no
+    `num_embeddings`: the forward's token-id check read it and every forward failed. The check stays."""
+    build, vocab, task = EMBEDDING_CASES[case]
+    model = build().eval()
+    ids = torch.arange(3, 11)[None, :]
+    inputs = {"input_ids": ids} | ({"decoder_input_ids": ids[:, :4]} if case == "seq2seq" else {})
+    with torch.no_grad():
+        before = model(**inputs).logits
+    adapted = get_peft_model(model, LoraConfig(r=2, target_modules=["embed_tokens"], task_type=task)).eval()
+    assert any(type(m).__name__ == "Embedding" and hasattr(m, "lora_embedding_A") for m in adapted.modules())
+    with torch.no_grad():
+        for name, parameter in adapted.named_parameters():
+            if "lora_embedding_" in name:  # (PEFT starts A at zero)
+                parameter.normal_()
+        assert (adapted(**inputs).logits - before).abs().max() > 1e-3
+        with pytest.raises(ValueError, match=f"outside the model's vocabulary: `vocab_size` is {vocab}"):
+            adapted(**(inputs | {"input_ids": ids + vocab}))
