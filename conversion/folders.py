@@ -24,15 +24,34 @@ def read_config(folder: Path) -> dict[str, Any]:
     return json.loads(path.read_text())
 
 
+# PEFT's files beside a model's weights (an adapter saved into the model's folder): neither the model's weights nor
+# something to copy (transformers reads a folder holding `adapter_config.json` as an adapter of another base model)
+ADAPTER_FILES = ("adapter_model.safetensors", "adapter_config.json")
+
+
+def weight_files(folder: Path) -> list[Path]:
+    """The model's safetensors files: those its index names, else `model.safetensors`, else every `*.safetensors`
+    but an adapter's."""
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        return [folder / name for name in sorted(set(json.loads(index.read_text())["weight_map"].values()))]
+    if (folder / "model.safetensors").is_file():
+        return [folder / "model.safetensors"]
+    return sorted(p for p in folder.glob("*.safetensors") if p.name not in ADAPTER_FILES)
+
+
 def load_state_dict(folder: Path) -> StateDict:
-    """All tensors of a folder's `model.safetensors` or sharded `model-*.safetensors` (pickles are refused)."""
-    files = sorted(folder.glob("*.safetensors"))
+    """All tensors of a folder's `model.safetensors` or the shards its index names (pickles are refused; a PEFT
+    adapter saved beside them is not the model's)."""
+    files = weight_files(folder)
     if not files:
         pickles = [p.name for p in folder.glob("*.bin")] + [p.name for p in folder.glob("*.pt")]
         hint = f" It has pickled weights ({', '.join(pickles)}); re-save them as safetensors first." if pickles else ""
         raise ConversionError(f"{folder} has no *.safetensors weights.{hint}")
     state_dict: StateDict = {}
     for file in files:
+        if not file.is_file():
+            raise ConversionError(f"{file} is missing: model.safetensors.index.json names it.")
         try:
             state_dict.update(load_file(str(file)))
         except SafetensorError as error:  # a truncated or empty file
@@ -43,7 +62,7 @@ def load_state_dict(folder: Path) -> StateDict:
 def copy_side_files(src: Path, dst: Path) -> None:
     """Tokenizer, generation config and other non-weight, non-code files travel along."""
     skip_suffixes = {".safetensors", ".bin", ".pt", ".pth", ".py"}
-    skip_names = {"config.json", "model.safetensors.index.json", "README.md"}
+    skip_names = {"config.json", "model.safetensors.index.json", "README.md", *ADAPTER_FILES}
     for path in src.iterdir():
         if path.is_file() and path.suffix not in skip_suffixes and path.name not in skip_names:
             shutil.copy2(path, dst / path.name)

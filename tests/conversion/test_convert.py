@@ -6,6 +6,7 @@ import sys
 
 import pytest
 import torch
+from peft import LoraConfig, get_peft_model
 from transformers import (
     AutoModelForCausalLM,
     AutoModelForSequenceClassification,
@@ -206,3 +207,25 @@ def test_a_classifier_whose_pad_token_ends_the_text_is_warned_about_both_ways(tm
     ids[:, -2:] = 2  # right padding
     with torch.no_grad():  # texts that do not end with the token: the same scores
         assert (arch(ids, attention_mask=mask).logits - reference(ids, attention_mask=mask).logits).abs().max() <= 1e-4
+
+
+def test_an_adapter_saved_beside_the_weights_is_neither_read_nor_copied(llama_folder, tmp_path):
+    """A PEFT adapter saved into the model's folder: its tensors were read as the model's ("tensors the converter does
+    not know"), and a copied `adapter_config.json` would make transformers load the new folder as an adapter. The
+    shards an index names are the weights, and one it names that is missing is named."""
+    src, reference = llama_folder
+    get_peft_model(LlamaForCausalLM(LlamaConfig(**TINY)), LoraConfig(target_modules=["q_proj"])).save_pretrained(src)
+    assert (src / "adapter_model.safetensors").is_file() and (src / "adapter_config.json").is_file()
+    convert_checkpoint(src, tmp_path / "arch")
+    assert not (tmp_path / "arch" / "adapter_config.json").exists()
+    ids = torch.randint(3, 97, (2, 9))
+    arch = AutoModelForCausalLM.from_pretrained(tmp_path / "arch").eval()
+    assert (arch(ids).logits - reference(ids).logits).abs().max() <= 1e-4
+
+    reference.save_pretrained(tmp_path / "sharded", max_shard_size="20KB")
+    shards = sorted((tmp_path / "sharded").glob("model-*.safetensors"))
+    assert len(shards) > 1
+    convert_checkpoint(tmp_path / "sharded", tmp_path / "from-shards")
+    shards[-1].unlink()
+    with pytest.raises(ConversionError, match=f"{shards[-1].name} is missing: model.safetensors.index.json names it"):
+        convert_checkpoint(tmp_path / "sharded", tmp_path / "incomplete")
