@@ -12,6 +12,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM
 from archlab.tokenization.training import load_tokenizer
 
 from .reporting import log
+from .task_data import message_text
 
 END_OF_TURN = "<|im_end|>"  # archlab's chat template closes every turn with it
 
@@ -217,7 +218,8 @@ def show_chat_example(
             disable_compile=True,  # one example: compiling the decoding step would cost more than it saves
         )
         answer = tokenizer.decode(output[0, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
-        turns = "\n".join(f"{m['role']}: {m['content']}" for m in prompt)
+        # (a content given as text parts shows as its text, as the template reads it, not as the list's repr)
+        turns = "\n".join(f"{m['role']}: {message_text(m['content'])}" for m in prompt)
         log(f"Example -- {turns}\nassistant:\n{answer}")
 
 

@@ -62,6 +62,16 @@ def test_the_example_answer_is_to_the_conversation_before_its_first_answer(chat_
     assert torch.equal(prompts[0], expected["input_ids"])
 
 
+def test_the_example_shows_a_content_of_text_parts_as_its_text(chat_model, capsys):
+    """A message whose content is a list of text parts (OpenAI's layout, which the template reads) was logged as
+    the list's repr: `user: [{'type': 'text', 'text': 'Say hi.'}]`."""
+    model, tokenizer = chat_model
+    parts = [{"type": "text", "text": "Say "}, {"type": "text", "text": "hi."}]
+    messages = [{"role": "user", "content": parts}, {"role": "assistant", "content": "hello there"}]
+    show_chat_example(model, tokenizer, {"messages": messages}, SimpleNamespace(messages_column="messages"))
+    assert "Example -- user: Say hi.\nassistant:\n" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("saved", [None, 2, [2, 5], [2]])
 def test_stop_ids_are_one_flat_list_with_the_end_of_a_turn_for_a_chat(chat_model, saved):
     """The generation config's eos (none: the tokenizer's; one id; a list) and, for a chat, `<|im_end|>` once: flat,
