@@ -141,7 +141,8 @@ def generate_text(
             streamer=streamer,
             **(dict(stop_strings=list(stop_strings), tokenizer=tokenizer) if stop_strings else {}),
         )
-    new_tokens = output[0] if seq2seq else output[0, inputs["input_ids"].shape[1] :]
+    # (a seq2seq output opens with the decoder's start token, which generate puts there and did not generate)
+    new_tokens = output[0, 1:] if seq2seq else output[0, inputs["input_ids"].shape[1] :]
     text = tokenizer.decode(new_tokens, skip_special_tokens=True)
     if not stream:
         print(prompt + text if continues_prompt else text)

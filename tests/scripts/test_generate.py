@@ -10,7 +10,7 @@ import torch
 import archlab
 from archlab.scripts import generate
 from archlab.tokenization.training import save_tokenizer, train_tokenizer
-from archlab.training.sampling import stop_at_the_end_of_a_turn
+from archlab.training.sampling import load_for_generation, stop_at_the_end_of_a_turn, stop_token_ids
 
 from helpers import REPO, tiny_decoder_config, tiny_seq2seq_config
 
@@ -133,6 +133,26 @@ def test_seq2seq_generation(saved: dict[str, Path], capsys) -> None:
         ]
     )
     assert isinstance(text, str) and "tokens generated" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("beams", ["1", "2"])
+def test_a_seq2seq_count_of_generated_tokens_leaves_out_the_start_token(saved: dict[str, Path], beams, capsys) -> None:
+    """The count logged after a seq2seq generation included the decoder's start token, which generate puts first:
+    `--max_new_tokens 5` run to its end logged "6 tokens generated"."""
+    model, tokenizer, _ = load_for_generation(str(saved["seq2seq"]), "cpu")
+    prompt = "def f(x): return x"
+    ids = model.generate(
+        **tokenizer(prompt, return_tensors="pt"),
+        max_new_tokens=5,
+        num_beams=int(beams),
+        do_sample=False,
+        eos_token_id=stop_token_ids(model, tokenizer, chat=False),
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    assert ids[0, 0] == model.config.decoder_start_token_id
+    flags = ["--model_name_or_path", str(saved["seq2seq"]), "--max_new_tokens", "5", "--num_beams", beams]
+    generate.main([*flags, "--prompt", prompt, "--do_sample", "false", "--stream", "false", "--device", "cpu"])
+    assert f"] {ids.shape[1] - 1} tokens generated" in capsys.readouterr().out
 
 
 def test_num_beams_alone_is_beam_search(saved: dict[str, Path], monkeypatch) -> None:
