@@ -129,6 +129,21 @@ class ArchlabTrainingArguments(TrainingArguments):
             "a finished model (it is replaced)."
         },
     )
+    do_predict: bool = field(
+        default=False,
+        metadata={
+            "help": "Refused: these scripts have no test split to predict; they evaluate the validation split before "
+            "and after training (predict with the saved folder: `pipeline(...)` or scripts/generate.py)."
+        },
+    )
+    resume_from_checkpoint: str | None = field(
+        default=None,
+        metadata={
+            "help": "true: go on from the newest checkpoint in --output_dir; or a checkpoint folder. Refused, before "
+            "any data is read, with another --block_size, number of examples per optimizer step, tokenizer or "
+            "architecture than the checkpoint's."
+        },
+    )
     bf16: bool | None = field(
         default=None,
         metadata={
