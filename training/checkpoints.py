@@ -90,8 +90,13 @@ def check_resumed_run_facts(resume: str | None, facts: dict[str, int]) -> None:
             + ", but these flags give "
             + ", ".join(str(facts[key]) for key in differ)
             + ": the resumed run would skip other data than the checkpoint trained on. Resume with the run's own "
-            "values (another per-device batch size is fine when --gradient_accumulation_steps keeps the product), "
-            "or start a new run in another --output_dir."
+            + "values"
+            + (
+                " (another per-device batch size is fine when --gradient_accumulation_steps keeps the product)"
+                if "examples_per_step" in differ
+                else ""
+            )
+            + ", or start a new run in another --output_dir."
         )
 
 
