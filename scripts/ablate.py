@@ -96,6 +96,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             f"--corpus_bytes must be at least {10 * (2 * args.seq_len + 3)} (a tenth of it holds validation sequences "
             f"of 2 x --seq_len + 1 bytes), got {args.corpus_bytes}"
         )
+    prompt = min(32, args.seq_len + 1)  # the timed decode's prompt: the first 32 bytes of a validation window
+    if prompt + args.decode_tokens > 4 * args.seq_len:  # the models' max_position_embeddings (ablation_variants.py)
+        # (a learned table failed at its first decode, after the variant had trained; RoPE warned and ran past it)
+        parser.error(
+            f"--decode_tokens {args.decode_tokens} after a {prompt}-byte prompt runs past the models' "
+            f"{4 * args.seq_len} positions (4 x --seq_len): use --decode_tokens <= {4 * args.seq_len - prompt} or a "
+            "longer --seq_len"
+        )
     if os.path.exists(args.output_dir) and not os.path.isdir(args.output_dir):
         parser.error(f"--output_dir {args.output_dir!r} is a file, not a folder")
     return args

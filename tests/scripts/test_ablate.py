@@ -56,6 +56,9 @@ def test_tiny_ablation_writes_table_json_and_plot(tmp_path):
         (["--corpus_bytes", "10"], "--corpus_bytes must be at least"),  # an empty validation split
         (["--lr", "-0.1"], "--lr must be > 0"),
         (["--corpus_bytes", "0"], "--corpus_bytes must be a positive integer"),
+        # past the position table (4 x --seq_len): learned positions failed after training, at the timed decode
+        (["--seq_len", "16"], "--decode_tokens 64 after a 17-byte prompt runs past the models' 64 positions"),
+        (["--seq_len", "128", "--decode_tokens", "481"], "use --decode_tokens <= 480"),
     ],
 )
 def test_bad_flags_are_refused(argv, message, capsys):
