@@ -39,9 +39,16 @@ DEFAULT_LIMITATIONS = (
 
 
 def _usage(
-    auto_class: str, pipeline_tag: str | None, model_id: str, has_tokenizer: bool, example: str, encoder_decoder: bool
+    auto_class: str,
+    pipeline_tag: str | None,
+    model_id: str,
+    has_tokenizer: bool,
+    example: str,
+    encoder_decoder: bool,
+    regression: bool = False,
 ) -> str:
-    """A snippet that runs as is against the saved folder (tested by executing it)."""
+    """A snippet that runs as is against the saved folder (tested by executing it); a regression head's prints its
+    value (its one output), not the placeholder label name `LABEL_0` that an argmax over one output always gives."""
     lines = [
         "import torch",
         f"from transformers import {auto_class}" + (", AutoTokenizer" if has_tokenizer else ""),
@@ -76,7 +83,7 @@ def _usage(
         lines += [
             "with torch.no_grad():",
             "    logits = model(**inputs).logits",
-            "print(model.config.id2label[int(logits.argmax(-1)[0])])",
+            "print(logits[0, 0].item())" if regression else "print(model.config.id2label[int(logits.argmax(-1)[0])])",
         ]
     elif pipeline_tag == "fill-mask" and has_tokenizer:
         lines[-1] = (
@@ -252,6 +259,7 @@ def write_model_card(
             has_tokenizer,
             example_text,
             encoder_decoder=bool(config.get("is_encoder_decoder")) and not architecture.endswith("ForMaskedLM"),
+            regression=config.get("problem_type") == "regression",
         ),
         hyperparameters=summary["hyperparameters"],
         results=summary["results"],

@@ -13,7 +13,7 @@ import torch
 from huggingface_hub import ModelCard
 from transformers import TrainerState, TrainingArguments
 
-from archlab import DecoderForCausalLM, registration
+from archlab import DecoderForCausalLM, DecoderForSequenceClassification, registration
 from archlab.model_cards import write_model_card
 from archlab.model_cards.facts import architecture_rows
 
@@ -236,6 +236,21 @@ def test_usage_snippet_runs_for_every_head_without_archlab(tmp_path):
     code = "\n".join(f"exec({snippet!r}, {{}})\nprint('SNIPPET-DONE')" for snippet in snippets)
     out = check(run_without_archlab(code, tmp_path / "isolated"))
     assert out.count("SNIPPET-DONE") == len(snippets)
+
+
+def test_a_regression_heads_snippet_prints_its_value_not_a_label(tmp_path, capsys):
+    """A classifier fine-tuned on float labels (problem_type "regression", one output): the snippet printed
+    `id2label[argmax]`, which over one output is always the placeholder "LABEL_0"."""
+    config = tiny_decoder_config(num_labels=1, problem_type="regression")
+    torch.manual_seed(0)
+    model = DecoderForSequenceClassification(config).eval()
+    folder = _save(model, tmp_path / "regressor")
+    snippet = re.search(r"```python\n(.*?)```", write_model_card(folder).read_text(), re.S).group(1)
+    assert "print(logits[0, 0].item())" in snippet and "id2label" not in snippet
+    exec(snippet.replace('"regressor"', repr(str(folder))), {})
+    with torch.no_grad():
+        expected = model(input_ids=torch.tensor([[1, 5, 6, 7, 8]])).logits[0, 0].item()
+    assert float(capsys.readouterr().out.strip().splitlines()[-1]) == pytest.approx(expected, rel=1e-5, abs=1e-6)
 
 
 def test_parameter_counts_of_a_sharded_checkpoint(tmp_path):
