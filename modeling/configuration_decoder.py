@@ -56,6 +56,11 @@ ROPE_POSITIVE_KEYS = ("factor", "original_max_position_embeddings")
 ROPE_NUMBER_KEYS = ("attention_factor", "beta_fast", "beta_slow", "low_freq_factor", "high_freq_factor", "mscale")
 
 
+def rope_type_of(parameters: dict) -> str:
+    """A RoPE parameter set's type (`rope_type`, the legacy `type`, else "default")."""
+    return parameters.get("rope_type", parameters.get("type", "default"))
+
+
 def rope_parameter_sets(rope_parameters: Any) -> list[dict]:
     """The parameter sets of `rope_parameters`: the dict itself, or its one dict per layer type."""
     if not isinstance(rope_parameters, dict):
@@ -69,7 +74,7 @@ def check_rope_parameters(rope_parameters: Any) -> None:
     number (transformers checks none of these: a theta or factor of 0 or below gives NaN or infinite frequencies that
     train silently, a partial factor above 1 a shape error in the first forward)."""
     for parameters in rope_parameter_sets(rope_parameters):
-        rope_type = parameters.get("rope_type", parameters.get("type", "default"))
+        rope_type = rope_type_of(parameters)
         if rope_type not in ROPE_TYPES:
             raise ValueError(
                 f"`rope_parameters['rope_type']`={rope_type!r} is not supported; allowed values: "
@@ -429,7 +434,7 @@ def _validate_unused_rope(config: Any) -> None:
     the default ones for every config, but a scaled rope type or a partial rotary factor asks for a RoPE variant that
     the model would silently not compute."""
     for parameters in rope_parameter_sets(config.rope_parameters):
-        rope_type = parameters.get("rope_type", parameters.get("type", "default"))
+        rope_type = rope_type_of(parameters)
         asked = [f"rope_type={rope_type!r}"] if rope_type != "default" else []
         if parameters.get("partial_rotary_factor", 1.0) != 1.0:
             asked.append(f"partial_rotary_factor={parameters['partial_rotary_factor']!r}")
@@ -458,7 +463,7 @@ def _validate_rotary_dimension(config: Any) -> None:
             f"The rotary dimension (`head_dim` {config.head_dim} x `rope_parameters['partial_rotary_factor']` "
             f"{partial} = {rotary_dim}) must be a positive even number: RoPE rotates pairs of channels."
         )
-    rope_type = config.rope_parameters.get("rope_type", config.rope_parameters.get("type"))
+    rope_type = rope_type_of(config.rope_parameters)
     if rope_type == "dynamic" and rotary_dim < 4:
         # dynamic NTK rescales the base by a power d / (d - 2): transformers divides by zero building the model
         raise ValueError(

@@ -169,13 +169,18 @@ def end_of_turn_id(tokenizer: Any) -> int | None:
     return ids[0] if ids and ids[0] in special else fallback
 
 
+def eos_ids(generation_config: Any) -> list[int]:
+    """A generation config's end-of-sequence ids as a list (none, one id, or several)."""
+    eos = generation_config.eos_token_id
+    return [] if eos is None else list(eos) if isinstance(eos, (list, tuple)) else [eos]
+
+
 def stop_token_ids(model: Any, tokenizer: Any, chat: bool) -> list[int]:
     """The ids `generate` stops at: the model's generation config's (one id or several; the tokenizer's eos when it
     has none), and with `chat` the chat template's end-of-turn token as well. (One id or a list was put in a list
     as it was: a fine-tuned chat model's config holds a list, and `generate` failed on the nested one with
     "TypeError: not a sequence".)"""
-    eos = model.generation_config.eos_token_id
-    ids = [] if eos is None else list(eos) if isinstance(eos, (list, tuple)) else [eos]
+    ids = eos_ids(model.generation_config)
     if not ids and tokenizer.eos_token_id is not None:
         ids = [tokenizer.eos_token_id]
     end = end_of_turn_id(tokenizer) if chat else None  # a chat turn ends with the template's end-of-turn token
@@ -190,8 +195,7 @@ def stop_at_the_end_of_a_turn(model: Any, tokenizer: Any) -> None:
     end = end_of_turn_id(tokenizer)
     if end is None:
         return
-    eos = model.generation_config.eos_token_id
-    ids = [] if eos is None else list(eos) if isinstance(eos, (list, tuple)) else [eos]
+    ids = eos_ids(model.generation_config)
     model.generation_config.eos_token_id = ids + [end] if end not in ids else ids
 
 

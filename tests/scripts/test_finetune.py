@@ -61,6 +61,14 @@ def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder
 
 
+def classification_args(out: Path, base: Path, train: Path, validation: Path, *extra: str) -> list[str]:
+    """`run_args` of `--task classification` from the model at `base` on the two CSV files, blocks of 32 tokens."""
+    files = ["--train_file", str(train), "--validation_file", str(validation)]
+    return run_args(
+        out, "--task", "classification", "--model_name_or_path", str(base), *files, "--block_size", "32", *extra
+    )
+
+
 def run_args(out: Path, *extra: str) -> list[str]:
     return [
         "--output_dir",
@@ -170,21 +178,7 @@ def test_instruct_end_to_end(tmp_path: Path, work: Path, capsys) -> None:
 
 def test_classification_end_to_end(tmp_path: Path, work: Path) -> None:
     out = tmp_path / "cls"
-    metrics = finetune.main(
-        run_args(
-            out,
-            "--task",
-            "classification",
-            "--model_name_or_path",
-            str(work / "base"),
-            "--train_file",
-            str(work / "train.csv"),
-            "--validation_file",
-            str(work / "validation.csv"),
-            "--block_size",
-            "32",
-        )
-    )
+    metrics = finetune.main(classification_args(out, work / "base", work / "train.csv", work / "validation.csv"))
     assert metrics["eval_accuracy"] >= 0.9 and metrics["eval_f1"] >= 0.9
     assert metrics["before_eval_accuracy"] < 0.9
     model = AutoModelForSequenceClassification.from_pretrained(out)
@@ -484,24 +478,9 @@ def test_float_labels_train_a_regression_head(tmp_path: Path, work: Path) -> Non
         ]
         Dataset.from_list(rows).to_csv(tmp_path / f"{name}.csv")
     out = tmp_path / "reg"
+    train, validation = tmp_path / "train.csv", tmp_path / "validation.csv"
     metrics = finetune.main(
-        run_args(
-            out,
-            "--task",
-            "classification",
-            "--model_name_or_path",
-            str(work / "base"),
-            "--train_file",
-            str(tmp_path / "train.csv"),
-            "--validation_file",
-            str(tmp_path / "validation.csv"),
-            "--label_column_name",
-            "score",
-            "--block_size",
-            "32",
-            "--max_steps",
-            "20",
-        )
+        classification_args(out, work / "base", train, validation, "--label_column_name", "score", "--max_steps", "20")
     )
     assert metrics["eval_mse"] == pytest.approx(metrics["eval_loss"], rel=1e-4)
     assert metrics["eval_mse"] < 0.02 < metrics["before_eval_mse"] and metrics["eval_pearson"] > 0.9
