@@ -289,7 +289,7 @@ class Seq2SeqForConditionalGeneration(FastDecodingMixin, Seq2SeqPreTrainedModel,
         self.set_input_embeddings(new)
         return self.get_input_embeddings()
 
-    def resize_decoder_token_embeddings(self, new_num_tokens: int) -> nn.Embedding:
+    def resize_decoder_token_embeddings(self, new_num_tokens: int | None) -> nn.Embedding:
         """Marian's: the target vocabulary of separate vocabularies -- the decoder's embeddings, the head (tied or
         not), `final_logits_bias` and `decoder_vocab_size`."""
         if self.config.share_encoder_decoder_embeddings:
@@ -298,6 +298,8 @@ class Seq2SeqForConditionalGeneration(FastDecodingMixin, Seq2SeqPreTrainedModel,
                 "`share_encoder_decoder_embeddings` is True: use `resize_token_embeddings`."
             )
         decoder = self.get_decoder()
+        if new_num_tokens is None:  # Marian's: the target embeddings as they are
+            return decoder.embed_tokens
         decoder.embed_tokens = self._get_resized_embeddings(decoder.embed_tokens, new_num_tokens)
         if not self.config.tie_word_embeddings:
             self.lm_head = self._get_resized_lm_head(self.lm_head, new_num_tokens)

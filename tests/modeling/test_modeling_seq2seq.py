@@ -467,6 +467,16 @@ def test_separate_vocabularies_resize_each_side_on_its_own(tmp_path, tied):
         tiny().resize_decoder_token_embeddings(70)
 
 
+def test_resize_decoder_token_embeddings_to_none_changes_nothing():
+    """As Marian's (and `resize_token_embeddings(None)`): None returns the target embeddings as they are; it raised a
+    TypeError building the new `final_logits_bias`."""
+    config = Seq2SeqConfig(**TINY_SEQ2SEQ, share_encoder_decoder_embeddings=False, decoder_vocab_size=53)
+    model = Seq2SeqForConditionalGeneration(config).eval()
+    embeddings = model.resize_decoder_token_embeddings(None)
+    assert embeddings is model.model.decoder.embed_tokens and embeddings.weight.shape[0] == 53
+    assert model.config.decoder_vocab_size == model.final_logits_bias.shape[1] == model.lm_head.weight.shape[0] == 53
+
+
 @pytest.mark.parametrize("model_class", [Seq2SeqModel, EncoderForMaskedLM])
 @pytest.mark.parametrize("size", [40, 70])
 def test_resized_base_model_and_masked_lm_save_and_load(tmp_path, model_class, size):
