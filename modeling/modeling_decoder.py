@@ -59,6 +59,12 @@ class DecoderPreTrainedModel(ArchlabPreTrainedModel):
         # raises on a listed class the model does not contain. The class attribute keeps every block.
         self._no_split_modules = [BLOCKS[config.norm_position].__name__]
 
+    def resize_token_embeddings(self, *args, **kwargs) -> nn.Embedding:
+        """transformers' resize, and a warning when the new size drops `pad_token_id` or `bos_token_id`."""
+        embeddings = super().resize_token_embeddings(*args, **kwargs)
+        self._warn_if_resize_left_an_unsavable_config(f"resize_token_embeddings to {embeddings.weight.shape[0]}")
+        return embeddings
+
 
 class DecoderModel(DecoderPreTrainedModel):
     """The decoder stack without a head: returns the final-normed hidden states."""

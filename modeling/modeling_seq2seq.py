@@ -113,6 +113,7 @@ class Seq2SeqPreTrainedModel(ArchlabPreTrainedModel):
         embeddings = super().resize_token_embeddings(*args, **kwargs)
         if self.config.share_encoder_decoder_embeddings:
             self.config.decoder_vocab_size = embeddings.weight.shape[0]
+        self._warn_if_resize_left_an_unsavable_config(f"resize_token_embeddings to {embeddings.weight.shape[0]}")
         return embeddings
 
 
@@ -309,6 +310,7 @@ class Seq2SeqForConditionalGeneration(FastDecodingMixin, Seq2SeqPreTrainedModel,
         self.final_logits_bias = bias
         self.config.decoder_vocab_size = new_num_tokens
         self.tie_weights()
+        self._warn_if_resize_left_an_unsavable_config(f"resize_decoder_token_embeddings to {new_num_tokens}")
         return decoder.embed_tokens
 
     def _reorder_cache(self, past_key_values: EncoderDecoderCache, beam_idx: torch.LongTensor) -> EncoderDecoderCache:

@@ -16,6 +16,7 @@ import torch
 from torch import nn
 from transformers import initialization as init
 from transformers.modeling_utils import PreTrainedModel
+from transformers.utils import logging
 
 from .hub_mixin import HubMixin
 from .import_hooks import after_import
@@ -26,6 +27,8 @@ from .positions import ALiBiBias, alibi_slopes
 from .signatures import keep_signatures
 from .sinusoidal import SinusoidalPositionalEmbedding, sinusoid_table
 from .validation import check_attention_backend
+
+logger = logging.get_logger(__name__)
 
 
 class ArchlabPreTrainedModel(HubMixin, PreTrainedModel):
@@ -52,6 +55,19 @@ class ArchlabPreTrainedModel(HubMixin, PreTrainedModel):
     def _flex_attn_can_dispatch(self, is_init_check: bool = False) -> bool:
         check_attention_backend(self.config, "flex_attention")
         return super()._flex_attn_can_dispatch(is_init_check)
+
+    def _warn_if_resize_left_an_unsavable_config(self, resize: str) -> None:
+        """After a vocabulary resize: a special-token id the smaller vocabulary no longer holds (`pad_token_id`, ...)
+        makes the config one that `save_pretrained` refuses (its checks run again at save time), which a Trainer
+        run would find only at its first checkpoint. Said here, at the resize; setting the ids afterwards (the
+        order a new tokenizer suggests) is fine, so it is not refused."""
+        try:
+            self.config.validate_architecture()
+        except ValueError as error:
+            logger.warning(
+                f"{resize} leaves a config that `save_pretrained` refuses: {error} Set it to an id of the resized "
+                "vocabulary (or None) before saving."
+            )
 
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:

@@ -1,6 +1,7 @@
 """DecoderModel / DecoderForCausalLM behaviour: shapes, cache, backends, padding, outputs, checkpointing, save/load."""
 
 import json
+import logging
 import subprocess
 import sys
 
@@ -160,6 +161,22 @@ def test_save_load_round_trip_and_bf16(tmp_path):
     half = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.bfloat16)
     assert half.model.embed_tokens.weight.dtype == torch.bfloat16
     assert half(ids).logits.dtype == torch.bfloat16
+
+
+def test_resize_below_a_special_token_id_warns_at_the_resize(tmp_path, caplog):
+    """A smaller vocabulary without `pad_token_id` makes a config that `save_pretrained` refuses: said at the resize
+    (before, the first word came from the first save, a Trainer's first checkpoint). Setting the id afterwards
+    saves; a resize that keeps the ids says nothing."""
+    model = DecoderForCausalLM(tiny_decoder_config(pad_token_id=95)).eval()
+    with caplog.at_level(logging.WARNING, logger="archlab.modeling.pretrained"):
+        model.resize_token_embeddings(100, mean_resizing=False)
+        assert not caplog.records
+        model.resize_token_embeddings(80)
+    (warning,) = [record.getMessage() for record in caplog.records]
+    assert "resize_token_embeddings to 80" in warning and "`pad_token_id` (95)" in warning
+    model.config.pad_token_id = 0
+    model.save_pretrained(tmp_path)
+    assert AutoModelForCausalLM.from_pretrained(tmp_path).config.vocab_size == 80
 
 
 def test_save_load_in_a_fresh_process(tmp_path):

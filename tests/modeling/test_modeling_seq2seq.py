@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -475,6 +477,21 @@ def test_resize_decoder_token_embeddings_to_none_changes_nothing():
     embeddings = model.resize_decoder_token_embeddings(None)
     assert embeddings is model.model.decoder.embed_tokens and embeddings.weight.shape[0] == 53
     assert model.config.decoder_vocab_size == model.final_logits_bias.shape[1] == model.lm_head.weight.shape[0] == 53
+
+
+def test_resize_below_a_special_token_id_warns_at_the_resize(caplog):
+    """Either side's resize that drops `pad_token_id` / `decoder_start_token_id` says so at once: `save_pretrained`
+    refuses that config, and was the first to say it."""
+    separate = dict(share_encoder_decoder_embeddings=False, decoder_vocab_size=53, decoder_start_token_id=50)
+    model = Seq2SeqForConditionalGeneration(Seq2SeqConfig(**TINY_SEQ2SEQ, **separate))
+    with caplog.at_level(logging.WARNING, logger="archlab.modeling.pretrained"):
+        model.resize_token_embeddings(55)  # the source side keeps every id
+        assert not caplog.records
+        model.resize_decoder_token_embeddings(40)
+        model.resize_token_embeddings(45)
+    first, second = [record.getMessage() for record in caplog.records]
+    assert "resize_decoder_token_embeddings to 40" in first and "`decoder_start_token_id` (50)" in first
+    assert "resize_token_embeddings to 45" in second
 
 
 @pytest.mark.parametrize("model_class", [Seq2SeqModel, EncoderForMaskedLM])
