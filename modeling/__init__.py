@@ -12,7 +12,7 @@ from .modeling_decoder import (
     DecoderModel,
     DecoderPreTrainedModel,
 )
-from .modeling_masked_lm import EncoderForMaskedLM
+from .modeling_masked_lm import EncoderForMaskedLM, EncoderModel
 from .modeling_seq2seq import Seq2SeqForConditionalGeneration, Seq2SeqModel, Seq2SeqPreTrainedModel
 
 __all__ = [
@@ -25,5 +25,6 @@ __all__ = [
     "Seq2SeqPreTrainedModel",
     "Seq2SeqModel",
     "Seq2SeqForConditionalGeneration",
+    "EncoderModel",
     "EncoderForMaskedLM",
 ]

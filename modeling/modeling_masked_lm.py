@@ -1,4 +1,6 @@
-"""`EncoderForMaskedLM`: archlab's encoder stack alone, with a masked-language-model head (BERT; Devlin et al. 2019).
+"""`EncoderForMaskedLM`: archlab's encoder stack alone, with a masked-language-model head (BERT; Devlin et al. 2019);
+and `EncoderModel`, the same stack without the head (BERT's `BertModel`): what `AutoModel` and
+`pipeline("feature-extraction")` load from a masked LM's folder.
 
 Seed 001 walks through the Hugging Face workflow for it (train a WordPiece tokenizer, mask 15 % of the tokens with
 `DataCollatorForLanguageModeling`, train with `Trainer`, query with `pipeline("fill-mask")`); seed 003 places it
@@ -15,7 +17,7 @@ import torch
 from torch import nn
 from transformers import initialization as init
 from transformers.activations import ACT2FN
-from transformers.modeling_outputs import MaskedLMOutput
+from transformers.modeling_outputs import BaseModelOutput, MaskedLMOutput
 
 from .configuration_seq2seq import Seq2SeqConfig
 from .losses import IGNORE_INDEX, causal_lm_loss
@@ -39,7 +41,96 @@ class MaskedLMHead(nn.Module):
         return self.decoder(self.layer_norm(self.act_fn(self.dense(hidden_states)))) + self.bias
 
 
-class EncoderForMaskedLM(Seq2SeqPreTrainedModel):
+class EncoderOnlyPreTrainedModel(Seq2SeqPreTrainedModel):
+    """What `EncoderModel` and `EncoderForMaskedLM` share: the encoder stack of `Seq2SeqModel` as `self.encoder`
+    (the same weight names in both, so either loads the other's folder), and no decoder."""
+
+    _no_split_modules = ["Seq2SeqEncoderLayer"]  # no decoder: accelerate's FSDP wrap policy refuses absent classes
+    _own_prefixes: tuple[str, ...] = ("encoder.",)
+
+    def _build_encoder(self, config: Seq2SeqConfig) -> None:
+        padding_idx = None if config.train_pad_embedding else config.pad_token_id  # as Seq2SeqModel
+        self.encoder = Seq2SeqEncoder(config, nn.Embedding(config.vocab_size, config.d_model, padding_idx))
+
+    def init_parallel_plans(self) -> None:
+        """The config's TP/FSDP plans cover the encoder-decoder; this model is the encoder alone, so the decoder's and
+        `shared`'s rules (which would match nothing here) are dropped."""
+        super().init_parallel_plans()
+        own = self._own_prefixes
+        self._tp_plan = {name: style for name, style in self._tp_plan.items() if name.startswith(own)}
+        self._fsdp_plan = {name: style for name, style in self._fsdp_plan.items() if name.startswith(own)}
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.encoder.embed_tokens
+
+    def set_input_embeddings(self, value: nn.Embedding) -> None:
+        self.encoder.embed_tokens = value
+
+    def _encode(
+        self,
+        input_ids,
+        attention_mask,
+        position_ids,
+        token_type_ids,
+        inputs_embeds,
+        output_attentions,
+        output_hidden_states,
+        **kwargs,
+    ) -> BaseModelOutput:
+        return self.encoder(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            token_type_ids=token_type_ids,
+            inputs_embeds=inputs_embeds,
+            output_attentions=output_attentions if output_attentions is not None else self.config.output_attentions,
+            output_hidden_states=(
+                output_hidden_states if output_hidden_states is not None else self.config.output_hidden_states
+            ),
+            return_dict=True,
+            **kwargs,
+        )
+
+
+class EncoderModel(EncoderOnlyPreTrainedModel):
+    """The encoder stack without a head (BERT's `BertModel`): returns its last hidden states, for sentence
+    embeddings or a head of one's own. It loads a masked LM's folder (the head's weights are left out), and
+    `AutoModel` / `pipeline("feature-extraction")` give it for one (see `Seq2SeqModel.from_pretrained`)."""
+
+    _keys_to_ignore_on_load_unexpected = [r"^lm_head\."]  # a masked LM's head, as BertModel ignores `cls.*`
+
+    def __init__(self, config: Seq2SeqConfig) -> None:
+        super().__init__(config)
+        self._build_encoder(config)
+        self.post_init()
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        position_ids: torch.LongTensor | None = None,
+        **kwargs,
+    ) -> BaseModelOutput | tuple:
+        return_dict = return_dict if return_dict is not None else self.config.return_dict
+        outputs = self._encode(
+            input_ids,
+            attention_mask,
+            position_ids,
+            token_type_ids,
+            inputs_embeds,
+            output_attentions,
+            output_hidden_states,
+            **kwargs,
+        )
+        return outputs if return_dict else outputs.to_tuple()
+
+
+class EncoderForMaskedLM(EncoderOnlyPreTrainedModel):
     """The encoder stack + `MaskedLMHead`; `labels` are -100 except at the masked positions.
 
     In training, the head runs only on the positions that carry a label (about 15 % of them with the standard
@@ -47,24 +138,15 @@ class EncoderForMaskedLM(Seq2SeqPreTrainedModel):
     """
 
     _tied_weights_keys = {"lm_head.decoder.weight": "encoder.embed_tokens.weight"}
-    _no_split_modules = ["Seq2SeqEncoderLayer"]  # no decoder: accelerate's FSDP wrap policy refuses absent classes
     # the projection split by vocabulary rows like the embedding it is tied to, the logits gathered
     _tp_plan = {"lm_head.decoder": "colwise_gather_output"}
+    _own_prefixes = ("encoder.", "lm_head.")
 
     def __init__(self, config: Seq2SeqConfig) -> None:
         super().__init__(config)
-        padding_idx = None if config.train_pad_embedding else config.pad_token_id  # as Seq2SeqModel
-        self.encoder = Seq2SeqEncoder(config, nn.Embedding(config.vocab_size, config.d_model, padding_idx))
+        self._build_encoder(config)
         self.lm_head = MaskedLMHead(config)
         self.post_init()
-
-    def init_parallel_plans(self) -> None:
-        """The config's TP/FSDP plans cover the encoder-decoder; this model is the encoder alone, so the decoder's and
-        `shared`'s rules (which would match nothing here) are dropped."""
-        super().init_parallel_plans()
-        own = ("encoder.", "lm_head.")
-        self._tp_plan = {name: style for name, style in self._tp_plan.items() if name.startswith(own)}
-        self._fsdp_plan = {name: style for name, style in self._fsdp_plan.items() if name.startswith(own)}
 
     def resize_token_embeddings(self, *args, **kwargs) -> nn.Embedding:
         """The head's per-token bias follows the vocabulary (kept entries keep their value, new ones start at 0)."""
@@ -82,12 +164,6 @@ class EncoderForMaskedLM(Seq2SeqPreTrainedModel):
         super()._init_weights(module)
         if isinstance(module, MaskedLMHead):
             init.zeros_(module.bias)
-
-    def get_input_embeddings(self) -> nn.Embedding:
-        return self.encoder.embed_tokens
-
-    def set_input_embeddings(self, value: nn.Embedding) -> None:
-        self.encoder.embed_tokens = value
 
     def get_output_embeddings(self) -> nn.Linear:
         return self.lm_head.decoder
@@ -112,17 +188,14 @@ class EncoderForMaskedLM(Seq2SeqPreTrainedModel):
         r"""position_ids (`torch.LongTensor` of shape `(batch, T)`, *optional*): packed documents (positions restart
         at each one, as `pack_documents(..., causal_labels=False)` writes them) attend only within themselves."""
         return_dict = return_dict if return_dict is not None else self.config.return_dict
-        outputs = self.encoder(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            position_ids=position_ids,
-            token_type_ids=token_type_ids,
-            inputs_embeds=inputs_embeds,
-            output_attentions=output_attentions if output_attentions is not None else self.config.output_attentions,
-            output_hidden_states=(
-                output_hidden_states if output_hidden_states is not None else self.config.output_hidden_states
-            ),
-            return_dict=True,
+        outputs = self._encode(
+            input_ids,
+            attention_mask,
+            position_ids,
+            token_type_ids,
+            inputs_embeds,
+            output_attentions,
+            output_hidden_states,
             **kwargs,
         )
         hidden_states = outputs.last_hidden_state  # (B, T, d)
@@ -148,4 +221,4 @@ class EncoderForMaskedLM(Seq2SeqPreTrainedModel):
         return output if return_dict else output.to_tuple()
 
 
-__all__ = ["EncoderForMaskedLM", "MaskedLMHead"]
+__all__ = ["EncoderForMaskedLM", "EncoderModel", "EncoderOnlyPreTrainedModel", "MaskedLMHead"]

@@ -117,6 +117,25 @@ class Seq2SeqPreTrainedModel(ArchlabPreTrainedModel):
         return embeddings
 
 
+ENCODER_ONLY_FOLDERS = (["EncoderForMaskedLM"], ["EncoderModel"])
+_HUB_ARGUMENTS = ("cache_dir", "force_download", "local_files_only", "token", "revision", "subfolder", "proxies")
+
+
+def _architectures(pretrained_model_name_or_path, kwargs: dict) -> list[str] | None:
+    """The `architectures` of the config `from_pretrained` will use (None where it cannot be read here: loading
+    then reports the problem itself)."""
+    config = kwargs.get("config")
+    if isinstance(config, Seq2SeqConfig):
+        return config.architectures
+    try:
+        config_dict, _ = Seq2SeqConfig.get_config_dict(
+            config or pretrained_model_name_or_path, **{k: kwargs[k] for k in _HUB_ARGUMENTS if k in kwargs}
+        )
+    except (OSError, ValueError, TypeError):
+        return None
+    return config_dict.get("architectures")
+
+
 class Seq2SeqModel(Seq2SeqPreTrainedModel):
     """Encoder + decoder without a head; returns the decoder's last hidden states and the encoder's output."""
 
@@ -139,6 +158,17 @@ class Seq2SeqModel(Seq2SeqPreTrainedModel):
         self.encoder = Seq2SeqEncoder(config, encoder_embeddings)
         self.decoder = Seq2SeqDecoder(config, decoder_embeddings)
         self.post_init()
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):
+        """A masked LM's folder (or an `EncoderModel`'s) gives its encoder, `EncoderModel`, as `BertModel` does for a
+        BERT folder: `AutoModel` maps the seq2seq config to this class, and building it there made a decoder of
+        random weights that then asked for `decoder_input_ids` (`pipeline("feature-extraction")` failed)."""
+        if cls is Seq2SeqModel and _architectures(pretrained_model_name_or_path, kwargs) in ENCODER_ONLY_FOLDERS:
+            from .modeling_masked_lm import EncoderModel  # (it imports this module)
+
+            return EncoderModel.from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
+        return super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
 
     def get_expanded_tied_weights_keys(self, all_submodels: bool = False) -> dict[str, str]:
         """transformers expands `_tied_weights_keys` only under `tie_word_embeddings`, the head's tie; a shared

@@ -22,6 +22,7 @@ from .modeling import (
     DecoderForSequenceClassification,
     DecoderModel,
     EncoderForMaskedLM,
+    EncoderModel,
     Seq2SeqConfig,
     Seq2SeqForConditionalGeneration,
     Seq2SeqModel,
@@ -36,6 +37,10 @@ MODEL_REGISTRY = [
     (AutoModelForSeq2SeqLM, Seq2SeqConfig, Seq2SeqForConditionalGeneration),
     (AutoModelForMaskedLM, Seq2SeqConfig, EncoderForMaskedLM),
 ]
+# Named in a saved folder's `auto_map` only: `AutoModel` of the seq2seq config is `Seq2SeqModel`, which hands a
+# masked LM's folder to `EncoderModel` itself (`Seq2SeqModel.from_pretrained`); where archlab is not installed,
+# a masked LM's folder names `EncoderModel` as its `AutoModel`.
+AUTO_MAP_ONLY = [(AutoModel, EncoderModel)]
 
 _done = False
 
@@ -49,5 +54,7 @@ def register_all() -> None:
         config_class.register_for_auto_class("AutoConfig")
     for auto_class, config_class, model_class in MODEL_REGISTRY:
         auto_class.register(config_class, model_class, exist_ok=True)
+        model_class.register_for_auto_class(auto_class.__name__)
+    for auto_class, model_class in AUTO_MAP_ONLY:
         model_class.register_for_auto_class(auto_class.__name__)
     _done = True

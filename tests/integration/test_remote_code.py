@@ -188,6 +188,18 @@ def saved(tmp_path_factory) -> dict:
                 resave=str(root / f"resaved_causal_as_{auto_name}"),
             )
         )
+    # a masked LM's folder opened as a base model: its encoder (as BertModel from a BERT folder), not an
+    # encoder-decoder with a random decoder
+    jobs.append(
+        dict(
+            name="masked_lm_as_AutoModel",
+            auto="AutoModel",
+            folder=str(cases["EncoderForMaskedLM"]["folder"]),
+            inputs=str(root / "inputs_EncoderForMaskedLM.safetensors"),
+            output=str(root / "output_masked_lm_as_AutoModel.safetensors"),
+            resave=str(root / "resaved_masked_lm_as_AutoModel"),
+        )
+    )
     return dict(root=root, cases=cases, jobs=jobs)
 
 
@@ -294,6 +306,18 @@ def test_causal_lm_folder_opens_as_every_head_without_archlab(exported, auto_nam
         with torch.no_grad():
             expected = case["model"].model(**case["inputs"]).last_hidden_state
         torch.testing.assert_close(hidden, expected, rtol=0, atol=1e-6)
+
+
+@pytest.mark.slow
+def test_masked_lm_folder_opens_as_its_encoder_without_archlab(exported):
+    case = exported["cases"]["EncoderForMaskedLM"]
+    result = exported["results"]["masked_lm_as_AutoModel"]
+    assert "error" not in result, result.get("error")
+    assert result["class"] == "EncoderModel"
+    hidden = load_file(exported["root"] / "output_masked_lm_as_AutoModel.safetensors")["output"]
+    with torch.no_grad():
+        expected = case["model"].encoder(**case["inputs"]).last_hidden_state
+    torch.testing.assert_close(hidden, expected, rtol=0, atol=1e-6)
 
 
 def _imports(path: Path):

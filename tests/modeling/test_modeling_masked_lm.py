@@ -6,6 +6,7 @@ import pytest
 import torch
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors, trainers
 from transformers import (
+    AutoModel,
     AutoModelForMaskedLM,
     DataCollatorForLanguageModeling,
     PreTrainedTokenizerFast,
@@ -14,7 +15,7 @@ from transformers import (
     pipeline,
 )
 
-from archlab import EncoderForMaskedLM, Seq2SeqConfig
+from archlab import EncoderForMaskedLM, EncoderModel, Seq2SeqConfig, Seq2SeqModel
 
 WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu".split()
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
@@ -116,6 +117,36 @@ def test_fill_mask_pipeline_and_save_load(tokenizer, tmp_path):
         ids = tokenizer("alpha beta [MASK] delta", return_tensors="pt")
         top = model(**ids).logits[0, 3].topk(3).indices.tolist()
     assert [p["token"] for p in predictions] == top
+
+
+def test_auto_model_of_a_masked_lm_folder_is_its_encoder(tokenizer, tmp_path):
+    """As `BertModel` for a BERT folder: `AutoModel` and `pipeline("feature-extraction")` give the encoder's hidden
+    states (they built an encoder-decoder with a random decoder, which then asked for `decoder_input_ids`), and the
+    encoder's folder opens as a masked LM again (a new head, the encoder kept)."""
+    torch.manual_seed(0)
+    model = tiny_mlm(tokenizer).eval()
+    model.save_pretrained(tmp_path / "mlm")
+    tokenizer.save_pretrained(tmp_path / "mlm")
+    ids = tokenizer("alpha beta gamma delta", return_tensors="pt")
+    with torch.no_grad():
+        expected = model.encoder(input_ids=ids["input_ids"]).last_hidden_state
+    for loaded in (AutoModel.from_pretrained(tmp_path / "mlm"), Seq2SeqModel.from_pretrained(tmp_path / "mlm")):
+        assert type(loaded) is EncoderModel
+        with torch.no_grad():
+            torch.testing.assert_close(loaded(**ids).last_hidden_state, expected, rtol=0, atol=1e-6)
+    features = pipeline("feature-extraction", model=str(tmp_path / "mlm"))("alpha beta gamma delta")
+    torch.testing.assert_close(torch.tensor(features), expected, rtol=0, atol=1e-5)
+
+    AutoModel.from_pretrained(tmp_path / "mlm").save_pretrained(tmp_path / "encoder")
+    assert type(AutoModel.from_pretrained(tmp_path / "encoder")) is EncoderModel
+    again = AutoModelForMaskedLM.from_pretrained(tmp_path / "encoder")
+    torch.testing.assert_close(again.encoder.embed_tokens.weight, model.encoder.embed_tokens.weight)
+
+
+def test_auto_model_of_an_encoder_decoder_folder_stays_the_encoder_decoder(tmp_path):
+    config = tiny_mlm(wordpiece_tokenizer()).config
+    Seq2SeqModel(config).save_pretrained(tmp_path)
+    assert type(AutoModel.from_pretrained(tmp_path)) is Seq2SeqModel
 
 
 @pytest.mark.slow
