@@ -46,9 +46,11 @@ def _usage(
     example: str,
     encoder_decoder: bool,
     regression: bool = False,
+    multi_label: bool = False,
 ) -> str:
     """A snippet that runs as is against the saved folder (tested by executing it); a regression head's prints its
-    value (its one output), not the placeholder label name `LABEL_0` that an argmax over one output always gives."""
+    value (its one output), not the placeholder label name `LABEL_0` that an argmax over one output always gives; a
+    multi-label head's the classes whose sigmoid is above 0.5 (its argmax would be one class of the set)."""
     lines = [
         "import torch",
         f"from transformers import {auto_class}" + (", AutoTokenizer" if has_tokenizer else ""),
@@ -83,8 +85,13 @@ def _usage(
         lines += [
             "with torch.no_grad():",
             "    logits = model(**inputs).logits",
-            "print(logits[0, 0].item())" if regression else "print(model.config.id2label[int(logits.argmax(-1)[0])])",
         ]
+        if regression:
+            lines.append("print(logits[0, 0].item())")
+        elif multi_label:
+            lines.append("print([model.config.id2label[i] for i, p in enumerate(logits[0].sigmoid()) if p > 0.5])")
+        else:
+            lines.append("print(model.config.id2label[int(logits.argmax(-1)[0])])")
     elif pipeline_tag == "fill-mask" and has_tokenizer:
         lines[-1] = (
             f"inputs = tokenizer({example!r} + ' ' + tokenizer.mask_token, return_tensors=\"pt\", "
@@ -260,6 +267,7 @@ def write_model_card(
             example_text,
             encoder_decoder=bool(config.get("is_encoder_decoder")) and not architecture.endswith("ForMaskedLM"),
             regression=config.get("problem_type") == "regression",
+            multi_label=config.get("problem_type") == "multi_label_classification",
         ),
         hyperparameters=summary["hyperparameters"],
         results=summary["results"],

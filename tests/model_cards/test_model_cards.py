@@ -259,3 +259,19 @@ def test_parameter_counts_of_a_sharded_checkpoint(tmp_path):
     assert (tmp_path / "m" / "model.safetensors.index.json").is_file()
     text = write_model_card(tmp_path / "m").read_text()
     assert _count(text, "in total") == sum(p.numel() for p in model.parameters())
+
+
+def test_a_multi_label_heads_snippet_prints_the_classes_over_one_half(tmp_path, capsys):
+    """A classifier fine-tuned on lists of labels (problem_type "multi_label_classification"): the snippet printed
+    `id2label[argmax]`, one class, where the head scores each class by its own sigmoid."""
+    config = tiny_decoder_config(id2label={0: "a", 1: "b", 2: "c"}, problem_type="multi_label_classification")
+    torch.manual_seed(0)
+    model = DecoderForSequenceClassification(config).eval()
+    folder = _save(model, tmp_path / "tagger")
+    snippet = re.search(r"```python\n(.*?)```", write_model_card(folder).read_text(), re.S).group(1)
+    assert "sigmoid()" in snippet and "argmax" not in snippet
+    exec(snippet.replace('"tagger"', repr(str(folder))), {})
+    with torch.no_grad():
+        probabilities = model(input_ids=torch.tensor([[1, 5, 6, 7, 8]])).logits[0].sigmoid()
+    expected = [name for name, p in zip("abc", probabilities) if p > 0.5]
+    assert capsys.readouterr().out.strip().splitlines()[-1] == repr(expected)
