@@ -132,7 +132,7 @@ class ArchlabTrainingArguments(TrainingArguments):
     do_predict: bool = field(
         default=False,
         metadata={
-            "help": "Refused: these scripts have no test split to predict; they evaluate the validation split before "
+            "help": "Refused: this script has no test split to predict; it evaluates the validation split before "
             "and after training (predict with the saved folder: `pipeline(...)` or scripts/generate.py)."
         },
     )
@@ -278,9 +278,10 @@ def check_data_flags(data_args: DataArguments, training_args: TrainingArguments)
     check_flag_positive(data_args, ("max_train_samples", "max_eval_samples"), " (or unset: all)")
 
 
-def check_training_flags(args: TrainingArguments) -> None:
+def check_training_flags(args: TrainingArguments, predicts: bool = False) -> None:
     """`TrainingArguments` values the Trainer would misuse without a word (--max_steps 0 trains one step and -5 a
-    whole epoch; --save_steps 0 never saves) or reject only once training starts, after the data is prepared."""
+    whole epoch; --save_steps 0 never saves) or reject only once training starts, after the data is prepared.
+    `predicts`: the script predicts a test split under --do_predict (the others refuse the flag)."""
     if args.max_steps == 0 or args.max_steps < -1:
         raise ValueError(
             f"--max_steps must be >= 1, or -1 (unset: train --num_train_epochs epochs), got {args.max_steps}."
@@ -306,12 +307,12 @@ def check_training_flags(args: TrainingArguments) -> None:
             "--fp16 runs only on a GPU (accelerate has no fp16 autocast on the CPU, so the run would silently train in "
             "float32): leave it out, or use --bf16 true --use_cpu true for bf16 autocast on the CPU."
         )
-    if args.do_predict:
+    if args.do_predict and not predicts:
         # transformers' example scripts predict a --test_file under --do_predict; here it was accepted and ignored
         raise ValueError(
-            "--do_predict: these scripts have no test split to predict (run_glue.py's --test_file); they evaluate the "
-            "validation split before and after training. Predict with the saved folder: `pipeline(...)` or "
-            "scripts/generate.py."
+            "--do_predict: this script has no test split to predict; it evaluates the validation split before and "
+            "after training (scripts/finetune.py predicts a --test_file). Predict with the saved folder: "
+            "`pipeline(...)` or scripts/generate.py."
         )
     if args.use_liger_kernel:
         check_liger_can_run(args)

@@ -7,11 +7,20 @@
       python scripts/finetune.py --task instruct --model_name_or_path runs/pretrain --output_dir runs/chat
 - `classification`: sequence classification from a decoder's last token (as GPT fine-tuning does), from a CSV/JSON
   with text and label columns; reports accuracy and macro-F1. Float labels are regression targets (one output,
-  mean squared error), as run_glue.py reads them; reports MSE and Pearson's r.
+  mean squared error), as run_glue.py reads them; reports MSE and Pearson's r. A list of labels per row (JSON) is
+  multi-label classification, as run_classification.py reads it (one sigmoid output per class, binary
+  cross-entropy); reports subset accuracy and micro-F1.
       python scripts/finetune.py --task classification --model_name_or_path runs/pretrain --train_file reviews.csv
 - `seq2seq`: encoder-decoder fine-tuning, by default on the embedded code -> docstring-first-sentence task,
-  evaluated by generation with sacrebleu's BLEU and chrF and exact match.
+  evaluated by generation with sacrebleu's BLEU and chrF and exact match; `--source_prefix` puts a T5-style task
+  prefix before every source.
       python scripts/finetune.py --task seq2seq --output_dir runs/docstrings
+
+`--test_file` (or `--do_predict` with a data set that has a test split) predicts the test split after training, as
+run_glue.py and run_translation.py do: `predict_results.txt` (classification) or `generated_predictions.txt`
+(seq2seq) in --output_dir, and the `predict_*` metrics where the test split has labels.
+      python scripts/finetune.py --task classification --model_name_or_path runs/pretrain --train_file train.csv \
+          --validation_file dev.csv --test_file test.csv
 
 Without `--model_name_or_path` a new model is built (default architecture, `--preset`, or `--config_name`) with a
 tokenizer trained on the task's training texts.
@@ -19,8 +28,10 @@ tokenizer trained on the task's training texts.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from transformers import Seq2SeqTrainingArguments, TrainerCallback, set_seed
 
@@ -52,9 +63,11 @@ from archlab.training.saving import EMBEDDED_CORPUS, dataset_label, save_final
 from archlab.training.sources import first_process_writes_the_cache, load_examples
 from archlab.training.tasks import (
     TASKS,
+    Task,
     build_task_model,
     card_pipeline_tag,
     check_installed,
+    predict_test_split,
     prepare_splits,
     task_tokenizer,
 )
@@ -74,6 +87,23 @@ class FinetuneArguments:
     target_column: str = field(default="docstring", metadata={"help": "seq2seq: the output column."})
     max_source_length: int = field(default=256, metadata={"help": "seq2seq: truncate inputs to this many tokens."})
     max_target_length: int = field(default=48, metadata={"help": "seq2seq: truncate targets to this many tokens."})
+    source_prefix: str | None = field(
+        default=None,
+        metadata={
+            "help": 'seq2seq: text put before every source, as T5 is prompted ("translate English to German: ", '
+            '"summarize: "); trained, evaluated and predicted with it.'
+        },
+    )
+    test_file: str | None = field(
+        default=None,
+        metadata={
+            "help": "classification, seq2seq: a test file (the training file's format) predicted after training "
+            "(turns on --do_predict); its label / target column may be missing (predictions only)."
+        },
+    )
+    max_predict_samples: int | None = field(
+        default=None, metadata={"help": "Predict at most this many test examples (unset: all)."}
+    )
     pipeline_tag: str | None = field(
         default=None,
         metadata={
@@ -103,6 +133,14 @@ class FinetuneTrainingArguments(ArchlabTrainingArguments, Seq2SeqTrainingArgumen
     logging_steps: float = field(default=25, metadata={"help": "Log the training loss every N steps."})
     save_steps: float = field(default=100, metadata={"help": "Checkpoint every N steps."})
     save_total_limit: int | None = field(default=2, metadata={"help": "Keep at most N checkpoints."})
+    do_predict: bool = field(
+        default=False,
+        metadata={
+            "help": "classification, seq2seq: predict the test split after training (--test_file, else the "
+            "--dataset_name's test split): predict_results.txt / generated_predictions.txt in --output_dir, and the "
+            "predict_* metrics where the test split has labels."
+        },
+    )
     predict_with_generate: bool = field(default=True, metadata={"help": "seq2seq: evaluate generated text."})
     generation_max_length: int | None = field(
         default=None,
@@ -142,8 +180,10 @@ def main(argv: Sequence[str] | None = None, callbacks: list[TrainerCallback] | N
     kind = model_kind(task.model_kind)
     check_model_flags(model_args)
     check_pretrained_model_kind(model_args, task.auto_class or kind.auto_class, f"--task {args.task}")
-    check_training_flags(training_args)
+    training_args.do_predict = training_args.do_predict or args.test_file is not None
+    check_training_flags(training_args, predicts=True)
     check_data_flags(data_args, training_args)
+    check_predict_flags(task, args, data_args, training_args)
     if data_args.streaming:
         raise ValueError("--streaming is for pretraining; fine-tuning sets are loaded in memory.")
     if args.pipeline_tag is not None and (not task.generates or args.pipeline_tag not in SEQ2SEQ_PIPELINE_TAGS):
@@ -152,6 +192,8 @@ def main(argv: Sequence[str] | None = None, callbacks: list[TrainerCallback] | N
             f"{', '.join(SEQ2SEQ_PIPELINE_TAGS)} (the other tasks' tag follows from the model class)."
         )
     check_flag_positive(args, ("max_source_length", "max_target_length"), " (tokens)")
+    if args.source_prefix is not None and args.task != "seq2seq":
+        raise ValueError(f"--source_prefix is for --task seq2seq (the encoder's inputs), not --task {args.task}.")
     check_installed(task)
     resume = resolve_resume(training_args, training_args.overwrite_output_dir)
     check_resumed_tokenizer(model_args, resume)
@@ -166,7 +208,8 @@ def main(argv: Sequence[str] | None = None, callbacks: list[TrainerCallback] | N
     training_args.predict_with_generate = training_args.predict_with_generate and task.generates
 
     text_column = data_args.text_column_name
-    raw = load_examples(data_args, model_args.cache_dir, training_args.seed, task.default_data)
+    test = args if training_args.do_predict else None
+    raw = load_examples(data_args, model_args.cache_dir, training_args.seed, task.default_data, test)
     raw = prepare_splits(task, raw, args, text_column)
     tokenizer = task_tokenizer(task, model_args, raw["train"], args, text_column, resume)
     built = build_task_model(
@@ -218,6 +261,10 @@ def main(argv: Sequence[str] | None = None, callbacks: list[TrainerCallback] | N
         pipeline_tag=card_pipeline_tag(task, args.pipeline_tag, own_data),
     )
     log(f"Saved to {training_args.output_dir}")
+    if training_args.do_predict:
+        predicted = predict_test_split(task, trainer, built["test"], tokenizer, training_args.output_dir)
+        metrics.update(predicted)
+        log(f"Predictions of {len(built['test'])} test examples: {training_args.output_dir}/{task.predictions[0]}")
     if task.show_example is not None:
         example, max_new_tokens = raw["validation"][0], training_args.generation_max_length
         sample_unless_sharded(
@@ -226,6 +273,28 @@ def main(argv: Sequence[str] | None = None, callbacks: list[TrainerCallback] | N
             lambda: task.show_example(built["model"], tokenizer, example, args, max_new_tokens),
         )
     return metrics
+
+
+def check_predict_flags(task: Task, args: FinetuneArguments, data_args: Any, training_args: Any) -> None:
+    """--do_predict / --test_file, before anything is read: a task that predicts, a test source, a test file that
+    exists, a seq2seq evaluation by generation."""
+    check_flag_positive(args, ("max_predict_samples",), " (or unset: all)")
+    if not training_args.do_predict:
+        if args.max_predict_samples is not None:
+            raise ValueError("--max_predict_samples limits the test split: pass it with --test_file or --do_predict.")
+        return
+    if task.predictions is None:
+        raise ValueError(
+            f"--do_predict / --test_file: --task {args.task} has no test predictions (an answer to a conversation is "
+            "generated, not scored against one label): generate from the saved folder with scripts/generate.py "
+            "--chat true, or evaluate a test set as the --validation_file."
+        )
+    if args.test_file is None and not data_args.dataset_name:
+        raise ValueError("--do_predict predicts a test split: pass --test_file (the training file's format).")
+    if args.test_file is not None and not os.path.isfile(args.test_file):
+        raise FileNotFoundError(f"Data file {args.test_file!r} does not exist.")
+    if task.generates and not training_args.predict_with_generate:
+        raise ValueError("--do_predict with --task seq2seq writes generated texts: leave --predict_with_generate true.")
 
 
 def cli() -> None:

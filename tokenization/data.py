@@ -77,7 +77,8 @@ def load_raw_datasets(
     sample_by: str = "document",
     seed: int = 42,
 ) -> AnyDatasetDict:
-    """`train` and `validation` splits from the Hub, local files, or (neither given) the embedded corpus."""
+    """`train` and `validation` splits from the Hub, local files, or (neither given) the embedded corpus, and the
+    source's other splits (a `test` split, say) where it has them."""
     if dataset_name and (train_file or validation_file):
         raise ValueError("Pass either `dataset_name` or `train_file`/`validation_file`, not both.")
     if validation_file and not train_file:
@@ -146,8 +147,33 @@ def load_raw_datasets(
         raise ValueError(f"The dataset has no 'train' split; it has {list(raw)}.")
     check_not_empty(raw["train"], "train")
     if "validation" not in raw:
+        test = {split: raw[split] for split in raw if split == "test"}  # kept for fine-tuning's predictions
         raw = _split_off_validation(raw["train"], validation_split_percentage, streaming, seed)
+        raw.update(test)
     return raw
+
+
+def load_file_split(path: str, split: str, train_file: str | None = None, cache_dir: str | None = None) -> Dataset:
+    """One more split from its own file (fine-tuning's --test_file), in the training file's format (as run_glue.py
+    asks); loaded alone, so it may lack columns the training file has (a test file without labels)."""
+    builder = _builder_for(path)
+    if train_file and _builder_for(train_file) != builder:
+        raise ValueError(
+            f"The {split} file {path!r} is {builder}, the train file {train_file!r} {_builder_for(train_file)}: give "
+            "both in the same format."
+        )
+    if builder != "parquet" and not _has_text(path):
+        raise ValueError(f"The {split} split is empty: {path!r} holds no text.")
+    try:
+        return load_dataset(builder, data_files={split: path}, cache_dir=cache_dir)[split]
+    except ValueError as error:
+        if _no_rows(error):
+            raise ValueError(f"The {split} split is empty: {path!r} holds no rows.") from error
+        raise
+    except DatasetGenerationError:
+        if builder != "parquet":
+            _check_utf8([path])
+        raise
 
 
 def _saved_to_disk(path: str) -> bool:

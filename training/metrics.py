@@ -1,6 +1,6 @@
-"""Evaluation metrics of the training scripts: perplexity, classification accuracy and macro-F1 (a regression head's
-mean squared error and Pearson's r), and the text metrics of generated sequences (sacrebleu's BLEU and chrF, exact
-match)."""
+"""Evaluation metrics of the training scripts: perplexity, classification accuracy and macro-F1 (a multi-label head's
+subset accuracy and micro-F1, a regression head's mean squared error and Pearson's r), and the text metrics of
+generated sequences (sacrebleu's BLEU and chrF, exact match)."""
 
 from __future__ import annotations
 
@@ -22,8 +22,11 @@ def with_perplexity(metrics: dict[str, float], prefix: str = "eval") -> dict[str
 
 def classification_metrics(prediction: Any) -> dict[str, float]:
     """Accuracy and macro-F1 over the classes that occur in labels or predictions; for a regression head (one
-    output) the mean squared error and Pearson's correlation instead, as run_glue.py reports a float label column."""
+    output) the mean squared error and Pearson's correlation instead, as run_glue.py reports a float label column;
+    for multi-hot labels (multi-label) `multi_label_metrics`."""
     logits = prediction.predictions[0] if isinstance(prediction.predictions, tuple) else prediction.predictions
+    if np.ndim(prediction.label_ids) == 2:
+        return multi_label_metrics(logits, prediction.label_ids)
     if logits.shape[-1] == 1:
         return regression_metrics(logits[..., 0], prediction.label_ids)
     predicted, labels = np.argmax(logits, axis=-1), prediction.label_ids
@@ -34,6 +37,20 @@ def classification_metrics(prediction: Any) -> dict[str, float]:
         recall = tp / max(np.sum(labels == c), 1)
         f1s.append(0.0 if tp == 0 else 2 * precision * recall / (precision + recall))
     return {"accuracy": float(np.mean(predicted == labels)), "f1": float(np.mean(f1s))}
+
+
+def multi_label_metrics(logits: np.ndarray, labels: np.ndarray) -> dict[str, float]:
+    """A multi-label head's scores, as run_classification.py computes them: each class predicted where its logit is
+    above 0 (sigmoid 0.5); `f1` is the micro-F1 (true positives, false positives and false negatives counted over
+    every class of every row), `accuracy` the share of rows whose whole set of labels is right (subset accuracy,
+    what scikit-learn's `accuracy_score` gives for multi-hot rows)."""
+    predicted, labels = logits > 0, labels > 0.5
+    tp = np.sum(predicted & labels)
+    wrong = np.sum(predicted != labels)  # false positives + false negatives
+    return {
+        "accuracy": float(np.mean(np.all(predicted == labels, axis=-1))),
+        "f1": float(2 * tp / (2 * tp + wrong)) if tp else 0.0,
+    }
 
 
 def regression_metrics(predicted: np.ndarray, labels: np.ndarray) -> dict[str, float]:

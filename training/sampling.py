@@ -231,13 +231,13 @@ def show_chat_example(
 def show_seq2seq_example(
     model: Any, tokenizer: Any, example: dict[str, Any], args: Any, max_new_tokens: int | None = None
 ) -> None:
-    """Log the fine-tuned encoder-decoder's greedy output for the example's source (`args.source_column`, truncated
-    to `args.max_source_length`) beside its reference (`args.target_column`)."""
+    """Log the fine-tuned encoder-decoder's greedy output for the example's source (`args.source_column`, after
+    `args.source_prefix` as in training, truncated to `args.max_source_length`) beside its reference
+    (`args.target_column`)."""
     model.eval()
+    source = (getattr(args, "source_prefix", None) or "") + example[args.source_column]
     with torch.no_grad():
-        inputs = tokenizer(
-            example[args.source_column], return_tensors="pt", truncation=True, max_length=args.max_source_length
-        )
+        inputs = tokenizer(source, return_tensors="pt", truncation=True, max_length=args.max_source_length)
         inputs.pop("token_type_ids", None)
         output = model.generate(  # one example: compiling the decoding step would cost more than it saves
             **inputs, max_new_tokens=max_new_tokens or 48, num_beams=1, do_sample=False, disable_compile=True

@@ -7,7 +7,16 @@ import contextlib
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from archlab.tokenization.data import check_columns, check_not_empty, check_text_columns, limit, load_raw_datasets
+from datasets import DatasetDict
+
+from archlab.tokenization.data import (
+    check_columns,
+    check_not_empty,
+    check_text_columns,
+    limit,
+    load_file_split,
+    load_raw_datasets,
+)
 
 SPLITS = ("train", "validation")
 
@@ -25,6 +34,13 @@ class DataChoices(Protocol):
     text_column_name: str
     max_train_samples: int | None
     max_eval_samples: int | None
+
+
+class TestChoices(Protocol):
+    """The finetune script's test-split flags (`FinetuneArguments`), or any object with these attributes."""
+
+    test_file: str | None
+    max_predict_samples: int | None
 
 
 def _limit(raw: Any, data: DataChoices) -> Any:
@@ -58,10 +74,16 @@ def load_documents(data: DataChoices, cache_dir: str | None, seed: int) -> Any:
 
 
 def load_examples(
-    data: DataChoices, cache_dir: str | None, seed: int, default: Callable[[int | None, int | None], Any]
+    data: DataChoices,
+    cache_dir: str | None,
+    seed: int,
+    default: Callable[[int | None, int | None], Any],
+    test: TestChoices | None = None,
 ) -> Any:
     """Fine-tuning examples, in memory: the user's data set or files, else `default(max_train, max_eval)` (a task's
-    embedded-corpus examples); each split limited to the sizes asked for."""
+    embedded-corpus examples); each split limited to the sizes asked for. With `test` (the run predicts) a `test`
+    split too: `test.test_file`, else the data set's own; other splits are dropped (a Hub data set's test split was
+    tokenized with the others, and GLUE's unlabeled one, labels -1, failed as unknown labels)."""
     if data.dataset_name or data.train_file:
         raw = load_raw_datasets(
             data.dataset_name,
@@ -74,7 +96,20 @@ def load_examples(
         )
     else:
         raw = default(data.max_train_samples, data.max_eval_samples)
-    return _limit(raw, data)
+    kept = DatasetDict({split: raw[split] for split in SPLITS})
+    if test is not None:
+        if test.test_file:
+            kept["test"] = load_file_split(test.test_file, "test", data.train_file, cache_dir)
+        elif "test" in raw:
+            kept["test"] = raw["test"]
+        else:
+            where = f"--dataset_name {data.dataset_name!r} has the splits {list(raw)}" if data.dataset_name else ""
+            raise ValueError(
+                "--do_predict predicts a test split: pass --test_file (same format as the training file)"
+                + (f"; {where}, none named 'test'." if where else ".")
+            )
+        kept["test"] = limit(kept["test"], test.max_predict_samples)
+    return _limit(kept, data)
 
 
 def first_process_writes_the_cache(training_args: Any, raw: Any) -> contextlib.AbstractContextManager:

@@ -9,7 +9,7 @@ import re
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Protocol
 
-from datasets import ClassLabel, Dataset, DatasetDict, Value
+from datasets import ClassLabel, Dataset, DatasetDict, LargeList, List, Sequence, Value
 
 from archlab.tokenization.data import IGNORE_INDEX, check_columns, check_no_empty_cells, check_text_columns
 
@@ -25,6 +25,7 @@ class TaskOptions(Protocol):
     target_column: str
     max_source_length: int
     max_target_length: int
+    source_prefix: str | None
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -187,6 +188,13 @@ def tokenize_instruct(
 # Classification
 # ---------------------------------------------------------------------------------------------------------------
 def check_classification_columns(dataset: Any, split: str, args: TaskOptions, text_column: str) -> Any:
+    """The text and label columns, checked; a test split may come without labels (the column missing, or every row
+    None or -1, as GLUE's test splits hold them): it is then predicted only, its label column dropped."""
+    if split == "test":
+        check_columns(dataset, text_column, split=split, flags=["--text_column_name"])
+        check_text_columns(dataset, text_column, split=split)
+        if is_unlabeled(dataset, args.label_column_name):
+            return dataset.remove_columns([c for c in dataset.column_names if c == args.label_column_name])
     check_columns(
         dataset, text_column, args.label_column_name, split=split, flags=["--text_column_name", "--label_column_name"]
     )
@@ -195,17 +203,47 @@ def check_classification_columns(dataset: Any, split: str, args: TaskOptions, te
     return dataset
 
 
+def is_unlabeled(dataset: Any, column: str) -> bool:
+    """Whether a split has no labels to score: no such column, or every row None or -1 (GLUE's test splits)."""
+    if column not in dataset.column_names:
+        return True
+    return all(value is None or (isinstance(value, int) and value == -1) for value in dataset[column])
+
+
+LIST_FEATURES = (List, LargeList, Sequence)
+
+
 def check_label_column(dataset: Any, column: str, split: str) -> None:
-    """One label per row, none missing: a row without a label (a CSV's empty field, a JSON null) became a class of its
-    own, "None", trained and scored as one; a list of labels (multi-label rows) failed as an unhashable type."""
+    """One label per row, or a list of labels per row (multi-label), none missing: a row without a label (a CSV's
+    empty field, a JSON null) became a class of its own, "None", trained and scored as one. A list holds label names
+    or ids (a Hub data set's `Sequence(ClassLabel)`), not a multi-hot vector: floats, or a label twice in one row,
+    are refused (`[0, 1, 1]` read as the labels {0, 1} would train the wrong targets without a word)."""
     feature = (getattr(dataset, "features", None) or {}).get(column)
-    if feature is not None and not isinstance(feature, (Value, ClassLabel)):
+    inner = getattr(feature, "feature", None) if isinstance(feature, LIST_FEATURES) else None
+    if feature is not None and not isinstance(feature, (Value, ClassLabel)) and inner is None:
         raise ValueError(
-            f"Column {column!r} of the {split} split holds {feature}, not one label per row: --task classification "
-            "takes a class (a name or an integer) or a number to regress (floats) in each row; multi-label rows "
-            "(lists of labels) are not supported. Name the label column with --label_column_name."
+            f"Column {column!r} of the {split} split holds {feature}, not labels: --task classification takes a "
+            "class (a name or an integer) or a number to regress (floats) in each row, or a list of classes "
+            "(multi-label). Name the label column with --label_column_name."
         )
+    if inner is not None:
+        floats = isinstance(inner, Value) and inner.dtype.startswith("float")
+        if floats or not isinstance(inner, (Value, ClassLabel)):
+            raise ValueError(
+                f"Column {column!r} of the {split} split holds {feature}: a multi-label row is a list of its "
+                'classes (names or integer ids: ["sports", "politics"], [0, 3]), not a multi-hot vector or scores.'
+            )
     check_no_empty_cells(dataset, column, split, "rows without a label")
+    if inner is not None:
+        for row, labels in enumerate(dataset[column]):
+            if None in labels:
+                raise ValueError(f"Column {column!r} of the {split} split: row {row} holds a missing label {labels}.")
+            if len(set(labels)) < len(labels):
+                raise ValueError(
+                    f"Column {column!r} of the {split} split: row {row} names a label twice, {labels}: a multi-label "
+                    "row is a list of its classes, each once (a multi-hot vector such as [0, 1, 1] would be read as "
+                    "the classes 0 and 1); give the names or ids of the classes the row has."
+                )
 
 
 def is_regression(dataset: Any, column: str) -> bool:
@@ -215,6 +253,13 @@ def is_regression(dataset: Any, column: str) -> bool:
     return isinstance(feature, Value) and feature.dtype in ("float16", "float32", "float64")
 
 
+def is_multi_label(dataset: Any, column: str) -> bool:
+    """A list of labels per row is multi-label classification (as run_classification.py reads a list column): one
+    output per class, each trained by binary cross-entropy on a multi-hot target."""
+    feature = (getattr(dataset, "features", None) or {}).get(column)
+    return isinstance(feature, LIST_FEATURES)
+
+
 def classification_texts(train: Any, args: TaskOptions, text_column: str) -> Iterator[str]:
     return (row[text_column] for row in train)
 
@@ -222,11 +267,16 @@ def classification_texts(train: Any, args: TaskOptions, text_column: str) -> Ite
 def label_maps(dataset: Any, column: str) -> tuple[dict[Any, int], dict[int, str]]:
     """label -> id and id -> label name, the labels in sorted order as run_glue.py sorts them: integer labels
     0..n-1 keep their values as ids (sorted as text, label 10 was id 2 among 0..11, and `logits.argmax(-1)` no
-    longer gave the label); labels of mixed types sort by their text."""
+    longer gave the label); labels of mixed types sort by their text. A multi-label column's labels are those of
+    all its rows."""
     feature = (getattr(dataset, "features", None) or {}).get(column)
+    if isinstance(feature, LIST_FEATURES):
+        feature = feature.feature
+        values = list({label for labels in dataset[column] for label in labels})
+    else:
+        values = list(set(dataset[column]))
     if isinstance(feature, ClassLabel):  # a Hub data set's classes: their ids and names as it defines them
         return {i: i for i in range(feature.num_classes)}, dict(enumerate(feature.names))
-    values = list(set(dataset[column]))
     try:
         values.sort()
     except TypeError:
@@ -234,6 +284,19 @@ def label_maps(dataset: Any, column: str) -> tuple[dict[Any, int], dict[int, str
     if len(values) < 2:
         raise ValueError(f"Column {column!r} has {len(values)} distinct label(s); classification needs at least 2.")
     return {v: i for i, v in enumerate(values)}, {i: str(v) for i, v in enumerate(values)}
+
+
+def check_known_labels(dataset: Any, column: str, label2id: dict[Any, int], split: str) -> None:
+    """Every label of a validation or test split is one of the training split's (a split without labels passes)."""
+    if column not in dataset.column_names:
+        return
+    values = {label for labels in dataset[column] for label in (labels if isinstance(labels, list) else [labels])}
+    unknown = sorted(map(str, values - label2id.keys()))
+    if unknown:
+        raise ValueError(
+            f"Labels {shortened(unknown)} of the {split} split are not in the training split's "
+            f"{shortened(sorted(map(str, label2id)))}."
+        )
 
 
 def shortened(values: list[str], most: int = 10) -> str:
@@ -251,30 +314,50 @@ def tokenize_classification(
     text_column: str = "text",
     label2id: dict[Any, int] | None = None,
 ) -> Any:
-    """`input_ids` and the label ids of `label2id`; with `label2id` None (regression), the labels as floats."""
+    """`input_ids` and the label ids of `label2id`; a list of labels per row becomes a multi-hot float vector (the
+    target of binary cross-entropy, as in run_classification.py); with `label2id` None (regression), the labels as
+    floats. A split without the label column (an unlabeled test split) gets no labels."""
     label = args.label_column_name
 
     def encode(batch: dict[str, list]) -> dict[str, list]:
         out = tokenizer(batch[text_column], truncation=True, max_length=max_length)
+        encoded = {"input_ids": out["input_ids"], "attention_mask": out["attention_mask"]}
+        if label not in batch:
+            return encoded
         if label2id is None:
-            labels = [float(v) for v in batch[label]]
-        else:
-            unknown = sorted(map(str, {v for v in batch[label] if v not in label2id}))
-            if unknown:
-                raise ValueError(
-                    f"Labels {shortened(unknown)} of the validation split are not in the training split's "
-                    f"{shortened(sorted(map(str, label2id)))}."
-                )
-            labels = [label2id[v] for v in batch[label]]
-        return {"input_ids": out["input_ids"], "attention_mask": out["attention_mask"], "labels": labels}
+            encoded["labels"] = [float(v) for v in batch[label]]
+            return encoded
+        values = {v for row in batch[label] for v in (row if isinstance(row, list) else [row])}
+        unknown = sorted(map(str, values - label2id.keys()))
+        if unknown:
+            raise ValueError(
+                f"Labels {shortened(unknown)} are not in the training split's {shortened(sorted(map(str, label2id)))}."
+            )
+        encoded["labels"] = [
+            multi_hot(row, label2id) if isinstance(row, list) else label2id[row] for row in batch[label]
+        ]
+        return encoded
 
     return dataset.map(encode, batched=True, num_proc=num_proc, remove_columns=dataset.column_names, desc="Tokenizing")
+
+
+def multi_hot(labels: list[Any], label2id: dict[Any, int]) -> list[float]:
+    """A row's labels as the multi-hot float vector binary cross-entropy takes."""
+    target = [0.0] * len(set(label2id.values()))
+    for value in labels:
+        target[label2id[value]] = 1.0
+    return target
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # Sequence to sequence
 # ---------------------------------------------------------------------------------------------------------------
 def check_pair_columns(dataset: Any, split: str, args: TaskOptions, text_column: str) -> Any:
+    """The source and target columns, checked; a test split may come without targets (it is then predicted only)."""
+    if split == "test" and args.target_column not in dataset.column_names:
+        check_columns(dataset, args.source_column, split=split, flags=["--source_column"])
+        check_text_columns(dataset, args.source_column, split=split)
+        return dataset
     check_columns(
         dataset, args.source_column, args.target_column, split=split, flags=["--source_column", "--target_column"]
     )
@@ -282,8 +365,15 @@ def check_pair_columns(dataset: Any, split: str, args: TaskOptions, text_column:
     return dataset
 
 
+def with_prefix(sources: Iterable[str], args: TaskOptions) -> list[str]:
+    """The sources with --source_prefix before each (a T5-style task prefix, "translate English to German: "), as
+    run_translation.py and run_summarization.py put it."""
+    prefix = getattr(args, "source_prefix", None) or ""
+    return [prefix + source for source in sources]
+
+
 def pair_texts(train: Any, args: TaskOptions, text_column: str) -> Iterator[str]:
-    return (text for row in train for text in (row[args.source_column], row[args.target_column]))
+    return (text for row in train for text in (*with_prefix([row[args.source_column]], args), row[args.target_column]))
 
 
 def tokenize_seq2seq(
@@ -295,18 +385,24 @@ def tokenize_seq2seq(
     text_column: str = "text",
     label2id: dict[Any, int] | None = None,
 ) -> Any:
-    """Sources truncated to --max_source_length and targets to --max_target_length (keeping the closing token);
-    `max_length`, the other tasks' truncation, does not apply. Each side is tokenized with its own length, as
-    run_translation.py does: one call with `text_target` cut the targets at --max_source_length as well."""
+    """Sources (after --source_prefix) truncated to --max_source_length and targets to --max_target_length (keeping
+    the closing token); `max_length`, the other tasks' truncation, does not apply. Each side is tokenized with its
+    own length, as run_translation.py does: one call with `text_target` cut the targets at --max_source_length as
+    well. A split without the target column (an unlabeled test split) gets no labels."""
 
     def encode(batch: dict[str, list]) -> dict[str, list]:
-        out = tokenizer(batch[args.source_column], truncation=True, max_length=args.max_source_length)
+        out = tokenizer(
+            with_prefix(batch[args.source_column], args), truncation=True, max_length=args.max_source_length
+        )
+        encoded = {"input_ids": out["input_ids"], "attention_mask": out["attention_mask"]}
+        if args.target_column not in batch:
+            return encoded
         targets = tokenizer(text_target=batch[args.target_column], truncation=True, max_length=args.max_target_length)
-        labels = [
+        encoded["labels"] = [
             ids[: args.max_target_length - 1] + ids[-1:] if len(ids) > args.max_target_length else ids
             for ids in targets["input_ids"]
         ]
-        return {"input_ids": out["input_ids"], "attention_mask": out["attention_mask"], "labels": labels}
+        return encoded
 
     return dataset.map(
         encode, batched=True, num_proc=num_proc, remove_columns=dataset.column_names, desc="Tokenizing pairs"

@@ -3,18 +3,24 @@ its examples are checked, tokenized and collated, its metrics and Trainer, and w
 
 - `instruct`: a decoder tuned on conversations with its chat template, loss on the assistant's turns only;
 - `classification`: sequence classification from text and label columns, accuracy and macro-F1 (float labels:
-  regression, mean squared error and Pearson's r);
+  regression, mean squared error and Pearson's r; a list of labels per row: multi-label, subset accuracy and
+  micro-F1);
 - `seq2seq`: an encoder-decoder evaluated by generation with BLEU, chrF and exact match.
+
+The classification and seq2seq tasks also predict a test split (`predictions`): one line per example in
+`predict_results.txt` (run_glue.py's format) or `generated_predictions.txt` (run_translation.py's).
 """
 
 from __future__ import annotations
 
 import contextlib
 import importlib.util
+import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 from transformers import DataCollatorForSeq2Seq, DataCollatorWithPadding, PreTrainedModel
 
 from archlab.modeling.catalogue import POSITION_SCHEMES
@@ -32,6 +38,18 @@ from .sources import SPLITS
 from .task_data import TaskOptions
 from .tokenizers import TokenizerChoices, adopt_context_length, get_tokenizer
 from .trainer import AtomicCheckpointTrainer, AtomicSeq2SeqTrainer
+
+
+class PairCollator(DataCollatorForSeq2Seq):
+    """`DataCollatorForSeq2Seq` whose batches of sources alone (a test split without targets) have no `labels` key:
+    the stock collator puts `labels: None` in them, so Seq2SeqTrainer's prediction step took the batch as labelled
+    and called the model for a loss without decoder inputs ("Pass exactly one of `decoder_input_ids` ...")."""
+
+    def __call__(self, features: list[dict[str, Any]], return_tensors: str | None = None) -> Any:
+        batch = super().__call__(features, return_tensors)
+        if "labels" in batch and batch["labels"] is None:
+            del batch["labels"]
+        return batch
 
 
 @dataclass(frozen=True)
@@ -53,6 +71,8 @@ class Task:
     generates: bool = False  # evaluated by generation; its model card's task is translation or summarization
     show_example: Callable[..., None] | None = None  # (model, tokenizer, example, options, max new tokens)
     chat: bool = False  # a chat model: its saved generation config stops at the end of a turn too
+    predictions: tuple[str, Callable[..., list[str]]] | None = None  # (file name, (outputs, config, tokenizer) ->
+    # its lines) of the test split's predictions; None: the task has none (--do_predict is refused)
 
 
 TASKS: dict[str, Task] = {
@@ -79,6 +99,7 @@ TASKS: dict[str, Task] = {
         compute_metrics=lambda tokenizer: classification_metrics,
         summary_keys=("eval_loss", "eval_accuracy", "eval_f1", "eval_mse", "eval_pearson"),
         labels=True,
+        predictions=("predict_results.txt", lambda outputs, config, tokenizer: classification_lines(outputs, config)),
     ),
     "seq2seq": Task(
         model_kind="seq2seq",
@@ -86,16 +107,59 @@ TASKS: dict[str, Task] = {
         prepare=task_data.check_pair_columns,
         tokenizer_texts=task_data.pair_texts,
         tokenize=task_data.tokenize_seq2seq,
-        collator=lambda tokenizer, model: DataCollatorForSeq2Seq(
-            tokenizer, model=model, label_pad_token_id=IGNORE_INDEX
-        ),
+        collator=lambda tokenizer, model: PairCollator(tokenizer, model=model, label_pad_token_id=IGNORE_INDEX),
         trainer_class=AtomicSeq2SeqTrainer,
         compute_metrics=seq2seq_metrics,
         summary_keys=("eval_loss", "eval_bleu", "eval_chrf", "eval_exact_match"),
         generates=True,
         show_example=show_seq2seq_example,
+        predictions=(
+            "generated_predictions.txt",
+            lambda outputs, config, tokenizer: generated_lines(outputs, tokenizer),
+        ),
     ),
 }
+
+
+def classification_lines(outputs: np.ndarray, config: Any) -> list[str]:
+    """`index<TAB>prediction` lines under an `index<TAB>prediction` header, as run_glue.py and run_classification.py
+    write them: the class name; a regression head's value (3 decimals); a multi-label head's list of the classes
+    whose logit is above 0 (sigmoid 0.5)."""
+    logits = outputs[0] if isinstance(outputs, tuple) else outputs
+    lines = ["index\tprediction"]
+    for index, row in enumerate(logits):
+        if config.problem_type == "regression":
+            item = f"{row[0]:3.3f}"
+        elif config.problem_type == "multi_label_classification":
+            item = str([config.id2label[i] for i in np.flatnonzero(row > 0)])
+        else:
+            item = config.id2label[int(np.argmax(row))]
+        lines.append(f"{index}\t{item}")
+    return lines
+
+
+def generated_lines(outputs: np.ndarray, tokenizer: Any) -> list[str]:
+    """One generated text per example, without special tokens, stripped, as run_translation.py writes them; a line
+    break inside a text is written as a space, so that line i stays example i."""
+    ids = outputs[0] if isinstance(outputs, tuple) else outputs
+    ids = np.where(ids < 0, tokenizer.pad_token_id, ids)
+    return [" ".join(text.split("\n")).strip() for text in tokenizer.batch_decode(ids, skip_special_tokens=True)]
+
+
+def predict_test_split(task: Task, trainer: Any, test: Any, tokenizer: Any, output_dir: str) -> dict[str, float]:
+    """The trained model's predictions of the test split written to `output_dir` (the task's file, one line per
+    example), and the metrics `predict_*` where the split has labels (saved as `predict_results.json` and into
+    `all_results.json`, as the Trainer saves them). Returns the metrics."""
+    name, lines_of = task.predictions
+    output = trainer.predict(test, metric_key_prefix="predict")
+    metrics = dict(output.metrics)
+    trainer.log_metrics("predict", metrics)
+    trainer.save_metrics("predict", metrics)
+    if trainer.is_world_process_zero():
+        lines = lines_of(output.predictions, trainer.model.config, tokenizer)
+        with open(os.path.join(output_dir, name), "w", encoding="utf-8") as f:
+            f.write("".join(line + "\n" for line in lines))
+    return metrics
 
 
 def check_installed(task: Task) -> None:
@@ -105,8 +169,8 @@ def check_installed(task: Task) -> None:
 
 
 def prepare_splits(task: Task, raw: Any, options: TaskOptions, text_column: str) -> Any:
-    """Each split checked to be non-empty and put in the form the task tokenizes."""
-    for split in SPLITS:
+    """Each split checked to be non-empty and put in the form the task tokenizes (a test split may lack labels)."""
+    for split in [*SPLITS, *(["test"] if "test" in raw else [])]:
         check_not_empty(raw[split], split)
         raw[split] = task.prepare(raw[split], split, options, text_column)
     return raw
@@ -172,13 +236,18 @@ def build_task_model(
     tokenizing: contextlib.AbstractContextManager | None = None,
 ) -> dict[str, Any]:
     """The task's config and model (its head), its tokenized splits and its collator, as `model`, `train`,
-    `validation` and `collator`. Examples are truncated rather than packed, to at most what the model positions.
-    `tokenizing` is entered around the tokenization alone (the scripts' `first_process_writes_the_cache`); building
-    the model can be collective (DeepSpeed ZeRO-3), so no process may wait for the others there."""
+    `validation` (and `test` where `raw` has one) and `collator`. Examples are truncated rather than packed, to at
+    most what the model positions. `tokenizing` is entered around the tokenization alone (the scripts'
+    `first_process_writes_the_cache`); building the model can be collective (DeepSpeed ZeRO-3), so no process may
+    wait for the others there."""
     label2id: dict[Any, int] | None = {}
     regression = task.labels and task_data.is_regression(raw["train"], options.label_column_name)
+    multi_label = task.labels and task_data.is_multi_label(raw["train"], options.label_column_name)
     if task.labels and not regression:
         label2id, id2label = task_data.label_maps(raw["train"], options.label_column_name)
+        for split in raw:
+            if split != "train":  # before the model is built: the error names the split
+                task_data.check_known_labels(raw[split], options.label_column_name, label2id, split)
     config = build_config(choices, tokenizer, None, num_labels=1 if regression else len(label2id) or None)
     if task.model_kind == "seq2seq":
         check_lengths_fit_the_position_table(config, options)
@@ -198,7 +267,8 @@ def build_task_model(
             id2label,
             {v: k for k, v in id2label.items()},
         )
-        config.problem_type = "single_label_classification"
+        # a list of labels per row: one sigmoid output per class, trained by binary cross-entropy
+        config.problem_type = "multi_label_classification" if multi_label else "single_label_classification"
     with tokenizing or contextlib.nullcontext():
         data = {s: task.tokenize(raw[s], tokenizer, options, max_length, num_proc, text_column, label2id) for s in raw}
     check_not_empty(data["train"], "tokenized train")

@@ -141,10 +141,15 @@ def test_help_that_states_its_own_default_gets_no_second_one(capsys):
 
 @pytest.mark.parametrize("arguments", [PretrainTrainingArguments, FinetuneTrainingArguments])
 def test_help_says_what_the_scripts_do_with_predict_and_resume_flags(arguments, capsys):
-    """`--help` gave TrainingArguments' words: `--do_predict` "run predictions on the test set" (the scripts refuse
-    it) and `--resume_from_checkpoint` "Path to a folder" (`true` resumes the newest; other data flags are refused)."""
+    """`--help` gave TrainingArguments' words: `--do_predict` "run predictions on the test set" (pretraining refuses
+    it, fine-tuning predicts its --test_file) and `--resume_from_checkpoint` "Path to a folder" (`true` resumes the
+    newest; other data flags are refused)."""
     with pytest.raises(SystemExit):
         parse_arguments([arguments], ["--help"])
     text = " ".join(capsys.readouterr().out.split())
-    assert "--do-predict [DO_PREDICT] Refused: these scripts have no test split to predict" in text
+    expected = {
+        PretrainTrainingArguments: "--do-predict [DO_PREDICT] Refused: this script has no test split to predict",
+        FinetuneTrainingArguments: "--do-predict [DO_PREDICT] classification, seq2seq: predict the test split after",
+    }
+    assert expected[arguments] in text
     assert "--resume-from-checkpoint RESUME_FROM_CHECKPOINT true: go on from the newest checkpoint" in text

@@ -3,6 +3,7 @@ embedded code -> docstring task (BLEU/chrF/exact match), and its bad inputs."""
 
 from __future__ import annotations
 
+import ast
 import json
 import random
 from pathlib import Path
@@ -10,9 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from datasets import ClassLabel, Dataset, Features
+from datasets import ClassLabel, Dataset, DatasetDict, Features, List
 from huggingface_hub import ModelCard
-from transformers import AutoModelForSequenceClassification, AutoTokenizer, EvalPrediction
+from transformers import AutoModelForSequenceClassification, AutoTokenizer, EvalPrediction, pipeline
 
 import archlab
 from archlab.scripts import finetune
@@ -24,7 +25,10 @@ from archlab.training.task_data import (
     as_messages,
     check_pair_columns,
     instruct_texts,
+    is_multi_label,
     label_maps,
+    pair_texts,
+    tokenize_classification,
     tokenize_instruct,
     tokenize_seq2seq,
 )
@@ -187,6 +191,10 @@ def test_classification_end_to_end(tmp_path: Path, work: Path) -> None:
 
 @pytest.mark.slow
 def test_seq2seq_on_the_embedded_docstring_task(tmp_path: Path) -> None:
+    """... with a T5-style --source_prefix, and a --test_file of sources without targets predicted after training
+    (generated_predictions.txt, one line per source, as run_translation.py writes it)."""
+    sources = ["def add(a, b):\n    return a + b", "def neg(x):\n    return -x", "def one():\n    return 1"]
+    Dataset.from_list([{"code": code} for code in sources]).to_json(tmp_path / "test.jsonl")
     metrics = finetune.main(
         run_args(
             tmp_path / "docstrings",
@@ -204,10 +212,16 @@ def test_seq2seq_on_the_embedded_docstring_task(tmp_path: Path) -> None:
             "8",
             "--max_steps",
             "4",
+            "--source_prefix",
+            "summarize: ",
+            "--test_file",
+            str(tmp_path / "test.jsonl"),
         )
     )
     for key in ("eval_bleu", "eval_chrf", "eval_exact_match", "before_eval_chrf"):
         assert 0.0 <= metrics[key] <= 100.0
+    assert len((tmp_path / "docstrings" / "generated_predictions.txt").read_text().split("\n")) == len(sources) + 1
+    assert "predict_bleu" not in metrics  # no targets to score
     assert json.loads((tmp_path / "docstrings" / "config.json").read_text())["model_type"] == "archlab_seq2seq"
     # evaluation by generation leaves the saved generation config as the model had it: no stray max_length=20
     saved = json.loads((tmp_path / "docstrings" / "generation_config.json").read_text())
@@ -278,8 +292,21 @@ def test_bad_inputs(tmp_path: Path, work: Path) -> None:
         finetune.main(run_args(out, "--task", "instruct", *base, "--learning_rate", "-1"))
     with pytest.raises(ValueError, match="--per_device_train_batch_size must be >= 1, got 0"):
         finetune.main(run_args(out, "--task", "instruct", *base, "--per_device_train_batch_size", "0"))
-    with pytest.raises(ValueError, match="--do_predict: these scripts have no test split to predict"):  # was ignored
-        finetune.main(run_args(out, "--task", "classification", *base, "--do_predict", "true"))
+    train = ["--train_file", str(work / "train.csv")]
+    with pytest.raises(ValueError, match="--do_predict predicts a test split: pass --test_file"):
+        finetune.main(run_args(out, "--task", "classification", *base, *train, "--do_predict", "true"))
+    with pytest.raises(ValueError, match="--task instruct has no test predictions"):
+        finetune.main(run_args(out, "--task", "instruct", *base, "--test_file", str(work / "instruct.jsonl")))
+    with pytest.raises(FileNotFoundError, match="Data file 'nowhere.csv' does not exist"):
+        finetune.main(run_args(out, "--task", "classification", *base, *train, "--test_file", "nowhere.csv"))
+    with pytest.raises(ValueError, match="--max_predict_samples limits the test split: pass it with --test_file"):
+        finetune.main(run_args(out, "--task", "classification", *base, *train, "--max_predict_samples", "3"))
+    with pytest.raises(ValueError, match="--source_prefix is for --task seq2seq"):
+        finetune.main(run_args(out, "--task", "classification", *base, *train, "--source_prefix", "classify: "))
+    with pytest.raises(ValueError, match="--do_predict with --task seq2seq writes generated texts: leave --predict_"):
+        finetune.main(
+            run_args(out, "--task", "seq2seq", "--test_file", str(work / "train.csv"), "--predict_with_generate", "0")
+        )
     assert not out.exists()
 
 
@@ -489,19 +516,23 @@ def test_float_labels_train_a_regression_head(tmp_path: Path, work: Path) -> Non
 
 
 def test_rows_without_one_label_are_named_before_training(tmp_path: Path, work: Path) -> None:
-    """A row without a label (a CSV's empty field) trained as a class "None"; a list of labels per row failed as
-    an unhashable type inside the label mapping."""
+    """A row without a label (a CSV's empty field) trained as a class "None"; a multi-hot vector or scores in a
+    list column would be read as lists of class ids ([0, 1, 1] as the classes 0 and 1) and train the wrong targets."""
     rows = sentiment_rows(20, 0)
     Dataset.from_list([{**row, "label": None if i == 3 else row["label"]} for i, row in enumerate(rows)]).to_csv(
         tmp_path / "missing.csv"
     )
-    Dataset.from_list([{**row, "label": [row["label"], "other"]} for row in rows]).to_json(tmp_path / "lists.jsonl")
+    hot = [[1, 0, 1], [0, 1, 1]]
+    Dataset.from_list([{**row, "label": hot[i % 2]} for i, row in enumerate(rows)]).to_json(tmp_path / "hot.jsonl")
+    Dataset.from_list([{**row, "label": [0.2, 0.8]} for row in rows]).to_json(tmp_path / "scores.jsonl")
     out = tmp_path / "out"
     base = ["--task", "classification", "--model_name_or_path", str(work / "base"), "--train_file"]
     with pytest.raises(ValueError, match=r"Column 'label' of the train split has 1 empty cell\(s\)"):
         finetune.main(run_args(out, *base, str(tmp_path / "missing.csv")))
-    with pytest.raises(ValueError, match=r"Column 'label' of the train split holds List\(Value\('string'\)\), not one"):
-        finetune.main(run_args(out, *base, str(tmp_path / "lists.jsonl")))
+    with pytest.raises(ValueError, match=r"row \d+ names a label twice, \[[01], [01], 1\]: a multi-label row is a li"):
+        finetune.main(run_args(out, *base, str(tmp_path / "hot.jsonl")))
+    with pytest.raises(ValueError, match=r"holds List\(Value\('float64'\)\): a multi-label row is a list of its"):
+        finetune.main(run_args(out, *base, str(tmp_path / "scores.jsonl")))
     assert not out.exists()
 
 
@@ -558,3 +589,182 @@ def test_a_classifier_is_fine_tuned_under_its_own_label_ids(tmp_path: Path, work
     assert swapped.config.id2label == {0: "pos", 1: "neg"} and swapped.config.label2id == {"pos": 0, "neg": 1}
     three = AutoModelForSequenceClassification.from_pretrained(tmp_path / "out-three")
     assert three.config.id2label == {0: "neg", 1: "pos"} and three.score.weight.shape[0] == 2
+
+
+def mood_rows(n: int, seed: int) -> list[dict]:
+    """Multi-label rows: "happy" where the text has happy words, "sad" where it has sad ones, both, or neither."""
+    rng = random.Random(seed)
+    rows = []
+    for i in range(n):
+        labels = [label for label in ("happy", "sad") if rng.random() < 0.5]
+        words = [str(i)]
+        words += rng.choices(["great", "lovely", "fine", "good"], k=3) if "happy" in labels else []
+        words += rng.choices(["bad", "awful", "poor", "sad"], k=3) if "sad" in labels else []
+        rng.shuffle(words)
+        rows.append({"text": " ".join(words), "label": labels})
+    return rows
+
+
+def test_multi_label_loss_is_binary_cross_entropy_on_multi_hot_targets(work: Path) -> None:
+    """A list of labels per row becomes a multi-hot float target, and the head built for it (problem_type
+    multi_label_classification) is trained by the mean binary cross-entropy over every class of every row."""
+    rows = mood_rows(6, 0)
+    dataset = Dataset.from_list(rows)
+    args = finetune.FinetuneArguments()
+    label2id, id2label = label_maps(dataset, "label")
+    assert label2id == {"happy": 0, "sad": 1} and is_multi_label(dataset, "label")
+    tokenizer = AutoTokenizer.from_pretrained(work / "base")
+    encoded = tokenize_classification(dataset, tokenizer, args, 32, None, "text", label2id)
+    targets = torch.tensor(encoded["labels"])
+    assert targets.tolist() == [[float("happy" in r["label"]), float("sad" in r["label"])] for r in rows]
+    config = tiny_decoder_config(
+        vocab_size=len(tokenizer), id2label=id2label, problem_type="multi_label_classification"
+    )
+    torch.manual_seed(0)
+    model = archlab.DecoderForSequenceClassification(config).eval()
+    batch = tokenizer([r["text"] for r in rows], return_tensors="pt", padding=True)
+    out = model(**batch, labels=targets)
+    p = torch.sigmoid(out.logits.double())
+    by_hand = -(targets * p.log() + (1 - targets) * (1 - p).log()).mean()
+    assert_close_to_scale(out.loss.double(), by_hand, rtol=1e-5)
+
+
+def test_multi_label_metrics_are_subset_accuracy_and_micro_f1() -> None:
+    logits = np.array([[2.0, -1.0, 3.0], [-1.0, -2.0, -3.0], [1.0, 1.0, -1.0]])  # predicted {0, 2}, {}, {0, 1}
+    labels = np.array([[1.0, 0.0, 1.0], [0.0, 0.0, 1.0], [1.0, 0.0, 0.0]])
+    # tp 3 (row 0: 2, row 2: 1), fp 1 (row 2, class 1), fn 1 (row 1, class 2): micro-F1 6 / 8; row 0 alone exact
+    scores = classification_metrics(EvalPrediction(predictions=logits, label_ids=labels))
+    assert scores == {"accuracy": pytest.approx(1 / 3), "f1": pytest.approx(6 / 8)}
+
+
+def test_a_hub_multi_label_column_keeps_its_class_names() -> None:
+    """A `Sequence(ClassLabel)` column (go_emotions' form): ids and names as the data set defines them."""
+    features = Features({"label": List(ClassLabel(names=["anger", "joy", "fear"]))})
+    dataset = Dataset.from_dict({"label": [[0, 2], [1], []]}, features=features)
+    assert is_multi_label(dataset, "label")
+    assert label_maps(dataset, "label") == ({0: 0, 1: 1, 2: 2}, {0: "anger", 1: "joy", 2: "fear"})
+
+
+def test_multi_label_end_to_end_with_test_predictions(tmp_path: Path, work: Path) -> None:
+    """Lists of labels (JSON) train a multi-label classifier as run_classification.py does: micro-F1 rises on a
+    separable set, the saved folder answers `pipeline("text-classification", top_k=None)` with a sigmoid per class,
+    and a --test_file is predicted after training (`predict_results.txt`: each row's list of classes)."""
+    for name, n, seed in (("train", 96, 1), ("validation", 40, 2), ("test", 12, 3)):
+        Dataset.from_list(mood_rows(n, seed)).to_json(tmp_path / f"{name}.jsonl")
+    out = tmp_path / "moods"
+    files = [str(tmp_path / f"{name}.jsonl") for name in ("train", "validation")]
+    args = classification_args(
+        out, work / "base", *files, "--max_steps", "24", "--test_file", str(tmp_path / "test.jsonl")
+    )
+    metrics = finetune.main(args)
+    assert metrics["eval_f1"] >= 0.9 > metrics["before_eval_f1"] and metrics["eval_accuracy"] >= 0.8
+    assert metrics["predict_f1"] >= 0.8 and "predict_loss" in metrics
+    model = AutoModelForSequenceClassification.from_pretrained(out).eval()
+    assert model.config.problem_type == "multi_label_classification"
+    assert model.config.id2label == {0: "happy", 1: "sad"}
+    classify = pipeline("text-classification", model=str(out), top_k=None)
+    text = "lovely great sad awful"
+    scores = {row["label"]: row["score"] for row in classify([text])[0]}
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    with torch.no_grad():
+        logits = model(**tokenizer(text, return_tensors="pt", return_token_type_ids=False)).logits[0]
+    assert scores == {name: pytest.approx(p, rel=1e-4) for name, p in zip(["happy", "sad"], logits.sigmoid().tolist())}
+    lines = (out / "predict_results.txt").read_text().splitlines()
+    assert lines[0] == "index\tprediction" and len(lines) == 13
+    right = [ast.literal_eval(line.split("\t")[1]) == row["label"] for line, row in zip(lines[1:], mood_rows(12, 3))]
+    assert np.mean(right) == pytest.approx(json.loads((out / "predict_results.json").read_text())["predict_accuracy"])
+
+
+def test_a_labelled_test_file_is_predicted_and_scored(tmp_path: Path, work: Path) -> None:
+    """--test_file (as run_glue.py's, with --do_predict implied): `predict_results.txt` holds each example's class,
+    `predict_*` metrics are computed from the file's labels; a test file without the label column is predicted
+    only; --max_predict_samples cuts it."""
+    Dataset.from_list(sentiment_rows(10, 3)).to_csv(tmp_path / "test.csv")
+    Dataset.from_list([{"text": row["text"]} for row in sentiment_rows(10, 3)]).to_csv(tmp_path / "unlabelled.csv")
+    out = tmp_path / "cls"
+    metrics = finetune.main(
+        classification_args(out, work / "base", work / "train.csv", work / "validation.csv", "--test_file")
+        + [str(tmp_path / "test.csv")]
+    )
+    lines = (out / "predict_results.txt").read_text().splitlines()
+    assert lines[0] == "index\tprediction" and [line.split("\t")[0] for line in lines[1:]] == list(map(str, range(10)))
+    predicted = [line.split("\t")[1] for line in lines[1:]]
+    right = np.mean([p == row["label"] for p, row in zip(predicted, sentiment_rows(10, 3))])
+    assert metrics["predict_accuracy"] == pytest.approx(right) and "predict_f1" in metrics
+    saved = json.loads((out / "all_results.json").read_text())
+    assert saved["predict_accuracy"] == metrics["predict_accuracy"] and "eval_accuracy" in saved
+    # predicted only, and cut
+    out = tmp_path / "unlabelled"
+    metrics = finetune.main(
+        classification_args(out, work / "base", work / "train.csv", work / "validation.csv", "--max_steps", "1")
+        + ["--test_file", str(tmp_path / "unlabelled.csv"), "--max_predict_samples", "4"]
+    )
+    assert len((out / "predict_results.txt").read_text().splitlines()) == 5
+    assert "predict_accuracy" not in metrics and "predict_loss" not in metrics
+
+
+def test_a_data_sets_test_split_is_predicted_not_tokenized_as_validation(tmp_path: Path, work: Path) -> None:
+    """A data set with train/validation/test splits (GLUE's layout: test labels -1) failed with "Labels ['-1'] of
+    the validation split are not in the training split": every split was tokenized and checked as a validation one.
+    Now the test split is left out unless --do_predict, which predicts it without scores."""
+    rows = {"train": sentiment_rows(80, 1), "validation": sentiment_rows(20, 2), "test": sentiment_rows(6, 3)}
+    label = {"neg": 0, "pos": 1}
+    splits = {
+        split: Dataset.from_list(
+            [{"text": r["text"], "label": -1 if split == "test" else label[r["label"]]} for r in rs]
+        )
+        for split, rs in rows.items()
+    }
+    DatasetDict(splits).save_to_disk(tmp_path / "glue")
+    args = run_args(tmp_path / "out", "--task", "classification", "--model_name_or_path", str(work / "base"))
+    args += ["--dataset_name", str(tmp_path / "glue"), "--block_size", "32", "--max_steps", "1"]
+    metrics = finetune.main(args)
+    assert not (tmp_path / "out" / "predict_results.txt").exists() and "eval_accuracy" in metrics
+    metrics = finetune.main([*args, "--do_predict", "true", "--overwrite_output_dir", "true"])
+    lines = (tmp_path / "out" / "predict_results.txt").read_text().splitlines()
+    assert len(lines) == 7 and {line.split("\t")[1] for line in lines[1:]} <= {"0", "1"}
+    assert "predict_accuracy" not in metrics
+    # no test split: named, with the splits there are
+    DatasetDict({split: splits[split] for split in ("train", "validation")}).save_to_disk(tmp_path / "two")
+    args[args.index(str(tmp_path / "glue"))] = str(tmp_path / "two")
+    with pytest.raises(ValueError, match=r"has the splits \['train', 'validation'\], none named 'test'"):
+        finetune.main([*args, "--do_predict", "true", "--overwrite_output_dir", "true"])
+    # the labels of a labelled test split are checked against the training split's, naming the split
+    splits["test"] = Dataset.from_list([{"text": "x", "label": 7}])
+    DatasetDict(splits).save_to_disk(tmp_path / "seven")
+    args[args.index(str(tmp_path / "two"))] = str(tmp_path / "seven")
+    with pytest.raises(ValueError, match=r"Labels \['7'\] of the test split are not in the training split's"):
+        finetune.main([*args, "--do_predict", "true", "--overwrite_output_dir", "true"])
+
+
+def test_regression_predictions_are_values() -> None:
+    """A regression head's predict_results.txt line is its value with 3 decimals, as run_glue.py writes it."""
+    from archlab.training.tasks import classification_lines
+
+    config = tiny_decoder_config(num_labels=1, problem_type="regression")
+    assert classification_lines(np.array([[0.25], [1.5]]), config) == ["index\tprediction", "0\t0.250", "1\t1.500"]
+
+
+def test_source_prefix_goes_before_every_source(work: Path) -> None:
+    """--source_prefix ("translate English to German: ", as T5 is prompted) is put before each source when it is
+    tokenized, and is in the texts a new tokenizer learns; the targets stay as they are."""
+    pairs = [{"code": "def f(): pass", "docstring": "Do nothing."}, {"code": "x = 1", "docstring": "Set x."}]
+    tokenizer = train_tokenizer([p["code"] + p["docstring"] for p in pairs], "seq2seq", vocab_size=300, min_frequency=1)
+    args = finetune.FinetuneArguments(source_prefix="summarize: ")
+    encoded = tokenize_seq2seq(Dataset.from_list(pairs), tokenizer, args, max_length=None, num_proc=None)
+    plain = tokenize_seq2seq(Dataset.from_list(pairs), tokenizer, finetune.FinetuneArguments(), None, None)
+    for row, pair in zip(encoded, pairs):
+        assert row["input_ids"] == tokenizer("summarize: " + pair["code"])["input_ids"]
+    assert encoded["labels"] == plain["labels"]
+    assert list(pair_texts(Dataset.from_list(pairs), args, "text"))[0] == "summarize: def f(): pass"
+
+
+def test_generated_predictions_are_one_line_per_example() -> None:
+    """generated_predictions.txt: the decoded texts without special tokens; -100 (the gathered batches' padding) read
+    as pad, and a line break inside a text written as a space so that line i stays example i."""
+    from archlab.training.tasks import generated_lines
+
+    tokenizer = train_tokenizer(["one two\nthree"], "seq2seq", vocab_size=300, min_frequency=1)
+    ids = tokenizer(["one two\nthree", "two"], padding=True)["input_ids"]
+    ids = np.array([ids[0], [i if i != tokenizer.pad_token_id else IGNORE_INDEX for i in ids[1]]])
+    assert generated_lines(ids, tokenizer) == ["one two three", "two"]

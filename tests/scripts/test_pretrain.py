@@ -204,6 +204,8 @@ BAD_INPUTS = [
         ValueError,
         "--attn_implementation 'flash_attention_9' is not supported; allowed values: eager, ",
     ),
+    # accepted and ignored (transformers' example scripts predict a --test_file under it)
+    (["--do_predict", "true"], ValueError, "--do_predict: this script has no test split to predict"),
 ]
 
 
