@@ -318,6 +318,11 @@ def tokenize_classification(
     target of binary cross-entropy, as in run_classification.py); with `label2id` None (regression), the labels as
     floats. A split without the label column (an unlabeled test split) gets no labels."""
     label = args.label_column_name
+    if label == "labels" and "labels" in dataset.column_names:
+        # (`map` gives an output column its input column's type: a `labels` list of ClassLabel turned the multi-hot
+        # floats into integers, and binary cross-entropy failed on Long targets)
+        label = "labels (input)"
+        dataset = dataset.rename_column("labels", label)
 
     def encode(batch: dict[str, list]) -> dict[str, list]:
         out = tokenizer(batch[text_column], truncation=True, max_length=max_length)

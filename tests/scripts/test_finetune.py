@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from datasets import ClassLabel, Dataset, DatasetDict, Features, List
+from datasets import ClassLabel, Dataset, DatasetDict, Features, List, Value
 from huggingface_hub import ModelCard
 from transformers import AutoModelForSequenceClassification, AutoTokenizer, EvalPrediction, pipeline
 
@@ -637,12 +637,20 @@ def test_multi_label_metrics_are_subset_accuracy_and_micro_f1() -> None:
     assert scores == {"accuracy": pytest.approx(1 / 3), "f1": pytest.approx(6 / 8)}
 
 
-def test_a_hub_multi_label_column_keeps_its_class_names() -> None:
-    """A `Sequence(ClassLabel)` column (go_emotions' form): ids and names as the data set defines them."""
-    features = Features({"label": List(ClassLabel(names=["anger", "joy", "fear"]))})
-    dataset = Dataset.from_dict({"label": [[0, 2], [1], []]}, features=features)
-    assert is_multi_label(dataset, "label")
-    assert label_maps(dataset, "label") == ({0: 0, 1: 1, 2: 2}, {0: "anger", 1: "joy", 2: "fear"})
+def test_a_hub_multi_label_column_keeps_its_class_names(work: Path) -> None:
+    """A `Sequence(ClassLabel)` column (go_emotions' form): ids and names as the data set defines them, and
+    multi-hot float targets even where the column is named `labels` (`map` gave the output its ClassLabel type:
+    integer targets, and binary cross-entropy failed on Long labels)."""
+    features = Features({"text": Value("string"), "labels": List(ClassLabel(names=["anger", "joy", "fear"]))})
+    dataset = Dataset.from_dict({"text": ["a", "b", "c"], "labels": [[0, 2], [1], []]}, features=features)
+    assert is_multi_label(dataset, "labels")
+    label2id, id2label = label_maps(dataset, "labels")
+    assert (label2id, id2label) == ({0: 0, 1: 1, 2: 2}, {0: "anger", 1: "joy", 2: "fear"})
+    tokenizer = AutoTokenizer.from_pretrained(work / "base")
+    args = finetune.FinetuneArguments(label_column_name="labels")
+    encoded = tokenize_classification(dataset, tokenizer, args, 32, None, "text", label2id)
+    assert encoded["labels"] == [[1.0, 0.0, 1.0], [0.0, 1.0, 0.0], [0.0, 0.0, 0.0]]
+    assert encoded.features["labels"] == List(Value("float64"))
 
 
 def test_multi_label_end_to_end_with_test_predictions(tmp_path: Path, work: Path) -> None:
