@@ -200,6 +200,13 @@ def main(argv: Sequence[str] | None = None, callbacks: list[TrainerCallback] | N
     facts = run_facts(training_args)
     check_resumed_run_facts(resume, facts)
     finished = finished_run(resume, training_args)
+    if finished is not None and training_args.do_predict:
+        # (the finished run's results came back, and the test split was not predicted)
+        raise ValueError(
+            f"--do_predict / --test_file: the run in {training_args.output_dir} is finished and saved, and the test "
+            "split is predicted after training: predict with the saved folder (`pipeline(...)`, "
+            "`archlab.translate`), or pass --overwrite_output_dir true to train again and predict."
+        )
     if finished is not None:
         return finished
     set_seed(training_args.seed)

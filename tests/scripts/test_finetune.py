@@ -336,6 +336,26 @@ def test_a_resume_that_would_skip_other_data_or_read_other_token_ids_is_refused_
         finetune.main(args)
 
 
+def test_predicting_after_a_finished_run_is_refused_not_skipped(
+    tmp_path: Path, work: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A resumed run that is already finished returned its saved results: --test_file was skipped without a word."""
+    out = tmp_path / "out"
+    checkpoint = out / "checkpoint-10"
+    checkpoint.mkdir(parents=True)
+    for folder in (checkpoint, out):
+        (folder / "trainer_state.json").write_text(json.dumps({"global_step": 10}))
+    (checkpoint / "run_facts.json").write_text(json.dumps({"examples_per_step": 8}))
+    (out / "config.json").write_text("{}")
+    save_tokenizer(AutoTokenizer.from_pretrained(work / "base"), checkpoint)
+    forbid(monkeypatch, sources, "load_raw_datasets", "data was loaded for a finished run")
+    args = classification_args(out, work / "base", work / "train.csv", work / "validation.csv")
+    args += ["--resume_from_checkpoint", "true"]
+    assert finetune.main(args) == {}  # finished: nothing to do
+    with pytest.raises(ValueError, match="the run in .* is finished and saved, and the test split is predicted after"):
+        finetune.main([*args, "--test_file", str(work / "validation.csv")])
+
+
 def test_a_damaged_base_model_is_named_before_anything_is_read(tmp_path: Path, work: Path) -> None:
     import shutil
 
