@@ -232,6 +232,13 @@ def main(argv: Sequence[str] | None = None, callbacks: list[TrainerCallback] | N
         first_process_writes_the_cache(training_args, raw),
     )
 
+    if training_args.label_smoothing_factor and built["model"].config.problem_type == "regression":
+        # Trainer's label smoother gathers class log-probabilities at the labels: the first step failed on float
+        # labels ("gather(): Expected dtype int32/int64 for index"), after the data and model were prepared
+        raise ValueError(
+            f"--label_smoothing_factor {training_args.label_smoothing_factor:g} smooths class targets, and the float "
+            f"labels of {args.label_column_name!r} train a regression head: leave the flag out (or give class labels)."
+        )
     log(training_setup(training_args))
 
     # --- training --------------------------------------------------------------------------------------------

@@ -533,6 +533,11 @@ def test_float_labels_train_a_regression_head(tmp_path: Path, work: Path) -> Non
     assert metrics["eval_mse"] < 0.02 < metrics["before_eval_mse"] and metrics["eval_pearson"] > 0.9
     model = AutoModelForSequenceClassification.from_pretrained(out)
     assert model.config.num_labels == 1 and model.config.problem_type == "regression"
+    # label smoothing has no classes to smooth: it failed in the first step, "gather(): Expected dtype int32/int64"
+    smoothed = classification_args(tmp_path / "smoothed", work / "base", train, validation, "--label_column_name")
+    with pytest.raises(ValueError, match="--label_smoothing_factor 0.1 smooths class targets, and the float labels"):
+        finetune.main([*smoothed, "score", "--label_smoothing_factor", "0.1"])
+    assert not (tmp_path / "smoothed").exists()
 
 
 def test_rows_without_one_label_are_named_before_training(tmp_path: Path, work: Path) -> None:
