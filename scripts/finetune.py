@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from transformers import Seq2SeqTrainingArguments, TrainerCallback, set_seed
@@ -85,6 +85,16 @@ class FinetuneArguments:
     label_column_name: str = field(default="label", metadata={"help": "classification: the label column."})
     source_column: str = field(default="code", metadata={"help": "seq2seq: the input column."})
     target_column: str = field(default="docstring", metadata={"help": "seq2seq: the output column."})
+    source_lang: str | None = field(
+        default=None,
+        metadata={
+            "help": "seq2seq: read run_translation.py's form, a `translation` column of {language: text} (wmt16, "
+            "opus_books): the source language's key (with --target_lang; instead of --source_column)."
+        },
+    )
+    target_lang: str | None = field(
+        default=None, metadata={"help": "seq2seq: the target language's key of the `translation` column."}
+    )
     max_source_length: int = field(default=256, metadata={"help": "seq2seq: truncate inputs to this many tokens."})
     max_target_length: int = field(default=48, metadata={"help": "seq2seq: truncate targets to this many tokens."})
     source_prefix: str | None = field(
@@ -194,6 +204,7 @@ def main(argv: Sequence[str] | None = None, callbacks: list[TrainerCallback] | N
     check_flag_positive(args, ("max_source_length", "max_target_length"), " (tokens)")
     if args.source_prefix is not None and args.task != "seq2seq":
         raise ValueError(f"--source_prefix is for --task seq2seq (the encoder's inputs), not --task {args.task}.")
+    check_language_flags(args)
     check_installed(task)
     resume = resolve_resume(training_args, training_args.overwrite_output_dir)
     check_resumed_tokenizer(model_args, resume)
@@ -287,6 +298,28 @@ def main(argv: Sequence[str] | None = None, callbacks: list[TrainerCallback] | N
             lambda: task.show_example(built["model"], tokenizer, example, args, max_new_tokens),
         )
     return metrics
+
+
+def check_language_flags(args: FinetuneArguments) -> None:
+    """--source_lang / --target_lang (run_translation.py's `translation` column): both, for --task seq2seq, instead of
+    the column flags; the pairs are then read into columns named by the languages."""
+    if args.source_lang is None and args.target_lang is None:
+        return
+    if args.task != "seq2seq":
+        raise ValueError(f"--source_lang / --target_lang are for --task seq2seq, not --task {args.task}.")
+    if args.source_lang is None or args.target_lang is None or args.source_lang == args.target_lang:
+        raise ValueError(
+            "--source_lang and --target_lang go together and differ: the two keys of the `translation` column "
+            f"(got {args.source_lang!r} and {args.target_lang!r})."
+        )
+    defaults = {f.name: f.default for f in fields(FinetuneArguments)}
+    given = [f"--{name}" for name in ("source_column", "target_column") if getattr(args, name) != defaults[name]]
+    if given:
+        raise ValueError(
+            f"Conflicting flags: {' and '.join(given)} with --source_lang / --target_lang, which read the "
+            "`translation` column; pass one form."
+        )
+    args.source_column, args.target_column = args.source_lang, args.target_lang
 
 
 def check_predict_flags(task: Task, args: FinetuneArguments, data_args: Any, training_args: Any) -> None:

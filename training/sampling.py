@@ -243,7 +243,7 @@ def show_seq2seq_example(
             **inputs, max_new_tokens=max_new_tokens or 48, num_beams=1, do_sample=False, disable_compile=True
         )
         log(
-            f"Example -- code:\n{example[args.source_column]}\n"
+            f"Example -- {args.source_column}:\n{example[args.source_column]}\n"
             f"generated: {tokenizer.decode(output[0], skip_special_tokens=True)}\n"
             f"reference: {example[args.target_column]}"
         )

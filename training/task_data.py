@@ -26,6 +26,8 @@ class TaskOptions(Protocol):
     max_source_length: int
     max_target_length: int
     source_prefix: str | None
+    source_lang: str | None
+    target_lang: str | None
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -358,7 +360,10 @@ def multi_hot(labels: list[Any], label2id: dict[Any, int]) -> list[float]:
 # Sequence to sequence
 # ---------------------------------------------------------------------------------------------------------------
 def check_pair_columns(dataset: Any, split: str, args: TaskOptions, text_column: str) -> Any:
-    """The source and target columns, checked; a test split may come without targets (it is then predicted only)."""
+    """The source and target columns, checked; a test split may come without targets (it is then predicted only).
+    With --source_lang / --target_lang the pairs are read from a `translation` column first."""
+    if getattr(args, "source_lang", None):
+        dataset = from_translation_column(dataset, split, args)
     if split == "test" and args.target_column not in dataset.column_names:
         check_columns(dataset, args.source_column, split=split, flags=["--source_column"])
         check_text_columns(dataset, args.source_column, split=split)
@@ -368,6 +373,30 @@ def check_pair_columns(dataset: Any, split: str, args: TaskOptions, text_column:
     )
     check_text_columns(dataset, args.source_column, args.target_column, split=split)
     return dataset
+
+
+TRANSLATION_COLUMN = "translation"
+
+
+def from_translation_column(dataset: Any, split: str, args: TaskOptions) -> Any:
+    """run_translation.py's form: each row's `translation` {language: text} read into a source and a target column
+    named by the languages (`args.source_column` / `args.target_column`, which the script sets to them)."""
+    check_columns(dataset, TRANSLATION_COLUMN, split=split, flags=["--source_lang"])
+    languages = (args.source_lang, args.target_lang)
+    for row, pair in enumerate(dataset[TRANSLATION_COLUMN]):
+        if not isinstance(pair, dict) or not set(languages) <= pair.keys():
+            keys = sorted(pair) if isinstance(pair, dict) else type(pair).__name__
+            raise ValueError(
+                f"Column 'translation' of the {split} split: row {row} holds {keys}, not the languages "
+                f"{list(languages)} of --source_lang / --target_lang."
+            )
+    return dataset.map(
+        lambda row: {
+            args.source_column: row[TRANSLATION_COLUMN][args.source_lang],
+            args.target_column: row[TRANSLATION_COLUMN][args.target_lang],
+        },
+        remove_columns=dataset.column_names,
+    )
 
 
 def with_prefix(sources: Iterable[str], args: TaskOptions) -> list[str]:

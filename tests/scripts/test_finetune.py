@@ -801,3 +801,23 @@ def test_generated_predictions_are_one_line_per_example() -> None:
     ids = tokenizer(["one two\nthree", "two"], padding=True)["input_ids"]
     ids = np.array([ids[0], [i if i != tokenizer.pad_token_id else IGNORE_INDEX for i in ids[1]]])
     assert generated_lines(ids, tokenizer) == ["one two three", "two"]
+
+
+def test_translation_pairs_are_read_by_their_languages() -> None:
+    """run_translation.py's form (wmt16, opus_books): a `translation` column of {language: text}, read with
+    --source_lang / --target_lang into columns named by the languages; a row without one of them is named."""
+    args = finetune.FinetuneArguments(task="seq2seq", source_lang="en", target_lang="de")
+    finetune.check_language_flags(args)
+    assert (args.source_column, args.target_column) == ("en", "de")
+    rows = [{"id": "0", "translation": {"en": "Hello.", "de": "Hallo.", "fr": "Salut."}}]
+    pairs = check_pair_columns(Dataset.from_list(rows), "train", args, "text")
+    assert pairs.column_names == ["en", "de"] and pairs[0] == {"en": "Hello.", "de": "Hallo."}
+    with pytest.raises(ValueError, match=r"row 0 holds \['en', 'fr'\], not the languages \['en', 'de'\]"):
+        check_pair_columns(Dataset.from_list([{"translation": {"en": "Hi.", "fr": "Salut."}}]), "train", args, "text")
+    for given, message in (
+        ({"source_lang": "en"}, "--source_lang and --target_lang go together and differ"),
+        ({"source_lang": "en", "target_lang": "de", "source_column": "english"}, "Conflicting flags: --source_col"),
+        ({"source_lang": "en", "target_lang": "de", "task": "classification"}, "are for --task seq2seq, not --ta"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            finetune.check_language_flags(finetune.FinetuneArguments(**{"task": "seq2seq", **given}))
