@@ -64,6 +64,7 @@ from .cache_spans import (
 )
 from .compile_fallback import eager_on_compiler_failure
 from .compiled_prefill import prefill
+from .input_checks import embedding_rows, resolved_pad_token_id
 from .loop_processors import (
     FORCED_PROCESSORS,
     SCORE_WARPERS,
@@ -130,6 +131,10 @@ def shared_blocker(
         return "synced GPUs or an assistant model"
     if config.output_attentions or config.output_hidden_states:
         return "attentions or hidden states asked for"
+    pad, _ = resolved_pad_token_id(config)
+    vocab_size = embedding_rows(model.get_output_embeddings())
+    if pad is not None and not 0 <= pad < vocab_size:  # the loops feed it to finished rows, and index by it
+        return f"pad_token_id {pad} outside the vocabulary [0, {vocab_size})"
     others = sorted({type(criterion).__name__ for criterion in stopping_criteria if type(criterion) not in criteria})
     if others:
         return f"stopping criteria {others}"

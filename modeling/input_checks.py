@@ -14,6 +14,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 from transformers.cache_utils import Cache
+from transformers.utils import logging
+
+logger = logging.get_logger(__name__)
 
 
 def can_read_values(tensor: torch.Tensor) -> bool:
@@ -88,4 +91,78 @@ def check_cache_heads(cache: Cache | None, kv_heads: int, head_dim: int, heads_f
         )
 
 
-__all__ = ["cached_length", "can_read_values", "check_attention_mask", "check_cache_heads", "check_token_ids"]
+def _ids(value) -> list[int]:
+    """A special token setting as a list of ids: None, an int, a list of ints or a tensor."""
+    if value is None:
+        return []
+    if isinstance(value, torch.Tensor):
+        return [int(v) for v in value.flatten().tolist()]
+    return [int(v) for v in value] if isinstance(value, (list, tuple)) else [int(value)]
+
+
+def resolved_pad_token_id(generation_config) -> tuple[int | None, str]:
+    """The id `generate` writes after a row's end (transformers' rule: `pad_token_id`, else the first
+    `eos_token_id`), and where it comes from, for messages."""
+    if generation_config.pad_token_id is not None:
+        return int(generation_config.pad_token_id), "`pad_token_id`"
+    eos = _ids(generation_config.eos_token_id)
+    return (eos[0], "`pad_token_id` (unset, so the first `eos_token_id`)") if eos else (None, "")
+
+
+def check_special_token_ids(generation_config, vocab_size: int, is_encoder_decoder: bool, batch_size: int | None):
+    """The special token ids of a `generate` call against the model's output vocabulary [0, vocab_size), checked
+    before anything runs (transformers only warns, when the model config is built, about int ids):
+
+    - `forced_bos_token_id`, `forced_eos_token_id` and an encoder-decoder's `decoder_start_token_id` outside it fail
+      every call that uses them (an IndexError at the step that forces them, the last one for `forced_eos_token_id`;
+      the embedding's lookup of the start token, a device-side assert on a GPU): a ValueError naming the field;
+    - `pad_token_id` (or the first `eos_token_id` standing in for it) outside it is fed to the model by the rows of a
+      batch that end before the others: a ValueError when rows can end (an `eos_token_id` in the vocabulary) and
+      there are several (beam search writes it into finished hypotheses only, and passes);
+    - `eos_token_id` ids outside it can never be generated, so generation never stops at them: a warning naming
+      them (legacy configs carry such ids; the call is otherwise sound).
+    """
+    allowed = f"must be in [0, {vocab_size}) (the model's output vocabulary)"
+
+    def outside(value) -> list[int]:
+        return [i for i in _ids(value) if not 0 <= i < vocab_size]
+
+    fields = ["forced_bos_token_id", "forced_eos_token_id"]
+    if is_encoder_decoder:  # transformers starts from `bos_token_id` where `decoder_start_token_id` is unset
+        unset = generation_config.decoder_start_token_id is None
+        fields.append("bos_token_id" if unset else "decoder_start_token_id")
+    for field in fields:
+        bad = outside(getattr(generation_config, field, None))
+        if bad:
+            raise ValueError(
+                f"`{field}` ({getattr(generation_config, field)}) {allowed}; {bad} is not. Set it in the generation "
+                f"config or pass `{field}=` to `generate`."
+            )
+    eos = _ids(generation_config.eos_token_id)
+    bad_eos = outside(eos)
+    if bad_eos:
+        logger.warning_once(
+            f"`eos_token_id` ({generation_config.eos_token_id}) holds {bad_eos}, outside the model's output "
+            f"vocabulary [0, {vocab_size}): the model never generates {'them' if len(bad_eos) > 1 else 'it'}, so "
+            "generation does not stop there."
+        )
+    pad, source = resolved_pad_token_id(generation_config)
+    rows = (batch_size or 1) * max(generation_config.num_return_sequences or 1, 1)
+    can_end = len(bad_eos) < len(eos)
+    if pad is not None and not 0 <= pad < vocab_size and can_end and rows > 1 and generation_config.num_beams == 1:
+        raise ValueError(
+            f"{source} ({pad}) {allowed}: the rows of a batch that end before the others are fed it for the "
+            "remaining steps. Pass `pad_token_id=` an id of the vocabulary (the tokenizer's pad token, or an "
+            "`eos_token_id`)."
+        )
+
+
+__all__ = [
+    "cached_length",
+    "can_read_values",
+    "check_attention_mask",
+    "check_cache_heads",
+    "check_special_token_ids",
+    "check_token_ids",
+    "resolved_pad_token_id",
+]

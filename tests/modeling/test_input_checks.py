@@ -273,3 +273,49 @@ def test_a_cache_holding_a_tensor_parallel_share_of_the_heads_passes():
     check_cache_heads(cache, 2, 8, "num_key_value_heads", "head_dim")
     with pytest.raises(ValueError, match="`head_dim`"):
         check_cache_heads(cache, 2, 4, "num_key_value_heads", "head_dim")
+
+
+# ---- special token ids past the output vocabulary ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("field", ["forced_eos_token_id", "forced_bos_token_id"])
+@pytest.mark.parametrize("bad", [97, -1])
+def test_generate_refuses_forced_tokens_outside_the_vocabulary_before_decoding(field, bad):
+    """transformers' forced-token processors index the scores with the id: an IndexError at the step that forces it
+    (the last one for `forced_eos_token_id`, after the whole generation), or -1 reported as `eos_token_id`."""
+    model = DecoderForCausalLM(tiny_decoder_config()).eval()
+    with pytest.raises(ValueError, match=rf"`{field}` \({bad}\) must be in \[0, 97\)") as error:
+        model.generate(torch.tensor([[5, 6, 7]]), max_new_tokens=3, **{field: bad})
+    one_line(error)
+
+
+@pytest.mark.parametrize("field", ["decoder_start_token_id", "forced_eos_token_id"])
+def test_seq2seq_generate_names_the_start_or_forced_token_outside_the_vocabulary(field):
+    model = Seq2SeqForConditionalGeneration(tiny_seq2seq_config()).eval()  # vocab_size 61
+    with pytest.raises(ValueError, match=rf"`{field}` \(61\) must be in \[0, 61\)"):
+        model.generate(torch.tensor([[5, 6, 7]]), max_new_tokens=3, **{field: 61})
+
+
+def test_generate_refuses_a_pad_outside_the_vocabulary_that_finished_rows_would_be_fed():
+    """A row that ends before the others is fed the pad: refused before the prompt's forward (it was a
+    `input_ids` error mid-generation on CPU, a device-side assert on a GPU). One row, or nothing that ends, passes."""
+    model = DecoderForCausalLM(tiny_decoder_config()).eval()
+    ids = torch.tensor([[5, 6, 7], [8, 9, 10]])
+    with pytest.raises(ValueError, match=r"`pad_token_id` \(97\) must be in \[0, 97\).*end before the others"):
+        model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=3, pad_token_id=97, eos_token_id=2)
+    unpadded = DecoderForCausalLM(tiny_decoder_config(pad_token_id=None)).eval()
+    with pytest.raises(ValueError, match=r"`pad_token_id` \(unset, so the first `eos_token_id`\) \(-1\)"):
+        unpadded.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=3, eos_token_id=[-1, 2])
+    assert model.generate(ids[:1], max_new_tokens=3, pad_token_id=-1, eos_token_id=2).shape[0] == 1
+    assert model.generate(ids, max_new_tokens=3, pad_token_id=-1, eos_token_id=None).shape == (2, 6)
+
+
+def test_generate_warns_once_about_end_of_sequence_ids_it_can_never_generate(caplog):
+    """An `eos_token_id` outside the vocabulary is never generated, so generation silently ran to `max_length`; a
+    warning names it (legacy configs carry such ids, so it is not an error)."""
+    model = DecoderForCausalLM(tiny_decoder_config()).eval()
+    with caplog.at_level(logging.WARNING, logger="archlab.modeling.input_checks"):
+        out = model.generate(torch.tensor([[5, 6, 7]]), max_new_tokens=3, eos_token_id=[2, 500])
+    assert out.shape == (1, 6)
+    warned = [r.getMessage() for r in caplog.records if "eos_token_id" in r.getMessage()]
+    assert len(warned) == 1 and "[500]" in warned[0] and "[0, 97)" in warned[0]
