@@ -64,6 +64,7 @@ from .compile_fallback import eager_on_compiler_failure
 from .compiled_prefill import check_compile_prefill
 from .decoding_loop import compiled_decoding_step, decode, loop_blocker
 from .fused_projections import inference_projections
+from .input_checks import check_special_token_ids, embedding_rows
 from .sinusoidal import check_generation_fits_the_table
 from .sliding_layers import (
     RING_MODES,
@@ -220,6 +221,11 @@ def choose_cache_implementation(
         return "static"
     if requested in ALL_STATIC_CACHE_IMPLEMENTATIONS:
         reason = static_cache_blocker(model.config)
+        if reason is None and generation_mode == GenerationMode.ASSISTED_GENERATION and model.config.is_encoder_decoder:
+            reason = (
+                "assisted decoding crops the cache after rejected draft tokens, and transformers crops an "
+                "encoder-decoder's cache only when it is dynamic"
+            )
         if reason is not None:
             fallback = "offloaded" if "offloaded" in requested else None
             logger.warning_once(
@@ -228,6 +234,26 @@ def choose_cache_implementation(
             )
             return fallback
     return requested
+
+
+def cap_candidates(generator, max_length: int):
+    """`generator` with its candidate sequences cut to `max_length - 1` tokens (and its candidate logits to match):
+    the target checks them in one forward that also yields the token after them, so a longer draft runs past the
+    generation. transformers' assistant model caps its drafts so, but prompt lookup (`PromptLookupCandidateGenerator`)
+    caps them at `max_length`: its last check then writes position `max_length - 1`, past a static cache
+    (`max_length - 1` positions: an IndexError) and, at the end of a position table, past the table."""
+    get_candidates = generator.get_candidates
+
+    def capped(input_ids, *args, **kwargs):
+        candidates, logits = get_candidates(input_ids, *args, **kwargs)
+        extra = candidates.shape[1] - max(max_length - 1, input_ids.shape[1])
+        if extra > 0:
+            candidates = candidates[:, :-extra]
+            logits = logits[:, :-extra] if logits is not None else None
+        return candidates, logits
+
+    generator.get_candidates = capped
+    return generator
 
 
 def reorder_cache_in_place(cache: Cache, beam_idx: torch.LongTensor) -> None:
@@ -362,12 +388,13 @@ class FastDecodingMixin:
         beams = generation_mode in (GenerationMode.BEAM_SEARCH, GenerationMode.BEAM_SAMPLE)
         self._rows_per_source = generation_config.num_beams if beams and SHARED_SOURCE_KEYS else 1
         self._decodes_rings = decodes_as_rings(self, generation_mode)  # for `_prepare_static_cache`
+        self._assisted = generation_mode == GenerationMode.ASSISTED_GENERATION  # for `_prepare_static_cache`
         try:
             result = super()._prepare_cache_for_generation(
                 generation_config, model_kwargs, generation_mode, *args, **kwargs
             )
         finally:
-            del self._rows_per_source, self._decodes_rings
+            del self._rows_per_source, self._decodes_rings, self._assisted
         kept = self.__dict__.get("_kept_static_cache")
         if kept is not None and cache_in(model_kwargs) is kept.cache:
             kept.reusable = not generation_config.return_dict_in_generate  # a returned cache is the user's
@@ -423,8 +450,11 @@ class FastDecodingMixin:
         step: a few dozen calls) no longer replayed."""
         effective = max(max_cache_len, getattr(self, "_previous_max_cache_length", -1))
         # sliding layers kept whole, or window-long (rings in greedy decoding, sampling, beam search: sliding_layers.py)
-        whole = not self.config.is_encoder_decoder and kept_whole(
-            self, effective, batch_size, getattr(self, "_decodes_rings", False)
+        # - assisted decoding crops the cache after rejected drafts, which a window-long layer past its window cannot
+        # undo (transformers refuses it, `is_croppable`): whole there
+        whole = not self.config.is_encoder_decoder and (
+            kept_whole(self, effective, batch_size, getattr(self, "_decodes_rings", False))
+            or getattr(self, "_assisted", False)
         )
         key = (cache_implementation, batch_size, effective, self.dtype, self.device, whole)
         rows_per_source = 1
@@ -455,6 +485,22 @@ class FastDecodingMixin:
         them again (and records its CUDA graphs again)."""
         for name in KEPT_MEMORY:
             self.__dict__.pop(name, None)
+
+    def _get_candidate_generator(self, generation_config: GenerationConfig, *args, **kwargs):
+        """transformers' candidate generator (assisted decoding, prompt lookup), its candidates capped at
+        `max_length - 1` tokens (`cap_candidates`)."""
+        generator = super()._get_candidate_generator(generation_config, *args, **kwargs)
+        return cap_candidates(generator, generation_config.max_length)
+
+    def _prepare_special_tokens(self, generation_config: GenerationConfig, *args, **kwargs):
+        """transformers' preparation, after the special token ids are checked against the output vocabulary
+        (`input_checks.check_special_token_ids`): an id outside it fails early, naming its field, not as an IndexError
+        at the step that forces it or a device-side assert where a finished row is fed its pad."""
+        batch_size = kwargs.get("batch_size", args[2] if len(args) > 2 else None)
+        output = self.get_output_embeddings()
+        vocab_size = embedding_rows(output) if output is not None else self.config.get_text_config().vocab_size
+        check_special_token_ids(generation_config, vocab_size, self.config.is_encoder_decoder, batch_size)
+        return super()._prepare_special_tokens(generation_config, *args, **kwargs)
 
     def _prepare_generation_config(self, generation_config, *args, **kwargs):
         """transformers' preparation, plus `compile_prefill` (compiled_prefill.py: off unless asked for, as a keyword

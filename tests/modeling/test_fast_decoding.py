@@ -592,3 +592,72 @@ def test_a_copy_after_compiled_decoding_decodes_with_its_own_weights(loop):
     buffer.seek(0)
     loaded = torch.load(buffer, weights_only=False)
     assert torch.equal(loaded.generate(ids, **kwargs), model.generate(ids, **kwargs))
+
+
+# ---- assisted decoding and prompt lookup with a static cache ------------------------------------------------------
+
+
+def _draft_of(model, noise: float = 0.05):
+    """A copy of `model` with its weights perturbed: its drafts are accepted in part, rejected in part."""
+    draft = copy.deepcopy(model)
+    generator = torch.Generator().manual_seed(2)
+    with torch.no_grad():
+        for parameter in draft.parameters():
+            parameter.add_(noise * torch.randn(parameter.shape, generator=generator))
+    return draft
+
+
+ONE_ROW = dict(max_new_tokens=16, do_sample=False, pad_token_id=0, eos_token_id=None)
+
+
+@pytest.mark.parametrize("name", ["positions_sinusoidal", "rope_llama3", "moe"])
+def test_prompt_lookup_with_a_static_cache_decodes_as_greedy_decoding(name):
+    """Prompt lookup drafts up to `max_length` tokens, one past a static cache of `max_length - 1` positions
+    (transformers: an IndexError at the last check); the drafts are capped at `max_length - 1`."""
+    model = decoder_variant(name)
+    prompt = _prompts(1, 97)["input_ids"]
+    greedy = model.generate(prompt, **ONE_ROW)
+    looked_up = model.generate(prompt, prompt_lookup_num_tokens=3, cache_implementation="static", **ONE_ROW)
+    assert torch.equal(looked_up, greedy)
+
+
+@pytest.mark.parametrize("name", ["all_sliding_attention", "local_global"])
+def test_assisted_decoding_with_a_static_cache_keeps_sliding_layers_whole(name):
+    """A window-long sliding layer past its window cannot be cropped back after rejected drafts (transformers:
+    "Assisted decoding requires a cache that can be cropped"); assisted decoding keeps those layers whole."""
+    model = decoder_variant(name)
+    prompt = _prompts(1, 97)["input_ids"]
+    greedy = model.generate(prompt, **ONE_ROW)
+    static = dict(cache_implementation="static", **ONE_ROW)
+    assert torch.equal(model.generate(prompt, assistant_model=_draft_of(model), **static), greedy)
+    assert torch.equal(model.generate(prompt, prompt_lookup_num_tokens=3, **static), greedy)
+
+
+def test_seq2seq_assisted_decoding_asked_for_a_static_cache_decodes_with_the_dynamic_cache(notices):
+    """transformers crops an encoder-decoder's cache only when dynamic (a TypeError after the first check): the
+    static cache asked for falls back to the dynamic one with one line saying why."""
+    model = seq2seq_variant("positions_relative_bias")
+    source = torch.randint(3, 61, (1, 7), generator=torch.Generator().manual_seed(1))
+    greedy = model.generate(source, max_new_tokens=12, do_sample=False, eos_token_id=None)
+    assisted = model.generate(
+        source,
+        assistant_model=_draft_of(model),
+        cache_implementation="static",
+        max_new_tokens=12,
+        do_sample=False,
+        eos_token_id=None,
+    )
+    assert torch.equal(assisted, greedy)
+    assert len(notices) == 1 and "assisted decoding" in notices[0] and "\n" not in notices[0]
+
+
+def test_a_pad_outside_the_vocabulary_keeps_the_compiled_loop_out(on_cuda):
+    """The compiled loop feeds the pad to a finished row for a few steps (and indexes by it): with a pad outside the
+    vocabulary (legacy configs' -1) a single row decodes in transformers' loop, which stops at its end."""
+    model = decoder_variant("positions_rope")
+    prompt = _prompts(1, 97)["input_ids"]
+    kwargs = dict(max_new_tokens=10, do_sample=False, compile_config=cpu_compile_config(fullgraph=False))
+    free = model.generate(prompt, pad_token_id=0, eos_token_id=None, **kwargs)
+    eos = int(free[0, 8])
+    out = model.generate(prompt, pad_token_id=-1, eos_token_id=eos, **kwargs)
+    assert torch.equal(out, free[:, :9])
