@@ -16,6 +16,7 @@ computed at this config's values of the fields it derives from). Training-only f
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -117,7 +118,7 @@ class Family:
                 kwargs[name] = getattr(stock, stock_name)
         kwargs.update(self.implied)
         kwargs.update(self.to_archlab(stock, values))
-        return self.archlab_class.config_class(**kwargs)
+        return self.archlab_class.config_class(**without_ids_outside_the_vocabulary(kwargs))
 
     def refused_fields(self, config: PreTrainedConfig) -> dict[str, Any]:
         """archlab fields whose value this family cannot express: {field: "field=value (what the family needs)"}."""
@@ -170,6 +171,23 @@ class Family:
             raise ConversionError(
                 f"A stock {self.config_class.__name__} refuses the values this archlab config maps to: {error}"
             ) from None
+
+
+def without_ids_outside_the_vocabulary(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """A stock config's pad/bos id outside `[0, vocab_size)` (older Llama folders carry `pad_token_id=-1`, "no pad")
+    becomes None, with a warning: stock configs only warn about it, archlab's refuse it, and the folder would not
+    convert at all."""
+    vocab_size = kwargs.get("vocab_size")
+    for name in ("pad_token_id", "bos_token_id"):
+        value = kwargs.get(name)
+        if isinstance(value, int) and isinstance(vocab_size, int) and not 0 <= value < vocab_size:
+            warnings.warn(
+                f"The stock config's `{name}` ({value}) is outside the vocabulary [0, {vocab_size}): no such token "
+                f"exists, so the archlab config gets `{name}=None`.",
+                stacklevel=3,
+            )
+            kwargs = {**kwargs, name: None}
+    return kwargs
 
 
 __all__ = [

@@ -125,6 +125,20 @@ def test_omitted_config_fields_take_the_stock_defaults(family):
     assert config.sliding_window == getattr(stock, "sliding_window", None)
 
 
+def test_a_stock_pad_id_of_minus_one_converts_as_no_pad(tmp_path):
+    """Older Llama folders say "no pad" with `pad_token_id=-1`; LlamaConfig only warns, archlab's config refuses it,
+    so such a folder did not convert. It converts with `pad_token_id=None`, a warning naming the field, equal logits."""
+    model = LlamaForCausalLM(LlamaConfig(**{**TINY, "pad_token_id": -1})).eval()
+    model.save_pretrained(tmp_path / "llama")
+    with pytest.warns(UserWarning, match=r"`pad_token_id` \(-1\) is outside the vocabulary"):
+        convert_checkpoint(tmp_path / "llama", tmp_path / "archlab")
+    converted = AutoModelForCausalLM.from_pretrained(tmp_path / "archlab").eval()
+    assert converted.config.pad_token_id is None
+    ids = torch.tensor([[1, 5, 9, 2]])
+    with torch.no_grad():
+        torch.testing.assert_close(converted(ids).logits, model(ids).logits, rtol=0, atol=1e-5)
+
+
 @pytest.mark.parametrize("damage", ["truncated", "empty"])
 def test_a_damaged_weights_file_is_named(llama_folder, tmp_path, damage, capsys):
     src, _ = llama_folder
