@@ -64,6 +64,23 @@ def _reduce(total: torch.Tensor, targets: torch.Tensor, num_items_in_batch) -> t
     return total / num_items_in_batch
 
 
+def share_of_batch(
+    labels: torch.Tensor | None, shifted_labels: torch.Tensor | None, num_items_in_batch: torch.Tensor | int | None
+) -> torch.Tensor | float:
+    """The share of `num_items_in_batch` that this forward's targets are: the weight of a per-batch mean (an MoE's
+    load-balancing or router z-loss) added to a loss that `num_items_in_batch` divides. The Trainer then divides the
+    loss by neither the gradient accumulation steps nor the processes (it multiplies it by their number under
+    `average_tokens_across_devices`), so an unweighted mean counted once per micro-batch and process: its gradient
+    was gradient_accumulation_steps x processes times that of one big batch. 1 without `num_items_in_batch`."""
+    if num_items_in_batch is None or (labels is None and shifted_labels is None):
+        return 1.0
+    targets = shifted_labels if shifted_labels is not None else labels[..., 1:]
+    count = (targets != IGNORE_INDEX).sum()
+    if torch.is_tensor(num_items_in_batch):
+        num_items_in_batch = num_items_in_batch.to(count.device)
+    return count / num_items_in_batch
+
+
 def causal_lm_loss(
     logits: torch.Tensor,
     labels: torch.Tensor,

@@ -35,7 +35,7 @@ from .input_checks import (
     check_token_ids,
     embedding_rows,
 )
-from .losses import causal_lm_loss, lm_head_loss
+from .losses import causal_lm_loss, lm_head_loss, share_of_batch
 from .moe import collect_router_logits, load_balancing_loss, router_z_loss
 from .positions import position_bias, position_ids_from_mask, position_table
 from .pretrained import ArchlabPreTrainedModel
@@ -299,16 +299,24 @@ class DecoderForCausalLM(FastDecodingMixin, DecoderPreTrainedModel, GenerationMi
         )
 
         # Mixture of experts: load-balancing loss (returned, and added to the LM loss as Mixtral) and z-loss.
+        # Under the Trainer's `num_items_in_batch` each is weighted by this forward's share of the batch's targets, so
+        # gradient accumulation and data parallelism add them once per optimizer step (Mixtral adds them per micro-batch
+        # and process: gradient_accumulation_steps x processes times one big batch's weight).
         router_logits, aux_loss = outputs.router_logits, None
+        share = 1.0
+        if loss is not None:
+            share = share_of_batch(labels, shift_labels, num_items_in_batch)
+            share = share.to(loss.device) if torch.is_tensor(share) else share
         if output_router_logits and router_logits:
             cfg = self.config
             aux_loss = load_balancing_loss(
                 router_logits, cfg.num_local_experts, cfg.num_experts_per_tok, attention_mask
             )
             if loss is not None:
-                loss = loss + cfg.router_aux_loss_coef * aux_loss.to(loss.device)
+                loss = loss + cfg.router_aux_loss_coef * share * aux_loss.to(loss.device)
         if loss is not None and router_logits and self.config.router_z_loss_coef > 0:
-            loss = loss + self.config.router_z_loss_coef * router_z_loss(router_logits, attention_mask).to(loss.device)
+            z_loss = router_z_loss(router_logits, attention_mask).to(loss.device)
+            loss = loss + self.config.router_z_loss_coef * share * z_loss
 
         output = MoeCausalLMOutputWithPast(
             loss=loss,

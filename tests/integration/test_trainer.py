@@ -106,3 +106,22 @@ def test_label_smoothing_shifts_the_causal_lm_labels(tmp_path):
     args = _args(tmp_path, label_smoothing_factor=1e-6, per_device_eval_batch_size=8)
     smoothed = Trainer(model=model, args=args, eval_dataset=data).evaluate()["eval_loss"]
     assert abs(smoothed - own) < 1e-4 * max(1.0, own)
+
+
+def test_moe_losses_under_gradient_accumulation_weigh_as_in_one_big_batch(tmp_path):
+    """The load-balancing and router z-losses are per-batch means added to a loss the Trainer no longer divides by
+    the accumulation steps (`num_items_in_batch`): each micro-batch added them whole, 4x one big batch's weight (as
+    Mixtral does). On identical rows every micro-batch's losses equal the big batch's, so the updates must too."""
+    row = _dataset(1)[0]
+    data = Dataset.from_list([row] * 4)
+    config = tiny_decoder_config(
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        output_router_logits=True,
+        router_aux_loss_coef=0.5,
+        router_z_loss_coef=0.1,
+    )
+    big = _one_step_update(DecoderForCausalLM, config, data, tmp_path, 4, 1)
+    accumulated = _one_step_update(DecoderForCausalLM, config, data, tmp_path, 1, 4)
+    assert big.abs().max() > 0
+    torch.testing.assert_close(accumulated, big, atol=1e-6, rtol=1e-5)
