@@ -19,6 +19,7 @@ from transformers import (
     TrainerState,
     TrainingArguments,
 )
+from transformers.trainer import TRAINER_STATE_NAME
 from transformers.trainer_utils import TrainOutput, has_length, rotate_checkpoints
 from transformers.training_args import ParallelMode
 
@@ -215,9 +216,16 @@ class AtomicCheckpointTrainer(Trainer):
             super()._save_checkpoint(model, trial)
         finally:
             self._staging_dir = None
-        self.accelerator.wait_for_everyone()
         name = f"checkpoint-{self.state.global_step}"
         final = os.path.join(run_dir, name)
+        if self.state.best_model_checkpoint and STAGING in self.state.best_model_checkpoint:
+            # The Trainer names the best checkpoint where it saved it, in the staging folder, and writes that name
+            # into the checkpoint's trainer_state.json: a run resumed from it found no such folder, forgot its best
+            # checkpoint, let the rotation delete it and ended on another model than the best.
+            self.state.best_model_checkpoint = self.state.best_model_checkpoint.replace(os.path.join(STAGING, ""), "")
+            if self.args.should_save:
+                self.state.save_to_json(os.path.join(staging, name, TRAINER_STATE_NAME))
+        self.accelerator.wait_for_everyone()
         if self.args.should_save:
             if self.run_facts is not None:
                 with open(os.path.join(staging, name, RUN_FACTS), "w", encoding="utf-8") as f:
@@ -226,8 +234,6 @@ class AtomicCheckpointTrainer(Trainer):
                 shutil.rmtree(final)
             os.replace(os.path.join(staging, name), final)
             shutil.rmtree(staging, ignore_errors=True)
-        if self.state.best_model_checkpoint and STAGING in self.state.best_model_checkpoint:
-            self.state.best_model_checkpoint = self.state.best_model_checkpoint.replace(os.path.join(STAGING, ""), "")
         if self.args.should_save:
             rotate_checkpoints(run_dir, self.args.save_total_limit, self.state.best_model_checkpoint, use_mtime=True)
         self.accelerator.wait_for_everyone()
