@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import importlib.util
+import json
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -325,7 +326,35 @@ def check_training_flags(args: TrainingArguments, predicts: bool = False) -> Non
             "plain data parallelism instead. Leave it out on the CPU (torchrun / accelerate launch alone train data "
             "parallel), or run on GPUs."
         )
+    check_lr_scheduler(args)
     warn_about_a_warmup_longer_than_the_run(args)
+
+
+def check_lr_scheduler(args: TrainingArguments) -> None:
+    """--lr_scheduler_type with its --lr_scheduler_kwargs builds a schedule, else a ValueError naming both flags: a
+    schedule that needs arguments of its own (warmup_stable_decay's `num_decay_steps`, cosine_with_min_lr's `min_lr`
+    or `min_lr_rate`) or a misspelled one failed with a TypeError from inside transformers when training started,
+    after the tokenizer was trained and the data prepared. The schedule is built as the Trainer builds it, over a
+    stand-in optimizer (an epoch-based run's length is not known yet: 100 steps stand in for it)."""
+    from transformers.optimization import get_scheduler
+
+    steps = args.max_steps if args.max_steps > 0 else 100
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=args.learning_rate)
+    try:
+        get_scheduler(
+            args.lr_scheduler_type,
+            optimizer=optimizer,
+            num_warmup_steps=args.get_warmup_steps(steps),
+            num_training_steps=steps,
+            scheduler_specific_kwargs=args.lr_scheduler_kwargs,
+        )
+    except (TypeError, ValueError) as error:
+        kind = getattr(args.lr_scheduler_type, "value", args.lr_scheduler_type)
+        raise ValueError(
+            f"--lr_scheduler_type {kind} with --lr_scheduler_kwargs {json.dumps(args.lr_scheduler_kwargs or {})}: "
+            f"{error}. Pass the schedule's own arguments as JSON, e.g. --lr_scheduler_kwargs "
+            """'{"num_decay_steps": 100}' for warmup_stable_decay or '{"min_lr_rate": 0.1}' for cosine_with_min_lr."""
+        ) from None
 
 
 def warn_about_a_warmup_longer_than_the_run(args: TrainingArguments) -> None:

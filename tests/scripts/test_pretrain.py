@@ -332,6 +332,9 @@ TRAINING_FLAGS = [
     (["--fp16", "true", "--use_cpu", "true"], "--fp16 runs only on a GPU"),
     # accelerate has no FSDP on the CPU: the run trained plain data parallel while the flags said FSDP
     (["--fsdp", "full_shard", "--use_cpu", "true"], "FSDP (--fsdp or an accelerate FSDP config) shards the model"),
+    # a schedule without its own arguments failed with a TypeError from transformers when training started
+    (["--lr_scheduler_type", "warmup_stable_decay"], "missing 1 required positional argument: 'num_decay_steps'"),
+    (["--lr_scheduler_kwargs", '{"num_cycle": 2}'], "--lr_scheduler_type cosine with --lr_scheduler_kwargs"),
 ]
 
 
