@@ -142,7 +142,7 @@ class ArchlabTrainingArguments(TrainingArguments):
         metadata={
             "help": "true: go on from the newest checkpoint in --output_dir; or a checkpoint folder. Refused, before "
             "any data is read, with another --block_size, number of examples per optimizer step, tokenizer or "
-            "architecture than the checkpoint's."
+            "architecture than the checkpoint's, and from a checkpoint saved with --save_only_model."
         },
     )
     bf16: bool | None = field(

@@ -50,6 +50,7 @@ from archlab.scripts.arguments import (
 )
 from archlab.training.checkpoints import (
     check_resumed_run_facts,
+    check_training_state,
     clear_output_dir,
     finished_run,
     resolve_resume,
@@ -210,6 +211,7 @@ def main(argv: Sequence[str] | None = None, callbacks: list[TrainerCallback] | N
     check_resumed_tokenizer(model_args, resume)
     facts = run_facts(training_args)
     check_resumed_run_facts(resume, facts)
+    check_training_state(resume, training_args)
     finished = finished_run(resume, training_args)
     if finished is not None and training_args.do_predict:
         # (the finished run's results came back, and the test split was not predicted)

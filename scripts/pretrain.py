@@ -38,6 +38,7 @@ from archlab.scripts.arguments import (
 from archlab.tokenization.data import check_not_empty, limit
 from archlab.training.checkpoints import (
     check_resumed_run_facts,
+    check_training_state,
     clear_output_dir,
     finished_run,
     resolve_resume,
@@ -121,6 +122,7 @@ def main(argv: Sequence[str] | None = None, callbacks: list[TrainerCallback] | N
     check_resumed_tokenizer(model_args, resume)
     facts = run_facts(training_args, data_args.block_size)
     check_resumed_run_facts(resume, facts)
+    check_training_state(resume, training_args)
     finished = finished_run(resume, training_args)
     if finished is not None:
         return finished

@@ -4,6 +4,7 @@ model unless told to), a finished run that needs nothing more, and clearing an o
 from __future__ import annotations
 
 import contextlib
+import glob
 import json
 import os
 import shutil
@@ -100,6 +101,40 @@ def check_resumed_run_facts(resume: str | None, facts: dict[str, int]) -> None:
         )
 
 
+def run_end(state: dict, training_args: TrainingArguments) -> tuple[int | None, str]:
+    """The last step of the run these flags ask for, resumed from a checkpoint whose trainer state is `state`, and the
+    flag that says so: --max_steps, or the checkpoint's own length under the same --num_train_epochs. (None, "") when
+    the flags give another number of epochs (its length in steps is known once the data is)."""
+    if training_args.max_steps > 0:
+        return training_args.max_steps, f"--max_steps {training_args.max_steps}"
+    if state.get("num_train_epochs") == training_args.num_train_epochs:
+        return state.get("max_steps", 0), f"--num_train_epochs {training_args.num_train_epochs:g}"
+    return None, ""
+
+
+def check_training_state(resume: str | None, training_args: TrainingArguments) -> None:
+    """Refuse, before any data is read, to train on from a checkpoint saved with --save_only_model: it holds no
+    optimizer, learning-rate scheduler or RNG state, and the Trainer resumed from it without a word, with fresh AdamW
+    moments and the schedule started over at the checkpoint's step (at the peak learning rate after warm-up, where an
+    uninterrupted cosine run had decayed). A checkpoint at the end of the run is let through: nothing trains."""
+    if resume is None or glob.glob(os.path.join(resume, "rng_state*.pth")):
+        return
+    if any(os.path.exists(os.path.join(resume, name)) for name in ("optimizer.pt", "optimizer.bin", "scheduler.pt")):
+        return
+    with open(os.path.join(resume, "trainer_state.json"), encoding="utf-8") as f:
+        state = json.load(f)
+    step = state.get("global_step", 0)
+    end, _ = run_end(state, training_args)
+    if end is not None and 0 < end <= step:
+        return
+    raise ValueError(
+        f"--resume_from_checkpoint: {resume} was saved with --save_only_model and holds the weights alone, without "
+        "the optimizer, learning-rate scheduler and RNG state a resumed run goes on from. Start a new run from its "
+        f"weights instead (--model_name_or_path {resume}, in another --output_dir), or resume from a checkpoint saved "
+        "without --save_only_model."
+    )
+
+
 def finished_run(resume: str | None, training_args: TrainingArguments) -> dict[str, float] | None:
     """When `resume` is a checkpoint at the end of the run these flags ask for (--max_steps, or the same
     --num_train_epochs) and --output_dir holds that step's final model: say so and return its saved results, so a
@@ -110,13 +145,8 @@ def finished_run(resume: str | None, training_args: TrainingArguments) -> dict[s
     with open(os.path.join(resume, "trainer_state.json"), encoding="utf-8") as f:
         state = json.load(f)
     step = state.get("global_step", 0)
-    if training_args.max_steps > 0:
-        end, of = training_args.max_steps, f"--max_steps {training_args.max_steps}"
-    elif state.get("num_train_epochs") == training_args.num_train_epochs:
-        end, of = state.get("max_steps", 0), f"--num_train_epochs {training_args.num_train_epochs:g}"
-    else:
-        return None
-    if not 0 < end <= step:
+    end, of = run_end(state, training_args)
+    if end is None or not 0 < end <= step:
         return None
     output_dir, name = training_args.output_dir, os.path.basename(os.path.normpath(resume))
     final_state = os.path.join(output_dir, "trainer_state.json")
