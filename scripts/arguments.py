@@ -207,8 +207,19 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescript
         return super()._get_help_string(action)
 
 
+# transformers 4 flags that transformers 5's TrainingArguments no longer has, and what takes their place (run_clm.py
+# commands written for transformers 4 pass them; difflib finds no close name for most).
+TRANSFORMERS_4_FLAGS = {
+    "group_by_length": "--train_sampling_strategy group_by_length",
+    "evaluation_strategy": "--eval_strategy",
+    "no_cuda": "--use_cpu",
+    "save_safetensors": "nothing: checkpoints are always safetensors",
+}
+
+
 def check_unknown_flags(parser: argparse.ArgumentParser, unknown: Sequence[str]) -> None:
-    """A flag no argument group knows is a ValueError naming it and the closest known flags."""
+    """A flag no argument group knows is a ValueError naming it and the closest known flags, or what replaced it
+    (`TRANSFORMERS_4_FLAGS`)."""
     if not unknown:
         return
     named = [word.split("=", 1)[0] for word in unknown if word.startswith("-")]
@@ -217,6 +228,10 @@ def check_unknown_flags(parser: argparse.ArgumentParser, unknown: Sequence[str])
     names = sorted({option[2:].replace("-", "_") for action in parser._actions for option in action.option_strings})
     hints = []
     for flag in named:
+        replaced = TRANSFORMERS_4_FLAGS.get(flag.lstrip("-").replace("-", "_"))
+        if replaced is not None:
+            hints.append(f"{flag} (a transformers 4 flag; in transformers 5: {replaced})")
+            continue
         close = difflib.get_close_matches(flag.lstrip("-").replace("-", "_"), names, n=2, cutoff=0.75)
         hints.append(f"{flag} (did you mean {' or '.join('--' + name for name in close)}?)" if close else flag)
     raise ValueError(f"Unknown flags: {', '.join(hints)}. `--help` lists every flag.")

@@ -118,6 +118,11 @@ def test_compilation_default_is_asked_only_when_the_flag_is_not_given(arguments,
         (["--max-stepz=5"], "Unknown flags: --max-stepz (did you mean --max_steps?)"),
         (["--zzz", "1"], "Unknown flags: --zzz. `--help` lists every flag."),
         (["stray"], "Unexpected arguments ['stray']: every value follows its --flag."),
+        (
+            ["--group_by_length", "true"],
+            "Unknown flags: --group_by_length (a transformers 4 flag; in transformers 5: --train_sampling_strategy "
+            "group_by_length)",
+        ),
     ],
 )
 def test_an_unknown_flag_is_named_with_the_closest_known_ones(argv, message):
