@@ -234,9 +234,18 @@ class AtomicCheckpointTrainer(Trainer):
                 shutil.rmtree(final)
             os.replace(os.path.join(staging, name), final)
             shutil.rmtree(staging, ignore_errors=True)
+        if self.args.push_to_hub:
+            super()._push_from_checkpoint(final)  # the main process pushes, the others return at once
         if self.args.should_save:
             rotate_checkpoints(run_dir, self.args.save_total_limit, self.state.best_model_checkpoint, use_mtime=True)
         self.accelerator.wait_for_everyone()
+
+    def _push_from_checkpoint(self, checkpoint_folder: str) -> None:
+        """`--push_to_hub` pushes a checkpoint once it is in place (`_save_checkpoint`), not from inside the staged
+        save: the Trainer's background upload then read `.staging/checkpoint-N`, renamed away while it ran, and its
+        upload of --output_dir took in the staging folder's files (optimizer state included) under `.staging/`."""
+        if self._staging_dir is None:
+            super()._push_from_checkpoint(checkpoint_folder)
 
     def _issue_warnings_after_load(self, load_result: Any) -> None:
         """A checkpoint stores a tied head once, under the embedding's name; the head then loads with the embedding

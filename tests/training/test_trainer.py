@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
+import os
+import types
 
 import torch
+import transformers.trainer
 from datasets import Dataset
+from huggingface_hub.utils import filter_repo_objects
 from safetensors.torch import load_file
 from transformers import TrainingArguments
 
@@ -67,3 +72,49 @@ def test_the_best_checkpoint_is_named_by_its_folder_and_survives_a_resume_and_th
     for name, param in resumed.model.state_dict().items():
         if name in weights:
             torch.testing.assert_close(param, weights[name], atol=0, rtol=0, msg=name)
+
+
+class _RecordedHub:
+    """`hf_api()` without a network: each upload records its folder and the files it would send at that moment."""
+
+    def __init__(self) -> None:
+        self.uploads: list[tuple[str, list[str]]] = []
+
+    def create_repo(self, name, **kwargs):
+        return types.SimpleNamespace(repo_id=name)
+
+    def upload_folder(self, folder_path, ignore_patterns=None, **kwargs):
+        files = [
+            os.path.relpath(os.path.join(root, name), folder_path)
+            for root, _, names in os.walk(folder_path)
+            for name in names
+        ]
+        self.uploads.append((folder_path, list(filter_repo_objects(files, ignore_patterns=ignore_patterns))))
+        done = concurrent.futures.Future()
+        done.set_result(None)
+        return done
+
+
+def test_push_to_hub_uploads_each_checkpoint_from_its_final_folder(tmp_path, monkeypatch):
+    """The Trainer pushed from inside the staged save: its background upload read `.staging/checkpoint-N`, which the
+    rename then took away, and its upload of the output folder sent the staging checkpoint along (optimizer too)."""
+    hub = _RecordedHub()
+    monkeypatch.setattr(transformers.trainer, "hf_api", lambda: hub)
+    args = TrainingArguments(
+        output_dir=str(tmp_path),
+        max_steps=2,
+        per_device_train_batch_size=2,
+        save_steps=2,
+        push_to_hub=True,
+        hub_model_id="someone/tiny",
+        hub_strategy="checkpoint",
+        report_to=[],
+        use_cpu=True,
+        disable_tqdm=True,
+    )
+    model = DecoderForCausalLM(tiny_decoder_config())
+    AtomicCheckpointTrainer(model=model, args=args, train_dataset=_rows(4)).train()
+    folders = [folder for folder, _ in hub.uploads]
+    assert folders == [str(tmp_path), str(tmp_path / "checkpoint-2")]
+    assert all(os.path.isdir(folder) for folder in folders)
+    assert not [name for _, files in hub.uploads for name in files if ".staging" in name]
