@@ -65,7 +65,28 @@ def save_final(
             shutil.rmtree(target)
         os.replace(os.path.join(staging, entry), target)
     os.rmdir(staging)
+    if trainer.args.push_to_hub:
+        push_final(trainer, output_dir)
     trainer.accelerator.wait_for_everyone()
+
+
+def push_final(trainer: Trainer, output_dir: str) -> None:
+    """--push_to_hub: the finished folder goes to the Hub as scripts/push_to_hub.py pushes it (safetensors, the model's
+    code, tokenizer, logs and card, in one commit), to the repository the Trainer pushed the checkpoints to. The
+    scripts save the final model themselves, not through `Trainer.push_to_hub`, so the run pushed its checkpoints and
+    never the finished model (transformers' run_clm.py pushes it at the end)."""
+    from .hub import push
+
+    args = trainer.args
+    repo_id = trainer.hub_model_id or args.hub_model_id
+    push(
+        output_dir,
+        repo_id,
+        private=bool(args.hub_private_repo),
+        revision=args.hub_revision,
+        token=args.hub_token,
+        commit_message="End of training",
+    )
 
 
 def write_card(

@@ -3,6 +3,7 @@ after SIGKILL ends exactly where an uninterrupted run ends."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import importlib.util
 import json
 import logging
@@ -10,16 +11,18 @@ import os
 import re
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
 import torch
+import transformers.trainer
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from archlab.scripts import pretrain
 from archlab.tokenization.training import save_tokenizer, train_tokenizer
-from archlab.training import pretraining, sources
+from archlab.training import hub, pretraining, sources
 
 from helpers import TINY_DECODER_OVERRIDES, TINY_SEQ2SEQ_OVERRIDES, forbid
 
@@ -769,3 +772,26 @@ def test_torch_compile_compiles_regionally_and_trains_as_eager(tmp_path: Path, d
     assert compiled_regions == ["DecoderForCausalLM"]
     assert len(losses["compiled"]) == 3
     assert losses["compiled"] == pytest.approx(losses["eager"], rel=1e-4)
+
+
+def test_push_to_hub_pushes_the_finished_model(tmp_path: Path, data_dir: Path, monkeypatch) -> None:
+    """The script saves its final model itself, not through `Trainer.push_to_hub`: with --push_to_hub the run pushed
+    its checkpoints and never the finished folder (run_clm.py pushes it at the end)."""
+
+    class NoHub:  # the checkpoints' pushes, without a network
+        def create_repo(self, name, **kwargs):
+            return types.SimpleNamespace(repo_id=name)
+
+        def upload_folder(self, **kwargs):
+            done = concurrent.futures.Future()
+            done.set_result(None)
+            return done
+
+    pushed = []
+    monkeypatch.setattr(transformers.trainer, "hf_api", NoHub)
+    monkeypatch.setattr(hub, "push", lambda folder, repo_id, **kwargs: pushed.append((folder, repo_id, kwargs)))
+    out = tmp_path / "run"
+    extra = ("--tokenizer_name", str(data_dir / "tokenizer"), "--max_steps", "2", "--eval_strategy", "no")
+    pretrain.main(tiny_args(out, data_dir, *extra, "--push_to_hub", "true", "--hub_model_id", "someone/tiny"))
+    assert [(folder, repo_id) for folder, repo_id, _ in pushed] == [(str(out), "someone/tiny")]
+    assert (out / "config.json").is_file()  # pushed once the folder is complete
