@@ -47,6 +47,23 @@ def _is_padding_mask(attention_mask: torch.Tensor | dict | None) -> bool:
     return isinstance(attention_mask, torch.Tensor) and attention_mask.dim() == 2
 
 
+class ScaledEmbedding(nn.Embedding):
+    """Token embeddings times `scale` (√d under `scale_embedding`), inside the module, as Gemma's
+    `GemmaTextScaledWordEmbedding` computes them: what a hook on `get_input_embeddings()` sees (NEFTune's noise,
+    added to the module's output, was √d times Gemma's when the model scaled afterwards) and what
+    `inputs_embeds` holds (`get_input_embeddings()(ids)`, used as is, as in Gemma)."""
+
+    def __init__(self, num_embeddings: int, embedding_dim: int, padding_idx: int | None, scale: float | None) -> None:
+        super().__init__(num_embeddings, embedding_dim, padding_idx)
+        self.scale = scale
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        embeddings = super().forward(input_ids)
+        if self.scale is None:
+            return embeddings
+        return embeddings * torch.tensor(self.scale, dtype=embeddings.dtype)
+
+
 class DecoderPreTrainedModel(ArchlabPreTrainedModel):
     config_class = DecoderConfig
     config: DecoderConfig
@@ -73,7 +90,8 @@ class DecoderModel(DecoderPreTrainedModel):
         super().__init__(config)
         self.padding_idx = config.pad_token_id
         self.vocab_size = config.vocab_size
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, self.padding_idx)
+        scale = config.hidden_size**0.5 if config.scale_embedding else None
+        self.embed_tokens = ScaledEmbedding(config.vocab_size, config.hidden_size, self.padding_idx, scale)
         # Registered before the final norm: accelerate's FSDP2 preparation takes the base model's last `*Norm` child
         # for the final norm and groups it with the LM head.
         self.embedding_layernorm = norm_from_config(config) if config.embedding_layernorm else None
@@ -99,7 +117,6 @@ class DecoderModel(DecoderPreTrainedModel):
             config.relative_attention_max_distance,
             bidirectional=config.prefix_lm,
         )
-        self.embed_scale = config.hidden_size**0.5 if config.scale_embedding else None
         # Layer types present, and the first layer of each (the cache layer that sizes its mask and bias).
         self.first_layer_of_type: dict[str, int] = {}
         for i, layer in enumerate(self.layers):
@@ -176,9 +193,7 @@ class DecoderModel(DecoderPreTrainedModel):
             # Created only after the masks: an empty cache and no cache give the same mask, and only `None` lets
             # transformers detect packed sequences (position ids restarting per document) in eval mode too.
             past_key_values = DynamicCache(config=self.config)
-        hidden_states = inputs_embeds
-        if self.embed_scale is not None:
-            hidden_states = hidden_states * torch.tensor(self.embed_scale, dtype=hidden_states.dtype)
+        hidden_states = inputs_embeds  # scaled by `embed_tokens` under `scale_embedding`, as Gemma's
         if self.embed_positions is not None:
             hidden_states = hidden_states + self.embed_positions(position_ids).to(hidden_states.dtype)
         if self.embedding_layernorm is not None:

@@ -7,7 +7,7 @@ from transformers import Trainer, TrainingArguments
 
 from archlab import DecoderForCausalLM, DecoderForSequenceClassification
 
-from helpers import tiny_decoder_config
+from helpers import TINY, tiny_decoder_config
 
 
 def _dataset(n=32, seed=0):
@@ -125,3 +125,25 @@ def test_moe_losses_under_gradient_accumulation_weigh_as_in_one_big_batch(tmp_pa
     accumulated = _one_step_update(DecoderForCausalLM, config, data, tmp_path, 1, 4)
     assert big.abs().max() > 0
     torch.testing.assert_close(accumulated, big, atol=1e-6, rtol=1e-5)
+
+
+def test_neftune_noise_on_a_gemma_conversion_gives_gemma_losses(tmp_path):
+    """NEFTune adds its noise to the output of `get_input_embeddings()`: Gemma scales by √d inside that module,
+    archlab scaled after it, so the noise on a converted Gemma was √d times Gemma's (here the first loss was 4.5724
+    against Gemma's 4.5932)."""
+    from transformers import AutoModelForCausalLM, GemmaConfig, GemmaForCausalLM
+
+    from archlab.conversion import convert_checkpoint
+
+    torch.manual_seed(0)
+    GemmaForCausalLM(GemmaConfig(**TINY, head_dim=8)).save_pretrained(tmp_path / "gemma")
+    convert_checkpoint(tmp_path / "gemma", tmp_path / "archlab")
+    losses = []
+    for folder in ("archlab", "gemma"):
+        model = AutoModelForCausalLM.from_pretrained(tmp_path / folder, attn_implementation="eager")
+        args = _args(tmp_path / f"run-{folder}", max_steps=3, per_device_train_batch_size=2, neftune_noise_alpha=5.0)
+        trainer = Trainer(model=model, args=args, train_dataset=_dataset(8))
+        trainer.train()
+        losses.append([entry["loss"] for entry in trainer.state.log_history if "loss" in entry])
+    assert len(losses[0]) == 3
+    torch.testing.assert_close(losses[0], losses[1], rtol=1e-5, atol=0)
