@@ -55,13 +55,15 @@ class ScaledEmbedding(nn.Embedding):
 
     def __init__(self, num_embeddings: int, embedding_dim: int, padding_idx: int | None, scale: float | None) -> None:
         super().__init__(num_embeddings, embedding_dim, padding_idx)
-        self.scale = scale
+        if scale is not None:
+            # PEFT's LoRA `Embedding` scales its adapter's output by the base layer's `embed_scale` (as Gemma's):
+            # without it, an unmerged adapter on `embed_tokens` would add an unscaled delta, unlike its merged weights
+            self.embed_scale = scale
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         embeddings = super().forward(input_ids)
-        if self.scale is None:
-            return embeddings
-        return embeddings * torch.tensor(self.scale, dtype=embeddings.dtype)
+        scale = getattr(self, "embed_scale", None)
+        return embeddings if scale is None else embeddings * torch.tensor(scale, dtype=embeddings.dtype)
 
 
 class DecoderPreTrainedModel(ArchlabPreTrainedModel):

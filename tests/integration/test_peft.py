@@ -339,3 +339,18 @@ def test_lora_on_the_token_embeddings_runs_and_still_checks_ids(case):
         assert (adapted(**inputs).logits - before).abs().max() > 1e-3
         with pytest.raises(ValueError, match=f"outside the model's vocabulary: `vocab_size` is {vocab}"):
             adapted(**(inputs | {"input_ids": ids + vocab}))
+
+
+def test_lora_on_scaled_token_embeddings_adds_the_delta_its_merged_weights_add():
+    """Under `scale_embedding` the embedding module scales its output (√d, as Gemma's); PEFT's LoRA `Embedding`
+    scales its adapter's output by the base layer's `embed_scale`. The unmerged adapter must give what its merged
+    weights give (an unscaled delta differed by the adapter's whole effect × (√d − 1))."""
+    torch.manual_seed(0)
+    model = DecoderForCausalLM(tiny_decoder_config(scale_embedding=True)).eval()
+    config = LoraConfig(r=2, target_modules=["embed_tokens"], init_lora_weights=False, task_type="CAUSAL_LM")
+    adapted = get_peft_model(model, config).eval()
+    ids = torch.arange(3, 11)[None, :]
+    with torch.no_grad():
+        unmerged = adapted(input_ids=ids).logits
+        merged = adapted.merge_and_unload()(input_ids=ids).logits
+    torch.testing.assert_close(unmerged, merged, rtol=0, atol=1e-5 * merged.abs().max().item())
