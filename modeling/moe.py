@@ -97,6 +97,8 @@ class Experts(nn.Module):
             return moe_decode(self, hidden_states, top_k_index, top_k_weights)
         if _one_token_on_cpu(hidden_states):
             return self._forward_one_token(hidden_states, top_k_index, top_k_weights)
+        if torch.onnx.is_in_onnx_export():  # ONNX has no stable sort and no grouped GEMM: `_forward_every_expert`
+            return self._forward_every_expert(hidden_states, top_k_index, top_k_weights)
         order, inverse, offsets = sort_slots(top_k_index, self.num_experts)  # S = N·k slots (moe_slots.py)
         dtype = grouped_compute_dtype(hidden_states, self.down_proj)
         x = tokens_to_slots(hidden_states, order, inverse, top_k_index.shape[-1], dtype)  # (S, d), expert order
@@ -107,6 +109,27 @@ class Experts(nn.Module):
             h = self.act_fn(grouped_linear(x, self.up_proj, offsets))
         y = grouped_linear(h, self.down_proj, offsets)  # (S, d)
         return slots_to_tokens(y, top_k_weights, order, inverse).to(hidden_states.dtype)
+
+    def _forward_every_expert(
+        self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor
+    ) -> torch.Tensor:
+        """Every expert over every token, mixed with the routing weights scattered to (N, K) (zero for the experts a
+        token did not choose): the same sum as the sorted path, in K / k times its FLOPs, from batched matrix
+        products alone. For `torch.onnx.export`, whose ONNX has no translation of the expert sort's stable
+        `aten.sort` nor of the grouped GEMMs' custom ops (transformers' Mixtral fails on its grouped GEMM too)."""
+        dtype = grouped_compute_dtype(hidden_states, self.down_proj)
+        x = hidden_states.to(dtype).unsqueeze(0)  # (1, N, d)
+        if self.gated:
+            gate, up = torch.matmul(x, self.gate_up_proj.to(dtype).transpose(1, 2)).chunk(2, dim=-1)  # (K, N, f)
+            h = gated_activation(self.hidden_act, self.act_fn, gate, up)
+        else:
+            h = self.act_fn(torch.matmul(x, self.up_proj.to(dtype).transpose(1, 2)))
+        y = torch.matmul(h, self.down_proj.to(dtype).transpose(1, 2))  # (K, N, d)
+        weights = torch.zeros(
+            top_k_index.shape[0], self.num_experts, dtype=top_k_weights.dtype, device=top_k_weights.device
+        ).scatter(1, top_k_index, top_k_weights)  # (N, K)
+        out = (weights.t().unsqueeze(-1).to(dtype) * y).sum(dim=0)  # (N, d)
+        return out.to(hidden_states.dtype)
 
     def _forward_one_token(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor):
         """The one-token decode step on CPU: k plain matrix-vector products on the chosen experts' weights.

@@ -145,6 +145,22 @@ def test_one_token_decode_path_matches_reference_and_grouped_path(overrides, mon
     torch.testing.assert_close(fast, grouped, atol=1e-6, rtol=1e-6)
 
 
+@pytest.mark.parametrize(
+    "overrides",
+    [{}, dict(mlp_type="plain", hidden_act="gelu"), dict(num_experts_per_tok=3, shared_expert_intermediate_size=48)],
+)
+def test_onnx_export_path_runs_every_expert_without_sort_or_grouped_gemm_and_matches(overrides, monkeypatch):
+    """Under `torch.onnx.export` (no ONNX translation of a stable sort or of the grouped GEMM ops) every expert runs
+    over every token, mixed by the scattered routing weights: the same output as the reference."""
+    block = sparse_block(**overrides).eval()
+    x = torch.randn(13, 32)
+    monkeypatch.setattr(torch.onnx, "is_in_onnx_export", lambda: True)
+    monkeypatch.setattr(moe, "sort_slots", lambda *a: pytest.fail("the expert sort ran under ONNX export"))
+    monkeypatch.setattr(moe, "grouped_linear", lambda *a: pytest.fail("a grouped GEMM ran under ONNX export"))
+    with torch.no_grad():
+        torch.testing.assert_close(block(x[None])[0], reference_moe(block, x), atol=1e-5, rtol=1e-5)
+
+
 def test_grouped_linear_kernel_matches_per_expert_loop_forward_and_backward():
     offsets = torch.tensor([3, 3, 10, 16], dtype=torch.int32)  # expert 1 gets no rows
     x = torch.randn(16, 8, requires_grad=True)
