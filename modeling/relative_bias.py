@@ -67,7 +67,10 @@ class RelativePositionBias(nn.Module):
 
     def lookup(self, buckets: torch.Tensor) -> torch.Tensor:
         """(Tq, Tk) bucket indices -> (1, H, Tq, Tk) bias."""
-        return self.relative_attention_bias(buckets).permute(2, 0, 1).unsqueeze(0)
+        bias = self.relative_attention_bias(buckets).permute(2, 0, 1).unsqueeze(0)
+        # `torch.onnx.export` (torch 2.13) fails on an SDPA mask that requires grad ("Cannot view a tensor with
+        # shape ... as a tensor with shape ..." at its decomposition step); an ONNX graph has no gradients anyway
+        return bias.detach() if torch.onnx.is_in_onnx_export() else bias
 
     def forward(self, query_positions: torch.Tensor, key_positions: torch.Tensor) -> torch.Tensor:
         return self.lookup(self.buckets(query_positions, key_positions))

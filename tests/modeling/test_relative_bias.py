@@ -46,3 +46,16 @@ def test_invalid_bucketing_is_refused():
         RelativePositionBias(4, num_buckets=3, bidirectional=True)
     with pytest.raises(ValueError, match="relative_attention_max_distance"):
         RelativePositionBias(4, num_buckets=32, max_distance=8)
+
+
+def test_bias_carries_no_gradient_under_onnx_export_and_is_unchanged(monkeypatch):
+    """torch.onnx.export fails on an SDPA mask that requires grad (a view at its decomposition step), and an ONNX
+    graph has no gradients: under it the bias is detached, the same values; outside it, trainable."""
+    bias = RelativePositionBias(4, num_buckets=8, max_distance=16)
+    positions = torch.arange(5)
+    trained = bias(positions, positions)
+    assert trained.requires_grad
+    monkeypatch.setattr(torch.onnx, "is_in_onnx_export", lambda: True)
+    exported = bias(positions, positions)
+    assert not exported.requires_grad
+    assert torch.equal(exported, trained)
