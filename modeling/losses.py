@@ -373,6 +373,26 @@ def uncompiled(module: nn.Module) -> nn.Module:
     return module
 
 
+def weight_is_readable(linear: nn.Module) -> bool:
+    """Whether the chunked and fused losses may read `linear`'s weight and bias themselves instead of calling it: a
+    plain `nn.Linear` whose weight is a whole tensor, here, with no accelerate hook that brings it in at call time.
+
+    Not a quantized layer (bitsandbytes' `Linear8bitLt` / `Linear4bit` and optimum-quanto's `QLinear` subclass
+    `nn.Linear`; torchao swaps the weight for a tensor subclass): its weight is int8 or packed 4-bit data and only its
+    forward dequantizes it (read directly, bitsandbytes' int8 weight gave a training loss of ~970 for 5.5). Not a
+    weight that accelerate offloads (`device_map` with `max_memory`/`offload_folder`): it sits on the meta device and
+    the module's hook loads it for the call. Not a DTensor (`is_distributed_tensor`), nor a layer PEFT wraps.
+    """
+    weight = getattr(linear, "weight", None)
+    return (
+        type(linear) is nn.Linear
+        and type(weight) in (nn.Parameter, torch.Tensor)  # not a quantized tensor subclass
+        and not is_distributed_tensor(weight)
+        and not weight.is_meta
+        and getattr(linear, "_hf_hook", None) is None
+    )
+
+
 def lm_head_loss(
     hidden_states: torch.Tensor,
     head: nn.Module,
@@ -395,16 +415,17 @@ def lm_head_loss(
     targets aligned with the positions. `output_bias` (1, V) is a constant bias added after the head (Marian's
     `final_logits_bias`); a bias of the head itself is added too. `softcap` c applies c · tanh(z / c) to the logits
     (Gemma2); the chunked loss has no soft-cap, so then, when the head's weight is a DTensor (FSDP2 / tensor
-    parallelism must gather it through the module) and when the head is not a Linear (PEFT's LoRA layer on it), the
-    loss runs unchunked. A head carrying a fused kernel
+    parallelism must gather it through the module), when the head is not a Linear (PEFT's LoRA layer on it), and when
+    it is quantized or offloaded (`weight_is_readable`), the loss runs unchunked. A head carrying a fused kernel
     (`head.fused_linear_cross_entropy`, set by archlab.liger) runs the training loss through it instead, soft-cap too.
     """
     wants_loss = labels is not None or shifted_labels is not None
     # the fused and chunked losses read the head's weight and bias themselves: right only for a Linear whose weight
-    # is a whole tensor, not for a head PEFT wraps (a LoRA layer on `lm_head`), nor a sharded weight (DTensor); a
-    # head torch.compile wraps (accelerate's regional compilation compiles it apart) is read through the wrapper
+    # is a whole tensor, not for a head PEFT wraps (a LoRA layer on `lm_head`), a sharded weight (DTensor), a quantized
+    # or an offloaded one (`weight_is_readable`); a head torch.compile wraps (accelerate's regional compilation
+    # compiles it apart) is read through the wrapper
     linear = uncompiled(head)
-    reads_weight = isinstance(linear, nn.Linear) and not is_distributed_tensor(linear.weight)
+    reads_weight = weight_is_readable(linear)
     fused_loss = getattr(linear, "fused_linear_cross_entropy", None)
     if wants_loss and training and fused_loss is not None and reads_weight:
         args = (hidden_states, linear, labels, shifted_labels, output_bias, softcap, z_loss_coef, num_items_in_batch)

@@ -1,6 +1,7 @@
 """The chunked LM-head + cross-entropy equals the naive loss in value and gradients (incl. z-loss, a head bias and a
 constant output bias, bf16 autocast); labels of the wrong shape are named; a fused kernel carried by the head gets
-the head's bias, soft-cap and z-loss and its sum is reduced like the chunked one."""
+the head's bias, soft-cap and z-loss and its sum is reduced like the chunked one; a quantized or offloaded head runs
+through its own forward."""
 
 import re
 
@@ -206,6 +207,44 @@ def test_a_fused_kernel_on_the_head_gets_bias_softcap_and_z_loss_and_is_reduced_
         assert_close_to_scale(grad, expected_grad)
     del head.fused_linear_cross_entropy  # in evaluation the head computes logits as usual
     assert lm_head_loss(hidden, head, training=False, **kwargs)[1] is not None
+
+
+class _Int8Linear(nn.Linear):
+    """A quantized head as bitsandbytes' `Linear8bitLt` stores one: int8 weight, a row scale, dequantized in forward."""
+
+    def __init__(self, linear: nn.Linear):
+        super().__init__(linear.in_features, linear.out_features, bias=False)
+        scale = linear.weight.detach().abs().amax(dim=1, keepdim=True) / 127
+        self.weight = nn.Parameter((linear.weight.detach() / scale).round().to(torch.int8), requires_grad=False)
+        self.register_buffer("scale", scale)
+
+    def forward(self, x):
+        return F.linear(x, self.weight.to(x.dtype) * self.scale)
+
+
+class _OffloadedLinear(nn.Linear):
+    """A head accelerate offloads: the weight on the meta device, brought in by a hook (`_hf_hook`) for the call."""
+
+    def __init__(self, linear: nn.Linear):
+        super().__init__(linear.in_features, linear.out_features, bias=False, device="meta")
+        self._hf_hook, self.offloaded = object(), linear.weight.detach()
+
+    def forward(self, x):
+        return F.linear(x, self.offloaded)
+
+
+@pytest.mark.parametrize("wrap", [_Int8Linear, _OffloadedLinear])
+def test_a_quantized_or_offloaded_head_runs_through_its_forward_in_training(wrap):
+    """The chunked loss read the head's weight itself: bitsandbytes' int8 weight gave a training loss of ~970 where
+    evaluation gave 5.5, its packed 4-bit weight a shape error, an offloaded (meta) weight garbage."""
+    torch.manual_seed(0)
+    head = wrap(nn.Linear(16, 50, bias=False))
+    hidden = torch.randn(2, 7, 16)
+    labels = torch.randint(0, 50, (2, 7))
+    expected, _ = lm_head_loss(hidden, head, training=False, chunk_size=4, labels=labels)
+    loss, logits = lm_head_loss(hidden, head, training=True, chunk_size=4, labels=labels)
+    assert logits is not None  # unchunked: through the head's forward
+    torch.testing.assert_close(loss, expected)
 
 
 def _chunk_case(z: float):
