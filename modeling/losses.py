@@ -375,7 +375,8 @@ def uncompiled(module: nn.Module) -> nn.Module:
 
 def weight_is_readable(linear: nn.Module) -> bool:
     """Whether the chunked and fused losses may read `linear`'s weight and bias themselves instead of calling it: a
-    plain `nn.Linear` whose weight is a whole tensor, here, with no accelerate hook that brings it in at call time.
+    plain `nn.Linear` (or `nn.Embedding`, for `embedding_matrix`) whose weight is a whole tensor, here, with no
+    accelerate hook that brings it in at call time.
 
     Not a quantized layer (bitsandbytes' `Linear8bitLt` / `Linear4bit` and optimum-quanto's `QLinear` subclass
     `nn.Linear`; torchao swaps the weight for a tensor subclass): its weight is int8 or packed 4-bit data and only its
@@ -385,12 +386,22 @@ def weight_is_readable(linear: nn.Module) -> bool:
     """
     weight = getattr(linear, "weight", None)
     return (
-        type(linear) is nn.Linear
+        type(linear) in (nn.Linear, nn.Embedding)
         and type(weight) in (nn.Parameter, torch.Tensor)  # not a quantized tensor subclass
         and not is_distributed_tensor(weight)
         and not weight.is_meta
         and getattr(linear, "_hf_hook", None) is None
     )
+
+
+def embedding_matrix(embedding: nn.Embedding, device: torch.device) -> torch.Tensor:
+    """The (V, d) weight of a token embedding, for a product with it outside its forward (a classifier's auxiliary
+    LM loss): the weight itself where `weight_is_readable`, else every row through the module's forward, which
+    accelerate's hook fills in for an offloaded weight (on the meta device outside the call: read directly, a
+    classifier's loss came out 1.5e25 for 3.8)."""
+    if weight_is_readable(embedding):
+        return embedding.weight
+    return embedding(torch.arange(embedding.num_embeddings, device=device))
 
 
 def lm_head_loss(

@@ -35,7 +35,7 @@ from .input_checks import (
     check_token_ids,
     embedding_rows,
 )
-from .losses import causal_lm_loss, lm_head_loss, share_of_batch
+from .losses import causal_lm_loss, embedding_matrix, lm_head_loss, share_of_batch
 from .moe import collect_router_logits, load_balancing_loss, router_z_loss
 from .positions import position_bias, position_ids_from_mask, position_table
 from .pretrained import ArchlabPreTrainedModel
@@ -469,7 +469,7 @@ class DecoderForSequenceClassification(DecoderPreTrainedModel):
                 lm_labels = (
                     input_ids.masked_fill(attention_mask == 0, -100) if attention_mask is not None else input_ids
                 )
-                lm_logits = hidden_states @ self.model.embed_tokens.weight.t()
+                lm_logits = hidden_states @ embedding_matrix(self.model.embed_tokens, hidden_states.device).t()
                 loss = loss + weight * causal_lm_loss(lm_logits, lm_labels)
 
         output = SequenceClassifierOutputWithPast(

@@ -1,4 +1,5 @@
-"""DecoderForSequenceClassification: last-non-pad pooling (left and right padding) and the auxiliary LM loss."""
+"""DecoderForSequenceClassification: last-non-pad pooling (left and right padding) and the auxiliary LM loss (also
+with the embedding offloaded by a `device_map`)."""
 
 import torch
 from transformers import AutoModelForSequenceClassification
@@ -38,6 +39,21 @@ def test_loss_and_auxiliary_lm_loss():
     lm_logits = with_aux.model(ids).last_hidden_state @ with_aux.model.embed_tokens.weight.t()
     l_pt = torch.nn.functional.cross_entropy(lm_logits[:, :-1].reshape(-1, 97), ids[:, 1:].reshape(-1))
     torch.testing.assert_close(total, l_ft + 0.5 * l_pt)
+
+
+def test_the_auxiliary_lm_loss_reads_an_offloaded_embedding_through_its_hook(tmp_path):
+    """`device_map` with the embedding offloaded leaves its weight on the meta device outside its forward: the
+    auxiliary loss read it directly and came out ~1e25 where the model in memory gave 3.8."""
+    model = _model(classifier_lm_loss_weight=0.5)
+    model.save_pretrained(tmp_path / "model")
+    device_map = {"model.embed_tokens": "disk", "model.layers": "cpu", "model.norm": "cpu", "score": "cpu"}
+    offloaded = AutoModelForSequenceClassification.from_pretrained(
+        tmp_path / "model", device_map=device_map, offload_folder=tmp_path / "offload"
+    ).eval()
+    assert offloaded.model.embed_tokens.weight.is_meta
+    ids, labels = torch.randint(3, 97, (4, 6)), torch.tensor([0, 1, 2, 1])
+    with torch.no_grad():
+        torch.testing.assert_close(offloaded(ids, labels=labels).loss, model(ids, labels=labels).loss)
 
 
 def test_auto_class_and_save_load(tmp_path):
