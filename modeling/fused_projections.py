@@ -145,8 +145,11 @@ def _view_over(parameters: list[nn.Parameter]) -> torch.Tensor | None:
     The usual case: a layout made by an earlier call. Adjacent addresses alone do not make one block: CUDA's caching
     allocator often places separately allocated weights back to back in one segment, and a view from the first
     across the others would reach past its storage. `_side_by_side_in_memory` plus one storage, in one loop (every
-    `generate` call checks 2 groups a layer)."""
+    `generate` call checks 2 groups a layer). A tensor subclass (torchao's quantized weights, a DTensor) is never
+    one: it may hold no storage of its own, whose address then raises."""
     first = parameters[0]
+    if type(first) is not nn.Parameter:
+        return None
     address, storage, dtype, row = first.data_ptr(), first.untyped_storage().data_ptr(), first.dtype, first.shape[1:]
     size, rows = first.element_size(), 0
     for parameter in parameters:

@@ -271,6 +271,39 @@ def test_wrapped_or_hooked_projections_are_left_as_they_are():
     assert len(seen) == 2  # the hook saw its projection inside the context too
 
 
+class _Wrapped(torch.Tensor):
+    """A weight that holds no storage of its own and computes through the tensor it wraps, as torchao's quantized
+    weights (`Int8Tensor`, ...) do."""
+
+    @staticmethod
+    def __new__(cls, inner: torch.Tensor):
+        return torch.Tensor._make_wrapper_subclass(cls, inner.shape, dtype=inner.dtype, device=inner.device)
+
+    def __init__(self, inner: torch.Tensor):
+        self.inner = inner
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        if func is torch.ops.aten.detach.default:  # a Parameter of it stays one
+            return _Wrapped(args[0].inner.detach())
+        unwrap = lambda value: value.inner if isinstance(value, _Wrapped) else value  # noqa: E731
+        return func(*torch.utils._pytree.tree_map(unwrap, args), **torch.utils._pytree.tree_map(unwrap, kwargs or {}))
+
+
+def test_a_projection_whose_weight_is_a_wrapper_subclass_is_read_separately(monkeypatch):
+    """torchao's int8 weights: `generate` (on CUDA, where the layout is on by default) failed with "Attempted to access
+    the data pointer on an invalid python storage" before the first token."""
+    monkeypatch.setattr(fused_projections, "FUSED_PROJECTION_DEVICES", ("cpu",))
+    model = MODELS["llama"]()
+    expected = _generation(model)
+    for module in fusable_modules(model):
+        for linear in fused_projections._linears(module):
+            linear.weight = nn.Parameter(_Wrapped(linear.weight.detach()), requires_grad=False)
+    with torch.no_grad(), inference_projections(model, force=True) as groups:
+        assert groups == 0
+    assert torch.equal(_generation(model), expected)
+
+
 def _generation(model, **kwargs) -> torch.Tensor:
     if model.config.is_encoder_decoder:
         return model.generate(input_ids=IDS, max_new_tokens=8, num_beams=3, do_sample=False, **kwargs)
