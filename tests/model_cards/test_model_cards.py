@@ -253,6 +253,28 @@ def test_a_regression_heads_snippet_prints_its_value_not_a_label(tmp_path, capsy
     assert float(capsys.readouterr().out.strip().splitlines()[-1]) == pytest.approx(expected, rel=1e-5, abs=1e-6)
 
 
+def test_parameter_counts_of_a_quantized_folder_are_the_models(tmp_path):
+    """A quantized save (here as bitsandbytes' 4-bit writes one: each projection two values a byte, beside its absmax
+    and quant map) counts the model's parameters, not the bytes and constants in the file."""
+    from safetensors.torch import load_file, save_file
+
+    config = tiny_decoder_config(num_local_experts=4, num_experts_per_tok=2)
+    folder = _save(DecoderForCausalLM(config), tmp_path / "m")
+    text = write_model_card(folder).read_text()
+    expected = _count(text, "in total"), _count(text, "active per token")
+    tensors = load_file(folder / "model.safetensors")
+    for name in [name for name in tensors if name.endswith("_proj.weight")]:
+        weight = tensors.pop(name)
+        tensors[name] = torch.zeros(weight.numel() // 2, 1, dtype=torch.uint8)
+        tensors[f"{name}.absmax"], tensors[f"{name}.quant_map"] = torch.ones(weight.numel() // 64), torch.ones(16)
+    save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
+    values = json.loads((folder / "config.json").read_text())
+    values["quantization_config"] = {"quant_method": "bitsandbytes", "load_in_4bit": True}
+    (folder / "config.json").write_text(json.dumps(values))
+    text = write_model_card(folder).read_text()
+    assert (_count(text, "in total"), _count(text, "active per token")) == expected
+
+
 def test_parameter_counts_of_a_sharded_checkpoint(tmp_path):
     model = DecoderForCausalLM(tiny_decoder_config())
     model.save_pretrained(tmp_path / "m", max_shard_size="20KB")
