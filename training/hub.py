@@ -75,6 +75,14 @@ def stage(folder: str | Path, out: str | Path, repo_id: str, card: dict[str, Any
     config = read_config(folder)
     if not str(config.get("model_type", "")).startswith("archlab_"):
         raise PushError(f"{folder} holds a `{config.get('model_type')}` model, not an archlab one.")
+    quantization = config.get("quantization_config")
+    if quantization:  # transformers (5.24) raises a bare NotImplementedError re-saving a quantized model it loaded
+        method = quantization.get("quant_method", "?") if isinstance(quantization, dict) else "?"
+        raise PushError(
+            f"{folder} holds a quantized model (quant_method={method!r}), which transformers cannot save again once "
+            "loaded, so it cannot be staged. Push the unquantized folder (users pass `quantization_config` when they "
+            "load it), or push right after quantizing with `model.push_to_hub(...)`."
+        )
     architecture = (config.get("architectures") or [""])[0]
     try:  # an explicit tag that does not fit the model fails before anything is loaded or written
         check_pipeline_tag(architecture, (card or {}).get("pipeline_tag"))

@@ -133,6 +133,18 @@ def test_failed_dry_run_leaves_nothing(trained, tmp_path, capsys):
     assert not out.exists() and os.listdir(out.parent) == []
 
 
+def test_dry_run_refuses_a_quantized_folder_naming_it(trained, tmp_path, capsys):
+    """transformers cannot save a quantized model it loaded: staging one failed with a bare "NotImplementedError: "."""
+    folder, _ = trained
+    config = json.loads((folder / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "bitsandbytes", "load_in_4bit": True}
+    (folder / "config.json").write_text(json.dumps(config))
+    assert _dry_run(folder, tmp_path / "upload") == 2
+    error = capsys.readouterr().err
+    assert "holds a quantized model (quant_method='bitsandbytes')" in error and "unquantized folder" in error, error
+    assert not (tmp_path / "upload").exists()
+
+
 def test_dry_run_refuses_weights_that_do_not_match_the_config(trained, tmp_path, capsys):
     """A checkpoint missing a weight would be uploaded with it freshly initialised (exit 0 before); a config whose
     shapes the weights do not fit failed as "the upload failed, nothing was left on the Hub" in a dry run. Both are
