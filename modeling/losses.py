@@ -375,14 +375,14 @@ def uncompiled(module: nn.Module) -> nn.Module:
 
 def weight_is_readable(linear: nn.Module) -> bool:
     """Whether the chunked and fused losses may read `linear`'s weight and bias themselves instead of calling it: a
-    plain `nn.Linear` (or `nn.Embedding`, for `embedding_matrix`) whose weight is a whole tensor, here, with no
-    accelerate hook that brings it in at call time.
+    plain `nn.Linear` (or `nn.Embedding`, for `embedding_matrix`) whose weight is a whole tensor, here.
 
     Not a quantized layer (bitsandbytes' `Linear8bitLt` / `Linear4bit` and optimum-quanto's `QLinear` subclass
     `nn.Linear`; torchao swaps the weight for a tensor subclass): its weight is int8 or packed 4-bit data and only its
     forward dequantizes it (read directly, bitsandbytes' int8 weight gave a training loss of ~970 for 5.5). Not a
     weight that accelerate offloads (`device_map` with `max_memory`/`offload_folder`): it sits on the meta device and
-    the module's hook loads it for the call. Not a DTensor (`is_distributed_tensor`), nor a layer PEFT wraps.
+    the module's hook loads it for the call (read directly: losses of 1e17..1e23, or nan). Not a DTensor
+    (`is_distributed_tensor`), nor a layer PEFT wraps.
     """
     weight = getattr(linear, "weight", None)
     return (
@@ -390,7 +390,6 @@ def weight_is_readable(linear: nn.Module) -> bool:
         and type(weight) in (nn.Parameter, torch.Tensor)  # not a quantized tensor subclass
         and not is_distributed_tensor(weight)
         and not weight.is_meta
-        and getattr(linear, "_hf_hook", None) is None
     )
 
 
@@ -436,7 +435,9 @@ def lm_head_loss(
     # or an offloaded one (`weight_is_readable`); a head torch.compile wraps (accelerate's regional compilation
     # compiles it apart) is read through the wrapper
     linear = uncompiled(head)
-    reads_weight = weight_is_readable(linear)
+    # (a head on another device than the hidden states, as accelerate's `device_map` may place it, runs through its
+    # hook, which moves them)
+    reads_weight = weight_is_readable(linear) and linear.weight.device == hidden_states.device
     fused_loss = getattr(linear, "fused_linear_cross_entropy", None)
     if wants_loss and training and fused_loss is not None and reads_weight:
         args = (hidden_states, linear, labels, shifted_labels, output_bias, softcap, z_loss_coef, num_items_in_batch)

@@ -223,11 +223,11 @@ class _Int8Linear(nn.Linear):
 
 
 class _OffloadedLinear(nn.Linear):
-    """A head accelerate offloads: the weight on the meta device, brought in by a hook (`_hf_hook`) for the call."""
+    """A head accelerate offloads: the weight on the meta device, brought in by a hook for the call."""
 
     def __init__(self, linear: nn.Linear):
         super().__init__(linear.in_features, linear.out_features, bias=False, device="meta")
-        self._hf_hook, self.offloaded = object(), linear.weight.detach()
+        self.offloaded = linear.weight.detach()
 
     def forward(self, x):
         return F.linear(x, self.offloaded)
