@@ -47,10 +47,14 @@ def _usage(
     encoder_decoder: bool,
     regression: bool = False,
     multi_label: bool = False,
+    example_pair: str | None = None,
+    segments: bool = False,
 ) -> str:
     """A snippet that runs as is against the saved folder (tested by executing it); a regression head's prints its
     value (its one output), not the placeholder label name `LABEL_0` that an argmax over one output always gives; a
-    multi-label head's the classes whose sigmoid is above 0.5 (its argmax would be one class of the set)."""
+    multi-label head's the classes whose sigmoid is above 0.5 (its argmax would be one class of the set). With
+    `example_pair` a classifier of sentence pairs is given the pair (`example`, `example_pair`), with its
+    `token_type_ids` where the model has segment embeddings (`segments`)."""
     lines = [
         "import torch",
         f"from transformers import {auto_class}" + (", AutoTokenizer" if has_tokenizer else ""),
@@ -64,6 +68,10 @@ def _usage(
             "tokenizer = AutoTokenizer.from_pretrained(model_id, trust_remote_code=True)",
             f'inputs = tokenizer({example!r}, return_tensors="pt", return_token_type_ids=False)',
         ]
+        if example_pair is not None and pipeline_tag == "text-classification":
+            segment_ids = "return_token_type_ids=True" if segments else "return_token_type_ids=False"
+            lines[-1] = "# a sentence pair: the two texts in the order of the columns it was trained on"
+            lines.append(f'inputs = tokenizer({example!r}, {example_pair!r}, return_tensors="pt", {segment_ids})')
     else:
         lines += [
             "# no tokenizer was saved with this model: feed token ids directly",
@@ -118,6 +126,22 @@ def _usage(
             "print(hidden.shape)",
         ]
     return "\n".join(lines)
+
+
+PAIR_LINE = re.compile(
+    r"^inputs = tokenizer\(('(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"), "
+    r"('(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"), return_tensors",
+    re.M,
+)
+
+
+def snippet_pair(card_text: str) -> tuple[str, str] | None:
+    """The (example text, example pair) of a card whose snippet tokenizes a sentence pair, else None: a card
+    written again (`push_to_hub` re-renders it from the folder) keeps its pair, which the config does not record."""
+    import ast
+
+    found = PAIR_LINE.search(card_text)
+    return (ast.literal_eval(found.group(1)), ast.literal_eval(found.group(2))) if found else None
 
 
 def _eval_results(
@@ -195,6 +219,7 @@ def write_model_card(
     limitations: str | None = None,
     loss_curve: str | Path | None = None,
     example_text: str = "def fibonacci(n):",
+    example_pair: str | None = None,
 ) -> ModelCard:
     """Write `README.md` (the model card) into a folder written by `save_pretrained`; returns its path.
 
@@ -212,6 +237,7 @@ def write_model_card(
         loss_curve: an image of the loss curve, copied in as `loss_curve.png` (defaults to the folder's own
             `loss_curve.png`, else one is drawn from the Trainer log when matplotlib is installed).
         example_text: the prompt in the usage snippet.
+        example_pair: a sequence classifier of sentence pairs: the second text of the snippet's pair.
     """
     folder = Path(folder)
     config = read_config(folder)
@@ -268,6 +294,8 @@ def write_model_card(
             encoder_decoder=bool(config.get("is_encoder_decoder")) and not architecture.endswith("ForMaskedLM"),
             regression=config.get("problem_type") == "regression",
             multi_label=config.get("problem_type") == "multi_label_classification",
+            example_pair=example_pair,
+            segments=(config.get("type_vocab_size") or 0) > 0,
         ),
         hyperparameters=summary["hyperparameters"],
         results=summary["results"],

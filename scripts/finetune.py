@@ -9,7 +9,8 @@
   with text and label columns; reports accuracy and macro-F1. Float labels are regression targets (one output,
   mean squared error), as run_glue.py reads them; reports MSE and Pearson's r. A list of labels per row (JSON) is
   multi-label classification, as run_classification.py reads it (one sigmoid output per class, binary
-  cross-entropy); reports subset accuracy and micro-F1.
+  cross-entropy); reports subset accuracy and micro-F1. Two text columns (`--text_column_names sentence1,sentence2`,
+  or GLUE's columns read without flags) are classified as pairs, encoded as the tokenizer's pair, as run_glue.py does.
       python scripts/finetune.py --task classification --model_name_or_path runs/pretrain --train_file reviews.csv
 - `seq2seq`: encoder-decoder fine-tuning, by default on the embedded code -> docstring-first-sentence task,
   evaluated by generation with sacrebleu's BLEU and chrF and exact match; `--source_prefix` puts a T5-style task
@@ -62,6 +63,7 @@ from archlab.training.reporting import log, summary, training_setup
 from archlab.training.sampling import sample_unless_sharded, stop_at_the_end_of_a_turn
 from archlab.training.saving import EMBEDDED_CORPUS, dataset_label, save_final
 from archlab.training.sources import first_process_writes_the_cache, load_examples
+from archlab.training.task_data import glue_text_columns, text_pair_column
 from archlab.training.tasks import (
     TASKS,
     Task,
@@ -75,6 +77,7 @@ from archlab.training.tasks import (
 from archlab.training.tokenizers import check_resumed_tokenizer
 
 TASK_OUTPUT_DIR = "runs/finetune-{task}"
+PAIR_EXAMPLE = "Return the n-th Fibonacci number."  # a sentence-pair classifier's card: the second text of its example
 
 
 @dataclass
@@ -84,6 +87,15 @@ class FinetuneArguments:
     response_column: str | None = field(default=None, metadata={"help": "instruct: the assistant turn's column."})
     messages_column: str = field(default="messages", metadata={"help": "instruct: a list of {role, content}."})
     label_column_name: str = field(default="label", metadata={"help": "classification: the label column."})
+    text_column_names: str | None = field(
+        default=None,
+        metadata={
+            "help": "classification: the text column, or two comma-separated (`sentence1,sentence2`) for "
+            "sentence pairs, encoded as the tokenizer's pair (`tokenizer(first, second)`, as run_glue.py does). "
+            "Unset: --text_column_name, or, when the data has no such column, GLUE's text columns (sentence1,"
+            "sentence2 / question1,question2 / question,sentence / premise,hypothesis / sentence)."
+        },
+    )
     source_column: str = field(default="code", metadata={"help": "seq2seq: the input column."})
     target_column: str = field(default="docstring", metadata={"help": "seq2seq: the output column."})
     source_lang: str | None = field(
@@ -206,6 +218,7 @@ def main(argv: Sequence[str] | None = None, callbacks: list[TrainerCallback] | N
     if args.source_prefix is not None and args.task != "seq2seq":
         raise ValueError(f"--source_prefix is for --task seq2seq (the encoder's inputs), not --task {args.task}.")
     check_language_flags(args)
+    text_column = check_text_column_flags(args, data_args.text_column_name)
     check_installed(task)
     resume = resolve_resume(training_args, training_args.overwrite_output_dir)
     check_resumed_tokenizer(model_args, resume)
@@ -227,9 +240,10 @@ def main(argv: Sequence[str] | None = None, callbacks: list[TrainerCallback] | N
         training_args.label_names = ["labels"]
     training_args.predict_with_generate = training_args.predict_with_generate and task.generates
 
-    text_column = data_args.text_column_name
     test = args if training_args.do_predict else None
     raw = load_examples(data_args, model_args.cache_dir, training_args.seed, task.default_data, test)
+    if task.labels:
+        text_column = read_glue_text_columns(args, text_column, raw["train"].column_names)
     raw = prepare_splits(task, raw, args, text_column)
     tokenizer = task_tokenizer(task, model_args, raw["train"], args, text_column, resume)
     built = build_task_model(
@@ -245,6 +259,8 @@ def main(argv: Sequence[str] | None = None, callbacks: list[TrainerCallback] | N
         first_process_writes_the_cache(training_args, raw),
     )
 
+    own_data = bool(data_args.train_file or data_args.dataset_name)
+    pipeline_tag = card_pipeline_tag(task, args.pipeline_tag, own_data)
     if training_args.label_smoothing_factor and built["model"].config.problem_type == "regression":
         # Trainer's label smoother gathers class log-probabilities at the labels: the first step failed on float
         # labels ("gather(): Expected dtype int32/int64 for index"), after the data and model were prepared
@@ -277,7 +293,6 @@ def main(argv: Sequence[str] | None = None, callbacks: list[TrainerCallback] | N
         lambda before: log(f"Before fine-tuning: {summary(before, task.summary_keys)}"),
         lambda after, before: log(f"After fine-tuning:  {summary(after, task.summary_keys)}"),
     )
-    own_data = bool(data_args.train_file or data_args.dataset_name)
     save_final(
         trainer,
         tokenizer,
@@ -285,7 +300,8 @@ def main(argv: Sequence[str] | None = None, callbacks: list[TrainerCallback] | N
         metrics,
         [dataset_label(data_args.dataset_name, data_args.train_file) if own_data else EMBEDDED_CORPUS],
         model_args.model_name_or_path,
-        pipeline_tag=card_pipeline_tag(task, args.pipeline_tag, own_data),
+        pipeline_tag=pipeline_tag,
+        example_pair=PAIR_EXAMPLE if task.labels and text_pair_column(args) else None,
     )
     log(f"Saved to {training_args.output_dir}")
     if training_args.do_predict:
@@ -322,6 +338,42 @@ def check_language_flags(args: FinetuneArguments) -> None:
             "`translation` column; pass one form."
         )
     args.source_column, args.target_column = args.source_lang, args.target_lang
+
+
+def check_text_column_flags(args: FinetuneArguments, text_column_name: str) -> str:
+    """--text_column_names (run_classification.py's form): for --task classification, one column or two (a sentence
+    pair), instead of --text_column_name. Returns the (first) text column; the second stays in the flag."""
+    if args.text_column_names is None:
+        return text_column_name
+    if args.task != "classification":
+        raise ValueError(f"--text_column_names is for --task classification, not --task {args.task}.")
+    names = [name.strip() for name in args.text_column_names.split(",")]
+    if not 1 <= len(names) <= 2 or not all(names) or len(set(names)) < len(names):
+        raise ValueError(
+            f"--text_column_names {args.text_column_names!r}: one text column, or two different ones separated by a "
+            "comma (`sentence1,sentence2`), encoded as a pair; more texts do not make a pair: join them into one "
+            "column first."
+        )
+    if text_column_name != "text":
+        raise ValueError(
+            "Conflicting flags: --text_column_name and --text_column_names; pass --text_column_names alone."
+        )
+    args.text_column_names = ",".join(names)
+    return names[0]
+
+
+def read_glue_text_columns(args: FinetuneArguments, text_column: str, column_names: list[str]) -> str:
+    """The text column of a classification run; where no flag names one and the data has no `text` column, GLUE's
+    (`sentence1`/`sentence2`, `question`/`sentence`, `premise`/`hypothesis`, ... as run_glue.py reads a GLUE task),
+    a pair kept in `args.text_column_names`."""
+    if args.text_column_names is not None or text_column != "text" or "text" in column_names:
+        return text_column
+    found = glue_text_columns(column_names)
+    if found is None:
+        return text_column  # (the missing column is named when the splits are checked)
+    log(f"No 'text' column: reading GLUE's text column(s) {', '.join(found)}" + (" as pairs" if len(found) > 1 else ""))
+    args.text_column_names = ",".join(found)
+    return found[0]
 
 
 def check_predict_flags(task: Task, args: FinetuneArguments, data_args: Any, training_args: Any) -> None:

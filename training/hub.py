@@ -17,6 +17,7 @@ from huggingface_hub import HfApi, ModelCard, get_token
 from huggingface_hub.constants import ENDPOINT, is_offline_mode
 
 from archlab.model_cards import write_model_card
+from archlab.model_cards.card import snippet_pair
 from archlab.model_cards.facts import auto_class_for, check_pipeline_tag, pipeline_tags_allowed, read_config
 
 # copied as they are, beside what `save_pretrained` writes (config, weights, code)
@@ -50,8 +51,11 @@ def _existing_card_data(folder: Path, architecture: str) -> dict[str, Any]:
     readme = folder / "README.md"
     if not readme.is_file():
         return {}
-    data = ModelCard.load(readme).data
+    card = ModelCard.load(readme)
+    data = card.data
+    pair = snippet_pair(card.text)  # a sentence-pair classifier's snippet: kept a pair
     return {
+        **({"example_text": pair[0], "example_pair": pair[1]} if pair else {}),
         "base_model": data.base_model,
         "datasets": data.datasets,
         "license": data.license,

@@ -30,8 +30,10 @@ def save_final(
     datasets: list[str] | None = None,
     base_model: str | None = None,
     pipeline_tag: str | None = None,
+    example_pair: str | None = None,
 ) -> None:
-    """Model, tokenizer, trainer state, loss curve and model card -- written to a staging folder, then moved into
+    """Model, tokenizer, trainer state, loss curve and model card (`example_pair`: a sentence-pair classifier's card
+    shows a pair) -- written to a staging folder, then moved into
     `output_dir` file by file with `config.json` last, so a folder that has a config has everything.
     Under torchrun / accelerate launch only the main process writes; the others wait for it. The weights go through
     `Trainer.save_model`, which every process calls: under FSDP or DeepSpeed ZeRO-3 each holds a shard, and the whole
@@ -56,7 +58,13 @@ def save_final(
             json.dump(metrics, f, indent=2, sort_keys=True)
     has_curve = plot_loss_curve(trainer.state.log_history, os.path.join(staging, LOSS_CURVE))
     write_card(
-        staging, metrics, datasets, base_model, os.path.join(staging, LOSS_CURVE) if has_curve else None, pipeline_tag
+        staging,
+        metrics,
+        datasets,
+        base_model,
+        os.path.join(staging, LOSS_CURVE) if has_curve else None,
+        pipeline_tag,
+        example_pair,
     )
     entries = sorted(os.listdir(staging), key=lambda name: name == "config.json")
     for entry in entries:
@@ -96,6 +104,7 @@ def write_card(
     base_model: str | None,
     loss_curve: str | None,
     pipeline_tag: str | None = None,
+    example_pair: str | None = None,
 ) -> None:
     """The model card (README.md), rendered by archlab.model_cards (`pipeline_tag`: None for the class's default)."""
     from archlab.model_cards import write_model_card
@@ -108,6 +117,7 @@ def write_card(
         eval_results={k: v for k, v in eval_results.items() if k in CARD_METRICS} or None,
         loss_curve=loss_curve,
         pipeline_tag=pipeline_tag,
+        example_pair=example_pair,
     )
 
 

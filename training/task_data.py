@@ -28,6 +28,7 @@ class TaskOptions(Protocol):
     source_prefix: str | None
     source_lang: str | None
     target_lang: str | None
+    text_column_names: str | None
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -150,6 +151,7 @@ def tokenize_instruct(
     num_proc: int | None,
     text_column: str = "text",
     label2id: dict[Any, int] | None = None,
+    segments: bool = False,
 ) -> Any:
     """`input_ids` of the whole conversation; `labels` only on the assistant's tokens (the rest -100)."""
     if not marks_generation(tokenizer.chat_template):
@@ -189,18 +191,43 @@ def tokenize_instruct(
 # ---------------------------------------------------------------------------------------------------------------
 # Classification
 # ---------------------------------------------------------------------------------------------------------------
+# run_glue.py's text columns of the GLUE tasks (`task_to_keys`), pairs first: read without flags when the data has no
+# `text` column (a pair's second text is encoded after the first, as `tokenizer(first, second)` does)
+GLUE_TEXT_COLUMNS = (
+    ("sentence1", "sentence2"),  # mrpc, rte, stsb, wnli
+    ("question1", "question2"),  # qqp
+    ("question", "sentence"),  # qnli
+    ("premise", "hypothesis"),  # mnli
+    ("sentence",),  # cola, sst2
+)
+
+
+def glue_text_columns(column_names: Iterable[str]) -> tuple[str, ...] | None:
+    """The first of GLUE's text columns (one text or a pair) that a split has, else None."""
+    names = set(column_names)
+    return next((columns for columns in GLUE_TEXT_COLUMNS if names.issuperset(columns)), None)
+
+
+def text_pair_column(args: TaskOptions) -> str | None:
+    """The second text column of a sentence-pair task (`--text_column_names first,second`), else None."""
+    names = (getattr(args, "text_column_names", None) or "").split(",")
+    return names[1].strip() if len(names) == 2 else None
+
+
 def check_classification_columns(dataset: Any, split: str, args: TaskOptions, text_column: str) -> Any:
-    """The text and label columns, checked; a test split may come without labels (the column missing, or every row
-    None or -1, as GLUE's test splits hold them): it is then predicted only, its label column dropped."""
+    """The text column (or the two of a pair) and the label column, checked; a test split may come without labels
+    (the column missing, or every row None or -1, as GLUE's test splits hold them): it is then predicted only, its
+    label column dropped."""
+    pair = text_pair_column(args)
+    texts = [text_column, *([pair] if pair else [])]
+    text_flags = ["--text_column_names"] * 2 if pair else ["--text_column_name"]
     if split == "test":
-        check_columns(dataset, text_column, split=split, flags=["--text_column_name"])
-        check_text_columns(dataset, text_column, split=split)
+        check_columns(dataset, *texts, split=split, flags=text_flags)
+        check_text_columns(dataset, *texts, split=split)
         if is_unlabeled(dataset, args.label_column_name):
             return dataset.remove_columns([c for c in dataset.column_names if c == args.label_column_name])
-    check_columns(
-        dataset, text_column, args.label_column_name, split=split, flags=["--text_column_name", "--label_column_name"]
-    )
-    check_text_columns(dataset, text_column, split=split)
+    check_columns(dataset, *texts, args.label_column_name, split=split, flags=[*text_flags, "--label_column_name"])
+    check_text_columns(dataset, *texts, split=split)
     check_label_column(dataset, args.label_column_name, split)
     return dataset
 
@@ -263,7 +290,9 @@ def is_multi_label(dataset: Any, column: str) -> bool:
 
 
 def classification_texts(train: Any, args: TaskOptions, text_column: str) -> Iterator[str]:
-    return (row[text_column] for row in train)
+    """The texts a new tokenizer learns: each row's text, or both texts of a pair."""
+    columns = [text_column, *([text_pair_column(args)] if text_pair_column(args) else [])]
+    return (row[column] for row in train for column in columns)
 
 
 def label_maps(dataset: Any, column: str) -> tuple[dict[Any, int], dict[int, str]]:
@@ -315,11 +344,20 @@ def tokenize_classification(
     num_proc: int | None,
     text_column: str = "text",
     label2id: dict[Any, int] | None = None,
+    segments: bool = False,
 ) -> Any:
     """`input_ids` and the label ids of `label2id`; a list of labels per row becomes a multi-hot float vector (the
     target of binary cross-entropy, as in run_classification.py); with `label2id` None (regression), the labels as
-    floats. A split without the label column (an unlabeled test split) gets no labels."""
+    floats. A split without the label column (an unlabeled test split) gets no labels.
+
+    A pair of text columns (`--text_column_names first,second`) is encoded as the tokenizer encodes a pair,
+    `tokenizer(first, second, truncation=True)` as run_glue.py does: its pair template (archlab's decoder
+    tokenizer: `<s> first <s> second`; BERT's: `[CLS] first [SEP] second [SEP]`), the longer text cut first
+    (`longest_first`) down to `max_length`. `token_type_ids` are kept where the model has segment embeddings
+    (`segments`: its config's `type_vocab_size` > 0, a BERT's) and dropped otherwise: a model without them takes
+    none (archlab's decoder ignores them)."""
     label = args.label_column_name
+    pair = text_pair_column(args)
     if label == "labels" and "labels" in dataset.column_names:
         # (`map` gives an output column its input column's type: a `labels` list of ClassLabel turned the multi-hot
         # floats into integers, and binary cross-entropy failed on Long targets)
@@ -327,8 +365,11 @@ def tokenize_classification(
         dataset = dataset.rename_column("labels", label)
 
     def encode(batch: dict[str, list]) -> dict[str, list]:
-        out = tokenizer(batch[text_column], truncation=True, max_length=max_length)
+        texts = (batch[text_column], *([batch[pair]] if pair else []))
+        out = tokenizer(*texts, truncation=True, max_length=max_length, return_token_type_ids=segments)
         encoded = {"input_ids": out["input_ids"], "attention_mask": out["attention_mask"]}
+        if segments and "token_type_ids" in out:
+            encoded["token_type_ids"] = out["token_type_ids"]
         if label not in batch:
             return encoded
         if label2id is None:
@@ -418,6 +459,7 @@ def tokenize_seq2seq(
     num_proc: int | None,
     text_column: str = "text",
     label2id: dict[Any, int] | None = None,
+    segments: bool = False,
 ) -> Any:
     """Sources (after --source_prefix) truncated to --max_source_length and targets to --max_target_length (keeping
     the closing token); `max_length`, the other tasks' truncation, does not apply. Each side is tokenized with its

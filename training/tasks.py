@@ -60,7 +60,8 @@ class Task:
     default_data: Callable[[int | None, int | None], Any]  # (max train, max eval) -> DatasetDict, without user data
     prepare: Callable[..., Any]  # (split dataset, split name, options, text column) -> the dataset it tokenizes
     tokenizer_texts: Callable[..., Iterable[str]]  # (train split, options, text column) -> a new tokenizer's texts
-    tokenize: Callable[..., Any]  # (dataset, tokenizer, options, max length, processes, text column, label2id)
+    tokenize: Callable[..., Any]  # (dataset, tokenizer, options, max length, processes, text column, label2id,
+    # segments: keep `token_type_ids`, the model has segment embeddings)
     collator: Callable[[Any, PreTrainedModel], Any]  # (tokenizer, model) -> data collator
     trainer_class: type = AtomicCheckpointTrainer
     auto_class: Any = None  # None: the model kind's own head
@@ -269,8 +270,12 @@ def build_task_model(
         )
         # a list of labels per row: one sigmoid output per class, trained by binary cross-entropy
         config.problem_type = "multi_label_classification" if multi_label else "single_label_classification"
+    segments = (getattr(config, "type_vocab_size", None) or 0) > 0  # a BERT's segment embeddings read token_type_ids
     with tokenizing or contextlib.nullcontext():
-        data = {s: task.tokenize(raw[s], tokenizer, options, max_length, num_proc, text_column, label2id) for s in raw}
+        data = {
+            s: task.tokenize(raw[s], tokenizer, options, max_length, num_proc, text_column, label2id, segments)
+            for s in raw
+        }
     check_not_empty(data["train"], "tokenized train")
     kind = model_kind(task.model_kind)
     adopt_context_length(tokenizer, config, kind)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 import json
 import random
+import re
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +25,8 @@ from archlab.training.metrics import classification_metrics, text_metrics
 from archlab.training.task_data import (
     as_messages,
     check_pair_columns,
+    classification_texts,
+    glue_text_columns,
     instruct_texts,
     is_multi_label,
     label_maps,
@@ -821,3 +824,96 @@ def test_translation_pairs_are_read_by_their_languages() -> None:
     ):
         with pytest.raises(ValueError, match=message):
             finetune.check_language_flags(finetune.FinetuneArguments(**{"task": "seq2seq", **given}))
+
+
+def pair_rows(n: int, seed: int) -> list[dict[str, str]]:
+    """GLUE-style pairs whose label is the mood of the second sentence alone (the first is noise): a classifier that
+    read only `sentence1` could not learn them."""
+    rng = random.Random(seed)
+    rows = []
+    for i in range(n):
+        positive = rng.random() < 0.5
+        words = ["great", "lovely", "fine", "good"] if positive else ["bad", "awful", "poor", "sad"]
+        noise = " ".join(rng.choices(["great", "lovely", "bad", "awful"], k=4))
+        second = " ".join(rng.choices(words, k=4))
+        rows.append({"sentence1": f"{noise} {i}", "sentence2": second, "label": int(positive)})
+    return rows
+
+
+def bert_tokenizer() -> AutoTokenizer:
+    from transformers import BertTokenizer
+
+    words = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "good", "bad", "one", "two", "three"]
+    return BertTokenizer(vocab={w: i for i, w in enumerate(words)})
+
+
+def test_sentence_pairs_are_encoded_as_the_tokenizers_pair(work: Path) -> None:
+    """--text_column_names first,second: each row is `tokenizer(first, second)` (archlab's decoder template `<s> a
+    <s> b`), the longer text cut first to the length (`longest_first`, as run_glue.py's `truncation=True`), and
+    `token_type_ids` kept only for a model with segment embeddings (a BERT's, second text 1), dropped otherwise."""
+    tokenizer = AutoTokenizer.from_pretrained(work / "base")
+    args = finetune.FinetuneArguments(text_column_names="sentence1,sentence2")
+    rows = pair_rows(3, 0)
+    encoded = tokenize_classification(Dataset.from_list(rows), tokenizer, args, 64, None, "sentence1", {0: 0, 1: 1})
+    for row, source in zip(encoded, rows):
+        assert row["input_ids"] == tokenizer(source["sentence1"], source["sentence2"])["input_ids"]
+        assert row["input_ids"].count(tokenizer.bos_token_id) == 2 and "token_type_ids" not in row
+    assert set(classification_texts(Dataset.from_list(rows), args, "sentence1")) == {
+        text for row in rows for text in (row["sentence1"], row["sentence2"])
+    }
+    bert = bert_tokenizer()
+    pair = Dataset.from_list([{"a": "one two three", "b": "good bad", "label": 0}])
+    args = finetune.FinetuneArguments(text_column_names="a,b")
+    cut = tokenize_classification(pair, bert, args, 7, None, "a", {0: 0}, segments=True)[0]
+    assert bert.convert_ids_to_tokens(cut["input_ids"]) == ["[CLS]", "one", "two", "[SEP]", "good", "bad", "[SEP]"]
+    assert cut["token_type_ids"] == [0, 0, 0, 0, 1, 1, 1]
+    assert "token_type_ids" not in tokenize_classification(pair, bert, args, 7, None, "a", {0: 0})[0]
+
+
+def test_sentence_pair_classification_end_to_end(tmp_path: Path, work: Path) -> None:
+    """GLUE's `sentence1`/`sentence2` columns are read as pairs without flags, as run_glue.py reads them: the label
+    of the second sentence is learnt, a --test_file of pairs is predicted, and the card's snippet (a pair) runs."""
+    for name, n, seed in (("train", 80, 1), ("validation", 40, 2), ("test", 6, 3)):
+        Dataset.from_list(pair_rows(n, seed)).to_csv(tmp_path / f"{name}.csv")
+    out = tmp_path / "pairs"
+    files = [tmp_path / f"{name}.csv" for name in ("train", "validation")]
+    metrics = finetune.main(classification_args(out, work / "base", *files, "--test_file", str(tmp_path / "test.csv")))
+    assert metrics["eval_accuracy"] >= 0.9 and "predict_accuracy" in metrics
+    lines = (out / "predict_results.txt").read_text().splitlines()
+    assert len(lines) == 7 and {line.split("\t")[1] for line in lines[1:]} <= {"0", "1"}
+    snippet = re.search(r"```python\n(.*?)```", (out / "README.md").read_text(), re.S).group(1)
+    assert f"tokenizer('def fibonacci(n):', {finetune.PAIR_EXAMPLE!r}, " in snippet
+    exec(snippet.replace('"pairs"', repr(str(out))), {})
+
+
+def test_a_missing_second_text_column_is_named_before_training(tmp_path: Path, work: Path) -> None:
+    Dataset.from_list(pair_rows(8, 1)).to_csv(tmp_path / "train.csv")
+    args = classification_args(tmp_path / "out", work / "base", tmp_path / "train.csv", tmp_path / "train.csv")
+    with pytest.raises(ValueError, match=r"Column 'sentence3' not found in the train split.*--text_column_names\."):
+        finetune.main([*args, "--text_column_names", "sentence1,sentence3"])
+    for given, message in (
+        ("a,b,c", "one text column, or two different ones separated by a comma"),
+        ("a,a", "one text column, or two different ones"),
+        ("a,", "one text column, or two different ones"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            finetune.main([*args, "--text_column_names", given])
+    with pytest.raises(ValueError, match="Conflicting flags: --text_column_name and --text_column_names"):
+        finetune.main([*args, "--text_column_names", "a,b", "--text_column_name", "a"])
+    with pytest.raises(ValueError, match="--text_column_names is for --task classification, not --task seq2seq"):
+        finetune.main(run_args(tmp_path / "out", "--task", "seq2seq", "--text_column_names", "a,b"))
+    assert not (tmp_path / "out").exists()
+
+
+def test_glue_text_columns_are_read_as_run_glue_reads_them() -> None:
+    assert glue_text_columns(["sentence1", "sentence2", "label", "idx"]) == ("sentence1", "sentence2")
+    assert glue_text_columns(["question", "sentence", "label"]) == ("question", "sentence")
+    assert glue_text_columns(["premise", "hypothesis", "label"]) == ("premise", "hypothesis")
+    assert glue_text_columns(["question1", "question2", "label"]) == ("question1", "question2")
+    assert glue_text_columns(["sentence", "label"]) == ("sentence",)
+    assert glue_text_columns(["review", "label"]) is None
+    args = finetune.FinetuneArguments(task="classification")
+    assert finetune.read_glue_text_columns(args, "text", ["text", "sentence1", "sentence2"]) == "text"
+    assert args.text_column_names is None  # a `text` column is read as it is
+    assert finetune.read_glue_text_columns(args, "text", ["premise", "hypothesis", "label"]) == "premise"
+    assert args.text_column_names == "premise,hypothesis"

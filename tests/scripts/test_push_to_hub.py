@@ -112,6 +112,21 @@ def test_dry_run_cards_snippet_loads_the_repo(trained, tmp_path):
     assert "from_pretrained(model_id, trust_remote_code=True)" in snippet and f'"{REPO}"' in snippet
 
 
+def test_a_sentence_pair_classifiers_card_keeps_its_pair_through_a_push(tmp_path):
+    """The card of a classifier of sentence pairs (finetune.py's --text_column_names a,b) tokenizes a pair; the push
+    re-renders the card from the folder, whose config does not say so, and the snippet became a single text."""
+    from archlab import DecoderForSequenceClassification
+    from archlab.model_cards import write_model_card
+
+    folder = tmp_path / "pairs"
+    DecoderForSequenceClassification(tiny_decoder_config(num_labels=2)).save_pretrained(folder)
+    _tokenizer().save_pretrained(folder)
+    write_model_card(folder, example_text="def f ( x ) :", example_pair="return x + 1")
+    assert _dry_run(folder, tmp_path / "upload") == 0
+    snippet = re.search(r"```python\n(.*?)```", (tmp_path / "upload" / "README.md").read_text(), re.S).group(1)
+    assert "inputs = tokenizer('def f ( x ) :', 'return x + 1', return_tensors=" in snippet
+
+
 def test_dry_run_refuses_a_non_empty_target(trained, tmp_path, capsys):
     folder, _ = trained
     (tmp_path / "upload").mkdir()
