@@ -49,12 +49,14 @@ def _usage(
     multi_label: bool = False,
     example_pair: str | None = None,
     segments: bool = False,
+    prefix_key: str | None = None,
 ) -> str:
     """A snippet that runs as is against the saved folder (tested by executing it); a regression head's prints its
     value (its one output), not the placeholder label name `LABEL_0` that an argmax over one output always gives; a
     multi-label head's the classes whose sigmoid is above 0.5 (its argmax would be one class of the set). With
     `example_pair` a classifier of sentence pairs is given the pair (`example`, `example_pair`), with its
-    `token_type_ids` where the model has segment embeddings (`segments`)."""
+    `token_type_ids` where the model has segment embeddings (`segments`); with `prefix_key` an encoder-decoder's
+    source starts with the task prefix it was trained with, `config.task_specific_params[prefix_key]["prefix"]`."""
     lines = [
         "import torch",
         f"from transformers import {auto_class}" + (", AutoTokenizer" if has_tokenizer else ""),
@@ -72,6 +74,12 @@ def _usage(
             segment_ids = "return_token_type_ids=True" if segments else "return_token_type_ids=False"
             lines[-1] = "# a sentence pair: the two texts in the order of the columns it was trained on"
             lines.append(f'inputs = tokenizer({example!r}, {example_pair!r}, return_tensors="pt", {segment_ids})')
+        if prefix_key is not None and pipeline_tag in SEQ2SEQ_PIPELINE_TAGS:
+            lines[-1] = (
+                f'prefix = model.config.task_specific_params[{prefix_key!r}]["prefix"]  # the task prefix it was '
+                "trained with"
+            )
+            lines.append(f'inputs = tokenizer(prefix + {example!r}, return_tensors="pt", return_token_type_ids=False)')
     else:
         lines += [
             "# no tokenizer was saved with this model: feed token ids directly",
@@ -142,6 +150,19 @@ def snippet_pair(card_text: str) -> tuple[str, str] | None:
 
     found = PAIR_LINE.search(card_text)
     return (ast.literal_eval(found.group(1)), ast.literal_eval(found.group(2))) if found else None
+
+
+def task_prefix_key(config: dict[str, Any], pipeline_tag: str | None) -> str | None:
+    """The key of `config["task_specific_params"]` whose `prefix` a `pipeline_tag` model's inputs start with (T5's
+    convention: "summarization", "translation_en_to_de"; a "translation" task reads the first "translation*" key, as
+    transformers 4's translation pipeline does), else None."""
+    params = config.get("task_specific_params") or {}
+    if pipeline_tag is None:
+        return None
+    keys = [key for key, value in params.items() if isinstance(value, dict) and value.get("prefix")]
+    return next((key for key in keys if key == pipeline_tag), None) or next(
+        (key for key in keys if key.startswith(pipeline_tag)), None
+    )
 
 
 def _eval_results(
@@ -238,6 +259,9 @@ def write_model_card(
             `loss_curve.png`, else one is drawn from the Trainer log when matplotlib is installed).
         example_text: the prompt in the usage snippet.
         example_pair: a sequence classifier of sentence pairs: the second text of the snippet's pair.
+
+    An encoder-decoder whose config holds a task prefix for its task (`task_specific_params[task]["prefix"]`, T5's
+    convention, which the fine-tuning script's --source_prefix writes) has its snippet put it before the source.
     """
     folder = Path(folder)
     config = read_config(folder)
@@ -296,6 +320,7 @@ def write_model_card(
             multi_label=config.get("problem_type") == "multi_label_classification",
             example_pair=example_pair,
             segments=(config.get("type_vocab_size") or 0) > 0,
+            prefix_key=task_prefix_key(config, pipeline_tag),
         ),
         hyperparameters=summary["hyperparameters"],
         results=summary["results"],

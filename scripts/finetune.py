@@ -14,7 +14,7 @@
       python scripts/finetune.py --task classification --model_name_or_path runs/pretrain --train_file reviews.csv
 - `seq2seq`: encoder-decoder fine-tuning, by default on the embedded code -> docstring-first-sentence task,
   evaluated by generation with sacrebleu's BLEU and chrF and exact match; `--source_prefix` puts a T5-style task
-  prefix before every source.
+  prefix before every source (saved in the config's `task_specific_params`, as T5 keeps its prefixes).
       python scripts/finetune.py --task seq2seq --output_dir runs/docstrings
 
 `--test_file` (or `--do_predict` with a data set that has a test split) predicts the test split after training, as
@@ -114,7 +114,8 @@ class FinetuneArguments:
         default=None,
         metadata={
             "help": 'seq2seq: text put before every source, as T5 is prompted ("translate English to German: ", '
-            '"summarize: "); trained, evaluated and predicted with it.'
+            '"summarize: "); trained, evaluated and predicted with it, and saved in the config\'s '
+            '`task_specific_params[task]["prefix"]` (as T5 keeps it); a resume must keep it.'
         },
     )
     test_file: str | None = field(
@@ -222,7 +223,7 @@ def main(argv: Sequence[str] | None = None, callbacks: list[TrainerCallback] | N
     check_installed(task)
     resume = resolve_resume(training_args, training_args.overwrite_output_dir)
     check_resumed_tokenizer(model_args, resume)
-    facts = run_facts(training_args)
+    facts = run_facts(training_args, source_prefix=(args.source_prefix or "") if args.task == "seq2seq" else None)
     check_resumed_run_facts(resume, facts)
     check_training_state(resume, training_args)
     finished = finished_run(resume, training_args)
@@ -261,6 +262,8 @@ def main(argv: Sequence[str] | None = None, callbacks: list[TrainerCallback] | N
 
     own_data = bool(data_args.train_file or data_args.dataset_name)
     pipeline_tag = card_pipeline_tag(task, args.pipeline_tag, own_data)
+    if task.generates:  # before training, so that the checkpoints' configs record it as well
+        record_source_prefix(built["model"].config, args, pipeline_tag)
     if training_args.label_smoothing_factor and built["model"].config.problem_type == "regression":
         # Trainer's label smoother gathers class log-probabilities at the labels: the first step failed on float
         # labels ("gather(): Expected dtype int32/int64 for index"), after the data and model were prepared
@@ -316,6 +319,33 @@ def main(argv: Sequence[str] | None = None, callbacks: list[TrainerCallback] | N
             lambda: task.show_example(built["model"], tokenizer, example, args, max_new_tokens),
         )
     return metrics
+
+
+def prefix_key(args: FinetuneArguments, pipeline_tag: str) -> str:
+    """The `task_specific_params` key of the run's task, as T5's config names them: "summarization", or
+    "translation_{source}_to_{target}" with --source_lang / --target_lang (else "translation")."""
+    if pipeline_tag == "translation" and args.source_lang and args.target_lang:
+        return f"translation_{args.source_lang}_to_{args.target_lang}"
+    return pipeline_tag
+
+
+def record_source_prefix(config: Any, args: FinetuneArguments, pipeline_tag: str) -> None:
+    """--source_prefix saved with the model where T5 keeps its task prefixes, `config.task_specific_params[task]
+    ["prefix"]` (the model card's snippet puts it before its source; transformers 4's summarization and translation
+    pipelines read it there): the saved folder did not record it, and prompts without it were out of distribution.
+    Without --source_prefix a prefix the base model's config holds for this task is dropped (it was not trained with
+    it), with a warning: T5 checkpoints expect theirs."""
+    key = prefix_key(args, pipeline_tag)
+    params = {name: dict(value) for name, value in (getattr(config, "task_specific_params", None) or {}).items()}
+    if args.source_prefix:
+        params[key] = {**params.get(key, {}), "prefix": args.source_prefix}
+    elif params.get(key, {}).get("prefix"):
+        log(
+            f"Warning: the base model's config gives {key} inputs the prefix {params[key]['prefix']!r}, and no "
+            "--source_prefix is given: the model is trained without one (pass --source_prefix to keep it)."
+        )
+        del params[key]["prefix"]
+    config.task_specific_params = params or None
 
 
 def check_language_flags(args: FinetuneArguments) -> None:

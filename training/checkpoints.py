@@ -8,6 +8,7 @@ import glob
 import json
 import os
 import shutil
+from typing import Any
 
 from transformers import TrainingArguments
 from transformers.trainer_utils import get_last_checkpoint
@@ -53,24 +54,35 @@ def resolve_resume(training_args: TrainingArguments, overwrite_output_dir: bool)
     return requested
 
 
-def run_facts(training_args: TrainingArguments, block_size: int | None = None) -> dict[str, int]:
+def run_facts(
+    training_args: TrainingArguments, block_size: int | None = None, source_prefix: str | None = None
+) -> dict[str, Any]:
     """What a resumed run must keep for its data to go on where the checkpoint stopped: the Trainer skips
     `global_step` x --gradient_accumulation_steps batches of the resumed run's own size, so another number of examples
     per optimizer step skips examples never trained (or trains some twice), and another --block_size (pretraining)
-    packs other blocks, of which it skips as many as it trained of the old ones."""
-    facts = {
+    packs other blocks, of which it skips as many as it trained of the old ones. A seq2seq fine-tuning run's
+    --source_prefix (`source_prefix`, "" for none) is kept too: another one trains the rest of the run on other
+    inputs than its first steps (and the saved config records one prefix)."""
+    facts: dict[str, Any] = {
         "examples_per_step": training_args.per_device_train_batch_size
         * training_args.gradient_accumulation_steps
         * max(1, training_args.world_size)
     }
     if block_size is not None:
         facts["block_size"] = block_size
+    if source_prefix is not None:
+        facts["source_prefix"] = source_prefix
     return facts
 
 
 FACT_FLAGS = {
     "examples_per_step": "--per_device_train_batch_size x --gradient_accumulation_steps x processes",
     "block_size": "--block_size",
+    "source_prefix": "--source_prefix",
+}
+# what a resume with another value would do, where it is not "skip other data than the checkpoint trained on"
+FACT_CONSEQUENCES = {
+    "source_prefix": "train the rest of the run on other inputs than the checkpoint was trained on",
 }
 
 
@@ -85,12 +97,15 @@ def check_resumed_run_facts(resume: str | None, facts: dict[str, int]) -> None:
         saved = json.load(f)
     differ = [key for key in facts if key in saved and saved[key] != facts[key]]
     if differ:
+        consequences = dict.fromkeys(
+            FACT_CONSEQUENCES.get(key, "skip other data than the checkpoint trained on") for key in differ
+        )
         raise ValueError(
             f"--resume_from_checkpoint: {resume} was trained with "
-            + ", ".join(f"{FACT_FLAGS.get(key, key)} = {saved[key]}" for key in differ)
+            + ", ".join(f"{FACT_FLAGS.get(key, key)} = {fact_text(key, saved[key])}" for key in differ)
             + ", but these flags give "
-            + ", ".join(str(facts[key]) for key in differ)
-            + ": the resumed run would skip other data than the checkpoint trained on. Resume with the run's own "
+            + ", ".join(fact_text(key, facts[key]) for key in differ)
+            + f": the resumed run would {' and '.join(consequences)}. Resume with the run's own "
             + "values"
             + (
                 " (another per-device batch size is fine when --gradient_accumulation_steps keeps the product)"
@@ -99,6 +114,13 @@ def check_resumed_run_facts(resume: str | None, facts: dict[str, int]) -> None:
             )
             + ", or start a new run in another --output_dir."
         )
+
+
+def fact_text(key: str, value: Any) -> str:
+    """A run fact as a message shows it: a text quoted (a --source_prefix of "" is none), a number as it is."""
+    if key == "source_prefix" and not value:
+        return "none"
+    return repr(value) if isinstance(value, str) else str(value)
 
 
 def run_end(state: dict, training_args: TrainingArguments) -> tuple[int | None, str]:

@@ -17,6 +17,7 @@ from huggingface_hub import ModelCard
 
 from archlab import Seq2SeqForConditionalGeneration, translate
 from archlab.model_cards import write_model_card
+from archlab.model_cards.card import task_prefix_key
 
 from helpers import digit_tokenizer, tiny_seq2seq_config
 
@@ -80,3 +81,30 @@ def test_architecture_rows_of_a_t5_style_config():
     rows = dict(architecture_rows(config))
     assert rows["attention"] == "grouped-query (GQA), 4 query heads, 2 key/value heads"
     assert rows["head dim"] == "12" and rows["stability"] == "use_qk_norm=True"
+
+
+def test_the_snippet_puts_the_task_prefix_before_its_source(tmp_path):
+    """A model trained with a T5-style task prefix (`task_specific_params[task]["prefix"]`, which finetune.py's
+    --source_prefix writes) gets it before the snippet's source: the snippet read the bare text, an input the model
+    never saw in training. A prefix of another task is not used."""
+    model = saved_translator(tmp_path / "m")
+    model.config.task_specific_params = {"summarization": {"prefix": "9 "}, "translation_en_to_de": {"prefix": "7 "}}
+    model.config.save_pretrained(tmp_path / "m")
+    card = write_model_card(tmp_path / "m", model_id="someone/m", example_text="1 2 3", pipeline_tag="translation")
+    snippet = re.search(r"```python\n(.*?)```", card.read_text(), re.S).group(1)
+    assert "model.config.task_specific_params['translation_en_to_de'][\"prefix\"]" in snippet
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        exec(snippet.replace('"someone/m"', repr(str(tmp_path / "m"))), {})
+    expected = translate(["7 1 2 3"], model, digit_tokenizer(), num_beams=4, max_new_tokens=40)
+    assert printed.getvalue().strip() == repr(expected)
+
+
+def test_the_task_prefix_is_the_pipeline_tags_own():
+    """T5's keys: "summarization" for a summarizer, the first "translation*" key for a translator (as transformers 4's
+    translation pipeline picks it); none without an entry holding a prefix."""
+    params = {"summarization": {"prefix": "summarize: ", "max_length": 200}, "translation_en_to_de": {"prefix": "t: "}}
+    assert task_prefix_key({"task_specific_params": params}, "summarization") == "summarization"
+    assert task_prefix_key({"task_specific_params": params}, "translation") == "translation_en_to_de"
+    assert task_prefix_key({"task_specific_params": {"summarization": {"max_length": 9}}}, "summarization") is None
+    assert task_prefix_key({}, "translation") is None

@@ -231,6 +231,13 @@ def test_seq2seq_on_the_embedded_docstring_task(tmp_path: Path) -> None:
     assert "max_length" not in saved and "num_beams" not in saved, saved
     # code -> first docstring sentence is a summarisation task, and the card says so
     assert ModelCard.load(tmp_path / "docstrings" / "README.md").data.pipeline_tag == "summarization"
+    # the prefix is saved where T5 keeps its own (checkpoints too), and the card's snippet puts it before its source
+    for folder in ("", "checkpoint-4"):
+        config = json.loads((tmp_path / "docstrings" / folder / "config.json").read_text())
+        assert config["task_specific_params"] == {"summarization": {"prefix": "summarize: "}}
+    assert json.loads((tmp_path / "docstrings" / "checkpoint-4" / "run_facts.json").read_text())["source_prefix"]
+    card = (tmp_path / "docstrings" / "README.md").read_text()
+    assert "tokenizer(prefix + 'def fibonacci(n):'" in card
 
 
 def test_metrics() -> None:
@@ -917,3 +924,37 @@ def test_glue_text_columns_are_read_as_run_glue_reads_them() -> None:
     assert args.text_column_names is None  # a `text` column is read as it is
     assert finetune.read_glue_text_columns(args, "text", ["premise", "hypothesis", "label"]) == "premise"
     assert args.text_column_names == "premise,hypothesis"
+
+
+def test_the_source_prefix_is_saved_where_t5_keeps_its_task_prefixes(capsys) -> None:
+    """--source_prefix goes into `config.task_specific_params[task]["prefix"]` (T5's place; the card's snippet reads it
+    there): the saved folder did not record it. Other tasks' entries stay; a base model's prefix for the task is
+    dropped, with a warning, when the run trains without one."""
+    config = archlab.Seq2SeqConfig(**TINY_SEQ2SEQ)
+    finetune.record_source_prefix(config, finetune.FinetuneArguments(source_prefix="summarize: "), "summarization")
+    assert config.task_specific_params == {"summarization": {"prefix": "summarize: "}}
+    args = finetune.FinetuneArguments(source_prefix="translate English to German: ", source_lang="en", target_lang="de")
+    finetune.record_source_prefix(config, args, "translation")
+    assert config.task_specific_params["translation_en_to_de"] == {"prefix": "translate English to German: "}
+    assert config.task_specific_params["summarization"] == {"prefix": "summarize: "}
+    finetune.record_source_prefix(config, finetune.FinetuneArguments(), "summarization")
+    assert "prefix" not in config.task_specific_params["summarization"]
+    assert "gives summarization inputs the prefix 'summarize: ', and no --source_prefix" in capsys.readouterr().out
+    plain = archlab.Seq2SeqConfig(**TINY_SEQ2SEQ)
+    finetune.record_source_prefix(plain, finetune.FinetuneArguments(), "translation")
+    assert plain.task_specific_params is None
+
+
+def test_a_resume_with_another_source_prefix_is_refused_first(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A checkpoint trained with one --source_prefix resumed with another (or none) trained the rest of the run on
+    other inputs without a word; the prefix is one of the checkpoint's run facts."""
+    checkpoint = tmp_path / "out" / "checkpoint-5"
+    checkpoint.mkdir(parents=True)
+    (checkpoint / "trainer_state.json").write_text(json.dumps({"global_step": 5}))
+    (checkpoint / "run_facts.json").write_text(json.dumps({"examples_per_step": 8, "source_prefix": "summarize: "}))
+    forbid(monkeypatch, sources, "load_raw_datasets", "data was loaded before the checkpoint was compared")
+    args = run_args(tmp_path / "out", "--task", "seq2seq", "--resume_from_checkpoint", "true")
+    with pytest.raises(ValueError, match="--source_prefix = 'summarize: ', but these flags give 'explain: ': the res"):
+        finetune.main([*args, "--source_prefix", "explain: "])
+    with pytest.raises(ValueError, match="but these flags give none: the resumed run would train the rest of the run"):
+        finetune.main(args)
