@@ -283,7 +283,12 @@ class DecoderForCausalLM(FastDecodingMixin, DecoderPreTrainedModel, GenerationMi
         past_key_values = cache_argument(past_key_values, cache)
         # `shift_labels` (pre-shifted targets, as transformers' loss accepts) comes through kwargs: a named
         # argument with "label" in it would make Trainer wait for it as a label column and report no eval_loss.
-        shift_labels = kwargs.pop("shift_labels", None)
+        # As in Llama they take the place of `labels`' shift only when `labels` are given: without them there is no
+        # loss and the logits come back. Trainer's label smoother and `compute_loss_func`, and TRL's, pop `labels`
+        # and keep `shift_labels` (context parallelism adds them, a collator may): the chunked loss then ran on them
+        # and returned no logits, and the smoother failed on the missing `logits` (KeyError).
+        shift_labels = kwargs.pop("shift_labels", None) if labels is not None else None
+        kwargs.pop("shift_labels", None)
         return_dict = return_dict if return_dict is not None else self.config.return_dict
         if output_router_logits is None:
             output_router_logits = self.config.output_router_logits

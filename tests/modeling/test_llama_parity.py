@@ -74,6 +74,24 @@ def test_loss_and_gradients_match_llama():
         torch.testing.assert_close(p.grad, q.grad, atol=1e-5, rtol=1e-4, msg=name)
 
 
+def test_shift_labels_without_labels_give_the_logits_and_no_loss_as_llama():
+    """Trainer's label smoother pops `labels` and keeps `shift_labels` (context parallelism adds them): in training
+    the model ran its chunked loss on them and returned no logits, and the smoother failed (KeyError 'logits')."""
+    model, reference = _pair()
+    input_ids, mask = _batch()
+    shifted = torch.nn.functional.pad(input_ids[:, 1:], (0, 1), value=-100)
+    for mode in ("train", "eval"):
+        getattr(model, mode)(), getattr(reference, mode)()
+        ours = model(input_ids, attention_mask=mask, shift_labels=shifted)
+        theirs = reference(input_ids, attention_mask=mask, shift_labels=shifted)
+        assert ours.loss is None and theirs.loss is None, mode
+        torch.testing.assert_close(ours.logits, theirs.logits, atol=ATOL, rtol=1e-4, msg=mode)
+    labels = input_ids.masked_fill(mask == 0, -100)
+    ours = model(input_ids, attention_mask=mask, labels=labels, shift_labels=shifted).loss  # as given: no shift
+    theirs = reference(input_ids, attention_mask=mask, labels=labels, shift_labels=shifted).loss
+    assert ours.item() == pytest.approx(theirs.item(), rel=1e-5)
+
+
 @pytest.mark.parametrize("cache", ["dynamic", "static"])
 def test_greedy_generation_matches_llama_token_for_token(cache):
     model, reference = _pair()
