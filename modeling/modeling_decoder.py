@@ -35,7 +35,8 @@ from .input_checks import (
     check_token_ids,
     embedding_rows,
 )
-from .losses import causal_lm_loss, embedding_matrix, lm_head_loss, share_of_batch
+from .losses import IGNORE_INDEX, causal_lm_loss, embedding_matrix, lm_head_loss, share_of_batch
+from .losses import shift_labels as next_token_targets
 from .moe import collect_router_logits, load_balancing_loss, router_z_loss
 from .positions import position_bias, position_ids_from_mask, position_table
 from .pretrained import ArchlabPreTrainedModel
@@ -419,10 +420,15 @@ class DecoderForSequenceClassification(DecoderPreTrainedModel):
     input (the auxiliary LM objective of GPT-1); the LM head is tied to the embeddings for that.
     """
 
-    # The loss is a per-batch mean (it ignores `num_items_in_batch`). Trainer, seeing `**kwargs` in `forward`, would
-    # otherwise take it as normalised over the whole accumulated batch and not divide it by
-    # `gradient_accumulation_steps`: each update would be that many times too large.
-    accepts_loss_kwargs = False
+    # The loss follows the Trainer's `num_items_in_batch` (the labels of the whole accumulated batch, on every process
+    # under `average_tokens_across_devices`), so gradient accumulation and data parallelism weigh each example as one
+    # big batch does: the classification term is this batch's mean weighted by its share of those labels. The
+    # auxiliary LM term is a mean over tokens: divided by `num_lm_items_in_batch`, the LM targets of the whole batch,
+    # where the trainer gives it (archlab's `AtomicCheckpointTrainer` does, see `auxiliary_lm_targets`), else this
+    # batch's token mean weighted by its share of the labels. As a per-micro-batch token mean (the Trainer dividing
+    # it by the accumulation steps), a batch of 4 ragged rows accumulated one row at a time moved the weights 24 %
+    # away from the one big batch's update.
+    accepts_loss_kwargs = True
 
     def __init__(self, config: DecoderConfig) -> None:
         super().__init__(config)
@@ -448,7 +454,8 @@ class DecoderForSequenceClassification(DecoderPreTrainedModel):
     ) -> SequenceClassifierOutputWithPast | tuple:
         past_key_values = cache_argument(past_key_values, cache)
         return_dict = return_dict if return_dict is not None else self.config.return_dict
-        kwargs.pop("num_items_in_batch", None)
+        num_items_in_batch = kwargs.pop("num_items_in_batch", None)
+        num_lm_items_in_batch = kwargs.pop("num_lm_items_in_batch", None)
         outputs = self.model(
             input_ids=input_ids,
             attention_mask=attention_mask,
@@ -469,13 +476,21 @@ class DecoderForSequenceClassification(DecoderPreTrainedModel):
         loss = None
         if labels is not None:
             loss = self.loss_function(logits=logits, labels=labels, pooled_logits=logits, config=self.config)
+            share = 1.0  # of the accumulated batch's labels (the Trainer counts them as `labels.ne(-100)`)
+            if num_items_in_batch is not None:
+                share = labels.ne(IGNORE_INDEX).sum().to(loss.device) / torch.as_tensor(num_items_in_batch).to(
+                    loss.device
+                )
+                loss = loss * share
             weight = self.config.classifier_lm_loss_weight
             if weight > 0 and input_ids is not None:
-                lm_labels = (
-                    input_ids.masked_fill(attention_mask == 0, -100) if attention_mask is not None else input_ids
-                )
+                targets = self._lm_targets(input_ids, attention_mask)
                 lm_logits = hidden_states @ embedding_matrix(self.model.embed_tokens, hidden_states.device).t()
-                loss = loss + weight * causal_lm_loss(lm_logits, lm_labels)
+                if num_lm_items_in_batch is not None:
+                    lm_loss = causal_lm_loss(lm_logits, None, num_lm_items_in_batch, shifted_labels=targets)
+                else:
+                    lm_loss = causal_lm_loss(lm_logits, None, shifted_labels=targets) * share
+                loss = loss + weight * lm_loss
 
         output = SequenceClassifierOutputWithPast(
             loss=loss,
@@ -485,6 +500,19 @@ class DecoderForSequenceClassification(DecoderPreTrainedModel):
             attentions=outputs.attentions,
         )
         return output if return_dict else output.to_tuple()
+
+    def auxiliary_lm_targets(self, batch: dict) -> torch.Tensor | None:
+        """The next-token targets of the auxiliary LM loss for a training batch (aligned with the positions, -100 on
+        padding), which a trainer counts over the accumulated batch and passes as `num_lm_items_in_batch`; None
+        without the loss (`classifier_lm_loss_weight` 0) or without `input_ids`."""
+        if self.config.classifier_lm_loss_weight <= 0 or batch.get("input_ids") is None:
+            return None
+        return self._lm_targets(batch["input_ids"], batch.get("attention_mask"))
+
+    @staticmethod
+    def _lm_targets(input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
+        labels = input_ids if attention_mask is None else input_ids.masked_fill(attention_mask == 0, IGNORE_INDEX)
+        return next_token_targets(labels)
 
     def _last_token_index(
         self, input_ids: torch.Tensor | None, attention_mask: torch.Tensor | None, hidden_states: torch.Tensor

@@ -20,7 +20,7 @@ from transformers import (
     TrainingArguments,
 )
 from transformers.trainer import TRAINER_STATE_NAME
-from transformers.trainer_utils import TrainOutput, has_length, rotate_checkpoints
+from transformers.trainer_utils import TrainOutput, has_length, rotate_checkpoints, unwrap_peft_model
 from transformers.training_args import ParallelMode
 
 from .checkpoints import RUN_FACTS, STAGING
@@ -90,11 +90,31 @@ class AtomicCheckpointTrainer(Trainer):
 
     def get_batch_samples(self, epoch_iterator: Any, num_batches: int, device: torch.device) -> tuple[list, Any]:
         batches, count = super().get_batch_samples(epoch_iterator, num_batches, device)
-        if self._masking is None:
-            return batches, count
-        for index, batch in enumerate(batches):
-            self._mask_by_step(batch, index)
-        return batches, self._get_num_items_in_batch(batches, device)
+        if self._masking is not None:
+            for index, batch in enumerate(batches):
+                self._mask_by_step(batch, index)
+            count = self._get_num_items_in_batch(batches, device)
+        self._count_auxiliary_lm_targets(batches, device)
+        return batches, count
+
+    def _count_auxiliary_lm_targets(self, batches: list, device: torch.device) -> None:
+        """For a model with an auxiliary LM loss beside its own (`DecoderForSequenceClassification` with
+        `classifier_lm_loss_weight`; it names the targets with `auxiliary_lm_targets`), give each micro-batch the
+        count of those targets over the whole accumulated batch as `num_lm_items_in_batch`, counted as the Trainer
+        counts `num_items_in_batch` (across processes under `average_tokens_across_devices`). The model divides the
+        LM loss's sum by it, so the LM term weighs every token as one big batch does: the Trainer's own count is of
+        the classification labels, and a per-micro-batch token mean weighed short and long micro-batches alike."""
+        model = unwrap_peft_model(self.accelerator.unwrap_model(self.model))
+        targets_of = getattr(model, "auxiliary_lm_targets", None)
+        if targets_of is None or not batches or not self.model_accepts_loss_kwargs:
+            return
+        targets = [targets_of(batch) for batch in batches]
+        if any(t is None for t in targets):
+            return
+        count = self._get_num_items_in_batch([{"labels": t, "shift_labels": t} for t in targets], device)
+        if count is not None:
+            for batch in batches:
+                batch["num_lm_items_in_batch"] = count
 
     def _mask_by_step(self, batch: dict[str, Any], index: int) -> None:
         """Mask micro-batch `index` of the coming optimizer step with a generator seeded by (seed, process, step,

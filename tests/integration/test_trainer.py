@@ -1,11 +1,13 @@
 """Trainer integration: the loss falls on a learnable toy task; gradient accumulation equals one big batch (for the
-causal LM and the classifier); the Trainer's label smoothing shifts the causal LM's labels."""
+causal LM and the classifier, with its auxiliary LM loss too); the Trainer's label smoothing shifts the causal LM's
+labels."""
 
 import torch
 from datasets import Dataset
 from transformers import Trainer, TrainingArguments
 
 from archlab import DecoderForCausalLM, DecoderForSequenceClassification
+from archlab.training.trainer import AtomicCheckpointTrainer
 
 from helpers import TINY, tiny_decoder_config
 
@@ -64,7 +66,7 @@ def test_gradient_accumulation_equals_big_batch(tmp_path):
         torch.testing.assert_close(update, big, atol=1e-6, rtol=1e-5)
 
 
-def _one_step_update(model_class, config, data, tmp_path, batch, accumulation):
+def _one_step_update(model_class, config, data, tmp_path, batch, accumulation, trainer_class=Trainer):
     """The parameter change of one SGD step at `batch` x `accumulation`."""
     torch.manual_seed(0)
     model = model_class(config)
@@ -79,7 +81,7 @@ def _one_step_update(model_class, config, data, tmp_path, batch, accumulation):
         lr_scheduler_type="constant",
         max_grad_norm=0.0,
     )
-    Trainer(model=model, args=args, train_dataset=data).train()
+    trainer_class(model=model, args=args, train_dataset=data).train()
     return torch.cat([p.detach().flatten() for p in model.parameters()]) - before
 
 
@@ -92,6 +94,28 @@ def test_classifier_gradient_accumulation_equals_big_batch(tmp_path):
     accumulated = _one_step_update(DecoderForSequenceClassification, config, Dataset.from_list(rows), tmp_path, 1, 4)
     assert big.abs().max() > 0
     torch.testing.assert_close(accumulated, big, atol=1e-6, rtol=1e-5)
+
+
+def test_classifier_auxiliary_lm_loss_under_gradient_accumulation_weighs_tokens_as_one_big_batch(tmp_path):
+    """The auxiliary LM term (`classifier_lm_loss_weight`) is a mean over the batch's tokens: taken per micro-batch,
+    rows of 3 and 16 tokens accumulated one at a time weighed alike, and the update differed from one big batch's by
+    24 % (5 % at 2 x 2). archlab's trainer counts the LM targets of the accumulated batch for it. The classification
+    term stays a mean over the examples, now weighted by `num_items_in_batch`: without the LM loss the plain Trainer
+    gets the same update too."""
+    rows = [
+        {"input_ids": list(range(s, s + n)) + [0] * (16 - n), "attention_mask": [1] * n + [0] * (16 - n), "labels": i}
+        for i, (s, n) in enumerate([(5, 3), (20, 12), (40, 6), (60, 16)])
+    ]
+    data = Dataset.from_list(rows)
+    for weight, trainer_class in [(0.5, AtomicCheckpointTrainer), (0.0, Trainer)]:
+        config = tiny_decoder_config(num_labels=4, classifier_lm_loss_weight=weight)
+        big, *accumulated = (
+            _one_step_update(DecoderForSequenceClassification, config, data, tmp_path, *split, trainer_class)
+            for split in [(4, 1), (2, 2), (1, 4)]
+        )
+        assert big.abs().max() > 0
+        for update in accumulated:
+            torch.testing.assert_close(update, big, atol=1e-6, rtol=1e-5)
 
 
 def test_label_smoothing_shifts_the_causal_lm_labels(tmp_path):
