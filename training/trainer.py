@@ -23,6 +23,8 @@ from transformers.trainer import TRAINER_STATE_NAME
 from transformers.trainer_utils import TrainOutput, has_length, rotate_checkpoints, unwrap_peft_model
 from transformers.training_args import ParallelMode
 
+from archlab.tokenization.data import IGNORE_INDEX
+
 from .checkpoints import RUN_FACTS, STAGING
 from .reporting import log
 
@@ -117,20 +119,49 @@ class AtomicCheckpointTrainer(Trainer):
                 batch["num_lm_items_in_batch"] = count
 
     def _mask_by_step(self, batch: dict[str, Any], index: int) -> None:
-        """Mask micro-batch `index` of the coming optimizer step with a generator seeded by (seed, process, step,
-        index), not by the global RNG the collator draws from. The loader collates one batch ahead and a resumed run
-        skips the batches already trained without collating them, so collator masking drew other masks after a
-        resume (and shifted the dropout RNG the checkpoint restores): a resumed masked-LM run trained on other
-        masks than an uninterrupted one."""
-        seed = np.random.SeedSequence([self.args.seed, self.args.process_index, self.state.global_step, index])
+        """Mask micro-batch `index` of the coming optimizer step row by row, each row with a generator seeded by
+        (seed, step, the row's place in the step's global batch), not by the global RNG the collator draws from.
+
+        The loader collates one batch ahead and a resumed run skips the batches already trained without collating
+        them, so collator masking drew other masks after a resume (and shifted the dropout RNG the checkpoint
+        restores): a resumed masked-LM run trained on other masks than an uninterrupted one. Seeded by the row's
+        place in the global batch (micro-batch, then process, then row, as accelerate deals the batches out) rather
+        than by process and micro-batch, the masks do not depend on how the global batch is split: 1 process x 4
+        rows, 2 accumulated micro-batches of 2 and 2 processes x 2 mask alike and train the same model, and a resume
+        with another split of the same examples per step goes on as the uninterrupted run. Each row is masked
+        without the padding after it, which depends on the rows it is batched with."""
+        ids = batch["input_ids"]
+        rows = ids.cpu()
+        # (the masking collator takes it out of the batch; the unmasked one left it for the model's forward)
+        special = batch.pop("special_tokens_mask", None)
+        special = special.cpu() if special is not None else None
+        masked, labels = rows.clone(), torch.full_like(rows, IGNORE_INDEX)
+        processes = max(1, self.args.world_size)
+        per_process = max(1, self._train_batch_size // (processes if self.accelerator.split_batches else 1))
+        first = (index * processes + self.args.process_index) * per_process
         kept = self._masking.generator
-        self._masking.generator = torch.Generator().manual_seed(int(seed.generate_state(1, np.uint64)[0] >> 1))
         try:
-            ids = batch["input_ids"]
-            masked, labels = self._masking.torch_mask_tokens(ids.cpu())
+            for row in range(rows.shape[0]):
+                span = self._unpadded_span(rows[row])
+                seed = np.random.SeedSequence([self.args.seed, self.state.global_step, first + row])
+                self._masking.generator = torch.Generator().manual_seed(int(seed.generate_state(1, np.uint64)[0] >> 1))
+                row_masked, row_labels = self._masking.torch_mask_tokens(
+                    rows[row : row + 1, span].clone(), None if special is None else special[row : row + 1, span]
+                )
+                masked[row, span], labels[row, span] = row_masked[0], row_labels[0]
         finally:
             self._masking.generator = kept
         batch["input_ids"], batch["labels"] = masked.to(ids.device), labels.to(ids.device)
+
+    def _unpadded_span(self, row: torch.Tensor) -> slice:
+        """The positions of `row` without the padding the collator added on the tokenizer's padding side."""
+        pad = self._masking.tokenizer.pad_token_id
+        real = (row != pad).nonzero() if pad is not None else None
+        if real is None or len(real) == 0:
+            return slice(None)
+        if self._masking.tokenizer.padding_side == "left":
+            return slice(int(real[0]), None)
+        return slice(None, int(real[-1]) + 1)
 
     def train(self, resume_from_checkpoint: str | bool | None = None, **kwargs: Any) -> TrainOutput:
         self._forget_evaluation_only_preparation()

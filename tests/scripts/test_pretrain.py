@@ -532,6 +532,33 @@ def test_a_resumed_masked_lm_run_masks_and_ends_as_an_uninterrupted_one(tmp_path
 
 
 @pytest.mark.slow
+def test_a_masked_lm_run_resumed_with_another_split_of_its_batch_ends_as_an_uninterrupted_one(
+    tmp_path: Path, data_dir: Path
+) -> None:
+    """A resume may split the same examples per step otherwise (2 rows x 2 accumulated instead of 4 x 1); the masks
+    were drawn per process and micro-batch, so the resumed steps trained on other masks than the uninterrupted run
+    (dropout off here: it draws by micro-batch)."""
+    tokenizer = tmp_path / "tokenizer"
+    save_tokenizer(train_tokenizer(code_texts(60), "masked_lm", vocab_size=300, min_frequency=1), tokenizer)
+    common = (*RESUMABLE[:-2], "--model_kind", "masked_lm", "--tokenizer_name", str(tokenizer), "--logging_steps", "1")
+
+    def args(out: Path, *extra: str) -> list[str]:
+        values = tiny_args(out, data_dir, *common, *extra)
+        values[values.index(TINY_DECODER_OVERRIDES)] = f"{TINY_SEQ2SEQ_OVERRIDES},dropout=0.0"
+        return values
+
+    pretrain.main(args(tmp_path / "reference", "--max_steps", "4"))
+    out = tmp_path / "run"
+    pretrain.main(args(out, "--max_steps", "2"))
+    split = ("--per_device_train_batch_size", "2", "--gradient_accumulation_steps", "2")
+    pretrain.main(args(out, "--max_steps", "4", "--resume_from_checkpoint", "true", *split))
+    resumed = load_file(out / "model.safetensors")
+    uninterrupted = load_file(tmp_path / "reference" / "model.safetensors")
+    for name in uninterrupted:
+        torch.testing.assert_close(resumed[name], uninterrupted[name], atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.slow
 def test_resuming_with_another_batch_or_block_size_is_refused_before_data_is_read(
     tmp_path: Path, data_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -12,12 +12,12 @@ import transformers.trainer
 from datasets import Dataset
 from huggingface_hub.utils import filter_repo_objects
 from safetensors.torch import load_file
-from transformers import TrainingArguments
+from transformers import DataCollatorForLanguageModeling, TrainingArguments
 
-from archlab import DecoderForCausalLM
+from archlab import DecoderForCausalLM, EncoderForMaskedLM
 from archlab.training.trainer import AtomicCheckpointTrainer
 
-from helpers import tiny_decoder_config
+from helpers import digit_tokenizer, tiny_decoder_config, tiny_seq2seq_config
 
 
 def _rows(n: int) -> Dataset:
@@ -118,3 +118,80 @@ def test_push_to_hub_uploads_each_checkpoint_from_its_final_folder(tmp_path, mon
     assert folders == [str(tmp_path), str(tmp_path / "checkpoint-2")]
     assert all(os.path.isdir(folder) for folder in folders)
     assert not [name for _, files in hub.uploads for name in files if ".staging" in name]
+
+
+def _masked_lm_rows() -> Dataset:
+    """8 rows of digits, 3 to 12 tokens long: the collator pads each batch to its longest row."""
+    g = torch.Generator().manual_seed(0)
+    lengths = [3, 12, 6, 9, 12, 4, 7, 10]
+    return Dataset.from_dict({"input_ids": [torch.randint(3, 13, (n,), generator=g).tolist() for n in lengths]})
+
+
+def _masked_lm_trainer(tmp_path, batch: int, accumulation: int, **kwargs) -> AtomicCheckpointTrainer:
+    tokenizer = digit_tokenizer()
+    tokenizer.add_special_tokens({"mask_token": "<mask>"})
+    collator = DataCollatorForLanguageModeling(tokenizer, mlm=True, mlm_probability=0.5)
+    args = TrainingArguments(
+        output_dir=str(tmp_path / f"{batch}x{accumulation}"),
+        per_device_train_batch_size=batch,
+        gradient_accumulation_steps=accumulation,
+        train_sampling_strategy="sequential",
+        report_to=[],
+        use_cpu=True,
+        disable_tqdm=True,
+        **kwargs,
+    )
+    torch.manual_seed(0)
+    model = EncoderForMaskedLM(tiny_seq2seq_config())
+    return AtomicCheckpointTrainer(model=model, args=args, train_dataset=_masked_lm_rows(), data_collator=collator)
+
+
+def _masked_rows(trainer: AtomicCheckpointTrainer, step: int, batches: list[dict]) -> list[tuple[list, list]]:
+    """(masked ids, labels) of each row of `batches`, masked as the micro-batches of optimizer step `step`,
+    without their padding."""
+    trainer.state.global_step = step
+    masked, _ = trainer.get_batch_samples(iter(batches), len(batches), torch.device("cpu"))
+    rows = []
+    for batch in masked:
+        for ids, labels, keep in zip(batch["input_ids"], batch["labels"], batch["attention_mask"]):
+            rows.append((ids[keep.bool()].tolist(), labels[keep.bool()].tolist()))
+    return rows
+
+
+def test_masked_lm_masks_follow_the_example_not_how_the_global_batch_is_split(tmp_path, monkeypatch):
+    """Masks were drawn per (seed, process, step, micro-batch): 1 process x 4 rows, 2 accumulated micro-batches of 2
+    and 2 processes x 2 rows masked the same global batch differently (and trained different models; a resume with
+    another split of the same examples per step went on with other masks than the uninterrupted run)."""
+    unmasked = _masked_lm_trainer(tmp_path, 4, 1)
+    collate = unmasked.get_train_dataloader().collate_fn
+    rows = [_masked_lm_rows()[i] for i in range(8)]
+    one = _masked_rows(unmasked, 1, [collate(rows[4:])])
+    assert one != _masked_rows(unmasked, 2, [collate(rows[4:])])  # another step, other masks
+    assert any(ids != row["input_ids"] for (ids, _), row in zip(one, rows[4:]))  # (it masked)
+    accumulated = _masked_lm_trainer(tmp_path, 2, 2)
+    assert _masked_rows(accumulated, 1, [collate(rows[4:6]), collate(rows[6:])]) == one
+    # 2 processes x 2 rows: process p takes the p-th 2 rows of each 4 (accelerate's BatchSamplerShard)
+    monkeypatch.setattr(TrainingArguments, "world_size", property(lambda args: 2))
+    per_process = []
+    for process, part in enumerate((rows[4:6], rows[6:])):
+        monkeypatch.setattr(TrainingArguments, "process_index", property(lambda args, p=process: p))
+        per_process += _masked_rows(_masked_lm_trainer(tmp_path, 2, 1), 1, [collate(part)])
+    assert per_process == one
+
+
+def test_masked_lm_updates_equal_one_big_batch_under_gradient_accumulation(tmp_path):
+    """With the same masks for the same global batch however it is split, an SGD step at 4 x 1, 2 x 2 and 1 x 4 is
+    the same update (the masked-LM loss follows `num_items_in_batch`); the masks per micro-batch made them differ."""
+
+    def update(batch: int, accumulation: int) -> torch.Tensor:
+        trainer = _masked_lm_trainer(
+            tmp_path, batch, accumulation, max_steps=1, learning_rate=0.5, optim="sgd", max_grad_norm=0.0
+        )
+        before = torch.cat([p.detach().flatten() for p in trainer.model.parameters()])
+        trainer.train()
+        return torch.cat([p.detach().flatten() for p in trainer.model.parameters()]) - before
+
+    big = update(4, 1)
+    assert big.abs().max() > 0
+    for split in [(2, 2), (1, 4)]:
+        torch.testing.assert_close(update(*split), big, atol=1e-6, rtol=1e-5, msg=f"{split}")
