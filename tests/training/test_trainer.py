@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
+import logging
 import os
 import types
 
@@ -14,7 +15,7 @@ from huggingface_hub.utils import filter_repo_objects
 from safetensors.torch import load_file
 from transformers import DataCollatorForLanguageModeling, TrainingArguments
 
-from archlab import DecoderForCausalLM, EncoderForMaskedLM
+from archlab import DecoderForCausalLM, DecoderForSequenceClassification, EncoderForMaskedLM
 from archlab.training.trainer import AtomicCheckpointTrainer
 
 from helpers import digit_tokenizer, tiny_decoder_config, tiny_seq2seq_config
@@ -195,3 +196,35 @@ def test_masked_lm_updates_equal_one_big_batch_under_gradient_accumulation(tmp_p
     assert big.abs().max() > 0
     for split in [(2, 2), (1, 4)]:
         torch.testing.assert_close(update(*split), big, atol=1e-6, rtol=1e-5, msg=f"{split}")
+
+
+def test_label_smoothing_names_the_loss_terms_it_leaves_untrained(tmp_path, caplog):
+    """The Trainer's label smoother pops `labels`: the model computes no loss, and its load-balancing, router z- and
+    LM z-losses (a classifier's auxiliary LM loss) were not trained, without a word (15 % of a step's update at a
+    load-balancing coefficient of 0.5 and a router z-loss of 0.1)."""
+    moe = dict(num_local_experts=4, num_experts_per_tok=2, output_router_logits=True, router_z_loss_coef=0.1)
+    cases = [
+        (
+            DecoderForCausalLM,
+            dict(moe, router_aux_loss_coef=0.5, lm_z_loss_coef=1e-4),
+            0.1,
+            ["router_aux_loss_coef=0.5", "router_z_loss_coef=0.1", "lm_z_loss_coef=0.0001"],
+        ),
+        (
+            DecoderForSequenceClassification,
+            dict(num_labels=2, classifier_lm_loss_weight=0.5),
+            0.1,
+            ["classifier_lm_loss_weight=0.5"],
+        ),
+        (DecoderForCausalLM, dict(moe, router_aux_loss_coef=0.5), 0.0, []),  # no smoothing: the model's loss runs
+        (DecoderForCausalLM, {}, 0.1, []),  # nothing beside the cross-entropy
+    ]
+    for model_class, config, smoothing, named in cases:
+        caplog.clear()
+        args = TrainingArguments(str(tmp_path), label_smoothing_factor=smoothing, report_to=[], use_cpu=True)
+        with caplog.at_level(logging.WARNING, logger="archlab.training.trainer"):
+            AtomicCheckpointTrainer(model=model_class(tiny_decoder_config(**config)), args=args)
+        if named:
+            assert "label_smoothing_factor" in caplog.text and all(term in caplog.text for term in named), caplog.text
+        else:
+            assert not caplog.text, caplog.text
