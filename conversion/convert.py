@@ -29,6 +29,8 @@ def convert_checkpoint(src: str | os.PathLike, dst: str | os.PathLike, to: str |
     A decoder family's `<Family>ForSequenceClassification` is archlab's `DecoderForSequenceClassification`, both ways.
     """
     src, dst = Path(src), Path(dst)
+    if dst.exists() and not dst.is_dir():  # (iterdir() failed with NotADirectoryError's traceback)
+        raise ConversionError(f"Destination {dst} is a file, not a folder; choose a new folder.")
     if dst.exists() and any(dst.iterdir()):
         raise ConversionError(f"Destination {dst} exists and is not empty; choose a new folder.")
     values = read_config(src)

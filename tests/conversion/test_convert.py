@@ -98,6 +98,9 @@ def test_errors_are_clear(tmp_path, llama_folder, capsys):
     (tmp_path / "full" / "f").write_text("x")
     with pytest.raises(ConversionError, match="not empty"):
         convert_checkpoint(src, tmp_path / "full")
+    # (NotADirectoryError's traceback, before)
+    with pytest.raises(ConversionError, match="Destination .*full/f is a file, not a folder; choose a new folder"):
+        convert_checkpoint(src, tmp_path / "full" / "f")
     with pytest.raises(SystemExit) as exit_status:  # the command line (its entry point runs in a fresh process above)
         convert_script.main([str(src), str(tmp_path / "y"), "--to", "gpt9"])
     assert exit_status.value.code == 2 and "invalid choice" in capsys.readouterr().err
