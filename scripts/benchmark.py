@@ -310,6 +310,11 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--{name.replace('_', '-')} must be >= 1")
     if args.threads is not None and args.threads < 1:
         parser.error(f"--threads must be >= 1, got {args.threads}")
+    if args.output is not None:  # written after the first suite: a bad path failed only once it had run
+        if args.output.is_dir():
+            parser.error(f"--output {str(args.output)!r} is a folder; give the markdown file to write")
+        if not args.output.parent.is_dir():
+            parser.error(f"--output {str(args.output)!r}: the folder {str(args.output.parent)!r} does not exist")
     check_device_flags(parser, args, suites)
     resolve_defaults(args)
     tables = []

@@ -31,6 +31,9 @@ def test_every_named_suite_exists(name):
         (["--threads", "0"], "--threads must be >= 1, got 0"),
         (["--suite", "nope"], "invalid choice: 'nope'"),
         (["--optim", "sgd"], "invalid choice: 'sgd'"),
+        # written after the first suite had run: a bad path failed only then
+        (["--output", "."], "--output '.' is a folder; give the markdown file to write"),
+        (["--output", "no/such/folder/t.md"], "--output 'no/such/folder/t.md': the folder 'no/such/folder' does not"),
     ],
 )
 def test_bad_arguments_fail_at_parsing(argv, message, capsys):
