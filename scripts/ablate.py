@@ -22,6 +22,7 @@ Tokens are UTF-8 bytes (vocabulary 256): no tokenizer training, and the same tex
 from __future__ import annotations
 
 import argparse
+import math
 import os
 from typing import Any
 
@@ -83,8 +84,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     for flag in ("steps", "batch_size", "seq_len", "hidden_size", "layers", "decode_tokens", "threads", "corpus_bytes"):
         if getattr(args, flag) <= 0:
             parser.error(f"--{flag} must be a positive integer, got {getattr(args, flag)}")
-    if not args.lr > 0:
-        parser.error(f"--lr must be > 0, got {args.lr}")
+    if not 0 < args.lr < math.inf:
+        parser.error(f"--lr must be > 0 and finite, got {args.lr}")
+    for flag in ("output_dir", "dataset_name", "text_column"):
+        if getattr(args, flag) == "":  # ("" wrote the results into the current folder; load_dataset("") failed)
+            parser.error(f"--{flag} is an empty string: give a value, or leave the flag out")
     if not 0 <= args.warmup_steps < args.steps:
         parser.error(f"--warmup_steps must be in [0, --steps={args.steps}), got {args.warmup_steps}")
     if args.hidden_size % 8:  # 4 heads, each of an even size: RoPE rotates pairs of channels

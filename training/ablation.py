@@ -36,8 +36,21 @@ def load_texts(args: AblationSettings, split: str) -> list[str]:
         return [doc["text"] for doc in stdlib_documents(split=split)]
     import datasets
 
-    dataset = datasets.load_dataset(args.dataset_name)
+    try:
+        dataset = datasets.load_dataset(args.dataset_name)
+    except (FileNotFoundError, ValueError, ConnectionError) as error:  # (datasets' traceback, before: a wrong path)
+        raise ValueError(
+            f"--dataset_name {args.dataset_name!r} could not be loaded ({type(error).__name__}: {error}); give a "
+            "`datasets.load_dataset` path (a Hub dataset, or a local dataset folder), or leave it out for the stdlib "
+            "corpus."
+        ) from None
     names = list(dataset)
+    columns = dataset[names[0]].column_names
+    if args.text_column not in columns:  # (a KeyError from the first row, before)
+        raise ValueError(
+            f"--text_column {args.text_column!r} is not a column of --dataset_name {args.dataset_name!r}; its "
+            f"columns: {', '.join(columns)}."
+        )
     if split == "validation" and "validation" not in dataset:
         return [row[args.text_column] for row in dataset[names[0]].select(range(min(200, len(dataset[names[0]]))))]
     return [row[args.text_column] for row in dataset["train" if split == "train" else split]]

@@ -55,6 +55,9 @@ def test_tiny_ablation_writes_table_json_and_plot(tmp_path):
         (["--hidden_size", "12"], "--hidden_size must be a multiple of 8"),  # RoPE needs an even head size
         (["--corpus_bytes", "10"], "--corpus_bytes must be at least"),  # an empty validation split
         (["--lr", "-0.1"], "--lr must be > 0"),
+        (["--lr", "inf"], "--lr must be > 0 and finite, got inf"),  # trained NaN models
+        (["--output_dir", ""], "--output_dir is an empty string"),  # wrote the results into the current folder
+        (["--dataset_name", ""], "--dataset_name is an empty string"),
         (["--corpus_bytes", "0"], "--corpus_bytes must be a positive integer"),
         # past the position table (4 x --seq_len): learned positions failed after training, at the timed decode
         (["--seq_len", "16"], "--decode_tokens 64 after a 17-byte prompt runs past the models' 64 positions"),
@@ -75,8 +78,20 @@ def test_an_output_dir_that_is_a_file_is_refused(tmp_path, capsys):
 
 
 def test_a_run_whose_data_cannot_load_leaves_no_folder(tmp_path):
-    with pytest.raises((OSError, ValueError)):  # datasets' own error for a dataset that is nowhere
+    # (datasets' FileNotFoundError, a traceback under the command line)
+    with pytest.raises(ValueError, match="--dataset_name '.*nowhere' could not be loaded \\(FileNotFoundError"):
         ablate.main(["--output_dir", str(tmp_path / "out"), "--dataset_name", str(tmp_path / "nowhere")])
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_missing_text_column_is_named(tmp_path):
+    """A KeyError from the first row, before."""
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "train.jsonl").write_text('{"content": "a b c"}\n')
+    argv = ["--output_dir", str(tmp_path / "out"), "--dataset_name", str(tmp_path / "data"), "--text_column", "text"]
+    message = "--text_column 'text' is not a column of --dataset_name .*; its columns: content"
+    with pytest.raises(ValueError, match=message):
+        ablate.main(argv)
     assert not (tmp_path / "out").exists()
 
 
