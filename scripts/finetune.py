@@ -210,7 +210,12 @@ def main(argv: Sequence[str] | None = None, callbacks: list[TrainerCallback] | N
     check_predict_flags(task, args, data_args, training_args)
     if data_args.streaming:
         raise ValueError("--streaming is for pretraining; fine-tuning sets are loaded in memory.")
-    if args.pipeline_tag is not None and (not task.generates or args.pipeline_tag not in SEQ2SEQ_PIPELINE_TAGS):
+    if args.pipeline_tag is not None and task.generates and args.pipeline_tag not in SEQ2SEQ_PIPELINE_TAGS:
+        raise ValueError(
+            f"`--pipeline_tag`={args.pipeline_tag!r} is not supported; allowed values: "
+            f"{', '.join(SEQ2SEQ_PIPELINE_TAGS)}."
+        )
+    if args.pipeline_tag is not None and not task.generates:
         raise ValueError(
             f"`--pipeline_tag`={args.pipeline_tag!r}: only --task seq2seq chooses its card's task, one of "
             f"{', '.join(SEQ2SEQ_PIPELINE_TAGS)} (the other tasks' tag follows from the model class)."

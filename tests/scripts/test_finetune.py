@@ -279,7 +279,12 @@ def test_bad_inputs(tmp_path: Path, work: Path) -> None:
         finetune.main(run_args(out, "--task", "seq2seq", "--model_kind", "masked_lm"))
     with pytest.raises(ValueError, match="only --task seq2seq chooses its card's task, one of translation, summar"):
         finetune.main(run_args(out, "--task", "instruct", *base, "--pipeline_tag", "summarization"))
-    with pytest.raises(ValueError, match="`--pipeline_tag`='text-generation'"):
+    # (a misspelled tag under --task seq2seq was told "only --task seq2seq chooses its card's task")
+    with pytest.raises(
+        ValueError, match="`--pipeline_tag`='translaton' is not supported; allowed values: translation, summarization"
+    ):
+        finetune.main(run_args(out, "--task", "seq2seq", "--pipeline_tag", "translaton"))
+    with pytest.raises(ValueError, match="`--pipeline_tag`='text-generation' is not supported"):
         finetune.main(run_args(out, "--task", "seq2seq", "--pipeline_tag", "text-generation"))
     with pytest.raises(ValueError, match="--prompt_column and --response_column go together"):
         finetune.main(
