@@ -9,6 +9,7 @@ import difflib
 import importlib.util
 import json
 import os
+import re
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -196,13 +197,17 @@ class ArchlabTrainingArguments(TrainingArguments):
             os.environ["ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION"] = str(self.regional_compilation).lower()
 
 
+# "(default: ...)", "Default: on when ...", "unset: 4096": a help text that says what the flag does when it is left out
+STATES_ITS_DEFAULT = re.compile(r"\b(default|unset):", re.IGNORECASE)
+
+
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
     """Each flag's default, and the script's docstring as written (its example commands keep their lines). A help
     text that says its own default (a default decided later, such as `(default: true; false with --num_beams)`)
     keeps its words, not a second `(default: None)`."""
 
     def _get_help_string(self, action: argparse.Action) -> str | None:
-        if action.help and "default:" in action.help:
+        if action.help and STATES_ITS_DEFAULT.search(action.help):
             return action.help
         return super()._get_help_string(action)
 
@@ -279,6 +284,7 @@ def run_cli(main: Callable[[], object]) -> None:
 # Checks that run before anything is written
 # ---------------------------------------------------------------------------------------------------------------
 def check_data_flags(data_args: DataArguments, training_args: TrainingArguments) -> None:
+    check_not_empty(data_args, ("dataset_name", "dataset_config_name", "train_file", "validation_file"))
     if data_args.dataset_name and (data_args.train_file or data_args.validation_file):
         raise ValueError("Conflicting flags: --dataset_name and --train_file/--validation_file; pass one source.")
     if data_args.validation_file and not data_args.train_file:
@@ -292,12 +298,19 @@ def check_data_flags(data_args: DataArguments, training_args: TrainingArguments)
         raise ValueError(f"--block_size must be at least 2, got {data_args.block_size}.")
     check_flag_choice(data_args, "sample_by", SAMPLE_BY)
     check_flag_positive(data_args, ("max_train_samples", "max_eval_samples"), " (or unset: all)")
+    workers = data_args.preprocessing_num_workers
+    if workers is not None and workers < 0:
+        # (datasets refused it with a traceback once the data was read)
+        raise ValueError(
+            f"--preprocessing_num_workers must be >= 0 (0 or unset: the main process alone), got {workers}."
+        )
 
 
 def check_training_flags(args: TrainingArguments, predicts: bool = False) -> None:
     """`TrainingArguments` values the Trainer would misuse without a word (--max_steps 0 trains one step and -5 a
     whole epoch; --save_steps 0 never saves) or reject only once training starts, after the data is prepared.
     `predicts`: the script predicts a test split under --do_predict (the others refuse the flag)."""
+    check_not_empty(args, ("output_dir", "resume_from_checkpoint"))
     if args.max_steps == 0 or args.max_steps < -1:
         raise ValueError(
             f"--max_steps must be >= 1, or -1 (unset: train --num_train_epochs epochs), got {args.max_steps}."
@@ -316,6 +329,19 @@ def check_training_flags(args: TrainingArguments, predicts: bool = False) -> Non
                 f"--{kind}_steps must be > 0 with --{kind}_strategy steps (a number of steps, or a "
                 f"fraction < 1 of the run's steps), got {steps}."
             )
+    check_seed(args.seed, "--seed")
+    if args.data_seed is not None:
+        check_seed(args.data_seed, "--data_seed")
+    if args.dataloader_num_workers < 0:  # torch's DataLoader refused it when training started, after data and model
+        raise ValueError(
+            f"--dataloader_num_workers must be >= 0 (0: batches are loaded in the main process), got "
+            f"{args.dataloader_num_workers}."
+        )
+    if not 0 <= args.label_smoothing_factor < 1:  # a factor > 1 weighs the labels' own log-likelihood negatively
+        raise ValueError(
+            f"--label_smoothing_factor must be in [0, 1) (0: no smoothing), got {args.label_smoothing_factor:g}."
+        )
+    check_report_to(args.report_to)
     if args.fp16 and args.device.type == "cpu":
         # accelerate turns fp16 autocast on for GPUs only: on the CPU the run would train in float32 while the
         # scripts' "Training on the CPU: fp16 autocast" line and the saved training_args say fp16
@@ -343,6 +369,25 @@ def check_training_flags(args: TrainingArguments, predicts: bool = False) -> Non
         )
     check_lr_scheduler(args)
     warn_about_a_warmup_longer_than_the_run(args)
+
+
+def check_seed(seed: int, flag: str) -> None:
+    """A seed numpy takes (`set_seed` seeds numpy too): a negative one failed with numpy's traceback."""
+    if not 0 <= seed < 2**32:
+        raise ValueError(f"{flag} must be in [0, 2**32 - 1] (numpy's seeds), got {seed}.")
+
+
+def check_report_to(report_to: Sequence[str] | None) -> None:
+    """--report_to names integrations transformers knows ("all" and "none" are resolved by now): an unknown one failed
+    inside the Trainer's constructor, after the tokenizer was trained and the data prepared."""
+    from transformers.integrations.integration_utils import INTEGRATION_TO_CALLBACK
+
+    unknown = [name for name in report_to or () if name not in INTEGRATION_TO_CALLBACK]
+    if unknown:
+        raise ValueError(
+            f"--report_to {', '.join(map(repr, unknown))} is not supported; allowed values: all, none, "
+            f"{', '.join(INTEGRATION_TO_CALLBACK)}."
+        )
 
 
 def check_lr_scheduler(args: TrainingArguments) -> None:
@@ -405,6 +450,14 @@ def check_flag_choice(args: Any, name: str, allowed: Sequence[str]) -> None:
         raise ValueError(f"--{name} {value!r} is not supported; allowed values: {', '.join(allowed)}.")
 
 
+def check_not_empty(args: Any, names: Sequence[str]) -> None:
+    """Each `--name` is unset or a non-empty string: `--train_file "$FILE"` with FILE unset trained on the embedded
+    corpus, and `--tokenizer_name ""` trained a new tokenizer, without a word."""
+    for name in names:
+        if getattr(args, name) == "":
+            raise ValueError(f"--{name} is an empty string: give a value, or leave the flag out.")
+
+
 def check_flag_positive(args: Any, names: Sequence[str], unset: str = "") -> None:
     """Each `--name` is unset or >= 1, else a ValueError naming the flag (`unset` says what leaving it out means)."""
     for name in names:
@@ -416,6 +469,7 @@ def check_flag_positive(args: Any, names: Sequence[str], unset: str = "") -> Non
 def check_model_flags(model_args: ModelArguments, block_size: int | None = None) -> None:
     """Every model flag, before anything is read; `block_size` (pretraining's) is checked against a new model's
     positions."""
+    check_not_empty(model_args, ("model_name_or_path", "preset", "config_name", "tokenizer_name", "cache_dir"))
     sources = [f"--{name}" for name in ("model_name_or_path", "preset", "config_name") if getattr(model_args, name)]
     if len(sources) > 1:
         raise ValueError(f"Conflicting flags: {' and '.join(sources)}; pass at most one model source.")
@@ -444,7 +498,10 @@ def check_model_flags(model_args: ModelArguments, block_size: int | None = None)
             if not os.path.exists(os.path.expanduser(path)):
                 raise FileNotFoundError(f"--{name} {path!r} does not exist.")
     if model_args.model_name_or_path and os.path.isdir(model_args.model_name_or_path):
+        check_model_folder(model_args.model_name_or_path, "--model_name_or_path")
         check_weights(model_args.model_name_or_path, "--model_name_or_path")
+    if model_args.cache_dir and os.path.isfile(model_args.cache_dir):
+        raise ValueError(f"--cache_dir {model_args.cache_dir!r} is a file, not a folder: pass another --cache_dir.")
     check_attention_implementation(model_args.attn_implementation)
     check_new_config(model_args, block_size)
 
@@ -463,6 +520,10 @@ def check_attention_implementation(name: str | None) -> None:
         )
 
 
+# archlab's model classes that have no decoder stack, though their config is the encoder-decoder's
+ENCODER_ONLY_CLASSES = {"EncoderForMaskedLM"}
+
+
 def check_pretrained_model_kind(model_args: ModelArguments, auto_class: Any, trains: str) -> None:
     """A local `--model_name_or_path` folder holds a model `auto_class` can build (`trains` names the flag that chose
     it), else a ValueError naming both: a decoder folder given to `--task seq2seq` failed inside transformers with
@@ -477,12 +538,35 @@ def check_pretrained_model_kind(model_args: ModelArguments, auto_class: Any, tra
     except Exception:  # an unreadable config is reported where the model is loaded, with its own message
         return
     if type(config) in auto_class._model_mapping:
+        encoder_only = sorted(set(config.architectures or ()) & ENCODER_ONLY_CLASSES)
+        if encoder_only and auto_class.__name__ == "AutoModelForSeq2SeqLM":
+            # (archlab's masked LM shares Seq2SeqConfig with the encoder-decoder, so the config type lets it through)
+            raise ValueError(
+                f"--model_name_or_path {folder!r} holds an encoder-only `{encoder_only[0]}`, and {trains} trains an "
+                "encoder-decoder: its whole decoder would start from random weights. Pass a seq2seq folder, or "
+                "leave out --model_name_or_path to train a new model."
+            )
         return
     raise ValueError(
         f"--model_name_or_path {folder!r} holds a `{config.model_type}` model ({type(config).__name__}), which "
         f"{trains} cannot train: it needs a model {auto_class.__name__} builds. Pass such a folder, or leave out "
         "--model_name_or_path to train a new model."
     )
+
+
+def check_model_folder(folder: str, flag: str) -> None:
+    """A local model folder holds a config.json, else an error that says what it holds instead: a PEFT adapter
+    (adapter_config.json) or a tokenizer alone failed inside transformers' AutoConfig ("Unrecognized model"), after
+    the data was read."""
+    if os.path.isfile(os.path.join(folder, "config.json")):
+        return
+    if os.path.isfile(os.path.join(folder, "adapter_config.json")):
+        raise ValueError(
+            f"{flag} {folder!r} holds a PEFT adapter (adapter_config.json), not a whole model: merge it into its base "
+            "model first (`PeftModel.from_pretrained(base, folder).merge_and_unload().save_pretrained(...)`) and pass "
+            "that folder."
+        )
+    raise FileNotFoundError(f"{flag} {folder!r} holds no saved model (config.json).")
 
 
 def check_weights(folder: str, flag: str) -> None:

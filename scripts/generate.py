@@ -17,7 +17,14 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from archlab.scripts.arguments import check_weights, parse_arguments, run_cli
+from archlab.scripts.arguments import (
+    check_model_folder,
+    check_not_empty,
+    check_seed,
+    check_weights,
+    parse_arguments,
+    run_cli,
+)
 from archlab.tokenization.training import has_tokenizer
 from archlab.training.sampling import check_device, generate_text, load_for_generation
 
@@ -65,7 +72,10 @@ def resolve_defaults(args: GenerateArguments) -> None:
 
 def check(args: GenerateArguments) -> None:
     check_device(args.device)
-    if not os.path.isfile(os.path.join(args.model_name_or_path, "config.json")):
+    check_not_empty(args, ("model_name_or_path", "prompt_file"))
+    if os.path.isdir(args.model_name_or_path):
+        check_model_folder(args.model_name_or_path, "--model_name_or_path")
+    else:
         raise FileNotFoundError(f"--model_name_or_path {args.model_name_or_path!r} holds no saved model (config.json).")
     if args.prompt_file and not os.path.isfile(args.prompt_file):
         raise FileNotFoundError(f"--prompt_file {args.prompt_file!r} does not exist.")
@@ -81,6 +91,7 @@ def check(args: GenerateArguments) -> None:
         raise ValueError(f"--repetition_penalty must be > 0 (1.0: none), got {args.repetition_penalty}.")
     if args.stop_strings is not None and not all(args.stop_strings):
         raise ValueError("--stop_strings: an empty string would stop at once; give non-empty strings.")
+    check_seed(args.seed, "--seed")
     if args.num_beams < 1:
         raise ValueError(f"--num_beams must be >= 1 (1: no beam search), got {args.num_beams}.")
     if args.do_sample and args.num_beams > 1:

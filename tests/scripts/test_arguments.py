@@ -144,6 +144,19 @@ def test_help_that_states_its_own_default_gets_no_second_one(capsys):
     assert "Tokens to generate. (default: 100)" in text  # the others keep argparse's default
 
 
+def test_help_that_states_its_default_in_other_words_gets_no_second_one(capsys):
+    """ "unset: 4096" and "Default: on when ..." were followed by "(default: None)", which is not what happens."""
+    from archlab.scripts.arguments import ArchlabTrainingArguments, ModelArguments
+
+    with pytest.raises(SystemExit):
+        parse_arguments([ModelArguments, ArchlabTrainingArguments], ["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "Vocabulary size to train; unset: 4096. --" in text
+    assert "--fp16; --bf16 false turns it off. --" in text
+    assert "off on the CPU, where it only costs memory. --" in text
+    assert "(default: None)" in text  # flags whose help says nothing of their default keep argparse's
+
+
 @pytest.mark.parametrize("arguments", [PretrainTrainingArguments, FinetuneTrainingArguments])
 def test_help_says_what_the_scripts_do_with_predict_and_resume_flags(arguments, capsys):
     """`--help` gave TrainingArguments' words: `--do_predict` "run predictions on the test set" (pretraining refuses

@@ -236,6 +236,13 @@ def test_a_damaged_weights_file_is_named_in_one_error_line(
     )
 
 
+def test_a_peft_adapter_folder_is_named_as_one(tmp_path: Path) -> None:
+    """A LoRA adapter folder was "a folder that holds no saved model (config.json)", which does not say why."""
+    (tmp_path / "adapter_config.json").write_text('{"peft_type": "LORA"}')
+    with pytest.raises(ValueError, match="holds a PEFT adapter \\(adapter_config.json\\), not a whole model: merge it"):
+        generate.main(["--model_name_or_path", str(tmp_path)])
+
+
 def test_a_folder_without_tokenizer_files_is_named(saved: dict[str, Path], tmp_path: Path) -> None:
     import shutil
 
@@ -255,6 +262,10 @@ def test_a_folder_without_tokenizer_files_is_named(saved: dict[str, Path], tmp_p
         ("--top_k", "-1", "--top_k must be >= 0"),
         ("--repetition_penalty", "0", "--repetition_penalty must be > 0"),
         ("--num_beams", "0", "--num_beams must be >= 1"),
+        # numpy's traceback from set_seed, after the model was loaded
+        ("--seed", "-1", r"--seed must be in \[0, 2\*\*32 - 1\] \(numpy's seeds\), got -1"),
+        # the prompt was --prompt's default without a word
+        ("--prompt_file", "", "--prompt_file is an empty string: give a value, or leave the flag out"),
     ],
 )
 def test_out_of_range_values_fail_before_loading(tmp_path: Path, flag: str, value: str, message: str) -> None:

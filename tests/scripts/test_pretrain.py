@@ -321,6 +321,54 @@ def test_a_pretrained_folder_of_another_model_kind_is_refused_first(tmp_path: Pa
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.parametrize(
+    "holds, message",
+    [
+        ("adapter", r"holds a PEFT adapter \(adapter_config.json\), not a whole model: merge it into its base model"),
+        ("tokenizer", r"holds no saved model \(config.json\)"),
+        ("file", "'.*cache' is a file, not a folder"),
+    ],
+)
+def test_a_model_folder_that_holds_no_model_is_named_before_data_is_read(
+    tmp_path: Path, data_dir: Path, monkeypatch: pytest.MonkeyPatch, holds: str, message: str
+) -> None:
+    """A LoRA adapter folder or a tokenizer folder as --model_name_or_path failed inside transformers' AutoConfig
+    ("Unrecognized model"), and a --cache_dir that is a file with FileExistsError, both as tracebacks."""
+    forbid(monkeypatch, sources, "load_raw_datasets", "data was loaded before the model folder was checked")
+    folder = tmp_path / "folder"
+    save_tokenizer(train_tokenizer(code_texts(20), "decoder", vocab_size=300, min_frequency=1), folder)
+    if holds == "adapter":
+        (folder / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA", "r": 2}))
+    args = tiny_args(tmp_path / "run", data_dir)
+    position = args.index("--config_overrides")
+    del args[position : position + 2]
+    if holds == "file":
+        args[args.index("--cache_dir") + 1] = str(tmp_path / "cache")
+        (tmp_path / "cache").write_text("")
+    else:
+        args += ["--model_name_or_path", str(folder)]
+    with pytest.raises((ValueError, FileNotFoundError), match=message):
+        pretrain.main(args)
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_masked_lm_folder_is_refused_as_a_seq2seq_start(tmp_path: Path, data_dir: Path) -> None:
+    """archlab's masked LM shares Seq2SeqConfig with the encoder-decoder: --model_kind seq2seq loaded its encoder and
+    trained a decoder from random weights without a word."""
+    import archlab
+
+    from helpers import tiny_seq2seq_config
+
+    folder = tmp_path / "mlm"
+    archlab.EncoderForMaskedLM(tiny_seq2seq_config()).save_pretrained(folder)
+    args = tiny_args(tmp_path / "run", data_dir, "--model_kind", "seq2seq", "--model_name_or_path", str(folder))
+    position = args.index("--config_overrides")
+    del args[position : position + 2]
+    with pytest.raises(ValueError, match="holds an encoder-only `EncoderForMaskedLM`, and --model_kind seq2seq"):
+        pretrain.main(args)
+    assert not (tmp_path / "run").exists()
+
+
 TRAINING_FLAGS = [
     (["--learning_rate", "-1"], "--learning_rate must be > 0, got -1.0"),
     (["--per_device_train_batch_size", "0"], "--per_device_train_batch_size must be >= 1, got 0"),
@@ -338,6 +386,22 @@ TRAINING_FLAGS = [
     # a schedule without its own arguments failed with a TypeError from transformers when training started
     (["--lr_scheduler_type", "warmup_stable_decay"], "missing 1 required positional argument: 'num_decay_steps'"),
     (["--lr_scheduler_kwargs", '{"num_cycle": 2}'], "--lr_scheduler_type cosine with --lr_scheduler_kwargs"),
+    # numpy's traceback from set_seed
+    (["--seed", "-1"], "--seed must be in [0, 2**32 - 1] (numpy's seeds), got -1"),
+    (["--data_seed", "4294967296"], "--data_seed must be in [0, 2**32 - 1] (numpy's seeds), got 4294967296"),
+    # torch's DataLoader and transformers' integrations refused them with a traceback, after the data was prepared
+    (["--dataloader_num_workers", "-1"], "--dataloader_num_workers must be >= 0"),
+    (["--report_to", "wandbb"], "--report_to 'wandbb' is not supported; allowed values: all, none, azure_ml"),
+    # trained without a word: a factor > 1 weighs the labels' own log-likelihood negatively
+    (["--label_smoothing_factor", "1.5"], "--label_smoothing_factor must be in [0, 1) (0: no smoothing), got 1.5"),
+    # datasets' traceback, once the data was read
+    (["--preprocessing_num_workers", "-2"], "--preprocessing_num_workers must be >= 0"),
+    # an empty path: os.makedirs('') failed with a traceback; the others fell back to their default without a word
+    (["--output_dir", ""], "--output_dir is an empty string: give a value, or leave the flag out"),
+    (["--train_file", ""], "--train_file is an empty string"),  # trained on the embedded corpus
+    (["--tokenizer_name", ""], "--tokenizer_name is an empty string"),  # trained a new tokenizer
+    (["--preset", ""], "--preset is an empty string"),  # built the default architecture
+    (["--resume_from_checkpoint", ""], "--resume_from_checkpoint is an empty string"),  # started over
 ]
 
 
