@@ -35,7 +35,13 @@ class GenerateArguments:
     prompt: str = field(default="def ", metadata={"help": "The text to continue (the source, for seq2seq)."})
     prompt_file: str | None = field(default=None, metadata={"help": "Read the prompt from this file instead."})
     chat: bool = field(default=False, metadata={"help": "Wrap the prompt as a user turn of the chat template."})
-    max_new_tokens: int = field(default=100, metadata={"help": "Tokens to generate."})
+    max_new_tokens: int = field(
+        default=100,
+        metadata={
+            "help": "Tokens to generate; with the prompt, within a learned or sinusoidal position table's "
+            "`max_position_embeddings` (rope has no table: past its trained length it warns)."
+        },
+    )
     stop_strings: list[str] | None = field(
         default=None,
         metadata={"help": "Stop once the generated text ends with any of these strings (kept in the output)."},

@@ -118,6 +118,7 @@ def generate_text(
     else:
         inputs = tokenizer(prompt, return_tensors="pt")
     inputs.pop("token_type_ids", None)
+    check_fits_the_positions(model.config, inputs["input_ids"].shape[1], max_new_tokens, seq2seq)
     inputs = inputs.to(model.device)
 
     eos = stop_token_ids(model, tokenizer, chat)
@@ -148,6 +149,33 @@ def generate_text(
         print(prompt + text if continues_prompt else text)
     log(f"{len(new_tokens)} tokens generated")
     return text
+
+
+def check_fits_the_positions(config: Any, prompt_tokens: int, max_new_tokens: int, seq2seq: bool) -> None:
+    """A model with an absolute position table (learned or sinusoidal, `max_position_embeddings` rows) looks up one
+    position per token it reads: a decoder's prompt and the new tokens but the last, a seq2seq decoder its start
+    token and the new tokens but the last, its encoder the source. Past the table, a ValueError naming the flag to
+    lower, before anything is generated: on the CPU the forward refused the position only at the step that crossed
+    it, after the text so far had been printed (on a GPU, a device-side assert). Position types without a table
+    (rope, alibi, relative_bias) are let through: rope warns once past its trained length."""
+    from archlab.modeling.fast_decoding import table_of
+
+    table, limit = table_of(config), getattr(config, "max_position_embeddings", None)
+    if table is None or limit is None:
+        return
+    source = "source" if seq2seq else "prompt"
+    if prompt_tokens > limit:
+        raise ValueError(
+            f"The {source} is {prompt_tokens} tokens, more than the model's {table} position table's "
+            f"`max_position_embeddings` ({limit}): give a shorter --prompt / --prompt_file."
+        )
+    most = limit if seq2seq else limit + 1 - prompt_tokens
+    if max_new_tokens > most:
+        after = "" if seq2seq else f" after a prompt of {prompt_tokens} tokens"
+        raise ValueError(
+            f"--max_new_tokens {max_new_tokens} is past the model's {table} position table (`max_position_embeddings` "
+            f"= {limit}){after}: give --max_new_tokens {most} or fewer."
+        )
 
 
 def end_of_turn_id(tokenizer: Any) -> int | None:

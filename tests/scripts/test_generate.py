@@ -303,3 +303,45 @@ def test_command_line_error_exit_code(tmp_path, monkeypatch, capsys):
     printed = capsys.readouterr().err
     assert "Traceback" not in printed
     assert "error: --model_name_or_path" in printed and "holds no saved model (config.json)" in printed
+
+
+def short_table_folder(saved: dict[str, Path], kind: str, folder: Path, **config) -> Path:
+    """`saved[kind]`'s tokenizer with a new model of 16 positions."""
+    tokenizer = archlab.tokenization.training.load_tokenizer(saved[kind])
+    torch.manual_seed(0)
+    if kind == "decoder":
+        model = archlab.DecoderForCausalLM(tiny_decoder_config(vocab_size=len(tokenizer), **config))
+    else:
+        model = archlab.Seq2SeqForConditionalGeneration(tiny_seq2seq_config(vocab_size=len(tokenizer), **config))
+    model.save_pretrained(folder)
+    save_tokenizer(tokenizer, folder)
+    return folder
+
+
+@pytest.mark.parametrize("kind", ["decoder", "seq2seq"])
+def test_max_new_tokens_past_a_position_table_is_refused_before_generating(
+    saved: dict[str, Path], tmp_path: Path, kind: str, capsys
+) -> None:
+    """A learned or sinusoidal table of 16 positions: --max_new_tokens 30 printed the prompt and the first tokens,
+    then failed at the step that crossed the table with an error that named no flag. It is refused first, with the
+    largest value that fits, which runs; RoPE (no table) runs past with a warning."""
+    table = {"position_embedding_type": "learned"} if kind == "decoder" else {}
+    folder = short_table_folder(saved, kind, tmp_path / kind, max_position_embeddings=16, **table)
+    prompt = "def f1(x):"
+    tokenizer = archlab.tokenization.training.load_tokenizer(folder)
+    length = len(tokenizer(prompt)["input_ids"])
+    most = 16 if kind == "seq2seq" else 16 + 1 - length
+    args = ["--model_name_or_path", str(folder), "--prompt", prompt, "--do_sample", "false", "--device", "cpu"]
+    capsys.readouterr()
+    with pytest.raises(ValueError, match=f"--max_new_tokens 30 is past the model's .* give --max_new_tokens {most} or"):
+        generate.main([*args, "--max_new_tokens", "30"])
+    assert prompt not in capsys.readouterr().out  # nothing was printed
+    with pytest.raises(ValueError, match=f"--max_new_tokens {most + 1} is past"):
+        generate.main([*args, "--max_new_tokens", str(most + 1), "--stream", "false"])
+    generate.main([*args, "--max_new_tokens", str(most), "--stream", "false"])
+    assert f"] {most} tokens generated" in capsys.readouterr().out
+    if kind == "decoder":
+        rope = short_table_folder(saved, kind, tmp_path / "rope", max_position_embeddings=16)
+        args[1] = str(rope)
+        generate.main([*args, "--max_new_tokens", "30", "--stream", "false"])
+        assert "] 30 tokens generated" in capsys.readouterr().out
