@@ -25,7 +25,9 @@ from archlab.scripts.arguments import (
     parse_arguments,
     run_cli,
 )
+from archlab.text2text import stored_prefix
 from archlab.tokenization.training import has_tokenizer
+from archlab.training.reporting import log
 from archlab.training.sampling import check_device, generate_text, load_for_generation
 
 
@@ -40,6 +42,14 @@ class GenerateArguments:
         metadata={
             "help": "Tokens to generate; with the prompt, within a learned or sinusoidal position table's "
             "`max_position_embeddings` (rope has no table: past its trained length it warns)."
+        },
+    )
+    source_prefix: str | None = field(
+        default=None,
+        metadata={
+            "help": "seq2seq: text put before the source (unset: the task prefix the folder was fine-tuned with, "
+            '`task_specific_params[task]["prefix"]` as scripts/finetune.py\'s --source_prefix saves it, when it '
+            'holds one; "": none; a folder with several, as T5\'s, needs the flag).'
         },
     )
     stop_strings: list[str] | None = field(
@@ -126,6 +136,10 @@ def main(argv: Sequence[str] | None = None) -> str:
             raise ValueError(
                 f"--prompt_file {args.prompt_file!r} is not UTF-8 text ({error.reason} at byte {error.start})."
             ) from None
+    if seq2seq:
+        prompt = source_prefix(model.config, args.source_prefix) + prompt
+    elif args.source_prefix is not None:
+        raise ValueError("--source_prefix goes before a seq2seq model's source; this folder holds a decoder.")
     return generate_text(
         model,
         tokenizer,
@@ -143,6 +157,16 @@ def main(argv: Sequence[str] | None = None) -> str:
         num_beams=args.num_beams,
         stop_strings=args.stop_strings,
     )
+
+
+def source_prefix(config, flag: str | None) -> str:
+    """--source_prefix, else the task prefix the folder was fine-tuned with (one logged line says which), else ""."""
+    if flag is not None:
+        return flag
+    prefix = stored_prefix(config, choose='--source_prefix with the one the prompt needs ("" for none)')
+    if prefix:
+        log(f'Source prefix {prefix!r}: the task prefix this folder was fine-tuned with (--source_prefix "": none)')
+    return prefix
 
 
 def cli() -> None:

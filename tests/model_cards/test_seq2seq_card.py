@@ -96,7 +96,9 @@ def test_the_snippet_puts_the_task_prefix_before_its_source(tmp_path):
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
         exec(snippet.replace('"someone/m"', repr(str(tmp_path / "m"))), {})
-    expected = translate(["7 1 2 3"], model, digit_tokenizer(), num_beams=4, max_new_tokens=40)
+    expected = translate(
+        ["1 2 3"], model, digit_tokenizer(), task="translation_en_to_de", num_beams=4, max_new_tokens=40
+    )
     assert printed.getvalue().strip() == repr(expected)
 
 

@@ -28,3 +28,32 @@ def test_translate_batches_in_order_and_matches_generate():
 def test_translate_refuses_a_decoder_only_model():
     with pytest.raises(ValueError, match="needs an encoder-decoder .* DecoderForCausalLM is decoder-only"):
         translate(["1 2 3"], DecoderForCausalLM(tiny_decoder_config(vocab_size=16)), digit_tokenizer())
+
+
+def test_translate_puts_the_stored_task_prefix_before_every_text():
+    """A folder fine-tuned with --source_prefix keeps it in `task_specific_params[task]["prefix"]`; translate left it
+    out, and the model was prompted out of distribution. One stored prefix is used (as transformers 4's pipelines
+    did), `prefix=None`/`""` leaves the texts as they are, and with several the caller chooses."""
+    model = Seq2SeqForConditionalGeneration(tiny_seq2seq_config(vocab_size=16)).eval()
+    tokenizer = digit_tokenizer()
+    sources = []
+    generate = model.generate
+    model.generate = lambda input_ids, **kwargs: sources.append(input_ids.tolist()) or generate(input_ids, **kwargs)
+
+    def encoded(texts: list[str], **kwargs) -> list[list[int]]:
+        sources.clear()
+        translate(texts, model, tokenizer, max_new_tokens=2, **kwargs)
+        return sources[0]
+
+    texts = ["1 2 3", "4 5 6"]
+    with_prefix, plain = encoded(["9 9 " + text for text in texts]), encoded(texts)
+    assert with_prefix != plain
+    model.config.task_specific_params = {"summarization": {"prefix": "9 9 ", "num_beams": 1}}
+    assert encoded(texts) == with_prefix
+    assert encoded(texts, prefix=None) == plain and encoded(texts, prefix="") == plain
+    model.config.task_specific_params["translation_en_to_de"] = {"prefix": "8 "}
+    with pytest.raises(ValueError, match=r"several tasks \('summarization': '9 9 ', .*pass `task=` \(or `prefix=`"):
+        encoded(texts)
+    assert encoded(texts, task="summarization") == with_prefix
+    with pytest.raises(ValueError, match="holds no task prefix for 'translation_en_to_fr'"):
+        encoded(texts, task="translation_en_to_fr")

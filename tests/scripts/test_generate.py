@@ -345,3 +345,32 @@ def test_max_new_tokens_past_a_position_table_is_refused_before_generating(
         args[1] = str(rope)
         generate.main([*args, "--max_new_tokens", "30", "--stream", "false"])
         assert "] 30 tokens generated" in capsys.readouterr().out
+
+
+def test_a_seq2seq_folder_s_task_prefix_goes_before_the_source(saved: dict[str, Path], tmp_path: Path, monkeypatch):
+    """A folder fine-tuned with --source_prefix keeps it in `task_specific_params[task]["prefix"]`: generate.py left
+    it out of the source. One stored prefix is used; --source_prefix gives another ("": none); several need the flag;
+    a decoder refuses it."""
+    import json
+    import shutil
+
+    from archlab.scripts import generate as script
+
+    folder = tmp_path / "seq2seq"
+    shutil.copytree(saved["seq2seq"], folder)
+    config = json.loads((folder / "config.json").read_text())
+    params = {"summarization": {"prefix": "summarize: "}}
+    (folder / "config.json").write_text(json.dumps({**config, "task_specific_params": params}))
+    sources = []
+    monkeypatch.setattr(script, "generate_text", lambda model, tokenizer, prompt, **kwargs: sources.append(prompt))
+    base = ["--model_name_or_path", str(folder), "--prompt", "def f(x): return x", "--device", "cpu"]
+    script.main(base)
+    script.main([*base, "--source_prefix", ""])
+    script.main([*base, "--source_prefix", "explain: "])
+    assert sources == ["summarize: def f(x): return x", "def f(x): return x", "explain: def f(x): return x"]
+    params["translation_en_to_de"] = {"prefix": "translate English to German: "}
+    (folder / "config.json").write_text(json.dumps({**config, "task_specific_params": params}))
+    with pytest.raises(ValueError, match="several tasks .* pass --source_prefix with the one the prompt needs"):
+        script.main(base)
+    with pytest.raises(ValueError, match="--source_prefix goes before a seq2seq model's source; this folder holds a"):
+        script.main(["--model_name_or_path", str(saved["decoder"]), "--source_prefix", "summarize: "])
