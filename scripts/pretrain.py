@@ -50,7 +50,7 @@ from archlab.training.kinds import model_kind
 from archlab.training.metrics import with_perplexity
 from archlab.training.pretraining import prepare_data, pretraining_tokenizer
 from archlab.training.reporting import log, training_setup
-from archlab.training.sampling import print_sample, sample_unless_sharded
+from archlab.training.sampling import check_fits_the_positions, print_sample, sample_unless_sharded
 from archlab.training.saving import dataset_label, save_final
 from archlab.training.sources import first_process_writes_the_cache, load_documents
 from archlab.training.tokenizers import adopt_context_length, check_resumed_tokenizer
@@ -91,7 +91,9 @@ class PretrainDataArguments(DataArguments):
 @dataclass
 class PretrainArguments:
     sample_prompt: str = field(default="def ", metadata={"help": "Prompt of the sample printed at the end."})
-    sample_max_new_tokens: int = field(default=80, metadata={"help": "Length of that sample."})
+    sample_max_new_tokens: int = field(
+        default=80, metadata={"help": "Length of that sample, in tokens (0: no sample); decoders only."}
+    )
     eval_max_blocks: int | None = field(default=64, metadata={"help": "Evaluate on at most this many blocks."})
 
 
@@ -117,6 +119,8 @@ def main(argv: Sequence[str] | None = None, callbacks: list[TrainerCallback] | N
     check_training_flags(training_args)
     check_data_flags(data_args, training_args)
     check_flag_positive(extra, ("eval_max_blocks",), " (or unset: all)")
+    if extra.sample_max_new_tokens < 0:  # skipped the sample without a word
+        raise ValueError(f"--sample_max_new_tokens must be >= 0 (0: no sample), got {extra.sample_max_new_tokens}.")
     resume = resolve_resume(training_args, training_args.overwrite_output_dir)
     check_resumed_config(model_args, resume)
     check_resumed_tokenizer(model_args, resume)
@@ -145,6 +149,11 @@ def main(argv: Sequence[str] | None = None, callbacks: list[TrainerCallback] | N
         )
     check_not_empty(data["train"], "packed train")
     adopt_context_length(tokenizer, config, kind)  # after packing, which tokenizes whole documents
+    if model_args.model_kind == "decoder" and extra.sample_max_new_tokens > 0:  # failed after training, once saved
+        prompt_tokens = len(tokenizer(extra.sample_prompt)["input_ids"])
+        check_fits_the_positions(
+            config, prompt_tokens, extra.sample_max_new_tokens, False, "--sample_max_new_tokens", "--sample_prompt"
+        )
     model = build_model(kind.auto_class, config, model_args.model_name_or_path, model_args.attn_implementation)
     n_params = sum(p.numel() for p in model.parameters())
     log(

@@ -151,13 +151,21 @@ def generate_text(
     return text
 
 
-def check_fits_the_positions(config: Any, prompt_tokens: int, max_new_tokens: int, seq2seq: bool) -> None:
+def check_fits_the_positions(
+    config: Any,
+    prompt_tokens: int,
+    max_new_tokens: int,
+    seq2seq: bool,
+    flag: str = "--max_new_tokens",
+    prompt_flag: str = "--prompt / --prompt_file",
+) -> None:
     """A model with an absolute position table (learned or sinusoidal, `max_position_embeddings` rows) looks up one
     position per token it reads: a decoder's prompt and the new tokens but the last, a seq2seq decoder its start
     token and the new tokens but the last, its encoder the source. Past the table, a ValueError naming the flag to
     lower, before anything is generated: on the CPU the forward refused the position only at the step that crossed
     it, after the text so far had been printed (on a GPU, a device-side assert). Position types without a table
-    (rope, alibi, relative_bias) are let through: rope warns once past its trained length."""
+    (rope, alibi, relative_bias) are let through: rope warns once past its trained length. `flag` and `prompt_flag`
+    name the flags that set the two lengths."""
     from archlab.modeling.fast_decoding import table_of
 
     table, limit = table_of(config), getattr(config, "max_position_embeddings", None)
@@ -167,14 +175,14 @@ def check_fits_the_positions(config: Any, prompt_tokens: int, max_new_tokens: in
     if prompt_tokens > limit:
         raise ValueError(
             f"The {source} is {prompt_tokens} tokens, more than the model's {table} position table's "
-            f"`max_position_embeddings` ({limit}): give a shorter --prompt / --prompt_file."
+            f"`max_position_embeddings` ({limit}): give a shorter {prompt_flag}."
         )
     most = limit if seq2seq else limit + 1 - prompt_tokens
     if max_new_tokens > most:
         after = "" if seq2seq else f" after a prompt of {prompt_tokens} tokens"
         raise ValueError(
-            f"--max_new_tokens {max_new_tokens} is past the model's {table} position table (`max_position_embeddings` "
-            f"= {limit}){after}: give --max_new_tokens {most} or fewer."
+            f"{flag} {max_new_tokens} is past the model's {table} position table (`max_position_embeddings` = "
+            f"{limit}){after}: give {flag} {most} or fewer."
         )
 
 

@@ -168,6 +168,8 @@ BAD_INPUTS = [
     (["--sample_by", "sentence"], ValueError, "--sample_by 'sentence' is not supported; allowed values: document"),
     (["--max_train_samples", "-3"], ValueError, "--max_train_samples must be >= 1"),
     (["--eval_max_blocks", "0"], ValueError, "--eval_max_blocks must be >= 1"),
+    # skipped the sample printed after training without a word
+    (["--sample_max_new_tokens", "-1"], ValueError, "--sample_max_new_tokens must be >= 0 \\(0: no sample\\), got -1"),
     (
         ["--config_overrides", "num_hidden_layer=1"],
         ValueError,
@@ -886,3 +888,19 @@ def test_push_to_hub_pushes_the_finished_model(tmp_path: Path, data_dir: Path, m
     pretrain.main(tiny_args(out, data_dir, *extra, "--push_to_hub", "true", "--hub_model_id", "someone/tiny"))
     assert [(folder, repo_id) for folder, repo_id, _ in pushed] == [(str(out), "someone/tiny")]
     assert (out / "config.json").is_file()  # pushed once the folder is complete
+
+
+def test_a_sample_past_a_position_table_is_refused_before_training(tmp_path: Path, data_dir: Path) -> None:
+    """A learned table of 32 positions and --sample_max_new_tokens 40: the run trained and saved, then the sample
+    failed at the position past the table and the script exited with an error; the flag is named before training."""
+    out = tmp_path / "run"
+    args = tiny_args(out, data_dir, "--tokenizer_name", str(data_dir / "tokenizer"))
+    args[args.index("--config_overrides") + 1] += ",position_embedding_type=learned,max_position_embeddings=32"
+    args[args.index("--sample_max_new_tokens") + 1] = "40"
+    with pytest.raises(
+        ValueError,
+        match="--sample_max_new_tokens 40 is past the model's learned position table .* "
+        "give --sample_max_new_tokens 3[01] or fewer",
+    ):
+        pretrain.main(args)
+    assert not out.exists()
