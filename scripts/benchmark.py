@@ -29,6 +29,7 @@ import argparse
 import contextlib
 import gc
 import importlib
+import math
 import sys
 from collections.abc import Callable
 from functools import partial
@@ -79,7 +80,8 @@ def run_dense(args: argparse.Namespace) -> Report:
     from archlab import DecoderConfig, DecoderForCausalLM
 
     shape = dense_shape(args.quick)
-    common = dict(**shape, max_position_embeddings=4096, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    positions = SUITE_POSITIONS["dense"]
+    common = dict(**shape, max_position_embeddings=positions, pad_token_id=0, bos_token_id=1, eos_token_id=2)
     torch.manual_seed(0)
     peer = LlamaForCausalLM(LlamaConfig(**common))
     ours = DecoderForCausalLM(DecoderConfig(**common))
@@ -132,7 +134,7 @@ def run_dense(args: argparse.Namespace) -> Report:
     ours.eval(), peer.eval()
     new_tokens = 16 if args.quick else args.new_tokens
     for gen_batch in (1, 8):
-        prompt = torch.randint(3, shape["vocab_size"], (gen_batch, 32))
+        prompt = torch.randint(3, shape["vocab_size"], (gen_batch, DENSE_PROMPT))
         kwargs = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False, pad_token_id=0)
         t_a, t_p, ratio = compare_speed(
             partial(ours.generate, prompt, **kwargs), partial(peer.generate, prompt, **kwargs), args.rounds
@@ -185,6 +187,12 @@ DEVICE_SUITES = (
 )
 # Defaults of the shape flags for the CPU suites (the cuda-* suites have fixed reference shapes instead).
 CPU_SHAPE_DEFAULTS = {"batch_size": 8, "seq_len": 256, "new_tokens": 128}
+# The `max_position_embeddings` of the CPU suites whose models have a fixed number of positions (the moe and seq2seq
+# suites size theirs to the run), which --seq-len must stay within: past it a learned table (a variants row) fails
+# mid-run and RoPE models run where they were not built to. The dense suite's generation rows also decode
+# --new-tokens after a prompt of DENSE_PROMPT tokens.
+SUITE_POSITIONS = {"dense": 4096, "compile": 4096, "variants": 4096}
+DENSE_PROMPT = 32
 
 
 def resolve_suite(name: str) -> Callable[[argparse.Namespace], Report]:
@@ -263,8 +271,8 @@ def check_device_flags(parser: argparse.ArgumentParser, args: argparse.Namespace
             flag = f"--{name.replace('_', '-')}"
             parser.error(f"{flag} applies to the CPU suites; {device_suites} run fixed reference shapes (or --quick)")
     for flag, value in (("--peak-tflops", args.peak_tflops), ("--peak-bandwidth", args.peak_bandwidth)):
-        if value is not None and value <= 0:
-            parser.error(f"{flag} must be > 0, got {value}")
+        if value is not None and not (math.isfinite(value) and value > 0):  # nan and inf passed `value <= 0`
+            parser.error(f"{flag} must be a finite number > 0, got {value}")
     if args.device is not None:
         try:
             device = torch.device(args.device)
@@ -274,6 +282,24 @@ def check_device_flags(parser: argparse.ArgumentParser, args: argparse.Namespace
             parser.error(f"--device {args.device!r}: allowed: cpu, cuda, cuda:N")
         if device.type == "cuda" and not torch.cuda.is_available():
             parser.error(f"--device {args.device}: no CUDA device is visible (torch.cuda.is_available() is False)")
+
+
+def check_positions(parser: argparse.ArgumentParser, args: argparse.Namespace, suites: list[str]) -> None:
+    """--seq-len (and the dense suite's prompt and --new-tokens) within the positions of the suites that run
+    (`SUITE_POSITIONS`); --quick runs its own small shapes."""
+    if args.quick:
+        return
+    for suite in dict.fromkeys(suites):
+        positions = SUITE_POSITIONS.get(suite)
+        if positions is None:
+            continue
+        if args.seq_len is not None and args.seq_len > positions:
+            parser.error(f"--seq-len {args.seq_len} exceeds the {suite} suite's max_position_embeddings ({positions})")
+        if suite == "dense" and args.new_tokens is not None and DENSE_PROMPT + args.new_tokens > positions:
+            parser.error(
+                f"--new-tokens {args.new_tokens} after the dense suite's {DENSE_PROMPT}-token prompt exceeds its "
+                f"max_position_embeddings ({positions}); give at most {positions - DENSE_PROMPT}"
+            )
 
 
 def resolve_defaults(args: argparse.Namespace) -> None:
@@ -316,6 +342,7 @@ def main(argv: list[str] | None = None) -> int:
         if not args.output.parent.is_dir():
             parser.error(f"--output {str(args.output)!r}: the folder {str(args.output.parent)!r} does not exist")
     check_device_flags(parser, args, suites)
+    check_positions(parser, args, suites)
     resolve_defaults(args)
     tables = []
     with torch_threads(args.threads), long_lived_objects_frozen():

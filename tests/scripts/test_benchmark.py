@@ -34,9 +34,19 @@ def test_every_named_suite_exists(name):
         # written after the first suite had run: a bad path failed only then
         (["--output", "."], "--output '.' is a folder; give the markdown file to write"),
         (["--output", "no/such/folder/t.md"], "--output 'no/such/folder/t.md': the folder 'no/such/folder' does not"),
+        # nan and inf passed the `<= 0` check, and MFU came out nan or 0
+        (["--suite", "cuda-train", "--peak-tflops", "nan"], "--peak-tflops must be a finite number > 0, got nan"),
+        (["--suite", "cuda-train", "--peak-bandwidth", "inf"], "--peak-bandwidth must be a finite number > 0, got inf"),
+        (["--suite", "cuda-train", "--peak-tflops", "0"], "--peak-tflops must be a finite number > 0, got 0.0"),
+        # ran past the suites' 4096 positions: a learned table (the variants suite) failed mid-run
+        (["--seq-len", "5000"], "--seq-len 5000 exceeds the dense suite's max_position_embeddings (4096)"),
+        (["--suite", "variants", "--seq-len", "4097"], "--seq-len 4097 exceeds the variants suite's"),
+        (["--new-tokens", "4090"], "--new-tokens 4090 after the dense suite's 32-token prompt exceeds its"),
     ],
 )
-def test_bad_arguments_fail_at_parsing(argv, message, capsys):
+def test_bad_arguments_fail_at_parsing(argv, message, capsys, monkeypatch):
+    # a flag let through runs the suite at full size: fail at once instead
+    monkeypatch.setattr(benchmark, "resolve_suite", lambda name: pytest.fail(f"the {name} suite ran"))
     with pytest.raises(SystemExit) as error:
         benchmark.main(argv)
     assert error.value.code == 2
