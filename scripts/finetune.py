@@ -228,7 +228,11 @@ def main(argv: Sequence[str] | None = None, callbacks: list[TrainerCallback] | N
     check_installed(task)
     resume = resolve_resume(training_args, training_args.overwrite_output_dir)
     check_resumed_tokenizer(model_args, resume)
-    facts = run_facts(training_args, source_prefix=(args.source_prefix or "") if args.task == "seq2seq" else None)
+    facts = run_facts(
+        training_args,
+        source_prefix=(args.source_prefix or "") if args.task == "seq2seq" else None,
+        columns=data_columns(args, text_column),
+    )
     check_resumed_run_facts(resume, facts)
     check_training_state(resume, training_args)
     finished = finished_run(resume, training_args)
@@ -324,6 +328,22 @@ def main(argv: Sequence[str] | None = None, callbacks: list[TrainerCallback] | N
             lambda: task.show_example(built["model"], tokenizer, example, args, max_new_tokens),
         )
     return metrics
+
+
+def data_columns(args: FinetuneArguments, text_column: str) -> dict[str, str | None]:
+    """The columns the run reads, by the flag that names each (a run fact: a resume that reads others is refused).
+    Classification's text columns are the pair (`--text_column_names`) or the one column, either flag's; GLUE's
+    columns, read where no flag names one, follow from the same flags and data."""
+    if args.task == "seq2seq":  # (with --source_lang / --target_lang, the `translation` column's keys)
+        return {"--source_column": args.source_column, "--target_column": args.target_column}
+    if args.task == "classification":
+        text = args.text_column_names or text_column
+        return {"--text_column_name(s)": text, "--label_column_name": args.label_column_name}
+    return {
+        "--messages_column": args.messages_column,
+        "--prompt_column": args.prompt_column,
+        "--response_column": args.response_column,
+    }
 
 
 def prefix_key(args: FinetuneArguments, pipeline_tag: str) -> str:

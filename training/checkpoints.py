@@ -55,14 +55,19 @@ def resolve_resume(training_args: TrainingArguments, overwrite_output_dir: bool)
 
 
 def run_facts(
-    training_args: TrainingArguments, block_size: int | None = None, source_prefix: str | None = None
+    training_args: TrainingArguments,
+    block_size: int | None = None,
+    source_prefix: str | None = None,
+    columns: dict[str, str | None] | None = None,
 ) -> dict[str, Any]:
     """What a resumed run must keep for its data to go on where the checkpoint stopped: the Trainer skips
     `global_step` x --gradient_accumulation_steps batches of the resumed run's own size, so another number of examples
     per optimizer step skips examples never trained (or trains some twice), and another --block_size (pretraining)
     packs other blocks, of which it skips as many as it trained of the old ones. A seq2seq fine-tuning run's
     --source_prefix (`source_prefix`, "" for none) is kept too: another one trains the rest of the run on other
-    inputs than its first steps (and the saved config records one prefix)."""
+    inputs than its first steps (and the saved config records one prefix). `columns` are the data columns the run
+    reads, by the flag that names each (`{"--source_column": "code", ...}`): others train the rest of the run on
+    other texts or labels."""
     facts: dict[str, Any] = {
         "examples_per_step": training_args.per_device_train_batch_size
         * training_args.gradient_accumulation_steps
@@ -72,6 +77,8 @@ def run_facts(
         facts["block_size"] = block_size
     if source_prefix is not None:
         facts["source_prefix"] = source_prefix
+    if columns is not None:
+        facts["columns"] = dict(columns)
     return facts
 
 
@@ -79,14 +86,16 @@ FACT_FLAGS = {
     "examples_per_step": "--per_device_train_batch_size x --gradient_accumulation_steps x processes",
     "block_size": "--block_size",
     "source_prefix": "--source_prefix",
+    "columns": "the data columns",
 }
 # what a resume with another value would do, where it is not "skip other data than the checkpoint trained on"
 FACT_CONSEQUENCES = {
     "source_prefix": "train the rest of the run on other inputs than the checkpoint was trained on",
+    "columns": "train the rest of the run on other columns than the checkpoint was trained on",
 }
 
 
-def check_resumed_run_facts(resume: str | None, facts: dict[str, int]) -> None:
+def check_resumed_run_facts(resume: str | None, facts: dict[str, Any]) -> None:
     """Refuse, before any data is read, a resume whose flags change one of the checkpoint's `run_facts`: the
     Trainer resumed such a run without a word (another batch size with a warning only), at another place in the
     data than the checkpoint stopped. Checkpoints saved without the facts are not checked."""
@@ -120,6 +129,8 @@ def fact_text(key: str, value: Any) -> str:
     """A run fact as a message shows it: a text quoted (a --source_prefix of "" is none), a number as it is."""
     if key == "source_prefix" and not value:
         return "none"
+    if isinstance(value, dict):  # the columns, by flag
+        return ", ".join(f"{flag} {column!r}" for flag, column in value.items())
     return repr(value) if isinstance(value, str) else str(value)
 
 

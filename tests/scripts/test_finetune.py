@@ -235,7 +235,8 @@ def test_seq2seq_on_the_embedded_docstring_task(tmp_path: Path) -> None:
     for folder in ("", "checkpoint-4"):
         config = json.loads((tmp_path / "docstrings" / folder / "config.json").read_text())
         assert config["task_specific_params"] == {"summarization": {"prefix": "summarize: "}}
-    assert json.loads((tmp_path / "docstrings" / "checkpoint-4" / "run_facts.json").read_text())["source_prefix"]
+    facts = json.loads((tmp_path / "docstrings" / "checkpoint-4" / "run_facts.json").read_text())
+    assert facts["source_prefix"] and facts["columns"] == {"--source_column": "code", "--target_column": "docstring"}
     card = (tmp_path / "docstrings" / "README.md").read_text()
     assert "tokenizer(prefix + 'def fibonacci(n):'" in card
 
@@ -963,3 +964,50 @@ def test_a_resume_with_another_source_prefix_is_refused_first(tmp_path: Path, mo
         finetune.main([*args, "--source_prefix", "explain: "])
     with pytest.raises(ValueError, match="but these flags give none: the resumed run would train the rest of the run"):
         finetune.main(args)
+
+
+@pytest.mark.parametrize(
+    "task, saved, flags, message",
+    [
+        (
+            "seq2seq",
+            {"--source_column": "code", "--target_column": "docstring"},
+            ["--source_column", "body"],
+            "the data columns = --source_column 'code', --target_column 'docstring', but these flags give "
+            "--source_column 'body', --target_column 'docstring': the resumed run would train the rest of the run on "
+            "other columns",
+        ),
+        (
+            "classification",
+            {"--text_column_name(s)": "sentence1,sentence2", "--label_column_name": "label"},
+            ["--text_column_names", "sentence1"],
+            r"--text_column_name\(s\) 'sentence1,sentence2', .* these flags give --text_column_name\(s\) 'sentence1',",
+        ),
+        (
+            "instruct",
+            {"--messages_column": "messages", "--prompt_column": None, "--response_column": None},
+            ["--prompt_column", "question", "--response_column", "answer"],
+            "these flags give --messages_column 'messages', --prompt_column 'question', --response_column 'answer'",
+        ),
+    ],
+)
+def test_a_resume_that_reads_other_columns_is_refused_first(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, task: str, saved: dict, flags: list[str], message: str
+) -> None:
+    """The columns a run reads were not among its run facts: a resume with other text columns trained the rest of
+    the run on other texts without a word. A checkpoint saved before the fact existed is not checked."""
+    checkpoint = tmp_path / "out" / "checkpoint-5"
+    checkpoint.mkdir(parents=True)
+    (checkpoint / "trainer_state.json").write_text(json.dumps({"global_step": 5}))
+    facts = {"examples_per_step": 8, **({"source_prefix": ""} if task == "seq2seq" else {})}
+    (checkpoint / "run_facts.json").write_text(json.dumps({**facts, "columns": saved}))
+    forbid(monkeypatch, sources, "load_raw_datasets", "data was loaded")
+    args = run_args(tmp_path / "out", "--task", task, "--resume_from_checkpoint", "true")
+    if task == "classification":
+        (tmp_path / "train.csv").write_text("sentence1,sentence2,label\na,b,0\n")
+        args += ["--train_file", str(tmp_path / "train.csv")]
+    with pytest.raises(ValueError, match=message):
+        finetune.main([*args, *flags])
+    (checkpoint / "run_facts.json").write_text(json.dumps(facts))  # saved without the columns: the next check fails
+    with pytest.raises(ValueError, match="was saved with --save_only_model and holds the weights alone"):
+        finetune.main([*args, *flags])
