@@ -141,7 +141,7 @@ def test_help_that_states_its_own_default_gets_no_second_one(capsys):
     text = " ".join(capsys.readouterr().out.split())
     assert "(default: true; false with --num_beams)." in text
     assert "--num_beams). (default: None)" not in text
-    assert "Tokens to generate. (default: 100)" in text  # the others keep argparse's default
+    assert "past its trained length it warns). (default: 100)" in text  # the others keep argparse's default
 
 
 def test_help_that_states_its_default_in_other_words_gets_no_second_one(capsys):
