@@ -173,11 +173,15 @@ import torch
 from transformers import AutoModelForCausalLM
 model = AutoModelForCausalLM.from_pretrained({str(tmp_path / "quantized")!r}, trust_remote_code=True, device_map="cpu")
 inputs = torch.load({str(tmp_path / "inputs.pt")!r})
+reference = torch.load({str(tmp_path / "logits.pt")!r})
 with torch.no_grad():
-    difference = (model.eval()(**inputs).logits - torch.load({str(tmp_path / "logits.pt")!r})).abs().max().item()
-print(type(model.model.layers[0].self_attn.q_proj).__name__, difference)
+    difference = (model.eval()(**inputs).logits - reference).abs().max().item()
+print(type(model.model.layers[0].self_attn.q_proj).__name__, difference, reference.abs().max().item())
 """
-    assert check(run_without_archlab(code, tmp_path / "run")).split() == ["Linear4bit", "0.0"]
+    # another process may sum in another order (thread count, CPU): equal to float32 rounding of the logits' scale
+    layer, difference, scale = check(run_without_archlab(code, tmp_path / "run")).split()
+    assert layer == "Linear4bit"
+    assert float(difference) <= 1e-5 * max(1.0, float(scale))
 
 
 @pytest.mark.parametrize("family", ["mixtral", "bart"])
