@@ -124,7 +124,7 @@ def main(argv: Sequence[str] | None = None, callbacks: list[TrainerCallback] | N
     resume = resolve_resume(training_args, training_args.overwrite_output_dir)
     check_resumed_config(model_args, resume)
     check_resumed_tokenizer(model_args, resume)
-    facts = run_facts(training_args, data_args.block_size)
+    facts = run_facts(training_args, data_args.block_size, columns={"--text_column_name": data_args.text_column_name})
     check_resumed_run_facts(resume, facts)
     check_training_state(resume, training_args)
     finished = finished_run(resume, training_args)

@@ -625,12 +625,12 @@ def test_a_masked_lm_run_resumed_with_another_split_of_its_batch_ends_as_an_unin
 
 
 @pytest.mark.slow
-def test_resuming_with_another_batch_or_block_size_is_refused_before_data_is_read(
+def test_resuming_with_another_batch_block_size_or_column_is_refused_before_data_is_read(
     tmp_path: Path, data_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The Trainer skips as many batches of the resumed run's own size as the checkpoint trained: another
     --block_size or --gradient_accumulation_steps resumed without a word (another batch size with a warning only),
-    skipping data never trained."""
+    skipping data never trained; another --text_column_name trained the rest of the run on other texts."""
     out = tmp_path / "run"
     common = (*RESUMABLE[:-2], "--tokenizer_name", str(data_dir / "tokenizer"))
     pretrain.main(tiny_args(out, data_dir, *common, "--max_steps", "2"))
@@ -641,6 +641,7 @@ def test_resuming_with_another_batch_or_block_size_is_refused_before_data_is_rea
             (("--block_size", "64"), "trained with --block_size = 32, but these flags give 64"),
             (("--gradient_accumulation_steps", "2"), "--gradient_accumulation_steps x processes = 4, but .* give 8"),
             (("--per_device_train_batch_size", "8"), "x processes = 4, but these flags give 8"),
+            (("--text_column_name", "body"), "the data columns = --text_column_name 'text', but .* 'body'"),
         ]:
             with pytest.raises(ValueError, match=message):
                 pretrain.main(tiny_args(out, data_dir, *resume, *extra))
