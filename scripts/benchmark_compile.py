@@ -25,13 +25,15 @@ from accelerate.utils import compile_regions
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from archlab import DecoderConfig, DecoderForCausalLM
-from archlab.scripts.benchmark import dense_shape
+from archlab.scripts.benchmark import SUITE_POSITIONS, dense_shape
 from archlab.training.benchmarking import Report, Row, compare_speed, make_optimizer, training_step
 
 
 def build_models(quick: bool) -> dict[str, torch.nn.Module]:
     shape = dense_shape(quick)
-    common = dict(**shape, max_position_embeddings=4096, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    common = dict(
+        **shape, max_position_embeddings=SUITE_POSITIONS["compile"], pad_token_id=0, bos_token_id=1, eos_token_id=2
+    )
     torch.manual_seed(0)
     llama = LlamaForCausalLM(LlamaConfig(**common))
     models: dict[str, torch.nn.Module] = {"llama eager": llama}

@@ -16,7 +16,11 @@ import argparse
 import torch
 
 from archlab import DecoderConfig, DecoderForCausalLM
+from archlab.scripts.benchmark import SUITE_POSITIONS
 from archlab.training.benchmarking import Report, Row, compare_speed, make_optimizer, training_step
+
+# --seq-len is checked against this table size in benchmark.py before a suite runs.
+POSITIONS = SUITE_POSITIONS["variants"]
 
 
 def _shape(quick: bool) -> dict:
@@ -43,7 +47,9 @@ def _peers(shape: dict, seq_len: int) -> list[tuple[str, torch.nn.Module, Decode
     d, heads = shape["hidden_size"], shape["num_attention_heads"]
     window = max(8, seq_len // 4)
     inter = 8 * d // 3 // 8 * 8
-    llama_like = dict(**shape, intermediate_size=inter, num_key_value_heads=heads // 4, max_position_embeddings=4096)
+    llama_like = dict(
+        **shape, intermediate_size=inter, num_key_value_heads=heads // 4, max_position_embeddings=POSITIONS
+    )
     out = []
     mistral = MistralForCausalLM(MistralConfig(**llama_like, sliding_window=window))
     out.append((f"Mistral, sliding window {window}", mistral, DecoderConfig(**llama_like, sliding_window=window), None))
@@ -100,7 +106,7 @@ def _peers(shape: dict, seq_len: int) -> list[tuple[str, torch.nn.Module, Decode
                 attention_bias=True,
                 mlp_bias=True,
                 rms_norm_eps=1e-5,
-                max_position_embeddings=4096,
+                max_position_embeddings=POSITIONS,
             ),
             _neox_keys,
         )
@@ -130,7 +136,7 @@ def _peers(shape: dict, seq_len: int) -> list[tuple[str, torch.nn.Module, Decode
                 attention_bias=True,
                 mlp_bias=True,
                 tie_word_embeddings=True,
-                max_position_embeddings=4096,
+                max_position_embeddings=POSITIONS,
             ),
             _bloom_keys,
         )
@@ -250,7 +256,7 @@ def run(args: argparse.Namespace) -> Report:
         **shape,
         intermediate_size=8 * shape["hidden_size"] // 3 // 8 * 8,
         num_key_value_heads=shape["num_attention_heads"] // 4,
-        max_position_embeddings=4096,
+        max_position_embeddings=POSITIONS,
     )
     default = DecoderForCausalLM(DecoderConfig(**base_config))
     for label, overrides in NO_PEER.items():
