@@ -80,6 +80,7 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
     ]
     save_tokenizer(train_tokenizer(texts, "decoder", vocab_size=300, min_frequency=1), folder / "decoder_tokenizer")
     save_tokenizer(train_tokenizer(texts, "seq2seq", vocab_size=300, min_frequency=1), folder / "seq2seq_tokenizer")
+    save_tokenizer(train_tokenizer(texts, "masked_lm", vocab_size=300, min_frequency=1), folder / "masked_lm_tokenizer")
     (folder / "code.jsonl").write_text("".join(json.dumps({"text": c * 3}) + "\n" for c in code))
     Dataset.from_list(pairs).to_json(folder / "pairs.jsonl")
     Dataset.from_list(reviews).to_csv(folder / "reviews.csv")
@@ -87,9 +88,30 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder
 
 
+MASKED_LM, CLASSIFIER_LM_LOSS = "pretrain-masked_lm", "finetune-classification-lm_loss"
+
+
+def with_flags(argv: list[str], **values: str) -> list[str]:
+    """`argv` with the values of the flags named in `values` replaced."""
+    argv = list(argv)
+    for flag, value in values.items():
+        argv[argv.index(f"--{flag}") + 1] = value
+    return argv
+
+
 def script_args(name: str, data: Path) -> list[str]:
     """`pretrain` or `finetune-TASK`: the script's flags for a tiny run on `data` (without the batch size)."""
     decoder = ["--tokenizer_name", str(data / "decoder_tokenizer"), "--config_overrides", TINY_DECODER_OVERRIDES]
+    if name == MASKED_LM:  # without dropout, whose draws depend on how the batch is split
+        pretrain = with_flags(
+            script_args("pretrain", data),
+            tokenizer_name=str(data / "masked_lm_tokenizer"),
+            config_overrides=f"{TINY_SEQ2SEQ_OVERRIDES},dropout=0.0",
+        )
+        return [*pretrain, "--model_kind", "masked_lm"]
+    if name == CLASSIFIER_LM_LOSS:
+        overrides = f"{TINY_DECODER_OVERRIDES},classifier_lm_loss_weight=0.5"
+        return with_flags(script_args("finetune-classification", data), config_overrides=overrides)
     if name == "pretrain":
         return [
             *decoder,
@@ -130,7 +152,7 @@ def script_args(name: str, data: Path) -> list[str]:
 
 
 def script_of(name: str) -> str:
-    return "pretrain" if name == "pretrain" else "finetune"
+    return name.split("-", 1)[0]
 
 
 def run_argv(name: str, data: Path, folder: Path, batch: int) -> list[str]:
@@ -188,6 +210,11 @@ RUNS = [
     ("finetune-instruct", "accelerate-flags"),
     ("finetune-classification", "torchrun"),
     ("finetune-seq2seq", "accelerate-config"),
+    # The two losses whose terms once depended on the split of the global batch: the masked LM's masks (drawn per
+    # process and micro-batch) and the classifier's auxiliary LM loss (a mean per micro-batch). Both are now
+    # weighted or drawn by the row's place in the global batch.
+    ("pretrain-masked_lm", "torchrun"),
+    ("finetune-classification-lm_loss", "torchrun"),
 ]
 # The scripts' Trainer with `evaluate()` before `train()` (the case that broke), beside the torchrun runs.
 EVALUATE_FIRST = "archlab-trainer-evaluate-first"
