@@ -277,10 +277,20 @@ def train_tokenizer(
     return fast
 
 
+# What transformers 5 writes into tokenizer_config.json of a tokenizer it loaded from a local folder: facts of that
+# load, not of the tokenizer (a load -> save -> load -> save changed the file).
+_LOAD_FACTS = ("is_local", "local_files_only")
+
+
 def save_tokenizer(tokenizer: PreTrainedTokenizerFast, folder: str | os.PathLike) -> None:
     """`save_pretrained`, with the chat template inside tokenizer_config.json and a loadable `tokenizer_class`. A
     template file of an earlier save in the folder (`chat_template.jinja`, transformers' default layout, which the
-    Trainer's own save writes) is removed: it would stand beside the one in tokenizer_config.json."""
+    Trainer's own save writes) is removed: it would stand beside the one in tokenizer_config.json.
+
+    `padding_side` and `truncation_side` are saved as the tokenizer has them: transformers saves only the values given
+    at construction, so `tokenizer.padding_side = "left"` (what batched generation with a decoder wants) was lost
+    on reload. The load facts transformers adds to a loaded tokenizer's config (`is_local`, ...) are left out, so
+    saving a loaded tokenizer again writes the same files."""
     tokenizer.save_pretrained(folder, save_jinja_files=False)
     for name in ("chat_template.jinja", "chat_template.json"):
         with contextlib.suppress(FileNotFoundError):
@@ -291,6 +301,10 @@ def save_tokenizer(tokenizer: PreTrainedTokenizerFast, folder: str | os.PathLike
     if config.get("tokenizer_class") == "TokenizersBackend":
         # transformers 5 aliases PreTrainedTokenizerFast to TokenizersBackend; 4.x only knows the former.
         config["tokenizer_class"] = "PreTrainedTokenizerFast"
+    for name in _LOAD_FACTS:
+        config.pop(name, None)
+    config["padding_side"] = tokenizer.padding_side
+    config["truncation_side"] = tokenizer.truncation_side
     with open(path, "w", encoding="utf-8") as f:
         json.dump(config, f, indent=2, sort_keys=True, ensure_ascii=False)
         f.write("\n")

@@ -199,3 +199,25 @@ def test_a_named_tokenizer_that_moves_the_models_token_ids_is_warned_about(tmp_p
     assert len(choose(other)) < len(extended)
     out = capsys.readouterr().out
     assert "tokens of the model's own tokenizer" in out and "other ids" in out and out.count("\n") == 1
+
+
+def test_a_saved_tokenizer_keeps_its_sides_and_saves_again_as_the_same_files(tmp_path: Path) -> None:
+    """`padding_side = "left"` set after construction came back "right" (transformers saves the values given at
+    construction only), and a loaded tokenizer saved again gained `is_local`/`local_files_only` in its config."""
+    from isolated import check, run_without_archlab
+
+    tokenizer = train_tokenizer(TEXTS, "decoder", vocab_size=300, min_frequency=1, model_max_length=64)
+    tokenizer.padding_side, tokenizer.truncation_side = "left", "left"
+    first, second = tmp_path / "first", tmp_path / "second"
+    save_tokenizer(tokenizer, first)
+    save_tokenizer(load_tokenizer(first), second)
+    assert sorted(p.name for p in first.iterdir()) == sorted(p.name for p in second.iterdir())
+    for path in first.iterdir():
+        assert path.read_bytes() == (second / path.name).read_bytes(), path.name
+    code = (
+        "from transformers import AutoTokenizer\n"
+        f"t = AutoTokenizer.from_pretrained({str(second)!r})\n"
+        "print(t.padding_side, t.truncation_side, t.model_max_length, t('x = 1')['input_ids'])"
+    )
+    out = check(run_without_archlab(code, tmp_path / "isolated"))
+    assert out.strip() == f"left left 64 {tokenizer('x = 1')['input_ids']}"
