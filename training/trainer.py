@@ -20,11 +20,13 @@ from transformers import (
     TrainerState,
     TrainingArguments,
 )
+from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 from transformers.trainer import TRAINER_STATE_NAME
 from transformers.trainer_utils import TrainOutput, has_length, rotate_checkpoints, unwrap_peft_model
 from transformers.training_args import ParallelMode
 
 from archlab.tokenization.data import IGNORE_INDEX
+from archlab.tokenization.training import save_tokenizer
 
 from .checkpoints import RUN_FACTS, STAGING
 from .reporting import log
@@ -298,6 +300,14 @@ class AtomicCheckpointTrainer(Trainer):
             else:
                 model.forward = original
         self.model_wrapped = model
+
+    def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
+        """The Trainer's save, with the tokenizer written as the run's final folder holds it (`save_tokenizer`): a
+        `checkpoint-N` held a `tokenizer_class` of "TokenizersBackend" (which transformers 4 cannot load), the chat
+        template in a `chat_template.jinja` beside it and the padding side of the tokenizer's construction."""
+        super()._save(output_dir, state_dict)
+        if self.args.should_save and isinstance(self.processing_class, PreTrainedTokenizerBase):
+            save_tokenizer(self.processing_class, output_dir if output_dir is not None else self.args.output_dir)
 
     def _get_output_dir(self, trial: Any) -> str:
         return self._staging_dir or super()._get_output_dir(trial)

@@ -228,3 +228,29 @@ def test_label_smoothing_names_the_loss_terms_it_leaves_untrained(tmp_path, capl
             assert "label_smoothing_factor" in caplog.text and all(term in caplog.text for term in named), caplog.text
         else:
             assert not caplog.text, caplog.text
+
+
+def test_a_checkpoint_holds_the_tokenizer_as_the_final_folder_does(tmp_path):
+    """The Trainer's own save wrote a checkpoint's tokenizer with `tokenizer_class` "TokenizersBackend" (transformers 4
+    cannot load it), its chat template in `chat_template.jinja` and the padding side of its construction."""
+    from archlab.tokenization.training import save_tokenizer, train_tokenizer
+
+    tokenizer = train_tokenizer(["def f(x):\n    return x + 1\n"] * 8, vocab_size=300, min_frequency=1)
+    tokenizer.padding_side = "left"
+    final = tmp_path / "final"
+    save_tokenizer(tokenizer, final)
+    args = TrainingArguments(
+        output_dir=str(tmp_path / "run"),
+        max_steps=1,
+        per_device_train_batch_size=2,
+        save_steps=1,
+        report_to=[],
+        use_cpu=True,
+        disable_tqdm=True,
+    )
+    model = DecoderForCausalLM(tiny_decoder_config())
+    AtomicCheckpointTrainer(model=model, args=args, train_dataset=_rows(2), processing_class=tokenizer).train()
+    checkpoint = tmp_path / "run" / "checkpoint-1"
+    for name in sorted(os.listdir(final)):
+        assert (checkpoint / name).read_bytes() == (final / name).read_bytes(), name
+    assert not (checkpoint / "chat_template.jinja").exists()
