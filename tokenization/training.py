@@ -17,6 +17,7 @@ class every transformers version can load) instead of transformers 5's default "
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import re
@@ -185,6 +186,32 @@ def _batches(texts: Iterable[str], batch_size: int = 1000) -> Iterator[list[str]
         yield batch
 
 
+def _starting_with_text(texts: Iterable[str]) -> Iterator[str]:
+    """`texts` unchanged, or a ValueError before training when none has a character other than whitespace: WordPiece
+    and Unigram then trained a vocabulary of the special tokens alone (every text encoded as `<unk>`), and an empty
+    source was found only after the trainer's pass."""
+    iterator = iter(texts)
+    skipped: list[str] = []
+    for text in iterator:
+        if text and not text.isspace():
+            return itertools.chain(skipped, [text], iterator)
+        if text:
+            skipped.append(text)
+    raise ValueError(
+        "The tokenizer training data is empty: no text has a character other than whitespace "
+        f"({len(skipped)} whitespace-only texts)."
+    )
+
+
+def _holds_text(path: str | os.PathLike, chunk: int = 1 << 20) -> bool:
+    """Whether the file has a character other than whitespace (read until the first one)."""
+    with open(path, encoding="utf-8", errors="replace") as f:
+        while block := f.read(chunk):
+            if not block.isspace():
+                return True
+    return False
+
+
 @contextlib.contextmanager
 def _vocabulary_holds_the_alphabet(vocab_size: int, algorithm: str) -> Iterator[None]:
     """Unigram training fails with a bare `Exception` of `tokenizers` when `vocab_size` cannot hold every character
@@ -241,25 +268,16 @@ def train_tokenizer(
         missing = [str(p) for p in source if not os.path.isfile(p)]
         if missing:
             raise FileNotFoundError(f"Tokenizer training files not found: {missing}")
-        if all(os.path.getsize(p) == 0 for p in source):
-            raise ValueError("The tokenizer training files are all empty.")
+        if not any(_holds_text(p) for p in source):
+            raise ValueError("The tokenizer training files are all empty or whitespace only.")
         with _vocabulary_holds_the_alphabet(vocab_size, algorithm):
             tokenizer.train([os.fspath(p) for p in source], trainer)
         texts = None
     else:
         texts = source
     if texts is not None:
-        seen = [0]  # non-empty texts the trainer consumed
-
-        def counted(batches: Iterator[list[str]]) -> Iterator[list[str]]:
-            for batch in batches:
-                seen[0] += len(batch)
-                yield batch
-
         with _vocabulary_holds_the_alphabet(vocab_size, algorithm):
-            tokenizer.train_from_iterator(counted(_batches(texts)), trainer)
-        if seen[0] == 0:
-            raise ValueError("The tokenizer training data is empty: no non-empty text was given.")
+            tokenizer.train_from_iterator(_batches(_starting_with_text(texts)), trainer)
 
     _check_the_vocabulary_kept_its_size(tokenizer.get_vocab_size(), vocab_size, algorithm)
     ids = {token: tokenizer.token_to_id(token) for token in spec.special_tokens}

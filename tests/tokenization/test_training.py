@@ -221,3 +221,18 @@ def test_a_saved_tokenizer_keeps_its_sides_and_saves_again_as_the_same_files(tmp
     )
     out = check(run_without_archlab(code, tmp_path / "isolated"))
     assert out.strip() == f"left left 64 {tokenizer('x = 1')['input_ids']}"
+
+
+@pytest.mark.parametrize("algorithm", sorted(ALGORITHMS))
+def test_whitespace_only_training_data_is_refused_before_training(tmp_path: Path, algorithm: str) -> None:
+    """WordPiece and Unigram trained a vocabulary of the special tokens alone on texts of spaces and newlines, and
+    encoded every later text as <unk>; an empty source was found only after the trainer's pass."""
+    texts = ["   ", "\n\n", "\t ", ""] * 10
+    with pytest.raises(ValueError, match=r"empty: no text has a character other than whitespace \(30 "):
+        train_tokenizer(texts, algorithm=algorithm, vocab_size=300, min_frequency=1)
+    with pytest.raises(ValueError, match="empty"):
+        train_tokenizer(Dataset.from_dict({"text": texts}), algorithm=algorithm, vocab_size=300)
+    (tmp_path / "blank.txt").write_text("\n  \n\t\n")
+    with pytest.raises(ValueError, match="all empty or whitespace only"):
+        train_tokenizer([tmp_path / "blank.txt"], algorithm=algorithm, vocab_size=300)
+    assert len(train_tokenizer([*texts, "x = 1"], algorithm=algorithm, vocab_size=300, min_frequency=1)) > 6
