@@ -21,7 +21,7 @@ import itertools
 import json
 import os
 import re
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -238,6 +238,31 @@ def _check_the_vocabulary_kept_its_size(trained: int, vocab_size: int, algorithm
         )
 
 
+def _wordpiece_in_a_fixed_order(
+    tokenizer: Tokenizer, fit: Callable[[list[str]], Tokenizer], specials: list[str]
+) -> Tokenizer:
+    """WordPiece training again, its `##` characters given in a fixed order. `tokenizers` gives each `##` form of a
+    character its id in the order of a hash map (huggingface/tokenizers#1794), and breaks ties between merges of
+    equal counts by those ids: the same texts trained other ids, and other tokens, from one run to the next. Given
+    as special tokens of the trainer they take fixed ids before training starts; they are then made ordinary
+    vocabulary entries again (no added tokens)."""
+    continuations = sorted(t for t in tokenizer.get_vocab() if len(t) == 3 and t.startswith("##"))
+    trained = json.loads(fit(specials + continuations).to_str())
+    trained["added_tokens"] = [t for t in trained["added_tokens"] if t["content"] in specials]
+    return Tokenizer.from_str(json.dumps(trained))
+
+
+def _unigram_in_a_fixed_order(tokenizer: Tokenizer, specials: int) -> Tokenizer:
+    """The Unigram pieces sorted by their score, rounded to 1e-6 (finer than a SentencePiece model's float32 scores
+    hold), then by the piece. `tokenizers` sums the scores in a hash map's order, so pieces of the same score came
+    out with scores 1e-15 to 1e-10 apart, in another order (other ids) from one run to the next."""
+    trained = json.loads(tokenizer.to_str())
+    model = trained["model"]
+    pieces = [[piece, round(score, 6)] for piece, score in model["vocab"][specials:]]
+    model["vocab"] = model["vocab"][:specials] + sorted(pieces, key=lambda entry: (-entry[1], entry[0]))
+    return Tokenizer.from_str(json.dumps(trained))
+
+
 def train_tokenizer(
     source: Iterable[str] | Sequence[str | os.PathLike] | Any,
     model_kind: str = "decoder",
@@ -258,28 +283,44 @@ def train_tokenizer(
     _check_choice("tokenizer algorithm", algorithm, ALGORITHMS)
     check_vocab_size(vocab_size, model_kind, algorithm)
 
-    tokenizer, trainer = ALGORITHMS[algorithm](vocab_size, min_frequency, list(spec.special_tokens))
+    files: list[str] | None = None
     if hasattr(source, "column_names") or hasattr(source, "features"):  # a datasets (Iterable)Dataset
         columns = source.column_names
         if columns is not None and text_column not in columns:
             raise ValueError(f"Text column {text_column!r} not found; the dataset has columns {columns}.")
-        texts: Iterable[str] | None = (text for batch in source.iter(1000) for text in batch[text_column])
+
+        def texts() -> Iterable[str]:
+            return (text for batch in source.iter(1000) for text in batch[text_column])
+
     elif isinstance(source, (list, tuple)) and source and all(isinstance(s, os.PathLike) for s in source):
         missing = [str(p) for p in source if not os.path.isfile(p)]
         if missing:
             raise FileNotFoundError(f"Tokenizer training files not found: {missing}")
         if not any(_holds_text(p) for p in source):
             raise ValueError("The tokenizer training files are all empty or whitespace only.")
-        with _vocabulary_holds_the_alphabet(vocab_size, algorithm):
-            tokenizer.train([os.fspath(p) for p in source], trainer)
-        texts = None
+        files = [os.fspath(p) for p in source]
     else:
-        texts = source
-    if texts is not None:
-        with _vocabulary_holds_the_alphabet(vocab_size, algorithm):
-            tokenizer.train_from_iterator(_batches(_starting_with_text(texts)), trainer)
+        if algorithm == "wordpiece" and iter(source) is source:  # read twice below: kept
+            source = list(source)
 
+        def texts() -> Iterable[str]:
+            return source
+
+    def fit(specials: list[str]) -> Tokenizer:
+        tokenizer, trainer = ALGORITHMS[algorithm](vocab_size, min_frequency, specials)
+        with _vocabulary_holds_the_alphabet(vocab_size, algorithm):
+            if files is not None:
+                tokenizer.train(files, trainer)
+            else:
+                tokenizer.train_from_iterator(_batches(_starting_with_text(texts())), trainer)
+        return tokenizer
+
+    tokenizer = fit(list(spec.special_tokens))
     _check_the_vocabulary_kept_its_size(tokenizer.get_vocab_size(), vocab_size, algorithm)
+    if algorithm == "wordpiece":
+        tokenizer = _wordpiece_in_a_fixed_order(tokenizer, fit, list(spec.special_tokens))
+    elif algorithm == "unigram":
+        tokenizer = _unigram_in_a_fixed_order(tokenizer, len(spec.special_tokens))
     ids = {token: tokenizer.token_to_id(token) for token in spec.special_tokens}
     tokenizer.post_processor = processors.TemplateProcessing(
         single=spec.single, pair=spec.pair, special_tokens=[(t, ids[t]) for t in (BOS, EOS)]

@@ -71,9 +71,10 @@ def check_resumed_tokenizer(choices: TokenizerChoices, resume: str | None) -> No
 
 def train_on_the_main_process(train: Callable[[], Any]) -> Any:
     """`train()`, run once under torchrun / accelerate launch: the first process trains and hands its tokenizer to the
-    others. WordPiece and Unigram training are not deterministic across processes (each process's hash seeds order
-    ties differently), so a tokenizer trained by every process gave each its own token ids for the same text, and
-    the processes trained one model on differently encoded data while only the first process's tokenizer was saved.
+    others. WordPiece and Unigram training were not deterministic across processes (each process's hash seeds
+    ordered ties differently; `train_tokenizer` now fixes that order), so a tokenizer trained by every process gave
+    each its own token ids for the same text, and the processes trained one model on differently encoded data while
+    only the first process's tokenizer was saved. Training once also spares the other processes the work.
     An error of the first process's training is raised by every process."""
     if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
         return train()

@@ -236,3 +236,16 @@ def test_whitespace_only_training_data_is_refused_before_training(tmp_path: Path
     with pytest.raises(ValueError, match="all empty or whitespace only"):
         train_tokenizer([tmp_path / "blank.txt"], algorithm=algorithm, vocab_size=300)
     assert len(train_tokenizer([*texts, "x = 1"], algorithm=algorithm, vocab_size=300, min_frequency=1)) > 6
+
+
+@pytest.mark.parametrize("algorithm", ["wordpiece", "unigram"])
+def test_the_same_texts_train_the_same_tokenizer_files(tmp_path: Path, algorithm: str) -> None:
+    """`tokenizers` orders WordPiece's `##` characters and Unigram's equal scores by hash-map order: five trainings
+    on these texts gave five different tokenizer.json files (other ids, for WordPiece other tokens too)."""
+    saved = set()
+    for run in range(5):
+        tokenizer = train_tokenizer(TEXTS, algorithm=algorithm, vocab_size=120, min_frequency=1)
+        save_tokenizer(tokenizer, tmp_path / str(run))
+        saved.add((tmp_path / str(run) / "tokenizer.json").read_text())
+    assert len(saved) == 1
+    assert not [t for t in tokenizer.added_tokens_decoder.values() if t.content.startswith("##")]
