@@ -128,7 +128,13 @@ def _bpe(vocab_size: int, min_frequency: int, specials: list[str]) -> tuple[Toke
 
 def _wordpiece(vocab_size: int, min_frequency: int, specials: list[str]) -> tuple[Tokenizer, Any]:
     tokenizer = Tokenizer(models.WordPiece(unk_token=UNK))
-    tokenizer.normalizer = normalizers.NFC()
+    # BERT's normalizer puts spaces around each CJK ideograph (as bert-base-chinese does), and nothing else here:
+    # Chinese and Japanese text has no spaces, so without it a sentence was one "word", and a word over WordPiece's
+    # 100 characters encodes as a single <unk>.
+    cjk_apart = normalizers.BertNormalizer(
+        clean_text=False, handle_chinese_chars=True, strip_accents=False, lowercase=False
+    )
+    tokenizer.normalizer = normalizers.Sequence([normalizers.NFC(), cjk_apart])
     tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     tokenizer.decoder = decoders.WordPiece()
     trainer = trainers.WordPieceTrainer(

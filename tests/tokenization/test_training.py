@@ -249,3 +249,15 @@ def test_the_same_texts_train_the_same_tokenizer_files(tmp_path: Path, algorithm
         saved.add((tmp_path / str(run) / "tokenizer.json").read_text())
     assert len(saved) == 1
     assert not [t for t in tokenizer.added_tokens_decoder.values() if t.content.startswith("##")]
+
+
+def test_wordpiece_splits_cjk_ideographs_as_bert_does() -> None:
+    """Chinese text has no spaces between words: without BERT's CJK splitting a sentence was one WordPiece "word",
+    and one over 100 characters encoded as a single <unk>."""
+    sentence = "注意力机制让模型在每一步都能看到整个输入序列并按相关性加权求和" * 4  # 124 ideographs, no spaces
+    texts = [sentence, "自注意力与交叉注意力", "self café"] * 10
+    tokenizer = train_tokenizer(texts, "masked_lm", "wordpiece", 200, min_frequency=1)
+    ids = tokenizer(sentence, add_special_tokens=False)["input_ids"]
+    assert len(ids) == len(sentence) and tokenizer.unk_token_id not in ids
+    assert tokenizer.decode(ids).replace(" ", "") == sentence
+    assert tokenizer("self 注意力 café", add_special_tokens=False).tokens() == ["self", "注", "意", "力", "café"]
