@@ -48,6 +48,39 @@ def _is_padding_mask(attention_mask: torch.Tensor | dict | None) -> bool:
     return isinstance(attention_mask, torch.Tensor) and attention_mask.dim() == 2
 
 
+def add_router_losses(
+    config: DecoderConfig,
+    loss: torch.Tensor | None,
+    router_logits: tuple[torch.Tensor, ...] | None,
+    attention_mask: torch.Tensor | None,
+    output_router_logits: bool,
+    share: torch.Tensor | float,
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """A head's loss plus an MoE's router losses, and the load-balancing loss alone (None unless asked for).
+
+    As Mixtral's causal LM: the load-balancing loss only under `output_router_logits`, times `router_aux_loss_coef`;
+    the z-loss whenever `router_z_loss_coef` > 0. Each is weighted by `share`, this forward's share of the Trainer's
+    `num_items_in_batch` (1 without it), so gradient accumulation adds them once per optimizer step."""
+    aux_loss = None
+    if output_router_logits and router_logits:
+        aux_loss = load_balancing_loss(
+            router_logits, config.num_local_experts, config.num_experts_per_tok, attention_mask
+        )
+        if loss is not None:
+            loss = loss + config.router_aux_loss_coef * share * aux_loss.to(loss.device)
+    if loss is not None and router_logits and config.router_z_loss_coef > 0:
+        z_loss = router_z_loss(router_logits, attention_mask).to(loss.device)
+        loss = loss + config.router_z_loss_coef * share * z_loss
+    return loss, aux_loss
+
+
+def _share_of_labels(labels: torch.Tensor, num_items_in_batch, device: torch.device) -> torch.Tensor | float:
+    """The share of the Trainer's `num_items_in_batch` (its count of `labels != -100`) that `labels` hold."""
+    if num_items_in_batch is None:
+        return 1.0
+    return labels.ne(IGNORE_INDEX).sum().to(device) / torch.as_tensor(num_items_in_batch).to(device)
+
+
 class ScaledEmbedding(nn.Embedding):
     """Token embeddings times `scale` (√d under `scale_embedding`), inside the module, as Gemma's
     `GemmaTextScaledWordEmbedding` computes them: what a hook on `get_input_embeddings()` sees (NEFTune's noise,
@@ -325,21 +358,14 @@ class DecoderForCausalLM(FastDecodingMixin, DecoderPreTrainedModel, GenerationMi
         # Under the Trainer's `num_items_in_batch` each is weighted by this forward's share of the batch's targets, so
         # gradient accumulation and data parallelism add them once per optimizer step (Mixtral adds them per micro-batch
         # and process: gradient_accumulation_steps x processes times one big batch's weight).
-        router_logits, aux_loss = outputs.router_logits, None
+        router_logits = outputs.router_logits
         share = 1.0
         if loss is not None:
             share = share_of_batch(labels, shift_labels, num_items_in_batch)
             share = share.to(loss.device) if torch.is_tensor(share) else share
-        if output_router_logits and router_logits:
-            cfg = self.config
-            aux_loss = load_balancing_loss(
-                router_logits, cfg.num_local_experts, cfg.num_experts_per_tok, attention_mask
-            )
-            if loss is not None:
-                loss = loss + cfg.router_aux_loss_coef * share * aux_loss.to(loss.device)
-        if loss is not None and router_logits and self.config.router_z_loss_coef > 0:
-            z_loss = router_z_loss(router_logits, attention_mask).to(loss.device)
-            loss = loss + self.config.router_z_loss_coef * share * z_loss
+        loss, aux_loss = add_router_losses(
+            self.config, loss, router_logits, attention_mask, output_router_logits, share
+        )
 
         output = MoeCausalLMOutputWithPast(
             loss=loss,
@@ -417,7 +443,9 @@ class DecoderForSequenceClassification(DecoderPreTrainedModel):
     position, where Llama's head refuses a batch of more than one row.
 
     With `config.classifier_lm_loss_weight = λ > 0` the loss is L_FT + λ·L_PT, L_PT the next-token loss on the
-    input (the auxiliary LM objective of GPT-1); the LM head is tied to the embeddings for that.
+    input (the auxiliary LM objective of GPT-1); the LM head is tied to the embeddings for that. With sparse layers,
+    `output_router_logits` adds the load-balancing loss and `router_z_loss_coef` > 0 the router z-loss, as in
+    `DecoderForCausalLM` (Mixtral's classifier adds neither, and fine-tuning it leaves the routers unbalanced).
     """
 
     # The loss follows the Trainer's `num_items_in_batch` (the labels of the whole accumulated batch, on every process
@@ -449,14 +477,22 @@ class DecoderForSequenceClassification(DecoderPreTrainedModel):
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
+        output_router_logits: bool | None = None,
         cache: Cache | None = None,
         **kwargs,
     ) -> SequenceClassifierOutputWithPast | tuple:
+        r"""output_router_logits (`bool`, *optional*): with sparse layers, add `router_aux_loss_coef` times the
+        load-balancing loss to the loss, as Mixtral's causal LM does (Mixtral's classifiers add none); None reads the
+        config. The router z-loss is added whenever `router_z_loss_coef` > 0.
+        cache (`Cache`, *optional*): the KV cache, transformers 5.24's name for `past_key_values` (either works)."""
         past_key_values = cache_argument(past_key_values, cache)
         return_dict = return_dict if return_dict is not None else self.config.return_dict
+        if output_router_logits is None:
+            output_router_logits = self.config.output_router_logits
         num_items_in_batch = kwargs.pop("num_items_in_batch", None)
         num_lm_items_in_batch = kwargs.pop("num_lm_items_in_batch", None)
         outputs = self.model(
+            output_router_logits=True,  # the router losses need them
             input_ids=input_ids,
             attention_mask=attention_mask,
             position_ids=position_ids,
@@ -476,12 +512,9 @@ class DecoderForSequenceClassification(DecoderPreTrainedModel):
         loss = None
         if labels is not None:
             loss = self.loss_function(logits=logits, labels=labels, pooled_logits=logits, config=self.config)
-            share = 1.0  # of the accumulated batch's labels (the Trainer counts them as `labels.ne(-100)`)
-            if num_items_in_batch is not None:
-                share = labels.ne(IGNORE_INDEX).sum().to(loss.device) / torch.as_tensor(num_items_in_batch).to(
-                    loss.device
-                )
-                loss = loss * share
+            # of the accumulated batch's labels (the Trainer counts them as `labels.ne(-100)`)
+            share = _share_of_labels(labels, num_items_in_batch, loss.device)
+            loss = loss * share
             weight = self.config.classifier_lm_loss_weight
             if weight > 0 and input_ids is not None:
                 targets = self._lm_targets(input_ids, attention_mask)
@@ -491,6 +524,9 @@ class DecoderForSequenceClassification(DecoderPreTrainedModel):
                 else:
                     lm_loss = causal_lm_loss(lm_logits, None, shifted_labels=targets) * share
                 loss = loss + weight * lm_loss
+            loss, _ = add_router_losses(
+                self.config, loss, outputs.router_logits, attention_mask, output_router_logits, share
+            )
 
         output = SequenceClassifierOutputWithPast(
             loss=loss,

@@ -1,10 +1,11 @@
-"""DecoderForSequenceClassification: last-non-pad pooling (left and right padding) and the auxiliary LM loss (also
-with the embedding offloaded by a `device_map`)."""
+"""DecoderForSequenceClassification: last-non-pad pooling (left and right padding), the auxiliary LM loss (also
+with the embedding offloaded by a `device_map`) and a mixture of experts' router losses."""
 
 import torch
 from transformers import AutoModelForSequenceClassification
 
 from archlab import DecoderForSequenceClassification
+from archlab.modeling.moe import load_balancing_loss, router_z_loss
 
 from helpers import tiny_decoder_config
 
@@ -62,3 +63,27 @@ def test_auto_class_and_save_load(tmp_path):
     loaded = AutoModelForSequenceClassification.from_pretrained(tmp_path).eval()
     ids = torch.randint(3, 97, (2, 6))
     assert torch.equal(loaded(ids).logits, model(ids).logits)
+
+
+def test_a_moe_classifier_adds_the_router_losses_as_the_causal_lm():
+    """Its loss had no router term whatever the config, so fine-tuning an MoE classifier left the routers free to
+    collapse onto a few experts (Mixtral's classifier adds none either, even under `output_router_logits`). Now the
+    load-balancing loss is added under `output_router_logits` (config or argument) and the z-loss whenever
+    `router_z_loss_coef` > 0, as `DecoderForCausalLM` adds them; by default the loss is the cross-entropy alone."""
+    moe = dict(num_local_experts=4, num_experts_per_tok=2, router_aux_loss_coef=0.5)
+    plain = _model(**moe)
+    balanced, z = _model(**moe, output_router_logits=True), _model(**moe, router_z_loss_coef=0.1)
+    balanced.load_state_dict(plain.state_dict()), z.load_state_dict(plain.state_dict())
+    ids, labels = torch.randint(3, 97, (3, 6)), torch.tensor([0, 1, 2])
+    mask = torch.ones_like(ids)
+    mask[0, :2] = 0
+    with torch.no_grad():
+        task = plain(ids, attention_mask=mask, labels=labels).loss
+        logits = plain(ids, attention_mask=mask).logits
+        torch.testing.assert_close(task, torch.nn.functional.cross_entropy(logits, labels))
+        router_logits = plain.model(ids, attention_mask=mask, output_router_logits=True).router_logits
+        aux, z_loss = load_balancing_loss(router_logits, 4, 2, mask), router_z_loss(router_logits, mask)
+        torch.testing.assert_close(balanced(ids, attention_mask=mask, labels=labels).loss, task + 0.5 * aux)
+        torch.testing.assert_close(z(ids, attention_mask=mask, labels=labels).loss, task + 0.1 * z_loss)
+        asked = plain(ids, attention_mask=mask, labels=labels, output_router_logits=True).loss
+    torch.testing.assert_close(asked, task + 0.5 * aux)
