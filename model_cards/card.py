@@ -108,6 +108,20 @@ def _usage(
             lines.append("print([model.config.id2label[i] for i, p in enumerate(logits[0].sigmoid()) if p > 0.5])")
         else:
             lines.append("print(model.config.id2label[int(logits.argmax(-1)[0])])")
+    elif pipeline_tag == "token-classification":
+        lines += [
+            "with torch.no_grad():",
+            "    logits = model(**inputs).logits",
+            "print([model.config.id2label[int(i)] for i in logits.argmax(-1)[0]])  # a label per token",
+        ]
+    elif pipeline_tag == "question-answering":  # transformers 5 has no pipeline for it
+        answer = 'inputs["input_ids"][0, start : end + 1]'
+        lines += [
+            "with torch.no_grad():",
+            "    output = model(**inputs)",
+            "start, end = int(output.start_logits.argmax(-1)[0]), int(output.end_logits.argmax(-1)[0])",
+            f"print({f'tokenizer.decode({answer})' if has_tokenizer else f'{answer}.tolist()'})  # the answer span",
+        ]
     elif pipeline_tag == "fill-mask" and has_tokenizer:
         lines[-1] = (
             f"inputs = tokenizer({example!r} + ' ' + tokenizer.mask_token, return_tensors=\"pt\", "

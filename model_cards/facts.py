@@ -31,6 +31,8 @@ SEQ2SEQ_PIPELINE_TAGS = ("translation", "summarization")
 PIPELINE_TAGS = {
     "ForCausalLM": "text-generation",
     "ForSequenceClassification": "text-classification",
+    "ForTokenClassification": "token-classification",
+    "ForQuestionAnswering": "question-answering",
     "ForConditionalGeneration": "translation",
     "ForMaskedLM": "fill-mask",
     "Model": "feature-extraction",
@@ -40,6 +42,8 @@ PIPELINE_TAGS = {
 AUTO_CLASSES = {
     "ForCausalLM": "AutoModelForCausalLM",
     "ForSequenceClassification": "AutoModelForSequenceClassification",
+    "ForTokenClassification": "AutoModelForTokenClassification",
+    "ForQuestionAnswering": "AutoModelForQuestionAnswering",
     "ForConditionalGeneration": "AutoModelForSeq2SeqLM",
     "ForMaskedLM": "AutoModelForMaskedLM",
     "Model": "AutoModel",

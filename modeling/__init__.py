@@ -8,7 +8,9 @@ from .configuration_decoder import DecoderConfig
 from .configuration_seq2seq import Seq2SeqConfig
 from .modeling_decoder import (
     DecoderForCausalLM,
+    DecoderForQuestionAnswering,
     DecoderForSequenceClassification,
+    DecoderForTokenClassification,
     DecoderModel,
     DecoderPreTrainedModel,
 )
@@ -21,6 +23,8 @@ __all__ = [
     "DecoderModel",
     "DecoderForCausalLM",
     "DecoderForSequenceClassification",
+    "DecoderForTokenClassification",
+    "DecoderForQuestionAnswering",
     "Seq2SeqConfig",
     "Seq2SeqPreTrainedModel",
     "Seq2SeqModel",

@@ -102,7 +102,8 @@ def check_rope_parameters(rope_parameters: Any) -> None:
 
 @strict
 class DecoderConfig(PreTrainedConfig):
-    r"""Configuration of [`DecoderModel`], [`DecoderForCausalLM`] and [`DecoderForSequenceClassification`].
+    r"""Configuration of [`DecoderModel`], [`DecoderForCausalLM`], [`DecoderForSequenceClassification`],
+    [`DecoderForTokenClassification`] and [`DecoderForQuestionAnswering`].
 
     The defaults are the LLaMA recipe at LLaMA-7B's shape. docs/catalogue.md shows the variants side by side.
 
@@ -173,16 +174,19 @@ class DecoderConfig(PreTrainedConfig):
         mlp_layer_types (`list[str]`, *optional*): `"dense"` or `"sparse"` per layer; None is all sparse when
             `num_local_experts` > 0, else all dense.
         output_router_logits (`bool`, False): return the router logits and the load-balancing loss, and add
-            `router_aux_loss_coef` times it to the LM loss (as Mixtral).
+            `router_aux_loss_coef` times it to the LM loss (as Mixtral); the task heads add it to their loss too
+            (Mixtral's add none, so by default they match them).
         router_aux_loss_coef (`float`, *optional*): weight of the load-balancing loss; None is Mixtral's 0.001 with
             sparse layers. A dense model has no router, so it is 0 there whatever is given.
-        router_z_loss_coef (`float`, 0.0): weight of the ST-MoE router z-loss added to the LM loss.
+        router_z_loss_coef (`float`, 0.0): weight of the ST-MoE router z-loss added to the loss (every head's).
         router_jitter_noise (`float`, 0.0): Mixtral's multiplicative input noise in training.
 
     Training:
         classifier_lm_loss_weight (`float`, 0.0): λ in L = L_FT + λ·L_PT for [`DecoderForSequenceClassification`]
             (seed 001, GPT fine-tuning): when positive and `labels` are given, the next-token loss over the
             (non-pad) input is added.
+        classifier_dropout (`float`, *optional*): not a declared field; given, the dropout before
+            [`DecoderForTokenClassification`]'s `score` (else `hidden_dropout`, else 0.1, as Llama's token classifier).
         lm_loss_chunk_size (`int`, 1024): in training, the LM head and cross-entropy run over chunks of this many
             tokens so the full `(tokens, vocab)` logits never exist at once; 0 turns chunking off. The chunked loss
             computes its gradients in the forward pass: one backward through it (not two with `retain_graph=True`,

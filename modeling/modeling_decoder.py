@@ -1,4 +1,5 @@
-"""archlab's decoder-only language model: `DecoderModel`, `DecoderForCausalLM`, `DecoderForSequenceClassification`.
+"""archlab's decoder-only language model: `DecoderModel`, `DecoderForCausalLM` and the task heads Llama has,
+`DecoderForSequenceClassification`, `DecoderForTokenClassification` and `DecoderForQuestionAnswering`.
 
 The default configuration is the LLaMA recipe (Touvron et al. 2023; seed 000 §5.2): token embedding → N × [pre-RMSNorm
 → GQA self-attention with RoPE → residual → pre-RMSNorm → SwiGLU MLP → residual] → final RMSNorm → LM head. Module
@@ -17,7 +18,9 @@ from transformers.generation import GenerationMixin, MaxLengthCriteria, Stopping
 from transformers.modeling_outputs import (
     MoeCausalLMOutputWithPast,
     MoeModelOutputWithPast,
+    QuestionAnsweringModelOutput,
     SequenceClassifierOutputWithPast,
+    TokenClassifierOutput,
 )
 from transformers.models.auto import modeling_auto
 
@@ -565,6 +568,177 @@ class DecoderForSequenceClassification(DecoderPreTrainedModel):
         return (positions * real).argmax(-1)
 
 
+def classifier_dropout(config: DecoderConfig) -> float:
+    """The token classifier's dropout, read as transformers' `GenericForTokenClassification` reads it:
+    `classifier_dropout`, else `hidden_dropout`, else 0.1 (DecoderConfig declares neither; either can be given)."""
+    for name in ("classifier_dropout", "hidden_dropout"):
+        if getattr(config, name, None) is not None:
+            return getattr(config, name)
+    return 0.1
+
+
+class DecoderForTokenClassification(DecoderPreTrainedModel):
+    """A label per token (NER, POS tagging) from the final hidden states: dropout, then the `score` Linear (hidden ->
+    `num_labels`, with a bias unless `config.token_classification_bias` is False), as `LlamaForTokenClassification`;
+    the dropout is `config.classifier_dropout`, else `hidden_dropout`, else 0.1, as there.
+
+    The loss is the cross-entropy over the labels that are not -100, as Llama's; under the Trainer's
+    `num_items_in_batch` it is the sum over this batch's labels divided by the accumulated batch's count, so gradient
+    accumulation gives the update of one big batch (Llama's head takes the argument and keeps the per-batch mean,
+    which the Trainer then does not divide by the accumulation steps: a gradient accumulation_steps times too big).
+    With sparse layers, `output_router_logits` adds the load-balancing loss (Mixtral's token classifier adds none),
+    and `router_z_loss_coef` > 0 the router z-loss, weighted as in `DecoderForCausalLM`.
+    """
+
+    accepts_loss_kwargs = True
+
+    def __init__(self, config: DecoderConfig) -> None:
+        super().__init__(config)
+        self.num_labels = config.num_labels
+        self.model = DecoderModel(config)
+        self.dropout = nn.Dropout(classifier_dropout(config))
+        bias = getattr(config, "token_classification_bias", True)
+        self.score = nn.Linear(config.hidden_size, config.num_labels, bias=bias)
+        self.post_init()
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        past_key_values: Cache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        labels: torch.LongTensor | None = None,
+        use_cache: bool | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        output_router_logits: bool | None = None,
+        cache: Cache | None = None,
+        **kwargs,
+    ) -> TokenClassifierOutput | tuple:
+        r"""labels (`torch.LongTensor` of shape `(batch, seq_len)`, *optional*): a class per token, -100 to skip it.
+        output_router_logits (`bool`, *optional*): with sparse layers, add `router_aux_loss_coef` times the
+        load-balancing loss to the loss; None reads the config.
+        cache (`Cache`, *optional*): the KV cache, transformers 5.24's name for `past_key_values` (either works)."""
+        past_key_values = cache_argument(past_key_values, cache)
+        return_dict = return_dict if return_dict is not None else self.config.return_dict
+        if output_router_logits is None:
+            output_router_logits = self.config.output_router_logits
+        num_items_in_batch = kwargs.pop("num_items_in_batch", None)
+        outputs = self.model(
+            output_router_logits=True,  # the router losses need them
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            inputs_embeds=inputs_embeds,
+            **with_cache(past_key_values),
+            use_cache=bool(use_cache),  # the output has no cache to return: none is built unless asked for
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+            return_dict=True,
+            **kwargs,
+        )
+        logits = self.score(self.dropout(outputs.last_hidden_state))  # (B, T, num_labels)
+
+        loss = None
+        if labels is not None:
+            loss = self.loss_function(logits, labels, self.config, num_items_in_batch=num_items_in_batch)
+            share = _share_of_labels(labels, num_items_in_batch, loss.device)
+            loss, _ = add_router_losses(
+                self.config, loss, outputs.router_logits, attention_mask, output_router_logits, share
+            )
+
+        output = TokenClassifierOutput(
+            loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
+        )
+        return output if return_dict else output.to_tuple()
+
+
+class DecoderForQuestionAnswering(DecoderPreTrainedModel):
+    """Extractive question answering: the `qa_outputs` Linear (hidden -> 2, with a bias) gives each token a start and
+    an end logit, as `LlamaForQuestionAnswering`. The loss is the mean of the start and end cross-entropies, positions
+    outside the sequence clamped to its length and ignored, as there.
+
+    The body is `model`, as in every archlab head and in Mistral's, Mixtral's and Qwen2-MoE's QA classes; Llama's,
+    Qwen2's and Qwen3's name it `transformer` (checkpoint compatibility), the one difference in parameter names (the
+    converter renames it both ways). So a causal LM's folder loads into this class with its body, where
+    `LlamaForQuestionAnswering.from_pretrained` of a `LlamaForCausalLM` folder finds no `transformer.*` weights and
+    initialises the whole body at random. With sparse layers, `output_router_logits` adds the load-balancing loss
+    (Mixtral's QA class adds none), and `router_z_loss_coef` > 0 the router z-loss.
+    """
+
+    def __init__(self, config: DecoderConfig) -> None:
+        super().__init__(config)
+        self.model = DecoderModel(config)
+        self.qa_outputs = nn.Linear(config.hidden_size, 2)
+        self.post_init()
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        past_key_values: Cache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        start_positions: torch.LongTensor | None = None,
+        end_positions: torch.LongTensor | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        output_router_logits: bool | None = None,
+        cache: Cache | None = None,
+        **kwargs,
+    ) -> QuestionAnsweringModelOutput | tuple:
+        r"""start_positions, end_positions (`torch.LongTensor` of shape `(batch,)`, *optional*): the answer's first
+        and last token; positions past the sequence are left out of the loss.
+        output_router_logits (`bool`, *optional*): with sparse layers, add `router_aux_loss_coef` times the
+        load-balancing loss to the loss; None reads the config.
+        cache (`Cache`, *optional*): the KV cache, transformers 5.24's name for `past_key_values` (either works)."""
+        past_key_values = cache_argument(past_key_values, cache)
+        return_dict = return_dict if return_dict is not None else self.config.return_dict
+        if output_router_logits is None:
+            output_router_logits = self.config.output_router_logits
+        num_items_in_batch = kwargs.pop("num_items_in_batch", None)
+        use_cache = kwargs.pop("use_cache", None)
+        outputs = self.model(
+            output_router_logits=True,  # the router losses need them
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            inputs_embeds=inputs_embeds,
+            **with_cache(past_key_values),
+            use_cache=bool(use_cache),  # the output has no cache to return: none is built unless asked for
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+            return_dict=True,
+            **kwargs,
+        )
+        logits = self.qa_outputs(outputs.last_hidden_state)
+        start_logits, end_logits = (side.squeeze(-1).contiguous() for side in logits.split(1, dim=-1))
+
+        loss = None
+        if start_positions is not None and end_positions is not None:
+            loss = self.loss_function(
+                start_logits, end_logits, start_positions, end_positions, num_items_in_batch=num_items_in_batch
+            )
+            share = 1.0  # of the Trainer's `num_items_in_batch`, where given: rows here
+            if num_items_in_batch is not None:
+                share = start_logits.shape[0] / torch.as_tensor(num_items_in_batch).to(loss.device)
+            loss, _ = add_router_losses(
+                self.config, loss, outputs.router_logits, attention_mask, output_router_logits, share
+            )
+
+        output = QuestionAnsweringModelOutput(
+            loss=loss,
+            start_logits=start_logits,
+            end_logits=end_logits,
+            hidden_states=outputs.hidden_states,
+            attentions=outputs.attentions,
+        )
+        return output if return_dict else output.to_tuple()
+
+
 # Trainer's label smoother (`label_smoothing_factor`: it pops `labels`, so the model's own shifted loss does not run)
 # shifts the labels only for the class names of this table; without the entry a causal LM would be trained to predict
 # the token it is given. Here rather than in archlab.registration, so that the remote-code copy of this file does it
@@ -572,4 +746,11 @@ class DecoderForSequenceClassification(DecoderPreTrainedModel):
 # so the entry changes nothing else there.
 modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.setdefault(DecoderConfig.model_type, DecoderForCausalLM.__name__)
 
-__all__ = ["DecoderPreTrainedModel", "DecoderModel", "DecoderForCausalLM", "DecoderForSequenceClassification"]
+__all__ = [
+    "DecoderPreTrainedModel",
+    "DecoderModel",
+    "DecoderForCausalLM",
+    "DecoderForSequenceClassification",
+    "DecoderForTokenClassification",
+    "DecoderForQuestionAnswering",
+]

@@ -11,7 +11,9 @@ from .liger import apply_liger_kernel_to_archlab, register_with_liger_when_loade
 from .modeling import (
     DecoderConfig,
     DecoderForCausalLM,
+    DecoderForQuestionAnswering,
     DecoderForSequenceClassification,
+    DecoderForTokenClassification,
     DecoderModel,
     DecoderPreTrainedModel,
     EncoderForMaskedLM,
@@ -38,6 +40,8 @@ __all__ = [
     "DecoderModel",
     "DecoderForCausalLM",
     "DecoderForSequenceClassification",
+    "DecoderForTokenClassification",
+    "DecoderForQuestionAnswering",
     "Seq2SeqConfig",
     "Seq2SeqPreTrainedModel",
     "Seq2SeqModel",

@@ -12,14 +12,18 @@ from transformers import (
     AutoModel,
     AutoModelForCausalLM,
     AutoModelForMaskedLM,
+    AutoModelForQuestionAnswering,
     AutoModelForSeq2SeqLM,
     AutoModelForSequenceClassification,
+    AutoModelForTokenClassification,
 )
 
 from .modeling import (
     DecoderConfig,
     DecoderForCausalLM,
+    DecoderForQuestionAnswering,
     DecoderForSequenceClassification,
+    DecoderForTokenClassification,
     DecoderModel,
     EncoderForMaskedLM,
     EncoderModel,
@@ -33,6 +37,8 @@ MODEL_REGISTRY = [
     (AutoModel, DecoderConfig, DecoderModel),
     (AutoModelForCausalLM, DecoderConfig, DecoderForCausalLM),
     (AutoModelForSequenceClassification, DecoderConfig, DecoderForSequenceClassification),
+    (AutoModelForTokenClassification, DecoderConfig, DecoderForTokenClassification),
+    (AutoModelForQuestionAnswering, DecoderConfig, DecoderForQuestionAnswering),
     (AutoModel, Seq2SeqConfig, Seq2SeqModel),
     (AutoModelForSeq2SeqLM, Seq2SeqConfig, Seq2SeqForConditionalGeneration),
     (AutoModelForMaskedLM, Seq2SeqConfig, EncoderForMaskedLM),

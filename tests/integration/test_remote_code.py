@@ -96,6 +96,13 @@ def _cases() -> list:
 
 
 CASES = _cases()
+# the Auto classes a causal LM's folder is opened with, without archlab
+CAUSAL_LM_AS = (
+    "AutoModel",
+    "AutoModelForSequenceClassification",
+    "AutoModelForTokenClassification",
+    "AutoModelForQuestionAnswering",
+)
 
 
 def _inputs(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -112,7 +119,9 @@ def _inputs(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 
 def _output(outputs) -> torch.Tensor:
-    return outputs.logits if getattr(outputs, "logits", None) is not None else outputs.last_hidden_state
+    """The logits (a QA model's start logits), else the hidden states."""
+    names = ("logits", "start_logits", "last_hidden_state")
+    return next(getattr(outputs, name) for name in names if getattr(outputs, name, None) is not None)
 
 
 RUNNER = """
@@ -133,7 +142,8 @@ for job in json.load(open("jobs.json")):
     inputs = load_file(job["inputs"])
     with torch.no_grad():
         outputs = model(**inputs)
-    tensor = outputs.logits if getattr(outputs, "logits", None) is not None else outputs.last_hidden_state
+    names = ("logits", "start_logits", "last_hidden_state")
+    tensor = next(getattr(outputs, name) for name in names if getattr(outputs, name, None) is not None)
     save_file({"output": tensor.contiguous()}, job["output"])
     model.save_pretrained(job["resave"])
     results[job["name"]] = {"class": type(model).__name__, "module": type(model).__module__}
@@ -177,7 +187,7 @@ def saved(tmp_path_factory) -> dict:
     finally:
         torch.set_num_threads(threads)
     # the family auto_map: a causal LM folder opened as a base model and as a classifier
-    for auto_name in ("AutoModel", "AutoModelForSequenceClassification"):
+    for auto_name in CAUSAL_LM_AS:
         jobs.append(
             dict(
                 name=f"causal_as_{auto_name}",
@@ -292,7 +302,7 @@ def test_saving_twice_gives_identical_bytes(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("auto_name", ["AutoModel", "AutoModelForSequenceClassification"])
+@pytest.mark.parametrize("auto_name", CAUSAL_LM_AS)
 def test_causal_lm_folder_opens_as_every_head_without_archlab(exported, auto_name):
     case = exported["cases"]["DecoderForCausalLM"]
     auto_map = json.loads((case["folder"] / "config.json").read_text())["auto_map"]

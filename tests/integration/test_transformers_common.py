@@ -60,6 +60,8 @@ NAME_TABLES = {
     "AutoModel": modeling_auto.MODEL_MAPPING_NAMES,
     "AutoModelForCausalLM": modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
     "AutoModelForSequenceClassification": modeling_auto.MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES,
+    "AutoModelForTokenClassification": modeling_auto.MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES,
+    "AutoModelForQuestionAnswering": modeling_auto.MODEL_FOR_QUESTION_ANSWERING_MAPPING_NAMES,
     "AutoModelForSeq2SeqLM": modeling_auto.MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES,
     "AutoModelForMaskedLM": modeling_auto.MODEL_FOR_MASKED_LM_MAPPING_NAMES,
 }
@@ -232,7 +234,13 @@ class ArchlabCommonTests(CommonTests):
 
 
 class ArchlabDecoderTest(ArchlabCommonTests, unittest.TestCase):
-    all_model_classes = (archlab.DecoderModel, archlab.DecoderForCausalLM, archlab.DecoderForSequenceClassification)
+    all_model_classes = (
+        archlab.DecoderModel,
+        archlab.DecoderForCausalLM,
+        archlab.DecoderForSequenceClassification,
+        archlab.DecoderForTokenClassification,
+        archlab.DecoderForQuestionAnswering,
+    )
     model_tester_class, model_config_class = DecoderTester, archlab.DecoderConfig
 
 

@@ -13,7 +13,13 @@ import torch
 from huggingface_hub import ModelCard
 from transformers import TrainerState, TrainingArguments
 
-from archlab import DecoderForCausalLM, DecoderForSequenceClassification, registration
+from archlab import (
+    DecoderForCausalLM,
+    DecoderForQuestionAnswering,
+    DecoderForSequenceClassification,
+    DecoderForTokenClassification,
+    registration,
+)
 from archlab.model_cards import write_model_card
 from archlab.model_cards.facts import architecture_rows
 
@@ -296,4 +302,28 @@ def test_a_multi_label_heads_snippet_prints_the_classes_over_one_half(tmp_path, 
     with torch.no_grad():
         probabilities = model(input_ids=torch.tensor([[1, 5, 6, 7, 8]])).logits[0].sigmoid()
     expected = [name for name, p in zip("abc", probabilities) if p > 0.5]
+    assert capsys.readouterr().out.strip().splitlines()[-1] == repr(expected)
+
+
+@pytest.mark.parametrize("head", ["tokens", "qa"])
+def test_a_token_classifier_and_a_qa_models_cards_load_and_run_their_head(head, tmp_path, capsys):
+    """Their cards named no task and loaded `AutoModel` (the body alone) in the snippet; now the head's Auto class and
+    Hub task, and the snippet prints a label per token / the answer span."""
+    cls = DecoderForTokenClassification if head == "tokens" else DecoderForQuestionAnswering
+    torch.manual_seed(0)
+    model = cls(tiny_decoder_config(id2label={0: "O", 1: "X"})).eval()
+    folder = _save(model, tmp_path / "head")
+    card = write_model_card(folder)
+    task = "token-classification" if head == "tokens" else "question-answering"
+    assert ModelCard.load(card).data.pipeline_tag == task
+    snippet = re.search(r"```python\n(.*?)```", card.read_text(), re.S).group(1)
+    assert f"AutoModel{cls.__name__.removeprefix('Decoder')}.from_pretrained(" in snippet
+    exec(snippet.replace('"head"', repr(str(folder))), {})
+    ids = torch.tensor([[1, 5, 6, 7, 8]])
+    with torch.no_grad():
+        output = model(input_ids=ids)
+    if head == "tokens":
+        expected = [model.config.id2label[int(i)] for i in output.logits.argmax(-1)[0]]
+    else:
+        expected = ids[0, int(output.start_logits.argmax()) : int(output.end_logits.argmax()) + 1].tolist()
     assert capsys.readouterr().out.strip().splitlines()[-1] == repr(expected)

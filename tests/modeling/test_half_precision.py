@@ -14,13 +14,17 @@ from transformers import (
     AutoModel,
     AutoModelForCausalLM,
     AutoModelForMaskedLM,
+    AutoModelForQuestionAnswering,
     AutoModelForSeq2SeqLM,
     AutoModelForSequenceClassification,
+    AutoModelForTokenClassification,
 )
 
 from archlab import (
     DecoderForCausalLM,
+    DecoderForQuestionAnswering,
     DecoderForSequenceClassification,
+    DecoderForTokenClassification,
     DecoderModel,
     EncoderForMaskedLM,
     Seq2SeqForConditionalGeneration,
@@ -47,6 +51,12 @@ HEADS = {
         DecoderForSequenceClassification,
         tiny_decoder_config(num_labels=3),
     ),
+    "token_classification": (
+        AutoModelForTokenClassification,
+        DecoderForTokenClassification,
+        tiny_decoder_config(num_labels=3),
+    ),
+    "question_answering": (AutoModelForQuestionAnswering, DecoderForQuestionAnswering, tiny_decoder_config()),
     "decoder_model": (AutoModel, DecoderModel, tiny_decoder_config()),
     "seq2seq_lm": (AutoModelForSeq2SeqLM, Seq2SeqForConditionalGeneration, tiny_seq2seq_config()),
     "seq2seq_lm_marian": (  # Marian's layout of the sinusoid, persistent in checkpoints
@@ -99,7 +109,8 @@ def test_loads_and_runs_in_half_precision_through_the_auto_class(saved, name, dt
         inputs["decoder_input_ids"] = torch.randint(3, 60, (2, 5), generator=generator)
     with torch.no_grad():
         output = model(**inputs)
-    result = output.logits if hasattr(output, "logits") else output.last_hidden_state
+    names = ("logits", "start_logits", "last_hidden_state")
+    result = next(getattr(output, name) for name in names if getattr(output, name, None) is not None)
     assert result.dtype == dtype and torch.isfinite(result).all()
 
     if model.can_generate():

@@ -11,7 +11,9 @@ from transformers import GenerationMixin
 
 from archlab import (
     DecoderForCausalLM,
+    DecoderForQuestionAnswering,
     DecoderForSequenceClassification,
+    DecoderForTokenClassification,
     EncoderForMaskedLM,
     Seq2SeqForConditionalGeneration,
 )
@@ -22,6 +24,8 @@ from helpers import tiny_decoder_config
 MODEL_CLASSES = (
     DecoderForCausalLM,
     DecoderForSequenceClassification,
+    DecoderForTokenClassification,
+    DecoderForQuestionAnswering,
     EncoderForMaskedLM,
     Seq2SeqForConditionalGeneration,
 )
