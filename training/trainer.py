@@ -67,20 +67,23 @@ def terms_outside_a_replaced_loss(model: Any) -> list[tuple[str, str, float]]:
     """The terms of `model`'s own loss that are not trained when the Trainer computes the loss itself from the logits
     and the labels (`label_smoothing_factor`, `compute_loss_func`: the model gets no `labels` and returns no loss), as
     (what, its config setting, the setting's value): a mixture of experts' load-balancing loss (added with
-    `output_router_logits`) and router z-loss, the LM z-loss, a classifier's auxiliary LM loss."""
+    `output_router_logits`) and router z-loss (every decoder head's), the LM z-loss, a classifier's auxiliary LM
+    loss."""
     config = getattr(model, "config", None)
 
     def value(name: str) -> float:
         return getattr(config, name, 0) or 0
 
-    if hasattr(model, "auxiliary_lm_targets"):  # DecoderForSequenceClassification: its loss has no other term
+    if hasattr(model, "auxiliary_lm_targets"):  # DecoderForSequenceClassification
         candidates = [("the auxiliary LM loss", "classifier_lm_loss_weight")]
+    elif type(model).__name__.endswith(("ForTokenClassification", "ForQuestionAnswering")):
+        candidates = []  # no LM head, no LM z-loss
     else:
         candidates = [("the LM z-loss", "lm_z_loss_coef")]
-        if value("num_local_experts") > 0:
-            candidates.append(("the router z-loss", "router_z_loss_coef"))
-            if value("output_router_logits"):
-                candidates.append(("the load-balancing loss", "router_aux_loss_coef"))
+    if value("num_local_experts") > 0:
+        candidates.append(("the router z-loss", "router_z_loss_coef"))
+        if value("output_router_logits"):
+            candidates.append(("the load-balancing loss", "router_aux_loss_coef"))
     return [(what, name, value(name)) for what, name in candidates if value(name) > 0]
 
 

@@ -15,7 +15,12 @@ from huggingface_hub.utils import filter_repo_objects
 from safetensors.torch import load_file
 from transformers import DataCollatorForLanguageModeling, TrainingArguments
 
-from archlab import DecoderForCausalLM, DecoderForSequenceClassification, EncoderForMaskedLM
+from archlab import (
+    DecoderForCausalLM,
+    DecoderForSequenceClassification,
+    DecoderForTokenClassification,
+    EncoderForMaskedLM,
+)
 from archlab.training.trainer import AtomicCheckpointTrainer
 
 from helpers import digit_tokenizer, tiny_decoder_config, tiny_seq2seq_config
@@ -216,6 +221,14 @@ def test_label_smoothing_names_the_loss_terms_it_leaves_untrained(tmp_path, capl
             0.1,
             ["classifier_lm_loss_weight=0.5"],
         ),
+        # the classifiers' router losses (as the causal LM's since they have them), no LM z-loss
+        (
+            DecoderForSequenceClassification,
+            dict(moe, num_labels=2, router_aux_loss_coef=0.5, lm_z_loss_coef=1e-4),
+            0.1,
+            ["router_aux_loss_coef=0.5", "router_z_loss_coef=0.1"],
+        ),
+        (DecoderForTokenClassification, dict(moe, num_labels=2, router_aux_loss_coef=0.5), 0.1, ["router_z_loss_coef"]),
         (DecoderForCausalLM, dict(moe, router_aux_loss_coef=0.5), 0.0, []),  # no smoothing: the model's loss runs
         (DecoderForCausalLM, {}, 0.1, []),  # nothing beside the cross-entropy
     ]
@@ -226,6 +239,7 @@ def test_label_smoothing_names_the_loss_terms_it_leaves_untrained(tmp_path, capl
             AtomicCheckpointTrainer(model=model_class(tiny_decoder_config(**config)), args=args)
         if named:
             assert "label_smoothing_factor" in caplog.text and all(term in caplog.text for term in named), caplog.text
+            assert model_class is DecoderForCausalLM or "lm_z_loss_coef" not in caplog.text, caplog.text
         else:
             assert not caplog.text, caplog.text
 
