@@ -1,5 +1,9 @@
 """Task heads on a decoder family's body: a stock `<Family>ForSequenceClassification` folder (a reward model, a
-classifier) is archlab's `DecoderForSequenceClassification`, and back.
+classifier) is archlab's `DecoderForSequenceClassification`, and back; so are `<Family>ForTokenClassification` and
+`<Family>ForQuestionAnswering` folders archlab's `DecoderForTokenClassification` and `DecoderForQuestionAnswering`, for
+the families whose classes are transformers' generic ones (`GenericForTokenClassification`, ...: Llama, Mistral,
+Mixtral, Qwen2, Qwen2-MoE, Qwen3, and for token classification Gemma, Gemma2, Phi, StableLM), whose heads are
+archlab's: `score` (hidden -> num_labels, with a bias) and `qa_outputs` (hidden -> 2, with a bias).
 
 Every decoder family's stock classifier is its base model, under the causal LM's prefix (`model.`, `transformer.`,
 `gpt_neox.`), and a bias-free `score` Linear (hidden -> num_labels) read at the last token that is not
@@ -9,9 +13,12 @@ names both ways while the body converts as the family's causal LM does, and the 
 (`id2label`/`label2id`, hence `num_labels`, and `problem_type`), carried as given; `pad_token_id` is mapped by every
 decoder family already.
 
+Llama's, Qwen2's and Qwen3's question-answering classes keep their body under `transformer.` where their causal LM
+has `model.` (archlab's heads all have `model.`): the body's prefix is renamed both ways.
+
 Which head a folder holds is read from its `architectures`: a stock folder's class name ends in the head's suffix
-(`ForSequenceClassification`), an archlab folder names `DecoderForSequenceClassification`. Other task heads
-(`ForTokenClassification`, `ForQuestionAnswering`, ...) are refused, naming what converts.
+(`ForSequenceClassification`, ...), an archlab folder names the archlab class. Other task heads (`ForMultipleChoice`,
+a family's own token classifier or QA class, ...) are refused, naming what converts.
 """
 
 from __future__ import annotations
@@ -25,17 +32,25 @@ from typing import Any
 
 import transformers
 from transformers import PreTrainedConfig, PreTrainedModel
-from transformers.models.auto.modeling_auto import MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES
+from transformers.modeling_layers import GenericForQuestionAnswering, GenericForTokenClassification
+from transformers.models.auto.modeling_auto import (
+    MODEL_FOR_QUESTION_ANSWERING_MAPPING_NAMES,
+    MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES,
+    MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES,
+)
 
-from ..modeling import DecoderForCausalLM, DecoderForSequenceClassification
+from ..modeling import (
+    DecoderForCausalLM,
+    DecoderForQuestionAnswering,
+    DecoderForSequenceClassification,
+    DecoderForTokenClassification,
+)
 from .family import ConversionError, Family, Layout, StateDict
 
 # archlab fields only DecoderForCausalLM's head reads (Phi's implied `lm_head_bias=True` is no classifier's concern)
 LM_HEAD_ONLY_FIELDS = frozenset({"lm_head_bias"})
 # stock task heads the converter does not convert: refused by name before any weight is read
 UNCONVERTED_SUFFIXES = (
-    "ForTokenClassification",
-    "ForQuestionAnswering",
     "ForMultipleChoice",
     "ForNextSentencePrediction",
 )
@@ -50,6 +65,12 @@ class Head:
     stock_names: Mapping[str, str]
     modules: tuple[str, ...]
     config_fields: tuple[str, ...]
+    # config fields carried where the config has them (the token classifier's dropout and bias switch)
+    optional_fields: tuple[str, ...] = ()
+    # the stock classes converted must subclass this one (their head is then archlab's); None: every class named
+    generic: type | None = None
+    # with pad_token_id read by the head (the sequence classifier): warn where it is also an end-of-sequence token
+    pools_at_last_token: bool = False
 
     @property
     def suffix(self) -> str:
@@ -59,7 +80,10 @@ class Head:
         """The family's stock class with this head, or None where the converter has none (not a decoder family)."""
         if family.archlab_class is not DecoderForCausalLM or family.name not in self.stock_names:
             return None
-        return getattr(transformers, self.stock_names[family.name], None)
+        stock_class = getattr(transformers, self.stock_names[family.name], None)
+        if stock_class is None or (self.generic is not None and not issubclass(stock_class, self.generic)):
+            return None
+        return stock_class
 
     def _split(self, state_dict: StateDict) -> tuple[StateDict, StateDict]:
         head = {k: v for k, v in state_dict.items() if k.split(".")[0] in self.modules}
@@ -71,29 +95,49 @@ class Head:
         if stock_class is None:
             raise ValueError(f"{family.name} has no {self.suffix} form")
         layout = family.layout
+        # the body's prefix in the stock head's checkpoints and in the family's causal LM's, which the layout reads
+        stock_prefix, lm_prefix = stock_class.base_model_prefix, family.model_class.base_model_prefix
 
         def to_archlab_weights(state_dict: StateDict, config: PreTrainedConfig) -> StateDict:
             body, head = self._split(state_dict)
-            return {**layout.to_archlab(body, config), **head}
+            return {**layout.to_archlab(_renamed(body, stock_prefix, lm_prefix), config), **head}
 
         def from_archlab_weights(state_dict: StateDict, config: PreTrainedConfig) -> StateDict:
             body, head = self._split(state_dict)
-            return {**layout.from_archlab(body, config), **head}
+            return {**_renamed(layout.from_archlab(body, config), lm_prefix, stock_prefix), **head}
 
         def head_fields(config: PreTrainedConfig) -> dict[str, Any]:
-            _warn_if_pad_is_eos(config, stock_class.__name__)
-            return {name: getattr(config, name) for name in self.config_fields}
+            if self.pools_at_last_token:
+                _warn_if_pad_is_eos(config, stock_class.__name__)
+            fields = {name: getattr(config, name) for name in self.config_fields}
+            return fields | {name: getattr(config, name) for name in self.optional_fields if hasattr(config, name)}
+
+        def stock_head_fields(stock: PreTrainedConfig) -> dict[str, Any]:
+            fields = head_fields(stock)
+            if self.archlab_class is DecoderForTokenClassification and "classifier_dropout" not in fields:
+                # the stock head's dropout falls back on `hidden_dropout` (StableLM's 0.0), which archlab lacks
+                if getattr(stock, "hidden_dropout", None) is not None:
+                    fields["classifier_dropout"] = stock.hidden_dropout
+            return fields
 
         return dataclasses.replace(
             family,
             model_class=stock_class,
             archlab_class=self.archlab_class,
-            to_archlab=lambda stock, values: {**family.to_archlab(stock, values), **head_fields(stock)},
+            to_archlab=lambda stock, values: {**family.to_archlab(stock, values), **stock_head_fields(stock)},
             from_archlab=lambda config: {**family.from_archlab(config), **head_fields(config)},
             layout=Layout(to_archlab=to_archlab_weights, from_archlab=from_archlab_weights),
             # the LM head's settings are not the classifier's: any value exports
             expressible=family.expressible | LM_HEAD_ONLY_FIELDS,
         )
+
+
+def _renamed(state_dict: StateDict, prefix: str, new_prefix: str) -> StateDict:
+    """`state_dict` with the leading `prefix.` of its names replaced by `new_prefix.`."""
+    if prefix == new_prefix:
+        return state_dict
+    old = f"{prefix}."
+    return {f"{new_prefix}.{k.removeprefix(old)}" if k.startswith(old) else k: v for k, v in state_dict.items()}
 
 
 def _warn_if_pad_is_eos(config: PreTrainedConfig, stock_class: str) -> None:
@@ -116,8 +160,24 @@ SEQUENCE_CLASSIFICATION = Head(
     MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES,
     modules=("score",),
     config_fields=("id2label", "label2id", "problem_type"),
+    pools_at_last_token=True,
 )
-HEADS = (SEQUENCE_CLASSIFICATION,)
+TOKEN_CLASSIFICATION = Head(
+    DecoderForTokenClassification,
+    MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES,
+    modules=("score",),
+    config_fields=("id2label", "label2id"),
+    optional_fields=("classifier_dropout", "token_classification_bias"),
+    generic=GenericForTokenClassification,
+)
+QUESTION_ANSWERING = Head(
+    DecoderForQuestionAnswering,
+    MODEL_FOR_QUESTION_ANSWERING_MAPPING_NAMES,
+    modules=("qa_outputs",),
+    config_fields=(),
+    generic=GenericForQuestionAnswering,
+)
+HEADS = (SEQUENCE_CLASSIFICATION, TOKEN_CLASSIFICATION, QUESTION_ANSWERING)
 
 
 def supported_classes(family: Family) -> list[str]:
@@ -160,4 +220,13 @@ def archlab_row(family: Family, architectures: Sequence[str] | None, src: Path, 
     return family
 
 
-__all__ = ["HEADS", "Head", "SEQUENCE_CLASSIFICATION", "archlab_row", "stock_row", "supported_classes"]
+__all__ = [
+    "HEADS",
+    "Head",
+    "QUESTION_ANSWERING",
+    "SEQUENCE_CLASSIFICATION",
+    "TOKEN_CLASSIFICATION",
+    "archlab_row",
+    "stock_row",
+    "supported_classes",
+]

@@ -12,11 +12,12 @@ from transformers import (
     AutoModelForSequenceClassification,
     BertConfig,
     BertForSequenceClassification,
+    GPT2Config,
+    GPT2ForQuestionAnswering,
+    GPT2ForTokenClassification,
     LlamaConfig,
     LlamaForCausalLM,
-    LlamaForQuestionAnswering,
     LlamaForSequenceClassification,
-    LlamaForTokenClassification,
 )
 
 from archlab.conversion import ConversionError, convert_checkpoint
@@ -26,6 +27,7 @@ from helpers import REPO, TINY, tiny_decoder_config
 
 SCRIPT = REPO / "scripts" / "convert_checkpoint.py"
 TINY_BERT = dict(vocab_size=97, hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=48)
+TINY_GPT2 = dict(vocab_size=97, n_embd=32, n_layer=1, n_head=4, n_positions=64)
 
 
 @pytest.fixture
@@ -180,12 +182,14 @@ def test_a_llama_reward_model_converts_both_ways_via_the_script(tmp_path):
 @pytest.mark.parametrize(
     "model_class, named",
     [
+        # GPT-2's token classifier and QA class have heads of their own (`classifier`, ...), not transformers' generic
+        # ones that archlab's classes are
         (
-            LlamaForTokenClassification,
-            "LlamaForTokenClassification, a head the converter does not convert; for llama "
-            "it converts LlamaForCausalLM and LlamaForSequenceClassification",
+            GPT2ForTokenClassification,
+            "GPT2ForTokenClassification, a head the converter does not convert; for gpt2 "
+            "it converts GPT2LMHeadModel and GPT2ForSequenceClassification",
         ),
-        (LlamaForQuestionAnswering, "LlamaForQuestionAnswering, a head"),
+        (GPT2ForQuestionAnswering, "GPT2ForQuestionAnswering, a head"),
         # BERT converts as a masked LM only
         (
             BertForSequenceClassification,
@@ -197,7 +201,7 @@ def test_a_llama_reward_model_converts_both_ways_via_the_script(tmp_path):
 def test_a_head_the_converter_does_not_convert_is_refused_by_name(model_class, named, tmp_path, capsys):
     """Refused before any weight is read, naming the class and what converts (it failed late, as missing and
     unexpected weights or tensors the family does not know)."""
-    config = LlamaConfig(**TINY) if model_class.config_class is LlamaConfig else BertConfig(**TINY_BERT)
+    config = GPT2Config(**TINY_GPT2) if model_class.config_class is GPT2Config else BertConfig(**TINY_BERT)
     model_class(config).save_pretrained(tmp_path / "src")
     with pytest.raises(ConversionError) as err:
         convert_checkpoint(tmp_path / "src", tmp_path / "out")
