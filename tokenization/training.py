@@ -93,11 +93,12 @@ MODEL_KINDS: dict[str, TokenizerSpec] = {
         default_algorithm="bpe",
         named={"pad_token": PAD, "bos_token": BOS, "eos_token": EOS, "unk_token": UNK},
     ),
-    # BERT/RoBERTa-style: <s> plays [CLS], </s> plays [SEP].
+    # BERT/RoBERTa-style: <s> plays [CLS], </s> plays [SEP]; a pair's second text and its </s> are segment 1, as
+    # BERT's tokenizer gives them (a model with segment embeddings, `type_vocab_size` >= 2, reads them)
     "masked_lm": TokenizerSpec(
         special_tokens=_BASE + (MASK,),
         single=f"{BOS} $A {EOS}",
-        pair=f"{BOS} $A {EOS} $B {EOS}",
+        pair=f"{BOS} $A {EOS} $B:1 {EOS}:1",
         default_algorithm="wordpiece",
         named={
             "pad_token": PAD,

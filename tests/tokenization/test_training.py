@@ -75,6 +75,20 @@ def test_special_tokens_per_model_kind() -> None:
     assert ids[0] == masked.cls_token_id and ids[-1] == masked.sep_token_id  # BERT-style: [CLS] text [SEP]
 
 
+def test_the_masked_lm_tokenizer_gives_a_pair_berts_segment_ids(tmp_path: Path) -> None:
+    """As BERT's tokenizer: `<s> first </s>` are segment 0 and `second </s>` segment 1 (every token had 0, so a
+    masked LM with segment embeddings could not tell a pair's texts apart), after a save and load too."""
+    masked = train_tokenizer(TEXTS, "masked_lm", vocab_size=300, min_frequency=1)
+    save_tokenizer(masked, tmp_path)
+    for tokenizer in (masked, load_tokenizer(tmp_path)):
+        first = tokenizer("x = 1", add_special_tokens=False)["input_ids"]
+        pair = tokenizer("x = 1", "y", return_token_type_ids=True)
+        assert pair["input_ids"][: len(first) + 2] == [tokenizer.cls_token_id, *first, tokenizer.sep_token_id]
+        segment_one = len(pair["input_ids"]) - len(first) - 2
+        assert pair["token_type_ids"] == [0] * (len(first) + 2) + [1] * segment_one
+        assert set(tokenizer("x = 1", return_token_type_ids=True)["token_type_ids"]) == {0}
+
+
 def test_chat_template_marks_only_assistant_tokens(tmp_path: Path) -> None:
     tokenizer = train_tokenizer(TEXTS, "decoder", vocab_size=300, min_frequency=1)
     save_tokenizer(tokenizer, tmp_path)
