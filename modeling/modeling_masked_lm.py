@@ -21,7 +21,7 @@ from transformers.modeling_outputs import BaseModelOutput, MaskedLMOutput
 
 from .configuration_seq2seq import Seq2SeqConfig
 from .losses import IGNORE_INDEX, causal_lm_loss
-from .modeling_seq2seq import Seq2SeqPreTrainedModel
+from .modeling_seq2seq import Seq2SeqPreTrainedModel, _architectures
 from .normalization import make_norm
 from .seq2seq_stacks import Seq2SeqEncoder
 
@@ -41,12 +41,36 @@ class MaskedLMHead(nn.Module):
         return self.decoder(self.layer_norm(self.act_fn(self.dense(hidden_states)))) + self.bias
 
 
+# what an encoder-decoder's folder holds beyond its encoder (and the embeddings the encoder reads)
+DECODER_KEYS = [r"^model\.decoder\.", r"^final_logits_bias$", r"^lm_head\.weight$"]
+
+
 class EncoderOnlyPreTrainedModel(Seq2SeqPreTrainedModel):
     """What `EncoderModel` and `EncoderForMaskedLM` share: the encoder stack of `Seq2SeqModel` as `self.encoder`
     (the same weight names in both, so either loads the other's folder), and no decoder."""
 
     _no_split_modules = ["Seq2SeqEncoderLayer"]  # no decoder: accelerate's FSDP wrap policy refuses absent classes
     _own_prefixes: tuple[str, ...] = ("encoder.",)
+    _keys_to_ignore_on_load_unexpected = DECODER_KEYS  # an encoder-decoder's folder: its decoder (`from_pretrained`)
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):
+        """An encoder-decoder's folder (`Seq2SeqForConditionalGeneration`, `Seq2SeqModel`) gives its encoder, as
+        `T5EncoderModel` reads a T5 folder: its token embeddings are saved as the shared `model.shared` (the
+        encoder's own copy is a tie, not saved), which is read as the encoder's; the decoder and LM head are left
+        out. Without this the encoder's embeddings were left random, with only a line in the loading report. The
+        model saves under its own names (transformers would save it back under the encoder-decoder's)."""
+        renamed = kwargs.get("key_mapping") is None and _architectures(pretrained_model_name_or_path, kwargs) in (
+            ["Seq2SeqForConditionalGeneration"],
+            ["Seq2SeqModel"],
+        )
+        if renamed:
+            kwargs["key_mapping"] = {r"^model\.shared\.": "encoder.embed_tokens.", r"^model\.encoder\.": "encoder."}
+        loaded = super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
+        if renamed:
+            model = loaded[0] if isinstance(loaded, tuple) else loaded
+            model._weight_conversions = None
+        return loaded
 
     def _build_encoder(self, config: Seq2SeqConfig) -> None:
         padding_idx = None if config.train_pad_embedding else config.pad_token_id  # as Seq2SeqModel
@@ -97,7 +121,7 @@ class EncoderModel(EncoderOnlyPreTrainedModel):
     embeddings or a head of one's own. It loads a masked LM's folder (the head's weights are left out), and
     `AutoModel` / `pipeline("feature-extraction")` give it for one (see `Seq2SeqModel.from_pretrained`)."""
 
-    _keys_to_ignore_on_load_unexpected = [r"^lm_head\."]  # a masked LM's head, as BertModel ignores `cls.*`
+    _keys_to_ignore_on_load_unexpected = [*DECODER_KEYS, r"^lm_head\."]  # a masked LM's head, as BertModel `cls.*`
 
     def __init__(self, config: Seq2SeqConfig) -> None:
         super().__init__(config)

@@ -149,6 +149,25 @@ def test_auto_model_of_an_encoder_decoder_folder_stays_the_encoder_decoder(tmp_p
     assert type(AutoModel.from_pretrained(tmp_path)) is Seq2SeqModel
 
 
+@pytest.mark.parametrize("model_class", [EncoderModel, EncoderForMaskedLM])
+def test_an_encoder_decoders_folder_gives_its_encoder_to_an_encoder_only_model(model_class, tmp_path):
+    """As `T5EncoderModel` from a T5 folder: the encoder's token embeddings, saved as the shared `model.shared`, were
+    left random (one line in the loading report); they are read, the decoder is left out without a word, and the
+    model saves under its own names."""
+    from archlab import Seq2SeqForConditionalGeneration
+
+    torch.manual_seed(0)
+    seq2seq = Seq2SeqForConditionalGeneration(tiny_mlm(wordpiece_tokenizer()).config)
+    seq2seq.save_pretrained(tmp_path / "seq2seq")
+    model, info = model_class.from_pretrained(tmp_path / "seq2seq", output_loading_info=True)
+    assert {key.split(".")[0] for key in info["missing_keys"]} <= {"lm_head"} and info["unexpected_keys"] == set()
+    kept = seq2seq.model.encoder.state_dict()
+    assert [k for k, v in model.encoder.state_dict().items() if not torch.equal(v, kept[k])] == []
+    model.save_pretrained(tmp_path / "encoder")
+    again = model_class.from_pretrained(tmp_path / "encoder")
+    assert all(torch.equal(v, again.state_dict()[k]) for k, v in model.state_dict().items())
+
+
 @pytest.mark.slow
 def test_trainer_teaches_fill_mask(tokenizer, tmp_path):
     """Seed 001's workflow end to end: WordPiece + DataCollatorForLanguageModeling + Trainer + fill-mask."""
