@@ -129,6 +129,7 @@ BERT = Family(
             "bos_token_id",
             "eos_token_id",
             "tie_word_embeddings",
+            "classifier_dropout",  # (read by the fine-tuning heads, heads.py)
         ),
         "hidden_size": "d_model",
         "num_hidden_layers": "encoder_layers",

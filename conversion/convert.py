@@ -26,7 +26,8 @@ def convert_checkpoint(src: str | os.PathLike, dst: str | os.PathLike, to: str |
     - `src` of a stock family in `FAMILIES` -> an archlab folder (`to` must be None or "archlab");
     - `src` an archlab folder and `to` a family name -> a stock folder of that family.
 
-    A decoder family's `<Family>ForSequenceClassification` is archlab's `DecoderForSequenceClassification`, both ways.
+    A decoder family's `<Family>ForSequenceClassification` is archlab's `DecoderForSequenceClassification`, both ways;
+    BERT's sequence and token classifiers are `EncoderForSequenceClassification` / `EncoderForTokenClassification`.
     """
     src, dst = Path(src), Path(dst)
     if dst.exists() and not dst.is_dir():  # (iterdir() failed with NotADirectoryError's traceback)

@@ -27,7 +27,10 @@ from transformers import PreTrainedConfig, PreTrainedModel
 StateDict = dict[str, torch.Tensor]
 
 # archlab fields that change training only, never the function a checkpoint computes: any value exports.
-TRAINING_ONLY_FIELDS = frozenset({"lm_loss_chunk_size", "classifier_lm_loss_weight"})
+TRAINING_ONLY_FIELDS = frozenset({"lm_loss_chunk_size", "classifier_lm_loss_weight", "classifier_dropout"})
+# archlab fields only one task head reads (`EncoderForSequenceClassification`'s pooler): any value exports a model
+# without that head; the head's own row (heads.py) refuses what its stock class cannot compute
+HEAD_ONLY_FIELDS = frozenset({"classifier_pooler"})
 
 # PreTrainedConfig bookkeeping that is never architecture.
 BOOKKEEPING = frozenset(
@@ -131,14 +134,16 @@ class Family:
             dropped = sorted(
                 f"{k}={v!r}"
                 for k, v in config.to_dict().items()
-                if k in defaults and k not in kept | BOOKKEEPING | TRAINING_ONLY_FIELDS and v != defaults[k]
+                if k in defaults
+                and k not in kept | BOOKKEEPING | TRAINING_ONLY_FIELDS | HEAD_ONLY_FIELDS
+                and v != defaults[k]
             )
             raise ConversionError(
                 f"A stock {self.architecture} cannot compute this archlab config: without the fields it has no "
                 f"place for ({', '.join(dropped)}) it is not valid: {error}"
             ) from None
         current = config.to_dict()
-        ignored = TRAINING_ONLY_FIELDS | BOOKKEEPING | kept
+        ignored = TRAINING_ONLY_FIELDS | HEAD_ONLY_FIELDS | BOOKKEEPING | kept
         refused = {
             k: f"{k}={v!r} (it needs {expressible[k]!r})"
             for k, v in current.items()
@@ -194,6 +199,7 @@ __all__ = [
     "BOOKKEEPING",
     "ConversionError",
     "Family",
+    "HEAD_ONLY_FIELDS",
     "IDENTITY",
     "Layout",
     "StateDict",

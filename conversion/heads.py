@@ -16,6 +16,11 @@ decoder family already.
 Llama's, Qwen2's and Qwen3's question-answering classes keep their body under `transformer.` where their causal LM
 has `model.` (archlab's heads all have `model.`): the body's prefix is renamed both ways.
 
+BERT's fine-tuning heads sit on the masked LM's body the same way: `BertForSequenceClassification` is archlab's
+`EncoderForSequenceClassification` (its `bert.pooler` is archlab's `pooler`, its `classifier` the same), and
+`BertForTokenClassification` is `EncoderForTokenClassification` (`classifier`); the body converts as
+`BertForMaskedLM`'s encoder does.
+
 Which head a folder holds is read from its `architectures`: a stock folder's class name ends in the head's suffix
 (`ForSequenceClassification`, ...), an archlab folder names the archlab class. Other task heads (`ForMultipleChoice`,
 a family's own token classifier or QA class, ...) are refused, naming what converts.
@@ -25,7 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -44,7 +49,11 @@ from ..modeling import (
     DecoderForQuestionAnswering,
     DecoderForSequenceClassification,
     DecoderForTokenClassification,
+    EncoderForMaskedLM,
+    EncoderForSequenceClassification,
+    EncoderForTokenClassification,
 )
+from .checks import refuse_export, setting
 from .family import ConversionError, Family, Layout, StateDict
 
 # archlab fields only DecoderForCausalLM's head reads (Phi's implied `lm_head_bias=True` is no classifier's concern)
@@ -58,8 +67,9 @@ UNCONVERTED_SUFFIXES = (
 
 @dataclass(frozen=True)
 class Head:
-    """A task head on a decoder family's body: archlab's class, the stock class names by `model_type`, the head's
-    modules (the same names on both sides) and the config fields it reads."""
+    """A task head on a family's body: archlab's class, the stock class names by `model_type`, the head's modules
+    (the same names on both sides unless `renamed`: stock prefix -> archlab prefix), the config fields it reads, and
+    the archlab class of the bodies it sits on (a decoder family's causal LM, or the masked LM)."""
 
     archlab_class: type[PreTrainedModel]
     stock_names: Mapping[str, str]
@@ -71,23 +81,40 @@ class Head:
     generic: type | None = None
     # with pad_token_id read by the head (the sequence classifier): warn where it is also an end-of-sequence token
     pools_at_last_token: bool = False
+    body: type[PreTrainedModel] = DecoderForCausalLM
+    renamed: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    # (archlab config) -> {setting: why} the stock class cannot compute, refused on export
+    refuse: Callable[[PreTrainedConfig], dict[str, str]] = lambda config: {}
 
     @property
     def suffix(self) -> str:
-        return self.archlab_class.__name__.removeprefix("Decoder")
+        return self.archlab_class.__name__.removeprefix("Decoder").removeprefix("Encoder")
 
     def stock_class(self, family: Family) -> type[PreTrainedModel] | None:
-        """The family's stock class with this head, or None where the converter has none (not a decoder family)."""
-        if family.archlab_class is not DecoderForCausalLM or family.name not in self.stock_names:
+        """The family's stock class with this head, or None where the converter has none (another body)."""
+        if family.archlab_class is not self.body or family.name not in self.stock_names:
             return None
         stock_class = getattr(transformers, self.stock_names[family.name], None)
         if stock_class is None or (self.generic is not None and not issubclass(stock_class, self.generic)):
             return None
         return stock_class
 
-    def _split(self, state_dict: StateDict) -> tuple[StateDict, StateDict]:
-        head = {k: v for k, v in state_dict.items() if k.split(".")[0] in self.modules}
-        return {k: v for k, v in state_dict.items() if k not in head}, head
+    def _split(self, state_dict: StateDict, to_archlab: bool) -> tuple[StateDict, StateDict]:
+        """(body, head): the head's tensors under the other side's names."""
+        names = self.renamed if to_archlab else {ours: theirs for theirs, ours in self.renamed.items()}
+        head = {}
+        for key, tensor in state_dict.items():
+            prefix = next((p for p in names if key.startswith(p + ".")), None)
+            if prefix is not None:
+                head[names[prefix] + key.removeprefix(prefix)] = tensor
+            elif key.split(".")[0] in self.modules:
+                head[key] = tensor
+        body = {
+            k: v
+            for k, v in state_dict.items()
+            if k.split(".")[0] not in self.modules and not any(k.startswith(p + ".") for p in names)
+        }
+        return body, head
 
     def on(self, family: Family) -> Family:
         """The family's row with this head in place of the LM head."""
@@ -99,11 +126,11 @@ class Head:
         stock_prefix, lm_prefix = stock_class.base_model_prefix, family.model_class.base_model_prefix
 
         def to_archlab_weights(state_dict: StateDict, config: PreTrainedConfig) -> StateDict:
-            body, head = self._split(state_dict)
+            body, head = self._split(state_dict, to_archlab=True)
             return {**layout.to_archlab(_renamed(body, stock_prefix, lm_prefix), config), **head}
 
         def from_archlab_weights(state_dict: StateDict, config: PreTrainedConfig) -> StateDict:
-            body, head = self._split(state_dict)
+            body, head = self._split(state_dict, to_archlab=False)
             return {**_renamed(layout.from_archlab(body, config), lm_prefix, stock_prefix), **head}
 
         def head_fields(config: PreTrainedConfig) -> dict[str, Any]:
@@ -120,15 +147,21 @@ class Head:
                     fields["classifier_dropout"] = stock.hidden_dropout
             return fields
 
+        def export_fields(config: PreTrainedConfig) -> dict[str, Any]:
+            wrong = self.refuse(config)
+            if wrong:
+                refuse_export(stock_class.__name__, wrong)
+            return {**family.from_archlab(config), **head_fields(config)}
+
         return dataclasses.replace(
             family,
             model_class=stock_class,
             archlab_class=self.archlab_class,
             to_archlab=lambda stock, values: {**family.to_archlab(stock, values), **stock_head_fields(stock)},
-            from_archlab=lambda config: {**family.from_archlab(config), **head_fields(config)},
+            from_archlab=export_fields,
             layout=Layout(to_archlab=to_archlab_weights, from_archlab=from_archlab_weights),
             # the LM head's settings are not the classifier's: any value exports
-            expressible=family.expressible | LM_HEAD_ONLY_FIELDS,
+            expressible=family.expressible | (LM_HEAD_ONLY_FIELDS if self.body is DecoderForCausalLM else frozenset()),
         )
 
 
@@ -177,7 +210,37 @@ QUESTION_ANSWERING = Head(
     config_fields=(),
     generic=GenericForQuestionAnswering,
 )
-HEADS = (SEQUENCE_CLASSIFICATION, TOKEN_CLASSIFICATION, QUESTION_ANSWERING)
+
+
+def _bert_pooler_needed(config: PreTrainedConfig) -> dict[str, str]:
+    if config.classifier_pooler:
+        return {}
+    return {setting(config, "classifier_pooler"): "BertForSequenceClassification classifies the pooler's output"}
+
+
+ENCODER_SEQUENCE_CLASSIFICATION = Head(
+    EncoderForSequenceClassification,
+    MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES,
+    modules=("classifier",),
+    config_fields=("id2label", "label2id", "problem_type"),
+    body=EncoderForMaskedLM,
+    renamed={"bert.pooler": "pooler"},
+    refuse=_bert_pooler_needed,
+)
+ENCODER_TOKEN_CLASSIFICATION = Head(
+    EncoderForTokenClassification,
+    MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES,
+    modules=("classifier",),
+    config_fields=("id2label", "label2id"),
+    body=EncoderForMaskedLM,
+)
+HEADS = (
+    SEQUENCE_CLASSIFICATION,
+    TOKEN_CLASSIFICATION,
+    QUESTION_ANSWERING,
+    ENCODER_SEQUENCE_CLASSIFICATION,
+    ENCODER_TOKEN_CLASSIFICATION,
+)
 
 
 def supported_classes(family: Family) -> list[str]:
@@ -221,6 +284,8 @@ def archlab_row(family: Family, architectures: Sequence[str] | None, src: Path, 
 
 
 __all__ = [
+    "ENCODER_SEQUENCE_CLASSIFICATION",
+    "ENCODER_TOKEN_CLASSIFICATION",
     "HEADS",
     "Head",
     "QUESTION_ANSWERING",

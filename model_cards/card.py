@@ -329,7 +329,8 @@ def write_model_card(
             model_id,
             has_tokenizer,
             example_text,
-            encoder_decoder=bool(config.get("is_encoder_decoder")) and not architecture.endswith("ForMaskedLM"),
+            # (archlab's encoder-only classes share the encoder-decoder's config)
+            encoder_decoder=bool(config.get("is_encoder_decoder")) and not architecture.startswith("Encoder"),
             regression=config.get("problem_type") == "regression",
             multi_label=config.get("problem_type") == "multi_label_classification",
             example_pair=example_pair,

@@ -14,7 +14,12 @@ from .modeling_decoder import (
     DecoderModel,
     DecoderPreTrainedModel,
 )
-from .modeling_masked_lm import EncoderForMaskedLM, EncoderModel
+from .modeling_masked_lm import (
+    EncoderForMaskedLM,
+    EncoderForSequenceClassification,
+    EncoderForTokenClassification,
+    EncoderModel,
+)
 from .modeling_seq2seq import Seq2SeqForConditionalGeneration, Seq2SeqModel, Seq2SeqPreTrainedModel
 
 __all__ = [
@@ -31,4 +36,6 @@ __all__ = [
     "Seq2SeqForConditionalGeneration",
     "EncoderModel",
     "EncoderForMaskedLM",
+    "EncoderForSequenceClassification",
+    "EncoderForTokenClassification",
 ]

@@ -45,7 +45,8 @@ TP_ATTENTION = {"q_proj": "colwise", "k_proj": "colwise", "v_proj": "colwise", "
 
 @strict
 class Seq2SeqConfig(PreTrainedConfig):
-    r"""Configuration of [`Seq2SeqModel`], [`Seq2SeqForConditionalGeneration`] and [`EncoderForMaskedLM`].
+    r"""Configuration of [`Seq2SeqModel`], [`Seq2SeqForConditionalGeneration`], [`EncoderForMaskedLM`] and its
+    fine-tuning heads [`EncoderForSequenceClassification`] and [`EncoderForTokenClassification`].
 
     Marian/Bart fields (same names and meanings): `vocab_size`, `decoder_vocab_size` (Marian: the target vocabulary
     when embeddings are not shared; defaults to `vocab_size`), `d_model`, `encoder_layers`, `decoder_layers`,
@@ -104,6 +105,12 @@ class Seq2SeqConfig(PreTrainedConfig):
             looked up at position + offset (Bart's has 2), as `DecoderConfig.position_embedding_offset`.
         type_vocab_size (`int`, defaults to 0): BERT's segment types: the encoder adds an embedding of
             `token_type_ids` (0 when not given); 0 means none, and `token_type_ids` are ignored.
+        classifier_pooler (`bool`, defaults to True): `EncoderForSequenceClassification` passes the first token's
+            state through BERT's pooler (dense + tanh) before its classifier, as `BertForSequenceClassification`;
+            False classifies the first token's state itself. No other model reads it.
+        classifier_dropout (`float`, *optional*): BERT's dropout before the classifier of
+            `EncoderForSequenceClassification` / `EncoderForTokenClassification`; None: `dropout`, as BERT falls
+            back to `hidden_dropout_prob`.
 
     Example:
     ```python
@@ -202,6 +209,8 @@ class Seq2SeqConfig(PreTrainedConfig):
     embedding_layernorm: bool = False
     position_embedding_offset: int = 0
     type_vocab_size: int = 0
+    classifier_pooler: bool = True
+    classifier_dropout: float | int | None = None
 
     @classmethod
     def from_dict(cls, config_dict: dict[str, Any], **kwargs: Any) -> Seq2SeqConfig:
@@ -245,6 +254,8 @@ class Seq2SeqConfig(PreTrainedConfig):
             check_positive(self, name)
         for name in ("dropout", "attention_dropout", "activation_dropout", "encoder_layerdrop", "decoder_layerdrop"):
             check_probability(self, name)
+        if self.classifier_dropout is not None:
+            check_probability(self, "classifier_dropout")
         check_positive(self, "layer_norm_eps", integer=False)
         check_non_negative(self, "init_std")
         check_non_negative(self, "lm_loss_chunk_size")

@@ -1,6 +1,8 @@
 """`EncoderForMaskedLM`: archlab's encoder stack alone, with a masked-language-model head (BERT; Devlin et al. 2019);
-and `EncoderModel`, the same stack without the head (BERT's `BertModel`): what `AutoModel` and
-`pipeline("feature-extraction")` load from a masked LM's folder.
+`EncoderModel`, the same stack without the head (BERT's `BertModel`): what `AutoModel` and
+`pipeline("feature-extraction")` load from a masked LM's folder; and the fine-tuning heads that start from a masked
+LM's folder as BERT's do, `EncoderForSequenceClassification` and `EncoderForTokenClassification` (here, in the
+masked LM's own file, so a saved masked LM's remote code and `auto_map` carry them too).
 
 Seed 001 walks through the Hugging Face workflow for it (train a WordPiece tokenizer, mask 15 % of the tokens with
 `DataCollatorForLanguageModeling`, train with `Trainer`, query with `pipeline("fill-mask")`); seed 003 places it
@@ -17,7 +19,12 @@ import torch
 from torch import nn
 from transformers import initialization as init
 from transformers.activations import ACT2FN
-from transformers.modeling_outputs import BaseModelOutput, MaskedLMOutput
+from transformers.modeling_outputs import (
+    BaseModelOutput,
+    MaskedLMOutput,
+    SequenceClassifierOutput,
+    TokenClassifierOutput,
+)
 
 from .configuration_seq2seq import Seq2SeqConfig
 from .losses import IGNORE_INDEX, causal_lm_loss
@@ -245,4 +252,168 @@ class EncoderForMaskedLM(EncoderOnlyPreTrainedModel):
         return output if return_dict else output.to_tuple()
 
 
-__all__ = ["EncoderForMaskedLM", "EncoderModel", "EncoderOnlyPreTrainedModel", "MaskedLMHead"]
+class EncoderPooler(nn.Module):
+    """BERT's pooler (`BertPooler`): the first token's ([CLS]) state → dense → tanh."""
+
+    def __init__(self, config: Seq2SeqConfig) -> None:
+        super().__init__()
+        self.dense = nn.Linear(config.d_model, config.d_model)
+        self.activation = nn.Tanh()
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return self.activation(self.dense(hidden_states[:, 0]))
+
+
+def classifier_dropout(config: Seq2SeqConfig) -> float:
+    """BERT's `classifier_dropout`, falling back to the hidden states' dropout (BERT's `hidden_dropout_prob`)."""
+    return config.classifier_dropout if config.classifier_dropout is not None else config.dropout
+
+
+def share_of_the_batch(labels: torch.Tensor, num_items_in_batch, device: torch.device) -> torch.Tensor | float:
+    """This batch's share of the labels the Trainer counted over the accumulated batch (`labels.ne(-100)`, on every
+    process under `average_tokens_across_devices`); 1 without that count."""
+    if num_items_in_batch is None:
+        return 1.0
+    return labels.ne(IGNORE_INDEX).sum().to(device) / torch.as_tensor(num_items_in_batch).to(device)
+
+
+class EncoderForSequenceClassification(EncoderOnlyPreTrainedModel):
+    """BERT's sequence classifier (`BertForSequenceClassification`) on archlab's encoder: the first token's state
+    (the tokenizer's [CLS], archlab's masked-LM tokenizer's `<s>`) → BERT's pooler (dense + tanh;
+    `config.classifier_pooler`) → dropout (`config.classifier_dropout`, else `dropout`) → a linear classifier.
+
+    The loss is BERT's, chosen by `config.problem_type` (set from `num_labels` and the labels' dtype on the first
+    call when None): mean squared error (`"regression"`), cross-entropy (`"single_label_classification"`) or binary
+    cross-entropy with logits (`"multi_label_classification"`). A masked LM's folder loads into it: its encoder's
+    weights are kept, its MLM head is left out, and the pooler and classifier start new.
+
+    Under the Trainer's gradient accumulation the loss is this batch's mean weighted by its share of the labels of
+    the whole accumulated batch (`num_items_in_batch`), so uneven batches weigh each example as one big batch does
+    (as `DecoderForSequenceClassification`); called without it, it is BERT's loss.
+    """
+
+    _keys_to_ignore_on_load_unexpected = [*DECODER_KEYS, r"^lm_head\."]  # a masked LM's head, as BertModel `cls.*`
+    accepts_loss_kwargs = True
+
+    def __init__(self, config: Seq2SeqConfig) -> None:
+        super().__init__(config)
+        self.num_labels = config.num_labels
+        self._build_encoder(config)
+        self.pooler = EncoderPooler(config) if config.classifier_pooler else None
+        self.dropout = nn.Dropout(classifier_dropout(config))
+        self.classifier = nn.Linear(config.d_model, config.num_labels)
+        self.post_init()
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,  # segment ids (`type_vocab_size` > 0; else ignored)
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        position_ids: torch.LongTensor | None = None,
+        **kwargs,
+    ) -> SequenceClassifierOutput | tuple:
+        return_dict = return_dict if return_dict is not None else self.config.return_dict
+        num_items_in_batch = kwargs.pop("num_items_in_batch", None)
+        outputs = self._encode(
+            input_ids,
+            attention_mask,
+            position_ids,
+            token_type_ids,
+            inputs_embeds,
+            output_attentions,
+            output_hidden_states,
+            **kwargs,
+        )
+        hidden_states = outputs.last_hidden_state  # (B, T, d)
+        pooled = self.pooler(hidden_states) if self.pooler is not None else hidden_states[:, 0]
+        logits = self.classifier(self.dropout(pooled))  # (B, num_labels)
+
+        loss = None
+        if labels is not None:
+            loss = self.loss_function(logits=logits, labels=labels, pooled_logits=logits, config=self.config)
+            loss = loss * share_of_the_batch(labels, num_items_in_batch, loss.device)
+
+        output = SequenceClassifierOutput(
+            loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
+        )
+        return output if return_dict else output.to_tuple()
+
+
+class EncoderForTokenClassification(EncoderOnlyPreTrainedModel):
+    """BERT's token classifier (`BertForTokenClassification`, named-entity recognition, tagging) on archlab's
+    encoder: every token's state → dropout (`config.classifier_dropout`, else `dropout`) → a linear classifier; the
+    loss is the cross-entropy over the tokens whose label is not -100.
+
+    Under the Trainer's gradient accumulation the loss is summed over the batch's labelled tokens and divided by
+    those of the whole accumulated batch (`num_items_in_batch`), so uneven batches weigh each token as one big batch
+    does; called without it, it is BERT's mean over this batch's labelled tokens.
+    """
+
+    _keys_to_ignore_on_load_unexpected = [*DECODER_KEYS, r"^lm_head\."]  # a masked LM's head, as BertModel `cls.*`
+    accepts_loss_kwargs = True
+
+    def __init__(self, config: Seq2SeqConfig) -> None:
+        super().__init__(config)
+        self.num_labels = config.num_labels
+        self._build_encoder(config)
+        self.dropout = nn.Dropout(classifier_dropout(config))
+        self.classifier = nn.Linear(config.d_model, config.num_labels)
+        self.post_init()
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        labels: torch.LongTensor | None = None,
+        token_type_ids: torch.Tensor | None = None,  # segment ids (`type_vocab_size` > 0; else ignored)
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        position_ids: torch.LongTensor | None = None,
+        **kwargs,
+    ) -> TokenClassifierOutput | tuple:
+        return_dict = return_dict if return_dict is not None else self.config.return_dict
+        num_items_in_batch = kwargs.pop("num_items_in_batch", None)
+        outputs = self._encode(
+            input_ids,
+            attention_mask,
+            position_ids,
+            token_type_ids,
+            inputs_embeds,
+            output_attentions,
+            output_hidden_states,
+            **kwargs,
+        )
+        hidden_states = outputs.last_hidden_state  # (B, T, d)
+        if labels is not None and labels.shape != hidden_states.shape[:2]:
+            raise ValueError(
+                f"`labels` has shape {tuple(labels.shape)}; it must be the input's {tuple(hidden_states.shape[:2])}, "
+                "one label per token (-100 where a token has none)."
+            )
+        logits = self.classifier(self.dropout(hidden_states))  # (B, T, num_labels)
+
+        loss = None
+        if labels is not None:
+            loss = self.loss_function(logits, labels, self.config, num_items_in_batch=num_items_in_batch)
+
+        output = TokenClassifierOutput(
+            loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
+        )
+        return output if return_dict else output.to_tuple()
+
+
+__all__ = [
+    "EncoderForMaskedLM",
+    "EncoderForSequenceClassification",
+    "EncoderForTokenClassification",
+    "EncoderModel",
+    "EncoderOnlyPreTrainedModel",
+    "EncoderPooler",
+    "MaskedLMHead",
+]

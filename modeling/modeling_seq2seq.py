@@ -117,7 +117,12 @@ class Seq2SeqPreTrainedModel(ArchlabPreTrainedModel):
         return embeddings
 
 
-ENCODER_ONLY_FOLDERS = (["EncoderForMaskedLM"], ["EncoderModel"])
+ENCODER_ONLY_FOLDERS = (
+    ["EncoderForMaskedLM"],
+    ["EncoderModel"],
+    ["EncoderForSequenceClassification"],
+    ["EncoderForTokenClassification"],
+)
 _HUB_ARGUMENTS = ("cache_dir", "force_download", "local_files_only", "token", "revision", "subfolder", "proxies")
 
 
@@ -161,9 +166,10 @@ class Seq2SeqModel(Seq2SeqPreTrainedModel):
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):
-        """A masked LM's folder (or an `EncoderModel`'s) gives its encoder, `EncoderModel`, as `BertModel` does for a
-        BERT folder: `AutoModel` maps the seq2seq config to this class, and building it there made a decoder of
-        random weights that then asked for `decoder_input_ids` (`pipeline("feature-extraction")` failed)."""
+        """A masked LM's folder (or an `EncoderModel`'s, or an encoder classifier's) gives its encoder,
+        `EncoderModel`, as `BertModel` does for a BERT folder: `AutoModel` maps the seq2seq config to this class, and
+        building it there made a decoder of random weights that then asked for `decoder_input_ids`
+        (`pipeline("feature-extraction")` failed)."""
         if cls is Seq2SeqModel and _architectures(pretrained_model_name_or_path, kwargs) in ENCODER_ONLY_FOLDERS:
             from .modeling_masked_lm import EncoderModel  # (it imports this module)
 

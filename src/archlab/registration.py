@@ -26,6 +26,8 @@ from .modeling import (
     DecoderForTokenClassification,
     DecoderModel,
     EncoderForMaskedLM,
+    EncoderForSequenceClassification,
+    EncoderForTokenClassification,
     EncoderModel,
     Seq2SeqConfig,
     Seq2SeqForConditionalGeneration,
@@ -42,6 +44,10 @@ MODEL_REGISTRY = [
     (AutoModel, Seq2SeqConfig, Seq2SeqModel),
     (AutoModelForSeq2SeqLM, Seq2SeqConfig, Seq2SeqForConditionalGeneration),
     (AutoModelForMaskedLM, Seq2SeqConfig, EncoderForMaskedLM),
+    # the masked LM's fine-tuning heads (BERT's); `AutoModelForSequenceClassification` of an encoder-decoder's folder
+    # gives its encoder with this head too
+    (AutoModelForSequenceClassification, Seq2SeqConfig, EncoderForSequenceClassification),
+    (AutoModelForTokenClassification, Seq2SeqConfig, EncoderForTokenClassification),
 ]
 # Named in a saved folder's `auto_map` only: `AutoModel` of the seq2seq config is `Seq2SeqModel`, which hands a
 # masked LM's folder to `EncoderModel` itself (`Seq2SeqModel.from_pretrained`); where archlab is not installed,

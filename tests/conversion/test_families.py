@@ -41,9 +41,15 @@ from transformers import (
     UMT5Config,
 )
 
-from archlab import DecoderForSequenceClassification, EncoderForMaskedLM
+from archlab import DecoderForSequenceClassification, EncoderForMaskedLM, EncoderForSequenceClassification
 from archlab.conversion import FAMILIES, ConversionError, convert_checkpoint
-from archlab.conversion.heads import QUESTION_ANSWERING, SEQUENCE_CLASSIFICATION, TOKEN_CLASSIFICATION
+from archlab.conversion.heads import (
+    ENCODER_SEQUENCE_CLASSIFICATION,
+    ENCODER_TOKEN_CLASSIFICATION,
+    QUESTION_ANSWERING,
+    SEQUENCE_CLASSIFICATION,
+    TOKEN_CLASSIFICATION,
+)
 
 import helpers
 
@@ -900,3 +906,75 @@ def test_a_classifier_export_is_refused_with_what_is_missing_named(to, changes, 
         convert_checkpoint(tmp_path / "a", tmp_path / "out", to=to)
     assert named in str(err.value), str(err.value)
     assert not (tmp_path / "out").exists()
+
+
+# --- BERT's fine-tuning heads: `BertForSequenceClassification` / `BertForTokenClassification` --------------------
+
+BERT_HEADS = {"sequence": ENCODER_SEQUENCE_CLASSIFICATION, "token": ENCODER_TOKEN_CLASSIFICATION}
+
+
+@pytest.fixture(scope="module")
+def bert_head_folders(tmp_path_factory):
+    """head -> (stock BERT classifier with 3 labels, every parameter perturbed, the folder holding stock/, archlab/
+    and back/)."""
+    torch.manual_seed(0)
+    out = {}
+    for name, head in BERT_HEADS.items():
+        root = tmp_path_factory.mktemp(f"bert-{name}")
+        labels = dict(id2label=LABELS, label2id={v: k for k, v in LABELS.items()}, classifier_dropout=0.3)
+        if name == "sequence":
+            labels["problem_type"] = "multi_label_classification"
+        config = BertConfig(**{**CASES["bert"][0].to_dict(), **labels})
+        reference = head.stock_class(FAMILIES["bert"])(config).eval()
+        _perturb(reference)
+        reference.save_pretrained(root / "stock")
+        convert_checkpoint(root / "stock", root / "archlab")
+        convert_checkpoint(root / "archlab", root / "back", to="bert")
+        out[name] = reference, root
+    return out
+
+
+@pytest.mark.parametrize("name", BERT_HEADS)
+def test_a_bert_classifier_converts_both_ways(name, bert_head_folders):
+    """`BertForSequenceClassification` (its pooler included) is `EncoderForSequenceClassification` and
+    `BertForTokenClassification` is `EncoderForTokenClassification`: the same logits on padded sentence pairs, the
+    labels, problem type and classifier dropout carried both ways, and the exported folder holds the very same
+    tensors."""
+    reference, root = bert_head_folders[name]
+    head = BERT_HEADS[name]
+    model = head.archlab_class.from_pretrained(root / "archlab").eval()
+    assert json.loads((root / "archlab" / "config.json").read_text())["architectures"] == [head.archlab_class.__name__]
+    for field in ("num_labels", "id2label", "label2id", "problem_type", "classifier_dropout"):
+        assert getattr(model.config, field) == getattr(reference.config, field), field
+    ids, left, mask, _, _ = _batches(0)
+    right_mask = mask.flip(-1)
+    segments = (torch.arange(ids.shape[1]) >= 4).long().expand_as(ids) * right_mask
+    inputs = dict(input_ids=ids.masked_fill(right_mask == 0, 0), attention_mask=right_mask, token_type_ids=segments)
+    with torch.no_grad():
+        diff = (model(**inputs).logits - reference(**inputs).logits).abs().max().item()
+    assert diff <= ATOL
+
+    back = type(reference).from_pretrained(root / "back").eval()
+    assert json.loads((root / "back" / "config.json").read_text())["architectures"] == [type(reference).__name__]
+    for field in ("id2label", "label2id", "problem_type", "classifier_dropout"):
+        assert getattr(back.config, field) == getattr(reference.config, field), field
+    theirs, ours = reference.state_dict(), back.state_dict()
+    assert ours.keys() == theirs.keys()
+    assert [k for k in theirs if not torch.equal(ours[k], theirs[k])] == []
+
+
+def test_a_sequence_classifier_without_berts_pooler_is_refused_by_bert(bert_head_folders, tmp_path):
+    """BertForSequenceClassification always pools; a classifier without the pooler (`classifier_pooler=False`) is
+    refused with the field named, while a masked LM's export ignores the field (it has no such head)."""
+    config = EncoderForSequenceClassification.config_class.from_pretrained(bert_head_folders["sequence"][1] / "archlab")
+    changed = type(config)(**{**config.to_dict(), "classifier_pooler": False})
+    EncoderForSequenceClassification(changed).save_pretrained(tmp_path / "classifier")
+    with pytest.raises(ConversionError, match="classifier_pooler=False"):
+        convert_checkpoint(tmp_path / "classifier", tmp_path / "out", to="bert")
+    EncoderForMaskedLM(changed).save_pretrained(tmp_path / "mlm")
+    convert_checkpoint(tmp_path / "mlm", tmp_path / "bert", to="bert")
+
+
+def test_an_encoder_classifier_is_refused_by_a_family_without_one(bert_head_folders, tmp_path):
+    with pytest.raises(ConversionError, match="EncoderForTokenClassification; marian has no"):
+        convert_checkpoint(bert_head_folders["token"][1] / "archlab", tmp_path / "out", to="marian")

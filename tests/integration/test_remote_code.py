@@ -210,6 +210,18 @@ def saved(tmp_path_factory) -> dict:
             resave=str(root / "resaved_masked_lm_as_AutoModel"),
         )
     )
+    # and as BERT's fine-tuning heads (the classifier's weights new, the encoder's kept)
+    for auto_name in ("AutoModelForSequenceClassification", "AutoModelForTokenClassification"):
+        jobs.append(
+            dict(
+                name=f"masked_lm_as_{auto_name}",
+                auto=auto_name,
+                folder=str(cases["EncoderForMaskedLM"]["folder"]),
+                inputs=str(root / "inputs_EncoderForMaskedLM.safetensors"),
+                output=str(root / f"output_masked_lm_as_{auto_name}.safetensors"),
+                resave=str(root / f"resaved_masked_lm_as_{auto_name}"),
+            )
+        )
     return dict(root=root, cases=cases, jobs=jobs)
 
 
@@ -328,6 +340,21 @@ def test_masked_lm_folder_opens_as_its_encoder_without_archlab(exported):
     with torch.no_grad():
         expected = case["model"].encoder(**case["inputs"]).last_hidden_state
     torch.testing.assert_close(hidden, expected, rtol=0, atol=1e-6)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("auto_name", ["AutoModelForSequenceClassification", "AutoModelForTokenClassification"])
+def test_masked_lm_folder_opens_as_berts_heads_without_archlab(exported, auto_name):
+    """`auto_map` of a masked LM's folder names the fine-tuning heads, so one starts fine-tuning from it where
+    archlab is not installed; the encoder is the masked LM's (the re-saved folder holds its very tensors)."""
+    case = exported["cases"]["EncoderForMaskedLM"]
+    assert auto_name in json.loads((case["folder"] / "config.json").read_text())["auto_map"]
+    result = exported["results"][f"masked_lm_as_{auto_name}"]
+    assert "error" not in result, result.get("error")
+    assert result["class"] == auto_name.replace("AutoModel", "Encoder")
+    resaved = load_file(exported["root"] / f"resaved_masked_lm_as_{auto_name}" / "model.safetensors")
+    for key, tensor in case["model"].encoder.state_dict().items():
+        assert torch.equal(resaved[f"encoder.{key}"], tensor), key
 
 
 def _imports(path: Path):

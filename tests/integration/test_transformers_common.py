@@ -3,7 +3,7 @@
 Every model inside transformers passes these: save/load round trips, tied weights and loading checkpoints with
 missing weights (nothing left on the meta device), initialisation on meta, eager vs. SDPA in fp32/fp16/bf16,
 batching equivalence, gradient checkpointing, resizing embeddings, TP-plan consistency, ... Here they run on
-`DecoderForCausalLM` & co., on `Seq2SeqForConditionalGeneration` & co. and on `EncoderForMaskedLM`, with the
+`DecoderForCausalLM` & co., on `Seq2SeqForConditionalGeneration` & co. and on `EncoderForMaskedLM` & co., with the
 testers' shapes of their stock peers (transformers' `CausalLMModelTester`, `MarianModelTester`, `BertModelTester`).
 
 Where the mixins come from: the transformers 5.24.0 source distribution on PyPI, fetched with pip into a cache on
@@ -37,6 +37,8 @@ except transformers_common_tests.Unavailable as error:
 from transformers import (
     BertConfig,
     BertForMaskedLM,
+    BertForSequenceClassification,
+    BertForTokenClassification,
     LlamaConfig,
     LlamaForCausalLM,
     LlamaForSequenceClassification,
@@ -251,7 +253,11 @@ class ArchlabSeq2SeqTest(ArchlabCommonTests, unittest.TestCase):
 
 
 class ArchlabMaskedLMTest(ArchlabCommonTests, unittest.TestCase):
-    all_model_classes = (archlab.EncoderForMaskedLM,)
+    all_model_classes = (
+        archlab.EncoderForMaskedLM,
+        archlab.EncoderForSequenceClassification,
+        archlab.EncoderForTokenClassification,
+    )
     model_tester_class, model_config_class = MaskedLMTester, archlab.Seq2SeqConfig
 
 
@@ -267,5 +273,5 @@ if os.environ.get("ARCHLAB_COMMON_TESTS_PEERS") == "1":
         is_encoder_decoder = True
 
     class BertPeerTest(CommonTests, unittest.TestCase):
-        all_model_classes = (BertForMaskedLM,)
+        all_model_classes = (BertForMaskedLM, BertForSequenceClassification, BertForTokenClassification)
         model_tester_class, model_config_class = MaskedLMTester, BertConfig

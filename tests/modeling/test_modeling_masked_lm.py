@@ -8,6 +8,7 @@ from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processor
 from transformers import (
     AutoModel,
     AutoModelForMaskedLM,
+    AutoModelForSequenceClassification,
     DataCollatorForLanguageModeling,
     PreTrainedTokenizerFast,
     Trainer,
@@ -16,6 +17,8 @@ from transformers import (
 )
 
 from archlab import EncoderForMaskedLM, EncoderModel, Seq2SeqConfig, Seq2SeqModel
+
+from helpers import assert_close_to_scale
 
 WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu".split()
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
@@ -217,3 +220,178 @@ def test_the_pad_row_is_trained_as_the_config_says(trained):
     embeddings = EncoderForMaskedLM(config).get_input_embeddings()
     assert embeddings.padding_idx == (None if trained else config.pad_token_id)
     assert bool(embeddings.weight[config.pad_token_id].abs().sum() > 0) == trained
+
+
+# --- the fine-tuning heads: BERT's sequence and token classifiers ------------------------------------------------
+
+
+def _bert_pair(tmp_path, stock_class, **config):
+    """A tiny stock BERT head with every parameter perturbed, and archlab's model converted from its folder."""
+    from transformers import BertConfig
+
+    from archlab.conversion import convert_checkpoint
+
+    shape = dict(vocab_size=50, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=48)
+    reference = stock_class(BertConfig(**shape, max_position_embeddings=32, type_vocab_size=2, **config)).eval()
+    with torch.no_grad():
+        for parameter in reference.parameters():
+            parameter.add_(0.1 * torch.randn_like(parameter))
+    reference.save_pretrained(tmp_path / "stock")
+    convert_checkpoint(tmp_path / "stock", tmp_path / "archlab")
+    return reference
+
+
+def _padded_pairs() -> dict:
+    """Three rows of sentence pairs (segment ids 0 then 1), two of them right-padded."""
+    ids = torch.randint(3, 50, (3, 10))
+    mask = torch.ones_like(ids)
+    mask[1, 7:], mask[2, 4:] = 0, 0
+    segments = torch.zeros_like(ids)
+    segments[:, 3:] = 1
+    return dict(input_ids=ids.masked_fill(mask == 0, 0), attention_mask=mask, token_type_ids=segments * mask)
+
+
+PROBLEMS = {  # problem type -> (num_labels, labels of the 3 rows)
+    "regression": (1, lambda: torch.randn(3)),
+    "single_label_classification": (3, lambda: torch.tensor([2, 0, 1])),
+    "multi_label_classification": (3, lambda: torch.tensor([[1.0, 0, 1], [0, 0, 0], [0, 1, 1]])),
+}
+
+
+@pytest.mark.parametrize("problem", PROBLEMS)
+def test_the_sequence_classifier_is_berts(problem, tmp_path):
+    """`EncoderForSequenceClassification` converted from a `BertForSequenceClassification` gives its logits (within
+    1e-4 of their scale, fp32) on padded sentence pairs, and its loss for each problem type, the problem type found
+    from the labels as BERT finds it when the config leaves it unset."""
+    from transformers import BertForSequenceClassification
+
+    from archlab import EncoderForSequenceClassification
+
+    torch.manual_seed(0)
+    num_labels, labels = PROBLEMS[problem]
+    reference = _bert_pair(tmp_path, BertForSequenceClassification, num_labels=num_labels)
+    model = EncoderForSequenceClassification.from_pretrained(tmp_path / "archlab").eval()
+    assert model.config.problem_type is None and model.config.classifier_pooler
+    inputs, labels = _padded_pairs(), labels()
+    with torch.no_grad():
+        ours, theirs = model(**inputs, labels=labels), reference(**inputs, labels=labels)
+    assert_close_to_scale(ours.logits, theirs.logits)
+    assert model.config.problem_type == reference.config.problem_type == problem
+    assert_close_to_scale(ours.loss, theirs.loss)
+
+
+def test_the_token_classifier_is_berts(tmp_path):
+    """`EncoderForTokenClassification` converted from a `BertForTokenClassification` gives its logits and its loss
+    (the mean over the labelled tokens, -100 left out) on padded sentence pairs."""
+    from transformers import BertForTokenClassification
+
+    from archlab import EncoderForTokenClassification
+
+    torch.manual_seed(0)
+    reference = _bert_pair(tmp_path, BertForTokenClassification, num_labels=5)
+    model = EncoderForTokenClassification.from_pretrained(tmp_path / "archlab").eval()
+    inputs = _padded_pairs()
+    labels = torch.randint(0, 5, inputs["input_ids"].shape).masked_fill(inputs["attention_mask"] == 0, -100)
+    with torch.no_grad():
+        ours, theirs = model(**inputs, labels=labels), reference(**inputs, labels=labels)
+    assert_close_to_scale(ours.logits, theirs.logits)
+    assert_close_to_scale(ours.loss, theirs.loss)
+
+
+@pytest.mark.parametrize("head", ["sequence", "token"])
+def test_a_masked_lm_folder_starts_a_classifier(head, tokenizer, tmp_path):
+    """As BERT's heads from a BERT folder: the Auto class loads a masked LM's folder into the encoder head, the
+    encoder's weights kept, the MLM head left out without a word, and only the new head reported as missing (the
+    pooler and classifier, or the classifier); the stock pipeline then classifies text (or tokens)."""
+    from transformers import AutoModelForTokenClassification
+
+    from archlab import EncoderForSequenceClassification, EncoderForTokenClassification
+
+    torch.manual_seed(0)
+    mlm = tiny_mlm(tokenizer).eval()
+    mlm.save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    auto_class, head_class, new = {
+        "sequence": (AutoModelForSequenceClassification, EncoderForSequenceClassification, {"pooler", "classifier"}),
+        "token": (AutoModelForTokenClassification, EncoderForTokenClassification, {"classifier"}),
+    }[head]
+    model, info = auto_class.from_pretrained(tmp_path, num_labels=3, output_loading_info=True)
+    assert type(model) is head_class
+    assert {key.split(".")[0] for key in info["missing_keys"]} == new
+    assert info["unexpected_keys"] == set() and info["mismatched_keys"] == set()
+    kept = mlm.encoder.state_dict()
+    assert [k for k, v in model.encoder.state_dict().items() if not torch.equal(v, kept[k])] == []
+
+    model.save_pretrained(tmp_path / "classifier")  # whose encoder `AutoModel` gives, as it does a masked LM's
+    encoder = AutoModel.from_pretrained(tmp_path / "classifier")
+    assert type(encoder) is EncoderModel
+    assert all(torch.equal(v, kept[k]) for k, v in encoder.encoder.state_dict().items())
+
+    task, key = ("text-classification", "label") if head == "sequence" else ("token-classification", "entity")
+    results = pipeline(task, model=str(tmp_path), tokenizer=str(tmp_path))("alpha beta gamma delta")
+    assert results and all(result[key].startswith("LABEL_") for result in results)
+
+
+def test_an_encoder_decoders_folder_starts_a_classifier_from_its_encoder(tmp_path):
+    """A classifier started from an encoder-decoder's folder gets its encoder, token embeddings included (saved as
+    the shared `model.shared`; they were left random, with one line in the loading report), not its decoder, and
+    saves under its own names."""
+    from archlab import EncoderForSequenceClassification, Seq2SeqForConditionalGeneration
+
+    torch.manual_seed(0)
+    config = tiny_mlm(wordpiece_tokenizer()).config
+    seq2seq = Seq2SeqForConditionalGeneration(config)
+    seq2seq.save_pretrained(tmp_path / "seq2seq")
+    model, info = AutoModelForSequenceClassification.from_pretrained(
+        tmp_path / "seq2seq", num_labels=2, output_loading_info=True
+    )
+    assert type(model) is EncoderForSequenceClassification
+    assert {key.split(".")[0] for key in info["missing_keys"]} == {"pooler", "classifier"}
+    assert info["unexpected_keys"] == set()
+    kept = seq2seq.model.encoder.state_dict()
+    assert [k for k, v in model.encoder.state_dict().items() if not torch.equal(v, kept[k])] == []
+    model.save_pretrained(tmp_path / "classifier")
+    again = EncoderForSequenceClassification.from_pretrained(tmp_path / "classifier")
+    assert all(torch.equal(v, again.state_dict()[k]) for k, v in model.state_dict().items())
+
+
+def test_the_pooler_and_the_classifier_dropout_follow_the_config(tokenizer):
+    """`classifier_pooler=False` classifies the first token's state itself; `classifier_dropout` falls back to
+    `dropout` as BERT's to `hidden_dropout_prob`, and a value outside [0, 1) fails at construction."""
+    from archlab import EncoderForSequenceClassification, EncoderForTokenClassification
+
+    config = tiny_mlm(tokenizer, dropout=0.2).config
+    assert EncoderForSequenceClassification(config).dropout.p == 0.2
+    assert (
+        EncoderForTokenClassification(Seq2SeqConfig(**{**config.to_dict(), "classifier_dropout": 0.3})).dropout.p == 0.3
+    )
+    plain = EncoderForSequenceClassification(Seq2SeqConfig(**{**config.to_dict(), "classifier_pooler": False})).eval()
+    assert plain.pooler is None
+    ids = tokenizer("alpha beta gamma", return_tensors="pt")["input_ids"]
+    with torch.no_grad():
+        first = plain.encoder(input_ids=ids).last_hidden_state[:, 0]
+        torch.testing.assert_close(plain(input_ids=ids).logits, plain.classifier(first))
+    with pytest.raises(ValueError, match="classifier_dropout"):
+        Seq2SeqConfig(classifier_dropout=1.5)
+
+
+@pytest.mark.parametrize("head", ["sequence", "token"])
+def test_accumulated_batches_weigh_each_label_as_one_batch(head, tokenizer):
+    """Under the Trainer's gradient accumulation (`num_items_in_batch`: the labels of the whole accumulated batch)
+    the losses of uneven micro-batches sum to the loss of the one big batch."""
+    from archlab import EncoderForSequenceClassification, EncoderForTokenClassification
+
+    torch.manual_seed(0)
+    config = Seq2SeqConfig(**{**tiny_mlm(tokenizer, dropout=0.0).config.to_dict(), "num_labels": 3})
+    model = (EncoderForSequenceClassification if head == "sequence" else EncoderForTokenClassification)(config).eval()
+    ids = torch.randint(5, len(tokenizer), (5, 6))
+    labels = torch.randint(0, 3, (5,) if head == "sequence" else (5, 6))
+    if head == "token":
+        labels[1, 2:] = -100
+    total = int(labels.ne(-100).sum())
+    with torch.no_grad():
+        whole = model(input_ids=ids, labels=labels).loss
+        parts = [
+            model(input_ids=ids[s], labels=labels[s], num_items_in_batch=total).loss for s in (slice(0, 2), slice(2, 5))
+        ]
+    torch.testing.assert_close(sum(parts), whole)
