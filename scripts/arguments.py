@@ -521,7 +521,12 @@ def check_attention_implementation(name: str | None) -> None:
 
 
 # archlab's model classes that have no decoder stack, though their config is the encoder-decoder's
-ENCODER_ONLY_CLASSES = {"EncoderForMaskedLM"}
+ENCODER_ONLY_CLASSES = {
+    "EncoderForMaskedLM",
+    "EncoderModel",
+    "EncoderForSequenceClassification",
+    "EncoderForTokenClassification",
+}
 
 
 def check_pretrained_model_kind(model_args: ModelArguments, auto_class: Any, trains: str) -> None:
@@ -537,8 +542,8 @@ def check_pretrained_model_kind(model_args: ModelArguments, auto_class: Any, tra
         config = AutoConfig.from_pretrained(folder)
     except Exception:  # an unreadable config is reported where the model is loaded, with its own message
         return
+    encoder_only = sorted(set(config.architectures or ()) & ENCODER_ONLY_CLASSES)
     if type(config) in auto_class._model_mapping:
-        encoder_only = sorted(set(config.architectures or ()) & ENCODER_ONLY_CLASSES)
         if encoder_only and auto_class.__name__ == "AutoModelForSeq2SeqLM":
             # (archlab's masked LM shares Seq2SeqConfig with the encoder-decoder, so the config type lets it through)
             raise ValueError(
@@ -546,11 +551,15 @@ def check_pretrained_model_kind(model_args: ModelArguments, auto_class: Any, tra
                 "encoder-decoder: its whole decoder would start from random weights. Pass a seq2seq folder, or "
                 "leave out --model_name_or_path to train a new model."
             )
-        return
+        if encoder_only or config.model_type != "archlab_seq2seq" or not auto_class.__name__.endswith("Classification"):
+            return
+        # an encoder-decoder's folder given to a classifier: the encoder heads take masked LMs' (BERT's) encoders;
+        # fine-tuning an encoder-decoder's encoder alone would drop its decoder without a word
     raise ValueError(
         f"--model_name_or_path {folder!r} holds a `{config.model_type}` model ({type(config).__name__}), which "
-        f"{trains} cannot train: it needs a model {auto_class.__name__} builds. Pass such a folder, or leave out "
-        "--model_name_or_path to train a new model."
+        f"{trains} cannot train: it needs a model {auto_class.__name__} builds"
+        + (" (for an archlab_seq2seq config: a masked LM's encoder)" if config.model_type == "archlab_seq2seq" else "")
+        + ". Pass such a folder, or leave out --model_name_or_path to train a new model."
     )
 
 

@@ -5,8 +5,9 @@
   (the template's `{% generation %}` blocks). Data: a `messages` column, or `--prompt_column`/`--response_column`;
   default: the embedded corpus's "write function `name`: <docstring>" -> code pairs.
       python scripts/finetune.py --task instruct --model_name_or_path runs/pretrain --output_dir runs/chat
-- `classification`: sequence classification from a decoder's last token (as GPT fine-tuning does), from a CSV/JSON
-  with text and label columns; reports accuracy and macro-F1. Float labels are regression targets (one output,
+- `classification`: sequence classification from a decoder's last token (as GPT fine-tuning does), or, from a masked
+  LM's folder, from its first token with BERT's head (`EncoderForSequenceClassification`), from a CSV/JSON with text
+  and label columns; reports accuracy and macro-F1. Float labels are regression targets (one output,
   mean squared error), as run_glue.py reads them; reports MSE and Pearson's r. A list of labels per row (JSON) is
   multi-label classification, as run_classification.py reads it (one sigmoid output per class, binary
   cross-entropy); reports subset accuracy and micro-F1. Two text columns (`--text_column_names sentence1,sentence2`,

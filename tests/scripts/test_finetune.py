@@ -1011,3 +1011,43 @@ def test_a_resume_that_reads_other_columns_is_refused_first(
     (checkpoint / "run_facts.json").write_text(json.dumps(facts))  # saved without the columns: the next check fails
     with pytest.raises(ValueError, match="was saved with --save_only_model and holds the weights alone"):
         finetune.main([*args, *flags])
+
+
+def masked_lm_folder(folder: Path, rows: list[dict], **config) -> archlab.EncoderForMaskedLM:
+    """A tiny masked LM saved in `folder` with archlab's masked-LM tokenizer trained on the rows' texts."""
+    tokenizer = train_tokenizer([f"{r['sentence1']} {r['sentence2']}" for r in rows], "masked_lm", vocab_size=200)
+    config = archlab.Seq2SeqConfig(
+        **{**TINY_SEQ2SEQ, "vocab_size": len(tokenizer), "position_embedding_type": "learned", **config},
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        decoder_start_token_id=None,
+    )
+    model = archlab.EncoderForMaskedLM(config)
+    model.save_pretrained(folder)
+    save_tokenizer(tokenizer, folder)
+    return model
+
+
+def test_a_masked_lm_folder_is_fine_tuned_as_berts_classifier(tmp_path: Path) -> None:
+    """--task classification from a masked LM's folder (pretrain --model_kind masked_lm, or a converted BERT) fine-tunes
+    its encoder with BERT's head (`EncoderForSequenceClassification`: the first token, the pooler), sentence pairs
+    read with BERT's segment ids (second text 1) through the segment embeddings, whose second row then moves; an
+    encoder-decoder's folder stays refused (its decoder would be dropped)."""
+    rows = pair_rows(80, 1)
+    base = masked_lm_folder(tmp_path / "mlm", rows, type_vocab_size=2)
+    Dataset.from_list(rows).to_csv(tmp_path / "train.csv")
+    Dataset.from_list(pair_rows(40, 2)).to_csv(tmp_path / "validation.csv")
+    files = [tmp_path / "train.csv", tmp_path / "validation.csv"]
+    out = tmp_path / "out"
+    metrics = finetune.main(classification_args(out, tmp_path / "mlm", *files, "--max_steps", "30"))
+    assert metrics["eval_accuracy"] >= 0.9
+    model = AutoModelForSequenceClassification.from_pretrained(out)
+    assert type(model) is archlab.EncoderForSequenceClassification and model.pooler is not None
+    before, after = base.encoder.token_type_embeddings.weight, model.encoder.token_type_embeddings.weight
+    assert not torch.equal(after[1], before[1])
+
+    archlab.Seq2SeqForConditionalGeneration(base.config).save_pretrained(tmp_path / "seq2seq")
+    with pytest.raises(ValueError, match="--task classification cannot train: .*a masked LM's encoder"):
+        finetune.main(classification_args(tmp_path / "refused", tmp_path / "seq2seq", *files))
+    assert not (tmp_path / "refused").exists()
