@@ -334,7 +334,7 @@ def write_model_card(
             regression=config.get("problem_type") == "regression",
             multi_label=config.get("problem_type") == "multi_label_classification",
             example_pair=example_pair,
-            segments=(config.get("type_vocab_size") or 0) > 0,
+            segments=(config.get("type_vocab_size") or 0) > 1,  # (one type: segment 0 everywhere, as without ids)
             prefix_key=task_prefix_key(config, pipeline_tag),
         ),
         hyperparameters=summary["hyperparameters"],

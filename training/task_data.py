@@ -354,7 +354,7 @@ def tokenize_classification(
     `tokenizer(first, second, truncation=True)` as run_glue.py does: its pair template (archlab's decoder
     tokenizer: `<s> first <s> second`; BERT's: `[CLS] first [SEP] second [SEP]`), the longer text cut first
     (`longest_first`) down to `max_length`. `token_type_ids` are kept where the model has segment embeddings
-    (`segments`: its config's `type_vocab_size` > 0, a BERT's) and dropped otherwise: a model without them takes
+    (`segments`: its config's `type_vocab_size` > 1, a BERT's) and dropped otherwise: a model without them takes
     none (archlab's decoder ignores them)."""
     label = args.label_column_name
     pair = text_pair_column(args)

@@ -270,7 +270,9 @@ def build_task_model(
         )
         # a list of labels per row: one sigmoid output per class, trained by binary cross-entropy
         config.problem_type = "multi_label_classification" if multi_label else "single_label_classification"
-    segments = (getattr(config, "type_vocab_size", None) or 0) > 0  # a BERT's segment embeddings read token_type_ids
+    # a BERT's segment embeddings read token_type_ids; one segment type (a RoBERTa's, or a masked LM exported to BERT
+    # and back) is segment 0 everywhere, what the model reads without them: a pair's segment ids 1 would index past it
+    segments = (getattr(config, "type_vocab_size", None) or 0) > 1
     with tokenizing or contextlib.nullcontext():
         data = {
             s: task.tokenize(raw[s], tokenizer, options, max_length, num_proc, text_column, label2id, segments)

@@ -1051,3 +1051,15 @@ def test_a_masked_lm_folder_is_fine_tuned_as_berts_classifier(tmp_path: Path) ->
     with pytest.raises(ValueError, match="--task classification cannot train: .*a masked LM's encoder"):
         finetune.main(classification_args(tmp_path / "refused", tmp_path / "seq2seq", *files))
     assert not (tmp_path / "refused").exists()
+
+
+def test_pairs_for_a_model_with_one_segment_type_leave_the_segment_ids_out(tmp_path: Path) -> None:
+    """A masked LM with one segment type (`type_vocab_size=1`: a RoBERTa's, or one exported to BERT and back) reads
+    segment 0 everywhere; the pair's segment ids 1 indexed past its table ("index out of range in self" at the first
+    step): they are left out, as for a model without segment embeddings."""
+    rows = pair_rows(16, 1)
+    masked_lm_folder(tmp_path / "mlm", rows, type_vocab_size=1)
+    Dataset.from_list(rows).to_csv(tmp_path / "train.csv")
+    files = [tmp_path / "train.csv", tmp_path / "train.csv"]
+    metrics = finetune.main(classification_args(tmp_path / "out", tmp_path / "mlm", *files, "--max_steps", "2"))
+    assert np.isfinite(metrics["eval_loss"])
