@@ -46,6 +46,21 @@ def check_token_ids(
         )
 
 
+def check_segment_ids(token_type_ids: torch.Tensor, type_vocab_size: int) -> None:
+    """Refuse segment ids outside [0, type_vocab_size) (CPU tensors only) with a ValueError naming the field; the
+    embedding lookup failed with "index out of range in self"."""
+    if token_type_ids.numel() == 0 or not can_read_values(token_type_ids):
+        return
+    low, high = (int(value) for value in torch.aminmax(token_type_ids))
+    if low < 0 or high >= type_vocab_size:
+        raise ValueError(
+            f"`token_type_ids` holds segment id {high if high >= type_vocab_size else low}, but the model has "
+            f"`type_vocab_size`={type_vocab_size} segment types (ids in [0, {type_vocab_size})). A tokenizer gives a "
+            "pair's second text segment 1: encode pairs with `return_token_type_ids=False` for a model with one "
+            "segment type (it reads 0 everywhere)."
+        )
+
+
 def cached_length(past_key_values: Cache | None) -> int | None:
     """Tokens already in the cache; None when only a device tensor knows (a static cache on an accelerator)."""
     if past_key_values is None:
@@ -162,6 +177,7 @@ __all__ = [
     "can_read_values",
     "check_attention_mask",
     "check_cache_heads",
+    "check_segment_ids",
     "check_special_token_ids",
     "check_token_ids",
     "resolved_pad_token_id",

@@ -29,7 +29,14 @@ from transformers.modeling_outputs import BaseModelOutput, BaseModelOutputWithPa
 
 from .cache_names import cache_argument, with_cache
 from .configuration_seq2seq import Seq2SeqConfig
-from .input_checks import cached_length, check_attention_mask, check_cache_heads, check_token_ids, embedding_rows
+from .input_checks import (
+    cached_length,
+    check_attention_mask,
+    check_cache_heads,
+    check_segment_ids,
+    check_token_ids,
+    embedding_rows,
+)
 from .normalization import make_norm
 from .positions import position_table
 from .relative_bias import position_buckets
@@ -136,6 +143,7 @@ class Seq2SeqEncoder(_Seq2SeqStack):
         if self.token_type_embeddings is not None:
             if token_type_ids is None:
                 token_type_ids = torch.zeros(hidden_states.shape[:2], dtype=torch.long, device=hidden_states.device)
+            check_segment_ids(token_type_ids, self.config.type_vocab_size)
             hidden_states = hidden_states + self.token_type_embeddings(token_type_ids)
         if self.layernorm_embedding is not None:
             hidden_states = self.layernorm_embedding(hidden_states)

@@ -24,6 +24,17 @@ def one_line(error: pytest.ExceptionInfo) -> str:
 # ---- token ids past the embedding -------------------------------------------------------------------------------
 
 
+def test_segment_ids_past_the_segment_types_are_named():
+    """A model with one segment type (a masked LM exported to BERT and back) given a pair's segment ids 1 failed in
+    the embedding lookup with "index out of range in self"."""
+    model = EncoderForMaskedLM(tiny_seq2seq_config(type_vocab_size=1)).eval()
+    ids, segments = torch.tensor([[5, 6, 7, 8]]), torch.tensor([[0, 0, 1, 1]])
+    with pytest.raises(ValueError) as error:
+        model(input_ids=ids, token_type_ids=segments)
+    assert "`type_vocab_size`=1" in one_line(error) and "segment id 1" in one_line(error)
+    model(input_ids=ids, token_type_ids=torch.zeros_like(segments))
+
+
 @pytest.mark.parametrize("bad", [97, 500, -1])
 def test_decoder_refuses_token_ids_outside_the_vocabulary(bad):
     model = DecoderForCausalLM(tiny_decoder_config()).eval()  # vocab_size 97
