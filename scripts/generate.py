@@ -4,16 +4,23 @@
     python scripts/generate.py --model_name_or_path runs/chat --chat true --prompt "Reverse a list."
     python scripts/generate.py --model_name_or_path runs/docstrings --prompt $'def add(a, b):\\n    return a + b'
     python scripts/generate.py --model_name_or_path runs/pretrain --prompt "def f(" --stop_strings $'\\n\\n' "class "
+    python scripts/generate.py --model_name_or_path runs/pretrain --prompt "def parse_args(" "class Parser"
+    python scripts/generate.py --model_name_or_path runs/chat --chat true --prompts_file questions.jsonl
 
 The usual sampling flags (`--do_sample`, `--temperature`, `--top_k`, `--top_p`, `--repetition_penalty`,
 `--num_beams`, `--max_new_tokens`, `--stop_strings`) map one to one onto `GenerationConfig`; a stop string ends the
 text once generated, as in transformers (it is kept, as the last words printed). The model runs on the GPU when there is
-one (`--device`), where `generate` decodes with a static cache and a compiled step (docs/workflows.md).
+one (`--device`), where `generate` decodes with a static cache and a compiled step (docs/workflows.md). Several prompts
+(`--prompt A B`, or `--prompts_file`: one a line, or JSON Lines of strings or chat conversations) are generated as
+one batch, left-padded for a decoder, and printed in order after a `=== k/N` line each; greedy decoding gives each the
+text it gives alone.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -28,14 +35,28 @@ from archlab.scripts.arguments import (
 from archlab.text2text import stored_prefix
 from archlab.tokenization.training import has_tokenizer
 from archlab.training.reporting import log
-from archlab.training.sampling import check_device, generate_text, load_for_generation
+from archlab.training.sampling import check_device, generate_text, generate_texts, load_for_generation
 
 
 @dataclass
 class GenerateArguments:
     model_name_or_path: str = field(metadata={"help": "A folder written by the pretrain/finetune scripts."})
-    prompt: str = field(default="def ", metadata={"help": "The text to continue (the source, for seq2seq)."})
+    prompt: list[str] = field(
+        default_factory=lambda: ["def "],
+        metadata={
+            "help": "The text to continue (the source, for seq2seq); several (`--prompt A B`) are generated as one "
+            "batch and printed in order."
+        },
+    )
     prompt_file: str | None = field(default=None, metadata={"help": "Read the prompt from this file instead."})
+    prompts_file: str | None = field(
+        default=None,
+        metadata={
+            "help": "Read several prompts from this file instead, generated as one batch and printed in order: one "
+            "prompt a line, or in a .jsonl file one JSON value a line, a string (newlines as \\n) or, with --chat, a "
+            'conversation (a list of {"role": ..., "content": ...} messages).'
+        },
+    )
     chat: bool = field(default=False, metadata={"help": "Wrap the prompt as a user turn of the chat template."})
     max_new_tokens: int = field(
         default=100,
@@ -76,25 +97,31 @@ class GenerateArguments:
     )
 
 
-def resolve_defaults(args: GenerateArguments) -> None:
+def resolve_defaults(args: GenerateArguments, prompts: int = 1) -> None:
     """`--do_sample` and `--stream` left unset: true, except with beam search (`--num_beams` > 1), which neither
-    samples nor streams; given explicitly, they stand (and `check` refuses the combinations that cannot run)."""
+    samples nor streams, and `--stream` with several prompts (transformers' `TextStreamer` prints one row); given
+    explicitly, they stand (and `check` refuses the combinations that cannot run)."""
     beams = args.num_beams > 1
     if args.do_sample is None:
         args.do_sample = not beams
     if args.stream is None:
-        args.stream = not beams
+        args.stream = not beams and prompts == 1
+    if args.stream and prompts > 1:
+        raise ValueError(f"Conflicting flags: --stream true and {prompts} prompts (a stream prints one text).")
 
 
 def check(args: GenerateArguments) -> None:
     check_device(args.device)
-    check_not_empty(args, ("model_name_or_path", "prompt_file"))
+    check_not_empty(args, ("model_name_or_path", "prompt_file", "prompts_file"))
+    if args.prompt_file and args.prompts_file:
+        raise ValueError("Conflicting flags: --prompt_file (one prompt) and --prompts_file (several); give one.")
     if os.path.isdir(args.model_name_or_path):
         check_model_folder(args.model_name_or_path, "--model_name_or_path")
     else:
         raise FileNotFoundError(f"--model_name_or_path {args.model_name_or_path!r} holds no saved model (config.json).")
-    if args.prompt_file and not os.path.isfile(args.prompt_file):
-        raise FileNotFoundError(f"--prompt_file {args.prompt_file!r} does not exist.")
+    for flag in ("prompt_file", "prompts_file"):
+        if getattr(args, flag) and not os.path.isfile(getattr(args, flag)):
+            raise FileNotFoundError(f"--{flag} {getattr(args, flag)!r} does not exist.")
     if args.max_new_tokens < 1:
         raise ValueError(f"--max_new_tokens must be >= 1, got {args.max_new_tokens}.")
     if args.do_sample and args.temperature <= 0:
@@ -122,28 +149,30 @@ def check(args: GenerateArguments) -> None:
     check_weights(args.model_name_or_path, "--model_name_or_path")
 
 
-def main(argv: Sequence[str] | None = None) -> str:
+def main(argv: Sequence[str] | None = None) -> str | list[str]:
+    """The generated text (the list of texts, in order, for several prompts)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    given = sum(arg == "--prompt" or arg.startswith("--prompt=") for arg in argv)
+    if given > 1:
+        raise ValueError(
+            f"--prompt was given {given} times, and the last would replace the others: give several prompts after "
+            "one --prompt (--prompt A B) or in --prompts_file."
+        )
     (args,) = parse_arguments((GenerateArguments,), argv, __doc__)
-    resolve_defaults(args)
+    prompts = read_prompts(args)
+    resolve_defaults(args, len(prompts))
     check(args)
     model, tokenizer, seq2seq = load_for_generation(args.model_name_or_path, args.device)
-    prompt = args.prompt
-    if args.prompt_file:
-        try:
-            with open(args.prompt_file, encoding="utf-8") as f:
-                prompt = f.read()
-        except UnicodeDecodeError as error:
-            raise ValueError(
-                f"--prompt_file {args.prompt_file!r} is not UTF-8 text ({error.reason} at byte {error.start})."
-            ) from None
     if seq2seq:
-        prompt = source_prefix(model.config, args.source_prefix) + prompt
+        prefix = source_prefix(model.config, args.source_prefix)
+        prompts = [prefix + prompt for prompt in prompts]
     elif args.source_prefix is not None:
         raise ValueError("--source_prefix goes before a seq2seq model's source; this folder holds a decoder.")
-    return generate_text(
-        model,
-        tokenizer,
-        prompt,
+    if not args.chat and any(not isinstance(prompt, str) for prompt in prompts):
+        raise ValueError(
+            f"--prompts_file {args.prompts_file!r} holds conversations (lists of messages): add --chat true."
+        )
+    settings = dict(
         seq2seq=seq2seq,
         chat=args.chat,
         stream=args.stream,
@@ -157,6 +186,50 @@ def main(argv: Sequence[str] | None = None) -> str:
         num_beams=args.num_beams,
         stop_strings=args.stop_strings,
     )
+    if len(prompts) == 1:
+        return generate_text(model, tokenizer, prompts[0], **settings)
+    return generate_texts(model, tokenizer, prompts, **settings)
+
+
+def read_text(path: str, flag: str) -> str:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{flag} {path!r} does not exist.") from None
+    except UnicodeDecodeError as error:
+        raise ValueError(f"{flag} {path!r} is not UTF-8 text ({error.reason} at byte {error.start}).") from None
+
+
+def read_prompts(args: GenerateArguments) -> list[str | list[dict]]:
+    """The prompts: --prompt's, --prompt_file's whole text, or --prompts_file's lines (JSON values in a .jsonl file,
+    a string or a conversation each; blank lines skipped)."""
+    prompts = [args.prompt] if isinstance(args.prompt, str) else list(args.prompt)  # a .json of flags gives a string
+    if args.prompt_file:
+        prompts = [read_text(args.prompt_file, "--prompt_file")]
+    elif args.prompts_file:
+        lines = read_text(args.prompts_file, "--prompts_file").splitlines()
+        numbered = [(n, line) for n, line in enumerate(lines, 1) if line.strip()]
+        if not args.prompts_file.endswith(".jsonl"):
+            prompts = [line for _, line in numbered]
+        else:
+            prompts = []
+            for n, line in numbered:
+                try:
+                    value = json.loads(line)
+                except json.JSONDecodeError as error:
+                    where = f"--prompts_file {args.prompts_file!r}, line {n}"
+                    raise ValueError(f"{where}: not JSON ({error.msg}).") from None
+                conversation = isinstance(value, list) and all(isinstance(m, dict) and "role" in m for m in value)
+                if not (isinstance(value, str) or (conversation and value)):
+                    raise ValueError(
+                        f"--prompts_file {args.prompts_file!r}, line {n}: a prompt is a JSON string or a list of "
+                        f'{{"role": ..., "content": ...}} messages, got {line.strip()[:60]}'
+                    )
+                prompts.append(value)
+        if not prompts:
+            raise ValueError(f"--prompts_file {args.prompts_file!r} holds no prompt (every line is blank).")
+    return prompts
 
 
 def source_prefix(config, flag: str | None) -> str:

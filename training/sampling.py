@@ -85,10 +85,15 @@ def load_for_generation(folder: str, device: str | None = None) -> tuple[Any, An
     return model, tokenizer, seq2seq
 
 
-def generate_text(
+def generate_text(model: Any, tokenizer: Any, prompt: str | list[dict[str, Any]], **kwargs: Any) -> str:
+    """`generate_texts` for one prompt: its generated text."""
+    return generate_texts(model, tokenizer, [prompt], **kwargs)[0]
+
+
+def generate_texts(
     model: Any,
     tokenizer: Any,
-    prompt: str,
+    prompts: Sequence[str | list[dict[str, Any]]],
     *,
     seq2seq: bool,
     chat: bool = False,
@@ -102,22 +107,44 @@ def generate_text(
     repetition_penalty: float = 1.0,
     num_beams: int = 1,
     stop_strings: Sequence[str] | None = None,
-) -> str:
-    """Generate after `prompt` (a user turn of the chat template with `chat`), printing the text as it is generated
-    with `stream` or at the end without, either way after a decoder's prompt (not a chat's or a seq2seq source);
-    returns the generated text. The sampling arguments are `GenerationConfig`'s; temperature, top-k and top-p apply
-    only with `do_sample`; `stop_strings` ends the generation once its text ends with one of them."""
+) -> list[str]:
+    """Generate after each of `prompts` (with `chat`, a user turn of the chat template, or a whole conversation given
+    as a list of messages) in one batch, printing the text as it is generated with `stream` (one prompt only, as
+    transformers' `TextStreamer` takes one row) or at the end without, either way after a decoder's prompt (not a
+    chat's or a seq2seq source); returns the generated texts in the order of `prompts`. Several prompts are padded
+    on the left for a decoder, as transformers' text-generation pipeline pads them (each row's new tokens follow
+    its own prompt; the attention mask hides the padding), on the right for a seq2seq source; greedy decoding gives
+    each the text it gives alone. The sampling arguments are `GenerationConfig`'s; temperature, top-k and top-p
+    apply only with `do_sample`; `stop_strings` ends a row's generation once its text ends with one of them."""
+    if stream and len(prompts) > 1:
+        raise ValueError(f"--stream prints one text as it is generated; {len(prompts)} prompts were given.")
     if chat:
         if tokenizer.chat_template is None:
             raise ValueError(
                 "--chat true needs a tokenizer with a chat template (train one with --model_kind decoder)."
             )
-        inputs = tokenizer.apply_chat_template(
-            [{"role": "user", "content": prompt}], add_generation_prompt=True, return_tensors="pt", return_dict=True
-        )
+        conversations = [[{"role": "user", "content": p}] if isinstance(p, str) else p for p in prompts]
+        # rendered, then tokenized as `apply_chat_template` tokenizes (the template writes its own special tokens)
+        texts = [tokenizer.apply_chat_template(c, add_generation_prompt=True, tokenize=False) for c in conversations]
+        encode = dict(add_special_tokens=False)
     else:
-        inputs = tokenizer(prompt, return_tensors="pt")
+        texts, encode = list(prompts), {}
+    if tokenizer.pad_token is None and len(texts) > 1:
+        if tokenizer.eos_token is None:
+            raise ValueError("Several prompts are padded to one batch: the tokenizer has no pad or eos token.")
+        tokenizer.pad_token = tokenizer.eos_token  # a GPT-2 style tokenizer pads with eos, as in transformers' docs
+    pad_id = tokenizer.pad_token_id
+    inputs = tokenizer(
+        texts, return_tensors="pt", padding=len(texts) > 1, padding_side="right" if seq2seq else "left", **encode
+    )
     inputs.pop("token_type_ids", None)
+    lengths = inputs["attention_mask"].sum(dim=1).tolist()
+    if 0 in lengths:
+        which = lengths.index(0)
+        raise ValueError(
+            f"Prompt {which + 1} ({texts[which]!r}) is no token at all for this tokenizer, and a model cannot "
+            "continue from nothing: give a non-empty --prompt."
+        )
     check_fits_the_positions(model.config, inputs["input_ids"].shape[1], max_new_tokens, seq2seq)
     inputs = inputs.to(model.device)
 
@@ -126,7 +153,7 @@ def generate_text(
     set_seed(seed)
     continues_prompt = not seq2seq and not chat  # what it prints reads on from the prompt
     if stream and continues_prompt:
-        print(prompt, end="", flush=True)
+        print(prompts[0], end="", flush=True)
     with torch.no_grad():
         output = model.generate(
             **inputs,
@@ -138,17 +165,28 @@ def generate_text(
             repetition_penalty=repetition_penalty,
             num_beams=num_beams,
             eos_token_id=eos,
-            pad_token_id=tokenizer.pad_token_id,
+            pad_token_id=pad_id,
             streamer=streamer,
             **(dict(stop_strings=list(stop_strings), tokenizer=tokenizer) if stop_strings else {}),
         )
     # (a seq2seq output opens with the decoder's start token, which generate puts there and did not generate)
-    new_tokens = output[0, 1:] if seq2seq else output[0, inputs["input_ids"].shape[1] :]
-    text = tokenizer.decode(new_tokens, skip_special_tokens=True)
-    if not stream:
-        print(prompt + text if continues_prompt else text)
-    log(f"{len(new_tokens)} tokens generated")
-    return text
+    new_tokens = output[:, 1:] if seq2seq else output[:, inputs["input_ids"].shape[1] :]
+    results, generated = [], 0
+    for k, row in enumerate(new_tokens):
+        if len(prompts) > 1:  # a row that ended before the longest is filled up with padding after its end
+            ended = torch.isin(row, torch.tensor(eos or [-1], device=row.device)).nonzero()
+            row = row[: int(ended[0]) + 1] if len(ended) else row
+            while len(row) and int(row[-1]) == pad_id and pad_id not in eos:
+                row = row[:-1]
+        text = tokenizer.decode(row, skip_special_tokens=True)
+        generated += len(row)
+        if not stream:
+            if len(prompts) > 1:
+                print(f"=== {k + 1}/{len(prompts)}")
+            print(prompts[k] + text if continues_prompt else text)
+        results.append(text)
+    log(f"{generated} tokens generated" + (f" for {len(prompts)} prompts" if len(prompts) > 1 else ""))
+    return results
 
 
 def check_fits_the_positions(

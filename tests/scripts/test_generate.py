@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -374,3 +375,59 @@ def test_a_seq2seq_folder_s_task_prefix_goes_before_the_source(saved: dict[str, 
         script.main(base)
     with pytest.raises(ValueError, match="--source_prefix goes before a seq2seq model's source; this folder holds a"):
         script.main(["--model_name_or_path", str(saved["decoder"]), "--source_prefix", "summarize: "])
+
+
+@pytest.mark.parametrize("kind", ["decoder", "learned", "seq2seq"])
+def test_several_prompts_are_one_batch_that_gives_each_its_own_greedy_text(
+    saved: dict[str, Path], tmp_path: Path, kind: str, capsys
+) -> None:
+    """Several prompts of different lengths (`--prompt A B C`, `--prompts_file`): one left-padded batch (a decoder's)
+    whose texts, printed in order, are each prompt's greedy text alone. There was no way to give several: a second
+    `--prompt` silently replaced the first."""
+    folder = saved["seq2seq" if kind == "seq2seq" else "decoder"]
+    if kind == "learned":
+        folder = short_table_folder(saved, "decoder", tmp_path / kind, position_embedding_type="learned")
+    prompts = ["def f1(x):", "def f22(x):\n    return x + 22\n", "d"]
+    args = ["--model_name_or_path", str(folder), "--max_new_tokens", "8", "--do_sample", "false", "--device", "cpu"]
+    alone = [generate.main([*args, "--prompt", prompt, "--stream", "false"]) for prompt in prompts]
+    capsys.readouterr()
+    assert generate.main([*args, "--prompt", *prompts]) == alone
+    printed = capsys.readouterr().out
+    assert [printed.index(f"=== {k}/3") for k in (1, 2, 3)] == sorted(printed.index(f"=== {k}/3") for k in (1, 2, 3))
+    lines = tmp_path / "prompts.jsonl"
+    lines.write_text("\n".join(json.dumps(prompt) for prompt in prompts) + "\n\n")
+    assert generate.main([*args, "--prompts_file", str(lines)]) == alone
+    with pytest.raises(ValueError, match="--prompt was given 2 times, and the last would replace the others"):
+        generate.main([*args, "--prompt", prompts[0], "--prompt", prompts[1]])
+    with pytest.raises(ValueError, match="Conflicting flags: --stream true and 3 prompts"):
+        generate.main([*args, "--prompt", *prompts, "--stream", "true"])
+
+
+def test_a_prompts_file_holds_a_prompt_a_line_or_chat_conversations(saved: dict[str, Path], tmp_path: Path) -> None:
+    """--prompts_file: one prompt a line (blank lines skipped), or JSON Lines of strings and, with --chat, whole
+    conversations, each answered as `apply_chat_template(..., add_generation_prompt=True)` renders it alone."""
+    args = ["--model_name_or_path", str(saved["decoder"]), "--max_new_tokens", "6", "--do_sample", "false"]
+    text = tmp_path / "prompts.txt"
+    text.write_text("def f1(x):\n\nd\n")
+    assert generate.main([*args, "--prompts_file", str(text)]) == generate.main([*args, "--prompt", "def f1(x):", "d"])
+    conversation = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "add one"}]
+    chats = tmp_path / "chats.jsonl"
+    chats.write_text(json.dumps("add one") + "\n" + json.dumps(conversation) + "\n")
+    model, tokenizer, _ = load_for_generation(str(saved["decoder"]), "cpu")
+    expected = []
+    for messages in ([conversation[1]], conversation):
+        inputs = tokenizer.apply_chat_template(
+            messages, add_generation_prompt=True, return_dict=True, return_tensors="pt"
+        )
+        ids = model.generate(
+            **inputs, max_new_tokens=6, do_sample=False, eos_token_id=stop_token_ids(model, tokenizer, chat=True)
+        )[0, inputs["input_ids"].shape[1] :]
+        expected.append(tokenizer.decode(ids, skip_special_tokens=True))
+    assert generate.main([*args, "--chat", "true", "--prompts_file", str(chats)]) == expected
+    with pytest.raises(ValueError, match="holds conversations .*: add --chat true"):
+        generate.main([*args, "--prompts_file", str(chats)])
+    (tmp_path / "bad.jsonl").write_text('"a"\n{"text": "b"}\n')
+    with pytest.raises(ValueError, match="line 2: a prompt is a JSON string or a list of"):
+        generate.main([*args, "--prompts_file", str(tmp_path / "bad.jsonl")])
+    with pytest.raises(ValueError, match="Conflicting flags: --prompt_file .* and --prompts_file"):
+        generate.main([*args, "--prompts_file", str(text), "--prompt_file", str(text)])
