@@ -8,6 +8,10 @@ from typing import Any
 
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM, TextStreamer, set_seed
+from transformers.models.auto.modeling_auto import (
+    MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+    MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES,
+)
 
 from archlab.tokenization.training import load_tokenizer
 
@@ -15,6 +19,8 @@ from .reporting import log
 from .task_data import message_text
 
 END_OF_TURN = "<|im_end|>"  # archlab's chat template closes every turn with it
+CAUSAL_LM_HEADS = set(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values())  # the stock decoders' generating classes
+SEQ2SEQ_HEADS = set(MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES.values())  # ... and encoder-decoders'
 
 
 def print_sample(model: Any, tokenizer: Any, prompt: str, max_new_tokens: int, seed: int) -> str:
@@ -70,10 +76,12 @@ def load_for_generation(folder: str, device: str | None = None) -> tuple[Any, An
     LM)."""
     config = AutoConfig.from_pretrained(folder)
     architectures = config.architectures or []
-    seq2seq = any(name.endswith("ForConditionalGeneration") for name in architectures)
+    # the stock heads are also read from transformers' own lists: GPT-2's `GPT2LMHeadModel`, Marian's `MarianMTModel`
+    # (their folders were refused as models that do not generate text)
+    seq2seq = any(name.endswith("ForConditionalGeneration") or name in SEQ2SEQ_HEADS for name in architectures)
     if seq2seq:
         model = AutoModelForSeq2SeqLM.from_pretrained(folder)
-    elif any(name.endswith("ForCausalLM") for name in architectures):
+    elif any(name.endswith("ForCausalLM") or name in CAUSAL_LM_HEADS for name in architectures):
         model = AutoModelForCausalLM.from_pretrained(folder)
     else:
         raise ValueError(
@@ -189,6 +197,15 @@ def generate_texts(
     return results
 
 
+# stock model types whose positions are rows of a table of `max_position_embeddings` (GPT-2's `n_positions`): an
+# `nn.Embedding` (OPT and the Bart family offset by 2 rows they add) or a fixed sinusoidal one (Marian, Pegasus)
+STOCK_POSITION_TABLES = {
+    **dict.fromkeys(("gpt2", "openai-gpt", "opt", "gpt_neo", "gpt_bigcode", "biogpt"), "learned"),
+    **dict.fromkeys(("bart", "mbart", "plbart", "blenderbot", "blenderbot-small"), "learned"),
+    **dict.fromkeys(("marian", "pegasus"), "sinusoidal"),
+}
+
+
 def check_fits_the_positions(
     config: Any,
     prompt_tokens: int,
@@ -206,7 +223,8 @@ def check_fits_the_positions(
     name the flags that set the two lengths."""
     from archlab.modeling.fast_decoding import table_of
 
-    table, limit = table_of(config), getattr(config, "max_position_embeddings", None)
+    table = table_of(config) or STOCK_POSITION_TABLES.get(getattr(config, "model_type", None))
+    limit = getattr(config, "max_position_embeddings", None)  # (GPT-2's `n_positions` answers to this name too)
     if table is None or limit is None:
         return
     source = "source" if seq2seq else "prompt"

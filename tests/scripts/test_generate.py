@@ -431,3 +431,65 @@ def test_a_prompts_file_holds_a_prompt_a_line_or_chat_conversations(saved: dict[
         generate.main([*args, "--prompts_file", str(tmp_path / "bad.jsonl")])
     with pytest.raises(ValueError, match="Conflicting flags: --prompt_file .* and --prompts_file"):
         generate.main([*args, "--prompts_file", str(text), "--prompt_file", str(text)])
+
+
+def stock_folder(saved: dict[str, Path], family: str, folder: Path) -> Path:
+    """A tiny stock GPT-2, OPT, Marian or Bart with 16 positions and `saved`'s tokenizer of its kind."""
+    import transformers
+
+    kind = "decoder" if family in ("gpt2", "opt") else "seq2seq"
+    tokenizer = archlab.tokenization.training.load_tokenizer(saved[kind])
+    size, ids = dict(num_hidden_layers=2, num_attention_heads=4), dict(pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    pair = dict(d_model=32, encoder_layers=1, decoder_layers=1, encoder_ffn_dim=32, decoder_ffn_dim=32, **ids)
+    pair.update(encoder_attention_heads=4, decoder_attention_heads=4, decoder_start_token_id=0)
+    model = {
+        "gpt2": lambda: transformers.GPT2LMHeadModel(
+            transformers.GPT2Config(n_embd=32, n_layer=2, n_head=4, n_positions=16, **ids, vocab_size=len(tokenizer))
+        ),
+        "opt": lambda: transformers.OPTForCausalLM(
+            transformers.OPTConfig(
+                hidden_size=32,
+                ffn_dim=32,
+                max_position_embeddings=16,
+                word_embed_proj_dim=32,
+                **size,
+                **ids,
+                vocab_size=len(tokenizer),
+            )
+        ),
+        "marian": lambda: transformers.MarianMTModel(
+            transformers.MarianConfig(max_position_embeddings=16, vocab_size=len(tokenizer), **pair)
+        ),
+        "bart": lambda: transformers.BartForConditionalGeneration(
+            transformers.BartConfig(
+                max_position_embeddings=16, vocab_size=len(tokenizer), **pair, forced_eos_token_id=None
+            )
+        ),
+    }[family]()
+    model.save_pretrained(folder)
+    save_tokenizer(tokenizer, folder)
+    return folder
+
+
+@pytest.mark.parametrize("family", ["gpt2", "opt", "marian", "bart"])
+def test_a_stock_folder_generates_and_its_position_table_is_checked_first(
+    saved: dict[str, Path], tmp_path: Path, family: str, capsys
+) -> None:
+    """GPT-2 (`GPT2LMHeadModel`) and Marian (`MarianMTModel`) folders were refused as models that "do not generate
+    text"; OPT and Bart generated, and past their 16 positions failed with an `IndexError` at the step that crossed
+    them, after the text so far was printed. Each generates, and --max_new_tokens past the table is refused first
+    with the largest value that fits, which runs to its end."""
+    folder = stock_folder(saved, family, tmp_path / family)
+    seq2seq = family in ("marian", "bart")
+    length = len(archlab.tokenization.training.load_tokenizer(folder)("def f1(x):")["input_ids"])
+    most = 16 if seq2seq else 16 + 1 - length
+    args = ["--model_name_or_path", str(folder), "--prompt", "def f1(x):", "--do_sample", "false", "--device", "cpu"]
+    capsys.readouterr()
+    with pytest.raises(ValueError, match=f"--max_new_tokens {most + 1} is past the model's .* {most} or fewer"):
+        generate.main([*args, "--max_new_tokens", str(most + 1)])
+    assert "def f1(x):" not in capsys.readouterr().out  # nothing was printed
+    model, tokenizer, is_seq2seq = load_for_generation(str(folder), "cpu")
+    assert is_seq2seq == seq2seq
+    inputs = tokenizer("def f1(x):", return_tensors="pt", return_token_type_ids=False)
+    model.generate(**inputs, max_new_tokens=most, min_new_tokens=most, do_sample=False, pad_token_id=0)  # it fits
+    assert isinstance(generate.main([*args, "--max_new_tokens", str(most), "--stream", "false"]), str)
