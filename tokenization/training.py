@@ -35,12 +35,39 @@ _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")  # "gpt2", "org/name"
 # ChatML with the assistant's answer (and its end marker) inside a generation block: the tokens a chat model is
 # trained to produce. The bos token opens the conversation because chat templates are tokenized without specials.
 # A message's content is its text, or a list of text parts ({"type": "text", "text": ...}, OpenAI's and transformers'
-# multimodal layout) joined; anything else (images, tool calls without text) is refused by name.
+# multimodal layout) joined; none (an assistant turn that only calls tools) is no text; anything else (images) is
+# refused by name. Tools (`apply_chat_template(..., tools=[...])`) are rendered as Qwen2.5's ChatML template renders
+# them: their JSON schemas in a system turn (after the conversation's own system message), an assistant's
+# `tool_calls` as `<tool_call>` JSON inside its generated turn, a tool's answer as a `tool` turn. Documents (RAG) are
+# refused by name rather than silently dropped.
+TOOLS_PREAMBLE = (
+    "# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided with function "
+    "signatures within <tools></tools> XML tags:\n<tools>"
+)
+TOOLS_FORMAT = (
+    "\n</tools>\n\nFor each function call, return a json object with function name and arguments within "
+    '<tool_call></tool_call> XML tags:\n<tool_call>\n{"name": <function-name>, "arguments": <args-json-object>}\n'
+    "</tool_call>"
+)
 CHAT_TEMPLATE = (
+    "{%- if documents %}"
+    "{{ raise_exception('archlab\\'s chat template does not render documents; put their text in a message') }}"
+    "{%- endif %}"
     "{{ bos_token }}"
+    "{%- set system_first = messages and messages[0]['role'] == 'system' and tools %}"
+    "{%- if tools %}"
+    "{{ '<|im_start|>system\n' }}"
+    "{%- if system_first %}{{ messages[0]['content'] + '\n\n' }}{%- endif %}"
+    "{{ '" + TOOLS_PREAMBLE + "' }}"
+    "{%- for tool in tools %}{{ '\n' + tool | tojson }}{%- endfor %}"
+    "{{ '" + TOOLS_FORMAT.replace("'", "\\'") + "<|im_end|>\n' }}"
+    "{%- endif %}"
     "{%- for message in messages %}"
+    "{%- if not (loop.first and system_first) %}"
     "{%- if message['content'] is string %}"
     "{%- set content = message['content'] %}"
+    "{%- elif message['content'] is none or message['content'] is undefined %}"
+    "{%- set content = '' %}"
     "{%- elif message['content'] is iterable and message['content'] is not mapping "
     "and message['content'] | rejectattr('type', 'equalto', 'text') | list | length == 0 %}"
     "{%- set content = message['content'] | map(attribute='text') | join('') %}"
@@ -50,11 +77,21 @@ CHAT_TEMPLATE = (
     "{%- endif %}"
     "{{ '<|im_start|>' + message['role'] + '\n' }}"
     "{%- if message['role'] == 'assistant' %}"
-    "{% generation %}{{ content + '<|im_end|>' }}{% endgeneration %}"
+    "{% generation %}{{ content }}"
+    "{%- for call in message['tool_calls'] or [] %}"
+    "{%- set call = call['function'] if call['function'] is defined else call %}"
+    "{%- if content or not loop.first %}{{ '\n' }}{%- endif %}"
+    "{{ '<tool_call>\n{\"name\": \"' + call['name'] + '\", \"arguments\": ' }}"
+    "{%- if call['arguments'] is string %}{{ call['arguments'] }}"
+    "{%- else %}{{ call['arguments'] | tojson }}{%- endif %}"
+    "{{ '}\n</tool_call>' }}"
+    "{%- endfor %}"
+    "{{ '<|im_end|>' }}{% endgeneration %}"
     "{%- else %}"
     "{{ content + '<|im_end|>' }}"
     "{%- endif %}"
     "{{ '\n' }}"
+    "{%- endif %}"
     "{%- endfor %}"
     "{%- if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{%- endif %}"
 )

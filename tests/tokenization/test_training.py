@@ -123,6 +123,43 @@ def test_chat_template_reads_text_parts_as_their_text_and_names_other_content() 
             tokenizer.apply_chat_template([{"role": "user", "content": content}], tokenize=False)
 
 
+def test_chat_template_renders_tools_and_tool_calls_and_refuses_documents() -> None:
+    """`apply_chat_template(..., tools=[...])` rendered the conversation without the tools, and an assistant's
+    `tool_calls` as an empty turn (a `None` content was refused): the tools' schemas now open the conversation in a
+    system turn after its own system message, each call is `<tool_call>` JSON inside the assistant's generated (and
+    masked) turn, and documents are refused by name. Conversations without tools render as before."""
+    tokenizer = train_tokenizer(TEXTS, "decoder", vocab_size=300, min_frequency=1)
+
+    def get_weather(city: str) -> str:
+        """The weather.
+
+        Args:
+            city: where
+        """
+
+    system, user = {"role": "system", "content": "be brief"}, {"role": "user", "content": "weather?"}
+    text = tokenizer.apply_chat_template([system, user], tools=[get_weather], tokenize=False)
+    schema = '{"type": "function", "function": {"name": "get_weather", "description": "The weather."'
+    assert text.startswith("<s><|im_start|>system\nbe brief\n\n# Tools\n") and f"<tools>\n{schema}" in text
+    assert text.count("be brief") == 1 and text.endswith("<|im_start|>user\nweather?<|im_end|>\n")
+    plain = tokenizer.apply_chat_template([system, user], tokenize=False)
+    assert plain == "<s><|im_start|>system\nbe brief<|im_end|>\n<|im_start|>user\nweather?<|im_end|>\n"
+    calls = [{"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]
+    conversation = [
+        user,
+        {"role": "assistant", "content": None, "tool_calls": calls},
+        {"role": "tool", "name": "get_weather", "content": "sunny"},
+        {"role": "assistant", "content": "Sunny."},
+    ]
+    out = tokenizer.apply_chat_template(conversation, return_dict=True, return_assistant_tokens_mask=True)
+    answers = tokenizer.decode([i for i, m in zip(out["input_ids"], out["assistant_masks"]) if m])
+    call = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+    assert answers == f"{call}<|im_end|>Sunny.<|im_end|>"
+    assert "<|im_start|>tool\nsunny<|im_end|>" in tokenizer.decode(out["input_ids"])
+    with pytest.raises(Exception, match="does not render documents"):
+        tokenizer.apply_chat_template([user], documents=[{"title": "a", "text": "b"}], tokenize=False)
+
+
 def test_train_from_files_and_datasets(tmp_path: Path) -> None:
     files = []
     for i, text in enumerate(TEXTS[:4]):
