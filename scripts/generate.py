@@ -88,6 +88,13 @@ class GenerateArguments:
     num_beams: int = field(
         default=1, metadata={"help": "Beam search width (1: none); beam search neither samples nor streams."}
     )
+    num_return_sequences: int = field(
+        default=1,
+        metadata={
+            "help": "Texts generated for each prompt, printed one after the other: sampled, or with --num_beams N "
+            "(>= this) the best beams."
+        },
+    )
     seed: int = field(default=42, metadata={"help": "Random seed for sampling."})
     stream: bool | None = field(
         default=None, metadata={"help": "Print tokens as they are generated (default: true; false with --num_beams)."}
@@ -104,10 +111,13 @@ def resolve_defaults(args: GenerateArguments, prompts: int = 1) -> None:
     beams = args.num_beams > 1
     if args.do_sample is None:
         args.do_sample = not beams
+    texts = prompts * max(args.num_return_sequences, 1)
     if args.stream is None:
-        args.stream = not beams and prompts == 1
+        args.stream = not beams and texts == 1
     if args.stream and prompts > 1:
         raise ValueError(f"Conflicting flags: --stream true and {prompts} prompts (a stream prints one text).")
+    if args.stream and texts > 1:
+        raise ValueError("Conflicting flags: --stream true and --num_return_sequences > 1 (a stream prints one text).")
 
 
 def check(args: GenerateArguments) -> None:
@@ -137,6 +147,13 @@ def check(args: GenerateArguments) -> None:
     check_seed(args.seed, "--seed")
     if args.num_beams < 1:
         raise ValueError(f"--num_beams must be >= 1 (1: no beam search), got {args.num_beams}.")
+    if args.num_return_sequences < 1:
+        raise ValueError(f"--num_return_sequences must be >= 1, got {args.num_return_sequences}.")
+    if not args.do_sample and args.num_return_sequences > args.num_beams:
+        raise ValueError(
+            f"--num_return_sequences {args.num_return_sequences} needs as many different texts: sample "
+            f"(--do_sample true) or search that many beams (--num_beams {args.num_return_sequences} or more)."
+        )
     if args.do_sample and args.num_beams > 1:
         raise ValueError("Conflicting flags: --do_sample true and --num_beams > 1 (beam search does not sample).")
     if args.stream and args.num_beams > 1:
@@ -186,7 +203,9 @@ def main(argv: Sequence[str] | None = None) -> str | list[str]:
         num_beams=args.num_beams,
         stop_strings=args.stop_strings,
     )
-    if len(prompts) == 1:
+    if args.num_return_sequences > 1:
+        settings["num_return_sequences"] = args.num_return_sequences
+    if len(prompts) == 1 and args.num_return_sequences == 1:
         return generate_text(model, tokenizer, prompts[0], **settings)
     return generate_texts(model, tokenizer, prompts, **settings)
 

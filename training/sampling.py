@@ -115,6 +115,7 @@ def generate_texts(
     repetition_penalty: float = 1.0,
     num_beams: int = 1,
     stop_strings: Sequence[str] | None = None,
+    num_return_sequences: int = 1,
 ) -> list[str]:
     """Generate after each of `prompts` (with `chat`, a user turn of the chat template, or a whole conversation given
     as a list of messages) in one batch, printing the text as it is generated with `stream` (one prompt only, as
@@ -123,9 +124,12 @@ def generate_texts(
     on the left for a decoder, as transformers' text-generation pipeline pads them (each row's new tokens follow
     its own prompt; the attention mask hides the padding), on the right for a seq2seq source; greedy decoding gives
     each the text it gives alone. The sampling arguments are `GenerationConfig`'s; temperature, top-k and top-p
-    apply only with `do_sample`; `stop_strings` ends a row's generation once its text ends with one of them."""
-    if stream and len(prompts) > 1:
-        raise ValueError(f"--stream prints one text as it is generated; {len(prompts)} prompts were given.")
+    apply only with `do_sample`; `stop_strings` ends a row's generation once its text ends with one of them;
+    `num_return_sequences` texts are returned for each prompt, one after the other (sampled, or a beam search's
+    best)."""
+    rows = len(prompts) * num_return_sequences
+    if stream and rows > 1:
+        raise ValueError(f"--stream prints one text as it is generated; {rows} were asked for.")
     if chat:
         if tokenizer.chat_template is None:
             raise ValueError(
@@ -172,6 +176,7 @@ def generate_texts(
             top_p=top_p if do_sample else None,
             repetition_penalty=repetition_penalty,
             num_beams=num_beams,
+            num_return_sequences=num_return_sequences,
             eos_token_id=eos,
             pad_token_id=pad_id,
             streamer=streamer,
@@ -181,7 +186,7 @@ def generate_texts(
     new_tokens = output[:, 1:] if seq2seq else output[:, inputs["input_ids"].shape[1] :]
     results, generated = [], 0
     for k, row in enumerate(new_tokens):
-        if len(prompts) > 1:  # a row that ended before the longest is filled up with padding after its end
+        if rows > 1:  # a row that ended before the longest is filled up with padding after its end
             ended = torch.isin(row, torch.tensor(eos or [-1], device=row.device)).nonzero()
             row = row[: int(ended[0]) + 1] if len(ended) else row
             while len(row) and int(row[-1]) == pad_id and pad_id not in eos:
@@ -189,11 +194,11 @@ def generate_texts(
         text = tokenizer.decode(row, skip_special_tokens=True)
         generated += len(row)
         if not stream:
-            if len(prompts) > 1:
-                print(f"=== {k + 1}/{len(prompts)}")
-            print(prompts[k] + text if continues_prompt else text)
+            if rows > 1:
+                print(f"=== {k + 1}/{rows}")
+            print(prompts[k // num_return_sequences] + text if continues_prompt else text)
         results.append(text)
-    log(f"{generated} tokens generated" + (f" for {len(prompts)} prompts" if len(prompts) > 1 else ""))
+    log(f"{generated} tokens generated" + (f" in {rows} texts" if rows > 1 else ""))
     return results
 
 

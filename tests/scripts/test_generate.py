@@ -493,3 +493,25 @@ def test_a_stock_folder_generates_and_its_position_table_is_checked_first(
     inputs = tokenizer("def f1(x):", return_tensors="pt", return_token_type_ids=False)
     model.generate(**inputs, max_new_tokens=most, min_new_tokens=most, do_sample=False, pad_token_id=0)  # it fits
     assert isinstance(generate.main([*args, "--max_new_tokens", str(most), "--stream", "false"]), str)
+
+
+def test_num_return_sequences_gives_that_many_texts_a_prompt_in_order(saved: dict[str, Path]) -> None:
+    """`--num_return_sequences N` (GenerationConfig's; the flag was unknown): N texts a prompt, prompt after prompt,
+    as `generate` returns them (sampled with the seed, or a beam search's best); greedy decoding, which has one text
+    to give, is refused before loading with the flags that would give N."""
+    model, tokenizer, _ = load_for_generation(str(saved["decoder"]), "cpu")
+    prompts = ["def f1(x):", "d"]
+    args = ["--model_name_or_path", str(saved["decoder"]), "--max_new_tokens", "5", "--prompt", *prompts]
+    for flags, settings in (
+        (["--num_beams", "3", "--num_return_sequences", "2"], dict(num_beams=3, do_sample=False)),
+        (["--num_return_sequences", "2", "--seed", "5"], dict(do_sample=True, temperature=0.8, top_k=40, top_p=0.95)),
+    ):
+        inputs = tokenizer(prompts, return_tensors="pt", padding=True, padding_side="left", return_token_type_ids=False)
+        torch.manual_seed(5)
+        ids = model.generate(**inputs, max_new_tokens=5, num_return_sequences=2, pad_token_id=0, **settings)
+        expected = tokenizer.batch_decode(ids[:, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
+        assert generate.main([*args, *flags]) == expected, flags
+    with pytest.raises(ValueError, match="--num_return_sequences 2 needs .* \\(--do_sample true\\) or .* 2 or more"):
+        generate.main([*args, "--num_return_sequences", "2", "--do_sample", "false"])
+    with pytest.raises(ValueError, match="Conflicting flags: --stream true and --num_return_sequences > 1"):
+        generate.main([*args[:4], "--num_return_sequences", "2", "--stream", "true"])
