@@ -118,8 +118,9 @@ def generate_texts(
     num_return_sequences: int = 1,
 ) -> list[str]:
     """Generate after each of `prompts` (with `chat`, a user turn of the chat template, or a whole conversation given
-    as a list of messages) in one batch, printing the text as it is generated with `stream` (one prompt only, as
-    transformers' `TextStreamer` takes one row) or at the end without, either way after a decoder's prompt (not a
+    as a list of messages, continued from its last message where that is the assistant's) in one batch, printing
+    the text as it is generated with `stream` (one row only, as transformers' `TextStreamer` takes one) or at the
+    end without, either way after a decoder's prompt (not a
     chat's or a seq2seq source); returns the generated texts in the order of `prompts`. Several prompts are padded
     on the left for a decoder, as transformers' text-generation pipeline pads them (each row's new tokens follow
     its own prompt; the attention mask hides the padding), on the right for a seq2seq source; greedy decoding gives
@@ -136,8 +137,18 @@ def generate_texts(
                 "--chat true needs a tokenizer with a chat template (train one with --model_kind decoder)."
             )
         conversations = [[{"role": "user", "content": p}] if isinstance(p, str) else p for p in prompts]
-        # rendered, then tokenized as `apply_chat_template` tokenizes (the template writes its own special tokens)
-        texts = [tokenizer.apply_chat_template(c, add_generation_prompt=True, tokenize=False) for c in conversations]
+        # rendered, then tokenized as `apply_chat_template` tokenizes (the template writes its own special tokens); a
+        # conversation that ends with the assistant's words is continued from them, as the text-generation pipeline
+        # continues it (a new assistant turn was opened after them)
+        texts = [
+            tokenizer.apply_chat_template(
+                c,
+                add_generation_prompt=c[-1]["role"] != "assistant",
+                continue_final_message=c[-1]["role"] == "assistant",
+                tokenize=False,
+            )
+            for c in conversations
+        ]
         encode = dict(add_special_tokens=False)
     else:
         texts, encode = list(prompts), {}

@@ -515,3 +515,23 @@ def test_num_return_sequences_gives_that_many_texts_a_prompt_in_order(saved: dic
         generate.main([*args, "--num_return_sequences", "2", "--do_sample", "false"])
     with pytest.raises(ValueError, match="Conflicting flags: --stream true and --num_return_sequences > 1"):
         generate.main([*args[:4], "--num_return_sequences", "2", "--stream", "true"])
+
+
+def test_a_conversation_that_ends_with_the_assistant_s_words_is_continued(saved: dict[str, Path], tmp_path) -> None:
+    """A conversation whose last message is the assistant's is continued from its words, as transformers'
+    text-generation pipeline continues it (`continue_final_message`): generate.py opened a new assistant turn after
+    the finished one."""
+    conversation = [{"role": "user", "content": "add one"}, {"role": "assistant", "content": "return x"}]
+    chats = tmp_path / "chats.jsonl"
+    chats.write_text(json.dumps(conversation) + "\n" + json.dumps(conversation[:1]) + "\n")
+    model, tokenizer, _ = load_for_generation(str(saved["decoder"]), "cpu")
+    inputs = tokenizer.apply_chat_template(
+        conversation, continue_final_message=True, return_dict=True, return_tensors="pt"
+    )
+    assert tokenizer.decode(inputs["input_ids"][0]).endswith("<|im_start|>assistant\nreturn x")
+    ids = model.generate(
+        **inputs, max_new_tokens=6, do_sample=False, eos_token_id=stop_token_ids(model, tokenizer, chat=True)
+    )
+    expected = tokenizer.decode(ids[0, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
+    args = ["--model_name_or_path", str(saved["decoder"]), "--max_new_tokens", "6", "--do_sample", "false"]
+    assert generate.main([*args, "--chat", "true", "--prompts_file", str(chats)])[0] == expected
