@@ -142,6 +142,8 @@ def test_chat_template_renders_tools_and_tool_calls_and_refuses_documents() -> N
     schema = '{"type": "function", "function": {"name": "get_weather", "description": "The weather."'
     assert text.startswith("<s><|im_start|>system\nbe brief\n\n# Tools\n") and f"<tools>\n{schema}" in text
     assert text.count("be brief") == 1 and text.endswith("<|im_start|>user\nweather?<|im_end|>\n")
+    as_parts = {"role": "system", "content": [{"type": "text", "text": "be brief"}]}
+    assert tokenizer.apply_chat_template([as_parts, user], tools=[get_weather], tokenize=False) == text
     plain = tokenizer.apply_chat_template([system, user], tokenize=False)
     assert plain == "<s><|im_start|>system\nbe brief<|im_end|>\n<|im_start|>user\nweather?<|im_end|>\n"
     calls = [{"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]
