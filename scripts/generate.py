@@ -95,6 +95,13 @@ class GenerateArguments:
             "(>= this) the best beams."
         },
     )
+    output_file: str | None = field(
+        default=None,
+        metadata={
+            "help": 'Also write the texts to this JSON Lines file, one {"prompt": ..., "generated_text": ...} a '
+            "line, in the order they are printed."
+        },
+    )
     seed: int = field(default=42, metadata={"help": "Random seed for sampling."})
     stream: bool | None = field(
         default=None, metadata={"help": "Print tokens as they are generated (default: true; false with --num_beams)."}
@@ -122,7 +129,11 @@ def resolve_defaults(args: GenerateArguments, prompts: int = 1) -> None:
 
 def check(args: GenerateArguments) -> None:
     check_device(args.device)
-    check_not_empty(args, ("model_name_or_path", "prompt_file", "prompts_file"))
+    check_not_empty(args, ("model_name_or_path", "prompt_file", "prompts_file", "output_file"))
+    if args.output_file and (
+        os.path.isdir(args.output_file) or not os.path.isdir(os.path.dirname(args.output_file) or ".")
+    ):
+        raise ValueError(f"--output_file {args.output_file!r} is a folder or in a folder that does not exist.")
     if args.prompt_file and args.prompts_file:
         raise ValueError("Conflicting flags: --prompt_file (one prompt) and --prompts_file (several); give one.")
     if os.path.isdir(args.model_name_or_path):
@@ -206,8 +217,17 @@ def main(argv: Sequence[str] | None = None) -> str | list[str]:
     if args.num_return_sequences > 1:
         settings["num_return_sequences"] = args.num_return_sequences
     if len(prompts) == 1 and args.num_return_sequences == 1:
-        return generate_text(model, tokenizer, prompts[0], **settings)
-    return generate_texts(model, tokenizer, prompts, **settings)
+        result = generate_text(model, tokenizer, prompts[0], **settings)
+        texts = [result]
+    else:
+        texts = result = generate_texts(model, tokenizer, prompts, **settings)
+    if args.output_file:
+        with open(args.output_file, "w", encoding="utf-8") as f:
+            for k, text in enumerate(texts):
+                record = {"prompt": prompts[k // args.num_return_sequences], "generated_text": text}
+                f.write(json.dumps(record, ensure_ascii=False) + "\n")
+        log(f"{len(texts)} texts written to {args.output_file}")
+    return result
 
 
 def read_text(path: str, flag: str) -> str:

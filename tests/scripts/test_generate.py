@@ -535,3 +535,23 @@ def test_a_conversation_that_ends_with_the_assistant_s_words_is_continued(saved:
     expected = tokenizer.decode(ids[0, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
     args = ["--model_name_or_path", str(saved["decoder"]), "--max_new_tokens", "6", "--do_sample", "false"]
     assert generate.main([*args, "--chat", "true", "--prompts_file", str(chats)])[0] == expected
+
+
+def test_output_file_holds_each_prompt_and_its_texts_as_json_lines(saved: dict[str, Path], tmp_path: Path) -> None:
+    """--output_file: the texts printed, as JSON Lines of {"prompt", "generated_text"} in the same order (one prompt,
+    several, several texts a prompt); a folder, or a file in a folder that does not exist, is refused before
+    loading."""
+    out = tmp_path / "out.jsonl"
+    args = ["--model_name_or_path", str(saved["decoder"]), "--max_new_tokens", "4", "--output_file", str(out)]
+    for flags, prompts in (
+        (["--prompt", "def f1(x):", "--do_sample", "false"], ["def f1(x):"]),
+        (["--prompt", "a", "bc", "--num_return_sequences", "2"], ["a", "a", "bc", "bc"]),
+    ):
+        texts = generate.main([*args, *flags])
+        texts = [texts] if isinstance(texts, str) else texts
+        records = [json.loads(line) for line in out.read_text().splitlines()]
+        assert records == [{"prompt": p, "generated_text": t} for p, t in zip(prompts, texts, strict=True)]
+    for where in (tmp_path, tmp_path / "nowhere" / "out.jsonl"):
+        (tmp_path / "config.json").write_text("{}")
+        with pytest.raises(ValueError, match="--output_file .* is a folder or in a folder that does not exist"):
+            generate.main(["--model_name_or_path", str(tmp_path), "--output_file", str(where)])
