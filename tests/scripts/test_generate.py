@@ -555,3 +555,23 @@ def test_output_file_holds_each_prompt_and_its_texts_as_json_lines(saved: dict[s
         (tmp_path / "config.json").write_text("{}")
         with pytest.raises(ValueError, match="--output_file .* is a folder or in a folder that does not exist"):
             generate.main(["--model_name_or_path", str(tmp_path), "--output_file", str(where)])
+
+
+def test_a_prompt_of_no_tokens_is_refused_by_name(saved: dict[str, Path], tmp_path: Path) -> None:
+    """A tokenizer that adds no bos (GPT-2's) reads `--prompt ""` as no token at all: `generate` failed inside the
+    model with "cannot reshape tensor of 0 elements" after loading it; the prompt is now named."""
+    import shutil
+
+    from tokenizers import processors
+
+    folder = tmp_path / "no_bos"
+    shutil.copytree(saved["decoder"], folder)
+    tokenizer = archlab.tokenization.training.load_tokenizer(folder)
+    tokenizer.backend_tokenizer.post_processor = processors.ByteLevel(trim_offsets=False)
+    save_tokenizer(tokenizer, folder)
+    assert archlab.tokenization.training.load_tokenizer(folder)("")["input_ids"] == []
+    args = ["--model_name_or_path", str(folder), "--max_new_tokens", "3", "--do_sample", "false"]
+    with pytest.raises(ValueError, match="Prompt 2 \\(''\\) is no token at all for this tokenizer"):
+        generate.main([*args, "--prompt", "def", ""])
+    with pytest.raises(ValueError, match="Prompt 1 \\(''\\) is no token at all"):
+        generate.main([*args, "--prompt", ""])
