@@ -18,8 +18,8 @@ has `model.` (archlab's heads all have `model.`): the body's prefix is renamed b
 
 BERT's fine-tuning heads sit on the masked LM's body the same way: `BertForSequenceClassification` is archlab's
 `EncoderForSequenceClassification` (its `bert.pooler` is archlab's `pooler`, its `classifier` the same), and
-`BertForTokenClassification` is `EncoderForTokenClassification` (`classifier`); the body converts as
-`BertForMaskedLM`'s encoder does.
+`BertForTokenClassification` is `EncoderForTokenClassification` (`classifier`), and `BertForQuestionAnswering` is
+`EncoderForQuestionAnswering` (`qa_outputs`); the body converts as `BertForMaskedLM`'s encoder does.
 
 Which head a folder holds is read from its `architectures`: a stock folder's class name ends in the head's suffix
 (`ForSequenceClassification`, ...), an archlab folder names the archlab class. Other task heads (`ForMultipleChoice`,
@@ -50,6 +50,7 @@ from ..modeling import (
     DecoderForSequenceClassification,
     DecoderForTokenClassification,
     EncoderForMaskedLM,
+    EncoderForQuestionAnswering,
     EncoderForSequenceClassification,
     EncoderForTokenClassification,
 )
@@ -234,12 +235,20 @@ ENCODER_TOKEN_CLASSIFICATION = Head(
     config_fields=("id2label", "label2id"),
     body=EncoderForMaskedLM,
 )
+ENCODER_QUESTION_ANSWERING = Head(
+    EncoderForQuestionAnswering,
+    MODEL_FOR_QUESTION_ANSWERING_MAPPING_NAMES,
+    modules=("qa_outputs",),
+    config_fields=(),
+    body=EncoderForMaskedLM,
+)
 HEADS = (
     SEQUENCE_CLASSIFICATION,
     TOKEN_CLASSIFICATION,
     QUESTION_ANSWERING,
     ENCODER_SEQUENCE_CLASSIFICATION,
     ENCODER_TOKEN_CLASSIFICATION,
+    ENCODER_QUESTION_ANSWERING,
 )
 
 
@@ -284,6 +293,7 @@ def archlab_row(family: Family, architectures: Sequence[str] | None, src: Path, 
 
 
 __all__ = [
+    "ENCODER_QUESTION_ANSWERING",
     "ENCODER_SEQUENCE_CLASSIFICATION",
     "ENCODER_TOKEN_CLASSIFICATION",
     "HEADS",

@@ -16,6 +16,7 @@ from .modeling_decoder import (
 )
 from .modeling_masked_lm import (
     EncoderForMaskedLM,
+    EncoderForQuestionAnswering,
     EncoderForSequenceClassification,
     EncoderForTokenClassification,
     EncoderModel,
@@ -38,4 +39,5 @@ __all__ = [
     "EncoderForMaskedLM",
     "EncoderForSequenceClassification",
     "EncoderForTokenClassification",
+    "EncoderForQuestionAnswering",
 ]

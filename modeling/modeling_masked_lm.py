@@ -1,8 +1,9 @@
 """`EncoderForMaskedLM`: archlab's encoder stack alone, with a masked-language-model head (BERT; Devlin et al. 2019);
 `EncoderModel`, the same stack without the head (BERT's `BertModel`): what `AutoModel` and
 `pipeline("feature-extraction")` load from a masked LM's folder; and the fine-tuning heads that start from a masked
-LM's folder as BERT's do, `EncoderForSequenceClassification` and `EncoderForTokenClassification` (here, in the
-masked LM's own file, so a saved masked LM's remote code and `auto_map` carry them too).
+LM's folder as BERT's do, `EncoderForSequenceClassification`, `EncoderForTokenClassification` and
+`EncoderForQuestionAnswering` (here, in the masked LM's own file, so a saved masked LM's remote code and `auto_map`
+carry them too).
 
 Seed 001 walks through the Hugging Face workflow for it (train a WordPiece tokenizer, mask 15 % of the tokens with
 `DataCollatorForLanguageModeling`, train with `Trainer`, query with `pipeline("fill-mask")`); seed 003 places it
@@ -22,6 +23,7 @@ from transformers.activations import ACT2FN
 from transformers.modeling_outputs import (
     BaseModelOutput,
     MaskedLMOutput,
+    QuestionAnsweringModelOutput,
     SequenceClassifierOutput,
     TokenClassifierOutput,
 )
@@ -408,8 +410,72 @@ class EncoderForTokenClassification(EncoderOnlyPreTrainedModel):
         return output if return_dict else output.to_tuple()
 
 
+class EncoderForQuestionAnswering(EncoderOnlyPreTrainedModel):
+    """BERT's extractive question answering (`BertForQuestionAnswering`, SQuAD) on archlab's encoder: every token's
+    state -> `qa_outputs` (a Linear, d_model -> 2, with a bias) -> a start and an end logit per token. The loss is
+    BERT's: the mean of the start and end cross-entropies over the batch, positions clamped to the sequence length
+    and those past it left out (an answer cut off by the window), as transformers' `ForQuestionAnsweringLoss`.
+
+    A masked LM's folder loads into it with its encoder (the MLM head left out, `qa_outputs` new); a converted
+    `BertForQuestionAnswering` folder gives BERT's logits and loss.
+    """
+
+    _keys_to_ignore_on_load_unexpected = [*DECODER_KEYS, r"^lm_head\."]  # a masked LM's head, as BertModel `cls.*`
+
+    def __init__(self, config: Seq2SeqConfig) -> None:
+        super().__init__(config)
+        self._build_encoder(config)
+        self.qa_outputs = nn.Linear(config.d_model, 2)
+        self.post_init()
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        start_positions: torch.LongTensor | None = None,
+        end_positions: torch.LongTensor | None = None,
+        token_type_ids: torch.Tensor | None = None,  # segment ids (`type_vocab_size` > 0; else ignored)
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        position_ids: torch.LongTensor | None = None,
+        **kwargs,
+    ) -> QuestionAnsweringModelOutput | tuple:
+        r"""start_positions, end_positions (`torch.LongTensor` of shape `(batch,)`, *optional*): the answer's first
+        and last token; positions past the sequence are left out of the loss."""
+        return_dict = return_dict if return_dict is not None else self.config.return_dict
+        kwargs.pop("num_items_in_batch", None)  # (the Trainer counts `labels`, which QA batches do not have)
+        outputs = self._encode(
+            input_ids,
+            attention_mask,
+            position_ids,
+            token_type_ids,
+            inputs_embeds,
+            output_attentions,
+            output_hidden_states,
+            **kwargs,
+        )
+        logits = self.qa_outputs(outputs.last_hidden_state)  # (B, T, 2)
+        start_logits, end_logits = (side.squeeze(-1).contiguous() for side in logits.split(1, dim=-1))
+
+        loss = None
+        if start_positions is not None and end_positions is not None:
+            loss = self.loss_function(start_logits, end_logits, start_positions, end_positions)
+
+        output = QuestionAnsweringModelOutput(
+            loss=loss,
+            start_logits=start_logits,
+            end_logits=end_logits,
+            hidden_states=outputs.hidden_states,
+            attentions=outputs.attentions,
+        )
+        return output if return_dict else output.to_tuple()
+
+
 __all__ = [
     "EncoderForMaskedLM",
+    "EncoderForQuestionAnswering",
     "EncoderForSequenceClassification",
     "EncoderForTokenClassification",
     "EncoderModel",

@@ -26,6 +26,7 @@ from .modeling import (
     DecoderForTokenClassification,
     DecoderModel,
     EncoderForMaskedLM,
+    EncoderForQuestionAnswering,
     EncoderForSequenceClassification,
     EncoderForTokenClassification,
     EncoderModel,
@@ -48,6 +49,7 @@ MODEL_REGISTRY = [
     # gives its encoder with this head too
     (AutoModelForSequenceClassification, Seq2SeqConfig, EncoderForSequenceClassification),
     (AutoModelForTokenClassification, Seq2SeqConfig, EncoderForTokenClassification),
+    (AutoModelForQuestionAnswering, Seq2SeqConfig, EncoderForQuestionAnswering),
 ]
 # Named in a saved folder's `auto_map` only: `AutoModel` of the seq2seq config is `Seq2SeqModel`, which hands a
 # masked LM's folder to `EncoderModel` itself (`Seq2SeqModel.from_pretrained`); where archlab is not installed,

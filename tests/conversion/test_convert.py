@@ -11,7 +11,7 @@ from transformers import (
     AutoModelForCausalLM,
     AutoModelForSequenceClassification,
     BertConfig,
-    BertForQuestionAnswering,
+    BertForMultipleChoice,
     GPT2Config,
     GPT2ForQuestionAnswering,
     GPT2ForTokenClassification,
@@ -190,11 +190,11 @@ def test_a_llama_reward_model_converts_both_ways_via_the_script(tmp_path):
             "it converts GPT2LMHeadModel and GPT2ForSequenceClassification",
         ),
         (GPT2ForQuestionAnswering, "GPT2ForQuestionAnswering, a head"),
-        # BERT converts as a masked LM and its sequence and token classifiers
+        # BERT converts as a masked LM and its sequence and token classifiers and its QA model
         (
-            BertForQuestionAnswering,
-            "BertForQuestionAnswering, a head the converter does not convert; for bert it converts BertForMaskedLM "
-            "and BertForSequenceClassification and BertForTokenClassification.",
+            BertForMultipleChoice,
+            "BertForMultipleChoice, a head the converter does not convert; for bert it converts BertForMaskedLM "
+            "and BertForSequenceClassification and BertForTokenClassification and BertForQuestionAnswering.",
         ),
     ],
 )

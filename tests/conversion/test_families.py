@@ -44,6 +44,7 @@ from transformers import (
 from archlab import DecoderForSequenceClassification, EncoderForMaskedLM, EncoderForSequenceClassification
 from archlab.conversion import FAMILIES, ConversionError, convert_checkpoint
 from archlab.conversion.heads import (
+    ENCODER_QUESTION_ANSWERING,
     ENCODER_SEQUENCE_CLASSIFICATION,
     ENCODER_TOKEN_CLASSIFICATION,
     QUESTION_ANSWERING,
@@ -973,6 +974,36 @@ def test_a_sequence_classifier_without_berts_pooler_is_refused_by_bert(bert_head
         convert_checkpoint(tmp_path / "classifier", tmp_path / "out", to="bert")
     EncoderForMaskedLM(changed).save_pretrained(tmp_path / "mlm")
     convert_checkpoint(tmp_path / "mlm", tmp_path / "bert", to="bert")
+
+
+def test_a_bert_question_answering_model_converts_both_ways(tmp_path):
+    """`BertForQuestionAnswering` (no pooler; `qa_outputs` on every token) is `EncoderForQuestionAnswering`: the same
+    start and end logits on padded sentence pairs, and the exported folder holds the very same tensors."""
+    torch.manual_seed(0)
+    head = ENCODER_QUESTION_ANSWERING
+    reference = head.stock_class(FAMILIES["bert"])(CASES["bert"][0]).eval()
+    _perturb(reference)
+    reference.save_pretrained(tmp_path / "stock")
+    convert_checkpoint(tmp_path / "stock", tmp_path / "archlab")
+    convert_checkpoint(tmp_path / "archlab", tmp_path / "back", to="bert")
+    model = head.archlab_class.from_pretrained(tmp_path / "archlab").eval()
+    assert json.loads((tmp_path / "archlab" / "config.json").read_text())["architectures"] == [
+        "EncoderForQuestionAnswering"
+    ]
+    ids, _, mask, _, _ = _batches(0)
+    right_mask = mask.flip(-1)
+    segments = (torch.arange(ids.shape[1]) >= 4).long().expand_as(ids) * right_mask
+    inputs = dict(input_ids=ids.masked_fill(right_mask == 0, 0), attention_mask=right_mask, token_type_ids=segments)
+    with torch.no_grad():
+        ours, theirs = model(**inputs), reference(**inputs)
+    for side in ("start_logits", "end_logits"):
+        assert (getattr(ours, side) - getattr(theirs, side)).abs().max().item() <= ATOL, side
+
+    back = type(reference).from_pretrained(tmp_path / "back").eval()
+    assert json.loads((tmp_path / "back" / "config.json").read_text())["architectures"] == ["BertForQuestionAnswering"]
+    theirs, ours = reference.state_dict(), back.state_dict()
+    assert ours.keys() == theirs.keys()
+    assert [k for k in theirs if not torch.equal(ours[k], theirs[k])] == []
 
 
 def test_an_encoder_classifier_is_refused_by_a_family_without_one(bert_head_folders, tmp_path):

@@ -298,6 +298,34 @@ def test_the_token_classifier_is_berts(tmp_path):
     assert_close_to_scale(ours.loss, theirs.loss)
 
 
+def test_the_question_answering_model_is_berts(tmp_path):
+    """`EncoderForQuestionAnswering` converted from a `BertForQuestionAnswering` gives its start and end logits
+    (within 1e-4 of their scale, fp32) on padded sentence pairs, and its loss: the mean of the two cross-entropies,
+    positions past the sequence clamped and left out (row 2's start, and row 1 entirely)."""
+    from transformers import BertForQuestionAnswering
+
+    from archlab import EncoderForQuestionAnswering
+
+    torch.manual_seed(0)
+    reference = _bert_pair(tmp_path, BertForQuestionAnswering)
+    model = EncoderForQuestionAnswering.from_pretrained(tmp_path / "archlab").eval()
+    inputs = _padded_pairs()
+    starts, ends = torch.tensor([3, 40, 25]), torch.tensor([5, 10, 6])
+    with torch.no_grad():
+        ours, theirs = model(**inputs), reference(**inputs)
+        for side in ("start_logits", "end_logits"):
+            assert_close_to_scale(getattr(ours, side), getattr(theirs, side))
+        for rows in (slice(0, 3), slice(1, 2)):  # row 1 alone: every position past it, a loss of nan as BERT's
+            ours = model(
+                **{k: v[rows] for k, v in inputs.items()}, start_positions=starts[rows], end_positions=ends[rows]
+            )
+            theirs = reference(
+                **{k: v[rows] for k, v in inputs.items()}, start_positions=starts[rows], end_positions=ends[rows]
+            )
+            torch.testing.assert_close(ours.loss, theirs.loss, rtol=1e-4, atol=1e-5, equal_nan=True)
+    assert torch.isfinite(model(**inputs, start_positions=starts, end_positions=ends).loss)
+
+
 @pytest.mark.parametrize("head", ["sequence", "token"])
 def test_a_masked_lm_folder_starts_a_classifier(head, tokenizer, tmp_path):
     """As BERT's heads from a BERT folder: the Auto class loads a masked LM's folder into the encoder head, the
@@ -330,6 +358,30 @@ def test_a_masked_lm_folder_starts_a_classifier(head, tokenizer, tmp_path):
     task, key = ("text-classification", "label") if head == "sequence" else ("token-classification", "entity")
     results = pipeline(task, model=str(tmp_path), tokenizer=str(tmp_path))("alpha beta gamma delta")
     assert results and all(result[key].startswith("LABEL_") for result in results)
+
+
+def test_a_masked_lm_folder_starts_a_question_answering_model(tokenizer, tmp_path):
+    """`AutoModelForQuestionAnswering` of a masked LM's folder is `EncoderForQuestionAnswering` with the encoder's
+    weights, the MLM head left out without a word and only `qa_outputs` new; it saves and loads back whole."""
+    from transformers import AutoModelForQuestionAnswering
+
+    from archlab import EncoderForQuestionAnswering
+
+    torch.manual_seed(0)
+    mlm = tiny_mlm(tokenizer).eval()
+    mlm.save_pretrained(tmp_path)
+    model, info = AutoModelForQuestionAnswering.from_pretrained(tmp_path, output_loading_info=True)
+    assert type(model) is EncoderForQuestionAnswering
+    assert {key.split(".")[0] for key in info["missing_keys"]} == {"qa_outputs"}
+    assert info["unexpected_keys"] == set() and info["mismatched_keys"] == set()
+    kept = mlm.encoder.state_dict()
+    assert [k for k, v in model.encoder.state_dict().items() if not torch.equal(v, kept[k])] == []
+    model.save_pretrained(tmp_path / "qa")
+    again = AutoModelForQuestionAnswering.from_pretrained(tmp_path / "qa")
+    assert all(torch.equal(v, again.state_dict()[k]) for k, v in model.state_dict().items())
+    ids = tokenizer("alpha beta", "gamma delta", return_tensors="pt")["input_ids"]
+    with torch.no_grad():
+        assert again.eval()(input_ids=ids).start_logits.shape == ids.shape
 
 
 def test_an_encoder_decoders_folder_starts_a_classifier_from_its_encoder(tmp_path):
