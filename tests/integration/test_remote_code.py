@@ -104,6 +104,13 @@ CAUSAL_LM_AS = (
     "AutoModelForQuestionAnswering",
 )
 
+# the Auto classes a masked LM's folder is opened with for fine-tuning, without archlab (BERT's heads)
+MASKED_LM_AS = (
+    "AutoModelForSequenceClassification",
+    "AutoModelForTokenClassification",
+    "AutoModelForQuestionAnswering",
+)
+
 
 def _inputs(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     generator = torch.Generator().manual_seed(0)
@@ -211,7 +218,7 @@ def saved(tmp_path_factory) -> dict:
         )
     )
     # and as BERT's fine-tuning heads (the classifier's weights new, the encoder's kept)
-    for auto_name in ("AutoModelForSequenceClassification", "AutoModelForTokenClassification"):
+    for auto_name in MASKED_LM_AS:
         jobs.append(
             dict(
                 name=f"masked_lm_as_{auto_name}",
@@ -343,7 +350,7 @@ def test_masked_lm_folder_opens_as_its_encoder_without_archlab(exported):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("auto_name", ["AutoModelForSequenceClassification", "AutoModelForTokenClassification"])
+@pytest.mark.parametrize("auto_name", MASKED_LM_AS)
 def test_masked_lm_folder_opens_as_berts_heads_without_archlab(exported, auto_name):
     """`auto_map` of a masked LM's folder names the fine-tuning heads, so one starts fine-tuning from it where
     archlab is not installed; the encoder is the masked LM's (the re-saved folder holds its very tensors)."""

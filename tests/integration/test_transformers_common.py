@@ -37,6 +37,7 @@ except transformers_common_tests.Unavailable as error:
 from transformers import (
     BertConfig,
     BertForMaskedLM,
+    BertForQuestionAnswering,
     BertForSequenceClassification,
     BertForTokenClassification,
     LlamaConfig,
@@ -257,6 +258,7 @@ class ArchlabMaskedLMTest(ArchlabCommonTests, unittest.TestCase):
         archlab.EncoderForMaskedLM,
         archlab.EncoderForSequenceClassification,
         archlab.EncoderForTokenClassification,
+        archlab.EncoderForQuestionAnswering,
     )
     model_tester_class, model_config_class = MaskedLMTester, archlab.Seq2SeqConfig
 
@@ -273,5 +275,10 @@ if os.environ.get("ARCHLAB_COMMON_TESTS_PEERS") == "1":
         is_encoder_decoder = True
 
     class BertPeerTest(CommonTests, unittest.TestCase):
-        all_model_classes = (BertForMaskedLM, BertForSequenceClassification, BertForTokenClassification)
+        all_model_classes = (
+            BertForMaskedLM,
+            BertForSequenceClassification,
+            BertForTokenClassification,
+            BertForQuestionAnswering,
+        )
         model_tester_class, model_config_class = MaskedLMTester, BertConfig
