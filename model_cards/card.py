@@ -37,6 +37,8 @@ DEFAULT_LIMITATIONS = (
     "data; small models trained on little data produce fluent-looking but unreliable text."
 )
 
+QA_EXAMPLE_QUESTION = "What is the name of the function?"  # asked of the default example, "def fibonacci(n):"
+
 
 def _usage(
     auto_class: str,
@@ -55,7 +57,10 @@ def _usage(
     value (its one output), not the placeholder label name `LABEL_0` that an argmax over one output always gives; a
     multi-label head's the classes whose sigmoid is above 0.5 (its argmax would be one class of the set). With
     `example_pair` a classifier of sentence pairs is given the pair (`example`, `example_pair`), with its
-    `token_type_ids` where the model has segment embeddings (`segments`); with `prefix_key` an encoder-decoder's
+    `token_type_ids` where the model has segment embeddings (`segments`); a question-answering model is given a
+    question about `example` (`example_pair`, else `QA_EXAMPLE_QUESTION`) as the tokenizer's pair, and its answer
+    ends at or after its start (the two argmaxes taken apart gave an empty span whenever the end came first); with
+    `prefix_key` an encoder-decoder's
     source starts with the task prefix it was trained with, `config.task_specific_params[prefix_key]["prefix"]`."""
     lines = [
         "import torch",
@@ -70,6 +75,11 @@ def _usage(
             "tokenizer = AutoTokenizer.from_pretrained(model_id, trust_remote_code=True)",
             f'inputs = tokenizer({example!r}, return_tensors="pt", return_token_type_ids=False)',
         ]
+        if pipeline_tag == "question-answering":  # a question about a context, encoded as the tokenizer's pair
+            segment_ids = "return_token_type_ids=True" if segments else "return_token_type_ids=False"
+            question = example_pair if example_pair is not None else QA_EXAMPLE_QUESTION
+            lines[-1] = f"question, context = {question!r}, {example!r}"
+            lines.append(f'inputs = tokenizer(question, context, return_tensors="pt", {segment_ids})')
         if example_pair is not None and pipeline_tag == "text-classification":
             segment_ids = "return_token_type_ids=True" if segments else "return_token_type_ids=False"
             lines[-1] = "# a sentence pair: the two texts in the order of the columns it was trained on"
@@ -119,7 +129,8 @@ def _usage(
         lines += [
             "with torch.no_grad():",
             "    output = model(**inputs)",
-            "start, end = int(output.start_logits.argmax(-1)[0]), int(output.end_logits.argmax(-1)[0])",
+            "start = int(output.start_logits.argmax(-1)[0])",
+            "end = start + int(output.end_logits[0, start:].argmax())  # the best end at or after the start",
             f"print({f'tokenizer.decode({answer})' if has_tokenizer else f'{answer}.tolist()'})  # the answer span",
         ]
     elif pipeline_tag == "fill-mask" and has_tokenizer:
@@ -272,7 +283,8 @@ def write_model_card(
         loss_curve: an image of the loss curve, copied in as `loss_curve.png` (defaults to the folder's own
             `loss_curve.png`, else one is drawn from the Trainer log when matplotlib is installed).
         example_text: the prompt in the usage snippet.
-        example_pair: a sequence classifier of sentence pairs: the second text of the snippet's pair.
+        example_pair: a sequence classifier of sentence pairs: the second text of the snippet's pair; a
+            question-answering model: the question asked about `example_text`.
 
     An encoder-decoder whose config holds a task prefix for its task (`task_specific_params[task]["prefix"]`, T5's
     convention, which the fine-tuning script's --source_prefix writes) has its snippet put it before the source.

@@ -325,5 +325,31 @@ def test_a_token_classifier_and_a_qa_models_cards_load_and_run_their_head(head, 
     if head == "tokens":
         expected = [model.config.id2label[int(i)] for i in output.logits.argmax(-1)[0]]
     else:
-        expected = ids[0, int(output.start_logits.argmax()) : int(output.end_logits.argmax()) + 1].tolist()
+        start = int(output.start_logits.argmax())
+        expected = ids[0, start : start + int(output.end_logits[0, start:].argmax()) + 1].tolist()
     assert capsys.readouterr().out.strip().splitlines()[-1] == repr(expected)
+
+
+def test_a_qa_models_card_asks_a_question_about_a_context(tmp_path, capsys):
+    """A QA model's snippet fed one text (a context without a question) and took the start and the end apart (an
+    end before the start printed nothing); it now encodes a question and a context as the tokenizer's pair, with
+    the segment ids of a model that reads them, and prints the span from the best start to the best end after it."""
+    from archlab import EncoderForQuestionAnswering, Seq2SeqConfig
+    from archlab.tokenization.training import save_tokenizer, train_tokenizer
+
+    tokenizer = train_tokenizer(["what is the name of the function", "def fibonacci(n):"], "masked_lm", vocab_size=80)
+    torch.manual_seed(0)
+    config = tiny_config_for(Seq2SeqConfig, vocab_size=len(tokenizer), type_vocab_size=2)
+    model = EncoderForQuestionAnswering(config).eval()
+    folder = _save(model, tmp_path / "qa")
+    save_tokenizer(tokenizer, folder)
+    snippet = re.search(r"```python\n(.*?)```", write_model_card(folder).read_text(), re.S).group(1)
+    assert "tokenizer(question, context," in snippet and "return_token_type_ids=True" in snippet
+    exec(snippet.replace('"qa"', repr(str(folder))), {})
+    inputs = tokenizer("What is the name of the function?", "def fibonacci(n):", return_tensors="pt")
+    with torch.no_grad():
+        output = model(**inputs)
+    start = int(output.start_logits.argmax())
+    end = start + int(output.end_logits[0, start:].argmax())
+    expected = tokenizer.decode(inputs["input_ids"][0, start : end + 1])
+    assert capsys.readouterr().out.rstrip("\n").splitlines()[-1] == expected
