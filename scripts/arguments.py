@@ -526,6 +526,7 @@ ENCODER_ONLY_CLASSES = {
     "EncoderModel",
     "EncoderForSequenceClassification",
     "EncoderForTokenClassification",
+    "EncoderForQuestionAnswering",
 }
 
 
@@ -551,7 +552,8 @@ def check_pretrained_model_kind(model_args: ModelArguments, auto_class: Any, tra
                 "encoder-decoder: its whole decoder would start from random weights. Pass a seq2seq folder, or "
                 "leave out --model_name_or_path to train a new model."
             )
-        if encoder_only or config.model_type != "archlab_seq2seq" or not auto_class.__name__.endswith("Classification"):
+        heads = ("Classification", "QuestionAnswering")  # the encoder's fine-tuning heads
+        if encoder_only or config.model_type != "archlab_seq2seq" or not auto_class.__name__.endswith(heads):
             return
         # an encoder-decoder's folder given to a classifier: the encoder heads take masked LMs' (BERT's) encoders;
         # fine-tuning an encoder-decoder's encoder alone would drop its decoder without a word

@@ -8,8 +8,9 @@ gemma2, gpt_neox, falcon, bloom, mpt, opt, gpt2, openai-gpt, phi, stablelm (arch
 v1.0, v1.1, flan-T5), mt5 and umt5 (archlab encoder-decoder); bert (archlab's EncoderForMaskedLM). A config the other
 side cannot compute is refused with the fields named. A decoder family's `<Family>ForSequenceClassification` (a reward
 model, a classifier) converts to archlab's `DecoderForSequenceClassification` and back, and BERT's
-`BertForSequenceClassification` / `BertForTokenClassification` to `EncoderForSequenceClassification` /
-`EncoderForTokenClassification`, the head read from `architectures`. The logic lives in `archlab.conversion`;
+`BertForSequenceClassification` / `BertForTokenClassification` / `BertForQuestionAnswering` to
+`EncoderForSequenceClassification` / `EncoderForTokenClassification` / `EncoderForQuestionAnswering`, the head read
+from `architectures`. The logic lives in `archlab.conversion`;
 docs/conversion.md lists what each family turns on and what is refused.
 """
 
