@@ -1,5 +1,5 @@
-"""Fine-tune an archlab model for one of three tasks (`--task`), shaped like transformers' `run_clm` / `run_glue` /
-`run_summarization` examples:
+"""Fine-tune an archlab model for one of four tasks (`--task`), shaped like transformers' `run_clm` / `run_glue` /
+`run_summarization` / `run_qa` examples:
 
 - `instruct`: instruction tuning of a decoder with its chat template; the loss covers the assistant's turns only
   (the template's `{% generation %}` blocks). Data: a `messages` column, or `--prompt_column`/`--response_column`;
@@ -17,10 +17,21 @@
   evaluated by generation with sacrebleu's BLEU and chrF and exact match; `--source_prefix` puts a T5-style task
   prefix before every source (saved in the config's `task_specific_params`, as T5 keeps its prefixes).
       python scripts/finetune.py --task seq2seq --output_dir runs/docstrings
+- `question-answering`: extractive QA as run_qa.py does it, from a decoder's folder (`DecoderForQuestionAnswering`)
+  or a masked LM's (BERT's `EncoderForQuestionAnswering`); an encoder-decoder's is refused. Data in SQuAD's layout
+  (`question`, `context`, `answers` = {"text": [...], "answer_start": [...]}); default: questions about the embedded
+  corpus's functions (their name, their first parameter). Each question and context are the tokenizer's pair, cut to
+  `--max_seq_length` tokens, a long context into windows overlapping by `--doc_stride` tokens; a window without the
+  whole answer is labelled at index 0 (BERT's [CLS], a decoder's first token). The evaluation maps the
+  `--n_best_size` best starts and ends (spans of at most `--max_answer_length` tokens) back to the context's text and
+  reports SQuAD's exact match and F1.
+      python scripts/finetune.py --task question-answering --model_name_or_path runs/mlm --train_file train.json \
+          --validation_file dev.json
 
 `--test_file` (or `--do_predict` with a data set that has a test split) predicts the test split after training, as
-run_glue.py and run_translation.py do: `predict_results.txt` (classification) or `generated_predictions.txt`
-(seq2seq) in --output_dir, and the `predict_*` metrics where the test split has labels.
+run_glue.py, run_translation.py and run_qa.py do: `predict_results.txt` (classification),
+`generated_predictions.txt` (seq2seq) or `predict_predictions.json` ({id: answer}, question-answering) in
+--output_dir, and the `predict_*` metrics where the test split has labels.
       python scripts/finetune.py --task classification --model_name_or_path runs/pretrain --train_file train.csv \
           --validation_file dev.csv --test_file test.csv
 
@@ -60,6 +71,7 @@ from archlab.training.checkpoints import (
 )
 from archlab.training.evaluation import train_and_evaluate
 from archlab.training.kinds import model_kind
+from archlab.training.question_answering import check_windows
 from archlab.training.reporting import log, summary, training_setup
 from archlab.training.sampling import sample_unless_sharded, stop_at_the_end_of_a_turn
 from archlab.training.saving import EMBEDDED_CORPUS, dataset_label, save_final
@@ -83,7 +95,7 @@ PAIR_EXAMPLE = "Return the n-th Fibonacci number."  # a sentence-pair classifier
 
 @dataclass
 class FinetuneArguments:
-    task: str = field(default="instruct", metadata={"help": "instruct | classification | seq2seq"})
+    task: str = field(default="instruct", metadata={"help": "instruct | classification | seq2seq | question-answering"})
     prompt_column: str | None = field(default=None, metadata={"help": "instruct: the user turn's column."})
     response_column: str | None = field(default=None, metadata={"help": "instruct: the assistant turn's column."})
     messages_column: str = field(default="messages", metadata={"help": "instruct: a list of {role, content}."})
@@ -122,12 +134,35 @@ class FinetuneArguments:
     test_file: str | None = field(
         default=None,
         metadata={
-            "help": "classification, seq2seq: a test file (the training file's format) predicted after training "
-            "(turns on --do_predict); its label / target column may be missing (predictions only)."
+            "help": "classification, seq2seq, question-answering: a test file (the training file's format) predicted "
+            "after training (turns on --do_predict); its label / target / answer column may be missing (predictions "
+            "only)."
         },
     )
     max_predict_samples: int | None = field(
         default=None, metadata={"help": "Predict at most this many test examples (unset: all)."}
+    )
+    question_column: str = field(default="question", metadata={"help": "question-answering: the question column."})
+    context_column: str = field(default="context", metadata={"help": "question-answering: the context column."})
+    answer_column: str = field(
+        default="answers",
+        metadata={"help": 'question-answering: SQuAD\'s answers, {"text": [...], "answer_start": [...]} per row.'},
+    )
+    max_seq_length: int = field(
+        default=384,
+        metadata={
+            "help": "question-answering: tokens per window of question + context (capped at the model's positions; "
+            "--block_size does not apply)."
+        },
+    )
+    doc_stride: int = field(
+        default=128, metadata={"help": "question-answering: tokens shared by consecutive windows of a long context."}
+    )
+    n_best_size: int = field(
+        default=20, metadata={"help": "question-answering: the best starts and ends searched per window."}
+    )
+    max_answer_length: int = field(
+        default=30, metadata={"help": "question-answering: the longest answer predicted, in tokens."}
     )
     pipeline_tag: str | None = field(
         default=None,
@@ -161,9 +196,9 @@ class FinetuneTrainingArguments(ArchlabTrainingArguments, Seq2SeqTrainingArgumen
     do_predict: bool = field(
         default=False,
         metadata={
-            "help": "classification, seq2seq: predict the test split after training (--test_file, else the "
-            "--dataset_name's test split): predict_results.txt / generated_predictions.txt in --output_dir, and the "
-            "predict_* metrics where the test split has labels."
+            "help": "classification, seq2seq, question-answering: predict the test split after training (--test_file, "
+            "else the --dataset_name's test split): predict_results.txt / generated_predictions.txt / "
+            "predict_predictions.json in --output_dir, and the predict_* metrics where the test split has labels."
         },
     )
     predict_with_generate: bool = field(default=True, metadata={"help": "seq2seq: evaluate generated text."})
@@ -222,6 +257,8 @@ def main(argv: Sequence[str] | None = None, callbacks: list[TrainerCallback] | N
             f"{', '.join(SEQ2SEQ_PIPELINE_TAGS)} (the other tasks' tag follows from the model class)."
         )
     check_flag_positive(args, ("max_source_length", "max_target_length"), " (tokens)")
+    if args.task == "question-answering":
+        check_windows(args)
     if args.source_prefix is not None and args.task != "seq2seq":
         raise ValueError(f"--source_prefix is for --task seq2seq (the encoder's inputs), not --task {args.task}.")
     check_language_flags(args)
@@ -248,7 +285,7 @@ def main(argv: Sequence[str] | None = None, callbacks: list[TrainerCallback] | N
         return finished
     set_seed(training_args.seed)
     if training_args.label_names is None:
-        training_args.label_names = ["labels"]
+        training_args.label_names = list(task.label_names)
     training_args.predict_with_generate = training_args.predict_with_generate and task.generates
 
     test = args if training_args.do_predict else None
@@ -299,6 +336,7 @@ def main(argv: Sequence[str] | None = None, callbacks: list[TrainerCallback] | N
         callbacks=callbacks,
     )
     trainer.run_facts = facts
+    trainer.task_options = args
     metrics = train_and_evaluate(
         trainer,
         resume,
@@ -320,7 +358,7 @@ def main(argv: Sequence[str] | None = None, callbacks: list[TrainerCallback] | N
     if training_args.do_predict:
         predicted = predict_test_split(task, trainer, built["test"], tokenizer, training_args.output_dir)
         metrics.update(predicted)
-        log(f"Predictions of {len(built['test'])} test examples: {training_args.output_dir}/{task.predictions[0]}")
+        log(f"Predictions of {len(raw['test'])} test examples: {training_args.output_dir}/{task.predictions[0]}")
     if task.show_example is not None:
         example, max_new_tokens = raw["validation"][0], training_args.generation_max_length
         sample_unless_sharded(
@@ -337,6 +375,14 @@ def data_columns(args: FinetuneArguments, text_column: str) -> dict[str, str | N
     columns, read where no flag names one, follow from the same flags and data."""
     if args.task == "seq2seq":  # (with --source_lang / --target_lang, the `translation` column's keys)
         return {"--source_column": args.source_column, "--target_column": args.target_column}
+    if args.task == "question-answering":  # (and the windows: others cut other features to skip)
+        return {
+            "--question_column": args.question_column,
+            "--context_column": args.context_column,
+            "--answer_column": args.answer_column,
+            "--max_seq_length": str(args.max_seq_length),
+            "--doc_stride": str(args.doc_stride),
+        }
     if args.task == "classification":
         text = args.text_column_names or text_column
         return {"--text_column_name(s)": text, "--label_column_name": args.label_column_name}

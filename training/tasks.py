@@ -5,7 +5,9 @@ its examples are checked, tokenized and collated, its metrics and Trainer, and w
 - `classification`: sequence classification from text and label columns, accuracy and macro-F1 (float labels:
   regression, mean squared error and Pearson's r; a list of labels per row: multi-label, subset accuracy and
   micro-F1);
-- `seq2seq`: an encoder-decoder evaluated by generation with BLEU, chrF and exact match.
+- `seq2seq`: an encoder-decoder evaluated by generation with BLEU, chrF and exact match;
+- `question-answering`: extractive QA on SQuAD's layout, windows of long contexts, SQuAD's exact match and F1
+  (`question_answering.py`).
 
 The classification and seq2seq tasks also predict a test split (`predictions`): one line per example in
 `predict_results.txt` (run_glue.py's format) or `generated_predictions.txt` (run_translation.py's).
@@ -21,13 +23,19 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from transformers import DataCollatorForSeq2Seq, DataCollatorWithPadding, PreTrainedModel
+from transformers import (
+    AutoModelForQuestionAnswering,
+    DataCollatorForSeq2Seq,
+    DataCollatorWithPadding,
+    PreTrainedModel,
+)
 
 from archlab.modeling.catalogue import POSITION_SCHEMES
 from archlab.tokenization.corpus import code_docstring_pairs, instruction_examples
 from archlab.tokenization.data import IGNORE_INDEX, check_not_empty
 from archlab.tokenization.training import train_tokenizer
 
+from . import question_answering as qa
 from . import task_data
 from .configs import ModelChoices, build_config, build_model
 from .kinds import CLASSIFICATION_AUTO_CLASS, model_kind
@@ -74,6 +82,9 @@ class Task:
     chat: bool = False  # a chat model: its saved generation config stops at the end of a turn too
     predictions: tuple[str, Callable[..., list[str]]] | None = None  # (file name, (outputs, config, tokenizer) ->
     # its lines) of the test split's predictions; None: the task has none (--do_predict is refused)
+    label_names: tuple[str, ...] = ("labels",)  # the batch's label keys (the Trainer's `label_names`)
+    # (options, --block_size) -> the longest tokenized example, before the cap at the model's positions
+    max_length: Callable[[Any, int], int] = lambda options, block_size: block_size
 
 
 TASKS: dict[str, Task] = {
@@ -118,6 +129,20 @@ TASKS: dict[str, Task] = {
             "generated_predictions.txt",
             lambda outputs, config, tokenizer: generated_lines(outputs, tokenizer),
         ),
+    ),
+    "question-answering": Task(
+        model_kind="decoder",
+        default_data=task_data.embedded_examples(qa.function_questions),
+        prepare=qa.check_question_answering_columns,
+        tokenizer_texts=qa.question_answering_texts,
+        tokenize=qa.tokenize_question_answering,
+        collator=lambda tokenizer, model: qa.QuestionAnsweringCollator(tokenizer),
+        trainer_class=qa.QuestionAnsweringTrainer,
+        auto_class=AutoModelForQuestionAnswering,
+        summary_keys=("eval_loss", "eval_exact_match", "eval_f1"),
+        predictions=(qa.PREDICTIONS_FILE, qa.prediction_lines),
+        label_names=("start_positions", "end_positions"),
+        max_length=lambda options, block_size: options.max_seq_length,
     ),
 }
 
@@ -252,7 +277,7 @@ def build_task_model(
     config = build_config(choices, tokenizer, None, num_labels=1 if regression else len(label2id) or None)
     if task.model_kind == "seq2seq":
         check_lengths_fit_the_position_table(config, options)
-    max_length = min(block_size, config.max_position_embeddings)
+    max_length = min(task.max_length(options, block_size), config.max_position_embeddings)
     head = classifier_head_labels(config) if task.labels else None  # a classifier's own labels, to fine-tune on
     if head is not None and label2id:
         label2id, id2label = keep_the_heads_label_ids(head, label2id, id2label)

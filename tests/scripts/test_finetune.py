@@ -22,6 +22,7 @@ from archlab.tokenization.data import IGNORE_INDEX
 from archlab.tokenization.training import load_tokenizer, save_tokenizer, train_tokenizer
 from archlab.training import sources
 from archlab.training.metrics import classification_metrics, text_metrics
+from archlab.training.question_answering import squad_metrics, tokenize_question_answering
 from archlab.training.task_data import (
     as_messages,
     check_pair_columns,
@@ -400,7 +401,7 @@ def test_a_base_model_of_the_wrong_kind_is_named_before_anything_is_read(tmp_pat
 
 def test_each_task_has_its_own_default_output_dir() -> None:
     """Fine-tuning a second task without --output_dir does not meet the first task's checkpoints (refused)."""
-    tasks = ("instruct", "classification", "seq2seq")
+    tasks = ("instruct", "classification", "seq2seq", "question-answering")
     folders = {task: finetune.parse(["--task", task])[2].output_dir for task in tasks}
     assert folders == {task: f"runs/finetune-{task}" for task in folders}
     assert finetune.parse(["--task", "seq2seq", "--output_dir", "mine"])[2].output_dir == "mine"
@@ -415,12 +416,14 @@ def test_the_task_table_has_one_row_per_task_choice() -> None:
     from archlab.training.tasks import TASKS
 
     task_flag = next(f for f in dataclasses.fields(finetune.FinetuneArguments) if f.name == "task")
-    assert task_flag.metadata["help"].split(" | ") == list(TASKS) == ["instruct", "classification", "seq2seq"]
+    assert task_flag.metadata["help"].split(" | ") == list(TASKS)
+    assert list(TASKS) == ["instruct", "classification", "seq2seq", "question-answering"]
     assert task_flag.default in TASKS
     assert {name: task.model_kind for name, task in TASKS.items()} == {
         "instruct": "decoder",
         "classification": "decoder",
         "seq2seq": "seq2seq",
+        "question-answering": "decoder",
     }
     assert all(task.model_kind in MODEL_KINDS for task in TASKS.values())
 
@@ -438,6 +441,10 @@ def test_the_task_table_has_one_row_per_task_choice() -> None:
             },
         },
         "seq2seq": {"eval_loss": 1.0, **{f"eval_{k}": v for k, v in text_metrics(["a b"], ["a b"]).items()}},
+        "question-answering": {
+            "eval_loss": 1.0,
+            **{f"eval_{k}": v for k, v in squad_metrics({}, {"a": ["b"]}).items()},
+        },
     }
     for name, metrics in computed.items():
         assert set(TASKS[name].summary_keys) == set(metrics), name
@@ -989,6 +996,18 @@ def test_a_resume_with_another_source_prefix_is_refused_first(tmp_path: Path, mo
             ["--prompt_column", "question", "--response_column", "answer"],
             "these flags give --messages_column 'messages', --prompt_column 'question', --response_column 'answer'",
         ),
+        (  # other windows of the contexts: the resumed run would skip other features than it trained
+            "question-answering",
+            {
+                "--question_column": "question",
+                "--context_column": "context",
+                "--answer_column": "answers",
+                "--max_seq_length": "384",
+                "--doc_stride": "128",
+            },
+            ["--doc_stride", "64"],
+            "these flags give .*--max_seq_length '384', --doc_stride '64'",
+        ),
     ],
 )
 def test_a_resume_that_reads_other_columns_is_refused_first(
@@ -1063,3 +1082,231 @@ def test_pairs_for_a_model_with_one_segment_type_leave_the_segment_ids_out(tmp_p
     files = [tmp_path / "train.csv", tmp_path / "train.csv"]
     metrics = finetune.main(classification_args(tmp_path / "out", tmp_path / "mlm", *files, "--max_steps", "2"))
     assert np.isfinite(metrics["eval_loss"])
+
+
+# --- question answering (SQuAD's layout) ------------------------------------------------------------------------
+
+QA_WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu".split()
+
+
+def qa_options(**flags) -> finetune.FinetuneArguments:
+    return finetune.FinetuneArguments(task="question-answering", **flags)
+
+
+@pytest.mark.parametrize("kind", ["masked_lm", "decoder"])
+def test_question_answering_windows_label_the_answer_only_where_it_is_whole(kind: str) -> None:
+    """A context longer than --max_seq_length is cut into windows overlapping by --doc_stride tokens; a window that
+    holds the whole answer is labelled at its first and last token (also for an answer that ends the context, with a
+    decoder tokenizer's no closing token after it), and one that holds part of it (split by a window boundary) or
+    none of it at index 0, as run_qa.py labels them."""
+    tokenizer = train_tokenizer(
+        [" ".join(QA_WORDS), "which word ?"] * 10, kind, vocab_size=120 if kind != "decoder" else 300
+    )
+    context = " ".join(QA_WORDS)
+    rows = [
+        {"question": "which word ?", "context": context, "answers": {"text": [a], "answer_start": [context.index(a)]}}
+        for a in ("zeta eta", "mu")
+    ]
+    question = len(tokenizer("which word ?", add_special_tokens=False)["input_ids"])
+    window = question + tokenizer.num_special_tokens_to_add(pair=True) + 4  # 4 context tokens a window
+    features = tokenize_question_answering(Dataset.from_list(rows), tokenizer, qa_options(doc_stride=2), window, None)
+    labelled = {0: [], 1: []}
+    for feature in features:
+        answer = rows[feature["example_id"]]["answers"]["text"][0]
+        start, end = feature["start_positions"], feature["end_positions"]
+        spans = [o for o in feature["offset_mapping"] if o is not None]
+        first, last = spans[0][0], spans[-1][1]
+        at = context.index(answer)
+        if (start, end) == (0, 0):
+            assert not (first <= at and at + len(answer) <= last)
+            continue
+        labelled[feature["example_id"]].append(feature)
+        assert tokenizer.decode(feature["input_ids"][start : end + 1]).strip() == answer
+        assert context[feature["offset_mapping"][start][0] : feature["offset_mapping"][end][1]].strip() == answer
+    assert len(labelled[0]) == 1 and len(labelled[1]) == 1
+    split = [f for f in features if f["example_id"] == 0 and (f["start_positions"], f["end_positions"]) == (0, 0)]
+    assert any("zeta" in tokenizer.decode(f["input_ids"]) for f in split)  # the answer cut by a window's end
+    last_context_token = max(i for i, o in enumerate(labelled[1][0]["offset_mapping"]) if o is not None)
+    assert labelled[1][0]["end_positions"] == last_context_token
+
+
+def test_question_answering_batches_pad_on_the_right_whatever_the_tokenizer_says() -> None:
+    """The labels and offsets are computed on unpadded windows: a tokenizer that pads on the left (a decoder's, for
+    generation) shifted a short row's tokens under its labels (the stock `DataCollatorWithPadding`); the task's
+    collator pads on the right and leaves the evaluation's columns out of the batch."""
+    from transformers import DataCollatorWithPadding
+
+    from archlab.training.question_answering import QuestionAnsweringCollator
+
+    tokenizer = train_tokenizer([" ".join(QA_WORDS)] * 10, "decoder", vocab_size=300)
+    tokenizer.padding_side = "left"
+    context = " ".join(QA_WORDS)
+    rows = [
+        {"question": "which?", "context": text, "answers": {"text": ["beta"], "answer_start": [text.index("beta")]}}
+        for text in (context, "alpha beta")
+    ]
+    features = tokenize_question_answering(Dataset.from_list(rows), tokenizer, qa_options(doc_stride=8), 64, None)
+    beta = tokenizer.convert_tokens_to_ids("Ġbeta")
+    batch = QuestionAnsweringCollator(tokenizer)(list(features))
+    assert set(batch) == {"input_ids", "attention_mask", "start_positions", "end_positions"}
+    assert batch["input_ids"][torch.arange(2), batch["start_positions"]].tolist() == [beta, beta]
+    columns = ["input_ids", "attention_mask", "start_positions", "end_positions"]
+    stock = DataCollatorWithPadding(tokenizer)([{k: f[k] for k in columns} for f in features])
+    assert stock["input_ids"][1, stock["start_positions"][1]] != beta  # what the stock collator did
+
+
+def test_squad_exact_match_and_f1_are_the_official_scripts() -> None:
+    """Hand-computed with SQuAD v1.1's evaluation script: lower case, punctuation and articles dropped; each row's
+    best over its true answers; a row without a true answer (v2) right only when the prediction is empty."""
+    from archlab.training.question_answering import normalize_answer
+
+    assert normalize_answer("  The  Cat's,  an ear! ") == "cats ear"
+    predictions = {"a": "The Cat!", "b": "big red dog", "c": "x", "d": ""}
+    references = {"a": ["cat"], "b": ["the red dog", "dog"], "c": ["y"], "d": []}
+    # a: exact. b: "big red dog" vs "red dog": precision 2/3, recall 1, F1 0.8 (vs "dog": 0.5). c: 0. d: right.
+    scores = squad_metrics(predictions, references)
+    assert scores["exact_match"] == pytest.approx(100 * 2 / 4)
+    assert scores["f1"] == pytest.approx(100 * (1 + 0.8 + 0 + 1) / 4)
+
+
+def test_answers_are_the_best_span_over_every_window_of_a_row() -> None:
+    """n-best starts and ends within the context (never the question's tokens), ending at or after their start and
+    at most --max_answer_length tokens long, the best sum over both windows of row 0; the -100 the evaluation pads
+    short batches with is never read."""
+    from archlab.training.question_answering import answers_from_logits
+
+    context = "one two three four"
+    spans = [(0, 3), (4, 7), (8, 13), (14, 18)]
+    features = {
+        "example_id": [0, 0, 1],
+        "id": ["r0", "r0", "r1"],
+        "context": [context] * 3,
+        "offset_mapping": [[None, None, *spans[:2]], [None, None, *spans[2:]], [None, spans[0], spans[1]]],
+    }
+    start, end = np.full((3, 5), -100.0), np.full((3, 5), -100.0)
+    start[0, :4], end[0, :4] = [9, 9, 0.5, 2], [9, 9, 3, 1]  # the question's tokens score highest: never chosen
+    start[1, :4], end[1, :4] = [0, 0, 3, 0], [0, 0, 0, 4]  # "three four" (3 + 4): the best
+    start[2, :3], end[2, :3] = [0, 1, 5], [0, 2, -50]  # the best start's only end is poor: "one" (1 + 2)
+    assert answers_from_logits(features, start, end, 20, 30) == {"r0": "three four", "r1": "one"}
+    assert answers_from_logits(features, start, end, 20, 1)["r0"] == "four"  # one token at most: 0 + 4
+
+
+COLOURS = ["red", "blue", "green", "amber", "violet", "cyan"]
+FILLER = "the cat sat on a mat near big old tree by river and then slept".split()
+
+
+def colour_rows(n: int, seed: int) -> list[dict]:
+    """SQuAD-layout rows whose answer is the one colour word in a context of filler words."""
+    rng = random.Random(seed)
+    rows = []
+    for i in range(n):
+        words = rng.choices(FILLER, k=rng.randint(6, 14))
+        at, colour = rng.randint(0, len(words)), rng.choice(COLOURS)
+        words.insert(at, colour)
+        start = len(" ".join(words[:at])) + (1 if at else 0)
+        answers = {"text": [colour], "answer_start": [start]}
+        rows.append({"id": f"q{i}", "question": "which colour?", "context": " ".join(words), "answers": answers})
+    return rows
+
+
+def qa_folder(folder: Path, kind: str) -> None:
+    texts = [f"{r['question']} {r['context']}" for r in colour_rows(50, 0)]
+    tokenizer = train_tokenizer(texts, kind, vocab_size=300 if kind == "decoder" else 200, min_frequency=1)
+    if kind == "decoder":
+        model = archlab.DecoderForCausalLM(tiny_decoder_config(vocab_size=len(tokenizer)))
+    else:
+        config = archlab.Seq2SeqConfig(
+            **{**TINY_SEQ2SEQ, "vocab_size": len(tokenizer), "position_embedding_type": "learned"},
+            type_vocab_size=2,
+            pad_token_id=tokenizer.pad_token_id,
+            bos_token_id=tokenizer.bos_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+            decoder_start_token_id=None,
+        )
+        model = archlab.EncoderForMaskedLM(config)
+    model.save_pretrained(folder)
+    save_tokenizer(tokenizer, folder)
+
+
+def qa_args(out: Path, base: Path, files: Path, *extra: str) -> list[str]:
+    data = ["--train_file", str(files / "train.jsonl"), "--validation_file", str(files / "dev.jsonl")]
+    windows = ["--max_seq_length", "16", "--doc_stride", "4"]  # contexts of up to 16 tokens: some in two windows
+    return run_args(out, "--task", "question-answering", "--model_name_or_path", str(base), *data, *windows, *extra)
+
+
+@pytest.fixture(scope="module")
+def qa_files(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("qa")
+    Dataset.from_list(colour_rows(160, 1)).to_json(folder / "train.jsonl")
+    Dataset.from_list(colour_rows(40, 2)).to_json(folder / "dev.jsonl")
+    return folder
+
+
+def test_question_answering_from_a_masked_lm_end_to_end(tmp_path: Path, qa_files: Path) -> None:
+    """--task question-answering from a masked LM's folder trains BERT's QA head to exact answers (SQuAD's exact
+    match and F1 over the rows, their windows put back together), predicts a --test_file as {id: answer} JSON
+    (run_qa.py's predict_predictions.json), and writes a question-answering card; an encoder-decoder's folder is
+    refused before anything is read."""
+    qa_folder(tmp_path / "mlm", "masked_lm")
+    out = tmp_path / "out"
+    test = ["--test_file", str(qa_files / "dev.jsonl"), "--max_steps", "60", "--per_device_train_batch_size", "16"]
+    metrics = finetune.main(qa_args(out, tmp_path / "mlm", qa_files, *test))
+    assert metrics["eval_exact_match"] >= 90 and metrics["eval_f1"] >= 90
+    assert metrics["before_eval_exact_match"] < 50
+    assert metrics["predict_exact_match"] == metrics["eval_exact_match"]
+    predictions = json.loads((out / "predict_predictions.json").read_text())
+    rows = colour_rows(40, 2)
+    assert list(predictions) == [r["id"] for r in rows]
+    assert sum(predictions[r["id"]] == r["answers"]["text"][0] for r in rows) >= 36
+    model = archlab.EncoderForQuestionAnswering.from_pretrained(out)
+    assert model.config.architectures == ["EncoderForQuestionAnswering"]
+    assert ModelCard.load(out / "README.md").data.pipeline_tag == "question-answering"
+
+    with pytest.raises(ValueError, match="holds an encoder-only `EncoderForQuestionAnswering`, and --task seq2seq"):
+        finetune.main(run_args(tmp_path / "refused", "--task", "seq2seq", "--model_name_or_path", str(out)))
+    archlab.Seq2SeqForConditionalGeneration(model.config).save_pretrained(tmp_path / "seq2seq")
+    with pytest.raises(ValueError, match="--task question-answering cannot train: .*a masked LM's encoder"):
+        finetune.main(qa_args(tmp_path / "refused", tmp_path / "seq2seq", qa_files))
+    assert not (tmp_path / "refused").exists()
+
+
+def test_question_answering_from_a_decoder(tmp_path: Path, qa_files: Path) -> None:
+    """From a decoder's folder the same task trains `DecoderForQuestionAnswering` (index 0, its `<s>`, labels the
+    windows without the answer) well above where it starts."""
+    qa_folder(tmp_path / "decoder", "decoder")
+    flags = ["--max_steps", "60", "--per_device_train_batch_size", "16"]
+    metrics = finetune.main(qa_args(tmp_path / "out", tmp_path / "decoder", qa_files, *flags))
+    assert metrics["eval_exact_match"] >= 50 and metrics["before_eval_exact_match"] < 20
+    assert type(archlab.DecoderForQuestionAnswering.from_pretrained(tmp_path / "out")).__name__.startswith("Decoder")
+
+
+def test_bad_question_answering_inputs_are_named_before_training(tmp_path: Path, qa_files: Path) -> None:
+    """An answer that is not at its `answer_start`, a row that is not SQuAD's answers, and a --doc_stride not below
+    --max_seq_length each stop the run with the row or flag named, before anything is written."""
+    qa_folder(tmp_path / "mlm", "masked_lm")
+    out = tmp_path / "out"
+    rows = colour_rows(8, 3)
+    rows[5]["answers"]["answer_start"][0] += 1
+    Dataset.from_list(rows).to_json(tmp_path / "train.jsonl")
+    Dataset.from_list(colour_rows(4, 4)).to_json(tmp_path / "dev.jsonl")
+    with pytest.raises(ValueError, match=r"Column 'answers' of the train split: row 5: the answer .* is not at"):
+        finetune.main(qa_args(out, tmp_path / "mlm", tmp_path))
+    with pytest.raises(ValueError, match="--doc_stride 16 must be less than --max_seq_length 16"):
+        finetune.main([*qa_args(out, tmp_path / "mlm", qa_files), "--doc_stride", "16"])
+    Dataset.from_list([{**r, "answers": r["answers"]["text"][0]} for r in rows]).to_json(tmp_path / "train.jsonl")
+    with pytest.raises(ValueError, match="row 0 holds '[a-z]+', not SQuAD's answers"):
+        finetune.main(qa_args(out, tmp_path / "mlm", tmp_path))
+    assert not out.exists()
+
+
+def test_a_question_that_leaves_no_room_for_the_stride_is_named() -> None:
+    """A question that leaves no more context tokens in the window than --doc_stride made the tokenizers library
+    panic (a PanicException, "`stride` must be strictly less than `max_len`", past `except Exception`); it is named
+    with its row and the flags to change."""
+    tokenizer = train_tokenizer([" ".join(QA_WORDS)] * 10, "masked_lm", vocab_size=120)
+    rows = [
+        {"question": q, "context": " ".join(QA_WORDS), "answers": {"text": ["mu"], "answer_start": [64]}}
+        for q in ("alpha", "alpha beta gamma delta epsilon")
+    ]
+    with pytest.raises(ValueError, match=r"Row 1's question is 5 tokens long: .* keeps 2 for the context, which must "):
+        tokenize_question_answering(Dataset.from_list(rows), tokenizer, qa_options(doc_stride=2), 10, None)
