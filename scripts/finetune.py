@@ -87,6 +87,7 @@ from archlab.training.tasks import (
     prepare_splits,
     task_tokenizer,
 )
+from archlab.training.token_classification import token_columns
 from archlab.training.tokenizers import check_resumed_tokenizer
 
 TASK_OUTPUT_DIR = "runs/finetune-{task}"
@@ -95,11 +96,27 @@ PAIR_EXAMPLE = "Return the n-th Fibonacci number."  # a sentence-pair classifier
 
 @dataclass
 class FinetuneArguments:
-    task: str = field(default="instruct", metadata={"help": "instruct | classification | seq2seq | question-answering"})
+    task: str = field(
+        default="instruct",
+        metadata={"help": "instruct | classification | seq2seq | token-classification | question-answering"},
+    )
     prompt_column: str | None = field(default=None, metadata={"help": "instruct: the user turn's column."})
     response_column: str | None = field(default=None, metadata={"help": "instruct: the assistant turn's column."})
     messages_column: str = field(default="messages", metadata={"help": "instruct: a list of {role, content}."})
-    label_column_name: str = field(default="label", metadata={"help": "classification: the label column."})
+    label_column_name: str = field(
+        default="label",
+        metadata={
+            "help": "classification: the label column; token-classification: the column of a list of labels per "
+            "row (unset: `ner_tags`, its words' column `tokens` unless --text_column_name says, as run_ner.py)."
+        },
+    )
+    label_all_tokens: bool = field(
+        default=False,
+        metadata={
+            "help": "token-classification: train and score every sub-token of a word on the word's label (a B- "
+            "label as its I- after the first), not the first sub-token alone, as run_ner.py's flag."
+        },
+    )
     text_column_names: str | None = field(
         default=None,
         metadata={
@@ -263,6 +280,10 @@ def main(argv: Sequence[str] | None = None, callbacks: list[TrainerCallback] | N
         raise ValueError(f"--source_prefix is for --task seq2seq (the encoder's inputs), not --task {args.task}.")
     check_language_flags(args)
     text_column = check_text_column_flags(args, data_args.text_column_name)
+    if args.label_all_tokens and not task.token_labels:
+        raise ValueError(f"--label_all_tokens is for --task token-classification, not --task {args.task}.")
+    if task.token_labels:
+        text_column, args.label_column_name = token_columns(text_column, args.label_column_name)
     check_installed(task)
     resume = resolve_resume(training_args, training_args.overwrite_output_dir)
     check_resumed_tokenizer(model_args, resume)
@@ -290,7 +311,7 @@ def main(argv: Sequence[str] | None = None, callbacks: list[TrainerCallback] | N
 
     test = args if training_args.do_predict else None
     raw = load_examples(data_args, model_args.cache_dir, training_args.seed, task.default_data, test)
-    if task.labels:
+    if task.labels and not task.token_labels:
         text_column = read_glue_text_columns(args, text_column, raw["train"].column_names)
     raw = prepare_splits(task, raw, args, text_column)
     tokenizer = task_tokenizer(task, model_args, raw["train"], args, text_column, resume)
@@ -332,7 +353,7 @@ def main(argv: Sequence[str] | None = None, callbacks: list[TrainerCallback] | N
         eval_dataset=built["validation"],
         data_collator=built["collator"],
         processing_class=tokenizer,
-        compute_metrics=task.compute_metrics(tokenizer),
+        compute_metrics=task.compute_metrics(tokenizer, built["model"].config),
         callbacks=callbacks,
     )
     trainer.run_facts = facts
@@ -386,6 +407,9 @@ def data_columns(args: FinetuneArguments, text_column: str) -> dict[str, str | N
     if args.task == "classification":
         text = args.text_column_names or text_column
         return {"--text_column_name(s)": text, "--label_column_name": args.label_column_name}
+    if args.task == "token-classification":  # (--label_all_tokens trains other targets too)
+        columns = {"--text_column_name": text_column, "--label_column_name": args.label_column_name}
+        return {**columns, "--label_all_tokens": str(args.label_all_tokens).lower()}
     return {
         "--messages_column": args.messages_column,
         "--prompt_column": args.prompt_column,

@@ -86,3 +86,58 @@ def seq2seq_metrics(tokenizer: Any) -> Callable[[Any], dict[str, float]]:
         )
 
     return compute
+
+
+def entity_spans(tags: list[str]) -> set[tuple[str, int, int]]:
+    """The entities of a sequence of IOB tags as (type, first, last) token spans, by seqeval's default (conlleval's
+    lenient) rules: an entity starts at a `B-`, at an `I-` after `O` or after another type's tag, and ends before
+    a `B-`, an `O` or another type's tag; `E-`/`S-` (IOBES) end one. So `B-PER I-LOC` is a one-token PER and a
+    one-token LOC, and a lone `I-LOC` is a LOC."""
+    spans, previous_tag, previous_type, begin = set(), "O", "", 0
+    for i, chunk in enumerate([*tags, "O"]):
+        tag, kind = chunk[0], chunk[1:].split("-", maxsplit=1)[-1] or "_"
+        ends = (
+            previous_tag in "ES"
+            or (previous_tag in "BI" and tag in "BSO")
+            or (previous_tag not in "O." and previous_type != kind)
+        )
+        starts = tag in "BS" or (previous_tag in "ESO" and tag in "EI") or (tag not in "O." and previous_type != kind)
+        if ends:
+            spans.add((previous_type, begin, i - 1))
+        if starts:
+            begin = i
+        previous_tag, previous_type = tag, kind
+    return spans
+
+
+def entity_scores(references: list[list[str]], predictions: list[list[str]]) -> dict[str, float]:
+    """seqeval's overall scores, as run_ner.py reports them: entity-level micro precision, recall and F1 (an entity
+    counts when its type and both ends match; 0 where nothing is predicted or nothing is there), and the accuracy of
+    the tags, token by token."""
+    true = {(row, *span) for row, tags in enumerate(references) for span in entity_spans(tags)}
+    found = {(row, *span) for row, tags in enumerate(predictions) for span in entity_spans(tags)}
+    correct = len(true & found)
+    precision = correct / len(found) if found else 0.0
+    recall = correct / len(true) if true else 0.0
+    pairs = [(t, p) for ref, pred in zip(references, predictions) for t, p in zip(ref, pred)]
+    return {
+        "precision": precision,
+        "recall": recall,
+        "f1": 2 * precision * recall / (precision + recall) if correct else 0.0,
+        "accuracy": sum(t == p for t, p in pairs) / len(pairs) if pairs else 0.0,
+    }
+
+
+def token_classification_metrics(id2label: dict[int, str]) -> Callable[[Any], dict[str, float]]:
+    """`compute_metrics` of a token classifier: the argmax label at each scored token (label not -100: the words'
+    first sub-tokens) against its label, by `entity_scores`."""
+
+    def compute(prediction: Any) -> dict[str, float]:
+        logits = prediction.predictions[0] if isinstance(prediction.predictions, tuple) else prediction.predictions
+        predicted, labels = np.argmax(logits, axis=-1), prediction.label_ids
+        keep = [row != IGNORE_INDEX for row in labels]
+        references = [[id2label[int(i)] for i in row[k]] for row, k in zip(labels, keep)]
+        found = [[id2label[int(i)] for i in row[k]] for row, k in zip(predicted, keep)]
+        return entity_scores(references, found)
+
+    return compute

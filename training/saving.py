@@ -18,7 +18,19 @@ from .checkpoints import STAGING
 from .plots import plot_loss_curve
 
 LOSS_CURVE = "loss_curve.png"
-CARD_METRICS = ("loss", "perplexity", "accuracy", "f1", "mse", "pearson", "bleu", "chrf", "exact_match")
+CARD_METRICS = (
+    "loss",
+    "perplexity",
+    "accuracy",
+    "precision",
+    "recall",
+    "f1",
+    "mse",
+    "pearson",
+    "bleu",
+    "chrf",
+    "exact_match",
+)
 EMBEDDED_CORPUS = "python-stdlib-source"  # the model card's data set name for the embedded corpus
 
 

@@ -6,11 +6,14 @@ its examples are checked, tokenized and collated, its metrics and Trainer, and w
   regression, mean squared error and Pearson's r; a list of labels per row: multi-label, subset accuracy and
   micro-F1);
 - `seq2seq`: an encoder-decoder evaluated by generation with BLEU, chrF and exact match;
+- `token-classification`: a label per word (named entities), as run_ner.py trains it, seqeval's entity-level
+  precision, recall and F1 and token accuracy (`token_classification.py`).
 - `question-answering`: extractive QA on SQuAD's layout, windows of long contexts, SQuAD's exact match and F1
   (`question_answering.py`).
 
 The classification and seq2seq tasks also predict a test split (`predictions`): one line per example in
-`predict_results.txt` (run_glue.py's format) or `generated_predictions.txt` (run_translation.py's).
+`predict_results.txt` (run_glue.py's format), `generated_predictions.txt` (run_translation.py's) or
+`predictions.txt` (run_ner.py's).
 """
 
 from __future__ import annotations
@@ -25,7 +28,9 @@ from typing import Any
 import numpy as np
 from transformers import (
     AutoModelForQuestionAnswering,
+    AutoModelForTokenClassification,
     DataCollatorForSeq2Seq,
+    DataCollatorForTokenClassification,
     DataCollatorWithPadding,
     PreTrainedModel,
 )
@@ -36,10 +41,10 @@ from archlab.tokenization.data import IGNORE_INDEX, check_not_empty
 from archlab.tokenization.training import train_tokenizer
 
 from . import question_answering as qa
-from . import task_data
+from . import task_data, token_classification
 from .configs import ModelChoices, build_config, build_model
 from .kinds import CLASSIFICATION_AUTO_CLASS, model_kind
-from .metrics import classification_metrics, seq2seq_metrics, with_perplexity
+from .metrics import classification_metrics, seq2seq_metrics, token_classification_metrics, with_perplexity
 from .reporting import log
 from .sampling import show_chat_example, show_seq2seq_example
 from .sources import SPLITS
@@ -73,15 +78,18 @@ class Task:
     collator: Callable[[Any, PreTrainedModel], Any]  # (tokenizer, model) -> data collator
     trainer_class: type = AtomicCheckpointTrainer
     auto_class: Any = None  # None: the model kind's own head
-    compute_metrics: Callable[[Any], Callable | None] = lambda tokenizer: None  # (tokenizer) -> `compute_metrics`
+    compute_metrics: Callable[[Any, Any], Callable | None] = lambda tokenizer, config: None  # (tokenizer, model
+    # config) -> `compute_metrics`
     view: Callable[[dict[str, float]], dict[str, float]] = dict  # adds derived metrics to an evaluation's
     summary_keys: tuple[str, ...] = ("eval_loss",)  # the metrics of its before/after lines
     labels: bool = False  # a classification head: label ids from the training split
+    token_labels: bool = False  # ... a label per word (token classification), not one per row
     generates: bool = False  # evaluated by generation; its model card's task is translation or summarization
     show_example: Callable[..., None] | None = None  # (model, tokenizer, example, options, max new tokens)
     chat: bool = False  # a chat model: its saved generation config stops at the end of a turn too
     predictions: tuple[str, Callable[..., list[str]]] | None = None  # (file name, (outputs, config, tokenizer) ->
-    # its lines) of the test split's predictions; None: the task has none (--do_predict is refused)
+    # its lines; with `token_labels`, (outputs, label ids, config)) of the test split's predictions; None: the task
+    # has none (--do_predict is refused)
     label_names: tuple[str, ...] = ("labels",)  # the batch's label keys (the Trainer's `label_names`)
     # (options, --block_size) -> the longest tokenized example, before the cap at the model's positions
     max_length: Callable[[Any, int], int] = lambda options, block_size: block_size
@@ -108,7 +116,7 @@ TASKS: dict[str, Task] = {
         tokenize=task_data.tokenize_classification,
         collator=lambda tokenizer, model: DataCollatorWithPadding(tokenizer),
         auto_class=CLASSIFICATION_AUTO_CLASS,
-        compute_metrics=lambda tokenizer: classification_metrics,
+        compute_metrics=lambda tokenizer, config: classification_metrics,
         summary_keys=("eval_loss", "eval_accuracy", "eval_f1", "eval_mse", "eval_pearson"),
         labels=True,
         predictions=("predict_results.txt", lambda outputs, config, tokenizer: classification_lines(outputs, config)),
@@ -121,7 +129,7 @@ TASKS: dict[str, Task] = {
         tokenize=task_data.tokenize_seq2seq,
         collator=lambda tokenizer, model: PairCollator(tokenizer, model=model, label_pad_token_id=IGNORE_INDEX),
         trainer_class=AtomicSeq2SeqTrainer,
-        compute_metrics=seq2seq_metrics,
+        compute_metrics=lambda tokenizer, config: seq2seq_metrics(tokenizer),
         summary_keys=("eval_loss", "eval_bleu", "eval_chrf", "eval_exact_match"),
         generates=True,
         show_example=show_seq2seq_example,
@@ -129,6 +137,20 @@ TASKS: dict[str, Task] = {
             "generated_predictions.txt",
             lambda outputs, config, tokenizer: generated_lines(outputs, tokenizer),
         ),
+    ),
+    "token-classification": Task(
+        model_kind="decoder",
+        default_data=token_classification.needs_train_file,
+        prepare=token_classification.check_token_classification_columns,
+        tokenizer_texts=token_classification.token_classification_texts,
+        tokenize=token_classification.tokenize_token_classification,
+        collator=lambda tokenizer, model: DataCollatorForTokenClassification(tokenizer),
+        auto_class=AutoModelForTokenClassification,
+        compute_metrics=lambda tokenizer, config: token_classification_metrics(config.id2label),
+        summary_keys=("eval_loss", "eval_precision", "eval_recall", "eval_f1", "eval_accuracy"),
+        labels=True,
+        token_labels=True,
+        predictions=("predictions.txt", token_classification.prediction_lines),
     ),
     "question-answering": Task(
         model_kind="decoder",
@@ -182,7 +204,10 @@ def predict_test_split(task: Task, trainer: Any, test: Any, tokenizer: Any, outp
     trainer.log_metrics("predict", metrics)
     trainer.save_metrics("predict", metrics)
     if trainer.is_world_process_zero():
-        lines = lines_of(output.predictions, trainer.model.config, tokenizer)
+        if task.token_labels:  # (the scored tokens, the words' first sub-tokens, are those with a label)
+            lines = lines_of(output.predictions, output.label_ids, trainer.model.config)
+        else:
+            lines = lines_of(output.predictions, trainer.model.config, tokenizer)
         with open(os.path.join(output_dir, name), "w", encoding="utf-8") as f:
             f.write("".join(line + "\n" for line in lines))
     return metrics
@@ -267,10 +292,12 @@ def build_task_model(
     `first_process_writes_the_cache`); building the model can be collective (DeepSpeed ZeRO-3), so no process may
     wait for the others there."""
     label2id: dict[Any, int] | None = {}
-    regression = task.labels and task_data.is_regression(raw["train"], options.label_column_name)
-    multi_label = task.labels and task_data.is_multi_label(raw["train"], options.label_column_name)
+    per_row = task.labels and not task.token_labels  # one label per row (not one per word)
+    regression = per_row and task_data.is_regression(raw["train"], options.label_column_name)
+    multi_label = per_row and task_data.is_multi_label(raw["train"], options.label_column_name)
     if task.labels and not regression:
-        label2id, id2label = task_data.label_maps(raw["train"], options.label_column_name)
+        label_maps = token_classification.label_maps if task.token_labels else task_data.label_maps
+        label2id, id2label = label_maps(raw["train"], options.label_column_name)
         for split in raw:
             if split != "train":  # before the model is built: the error names the split
                 task_data.check_known_labels(raw[split], options.label_column_name, label2id, split)
@@ -278,7 +305,9 @@ def build_task_model(
     if task.model_kind == "seq2seq":
         check_lengths_fit_the_position_table(config, options)
     max_length = min(task.max_length(options, block_size), config.max_position_embeddings)
-    head = classifier_head_labels(config) if task.labels else None  # a classifier's own labels, to fine-tune on
+    auto_class = task.auto_class or model_kind(task.model_kind).auto_class
+    # a classifier's own labels, to fine-tune on
+    head = classifier_head_labels(config, auto_class) if task.labels else None
     if head is not None and label2id:
         label2id, id2label = keep_the_heads_label_ids(head, label2id, id2label)
     new_head = head is not None and len(head) != (1 if regression else len(label2id))
@@ -294,7 +323,8 @@ def build_task_model(
             {v: k for k, v in id2label.items()},
         )
         # a list of labels per row: one sigmoid output per class, trained by binary cross-entropy
-        config.problem_type = "multi_label_classification" if multi_label else "single_label_classification"
+        if not task.token_labels:  # (a token classifier's loss is always cross-entropy: no problem type, as run_ner)
+            config.problem_type = "multi_label_classification" if multi_label else "single_label_classification"
     # a BERT's segment embeddings read token_type_ids; one segment type (a RoBERTa's, or a masked LM exported to BERT
     # and back) is segment 0 everywhere, what the model reads without them: a pair's segment ids 1 would index past it
     segments = (getattr(config, "type_vocab_size", None) or 0) > 1
@@ -307,7 +337,6 @@ def build_task_model(
     kind = model_kind(task.model_kind)
     adopt_context_length(tokenizer, config, kind)
 
-    auto_class = task.auto_class or kind.auto_class
     model = build_model(auto_class, config, choices.model_name_or_path, attn_implementation, new_head)
     log(
         f"{type(model).__name__}: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters; "
@@ -316,10 +345,12 @@ def build_task_model(
     return {**data, "model": model, "collator": task.collator(tokenizer, model)}
 
 
-def classifier_head_labels(config: Any) -> dict[str, int] | None:
-    """The label -> id map of a pretrained sequence classifier's head (its `architectures` say it has one), else
-    None: a language model's config holds a placeholder `label2id` (LABEL_0, LABEL_1) and no head."""
-    if not any(name.endswith("ForSequenceClassification") for name in getattr(config, "architectures", None) or ()):
+def classifier_head_labels(config: Any, auto_class: Any = CLASSIFICATION_AUTO_CLASS) -> dict[str, int] | None:
+    """The label -> id map of a pretrained classifier's head of `auto_class`'s kind (its `architectures` say it has
+    one: `...ForSequenceClassification`, `...ForTokenClassification`), else None: a language model's config holds a
+    placeholder `label2id` (LABEL_0, LABEL_1) and no head."""
+    suffix = auto_class.__name__.removeprefix("AutoModel")
+    if not any(name.endswith(suffix) for name in getattr(config, "architectures", None) or ()):
         return None
     return {str(name): int(i) for i, name in config.id2label.items()}  # (a config may hold no label2id)
 

@@ -14,14 +14,20 @@ import pytest
 import torch
 from datasets import ClassLabel, Dataset, DatasetDict, Features, List, Value
 from huggingface_hub import ModelCard
-from transformers import AutoModelForSequenceClassification, AutoTokenizer, EvalPrediction, pipeline
+from transformers import (
+    AutoModelForSequenceClassification,
+    AutoModelForTokenClassification,
+    AutoTokenizer,
+    EvalPrediction,
+    pipeline,
+)
 
 import archlab
 from archlab.scripts import finetune
 from archlab.tokenization.data import IGNORE_INDEX
 from archlab.tokenization.training import load_tokenizer, save_tokenizer, train_tokenizer
 from archlab.training import sources
-from archlab.training.metrics import classification_metrics, text_metrics
+from archlab.training.metrics import classification_metrics, entity_scores, text_metrics
 from archlab.training.question_answering import squad_metrics, tokenize_question_answering
 from archlab.training.task_data import (
     as_messages,
@@ -36,6 +42,7 @@ from archlab.training.task_data import (
     tokenize_instruct,
     tokenize_seq2seq,
 )
+from archlab.training.token_classification import aligned_labels, tokenize_token_classification
 
 from helpers import TINY_SEQ2SEQ, TINY_SEQ2SEQ_OVERRIDES, assert_close_to_scale, forbid, tiny_decoder_config
 
@@ -417,12 +424,13 @@ def test_the_task_table_has_one_row_per_task_choice() -> None:
 
     task_flag = next(f for f in dataclasses.fields(finetune.FinetuneArguments) if f.name == "task")
     assert task_flag.metadata["help"].split(" | ") == list(TASKS)
-    assert list(TASKS) == ["instruct", "classification", "seq2seq", "question-answering"]
+    assert list(TASKS) == ["instruct", "classification", "seq2seq", "token-classification", "question-answering"]
     assert task_flag.default in TASKS
     assert {name: task.model_kind for name, task in TASKS.items()} == {
         "instruct": "decoder",
         "classification": "decoder",
         "seq2seq": "seq2seq",
+        "token-classification": "decoder",
         "question-answering": "decoder",
     }
     assert all(task.model_kind in MODEL_KINDS for task in TASKS.values())
@@ -436,11 +444,15 @@ def test_the_task_table_has_one_row_per_task_choice() -> None:
                 f"eval_{k}": v
                 for predictions, labels in ((logits, np.array([0, 1])), (logits[:, :1], np.array([0.5, 1.5])))
                 for k, v in TASKS["classification"]
-                .compute_metrics(None)(EvalPrediction(predictions=predictions, label_ids=labels))
+                .compute_metrics(None, None)(EvalPrediction(predictions=predictions, label_ids=labels))
                 .items()
             },
         },
         "seq2seq": {"eval_loss": 1.0, **{f"eval_{k}": v for k, v in text_metrics(["a b"], ["a b"]).items()}},
+        "token-classification": {
+            "eval_loss": 1.0,
+            **{f"eval_{k}": v for k, v in entity_scores([["B-PER", "O"]], [["B-PER", "O"]]).items()},
+        },
         "question-answering": {
             "eval_loss": 1.0,
             **{f"eval_{k}": v for k, v in squad_metrics({}, {"a": ["b"]}).items()},
@@ -1082,6 +1094,198 @@ def test_pairs_for_a_model_with_one_segment_type_leave_the_segment_ids_out(tmp_p
     files = [tmp_path / "train.csv", tmp_path / "train.csv"]
     metrics = finetune.main(classification_args(tmp_path / "out", tmp_path / "mlm", *files, "--max_steps", "2"))
     assert np.isfinite(metrics["eval_loss"])
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Token classification (named entities), as run_ner.py trains it
+# ---------------------------------------------------------------------------------------------------------------
+PEOPLE = (("John", "Smith"), ("Mary",), ("Ann", "Lee"), ("Bob",))
+PLACES = (("New", "York"), ("Paris",), ("Rome",), ("San", "Diego"))
+
+
+def ner_rows(n: int, seed: int) -> list[dict[str, list[str]]]:
+    """Sentences of a person, a verb and a place, tagged IOB2: the entities' words never occur elsewhere, and a
+    name's second word follows its first, so a causal model tells B- from I- as well."""
+    rng = random.Random(seed)
+    rows = []
+    for _ in range(n):
+        person, place = rng.choice(PEOPLE), rng.choice(PLACES)
+        verb = rng.choice(["lives in", "went to", "likes"]).split()
+        tags = ["B-PER", *["I-PER"] * (len(person) - 1), *["O"] * len(verb), "B-LOC", *["I-LOC"] * (len(place) - 1)]
+        rows.append({"tokens": [*person, *verb, *place, "."], "ner_tags": [*tags, "O"]})
+    return rows
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return path
+
+
+def ner_args(out: Path, base: Path, train: Path, validation: Path, *extra: str) -> list[str]:
+    files = ["--train_file", str(train), "--validation_file", str(validation)]
+    return run_args(
+        out, "--task", "token-classification", "--model_name_or_path", str(base), *files, "--block_size", "32", *extra
+    )
+
+
+def test_word_labels_sit_on_the_first_sub_token() -> None:
+    """run_ner.py's alignment: a word's label on its first sub-token, -100 on the later ones and on special tokens;
+    --label_all_tokens labels the later ones too, a B- label as its I- (a B- without an I- keeps its label)."""
+    word_ids, labels = [None, 0, 0, 1, 2, 2, None], [0, 2, 3]  # B-PER, O, B-MISC
+    b_to_i = {0: 1, 1: 1, 2: 2, 3: 3}  # B-PER -> I-PER; B-MISC has no I-MISC
+    assert aligned_labels(word_ids, labels, False, b_to_i) == [-100, 0, -100, 2, 3, -100, -100]
+    assert aligned_labels(word_ids, labels, True, b_to_i) == [-100, 0, 1, 2, 3, 3, -100]
+
+
+@pytest.mark.parametrize("kind", ["decoder", "masked_lm"])
+def test_words_are_tokenized_as_the_sentence_the_pipeline_reads(kind: str) -> None:
+    """Each word's tokens are those of the words joined by spaces (what the pipeline tokenizes): archlab's byte-level
+    BPE encoded every word of `is_split_into_words` as the start of a text (`lives` -> `liv es`, not `Ġlives`), so
+    the model was trained on tokens it never sees at inference. Labels follow each word's first token."""
+    rows = ner_rows(30, 0)
+    algorithm = "bpe" if kind == "decoder" else "wordpiece"
+    tokenizer = train_tokenizer([" ".join(r["tokens"]) for r in rows], kind, algorithm, 300, min_frequency=1)
+    options = finetune.FinetuneArguments(label_column_name="ner_tags")
+    label2id = {"B-LOC": 0, "B-PER": 1, "I-LOC": 2, "I-PER": 3, "O": 4}
+    encoded = tokenize_token_classification(Dataset.from_list(rows), tokenizer, options, 32, None, "tokens", label2id)
+    for row, example in zip(rows, encoded):
+        assert example["input_ids"] == tokenizer(" ".join(row["tokens"]))["input_ids"]
+        assert [label2id[t] for t in row["ner_tags"]] == [i for i in example["labels"] if i != IGNORE_INDEX]
+    as_starts = tokenizer(rows[0]["tokens"], is_split_into_words=True)["input_ids"]  # (each word a text's start)
+    assert (as_starts == encoded[0]["input_ids"]) == (kind == "masked_lm")  # (WordPiece drops the space anyway)
+
+
+def test_entity_scores_follow_seqeval() -> None:
+    """Entity-level precision/recall/F1 by seqeval's default (conlleval) rules, and token accuracy, hand-computed:
+    a `B-PER I-LOC` is a one-token PER and a one-token LOC (neither the gold PER), a lone `I-ORG` after `O` an ORG."""
+    gold = [["B-PER", "I-PER", "O", "B-LOC"], ["B-ORG", "O"]]
+    found = [["B-PER", "I-LOC", "O", "B-LOC"], ["I-ORG", "O"]]
+    # gold: PER 0-1, LOC 3, ORG 0; found: PER 0, LOC 1, LOC 3, ORG 0 -> 2 right of 4 found, of 3 there
+    scores = entity_scores(gold, found)
+    assert scores == pytest.approx({"precision": 2 / 4, "recall": 2 / 3, "f1": 4 / 7, "accuracy": 4 / 6})
+    assert entity_scores(gold, [["O"] * 4, ["O"] * 2]) == pytest.approx(
+        {"precision": 0.0, "recall": 0.0, "f1": 0.0, "accuracy": 2 / 6}
+    )
+    # IOBES: E- and S- close an entity; another type's tag inside one splits it: found X 0, Y 1, Y 2 (1 right of 3),
+    # of X 0-1, Y 2 -> P 1/3, R 1/2, F1 2/5
+    assert entity_scores([["B-X", "E-X", "S-Y"]], [["B-X", "I-Y", "S-Y"]])["f1"] == pytest.approx(2 / 5)
+
+
+def test_token_classification_metrics_score_the_labelled_tokens_only() -> None:
+    """`compute_metrics` reads the argmax at the tokens with a label (the words' first sub-tokens) alone."""
+    from archlab.training.metrics import token_classification_metrics
+
+    id2label = {0: "O", 1: "B-PER", 2: "I-PER"}
+    logits = np.eye(3)[[[1, 2, 0, 0], [0, 1, 1, 0]]]  # (2, 4, 3)
+    labels = np.array([[1, -100, 0, -100], [0, 1, 2, -100]])  # row 2: B-PER B-PER vs gold B-PER I-PER
+    scores = token_classification_metrics(id2label)(EvalPrediction(predictions=logits, label_ids=labels))
+    assert scores == pytest.approx({"precision": 1 / 3, "recall": 1 / 2, "f1": 0.4, "accuracy": 4 / 5})
+
+
+@pytest.fixture(scope="module")
+def ner_files(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("ner")
+    write_jsonl(folder / "train.jsonl", ner_rows(80, 1))
+    write_jsonl(folder / "validation.jsonl", ner_rows(24, 2))
+    return folder
+
+
+@pytest.mark.parametrize("start", ["decoder", "masked_lm"])
+def test_token_classification_end_to_end(tmp_path: Path, ner_files: Path, start: str) -> None:
+    """A causal LM's folder trains `DecoderForTokenClassification`, a masked LM's `EncoderForTokenClassification`, to
+    entity F1 1 on the toy set; the labels are saved in the config, the test file's predictions as run_ner.py writes
+    them (the labels of each example's scored tokens, one line each), the card reports the metrics, and the saved folder
+    tags entities through `pipeline("token-classification", aggregation_strategy="simple")`."""
+    rows = ner_rows(50, 0)
+    if start == "decoder":
+        tokenizer = train_tokenizer([" ".join(r["tokens"]) for r in rows], "decoder", vocab_size=300, min_frequency=1)
+        archlab.DecoderForCausalLM(tiny_decoder_config(vocab_size=len(tokenizer))).save_pretrained(tmp_path / "base")
+        save_tokenizer(tokenizer, tmp_path / "base")
+    else:
+        masked_lm_folder(tmp_path / "base", [{"sentence1": " ".join(r["tokens"]), "sentence2": ""} for r in rows])
+    out, validation = tmp_path / "out", ner_files / "validation.jsonl"
+    args = ner_args(out, tmp_path / "base", ner_files / "train.jsonl", validation, "--max_steps", "40")
+    # (byte-level BPE cuts words into pieces: the pipeline's "simple" grouping reads each piece's own label, so the
+    # decoder learns them all; WordPiece keeps these words whole)
+    every_piece = ["--label_all_tokens", "true"] if start == "decoder" else []
+    metrics = finetune.main([*args, *every_piece, "--test_file", str(validation)])
+    assert metrics["eval_f1"] == 1.0 and metrics["eval_accuracy"] == 1.0 and metrics["predict_f1"] == 1.0
+    assert metrics["before_eval_f1"] < 0.5
+    model = AutoModelForTokenClassification.from_pretrained(out)
+    classes = {"decoder": archlab.DecoderForTokenClassification, "masked_lm": archlab.EncoderForTokenClassification}
+    assert type(model) is classes[start]
+    assert model.config.id2label == {0: "B-LOC", 1: "B-PER", 2: "I-LOC", 3: "I-PER", 4: "O"}
+    lines = (out / "predictions.txt").read_text().splitlines()  # (with --label_all_tokens: a label per piece)
+    assert len(lines) == 24 and (start == "decoder" or lines == [" ".join(r["ner_tags"]) for r in ner_rows(24, 2)])
+    card = ModelCard.load(out / "README.md")
+    assert card.data.pipeline_tag == "token-classification"
+    assert {"precision", "recall", "f1"} <= {m.metric_type for m in card.data.eval_results}
+    tagger = pipeline("token-classification", model=str(out), aggregation_strategy="simple")
+    found = {(e["entity_group"], e["word"].strip()) for e in tagger("Ann Lee went to San Diego .")}
+    assert {("PER", "Ann Lee"), ("LOC", "San Diego")} <= found
+
+
+def test_hub_class_labels_train_under_their_names(tmp_path: Path, ner_files: Path) -> None:
+    """A data set whose labels are a `Sequence(ClassLabel)` (CoNLL-2003's `ner_tags`) trains under the ClassLabel's
+    ids and names; --label_all_tokens gives a word's later sub-tokens its I- label by name."""
+    from datasets import Sequence
+
+    names = ["O", "B-PER", "I-PER", "B-LOC", "I-LOC"]
+    rows = [{"tokens": r["tokens"], "ner_tags": [names.index(t) for t in r["ner_tags"]]} for r in ner_rows(30, 3)]
+    features = Features({"tokens": Sequence(Value("string")), "ner_tags": Sequence(ClassLabel(names=names))})
+    DatasetDict({split: Dataset.from_list(rows, features=features) for split in ("train", "validation")}).save_to_disk(
+        tmp_path / "data"
+    )
+    bytes_only = train_tokenizer(["xyz"] * 5, "decoder", vocab_size=270)  # "John" -> J o h n
+    encoded = tokenize_token_classification(
+        Dataset.from_list([{"tokens": ["John"], "ner_tags": [1]}], features=features),
+        bytes_only,
+        finetune.FinetuneArguments(label_column_name="ner_tags", label_all_tokens=True),
+        32,
+        None,
+        "tokens",
+        {i: i for i in range(len(names))},
+    )
+    assert encoded[0]["labels"] == [IGNORE_INDEX, 1, 2, 2, 2]  # <s>, then B-PER and its I-PER by name
+    base = tmp_path / "base"
+    tokenizer = train_tokenizer([" ".join(r["tokens"]) for r in rows], "decoder", vocab_size=300)
+    archlab.DecoderForCausalLM(tiny_decoder_config(vocab_size=len(tokenizer))).save_pretrained(base)
+    save_tokenizer(tokenizer, base)
+    args = run_args(tmp_path / "out", "--task", "token-classification", "--model_name_or_path", str(base))
+    finetune.main([*args, "--dataset_name", str(tmp_path / "data"), "--max_steps", "2"])
+    assert AutoModelForTokenClassification.from_pretrained(tmp_path / "out").config.id2label == dict(enumerate(names))
+
+
+def test_bad_token_classification_inputs_are_named_before_training(tmp_path: Path, ner_files: Path) -> None:
+    """Rows whose words and labels differ in number, one label per row, an unlabelled test file (run_ner.py scores its
+    predictions), --label_all_tokens for another task and an encoder-decoder's folder are refused before anything is
+    written."""
+    rows = ner_rows(8, 0)
+    bad = write_jsonl(tmp_path / "bad.jsonl", [*rows[:3], {**rows[3], "ner_tags": rows[3]["ner_tags"][:-1]}])
+    train = ner_files / "train.jsonl"
+    out = tmp_path / "out"
+    new_model = run_args(out, "--task", "token-classification", "--validation_file", str(train))
+    with pytest.raises(ValueError, match=r"Row 3 of the train split has \d+ words and \d+ labels"):
+        finetune.main([*new_model, "--train_file", str(bad)])
+    per_row = write_jsonl(tmp_path / "per_row.jsonl", [{"tokens": r["tokens"], "ner_tags": 1} for r in rows])
+    with pytest.raises(ValueError, match="one integer per row.*--task classification"):
+        finetune.main([*run_args(out, "--task", "token-classification"), "--train_file", str(per_row)])
+    unlabelled = write_jsonl(tmp_path / "test.jsonl", [{"tokens": r["tokens"]} for r in rows])
+    with pytest.raises(ValueError, match="test split has no label column 'ner_tags'"):
+        finetune.main(
+            [
+                *run_args(out, "--task", "token-classification", "--train_file", str(train)),
+                "--test_file",
+                str(unlabelled),
+            ]
+        )
+    with pytest.raises(ValueError, match="--label_all_tokens is for --task token-classification"):
+        finetune.main(run_args(out, "--task", "classification", "--label_all_tokens", "true"))
+    config = archlab.Seq2SeqConfig(**TINY_SEQ2SEQ)
+    archlab.Seq2SeqForConditionalGeneration(config).save_pretrained(tmp_path / "seq2seq")
+    with pytest.raises(ValueError, match="--task token-classification cannot train: .*a masked LM's encoder"):
+        finetune.main(ner_args(out, tmp_path / "seq2seq", train, train))
+    assert not out.exists()
 
 
 # --- question answering (SQuAD's layout) ------------------------------------------------------------------------
