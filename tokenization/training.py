@@ -393,8 +393,9 @@ def save_tokenizer(tokenizer: PreTrainedTokenizerFast, folder: str | os.PathLike
 
     `padding_side` and `truncation_side` are saved as the tokenizer has them: transformers saves only the values given
     at construction, so `tokenizer.padding_side = "left"` (what batched generation with a decoder wants) was lost
-    on reload. The load facts transformers adds to a loaded tokenizer's config (`is_local`, ...) are left out, so
-    saving a loaded tokenizer again writes the same files."""
+    on reload; so is `model_input_names` where it differs from the class's (`token_type_ids` added for a model with
+    segment embeddings). The load facts transformers adds to a loaded tokenizer's config (`is_local`, ...) are left
+    out, so saving a loaded tokenizer again writes the same files."""
     tokenizer.save_pretrained(folder, save_jinja_files=False)
     for name in ("chat_template.jinja", "chat_template.json"):
         with contextlib.suppress(FileNotFoundError):
@@ -408,6 +409,9 @@ def save_tokenizer(tokenizer: PreTrainedTokenizerFast, folder: str | os.PathLike
     for name in _LOAD_FACTS:
         config.pop(name, None)
     config["padding_side"] = tokenizer.padding_side
+    if list(tokenizer.model_input_names) != list(type(tokenizer).model_input_names):
+        # (set on the tokenizer after construction, as for a model with segment embeddings, they were not saved)
+        config["model_input_names"] = list(tokenizer.model_input_names)
     config["truncation_side"] = tokenizer.truncation_side
     with open(path, "w", encoding="utf-8") as f:
         json.dump(config, f, indent=2, sort_keys=True, ensure_ascii=False)

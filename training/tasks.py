@@ -328,6 +328,8 @@ def build_task_model(
     # a BERT's segment embeddings read token_type_ids; one segment type (a RoBERTa's, or a masked LM exported to BERT
     # and back) is segment 0 everywhere, what the model reads without them: a pair's segment ids 1 would index past it
     segments = (getattr(config, "type_vocab_size", None) or 0) > 1
+    if segments:
+        returns_segment_ids(tokenizer)
     with tokenizing or contextlib.nullcontext():
         data = {
             s: task.tokenize(raw[s], tokenizer, options, max_length, num_proc, text_column, label2id, segments)
@@ -343,6 +345,15 @@ def build_task_model(
         f"{len(data['train'])} training and {len(data['validation'])} validation examples"
     )
     return {**data, "model": model, "collator": task.collator(tokenizer, model)}
+
+
+def returns_segment_ids(tokenizer: Any) -> None:
+    """The tokenizer of a model with segment embeddings returns `token_type_ids` by default, as BERT's does (RoBERTa's,
+    one segment type, does not), and is saved so (`save_tokenizer` keeps `model_input_names`): archlab's masked-LM
+    tokenizer leaves them out, so `pipeline("text-classification")` fed a classifier trained on sentence pairs
+    segment 0 for the second text as well, and its scores were not those of the model fine-tuned on the pairs."""
+    if "token_type_ids" not in tokenizer.model_input_names:
+        tokenizer.model_input_names = [*tokenizer.model_input_names, "token_type_ids"]
 
 
 def classifier_head_labels(config: Any, auto_class: Any = CLASSIFICATION_AUTO_CLASS) -> dict[str, int] | None:

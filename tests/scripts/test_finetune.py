@@ -1077,6 +1077,16 @@ def test_a_masked_lm_folder_is_fine_tuned_as_berts_classifier(tmp_path: Path) ->
     assert type(model) is archlab.EncoderForSequenceClassification and model.pooler is not None
     before, after = base.encoder.token_type_embeddings.weight, model.encoder.token_type_embeddings.weight
     assert not torch.equal(after[1], before[1])
+    # the saved tokenizer returns the segment ids, as BERT's does: the pipeline fed the pair segment 0 throughout
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    assert "token_type_ids" in tokenizer(rows[0]["sentence1"], rows[0]["sentence2"])
+    pair = {"text": rows[0]["sentence1"], "text_pair": rows[0]["sentence2"]}
+    scores = pipeline("text-classification", model=model, tokenizer=tokenizer, top_k=None)(pair)
+    inputs = tokenizer(pair["text"], pair["text_pair"], return_tensors="pt", return_token_type_ids=True)
+    with torch.no_grad():
+        expected = model(**inputs).logits.softmax(-1)[0]
+    by_label = {s["label"]: s["score"] for s in scores}
+    assert_close_to_scale(torch.tensor([by_label[model.config.id2label[i]] for i in range(2)]), expected)
 
     archlab.Seq2SeqForConditionalGeneration(base.config).save_pretrained(tmp_path / "seq2seq")
     with pytest.raises(ValueError, match="--task classification cannot train: .*a masked LM's encoder"):

@@ -276,6 +276,21 @@ def test_a_saved_tokenizer_keeps_its_sides_and_saves_again_as_the_same_files(tmp
     assert out.strip() == f"left left 64 {tokenizer('x = 1')['input_ids']}"
 
 
+def test_a_saved_tokenizer_keeps_the_inputs_it_returns(tmp_path: Path) -> None:
+    """`model_input_names` with `token_type_ids` added (a masked LM with segment embeddings: its pairs' second text is
+    segment 1, as BERT's tokenizer returns them) came back without them, and the pipelines fed segment 0 throughout;
+    a tokenizer left as trained saves no such entry."""
+    tokenizer = train_tokenizer(TEXTS, "masked_lm", vocab_size=300, min_frequency=1)
+    save_tokenizer(tokenizer, tmp_path / "plain")
+    assert "model_input_names" not in json.loads((tmp_path / "plain" / "tokenizer_config.json").read_text())
+    tokenizer.model_input_names = [*tokenizer.model_input_names, "token_type_ids"]
+    save_tokenizer(tokenizer, tmp_path / "segments")
+    assert (
+        load_tokenizer(tmp_path / "segments")("x = 1", "y = 2")["token_type_ids"]
+        == tokenizer("x = 1", "y = 2", return_token_type_ids=True)["token_type_ids"]
+    )
+
+
 @pytest.mark.parametrize("algorithm", sorted(ALGORITHMS))
 def test_whitespace_only_training_data_is_refused_before_training(tmp_path: Path, algorithm: str) -> None:
     """WordPiece and Unigram trained a vocabulary of the special tokens alone on texts of spaces and newlines, and
