@@ -1020,6 +1020,12 @@ def test_a_resume_with_another_source_prefix_is_refused_first(tmp_path: Path, mo
             ["--doc_stride", "64"],
             "these flags give .*--max_seq_length '384', --doc_stride '64'",
         ),
+        (
+            "token-classification",
+            {"--text_column_name": "tokens", "--label_column_name": "ner_tags", "--label_all_tokens": "false"},
+            ["--label_all_tokens", "true"],
+            "these flags give --text_column_name 'tokens', --label_column_name 'ner_tags', --label_all_tokens 'true'",
+        ),
     ],
 )
 def test_a_resume_that_reads_other_columns_is_refused_first(
@@ -1034,7 +1040,7 @@ def test_a_resume_that_reads_other_columns_is_refused_first(
     (checkpoint / "run_facts.json").write_text(json.dumps({**facts, "columns": saved}))
     forbid(monkeypatch, sources, "load_raw_datasets", "data was loaded")
     args = run_args(tmp_path / "out", "--task", task, "--resume_from_checkpoint", "true")
-    if task == "classification":
+    if task in ("classification", "token-classification"):
         (tmp_path / "train.csv").write_text("sentence1,sentence2,label\na,b,0\n")
         args += ["--train_file", str(tmp_path / "train.csv")]
     with pytest.raises(ValueError, match=message):
