@@ -1,5 +1,5 @@
 """Fine-tune an archlab model for one of four tasks (`--task`), shaped like transformers' `run_clm` / `run_glue` /
-`run_summarization` / `run_qa` examples:
+`run_summarization` / `run_ner` / `run_qa` examples:
 
 - `instruct`: instruction tuning of a decoder with its chat template; the loss covers the assistant's turns only
   (the template's `{% generation %}` blocks). Data: a `messages` column, or `--prompt_column`/`--response_column`;
@@ -17,6 +17,12 @@
   evaluated by generation with sacrebleu's BLEU and chrF and exact match; `--source_prefix` puts a T5-style task
   prefix before every source (saved in the config's `task_specific_params`, as T5 keeps its prefixes).
       python scripts/finetune.py --task seq2seq --output_dir runs/docstrings
+- `token-classification`: a label per word (named entities), as run_ner.py trains it, from JSON lines with a list of
+  words and a list of labels per row (`tokens` / `ner_tags`, or --text_column_name / --label_column_name), the
+  labels as names or a `Sequence(ClassLabel)`; each word's label on its first sub-token (--label_all_tokens: on every
+  one). A causal LM's folder trains `DecoderForTokenClassification`, a masked LM's `EncoderForTokenClassification`.
+  Reports seqeval's entity-level precision, recall and F1 (IOB2) and token accuracy.
+      python scripts/finetune.py --task token-classification --model_name_or_path runs/pretrain --train_file ner.jsonl
 - `question-answering`: extractive QA as run_qa.py does it, from a decoder's folder (`DecoderForQuestionAnswering`)
   or a masked LM's (BERT's `EncoderForQuestionAnswering`); an encoder-decoder's is refused. Data in SQuAD's layout
   (`question`, `context`, `answers` = {"text": [...], "answer_start": [...]}); default: questions about the embedded
@@ -29,9 +35,9 @@
           --validation_file dev.json
 
 `--test_file` (or `--do_predict` with a data set that has a test split) predicts the test split after training, as
-run_glue.py, run_translation.py and run_qa.py do: `predict_results.txt` (classification),
-`generated_predictions.txt` (seq2seq) or `predict_predictions.json` ({id: answer}, question-answering) in
---output_dir, and the `predict_*` metrics where the test split has labels.
+run_glue.py, run_translation.py, run_ner.py and run_qa.py do: `predict_results.txt` (classification),
+`generated_predictions.txt` (seq2seq), `predictions.txt` (token-classification) or `predict_predictions.json`
+({id: answer}, question-answering) in --output_dir, and the `predict_*` metrics where the test split has labels.
       python scripts/finetune.py --task classification --model_name_or_path runs/pretrain --train_file train.csv \
           --validation_file dev.csv --test_file test.csv
 
@@ -151,9 +157,9 @@ class FinetuneArguments:
     test_file: str | None = field(
         default=None,
         metadata={
-            "help": "classification, seq2seq, question-answering: a test file (the training file's format) predicted "
-            "after training (turns on --do_predict); its label / target / answer column may be missing (predictions "
-            "only)."
+            "help": "classification, seq2seq, token-classification, question-answering: a test file (the training "
+            "file's format) predicted after training (turns on --do_predict); its label / target / answer column may "
+            "be missing (predictions only; token-classification needs it)."
         },
     )
     max_predict_samples: int | None = field(
@@ -213,9 +219,10 @@ class FinetuneTrainingArguments(ArchlabTrainingArguments, Seq2SeqTrainingArgumen
     do_predict: bool = field(
         default=False,
         metadata={
-            "help": "classification, seq2seq, question-answering: predict the test split after training (--test_file, "
-            "else the --dataset_name's test split): predict_results.txt / generated_predictions.txt / "
-            "predict_predictions.json in --output_dir, and the predict_* metrics where the test split has labels."
+            "help": "classification, seq2seq, token-classification, question-answering: predict the test split after "
+            "training (--test_file, else the --dataset_name's test split): predict_results.txt / "
+            "generated_predictions.txt / predictions.txt / predict_predictions.json in --output_dir, and the predict_* "
+            "metrics where the test split has labels."
         },
     )
     predict_with_generate: bool = field(default=True, metadata={"help": "seq2seq: evaluate generated text."})
