@@ -1171,6 +1171,19 @@ def test_words_are_tokenized_as_the_sentence_the_pipeline_reads(kind: str) -> No
     assert (as_starts == encoded[0]["input_ids"]) == (kind == "masked_lm")  # (WordPiece drops the space anyway)
 
 
+def test_a_csv_gives_words_and_labels_as_whitespace_separated_text() -> None:
+    """A CSV cell holds text, not a list: its words and its labels are read split on whitespace, the counts checked."""
+    from archlab.training.token_classification import check_token_classification_columns
+
+    options = finetune.FinetuneArguments(label_column_name="ner_tags")
+    csv = Dataset.from_list([{"tokens": "Ann Lee  went", "ner_tags": "B-PER I-PER O"}])
+    read = check_token_classification_columns(csv, "train", options, "tokens")
+    assert read[0] == {"tokens": ["Ann", "Lee", "went"], "ner_tags": ["B-PER", "I-PER", "O"]}
+    with pytest.raises(ValueError, match="Row 0 of the validation split has 3 words and 2 labels"):
+        bad = Dataset.from_list([{"tokens": "Ann Lee went", "ner_tags": "B-PER O"}])
+        check_token_classification_columns(bad, "validation", options, "tokens")
+
+
 def test_entity_scores_follow_seqeval() -> None:
     """Entity-level precision/recall/F1 by seqeval's default (conlleval) rules, and token accuracy, hand-computed:
     a `B-PER I-LOC` is a one-token PER and a one-token LOC (neither the gold PER), a lone `I-ORG` after `O` an ORG."""
