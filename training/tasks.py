@@ -314,6 +314,11 @@ def build_task_model(
     if new_head:
         labels = ", ".join(sorted(head, key=head.get))
         log(f"{choices.model_name_or_path}'s classifier has {len(head)} outputs ({labels}); a new head is trained")
+    other = other_classifier_head(config, auto_class) if task.labels else None
+    if other is not None:
+        kind = auto_class.__name__.removeprefix("AutoModelFor")
+        log(f"{choices.model_name_or_path} holds a {other}, another task's head: a new {kind} head is trained")
+        new_head = True
     if regression:  # one output trained by mean squared error; the tokenized labels are floats (label2id None)
         config.num_labels, config.problem_type, label2id = 1, "regression", None
     elif label2id:
@@ -364,6 +369,19 @@ def classifier_head_labels(config: Any, auto_class: Any = CLASSIFICATION_AUTO_CL
     if not any(name.endswith(suffix) for name in getattr(config, "architectures", None) or ()):
         return None
     return {str(name): int(i) for i, name in config.id2label.items()}  # (a config may hold no label2id)
+
+
+CLASSIFIER_HEADS = ("ForSequenceClassification", "ForTokenClassification")
+
+
+def other_classifier_head(config: Any, auto_class: Any) -> str | None:
+    """The architecture of a classifier of another kind than `auto_class`'s (a sequence classifier's folder given to a
+    token classifier, or the other way round), else None: both heads are `score` (`classifier` for the encoder's), so
+    the other head's weights loaded as this one's, and of another number of labels failed at the load ("You set
+    `ignore_mismatched_sizes` to `False`"), after the data was tokenized."""
+    suffix = auto_class.__name__.removeprefix("AutoModel")
+    names = getattr(config, "architectures", None) or ()
+    return next((name for name in names if name.endswith(CLASSIFIER_HEADS) and not name.endswith(suffix)), None)
 
 
 def keep_the_heads_label_ids(

@@ -1317,6 +1317,27 @@ def test_bad_token_classification_inputs_are_named_before_training(tmp_path: Pat
     assert not out.exists()
 
 
+def test_a_classifier_of_the_other_kind_gets_a_new_head(tmp_path: Path, work: Path, ner_files: Path) -> None:
+    """A sequence classifier's folder (a reward model) given to --task token-classification, or a token classifier's
+    to --task classification: both heads are `score`, and another number of labels failed at the load ("You set
+    `ignore_mismatched_sizes` to `False`") after the data was tokenized; a new head is trained."""
+    tokenizer = load_tokenizer(work / "base")
+    config = tiny_decoder_config(vocab_size=len(tokenizer), num_labels=3)
+    for head, task in (("DecoderForSequenceClassification", "token"), ("DecoderForTokenClassification", "sequence")):
+        getattr(archlab, head)(config).save_pretrained(tmp_path / head)
+        save_tokenizer(tokenizer, tmp_path / head)
+        out = tmp_path / f"{task}-out"
+        if task == "token":
+            train = ner_files / "train.jsonl"
+            metrics = finetune.main(ner_args(out, tmp_path / head, train, train, "--max_steps", "2"))
+            loaded = AutoModelForTokenClassification.from_pretrained(out)
+        else:
+            files = (work / "train.csv", work / "validation.csv")
+            metrics = finetune.main(classification_args(out, tmp_path / head, *files, "--max_steps", "2"))
+            loaded = AutoModelForSequenceClassification.from_pretrained(out)
+        assert np.isfinite(metrics["eval_loss"]) and loaded.score.out_features == len(loaded.config.id2label) != 3
+
+
 # --- question answering (SQuAD's layout) ------------------------------------------------------------------------
 
 QA_WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu".split()
