@@ -38,8 +38,10 @@ _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")  # "gpt2", "org/name"
 # multimodal layout) joined; none (an assistant turn that only calls tools) is no text; anything else (images) is
 # refused by name. Tools (`apply_chat_template(..., tools=[...])`) are rendered as Qwen2.5's ChatML template renders
 # them: their JSON schemas in a system turn (after the conversation's own system message), an assistant's
-# `tool_calls` as `<tool_call>` JSON inside its generated turn, a tool's answer as a `tool` turn. Documents (RAG) are
-# refused by name rather than silently dropped.
+# `tool_calls` as `<tool_call>` JSON inside its generated turn, a tool's answer as `<tool_response>` text in a `user`
+# turn (consecutive answers in one turn). One difference: arguments given as a JSON string (OpenAI's layout) are
+# written as that JSON, where Qwen2.5's template encodes the string again. Documents (RAG) are refused by name rather
+# than silently dropped.
 TOOLS_PREAMBLE = (
     "# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided with function "
     "signatures within <tools></tools> XML tags:\n<tools>"
@@ -76,6 +78,11 @@ CHAT_TEMPLATE = (
     "{{ raise_exception('archlab\\'s chat template takes a message\\'s content as text or a list of text parts "
     '({"type": "text", "text": ...}), got: \' + message[\'content\'] | string) }}'
     "{%- endif %}"
+    "{%- if message['role'] == 'tool' %}"
+    "{%- if loop.first or messages[loop.index0 - 1]['role'] != 'tool' %}{{ '<|im_start|>user' }}{%- endif %}"
+    "{{ '\n<tool_response>\n' + content + '\n</tool_response>' }}"
+    "{%- if loop.last or messages[loop.index0 + 1]['role'] != 'tool' %}{{ '<|im_end|>\n' }}{%- endif %}"
+    "{%- else %}"
     "{{ '<|im_start|>' + message['role'] + '\n' }}"
     "{%- if message['role'] == 'assistant' %}"
     "{% generation %}{{ content }}"
@@ -92,6 +99,7 @@ CHAT_TEMPLATE = (
     "{{ content + '<|im_end|>' }}"
     "{%- endif %}"
     "{{ '\n' }}"
+    "{%- endif %}"
     "{%- endif %}"
     "{%- endfor %}"
     "{%- if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{%- endif %}"

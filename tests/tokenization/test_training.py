@@ -157,9 +157,30 @@ def test_chat_template_renders_tools_and_tool_calls_and_refuses_documents() -> N
     answers = tokenizer.decode([i for i, m in zip(out["input_ids"], out["assistant_masks"]) if m])
     call = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
     assert answers == f"{call}<|im_end|>Sunny.<|im_end|>"
-    assert "<|im_start|>tool\nsunny<|im_end|>" in tokenizer.decode(out["input_ids"])
+    assert "<|im_start|>user\n<tool_response>\nsunny\n</tool_response><|im_end|>" in tokenizer.decode(out["input_ids"])
     with pytest.raises(Exception, match="does not render documents"):
         tokenizer.apply_chat_template([user], documents=[{"title": "a", "text": "b"}], tokenize=False)
+
+
+def test_chat_template_renders_tool_answers_as_qwen2_5_does() -> None:
+    """A tool's answer was a turn of role `tool`, where Qwen2.5's template (which the tools' rendering follows) writes
+    it as `<tool_response>` text in a `user` turn, consecutive answers (parallel calls) in one turn."""
+    tokenizer = train_tokenizer(TEXTS, "decoder", vocab_size=300, min_frequency=1)
+    calls = [{"name": name, "arguments": {}} for name in ("weather", "time")]
+    conversation = [
+        {"role": "user", "content": "weather?"},
+        {"role": "assistant", "content": "", "tool_calls": calls},
+        {"role": "tool", "content": "sunny"},
+        {"role": "tool", "content": "noon"},
+        {"role": "assistant", "content": "Sunny."},
+        {"role": "tool", "content": "late"},
+    ]
+    text = tokenizer.apply_chat_template(conversation, tokenize=False, add_generation_prompt=True)
+    answers = "\n<tool_response>\nsunny\n</tool_response>\n<tool_response>\nnoon\n</tool_response><|im_end|>\n"
+    assert "<|im_start|>user" + answers + "<|im_start|>assistant\nSunny.<|im_end|>\n" in text
+    last = "<|im_start|>user\n<tool_response>\nlate\n</tool_response><|im_end|>\n"
+    assert text.endswith(last + "<|im_start|>assistant\n")
+    assert "<|im_start|>tool" not in text
 
 
 def test_train_from_files_and_datasets(tmp_path: Path) -> None:
