@@ -254,6 +254,10 @@ class EncoderForMaskedLM(EncoderOnlyPreTrainedModel):
         return output if return_dict else output.to_tuple()
 
 
+# the seed of a new pooler's weights (see `EncoderForSequenceClassification._init_weights`)
+POOLER_SEED = 0
+
+
 class EncoderPooler(nn.Module):
     """BERT's pooler (`BertPooler`): the first token's ([CLS]) state → dense → tanh."""
 
@@ -287,7 +291,10 @@ class EncoderForSequenceClassification(EncoderOnlyPreTrainedModel):
     The loss is BERT's, chosen by `config.problem_type` (set from `num_labels` and the labels' dtype on the first
     call when None): mean squared error (`"regression"`), cross-entropy (`"single_label_classification"`) or binary
     cross-entropy with logits (`"multi_label_classification"`). A masked LM's folder loads into it: its encoder's
-    weights are kept, its MLM head is left out, and the pooler and classifier start new.
+    weights are kept, its MLM head is left out, and the pooler and classifier start new. A new pooler is BERT's
+    N(0, `init_std`) draw from a fixed seed, the same at every load: a masked LM's folder has none (a BERT checkpoint
+    has its pretrained one), and PEFT's `task_type="SEQ_CLS"` saves only `classifier`, so a LoRA adapter reloaded on
+    the masked LM's folder met another random pooler and gave other predictions.
 
     Under the Trainer's gradient accumulation the loss is this batch's mean weighted by its share of the labels of
     the whole accumulated batch (`num_items_in_batch`), so uneven batches weigh each example as one big batch does
@@ -305,6 +312,15 @@ class EncoderForSequenceClassification(EncoderOnlyPreTrainedModel):
         self.dropout = nn.Dropout(classifier_dropout(config))
         self.classifier = nn.Linear(config.d_model, config.num_labels)
         self.post_init()
+
+    @torch.no_grad()
+    def _init_weights(self, module: nn.Module) -> None:
+        super()._init_weights(module)
+        if module is getattr(self.pooler, "dense", None):  # (transformers skips the pooler: it has no own tensors)
+            generator = torch.Generator().manual_seed(POOLER_SEED)
+            draw = torch.randn(module.weight.shape, generator=generator) * self.config.init_std
+            init.copy_(module.weight, draw.to(device=module.weight.device, dtype=module.weight.dtype))
+            init.zeros_(module.bias)
 
     def forward(
         self,

@@ -1077,7 +1077,7 @@ def test_a_masked_lm_folder_is_fine_tuned_as_berts_classifier(tmp_path: Path) ->
     Dataset.from_list(pair_rows(40, 2)).to_csv(tmp_path / "validation.csv")
     files = [tmp_path / "train.csv", tmp_path / "validation.csv"]
     out = tmp_path / "out"
-    metrics = finetune.main(classification_args(out, tmp_path / "mlm", *files, "--max_steps", "30"))
+    metrics = finetune.main(classification_args(out, tmp_path / "mlm", *files, "--max_steps", "40"))
     assert metrics["eval_accuracy"] >= 0.9
     model = AutoModelForSequenceClassification.from_pretrained(out)
     assert type(model) is archlab.EncoderForSequenceClassification and model.pooler is not None
