@@ -191,15 +191,16 @@ def main(argv: Sequence[str] | None = None) -> str | list[str]:
     resolve_defaults(args, len(prompts))
     check(args)
     model, tokenizer, seq2seq = load_for_generation(args.model_name_or_path, args.device)
-    if seq2seq:
-        prefix = source_prefix(model.config, args.source_prefix)
-        prompts = [prefix + prompt for prompt in prompts]
-    elif args.source_prefix is not None:
-        raise ValueError("--source_prefix goes before a seq2seq model's source; this folder holds a decoder.")
     if not args.chat and any(not isinstance(prompt, str) for prompt in prompts):
         raise ValueError(
             f"--prompts_file {args.prompts_file!r} holds conversations (lists of messages): add --chat true."
         )
+    if seq2seq:
+        prefix = source_prefix(model.config, args.source_prefix)
+        # (a conversation is left to the chat template's check: a seq2seq tokenizer has none)
+        prompts = [prefix + prompt if isinstance(prompt, str) else prompt for prompt in prompts]
+    elif args.source_prefix is not None:
+        raise ValueError("--source_prefix goes before a seq2seq model's source; this folder holds a decoder.")
     settings = dict(
         seq2seq=seq2seq,
         chat=args.chat,

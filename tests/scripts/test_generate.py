@@ -433,6 +433,19 @@ def test_a_prompts_file_holds_a_prompt_a_line_or_chat_conversations(saved: dict[
         generate.main([*args, "--prompts_file", str(text), "--prompt_file", str(text)])
 
 
+def test_a_seq2seq_folder_given_conversations_names_the_chat_flag_or_template(saved: dict[str, Path], tmp_path):
+    """Conversations for a seq2seq folder failed with "can only concatenate str (not "list") to str" (the source
+    prefix went before them before they were checked): without --chat they are refused naming the flag, with it
+    naming the chat template the seq2seq tokenizer lacks."""
+    chats = tmp_path / "chats.jsonl"
+    chats.write_text(json.dumps([{"role": "user", "content": "add one"}]) + "\n")
+    args = ["--model_name_or_path", str(saved["seq2seq"]), "--prompts_file", str(chats), "--max_new_tokens", "2"]
+    with pytest.raises(ValueError, match="holds conversations .*: add --chat true"):
+        generate.main(args)
+    with pytest.raises(ValueError, match="needs a tokenizer with a chat template"):
+        generate.main([*args, "--chat", "true"])
+
+
 def stock_folder(saved: dict[str, Path], family: str, folder: Path) -> Path:
     """A tiny stock GPT-2, OPT, Marian or Bart with 16 positions and `saved`'s tokenizer of its kind."""
     import transformers
