@@ -186,7 +186,8 @@ class DecoderConfig(PreTrainedConfig):
             (seed 001, GPT fine-tuning): when positive and `labels` are given, the next-token loss over the
             (non-pad) input is added.
         classifier_dropout (`float`, *optional*): not a declared field; given, the dropout before
-            [`DecoderForTokenClassification`]'s `score` (else `hidden_dropout`, else 0.1, as Llama's token classifier).
+            [`DecoderForTokenClassification`]'s `score` (else `hidden_dropout`, else 0.1, as Llama's token classifier);
+            either, given, must be a probability in [0, 1).
         lm_loss_chunk_size (`int`, 1024): in training, the LM head and cross-entropy run over chunks of this many
             tokens so the full `(tokens, vocab)` logits never exist at once; 0 turns chunking off. The chunked loss
             computes its gradients in the forward pass: one backward through it (not two with `retain_graph=True`,
@@ -371,6 +372,12 @@ class DecoderConfig(PreTrainedConfig):
         check_positive(self, "rms_norm_eps", integer=False)
         check_non_negative(self, "initializer_range")
         check_probability(self, "attention_dropout")
+        for name in ("classifier_dropout", "hidden_dropout"):  # undeclared; DecoderForTokenClassification reads them
+            value = getattr(self, name, None)
+            if value is not None:
+                if isinstance(value, bool) or not isinstance(value, (int, float)):
+                    raise ValueError(f"`{name}` must be a probability in [0, 1) or None, got {value!r}.")
+                check_probability(self, name)
         check_non_negative(self, "classifier_lm_loss_weight")
         check_non_negative(self, "lm_loss_chunk_size")
         check_choice(self, "hidden_act", ACTIVATIONS)

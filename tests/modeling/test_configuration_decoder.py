@@ -289,6 +289,18 @@ def test_invalid_combinations_are_refused_at_construction(overrides, message):
         tiny_decoder_config(**overrides)
 
 
+@pytest.mark.parametrize("value", [1.5, -0.1, "0.1"])
+@pytest.mark.parametrize("name", ["classifier_dropout", "hidden_dropout"])
+def test_the_token_classifiers_undeclared_dropout_is_checked_at_construction(name, value):
+    """`classifier_dropout` (else `hidden_dropout`), read by DecoderForTokenClassification though not declared, was
+    taken as given: 1.5 failed building the head, without the field's name, and "0.1" with "'<' not supported
+    between instances of 'str' and 'int'"; now the config refuses them, naming the field. None or a probability
+    is kept."""
+    with pytest.raises(ValueError, match=rf"`{name}` must be a probability in \[0, 1\)"):
+        tiny_decoder_config(**{name: value})
+    assert getattr(tiny_decoder_config(**{name: 0.2}), name) == 0.2 and tiny_decoder_config(**{name: None})
+
+
 def test_longrope_with_one_factor_per_rotary_frequency_builds_and_runs():
     logits = DecoderForCausalLM(tiny_decoder_config(rope_parameters=LONGROPE))(torch.randint(3, 97, (1, 5))).logits
     assert torch.isfinite(logits).all()
