@@ -50,8 +50,9 @@ class MaskedLMHead(nn.Module):
         return self.decoder(self.layer_norm(self.act_fn(self.dense(hidden_states)))) + self.bias
 
 
-# what an encoder-decoder's folder holds beyond its encoder (and the embeddings the encoder reads)
-DECODER_KEYS = [r"^model\.decoder\.", r"^final_logits_bias$", r"^lm_head\.weight$"]
+# what an encoder-decoder's folder holds beyond its encoder (and the embeddings the encoder reads); a
+# `Seq2SeqModel`'s names have no `model.` prefix
+DECODER_KEYS = [r"^(model\.)?decoder\.", r"^final_logits_bias$", r"^lm_head\.weight$"]
 
 
 class EncoderOnlyPreTrainedModel(Seq2SeqPreTrainedModel):
@@ -65,8 +66,9 @@ class EncoderOnlyPreTrainedModel(Seq2SeqPreTrainedModel):
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):
         """An encoder-decoder's folder (`Seq2SeqForConditionalGeneration`, `Seq2SeqModel`) gives its encoder, as
-        `T5EncoderModel` reads a T5 folder: its token embeddings are saved as the shared `model.shared` (the
-        encoder's own copy is a tie, not saved), which is read as the encoder's; the decoder and LM head are left
+        `T5EncoderModel` reads a T5 folder: its token embeddings are saved as the shared `model.shared` (`shared` in
+        a `Seq2SeqModel`'s folder; the encoder's own copy is a tie, not saved), which is read as the encoder's; the
+        decoder and LM head are left
         out. Without this the encoder's embeddings were left random, with only a line in the loading report. The
         model saves under its own names (transformers would save it back under the encoder-decoder's)."""
         renamed = kwargs.get("key_mapping") is None and _architectures(pretrained_model_name_or_path, kwargs) in (
@@ -74,7 +76,7 @@ class EncoderOnlyPreTrainedModel(Seq2SeqPreTrainedModel):
             ["Seq2SeqModel"],
         )
         if renamed:
-            kwargs["key_mapping"] = {r"^model\.shared\.": "encoder.embed_tokens.", r"^model\.encoder\.": "encoder."}
+            kwargs["key_mapping"] = {r"^(model\.)?shared\.": "encoder.embed_tokens.", r"^model\.encoder\.": "encoder."}
         loaded = super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
         if renamed:
             model = loaded[0] if isinstance(loaded, tuple) else loaded
