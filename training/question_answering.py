@@ -7,9 +7,14 @@ layout: a `question`, a `context` and `answers` = {"text": [...], "answer_start"
   labels are the first and last token of the row's first answer, or index 0 for both where the window does not hold
   the whole answer (or the row has none). Index 0 is BERT's [CLS]; for a decoder it is the first token (its
   tokenizer's `<s>`), which under causal attention sees only itself: its score is a learned "no answer here" bias.
-- Collation (`QuestionAnsweringCollator`): batches are padded on the right whatever the tokenizer's
-  `padding_side`, so the labels and the offsets, computed on the unpadded features, keep pointing at the same
-  tokens (left padding, a decoder tokenizer's usual side for generation, shifted every position of a short row).
+- Collation (`QuestionAnsweringCollator`): every window is padded on the right to the window length
+  (`--max_seq_length`, capped at the model's positions), as run_qa.py pads by default (`--pad_to_max_length`).
+  On the right whatever the tokenizer's `padding_side`, so the labels and the offsets, computed on the unpadded
+  features, keep pointing at the same tokens (left padding, a decoder tokenizer's usual side for generation, shifted
+  every position of a short row). To one length, since the start and end cross-entropies are softmaxes over every
+  position, padding included: padded to the longest window of its batch, a window's loss depended on the batch it
+  fell in, and 2 processes x 2 windows, or 2 accumulated batches of 2, did not train the model 4 windows at once
+  train.
 - Evaluation (`QuestionAnsweringTrainer`, `answers_from_logits`): each feature's `--n_best_size` best starts and ends
   over the context's tokens, spans of at most `--max_answer_length` tokens that end at or after their start, the best
   sum of start and end logits over all windows of a row mapped back to the context's characters by the offsets;
@@ -261,15 +266,19 @@ def answer_tokens(answers: dict[str, list], offsets: list, sequence_ids: list) -
 
 
 class QuestionAnsweringCollator:
-    """Pads the model's inputs and labels of a batch of features on the right, whatever the tokenizer's
-    `padding_side` (see the module's docstring); the evaluation's columns (offsets, ids, contexts) stay behind."""
+    """Pads the model's inputs and labels of a batch of features on the right to `max_length` tokens (the window
+    length), whatever the tokenizer's `padding_side` (see the module's docstring); the evaluation's columns (offsets,
+    ids, contexts) stay behind."""
 
-    def __init__(self, tokenizer: Any) -> None:
+    def __init__(self, tokenizer: Any, max_length: int) -> None:
         self.tokenizer = tokenizer
+        self.max_length = max_length
 
     def __call__(self, features: list[dict[str, Any]]) -> dict[str, Any]:
         kept = [{k: v for k, v in feature.items() if k in MODEL_INPUTS} for feature in features]
-        return self.tokenizer.pad(kept, padding=True, return_tensors="pt", padding_side="right")
+        return self.tokenizer.pad(
+            kept, padding="max_length", max_length=self.max_length, return_tensors="pt", padding_side="right"
+        )
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -75,7 +75,7 @@ class Task:
     tokenizer_texts: Callable[..., Iterable[str]]  # (train split, options, text column) -> a new tokenizer's texts
     tokenize: Callable[..., Any]  # (dataset, tokenizer, options, max length, processes, text column, label2id,
     # segments: keep `token_type_ids`, the model has segment embeddings)
-    collator: Callable[[Any, PreTrainedModel], Any]  # (tokenizer, model) -> data collator
+    collator: Callable[[Any, PreTrainedModel, int], Any]  # (tokenizer, model, the longest example) -> data collator
     trainer_class: type = AtomicCheckpointTrainer
     auto_class: Any = None  # None: the model kind's own head
     compute_metrics: Callable[[Any, Any], Callable | None] = lambda tokenizer, config: None  # (tokenizer, model
@@ -102,7 +102,9 @@ TASKS: dict[str, Task] = {
         prepare=task_data.prepare_instruct,
         tokenizer_texts=task_data.instruct_texts,
         tokenize=task_data.tokenize_instruct,
-        collator=lambda tokenizer, model: DataCollatorForSeq2Seq(tokenizer, label_pad_token_id=IGNORE_INDEX),
+        collator=lambda tokenizer, model, max_length: DataCollatorForSeq2Seq(
+            tokenizer, label_pad_token_id=IGNORE_INDEX
+        ),
         view=with_perplexity,
         summary_keys=("eval_loss", "eval_perplexity"),
         show_example=show_chat_example,
@@ -114,7 +116,7 @@ TASKS: dict[str, Task] = {
         prepare=task_data.check_classification_columns,
         tokenizer_texts=task_data.classification_texts,
         tokenize=task_data.tokenize_classification,
-        collator=lambda tokenizer, model: DataCollatorWithPadding(tokenizer),
+        collator=lambda tokenizer, model, max_length: DataCollatorWithPadding(tokenizer),
         auto_class=CLASSIFICATION_AUTO_CLASS,
         compute_metrics=lambda tokenizer, config: classification_metrics,
         summary_keys=("eval_loss", "eval_accuracy", "eval_f1", "eval_mse", "eval_pearson"),
@@ -127,7 +129,9 @@ TASKS: dict[str, Task] = {
         prepare=task_data.check_pair_columns,
         tokenizer_texts=task_data.pair_texts,
         tokenize=task_data.tokenize_seq2seq,
-        collator=lambda tokenizer, model: PairCollator(tokenizer, model=model, label_pad_token_id=IGNORE_INDEX),
+        collator=lambda tokenizer, model, max_length: PairCollator(
+            tokenizer, model=model, label_pad_token_id=IGNORE_INDEX
+        ),
         trainer_class=AtomicSeq2SeqTrainer,
         compute_metrics=lambda tokenizer, config: seq2seq_metrics(tokenizer),
         summary_keys=("eval_loss", "eval_bleu", "eval_chrf", "eval_exact_match"),
@@ -144,7 +148,7 @@ TASKS: dict[str, Task] = {
         prepare=token_classification.check_token_classification_columns,
         tokenizer_texts=token_classification.token_classification_texts,
         tokenize=token_classification.tokenize_token_classification,
-        collator=lambda tokenizer, model: DataCollatorForTokenClassification(tokenizer),
+        collator=lambda tokenizer, model, max_length: DataCollatorForTokenClassification(tokenizer),
         auto_class=AutoModelForTokenClassification,
         compute_metrics=lambda tokenizer, config: token_classification_metrics(config.id2label),
         summary_keys=("eval_loss", "eval_precision", "eval_recall", "eval_f1", "eval_accuracy"),
@@ -158,7 +162,7 @@ TASKS: dict[str, Task] = {
         prepare=qa.check_question_answering_columns,
         tokenizer_texts=qa.question_answering_texts,
         tokenize=qa.tokenize_question_answering,
-        collator=lambda tokenizer, model: qa.QuestionAnsweringCollator(tokenizer),
+        collator=lambda tokenizer, model, max_length: qa.QuestionAnsweringCollator(tokenizer, max_length),
         trainer_class=qa.QuestionAnsweringTrainer,
         auto_class=AutoModelForQuestionAnswering,
         summary_keys=("eval_loss", "eval_exact_match", "eval_f1"),
@@ -349,7 +353,7 @@ def build_task_model(
         f"{type(model).__name__}: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters; "
         f"{len(data['train'])} training and {len(data['validation'])} validation examples"
     )
-    return {**data, "model": model, "collator": task.collator(tokenizer, model)}
+    return {**data, "model": model, "collator": task.collator(tokenizer, model, max_length)}
 
 
 def returns_segment_ids(tokenizer: Any) -> None:

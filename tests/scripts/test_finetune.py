@@ -44,7 +44,13 @@ from archlab.training.task_data import (
 )
 from archlab.training.token_classification import aligned_labels, tokenize_token_classification
 
-from helpers import TINY_SEQ2SEQ, TINY_SEQ2SEQ_OVERRIDES, assert_close_to_scale, forbid, tiny_decoder_config
+from helpers import (
+    TINY_SEQ2SEQ,
+    TINY_SEQ2SEQ_OVERRIDES,
+    assert_close_to_scale,
+    forbid,
+    tiny_decoder_config,
+)
 
 
 def sentiment_rows(n: int, seed: int) -> list[dict[str, str]]:
@@ -1401,12 +1407,35 @@ def test_question_answering_batches_pad_on_the_right_whatever_the_tokenizer_says
     ]
     features = tokenize_question_answering(Dataset.from_list(rows), tokenizer, qa_options(doc_stride=8), 64, None)
     beta = tokenizer.convert_tokens_to_ids("Ġbeta")
-    batch = QuestionAnsweringCollator(tokenizer)(list(features))
+    batch = QuestionAnsweringCollator(tokenizer, 64)(list(features))
     assert set(batch) == {"input_ids", "attention_mask", "start_positions", "end_positions"}
     assert batch["input_ids"][torch.arange(2), batch["start_positions"]].tolist() == [beta, beta]
     columns = ["input_ids", "attention_mask", "start_positions", "end_positions"]
     stock = DataCollatorWithPadding(tokenizer)([{k: f[k] for k in columns} for f in features])
     assert stock["input_ids"][1, stock["start_positions"][1]] != beta  # what the stock collator did
+
+
+def test_a_windows_loss_does_not_depend_on_the_batch_it_falls_in() -> None:
+    """The start and end losses are softmaxes over every position, padding included: padded to the longest window of
+    its batch, a short window's loss changed with the windows beside it, so 2 batches of 2 (2 processes, or gradient
+    accumulation) did not train what 1 batch of 4 does. Every window is padded to the window length (run_qa.py's
+    default): the mean of the halves' losses is the whole batch's."""
+    from archlab.training.question_answering import QuestionAnsweringCollator
+
+    tokenizer = train_tokenizer([" ".join(QA_WORDS)] * 10, "decoder", vocab_size=300)
+    rows = [
+        {"question": "which?", "context": text, "answers": {"text": ["beta"], "answer_start": [text.index("beta")]}}
+        for text in (" ".join(QA_WORDS), "alpha beta", "beta gamma delta", "alpha beta gamma")
+    ]
+    features = list(tokenize_question_answering(Dataset.from_list(rows), tokenizer, qa_options(doc_stride=4), 20, None))
+    features = features[:4]  # (the long context's windows, then two short contexts)
+    assert max(len(f["input_ids"]) for f in features[:2]) > max(len(f["input_ids"]) for f in features[2:])
+    model = archlab.DecoderForQuestionAnswering(tiny_decoder_config(vocab_size=len(tokenizer))).eval()
+    collate = QuestionAnsweringCollator(tokenizer, 20)
+    with torch.no_grad():
+        whole = model(**collate(features)).loss
+        halves = [model(**collate(features[:2])).loss, model(**collate(features[2:])).loss]
+    torch.testing.assert_close(whole, sum(halves) / 2, rtol=1e-5, atol=1e-6)
 
 
 def test_squad_exact_match_and_f1_are_the_official_scripts() -> None:
