@@ -172,12 +172,19 @@ def drop_derived_layer_lists(values: dict[str, Any]) -> None:
             values.pop(key)
 
 
+# Fields a head reads from the config where given, which the config class does not declare:
+# `DecoderForTokenClassification` reads its dropout as Llama's token classifier does (`classifier_dropout`, else
+# `hidden_dropout`, else 0.1) and its bias from `token_classification_bias`. Refused as unknown, the token
+# classifier's dropout could not be set from the scripts (to 0 for runs that must not depend on how a batch is split).
+READ_BY_HEADS = {"DecoderConfig": ("classifier_dropout", "hidden_dropout", "token_classification_bias")}
+
+
 def unknown_fields(config_class: Any, values: dict[str, Any]) -> list[str]:
-    """The keys of `values` that `config_class` neither has nor consumes: a config stores any unknown keyword as an
-    attribute without a word."""
+    """The keys of `values` that `config_class` neither has nor consumes (nor one of its heads reads,
+    `READ_BY_HEADS`): a config stores any unknown keyword as an attribute without a word."""
     default, unknown = config_class(), []
     for key, value in values.items():
-        if hasattr(default, key):
+        if hasattr(default, key) or key in READ_BY_HEADS.get(config_class.__name__, ()):
             continue
         try:  # keys the config consumes and rewrites (`rope_theta` -> `rope_parameters`) are not stored as given
             if key not in config_class(**{key: value}).to_dict():

@@ -45,6 +45,7 @@ from archlab.training.task_data import (
 from archlab.training.token_classification import aligned_labels, tokenize_token_classification
 
 from helpers import (
+    TINY_DECODER_OVERRIDES,
     TINY_SEQ2SEQ,
     TINY_SEQ2SEQ_OVERRIDES,
     assert_close_to_scale,
@@ -1258,6 +1259,17 @@ def test_token_classification_end_to_end(tmp_path: Path, ner_files: Path, start:
     tagger = pipeline("token-classification", model=str(out), aggregation_strategy="simple")
     found = {(e["entity_group"], e["word"].strip()) for e in tagger("Ann Lee went to San Diego .")}
     assert {("PER", "Ann Lee"), ("LOC", "San Diego")} <= found
+
+
+def test_a_new_token_classifiers_dropout_is_set_by_config_overrides(tmp_path: Path, ner_files: Path) -> None:
+    """`DecoderForTokenClassification` reads its dropout from `classifier_dropout` (else `hidden_dropout`, else 0.1,
+    as Llama's head), fields DecoderConfig does not declare: --config_overrides refused them as unknown, so a new
+    token classifier trained with dropout 0.1 whatever was asked."""
+    train = str(ner_files / "train.jsonl")
+    overrides = f"{TINY_DECODER_OVERRIDES},classifier_dropout=0.0"
+    args = run_args(tmp_path / "out", "--task", "token-classification", "--train_file", train, "--max_steps", "1")
+    finetune.main([*args, "--config_overrides", overrides, "--tokenizer_vocab_size", "300", "--max_eval_samples", "4"])
+    assert AutoModelForTokenClassification.from_pretrained(tmp_path / "out").dropout.p == 0.0
 
 
 def test_hub_class_labels_train_under_their_names(tmp_path: Path, ner_files: Path) -> None:
