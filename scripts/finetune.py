@@ -281,8 +281,7 @@ def main(argv: Sequence[str] | None = None, callbacks: list[TrainerCallback] | N
             f"{', '.join(SEQ2SEQ_PIPELINE_TAGS)} (the other tasks' tag follows from the model class)."
         )
     check_flag_positive(args, ("max_source_length", "max_target_length"), " (tokens)")
-    if args.task == "question-answering":
-        check_windows(args)
+    check_question_answering_flags(args)
     if args.source_prefix is not None and args.task != "seq2seq":
         raise ValueError(f"--source_prefix is for --task seq2seq (the encoder's inputs), not --task {args.task}.")
     check_language_flags(args)
@@ -449,6 +448,38 @@ def record_source_prefix(config: Any, args: FinetuneArguments, pipeline_tag: str
         )
         del params[key]["prefix"]
     config.task_specific_params = params or None
+
+
+QUESTION_ANSWERING_FLAGS = (
+    "question_column",
+    "context_column",
+    "answer_column",
+    "max_seq_length",
+    "doc_stride",
+    "n_best_size",
+    "max_answer_length",
+)
+# where the other tasks cut their examples
+EXAMPLE_LENGTH_FLAGS = {"seq2seq": "--max_source_length / --max_target_length"}
+
+
+def check_question_answering_flags(args: FinetuneArguments) -> None:
+    """--task question-answering's flags: its windows checked (`check_windows`); given to another task, refused
+    with the flag named. --max_seq_length is run_ner.py's and run_glue.py's flag for the examples' length: passed to
+    --task token-classification or classification, it was ignored without a word and the examples were cut at
+    --block_size (256) instead."""
+    if args.task == "question-answering":
+        check_windows(args)
+        return
+    defaults = {f.name: f.default for f in fields(FinetuneArguments)}
+    given = [f"--{name}" for name in QUESTION_ANSWERING_FLAGS if getattr(args, name) != defaults[name]]
+    if not given:
+        return
+    hint = ""
+    if "--max_seq_length" in given:
+        length = EXAMPLE_LENGTH_FLAGS.get(args.task, "--block_size")
+        hint = f" (the windows of a question and its context); --task {args.task} cuts its examples at {length}"
+    raise ValueError(f"{', '.join(given)}: for --task question-answering, not --task {args.task}{hint}.")
 
 
 def check_language_flags(args: FinetuneArguments) -> None:

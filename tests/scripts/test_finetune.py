@@ -1594,6 +1594,29 @@ def test_bad_question_answering_inputs_are_named_before_training(tmp_path: Path,
     assert not out.exists()
 
 
+@pytest.mark.parametrize(
+    ("task", "flags", "message"),
+    [
+        (
+            "token-classification",
+            ["--max_seq_length", "128"],
+            "--max_seq_length: for --task question-answering, not --task token-classification .* cuts its examples at "
+            "--block_size",
+        ),
+        ("classification", ["--doc_stride", "4", "--question_column", "q"], "--question_column, --doc_stride: for"),
+        ("seq2seq", ["--max_seq_length", "64"], "cuts its examples at --max_source_length / --max_target_length"),
+    ],
+)
+def test_question_answering_flags_given_to_another_task_are_refused(tmp_path: Path, task, flags, message) -> None:
+    """run_ner.py's and run_glue.py's --max_seq_length is question-answering's window here: given to another task it
+    was ignored without a word (the examples cut at --block_size instead); each question-answering flag is refused
+    for the other tasks, named, before anything is read."""
+    train = write_jsonl(tmp_path / "train.jsonl", ner_rows(2, 0))
+    with pytest.raises(ValueError, match=message):
+        finetune.main([*run_args(tmp_path / "out", "--task", task, "--train_file", str(train)), *flags])
+    assert not (tmp_path / "out").exists()
+
+
 def test_a_question_that_leaves_no_room_for_the_stride_is_named() -> None:
     """A question that leaves no more context tokens in the window than --doc_stride made the tokenizers library
     panic (a PanicException, "`stride` must be strictly less than `max_len`", past `except Exception`); it is named
