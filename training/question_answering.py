@@ -104,12 +104,32 @@ def check_question_answering_columns(dataset: Any, split: str, args: QuestionAns
     if split == "test" and answers not in dataset.column_names:
         check_columns(dataset, question, context, split=split, flags=flags[:2])
         check_text_columns(dataset, question, context, split=split)
+        check_unique_ids(dataset, split)
         return dataset
     check_columns(dataset, question, context, answers, split=split, flags=flags)
     check_text_columns(dataset, question, context, split=split)
     for row, (answer, text) in enumerate(zip(dataset[answers], dataset[context])):
         check_answer(answer, text, f"Column {answers!r} of the {split} split: row {row}")
+    check_unique_ids(dataset, split)
     return dataset
+
+
+def check_unique_ids(dataset: Any, split: str) -> None:
+    """The `id` column of a split that is evaluated or predicted names one row each: answers are kept, scored and
+    written (`predict_predictions.json`) by id, so rows sharing an id (an article's id given to each of its
+    questions, say) were reduced to the last of them, and exact match and F1 were the scores of fewer rows, without
+    a word. (The training split's ids are not read.)"""
+    if split == "train" or "id" not in dataset.column_names:
+        return
+    first: dict[str, int] = {}
+    for row, row_id in enumerate(dataset["id"]):
+        if str(row_id) in first:
+            raise ValueError(
+                f"Column 'id' of the {split} split: rows {first[str(row_id)]} and {row} share the id {row_id!r}; "
+                "each question's answer is scored and written under its id: give every row its own id, or drop "
+                "the column (the rows are then numbered)."
+            )
+        first[str(row_id)] = row
 
 
 def check_answer(answer: Any, context: str, where: str) -> None:
@@ -411,6 +431,7 @@ __all__ = [
     "answers_from_logits",
     "check_answer",
     "check_question_answering_columns",
+    "check_unique_ids",
     "check_windows",
     "function_questions",
     "normalize_answer",

@@ -1617,6 +1617,20 @@ def test_question_answering_flags_given_to_another_task_are_refused(tmp_path: Pa
     assert not (tmp_path / "out").exists()
 
 
+def test_rows_that_share_an_id_are_named_before_they_are_scored() -> None:
+    """Answers are scored and written by row id: an evaluated or predicted split whose rows share an id (an article's
+    id on each of its questions) was scored on the last of them alone, without a word. The training split's ids are
+    not read."""
+    from archlab.training.question_answering import check_question_answering_columns
+
+    rows = colour_rows(4, 0)
+    rows[3]["id"] = rows[1]["id"]
+    for split in ("validation", "test"):
+        with pytest.raises(ValueError, match=f"Column 'id' of the {split} split: rows 1 and 3 share the id 'q1'"):
+            check_question_answering_columns(Dataset.from_list(rows), split, qa_options(), "text")
+    assert len(check_question_answering_columns(Dataset.from_list(rows), "train", qa_options(), "text")) == 4
+
+
 def test_a_question_that_leaves_no_room_for_the_stride_is_named() -> None:
     """A question that leaves no more context tokens in the window than --doc_stride made the tokenizers library
     panic (a PanicException, "`stride` must be strictly less than `max_len`", past `except Exception`); it is named
