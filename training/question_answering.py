@@ -41,6 +41,7 @@ from transformers.trainer_utils import EvalLoopOutput
 from archlab.tokenization.corpus import code_docstring_pairs
 from archlab.tokenization.data import check_columns, check_text_columns
 
+from .reporting import log
 from .trainer import AtomicCheckpointTrainer
 
 CLS_INDEX = 0  # the label of a window without the answer (see the module's docstring)
@@ -111,6 +112,13 @@ def check_question_answering_columns(dataset: Any, split: str, args: QuestionAns
     for row, (answer, text) in enumerate(zip(dataset[answers], dataset[context])):
         check_answer(answer, text, f"Column {answers!r} of the {split} split: row {row}")
     check_unique_ids(dataset, split)
+    unanswerable = sum(not answer["text"] for answer in dataset[answers])
+    if unanswerable and split != "train":
+        log(
+            f"Warning: {unanswerable} of the {len(dataset)} rows of the {split} split have no answer (SQuAD v2's): "
+            'predicting "no answer" is not implemented, every row is given its best span, so these rows score 0 '
+            f"(exact match and F1 at most {100 * (1 - unanswerable / len(dataset)):.1f})."
+        )
     return dataset
 
 

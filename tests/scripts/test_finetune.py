@@ -1631,6 +1631,19 @@ def test_rows_that_share_an_id_are_named_before_they_are_scored() -> None:
     assert len(check_question_answering_columns(Dataset.from_list(rows), "train", qa_options(), "text")) == 4
 
 
+def test_unanswerable_rows_of_an_evaluated_split_are_announced(capsys) -> None:
+    """SQuAD v2's rows without an answer are accepted (trained towards index 0), but every row is predicted a span:
+    they score 0, and a v2 evaluation capped exact match and F1 at the answerable share without a word."""
+    from archlab.training.question_answering import check_question_answering_columns
+
+    rows = colour_rows(4, 0)
+    rows[2]["answers"] = {"text": [], "answer_start": []}
+    check_question_answering_columns(Dataset.from_list(rows), "train", qa_options(), "text")
+    assert "no answer" not in capsys.readouterr().out
+    check_question_answering_columns(Dataset.from_list(rows), "validation", qa_options(), "text")
+    assert "1 of the 4 rows of the validation split have no answer (SQuAD v2's)" in capsys.readouterr().out
+
+
 def test_a_question_that_leaves_no_room_for_the_stride_is_named() -> None:
     """A question that leaves no more context tokens in the window than --doc_stride made the tokenizers library
     panic (a PanicException, "`stride` must be strictly less than `max_len`", past `except Exception`); it is named
