@@ -167,7 +167,8 @@ def test_help_says_what_the_scripts_do_with_predict_and_resume_flags(arguments, 
     text = " ".join(capsys.readouterr().out.split())
     expected = {
         PretrainTrainingArguments: "--do-predict [DO_PREDICT] Refused: this script has no test split to predict",
-        FinetuneTrainingArguments: "--do-predict [DO_PREDICT] classification, seq2seq, token-classification, question-answering:",
+        FinetuneTrainingArguments: "--do-predict [DO_PREDICT] classification, seq2seq, token-classification, "
+        "question-answering:",
     }
     assert expected[arguments] in text
     assert "--resume-from-checkpoint RESUME_FROM_CHECKPOINT true: go on from the newest checkpoint" in text
