@@ -30,7 +30,9 @@
   `--max_seq_length` tokens, a long context into windows overlapping by `--doc_stride` tokens; a window without the
   whole answer is labelled at index 0 (BERT's [CLS], a decoder's first token). The evaluation maps the
   `--n_best_size` best starts and ends (spans of at most `--max_answer_length` tokens) back to the context's text and
-  reports SQuAD's exact match and F1.
+  reports SQuAD's exact match and F1. SQuAD v2's rows without an answer: `--version_2_with_negative` predicts "no
+  answer" ("") where a row's null score (index 0's start + end logits, the smallest over its windows) beats its best
+  span by more than `--null_score_diff_threshold` (0), as run_qa.py does, and adds the `HasAns_*` / `NoAns_*` scores.
       python scripts/finetune.py --task question-answering --model_name_or_path runs/mlm --train_file train.json \
           --validation_file dev.json
 
@@ -186,6 +188,20 @@ class FinetuneArguments:
     )
     max_answer_length: int = field(
         default=30, metadata={"help": "question-answering: the longest answer predicted, in tokens."}
+    )
+    version_2_with_negative: bool = field(
+        default=False,
+        metadata={
+            "help": 'question-answering: SQuAD v2, some rows have no answer: predict "" where the null score wins, '
+            "and report the HasAns_* / NoAns_* scores."
+        },
+    )
+    null_score_diff_threshold: float = field(
+        default=0.0,
+        metadata={
+            "help": 'question-answering, with --version_2_with_negative: predict "" where the null score minus the '
+            "best span's score is above this."
+        },
     )
     pipeline_tag: str | None = field(
         default=None,
@@ -458,6 +474,8 @@ QUESTION_ANSWERING_FLAGS = (
     "doc_stride",
     "n_best_size",
     "max_answer_length",
+    "version_2_with_negative",
+    "null_score_diff_threshold",
 )
 # where the other tasks cut their examples
 EXAMPLE_LENGTH_FLAGS = {"seq2seq": "--max_source_length / --max_target_length"}

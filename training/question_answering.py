@@ -20,9 +20,12 @@ layout: a `question`, a `context` and `answers` = {"text": [...], "answer_start"
   sum of start and end logits over all windows of a row mapped back to the context's characters by the offsets;
   scored by SQuAD's exact match and F1 (`squad_metrics`, the official v1.1 script's normalisation), and written as
   `{id: answer}` JSON for a test split.
-
-Rows without an answer (SQuAD v2's) are trained towards index 0; predicting "no answer" (v2's null-score threshold)
-is not implemented: every row gets the best span.
+- SQuAD v2 (`--version_2_with_negative`, run_qa.py's flag): rows without an answer are trained towards index 0 (as
+  without the flag), and a row is predicted "" (no answer) where its null score, the smallest over its windows of
+  the start and end logits at index 0, exceeds its best span's score by more than `--null_score_diff_threshold`
+  (utils_qa.py's `postprocess_qa_predictions`); scored by `squad_v2_metrics`: exact match and F1 over every row, and
+  the `HasAns_*` / `NoAns_*` breakdowns of the squad_v2 metric. Without the flag every row gets its best span, and an
+  evaluated split's rows without an answer are announced (they score 0).
 """
 
 from __future__ import annotations
@@ -59,6 +62,8 @@ class QuestionAnsweringOptions(Protocol):
     doc_stride: int
     n_best_size: int
     max_answer_length: int
+    version_2_with_negative: bool
+    null_score_diff_threshold: float
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -113,11 +118,12 @@ def check_question_answering_columns(dataset: Any, split: str, args: QuestionAns
         check_answer(answer, text, f"Column {answers!r} of the {split} split: row {row}")
     check_unique_ids(dataset, split)
     unanswerable = sum(not answer["text"] for answer in dataset[answers])
-    if unanswerable and split != "train":
+    if unanswerable and split != "train" and not getattr(args, "version_2_with_negative", False):
         log(
             f"Warning: {unanswerable} of the {len(dataset)} rows of the {split} split have no answer (SQuAD v2's): "
-            'predicting "no answer" is not implemented, every row is given its best span, so these rows score 0 '
-            f"(exact match and F1 at most {100 * (1 - unanswerable / len(dataset)):.1f})."
+            "without --version_2_with_negative every row is given its best span, so these rows score 0 "
+            f"(exact match and F1 at most {100 * (1 - unanswerable / len(dataset)):.1f}); pass it to predict "
+            '"no answer" (""), as run_qa.py does.'
         )
     return dataset
 
@@ -170,7 +176,16 @@ def question_answering_texts(train: Any, args: QuestionAnsweringOptions, text_co
 
 def check_windows(args: QuestionAnsweringOptions) -> None:
     """--doc_stride below --max_seq_length, --n_best_size and --max_answer_length at least 1: checked before
-    anything is read (the tokenizer failed on a stride past the window inside `datasets.map`)."""
+    anything is read (the tokenizer failed on a stride past the window inside `datasets.map`); a
+    --null_score_diff_threshold only with --version_2_with_negative (run_qa.py ignored it without a word)."""
+    threshold = getattr(args, "null_score_diff_threshold", 0.0)
+    if threshold != 0.0 and not getattr(args, "version_2_with_negative", False):
+        raise ValueError(
+            f'--null_score_diff_threshold {threshold:g} decides when SQuAD v2\'s "no answer" is predicted: it '
+            "applies with --version_2_with_negative only (without it every row is predicted a span)."
+        )
+    if not np.isfinite(threshold):
+        raise ValueError(f"--null_score_diff_threshold must be a finite number, got {threshold}.")
     for flag in ("max_seq_length", "doc_stride", "n_best_size", "max_answer_length"):
         value = getattr(args, flag)
         if value < (0 if flag == "doc_stride" else 1):
@@ -313,14 +328,25 @@ class QuestionAnsweringCollator:
 # From logits to answers, and SQuAD's metric
 # ---------------------------------------------------------------------------------------------------------------
 def answers_from_logits(
-    features: Any, start_logits: np.ndarray, end_logits: np.ndarray, n_best_size: int, max_answer_length: int
+    features: Any,
+    start_logits: np.ndarray,
+    end_logits: np.ndarray,
+    n_best_size: int,
+    max_answer_length: int,
+    version_2_with_negative: bool = False,
+    null_score_diff_threshold: float = 0.0,
 ) -> dict[str, str]:
     """{row id: answer text}: over every window of a row, the `n_best_size` best starts and ends among the
     context's tokens, spans of at most `max_answer_length` tokens that end at or after their start, the best sum
     of the two logits, read from the context by the offsets (run_qa.py's `postprocess_qa_predictions`). A row
     without any such span gets "". Logits past a feature's tokens (the evaluation pads batches with -100) are
-    never read."""
+    never read.
+
+    `version_2_with_negative` (SQuAD v2): a row's null score is the smallest over its windows of the start and end
+    logits at index 0 (`CLS_INDEX`); the row is predicted "" (no answer) where the null score minus its best span's
+    score is above `null_score_diff_threshold`, as utils_qa.py decides it."""
     best: dict[int, tuple[float, str]] = {}
+    null: dict[int, float] = {}
     ids: dict[int, str] = {}
     for i, (row, row_id, offsets, context) in enumerate(
         zip(features["example_id"], features["id"], features["offset_mapping"], features["context"])
@@ -328,6 +354,8 @@ def answers_from_logits(
         ids[row] = row_id
         n = len(offsets)
         starts, ends = start_logits[i][:n], end_logits[i][:n]
+        window_null = float(starts[CLS_INDEX] + ends[CLS_INDEX])
+        null[row] = min(null.get(row, window_null), window_null)
         for s in np.argsort(starts)[::-1][:n_best_size]:
             if offsets[s] is None:
                 continue
@@ -337,7 +365,13 @@ def answers_from_logits(
                 score = float(starts[s] + ends[e])
                 if row not in best or score > best[row][0]:
                     best[row] = (score, context[offsets[s][0] : offsets[e][1]].strip())
-    return {ids[row]: best[row][1] if row in best else "" for row in sorted(ids)}
+    answers = {}
+    for row in sorted(ids):
+        if row not in best or (version_2_with_negative and null[row] - best[row][0] > null_score_diff_threshold):
+            answers[ids[row]] = ""
+        else:
+            answers[ids[row]] = best[row][1]
+    return answers
 
 
 def normalize_answer(text: str) -> str:
@@ -372,6 +406,24 @@ def squad_metrics(predictions: dict[str, str], references: dict[str, list[str]])
     return {"exact_match": 100.0 * float(np.mean(exact)), "f1": 100.0 * float(np.mean(f1))}
 
 
+def squad_v2_metrics(predictions: dict[str, str], references: dict[str, list[str]]) -> dict[str, float]:
+    """SQuAD v2's scores (in %), as the official v2.0 script and the squad_v2 metric compute them: `exact_match`
+    and `f1` over every row (the metric's `exact` and `f1`), then `HasAns_exact` / `HasAns_f1` over the rows with a
+    true answer and `NoAns_exact` / `NoAns_f1` over those without one (right only where the prediction is empty),
+    each with its row count (`HasAns_total`, `NoAns_total`), a breakdown present only where it has rows. A true
+    answer that normalises to nothing is not one (v2's script drops it)."""
+    answered = {row_id: [t for t in truths if normalize_answer(t)] for row_id, truths in references.items()}
+    scores = squad_metrics(predictions, answered)
+    for name, has_answer in (("HasAns", True), ("NoAns", False)):
+        rows = {row_id: truths for row_id, truths in answered.items() if bool(truths) == has_answer}
+        if rows:
+            part = squad_metrics(predictions, rows)
+            scores.update(
+                {f"{name}_exact": part["exact_match"], f"{name}_f1": part["f1"], f"{name}_total": float(len(rows))}
+            )
+    return scores
+
+
 def references_of(features: Any) -> dict[str, list[str]]:
     """{row id: its true answers' texts} of tokenized features that carry answers."""
     return {row_id: list(answer["text"]) for row_id, answer in zip(features["id"], features["answers"])}
@@ -379,9 +431,11 @@ def references_of(features: Any) -> dict[str, list[str]]:
 
 class QuestionAnsweringTrainer(AtomicCheckpointTrainer):
     """Evaluates and predicts as run_qa.py's `QuestionAnsweringTrainer`: the loop's start and end logits over the
-    features are turned into each row's answer (`answers_from_logits`, with `task_options`' --n_best_size and
-    --max_answer_length), scored by `squad_metrics` as `<prefix>_exact_match` / `<prefix>_f1` where the rows have
-    answers; `predict` returns {row id: answer} as its predictions. The features' evaluation columns are read from
+    features are turned into each row's answer (`answers_from_logits`, with `task_options`' --n_best_size,
+    --max_answer_length, --version_2_with_negative and --null_score_diff_threshold), scored by `squad_metrics` as
+    `<prefix>_exact_match` / `<prefix>_f1` where the rows have answers (with --version_2_with_negative by
+    `squad_v2_metrics`, adding `<prefix>_HasAns_*` / `<prefix>_NoAns_*`); `predict` returns {row id: answer} as its
+    predictions ("" for "no answer"). The features' evaluation columns are read from
     the data set given (the loop's own copy has lost them to `remove_unused_columns`)."""
 
     task_options: Any = None  # FinetuneArguments: set by the script after construction
@@ -408,16 +462,20 @@ class QuestionAnsweringTrainer(AtomicCheckpointTrainer):
         prefix = kwargs.get("metric_key_prefix", args[1] if len(args) > 1 else "eval")
         start_logits, end_logits = output.predictions[:2]
         options = self.task_options
+        version_2 = bool(getattr(options, "version_2_with_negative", False))
         predictions = answers_from_logits(
             features,
             start_logits,
             end_logits,
             getattr(options, "n_best_size", 20),
             getattr(options, "max_answer_length", 30),
+            version_2,
+            getattr(options, "null_score_diff_threshold", 0.0),
         )
         metrics = dict(output.metrics)
         if "answers" in features.column_names:
-            scores = squad_metrics(predictions, references_of(features))
+            score = squad_v2_metrics if version_2 else squad_metrics
+            scores = score(predictions, references_of(features))
             metrics.update({f"{prefix}_{name}": value for name, value in scores.items()})
         return EvalLoopOutput(
             predictions=predictions, label_ids=output.label_ids, metrics=metrics, num_samples=output.num_samples
@@ -446,5 +504,6 @@ __all__ = [
     "prediction_lines",
     "question_answering_texts",
     "squad_metrics",
+    "squad_v2_metrics",
     "tokenize_question_answering",
 ]

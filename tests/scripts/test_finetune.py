@@ -1486,16 +1486,80 @@ def test_answers_are_the_best_span_over_every_window_of_a_row() -> None:
     assert answers_from_logits(features, start, end, 20, 1)["r0"] == "four"  # one token at most: 0 + 4
 
 
+def test_no_answer_is_predicted_where_the_null_score_wins_by_more_than_the_threshold() -> None:
+    """--version_2_with_negative (utils_qa.py's rule): a row's null score is the smallest over its windows of the
+    logits at index 0, and the row is predicted "" where the null score minus its best span's score is above
+    --null_score_diff_threshold (strictly), else its best span. Without the flag every row gets its span."""
+    from archlab.training.question_answering import answers_from_logits
+
+    context = "one two three four"
+    spans = [(0, 3), (4, 7), (8, 13), (14, 18)]
+    features = {
+        "example_id": [0, 0, 1],
+        "id": ["r0", "r0", "r1"],
+        "context": [context] * 3,
+        "offset_mapping": [[None, None, *spans[:2]], [None, None, *spans[2:]], [None, spans[0], spans[1]]],
+    }
+    start, end = np.full((3, 5), -100.0), np.full((3, 5), -100.0)
+    start[0, :4], end[0, :4] = [3, 9, 2, 0.5], [3, 9, 0, 3]  # null 6; best span "one two": 2 + 3 = 5
+    start[1, :4], end[1, :4] = [1, 0, 1, 0], [1, 0, 0, 1]  # null 2, the row's smallest; spans at most 2
+    start[2, :3], end[2, :3] = [4, 1, 5], [4, 2, -50]  # null 8; best span "one": 1 + 2 = 3
+
+    def answers(threshold: float) -> dict[str, str]:
+        return answers_from_logits(features, start, end, 20, 30, True, threshold)
+
+    assert answers_from_logits(features, start, end, 20, 30) == {"r0": "one two", "r1": "one"}
+    # r0: 2 - 5 = -3 (with window 0's null, 6 - 5 = 1, or the largest, it was ""); r1: 8 - 3 = 5
+    assert answers(0.0) == {"r0": "one two", "r1": ""}
+    assert answers(-3.0)["r0"] == "one two" and answers(-3.01)["r0"] == ""
+    assert answers(5.0)["r1"] == "one" and answers(4.99)["r1"] == ""
+
+
+def test_squad_v2_scores_every_row_and_breaks_them_down_by_answer() -> None:
+    """Hand-computed with SQuAD v2.0's script: exact match and F1 over every row, a row without an answer right only
+    for an empty prediction (and an answerable one wrong for it), then `HasAns_*` and `NoAns_*` over each kind with
+    their counts; a true answer that normalises to nothing is no answer."""
+    from archlab.training.question_answering import squad_v2_metrics
+
+    predictions = {"a": "The Cat!", "b": "big red dog", "c": "", "d": "", "e": "x"}
+    references = {"a": ["cat"], "b": ["the red dog"], "c": ["y"], "d": [], "e": []}
+    # HasAns a, b, c: exact 1, 0, 0; F1 1, 0.8, 0. NoAns d, e: 1, 0 (both scores).
+    assert squad_v2_metrics(predictions, references) == pytest.approx(
+        {
+            "exact_match": 100 * 2 / 5,
+            "f1": 100 * 2.8 / 5,
+            "HasAns_exact": 100 / 3,
+            "HasAns_f1": 100 * 1.8 / 3,
+            "HasAns_total": 3,
+            "NoAns_exact": 50,
+            "NoAns_f1": 50,
+            "NoAns_total": 2,
+        }
+    )
+    assert squad_v2_metrics({"f": ""}, {"f": ["The"]}) == {
+        "exact_match": 100,
+        "f1": 100,
+        "NoAns_exact": 100,
+        "NoAns_f1": 100,
+        "NoAns_total": 1,
+    }
+
+
 COLOURS = ["red", "blue", "green", "amber", "violet", "cyan"]
 FILLER = "the cat sat on a mat near big old tree by river and then slept".split()
 
 
-def colour_rows(n: int, seed: int) -> list[dict]:
-    """SQuAD-layout rows whose answer is the one colour word in a context of filler words."""
+def colour_rows(n: int, seed: int, unanswerable: int = 0) -> list[dict]:
+    """SQuAD-layout rows whose answer is the one colour word in a context of filler words; every `unanswerable`-th
+    row (SQuAD v2's) has no colour and no answer."""
     rng = random.Random(seed)
     rows = []
     for i in range(n):
         words = rng.choices(FILLER, k=rng.randint(6, 14))
+        if unanswerable and i % unanswerable == 0:
+            answers = {"text": [], "answer_start": []}
+            rows.append({"id": f"q{i}", "question": "which colour?", "context": " ".join(words), "answers": answers})
+            continue
         at, colour = rng.randint(0, len(words)), rng.choice(COLOURS)
         words.insert(at, colour)
         start = len(" ".join(words[:at])) + (1 if at else 0)
@@ -1563,6 +1627,23 @@ def test_question_answering_from_a_masked_lm_end_to_end(tmp_path: Path, qa_files
     with pytest.raises(ValueError, match="--task question-answering cannot train: .*a masked LM's encoder"):
         finetune.main(qa_args(tmp_path / "refused", tmp_path / "seq2seq", qa_files))
     assert not (tmp_path / "refused").exists()
+
+
+def test_squad_v2_rows_without_an_answer_are_predicted_empty_end_to_end(tmp_path: Path) -> None:
+    """With --version_2_with_negative a third of the rows, without a colour and without an answer, are predicted
+    "" where the model's null score wins: exact match goes past the 66.7 that predicting a span for every row caps
+    it at, the v2 breakdowns are reported, and predict_predictions.json writes "" for them."""
+    qa_folder(tmp_path / "mlm", "masked_lm")
+    Dataset.from_list(colour_rows(160, 1, unanswerable=3)).to_json(tmp_path / "train.jsonl")
+    dev = colour_rows(30, 2, unanswerable=3)
+    Dataset.from_list(dev).to_json(tmp_path / "dev.jsonl")
+    out = tmp_path / "out"
+    flags = ["--version_2_with_negative", "--test_file", str(tmp_path / "dev.jsonl"), "--max_steps", "60"]
+    metrics = finetune.main(qa_args(out, tmp_path / "mlm", tmp_path, *flags, "--per_device_train_batch_size", "16"))
+    assert metrics["eval_exact_match"] > 100 * 2 / 3 and metrics["eval_NoAns_exact"] >= 80
+    assert (metrics["eval_HasAns_total"], metrics["eval_NoAns_total"]) == (20, 10)
+    predictions = json.loads((out / "predict_predictions.json").read_text())
+    assert sum(predictions[r["id"]] == "" for r in dev if not r["answers"]["text"]) >= 8
 
 
 def test_question_answering_from_a_decoder(tmp_path: Path, qa_files: Path) -> None:
@@ -1641,7 +1722,26 @@ def test_unanswerable_rows_of_an_evaluated_split_are_announced(capsys) -> None:
     check_question_answering_columns(Dataset.from_list(rows), "train", qa_options(), "text")
     assert "no answer" not in capsys.readouterr().out
     check_question_answering_columns(Dataset.from_list(rows), "validation", qa_options(), "text")
-    assert "1 of the 4 rows of the validation split have no answer (SQuAD v2's)" in capsys.readouterr().out
+    warning = capsys.readouterr().out
+    assert "1 of the 4 rows of the validation split have no answer (SQuAD v2's)" in warning
+    assert "without --version_2_with_negative" in warning and "at most 75.0" in warning
+    check_question_answering_columns(
+        Dataset.from_list(rows), "validation", qa_options(version_2_with_negative=True), "text"
+    )
+    assert "no answer" not in capsys.readouterr().out
+
+
+def test_a_null_score_threshold_without_squad_v2_is_refused(tmp_path: Path) -> None:
+    """--null_score_diff_threshold decides v2's "no answer" only: without --version_2_with_negative (where run_qa.py
+    ignored it without a word), or given to another task with it, the run stops before anything is read."""
+    train = write_jsonl(tmp_path / "train.jsonl", ner_rows(2, 0))
+    qa = run_args(tmp_path / "out", "--task", "question-answering", "--train_file", str(train))
+    with pytest.raises(ValueError, match="--null_score_diff_threshold 1 decides .* with --version_2_with_negative"):
+        finetune.main([*qa, "--null_score_diff_threshold", "1"])
+    token = run_args(tmp_path / "out", "--task", "token-classification", "--train_file", str(train))
+    with pytest.raises(ValueError, match="--version_2_with_negative: for --task question-answering, not --task token"):
+        finetune.main([*token, "--version_2_with_negative"])
+    assert not (tmp_path / "out").exists()
 
 
 def test_a_question_that_leaves_no_room_for_the_stride_is_named() -> None:
