@@ -449,6 +449,12 @@ class DecoderForSequenceClassification(DecoderPreTrainedModel):
     input (the auxiliary LM objective of GPT-1); the LM head is tied to the embeddings for that. With sparse layers,
     `output_router_logits` adds the load-balancing loss and `router_z_loss_coef` > 0 the router z-loss, as in
     `DecoderForCausalLM` (Mixtral's classifier adds neither, and fine-tuning it leaves the routers unbalanced).
+
+    It builds and returns a KV cache only when asked (`use_cache=True`, or a cache passed in to continue), whatever
+    `config.use_cache` says: `LlamaForSequenceClassification` (transformers' `GenericForSequenceClassification`)
+    follows `config.use_cache`, True by default, and so returns a `DynamicCache` from every plain call, which
+    `torch.export` and `torch.onnx.export` of the model refuse (`Found <class 'DynamicCache'> in output`) unless
+    `use_cache=False` is passed; archlab's token classifier and question-answering heads build none either.
     """
 
     # The loss follows the Trainer's `num_items_in_batch` (the labels of the whole accumulated batch, on every process
@@ -494,6 +500,8 @@ class DecoderForSequenceClassification(DecoderPreTrainedModel):
             output_router_logits = self.config.output_router_logits
         num_items_in_batch = kwargs.pop("num_items_in_batch", None)
         num_lm_items_in_batch = kwargs.pop("num_lm_items_in_batch", None)
+        if use_cache is None:  # a cache only when asked for, or one given to continue (see the class docstring)
+            use_cache = past_key_values is not None
         outputs = self.model(
             output_router_logits=True,  # the router losses need them
             input_ids=input_ids,

@@ -1,10 +1,12 @@
 """DecoderForSequenceClassification: last-non-pad pooling (left and right padding), the auxiliary LM loss (also
-with the embedding offloaded by a `device_map`) and a mixture of experts' router losses."""
+with the embedding offloaded by a `device_map`), a mixture of experts' router losses and the KV cache only when
+asked for."""
 
 import torch
 from transformers import AutoModelForSequenceClassification
 
 from archlab import DecoderForSequenceClassification
+from archlab.modeling.cache_names import output_cache, with_cache
 from archlab.modeling.moe import load_balancing_loss, router_z_loss
 
 from helpers import tiny_decoder_config
@@ -26,6 +28,23 @@ def test_pools_last_real_token_with_left_and_right_padding():
     torch.testing.assert_close(model(left, attention_mask=left_mask).logits, alone, atol=1e-5, rtol=1e-4)
     # without a mask, pad_token_id finds the end of right-padded rows
     torch.testing.assert_close(model(right).logits, alone, atol=1e-5, rtol=1e-4)
+
+
+def test_returns_a_cache_only_when_asked_for():
+    """A plain call returned a `DynamicCache` (config.use_cache, as `LlamaForSequenceClassification` does), so
+    `torch.export` of the classifier failed (`Found <class 'DynamicCache'> in output`) unless given
+    `use_cache=False`. Now a cache is built only under `use_cache=True` or when one is passed in, and continuing it
+    gives the logits of the whole sequence."""
+    model = _model()
+    ids = torch.randint(3, 97, (2, 7))
+    with torch.no_grad():
+        assert output_cache(model(ids)) is None
+        assert output_cache(model(ids, use_cache=False)) is None
+        cache = output_cache(model(ids[:, :5], use_cache=True))
+        assert cache.get_seq_length() == 5
+        continued = model(ids[:, 5:], **with_cache(cache))
+        assert output_cache(continued).get_seq_length() == 7
+        torch.testing.assert_close(continued.logits, model(ids).logits, atol=1e-5, rtol=1e-4)
 
 
 def test_loss_and_auxiliary_lm_loss():
