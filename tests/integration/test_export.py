@@ -1,6 +1,8 @@
 """torch.export across the catalogue (docs/ecosystem.md has the table): every decoder variant, the encoder-decoder's
 and the masked LM export their forward without a cache with a dynamic batch and length, and the program equals
-eager at other sizes, with padding; transformers' ExecuTorch recipes (`TorchExportableModuleForDecoderOnlyLM` and
+eager at other sizes, with padding; the task heads (sequence and token classification, question answering, on the
+decoder and the encoder) export as they are called, with a static and a dynamic batch and length, and ONNX Runtime
+runs them to eager's outputs; transformers' ExecuTorch recipes (`TorchExportableModuleForDecoderOnlyLM` and
 `Seq2SeqLMExportableModule`, static caches) decode token by token exactly as eager greedy decoding.
 
 Left out: `rope_dynamic` (transformers' dynamic RoPE branches on the data: export refuses it) and `rope_longrope`
@@ -13,6 +15,7 @@ import pytest
 import torch
 from transformers.integrations.executorch import Seq2SeqLMExportableModule, TorchExportableModuleForDecoderOnlyLM
 
+import archlab
 from archlab import DecoderForCausalLM, EncoderForMaskedLM
 
 from helpers import (
@@ -130,6 +133,100 @@ def test_masked_lm_exports_with_dynamic_shapes_equal_to_eager():
         position_embedding_type="relative_bias", relative_attention_num_buckets=8, relative_attention_max_distance=16
     )
     _export_matches_eager(randomised(EncoderForMaskedLM(config)))
+
+
+T5_BIAS = dict(
+    position_embedding_type="relative_bias", relative_attention_num_buckets=8, relative_attention_max_distance=16
+)
+HEADS = {  # name: (class, config fields); every head once, the sequence classifier beyond the dense recipe too
+    "decoder_sequence": ("DecoderForSequenceClassification", {}),
+    "decoder_sequence_moe_shared_expert": (
+        "DecoderForSequenceClassification",
+        dict(num_local_experts=4, num_experts_per_tok=2, shared_expert_intermediate_size=32),
+    ),
+    "decoder_sequence_t5_bias": ("DecoderForSequenceClassification", T5_BIAS),
+    "decoder_sequence_alibi_local_global": (
+        "DecoderForSequenceClassification",
+        dict(position_embedding_type="alibi", sliding_window=4, layer_types=["sliding_attention", "full_attention"]),
+    ),
+    "decoder_token": ("DecoderForTokenClassification", {}),
+    "decoder_question_answering": ("DecoderForQuestionAnswering", {}),
+    "encoder_sequence": ("EncoderForSequenceClassification", {}),
+    "encoder_sequence_t5_bias": ("EncoderForSequenceClassification", T5_BIAS),
+    "encoder_token": ("EncoderForTokenClassification", {}),
+    "encoder_question_answering": ("EncoderForQuestionAnswering", {}),
+}
+
+
+def _head(name: str):
+    class_name, fields = HEADS[name]
+    config = (tiny_decoder_config if class_name.startswith("Decoder") else tiny_seq2seq_config)(num_labels=3, **fields)
+    return randomised(getattr(archlab, class_name)(config))
+
+
+def _head_outputs_match(name: str, got, expected, mask: torch.Tensor, msg: str) -> None:
+    """Every tensor of the output (logits; start and end logits), per token on the unpadded positions only."""
+    assert len(got) == len(expected), msg
+    per_token = "Sequence" not in HEADS[name][0]
+    for got_part, expected_part in zip(got, expected):
+        keep = mask.bool() if per_token else slice(None)
+        assert_close_to_scale(torch.as_tensor(got_part)[keep], expected_part[keep], msg=msg)
+
+
+HEAD_SIZES = ((2, 9, True), (3, 13, True), (1, 5, True), (4, 21, False))
+
+
+def _head_inputs(name: str, rows: int, cols: int, left: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    # the encoder's classifier pools its first token ([CLS]): its rows are padded on the right, as BERT's
+    return _inputs(rows, cols, False, left=left and name.startswith("decoder"))
+
+
+@pytest.mark.parametrize("name", list(HEADS))
+def test_task_head_exports_as_called_with_static_and_dynamic_shapes_equal_to_eager(name):
+    """The model itself, called as `model(input_ids=..., attention_mask=...)`, no wrapper: its output class comes
+    out of the program. The decoder's sequence classifier returned a `DynamicCache` there (`config.use_cache`), which
+    `torch.export` refused; the sliding layers' cache also pinned the length of a dynamic export."""
+    model = _head(name)
+    ids, mask = _head_inputs(name, 2, 9, True)
+    static = torch.export.export(model, (), {"input_ids": ids, "attention_mask": mask}, strict=False).module()
+    batch, length = torch.export.Dim("batch"), torch.export.Dim("length")
+    shapes = {"input_ids": {0: batch, 1: length}, "attention_mask": {0: batch, 1: length}}
+    kwargs = {"input_ids": ids, "attention_mask": mask}
+    dynamic = torch.export.export(model, (), kwargs, dynamic_shapes=shapes, strict=False).module()
+    with torch.no_grad():
+        _head_outputs_match(name, static(**kwargs).to_tuple(), model(**kwargs).to_tuple(), mask, "static 2x9")
+        for rows, cols, left in HEAD_SIZES:
+            ids, mask = _head_inputs(name, rows, cols, left)
+            got, expected = dynamic(input_ids=ids, attention_mask=mask), model(input_ids=ids, attention_mask=mask)
+            _head_outputs_match(name, got.to_tuple(), expected.to_tuple(), mask, f"{rows}x{cols}")
+
+
+@pytest.mark.parametrize("name", list(HEADS))
+def test_task_head_onnx_export_runs_in_onnxruntime_with_eager_outputs(name, tmp_path):
+    pytest.importorskip("onnxscript")
+    ort = pytest.importorskip("onnxruntime")
+    model = _head(name)
+    outputs = ["start_logits", "end_logits"] if "question" in name else ["logits"]
+    batch, length = torch.export.Dim("batch"), torch.export.Dim("length")
+    ids, mask = _head_inputs(name, 2, 9, True)
+    torch.onnx.export(  # the model itself, with gradients enabled, as docs/ecosystem.md's call
+        model,
+        (),
+        tmp_path / "model.onnx",
+        kwargs={"input_ids": ids, "attention_mask": mask},
+        dynamo=True,
+        dynamic_shapes={"input_ids": {0: batch, 1: length}, "attention_mask": {0: batch, 1: length}},
+        input_names=["input_ids", "attention_mask"],
+        output_names=outputs,
+    )
+    session = ort.InferenceSession(str(tmp_path / "model.onnx"))
+    assert [output.name for output in session.get_outputs()] == outputs
+    for rows, cols, left in HEAD_SIZES:
+        ids, mask = _head_inputs(name, rows, cols, left)
+        got = session.run(None, {"input_ids": ids.numpy(), "attention_mask": mask.numpy()})
+        with torch.no_grad():
+            expected = model(input_ids=ids, attention_mask=mask).to_tuple()
+        _head_outputs_match(name, [torch.from_numpy(array) for array in got], expected, mask, f"{rows}x{cols}")
 
 
 PROMPT, NEW = 5, 12
