@@ -558,6 +558,8 @@ class DecoderForSequenceClassification(DecoderPreTrainedModel):
 
     @staticmethod
     def _lm_targets(input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
+        if attention_mask is not None:  # this call's columns of a mask that also covers earlier positions
+            attention_mask = attention_mask[:, -input_ids.shape[1] :]
         labels = input_ids if attention_mask is None else input_ids.masked_fill(attention_mask == 0, IGNORE_INDEX)
         return next_token_targets(labels)
 
@@ -568,7 +570,8 @@ class DecoderForSequenceClassification(DecoderPreTrainedModel):
         batch, seq_len = hidden_states.shape[:2]
         positions = torch.arange(seq_len, device=hidden_states.device)
         if attention_mask is not None:
-            real = attention_mask.to(hidden_states.device).bool()
+            # this call's columns: a mask also covers the positions before it (a cache given, PEFT's prefix tuning)
+            real = attention_mask[:, -seq_len:].to(hidden_states.device).bool()
         elif input_ids is not None and self.config.pad_token_id is not None:
             real = input_ids != self.config.pad_token_id
         else:

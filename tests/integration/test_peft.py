@@ -16,7 +16,12 @@ peft = pytest.importorskip("peft")
 from peft import LoraConfig, PeftModel, get_peft_model  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM  # noqa: E402
 
-from archlab import DecoderForCausalLM, EncoderForMaskedLM, Seq2SeqForConditionalGeneration  # noqa: E402
+from archlab import (  # noqa: E402
+    DecoderForCausalLM,
+    DecoderForSequenceClassification,
+    EncoderForMaskedLM,
+    Seq2SeqForConditionalGeneration,
+)
 from archlab.modeling.import_hooks import after_import  # noqa: E402
 from archlab.modeling.peft_defaults import PEFT_CONSTANTS_MODULE, register_with_peft  # noqa: E402
 
@@ -200,6 +205,25 @@ def test_prefix_tuning_generates_with_its_prefix():
     )
     assert torch.equal(generated, reference)
     assert not torch.equal(generated, plain)
+
+
+def test_prefix_tuning_a_sequence_classifier_pools_each_rows_last_token():
+    """PEFT's prefix tuning prepends its virtual tokens' columns to the attention mask; the classifier multiplied the
+    whole mask by the input's positions and failed (`The size of tensor a (6) must match the size of tensor b
+    (10)`) where `LlamaForSequenceClassification`, which pools from the ids, runs. A right-padded row gives its
+    logits alone, and the loss (with the auxiliary LM term) runs."""
+    from peft import PrefixTuningConfig
+
+    model = DecoderForSequenceClassification(tiny_decoder_config(num_labels=3, classifier_lm_loss_weight=0.5))
+    adapted = get_peft_model(model.eval(), PrefixTuningConfig(task_type="SEQ_CLS", num_virtual_tokens=4)).eval()
+    ids = torch.randint(3, 97, (2, 6), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones_like(ids)
+    mask[1, 4:] = 0
+    with torch.no_grad():
+        out = adapted(input_ids=ids, attention_mask=mask, labels=torch.tensor([0, 2]))
+        alone = adapted(input_ids=ids[1:, :4], attention_mask=mask[1:, :4]).logits
+    torch.testing.assert_close(out.logits[1:], alone, atol=1e-5, rtol=1e-4)
+    assert torch.isfinite(out.loss)
 
 
 def test_seq2seq_prefix_tuning_sized_for_the_decoders_key_value_heads():

@@ -47,6 +47,22 @@ def test_returns_a_cache_only_when_asked_for():
         torch.testing.assert_close(continued.logits, model(ids).logits, atol=1e-5, rtol=1e-4)
 
 
+def test_a_mask_over_the_cached_positions_too_pools_this_calls_last_real_token():
+    """A mask that also covers the positions before the call (a cache given; PEFT's prefix tuning, whose virtual
+    tokens it prepends) failed in the pooling (`The size of tensor a (2) must match the size of tensor b (7)`) and in
+    the auxiliary LM targets, where Llama's head, which reads the ids, pools. Now the mask's last columns are the
+    call's, as for the router losses."""
+    model = _model(classifier_lm_loss_weight=0.5)
+    ids, labels = torch.randint(3, 97, (2, 7)), torch.tensor([0, 2])
+    mask = torch.ones_like(ids)
+    mask[1, 6] = 0  # right padding inside the continued part
+    with torch.no_grad():
+        cache = output_cache(model(ids[:, :5], attention_mask=mask[:, :5], use_cache=True))
+        continued = model(ids[:, 5:], attention_mask=mask, labels=labels, **with_cache(cache))
+        torch.testing.assert_close(continued.logits, model(ids, attention_mask=mask).logits, atol=1e-5, rtol=1e-4)
+    assert torch.isfinite(continued.loss)
+
+
 def test_loss_and_auxiliary_lm_loss():
     ids = torch.randint(3, 97, (4, 6))
     labels = torch.tensor([0, 1, 2, 1])
