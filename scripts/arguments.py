@@ -371,6 +371,26 @@ def check_training_flags(args: TrainingArguments, predicts: bool = False) -> Non
     warn_about_a_warmup_longer_than_the_run(args)
 
 
+# what every evaluation reports besides a task's own metrics (the Trainer's speed counters)
+TRAINER_EVAL_METRICS = ("loss", "runtime", "samples_per_second", "steps_per_second")
+
+
+def check_metric_for_best_model(args: TrainingArguments, metrics: Sequence[str], evaluated: str) -> None:
+    """--metric_for_best_model names a metric the evaluations report (`metrics`: the task's own, beside the loss;
+    `evaluated` names whose evaluations), with or without the `eval_` prefix, as the Trainer reads it; else a
+    ValueError naming the ones they report. The Trainer raised a KeyError at the first evaluation that compared
+    checkpoints, after the data was prepared and the first steps trained."""
+    metric = args.metric_for_best_model
+    if metric is None:
+        return
+    reported = [*TRAINER_EVAL_METRICS, *metrics]
+    if metric.removeprefix("eval_") not in reported:
+        raise ValueError(
+            f"--metric_for_best_model {metric}: {evaluated} evaluations report {', '.join(reported)} (with or "
+            "without the eval_ prefix)."
+        )
+
+
 def check_seed(seed: int, flag: str) -> None:
     """A seed numpy takes (`set_seed` seeds numpy too): a negative one failed with numpy's traceback."""
     if not 0 <= seed < 2**32:

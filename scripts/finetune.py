@@ -63,6 +63,7 @@ from archlab.scripts.arguments import (
     ModelArguments,
     check_data_flags,
     check_flag_positive,
+    check_metric_for_best_model,
     check_model_flags,
     check_pretrained_model_kind,
     check_training_flags,
@@ -282,6 +283,7 @@ def main(argv: Sequence[str] | None = None, callbacks: list[TrainerCallback] | N
     check_pretrained_model_kind(model_args, task.auto_class or kind.auto_class, f"--task {args.task}")
     training_args.do_predict = training_args.do_predict or args.test_file is not None
     check_training_flags(training_args, predicts=True)
+    check_metric_for_best_model(training_args, task.metrics, f"--task {args.task}'s")
     check_data_flags(data_args, training_args)
     check_predict_flags(task, args, data_args, training_args)
     if data_args.streaming:

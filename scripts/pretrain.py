@@ -29,6 +29,7 @@ from archlab.scripts.arguments import (
     ModelArguments,
     check_data_flags,
     check_flag_positive,
+    check_metric_for_best_model,
     check_model_flags,
     check_pretrained_model_kind,
     check_training_flags,
@@ -117,6 +118,8 @@ def main(argv: Sequence[str] | None = None, callbacks: list[TrainerCallback] | N
     check_model_flags(model_args, data_args.block_size)
     check_pretrained_model_kind(model_args, kind.auto_class, f"--model_kind {model_args.model_kind}")
     check_training_flags(training_args)
+    # (its perplexity is derived from the loss after each evaluation: the Trainer never sees it)
+    check_metric_for_best_model(training_args, (), "Pretraining's")
     check_data_flags(data_args, training_args)
     check_flag_positive(extra, ("eval_max_blocks",), " (or unset: all)")
     if extra.sample_max_new_tokens < 0:  # skipped the sample without a word

@@ -406,6 +406,10 @@ def squad_metrics(predictions: dict[str, str], references: dict[str, list[str]])
     return {"exact_match": 100.0 * float(np.mean(exact)), "f1": 100.0 * float(np.mean(f1))}
 
 
+# the breakdowns `squad_v2_metrics` adds to exact match and F1 (where it has rows of that kind)
+SQUAD_V2_BREAKDOWN = tuple(f"{kind}_{score}" for kind in ("HasAns", "NoAns") for score in ("exact", "f1", "total"))
+
+
 def squad_v2_metrics(predictions: dict[str, str], references: dict[str, list[str]]) -> dict[str, float]:
     """SQuAD v2's scores (in %), as the official v2.0 script and the squad_v2 metric compute them: `exact_match`
     and `f1` over every row (the metric's `exact` and `f1`), then `HasAns_exact` / `HasAns_f1` over the rows with a

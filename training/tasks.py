@@ -82,6 +82,9 @@ class Task:
     # config) -> `compute_metrics`
     view: Callable[[dict[str, float]], dict[str, float]] = dict  # adds derived metrics to an evaluation's
     summary_keys: tuple[str, ...] = ("eval_loss",)  # the metrics of its before/after lines
+    # what its `compute_metrics` reports, beside the loss (without `view`'s additions, which the Trainer never sees):
+    # the metrics --metric_for_best_model can name
+    metrics: tuple[str, ...] = ()
     labels: bool = False  # a classification head: label ids from the training split
     token_labels: bool = False  # ... a label per word (token classification), not one per row
     generates: bool = False  # evaluated by generation; its model card's task is translation or summarization
@@ -120,6 +123,7 @@ TASKS: dict[str, Task] = {
         auto_class=CLASSIFICATION_AUTO_CLASS,
         compute_metrics=lambda tokenizer, config: classification_metrics,
         summary_keys=("eval_loss", "eval_accuracy", "eval_f1", "eval_mse", "eval_pearson"),
+        metrics=("accuracy", "f1", "mse", "pearson"),
         labels=True,
         predictions=("predict_results.txt", lambda outputs, config, tokenizer: classification_lines(outputs, config)),
     ),
@@ -135,6 +139,7 @@ TASKS: dict[str, Task] = {
         trainer_class=AtomicSeq2SeqTrainer,
         compute_metrics=lambda tokenizer, config: seq2seq_metrics(tokenizer),
         summary_keys=("eval_loss", "eval_bleu", "eval_chrf", "eval_exact_match"),
+        metrics=("bleu", "chrf", "exact_match"),
         generates=True,
         show_example=show_seq2seq_example,
         predictions=(
@@ -152,6 +157,7 @@ TASKS: dict[str, Task] = {
         auto_class=AutoModelForTokenClassification,
         compute_metrics=lambda tokenizer, config: token_classification_metrics(config.id2label),
         summary_keys=("eval_loss", "eval_precision", "eval_recall", "eval_f1", "eval_accuracy"),
+        metrics=("precision", "recall", "f1", "accuracy"),
         labels=True,
         token_labels=True,
         predictions=("predictions.txt", token_classification.prediction_lines),
@@ -166,6 +172,7 @@ TASKS: dict[str, Task] = {
         trainer_class=qa.QuestionAnsweringTrainer,
         auto_class=AutoModelForQuestionAnswering,
         summary_keys=("eval_loss", "eval_exact_match", "eval_f1"),
+        metrics=("exact_match", "f1", *qa.SQUAD_V2_BREAKDOWN),
         predictions=(qa.PREDICTIONS_FILE, qa.prediction_lines),
         label_names=("start_positions", "end_positions"),
         max_length=lambda options, block_size: options.max_seq_length,

@@ -8,6 +8,7 @@ import json
 import random
 import re
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -1755,3 +1756,32 @@ def test_a_question_that_leaves_no_room_for_the_stride_is_named() -> None:
     ]
     with pytest.raises(ValueError, match=r"Row 1's question is 5 tokens long: .* keeps 2 for the context, which must "):
         tokenize_question_answering(Dataset.from_list(rows), tokenizer, qa_options(doc_stride=2), 10, None)
+
+
+@pytest.mark.parametrize(
+    ("task", "metric", "reported"),
+    [
+        ("token-classification", "eval_exact_match", "report loss, runtime, .*steps_per_second, precision"),
+        ("question-answering", "accuracy", "report .*, exact_match, f1, HasAns_exact"),
+        ("instruct", "perplexity", "report loss, runtime, samples_per_second, steps_per_second \\(with"),
+    ],
+)
+def test_a_metric_for_best_model_the_task_does_not_report_is_refused_first(tmp_path: Path, task, metric, reported):
+    """The Trainer looked --metric_for_best_model up in the first evaluation that compared checkpoints and raised a
+    KeyError there, after the data was prepared and the first steps trained (instruct's perplexity is derived after
+    the evaluation, which never reports it)."""
+    train = write_jsonl(tmp_path / "train.jsonl", ner_rows(2, 0))
+    flags = ["--metric_for_best_model", metric]
+    with pytest.raises(ValueError, match=f"--metric_for_best_model {metric}: --task {task}'s evaluations {reported}"):
+        finetune.main([*run_args(tmp_path / "out", "--task", task, "--train_file", str(train)), *flags])
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("metric", ["f1", "eval_f1", "eval_loss", "precision"])
+def test_a_metric_the_task_reports_is_accepted_with_or_without_its_prefix(metric: str) -> None:
+    from archlab.scripts.arguments import check_metric_for_best_model
+    from archlab.training.tasks import TASKS
+
+    check_metric_for_best_model(
+        SimpleNamespace(metric_for_best_model=metric), TASKS["token-classification"].metrics, ""
+    )

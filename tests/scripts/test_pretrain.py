@@ -186,6 +186,12 @@ BAD_INPUTS = [
         "'top_k' \\(did you mean 'num_experts_per_tok'\\?\\): generation settings \\(transformers' GenerationConfig\\)",
     ),
     (["--resume_from_checkpoint", "true"], FileNotFoundError, "no checkpoint-N folder"),
+    (  # the perplexity is derived after each evaluation: the Trainer's KeyError came at the first comparison
+        ["--metric_for_best_model", "perplexity"],
+        ValueError,
+        "--metric_for_best_model perplexity: Pretraining's evaluations report loss, runtime, samples_per_second, "
+        "steps_per_second",
+    ),
     (
         ["--tokenizer_vocab_size", "5"],
         ValueError,
