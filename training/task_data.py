@@ -5,6 +5,7 @@ classification: text and label ids; seq2seq: source and target)."""
 from __future__ import annotations
 
 import itertools
+import json
 import re
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Protocol
@@ -82,7 +83,9 @@ def check_conversations(dataset: Any, column: str, split: str) -> None:
     a column of strings failed inside the chat template's `datasets.map` ("Chat messages should be dicts"), messages
     without a role as a jinja `UndefinedError`, and conversations without an answer as every conversation "losing
     its answer when cut" to the model's length. A message's content is text or a list of text parts (other content,
-    an image part or None, is named here rather than by the chat template inside `datasets.map`)."""
+    an image part or None, is named here rather than by the chat template inside `datasets.map`); an assistant turn
+    that calls tools (`tool_calls`) may have none (OpenAI's `"content": null`), and each call needs a name and its
+    arguments as an object or a JSON string."""
     answered = 0
     for row, conversation in enumerate(dataset[column]):
         if not isinstance(conversation, list):
@@ -92,16 +95,20 @@ def check_conversations(dataset: Any, column: str, split: str) -> None:
                 "pass --prompt_column and --response_column."
             )
         for message in conversation:
-            if not isinstance(message, dict) or not {"role", "content"} <= message.keys():
+            calls = message.get("tool_calls") if isinstance(message, dict) else None
+            if not isinstance(message, dict) or "role" not in message or ("content" not in message and not calls):
                 raise ValueError(
                     f"Column {column!r} of the {split} split: row {row} has a message {message!r} without a "
                     '"role" and a "content"; each message is {"role": "user" | "assistant" | "system", "content": ...}.'
                 )
-            if message_text(message["content"]) is None:
+            if calls:
+                check_tool_calls(calls, f"Column {column!r} of the {split} split: row {row}")
+            if not (calls and message.get("content") is None) and message_text(message["content"]) is None:
                 raise ValueError(
                     f"Column {column!r} of the {split} split: row {row} has a message whose content is "
                     f"{message['content']!r}; a message's content is text, or a list of text parts "
-                    '({"type": "text", "text": ...}): images and other parts are not read.'
+                    '({"type": "text", "text": ...}): images and other parts are not read (None only beside '
+                    "`tool_calls`)."
                 )
         answered += any(message["role"] == "assistant" for message in conversation)
     if split == "train" and not answered:
@@ -109,6 +116,34 @@ def check_conversations(dataset: Any, column: str, split: str) -> None:
             f"Column {column!r} of the {split} split has no assistant message in any of its {len(dataset)} "
             "conversations: instruction tuning learns the assistant's turns, so there is nothing to learn."
         )
+
+
+def check_tool_calls(calls: Any, where: str) -> None:
+    """An assistant's `tool_calls`: a list of calls, each with a name and arguments (an object, or a JSON string as
+    OpenAI gives them), in OpenAI's layout ({"type": "function", "function": {...}}) or bare. A string that is not
+    JSON would be trained as it stands, a tool call no parser reads back."""
+    if not isinstance(calls, list):
+        raise ValueError(f"{where} has `tool_calls` {calls!r}: a list of calls is expected.")
+    for call in calls:
+        function = call.get("function", call) if isinstance(call, dict) else None
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+            raise ValueError(
+                f'{where} has a tool call {call!r} without a name: each is {{"type": "function", "function": '
+                '{"name": ..., "arguments": {...}}}.'
+            )
+        arguments = function.get("arguments")
+        if isinstance(arguments, str):
+            try:
+                json.loads(arguments)
+            except ValueError:
+                raise ValueError(
+                    f"{where} has a tool call of {function['name']!r} whose arguments {arguments!r} are not JSON."
+                ) from None
+        elif not isinstance(arguments, dict):
+            raise ValueError(
+                f"{where} has a tool call of {function['name']!r} whose arguments are {arguments!r}: an object or a "
+                "JSON string is expected."
+            )
 
 
 def message_text(content: Any) -> str | None:
@@ -128,7 +163,50 @@ def prepare_instruct(dataset: Any, split: str, args: TaskOptions, text_column: s
 
 
 def instruct_texts(train: Any, args: TaskOptions, text_column: str) -> Iterator[str]:
-    return (message_text(m["content"]) for row in train for m in row[args.messages_column])
+    """The texts a new tokenizer learns: each message's text, and the tool calls and the tools' schemas as the chat
+    template writes them (JSON)."""
+    for row in train:
+        tools = row_tools(row.get(TOOLS_COLUMN))
+        if tools:
+            yield "\n".join(json.dumps(tool) for tool in tools)
+        for message in template_messages(row[args.messages_column]):
+            if message.get("content") is not None:
+                yield message_text(message["content"])
+            for call in message.get("tool_calls") or ():
+                yield json.dumps(call.get("function", call))
+
+
+# TRL's column of each conversation's tools (a list of JSON schemas, or that list as a JSON string), given to the
+# chat template as `apply_chat_template(..., tools=...)`
+TOOLS_COLUMN = "tools"
+
+
+def without_nulls(value: Any) -> Any:
+    """`value` with the dict entries that are None left out, at every depth. Arrow stores a column of dicts as one
+    struct of every key any row has, so a row's tool-call arguments and tool schemas came back with the other rows'
+    keys as None (`{"city": null, "a": 1, "b": 2}`), and the model was trained to write them."""
+    if isinstance(value, dict):
+        return {key: without_nulls(item) for key, item in value.items() if item is not None}
+    if isinstance(value, list):
+        return [without_nulls(item) for item in value]
+    return value
+
+
+def row_tools(tools: Any) -> list[Any] | None:
+    """A row's `tools` as the chat template takes them: the list (read from JSON when a string, as TRL reads it),
+    without Arrow's None entries; None where the row has none."""
+    if isinstance(tools, str):
+        tools = json.loads(tools) if tools.strip() else None
+    return without_nulls(tools) or None
+
+
+def template_messages(conversation: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A conversation as the chat template reads it: each tool call without Arrow's None entries (a string of
+    arguments is kept as it stands)."""
+    return [
+        {**message, "tool_calls": without_nulls(message["tool_calls"])} if message.get("tool_calls") else message
+        for message in conversation
+    ]
 
 
 GENERATION_BLOCK = re.compile(r"\{%-?\s*generation\s*-?%\}")
@@ -153,22 +231,34 @@ def tokenize_instruct(
     label2id: dict[Any, int] | None = None,
     segments: bool = False,
 ) -> Any:
-    """`input_ids` of the whole conversation; `labels` only on the assistant's tokens (the rest -100)."""
+    """`input_ids` of the whole conversation; `labels` only on the assistant's tokens (the rest -100). A `tools`
+    column (TRL's) gives each conversation its tools, rendered by the chat template; tool answers and the tools'
+    schemas are not trained on, the assistant's tool calls are."""
     if not marks_generation(tokenizer.chat_template):
         raise ValueError(
             "--task instruct needs a tokenizer whose chat template marks assistant turns with "
             "{% generation %} (archlab's decoder tokenizers do)."
         )
 
-    def encode(batch: dict[str, list]) -> dict[str, list]:
-        out = tokenizer.apply_chat_template(
-            batch[args.messages_column],
+    def apply(conversations: list[Any], tools: list[Any] | None) -> dict[str, list]:
+        return tokenizer.apply_chat_template(
+            [template_messages(conversation) for conversation in conversations],
+            tools=tools,
             tokenize=True,
             return_dict=True,
             return_assistant_tokens_mask=True,
             truncation=True,
             max_length=max_length,
         )
+
+    def encode(batch: dict[str, list]) -> dict[str, list]:
+        conversations = batch[args.messages_column]
+        if TOOLS_COLUMN in batch:  # each conversation with its own tools, as TRL's SFTTrainer renders them
+            outs = [apply([c], row_tools(tools)) for c, tools in zip(conversations, batch[TOOLS_COLUMN])]
+            keys = ("input_ids", "attention_mask", "assistant_masks")
+            out = {key: [row for o in outs for row in o[key]] for key in keys}
+        else:
+            out = apply(conversations, None)
         labels = [
             [t if m else IGNORE_INDEX for t, m in zip(ids, mask)]
             for ids, mask in zip(out["input_ids"], out["assistant_masks"])

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 trl = pytest.importorskip("trl")
-from datasets import Dataset  # noqa: E402
+from datasets import Dataset, load_dataset  # noqa: E402
 from tokenizers import Tokenizer, models, pre_tokenizers  # noqa: E402
 from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast  # noqa: E402
 
@@ -165,3 +165,38 @@ def test_dpo_trains_with_defaults(kind, tmp_path, tokenizer):
     after = _preference_margin(trainer.model, tokenizer)
     assert after > before + 1.0, (before, after)
     assert any("aux_loss" in entry for entry in trainer.state.log_history) == (kind == "moe")
+
+
+def test_sft_tool_calls_match_archlabs_instruct_tokens_and_labels(tmp_path):
+    """TRL's SFTTrainer (`assistant_only_loss=True`, its `tools` column) and `finetune.py --task instruct` give the
+    same tokens and labels to conversations that call tools, whole and cut (TRL's `max_length`, archlab's block)."""
+    import json
+
+    from archlab.scripts import finetune
+    from archlab.tokenization.training import train_tokenizer
+    from archlab.training.task_data import as_messages, tokenize_instruct
+
+    tool = {"type": "function", "function": {"name": "add", "parameters": {"type": "object", "properties": {}}}}
+    call = {"type": "function", "function": {"name": "add", "arguments": {"a": 1}}}
+    messages = [
+        {"role": "user", "content": "Add."},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "content": "1"},
+        {"role": "assistant", "content": "One."},
+    ]
+    (tmp_path / "rows.jsonl").write_text(json.dumps({"messages": messages, "tools": [tool]}) + "\n")
+    rows = load_dataset("json", data_files=str(tmp_path / "rows.jsonl"), split="train")
+    tokenizer = train_tokenizer([json.dumps(messages), json.dumps(tool)], "decoder", vocab_size=400, min_frequency=1)
+    args = finetune.FinetuneArguments()
+    whole = tokenize_instruct(as_messages(rows, args), tokenizer, args, 1024, num_proc=None)[0]
+    inside_the_call = next(i for i, t in enumerate(whole["labels"]) if t != -100) + 3
+    for max_length in (1024, inside_the_call):
+        ours = tokenize_instruct(as_messages(rows, args), tokenizer, args, max_length, num_proc=None)[0]
+        config = trl.SFTConfig(
+            output_dir=str(tmp_path / "out"), use_cpu=True, assistant_only_loss=True, max_length=max_length
+        )
+        theirs = trl.SFTTrainer(
+            model=_model("dense", tmp_path / "model"), args=config, train_dataset=rows, processing_class=tokenizer
+        ).train_dataset[0]
+        assert ours["input_ids"] == theirs["input_ids"] and ours["labels"] == theirs["labels"]
+        assert any(t != -100 for t in ours["labels"])

@@ -9,11 +9,12 @@ import random
 import re
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import numpy as np
 import pytest
 import torch
-from datasets import ClassLabel, Dataset, DatasetDict, Features, List, Value
+from datasets import ClassLabel, Dataset, DatasetDict, Features, List, Value, load_dataset
 from huggingface_hub import ModelCard
 from transformers import (
     AutoModelForSequenceClassification,
@@ -168,6 +169,85 @@ def test_instruct_conversations_that_all_lose_their_answer_are_named(work: Path)
     dataset = as_messages(Dataset.from_list(instruction_rows(3)), args)
     with pytest.raises(ValueError, match="Every one of the 3 conversations loses its answer when cut to 4 tokens"):
         tokenize_instruct(dataset, tokenizer, args, max_length=4, num_proc=None)
+
+
+WEATHER = {
+    "type": "function",
+    "function": {"name": "weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}},
+}
+ADD = {
+    "type": "function",
+    "function": {"name": "add", "parameters": {"type": "object", "properties": {"a": {"type": "integer"}}}},
+}
+
+
+def tool_rows(arguments: tuple[Any, Any] = ({"city": "Paris"}, {"a": 1})) -> list[dict[str, Any]]:
+    """Two conversations that call a tool (OpenAI's layout: no content beside the call) with its own tools, and one
+    without tools."""
+
+    def row(tool: dict, args: Any, answer: str) -> dict[str, Any]:
+        call = {"type": "function", "function": {"name": tool["function"]["name"], "arguments": args}}
+        messages = [
+            {"role": "user", "content": "Go."},
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "content": answer},
+            {"role": "assistant", "content": "Done."},
+        ]
+        return {"messages": messages, "tools": [tool]}
+
+    plain = {"messages": [{"role": "user", "content": "Hi."}, {"role": "assistant", "content": "Yo."}], "tools": []}
+    return [row(WEATHER, arguments[0], "sunny"), row(ADD, arguments[1], "3"), plain]
+
+
+def test_instruct_trains_tool_calls_with_each_rows_tools(work: Path, tmp_path: Path) -> None:
+    """Conversations with tool calls were refused (a call's `content` None), and the `tools` column TRL reads was
+    never given to the chat template: each row's tools now open its conversation, its calls are trained on, the
+    tools' schemas and the tools' answers are not (as TRL's SFTTrainer with `assistant_only_loss=True`)."""
+    tokenizer = load_tokenizer(work / "base")
+    (tmp_path / "tools.jsonl").write_text("".join(json.dumps(r) + "\n" for r in tool_rows()))
+    dataset = load_dataset("json", data_files=str(tmp_path / "tools.jsonl"), split="train")
+    args = finetune.FinetuneArguments()
+    encoded = tokenize_instruct(as_messages(dataset, args), tokenizer, args, max_length=2048, num_proc=None)
+    texts = [tokenizer.decode(row["input_ids"]) for row in encoded]
+    trained = [tokenizer.decode([t for t in row["labels"] if t != IGNORE_INDEX]) for row in encoded]
+    assert f"<tools>\n{json.dumps(WEATHER)}\n</tools>" in texts[0] and "add" not in texts[0]
+    assert f"<tools>\n{json.dumps(ADD)}\n</tools>" in texts[1] and "<tools>" not in texts[2]
+    call = '<tool_call>\n{"name": "weather", "arguments": {"city": "Paris"}}\n</tool_call><|im_end|>'
+    assert trained[0] == call + "Done.<|im_end|>"
+    assert (
+        trained[1].startswith('<tool_call>\n{"name": "add", "arguments": {"a": 1}}') and trained[2] == "Yo.<|im_end|>"
+    )
+    assert any("weather" in text for text in instruct_texts(dataset, args, "text"))  # a new tokenizer sees the calls
+
+
+def test_instruct_leaves_out_the_keys_arrow_adds_to_tool_calls_and_tools(work: Path) -> None:
+    """Arrow stores a column of dicts as one struct of all rows' keys: `Dataset.from_list` (a Parquet data set) gave
+    the `add` call `{"city": null, "a": 1}` and its schema a `city` property of null, trained as they stood. Arguments
+    as JSON strings (OpenAI's layout) are written as they are."""
+    tokenizer = load_tokenizer(work / "base")
+    args = finetune.FinetuneArguments()
+    for arguments in [({"city": "Paris"}, {"a": 1}), ('{"city": "Paris"}', '{"a": 1}')]:
+        dataset = Dataset.from_list(tool_rows(arguments))
+        encoded = tokenize_instruct(as_messages(dataset, args), tokenizer, args, max_length=2048, num_proc=None)
+        text = tokenizer.decode(encoded[1]["input_ids"])
+        assert "null" not in text and '{"name": "add", "arguments": {"a": 1}}' in text
+        assert json.dumps(ADD) in text
+
+
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        ({"function": {"arguments": {}}}, r"row 0 has a tool call .* without a name"),
+        ({"function": {"name": "f", "arguments": "{'a': 1}"}}, r"tool call of 'f' whose arguments .* are not JSON"),
+        ({"function": {"name": "f", "arguments": 3}}, r"tool call of 'f' whose arguments are 3: an object or a JSON"),
+    ],
+)
+def test_tool_calls_without_a_name_or_json_arguments_are_named(call, message) -> None:
+    """A call without a name failed inside the chat template's `datasets.map`; arguments as a Python repr were
+    trained as they stood, a call no parser reads back."""
+    messages = [{"role": "user", "content": "Go."}, {"role": "assistant", "content": None, "tool_calls": [call]}]
+    with pytest.raises(ValueError, match=message):
+        as_messages(Dataset.from_list([{"messages": messages}]), finetune.FinetuneArguments())
 
 
 def test_instruct_end_to_end(tmp_path: Path, work: Path, capsys) -> None:
