@@ -16,7 +16,7 @@ from transformers.models.auto.modeling_auto import (
 from archlab.tokenization.training import load_tokenizer
 
 from .reporting import log
-from .task_data import message_text
+from .task_data import TOOLS_COLUMN, message_text, row_tools, template_messages
 
 END_OF_TURN = "<|im_end|>"  # archlab's chat template closes every turn with it
 CAUSAL_LM_HEADS = set(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values())  # the stock decoders' generating classes
@@ -313,14 +313,18 @@ def show_chat_example(
     """Log the fine-tuned chat model's greedy answer (up to 64 tokens) to the example's conversation up to its first
     assistant turn (in the column `args.messages_column`): a system message and the user's turn, not the first
     message alone (a conversation that opens with a system message showed the system text as the user's turn and
-    the answer to it)."""
-    messages = example[args.messages_column]
+    the answer to it). The example's tools (a `tools` column) are given to the chat template, as in training."""
+    messages = template_messages(example[args.messages_column])
     first_answer = next((i for i, m in enumerate(messages) if m["role"] == "assistant"), len(messages))
     prompt = messages[:first_answer] or messages[:1]
     model.eval()
     with torch.no_grad():
         inputs = tokenizer.apply_chat_template(
-            prompt, add_generation_prompt=True, return_tensors="pt", return_dict=True
+            prompt,
+            tools=row_tools(example.get(TOOLS_COLUMN)),
+            add_generation_prompt=True,
+            return_tensors="pt",
+            return_dict=True,
         )
         output = model.generate(
             **inputs,

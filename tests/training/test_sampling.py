@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from types import SimpleNamespace
 
 import pytest
@@ -110,3 +111,20 @@ def test_the_end_of_a_turn_is_read_from_another_template(chat_model):
     assert model.generation_config.eos_token_id == [2, eot]
     tokenizer.chat_template = None
     assert end_of_turn_id(tokenizer) == im_end
+
+
+def test_the_example_answer_is_prompted_with_the_rows_tools(chat_model, capsys, monkeypatch):
+    """The prompt of the example answer left out the row's `tools`, which the model was trained with: the answer was
+    to a conversation without the tools' schemas."""
+    model, tokenizer = chat_model
+    tool = {"type": "function", "function": {"name": "hi", "parameters": {"type": "object", "properties": {}}}}
+    messages = [{"role": "user", "content": "Say hi."}, {"role": "assistant", "content": "hello there"}]
+    prompts = []
+    generate = model.generate
+    monkeypatch.setattr(model, "generate", lambda **kw: prompts.append(kw["input_ids"]) or generate(**kw))
+    example = {"messages": messages, "tools": json.dumps([tool])}
+    show_chat_example(model, tokenizer, example, SimpleNamespace(messages_column="messages"))
+    expected = tokenizer.apply_chat_template(
+        messages[:1], tools=[tool], add_generation_prompt=True, return_tensors="pt"
+    )
+    assert torch.equal(prompts[0], expected["input_ids"])
