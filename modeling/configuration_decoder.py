@@ -52,6 +52,10 @@ def _is_number(value: Any) -> bool:
 # Numeric `rope_parameters` entries of the scaled rope types (transformers only warns about a bad one, or reads it
 # unchecked): a scaling `factor` or pre-training length of 0 gives NaN frequencies that train silently, and a string
 # (a hand-written config.json) a TypeError in the first forward.
+# The token classifier's dropout fields, read as Llama's token classifier reads them (the first given, else 0.1), and
+# every field `DecoderForTokenClassification` reads where given: DecoderConfig declares none of them.
+TOKEN_CLASSIFIER_DROPOUT_FIELDS = ("classifier_dropout", "hidden_dropout")
+UNDECLARED_HEAD_FIELDS = (*TOKEN_CLASSIFIER_DROPOUT_FIELDS, "token_classification_bias")
 ROPE_POSITIVE_KEYS = ("factor", "original_max_position_embeddings")
 ROPE_NUMBER_KEYS = ("attention_factor", "beta_fast", "beta_slow", "low_freq_factor", "high_freq_factor", "mscale")
 
@@ -372,7 +376,7 @@ class DecoderConfig(PreTrainedConfig):
         check_positive(self, "rms_norm_eps", integer=False)
         check_non_negative(self, "initializer_range")
         check_probability(self, "attention_dropout")
-        for name in ("classifier_dropout", "hidden_dropout"):  # undeclared; DecoderForTokenClassification reads them
+        for name in TOKEN_CLASSIFIER_DROPOUT_FIELDS:
             value = getattr(self, name, None)
             if value is not None:
                 if isinstance(value, bool) or not isinstance(value, (int, float)):

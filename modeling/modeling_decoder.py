@@ -28,7 +28,7 @@ from .attention_patterns import build_masks, build_position_biases
 from .blocks import BLOCKS, norm_from_config
 from .cache_names import cache_argument, output_cache, with_cache
 from .catalogue import POSITION_SCHEMES
-from .configuration_decoder import DecoderConfig
+from .configuration_decoder import TOKEN_CLASSIFIER_DROPOUT_FIELDS, DecoderConfig
 from .fast_decoding import FastDecodingMixin
 from .input_checks import (
     cached_length,
@@ -582,7 +582,7 @@ class DecoderForSequenceClassification(DecoderPreTrainedModel):
 def classifier_dropout(config: DecoderConfig) -> float:
     """The token classifier's dropout, read as transformers' `GenericForTokenClassification` reads it:
     `classifier_dropout`, else `hidden_dropout`, else 0.1 (DecoderConfig declares neither; either can be given)."""
-    for name in ("classifier_dropout", "hidden_dropout"):
+    for name in TOKEN_CLASSIFIER_DROPOUT_FIELDS:
         if getattr(config, name, None) is not None:
             return getattr(config, name)
     return 0.1

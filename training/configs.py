@@ -13,6 +13,7 @@ from typing import Any, Protocol
 from transformers import AutoConfig, GenerationConfig, PreTrainedModel
 
 import archlab
+from archlab.modeling.configuration_decoder import UNDECLARED_HEAD_FIELDS
 
 from .kinds import DEFAULT_ARCHITECTURES, ModelKind, model_kind
 
@@ -176,7 +177,7 @@ def drop_derived_layer_lists(values: dict[str, Any]) -> None:
 # `DecoderForTokenClassification` reads its dropout as Llama's token classifier does (`classifier_dropout`, else
 # `hidden_dropout`, else 0.1) and its bias from `token_classification_bias`. Refused as unknown, the token
 # classifier's dropout could not be set from the scripts (to 0 for runs that must not depend on how a batch is split).
-READ_BY_HEADS = {"DecoderConfig": ("classifier_dropout", "hidden_dropout", "token_classification_bias")}
+READ_BY_HEADS = {"DecoderConfig": UNDECLARED_HEAD_FIELDS}
 
 
 def unknown_fields(config_class: Any, values: dict[str, Any]) -> list[str]:
