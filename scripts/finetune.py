@@ -50,6 +50,7 @@ tokenizer trained on the task's training texts.
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -251,9 +252,37 @@ class FinetuneTrainingArguments(ArchlabTrainingArguments, Seq2SeqTrainingArgumen
     )
 
 
+# run_translation.py's and run_summarization.py's flags that this script names otherwise or does without, and what to
+# pass instead: a command written for those scripts failed on "Unknown flags" that named no alternative, and on
+# --text_column with argparse's usage and "ambiguous option" (a prefix of classification's --text_column_name(s))
+SEQ2SEQ_EXAMPLE_FLAGS = {
+    "text_column": "--source_column",
+    "summary_column": "--target_column",
+    "num_beams": "--generation_num_beams, the beams of the evaluation and of the test predictions",
+    "val_max_target_length": "--generation_max_length, the evaluation's generated length (unset: --max_target_length); "
+    "the validation and test targets are cut at --max_target_length, as the training targets",
+    "pad_to_max_length": "leave it out: each batch is padded to its longest example, which changes no loss and no "
+    "generated text",
+    "ignore_pad_token_for_loss": "leave it out: padded label positions are always -100, outside the loss",
+    "forced_bos_token": "none: it names an mBART-50 / M2M100 tokenizer's target-language token, and archlab converts "
+    "neither family",
+}
+
+
+def check_example_script_flags(argv: Sequence[str]) -> None:
+    """run_translation.py / run_summarization.py flags (`SEQ2SEQ_EXAMPLE_FLAGS`) refused before parsing, each named
+    with what to pass instead."""
+    given = [word[2:].split("=", 1)[0].replace("-", "_") for word in argv if word.startswith("--")]
+    hints = [f"--{name} ({SEQ2SEQ_EXAMPLE_FLAGS[name]})" for name in given if name in SEQ2SEQ_EXAMPLE_FLAGS]
+    if hints:
+        raise ValueError(f"run_translation.py / run_summarization.py flags; here: {'; '.join(hints)}.")
+
+
 def parse(argv: Sequence[str] | None = None) -> tuple:
     """The four argument groups; the default `--output_dir` names the task (a second task does not meet the first's
     checkpoints), and the evaluation generates up to --max_target_length tokens unless --generation_max_length says."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    check_example_script_flags(argv)
     model_args, data_args, training_args, args = parse_arguments(
         (ModelArguments, DataArguments, FinetuneTrainingArguments, FinetuneArguments), argv, __doc__
     )

@@ -609,6 +609,23 @@ def test_a_messages_column_that_is_not_conversations_is_named(conversation, mess
         as_messages(Dataset.from_list([{"messages": conversation}] * 3), finetune.FinetuneArguments())
 
 
+@pytest.mark.parametrize(
+    "flags, alternative",
+    [
+        (["--text_column", "document", "--summary_column", "summary"], "--source_column.*--target_column"),
+        (["--num_beams", "4"], "--generation_num_beams"),
+        (["--val_max_target_length=64"], "--generation_max_length"),
+        (["--pad_to_max_length", "--ignore_pad_token_for_loss", "true"], "padded to its longest.*always -100"),
+        (["--forced_bos_token", "ro_RO"], "mBART-50 / M2M100"),
+    ],
+)
+def test_run_translation_flags_are_refused_naming_what_to_pass_instead(flags, alternative) -> None:
+    """A run_translation.py / run_summarization.py command failed on "Unknown flags" that named no alternative, or,
+    for --text_column, exited with argparse's usage ("ambiguous option": a prefix of --text_column_name)."""
+    with pytest.raises(ValueError, match=f"run_translation.py / run_summarization.py flags; here: --.*{alternative}"):
+        finetune.parse(["--task", "seq2seq", *flags])
+
+
 def test_seq2seq_targets_are_cut_at_max_target_length_not_at_max_source_length() -> None:
     """Sources and targets were tokenized in one call (`text_target`) with the sources' max_length: with
     --max_source_length below --max_target_length every target was cut at the source length."""
