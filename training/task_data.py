@@ -10,7 +10,7 @@ import re
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Protocol
 
-from datasets import ClassLabel, Dataset, DatasetDict, LargeList, List, Sequence, Value
+from datasets import ClassLabel, Dataset, DatasetDict, Json, LargeList, List, Sequence, Value
 
 from archlab.tokenization.data import IGNORE_INDEX, check_columns, check_no_empty_cells, check_text_columns
 
@@ -165,11 +165,12 @@ def prepare_instruct(dataset: Any, split: str, args: TaskOptions, text_column: s
 def instruct_texts(train: Any, args: TaskOptions, text_column: str) -> Iterator[str]:
     """The texts a new tokenizer learns: each message's text, and the tool calls and the tools' schemas as the chat
     template writes them (JSON)."""
+    features = getattr(train, "features", None) or {}
     for row in train:
-        tools = row_tools(row.get(TOOLS_COLUMN))
+        tools = row_tools(row.get(TOOLS_COLUMN), features.get(TOOLS_COLUMN))
         if tools:
             yield "\n".join(json.dumps(tool) for tool in tools)
-        for message in template_messages(row[args.messages_column]):
+        for message in template_messages(row[args.messages_column], features.get(args.messages_column)):
             if message.get("content") is not None:
                 yield message_text(message["content"])
             for call in message.get("tool_calls") or ():
@@ -192,19 +193,47 @@ def without_nulls(value: Any) -> Any:
     return value
 
 
-def row_tools(tools: Any) -> list[Any] | None:
+def without_arrow_nulls(value: Any, feature: Any = None) -> Any:
+    """`value` without the None entries Arrow puts in a struct (`feature` a dict of features), at every depth a
+    struct reaches; below a `Json` feature (what `datasets` reads from JSON whose rows differ in layout, such as
+    arguments an object in some rows and a string in others) the values are the file's own, None included, and are
+    kept: `{"unit": null}` was dropped from an object of arguments and kept in a string of them, and the model learned
+    other calls than the rows hold. `feature` None (not known): every None entry is left out (`without_nulls`)."""
+    if feature is None:
+        return without_nulls(value)
+    if isinstance(feature, Json):
+        return value
+    if isinstance(feature, dict) and isinstance(value, dict):
+        return {key: without_arrow_nulls(item, feature.get(key)) for key, item in value.items() if item is not None}
+    if isinstance(feature, LIST_FEATURES) and isinstance(value, list):
+        return [without_arrow_nulls(item, feature.feature) for item in value]
+    return value
+
+
+def list_item_feature(feature: Any) -> Any:
+    """The feature of a list feature's items (a `Json` feature for itself); None when not known."""
+    if isinstance(feature, Json):
+        return feature
+    return feature.feature if isinstance(feature, LIST_FEATURES) else None
+
+
+def row_tools(tools: Any, feature: Any = None) -> list[Any] | None:
     """A row's `tools` as the chat template takes them: the list (read from JSON when a string, as TRL reads it),
-    without Arrow's None entries; None where the row has none."""
+    without Arrow's None entries (`feature`: the column's, see `without_arrow_nulls`); None where the row has none."""
     if isinstance(tools, str):
-        tools = json.loads(tools) if tools.strip() else None
-    return without_nulls(tools) or None
+        tools, feature = (json.loads(tools) if tools.strip() else None), Json()
+    return without_arrow_nulls(tools, feature) or None
 
 
-def template_messages(conversation: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """A conversation as the chat template reads it: each tool call without Arrow's None entries (a string of
-    arguments is kept as it stands)."""
+def template_messages(conversation: list[dict[str, Any]], feature: Any = None) -> list[dict[str, Any]]:
+    """A conversation as the chat template reads it: each tool call without Arrow's None entries (`feature`: the
+    messages column's, see `without_arrow_nulls`; a string of arguments is kept as it stands)."""
+    message_feature = list_item_feature(feature)
+    calls_feature = message_feature.get("tool_calls") if isinstance(message_feature, dict) else message_feature
     return [
-        {**message, "tool_calls": without_nulls(message["tool_calls"])} if message.get("tool_calls") else message
+        {**message, "tool_calls": without_arrow_nulls(message["tool_calls"], calls_feature)}
+        if message.get("tool_calls")
+        else message
         for message in conversation
     ]
 
@@ -240,9 +269,12 @@ def tokenize_instruct(
             "{% generation %} (archlab's decoder tokenizers do)."
         )
 
+    features = getattr(dataset, "features", None) or {}
+    messages_feature, tools_feature = features.get(args.messages_column), features.get(TOOLS_COLUMN)
+
     def apply(conversations: list[Any], tools: list[Any] | None) -> dict[str, list]:
         return tokenizer.apply_chat_template(
-            [template_messages(conversation) for conversation in conversations],
+            [template_messages(conversation, messages_feature) for conversation in conversations],
             tools=tools,
             tokenize=True,
             return_dict=True,
@@ -254,7 +286,7 @@ def tokenize_instruct(
     def encode(batch: dict[str, list]) -> dict[str, list]:
         conversations = batch[args.messages_column]
         if TOOLS_COLUMN in batch:  # each conversation with its own tools, as TRL's SFTTrainer renders them
-            outs = [apply([c], row_tools(tools)) for c, tools in zip(conversations, batch[TOOLS_COLUMN])]
+            outs = [apply([c], row_tools(t, tools_feature)) for c, t in zip(conversations, batch[TOOLS_COLUMN])]
             keys = ("input_ids", "attention_mask", "assistant_masks")
             out = {key: [row for o in outs for row in o[key]] for key in keys}
         else:

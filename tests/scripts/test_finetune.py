@@ -234,6 +234,22 @@ def test_instruct_leaves_out_the_keys_arrow_adds_to_tool_calls_and_tools(work: P
         assert json.dumps(ADD) in text
 
 
+def test_instruct_renders_json_lines_with_mixed_arguments_as_each_row_alone(work: Path, tmp_path: Path) -> None:
+    """JSON lines whose tool-call arguments are an object in one row and a JSON string in another load as `datasets`'
+    Json feature, no struct merged from the rows: a null argument there is the row's own, and was dropped from the
+    object (`{"city": "Paris"}` trained where the row says `{"city": "Paris", "unit": null}`) but kept in the string."""
+    tokenizer = load_tokenizer(work / "base")
+    rows = tool_rows(({"city": "Paris", "unit": None}, '{"a": 1, "b": null}'))
+    (tmp_path / "mixed.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    dataset = load_dataset("json", data_files=str(tmp_path / "mixed.jsonl"), split="train")
+    args = finetune.FinetuneArguments()
+    encoded = tokenize_instruct(as_messages(dataset, args), tokenizer, args, max_length=2048, num_proc=None)
+    for row, source in zip(encoded, rows):
+        alone = tokenizer.apply_chat_template(source["messages"], tools=source["tools"] or None, return_dict=True)
+        assert row["input_ids"] == alone["input_ids"]
+    assert '"arguments": {"city": "Paris", "unit": null}' in tokenizer.decode(encoded[0]["input_ids"])
+
+
 @pytest.mark.parametrize(
     "call, message",
     [
