@@ -3,7 +3,9 @@
 
 - `instruct`: instruction tuning of a decoder with its chat template; the loss covers the assistant's turns only
   (the template's `{% generation %}` blocks). Data: a `messages` column, or `--prompt_column`/`--response_column`;
-  default: the embedded corpus's "write function `name`: <docstring>" -> code pairs.
+  default: the embedded corpus's "write function `name`: <docstring>" -> code pairs. Each conversation is cut at
+  --block_size tokens (or the model's positions); one cut before its first answer is left out, as TRL's SFTTrainer
+  does, and their number is logged.
       python scripts/finetune.py --task instruct --model_name_or_path runs/pretrain --output_dir runs/chat
 - `classification`: sequence classification from a decoder's last token (as GPT fine-tuning does), or, from a masked
   LM's folder, from its first token with BERT's head (`EncoderForSequenceClassification`), from a CSV/JSON with text

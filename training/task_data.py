@@ -14,6 +14,8 @@ from datasets import ClassLabel, Dataset, DatasetDict, Json, LargeList, List, Se
 
 from archlab.tokenization.data import IGNORE_INDEX, check_columns, check_no_empty_cells, check_text_columns
 
+from .reporting import log
+
 
 class TaskOptions(Protocol):
     """The finetune script's task flags (`FinetuneArguments`), or any object with these attributes."""
@@ -260,7 +262,8 @@ def tokenize_instruct(
     label2id: dict[Any, int] | None = None,
     segments: bool = False,
 ) -> Any:
-    """`input_ids` of the whole conversation; `labels` only on the assistant's tokens (the rest -100). A `tools`
+    """`input_ids` of the whole conversation, cut at `max_length` tokens; `labels` only on the assistant's tokens (the
+    rest -100); a conversation cut before its first answer is left out, and their number said. A `tools`
     column (TRL's) gives each conversation its tools, rendered by the chat template; tool answers and the tools'
     schemas are not trained on, the assistant's tool calls are."""
     if not marks_generation(tokenizer.chat_template):
@@ -306,6 +309,12 @@ def tokenize_instruct(
         raise ValueError(
             f"Every one of the {len(encoded)} conversations loses its answer when cut to {max_length} tokens (the "
             "model's positions, or --block_size): give a larger --block_size or a model with more positions."
+        )
+    if isinstance(kept, Dataset) and len(kept) < len(encoded):
+        # (as TRL's SFTTrainer drops them; they were left out without a word, from the validation split as well)
+        log(
+            f"{len(encoded) - len(kept)} of {len(encoded)} conversations lose their answer when cut to {max_length} "
+            "tokens (the model's positions, or --block_size) and are left out; a larger --block_size keeps them."
         )
     return kept
 

@@ -171,6 +171,17 @@ def test_instruct_conversations_that_all_lose_their_answer_are_named(work: Path)
         tokenize_instruct(dataset, tokenizer, args, max_length=4, num_proc=None)
 
 
+def test_instruct_conversations_that_lose_their_answer_are_counted_as_they_are_left_out(work: Path, capsys) -> None:
+    """Conversations cut before their answer (longer than --block_size) were dropped, from the validation split as
+    well, without a word."""
+    tokenizer = archlab.tokenization.training.load_tokenizer(work / "base")
+    args = finetune.FinetuneArguments(prompt_column="prompt", response_column="response")
+    rows = [*instruction_rows(2), {"prompt": "Return 7 squared. " * 20, "response": "49"}]
+    encoded = tokenize_instruct(as_messages(Dataset.from_list(rows), args), tokenizer, args, 64, num_proc=None)
+    assert len(encoded) == 2
+    assert "1 of 3 conversations lose their answer when cut to 64 tokens" in capsys.readouterr().out
+
+
 WEATHER = {
     "type": "function",
     "function": {"name": "weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}},
