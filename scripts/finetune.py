@@ -258,7 +258,7 @@ class FinetuneTrainingArguments(ArchlabTrainingArguments, Seq2SeqTrainingArgumen
 # pass instead: a command written for those scripts failed on "Unknown flags" that named no alternative, and on
 # --text_column with argparse's usage and "ambiguous option" (a prefix of classification's --text_column_name(s))
 SEQ2SEQ_EXAMPLE_FLAGS = {
-    "text_column": "--source_column",
+    "text_column": "--source_column; classification and token-classification read --text_column_name",
     "summary_column": "--target_column",
     "num_beams": "--generation_num_beams, the beams of the evaluation and of the test predictions",
     "val_max_target_length": "--generation_max_length, the evaluation's generated length (unset: --max_target_length); "
@@ -334,6 +334,7 @@ def main(argv: Sequence[str] | None = None, callbacks: list[TrainerCallback] | N
     if args.source_prefix is not None and args.task != "seq2seq":
         raise ValueError(f"--source_prefix is for --task seq2seq (the encoder's inputs), not --task {args.task}.")
     check_language_flags(args)
+    check_column_flags(args, data_args.text_column_name)
     text_column = check_text_column_flags(args, data_args.text_column_name)
     if args.label_all_tokens and not task.token_labels:
         raise ValueError(f"--label_all_tokens is for --task token-classification, not --task {args.task}.")
@@ -531,6 +532,35 @@ def check_question_answering_flags(args: FinetuneArguments) -> None:
         length = EXAMPLE_LENGTH_FLAGS.get(args.task, "--block_size")
         hint = f" (the windows of a question and its context); --task {args.task} cuts its examples at {length}"
     raise ValueError(f"{', '.join(given)}: for --task question-answering, not --task {args.task}{hint}.")
+
+
+# the column flags of each task but question answering (whose flags `check_question_answering_flags` checks)
+COLUMN_FLAGS = {
+    "text_column_name": ("classification", "token-classification"),
+    "label_column_name": ("classification", "token-classification"),
+    "source_column": ("seq2seq",),
+    "target_column": ("seq2seq",),
+    "messages_column": ("instruct",),
+    "prompt_column": ("instruct",),
+    "response_column": ("instruct",),
+}
+
+
+def check_column_flags(args: FinetuneArguments, text_column_name: str) -> None:
+    """A column flag of another task is refused with the task's own: `--text_column_name document` given to --task
+    seq2seq was ignored without a word, and the run read the default `code` column (or failed naming it)."""
+    defaults = {f.name: f.default for f in fields(FinetuneArguments)}
+    given = {name: getattr(args, name) for name in COLUMN_FLAGS if name != "text_column_name"}
+    given["text_column_name"] = text_column_name
+    foreign = [f"--{name}" for name, value in given.items() if value != defaults.get(name, "text")]
+    foreign = [flag for flag in foreign if args.task not in COLUMN_FLAGS[flag[2:]]]
+    if foreign:
+        own = [f"--{name}" for name, tasks in COLUMN_FLAGS.items() if args.task in tasks]
+        if args.task == "question-answering":
+            own = ["--question_column", "--context_column", "--answer_column"]
+        raise ValueError(
+            f"{', '.join(foreign)}: not a column --task {args.task} reads; its columns are named by {', '.join(own)}."
+        )
 
 
 def check_language_flags(args: FinetuneArguments) -> None:

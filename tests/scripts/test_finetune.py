@@ -1823,6 +1823,24 @@ def test_question_answering_flags_given_to_another_task_are_refused(tmp_path: Pa
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize(
+    ("task", "flags", "message"),
+    [
+        ("seq2seq", ["--text_column_name", "document"], "--text_column_name: .* --source_column, --target_column"),
+        ("instruct", ["--source_column", "q", "--label_column_name", "y"], "--label_column_name, --source_column: "),
+        ("classification", ["--prompt_column", "q"], "--prompt_column: .* --text_column_name, --label_column_name"),
+        ("question-answering", ["--target_column", "a"], "its columns are named by --question_column, --context_"),
+    ],
+)
+def test_column_flags_of_another_task_are_refused_naming_the_tasks_own(tmp_path: Path, task, flags, message) -> None:
+    """`--text_column_name document` given to --task seq2seq (run_summarization.py's --text_column, spelt as
+    run_clm.py's) was ignored without a word and the run read the default `code` column."""
+    train = write_jsonl(tmp_path / "train.jsonl", ner_rows(2, 0))
+    with pytest.raises(ValueError, match=message):
+        finetune.main([*run_args(tmp_path / "out", "--task", task, "--train_file", str(train)), *flags])
+    assert not (tmp_path / "out").exists()
+
+
 def test_rows_that_share_an_id_are_named_before_they_are_scored() -> None:
     """Answers are scored and written by row id: an evaluated or predicted split whose rows share an id (an article's
     id on each of its questions) was scored on the last of them alone, without a word. The training split's ids are
