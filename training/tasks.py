@@ -19,6 +19,7 @@ The classification and seq2seq tasks also predict a test split (`predictions`): 
 from __future__ import annotations
 
 import contextlib
+import copy
 import importlib.util
 import os
 from collections.abc import Callable, Iterable
@@ -360,7 +361,25 @@ def build_task_model(
         f"{type(model).__name__}: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters; "
         f"{len(data['train'])} training and {len(data['validation'])} validation examples"
     )
-    return {**data, "model": model, "collator": task.collator(tokenizer, model, max_length)}
+    if not task.chat:
+        # a classifier's, a tagger's or an extractive QA model's folder serves plain forwards (its pipelines, the
+        # Trainer's evaluation), where positions count from a row's first column: padded on the left, a model with a
+        # position table read its text at other positions (pipeline("text-classification") scores 0.7 apart from
+        # the text alone); saved so, as GPT-2's and BERT's tokenizers pad
+        tokenizer.padding_side = "right"
+    return {**data, "model": model, "collator": task.collator(right_padding(tokenizer), model, max_length)}
+
+
+def right_padding(tokenizer: Any) -> Any:
+    """`tokenizer` as the collators pad with it: on the right, whatever side it pads for generation (archlab's
+    decoder tokenizer, Llama's, pad on the left), so a batch's positions, labels and pooled tokens are those of
+    the unpadded examples for every position scheme, as they were before decoder tokenizers padded on the left.
+    A copy, so the tokenizer saved with the model keeps its side."""
+    if tokenizer.padding_side == "right":
+        return tokenizer
+    padded = copy.copy(tokenizer)
+    padded.padding_side = "right"
+    return padded
 
 
 def returns_segment_ids(tokenizer: Any) -> None:

@@ -762,6 +762,38 @@ def test_a_tokenizer_without_a_pad_token_pads_with_its_eos_token(tmp_path: Path,
         assert_close_to_scale(model(**batch).logits, alone)
 
 
+@pytest.mark.parametrize("task", ["classification", "instruct"])
+def test_a_tokenizer_that_pads_on_the_left_trains_on_batches_padded_on_the_right(
+    tmp_path: Path, work: Path, task: str
+) -> None:
+    """archlab's decoder tokenizer pads on the left, for generation; the collators pad on the right all the same, so
+    a model with a position table reads a short example at its own positions: the loss before fine-tuning is that of
+    the same tokenizer padding on the right (left-padded batches moved it). The classifier's folder saves its
+    tokenizer padding on the right (its plain forwards read positions from the first column), the chat model's as
+    it came."""
+    data = {
+        "classification": ["--train_file", str(work / "train.csv"), "--block_size", "32"],
+        "instruct": ["--train_file", str(work / "instruct.jsonl"), "--validation_file", str(tmp_path / "v.jsonl")]
+        + ["--prompt_column", "prompt", "--response_column", "response"],
+    }[task]
+    rows = [{"prompt": "Return 1.", "response": "1"}, {"prompt": "Return 2 squared plus 3.", "response": "2 ** 2 + 3"}]
+    (tmp_path / "v.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))  # two lengths: padded
+    losses = {}
+    for side in ("left", "right"):
+        base = tmp_path / f"base-{side}"
+        tokenizer = AutoTokenizer.from_pretrained(work / "base")
+        tokenizer.padding_side = side
+        save_tokenizer(tokenizer, base)
+        config = tiny_decoder_config(vocab_size=len(tokenizer), position_embedding_type="learned")
+        torch.manual_seed(0)
+        archlab.DecoderForCausalLM(config).save_pretrained(base)
+        out = tmp_path / f"out-{side}"
+        args = run_args(out, "--task", task, "--model_name_or_path", str(base), *data)
+        losses[side] = finetune.main([*args, "--max_steps", "1"])["before_eval_loss"]
+        assert AutoTokenizer.from_pretrained(out).padding_side == (side if task == "instruct" else "right")
+    assert losses["left"] == pytest.approx(losses["right"], rel=1e-5)
+
+
 def test_a_classifier_is_fine_tuned_under_its_own_label_ids(tmp_path: Path, work: Path) -> None:
     """A classifier whose head has the data's labels in another order (pos=0, neg=1) keeps its ids, as run_glue.py
     keeps them: the data's sorted order relabelled its outputs, and every prediction read as the other class. One
