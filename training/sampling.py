@@ -7,7 +7,14 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM, TextStreamer, set_seed
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoModelForSeq2SeqLM,
+    BatchEncoding,
+    TextStreamer,
+    set_seed,
+)
 from transformers.models.auto.modeling_auto import (
     MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
     MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES,
@@ -152,15 +159,12 @@ def generate_texts(
         encode = dict(add_special_tokens=False)
     else:
         texts, encode = list(prompts), {}
-    if tokenizer.pad_token is None and len(texts) > 1:
-        if tokenizer.eos_token is None:
-            raise ValueError("Several prompts are padded to one batch: the tokenizer has no pad or eos token.")
-        tokenizer.pad_token = tokenizer.eos_token  # a GPT-2 style tokenizer pads with eos, as in transformers' docs
     pad_id = tokenizer.pad_token_id
-    inputs = tokenizer(
-        texts, return_tensors="pt", padding=len(texts) > 1, padding_side="right" if seq2seq else "left", **encode
-    )
-    inputs.pop("token_type_ids", None)
+    if pad_id is None and len(texts) > 1:
+        if tokenizer.eos_token_id is None:
+            raise ValueError("Several prompts are padded to one batch: the tokenizer has no pad or eos token.")
+        pad_id = tokenizer.eos_token_id  # a GPT-2 style tokenizer pads with eos, as in transformers' docs
+    inputs = pad_prompts(tokenizer(texts, **encode)["input_ids"], pad_id, "right" if seq2seq else "left")
     lengths = inputs["attention_mask"].sum(dim=1).tolist()
     if 0 in lengths:
         which = lengths.index(0)
@@ -211,6 +215,20 @@ def generate_texts(
         results.append(text)
     log(f"{generated} tokens generated" + (f" in {rows} texts" if rows > 1 else ""))
     return results
+
+
+def pad_prompts(rows: list[list[int]], pad_id: int | None, side: str) -> BatchEncoding:
+    """Token id rows as one batch (`input_ids`, `attention_mask`), padded with `pad_id` on `side`: padded here
+    rather than by the tokenizer, which pads only with a pad token of its own, so a tokenizer without one (GPT-2's)
+    is not given the eos token as its pad token (the caller's tokenizer object kept it afterwards)."""
+    longest = max(len(row) for row in rows)
+    ids = torch.full((len(rows), longest), pad_id if pad_id is not None else 0, dtype=torch.long)
+    mask = torch.zeros((len(rows), longest), dtype=torch.long)
+    for k, row in enumerate(rows):
+        columns = slice(longest - len(row), longest) if side == "left" else slice(0, len(row))
+        ids[k, columns] = torch.tensor(row, dtype=torch.long)
+        mask[k, columns] = 1
+    return BatchEncoding({"input_ids": ids, "attention_mask": mask})
 
 
 # stock model types whose positions are rows of a table of `max_position_embeddings` (GPT-2's `n_positions`): an

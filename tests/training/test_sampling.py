@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 from types import SimpleNamespace
 
@@ -12,6 +13,7 @@ import archlab
 from archlab.tokenization.training import train_tokenizer
 from archlab.training.sampling import (
     end_of_turn_id,
+    generate_texts,
     sample_unless_sharded,
     show_chat_example,
     stop_at_the_end_of_a_turn,
@@ -128,3 +130,17 @@ def test_the_example_answer_is_prompted_with_the_rows_tools(chat_model, capsys, 
         messages[:1], tools=[tool], add_generation_prompt=True, return_tensors="pt"
     )
     assert torch.equal(prompts[0], expected["input_ids"])
+
+
+def test_prompts_of_a_tokenizer_without_a_pad_token_leave_it_without_one(chat_model) -> None:
+    """Several prompts for a tokenizer without a pad token (GPT-2's) are padded with its eos token, and the caller's
+    tokenizer is left as it was: `generate_texts` set its `pad_token` to eos, which then padded everything else the
+    caller did with it. Each prompt's greedy text is its own."""
+    model, trained = chat_model
+    tokenizer = copy.deepcopy(trained)
+    tokenizer.pad_token = None
+    prompts = ["Say hi.", "You answer briefly. Say hi. hello"]
+    settings = dict(seq2seq=False, stream=False, do_sample=False, max_new_tokens=4)
+    texts = generate_texts(model, tokenizer, prompts, **settings)
+    assert tokenizer.pad_token is None and tokenizer.pad_token_id is None
+    assert texts == [generate_texts(model, tokenizer, [prompt], **settings)[0] for prompt in prompts]
