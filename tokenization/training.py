@@ -117,6 +117,11 @@ class TokenizerSpec:
     extra_special: tuple[str, ...] = ()
     chat_template: str | None = None
     named: dict[str, str] = field(default_factory=dict)  # tokenizer attribute -> token
+    # the side `tokenizer(texts, padding=True)` pads: a decoder's on the left, as Llama's, Mistral's and Gemma's
+    # tokenizers pad, so a batch of prompts goes straight to `generate` (each row's new tokens follow its own prompt;
+    # right padding put them after the padding, and transformers warns "right-padding was detected"); an encoder's
+    # and an encoder-decoder's on the right, as BERT's and Marian's
+    padding_side: str = "right"
 
 
 _BASE = (PAD, BOS, EOS, UNK)
@@ -130,6 +135,7 @@ MODEL_KINDS: dict[str, TokenizerSpec] = {
         extra_special=(IM_START, IM_END),
         chat_template=CHAT_TEMPLATE,
         named={"pad_token": PAD, "bos_token": BOS, "eos_token": EOS, "unk_token": UNK},
+        padding_side="left",
     ),
     # Marian/T5-style: sources and targets end with </s>.
     "seq2seq": TokenizerSpec(
@@ -383,7 +389,7 @@ def train_tokenizer(
         kwargs["extra_special_tokens"] = list(spec.extra_special)
     if model_max_length is not None:
         kwargs["model_max_length"] = model_max_length
-    fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, **kwargs)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, padding_side=spec.padding_side, **kwargs)
     if spec.chat_template is not None:
         fast.chat_template = spec.chat_template
     return fast

@@ -9,9 +9,11 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from datasets import Dataset
-from transformers import AutoTokenizer
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
+import archlab
 from archlab.tokenization.training import (
     ALGORITHMS,
     BOS,
@@ -350,3 +352,56 @@ def test_wordpiece_splits_cjk_ideographs_as_bert_does() -> None:
     assert len(ids) == len(sentence) and tokenizer.unk_token_id not in ids
     assert tokenizer.decode(ids).replace(" ", "") == sentence
     assert tokenizer("self 注意力 café", add_special_tokens=False).tokens() == ["self", "注", "意", "力", "café"]
+
+
+@pytest.mark.parametrize("kind", ["decoder", "seq2seq", "masked_lm"])
+def test_a_decoder_tokenizer_pads_on_the_left_and_the_others_on_the_right(tmp_path: Path, kind: str) -> None:
+    """A decoder's tokenizer pads on the left, as Llama's, Mistral's and Gemma's do (a batch of prompts goes straight
+    to `generate`); an encoder-decoder's and a masked LM's on the right, as Marian's and BERT's. Saved and loaded so."""
+    tokenizer = train_tokenizer(TEXTS, kind, "bpe", vocab_size=300, min_frequency=1)
+    save_tokenizer(tokenizer, tmp_path)
+    side = "left" if kind == "decoder" else "right"
+    assert tokenizer.padding_side == AutoTokenizer.from_pretrained(tmp_path).padding_side == side
+    mask = tokenizer(["x", "x = 1"], padding=True)["attention_mask"][0]
+    assert mask[0 if side == "left" else -1] == 0
+
+
+@pytest.mark.parametrize("position_embedding_type", ["rope", "learned", "alibi"])
+def test_prompts_padded_by_a_saved_decoder_tokenizer_generate_each_their_own_text(
+    tmp_path: Path, position_embedding_type: str
+) -> None:
+    """`tok(prompts, padding=True)` into `generate`, as users write it: each row's greedy tokens are those of its
+    prompt alone. Padded on the right (archlab's decoder tokenizer until now), the short prompt's new tokens came
+    after its padding and differed from its own, with transformers' "right-padding was detected" warning."""
+    save_tokenizer(train_tokenizer(TEXTS, "decoder", vocab_size=300, min_frequency=1), tmp_path)
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path)
+    config = archlab.DecoderConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        position_embedding_type=position_embedding_type,
+    )
+    torch.manual_seed(0)
+    archlab.DecoderForCausalLM(config).save_pretrained(tmp_path)
+    model = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    for parameter in model.parameters():  # sharper logits than the initialisation's: greedy choices that differ
+        torch.nn.init.normal_(parameter, std=0.3)
+    prompts = ["x", "for i in range(10):\n    print(i"]
+    settings = dict(max_new_tokens=6, do_sample=False, eos_token_id=None)
+    batch = tokenizer(prompts, padding=True, return_tensors="pt")
+    generated = model.generate(**batch, **settings)[:, batch["input_ids"].shape[1] :]
+    for row, prompt in zip(generated, prompts):
+        alone = tokenizer(prompt, return_tensors="pt")
+        assert row.tolist() == model.generate(**alone, **settings)[0, alone["input_ids"].shape[1] :].tolist()
+
+
+def test_a_tokenizer_saved_padding_on_the_right_loads_so(tmp_path: Path) -> None:
+    """A decoder tokenizer saved before decoder tokenizers padded on the left keeps the side it was saved with."""
+    tokenizer = train_tokenizer(TEXTS, "decoder", vocab_size=300, min_frequency=1)
+    tokenizer.padding_side = "right"
+    save_tokenizer(tokenizer, tmp_path)
+    assert json.loads((tmp_path / "tokenizer_config.json").read_text())["padding_side"] == "right"
+    assert load_tokenizer(tmp_path).padding_side == "right"
