@@ -35,6 +35,8 @@
   reports SQuAD's exact match and F1. SQuAD v2's rows without an answer: `--version_2_with_negative` predicts "no
   answer" ("") where a row's null score (index 0's start + end logits, the smallest over its windows) beats its best
   span by more than `--null_score_diff_threshold` (0), as run_qa.py does, and adds the `HasAns_*` / `NoAns_*` scores.
+  Each evaluation and prediction writes utils_qa.py's `{eval,predict}_predictions.json`,
+  `{eval,predict}_nbest_predictions.json` and (v2) `{eval,predict}_null_odds.json` to --output_dir.
       python scripts/finetune.py --task question-answering --model_name_or_path runs/mlm --train_file train.json \
           --validation_file dev.json
 
@@ -188,7 +190,11 @@ class FinetuneArguments:
         default=128, metadata={"help": "question-answering: tokens shared by consecutive windows of a long context."}
     )
     n_best_size: int = field(
-        default=20, metadata={"help": "question-answering: the best starts and ends searched per window."}
+        default=20,
+        metadata={
+            "help": "question-answering: the best starts and ends searched per window, and the spans listed per row "
+            "in {eval,predict}_nbest_predictions.json."
+        },
     )
     max_answer_length: int = field(
         default=30, metadata={"help": "question-answering: the longest answer predicted, in tokens."}
@@ -197,7 +203,8 @@ class FinetuneArguments:
         default=False,
         metadata={
             "help": 'question-answering: SQuAD v2, some rows have no answer: predict "" where the null score wins, '
-            "and report the HasAns_* / NoAns_* scores."
+            "report the HasAns_* / NoAns_* scores and write {eval,predict}_null_odds.json (null score minus the best "
+            "span's score, per row)."
         },
     )
     null_score_diff_threshold: float = field(

@@ -15,11 +15,13 @@ layout: a `question`, a `context` and `answers` = {"text": [...], "answer_start"
   position, padding included: padded to the longest window of its batch, a window's loss depended on the batch it
   fell in, and 2 processes x 2 windows, or 2 accumulated batches of 2, did not train the model 4 windows at once
   train.
-- Evaluation (`QuestionAnsweringTrainer`, `answers_from_logits`): each feature's `--n_best_size` best starts and ends
+- Evaluation (`QuestionAnsweringTrainer`, `best_spans`): each feature's `--n_best_size` best starts and ends
   over the context's tokens, spans of at most `--max_answer_length` tokens that end at or after their start, the best
   sum of start and end logits over all windows of a row mapped back to the context's characters by the offsets;
-  scored by SQuAD's exact match and F1 (`squad_metrics`, the official v1.1 script's normalisation), and written as
-  `{id: answer}` JSON for a test split.
+  scored by SQuAD's exact match and F1 (`squad_metrics`, the official v1.1 script's normalisation). Each evaluation
+  and prediction writes utils_qa.py's files to --output_dir (`write_span_predictions`):
+  `{eval,predict}_predictions.json` ({id: answer}), `{eval,predict}_nbest_predictions.json` (each row's n-best
+  spans with their logits and probabilities) and, with --version_2_with_negative, `{eval,predict}_null_odds.json`.
 - SQuAD v2 (`--version_2_with_negative`, run_qa.py's flag): rows without an answer are trained towards index 0 (as
   without the flag), and a row is predicted "" (no answer) where its null score, the smallest over its windows of
   the start and end logits at index 0, exceeds its best span's score by more than `--null_score_diff_threshold`
@@ -32,9 +34,11 @@ from __future__ import annotations
 
 import collections
 import json
+import os
 import re
 import string
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
@@ -49,6 +53,8 @@ from .trainer import AtomicCheckpointTrainer
 
 CLS_INDEX = 0  # the label of a window without the answer (see the module's docstring)
 PREDICTIONS_FILE = "predict_predictions.json"  # run_qa.py's name for the test split's predictions
+# utils_qa.py's files, written to --output_dir by each evaluation ("eval") and prediction ("predict")
+OUTPUT_FILES = {"answers": "predictions.json", "nbest": "nbest_predictions.json", "null_odds": "null_odds.json"}
 MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids", "start_positions", "end_positions")
 
 
@@ -327,6 +333,97 @@ class QuestionAnsweringCollator:
 # ---------------------------------------------------------------------------------------------------------------
 # From logits to answers, and SQuAD's metric
 # ---------------------------------------------------------------------------------------------------------------
+@dataclass
+class SpanPredictions:
+    """What `best_spans` finds for the rows of an evaluated or predicted split, keyed by row id (see there)."""
+
+    answers: dict[str, str]
+    nbest: dict[str, list[dict[str, Any]]]
+    null_odds: dict[str, float] | None  # with --version_2_with_negative only
+
+
+def best_spans(
+    features: Any,
+    start_logits: np.ndarray,
+    end_logits: np.ndarray,
+    n_best_size: int,
+    max_answer_length: int,
+    version_2_with_negative: bool = False,
+    null_score_diff_threshold: float = 0.0,
+) -> SpanPredictions:
+    """Each row's answer, its n-best list and (SQuAD v2) its null odds, as utils_qa.py's
+    `postprocess_qa_predictions` computes them. Over every window of a row, the `n_best_size` best starts and ends
+    among the context's tokens, spans of at most `max_answer_length` tokens that end at or after their start, scored
+    by the sum of their two logits and read from the context by the offsets. Logits past a feature's tokens (the
+    evaluation pads batches with -100) are never read.
+
+    - `answers`: {row id: the best span's text}; "" for a row without any such span (utils_qa.py predicts the text
+      "empty" there).
+    - `nbest`: {row id: the `n_best_size` best spans over the row's windows, best first, each {"start_logit",
+      "end_logit", "text", "probability"}}, the probability a softmax over the listed spans' scores; with
+      `version_2_with_negative` the null answer ("" at index 0, the row's null score) is one of them, appended where
+      it is not among the best. A row without a span lists the null answer alone, or nothing (utils_qa.py lists a
+      placeholder "empty" of logits 0 there).
+    - `null_odds` (`version_2_with_negative`): {row id: null score minus the best span's score}, utils_qa.py's
+      `null_odds.json`. A row's null score is the smallest over its windows of the start and end logits at index 0
+      (`CLS_INDEX`); the row is predicted "" where its null odds are above `null_score_diff_threshold`. A row
+      without a span is scored against utils_qa.py's placeholder of logits 0 (and predicted "")."""
+    candidates: dict[int, list[dict[str, Any]]] = collections.defaultdict(list)
+    null: dict[int, dict[str, Any]] = {}
+    ids: dict[int, str] = {}
+    for i, (row, row_id, offsets, context) in enumerate(
+        zip(features["example_id"], features["id"], features["offset_mapping"], features["context"])
+    ):
+        ids[row] = row_id
+        n = len(offsets)
+        starts, ends = start_logits[i][:n], end_logits[i][:n]
+        window_null = float(starts[CLS_INDEX] + ends[CLS_INDEX])
+        if row not in null or window_null < null[row]["score"]:
+            null[row] = _span(window_null, starts[CLS_INDEX], ends[CLS_INDEX], "")
+        for s in np.argsort(starts)[::-1][:n_best_size]:
+            if offsets[s] is None:
+                continue
+            for e in np.argsort(ends)[::-1][:n_best_size]:
+                if offsets[e] is None or e < s or e - s + 1 > max_answer_length:
+                    continue
+                text = context[offsets[s][0] : offsets[e][1]].strip()
+                candidates[row].append(_span(float(starts[s] + ends[e]), starts[s], ends[e], text))
+    result = SpanPredictions({}, {}, {} if version_2_with_negative else None)
+    for row in sorted(ids):
+        spans = sorted(candidates[row], key=lambda span: span["score"], reverse=True)  # (stable: ties keep order)
+        best = spans[0] if spans else None
+        listed = spans[:n_best_size]
+        if version_2_with_negative:
+            listed = sorted([*spans, null[row]], key=lambda span: span["score"], reverse=True)[:n_best_size]
+            if not any(span is null[row] for span in listed):
+                listed.append(null[row])
+            odds = null[row]["score"] - (best["score"] if best is not None else 0.0)
+            result.null_odds[ids[row]] = odds
+            predicted = "" if best is None or odds > null_score_diff_threshold else best["text"]
+        else:
+            predicted = best["text"] if best is not None else ""
+        result.answers[ids[row]] = predicted
+        result.nbest[ids[row]] = _with_probabilities(listed)
+    return result
+
+
+def _span(score: float, start_logit: Any, end_logit: Any, text: str) -> dict[str, Any]:
+    return {"score": score, "start_logit": float(start_logit), "end_logit": float(end_logit), "text": text}
+
+
+def _with_probabilities(spans: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """utils_qa.py's n-best entries: the scores turned into probabilities by a softmax over the list."""
+    if not spans:
+        return []
+    scores = np.array([span["score"] for span in spans], dtype=np.float64)
+    weights = np.exp(scores - scores.max())
+    probabilities = weights / weights.sum()
+    return [
+        {"start_logit": s["start_logit"], "end_logit": s["end_logit"], "text": s["text"], "probability": float(p)}
+        for s, p in zip(spans, probabilities)
+    ]
+
+
 def answers_from_logits(
     features: Any,
     start_logits: np.ndarray,
@@ -336,42 +433,16 @@ def answers_from_logits(
     version_2_with_negative: bool = False,
     null_score_diff_threshold: float = 0.0,
 ) -> dict[str, str]:
-    """{row id: answer text}: over every window of a row, the `n_best_size` best starts and ends among the
-    context's tokens, spans of at most `max_answer_length` tokens that end at or after their start, the best sum
-    of the two logits, read from the context by the offsets (run_qa.py's `postprocess_qa_predictions`). A row
-    without any such span gets "". Logits past a feature's tokens (the evaluation pads batches with -100) are
-    never read.
-
-    `version_2_with_negative` (SQuAD v2): a row's null score is the smallest over its windows of the start and end
-    logits at index 0 (`CLS_INDEX`); the row is predicted "" (no answer) where the null score minus its best span's
-    score is above `null_score_diff_threshold`, as utils_qa.py decides it."""
-    best: dict[int, tuple[float, str]] = {}
-    null: dict[int, float] = {}
-    ids: dict[int, str] = {}
-    for i, (row, row_id, offsets, context) in enumerate(
-        zip(features["example_id"], features["id"], features["offset_mapping"], features["context"])
-    ):
-        ids[row] = row_id
-        n = len(offsets)
-        starts, ends = start_logits[i][:n], end_logits[i][:n]
-        window_null = float(starts[CLS_INDEX] + ends[CLS_INDEX])
-        null[row] = min(null.get(row, window_null), window_null)
-        for s in np.argsort(starts)[::-1][:n_best_size]:
-            if offsets[s] is None:
-                continue
-            for e in np.argsort(ends)[::-1][:n_best_size]:
-                if offsets[e] is None or e < s or e - s + 1 > max_answer_length:
-                    continue
-                score = float(starts[s] + ends[e])
-                if row not in best or score > best[row][0]:
-                    best[row] = (score, context[offsets[s][0] : offsets[e][1]].strip())
-    answers = {}
-    for row in sorted(ids):
-        if row not in best or (version_2_with_negative and null[row] - best[row][0] > null_score_diff_threshold):
-            answers[ids[row]] = ""
-        else:
-            answers[ids[row]] = best[row][1]
-    return answers
+    """{row id: answer text}: `best_spans`' answers."""
+    return best_spans(
+        features,
+        start_logits,
+        end_logits,
+        n_best_size,
+        max_answer_length,
+        version_2_with_negative,
+        null_score_diff_threshold,
+    ).answers
 
 
 def normalize_answer(text: str) -> str:
@@ -435,11 +506,13 @@ def references_of(features: Any) -> dict[str, list[str]]:
 
 class QuestionAnsweringTrainer(AtomicCheckpointTrainer):
     """Evaluates and predicts as run_qa.py's `QuestionAnsweringTrainer`: the loop's start and end logits over the
-    features are turned into each row's answer (`answers_from_logits`, with `task_options`' --n_best_size,
+    features are turned into each row's answer (`best_spans`, with `task_options`' --n_best_size,
     --max_answer_length, --version_2_with_negative and --null_score_diff_threshold), scored by `squad_metrics` as
     `<prefix>_exact_match` / `<prefix>_f1` where the rows have answers (with --version_2_with_negative by
     `squad_v2_metrics`, adding `<prefix>_HasAns_*` / `<prefix>_NoAns_*`); `predict` returns {row id: answer} as its
-    predictions ("" for "no answer"). The features' evaluation columns are read from
+    predictions ("" for "no answer"). Each evaluation and prediction writes utils_qa.py's `<prefix>_predictions.json`,
+    `<prefix>_nbest_predictions.json` and (v2) `<prefix>_null_odds.json` to --output_dir, from the main process,
+    as run_qa.py's post-processing does. The features' evaluation columns are read from
     the data set given (the loop's own copy has lost them to `remove_unused_columns`)."""
 
     task_options: Any = None  # FinetuneArguments: set by the script after construction
@@ -467,7 +540,7 @@ class QuestionAnsweringTrainer(AtomicCheckpointTrainer):
         start_logits, end_logits = output.predictions[:2]
         options = self.task_options
         version_2 = bool(getattr(options, "version_2_with_negative", False))
-        predictions = answers_from_logits(
+        found = best_spans(
             features,
             start_logits,
             end_logits,
@@ -476,6 +549,9 @@ class QuestionAnsweringTrainer(AtomicCheckpointTrainer):
             version_2,
             getattr(options, "null_score_diff_threshold", 0.0),
         )
+        predictions = found.answers
+        if self.is_world_process_zero():
+            write_span_predictions(found, self.args.output_dir, prefix)
         metrics = dict(output.metrics)
         if "answers" in features.column_names:
             score = squad_v2_metrics if version_2 else squad_metrics
@@ -484,6 +560,19 @@ class QuestionAnsweringTrainer(AtomicCheckpointTrainer):
         return EvalLoopOutput(
             predictions=predictions, label_ids=output.label_ids, metrics=metrics, num_samples=output.num_samples
         )
+
+
+def write_span_predictions(found: SpanPredictions, output_dir: str, prefix: str) -> None:
+    """utils_qa.py's files in `output_dir`: `{prefix}_predictions.json` ({id: answer}),
+    `{prefix}_nbest_predictions.json` ({id: the n-best list}) and, with --version_2_with_negative,
+    `{prefix}_null_odds.json` ({id: null odds}), each JSON indented by 4 as utils_qa.py writes them."""
+    os.makedirs(output_dir, exist_ok=True)
+    for part, name in OUTPUT_FILES.items():
+        content = getattr(found, part)
+        if content is None:
+            continue
+        with open(os.path.join(output_dir, f"{prefix}_{name}"), "w", encoding="utf-8") as f:
+            f.write(json.dumps(content, indent=4, ensure_ascii=False) + "\n")
 
 
 def prediction_lines(predictions: dict[str, str], config: Any, tokenizer: Any) -> list[str]:
@@ -496,9 +585,11 @@ __all__ = [
     "PREDICTIONS_FILE",
     "QuestionAnsweringCollator",
     "QuestionAnsweringTrainer",
+    "SpanPredictions",
     "answer_f1",
     "answer_tokens",
     "answers_from_logits",
+    "best_spans",
     "check_answer",
     "check_question_answering_columns",
     "check_unique_ids",
@@ -506,6 +597,7 @@ __all__ = [
     "function_questions",
     "normalize_answer",
     "prediction_lines",
+    "write_span_predictions",
     "question_answering_texts",
     "squad_metrics",
     "squad_v2_metrics",

@@ -1672,6 +1672,49 @@ def test_no_answer_is_predicted_where_the_null_score_wins_by_more_than_the_thres
     assert answers(5.0)["r1"] == "one" and answers(4.99)["r1"] == ""
 
 
+def test_nbest_lists_and_null_odds_are_utils_qas() -> None:
+    """utils_qa.py's n-best lists: the `n_best_size` best spans over every window of a row, best first, each with its
+    start and end logits and a probability (a softmax over the listed spans' scores); with
+    --version_2_with_negative the row's null answer ("", the smallest null score over its windows) is listed too,
+    appended where it is not among the best, and the null odds are the null score minus the best span's score."""
+    from archlab.training.question_answering import best_spans
+
+    context = "one two three four"
+    features = {
+        "example_id": [0, 0, 1],
+        "id": ["r0", "r0", "r1"],
+        "context": [context] * 3,
+        "offset_mapping": [[None, None, (0, 3), (4, 7)], [None, None, (8, 13), (14, 18)], [None, (0, 3)]],
+    }
+    start, end = np.full((3, 4), -100.0), np.full((3, 4), -100.0)
+    start[0], end[0] = [4, -9, 2, 0.5], [3, -9, 0.25, 3.5]  # null 7; "one two" 5.5, "two" 4, "one" 2.25
+    start[1], end[1] = [1, -9, 1.5, 0], [0.5, -9, 0, 1]  # null 1.5 (the row's); "three four" 2.5, "three" 1.5, ...
+    start[2, :2], end[2, :2] = [2, 1], [1, 2]  # null 3; "one" 3
+    e = np.exp
+
+    def entry(start_logit, end_logit, text, probability):
+        return {"start_logit": start_logit, "end_logit": end_logit, "text": text, "probability": probability}
+
+    found = best_spans(features, start, end, 3, 30)
+    top = e(5.5) + e(4) + e(2.5)
+    assert found.answers == {"r0": "one two", "r1": "one"} and found.null_odds is None
+    assert found.nbest["r0"] == [
+        entry(2, 3.5, "one two", pytest.approx(e(5.5) / top)),
+        entry(0.5, 3.5, "two", pytest.approx(e(4) / top)),
+        entry(1.5, 1, "three four", pytest.approx(e(2.5) / top)),
+    ]
+    assert found.nbest["r1"] == [entry(1, 2, "one", 1.0)]
+
+    found = best_spans(features, start, end, 3, 30, True)
+    top += e(1.5)  # the null answer, below the best 3, appended
+    assert found.nbest["r0"][-1] == entry(1, 0.5, "", pytest.approx(e(1.5) / top))
+    assert [s["probability"] for s in found.nbest["r0"][:3]] == pytest.approx([e(5.5) / top, e(4) / top, e(2.5) / top])
+    assert found.null_odds == {"r0": 1.5 - 5.5, "r1": 0.0}  # r1: 3 - 3, not above the threshold 0: its span
+    assert found.answers == {"r0": "one two", "r1": "one"}
+    assert found.nbest["r1"] == [entry(1, 2, "one", 0.5), entry(2, 1, "", 0.5)]
+    assert best_spans(features, start, end, 3, 30, True, -4.5).answers == {"r0": "", "r1": ""}
+
+
 def test_squad_v2_scores_every_row_and_breaks_them_down_by_answer() -> None:
     """Hand-computed with SQuAD v2.0's script: exact match and F1 over every row, a row without an answer right only
     for an empty prediction (and an answerable one wrong for it), then `HasAns_*` and `NoAns_*` over each kind with
@@ -1774,6 +1817,7 @@ def test_question_answering_from_a_masked_lm_end_to_end(tmp_path: Path, qa_files
     rows = colour_rows(40, 2)
     assert list(predictions) == [r["id"] for r in rows]
     assert sum(predictions[r["id"]] == r["answers"]["text"][0] for r in rows) >= 36
+    check_utils_qa_files(out, [r["id"] for r in rows], version_2=False)
     model = archlab.EncoderForQuestionAnswering.from_pretrained(out)
     assert model.config.architectures == ["EncoderForQuestionAnswering"]
     assert ModelCard.load(out / "README.md").data.pipeline_tag == "question-answering"
@@ -1801,6 +1845,41 @@ def test_squad_v2_rows_without_an_answer_are_predicted_empty_end_to_end(tmp_path
     assert (metrics["eval_HasAns_total"], metrics["eval_NoAns_total"]) == (20, 10)
     predictions = json.loads((out / "predict_predictions.json").read_text())
     assert sum(predictions[r["id"]] == "" for r in dev if not r["answers"]["text"]) >= 8
+    check_utils_qa_files(out, [r["id"] for r in dev], version_2=True)
+
+
+def check_utils_qa_files(out: Path, ids: list[str], version_2: bool, prefixes=("eval", "predict")) -> None:
+    """utils_qa.py's files of the evaluation and the prediction: {id: answer}, {id: n-best list} whose best span is
+    the answer (where one is predicted) and whose probabilities add up to 1, and with v2 {id: null odds}, "" predicted
+    exactly where they are above the threshold 0."""
+    for prefix in prefixes:
+        predictions = json.loads((out / f"{prefix}_predictions.json").read_text())
+        nbest = json.loads((out / f"{prefix}_nbest_predictions.json").read_text())
+        assert list(predictions) == list(nbest) == ids
+        for row_id, answer in predictions.items():
+            assert sum(entry["probability"] for entry in nbest[row_id]) == pytest.approx(1.0)
+            assert {"start_logit", "end_logit", "text", "probability"} == set(nbest[row_id][0])
+            assert answer == "" or answer == next(entry["text"] for entry in nbest[row_id] if entry["text"])
+        if not version_2:
+            assert not (out / f"{prefix}_null_odds.json").exists()
+            continue
+        null_odds = json.loads((out / f"{prefix}_null_odds.json").read_text())
+        assert list(null_odds) == ids
+        assert all((predictions[row_id] == "") == (odds > 0) for row_id, odds in null_odds.items())
+        assert all(sum(entry["text"] == "" for entry in nbest[row_id]) == 1 for row_id in ids)  # the null answer
+
+
+def test_squad_v2_from_a_decoder_runs_end_to_end(tmp_path: Path) -> None:
+    """--version_2_with_negative from a decoder's folder, whose null answer is its first token (`<s>`): a few steps
+    evaluate and predict without error and write utils_qa.py's files, null odds included."""
+    qa_folder(tmp_path / "decoder", "decoder")
+    Dataset.from_list(colour_rows(32, 1, unanswerable=3)).to_json(tmp_path / "train.jsonl")
+    dev = colour_rows(9, 2, unanswerable=3)
+    Dataset.from_list(dev).to_json(tmp_path / "dev.jsonl")
+    flags = ["--version_2_with_negative", "--test_file", str(tmp_path / "dev.jsonl"), "--max_steps", "2"]
+    metrics = finetune.main(qa_args(tmp_path / "out", tmp_path / "decoder", tmp_path, *flags))
+    assert (metrics["eval_HasAns_total"], metrics["eval_NoAns_total"]) == (6, 3)
+    check_utils_qa_files(tmp_path / "out", [r["id"] for r in dev], version_2=True)
 
 
 def test_question_answering_from_a_decoder(tmp_path: Path, qa_files: Path) -> None:
@@ -1810,6 +1889,7 @@ def test_question_answering_from_a_decoder(tmp_path: Path, qa_files: Path) -> No
     flags = ["--max_steps", "60", "--per_device_train_batch_size", "16"]
     metrics = finetune.main(qa_args(tmp_path / "out", tmp_path / "decoder", qa_files, *flags))
     assert metrics["eval_exact_match"] >= 50 and metrics["before_eval_exact_match"] < 20
+    check_utils_qa_files(tmp_path / "out", [r["id"] for r in colour_rows(40, 2)], version_2=False, prefixes=["eval"])
     assert type(archlab.DecoderForQuestionAnswering.from_pretrained(tmp_path / "out")).__name__.startswith("Decoder")
 
 
