@@ -18,6 +18,8 @@ from transformers.utils import logging
 
 logger = logging.get_logger(__name__)
 
+IGNORE_INDEX = -100  # a label that is not scored
+
 
 def can_read_values(tensor: torch.Tensor) -> bool:
     """Reading this tensor's values costs no device synchronisation and no graph break."""
@@ -87,6 +89,70 @@ def check_attention_mask(
     if rows != batch_size or (key_length is not None and columns != key_length):
         expected = f"({batch_size}, {key_length if key_length is not None else '...'})"
         raise ValueError(f"`{name}` has shape {tuple(attention_mask.shape)}, but must be (batch, {keys}) = {expected}.")
+
+
+def input_shape(input_ids: torch.Tensor | None, inputs_embeds: torch.Tensor | None) -> tuple[int, int] | None:
+    """(batch, tokens) of a forward's input, from `input_ids` or else `inputs_embeds`; None without either."""
+    given = input_ids if input_ids is not None else inputs_embeds
+    return tuple(given.shape[:2]) if isinstance(given, torch.Tensor) and given.dim() >= 2 else None
+
+
+def check_token_labels(labels: torch.Tensor | None, shape: tuple[int, int] | None, num_labels: int) -> None:
+    """A token classifier's `labels`: one class per token, in [0, num_labels) or -100, checked before the forward.
+    The layouts the stock heads read right are accepted: (batch, tokens), and the same labels flattened
+    (`(batch * tokens,)`) or with a trailing 1 (their loss flattens both sides). Other shapes failed after the whole
+    forward ("Expected input batch_size (21) to match target batch_size (24)"), or, with as many labels in another
+    layout (tokens x batch), were silently read in the wrong order; a float tensor failed in the loss, a class past
+    the head in it too ("Target 5 is out of bounds", a device-side assert on a GPU). Values are read from CPU tensors
+    only (`can_read_values`)."""
+    if labels is None or shape is None:
+        return
+    batch, tokens = shape
+    layouts = {(batch, tokens), (batch * tokens,), (batch, tokens, 1)}
+    if tuple(labels.shape) not in layouts:
+        raise ValueError(
+            f"`labels` has shape {tuple(labels.shape)}; it must be the input's ({batch}, {tokens}), one class per "
+            "token (-100 where a token has none)."
+        )
+    if labels.is_floating_point() or labels.is_complex():
+        raise ValueError(f"`labels` holds {labels.dtype} values; they must be class ids (an integer tensor).")
+    if labels.numel() == 0 or not can_read_values(labels):
+        return
+    bad = labels[(labels != IGNORE_INDEX) & ((labels < 0) | (labels >= num_labels))]
+    if bad.numel():
+        raise ValueError(
+            f"`labels` holds {int(bad[0])}, not a class of the head: `num_labels` is {num_labels}, so labels must be "
+            f"in [0, {num_labels}), or -100 where a token has none."
+        )
+
+
+def check_answer_positions(
+    start_positions: torch.Tensor | None, end_positions: torch.Tensor | None, batch: int | None
+) -> None:
+    """A question-answering head's `start_positions` and `end_positions`: both or neither (given one, the stock heads
+    return no loss), one integer token index per row: `(batch,)`, or `(batch, 1)` as the stock loss squeezes it.
+    Other shapes failed after the whole forward (a `(batch, 2)` with "0D or 1D target tensor expected,
+    multi-target not supported", another batch size with "Expected input batch_size (3) to match target batch_size
+    (4)", naming neither argument). The values are left to the loss, as in the stock heads: positions past the
+    sequence are clamped to its length and left out, negative ones clamped to 0 (the "no answer" index)."""
+    if (start_positions is None) != (end_positions is None):
+        given, missing = (
+            ("start_positions", "end_positions") if end_positions is None else ("end_positions", "start_positions")
+        )
+        raise ValueError(f"`{given}` is given without `{missing}`: the loss needs both (or neither, for no loss).")
+    if start_positions is None or batch is None:
+        return
+    for name, positions in (("start_positions", start_positions), ("end_positions", end_positions)):
+        if not isinstance(positions, torch.Tensor) or tuple(positions.shape) not in {(batch,), (batch, 1)}:
+            shape = tuple(positions.shape) if isinstance(positions, torch.Tensor) else type(positions).__name__
+            raise ValueError(
+                f"`{name}` has shape {shape}; it must be ({batch},), one token index per row of the input "
+                f"(or ({batch}, 1))."
+            )
+        if positions.is_floating_point() or positions.is_complex():
+            raise ValueError(
+                f"`{name}` holds {positions.dtype} values; they must be token indices (an integer tensor)."
+            )
 
 
 def check_cache_heads(cache: Cache | None, kv_heads: int, head_dim: int, heads_field: str, dim_field: str) -> None:
@@ -175,10 +241,13 @@ def check_special_token_ids(generation_config, vocab_size: int, is_encoder_decod
 __all__ = [
     "cached_length",
     "can_read_values",
+    "check_answer_positions",
     "check_attention_mask",
     "check_cache_heads",
     "check_segment_ids",
     "check_special_token_ids",
     "check_token_ids",
+    "check_token_labels",
+    "input_shape",
     "resolved_pad_token_id",
 ]

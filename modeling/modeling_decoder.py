@@ -33,10 +33,13 @@ from .fast_decoding import FastDecodingMixin
 from .input_checks import (
     cached_length,
     can_read_values,
+    check_answer_positions,
     check_attention_mask,
     check_cache_heads,
     check_token_ids,
+    check_token_labels,
     embedding_rows,
+    input_shape,
 )
 from .losses import IGNORE_INDEX, causal_lm_loss, embedding_matrix, lm_head_loss, share_of_batch
 from .losses import shift_labels as next_token_targets
@@ -628,7 +631,8 @@ class DecoderForTokenClassification(DecoderPreTrainedModel):
         cache: Cache | None = None,
         **kwargs,
     ) -> TokenClassifierOutput | tuple:
-        r"""labels (`torch.LongTensor` of shape `(batch, seq_len)`, *optional*): a class per token, -100 to skip it.
+        r"""labels (`torch.LongTensor` of shape `(batch, seq_len)`, *optional*): a class per token, -100 to skip it
+        (checked before the forward: the shape, or the same labels flattened, and the classes; `check_token_labels`).
         output_router_logits (`bool`, *optional*): with sparse layers, add `router_aux_loss_coef` times the
         load-balancing loss to the loss; None reads the config.
         cache (`Cache`, *optional*): the KV cache, transformers 5.24's name for `past_key_values` (either works)."""
@@ -637,6 +641,7 @@ class DecoderForTokenClassification(DecoderPreTrainedModel):
         if output_router_logits is None:
             output_router_logits = self.config.output_router_logits
         num_items_in_batch = kwargs.pop("num_items_in_batch", None)
+        check_token_labels(labels, input_shape(input_ids, inputs_embeds), self.config.num_labels)
         outputs = self.model(
             output_router_logits=True,  # the router losses need them
             input_ids=input_ids,
@@ -702,7 +707,8 @@ class DecoderForQuestionAnswering(DecoderPreTrainedModel):
         **kwargs,
     ) -> QuestionAnsweringModelOutput | tuple:
         r"""start_positions, end_positions (`torch.LongTensor` of shape `(batch,)`, *optional*): the answer's first
-        and last token; positions past the sequence are left out of the loss.
+        and last token, both or neither (checked before the forward: `check_answer_positions`); positions past the
+        sequence are left out of the loss and negative ones read as 0 (the "no answer" index), as in Llama's head.
         output_router_logits (`bool`, *optional*): with sparse layers, add `router_aux_loss_coef` times the
         load-balancing loss to the loss; None reads the config.
         cache (`Cache`, *optional*): the KV cache, transformers 5.24's name for `past_key_values` (either works)."""
@@ -712,6 +718,8 @@ class DecoderForQuestionAnswering(DecoderPreTrainedModel):
             output_router_logits = self.config.output_router_logits
         num_items_in_batch = kwargs.pop("num_items_in_batch", None)
         use_cache = kwargs.pop("use_cache", None)
+        shape = input_shape(input_ids, inputs_embeds)
+        check_answer_positions(start_positions, end_positions, shape[0] if shape else None)
         outputs = self.model(
             output_router_logits=True,  # the router losses need them
             input_ids=input_ids,

@@ -29,6 +29,7 @@ from transformers.modeling_outputs import (
 )
 
 from .configuration_seq2seq import Seq2SeqConfig
+from .input_checks import check_answer_positions, check_token_labels, input_shape
 from .losses import IGNORE_INDEX, causal_lm_loss
 from .modeling_seq2seq import Seq2SeqPreTrainedModel, _architectures
 from .normalization import make_norm
@@ -400,6 +401,7 @@ class EncoderForTokenClassification(EncoderOnlyPreTrainedModel):
     ) -> TokenClassifierOutput | tuple:
         return_dict = return_dict if return_dict is not None else self.config.return_dict
         num_items_in_batch = kwargs.pop("num_items_in_batch", None)
+        check_token_labels(labels, input_shape(input_ids, inputs_embeds), self.config.num_labels)
         outputs = self._encode(
             input_ids,
             attention_mask,
@@ -411,11 +413,6 @@ class EncoderForTokenClassification(EncoderOnlyPreTrainedModel):
             **kwargs,
         )
         hidden_states = outputs.last_hidden_state  # (B, T, d)
-        if labels is not None and labels.shape != hidden_states.shape[:2]:
-            raise ValueError(
-                f"`labels` has shape {tuple(labels.shape)}; it must be the input's {tuple(hidden_states.shape[:2])}, "
-                "one label per token (-100 where a token has none)."
-            )
         logits = self.classifier(self.dropout(hidden_states))  # (B, T, num_labels)
 
         loss = None
@@ -461,9 +458,12 @@ class EncoderForQuestionAnswering(EncoderOnlyPreTrainedModel):
         **kwargs,
     ) -> QuestionAnsweringModelOutput | tuple:
         r"""start_positions, end_positions (`torch.LongTensor` of shape `(batch,)`, *optional*): the answer's first
-        and last token; positions past the sequence are left out of the loss."""
+        and last token, both or neither (checked before the forward: `check_answer_positions`); positions past the
+        sequence are left out of the loss and negative ones read as 0 (the "no answer" index), as in BERT's head."""
         return_dict = return_dict if return_dict is not None else self.config.return_dict
         kwargs.pop("num_items_in_batch", None)  # (the Trainer counts `labels`, which QA batches do not have)
+        shape = input_shape(input_ids, inputs_embeds)
+        check_answer_positions(start_positions, end_positions, shape[0] if shape else None)
         outputs = self._encode(
             input_ids,
             attention_mask,

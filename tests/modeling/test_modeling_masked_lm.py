@@ -301,6 +301,48 @@ def test_the_token_classifier_is_berts(tmp_path):
     assert_close_to_scale(ours.loss, theirs.loss)
 
 
+def test_the_token_classifier_reads_the_labels_berts_reads_and_names_the_others(tmp_path, monkeypatch):
+    """Labels flattened or with a trailing 1 give BERT's loss (its loss flattens both sides; they were refused); a
+    class past the head, a negative one other than -100 or another shape are named before the encoder runs (BERT's
+    failed after the forward with "Target 5 is out of bounds" or a batch-size mismatch)."""
+    from transformers import BertForTokenClassification
+
+    from archlab import EncoderForTokenClassification
+
+    torch.manual_seed(0)
+    reference = _bert_pair(tmp_path, BertForTokenClassification, num_labels=5)
+    model = EncoderForTokenClassification.from_pretrained(tmp_path / "archlab").eval()
+    inputs = _padded_pairs()
+    labels = torch.randint(0, 5, inputs["input_ids"].shape).masked_fill(inputs["attention_mask"] == 0, -100)
+    with torch.no_grad():
+        theirs = reference(**inputs, labels=labels).loss
+        for given in (labels.flatten(), labels[..., None]):
+            assert_close_to_scale(model(**inputs, labels=given).loss, theirs)
+    monkeypatch.setattr(model, "_encode", None)  # (not called: the checks come first)
+    for bad, message in (
+        (labels.masked_fill(labels == 0, 5), r"`labels` holds 5, not a class of the head: `num_labels` is 5"),
+        (labels.masked_fill(labels == 0, -1), r"`labels` holds -1, not a class"),
+        (labels[:, :-1], r"`labels` has shape \(3, 9\); it must be the input's \(3, 10\)"),
+        (labels.T, r"`labels` has shape \(10, 3\)"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            model(**inputs, labels=bad)
+
+
+def test_the_question_answering_model_names_positions_of_the_wrong_shape(monkeypatch):
+    """A (batch, 2) start or another batch size failed after the forward, as in BERT's head, with "0D or 1D target
+    tensor expected, multi-target not supported"; both are named with the argument and the expected shape first."""
+    from archlab import EncoderForQuestionAnswering
+
+    model = EncoderForQuestionAnswering(Seq2SeqConfig(vocab_size=50, d_model=32, encoder_layers=1, encoder_ffn_dim=48))
+    monkeypatch.setattr(model, "_encode", None)
+    ids = torch.randint(3, 50, (3, 10))
+    with pytest.raises(ValueError, match=r"`start_positions` has shape \(3, 2\); it must be \(3,\)"):
+        model(ids, start_positions=torch.ones(3, 2, dtype=torch.long), end_positions=torch.ones(3, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"`end_positions` has shape \(2,\); it must be \(3,\)"):
+        model(ids, start_positions=torch.ones(3, dtype=torch.long), end_positions=torch.ones(2, dtype=torch.long))
+
+
 def test_the_question_answering_model_is_berts(tmp_path):
     """`EncoderForQuestionAnswering` converted from a `BertForQuestionAnswering` gives its start and end logits
     (within 1e-4 of their scale, fp32) on padded sentence pairs, and its loss: the mean of the two cross-entropies,

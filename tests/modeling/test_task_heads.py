@@ -1,5 +1,6 @@
 """DecoderForTokenClassification and DecoderForQuestionAnswering: parity with Llama's and Mixtral's classes (strict
-load, logits, losses with padding and out-of-range answer positions), the loss under the Trainer's
+load, logits, losses with padding and out-of-range answer positions), labels of the wrong shape or class named
+before the forward (where Llama's fail after it or read them in the wrong order), the loss under the Trainer's
 `num_items_in_batch`, the MoE router losses of every classification head, and a causal LM's folder opened as each."""
 
 import pytest
@@ -23,7 +24,7 @@ from archlab import (
 )
 from archlab.modeling.moe import load_balancing_loss, router_z_loss
 
-from helpers import TINY, character_tokenizer, tiny_decoder_config
+from helpers import TINY, character_tokenizer, forbid, tiny_decoder_config
 
 MIXTRAL = dict(
     num_local_experts=4,
@@ -88,6 +89,100 @@ def test_qa_model_matches_the_stock_one_with_positions_out_of_range(family):
     for side in ("start_logits", "end_logits"):
         assert (getattr(ours, side) - getattr(theirs, side))[mask.bool()].abs().max() <= 1e-4, side
     torch.testing.assert_close(ours.loss, theirs.loss, rtol=1e-5, atol=0)
+
+
+BAD_TOKEN_LABELS = {  # labels of the (3, 11) batch -> the error
+    "a label per row": (
+        lambda: torch.randint(0, 5, (3,)),
+        r"`labels` has shape \(3,\); it must be the input's \(3, 11\)",
+    ),
+    "a token too many": (lambda: torch.randint(0, 5, (3, 12)), r"`labels` has shape \(3, 12\); it must be"),
+    "tokens x rows": (lambda: torch.randint(0, 5, (11, 3)), r"`labels` has shape \(11, 3\); it must be"),
+    "a class past the head": (lambda: torch.full((3, 11), 5), r"`labels` holds 5, .* `num_labels` is 5"),
+    "negative, not -100": (lambda: torch.full((3, 11), -1), r"`labels` holds -1, .* or -100 where a token has none"),
+    "floats": (lambda: torch.zeros(3, 11), r"`labels` holds torch.float32 values; they must be class ids"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_TOKEN_LABELS))
+def test_token_labels_that_do_not_fit_are_named_before_the_forward(case, monkeypatch):
+    """Llama's head ran the whole forward and then failed with "Expected input batch_size (33) to match target
+    batch_size (3)", "Target 5 is out of bounds" (a device-side assert on a GPU) or a dtype error, naming no argument,
+    and read (tokens, rows) labels as (rows, tokens) without a word; the decoder's names `labels`, its shape and the
+    expected one, or the class and `num_labels`, before its body runs."""
+    labels, message = BAD_TOKEN_LABELS[case]
+    model = DecoderForTokenClassification(tiny_decoder_config(num_labels=5)).eval()
+    forbid(monkeypatch, model.model, "forward", "the labels are checked before the body runs")
+    ids, mask = _batch()
+    with pytest.raises(ValueError, match=message):
+        model(ids, attention_mask=mask, labels=labels())
+    with pytest.raises(ValueError, match=message):  # (the input as embeddings)
+        model(inputs_embeds=torch.zeros(3, 11, 32), labels=labels())
+
+
+@pytest.mark.parametrize("layout", ["flat", "trailing 1"])
+def test_token_labels_in_a_layout_the_stock_head_reads_give_its_loss(layout):
+    """The same labels flattened, or with a trailing 1, are read by Llama's head (its loss flattens both sides) and
+    are accepted, with its loss."""
+    model, reference = _pair("llama", "tokens", num_labels=5)
+    ids, mask = _batch()
+    labels = torch.randint(0, 5, ids.shape).masked_fill(mask == 0, -100)
+    given = labels.flatten() if layout == "flat" else labels[..., None]
+    with torch.no_grad():
+        theirs = reference(ids, attention_mask=mask, labels=labels).loss
+        torch.testing.assert_close(reference(ids, attention_mask=mask, labels=given).loss, theirs)
+        torch.testing.assert_close(model(ids, attention_mask=mask, labels=given).loss, theirs, rtol=1e-5, atol=0)
+
+
+BAD_POSITIONS = {  # (start, end positions) of the 3-row batch -> the error
+    "two per row": (
+        (torch.ones(3, 2, dtype=torch.long),) * 2,
+        r"`start_positions` has shape \(3, 2\); it must be \(3,\)",
+    ),
+    "a row too many": (
+        (torch.ones(3, dtype=torch.long), torch.ones(4, dtype=torch.long)),
+        r"`end_positions` has shape \(4,\)",
+    ),
+    "one for the batch": ((torch.tensor(1), torch.tensor(2)), r"`start_positions` has shape \(\); it must be \(3,\)"),
+    "floats": ((torch.ones(3), torch.ones(3)), r"`start_positions` holds torch.float32 values; they must be"),
+    "a start alone": ((torch.ones(3, dtype=torch.long), None), r"`start_positions` is given without `end_positions`"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_POSITIONS))
+def test_answer_positions_that_do_not_fit_are_named_before_the_forward(case, monkeypatch):
+    """Llama's QA class failed after the forward ("0D or 1D target tensor expected, multi-target not supported",
+    "Expected input batch_size (3) to match target batch_size (4)"), or returned no loss given a start without an
+    end; the decoder's names the argument, its shape and the expected one before its body runs."""
+    (starts, ends), message = BAD_POSITIONS[case]
+    model = DecoderForQuestionAnswering(tiny_decoder_config()).eval()
+    forbid(monkeypatch, model.model, "forward", "the positions are checked before the body runs")
+    ids, mask = _batch()
+    with pytest.raises(ValueError, match=message):
+        model(ids, attention_mask=mask, start_positions=starts, end_positions=ends)
+
+
+def test_answer_positions_past_the_sequence_or_negative_are_read_as_the_stock_head_reads_them():
+    """Accepted as Llama's QA class accepts them, with its loss: positions past the sequence left out, negative ones
+    (-1, -100) clamped to 0, the "no answer" index; positions of shape (batch, 1) squeezed."""
+    model, reference = _pair("llama", "qa")
+    ids, mask = _batch()
+    for starts, ends in (([40, -1, 2], [60, 5, -100]), ([11, 0, -7], [3, 11, 4])):
+        starts, ends = torch.tensor(starts), torch.tensor(ends)
+        for shape in ((3,), (3, 1)):
+            given = dict(start_positions=starts.reshape(shape), end_positions=ends.reshape(shape))
+            with torch.no_grad():
+                ours, theirs = (
+                    model(ids, attention_mask=mask, **given).loss,
+                    reference(ids, attention_mask=mask, **given).loss,
+                )
+            torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=0)
+    with torch.no_grad():  # (-1 is 0: the same loss)
+        zero = dict(start_positions=torch.tensor([0, 0, 0]), end_positions=torch.tensor([0, 0, 0]))
+        minus = dict(start_positions=torch.tensor([-1, -100, 0]), end_positions=torch.tensor([0, -3, -1]))
+        torch.testing.assert_close(
+            model(ids, attention_mask=mask, **minus).loss, model(ids, attention_mask=mask, **zero).loss
+        )
 
 
 def test_token_loss_under_num_items_in_batch_is_the_whole_batch_mean():
