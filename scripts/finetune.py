@@ -23,7 +23,8 @@
   words and a list of labels per row (`tokens` / `ner_tags`, or --text_column_name / --label_column_name), the
   labels as names or a `Sequence(ClassLabel)`; each word's label on its first sub-token (--label_all_tokens: on every
   one). A causal LM's folder trains `DecoderForTokenClassification`, a masked LM's `EncoderForTokenClassification`.
-  Reports seqeval's entity-level precision, recall and F1 (IOB2) and token accuracy.
+  Reports seqeval's entity-level precision, recall and F1 (IOB2) and token accuracy; --return_entity_level_metrics
+  adds each entity type's (`eval_PER_f1`, ...), as run_ner.py's flag.
       python scripts/finetune.py --task token-classification --model_name_or_path runs/pretrain --train_file ner.jsonl
 - `question-answering`: extractive QA as run_qa.py does it, from a decoder's folder (`DecoderForQuestionAnswering`)
   or a masked LM's (BERT's `EncoderForQuestionAnswering`); an encoder-decoder's is refused. Data in SQuAD's layout
@@ -122,6 +123,14 @@ class FinetuneArguments:
         metadata={
             "help": "classification: the label column; token-classification: the column of a list of labels per "
             "row (unset: `ner_tags`, its words' column `tokens` unless --text_column_name says, as run_ner.py)."
+        },
+    )
+    return_entity_level_metrics: bool = field(
+        default=False,
+        metadata={
+            "help": "token-classification: also report each entity type's precision, recall, F1 and count "
+            "(`eval_PER_f1`, `eval_PER_number`, ...), as run_ner.py's flag (which renames the overall scores "
+            "`overall_*`; here they keep their names)."
         },
     )
     label_all_tokens: bool = field(
@@ -345,6 +354,8 @@ def main(argv: Sequence[str] | None = None, callbacks: list[TrainerCallback] | N
     text_column = check_text_column_flags(args, data_args.text_column_name)
     if args.label_all_tokens and not task.token_labels:
         raise ValueError(f"--label_all_tokens is for --task token-classification, not --task {args.task}.")
+    if args.return_entity_level_metrics and not task.token_labels:
+        raise ValueError(f"--return_entity_level_metrics is for --task token-classification, not --task {args.task}.")
     if task.token_labels:
         text_column, args.label_column_name = token_columns(text_column, args.label_column_name)
     check_installed(task)
@@ -416,7 +427,7 @@ def main(argv: Sequence[str] | None = None, callbacks: list[TrainerCallback] | N
         eval_dataset=built["validation"],
         data_collator=built["collator"],
         processing_class=tokenizer,
-        compute_metrics=task.compute_metrics(tokenizer, built["model"].config),
+        compute_metrics=task.compute_metrics(tokenizer, built["model"].config, args),
         callbacks=callbacks,
     )
     trainer.run_facts = facts

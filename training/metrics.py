@@ -128,9 +128,33 @@ def entity_scores(references: list[list[str]], predictions: list[list[str]]) -> 
     }
 
 
-def token_classification_metrics(id2label: dict[int, str]) -> Callable[[Any], dict[str, float]]:
+def entity_type_scores(references: list[list[str]], predictions: list[list[str]]) -> dict[str, float]:
+    """seqeval's scores per entity type, as run_ner.py's --return_entity_level_metrics reports them: for each type
+    found in the references or the predictions (sorted), `{type}_precision`, `{type}_recall` and `{type}_f1` over its
+    entities (0 where none is predicted or none is there, seqeval's `zero_division` default) and `{type}_number`,
+    its entities in the references (seqeval's support)."""
+    true = {(row, *span) for row, tags in enumerate(references) for span in entity_spans(tags)}
+    found = {(row, *span) for row, tags in enumerate(predictions) for span in entity_spans(tags)}
+    scores: dict[str, float] = {}
+    for kind in sorted({entity[1] for entity in true | found}):
+        there = {entity for entity in true if entity[1] == kind}
+        named = {entity for entity in found if entity[1] == kind}
+        correct = len(there & named)
+        precision = correct / len(named) if named else 0.0
+        recall = correct / len(there) if there else 0.0
+        f1 = 2 * precision * recall / (precision + recall) if correct else 0.0
+        scores.update(
+            {f"{kind}_precision": precision, f"{kind}_recall": recall, f"{kind}_f1": f1, f"{kind}_number": len(there)}
+        )
+    return scores
+
+
+def token_classification_metrics(
+    id2label: dict[int, str], entity_level: bool = False
+) -> Callable[[Any], dict[str, float]]:
     """`compute_metrics` of a token classifier: the argmax label at each scored token (label not -100: the words'
-    first sub-tokens) against its label, by `entity_scores`."""
+    first sub-tokens) against its label, by `entity_scores`; `entity_level` (--return_entity_level_metrics) adds
+    each entity type's scores (`entity_type_scores`)."""
 
     def compute(prediction: Any) -> dict[str, float]:
         logits = prediction.predictions[0] if isinstance(prediction.predictions, tuple) else prediction.predictions
@@ -138,6 +162,9 @@ def token_classification_metrics(id2label: dict[int, str]) -> Callable[[Any], di
         keep = [row != IGNORE_INDEX for row in labels]
         references = [[id2label[int(i)] for i in row[k]] for row, k in zip(labels, keep)]
         found = [[id2label[int(i)] for i in row[k]] for row, k in zip(predicted, keep)]
-        return entity_scores(references, found)
+        scores = entity_scores(references, found)
+        if entity_level:
+            scores.update(entity_type_scores(references, found))
+        return scores
 
     return compute

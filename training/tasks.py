@@ -79,8 +79,8 @@ class Task:
     collator: Callable[[Any, PreTrainedModel, int], Any]  # (tokenizer, model, the longest example) -> data collator
     trainer_class: type = AtomicCheckpointTrainer
     auto_class: Any = None  # None: the model kind's own head
-    compute_metrics: Callable[[Any, Any], Callable | None] = lambda tokenizer, config: None  # (tokenizer, model
-    # config) -> `compute_metrics`
+    compute_metrics: Callable[..., Callable | None] = lambda tokenizer, config, options=None: None  # (tokenizer,
+    # model config, the task's options) -> `compute_metrics`
     view: Callable[[dict[str, float]], dict[str, float]] = dict  # adds derived metrics to an evaluation's
     summary_keys: tuple[str, ...] = ("eval_loss",)  # the metrics of its before/after lines
     # what its `compute_metrics` reports, beside the loss (without `view`'s additions, which the Trainer never sees):
@@ -122,7 +122,7 @@ TASKS: dict[str, Task] = {
         tokenize=task_data.tokenize_classification,
         collator=lambda tokenizer, model, max_length: DataCollatorWithPadding(tokenizer),
         auto_class=CLASSIFICATION_AUTO_CLASS,
-        compute_metrics=lambda tokenizer, config: classification_metrics,
+        compute_metrics=lambda tokenizer, config, options=None: classification_metrics,
         summary_keys=("eval_loss", "eval_accuracy", "eval_f1", "eval_mse", "eval_pearson"),
         metrics=("accuracy", "f1", "mse", "pearson"),
         labels=True,
@@ -138,7 +138,7 @@ TASKS: dict[str, Task] = {
             tokenizer, model=model, label_pad_token_id=IGNORE_INDEX
         ),
         trainer_class=AtomicSeq2SeqTrainer,
-        compute_metrics=lambda tokenizer, config: seq2seq_metrics(tokenizer),
+        compute_metrics=lambda tokenizer, config, options=None: seq2seq_metrics(tokenizer),
         summary_keys=("eval_loss", "eval_bleu", "eval_chrf", "eval_exact_match"),
         metrics=("bleu", "chrf", "exact_match"),
         generates=True,
@@ -156,7 +156,9 @@ TASKS: dict[str, Task] = {
         tokenize=token_classification.tokenize_token_classification,
         collator=lambda tokenizer, model, max_length: DataCollatorForTokenClassification(tokenizer),
         auto_class=AutoModelForTokenClassification,
-        compute_metrics=lambda tokenizer, config: token_classification_metrics(config.id2label),
+        compute_metrics=lambda tokenizer, config, options=None: token_classification_metrics(
+            config.id2label, getattr(options, "return_entity_level_metrics", False)
+        ),
         summary_keys=("eval_loss", "eval_precision", "eval_recall", "eval_f1", "eval_accuracy"),
         metrics=("precision", "recall", "f1", "accuracy"),
         labels=True,

@@ -4,7 +4,7 @@ of words and a list of labels per row (`tokens` / `ner_tags` by default; labels 
 sub-token and -100 on the rest and on special tokens (`--label_all_tokens`: on every sub-token, a `B-` label as its
 `I-` on the later ones), and the predictions of a test split written one line of labels per example
 (`predictions.txt`). The metrics (seqeval's entity-level precision, recall and F1, and token accuracy) are
-`metrics.token_classification_metrics`."""
+`metrics.token_classification_metrics` (with --return_entity_level_metrics, each entity type's too)."""
 
 from __future__ import annotations
 

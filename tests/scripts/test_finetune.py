@@ -1364,6 +1364,33 @@ def test_entity_scores_follow_seqeval() -> None:
     assert entity_scores([["B-X", "E-X", "S-Y"]], [["B-X", "I-Y", "S-Y"]])["f1"] == pytest.approx(2 / 5)
 
 
+def test_entity_level_metrics_score_each_type_as_seqeval() -> None:
+    """--return_entity_level_metrics (run_ner.py's flag): each entity type's precision, recall, F1 and number (its
+    entities in the references), hand-computed; a type only predicted is listed with 0s and number 0 (seqeval's
+    report lists the types of either side, `zero_division` 0)."""
+    from archlab.training.metrics import entity_type_scores, token_classification_metrics
+
+    gold = [["B-PER", "I-PER", "O", "B-LOC"], ["B-ORG", "O"], ["O"]]
+    found = [["B-PER", "I-LOC", "O", "B-LOC"], ["I-ORG", "O"], ["B-MISC"]]
+    # gold: PER 0-1, LOC 3, ORG 0; found: PER 0, LOC 1, LOC 3, ORG 0, MISC 0
+    assert entity_type_scores(gold, found) == pytest.approx(
+        {
+            **{"LOC_precision": 1 / 2, "LOC_recall": 1.0, "LOC_f1": 2 / 3, "LOC_number": 1},
+            **{"MISC_precision": 0.0, "MISC_recall": 0.0, "MISC_f1": 0.0, "MISC_number": 0},
+            **{"ORG_precision": 1.0, "ORG_recall": 1.0, "ORG_f1": 1.0, "ORG_number": 1},
+            **{"PER_precision": 0.0, "PER_recall": 0.0, "PER_f1": 0.0, "PER_number": 1},
+        }
+    )
+    id2label = {0: "O", 1: "B-PER", 2: "I-PER"}
+    logits = np.eye(3)[[[1, 2, 0, 0], [0, 1, 1, 0]]]  # row 2: B-PER B-PER vs gold B-PER I-PER
+    labels = np.array([[1, -100, 0, -100], [0, 1, 2, -100]])
+    prediction = EvalPrediction(predictions=logits, label_ids=labels)
+    overall = {"precision": 1 / 3, "recall": 1 / 2, "f1": 0.4, "accuracy": 4 / 5}
+    assert token_classification_metrics(id2label)(prediction) == pytest.approx(overall)
+    with_types = {**overall, "PER_precision": 1 / 3, "PER_recall": 1 / 2, "PER_f1": 0.4, "PER_number": 2}
+    assert token_classification_metrics(id2label, entity_level=True)(prediction) == pytest.approx(with_types)
+
+
 def test_token_classification_metrics_score_the_labelled_tokens_only() -> None:
     """`compute_metrics` reads the argmax at the tokens with a label (the words' first sub-tokens) alone."""
     from archlab.training.metrics import token_classification_metrics
@@ -1401,8 +1428,9 @@ def test_token_classification_end_to_end(tmp_path: Path, ner_files: Path, start:
     # (byte-level BPE cuts words into pieces: the pipeline's "simple" grouping reads each piece's own label, so the
     # decoder learns them all; WordPiece keeps these words whole)
     every_piece = ["--label_all_tokens", "true"] if start == "decoder" else []
-    metrics = finetune.main([*args, *every_piece, "--test_file", str(validation)])
+    metrics = finetune.main([*args, *every_piece, "--test_file", str(validation), "--return_entity_level_metrics"])
     assert metrics["eval_f1"] == 1.0 and metrics["eval_accuracy"] == 1.0 and metrics["predict_f1"] == 1.0
+    assert metrics["eval_PER_f1"] == metrics["eval_LOC_f1"] == 1.0 and metrics["predict_PER_number"] == 24
     assert metrics["before_eval_f1"] < 0.5
     model = AutoModelForTokenClassification.from_pretrained(out)
     classes = {"decoder": archlab.DecoderForTokenClassification, "masked_lm": archlab.EncoderForTokenClassification}
@@ -1462,8 +1490,8 @@ def test_hub_class_labels_train_under_their_names(tmp_path: Path, ner_files: Pat
 
 def test_bad_token_classification_inputs_are_named_before_training(tmp_path: Path, ner_files: Path) -> None:
     """Rows whose words and labels differ in number, one label per row, an unlabelled test file (run_ner.py scores its
-    predictions), --label_all_tokens for another task and an encoder-decoder's folder are refused before anything is
-    written."""
+    predictions), --label_all_tokens or --return_entity_level_metrics for another task and an encoder-decoder's
+    folder are refused before anything is written."""
     rows = ner_rows(8, 0)
     bad = write_jsonl(tmp_path / "bad.jsonl", [*rows[:3], {**rows[3], "ner_tags": rows[3]["ner_tags"][:-1]}])
     train = ner_files / "train.jsonl"
@@ -1485,6 +1513,8 @@ def test_bad_token_classification_inputs_are_named_before_training(tmp_path: Pat
         )
     with pytest.raises(ValueError, match="--label_all_tokens is for --task token-classification"):
         finetune.main(run_args(out, "--task", "classification", "--label_all_tokens", "true"))
+    with pytest.raises(ValueError, match="--return_entity_level_metrics is for --task token-classification, not"):
+        finetune.main(run_args(out, "--task", "classification", "--return_entity_level_metrics"))
     config = archlab.Seq2SeqConfig(**TINY_SEQ2SEQ)
     archlab.Seq2SeqForConditionalGeneration(config).save_pretrained(tmp_path / "seq2seq")
     with pytest.raises(ValueError, match="--task token-classification cannot train: .*a masked LM's encoder"):
