@@ -55,12 +55,13 @@ tokenizer trained on the task's training texts.
 from __future__ import annotations
 
 import os
+import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from transformers import Seq2SeqTrainingArguments, TrainerCallback, set_seed
+from transformers import Seq2SeqTrainingArguments, TrainerCallback, TrainingArguments, set_seed
 
 from archlab.model_cards.facts import SEQ2SEQ_PIPELINE_TAGS
 from archlab.scripts.arguments import (
@@ -86,6 +87,7 @@ from archlab.training.checkpoints import (
 )
 from archlab.training.evaluation import train_and_evaluate
 from archlab.training.kinds import model_kind
+from archlab.training.metrics import entity_types
 from archlab.training.question_answering import check_windows
 from archlab.training.reporting import log, summary, training_setup
 from archlab.training.sampling import sample_unless_sharded, stop_at_the_end_of_a_turn
@@ -130,7 +132,8 @@ class FinetuneArguments:
         metadata={
             "help": "token-classification: also report each entity type's precision, recall, F1 and count "
             "(`eval_PER_f1`, `eval_PER_number`, ...), as run_ner.py's flag (which renames the overall scores "
-            "`overall_*`; here they keep their names)."
+            "`overall_*`; here they keep their names); every type of the label set is listed in every evaluation, "
+            "so one can be --metric_for_best_model (`PER_f1`)."
         },
     )
     label_all_tokens: bool = field(
@@ -330,7 +333,9 @@ def main(argv: Sequence[str] | None = None, callbacks: list[TrainerCallback] | N
     check_pretrained_model_kind(model_args, task.auto_class or kind.auto_class, f"--task {args.task}")
     training_args.do_predict = training_args.do_predict or args.test_file is not None
     check_training_flags(training_args, predicts=True)
-    check_metric_for_best_model(training_args, task.metrics, f"--task {args.task}'s")
+    entity_type = entity_type_of_metric(args, training_args)
+    if entity_type is None:
+        check_metric_for_best_model(training_args, task.metrics, f"--task {args.task}'s")
     check_data_flags(data_args, training_args)
     check_predict_flags(task, args, data_args, training_args)
     if data_args.streaming:
@@ -402,6 +407,8 @@ def main(argv: Sequence[str] | None = None, callbacks: list[TrainerCallback] | N
         first_process_writes_the_cache(training_args, raw),
     )
 
+    if entity_type is not None:
+        check_entity_type_metric(entity_type, built["model"].config.id2label.values(), training_args)
     own_data = bool(data_args.train_file or data_args.dataset_name)
     pipeline_tag = card_pipeline_tag(task, args.pipeline_tag, own_data)
     if task.generates:  # before training, so that the checkpoints' configs record it as well
@@ -550,6 +557,29 @@ def check_question_answering_flags(args: FinetuneArguments) -> None:
         length = EXAMPLE_LENGTH_FLAGS.get(args.task, "--block_size")
         hint = f" (the windows of a question and its context); --task {args.task} cuts its examples at {length}"
     raise ValueError(f"{', '.join(given)}: for --task question-answering, not --task {args.task}{hint}.")
+
+
+ENTITY_TYPE_METRIC = re.compile(r"(.+)_(precision|recall|f1|number)")
+
+
+def entity_type_of_metric(args: FinetuneArguments, training_args: TrainingArguments) -> str | None:
+    """With --return_entity_level_metrics, the entity type of a `{type}_{score}` --metric_for_best_model
+    (`PER_f1`), checked once the labels are read (`check_entity_type_metric`); else None."""
+    metric = (training_args.metric_for_best_model or "").removeprefix("eval_")
+    match = ENTITY_TYPE_METRIC.fullmatch(metric) if args.return_entity_level_metrics else None
+    return match.group(1) if match else None
+
+
+def check_entity_type_metric(entity_type: str, labels: Iterable[str], training_args: TrainingArguments) -> None:
+    """An entity type's --metric_for_best_model names a type of the label set (each evaluation reports all of them);
+    the others were refused at the start as a metric the evaluations do not report."""
+    types = sorted(entity_types(labels))
+    if entity_type not in types:
+        raise ValueError(
+            f"--metric_for_best_model {training_args.metric_for_best_model}: the labels tag the entity types "
+            f"{', '.join(types) or '(none)'}; --return_entity_level_metrics reports {{type}}_precision, _recall, _f1 "
+            "and _number for each."
+        )
 
 
 # the column flags of each task but question answering (whose flags `check_question_answering_flags` checks)

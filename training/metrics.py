@@ -5,7 +5,7 @@ generated sequences (sacrebleu's BLEU and chrF, exact match)."""
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import numpy as np
@@ -128,15 +128,24 @@ def entity_scores(references: list[list[str]], predictions: list[list[str]]) -> 
     }
 
 
-def entity_type_scores(references: list[list[str]], predictions: list[list[str]]) -> dict[str, float]:
+def entity_types(labels: Iterable[str]) -> set[str]:
+    """The entity types a label set tags (`B-PER`, `I-PER` -> PER), read as `entity_spans` reads a tag."""
+    return {span[0] for label in labels for span in entity_spans([label])}
+
+
+def entity_type_scores(
+    references: list[list[str]], predictions: list[list[str]], types: Iterable[str] = ()
+) -> dict[str, float]:
     """seqeval's scores per entity type, as run_ner.py's --return_entity_level_metrics reports them: for each type
     found in the references or the predictions (sorted), `{type}_precision`, `{type}_recall` and `{type}_f1` over its
     entities (0 where none is predicted or none is there, seqeval's `zero_division` default) and `{type}_number`,
-    its entities in the references (seqeval's support)."""
+    its entities in the references (seqeval's support). `types` are listed whether found or not (with 0s): every
+    evaluation then reports the same keys, and one of them can be `--metric_for_best_model` (seqeval lists only
+    the types found, and the Trainer's KeyError came at the first evaluation without one)."""
     true = {(row, *span) for row, tags in enumerate(references) for span in entity_spans(tags)}
     found = {(row, *span) for row, tags in enumerate(predictions) for span in entity_spans(tags)}
     scores: dict[str, float] = {}
-    for kind in sorted({entity[1] for entity in true | found}):
+    for kind in sorted({entity[1] for entity in true | found} | set(types)):
         there = {entity for entity in true if entity[1] == kind}
         named = {entity for entity in found if entity[1] == kind}
         correct = len(there & named)
@@ -154,7 +163,7 @@ def token_classification_metrics(
 ) -> Callable[[Any], dict[str, float]]:
     """`compute_metrics` of a token classifier: the argmax label at each scored token (label not -100: the words'
     first sub-tokens) against its label, by `entity_scores`; `entity_level` (--return_entity_level_metrics) adds
-    each entity type's scores (`entity_type_scores`)."""
+    each entity type's scores (`entity_type_scores`), for every type of the label set whether found or not."""
 
     def compute(prediction: Any) -> dict[str, float]:
         logits = prediction.predictions[0] if isinstance(prediction.predictions, tuple) else prediction.predictions
@@ -164,7 +173,7 @@ def token_classification_metrics(
         found = [[id2label[int(i)] for i in row[k]] for row, k in zip(predicted, keep)]
         scores = entity_scores(references, found)
         if entity_level:
-            scores.update(entity_type_scores(references, found))
+            scores.update(entity_type_scores(references, found, entity_types(id2label.values())))
         return scores
 
     return compute

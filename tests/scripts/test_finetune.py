@@ -1389,6 +1389,31 @@ def test_entity_level_metrics_score_each_type_as_seqeval() -> None:
     assert token_classification_metrics(id2label)(prediction) == pytest.approx(overall)
     with_types = {**overall, "PER_precision": 1 / 3, "PER_recall": 1 / 2, "PER_f1": 0.4, "PER_number": 2}
     assert token_classification_metrics(id2label, entity_level=True)(prediction) == pytest.approx(with_types)
+    # a type of the label set that neither side holds is listed with 0s, so every evaluation reports the same keys
+    with_loc = {**with_types, "LOC_precision": 0.0, "LOC_recall": 0.0, "LOC_f1": 0.0, "LOC_number": 0}
+    scores = token_classification_metrics({**id2label, 3: "B-LOC", 4: "I-LOC"}, entity_level=True)(prediction)
+    assert scores == pytest.approx(with_loc)
+
+
+def test_an_entity_types_score_can_be_the_metric_for_best_model(tmp_path: Path, ner_files: Path) -> None:
+    """With --return_entity_level_metrics, `--metric_for_best_model PER_f1` was refused at the start as a metric the
+    evaluations do not report; it is now read once the labels are known, and a type the labels lack is refused then,
+    naming the types, before anything is written."""
+    rows = ner_rows(50, 0)
+    tokenizer = train_tokenizer([" ".join(r["tokens"]) for r in rows], "decoder", vocab_size=300, min_frequency=1)
+    archlab.DecoderForCausalLM(tiny_decoder_config(vocab_size=len(tokenizer))).save_pretrained(tmp_path / "base")
+    save_tokenizer(tokenizer, tmp_path / "base")
+    out = tmp_path / "out"
+    args = ner_args(out, tmp_path / "base", ner_files / "train.jsonl", ner_files / "validation.jsonl")
+    best = ["--eval_strategy", "steps", "--eval_steps", "1", "--save_steps", "1", "--load_best_model_at_end", "true"]
+    flags = [*args, "--max_steps", "2", *best, "--return_entity_level_metrics"]
+    with pytest.raises(ValueError, match="labels tag the entity types LOC, PER; --return_entity_level_metrics"):
+        finetune.main([*flags, "--metric_for_best_model", "ORG_f1"])
+    assert not out.exists()
+    with pytest.raises(ValueError, match="--metric_for_best_model PER_f1: --task token-classification's evaluations"):
+        finetune.main([*args, "--metric_for_best_model", "PER_f1"])  # (without the flag)
+    metrics = finetune.main([*flags, "--metric_for_best_model", "PER_f1"])
+    assert "eval_PER_f1" in metrics and "eval_LOC_number" in metrics
 
 
 def test_token_classification_metrics_score_the_labelled_tokens_only() -> None:
