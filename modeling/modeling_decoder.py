@@ -425,6 +425,18 @@ class DecoderForCausalLM(FastDecodingMixin, DecoderPreTrainedModel, GenerationMi
             inputs["attention_mask"] = attention_mask
         return inputs
 
+    def init_continuous_batching(self, *args, **kwargs):
+        """Refused: transformers' continuous batching (`generate_batch`, `continuous_batching_context_manager`,
+        `init_continuous_batching`; TRL's `use_transformers_continuous_batching=True`) runs the model on its paged KV
+        cache, packed rows and `paged|...` attention, which archlab's decoder does not implement. Its generation thread
+        only logged the failure and `generate_batch` returned empty completions (TRL then failed on them with
+        `IndexError: list index out of range`); this names the cause before anything runs."""
+        raise NotImplementedError(
+            f"{type(self).__name__} does not support transformers' continuous batching (`generate_batch`, "
+            "`init_continuous_batching`, TRL's `use_transformers_continuous_batching=True`): archlab's attention "
+            "does not run on the paged KV cache. Use `generate()` with a batch of prompts (TRL's default)."
+        )
+
     def _get_stopping_criteria(self, *args, **kwargs) -> StoppingCriteriaList:
         """`generate`'s criteria without transformers' "exceeded the model's predefined maximum length" reminder
         when there is no position table: it comes after the first streamed token, in the middle of the text, while
