@@ -36,7 +36,7 @@ from transformers import (  # noqa: E402
 
 from archlab import DecoderConfig, DecoderForCausalLM, DecoderForSequenceClassification  # noqa: E402
 
-from helpers import TINY, assert_close_to_scale, tiny_decoder_config  # noqa: E402
+from helpers import DECODER_VARIANTS, TINY, assert_close_to_scale, decoder_variant, tiny_decoder_config  # noqa: E402
 
 WORDS = [f"w{i}" for i in range(90)]  # ids 4..93 of the tiny vocabulary (97)
 KINDS = {"dense": {}, "moe": dict(num_local_experts=4, num_experts_per_tok=2)}
@@ -528,3 +528,25 @@ def test_grpo_scores_completions_with_a_reward_model_folder_as_the_stock_twin(ki
         )
     assert type(trainer.reward_funcs[0]).__name__ == "DecoderForSequenceClassification"
     assert rewards[1] == pytest.approx(rewards[0], rel=1e-4, abs=1e-6) and rewards[0]
+
+
+@pytest.mark.parametrize("variant", DECODER_VARIANTS)
+def test_trls_fused_head_scores_every_catalogue_variant_as_the_models_own_logits(variant):
+    """TRL's trainers (SFT, DPO, KTO, GRPO, RLOO) score tokens with their own projection of the backbone's hidden
+    states (`add_fused_lm_head`), reading logit transforms from the config by name (`final_logit_softcapping`): the
+    log-probabilities at temperature 0.7 of a left-padded batch are those of the model's own logits in every variant
+    (positions from the mask, sliding windows, prefix-LM, ALiBi, softcapping, MoE)."""
+    from trl.trainer.utils import add_fused_lm_head
+
+    model = decoder_variant(variant)
+    ids = torch.randint(3, 97, (2, 9))
+    mask = torch.ones_like(ids)
+    mask[0, :3] = 0
+    ids = ids.masked_fill(mask == 0, model.config.pad_token_id)
+    labels = ids.masked_fill(mask == 0, -100)
+    with torch.no_grad():
+        logits = model(ids, attention_mask=mask).logits[:, :-1].float() / 0.7
+        own = logits.log_softmax(-1).gather(-1, ids[:, 1:, None]).squeeze(-1).masked_fill(labels[:, 1:] == -100, 0)
+        add_fused_lm_head(model, temperature=0.7)
+        fused = model(input_ids=ids, attention_mask=mask, labels=labels, fused_lm_head=True).log_probs
+    assert_close_to_scale(fused, own, rtol=1e-5)
