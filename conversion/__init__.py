@@ -5,7 +5,7 @@
 - `fused_decoders.py`: GPT-2, OpenAI-GPT, GPT-NeoX, Falcon, BLOOM and MPT, whose weights are renamed, split and
   transposed by the rules of `layouts.py` (refusal messages in `checks.py`);
 - `layernorm_decoders.py`: StableLM, Phi and OPT (LayerNorm decoders; Phi's and OPT's weights renamed by rules);
-- `experts.py`: Mixtral's and Qwen2-MoE's per-expert checkpoint modules, fused as archlab holds them;
+- `experts.py`: Mixtral's and Qwen2-MoE's (and Qwen3-MoE's) per-expert checkpoint modules, fused as archlab holds them;
 - `marian.py`, `bart.py`, `t5.py`: the encoder-decoders; `bert.py`: BERT as archlab's masked LM;
 - `heads.py`: a decoder family's `<Family>ForSequenceClassification` as archlab's `DecoderForSequenceClassification`
   (the `score` head on the family's body), and BERT's sequence and token classifiers as

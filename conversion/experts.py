@@ -5,7 +5,7 @@ experts, (K, 2f, d), and `mlp.experts.down_proj`, (K, d, f)) and archlab uses th
 `save_pretrained` writes (and the Hub holds) the families' original layout, one module per expert:
 
     Mixtral     `block_sparse_moe.experts.E.w1/w3/w2` (gate/up/down), router `block_sparse_moe.gate`
-    Qwen2-MoE   `mlp.experts.E.gate_proj/up_proj/down_proj`, router `mlp.gate`
+    Qwen2-MoE   `mlp.experts.E.gate_proj/up_proj/down_proj`, router `mlp.gate` (Qwen3-MoE's too)
 
 `PerExpertWeights` is that layout as data; its `Layout` fuses them on import. Exporting needs nothing: the stock
 class is handed the fused tensors in memory and saves its own layout.

@@ -1,8 +1,9 @@
 """The families the converter knows: one `Family` row each, by `model_type`.
 
-The Llama-like decoders (Llama, Mistral, Mixtral, Gemma, Gemma2, Qwen2, Qwen2-MoE, Qwen3) differ from Llama only in
-which config fields they have and what they fix; their weights have archlab's names already (archlab uses Llama's and
-Gemma2's), except the per-expert modules of Mixtral's and Qwen2-MoE's saved checkpoints (`experts.py`). The decoders
+The Llama-like decoders (Llama, Mistral, Mixtral, Gemma, Gemma2, Qwen2, Qwen2-MoE, Qwen3, Qwen3-MoE) differ from
+Llama only in which config fields they have and what they fix; their weights have archlab's names already (archlab
+uses Llama's and Gemma2's), except the per-expert modules of Mixtral's, Qwen2-MoE's and Qwen3-MoE's saved checkpoints
+(`experts.py`). The decoders
 with their own names, fused q/k/v and Conv1D weights (GPT-2, OpenAI-GPT, GPT-NeoX, Falcon, BLOOM, MPT) live in
 `fused_decoders.py`, StableLM, Phi and OPT in `layernorm_decoders.py`, the encoder-decoders in `marian.py`, `bart.py`
 and `t5.py`, BERT (as `EncoderForMaskedLM`) in `bert.py`.
@@ -32,6 +33,8 @@ from transformers import (
     Qwen2MoeForCausalLM,
     Qwen3Config,
     Qwen3ForCausalLM,
+    Qwen3MoeConfig,
+    Qwen3MoeForCausalLM,
 )
 
 from ..modeling import DecoderForCausalLM
@@ -117,6 +120,21 @@ QWEN2_MOE_FIELDS = {
     ),
     "num_experts": "num_local_experts",
 }
+# Qwen3-MoE: Qwen3's attention (QK-norm always; `attention_bias` on q/k/v/o; no `layer_types`, its window on every
+# layer) with Qwen2-MoE's sparse layers without the shared expert. Its config has no `head_dim` field but its
+# attention reads one from config.json (Qwen3-30B-A3B: 128, not hidden / heads = 64): `_qwen3_moe_to_archlab`.
+QWEN3_MOE_FIELDS = {
+    **same(
+        *(name for name in MISTRAL_FIELDS if name != "head_dim"),
+        "attention_bias",
+        "moe_intermediate_size",
+        "num_experts_per_tok",
+        "norm_topk_prob",
+        "output_router_logits",
+        "router_aux_loss_coef",
+    ),
+    "num_experts": "num_local_experts",
+}
 
 
 def one_window_for_every_layer(config: PreTrainedConfig, architecture: str) -> dict[str, Any]:
@@ -195,8 +213,8 @@ def _qwen3_from_archlab(config: PreTrainedConfig) -> dict[str, Any]:
 
 
 def _qwen2_moe_to_archlab(stock: PreTrainedConfig, values: Mapping[str, Any]) -> dict[str, Any]:
-    """Layer i is sparse when the model has experts, i + 1 is a multiple of `decoder_sparse_step` and i is not in
-    `mlp_only_layers`; Qwen2MoeConfig writes `sliding_window=0` when `use_sliding_window` is off."""
+    """Which layers are sparse: `_sparse_layers`; Qwen2MoeConfig writes `sliding_window=0` when `use_sliding_window`
+    is off."""
     if stock.shared_expert_intermediate_size < 1 and stock.num_experts > 0:
         refuse_import(
             "qwen2_moe",
@@ -207,14 +225,49 @@ def _qwen2_moe_to_archlab(stock: PreTrainedConfig, values: Mapping[str, Any]) ->
                 "the stock gate's weights)"
             },
         )
-    sparse = [
-        stock.num_experts > 0 and (i + 1) % stock.decoder_sparse_step == 0 and i not in stock.mlp_only_layers
-        for i in range(stock.num_hidden_layers)
-    ]
     sliding = "sliding_attention" in stock.layer_types
     return {
-        "mlp_layer_types": ["sparse" if s else "dense" for s in sparse],
+        "mlp_layer_types": _sparse_layers(stock),
         "sliding_window": stock.sliding_window if sliding or stock.use_sliding_window else None,
+    }
+
+
+def _sparse_layers(stock: PreTrainedConfig) -> list[str]:
+    """Layer i is sparse when the model has experts, i + 1 is a multiple of `decoder_sparse_step` and i is not in
+    `mlp_only_layers` (Qwen2-MoE's and Qwen3-MoE's rule)."""
+    return [
+        "sparse"
+        if stock.num_experts > 0 and (i + 1) % stock.decoder_sparse_step == 0 and i not in stock.mlp_only_layers
+        else "dense"
+        for i in range(stock.num_hidden_layers)
+    ]
+
+
+def _qwen3_moe_to_archlab(stock: PreTrainedConfig, values: Mapping[str, Any]) -> dict[str, Any]:
+    """The head size config.json gives (the stock attention and rotary read it), else hidden / heads; Qwen3MoeConfig
+    sets `sliding_window=None` when `use_sliding_window` is off, and applies a window to every layer."""
+    head_dim = values.get("head_dim") or stock.hidden_size // stock.num_attention_heads
+    return {"head_dim": head_dim, "mlp_layer_types": _sparse_layers(stock), "sliding_window": stock.sliding_window}
+
+
+def _qwen3_moe_from_archlab(config: PreTrainedConfig) -> dict[str, Any]:
+    wrong = {}
+    if config.num_local_experts > 0 and config.shared_expert_intermediate_size > 0:
+        wrong[setting(config, "shared_expert_intermediate_size")] = "Qwen3-MoE's sparse layers have no shared expert"
+    if config.qkv_bias is not None and config.qkv_bias != config.attention_bias:
+        wrong[f"{setting(config, 'qkv_bias')}, {setting(config, 'attention_bias')}"] = (
+            "Qwen3-MoE has one bias flag for q/k/v and the output projection"
+        )
+    refuse_export("Qwen3MoeForCausalLM", wrong)
+    dense = [i for i, kind in enumerate(config.mlp_layer_types) if kind == "dense"]
+    return {
+        **one_window_for_every_layer(config, "Qwen3MoeForCausalLM"),
+        "use_sliding_window": config.sliding_window is not None and "sliding_attention" in config.layer_types,
+        "head_dim": config.head_dim,
+        "decoder_sparse_step": 1,
+        "mlp_only_layers": dense,
+        # no sparse layer, no router logits: the stock load-balancing loss fails on an empty tuple (as Qwen2-MoE's)
+        **({"output_router_logits": False} if len(dense) == len(config.mlp_layer_types) else {}),
     }
 
 
@@ -304,6 +357,18 @@ FAMILIES: dict[str, Family] = {
             expressible=frozenset({"mlp_layer_types", "router_z_loss_coef"}),
             layout=QWEN2_MOE_LAYOUT,
         ),
+        Family(
+            Qwen3MoeConfig,
+            Qwen3MoeForCausalLM,
+            DecoderForCausalLM,
+            fields=QWEN3_MOE_FIELDS,
+            implied={"use_qk_norm": True},
+            to_archlab=_qwen3_moe_to_archlab,
+            from_archlab=_qwen3_moe_from_archlab,
+            # the router z-loss only changes training; it is dropped on export
+            expressible=frozenset({"head_dim", "mlp_layer_types", "layer_types", "qkv_bias", "router_z_loss_coef"}),
+            layout=QWEN2_MOE_LAYOUT,
+        ),
         *FUSED_DECODERS,
         *LAYERNORM_DECODERS,
         MARIAN,
@@ -316,7 +381,18 @@ FAMILIES: dict[str, Family] = {
 # Stock classes whose default RoPE ignores `rope_parameters["partial_rotary_factor"]` (every channel rotates; other
 # rope types then fail in the first forward), and stock classes without a `head_dim` field that still read
 # `getattr(config, "head_dim")` (config.json may carry it).
-IGNORES_PARTIAL_ROTARY = ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "gemma", "gemma2", "falcon")
+IGNORES_PARTIAL_ROTARY = (
+    "llama",
+    "mistral",
+    "mixtral",
+    "qwen2",
+    "qwen2_moe",
+    "qwen3",
+    "qwen3_moe",
+    "gemma",
+    "gemma2",
+    "falcon",
+)
 READS_UNDECLARED_HEAD_DIM = ("qwen2", "qwen2_moe", "phi", "stablelm", "gpt_neox")
 
 
@@ -362,4 +438,5 @@ __all__ = [
     "MISTRAL_FIELDS",
     "MIXTRAL_FIELDS",
     "QWEN3_FIELDS",
+    "QWEN3_MOE_FIELDS",
 ]

@@ -2,7 +2,7 @@
 classifier) is archlab's `DecoderForSequenceClassification`, and back; so are `<Family>ForTokenClassification` and
 `<Family>ForQuestionAnswering` folders archlab's `DecoderForTokenClassification` and `DecoderForQuestionAnswering`, for
 the families whose classes are transformers' generic ones (`GenericForTokenClassification`, ...: Llama, Mistral,
-Mixtral, Qwen2, Qwen2-MoE, Qwen3, and for token classification Gemma, Gemma2, Phi, StableLM), whose heads are
+Mixtral, Qwen2, Qwen2-MoE, Qwen3, Qwen3-MoE, and for token classification Gemma, Gemma2, Phi, StableLM), whose heads are
 archlab's: `score` (hidden -> num_labels, with a bias) and `qa_outputs` (hidden -> 2, with a bias).
 
 Every decoder family's stock classifier is its base model, under the causal LM's prefix (`model.`, `transformer.`,

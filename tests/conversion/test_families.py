@@ -36,6 +36,7 @@ from transformers import (
     Qwen2Config,
     Qwen2MoeConfig,
     Qwen3Config,
+    Qwen3MoeConfig,
     StableLmConfig,
     T5Config,
     UMT5Config,
@@ -146,6 +147,32 @@ CASES = {
             max_window_layers=1,
         ),
         {"use_qk_norm": True, "layer_types": ["full_attention", "sliding_attention"]},
+    ),
+    # a head size config.json gives (Qwen3MoeConfig has no such field; its attention reads it), a dense layer
+    # between sparse ones, a window on every layer, biases on q/k/v/o
+    "qwen3_moe": (
+        Qwen3MoeConfig(
+            **{**QWEN2_SHAPE, "num_hidden_layers": 3},
+            head_dim=16,
+            attention_bias=True,
+            num_experts=4,
+            num_experts_per_tok=2,
+            moe_intermediate_size=16,
+            norm_topk_prob=True,
+            mlp_only_layers=[1],
+            use_sliding_window=True,
+            sliding_window=4,
+        ),
+        {
+            "head_dim": 16,
+            "use_qk_norm": True,
+            "attention_bias": True,
+            "mlp_layer_types": ["sparse", "dense", "sparse"],
+            "num_local_experts": 4,
+            "shared_expert_intermediate_size": 0,
+            "norm_topk_prob": True,
+            "layer_types": ["sliding_attention"] * 3,
+        },
     ),
     "gemma": (
         GemmaConfig(**LLAMA_LIKE, attention_bias=True),
@@ -535,6 +562,7 @@ NOT_EXPRESSIBLE = {
     "qwen2": ({"qkv_bias": False}, ["qkv_bias"]),
     "qwen2_moe": ({"shared_expert_gate": False}, ["shared_expert_gate"]),
     "qwen3": ({"use_qk_norm": False}, ["use_qk_norm"]),
+    "qwen3_moe": ({"shared_expert_intermediate_size": 24}, ["shared_expert_intermediate_size"]),
     "gemma": ({"norm_type": "rms_norm"}, ["norm_type"]),
     "gemma2": ({"norm_position": "pre"}, ["norm_position"]),
     "gpt_neox": ({"num_key_value_heads": 2}, ["num_key_value_heads"]),
@@ -583,6 +611,13 @@ ALSO_NOT_EXPRESSIBLE = {
     "gemma-partial-rotary": ("gemma", "gemma", {"rope_parameters": ROPE_25}, ["partial_rotary_factor"]),
     # T5Config reads "gated-gelu" as the tanh approximation
     "t5-gated-exact-gelu": ("t5", "t5-v1.1", {"activation_function": "gelu"}, ["gelu"]),
+    "qwen3_moe-mixed-windows": (
+        "qwen3_moe",
+        "qwen3_moe",
+        {"layer_types": ["sliding_attention", "full_attention", "sliding_attention"]},
+        ["layer_types"],
+    ),
+    "qwen3_moe-qkv-bias-only": ("qwen3_moe", "qwen3_moe", {"attention_bias": False, "qkv_bias": True}, ["qkv_bias"]),
     "gemma2-fractional-scalar": ("gemma2", "gemma2", {"query_pre_attn_scalar": 12.5}, ["query_pre_attn_scalar"]),
     # what Bart keeps (no d_kv) is no valid config on its own: a ConversionError naming the field, not a ValueError
     "bart-head-size": (
@@ -702,6 +737,7 @@ NOT_IMPORTABLE = {
         Qwen2MoeConfig(**QWEN2_SHAPE, shared_expert_intermediate_size=0),
         ["shared_expert_intermediate_size"],
     ),
+    "qwen3_moe-partial-rotary": (Qwen3MoeConfig(**QWEN2_SHAPE, rope_parameters=ROPE_25), ["partial_rotary_factor"]),
     "stablelm-qk-layernorm": (StableLmConfig(**QWEN2_SHAPE, qk_layernorm=True), ["qk_layernorm"]),
     "opt-350m": (OPTConfig(**OPT_SHAPE, word_embed_proj_dim=16, do_layer_norm_before=False), ["word_embed_proj_dim"]),
     "opt-no-final-norm": (
@@ -805,8 +841,11 @@ TAGS = {0: "O", 1: "B-NUM", 2: "I-NUM", 3: "B-WORD", 4: "I-WORD"}
 
 
 def test_every_generic_token_and_qa_head_is_checked():
-    """Llama, Mistral, Mixtral, Qwen2, Qwen2-MoE and Qwen3 (both heads), Gemma, Gemma2, Phi and StableLM (tokens)."""
-    assert set(QA_CASES) == {"llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3"} <= set(TOKEN_CASES)
+    """Llama, Mistral, Mixtral, Qwen2, Qwen2-MoE, Qwen3 and Qwen3-MoE (both heads), Gemma, Gemma2, Phi and StableLM
+    (tokens)."""
+    assert (
+        set(QA_CASES) == {"llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe"} <= set(TOKEN_CASES)
+    )
     assert {"gemma", "gemma2", "phi", "stablelm"} <= set(TOKEN_CASES)
 
 
