@@ -103,6 +103,11 @@ class Seq2SeqConfig(PreTrainedConfig):
             `layernorm_embedding`, BERT's embedding LayerNorm), as `DecoderConfig.embedding_layernorm`.
         position_embedding_offset (`int`, defaults to 0): a `"learned"` table with this many extra leading rows,
             looked up at position + offset (Bart's has 2), as `DecoderConfig.position_embedding_offset`.
+        position_ids_from_attention_mask (`bool`, defaults to False): the encoder numbers its positions by counting
+            the attention mask's ones, so a padded row's tokens get the positions they have alone and padding gets
+            -1 (with `position_embedding_offset` = o, table row o - 1): RoBERTa's numbering (its table has
+            `padding_idx` + 1 leading rows), as `DecoderConfig.position_ids_from_attention_mask` (OPT). The decoder
+            stack numbers from 0 as before; explicit `position_ids` always win.
         type_vocab_size (`int`, defaults to 0): BERT's segment types: the encoder adds an embedding of
             `token_type_ids` (0 when not given); 0 means none, and `token_type_ids` are ignored.
         classifier_pooler (`bool`, defaults to True): `EncoderForSequenceClassification` passes the first token's
@@ -208,6 +213,7 @@ class Seq2SeqConfig(PreTrainedConfig):
     final_logit_softcapping: int | float | None = None
     embedding_layernorm: bool = False
     position_embedding_offset: int = 0
+    position_ids_from_attention_mask: bool = False
     type_vocab_size: int = 0
     classifier_pooler: bool = True
     classifier_dropout: float | int | None = None

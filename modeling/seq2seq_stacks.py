@@ -38,7 +38,7 @@ from .input_checks import (
     embedding_rows,
 )
 from .normalization import make_norm
-from .positions import position_table
+from .positions import position_ids_from_mask, position_table
 from .relative_bias import position_buckets
 from .seq2seq_layers import (
     Seq2SeqDecoderLayer,
@@ -60,6 +60,11 @@ def make_position_buckets(config: Seq2SeqConfig, side: str) -> Callable | None:
         num_buckets=config.relative_attention_num_buckets,
         max_distance=config.relative_attention_max_distance,
     )
+
+
+def _is_padding_mask(attention_mask: torch.Tensor | None) -> bool:
+    """A 2D (batch, source tokens) padding mask."""
+    return isinstance(attention_mask, torch.Tensor) and attention_mask.dim() == 2
 
 
 def make_final_norm(config: Seq2SeqConfig) -> nn.Module:
@@ -138,7 +143,11 @@ class Seq2SeqEncoder(_Seq2SeqStack):
         hidden_states = inputs_embeds
         positions = torch.arange(inputs_embeds.shape[1], device=inputs_embeds.device)  # relative bias: distances
         if self.embed_positions is not None:
-            position_embeddings = self.embed_positions(positions if position_ids is None else position_ids)
+            table_positions = positions if position_ids is None else position_ids
+            from_mask = self.config.position_ids_from_attention_mask and _is_padding_mask(attention_mask)
+            if position_ids is None and from_mask:  # RoBERTa's numbering: a padded row's tokens as alone
+                table_positions = position_ids_from_mask(attention_mask, inputs_embeds.shape[1])
+            position_embeddings = self.embed_positions(table_positions)
             hidden_states = hidden_states + position_embeddings.to(hidden_states.dtype)  # never promote half to fp32
         if self.token_type_embeddings is not None:
             if token_type_ids is None:

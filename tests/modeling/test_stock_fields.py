@@ -5,7 +5,8 @@ weights with the field off compute something else):
 - `qkv_bias` (Qwen2: biases on q/k/v only), `lm_head_bias` and `norm_position="parallel_shared_norm"` (Phi),
   `position_embedding_offset` and `position_ids_from_attention_mask` (OPT);
 - for the encoder-decoder, `embedding_layernorm` and `position_embedding_offset` (Bart), `type_vocab_size` (BERT's
-  segment embeddings, through `EncoderForMaskedLM`).
+  segment embeddings, through `EncoderForMaskedLM`), the encoder's `position_ids_from_attention_mask` (RoBERTa's
+  positions, numbered past the padding).
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ from transformers import (
     PhiForCausalLM,
     Qwen2Config,
     Qwen2ForCausalLM,
+    RobertaConfig,
+    RobertaForMaskedLM,
 )
 
 from archlab import (
@@ -300,6 +303,61 @@ def test_bert_adds_segment_embeddings():
     segments = torch.randint(0, 2, ids.shape, generator=torch.Generator().manual_seed(3))
     assert_matches_and_field_is_active(
         stock, ours, state_dict, "type_vocab_size", 0, input_ids=ids, attention_mask=mask, token_type_ids=segments
+    )
+
+
+def test_roberta_numbers_encoder_positions_from_the_mask_in_an_offset_table():
+    """RoBERTa numbers a row's real tokens from pad_token_id + 1 and its padding pad_token_id: archlab's encoder with
+    the mask's numbering and a table of pad_token_id + 1 leading rows, on a left-padded batch."""
+    stock = perturbed(
+        RobertaForMaskedLM(
+            RobertaConfig(
+                **SHAPE,
+                intermediate_size=64,
+                max_position_embeddings=42,
+                type_vocab_size=1,
+                pad_token_id=1,
+                hidden_dropout_prob=0.0,
+                attention_probs_dropout_prob=0.0,
+            )
+        )
+    )
+    ours = EncoderForMaskedLM(
+        seq2seq_config(
+            embedding_layernorm=True,
+            type_vocab_size=1,
+            layer_norm_eps=1e-12,
+            position_embedding_offset=2,
+            position_ids_from_attention_mask=True,
+            pad_token_id=1,
+            bos_token_id=None,
+            eos_token_id=None,
+            decoder_start_token_id=None,
+        )
+    ).eval()
+    state_dict = renamed(
+        stock.state_dict(),
+        {
+            r"^roberta\.embeddings\.word_embeddings": "encoder.embed_tokens",
+            r"^roberta\.embeddings\.position_embeddings": "encoder.embed_positions",
+            r"^roberta\.embeddings\.token_type_embeddings": "encoder.token_type_embeddings",
+            r"^roberta\.embeddings\.LayerNorm": "encoder.layernorm_embedding",
+            r"^roberta\.encoder\.layer\.": "encoder.layers.",
+            r"attention\.self\.query": "self_attn.q_proj",
+            r"attention\.self\.key": "self_attn.k_proj",
+            r"attention\.self\.value": "self_attn.v_proj",
+            r"attention\.output\.dense": "self_attn.out_proj",
+            r"attention\.output\.LayerNorm": "self_attn_layer_norm",
+            r"intermediate\.dense": "fc1",
+            r"output\.dense": "fc2",
+            r"output\.LayerNorm": "final_layer_norm",
+        },
+    )
+    state_dict = {k: v for k, v in state_dict.items() if k != "lm_head.decoder.bias"}
+    ids, mask = batch()
+    ids = ids.masked_fill(mask == 0, 1)  # RoBERTa reads the padding from the ids
+    assert_matches_and_field_is_active(
+        stock, ours, state_dict, "position_ids_from_attention_mask", False, input_ids=ids, attention_mask=mask
     )
 
 
