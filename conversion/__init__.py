@@ -6,9 +6,10 @@
   transposed by the rules of `layouts.py` (refusal messages in `checks.py`);
 - `layernorm_decoders.py`: StableLM, Phi and OPT (LayerNorm decoders; Phi's and OPT's weights renamed by rules);
 - `experts.py`: Mixtral's and Qwen2-MoE's (and Qwen3-MoE's) per-expert checkpoint modules, fused as archlab holds them;
-- `marian.py`, `bart.py`, `t5.py`: the encoder-decoders; `bert.py`: BERT as archlab's masked LM;
+- `marian.py`, `bart.py`, `t5.py`: the encoder-decoders; `bert.py`, `roberta.py`: BERT and RoBERTa as archlab's
+  masked LM;
 - `heads.py`: a decoder family's `<Family>ForSequenceClassification` as archlab's `DecoderForSequenceClassification`
-  (the `score` head on the family's body), and BERT's sequence and token classifiers as
+  (the `score` head on the family's body), and BERT's (and RoBERTa's) sequence and token classifiers as
   `EncoderForSequenceClassification` / `EncoderForTokenClassification`, the head chosen from `architectures`;
 - `folders.py`: model folders on disk (safetensors only; a written folder is complete or absent);
 - `convert.py`: `convert_checkpoint(src, dst, to=None)`, what `scripts/convert_checkpoint.py` runs.

@@ -25,21 +25,31 @@ from .checks import refuse_export, refuse_import, setting
 from .family import ConversionError, Family, Layout, StateDict, same
 from .layouts import Rename, WeightRules
 
-STOCK_LAYER, LAYER = "bert.encoder.layer.{n}", "encoder.layers.{n}"
+LAYER = "encoder.layers.{n}"
+
+
+def encoder_rules(base: str) -> tuple[Rename, ...]:
+    """The encoder of BERT (`base` = "bert") and RoBERTa ("roberta"): the same modules under the base model's name."""
+    layer = f"{base}.encoder.layer.{{n}}"
+    return (
+        Rename(f"{base}.embeddings.word_embeddings", "encoder.embed_tokens"),
+        Rename(f"{base}.embeddings.position_embeddings", "encoder.embed_positions"),
+        Rename(f"{base}.embeddings.token_type_embeddings", "encoder.token_type_embeddings"),
+        Rename(f"{base}.embeddings.LayerNorm", "encoder.layernorm_embedding"),
+        Rename(f"{layer}.attention.self.query", f"{LAYER}.self_attn.q_proj"),
+        Rename(f"{layer}.attention.self.key", f"{LAYER}.self_attn.k_proj"),
+        Rename(f"{layer}.attention.self.value", f"{LAYER}.self_attn.v_proj"),
+        Rename(f"{layer}.attention.output.dense", f"{LAYER}.self_attn.out_proj"),
+        Rename(f"{layer}.attention.output.LayerNorm", f"{LAYER}.self_attn_layer_norm"),
+        Rename(f"{layer}.intermediate.dense", f"{LAYER}.fc1"),
+        Rename(f"{layer}.output.dense", f"{LAYER}.fc2"),
+        Rename(f"{layer}.output.LayerNorm", f"{LAYER}.final_layer_norm"),
+    )
+
+
 RULES = WeightRules(
     (
-        Rename("bert.embeddings.word_embeddings", "encoder.embed_tokens"),
-        Rename("bert.embeddings.position_embeddings", "encoder.embed_positions"),
-        Rename("bert.embeddings.token_type_embeddings", "encoder.token_type_embeddings"),
-        Rename("bert.embeddings.LayerNorm", "encoder.layernorm_embedding"),
-        Rename(f"{STOCK_LAYER}.attention.self.query", f"{LAYER}.self_attn.q_proj"),
-        Rename(f"{STOCK_LAYER}.attention.self.key", f"{LAYER}.self_attn.k_proj"),
-        Rename(f"{STOCK_LAYER}.attention.self.value", f"{LAYER}.self_attn.v_proj"),
-        Rename(f"{STOCK_LAYER}.attention.output.dense", f"{LAYER}.self_attn.out_proj"),
-        Rename(f"{STOCK_LAYER}.attention.output.LayerNorm", f"{LAYER}.self_attn_layer_norm"),
-        Rename(f"{STOCK_LAYER}.intermediate.dense", f"{LAYER}.fc1"),
-        Rename(f"{STOCK_LAYER}.output.dense", f"{LAYER}.fc2"),
-        Rename(f"{STOCK_LAYER}.output.LayerNorm", f"{LAYER}.final_layer_norm"),
+        *encoder_rules("bert"),
         Rename("cls.predictions.transform.dense", "lm_head.dense"),
         Rename("cls.predictions.transform.LayerNorm", "lm_head.layer_norm"),
         Rename("cls.predictions", "lm_head"),  # the head's own `bias`
@@ -98,12 +108,7 @@ def _bert_to_archlab(stock: PreTrainedConfig, values: Mapping[str, Any]) -> dict
             "head has one bias"
         )
     refuse_import("bert", wrong)
-    return {
-        "decoder_layers": 1,
-        "decoder_attention_heads": stock.num_attention_heads,
-        "decoder_ffn_dim": stock.intermediate_size,
-        "decoder_start_token_id": None,
-    }
+    return minimal_decoder(stock)
 
 
 def _bert_from_archlab(config: PreTrainedConfig) -> dict[str, Any]:
@@ -114,62 +119,78 @@ def _bert_from_archlab(config: PreTrainedConfig) -> dict[str, Any]:
     return {"type_vocab_size": max(config.type_vocab_size, 1)}
 
 
+# BertConfig fields archlab's Seq2SeqConfig has (RoBERTa's are the same)
+BERT_FIELDS = {
+    **same(
+        "vocab_size",
+        "max_position_embeddings",
+        "type_vocab_size",
+        "layer_norm_eps",
+        "use_cache",
+        "pad_token_id",
+        "bos_token_id",
+        "eos_token_id",
+        "tie_word_embeddings",
+        "classifier_dropout",  # (read by the fine-tuning heads, heads.py)
+    ),
+    "hidden_size": "d_model",
+    "num_hidden_layers": "encoder_layers",
+    "num_attention_heads": "encoder_attention_heads",
+    "intermediate_size": "encoder_ffn_dim",
+    "hidden_act": "activation_function",
+    "hidden_dropout_prob": "dropout",
+    "attention_probs_dropout_prob": "attention_dropout",
+    "initializer_range": "init_std",
+}
+BERT_IMPLIED = {
+    "position_embedding_type": "learned",
+    "embedding_layernorm": True,
+    "scale_embedding": False,
+    "norm_position": "post",
+    "norm_type": "layer_norm",
+    "mlp_type": "plain",
+    "attention_bias": True,
+    "mlp_bias": True,
+}
+# the decoder's fields (EncoderForMaskedLM has no decoder), and the dropouts BERT has no field for (training only)
+DECODER_FIELDS = frozenset(
+    {
+        "decoder_layers",
+        "decoder_attention_heads",
+        "decoder_key_value_heads",
+        "decoder_ffn_dim",
+        "decoder_layerdrop",
+        "decoder_start_token_id",
+        "decoder_vocab_size",
+        "forced_eos_token_id",
+        "scale_decoder_outputs",
+        "share_encoder_decoder_embeddings",
+        "activation_dropout",
+        "encoder_layerdrop",
+    }
+)
+
+
+def minimal_decoder(stock: PreTrainedConfig) -> dict[str, Any]:
+    """The decoder fields of an encoder-only import: one layer with the encoder's heads and width, no start token."""
+    return {
+        "decoder_layers": 1,
+        "decoder_attention_heads": stock.num_attention_heads,
+        "decoder_ffn_dim": stock.intermediate_size,
+        "decoder_start_token_id": None,
+    }
+
+
 BERT = Family(
     BertConfig,
     BertForMaskedLM,
     EncoderForMaskedLM,
-    fields={
-        **same(
-            "vocab_size",
-            "max_position_embeddings",
-            "type_vocab_size",
-            "layer_norm_eps",
-            "use_cache",
-            "pad_token_id",
-            "bos_token_id",
-            "eos_token_id",
-            "tie_word_embeddings",
-            "classifier_dropout",  # (read by the fine-tuning heads, heads.py)
-        ),
-        "hidden_size": "d_model",
-        "num_hidden_layers": "encoder_layers",
-        "num_attention_heads": "encoder_attention_heads",
-        "intermediate_size": "encoder_ffn_dim",
-        "hidden_act": "activation_function",
-        "hidden_dropout_prob": "dropout",
-        "attention_probs_dropout_prob": "attention_dropout",
-        "initializer_range": "init_std",
-    },
-    implied={
-        "position_embedding_type": "learned",
-        "embedding_layernorm": True,
-        "scale_embedding": False,
-        "norm_position": "post",
-        "norm_type": "layer_norm",
-        "mlp_type": "plain",
-        "attention_bias": True,
-        "mlp_bias": True,
-    },
+    fields=BERT_FIELDS,
+    implied=BERT_IMPLIED,
     to_archlab=_bert_to_archlab,
     from_archlab=_bert_from_archlab,
-    # the decoder's fields (EncoderForMaskedLM has no decoder), and the dropouts BERT has no field for (training only)
-    expressible=frozenset(
-        {
-            "decoder_layers",
-            "decoder_attention_heads",
-            "decoder_key_value_heads",
-            "decoder_ffn_dim",
-            "decoder_layerdrop",
-            "decoder_start_token_id",
-            "decoder_vocab_size",
-            "forced_eos_token_id",
-            "scale_decoder_outputs",
-            "share_encoder_decoder_embeddings",
-            "activation_dropout",
-            "encoder_layerdrop",
-        }
-    ),
+    expressible=DECODER_FIELDS,
     layout=Layout(_bert_weights_to_archlab, _bert_weights_from_archlab),
 )
 
-__all__ = ["BERT"]
+__all__ = ["BERT", "BERT_FIELDS", "BERT_IMPLIED", "DECODER_FIELDS", "encoder_rules", "minimal_decoder"]

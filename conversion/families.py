@@ -6,7 +6,7 @@ uses Llama's and Gemma2's), except the per-expert modules of Mixtral's, Qwen2-Mo
 (`experts.py`). The decoders
 with their own names, fused q/k/v and Conv1D weights (GPT-2, OpenAI-GPT, GPT-NeoX, Falcon, BLOOM, MPT) live in
 `fused_decoders.py`, StableLM, Phi and OPT in `layernorm_decoders.py`, the encoder-decoders in `marian.py`, `bart.py`
-and `t5.py`, BERT (as `EncoderForMaskedLM`) in `bert.py`.
+and `t5.py`, BERT and RoBERTa (as `EncoderForMaskedLM`) in `bert.py` and `roberta.py`.
 """
 
 from __future__ import annotations
@@ -46,6 +46,7 @@ from .family import ConversionError, Family, same
 from .fused_decoders import FUSED_DECODERS
 from .layernorm_decoders import LAYERNORM_DECODERS
 from .marian import MARIAN
+from .roberta import ROBERTA
 from .t5 import T5_VARIANTS, t5_family
 
 # LlamaConfig fields archlab's DecoderConfig shares with identical meaning.
@@ -374,6 +375,7 @@ FAMILIES: dict[str, Family] = {
         MARIAN,
         BART,
         BERT,
+        ROBERTA,
         *(t5_family(variant) for variant in T5_VARIANTS.values()),
     )
 }

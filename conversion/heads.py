@@ -19,7 +19,9 @@ has `model.` (archlab's heads all have `model.`): the body's prefix is renamed b
 BERT's fine-tuning heads sit on the masked LM's body the same way: `BertForSequenceClassification` is archlab's
 `EncoderForSequenceClassification` (its `bert.pooler` is archlab's `pooler`, its `classifier` the same), and
 `BertForTokenClassification` is `EncoderForTokenClassification` (`classifier`), and `BertForQuestionAnswering` is
-`EncoderForQuestionAnswering` (`qa_outputs`); the body converts as `BertForMaskedLM`'s encoder does.
+`EncoderForQuestionAnswering` (`qa_outputs`); the body converts as `BertForMaskedLM`'s encoder does. RoBERTa's are
+the same on `RobertaForMaskedLM`'s body, except its sequence classifier, whose head (`classifier.dense` + tanh,
+`classifier.out_proj`) is archlab's pooler and classifier (`ROBERTA_SEQUENCE_CLASSIFICATION`).
 
 Which head a folder holds is read from its `architectures`: a stock folder's class name ends in the head's suffix
 (`ForSequenceClassification`, ...), an archlab folder names the archlab class. Other task heads (`ForMultipleChoice`,
@@ -86,6 +88,8 @@ class Head:
     renamed: Mapping[str, str] = dataclasses.field(default_factory=dict)
     # (archlab config) -> {setting: why} the stock class cannot compute, refused on export
     refuse: Callable[[PreTrainedConfig], dict[str, str]] = lambda config: {}
+    # the families (`model_type`) whose stock class has this head; None: every family of `stock_names` on `body`
+    families: frozenset[str] | None = None
 
     @property
     def suffix(self) -> str:
@@ -94,6 +98,8 @@ class Head:
     def stock_class(self, family: Family) -> type[PreTrainedModel] | None:
         """The family's stock class with this head, or None where the converter has none (another body)."""
         if family.archlab_class is not self.body or family.name not in self.stock_names:
+            return None
+        if self.families is not None and family.name not in self.families:
             return None
         stock_class = getattr(transformers, self.stock_names[family.name], None)
         if stock_class is None or (self.generic is not None and not issubclass(stock_class, self.generic)):
@@ -213,10 +219,13 @@ QUESTION_ANSWERING = Head(
 )
 
 
-def _bert_pooler_needed(config: PreTrainedConfig) -> dict[str, str]:
-    if config.classifier_pooler:
-        return {}
-    return {setting(config, "classifier_pooler"): "BertForSequenceClassification classifies the pooler's output"}
+def _pooler_needed(stock_class: str, pooler: str) -> Callable[[PreTrainedConfig], dict[str, str]]:
+    def refuse(config: PreTrainedConfig) -> dict[str, str]:
+        if config.classifier_pooler:
+            return {}
+        return {setting(config, "classifier_pooler"): f"{stock_class} classifies the first token through {pooler}"}
+
+    return refuse
 
 
 ENCODER_SEQUENCE_CLASSIFICATION = Head(
@@ -226,7 +235,16 @@ ENCODER_SEQUENCE_CLASSIFICATION = Head(
     config_fields=("id2label", "label2id", "problem_type"),
     body=EncoderForMaskedLM,
     renamed={"bert.pooler": "pooler"},
-    refuse=_bert_pooler_needed,
+    refuse=_pooler_needed("BertForSequenceClassification", "BERT's pooler (dense + tanh)"),
+    families=frozenset({"bert"}),
+)
+# RoBERTa's classification head is dropout -> dense -> tanh -> dropout -> out_proj on the first token: archlab's
+# pooler (dense + tanh) -> dropout -> classifier, with one dropout fewer in training
+ROBERTA_SEQUENCE_CLASSIFICATION = dataclasses.replace(
+    ENCODER_SEQUENCE_CLASSIFICATION,
+    renamed={"classifier.dense": "pooler.dense", "classifier.out_proj": "classifier"},
+    refuse=_pooler_needed("RobertaForSequenceClassification", "its head's dense + tanh"),
+    families=frozenset({"roberta"}),
 )
 ENCODER_TOKEN_CLASSIFICATION = Head(
     EncoderForTokenClassification,
@@ -247,6 +265,7 @@ HEADS = (
     TOKEN_CLASSIFICATION,
     QUESTION_ANSWERING,
     ENCODER_SEQUENCE_CLASSIFICATION,
+    ROBERTA_SEQUENCE_CLASSIFICATION,
     ENCODER_TOKEN_CLASSIFICATION,
     ENCODER_QUESTION_ANSWERING,
 )
@@ -280,9 +299,10 @@ def archlab_row(family: Family, architectures: Sequence[str] | None, src: Path, 
     stock `family`."""
     names = list(architectures or [family.archlab_class.__name__])
     for head in HEADS:
+        if head.archlab_class.__name__ in names and head.stock_class(family) is not None:
+            return head.on(family)
+    for head in HEADS:
         if head.archlab_class.__name__ in names:
-            if head.stock_class(family) is not None:
-                return head.on(family)
             raise ConversionError(
                 f"{src} holds a {head.archlab_class.__name__}; {to} has no {head.suffix} class the converter writes "
                 f"(it exports {family.archlab_class.__name__} as {family.architecture})."
@@ -299,6 +319,7 @@ __all__ = [
     "HEADS",
     "Head",
     "QUESTION_ANSWERING",
+    "ROBERTA_SEQUENCE_CLASSIFICATION",
     "SEQUENCE_CLASSIFICATION",
     "TOKEN_CLASSIFICATION",
     "archlab_row",

@@ -37,6 +37,7 @@ from transformers import (
     Qwen2MoeConfig,
     Qwen3Config,
     Qwen3MoeConfig,
+    RobertaConfig,
     StableLmConfig,
     T5Config,
     UMT5Config,
@@ -49,6 +50,7 @@ from archlab.conversion.heads import (
     ENCODER_SEQUENCE_CLASSIFICATION,
     ENCODER_TOKEN_CLASSIFICATION,
     QUESTION_ANSWERING,
+    ROBERTA_SEQUENCE_CLASSIFICATION,
     SEQUENCE_CLASSIFICATION,
     TOKEN_CLASSIFICATION,
 )
@@ -340,6 +342,28 @@ CASES = {
             "decoder_layers": 1,
         },
     ),
+    # RoBERTa: positions numbered past the pad token's id (a table of 64 + pad_token_id + 1 rows), one segment type
+    "roberta": (
+        RobertaConfig(
+            vocab_size=VOCAB,
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            intermediate_size=48,
+            max_position_embeddings=66,
+            type_vocab_size=1,
+            pad_token_id=1,
+            bos_token_id=0,
+            eos_token_id=2,
+        ),
+        {
+            "max_position_embeddings": 64,
+            "position_embedding_offset": 2,
+            "position_ids_from_attention_mask": True,
+            "type_vocab_size": 1,
+            "norm_position": "post",
+        },
+    ),
 }
 # T5 v1.1, mT5 and UMT5 checkpoints carry a head of their own (transformers 5 ties one at construction)
 OWN_HEAD = {"t5-v1.1", "mt5", "umt5", "umt5-unscaled", "bart-untied"}
@@ -436,10 +460,16 @@ def _check_seq2seq(model, reference, batches, pad: int) -> list[float]:
 
 
 def _check_masked_lm(model, reference, batches, pad: int) -> list[float]:
+    """Plain, left- and right-padded batches (RoBERTa numbers positions past the padding), with segment ids where the
+    model has several segment types."""
     ids, padded, mask, _, segments = batches
+    types = dict(token_type_ids=segments) if reference.config.type_vocab_size > 1 else {}
+    right_mask = mask.flip(-1)
+    right = ids.masked_fill(right_mask == 0, pad)
     return [
-        _max_diff(model, reference, input_ids=ids, token_type_ids=segments),
-        _max_diff(model, reference, mask, input_ids=padded, attention_mask=mask, token_type_ids=segments),
+        _max_diff(model, reference, input_ids=ids, **types),
+        _max_diff(model, reference, mask, input_ids=padded, attention_mask=mask, **types),
+        _max_diff(model, reference, right_mask, input_ids=right, attention_mask=right_mask, **types),
     ]
 
 
@@ -576,6 +606,7 @@ NOT_EXPRESSIBLE = {
     "stablelm": ({"norm_position": "parallel"}, ["norm_position"]),
     "bart": ({"embedding_layernorm": False}, ["embedding_layernorm"]),
     "bert": ({"norm_position": "pre", "use_qk_norm": True}, ["norm_position", "use_qk_norm"]),
+    "roberta": ({"position_ids_from_attention_mask": False}, ["position_ids_from_attention_mask"]),
 }
 # family -> the case whose converted folder the refusal starts from
 START = {"falcon": "falcon", "gpt_neox": "gpt_neox", "opt": "opt", "stablelm": "stablelm"}
@@ -618,6 +649,9 @@ ALSO_NOT_EXPRESSIBLE = {
         ["layer_types"],
     ),
     "qwen3_moe-qkv-bias-only": ("qwen3_moe", "qwen3_moe", {"attention_bias": False, "qkv_bias": True}, ["qkv_bias"]),
+    # RoBERTa's table has pad_token_id + 1 leading rows; its LM head is GELU whatever the encoder's activation
+    "roberta-offset": ("roberta", "roberta", {"position_embedding_offset": 3}, ["position_embedding_offset"]),
+    "roberta-head-activation": ("roberta", "roberta", {"activation_function": "gelu_new"}, ["activation_function"]),
     "gemma2-fractional-scalar": ("gemma2", "gemma2", {"query_pre_attn_scalar": 12.5}, ["query_pre_attn_scalar"]),
     # what Bart keeps (no d_kv) is no valid config on its own: a ConversionError naming the field, not a ValueError
     "bart-head-size": (
@@ -757,6 +791,11 @@ NOT_IMPORTABLE = {
         BloomConfig(hidden_size=32, n_head=4, slow_but_exact=True, pretraining_tp=2),
         ["slow_but_exact", "pretraining_tp"],
     ),
+    "roberta-head-activation": (
+        RobertaConfig(hidden_size=32, num_attention_heads=4, hidden_act="relu"),
+        ["hidden_act"],
+    ),
+    "roberta-no-pad": (RobertaConfig(hidden_size=32, num_attention_heads=4, pad_token_id=None), ["pad_token_id"]),
     # the stock default RoPE rotates every channel: the factor is ignored there
     "llama-partial-rotary": (LlamaConfig(**LLAMA_LIKE, rope_parameters=ROPE_25), ["partial_rotary_factor"]),
     # no `head_dim` field in Qwen2Config, but Qwen2's attention reads one from config.json
@@ -774,8 +813,9 @@ def test_import_refuses_what_archlab_cannot_compute(case):
 
 def test_checkpoints_saved_from_the_base_model_and_legacy_names_convert(folders, tmp_path):
     """Hub checkpoints of GPT-2/BLOOM lack the `transformer.` prefix and carry causal-mask buffers; Pythia's head
-    is `embed_out`; BERT's carry `gamma`/`beta` norms, the head's tied copies, the pooler and the next-sentence head.
-    They convert to the same archlab weights."""
+    is `embed_out`; BERT's carry `gamma`/`beta` norms, the head's tied copies, the pooler and the next-sentence head;
+    RoBERTa's saved from the base model lack `roberta.` and carry a pooler and the head's tied copies. They convert to
+    the same archlab weights."""
     from safetensors.torch import load_file, save_file
 
     def bert(key: str) -> str:
@@ -785,6 +825,7 @@ def test_checkpoints_saved_from_the_base_model_and_legacy_names_convert(folders,
         ("gpt2", lambda k: k.removeprefix("transformer.")),
         ("gpt_neox", lambda k: k.replace("lm_head.", "embed_out.")),
         ("bert", bert),
+        ("roberta", lambda k: k.removeprefix("roberta.")),
     ):
         reference, root = folders[case]
         src = tmp_path / case
@@ -800,6 +841,9 @@ def test_checkpoints_saved_from_the_base_model_and_legacy_names_convert(folders,
                 "cls.seq_relationship.bias": torch.ones(2),
                 "bert.embeddings.position_ids": torch.arange(64)[None],
             }
+        if case == "roberta":
+            assert "lm_head.decoder.weight" in state
+            state |= {"pooler.dense.weight": torch.ones(32, 32), "embeddings.position_ids": torch.arange(66)[None]}
         save_file(state, str(src / "model.safetensors"))
         convert_checkpoint(src, tmp_path / f"{case}-archlab")
         ours = load_file(str(tmp_path / f"{case}-archlab" / "model.safetensors"))
@@ -1048,3 +1092,56 @@ def test_a_bert_question_answering_model_converts_both_ways(tmp_path):
 def test_an_encoder_classifier_is_refused_by_a_family_without_one(bert_head_folders, tmp_path):
     with pytest.raises(ConversionError, match="EncoderForTokenClassification; marian has no"):
         convert_checkpoint(bert_head_folders["token"][1] / "archlab", tmp_path / "out", to="marian")
+
+
+# --- RoBERTa's fine-tuning heads: BERT's token and QA heads, its own sequence classification head ----------------
+
+ROBERTA_HEADS = {
+    "sequence": ROBERTA_SEQUENCE_CLASSIFICATION,
+    "token": ENCODER_TOKEN_CLASSIFICATION,
+    "qa": ENCODER_QUESTION_ANSWERING,
+}
+
+
+@pytest.mark.parametrize("name", ROBERTA_HEADS)
+def test_a_roberta_classifier_converts_both_ways(name, tmp_path):
+    """`RobertaForSequenceClassification` (its head's dense + tanh as archlab's pooler, `out_proj` as the classifier),
+    `RobertaForTokenClassification` and `RobertaForQuestionAnswering` are archlab's encoder heads: the same logits on
+    a left-padded batch, the labels carried, and the exported folder holds the very same tensors."""
+    torch.manual_seed(0)
+    head = ROBERTA_HEADS[name]
+    labels = dict(id2label=LABELS, label2id={v: k for k, v in LABELS.items()}) if name != "qa" else {}
+    config = RobertaConfig(**{**CASES["roberta"][0].to_dict(), **labels})
+    reference = head.stock_class(FAMILIES["roberta"])(config).eval()
+    _perturb(reference)
+    reference.save_pretrained(tmp_path / "stock")
+    convert_checkpoint(tmp_path / "stock", tmp_path / "archlab")
+    convert_checkpoint(tmp_path / "archlab", tmp_path / "back", to="roberta")
+    model = head.archlab_class.from_pretrained(tmp_path / "archlab").eval()
+    assert type(model) is head.archlab_class
+    if labels:
+        assert model.config.id2label == reference.config.id2label
+    _, left, mask, _, _ = _batches(reference.config.pad_token_id)
+    inputs = dict(input_ids=left, attention_mask=mask)
+    with torch.no_grad():
+        ours, theirs = _outputs(model(**inputs)), _outputs(reference(**inputs))
+    real = mask.bool() if name != "sequence" else torch.ones(ours.shape[0], dtype=torch.bool)
+    assert (ours - theirs)[real].abs().max().item() <= ATOL
+
+    back = type(reference).from_pretrained(tmp_path / "back").eval()
+    assert json.loads((tmp_path / "back" / "config.json").read_text())["architectures"] == [type(reference).__name__]
+    theirs, ours = reference.state_dict(), back.state_dict()
+    assert ours.keys() == theirs.keys()
+    assert [k for k in theirs if not torch.equal(ours[k], theirs[k])] == []
+
+
+def test_a_roberta_sequence_classifier_is_not_read_as_berts(tmp_path):
+    """BERT's sequence classifier head (`bert.pooler`) is not RoBERTa's; a classifier without the pooler is refused
+    by `--to roberta` with the field named."""
+    assert ENCODER_SEQUENCE_CLASSIFICATION.stock_class(FAMILIES["roberta"]) is None
+    config = EncoderForSequenceClassification.config_class(
+        **{**FAMILIES["roberta"].archlab_config(CASES["roberta"][0]).to_dict(), "classifier_pooler": False}
+    )
+    EncoderForSequenceClassification(config).save_pretrained(tmp_path / "classifier")
+    with pytest.raises(ConversionError, match="classifier_pooler=False"):
+        convert_checkpoint(tmp_path / "classifier", tmp_path / "out", to="roberta")
