@@ -5,6 +5,7 @@
 - `fused_decoders.py`: GPT-2, OpenAI-GPT, GPT-NeoX, Falcon, BLOOM and MPT, whose weights are renamed, split and
   transposed by the rules of `layouts.py` (refusal messages in `checks.py`);
 - `layernorm_decoders.py`: StableLM, Phi and OPT (LayerNorm decoders; Phi's and OPT's weights renamed by rules);
+- `phi3.py`: Phi-3 (Llama's block with fused q/k/v and gate/up projections, split and joined by rules);
 - `experts.py`: Mixtral's and Qwen2-MoE's (and Qwen3-MoE's) per-expert checkpoint modules, fused as archlab holds them;
 - `marian.py`, `bart.py`, `t5.py`: the encoder-decoders; `bert.py`, `roberta.py`: BERT and RoBERTa as archlab's
   masked LM;

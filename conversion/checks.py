@@ -30,6 +30,22 @@ def setting(config: PreTrainedConfig | Any, name: str) -> str:
     return f"{name}={getattr(config, name)!r}"
 
 
+def one_window_for_every_layer(config: PreTrainedConfig, architecture: str) -> dict[str, Any]:
+    """The stock fields of a family that applies `sliding_window` to every layer: none to add where archlab's layers
+    are all local or all global without a window; `sliding_window=None` where a window is set on layers that are all
+    global (it is never applied, and the stock model would apply it everywhere). Mixed layers are refused."""
+    if config.sliding_window is not None and all(kind == "full_attention" for kind in config.layer_types):
+        return {"sliding_window": None}
+    expected = "full_attention" if config.sliding_window is None else "sliding_attention"
+    if any(kind != expected for kind in config.layer_types):
+        raise ConversionError(
+            f"{architecture} applies `sliding_window` to every layer; this config's `layer_types` "
+            f"({config.layer_types}) mixes local and global layers, which {architecture.removesuffix('ForCausalLM')} "
+            f"cannot express."
+        )
+    return {}
+
+
 def fixed_ratio_width(config: PreTrainedConfig, architecture: str, ratio: int = 4) -> dict[str, str]:
     """The families whose MLP is always `ratio`·hidden wide (BLOOM, MPT, OpenAI-GPT): the refusal if it is not."""
     if config.intermediate_size != ratio * config.hidden_size:
@@ -40,4 +56,4 @@ def fixed_ratio_width(config: PreTrainedConfig, architecture: str, ratio: int = 
     return {}
 
 
-__all__ = ["fixed_ratio_width", "refuse_export", "refuse_import", "setting"]
+__all__ = ["fixed_ratio_width", "one_window_for_every_layer", "refuse_export", "refuse_import", "setting"]

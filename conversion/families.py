@@ -1,12 +1,12 @@
 """The families the converter knows: one `Family` row each, by `model_type`.
 
-The Llama-like decoders (Llama, Mistral, Mixtral, Gemma, Gemma2, Qwen2, Qwen2-MoE, Qwen3, Qwen3-MoE) differ from
-Llama only in which config fields they have and what they fix; their weights have archlab's names already (archlab
-uses Llama's and Gemma2's), except the per-expert modules of Mixtral's, Qwen2-MoE's and Qwen3-MoE's saved checkpoints
-(`experts.py`). The decoders
-with their own names, fused q/k/v and Conv1D weights (GPT-2, OpenAI-GPT, GPT-NeoX, Falcon, BLOOM, MPT) live in
-`fused_decoders.py`, StableLM, Phi and OPT in `layernorm_decoders.py`, the encoder-decoders in `marian.py`, `bart.py`
-and `t5.py`, BERT and RoBERTa (as `EncoderForMaskedLM`) in `bert.py` and `roberta.py`.
+The Llama-like decoders (Llama, Mistral, Mixtral, Gemma, Gemma2, Qwen2, Qwen2-MoE, Qwen3, Qwen3-MoE) differ from Llama
+only in which config fields they have and what they fix; their weights have archlab's names already (archlab uses
+Llama's and Gemma2's), except the per-expert modules of Mixtral's, Qwen2-MoE's and Qwen3-MoE's saved checkpoints
+(`experts.py`). The decoders with their own names, fused q/k/v and Conv1D weights (GPT-2, OpenAI-GPT, GPT-NeoX, Falcon,
+BLOOM, MPT) live in `fused_decoders.py`, StableLM, Phi and OPT in `layernorm_decoders.py`, Phi-3 (fused q/k/v and
+gate/up) in `phi3.py`, the encoder-decoders in `marian.py`, `bart.py` and `t5.py`, BERT and RoBERTa (as
+`EncoderForMaskedLM`) in `bert.py` and `roberta.py`.
 """
 
 from __future__ import annotations
@@ -40,12 +40,13 @@ from transformers import (
 from ..modeling import DecoderForCausalLM
 from .bart import BART
 from .bert import BERT
-from .checks import refuse_export, refuse_import, setting
+from .checks import one_window_for_every_layer, refuse_export, refuse_import, setting
 from .experts import MIXTRAL_LAYOUT, QWEN2_MOE_LAYOUT
 from .family import ConversionError, Family, same
 from .fused_decoders import FUSED_DECODERS
 from .layernorm_decoders import LAYERNORM_DECODERS
 from .marian import MARIAN
+from .phi3 import PHI3
 from .roberta import ROBERTA
 from .t5 import T5_VARIANTS, t5_family
 
@@ -136,22 +137,6 @@ QWEN3_MOE_FIELDS = {
     ),
     "num_experts": "num_local_experts",
 }
-
-
-def one_window_for_every_layer(config: PreTrainedConfig, architecture: str) -> dict[str, Any]:
-    """The stock fields of a family that applies `sliding_window` to every layer: none to add where archlab's layers
-    are all local or all global without a window; `sliding_window=None` where a window is set on layers that are all
-    global (it is never applied, and the stock model would apply it everywhere). Mixed layers are refused."""
-    if config.sliding_window is not None and all(kind == "full_attention" for kind in config.layer_types):
-        return {"sliding_window": None}
-    expected = "full_attention" if config.sliding_window is None else "sliding_attention"
-    if any(kind != expected for kind in config.layer_types):
-        raise ConversionError(
-            f"{architecture} applies `sliding_window` to every layer; this config's `layer_types` "
-            f"({config.layer_types}) mixes local and global layers, which {architecture.removesuffix('ForCausalLM')} "
-            f"cannot express."
-        )
-    return {}
 
 
 def experts_in_every_layer(config: PreTrainedConfig, architecture: str) -> None:
@@ -372,6 +357,7 @@ FAMILIES: dict[str, Family] = {
         ),
         *FUSED_DECODERS,
         *LAYERNORM_DECODERS,
+        PHI3,
         MARIAN,
         BART,
         BERT,
@@ -395,7 +381,7 @@ IGNORES_PARTIAL_ROTARY = (
     "gemma2",
     "falcon",
 )
-READS_UNDECLARED_HEAD_DIM = ("qwen2", "qwen2_moe", "phi", "stablelm", "gpt_neox")
+READS_UNDECLARED_HEAD_DIM = ("qwen2", "qwen2_moe", "phi", "phi3", "stablelm", "gpt_neox")
 
 
 def _guarded(family: Family) -> Family:

@@ -2,8 +2,8 @@
 classifier) is archlab's `DecoderForSequenceClassification`, and back; so are `<Family>ForTokenClassification` and
 `<Family>ForQuestionAnswering` folders archlab's `DecoderForTokenClassification` and `DecoderForQuestionAnswering`, for
 the families whose classes are transformers' generic ones (`GenericForTokenClassification`, ...: Llama, Mistral,
-Mixtral, Qwen2, Qwen2-MoE, Qwen3, Qwen3-MoE, and for token classification Gemma, Gemma2, Phi, StableLM), whose heads are
-archlab's: `score` (hidden -> num_labels, with a bias) and `qa_outputs` (hidden -> 2, with a bias).
+Mixtral, Qwen2, Qwen2-MoE, Qwen3, Qwen3-MoE, and for token classification Gemma, Gemma2, Phi, Phi-3, StableLM), whose
+heads are archlab's: `score` (hidden -> num_labels, with a bias) and `qa_outputs` (hidden -> 2, with a bias).
 
 Every decoder family's stock classifier is its base model, under the causal LM's prefix (`model.`, `transformer.`,
 `gpt_neox.`), and a bias-free `score` Linear (hidden -> num_labels) read at the last token that is not

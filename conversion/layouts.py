@@ -13,6 +13,8 @@ follow it:
       "per_head"  per head [q_h; k_h; v_h] (H_kv = H)                       BLOOM, GPT-NeoX `query_key_value`
       "grouped"   per key/value head [q (H/H_kv heads); k_g; v_g]          Falcon (every architecture)
   "per_head" is "grouped" with H_kv = H; Falcon's multi-query layout is "grouped" with H_kv = 1 (= "concat").
+- `FusedGateUp(stock, ours)`: one stock projection holds a gated MLP's [gate; up] rows (Phi-3 `gate_up_proj`);
+  archlab has `ours.gate_proj` and `ours.up_proj`.
 
 `WeightRules(rules, base_prefix, ignore).layout()` is the `Layout` of a row. Rules are tried in order; exporting
 writes the first rule that applies, so legacy stock names (GPT-NeoX's `embed_out`) come after the current ones.
@@ -78,6 +80,16 @@ class FusedQKV:
             raise ValueError(f"FusedQKV split {self.split!r} is not one of {SPLITS}.")
 
 
+@dataclass(frozen=True)
+class FusedGateUp:
+    """Module `stock` holds a gated MLP's [gate; up] rows (Phi-3's `gate_up_proj`); archlab's MLP module `ours`
+    holds `gate_proj` and `up_proj` apart."""
+
+    stock: str
+    ours: str
+    transpose: bool = False
+
+
 def _heads(config: PreTrainedConfig, split: str) -> tuple[int, int, int]:
     heads, kv_heads, head_dim = config.num_attention_heads, config.num_key_value_heads, config.head_dim
     if split == "per_head" and kv_heads != heads:
@@ -123,31 +135,39 @@ def _flip(tensor: torch.Tensor, transpose: bool) -> torch.Tensor:
 
 
 _PROJECTIONS = ("q_proj", "k_proj", "v_proj")
+_GATE_UP = ("gate_proj", "up_proj")
+
+
+def _parts(rule: Rename | FusedQKV | FusedGateUp) -> tuple[str, ...]:
+    """The archlab modules a fused rule's stock module holds."""
+    return _PROJECTIONS if isinstance(rule, FusedQKV) else _GATE_UP
 
 
 @dataclass(frozen=True)
 class WeightRules:
     """A family's weight layout: rules, the stock base-model prefix, and stock buffers to drop (regexes)."""
 
-    rules: tuple[Rename | FusedQKV, ...]
+    rules: tuple[Rename | FusedQKV | FusedGateUp, ...]
     base_prefix: str = ""
     ignore: tuple[str, ...] = ()
 
     @cached_property
-    def _patterns(self) -> dict[str, list[tuple[re.Pattern, Rename | FusedQKV]]]:
+    def _patterns(self) -> dict[str, list[tuple[re.Pattern, Rename | FusedQKV | FusedGateUp]]]:
         """Per side ("stock", "ours"), each rule's pattern; a fused rule matches all three archlab projections."""
         return {
             "stock": [(_pattern(rule.stock), rule) for rule in self.rules],
             "ours": [
-                (_pattern(rule.ours, _PROJECTIONS) if isinstance(rule, FusedQKV) else _pattern(rule.ours), rule)
+                (_pattern(rule.ours, _parts(rule)) if not isinstance(rule, Rename) else _pattern(rule.ours), rule)
                 for rule in self.rules
             ],
         }
 
-    def _match(self, key: str, side: str, config: PreTrainedConfig) -> tuple[Rename | FusedQKV, re.Match] | None:
+    def _match(
+        self, key: str, side: str, config: PreTrainedConfig
+    ) -> tuple[Rename | FusedQKV | FusedGateUp, re.Match] | None:
         for pattern, rule in self._patterns[side]:
             match = pattern.match(key)
-            if match and (isinstance(rule, FusedQKV) or _applies(rule.when, config)):
+            if match and (not isinstance(rule, Rename) or _applies(rule.when, config)):
                 return rule, match
         return None
 
@@ -169,6 +189,9 @@ class WeightRules:
             if isinstance(rule, FusedQKV):
                 for name, part in zip(_PROJECTIONS, split_qkv(tensor, rule.split, config)):
                     out[_fill(f"{rule.ours}.{name}", n, leaf)] = part
+            elif isinstance(rule, FusedGateUp):
+                for name, part in zip(_GATE_UP, tensor.chunk(2)):
+                    out[_fill(f"{rule.ours}.{name}", n, leaf)] = part.contiguous()
             else:
                 out[_fill(rule.ours, n, leaf)] = tensor
         if unknown:
@@ -190,6 +213,10 @@ class WeightRules:
                     continue  # joined with the query
                 parts = [state_dict[_fill(f"{rule.ours}.{name}", n, leaf)] for name in _PROJECTIONS]
                 tensor = join_qkv(*parts, rule.split, config)
+            elif isinstance(rule, FusedGateUp):
+                if match.group("part") != "gate_proj":
+                    continue  # joined with the gate
+                tensor = torch.cat([state_dict[_fill(f"{rule.ours}.{name}", n, leaf)] for name in _GATE_UP])
             out[_fill(rule.stock, n, leaf)] = _flip(tensor, rule.transpose)
         if unknown:
             raise ConversionError(f"archlab tensors this family has no place for: {unknown[:5]}.")
@@ -199,4 +226,4 @@ class WeightRules:
         return Layout(to_archlab=self.to_archlab, from_archlab=self.from_archlab)
 
 
-__all__ = ["FusedQKV", "Rename", "SPLITS", "WeightRules", "join_qkv", "split_qkv"]
+__all__ = ["FusedGateUp", "FusedQKV", "Rename", "SPLITS", "WeightRules", "join_qkv", "split_qkv"]

@@ -4,14 +4,14 @@
     python scripts/convert_checkpoint.py path/to/archlab path/to/llama --to llama  # archlab -> stock
 
 The source family is read from SRC/config.json. Families: llama, mistral, mixtral, qwen2, qwen2_moe, qwen3, qwen3_moe,
-gemma, gemma2, gpt_neox, falcon, bloom, mpt, opt, gpt2, openai-gpt, phi, stablelm (archlab decoder); marian, bart, t5
-(T5 v1.0, v1.1, flan-T5), mt5 and umt5 (archlab encoder-decoder); bert and roberta (archlab's EncoderForMaskedLM). A
+gemma, gemma2, gpt_neox, falcon, bloom, mpt, opt, gpt2, openai-gpt, phi, phi3, stablelm (archlab decoder); marian, bart,
+t5 (T5 v1.0, v1.1, flan-T5), mt5 and umt5 (archlab encoder-decoder); bert and roberta (archlab's EncoderForMaskedLM). A
 config the other side cannot compute is refused with the fields named. A decoder family's
 `<Family>ForSequenceClassification` (a reward model, a classifier) converts to archlab's
 `DecoderForSequenceClassification` and back; `<Family>ForTokenClassification` and `<Family>ForQuestionAnswering` to
 `DecoderForTokenClassification` / `DecoderForQuestionAnswering` for the families whose heads are transformers' generic
-ones (Llama, Mistral, Mixtral, Qwen2, Qwen2-MoE, Qwen3, Qwen3-MoE; Gemma, Gemma2, Phi and StableLM for tokens); and
-BERT's (RoBERTa's) `BertForSequenceClassification` / `BertForTokenClassification` / `BertForQuestionAnswering` to
+ones (Llama, Mistral, Mixtral, Qwen2, Qwen2-MoE, Qwen3, Qwen3-MoE; Gemma, Gemma2, Phi, Phi-3 and StableLM for tokens);
+and BERT's (RoBERTa's) `BertForSequenceClassification` / `BertForTokenClassification` / `BertForQuestionAnswering` to
 `EncoderForSequenceClassification` / `EncoderForTokenClassification` / `EncoderForQuestionAnswering`, the head read from
 `architectures`. The logic lives in `archlab.conversion`; docs/conversion.md lists what each family turns on and what is
 refused.

@@ -32,6 +32,7 @@ from transformers import (
     MT5Config,
     OpenAIGPTConfig,
     OPTConfig,
+    Phi3Config,
     PhiConfig,
     Qwen2Config,
     Qwen2MoeConfig,
@@ -43,7 +44,12 @@ from transformers import (
     UMT5Config,
 )
 
-from archlab import DecoderForSequenceClassification, EncoderForMaskedLM, EncoderForSequenceClassification
+from archlab import (
+    DecoderForCausalLM,
+    DecoderForSequenceClassification,
+    EncoderForMaskedLM,
+    EncoderForSequenceClassification,
+)
 from archlab.conversion import FAMILIES, ConversionError, convert_checkpoint
 from archlab.conversion.heads import (
     ENCODER_QUESTION_ANSWERING,
@@ -88,6 +94,12 @@ OPT_SHAPE = dict(
     bos_token_id=2,
     eos_token_id=2,
 )
+PHI3_LONGROPE = {
+    "rope_type": "longrope",
+    "rope_theta": 10000.0,
+    "short_factor": [1.0, 1.1, 1.2, 1.3],
+    "long_factor": [2.0, 3.0, 4.0, 5.0],
+}
 ROPE_25 = {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25}
 SEQ2SEQ_SHAPE = dict(
     vocab_size=VOCAB,
@@ -264,6 +276,26 @@ CASES = {
             "use_qk_norm": True,
             "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5},
         },
+    ),
+    # fused qkv_proj and gate_up_proj; a window on every layer and a partial rotary factor (Phi-4-mini's 0.75)
+    "phi3": (
+        Phi3Config(
+            **QWEN2_SHAPE,
+            sliding_window=4,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.75},
+        ),
+        {
+            "sliding_window": 4,
+            "layer_types": ["sliding_attention"] * 2,
+            "mlp_type": "gated",
+            "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.75},
+        },
+    ),
+    # Phi-3-*-128k's longrope: the 12-token batches are past `original_max_position_embeddings`, so the long factors
+    # apply (the short ones: `test_phi3_longrope_short_sequences_use_the_short_factors`)
+    "phi3-longrope": (
+        Phi3Config(**QWEN2_SHAPE, original_max_position_embeddings=8, rope_parameters=PHI3_LONGROPE),
+        {"rope_parameters": {**PHI3_LONGROPE, "partial_rotary_factor": 1.0, "original_max_position_embeddings": 8}},
     ),
     "stablelm": (
         StableLmConfig(**QWEN2_SHAPE, use_qkv_bias=True),
@@ -603,6 +635,7 @@ NOT_EXPRESSIBLE = {
     "gpt2": ({"norm_position": "post"}, ["norm_position"]),
     "openai-gpt": ({"hidden_act": "gelu"}, ["hidden_act"]),
     "phi": ({"lm_head_bias": False, "mlp_type": "gated"}, ["lm_head_bias", "mlp_type"]),
+    "phi3": ({"rope_parameters": {"rope_type": "linear", "rope_theta": 1e4, "factor": 2.0}}, ["rope_type"]),
     "stablelm": ({"norm_position": "parallel"}, ["norm_position"]),
     "bart": ({"embedding_layernorm": False}, ["embedding_layernorm"]),
     "bert": ({"norm_position": "pre", "use_qk_norm": True}, ["norm_position", "use_qk_norm"]),
@@ -652,6 +685,8 @@ ALSO_NOT_EXPRESSIBLE = {
     # RoBERTa's table has pad_token_id + 1 leading rows; its LM head is GELU whatever the encoder's activation
     "roberta-offset": ("roberta", "roberta", {"position_embedding_offset": 3}, ["position_embedding_offset"]),
     "roberta-head-activation": ("roberta", "roberta", {"activation_function": "gelu_new"}, ["activation_function"]),
+    "phi3-biases": ("phi3", "phi3", {"attention_bias": True, "mlp_bias": True}, ["attention_bias", "mlp_bias"]),
+    "phi3-mixed-windows": ("phi3", "phi3", {"layer_types": ["sliding_attention", "full_attention"]}, ["layer_types"]),
     "gemma2-fractional-scalar": ("gemma2", "gemma2", {"query_pre_attn_scalar": 12.5}, ["query_pre_attn_scalar"]),
     # what Bart keeps (no d_kv) is no valid config on its own: a ConversionError naming the field, not a ValueError
     "bart-head-size": (
@@ -796,6 +831,8 @@ NOT_IMPORTABLE = {
         ["hidden_act"],
     ),
     "roberta-no-pad": (RobertaConfig(hidden_size=32, num_attention_heads=4, pad_token_id=None), ["pad_token_id"]),
+    # no `head_dim` field in Phi3Config, but Phi-3's attention reads one from config.json
+    "phi3-undeclared-head-dim": (Phi3Config(**QWEN2_SHAPE, head_dim=16), ["head_dim"]),
     # the stock default RoPE rotates every channel: the factor is ignored there
     "llama-partial-rotary": (LlamaConfig(**LLAMA_LIKE, rope_parameters=ROPE_25), ["partial_rotary_factor"]),
     # no `head_dim` field in Qwen2Config, but Qwen2's attention reads one from config.json
@@ -885,12 +922,12 @@ TAGS = {0: "O", 1: "B-NUM", 2: "I-NUM", 3: "B-WORD", 4: "I-WORD"}
 
 
 def test_every_generic_token_and_qa_head_is_checked():
-    """Llama, Mistral, Mixtral, Qwen2, Qwen2-MoE, Qwen3 and Qwen3-MoE (both heads), Gemma, Gemma2, Phi and StableLM
-    (tokens)."""
+    """Llama, Mistral, Mixtral, Qwen2, Qwen2-MoE, Qwen3 and Qwen3-MoE (both heads), Gemma, Gemma2, Phi, Phi-3 and
+    StableLM (tokens)."""
     assert (
         set(QA_CASES) == {"llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe"} <= set(TOKEN_CASES)
     )
-    assert {"gemma", "gemma2", "phi", "stablelm"} <= set(TOKEN_CASES)
+    assert {"gemma", "gemma2", "phi", "phi3", "stablelm"} <= set(TOKEN_CASES)
 
 
 def _token_and_qa_folders(root, case: str, head) -> torch.nn.Module:
@@ -1145,3 +1182,14 @@ def test_a_roberta_sequence_classifier_is_not_read_as_berts(tmp_path):
     EncoderForSequenceClassification(config).save_pretrained(tmp_path / "classifier")
     with pytest.raises(ConversionError, match="classifier_pooler=False"):
         convert_checkpoint(tmp_path / "classifier", tmp_path / "out", to="roberta")
+
+
+def test_phi3_longrope_short_sequences_use_the_short_factors(folders):
+    """Within `original_max_position_embeddings` longrope rotates by the short factors (the case's 12-token batches
+    use the long ones), and a long forward after a short one switches back, in both models."""
+    reference, root = folders["phi3-longrope"]
+    model = DecoderForCausalLM.from_pretrained(root / "archlab").eval()
+    ids = torch.randint(3, VOCAB, (2, 20), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        for length in (6, 20, 6):
+            assert (model(ids[:, :length]).logits - reference(ids[:, :length]).logits).abs().max() <= ATOL, length
