@@ -1193,3 +1193,34 @@ def test_phi3_longrope_short_sequences_use_the_short_factors(folders):
     with torch.no_grad():
         for length in (6, 20, 6):
             assert (model(ids[:, :length]).logits - reference(ids[:, :length]).logits).abs().max() <= ATOL, length
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_a_converted_folder_loads_without_missing_or_unexpected_weights(case, folders):
+    """The archlab folder holds exactly the model's weights (no tensor left random, none ignored), and so does the
+    folder exported back for the stock class."""
+    _, root = folders[case]
+    family = _family(case)
+    for model_class, folder in ((family.archlab_class, "archlab"), (family.model_class, "back")):
+        _, info = model_class.from_pretrained(root / folder, output_loading_info=True)
+        assert {k: v for k, v in info.items() if v} == {}, (folder, info)
+
+
+def test_a_qwen3_moe_folder_trains_with_the_stock_load_balancing_loss(tmp_path):
+    """With `output_router_logits`, the converted model's load-balancing loss and total loss are the stock ones, on a
+    plain and a left-padded batch (the mask weighs the router statistics in both)."""
+    torch.manual_seed(0)
+    config = Qwen3MoeConfig(
+        **{**CASES["qwen3_moe"][0].to_dict(), "output_router_logits": True, "router_aux_loss_coef": 0.5}
+    )
+    reference = FAMILIES["qwen3_moe"].model_class(config).eval()
+    _perturb(reference)
+    reference.save_pretrained(tmp_path / "stock")
+    convert_checkpoint(tmp_path / "stock", tmp_path / "archlab")
+    model = DecoderForCausalLM.from_pretrained(tmp_path / "archlab").eval()
+    ids, padded, mask, _, _ = _batches(0)
+    with torch.no_grad():
+        for inputs in (dict(input_ids=ids), dict(input_ids=padded, attention_mask=mask)):
+            ours, theirs = model(**inputs, labels=inputs["input_ids"]), reference(**inputs, labels=inputs["input_ids"])
+            torch.testing.assert_close(ours.aux_loss, theirs.aux_loss, rtol=1e-5, atol=1e-6)
+            torch.testing.assert_close(ours.loss, theirs.loss, rtol=1e-5, atol=1e-6)
