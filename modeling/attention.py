@@ -209,7 +209,7 @@ class Attention(FusableProjections, nn.Module):
         is_sliding = layer_types is not None and layer_types[layer_idx] == "sliding_attention"
         self.sliding_window = config.sliding_window if is_sliding else None  # the mask does it; flash reads it
         self.q_norm = self.k_norm = None
-        if getattr(config, "use_qk_norm", False):  # QK-norm (Qwen3, OLMo2; seed 004): per-head norm of q and k
+        if getattr(config, "use_qk_norm", False):  # QK-norm (Qwen3; seed 004): per head (OLMo2: whole projection)
             eps = norm_eps if norm_eps is not None else config.rms_norm_eps
             norm_bias = getattr(config, "norm_bias", None)  # None: the norm's own default
             self.q_norm = make_norm(config.norm_type, self.head_dim, eps, norm_bias)
