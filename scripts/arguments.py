@@ -11,7 +11,7 @@ import json
 import os
 import re
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -221,10 +221,35 @@ TRANSFORMERS_4_FLAGS = {
     "save_safetensors": "nothing: checkpoints are always safetensors",
 }
 
+# The `ModelArguments` / `DataTrainingArguments` flags of transformers' example scripts (run_clm.py, run_mlm.py,
+# run_glue.py, run_classification.py, run_ner.py, run_qa.py, run_translation.py) that neither training script has,
+# and what to pass instead: a command written for those scripts failed on "Unknown flags" that named no alternative,
+# or (--token, a prefix of --tokenizer_name and three more) exited with argparse's usage and "ambiguous option".
+EXAMPLE_MODEL_FLAGS = {
+    "model_type": "a new model is archlab's own architecture: --model_kind decoder | seq2seq | masked_lm with "
+    "--preset, --config_name or --config_overrides; a stock family's saved folder loads with --model_name_or_path",
+    "token": "leave it out: log in once (`hf auth login`) or set HF_TOKEN, which the Hub downloads use",
+    "use_auth_token": "leave it out: log in once (`hf auth login`) or set HF_TOKEN, which the Hub downloads use",
+    "model_revision": "download that revision first (`hf download NAME --revision REV --local-dir DIR`) and pass "
+    "--model_name_or_path DIR",
+    "trust_remote_code": "leave it out: archlab's models and transformers' own families load without it; a model "
+    "that needs its own code (auto_map) cannot be trained by this script",
+    "torch_dtype": "leave it out: the scripts train float32 weights; mixed precision is --bf16 (--fp16 on a GPU)",
+    "dtype": "leave it out: the scripts train float32 weights; mixed precision is --bf16 (--fp16 on a GPU)",
+    "low_cpu_mem_usage": "leave it out: transformers 5 always loads the weights without a first random copy",
+    "use_fast_tokenizer": "leave it out: transformers 5 loads the fast (tokenizers) tokenizer, the only kind archlab "
+    "saves",
+    "keep_linebreaks": "leave it out: a .txt file is read as whole documents, line breaks kept (--sample_by "
+    "paragraph | line splits it)",
+}
 
-def check_unknown_flags(parser: argparse.ArgumentParser, unknown: Sequence[str]) -> None:
+
+def check_unknown_flags(
+    parser: argparse.ArgumentParser, unknown: Sequence[str], example_flags: Mapping[str, str] | None = None
+) -> None:
     """A flag no argument group knows is a ValueError naming it and the closest known flags, or what replaced it
-    (`TRANSFORMERS_4_FLAGS`)."""
+    (`TRANSFORMERS_4_FLAGS`), or, for a flag of transformers' example scripts, what to pass instead (`example_flags`:
+    the script's own table)."""
     if not unknown:
         return
     named = [word.split("=", 1)[0] for word in unknown if word.startswith("-")]
@@ -233,19 +258,34 @@ def check_unknown_flags(parser: argparse.ArgumentParser, unknown: Sequence[str])
     names = sorted({option[2:].replace("-", "_") for action in parser._actions for option in action.option_strings})
     hints = []
     for flag in named:
-        replaced = TRANSFORMERS_4_FLAGS.get(flag.lstrip("-").replace("-", "_"))
+        name = flag.lstrip("-").replace("-", "_")
+        example = (example_flags or {}).get(name)
+        if example is not None:
+            hints.append(f"{flag} (a flag of transformers' example scripts; here: {example})")
+            continue
+        replaced = TRANSFORMERS_4_FLAGS.get(name)
         if replaced is not None:
             hints.append(f"{flag} (a transformers 4 flag; in transformers 5: {replaced})")
             continue
-        close = difflib.get_close_matches(flag.lstrip("-").replace("-", "_"), names, n=2, cutoff=0.75)
+        close = difflib.get_close_matches(name, names, n=2, cutoff=0.75)
         hints.append(f"{flag} (did you mean {' or '.join('--' + name for name in close)}?)" if close else flag)
-    raise ValueError(f"Unknown flags: {', '.join(hints)}. `--help` lists every flag.")
+    raise ValueError(f"Unknown flags: {'; '.join(hints)}. `--help` lists every flag.")
 
 
-def parse_arguments(classes: Sequence[type], argv: Sequence[str] | None, description: str | None = None) -> tuple:
+def parse_arguments(
+    classes: Sequence[type],
+    argv: Sequence[str] | None,
+    description: str | None = None,
+    example_flags: Mapping[str, str] | None = None,
+) -> tuple:
     """`HfArgumentParser`: flags, or a single .json file holding them (as in transformers' examples); `description`
-    (the script's docstring) heads `--help`."""
-    parser = HfArgumentParser(tuple(classes), description=description, formatter_class=HelpFormatter)
+    (the script's docstring) heads `--help`; `example_flags`: the flags of transformers' example scripts the script
+    does without, each with what to pass instead (`check_unknown_flags`). A flag is never read as a prefix of a longer
+    one (argparse's abbreviations): run_clm.py's --token was "ambiguous" among the --tokenizer_* flags, and a flag of
+    another script that is the prefix of exactly one would have set that one without a word."""
+    parser = HfArgumentParser(
+        tuple(classes), description=description, formatter_class=HelpFormatter, allow_abbrev=False
+    )
     for action in parser._actions:
         # a boolean flag whose default is None ("decided later": --bf16, --tf32) takes a bare `--flag` as true, as
         # every other boolean flag does; HfArgumentParser would demand a value
@@ -256,7 +296,7 @@ def parse_arguments(classes: Sequence[type], argv: Sequence[str] | None, descrip
         if len(argv) == 1 and argv[0].endswith(".json"):
             return parser.parse_json_file(json_file=os.path.abspath(argv[0]))
         *parsed, unknown = parser.parse_args_into_dataclasses(args=argv, return_remaining_strings=True)
-        check_unknown_flags(parser, unknown)
+        check_unknown_flags(parser, unknown, example_flags)
         return tuple(parsed)
     except ValueError as error:  # TrainingArguments' own checks of flag values, made while the flags are parsed
         raise ValueError(str(error)) from error

@@ -56,7 +56,6 @@ from __future__ import annotations
 
 import os
 import re
-import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -65,6 +64,7 @@ from transformers import Seq2SeqTrainingArguments, TrainerCallback, TrainingArgu
 
 from archlab.model_cards.facts import SEQ2SEQ_PIPELINE_TAGS
 from archlab.scripts.arguments import (
+    EXAMPLE_MODEL_FLAGS,
     ArchlabTrainingArguments,
     DataArguments,
     ModelArguments,
@@ -273,9 +273,11 @@ class FinetuneTrainingArguments(ArchlabTrainingArguments, Seq2SeqTrainingArgumen
     )
 
 
-# run_translation.py's and run_summarization.py's flags that this script names otherwise or does without, and what to
-# pass instead: a command written for those scripts failed on "Unknown flags" that named no alternative, and on
-# --text_column with argparse's usage and "ambiguous option" (a prefix of classification's --text_column_name(s))
+# run_translation.py's, run_summarization.py's, run_glue.py's, run_classification.py's, run_ner.py's and run_qa.py's
+# flags that this script names otherwise or does without, and what to pass instead (beside the model and data flags
+# of every example script, `EXAMPLE_MODEL_FLAGS`): a command written for those scripts failed on "Unknown flags" that
+# named no alternative, and on --text_column with argparse's usage and "ambiguous option" (a prefix of
+# classification's --text_column_name(s))
 SEQ2SEQ_EXAMPLE_FLAGS = {
     "text_column": "--source_column; classification and token-classification read --text_column_name",
     "summary_column": "--target_column",
@@ -283,29 +285,38 @@ SEQ2SEQ_EXAMPLE_FLAGS = {
     "val_max_target_length": "--generation_max_length, the evaluation's generated length (unset: --max_target_length); "
     "the validation and test targets are cut at --max_target_length, as the training targets",
     "pad_to_max_length": "leave it out: each batch is padded to its longest example, which changes no loss and no "
-    "generated text",
+    "generated text (question-answering pads every window to --max_seq_length, as run_qa.py's default)",
     "ignore_pad_token_for_loss": "leave it out: padded label positions are always -100, outside the loss",
     "forced_bos_token": "none: it names an mBART-50 / M2M100 tokenizer's target-language token, and archlab converts "
     "neither family",
 }
-
-
-def check_example_script_flags(argv: Sequence[str]) -> None:
-    """run_translation.py / run_summarization.py flags (`SEQ2SEQ_EXAMPLE_FLAGS`) refused before parsing, each named
-    with what to pass instead."""
-    given = [word[2:].split("=", 1)[0].replace("-", "_") for word in argv if word.startswith("--")]
-    hints = [f"--{name} ({SEQ2SEQ_EXAMPLE_FLAGS[name]})" for name in given if name in SEQ2SEQ_EXAMPLE_FLAGS]
-    if hints:
-        raise ValueError(f"run_translation.py / run_summarization.py flags; here: {'; '.join(hints)}.")
+CLASSIFICATION_EXAMPLE_FLAGS = {
+    "task_name": "--task classification with --dataset_name nyu-mll/glue --dataset_config_name NAME for a GLUE task "
+    "(its text columns are read without flags); run_ner.py's pos / chunk: --task token-classification "
+    "--label_column_name pos_tags / chunk_tags",
+    "metric_name": "leave it out: each --task reports its own metrics (--metric_for_best_model picks one of them)",
+    "shuffle_train_dataset": "leave it out: the Trainer draws the training examples in random order",
+    "train_split_name": "leave it out: the splits named train, validation and test are read",
+    "validation_split_name": "leave it out: the splits named train, validation and test are read",
+    "test_split_name": "leave it out: the splits named train, validation and test are read",
+    "remove_splits": "leave it out: splits other than train, validation and test are not read",
+    "remove_columns": "leave it out: columns the --task does not read are dropped",
+    "ignore_mismatched_sizes": "leave it out: a classifier's head for other labels is replaced by a new one",
+    "mlm_probability": "scripts/pretrain.py --model_kind masked_lm trains a masked LM",
+    "line_by_line": "scripts/pretrain.py --model_kind masked_lm --sample_by line trains a masked LM on the lines "
+    "of a .txt file",
+}
+FINETUNE_EXAMPLE_FLAGS = {**EXAMPLE_MODEL_FLAGS, **SEQ2SEQ_EXAMPLE_FLAGS, **CLASSIFICATION_EXAMPLE_FLAGS}
 
 
 def parse(argv: Sequence[str] | None = None) -> tuple:
     """The four argument groups; the default `--output_dir` names the task (a second task does not meet the first's
     checkpoints), and the evaluation generates up to --max_target_length tokens unless --generation_max_length says."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    check_example_script_flags(argv)
     model_args, data_args, training_args, args = parse_arguments(
-        (ModelArguments, DataArguments, FinetuneTrainingArguments, FinetuneArguments), argv, __doc__
+        (ModelArguments, DataArguments, FinetuneTrainingArguments, FinetuneArguments),
+        argv,
+        __doc__,
+        FINETUNE_EXAMPLE_FLAGS,
     )
     if training_args.output_dir == TASK_OUTPUT_DIR:
         training_args.output_dir = TASK_OUTPUT_DIR.format(task=args.task)

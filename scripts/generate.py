@@ -111,6 +111,26 @@ class GenerateArguments:
     )
 
 
+# transformers' examples/pytorch/text-generation/run_generation.py flags that this script names otherwise or does
+# without, and what to pass instead: they failed on "Unknown flags" that named no alternative, --p exited with
+# argparse's usage and "ambiguous option" (a prefix of --prompt, --prompt_file and --prompts_file), and --no_cuda was
+# pointed to the training scripts' --use_cpu, which this script does not have
+GENERATION_EXAMPLE_FLAGS = {
+    "model_type": "leave it out: the folder's config.json names its model",
+    "length": "--max_new_tokens",
+    "stop_token": "--stop_strings (the text ends once it ends with one, which is kept; run_generation.py cut the "
+    "text before it)",
+    "k": "--top_k",
+    "p": "--top_p",
+    "prefix": "put it at the start of --prompt (a seq2seq folder's task prefix: --source_prefix)",
+    "padding_text": "leave it out: it pads XLNet's and Transfo-XL's prompts, and neither family runs here",
+    "xlm_language": "leave it out: it picks an XLM model's language embedding, and XLM does not run here",
+    "fp16": "leave it out: the model loads in the dtype its folder was saved in",
+    "use_cpu": "--device cpu",
+    "no_cuda": "--device cpu",
+}
+
+
 def resolve_defaults(args: GenerateArguments, prompts: int = 1) -> None:
     """`--do_sample` and `--stream` left unset: true, except with beam search (`--num_beams` > 1), which neither
     samples nor streams, and `--stream` with several prompts (transformers' `TextStreamer` prints one row); given
@@ -186,7 +206,7 @@ def main(argv: Sequence[str] | None = None) -> str | list[str]:
             f"--prompt was given {given} times, and the last would replace the others: give several prompts after "
             "one --prompt (--prompt A B) or in --prompts_file."
         )
-    (args,) = parse_arguments((GenerateArguments,), argv, __doc__)
+    (args,) = parse_arguments((GenerateArguments,), argv, __doc__, GENERATION_EXAMPLE_FLAGS)
     prompts = read_prompts(args)
     resolve_defaults(args, len(prompts))
     check(args)

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from transformers import TrainerCallback, set_seed
 
 from archlab.scripts.arguments import (
+    EXAMPLE_MODEL_FLAGS,
     ArchlabTrainingArguments,
     DataArguments,
     ModelArguments,
@@ -98,6 +99,17 @@ class PretrainArguments:
     eval_max_blocks: int | None = field(default=64, metadata={"help": "Evaluate on at most this many blocks."})
 
 
+# run_clm.py's and run_mlm.py's data flags that this script does without, and what to pass instead (beside the model
+# and data flags of every example script, `EXAMPLE_MODEL_FLAGS`)
+PRETRAIN_EXAMPLE_FLAGS = {
+    **EXAMPLE_MODEL_FLAGS,
+    "max_seq_length": "--block_size, the tokens of each packed block",
+    "pad_to_max_length": "leave it out: documents are packed into full --block_size blocks",
+    "line_by_line": "--sample_by line: each line of a .txt file is a document (packed into --block_size blocks "
+    "with the others)",
+}
+
+
 def report_before(metrics: dict[str, float]) -> None:
     log(f"Before training: validation loss {metrics['eval_loss']:.4f}, perplexity {metrics['eval_perplexity']:.1f}")
 
@@ -109,10 +121,19 @@ def report_after(after: dict[str, float], before: dict[str, float]) -> None:
     )
 
 
-def main(argv: Sequence[str] | None = None, callbacks: list[TrainerCallback] | None = None) -> dict[str, float]:
-    model_args, data_args, training_args, extra = parse_arguments(
-        (ModelArguments, PretrainDataArguments, PretrainTrainingArguments, PretrainArguments), argv, __doc__
+def parse(argv: Sequence[str] | None = None) -> tuple:
+    """The four argument groups (run_clm.py's and run_mlm.py's flags that this script does without are named with
+    what to pass instead: `PRETRAIN_EXAMPLE_FLAGS`)."""
+    return parse_arguments(
+        (ModelArguments, PretrainDataArguments, PretrainTrainingArguments, PretrainArguments),
+        argv,
+        __doc__,
+        PRETRAIN_EXAMPLE_FLAGS,
     )
+
+
+def main(argv: Sequence[str] | None = None, callbacks: list[TrainerCallback] | None = None) -> dict[str, float]:
+    model_args, data_args, training_args, extra = parse(argv)
     # --- every check that can fail runs before anything is written ---------------------------------------------
     kind = model_kind(model_args.model_kind)
     check_model_flags(model_args, data_args.block_size)

@@ -133,6 +133,96 @@ def test_an_unknown_flag_is_named_with_the_closest_known_ones(argv, message):
     assert str(raised.value).startswith(message)
 
 
+def parse_pretrain(argv):
+    from archlab.scripts import pretrain
+
+    return pretrain.parse(argv)
+
+
+def parse_finetune(argv):
+    from archlab.scripts import finetune
+
+    return finetune.parse(argv)
+
+
+def parse_generate(argv):
+    from archlab.scripts import generate
+
+    return generate.main(["--model_name_or_path", "missing", *argv])
+
+
+@pytest.mark.parametrize(
+    ("parse", "argv", "message"),
+    [
+        (
+            parse_pretrain,
+            ["--token", "hf_x"],
+            "--token (a flag of transformers' example scripts; here: leave it out: log",
+        ),
+        (parse_finetune, ["--token=hf_x"], "--token (a flag of transformers' example scripts; here: leave it out: log"),
+        (
+            parse_pretrain,
+            ["--model_type", "gpt2"],
+            "--model_type (a flag of transformers' example scripts; here: a new",
+        ),
+        (
+            parse_pretrain,
+            ["--dtype", "bfloat16"],
+            "--dtype (a flag of transformers' example scripts; here: leave it out",
+        ),
+        (
+            parse_pretrain,
+            ["--max_seq_length", "128"],
+            "--max_seq_length (a flag of transformers' example scripts; here: --block_size",
+        ),
+        (
+            parse_pretrain,
+            ["--line_by_line"],
+            "--line_by_line (a flag of transformers' example scripts; here: --sample_by line",
+        ),
+        (
+            parse_finetune,
+            ["--task_name", "mrpc"],
+            "--task_name (a flag of transformers' example scripts; here: --task "
+            "classification with --dataset_name nyu-mll/glue",
+        ),
+        (
+            parse_finetune,
+            ["--mlm_probability", "0.2"],
+            "--mlm_probability (a flag of transformers' example scripts; here: scripts/pretrain.py",
+        ),
+        (parse_generate, ["--p", "0.9"], "--p (a flag of transformers' example scripts; here: --top_p)"),
+        (
+            parse_generate,
+            ["--length", "20"],
+            "--length (a flag of transformers' example scripts; here: --max_new_tokens)",
+        ),
+        (parse_generate, ["--no_cuda"], "--no_cuda (a flag of transformers' example scripts; here: --device cpu)"),
+    ],
+)
+def test_a_flag_of_transformers_example_scripts_is_named_with_what_to_pass_instead(parse, argv, message):
+    """run_clm.py's --token and run_generation.py's --p exited with argparse's usage and "ambiguous option" (prefixes
+    of the --tokenizer_* and --prompt* flags), the others failed on "Unknown flags" naming no alternative, and
+    generate.py's --no_cuda was pointed to --use_cpu, which generate.py does not have."""
+    with pytest.raises(ValueError) as raised:
+        parse(argv)
+    assert str(raised.value).startswith(f"Unknown flags: {message}")
+
+
+@pytest.mark.parametrize(
+    ("parse", "argv"),
+    [
+        (parse_pretrain, ["--eval_max", "3"]),  # --eval_max_blocks
+        (parse_finetune, ["--version_2", "true"]),  # --version_2_with_negative
+        (parse_generate, ["--prompts", "a"]),  # --prompts_file
+    ],
+)
+def test_a_prefix_of_a_flag_is_not_read_as_that_flag(parse, argv):
+    """argparse's abbreviations set the one flag a prefix matched, without a word (--prompts a read a as a file)."""
+    with pytest.raises(ValueError, match=f"^Unknown flags: {argv[0]}"):
+        parse(argv)
+
+
 def test_help_that_states_its_own_default_gets_no_second_one(capsys):
     from archlab.scripts.generate import GenerateArguments
 
