@@ -131,6 +131,21 @@ class ArchlabTrainingArguments(TrainingArguments):
             "a finished model (it is replaced)."
         },
     )
+    do_train: bool | None = field(
+        default=None,
+        metadata={
+            "help": "The scripts always train (transformers' example scripts train only with --do_train): unset or "
+            "true; false is refused."
+        },
+    )
+    do_eval: bool | None = field(
+        default=None,
+        metadata={
+            "help": "The scripts evaluate the validation split before and after training, and every --eval_steps "
+            "under --eval_strategy steps; --do_eval without --do_train (the example scripts' evaluation alone) is "
+            "refused."
+        },
+    )
     do_predict: bool = field(
         default=False,
         metadata={
@@ -179,6 +194,19 @@ class ArchlabTrainingArguments(TrainingArguments):
     )
 
     def __post_init__(self) -> None:
+        # transformers' example scripts train only under --do_train: with --do_eval alone they evaluate the model as it
+        # is, and --do_train false skips training; these scripts trained either way, without a word
+        if self.do_train is False:
+            raise ValueError(
+                "--do_train false: this script always trains (and evaluates before and after); leave the flag out."
+            )
+        if self.do_eval and self.do_train is None:
+            raise ValueError(
+                "--do_eval without --do_train: transformers' example scripts would evaluate the model alone, and this "
+                "script always trains (evaluating the validation split before and after): add --do_train to train."
+            )
+        self.do_train = True
+        self.do_eval = bool(self.do_eval)  # (TrainingArguments turns it on under an --eval_strategy other than no)
         if self.bf16 is None:
             self.bf16 = bf16_by_default(self.use_cpu, self.fp16)
         elif self.bf16 and not self.use_cpu and not is_torch_bf16_gpu_available():

@@ -209,6 +209,29 @@ def test_a_flag_of_transformers_example_scripts_is_named_with_what_to_pass_inste
     assert str(raised.value).startswith(f"Unknown flags: {message}")
 
 
+@pytest.mark.parametrize("arguments", [PretrainTrainingArguments, FinetuneTrainingArguments])
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--do_eval"], "--do_eval without --do_train: transformers' example scripts would evaluate the model alone"),
+        (["--do_eval", "true", "--do_train", "false"], "--do_train false: this script always trains"),
+    ],
+)
+def test_evaluating_without_training_is_refused_not_trained_anyway(arguments, argv, message):
+    """run_clm.py / run_glue.py with --do_eval alone evaluate the model as it is; the scripts ignored both flags and
+    trained (and wrote --output_dir) without a word."""
+    with pytest.raises(ValueError, match=message):
+        parse_arguments([arguments], argv)
+
+
+@pytest.mark.parametrize("arguments", [PretrainTrainingArguments, FinetuneTrainingArguments])
+@pytest.mark.parametrize("argv", [[], ["--do_train"], ["--do_train", "--do_eval"]])
+def test_the_scripts_train_with_or_without_do_train(arguments, argv):
+    args = parse_arguments([arguments], argv)[0]
+    assert args.do_train is True
+    assert args.do_eval is ("--do_eval" in argv or args.eval_strategy != "no")
+
+
 @pytest.mark.parametrize(
     ("parse", "argv"),
     [
