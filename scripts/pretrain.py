@@ -13,7 +13,7 @@ Objectives per `--model_kind`:
 - `decoder`: next-token prediction on packed blocks (position ids restart per document);
 - `seq2seq`: continuation -- the encoder reads the first half of a block, the decoder predicts the second half
   (the prefix-LM objective in encoder-decoder form, as T5's prefix LM);
-- `masked_lm`: BERT's 15 % masking on packed blocks (the fill-mask workflow).
+- `masked_lm`: BERT's 15 % masking on packed blocks (`--mlm_probability`, as run_mlm.py's; the fill-mask workflow).
 """
 
 from __future__ import annotations
@@ -88,6 +88,10 @@ class PretrainDataArguments(DataArguments):
 
     max_train_samples: int | None = field(default=300, metadata={"help": "Use at most this many training documents."})
     preprocessing_num_workers: int | None = field(default=2, metadata={"help": "Processes for `datasets.map`."})
+    mlm_probability: float | None = field(
+        default=None,
+        metadata={"help": "--model_kind masked_lm: the share of tokens masked, as run_mlm.py's flag; unset: 0.15."},
+    )
 
 
 @dataclass
@@ -108,6 +112,17 @@ PRETRAIN_EXAMPLE_FLAGS = {
     "line_by_line": "--sample_by line: each line of a .txt file is a document (packed into --block_size blocks "
     "with the others)",
 }
+
+
+def check_mlm_probability(probability: float | None, kind: str) -> None:
+    """--mlm_probability masks a masked LM's tokens (run_mlm.py's flag, which was unknown here: the share was 0.15
+    whatever the command said): in (0, 1), and for --model_kind masked_lm alone (the other objectives mask nothing)."""
+    if probability is None:
+        return
+    if kind != "masked_lm":
+        raise ValueError(f"--mlm_probability masks a masked LM's tokens: it is for --model_kind masked_lm, not {kind}.")
+    if not 0 < probability < 1:
+        raise ValueError(f"--mlm_probability must be in (0, 1) (unset: 0.15), got {probability:g}.")
 
 
 def report_before(metrics: dict[str, float]) -> None:
@@ -142,6 +157,7 @@ def main(argv: Sequence[str] | None = None, callbacks: list[TrainerCallback] | N
     # (its perplexity is derived from the loss after each evaluation: the Trainer never sees it)
     check_metric_for_best_model(training_args, (), "Pretraining's")
     check_data_flags(data_args, training_args)
+    check_mlm_probability(data_args.mlm_probability, model_args.model_kind)
     check_flag_positive(extra, ("eval_max_blocks",), " (or unset: all)")
     if extra.sample_max_new_tokens < 0:  # skipped the sample without a word
         raise ValueError(f"--sample_max_new_tokens must be >= 0 (0: no sample), got {extra.sample_max_new_tokens}.")
@@ -170,6 +186,7 @@ def main(argv: Sequence[str] | None = None, callbacks: list[TrainerCallback] | N
             data_args.text_column_name,
             data_args.preprocessing_num_workers,
             data_args.overwrite_cache,
+            data_args.mlm_probability or 0.15,
         )
     check_not_empty(data["train"], "packed train")
     adopt_context_length(tokenizer, config, kind)  # after packing, which tokenizes whole documents

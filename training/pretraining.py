@@ -3,7 +3,7 @@ documents tokenized and packed into blocks with their collator.
 
 - `decoder`: next-token prediction on packed blocks (position ids restart per document);
 - `seq2seq`: continuation -- the encoder reads the first half of a block, the decoder predicts the second half;
-- `masked_lm`: BERT's 15 % masking on packed blocks.
+- `masked_lm`: BERT's 15 % masking on packed blocks (`mlm_probability`).
 """
 
 from __future__ import annotations
@@ -75,9 +75,10 @@ def prepare_data(
     text_column: str = "text",
     num_proc: int | None = None,
     overwrite_cache: bool = False,
+    mlm_probability: float = 0.15,
 ) -> dict[str, Any]:
     """Tokenized, packed train/validation sets and the collator for `kind` (seq2seq packs blocks twice as long and
-    splits each into source and target)."""
+    splits each into source and target; masked_lm masks `mlm_probability` of the tokens)."""
     block_size = block_size * (2 if kind == "seq2seq" else 1)
     packed = {}
     for split in ("train", "validation"):
@@ -94,7 +95,7 @@ def prepare_data(
         if kind == "seq2seq":
             packed[split] = split_for_seq2seq(packed[split], num_proc)
     if kind == "masked_lm":
-        collator = DataCollatorForLanguageModeling(tokenizer, mlm=True, mlm_probability=0.15)
+        collator = DataCollatorForLanguageModeling(tokenizer, mlm=True, mlm_probability=mlm_probability)
     else:
         collator = default_data_collator
     return {"train": packed["train"], "validation": packed["validation"], "collator": collator}

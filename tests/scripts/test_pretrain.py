@@ -911,3 +911,40 @@ def test_a_sample_past_a_position_table_is_refused_before_training(tmp_path: Pat
     ):
         pretrain.main(args)
     assert not out.exists()
+
+
+def test_mlm_probability_is_the_masked_share_of_a_masked_lm_run(tmp_path: Path, data_dir: Path, monkeypatch) -> None:
+    """run_mlm.py's --mlm_probability was an unknown flag, and the collator masked 15 % whatever a run wanted."""
+    args = tiny_args(tmp_path / "run", data_dir, "--model_kind", "masked_lm", "--tokenizer_vocab_size", "300")
+    args[args.index(TINY_DECODER_OVERRIDES)] = TINY_SEQ2SEQ_OVERRIDES
+    prepared = {}
+
+    def prepare_then_stop(*args, **kwargs):
+        prepared.update(pretraining.prepare_data(*args, **kwargs))
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(pretrain, "prepare_data", prepare_then_stop)
+    with pytest.raises(KeyboardInterrupt):
+        pretrain.main([*args, "--mlm_probability", "0.4"])
+    assert prepared["collator"].mlm_probability == 0.4
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (
+            ["--mlm_probability", "0.3"],
+            "--mlm_probability masks a masked LM's tokens: it is for --model_kind masked_lm",
+        ),
+        (["--model_kind", "masked_lm", "--mlm_probability", "1.5"], r"--mlm_probability must be in \(0, 1\)"),
+    ],
+)
+def test_an_mlm_probability_that_masks_nothing_is_refused_before_data_is_read(
+    tmp_path: Path, data_dir: Path, monkeypatch, extra: list[str], message: str
+) -> None:
+    forbid(monkeypatch, sources, "load_raw_datasets", "data was loaded before --mlm_probability was checked")
+    args = tiny_args(tmp_path / "run", data_dir, *extra)
+    if "masked_lm" in extra:
+        args[args.index(TINY_DECODER_OVERRIDES)] = TINY_SEQ2SEQ_OVERRIDES
+    with pytest.raises(ValueError, match=message):
+        pretrain.main(args)
