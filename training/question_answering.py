@@ -77,17 +77,22 @@ class QuestionAnsweringOptions(Protocol):
 # ---------------------------------------------------------------------------------------------------------------
 def function_questions(split: str) -> Iterator[dict[str, Any]]:
     """SQuAD-layout questions about the embedded corpus's functions: the context is a function's code, the questions
-    ask its name and its first parameter (where it has one), answered by spans of the code."""
+    ask its name and its first parameter (where it has one), answered by spans of the code. Each row has its own
+    id: a file's second function of a name (two classes' `__init__`) is `path:name#2`, since the evaluation refuses
+    ids that repeat."""
+    seen: dict[tuple[str, str], int] = {}
     for pair in code_docstring_pairs(split, max_code_chars=600):
         code, name = pair["code"], pair["name"]
         found = re.search(rf"def {re.escape(name)}\(\s*(\w+)", code)
         at = code.find(f"def {name}(")
         if at < 0:
             continue
-        yield _row(f"{pair['path']}:{name}:name", "What is the name of the function?", code, name, at + 4)
+        count = seen[pair["path"], name] = seen.get((pair["path"], name), 0) + 1
+        function = f"{pair['path']}:{name}" + (f"#{count}" if count > 1 else "")
+        yield _row(f"{function}:name", "What is the name of the function?", code, name, at + 4)
         if found is not None:
             yield _row(
-                f"{pair['path']}:{name}:parameter",
+                f"{function}:parameter",
                 f"What is the first parameter of {name}?",
                 code,
                 found.group(1),

@@ -1579,6 +1579,17 @@ def qa_options(**flags) -> finetune.FinetuneArguments:
     return finetune.FinetuneArguments(task="question-answering", **flags)
 
 
+def test_the_default_question_answering_rows_each_have_their_own_id() -> None:
+    """The embedded corpus's questions are evaluated by id: two functions of one name in a file (two classes'
+    `__init__`) gave both the same id, and `--task question-answering` without data stopped at the id check."""
+    from archlab.training.question_answering import check_unique_ids, function_questions
+
+    rows = list(function_questions("validation"))
+    ids = [row["id"] for row in rows]
+    assert len(set(ids)) == len(ids) > 100
+    check_unique_ids(Dataset.from_list(rows), "validation")
+
+
 @pytest.mark.parametrize("kind", ["masked_lm", "decoder"])
 def test_question_answering_windows_label_the_answer_only_where_it_is_whole(kind: str) -> None:
     """A context longer than --max_seq_length is cut into windows overlapping by --doc_stride tokens; a window that
