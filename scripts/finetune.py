@@ -1,4 +1,4 @@
-"""Fine-tune an archlab model for one of four tasks (`--task`), shaped like transformers' `run_clm` / `run_glue` /
+"""Fine-tune an archlab model for one of five tasks (`--task`), shaped like transformers' `run_clm` / `run_glue` /
 `run_summarization` / `run_ner` / `run_qa` examples:
 
 - `instruct`: instruction tuning of a decoder with its chat template; the loss covers the assistant's turns only
@@ -38,14 +38,14 @@
   span by more than `--null_score_diff_threshold` (0), as run_qa.py does, and adds the `HasAns_*` / `NoAns_*` scores.
   Each evaluation and prediction writes utils_qa.py's `{eval,predict}_predictions.json`,
   `{eval,predict}_nbest_predictions.json` and (v2) `{eval,predict}_null_odds.json` to --output_dir.
-      python scripts/finetune.py --task question-answering --model_name_or_path runs/mlm --train_file train.json \
+      python scripts/finetune.py --task question-answering --model_name_or_path runs/mlm --train_file train.json \\
           --validation_file dev.json
 
 `--test_file` (or `--do_predict` with a data set that has a test split) predicts the test split after training, as
 run_glue.py, run_translation.py, run_ner.py and run_qa.py do: `predict_results.txt` (classification),
 `generated_predictions.txt` (seq2seq), `predictions.txt` (token-classification) or `predict_predictions.json`
 ({id: answer}, question-answering) in --output_dir, and the `predict_*` metrics where the test split has labels.
-      python scripts/finetune.py --task classification --model_name_or_path runs/pretrain --train_file train.csv \
+      python scripts/finetune.py --task classification --model_name_or_path runs/pretrain --train_file train.csv \\
           --validation_file dev.csv --test_file test.csv
 
 Without `--model_name_or_path` a new model is built (default architecture, `--preset`, or `--config_name`) with a

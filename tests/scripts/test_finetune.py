@@ -577,6 +577,19 @@ def test_the_task_table_has_one_row_per_task_choice() -> None:
         assert set(TASKS[name].summary_keys) == set(metrics), name
 
 
+def test_the_help_counts_and_lists_every_task_and_prints_its_commands_as_typed() -> None:
+    """`--help` prints the module docstring: it said "one of four tasks" over five, and its two-line commands were
+    joined into one with a run of spaces (a backslash-newline in a plain string is a line continuation)."""
+    from archlab.training.tasks import TASKS
+
+    doc = finetune.__doc__
+    count = {4: "four", 5: "five", 6: "six", 7: "seven"}[len(TASKS)]
+    assert f"for one of {count} tasks (`--task`)" in doc
+    assert [line.split("`")[1] for line in doc.splitlines() if line.startswith("- `")] == list(TASKS)
+    assert not re.search(r"\S {4,}--", doc)
+    assert doc.count("\\\n          --") == 2
+
+
 def test_the_evaluation_generates_up_to_max_target_length() -> None:
     """--max_target_length 96 trained 96-token targets while the evaluation generated 48 (a fixed default), scoring
     every longer target as cut; unset, --generation_max_length follows --max_target_length, as in run_translation."""
