@@ -352,3 +352,10 @@ def row(
             columns["mem peer ÷ archlab"] = f"{peak[1] / peak[0]:.2f}×"
     columns.update(extra or {})
     return Row(metric, work / timed.archlab, work / timed.peer, timed.ratio, unit, extra=columns)
+
+
+if __name__ == "__main__":
+    sys.exit(
+        "scripts/benchmark_cuda.py is the shared code of the cuda-* suites, not a suite: run "
+        "python scripts/benchmark.py --suite cuda-train (or cuda-headline, cuda-decode, ...; --help lists them)."
+    )

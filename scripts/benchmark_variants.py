@@ -267,3 +267,15 @@ def run(args: argparse.Namespace) -> Report:
         "peer row; no-peer rows compare fresh weights of equal shapes."
     )
     return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    from archlab.scripts.benchmark import main as benchmark_main
+
+    return benchmark_main(["--suite", "variants", *(argv or [])])
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main(sys.argv[1:]))

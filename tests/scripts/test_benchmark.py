@@ -140,3 +140,18 @@ def test_interleaved_rounds_warm_up_then_balance_the_order():
     median_a, median_p, ratio = compare_speed(runs["a"], runs["b"], rounds=3)
     assert "".join(calls) == "ab" + "ab" + "ba" + "ab"
     assert median_a > 0 and median_p > 0 and ratio > 0
+
+
+def test_every_script_does_something_when_run():
+    """`python scripts/X.py --help` printed nothing and exited 0 for the two benchmark modules without a `__main__`
+    block (benchmark_variants.py, benchmark_cuda.py): each script now runs, or says what to run instead."""
+    import sys
+    from pathlib import Path
+
+    scripts = Path(benchmark.__file__).parent
+    modules = [p for p in sorted(scripts.glob("*.py")) if p.name != "__init__.py"]
+    assert [p.name for p in modules if "__main__" not in p.read_text()] == []
+    result = subprocess.run(
+        [sys.executable, str(scripts / "benchmark_cuda.py")], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 1 and "python scripts/benchmark.py --suite cuda-train" in result.stderr
