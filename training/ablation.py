@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from archlab import DecoderConfig, DecoderForCausalLM
+from archlab.modeling.cache_names import output_cache
 
 from .ablation_report import markdown_table, paired_speed
 from .ablation_variants import VARIANTS, VOCAB, AblationSettings, Variant, base_config
@@ -97,7 +98,7 @@ def evaluate(model: DecoderForCausalLM, batches: torch.Tensor, from_position: in
 @torch.no_grad()
 def kv_cache_bytes_per_token(model: DecoderForCausalLM, prompt: torch.Tensor) -> float:
     model.eval()
-    cache = model(prompt, use_cache=True).past_key_values
+    cache = output_cache(model(prompt, use_cache=True))
     total = sum(t.numel() * t.element_size() for layer in cache.layers for t in (layer.keys, layer.values))
     return total / prompt.numel()
 

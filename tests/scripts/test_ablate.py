@@ -102,3 +102,23 @@ def test_every_variant_is_a_valid_config():
         assert config.vocab_size == 256, name
     gated, plain = (DecoderConfig(**{**base_config(args), **VARIANTS[n].config}) for n in ("baseline", "gelu_mlp"))
     assert 3 * gated.intermediate_size == pytest.approx(2 * plain.intermediate_size, rel=0.03)  # equal parameters
+
+
+def test_the_kv_cache_is_read_without_transformers_deprecation_notice(monkeypatch):
+    """The KV-bytes column read `output.past_key_values`, which transformers 5.24 answers with a "`past_key_values`
+    ... deprecated" line in every ablation's output; the cache is read under the installed release's name."""
+    import torch
+    from transformers.utils import generic
+
+    from archlab import DecoderForCausalLM
+    from archlab.training.ablation import kv_cache_bytes_per_token
+
+    from helpers import tiny_decoder_config
+
+    logged = []
+    monkeypatch.setattr(generic.logger, "warning_once", logged.append)
+    model = DecoderForCausalLM(tiny_decoder_config()).eval()
+    config = model.config
+    per_token = kv_cache_bytes_per_token(model, torch.randint(3, config.vocab_size, (1, 6)))
+    assert per_token == 2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim * 4
+    assert logged == []
