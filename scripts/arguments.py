@@ -632,6 +632,7 @@ def check_pretrained_model_kind(model_args: ModelArguments, auto_class: Any, tra
     except Exception:  # an unreadable config is reported where the model is loaded, with its own message
         return
     encoder_only = sorted(set(config.architectures or ()) & ENCODER_ONLY_CLASSES)
+    heads = ("Classification", "QuestionAnswering")  # the encoder's fine-tuning heads
     if type(config) in auto_class._model_mapping:
         if encoder_only and auto_class.__name__ == "AutoModelForSeq2SeqLM":
             # (archlab's masked LM shares Seq2SeqConfig with the encoder-decoder, so the config type lets it through)
@@ -640,15 +641,16 @@ def check_pretrained_model_kind(model_args: ModelArguments, auto_class: Any, tra
                 "encoder-decoder: its whole decoder would start from random weights. Pass a seq2seq folder, or "
                 "leave out --model_name_or_path to train a new model."
             )
-        heads = ("Classification", "QuestionAnswering")  # the encoder's fine-tuning heads
         if encoder_only or config.model_type != "archlab_seq2seq" or not auto_class.__name__.endswith(heads):
             return
         # an encoder-decoder's folder given to a classifier: the encoder heads take masked LMs' (BERT's) encoders;
         # fine-tuning an encoder-decoder's encoder alone would drop its decoder without a word
+    saved = f", saved as {config.architectures[0]}" if config.architectures else ""
+    encoder_heads = config.model_type == "archlab_seq2seq" and auto_class.__name__.endswith(heads)
     raise ValueError(
-        f"--model_name_or_path {folder!r} holds a `{config.model_type}` model ({type(config).__name__}), which "
-        f"{trains} cannot train: it needs a model {auto_class.__name__} builds"
-        + (" (for an archlab_seq2seq config: a masked LM's encoder)" if config.model_type == "archlab_seq2seq" else "")
+        f"--model_name_or_path {folder!r} holds a `{config.model_type}` model ({type(config).__name__}{saved}), "
+        f"which {trains} cannot train: it needs a model {auto_class.__name__} builds"
+        + (" (for an archlab_seq2seq config: a masked LM's encoder)" if encoder_heads else "")
         + ". Pass such a folder, or leave out --model_name_or_path to train a new model."
     )
 

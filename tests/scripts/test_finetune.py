@@ -513,11 +513,27 @@ def test_a_base_model_of_the_wrong_kind_is_named_before_anything_is_read(tmp_pat
     seq2seq = tmp_path / "seq2seq"
     archlab.Seq2SeqForConditionalGeneration(archlab.Seq2SeqConfig(**TINY_SEQ2SEQ)).save_pretrained(seq2seq)
     out = tmp_path / "out"
-    with pytest.raises(ValueError, match=r"holds a `archlab_decoder` model \(DecoderConfig\), which --task seq2seq"):
+    decoder = r"holds a `archlab_decoder` model \(DecoderConfig, saved as DecoderForCausalLM\), which --task seq2seq"
+    with pytest.raises(ValueError, match=decoder):
         finetune.main(run_args(out, "--task", "seq2seq", "--model_name_or_path", str(work / "base")))
     for task, auto in (("instruct", "AutoModelForCausalLM"), ("classification", "AutoModelForSequenceClassification")):
         with pytest.raises(ValueError, match=f"`archlab_seq2seq` model .*--task {task} cannot train: .*{auto}"):
             finetune.main(run_args(out, "--task", task, "--model_name_or_path", str(seq2seq)))
+    assert not out.exists()
+
+
+def test_a_masked_lm_given_to_instruct_is_named_as_one(tmp_path: Path) -> None:
+    """A masked LM's folder given to --task instruct was "a `archlab_seq2seq` model", which AutoModelForCausalLM
+    was said to build as "a masked LM's encoder" (the note of the encoder heads): the folder's class is named, and
+    the note is left to the tasks whose heads take an encoder."""
+    mlm = tmp_path / "mlm"
+    archlab.EncoderForMaskedLM(archlab.Seq2SeqConfig(**TINY_SEQ2SEQ)).save_pretrained(mlm)
+    out = tmp_path / "out"
+    with pytest.raises(
+        ValueError, match=r"\(Seq2SeqConfig, saved as EncoderForMaskedLM\), which --task instruct"
+    ) as error:
+        finetune.main(run_args(out, "--task", "instruct", "--model_name_or_path", str(mlm)))
+    assert "a masked LM's encoder" not in str(error.value)
     assert not out.exists()
 
 
