@@ -19,6 +19,7 @@ from transformers.cache_utils import Cache, EncoderDecoderCache
 from transformers.integrations.sdpa_attention import create_position_bias_mask
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
+from .continuous_batching import is_paged_cache
 from .flex_decoding import flex_applies, flex_decode_attention
 from .fused_projections import FusableProjections
 from .normalization import make_norm
@@ -246,15 +247,19 @@ class Attention(FusableProjections, nn.Module):
         value: torch.Tensor,
         position_embeddings: tuple[torch.Tensor, torch.Tensor] | None,
         past_key_values: Cache | None,
+        attention_kwargs: dict | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Self-attention's projected heads -> the heads attended: QK-norm, RoPE, and the keys and values of the
-        cache (this step's appended)."""
+        cache (this step's appended). Continuous batching's paged cache reads its indices from `attention_kwargs`
+        (the keyword arguments the attention function gets next) and sets this layer type's own there, in place."""
         if self.q_norm is not None:
             query, key = self.q_norm(query), self.k_norm(key)
         if position_embeddings is not None:
             cos, sin = position_embeddings
             query, key = self.rotate(query, key, cos, sin)
-        if past_key_values is not None:
+        if is_paged_cache(past_key_values):
+            key, value = past_key_values.update(key, value, self.layer_idx, attention_kwargs)
+        elif past_key_values is not None:
             key, value = past_key_values.update(key, value, self.layer_idx)
         return query, key, value
 
@@ -303,7 +308,7 @@ class Attention(FusableProjections, nn.Module):
                 query, attention_mask = queries_per_source(query, attention_mask, group)
         else:
             query, key, value = self._project_self(hidden_states)  # (B, H, T, D), (B, H_kv, T, D) twice
-            query, key, value = self.position_and_cache(query, key, value, position_embeddings, past_key_values)
+            query, key, value = self.position_and_cache(query, key, value, position_embeddings, past_key_values, kwargs)
         cross = key_value_states is not None
         output, weights = self.attend_heads(
             query, key, value, attention_mask, past_key_values, cross=cross, group=group, **kwargs
@@ -325,10 +330,14 @@ class Attention(FusableProjections, nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The attention of the heads through the kernel that fits the call: (B, T, H, D) before the output
         projection, and the weights where the kernel returns them. `group` rows share one source (cross-attention)."""
-        attention: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(
-            self.config._attn_implementation, eager_attention_forward
-        )
-        if not cross and triton_decoding_applies(self, query, attention_mask, kwargs):
+        implementation = self.config._attn_implementation
+        attention: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(implementation, eager_attention_forward)
+        if implementation == "paged|eager":
+            # continuous batching's eager backend: transformers' has no soft-cap; this one takes its packed mask as is
+            attention = eager_attention_forward
+        if is_paged_cache(past_key_values):
+            pass  # continuous batching: its packed row and keys go to the backend it chose, as in Llama
+        elif not cross and triton_decoding_applies(self, query, attention_mask, kwargs):
             # a decoding step: one Triton kernel, the split of a row's keys set by the cache's capacity
             attention = functools.partial(decode_attention, capacity=cache_capacity(past_key_values, self.layer_idx))
         elif not cross and flex_applies(self, query, attention_mask, kwargs):

@@ -64,9 +64,12 @@ def check_segment_ids(token_type_ids: torch.Tensor, type_vocab_size: int) -> Non
 
 
 def cached_length(past_key_values: Cache | None) -> int | None:
-    """Tokens already in the cache; None when only a device tensor knows (a static cache on an accelerator)."""
+    """Tokens already in the cache; None when only a device tensor knows (a static cache on an accelerator) or no
+    one length exists (continuous batching's paged cache: a packed row of requests, each with its own)."""
     if past_key_values is None:
         return 0
+    if not hasattr(past_key_values, "get_seq_length"):
+        return None
     length = past_key_values.get_seq_length()
     if isinstance(length, torch.Tensor):
         return int(length) if can_read_values(length) else None

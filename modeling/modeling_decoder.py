@@ -29,6 +29,7 @@ from .blocks import BLOCKS, norm_from_config
 from .cache_names import cache_argument, output_cache, with_cache
 from .catalogue import POSITION_SCHEMES
 from .configuration_decoder import TOKEN_CLASSIFIER_DROPOUT_FIELDS, DecoderConfig
+from .continuous_batching import continuous_batching_refusal
 from .fast_decoding import FastDecodingMixin
 from .input_checks import (
     cached_length,
@@ -279,7 +280,9 @@ class DecoderModel(DecoderPreTrainedModel):
 
 class DecoderForCausalLM(FastDecodingMixin, DecoderPreTrainedModel, GenerationMixin):
     """Decoder + LM head. In training with `labels`, the head and the loss run chunked and `logits` is None.
-    `generate` decodes with a static cache and a compiled step by default on CUDA (fast_decoding.py)."""
+    `generate` decodes with a static cache and a compiled step by default on CUDA (fast_decoding.py);
+    `generate_batch` (transformers' continuous batching) runs on its paged cache for the variants that allow it
+    (continuous_batching.py, `init_continuous_batching`)."""
 
     _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
     _tp_plan = {"lm_head": "colwise_gather_output"}
@@ -426,16 +429,20 @@ class DecoderForCausalLM(FastDecodingMixin, DecoderPreTrainedModel, GenerationMi
         return inputs
 
     def init_continuous_batching(self, *args, **kwargs):
-        """Refused: transformers' continuous batching (`generate_batch`, `continuous_batching_context_manager`,
-        `init_continuous_batching`; TRL's `use_transformers_continuous_batching=True`) runs the model on its paged KV
-        cache, packed rows and `paged|...` attention, which archlab's decoder does not implement. Its generation thread
-        only logged the failure and `generate_batch` returned empty completions (TRL then failed on them with
-        `IndexError: list index out of range`); this names the cause before anything runs."""
-        raise NotImplementedError(
-            f"{type(self).__name__} does not support transformers' continuous batching (`generate_batch`, "
-            "`init_continuous_batching`, TRL's `use_transformers_continuous_batching=True`): archlab's attention "
-            "does not run on the paged KV cache. Use `generate()` with a batch of prompts (TRL's default)."
-        )
+        """transformers' continuous batching (`generate_batch`, `continuous_batching_context_manager`,
+        `init_continuous_batching`; TRL's `use_transformers_continuous_batching=True`): the model runs on a paged KV
+        cache with packed rows (continuous_batching.py), and gives each request the greedy tokens `generate` gives its
+        prompt alone. Variants it cannot express (ALiBi, T5's relative bias, prefix-LM, dynamic and longrope RoPE) are
+        refused here, by name, before the manager's generation thread starts (there a failure is only logged and every
+        request comes back empty)."""
+        reason = continuous_batching_refusal(self.config)
+        if reason is not None:
+            raise NotImplementedError(
+                f"{type(self).__name__} cannot run transformers' continuous batching (`generate_batch`, "
+                f"`init_continuous_batching`, TRL's `use_transformers_continuous_batching=True`): {reason}. Use "
+                "`generate()` with a batch of prompts (TRL's default)."
+            )
+        return super().init_continuous_batching(*args, **kwargs)
 
     def _get_stopping_criteria(self, *args, **kwargs) -> StoppingCriteriaList:
         """`generate`'s criteria without transformers' "exceeded the model's predefined maximum length" reminder

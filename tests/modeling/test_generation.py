@@ -81,19 +81,3 @@ def test_text_generation_pipeline():
     generator = pipeline("text-generation", model=model, tokenizer=tokenizer)
     out = generator(["w1 w2 w3", "w4"], max_new_tokens=5, do_sample=False)
     assert len(out) == 2 and out[0][0]["generated_text"].startswith("w1 w2 w3")
-
-
-def test_continuous_batching_is_refused_by_name_instead_of_returning_empty_completions():
-    """transformers' `generate_batch` (continuous batching on a paged KV cache, which archlab's attention does not
-    run on) logged the failure from its generation thread and returned every request with no tokens; now it raises
-    before generating, and `generate` still decodes the same prompts."""
-    from transformers import GenerationConfig
-
-    model = _model()
-    config = GenerationConfig(max_new_tokens=3, do_sample=False, eos_token_id=2, pad_token_id=0)
-    with pytest.raises(NotImplementedError, match="continuous batching.*Use `generate\\(\\)`"):
-        model.generate_batch([[5, 6, 7], [8, 9]], generation_config=config, progress_bar=False)
-    with pytest.raises(NotImplementedError, match="continuous batching"):
-        with model.continuous_batching_context_manager(generation_config=config):
-            pass
-    assert model.generate(torch.tensor([[5, 6, 7]]), generation_config=config).shape == (1, 6)

@@ -1,0 +1,70 @@
+"""transformers' continuous batching (`generate_batch`, `init_continuous_batching`, `transformers serve`, TRL's
+`use_transformers_continuous_batching=True`) on archlab's decoder: which variants it runs, and how to tell its cache.
+
+The continuous-batching manager runs the model on one packed row (batch 1, every request's new tokens one after the
+other) with a `PagedAttentionCache`, which is not a `transformers.cache_utils.Cache`: it has no length of its own.
+Each forward gets the packed rows' `position_ids`, an additive 4D mask per layer type already built (a dict by layer
+type, or one tensor; None for flash kernels, which take `cu_seq_lens_*` instead), and the indices the cache reads and
+writes; the attention hands those keyword arguments to `cache.update(..., kwargs)`, which selects the layer type's
+own, and passes them on to the attention function (`paged|eager`, `sdpa` or a flash kernel), as Llama does.
+
+A variant whose attention needs more than a mask over the packed keys, or a position for each cached key, cannot
+be expressed there: ALiBi's and T5's biases are built from the query and key positions of a padded batch (the
+packed keys' positions are known only to the cache's read indices), and prefix-LM needs its `prefix_lengths`, which
+the manager does not pass. RoPE of the `dynamic` and `longrope` types picks its frequencies from the largest
+position of the forward, which in a packed row belongs to whichever request is longest, so one request's tokens would
+change with the others sharing its steps (Llama's continuous batching has the same dependence). Those are refused by
+name before the manager starts (`continuous_batching_refusal`).
+
+The normal paths are untouched: any other cache is updated as before, and archlab's own decoding kernels (Triton,
+FlexAttention, grouped SDPA) are left out only under the paged cache.
+"""
+
+from __future__ import annotations
+
+try:
+    from transformers.generation.continuous_batching.cache import PagedAttentionCache
+except ImportError:  # a transformers release that keeps it elsewhere, or has none: no cache is taken for it
+    PagedAttentionCache = ()
+
+from .catalogue import POSITION_SCHEMES
+
+# rope types whose frequencies follow max(position_ids) + 1 of the whole forward (transformers' `dynamic_rope_update`)
+LENGTH_DEPENDENT_ROPE_TYPES = ("dynamic", "longrope")
+
+
+def is_paged_cache(cache) -> bool:
+    """The cache is continuous batching's `PagedAttentionCache` (packed rows, masks built by the manager)."""
+    return isinstance(cache, PagedAttentionCache)
+
+
+def _rope_types(config) -> list[str]:
+    """The `rope_type` of each RoPE parameter set of `config` (flat, or one per layer type); [] without RoPE."""
+    parameters = getattr(config, "rope_parameters", None)
+    if getattr(config, "position_embedding_type", None) != "rope" or not isinstance(parameters, dict):
+        return []
+    sets = [value for value in parameters.values() if isinstance(value, dict)] or [parameters]
+    return [p.get("rope_type", p.get("type", "default")) for p in sets]
+
+
+def continuous_batching_refusal(config) -> str | None:
+    """Why a decoder with `config` cannot run under continuous batching (one line), or None where it can."""
+    position_type = getattr(config, "position_embedding_type", "rope")
+    if POSITION_SCHEMES[position_type].bias:
+        return (
+            f"`position_embedding_type`={position_type!r} adds a bias from each query's and key's position, which the "
+            "paged attention's packed keys do not carry"
+        )
+    length_dependent = sorted(set(_rope_types(config)) & set(LENGTH_DEPENDENT_ROPE_TYPES))
+    if length_dependent:
+        return (
+            f"RoPE of rope_type {length_dependent[0]!r} picks its frequencies from the largest position of each "
+            "forward, which in a packed row of requests is another request's, so a request's tokens would depend on "
+            "its batch"
+        )
+    if getattr(config, "prefix_lm", False):
+        return "`prefix_lm=True` needs `prefix_lengths`, which transformers' continuous batching does not pass"
+    return None
+
+
+__all__ = ["continuous_batching_refusal", "is_paged_cache"]
