@@ -487,20 +487,31 @@ def test_grpo_trains_lora_adapters_with_defaults(kind, tmp_path, tokenizer):
         assert losses[1] == pytest.approx(losses[0], rel=1e-4, abs=1e-6)
 
 
-def test_grpo_with_continuous_batching_names_the_cause(tmp_path, tokenizer):
-    """`use_transformers_continuous_batching=True` runs transformers' `generate_batch`, which archlab's decoder does
-    not support: the first step says so, where it failed with `IndexError: list index out of range` on the empty
-    completions the generation thread returned."""
-    trainer = _rl(
-        "grpo",
-        _model("dense", tmp_path / "model"),
-        tmp_path,
-        tokenizer,
-        max_steps=1,
-        use_transformers_continuous_batching=True,
-    )
-    with pytest.raises(NotImplementedError, match="continuous batching"):
+@pytest.mark.parametrize("kind", KINDS)
+def test_grpo_with_continuous_batching_trains_as_the_stock_twin(kind, tmp_path, tokenizer):
+    """`use_transformers_continuous_batching=True` (transformers' `generate_batch` on a paged KV cache) samples the
+    twin's completions, so two GRPO steps log its rewards, lengths and losses; the generation thread had returned
+    empty completions, on which TRL failed with `IndexError: list index out of range`. In float32, with a small
+    paged cache (the default sizes it from the free memory, ~20 s on a CPU)."""
+    _twins(kind, "lm", tmp_path)
+    logs = []
+    for folder in ("stock", "archlab"):
+        trainer = _rl(
+            "grpo",
+            str(tmp_path / folder),
+            tmp_path / folder,
+            tokenizer,
+            max_steps=2,
+            bf16=False,
+            use_transformers_continuous_batching=True,
+            transformers_continuous_batching_config=dict(num_blocks=16, page_size=16, max_batch_tokens=64),
+        )
         trainer.train()
+        logs.append([entry for entry in trainer.state.log_history if "loss" in entry])
+    assert len(logs[1]) == 2 and logs[1][0]["completions/mean_length"] > 0
+    for stock, ours in zip(*logs, strict=True):
+        assert ours["reward"] == stock["reward"] and ours["completions/mean_length"] == stock["completions/mean_length"]
+        assert abs(ours["loss"] - stock["loss"]) <= 1e-5 * max(1.0, abs(stock["loss"]))
 
 
 @pytest.mark.parametrize("kind", KINDS)
