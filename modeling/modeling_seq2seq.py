@@ -357,6 +357,16 @@ class Seq2SeqForConditionalGeneration(FastDecodingMixin, Seq2SeqPreTrainedModel,
         reorder_cache_in_place(past_key_values.self_attention_cache, beam_idx)
         return past_key_values
 
+    def init_continuous_batching(self, *args, **kwargs):
+        """transformers' continuous batching (`generate_batch`, `init_continuous_batching`) packs decoder-only
+        requests into one row: it has no encoder pass, and MarianMTModel's requests come back empty, the failure only
+        logged. Refused here by name, before the manager's thread starts."""
+        raise NotImplementedError(
+            f"{type(self).__name__} cannot run transformers' continuous batching (`generate_batch`, "
+            "`init_continuous_batching`): it packs decoder-only requests and runs no encoder. Use `generate()` with a "
+            "batch of sources."
+        )
+
     def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
         """Used by `DataCollatorForSeq2Seq` (needed when the Trainer pops `labels` for label smoothing)."""
         return shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)

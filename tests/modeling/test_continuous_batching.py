@@ -116,3 +116,15 @@ def test_refusal_reasons_are_one_line_and_only_for_those_variants():
         reason = continuous_batching_refusal(tiny_decoder_config(**DECODER_VARIANTS[name]))
         assert (reason is not None) == (name in REFUSED), name
         assert reason is None or "\n" not in reason
+
+
+def test_an_encoder_decoder_is_refused_by_name_instead_of_returning_empty_completions():
+    """Continuous batching packs decoder-only requests and runs no encoder: MarianMTModel's requests come back empty,
+    the failure only logged; archlab's encoder-decoder raises before the manager starts."""
+    from archlab import Seq2SeqForConditionalGeneration
+
+    from helpers import tiny_seq2seq_config
+
+    model = Seq2SeqForConditionalGeneration(tiny_seq2seq_config()).eval()
+    with pytest.raises(NotImplementedError, match="runs no encoder. Use `generate\\(\\)`"):
+        model.generate_batch(PROMPTS, generation_config=GREEDY, progress_bar=False)
