@@ -49,7 +49,8 @@ def convert_checkpoint(src: str | os.PathLike, dst: str | os.PathLike, to: str |
         config = AutoConfig.from_pretrained(src)
         if not isinstance(config, family.archlab_class.config_class):
             raise ConversionError(
-                f"{src} is an {model_type} checkpoint; {to} models are {family.archlab_class.config_class.model_type}."
+                f"{src} holds model_type {model_type!r}; --to {to} exports {family.archlab_class.__name__} folders "
+                f"(model_type {family.archlab_class.config_class.model_type!r})."
             )
         family = archlab_row(family, values.get("architectures"), src, to)
         stock_config = family.export_config(config)

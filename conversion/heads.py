@@ -288,7 +288,7 @@ def stock_row(family: Family, architectures: Sequence[str] | None, src: Path) ->
                 refused = True
         if refused:
             raise ConversionError(
-                f"{src} holds a {name}, a head the converter does not convert; for {family.name} it converts "
+                f"{src} holds {name}, a head the converter does not convert; for {family.name} it converts "
                 f"{' and '.join(supported_classes(family))}."
             )
     return family
@@ -304,11 +304,11 @@ def archlab_row(family: Family, architectures: Sequence[str] | None, src: Path, 
     for head in HEADS:
         if head.archlab_class.__name__ in names:
             raise ConversionError(
-                f"{src} holds a {head.archlab_class.__name__}; {to} has no {head.suffix} class the converter writes "
+                f"{src} holds {head.archlab_class.__name__}; {to} has no {head.suffix} class the converter writes "
                 f"(it exports {family.archlab_class.__name__} as {family.architecture})."
             )
     if family.archlab_class.__name__ not in names:
-        raise ConversionError(f"{src} holds a {', '.join(names)}; {to} exports a {family.archlab_class.__name__}.")
+        raise ConversionError(f"{src} holds {', '.join(names)}; {to} exports {family.archlab_class.__name__}.")
     return family
 
 

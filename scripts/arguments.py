@@ -648,8 +648,8 @@ def check_pretrained_model_kind(model_args: ModelArguments, auto_class: Any, tra
     saved = f", saved as {config.architectures[0]}" if config.architectures else ""
     encoder_heads = config.model_type == "archlab_seq2seq" and auto_class.__name__.endswith(heads)
     raise ValueError(
-        f"--model_name_or_path {folder!r} holds a `{config.model_type}` model ({type(config).__name__}{saved}), "
-        f"which {trains} cannot train: it needs a model {auto_class.__name__} builds"
+        f"--model_name_or_path {folder!r} holds a model of type `{config.model_type}` "
+        f"({type(config).__name__}{saved}), which {trains} cannot train: it needs a model {auto_class.__name__} builds"
         + (" (for an archlab_seq2seq config: a masked LM's encoder)" if encoder_heads else "")
         + ". Pass such a folder, or leave out --model_name_or_path to train a new model."
     )

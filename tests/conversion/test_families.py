@@ -761,7 +761,7 @@ def test_exports_of_settings_that_change_nothing(family, changes, folders, tmp_p
 
 def test_export_refuses_a_folder_of_another_archlab_class(folders, tmp_path):
     """An encoder-decoder folder is not a masked LM, though both are `archlab_seq2seq`."""
-    with pytest.raises(ConversionError, match="Seq2SeqForConditionalGeneration; bert exports a EncoderForMaskedLM"):
+    with pytest.raises(ConversionError, match="Seq2SeqForConditionalGeneration; bert exports EncoderForMaskedLM"):
         convert_checkpoint(folders["bart"][1] / "archlab", tmp_path / "out", to="bert")
 
 
@@ -990,10 +990,10 @@ def test_a_family_whose_token_or_qa_head_is_its_own_is_refused_by_name(head, tmp
     assert head.stock_class(family) is None
     stock_class = getattr(transformers, head.stock_names[family.name])
     stock_class(CASES["gpt2"][0]).save_pretrained(tmp_path / "stock")
-    with pytest.raises(ConversionError, match=f"holds a {stock_class.__name__}, a head the converter does not"):
+    with pytest.raises(ConversionError, match=f"holds {stock_class.__name__}, a head the converter does not"):
         convert_checkpoint(tmp_path / "stock", tmp_path / "out")
     head.archlab_class(helpers.tiny_decoder_config()).save_pretrained(tmp_path / "archlab")
-    with pytest.raises(ConversionError, match=f"holds a {head.archlab_class.__name__}; gpt2 has no {head.suffix}"):
+    with pytest.raises(ConversionError, match=f"holds {head.archlab_class.__name__}; gpt2 has no {head.suffix}"):
         convert_checkpoint(tmp_path / "archlab", tmp_path / "out", to="gpt2")
 
 
@@ -1017,7 +1017,7 @@ def test_a_classifier_exports_whatever_its_lm_head_settings(classifier_folders, 
             {"norm_type": "layer_norm"},
             "norm_type='layer_norm' (it needs 'rms_norm'). A stock LlamaForSequenceClassification cannot compute",
         ),
-        ("bert", {}, "is an archlab_decoder checkpoint; bert models are archlab_seq2seq"),
+        ("bert", {}, "holds model_type 'archlab_decoder'; --to bert exports EncoderForMaskedLM folders"),
     ],
 )
 def test_a_classifier_export_is_refused_with_what_is_missing_named(to, changes, named, classifier_folders, tmp_path):

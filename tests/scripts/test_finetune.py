@@ -513,11 +513,11 @@ def test_a_base_model_of_the_wrong_kind_is_named_before_anything_is_read(tmp_pat
     seq2seq = tmp_path / "seq2seq"
     archlab.Seq2SeqForConditionalGeneration(archlab.Seq2SeqConfig(**TINY_SEQ2SEQ)).save_pretrained(seq2seq)
     out = tmp_path / "out"
-    decoder = r"holds a `archlab_decoder` model \(DecoderConfig, saved as DecoderForCausalLM\), which --task seq2seq"
+    decoder = r"of type `archlab_decoder` \(DecoderConfig, saved as DecoderForCausalLM\), which --task seq2seq"
     with pytest.raises(ValueError, match=decoder):
         finetune.main(run_args(out, "--task", "seq2seq", "--model_name_or_path", str(work / "base")))
     for task, auto in (("instruct", "AutoModelForCausalLM"), ("classification", "AutoModelForSequenceClassification")):
-        with pytest.raises(ValueError, match=f"`archlab_seq2seq` model .*--task {task} cannot train: .*{auto}"):
+        with pytest.raises(ValueError, match=f"of type `archlab_seq2seq` .*--task {task} cannot train: .*{auto}"):
             finetune.main(run_args(out, "--task", task, "--model_name_or_path", str(seq2seq)))
     assert not out.exists()
 
