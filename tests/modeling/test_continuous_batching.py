@@ -48,14 +48,20 @@ def _batched(model, batching: str = "roomy") -> list[list[int]]:
 
 
 def _one_by_one(model) -> list[list[int]]:
-    return [model.generate(torch.tensor([p]), generation_config=GREEDY)[0, len(p) :].tolist() for p in PROMPTS]
+    def alone(prompt: list[int]) -> list[int]:
+        ids = torch.tensor([prompt], device=model.device)
+        return model.generate(ids, generation_config=GREEDY, disable_compile=True)[0, len(prompt) :].tolist()
+
+    return [alone(prompt) for prompt in PROMPTS]
 
 
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
 @pytest.mark.parametrize("attn", ["sdpa", "eager"])
 @pytest.mark.parametrize("kind", STOCK)
-def test_generate_batch_gives_the_stock_twins_tokens(kind, attn):
+def test_generate_batch_gives_the_stock_twins_tokens(kind, attn, device):
     """Llama's (dense, GQA, RoPE) and Mixtral's (MoE) twins, the same weights: `generate_batch` gives their tokens for
-    each prompt, and those of archlab's own `generate`, prompt by prompt."""
+    each prompt, and those of archlab's own `generate`, prompt by prompt (on CUDA, fp32: the manager's own CUDA
+    path, and archlab's eager decoding)."""
     fields = {**TINY, "rms_norm_eps": 1e-6, "rope_parameters": {"rope_type": "default", "rope_theta": 1e4}}
     if kind == "mixtral":
         fields.update(num_local_experts=4, num_experts_per_tok=2)
@@ -63,6 +69,7 @@ def test_generate_batch_gives_the_stock_twins_tokens(kind, attn):
     stock = randomised(stock_class(config_class(**fields, attn_implementation=attn)))
     model = DecoderForCausalLM(tiny_decoder_config(**fields, attn_implementation=attn)).eval()
     model.load_state_dict(stock.state_dict(), strict=True)
+    model, stock = model.to(device), stock.to(device)
     tokens = _batched(model)
     assert tokens == _batched(stock)
     assert tokens == _one_by_one(model)
