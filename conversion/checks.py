@@ -46,6 +46,20 @@ def one_window_for_every_layer(config: PreTrainedConfig, architecture: str) -> d
     return {}
 
 
+def head_dim_given(stock: PreTrainedConfig | Any, values: Mapping[str, Any]) -> dict[str, Any]:
+    """The head size config.json gives to a family whose config declares no `head_dim` but whose attention and RoPE
+    read it (`getattr(config, "head_dim", hidden // heads)`: Qwen2, Qwen2-MoE, Phi), else hidden / heads."""
+    return {"head_dim": values.get("head_dim") or stock.hidden_size // stock.num_attention_heads}
+
+
+def head_dim_to_write(config: PreTrainedConfig) -> dict[str, Any]:
+    """The `head_dim` such a family's config.json carries: none where it is hidden / heads (what its attention takes
+    without one), else archlab's."""
+    if config.head_dim * config.num_attention_heads == config.hidden_size:
+        return {}
+    return {"head_dim": config.head_dim}
+
+
 def fixed_ratio_width(config: PreTrainedConfig, architecture: str, ratio: int = 4) -> dict[str, str]:
     """The families whose MLP is always `ratio`·hidden wide (BLOOM, MPT, OpenAI-GPT): the refusal if it is not."""
     if config.intermediate_size != ratio * config.hidden_size:
@@ -56,4 +70,12 @@ def fixed_ratio_width(config: PreTrainedConfig, architecture: str, ratio: int = 
     return {}
 
 
-__all__ = ["fixed_ratio_width", "one_window_for_every_layer", "refuse_export", "refuse_import", "setting"]
+__all__ = [
+    "fixed_ratio_width",
+    "head_dim_given",
+    "head_dim_to_write",
+    "one_window_for_every_layer",
+    "refuse_export",
+    "refuse_import",
+    "setting",
+]

@@ -40,7 +40,14 @@ from transformers import (
 from ..modeling import DecoderForCausalLM
 from .bart import BART
 from .bert import BERT
-from .checks import one_window_for_every_layer, refuse_export, refuse_import, setting
+from .checks import (
+    head_dim_given,
+    head_dim_to_write,
+    one_window_for_every_layer,
+    refuse_export,
+    refuse_import,
+    setting,
+)
 from .experts import MIXTRAL_LAYOUT, QWEN2_MOE_LAYOUT
 from .family import ConversionError, Family, same
 from .fused_decoders import FUSED_DECODERS
@@ -104,8 +111,9 @@ GEMMA2_FIELDS = {
 }
 # Qwen3: Gemma's field list (no mlp_bias) with Mistral's window, and QK-norm always.
 QWEN3_FIELDS = GEMMA_FIELDS + ("sliding_window", "layer_types")
-# Qwen2: Llama's without the bias flags and head_dim (always hidden / heads), with Qwen3's window; q/k/v always have
-# a bias, the output projection never (archlab: `qkv_bias=True`).
+# Qwen2: Llama's without the bias flags and head_dim, with Qwen3's window; q/k/v always have a bias, the output
+# projection never (archlab: `qkv_bias=True`). Its config has no `head_dim` field but its attention and RoPE read one
+# from config.json (`head_dim_given`), else hidden / heads.
 QWEN2_FIELDS = tuple(name for name in MISTRAL_FIELDS if name != "head_dim") + ("layer_types",)
 # Qwen2-MoE: Qwen2's, its own `qkv_bias` flag, and the experts (`num_experts` is archlab's `num_local_experts`; every
 # sparse layer also has a gated shared expert). Which layers are sparse is computed (`_qwen2_moe_to_archlab`).
@@ -198,9 +206,13 @@ def _qwen3_from_archlab(config: PreTrainedConfig) -> dict[str, Any]:
     return {"use_sliding_window": config.sliding_window is not None}
 
 
+def _qwen2_from_archlab(config: PreTrainedConfig) -> dict[str, Any]:
+    return {**_qwen3_from_archlab(config), **head_dim_to_write(config)}
+
+
 def _qwen2_moe_to_archlab(stock: PreTrainedConfig, values: Mapping[str, Any]) -> dict[str, Any]:
     """Which layers are sparse: `_sparse_layers`; Qwen2MoeConfig writes `sliding_window=0` when `use_sliding_window`
-    is off."""
+    is off; the head size config.json gives, as Qwen2's."""
     if stock.shared_expert_intermediate_size < 1 and stock.num_experts > 0:
         refuse_import(
             "qwen2_moe",
@@ -213,6 +225,7 @@ def _qwen2_moe_to_archlab(stock: PreTrainedConfig, values: Mapping[str, Any]) ->
         )
     sliding = "sliding_attention" in stock.layer_types
     return {
+        **head_dim_given(stock, values),
         "mlp_layer_types": _sparse_layers(stock),
         "sliding_window": stock.sliding_window if sliding or stock.use_sliding_window else None,
     }
@@ -270,6 +283,7 @@ def _qwen2_moe_from_archlab(config: PreTrainedConfig) -> dict[str, Any]:
         "decoder_sparse_step": 1,
         "mlp_only_layers": dense,
         **_qwen3_from_archlab(config),
+        **head_dim_to_write(config),
         # no sparse layer, no router logits: Qwen2-MoE's load-balancing loss fails on an empty tuple (IndexError)
         **({"output_router_logits": False} if len(dense) == len(config.mlp_layer_types) else {}),
     }
@@ -330,7 +344,9 @@ FAMILIES: dict[str, Family] = {
             DecoderForCausalLM,
             fields=same(*QWEN2_FIELDS),
             implied={"qkv_bias": True},
-            from_archlab=_qwen3_from_archlab,
+            to_archlab=lambda stock, values: head_dim_given(stock, values),
+            from_archlab=_qwen2_from_archlab,
+            expressible=frozenset({"head_dim"}),
         ),
         Family(
             Qwen2MoeConfig,
@@ -340,7 +356,7 @@ FAMILIES: dict[str, Family] = {
             to_archlab=_qwen2_moe_to_archlab,
             from_archlab=_qwen2_moe_from_archlab,
             # the router z-loss only changes training; it is dropped on export
-            expressible=frozenset({"mlp_layer_types", "router_z_loss_coef"}),
+            expressible=frozenset({"head_dim", "mlp_layer_types", "router_z_loss_coef"}),
             layout=QWEN2_MOE_LAYOUT,
         ),
         Family(
@@ -367,8 +383,10 @@ FAMILIES: dict[str, Family] = {
 }
 
 # Stock classes whose default RoPE ignores `rope_parameters["partial_rotary_factor"]` (every channel rotates; other
-# rope types then fail in the first forward), and stock classes without a `head_dim` field that still read
-# `getattr(config, "head_dim")` (config.json may carry it).
+# rope types then fail in the first forward), and stock classes without a `head_dim` field whose RoPE reads
+# `getattr(config, "head_dim")` (config.json may carry it) while their attention takes hidden / heads (StableLM,
+# GPT-NeoX) or that this converter does not map it for (Phi-3): a head size other than hidden / heads is refused.
+# Qwen2, Qwen2-MoE and Phi read it in their attention too and map it (`head_dim_given`).
 IGNORES_PARTIAL_ROTARY = (
     "llama",
     "mistral",
@@ -381,7 +399,7 @@ IGNORES_PARTIAL_ROTARY = (
     "gemma2",
     "falcon",
 )
-READS_UNDECLARED_HEAD_DIM = ("qwen2", "qwen2_moe", "phi", "phi3", "stablelm", "gpt_neox")
+READS_UNDECLARED_HEAD_DIM = ("phi3", "stablelm", "gpt_neox")
 
 
 def _guarded(family: Family) -> Family:

@@ -24,7 +24,7 @@ from transformers import (
 )
 
 from ..modeling import DecoderForCausalLM
-from .checks import refuse_export, refuse_import, setting
+from .checks import head_dim_given, head_dim_to_write, refuse_export, refuse_import, setting
 from .family import Family, same
 from .fused_decoders import ATTN, LAYER, MLP
 from .layouts import Rename, WeightRules
@@ -105,8 +105,28 @@ STABLELM = Family(
 # --- Phi: one shared LayerNorm per block, biases everywhere (the head too), partial rotary --------------------------
 
 
+# Phi's config has no `head_dim` field, but its attention and RoPE read one from config.json (`head_dim_given`);
+# its QK LayerNorms are always hidden / heads wide, so with them a head of another size fails in the stock forward.
+QK_NORM_HEAD_SIZE = "Phi's q_layernorm/k_layernorm are hidden_size / num_attention_heads wide whatever head_dim is"
+
+
+def _phi_to_archlab(stock: PreTrainedConfig, values: Mapping[str, Any]) -> dict[str, Any]:
+    head_dim = head_dim_given(stock, values)
+    if stock.qk_layernorm and head_dim["head_dim"] * stock.num_attention_heads != stock.hidden_size:
+        refuse_import("phi", {f"head_dim={head_dim['head_dim']!r} with qk_layernorm=True": QK_NORM_HEAD_SIZE})
+    return head_dim
+
+
 def _phi_from_archlab(config: PreTrainedConfig) -> dict[str, Any]:
-    return {"rope_parameters": _full_rotary_unless_given(config), "resid_pdrop": 0.0, "embd_pdrop": 0.0}
+    head_dim = head_dim_to_write(config)
+    if head_dim and config.use_qk_norm:
+        refuse_export("PhiForCausalLM", {f"{setting(config, 'head_dim')}, use_qk_norm=True": QK_NORM_HEAD_SIZE})
+    return {
+        "rope_parameters": _full_rotary_unless_given(config),
+        "resid_pdrop": 0.0,
+        "embd_pdrop": 0.0,
+        **head_dim,
+    }
 
 
 PHI = Family(
@@ -123,7 +143,9 @@ PHI = Family(
         "mlp_bias": True,
         "lm_head_bias": True,
     },
+    to_archlab=_phi_to_archlab,
     from_archlab=_phi_from_archlab,
+    expressible=frozenset({"head_dim"}),
     layout=WeightRules(
         (
             Rename("model.embed_tokens", "model.embed_tokens"),

@@ -152,6 +152,19 @@ CASES = {
             "shared_expert_intermediate_size": 24,
         },
     ),
+    # a head size config.json gives (Qwen2Config has no such field; its attention and RoPE read it), 16 != 32 / 4
+    "qwen2-head-size": (Qwen2Config(**QWEN2_SHAPE, head_dim=16), {"head_dim": 16, "hidden_size": 32}),
+    "qwen2_moe-head-size": (
+        Qwen2MoeConfig(
+            **QWEN2_SHAPE,
+            head_dim=16,
+            num_experts=4,
+            num_experts_per_tok=2,
+            moe_intermediate_size=16,
+            shared_expert_intermediate_size=24,
+        ),
+        {"head_dim": 16, "mlp_layer_types": ["sparse"] * 2},
+    ),
     "qwen3": (
         Qwen3Config(
             **{**LLAMA_LIKE, "head_dim": 16},
@@ -278,6 +291,7 @@ CASES = {
         },
     ),
     # fused qkv_proj and gate_up_proj; a window on every layer and a partial rotary factor (Phi-4-mini's 0.75)
+    "phi-head-size": (PhiConfig(**QWEN2_SHAPE, head_dim=16), {"head_dim": 16, "use_qk_norm": False}),
     "phi3": (
         Phi3Config(
             **QWEN2_SHAPE,
@@ -685,6 +699,7 @@ ALSO_NOT_EXPRESSIBLE = {
     # RoBERTa's table has pad_token_id + 1 leading rows; its LM head is GELU whatever the encoder's activation
     "roberta-offset": ("roberta", "roberta", {"position_embedding_offset": 3}, ["position_embedding_offset"]),
     "roberta-head-activation": ("roberta", "roberta", {"activation_function": "gelu_new"}, ["activation_function"]),
+    "phi-qk-norm-head-size": ("phi", "phi-head-size", {"use_qk_norm": True}, ["head_dim=16", "use_qk_norm"]),
     "phi3-biases": ("phi3", "phi3", {"attention_bias": True, "mlp_bias": True}, ["attention_bias", "mlp_bias"]),
     "phi3-mixed-windows": ("phi3", "phi3", {"layer_types": ["sliding_attention", "full_attention"]}, ["layer_types"]),
     "gemma2-fractional-scalar": ("gemma2", "gemma2", {"query_pre_attn_scalar": 12.5}, ["query_pre_attn_scalar"]),
@@ -835,8 +850,14 @@ NOT_IMPORTABLE = {
     "phi3-undeclared-head-dim": (Phi3Config(**QWEN2_SHAPE, head_dim=16), ["head_dim"]),
     # the stock default RoPE rotates every channel: the factor is ignored there
     "llama-partial-rotary": (LlamaConfig(**LLAMA_LIKE, rope_parameters=ROPE_25), ["partial_rotary_factor"]),
-    # no `head_dim` field in Qwen2Config, but Qwen2's attention reads one from config.json
-    "qwen2-undeclared-head-dim": (Qwen2Config(**QWEN2_SHAPE, head_dim=16), ["head_dim"]),
+    # no `head_dim` field in their configs: their RoPE reads one from config.json, their attention takes hidden / heads
+    "stablelm-undeclared-head-dim": (StableLmConfig(**QWEN2_SHAPE, head_dim=16), ["head_dim"]),
+    "gpt_neox-undeclared-head-dim": (GPTNeoXConfig(**NEOX_SHAPE, head_dim=16), ["head_dim"]),
+    # Phi's QK LayerNorms are hidden / heads wide whatever head size its attention reads
+    "phi-qk-layernorm-head-size": (
+        PhiConfig(**QWEN2_SHAPE, head_dim=16, qk_layernorm=True),
+        ["head_dim", "qk_layernorm"],
+    ),
 }
 
 
@@ -924,10 +945,9 @@ TAGS = {0: "O", 1: "B-NUM", 2: "I-NUM", 3: "B-WORD", 4: "I-WORD"}
 def test_every_generic_token_and_qa_head_is_checked():
     """Llama, Mistral, Mixtral, Qwen2, Qwen2-MoE, Qwen3 and Qwen3-MoE (both heads), Gemma, Gemma2, Phi, Phi-3 and
     StableLM (tokens)."""
-    assert (
-        set(QA_CASES) == {"llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe"} <= set(TOKEN_CASES)
-    )
-    assert {"gemma", "gemma2", "phi", "phi3", "stablelm"} <= set(TOKEN_CASES)
+    qa, tokens = {_family(case).name for case in QA_CASES}, {_family(case).name for case in TOKEN_CASES}
+    assert qa == {"llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe"} <= tokens
+    assert {"gemma", "gemma2", "phi", "phi3", "stablelm"} <= tokens
 
 
 def _token_and_qa_folders(root, case: str, head) -> torch.nn.Module:
