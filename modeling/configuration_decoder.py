@@ -124,7 +124,9 @@ class DecoderConfig(PreTrainedConfig):
         rms_norm_eps (`float`, 1e-6): epsilon of every norm (RMSNorm or LayerNorm).
         rope_parameters (`dict`, *optional*): `{"rope_type": ..., "rope_theta": ..., ...}` exactly as transformers
             reads it (default, linear, dynamic, yarn, llama3, ...; `partial_rotary_factor` rotates a fraction of
-            each head, as GPT-NeoX). Legacy `rope_theta` / `rope_scaling` are accepted.
+            each head, as GPT-NeoX). Legacy `rope_theta` / `rope_scaling` are accepted. Or one such dict per layer
+            type (`{"full_attention": {...}, "sliding_attention": {...}}`, transformers 5's form: Gemma3's global and
+            local RoPE bases), a set for every type in `layer_types`.
         attention_bias (`bool`, False): biases on the q/k/v/o projections. mlp_bias (`bool`, False): on the MLP.
         qkv_bias (`bool`, *optional*): biases on the q/k/v projections alone (Qwen2-MoE's name; Qwen2, StableLM-2:
             True with `attention_bias=False`, the output projection without); None follows `attention_bias`.
@@ -462,23 +464,38 @@ def _validate_unused_rope(config: Any) -> None:
 
 
 def _validate_rotary_dimension(config: Any) -> None:
-    """One flat RoPE parameter set whose rotary dimension is a positive even number, with longrope's factors one per
-    rotary frequency (transformers only warns about their length; the first forward would fail on it)."""
-    per_layer_type = [name for name, value in config.rope_parameters.items() if isinstance(value, dict)]
-    if per_layer_type:
+    """One flat RoPE parameter set, or one per layer type (`{"full_attention": {...}, "sliding_attention": {...}}`,
+    transformers 5's form: Gemma3's local and global bases) with a set for every layer type present, each with a
+    rotary dimension that is a positive even number and longrope's factors one per rotary frequency (transformers only
+    warns about their length; the first forward would fail on it)."""
+    per_layer_type = {name: value for name, value in config.rope_parameters.items() if isinstance(value, dict)}
+    if not per_layer_type:
+        _validate_rotary_set(config, config.rope_parameters)
+        return
+    others = sorted(name for name in config.rope_parameters if name not in per_layer_type or name not in LAYER_TYPES)
+    missing = sorted(set(config.layer_types or ()) - set(per_layer_type))
+    if others or missing:
+        wrong = [f"got {', '.join(map(repr, others))}"] if others else []
+        wrong += [f"no set for {', '.join(map(repr, missing))}"] if missing else []
         raise ValueError(
-            f"`rope_parameters` holds one parameter set per layer type ({', '.join(map(repr, per_layer_type))}), but "
-            "archlab's decoder builds one RoPE for all its layers: give one flat dict "
-            "(`{'rope_type': ..., 'rope_theta': ..., ...}`)."
+            f"`rope_parameters` holds parameter sets per layer type ({', '.join(map(repr, per_layer_type))}): its "
+            f"keys must be layer types ({', '.join(map(repr, LAYER_TYPES))}) holding a dict each, one for every type "
+            f"in `layer_types`; {' and '.join(wrong)}."
         )
-    partial = config.rope_parameters.get("partial_rotary_factor", 1.0)
+    for parameters in per_layer_type.values():
+        _validate_rotary_set(config, parameters)
+
+
+def _validate_rotary_set(config: Any, parameters: dict) -> None:
+    """One RoPE parameter set of `config`: its rotary dimension, and the rope types that need more of it."""
+    partial = parameters.get("partial_rotary_factor", 1.0)
     rotary_dim = int(config.head_dim * partial)
     if rotary_dim % 2 != 0 or rotary_dim == 0:
         raise ValueError(
             f"The rotary dimension (`head_dim` {config.head_dim} x `rope_parameters['partial_rotary_factor']` "
             f"{partial} = {rotary_dim}) must be a positive even number: RoPE rotates pairs of channels."
         )
-    rope_type = rope_type_of(config.rope_parameters)
+    rope_type = rope_type_of(parameters)
     if rope_type == "dynamic" and rotary_dim < 4:
         # dynamic NTK rescales the base by a power d / (d - 2): transformers divides by zero building the model
         raise ValueError(
@@ -488,7 +505,7 @@ def _validate_rotary_dimension(config: Any) -> None:
         )
     if rope_type == "longrope":
         for name in ("short_factor", "long_factor"):
-            factors = config.rope_parameters.get(name)
+            factors = parameters.get(name)
             if isinstance(factors, (list, tuple)) and len(factors) != rotary_dim // 2:
                 raise ValueError(
                     f"`rope_parameters['{name}']` has {len(factors)} entries; longrope needs one per rotary "

@@ -47,7 +47,7 @@ from .losses import shift_labels as next_token_targets
 from .moe import collect_router_logits, load_balancing_loss, router_z_loss
 from .positions import position_bias, position_ids_from_mask, position_table
 from .pretrained import ArchlabPreTrainedModel
-from .rotary import RotaryEmbedding
+from .rotary import LayerTypeRotaryEmbeddings, RotaryEmbedding, rotary_per_layer_type
 
 
 def _is_padding_mask(attention_mask: torch.Tensor | dict | None) -> bool:
@@ -143,7 +143,10 @@ class DecoderModel(DecoderPreTrainedModel):
         self.norm = norm_from_config(config) if block.has_final_norm else nn.Identity()
         # Positions (catalogue.POSITION_SCHEMES): each of these is None unless `position_embedding_type` needs it.
         kind = config.position_embedding_type
-        self.rotary_emb = RotaryEmbedding(config) if POSITION_SCHEMES[kind].rotary else None
+        if POSITION_SCHEMES[kind].rotary and rotary_per_layer_type(config):  # {layer type: (cos, sin)} (Gemma3)
+            self.rotary_emb = LayerTypeRotaryEmbeddings(config, dict.fromkeys(config.layer_types))
+        else:
+            self.rotary_emb = RotaryEmbedding(config) if POSITION_SCHEMES[kind].rotary else None
         # a fixed sinusoid is fully determined by the config: kept out of checkpoints
         self.embed_positions = position_table(
             kind,
@@ -253,7 +256,9 @@ class DecoderModel(DecoderPreTrainedModel):
             hidden_states, attn_weights = layer(
                 hidden_states,
                 masks[layer.attention_type],
-                position_embeddings,
+                position_embeddings[layer.attention_type]
+                if isinstance(position_embeddings, dict)
+                else position_embeddings,
                 past_key_values,
                 None if biases is None else biases[layer.attention_type],
                 output_attentions=output_attentions,

@@ -10,9 +10,15 @@ them. `warn_past_max_positions` says so once per model, through transformers' lo
 reaches them: before `generate` streams any token, instead of transformers' length reminder after the first one. The
 types that scale a pretraining length (`SCALING_ROPE_TYPES`) run as far as `factor` x `original_max_position_embeddings`
 where that is longer (`rope_length`: Qwen2.5's yarn recipe keeps `max_position_embeddings` at the pretraining length).
+
+`rope_parameters` may hold one parameter set per layer type (`{"full_attention": {...}, "sliding_attention": {...}}`,
+transformers 5's form: Gemma3's local layers rotate with a base of 10k, its global ones with 1M):
+`LayerTypeRotaryEmbeddings` then builds one `RotaryEmbedding` per layer type present.
 """
 
 from __future__ import annotations
+
+import copy
 
 import torch
 from torch import nn
@@ -59,8 +65,11 @@ class RotaryEmbedding(nn.Module):
 
     inv_freq: torch.Tensor
 
-    def __init__(self, config, device=None) -> None:
+    def __init__(self, config, device=None, layer_type: str | None = None) -> None:
         super().__init__()
+        if layer_type is not None:  # one set of per-layer-type parameters: a view of the config holding it alone
+            config = copy.copy(config)
+            config.rope_parameters = config.rope_parameters[layer_type]
         self.config = config
         self.max_seq_len_cached = config.max_position_embeddings
         self.original_max_seq_len = config.max_position_embeddings
@@ -105,6 +114,28 @@ class RotaryEmbedding(nn.Module):
         cos = emb.cos() * self.attention_scaling
         sin = emb.sin() * self.attention_scaling
         return cos.to(dtype=x.dtype), sin.to(dtype=x.dtype)
+
+
+class LayerTypeRotaryEmbeddings(nn.Module):
+    """One `RotaryEmbedding` per layer type of `rope_parameters` given per layer type; returns {layer type: (cos,
+    sin)} for the layer types present."""
+
+    def __init__(self, config, layer_types, device=None) -> None:
+        super().__init__()
+        self.per_type = nn.ModuleDict({kind: RotaryEmbedding(config, device, kind) for kind in layer_types})
+
+    def warn_past_max_positions(self, position_ids: torch.Tensor, length: int | None = None) -> None:
+        for rotary in self.per_type.values():
+            rotary.warn_past_max_positions(position_ids, length)
+
+    def forward(self, x: torch.Tensor, position_ids: torch.Tensor) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        return {kind: rotary(x, position_ids) for kind, rotary in self.per_type.items()}
+
+
+def rotary_per_layer_type(config) -> bool:
+    """Whether `rope_parameters` holds one parameter set per layer type."""
+    parameters = config.rope_parameters
+    return isinstance(parameters, dict) and any(isinstance(value, dict) for value in parameters.values())
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:

@@ -258,16 +258,30 @@ def test_rope_type_is_checked_at_construction():
             r"rotary dimension",
         ),
         # found by combining fields: each built a model that failed in its first forward or decoded wrongly
+        (  # a set per layer type, but none for the local layers
+            dict(
+                sliding_window=4,
+                layer_types=["sliding_attention", "full_attention"],
+                rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 1e6}},
+            ),
+            r"sets per layer type \('full_attention'\).*no set for 'sliding_attention'",
+        ),
         (
+            dict(
+                rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 1e6}, "local": {}},
+            ),
+            r"keys must be layer types .* got 'local'",
+        ),
+        (  # each set is checked as a flat one
             dict(
                 sliding_window=4,
                 layer_types=["sliding_attention", "full_attention"],
                 rope_parameters={
                     "full_attention": {"rope_type": "default", "rope_theta": 1e6},
-                    "sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+                    "sliding_attention": {"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.1},
                 },
             ),
-            r"`rope_parameters` holds one parameter set per layer type \('full_attention', 'sliding_attention'\)",
+            r"rotary dimension",
         ),
         (
             dict(rope_parameters={**LONGROPE, "short_factor": [1.0] * 4, "partial_rotary_factor": 0.5}),
