@@ -18,6 +18,8 @@ from typing import Any
 from transformers import (
     Gemma2Config,
     Gemma2ForCausalLM,
+    Gemma3ForCausalLM,
+    Gemma3TextConfig,
     GemmaConfig,
     GemmaForCausalLM,
     LlamaConfig,
@@ -109,6 +111,14 @@ GEMMA2_FIELDS = {
     ),
     "hidden_activation": "hidden_act",
 }
+# Gemma3 (text): Gemma2's, plus QK-norm always (a (1 + w) RMSNorm over each head's queries and keys, archlab's
+# `use_qk_norm` under `offset_rms_norm`), and RoPE as one parameter set per layer type (`_gemma3_to_archlab`: its local
+# layers have their own base, 10k where the global ones have 1M). Gemma3TextConfig has `attn_logit_softcapping`, but
+# Gemma3's attention (transformers 5.24) never passes it on: a value is refused (archlab's would cap the scores).
+GEMMA3_FIELDS = {
+    name: ours for name, ours in GEMMA2_FIELDS.items() if name not in ("rope_parameters", "attn_logit_softcapping")
+}
+GEMMA3_LAYER_TYPES = ("full_attention", "sliding_attention")
 # Qwen3: Gemma's field list (no mlp_bias) with Mistral's window, and QK-norm always.
 QWEN3_FIELDS = GEMMA_FIELDS + ("sliding_window", "layer_types")
 # Qwen2: Llama's without the bias flags and head_dim, with Qwen3's window; q/k/v always have a bias, the output
@@ -184,13 +194,13 @@ def _gemma_from_archlab(config: PreTrainedConfig) -> dict[str, Any]:
     return {}
 
 
-def _gemma2_from_archlab(config: PreTrainedConfig) -> dict[str, Any]:
+def _gemma2_from_archlab(config: PreTrainedConfig, architecture: str = "Gemma2ForCausalLM") -> dict[str, Any]:
     scalar = config.query_pre_attn_scalar
     scalar = config.head_dim if scalar is None else scalar  # archlab's None: head_dim^-1/2
     if not float(scalar).is_integer():
         refuse_export(
-            "Gemma2ForCausalLM",
-            {setting(config, "query_pre_attn_scalar"): "Gemma2Config's query_pre_attn_scalar is an integer"},
+            architecture,
+            {setting(config, "query_pre_attn_scalar"): f"{architecture}'s query_pre_attn_scalar is an integer"},
         )
     # Gemma2Config types the soft-capping values as floats (an int 1 is refused by its strict dataclass)
     capping = {
@@ -200,6 +210,49 @@ def _gemma2_from_archlab(config: PreTrainedConfig) -> dict[str, Any]:
     # Gemma2ForCausalLM always builds its sliding-window mask: with every layer global the window is never used
     window = config.max_position_embeddings if config.sliding_window is None else config.sliding_window
     return {"query_pre_attn_scalar": int(scalar), **capping, "sliding_window": window}
+
+
+def _partial_rotary_sets(rope_parameters: Mapping[str, Any]) -> dict[str, str]:
+    """Gemma3's RoPE rotates every channel of each head (its default RoPE ignores `partial_rotary_factor`, the scaled
+    types would rotate fewer channels than the head has): the refusal of a set with another factor."""
+    return {
+        f"rope_parameters[{kind!r}]['partial_rotary_factor']={factor!r}": "Gemma3 rotates every channel of each head"
+        for kind, parameters in rope_parameters.items()
+        if isinstance(parameters, Mapping) and (factor := parameters.get("partial_rotary_factor")) not in (None, 1)
+    }
+
+
+def _gemma3_to_archlab(stock: PreTrainedConfig, values: Mapping[str, Any]) -> dict[str, Any]:
+    """Gemma3TextConfig holds RoPE as one set per layer type: archlab's one flat set where the layers present share
+    it (one layer type, or equal sets), else the sets of the layer types present."""
+    _causal_only("gemma3_text")(stock, values)
+    sets = {kind: dict(stock.rope_parameters[kind]) for kind in dict.fromkeys(stock.layer_types)}
+    wrong = _partial_rotary_sets(sets)
+    if stock.attn_logit_softcapping is not None:
+        wrong[setting(stock, "attn_logit_softcapping")] = (
+            "Gemma3ForCausalLM never applies it (its attention does not pass it on), so its logits are not what such "
+            "a checkpoint was trained for"
+        )
+    refuse_import("gemma3_text", wrong)
+    first = next(iter(sets.values()))
+    return {"rope_parameters": first if all(other == first for other in sets.values()) else sets}
+
+
+def _gemma3_from_archlab(config: PreTrainedConfig) -> dict[str, Any]:
+    """Gemma2's fields, and a RoPE set for each of Gemma3's layer types: archlab's flat set for both, or its set per
+    layer type (a type no layer has takes another's; it is never used)."""
+    rope = config.rope_parameters
+    sets = {kind: value for kind, value in rope.items() if isinstance(value, dict)} or dict.fromkeys(
+        GEMMA3_LAYER_TYPES, rope
+    )
+    wrong = _partial_rotary_sets(sets)
+    if config.attn_logit_softcapping is not None:
+        wrong[setting(config, "attn_logit_softcapping")] = "Gemma3ForCausalLM never caps the attention scores"
+    refuse_export("Gemma3ForCausalLM", wrong)
+    present = next(iter(sets.values()))
+    rope_parameters = {kind: dict(sets.get(kind, present)) for kind in GEMMA3_LAYER_TYPES}
+    gemma2 = _gemma2_from_archlab(config, "Gemma3ForCausalLM")
+    return {**gemma2, "attn_logit_softcapping": None, "rope_parameters": rope_parameters}
 
 
 def _qwen3_from_archlab(config: PreTrainedConfig) -> dict[str, Any]:
@@ -331,6 +384,16 @@ FAMILIES: dict[str, Family] = {
             from_archlab=_gemma2_from_archlab,
         ),
         Family(
+            Gemma3TextConfig,
+            Gemma3ForCausalLM,
+            DecoderForCausalLM,
+            fields=GEMMA3_FIELDS,
+            implied={**GEMMA_IMPLIED, "norm_position": "sandwich", "use_qk_norm": True},
+            to_archlab=_gemma3_to_archlab,
+            from_archlab=_gemma3_from_archlab,
+            expressible=frozenset({"rope_parameters"}),
+        ),
+        Family(
             Qwen3Config,
             Qwen3ForCausalLM,
             DecoderForCausalLM,
@@ -439,6 +502,7 @@ FAMILIES = {name: _guarded(family) for name, family in FAMILIES.items()}
 __all__ = [
     "FAMILIES",
     "GEMMA2_FIELDS",
+    "GEMMA3_FIELDS",
     "GEMMA_FIELDS",
     "LLAMA_FIELDS",
     "MISTRAL_FIELDS",

@@ -21,6 +21,7 @@ from transformers import (
     BloomConfig,
     FalconConfig,
     Gemma2Config,
+    Gemma3TextConfig,
     GemmaConfig,
     GPT2Config,
     GPTNeoXConfig,
@@ -101,6 +102,11 @@ PHI3_LONGROPE = {
     "long_factor": [2.0, 3.0, 4.0, 5.0],
 }
 ROPE_25 = {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25}
+# Gemma3's RoPE per layer type: global layers scaled linearly (Gemma3-4B's recipe), local ones with their own base
+GEMMA3_ROPE = {
+    "full_attention": {"rope_type": "linear", "rope_theta": 1e6, "factor": 2.0},
+    "sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+}
 SEQ2SEQ_SHAPE = dict(
     vocab_size=VOCAB,
     d_model=32,
@@ -214,6 +220,26 @@ CASES = {
             final_logit_softcapping=3.0,
         ),
         {"norm_position": "sandwich", "layer_types": ["sliding_attention", "full_attention"]},
+    ),
+    # a window of 4 on the local layer (the batches are 12 tokens long), a head size other than hidden / heads
+    "gemma3_text": (
+        Gemma3TextConfig(
+            **{**LLAMA_LIKE, "head_dim": 16},
+            query_pre_attn_scalar=16,
+            sliding_window=4,
+            layer_types=["sliding_attention", "full_attention"],
+            rope_parameters=GEMMA3_ROPE,
+            final_logit_softcapping=3.0,
+        ),
+        {
+            "norm_position": "sandwich",
+            "norm_type": "offset_rms_norm",
+            "use_qk_norm": True,
+            "scale_embedding": True,
+            "head_dim": 16,
+            "layer_types": ["sliding_attention", "full_attention"],
+            "rope_parameters": GEMMA3_ROPE,
+        },
     ),
     "gpt_neox": (
         GPTNeoXConfig(**NEOX_SHAPE, rope_parameters=ROPE_25),
@@ -641,6 +667,7 @@ NOT_EXPRESSIBLE = {
     "qwen3_moe": ({"shared_expert_intermediate_size": 24}, ["shared_expert_intermediate_size"]),
     "gemma": ({"norm_type": "rms_norm"}, ["norm_type"]),
     "gemma2": ({"norm_position": "pre"}, ["norm_position"]),
+    "gemma3_text": ({"use_qk_norm": False, "norm_position": "pre"}, ["use_qk_norm", "norm_position"]),
     "gpt_neox": ({"num_key_value_heads": 2}, ["num_key_value_heads"]),
     "falcon": ({"norm_position": "pre", "num_key_value_heads": 2}, ["norm_position", "num_key_value_heads"]),
     "bloom": ({"intermediate_size": 96}, ["intermediate_size"]),
@@ -702,6 +729,25 @@ ALSO_NOT_EXPRESSIBLE = {
     "phi-qk-norm-head-size": ("phi", "phi-head-size", {"use_qk_norm": True}, ["head_dim=16", "use_qk_norm"]),
     "phi3-biases": ("phi3", "phi3", {"attention_bias": True, "mlp_bias": True}, ["attention_bias", "mlp_bias"]),
     "phi3-mixed-windows": ("phi3", "phi3", {"layer_types": ["sliding_attention", "full_attention"]}, ["layer_types"]),
+    "gemma3_text-partial-rotary": (
+        "gemma3_text",
+        "gemma3_text",
+        {"rope_parameters": {**GEMMA3_ROPE, "sliding_attention": ROPE_25}},
+        ["partial_rotary_factor"],
+    ),
+    # Gemma3's attention never caps its scores (transformers 5.24 does not pass the field on)
+    "gemma3_text-attention-capping": (
+        "gemma3_text",
+        "gemma3_text",
+        {"attn_logit_softcapping": 5.0},
+        ["attn_logit_softcapping"],
+    ),
+    "gemma3_text-fractional-scalar": (
+        "gemma3_text",
+        "gemma3_text",
+        {"query_pre_attn_scalar": 12.5},
+        ["query_pre_attn_scalar", "Gemma3ForCausalLM"],
+    ),
     "gemma2-fractional-scalar": ("gemma2", "gemma2", {"query_pre_attn_scalar": 12.5}, ["query_pre_attn_scalar"]),
     # what Bart keeps (no d_kv) is no valid config on its own: a ConversionError naming the field, not a ValueError
     "bart-head-size": (
@@ -739,6 +785,29 @@ def test_an_archlab_model_with_its_own_head_exports_every_embedding(family, fold
             - model(input_ids=ids, decoder_input_ids=target).logits
         )
     assert diff.abs().max() <= ATOL
+
+
+def test_gemma3_with_one_rope_set_imports_it_flat_and_exports_it_for_both_layer_types(folders, tmp_path):
+    """Gemma3's sets per layer type, equal (or all layers of one type), are archlab's one flat set; a flat archlab set
+    (and a window with every layer global) exports as the same set for both of Gemma3's layer types, the same
+    logits."""
+    rope = {"rope_type": "default", "rope_theta": 1e4}
+    for layer_types in (["sliding_attention", "full_attention"], ["full_attention"] * 2):
+        sets = {"full_attention": rope, "sliding_attention": {**rope, "rope_theta": 5e5}}
+        if "sliding_attention" in layer_types:
+            sets["sliding_attention"] = rope
+        stock = Gemma3TextConfig(
+            **{**CASES["gemma3_text"][0].to_dict(), "rope_parameters": sets, "layer_types": layer_types}
+        )
+        assert FAMILIES["gemma3_text"].archlab_config(stock.to_dict()).rope_parameters == rope, layer_types
+    changes = dict(rope_parameters=rope, layer_types=["full_attention"] * 2)
+    model = _changed_archlab_folder(folders, "gemma3_text", changes, tmp_path / "archlab")
+    convert_checkpoint(tmp_path / "archlab", tmp_path / "gemma3", to="gemma3_text")
+    exported = FAMILIES["gemma3_text"].model_class.from_pretrained(tmp_path / "gemma3").eval()
+    assert exported.config.rope_parameters == {"full_attention": rope, "sliding_attention": rope}
+    ids = torch.randint(3, VOCAB, (2, 9))
+    with torch.no_grad():
+        assert (exported(ids).logits - model(ids).logits).abs().max() <= ATOL
 
 
 def test_gemma2_exports_without_a_window_and_with_integer_caps(folders, tmp_path):
@@ -816,6 +885,23 @@ NOT_IMPORTABLE = {
     "gemma-bidirectional": (
         GemmaConfig(hidden_size=32, num_attention_heads=4, head_dim=8, use_bidirectional_attention=True),
         ["use_bidirectional_attention"],
+    ),
+    "gemma3_text-bidirectional": (
+        Gemma3TextConfig(hidden_size=32, num_attention_heads=4, head_dim=8, use_bidirectional_attention=True),
+        ["use_bidirectional_attention"],
+    ),
+    "gemma3_text-attention-capping": (
+        Gemma3TextConfig(hidden_size=32, num_attention_heads=4, head_dim=8, attn_logit_softcapping=50.0),
+        ["attn_logit_softcapping"],
+    ),
+    "gemma3_text-partial-rotary": (
+        Gemma3TextConfig(
+            hidden_size=32,
+            num_attention_heads=4,
+            head_dim=8,
+            rope_parameters={**GEMMA3_ROPE, "full_attention": {**ROPE_25, "rope_type": "linear", "factor": 2.0}},
+        ),
+        ["partial_rotary_factor", "full_attention"],
     ),
     "qwen2_moe-no-shared-expert": (
         Qwen2MoeConfig(**QWEN2_SHAPE, shared_expert_intermediate_size=0),
