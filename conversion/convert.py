@@ -6,12 +6,14 @@ The source's family is read from its `config.json` (`model_type`), its head (cau
 
 from __future__ import annotations
 
+import copy
 import os
 from pathlib import Path
 
-from transformers import AutoConfig
+from transformers import AutoConfig, PreTrainedConfig
 
 from ..modeling import DecoderConfig, Seq2SeqConfig
+from ..modeling.rotary import rotary_per_layer_type
 from .families import FAMILIES
 from .family import ConversionError
 from .folders import load_state_dict, read_config, write_model
@@ -53,6 +55,7 @@ def convert_checkpoint(src: str | os.PathLike, dst: str | os.PathLike, to: str |
                 f"(model_type {family.archlab_class.config_class.model_type!r})."
             )
         family = archlab_row(family, values.get("architectures"), src, to)
+        config = with_one_rope(config, to)
         stock_config = family.export_config(config)
         state_dict = family.layout.from_archlab(load_state_dict(src), config)
         return write_model(family.model_class, stock_config, state_dict, src, dst)
@@ -67,6 +70,28 @@ def convert_checkpoint(src: str | os.PathLike, dst: str | os.PathLike, to: str |
 
     known = sorted(FAMILIES) + sorted(ARCHLAB_MODEL_TYPES)
     raise ConversionError(f"{src} has model_type={model_type!r}; the converter knows: {known}.")
+
+
+# the families whose config holds RoPE per layer type (transformers 5's form); the others build one for every layer
+ROPE_PER_LAYER_TYPE_FAMILIES = ("gemma3_text",)
+
+
+def with_one_rope(config: PreTrainedConfig, to: str) -> PreTrainedConfig:
+    """An archlab config with RoPE per layer type, exported to a family with one RoPE for every layer: its sets as
+    the one where they are equal (a copy), refused by name where they differ. The stock config took the nested dict
+    as unknown keys beside its default RoPE and built that one (theta 10,000) without a word."""
+    if to in ROPE_PER_LAYER_TYPE_FAMILIES or not rotary_per_layer_type(config):
+        return config
+    sets = {kind: value for kind, value in config.rope_parameters.items() if isinstance(value, dict)}
+    if any(value != next(iter(sets.values())) for value in sets.values()):
+        raise ConversionError(
+            f"This archlab config's `rope_parameters` holds a different set per layer type ({', '.join(sets)}); "
+            f"{to} builds one RoPE for every layer (of these families only {', '.join(ROPE_PER_LAYER_TYPE_FAMILIES)} "
+            "has one per layer type)."
+        )
+    config = copy.deepcopy(config)
+    config.rope_parameters = dict(next(iter(sets.values())))
+    return config
 
 
 __all__ = ["convert_checkpoint"]

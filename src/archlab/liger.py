@@ -51,6 +51,7 @@ from transformers.utils import logging
 
 from .modeling import DecoderConfig, DecoderForCausalLM, Seq2SeqConfig, Seq2SeqForConditionalGeneration
 from .modeling.attention import Attention
+from .modeling.configuration_decoder import rope_parameter_sets
 from .modeling.feed_forward import MLP, GatedMLP
 from .modeling.import_hooks import after_import
 from .modeling.losses import IGNORE_INDEX
@@ -206,7 +207,8 @@ def _mark(module: nn.Module, kernel: str) -> None:
 
 def _patch_rope(decoder: DecoderModel, patch, report: LigerPatchReport) -> None:
     """Liger's RoPE in every attention of a decoder stack with rotary positions."""
-    partial = decoder.config.rope_parameters.get("partial_rotary_factor", 1.0) < 1.0
+    sets = rope_parameter_sets(decoder.config.rope_parameters)  # (one per layer type, Gemma3's form, or the one)
+    partial = any(parameters.get("partial_rotary_factor", 1.0) < 1.0 for parameters in sets)
     attentions = [module for module in decoder.modules() if isinstance(module, Attention)]
     if partial and not _liger_rope_takes_rotary_dim():
         report.left_as_is["partial RoPE (this Liger rotates whole heads)"] += len(attentions)

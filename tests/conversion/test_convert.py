@@ -75,6 +75,38 @@ def test_non_equivalent_config_is_refused_with_the_fields_named(tmp_path):
     assert not (tmp_path / "bad_llama").exists()  # nothing half-written
 
 
+@pytest.mark.parametrize("to", ["llama", "mistral", "qwen2_moe", "phi3"])
+def test_rope_per_layer_type_exports_as_one_rope_where_the_sets_agree_and_is_refused_where_not(to, tmp_path):
+    """RoPE given per layer type (Gemma3's form) exported to a family with one RoPE for every layer: the stock config
+    took the nested dict as unknown keys beside its default and built RoPE with theta 10,000 instead of the model's,
+    without a word. Equal sets export as the one (the stock logits equal archlab's); different ones are refused."""
+    from transformers import AutoModelForCausalLM
+
+    from archlab import DecoderForCausalLM
+
+    one = {"rope_type": "default", "rope_theta": 1e6}
+    fields = dict(layer_types=["full_attention", "full_attention"], rope_parameters={"full_attention": one})
+    if to == "qwen2_moe":
+        fields.update(num_local_experts=4, num_experts_per_tok=2, shared_expert_intermediate_size=32)
+    model = DecoderForCausalLM(tiny_decoder_config(**fields)).eval()
+    for parameter in model.parameters():  # (RoPE's base shows in the logits of every position past the first)
+        torch.nn.init.normal_(parameter, std=0.3)
+    model.save_pretrained(tmp_path / "same")
+    convert_checkpoint(tmp_path / "same", tmp_path / "stock", to=to)
+    assert json.loads((tmp_path / "stock" / "config.json").read_text())["rope_parameters"]["rope_theta"] == 1e6
+    ids = torch.randint(0, model.config.vocab_size, (2, 12))
+    with torch.no_grad():
+        stock = AutoModelForCausalLM.from_pretrained(tmp_path / "stock").eval()(ids).logits
+        torch.testing.assert_close(stock, model(ids).logits, atol=1e-4 * stock.abs().max().item(), rtol=0)
+    sliding = {"rope_type": "default", "rope_theta": 1e4}
+    fields.update(layer_types=["sliding_attention", "full_attention"], sliding_window=4)
+    fields["rope_parameters"] = {"sliding_attention": sliding, "full_attention": one}
+    DecoderForCausalLM(tiny_decoder_config(**fields)).save_pretrained(tmp_path / "differ")
+    with pytest.raises(ConversionError, match="rope_parameters` holds a different set per layer type"):
+        convert_checkpoint(tmp_path / "differ", tmp_path / "refused", to=to)
+    assert not (tmp_path / "refused").exists()
+
+
 def _a_non_llama_field(config):
     """An archlab-only architecture field and a non-default value for it (the catalogue grows over time)."""
     candidates = {

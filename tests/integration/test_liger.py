@@ -57,6 +57,14 @@ DECODERS = {
         lm_head_bias=True,
     ),
     "neox-like": dict(norm_type="layer_norm", norm_bias=True, norm_position="parallel", hidden_act="silu"),
+    "rope-per-layer-type": dict(  # Gemma3's form: a partial RoPE on one layer type only
+        layer_types=["sliding_attention", "full_attention"],
+        sliding_window=4,
+        rope_parameters={
+            "sliding_attention": dict(PARTIAL_ROPE, partial_rotary_factor=1.0),
+            "full_attention": PARTIAL_ROPE,
+        },
+    ),
 }
 SEQ2SEQS = {
     "marian": {},  # post-LayerNorm with biases, ReLU FFN, `final_logits_bias`
