@@ -210,11 +210,16 @@ class Attention(FusableProjections, nn.Module):
         is_sliding = layer_types is not None and layer_types[layer_idx] == "sliding_attention"
         self.sliding_window = config.sliding_window if is_sliding else None  # the mask does it; flash reads it
         self.q_norm = self.k_norm = None
-        if getattr(config, "use_qk_norm", False):  # QK-norm (Qwen3; seed 004): per head (OLMo2: whole projection)
+        # QK-norm (seed 004): over each head (Qwen3), or over the whole q / k projection (OLMo 2: `qk_norm_scope`)
+        self.qk_norm_over_projection = getattr(config, "qk_norm_scope", "head") == "projection"
+        if getattr(config, "use_qk_norm", False):
             eps = norm_eps if norm_eps is not None else config.rms_norm_eps
             norm_bias = getattr(config, "norm_bias", None)  # None: the norm's own default
-            self.q_norm = make_norm(config.norm_type, self.head_dim, eps, norm_bias)
-            self.k_norm = make_norm(config.norm_type, self.head_dim, eps, norm_bias)
+            q_size, k_size = self.head_dim, self.head_dim
+            if self.qk_norm_over_projection:
+                q_size, k_size = self.num_heads * self.head_dim, self.num_key_value_heads * self.head_dim
+            self.q_norm = make_norm(config.norm_type, q_size, eps, norm_bias)
+            self.k_norm = make_norm(config.norm_type, k_size, eps, norm_bias)
         self.attention_dropout = config.attention_dropout
         self.is_causal = is_causal
         bias = bias if bias is not None else config.attention_bias
@@ -253,7 +258,7 @@ class Attention(FusableProjections, nn.Module):
         cache (this step's appended). Continuous batching's paged cache reads its indices from `attention_kwargs`
         (the keyword arguments the attention function gets next) and sets this layer type's own there, in place."""
         if self.q_norm is not None:
-            query, key = self.q_norm(query), self.k_norm(key)
+            query, key = self.normed_heads(self.q_norm, query), self.normed_heads(self.k_norm, key)
         if position_embeddings is not None:
             cos, sin = position_embeddings
             query, key = self.rotate(query, key, cos, sin)
@@ -262,6 +267,15 @@ class Attention(FusableProjections, nn.Module):
         elif past_key_values is not None:
             key, value = past_key_values.update(key, value, self.layer_idx)
         return query, key, value
+
+    def normed_heads(self, norm: nn.Module, heads: torch.Tensor) -> torch.Tensor:
+        """QK-norm of heads (B, H, T, D): over each head's D channels, or with `qk_norm_scope="projection"` over a
+        token's H · D channels of the projection, as the norm reads them before the split into heads (OLMo 2)."""
+        if not self.qk_norm_over_projection:
+            return norm(heads)
+        batch, count, length, head_dim = heads.shape
+        projection = heads.transpose(1, 2).reshape(batch, length, count * head_dim)
+        return norm(projection).view(batch, length, count, head_dim).transpose(1, 2)
 
     def _project_key_value(self, states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(B, S, d) -> keys, values (B, H_kv, S, D)."""
@@ -277,7 +291,7 @@ class Attention(FusableProjections, nn.Module):
             return layer.keys, layer.values
         key, value = self._project_key_value(encoder_states)
         if self.k_norm is not None:
-            key = self.k_norm(key)  # normalised once, before caching
+            key = self.normed_heads(self.k_norm, key)  # normalised once, before caching
         if cache is not None:
             key, value = cache.cross_attention_cache.update(key, value, self.layer_idx)
             cache.is_updated[self.layer_idx] = True
@@ -303,7 +317,7 @@ class Attention(FusableProjections, nn.Module):
                 key_value_states = key_value_states[::group]
             key, value = self._cross_key_value(key_value_states, past_key_values)  # (B / group, H_kv, S, D)
             if self.q_norm is not None:
-                query = self.q_norm(query)
+                query = self.normed_heads(self.q_norm, query)
             if group > 1:
                 query, attention_mask = queries_per_source(query, attention_mask, group)
         else:

@@ -7,11 +7,18 @@ seed 004 "pre- vs post-norm", "parallel layers").
     parallel  x + Attn(N1(x)) + MLP(N2(x)); final norm                            (GPT-NeoX, Falcon-40B)
     parallel_shared_norm  x + Attn(N(x)) + MLP(N(x)): one norm for both; final norm  (GPT-J, Falcon-7B, Phi)
     deepnorm  N(α·x + Attn(x)); then N(α·h + MLP(h)); Attn/MLP init scaled by β  (DeepNet, GLM-130B)
+    output    x + N(Attn(x)); then h + N(MLP(h)); final norm                      (OLMo 2, Swin Transformer V2)
+
+`output` is the OLMo 2 report's (2024) "reordered norm" (Swin Transformer V2's res-post-norm): the sandwich block
+without its input norms, each sub-layer's output normed before it joins the residual stream, which itself is never
+normed until the final norm.
 
 Norm parameter names are Llama's and Gemma2's (`input_layernorm`, `post_attention_layernorm`,
 `pre_feedforward_layernorm`, `post_feedforward_layernorm`); in the post-norm blocks the norm after the MLP is
-`post_feedforward_layernorm`. Each block's `mlp` is a sub-module built by `build_mlp`, so a layer can be dense or
-a mixture of experts without a block subclass per combination.
+`post_feedforward_layernorm`, and the output-norm block's two norms carry the sandwich block's (and OLMo 2's) names
+of the norms after its sub-layers, `post_attention_layernorm` and `post_feedforward_layernorm`. Each block's `mlp` is
+a sub-module built by `build_mlp`, so a layer can be dense or a mixture of experts without a block subclass per
+combination.
 """
 
 from __future__ import annotations
@@ -185,6 +192,32 @@ class SandwichNormBlock(DecoderBlock):
         return hidden_states, weights
 
 
+class OutputNormBlock(DecoderBlock):
+    """Each sub-layer reads the residual stream as it is and its output is normed before the add (OLMo 2). A
+    decoding step runs this forward: decode_block.py's fused step puts a norm before a product, not after it."""
+
+    def __init__(self, config, layer_idx: int) -> None:
+        super().__init__(config, layer_idx)
+        self.post_attention_layernorm = norm_from_config(config)
+        self.post_feedforward_layernorm = norm_from_config(config)
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
+        past_key_values: Cache | None = None,
+        position_bias: torch.Tensor | None = None,
+        **kwargs,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        attn_out, weights = self.attend(
+            hidden_states, attention_mask, position_embeddings, past_key_values, position_bias=position_bias, **kwargs
+        )
+        hidden_states = hidden_states + self.post_attention_layernorm(attn_out)
+        hidden_states = hidden_states + self.post_feedforward_layernorm(self.mlp(hidden_states))
+        return hidden_states, weights
+
+
 class ParallelBlock(DecoderBlock):
     """Attention and MLP read the same input: one residual add, and the two input GEMMs could be fused."""
 
@@ -270,12 +303,14 @@ BLOCKS: dict[str, type[DecoderBlock]] = {
     "parallel": ParallelBlock,
     "parallel_shared_norm": SharedNormParallelBlock,
     "deepnorm": DeepNormBlock,
+    "output": OutputNormBlock,
 }
 
 __all__ = [
     "BLOCKS",
     "DecoderBlock",
     "DeepNormBlock",
+    "OutputNormBlock",
     "ParallelBlock",
     "PostNormBlock",
     "PreNormBlock",

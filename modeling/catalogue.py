@@ -35,8 +35,12 @@ SEQ2SEQ_POSITION_SCHEMES = ("sinusoidal", "learned", "relative_bias", "none")
 NORM_TYPES = ("rms_norm", "offset_rms_norm", "layer_norm")  # offset: Gemma's (1 + w) gain
 
 # Where the norms sit around a layer's sub-layers (blocks.py for the decoder, seq2seq_layers.py for the stacks).
-DECODER_NORM_POSITIONS = ("pre", "post", "sandwich", "parallel", "parallel_shared_norm", "deepnorm")
+DECODER_NORM_POSITIONS = ("pre", "post", "sandwich", "parallel", "parallel_shared_norm", "deepnorm", "output")
 SEQ2SEQ_NORM_POSITIONS = ("post", "pre", "sandwich")
+
+# What QK-norm normalises: each head's queries and keys (Qwen3, Gemma3) or the whole q and k projections before they
+# are split into heads (OLMo 2; one gain per channel of the projection).
+QK_NORM_SCOPES = ("head", "projection")
 
 MLP_TYPES = ("gated", "plain")  # act(gate x) ⊙ up x (SwiGLU, GeGLU) | act(up x) (ReLU/GELU FFN)
 MLP_LAYER_TYPES = ("dense", "sparse")  # per-layer feed-forward: one MLP, or a mixture of experts
@@ -66,6 +70,7 @@ __all__ = [
     "NORM_TYPES",
     "POSITION_SCHEMES",
     "PositionScheme",
+    "QK_NORM_SCOPES",
     "SEQ2SEQ_NORM_POSITIONS",
     "SEQ2SEQ_POSITION_SCHEMES",
     "SINUSOIDAL_LAYOUTS",

@@ -27,6 +27,7 @@ from .catalogue import (
     MLP_WIDTH_RULES,
     NORM_TYPES,
     POSITION_SCHEMES,
+    QK_NORM_SCOPES,
     intermediate_size_from_rule,
 )
 from .validation import (
@@ -136,8 +137,10 @@ class DecoderConfig(PreTrainedConfig):
         norm_type (`str`, `"rms_norm"`): `"rms_norm"`, `"offset_rms_norm"` (Gemma's (1 + w) gain) or `"layer_norm"`.
         norm_position (`str`, `"pre"`): where the norms sit (blocks.py): `"pre"` (Llama), `"post"` (Vaswani et al.),
             `"sandwich"` (Gemma2), `"parallel"` (attention and MLP on the same input: GPT-NeoX, PaLM),
-            `"parallel_shared_norm"` (the parallel block with one norm for both: GPT-J, Falcon-7B, Phi) or
-            `"deepnorm"` (post-norm with DeepNet's α-weighted residual and β-scaled init).
+            `"parallel_shared_norm"` (the parallel block with one norm for both: GPT-J, Falcon-7B, Phi),
+            `"deepnorm"` (post-norm with DeepNet's α-weighted residual and β-scaled init) or `"output"` (no norm
+            before a sub-layer: its output is normed before the residual add, x + N(Attn(x)); OLMo 2's "reordered
+            norm", OLMo 2 report 2024, and Swin Transformer V2's res-post-norm; a final norm after the stack).
         norm_bias (`bool`, *optional*): a LayerNorm bias; None is True for `"layer_norm"`, False for the RMS norms.
         deepnorm_alpha / deepnorm_beta (`float`, *optional*): DeepNet's α and β; None is (2N)^¼ and (8N)^-¼.
         mlp_type (`str`, `"gated"`): `"gated"` = down(act(gate x) ⊙ up x) (SwiGLU with silu, GeGLU with gelu) or
@@ -161,7 +164,11 @@ class DecoderConfig(PreTrainedConfig):
             interleaved local/global layers); None follows `sliding_window`.
         prefix_lm (`bool`, False): bidirectional attention over a per-row prefix given as `prefix_lengths` to
             `forward` / `generate`, causal after it (seed 003).
-        use_qk_norm (`bool`, False): a `norm_type` norm over each head's queries and keys before RoPE (Qwen3).
+        use_qk_norm (`bool`, False): a `norm_type` norm of the queries and keys before RoPE (Qwen3, OLMo 2).
+        qk_norm_scope (`str`, `"head"`): what QK-norm normalises: `"head"` = each head's queries and keys, one gain of
+            `head_dim` shared by the heads (Qwen3); `"projection"` = the whole q and k projections before they are
+            split into heads, gains of `num_attention_heads * head_dim` and `num_key_value_heads * head_dim` (OLMo 2).
+            Only with `use_qk_norm=True`.
         query_pre_attn_scalar (`float`, *optional*): scores scaled by its -½ power instead of head_dim's (Gemma2).
         attn_logit_softcapping / final_logit_softcapping (`float`, *optional*): c · tanh(x / c) on the attention
             scores / the output logits (Gemma2). SDPA cannot cap scores: the default backend then falls back to
@@ -295,6 +302,7 @@ class DecoderConfig(PreTrainedConfig):
     layer_types: list[str] | None = None
     prefix_lm: bool = False
     use_qk_norm: bool = False
+    qk_norm_scope: str = "head"
     query_pre_attn_scalar: int | float | None = None
     attn_logit_softcapping: int | float | None = None
     final_logit_softcapping: int | float | None = None
@@ -541,6 +549,12 @@ def _validate_catalogue(config: Any) -> None:
     check_choice(config, "mlp_type", MLP_TYPES)
     check_choice(config, "mlp_width_rule", MLP_WIDTH_RULES)
     check_choice(config, "position_embedding_type", POSITION_SCHEMES)
+    check_choice(config, "qk_norm_scope", QK_NORM_SCOPES)
+    if config.qk_norm_scope != "head" and not config.use_qk_norm:
+        raise ValueError(
+            f"`qk_norm_scope`={config.qk_norm_scope!r} says what QK-norm normalises, but `use_qk_norm` is False: set "
+            "`use_qk_norm=True`, or leave `qk_norm_scope` at 'head'."
+        )
     check_positive(config, "mlp_width_multiple_of")
     check_non_negative(config, "lm_z_loss_coef")
     check_non_negative(config, "position_embedding_offset")

@@ -270,3 +270,29 @@ def test_an_instance_may_carry_its_own_rotary_kernel():
     torch.testing.assert_close(patched(hidden, (cos, sin))[0], plain(hidden, (cos, sin))[0])
     assert calls == [(2, config.num_attention_heads, 5, config.head_dim)]
     assert Attention.rotate is apply_rotary and "rotate" not in plain.__dict__
+
+
+@pytest.mark.parametrize("scope", ["head", "projection"])
+def test_qk_norm_normalises_each_head_or_the_whole_projection(scope):
+    """Per head (Qwen3), a head's normed queries ignore the other heads; over the projection (OLMo 2), one RMS per
+    token over all heads: queries (B, H, T, D) normed equal the q projection normed as one (B, T, H·D) vector."""
+    config = tiny_decoder_config(use_qk_norm=True, qk_norm_scope=scope)
+    attention = Attention(config, layer_idx=0).eval()
+    with torch.no_grad():
+        attention.q_norm.weight.uniform_(0.5, 1.5)
+    heads = torch.randn(2, 4, 3, 8)
+    loud = heads.clone()
+    loud[:, 0] *= 10.0  # only the first head changes
+    with torch.no_grad():
+        normed = attention.normed_heads(attention.q_norm, heads)
+        loud_normed = attention.normed_heads(attention.q_norm, loud)
+    if scope == "head":
+        assert attention.q_norm.weight.shape == (8,)
+        torch.testing.assert_close(normed[:, 1:], loud_normed[:, 1:])
+    else:
+        assert attention.q_norm.weight.shape == (4 * 8,) and attention.k_norm.weight.shape == (2 * 8,)
+        flat = heads.transpose(1, 2).reshape(2, 3, 32)
+        rms = flat.pow(2).mean(-1, keepdim=True).add(config.rms_norm_eps).sqrt()
+        expected = flat / rms * attention.q_norm.weight
+        assert_close_to_scale(normed, expected.view(2, 3, 4, 8).transpose(1, 2), rtol=1e-6)
+        assert not torch.allclose(normed[:, 1:], loud_normed[:, 1:])

@@ -10,6 +10,7 @@ from archlab import DecoderForCausalLM
 from archlab.modeling.blocks import (
     BLOCKS,
     DeepNormBlock,
+    OutputNormBlock,
     ParallelBlock,
     PostNormBlock,
     PreNormBlock,
@@ -47,6 +48,9 @@ REFERENCES = {
         + L.post_feedforward_layernorm(_mlp(L, L.pre_feedforward_layernorm(h)))
     ),
     "parallel": lambda L, x: x + _attn(L, L.input_layernorm(x)) + _mlp(L, L.post_attention_layernorm(x)),
+    "output": lambda L, x: (
+        (h := x + L.post_attention_layernorm(_attn(L, x))) + L.post_feedforward_layernorm(_mlp(L, h))
+    ),
 }
 
 
@@ -90,8 +94,17 @@ def test_final_norm_only_where_the_stack_ends_unnormalised():
         ParallelBlock,
         SharedNormParallelBlock,
         DeepNormBlock,
+        OutputNormBlock,
     } == set(BLOCKS.values())
-    expected_norms = {"pre": 2, "post": 2, "sandwich": 4, "parallel": 2, "parallel_shared_norm": 1, "deepnorm": 2}
+    expected_norms = {
+        "pre": 2,
+        "post": 2,
+        "sandwich": 4,
+        "parallel": 2,
+        "parallel_shared_norm": 1,
+        "deepnorm": 2,
+        "output": 2,
+    }
     for placement, count in expected_norms.items():
         layer = BLOCKS[placement](tiny_decoder_config(), 0)
         assert sum("layernorm" in name for name, _ in layer.named_children()) == count

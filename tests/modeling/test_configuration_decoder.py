@@ -40,6 +40,14 @@ def test_round_trip_through_dict():
     assert again.to_dict() == config.to_dict()
 
 
+def test_a_config_saved_before_qk_norm_scope_keeps_per_head_qk_norm():
+    values = tiny_decoder_config(use_qk_norm=True).to_dict()
+    del values["qk_norm_scope"]
+    config = DecoderConfig.from_dict(values)
+    assert config.qk_norm_scope == "head"
+    assert DecoderForCausalLM(config).model.layers[0].self_attn.q_norm.weight.shape == (config.head_dim,)
+
+
 @pytest.mark.parametrize(
     "overrides, field",
     [
@@ -146,6 +154,7 @@ def test_an_odd_head_dim_builds_without_rope(positions):
         (dict(layer_types=["full_attention"]), r"`layer_types` has 1 entries but `num_hidden_layers` is 2"),
         (dict(rope_parameters={"rope_type": "linear", "factor": 0.0}), r"`rope_parameters\['factor'\]`"),
         (dict(num_experts=2, num_experts_per_tok=3, mlp_layer_types=["sparse"] * 2), r"`num_experts_per_tok` \(3\)"),
+        (dict(qk_norm_scope="projection"), r"`qk_norm_scope`='projection'.*`use_qk_norm` is False"),
     ],
 )
 def test_from_pretrained_overrides_fail_as_at_construction(tmp_path, overrides, message):
@@ -225,7 +234,12 @@ def test_rope_type_is_checked_at_construction():
     ("overrides", "message"),
     [
         (dict(norm_type="batch_norm"), r"`norm_type`='batch_norm'.*'rms_norm'.*'layer_norm'"),
-        (dict(norm_position="middle"), r"`norm_position`.*'pre'.*'post'.*'sandwich'.*'parallel'.*'deepnorm'"),
+        (
+            dict(norm_position="middle"),
+            r"`norm_position`.*'pre'.*'post'.*'sandwich'.*'parallel'.*'deepnorm'.*'output'",
+        ),
+        (dict(use_qk_norm=True, qk_norm_scope="layer"), r"`qk_norm_scope`='layer'.*allowed values: 'head', 'proj"),
+        (dict(qk_norm_scope="projection"), r"`qk_norm_scope`='projection'.*`use_qk_norm` is False"),
         (dict(mlp_type="swish"), r"`mlp_type`.*'gated'.*'plain'"),
         (dict(position_embedding_type="xpos"), r"`position_embedding_type`.*'rope'.*'alibi'.*'relative_bias'"),
         (dict(intermediate_size=None, mlp_width_rule="3d"), r"`mlp_width_rule`.*'4d'.*'8/3d'"),

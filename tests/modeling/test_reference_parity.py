@@ -2,7 +2,8 @@
 
 Mistral (sliding window, sequences longer than the window), Gemma2 (sandwich norm, (1 + w) RMSNorm, sqrt(d)
 embedding scale, GeGLU, attention and final soft-capping, interleaved local/global layers), Qwen3 (QK-norm),
-GPT-NeoX (parallel block, partial rotary, LayerNorm, biases) and BLOOM (ALiBi, embedding LayerNorm).
+OLMo 2 (each sub-layer's output normed before the residual add, QK-norm over the whole projections), GPT-NeoX
+(parallel block, partial rotary, LayerNorm, biases) and BLOOM (ALiBi, embedding LayerNorm).
 """
 
 import pytest
@@ -16,6 +17,8 @@ from transformers import (
     GPTNeoXForCausalLM,
     MistralConfig,
     MistralForCausalLM,
+    Olmo2Config,
+    Olmo2ForCausalLM,
     Qwen3Config,
     Qwen3ForCausalLM,
 )
@@ -198,6 +201,44 @@ def test_qwen3_qk_norm_logits(attn):
     model = DecoderForCausalLM(config).eval()
     model.load_state_dict(reference.state_dict(), strict=True)
     _assert_logits_match(model, reference)
+
+
+# --- OLMo 2: output norms, QK-norm over the projections -------------------------------------------------------------
+
+
+def _olmo2_pair(attn):
+    """A 16-wide head (not hidden / heads = 8: Olmo2's attention reads `head_dim` from its config), GQA, every norm
+    gain perturbed (the QK-norm's one per channel of the projection)."""
+    shape = dict(BASE, intermediate_size=64, num_key_value_heads=2)
+    reference = Olmo2ForCausalLM(Olmo2Config(**shape, head_dim=16, attn_implementation=attn)).eval()
+    with torch.no_grad():
+        for name, p in reference.named_parameters():
+            if "norm" in name:
+                p.normal_(1, 0.3)
+    config = DecoderConfig(
+        **shape,
+        head_dim=16,
+        norm_position="output",
+        use_qk_norm=True,
+        qk_norm_scope="projection",
+        rope_parameters=reference.config.rope_parameters,
+        rms_norm_eps=reference.config.rms_norm_eps,
+        attn_implementation=attn,
+    )
+    model = DecoderForCausalLM(config).eval()
+    model.load_state_dict(reference.state_dict(), strict=True)
+    assert model.model.layers[0].self_attn.q_norm.weight.shape == (4 * 16,)
+    return model, reference
+
+
+@pytest.mark.parametrize("attn", ["eager", "sdpa"])
+def test_olmo2_output_norm_and_projection_qk_norm_logits(attn):
+    _assert_logits_match(*_olmo2_pair(attn))
+
+
+@pytest.mark.parametrize("cache", ["dynamic", "static"])
+def test_olmo2_generation(cache):
+    _assert_generation_matches(*_olmo2_pair("sdpa"), cache=cache)
 
 
 # --- GPT-NeoX: parallel attention + MLP, partial rotary ------------------------------------------------------------
