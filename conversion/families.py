@@ -1,11 +1,11 @@
 """The families the converter knows: one `Family` row each, by `model_type`.
 
-The Llama-like decoders (Llama, Mistral, Mixtral, Gemma, Gemma2, Qwen2, Qwen2-MoE, Qwen3, Qwen3-MoE) differ from Llama
-only in which config fields they have and what they fix; their weights have archlab's names already (archlab uses
-Llama's and Gemma2's), except the per-expert modules of Mixtral's, Qwen2-MoE's and Qwen3-MoE's saved checkpoints
-(`experts.py`). The decoders with their own names, fused q/k/v and Conv1D weights (GPT-2, OpenAI-GPT, GPT-NeoX, Falcon,
-BLOOM, MPT) live in `fused_decoders.py`, StableLM, Phi and OPT in `layernorm_decoders.py`, Phi-3 (fused q/k/v and
-gate/up) in `phi3.py`, the encoder-decoders in `marian.py`, `bart.py` and `t5.py`, BERT and RoBERTa (as
+The Llama-like decoders (Llama, Mistral, Mixtral, Gemma, Gemma2, Qwen2, Qwen2-MoE, Qwen3, Qwen3-MoE, OLMo 2) differ from
+Llama only in which config fields they have and what they fix; their weights have archlab's names already (archlab uses
+Llama's, Gemma2's and OLMo 2's), except the per-expert modules of Mixtral's, Qwen2-MoE's and Qwen3-MoE's saved
+checkpoints (`experts.py`). The decoders with their own names, fused q/k/v and Conv1D weights (GPT-2, OpenAI-GPT,
+GPT-NeoX, Falcon, BLOOM, MPT) live in `fused_decoders.py`, StableLM, Phi and OPT in `layernorm_decoders.py`, Phi-3
+(fused q/k/v and gate/up) in `phi3.py`, the encoder-decoders in `marian.py`, `bart.py` and `t5.py`, BERT and RoBERTa (as
 `EncoderForMaskedLM`) in `bert.py` and `roberta.py`.
 """
 
@@ -28,6 +28,8 @@ from transformers import (
     MistralForCausalLM,
     MixtralConfig,
     MixtralForCausalLM,
+    Olmo2Config,
+    Olmo2ForCausalLM,
     PreTrainedConfig,
     Qwen2Config,
     Qwen2ForCausalLM,
@@ -155,6 +157,13 @@ QWEN3_MOE_FIELDS = {
     ),
     "num_experts": "num_local_experts",
 }
+
+# OLMo 2: Llama's fields without mlp_bias (its MLP never has one) and head_dim (no such field, but its attention and
+# RoPE read one from config.json: `_olmo2_to_archlab`); each sub-layer's output normed before the residual add
+# (`post_attention_layernorm`, `post_feedforward_layernorm`, archlab's "output" placement) and QK-norm over the whole
+# q and k projections (`q_norm` of num_heads · head_dim, `k_norm` of num_kv_heads · head_dim), always.
+OLMO2_FIELDS = tuple(name for name in LLAMA_FIELDS if name not in ("mlp_bias", "head_dim"))
+OLMO2_IMPLIED = {"norm_position": "output", "use_qk_norm": True, "qk_norm_scope": "projection"}
 
 
 def experts_in_every_layer(config: PreTrainedConfig, architecture: str) -> None:
@@ -302,6 +311,16 @@ def _qwen3_moe_to_archlab(stock: PreTrainedConfig, values: Mapping[str, Any]) ->
     return {"head_dim": head_dim, "mlp_layer_types": _sparse_layers(stock), "sliding_window": stock.sliding_window}
 
 
+def _olmo2_to_archlab(stock: PreTrainedConfig, values: Mapping[str, Any]) -> dict[str, Any]:
+    """The head size config.json gives (Olmo2Config has no such field; its attention and RoPE read it), else
+    hidden / heads."""
+    return {"head_dim": values.get("head_dim") or stock.hidden_size // stock.num_attention_heads}
+
+
+def _olmo2_from_archlab(config: PreTrainedConfig) -> dict[str, Any]:
+    return {"head_dim": config.head_dim}
+
+
 def _qwen3_moe_from_archlab(config: PreTrainedConfig) -> dict[str, Any]:
     wrong = {}
     if config.num_local_experts > 0 and config.shared_expert_intermediate_size > 0:
@@ -434,6 +453,16 @@ FAMILIES: dict[str, Family] = {
             expressible=frozenset({"head_dim", "mlp_layer_types", "layer_types", "qkv_bias", "router_z_loss_coef"}),
             layout=QWEN2_MOE_LAYOUT,
         ),
+        Family(
+            Olmo2Config,
+            Olmo2ForCausalLM,
+            DecoderForCausalLM,
+            fields=same(*OLMO2_FIELDS),
+            implied=OLMO2_IMPLIED,
+            to_archlab=_olmo2_to_archlab,
+            from_archlab=_olmo2_from_archlab,
+            expressible=frozenset({"head_dim"}),
+        ),
         *FUSED_DECODERS,
         *LAYERNORM_DECODERS,
         PHI3,
@@ -460,6 +489,7 @@ IGNORES_PARTIAL_ROTARY = (
     "qwen3_moe",
     "gemma",
     "gemma2",
+    "olmo2",
     "falcon",
 )
 READS_UNDECLARED_HEAD_DIM = ("phi3", "stablelm", "gpt_neox")
@@ -507,6 +537,7 @@ __all__ = [
     "LLAMA_FIELDS",
     "MISTRAL_FIELDS",
     "MIXTRAL_FIELDS",
+    "OLMO2_FIELDS",
     "QWEN3_FIELDS",
     "QWEN3_MOE_FIELDS",
 ]

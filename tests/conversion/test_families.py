@@ -31,6 +31,7 @@ from transformers import (
     MixtralConfig,
     MptConfig,
     MT5Config,
+    Olmo2Config,
     OpenAIGPTConfig,
     OPTConfig,
     Phi3Config,
@@ -205,6 +206,18 @@ CASES = {
             "shared_expert_intermediate_size": 0,
             "norm_topk_prob": True,
             "layer_types": ["sliding_attention"] * 3,
+        },
+    ),
+    # each sub-layer's output normed, QK-norm over the whole projections; a head size config.json gives (Olmo2Config
+    # has no such field; its attention and RoPE read it), biases on q/k/v/o
+    "olmo2": (
+        Olmo2Config(**{**LLAMA_LIKE, "head_dim": 16}, attention_bias=True),
+        {
+            "norm_position": "output",
+            "use_qk_norm": True,
+            "qk_norm_scope": "projection",
+            "head_dim": 16,
+            "attention_bias": True,
         },
     ),
     "gemma": (
@@ -668,6 +681,10 @@ NOT_EXPRESSIBLE = {
     "gemma": ({"norm_type": "rms_norm"}, ["norm_type"]),
     "gemma2": ({"norm_position": "pre"}, ["norm_position"]),
     "gemma3_text": ({"use_qk_norm": False, "norm_position": "pre"}, ["use_qk_norm", "norm_position"]),
+    "olmo2": (
+        {"norm_position": "sandwich", "use_qk_norm": False, "qk_norm_scope": "head"},
+        ["norm_position", "use_qk_norm", "qk_norm_scope"],
+    ),
     "gpt_neox": ({"num_key_value_heads": 2}, ["num_key_value_heads"]),
     "falcon": ({"norm_position": "pre", "num_key_value_heads": 2}, ["norm_position", "num_key_value_heads"]),
     "bloom": ({"intermediate_size": 96}, ["intermediate_size"]),
@@ -748,6 +765,10 @@ ALSO_NOT_EXPRESSIBLE = {
         {"query_pre_attn_scalar": 12.5},
         ["query_pre_attn_scalar", "Gemma3ForCausalLM"],
     ),
+    # OLMo 2 norms the whole q and k projections, and its MLP has no bias
+    "olmo2-per-head-qk-norm": ("olmo2", "olmo2", {"qk_norm_scope": "head"}, ["qk_norm_scope"]),
+    "olmo2-mlp-bias": ("olmo2", "olmo2", {"mlp_bias": True}, ["mlp_bias"]),
+    "olmo2-partial-rotary": ("olmo2", "olmo2", {"rope_parameters": ROPE_25}, ["partial_rotary_factor"]),
     "gemma2-fractional-scalar": ("gemma2", "gemma2", {"query_pre_attn_scalar": 12.5}, ["query_pre_attn_scalar"]),
     # what Bart keeps (no d_kv) is no valid config on its own: a ConversionError naming the field, not a ValueError
     "bart-head-size": (
@@ -908,6 +929,7 @@ NOT_IMPORTABLE = {
         ["shared_expert_intermediate_size"],
     ),
     "qwen3_moe-partial-rotary": (Qwen3MoeConfig(**QWEN2_SHAPE, rope_parameters=ROPE_25), ["partial_rotary_factor"]),
+    "olmo2-partial-rotary": (Olmo2Config(**QWEN2_SHAPE, rope_parameters=ROPE_25), ["partial_rotary_factor"]),
     "stablelm-qk-layernorm": (StableLmConfig(**QWEN2_SHAPE, qk_layernorm=True), ["qk_layernorm"]),
     "opt-350m": (OPTConfig(**OPT_SHAPE, word_embed_proj_dim=16, do_layer_norm_before=False), ["word_embed_proj_dim"]),
     "opt-no-final-norm": (
