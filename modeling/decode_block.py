@@ -21,10 +21,12 @@ Liger's). A dense layer's MLP joins where it is a SiLU `GatedMLP` with gate/up l
 experts' where triton_moe.py's kernels take its experts (`MOE_DECODE_DEVICES`) and it has no shared expert: RMSNorm
 inside the router's GEMV and inside the experts' gate/up kernel, the residual added by their down kernel (two
 launches and the router's top-k beside the experts'); otherwise it keeps its MLP (and its norm), the attention half
-fused. A parallel block's MLP reads the block's input and
-adds its output after the attention's (GPT-J's shared norm is computed inside both input GEMVs). Everything else runs
-the block's own forward. `FUSED_BLOCK_DEVICES` is empty until `--suite cuda-tuning`'s row measures it on a GPU; on
-CPU the tests run the kernels through Triton's interpreter against the block's forward.
+fused. A parallel block's MLP reads the block's input and adds its output after the attention's (GPT-J's shared norm is
+computed inside both input GEMVs). Everything else runs the block's own forward: the post-norm, DeepNorm, sandwich and
+output-norm (OLMo 2) blocks norm a product's output, where these kernels put a norm before a product, so their forwards
+never ask. QK-norm, per head or over the whole projection, is the attention's `position_and_cache`, which the fused
+step calls as the attention does. `FUSED_BLOCK_DEVICES` is empty until `--suite cuda-tuning`'s row measures it on a
+GPU; on CPU the tests run the kernels through Triton's interpreter against the block's forward.
 """
 
 from __future__ import annotations

@@ -120,6 +120,9 @@ DECODER_VARIANTS = {
     "prefix_lm": dict(prefix_lm=True),
     "prefix_lm_alibi": dict(prefix_lm=True, position_embedding_type="alibi"),
     "softcapping_eager_attention": dict(attn_logit_softcapping=2.0, final_logit_softcapping=5.0),  # no sdpa here
+    # OLMo 2's two choices: each sub-layer's output normed before the residual add, QK-norm over the projections
+    "output_norm": dict(norm_position="output"),
+    "qk_norm_over_projection": dict(use_qk_norm=True, qk_norm_scope="projection"),
     "moe": dict(num_local_experts=4, num_experts_per_tok=2),
     "moe_shared_expert_dense_sparse": dict(
         num_local_experts=4,

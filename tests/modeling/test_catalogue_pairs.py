@@ -36,7 +36,8 @@ WINDOW = 4
 CONCERNS: dict[str, dict[str, dict]] = {
     "norm": {"layer_norm": dict(norm_type="layer_norm"), "offset_rms_norm": dict(norm_type="offset_rms_norm")},
     "placement": {
-        name: dict(norm_position=name) for name in ("post", "sandwich", "parallel", "parallel_shared_norm", "deepnorm")
+        name: dict(norm_position=name)
+        for name in ("post", "sandwich", "parallel", "parallel_shared_norm", "deepnorm", "output")
     },
     "mlp": {
         "relu": dict(mlp_type="plain", hidden_act="relu"),
@@ -73,6 +74,7 @@ CONCERNS: dict[str, dict[str, dict]] = {
     "prefix": {"prefix_lm": dict(prefix_lm=True)},
     "stability": {
         "qk_norm": dict(use_qk_norm=True),
+        "qk_norm_over_projection": dict(use_qk_norm=True, qk_norm_scope="projection"),
         "softcapping": dict(attn_logit_softcapping=2.0, final_logit_softcapping=5.0),
         "query_pre_attn_scalar": dict(query_pre_attn_scalar=16),
     },

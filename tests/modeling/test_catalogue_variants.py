@@ -17,6 +17,7 @@ VARIANTS = {
     "sandwich_norm": dict(norm_position="sandwich"),
     "parallel_block": dict(norm_position="parallel", norm_type="layer_norm"),
     "deepnorm": dict(norm_position="deepnorm", norm_type="layer_norm"),
+    "output_norm": dict(norm_position="output"),
     "relu_mlp": dict(
         mlp_type="plain", hidden_act="relu", intermediate_size=None, mlp_width_rule="4d", mlp_width_multiple_of=8
     ),
@@ -46,6 +47,7 @@ VARIANTS = {
         position_embedding_type="alibi", sliding_window=4, layer_types=["sliding_attention", "full_attention"]
     ),
     "qk_norm": dict(use_qk_norm=True),
+    "qk_norm_over_projection": dict(use_qk_norm=True, qk_norm_scope="projection"),
     "softcapping": dict(attn_logit_softcapping=2.0, final_logit_softcapping=5.0),
     "scaled_embedding_layernorm": dict(scale_embedding=True, embedding_layernorm=True),
     "z_loss": dict(lm_z_loss_coef=1e-3),

@@ -80,10 +80,10 @@ def test_generate_batch_gives_the_stock_twins_tokens(kind, attn, device):
 @pytest.mark.parametrize("name", [*RUN, "qk_norm"])
 def test_generate_batch_gives_each_prompts_generate_tokens(name, batching):
     """Every variant continuous batching runs (RoPE of the other types, learned / sinusoidal / no positions, sliding
-    and interleaved windows, soft-capping, MoE, QK-norm): per request the tokens of `generate` on its prompt alone,
-    whether the prompts are prefilled at once or in chunks beside other requests' decoding steps. Learned and
-    sinusoidal tables give the packed rows' `position_ids`, so they are read (positions counted from 0 over the packed
-    row would give other tokens)."""
+    and interleaved windows, soft-capping, MoE, QK-norm per head and over the projections, OLMo 2's output norms): per
+    request the tokens of `generate` on its prompt alone, whether the prompts are prefilled at once or in chunks beside
+    other requests' decoding steps. Learned and sinusoidal tables give the packed rows' `position_ids`, so they are
+    read (positions counted from 0 over the packed row would give other tokens)."""
     fields = dict(use_qk_norm=True) if name == "qk_norm" else DECODER_VARIANTS[name]
     model = randomised(DecoderForCausalLM(tiny_decoder_config(**fields)))
     assert _batched(model, batching) == _one_by_one(model)

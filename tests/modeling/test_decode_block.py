@@ -31,10 +31,12 @@ from triton_interpreter import (
 )
 
 MOE = dict(num_local_experts=4, num_experts_per_tok=2)
-# every decoder variant of the catalogue's tests (all pre-norm, RMSNorm: position schemes, RoPE types, sliding and
-# prefix-LM masks, soft-capping, mixtures of experts), biases, QK-norm, and the parallel blocks
+# every decoder variant of the catalogue's tests (RMSNorm: position schemes, RoPE types, sliding and prefix-LM masks,
+# soft-capping, mixtures of experts, QK-norm over the projections), biases, QK-norm, and the parallel blocks; the
+# output-norm block never takes the fused step (`test_an_output_norm_layer_s_step_runs_the_block_s_forward`)
+UNFUSED_PLACEMENTS = {"output_norm"}
 VARIANTS = {
-    **DECODER_VARIANTS,
+    **{name: fields for name, fields in DECODER_VARIANTS.items() if name not in UNFUSED_PLACEMENTS},
     "biases": dict(attention_bias=True, mlp_bias=True),
     "qk_norm": dict(use_qk_norm=True),
     **{position: dict(norm_position=position) for position in ("parallel", "parallel_shared_norm")},
@@ -76,6 +78,20 @@ def test_the_fused_step_applies_only_to_plain_pre_norm_layers_of_a_few_rows(monk
     with inference_projections(model, force=True):
         monkeypatch.setattr(decode_block, "FUSED_BLOCK_DEVICES", (DEVICE,))
         assert not fused_block_applies(layer, step)  # gradients recorded: the kernels have no backward
+
+
+def test_an_output_norm_layer_s_step_runs_the_block_s_forward(monkeypatch):
+    """OLMo 2's placement norms the attention's and the MLP's outputs, where the kernels put a norm before a product and
+    a residual after it: a decoding step of such a layer runs the block's own forward, wherever the fused step is on."""
+    monkeypatch.setattr(triton_gemv, "triton", object())  # as where Triton is installed
+    monkeypatch.setattr(decode_block, "FUSED_BLOCK_DEVICES", (DEVICE,))
+    calls = _counted_calls(monkeypatch)
+    model = _model(norm_position="output")
+    ids = torch.randint(3, model.config.vocab_size, (2, 6), generator=torch.Generator().manual_seed(0)).to(DEVICE)
+    with torch.no_grad(), inference_projections(model, force=True):
+        prefix = model(ids[:, :5], use_cache=True)
+        step = model(ids[:, 5:], past_key_values=prefix.past_key_values).logits
+    assert calls == [] and torch.isfinite(step).all()
 
 
 def _laid_out(model):
