@@ -219,15 +219,22 @@ class DecoderConfig(PreTrainedConfig):
     keys_to_ignore_at_inference = ["past_key_values", "cache"]  # the cache under its names before and from 5.24
     # Mixtral's alias: code written for transformers 5's MoE configs (TRL's load-balancing loss) reads `num_experts`.
     attribute_map = {"num_experts": "num_local_experts"}
-    base_model_tp_plan = {
-        "layers.*.self_attn.q_proj": "colwise",
-        "layers.*.self_attn.k_proj": "colwise",
-        "layers.*.self_attn.v_proj": "colwise",
-        "layers.*.self_attn.o_proj": "rowwise",
-        "layers.*.mlp.gate_proj": "colwise",
-        "layers.*.mlp.up_proj": "colwise",
-        "layers.*.mlp.down_proj": "rowwise",
-    }
+
+    @property
+    def base_model_tp_plan(self) -> dict[str, str]:
+        """Tensor parallelism for `from_pretrained(..., tp_plan="auto")`: Llama's plan (q/k/v and gate/up split by
+        output columns, o/down by input rows: each rank runs whole heads and a slice of the MLP). A QK-norm over the
+        whole projections (`qk_norm_scope="projection"`) needs every head of a token: as OLMo 2's plan, q/k/v are
+        gathered after their split product and the output projection splits its input again."""
+        attention = {"q_proj": "colwise", "k_proj": "colwise", "v_proj": "colwise", "o_proj": "rowwise"}
+        if self.use_qk_norm and self.qk_norm_scope == "projection":
+            attention = {name: "colwise_gather_output" for name in ("q_proj", "k_proj", "v_proj")}
+            attention["o_proj"] = "rowwise_split_input"
+        plan = {f"layers.*.self_attn.{name}": style for name, style in attention.items()}
+        plan.update({"layers.*.mlp.gate_proj": "colwise", "layers.*.mlp.up_proj": "colwise"})
+        plan["layers.*.mlp.down_proj"] = "rowwise"
+        return plan
+
     base_model_pp_plan = {
         "embed_tokens": (["input_ids"], ["inputs_embeds"]),
         "layers": (["hidden_states", "attention_mask"], ["hidden_states"]),

@@ -19,7 +19,7 @@ from archlab import DecoderForCausalLM, EncoderForMaskedLM, Seq2SeqForConditiona
 
 from distributed_launch import launch_batch, torchrun
 from distributed_worker import run_trainer
-from helpers import REPO, tiny_decoder_config, tiny_seq2seq_config
+from helpers import REPO, randomised, tiny_decoder_config, tiny_seq2seq_config
 
 # untied by default; `seq2seq_tied` below covers the tied head
 SEQ2SEQ = dict(decoder_start_token_id=0, tie_word_embeddings=False)
@@ -75,7 +75,7 @@ def test_shipped_launcher_configs_parse():
         assert config.get_value("zero_optimization.stage") == stage
 
 
-@pytest.mark.parametrize("norm_position", ["pre", "post", "sandwich", "parallel", "deepnorm"])
+@pytest.mark.parametrize("norm_position", ["pre", "post", "sandwich", "parallel", "deepnorm", "output"])
 def test_fsdp_plans_and_accelerate_wrap_policy(norm_position):
     """What FSDP2 engines read from the model: transformers' plan keeps the LM head whole (Llama's rule), and
     accelerate's TRANSFORMER_BASED_WRAP finds every class in `_no_split_modules` (it raises on an absent one)."""
@@ -95,6 +95,18 @@ def test_fsdp_plans_and_accelerate_wrap_policy(norm_position):
     tied = DecoderForCausalLM(tiny_decoder_config(norm_position=norm_position, tie_word_embeddings=True))
     plan = _resolve_tied_embed_lm_head_plan(tied._fsdp_plan, tied)  # the shared weight is wrapped once, kept whole
     assert plan["model.embed_tokens"] == "keep_full_weight" and "lm_head" not in plan
+
+
+def test_qk_norm_over_the_projection_gathers_q_k_v_under_tensor_parallelism():
+    """Llama's plan splits q/k/v by heads; a QK-norm over the whole projection needs every head of a token, so its
+    plan is OLMo 2's: q/k/v gathered after the split product, the output projection's input split again."""
+    from transformers import LlamaConfig, Olmo2Config
+
+    assert tiny_decoder_config().base_model_tp_plan == LlamaConfig.base_model_tp_plan
+    assert tiny_decoder_config(use_qk_norm=True).base_model_tp_plan == LlamaConfig.base_model_tp_plan
+    projection = tiny_decoder_config(use_qk_norm=True, qk_norm_scope="projection")
+    assert projection.base_model_tp_plan == Olmo2Config.base_model_tp_plan
+    assert "base_model_tp_plan" not in projection.to_dict()
 
 
 def test_accelerate_groups_the_final_norm_with_the_head():
@@ -142,6 +154,7 @@ def test_trainer_data_parallel_matches_one_process(tmp_path, decoder_dir, launch
     torch.testing.assert_close(two["losses"], one["losses"], rtol=1e-4, atol=1e-5)
 
 
+TP_ONLY_OLMO2 = "tp_only_olmo2"  # a folder checked with tensor parallelism only
 # Heads tied to their input embeddings, checked with tensor parallelism only (see the test below).
 TIED_HEADS = {
     "decoder": lambda: DecoderForCausalLM(tiny_decoder_config(tie_word_embeddings=True)),
@@ -169,13 +182,16 @@ def launched(tmp_path_factory, decoder_dir, seq2seq_dirs, moe_dir) -> dict:
         torch.manual_seed(0)
         build().save_pretrained(folder / f"tied_{name}")
     tied = [str(folder / f"tied_{name}") for name in TIED_HEADS]
+    torch.manual_seed(0)  # OLMo 2's blocks: QK-norm over the projections, under OLMo 2's tensor-parallel plan
+    olmo2 = tiny_decoder_config(norm_position="output", use_qk_norm=True, qk_norm_scope="projection")
+    randomised(DecoderForCausalLM(olmo2)).save_pretrained(folder / TP_ONLY_OLMO2)
     norm_positions = []
     for position in ("pre", "post"):
         torch.manual_seed(0)
         DecoderForCausalLM(tiny_decoder_config(norm_position=position)).save_pretrained(folder / position)
         norm_positions.append(str(folder / position))
     jobs = {
-        "sharded": ["sharded", decoder_dir, *seq2seq_dirs, moe_dir, "--tp_only", *tied],
+        "sharded": ["sharded", decoder_dir, *seq2seq_dirs, moe_dir, "--tp_only", *tied, str(folder / TP_ONLY_OLMO2)],
         "trainer": ["trainer", decoder_dir, "--output_dir", str(folder / "trainer")],
         "accelerate_fsdp2": ["accelerate_fsdp2", *norm_positions],
     }
@@ -189,7 +205,11 @@ def launched(tmp_path_factory, decoder_dir, seq2seq_dirs, moe_dir) -> dict:
 def test_tensor_parallel_and_fsdp2_match_one_process(launched, moe_dir):
     """Decoder, encoder-decoder (shared vocabulary; gated (packed) fc1; tied head), MoE decoder: TP logits and FSDP2
     training steps; for the MoE decoder also expert parallelism (each rank owns 2 of the 4 experts)."""
-    result = {name: entry for name, entry in launched["sharded"].items() if not name.startswith("tied_")}
+    result = {
+        name: entry
+        for name, entry in launched["sharded"].items()
+        if not name.startswith("tied_") and name != TP_ONLY_OLMO2
+    }
     assert len(result) == 5
     moe = result[os.path.basename(moe_dir)]
     assert moe["ep_local_experts"] == 2
@@ -217,6 +237,16 @@ def test_tensor_parallel_with_tied_heads_matches_one_process(launched):
         assert entry["tp_sharded"] and entry["tp_tied_head"], name
         assert entry["tp_logits"] <= 1e-4, name
         assert entry.get("tp_generate_equal", name == "masked_lm"), name
+
+
+@pytest.mark.slow
+def test_tensor_parallel_with_qk_norm_over_the_projection_matches_one_process(launched):
+    """OLMo 2's blocks under `tp_plan="auto"` (its plan: q/k/v gathered for the QK-norm over all heads, the output
+    projection's input split): logits and greedy generation equal one process."""
+    entry = launched["sharded"][TP_ONLY_OLMO2]
+    assert entry["tp_sharded"]
+    assert entry["tp_logits"] <= 1e-4
+    assert entry["tp_generate_equal"]
 
 
 @pytest.mark.slow
