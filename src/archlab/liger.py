@@ -15,13 +15,14 @@ function as the archlab module it replaces, for that module's configuration:
     LM head + cross-entropy in training          fused linear cross-entropy: no logits; head bias, Marian's
                                                  `final_logits_bias`, soft-capping and z-loss included
 
-Left as they are, and listed once in a log line: plain MLPs/FFNs (act(up x): no Liger kernel), gated FFNs with any
-other activation (exact-erf GELU included: Liger's GeGLU is the tanh form), LayerNorm without a bias, the routed
-experts of a mixture of experts (archlab's grouped GEMMs), the masked-LM head, and whatever the arguments switch off.
-Norms keep their gradient out of place (Liger's `in_place=False`): with sandwich and parallel blocks a norm's output
-gradient can be shared with the residual path. In one dtype the patched model computes what the plain one does, up to
-floating-point rounding; under autocast a norm or rotation whose input is already half precision returns half
-precision where archlab's promotes to the fp32 weight's dtype (as Liger does to Llama).
+Left as they are, and listed once in a log line: plain MLPs/FFNs (act(up x): no Liger kernel), gated FFNs with any other
+activation (exact-erf GELU included: Liger's GeGLU is the tanh form), LayerNorm without a bias, the routed experts of a
+mixture of experts (archlab's grouped GEMMs), the masked-LM head, and whatever the arguments switch off. Norms keep
+their gradient out of place (Liger's `in_place=False`): with sandwich, output-norm (OLMo 2) and parallel blocks a norm's
+output gradient can be shared with the residual path. QK-norm over the whole projection is the same RMSNorm over a wider
+last dimension (heads · head_dim), and takes the same kernel. In one dtype the patched model computes what the plain one
+does, up to floating-point rounding; under autocast a norm or rotation whose input is already half precision returns
+half precision where archlab's promotes to the fp32 weight's dtype (as Liger does to Llama).
 
 Patching swaps the module's `forward` on the instance (parameters, names, state dict and saved folders are
 unchanged; a saved and reloaded model is a plain one), sets `attention.rotate` for RoPE and

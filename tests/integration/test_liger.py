@@ -65,6 +65,9 @@ DECODERS = {
             "full_attention": PARTIAL_ROPE,
         },
     ),
+    # each sub-layer's output normed before the residual add (the norm's output gradient is the residual's), QK-norm
+    # over the whole projections
+    "olmo2-like": dict(norm_position="output", use_qk_norm=True, qk_norm_scope="projection"),
 }
 SEQ2SEQS = {
     "marian": {},  # post-LayerNorm with biases, ReLU FFN, `final_logits_bias`
@@ -137,6 +140,14 @@ def test_llama_recipe_gets_every_kernel() -> None:
     fresh = _decoder()  # the classes are untouched
     assert not any(hasattr(m, "liger_kernel") for m in fresh.modules())
     assert fresh.model.layers[0].self_attn.rotate is apply_rotary
+
+
+def test_olmo2_output_norms_and_projection_qk_norms_get_the_rms_norm_kernel() -> None:
+    model = _decoder(**DECODERS["olmo2-like"])
+    report = apply_liger_kernel_to_archlab(model)
+    layers = model.config.num_hidden_layers
+    assert report.applied["rms_norm"] == 4 * layers + 1 and not report.left_as_is  # 2 output norms, q_norm, k_norm
+    assert all(_patched(m) for m in model.modules() if isinstance(m, RMSNorm))
 
 
 def test_gemma_norms_and_geglu_get_their_kernels() -> None:
