@@ -222,6 +222,8 @@ def architecture_rows(config: dict[str, Any]) -> list[tuple[str, str]]:
         )
         if config.get(name)
     ]
+    if config.get("use_qk_norm") and config.get("qk_norm_scope", "head") != "head":  # OLMo 2's, over the projection
+        stability.insert(1, f"qk_norm_scope={config['qk_norm_scope']}")
     if stability:
         rows.append(("stability", ", ".join(stability)))
     rows.append(("vocabulary", str(config.get("vocab_size"))))

@@ -86,6 +86,13 @@ def test_architecture_table_follows_the_config(tmp_path):
     assert table["experts"] == "none (dense)"
 
 
+def test_architecture_rows_name_olmo2_s_norm_position_and_qk_norm_scope():
+    config = tiny_decoder_config(norm_position="output", use_qk_norm=True, qk_norm_scope="projection").to_dict()
+    rows = dict(architecture_rows(config))
+    assert rows["norm position"] == "output" and rows["stability"] == "use_qk_norm=True, qk_norm_scope=projection"
+    assert dict(architecture_rows(tiny_decoder_config(use_qk_norm=True).to_dict()))["stability"] == "use_qk_norm=True"
+
+
 def test_architecture_rows_read_missing_fields_with_defaults():
     rows = dict(
         architecture_rows(
