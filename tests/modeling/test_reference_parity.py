@@ -207,14 +207,13 @@ def test_qwen3_qk_norm_logits(attn):
 
 
 def _olmo2_pair(attn):
-    """A 16-wide head (not hidden / heads = 8: Olmo2's attention reads `head_dim` from its config), GQA, every norm
-    gain perturbed (the QK-norm's one per channel of the projection)."""
+    """A 16-wide head (not hidden / heads = 8: Olmo2's attention reads `head_dim` from its config), GQA, every weight
+    perturbed (the QK-norm's gains one per channel of the projection), so each norm's place and scope shows."""
     shape = dict(BASE, intermediate_size=64, num_key_value_heads=2)
     reference = Olmo2ForCausalLM(Olmo2Config(**shape, head_dim=16, attn_implementation=attn)).eval()
     with torch.no_grad():
         for name, p in reference.named_parameters():
-            if "norm" in name:
-                p.normal_(1, 0.3)
+            p.normal_(1.0 if "norm" in name else 0.0, 0.3)
     config = DecoderConfig(
         **shape,
         head_dim=16,
