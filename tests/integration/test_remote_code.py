@@ -70,6 +70,10 @@ VARIANTS = {
             final_logit_softcapping=30.0,
         ),
     ),
+    "olmo2-output-norm-projection-qknorm": (
+        "DecoderForCausalLM",
+        dict(norm_position="output", use_qk_norm=True, qk_norm_scope="projection"),
+    ),
     "seq2seq-pre-gated-relative": (
         "Seq2SeqForConditionalGeneration",
         dict(
