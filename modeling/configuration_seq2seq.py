@@ -231,6 +231,12 @@ class Seq2SeqConfig(PreTrainedConfig):
 
     def __post_init__(self, **kwargs: Any) -> None:
         check_field_types(self)
+        if kwargs.get("qk_norm_scope", "head") != "head":  # the attention reads it where a config has it
+            raise ValueError(
+                f"`qk_norm_scope`={kwargs['qk_norm_scope']!r} is a DecoderConfig field (OLMo 2's QK-norm over the "
+                "whole projection); the encoder-decoder's `use_qk_norm` normalises each head: leave `qk_norm_scope` "
+                "unset."
+            )
         self.decoder_vocab_size = self.decoder_vocab_size or self.vocab_size
         if self.encoder_key_value_heads is None:
             self.encoder_key_value_heads = self.encoder_attention_heads

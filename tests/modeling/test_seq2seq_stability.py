@@ -173,3 +173,6 @@ def test_backends_and_bad_values_are_refused():
     for name in ("attn_logit_softcapping", "final_logit_softcapping", "d_kv"):
         with pytest.raises(ValueError, match=f"`{name}` must be a positive"):
             Seq2SeqConfig(**{**CONFIG, name: 0})
+    # the decoder-only QK-norm over the whole projection: the shared attention would have read it, untested here
+    with pytest.raises(ValueError, match="`qk_norm_scope`='projection' is a DecoderConfig field"):
+        Seq2SeqConfig(**CONFIG, qk_norm_scope="projection")
