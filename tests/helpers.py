@@ -117,6 +117,14 @@ DECODER_VARIANTS = {
     **{f"all_{kind}": dict(sliding_window=WINDOW, layer_types=[kind, kind]) for kind in LAYER_TYPES},
     "local_global": dict(sliding_window=WINDOW, layer_types=list(LAYER_TYPES)),
     "alibi_local_global": dict(position_embedding_type="alibi", sliding_window=WINDOW, layer_types=list(LAYER_TYPES)),
+    "rope_per_layer_type": dict(  # Gemma3: local layers with their own base, the global ones scaled
+        sliding_window=WINDOW,
+        layer_types=list(LAYER_TYPES),
+        rope_parameters={
+            "sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+            "full_attention": {"rope_type": "linear", "rope_theta": 1e6, "factor": 2.0},
+        },
+    ),
     "prefix_lm": dict(prefix_lm=True),
     "prefix_lm_alibi": dict(prefix_lm=True, position_embedding_type="alibi"),
     "softcapping_eager_attention": dict(attn_logit_softcapping=2.0, final_logit_softcapping=5.0),  # no sdpa here
