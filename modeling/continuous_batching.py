@@ -28,6 +28,7 @@ except ImportError:  # a transformers release that keeps it elsewhere, or has no
     PagedAttentionCache = ()
 
 from .catalogue import POSITION_SCHEMES
+from .rotary import rope_types
 
 # rope types whose frequencies follow max(position_ids) + 1 of the whole forward (transformers' `dynamic_rope_update`)
 LENGTH_DEPENDENT_ROPE_TYPES = ("dynamic", "longrope")
@@ -38,15 +39,6 @@ def is_paged_cache(cache) -> bool:
     return isinstance(cache, PagedAttentionCache)
 
 
-def _rope_types(config) -> list[str]:
-    """The `rope_type` of each RoPE parameter set of `config` (flat, or one per layer type); [] without RoPE."""
-    parameters = getattr(config, "rope_parameters", None)
-    if getattr(config, "position_embedding_type", None) != "rope" or not isinstance(parameters, dict):
-        return []
-    sets = [value for value in parameters.values() if isinstance(value, dict)] or [parameters]
-    return [p.get("rope_type", p.get("type", "default")) for p in sets]
-
-
 def continuous_batching_refusal(config) -> str | None:
     """Why a decoder with `config` cannot run under continuous batching (one line), or None where it can."""
     position_type = getattr(config, "position_embedding_type", "rope")
@@ -55,7 +47,7 @@ def continuous_batching_refusal(config) -> str | None:
             f"`position_embedding_type`={position_type!r} adds a bias from each query's and key's position, which the "
             "paged attention's packed keys do not carry"
         )
-    length_dependent = sorted(set(_rope_types(config)) & set(LENGTH_DEPENDENT_ROPE_TYPES))
+    length_dependent = sorted(set(rope_types(config)) & set(LENGTH_DEPENDENT_ROPE_TYPES))
     if length_dependent:
         return (
             f"RoPE of rope_type {length_dependent[0]!r} picks its frequencies from the largest position of each "

@@ -65,6 +65,7 @@ from .compiled_prefill import check_compile_prefill
 from .decoding_loop import compiled_decoding_step, decode, loop_blocker
 from .fused_projections import inference_projections
 from .input_checks import check_special_token_ids, embedding_rows
+from .rotary import rope_types
 from .sinusoidal import check_generation_fits_the_table
 from .sliding_layers import (
     RING_MODES,
@@ -100,18 +101,9 @@ def decodes_compiled_by_default(device: torch.device) -> bool:
     return device.type == "cuda"
 
 
-def _rope_types(config) -> list[str]:
-    """The `rope_type` of each RoPE parameter set of `config` (flat, or one per layer type); [] without RoPE."""
-    parameters = getattr(config, "rope_parameters", None)
-    if getattr(config, "position_embedding_type", None) != "rope" or not isinstance(parameters, dict):
-        return []
-    sets = [value for value in parameters.values() if isinstance(value, dict)] or [parameters]
-    return [p.get("rope_type", p.get("type", "default")) for p in sets]
-
-
 def static_cache_blocker(config) -> str | None:
     """Why `config` cannot decode on the static, compiled path, or None when it can."""
-    if "dynamic" in _rope_types(config):
+    if "dynamic" in rope_types(config):
         return (
             "dynamic RoPE (rope_type 'dynamic') recomputes its frequencies from the sequence length inside every "
             "forward, which a compiled decoding step cannot follow"

@@ -28,6 +28,7 @@ from __future__ import annotations
 import torch
 
 from .cache_spans import SpannedLayer, self_attention_layers
+from .rotary import rope_types
 
 # The devices where the compiled prefill pads its prompts to buckets (and replays CUDA graphs where it can).
 PADDED_PREFILL_DEVICES: tuple[str, ...] = ("cuda",)
@@ -53,11 +54,9 @@ def bucket_length(length: int, limit: int, avoid: int | None = None) -> int:
 
 def pad_blocker(model, cache) -> str | None:
     """Why this model's prefill over `cache` is not padded, or None when it can be."""
-    from .fast_decoding import _rope_types
-
     if model.device.type not in PADDED_PREFILL_DEVICES:
         return f"not on {' or '.join(PADDED_PREFILL_DEVICES) or 'any device'}"
-    if any(rope in LENGTH_DEPENDENT_ROPE for rope in _rope_types(model.config)):
+    if any(rope in LENGTH_DEPENDENT_ROPE for rope in rope_types(model.config)):
         return "RoPE frequencies that follow the sequence's length"
     layers = self_attention_layers(cache) if cache is not None else []
     if not layers or not all(isinstance(layer, SpannedLayer) and layer.is_initialized for layer in layers):

@@ -132,6 +132,15 @@ class LayerTypeRotaryEmbeddings(nn.Module):
         return {kind: rotary(x, position_ids) for kind, rotary in self.per_type.items()}
 
 
+def rope_types(config) -> list[str]:
+    """The `rope_type` of each RoPE parameter set of `config` (flat, or one per layer type); [] without RoPE."""
+    parameters = getattr(config, "rope_parameters", None)
+    if getattr(config, "position_embedding_type", None) != "rope" or not isinstance(parameters, dict):
+        return []
+    sets = [value for value in parameters.values() if isinstance(value, dict)] or [parameters]
+    return [p.get("rope_type", p.get("type", "default")) for p in sets]
+
+
 def rotary_per_layer_type(config) -> bool:
     """Whether `rope_parameters` holds one parameter set per layer type."""
     parameters = config.rope_parameters
