@@ -137,7 +137,17 @@ def _positions(config: dict[str, Any], encoder_decoder: bool) -> str:
     if kind != "rope":
         return str(kind)
     rope = config.get("rope_parameters") or {}
-    text = f"RoPE ({rope.get('rope_type', 'default')}, theta={rope.get('rope_theta', 10000.0):g}"
+    per_layer_type = {name: value for name, value in rope.items() if isinstance(value, dict)}
+    if per_layer_type:  # one set per layer type (Gemma3's local and global bases)
+        return "RoPE per layer type: " + "; ".join(
+            f"{name} {_rope_set(value)}" for name, value in per_layer_type.items()
+        )
+    return f"RoPE {_rope_set(rope)}"
+
+
+def _rope_set(rope: dict[str, Any]) -> str:
+    """One RoPE parameter set: `(type, theta=..., partial ...)`."""
+    text = f"({rope.get('rope_type', 'default')}, theta={rope.get('rope_theta', 10000.0):g}"
     if rope.get("partial_rotary_factor", 1.0) != 1.0:
         text += f", partial {rope['partial_rotary_factor']:g}"
     return text + ")"

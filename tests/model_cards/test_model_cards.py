@@ -93,6 +93,16 @@ def test_architecture_rows_name_olmo2_s_norm_position_and_qk_norm_scope():
     assert dict(architecture_rows(tiny_decoder_config(use_qk_norm=True).to_dict()))["stability"] == "use_qk_norm=True"
 
 
+def test_architecture_rows_name_each_layer_type_s_rope():
+    rope = {"sliding_attention": {"rope_type": "default", "rope_theta": 1e4}, "full_attention": {"rope_theta": 1e6}}
+    config = tiny_decoder_config(
+        sliding_window=4, layer_types=["sliding_attention", "full_attention"], rope_parameters=rope
+    )
+    assert dict(architecture_rows(config.to_dict()))["positions"] == (
+        "RoPE per layer type: sliding_attention (default, theta=10000); full_attention (default, theta=1e+06)"
+    )
+
+
 def test_architecture_rows_read_missing_fields_with_defaults():
     rows = dict(
         architecture_rows(
