@@ -142,8 +142,9 @@ def rope_types(config) -> list[str]:
 
 
 def rotary_per_layer_type(config) -> bool:
-    """Whether `rope_parameters` holds one parameter set per layer type."""
-    parameters = config.rope_parameters
+    """Whether `rope_parameters` holds one parameter set per layer type (False for a config without it: the
+    encoder-decoder's and the masked LM's)."""
+    parameters = getattr(config, "rope_parameters", None)
     return isinstance(parameters, dict) and any(isinstance(value, dict) for value in parameters.values())
 
 

@@ -11,6 +11,7 @@ from transformers import (
     AutoModelForCausalLM,
     AutoModelForSequenceClassification,
     BertConfig,
+    BertForMaskedLM,
     BertForMultipleChoice,
     GPT2Config,
     GPT2ForQuestionAnswering,
@@ -241,6 +242,20 @@ def test_a_head_the_converter_does_not_convert_is_refused_by_name(model_class, n
     assert convert_script.main([str(tmp_path / "src"), str(tmp_path / "out")]) == 2
     assert named in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_a_masked_lm_converts_back_to_bert(tmp_path):
+    """An archlab folder without RoPE fields (the masked LM's, the encoder-decoder's) exports: the check for RoPE per
+    layer type read `rope_parameters`, which Seq2SeqConfig has not."""
+    torch.manual_seed(0)
+    reference = BertForMaskedLM(BertConfig(**TINY_BERT)).eval()
+    reference.save_pretrained(tmp_path / "bert")
+    convert_checkpoint(tmp_path / "bert", tmp_path / "arch")
+    convert_checkpoint(tmp_path / "arch", tmp_path / "back", to="bert")
+    back = BertForMaskedLM.from_pretrained(tmp_path / "back").eval()
+    ids = torch.randint(3, 97, (2, 7))
+    with torch.no_grad():
+        assert torch.equal(back(ids).logits, reference(ids).logits)
 
 
 def test_a_classifier_whose_pad_token_ends_the_text_is_warned_about_both_ways(tmp_path):
