@@ -125,8 +125,15 @@ class LayerTypeRotaryEmbeddings(nn.Module):
         self.per_type = nn.ModuleDict({kind: RotaryEmbedding(config, device, kind) for kind in layer_types})
 
     def warn_past_max_positions(self, position_ids: torch.Tensor, length: int | None = None) -> None:
+        """`RotaryEmbedding.warn_past_max_positions` of each layer type's set, once for the model: the first set to
+        warn silences the others."""
         for rotary in self.per_type.values():
+            warned = rotary.warned_past_max_positions
             rotary.warn_past_max_positions(position_ids, length)
+            if rotary.warned_past_max_positions and not warned:
+                for other in self.per_type.values():
+                    other.warned_past_max_positions = True
+                return
 
     def forward(self, x: torch.Tensor, position_ids: torch.Tensor) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
         return {kind: rotary(x, position_ids) for kind, rotary in self.per_type.items()}

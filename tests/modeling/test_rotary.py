@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import torch
 
 from archlab import DecoderForCausalLM
@@ -51,3 +53,15 @@ def test_mixed_layers_build_one_rotary_per_type_and_equal_sets_equal_one_flat_se
     flat, state = _logits(tiny_decoder_config(**MIXED, rope_parameters=LOCAL))
     same = tiny_decoder_config(**MIXED, rope_parameters={"sliding_attention": LOCAL, "full_attention": LOCAL})
     assert torch.equal(_logits(same, state)[0], flat)
+
+
+def test_positions_past_the_length_warn_once_for_all_layer_types(caplog):
+    config = tiny_decoder_config(
+        **MIXED, max_position_embeddings=8, rope_parameters={"sliding_attention": LOCAL, "full_attention": GLOBAL}
+    )
+    model = DecoderForCausalLM(config).eval()
+    with caplog.at_level(logging.WARNING, logger="archlab.modeling.rotary"), torch.no_grad():
+        model(torch.randint(3, 97, (1, 12)))
+        model(torch.randint(3, 97, (1, 12)))
+    warnings = [record.getMessage() for record in caplog.records if record.name.startswith("archlab")]
+    assert len(warnings) == 1 and "Position 11 is past" in warnings[0], warnings
