@@ -144,7 +144,8 @@ def fused_block_forward(
     block_input = hidden_states
     projected = gemv(hidden_states, *attention.fused_weights(), norm=block.input_layernorm)
     query, key, value = attention.split_heads(projected)
-    query, key, value = attention.position_and_cache(query, key, value, position_embeddings, past_key_values)
+    # (the keyword arguments as `Attention.forward` passes them: continuous batching's paged cache reads its indices)
+    query, key, value = attention.position_and_cache(query, key, value, position_embeddings, past_key_values, kwargs)
     heads, weights = attention.attend_heads(query, key, value, attention_mask, past_key_values, **kwargs)
     output = getattr(attention, attention.output_name)
     hidden_states = gemv(heads.reshape(batch, length, -1), output.weight, output.bias, residual=hidden_states)
