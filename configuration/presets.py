@@ -1,5 +1,6 @@
-"""Named decoder configurations: the shapes of seed 000's Table 5.1 that the catalogue can express, plus tiny and
-small sizes that train on a laptop CPU.
+"""Named decoder configurations: the shapes of seed 000's Table 5.1 that the catalogue can express, OLMo-2-1B (the
+reference model of the output-norm placement and the projection-wide QK-norm), plus tiny and small sizes that train
+on a laptop CPU.
 
 A preset is a starting point: `preset_config("mistral-7b", num_hidden_layers=2)` overrides any field. Shapes
 (layers, heads, widths, vocabulary, context, norm, positions, activation, block) follow the models' published
@@ -246,6 +247,20 @@ PRESETS: dict[str, dict[str, Any]] = {
         attn_logit_softcapping=50.0,
         final_logit_softcapping=30.0,
         rope_parameters=_rope(),
+    ),
+    # --- OLMo 2: each sub-layer's output normed before the residual add, QK-norm over the whole projections ---
+    "olmo-2-1b": dict(
+        _LLAMA,
+        vocab_size=100352,
+        hidden_size=2048,
+        num_hidden_layers=16,
+        num_attention_heads=16,
+        intermediate_size=8192,
+        max_position_embeddings=4096,
+        norm_position="output",
+        use_qk_norm=True,
+        qk_norm_scope="projection",
+        rope_parameters=_rope(500000.0),
     ),
     # --- parallel attention + MLP blocks ---
     "pythia-1.4b": dict(

@@ -37,12 +37,59 @@ def test_every_preset_is_a_valid_config_and_runs_shrunk(name):
 
 @pytest.mark.parametrize(
     ("name", "params"),
-    [("llama-2-7b", 6_738_415_616), ("llama-2-13b", 13_015_864_320), ("mistral-7b", 7_241_732_096)],
+    [
+        ("llama-2-7b", 6_738_415_616),
+        ("llama-2-13b", 13_015_864_320),
+        ("mistral-7b", 7_241_732_096),
+        ("olmo-2-1b", 1_484_916_736),
+    ],
 )
 def test_full_size_parameter_counts(name, params):
     with torch.device("meta"):
         model = DecoderForCausalLM(preset_config(name))
     assert sum(p.numel() for p in model.parameters()) == params
+
+
+# allenai/OLMo-2-0425-1B's config.json (the architecture fields; transformers 5 reads `rope_theta` into
+# `rope_parameters`)
+OLMO_2_1B = dict(
+    hidden_size=2048,
+    num_hidden_layers=16,
+    num_attention_heads=16,
+    num_key_value_heads=16,
+    intermediate_size=8192,
+    vocab_size=100352,
+    max_position_embeddings=4096,
+    rope_theta=500000,
+    rms_norm_eps=1e-6,
+    attention_bias=False,
+    hidden_act="silu",
+    tie_word_embeddings=False,
+    bos_token_id=None,
+    eos_token_id=100257,
+    pad_token_id=100277,
+)
+
+
+def test_olmo2_preset_is_the_published_model():
+    """The converter's reading of OLMo-2-1B's config.json is the preset (token ids aside: presets give shapes), and
+    the stock Olmo2ForCausalLM of that config.json has the preset model's parameters, name for name and shape for
+    shape."""
+    from transformers import Olmo2ForCausalLM
+
+    from archlab.conversion.families import FAMILIES
+
+    family = FAMILIES["olmo2"]
+    published = family.archlab_config(OLMO_2_1B).to_dict()
+    preset = preset_config("olmo-2-1b").to_dict()
+    token_ids = {"bos_token_id", "eos_token_id", "pad_token_id"}
+    assert {k: v for k, v in published.items() if k not in token_ids} == {
+        k: v for k, v in preset.items() if k not in token_ids
+    }
+    with torch.device("meta"):
+        stock = Olmo2ForCausalLM(family.stock_config(OLMO_2_1B))
+        ours = DecoderForCausalLM(preset_config("olmo-2-1b"))
+    assert {k: v.shape for k, v in ours.state_dict().items()} == {k: v.shape for k, v in stock.state_dict().items()}
 
 
 def test_overrides_and_errors():
