@@ -25,6 +25,9 @@ VARIANTS: dict[str, Variant] = {
     "deepnorm_no_warmup": Variant(dict(norm_position="deepnorm"), warmup=False, claim="DeepNorm stabilises post-norm"),
     "sandwich_norm": Variant(dict(norm_position="sandwich"), claim="sandwich norm (Gemma2)"),
     "parallel_block": Variant(dict(norm_position="parallel"), claim="parallel block: faster, little quality loss"),
+    "output_norm": Variant(
+        dict(norm_position="output"), claim="output norms (OLMo 2's reordered norm) train as well as pre-norm"
+    ),
     "gelu_mlp": Variant(
         dict(mlp_type="plain", hidden_act="gelu", intermediate_size=None, mlp_width_rule="4d"),
         claim="gated FFNs beat plain ones at equal parameters",
@@ -42,6 +45,10 @@ VARIANTS: dict[str, Variant] = {
     "gqa_2kv": Variant(dict(num_key_value_heads=2), claim="GQA shrinks the KV cache, little quality loss"),
     "mqa": Variant(dict(num_key_value_heads=1), claim="MQA shrinks the KV cache most"),
     "qk_norm_z_loss": Variant(dict(use_qk_norm=True, lm_z_loss_coef=1e-4), claim="stability tricks cost nothing"),
+    "qk_norm_over_projection": Variant(
+        dict(use_qk_norm=True, qk_norm_scope="projection"),
+        claim="QK-norm over the whole projection (OLMo 2) costs nothing",
+    ),
 }
 
 

@@ -45,6 +45,19 @@ def test_tiny_ablation_writes_table_json_and_plot(tmp_path):
     assert baseline["kv_bytes_per_token"] == 2 * 2 * 4 * 8 * 4  # K and V x layers x heads x head_dim x fp32
 
 
+def test_olmo2_rows_run_with_their_norms(tmp_path):
+    """The output-norm and projection-wide QK-norm rows train: output norms replace the input norms one for one, the
+    projection's gains add heads x head_dim = hidden for q and for k in every layer."""
+    tiny = ["--steps", "2", "--warmup_steps", "1", "--batch_size", "2", "--seq_len", "16", "--hidden_size", "32"]
+    tiny += ["--layers", "2", "--decode_tokens", "4", "--corpus_bytes", "200000", "--output_dir", str(tmp_path)]
+    results = ablate.main(["--variants", "baseline,output_norm,qk_norm_over_projection", *tiny])
+    baseline, output_norm, qk_norm = results
+    assert output_norm["parameters"] == baseline["parameters"]
+    assert output_norm["loss_curve"][0] != baseline["loss_curve"][0]  # same weights, the norms elsewhere
+    assert qk_norm["parameters"] == baseline["parameters"] + 2 * 2 * 32
+    assert "| output_norm |" in (tmp_path / "ablations.md").read_text()
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
