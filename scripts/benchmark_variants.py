@@ -3,9 +3,11 @@
 Two kinds of rows, each measured side by side with the benchmark harness (same weights, same inputs, alternating
 order, median of per-round ratios):
 - a variant against the Hugging Face model that has it, same weights: Mistral (sliding window), Gemma2 (sandwich
-  norm, soft-capping, interleaved layers; eager on both sides), Qwen3 (QK-norm), GPT-NeoX (parallel block, partial
-  rotary) and BLOOM (ALiBi: archlab on sdpa, BLOOM on its eager-only path);
-- a variant without a peer against archlab's own default (the LLaMA recipe), to show what the variant costs.
+  norm, soft-capping, interleaved layers; eager on both sides), Qwen3 (QK-norm), OLMo 2 (output norms, QK-norm over
+  the projections), GPT-NeoX (parallel block, partial rotary) and BLOOM (ALiBi: archlab on sdpa, BLOOM on its
+  eager-only path);
+- a variant against archlab's own default (the LLaMA recipe), to show what the variant costs: those without a peer,
+  and OLMo 2's two fields one at a time (its peer row has both).
 A ratio > 1 means the archlab variant is faster than what it is compared with.
 """
 
@@ -23,7 +25,7 @@ from archlab.training.benchmarking import Report, Row, compare_speed, make_optim
 POSITIONS = SUITE_POSITIONS["variants"]
 
 
-def _shape(quick: bool) -> dict:
+def suite_shape(quick: bool) -> dict:
     if quick:
         return dict(vocab_size=1024, hidden_size=128, num_hidden_layers=2, num_attention_heads=4)
     return dict(vocab_size=8192, hidden_size=512, num_hidden_layers=8, num_attention_heads=8)
@@ -40,6 +42,8 @@ def _peers(shape: dict, seq_len: int) -> list[tuple[str, torch.nn.Module, Decode
         GPTNeoXForCausalLM,
         MistralConfig,
         MistralForCausalLM,
+        Olmo2Config,
+        Olmo2ForCausalLM,
         Qwen3Config,
         Qwen3ForCausalLM,
     )
@@ -60,6 +64,22 @@ def _peers(shape: dict, seq_len: int) -> list[tuple[str, torch.nn.Module, Decode
             qwen,
             DecoderConfig(
                 **llama_like, use_qk_norm=True, rms_norm_eps=1e-6, rope_parameters=qwen.config.rope_parameters
+            ),
+            None,
+        )
+    )
+    olmo2 = Olmo2ForCausalLM(Olmo2Config(**llama_like, eos_token_id=None))  # (its default is past --quick's vocab)
+    out.append(
+        (
+            "OLMo 2, output norms + QK-norm over the projections",
+            olmo2,
+            DecoderConfig(
+                **llama_like,
+                norm_position="output",
+                use_qk_norm=True,
+                qk_norm_scope="projection",
+                rms_norm_eps=olmo2.config.rms_norm_eps,
+                rope_parameters=olmo2.config.rope_parameters,
             ),
             None,
         )
@@ -144,6 +164,18 @@ def _peers(shape: dict, seq_len: int) -> list[tuple[str, torch.nn.Module, Decode
     return out
 
 
+def peer_pairs(shape: dict, seq_len: int) -> list[tuple[str, DecoderForCausalLM, torch.nn.Module]]:
+    """(label, archlab model holding the peer's weights, HF model) for each variant with a peer."""
+    pairs = []
+    for label, peer, config, mapping in _peers(shape, seq_len):
+        torch.manual_seed(0)
+        ours = DecoderForCausalLM(config)
+        state = peer.state_dict()
+        ours.load_state_dict(mapping(state, config) if mapping else state, strict=True)
+        pairs.append((label, ours, peer))
+    return pairs
+
+
 def _split_qkv(state: dict, fused_key: str, heads: int, prefix: str) -> None:
     for kind in ("weight", "bias"):
         fused = state.pop(f"{fused_key}.{kind}")
@@ -208,7 +240,7 @@ def _bloom_keys(state: dict, config: DecoderConfig) -> dict:
     )
 
 
-NO_PEER = {
+AGAINST_DEFAULT = {
     "LayerNorm instead of RMSNorm": dict(norm_type="layer_norm"),
     "post-norm": dict(norm_position="post"),
     "DeepNorm": dict(norm_position="deepnorm"),
@@ -216,6 +248,8 @@ NO_PEER = {
     "T5 relative bias (sdpa)": dict(position_embedding_type="relative_bias"),
     "prefix-LM mask (no prefix given)": dict(prefix_lm=True),
     "LM z-loss 1e-4": dict(lm_z_loss_coef=1e-4),
+    "output norms (OLMo 2)": dict(norm_position="output"),
+    "QK-norm over the projections (OLMo 2)": dict(use_qk_norm=True, qk_norm_scope="projection"),
 }
 
 
@@ -236,7 +270,7 @@ def _compare(report: Report, label: str, ours, peer, batch: dict, prompt: torch.
 
 
 def run(args: argparse.Namespace) -> Report:
-    shape = _shape(args.quick)
+    shape = suite_shape(args.quick)
     batch_size, seq_len = (2, 64) if args.quick else (args.batch_size, args.seq_len)
     ids = torch.randint(3, shape["vocab_size"], (batch_size, seq_len))
     batch = {"input_ids": ids, "labels": ids}
@@ -246,11 +280,7 @@ def run(args: argparse.Namespace) -> Report:
         f"batch {batch_size}×{seq_len}",
         peer_name="peer",
     )
-    for label, peer, config, mapping in _peers(shape, seq_len):
-        torch.manual_seed(0)
-        ours = DecoderForCausalLM(config)
-        state = peer.state_dict()
-        ours.load_state_dict(mapping(state, config) if mapping else state, strict=True)
+    for label, ours, peer in peer_pairs(shape, seq_len):
         _compare(report, label, ours, peer, batch, prompt, args, type(peer).__name__)
     base_config = dict(
         **shape,
@@ -259,12 +289,12 @@ def run(args: argparse.Namespace) -> Report:
         max_position_embeddings=POSITIONS,
     )
     default = DecoderForCausalLM(DecoderConfig(**base_config))
-    for label, overrides in NO_PEER.items():
+    for label, overrides in AGAINST_DEFAULT.items():
         variant = DecoderForCausalLM(DecoderConfig(**base_config, **overrides))
         _compare(report, label, variant, default, batch, prompt, args, "archlab default")
     report.notes.append(
         f"{args.rounds} rounds, {torch.get_num_threads()} threads; same weights on both sides of every "
-        "peer row; no-peer rows compare fresh weights of equal shapes."
+        "peer row; the rows against the archlab default compare fresh weights."
     )
     return report
 

@@ -121,6 +121,34 @@ def test_dense_suite_runs_at_quick_size(tmp_path, capsys):
         assert row in table, row
 
 
+def test_variants_suite_times_each_peer_on_its_own_weights_and_logits():
+    """The variants suite's peer rows (benchmark_variants.py) time archlab against the Hugging Face model that has the
+    variant: on the peer's weights (loaded strictly) archlab computes the peer's logits, so a row times one function."""
+    from archlab.scripts.benchmark_variants import peer_pairs, suite_shape
+
+    shape = suite_shape(quick=True)
+    ids = torch.randint(3, shape["vocab_size"], (2, 24))
+    pairs = peer_pairs(shape, seq_len=64)
+    assert "OLMo 2, output norms + QK-norm over the projections" in [label for label, _, _ in pairs]
+    for label, ours, peer in pairs:
+        with torch.no_grad():
+            expected = peer.eval()(ids).logits
+            torch.testing.assert_close(ours.eval()(ids).logits, expected, atol=1e-4, rtol=0, msg=label)
+
+
+@pytest.mark.slow
+def test_variants_suite_runs_at_quick_size(tmp_path):
+    out = tmp_path / "variants.md"
+    assert benchmark.main(["--suite", "variants", "--quick", "--threads", "1", "--output", str(out)]) == 0
+    table = out.read_text()
+    for row in (
+        "OLMo 2, output norms + QK-norm over the projections: training tok/s vs Olmo2ForCausalLM",
+        "output norms (OLMo 2): generation tok/s vs archlab default",
+        "QK-norm over the projections (OLMo 2): training tok/s vs archlab default",
+    ):
+        assert row in table, row
+
+
 def test_interleaved_rounds_warm_up_then_balance_the_order():
     """Every suite's timing loop: one untimed warm-up call each, then rounds whose order rotates (two runs alternate
     which goes first; with more, every other round is also reversed, so no run always follows the same one)."""
