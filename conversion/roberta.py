@@ -7,7 +7,8 @@ The encoder is BERT's (`bert.py`), under `roberta.`; two things differ:
   archlab's encoder numbers them from the attention mask (`position_ids_from_attention_mask`) in a table with
   `position_embedding_offset = pad_token_id + 1` leading rows (padding, numbered -1, reads row `pad_token_id`), so
   `max_position_embeddings` is the stock table's rows less the offset (roberta-base: 514 -> 512). Both agree
-  whenever the mask is `input_ids != pad_token_id`, as tokenizers give it;
+  whenever the mask is `input_ids != pad_token_id`, as tokenizers give it. Explicit `position_ids` are RoBERTa's
+  table rows, read as given (`position_ids_are_table_rows`), not positions the offset is added to;
 - the head (`lm_head`: dense, exact GELU, LayerNorm, a projection tied to the word embeddings, a bias) is archlab's
   `MaskedLMHead` under the same names, which applies the encoder's `activation_function`: RoBERTa's head is GELU
   whatever `hidden_act` says, so another `hidden_act` is refused.
@@ -45,6 +46,9 @@ TIED_COPIES = {
     "lm_head.decoder.weight": "roberta.embeddings.word_embeddings.weight",
     "lm_head.decoder.bias": "lm_head.bias",
 }
+# what `_roberta_from_archlab` handles, and `position_ids_are_table_rows` either way: it says how explicit position
+# ids are read, not what the weights compute (an archlab model's own positions, offset added, export too)
+EXPRESSIBLE = DECODER_FIELDS | {"max_position_embeddings", "position_embedding_offset", "position_ids_are_table_rows"}
 # RoBERTa's head applies `gelu` (transformers' exact GELU) whatever `hidden_act` is; archlab's the encoder's
 HEAD_ACTIVATION = "gelu"
 
@@ -124,10 +128,10 @@ ROBERTA = Family(
     RobertaForMaskedLM,
     EncoderForMaskedLM,
     fields={name: ours for name, ours in BERT_FIELDS.items() if name != "max_position_embeddings"},
-    implied={**BERT_IMPLIED, "position_ids_from_attention_mask": True},
+    implied={**BERT_IMPLIED, "position_ids_from_attention_mask": True, "position_ids_are_table_rows": True},
     to_archlab=_roberta_to_archlab,
     from_archlab=_roberta_from_archlab,
-    expressible=DECODER_FIELDS | {"max_position_embeddings", "position_embedding_offset"},
+    expressible=EXPRESSIBLE,
     layout=Layout(_weights_to_archlab, _weights_from_archlab),
 )
 

@@ -108,6 +108,9 @@ class Seq2SeqConfig(PreTrainedConfig):
             -1 (with `position_embedding_offset` = o, table row o - 1): RoBERTa's numbering (its table has
             `padding_idx` + 1 leading rows), as `DecoderConfig.position_ids_from_attention_mask` (OPT). The decoder
             stack numbers from 0 as before; explicit `position_ids` always win.
+        position_ids_are_table_rows (`bool`, defaults to False): explicit `position_ids` given to the encoder are
+            rows of its learned table, read as given (RoBERTa's: its first token is row `padding_idx` + 1), not
+            positions that `position_embedding_offset` is added to. Only with `position_embedding_type="learned"`.
         type_vocab_size (`int`, defaults to 0): BERT's segment types: the encoder adds an embedding of
             `token_type_ids` (0 when not given); 0 means none, and `token_type_ids` are ignored.
         classifier_pooler (`bool`, defaults to True): `EncoderForSequenceClassification` passes the first token's
@@ -214,6 +217,7 @@ class Seq2SeqConfig(PreTrainedConfig):
     embedding_layernorm: bool = False
     position_embedding_offset: int = 0
     position_ids_from_attention_mask: bool = False
+    position_ids_are_table_rows: bool = False
     type_vocab_size: int = 0
     classifier_pooler: bool = True
     classifier_dropout: float | int | None = None
@@ -278,6 +282,12 @@ class Seq2SeqConfig(PreTrainedConfig):
                 f"`position_embedding_offset` ({self.position_embedding_offset}) shifts a learned position table; "
                 f"`position_embedding_type` is {self.position_embedding_type!r}: allowed values are 0, or any with "
                 "'learned'."
+            )
+        if self.position_ids_are_table_rows and self.position_embedding_type != "learned":
+            raise ValueError(
+                "`position_ids_are_table_rows` (True) reads explicit position ids as rows of a learned table; "
+                f"`position_embedding_type` is {self.position_embedding_type!r}: allowed values are False, or True "
+                "with 'learned'."
             )
         for name in ("d_kv", "attn_logit_softcapping", "final_logit_softcapping"):
             if getattr(self, name) is not None:

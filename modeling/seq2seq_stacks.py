@@ -130,7 +130,8 @@ class Seq2SeqEncoder(_Seq2SeqStack):
         **kwargs,
     ) -> BaseModelOutput | tuple:
         r"""position_ids (`torch.LongTensor` of shape `(batch, T)`, *optional*): packed documents, as the decoder
-            takes them: positions restart at each document, and attention stays inside each document.
+            takes them: positions restart at each document, and attention stays inside each document. With
+            `config.position_ids_are_table_rows` they are rows of the learned table (RoBERTa's), the offset not added.
         token_type_ids (`torch.LongTensor` of shape `(batch, T)`, *optional*): BERT's segment ids, with
             `config.type_vocab_size` > 0 (None: all 0); ignored otherwise, as tokenizers emit them anyway."""
         if (input_ids is None) == (inputs_embeds is None):
@@ -144,6 +145,8 @@ class Seq2SeqEncoder(_Seq2SeqStack):
         positions = torch.arange(inputs_embeds.shape[1], device=inputs_embeds.device)  # relative bias: distances
         if self.embed_positions is not None:
             table_positions = positions if position_ids is None else position_ids
+            if position_ids is not None and self.config.position_ids_are_table_rows:  # RoBERTa's: rows as given
+                table_positions = position_ids - self.config.position_embedding_offset
             from_mask = self.config.position_ids_from_attention_mask and _is_padding_mask(attention_mask)
             if position_ids is None and from_mask:  # RoBERTa's numbering: a padded row's tokens as alone
                 table_positions = position_ids_from_mask(attention_mask, inputs_embeds.shape[1])

@@ -546,15 +546,19 @@ def _check_seq2seq(model, reference, batches, pad: int) -> list[float]:
 
 def _check_masked_lm(model, reference, batches, pad: int) -> list[float]:
     """Plain, left- and right-padded batches (RoBERTa numbers positions past the padding), with segment ids where the
-    model has several segment types."""
+    model has several segment types; and the left-padded one with explicit `position_ids`, the stock table's rows
+    (RoBERTa's start past its pad_token_id + 1 leading rows) counted from each row's first real token."""
     ids, padded, mask, _, segments = batches
     types = dict(token_type_ids=segments) if reference.config.type_vocab_size > 1 else {}
     right_mask = mask.flip(-1)
     right = ids.masked_fill(right_mask == 0, pad)
+    first_row = pad + 1 if reference.config.model_type == "roberta" else 0
+    rows = (mask.cumsum(-1) - 1).clamp(min=0) + first_row
     return [
         _max_diff(model, reference, input_ids=ids, **types),
         _max_diff(model, reference, mask, input_ids=padded, attention_mask=mask, **types),
         _max_diff(model, reference, right_mask, input_ids=right, attention_mask=right_mask, **types),
+        _max_diff(model, reference, mask, input_ids=padded, attention_mask=mask, position_ids=rows, **types),
     ]
 
 
@@ -790,6 +794,19 @@ ALSO_NOT_EXPRESSIBLE = {
 @pytest.mark.parametrize("case", ALSO_NOT_EXPRESSIBLE)
 def test_export_refuses_with_the_archlab_field_named(case, folders, tmp_path):
     _assert_export_refused(folders, tmp_path, *ALSO_NOT_EXPRESSIBLE[case])
+
+
+def test_a_roberta_folder_reading_position_ids_as_positions_exports(folders, tmp_path):
+    """`position_ids_are_table_rows` says how explicit position ids are read, not what the weights compute: a folder
+    without it (converted before it existed, or an archlab model's own) exports, and comes back with it set."""
+    model = _changed_archlab_folder(folders, "roberta", {"position_ids_are_table_rows": False}, tmp_path / "archlab")
+    convert_checkpoint(tmp_path / "archlab", tmp_path / "stock", to="roberta")
+    convert_checkpoint(tmp_path / "stock", tmp_path / "again")
+    assert EncoderForMaskedLM.config_class.from_pretrained(tmp_path / "again").position_ids_are_table_rows
+    stock = FAMILIES["roberta"].model_class.from_pretrained(tmp_path / "stock").eval()
+    _, padded, mask, _, _ = _batches(stock.config.pad_token_id)
+    with torch.no_grad():
+        assert _max_diff(model, stock, mask, input_ids=padded, attention_mask=mask) <= ATOL
 
 
 @pytest.mark.parametrize("family", ["bart", "marian"])

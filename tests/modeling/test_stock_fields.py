@@ -6,7 +6,7 @@ weights with the field off compute something else):
   `position_embedding_offset` and `position_ids_from_attention_mask` (OPT);
 - for the encoder-decoder, `embedding_layernorm` and `position_embedding_offset` (Bart), `type_vocab_size` (BERT's
   segment embeddings, through `EncoderForMaskedLM`), the encoder's `position_ids_from_attention_mask` (RoBERTa's
-  positions, numbered past the padding).
+  positions, numbered past the padding) and `position_ids_are_table_rows` (RoBERTa's explicit position ids).
 """
 
 from __future__ import annotations
@@ -306,9 +306,12 @@ def test_bert_adds_segment_embeddings():
     )
 
 
-def test_roberta_numbers_encoder_positions_from_the_mask_in_an_offset_table():
+@pytest.mark.parametrize("field", ["position_ids_from_attention_mask", "position_ids_are_table_rows"])
+def test_roberta_numbers_encoder_positions_from_the_mask_in_an_offset_table(field):
     """RoBERTa numbers a row's real tokens from pad_token_id + 1 and its padding pad_token_id: archlab's encoder with
-    the mask's numbering and a table of pad_token_id + 1 leading rows, on a left-padded batch."""
+    the mask's numbering and a table of pad_token_id + 1 leading rows, on a left-padded batch. Explicit
+    `position_ids` are rows of that table, read as given (here from row pad_token_id + 3, on the rows unpadded:
+    padding repeating a row would read as a packed document of its own, whose logits differ)."""
     stock = perturbed(
         RobertaForMaskedLM(
             RobertaConfig(
@@ -329,6 +332,7 @@ def test_roberta_numbers_encoder_positions_from_the_mask_in_an_offset_table():
             layer_norm_eps=1e-12,
             position_embedding_offset=2,
             position_ids_from_attention_mask=True,
+            position_ids_are_table_rows=True,
             pad_token_id=1,
             bos_token_id=None,
             eos_token_id=None,
@@ -355,10 +359,10 @@ def test_roberta_numbers_encoder_positions_from_the_mask_in_an_offset_table():
     )
     state_dict = {k: v for k, v in state_dict.items() if k != "lm_head.decoder.bias"}
     ids, mask = batch()
-    ids = ids.masked_fill(mask == 0, 1)  # RoBERTa reads the padding from the ids
-    assert_matches_and_field_is_active(
-        stock, ours, state_dict, "position_ids_from_attention_mask", False, input_ids=ids, attention_mask=mask
-    )
+    inputs = dict(input_ids=ids.masked_fill(mask == 0, 1), attention_mask=mask)  # RoBERTa reads padding from ids
+    if field == "position_ids_are_table_rows":
+        inputs = dict(input_ids=ids, position_ids=torch.arange(ids.shape[1]).expand_as(ids) + 4)
+    assert_matches_and_field_is_active(stock, ours, state_dict, field, False, **inputs)
 
 
 def test_offsets_need_a_learned_table():
@@ -366,3 +370,5 @@ def test_offsets_need_a_learned_table():
         DecoderConfig(position_embedding_offset=2)
     with pytest.raises(ValueError, match="position_embedding_offset"):
         Seq2SeqConfig(position_embedding_offset=2)
+    with pytest.raises(ValueError, match="position_ids_are_table_rows.*allowed values are False"):
+        Seq2SeqConfig(position_ids_are_table_rows=True)
