@@ -27,7 +27,9 @@ from transformers import PreTrainedConfig, PreTrainedModel
 StateDict = dict[str, torch.Tensor]
 
 # archlab fields that change training only, never the function a checkpoint computes: any value exports.
-TRAINING_ONLY_FIELDS = frozenset({"lm_loss_chunk_size", "classifier_lm_loss_weight", "classifier_dropout"})
+TRAINING_ONLY_FIELDS = frozenset(
+    {"lm_loss_chunk_size", "classifier_lm_loss_weight", "classifier_dropout", "classifier_dropout_before_pooler"}
+)
 # archlab fields only one task head reads (`EncoderForSequenceClassification`'s pooler): any value exports a model
 # without that head; the head's own row (heads.py) refuses what its stock class cannot compute
 HEAD_ONLY_FIELDS = frozenset({"classifier_pooler"})

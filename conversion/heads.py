@@ -21,7 +21,8 @@ BERT's fine-tuning heads sit on the masked LM's body the same way: `BertForSeque
 `BertForTokenClassification` is `EncoderForTokenClassification` (`classifier`), and `BertForQuestionAnswering` is
 `EncoderForQuestionAnswering` (`qa_outputs`); the body converts as `BertForMaskedLM`'s encoder does. RoBERTa's are
 the same on `RobertaForMaskedLM`'s body, except its sequence classifier, whose head (`classifier.dense` + tanh,
-`classifier.out_proj`) is archlab's pooler and classifier (`ROBERTA_SEQUENCE_CLASSIFICATION`).
+`classifier.out_proj`) is archlab's pooler and classifier (`ROBERTA_SEQUENCE_CLASSIFICATION`), its dropout before
+the dense too (`classifier_dropout_before_pooler`, which every RoBERTa folder gets).
 
 Which head a folder holds is read from its `architectures`: a stock folder's class name ends in the head's suffix
 (`ForSequenceClassification`, ...), an archlab folder names the archlab class. Other task heads (`ForMultipleChoice`,
@@ -239,7 +240,8 @@ ENCODER_SEQUENCE_CLASSIFICATION = Head(
     families=frozenset({"bert"}),
 )
 # RoBERTa's classification head is dropout -> dense -> tanh -> dropout -> out_proj on the first token: archlab's
-# pooler (dense + tanh) -> dropout -> classifier, with one dropout fewer in training
+# pooler (dense + tanh) -> dropout -> classifier, with the same dropout before the pooler too (the family's
+# `classifier_dropout_before_pooler`)
 ROBERTA_SEQUENCE_CLASSIFICATION = dataclasses.replace(
     ENCODER_SEQUENCE_CLASSIFICATION,
     renamed={"classifier.dense": "pooler.dense", "classifier.out_proj": "classifier"},

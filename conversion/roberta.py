@@ -1,6 +1,6 @@
 """RoBERTa (`RobertaForMaskedLM`) as archlab's `EncoderForMaskedLM`: BERT's encoder with RoBERTa's positions and head.
 
-The encoder is BERT's (`bert.py`), under `roberta.`; two things differ:
+The encoder is BERT's (`bert.py`), under `roberta.`; three things differ:
 
 - positions: RoBERTa numbers a row's tokens from its non-pad ids (`create_position_ids_from_input_ids`: the n-th
   token that is not `pad_token_id` reads row `pad_token_id + n` of its table, padding reads row `pad_token_id`).
@@ -9,6 +9,8 @@ The encoder is BERT's (`bert.py`), under `roberta.`; two things differ:
   `max_position_embeddings` is the stock table's rows less the offset (roberta-base: 514 -> 512). Both agree
   whenever the mask is `input_ids != pad_token_id`, as tokenizers give it. Explicit `position_ids` are RoBERTa's
   table rows, read as given (`position_ids_are_table_rows`), not positions the offset is added to;
+- the sequence classifier fine-tuned from it: RoBERTa's head drops the first token's state out before its dense +
+  tanh as well as after (`classifier_dropout_before_pooler`, set for every RoBERTa folder);
 - the head (`lm_head`: dense, exact GELU, LayerNorm, a projection tied to the word embeddings, a bias) is archlab's
   `MaskedLMHead` under the same names, which applies the encoder's `activation_function`: RoBERTa's head is GELU
   whatever `hidden_act` says, so another `hidden_act` is refused.
@@ -49,6 +51,13 @@ TIED_COPIES = {
 # what `_roberta_from_archlab` handles, and `position_ids_are_table_rows` either way: it says how explicit position
 # ids are read, not what the weights compute (an archlab model's own positions, offset added, export too)
 EXPRESSIBLE = DECODER_FIELDS | {"max_position_embeddings", "position_embedding_offset", "position_ids_are_table_rows"}
+ROBERTA_IMPLIED = {
+    "position_ids_from_attention_mask": True,
+    "position_ids_are_table_rows": True,
+    # RobertaForSequenceClassification's head drops the first token's state before its dense + tanh too; a masked
+    # LM's folder has it for the classifier fine-tuned from it, as the stock class loads roberta-base (training only)
+    "classifier_dropout_before_pooler": True,
+}
 # RoBERTa's head applies `gelu` (transformers' exact GELU) whatever `hidden_act` is; archlab's the encoder's
 HEAD_ACTIVATION = "gelu"
 
@@ -128,7 +137,7 @@ ROBERTA = Family(
     RobertaForMaskedLM,
     EncoderForMaskedLM,
     fields={name: ours for name, ours in BERT_FIELDS.items() if name != "max_position_embeddings"},
-    implied={**BERT_IMPLIED, "position_ids_from_attention_mask": True, "position_ids_are_table_rows": True},
+    implied={**BERT_IMPLIED, **ROBERTA_IMPLIED},
     to_archlab=_roberta_to_archlab,
     from_archlab=_roberta_from_archlab,
     expressible=EXPRESSIBLE,

@@ -119,6 +119,10 @@ class Seq2SeqConfig(PreTrainedConfig):
         classifier_dropout (`float`, *optional*): BERT's dropout before the classifier of
             `EncoderForSequenceClassification` / `EncoderForTokenClassification`; None: `dropout`, as BERT falls
             back to `hidden_dropout_prob`.
+        classifier_dropout_before_pooler (`bool`, defaults to False): `EncoderForSequenceClassification` applies
+            that dropout to the first token's state before the pooler too, as RoBERTa's classification head (dropout,
+            dense + tanh, dropout, out_proj); training only. Without the pooler it has nothing to precede and is
+            ignored (the state is dropped out once).
 
     Example:
     ```python
@@ -221,6 +225,7 @@ class Seq2SeqConfig(PreTrainedConfig):
     type_vocab_size: int = 0
     classifier_pooler: bool = True
     classifier_dropout: float | int | None = None
+    classifier_dropout_before_pooler: bool = False
 
     @classmethod
     def from_dict(cls, config_dict: dict[str, Any], **kwargs: Any) -> Seq2SeqConfig:

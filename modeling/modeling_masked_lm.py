@@ -289,7 +289,9 @@ def share_of_the_batch(labels: torch.Tensor, num_items_in_batch, device: torch.d
 class EncoderForSequenceClassification(EncoderOnlyPreTrainedModel):
     """BERT's sequence classifier (`BertForSequenceClassification`) on archlab's encoder: the first token's state
     (the tokenizer's [CLS], archlab's masked-LM tokenizer's `<s>`) → BERT's pooler (dense + tanh;
-    `config.classifier_pooler`) → dropout (`config.classifier_dropout`, else `dropout`) → a linear classifier.
+    `config.classifier_pooler`) → dropout (`config.classifier_dropout`, else `dropout`) → a linear classifier. With
+    `config.classifier_dropout_before_pooler` the same dropout also comes before the pooler: RoBERTa's head (dropout,
+    dense + tanh, dropout, out_proj), which a converted `RobertaForSequenceClassification` has.
 
     The loss is BERT's, chosen by `config.problem_type` (set from `num_labels` and the labels' dtype on the first
     call when None): mean squared error (`"regression"`), cross-entropy (`"single_label_classification"`) or binary
@@ -351,7 +353,10 @@ class EncoderForSequenceClassification(EncoderOnlyPreTrainedModel):
             **kwargs,
         )
         hidden_states = outputs.last_hidden_state  # (B, T, d)
-        pooled = self.pooler(hidden_states) if self.pooler is not None else hidden_states[:, 0]
+        first = hidden_states[:, :1]  # (B, 1, d): the first token's state
+        if self.pooler is not None and self.config.classifier_dropout_before_pooler:  # RoBERTa's head
+            first = self.dropout(first)
+        pooled = self.pooler(first) if self.pooler is not None else first[:, 0]
         logits = self.classifier(self.dropout(pooled))  # (B, num_labels)
 
         loss = None

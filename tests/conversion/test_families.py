@@ -445,6 +445,8 @@ CASES = {
             "max_position_embeddings": 64,
             "position_embedding_offset": 2,
             "position_ids_from_attention_mask": True,
+            "position_ids_are_table_rows": True,
+            "classifier_dropout_before_pooler": True,
             "type_vocab_size": 1,
             "norm_position": "post",
         },
@@ -1327,6 +1329,34 @@ def test_a_roberta_sequence_classifier_is_not_read_as_berts(tmp_path):
     EncoderForSequenceClassification(config).save_pretrained(tmp_path / "classifier")
     with pytest.raises(ConversionError, match="classifier_pooler=False"):
         convert_checkpoint(tmp_path / "classifier", tmp_path / "out", to="roberta")
+
+
+@pytest.mark.parametrize("family", ["bert", "roberta"])
+def test_a_sequence_classifier_drops_out_as_the_stock_head_in_training(family, tmp_path):
+    """RoBERTa's head applies its dropout twice (before its dense + tanh, and before `out_proj`), BERT's once (after
+    the pooler): a converted classifier in training, seeded as the stock one, draws the same masks in the same order
+    and gives the same logits and loss (the encoder's dropouts off, the classifier's 0.3)."""
+    torch.manual_seed(0)
+    head = {"bert": ENCODER_SEQUENCE_CLASSIFICATION, "roberta": ROBERTA_SEQUENCE_CLASSIFICATION}[family]
+    dropouts = dict(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, classifier_dropout=0.3)
+    config = type(CASES[family][0])(**{**CASES[family][0].to_dict(), **dropouts, "id2label": LABELS})
+    reference = head.stock_class(FAMILIES[family])(config)
+    _perturb(reference)
+    reference.save_pretrained(tmp_path / "stock")
+    convert_checkpoint(tmp_path / "stock", tmp_path / "archlab")
+    model = EncoderForSequenceClassification.from_pretrained(tmp_path / "archlab")
+    assert model.config.classifier_dropout_before_pooler == (family == "roberta")
+    _, left, mask, _, _ = _batches(config.pad_token_id)
+    inputs = dict(input_ids=left, attention_mask=mask, labels=torch.tensor([0, 2, 1]))
+    outputs = []
+    for classifier in (model.train(), reference.train()):
+        torch.manual_seed(1)
+        outputs.append(classifier(**inputs))
+    ours, theirs = outputs
+    assert (ours.logits - theirs.logits).abs().max().item() <= ATOL
+    assert abs(ours.loss.item() - theirs.loss.item()) <= ATOL
+    with torch.no_grad():  # the dropout is at work
+        assert (model.eval()(**inputs).logits - ours.logits).abs().max().item() > 1e-2
 
 
 def test_phi3_longrope_short_sequences_use_the_short_factors(folders):

@@ -454,7 +454,8 @@ def test_an_encoder_decoders_folder_starts_a_classifier_from_its_encoder(tmp_pat
 
 def test_the_pooler_and_the_classifier_dropout_follow_the_config(tokenizer):
     """`classifier_pooler=False` classifies the first token's state itself; `classifier_dropout` falls back to
-    `dropout` as BERT's to `hidden_dropout_prob`, and a value outside [0, 1) fails at construction."""
+    `dropout` as BERT's to `hidden_dropout_prob`, and a value outside [0, 1) fails at construction. Without the
+    pooler, `classifier_dropout_before_pooler` has nothing to precede: the state is dropped out once."""
     from archlab import EncoderForSequenceClassification, EncoderForTokenClassification
 
     config = tiny_mlm(tokenizer, dropout=0.2).config
@@ -470,6 +471,15 @@ def test_the_pooler_and_the_classifier_dropout_follow_the_config(tokenizer):
         torch.testing.assert_close(plain(input_ids=ids).logits, plain.classifier(first))
     with pytest.raises(ValueError, match="classifier_dropout"):
         Seq2SeqConfig(classifier_dropout=1.5)
+    twice = EncoderForSequenceClassification(
+        Seq2SeqConfig(**{**plain.config.to_dict(), "classifier_dropout_before_pooler": True})
+    )
+    twice.load_state_dict(plain.state_dict())
+    logits = []
+    for model in (plain.train(), twice.train()):
+        torch.manual_seed(0)
+        logits.append(model(input_ids=ids).logits)
+    torch.testing.assert_close(*logits)
 
 
 @pytest.mark.parametrize("head", ["sequence", "token"])
