@@ -330,6 +330,17 @@ def parse_arguments(
         raise ValueError(str(error)) from error
 
 
+def given_flags(argv: Sequence[str] | None) -> set[str]:
+    """The flags a command line gives, as field names (`--max_seq_length 384`, `--max-seq-length=384`:
+    `max_seq_length`), or the keys of its one .json file of flags: a flag given with its default value is given all
+    the same, where comparing the parsed value with the default cannot tell."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if len(argv) == 1 and argv[0].endswith(".json"):
+        with open(argv[0], encoding="utf-8") as f:
+            return set(json.load(f))
+    return {word[2:].split("=", 1)[0].replace("-", "_") for word in argv if word.startswith("--")}
+
+
 def run_cli(main: Callable[[], object]) -> None:
     """Command-line entry of the training and generation scripts. An error that archlab itself raises about the
     input (a bad flag, a missing file, a config field out of range: ValueError / FileNotFoundError whose message

@@ -74,6 +74,7 @@ from archlab.scripts.arguments import (
     check_model_flags,
     check_pretrained_model_kind,
     check_training_flags,
+    given_flags,
     parse_arguments,
     run_cli,
 )
@@ -362,7 +363,7 @@ def main(argv: Sequence[str] | None = None, callbacks: list[TrainerCallback] | N
             f"{', '.join(SEQ2SEQ_PIPELINE_TAGS)} (the other tasks' tag follows from the model class)."
         )
     check_flag_positive(args, ("max_source_length", "max_target_length"), " (tokens)")
-    check_question_answering_flags(args)
+    check_question_answering_flags(args, given_flags(argv))
     if args.source_prefix is not None and args.task != "seq2seq":
         raise ValueError(f"--source_prefix is for --task seq2seq (the encoder's inputs), not --task {args.task}.")
     check_language_flags(args)
@@ -551,16 +552,19 @@ QUESTION_ANSWERING_FLAGS = (
 EXAMPLE_LENGTH_FLAGS = {"seq2seq": "--max_source_length / --max_target_length"}
 
 
-def check_question_answering_flags(args: FinetuneArguments) -> None:
+def check_question_answering_flags(args: FinetuneArguments, passed: set[str]) -> None:
     """--task question-answering's flags: its windows checked (`check_windows`); given to another task, refused
-    with the flag named. --max_seq_length is run_ner.py's and run_glue.py's flag for the examples' length: passed to
+    with the flag named, whatever its value (`passed`: the flags the command line gives; a value other than the
+    default counts too). --max_seq_length is run_ner.py's and run_glue.py's flag for the examples' length: passed to
     --task token-classification or classification, it was ignored without a word and the examples were cut at
-    --block_size (256) instead."""
+    --block_size (256) instead; `--max_seq_length 384`, run_qa.py's default, slipped through as the default."""
     if args.task == "question-answering":
         check_windows(args)
         return
     defaults = {f.name: f.default for f in fields(FinetuneArguments)}
-    given = [f"--{name}" for name in QUESTION_ANSWERING_FLAGS if getattr(args, name) != defaults[name]]
+    given = [
+        f"--{name}" for name in QUESTION_ANSWERING_FLAGS if name in passed or getattr(args, name) != defaults[name]
+    ]
     if not given:
         return
     hint = ""

@@ -4,6 +4,8 @@ decided later."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -11,6 +13,7 @@ from archlab.scripts.arguments import (
     bf16_by_default,
     check_training_flags,
     compile_by_default,
+    given_flags,
     on_a_cuda_gpu,
     parse_arguments,
 )
@@ -285,3 +288,12 @@ def test_help_says_what_the_scripts_do_with_predict_and_resume_flags(arguments, 
     }
     assert expected[arguments] in text
     assert "--resume-from-checkpoint RESUME_FROM_CHECKPOINT true: go on from the newest checkpoint" in text
+
+
+def test_given_flags_are_the_flags_named_whatever_their_values(tmp_path) -> None:
+    """A flag given with its default value is given: the scripts refuse some flags for the wrong task by it."""
+    argv = ["--max_seq_length", "384", "--doc-stride=128", "--bf16", "--source_prefix=--x", "value"]
+    assert given_flags(argv) == {"max_seq_length", "doc_stride", "bf16", "source_prefix"}
+    flags = tmp_path / "flags.json"
+    flags.write_text(json.dumps({"task": "classification", "max_seq_length": 384}))
+    assert given_flags([str(flags)]) == {"task", "max_seq_length"}

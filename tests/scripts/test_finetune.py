@@ -2020,12 +2020,15 @@ def test_bad_question_answering_inputs_are_named_before_training(tmp_path: Path,
         ),
         ("classification", ["--doc_stride", "4", "--question_column", "q"], "--question_column, --doc_stride: for"),
         ("seq2seq", ["--max_seq_length", "64"], "cuts its examples at --max_source_length / --max_target_length"),
+        # the defaults themselves (run_qa.py's 384 and 128), given: they were taken for flags left out
+        ("token-classification", ["--max_seq_length", "384"], "--max_seq_length: for --task question-answering"),
+        ("classification", ["--max-seq-length=384", "--doc_stride", "128"], "--max_seq_length, --doc_stride: for"),
     ],
 )
 def test_question_answering_flags_given_to_another_task_are_refused(tmp_path: Path, task, flags, message) -> None:
     """run_ner.py's and run_glue.py's --max_seq_length is question-answering's window here: given to another task it
     was ignored without a word (the examples cut at --block_size instead); each question-answering flag is refused
-    for the other tasks, named, before anything is read."""
+    for the other tasks, named, before anything is read, whatever its value."""
     train = write_jsonl(tmp_path / "train.jsonl", ner_rows(2, 0))
     with pytest.raises(ValueError, match=message):
         finetune.main([*run_args(tmp_path / "out", "--task", task, "--train_file", str(train)), *flags])
