@@ -10,7 +10,8 @@
 The usual sampling flags (`--do_sample`, `--temperature`, `--top_k`, `--top_p`, `--repetition_penalty`,
 `--num_beams`, `--max_new_tokens`, `--stop_strings`) map one to one onto `GenerationConfig`; a stop string ends the
 text once generated, as in transformers (it is kept, as the last words printed). The model runs on the GPU when there is
-one (`--device`), where `generate` decodes with a static cache and a compiled step (docs/workflows.md). Several prompts
+one (`--device`), where `generate` decodes with a static cache and a compiled step (docs/workflows.md), in the dtype
+its folder was saved in unless `--dtype` says (`--dtype bfloat16`: half the memory). Several prompts
 (`--prompt A B`, or `--prompts_file`: one a line, or JSON Lines of strings or chat conversations) are generated as
 one batch, left-padded for a decoder, and printed in order after a `=== k/N` line each; greedy decoding gives each the
 text it gives alone.
@@ -34,6 +35,7 @@ from archlab.scripts.arguments import (
 )
 from archlab.text2text import stored_prefix
 from archlab.tokenization.training import has_tokenizer
+from archlab.training.dtypes import check_dtype
 from archlab.training.reporting import log
 from archlab.training.sampling import check_device, generate_text, generate_texts, load_for_generation
 
@@ -109,6 +111,18 @@ class GenerateArguments:
     device: str | None = field(
         default=None, metadata={"help": "Where the model runs: cpu, cuda, cuda:1, ... (default: cuda if available)."}
     )
+    dtype: str | None = field(
+        default=None,
+        metadata={
+            "aliases": ["--torch_dtype"],
+            "help": "auto | bfloat16 | float16 | float32: the dtype the weights load in and the model runs in, as "
+            "from_pretrained(dtype=...) (bfloat16 or float16: half the memory of float32). Default: the dtype the "
+            "folder was saved in (config.json's `dtype`), as auto.",
+        },
+    )
+
+    def __post_init__(self) -> None:
+        check_dtype(self.dtype)
 
 
 # transformers' examples/pytorch/text-generation/run_generation.py flags that this script names otherwise or does
@@ -125,7 +139,7 @@ GENERATION_EXAMPLE_FLAGS = {
     "prefix": "put it at the start of --prompt (a seq2seq folder's task prefix: --source_prefix)",
     "padding_text": "leave it out: it pads XLNet's and Transfo-XL's prompts, and neither family runs here",
     "xlm_language": "leave it out: it picks an XLM model's language embedding, and XLM does not run here",
-    "fp16": "leave it out: the model loads in the dtype its folder was saved in",
+    "fp16": "--dtype float16 (unset: the model loads in the dtype its folder was saved in)",
     "use_cpu": "--device cpu",
     "no_cuda": "--device cpu",
 }
@@ -210,7 +224,7 @@ def main(argv: Sequence[str] | None = None) -> str | list[str]:
     prompts = read_prompts(args)
     resolve_defaults(args, len(prompts))
     check(args)
-    model, tokenizer, seq2seq = load_for_generation(args.model_name_or_path, args.device)
+    model, tokenizer, seq2seq = load_for_generation(args.model_name_or_path, args.device, args.dtype)
     if not args.chat and any(not isinstance(prompt, str) for prompt in prompts):
         raise ValueError(
             f"--prompts_file {args.prompts_file!r} holds conversations (lists of messages): add --chat true."

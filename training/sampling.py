@@ -22,6 +22,7 @@ from transformers.models.auto.modeling_auto import (
 
 from archlab.tokenization.training import load_tokenizer
 
+from .dtypes import load_dtype
 from .reporting import log
 from .task_data import TOOLS_COLUMN, message_text, row_tools, template_messages
 
@@ -77,19 +78,20 @@ def check_device(device: str | None) -> None:
         raise ValueError(f"--device {device!r}: no CUDA GPU is available here; use --device cpu.")
 
 
-def load_for_generation(folder: str, device: str | None = None) -> tuple[Any, Any, bool]:
-    """The model saved in `folder` (in eval mode, on `device`, by default `default_device()`), its tokenizer, and
-    whether it is an encoder-decoder; a ValueError for a model that does not generate text (a classifier, a masked
-    LM)."""
+def load_for_generation(folder: str, device: str | None = None, dtype: str | None = None) -> tuple[Any, Any, bool]:
+    """The model saved in `folder` (in eval mode, on `device`, by default `default_device()`, its weights in `dtype`:
+    one of `dtypes.DTYPES`, by default the dtype the folder was saved in), its tokenizer, and whether it is an
+    encoder-decoder; a ValueError for a model that does not generate text (a classifier, a masked LM)."""
     config = AutoConfig.from_pretrained(folder)
     architectures = config.architectures or []
     # the stock heads are also read from transformers' own lists: GPT-2's `GPT2LMHeadModel`, Marian's `MarianMTModel`
     # (their folders were refused as models that do not generate text)
     seq2seq = any(name.endswith("ForConditionalGeneration") or name in SEQ2SEQ_HEADS for name in architectures)
+    loading = {} if dtype is None else {"dtype": load_dtype(dtype)}
     if seq2seq:
-        model = AutoModelForSeq2SeqLM.from_pretrained(folder)
+        model = AutoModelForSeq2SeqLM.from_pretrained(folder, **loading)
     elif any(name.endswith("ForCausalLM") or name in CAUSAL_LM_HEADS for name in architectures):
-        model = AutoModelForCausalLM.from_pretrained(folder)
+        model = AutoModelForCausalLM.from_pretrained(folder, **loading)
     else:
         raise ValueError(
             f"{folder!r} holds a {config.architectures} model, which does not "

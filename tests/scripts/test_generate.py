@@ -13,7 +13,7 @@ from archlab.scripts import generate
 from archlab.tokenization.training import save_tokenizer, train_tokenizer
 from archlab.training.sampling import load_for_generation, stop_at_the_end_of_a_turn, stop_token_ids
 
-from helpers import REPO, tiny_decoder_config, tiny_seq2seq_config
+from helpers import REPO, randomised, tiny_decoder_config, tiny_seq2seq_config
 
 TEXTS = [f"def f{i}(x):\n    return x + {i}\n" for i in range(40)]
 
@@ -195,6 +195,60 @@ def test_device_flag(saved: dict[str, Path]) -> None:
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match="--device 'cuda': no CUDA GPU is available here"):
             generate.main(args + ["--device", "cuda"])
+
+
+@pytest.fixture(scope="module")
+def randomised_decoder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny decoder of weights far from ties (`randomised`), saved in float32: its greedy text in bfloat16 is not
+    its text in float32."""
+    folder = tmp_path_factory.mktemp("randomised")
+    tokenizer = train_tokenizer(TEXTS, "decoder", vocab_size=300, min_frequency=1)
+    randomised(archlab.DecoderForCausalLM(tiny_decoder_config(vocab_size=len(tokenizer)))).save_pretrained(folder)
+    save_tokenizer(tokenizer, folder)
+    return folder
+
+
+@pytest.mark.parametrize(
+    ("value", "saved_in", "expected"),
+    [
+        (None, "bfloat16", torch.bfloat16),  # unset: the dtype the folder was saved in
+        (None, "float32", torch.float32),
+        ("auto", "bfloat16", torch.bfloat16),
+        ("float32", "bfloat16", torch.float32),
+        ("bfloat16", "float32", torch.bfloat16),
+        ("float16", "float32", torch.float16),
+    ],
+)
+def test_the_weights_load_in_the_dtype_asked(randomised_decoder: Path, tmp_path: Path, value, saved_in, expected):
+    folder = randomised_decoder
+    if saved_in == "bfloat16":
+        folder = tmp_path / "bfloat16"
+        archlab.DecoderForCausalLM.from_pretrained(randomised_decoder).to(torch.bfloat16).save_pretrained(folder)
+        save_tokenizer(archlab.tokenization.training.load_tokenizer(randomised_decoder), folder)
+    model, _, _ = load_for_generation(str(folder), "cpu", value)
+    assert {p.dtype for p in model.parameters()} == {expected}
+
+
+@pytest.mark.parametrize("flag", ["--dtype", "--torch_dtype"])
+def test_bfloat16_generates_what_the_model_converted_to_bfloat16_generates(randomised_decoder: Path, flag) -> None:
+    args = ["--model_name_or_path", str(randomised_decoder), "--prompt", "def f1(x):", "--max_new_tokens", "12"]
+    text = generate.main([*args, "--do_sample", "false", flag, "bfloat16"])
+    tokenizer = archlab.tokenization.training.load_tokenizer(randomised_decoder)
+    inputs = tokenizer("def f1(x):", return_tensors="pt")
+    texts = {}
+    for dtype in (torch.bfloat16, torch.float32):
+        model = archlab.DecoderForCausalLM.from_pretrained(randomised_decoder).to(dtype).eval()
+        ids = model.generate(**inputs, max_new_tokens=12, do_sample=False, pad_token_id=tokenizer.pad_token_id)
+        texts[dtype] = tokenizer.decode(ids[0, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
+    assert text == texts[torch.bfloat16] != texts[torch.float32]
+
+
+def test_a_dtype_outside_the_allowed_values_is_refused_before_anything_is_read(tmp_path: Path) -> None:
+    for flag in ("--dtype", "--torch_dtype"):
+        with pytest.raises(
+            ValueError, match="--dtype 'fp16' is not supported; allowed values: auto, bfloat16, float16"
+        ):
+            generate.main(["--model_name_or_path", str(tmp_path / "nothing"), flag, "fp16"])
 
 
 def test_errors(saved: dict[str, Path], tmp_path: Path) -> None:
