@@ -27,6 +27,7 @@ from archlab.tokenization.training import ALGORITHMS as TOKENIZER_ALGORITHMS
 from archlab.tokenization.training import MODEL_KINDS as TOKENIZER_KINDS
 from archlab.tokenization.training import check_vocab_size
 from archlab.training.configs import check_new_config, check_override_names
+from archlab.training.dtypes import check_dtype
 from archlab.training.reporting import log
 
 
@@ -67,6 +68,21 @@ class ModelArguments:
     )
     cache_dir: str | None = field(default=None, metadata={"help": "Where `datasets` caches downloads and maps."})
     attn_implementation: str | None = field(default=None, metadata={"help": "eager | sdpa | ..."})
+    dtype: str | None = field(
+        default=None,
+        metadata={
+            "aliases": ["--torch_dtype"],
+            "help": "auto | bfloat16 | float16 | float32: the dtype a saved --model_name_or_path loads in, as "
+            "run_clm.py's flag (from_pretrained(dtype=...)); the Trainer updates the weights in it. Default: float32 "
+            "(mixed precision is --bf16 / --fp16, autocast over float32 weights). bfloat16: pure bfloat16 training, "
+            "no float32 copy (half the memory; an update smaller than ~1/256 of a weight is lost). auto: the folder's "
+            "saved dtype (config.json's `dtype`). float16 weights are refused (--fp16's loss scaling needs float32 "
+            "weights), and so are bfloat16 weights with --fp16.",
+        },
+    )
+
+    def __post_init__(self) -> None:
+        check_dtype(self.dtype)
 
 
 @dataclass
@@ -262,8 +278,6 @@ EXAMPLE_MODEL_FLAGS = {
     "--model_name_or_path DIR",
     "trust_remote_code": "leave it out: archlab's models and transformers' own families load without it; a model "
     "that needs its own code (auto_map) cannot be trained by this script",
-    "torch_dtype": "leave it out: the scripts train float32 weights; mixed precision is --bf16 (--fp16 on a GPU)",
-    "dtype": "leave it out: the scripts train float32 weights; mixed precision is --bf16 (--fp16 on a GPU)",
     "low_cpu_mem_usage": "leave it out: transformers 5 always loads the weights without a first random copy",
     "use_fast_tokenizer": "leave it out: transformers 5 loads the fast (tokenizers) tokenizer, the only kind archlab "
     "saves",

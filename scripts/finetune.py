@@ -86,6 +86,7 @@ from archlab.training.checkpoints import (
     resolve_resume,
     run_facts,
 )
+from archlab.training.dtypes import check_training_dtype
 from archlab.training.evaluation import train_and_evaluate
 from archlab.training.kinds import model_kind
 from archlab.training.metrics import entity_types
@@ -345,6 +346,7 @@ def main(argv: Sequence[str] | None = None, callbacks: list[TrainerCallback] | N
     check_pretrained_model_kind(model_args, task.auto_class or kind.auto_class, f"--task {args.task}")
     training_args.do_predict = training_args.do_predict or args.test_file is not None
     check_training_flags(training_args, predicts=True)
+    check_training_dtype(model_args.dtype, model_args.model_name_or_path, training_args.fp16)
     entity_type = entity_type_of_metric(args, training_args)
     if entity_type is None:
         check_metric_for_best_model(training_args, task.metrics, f"--task {args.task}'s")
@@ -432,7 +434,7 @@ def main(argv: Sequence[str] | None = None, callbacks: list[TrainerCallback] | N
             f"--label_smoothing_factor {training_args.label_smoothing_factor:g} smooths class targets, and the float "
             f"labels of {args.label_column_name!r} train a regression head: leave the flag out (or give class labels)."
         )
-    log(training_setup(training_args))
+    log(training_setup(training_args, built["model"].dtype))
 
     # --- training --------------------------------------------------------------------------------------------
     if task.chat:  # before training, so the checkpoints' generation configs stop at the end of a turn as well

@@ -47,6 +47,7 @@ from archlab.training.checkpoints import (
     run_facts,
 )
 from archlab.training.configs import build_config, build_model, check_resumed_config
+from archlab.training.dtypes import check_training_dtype
 from archlab.training.evaluation import train_and_evaluate
 from archlab.training.kinds import model_kind
 from archlab.training.metrics import with_perplexity
@@ -154,6 +155,7 @@ def main(argv: Sequence[str] | None = None, callbacks: list[TrainerCallback] | N
     check_model_flags(model_args, data_args.block_size)
     check_pretrained_model_kind(model_args, kind.auto_class, f"--model_kind {model_args.model_kind}")
     check_training_flags(training_args)
+    check_training_dtype(model_args.dtype, model_args.model_name_or_path, training_args.fp16)
     # (its perplexity is derived from the loss after each evaluation: the Trainer never sees it)
     check_metric_for_best_model(training_args, (), "Pretraining's")
     check_data_flags(data_args, training_args)
@@ -195,13 +197,19 @@ def main(argv: Sequence[str] | None = None, callbacks: list[TrainerCallback] | N
         check_fits_the_positions(
             config, prompt_tokens, extra.sample_max_new_tokens, False, "--sample_max_new_tokens", "--sample_prompt"
         )
-    model = build_model(kind.auto_class, config, model_args.model_name_or_path, model_args.attn_implementation)
+    model = build_model(
+        kind.auto_class,
+        config,
+        model_args.model_name_or_path,
+        model_args.attn_implementation,
+        dtype=model_args.dtype,
+    )
     n_params = sum(p.numel() for p in model.parameters())
     log(
         f"{type(model).__name__}: {n_params / 1e6:.2f}M parameters, vocabulary {len(tokenizer)}, "
         f"blocks of {data_args.block_size} tokens"
     )
-    log(training_setup(training_args))
+    log(training_setup(training_args, model.dtype))
 
     # --- training --------------------------------------------------------------------------------------------
     if training_args.overwrite_output_dir:

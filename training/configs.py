@@ -10,11 +10,13 @@ import os
 from collections.abc import Callable
 from typing import Any, Protocol
 
+import torch
 from transformers import AutoConfig, GenerationConfig, PreTrainedModel
 
 import archlab
 from archlab.modeling.configuration_decoder import UNDECLARED_HEAD_FIELDS
 
+from .dtypes import load_dtype
 from .kinds import DEFAULT_ARCHITECTURES, ModelKind, model_kind
 
 
@@ -26,6 +28,7 @@ class ModelChoices(Protocol):
     preset: str | None
     config_name: str | None
     config_overrides: str | None
+    dtype: str | None  # the dtype a pretrained folder loads in (`dtypes.DTYPES`; unset: float32)
 
 
 def _split_top_level(text: str) -> list[str]:
@@ -306,13 +309,19 @@ def build_model(
     model_name_or_path: str | None,
     attn_implementation: str | None = None,
     ignore_mismatched_sizes: bool = False,
+    dtype: str | None = None,
 ) -> PreTrainedModel:
-    """The pretrained model at `model_name_or_path` with `config`, or a new one from `config`
+    """The pretrained model at `model_name_or_path` with `config`, its weights in `dtype` (`--dtype`; unset:
+    float32, what the Trainer's mixed precision expects: transformers 5 would load the folder's saved dtype, and a
+    folder saved in bfloat16 trained pure bfloat16 weights without a word), or a new one from `config` in float32
     (`ignore_mismatched_sizes`: weights of another shape than `config` gives them, a classifier's head for another
     number of labels, are initialized anew)."""
     if model_name_or_path:
         model = auto_class.from_pretrained(
-            model_name_or_path, config=config, ignore_mismatched_sizes=ignore_mismatched_sizes
+            model_name_or_path,
+            config=config,
+            ignore_mismatched_sizes=ignore_mismatched_sizes,
+            dtype=load_dtype(dtype, torch.float32),
         )
     else:
         model = auto_class.from_config(config)

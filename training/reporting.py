@@ -27,10 +27,11 @@ def summary(metrics: dict[str, float], keys: Sequence[str]) -> str:
     return ", ".join(f"{k[5:]} {metrics[k]:.4g}" for k in keys if k in metrics)
 
 
-def training_setup(args) -> str:
+def training_setup(args, weights: torch.dtype = torch.float32) -> str:
     """How a run trains, as the scripts resolved `args` (`ArchlabTrainingArguments`) for this machine: the device,
-    the processes, the precision and whether the model is compiled — the defaults differ between a CPU and a GPU, and
-    a user should see which took effect. Reads `args.device`, which sets up the processes as the Trainer would."""
+    the processes, the precision (and the `weights`' dtype where it is not float32: `--dtype`) and whether the model
+    is compiled — the defaults differ between a CPU and a GPU, and a user should see which took effect. Reads
+    `args.device`, which sets up the processes as the Trainer would."""
     device = args.device
     if device.type == "cuda":
         where = f"{device} ({torch.cuda.get_device_name(device)})"
@@ -39,6 +40,9 @@ def training_setup(args) -> str:
     if args.world_size > 1:
         where += f", {args.world_size} processes"
     precision = "bf16 autocast" if args.bf16 else "fp16 autocast" if args.fp16 else "float32"
+    if weights != torch.float32:
+        name = str(weights).removeprefix("torch.")
+        precision = f"{name} weights" + (f", {precision}" if args.bf16 or args.fp16 else "")
     if not args.torch_compile:
         how = "eager (no compilation)"
     else:

@@ -358,7 +358,7 @@ def build_task_model(
     kind = model_kind(task.model_kind)
     adopt_context_length(tokenizer, config, kind)
 
-    model = build_model(auto_class, config, choices.model_name_or_path, attn_implementation, new_head)
+    model = build_model(auto_class, config, choices.model_name_or_path, attn_implementation, new_head, choices.dtype)
     log(
         f"{type(model).__name__}: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters; "
         f"{len(data['train'])} training and {len(data['validation'])} validation examples"

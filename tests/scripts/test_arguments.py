@@ -170,11 +170,6 @@ def parse_generate(argv):
         ),
         (
             parse_pretrain,
-            ["--dtype", "bfloat16"],
-            "--dtype (a flag of transformers' example scripts; here: leave it out",
-        ),
-        (
-            parse_pretrain,
             ["--max_seq_length", "128"],
             "--max_seq_length (a flag of transformers' example scripts; here: --block_size",
         ),
@@ -210,6 +205,19 @@ def test_a_flag_of_transformers_example_scripts_is_named_with_what_to_pass_inste
     with pytest.raises(ValueError) as raised:
         parse(argv)
     assert str(raised.value).startswith(f"Unknown flags: {message}")
+
+
+@pytest.mark.parametrize("parse", [parse_pretrain, parse_finetune])
+def test_dtype_and_its_alias_torch_dtype_are_parsed_and_checked_while_parsing(parse):
+    """run_clm.py's --torch_dtype / --dtype: refused as a flag these scripts did without; now the dtype a saved
+    --model_name_or_path loads in, a value outside run_clm.py's choices named with them while the flags are read."""
+    for flag in ("--dtype", "--torch_dtype"):
+        assert parse([flag, "bfloat16"])[0].dtype == "bfloat16"
+        with pytest.raises(
+            ValueError, match="--dtype 'half' is not supported; allowed values: auto, bfloat16, float16"
+        ):
+            parse([flag, "half"])
+    assert parse([])[0].dtype is None
 
 
 @pytest.mark.parametrize("arguments", [PretrainTrainingArguments, FinetuneTrainingArguments])

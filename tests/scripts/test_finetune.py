@@ -21,6 +21,7 @@ from transformers import (
     AutoModelForTokenClassification,
     AutoTokenizer,
     EvalPrediction,
+    TrainerCallback,
     pipeline,
 )
 
@@ -313,6 +314,52 @@ def test_classification_end_to_end(tmp_path: Path, work: Path) -> None:
     assert metrics["before_eval_accuracy"] < 0.9
     model = AutoModelForSequenceClassification.from_pretrained(out)
     assert model.config.id2label == {0: "neg", 1: "pos"}
+
+
+class WeightDtypes(TrainerCallback):
+    """The dtypes of the weights the Trainer updates, seen at each step."""
+
+    def __init__(self) -> None:
+        self.seen: set[torch.dtype] = set()
+
+    def on_step_end(self, args, state, control, model=None, **kwargs) -> None:
+        self.seen |= {p.dtype for p in model.parameters()}
+
+
+def test_dtype_chooses_the_weights_trained_float32_by_default(tmp_path: Path, work: Path, capsys) -> None:
+    """A base folder saved in bfloat16 (as Hub checkpoints are): transformers 5 loads the saved dtype unless told, and
+    the script trained its bfloat16 weights as they were (pure bfloat16) where its help said float32; unset, --dtype
+    is float32, and --dtype bfloat16 / auto train the bfloat16 weights, said so in the log."""
+    base = tmp_path / "bf16"
+    archlab.DecoderForCausalLM.from_pretrained(work / "base").to(torch.bfloat16).save_pretrained(base)
+    save_tokenizer(load_tokenizer(work / "base"), base)
+    data = (work / "train.csv", work / "validation.csv")
+    for flags, expected in (([], torch.float32), (["--torch_dtype", "bfloat16"], torch.bfloat16)):
+        dtypes = WeightDtypes()
+        out = tmp_path / f"out-{expected}"
+        finetune.main(classification_args(out, base, *data, "--max_steps", "2", *flags), callbacks=[dtypes])
+        assert dtypes.seen == {expected}
+        saved = AutoModelForSequenceClassification.from_pretrained(out, dtype="auto")
+        assert {p.dtype for p in saved.parameters()} == {expected}
+        log = capsys.readouterr().out
+        assert ("bfloat16 weights, eager" in log) is (expected == torch.bfloat16), log
+        assert ("Warning: --dtype bfloat16 trains bfloat16 weights" in log) is (expected == torch.bfloat16)
+
+
+def test_a_dtype_that_cannot_train_is_refused_before_anything_is_read(tmp_path: Path, work: Path) -> None:
+    """float16 weights (asked, or a folder saved in float16 under auto): --fp16's gradient scaler refuses their
+    gradients at the first step and nothing else scales them; --dtype without a folder to load would be ignored."""
+    half = tmp_path / "fp16"
+    archlab.DecoderForCausalLM.from_pretrained(work / "base").to(torch.float16).save_pretrained(half)
+    save_tokenizer(load_tokenizer(work / "base"), half)
+    out, data = tmp_path / "out", (work / "train.csv", work / "validation.csv")
+    with pytest.raises(ValueError, match="--dtype float16 would train float16 weights: --fp16's loss scaling refuses"):
+        finetune.main(classification_args(out, work / "base", *data, "--dtype", "float16"))
+    with pytest.raises(ValueError, match=r"--dtype auto \(.* was saved in float16\) would train float16 weights"):
+        finetune.main(classification_args(out, half, *data, "--dtype", "auto"))
+    with pytest.raises(ValueError, match="--dtype bfloat16: it sets the dtype a saved --model_name_or_path loads in"):
+        finetune.main(run_args(out, "--task", "classification", "--dtype", "bfloat16"))
+    assert not out.exists()
 
 
 @pytest.mark.slow

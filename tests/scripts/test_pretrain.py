@@ -248,12 +248,14 @@ def test_bad_input_fails_before_anything_is_written(
             "--block_size 512 exceeds the model's `max_position_embeddings` \\(256\\)",
         ),
         (["--attn_implementation", "flash_attention_9"], "--attn_implementation 'flash_attention_9'"),
+        (["--dtype", "bfloat16"], "--dtype bfloat16: it sets the dtype a saved --model_name_or_path loads in"),
     ],
 )
 def test_model_flags_fail_before_data_is_read(
     tmp_path: Path, data_dir: Path, monkeypatch: pytest.MonkeyPatch, extra: list[str], message: str
 ) -> None:
-    """Both failed only after the tokenizer was trained and the data prepared."""
+    """The first two failed only after the tokenizer was trained and the data prepared; --dtype with no saved model to
+    load is named as early."""
 
     forbid(monkeypatch, sources, "load_raw_datasets", "data was loaded before the model flags were checked")
     args = tiny_args(tmp_path / "run", data_dir)

@@ -15,6 +15,20 @@ def test_a_cpu_run_says_float32_and_eager(tmp_path):
     assert reporting.training_setup(args) == "Training on the CPU: float32, eager (no compilation)"
 
 
+def test_weights_that_are_not_float32_are_named_with_the_autocast(tmp_path):
+    """--dtype bfloat16 trains bfloat16 weights: "float32" would say otherwise."""
+    args = PretrainTrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to=[])
+    assert (
+        reporting.training_setup(args, torch.bfloat16)
+        == "Training on the CPU: bfloat16 weights, eager (no compilation)"
+    )
+    args.bf16 = True
+    assert reporting.training_setup(args, torch.bfloat16).startswith(
+        "Training on the CPU: bfloat16 weights, bf16 autocast"
+    )
+    assert reporting.training_setup(args, torch.float32).startswith("Training on the CPU: bf16 autocast, eager")
+
+
 def test_a_gpu_run_names_the_gpu_precision_processes_and_compilation(monkeypatch):
     """What the scripts resolve on a bf16 GPU by default (the GPU's name stood in for here)."""
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device: "NVIDIA H100 80GB HBM3")
