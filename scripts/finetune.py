@@ -365,11 +365,12 @@ def main(argv: Sequence[str] | None = None, callbacks: list[TrainerCallback] | N
             f"{', '.join(SEQ2SEQ_PIPELINE_TAGS)} (the other tasks' tag follows from the model class)."
         )
     check_flag_positive(args, ("max_source_length", "max_target_length"), " (tokens)")
-    check_question_answering_flags(args, given_flags(argv))
+    passed = given_flags(argv)
+    check_question_answering_flags(args, passed)
     if args.source_prefix is not None and args.task != "seq2seq":
         raise ValueError(f"--source_prefix is for --task seq2seq (the encoder's inputs), not --task {args.task}.")
-    check_language_flags(args)
-    check_column_flags(args, data_args.text_column_name)
+    check_language_flags(args, passed)
+    check_column_flags(args, data_args.text_column_name, passed)
     text_column = check_text_column_flags(args, data_args.text_column_name)
     if args.label_all_tokens and not task.token_labels:
         raise ValueError(f"--label_all_tokens is for --task token-classification, not --task {args.task}.")
@@ -611,13 +612,15 @@ COLUMN_FLAGS = {
 }
 
 
-def check_column_flags(args: FinetuneArguments, text_column_name: str) -> None:
+def check_column_flags(args: FinetuneArguments, text_column_name: str, passed: Iterable[str] = ()) -> None:
     """A column flag of another task is refused with the task's own: `--text_column_name document` given to --task
-    seq2seq was ignored without a word, and the run read the default `code` column (or failed naming it)."""
+    seq2seq was ignored without a word, and the run read the default `code` column (or failed naming it). A flag
+    counts when the command line gives it (`passed`, as `given_flags` reads it), whatever its value, or when its
+    value is not the default."""
     defaults = {f.name: f.default for f in fields(FinetuneArguments)}
     given = {name: getattr(args, name) for name in COLUMN_FLAGS if name != "text_column_name"}
     given["text_column_name"] = text_column_name
-    foreign = [f"--{name}" for name, value in given.items() if value != defaults.get(name, "text")]
+    foreign = [f"--{name}" for name, value in given.items() if name in passed or value != defaults.get(name, "text")]
     foreign = [flag for flag in foreign if args.task not in COLUMN_FLAGS[flag[2:]]]
     if foreign:
         own = [f"--{name}" for name, tasks in COLUMN_FLAGS.items() if args.task in tasks]
@@ -628,9 +631,10 @@ def check_column_flags(args: FinetuneArguments, text_column_name: str) -> None:
         )
 
 
-def check_language_flags(args: FinetuneArguments) -> None:
+def check_language_flags(args: FinetuneArguments, passed: Iterable[str] = ()) -> None:
     """--source_lang / --target_lang (run_translation.py's `translation` column): both, for --task seq2seq, instead of
-    the column flags; the pairs are then read into columns named by the languages."""
+    the column flags (given on the command line, `passed`, or set to other than their defaults); the pairs are then
+    read into columns named by the languages."""
     if args.source_lang is None and args.target_lang is None:
         return
     if args.task != "seq2seq":
@@ -641,7 +645,11 @@ def check_language_flags(args: FinetuneArguments) -> None:
             f"(got {args.source_lang!r} and {args.target_lang!r})."
         )
     defaults = {f.name: f.default for f in fields(FinetuneArguments)}
-    given = [f"--{name}" for name in ("source_column", "target_column") if getattr(args, name) != defaults[name]]
+    given = [
+        f"--{name}"
+        for name in ("source_column", "target_column")
+        if name in passed or getattr(args, name) != defaults[name]
+    ]
     if given:
         raise ValueError(
             f"Conflicting flags: {' and '.join(given)} with --source_lang / --target_lang, which read the "

@@ -1098,6 +1098,11 @@ def test_translation_pairs_are_read_by_their_languages() -> None:
     ):
         with pytest.raises(ValueError, match=message):
             finetune.check_language_flags(finetune.FinetuneArguments(**{"task": "seq2seq", **given}))
+    # a column flag given with its default value conflicts all the same (`--source_column code`)
+    with pytest.raises(ValueError, match="Conflicting flags: --source_column with --source_lang"):
+        finetune.check_language_flags(
+            finetune.FinetuneArguments(task="seq2seq", source_lang="en", target_lang="de"), {"source_column"}
+        )
 
 
 def pair_rows(n: int, seed: int) -> list[dict[str, str]]:
@@ -2089,6 +2094,9 @@ def test_question_answering_flags_given_to_another_task_are_refused(tmp_path: Pa
         ("instruct", ["--source_column", "q", "--label_column_name", "y"], "--label_column_name, --source_column: "),
         ("classification", ["--prompt_column", "q"], "--prompt_column: .* --text_column_name, --label_column_name"),
         ("question-answering", ["--target_column", "a"], "its columns are named by --question_column, --context_"),
+        # given with their default values: refused all the same (they were taken for flags left out)
+        ("seq2seq", ["--text_column_name", "text"], "--text_column_name: .* --source_column, --target_column"),
+        ("classification", ["--messages_column=messages"], "--messages_column: .* --text_column_name, --label_col"),
     ],
 )
 def test_column_flags_of_another_task_are_refused_naming_the_tasks_own(tmp_path: Path, task, flags, message) -> None:
