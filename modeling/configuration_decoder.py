@@ -105,6 +105,68 @@ def check_rope_parameters(rope_parameters: Any) -> None:
             raise ValueError(f"`rope_parameters['{key}']` (rope_type {rope_type!r}) must be {kind}, got {value!r}.")
 
 
+# The legacy keyword arguments transformers still reads for RoPE. Beside an explicit `rope_parameters`, transformers
+# drops the scalar ones (`rope_theta`, `partial_rotary_factor`: the dict's entry wins) and lets `rope_scaling` replace
+# the whole dict, its `rope_theta` included, without a word.
+LEGACY_ROPE_SCALARS = ("rope_theta", "partial_rotary_factor")
+LEGACY_ROPE_FIELDS = ("rope_scaling", *LEGACY_ROPE_SCALARS)
+
+
+def _rope_disagreements(legacy: dict, given: dict, where: str = "") -> list[str]:
+    """The entries of a legacy `rope_scaling` dict that `rope_parameters` (`given`) lacks or holds otherwise."""
+    wrong = []
+    for key, value in legacy.items():
+        name = f"{where}[{key!r}]"
+        if isinstance(value, dict):
+            other = given.get(key)
+            if isinstance(other, dict):
+                wrong += _rope_disagreements(value, other, name)
+            else:
+                wrong.append(f"`rope_scaling{name}`={value!r} beside `rope_parameters{name}`={other!r}")
+        elif key in ("type", "rope_type"):
+            held = rope_type_of(given)
+            if rope_type_of(legacy) != held:
+                wrong.append(f"`rope_scaling{name}`={value!r} beside `rope_parameters{where}['rope_type']`={held!r}")
+        elif key not in given or given[key] != value:
+            held = f"={given[key]!r}" if key in given else " unset"
+            wrong.append(f"`rope_scaling{name}`={value!r} beside `rope_parameters{name}`{held}")
+    return wrong
+
+
+def check_legacy_rope_fields(rope_parameters: Any, legacy: dict[str, Any]) -> dict[str, Any]:
+    """The legacy RoPE keyword arguments given beside an explicit `rope_parameters` must agree with it: a
+    `rope_theta` (`partial_rotary_factor`) with every set that holds one, a `rope_scaling` entry by entry. They
+    disagree: a `ValueError` naming both. They agree: `rope_scaling` is dropped (`rope_parameters` says all it says,
+    and transformers would replace the dict by it); the scalars stay, to fill the sets that lack them."""
+    if not isinstance(rope_parameters, dict):
+        return legacy
+    for name in LEGACY_ROPE_SCALARS:
+        value = legacy.get(name)
+        if value is None:
+            continue
+        per_type = {k: v for k, v in rope_parameters.items() if isinstance(v, dict)}
+        sets = {f"[{k!r}]": v for k, v in per_type.items()} if per_type else {"": rope_parameters}
+        for where, parameters in sets.items():
+            if name in parameters and parameters[name] != value:
+                raise ValueError(
+                    f"`{name}`={value!r} and `rope_parameters{where}['{name}']`={parameters[name]!r} disagree: "
+                    f"transformers would ignore `{name}`. Give it once, inside `rope_parameters` "
+                    f"(`rope_parameters{where}['{name}']`), and drop the legacy `{name}`."
+                )
+    scaling = legacy.get("rope_scaling")
+    if isinstance(scaling, dict):
+        wrong = _rope_disagreements(scaling, rope_parameters)
+        if wrong:
+            raise ValueError(
+                f"`rope_scaling` and `rope_parameters` are both given and disagree: {'; '.join(wrong)}. "
+                "transformers would replace `rope_parameters` by `rope_scaling` (its `rope_theta` included): give "
+                "the RoPE once, as `rope_parameters` with `rope_type`, `rope_theta` and the scaling inside, and drop "
+                "`rope_scaling`."
+            )
+        legacy = {k: v for k, v in legacy.items() if k != "rope_scaling"}
+    return legacy
+
+
 @strict
 class DecoderConfig(PreTrainedConfig):
     r"""Configuration of [`DecoderModel`], [`DecoderForCausalLM`], [`DecoderForSequenceClassification`],
@@ -125,7 +187,8 @@ class DecoderConfig(PreTrainedConfig):
         rms_norm_eps (`float`, 1e-6): epsilon of every norm (RMSNorm or LayerNorm).
         rope_parameters (`dict`, *optional*): `{"rope_type": ..., "rope_theta": ..., ...}` exactly as transformers
             reads it (default, linear, dynamic, yarn, llama3, ...; `partial_rotary_factor` rotates a fraction of
-            each head, as GPT-NeoX). Legacy `rope_theta` / `rope_scaling` are accepted. Or one such dict per layer
+            each head, as GPT-NeoX). Legacy `rope_theta` / `rope_scaling` / `partial_rotary_factor` are accepted;
+            beside `rope_parameters` they must agree with it (a `ValueError` names both). Or one such dict per layer
             type (`{"full_attention": {...}, "sliding_attention": {...}}`, transformers 5's form: Gemma3's global and
             local RoPE bases), a set for every type in `layer_types`.
         attention_bias (`bool`, False): biases on the q/k/v/o projections. mlp_bias (`bool`, False): on the MLP.
@@ -342,6 +405,14 @@ class DecoderConfig(PreTrainedConfig):
                         f"pass `{name}` with {layers} entries too."
                     )
         config_dict = _derive_per_layer_types_again(config_dict, kwargs)
+        # RoPE overrides are construction arguments: transformers would drop a `rope_theta`, and set a `rope_scaling`
+        # or `rope_parameters` on the built config unstandardised (no `rope_theta`: a model that cannot be built).
+        # A `rope_parameters` without a base keeps the saved one, as the saved config's other fields are kept.
+        rope = {name: kwargs.pop(name) for name in ("rope_parameters", *LEGACY_ROPE_FIELDS) if name in kwargs}
+        saved = config_dict.get("rope_parameters")
+        if "rope_parameters" in rope and isinstance(saved, dict) and "rope_theta" in saved:
+            rope.setdefault("rope_theta", saved["rope_theta"])
+        config_dict = {**config_dict, **rope}
         loaded = super().from_dict(config_dict, **kwargs)
         # transformers sets the other overrides (`from_pretrained(folder, num_key_value_heads=3)`) on the built
         # config, past `__post_init__`'s checks: without these, an impossible value failed late, in the model
@@ -367,6 +438,7 @@ class DecoderConfig(PreTrainedConfig):
         _resolve_moe_defaults(self)
         for name, value in (("rope_parameters", self.rope_parameters), ("rope_scaling", kwargs.get("rope_scaling"))):
             _check_rope_dict(name, value)  # transformers' standardising would fail on it
+        kwargs = check_legacy_rope_fields(self.rope_parameters, kwargs)
         super().__post_init__(**kwargs)  # standardises `rope_parameters` (legacy `rope_theta` / `rope_scaling`)
         _check_resolved(self)
 

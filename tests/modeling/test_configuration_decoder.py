@@ -1,6 +1,8 @@
 """DecoderConfig: defaults, derived fields, and early, field-naming errors for impossible values and for invalid
 catalogue values and combinations (the MLP width rules included)."""
 
+import json
+
 import pytest
 import torch
 from transformers import AutoConfig
@@ -32,6 +34,128 @@ def test_llama_defaults_and_derived_fields():
 def test_legacy_rope_theta_is_standardised():
     config = tiny_decoder_config(rope_theta=500000.0)
     assert config.rope_parameters["rope_theta"] == 500000.0
+
+
+PER_LAYER_TYPE_ROPE = dict(
+    sliding_window=4,
+    layer_types=["sliding_attention", "full_attention"],
+    rope_parameters={
+        "sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+        "full_attention": {"rope_type": "linear", "rope_theta": 1e6, "factor": 2.0},
+    },
+)
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (
+            dict(rope_theta=50000.0, rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),
+            r"`rope_theta`=50000.0 and `rope_parameters\['rope_theta'\]`=10000.0 disagree.*inside `rope_parameters`",
+        ),
+        (
+            dict(rope_theta=5e5, **PER_LAYER_TYPE_ROPE),
+            r"`rope_theta`=500000.0 and `rope_parameters\['sliding_attention'\]\['rope_theta'\]`=10000.0 disagree",
+        ),
+        (
+            dict(partial_rotary_factor=0.5, rope_parameters={"rope_theta": 1e4, "partial_rotary_factor": 0.25}),
+            r"`partial_rotary_factor`=0.5 and `rope_parameters\['partial_rotary_factor'\]`=0.25 disagree",
+        ),
+        (
+            dict(rope_scaling={"rope_type": "linear", "factor": 2.0}, rope_parameters={"rope_theta": 5e5}),
+            r"`rope_scaling\['rope_type'\]`='linear' beside `rope_parameters\['rope_type'\]`='default'; "
+            r"`rope_scaling\['factor'\]`=2.0 beside `rope_parameters\['factor'\]` unset",
+        ),
+        (
+            dict(
+                rope_scaling={"type": "linear", "factor": 4.0},
+                rope_parameters={"rope_type": "linear", "rope_theta": 1e4, "factor": 2.0},
+            ),
+            r"`rope_scaling\['factor'\]`=4.0 beside `rope_parameters\['factor'\]`=2.0.*drop `rope_scaling`",
+        ),
+    ],
+)
+def test_legacy_rope_fields_that_disagree_with_rope_parameters_are_refused(overrides, message):
+    """transformers drops a `rope_theta` (`partial_rotary_factor`) given beside `rope_parameters`, and lets a
+    `rope_scaling` replace it, base and all: each of these built a RoPE other than one of the two asked for."""
+    with pytest.raises(ValueError, match=message):
+        tiny_decoder_config(**overrides)
+
+
+@pytest.mark.parametrize(
+    "overrides, expected",
+    [
+        (
+            dict(rope_theta=10000, rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),
+            {"rope_type": "default", "rope_theta": 10000.0},
+        ),
+        (  # the legacy base fills a set without one
+            dict(rope_theta=5e5, rope_parameters={"rope_type": "linear", "factor": 2.0}),
+            {"rope_type": "linear", "factor": 2.0, "rope_theta": 5e5},
+        ),
+        (  # transformers would have replaced the parameters by `rope_scaling`, losing the base
+            dict(
+                rope_scaling={"type": "linear", "factor": 2.0},
+                rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 5e5},
+            ),
+            {"rope_type": "linear", "factor": 2.0, "rope_theta": 5e5},
+        ),
+        (
+            dict(rope_theta=1e4, partial_rotary_factor=0.5, rope_parameters={"partial_rotary_factor": 0.5}),
+            {"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.5},
+        ),
+    ],
+)
+def test_legacy_rope_fields_that_agree_with_rope_parameters_are_accepted(overrides, expected):
+    assert tiny_decoder_config(**overrides).rope_parameters == expected
+
+
+def test_rope_overrides_of_a_saved_config_are_read_as_at_construction(tmp_path):
+    """`from_pretrained(folder, rope_theta=...)` was dropped without a word, and a `rope_scaling` or
+    `rope_parameters` override was set unstandardised: no `rope_theta`, a model that could not be built."""
+    tiny_decoder_config(rope_parameters={"rope_type": "default", "rope_theta": 5e5}).save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match=r"`rope_theta`=10000.0 and `rope_parameters\['rope_theta'\]`=500000.0"):
+        AutoConfig.from_pretrained(tmp_path, rope_theta=1e4)
+    with pytest.raises(ValueError, match=r"`rope_scaling` and `rope_parameters` are both given and disagree"):
+        AutoConfig.from_pretrained(tmp_path, rope_scaling={"rope_type": "linear", "factor": 2.0})
+    assert AutoConfig.from_pretrained(tmp_path, rope_theta=5e5).rope_parameters["rope_theta"] == 5e5
+    scaled = AutoConfig.from_pretrained(tmp_path, rope_parameters={"rope_type": "linear", "factor": 2.0})
+    assert scaled.rope_parameters == {"rope_type": "linear", "factor": 2.0, "rope_theta": 5e5}  # the saved base
+    DecoderForCausalLM(scaled)(torch.tensor([[1, 5, 6]]))
+
+
+@pytest.mark.parametrize(
+    "rope",
+    [
+        dict(),
+        dict(rope_parameters={"rope_type": "linear", "rope_theta": 5e5, "factor": 2.0}),
+        dict(
+            rope_parameters={
+                "rope_type": "yarn",
+                "rope_theta": 1e4,
+                "factor": 4.0,
+                "original_max_position_embeddings": 32,
+            }
+        ),
+        PER_LAYER_TYPE_ROPE,
+    ],
+    ids=["default", "linear", "yarn", "per_layer_type"],
+)
+def test_a_saved_model_holds_rope_parameters_alone_and_loads_the_same(tmp_path, rope):
+    """The saved config.json holds no legacy RoPE field, so the check of legacy fields beside `rope_parameters`
+    never fires on archlab's own folders; they load to the same config and logits."""
+    torch.manual_seed(0)
+    model = DecoderForCausalLM(tiny_decoder_config(**rope)).eval()
+    model.save_pretrained(tmp_path)
+    saved = json.loads((tmp_path / "config.json").read_text())
+    assert not set(saved) & {"rope_theta", "rope_scaling", "partial_rotary_factor"}
+    assert saved["rope_parameters"] == model.config.rope_parameters
+    loaded = DecoderForCausalLM.from_pretrained(tmp_path).eval()
+    assert loaded.config.to_dict() == {**model.config.to_dict(), "_name_or_path": str(tmp_path)}
+    assert DecoderConfig.from_dict(saved).rope_parameters == model.config.rope_parameters
+    ids = torch.tensor([[1, 5, 6, 7, 8]])
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(ids).logits, model(ids).logits, atol=0, rtol=0)
 
 
 def test_round_trip_through_dict():
