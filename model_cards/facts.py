@@ -145,11 +145,44 @@ def _positions(config: dict[str, Any], encoder_decoder: bool) -> str:
     return f"RoPE {_rope_set(rope)}"
 
 
+# The entries of a RoPE parameter set besides its type, base and partial factor, in the order a card shows them: the
+# scaled types' factor and pre-training length first, then what each type reads besides (yarn's betas and scales,
+# longrope's per-frequency factors, llama3's frequency bands). An entry a set holds that is not listed comes after.
+ROPE_ENTRY_ORDER = (
+    "factor",
+    "original_max_position_embeddings",
+    "low_freq_factor",
+    "high_freq_factor",
+    "beta_fast",
+    "beta_slow",
+    "attention_factor",
+    "mscale",
+    "mscale_all_dim",
+    "truncate",
+    "short_factor",
+    "long_factor",
+)
+ROPE_SET_OWN_ENTRIES = ("rope_type", "type", "rope_theta", "partial_rotary_factor")
+
+
+def _rope_entry(name: str, value: Any) -> str:
+    """`name=value`; a list of per-frequency factors as its range and length (`1..4 (32 values)`)."""
+    if isinstance(value, (list, tuple)) and value and all(isinstance(v, (int, float)) for v in value):
+        low, high = min(value), max(value)
+        return f"{name}={low:g} (x{len(value)})" if low == high else f"{name}={low:g}..{high:g} ({len(value)} values)"
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return f"{name}={value:g}"
+    return f"{name}={value}"
+
+
 def _rope_set(rope: dict[str, Any]) -> str:
-    """One RoPE parameter set: `(type, theta=..., partial ...)`."""
-    text = f"({rope.get('rope_type', 'default')}, theta={rope.get('rope_theta', 10000.0):g}"
+    """One RoPE parameter set: `(type, theta=..., partial ..., factor=..., ...)`, every entry its type reads."""
+    text = f"({rope.get('rope_type', rope.get('type', 'default'))}, theta={rope.get('rope_theta', 10000.0):g}"
     if rope.get("partial_rotary_factor", 1.0) != 1.0:
         text += f", partial {rope['partial_rotary_factor']:g}"
+    others = sorted(name for name in rope if name not in ROPE_ENTRY_ORDER + ROPE_SET_OWN_ENTRIES)
+    for name in [name for name in ROPE_ENTRY_ORDER if name in rope] + others:
+        text += f", {_rope_entry(name, rope[name])}"
     return text + ")"
 
 

@@ -103,6 +103,57 @@ def test_architecture_rows_name_each_layer_type_s_rope():
     )
 
 
+LONG_FACTORS = [1.0, 2.0, 3.0, 4.0]
+
+
+@pytest.mark.parametrize(
+    "rope, shown",
+    [
+        ({"rope_type": "default"}, "(default, theta=10000)"),
+        ({"rope_type": "linear", "factor": 2.0}, "(linear, theta=10000, factor=2)"),
+        ({"rope_type": "dynamic", "factor": 3.0}, "(dynamic, theta=10000, factor=3)"),
+        (
+            {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32, "beta_fast": 16.0},
+            "(yarn, theta=10000, factor=4, original_max_position_embeddings=32, beta_fast=16)",
+        ),
+        (
+            {
+                "rope_type": "longrope",
+                "factor": 4.0,
+                "original_max_position_embeddings": 32,
+                "short_factor": [1.0] * 4,
+                "long_factor": LONG_FACTORS,
+                "attention_factor": 1.2,
+            },
+            "(longrope, theta=10000, factor=4, original_max_position_embeddings=32, attention_factor=1.2, "
+            "short_factor=1 (x4), long_factor=1..4 (4 values))",
+        ),
+        (
+            {
+                "rope_type": "llama3",
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 32,
+            },
+            "(llama3, theta=10000, factor=8, original_max_position_embeddings=32, low_freq_factor=1, "
+            "high_freq_factor=4)",
+        ),
+        (
+            {"rope_type": "linear", "factor": 2.0, "partial_rotary_factor": 0.5},
+            "(linear, theta=10000, partial 0.5, factor=2)",
+        ),
+    ],
+    ids=["default", "linear", "dynamic", "yarn", "longrope", "llama3", "partial"],
+)
+def test_the_card_shows_the_entries_each_rope_type_reads(tmp_path, rope, shown):
+    """A scaled RoPE's card showed its type and base alone: a linear RoPE's factor, yarn's and llama3's pre-training
+    length, longrope's per-frequency factors were missing."""
+    config = tiny_decoder_config(rope_parameters={"rope_theta": 1e4, **rope})
+    table = _table(write_model_card(_save(DecoderForCausalLM(config), tmp_path / "m")).read_text(), "property")
+    assert table["positions"] == f"RoPE {shown}"
+
+
 def test_architecture_rows_read_missing_fields_with_defaults():
     rows = dict(
         architecture_rows(
