@@ -48,7 +48,7 @@ def one_window_for_every_layer(config: PreTrainedConfig, architecture: str) -> d
 
 def head_dim_given(stock: PreTrainedConfig | Any, values: Mapping[str, Any]) -> dict[str, Any]:
     """The head size config.json gives to a family whose config declares no `head_dim` but whose attention and RoPE
-    read it (`getattr(config, "head_dim", hidden // heads)`: Qwen2, Qwen2-MoE, Phi), else hidden / heads."""
+    read it (`getattr(config, "head_dim", hidden // heads)`: Qwen2, Qwen2-MoE, Phi, Phi-3), else hidden / heads."""
     return {"head_dim": values.get("head_dim") or stock.hidden_size // stock.num_attention_heads}
 
 

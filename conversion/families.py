@@ -477,8 +477,8 @@ FAMILIES: dict[str, Family] = {
 # Stock classes whose default RoPE ignores `rope_parameters["partial_rotary_factor"]` (every channel rotates; other
 # rope types then fail in the first forward), and stock classes without a `head_dim` field whose RoPE reads
 # `getattr(config, "head_dim")` (config.json may carry it) while their attention takes hidden / heads (StableLM,
-# GPT-NeoX) or that this converter does not map it for (Phi-3): a head size other than hidden / heads is refused.
-# Qwen2, Qwen2-MoE and Phi read it in their attention too and map it (`head_dim_given`).
+# GPT-NeoX): a head size other than hidden / heads is refused. Qwen2, Qwen2-MoE, Phi and Phi-3 read it in their
+# attention too and map it (`head_dim_given`).
 IGNORES_PARTIAL_ROTARY = (
     "llama",
     "mistral",
@@ -492,7 +492,7 @@ IGNORES_PARTIAL_ROTARY = (
     "olmo2",
     "falcon",
 )
-READS_UNDECLARED_HEAD_DIM = ("phi3", "stablelm", "gpt_neox")
+READS_UNDECLARED_HEAD_DIM = ("stablelm", "gpt_neox")
 
 
 def _guarded(family: Family) -> Family:

@@ -8,7 +8,10 @@ embedding is transformers' for the `rope_parameters` it has, `partial_rotary_fac
 it, with its attention factor), the only types `Phi3Config` accepts; archlab's rotary computes both with the same
 functions. `original_max_position_embeddings` is a top-level field only longrope reads, inside `rope_parameters`:
 it is dropped on import otherwise, and written back from `rope_parameters` (else `max_position_embeddings`).
-`resid_pdrop` and `embd_pdrop` only change training: dropped on import, exported as 0.
+`resid_pdrop` and `embd_pdrop` only change training: dropped on import, exported as 0. `Phi3Config` declares no
+`head_dim`, but Phi-3's attention and RoPE read one that config.json gives (`getattr(config, "head_dim", hidden //
+heads)`): it is mapped both ways (written back only where it is not hidden / heads), except with longrope, whose
+factors `Phi3Config` checks against hidden / heads while its RoPE takes `head_dim`: no such model can be built.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from typing import Any
 from transformers import Phi3Config, Phi3ForCausalLM, PreTrainedConfig
 
 from ..modeling import DecoderForCausalLM
-from .checks import one_window_for_every_layer, refuse_export, refuse_import
+from .checks import head_dim_given, head_dim_to_write, one_window_for_every_layer, refuse_export, refuse_import
 from .family import Family, same
 from .layouts import FusedGateUp, FusedQKV, Rename, WeightRules
 
@@ -69,22 +72,38 @@ def _rope_type(parameters: Mapping[str, Any] | None) -> str:
     return parameters.get("rope_type", parameters.get("type", "default"))
 
 
+def _longrope_head_dim(rope_type: str, head_dim: int, hidden_size: int, heads: int) -> dict[str, str]:
+    """The refusal of longrope with a head size other than hidden / heads: `Phi3Config` wants one factor per rotary
+    frequency of hidden / heads, its RoPE (and archlab's) one per frequency of `head_dim`."""
+    if rope_type != "longrope" or head_dim == hidden_size // heads:
+        return {}
+    return {
+        f"head_dim={head_dim!r} with rope_type 'longrope'": f"Phi3Config checks longrope's factors against "
+        f"hidden_size / num_attention_heads = {hidden_size // heads} while its RoPE reads head_dim, so no such "
+        "Phi-3 can be built"
+    }
+
+
 def _phi3_to_archlab(stock: PreTrainedConfig, values: Mapping[str, Any]) -> dict[str, Any]:
     rope_type = _rope_type(stock.rope_parameters)
+    head_dim = head_dim_given(stock, values)
+    wrong = _longrope_head_dim(rope_type, head_dim["head_dim"], stock.hidden_size, stock.num_attention_heads)
     if rope_type not in ROPE_TYPES:  # (Phi3Config refuses them itself; a config built past its checks)
-        refuse_import("phi3", {f"rope_parameters['rope_type']={rope_type!r}": f"Phi-3 computes {ROPE_TYPES} only"})
-    return {}
+        wrong[f"rope_parameters['rope_type']={rope_type!r}"] = f"Phi-3 computes {ROPE_TYPES} only"
+    refuse_import("phi3", wrong)
+    return head_dim
 
 
 def _phi3_from_archlab(config: PreTrainedConfig) -> dict[str, Any]:
-    wrong = {}
     rope = config.rope_parameters or {}
     rope_type = _rope_type(rope)
+    wrong = _longrope_head_dim(rope_type, config.head_dim, config.hidden_size, config.num_attention_heads)
     if rope_type not in ROPE_TYPES:
         wrong[f"rope_parameters['rope_type']={rope_type!r}"] = f"Phi3Config accepts {' and '.join(ROPE_TYPES)} only"
     refuse_export("Phi3ForCausalLM", wrong)
     return {
         **one_window_for_every_layer(config, "Phi3ForCausalLM"),
+        **head_dim_to_write(config),
         "original_max_position_embeddings": rope.get(
             "original_max_position_embeddings", config.max_position_embeddings
         ),
@@ -100,7 +119,7 @@ PHI3 = Family(
     fields=same(*PHI3_FIELDS),
     to_archlab=_phi3_to_archlab,
     from_archlab=_phi3_from_archlab,
-    expressible=frozenset({"layer_types"}),
+    expressible=frozenset({"head_dim", "layer_types"}),
     layout=RULES.layout(),
 )
 

@@ -344,6 +344,16 @@ CASES = {
             "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.75},
         },
     ),
+    # a head size config.json gives (Phi3Config has no such field; its attention and RoPE read it), 16 != 32 / 4, with
+    # a partial rotary factor: both sides rotate 12 channels of each head (6 of hidden / heads would differ)
+    "phi3-head-size": (
+        Phi3Config(
+            **QWEN2_SHAPE,
+            head_dim=16,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.75},
+        ),
+        {"head_dim": 16, "hidden_size": 32},
+    ),
     # Phi-3-*-128k's longrope: the 12-token batches are past `original_max_position_embeddings`, so the long factors
     # apply (the short ones: `test_phi3_longrope_short_sequences_use_the_short_factors`)
     "phi3-longrope": (
@@ -752,6 +762,20 @@ ALSO_NOT_EXPRESSIBLE = {
     "phi-qk-norm-head-size": ("phi", "phi-head-size", {"use_qk_norm": True}, ["head_dim=16", "use_qk_norm"]),
     "phi3-biases": ("phi3", "phi3", {"attention_bias": True, "mlp_bias": True}, ["attention_bias", "mlp_bias"]),
     "phi3-mixed-windows": ("phi3", "phi3", {"layer_types": ["sliding_attention", "full_attention"]}, ["layer_types"]),
+    # one longrope factor per frequency of head_dim 16, which Phi3Config checks against hidden / heads (8)
+    "phi3-longrope-head-size": (
+        "phi3",
+        "phi3-head-size",
+        {
+            "rope_parameters": {
+                **PHI3_LONGROPE,
+                "short_factor": [1.0] * 8,
+                "long_factor": [2.0] * 8,
+                "original_max_position_embeddings": 8,
+            }
+        },
+        ["head_dim=16 with rope_type 'longrope'", "hidden_size / num_attention_heads = 8"],
+    ),
     "gemma3_text-partial-rotary": (
         "gemma3_text",
         "gemma3_text",
@@ -973,8 +997,11 @@ NOT_IMPORTABLE = {
         ["hidden_act"],
     ),
     "roberta-no-pad": (RobertaConfig(hidden_size=32, num_attention_heads=4, pad_token_id=None), ["pad_token_id"]),
-    # no `head_dim` field in Phi3Config, but Phi-3's attention reads one from config.json
-    "phi3-undeclared-head-dim": (Phi3Config(**QWEN2_SHAPE, head_dim=16), ["head_dim"]),
+    # Phi3Config checks longrope's factors against hidden / heads (4 here), its RoPE reads head_dim (8 frequencies)
+    "phi3-longrope-head-size": (
+        Phi3Config(**QWEN2_SHAPE, head_dim=16, original_max_position_embeddings=8, rope_parameters=PHI3_LONGROPE),
+        ["head_dim=16 with rope_type 'longrope'", "Phi3Config checks longrope's factors"],
+    ),
     # the stock default RoPE rotates every channel: the factor is ignored there
     "llama-partial-rotary": (LlamaConfig(**LLAMA_LIKE, rope_parameters=ROPE_25), ["partial_rotary_factor"]),
     # no `head_dim` field in their configs: their RoPE reads one from config.json, their attention takes hidden / heads
