@@ -86,7 +86,7 @@ def check_rope_parameters(rope_parameters: Any) -> None:
                 f"{', '.join(map(repr, ROPE_TYPES))}."
             )
         theta = parameters.get("rope_theta")
-        if theta is not None and not (_is_number(theta) and theta > 0):
+        if "rope_theta" in parameters and not (_is_number(theta) and theta > 0):  # None: a TypeError in forward
             raise ValueError(
                 f"`rope_theta` (`rope_parameters['rope_theta']`) must be a positive number (the RoPE base, "
                 f"10000.0 by default), got {theta!r}."

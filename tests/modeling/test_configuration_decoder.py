@@ -198,6 +198,9 @@ def test_impossible_values_fail_at_construction_naming_the_field(overrides, fiel
     [
         (dict(rope_theta=-5), r"`rope_theta` .* must be a positive number .* got -5"),
         (dict(rope_theta=0.0), r"`rope_theta` .* must be a positive number .* got 0.0"),
+        # standardised into `rope_parameters` as given: a TypeError in the first forward
+        (dict(rope_theta=None), r"`rope_theta` .* must be a positive number .* got None"),
+        (dict(rope_parameters={"rope_type": "default", "rope_theta": None}), r"`rope_theta` .* got None"),
         (dict(rope_parameters={"rope_type": "default", "rope_theta": "1e4"}), r"`rope_theta` .* got '1e4'"),
         (dict(partial_rotary_factor=1.5), r"`partial_rotary_factor` .* must be in \(0, 1\], got 1.5"),
         (
