@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..modeling import DecoderConfig
+from ..modeling.configuration_decoder import override_rope
 
 
 def _rope(theta: float = 10000.0, **extra: Any) -> dict[str, Any]:
@@ -461,15 +462,15 @@ def preset_kwargs(name: str) -> dict[str, Any]:
 
 
 def preset_config(name: str, **overrides: Any) -> DecoderConfig:
-    """`DecoderConfig` of the named preset with `overrides` applied (validated like any config).
+    """`DecoderConfig` of the named preset with `overrides` applied (validated like any config); a legacy
+    `rope_theta` / `rope_scaling` / `partial_rotary_factor` changes the preset's `rope_parameters` (`override_rope`).
 
     Overriding `num_hidden_layers` of a preset with interleaved `layer_types` re-derives the alternation."""
     kwargs = preset_kwargs(name)
     if "num_hidden_layers" in overrides and "layer_types" in kwargs and "layer_types" not in overrides:
         pattern = kwargs["layer_types"][:2]
         kwargs["layer_types"] = [pattern[i % len(pattern)] for i in range(overrides["num_hidden_layers"])]
-    kwargs.update(overrides)
-    return DecoderConfig(**kwargs)
+    return DecoderConfig(**override_rope(kwargs, overrides))
 
 
 __all__ = ["PRESETS", "PRESET_NOTES", "list_presets", "preset_config", "preset_kwargs"]

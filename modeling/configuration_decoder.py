@@ -167,6 +167,42 @@ def check_legacy_rope_fields(rope_parameters: Any, legacy: dict[str, Any]) -> di
     return legacy
 
 
+def override_rope(values: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    """`values` (a preset's or a config file's fields) with `overrides` applied, RoPE's read as a user means them:
+    a legacy `rope_theta` / `partial_rotary_factor` / `rope_scaling` override changes those entries of the preset's
+    `rope_parameters` (beside it, the config would refuse it as a disagreement), and a `rope_parameters` override
+    without a base keeps the preset's, as `from_pretrained(folder, rope_parameters=...)` keeps the saved one.
+    `preset_config("llama-2-7b", rope_theta=1e6)` sets its base to 1e6."""
+    merged = {**values, **overrides}
+    base = values.get("rope_parameters")
+    if not isinstance(base, dict):
+        return merged
+    if "rope_parameters" in overrides:
+        given = overrides["rope_parameters"]
+        if isinstance(given, dict) and rope_parameter_sets(given) == [given] and "rope_theta" in base:
+            merged["rope_parameters"] = {"rope_theta": base["rope_theta"], **given}
+        return merged
+    legacy = {name: overrides[name] for name in LEGACY_ROPE_FIELDS if overrides.get(name) is not None}
+    if not legacy:
+        return merged
+    if rope_parameter_sets(base) != [base]:
+        raise ValueError(
+            f"{', '.join(f'`{name}`' for name in legacy)}: the RoPE here has one parameter set per layer type "
+            f"({', '.join(base)}); override `rope_parameters` with a set for each instead."
+        )
+    scaling = legacy.pop("rope_scaling", None)
+    if scaling is not None and not isinstance(scaling, dict):
+        raise ValueError(f"`rope_scaling` must be a dict (`{{'rope_type': ..., 'factor': ...}}`), got {scaling!r}.")
+    if scaling is not None:
+        scaling = {("rope_type" if key == "type" else key): value for key, value in scaling.items()}
+        kept = {key: base[key] for key in ("rope_theta", "partial_rotary_factor") if key in base}
+        base = {**kept, **scaling}
+    merged["rope_parameters"] = {**base, **legacy}
+    for name in LEGACY_ROPE_FIELDS:
+        merged.pop(name, None)
+    return merged
+
+
 @strict
 class DecoderConfig(PreTrainedConfig):
     r"""Configuration of [`DecoderModel`], [`DecoderForCausalLM`], [`DecoderForSequenceClassification`],

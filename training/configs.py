@@ -14,7 +14,7 @@ import torch
 from transformers import AutoConfig, GenerationConfig, PreTrainedModel
 
 import archlab
-from archlab.modeling.configuration_decoder import UNDECLARED_HEAD_FIELDS
+from archlab.modeling.configuration_decoder import LEGACY_ROPE_FIELDS, UNDECLARED_HEAD_FIELDS, override_rope
 
 from .dtypes import load_dtype
 from .kinds import DEFAULT_ARCHITECTURES, ModelKind, model_kind
@@ -217,8 +217,9 @@ def new_config_values(choices: ModelChoices) -> tuple[dict[str, Any], dict[str, 
         values = dict(DEFAULT_ARCHITECTURES[choices.model_kind])
     overrides = parse_overrides(choices.config_overrides)
     user_set = set(overrides) | (set(values) if choices.config_name else set())
-    values.update(overrides)
-    return values, overrides, user_set
+    if "rope_parameters" in values and any(name in overrides for name in ("rope_parameters", *LEGACY_ROPE_FIELDS)):
+        user_set.add("rope_parameters")
+    return override_rope(values, overrides), overrides, user_set
 
 
 def check_new_config(choices: ModelChoices, block_size: int | None = None) -> None:

@@ -105,6 +105,23 @@ def test_overrides_and_errors():
     assert len(PRESETS["gemma-2-9b"]["layer_types"]) == 42
 
 
+def test_legacy_rope_overrides_change_the_presets_rope_parameters():
+    """Every preset sets `rope_parameters`: a `rope_theta=` override beside it was dropped without a word, then
+    refused as a disagreement; it sets the preset's base now, and a scaling override keeps the preset's base."""
+    assert preset_config("llama-2-7b", rope_theta=5e5).rope_parameters == {"rope_type": "default", "rope_theta": 5e5}
+    pythia = preset_config("pythia-1.4b", rope_scaling={"type": "linear", "factor": 2.0}).rope_parameters
+    assert pythia == {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0, "partial_rotary_factor": 0.25}
+    linear = preset_config("mistral-7b", rope_parameters={"rope_type": "linear", "factor": 4.0}).rope_parameters
+    assert linear == {
+        "rope_type": "linear",
+        "factor": 4.0,
+        "rope_theta": PRESETS["mistral-7b"]["rope_parameters"]["rope_theta"],
+    }
+    assert preset_config("tiny", partial_rotary_factor=0.5).rope_parameters["partial_rotary_factor"] == 0.5
+    with pytest.raises(ValueError, match="`rope_scaling` must be a dict"):
+        preset_config("tiny", rope_scaling=2.0)
+
+
 def test_interleaved_preset_follows_a_new_depth():
     config = preset_config("gemma-2-9b", num_hidden_layers=5)
     assert config.layer_types == ["sliding_attention", "full_attention"] * 2 + ["sliding_attention"]

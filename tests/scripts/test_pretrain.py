@@ -735,6 +735,25 @@ def _config_choices(config_name: str, overrides: str = "", kind: str = "decoder"
     return ModelArguments(model_kind=kind, config_name=config_name, config_overrides=overrides)
 
 
+def test_a_rope_theta_override_sets_the_base_of_a_preset_or_config_file(tmp_path: Path) -> None:
+    """`--preset llama-2-7b --config_overrides rope_theta=500000` (run_clm.py's flag, RoPE's legacy name): the
+    preset's `rope_parameters` takes the new base (it was dropped without a word, then refused as a disagreement)."""
+    import archlab
+    from archlab.scripts.arguments import ModelArguments
+    from archlab.training.configs import new_config_values
+
+    values, _, user_set = new_config_values(ModelArguments(preset="llama-2-7b", config_overrides="rope_theta=5e5"))
+    assert values["rope_parameters"] == {"rope_type": "default", "rope_theta": 5e5} and "rope_theta" not in values
+    assert "rope_parameters" in user_set
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0}}))
+    values, _, _ = new_config_values(_config_choices(str(path), 'rope_scaling={"rope_type":"linear","factor":2}'))
+    assert values["rope_parameters"] == {"rope_type": "linear", "rope_theta": 1e6, "factor": 2}
+    shape = {"hidden_size": 32, "intermediate_size": 64, "num_attention_heads": 4, "num_key_value_heads": 4}
+    config = archlab.DecoderConfig(**{**values, **shape, "vocab_size": 64})
+    assert config.rope_parameters["rope_theta"] == 1e6
+
+
 def test_a_config_file_of_another_kind_or_with_unknown_fields_is_refused(tmp_path: Path) -> None:
     """A config stores unknown keys without a word: a seq2seq config.json given to a decoder run built the default
     decoder (LLaMA-7B's shape) and was killed for memory; a typo trained the default shape."""
