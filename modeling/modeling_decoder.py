@@ -15,6 +15,7 @@ import torch
 from torch import nn
 from transformers.cache_utils import Cache, DynamicCache
 from transformers.generation import GenerationMixin, MaxLengthCriteria, StoppingCriteriaList
+from transformers.modeling_layers import GenericForSequenceClassification
 from transformers.modeling_outputs import (
     MoeCausalLMOutputWithPast,
     MoeModelOutputWithPast,
@@ -31,6 +32,7 @@ from .catalogue import POSITION_SCHEMES
 from .configuration_decoder import TOKEN_CLASSIFIER_DROPOUT_FIELDS, DecoderConfig
 from .continuous_batching import continuous_batching_refusal
 from .fast_decoding import FastDecodingMixin
+from .generic_head_rules import FollowsGenericHead
 from .input_checks import (
     cached_length,
     can_read_values,
@@ -493,6 +495,10 @@ class DecoderForSequenceClassification(DecoderPreTrainedModel):
     # it by the accumulation steps), a batch of 4 ragged rows accumulated one row at a time moved the weights 24 %
     # away from the one big batch's update.
     accepts_loss_kwargs = True
+    # the keys a load leaves out of its report, as the stock classifiers' (none, unless a tool sets some there: TRL's
+    # RewardTrainer for a causal LM folder's `lm_head` and the new `score`)
+    _keys_to_ignore_on_load_missing = FollowsGenericHead(GenericForSequenceClassification)
+    _keys_to_ignore_on_load_unexpected = FollowsGenericHead(GenericForSequenceClassification)
 
     def __init__(self, config: DecoderConfig) -> None:
         super().__init__(config)

@@ -14,6 +14,8 @@ trains and samples, it runs in float32 (`bf16=False`), so that sampled tokens ca
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import socket
 
 import pytest
@@ -33,6 +35,7 @@ from transformers import (  # noqa: E402
     MixtralForSequenceClassification,
     PreTrainedTokenizerFast,
 )
+from transformers.utils import logging as transformers_logging  # noqa: E402
 
 from archlab import DecoderConfig, DecoderForCausalLM, DecoderForSequenceClassification  # noqa: E402
 
@@ -368,6 +371,45 @@ def test_reward_trainer_with_lora_from_a_causal_lm_folder_matches_the_stock_twin
     assert type(reloaded.get_base_model()).__name__ == "DecoderForSequenceClassification"
     assert abs(runs[1][0] - runs[0][0]) <= 1e-5 * runs[0][0]
     assert_close_to_scale(runs[1][1], runs[0][1], rtol=1e-4)
+
+
+@contextlib.contextmanager
+def _load_reports():
+    """The load reports transformers logs meanwhile (the table of missing and unexpected keys), as a list."""
+    reports = []
+
+    class Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if "LOAD REPORT" in record.getMessage():
+                reports.append(record.getMessage())
+
+    handler = Collect()
+    transformers_logging.add_handler(handler)
+    try:
+        yield reports
+    finally:
+        transformers_logging.remove_handler(handler)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_causal_lm_folder_loads_as_a_reward_model_with_the_stock_twins_load_report(kind, tmp_path, tokenizer):
+    """RewardTrainer loads a causal LM folder given by path without transformers' load report (the new `score`, the
+    unused `lm_head`): TRL sets the keys to ignore on `GenericForSequenceClassification`, the stock classifiers'
+    base, for the load, and archlab's classifier printed the report the twin's did not. A plain load reports both
+    keys, for either model."""
+    _twins(kind, "lm", tmp_path)
+    reports = {}
+    for name in ("stock", "archlab"):
+        with _load_reports() as by_trl:
+            _reward(str(tmp_path / name), tmp_path / name, tokenizer)
+        with _load_reports() as plain:
+            model = AutoModelForSequenceClassification.from_pretrained(tmp_path / name, num_labels=1)
+        names = (type(model).__name__, "<class>"), (str(tmp_path / name), "<folder>")
+        reports[name] = by_trl, [r.replace(*names[0]).replace(*names[1]) for r in plain]
+    assert reports["archlab"] == reports["stock"]
+    by_trl, plain = reports["stock"]
+    assert by_trl == [] and len(plain) == 1
+    assert "lm_head.weight | UNEXPECTED" in plain[0] and "score.weight   | MISSING" in plain[0]
 
 
 def _count_w5(completions, **kwargs) -> list[float]:
