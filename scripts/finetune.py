@@ -477,11 +477,13 @@ def main(argv: Sequence[str] | None = None, callbacks: list[TrainerCallback] | N
         metrics.update(predicted)
         log(f"Predictions of {len(raw['test'])} test examples: {training_args.output_dir}/{task.predictions[0]}")
     if task.show_example is not None:
-        example, max_new_tokens = raw["validation"][0], training_args.generation_max_length
+        validation, max_new_tokens = raw["validation"], training_args.generation_max_length
         sample_unless_sharded(
             trainer,
             training_args.output_dir,
-            lambda: task.show_example(built["model"], tokenizer, example, args, max_new_tokens),
+            lambda: task.show_example(
+                built["model"], tokenizer, validation[0], args, max_new_tokens, validation.features
+            ),
         )
     return metrics
 

@@ -328,20 +328,29 @@ def stop_at_the_end_of_a_turn(model: Any, tokenizer: Any) -> None:
 
 
 def show_chat_example(
-    model: Any, tokenizer: Any, example: dict[str, Any], args: Any, max_new_tokens: int | None = None
+    model: Any,
+    tokenizer: Any,
+    example: dict[str, Any],
+    args: Any,
+    max_new_tokens: int | None = None,
+    features: Any = None,
 ) -> None:
     """Log the fine-tuned chat model's greedy answer (up to 64 tokens) to the example's conversation up to its first
     assistant turn (in the column `args.messages_column`): a system message and the user's turn, not the first
     message alone (a conversation that opens with a system message showed the system text as the user's turn and
-    the answer to it). The example's tools (a `tools` column) are given to the chat template, as in training."""
-    messages = template_messages(example[args.messages_column])
+    the answer to it). The example's tools (a `tools` column) are given to the chat template, as in training.
+    `features` (its split's) say which None entries Arrow added, as `tokenize_instruct` reads them: without them,
+    every None entry was left out, and a null argument or schema default that JSON lines loaded as `datasets`'
+    Json feature keep in training was missing from the prompt."""
+    features = features or {}
+    messages = template_messages(example[args.messages_column], features.get(args.messages_column))
     first_answer = next((i for i, m in enumerate(messages) if m["role"] == "assistant"), len(messages))
     prompt = messages[:first_answer] or messages[:1]
     model.eval()
     with torch.no_grad():
         inputs = tokenizer.apply_chat_template(
             prompt,
-            tools=row_tools(example.get(TOOLS_COLUMN)),
+            tools=row_tools(example.get(TOOLS_COLUMN), features.get(TOOLS_COLUMN)),
             add_generation_prompt=True,
             return_tensors="pt",
             return_dict=True,
@@ -361,11 +370,16 @@ def show_chat_example(
 
 
 def show_seq2seq_example(
-    model: Any, tokenizer: Any, example: dict[str, Any], args: Any, max_new_tokens: int | None = None
+    model: Any,
+    tokenizer: Any,
+    example: dict[str, Any],
+    args: Any,
+    max_new_tokens: int | None = None,
+    features: Any = None,
 ) -> None:
     """Log the fine-tuned encoder-decoder's greedy output for the example's source (`args.source_column`, after
     `args.source_prefix` as in training, truncated to `args.max_source_length`) beside its reference
-    (`args.target_column`)."""
+    (`args.target_column`). (`features`, its split's, are `show_chat_example`'s: a source is text.)"""
     model.eval()
     source = (getattr(args, "source_prefix", None) or "") + example[args.source_column]
     with torch.no_grad():

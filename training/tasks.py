@@ -89,7 +89,8 @@ class Task:
     labels: bool = False  # a classification head: label ids from the training split
     token_labels: bool = False  # ... a label per word (token classification), not one per row
     generates: bool = False  # evaluated by generation; its model card's task is translation or summarization
-    show_example: Callable[..., None] | None = None  # (model, tokenizer, example, options, max new tokens)
+    # (model, tokenizer, example, options, max new tokens, the example's split's features)
+    show_example: Callable[..., None] | None = None
     chat: bool = False  # a chat model: its saved generation config stops at the end of a turn too
     predictions: tuple[str, Callable[..., list[str]]] | None = None  # (file name, (outputs, config, tokenizer) ->
     # its lines; with `token_labels`, (outputs, label ids, config)) of the test split's predictions; None: the task

@@ -262,6 +262,33 @@ def test_instruct_renders_json_lines_with_mixed_arguments_as_each_row_alone(work
     assert '"arguments": {"city": "Paris", "unit": null}' in tokenizer.decode(encoded[0]["input_ids"])
 
 
+def test_instruct_example_is_prompted_with_the_nulls_training_keeps(work: Path, tmp_path: Path, monkeypatch) -> None:
+    """The example answer after training is prompted with the validation split's features: read without them, every
+    None entry was left out of its tools, so a schema's `"default": null` that training keeps (its `properties` load
+    as the Json feature, the rows' schemas differing in layout) was missing from the prompt."""
+    tokenizer = load_tokenizer(work / "base")
+    config = tiny_decoder_config(vocab_size=len(tokenizer), max_position_embeddings=1024)  # (the tools' turn is long)
+    archlab.DecoderForCausalLM(config).save_pretrained(tmp_path / "base")
+    save_tokenizer(tokenizer, tmp_path / "base")
+    rows = tool_rows(({"city": "Paris"}, '{"a": 1}'))
+    nullable = {"type": ["string", "null"], "default": None}
+    rows[0]["tools"][0]["function"]["parameters"]["properties"]["unit"] = nullable
+    (tmp_path / "tools.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    prompts = []
+    generate = archlab.DecoderForCausalLM.generate
+    monkeypatch.setattr(
+        archlab.DecoderForCausalLM,
+        "generate",
+        lambda self, **kw: prompts.append(kw["input_ids"]) or generate(self, **kw),
+    )
+    data = ["--train_file", str(tmp_path / "tools.jsonl"), "--validation_file", str(tmp_path / "tools.jsonl")]
+    base = ["--model_name_or_path", str(tmp_path / "base"), "--save_strategy", "no"]
+    finetune.main(run_args(tmp_path / "chat", "--task", "instruct", *base, *data))
+    assert len(prompts) == 1 and '"unit": {"type": ["string", "null"], "default": null}' in tokenizer.decode(
+        prompts[0][0]
+    )
+
+
 @pytest.mark.parametrize(
     "call, message",
     [

@@ -5,9 +5,11 @@ from __future__ import annotations
 import copy
 import json
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 import torch
+from datasets import load_dataset
 
 import archlab
 from archlab.tokenization.training import train_tokenizer
@@ -19,6 +21,7 @@ from archlab.training.sampling import (
     stop_at_the_end_of_a_turn,
     stop_token_ids,
 )
+from archlab.training.task_data import tokenize_instruct
 
 from helpers import tiny_decoder_config
 
@@ -144,3 +147,56 @@ def test_prompts_of_a_tokenizer_without_a_pad_token_leave_it_without_one(chat_mo
     texts = generate_texts(model, tokenizer, prompts, **settings)
     assert tokenizer.pad_token is None and tokenizer.pad_token_id is None
     assert texts == [generate_texts(model, tokenizer, [prompt], **settings)[0] for prompt in prompts]
+
+
+NULLABLE_TOOL = {  # a schema with a null default; another row's schema of another layout makes `properties` Json
+    "type": "function",
+    "function": {
+        "name": "weather",
+        "parameters": {"type": "object", "properties": {"unit": {"type": ["string", "null"], "default": None}}},
+    },
+}
+OTHER_TOOL = {
+    "type": "function",
+    "function": {"name": "add", "parameters": {"type": "object", "properties": {"a": {"type": "integer"}}}},
+}
+
+
+def _calls(tool: dict, arguments: Any, opens_with_the_call: bool) -> dict[str, Any]:
+    call = {"type": "function", "function": {"name": tool["function"]["name"], "arguments": arguments}}
+    messages = [
+        *([] if opens_with_the_call else [{"role": "user", "content": "Say hi."}]),
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "content": "hi"},
+        {"role": "assistant", "content": "hello there"},
+    ]
+    return {"messages": messages, "tools": [tool]}
+
+
+@pytest.mark.parametrize("opens_with_the_call", [False, True])
+def test_the_example_prompt_keeps_the_nulls_training_keeps(opens_with_the_call, chat_model, tmp_path, monkeypatch):
+    """JSON lines whose rows differ in layout (a call's arguments an object in one row, a JSON string in another; a
+    schema's property types) load as `datasets`' Json feature, and training renders each row as the file holds it,
+    nulls included. The example's prompt, read without the split's features, left out every None entry: the
+    schema's `"default": null` (and a call's `"unit": null`, where the conversation opens with the call), so the
+    model was asked about a conversation it was not trained on."""
+    model, tokenizer = chat_model
+    rows = [
+        _calls(NULLABLE_TOOL, {"unit": None}, opens_with_the_call),
+        _calls(OTHER_TOOL, '{"a": 1}', opens_with_the_call=False),
+    ]
+    (tmp_path / "rows.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    split = load_dataset("json", data_files=str(tmp_path / "rows.jsonl"), split="train")
+    args = SimpleNamespace(messages_column="messages")
+    trained = tokenizer.decode(
+        tokenize_instruct(split, tokenizer, args, max_length=1024, num_proc=None)[0]["input_ids"]
+    )
+    prompts = []
+    generate = model.generate
+    monkeypatch.setattr(model, "generate", lambda **kw: prompts.append(kw["input_ids"]) or generate(**kw))
+    show_chat_example(model, tokenizer, split[0], args, features=split.features)
+    first = rows[0]["messages"][:1]  # the user's turn, or the call the conversation opens with
+    expected = tokenizer.apply_chat_template(first, tools=rows[0]["tools"], add_generation_prompt=True)
+    assert prompts[0][0].tolist() == expected["input_ids"]
+    nulls = ['"default": null', *(['"unit": null'] if opens_with_the_call else [])]
+    assert all(null in trained and null in tokenizer.decode(prompts[0][0]) for null in nulls)
