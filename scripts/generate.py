@@ -12,9 +12,10 @@ The usual sampling flags (`--do_sample`, `--temperature`, `--top_k`, `--top_p`, 
 text once generated, as in transformers (it is kept, as the last words printed). The model runs on the GPU when there is
 one (`--device`), where `generate` decodes with a static cache and a compiled step (docs/workflows.md), in the dtype
 its folder was saved in unless `--dtype` says (`--dtype bfloat16`: half the memory). Several prompts
-(`--prompt A B`, or `--prompts_file`: one a line, or JSON Lines of strings or chat conversations) are generated as
-one batch, left-padded for a decoder, and printed in order after a `=== k/N` line each; greedy decoding gives each the
-text it gives alone.
+(`--prompt A B`, or `--prompts_file`: one a line, or JSON Lines of strings or chat conversations, given with their
+tools as a training row holds them, `{"messages": [...], "tools": [...]}`, where the model was tuned with tools) are
+generated as one batch, left-padded for a decoder, and printed in order after a `=== k/N` line each; greedy decoding
+gives each the text it gives alone.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import os
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from archlab.scripts.arguments import (
     check_model_folder,
@@ -37,7 +39,7 @@ from archlab.text2text import stored_prefix
 from archlab.tokenization.training import has_tokenizer
 from archlab.training.dtypes import check_dtype
 from archlab.training.reporting import log
-from archlab.training.sampling import check_device, generate_text, generate_texts, load_for_generation
+from archlab.training.sampling import Prompt, check_device, generate_text, generate_texts, load_for_generation
 
 
 @dataclass
@@ -56,7 +58,8 @@ class GenerateArguments:
         metadata={
             "help": "Read several prompts from this file instead, generated as one batch and printed in order: one "
             "prompt a line, or in a .jsonl file one JSON value a line, a string (newlines as \\n) or, with --chat, a "
-            'conversation (a list of {"role": ..., "content": ...} messages).'
+            'conversation (a list of {"role": ..., "content": ...} messages), or a conversation with its tools as a '
+            'training row holds them ({"messages": [...], "tools": [...]}).'
         },
     )
     chat: bool = field(default=False, metadata={"help": "Wrap the prompt as a user turn of the chat template."})
@@ -227,7 +230,8 @@ def main(argv: Sequence[str] | None = None) -> str | list[str]:
     model, tokenizer, seq2seq = load_for_generation(args.model_name_or_path, args.device, args.dtype)
     if not args.chat and any(not isinstance(prompt, str) for prompt in prompts):
         raise ValueError(
-            f"--prompts_file {args.prompts_file!r} holds conversations (lists of messages): add --chat true."
+            f"--prompts_file {args.prompts_file!r} holds conversations (lists of messages, or rows of messages and "
+            "tools): add --chat true."
         )
     if seq2seq:
         prefix = source_prefix(model.config, args.source_prefix)
@@ -275,9 +279,10 @@ def read_text(path: str, flag: str) -> str:
         raise ValueError(f"{flag} {path!r} is not UTF-8 text ({error.reason} at byte {error.start}).") from None
 
 
-def read_prompts(args: GenerateArguments) -> list[str | list[dict]]:
+def read_prompts(args: GenerateArguments) -> list[Prompt]:
     """The prompts: --prompt's, --prompt_file's whole text, or --prompts_file's lines (JSON values in a .jsonl file,
-    a string or a conversation each; blank lines skipped)."""
+    a string, a conversation, or a conversation with its tools as a training row holds them, each; blank lines
+    skipped)."""
     prompts = [args.prompt] if isinstance(args.prompt, str) else list(args.prompt)  # a .json of flags gives a string
     if args.prompt_file:
         prompts = [read_text(args.prompt_file, "--prompt_file")]
@@ -294,16 +299,33 @@ def read_prompts(args: GenerateArguments) -> list[str | list[dict]]:
                 except json.JSONDecodeError as error:
                     where = f"--prompts_file {args.prompts_file!r}, line {n}"
                     raise ValueError(f"{where}: not JSON ({error.msg}).") from None
-                conversation = isinstance(value, list) and all(isinstance(m, dict) and "role" in m for m in value)
-                if not (isinstance(value, str) or (conversation and value)):
+                if not (isinstance(value, str) or is_conversation(value) or is_row_with_tools(value)):
                     raise ValueError(
                         f"--prompts_file {args.prompts_file!r}, line {n}: a prompt is a JSON string or a list of "
-                        f'{{"role": ..., "content": ...}} messages, got {line.strip()[:60]}'
+                        f'{{"role": ..., "content": ...}} messages (or {{"messages": [...], "tools": [...]}}), got '
+                        f"{line.strip()[:60]}"
                     )
                 prompts.append(value)
         if not prompts:
             raise ValueError(f"--prompts_file {args.prompts_file!r} holds no prompt (every line is blank).")
     return prompts
+
+
+def is_conversation(value: Any) -> bool:
+    """A non-empty list of messages, each a dict with a role."""
+    return isinstance(value, list) and bool(value) and all(isinstance(m, dict) and "role" in m for m in value)
+
+
+def is_row_with_tools(value: Any) -> bool:
+    """A training row's layout: {"messages": a conversation, "tools": a list of schemas, that list as a JSON string,
+    or null}, nothing else."""
+    tools = value.get("tools") if isinstance(value, dict) else None
+    return (
+        isinstance(value, dict)
+        and set(value) <= {"messages", "tools"}
+        and is_conversation(value.get("messages"))
+        and (tools is None or isinstance(tools, (list, str)))
+    )
 
 
 def source_prefix(config, flag: str | None) -> str:

@@ -7,6 +7,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
+from datasets import Json
 from transformers import (
     AutoConfig,
     AutoModelForCausalLM,
@@ -102,7 +103,12 @@ def load_for_generation(folder: str, device: str | None = None, dtype: str | Non
     return model, tokenizer, seq2seq
 
 
-def generate_text(model: Any, tokenizer: Any, prompt: str | list[dict[str, Any]], **kwargs: Any) -> str:
+# a prompt: a text, a conversation (a list of messages), or a conversation with its tools as a training row holds
+# them ({"messages": [...], "tools": [...]}, TRL's layout)
+Prompt = str | list[dict[str, Any]] | dict[str, Any]
+
+
+def generate_text(model: Any, tokenizer: Any, prompt: Prompt, **kwargs: Any) -> str:
     """`generate_texts` for one prompt: its generated text."""
     return generate_texts(model, tokenizer, [prompt], **kwargs)[0]
 
@@ -110,7 +116,7 @@ def generate_text(model: Any, tokenizer: Any, prompt: str | list[dict[str, Any]]
 def generate_texts(
     model: Any,
     tokenizer: Any,
-    prompts: Sequence[str | list[dict[str, Any]]],
+    prompts: Sequence[Prompt],
     *,
     seq2seq: bool,
     chat: bool = False,
@@ -127,7 +133,8 @@ def generate_texts(
     num_return_sequences: int = 1,
 ) -> list[str]:
     """Generate after each of `prompts` (with `chat`, a user turn of the chat template, or a whole conversation given
-    as a list of messages, continued from its last message where that is the assistant's) in one batch, printing
+    as a list of messages, continued from its last message where that is the assistant's, or as a row of
+    `{"messages": ..., "tools": ...}` whose tools the chat template is given as in training) in one batch, printing
     the text as it is generated with `stream` (one row only, as transformers' `TextStreamer` takes one) or at the
     end without, either way after a decoder's prompt (not a
     chat's or a seq2seq source); returns the generated texts in the order of `prompts`. Several prompts are padded
@@ -145,18 +152,20 @@ def generate_texts(
             raise ValueError(
                 "--chat true needs a tokenizer with a chat template (train one with --model_kind decoder)."
             )
-        conversations = [[{"role": "user", "content": p}] if isinstance(p, str) else p for p in prompts]
+        chats = [as_chat_row(p) for p in prompts]
         # rendered, then tokenized as `apply_chat_template` tokenizes (the template writes its own special tokens); a
         # conversation that ends with the assistant's words is continued from them, as the text-generation pipeline
-        # continues it (a new assistant turn was opened after them)
+        # continues it (a new assistant turn was opened after them); a row's tools are the file's own, nulls
+        # included, as training keeps those of JSON lines read as the Json feature
         texts = [
             tokenizer.apply_chat_template(
-                c,
-                add_generation_prompt=c[-1]["role"] != "assistant",
-                continue_final_message=c[-1]["role"] == "assistant",
+                chat["messages"],
+                tools=row_tools(chat.get(TOOLS_COLUMN), Json()),
+                add_generation_prompt=chat["messages"][-1]["role"] != "assistant",
+                continue_final_message=chat["messages"][-1]["role"] == "assistant",
                 tokenize=False,
             )
-            for c in conversations
+            for chat in chats
         ]
         encode = dict(add_special_tokens=False)
     else:
@@ -217,6 +226,13 @@ def generate_texts(
         results.append(text)
     log(f"{generated} tokens generated" + (f" in {rows} texts" if rows > 1 else ""))
     return results
+
+
+def as_chat_row(prompt: Prompt) -> dict[str, Any]:
+    """A prompt as a row of `{"messages": ..., "tools": ...}`: a text is a user's turn, a list its messages."""
+    if isinstance(prompt, str):
+        return {"messages": [{"role": "user", "content": prompt}]}
+    return prompt if isinstance(prompt, dict) else {"messages": prompt}
 
 
 def pad_prompts(rows: list[list[int]], pad_id: int | None, side: str) -> BatchEncoding:

@@ -487,6 +487,41 @@ def test_a_prompts_file_holds_a_prompt_a_line_or_chat_conversations(saved: dict[
         generate.main([*args, "--prompts_file", str(text), "--prompt_file", str(text)])
 
 
+def test_a_prompts_file_row_gives_its_tools_to_the_chat_template(saved: dict[str, Path], tmp_path, monkeypatch):
+    """A conversation with its tools as a training row holds them (`{"messages": ..., "tools": ...}`, TRL's layout,
+    the tools a list or a JSON string) is rendered with its tools, nulls included, as finetune.py's instruct task
+    renders the row: generate.py had no way to give tools, so a model tuned with them was asked without the tools'
+    turn it was trained on. A row of another layout is refused, naming its line."""
+    tool = {
+        "type": "function",
+        "function": {
+            "name": "add",
+            "parameters": {"type": "object", "properties": {"x": {"type": ["integer", "null"], "default": None}}},
+        },
+    }
+    messages = [{"role": "user", "content": "add one"}]
+    rows = [{"messages": messages, "tools": [tool]}, {"messages": messages, "tools": json.dumps([tool])}, messages]
+    chats = tmp_path / "chats.jsonl"
+    chats.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    prompts = []
+    generate_ids = archlab.DecoderForCausalLM.generate
+    monkeypatch.setattr(
+        archlab.DecoderForCausalLM, "generate", lambda self, **kw: prompts.append(kw) or generate_ids(self, **kw)
+    )
+    args = ["--model_name_or_path", str(saved["decoder"]), "--max_new_tokens", "2", "--do_sample", "false"]
+    generate.main([*args, "--chat", "true", "--prompts_file", str(chats)])
+    tokenizer = archlab.tokenization.training.load_tokenizer(saved["decoder"])
+    batch = prompts[0]
+    for ids, mask, tools in zip(batch["input_ids"], batch["attention_mask"], ([tool], [tool], None)):
+        expected = tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True)["input_ids"]
+        assert ids[mask.bool()].tolist() == expected
+    assert '"default": null' in tokenizer.decode(batch["input_ids"][0])
+    for bad in ({"messages": messages, "tools": 3}, {"messages": [], "tools": [tool]}, {"messages": messages, "x": 1}):
+        chats.write_text(json.dumps(bad) + "\n")
+        with pytest.raises(ValueError, match=r"line 1: a prompt is a JSON string or a list of .*\"tools\""):
+            generate.main([*args, "--chat", "true", "--prompts_file", str(chats)])
+
+
 def test_a_seq2seq_folder_given_conversations_names_the_chat_flag_or_template(saved: dict[str, Path], tmp_path):
     """Conversations for a seq2seq folder failed with "can only concatenate str (not "list") to str" (the source
     prefix went before them before they were checked): without --chat they are refused naming the flag, with it
