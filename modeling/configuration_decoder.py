@@ -30,6 +30,8 @@ from .catalogue import (
     QK_NORM_SCOPES,
     intermediate_size_from_rule,
 )
+from .import_hooks import after_import
+from .serving import SERVE_MODEL_MANAGER_MODULE, expose_decoder_to_serve
 from .validation import (
     ACTIVATIONS,
     check_attention_backend,
@@ -788,5 +790,8 @@ def _validate_moe(config: Any) -> None:
                 f"{config.num_local_experts}]."
             )
 
+
+# `transformers serve` finds DecoderForCausalLM (serving.py); here, since it loads a folder's config before its model
+after_import(SERVE_MODEL_MANAGER_MODULE, expose_decoder_to_serve)
 
 __all__ = ["DecoderConfig"]
