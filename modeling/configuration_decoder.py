@@ -445,10 +445,12 @@ class DecoderConfig(PreTrainedConfig):
         config_dict = _derive_per_layer_types_again(config_dict, kwargs)
         # RoPE overrides are construction arguments: transformers would drop a `rope_theta`, and set a `rope_scaling`
         # or `rope_parameters` on the built config unstandardised (no `rope_theta`: a model that cannot be built).
-        # A `rope_parameters` without a base keeps the saved one, as the saved config's other fields are kept.
+        # A `rope_parameters` without a base keeps the saved one, as the saved config's other fields are kept; one
+        # with a base of its own replaces it (the saved base beside it would be refused as a disagreement).
         rope = {name: kwargs.pop(name) for name in ("rope_parameters", *LEGACY_ROPE_FIELDS) if name in kwargs}
         saved = config_dict.get("rope_parameters")
-        if "rope_parameters" in rope and isinstance(saved, dict) and "rope_theta" in saved:
+        given_bases = ["rope_theta" in s for s in rope_parameter_sets(rope.get("rope_parameters"))]
+        if "rope_parameters" in rope and isinstance(saved, dict) and "rope_theta" in saved and not any(given_bases):
             rope.setdefault("rope_theta", saved["rope_theta"])
         config_dict = {**config_dict, **rope}
         loaded = super().from_dict(config_dict, **kwargs)

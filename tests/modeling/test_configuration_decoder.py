@@ -1,6 +1,7 @@
 """DecoderConfig: defaults, derived fields, and early, field-naming errors for impossible values and for invalid
 catalogue values and combinations (the MLP width rules included)."""
 
+import copy
 import json
 
 import pytest
@@ -122,6 +123,23 @@ def test_rope_overrides_of_a_saved_config_are_read_as_at_construction(tmp_path):
     scaled = AutoConfig.from_pretrained(tmp_path, rope_parameters={"rope_type": "linear", "factor": 2.0})
     assert scaled.rope_parameters == {"rope_type": "linear", "factor": 2.0, "rope_theta": 5e5}  # the saved base
     DecoderForCausalLM(scaled)(torch.tensor([[1, 5, 6]]))
+
+
+@pytest.mark.parametrize(
+    "rope_parameters",
+    [
+        {"rope_type": "default", "rope_theta": 1e6},
+        {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6},
+        {"full_attention": {"rope_type": "default", "rope_theta": 1e6}},
+    ],
+    ids=["default", "linear", "per_layer_type"],
+)
+def test_a_rope_parameters_override_with_its_own_base_replaces_the_saved_one(tmp_path, rope_parameters):
+    """The saved base fills an override without one; beside an override with its own, it was added as a legacy
+    `rope_theta` and refused as a disagreement the user never wrote (`rope_theta`=500000.0 ... disagree)."""
+    tiny_decoder_config(rope_parameters={"rope_type": "default", "rope_theta": 5e5}).save_pretrained(tmp_path)
+    loaded = AutoConfig.from_pretrained(tmp_path, rope_parameters=copy.deepcopy(rope_parameters))
+    assert loaded.rope_parameters == rope_parameters
 
 
 @pytest.mark.parametrize(
