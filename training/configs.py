@@ -248,7 +248,10 @@ def check_resumed_config(choices: ModelChoices, checkpoint: str | None) -> None:
     values, _, _ = new_config_values(choices)
     config_class = getattr(archlab, model_kind(choices.model_kind).config_class)
     rebuilt = config_class(**{"vocab_size": saved.get("vocab_size"), **values}).to_dict()
-    differ = [key for key in values if key in saved and key in rebuilt and rebuilt[key] != saved[key]]
+    # a legacy RoPE override with no `rope_parameters` to change (the default architecture's) stays under its own
+    # name, which a config.json does not hold: it is compared as the `rope_parameters` it builds
+    compared = dict.fromkeys([*values, *(["rope_parameters"] if set(values) & set(LEGACY_ROPE_FIELDS) else [])])
+    differ = [key for key in compared if key in saved and key in rebuilt and rebuilt[key] != saved[key]]
     if differ:
         raise ValueError(
             f"--resume_from_checkpoint: {checkpoint} holds a model with "

@@ -754,6 +754,30 @@ def test_a_rope_theta_override_sets_the_base_of_a_preset_or_config_file(tmp_path
     assert config.rope_parameters["rope_theta"] == 1e6
 
 
+@pytest.mark.parametrize(
+    ("trained", "resumed"),
+    [
+        ("rope_theta=1000000", "rope_theta=500000"),
+        ('rope_scaling={"rope_type":"linear","factor":2.0}', 'rope_scaling={"rope_type":"linear","factor":4.0}'),
+        ("partial_rotary_factor=0.5", "partial_rotary_factor=0.25"),
+    ],
+    ids=["rope_theta", "rope_scaling", "partial_rotary_factor"],
+)
+def test_resuming_with_another_legacy_rope_override_is_refused(tmp_path: Path, trained: str, resumed: str) -> None:
+    """With no preset or config file there is no `rope_parameters` for a legacy override to change: it stays under
+    its own name, which the checkpoint's config.json does not hold (it saves `rope_parameters`), and a resume with
+    another base, scaling or partial factor went on, the weights read at other positions, without a word."""
+    import archlab
+    from archlab.scripts.arguments import ModelArguments
+    from archlab.training.configs import check_resumed_config, new_config_values
+
+    values, _, _ = new_config_values(ModelArguments(config_overrides=trained))
+    archlab.DecoderConfig(**values, vocab_size=64).save_pretrained(tmp_path)
+    check_resumed_config(ModelArguments(config_overrides=trained), str(tmp_path))
+    with pytest.raises(ValueError, match="holds a model with rope_parameters=.* these flags build rope_parameters="):
+        check_resumed_config(ModelArguments(config_overrides=resumed), str(tmp_path))
+
+
 def test_a_config_file_of_another_kind_or_with_unknown_fields_is_refused(tmp_path: Path) -> None:
     """A config stores unknown keys without a word: a seq2seq config.json given to a decoder run built the default
     decoder (LLaMA-7B's shape) and was killed for memory; a typo trained the default shape."""
