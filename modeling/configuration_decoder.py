@@ -181,8 +181,13 @@ def override_rope(values: dict[str, Any], overrides: dict[str, Any]) -> dict[str
         return merged
     if "rope_parameters" in overrides:
         given = overrides["rope_parameters"]
-        if isinstance(given, dict) and rope_parameter_sets(given) == [given] and "rope_theta" in base:
+        sets = rope_parameter_sets(given)
+        if "rope_theta" not in base or any("rope_theta" in one for one in sets):
+            return merged
+        if sets == [given]:
             merged["rope_parameters"] = {"rope_theta": base["rope_theta"], **given}
+        elif sets:
+            merged["rope_parameters"] = {key: {"rope_theta": base["rope_theta"], **one} for key, one in given.items()}
         return merged
     legacy = {name: overrides[name] for name in LEGACY_ROPE_FIELDS if overrides.get(name) is not None}
     if not legacy:
@@ -445,14 +450,10 @@ class DecoderConfig(PreTrainedConfig):
         config_dict = _derive_per_layer_types_again(config_dict, kwargs)
         # RoPE overrides are construction arguments: transformers would drop a `rope_theta`, and set a `rope_scaling`
         # or `rope_parameters` on the built config unstandardised (no `rope_theta`: a model that cannot be built).
-        # A `rope_parameters` without a base keeps the saved one, as the saved config's other fields are kept; one
-        # with a base of its own replaces it (the saved base beside it would be refused as a disagreement).
+        # They change the saved `rope_parameters` as a preset's (`override_rope`): a legacy `rope_theta` sets the
+        # base, a `rope_parameters` without a base keeps the saved one.
         rope = {name: kwargs.pop(name) for name in ("rope_parameters", *LEGACY_ROPE_FIELDS) if name in kwargs}
-        saved = config_dict.get("rope_parameters")
-        given_bases = ["rope_theta" in s for s in rope_parameter_sets(rope.get("rope_parameters"))]
-        if "rope_parameters" in rope and isinstance(saved, dict) and "rope_theta" in saved and not any(given_bases):
-            rope.setdefault("rope_theta", saved["rope_theta"])
-        config_dict = {**config_dict, **rope}
+        config_dict = override_rope(config_dict, rope)
         loaded = super().from_dict(config_dict, **kwargs)
         # transformers sets the other overrides (`from_pretrained(folder, num_key_value_heads=3)`) on the built
         # config, past `__post_init__`'s checks: without these, an impossible value failed late, in the model

@@ -111,18 +111,24 @@ def test_legacy_rope_fields_that_agree_with_rope_parameters_are_accepted(overrid
     assert tiny_decoder_config(**overrides).rope_parameters == expected
 
 
-def test_rope_overrides_of_a_saved_config_are_read_as_at_construction(tmp_path):
+def test_rope_overrides_of_a_saved_config_change_its_rope_parameters(tmp_path):
     """`from_pretrained(folder, rope_theta=...)` was dropped without a word, and a `rope_scaling` or
-    `rope_parameters` override was set unstandardised: no `rope_theta`, a model that could not be built."""
+    `rope_parameters` override was set unstandardised: no `rope_theta`, a model that could not be built. They change
+    the saved `rope_parameters` now, as a preset's or a config file's overrides do (`override_rope`)."""
     tiny_decoder_config(rope_parameters={"rope_type": "default", "rope_theta": 5e5}).save_pretrained(tmp_path)
-    with pytest.raises(ValueError, match=r"`rope_theta`=10000.0 and `rope_parameters\['rope_theta'\]`=500000.0"):
-        AutoConfig.from_pretrained(tmp_path, rope_theta=1e4)
-    with pytest.raises(ValueError, match=r"`rope_scaling` and `rope_parameters` are both given and disagree"):
-        AutoConfig.from_pretrained(tmp_path, rope_scaling={"rope_type": "linear", "factor": 2.0})
+    assert AutoConfig.from_pretrained(tmp_path, rope_theta=1e4).rope_parameters == {
+        "rope_type": "default",
+        "rope_theta": 1e4,
+    }
+    linear = AutoConfig.from_pretrained(tmp_path, rope_scaling={"type": "linear", "factor": 2.0})
+    assert linear.rope_parameters == {"rope_type": "linear", "factor": 2.0, "rope_theta": 5e5}
     assert AutoConfig.from_pretrained(tmp_path, rope_theta=5e5).rope_parameters["rope_theta"] == 5e5
     scaled = AutoConfig.from_pretrained(tmp_path, rope_parameters={"rope_type": "linear", "factor": 2.0})
     assert scaled.rope_parameters == {"rope_type": "linear", "factor": 2.0, "rope_theta": 5e5}  # the saved base
+    per_type = AutoConfig.from_pretrained(tmp_path, rope_parameters={"full_attention": {"rope_type": "default"}})
+    assert per_type.rope_parameters == {"full_attention": {"rope_type": "default", "rope_theta": 5e5}}
     DecoderForCausalLM(scaled)(torch.tensor([[1, 5, 6]]))
+    DecoderForCausalLM(linear)(torch.tensor([[1, 5, 6]]))
 
 
 @pytest.mark.parametrize(
