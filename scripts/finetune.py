@@ -270,7 +270,8 @@ class FinetuneTrainingArguments(ArchlabTrainingArguments, Seq2SeqTrainingArgumen
     generation_max_length: int | None = field(
         default=None,
         metadata={
-            "help": "seq2seq: the evaluation's generated length (unset: --max_target_length, as run_translation)."
+            "help": "seq2seq: the evaluation's generated length (unset: --max_target_length, as run_translation); "
+            "seq2seq and instruct: the length of the example generated after training (instruct unset: 64 tokens)."
         },
     )
 
@@ -313,7 +314,8 @@ FINETUNE_EXAMPLE_FLAGS = {**EXAMPLE_MODEL_FLAGS, **SEQ2SEQ_EXAMPLE_FLAGS, **CLAS
 
 def parse(argv: Sequence[str] | None = None) -> tuple:
     """The four argument groups; the default `--output_dir` names the task (a second task does not meet the first's
-    checkpoints), and the evaluation generates up to --max_target_length tokens unless --generation_max_length says."""
+    checkpoints), and a seq2seq evaluation generates up to --max_target_length tokens unless --generation_max_length
+    says (instruct's example answer after training: up to --generation_max_length tokens when given, else 64)."""
     model_args, data_args, training_args, args = parse_arguments(
         (ModelArguments, DataArguments, FinetuneTrainingArguments, FinetuneArguments),
         argv,
@@ -322,7 +324,7 @@ def parse(argv: Sequence[str] | None = None) -> tuple:
     )
     if training_args.output_dir == TASK_OUTPUT_DIR:
         training_args.output_dir = TASK_OUTPUT_DIR.format(task=args.task)
-    if training_args.generation_max_length is None:
+    if training_args.generation_max_length is None and args.task == "seq2seq":
         # as run_translation.py: a fixed default cut every generated target at 48 tokens under a larger
         # --max_target_length, and BLEU/chrF/exact match fell without a word
         training_args.generation_max_length = args.max_target_length

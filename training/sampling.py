@@ -351,13 +351,13 @@ def show_chat_example(
     max_new_tokens: int | None = None,
     features: Any = None,
 ) -> None:
-    """Log the fine-tuned chat model's greedy answer (up to 64 tokens) to the example's conversation up to its first
-    assistant turn (in the column `args.messages_column`): a system message and the user's turn, not the first
-    message alone (a conversation that opens with a system message showed the system text as the user's turn and
-    the answer to it). The example's tools (a `tools` column) are given to the chat template, as in training.
-    `features` (its split's) say which None entries Arrow added, as `tokenize_instruct` reads them: without them,
-    every None entry was left out, and a null argument or schema default that JSON lines loaded as `datasets`'
-    Json feature keep in training was missing from the prompt."""
+    """Log the fine-tuned chat model's greedy answer (up to `max_new_tokens` tokens, 64 when None) to the example's
+    conversation up to its first assistant turn (in the column `args.messages_column`): a system message and the
+    user's turn, not the first message alone (a conversation that opens with a system message showed the system text
+    as the user's turn and the answer to it). The example's tools (a `tools` column) are given to the chat template,
+    as in training. `features` (its split's) say which None entries Arrow added, as `tokenize_instruct` reads them:
+    without them, every None entry was left out, and a null argument or schema default that JSON lines loaded as
+    `datasets`' Json feature keep in training was missing from the prompt."""
     features = features or {}
     messages = template_messages(example[args.messages_column], features.get(args.messages_column))
     first_answer = next((i for i, m in enumerate(messages) if m["role"] == "assistant"), len(messages))
@@ -373,7 +373,7 @@ def show_chat_example(
         )
         output = model.generate(
             **inputs,
-            max_new_tokens=64,
+            max_new_tokens=max_new_tokens or 64,
             do_sample=False,
             eos_token_id=stop_token_ids(model, tokenizer, chat=True),
             pad_token_id=tokenizer.pad_token_id,

@@ -690,6 +690,26 @@ def test_the_evaluation_generates_up_to_max_target_length() -> None:
     assert finetune.parse(given)[2].generation_max_length == 20
 
 
+def test_the_instruct_example_answer_is_as_long_as_generation_max_length(
+    tmp_path: Path, work: Path, monkeypatch
+) -> None:
+    """finetune.py passed --generation_max_length to the example answer after training, which generated 64 tokens
+    whatever it said; unset, instruct's stays unset (--max_target_length is seq2seq's) and the answer is 64 long."""
+    lengths = []
+    generate = archlab.DecoderForCausalLM.generate
+    monkeypatch.setattr(
+        archlab.DecoderForCausalLM,
+        "generate",
+        lambda self, **kw: lengths.append(kw["max_new_tokens"]) or generate(self, **kw),
+    )
+    data = ["--train_file", str(work / "instruct.jsonl"), "--validation_file", str(work / "instruct.jsonl")]
+    columns = ["--prompt_column", "prompt", "--response_column", "response"]
+    base = ["--model_name_or_path", str(work / "base"), "--save_strategy", "no", "--max_steps", "1", *data, *columns]
+    finetune.main(run_args(tmp_path / "chat", "--task", "instruct", *base, "--generation_max_length", "5"))
+    assert lengths == [5]
+    assert finetune.parse(["--task", "instruct"])[2].generation_max_length is None
+
+
 def test_seq2seq_lengths_past_the_position_table_fail_before_training(tmp_path: Path) -> None:
     """A sinusoidal encoder-decoder of 64 positions and --max_source_length 256 (the default): one error naming the
     flag and the limit, before any training step (it would fail inside the first forward otherwise)."""

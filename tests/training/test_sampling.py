@@ -68,6 +68,19 @@ def test_the_example_answer_is_to_the_conversation_before_its_first_answer(chat_
     assert torch.equal(prompts[0], expected["input_ids"])
 
 
+@pytest.mark.parametrize("max_new_tokens, generated", [(None, 64), (5, 5)])
+def test_the_example_answer_is_up_to_max_new_tokens_long(max_new_tokens, generated, chat_model, monkeypatch):
+    """`max_new_tokens` (finetune.py's --generation_max_length) was ignored: the answer was always up to 64 tokens."""
+    model, tokenizer = chat_model
+    lengths = []
+    generate = model.generate
+    monkeypatch.setattr(model, "generate", lambda **kw: lengths.append(kw["max_new_tokens"]) or generate(**kw))
+    messages = [{"role": "user", "content": "Say hi."}, {"role": "assistant", "content": "hello there"}]
+    args = SimpleNamespace(messages_column="messages")
+    show_chat_example(model, tokenizer, {"messages": messages}, args, max_new_tokens)
+    assert lengths == [generated]
+
+
 def test_the_example_shows_a_content_of_text_parts_as_its_text(chat_model, capsys):
     """A message whose content is a list of text parts (OpenAI's layout, which the template reads) was logged as
     the list's repr: `user: [{'type': 'text', 'text': 'Say hi.'}]`."""
