@@ -3,6 +3,7 @@ seq2seq folder (what `scripts/generate.py` runs)."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -354,10 +355,11 @@ def show_chat_example(
     """Log the fine-tuned chat model's greedy answer (up to `max_new_tokens` tokens, 64 when None) to the example's
     conversation up to its first assistant turn (in the column `args.messages_column`): a system message and the
     user's turn, not the first message alone (a conversation that opens with a system message showed the system text
-    as the user's turn and the answer to it). The example's tools (a `tools` column) are given to the chat template,
-    as in training. `features` (its split's) say which None entries Arrow added, as `tokenize_instruct` reads them:
-    without them, every None entry was left out, and a null argument or schema default that JSON lines loaded as
-    `datasets`' Json feature keep in training was missing from the prompt."""
+    as the user's turn and the answer to it); a conversation that opens with the assistant's turn (a tool call) is
+    prompted with that turn, logged as `shown_message` shows it. The example's tools (a `tools` column) are given to
+    the chat template, as in training. `features` (its split's) say which None entries Arrow added, as
+    `tokenize_instruct` reads them: without them, every None entry was left out, and a null argument or schema
+    default that JSON lines loaded as `datasets`' Json feature keep in training was missing from the prompt."""
     features = features or {}
     messages = template_messages(example[args.messages_column], features.get(args.messages_column))
     first_answer = next((i for i, m in enumerate(messages) if m["role"] == "assistant"), len(messages))
@@ -380,9 +382,23 @@ def show_chat_example(
             disable_compile=True,  # one example: compiling the decoding step would cost more than it saves
         )
         answer = tokenizer.decode(output[0, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
-        # (a content given as text parts shows as its text, as the template reads it, not as the list's repr)
-        turns = "\n".join(f"{m['role']}: {message_text(m['content'])}" for m in prompt)
+        turns = "\n".join(f"{m['role']}: {shown_message(m)}" for m in prompt)
         log(f"Example -- {turns}\nassistant:\n{answer}")
+
+
+def shown_message(message: dict[str, Any]) -> str:
+    """A message as the example's log line shows it: its text (a content of text parts as its text, as the template
+    reads it, not as the list's repr), then each tool call as `name(arguments)`, the arguments as compact JSON (a
+    conversation that opens with the assistant's call showed `assistant: None`)."""
+    text = message_text(message.get("content"))
+    calls = [shown_call(call.get("function", call)) for call in message.get("tool_calls") or ()]
+    return "; ".join(([text] if text else []) + calls) if calls else str(text)
+
+
+def shown_call(function: dict[str, Any]) -> str:
+    """A tool call's function as `name(arguments)`: a JSON string of arguments as it stands, an object as JSON."""
+    arguments = function.get("arguments")
+    return f"{function['name']}({arguments if isinstance(arguments, str) else json.dumps(arguments)})"
 
 
 def show_seq2seq_example(

@@ -18,6 +18,7 @@ from archlab.training.sampling import (
     generate_texts,
     sample_unless_sharded,
     show_chat_example,
+    shown_message,
     stop_at_the_end_of_a_turn,
     stop_token_ids,
 )
@@ -213,3 +214,24 @@ def test_the_example_prompt_keeps_the_nulls_training_keeps(opens_with_the_call, 
     assert prompts[0][0].tolist() == expected["input_ids"]
     nulls = ['"default": null', *(['"unit": null'] if opens_with_the_call else [])]
     assert all(null in trained and null in tokenizer.decode(prompts[0][0]) for null in nulls)
+
+
+@pytest.mark.parametrize("arguments", [{"unit": "C"}, '{"unit": null}'])
+def test_the_example_of_a_conversation_opening_with_a_tool_call_logs_the_call(arguments, chat_model, capsys):
+    """A conversation that opens with the assistant's tool call is prompted with that turn, whose content is None:
+    the log showed `assistant: None`. The call is shown as name(arguments), an object as JSON, a string as given."""
+    model, tokenizer = chat_model
+    example = _calls(NULLABLE_TOOL, arguments, opens_with_the_call=True)
+    show_chat_example(model, tokenizer, example, SimpleNamespace(messages_column="messages"), max_new_tokens=2)
+    shown = '{"unit": "C"}' if isinstance(arguments, dict) else arguments
+    assert f"Example -- assistant: weather({shown})\nassistant:\n" in capsys.readouterr().out
+
+
+def test_a_message_with_text_and_tool_calls_shows_both() -> None:
+    message = {
+        "role": "assistant",
+        "content": [{"type": "text", "text": "Checking."}],
+        "tool_calls": [{"function": {"name": "f", "arguments": {"a": 1}}}, {"name": "g", "arguments": "{}"}],
+    }
+    assert shown_message(message) == 'Checking.; f({"a": 1}); g({})'
+    assert shown_message({"role": "user", "content": "Say hi."}) == "Say hi."
