@@ -522,6 +522,39 @@ def test_a_prompts_file_row_gives_its_tools_to_the_chat_template(saved: dict[str
             generate.main([*args, "--chat", "true", "--prompts_file", str(chats)])
 
 
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        ({"function": {"arguments": {}}}, r"line 2, message 2 has a tool call .* without a name"),
+        (
+            {"function": {"name": "f", "arguments": "{'a': 1}"}},
+            r"line 2, message 2 has a tool call of 'f' whose .* JSON",
+        ),
+        (
+            {"function": {"name": "f", "arguments": 3}},
+            r"line 2, message 2 has a tool call of 'f' whose arguments are 3",
+        ),
+    ],
+)
+@pytest.mark.parametrize("with_tools", [False, True])
+def test_a_prompts_file_tool_call_is_checked_as_training_checks_it(call, message, with_tools, saved, tmp_path):
+    """A conversation's tool calls in --prompts_file went to the chat template unchecked (finetune.py's instruct
+    task checks its rows'): one without a name failed there, arguments that are not JSON were rendered as they
+    stood. Each is refused naming the file's line and the message, before the model loads."""
+    messages = [
+        {"role": "user", "content": "add one"},
+        {"role": "assistant", "content": None, "tool_calls": [{"type": "function", **call}]},
+        {"role": "tool", "content": "2"},
+    ]
+    good = [{"role": "user", "content": "add one"}]
+    chats = tmp_path / "chats.jsonl"
+    bad = {"messages": messages, "tools": None} if with_tools else messages
+    chats.write_text(json.dumps(good) + "\n" + json.dumps(bad) + "\n")
+    args = ["--model_name_or_path", str(saved["decoder"]), "--chat", "true", "--prompts_file", str(chats)]
+    with pytest.raises(ValueError, match=message):
+        generate.main([*args, "--max_new_tokens", "2", "--do_sample", "false"])
+
+
 def test_a_seq2seq_folder_given_conversations_names_the_chat_flag_or_template(saved: dict[str, Path], tmp_path):
     """Conversations for a seq2seq folder failed with "can only concatenate str (not "list") to str" (the source
     prefix went before them before they were checked): without --chat they are refused naming the flag, with it
