@@ -12,7 +12,7 @@ import os
 import re
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -336,12 +336,74 @@ def parse_arguments(
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         if len(argv) == 1 and argv[0].endswith(".json"):
-            return parser.parse_json_file(json_file=os.path.abspath(argv[0]))
+            return parser.parse_dict(json_flags(parser, argv[0]))
+        check_aliases_agree(parser, argv)
         *parsed, unknown = parser.parse_args_into_dataclasses(args=argv, return_remaining_strings=True)
         check_unknown_flags(parser, unknown, example_flags)
         return tuple(parsed)
     except ValueError as error:  # TrainingArguments' own checks of flag values, made while the flags are parsed
         raise ValueError(str(error)) from error
+
+
+def alias_names(parser: HfArgumentParser) -> dict[str, str]:
+    """The other names of flags (a field's `aliases`: run_clm.py's `torch_dtype` for `dtype`), each with the name of
+    the field it sets."""
+    names = {}
+    for arguments in parser.dataclass_types:
+        for item in fields(arguments):
+            aliases = item.metadata.get("aliases") or []
+            for alias in [aliases] if isinstance(aliases, str) else aliases:
+                if alias.startswith("--"):
+                    names[alias[2:]] = item.name
+    return names
+
+
+def check_aliases_agree(parser: HfArgumentParser, argv: Sequence[str]) -> None:
+    """A flag given under two of its names (`--dtype bfloat16 --torch_dtype float32`) with other values is refused
+    naming both: argparse let the last one win without a word. (transformers' `from_pretrained(dtype=...,
+    torch_dtype=...)` keeps `dtype` silently; the same value twice is accepted.)"""
+    aliased = set(alias_names(parser).values())
+    names = {  # every spelling of a flag that has another name, with the field it sets
+        option[2:]: action.dest
+        for action in parser._actions
+        if action.dest in aliased
+        for option in action.option_strings
+        if option.startswith("--")
+    }
+    given: dict[str, dict[str, str]] = {}  # field -> {flag as given: its value}
+    for k, word in enumerate(argv):
+        flag, has_value, value = word.partition("=")
+        dest = names.get(flag[2:]) if flag.startswith("--") else None
+        if dest is None:
+            continue
+        if not has_value:
+            value = argv[k + 1] if k + 1 < len(argv) else ""
+        given.setdefault(dest, {})[flag] = value
+    for dest, values in given.items():
+        if len(values) > 1 and len(set(values.values())) > 1:
+            flags = " and ".join(f"{flag} {value}" for flag, value in values.items())
+            raise ValueError(f"Conflicting flags: {flags} (names of one flag, --{dest}): give one.")
+
+
+def json_flags(parser: HfArgumentParser, path: str) -> dict[str, Any]:
+    """A .json file of flags as `HfArgumentParser.parse_dict` takes it: a key that is another name of a flag
+    (`"torch_dtype"`, as `--torch_dtype` on the command line) is read as the flag's field; it was refused as a key
+    the parser does not use. The field and its other name with other values are refused naming both."""
+    with open(path, encoding="utf-8") as f:
+        flags = json.load(f)
+    if not isinstance(flags, dict):
+        return flags
+    for alias, dest in alias_names(parser).items():
+        if alias not in flags:
+            continue
+        value = flags.pop(alias)
+        if dest in flags and flags[dest] != value:
+            raise ValueError(
+                f"Conflicting flags in {path}: {dest!r} {flags[dest]!r} and {alias!r} {value!r} (names of one flag, "
+                f"--{dest}): give one."
+            )
+        flags[dest] = value
+    return flags
 
 
 def given_flags(argv: Sequence[str] | None) -> set[str]:

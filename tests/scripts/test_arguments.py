@@ -220,6 +220,42 @@ def test_dtype_and_its_alias_torch_dtype_are_parsed_and_checked_while_parsing(pa
     assert parse([])[0].dtype is None
 
 
+def parse_generate_flags(argv):
+    from archlab.scripts.generate import GenerateArguments
+
+    return parse_arguments((GenerateArguments,), argv)
+
+
+@pytest.mark.parametrize("parse", [parse_pretrain, parse_finetune, parse_generate_flags])
+def test_torch_dtype_names_the_dtype_flag_in_a_json_file_of_flags_too(parse, tmp_path):
+    """`--torch_dtype` worked on the command line, but a .json file of flags (HfArgumentParser's other form) with a
+    `torch_dtype` key was refused as "Some keys are not used by the HfArgumentParser". Both names with other values
+    are refused naming both (the command line's twin below)."""
+    flags = tmp_path / "flags.json"
+    for given in ({"torch_dtype": "bfloat16"}, {"torch_dtype": "bfloat16", "dtype": "bfloat16"}):
+        flags.write_text(json.dumps({"model_name_or_path": "m", **given}))
+        assert parse([str(flags)])[0].dtype == "bfloat16"
+    flags.write_text(json.dumps({"model_name_or_path": "m", "torch_dtype": "half"}))
+    with pytest.raises(ValueError, match="--dtype 'half' is not supported; allowed values: auto, bfloat16"):
+        parse([str(flags)])
+    flags.write_text(json.dumps({"model_name_or_path": "m", "dtype": "float32", "torch_dtype": "bfloat16"}))
+    with pytest.raises(ValueError, match=r"Conflicting flags in .*flags.json: 'dtype' 'float32' and 'torch_dtype' "):
+        parse([str(flags)])
+
+
+@pytest.mark.parametrize("parse", [parse_pretrain, parse_finetune, parse_generate_flags])
+def test_dtype_and_torch_dtype_together_are_refused_unless_they_agree(parse):
+    """`--dtype bfloat16 --torch_dtype float32` loaded float32 weights without a word (argparse's last value wins;
+    transformers' `from_pretrained` keeps `dtype` silently): refused naming both; the same value twice is one."""
+    model = ["--model_name_or_path", "m"]
+    for argv in (["--dtype", "bfloat16", "--torch_dtype", "float32"], ["--torch_dtype=float32", "--dtype=bfloat16"]):
+        with pytest.raises(
+            ValueError, match=r"Conflicting flags: --\w+ \w+ and --\w+ \w+ \(names of one flag, --dtype"
+        ):
+            parse([*model, *argv])
+    assert parse([*model, "--dtype", "bfloat16", "--torch_dtype", "bfloat16"])[0].dtype == "bfloat16"
+
+
 @pytest.mark.parametrize("arguments", [PretrainTrainingArguments, FinetuneTrainingArguments])
 @pytest.mark.parametrize(
     ("argv", "message"),
