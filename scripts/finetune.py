@@ -86,7 +86,7 @@ from archlab.training.checkpoints import (
     resolve_resume,
     run_facts,
 )
-from archlab.training.dtypes import check_training_dtype
+from archlab.training.dtypes import check_training_dtype, trained_dtype
 from archlab.training.evaluation import train_and_evaluate
 from archlab.training.kinds import model_kind
 from archlab.training.metrics import entity_types
@@ -387,6 +387,7 @@ def main(argv: Sequence[str] | None = None, callbacks: list[TrainerCallback] | N
         training_args,
         source_prefix=(args.source_prefix or "") if args.task == "seq2seq" else None,
         columns=data_columns(args, text_column),
+        weights_dtype=trained_dtype(model_args.dtype, model_args.model_name_or_path),
     )
     check_resumed_run_facts(resume, facts)
     check_training_state(resume, training_args)

@@ -47,7 +47,7 @@ from archlab.training.checkpoints import (
     run_facts,
 )
 from archlab.training.configs import build_config, build_model, check_resumed_config
-from archlab.training.dtypes import check_training_dtype
+from archlab.training.dtypes import check_training_dtype, trained_dtype
 from archlab.training.evaluation import train_and_evaluate
 from archlab.training.kinds import model_kind
 from archlab.training.metrics import with_perplexity
@@ -166,7 +166,12 @@ def main(argv: Sequence[str] | None = None, callbacks: list[TrainerCallback] | N
     resume = resolve_resume(training_args, training_args.overwrite_output_dir)
     check_resumed_config(model_args, resume)
     check_resumed_tokenizer(model_args, resume)
-    facts = run_facts(training_args, data_args.block_size, columns={"--text_column_name": data_args.text_column_name})
+    facts = run_facts(
+        training_args,
+        data_args.block_size,
+        columns={"--text_column_name": data_args.text_column_name},
+        weights_dtype=trained_dtype(model_args.dtype, model_args.model_name_or_path),
+    )
     check_resumed_run_facts(resume, facts)
     check_training_state(resume, training_args)
     finished = finished_run(resume, training_args)

@@ -59,6 +59,7 @@ def run_facts(
     block_size: int | None = None,
     source_prefix: str | None = None,
     columns: dict[str, str | None] | None = None,
+    weights_dtype: str | None = None,
 ) -> dict[str, Any]:
     """What a resumed run must keep for its data to go on where the checkpoint stopped: the Trainer skips
     `global_step` x --gradient_accumulation_steps batches of the resumed run's own size, so another number of examples
@@ -67,7 +68,9 @@ def run_facts(
     --source_prefix (`source_prefix`, "" for none) is kept too: another one trains the rest of the run on other
     inputs than its first steps (and the saved config records one prefix). `columns` are the data columns the run
     reads, by the flag that names each (`{"--source_column": "code", ...}`): others train the rest of the run on
-    other texts or labels."""
+    other texts or labels. `weights_dtype` is the dtype of the weights the Trainer updates (`--dtype`, resolved:
+    `dtypes.trained_dtype`): a resume in another one loaded the checkpoint's weights and optimizer state cast to it and
+    trained the rest of the run in other precision than its first steps, without a word."""
     facts: dict[str, Any] = {
         "examples_per_step": training_args.per_device_train_batch_size
         * training_args.gradient_accumulation_steps
@@ -79,6 +82,8 @@ def run_facts(
         facts["source_prefix"] = source_prefix
     if columns is not None:
         facts["columns"] = dict(columns)
+    if weights_dtype is not None:
+        facts["weights_dtype"] = weights_dtype
     return facts
 
 
@@ -87,11 +92,13 @@ FACT_FLAGS = {
     "block_size": "--block_size",
     "source_prefix": "--source_prefix",
     "columns": "the data columns",
+    "weights_dtype": "--dtype (the weights' dtype)",
 }
 # what a resume with another value would do, where it is not "skip other data than the checkpoint trained on"
 FACT_CONSEQUENCES = {
     "source_prefix": "train the rest of the run on other inputs than the checkpoint was trained on",
     "columns": "train the rest of the run on other columns than the checkpoint was trained on",
+    "weights_dtype": "train the rest of the run in another precision than the checkpoint's weights were trained in",
 }
 
 

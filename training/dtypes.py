@@ -52,6 +52,20 @@ def saved_dtype(folder: str | os.PathLike) -> torch.dtype | None:
     return None
 
 
+def trained_dtype(value: str | None, model_name_or_path: str | None) -> str | None:
+    """The dtype of the weights a training run updates, by name (a run fact: a resume in another one is refused):
+    float32 unless `--dtype` says otherwise (a new model is built in float32), `auto` the saved folder's dtype; None
+    where it is known only once the model is downloaded (`auto` with a Hub name)."""
+    if value in (None, "float32") or not model_name_or_path:
+        return "float32"
+    if value != "auto":
+        return value
+    if not os.path.isfile(os.path.join(model_name_or_path, "config.json")):
+        return None
+    weights = saved_dtype(model_name_or_path)
+    return str(weights).removeprefix("torch.") if weights is not None else None
+
+
 def check_training_dtype(value: str | None, model_name_or_path: str | None, fp16: bool) -> None:
     """`--dtype` for a training script, before anything is read: the weights the Trainer updates are the ones
     loaded, with no float32 copy (`--bf16` / `--fp16` are autocast over them). Unset or float32: float32 weights.

@@ -373,6 +373,27 @@ def test_dtype_chooses_the_weights_trained_float32_by_default(tmp_path: Path, wo
         assert ("Warning: --dtype bfloat16 trains bfloat16 weights" in log) is (expected == torch.bfloat16)
 
 
+def test_a_resume_in_another_dtype_is_refused_before_anything_is_read(
+    tmp_path: Path, work: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run of bfloat16 weights resumed without --dtype (float32) went on without a word: the checkpoint's weights
+    and optimizer state were cast to float32 for the rest of the run. The checkpoint records the weights' dtype, and
+    --dtype auto on the same bfloat16 folder is the same dtype and trains on."""
+    base = tmp_path / "bf16"
+    archlab.DecoderForCausalLM.from_pretrained(work / "base").to(torch.bfloat16).save_pretrained(base)
+    save_tokenizer(load_tokenizer(work / "base"), base)
+    out, data = tmp_path / "out", (work / "train.csv", work / "validation.csv")
+    finetune.main(classification_args(out, base, *data, "--max_steps", "1", "--save_steps", "1", "--dtype", "bfloat16"))
+    assert json.loads((out / "checkpoint-1" / "run_facts.json").read_text())["weights_dtype"] == "bfloat16"
+    resume = ["--max_steps", "2", "--save_steps", "1", "--resume_from_checkpoint", "true"]
+    with monkeypatch.context() as patched:
+        forbid(patched, sources, "load_raw_datasets", "data was loaded before the checkpoint was compared")
+        with pytest.raises(ValueError, match=r"--dtype \(the weights' dtype\) = 'bfloat16', but these flags give "):
+            finetune.main(classification_args(out, base, *data, *resume))
+    finetune.main(classification_args(out, base, *data, *resume, "--torch_dtype", "auto"))
+    assert json.loads((out / "trainer_state.json").read_text())["global_step"] == 2
+
+
 def test_a_dtype_that_cannot_train_is_refused_before_anything_is_read(tmp_path: Path, work: Path) -> None:
     """float16 weights (asked, or a folder saved in float16 under auto): --fp16's gradient scaler refuses their
     gradients at the first step and nothing else scales them; --dtype without a folder to load would be ignored."""

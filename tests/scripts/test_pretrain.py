@@ -304,6 +304,23 @@ def test_resuming_with_another_tokenizer_is_refused_before_data_is_read(
         pretrain.main(args)
 
 
+def test_resuming_in_another_dtype_is_refused_before_data_is_read(
+    tmp_path: Path, data_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A checkpoint of bfloat16 weights resumed with the default --dtype (float32, a new model's) trained on in
+    float32 without a word: the weights' dtype is a run fact now."""
+    checkpoint = tmp_path / "run" / "checkpoint-3"
+    checkpoint.mkdir(parents=True)
+    (checkpoint / "trainer_state.json").write_text(json.dumps({"global_step": 3}))
+    (checkpoint / "run_facts.json").write_text(json.dumps({"weights_dtype": "bfloat16"}))
+    forbid(monkeypatch, sources, "load_raw_datasets", "data was loaded before the checkpoint's dtype was compared")
+    args = tiny_args(tmp_path / "run", data_dir, "--resume_from_checkpoint", "true")
+    with pytest.raises(
+        ValueError, match=r"--dtype \(the weights' dtype\) = 'bfloat16', but these flags give 'float32'"
+    ):
+        pretrain.main(args)
+
+
 def test_a_config_value_out_of_range_fails_before_the_tokenizer_is_trained(
     tmp_path: Path, data_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

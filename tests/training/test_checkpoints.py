@@ -28,6 +28,19 @@ def test_a_refused_resume_names_the_flag_and_hints_at_a_split_for_the_batch_only
     check_resumed_run_facts(str(tmp_path), {"examples_per_step": 8, "block_size": 64})  # the same facts resume
 
 
+def test_a_resume_in_another_weights_dtype_is_refused_naming_the_flag(tmp_path):
+    """A resume with another --dtype loaded the checkpoint's weights and optimizer state cast to it and trained on in
+    another precision, without a word."""
+    (tmp_path / RUN_FACTS).write_text(json.dumps({"examples_per_step": 8, "weights_dtype": "bfloat16"}))
+    with pytest.raises(ValueError) as raised:
+        check_resumed_run_facts(str(tmp_path), {"examples_per_step": 8, "weights_dtype": "float32"})
+    assert "was trained with --dtype (the weights' dtype) = 'bfloat16', but these flags give 'float32'" in str(
+        raised.value
+    )
+    assert "the resumed run would train the rest of the run in another precision" in str(raised.value)
+    check_resumed_run_facts(str(tmp_path), {"examples_per_step": 8, "weights_dtype": "bfloat16"})
+
+
 @pytest.mark.parametrize("saved", ["", "rng_state.pth", "rng_state_1.pth", "optimizer.pt", "scheduler.pt"])
 @pytest.mark.parametrize("max_steps", [6, 3])
 def test_a_checkpoint_saved_with_the_weights_alone_is_refused_unless_the_run_is_over(tmp_path, saved, max_steps):

@@ -13,7 +13,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 import archlab
 from archlab.training.configs import build_model
-from archlab.training.dtypes import check_dtype, check_training_dtype, saved_dtype
+from archlab.training.dtypes import check_dtype, check_training_dtype, saved_dtype, trained_dtype
 
 from helpers import tiny_decoder_config
 
@@ -46,6 +46,18 @@ def test_auto_reads_the_saved_dtype_from_the_config_or_else_the_weights(folders:
     assert saved_dtype(folder) == torch.bfloat16
     (folder / "config.json").write_text(json.dumps(config))  # neither: the weights say
     assert saved_dtype(folder) == torch.float16
+
+
+def test_the_trained_dtype_a_resume_must_keep_is_the_one_the_weights_load_in(folders: dict[str, Path]) -> None:
+    """The run fact of the weights' dtype (`run_facts`): what `build_model` loads, by name; `auto` resolved from the
+    folder, so a run started with --dtype bfloat16 resumes under auto on the same bfloat16 folder; unknown (None,
+    not recorded) for `auto` on a Hub name, known only once downloaded."""
+    bf16 = str(folders["bfloat16"])
+    for value, expected in ((None, "float32"), ("float32", "float32"), ("bfloat16", "bfloat16"), ("auto", "bfloat16")):
+        assert trained_dtype(value, bf16) == expected
+    assert trained_dtype("auto", str(folders["float32"])) == "float32"
+    assert trained_dtype(None, None) == "float32"  # a new model is built in float32
+    assert trained_dtype("auto", "org/hub-model") is None
 
 
 @pytest.mark.parametrize(
