@@ -47,7 +47,7 @@ from .input_checks import (
 from .losses import IGNORE_INDEX, causal_lm_loss, embedding_matrix, lm_head_loss, share_of_batch
 from .losses import shift_labels as next_token_targets
 from .moe import collect_router_logits, load_balancing_loss, router_z_loss
-from .positions import position_bias, position_ids_from_mask, position_table
+from .positions import check_given_position_ids, position_bias, position_ids_from_mask, position_table
 from .pretrained import ArchlabPreTrainedModel
 from .rotary import LayerTypeRotaryEmbeddings, RotaryEmbedding, rotary_per_layer_type
 
@@ -216,6 +216,8 @@ class DecoderModel(DecoderPreTrainedModel):
         check_attention_mask(
             attention_mask, batch_size, None if past is None else past + seq_len, keys="cached + new tokens"
         )
+        if position_ids is not None and self.embed_positions is not None:
+            check_given_position_ids(position_ids, self.embed_positions)
         positions_length = None  # known without reading a tensor when the positions are ours: 0 .. past + seq_len - 1
         if position_ids is None and self.config.position_ids_from_attention_mask and _is_padding_mask(attention_mask):
             position_ids = position_ids_from_mask(attention_mask, seq_len)  # OPT: a padded row starts at 0

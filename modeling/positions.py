@@ -22,7 +22,7 @@ from torch import nn
 
 from .catalogue import POSITION_SCHEMES
 from .relative_bias import RelativePositionBias
-from .sinusoidal import SinusoidalPositionalEmbedding, check_position_ids
+from .sinusoidal import CHECKED_PER_FORWARD, SinusoidalPositionalEmbedding, check_position_ids
 
 
 def alibi_slopes(num_heads: int) -> torch.Tensor:
@@ -72,7 +72,8 @@ class LearnedPositionEmbedding(nn.Embedding):
     It has no row past the training length: longer sequences are refused with a ValueError naming
     `max_position_embeddings` (not an index error inside the lookup). `offset` extra leading rows are looked up at
     position + offset (OPT's and Bart's tables have 2); a padding position numbered -1 (positions counted from the
-    attention mask) reads row offset - 1, or row 0.
+    attention mask) reads row offset - 1, or row 0. (Negative ids a caller passes are refused before they get here:
+    `check_given_position_ids`.)
     """
 
     def __init__(self, num_positions: int, dim: int, offset: int = 0) -> None:
@@ -82,6 +83,37 @@ class LearnedPositionEmbedding(nn.Embedding):
     def forward(self, position_ids: torch.Tensor) -> torch.Tensor:
         check_position_ids(position_ids, self.num_positions, "learned")
         return super().forward((position_ids + self.offset).clamp(min=0))
+
+
+def check_given_position_ids(position_ids: torch.Tensor, table: nn.Module, rows: bool = False) -> None:
+    """`position_ids` a caller passes, checked before an absolute position table (learned or sinusoidal) reads them:
+    none below 0. A stock table (an `nn.Embedding`) raises an IndexError for one; the tables here read the -1 of
+    padding, which only positions counted from the attention mask hold, and so read a given negative id as row 0
+    without a word. With `rows` (RoBERTa's `position_ids_are_table_rows`) they are rows of a learned table, its
+    `offset` leading rows included: from 0 to its last row, and one past it is named as a row (the table's own
+    check named the position the offset is taken off, and the table's length without those rows). On the CPU only,
+    and not while torch.compile traces, as `check_position_ids`."""
+    if position_ids.numel() == 0 or position_ids.device.type not in CHECKED_PER_FORWARD:
+        return
+    if torch.compiler.is_compiling():
+        return
+    smallest, largest = (int(value) for value in torch.aminmax(position_ids))
+    if rows:
+        last = table.num_positions + table.offset - 1
+        if smallest < 0 or largest > last:
+            raise ValueError(
+                f"`position_ids` hold row {smallest if smallest < 0 else largest}, but with "
+                f"`position_ids_are_table_rows` they are rows of the learned position table, 0 to {last} "
+                f"(`position_embedding_offset` = {table.offset} leading rows, then `max_position_embeddings` = "
+                f"{table.num_positions} positions)."
+            )
+    elif smallest < 0:
+        kind = "learned" if isinstance(table, LearnedPositionEmbedding) else "sinusoidal"
+        raise ValueError(
+            f"`position_ids` hold {smallest}, but positions start at 0: the {kind} position table has no row for a "
+            "negative one. (Padding is numbered -1 only where the model counts positions from `attention_mask`, "
+            "`position_ids_from_attention_mask`: leave `position_ids` out for that.)"
+        )
 
 
 # The table and bias modules by scheme name (the keys of `catalogue.POSITION_SCHEMES` with `table` / `bias`).
@@ -135,6 +167,7 @@ __all__ = [
     "POSITION_BIASES",
     "POSITION_TABLES",
     "alibi_slopes",
+    "check_given_position_ids",
     "position_bias",
     "position_ids_from_mask",
     "position_table",

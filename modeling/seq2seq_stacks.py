@@ -38,7 +38,7 @@ from .input_checks import (
     embedding_rows,
 )
 from .normalization import make_norm
-from .positions import position_ids_from_mask, position_table
+from .positions import check_given_position_ids, position_ids_from_mask, position_table
 from .relative_bias import position_buckets
 from .seq2seq_layers import (
     Seq2SeqDecoderLayer,
@@ -144,6 +144,8 @@ class Seq2SeqEncoder(_Seq2SeqStack):
         hidden_states = inputs_embeds
         positions = torch.arange(inputs_embeds.shape[1], device=inputs_embeds.device)  # relative bias: distances
         if self.embed_positions is not None:
+            if position_ids is not None:
+                check_given_position_ids(position_ids, self.embed_positions, self.config.position_ids_are_table_rows)
             table_positions = positions if position_ids is None else position_ids
             if position_ids is not None and self.config.position_ids_are_table_rows:  # RoBERTa's: rows as given
                 table_positions = position_ids - self.config.position_embedding_offset

@@ -153,6 +153,47 @@ def test_packed_rows_longer_than_the_table_pass_when_every_document_fits():
 
 
 @pytest.mark.parametrize("kind", ["learned", "sinusoidal"])
+def test_given_negative_position_ids_are_refused_while_padding_counted_from_the_mask_reads_its_row(kind):
+    """A given position id of -1 was read as row 0 without a word (the lookup clamps the -1 of padding that positions
+    counted from the mask hold); a stock table, an `nn.Embedding`, raises an IndexError. Positions counted from the
+    mask still number padding -1."""
+    from archlab import EncoderForMaskedLM
+
+    config = dict(position_embedding_type=kind, position_ids_from_attention_mask=True)
+    ids, mask = torch.randint(3, 50, (1, 4)), torch.tensor([[0, 1, 1, 1]])
+    negative = torch.tensor([[-1, 0, 1, 2]])
+    for model in (DecoderForCausalLM(tiny_decoder_config(**config)), EncoderForMaskedLM(tiny_seq2seq_config(**config))):
+        model.eval()(ids, attention_mask=mask)  # padding numbered -1 by the model itself
+        model(ids, position_ids=negative.clamp(min=0))
+        with pytest.raises(ValueError, match=rf"`position_ids` hold -1, but positions start at 0: the {kind} position"):
+            model(ids, position_ids=negative)
+
+
+def test_given_table_rows_past_the_table_are_named_as_rows():
+    """RoBERTa's `position_ids_are_table_rows`: a row past the table was reported as the position the offset is
+    taken off, against the table's length without its offset rows ("Position ids reach 8 ... 8 rows" for row 10 of
+    a 10-row table); a negative row was read as row 0."""
+    from archlab import EncoderForMaskedLM
+
+    config = tiny_seq2seq_config(
+        max_position_embeddings=8,
+        position_embedding_type="learned",
+        position_embedding_offset=2,
+        position_ids_are_table_rows=True,
+    )
+    model = EncoderForMaskedLM(config).eval()
+    ids = torch.randint(3, 50, (1, 3))
+    model(ids, position_ids=torch.tensor([[0, 1, 9]]))  # every row of the table, the offset rows included
+    message = r"`position_ids` hold row {}, but with `position_ids_are_table_rows` they are rows of the learned "
+    message += (
+        r"position table, 0 to 9 \(`position_embedding_offset` = 2 leading rows, then `max_position_embeddings` = 8"
+    )
+    for row in (10, -1):
+        with pytest.raises(ValueError, match=message.format(row)):
+            model(ids, position_ids=torch.tensor([[2, 3, row]]))
+
+
+@pytest.mark.parametrize("kind", ["learned", "sinusoidal"])
 def test_seq2seq_refuses_sequences_past_the_position_table(kind):
     from archlab import Seq2SeqForConditionalGeneration
 
