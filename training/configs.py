@@ -236,10 +236,40 @@ def check_new_config(choices: ModelChoices, block_size: int | None = None) -> No
     check_block_fits(config, block_size, kind)
 
 
+# What a resumed run's config may hold otherwise than its checkpoint's: what transformers records of the save
+# (`architectures`, `auto_map`, `dtype`: `--dtype` is a run fact of its own), what the Trainer sets for training
+# (`use_cache`), the task's labels (a run fact), and outputs' switches. The tokenizer's ids and vocabulary are checked
+# with the tokenizer (`check_resumed_tokenizer`), unless the flags set them.
+RESUME_IGNORED_FIELDS = frozenset(
+    {
+        "_name_or_path",
+        "architectures",
+        "auto_map",
+        "dtype",
+        "torch_dtype",
+        "transformers_version",
+        "use_cache",
+        "id2label",
+        "label2id",
+        "num_labels",
+        "problem_type",
+        "task_specific_params",
+        "output_attentions",
+        "output_hidden_states",
+        "return_dict",
+        "chunk_size_feed_forward",
+    }
+)
+TOKENIZER_FIELDS = frozenset(
+    {"pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id", "sep_token_id", "cls_token_id"}
+)
+
+
 def check_resumed_config(choices: ModelChoices, checkpoint: str | None) -> None:
-    """A resumed run must build the model its checkpoint holds: the architecture these flags set (preset, config file,
-    overrides) is compared field by field with the checkpoint's config.json, before any data is read. Another
-    `hidden_size` failed as a size mismatch inside the Trainer's checkpoint load, after data preparation."""
+    """A resumed run must build the model its checkpoint holds: the config these flags build (preset, config file,
+    overrides) is compared field by field, every field but `RESUME_IGNORED_FIELDS`, with the checkpoint's config.json,
+    before any data is read. Another `hidden_size` failed as a size mismatch inside the Trainer's checkpoint load,
+    after data preparation; a `sliding_window` left out was not seen at all."""
     path = os.path.join(checkpoint, "config.json") if checkpoint else None
     if path is None or choices.model_name_or_path or not os.path.isfile(path):
         return
@@ -248,15 +278,19 @@ def check_resumed_config(choices: ModelChoices, checkpoint: str | None) -> None:
     values, _, _ = new_config_values(choices)
     config_class = getattr(archlab, model_kind(choices.model_kind).config_class)
     rebuilt = config_class(**{"vocab_size": saved.get("vocab_size"), **values}).to_dict()
-    # a legacy RoPE override with no `rope_parameters` to change (the default architecture's) stays under its own
-    # name, which a config.json does not hold: it is compared as the `rope_parameters` it builds
-    compared = dict.fromkeys([*values, *(["rope_parameters"] if set(values) & set(LEGACY_ROPE_FIELDS) else [])])
-    differ = [key for key in compared if key in saved and key in rebuilt and rebuilt[key] != saved[key]]
+    # every field, not only those the flags set: a config.json leaves out the fields at their defaults, and a run
+    # trained with `--config_overrides sliding_window=8` resumed without it (or the other way round) built another
+    # model on the same weights without a word. Read back through the class, the saved config has them all.
+    saved = config_class.from_dict(saved).to_dict()
+    ignored = RESUME_IGNORED_FIELDS | (TOKENIZER_FIELDS - set(values))
+    differ = [
+        key for key in sorted(set(rebuilt) | set(saved)) if key not in ignored and rebuilt.get(key) != saved.get(key)
+    ]
     if differ:
         raise ValueError(
             f"--resume_from_checkpoint: {checkpoint} holds a model with "
-            f"{', '.join(f'{key}={saved[key]!r}' for key in differ)}, but these flags build "
-            f"{', '.join(f'{key}={rebuilt[key]!r}' for key in differ)}: resume with the run's own --preset / "
+            f"{', '.join(f'{key}={saved.get(key)!r}' for key in differ)}, but these flags build "
+            f"{', '.join(f'{key}={rebuilt.get(key)!r}' for key in differ)}: resume with the run's own --preset / "
             "--config_name / --config_overrides, or start a new run in another --output_dir."
         )
 

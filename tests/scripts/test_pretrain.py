@@ -795,6 +795,30 @@ def test_resuming_with_another_legacy_rope_override_is_refused(tmp_path: Path, t
         check_resumed_config(ModelArguments(config_overrides=resumed), str(tmp_path))
 
 
+@pytest.mark.parametrize(
+    ("trained", "resumed"),
+    [
+        (f"{TINY_DECODER_OVERRIDES},sliding_window=8", TINY_DECODER_OVERRIDES),
+        (TINY_DECODER_OVERRIDES, f"{TINY_DECODER_OVERRIDES},sliding_window=8"),
+        (f"{TINY_DECODER_OVERRIDES},norm_position=sandwich", TINY_DECODER_OVERRIDES),
+    ],
+    ids=["override-left-out", "override-added", "placement-left-out"],
+)
+def test_resuming_without_an_override_the_run_had_is_refused(tmp_path: Path, trained: str, resumed: str) -> None:
+    """Only the fields the resumed run's flags set were compared: trained with `sliding_window=8` and resumed
+    without it (or the other way round: a config.json leaves out the fields at their defaults), the run went on with
+    another model on the same weights, without a word."""
+    import archlab
+    from archlab.scripts.arguments import ModelArguments
+    from archlab.training.configs import check_resumed_config, new_config_values
+
+    values, _, _ = new_config_values(ModelArguments(config_overrides=trained))
+    archlab.DecoderConfig(**values, vocab_size=64, pad_token_id=0).save_pretrained(tmp_path)
+    check_resumed_config(ModelArguments(config_overrides=trained), str(tmp_path))
+    with pytest.raises(ValueError, match="holds a model with .*(sliding_window=|norm_position=)"):
+        check_resumed_config(ModelArguments(config_overrides=resumed), str(tmp_path))
+
+
 def test_a_config_file_of_another_kind_or_with_unknown_fields_is_refused(tmp_path: Path) -> None:
     """A config stores unknown keys without a word: a seq2seq config.json given to a decoder run built the default
     decoder (LLaMA-7B's shape) and was killed for memory; a typo trained the default shape."""
