@@ -164,10 +164,17 @@ def _peers(shape: dict, seq_len: int) -> list[tuple[str, torch.nn.Module, Decode
     return out
 
 
+SPECIAL_TOKEN_FIELDS = ("bos_token_id", "eos_token_id", "pad_token_id")
+
+
 def peer_pairs(shape: dict, seq_len: int) -> list[tuple[str, DecoderForCausalLM, torch.nn.Module]]:
     """(label, archlab model holding the peer's weights, HF model) for each variant with a peer."""
     pairs = []
     for label, peer, config, mapping in _peers(shape, seq_len):
+        # the peer's special tokens: an end-of-sequence id on one side only adds generate's stopping check and
+        # `min_new_tokens` processor to that side's every step (Qwen3 and OLMo 2 have none; archlab's default, 2)
+        for field in SPECIAL_TOKEN_FIELDS:
+            setattr(config, field, getattr(peer.config, field, None))
         torch.manual_seed(0)
         ours = DecoderForCausalLM(config)
         state = peer.state_dict()

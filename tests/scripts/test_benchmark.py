@@ -123,7 +123,9 @@ def test_dense_suite_runs_at_quick_size(tmp_path, capsys):
 
 def test_variants_suite_times_each_peer_on_its_own_weights_and_logits():
     """The variants suite's peer rows (benchmark_variants.py) time archlab against the Hugging Face model that has the
-    variant: on the peer's weights (loaded strictly) archlab computes the peer's logits, so a row times one function."""
+    variant: on the peer's weights (loaded strictly) archlab computes the peer's logits, and with the peer's special
+    tokens generate does the same work per step (an end-of-sequence id adds its stopping check), so a row times one
+    function."""
     from archlab.scripts.benchmark_variants import peer_pairs, suite_shape
 
     shape = suite_shape(quick=True)
@@ -131,6 +133,8 @@ def test_variants_suite_times_each_peer_on_its_own_weights_and_logits():
     pairs = peer_pairs(shape, seq_len=64)
     assert "OLMo 2, output norms + QK-norm over the projections" in [label for label, _, _ in pairs]
     for label, ours, peer in pairs:
+        for field in ("bos_token_id", "eos_token_id", "pad_token_id"):  # generate's per-step work is the same
+            assert getattr(ours.config, field) == getattr(peer.config, field, None), (label, field)
         with torch.no_grad():
             expected = peer.eval()(ids).logits
             torch.testing.assert_close(ours.eval()(ids).logits, expected, atol=1e-4, rtol=0, msg=label)
