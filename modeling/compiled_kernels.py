@@ -73,6 +73,11 @@ class CompiledKernel:
         self.compiled: dict[str, Callable | None] = {}  # by device type; None once the compiler failed there
         self.told_no_recompile = False
 
+    def serves(self, device_type: str) -> bool:
+        """Whether calls on `device_type` may run the compiled kernel: elsewhere the caller runs `function` without
+        preparing the kernel's arguments (a decoding step pays for nothing it does not use)."""
+        return device_type in self.devices()
+
     def __call__(self, *args):
         """`function(*args)` from the compiled kernel (the first tensor argument's device decides), or None where
         the caller should run `function` itself."""

@@ -170,6 +170,8 @@ def apply_rotary(
     follows the float32 residual stream, as Llama's), and attention casts it down anyway — the kernel rounds the
     same float32 values once, and saves writing and reading them in float32."""
     device = query.device.type
+    if not ROTARY_KERNEL.serves(device):  # first: the dtype below is the kernel's alone
+        return rotary_formula(query, key, cos, sin)
     if torch.is_autocast_enabled(device):
         dtype = torch.get_autocast_dtype(device)
     else:
