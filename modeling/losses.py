@@ -430,26 +430,36 @@ def lm_head_loss(
     (`head.fused_linear_cross_entropy`, set by archlab.liger) runs the training loss through it instead, soft-cap too.
     """
     wants_loss = labels is not None or shifted_labels is not None
-    # the fused and chunked losses read the head's weight and bias themselves: right only for a Linear whose weight
-    # is a whole tensor, not for a head PEFT wraps (a LoRA layer on `lm_head`), a sharded weight (DTensor), a quantized
-    # or an offloaded one (`weight_is_readable`); a head torch.compile wraps (accelerate's regional compilation
-    # compiles it apart) is read through the wrapper
-    linear = uncompiled(head)
-    # (a head on another device than the hidden states, as accelerate's `device_map` may place it, runs through its
-    # hook, which moves them)
-    reads_weight = weight_is_readable(linear) and linear.weight.device == hidden_states.device
-    fused_loss = getattr(linear, "fused_linear_cross_entropy", None)
-    if wants_loss and training and fused_loss is not None and reads_weight:
-        args = (hidden_states, linear, labels, shifted_labels, output_bias, softcap, z_loss_coef, num_items_in_batch)
-        return fused_causal_lm_loss(fused_loss, *args), None
-    if wants_loss and training and reads_weight and chunk_size > 0 and softcap is None:
-        weight, bias = linear.weight, linear.bias
-        if output_bias is not None:
-            bias = output_bias.reshape(-1) if bias is None else bias + output_bias.reshape(-1)
-        loss = chunked_causal_lm_loss(
-            hidden_states, weight, labels, chunk_size, num_items_in_batch, z_loss_coef, shifted_labels, bias
-        )
-        return loss, None
+    if wants_loss and training:  # (only these losses look at the head: not a decoding step's forward)
+        # the fused and chunked losses read the head's weight and bias themselves: right only for a Linear whose
+        # weight is a whole tensor, not for a head PEFT wraps (a LoRA layer on `lm_head`), a sharded weight (DTensor),
+        # a quantized or an offloaded one (`weight_is_readable`); a head torch.compile wraps (accelerate's regional
+        # compilation compiles it apart) is read through the wrapper
+        linear = uncompiled(head)
+        # (a head on another device than the hidden states, as accelerate's `device_map` may place it, runs through
+        # its hook, which moves them)
+        reads_weight = weight_is_readable(linear) and linear.weight.device == hidden_states.device
+        fused_loss = getattr(linear, "fused_linear_cross_entropy", None)
+        if fused_loss is not None and reads_weight:
+            args = (
+                hidden_states,
+                linear,
+                labels,
+                shifted_labels,
+                output_bias,
+                softcap,
+                z_loss_coef,
+                num_items_in_batch,
+            )
+            return fused_causal_lm_loss(fused_loss, *args), None
+        if reads_weight and chunk_size > 0 and softcap is None:
+            weight, bias = linear.weight, linear.bias
+            if output_bias is not None:
+                bias = output_bias.reshape(-1) if bias is None else bias + output_bias.reshape(-1)
+            loss = chunked_causal_lm_loss(
+                hidden_states, weight, labels, chunk_size, num_items_in_batch, z_loss_coef, shifted_labels, bias
+            )
+            return loss, None
     keep = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
     logits = head(hidden_states[:, keep, :])
     if output_bias is not None:
