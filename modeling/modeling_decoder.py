@@ -170,6 +170,7 @@ class DecoderModel(DecoderPreTrainedModel):
         for i, layer in enumerate(self.layers):
             self.first_layer_of_type.setdefault(layer.attention_type, i)
         self.layer_types = tuple(self.first_layer_of_type)
+        self.has_sparse_layers = "sparse" in config.mlp_layer_types  # mixture-of-experts layers (`build_mlp`)
         self.gradient_checkpointing = False
         self.post_init()
 
@@ -273,7 +274,8 @@ class DecoderModel(DecoderPreTrainedModel):
         hidden_states = self.norm(hidden_states)
         if output_hidden_states:
             all_hidden_states += (hidden_states,)
-        router_logits = collect_router_logits(self.layers)  # one (B·T, K) per sparse layer; () if dense
+        # one (B·T, K) per sparse layer; () if dense (without the walk over the layers: every decoding step)
+        router_logits = collect_router_logits(self.layers) if self.has_sparse_layers else ()
         if output_router_logits is None:
             output_router_logits = self.config.output_router_logits
 
