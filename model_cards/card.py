@@ -349,6 +349,8 @@ def write_model_card(
             segments=(config.get("type_vocab_size") or 0) > 1,  # (one type: segment 0 everywhere, as without ids)
             prefix_key=task_prefix_key(config, pipeline_tag),
         ),
+        # float32 weights (with or without autocast) are the default and go unsaid; others were trained as they are
+        weights_dtype=summary["weights_dtype"] if summary["weights_dtype"] != "float32" else None,
         hyperparameters=summary["hyperparameters"],
         results=summary["results"],
         loss_curve=_loss_curve(folder, loss_curve, summary["losses"]),

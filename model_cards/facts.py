@@ -8,7 +8,7 @@
   for a quantized folder, from the model its config describes, built on the meta device.
 - `training_summary`: the training data, hyper-parameters, final losses and evaluation metrics from the Trainer's
   state (`trainer_state.json`) and arguments (`TrainingArguments` or a JSON dict; never the pickled
-  `training_args.bin`).
+  `training_args.bin`), and the dtype of the weights trained from the training scripts' `run_facts.json`.
 """
 
 from __future__ import annotations
@@ -69,6 +69,11 @@ HYPERPARAMETERS = (
     "fp16",
     "seed",
 )
+
+# the training scripts' record of a run (`archlab.training.checkpoints.run_facts`), saved in each checkpoint and
+# beside the final model: its `weights_dtype` is the dtype of the weights the Trainer updated (`--dtype`), which
+# `TrainingArguments` (`bf16`/`fp16`: autocast) do not hold
+RUN_FACTS = "run_facts.json"
 
 # Trainer metrics about speed, not quality
 _TIMING_KEYS = ("_runtime", "_samples_per_second", "_steps_per_second", "_preparation_time", "_flos")
@@ -361,7 +366,8 @@ def _as_dict(obj: Any) -> dict[str, Any] | None:
 
 
 def training_summary(folder: Path, trainer_state: Any = None, training_args: Any = None) -> dict[str, Any]:
-    """What the card says about training; looks for trainer_state.json / training_args.json in the folder."""
+    """What the card says about training; looks for trainer_state.json / training_args.json / run_facts.json in the
+    folder. `weights_dtype`: the dtype the weights were trained in, None where the folder does not record it."""
     state = _as_dict(trainer_state)
     if state is None and (folder / "trainer_state.json").is_file():
         state = _as_dict(folder / "trainer_state.json")
@@ -369,6 +375,8 @@ def training_summary(folder: Path, trainer_state: Any = None, training_args: Any
     if args is None and (folder / "training_args.json").is_file():
         args = _as_dict(folder / "training_args.json")
     summary: dict[str, Any] = {"hyperparameters": [], "results": [], "losses": [], "eval_metrics": {}}
+    facts = _as_dict(folder / RUN_FACTS) if (folder / RUN_FACTS).is_file() else {}
+    summary["weights_dtype"] = facts.get("weights_dtype")
     if args:
         skip = {"num_train_epochs"} if (args.get("max_steps") or -1) > 0 else set()  # max_steps overrides epochs
         summary["hyperparameters"] = [

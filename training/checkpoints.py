@@ -13,10 +13,13 @@ from typing import Any
 from transformers import TrainingArguments
 from transformers.trainer_utils import get_last_checkpoint
 
+from archlab.model_cards.facts import RUN_FACTS
+
 from .reporting import log
 
 STAGING = ".staging"  # never matches `checkpoint-N`, so a half-written save is never resumed from
-RUN_FACTS = "run_facts.json"  # what a resume must keep, saved in each checkpoint (`AtomicCheckpointTrainer`)
+# RUN_FACTS (run_facts.json): what a resume must keep, saved in each checkpoint (`AtomicCheckpointTrainer`) and beside
+# the final model (`saving.save_final`), where the model card reads the weights' dtype from it
 
 
 def resolve_resume(training_args: TrainingArguments, overwrite_output_dir: bool) -> str | None:

@@ -33,7 +33,15 @@ TOKENIZER_FILES = (
     "spm.model",
     "chat_template.jinja",
 )
-LOG_FILES = ("trainer_state.json", "training_args.json", "all_results.json", "eval_results.json", "loss_curve.png")
+# (run_facts.json: the training scripts' record of the run, whose weights' dtype the re-rendered card states)
+LOG_FILES = (
+    "trainer_state.json",
+    "training_args.json",
+    "run_facts.json",
+    "all_results.json",
+    "eval_results.json",
+    "loss_curve.png",
+)
 PICKLE_PATTERNS = ("*.bin", "*.pt", "*.pth", "*.pkl", "*.pickle", "*.ckpt")
 
 

@@ -14,7 +14,7 @@ from transformers.trainer import TRAINING_ARGS_NAME
 
 from archlab.tokenization.training import save_tokenizer
 
-from .checkpoints import STAGING
+from .checkpoints import RUN_FACTS, STAGING
 from .plots import plot_loss_curve
 
 LOSS_CURVE = "loss_curve.png"
@@ -44,9 +44,9 @@ def save_final(
     pipeline_tag: str | None = None,
     example_pair: str | None = None,
 ) -> None:
-    """Model, tokenizer, trainer state, loss curve and model card (`example_pair`: a sentence-pair classifier's card
-    shows a pair) -- written to a staging folder, then moved into
-    `output_dir` file by file with `config.json` last, so a folder that has a config has everything.
+    """Model, tokenizer, trainer state, run facts (`run_facts.json`), loss curve and model card (`example_pair`: a
+    sentence-pair classifier's card shows a pair) -- written to a staging folder, then moved into `output_dir` file by
+    file with `config.json` last, so a folder that has a config has everything.
     Under torchrun / accelerate launch only the main process writes; the others wait for it. The weights go through
     `Trainer.save_model`, which every process calls: under FSDP or DeepSpeed ZeRO-3 each holds a shard, and the whole
     weights are gathered from all of them (the main process's own parameters alone would be its shard)."""
@@ -68,6 +68,10 @@ def save_final(
     if metrics:
         with open(os.path.join(staging, "all_results.json"), "w", encoding="utf-8") as f:
             json.dump(metrics, f, indent=2, sort_keys=True)
+    facts = getattr(trainer, "run_facts", None)
+    if facts is not None:  # (the card states the weights' dtype from it)
+        with open(os.path.join(staging, RUN_FACTS), "w", encoding="utf-8") as f:
+            json.dump(facts, f, indent=2, sort_keys=True)
     has_curve = plot_loss_curve(trainer.state.log_history, os.path.join(staging, LOSS_CURVE))
     write_card(
         staging,

@@ -277,6 +277,28 @@ def test_training_facts_from_the_folder_json_files(tmp_path):
     assert "loss_curve.png" not in text  # one logged point is no curve
 
 
+BF16_WEIGHTS_LINE = (
+    "**Weights:** trained in bfloat16 (pure bfloat16, `--dtype bfloat16`): the optimizer updated bfloat16 weights, "
+    "with no float32 copy."
+)
+
+
+def test_the_card_names_weights_trained_in_another_dtype_than_float32(tmp_path):
+    """A run with `--dtype bfloat16` trains bfloat16 weights with no float32 copy, which the card did not say (its
+    `bf16` row is autocast): it reads the weights' dtype from the run's `run_facts.json`. float32 weights, the
+    default, leave the card as it was."""
+    folder = _save(DecoderForCausalLM(tiny_decoder_config()), tmp_path / "m")
+    (folder / "training_args.json").write_text(json.dumps({"learning_rate": 0.01, "bf16": True}))
+    plain = write_model_card(folder, datasets="stdlib").read_text()
+    (folder / "run_facts.json").write_text(json.dumps({"examples_per_step": 8, "weights_dtype": "float32"}))
+    assert write_model_card(folder, datasets="stdlib").read_text() == plain
+    (folder / "run_facts.json").write_text(json.dumps({"examples_per_step": 8, "weights_dtype": "bfloat16"}))
+    text = write_model_card(folder, datasets="stdlib").read_text()
+    assert "**Weights:**" not in plain and BF16_WEIGHTS_LINE in text
+    assert text.replace(BF16_WEIGHTS_LINE + "\n\n", "") == plain  # one line more, in the Training section
+    assert text.index("**Data:** stdlib") < text.index(BF16_WEIGHTS_LINE) < text.index("**Hyper-parameters:**")
+
+
 def test_given_loss_curve_is_copied_in(tmp_path):
     folder = _save(DecoderForCausalLM(tiny_decoder_config()), tmp_path / "m")
     image = tmp_path / "curve.png"

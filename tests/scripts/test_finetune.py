@@ -371,6 +371,8 @@ def test_dtype_chooses_the_weights_trained_float32_by_default(tmp_path: Path, wo
         log = capsys.readouterr().out
         assert ("bfloat16 weights, eager" in log) is (expected == torch.bfloat16), log
         assert ("Warning: --dtype bfloat16 trains bfloat16 weights" in log) is (expected == torch.bfloat16)
+        card = (out / "README.md").read_text()  # the card says so too (float32's is unchanged)
+        assert ("**Weights:** trained in bfloat16 (pure bfloat16" in card) is (expected == torch.bfloat16)
 
 
 def test_a_resume_in_another_dtype_is_refused_before_anything_is_read(

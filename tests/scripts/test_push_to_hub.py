@@ -112,6 +112,17 @@ def test_dry_run_cards_snippet_loads_the_repo(trained, tmp_path):
     assert "from_pretrained(model_id, trust_remote_code=True)" in snippet and f'"{REPO}"' in snippet
 
 
+def test_a_pure_bfloat16_runs_card_keeps_its_weights_dtype_through_a_push(trained, tmp_path):
+    """The card of a run that trained bfloat16 weights (`--dtype bfloat16`) says so from the run's `run_facts.json`;
+    the push re-renders the card from the staged folder, so the file goes with the Trainer logs."""
+    folder, model = trained
+    model.to(torch.bfloat16).save_pretrained(folder)
+    (folder / "run_facts.json").write_text(json.dumps({"examples_per_step": 4, "weights_dtype": "bfloat16"}))
+    assert _dry_run(folder, tmp_path / "upload") == 0
+    assert (tmp_path / "upload" / "run_facts.json").read_bytes() == (folder / "run_facts.json").read_bytes()
+    assert "**Weights:** trained in bfloat16 (pure bfloat16" in (tmp_path / "upload" / "README.md").read_text()
+
+
 def test_a_sentence_pair_classifiers_card_keeps_its_pair_through_a_push(tmp_path):
     """The card of a classifier of sentence pairs (finetune.py's --text_column_names a,b) tokenizes a pair; the push
     re-renders the card from the folder, whose config does not say so, and the snippet became a single text."""
