@@ -40,7 +40,7 @@ from archlab.tokenization.training import has_tokenizer
 from archlab.training.dtypes import check_dtype
 from archlab.training.reporting import log
 from archlab.training.sampling import Prompt, check_device, generate_text, generate_texts, load_for_generation
-from archlab.training.task_data import check_tool_calls
+from archlab.training.task_data import check_chat_message
 
 
 @dataclass
@@ -306,22 +306,23 @@ def read_prompts(args: GenerateArguments) -> list[Prompt]:
                         f'{{"role": ..., "content": ...}} messages (or {{"messages": [...], "tools": [...]}}), got '
                         f"{line.strip()[:60]}"
                     )
-                check_conversation_tool_calls(value, f"--prompts_file {args.prompts_file!r}, line {n}")
+                check_conversation_messages(value, f"--prompts_file {args.prompts_file!r}, line {n}")
                 prompts.append(value)
         if not prompts:
             raise ValueError(f"--prompts_file {args.prompts_file!r} holds no prompt (every line is blank).")
     return prompts
 
 
-def check_conversation_tool_calls(prompt: Prompt, where: str) -> None:
-    """Each assistant tool call of a conversation (or of a row of messages and tools) checked as finetune.py's
-    instruct task checks its rows' (`check_tool_calls`: a name, arguments an object or a JSON string), a bad one
-    named with `where` (the file and line) and its message: one without a name failed inside the chat template, and
-    arguments that are not JSON were rendered as they stood, a call the model was never trained on."""
+def check_conversation_messages(prompt: Prompt, where: str) -> None:
+    """Each message of a conversation (or of a row of messages and tools) checked as finetune.py's instruct task
+    checks its rows' (`check_chat_message`: a role, content that is text or text parts, None only beside tool calls,
+    each call with a name and arguments an object or a JSON string), a bad one named with `where` (the file and line)
+    and its number: a call without a name failed inside the chat template, arguments that are not JSON were rendered
+    as they stood, and a `"content": null` without tool calls or a message without content as an empty turn, prompts
+    the model was never trained on. (A conversation need not hold an assistant turn: a prompt ends with the user's.)"""
     messages = prompt.get("messages") if isinstance(prompt, dict) else prompt
     for k, message in enumerate(messages if isinstance(messages, list) else [], 1):
-        if message.get("tool_calls"):
-            check_tool_calls(message["tool_calls"], f"{where}, message {k}")
+        check_chat_message(message, f"{where}, message {k}")
 
 
 def is_conversation(value: Any) -> bool:

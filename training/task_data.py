@@ -97,26 +97,33 @@ def check_conversations(dataset: Any, column: str, split: str) -> None:
                 "pass --prompt_column and --response_column."
             )
         for message in conversation:
-            calls = message.get("tool_calls") if isinstance(message, dict) else None
-            if not isinstance(message, dict) or "role" not in message or ("content" not in message and not calls):
-                raise ValueError(
-                    f"Column {column!r} of the {split} split: row {row} has a message {message!r} without a "
-                    '"role" and a "content"; each message is {"role": "user" | "assistant" | "system", "content": ...}.'
-                )
-            if calls:
-                check_tool_calls(calls, f"Column {column!r} of the {split} split: row {row}")
-            if not (calls and message.get("content") is None) and message_text(message["content"]) is None:
-                raise ValueError(
-                    f"Column {column!r} of the {split} split: row {row} has a message whose content is "
-                    f"{message['content']!r}; a message's content is text, or a list of text parts "
-                    '({"type": "text", "text": ...}): images and other parts are not read (None only beside '
-                    "`tool_calls`)."
-                )
+            check_chat_message(message, f"Column {column!r} of the {split} split: row {row}")
         answered += any(message["role"] == "assistant" for message in conversation)
     if split == "train" and not answered:
         raise ValueError(
             f"Column {column!r} of the {split} split has no assistant message in any of its {len(dataset)} "
             "conversations: instruction tuning learns the assistant's turns, so there is nothing to learn."
+        )
+
+
+def check_chat_message(message: Any, where: str) -> None:
+    """One message of a conversation, as instruction tuning reads it: a dict with a "role" and a "content" that is
+    text or a list of text parts, or an assistant turn calling tools (`tool_calls`, each checked by
+    `check_tool_calls`) with no content (OpenAI's `"content": null`). A bad one is a ValueError starting with `where`
+    (a row of a column, a line of a prompts file and the message's number)."""
+    calls = message.get("tool_calls") if isinstance(message, dict) else None
+    if not isinstance(message, dict) or "role" not in message or ("content" not in message and not calls):
+        raise ValueError(
+            f'{where} has a message {message!r} without a "role" and a "content"; each message is '
+            '{"role": "user" | "assistant" | "system", "content": ...}.'
+        )
+    if calls:
+        check_tool_calls(calls, where)
+    if not (calls and message.get("content") is None) and message_text(message["content"]) is None:
+        raise ValueError(
+            f"{where} has a message whose content is {message['content']!r}; a message's content is text, or a list "
+            'of text parts ({"type": "text", "text": ...}): images and other parts are not read (None only beside '
+            "`tool_calls`)."
         )
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -553,6 +554,39 @@ def test_a_prompts_file_tool_call_is_checked_as_training_checks_it(call, message
     args = ["--model_name_or_path", str(saved["decoder"]), "--chat", "true", "--prompts_file", str(chats)]
     with pytest.raises(ValueError, match=message):
         generate.main([*args, "--max_new_tokens", "2", "--do_sample", "false"])
+
+
+@pytest.mark.parametrize(
+    "message, error",
+    [
+        ({"role": "assistant", "content": None}, r"line 2, message 2 has a message whose content is None; .* text"),
+        ({"role": "assistant"}, r"line 2, message 2 has a message \{'role': 'assistant'\} without a \"role\" and a"),
+        (
+            {"role": "user", "content": [{"type": "image", "url": "x.png"}]},
+            r"line 2, message 2 has a message whose content is \[\{'type': 'image'.*images and other parts are not",
+        ),
+    ],
+)
+def test_a_prompts_file_message_is_checked_as_training_checks_it(message, error, saved, tmp_path):
+    """A message with `"content": null` and no tool calls (or no content at all), which finetune.py's instruct task
+    refuses in a training row, went to the chat template, which rendered an empty turn: each message of a
+    --prompts_file conversation is checked as training checks it, named by line and message, before the model
+    loads. A conversation ending with the user's turn (no assistant turn yet, the usual prompt) or with the
+    assistant's words left open (continued from them) is accepted."""
+    good = [{"role": "user", "content": "add one"}]
+    bad = [{"role": "user", "content": "add one"}, message, {"role": "user", "content": "again"}]
+    chats = tmp_path / "chats.jsonl"
+    chats.write_text(json.dumps(good) + "\n" + json.dumps(bad) + "\n")
+    args = ["--model_name_or_path", str(saved["decoder"]), "--chat", "true", "--prompts_file", str(chats)]
+    args += ["--max_new_tokens", "2", "--do_sample", "false"]
+    with pytest.raises(ValueError, match=rf"--prompts_file '{re.escape(str(chats))}', {error}"):
+        generate.main(args)
+    with_a_call = {"role": "assistant", "content": None, "tool_calls": [{"function": {"name": "f", "arguments": {}}}]}
+    answered = [*good, with_a_call, {"role": "tool", "content": "2"}, {"role": "user", "content": "thanks"}]
+    left_open = [*good, {"role": "assistant", "content": "def add_one(x):"}]
+    rows = (good, {"messages": answered, "tools": None}, left_open)
+    chats.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    assert len(generate.main(args)) == 3
 
 
 def test_a_seq2seq_folder_given_conversations_names_the_chat_flag_or_template(saved: dict[str, Path], tmp_path):
