@@ -211,8 +211,10 @@ class Attention(FusableProjections, nn.Module):
         self.sliding_window = config.sliding_window if is_sliding else None  # the mask does it; flash reads it
         self.q_norm = self.k_norm = None
         # QK-norm (seed 004): over each head (Qwen3), or over the whole q / k projection (OLMo 2: `qk_norm_scope`)
-        self.qk_norm_over_projection = getattr(config, "qk_norm_scope", "head") == "projection"
+        self.qk_norm_per_head = self.qk_norm_over_projection = False
         if getattr(config, "use_qk_norm", False):
+            self.qk_norm_over_projection = getattr(config, "qk_norm_scope", "head") == "projection"
+            self.qk_norm_per_head = not self.qk_norm_over_projection
             eps = norm_eps if norm_eps is not None else config.rms_norm_eps
             norm_bias = getattr(config, "norm_bias", None)  # None: the norm's own default
             q_size, k_size = self.head_dim, self.head_dim
@@ -235,15 +237,23 @@ class Attention(FusableProjections, nn.Module):
         """(B, T, d) -> queries (B, H, T, D), keys and values (B, H_kv, T, D): one product where laid out."""
         fused = self.fused_weights()
         if fused is None:
-            query = self.q_proj(states).view(*states.shape[:-1], -1, self.head_dim).transpose(1, 2)
-            return (query, *self._project_key_value(states))
+            return self.to_heads(self.q_proj(states), self.q_norm), *self._project_key_value(states)
         return self.split_heads(nn.functional.linear(states, *fused))
 
     def split_heads(self, projected: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """q/k/v's product (B, T, (H + 2 H_kv) D) -> queries (B, H, T, D), keys and values (B, H_kv, T, D) (views)."""
+        """q/k/v's product (B, T, (H + 2 H_kv) D) -> queries (B, H, T, D), keys and values (B, H_kv, T, D) (views
+        of the product, or of the QK-norm's output where it reads the whole projection)."""
         sizes = (self.num_heads * self.head_dim, *(2 * (self.num_key_value_heads * self.head_dim,)))
-        parts = projected.split(sizes, dim=-1)
-        return tuple(part.view(*projected.shape[:-1], -1, self.head_dim).transpose(1, 2) for part in parts)
+        query, key, value = projected.split(sizes, dim=-1)
+        return self.to_heads(query, self.q_norm), self.to_heads(key, self.k_norm), self.to_heads(value)
+
+    def to_heads(self, projection: torch.Tensor, norm: nn.Module | None = None) -> torch.Tensor:
+        """A projection (B, T, n · D) -> its n heads (B, n, T, D), a view. With `qk_norm_scope="projection"` the
+        q or k projection's QK-norm (`norm`) comes first, over a token's n · D channels as the projection lays them
+        out (OLMo 2): one op, where normalising the heads would regroup them before and after."""
+        if norm is not None and self.qk_norm_over_projection:
+            projection = norm(projection)
+        return projection.view(*projection.shape[:-1], -1, self.head_dim).transpose(1, 2)
 
     def position_and_cache(
         self,
@@ -254,11 +264,12 @@ class Attention(FusableProjections, nn.Module):
         past_key_values: Cache | None,
         attention_kwargs: dict | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Self-attention's projected heads -> the heads attended: QK-norm, RoPE, and the keys and values of the
-        cache (this step's appended). Continuous batching's paged cache reads its indices from `attention_kwargs`
-        (the keyword arguments the attention function gets next) and sets this layer type's own there, in place."""
-        if self.q_norm is not None:
-            query, key = self.normed_heads(self.q_norm, query), self.normed_heads(self.k_norm, key)
+        """Self-attention's heads (as `split_heads` makes them) -> the heads attended: QK-norm per head (over the
+        projection, `to_heads` has applied it), RoPE, and the keys and values of the cache (this step's appended).
+        Continuous batching's paged cache reads its indices from `attention_kwargs` (the keyword arguments the
+        attention function gets next) and sets this layer type's own there, in place."""
+        if self.qk_norm_per_head:
+            query, key = self.q_norm(query), self.k_norm(key)
         if position_embeddings is not None:
             cos, sin = position_embeddings
             query, key = self.rotate(query, key, cos, sin)
@@ -268,19 +279,9 @@ class Attention(FusableProjections, nn.Module):
             key, value = past_key_values.update(key, value, self.layer_idx)
         return query, key, value
 
-    def normed_heads(self, norm: nn.Module, heads: torch.Tensor) -> torch.Tensor:
-        """QK-norm of heads (B, H, T, D): over each head's D channels, or with `qk_norm_scope="projection"` over a
-        token's H · D channels of the projection, as the norm reads them before the split into heads (OLMo 2)."""
-        if not self.qk_norm_over_projection:
-            return norm(heads)
-        batch, count, length, head_dim = heads.shape
-        projection = heads.transpose(1, 2).reshape(batch, length, count * head_dim)
-        return norm(projection).view(batch, length, count, head_dim).transpose(1, 2)
-
     def _project_key_value(self, states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(B, S, d) -> keys, values (B, H_kv, S, D)."""
-        shape = (*states.shape[:-1], -1, self.head_dim)
-        return self.k_proj(states).view(shape).transpose(1, 2), self.v_proj(states).view(shape).transpose(1, 2)
+        """(B, S, d) -> keys, values (B, H_kv, S, D); the keys normed where QK-norm reads the whole projection."""
+        return self.to_heads(self.k_proj(states), self.k_norm), self.to_heads(self.v_proj(states))
 
     def _cross_key_value(
         self, encoder_states: torch.Tensor, cache: EncoderDecoderCache | None
@@ -290,8 +291,8 @@ class Attention(FusableProjections, nn.Module):
             layer = cache.cross_attention_cache.layers[self.layer_idx]
             return layer.keys, layer.values
         key, value = self._project_key_value(encoder_states)
-        if self.k_norm is not None:
-            key = self.normed_heads(self.k_norm, key)  # normalised once, before caching
+        if self.qk_norm_per_head:
+            key = self.k_norm(key)  # normalised once, before caching
         if cache is not None:
             key, value = cache.cross_attention_cache.update(key, value, self.layer_idx)
             cache.is_updated[self.layer_idx] = True
@@ -311,13 +312,13 @@ class Attention(FusableProjections, nn.Module):
         batch, seq_len, _ = hidden_states.shape
         group = 1
         if key_value_states is not None:
-            query = self.q_proj(hidden_states).view(batch, seq_len, -1, self.head_dim).transpose(1, 2)  # (B, H, T, D)
+            query = self.to_heads(self.q_proj(hidden_states), self.q_norm)  # (B, H, T, D)
             group = rows_per_source(past_key_values)
             if group > 1:  # the source's keys cached once for its `group` rows: projected from its first row
                 key_value_states = key_value_states[::group]
             key, value = self._cross_key_value(key_value_states, past_key_values)  # (B / group, H_kv, S, D)
-            if self.q_norm is not None:
-                query = self.normed_heads(self.q_norm, query)
+            if self.qk_norm_per_head:
+                query = self.q_norm(query)
             if group > 1:
                 query, attention_mask = queries_per_source(query, attention_mask, group)
         else:

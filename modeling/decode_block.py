@@ -24,9 +24,10 @@ launches and the router's top-k beside the experts'); otherwise it keeps its MLP
 fused. A parallel block's MLP reads the block's input and adds its output after the attention's (GPT-J's shared norm is
 computed inside both input GEMVs). Everything else runs the block's own forward: the post-norm, DeepNorm, sandwich and
 output-norm (OLMo 2) blocks norm a product's output, where these kernels put a norm before a product, so their forwards
-never ask. QK-norm, per head or over the whole projection, is the attention's `position_and_cache`, which the fused
-step calls as the attention does. `FUSED_BLOCK_DEVICES` is empty until `--suite cuda-tuning`'s row measures it on a
-GPU; on CPU the tests run the kernels through Triton's interpreter against the block's forward.
+never ask. QK-norm is the attention's: over the whole projection in its `split_heads`, per head in its
+`position_and_cache`, both of which the fused step calls as the attention does. `FUSED_BLOCK_DEVICES` is empty until
+`--suite cuda-tuning`'s row measures it on a GPU; on CPU the tests run the kernels through Triton's interpreter
+against the block's forward.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """modeling/attention.py on its own: the eager kernel against softmax(QKᵀ/√d)V written out head by head, grouped
-key/value heads, soft-capping and position biases, eager against SDPA, cross-attention's cached keys/values, and an
-instance's own rotary kernel."""
+key/value heads, soft-capping and position biases, eager against SDPA, cross-attention's cached keys/values, an
+instance's own rotary kernel, and QK-norm per head or over the projection (the latter at no extra op)."""
 
 from __future__ import annotations
 
@@ -8,10 +8,12 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 
 from archlab.modeling import attention as attention_module
 from archlab.modeling.attention import Attention, eager_attention_forward, one_token_grouped_sdpa, repeat_kv
+from archlab.modeling.fused_projections import inference_projections
 from archlab.modeling.rotary import apply_rotary
 
 from helpers import assert_close_to_scale, tiny_decoder_config
@@ -272,27 +274,61 @@ def test_an_instance_may_carry_its_own_rotary_kernel():
     assert Attention.rotate is apply_rotary and "rotate" not in plain.__dict__
 
 
+def _queries_attended(attention: Attention, query_projection: torch.Tensor) -> torch.Tensor:
+    """Queries (B, H, T, D) from a q projection (B, T, H·D) through `split_heads` and `position_and_cache`, no RoPE:
+    the steps of the forward over one q/k/v product and of the fused decoding block."""
+    batch, length, _ = query_projection.shape
+    key_value = torch.ones(batch, length, 2 * attention.num_key_value_heads * attention.head_dim)
+    with torch.no_grad():
+        heads = attention.split_heads(torch.cat([query_projection, key_value], dim=-1))
+        return attention.position_and_cache(*heads, None, None)[0]
+
+
 @pytest.mark.parametrize("scope", ["head", "projection"])
 def test_qk_norm_normalises_each_head_or_the_whole_projection(scope):
     """Per head (Qwen3), a head's normed queries ignore the other heads; over the projection (OLMo 2), one RMS per
-    token over all heads: queries (B, H, T, D) normed equal the q projection normed as one (B, T, H·D) vector."""
+    token over all heads: the queries equal the q projection (B, T, H·D) normed as one vector, then split."""
     config = tiny_decoder_config(use_qk_norm=True, qk_norm_scope=scope)
     attention = Attention(config, layer_idx=0).eval()
     with torch.no_grad():
         attention.q_norm.weight.uniform_(0.5, 1.5)
-    heads = torch.randn(2, 4, 3, 8)
-    loud = heads.clone()
-    loud[:, 0] *= 10.0  # only the first head changes
-    with torch.no_grad():
-        normed = attention.normed_heads(attention.q_norm, heads)
-        loud_normed = attention.normed_heads(attention.q_norm, loud)
+    projection = torch.randn(2, 3, 4 * 8, generator=torch.Generator().manual_seed(0))
+    loud = projection.clone()
+    loud[..., :8] *= 10.0  # only the first head changes
+    normed, loud_normed = _queries_attended(attention, projection), _queries_attended(attention, loud)
     if scope == "head":
         assert attention.q_norm.weight.shape == (8,)
         torch.testing.assert_close(normed[:, 1:], loud_normed[:, 1:])
     else:
         assert attention.q_norm.weight.shape == (4 * 8,) and attention.k_norm.weight.shape == (2 * 8,)
-        flat = heads.transpose(1, 2).reshape(2, 3, 32)
-        rms = flat.pow(2).mean(-1, keepdim=True).add(config.rms_norm_eps).sqrt()
-        expected = flat / rms * attention.q_norm.weight
+        rms = projection.pow(2).mean(-1, keepdim=True).add(config.rms_norm_eps).sqrt()
+        expected = projection / rms * attention.q_norm.weight
         assert_close_to_scale(normed, expected.view(2, 3, 4, 8).transpose(1, 2), rtol=1e-6)
         assert not torch.allclose(normed[:, 1:], loud_normed[:, 1:])
+
+
+class _RecordOps(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("laid_out", [False, True], ids=["separate", "one-product"])
+def test_qk_norm_over_the_projection_runs_the_ops_of_the_per_head_norm(laid_out):
+    """OLMo 2's norm reads the projection before the split into heads, as the projection lays it out: no
+    transposes or reshapes around it, so a decoding step runs the same aten ops as with per-head QK-norm
+    (in another order: the norms before the views)."""
+    hidden = torch.randn(2, 1, 32, generator=torch.Generator().manual_seed(0))
+    cos, sin = torch.ones(2, 1, 8), torch.zeros(2, 1, 8)
+    ops = {}
+    for scope in ("head", "projection"):
+        attention = Attention(tiny_decoder_config(use_qk_norm=True, qk_norm_scope=scope), layer_idx=0).eval()
+        with torch.no_grad(), inference_projections(attention, force=laid_out) as groups, _RecordOps() as record:
+            assert groups == laid_out
+            attention(hidden, (cos, sin), past_key_values=DynamicCache())
+        ops[scope] = record.ops
+    assert sorted(ops["projection"]) == sorted(ops["head"])  # the same ops, the norms earlier
