@@ -107,7 +107,9 @@ if triton is not None:
         )
         blocks = tl.cdiv(tl.cdiv(keys, SPLITS), BLOCK)  # each split's blocks of keys; the last split's may end early
         start = split * blocks * BLOCK
-        scale = scale.to(tl.float32)  # once: inductor passes a Python float as an fp64 scalar (an fp64 tile otherwise)
+        # once: inductor passes a Python float as an fp64 scalar (an fp64 tile otherwise), torch's mutation analysis of
+        # a traced launch (torch 2.11) as a constant
+        scale = tl.cast(scale, tl.float32)
         best = tl.full([GROUP_ROWS], float("-inf"), tl.float32)
         total = tl.zeros([GROUP_ROWS], tl.float32)
         acc = tl.zeros([GROUP_ROWS, HEAD], tl.float32)
@@ -203,8 +205,8 @@ def _decode_attention_body(query, key, value, mask, scale, splits, pdl: bool = F
     if splits > 1:
         parts = query.new_empty(batch * kv_heads * splits * group_rows, head_dim, dtype=torch.float32)
         stats = query.new_empty(batch * kv_heads * splits * group_rows, 2, dtype=torch.float32)
-    else:
-        parts = stats = output
+    else:  # not read or written with one split; not `output` either: a traced launch must not alias what it writes
+        parts = stats = query.new_empty(0, dtype=torch.float32)
     dependent = pdl and pdl_launch(query)
     launchable(_decode_split_kernel, query, "decode_attention", pdl=dependent)[(batch * kv_heads, splits)](
         query, key, value, mask_ptr, output, parts, stats,

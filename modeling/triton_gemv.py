@@ -143,8 +143,9 @@ if triton is not None:
         """The sums `total` (rows × outputs, fp32) scaled by 1/rms (RMS_NORM), plus the bias, rounded to the output's
         dtype, plus the residual, stored."""
         if PROLOGUE == 1:
-            # eps: inductor passes a Python float as an fp64 scalar, Triton's launcher as fp32
-            mean = tl.sum(squares, axis=1) / inputs + eps.to(tl.float32)
+            # eps: an fp64 scalar from inductor, fp32 from Triton's launcher, a constant in torch's mutation analysis
+            # of a traced launch (torch 2.11): tl.cast takes all three
+            mean = tl.sum(squares, axis=1) / inputs + tl.cast(eps, tl.float32)
             total = total * (1.0 / tl.sqrt(mean))[:, None]
         if HAS_BIAS:
             total += tl.load(bias_ptr + ns, mask=n_ok, other=0.0).to(tl.float32)[None, :]

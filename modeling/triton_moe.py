@@ -104,8 +104,8 @@ if triton is not None:
             w = tl.load(w_at, mask=n_ok[:, None] & k_ok[None, :], other=0.0).to(tl.float32)
             acc += w * x[None, :]
         total = tl.sum(acc, axis=1)
-        if NORM:  # eps: inductor passes a Python float as an fp64 scalar, Triton's launcher as fp32
-            total = total / tl.sqrt(tl.sum(squares, axis=0) / inputs + eps.to(tl.float32))
+        if NORM:  # eps: an fp64 scalar from inductor, fp32 from Triton's launcher, a constant in torch's analysis
+            total = total / tl.sqrt(tl.sum(squares, axis=0) / inputs + tl.cast(eps, tl.float32))
         tl.store(y_ptr + slot * y_m + ns, total.to(y_ptr.dtype.element_ty), mask=n_ok)
 
     @triton.autotune(configs=_CONFIGS, key=["outputs", "inputs"])
@@ -156,7 +156,7 @@ def _moe_decode_body(
     weights = top_k_weights.contiguous()
     gate_up = hidden_states.new_empty(tokens * slots, 2 * intermediate)
     output = hidden_states.new_empty(tokens, hidden)
-    residual2 = residual if residual is not None else output
+    residual2 = residual if residual is not None else hidden_states  # not read (not `output`: unaliased)
 
     def gate_up_grid(meta):
         return (tokens * slots, triton.cdiv(2 * intermediate, meta["BLOCK_N"]))

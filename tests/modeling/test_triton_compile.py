@@ -446,3 +446,128 @@ def test_every_configuration_compiles_at_once_into_the_kernels_cache(monkeypatch
     for config in kernel.configs:  # as the autotuner's `_bench` launches each (here without the launch)
         compiled = kernel.fn.run(*args, grid=(1,), warmup=True, **kwargs, **config.all_kwargs())
         assert "cubin" in compiled.asm and compiled.metadata.launch_pdl
+
+
+def _traced_launch(case: str) -> tuple:
+    """(kernel, its arguments by name, the tensors it writes) for a launch as the ops give it, on small CPU tensors
+    (what torch's analysis reads of a tensor: its dtype and alignment)."""
+    import torch
+
+    from archlab.modeling import triton_decoding, triton_gemv, triton_moe
+
+    bf16, fp32 = (
+        lambda *shape, dtype=dtype: torch.zeros(*shape, dtype=dtype) for dtype in (torch.bfloat16, torch.float32)
+    )
+    strides = {name: 64 for name in ("q_b", "q_h", "k_b", "k_h", "k_s", "v_b", "v_h", "v_s", "m_b", "o_b", "o_h")}
+    strides.update(q_d=1, k_d=1, v_d=1, m_s=1, o_d=1)
+    attention = dict(
+        q_ptr=bf16(64), k_ptr=bf16(64), v_ptr=bf16(64), out_ptr=bf16(64), keys=384, kv_heads=4, scale=0.125
+    )
+    attention.update(strides, GROUP=8, GROUP_ROWS=16, HEAD=64, BLOCK=64, IEEE=False, PDL=False)
+    gemv = dict(x_ptr=bf16(64), up_ptr=bf16(64), gain_ptr=bf16(64), w_ptr=bf16(64), bias_ptr=bf16(64))
+    gemv.update(residual_ptr=bf16(64), y_ptr=bf16(64), rows=1, outputs=2560, inputs=2048, eps=1e-6, x_m=2048)
+    gemv.update(up_m=2048, w_n=2048, residual_m=2560, y_m=2560, HAS_BIAS=False, HAS_RESIDUAL=True, PDL=False)
+    moe = dict(index_ptr=torch.zeros(2, dtype=torch.int64), w_ptr=bf16(64), y_ptr=bf16(64), outputs=2048)
+    moe.update(inputs=1024, w_e=2048 * 1024, w_n=1024, y_m=2048, PDL=False)
+    empty = fp32(0)
+    return {
+        "attention-one-split": (
+            triton_decoding._decode_split_kernel,
+            dict(
+                attention, mask_ptr=torch.ones(64, dtype=torch.bool), part_ptr=empty, stat_ptr=empty, SPLITS=1, MASK=1
+            ),
+            ["out_ptr"],
+        ),
+        "attention-splits": (
+            triton_decoding._decode_split_kernel,
+            dict(attention, mask_ptr=attention["q_ptr"], part_ptr=fp32(64), stat_ptr=fp32(64), SPLITS=4, MASK=0),
+            ["part_ptr", "stat_ptr"],
+        ),
+        "attention-combine": (
+            triton_decoding._decode_combine_kernel,
+            dict(
+                part_ptr=fp32(64),
+                stat_ptr=fp32(64),
+                out_ptr=bf16(64),
+                kv_heads=4,
+                o_b=64,
+                o_h=64,
+                o_d=1,
+                GROUP=8,
+                GROUP_ROWS=16,
+                HEAD=64,
+                SPLITS=4,
+                PDL=False,
+            ),
+            ["out_ptr"],
+        ),  # fmt: skip
+        "gemv-rms-norm": (triton_gemv._gemv_kernel, dict(gemv, ROWS=1, PROLOGUE=1), ["y_ptr"]),
+        "gemv-tensor-core-swiglu": (triton_gemv._dot_kernel, dict(gemv, ROWS=16, PROLOGUE=2, IEEE=False), ["y_ptr"]),
+        "moe-gate-up": (
+            triton_moe._expert_gate_up_kernel,
+            dict(moe, x_ptr=bf16(64), gain_ptr=bf16(64), slots=2, eps=1e-6, x_m=1024, NORM=True),
+            ["y_ptr"],
+        ),
+        "moe-down": (
+            triton_moe._expert_down_kernel,
+            dict(
+                moe,
+                h_ptr=bf16(64),
+                weight_ptr=fp32(2),
+                residual_ptr=bf16(64),
+                h_m=1024,
+                residual_m=2048,
+                SLOTS=2,
+                HAS_RESIDUAL=True,
+            ),
+            ["y_ptr"],
+        ),  # fmt: skip
+    }[case]
+
+
+TRACED_LAUNCHES = (
+    "attention-one-split",
+    "attention-splits",
+    "attention-combine",
+    "gemv-rms-norm",
+    "gemv-tensor-core-swiglu",
+    "moe-gate-up",
+    "moe-down",
+)
+
+
+@pytest.mark.parametrize("case", TRACED_LAUNCHES)
+def test_torch_compile_sees_what_each_kernel_writes(case, monkeypatch):
+    """torch.compile records a launch of a user-defined Triton kernel by the tensors it writes, found in the kernel's
+    TTIR (torch/_higher_order_ops/triton_kernel_wrap.py). Where that analysis fails, torch takes every tensor argument
+    as written and the compiled step copies each one — the weights too — around every launch: an H200 timed a fused
+    layer's step at 0.65× the unfused one, and a launch whose output aliased its unused scratch arguments gave NaN
+    logits. The analysis, as the installed torch runs it (a driver answering for an sm90 GPU), names the kernel's
+    outputs and nothing else."""
+    from torch._higher_order_ops import triton_kernel_wrap
+    from triton.runtime import driver
+
+    monkeypatch.setattr(driver, "_active", _DriverWithoutGPU())
+    kernel, kwargs, written = _traced_launch(case)
+    if hasattr(triton_kernel_wrap, "identify_accessed_tensors"):  # torch 2.12 and later
+        accesses = triton_kernel_wrap.identify_accessed_tensors(kernel, kwargs, {})
+        found = sorted(dep.name for dep in accesses.read_writes.writes)
+    else:
+        found = sorted(triton_kernel_wrap.identify_mutated_tensors(kernel, kwargs, {}))
+    assert found == written
+
+
+@pytest.mark.parametrize("case", TRACED_LAUNCHES)
+def test_the_kernels_compile_with_every_scalar_argument_a_constant(case):
+    """torch 2.11's analysis (the GPU machine's torch) builds the TTIR with every argument that is not a tensor as a
+    constant, so a float argument is a Python float there, which has no `.to` (`tl.cast` takes both): the analysis
+    failed on the attention's scale and the GEMV's and MoE's eps ("'float' object has no attribute 'to'")."""
+    import torch
+
+    kernel, kwargs, _ = _traced_launch(case)
+    fn = kernel.fn if hasattr(kernel, "configs") else kernel
+    config = kernel.configs[0].kwargs if hasattr(kernel, "configs") else {}
+    types = {torch.bfloat16: "*bf16", torch.float32: "*fp32", torch.int64: "*i64", torch.bool: "*i1"}
+    pointers = {name: types[value.dtype] for name, value in kwargs.items() if isinstance(value, torch.Tensor)}
+    constants = {name: value for name, value in kwargs.items() if name not in pointers and name in fn.arg_names}
+    assert "cubin" in _compile(kernel, {**constants, **config}, pointers, 90).asm
