@@ -25,9 +25,11 @@ fused. A parallel block's MLP reads the block's input and adds its output after 
 computed inside both input GEMVs). Everything else runs the block's own forward: the post-norm, DeepNorm, sandwich and
 output-norm (OLMo 2) blocks norm a product's output, where these kernels put a norm before a product, so their forwards
 never ask. QK-norm is the attention's: over the whole projection in its `split_heads`, per head in its
-`position_and_cache`, both of which the fused step calls as the attention does. `FUSED_BLOCK_DEVICES` is empty until
-`--suite cuda-tuning`'s row measures it on a GPU; on CPU the tests run the kernels through Triton's interpreter
-against the block's forward.
+`position_and_cache`, both of which the fused step calls as the attention does. The default on CUDA, for steps of one
+row (`FUSED_BLOCK_ROWS`: batch-1 decoding), with archlab's attention and MoE kernels and every kernel launched through
+the ops' PDL twins (triton_launch.py): `--suite cuda-tuning` measured that step at 1.25x the step before on an H200
+(886 against 709 tok/s, the 1.1B model in bf16; docs/gpu.md). On CPU the tests run the kernels through Triton's
+interpreter against the block's forward.
 """
 
 from __future__ import annotations
@@ -44,7 +46,11 @@ from .triton_gemv import ACTIVATIONS, gated_down, gemv, gemv_applies
 from .triton_moe import moe_decode, moe_decode_applies
 
 # Devices on which a pre-norm layer's decoding step runs through `fused_block_forward` (`fused_block_applies`).
-FUSED_BLOCK_DEVICES: tuple[str, ...] = ()
+FUSED_BLOCK_DEVICES: tuple[str, ...] = ("cuda",)
+# The most rows (batch × new tokens) a step fuses: one, where `--suite cuda-tuning` measured the fused step faster
+# (H200: 886 against 709 tok/s at batch 1); the kernels suite timed the GEMVs of 4 rows at 0.87-1.10x cuBLAS's and
+# the tensor-core GEMVs of 16 rows at 0.14-0.45x. `triton_gemv.MAX_ROWS` (16) fuses every step the kernels take.
+FUSED_BLOCK_ROWS = 1
 
 
 def _plain(module: nn.Module) -> bool:
@@ -60,6 +66,8 @@ def fused_block_applies(block: nn.Module, hidden_states: torch.Tensor) -> bool:
     """Whether `block`'s step over `hidden_states` (B, T, d) runs through `fused_block_forward` (module docstring).
     `block` is a `PreNormBlock`, `ParallelBlock` or `SharedNormParallelBlock` (its forward asks)."""
     if hidden_states.device.type not in FUSED_BLOCK_DEVICES:  # first: elsewhere a traced step guards on nothing new
+        return False
+    if hidden_states.shape[0] * hidden_states.shape[1] > FUSED_BLOCK_ROWS:
         return False
     attention = block.self_attn
     fused = attention.fused_weights() if _plain(attention) else None
@@ -160,4 +168,4 @@ def fused_block_forward(
     return gated_down(block.mlp, gate, up, residual=hidden_states), weights
 
 
-__all__ = ["FUSED_BLOCK_DEVICES", "fused_block_applies", "fused_block_forward"]
+__all__ = ["FUSED_BLOCK_DEVICES", "FUSED_BLOCK_ROWS", "fused_block_applies", "fused_block_forward"]

@@ -15,9 +15,13 @@ first block, triton_gemv.py), then lets the next kernel launch (`griddepcontrol.
 latency inside a CUDA graph (~1.6 µs a kernel on an H100: a quarter of a batch-1 decoding step, docs/gpu.md) overlaps
 the kernel before. Inductor launches a `triton_op`'s kernels without that attribute in torch 2.11 (its
 `triton.enable_pdl` covers inductor's own kernels only), hence the twins. `pdl_applies` says where the callers take
-them: a device in `PDL_DEVICES`, empty until `--suite cuda-kernels` and `cuda-tuning` measure them; on CPU (Triton's
-interpreter) the twins run without the attribute, which is how the tests check their routing and their schema under
-torch.compile.
+them: a device in `PDL_DEVICES` (CUDA by default: on an H200 the fused layer step launched so took 46 µs against 83
+without, and the batch-1 decoding step with the twins ran at 1.25x the default before; below compute capability 9
+the twins launch without the attribute). Through the twins, too, torch.compile never traces the kernels: the
+wrapped launches (`torch.library.wrap_triton`) depend on torch's analysis of a kernel's writes, which torch 2.11
+failed on (test_triton_compile.py), and then copied every argument, weights too, around each launch. On CPU
+(Triton's interpreter) the twins run without the attribute, which is how the tests check their routing and their
+schema under torch.compile.
 
 Launched directly (a twin's body, or an op called outside torch.compile), an autotuned kernel meets a new autotuning
 key (a new shape) with every configuration compiled at once, in threads (`compile_configs_at_once`: Triton's
@@ -47,7 +51,7 @@ except ImportError:  # no Triton, or one before 3.4
 logger = logging.get_logger(__name__)
 
 # Devices on which archlab's kernels are launched through the ops' PDL twins (`pdl_applies`).
-PDL_DEVICES: tuple[str, ...] = ()
+PDL_DEVICES: tuple[str, ...] = ("cuda",)
 
 
 def pdl_applies(like: torch.Tensor) -> bool:

@@ -196,10 +196,15 @@ def layer_row(setup, report: Report, rows: int, pdl: bool = False) -> None:
     positions = torch.full((rows, 1), 100, device=setup.device)
     rotary = model.model.rotary_emb(hidden, positions)
     device = (setup.device.type,)
-    fused_on = [mock.patch.object(decode_block, "FUSED_BLOCK_DEVICES", device)]
-    pdl_on = [*fused_on, mock.patch.object(triton_launch, "PDL_DEVICES", device)]
+    # each side states all it runs (on CUDA the default fuses steps of one row, through the PDL twins)
+    fused_on = [
+        mock.patch.object(decode_block, "FUSED_BLOCK_DEVICES", device),
+        mock.patch.object(decode_block, "FUSED_BLOCK_ROWS", rows),
+    ]
+    pdl_off, pdl_on = (mock.patch.object(triton_launch, "PDL_DEVICES", devices) for devices in ((), device))
+    unfused = [mock.patch.object(decode_block, "FUSED_BLOCK_DEVICES", ()), pdl_off]
     options = step_compile.TUNED_STEP_OPTIONS
-    pdl_options = {**options, "triton.enable_pdl": True}
+    pdl_options = {**options, **step_compile.DEPENDENT_LAUNCH_OPTIONS}
 
     def runner(patches: list, compile_options: dict | None) -> Callable[[], None]:
         """The layer's step with `patches` on, compiled with `compile_options` on CUDA (each a function of its own:
@@ -236,9 +241,9 @@ def layer_row(setup, report: Report, rows: int, pdl: bool = False) -> None:
         )
     with torch.no_grad(), inference_projections(model, force=True):
         if pdl:
-            pair = (runner(pdl_on, pdl_options), runner(fused_on, options))
+            pair = (runner([*fused_on, pdl_on], pdl_options), runner([*fused_on, pdl_off], options))
         else:
-            pair = (runner(fused_on, options), runner([], options))
+            pair = (runner([*fused_on, pdl_off], options), runner(unfused, options))
         graphed_row(setup, report, metric, *pair, weights)
 
 

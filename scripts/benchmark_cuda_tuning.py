@@ -1,33 +1,27 @@
 """`--suite cuda-tuning`: settings of the decoding step (batch 1, then 16), each measured against
 archlab's default path (the static cache, the whole step compiled with `CompileConfig()`: mode "reduce-overhead",
-CUDA graphs, and on CUDA inductor's combo kernels, modeling/step_compile.py) on the same weights in one run — what
-the next default of the decoding step should be.
+CUDA graphs, on CUDA inductor's combo kernels, modeling/step_compile.py, and archlab's decoding kernels) on the same
+weights in one run — what the next default of the decoding step should be.
 
 The first run on an H100 (docs/gpu.md) made combo kernels the default (616 against 591 tok/s at batch 1) and ruled
 out coordinate-descent tuning (0.94× at batch 1, 0.97× at 16), FlexAttention at batch 1 (0.85×) and their mixes
-(0.97×, 1.01×). Its profile of the batch-1 step after: 1.79 ms a token, 75 % GPU-busy, 272 kernels (~12 a layer,
-a launch gap of ~1.6 µs each), cuBLAS's GEMVs at ~68 % of the bandwidth, cuDNN's attention 7.6 µs a layer beside a
-memset. The rows now, each setting on its own copy of the model (a compiled step is kept per model):
-- each pre-norm layer's step as four of archlab's Triton GEMVs with the work around them inside
-  (modeling/decode_block.py, modeling/triton_gemv.py: RMSNorm inside the q/k/v and gate/up products, the residual
-  added by the output and down projections, SwiGLU inside the down one): ~6 kernels a layer where the default runs
-  ~12; first with everything that goes with it — archlab's attention kernel, and every kernel launched dependent on
-  the kernel before (programmatic dependent launch through the ops' PDL twins, triton_launch.py, inductor's kernels
-  with `triton.enable_pdl`: a kernel starts while the one before ends, the launch gap hidden), the default's
-  candidate, which a session's one call measures whatever else its budget leaves out — then alone and with the
-  attention kernel only;
-- the self-attention through archlab's own Triton kernel (modeling/triton_decoding.py: one launch a layer, no
-  memset, the keys and values read once per KV head, split among programs only for long caches at small batches),
-  at batch 1 and 16;
-- the mixture of experts (Mixtral shape) at batch 1, its routed experts through archlab's two Triton kernels indexed
-  by the router's choice (modeling/triton_moe.py) against the grouped GEMMs (~10 launches a layer); later, its
-  layers' whole steps fused (the MoE half with the norm and the residual inside the expert kernels) with archlab's
-  attention kernel and programmatic dependent launch;
-- programmatic dependent launch (inductor's `triton.enable_pdl`, with the combo kernels): a Triton kernel launches
-  before the kernel it follows ends and waits on the device (`gdc_wait`), hiding its launch gap (Hopper);
-- the attention on SDPA's memory-efficient kernel (`torch.nn.attention.sdpa_kernel`), not cuDNN's with its memset;
-- at batch 16, the step without the combo kernels (the plain mode, the default before): whether they also win
-  there, and the self-attention through FlexAttention's split-KV decoding kernel (modeling/flex_decoding.py);
+(0.97×, 1.01×). The second, on an H200, made archlab's decoding kernels the default on CUDA: each pre-norm layer's
+step of one row as four Triton GEMVs with the norms, SwiGLU and residual adds inside (modeling/decode_block.py,
+modeling/triton_gemv.py), the self-attention through archlab's Triton kernel (modeling/triton_decoding.py), the
+MoE's routed experts through its two Triton kernels (modeling/triton_moe.py), every kernel launched dependent on the
+one before (programmatic dependent launch: the ops' PDL twins, modeling/triton_launch.py, and inductor's
+`triton.enable_pdl` on Hopper): 886 against 709 tok/s at batch 1 (1.25×). The rows now, each setting on its own
+copy of the model (a compiled step is kept per model):
+- without archlab's decoding kernels (the default before), at batch 1 and 16: what they gain;
+- at batch 16, the fused layer steps at every row count (the default fuses steps of one row: the kernels suite timed
+  the tensor-core GEMVs of 16 rows below cuBLAS's);
+- the mixture of experts (Mixtral shape) at batch 1 without archlab's kernels (grouped GEMMs, SDPA) against the
+  default (its layers' whole steps fused, the MoE half with the norm and the residual inside the expert kernels);
+- without archlab's kernels, the attention on SDPA's memory-efficient kernel (`torch.nn.attention.sdpa_kernel`), not
+  cuDNN's with its memset;
+- at batch 16, without archlab's kernels, the step without the combo kernels (the plain mode, the default before
+  those), and the self-attention through FlexAttention's split-KV decoding kernel (modeling/flex_decoding.py)
+  instead of archlab's;
 - the time to first token of a 2,048-token prompt with `compile_prefill=True`, the prompt padded to a bucket and
   the compiled forward replayed as a CUDA graph (modeling/prefill_buckets.py, the default there now) against the
   same compiled forward without buckets or graphs (the default before: ~300 kernels launched from Python, 18.3 ms
@@ -68,6 +62,7 @@ from archlab.modeling import (
     prefill_buckets,
     step_compile,
     triton_decoding,
+    triton_gemv,
     triton_launch,
     triton_moe,
 )
@@ -112,12 +107,28 @@ def flex_attention():
     return mock.patch.object(flex_decoding, "FLEX_DECODING_DEVICES", ("cuda",))
 
 
-def triton_attention():
-    return mock.patch.object(triton_decoding, "TRITON_DECODING_DEVICES", ("cuda",))
+def kernels_off():
+    """archlab's decoding kernels off — the fused layer steps, the Triton attention, the MoE kernels, the PDL twins —
+    and inductor's dependent launches: the default before they became it (combo kernels on cuBLAS and cuDNN)."""
+    stack = contextlib.ExitStack()
+    for module, name in (
+        (decode_block, "FUSED_BLOCK_DEVICES"),
+        (triton_decoding, "TRITON_DECODING_DEVICES"),
+        (triton_moe, "MOE_DECODE_DEVICES"),
+        (triton_launch, "PDL_DEVICES"),
+    ):
+        stack.enter_context(mock.patch.object(module, name, ()))
+    stack.enter_context(mock.patch.object(step_compile, "DEPENDENT_LAUNCH_OPTIONS", {}))
+    return stack
 
 
-def fused_block():
-    return mock.patch.object(decode_block, "FUSED_BLOCK_DEVICES", ("cuda",))
+def triton_attention_off():
+    return mock.patch.object(triton_decoding, "TRITON_DECODING_DEVICES", ())
+
+
+def fused_every_row_count():
+    """The fused layer steps at every row count the GEMVs take (the default fuses one row)."""
+    return mock.patch.object(decode_block, "FUSED_BLOCK_ROWS", triton_gemv.MAX_ROWS)
 
 
 def plain_step():
@@ -125,61 +136,36 @@ def plain_step():
     return mock.patch.object(step_compile, "TUNED_STEP_DEVICES", ())
 
 
-def dependent_launches():
-    """The default's options with programmatic dependent launch for inductor's Triton kernels."""
-    options = {**step_compile.TUNED_STEP_OPTIONS, "triton.enable_pdl": True}
-    return mock.patch.object(step_compile, "TUNED_STEP_OPTIONS", options)
-
-
-def own_dependent_launches():
-    """archlab's kernels through their ops' PDL twins (triton_launch.py), launched dependent on the kernel before."""
-    return mock.patch.object(triton_launch, "PDL_DEVICES", ("cuda",))
-
-
-PDL = "Triton kernels with programmatic dependent launch (inductor's triton.enable_pdl)"
-EFFICIENT = "attention on SDPA's memory-efficient kernel (sdpa_kernel)"
-PLAIN = "the plain mode, no combo kernels (the default before)"
-FLEX = "self-attention through FlexAttention's decoding kernel (flex_decoding.py)"
-TRITON = "self-attention through archlab's Triton decoding kernel (triton_decoding.py)"
-FUSED_BLOCK = "each layer's step as four Triton GEMVs with the norms, SwiGLU and residual adds inside (decode_block.py)"
-FUSED_AND_ATTENTION = "the four-GEMV layer steps and archlab's Triton attention"
-FUSED_PDL = (
-    "the four-GEMV layer steps and archlab's Triton attention, every Triton kernel launched dependent on the one "
-    "before (archlab's PDL twins, inductor's triton.enable_pdl)"
+BEFORE = (
+    "without archlab's decoding kernels (fused layer steps, Triton attention, MoE kernels, dependent launches): the "
+    "default before"
 )
-MOE_KERNELS = "the routed experts through archlab's two Triton kernels (triton_moe.py)"
-MOE_FUSED = (
-    "each layer's step fused, its MoE half through the expert kernels with the norm and residual inside, archlab's "
-    "attention kernel, every Triton kernel launched dependent on the one before"
-)
+FUSED_ROWS = "the fused layer steps at every row count (FUSED_BLOCK_ROWS = 16; the default fuses one row)"
+EFFICIENT = "without archlab's kernels, attention on SDPA's memory-efficient kernel (sdpa_kernel)"
+PLAIN = "without archlab's kernels, the plain mode, no combo kernels (the default before those)"
+FLEX = "self-attention through FlexAttention's decoding kernel (flex_decoding.py) instead of archlab's"
+MOE_BEFORE = "without archlab's decoding kernels (grouped experts, cuDNN attention): the default before"
 AUTOTUNED = 'compile_config=CompileConfig(mode="max-autotune") (every GEMM autotuned)'
 SETTINGS = {
-    PDL: ({}, (dependent_launches,)),
-    EFFICIENT: ({}, (efficient_attention,)),
-    PLAIN: ({}, (plain_step,)),
-    FLEX: ({}, (flex_attention,)),
-    TRITON: ({}, (triton_attention,)),
-    FUSED_BLOCK: ({}, (fused_block,)),
-    FUSED_AND_ATTENTION: ({}, (fused_block, triton_attention)),
-    FUSED_PDL: ({}, (fused_block, triton_attention, own_dependent_launches, dependent_launches)),
+    BEFORE: ({}, (kernels_off,)),
+    FUSED_ROWS: ({}, (fused_every_row_count,)),
+    EFFICIENT: ({}, (kernels_off, efficient_attention)),
+    PLAIN: ({}, (kernels_off, plain_step)),
+    FLEX: ({}, (triton_attention_off, flex_attention)),
     AUTOTUNED: (MAX_AUTOTUNE, ()),
 }
-# (batch, setting) in the order measured: the candidates at batch 1, then at a larger batch; then the prefill's two
-# compiles (`prefill_compile_row`); max-autotune last (its GEMM autotuning compiles longest): a call's budget ends
-# the suite where it is, keeping the rows finished
+# (batch, setting) in the order measured: batch 1, then a larger batch; then the prefill's two compiles
+# (`prefill_compile_row`); max-autotune last (its GEMM autotuning compiles longest): a call's budget ends the suite
+# where it is, keeping the rows finished
 ROWS = [
-    (1, FUSED_PDL),  # first, the candidate default with every part (a call's budget may end the suite after one row)
-    (1, FUSED_BLOCK),
-    (1, FUSED_AND_ATTENTION),
-    (1, TRITON),
-    (1, PDL),
+    (1, BEFORE),  # first: the default against the one before it (a call's budget may end the suite after one row)
+    ("larger", BEFORE),
+    ("larger", FUSED_ROWS),
     (1, EFFICIENT),
-    ("larger", TRITON),
-    ("larger", FUSED_BLOCK),
     ("larger", PLAIN),
     ("larger", FLEX),
 ]
-FIRST_ROWS = 6  # those before the time-to-first-token row
+FIRST_ROWS = 3  # those before the MoE row
 LATE_ROWS = [(1, AUTOTUNED)]
 # Each setting compiles the step function once more: dynamo's limit (8) would leave the later rows' steps eager.
 RECOMPILE_LIMIT = 64
@@ -233,11 +219,11 @@ def setting_row(setup, report: Report, batch: int, name: str, models, setting: d
     generate_row(setup, report, metric, models, kwargs, tokens, roofline, cold=True, runs=runs)
 
 
-def moe_kernels_row(setup, report: Report, fused: bool = False) -> None:
-    """The mixture of experts (GPU.md's Mixtral shape), batch 1: its routed experts through archlab's two Triton
-    kernels (triton_moe.py) against archlab's default (grouped GEMMs), two copies of one model; `fused`: each layer's
-    whole step fused (decode_block.py: the attention half, and the MoE half with the norm and the residual inside
-    the expert kernels) with archlab's attention kernel, every Triton kernel launched dependent on the one before."""
+def moe_kernels_row(setup, report: Report) -> None:
+    """The mixture of experts (GPU.md's Mixtral shape), batch 1: without archlab's decoding kernels (grouped GEMMs,
+    SDPA) against archlab's default (each layer's whole step fused, decode_block.py: the attention half, and the MoE
+    half with the norm and the residual inside triton_moe.py's expert kernels, archlab's attention kernel, every
+    Triton kernel launched dependent on the one before), two copies of one model."""
     from transformers import MixtralConfig, MixtralForCausalLM
 
     default = bf16_pair(decoder_pair(MixtralForCausalLM, MixtralConfig, shape("moe", setup.quick), setup.device))[0]
@@ -246,19 +232,15 @@ def moe_kernels_row(setup, report: Report, fused: bool = False) -> None:
     kwargs = greedy_call(default.config.vocab_size, 1, sizes["prompt"], sizes["new_tokens"], setup.device)
     roofline = decode_roofline_seconds(default.config, setup.peaks, 1, sizes["prompt"], sizes["new_tokens"])
 
-    contexts = (fused_block, triton_attention, own_dependent_launches, dependent_launches) if fused else ()
-
-    def with_kernels():
-        with contextlib.ExitStack() as stack:
-            for context in (lambda: mock.patch.object(triton_moe, "MOE_DECODE_DEVICES", ("cuda",)), *contexts):
-                stack.enter_context(context())
+    def without_kernels():
+        with kernels_off():
             return models[0].generate(**kwargs)
 
     metric = (
         f"MoE (Mixtral shape) greedy decode, batch 1, {sizes['prompt']} + {sizes['new_tokens']} tokens, archlab: "
-        f"{MOE_FUSED if fused else MOE_KERNELS} vs archlab's default"
+        f"{MOE_BEFORE} vs archlab's default"
     )
-    runs = (failing_on_fallback(with_kernels), lambda: default.generate(**kwargs))
+    runs = (failing_on_fallback(without_kernels), lambda: default.generate(**kwargs))
     generate_row(setup, report, metric, models, kwargs, sizes["new_tokens"], roofline, cold=True, runs=runs)
 
 
@@ -341,11 +323,8 @@ def run(args: argparse.Namespace) -> Report:
             measure = models = None  # the copy's memory back before the next row
 
     with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
-        setting_rows(ROWS[:3])
+        setting_rows(ROWS[:FIRST_ROWS])
         guarded(report, setup, "MoE kernels", functools.partial(moe_kernels_row, setup, report))
-        setting_rows(ROWS[3:FIRST_ROWS])
-        measure = functools.partial(moe_kernels_row, setup, report, fused=True)
-        guarded(report, setup, "MoE, fused layers", measure)
         guarded(report, setup, "prefill buckets", functools.partial(prefill_graphs_row, setup, report, pristine))
         setting_rows(ROWS[FIRST_ROWS:])
         # the two compiles of a 2,048-token prefill (68 s unrolled on an H100)

@@ -30,14 +30,15 @@ Workloads (the shapes of scripts/benchmark_cuda.py: the dense 1.1B Llama shape u
     ttft          `generate(max_new_tokens=1, compile_prefill=True)` on one 2048-token prompt, as the time-to-first-
                   token rows run it: on CUDA the prompt's forward replayed as a CUDA graph (prefill_buckets.py); what
                   is left of the wall time beside its ~8.5 ms of kernels is generate's own host work
-    decode-1      `generate` at batch 1 (bf16, 128-token prompt, 256 new tokens), archlab's default path
+    decode-1      `generate` at batch 1 (bf16, 128-token prompt, 256 new tokens), archlab's default path (on CUDA
+                  archlab's Triton kernels: the attention, each layer's step as four GEMVs with the norms, SwiGLU
+                  and residual adds inside, every kernel launched dependent on the one before)
     decode-64     the same at batch 64
     decode-1-tuned  decode-1 with the step compiled with coordinate-descent tuning beside the default's options
                   (inductor's batch-1 GEMVs as Triton reductions fused with the norm and SwiGLU: 0.94x the default
                   on an H100; its kernels' rates say whether hand-written fused GEMVs could beat cuBLAS's)
-    decode-1-kernels  decode-1 with archlab's Triton kernels: the attention (triton_decoding.py) and each layer's
-                  step as four GEMVs with the norms, SwiGLU and residual adds inside (decode_block.py,
-                  triton_gemv.py): their times beside cuDNN's attention and cuBLAS's GEMVs, and kernels a step
+    decode-1-before  decode-1 without archlab's Triton kernels (the default before them: cuDNN's attention,
+                  cuBLAS's GEMVs, inductor's norm, SwiGLU and add kernels): its times beside decode-1's
 On CPU the "kernels" are the leaf operators the profiler records, and busy time is their union.
 """
 
@@ -71,7 +72,7 @@ WORKLOADS = (
     "decode-1",
     "decode-64",
     "decode-1-tuned",
-    "decode-1-kernels",
+    "decode-1-before",
 )
 # Substrings of kernel (or operator) names, lower-cased, by kind; the first kind that matches wins.
 KINDS = (
@@ -261,21 +262,28 @@ def tuned_step_config():
     return CompileConfig(fullgraph=True, mode=None, options=options)
 
 
-def archlab_kernels():
-    """While it is entered, archlab's Triton kernels of the decoding step run on CUDA (on a CPU rehearsal nothing
-    changes: compiled Triton needs a GPU)."""
+def without_archlab_kernels():
+    """While it is entered, the decoding step runs without archlab's Triton kernels (the fused layer steps, the
+    attention, the MoE kernels, their PDL twins) and without inductor's dependent launches: the default before them
+    (on a CPU rehearsal nothing changes: the kernels are CUDA's)."""
     from unittest import mock
 
-    from archlab.modeling import decode_block, triton_decoding
+    from archlab.modeling import decode_block, step_compile, triton_decoding, triton_launch, triton_moe
 
     stack = contextlib.ExitStack()
-    stack.enter_context(mock.patch.object(triton_decoding, "TRITON_DECODING_DEVICES", ("cuda",)))
-    stack.enter_context(mock.patch.object(decode_block, "FUSED_BLOCK_DEVICES", ("cuda",)))
+    for module, name in (
+        (decode_block, "FUSED_BLOCK_DEVICES"),
+        (triton_decoding, "TRITON_DECODING_DEVICES"),
+        (triton_moe, "MOE_DECODE_DEVICES"),
+        (triton_launch, "PDL_DEVICES"),
+    ):
+        stack.enter_context(mock.patch.object(module, name, ()))
+    stack.enter_context(mock.patch.object(step_compile, "DEPENDENT_LAUNCH_OPTIONS", {}))
     return stack
 
 
 def decoding(
-    device: torch.device, quick: bool, batch: int, tuned: bool = False, kernels: bool = False
+    device: torch.device, quick: bool, batch: int, tuned: bool = False, before: bool = False
 ) -> tuple[Callable, Callable, int]:
     batch = min(batch, 4) if quick else batch
     model = dense_model(device, quick, torch.bfloat16).eval()
@@ -285,7 +293,7 @@ def decoding(
         kwargs["compile_config"] = tuned_step_config()
 
     def generate() -> None:
-        with archlab_kernels() if kernels else contextlib.nullcontext():
+        with without_archlab_kernels() if before else contextlib.nullcontext():
             model.generate(**kwargs)
 
     return generate, generate, new
@@ -303,7 +311,7 @@ def workload(name: str, device: torch.device, quick: bool) -> tuple[Callable, Ca
     if name == "ttft":
         return time_to_first_token(device, quick)
     batch = int(name.split("-")[1])
-    return decoding(device, quick, batch, tuned=name.endswith("-tuned"), kernels=name.endswith("-kernels"))
+    return decoding(device, quick, batch, tuned=name.endswith("-tuned"), before=name.endswith("-before"))
 
 
 def profile_workload(name: str, device: torch.device, quick: bool, rounds: int) -> str:

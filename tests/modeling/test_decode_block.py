@@ -47,8 +47,29 @@ VARIANTS = {
 _interpreter_gaps = interpreter_gaps_filled("archlab.modeling.triton_")
 
 
+@pytest.fixture(autouse=True)
+def _every_row_count_fused(monkeypatch):
+    """The tests fuse every step the kernels take (`triton_gemv.MAX_ROWS`); the default fuses steps of one row."""
+    monkeypatch.setattr(decode_block, "FUSED_BLOCK_ROWS", triton_gemv.MAX_ROWS)
+
+
 def _model(**overrides):
     return randomised(DecoderForCausalLM(tiny_decoder_config(**overrides))).to(DEVICE)
+
+
+def test_by_default_the_fused_step_takes_the_steps_of_one_row_on_cuda(monkeypatch):
+    """What `--suite cuda-tuning` measured faster: batch-1 decoding steps (one row), on CUDA; a step of two rows (a
+    batch of two, a prompt of two tokens) runs the block's own forward."""
+    monkeypatch.undo()  # the module's defaults
+    assert decode_block.FUSED_BLOCK_DEVICES == ("cuda",) and decode_block.FUSED_BLOCK_ROWS == 1
+    monkeypatch.setattr(triton_gemv, "triton", object())  # as where Triton is installed
+    monkeypatch.setattr(decode_block, "FUSED_BLOCK_DEVICES", (DEVICE,))
+    model = _model()
+    layer = model.model.layers[0]
+    with torch.no_grad(), inference_projections(model, force=True):
+        assert fused_block_applies(layer, torch.zeros(1, 1, model.config.hidden_size, device=DEVICE))
+        for shape in ((2, 1), (1, 2)):
+            assert not fused_block_applies(layer, torch.zeros(*shape, model.config.hidden_size, device=DEVICE))
 
 
 def test_the_fused_step_applies_only_to_plain_pre_norm_layers_of_a_few_rows(monkeypatch):

@@ -67,3 +67,22 @@ def test_torch_compile_takes_the_tuned_config(options, monkeypatch):
     compiled = torch.compile(lambda x: (x * 2).sum(-1), **tuned.to_dict())
     x = torch.arange(6.0).reshape(2, 3)
     torch.testing.assert_close(compiled(x), (x * 2).sum(-1))
+
+
+class _ModelOnCuda:
+    """What `step_compile_config` reads of a model, for one on a CUDA device (none is needed to build the config)."""
+
+    device = torch.device("cuda", 0)
+
+    def _default_compile_config(self):
+        return CompileConfig()
+
+
+@pytest.mark.parametrize("capability, dependent", [((9, 0), True), ((10, 0), True), ((8, 0), False), ((8, 9), False)])
+def test_on_hopper_and_later_inductor_s_kernels_launch_dependent_on_the_one_before(capability, dependent, monkeypatch):
+    """`triton.enable_pdl` beside the combo kernels where the GPU has programmatic dependent launch (compute
+    capability 9 and later), as archlab's own decoding kernels are launched there (triton_launch.py)."""
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    options = step_compile_config(_ModelOnCuda(), GenerationConfig()).options
+    assert options["combo_kernels"] and options["triton.cudagraphs"]
+    assert options.get("triton.enable_pdl", False) is dependent

@@ -242,19 +242,17 @@ def test_headline_suite_runs_the_goal_rows(tmp_path, monkeypatch, device):
 
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
 def test_tuning_suite_measures_each_setting_against_the_default(tmp_path, device):
-    """cuda-tuning: each setting of the decoding step (the layers' steps as archlab's four fused GEMVs, with and
-    without its Triton attention kernel and with both launched dependent on the kernel before, the attention kernel
-    alone, programmatic dependent launch, the
-    memory-efficient attention, max-autotune at batch 1; the Triton attention, the plain mode and FlexAttention at a
-    larger batch), each on its own copy of the weights against archlab's default path, with both sides' first calls;
-    the MoE's routed experts through archlab's Triton kernels against its default; the time to first token with the
+    """cuda-tuning: each setting of the decoding step (without archlab's decoding kernels at batch 1 and a larger
+    batch, the fused layer steps at every row count, the memory-efficient attention, the plain mode and
+    FlexAttention, max-autotune), each on its own copy of the weights against archlab's default path, with both
+    sides' first calls; the MoE without archlab's kernels against its default; the time to first token with the
     prompt padded to a bucket and replayed as a CUDA graph against without; and the prefill compiled with each
     decoder block a nested compile region against without."""
     from archlab.scripts import benchmark_cuda_tuning as tuning
 
     rates = ["--peak-tflops", "1", "--peak-bandwidth", "0.05"] if device == "cpu" else []
     table = run_suites(tmp_path, "--suite", "cuda-tuning", *rates, device=device)
-    assert len(tuning.SETTINGS) == 9
+    assert len(tuning.SETTINGS) == 6
     rows = tuning.ROWS + tuning.LATE_ROWS
     assert {name for _, name in rows} == set(tuning.SETTINGS)
     for batch, name in rows:
@@ -263,9 +261,8 @@ def test_tuning_suite_measures_each_setting_against_the_default(tmp_path, device
         assert row[1].endswith("tok/s") and row[3].endswith("×"), row
         assert re.fullmatch(r"[\d.]+ s", row[header_index(table, "first call archlab")]), row
         assert row[header_index(table, "% roofline archlab")].endswith("%"), row
-    for name in (tuning.MOE_KERNELS, tuning.MOE_FUSED):
-        moe = cells(table, f"MoE (Mixtral shape) greedy decode, batch 1, 16 + 8 tokens, archlab: {name}")
-        assert moe[1].endswith("tok/s") and moe[3].endswith("×"), moe
+    moe = cells(table, f"MoE (Mixtral shape) greedy decode, batch 1, 16 + 8 tokens, archlab: {tuning.MOE_BEFORE}")
+    assert moe[1].endswith("tok/s") and moe[3].endswith("×"), moe
     buckets = cells(table, "dense 1.1B prefill through generate (time to first token), 1 × 64 tokens, compile_prefill")
     assert buckets[header_index(table, "MFU archlab")].endswith("%"), buckets
     prefill = cells(table, "dense 1.1B prefill compiled whole (compile_prefill's way), 1 × 64 tokens: each decoder")

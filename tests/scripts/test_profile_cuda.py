@@ -100,12 +100,20 @@ def test_the_tuned_decoding_profile_adds_coordinate_descent_to_the_default_optio
     assert all(options[name] == value for name, value in step_compile.TUNED_STEP_OPTIONS.items())
 
 
-def test_the_kernels_decoding_profile_lists_cuda_for_archlab_s_attention_and_fused_layers_while_it_runs():
-    from archlab.modeling import decode_block, triton_decoding
+def test_the_decoding_profile_before_archlab_s_kernels_turns_each_off_while_it_runs():
+    from archlab.modeling import decode_block, step_compile, triton_decoding, triton_launch, triton_moe
 
-    with profile_cuda.archlab_kernels():
-        assert triton_decoding.TRITON_DECODING_DEVICES == ("cuda",) and decode_block.FUSED_BLOCK_DEVICES == ("cuda",)
-    assert triton_decoding.TRITON_DECODING_DEVICES == () and decode_block.FUSED_BLOCK_DEVICES == ()
+    switches = (
+        (decode_block, "FUSED_BLOCK_DEVICES"),
+        (triton_decoding, "TRITON_DECODING_DEVICES"),
+        (triton_moe, "MOE_DECODE_DEVICES"),
+        (triton_launch, "PDL_DEVICES"),
+    )
+    with profile_cuda.without_archlab_kernels():
+        assert all(getattr(module, name) == () for module, name in switches)
+        assert step_compile.DEPENDENT_LAUNCH_OPTIONS == {}
+    assert all(getattr(module, name) == ("cuda",) for module, name in switches)  # the defaults, back
+    assert step_compile.DEPENDENT_LAUNCH_OPTIONS == {"triton.enable_pdl": True}
 
 
 def test_bad_arguments_fail_early(capsys):
