@@ -43,10 +43,11 @@ from .fused_projections import _hooked
 from .moe import Experts, SparseMoeBlock, TopKRouter
 from .normalization import RMSNorm
 from .triton_gemv import ACTIVATIONS, gated_down, gemv, gemv_applies
+from .triton_launch import NVIDIA_GPUS
 from .triton_moe import moe_decode, moe_decode_applies
 
 # Devices on which a pre-norm layer's decoding step runs through `fused_block_forward` (`fused_block_applies`).
-FUSED_BLOCK_DEVICES: tuple[str, ...] = ("cuda",)
+FUSED_BLOCK_DEVICES: tuple[str, ...] = NVIDIA_GPUS
 # The most rows (batch × new tokens) a step fuses: one, where `--suite cuda-tuning` measured the fused step faster
 # (H200: 886 against 709 tok/s at batch 1); the kernels suite timed the GEMVs of 4 rows at 0.87-1.10x cuBLAS's and
 # the tensor-core GEMVs of 16 rows at 0.14-0.45x. `triton_gemv.MAX_ROWS` (16) fuses every step the kernels take.

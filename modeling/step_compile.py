@@ -44,7 +44,11 @@ def step_compile_config(model, generation_config) -> CompileConfig:
     from torch._inductor import list_mode_options
 
     options = {**list_mode_options(config.mode), **TUNED_STEP_OPTIONS}
-    if model.device.type == "cuda" and torch.cuda.get_device_capability(model.device)[0] >= 9:
+    if (
+        model.device.type == "cuda"
+        and torch.version.hip is None
+        and torch.cuda.get_device_capability(model.device)[0] >= 9
+    ):
         options.update(DEPENDENT_LAUNCH_OPTIONS)
     # torch.compile takes a mode or options, not both: the mode's options are in `options`
     return CompileConfig(

@@ -30,7 +30,15 @@ import math
 
 import torch
 
-from .triton_launch import archlab_op, dependent_launch, launchable, pdl_launch, register_pdl_twin, registered
+from .triton_launch import (
+    NVIDIA_GPUS,
+    archlab_op,
+    dependent_launch,
+    launchable,
+    pdl_launch,
+    register_pdl_twin,
+    registered,
+)
 
 try:
     import triton
@@ -39,7 +47,7 @@ except ImportError:  # the CPU wheels of torch come without Triton: nothing here
     triton = None
 
 # Devices on which a decoding step's self-attention runs through `decode_attention` (`triton_decoding_applies`).
-TRITON_DECODING_DEVICES: tuple[str, ...] = ("cuda",)
+TRITON_DECODING_DEVICES: tuple[str, ...] = NVIDIA_GPUS
 HEAD_SIZES = (16, 32, 64, 128, 256)
 # Keys one program reads before a row's keys are split among programs; and the programs the GPU wants busy. 256:
 # `--suite cuda-kernels` on an H200 (batch 1, 4 KV heads) timed 384 keys at 7.5 µs in 1 split, 6.2 in 2, 5.6 in 8,

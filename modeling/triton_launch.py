@@ -50,8 +50,11 @@ except ImportError:  # no Triton, or one before 3.4
 
 logger = logging.get_logger(__name__)
 
+# The device type of NVIDIA GPUs under torch's CUDA build; none under its ROCm build, which calls AMD GPUs "cuda" too:
+# archlab's decoding kernels are measured and tested on NVIDIA GPUs only, their default there (this tuple)
+NVIDIA_GPUS: tuple[str, ...] = ("cuda",) if torch.version.hip is None else ()
 # Devices on which archlab's kernels are launched through the ops' PDL twins (`pdl_applies`).
-PDL_DEVICES: tuple[str, ...] = ("cuda",)
+PDL_DEVICES: tuple[str, ...] = NVIDIA_GPUS
 
 
 def pdl_applies(like: torch.Tensor) -> bool:
@@ -72,7 +75,7 @@ def rows_contiguous(*tensors: torch.Tensor | None) -> list[torch.Tensor | None]:
 def pdl_launch(like: torch.Tensor) -> bool:
     """Whether a twin launches its kernels dependent on the kernel before (the kernels' `PDL` and Triton's
     `launch_pdl`): on a CUDA device of compute capability 9 or more."""
-    return like.is_cuda and torch.cuda.get_device_capability(like.device)[0] >= 9
+    return like.is_cuda and torch.version.hip is None and torch.cuda.get_device_capability(like.device)[0] >= 9
 
 
 def register_pdl_twin(op: str, launch: Callable[..., torch.Tensor]) -> None:
@@ -213,6 +216,7 @@ class _FirstConfig:
 
 
 __all__ = [
+    "NVIDIA_GPUS",
     "PDL_DEVICES",
     "archlab_op",
     "compile_configs_at_once",

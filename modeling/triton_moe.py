@@ -30,6 +30,7 @@ import functools
 import torch
 
 from .triton_launch import (
+    NVIDIA_GPUS,
     archlab_op,
     dependent_launch,
     launchable,
@@ -46,7 +47,7 @@ except ImportError:  # the CPU wheels of torch come without Triton: nothing here
     triton = None
 
 # Devices on which a few tokens' routed experts run through `moe_decode` (`moe_decode_applies`).
-MOE_DECODE_DEVICES: tuple[str, ...] = ("cuda",)
+MOE_DECODE_DEVICES: tuple[str, ...] = NVIDIA_GPUS
 MAX_TOKENS = 4
 ACTIVATIONS = ("silu", "swish")
 

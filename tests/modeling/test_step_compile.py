@@ -86,3 +86,16 @@ def test_on_hopper_and_later_inductor_s_kernels_launch_dependent_on_the_one_befo
     options = step_compile_config(_ModelOnCuda(), GenerationConfig()).options
     assert options["combo_kernels"] and options["triton.cudagraphs"]
     assert options.get("triton.enable_pdl", False) is dependent
+
+
+def test_a_rocm_build_gets_no_dependent_launches(monkeypatch):
+    """torch's ROCm build calls AMD GPUs "cuda" and reports their architecture as the capability (an MI300: 9.4):
+    programmatic dependent launch is NVIDIA's (inductor refuses it under ROCm too)."""
+    from archlab.modeling import triton_launch
+
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 4))
+    monkeypatch.setattr(torch.version, "hip", "6.4")
+    assert "triton.enable_pdl" not in step_compile_config(_ModelOnCuda(), GenerationConfig()).options
+    like = torch.empty(0, device="meta")
+    monkeypatch.setattr(type(like), "is_cuda", property(lambda self: True))
+    assert not triton_launch.pdl_launch(like)
