@@ -43,7 +43,7 @@ from .fused_projections import _hooked
 from .moe import Experts, SparseMoeBlock, TopKRouter
 from .normalization import RMSNorm
 from .triton_gemv import ACTIVATIONS, gated_down, gemv, gemv_applies
-from .triton_launch import NVIDIA_GPUS
+from .triton_launch import NVIDIA_GPUS, kernels_fit
 from .triton_moe import moe_decode, moe_decode_applies
 
 # Devices on which a pre-norm layer's decoding step runs through `fused_block_forward` (`fused_block_applies`).
@@ -68,7 +68,7 @@ def fused_block_applies(block: nn.Module, hidden_states: torch.Tensor) -> bool:
     `block` is a `PreNormBlock`, `ParallelBlock` or `SharedNormParallelBlock` (its forward asks)."""
     if hidden_states.device.type not in FUSED_BLOCK_DEVICES:  # first: elsewhere a traced step guards on nothing new
         return False
-    if hidden_states.shape[0] * hidden_states.shape[1] > FUSED_BLOCK_ROWS:
+    if hidden_states.shape[0] * hidden_states.shape[1] > FUSED_BLOCK_ROWS or not kernels_fit(hidden_states):
         return False
     attention = block.self_attn
     fused = attention.fused_weights() if _plain(attention) else None

@@ -34,6 +34,7 @@ from .triton_launch import (
     NVIDIA_GPUS,
     archlab_op,
     dependent_launch,
+    kernels_fit,
     launchable,
     pdl_launch,
     register_pdl_twin,
@@ -64,6 +65,7 @@ def triton_decoding_applies(module, query: torch.Tensor, attention_mask: torch.T
     return (
         triton is not None
         and query.device.type in TRITON_DECODING_DEVICES  # first: no guard on a traced length where it is not listed
+        and kernels_fit(query)
         and query.shape[2] == 1
         and module.config._attn_implementation == "sdpa"
         and module.softcap is None

@@ -57,6 +57,22 @@ NVIDIA_GPUS: tuple[str, ...] = ("cuda",) if torch.version.hip is None else ()
 PDL_DEVICES: tuple[str, ...] = NVIDIA_GPUS
 
 
+# The oldest NVIDIA GPUs the kernels run on: Ampere (compute capability 8.0), the oldest architecture CI compiles them
+# for (test_triton_compile.py: sm80 and sm90); a Turing or Volta GPU (a T4, a V100) keeps PyTorch's path
+MIN_CAPABILITY = (8, 0)
+
+
+def kernels_fit(like: torch.Tensor) -> bool:
+    """Whether archlab's decoding kernels may run on `like`'s device: a CUDA GPU of `MIN_CAPABILITY` or later, or
+    any other device a caller lists (the CPU tests run them through Triton's interpreter)."""
+    return like.device.type != "cuda" or _capability_fits(like.device.index)
+
+
+@torch.compiler.assume_constant_result  # a fact of the machine: a traced step neither guards on it nor breaks
+def _capability_fits(index: int | None) -> bool:
+    return torch.cuda.get_device_capability(index) >= MIN_CAPABILITY
+
+
 def pdl_applies(like: torch.Tensor) -> bool:
     """Whether the kernels over `like`'s device go through the ops' `_pdl` twins (module docstring)."""
     return like.device.type in PDL_DEVICES
@@ -216,10 +232,12 @@ class _FirstConfig:
 
 
 __all__ = [
+    "MIN_CAPABILITY",
     "NVIDIA_GPUS",
     "PDL_DEVICES",
     "archlab_op",
     "compile_configs_at_once",
+    "kernels_fit",
     "launchable",
     "pdl_applies",
     "pdl_launch",

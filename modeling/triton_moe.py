@@ -33,6 +33,7 @@ from .triton_launch import (
     NVIDIA_GPUS,
     archlab_op,
     dependent_launch,
+    kernels_fit,
     launchable,
     pdl_launch,
     register_pdl_twin,
@@ -57,6 +58,7 @@ def moe_decode_applies(experts, hidden_states: torch.Tensor) -> bool:
     return (
         triton is not None
         and hidden_states.device.type in MOE_DECODE_DEVICES  # first: no guard on a traced length where not listed
+        and kernels_fit(hidden_states)
         and hidden_states.shape[0] <= MAX_TOKENS
         and experts.gated
         and experts.hidden_act in ACTIVATIONS

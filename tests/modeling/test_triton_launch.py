@@ -9,6 +9,7 @@ from __future__ import annotations
 import threading
 from types import SimpleNamespace
 
+import pytest
 import torch
 
 from archlab.modeling import triton_launch
@@ -111,3 +112,26 @@ def test_a_direct_launch_compiles_the_configurations_first(monkeypatch):
     assert not triton_launch._traced(x)
     with torch._subclasses.fake_tensor.FakeTensorMode() as mode:
         assert triton_launch._traced(mode.from_tensor(x))
+
+
+@pytest.mark.parametrize(
+    "capability, fits", [((7, 0), False), ((7, 5), False), ((8, 0), True), ((8, 9), True), ((9, 0), True)]
+)
+def test_the_kernels_run_on_ampere_and_later(capability, fits, monkeypatch):
+    """The decoding kernels' CUDA default leaves a T4 (7.5) or a V100 (7.0) on PyTorch's path: CI compiles the kernels
+    for sm80 and sm90 only. Every other device a caller lists (the CPU tests' interpreter) is left to the caller."""
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=None: capability)
+    assert triton_launch.kernels_fit(SimpleNamespace(device=torch.device("cuda", 0))) is fits
+    assert triton_launch.kernels_fit(torch.zeros(1))
+
+
+def test_a_traced_step_takes_the_capability_as_a_constant(monkeypatch):
+    """In a compiled decoding step the capability check is a constant of the trace: no graph break, no guard."""
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=None: (9, 0))
+    torch._dynamo.reset()
+
+    def step(x):
+        return x + 1 if triton_launch._capability_fits(0) else x - 1
+
+    compiled = torch.compile(step, fullgraph=True, backend="eager")
+    assert torch.equal(compiled(torch.zeros(2)), torch.ones(2))
