@@ -63,9 +63,12 @@ MIN_CAPABILITY = (8, 0)
 
 
 def kernels_fit(like: torch.Tensor) -> bool:
-    """Whether archlab's decoding kernels may run on `like`'s device: a CUDA GPU of `MIN_CAPABILITY` or later, or
-    any other device a caller lists (the CPU tests run them through Triton's interpreter)."""
-    return like.device.type != "cuda" or _capability_fits(like.device.index)
+    """Whether archlab's decoding kernels may run on `like`'s device: a CUDA GPU of `MIN_CAPABILITY` or later, in a
+    step torch.compile traces (a compiled decoding step, replayed as a CUDA graph), or any other device a caller lists
+    (the CPU tests run them through Triton's interpreter). Eager CUDA code (transformers' loop on a dynamic cache,
+    a prefill) keeps PyTorch's ops: it waits on the host, and each kernel's launch from Python (a custom op, Triton's
+    launcher, an autotuner's lookup) costs more host time than the few ATen ops it replaces."""
+    return like.device.type != "cuda" or (torch.compiler.is_compiling() and _capability_fits(like.device.index))
 
 
 @torch.compiler.assume_constant_result  # a fact of the machine: a traced step neither guards on it nor breaks

@@ -121,6 +121,7 @@ def test_the_kernels_run_on_ampere_and_later(capability, fits, monkeypatch):
     """The decoding kernels' CUDA default leaves a T4 (7.5) or a V100 (7.0) on PyTorch's path: CI compiles the kernels
     for sm80 and sm90 only. Every other device a caller lists (the CPU tests' interpreter) is left to the caller."""
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=None: capability)
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)  # (eager CUDA code: the next test)
     assert triton_launch.kernels_fit(SimpleNamespace(device=torch.device("cuda", 0))) is fits
     assert triton_launch.kernels_fit(torch.zeros(1))
 
@@ -135,3 +136,13 @@ def test_a_traced_step_takes_the_capability_as_a_constant(monkeypatch):
 
     compiled = torch.compile(step, fullgraph=True, backend="eager")
     assert torch.equal(compiled(torch.zeros(2)), torch.ones(2))
+
+
+def test_on_cuda_the_kernels_run_in_compiled_steps_only(monkeypatch):
+    """Eager CUDA code waits on the host, where a Triton launch from Python costs more than the ATen ops it replaces:
+    there the kernels stay off; a step torch.compile traces takes them."""
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=None: (9, 0))
+    on_cuda = SimpleNamespace(device=torch.device("cuda", 0))
+    assert not triton_launch.kernels_fit(on_cuda)
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    assert triton_launch.kernels_fit(on_cuda)
