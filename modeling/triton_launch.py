@@ -60,6 +60,9 @@ PDL_DEVICES: tuple[str, ...] = NVIDIA_GPUS
 # The oldest NVIDIA GPUs the kernels run on: Ampere (compute capability 8.0), the oldest architecture CI compiles them
 # for (test_triton_compile.py: sm80 and sm90); a Turing or Volta GPU (a T4, a V100) keeps PyTorch's path
 MIN_CAPABILITY = (8, 0)
+# Whether eager CUDA code takes the kernels too (`kernels_fit`: compiled steps only by default); the GPU tests set it
+# to check the kernels eagerly against PyTorch's path
+EAGER_ON_CUDA = False
 
 
 def kernels_fit(like: torch.Tensor) -> bool:
@@ -68,7 +71,9 @@ def kernels_fit(like: torch.Tensor) -> bool:
     (the CPU tests run them through Triton's interpreter). Eager CUDA code (transformers' loop on a dynamic cache,
     a prefill) keeps PyTorch's ops: it waits on the host, and each kernel's launch from Python (a custom op, Triton's
     launcher, an autotuner's lookup) costs more host time than the few ATen ops it replaces."""
-    return like.device.type != "cuda" or (torch.compiler.is_compiling() and _capability_fits(like.device.index))
+    if like.device.type != "cuda":
+        return True
+    return (EAGER_ON_CUDA or torch.compiler.is_compiling()) and _capability_fits(like.device.index)
 
 
 @torch.compiler.assume_constant_result  # a fact of the machine: a traced step neither guards on it nor breaks
@@ -235,6 +240,7 @@ class _FirstConfig:
 
 
 __all__ = [
+    "EAGER_ON_CUDA",
     "MIN_CAPABILITY",
     "NVIDIA_GPUS",
     "PDL_DEVICES",

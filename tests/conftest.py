@@ -67,6 +67,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 @pytest.fixture(autouse=True)
+def _kernels_in_eager_cuda_code(monkeypatch):
+    """archlab's decoding kernels run in eager CUDA code too (by default only in compiled steps: triton_launch.py's
+    `kernels_fit`), so that on a GPU the kernel tests check them eagerly against PyTorch's path, as they do on CPU
+    through Triton's interpreter."""
+    from archlab.modeling import triton_launch
+
+    monkeypatch.setattr(triton_launch, "EAGER_ON_CUDA", True)
+
+
+@pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
     yield

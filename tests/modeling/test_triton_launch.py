@@ -143,6 +143,7 @@ def test_on_cuda_the_kernels_run_in_compiled_steps_only(monkeypatch):
     there the kernels stay off; a step torch.compile traces takes them."""
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=None: (9, 0))
     on_cuda = SimpleNamespace(device=torch.device("cuda", 0))
+    monkeypatch.setattr(triton_launch, "EAGER_ON_CUDA", False)  # the default (the tests' conftest sets it)
     assert not triton_launch.kernels_fit(on_cuda)
     monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
     assert triton_launch.kernels_fit(on_cuda)
