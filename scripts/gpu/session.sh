@@ -121,6 +121,8 @@ step_info() {
     "$PYTHON" scripts/gpu/environment.py
 }
 
+# Every pytest here runs in one process (-p no:xdist): tests/conftest.py would start a pytest-xdist worker per core
+# (16 here) where the image has pytest-xdist, on top of the `tests` step's own GPU_TEST_WORKERS processes.
 step_tests() {
     local files
     mapfile -t files < <(grep -rlE "cuda\.is_available|mark\.gpu" tests --include='test_*.py' | sort)
@@ -132,14 +134,14 @@ step_tests() {
     gpu_tests "${files[@]}" || status=1
     # the kernel test files' other tests run the kernels on the GPU here (`runs_kernels`); the files' rest: `cputests`
     mapfile -t kernel_files < <(grep -rl "runs_kernels" tests --include='test_*.py' | sort)
-    "$PYTHON" -m pytest -q --tb=short -p no:cacheprovider -m "not gpu and not slow" "${kernel_files[@]}" || status=1
+    "$PYTHON" -m pytest -q --tb=short -p no:cacheprovider -p no:xdist -m "not gpu and not slow" "${kernel_files[@]}" || status=1
     return $status
 }
 
 step_cputests() {  # the CPU tests of the files `tests` runs, on the image's torch (the same versions run on CPU too)
     local files
     mapfile -t files < <(grep -rlE "cuda\.is_available|mark\.gpu" tests --include='test_*.py' | sort)
-    "$PYTHON" -m pytest -q --tb=short -p no:cacheprovider -m "not gpu and not slow" "${files[@]}"
+    "$PYTHON" -m pytest -q --tb=short -p no:cacheprovider -p no:xdist -m "not gpu and not slow" "${files[@]}"
 }
 
 # gpu_tests FILE...: their GPU tests dealt round-robin to GPU_TEST_WORKERS pytest processes run at once. Each test
@@ -148,7 +150,7 @@ step_cputests() {  # the CPU tests of the files `tests` runs, on the image's tor
 # have ended, or when the step is stopped at its limit (the workers are stopped too).
 gpu_tests() {
     local ids pids=() logs=() worker index status=0 folder
-    mapfile -t ids < <("$PYTHON" -m pytest --collect-only -q -p no:cacheprovider -m gpu "$@" 2>/dev/null | grep '::')
+    mapfile -t ids < <("$PYTHON" -m pytest --collect-only -q -p no:cacheprovider -p no:xdist -m gpu "$@" 2>/dev/null | grep '::')
     echo "${#ids[@]} GPU tests in $GPU_TEST_WORKERS processes"
     ((${#ids[@]})) || return 0
     folder=$(mktemp -d)
@@ -166,7 +168,7 @@ gpu_tests() {
         ((${#chunk[@]})) || continue
         logs+=("$folder/worker-$worker.log")
         # each failure's traceback as the test ends (tests/conftest.py): a step stopped at its limit still says why
-        ARCHLAB_TEST_FAILURES_AT_ONCE=1 "$PYTHON" -m pytest -v --tb=short -p no:cacheprovider -m gpu "${chunk[@]}" \
+        ARCHLAB_TEST_FAILURES_AT_ONCE=1 "$PYTHON" -m pytest -v --tb=short -p no:cacheprovider -p no:xdist -m gpu "${chunk[@]}" \
             >"$folder/worker-$worker.log" 2>&1 &
         pids+=($!)
     done

@@ -102,7 +102,8 @@ echo "RUN $*"
 def test_the_gpu_tests_run_in_several_processes_at_once(tmp_path):
     """The `tests` step deals the collected GPU tests round-robin to GPU_TEST_WORKERS pytest processes that run
     together, then runs the kernel test files' other tests (they run the kernels on the GPU); the files' fast CPU
-    tests are `cputests`, run once; each worker's output ends up in session.log."""
+    tests are `cputests`, run once; each pytest runs without pytest-xdist's workers; each worker's output ends up in
+    session.log."""
     fake = tmp_path / "python"
     fake.write_text(FAKE_PYTHON)
     fake.chmod(0o755)
@@ -119,6 +120,8 @@ def test_the_gpu_tests_run_in_several_processes_at_once(tmp_path):
     others = [line for line in log.splitlines() if line.startswith("RUN") and "not gpu and not slow" in line]
     assert len(others) == 2 and "test_triton_gemv.py" in others[0] and "test_benchmarking.py" not in others[0], others
     assert "tests/training/test_benchmarking.py" in others[1], others  # cputests: every file that checks for CUDA
+    # each pytest in one process: no pytest-xdist workers (tests/conftest.py's default) beside the step's own
+    assert all(" -p no:xdist " in line for line in runs + others), runs + others
 
 
 def test_gpu_test_workers_stopped_at_the_step_limit_leave_their_output(tmp_path):
