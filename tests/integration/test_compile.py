@@ -279,7 +279,8 @@ def test_the_reorder_from_spares_is_one_pass_per_tensor_compiled():
         torch._dynamo.reset()
         cache, reference = filled_cache(), filled_cache()
         beam_reorder.reorder(reference, beam_idx)
-        with beam_reorder.Spares(cache) as spares:
+        # code for 2 threads, whatever torch's count here (1 in a test worker on 2 cores): one thread has no loop nests
+        with beam_reorder.Spares(cache) as spares, torch._inductor.config.patch({"cpp.threads": 2}):
             if spared:
                 spares.swap()
             else:
@@ -290,9 +291,9 @@ def test_the_reorder_from_spares_is_one_pass_per_tensor_compiled():
             assert torch.equal(layer.values[:, :, :8], expected.values[:, :, :8])
         # one store statement per written tensor, vectorised or not
         stores[spared] = len(re.findall(r"\.store\(out_ptr\d|out_ptr\d+\[[^\]]*\] = ", code[-1]))
-        nests[spared] = code[-1].count("#pragma omp for")  # parallel loop nests (none with one thread: no OpenMP)
+        nests[spared] = code[-1].count("#pragma omp for")  # parallel loop nests
     assert stores == {False: 4, True: 2}, stores
-    assert nests[True] < nests[False] or torch.get_num_threads() == 1, nests
+    assert nests[True] < nests[False], nests
 
 
 # dynamo's "eager" backend traces the step as torch.compile does (a graph break fails `fullgraph`) but generates no
