@@ -33,11 +33,47 @@ def _open_the_cuda_paths_to_the_cpu() -> None:
     fused_projections.FUSED_PROJECTION_DEVICES = ("cuda", "cpu")
 
 
+def _cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def _share_the_cores_between_workers() -> None:
+    """In a pytest-xdist worker: torch's threads, and those of the processes its tests start (OMP_NUM_THREADS), are
+    the worker's share of the cores, so two workers on 2 cores do not run two threads each. An OMP_NUM_THREADS the
+    caller set is kept."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1 and "OMP_NUM_THREADS" not in os.environ:
+        threads = max(1, _cores() // workers)
+        os.environ["OMP_NUM_THREADS"] = str(threads)
+        torch.set_num_threads(threads)
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own, which turns `-n` into worker processes
+def pytest_cmdline_main(config: pytest.Config) -> None:
+    """The suite in one pytest-xdist worker process per core (`-n auto --dist loadgroup`), unless `-n` is given (`-n 0`:
+    one process), pytest-xdist is missing or turned off (`-p no:xdist`), the run debugs (`--pdb`) or only collects, or
+    this is a worker. A test module whose module fixture starts processes that all its tests share keeps its tests on
+    one worker with `pytestmark = pytest.mark.xdist_group(...)`."""
+    if not config.pluginmanager.hasplugin("xdist") or hasattr(config, "workerinput"):
+        return
+    option = config.option
+    if option.numprocesses is not None or option.usepdb or option.collectonly:
+        return
+    workers = config.hook.pytest_xdist_auto_num_workers(config=config)
+    if workers > 1:
+        option.numprocesses = workers
+        if option.dist == "no":
+            option.dist = "loadgroup"
+
+
 def pytest_configure(config: pytest.Config) -> None:
     global _config
     _config = config
+    _share_the_cores_between_workers()
     if CUDA_PATHS_ON_CPU:
         _open_the_cuda_paths_to_the_cpu()
+    # pytest-xdist's, registered here too: the modules that carry it also run where pytest-xdist is not installed
+    config.addinivalue_line("markers", "xdist_group(name): tests that run in the same pytest-xdist worker")
     # marks that transformers' common model tests (test_transformers_common.py) put on some of their tests
     for mark in ("accelerate_tests", "flash_attn_test", "flash_attn_3_test", "flash_attn_4_test", "torch_compile_test"):
         config.addinivalue_line("markers", f"{mark}: set by transformers' common model tests")

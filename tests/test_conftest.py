@@ -1,0 +1,81 @@
+"""conftest.py's default of one pytest-xdist worker process per core: a run without `-n` starts the workers, each
+with its share of the cores as torch's threads (and as OMP_NUM_THREADS, for the processes its tests start); `-n 0`
+and `-p no:xdist` (scripts/gpu/session.sh) run in one process. Checked by running pytest on a probe module beside a
+copy of conftest.py, in fresh interpreters."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from helpers import run_pythons_at_once
+
+PROBE = """
+import json, os
+from pathlib import Path
+
+import pytest
+import torch
+
+
+@pytest.fixture
+def _short_cache_spans():  # conftest's archlab fixtures, left out: no archlab import to wait for
+    pass
+
+
+@pytest.fixture
+def _short_source_steps():
+    pass
+
+
+@pytest.mark.parametrize("index", range(4))
+def test_probe(index):
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+    record = dict(
+        worker=worker,
+        workers=os.environ.get("PYTEST_XDIST_WORKER_COUNT"),
+        threads=torch.get_num_threads(),
+        omp=os.environ.get("OMP_NUM_THREADS"),
+    )
+    (Path(os.environ["PROBE_OUT"]) / f"{worker}-{index}.json").write_text(json.dumps(record))
+"""
+
+
+def _records(folder: Path) -> list[dict]:
+    return [json.loads(path.read_text()) for path in sorted(folder.glob("*.json"))]
+
+
+@pytest.mark.slow  # three pytest runs at once in fresh interpreters, each process importing torch
+def test_workers_by_default_one_process_with_n0_or_without_xdist(tmp_path):
+    pytest.importorskip("xdist")
+    project = tmp_path / "project"
+    project.mkdir()
+    shutil.copy(Path(__file__).with_name("conftest.py"), project / "conftest.py")
+    (project / "test_probe.py").write_text(PROBE)
+    # the run's environment, less this run's own pytest and xdist variables and thread count
+    base = {
+        key: value for key, value in os.environ.items() if not key.startswith("PYTEST") and key != "OMP_NUM_THREADS"
+    }
+    runs = []
+    for name, flags in {"default": [], "n0": ["-n", "0"], "no_xdist": ["-p", "no:xdist"]}.items():
+        out = tmp_path / name
+        out.mkdir()
+        argv = ["-q", "-p", "no:cacheprovider", *flags, str(project)]
+        # xdist's own variable: two workers on any machine, as on CI's 2 cores
+        env = {**base, "PROBE_OUT": str(out), "PYTEST_XDIST_AUTO_NUM_WORKERS": "2"}
+        runs.append((f"import sys, pytest; sys.exit(pytest.main({argv!r}))", env))
+    for run in run_pythons_at_once(runs, cwd=project):
+        assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    share = max(1, cores // 2)
+    default = _records(tmp_path / "default")
+    assert len(default) == 4 and {r["worker"] for r in default} <= {"gw0", "gw1"}, default
+    assert all(r["workers"] == "2" and r["threads"] == share and r["omp"] == str(share) for r in default), default
+    for name in ("n0", "no_xdist"):
+        records = _records(tmp_path / name)
+        assert len(records) == 4 and all(r["worker"] == "main" and r["workers"] is None for r in records), records
