@@ -21,6 +21,9 @@ from distributed_launch import launch_batch, torchrun
 from distributed_worker import run_trainer
 from helpers import REPO, randomised, tiny_decoder_config, tiny_seq2seq_config
 
+# one test worker (pytest-xdist) runs the module: its tests share the one launch (`launched`) and the models it loads
+pytestmark = pytest.mark.xdist_group("distributed")
+
 # untied by default; `seq2seq_tied` below covers the tied head
 SEQ2SEQ = dict(decoder_start_token_id=0, tie_word_embeddings=False)
 

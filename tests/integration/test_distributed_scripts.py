@@ -29,7 +29,8 @@ from distributed_launch import free_port, launch_batch, torchrun
 from distributed_worker import run_script, run_trainer
 from helpers import REPO, TINY_DECODER_OVERRIDES, TINY_SEQ2SEQ_OVERRIDES, tiny_decoder_config
 
-pytestmark = pytest.mark.slow
+# one test worker (pytest-xdist) runs the module: its tests share one launch per launcher (`launched`)
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("distributed_scripts")]
 
 COMMON = [
     "--max_steps",

@@ -27,6 +27,10 @@ from archlab import registration
 from helpers import tiny_config_for
 from isolated import check, run_without_archlab
 
+# one test worker (pytest-xdist) runs the module: its tests share the saved cases (`saved`) and the one fresh
+# interpreter that loads them all (`exported`)
+pytestmark = pytest.mark.xdist_group("remote_code")
+
 MODELING = Path(archlab.modeling.__file__).resolve().parent
 ALLOWED_TOP_LEVEL = {"torch", "transformers", "huggingface_hub", "__future__"} | set(sys.stdlib_module_names)
 
