@@ -54,9 +54,12 @@ def pytest_cmdline_main(config: pytest.Config) -> None:
     one process), pytest-xdist is missing or turned off (`-p no:xdist`), the run debugs (`--pdb`) or only collects, or
     this is a worker. A test module whose module fixture starts processes that all its tests share keeps its tests on
     one worker with `pytestmark = pytest.mark.xdist_group(...)`."""
-    if not config.pluginmanager.hasplugin("xdist") or hasattr(config, "workerinput"):
+    if not config.pluginmanager.hasplugin("xdist"):
         return
     option = config.option
+    if hasattr(config, "workerinput"):  # a worker reads `--dist` from the command line, where the default is not
+        option.loadgroup = option.loadgroup or config.workerinput.get("dist") == "loadgroup"
+        return
     if option.numprocesses is not None or option.usepdb or option.collectonly:
         return
     workers = config.hook.pytest_xdist_auto_num_workers(config=config)
@@ -64,6 +67,13 @@ def pytest_cmdline_main(config: pytest.Config) -> None:
         option.numprocesses = workers
         if option.dist == "no":
             option.dist = "loadgroup"
+
+
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: unknown without it
+def pytest_configure_node(node) -> None:
+    """Each worker is told the run's `--dist`: with `loadgroup` it names its `xdist_group` tests after their group,
+    which is what keeps a group on one worker."""
+    node.workerinput["dist"] = node.config.option.dist
 
 
 def pytest_configure(config: pytest.Config) -> None:

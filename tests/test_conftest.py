@@ -44,9 +44,29 @@ def test_probe(index):
     (Path(os.environ["PROBE_OUT"]) / f"{worker}-{index}.json").write_text(json.dumps(record))
 """
 
+# collected first: loaded onto the two workers as they come, its tests would be split between them
+GROUPED = """
+import os
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.xdist_group("together")
+
+
+@pytest.mark.parametrize("index", range(4))
+def test_grouped(index):
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+    (Path(os.environ["PROBE_OUT"]) / f"grouped-{index}").write_text(worker)
+"""
+
 
 def _records(folder: Path) -> list[dict]:
     return [json.loads(path.read_text()) for path in sorted(folder.glob("*.json"))]
+
+
+def _grouped_workers(folder: Path) -> set[str]:
+    return {path.read_text() for path in folder.glob("grouped-*")}
 
 
 @pytest.mark.slow  # three pytest runs at once in fresh interpreters, each process importing torch
@@ -56,6 +76,7 @@ def test_workers_by_default_one_process_with_n0_or_without_xdist(tmp_path):
     project.mkdir()
     shutil.copy(Path(__file__).with_name("conftest.py"), project / "conftest.py")
     (project / "test_probe.py").write_text(PROBE)
+    (project / "test_a_group.py").write_text(GROUPED)
     # the run's environment, less this run's own pytest and xdist variables and thread count
     base = {
         key: value for key, value in os.environ.items() if not key.startswith("PYTEST") and key != "OMP_NUM_THREADS"
@@ -76,6 +97,8 @@ def test_workers_by_default_one_process_with_n0_or_without_xdist(tmp_path):
     default = _records(tmp_path / "default")
     assert len(default) == 4 and {r["worker"] for r in default} <= {"gw0", "gw1"}, default
     assert all(r["workers"] == "2" and r["threads"] == share and r["omp"] == str(share) for r in default), default
+    assert len(_grouped_workers(tmp_path / "default")) == 1, "the xdist_group's tests ran on two workers"
     for name in ("n0", "no_xdist"):
         records = _records(tmp_path / name)
         assert len(records) == 4 and all(r["worker"] == "main" and r["workers"] is None for r in records), records
+        assert _grouped_workers(tmp_path / name) == {"main"}
