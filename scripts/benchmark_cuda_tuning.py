@@ -63,12 +63,11 @@ from archlab.modeling import (
     step_compile,
     triton_decoding,
     triton_gemv,
-    triton_launch,
-    triton_moe,
 )
 from archlab.modeling.cache_names import with_cache
 from archlab.modeling.cache_spans import make_spanned
 from archlab.modeling.compiled_prefill import nested_block_regions
+from archlab.modeling.decode_kernels import without_decode_kernels
 from archlab.modeling.fused_projections import inference_projections
 from archlab.scripts.benchmark_cuda import (
     decoder_pair,
@@ -110,16 +109,7 @@ def flex_attention():
 def kernels_off():
     """archlab's decoding kernels off — the fused layer steps, the Triton attention, the MoE kernels, the PDL twins —
     and inductor's dependent launches: the default before they became it (combo kernels on cuBLAS and cuDNN)."""
-    stack = contextlib.ExitStack()
-    for module, name in (
-        (decode_block, "FUSED_BLOCK_DEVICES"),
-        (triton_decoding, "TRITON_DECODING_DEVICES"),
-        (triton_moe, "MOE_DECODE_DEVICES"),
-        (triton_launch, "PDL_DEVICES"),
-    ):
-        stack.enter_context(mock.patch.object(module, name, ()))
-    stack.enter_context(mock.patch.object(step_compile, "DEPENDENT_LAUNCH_OPTIONS", {}))
-    return stack
+    return without_decode_kernels()
 
 
 def triton_attention_off():

@@ -266,20 +266,9 @@ def without_archlab_kernels():
     """While it is entered, the decoding step runs without archlab's Triton kernels (the fused layer steps, the
     attention, the MoE kernels, their PDL twins) and without inductor's dependent launches: the default before them
     (on a CPU rehearsal nothing changes: the kernels are CUDA's)."""
-    from unittest import mock
+    from archlab.modeling.decode_kernels import without_decode_kernels
 
-    from archlab.modeling import decode_block, step_compile, triton_decoding, triton_launch, triton_moe
-
-    stack = contextlib.ExitStack()
-    for module, name in (
-        (decode_block, "FUSED_BLOCK_DEVICES"),
-        (triton_decoding, "TRITON_DECODING_DEVICES"),
-        (triton_moe, "MOE_DECODE_DEVICES"),
-        (triton_launch, "PDL_DEVICES"),
-    ):
-        stack.enter_context(mock.patch.object(module, name, ()))
-    stack.enter_context(mock.patch.object(step_compile, "DEPENDENT_LAUNCH_OPTIONS", {}))
-    return stack
+    return without_decode_kernels()
 
 
 def decoding(
