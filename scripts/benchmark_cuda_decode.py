@@ -37,6 +37,7 @@ and a row's generate takes seconds).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 import time
 
@@ -64,6 +65,36 @@ from archlab.scripts.benchmark_cuda import (
 )
 from archlab.training.benchmarking import Report, synchronize
 from archlab.training.roofline import beam_search_roofline_seconds, decode_roofline_seconds, decoder_forward_flops
+
+
+def decode_kernel_switches() -> tuple:
+    """(module, name) of each device list that makes archlab's Triton kernels the decoding step's default on NVIDIA
+    GPUs: each pre-norm layer's step of one row as four fused GEMVs (decode_block.py), the self-attention
+    (triton_decoding.py), an MoE's routed experts (triton_moe.py), all launched through the ops' PDL twins
+    (triton_launch.py)."""
+    from archlab.modeling import decode_block, triton_decoding, triton_launch, triton_moe
+
+    return (
+        (decode_block, "FUSED_BLOCK_DEVICES"),
+        (triton_decoding, "TRITON_DECODING_DEVICES"),
+        (triton_moe, "MOE_DECODE_DEVICES"),
+        (triton_launch, "PDL_DEVICES"),
+    )
+
+
+def without_decode_kernels() -> contextlib.ExitStack:
+    """While it is entered, every switch of `decode_kernel_switches` off and inductor's dependent launches too
+    (step_compile.py): the decoding step before archlab's kernels, which the suites and the profile measure the
+    default against."""
+    from unittest import mock
+
+    from archlab.modeling import step_compile
+
+    stack = contextlib.ExitStack()
+    for module, name in decode_kernel_switches():
+        stack.enter_context(mock.patch.object(module, name, ()))
+    stack.enter_context(mock.patch.object(step_compile, "DEPENDENT_LAUNCH_OPTIONS", {}))
+    return stack
 
 
 def decode_shape(setup: Setup) -> dict:

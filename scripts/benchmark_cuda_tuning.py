@@ -67,7 +67,6 @@ from archlab.modeling import (
 from archlab.modeling.cache_names import with_cache
 from archlab.modeling.cache_spans import make_spanned
 from archlab.modeling.compiled_prefill import nested_block_regions
-from archlab.modeling.decode_kernels import without_decode_kernels
 from archlab.modeling.fused_projections import inference_projections
 from archlab.scripts.benchmark_cuda import (
     decoder_pair,
@@ -88,6 +87,7 @@ from archlab.scripts.benchmark_cuda_decode import (
     new_report,
     not_compiled_note,
     prefill_rate_row,
+    without_decode_kernels,
 )
 from archlab.training.benchmarking import Report
 from archlab.training.roofline import decode_roofline_seconds

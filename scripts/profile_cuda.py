@@ -266,7 +266,7 @@ def without_archlab_kernels():
     """While it is entered, the decoding step runs without archlab's Triton kernels (the fused layer steps, the
     attention, the MoE kernels, their PDL twins) and without inductor's dependent launches: the default before them
     (on a CPU rehearsal nothing changes: the kernels are CUDA's)."""
-    from archlab.modeling.decode_kernels import without_decode_kernels
+    from archlab.scripts.benchmark_cuda_decode import without_decode_kernels
 
     return without_decode_kernels()
 

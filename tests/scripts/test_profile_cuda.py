@@ -102,8 +102,9 @@ def test_the_tuned_decoding_profile_adds_coordinate_descent_to_the_default_optio
 
 def test_the_decoding_profile_before_archlab_s_kernels_turns_each_off_while_it_runs():
     from archlab.modeling import step_compile
-    from archlab.modeling.decode_kernels import DEVICE_SWITCHES as switches
+    from archlab.scripts.benchmark_cuda_decode import decode_kernel_switches
 
+    switches = decode_kernel_switches()
     assert len(switches) == 4
     with profile_cuda.without_archlab_kernels():
         assert all(getattr(module, name) == () for module, name in switches)
