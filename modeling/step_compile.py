@@ -20,8 +20,9 @@ launched the same way (triton_launch.py), the batch-1 step ran at 1.25x the comb
 
 from __future__ import annotations
 
-import torch
 from transformers import CompileConfig
+
+from .triton_launch import has_dependent_launch
 
 # Devices on which the loops' step, with no CompileConfig of the call's own, compiles with `TUNED_STEP_OPTIONS`.
 TUNED_STEP_DEVICES: tuple[str, ...] = ("cuda",)
@@ -44,11 +45,7 @@ def step_compile_config(model, generation_config) -> CompileConfig:
     from torch._inductor import list_mode_options
 
     options = {**list_mode_options(config.mode), **TUNED_STEP_OPTIONS}
-    if (
-        model.device.type == "cuda"
-        and torch.version.hip is None
-        and torch.cuda.get_device_capability(model.device)[0] >= 9
-    ):
+    if has_dependent_launch(model.device):
         options.update(DEPENDENT_LAUNCH_OPTIONS)
     # torch.compile takes a mode or options, not both: the mode's options are in `options`
     return CompileConfig(

@@ -96,10 +96,16 @@ def rows_contiguous(*tensors: torch.Tensor | None) -> list[torch.Tensor | None]:
     return [t.contiguous() if t is not None and t.stride(-1) != 1 else t for t in tensors]
 
 
+def has_dependent_launch(device: torch.device) -> bool:
+    """Whether `device` has programmatic dependent launch: an NVIDIA GPU of compute capability 9 or more (torch's
+    ROCm build calls AMD GPUs "cuda" too, and an MI300 reports 9.4)."""
+    return device.type == "cuda" and torch.version.hip is None and torch.cuda.get_device_capability(device)[0] >= 9
+
+
 def pdl_launch(like: torch.Tensor) -> bool:
     """Whether a twin launches its kernels dependent on the kernel before (the kernels' `PDL` and Triton's
-    `launch_pdl`): on a CUDA device of compute capability 9 or more."""
-    return like.is_cuda and torch.version.hip is None and torch.cuda.get_device_capability(like.device)[0] >= 9
+    `launch_pdl`): where the device has it (`has_dependent_launch`)."""
+    return has_dependent_launch(like.device)
 
 
 def register_pdl_twin(op: str, launch: Callable[..., torch.Tensor]) -> None:
@@ -246,6 +252,7 @@ __all__ = [
     "PDL_DEVICES",
     "archlab_op",
     "compile_configs_at_once",
+    "has_dependent_launch",
     "kernels_fit",
     "launchable",
     "pdl_applies",

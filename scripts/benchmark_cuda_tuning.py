@@ -106,10 +106,8 @@ def flex_attention():
     return mock.patch.object(flex_decoding, "FLEX_DECODING_DEVICES", ("cuda",))
 
 
-def kernels_off():
-    """archlab's decoding kernels off — the fused layer steps, the Triton attention, the MoE kernels, the PDL twins —
-    and inductor's dependent launches: the default before they became it (combo kernels on cuBLAS and cuDNN)."""
-    return without_decode_kernels()
+# archlab's decoding kernels off, and inductor's dependent launches: the default before (combo kernels on cuBLAS, cuDNN)
+kernels_off = without_decode_kernels
 
 
 def triton_attention_off():

@@ -538,6 +538,7 @@ def test_candidate_defaults_equal_eager_without_falling_back(candidate, kind, ba
         triton_launch,
         triton_moe,
     )
+    from archlab.scripts.benchmark_cuda_decode import decode_kernel_switches
 
     torch._dynamo.reset()
     counters.clear()
@@ -561,12 +562,7 @@ def test_candidate_defaults_equal_eager_without_falling_back(candidate, kind, ba
     elif candidate == "moe-kernels":
         monkeypatch.setattr(triton_moe, "MOE_DECODE_DEVICES", ("cuda",))
     elif candidate == "fused-pdl":
-        for module, name in (
-            (decode_block, "FUSED_BLOCK_DEVICES"),
-            (triton_decoding, "TRITON_DECODING_DEVICES"),
-            (triton_moe, "MOE_DECODE_DEVICES"),
-            (triton_launch, "PDL_DEVICES"),
-        ):
+        for module, name in decode_kernel_switches():
             monkeypatch.setattr(module, name, ("cuda",))
         monkeypatch.setattr(decode_block, "FUSED_BLOCK_ROWS", batch)
     else:
