@@ -370,7 +370,11 @@ def test_reward_trainer_with_lora_from_a_causal_lm_folder_matches_the_stock_twin
             runs.append((trainer.state.log_history[-1]["train_loss"], reloaded.eval()(**batch).logits))
     assert type(reloaded.get_base_model()).__name__ == "DecoderForSequenceClassification"
     assert abs(runs[1][0] - runs[0][0]) <= 1e-5 * runs[0][0]
-    assert_close_to_scale(runs[1][1], runs[0][1], rtol=1e-4)
+    # AdamW's first steps move each weight by ~lr whatever its gradient's size, so a gradient near zero whose sign
+    # differs by rounding (archlab's compiled RoPE and SwiGLU kernels where the CUDA paths are opened to the CPU,
+    # against Llama's eager ops) moves its weight by up to 2 lr the other way: the rewards of the tiny head then differ
+    # by a few tenths of a percent of their scale (CI saw 0.32 % once; its other runs stayed within 0.01 %)
+    assert_close_to_scale(runs[1][1], runs[0][1], rtol=1e-2)
 
 
 @contextlib.contextmanager
