@@ -1,40 +1,51 @@
 """Matrix-vector products of a decoding step (a few rows) as Triton kernels with the work around them inside: an
-RMSNorm of the input before the product, SiLU(gate) ⊙ up as the input, a residual added after (RMSNorm, Zhang &
-Sennrich 2019; SwiGLU, Shazeer 2020; the fused-GEMV idea of gpt-fast and of "megakernel" decoders).
+RMSNorm of the input before the product, SiLU(gate) ⊙ up before or after it, a residual added after (RMSNorm, Zhang
+& Sennrich 2019; SwiGLU, Shazeer 2020; the fused-GEMV idea of gpt-fast and of "megakernel" decoders).
 
 Why: a batch-1 decoding step of the 1.1B model on an H100 (docs/gpu.md, the decode-1 profile) is ~12 kernels a
 layer, and each launch leaves the GPU idle ~1.6 µs in the CUDA graph: ~25 µs of a layer's ~80. The products around
 which the small kernels sit run at 45-68 % of the bandwidth (cuBLAS's q/k/v and o GEMVs ~1.5 TB/s, its down GEMV split
 in two plus a reduction kernel). Here one kernel streams a weight and does the element-wise work beside it:
 
-    PLAIN       y = W x (+ b) (+ r)                       the output projection, with the residual after it
-    RMS_NORM    y = W (g ⊙ x / rms(x)) (+ b) (+ r)        q/k/v and gate/up, with the layer's norm before them
-    SILU_GATED  y = W (silu(gate) ⊙ up) (+ b) (+ r)        the MLP's down projection, with SwiGLU and the residual
+    PLAIN       y = W x (+ b) (+ r)                       the output and down projections, the residual after them
+    RMS_NORM    y = W (g ⊙ x / rms(x)) (+ b) (+ r)        q/k/v, with the layer's norm before it
+    SILU_GATED  y = W (silu(gate) ⊙ up) (+ b) (+ r)        a down projection with SwiGLU before it (`gated_down`)
+    GATED       h = silu(gate) ⊙ up, [gate, up] = W x'    the gate/up product ([gate; up] as one weight, x' as
+                                                           PLAIN or RMS_NORM computes it) with SwiGLU after it
 
-so that a pre-norm layer's step is four of them beside RoPE and attention (decode_block.py). Each program owns
-`BLOCK_N` outputs, streams their rows of the weight in blocks of `BLOCK_K` inputs and computes the matching block of
-the input itself (x, g, gate and up are a few kB, read from L2 by every program), accumulating in fp32 element-wise
-(summed across threads once, after the loop), the loop unrolled so that several blocks' loads are in flight at once.
-RMSNorm takes one pass: the squares of x accumulate beside the products and 1/rms scales the sums after the loop
-(the unfused path rounds x / rms to the weights' dtype first; in half precision this is within that rounding).
-SwiGLU's input is rounded to the weights' dtype as the unfused path rounds it; the product is rounded to the
-output's dtype before the residual is added, as the unfused path adds it. Those are up to `STREAMED_ROWS` rows;
-5-16 rows (a batch of decoding rows, beams, speculative tokens) take a second kernel with the same prologues and
-epilogue, whose programs multiply a 16-row block of the input by a block of the weight on the tensor cores
-(`tl.dot`, the input rounded to the weights' dtype first), the weight blocks pipelined by Triton. Block sizes,
-warps, stages and the unrolling are autotuned per (rows, outputs, inputs, prologue) the first time a shape runs
-(`triton.autotune`). The first H200 run
-measured the first gated version (a sum across threads in every block, no unrolling: its compiled code waited on
-each block's load in turn) at 0.88× the default step; this one is for the next GPU session.
+so that a pre-norm layer's step is four of them beside RoPE and attention (decode_block.py: RMS_NORM q/k/v, PLAIN
+output + residual, RMS_NORM gate/up GATED, PLAIN down + residual). Each program streams `BLOCK_N` rows of the weight
+(its BLOCK_N outputs; GATED, its BLOCK_N / 2 outputs' gate and up rows side by side, so that SwiGLU pairs them in
+the program's epilogue) in blocks of `BLOCK_K` inputs and computes the matching block of the input itself (x, g, gate
+and up are a few kB, read from L2 by every program), accumulating in fp32 element-wise (summed across threads once,
+after the loop), the loop unrolled so that several blocks' loads are in flight at once. RMSNorm takes one pass: the
+squares of x accumulate beside the products and 1/rms scales the sums after the loop (the unfused path rounds x /
+rms to the weights' dtype first; in half precision this is within that rounding). SwiGLU, before or after, rounds as
+the unfused path: the gate/up product to the output's dtype, silu(gate) ⊙ up to it again; the product is rounded to
+the output's dtype before the residual is added, as the unfused path adds it.
 
-`gemv` and `gated_down` are `torch.library.triton_op`s: inductor calls them from the decoding step's generated code,
-CUDA graphs record them. Their PDL twins (triton_launch.py) launch the kernels dependent on the kernel before; the
-streaming kernel then reads its first weight block before it waits for that kernel (no kernel of a decoding step
-writes a weight), the input after. The gated MLP uses `gated_down` alone where `gated_down_applies`: at most
-`MAX_ROWS` rows (a decoding step of a small batch), Triton importable, a device in `GATED_DOWN_DEVICES`, SiLU,
-fp32/fp16/bf16, inference (no gradient: the kernels have no backward). `GATED_DOWN_DEVICES` is empty until
-`--suite cuda-tuning`'s row measures it on a GPU; on CPU the tests run the kernel through Triton's interpreter
-(tests/triton_interpreter.py) against the unfused formulas.
+Two kernels, three forms by rows: the streaming kernel autotuned over blocks for one row (`_gemv_row_kernel`: a
+batch-1 step), where it multiplies a (BLOCK_N × BLOCK_K) tile of the weight by the input in the registers both were
+loaded into, and for 2 to `STREAMED_ROWS` rows (`_gemv_kernel`), a (rows × BLOCK_N × BLOCK_K) tile; 5-16 rows (a
+batch of decoding rows, beams, speculative tokens; `_dot_kernel`) a 16-row block of the input by a block of the
+weight on the tensor cores (`tl.dot`, the input rounded to the weights' dtype first), the weight blocks pipelined by
+Triton. Block sizes, warps, stages and the unrolling are autotuned per (rows,
+outputs, inputs, prologue, gated) the first time a shape runs (`triton.autotune`). The sixth GPU session (H200,
+docs/gpu.md) timed the one-row GEMVs at 1.5× cuBLAS but only 44-61 % of the bandwidth, when one row ran through the
+three-dimensional tile: its compiled loop passed every weight block and the input through shared memory, a barrier
+for each (the one-row kernel's loop holds neither: test_triton_compile.py); and the tensor-core kernel's SwiGLU
+prologue at 16 rows at 0.14× (77 µs against 11): computed in the dot operand's layout, each of a program's warps
+recomputed it for every block (~1,200 instructions a loop against ~80 without), which SwiGLU after the gate/up
+product (GATED) does once per output.
+
+`gemv`, `gated_gemv` and `gated_down` are `torch.library.triton_op`s: inductor calls them from the decoding step's
+generated code, CUDA graphs record them. Their PDL twins (triton_launch.py) launch the kernels dependent on the kernel
+before; the streaming kernels then read their first weight block before they wait for that kernel (no kernel of a
+decoding step writes a weight), the input after. A gated MLP outside the fused step uses `gated_down` alone where
+`gated_down_applies`: at most `MAX_ROWS` rows (a decoding step of a small batch), Triton importable, a device in
+`GATED_DOWN_DEVICES`, SiLU, fp32/fp16/bf16, inference (no gradient: the kernels have no backward).
+`GATED_DOWN_DEVICES` is empty (the fifth GPU session measured a first version at 0.88× the default step); on CPU the
+tests run the kernels through Triton's interpreter (tests/triton_interpreter.py) against the unfused formulas.
 """
 
 from __future__ import annotations
@@ -99,10 +110,10 @@ def gemv_applies(x: torch.Tensor, *weights: torch.Tensor | None) -> bool:
 if triton is not None:
 
     @triton.jit
-    def _weight_block(w_ptr, ns, n_ok, first, inputs, w_n, BLOCK_K: tl.constexpr):
-        """Block `first` of inputs of the weight's rows `ns`."""
+    def _weight_block(w_ptr, ws, w_ok, first, inputs, w_n, BLOCK_K: tl.constexpr):
+        """Block `first` of inputs of the weight's rows `ws`."""
         ks = first * BLOCK_K + tl.arange(0, BLOCK_K)
-        return tl.load(w_ptr + ns[:, None] * w_n + ks[None, :], mask=n_ok[:, None] & (ks < inputs)[None, :], other=0.0)
+        return tl.load(w_ptr + ws[:, None] * w_n + ks[None, :], mask=w_ok[:, None] & (ks < inputs)[None, :], other=0.0)
 
     @triton.jit
     def _input_block(
@@ -124,93 +135,152 @@ if triton is not None:
 
     @triton.jit
     def _block_of_weight_and_input(
-        x_ptr, up_ptr, gain_ptr, w_ptr, ns, n_ok, ms, m_ok, first, inputs, x_m, up_m, w_n, squares,
+        x_ptr, up_ptr, gain_ptr, w_ptr, ws, w_ok, ms, m_ok, first, inputs, x_m, up_m, w_n, squares,
         PROLOGUE: tl.constexpr, BLOCK_K: tl.constexpr,
     ):  # fmt: skip
-        """Block `first` of inputs: the weight's rows `ns` there, and the product's input (fp32) as PROLOGUE computes
+        """Block `first` of inputs: the weight's rows `ws` there, and the product's input (fp32) as PROLOGUE computes
         it; `squares` += x² for RMS_NORM."""
-        w = _weight_block(w_ptr, ns, n_ok, first, inputs, w_n, BLOCK_K)
+        w = _weight_block(w_ptr, ws, w_ok, first, inputs, w_n, BLOCK_K)
         x, squares = _input_block(
             x_ptr, up_ptr, gain_ptr, w_ptr, ms, m_ok, first, inputs, x_m, up_m, squares, PROLOGUE, BLOCK_K
         )
         return w, x, squares
 
     @triton.jit
+    def _weight_rows(pid, outputs, GATED: tl.constexpr, BLOCK_N: tl.constexpr):
+        """A program's `BLOCK_N` rows of the weight — its BLOCK_N outputs', or GATED its BLOCK_N / 2 outputs' gate
+        and up rows side by side (`outputs` rows apart in the weight) — and whether each exists."""
+        lanes = tl.arange(0, BLOCK_N)
+        if GATED:
+            ns = pid * (BLOCK_N // 2) + lanes // 2
+            return ns + (lanes % 2) * outputs, ns < outputs
+        else:
+            ns = pid * BLOCK_N + lanes
+            return ns, ns < outputs
+
+    @triton.jit
     def _store_output(
-        total, squares, inputs, eps, bias_ptr, residual_ptr, y_ptr, ns, n_ok, ms, m_ok, residual_m, y_m,
-        PROLOGUE: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
+        total, squares, inputs, eps, bias_ptr, residual_ptr, y_ptr, pid, outputs, ws, w_ok, ms, m_ok, residual_m,
+        y_m, PROLOGUE: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, GATED: tl.constexpr,
+        BLOCK_N: tl.constexpr,
     ):  # fmt: skip
-        """The sums `total` (rows × outputs, fp32) scaled by 1/rms (RMS_NORM), plus the bias, rounded to the output's
-        dtype, plus the residual, stored."""
+        """The sums `total` (rows × the weight rows `ws`, fp32) scaled by 1/rms (RMS_NORM), plus the bias, rounded to
+        the output's dtype; GATED: act(gate) ⊙ up of each output's pair, rounded again; plus the residual; stored."""
         if PROLOGUE == 1:
             # eps: an fp64 scalar from inductor, fp32 from Triton's launcher, a constant in torch's mutation analysis
             # of a traced launch (torch 2.11): tl.cast takes all three
             mean = tl.sum(squares, axis=1) / inputs + tl.cast(eps, tl.float32)
             total = total * (1.0 / tl.sqrt(mean))[:, None]
         if HAS_BIAS:
-            total += tl.load(bias_ptr + ns, mask=n_ok, other=0.0).to(tl.float32)[None, :]
-        out_ok = m_ok[:, None] & n_ok[None, :]
+            total += tl.load(bias_ptr + ws, mask=w_ok, other=0.0).to(tl.float32)[None, :]
         out = total.to(y_ptr.dtype.element_ty)
+        if GATED:  # the gate/up product rounded as the unfused step's, act(gate) ⊙ up rounded as its product
+            gate, up = tl.split(tl.reshape(out.to(tl.float32), [total.shape[0], BLOCK_N // 2, 2]))
+            out = (gate * tl.sigmoid(gate) * up).to(y_ptr.dtype.element_ty)
+            ns = pid * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
+        else:
+            ns = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+        out_ok = m_ok[:, None] & (ns < outputs)[None, :]
         if HAS_RESIDUAL:  # added to the product rounded to the output's dtype, as the unfused step adds it
             residual = tl.load(residual_ptr + ms[:, None] * residual_m + ns[None, :], mask=out_ok, other=0.0)
             out = (out.to(tl.float32) + residual.to(tl.float32)).to(y_ptr.dtype.element_ty)
         tl.store(y_ptr + ms[:, None] * y_m + ns[None, :], out, mask=out_ok)
 
-    @triton.autotune(
-        configs=[
-            triton.Config({"BLOCK_N": n, "BLOCK_K": k, "UNROLL": unroll}, num_warps=warps, num_stages=1)
-            for n, k, unroll, warps in [
-                (4, 512, 4, 4),
-                (8, 256, 4, 4),
-                (8, 512, 2, 4),
-                (8, 512, 4, 8),
-                (16, 256, 2, 4),
-                (16, 512, 2, 8),
-                (4, 1024, 2, 4),
-                (8, 1024, 2, 8),
-            ]
-        ],
-        key=["rows", "outputs", "inputs", "PROLOGUE"],
-    )
+    # One row: (BLOCK_N, BLOCK_K, UNROLL, warps), blocks of inputs that span the program's threads (8 bf16 or fp16 a
+    # thread, one 128-bit load, × 32 × the warps: 512 at 2 warps, 1,024 at 4, 2,048 at 8), so that each thread's
+    # share of the input is the share of each weight row it multiplies: no exchange through shared memory and no
+    # barrier in the loop (test_triton_compile.py). Narrower blocks (512 inputs at 4 warps) made Triton pass the
+    # input, and the weight blocks with it, through shared memory, a barrier for each
+    ROW_CONFIGS = [
+        (2, 1024, 2, 4),
+        (4, 1024, 2, 4),
+        (8, 1024, 1, 4),
+        (2, 2048, 1, 8),
+        (4, 2048, 1, 8),
+        (2, 512, 2, 2),
+        (4, 512, 4, 2),
+        (8, 512, 1, 2),
+    ]
+
+    STREAMED_CONFIGS = [
+        (4, 512, 4, 4),
+        (8, 256, 4, 4),
+        (8, 512, 2, 4),
+        (8, 512, 4, 8),
+        (16, 256, 2, 4),
+        (16, 512, 2, 8),
+        (4, 1024, 2, 4),
+        (8, 1024, 2, 8),
+    ]
+
     @triton.jit
-    def _gemv_kernel(
+    def _accumulate(acc, x, w, ROWS: tl.constexpr):
+        """acc + the products of the input block x (ROWS × BLOCK_K, fp32) and the weight block w, element-wise: one row
+        a (BLOCK_N × BLOCK_K) tile — the weight multiplied in the layout it was loaded in (a three-dimensional tile of
+        one row passed each weight block through shared memory) — more rows a (ROWS × BLOCK_N × BLOCK_K) one."""
+        if ROWS == 1:
+            return acc + x * w.to(tl.float32)
+        else:
+            return acc + x[:, None, :] * w.to(tl.float32)[None, :, :]
+
+    @triton.jit
+    def _streaming_gemv(
         x_ptr, up_ptr, gain_ptr, w_ptr, bias_ptr, residual_ptr, y_ptr,
         rows, outputs, inputs, eps,
         x_m, up_m, w_n, residual_m, y_m,
         ROWS: tl.constexpr, PROLOGUE: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
-        PDL: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, UNROLL: tl.constexpr,
+        GATED: tl.constexpr, PDL: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, UNROLL: tl.constexpr,
     ):  # fmt: skip
-        """Up to STREAMED_ROWS rows. One program: outputs [pid · BLOCK_N, + BLOCK_N) of every row (ROWS: `rows`
-        rounded up to a power of two). The products accumulate element-wise and are summed once after the loop, and
-        the loop is unrolled UNROLL times: the unrolled blocks' loads are issued together (Triton does not pipeline
-        loads that feed no `tl.dot`, and a sum across threads in every block would wait on each block's load)."""
+        """Up to STREAMED_ROWS rows (ROWS: `rows` rounded up to a power of two). One program streams BLOCK_N rows of
+        the weight (`_weight_rows`) against every row of the input. The products accumulate element-wise
+        (`_accumulate`) and are summed once after the loop, and the loop is unrolled UNROLL times: the unrolled
+        blocks' loads are issued together (Triton does not pipeline loads that feed no `tl.dot`, and a sum across
+        threads in every block would wait on each block's load)."""
         pid = tl.program_id(0)
-        ns = pid * BLOCK_N + tl.arange(0, BLOCK_N)
-        n_ok = ns < outputs
+        ws, w_ok = _weight_rows(pid, outputs, GATED, BLOCK_N)
         ms = tl.arange(0, ROWS)
         m_ok = ms < rows
-        acc = tl.zeros([ROWS, BLOCK_N, BLOCK_K], tl.float32)
+        if ROWS == 1:
+            acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
+        else:
+            acc = tl.zeros([ROWS, BLOCK_N, BLOCK_K], tl.float32)
         squares = tl.zeros([ROWS, BLOCK_K], tl.float32)  # RMS_NORM: x², element-wise like the products
         start = 0
         if PDL:  # the first block of the weight read while the kernel before ends (nothing on the GPU writes it)
-            w = _weight_block(w_ptr, ns, n_ok, 0, inputs, w_n, BLOCK_K)
+            w = _weight_block(w_ptr, ws, w_ok, 0, inputs, w_n, BLOCK_K)
             dependent_launch(PDL)  # then the input, which the kernel before writes
             x, squares = _input_block(
                 x_ptr, up_ptr, gain_ptr, w_ptr, ms, m_ok, 0, inputs, x_m, up_m, squares, PROLOGUE, BLOCK_K
             )
-            acc += x[:, None, :] * w.to(tl.float32)[None, :, :]
+            acc = _accumulate(acc, x, w, ROWS)
             start = 1
         for first in tl.range(start, tl.cdiv(inputs, BLOCK_K), loop_unroll_factor=UNROLL):
             w, x, squares = _block_of_weight_and_input(
-                x_ptr, up_ptr, gain_ptr, w_ptr, ns, n_ok, ms, m_ok, first, inputs, x_m, up_m, w_n, squares,
+                x_ptr, up_ptr, gain_ptr, w_ptr, ws, w_ok, ms, m_ok, first, inputs, x_m, up_m, w_n, squares,
                 PROLOGUE, BLOCK_K,
             )  # fmt: skip
-            acc += x[:, None, :] * w.to(tl.float32)[None, :, :]
-        total = tl.sum(acc, axis=2)
+            acc = _accumulate(acc, x, w, ROWS)
+        if ROWS == 1:
+            total = tl.sum(acc, axis=1)[None, :]
+        else:
+            total = tl.sum(acc, axis=2)
         _store_output(
-            total, squares, inputs, eps, bias_ptr, residual_ptr, y_ptr, ns, n_ok, ms, m_ok, residual_m, y_m,
-            PROLOGUE, HAS_BIAS, HAS_RESIDUAL,
+            total, squares, inputs, eps, bias_ptr, residual_ptr, y_ptr, pid, outputs, ws, w_ok, ms, m_ok, residual_m,
+            y_m, PROLOGUE, HAS_BIAS, HAS_RESIDUAL, GATED, BLOCK_N,
         )  # fmt: skip
+
+    def _autotuned(configs):
+        return triton.autotune(
+            configs=[
+                triton.Config({"BLOCK_N": n, "BLOCK_K": k, "UNROLL": unroll}, num_warps=warps, num_stages=1)
+                for n, k, unroll, warps in configs
+            ],
+            key=["rows", "outputs", "inputs", "PROLOGUE", "GATED"],
+        )(_streaming_gemv)
+
+    # the streaming kernel autotuned over each set of blocks: one row, and 2 to STREAMED_ROWS rows
+    _gemv_row_kernel = _autotuned(ROW_CONFIGS)
+    _gemv_kernel = _autotuned(STREAMED_CONFIGS)
 
     @triton.autotune(
         configs=[
@@ -224,7 +294,7 @@ if triton is not None:
                 (32, 256, 4, 2),
             ]
         ],
-        key=["rows", "outputs", "inputs", "PROLOGUE"],
+        key=["rows", "outputs", "inputs", "PROLOGUE", "GATED"],
     )
     @triton.jit
     def _dot_kernel(
@@ -232,7 +302,7 @@ if triton is not None:
         rows, outputs, inputs, eps,
         x_m, up_m, w_n, residual_m, y_m,
         ROWS: tl.constexpr, PROLOGUE: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
-        PDL: tl.constexpr, IEEE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+        GATED: tl.constexpr, PDL: tl.constexpr, IEEE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     ):  # fmt: skip
         """More than STREAMED_ROWS rows (ROWS: `rows` rounded up to 16, the smallest tensor-core tile). One program:
         outputs [pid · BLOCK_N, + BLOCK_N) of every row, a `tl.dot` of the input block (computed by the prologue,
@@ -240,15 +310,14 @@ if triton is not None:
         pipelines (asynchronous copies, `num_stages` blocks in flight)."""
         dependent_launch(PDL)
         pid = tl.program_id(0)
-        ns = pid * BLOCK_N + tl.arange(0, BLOCK_N)
-        n_ok = ns < outputs
+        ws, w_ok = _weight_rows(pid, outputs, GATED, BLOCK_N)
         ms = tl.arange(0, ROWS)
         m_ok = ms < rows
         acc = tl.zeros([ROWS, BLOCK_N], tl.float32)
         squares = tl.zeros([ROWS, BLOCK_K], tl.float32)
         for first in tl.range(0, tl.cdiv(inputs, BLOCK_K)):
             w, x, squares = _block_of_weight_and_input(
-                x_ptr, up_ptr, gain_ptr, w_ptr, ns, n_ok, ms, m_ok, first, inputs, x_m, up_m, w_n, squares,
+                x_ptr, up_ptr, gain_ptr, w_ptr, ws, w_ok, ms, m_ok, first, inputs, x_m, up_m, w_n, squares,
                 PROLOGUE, BLOCK_K,
             )  # fmt: skip
             if IEEE:
@@ -256,9 +325,17 @@ if triton is not None:
             else:
                 acc += tl.dot(x.to(w.dtype), tl.trans(w))
         _store_output(
-            acc, squares, inputs, eps, bias_ptr, residual_ptr, y_ptr, ns, n_ok, ms, m_ok, residual_m, y_m,
-            PROLOGUE, HAS_BIAS, HAS_RESIDUAL,
+            acc, squares, inputs, eps, bias_ptr, residual_ptr, y_ptr, pid, outputs, ws, w_ok, ms, m_ok, residual_m,
+            y_m, PROLOGUE, HAS_BIAS, HAS_RESIDUAL, GATED, BLOCK_N,
         )  # fmt: skip
+
+
+def kernel_for(rows: int):
+    """The kernel that takes `rows` rows: the one-row kernel, the streaming one up to `STREAMED_ROWS`, else the
+    tensor-core one."""
+    if rows == 1:
+        return _gemv_row_kernel
+    return _gemv_kernel if rows <= STREAMED_ROWS else _dot_kernel
 
 
 def _launch(
@@ -270,30 +347,34 @@ def _launch(
     up: torch.Tensor | None = None,
     gain: torch.Tensor | None = None,
     eps: float = 0.0,
+    gated: bool = False,
     pdl: bool = False,
 ) -> torch.Tensor:
-    """The kernel over x (..., inputs) against weight (outputs, inputs): (..., outputs) in x's dtype; `pdl`: launched
-    by the op's PDL twin (triton_launch.py)."""
-    inputs, outputs = x.shape[-1], weight.shape[0]
+    """The kernel over x (..., inputs) against weight (outputs, inputs): (..., outputs) in x's dtype; `gated`: the
+    weight is [gate; up] (2 × outputs rows) and the output act(gate) ⊙ up; `pdl`: launched by the op's PDL twin
+    (triton_launch.py)."""
+    inputs, outputs = x.shape[-1], weight.shape[0] // 2 if gated else weight.shape[0]
     x2 = x.reshape(-1, inputs)
     up2 = up.reshape(-1, inputs) if up is not None else x2
     residual2 = residual.reshape(-1, outputs) if residual is not None else x2
     rows = x2.shape[0]
     output = x.new_empty(rows, outputs)
 
-    def grid(meta):
-        return (triton.cdiv(outputs, meta["BLOCK_N"]),)
+    def grid(meta):  # a program streams BLOCK_N rows of the weight: gated, half as many outputs'
+        return (triton.cdiv(outputs, meta["BLOCK_N"] // 2 if gated else meta["BLOCK_N"]),)
 
-    if rows <= STREAMED_ROWS:
-        kernel, constants = _gemv_kernel, dict(ROWS=triton.next_power_of_2(rows))
+    kernel = kernel_for(rows)
+    if kernel is _dot_kernel:
+        constants = dict(ROWS=max(16, triton.next_power_of_2(rows)), IEEE=x.dtype == torch.float32)
     else:
-        kernel, constants = _dot_kernel, dict(ROWS=max(16, triton.next_power_of_2(rows)), IEEE=x.dtype == torch.float32)
+        constants = dict(ROWS=triton.next_power_of_2(rows))
     dependent = pdl and pdl_launch(x)
     launchable(kernel, x, "gemv", pdl=dependent)[grid](
         x2, up2, weight if gain is None else gain, weight, weight if bias is None else bias, residual2, output,
         rows, outputs, inputs, eps,
         x2.stride(0), up2.stride(0), weight.stride(0), residual2.stride(0), output.stride(0),
-        PROLOGUE=prologue, HAS_BIAS=bias is not None, HAS_RESIDUAL=residual is not None, PDL=dependent, **constants,
+        PROLOGUE=prologue, HAS_BIAS=bias is not None, HAS_RESIDUAL=residual is not None, GATED=gated, PDL=dependent,
+        **constants,
     )  # fmt: skip
     return output.reshape(*x.shape[:-1], outputs)
 
@@ -304,6 +385,11 @@ def _gated_down_body(gate, up, weight, bias, residual=None, pdl: bool = False) -
 
 def _gemv_body(x, weight, bias, gain, eps, residual, pdl: bool = False) -> torch.Tensor:
     return _launch(PLAIN if gain is None else RMS_NORM, x, weight, bias, residual, gain=gain, eps=eps, pdl=pdl)
+
+
+def _gated_gemv_body(x, weight, bias, gain, eps, pdl: bool = False) -> torch.Tensor:
+    prologue = PLAIN if gain is None else RMS_NORM
+    return _launch(prologue, x, weight, bias, None, gain=gain, eps=eps, gated=True, pdl=pdl)
 
 
 if triton is not None and not registered("gated_down"):
@@ -333,9 +419,23 @@ if triton is not None and not registered("gemv"):
         return _gemv_body(x, weight, bias, gain, eps, residual)
 
 
+if triton is not None and not registered("gated_gemv"):
+
+    @torch.library.triton_op("archlab::gated_gemv", mutates_args=())
+    def _gated_gemv_op(
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        gain: torch.Tensor | None,
+        eps: float,
+    ) -> torch.Tensor:
+        return _gated_gemv_body(x, weight, bias, gain, eps)
+
+
 if triton is not None:
     register_pdl_twin("gated_down", functools.partial(_gated_down_body, pdl=True))
     register_pdl_twin("gemv", functools.partial(_gemv_body, pdl=True))
+    register_pdl_twin("gated_gemv", functools.partial(_gated_gemv_body, pdl=True))
 
 
 def gated_down(module, gate: torch.Tensor, up: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
@@ -358,6 +458,17 @@ def gemv(
     return archlab_op("gemv", x)(x, weight, bias, gain, eps, residual)
 
 
+def gated_gemv(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *, norm: torch.nn.Module | None = None
+) -> torch.Tensor:
+    """SiLU(gate) ⊙ up of `linear(norm(x), weight, bias)` = [gate, up], the weight [gate; up] (2 × outputs rows) — a
+    gated MLP's gate/up product with SwiGLU in its epilogue — as one kernel, `norm` an `RMSNorm` or None (module
+    docstring)."""
+    (x,) = rows_contiguous(x)
+    gain, eps = (norm.weight, float(norm.variance_epsilon)) if norm is not None else (None, 0.0)
+    return archlab_op("gated_gemv", x)(x, weight, bias, gain, eps)
+
+
 __all__ = [
     "GATED_DOWN_DEVICES",
     "MAX_ROWS",
@@ -367,6 +478,7 @@ __all__ = [
     "SILU_GATED",
     "gated_down",
     "gated_down_applies",
+    "gated_gemv",
     "gemv",
     "gemv_applies",
 ]

@@ -72,10 +72,12 @@ def moe_decode_applies(experts, hidden_states: torch.Tensor) -> bool:
 
 if triton is not None:
     # (the loops as in triton_gemv.py: products accumulated element-wise and summed after the loop, the loop unrolled
-    # UNROLL times so that its blocks' loads are in flight together)
+    # UNROLL times so that its blocks' loads are in flight together; blocks of inputs that span the program's threads,
+    # 8 bf16 a thread × 32 × the warps, as triton_gemv.py's one-row kernel: the narrower blocks before passed the
+    # input through shared memory, a barrier for each, in every configuration)
     _CONFIGS = [
         triton.Config({"BLOCK_N": n, "BLOCK_K": k, "UNROLL": unroll}, num_warps=warps, num_stages=1)
-        for n, k, unroll, warps in [(4, 512, 4, 4), (8, 256, 4, 4), (8, 512, 2, 4), (16, 256, 2, 4), (16, 512, 2, 8)]
+        for n, k, unroll, warps in [(4, 1024, 2, 4), (8, 1024, 1, 4), (4, 512, 4, 2), (8, 512, 2, 2), (4, 2048, 1, 8)]
     ]
 
     @triton.autotune(configs=_CONFIGS, key=["outputs", "inputs", "NORM"])

@@ -146,7 +146,13 @@ def gemv_rows(setup, report: Report, rows: int) -> None:
     gate, up = normal(rows, inner), normal(rows, inner)
     norm = RMSNorm(hidden).to(setup.device, _dtype(setup))
     qkv_weight, o_weight = normal(qkv, hidden, scale=hidden**-0.5), normal(hidden, hidden, scale=hidden**-0.5)
+    gate_up_weight = normal(2 * inner, hidden, scale=hidden**-0.5)
     down_weight = normal(hidden, inner, scale=inner**-0.5)
+
+    def swiglu_of_gate_up():
+        gate, up = F.linear(norm(x), gate_up_weight).chunk(2, dim=-1)
+        return F.silu(gate) * up
+
     s = "s" if rows > 1 else ""
     cases = [
         (
@@ -162,8 +168,21 @@ def gemv_rows(setup, report: Report, rows: int) -> None:
             o_weight,
         ),
         (
-            f"SwiGLU + down projection + residual, {rows} row{s}, {inner} → {hidden}: archlab's GEMV vs"
-            " down(silu(gate) * up) + r",
+            f"RMSNorm + gate/up projection + SwiGLU, {rows} row{s}, {hidden} → 2 × {inner} → {inner}: archlab's"
+            " gated GEMV vs silu(gate) * up of linear(norm(x))",
+            lambda: triton_gemv.gated_gemv(x, gate_up_weight, norm=norm),
+            swiglu_of_gate_up,
+            gate_up_weight,
+        ),
+        (
+            f"down projection + residual, {rows} row{s}, {inner} → {hidden}: archlab's GEMV vs linear(h) + r",
+            lambda: triton_gemv.gemv(gate, down_weight, residual=residual),
+            lambda: F.linear(gate, down_weight) + residual,
+            down_weight,
+        ),
+        (
+            f"SwiGLU + down projection + residual, {rows} row{s}, {inner} → {hidden}: archlab's GEMV with SwiGLU"
+            " before (gated_down) vs down(silu(gate) * up) + r",
             lambda: torch.ops.archlab.gated_down(gate, up, down_weight, None, residual),
             lambda: F.linear(F.silu(gate) * up, down_weight) + residual,
             down_weight,
@@ -172,8 +191,7 @@ def gemv_rows(setup, report: Report, rows: int) -> None:
     for metric, kernel, peer, weight in cases:
         with torch.no_grad():
             kernel_row(setup, report, metric, kernel, _compiled(setup, peer), weight.numel() * weight.element_size())
-        kernel = triton_gemv._gemv_kernel if rows <= triton_gemv.STREAMED_ROWS else triton_gemv._dot_kernel
-        report.rows[-1].extra["kernel's choice"] = _best_config(kernel)
+        report.rows[-1].extra["kernel's choice"] = _best_config(triton_gemv.kernel_for(rows))
 
 
 def layer_row(setup, report: Report, rows: int, pdl: bool = False) -> None:

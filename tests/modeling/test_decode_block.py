@@ -214,9 +214,9 @@ def test_greedy_decoding_through_the_fused_step_gives_the_block_s_tokens(compile
     if compiled:
         graphs = []
         assert torch.equal(greedy_tokens(model, batch, graphs), expected)
-        # each of the two layers: q/k/v, o, gate/up through `gemv`, down through `gated_down`
+        # each of the two layers: q/k/v, o and down through `gemv`, gate/up with SwiGLU through `gated_gemv`
         assert graphs and all(graph.count("archlab.gemv") == 6 for graph in graphs)
-        assert all(graph.count("archlab.gated_down") == 2 for graph in graphs)
+        assert all(graph.count("archlab.gated_gemv") == 2 for graph in graphs)
     else:
         calls = _counted_calls(monkeypatch)
         assert torch.equal(greedy_tokens(model, batch), expected)
@@ -228,7 +228,7 @@ def test_the_kernels_pdl_twins_compiled_by_inductor_give_the_block_s_tokens(monk
     """With `PDL_DEVICES` listing the device, the fused step's GEMVs and the Triton attention go through the ops' PDL
     twins (triton_launch.py: custom ops, opaque to torch.compile); inductor compiles archlab's decoding step around
     them (on a CPU too, the interpreter running the kernels inside the compiled step) and greedy decoding gives the
-    block's tokens: each layer's step 3 `gemv_pdl`, 1 `gated_down_pdl` and 1 `decode_attention_pdl`, and none of the
+    block's tokens: each layer's step 3 `gemv_pdl`, 1 `gated_gemv_pdl` and 1 `decode_attention_pdl`, and none of the
     plain ops. The kernels run their dependent-launch code (the streaming GEMV's first weight block read before the
     wait); under the interpreter without the `griddepcontrol` instructions and the launch attribute, which are
     Hopper's (test_triton_compile.py checks the code that goes with them)."""
@@ -259,9 +259,9 @@ def test_the_kernels_pdl_twins_compiled_by_inductor_give_the_block_s_tokens(monk
     assert torch.equal(model.generate(**batch, **kwargs, compile_config=config), expected)
     layers = model.config.num_hidden_layers
     assert graphs and all(graph.count("archlab.gemv_pdl") == 3 * layers for graph in graphs)
-    assert all(graph.count("archlab.gated_down_pdl") == layers for graph in graphs)
+    assert all(graph.count("archlab.gated_gemv_pdl") == layers for graph in graphs)
     assert all(graph.count("archlab.decode_attention_pdl") == layers for graph in graphs)
-    assert not any("archlab.gemv.default" in graph or "archlab.gated_down.default" in graph for graph in graphs)
+    assert not any("archlab.gemv.default" in graph or "archlab.gated_gemv.default" in graph for graph in graphs)
 
 
 # ---- on a CPU: the kernel tests above, through Triton's interpreter ------------------------------------------------

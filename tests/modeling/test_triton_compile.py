@@ -108,29 +108,34 @@ def test_the_attention_kernels_compile_and_fit_shared_memory(arch, dtype, head):
 
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("kernel_name", ["streaming", "tensor_core"])
+@pytest.mark.parametrize("kernel_name", ["row", "streaming", "tensor_core"])
 def test_the_gemvs_compile_and_fit_shared_memory_in_every_autotuned_configuration(kernel_name, arch, dtype):
-    """Each prologue (plain, RMSNorm, SwiGLU) with a bias and a residual, `eps` typed as inductor passes it: the
-    streaming kernel at 1 and 4 rows, the tensor-core one at 5-16 (padded to 16; fp32 weights as IEEE products)."""
+    """Each prologue (plain, RMSNorm, SwiGLU) with a bias and a residual, and the gate/up product with SwiGLU after it
+    (GATED, a bias), `eps` typed as inductor passes it: the one-row kernel, the streaming kernel at 2 and 4 rows, the
+    tensor-core one at 5-16 (padded to 16; fp32 weights as IEEE products)."""
     from archlab.modeling import triton_gemv
 
     kernel, row_counts, extra = {
-        "streaming": (triton_gemv._gemv_kernel, (1, 4), {}),
+        "row": (triton_gemv._gemv_row_kernel, (1,), {}),
+        "streaming": (triton_gemv._gemv_kernel, (2, 4), {}),
         "tensor_core": (triton_gemv._dot_kernel, (16,), {"IEEE": dtype == "fp32"}),
     }[kernel_name]
     pointers = {name: f"*{dtype}" for name in GEMV_POINTERS}
     for config in kernel.configs:
         for rows in row_counts:
-            for prologue in GEMV_PROLOGUES:
+            for prologue, gated in GEMV_VARIANTS:
                 constexprs = dict(
-                    ROWS=rows, PROLOGUE=prologue, HAS_BIAS=True, HAS_RESIDUAL=True, **extra, **config.kwargs
-                )
+                    ROWS=rows, PROLOGUE=prologue, HAS_BIAS=True, HAS_RESIDUAL=not gated, GATED=gated, **extra,
+                    **config.kwargs,
+                )  # fmt: skip
                 options = dict(num_warps=config.num_warps, num_stages=config.num_stages)
                 _assert_compiles(kernel, constexprs, pointers, arch, **options)
 
 
 GEMV_POINTERS = ("x_ptr", "up_ptr", "gain_ptr", "w_ptr", "bias_ptr", "residual_ptr", "y_ptr")
 GEMV_PROLOGUES = (0, 1, 2)  # triton_gemv's PLAIN, RMS_NORM, SILU_GATED
+# (PROLOGUE, GATED): each prologue, and the gate/up product with SwiGLU after it (`gated_gemv`), plain and normed
+GEMV_VARIANTS = ((0, False), (1, False), (2, False), (0, True), (1, True))
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -177,19 +182,23 @@ def _sass_loops(compiled) -> list[list[str]]:
     return [[text for at, text in code if start <= at <= end] for start, end in branches if start < end]
 
 
-@pytest.mark.parametrize("kernel_name", ["gemv-plain", "gemv-rms_norm", "gemv-silu_gated", "moe_gate_up", "moe_down"])
-def test_the_streaming_loops_issue_wide_loads_and_no_shuffles(kernel_name):
-    """What the GEMV and the MoE kernels are for — streaming weights at the memory's rate — as their sm90 code shows
-    it, for every autotuned configuration at one row: each loop issues 128-bit loads, several per iteration, and
-    no warp shuffle (the first GEMV summed across threads in every block: 56-256 shuffles in its loop, each block's
-    load waited for in turn, and an H200 measured it at 0.88x the default step). The GEMV in each prologue."""
+ONE_ROW_GEMVS = ("gemv-plain", "gemv-rms_norm", "gemv-silu_gated", "gemv-gated")
+STREAMING_CASES = (*ONE_ROW_GEMVS, "gemv-two-rows", "moe_gate_up", "moe_down")
+
+
+def _streaming_case(kernel_name: str):
+    """(kernel, its pointer arguments, constants) of a weight-streaming launch: the GEMVs of one row in each variant
+    (the one-row kernel), of two rows (the streaming kernel), the MoE's experts of one token."""
     from archlab.modeling import triton_gemv, triton_moe
 
-    gemv = (triton_gemv._gemv_kernel, GEMV_POINTERS)
-    kernel, names, extra = {
-        "gemv-plain": (*gemv, {"ROWS": 1, "PROLOGUE": 0, "HAS_RESIDUAL": True}),
-        "gemv-rms_norm": (*gemv, {"ROWS": 1, "PROLOGUE": 1, "HAS_RESIDUAL": False}),
-        "gemv-silu_gated": (*gemv, {"ROWS": 1, "PROLOGUE": 2, "HAS_RESIDUAL": True}),
+    row = (triton_gemv._gemv_row_kernel, GEMV_POINTERS)
+    gemv = dict(ROWS=1, HAS_RESIDUAL=True, GATED=False)
+    return {
+        "gemv-plain": (*row, dict(gemv, PROLOGUE=0)),
+        "gemv-rms_norm": (*row, dict(gemv, PROLOGUE=1, HAS_RESIDUAL=False)),
+        "gemv-silu_gated": (*row, dict(gemv, PROLOGUE=2)),
+        "gemv-gated": (*row, dict(gemv, PROLOGUE=1, HAS_RESIDUAL=False, GATED=True)),
+        "gemv-two-rows": (triton_gemv._gemv_kernel, GEMV_POINTERS, dict(gemv, ROWS=2, PROLOGUE=1)),
         "moe_gate_up": (triton_moe._expert_gate_up_kernel, ("x_ptr", "w_ptr", "gain_ptr", "y_ptr"), {"NORM": True}),
         "moe_down": (
             triton_moe._expert_down_kernel,
@@ -197,6 +206,11 @@ def test_the_streaming_loops_issue_wide_loads_and_no_shuffles(kernel_name):
             {"SLOTS": 2, "HAS_RESIDUAL": True},
         ),
     }[kernel_name]
+
+
+def _streaming_loops(kernel_name: str):
+    """Each autotuned configuration of a streaming case compiled for sm90 in bf16: (config, its loops' code)."""
+    kernel, names, extra = _streaming_case(kernel_name)
     pointers = {name: "*bf16" for name in names}
     pointers.update(index_ptr="*i64", weight_ptr="*fp32")
     for config in kernel.configs:
@@ -206,9 +220,32 @@ def test_the_streaming_loops_issue_wide_loads_and_no_shuffles(kernel_name):
         options = dict(num_warps=config.num_warps, num_stages=config.num_stages)
         loops = _sass_loops(_compile(kernel, constexprs, pointers, 90, **options))
         assert loops, config
+        yield config, loops
+
+
+@pytest.mark.parametrize("kernel_name", STREAMING_CASES)
+def test_the_streaming_loops_issue_wide_loads_and_no_shuffles(kernel_name):
+    """What the GEMV and the MoE kernels are for — streaming weights at the memory's rate — as their sm90 code shows
+    it, for every autotuned configuration: each loop issues 128-bit loads, several per iteration, and no warp
+    shuffle (the first GEMV summed across threads in every block: 56-256 shuffles in its loop, each block's load
+    waited for in turn, and an H200 measured it at 0.88x the default step)."""
+    for config, loops in _streaming_loops(kernel_name):
         for loop in loops:
             assert not [text for text in loop if "SHFL" in text], (config, "a warp shuffle inside a loop")
             assert sum("LDG.E.128" in text for text in loop) >= 2, (config, "fewer than two 128-bit loads a loop")
+
+
+@pytest.mark.parametrize("kernel_name", [*ONE_ROW_GEMVS, "moe_gate_up", "moe_down"])
+def test_one_token_loops_touch_no_shared_memory(kernel_name):
+    """The one-row GEMV and the MoE's expert kernels multiply each weight block in the registers it was loaded into:
+    their loops hold no shared-memory store or load and no barrier, in every configuration and variant (bf16, sm90).
+    The GEMV before (a three-dimensional tile of one row) passed every weight block through shared memory, and its
+    input too, with a barrier for each (16 a loop in its chosen configuration for the 1.1B model's q/k/v), and reached
+    44-61 % of an H200's bandwidth; the MoE kernels' narrower blocks passed the input so, in every configuration."""
+    for config, loops in _streaming_loops(kernel_name):
+        for loop in loops:
+            shared = [text for text in loop if text.split()[0].startswith(("STS", "LDS", "BAR"))]
+            assert not shared, (config, shared)
 
 
 def _spills(compiled) -> int:
@@ -222,20 +259,28 @@ def _spills(compiled) -> int:
 def test_the_decoding_kernels_keep_everything_in_registers_at_one_and_two_rows():
     """A weight-streaming loop that spills its accumulators to local memory reads and writes them every iteration
     beside the weights. In bf16 on sm90, as the decoding steps of batch 1 and 2 launch them, no kernel spills: the
-    streaming GEMV in every configuration and prologue, launched plain or dependent (PDL, its first weight block read
-    before the wait), both MoE kernels in every configuration, the attention for heads of 64-256, with and without
-    splits, every mask kind. (At 4 rows the RMSNorm prologue's squares beside 4 × BLOCK_N × BLOCK_K accumulators
-    spill in 3 of the 8 configurations, which the autotuner then measures against the others.)"""
+    GEMV of one row (the one-row kernel) in every configuration and variant (each prologue; the gate/up product with
+    SwiGLU after it) and of two (the streaming kernel) in each prologue, launched plain or dependent (PDL, the first
+    weight block read before the wait), both MoE kernels in every configuration, the attention for heads of 64-256,
+    with and without splits, every mask kind. (At 4 rows the RMSNorm prologue's squares beside 4 × BLOCK_N × BLOCK_K
+    accumulators spill in some configurations, and at 2 rows the gate/up product with SwiGLU after it in one under
+    Triton 3.8, which the autotuner then measures against the others.)"""
     from archlab.modeling import triton_decoding, triton_gemv, triton_moe
 
     spilled = []
-    kernel = triton_gemv._gemv_kernel
     pointers = {name: "*bf16" for name in GEMV_POINTERS}
-    for config, rows, prologue, pdl in itertools.product(kernel.configs, (1, 2), GEMV_PROLOGUES, (False, True)):
-        constexprs = dict(ROWS=rows, PROLOGUE=prologue, HAS_BIAS=False, HAS_RESIDUAL=True, PDL=pdl, **config.kwargs)
-        options = dict(num_warps=config.num_warps, num_stages=config.num_stages, launch_pdl=pdl)
-        if _spills(_compile(kernel, constexprs, pointers, 90, **options)):
-            spilled.append(("gemv", constexprs, config.num_warps))
+    for kernel, rows, variants in (
+        (triton_gemv._gemv_row_kernel, 1, GEMV_VARIANTS),
+        (triton_gemv._gemv_kernel, 2, [(prologue, False) for prologue in GEMV_PROLOGUES]),
+    ):
+        for config, (prologue, gated), pdl in itertools.product(kernel.configs, variants, (False, True)):
+            constexprs = dict(
+                ROWS=rows, PROLOGUE=prologue, HAS_BIAS=False, HAS_RESIDUAL=not gated, GATED=gated, PDL=pdl,
+                **config.kwargs,
+            )  # fmt: skip
+            options = dict(num_warps=config.num_warps, num_stages=config.num_stages, launch_pdl=pdl)
+            if _spills(_compile(kernel, constexprs, pointers, 90, **options)):
+                spilled.append(("gemv", constexprs, config.num_warps))
     for kernel, names, extra in (
         (triton_moe._expert_gate_up_kernel, ("x_ptr", "w_ptr", "gain_ptr", "y_ptr"), {"NORM": True}),
         (triton_moe._expert_down_kernel, ("h_ptr", "w_ptr", "residual_ptr", "y_ptr"), {"HAS_RESIDUAL": True}),
@@ -270,7 +315,9 @@ def test_the_tensor_core_gemv_loads_are_pipelined(prologue):
 
     kernel = triton_gemv._dot_kernel
     for config in kernel.configs:
-        constexprs = dict(ROWS=16, PROLOGUE=prologue, HAS_BIAS=False, HAS_RESIDUAL=True, IEEE=False, **config.kwargs)
+        constexprs = dict(
+            ROWS=16, PROLOGUE=prologue, HAS_BIAS=False, HAS_RESIDUAL=True, GATED=False, IEEE=False, **config.kwargs
+        )
         options = dict(num_warps=config.num_warps, num_stages=config.num_stages)
         loops = _sass_loops(_compile(kernel, constexprs, {name: "*bf16" for name in GEMV_POINTERS}, 90, **options))
         assert any(sum("LDGSTS" in text for text in loop) >= 1 for loop in loops), config
@@ -293,7 +340,7 @@ PDL_CASES = {
     "gemv-tensor-core": (
         "triton_gemv",
         "_dot_kernel",
-        dict(ROWS=16, PROLOGUE=2, HAS_BIAS=False, HAS_RESIDUAL=True, IEEE=False),
+        dict(ROWS=16, PROLOGUE=1, HAS_BIAS=False, HAS_RESIDUAL=False, GATED=True, IEEE=False),
         GEMV_POINTERS,
     ),
     "attention-split": (
@@ -358,19 +405,19 @@ def test_dependent_launches_wait_for_the_kernel_before_touching_memory(case):
     assert "griddepcontrol" not in plain
 
 
-@pytest.mark.parametrize("prologue", GEMV_PROLOGUES)
-def test_the_streaming_gemv_reads_its_first_weight_block_before_waiting(prologue):
-    """The streaming GEMV launched dependent reads the first block of its weight while the kernel before ends (no
-    kernel of a decoding step writes a weight), and nothing else: before `griddepcontrol.wait` its code holds exactly
-    the 128-bit loads of one BLOCK_N × BLOCK_K block of bf16 per thread and no store; the input (which the kernel
-    before writes), the gain, the up projection and the residual after it. Every configuration, 1 and 4 rows."""
+@pytest.mark.parametrize("prologue, gated", GEMV_VARIANTS)
+def test_the_streaming_gemv_reads_its_first_weight_block_before_waiting(prologue, gated):
+    """The streaming GEMVs launched dependent read the first block of their weight while the kernel before ends (no
+    kernel of a decoding step writes a weight), and nothing else: before `griddepcontrol.wait` their code holds
+    exactly the 128-bit loads of one BLOCK_N × BLOCK_K block of bf16 per thread and no store; the input (which the
+    kernel before writes), the gain, the up projection, the bias and the residual after it. Every configuration of
+    the one-row kernel and of the streaming one at 4 rows."""
     from archlab.modeling import triton_gemv
 
-    kernel = triton_gemv._gemv_kernel
     pointers = {name: "*bf16" for name in GEMV_POINTERS}
-    for config in kernel.configs:
-        for rows in (1, 4):
-            constexprs = dict(ROWS=rows, PROLOGUE=prologue, HAS_BIAS=True, HAS_RESIDUAL=True)
+    for kernel, rows in ((triton_gemv._gemv_row_kernel, 1), (triton_gemv._gemv_kernel, 4)):
+        for config in kernel.configs:
+            constexprs = dict(ROWS=rows, PROLOGUE=prologue, HAS_BIAS=True, HAS_RESIDUAL=not gated, GATED=gated)
             ptx = _pdl_ptx(kernel, constexprs, pointers, config)
             wait, launch = ptx.find("griddepcontrol.wait"), ptx.find("griddepcontrol.launch_dependents")
             assert 0 <= wait < launch, config
@@ -398,12 +445,13 @@ class _DriverWithoutGPU:
 
 
 def _gemv_launch(prologue: int) -> tuple[tuple, dict]:
-    """A streaming GEMV launch's arguments as `gemv`'s PDL twin gives them (1.1B gate/up shapes, one row)."""
+    """A one-row GEMV launch's arguments as `gemv`'s PDL twin gives them (1.1B gate/up shapes)."""
     import torch
 
     x, w, y = (torch.zeros(*shape, dtype=torch.bfloat16) for shape in ((1, 2048), (5632, 2048), (1, 5632)))
     args = (x, x, x, w, w, y, y, 1, 5632, 2048, 1e-6, 2048, 2048, 2048, 5632, 5632)
-    return args, dict(ROWS=1, PROLOGUE=prologue, HAS_BIAS=False, HAS_RESIDUAL=False, PDL=True, launch_pdl=True)
+    constants = dict(ROWS=1, PROLOGUE=prologue, HAS_BIAS=False, HAS_RESIDUAL=False, GATED=False, PDL=True)
+    return args, dict(constants, launch_pdl=True)
 
 
 def test_the_autotuners_key_is_the_one_archlab_computes(monkeypatch):
@@ -411,7 +459,7 @@ def test_the_autotuners_key_is_the_one_archlab_computes(monkeypatch):
     a shape it has tuned is not compiled again at once."""
     from archlab.modeling import triton_gemv, triton_launch
 
-    kernel = triton_gemv._gemv_kernel
+    kernel = triton_gemv._gemv_row_kernel
     monkeypatch.setattr(kernel, "cache", {})
     monkeypatch.setattr(kernel, "_bench", lambda *args, **kwargs: [1.0, 1.0, 1.0])  # no GPU to time them on
     monkeypatch.setattr(kernel.fn, "run", lambda *args, **kwargs: None)
@@ -429,7 +477,7 @@ def test_every_configuration_compiles_at_once_into_the_kernels_cache(monkeypatch
 
     from archlab.modeling import triton_gemv, triton_launch
 
-    kernel = triton_gemv._gemv_kernel
+    kernel = triton_gemv._gemv_row_kernel
     monkeypatch.setattr(kernel, "cache", {})
     monkeypatch.setattr(triton_launch, "_CONFIGS_COMPILED", set())
     monkeypatch.setattr(driver, "_active", _DriverWithoutGPU())  # `set_active`; put back as it was (no driver)
@@ -467,6 +515,7 @@ def _traced_launch(case: str) -> tuple:
     gemv = dict(x_ptr=bf16(64), up_ptr=bf16(64), gain_ptr=bf16(64), w_ptr=bf16(64), bias_ptr=bf16(64))
     gemv.update(residual_ptr=bf16(64), y_ptr=bf16(64), rows=1, outputs=2560, inputs=2048, eps=1e-6, x_m=2048)
     gemv.update(up_m=2048, w_n=2048, residual_m=2560, y_m=2560, HAS_BIAS=False, HAS_RESIDUAL=True, PDL=False)
+    gemv.update(GATED=False)
     moe = dict(index_ptr=torch.zeros(2, dtype=torch.int64), w_ptr=bf16(64), y_ptr=bf16(64), outputs=2048)
     moe.update(inputs=1024, w_e=2048 * 1024, w_n=1024, y_m=2048, PDL=False)
     empty = fp32(0)
@@ -501,7 +550,12 @@ def _traced_launch(case: str) -> tuple:
             ),
             ["out_ptr"],
         ),  # fmt: skip
-        "gemv-rms-norm": (triton_gemv._gemv_kernel, dict(gemv, ROWS=1, PROLOGUE=1), ["y_ptr"]),
+        "gemv-rms-norm": (triton_gemv._gemv_row_kernel, dict(gemv, ROWS=1, PROLOGUE=1), ["y_ptr"]),
+        "gemv-two-rows-gated": (
+            triton_gemv._gemv_kernel,
+            dict(gemv, rows=2, ROWS=2, PROLOGUE=1, HAS_RESIDUAL=False, GATED=True),
+            ["y_ptr"],
+        ),
         "gemv-tensor-core-swiglu": (triton_gemv._dot_kernel, dict(gemv, ROWS=16, PROLOGUE=2, IEEE=False), ["y_ptr"]),
         "moe-gate-up": (
             triton_moe._expert_gate_up_kernel,
@@ -530,6 +584,7 @@ TRACED_LAUNCHES = (
     "attention-splits",
     "attention-combine",
     "gemv-rms-norm",
+    "gemv-two-rows-gated",
     "gemv-tensor-core-swiglu",
     "moe-gate-up",
     "moe-down",

@@ -149,6 +149,31 @@ def test_each_prologue_with_a_residual_equals_the_unfused_step(
 
 
 @runs_kernels
+@pytest.mark.parametrize("prologue", ["plain", "rms_norm"])
+@pytest.mark.parametrize(
+    "rows, inputs, outputs, bias",
+    [(1, 300, 40, False), (1, 1100, 9, True), (3, 1000, 70, True), (7, 300, 40, True), (16, 520, 72, False)],
+)
+@pytest.mark.parametrize("launch", ["plain", "dependent"])
+def test_the_gated_gemv_equals_the_unfused_gate_up_product_and_swiglu(
+    prologue, rows, inputs, outputs, bias, launch, monkeypatch
+):
+    """silu(gate) ⊙ up of [gate, up] = W·input (+ b), W = [gate; up] (a gated MLP's gate/up product laid out as one):
+    the unfused arithmetic — the product rounded to the output's dtype (fp32 here), then SwiGLU — for one row (the
+    two-dimensional kernel), 3 (streaming) and 7 and 16 (tensor cores); output counts not a multiple of a program's
+    (9: the last program's second half of its pairs masked)."""
+    if launch == "dependent":
+        monkeypatch.setattr(triton_launch, "PDL_DEVICES", (DEVICE,))
+        with_dependent_launch_code(monkeypatch, triton_gemv)
+    x, _, weight, bias = _inputs(rows, inputs, 2 * outputs, bias)
+    norm = _norm(inputs) if prologue == "rms_norm" else None
+    output = triton_gemv.gated_gemv(x, weight, bias, norm=norm)
+    gate, up = nn.functional.linear(norm(x) if norm else x, weight, bias).chunk(2, dim=-1)
+    assert output.shape == (rows, 1, outputs) and output.dtype == x.dtype
+    torch.testing.assert_close(output, nn.functional.silu(gate) * up, rtol=1e-5, atol=1e-5)
+
+
+@runs_kernels
 def test_the_norm_s_epsilon_counts():
     """A tiny input: mean(x²) far below eps, so 1/rms is set by eps (a kernel that dropped it would blow up)."""
     gate, _, weight, _ = _inputs(2, 256, 16, False)

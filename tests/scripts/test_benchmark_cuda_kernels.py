@@ -60,7 +60,14 @@ def test_each_kernel_has_rows_against_its_pytorch_path(tmp_path, monkeypatch):
     assert sum("split_count's choice" in row[0] for row in attention) == 3, table
     assert {re.search(r"(\d+) splits?", row[0])[1] for row in attention if "batch 1," in row[0]} == {"1", "2", "4", "8"}
     gemv, moe = [], _rows(table, "MoE routed experts")
-    for kind in ("RMSNorm + q/k/v projection", "output projection + residual", "SwiGLU + down projection + residual"):
+    kinds = (
+        "RMSNorm + q/k/v projection",
+        "output projection + residual",
+        "RMSNorm + gate/up projection + SwiGLU",
+        "down projection + residual",
+        "SwiGLU + down projection + residual",
+    )
+    for kind in kinds:
         rows = _rows(table, kind)
         assert [row[0].split(",")[1].strip() for row in rows] == ["1 row", "4 rows", "16 rows"], (kind, table)
         gemv += rows
