@@ -8,12 +8,14 @@ rows a group), the activation, a gather of the router weights, a zeroed output a
 layer. At one token the step reads only the k chosen experts' weights (the GPU.md MoE shape: 2 of 8 experts, ~35 MB a
 layer, ~10 µs of bandwidth) and those launches, each ~2-3 µs with its gap in a CUDA graph, take longer than the
 reading. Here: `_expert_gate_up_kernel`, one program per (token, slot) and block of outputs, streams the chosen
-expert's [gate; up] rows against the token; `_expert_down_kernel`, one program per token and block of outputs,
-streams each chosen expert's down rows against act(gate) ⊙ up (computed per block as it goes, rounded to the weights'
-dtype as the unfused path rounds it) and adds them with the router weights, in fp32. Two launches, no sort, no
-scatter. In the fused layer step (decode_block.py) the first also computes the layer's RMSNorm of the token (one
-pass, as triton_gemv.py's RMS_NORM prologue) and the second adds the residual. Block sizes are autotuned per shape
-on the first call.
+expert's gate and up rows of those outputs side by side against the token and writes act(gate) ⊙ up (rounded as the
+unfused path rounds the product and the activation: triton_gemv.py's GATED epilogue); `_expert_down_kernel`, one
+program per token and block of outputs, streams each chosen expert's down rows against it and adds them with the
+router weights, in fp32. Two launches, no sort, no scatter. (The down kernel computed act(gate) ⊙ up itself before,
+every program for every input: the sixth GPU session's 3.9× and 2.3× the grouped path are of that version.) In the
+fused layer step (decode_block.py) the first also computes the layer's RMSNorm of the token (one pass, as
+triton_gemv.py's RMS_NORM prologue) and the second adds the residual. Block sizes are autotuned per shape on the
+first call.
 
 `moe_decode` is a `torch.library.triton_op` (inductor calls its kernels from the step's generated code, CUDA graphs
 record them). Where it applies (`moe_decode_applies`): at most `MAX_TOKENS` tokens, gated experts with SiLU, Triton
@@ -88,13 +90,16 @@ if triton is not None:
         x_m, w_e, w_n, y_m,
         NORM: tl.constexpr, PDL: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, UNROLL: tl.constexpr,
     ):  # fmt: skip
-        """One program: (token, slot) `pid 0`, outputs [pid 1 · BLOCK_N, + BLOCK_N) of its expert's [gate; up]; with
-        NORM, of RMSNorm(x) (one pass: x² accumulated beside the products, 1/rms applied to the sums after the loop,
-        as triton_gemv.py's RMS_NORM prologue)."""
+        """One program: (token, slot) `pid 0`, outputs [pid 1 · BLOCK_N / 2, + BLOCK_N / 2) of act(gate) ⊙ up of its
+        expert's [gate; up] product — their gate and up rows streamed side by side, as triton_gemv.py's GATED
+        epilogue pairs them, the product rounded to the output's dtype, act(gate) ⊙ up rounded again, as the
+        unfused path rounds them; with NORM, of RMSNorm(x) (one pass: x² accumulated beside the products, 1/rms
+        applied to the sums after the loop, as triton_gemv.py's RMS_NORM prologue)."""
         dependent_launch(PDL)
         slot = tl.program_id(0)
-        ns = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-        n_ok = ns < outputs
+        lanes = tl.arange(0, BLOCK_N)
+        pairs = tl.program_id(1) * (BLOCK_N // 2) + lanes // 2
+        ws, w_ok = pairs + (lanes % 2) * outputs, pairs < outputs  # the weight's rows: gate, up, gate, up ...
         expert = tl.load(index_ptr + slot).to(tl.int64)
         row = slot // slots
         acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
@@ -106,13 +111,17 @@ if triton is not None:
             if NORM:
                 squares += x * x
                 x = x * tl.load(gain_ptr + ks, mask=k_ok, other=0.0).to(tl.float32)
-            w_at = w_ptr + expert * w_e + ns[:, None] * w_n + ks[None, :]
-            w = tl.load(w_at, mask=n_ok[:, None] & k_ok[None, :], other=0.0).to(tl.float32)
+            w_at = w_ptr + expert * w_e + ws[:, None] * w_n + ks[None, :]
+            w = tl.load(w_at, mask=w_ok[:, None] & k_ok[None, :], other=0.0).to(tl.float32)
             acc += w * x[None, :]
         total = tl.sum(acc, axis=1)
         if NORM:  # eps: an fp64 scalar from inductor, fp32 from Triton's launcher, a constant in torch's analysis
             total = total / tl.sqrt(tl.sum(squares, axis=0) / inputs + tl.cast(eps, tl.float32))
-        tl.store(y_ptr + slot * y_m + ns, total.to(y_ptr.dtype.element_ty), mask=n_ok)
+        products = total.to(y_ptr.dtype.element_ty).to(tl.float32)
+        gate, up = tl.split(tl.reshape(products, [BLOCK_N // 2, 2]))
+        ns = tl.program_id(1) * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
+        out = (gate * tl.sigmoid(gate) * up).to(y_ptr.dtype.element_ty)
+        tl.store(y_ptr + slot * y_m + ns, out, mask=ns < outputs)
 
     @triton.autotune(configs=_CONFIGS, key=["outputs", "inputs"])
     @triton.jit
@@ -123,8 +132,9 @@ if triton is not None:
         SLOTS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, PDL: tl.constexpr,
         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, UNROLL: tl.constexpr,
     ):  # fmt: skip
-        """One program: token `pid 0`, outputs [pid 1 · BLOCK_N, + BLOCK_N) of Σ_slots weight · down(act(gate) ⊙ up),
-        rounded to the output's dtype, plus the residual (as the unfused step adds the block's output to it)."""
+        """One program: token `pid 0`, outputs [pid 1 · BLOCK_N, + BLOCK_N) of Σ_slots weight · down(h), h = act(gate)
+        ⊙ up as the gate/up kernel wrote it, rounded to the output's dtype, plus the residual (as the unfused step adds
+        the block's output to it)."""
         dependent_launch(PDL)
         row = tl.program_id(0)
         ns = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -137,11 +147,9 @@ if triton is not None:
             for first in tl.range(0, tl.cdiv(inputs, BLOCK_K), loop_unroll_factor=UNROLL):
                 ks = first * BLOCK_K + tl.arange(0, BLOCK_K)
                 k_ok = ks < inputs
-                gate = tl.load(h_ptr + slot * h_m + ks, mask=k_ok, other=0.0).to(tl.float32)
-                up = tl.load(h_ptr + slot * h_m + inputs + ks, mask=k_ok, other=0.0).to(tl.float32)
+                hidden = tl.load(h_ptr + slot * h_m + ks, mask=k_ok, other=0.0).to(tl.float32)
                 w_at = w_ptr + expert * w_e + ns[:, None] * w_n + ks[None, :]
                 w = tl.load(w_at, mask=n_ok[:, None] & k_ok[None, :], other=0.0)
-                hidden = (gate * tl.sigmoid(gate) * up).to(w.dtype).to(tl.float32)
                 part += w.to(tl.float32) * hidden[None, :]
             acc += tl.load(weight_ptr + slot).to(tl.float32) * tl.sum(part, axis=1)
         out = acc.to(y_ptr.dtype.element_ty)
@@ -160,27 +168,27 @@ def _moe_decode_body(
     intermediate = down_proj.shape[2]
     index = top_k_index.contiguous()
     weights = top_k_weights.contiguous()
-    gate_up = hidden_states.new_empty(tokens * slots, 2 * intermediate)
+    activated = hidden_states.new_empty(tokens * slots, intermediate)  # act(gate) ⊙ up of each (token, slot)
     output = hidden_states.new_empty(tokens, hidden)
     residual2 = residual if residual is not None else hidden_states  # not read (not `output`: unaliased)
 
-    def gate_up_grid(meta):
-        return (tokens * slots, triton.cdiv(2 * intermediate, meta["BLOCK_N"]))
+    def gate_up_grid(meta):  # a program streams BLOCK_N rows of [gate; up]: BLOCK_N / 2 outputs
+        return (tokens * slots, triton.cdiv(intermediate, meta["BLOCK_N"] // 2))
 
     def down_grid(meta):
         return (tokens, triton.cdiv(hidden, meta["BLOCK_N"]))
 
     dependent = pdl and pdl_launch(hidden_states)
     launchable(_expert_gate_up_kernel, hidden_states, "moe_decode", pdl=dependent)[gate_up_grid](
-        hidden_states, index, gate_up_proj, gate_up_proj if gain is None else gain, gate_up,
-        slots, 2 * intermediate, hidden, eps,
-        hidden_states.stride(0), gate_up_proj.stride(0), gate_up_proj.stride(1), gate_up.stride(0),
+        hidden_states, index, gate_up_proj, gate_up_proj if gain is None else gain, activated,
+        slots, intermediate, hidden, eps,
+        hidden_states.stride(0), gate_up_proj.stride(0), gate_up_proj.stride(1), activated.stride(0),
         NORM=gain is not None, PDL=dependent,
     )  # fmt: skip
     launchable(_expert_down_kernel, hidden_states, "moe_decode", pdl=dependent)[down_grid](
-        gate_up, index, weights, down_proj, residual2, output,
+        activated, index, weights, down_proj, residual2, output,
         hidden, intermediate,
-        gate_up.stride(0), down_proj.stride(0), down_proj.stride(1), residual2.stride(0), output.stride(0),
+        activated.stride(0), down_proj.stride(0), down_proj.stride(1), residual2.stride(0), output.stride(0),
         SLOTS=slots, HAS_RESIDUAL=residual is not None, PDL=dependent,
     )  # fmt: skip
     return output
