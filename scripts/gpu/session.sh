@@ -149,13 +149,17 @@ step_cputests() {  # the CPU tests of the files `tests` runs, on the image's tor
 # and the machine has 16 cores; the GPU holds several processes' tiny models. Each worker's log is printed when all
 # have ended, or when the step is stopped at its limit (the workers are stopped too).
 gpu_tests() {
-    local ids pids=() logs=() worker index status=0 folder
+    local ids pids=() logs=() worker index status=0 folder stopping=0
     mapfile -t ids < <("$PYTHON" -m pytest --collect-only -q -p no:cacheprovider -p no:xdist -m gpu "$@" 2>/dev/null | grep '::')
     echo "${#ids[@]} GPU tests in $GPU_TEST_WORKERS processes"
     ((${#ids[@]})) || return 0
     folder=$(mktemp -d)
     # shellcheck disable=SC2317,SC2329  # (reached through the trap)
     stop_workers() {
+        # once: coreutils' timeout signals the step twice (the process, then its process group), and a second TERM
+        # handled after the first printed the logs printed them again (a CI run found each worker's output twice)
+        ((stopping)) && return
+        stopping=1
         kill "${pids[@]}" 2>/dev/null
         wait
         cat "${logs[@]}" 2>/dev/null
