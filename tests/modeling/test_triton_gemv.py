@@ -117,6 +117,14 @@ def _norm(inputs, dtype=torch.float32, seed=1):
     return norm.to(DEVICE, dtype)
 
 
+def _launched_as(launch: str, monkeypatch) -> None:
+    """`dependent`: the ops go through their PDL twins and the kernels run their dependent-launch code; `plain`: the
+    ops as they are."""
+    if launch == "dependent":
+        monkeypatch.setattr(triton_launch, "PDL_DEVICES", (DEVICE,))
+        with_dependent_launch_code(monkeypatch, triton_gemv)
+
+
 @runs_kernels
 @pytest.mark.parametrize("prologue", ["plain", "rms_norm", "silu_gated"])
 @pytest.mark.parametrize(
@@ -132,9 +140,7 @@ def test_each_prologue_with_a_residual_equals_the_unfused_step(
     tensor-core one. `dependent`: through the ops' PDL twins with the kernels' dependent-launch code (the streaming
     kernel's first weight block read before the wait, outside its loop); on Hopper with the launch attribute, under
     the interpreter with the `griddepcontrol` instructions left out (they are Hopper's)."""
-    if launch == "dependent":
-        monkeypatch.setattr(triton_launch, "PDL_DEVICES", (DEVICE,))
-        with_dependent_launch_code(monkeypatch, triton_gemv)
+    _launched_as(launch, monkeypatch)
     gate, up, weight, bias = _inputs(rows, inputs, outputs, bias)
     residual = torch.randn(rows, 1, outputs, generator=torch.Generator().manual_seed(2)).to(DEVICE)
     if prologue == "silu_gated":
@@ -162,9 +168,7 @@ def test_the_gated_gemv_equals_the_unfused_gate_up_product_and_swiglu(
     the unfused arithmetic — the product rounded to the output's dtype (fp32 here), then SwiGLU — for one row (the
     two-dimensional kernel), 3 (streaming) and 7 and 16 (tensor cores); output counts not a multiple of a program's
     (9: the last program's second half of its pairs masked)."""
-    if launch == "dependent":
-        monkeypatch.setattr(triton_launch, "PDL_DEVICES", (DEVICE,))
-        with_dependent_launch_code(monkeypatch, triton_gemv)
+    _launched_as(launch, monkeypatch)
     x, _, weight, bias = _inputs(rows, inputs, 2 * outputs, bias)
     norm = _norm(inputs) if prologue == "rms_norm" else None
     output = triton_gemv.gated_gemv(x, weight, bias, norm=norm)
