@@ -24,19 +24,19 @@ rms to the weights' dtype first; in half precision this is within that rounding)
 the unfused path: the gate/up product to the output's dtype, silu(gate) ⊙ up to it again; the product is rounded to
 the output's dtype before the residual is added, as the unfused path adds it.
 
-Two kernels, three forms by rows: the streaming kernel autotuned over blocks for one row (`_gemv_row_kernel`: a
-batch-1 step), where it multiplies a (BLOCK_N × BLOCK_K) tile of the weight by the input in the registers both were
-loaded into, and for 2 to `STREAMED_ROWS` rows (`_gemv_kernel`), a (rows × BLOCK_N × BLOCK_K) tile; 5-16 rows (a
+Two kernels, three forms by rows: the streaming kernel, which multiplies a (BLOCK_N × BLOCK_K) tile of the weight by
+each row's block of the input in the registers both were loaded into (one accumulator a row), autotuned over blocks
+for one row (`_gemv_row_kernel`: a batch-1 step) and for 2 to `STREAMED_ROWS` rows (`_gemv_kernel`); 5-16 rows (a
 batch of decoding rows, beams, speculative tokens; `_dot_kernel`) a 16-row block of the input by a block of the
 weight on the tensor cores (`tl.dot`, the input rounded to the weights' dtype first), the weight blocks pipelined by
 Triton. Block sizes, warps, stages and the unrolling are autotuned per (rows,
 outputs, inputs, prologue, gated) the first time a shape runs (`triton.autotune`). The sixth GPU session (H200,
 docs/gpu.md) timed the one-row GEMVs at 1.5× cuBLAS but only 44-61 % of the bandwidth, when one row ran through the
-three-dimensional tile: its compiled loop passed every weight block and the input through shared memory, a barrier
-for each (the one-row kernel's loop holds neither: test_triton_compile.py); and the tensor-core kernel's SwiGLU
-prologue at 16 rows at 0.14× (77 µs against 11): computed in the dot operand's layout, each of a program's warps
-recomputed it for every block (~1,200 instructions a loop against ~80 without), which SwiGLU after the gate/up
-product (GATED) does once per output.
+three-dimensional (rows × BLOCK_N × BLOCK_K) tile: its compiled loop passed every weight block and the input through
+shared memory, a barrier for each (at 1-4 rows the loops now hold neither: test_triton_compile.py); and the
+tensor-core kernel's SwiGLU prologue at 16 rows at 0.14× (77 µs against 11): computed in the dot operand's layout,
+each of a program's warps recomputed it for every block (~1,200 instructions a loop against ~80 without), which
+SwiGLU after the gate/up product (GATED) does once per output.
 
 `gemv`, `gated_gemv` and `gated_down` are `torch.library.triton_op`s: inductor calls them from the decoding step's
 generated code, CUDA graphs record them. Their PDL twins (triton_launch.py) launch the kernels dependent on the kernel
@@ -202,26 +202,95 @@ if triton is not None:
         (8, 512, 1, 2),
     ]
 
+    # 2 to STREAMED_ROWS rows: the same blocks of inputs, one accumulator a row (`_block_products`), at most 4 weight
+    # rows a program (4 rows' accumulators of 8 × BLOCK_N fp32 a thread: at 8 weight rows some spill) — no shared
+    # memory and no barrier in the loop at 2 and 4 rows either (a (rows × BLOCK_N × BLOCK_K) tile had 16-24 a loop)
     STREAMED_CONFIGS = [
-        (4, 512, 4, 4),
-        (8, 256, 4, 4),
-        (8, 512, 2, 4),
-        (8, 512, 4, 8),
-        (16, 256, 2, 4),
-        (16, 512, 2, 8),
+        (2, 1024, 2, 4),
         (4, 1024, 2, 4),
-        (8, 1024, 2, 8),
+        (4, 1024, 1, 4),
+        (2, 1024, 4, 4),
+        (2, 2048, 1, 8),
+        (4, 2048, 1, 8),
+        (2, 512, 2, 2),
+        (4, 512, 2, 2),
     ]
 
     @triton.jit
-    def _accumulate(acc, x, w, ROWS: tl.constexpr):
-        """acc + the products of the input block x (ROWS × BLOCK_K, fp32) and the weight block w, element-wise: one row
-        a (BLOCK_N × BLOCK_K) tile — the weight multiplied in the layout it was loaded in (a three-dimensional tile of
-        one row passed each weight block through shared memory) — more rows a (ROWS × BLOCK_N × BLOCK_K) one."""
-        if ROWS == 1:
-            return acc + x * w.to(tl.float32)
-        else:
-            return acc + x[:, None, :] * w.to(tl.float32)[None, :, :]
+    def _row_products(
+        acc, squares, w, x_ptr, up_ptr, gain_ptr, w_ptr, row, rows, first, inputs, x_m, up_m,
+        PROLOGUE: tl.constexpr, BLOCK_K: tl.constexpr,
+    ):  # fmt: skip
+        """acc + the products of input row `row`'s block `first` (1 × BLOCK_K, as PROLOGUE computes it) and the weight
+        block w (BLOCK_N × BLOCK_K), element-wise, in the layout w was loaded in; `squares` += x² for RMS_NORM."""
+        ms = row + tl.arange(0, 1)
+        x, squares = _input_block(
+            x_ptr, up_ptr, gain_ptr, w_ptr, ms, ms < rows, first, inputs, x_m, up_m, squares, PROLOGUE, BLOCK_K
+        )
+        return acc + x * w.to(tl.float32), squares
+
+    @triton.jit
+    def _block_products(
+        acc0, acc1, acc2, acc3, sq0, sq1, sq2, sq3, w, x_ptr, up_ptr, gain_ptr, w_ptr, rows, first, inputs, x_m, up_m,
+        ROWS: tl.constexpr, PROLOGUE: tl.constexpr, BLOCK_K: tl.constexpr,
+    ):  # fmt: skip
+        """Each of the ROWS input rows' block `first` by the weight block w, into the row's own accumulator (acc0-3:
+        BLOCK_N × BLOCK_K, fp32; sq0-3 its squares for RMS_NORM). One accumulator a row, each multiplied in the weight
+        block's own layout: a single (ROWS × BLOCK_N × BLOCK_K) tile passed every weight block and input block through
+        shared memory, a barrier for each (module docstring)."""
+        args = (x_ptr, up_ptr, gain_ptr, w_ptr)
+        acc0, sq0 = _row_products(acc0, sq0, w, *args, 0, rows, first, inputs, x_m, up_m, PROLOGUE, BLOCK_K)
+        if ROWS > 1:
+            acc1, sq1 = _row_products(acc1, sq1, w, *args, 1, rows, first, inputs, x_m, up_m, PROLOGUE, BLOCK_K)
+        if ROWS > 2:
+            acc2, sq2 = _row_products(acc2, sq2, w, *args, 2, rows, first, inputs, x_m, up_m, PROLOGUE, BLOCK_K)
+            acc3, sq3 = _row_products(acc3, sq3, w, *args, 3, rows, first, inputs, x_m, up_m, PROLOGUE, BLOCK_K)
+        return acc0, acc1, acc2, acc3, sq0, sq1, sq2, sq3
+
+    @triton.jit
+    def _store_row(
+        acc, squares, row, rows, inputs, eps, bias_ptr, residual_ptr, y_ptr, pid, outputs, ws, w_ok, residual_m, y_m,
+        PROLOGUE: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, GATED: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+    ):  # fmt: skip
+        """Row `row`'s outputs from its accumulator, summed across the block's inputs once (`_store_output`)."""
+        ms = row + tl.arange(0, 1)
+        _store_output(
+            tl.sum(acc, axis=1)[None, :], squares, inputs, eps, bias_ptr, residual_ptr, y_ptr, pid, outputs, ws, w_ok,
+            ms, ms < rows, residual_m, y_m, PROLOGUE, HAS_BIAS, HAS_RESIDUAL, GATED, BLOCK_N,
+        )  # fmt: skip
+
+    @triton.jit
+    def _stream_rows(
+        x_ptr, up_ptr, gain_ptr, w_ptr, ws, w_ok, rows, inputs, x_m, up_m, w_n,
+        ROWS: tl.constexpr, PROLOGUE: tl.constexpr, PDL: tl.constexpr, BLOCK_K: tl.constexpr, UNROLL: tl.constexpr,
+    ):  # fmt: skip
+        """The streaming kernels' loop: the weight's rows `ws` against every row of the input (up to 4), one
+        accumulator a row (`_block_products`): (acc0-3, their squares sq0-3), each to be summed once after the loop.
+        The loop is unrolled UNROLL times: the unrolled blocks' loads are issued together (Triton does not pipeline
+        loads that feed no `tl.dot`, and a sum across threads in every block would wait on each block's load)."""
+        tl.static_assert(ROWS <= 4, "the streaming kernel takes up to 4 rows (STREAMED_ROWS)")
+        acc0 = tl.zeros([ws.shape[0], BLOCK_K], tl.float32)
+        acc1, acc2, acc3 = acc0, acc0, acc0  # rows ROWS and above: never touched (no registers)
+        sq0 = tl.zeros([1, BLOCK_K], tl.float32)  # RMS_NORM: x², element-wise like the products
+        sq1, sq2, sq3 = sq0, sq0, sq0
+        args = (x_ptr, up_ptr, gain_ptr, w_ptr)
+        start = 0
+        if PDL:  # the first block of the weight read while the kernel before ends (nothing on the GPU writes it)
+            w = _weight_block(w_ptr, ws, w_ok, 0, inputs, w_n, BLOCK_K)
+            dependent_launch(PDL)  # then the input, which the kernel before writes
+            acc0, acc1, acc2, acc3, sq0, sq1, sq2, sq3 = _block_products(
+                acc0, acc1, acc2, acc3, sq0, sq1, sq2, sq3, w, *args, rows, 0, inputs, x_m, up_m,
+                ROWS, PROLOGUE, BLOCK_K,
+            )  # fmt: skip
+            start = 1
+        for first in tl.range(start, tl.cdiv(inputs, BLOCK_K), loop_unroll_factor=UNROLL):
+            w = _weight_block(w_ptr, ws, w_ok, first, inputs, w_n, BLOCK_K)
+            acc0, acc1, acc2, acc3, sq0, sq1, sq2, sq3 = _block_products(
+                acc0, acc1, acc2, acc3, sq0, sq1, sq2, sq3, w, *args, rows, first, inputs, x_m, up_m,
+                ROWS, PROLOGUE, BLOCK_K,
+            )  # fmt: skip
+        return acc0, acc1, acc2, acc3, sq0, sq1, sq2, sq3
 
     @triton.jit
     def _streaming_gemv(
@@ -232,42 +301,20 @@ if triton is not None:
         GATED: tl.constexpr, PDL: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, UNROLL: tl.constexpr,
     ):  # fmt: skip
         """Up to STREAMED_ROWS rows (ROWS: `rows` rounded up to a power of two). One program streams BLOCK_N rows of
-        the weight (`_weight_rows`) against every row of the input. The products accumulate element-wise
-        (`_accumulate`) and are summed once after the loop, and the loop is unrolled UNROLL times: the unrolled
-        blocks' loads are issued together (Triton does not pipeline loads that feed no `tl.dot`, and a sum across
-        threads in every block would wait on each block's load)."""
+        the weight (`_weight_rows`) against every row of the input (`_stream_rows`), and stores each row's outputs
+        (`_store_row`)."""
         pid = tl.program_id(0)
         ws, w_ok = _weight_rows(pid, outputs, GATED, BLOCK_N)
-        ms = tl.arange(0, ROWS)
-        m_ok = ms < rows
-        if ROWS == 1:
-            acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
-        else:
-            acc = tl.zeros([ROWS, BLOCK_N, BLOCK_K], tl.float32)
-        squares = tl.zeros([ROWS, BLOCK_K], tl.float32)  # RMS_NORM: x², element-wise like the products
-        start = 0
-        if PDL:  # the first block of the weight read while the kernel before ends (nothing on the GPU writes it)
-            w = _weight_block(w_ptr, ws, w_ok, 0, inputs, w_n, BLOCK_K)
-            dependent_launch(PDL)  # then the input, which the kernel before writes
-            x, squares = _input_block(
-                x_ptr, up_ptr, gain_ptr, w_ptr, ms, m_ok, 0, inputs, x_m, up_m, squares, PROLOGUE, BLOCK_K
-            )
-            acc = _accumulate(acc, x, w, ROWS)
-            start = 1
-        for first in tl.range(start, tl.cdiv(inputs, BLOCK_K), loop_unroll_factor=UNROLL):
-            w, x, squares = _block_of_weight_and_input(
-                x_ptr, up_ptr, gain_ptr, w_ptr, ws, w_ok, ms, m_ok, first, inputs, x_m, up_m, w_n, squares,
-                PROLOGUE, BLOCK_K,
-            )  # fmt: skip
-            acc = _accumulate(acc, x, w, ROWS)
-        if ROWS == 1:
-            total = tl.sum(acc, axis=1)[None, :]
-        else:
-            total = tl.sum(acc, axis=2)
-        _store_output(
-            total, squares, inputs, eps, bias_ptr, residual_ptr, y_ptr, pid, outputs, ws, w_ok, ms, m_ok, residual_m,
-            y_m, PROLOGUE, HAS_BIAS, HAS_RESIDUAL, GATED, BLOCK_N,
-        )  # fmt: skip
+        acc0, acc1, acc2, acc3, sq0, sq1, sq2, sq3 = _stream_rows(
+            x_ptr, up_ptr, gain_ptr, w_ptr, ws, w_ok, rows, inputs, x_m, up_m, w_n, ROWS, PROLOGUE, PDL, BLOCK_K, UNROLL
+        )
+        out = (bias_ptr, residual_ptr, y_ptr, pid, outputs, ws, w_ok, residual_m, y_m)  # (constants stay arguments)
+        _store_row(acc0, sq0, 0, rows, inputs, eps, *out, PROLOGUE, HAS_BIAS, HAS_RESIDUAL, GATED, BLOCK_N)
+        if ROWS > 1:
+            _store_row(acc1, sq1, 1, rows, inputs, eps, *out, PROLOGUE, HAS_BIAS, HAS_RESIDUAL, GATED, BLOCK_N)
+        if ROWS > 2:
+            _store_row(acc2, sq2, 2, rows, inputs, eps, *out, PROLOGUE, HAS_BIAS, HAS_RESIDUAL, GATED, BLOCK_N)
+            _store_row(acc3, sq3, 3, rows, inputs, eps, *out, PROLOGUE, HAS_BIAS, HAS_RESIDUAL, GATED, BLOCK_N)
 
     def _autotuned(configs):
         return triton.autotune(

@@ -129,14 +129,22 @@ def _launched_as(launch: str, monkeypatch) -> None:
 @pytest.mark.parametrize("prologue", ["plain", "rms_norm", "silu_gated"])
 @pytest.mark.parametrize(
     "rows, inputs, outputs, bias",
-    [(1, 300, 40, False), (3, 1000, 70, True), (4, 64, 8, False), (7, 300, 40, True), (16, 520, 72, False)],
+    [
+        (1, 300, 40, False),
+        (2, 2100, 24, True),
+        (3, 1000, 70, True),
+        (4, 64, 8, False),
+        (7, 300, 40, True),
+        (16, 520, 72, False),
+    ],
 )
 @pytest.mark.parametrize("launch", ["plain", "dependent"])
 def test_each_prologue_with_a_residual_equals_the_unfused_step(
     prologue, rows, inputs, outputs, bias, launch, monkeypatch
 ):
     """y = W·input (+ b) + r, the input x as it comes, RMSNorm(x), or silu(gate) ⊙ up: the block's unfused arithmetic
-    (the norm module, nn.Linear, the residual added after); up to 4 rows the streaming kernel, 7 and 16 the
+    (the norm module, nn.Linear, the residual added after); up to 4 rows the streaming kernel (2 rows over three
+    blocks of its first configuration's 1,024 inputs: the loop and its unrolling's remainder), 7 and 16 the
     tensor-core one. `dependent`: through the ops' PDL twins with the kernels' dependent-launch code (the streaming
     kernel's first weight block read before the wait, outside its loop); on Hopper with the launch attribute, under
     the interpreter with the `griddepcontrol` instructions left out (they are Hopper's)."""
@@ -158,7 +166,14 @@ def test_each_prologue_with_a_residual_equals_the_unfused_step(
 @pytest.mark.parametrize("prologue", ["plain", "rms_norm"])
 @pytest.mark.parametrize(
     "rows, inputs, outputs, bias",
-    [(1, 300, 40, False), (1, 1100, 9, True), (3, 1000, 70, True), (7, 300, 40, True), (16, 520, 72, False)],
+    [
+        (1, 300, 40, False),
+        (1, 1100, 9, True),
+        (3, 1000, 70, True),
+        (4, 2100, 10, False),
+        (7, 300, 40, True),
+        (16, 520, 72, False),
+    ],
 )
 @pytest.mark.parametrize("launch", ["plain", "dependent"])
 def test_the_gated_gemv_equals_the_unfused_gate_up_product_and_swiglu(
@@ -166,8 +181,8 @@ def test_the_gated_gemv_equals_the_unfused_gate_up_product_and_swiglu(
 ):
     """silu(gate) ⊙ up of [gate, up] = W·input (+ b), W = [gate; up] (a gated MLP's gate/up product laid out as one):
     the unfused arithmetic — the product rounded to the output's dtype (fp32 here), then SwiGLU — for one row (the
-    two-dimensional kernel), 3 (streaming) and 7 and 16 (tensor cores); output counts not a multiple of a program's
-    (9: the last program's second half of its pairs masked)."""
+    one-row kernel), 3 and 4 (streaming; 4 over three blocks of inputs) and 7 and 16 (tensor cores); output counts
+    not a multiple of a program's (9: the last program's second half of its pairs masked)."""
     _launched_as(launch, monkeypatch)
     x, _, weight, bias = _inputs(rows, inputs, 2 * outputs, bias)
     norm = _norm(inputs) if prologue == "rms_norm" else None
