@@ -88,14 +88,22 @@ class SpannedLayer(StaticLayer):
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         if self.defers_length:  # (initialised: the loops set spans after the prefill; shared positions likewise)
-            positions = self._positions(key_states.shape[-2])
+            positions = self.write_positions(key_states.shape[-2])
             self.keys.index_copy_(2, positions, key_states)
             self.values.index_copy_(2, positions, value_states)
-            keys, values = self.keys, self.values
         else:
-            keys, values = super().update(key_states, value_states, *args, **kwargs)
+            super().update(key_states, value_states, *args, **kwargs)
+        return self.read_span()
+
+    def write_positions(self, tokens: int) -> torch.Tensor:
+        """Where a forward that defers the length (`defers_length`) writes its `tokens` keys and values: the positions
+        after the cache's length (a kernel that writes the cache itself writes there: triton_qkv.py)."""
+        return self._positions(tokens)
+
+    def read_span(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The keys and values a step reads after its update: the span's leading positions, or the whole cache."""
         length = self._read_length()
-        return keys[:, :, :length], values[:, :, :length]
+        return self.keys[:, :, :length], self.values[:, :, :length]
 
     def get_mask_sizes(self, *args, **kwargs) -> tuple[int, int]:
         return self._read_length(), 0

@@ -2,8 +2,9 @@
 (triton_gemv.py): four kernels beside RoPE and attention, where the unfused step runs about ten.
 
     unfused (a 1.1B layer on an H100, the decode-1 profile)         here
-    add + RMSNorm, q/k/v GEMV                                       RMSNorm inside the q/k/v GEMV
-    RoPE + cache writes (one inductor kernel), attention            the same (any of attention.py's kernels)
+    add + RMSNorm, q/k/v GEMV                                       RMSNorm inside the q/k/v GEMV, and in the
+    RoPE + cache writes (one inductor kernel)                       compiled loops RoPE and the cache writes after it
+    attention                                                       the same (any of attention.py's kernels)
     o GEMV                                                          o GEMV + the residual
     add + RMSNorm, gate/up GEMV                                     RMSNorm inside the gate/up GEMV, SwiGLU after it
     SwiGLU, down GEMV (split in two) + its reduction                down GEMV + the residual
@@ -11,6 +12,10 @@
 A CUDA graph leaves ~1.6 µs between kernels, and the decode-1 profile measured ~12 kernels a layer, 1.79 ms a token
 of which ~0.45 ms idle; the GEMVs ran at 45-68 % of the bandwidth. Four fewer launches a layer (~0.14 ms over 22
 layers) and GEMVs at the bandwidth are what the batch-1 goal (1.33 ms a token on an H100) needs.
+
+In the compiled decoding loops (a `SpannedLayer` cache reading a span) the q/k/v GEMV also rotates the queries and
+keys and writes the keys and values into the cache (triton_qkv.py, where `qkv_rotary_cache_applies`): one kernel
+fewer a layer.
 
 `fused_block_applies` says where: Triton importable, a device in `FUSED_BLOCK_DEVICES` (checked first: elsewhere a
 traced step guards on nothing new), at most `triton_gemv.MAX_ROWS` rows (a decoding step of a small batch; a short
@@ -45,6 +50,7 @@ from .normalization import RMSNorm
 from .triton_gemv import ACTIVATIONS, gated_gemv, gemv, gemv_applies
 from .triton_launch import NVIDIA_GPUS, kernels_fit
 from .triton_moe import moe_decode, moe_decode_applies
+from .triton_qkv import qkv_rotary_cache, qkv_rotary_cache_applies
 
 # Devices on which a pre-norm layer's decoding step runs through `fused_block_forward` (`fused_block_applies`).
 FUSED_BLOCK_DEVICES: tuple[str, ...] = NVIDIA_GPUS
@@ -81,6 +87,15 @@ def fused_block_applies(block: nn.Module, hidden_states: torch.Tensor) -> bool:
         and gemv_applies(hidden_states, fused[0], fused[1], block.input_layernorm.weight)
         and gemv_applies(hidden_states, output.weight, output.bias)
     )
+
+
+def _cache_layer(cache: Cache | None, index: int):
+    """Layer `index` of `cache` where its `update` is `Cache.update` (a layer's own, nothing around it: no offloading,
+    no quantisation), else None."""
+    if cache is None or type(cache).update is not Cache.update or getattr(cache, "offloading", False):
+        return None
+    layers = getattr(cache, "layers", None)
+    return layers[index] if layers is not None and index < len(layers) else None
 
 
 def _mlp_norm(block: nn.Module) -> nn.Module:
@@ -152,10 +167,19 @@ def fused_block_forward(
     attention = block.self_attn
     batch, length, _ = hidden_states.shape
     block_input = hidden_states
-    projected = gemv(hidden_states, *attention.fused_weights(), norm=block.input_layernorm)
-    query, key, value = attention.split_heads(projected)
-    # (the keyword arguments as `Attention.forward` passes them: continuous batching's paged cache reads its indices)
-    query, key, value = attention.position_and_cache(query, key, value, position_embeddings, past_key_values, kwargs)
+    layer = _cache_layer(past_key_values, attention.layer_idx)
+    if layer is not None and qkv_rotary_cache_applies(attention, layer, hidden_states, position_embeddings):
+        query, key, value = qkv_rotary_cache(
+            attention, layer, hidden_states, position_embeddings, norm=block.input_layernorm
+        )
+    else:
+        projected = gemv(hidden_states, *attention.fused_weights(), norm=block.input_layernorm)
+        query, key, value = attention.split_heads(projected)
+        # (the keyword arguments as `Attention.forward` passes them: continuous batching's paged cache reads its
+        # indices)
+        query, key, value = attention.position_and_cache(
+            query, key, value, position_embeddings, past_key_values, kwargs
+        )
     heads, weights = attention.attend_heads(query, key, value, attention_mask, past_key_values, **kwargs)
     output = getattr(attention, attention.output_name)
     hidden_states = gemv(heads.reshape(batch, length, -1), output.weight, output.bias, residual=hidden_states)

@@ -110,13 +110,15 @@ def pdl_launch(like: torch.Tensor) -> bool:
 
 def register_pdl_twin(op: str, launch: Callable[..., torch.Tensor]) -> None:
     """`archlab::<op>_pdl`: `archlab::<op>`'s schema as a custom op whose body is `launch` (the op's, launching with
-    `pdl_launch`), its shapes (fake implementation) the op's own (module docstring)."""
+    `pdl_launch`), writing the arguments the op writes, its shapes (fake implementation) the op's own (module
+    docstring)."""
     name = f"{op}_pdl"
     if registered(name):
         return
     original = getattr(torch.ops.archlab, op)
     schema = str(original.default._schema)
-    twin = torch.library.custom_op(f"archlab::{name}", launch, mutates_args=(), schema=schema[schema.index("(") :])
+    written = [arg.name for arg in original.default._schema.arguments if arg.alias_info and arg.alias_info.is_write]
+    twin = torch.library.custom_op(f"archlab::{name}", launch, mutates_args=written, schema=schema[schema.index("(") :])
     twin.register_fake(lambda *args, **kwargs: original(*args, **kwargs))
 
 

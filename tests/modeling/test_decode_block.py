@@ -15,7 +15,15 @@ import pytest
 import torch
 
 from archlab import DecoderForCausalLM
-from archlab.modeling import decode_block, fused_projections, triton_decoding, triton_gemv, triton_launch, triton_moe
+from archlab.modeling import (
+    decode_block,
+    fused_projections,
+    triton_decoding,
+    triton_gemv,
+    triton_launch,
+    triton_moe,
+    triton_qkv,
+)
 from archlab.modeling.decode_block import fused_block_applies
 from archlab.modeling.fused_projections import inference_projections
 
@@ -49,8 +57,10 @@ _interpreter_gaps = interpreter_gaps_filled("archlab.modeling.triton_")
 
 @pytest.fixture(autouse=True)
 def _every_row_count_fused(monkeypatch):
-    """The tests fuse every step the kernels take (`triton_gemv.MAX_ROWS`); the default fuses steps of one row."""
+    """The tests fuse every step the kernels take (`triton_gemv.MAX_ROWS`); the default fuses steps of one row. The
+    q/k/v kernel with RoPE and the cache writes runs where it applies, as on an NVIDIA GPU."""
     monkeypatch.setattr(decode_block, "FUSED_BLOCK_ROWS", triton_gemv.MAX_ROWS)
+    monkeypatch.setattr(triton_qkv, "QKV_ROTARY_CACHE_DEVICES", (DEVICE,))
 
 
 def _model(**overrides):
@@ -214,8 +224,10 @@ def test_greedy_decoding_through_the_fused_step_gives_the_block_s_tokens(compile
     if compiled:
         graphs = []
         assert torch.equal(greedy_tokens(model, batch, graphs), expected)
-        # each of the two layers: q/k/v, o and down through `gemv`, gate/up with SwiGLU through `gated_gemv`
-        assert graphs and all(graph.count("archlab.gemv") == 6 for graph in graphs)
+        # each of the two layers: q/k/v with RoPE and the cache writes through `qkv_rotary_cache` (the loop's static
+        # cache), o and down through `gemv`, gate/up with SwiGLU through `gated_gemv`
+        assert graphs and all(graph.count("archlab.qkv_rotary_cache") == 2 for graph in graphs)
+        assert all(graph.count("archlab.gemv") == 4 for graph in graphs)
         assert all(graph.count("archlab.gated_gemv") == 2 for graph in graphs)
     else:
         calls = _counted_calls(monkeypatch)
@@ -228,11 +240,16 @@ def test_the_kernels_pdl_twins_compiled_by_inductor_give_the_block_s_tokens(monk
     """With `PDL_DEVICES` listing the device, the fused step's GEMVs and the Triton attention go through the ops' PDL
     twins (triton_launch.py: custom ops, opaque to torch.compile); inductor compiles archlab's decoding step around
     them (on a CPU too, the interpreter running the kernels inside the compiled step) and greedy decoding gives the
-    block's tokens: each layer's step 3 `gemv_pdl`, 1 `gated_gemv_pdl` and 1 `decode_attention_pdl`, and none of the
-    plain ops. The kernels run their dependent-launch code (the streaming GEMV's first weight block read before the
-    wait); under the interpreter without the `griddepcontrol` instructions and the launch attribute, which are
-    Hopper's (test_triton_compile.py checks the code that goes with them)."""
+    block's tokens: each layer's step 1 `qkv_rotary_cache_pdl`, 2 `gemv_pdl`, 1 `gated_gemv_pdl` and 1
+    `decode_attention_pdl`, and none of the plain ops. Inductor's code calls `qkv_rotary_cache_pdl` on the static
+    cache's own tensors (the step's inputs, written in place: a functionalised op not put back in place would write
+    a copy of the cache, copied back after). The kernels run their dependent-launch code (the streaming GEMV's first
+    weight block read before the wait); under the interpreter without the `griddepcontrol` instructions and the
+    launch attribute, which are Hopper's (test_triton_compile.py checks the code that goes with them)."""
+    import re
+
     from torch._inductor.compile_fx import compile_fx
+    from torch._inductor.utils import run_and_get_code
     from transformers import CompileConfig
 
     torch._dynamo.reset()
@@ -256,12 +273,17 @@ def test_the_kernels_pdl_twins_compiled_by_inductor_give_the_block_s_tokens(monk
     config = CompileConfig(fullgraph=True, backend=inductor, mode=None)
     config._compile_all_devices = True
     kwargs = dict(max_new_tokens=10, do_sample=False, pad_token_id=0, cache_implementation="static")
-    assert torch.equal(model.generate(**batch, **kwargs, compile_config=config), expected)
+    tokens, codes = run_and_get_code(model.generate, **batch, **kwargs, compile_config=config)
+    assert torch.equal(tokens, expected)
     layers = model.config.num_hidden_layers
-    assert graphs and all(graph.count("archlab.gemv_pdl") == 3 * layers for graph in graphs)
+    assert graphs and all(graph.count("archlab.qkv_rotary_cache_pdl") == layers for graph in graphs)
+    assert all(graph.count("archlab.gemv_pdl") == 2 * layers for graph in graphs)
     assert all(graph.count("archlab.gated_gemv_pdl") == layers for graph in graphs)
     assert all(graph.count("archlab.decode_attention_pdl") == layers for graph in graphs)
     assert not any("archlab.gemv.default" in graph or "archlab.gated_gemv.default" in graph for graph in graphs)
+    calls = [call.split(", ") for code in codes for call in re.findall(r"qkv_rotary_cache_pdl\.default\((.*)\)", code)]
+    assert len(calls) == layers * len(graphs)
+    assert all(re.fullmatch(r"arg\d+_1", call[7]) and re.fullmatch(r"arg\d+_1", call[8]) for call in calls), calls
 
 
 # ---- on a CPU: the kernel tests above, through Triton's interpreter ------------------------------------------------

@@ -34,7 +34,7 @@ SHARED_LIMIT = 99 * 1024
 # marks only what it knows statically), rows, heads and slots (small counts). Every other integer is a hidden size,
 # a head size or a stride of rows of one: multiples of 16 in the models users run (the GEMV's 5,632 inputs, ...).
 UNIT_STRIDES = ("q_d", "k_d", "v_d", "o_d", "m_s")
-NOT_DIVISIBLE = ("keys", "m_b", "kv_heads", "rows", "slots")
+NOT_DIVISIBLE = ("keys", "m_b", "kv_heads", "rows", "slots", "tokens", "heads")
 
 
 def _compile(
@@ -132,6 +132,23 @@ def test_the_gemvs_compile_and_fit_shared_memory_in_every_autotuned_configuratio
                 _assert_compiles(kernel, constexprs, pointers, arch, **options)
 
 
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_the_qkv_rotary_cache_kernel_compiles_in_every_autotuned_configuration(arch, dtype):
+    """The q/k/v GEMV with RoPE and the cache writes (triton_qkv.py) at 1, 2 and 4 rows, plain and with RMSNorm and a
+    bias, heads of 64 and 128 (32 and 64 pairs), in every configuration of its autotuners."""
+    from archlab.modeling import triton_qkv
+
+    pointers = {name: f"*{dtype}" for name in QKV_POINTERS}
+    pointers["pos_ptr"] = "*i64"
+    for kernel, rows in ((triton_qkv._row_kernel, (1,)), (triton_qkv._rows_kernel, (2, 4))):
+        for config, count, prologue, half in itertools.product(kernel.configs, rows, (0, 1), (32, 64)):
+            constexprs = dict(ROWS=count, PROLOGUE=prologue, HAS_BIAS=prologue == 1, HALF=half, **config.kwargs)
+            options = dict(num_warps=config.num_warps, num_stages=config.num_stages)
+            _assert_compiles(kernel, constexprs, pointers, arch, **options)
+
+
+QKV_POINTERS = ("x_ptr", "gain_ptr", "w_ptr", "bias_ptr", "cos_ptr", "sin_ptr", "q_ptr", "k_ptr", "v_ptr")
 GEMV_POINTERS = ("x_ptr", "up_ptr", "gain_ptr", "w_ptr", "bias_ptr", "residual_ptr", "y_ptr")
 GEMV_PROLOGUES = (0, 1, 2)  # triton_gemv's PLAIN, RMS_NORM, SILU_GATED
 # (PROLOGUE, GATED): each prologue, and the gate/up product with SwiGLU after it (`gated_gemv`), plain and normed
@@ -183,13 +200,17 @@ def _sass_loops(compiled) -> list[list[str]]:
 
 
 ONE_ROW_GEMVS = ("gemv-plain", "gemv-rms_norm", "gemv-silu_gated", "gemv-gated")
-STREAMING_CASES = (*ONE_ROW_GEMVS, "gemv-two-rows", "moe_gate_up", "moe_down")
+FEW_ROW_GEMVS = ("gemv-two-rows", "gemv-four-rows", "gemv-four-rows-gated")
+QKV_CASES = ("qkv-rotary-cache", "qkv-rotary-cache-four-rows")
+STREAMING_CASES = (*ONE_ROW_GEMVS, *FEW_ROW_GEMVS, *QKV_CASES, "moe_gate_up", "moe_down")
 
 
 def _streaming_case(kernel_name: str):
     """(kernel, its pointer arguments, constants) of a weight-streaming launch: the GEMVs of one row in each variant
-    (the one-row kernel), of two rows (the streaming kernel), the MoE's experts of one token."""
-    from archlab.modeling import triton_gemv, triton_moe
+    (the one-row kernel), of two and four rows (the streaming kernel; RMSNorm before, SwiGLU after), the q/k/v GEMV
+    with RoPE and the cache writes of one and four rows (RMSNorm before, heads of 64), the MoE's experts of one
+    token."""
+    from archlab.modeling import triton_gemv, triton_moe, triton_qkv
 
     row = (triton_gemv._gemv_row_kernel, GEMV_POINTERS)
     gemv = dict(ROWS=1, HAS_RESIDUAL=True, GATED=False)
@@ -199,6 +220,14 @@ def _streaming_case(kernel_name: str):
         "gemv-silu_gated": (*row, dict(gemv, PROLOGUE=2)),
         "gemv-gated": (*row, dict(gemv, PROLOGUE=1, HAS_RESIDUAL=False, GATED=True)),
         "gemv-two-rows": (triton_gemv._gemv_kernel, GEMV_POINTERS, dict(gemv, ROWS=2, PROLOGUE=1)),
+        "gemv-four-rows": (triton_gemv._gemv_kernel, GEMV_POINTERS, dict(gemv, ROWS=4, PROLOGUE=1)),
+        "gemv-four-rows-gated": (
+            triton_gemv._gemv_kernel,
+            GEMV_POINTERS,
+            dict(gemv, ROWS=4, PROLOGUE=1, HAS_RESIDUAL=False, GATED=True),
+        ),
+        "qkv-rotary-cache": (triton_qkv._row_kernel, QKV_POINTERS, dict(ROWS=1, PROLOGUE=1, HALF=32)),
+        "qkv-rotary-cache-four-rows": (triton_qkv._rows_kernel, QKV_POINTERS, dict(ROWS=4, PROLOGUE=1, HALF=32)),
         "moe_gate_up": (triton_moe._expert_gate_up_kernel, ("x_ptr", "w_ptr", "gain_ptr", "y_ptr"), {"NORM": True}),
         "moe_down": (
             triton_moe._expert_down_kernel,
@@ -212,7 +241,7 @@ def _streaming_loops(kernel_name: str):
     """Each autotuned configuration of a streaming case compiled for sm90 in bf16: (config, its loops' code)."""
     kernel, names, extra = _streaming_case(kernel_name)
     pointers = {name: "*bf16" for name in names}
-    pointers.update(index_ptr="*i64", weight_ptr="*fp32")
+    pointers.update(index_ptr="*i64", weight_ptr="*fp32", pos_ptr="*i64")
     for config in kernel.configs:
         constexprs = {**extra, **config.kwargs}
         if "HAS_BIAS" in kernel.fn.arg_names:
@@ -235,13 +264,14 @@ def test_the_streaming_loops_issue_wide_loads_and_no_shuffles(kernel_name):
             assert sum("LDG.E.128" in text for text in loop) >= 2, (config, "fewer than two 128-bit loads a loop")
 
 
-@pytest.mark.parametrize("kernel_name", [*ONE_ROW_GEMVS, "moe_gate_up", "moe_down"])
-def test_one_token_loops_touch_no_shared_memory(kernel_name):
-    """The one-row GEMV and the MoE's expert kernels multiply each weight block in the registers it was loaded into:
-    their loops hold no shared-memory store or load and no barrier, in every configuration and variant (bf16, sm90).
-    The GEMV before (a three-dimensional tile of one row) passed every weight block through shared memory, and its
-    input too, with a barrier for each (16 a loop in its chosen configuration for the 1.1B model's q/k/v), and reached
-    44-61 % of an H200's bandwidth; the MoE kernels' narrower blocks passed the input so, in every configuration."""
+@pytest.mark.parametrize("kernel_name", STREAMING_CASES)
+def test_the_streaming_loops_touch_no_shared_memory(kernel_name):
+    """The GEMVs of 1-4 rows and the MoE's expert kernels multiply each weight block in the registers it was loaded
+    into: their loops hold no shared-memory store or load and no barrier, in every configuration (bf16, sm90) and, at
+    one row, every variant. The GEMV before (a three-dimensional rows × weight rows × inputs tile) passed every
+    weight block through shared memory, and its input too, with a barrier for each (16 a loop in its chosen
+    configuration for the 1.1B model's q/k/v at one row, 16-24 at two and four), and reached 44-61 % of an H200's
+    bandwidth at one row; the MoE kernels' narrower blocks passed the input so, in every configuration."""
     for config, loops in _streaming_loops(kernel_name):
         for loop in loops:
             shared = [text for text in loop if text.split()[0].startswith(("STS", "LDS", "BAR"))]
@@ -256,24 +286,25 @@ def _spills(compiled) -> int:
     return len(re.findall(r"\b(?:STL|LDL)(?:\.[A-Z0-9]+)*\s", _sass(compiled)))
 
 
-def test_the_decoding_kernels_keep_everything_in_registers_at_one_and_two_rows():
+def test_the_decoding_kernels_keep_everything_in_registers():
     """A weight-streaming loop that spills its accumulators to local memory reads and writes them every iteration
-    beside the weights. In bf16 on sm90, as the decoding steps of batch 1 and 2 launch them, no kernel spills: the
-    GEMV of one row (the one-row kernel) in every configuration and variant (each prologue; the gate/up product with
-    SwiGLU after it) and of two (the streaming kernel) in each prologue, launched plain or dependent (PDL, the first
-    weight block read before the wait), both MoE kernels in every configuration, the attention for heads of 64-256,
-    with and without splits, every mask kind. (At 4 rows the RMSNorm prologue's squares beside 4 × BLOCK_N × BLOCK_K
-    accumulators spill in some configurations, and at 2 rows the gate/up product with SwiGLU after it in one under
-    Triton 3.8, which the autotuner then measures against the others.)"""
-    from archlab.modeling import triton_decoding, triton_gemv, triton_moe
+    beside the weights. In bf16 on sm90, as the decoding steps of batch 1 to 4 launch them, no kernel spills: the
+    GEMV of one row (the one-row kernel) and of two and four (the streaming kernel: one accumulator a row, at most
+    4 weight rows a program) in every configuration and variant (each prologue; the gate/up product with SwiGLU
+    after it), launched plain or dependent (PDL, the first weight block read before the wait), the q/k/v GEMV with
+    RoPE and the cache writes at one and four rows (RMSNorm, a bias), both MoE kernels in
+    every configuration, the attention for heads of 64-256, with and without splits, every mask kind. (The
+    three-dimensional tile the streaming kernel had before spilled at 4 rows in some configurations.)"""
+    from archlab.modeling import triton_decoding, triton_gemv, triton_moe, triton_qkv
 
     spilled = []
     pointers = {name: "*bf16" for name in GEMV_POINTERS}
-    for kernel, rows, variants in (
-        (triton_gemv._gemv_row_kernel, 1, GEMV_VARIANTS),
-        (triton_gemv._gemv_kernel, 2, [(prologue, False) for prologue in GEMV_PROLOGUES]),
+    for kernel, rows in (
+        (triton_gemv._gemv_row_kernel, 1),
+        (triton_gemv._gemv_kernel, 2),
+        (triton_gemv._gemv_kernel, 4),
     ):
-        for config, (prologue, gated), pdl in itertools.product(kernel.configs, variants, (False, True)):
+        for config, (prologue, gated), pdl in itertools.product(kernel.configs, GEMV_VARIANTS, (False, True)):
             constexprs = dict(
                 ROWS=rows, PROLOGUE=prologue, HAS_BIAS=False, HAS_RESIDUAL=not gated, GATED=gated, PDL=pdl,
                 **config.kwargs,
@@ -281,6 +312,13 @@ def test_the_decoding_kernels_keep_everything_in_registers_at_one_and_two_rows()
             options = dict(num_warps=config.num_warps, num_stages=config.num_stages, launch_pdl=pdl)
             if _spills(_compile(kernel, constexprs, pointers, 90, **options)):
                 spilled.append(("gemv", constexprs, config.num_warps))
+    qkv_pointers = {**{name: "*bf16" for name in QKV_POINTERS}, "pos_ptr": "*i64"}
+    for kernel, rows in ((triton_qkv._row_kernel, 1), (triton_qkv._rows_kernel, 4)):
+        for config, pdl in itertools.product(kernel.configs, (False, True)):
+            constexprs = dict(ROWS=rows, PROLOGUE=1, HAS_BIAS=True, HALF=32, PDL=pdl, **config.kwargs)
+            options = dict(num_warps=config.num_warps, num_stages=config.num_stages, launch_pdl=pdl)
+            if _spills(_compile(kernel, constexprs, qkv_pointers, 90, **options)):
+                spilled.append(("qkv", constexprs, config.num_warps))
     for kernel, names, extra in (
         (triton_moe._expert_gate_up_kernel, ("x_ptr", "w_ptr", "gain_ptr", "y_ptr"), {"NORM": True}),
         (triton_moe._expert_down_kernel, ("h_ptr", "w_ptr", "residual_ptr", "y_ptr"), {"HAS_RESIDUAL": True}),
@@ -501,7 +539,7 @@ def _traced_launch(case: str) -> tuple:
     (what torch's analysis reads of a tensor: its dtype and alignment)."""
     import torch
 
-    from archlab.modeling import triton_decoding, triton_gemv, triton_moe
+    from archlab.modeling import triton_decoding, triton_gemv, triton_moe, triton_qkv
 
     bf16, fp32 = (
         lambda *shape, dtype=dtype: torch.zeros(*shape, dtype=dtype) for dtype in (torch.bfloat16, torch.float32)
@@ -557,6 +595,41 @@ def _traced_launch(case: str) -> tuple:
             ["y_ptr"],
         ),
         "gemv-tensor-core-swiglu": (triton_gemv._dot_kernel, dict(gemv, ROWS=16, PROLOGUE=2, IEEE=False), ["y_ptr"]),
+        "qkv-rotary-cache": (
+            triton_qkv._row_kernel,
+            dict(
+                x_ptr=bf16(64),
+                gain_ptr=bf16(64),
+                w_ptr=bf16(64),
+                bias_ptr=bf16(64),
+                cos_ptr=bf16(64),
+                sin_ptr=bf16(64),
+                pos_ptr=torch.zeros(1, dtype=torch.int64),
+                q_ptr=bf16(64),
+                k_ptr=bf16(64),
+                v_ptr=bf16(64),
+                rows=1,
+                tokens=1,
+                pairs=1280,
+                inputs=2048,
+                heads=32,
+                kv_heads=4,
+                eps=1e-6,
+                x_m=2048,
+                w_n=2048,
+                cos_m=64,
+                q_m=2048,
+                c_b=4 * 385 * 64,
+                c_h=385 * 64,
+                c_s=64,
+                ROWS=1,
+                PROLOGUE=1,
+                HAS_BIAS=False,
+                HALF=32,
+                PDL=False,
+            ),
+            ["k_ptr", "q_ptr", "v_ptr"],
+        ),  # fmt: skip
         "moe-gate-up": (
             triton_moe._expert_gate_up_kernel,
             dict(moe, x_ptr=bf16(64), gain_ptr=bf16(64), slots=2, eps=1e-6, x_m=1024, NORM=True),
@@ -586,6 +659,7 @@ TRACED_LAUNCHES = (
     "gemv-rms-norm",
     "gemv-two-rows-gated",
     "gemv-tensor-core-swiglu",
+    "qkv-rotary-cache",
     "moe-gate-up",
     "moe-down",
 )
