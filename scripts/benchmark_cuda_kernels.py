@@ -13,9 +13,11 @@ the MoE's autotuned blocks). It says which kernel is worth a tuning row, and how
 - the GEMVs of a pre-norm layer's fused step (triton_gemv.py, decode_block.py) against what the compiled step runs
   (compiled the same way: inductor's norm, SwiGLU and add kernels, cuBLAS's GEMVs), 1, 4 and 16 rows (the last on
   the tensor-core kernel): RMSNorm inside the q/k/v product, the residual after the output projection, SwiGLU inside
-  the down projection with the residual;
+  the down projection with the residual; and at 1 and 4 rows the q/k/v product with RoPE and the cache writes in its
+  epilogue (triton_qkv.py) against the GEMV followed by the compiled rotation and cache writes;
 - a pre-norm layer's decoding step (no cache: the attention is the same on both sides) fused against the default's
-  step, both compiled with the step's options, 1 and 16 rows; and at 1 row the fused step with its kernels launched
+  step, both compiled with the step's options, 1, 4 (the streaming kernel's most: whether `FUSED_BLOCK_ROWS` can
+  rise to it) and 16 rows; and at 1 row the fused step with its kernels launched
   dependent on the kernel before (the ops' PDL twins, triton_launch.py) against the fused step;
 - an MoE's routed experts (triton_moe.py) against archlab's default experts (moe.Experts: grouped GEMMs), 1 and 4
   tokens, each token routed to 2 of 8 experts.
@@ -194,6 +196,59 @@ def gemv_rows(setup, report: Report, rows: int) -> None:
         report.rows[-1].extra["kernel's choice"] = _best_config(triton_gemv.kernel_for(rows))
 
 
+def qkv_rotary_row(setup, report: Report, rows: int) -> None:
+    """The q/k/v product with RoPE and the cache writes in one kernel (triton_qkv.py, in the fused step of the compiled
+    loops) against the fused step's GEMV followed by what the step compiled around it: the rotation of q and k and
+    the writes of k and v into the static cache (one inductor kernel). `rows` batch rows of one token each, a cache
+    of 384 positions written at 100."""
+    from archlab.modeling import triton_qkv
+    from archlab.modeling.normalization import RMSNorm
+    from archlab.modeling.rotary import rotary_formula
+
+    dense = shape("dense", setup.quick)
+    hidden, heads, kv_heads = dense["hidden_size"], dense["num_attention_heads"], dense["num_key_value_heads"]
+    head_dim = hidden // heads
+    qkv = hidden + 2 * kv_heads * head_dim
+    generator = torch.Generator(device=setup.device).manual_seed(0)
+    to = dict(device=setup.device, dtype=_dtype(setup))
+    x = torch.randn(rows, 1, hidden, generator=generator, **to)
+    weight = torch.randn(qkv, hidden, generator=generator, **to) * hidden**-0.5
+    norm = RMSNorm(hidden).to(**to)
+    angles = torch.rand(rows, 1, head_dim // 2, generator=generator, device=setup.device).repeat(1, 1, 2) * 6
+    cos, sin = angles.cos().to(to["dtype"]), angles.sin().to(to["dtype"])
+    caches = [torch.zeros(rows, kv_heads, KEY_COUNTS[0] + 1, head_dim, **to) for _ in range(4)]
+    positions = torch.tensor([100], device=setup.device)
+
+    def kernel():
+        return torch.ops.archlab.qkv_rotary_cache(
+            x, weight, None, norm.weight, norm.variance_epsilon, cos, sin, caches[0], caches[1], positions, heads
+        )
+
+    def rotary_and_writes(projected):
+        q, k, v = (
+            t.view(rows, 1, -1, head_dim).transpose(1, 2)
+            for t in projected.split([hidden, kv_heads * head_dim, kv_heads * head_dim], dim=-1)
+        )
+        q, k = rotary_formula(q, k, cos, sin)
+        caches[2].index_copy_(2, positions, k)
+        caches[3].index_copy_(2, positions, v)
+        return q
+
+    compiled = _compiled(setup, rotary_and_writes)
+
+    def peer():
+        return compiled(triton_gemv.gemv(x, weight, norm=norm))
+
+    s = "s" if rows > 1 else ""
+    metric = (
+        f"RMSNorm + q/k/v projection + RoPE + cache writes, {rows} row{s}, {hidden} → {qkv}: archlab's one kernel "
+        "vs its GEMV then the compiled rotation and index_copy_"
+    )
+    with torch.no_grad():
+        kernel_row(setup, report, metric, kernel, peer, weight.numel() * weight.element_size())
+    report.rows[-1].extra["kernel's choice"] = _best_config(triton_qkv.kernel_for(rows))
+
+
 def layer_row(setup, report: Report, rows: int, pdl: bool = False) -> None:
     """A pre-norm layer of the dense model (1.1B shape) on one decoding step, fused (decode_block.py: four GEMVs,
     the norms and residual adds inside) against the default's step (inductor's norm, SwiGLU and add kernels around
@@ -332,7 +387,7 @@ def run(args: argparse.Namespace) -> Report:
         )
         return report
     # the layer's step first (does the fused step win at all?), then the attention, the GEMVs, the MoE's kernels
-    for rows in (1, triton_gemv.MAX_ROWS):
+    for rows in (1, triton_gemv.STREAMED_ROWS, triton_gemv.MAX_ROWS):
         guarded(report, setup, f"layer, {rows} rows", functools.partial(layer_row, setup, report, rows))
     guarded(report, setup, "layer with PDL, 1 row", functools.partial(layer_row, setup, report, 1, pdl=True))
     for batch, keys in ((1, KEY_COUNTS[0]), (1, KEY_COUNTS[1]), (16, KEY_COUNTS[0])):
@@ -340,6 +395,8 @@ def run(args: argparse.Namespace) -> Report:
         guarded(report, setup, f"attention, batch {batch}, {keys} keys", measure)
     for rows in (1, triton_gemv.STREAMED_ROWS, triton_gemv.MAX_ROWS):
         guarded(report, setup, f"GEMV, {rows} rows", functools.partial(gemv_rows, setup, report, rows))
+    for rows in (1, triton_gemv.STREAMED_ROWS):
+        guarded(report, setup, f"q/k/v + RoPE, {rows} rows", functools.partial(qkv_rotary_row, setup, report, rows))
     for tokens in (1, triton_moe.MAX_TOKENS):
         guarded(report, setup, f"MoE, {tokens} tokens", functools.partial(moe_row, setup, report, tokens))
     release(setup.device)

@@ -13,6 +13,8 @@ one before (programmatic dependent launch: the ops' PDL twins, modeling/triton_l
 `triton.enable_pdl` on Hopper): 886 against 709 tok/s at batch 1 (1.25×). The rows now, each setting on its own
 copy of the model (a compiled step is kept per model):
 - without archlab's decoding kernels (the default before), at batch 1 and 16: what they gain;
+- at batch 1, the fused step's q/k/v GEMV followed by inductor's RoPE and cache-write kernel (the default before)
+  instead of one kernel with the rotation and the cache writes in its epilogue (modeling/triton_qkv.py);
 - at batch 16, the fused layer steps at every row count (the default fuses steps of one row: the kernels suite timed
   the tensor-core GEMVs of 16 rows below cuBLAS's);
 - the mixture of experts (Mixtral shape) at batch 1 without archlab's kernels (grouped GEMMs, SDPA) against the
@@ -63,6 +65,7 @@ from archlab.modeling import (
     step_compile,
     triton_decoding,
     triton_gemv,
+    triton_qkv,
 )
 from archlab.modeling.cache_names import with_cache
 from archlab.modeling.cache_spans import make_spanned
@@ -119,6 +122,11 @@ def fused_every_row_count():
     return mock.patch.object(decode_block, "FUSED_BLOCK_ROWS", triton_gemv.MAX_ROWS)
 
 
+def qkv_kernel_off():
+    """The fused step's q/k/v GEMV, then the compiled RoPE and cache writes (triton_qkv.py's kernel off)."""
+    return mock.patch.object(triton_qkv, "QKV_ROTARY_CACHE_DEVICES", ())
+
+
 def plain_step():
     """The step compiled in the plain mode, without step_compile.py's options (the default before combo kernels)."""
     return mock.patch.object(step_compile, "TUNED_STEP_DEVICES", ())
@@ -128,6 +136,10 @@ BEFORE = (
     "without archlab's decoding kernels (fused layer steps, Triton attention, MoE kernels, dependent launches): the "
     "default before"
 )
+QKV_SEPARATE = (
+    "the fused step's q/k/v GEMV, then inductor's RoPE and cache-write kernel, instead of the one kernel with both "
+    "in its epilogue (triton_qkv.py)"
+)
 FUSED_ROWS = "the fused layer steps at every row count (FUSED_BLOCK_ROWS = 16; the default fuses one row)"
 EFFICIENT = "without archlab's kernels, attention on SDPA's memory-efficient kernel (sdpa_kernel)"
 PLAIN = "without archlab's kernels, the plain mode, no combo kernels (the default before those)"
@@ -136,6 +148,7 @@ MOE_BEFORE = "without archlab's decoding kernels (grouped experts, cuDNN attenti
 AUTOTUNED = 'compile_config=CompileConfig(mode="max-autotune") (every GEMM autotuned)'
 SETTINGS = {
     BEFORE: ({}, (kernels_off,)),
+    QKV_SEPARATE: ({}, (qkv_kernel_off,)),
     FUSED_ROWS: ({}, (fused_every_row_count,)),
     EFFICIENT: ({}, (kernels_off, efficient_attention)),
     PLAIN: ({}, (kernels_off, plain_step)),
@@ -147,13 +160,14 @@ SETTINGS = {
 # where it is, keeping the rows finished
 ROWS = [
     (1, BEFORE),  # first: the default against the one before it (a call's budget may end the suite after one row)
+    (1, QKV_SEPARATE),
     ("larger", BEFORE),
     ("larger", FUSED_ROWS),
     (1, EFFICIENT),
     ("larger", PLAIN),
     ("larger", FLEX),
 ]
-FIRST_ROWS = 3  # those before the MoE row
+FIRST_ROWS = 4  # those before the MoE row
 LATE_ROWS = [(1, AUTOTUNED)]
 # Each setting compiles the step function once more: dynamo's limit (8) would leave the later rows' steps eager.
 RECOMPILE_LIMIT = 64

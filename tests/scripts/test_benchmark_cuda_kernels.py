@@ -1,9 +1,9 @@
 """`--suite cuda-kernels` (scripts/benchmark_cuda_kernels.py): archlab's Triton kernels each against the PyTorch
 path it would replace — rows for the attention (the split count chosen, and others at batch 1), the GEMV in each of
-a fused layer's uses at 1, 4 and 16 rows, a whole layer's step fused and not at 1 and 16 rows (and at 1 row fused
-with its kernels launched dependent on the one before against fused), and the MoE's experts
-at 1 and 4 tokens, with µs per call, the bytes read and the autotuner's choice; where the kernels cannot run, a note
-and no row.
+a fused layer's uses at 1, 4 and 16 rows (and q/k/v with RoPE and the cache writes at 1 and 4), a whole layer's
+step fused and not at 1, 4 and 16 rows (and at 1 row fused with its kernels launched dependent on the one before
+against fused), and the MoE's experts at 1 and 4 tokens, with µs per call, the bytes read and the autotuner's
+choice; where the kernels cannot run, a note and no row.
 
 The rows run where the kernels do: on a GPU (quick shapes), or on a CPU through Triton's interpreter (fp32), which
 `test_kernels_through_the_triton_interpreter` starts in a fresh process (CI's interpreter step runs this file)."""
@@ -61,7 +61,7 @@ def test_each_kernel_has_rows_against_its_pytorch_path(tmp_path, monkeypatch):
     assert {re.search(r"(\d+) splits?", row[0])[1] for row in attention if "batch 1," in row[0]} == {"1", "2", "4", "8"}
     gemv, moe = [], _rows(table, "MoE routed experts")
     kinds = (
-        "RMSNorm + q/k/v projection",
+        "RMSNorm + q/k/v projection,",
         "output projection + residual",
         "RMSNorm + gate/up projection + SwiGLU",
         "down projection + residual",
@@ -71,10 +71,13 @@ def test_each_kernel_has_rows_against_its_pytorch_path(tmp_path, monkeypatch):
         rows = _rows(table, kind)
         assert [row[0].split(",")[1].strip() for row in rows] == ["1 row", "4 rows", "16 rows"], (kind, table)
         gemv += rows
+    qkv = _rows(table, "RMSNorm + q/k/v projection + RoPE + cache writes")
+    assert [row[0].split(",")[1].strip() for row in qkv] == ["1 row", "4 rows"], table
+    gemv += qkv
     assert len(moe) == 2, table
     layers = _rows(table, "a pre-norm layer's decoding step")
-    assert [row[0].split(",")[1].split(":")[0].strip() for row in layers] == ["1 row", "16 rows", "1 row"], table
-    assert "PDL twins" in layers[2][0] and "PDL" not in layers[0][0], table
+    assert [row[0].split(",")[1].split(":")[0].strip() for row in layers] == ["1 row", "4 rows", "16 rows", "1 row"]
+    assert "PDL twins" in layers[3][0] and "PDL" not in layers[0][0], table
     for row in attention + gemv + moe + layers:
         assert row[1].endswith("calls/s") and row[3].endswith("×"), row
         assert float(row[micro]) > 0 and float(row[read]) > 0, row
