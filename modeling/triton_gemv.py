@@ -316,18 +316,21 @@ if triton is not None:
             _store_row(acc2, sq2, 2, rows, inputs, eps, *out, PROLOGUE, HAS_BIAS, HAS_RESIDUAL, GATED, BLOCK_N)
             _store_row(acc3, sq3, 3, rows, inputs, eps, *out, PROLOGUE, HAS_BIAS, HAS_RESIDUAL, GATED, BLOCK_N)
 
-    def _autotuned(configs):
+    def autotuned_streaming(kernel, configs, key: list[str]):
+        """A streaming kernel (its loop `_stream_rows`) autotuned over `configs` ((BLOCK_N, BLOCK_K, UNROLL, warps))
+        per value of the arguments named in `key`."""
         return triton.autotune(
             configs=[
                 triton.Config({"BLOCK_N": n, "BLOCK_K": k, "UNROLL": unroll}, num_warps=warps, num_stages=1)
                 for n, k, unroll, warps in configs
             ],
-            key=["rows", "outputs", "inputs", "PROLOGUE", "GATED"],
-        )(_streaming_gemv)
+            key=key,
+        )(kernel)
 
     # the streaming kernel autotuned over each set of blocks: one row, and 2 to STREAMED_ROWS rows
-    _gemv_row_kernel = _autotuned(ROW_CONFIGS)
-    _gemv_kernel = _autotuned(STREAMED_CONFIGS)
+    _KEY = ["rows", "outputs", "inputs", "PROLOGUE", "GATED"]
+    _gemv_row_kernel = autotuned_streaming(_streaming_gemv, ROW_CONFIGS, _KEY)
+    _gemv_kernel = autotuned_streaming(_streaming_gemv, STREAMED_CONFIGS, _KEY)
 
     @triton.autotune(
         configs=[

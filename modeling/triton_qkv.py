@@ -47,7 +47,7 @@ try:
     import triton
     import triton.language as tl
 
-    from .triton_gemv import ROW_CONFIGS, STREAMED_CONFIGS, _stream_rows
+    from .triton_gemv import ROW_CONFIGS, STREAMED_CONFIGS, _stream_rows, autotuned_streaming
 except ImportError:  # the CPU wheels of torch come without Triton: nothing here applies
     triton = None
 
@@ -165,22 +165,15 @@ if triton is not None:
                 acc3, sq3, 3, rows, tokens, inputs, eps, *out, cos_m, c_b, c_h, c_s, PROLOGUE, HAS_BIAS, HALF, BLOCK_N
             )
 
-    def _autotuned(configs):
-        return triton.autotune(
-            configs=[
-                triton.Config({"BLOCK_N": n, "BLOCK_K": k, "UNROLL": unroll}, num_warps=warps, num_stages=1)
-                for n, k, unroll, warps in configs
-            ],
-            key=["rows", "pairs", "inputs", "PROLOGUE", "HALF"],
-        )(_qkv_rotary_cache)
-
     # one row (a batch-1 step) and 2-4 rows: the GEMV's blocks (triton_gemv.py); every BLOCK_N even (pairs). The
     # kernel rewrites the same cache entries each time the autotuner runs it
-    _row_kernel = _autotuned(ROW_CONFIGS)
-    _rows_kernel = _autotuned(STREAMED_CONFIGS)
+    _KEY = ["rows", "pairs", "inputs", "PROLOGUE", "HALF"]
+    _row_kernel = autotuned_streaming(_qkv_rotary_cache, ROW_CONFIGS, _KEY)
+    _rows_kernel = autotuned_streaming(_qkv_rotary_cache, STREAMED_CONFIGS, _KEY)
 
 
 def kernel_for(rows: int):
+    """The kernel that takes `rows` rows (at most `STREAMED_ROWS`): autotuned for one row, or for 2 to 4."""
     return _row_kernel if rows == 1 else _rows_kernel
 
 
