@@ -103,12 +103,13 @@ def _unfused(attention, layer, x, position_embeddings, norm):
 @pytest.mark.parametrize("launch", ["plain", "dependent"])
 def test_the_kernel_equals_the_gemv_the_rotation_and_the_cache_write(batch, tokens, normed, bias, launch, monkeypatch):
     """Queries, and the whole cache after the write (the filled positions kept, the step's written at the layer's
-    length, nothing else touched), as the unfused step leaves them: 1-4 rows, heads of 16 (8 pairs: a program's pairs
-    span heads), fp32 to 1e-5 of the scale."""
+    length, nothing else touched), as the unfused step leaves them: 1-4 rows, fp32 to 1e-5 of the scale. Heads of 6
+    (3 channel pairs), where the interpreter's configuration streams 2 pairs a program: programs whose pairs straddle
+    two heads, and the queries' and keys' last heads."""
     if launch == "dependent":
         monkeypatch.setattr(triton_launch, "PDL_DEVICES", (DEVICE,))
         with_dependent_launch_code(monkeypatch, triton_gemv, triton_qkv)  # (the loop is triton_gemv's)
-    head_dim = 16
+    head_dim = 6
     attention = _attention(head_dim, bias)
     norm = _norm(48) if normed else None
     x = 3 * torch.randn(batch, tokens, 48, generator=torch.Generator().manual_seed(3)).to(DEVICE)
