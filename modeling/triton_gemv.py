@@ -159,13 +159,10 @@ if triton is not None:
             return ns, ns < outputs
 
     @triton.jit
-    def _store_output(
-        total, squares, inputs, eps, bias_ptr, residual_ptr, y_ptr, pid, outputs, ws, w_ok, ms, m_ok, residual_m,
-        y_m, PROLOGUE: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, GATED: tl.constexpr,
-        BLOCK_N: tl.constexpr,
+    def _normed_sums(
+        total, squares, inputs, eps, bias_ptr, ws, w_ok, PROLOGUE: tl.constexpr, HAS_BIAS: tl.constexpr
     ):  # fmt: skip
-        """The sums `total` (rows × the weight rows `ws`, fp32) scaled by 1/rms (RMS_NORM), plus the bias, rounded to
-        the output's dtype; GATED: act(gate) ⊙ up of each output's pair, rounded again; plus the residual; stored."""
+        """The sums `total` (rows × the weight rows `ws`, fp32) scaled by 1/rms (RMS_NORM), plus the bias."""
         if PROLOGUE == 1:
             # eps: an fp64 scalar from inductor, fp32 from Triton's launcher, a constant in torch's mutation analysis
             # of a traced launch (torch 2.11): tl.cast takes all three
@@ -173,6 +170,17 @@ if triton is not None:
             total = total * (1.0 / tl.sqrt(mean))[:, None]
         if HAS_BIAS:
             total += tl.load(bias_ptr + ws, mask=w_ok, other=0.0).to(tl.float32)[None, :]
+        return total
+
+    @triton.jit
+    def _store_output(
+        total, squares, inputs, eps, bias_ptr, residual_ptr, y_ptr, pid, outputs, ws, w_ok, ms, m_ok, residual_m,
+        y_m, PROLOGUE: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, GATED: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+    ):  # fmt: skip
+        """The sums `total` (rows × the weight rows `ws`, fp32) scaled by 1/rms (RMS_NORM), plus the bias, rounded to
+        the output's dtype; GATED: act(gate) ⊙ up of each output's pair, rounded again; plus the residual; stored."""
+        total = _normed_sums(total, squares, inputs, eps, bias_ptr, ws, w_ok, PROLOGUE, HAS_BIAS)
         out = total.to(y_ptr.dtype.element_ty)
         if GATED:  # the gate/up product rounded as the unfused step's, act(gate) ⊙ up rounded as its product
             gate, up = tl.split(tl.reshape(out.to(tl.float32), [total.shape[0], BLOCK_N // 2, 2]))

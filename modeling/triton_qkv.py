@@ -47,7 +47,7 @@ try:
     import triton
     import triton.language as tl
 
-    from .triton_gemv import ROW_CONFIGS, STREAMED_CONFIGS, _stream_rows, autotuned_streaming
+    from .triton_gemv import ROW_CONFIGS, STREAMED_CONFIGS, _normed_sums, _stream_rows, autotuned_streaming
 except ImportError:  # the CPU wheels of torch come without Triton: nothing here applies
     triton = None
 
@@ -102,12 +102,7 @@ if triton is not None:
         """Row `row` (token t of batch row b) from its accumulator: the product (1/rms, the bias, rounded to the
         output's dtype as `_store_output` rounds it), each query and key pair rotated by the row's cos/sin, the
         queries stored to the output, the keys and values to the cache at the token's position."""
-        total = tl.sum(acc, axis=1)[None, :]
-        if PROLOGUE == 1:
-            mean = tl.sum(squares, axis=1) / inputs + tl.cast(eps, tl.float32)
-            total = total * (1.0 / tl.sqrt(mean))[:, None]
-        if HAS_BIAS:
-            total += tl.load(bias_ptr + ws, mask=w_ok, other=0.0).to(tl.float32)[None, :]
+        total = _normed_sums(tl.sum(acc, axis=1)[None, :], squares, inputs, eps, bias_ptr, ws, w_ok, PROLOGUE, HAS_BIAS)
         out = total.to(q_ptr.dtype.element_ty).to(tl.float32)
         first, second = tl.split(tl.reshape(out, [BLOCK_N // 2, 2]))  # channels j and j + HALF of each pair
         ps = pid * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
