@@ -212,9 +212,13 @@ def _counted_calls(monkeypatch) -> list:
 
 @runs_kernels
 @pytest.mark.parametrize("compiled", [False, True], ids=["transformers-loop", "archlab-loop"])
-def test_greedy_decoding_through_the_fused_step_gives_the_block_s_tokens(compiled, monkeypatch):
+@pytest.mark.parametrize("rotary", ["whole", "partial"])
+def test_greedy_decoding_through_the_fused_step_gives_the_block_s_tokens(compiled, rotary, monkeypatch):
+    """Two rows, heads rotated whole or half of each (`partial_rotary_factor` 0.5: GPT-NeoX's layout, whose
+    channels past the rotary pass through the q/k/v kernel's epilogue as they are)."""
     torch._dynamo.reset()
-    model = _model()
+    partial = {"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.5}
+    model = _model(**({"rope_parameters": partial} if rotary == "partial" else {}))
     batch = left_padded_batch(model.config.vocab_size)
     monkeypatch.setattr(fused_projections, "FUSED_PROJECTION_DEVICES", (DEVICE,))  # generate lays q/k/v out
     expected = greedy_tokens(model, batch, [] if compiled else None)

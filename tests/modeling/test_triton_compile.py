@@ -136,14 +136,20 @@ def test_the_gemvs_compile_and_fit_shared_memory_in_every_autotuned_configuratio
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_the_qkv_rotary_cache_kernel_compiles_in_every_autotuned_configuration(arch, dtype):
     """The q/k/v GEMV with RoPE and the cache writes (triton_qkv.py) at 1, 2 and 4 rows, plain and with RMSNorm and a
-    bias, heads of 64 and 128 (32 and 64 pairs), in every configuration of its autotuners."""
+    bias, heads of 64 whole rotated and 128 with a quarter rotated (GPT-NeoX's partial rotary), in every configuration
+    of its autotuners."""
     from archlab.modeling import triton_qkv
 
     pointers = {name: f"*{dtype}" for name in QKV_POINTERS}
     pointers["pos_ptr"] = "*i64"
     for kernel, rows in ((triton_qkv._row_kernel, (1,)), (triton_qkv._rows_kernel, (2, 4))):
-        for config, count, prologue, half in itertools.product(kernel.configs, rows, (0, 1), (32, 64)):
-            constexprs = dict(ROWS=count, PROLOGUE=prologue, HAS_BIAS=prologue == 1, HALF=half, **config.kwargs)
+        for config, count, prologue, (half, rotary_half) in itertools.product(
+            kernel.configs, rows, (0, 1), ((32, 32), (64, 16))
+        ):
+            constexprs = dict(
+                ROWS=count, PROLOGUE=prologue, HAS_BIAS=prologue == 1, HALF=half, ROTARY_HALF=rotary_half,
+                **config.kwargs,
+            )  # fmt: skip
             options = dict(num_warps=config.num_warps, num_stages=config.num_stages)
             _assert_compiles(kernel, constexprs, pointers, arch, **options)
 
@@ -226,8 +232,12 @@ def _streaming_case(kernel_name: str):
             GEMV_POINTERS,
             dict(gemv, ROWS=4, PROLOGUE=1, HAS_RESIDUAL=False, GATED=True),
         ),
-        "qkv-rotary-cache": (triton_qkv._row_kernel, QKV_POINTERS, dict(ROWS=1, PROLOGUE=1, HALF=32)),
-        "qkv-rotary-cache-four-rows": (triton_qkv._rows_kernel, QKV_POINTERS, dict(ROWS=4, PROLOGUE=1, HALF=32)),
+        "qkv-rotary-cache": (triton_qkv._row_kernel, QKV_POINTERS, dict(ROWS=1, PROLOGUE=1, HALF=32, ROTARY_HALF=32)),
+        "qkv-rotary-cache-four-rows": (
+            triton_qkv._rows_kernel,
+            QKV_POINTERS,
+            dict(ROWS=4, PROLOGUE=1, HALF=32, ROTARY_HALF=32),
+        ),
         "moe_gate_up": (triton_moe._expert_gate_up_kernel, ("x_ptr", "w_ptr", "gain_ptr", "y_ptr"), {"NORM": True}),
         "moe_down": (
             triton_moe._expert_down_kernel,
@@ -315,7 +325,7 @@ def test_the_decoding_kernels_keep_everything_in_registers():
     qkv_pointers = {**{name: "*bf16" for name in QKV_POINTERS}, "pos_ptr": "*i64"}
     for kernel, rows in ((triton_qkv._row_kernel, 1), (triton_qkv._rows_kernel, 4)):
         for config, pdl in itertools.product(kernel.configs, (False, True)):
-            constexprs = dict(ROWS=rows, PROLOGUE=1, HAS_BIAS=True, HALF=32, PDL=pdl, **config.kwargs)
+            constexprs = dict(ROWS=rows, PROLOGUE=1, HAS_BIAS=True, HALF=32, ROTARY_HALF=32, PDL=pdl, **config.kwargs)
             options = dict(num_warps=config.num_warps, num_stages=config.num_stages, launch_pdl=pdl)
             if _spills(_compile(kernel, constexprs, qkv_pointers, 90, **options)):
                 spilled.append(("qkv", constexprs, config.num_warps))
@@ -626,6 +636,7 @@ def _traced_launch(case: str) -> tuple:
                 PROLOGUE=1,
                 HAS_BIAS=False,
                 HALF=32,
+                ROTARY_HALF=32,
                 PDL=False,
             ),
             ["k_ptr", "q_ptr", "v_ptr"],

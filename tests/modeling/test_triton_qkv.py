@@ -1,6 +1,7 @@
 """A decoding step's q/k/v product with RoPE and the cache writes in one kernel (modeling/triton_qkv.py): the unfused
 GEMV, rotary formula and `index_copy_` to the last bit of fp32 for 1-4 rows (batch rows, tokens of one row), with
-and without RMSNorm before it and a bias, launched plain and dependent; where it applies; inside the fused layer step
+and without RMSNorm before it and a bias, launched plain and dependent, whole heads or their first channels rotated
+(partial rotary); where it applies; inside the fused layer step
 of archlab's compiled loop (the traced step calls it once a layer, and inductor calls its PDL twin on the cache's own
 buffers, copying nothing).
 
@@ -127,6 +128,26 @@ def test_the_kernel_equals_the_gemv_the_rotation_and_the_cache_write(batch, toke
 
 
 @runs_kernels
+@pytest.mark.parametrize("batch, tokens", [(1, 1), (2, 2)])
+@pytest.mark.parametrize("normed, bias", [(False, False), (True, True)], ids=["plain", "rms_norm-bias"])
+def test_with_partial_rotary_the_channels_past_it_pass_through(batch, tokens, normed, bias):
+    """GPT-NeoX's layout: the first channels of a head rotated (rotate_half over them), the rest as the product
+    wrote them. Heads of 10, 4 rotated: 2 rotated pairs and 3 passing a head, so that programs of 2 pairs mix both
+    kinds and straddle heads."""
+    head_dim, rotated = 10, 4
+    attention = _attention(head_dim, bias)
+    norm = _norm(48) if normed else None
+    x = 3 * torch.randn(batch, tokens, 48, generator=torch.Generator().manual_seed(3)).to(DEVICE)
+    rotary = _rotary(batch, tokens, rotated, first=5)  # cos/sin (B, T, 4)
+    ours, theirs = _spanned_layer(batch, head_dim, 5), _spanned_layer(batch, head_dim, 5)
+    query, keys, values = triton_qkv.qkv_rotary_cache(attention, ours, x, rotary, norm)
+    expected_query, expected_keys, expected_values = _unfused(attention, theirs, x, rotary, norm)
+    torch.testing.assert_close(query, expected_query, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(ours.keys, theirs.keys, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(ours.values, theirs.values, rtol=1e-5, atol=1e-5)
+
+
+@runs_kernels
 @pytest.mark.parametrize("dtype", [pytest.param(torch.bfloat16, marks=pytest.mark.gpu), torch.float16])
 def test_in_half_precision_the_kernel_is_as_close_as_the_unfused_step(dtype):
     """Queries and the written keys and values against fp32: the kernel's error within twice the unfused step's own
@@ -160,7 +181,7 @@ def _real_attention(head_dim: int = 16, **overrides):
     return DecoderForCausalLM(config).model.layers[0].self_attn
 
 
-def test_the_kernel_applies_to_a_spanned_layer_of_whole_heads_rotated_without_qk_norm(monkeypatch):
+def test_the_kernel_applies_to_a_spanned_layer_rotated_without_qk_norm(monkeypatch):
     monkeypatch.setattr(triton_qkv, "triton", object())  # as where Triton is installed
     attention = _real_attention()
     layer = _spanned_layer(2, 16, 5)
@@ -168,7 +189,8 @@ def test_the_kernel_applies_to_a_spanned_layer_of_whole_heads_rotated_without_qk
     assert qkv_rotary_cache_applies(attention, layer, x, rotary)
     assert not qkv_rotary_cache_applies(attention, layer, torch.zeros(5, 1, 48, device=DEVICE), _rotary(5, 1, 16, 5))
     assert not qkv_rotary_cache_applies(attention, layer, x, None)  # no RoPE (ALiBi, T5's bias, NoPE)
-    assert not qkv_rotary_cache_applies(attention, layer, x, tuple(t[..., :8] for t in rotary))  # partial rotary
+    assert qkv_rotary_cache_applies(attention, layer, x, tuple(t[..., :8] for t in rotary))  # partial rotary
+    assert not qkv_rotary_cache_applies(attention, layer, x, tuple(t[..., :7] for t in rotary))  # (odd: no pairs)
     assert not qkv_rotary_cache_applies(_real_attention(use_qk_norm=True), layer, x, rotary)
     assert not qkv_rotary_cache_applies(attention, layer, x.double(), rotary)  # the cache's dtype differs
     layer.span = None  # outside the compiled loops: the layer's length is advanced by its own update
