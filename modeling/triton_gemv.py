@@ -29,7 +29,11 @@ each row's block of the input in the registers both were loaded into (one accumu
 for one row (`_gemv_row_kernel`: a batch-1 step) and for 2 to `STREAMED_ROWS` rows (`_gemv_kernel`); 5-16 rows (a
 batch of decoding rows, beams, speculative tokens; `_dot_kernel`) a 16-row block of the input by a block of the
 weight on the tensor cores (`tl.dot`, the input rounded to the weights' dtype first), the weight blocks pipelined by
-Triton. Block sizes, warps, stages and the unrolling are autotuned per (rows,
+Triton — split-K where its tiles of 16-64 outputs would leave a GPU's processors idle (`split_count`: the 1.1B
+model's q/k/v, output and down products are 64-80 tiles of 32 on an H200's 132 processors, each tile one program
+streaming its whole input; they measured 0.7-1.4 TB/s at 16 rows): each program takes a share of the input blocks and
+stores its float32 sums, and a second kernel (`_split_sum_kernel`) adds the shares up in split order (the same bits
+every call) and runs the epilogue. Block sizes, warps, stages and the unrolling are autotuned per (rows,
 outputs, inputs, prologue, gated) the first time a shape runs (`triton.autotune`). The sixth GPU session (H200,
 docs/gpu.md) timed the one-row GEMVs at 1.5× cuBLAS but only 44-61 % of the bandwidth, when one row ran through the
 three-dimensional (rows × BLOCK_N × BLOCK_K) tile: its compiled loop passed every weight block and the input through
@@ -80,6 +84,14 @@ ACTIVATIONS = ("silu", "swish")
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 # What the kernel computes its input from (`PROLOGUE`, module docstring)
 PLAIN, RMS_NORM, SILU_GATED = 0, 1, 2
+# Split-K of the tensor-core kernel (`split_count`): programs wanted per multiprocessor, the most shares, the fewest
+# inputs a share; the weight rows a program of the kernel that adds the shares up takes; the multiprocessors counted
+# on a device that is not CUDA's (Triton's interpreter on a CPU: none, so no split, unless a test sets some)
+SPLIT_PROGRAMS_PER_PROCESSOR = 2
+MAX_SPLITS = 8
+MIN_SPLIT_INPUTS = 512
+SUM_LANES = 64
+PROCESSORS_ELSEWHERE = 0
 
 
 def gated_down_applies(module, gate: torch.Tensor) -> bool:
@@ -352,20 +364,22 @@ if triton is not None:
                 (32, 256, 4, 2),
             ]
         ],
-        key=["rows", "outputs", "inputs", "PROLOGUE", "GATED"],
+        key=["rows", "outputs", "inputs", "PROLOGUE", "GATED", "SPLIT"],
     )
     @triton.jit
     def _dot_kernel(
-        x_ptr, up_ptr, gain_ptr, w_ptr, bias_ptr, residual_ptr, y_ptr,
+        x_ptr, up_ptr, gain_ptr, w_ptr, bias_ptr, residual_ptr, y_ptr, part_ptr, part_sq_ptr,
         rows, outputs, inputs, eps,
         x_m, up_m, w_n, residual_m, y_m,
         ROWS: tl.constexpr, PROLOGUE: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
-        GATED: tl.constexpr, PDL: tl.constexpr, IEEE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+        GATED: tl.constexpr, PDL: tl.constexpr, IEEE: tl.constexpr, SPLIT: tl.constexpr, BLOCK_N: tl.constexpr,
+        BLOCK_K: tl.constexpr,
     ):  # fmt: skip
         """More than STREAMED_ROWS rows (ROWS: `rows` rounded up to 16, the smallest tensor-core tile). One program:
         outputs [pid · BLOCK_N, + BLOCK_N) of every row, a `tl.dot` of the input block (computed by the prologue,
         rounded to the weights' dtype; fp32 weights: IEEE products) and the weight block per step, which Triton
-        pipelines (asynchronous copies, `num_stages` blocks in flight)."""
+        pipelines (asynchronous copies, `num_stages` blocks in flight). SPLIT: the program takes the share
+        `program_id(1)` of the input blocks (split-K) and stores its sums and squares for `_split_sum_kernel`."""
         dependent_launch(PDL)
         pid = tl.program_id(0)
         ws, w_ok = _weight_rows(pid, outputs, GATED, BLOCK_N)
@@ -373,7 +387,12 @@ if triton is not None:
         m_ok = ms < rows
         acc = tl.zeros([ROWS, BLOCK_N], tl.float32)
         squares = tl.zeros([ROWS, BLOCK_K], tl.float32)
-        for first in tl.range(0, tl.cdiv(inputs, BLOCK_K)):
+        start, stop = 0, tl.cdiv(inputs, BLOCK_K)
+        if SPLIT:  # an even share of the blocks (the last splits' empty where there are fewer blocks than splits)
+            share = tl.cdiv(stop, tl.num_programs(1))
+            start = tl.program_id(1) * share
+            stop = tl.minimum(start + share, stop)
+        for first in tl.range(start, stop):
             w, x, squares = _block_of_weight_and_input(
                 x_ptr, up_ptr, gain_ptr, w_ptr, ws, w_ok, ms, m_ok, first, inputs, x_m, up_m, w_n, squares,
                 PROLOGUE, BLOCK_K,
@@ -382,10 +401,83 @@ if triton is not None:
                 acc += tl.dot(x, tl.trans(w), input_precision="ieee")
             else:
                 acc += tl.dot(x.to(w.dtype), tl.trans(w))
+        if SPLIT:
+            _store_partial(acc, squares, part_ptr, part_sq_ptr, pid, rows, outputs, ms, m_ok, GATED, BLOCK_N)
+        else:
+            _store_output(
+                acc, squares, inputs, eps, bias_ptr, residual_ptr, y_ptr, pid, outputs, ws, w_ok, ms, m_ok,
+                residual_m, y_m, PROLOGUE, HAS_BIAS, HAS_RESIDUAL, GATED, BLOCK_N,
+            )  # fmt: skip
+
+    @triton.jit
+    def _store_partial(
+        acc, squares, part_ptr, part_sq_ptr, pid, rows, outputs, ms, m_ok, GATED: tl.constexpr, BLOCK_N: tl.constexpr
+    ):  # fmt: skip
+        """A split's sums (rows × its program's BLOCK_N lanes) at part[split, row, lane], a lane being a weight row
+        of `_weight_rows`' numbering (GATED: gate and up rows alternating), so that the layout does not depend on
+        the block size; and, from the first program (every program's are the same), its squares at
+        part_sq[split, row]."""
+        split = tl.program_id(1)
+        lanes = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+        width = 2 * outputs if GATED else outputs
+        ok = m_ok[:, None] & (lanes < width)[None, :]
+        tl.store(part_ptr + (split * rows + ms[:, None]) * width + lanes[None, :], acc, mask=ok)
+        tl.store(part_sq_ptr + split * rows + ms, tl.sum(squares, axis=1), mask=m_ok & (pid == 0))
+
+    @triton.jit
+    def _split_sum_kernel(
+        part_ptr, part_sq_ptr, bias_ptr, residual_ptr, y_ptr,
+        rows, outputs, inputs, eps, splits, residual_m, y_m,
+        ROWS: tl.constexpr, PROLOGUE: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
+        GATED: tl.constexpr, PDL: tl.constexpr, BLOCK_N: tl.constexpr,
+    ):  # fmt: skip
+        """The split-K tensor-core GEMV's second kernel: each lane's sums over the splits, in split order (the same
+        bits every call), and the squares likewise, then the epilogue the unsplit kernel runs (`_store_output`)."""
+        dependent_launch(PDL)
+        pid = tl.program_id(0)
+        ws, w_ok = _weight_rows(pid, outputs, GATED, BLOCK_N)
+        ms = tl.arange(0, ROWS)
+        m_ok = ms < rows
+        lanes = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+        width = 2 * outputs if GATED else outputs
+        ok = m_ok[:, None] & (lanes < width)[None, :]
+        total = tl.zeros([ROWS, BLOCK_N], tl.float32)
+        squares = tl.zeros([ROWS, 1], tl.float32)
+        for split in range(0, splits):
+            total += tl.load(part_ptr + (split * rows + ms[:, None]) * width + lanes[None, :], mask=ok, other=0.0)
+            if PROLOGUE == 1:
+                squares += tl.load(part_sq_ptr + split * rows + ms, mask=m_ok, other=0.0)[:, None]
         _store_output(
-            acc, squares, inputs, eps, bias_ptr, residual_ptr, y_ptr, pid, outputs, ws, w_ok, ms, m_ok, residual_m,
+            total, squares, inputs, eps, bias_ptr, residual_ptr, y_ptr, pid, outputs, ws, w_ok, ms, m_ok, residual_m,
             y_m, PROLOGUE, HAS_BIAS, HAS_RESIDUAL, GATED, BLOCK_N,
         )  # fmt: skip
+
+
+def split_count(width: int, inputs: int, device: torch.device) -> int:
+    """Into how many shares of its input blocks the tensor-core GEMV splits a product of `width` weight rows
+    (split-K, `_split_sum_kernel` adding them up): enough programs of 32 weight rows for `SPLIT_PROGRAMS_PER_PROCESSOR`
+    on each of the device's multiprocessors, each share at least `MIN_SPLIT_INPUTS` inputs, at most `MAX_SPLITS`.
+    The 1.1B model's shapes on an H200 (132 processors): q/k/v, output and down projections 4, 4 and 5 shares, the
+    gate/up product (352 programs already) one."""
+    processors = _processors(device)
+    wanted = -(-SPLIT_PROGRAMS_PER_PROCESSOR * processors // -(-width // 32))
+    return max(1, min(wanted, MAX_SPLITS, inputs // MIN_SPLIT_INPUTS))
+
+
+def _processors(device: torch.device) -> int:
+    if device.type != "cuda":
+        return PROCESSORS_ELSEWHERE
+    return _cuda_processors(device.index if device.index is not None else torch.cuda.current_device())
+
+
+@functools.lru_cache
+def _cuda_processors(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def _tiles(outputs: int, gated: bool):
+    """A GEMV kernel's grid: a program streams BLOCK_N rows of the weight (gated: half as many outputs')."""
+    return lambda meta: (triton.cdiv(outputs, meta["BLOCK_N"] // 2 if gated else meta["BLOCK_N"]),)
 
 
 def kernel_for(rows: int):
@@ -417,23 +509,38 @@ def _launch(
     residual2 = residual.reshape(-1, outputs) if residual is not None else x2
     rows = x2.shape[0]
     output = x.new_empty(rows, outputs)
-
-    def grid(meta):  # a program streams BLOCK_N rows of the weight: gated, half as many outputs'
-        return (triton.cdiv(outputs, meta["BLOCK_N"] // 2 if gated else meta["BLOCK_N"]),)
-
     kernel = kernel_for(rows)
-    if kernel is _dot_kernel:
-        constants = dict(ROWS=max(16, triton.next_power_of_2(rows)), IEEE=x.dtype == torch.float32)
-    else:
-        constants = dict(ROWS=triton.next_power_of_2(rows))
     dependent = pdl and pdl_launch(x)
-    launchable(kernel, x, "gemv", pdl=dependent)[grid](
+    arguments = (
         x2, up2, weight if gain is None else gain, weight, weight if bias is None else bias, residual2, output,
-        rows, outputs, inputs, eps,
-        x2.stride(0), up2.stride(0), weight.stride(0), residual2.stride(0), output.stride(0),
-        PROLOGUE=prologue, HAS_BIAS=bias is not None, HAS_RESIDUAL=residual is not None, GATED=gated, PDL=dependent,
-        **constants,
     )  # fmt: skip
+    sizes, strides = (rows, outputs, inputs, eps), (x2.stride(0), up2.stride(0), weight.stride(0))
+    out_strides = (residual2.stride(0), output.stride(0))
+    flags = dict(PROLOGUE=prologue, HAS_BIAS=bias is not None, HAS_RESIDUAL=residual is not None, GATED=gated)
+    if kernel is not _dot_kernel:
+        tiles = _tiles(outputs, gated)
+        launchable(kernel, x, "gemv", pdl=dependent)[tiles](
+            *arguments, *sizes, *strides, *out_strides, ROWS=triton.next_power_of_2(rows), PDL=dependent, **flags
+        )
+        return output.reshape(*x.shape[:-1], outputs)
+    # the tensor-core kernel: rows padded to 16; split-K where the products' tiles would leave processors idle
+    width, padded = weight.shape[0], max(16, triton.next_power_of_2(rows))
+    splits = split_count(width, inputs, x.device)
+    if splits > 1:
+        parts = x.new_empty(splits, rows, width, dtype=torch.float32)
+        part_squares = x.new_empty(splits, rows, dtype=torch.float32)
+    else:  # not read or written unsplit; not `output` either: a traced launch must not alias what it writes
+        parts = part_squares = x.new_empty(0, dtype=torch.float32)
+    tiles = _tiles(outputs, gated)
+    launchable(_dot_kernel, x, "gemv", pdl=dependent)[lambda meta: (*tiles(meta), splits)](
+        *arguments, parts, part_squares, *sizes, *strides, *out_strides,
+        ROWS=padded, PDL=dependent, IEEE=x.dtype == torch.float32, SPLIT=splits > 1, **flags,
+    )  # fmt: skip
+    if splits > 1:
+        launchable(_split_sum_kernel, x, "gemv", pdl=dependent)[(triton.cdiv(width, SUM_LANES),)](
+            parts, part_squares, *arguments[4:], *sizes, splits, *out_strides,
+            ROWS=padded, PDL=dependent, BLOCK_N=SUM_LANES, **flags,
+        )  # fmt: skip
     return output.reshape(*x.shape[:-1], outputs)
 
 

@@ -13,7 +13,8 @@ the MoE's autotuned blocks). It says which kernel is worth a tuning row, and how
 - the GEMVs of a pre-norm layer's fused step (triton_gemv.py, decode_block.py) against what the compiled step runs
   (compiled the same way: inductor's norm, SwiGLU and add kernels, cuBLAS's GEMVs), 1, 4 and 16 rows (the last on
   the tensor-core kernel): RMSNorm inside the q/k/v product, the residual after the output projection, SwiGLU inside
-  the down projection with the residual; and at 1 and 4 rows the q/k/v product with RoPE and the cache writes in its
+  the down projection with the residual (at 16 rows with the shares of split-K the kernel chose, and the q/k/v
+  product split against whole); and at 1 and 4 rows the q/k/v product with RoPE and the cache writes in its
   epilogue (triton_qkv.py) against the GEMV followed by the compiled rotation and cache writes;
 - a pre-norm layer's decoding step (no cache: the attention is the same on both sides) fused against the default's
   step, both compiled with the step's options, 1, 4 (the streaming kernel's most: whether `FUSED_BLOCK_ROWS` can
@@ -194,6 +195,18 @@ def gemv_rows(setup, report: Report, rows: int) -> None:
         with torch.no_grad():
             kernel_row(setup, report, metric, kernel, _compiled(setup, peer), weight.numel() * weight.element_size())
         report.rows[-1].extra["kernel's choice"] = _best_config(triton_gemv.kernel_for(rows))
+        if rows > triton_gemv.STREAMED_ROWS:  # the tensor-core kernel: split-K's shares (1: whole)
+            shares = triton_gemv.split_count(weight.shape[0], weight.shape[1], x.device)
+            report.rows[-1].extra["kernel's choice"] += f", {shares} shares of the inputs"
+    if rows > triton_gemv.STREAMED_ROWS:  # split-K against the same kernel whole, on the q/k/v product
+
+        def whole():
+            with mock.patch.object(triton_gemv, "split_count", lambda *args: 1):
+                return triton_gemv.gemv(x, qkv_weight, norm=norm)
+
+        metric = f"split-K tensor-core GEMV vs whole, RMSNorm + q/k/v projection, {rows} rows"
+        with torch.no_grad():
+            kernel_row(setup, report, metric, cases[0][1], whole, qkv_weight.numel() * qkv_weight.element_size())
 
 
 def qkv_rotary_row(setup, report: Report, rows: int) -> None:

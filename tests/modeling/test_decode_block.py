@@ -160,7 +160,11 @@ def test_a_mixture_of_experts_takes_its_half_of_the_step_through_the_expert_kern
 
 @runs_kernels
 @pytest.mark.parametrize("rows", [7, 16])
-def test_steps_of_more_rows_take_the_tensor_core_kernel_and_equal_the_block_s_forward(rows, monkeypatch):
+@pytest.mark.parametrize("splits", [1, 2], ids=["whole", "split-k"])
+def test_steps_of_more_rows_take_the_tensor_core_kernel_and_equal_the_block_s_forward(rows, splits, monkeypatch):
+    """Whole, and each product's input blocks in two shares (`triton_gemv.split_count`, on a GPU from its number of
+    processors)."""
+    monkeypatch.setattr(triton_gemv, "split_count", lambda *args: splits)
     _assert_the_fused_step_equals_the_block_s(_model(), rows, monkeypatch)
 
 

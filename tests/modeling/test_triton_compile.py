@@ -34,7 +34,7 @@ SHARED_LIMIT = 99 * 1024
 # marks only what it knows statically), rows, heads and slots (small counts). Every other integer is a hidden size,
 # a head size or a stride of rows of one: multiples of 16 in the models users run (the GEMV's 5,632 inputs, ...).
 UNIT_STRIDES = ("q_d", "k_d", "v_d", "o_d", "m_s")
-NOT_DIVISIBLE = ("keys", "m_b", "kv_heads", "rows", "slots", "tokens", "heads")
+NOT_DIVISIBLE = ("keys", "m_b", "kv_heads", "rows", "slots", "tokens", "heads", "splits")
 
 
 def _compile(
@@ -108,19 +108,22 @@ def test_the_attention_kernels_compile_and_fit_shared_memory(arch, dtype, head):
 
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("kernel_name", ["row", "streaming", "tensor_core"])
+@pytest.mark.parametrize("kernel_name", ["row", "streaming", "tensor_core", "tensor_core_split"])
 def test_the_gemvs_compile_and_fit_shared_memory_in_every_autotuned_configuration(kernel_name, arch, dtype):
     """Each prologue (plain, RMSNorm, SwiGLU) with a bias and a residual, and the gate/up product with SwiGLU after it
     (GATED, a bias), `eps` typed as inductor passes it: the one-row kernel, the streaming kernel at 2 and 4 rows, the
-    tensor-core one at 5-16 (padded to 16; fp32 weights as IEEE products)."""
+    tensor-core one at 5-16 (padded to 16; fp32 weights as IEEE products), whole and split-K (with the kernel that
+    adds the shares up)."""
     from archlab.modeling import triton_gemv
 
     kernel, row_counts, extra = {
         "row": (triton_gemv._gemv_row_kernel, (1,), {}),
         "streaming": (triton_gemv._gemv_kernel, (2, 4), {}),
-        "tensor_core": (triton_gemv._dot_kernel, (16,), {"IEEE": dtype == "fp32"}),
+        "tensor_core": (triton_gemv._dot_kernel, (16,), {"IEEE": dtype == "fp32", "SPLIT": False}),
+        "tensor_core_split": (triton_gemv._dot_kernel, (16,), {"IEEE": dtype == "fp32", "SPLIT": True}),
     }[kernel_name]
     pointers = {name: f"*{dtype}" for name in GEMV_POINTERS}
+    pointers.update(SPLIT_POINTERS)
     for config in kernel.configs:
         for rows in row_counts:
             for prologue, gated in GEMV_VARIANTS:
@@ -130,6 +133,13 @@ def test_the_gemvs_compile_and_fit_shared_memory_in_every_autotuned_configuratio
                 )  # fmt: skip
                 options = dict(num_warps=config.num_warps, num_stages=config.num_stages)
                 _assert_compiles(kernel, constexprs, pointers, arch, **options)
+    if kernel_name == "tensor_core_split":  # and the kernel that adds the shares up
+        for prologue, gated in GEMV_VARIANTS:
+            constexprs = dict(
+                ROWS=16, PROLOGUE=prologue, HAS_BIAS=True, HAS_RESIDUAL=not gated, GATED=gated,
+                BLOCK_N=triton_gemv.SUM_LANES,
+            )  # fmt: skip
+            _assert_compiles(triton_gemv._split_sum_kernel, constexprs, pointers, arch)
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -156,6 +166,7 @@ def test_the_qkv_rotary_cache_kernel_compiles_in_every_autotuned_configuration(a
 
 QKV_POINTERS = ("x_ptr", "gain_ptr", "w_ptr", "bias_ptr", "cos_ptr", "sin_ptr", "q_ptr", "k_ptr", "v_ptr")
 GEMV_POINTERS = ("x_ptr", "up_ptr", "gain_ptr", "w_ptr", "bias_ptr", "residual_ptr", "y_ptr")
+SPLIT_POINTERS = {"part_ptr": "*fp32", "part_sq_ptr": "*fp32"}  # the tensor-core GEMV's split-K sums (float32)
 GEMV_PROLOGUES = (0, 1, 2)  # triton_gemv's PLAIN, RMS_NORM, SILU_GATED
 # (PROLOGUE, GATED): each prologue, and the gate/up product with SwiGLU after it (`gated_gemv`), plain and normed
 GEMV_VARIANTS = ((0, False), (1, False), (2, False), (0, True), (1, True))
@@ -358,16 +369,19 @@ def test_the_decoding_kernels_keep_everything_in_registers():
 @pytest.mark.parametrize("prologue", GEMV_PROLOGUES)
 def test_the_tensor_core_gemv_loads_are_pipelined(prologue):
     """The tensor-core GEMV's weight blocks feed `tl.dot`: its sm90 code copies them to shared memory asynchronously
-    (LDGSTS) inside the loop, in every configuration and prologue."""
+    (LDGSTS) inside the loop, in every configuration and prologue, whole and split-K (a loop over a share of the
+    blocks)."""
     from archlab.modeling import triton_gemv
 
     kernel = triton_gemv._dot_kernel
-    for config in kernel.configs:
+    pointers = {**{name: "*bf16" for name in GEMV_POINTERS}, **SPLIT_POINTERS}
+    for config, split in itertools.product(kernel.configs, (False, True)):
         constexprs = dict(
-            ROWS=16, PROLOGUE=prologue, HAS_BIAS=False, HAS_RESIDUAL=True, GATED=False, IEEE=False, **config.kwargs
-        )
+            ROWS=16, PROLOGUE=prologue, HAS_BIAS=False, HAS_RESIDUAL=True, GATED=False, IEEE=False, SPLIT=split,
+            **config.kwargs,
+        )  # fmt: skip
         options = dict(num_warps=config.num_warps, num_stages=config.num_stages)
-        loops = _sass_loops(_compile(kernel, constexprs, {name: "*bf16" for name in GEMV_POINTERS}, 90, **options))
+        loops = _sass_loops(_compile(kernel, constexprs, pointers, 90, **options))
         assert any(sum("LDGSTS" in text for text in loop) >= 1 for loop in loops), config
 
 
@@ -388,8 +402,20 @@ PDL_CASES = {
     "gemv-tensor-core": (
         "triton_gemv",
         "_dot_kernel",
-        dict(ROWS=16, PROLOGUE=1, HAS_BIAS=False, HAS_RESIDUAL=False, GATED=True, IEEE=False),
+        dict(ROWS=16, PROLOGUE=1, HAS_BIAS=False, HAS_RESIDUAL=False, GATED=True, IEEE=False, SPLIT=False),
         GEMV_POINTERS,
+    ),
+    "gemv-tensor-core-split": (
+        "triton_gemv",
+        "_dot_kernel",
+        dict(ROWS=16, PROLOGUE=1, HAS_BIAS=False, HAS_RESIDUAL=False, GATED=True, IEEE=False, SPLIT=True),
+        GEMV_POINTERS,
+    ),
+    "gemv-split-sum": (
+        "triton_gemv",
+        "_split_sum_kernel",
+        dict(ROWS=16, PROLOGUE=1, HAS_BIAS=True, HAS_RESIDUAL=True, GATED=False, BLOCK_N=64),
+        ("bias_ptr", "residual_ptr", "y_ptr"),
     ),
     "attention-split": (
         "triton_decoding",
@@ -446,6 +472,8 @@ def test_dependent_launches_wait_for_the_kernel_before_touching_memory(case):
     pointers.update({"index_ptr": "*i64", "weight_ptr": "*fp32"} if module_name == "triton_moe" else {})
     if module_name == "triton_decoding":
         pointers.update(mask_ptr="*i1", part_ptr="*fp32", stat_ptr="*fp32")
+    if module_name == "triton_gemv":
+        pointers.update(SPLIT_POINTERS)
     config = kernel.configs[0] if hasattr(kernel, "configs") else None
     ptx, plain = _pdl_ptx(kernel, constexprs, pointers, config), _pdl_ptx(kernel, constexprs, pointers, config, False)
     wait, launch = ptx.find("griddepcontrol.wait"), ptx.find("griddepcontrol.launch_dependents")
@@ -604,7 +632,41 @@ def _traced_launch(case: str) -> tuple:
             dict(gemv, rows=2, ROWS=2, PROLOGUE=1, HAS_RESIDUAL=False, GATED=True),
             ["y_ptr"],
         ),
-        "gemv-tensor-core-swiglu": (triton_gemv._dot_kernel, dict(gemv, ROWS=16, PROLOGUE=2, IEEE=False), ["y_ptr"]),
+        "gemv-tensor-core-swiglu": (
+            triton_gemv._dot_kernel,
+            dict(gemv, part_ptr=empty, part_sq_ptr=empty, ROWS=16, PROLOGUE=2, IEEE=False, SPLIT=False),
+            ["y_ptr"],
+        ),
+        "gemv-tensor-core-split": (
+            triton_gemv._dot_kernel,
+            dict(gemv, part_ptr=fp32(64), part_sq_ptr=fp32(64), ROWS=16, PROLOGUE=1, IEEE=False, SPLIT=True),
+            ["part_ptr", "part_sq_ptr"],
+        ),
+        "gemv-split-sum": (
+            triton_gemv._split_sum_kernel,
+            dict(
+                part_ptr=fp32(64),
+                part_sq_ptr=fp32(64),
+                bias_ptr=bf16(64),
+                residual_ptr=bf16(64),
+                y_ptr=bf16(64),
+                rows=16,
+                outputs=2048,
+                inputs=2048,
+                eps=1e-6,
+                splits=4,
+                residual_m=2048,
+                y_m=2048,
+                ROWS=16,
+                PROLOGUE=1,
+                HAS_BIAS=True,
+                HAS_RESIDUAL=True,
+                GATED=False,
+                PDL=False,
+                BLOCK_N=64,
+            ),
+            ["y_ptr"],
+        ),  # fmt: skip
         "qkv-rotary-cache": (
             triton_qkv._row_kernel,
             dict(
@@ -670,6 +732,8 @@ TRACED_LAUNCHES = (
     "gemv-rms-norm",
     "gemv-two-rows-gated",
     "gemv-tensor-core-swiglu",
+    "gemv-tensor-core-split",
+    "gemv-split-sum",
     "qkv-rotary-cache",
     "moe-gate-up",
     "moe-down",

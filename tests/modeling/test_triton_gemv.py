@@ -193,6 +193,54 @@ def test_the_gated_gemv_equals_the_unfused_gate_up_product_and_swiglu(
 
 
 @runs_kernels
+@pytest.mark.parametrize("variant", ["plain", "rms_norm", "silu_gated", "gated", "rms_norm-gated"])
+@pytest.mark.parametrize("rows, inputs, splits", [(7, 520, 3), (16, 300, 4)])
+@pytest.mark.parametrize("launch", ["plain", "dependent"])
+def test_the_split_k_tensor_core_kernel_equals_the_unfused_step(variant, rows, inputs, splits, launch, monkeypatch):
+    """5-16 rows with the input blocks split among programs (`split_count`: where the tiles would leave a GPU's
+    processors idle), added up in split order by `_split_sum_kernel`, which runs the epilogue: each prologue with a
+    bias and a residual, and the gate/up product with SwiGLU after it, to 1e-5 of the unsplit arithmetic. Uneven
+    shares (520 inputs: 5 blocks of the interpreter's 128 in shares of 2, 2, 1) and an empty one (300: 3 blocks in
+    4 shares)."""
+    _launched_as(launch, monkeypatch)
+    asked = []
+    monkeypatch.setattr(triton_gemv, "split_count", lambda *args: asked.append(args[:2]) or splits)
+    outputs = 36
+    gated = variant.endswith("gated") and variant != "silu_gated"
+    gate, up, weight, bias = _inputs(rows, inputs, 2 * outputs if gated else outputs, True)
+    norm = _norm(inputs) if variant.startswith("rms_norm") else None
+    residual = torch.randn(rows, 1, outputs, generator=torch.Generator().manual_seed(2)).to(DEVICE)
+    if variant == "silu_gated":
+        output = triton_gemv.gated_down(_down(weight, bias), gate, up, residual)
+        expected = _formula(gate, up, weight, bias) + residual
+    elif gated:
+        output = triton_gemv.gated_gemv(gate, weight, bias, norm=norm)
+        product_gate, product_up = nn.functional.linear(norm(gate) if norm else gate, weight, bias).chunk(2, dim=-1)
+        expected = nn.functional.silu(product_gate) * product_up
+    else:
+        output = triton_gemv.gemv(gate, weight, bias, norm=norm, residual=residual)
+        expected = nn.functional.linear(norm(gate) if norm else gate, weight, bias) + residual
+    assert asked == [(weight.shape[0], inputs)]  # the tensor-core kernel asked, with the weight's rows
+    assert output.shape == (rows, 1, outputs)
+    torch.testing.assert_close(output, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_the_split_count_fills_the_processors_with_shares_of_at_least_512_inputs(monkeypatch):
+    """The 1.1B model's products at 16 rows on a GPU of 132 processors (an H100 or H200): q/k/v (2,560 rows), output
+    (2,048) and down (2,048 from 5,632 inputs) in 4, 4 and 5 shares; the gate/up product (11,264 rows: 352 programs
+    of 32) and short inputs unsplit; none without a processor count (the interpreter's CPU)."""
+    monkeypatch.setattr(triton_gemv, "_processors", lambda device: 132)
+    cpu = torch.device("cpu")
+    counts = [triton_gemv.split_count(rows, inputs, cpu) for rows, inputs in [(2560, 2048), (2048, 2048), (2048, 5632)]]
+    assert counts == [4, 4, 5]
+    assert triton_gemv.split_count(11264, 2048, cpu) == 1
+    assert triton_gemv.split_count(2048, 700, cpu) == 1  # one share of at least 512 inputs
+    assert triton_gemv.split_count(256, 65536, cpu) == triton_gemv.MAX_SPLITS
+    monkeypatch.undo()
+    assert triton_gemv.split_count(2560, 2048, cpu) == 1  # PROCESSORS_ELSEWHERE
+
+
+@runs_kernels
 def test_the_norm_s_epsilon_counts():
     """A tiny input: mean(x²) far below eps, so 1/rms is set by eps (a kernel that dropped it would blow up)."""
     gate, _, weight, _ = _inputs(2, 256, 16, False)

@@ -1,6 +1,7 @@
 """`--suite cuda-kernels` (scripts/benchmark_cuda_kernels.py): archlab's Triton kernels each against the PyTorch
 path it would replace — rows for the attention (the split count chosen, and others at batch 1), the GEMV in each of
-a fused layer's uses at 1, 4 and 16 rows (and q/k/v with RoPE and the cache writes at 1 and 4), a whole layer's
+a fused layer's uses at 1, 4 and 16 rows (at 16 the split-K shares chosen, and q/k/v split against whole; and
+q/k/v with RoPE and the cache writes at 1 and 4), a whole layer's
 step fused and not at 1, 4 and 16 rows (and at 1 row fused with its kernels launched dependent on the one before
 against fused), and the MoE's experts at 1 and 4 tokens, with µs per call, the bytes read and the autotuner's
 choice; where the kernels cannot run, a note and no row.
@@ -71,6 +72,9 @@ def test_each_kernel_has_rows_against_its_pytorch_path(tmp_path, monkeypatch):
         rows = _rows(table, kind)
         assert [row[0].split(",")[1].strip() for row in rows] == ["1 row", "4 rows", "16 rows"], (kind, table)
         gemv += rows
+    split = _rows(table, "split-K tensor-core GEMV vs whole")
+    assert len(split) == 1 and "16 rows" in split[0][0], table
+    assert all(any("shares of the inputs" in cell for cell in row) for row in gemv if "16 rows" in row[0]), table
     qkv = _rows(table, "RMSNorm + q/k/v projection + RoPE + cache writes")
     assert [row[0].split(",")[1].strip() for row in qkv] == ["1 row", "4 rows"], table
     gemv += qkv
