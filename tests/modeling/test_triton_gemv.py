@@ -308,20 +308,32 @@ def test_the_normed_gemv_with_a_residual_in_half_precision_is_as_close_as_the_un
 
 
 @pytest.mark.gpu
-def test_the_kernel_compiled_with_cuda_graphs_replays_without_recompiling():
+@pytest.mark.parametrize("rows", [1, 16], ids=["one-row", "split-k"])
+def test_the_kernel_compiled_with_cuda_graphs_replays_without_recompiling(rows):
+    """One row: SwiGLU + down (the streaming kernel); 16 rows: RMSNorm + q/k/v of the 1.1B shape with a residual,
+    which a GPU's processor count splits (the tensor-core kernel's two launches and two-dimensional grid, traced by
+    inductor)."""
     torch._dynamo.reset()
+    gain = _norm(2048, torch.bfloat16).weight.detach()
 
-    def mlp_tail(gate, up, weight):
-        return torch.ops.archlab.gated_down(gate, up, weight, None)
+    def step(a, b, weight):
+        if rows == 1:
+            return torch.ops.archlab.gated_down(a, b, weight, None)  # a, b: gate and up
+        return torch.ops.archlab.gemv(a, weight, None, gain, 1e-5, b)  # b: the residual
 
-    compiled = torch.compile(mlp_tail, mode="reduce-overhead", fullgraph=True)
-    for step in range(4):
-        gate, up, weight, _ = _inputs(1, 5632, 2048, False, dtype=torch.bfloat16, seed=step)
+    if rows > 1:
+        assert triton_gemv.split_count(2560, 2048, torch.device(DEVICE)) > 1
+    compiled = torch.compile(step, mode="reduce-overhead", fullgraph=True)
+    for number in range(4):
+        inputs, outputs = (5632, 2048) if rows == 1 else (2048, 2560)
+        a, b, weight, _ = _inputs(rows, inputs, outputs, False, dtype=torch.bfloat16, seed=number)
+        if rows > 1:
+            b = torch.randn(rows, 1, outputs, generator=torch.Generator().manual_seed(number)).to(a)
         torch.compiler.cudagraph_mark_step_begin()
-        with torch._dynamo.config.patch(error_on_recompile=step > 0):
-            output = compiled(gate, up, weight).clone()
+        with torch._dynamo.config.patch(error_on_recompile=number > 0):
+            output = compiled(a, b, weight).clone()
         # (inductor autotunes the kernel apart from the eager call: another block size may round the sum differently)
-        torch.testing.assert_close(output, mlp_tail(gate, up, weight), rtol=1e-2, atol=1e-2)
+        torch.testing.assert_close(output, step(a, b, weight), rtol=1e-2, atol=1e-2)
 
 
 # ---- on a CPU: the kernel tests above, through Triton's interpreter ------------------------------------------------
