@@ -215,11 +215,15 @@ def _counted_calls(monkeypatch) -> list:
 
 
 @runs_kernels
-@pytest.mark.parametrize("compiled", [False, True], ids=["transformers-loop", "archlab-loop"])
-@pytest.mark.parametrize("rotary", ["whole", "partial"])
+@pytest.mark.parametrize(
+    "compiled, rotary",
+    [(False, "whole"), (True, "whole"), (True, "partial")],
+    ids=["transformers-loop", "archlab-loop", "archlab-loop-partial-rotary"],
+)
 def test_greedy_decoding_through_the_fused_step_gives_the_block_s_tokens(compiled, rotary, monkeypatch):
-    """Two rows, heads rotated whole or half of each (`partial_rotary_factor` 0.5: GPT-NeoX's layout, whose
-    channels past the rotary pass through the q/k/v kernel's epilogue as they are)."""
+    """Two rows, heads rotated whole or, in archlab's loop (where the q/k/v kernel writes the static cache), half of
+    each (`partial_rotary_factor` 0.5: GPT-NeoX's layout, whose channels past the rotary pass through the kernel's
+    epilogue as they are)."""
     torch._dynamo.reset()
     partial = {"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.5}
     model = _model(**({"rope_parameters": partial} if rotary == "partial" else {}))
