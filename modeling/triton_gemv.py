@@ -410,6 +410,14 @@ if triton is not None:
             )  # fmt: skip
 
     @triton.jit
+    def _partial_lanes(pid, split, rows, outputs, ms, m_ok, GATED: tl.constexpr, BLOCK_N: tl.constexpr):
+        """Where program `pid`'s BLOCK_N lanes of split `split` lie in the shares' buffer (part[split, row, lane], a
+        lane a weight row of `_weight_rows`' numbering), and which exist."""
+        lanes = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+        width = 2 * outputs if GATED else outputs
+        return (split * rows + ms[:, None]) * width + lanes[None, :], m_ok[:, None] & (lanes < width)[None, :]
+
+    @triton.jit
     def _store_partial(
         acc, squares, part_ptr, part_sq_ptr, pid, rows, outputs, ms, m_ok, GATED: tl.constexpr, BLOCK_N: tl.constexpr
     ):  # fmt: skip
@@ -418,10 +426,8 @@ if triton is not None:
         the block size; and, from the first program (every program's are the same), its squares at
         part_sq[split, row]."""
         split = tl.program_id(1)
-        lanes = pid * BLOCK_N + tl.arange(0, BLOCK_N)
-        width = 2 * outputs if GATED else outputs
-        ok = m_ok[:, None] & (lanes < width)[None, :]
-        tl.store(part_ptr + (split * rows + ms[:, None]) * width + lanes[None, :], acc, mask=ok)
+        at, ok = _partial_lanes(pid, split, rows, outputs, ms, m_ok, GATED, BLOCK_N)
+        tl.store(part_ptr + at, acc, mask=ok)
         tl.store(part_sq_ptr + split * rows + ms, tl.sum(squares, axis=1), mask=m_ok & (pid == 0))
 
     @triton.jit
@@ -438,13 +444,11 @@ if triton is not None:
         ws, w_ok = _weight_rows(pid, outputs, GATED, BLOCK_N)
         ms = tl.arange(0, ROWS)
         m_ok = ms < rows
-        lanes = pid * BLOCK_N + tl.arange(0, BLOCK_N)
-        width = 2 * outputs if GATED else outputs
-        ok = m_ok[:, None] & (lanes < width)[None, :]
         total = tl.zeros([ROWS, BLOCK_N], tl.float32)
         squares = tl.zeros([ROWS, 1], tl.float32)
         for split in range(0, splits):
-            total += tl.load(part_ptr + (split * rows + ms[:, None]) * width + lanes[None, :], mask=ok, other=0.0)
+            at, ok = _partial_lanes(pid, split, rows, outputs, ms, m_ok, GATED, BLOCK_N)
+            total += tl.load(part_ptr + at, mask=ok, other=0.0)
             if PROLOGUE == 1:
                 squares += tl.load(part_sq_ptr + split * rows + ms, mask=m_ok, other=0.0)[:, None]
         _store_output(
@@ -517,8 +521,8 @@ def _launch(
     sizes, strides = (rows, outputs, inputs, eps), (x2.stride(0), up2.stride(0), weight.stride(0))
     out_strides = (residual2.stride(0), output.stride(0))
     flags = dict(PROLOGUE=prologue, HAS_BIAS=bias is not None, HAS_RESIDUAL=residual is not None, GATED=gated)
+    tiles = _tiles(outputs, gated)
     if kernel is not _dot_kernel:
-        tiles = _tiles(outputs, gated)
         launchable(kernel, x, "gemv", pdl=dependent)[tiles](
             *arguments, *sizes, *strides, *out_strides, ROWS=triton.next_power_of_2(rows), PDL=dependent, **flags
         )
@@ -531,7 +535,6 @@ def _launch(
         part_squares = x.new_empty(splits, rows, dtype=torch.float32)
     else:  # not read or written unsplit; not `output` either: a traced launch must not alias what it writes
         parts = part_squares = x.new_empty(0, dtype=torch.float32)
-    tiles = _tiles(outputs, gated)
     launchable(_dot_kernel, x, "gemv", pdl=dependent)[lambda meta: (*tiles(meta), splits)](
         *arguments, parts, part_squares, *sizes, *strides, *out_strides,
         ROWS=padded, PDL=dependent, IEEE=x.dtype == torch.float32, SPLIT=splits > 1, **flags,
