@@ -70,10 +70,12 @@ def test_bad_words_past_the_vocabulary_raise_transformers_error(num_beams, monke
             model.generate(ids, cache_implementation="static", **kwargs, **extra)
 
 
-def test_steps_past_the_recompile_limit_run_eagerly_with_fullgraph(monkeypatch):
+# dynamo's config patched by its own `patch`: pytest >= 9.2's monkeypatch restores a module's attribute from its
+# `__dict__`, where a torch config module keeps none, and so deletes it (torch then hides the setting for good)
+@torch._dynamo.config.patch(recompile_limit=2)
+def test_steps_past_the_recompile_limit_run_eagerly_with_fullgraph():
     """Each no_repeat_ngram_size is a graph of its own: past dynamo's recompile limit a fullgraph compile raises
     before the step runs, and the call decodes eagerly instead."""
-    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 2)
     torch._dynamo.reset()
     model = decoder_variant("positions_rope")
     ids = torch.randint(3, 97, (2, 6), generator=torch.Generator().manual_seed(0))
