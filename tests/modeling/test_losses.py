@@ -350,15 +350,24 @@ def test_a_failing_compiler_leaves_the_eager_gradient_chain(monkeypatch):
     assert not losses.CHUNK_LOSS.compiled
 
 
+@pytest.fixture
+def without_tf32():
+    """fp32 matmuls without TF32 for the test, then as they were. Set by hand: pytest >= 9.2's monkeypatch puts an
+    attribute back from the object's `__dict__`, and `torch.backends.cuda.matmul` keeps none (its undo would raise)."""
+    previous = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    yield
+    torch.backends.cuda.matmul.allow_tf32 = previous
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the fused loss gradient and fp32-output GEMMs are CUDA's")
 @pytest.mark.parametrize("bias", [True, False], ids=["head-bias", "no-bias"])
 @pytest.mark.parametrize("autocast", [False, True], ids=["fp32", "bf16-autocast"])
-def test_the_chunked_loss_on_cuda_equals_the_unchunked_one(autocast, bias, monkeypatch):
+def test_the_chunked_loss_on_cuda_equals_the_unchunked_one(autocast, bias, without_tf32):
     """On CUDA the chunked loss runs its CUDA-only paths — the compiled gradient kernel, the float32-output GEMMs —
     and equals the plain head + cross-entropy in value and gradients (fp32 without TF32, which the CUDA benchmark
     suites switch on for the process)."""
-    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
     loss, grads = _head_losses(4, autocast, "cuda", bias)
     ref_loss, ref_grads = _head_losses(0, autocast, "cuda", bias)
     rtol = 2e-2 if autocast else 1e-5
