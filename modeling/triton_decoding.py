@@ -50,10 +50,12 @@ except ImportError:  # the CPU wheels of torch come without Triton: nothing here
 # Devices on which a decoding step's self-attention runs through `decode_attention` (`triton_decoding_applies`).
 TRITON_DECODING_DEVICES: tuple[str, ...] = NVIDIA_GPUS
 HEAD_SIZES = (16, 32, 64, 128, 256)
-# Keys one program reads before a row's keys are split among programs; and the programs the GPU wants busy. 256:
-# `--suite cuda-kernels` on an H200 (batch 1, 4 KV heads) timed 384 keys at 7.5 µs in 1 split, 6.2 in 2, 5.6 in 8,
-# and 2,048 keys at 18.4 µs in 2 splits (1,024 keys a program, the value before), 11.5 in 4, 8.5 in 8
-KEYS_PER_PROGRAM = 256
+# Keys one program reads before a row's keys are split among programs; and the programs the GPU wants busy. 64 (one
+# block of keys): `--suite cuda-kernels` on an H200 (batch 1, 4 KV heads, two sessions) timed 384 keys at 7.5-7.6 µs
+# in 1 split, 6.2 in 2 (256 keys a program, the value before), 5.7 in 4, 5.5 in 8, and 2,048 keys at 32.4 µs in 1,
+# 18.1-18.4 in 2 (1,024 keys a program, the first value), 11.3 in 4, 8.4 in 8: each doubling of the splits still
+# paying at 8. Now 384 keys take 6 splits, 2,048 keys 32 (the cap: TARGET_PROGRAMS over 4 KV heads)
+KEYS_PER_PROGRAM = 64
 TARGET_PROGRAMS = 128
 # Keys a program reads at once: up to 64, fewer for large heads in wide dtypes, so the pipelined key and value tiles
 # stay within ~75 kB of shared memory (`block_keys`; consumer GPUs have ~100 kB)

@@ -33,8 +33,9 @@ _interpreter_gaps = interpreter_gaps_filled("archlab.modeling.triton_decoding")
 
 
 def test_a_row_s_keys_split_only_when_the_cache_is_long_and_the_batch_small():
-    assert split_count(1, 4, 384) == 2  # the benchmark's 128 + 256 tokens: two programs per KV head
-    assert split_count(1, 4, 2048) == 8
+    assert split_count(1, 4, 384) == 6  # the benchmark's 128 + 256 tokens: six programs per KV head
+    assert split_count(1, 4, 2048) == 32  # TARGET_PROGRAMS (128) over 4 KV heads
+    assert split_count(16, 4, 384) == 2
     assert split_count(1, 4, triton_decoding.KEYS_PER_PROGRAM) == 1
     assert split_count(1, 4, 4 * triton_decoding.KEYS_PER_PROGRAM) == 4
     assert split_count(1, 4, 1000 * triton_decoding.KEYS_PER_PROGRAM) == triton_decoding.TARGET_PROGRAMS // 4
