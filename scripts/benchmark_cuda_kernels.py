@@ -5,7 +5,9 @@ A `--suite cuda-tuning` row times whole generations with a setting on and off: a
 answer is the step's. This suite times the kernels alone, the way a compiled decoding step runs them — `CALLS`
 calls captured in one CUDA graph and replayed (no host launch cost; the gaps between kernels inside a graph kept) —
 in seconds for all of them, with the share of the bandwidth roofline (the bytes a call must read once: keys and
-values, or the weights) beside each, and the choices the kernels made (the attention's split count, the GEMV's and
+values, or the weights) beside each — the calls cycling through copies of what they read that span twice the GPU's
+L2 cache (`cold_copies`: one weight replayed 50 times stays in an H200's 50 MB L2, and its GEMV row read 23 MB at
+"92 %" of the memory's bandwidth) — and the choices the kernels made (the attention's split count, the GEMV's and
 the MoE's autotuned blocks). It says which kernel is worth a tuning row, and how to tune it:
 - the decoding attention (triton_decoding.py) against SDPA over the grouped heads (attention.one_token_grouped_sdpa,
   what the step runs now: cuDNN's kernel and a memset on an H100), batch 1 and 16, 384 and 2,048 cached keys, with
@@ -33,7 +35,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import copy
 import functools
+import math
 import os
 import sys
 from collections.abc import Callable
@@ -56,31 +60,48 @@ def calls_per_round(setup) -> int:
     return CALLS if setup.cuda else 1  # (one call under the interpreter: it takes a fraction of a second)
 
 
-def graphed(setup, call: Callable[[], object]) -> Callable[[], None]:
+def cold_copies(setup, bytes_read: int) -> int:
+    """How many copies of what a call reads (`bytes_read`) the calls of a graph cycle through so that together they
+    span twice the GPU's L2 cache (at most `CALLS`): each call then reads from memory, as a decoding step reads a
+    layer's weights once; one on CPU."""
+    if not setup.cuda:
+        return 1
+    l2 = torch.cuda.get_device_properties(setup.device).L2_cache_size
+    return max(1, min(CALLS, math.ceil(2 * l2 / max(1, bytes_read))))
+
+
+def graphed(setup, call: Callable[..., object], operands: list[tuple] | None = None) -> Callable[[], None]:
     """`CALLS` calls of `call`, captured once in a CUDA graph (after a warm-up that autotunes and compiles): its
-    replay; on CPU (the interpreter), one call as it is."""
+    replay; on CPU (the interpreter), one call as it is. Call i takes `operands[i % len(operands)]` as its arguments
+    (`cold_copies`), or none."""
+    operands = operands or [()]
     if not setup.cuda:
 
         def once() -> None:
-            call()
+            call(*operands[0])
 
         return once
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
-        for _ in range(3):
-            call()
+        for index in range(3):
+            call(*operands[index % len(operands)])
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        for _ in range(CALLS):
-            call()
+        for index in range(CALLS):
+            call(*operands[index % len(operands)])
     return graph.replay
 
 
-def kernel_row(setup, report: Report, metric: str, kernel: Callable, peer: Callable, bytes_read: int, extra=None):
-    """One row: `kernel` against `peer` as calls per second, µs per call and % of the bandwidth roofline."""
-    graphed_row(setup, report, metric, graphed(setup, kernel), graphed(setup, peer), bytes_read, extra)
+def kernel_row(
+    setup, report: Report, metric: str, kernel: Callable, peer: Callable, bytes_read: int, extra=None, operands=None
+):
+    """One row: `kernel` against `peer` as calls per second, µs per call and % of the bandwidth roofline, each call
+    of both with the arguments `graphed` gives it from `operands`."""
+    pair = graphed(setup, kernel, operands), graphed(setup, peer, operands)
+    graphed_row(setup, report, metric, *pair, bytes_read, extra)
+    report.rows[-1].extra["copies"] = str(len(operands or [()]))
 
 
 def graphed_row(setup, report: Report, metric: str, kernel: Callable, peer: Callable, bytes_read: int, extra=None):
@@ -112,14 +133,17 @@ def attention_rows(setup, report: Report, batch: int, keys: int) -> None:
     scale = head_dim**-0.5
     grouped = query.reshape(batch, kv_heads, heads // kv_heads, head_dim)
 
-    def peer():  # attention.one_token_grouped_sdpa's call
+    bytes_read = 2 * key.numel() * key.element_size()
+    operands = [(key, value)] + [(key.clone(), value.clone()) for _ in range(cold_copies(setup, bytes_read) - 1)]
+
+    def peer(key, value):  # attention.one_token_grouped_sdpa's call
         return F.scaled_dot_product_attention(grouped, key, value, attn_mask=mask, scale=scale)
 
     default = triton_decoding.split_count(batch, kv_heads, keys)
     others = (1, 2, 4, 8) if batch == 1 else ()
     for splits in dict.fromkeys((default, *others)):
 
-        def kernel(splits=splits):
+        def kernel(key, value, splits=splits):
             return torch.ops.archlab.decode_attention(query, key, value, mask, scale, splits)
 
         label = "split_count's choice" if splits == default else "forced"
@@ -127,8 +151,7 @@ def attention_rows(setup, report: Report, batch: int, keys: int) -> None:
             f"decoding attention, batch {batch}, {heads} heads / {kv_heads} KV heads of {head_dim}, {keys} keys, "
             f"{splits} split{'s' if splits > 1 else ''} ({label}): archlab's Triton kernel vs SDPA"
         )
-        bytes_read = 2 * key.numel() * key.element_size()
-        kernel_row(setup, report, metric, kernel, peer, bytes_read)
+        kernel_row(setup, report, metric, kernel, peer, bytes_read, operands=operands)
 
 
 def gemv_rows(setup, report: Report, rows: int) -> None:
@@ -152,61 +175,69 @@ def gemv_rows(setup, report: Report, rows: int) -> None:
     gate_up_weight = normal(2 * inner, hidden, scale=hidden**-0.5)
     down_weight = normal(hidden, inner, scale=inner**-0.5)
 
-    def swiglu_of_gate_up():
-        gate, up = F.linear(norm(x), gate_up_weight).chunk(2, dim=-1)
+    def swiglu_of_gate_up(weight):
+        gate, up = F.linear(norm(x), weight).chunk(2, dim=-1)
         return F.silu(gate) * up
 
     s = "s" if rows > 1 else ""
     cases = [
         (
             f"RMSNorm + q/k/v projection, {rows} row{s}, {hidden} → {qkv}: archlab's GEMV vs linear(norm(x))",
-            lambda: triton_gemv.gemv(x, qkv_weight, norm=norm),
-            lambda: F.linear(norm(x), qkv_weight),
+            lambda w: triton_gemv.gemv(x, w, norm=norm),
+            lambda w: F.linear(norm(x), w),
             qkv_weight,
         ),
         (
             f"output projection + residual, {rows} row{s}, {hidden} → {hidden}: archlab's GEMV vs linear(x) + r",
-            lambda: triton_gemv.gemv(x, o_weight, residual=residual),
-            lambda: F.linear(x, o_weight) + residual,
+            lambda w: triton_gemv.gemv(x, w, residual=residual),
+            lambda w: F.linear(x, w) + residual,
             o_weight,
         ),
         (
             f"RMSNorm + gate/up projection + SwiGLU, {rows} row{s}, {hidden} → 2 × {inner} → {inner}: archlab's"
             " gated GEMV vs silu(gate) * up of linear(norm(x))",
-            lambda: triton_gemv.gated_gemv(x, gate_up_weight, norm=norm),
+            lambda w: triton_gemv.gated_gemv(x, w, norm=norm),
             swiglu_of_gate_up,
             gate_up_weight,
         ),
         (
             f"down projection + residual, {rows} row{s}, {inner} → {hidden}: archlab's GEMV vs linear(h) + r",
-            lambda: triton_gemv.gemv(gate, down_weight, residual=residual),
-            lambda: F.linear(gate, down_weight) + residual,
+            lambda w: triton_gemv.gemv(gate, w, residual=residual),
+            lambda w: F.linear(gate, w) + residual,
             down_weight,
         ),
         (
             f"SwiGLU + down projection + residual, {rows} row{s}, {inner} → {hidden}: archlab's GEMV with SwiGLU"
             " before (gated_down) vs down(silu(gate) * up) + r",
-            lambda: torch.ops.archlab.gated_down(gate, up, down_weight, None, residual),
-            lambda: F.linear(F.silu(gate) * up, down_weight) + residual,
+            lambda w: torch.ops.archlab.gated_down(gate, up, w, None, residual),
+            lambda w: F.linear(F.silu(gate) * up, w) + residual,
             down_weight,
         ),
     ]
     for metric, kernel, peer, weight in cases:
         with torch.no_grad():
-            kernel_row(setup, report, metric, kernel, _compiled(setup, peer), weight.numel() * weight.element_size())
+            bytes_read, operands = _weight_copies(setup, weight)
+            kernel_row(setup, report, metric, kernel, _compiled(setup, peer), bytes_read, operands=operands)
         report.rows[-1].extra["kernel's choice"] = _best_config(triton_gemv.kernel_for(rows))
         if rows > triton_gemv.STREAMED_ROWS:  # the tensor-core kernel: split-K's shares (1: whole)
             shares = triton_gemv.split_count(weight.shape[0], weight.shape[1], x.device)
             report.rows[-1].extra["kernel's choice"] += f", {shares} shares of the inputs"
     if rows > triton_gemv.STREAMED_ROWS:  # split-K against the same kernel whole, on the q/k/v product
 
-        def whole():
+        def whole(weight):
             with mock.patch.object(triton_gemv, "split_count", lambda *args: 1):
-                return triton_gemv.gemv(x, qkv_weight, norm=norm)
+                return triton_gemv.gemv(x, weight, norm=norm)
 
         metric = f"split-K tensor-core GEMV vs whole, RMSNorm + q/k/v projection, {rows} rows"
         with torch.no_grad():
-            kernel_row(setup, report, metric, cases[0][1], whole, qkv_weight.numel() * qkv_weight.element_size())
+            bytes_read, operands = _weight_copies(setup, qkv_weight)
+            kernel_row(setup, report, metric, cases[0][1], whole, bytes_read, operands=operands)
+
+
+def _weight_copies(setup, weight: torch.Tensor) -> tuple[int, list[tuple[torch.Tensor]]]:
+    """The bytes a call reads of `weight`, and the calls' arguments: `weight` and its `cold_copies`."""
+    bytes_read = weight.numel() * weight.element_size()
+    return bytes_read, [(weight,)] + [(weight.clone(),) for _ in range(cold_copies(setup, bytes_read) - 1)]
 
 
 def qkv_rotary_row(setup, report: Report, rows: int) -> None:
@@ -232,7 +263,7 @@ def qkv_rotary_row(setup, report: Report, rows: int) -> None:
     caches = [torch.zeros(rows, kv_heads, KEY_COUNTS[0] + 1, head_dim, **to) for _ in range(4)]
     positions = torch.tensor([100], device=setup.device)
 
-    def kernel():
+    def kernel(weight):
         return torch.ops.archlab.qkv_rotary_cache(
             x, weight, None, norm.weight, norm.variance_epsilon, cos, sin, caches[0], caches[1], positions, heads
         )
@@ -249,7 +280,7 @@ def qkv_rotary_row(setup, report: Report, rows: int) -> None:
 
     compiled = _compiled(setup, rotary_and_writes)
 
-    def peer():
+    def peer(weight):
         return compiled(triton_gemv.gemv(x, weight, norm=norm))
 
     s = "s" if rows > 1 else ""
@@ -258,7 +289,8 @@ def qkv_rotary_row(setup, report: Report, rows: int) -> None:
         "vs its GEMV then the compiled rotation and index_copy_"
     )
     with torch.no_grad():
-        kernel_row(setup, report, metric, kernel, peer, weight.numel() * weight.element_size())
+        bytes_read, operands = _weight_copies(setup, weight)
+        kernel_row(setup, report, metric, kernel, peer, bytes_read, operands=operands)
     report.rows[-1].extra["kernel's choice"] = _best_config(triton_qkv.kernel_for(rows))
 
 
@@ -350,20 +382,22 @@ def moe_row(setup, report: Report, tokens: int) -> None:
     )
     weights = torch.softmax(torch.randn(tokens, 2, generator=generator, device=setup.device), -1).to(_dtype(setup))
 
-    def kernel():
+    def kernel(experts):
         return triton_moe.moe_decode(experts, hidden, choice, weights)
 
-    def peer():
+    def peer(experts):
         with mock.patch.object(triton_moe, "MOE_DECODE_DEVICES", ()):
             return experts(hidden, choice, weights)
 
     used = choice.unique().numel()
     all_experts = sum(p.numel() * p.element_size() for p in (experts.gate_up_proj, experts.down_proj))
+    bytes_read = all_experts * used // config.num_local_experts
+    operands = [(experts,)] + [(copy.deepcopy(experts),) for _ in range(cold_copies(setup, bytes_read) - 1)]
     metric = (
         f"MoE routed experts, {tokens} token{'s' if tokens > 1 else ''} × 2 of {config.num_local_experts} experts "
         f"({used} distinct): archlab's Triton kernels vs archlab's default experts"
     )
-    kernel_row(setup, report, metric, kernel, peer, all_experts * used // config.num_local_experts)
+    kernel_row(setup, report, metric, kernel, peer, bytes_read, operands=operands)
     report.rows[-1].extra["kernel's choice"] = _best_config(triton_moe._expert_down_kernel)
 
 
@@ -415,7 +449,9 @@ def run(args: argparse.Namespace) -> Report:
     release(setup.device)
     report.notes.append(
         "µs per call: a CUDA graph of the calls replayed, its time over the calls; % roofline: the bytes a call must "
-        "read once (keys and values; the weights; the chosen experts' weights) at the peak bandwidth, over that time."
+        "read once (keys and values; the weights; the chosen experts' weights) at the peak bandwidth, over that time; "
+        "copies: of what a call reads, cycled through by the calls so that they span twice the L2 cache (up to "
+        f"{CALLS}; a layer row's calls read one layer, larger than the L2 at the reference shape)."
     )
     return report
 

@@ -85,6 +85,11 @@ def test_each_kernel_has_rows_against_its_pytorch_path(tmp_path, monkeypatch):
     for row in attention + gemv + moe + layers:
         assert row[1].endswith("calls/s") and row[3].endswith("×"), row
         assert float(row[micro]) > 0 and float(row[read]) > 0, row
+    # each call of a kernel row reads its own copy of the weights or keys, so together they span twice the L2 (one
+    # copy on a CPU; on a GPU at the quick shapes, many)
+    copies = header.index("copies")
+    assert all(int(row[copies]) >= 1 for row in attention + gemv + moe), table
+    assert all((int(row[copies]) > 1) == (DEVICE == "cuda") for row in gemv + moe), table
     choice = header.index("kernel's choice")
     assert all("BLOCK_N" in row[choice] for row in gemv + moe), table
     assert all(("not autotuned" in row[choice]) == INTERPRETING for row in gemv + moe), table
