@@ -104,20 +104,34 @@ def _count_recordings(monkeypatch) -> list:
 
 
 def _stage_of_recording(monkeypatch) -> list:
-    """From now on, for each CUDA graph recorded, the stack's archlab frames that led to it (prefill or step)."""
+    """From now on, for each CUDA graph recorded, the stack's archlab frames that led to it (prefill or step), then
+    why cudagraph trees recorded rather than replayed: the recorded graphs of that function it checked and failed
+    since the last recording (`CUDAGraphNode.check_invariants`' status and, for moved static or graph-managed
+    inputs, which ones), or none — a function (a compiled graph, or a new size of a dynamic one) not recorded before."""
     import traceback
 
-    stages = []
+    from torch._inductor import cudagraph_trees
+
+    stages, failed = [], []
     capture_begin = torch.cuda.CUDAGraph.capture_begin
+    check_invariants = cudagraph_trees.CUDAGraphNode.check_invariants
+
+    def checked(node, inputs):
+        status, reason = check_invariants(node, inputs)
+        if status != cudagraph_trees.CheckInvariantStatus.SUCCESS:
+            failed.append(f"{status.name}: {reason()}"[:600])
+        return status, reason
 
     def recording(*args, **kwargs):
         frames = [
             f"{f.name}@{f.filename.rsplit('/', 1)[-1]}" for f in traceback.extract_stack() if "archlab" in f.filename
         ]
-        stages.append(frames[-4:])
+        stages.append([*frames[-4:], failed[:] or "no recorded graph of this function was checked"])
+        failed.clear()
         return capture_begin(*args, **kwargs)
 
     monkeypatch.setattr(torch.cuda.CUDAGraph, "capture_begin", recording)
+    monkeypatch.setattr(cudagraph_trees.CUDAGraphNode, "check_invariants", checked)
     return stages
 
 
