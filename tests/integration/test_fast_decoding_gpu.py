@@ -315,6 +315,39 @@ def test_the_compiled_prefill_replays_one_recorded_graph_per_bucket(kind, monkey
         assert torch.equal(output, expected[length]), length
 
 
+def test_prompts_of_other_lengths_replay_the_recorded_step(monkeypatch):
+    """The default path (prefill not compiled): prompts of 32, 27 and 30 tokens, left-padded, each call ending at the
+    same cache length (the kept cache): after a call of each kind has run twice (the step compiled and recorded
+    once), prompts of other lengths record nothing and compile nothing, with eager decoding's fp32 tokens — what a
+    server decoding prompts of every length needs (the prefill-bucket test above saw the step recorded again for a
+    new prompt length: this one says whether the prefill's compile has a part in it)."""
+    torch._dynamo.reset()
+    counters.clear()
+    model = _model("dense", torch.float32)
+    inputs = _inputs("dense", 3)
+
+    def call(length, **kwargs):
+        prompt = {name: value[:, -length:] for name, value in inputs.items()}
+        kwargs.update(do_sample=False, max_new_tokens=56 - length, min_new_tokens=56 - length, pad_token_id=0)
+        return model.generate(**prompt, **kwargs)
+
+    lengths = (32, 27, 30, 31)
+    expected = {length: call(length, disable_compile=True) for length in lengths}
+    outputs = [(32, call(32)) for _ in range(2)]
+    captures = _count_recordings(monkeypatch)
+    stages = _stage_of_recording(monkeypatch)
+    recorded = {}
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        for length in lengths[1:]:
+            before = len(stages)
+            outputs.append((length, call(length)))
+            recorded[length] = stages[before:]
+    assert not captures, f"a prompt of another length recorded the step again: {recorded}"
+    assert counters["inductor"]["cudagraph_skips"] == 0
+    for length, output in outputs:
+        assert torch.equal(output, expected[length]), length
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 def test_sliding_layers_decoded_as_rings_replay_one_recorded_step(dtype, monkeypatch):
     """Window 8, 32 + 24 positions: past 4 windows the sliding layers are window-long and the loop decodes them as
