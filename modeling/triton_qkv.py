@@ -49,7 +49,14 @@ try:
     import triton
     import triton.language as tl
 
-    from .triton_gemv import ROW_CONFIGS, STREAMED_CONFIGS, _normed_sums, _stream_rows, autotuned_streaming
+    from .triton_gemv import (
+        ROW_CONFIGS,
+        STREAMED_CONFIGS,
+        _normed_sums,
+        _stream_rows,
+        autotuned_streaming,
+        streaming_pdl,
+    )
 except ImportError:  # the CPU wheels of torch come without Triton: nothing here applies
     triton = None
 
@@ -222,7 +229,7 @@ def _qkv_rotary_cache_body(
         x2.stride(0), weight.stride(0), cos2.stride(0), query.stride(0),
         key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
         ROWS=triton.next_power_of_2(rows), PROLOGUE=PLAIN if gain is None else RMS_NORM, HAS_BIAS=bias is not None,
-        HALF=head_dim // 2, ROTARY_HALF=cos.shape[-1] // 2, PDL=dependent,
+        HALF=head_dim // 2, ROTARY_HALF=cos.shape[-1] // 2, PDL=streaming_pdl(dependent, x),
     )  # fmt: skip
     return query.reshape(batch, tokens, heads * head_dim)
 
