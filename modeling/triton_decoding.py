@@ -10,7 +10,9 @@ kernels. Here one program reads one KV head of one row, its keys in blocks, all 
 once (the keys and values read once, as `attention.one_token_grouped_sdpa` does), with an online softmax; no
 memset, one launch a layer where the cache is short. Long caches at a small batch split each row's keys among
 `splits` programs (`split_count`: enough programs for the GPU, from the cache's capacity, a fixed number per
-compiled graph) whose partial results a second kernel combines.
+compiled graph) whose partial results a second kernel combines — or, a candidate off by default
+(`COMBINE_IN_SPLITS_DEVICES`), the program that finishes a row's KV head last, counted by an atomic (the
+"last block" reduction of split-K and stream-K GEMMs): one kernel launch fewer a layer.
 
 `decode_attention` is a `torch.library.triton_op`: inside `torch.compile` inductor calls the kernel from its generated
 code (and CUDA graphs record it), in eager code it launches as it is. Where it applies (`triton_decoding_applies`):
@@ -57,6 +59,10 @@ HEAD_SIZES = (16, 32, 64, 128, 256)
 # paying at 8. Now 384 keys take 6 splits, 2,048 keys 32 (the cap: TARGET_PROGRAMS over 4 KV heads)
 KEYS_PER_PROGRAM = 64
 TARGET_PROGRAMS = 128
+# Devices on which the PDL twin's split attention combines the splits in the program that finishes a row's head
+# last (an atomic count a (row, KV head), `_combine_splits` in `_decode_split_kernel`) rather than in a second
+# kernel (`_decode_combine_kernel`): one kernel fewer a layer. A candidate, off until `--suite cuda-kernels` times it.
+COMBINE_IN_SPLITS_DEVICES: tuple[str, ...] = ()
 # Keys a program reads at once: up to 64, fewer for large heads in wide dtypes, so the pipelined key and value tiles
 # stay within ~75 kB of shared memory (`block_keys`; consumer GPUs have ~100 kB)
 BLOCK_KEYS = 64
@@ -96,8 +102,39 @@ def split_count(rows: int, kv_heads: int, capacity: int) -> int:
 if triton is not None:
 
     @triton.jit
+    def _combine_splits(
+        part_ptr, stat_ptr, out_ptr, pid, b, h, o_b, o_h, o_d,
+        GROUP: tl.constexpr, GROUP_ROWS: tl.constexpr, HEAD: tl.constexpr, SPLITS: tl.constexpr,
+        CACHE: tl.constexpr,
+    ):  # fmt: skip
+        """Row b, KV head h (program `pid` of the split kernel's first axis): the splits' partial outputs rescaled to
+        their common maximum and summed, in split order. CACHE: the loads' cache modifier (".cg": past the L1 cache,
+        for partial results another multiprocessor wrote during this kernel)."""
+        rows = tl.arange(0, GROUP_ROWS)
+        dims = tl.arange(0, HEAD)
+        best = tl.full([GROUP_ROWS], float("-inf"), tl.float32)
+        for split in range(SPLITS):
+            slot = (pid * SPLITS + split) * GROUP_ROWS + rows
+            best = tl.maximum(best, tl.load(stat_ptr + slot * 2, cache_modifier=CACHE))
+        safe = tl.where(best == float("-inf"), 0.0, best)
+        total = tl.zeros([GROUP_ROWS], tl.float32)
+        acc = tl.zeros([GROUP_ROWS, HEAD], tl.float32)
+        for split in range(SPLITS):
+            slot = (pid * SPLITS + split) * GROUP_ROWS + rows
+            factor = tl.exp(tl.load(stat_ptr + slot * 2, cache_modifier=CACHE) - safe)
+            total += tl.load(stat_ptr + slot * 2 + 1, cache_modifier=CACHE) * factor
+            part = tl.load(part_ptr + slot[:, None] * HEAD + dims[None, :], cache_modifier=CACHE)
+            acc += part * factor[:, None]
+        out = acc / tl.where(total == 0.0, 1.0, total)[:, None]
+        tl.store(
+            out_ptr + b * o_b + (h * GROUP + rows)[:, None] * o_h + dims[None, :] * o_d,
+            out.to(out_ptr.dtype.element_ty),
+            mask=(rows < GROUP)[:, None],
+        )
+
+    @triton.jit
     def _decode_split_kernel(
-        q_ptr, k_ptr, v_ptr, mask_ptr, out_ptr, part_ptr, stat_ptr,
+        q_ptr, k_ptr, v_ptr, mask_ptr, out_ptr, part_ptr, stat_ptr, count_ptr,
         keys, kv_heads, scale,
         q_b, q_h, q_d,
         k_b, k_h, k_s, k_d,
@@ -105,10 +142,12 @@ if triton is not None:
         m_b, m_s,
         o_b, o_h, o_d,
         GROUP: tl.constexpr, GROUP_ROWS: tl.constexpr, HEAD: tl.constexpr, BLOCK: tl.constexpr,
-        SPLITS: tl.constexpr, MASK: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr,
+        SPLITS: tl.constexpr, MASK: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr, COMBINE: tl.constexpr,
     ):  # fmt: skip
         """One program: row b, KV head h, its split of the keys. MASK: 0 none, 1 boolean (True attends), 2 additive.
-        SPLITS == 1 writes the output; otherwise the unnormalised partial output and (max, sum) of the split."""
+        SPLITS == 1 writes the output; otherwise the unnormalised partial output and (max, sum) of the split, and
+        with COMBINE the program that finishes its (row, KV head) last — the count at `count_ptr`, which it puts back
+        to zero — combines the splits (`_combine_splits`)."""
         dependent_launch(PDL)
         pid = tl.program_id(0)
         split = tl.program_id(1)
@@ -168,6 +207,14 @@ if triton is not None:
             tl.store(part_ptr + slot[:, None] * HEAD + dims[None, :], acc)
             tl.store(stat_ptr + slot * 2, best)
             tl.store(stat_ptr + slot * 2 + 1, total)
+            if COMBINE:
+                tl.debug_barrier()  # every thread's stores before the count (released with it to the whole GPU)
+                finished = tl.atomic_add(count_ptr + pid, 1, sem="acq_rel", scope="gpu")
+                if finished == SPLITS - 1:  # the last split of this row's KV head: the others' results are visible
+                    _combine_splits(
+                        part_ptr, stat_ptr, out_ptr, pid, b, h, o_b, o_h, o_d, GROUP, GROUP_ROWS, HEAD, SPLITS, ".cg"
+                    )
+                    tl.atomic_xchg(count_ptr + pid, 0, sem="relaxed", scope="gpu")  # for the next launch
 
     @triton.jit
     def _decode_combine_kernel(
@@ -179,28 +226,30 @@ if triton is not None:
         """One program: row b, KV head h; the splits' partial outputs rescaled to their common maximum and summed."""
         dependent_launch(PDL)
         pid = tl.program_id(0)
-        b = pid // kv_heads
-        h = pid % kv_heads
-        rows = tl.arange(0, GROUP_ROWS)
-        dims = tl.arange(0, HEAD)
-        best = tl.full([GROUP_ROWS], float("-inf"), tl.float32)
-        for split in range(SPLITS):
-            slot = (pid * SPLITS + split) * GROUP_ROWS + rows
-            best = tl.maximum(best, tl.load(stat_ptr + slot * 2))
-        safe = tl.where(best == float("-inf"), 0.0, best)
-        total = tl.zeros([GROUP_ROWS], tl.float32)
-        acc = tl.zeros([GROUP_ROWS, HEAD], tl.float32)
-        for split in range(SPLITS):
-            slot = (pid * SPLITS + split) * GROUP_ROWS + rows
-            factor = tl.exp(tl.load(stat_ptr + slot * 2) - safe)
-            total += tl.load(stat_ptr + slot * 2 + 1) * factor
-            acc += tl.load(part_ptr + slot[:, None] * HEAD + dims[None, :]) * factor[:, None]
-        out = acc / tl.where(total == 0.0, 1.0, total)[:, None]
-        tl.store(
-            out_ptr + b * o_b + (h * GROUP + rows)[:, None] * o_h + dims[None, :] * o_d,
-            out.to(out_ptr.dtype.element_ty),
-            mask=(rows < GROUP)[:, None],
-        )
+        _combine_splits(
+            part_ptr, stat_ptr, out_ptr, pid, pid // kv_heads, pid % kv_heads, o_b, o_h, o_d, GROUP, GROUP_ROWS, HEAD,
+            SPLITS, "",
+        )  # fmt: skip
+
+
+_SPLIT_COUNTS: dict = {}
+
+
+def split_counts(device: torch.device, programs: int) -> torch.Tensor | None:
+    """Zeroed int32 counts, one a (row, KV head), for the split kernel's combine (`COMBINE_IN_SPLITS_DEVICES`), kept
+    per device and stream: each launch leaves them at zero, so a recorded CUDA graph replays on them. None where the
+    device is not listed, or where new counts would be allocated while a CUDA graph is recorded (they would come from
+    the graph's memory pool): the second kernel combines then."""
+    if device.type not in COMBINE_IN_SPLITS_DEVICES:
+        return None
+    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+    key = (str(device), stream)
+    counts = _SPLIT_COUNTS.get(key)
+    if counts is None or counts.numel() < programs:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            return None
+        counts = _SPLIT_COUNTS[key] = torch.zeros(max(programs, 256), dtype=torch.int32, device=device)
+    return counts
 
 
 def _decode_attention_body(query, key, value, mask, scale, splits, pdl: bool = False) -> torch.Tensor:
@@ -223,8 +272,11 @@ def _decode_attention_body(query, key, value, mask, scale, splits, pdl: bool = F
     else:  # not read or written with one split; not `output` either: a traced launch must not alias what it writes
         parts = stats = query.new_empty(0, dtype=torch.float32)
     dependent = pdl and pdl_launch(query)
+    # the twin (opaque to torch.compile: the counts are its own) combines in the split kernel where listed
+    counts = split_counts(query.device, batch * kv_heads) if pdl and splits > 1 else None
     launchable(_decode_split_kernel, query, "decode_attention", pdl=dependent)[(batch * kv_heads, splits)](
         query, key, value, mask_ptr, output, parts, stats,
+        query.new_empty(0, dtype=torch.int32) if counts is None else counts,
         keys, kv_heads, scale,
         query.stride(0), query.stride(1), query.stride(3),
         key.stride(0), key.stride(1), key.stride(2), key.stride(3),
@@ -232,9 +284,9 @@ def _decode_attention_body(query, key, value, mask, scale, splits, pdl: bool = F
         *mask_strides,
         output.stride(0), output.stride(2), output.stride(3),
         GROUP=group, GROUP_ROWS=group_rows, HEAD=head_dim, BLOCK=block_keys(head_dim, query.element_size()),
-        SPLITS=splits, MASK=kind, IEEE=query.dtype == torch.float32, PDL=dependent,
+        SPLITS=splits, MASK=kind, IEEE=query.dtype == torch.float32, PDL=dependent, COMBINE=counts is not None,
     )  # fmt: skip
-    if splits > 1:
+    if splits > 1 and counts is None:
         launchable(_decode_combine_kernel, query, "decode_attention", pdl=dependent)[(batch * kv_heads,)](
             parts, stats, output, kv_heads,
             output.stride(0), output.stride(2), output.stride(3),
@@ -281,6 +333,7 @@ def decode_attention(
 
 
 __all__ = [
+    "COMBINE_IN_SPLITS_DEVICES",
     "TRITON_DECODING_DEVICES",
     "block_keys",
     "decode_attention",

@@ -11,7 +11,8 @@ L2 cache (`cold_copies`: one weight replayed 50 times stays in an H200's 50 MB L
 the MoE's autotuned blocks). It says which kernel is worth a tuning row, and how to tune it:
 - the decoding attention (triton_decoding.py) against SDPA over the grouped heads (attention.one_token_grouped_sdpa,
   what the step runs now: cuDNN's kernel and a memset on an H100), batch 1 and 16, 384 and 2,048 cached keys, with
-  the split count `split_count` picks and, at batch 1, others;
+  the split count `split_count` picks and, at batch 1, others; and at batch 1 through the PDL twin, the splits
+  combined by the program finishing each KV head last (`COMBINE_IN_SPLITS_DEVICES`) against the second kernel;
 - the GEMVs of a pre-norm layer's fused step (triton_gemv.py, decode_block.py) against what the compiled step runs
   (compiled the same way: inductor's norm, SwiGLU and add kernels, cuBLAS's GEMVs), 1, 4 and 16 rows (the last on
   the tensor-core kernel): RMSNorm inside the q/k/v product, the residual after the output projection, SwiGLU inside
@@ -154,6 +155,41 @@ def attention_rows(setup, report: Report, batch: int, keys: int) -> None:
             f"{splits} split{'s' if splits > 1 else ''} ({label}): archlab's Triton kernel vs SDPA"
         )
         kernel_row(setup, report, metric, kernel, peer, bytes_read, operands=operands)
+
+
+def combine_row(setup, report: Report, keys: int) -> None:
+    """The split attention at batch 1 through the op's PDL twin (what the fused step launches), its splits combined
+    by the program finishing each KV head last (`COMBINE_IN_SPLITS_DEVICES`) against the second, combining kernel."""
+    dense = shape("dense", setup.quick)
+    heads, kv_heads = dense["num_attention_heads"], dense["num_key_value_heads"]
+    head_dim = dense["hidden_size"] // heads
+    keys = keys if not setup.quick else keys // 16
+    generator = torch.Generator(device=setup.device).manual_seed(0)
+
+    def normal(*size):
+        return torch.randn(*size, generator=generator, device=setup.device, dtype=_dtype(setup))
+
+    query = normal(1, heads, 1, head_dim)
+    key, value = normal(1, kv_heads, keys, head_dim), normal(1, kv_heads, keys, head_dim)
+    mask = torch.ones(1, 1, 1, keys, dtype=torch.bool, device=setup.device)
+    splits = triton_decoding.split_count(1, kv_heads, keys)
+    bytes_read = 2 * key.numel() * key.element_size()
+    operands = [(key, value)] + [(key.clone(), value.clone()) for _ in range(cold_copies(setup, bytes_read) - 1)]
+
+    def attention(key, value):
+        return torch.ops.archlab.decode_attention_pdl(query, key, value, mask, head_dim**-0.5, splits)
+
+    def combined(key, value):  # (patched at each call: on CUDA while the graph records it)
+        with mock.patch.object(triton_decoding, "COMBINE_IN_SPLITS_DEVICES", (setup.device.type,)):
+            return attention(key, value)
+
+    metric = (
+        f"decoding attention, batch 1, {keys} keys, {splits} split{'s' if splits > 1 else ''}, through the PDL twin: "
+        "the splits combined by the last program of each KV head vs by a second kernel"
+    )
+    for _ in range(2):  # the same output as the second kernel's, twice: the counts are back at zero after a call
+        torch.testing.assert_close(combined(key, value), attention(key, value), rtol=1e-2, atol=1e-2)
+    kernel_row(setup, report, metric, combined, attention, bytes_read, operands=operands)
 
 
 def gemv_rows(setup, report: Report, rows: int) -> None:
@@ -458,6 +494,8 @@ def run(args: argparse.Namespace) -> Report:
     for batch, keys in ((1, KEY_COUNTS[0]), (1, KEY_COUNTS[1]), (16, KEY_COUNTS[0])):
         measure = functools.partial(attention_rows, setup, report, batch, keys)
         guarded(report, setup, f"attention, batch {batch}, {keys} keys", measure)
+    for keys in KEY_COUNTS:
+        guarded(report, setup, f"attention combine, {keys} keys", functools.partial(combine_row, setup, report, keys))
     for rows in (1, triton_gemv.STREAMED_ROWS, triton_gemv.MAX_ROWS):
         guarded(report, setup, f"GEMV, {rows} rows", functools.partial(gemv_rows, setup, report, rows))
     for rows in (1, triton_gemv.STREAMED_ROWS):

@@ -11,6 +11,7 @@ Needs Triton (CPU wheels of torch come without it: `.ci/run` installs it for thi
 from __future__ import annotations
 
 import itertools
+import re
 
 import pytest
 
@@ -52,7 +53,9 @@ def _compile(
     from triton.compiler import ASTSource
 
     fn = kernel.fn if hasattr(kernel, "configs") else kernel  # an autotuner: its kernel
-    signature, constants, attrs = {}, {"PDL": False, **constexprs} if "PDL" in fn.arg_names else dict(constexprs), {}
+    defaults = {name: False for name in ("PDL", "COMBINE") if name in fn.arg_names}  # the flags off unless asked
+    signature, constants, attrs = {}, {**defaults, **constexprs}, {}
+    pointers = {"count_ptr": "*i32", **pointers}  # the split attention's counts (its in-kernel combine)
     for index, name in enumerate(fn.arg_names):
         if name in constants:
             signature[name] = "constexpr"
@@ -385,6 +388,24 @@ def test_the_tensor_core_gemv_loads_are_pipelined(prologue):
         assert any(sum("LDGSTS" in text for text in loop) >= 1 for loop in loops), config
 
 
+@pytest.mark.parametrize("arch", ARCHS)
+def test_the_split_attention_combining_in_its_last_program_compiles(arch):
+    """COMBINE (`COMBINE_IN_SPLITS_DEVICES`): the split kernel counts its (row, KV head)'s finished splits with an
+    acquire-release atomic at GPU scope after a barrier, the last one reads the others' partial results past the L1
+    cache (`ld.global.cg`) and puts the count back to zero; in shared memory as without. Without COMBINE no atomic."""
+    from archlab.modeling import triton_decoding
+
+    constexprs = dict(GROUP=8, GROUP_ROWS=16, HEAD=64, BLOCK=64, SPLITS=4, MASK=1, IEEE=False, PDL=arch >= 90)
+    pointers = {name: "*bf16" for name in ("q_ptr", "k_ptr", "v_ptr", "out_ptr")}
+    pointers.update(mask_ptr="*i1", part_ptr="*fp32", stat_ptr="*fp32")
+    combined = _compile(triton_decoding._decode_split_kernel, {**constexprs, "COMBINE": True}, pointers, arch)
+    plain = _compile(triton_decoding._decode_split_kernel, constexprs, pointers, arch)
+    ptx = combined.asm["ptx"]
+    assert re.search(r"atom\.global\.gpu\.acq_rel\.add", ptx) and re.search(r"atom\.global\.gpu\.\w+\.exch", ptx)
+    assert "ld.global.cg" in ptx and "atom.global" not in plain.asm["ptx"]
+    assert combined.metadata.shared <= SHARED_LIMIT
+
+
 def test_the_attention_loads_are_pipelined():
     """The attention's key and value blocks feed `tl.dot`, which Triton pipelines: its sm90 code copies them to shared
     memory asynchronously (LDGSTS) inside the loop, as launched (aligned pointers, unit strides)."""
@@ -607,7 +628,8 @@ def _traced_launch(case: str) -> tuple:
     attention = dict(
         q_ptr=bf16(64), k_ptr=bf16(64), v_ptr=bf16(64), out_ptr=bf16(64), keys=384, kv_heads=4, scale=0.125
     )
-    attention.update(strides, GROUP=8, GROUP_ROWS=16, HEAD=64, BLOCK=64, IEEE=False, PDL=False)
+    attention.update(strides, GROUP=8, GROUP_ROWS=16, HEAD=64, BLOCK=64, IEEE=False, PDL=False, COMBINE=False)
+    attention.update(count_ptr=torch.zeros(0, dtype=torch.int32))
     gemv = dict(x_ptr=bf16(64), up_ptr=bf16(64), gain_ptr=bf16(64), w_ptr=bf16(64), bias_ptr=bf16(64))
     gemv.update(residual_ptr=bf16(64), y_ptr=bf16(64), rows=1, outputs=2560, inputs=2048, eps=1e-6, x_m=2048)
     gemv.update(up_m=2048, w_n=2048, residual_m=2560, y_m=2560, HAS_BIAS=False, HAS_RESIDUAL=True, PDL=False)

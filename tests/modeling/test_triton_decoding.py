@@ -101,15 +101,25 @@ CASES = [  # batch, heads, KV heads, keys, head size, mask, the mask's batch, sp
 
 @runs_kernels
 @pytest.mark.parametrize("batch, heads, kv_heads, keys, dim, mask_kind, mask_batch, splits", CASES)
-@pytest.mark.parametrize("op", ["decode_attention", "decode_attention_pdl"])
+@pytest.mark.parametrize("op", ["decode_attention", "decode_attention_pdl", "decode_attention_pdl-combined"])
 def test_the_kernel_equals_sdpa(batch, heads, kv_heads, keys, dim, mask_kind, mask_batch, splits, op, monkeypatch):
-    """The op, and its PDL twin running the kernels' dependent-launch code (triton_launch.py)."""
+    """The op, and its PDL twin running the kernels' dependent-launch code (triton_launch.py); `combined`: the twin
+    with the splits combined by the program finishing each (row, KV head) last (`COMBINE_IN_SPLITS_DEVICES`), its
+    counts back at zero after the call (the next call, a CUDA graph's replay, counts from zero)."""
     with_dependent_launch_code(monkeypatch, triton_decoding)
+    op, combined = op.removesuffix("-combined"), op.endswith("-combined")
+    if combined:
+        monkeypatch.setattr(triton_decoding, "COMBINE_IN_SPLITS_DEVICES", (DEVICE,))
+        monkeypatch.setattr(triton_decoding, "_SPLIT_COUNTS", {})
     query, key, value, mask = _inputs(batch, heads, kv_heads, keys, dim, mask_kind, mask_batch)
     expected, _ = one_token_grouped_sdpa(nn.Module(), query, key, value, mask, scaling=0.3)
-    output = getattr(torch.ops.archlab, op)(query, key, value, mask, 0.3, splits)
-    assert output.shape == (batch, 1, heads, dim) and output.dtype == query.dtype
-    torch.testing.assert_close(output, expected, rtol=1e-5, atol=1e-5)
+    for _ in range(2 if combined else 1):
+        output = getattr(torch.ops.archlab, op)(query, key, value, mask, 0.3, splits)
+        assert output.shape == (batch, 1, heads, dim) and output.dtype == query.dtype
+        torch.testing.assert_close(output, expected, rtol=1e-5, atol=1e-5)
+    if combined and splits > 1:
+        (counts,) = triton_decoding._SPLIT_COUNTS.values()
+        assert counts.numel() >= batch * kv_heads and not counts.any()
 
 
 @runs_kernels

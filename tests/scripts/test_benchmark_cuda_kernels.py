@@ -59,6 +59,8 @@ def test_each_kernel_has_rows_against_its_pytorch_path(tmp_path, monkeypatch):
     attention = _rows(table, "decoding attention")
     # batch 1 at 24 and 128 keys (quick): the chosen split and 1, 2, 4, 8 forced; batch 16: the chosen one
     assert sum("split_count's choice" in row[0] for row in attention) == 3, table
+    combined = [row for row in attention if "the splits combined by the last program of each KV head" in row[0]]
+    assert [row[0].split(",")[2].strip() for row in combined] == ["24 keys", "128 keys"], table
     assert {re.search(r"(\d+) splits?", row[0])[1] for row in attention if "batch 1," in row[0]} == {"1", "2", "4", "8"}
     gemv, moe = [], _rows(table, "MoE routed experts")
     kinds = (
