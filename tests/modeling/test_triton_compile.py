@@ -813,7 +813,13 @@ def test_the_kernels_compile_with_every_scalar_argument_a_constant(case):
     kernel, kwargs, _ = _traced_launch(case)
     fn = kernel.fn if hasattr(kernel, "configs") else kernel
     config = kernel.configs[0].kwargs if hasattr(kernel, "configs") else {}
-    types = {torch.bfloat16: "*bf16", torch.float32: "*fp32", torch.int64: "*i64", torch.bool: "*i1"}
+    types = {
+        torch.bfloat16: "*bf16",
+        torch.float32: "*fp32",
+        torch.int64: "*i64",
+        torch.int32: "*i32",
+        torch.bool: "*i1",
+    }
     pointers = {name: types[value.dtype] for name, value in kwargs.items() if isinstance(value, torch.Tensor)}
     constants = {name: value for name, value in kwargs.items() if name not in pointers and name in fn.arg_names}
     assert "cubin" in _compile(kernel, {**constants, **config}, pointers, 90).asm
