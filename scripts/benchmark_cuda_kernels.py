@@ -119,7 +119,10 @@ def graphed_row(setup, report: Report, metric: str, kernel: Callable, peer: Call
     report.rows.append(row(metric, timed, calls, "calls/s", roofline=roofline, extra=columns))
 
 
-def attention_rows(setup, report: Report, batch: int, keys: int) -> None:
+def _attention_inputs(setup, batch: int, keys: int):
+    """A decoding step's attention at the dense model's heads: (query, the calls' (key, value) copies
+    (`cold_copies`), the mask — the static cache's last eighth empty —, the bytes a call reads). `keys` a sixteenth
+    at the quick size."""
     dense = shape("dense", setup.quick)
     heads, kv_heads = dense["num_attention_heads"], dense["num_key_value_heads"]
     head_dim = dense["hidden_size"] // heads
@@ -133,11 +136,16 @@ def attention_rows(setup, report: Report, batch: int, keys: int) -> None:
     key, value = normal(batch, kv_heads, keys, head_dim), normal(batch, kv_heads, keys, head_dim)
     mask = torch.ones(batch, 1, 1, keys, dtype=torch.bool, device=setup.device)
     mask[..., keys - keys // 8 :] = False  # the static cache's empty positions
-    scale = head_dim**-0.5
-    grouped = query.reshape(batch, kv_heads, heads // kv_heads, head_dim)
-
     bytes_read = 2 * key.numel() * key.element_size()
     operands = [(key, value)] + [(key.clone(), value.clone()) for _ in range(cold_copies(setup, bytes_read) - 1)]
+    return query, operands, mask, bytes_read
+
+
+def attention_rows(setup, report: Report, batch: int, keys: int) -> None:
+    query, operands, mask, bytes_read = _attention_inputs(setup, batch, keys)
+    (_, heads, _, head_dim), (kv_heads, keys) = query.shape, operands[0][0].shape[1:3]
+    scale = head_dim**-0.5
+    grouped = query.reshape(batch, kv_heads, heads // kv_heads, head_dim)
 
     def peer(key, value):  # attention.one_token_grouped_sdpa's call
         return F.scaled_dot_product_attention(grouped, key, value, attn_mask=mask, scale=scale)
@@ -160,21 +168,9 @@ def attention_rows(setup, report: Report, batch: int, keys: int) -> None:
 def combine_row(setup, report: Report, keys: int) -> None:
     """The split attention at batch 1 through the op's PDL twin (what the fused step launches), its splits combined
     by the program finishing each KV head last (`COMBINE_IN_SPLITS_DEVICES`) against the second, combining kernel."""
-    dense = shape("dense", setup.quick)
-    heads, kv_heads = dense["num_attention_heads"], dense["num_key_value_heads"]
-    head_dim = dense["hidden_size"] // heads
-    keys = keys if not setup.quick else keys // 16
-    generator = torch.Generator(device=setup.device).manual_seed(0)
-
-    def normal(*size):
-        return torch.randn(*size, generator=generator, device=setup.device, dtype=_dtype(setup))
-
-    query = normal(1, heads, 1, head_dim)
-    key, value = normal(1, kv_heads, keys, head_dim), normal(1, kv_heads, keys, head_dim)
-    mask = torch.ones(1, 1, 1, keys, dtype=torch.bool, device=setup.device)
+    query, operands, mask, bytes_read = _attention_inputs(setup, 1, keys)
+    head_dim, (kv_heads, keys) = query.shape[-1], operands[0][0].shape[1:3]
     splits = triton_decoding.split_count(1, kv_heads, keys)
-    bytes_read = 2 * key.numel() * key.element_size()
-    operands = [(key, value)] + [(key.clone(), value.clone()) for _ in range(cold_copies(setup, bytes_read) - 1)]
 
     def attention(key, value):
         return torch.ops.archlab.decode_attention_pdl(query, key, value, mask, head_dim**-0.5, splits)
@@ -187,6 +183,7 @@ def combine_row(setup, report: Report, keys: int) -> None:
         f"decoding attention, batch 1, {keys} keys, {splits} split{'s' if splits > 1 else ''}, through the PDL twin: "
         "the splits combined by the last program of each KV head vs by a second kernel"
     )
+    key, value = operands[0]
     for _ in range(2):  # the same output as the second kernel's, twice: the counts are back at zero after a call
         torch.testing.assert_close(combined(key, value), attention(key, value), rtol=1e-2, atol=1e-2)
     kernel_row(setup, report, metric, combined, attention, bytes_read, operands=operands)
