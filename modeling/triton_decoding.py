@@ -232,24 +232,25 @@ if triton is not None:
         )  # fmt: skip
 
 
-_SPLIT_COUNTS: dict = {}
+# Per device, every tensor of counts allocated, the last the largest: none is ever freed (a recorded CUDA graph keeps
+# the address it was recorded with)
+_SPLIT_COUNTS: dict[str, list[torch.Tensor]] = {}
 
 
 def split_counts(device: torch.device, programs: int) -> torch.Tensor | None:
     """Zeroed int32 counts, one a (row, KV head), for the split kernel's combine (`COMBINE_IN_SPLITS_DEVICES`), kept
-    per device and stream: each launch leaves them at zero, so a recorded CUDA graph replays on them. None where the
-    device is not listed, or where new counts would be allocated while a CUDA graph is recorded (they would come from
-    the graph's memory pool): the second kernel combines then."""
+    per device for the process: each launch leaves them at zero, so a recorded CUDA graph replays on them (launches on
+    two streams at once would share them: one model decoding at a time). None where the device is not listed, or
+    where larger counts would be allocated while a CUDA graph is recorded (from the graph's memory pool): the second
+    kernel combines then."""
     if device.type not in COMBINE_IN_SPLITS_DEVICES:
         return None
-    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
-    key = (str(device), stream)
-    counts = _SPLIT_COUNTS.get(key)
-    if counts is None or counts.numel() < programs:
+    kept = _SPLIT_COUNTS.setdefault(str(device), [])
+    if not kept or kept[-1].numel() < programs:
         if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
             return None
-        counts = _SPLIT_COUNTS[key] = torch.zeros(max(programs, 256), dtype=torch.int32, device=device)
-    return counts
+        kept.append(torch.zeros(max(programs, 1024), dtype=torch.int32, device=device))
+    return kept[-1]
 
 
 def _decode_attention_body(query, key, value, mask, scale, splits, pdl: bool = False) -> torch.Tensor:

@@ -118,7 +118,7 @@ def test_the_kernel_equals_sdpa(batch, heads, kv_heads, keys, dim, mask_kind, ma
         assert output.shape == (batch, 1, heads, dim) and output.dtype == query.dtype
         torch.testing.assert_close(output, expected, rtol=1e-5, atol=1e-5)
     if combined and splits > 1:
-        (counts,) = triton_decoding._SPLIT_COUNTS.values()
+        ((counts,),) = triton_decoding._SPLIT_COUNTS.values()
         assert counts.numel() >= batch * kv_heads and not counts.any()
 
 
