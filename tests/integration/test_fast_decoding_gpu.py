@@ -271,6 +271,14 @@ def test_greedy_calls_reuse_one_recorded_step(monkeypatch):
         assert torch.equal(output, expected)
 
 
+def _generate_to_56(model, inputs: dict, length: int, **kwargs):
+    """Greedy tokens of the last `length` positions of `inputs` up to 56 tokens: every call ends at the same cache
+    length (generate keeps its static cache between them)."""
+    prompt = {name: value[:, -length:] for name, value in inputs.items()}
+    kwargs.update(do_sample=False, max_new_tokens=56 - length, min_new_tokens=56 - length, pad_token_id=0)
+    return model.generate(**prompt, **kwargs)
+
+
 @pytest.mark.parametrize("kind", ["dense", "moe"])
 def test_the_compiled_prefill_replays_one_recorded_graph_per_bucket(kind, monkeypatch):
     """`compile_prefill=True` on CUDA: prompts of 32, 20 and 27 tokens (three rows, left-padded) are padded on the
@@ -292,9 +300,7 @@ def test_the_compiled_prefill_replays_one_recorded_graph_per_bucket(kind, monkey
     )
 
     def call(length, **kwargs):
-        prompt = {name: value[:, -length:] for name, value in inputs.items()}
-        kwargs.update(do_sample=False, max_new_tokens=56 - length, min_new_tokens=56 - length, pad_token_id=0)
-        return model.generate(**prompt, **kwargs, compile_prefill=True)
+        return _generate_to_56(model, inputs, length, compile_prefill=True, **kwargs)
 
     expected = {length: call(length, disable_compile=True) for length in (32, 20, 27)}
     outputs = [(32, call(32)) for _ in range(3)]  # allocates the kept cache; compiles the prefill; records it
@@ -316,9 +322,9 @@ def test_the_compiled_prefill_replays_one_recorded_graph_per_bucket(kind, monkey
 
 
 def test_prompts_of_other_lengths_replay_the_recorded_step(monkeypatch):
-    """The default path (prefill not compiled): prompts of 32, 27 and 30 tokens, left-padded, each call ending at the
-    same cache length (the kept cache): after a call of each kind has run twice (the step compiled and recorded
-    once), prompts of other lengths record nothing and compile nothing, with eager decoding's fp32 tokens — what a
+    """The default path (prefill not compiled): prompts of 32, 27, 30 and 31 tokens, left-padded, each call ending at
+    the same cache length (the kept cache): after two calls of 32 tokens (the step compiled and recorded once),
+    prompts of other lengths record nothing and compile nothing, with eager decoding's fp32 tokens — what a
     server decoding prompts of every length needs (the prefill-bucket test above saw the step recorded again for a
     new prompt length: this one says whether the prefill's compile has a part in it)."""
     torch._dynamo.reset()
@@ -327,9 +333,7 @@ def test_prompts_of_other_lengths_replay_the_recorded_step(monkeypatch):
     inputs = _inputs("dense", 3)
 
     def call(length, **kwargs):
-        prompt = {name: value[:, -length:] for name, value in inputs.items()}
-        kwargs.update(do_sample=False, max_new_tokens=56 - length, min_new_tokens=56 - length, pad_token_id=0)
-        return model.generate(**prompt, **kwargs)
+        return _generate_to_56(model, inputs, length, **kwargs)
 
     lengths = (32, 27, 30, 31)
     expected = {length: call(length, disable_compile=True) for length in lengths}
