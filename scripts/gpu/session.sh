@@ -160,6 +160,9 @@ gpu_tests() {
         # handled after the first printed the logs printed them again (a CI run found each worker's output twice)
         ((stopping)) && return
         stopping=1
+        # further TERMs ignored, by this shell and by the `cat` below (which inherits it): timeout's second TERM, to
+        # the whole process group, killed a `cat` printing the logs (a loaded 2-core machine: the workers' output lost)
+        trap '' TERM INT
         kill "${pids[@]}" 2>/dev/null
         wait
         cat "${logs[@]}" 2>/dev/null
