@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from .cache_spans import SpannedLayer, cache_tensors, self_attention_layers
+from .cache_spans import SpannedLayer, cache_tensors, mark_head_sizes_static, self_attention_layers
 
 # False: every reorder copies in place (what the benchmark compares with).
 DOUBLE_BUFFER = True
@@ -36,6 +36,7 @@ def _static_zeros_like(tensor: torch.Tensor) -> torch.Tensor:
     masks (a masked NaN would still reach the output through 0 · NaN)."""
     spare = torch.zeros_like(tensor)
     torch._dynamo.mark_static_address(spare)  # as the cache's own tensors: compiled graphs read it in place
+    mark_head_sizes_static(spare)  # and with the same marks (else the step compiles again for its spares)
     return spare
 
 

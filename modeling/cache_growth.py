@@ -19,7 +19,7 @@ import torch
 from transformers.cache_utils import Cache, StaticLayer, StaticSlidingWindowLayer
 from transformers.utils import logging
 
-from .cache_spans import self_attention_cache
+from .cache_spans import mark_head_sizes_static, self_attention_cache
 from .sliding_layers import RingSlidingLayer
 
 logger = logging.get_logger(__name__)
@@ -40,6 +40,7 @@ def _grow_layer(layer: StaticLayer, positions: int) -> None:
             new = old.new_zeros((*old.shape[:2], positions + spare, old.shape[-1]))
             new[:, :, : old.shape[-2]].copy_(old)
             torch._dynamo.mark_static_address(new)  # as StaticLayer.lazy_initialization marks its tensors
+            mark_head_sizes_static(new)
             grown.append(new)
         layer.keys, layer.values = grown
     layer.max_cache_len = positions

@@ -44,6 +44,18 @@ MIN_SPAN_STEP = 64
 MAX_SPANS = 8
 
 
+def mark_head_sizes_static(tensor: torch.Tensor) -> None:
+    """A (batch, heads, positions, head size) cache tensor's heads and head size marked static for dynamo (once).
+    Under the compiled prefill's `dynamic=True` they would be symbols (compiled_prefill.py); and every tensor a
+    compiled step may read in a layer's place must carry the same marks — a spare for beam search's reorder, a grown
+    cache — or the step's guard on the marking fails and it compiles again (the first prefill into a new cache is
+    eager: were the marks set only by the compiled prefill, the step compiled after it would compile again at the
+    next call)."""
+    if tensor.dim() == 4 and not hasattr(tensor, "_dynamo_static_indices"):
+        for dim in (1, 3):
+            torch._dynamo.mark_static(tensor, dim)
+
+
 class SpannedLayer(StaticLayer):
     """A `StaticLayer` whose decoding steps can read only its first `span.shape[0]` positions (module docstring).
     `span` is None outside the compiled decoding loops: then it reads like a `StaticLayer`.
@@ -62,6 +74,10 @@ class SpannedLayer(StaticLayer):
             super().lazy_initialization(key_states, value_states)
         finally:
             self.max_cache_len -= 1
+        # their heads and head size marked static from the start (`mark_head_sizes_static`)
+        if not torch.compiler.is_compiling():
+            for tensor in (self.keys, self.values):
+                mark_head_sizes_static(tensor)
 
     def _read_length(self) -> int:
         if self.span is not None:
@@ -269,6 +285,7 @@ def cache_tensors(layer) -> tuple[torch.Tensor, torch.Tensor]:
 
 __all__ = [
     "MAX_SPANS",
+    "mark_head_sizes_static",
     "MIN_SPAN_STEP",
     "Spans",
     "SharedPositions",

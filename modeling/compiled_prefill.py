@@ -50,7 +50,7 @@ from collections.abc import Callable, Iterator
 import torch
 
 from .cache_names import cache_in
-from .cache_spans import rewind_lengths, self_attention_layers, shared_positions
+from .cache_spans import mark_head_sizes_static, rewind_lengths, self_attention_layers, shared_positions
 from .compile_fallback import eager_on_compiler_failure
 from .prefill_buckets import padded_prefill_inputs
 
@@ -155,9 +155,8 @@ def _static_head_sizes(cache) -> None:
     (the layers' traces share the cache length's symbol, which lets their nested compile regions match)."""
     for layer in self_attention_layers(cache) if cache is not None else []:
         for tensor in (getattr(layer, "keys", None), getattr(layer, "values", None)):
-            if torch.is_tensor(tensor) and tensor.dim() == 4 and not hasattr(tensor, "_dynamo_static_indices"):
-                for dim in (1, 3):
-                    torch._dynamo.mark_static(tensor, dim)
+            if torch.is_tensor(tensor):
+                mark_head_sizes_static(tensor)  # (a cache's spanned layers marked theirs when they allocated them)
 
 
 def _contiguous(value):

@@ -63,14 +63,17 @@ def test_the_compiled_prefill_gives_eager_tokens_for_every_prompt_length_without
 
 
 def test_a_new_cache_is_filled_eagerly_then_prefills_compile(monkeypatch):
-    """The first prefill into a new cache runs eagerly: the cache allocates its tensors inside its first update."""
+    """The first prefill into a new cache runs eagerly: the cache allocates its tensors inside its first update. The
+    decoding step compiled after it does not compile again at the next call, whose prefill is compiled (the cache's
+    head sizes were marked static by the compiled prefill only: the step failed its guard on the marks)."""
     torch._dynamo.reset()
     model = decoder_variant("positions_rope")
     ran = _spy_on_prefills(model, monkeypatch)
     kwargs = dict(do_sample=False, pad_token_id=0, eos_token_id=None, max_new_tokens=6, cache_implementation="static")
     kwargs |= dict(compile_config=_compile_config(), compile_prefill=True)
     first = model.generate(**_prompts(6), **kwargs)
-    second = model.generate(**_prompts(6), **kwargs)
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        second = model.generate(**_prompts(6), **kwargs)
     assert ran == [False, True] and torch.equal(first, second)
     assert not getattr(model.generation_config, "compile_prefill", False)  # a keyword of one call, not kept
     config = model.generation_config
