@@ -123,6 +123,18 @@ def _kernels_in_eager_cuda_code(monkeypatch):
 
 
 @pytest.fixture(autouse=True)
+def _compile_errors_fail_tests(monkeypatch):
+    """generate's compiled steps and prefill raise where the compiler fails or a call would pass dynamo's recompile
+    limit, where generate runs them eagerly (compile_fallback.py): a test's compiled path that did not compile, or its
+    recompile limit (`recompile_limit=1`: one graph for every span), fails it rather than falling back to eager
+    decoding's same tokens unseen. The tests of the fallback itself turn it back on. (The compiled element-wise
+    kernels still fall back to their formulas: test_compiled_kernels.py.)"""
+    from archlab.modeling import compile_fallback
+
+    monkeypatch.setattr(compile_fallback, "FALL_BACK_TO_EAGER", False)
+
+
+@pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
     yield

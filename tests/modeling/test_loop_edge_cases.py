@@ -8,6 +8,8 @@ import pytest
 import torch
 from transformers import CompileConfig
 
+from archlab.modeling import compile_fallback
+
 from helpers import count_archlab_loops, cpu_compile_config, decoder_variant, seq2seq_variant
 
 
@@ -73,9 +75,10 @@ def test_bad_words_past_the_vocabulary_raise_transformers_error(num_beams, monke
 # dynamo's config patched by its own `patch`: pytest >= 9.2's monkeypatch restores a module's attribute from its
 # `__dict__`, where a torch config module keeps none, and so deletes it (torch then hides the setting for good)
 @torch._dynamo.config.patch(recompile_limit=2)
-def test_steps_past_the_recompile_limit_run_eagerly_with_fullgraph():
+def test_steps_past_the_recompile_limit_run_eagerly_with_fullgraph(monkeypatch):
     """Each no_repeat_ngram_size is a graph of its own: past dynamo's recompile limit a fullgraph compile raises
-    before the step runs, and the call decodes eagerly instead."""
+    before the step runs, and the call decodes eagerly instead (generate's behaviour; the other tests make it raise)."""
+    monkeypatch.setattr(compile_fallback, "FALL_BACK_TO_EAGER", True)
     torch._dynamo.reset()
     model = decoder_variant("positions_rope")
     ids = torch.randint(3, 97, (2, 6), generator=torch.Generator().manual_seed(0))

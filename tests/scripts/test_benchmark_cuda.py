@@ -271,16 +271,18 @@ def test_tuning_suite_measures_each_setting_against_the_default(tmp_path, device
     assert re.fullmatch(r"[\d.]+ s", prefill[header_index(table, "first call archlab")]), prefill
 
 
-def test_a_setting_whose_compile_fails_raises_instead_of_timing_eager_decoding():
+def test_a_setting_whose_compile_fails_raises_instead_of_timing_eager_decoding(monkeypatch):
     """cuda-tuning times a setting through `failing_on_fallback`: where compile_fallback.py turns a compiler failure
     into eager decoding (its one logged line), the call raises with that line, and the row becomes a note; the
     "compiling ..." notice and calls that compile are not failures."""
     from types import SimpleNamespace
 
+    from archlab.modeling import compile_fallback
     from archlab.modeling.compile_fallback import eager_on_compiler_failure
     from archlab.scripts import benchmark_cuda_tuning as tuning
 
     model = SimpleNamespace(device=torch.device("cpu"))
+    monkeypatch.setattr(compile_fallback, "FALL_BACK_TO_EAGER", True)  # (the tests' default raises: conftest.py)
 
     def broken(*args):
         raise ValueError("Loop-carried variable best has initial type fp32 but is re-assigned to fp64")
