@@ -135,7 +135,9 @@ def test_gpu_test_workers_stopped_at_the_step_limit_leave_their_output(tmp_path)
     done, verdicts = session(tmp_path, "tests", PYTHON=str(fake), STEP_LIMIT="8", BARRIER=str(tmp_path / "barrier"))
     assert ["tests", "timed out"] == verdicts[-1][:2], done.stdout + done.stderr
     log = (tmp_path / "out" / "session.log").read_text()
-    assert sum(line.startswith("STARTED -m pytest -v") for line in log.splitlines()) == 4 and "NEVER" not in log, log[-3000:]
+    assert sum(line.startswith("STARTED -m pytest -v") for line in log.splitlines()) == 4 and "NEVER" not in log, log[
+        -3000:
+    ]
     if shutil.which("pgrep"):
         left = subprocess.run(["pgrep", "-f", str(fake)], capture_output=True, text=True)
         assert left.stdout == "", "a GPU test process outlived its step"
