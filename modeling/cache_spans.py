@@ -285,7 +285,6 @@ def cache_tensors(layer) -> tuple[torch.Tensor, torch.Tensor]:
 
 __all__ = [
     "MAX_SPANS",
-    "mark_head_sizes_static",
     "MIN_SPAN_STEP",
     "Spans",
     "SharedPositions",
@@ -295,6 +294,7 @@ __all__ = [
     "attended_length",
     "cache_tensors",
     "make_spanned",
+    "mark_head_sizes_static",
     "rewind_lengths",
     "self_attention_cache",
     "self_attention_layers",
