@@ -287,8 +287,12 @@ def test_the_compiled_prefill_replays_one_recorded_graph_per_bucket(kind, monkey
     no padding left), prompts of other lengths in the bucket record nothing and
     compile nothing, with eager decoding's fp32 tokens (the same cache length every call: the kept cache). The
     mixture of experts too (its blocks leave the router's logits on the module, from the graph's memory)."""
-    from archlab.modeling import compiled_prefill
+    from archlab.modeling import cache_spans, compiled_prefill
 
+    # one cache span (56 positions): with the tests' 2-position span steps (conftest.py) the 27-token call's steps
+    # read a span of 32 that the calls before it had not (32 tokens: 40-56; 20 tokens: another graph, no mask) and
+    # recorded its CUDA graph, as designed (a graph per span, test_cache_spans_record_once_each_...): an H200 saw it
+    monkeypatch.setattr(cache_spans, "MIN_SPAN_STEP", 64)
     torch._dynamo.reset()
     counters.clear()
     model = _model(kind, torch.float32)
@@ -322,11 +326,12 @@ def test_the_compiled_prefill_replays_one_recorded_graph_per_bucket(kind, monkey
 
 
 def test_prompts_of_other_lengths_replay_the_recorded_step(monkeypatch):
-    """The default path (prefill not compiled): prompts of 32, 27, 30 and 31 tokens, left-padded, each call ending at
-    the same cache length (the kept cache): after two calls of 32 tokens (the step compiled and recorded once),
-    prompts of other lengths record nothing and compile nothing, with eager decoding's fp32 tokens — what a
-    server decoding prompts of every length needs (the prefill-bucket test above saw the step recorded again for a
-    new prompt length: this one says whether the prefill's compile has a part in it)."""
+    """The default path (prefill not compiled): prompts of 27, 32, 30 and 31 tokens, left-padded, each call ending at
+    the same cache length (the kept cache): after two calls of 27 tokens (the step compiled, its graph recorded for
+    every cache span those steps read: 32 to 56 positions in the tests' 2-position span steps), prompts of other
+    lengths, whose steps read those spans, record nothing and compile nothing, with eager decoding's fp32 tokens —
+    what a server decoding prompts of every length needs: a graph per span, recorded once. (A shorter prompt's first
+    steps read a shorter span, recorded then: what the prefill-bucket test above saw on an H200.)"""
     torch._dynamo.reset()
     counters.clear()
     model = _model("dense", torch.float32)
@@ -335,9 +340,9 @@ def test_prompts_of_other_lengths_replay_the_recorded_step(monkeypatch):
     def call(length, **kwargs):
         return _generate_to_56(model, inputs, length, **kwargs)
 
-    lengths = (32, 27, 30, 31)
+    lengths = (27, 32, 30, 31)
     expected = {length: call(length, disable_compile=True) for length in lengths}
-    outputs = [(32, call(32)) for _ in range(2)]
+    outputs = [(27, call(27)) for _ in range(2)]
     captures = _count_recordings(monkeypatch)
     stages = _stage_of_recording(monkeypatch)
     recorded = {}
