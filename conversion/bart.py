@@ -1,8 +1,8 @@
 """Bart: archlab's classic encoder-decoder with a learned position table (offset by 2) and a norm after the embeddings.
 
 Bart's parameter names are archlab's (Marian's) names, `layernorm_embedding` included, so its weights need no rule:
-only the tied copies of the shared embedding that saved checkpoints drop are filled in (as for Marian). mBART (its
-pre-norm `model_type="mbart"`, with a final norm per stack) is a different family and not converted.
+only the tied copies of the shared embedding that saved checkpoints drop are filled in (as for Marian). mBART, Bart
+made pre-norm, is its own family (`mbart.py`).
 """
 
 from __future__ import annotations

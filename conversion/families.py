@@ -5,8 +5,8 @@ Llama only in which config fields they have and what they fix; their weights hav
 Llama's, Gemma2's and OLMo 2's), except the per-expert modules of Mixtral's, Qwen2-MoE's and Qwen3-MoE's saved
 checkpoints (`experts.py`). The decoders with their own names, fused q/k/v and Conv1D weights (GPT-2, OpenAI-GPT,
 GPT-NeoX, Falcon, BLOOM, MPT) live in `fused_decoders.py`, StableLM, Phi and OPT in `layernorm_decoders.py`, Phi-3
-(fused q/k/v and gate/up) in `phi3.py`, the encoder-decoders in `marian.py`, `bart.py` and `t5.py`, BERT and RoBERTa (as
-`EncoderForMaskedLM`) in `bert.py` and `roberta.py`.
+(fused q/k/v and gate/up) in `phi3.py`, the encoder-decoders in `marian.py`, `bart.py`, `mbart.py` and `t5.py`, BERT
+and RoBERTa (as `EncoderForMaskedLM`) in `bert.py` and `roberta.py`.
 """
 
 from __future__ import annotations
@@ -57,6 +57,7 @@ from .family import ConversionError, Family, same
 from .fused_decoders import FUSED_DECODERS
 from .layernorm_decoders import LAYERNORM_DECODERS
 from .marian import MARIAN
+from .mbart import MBART
 from .phi3 import PHI3
 from .roberta import ROBERTA
 from .t5 import T5_VARIANTS, t5_family
@@ -468,6 +469,7 @@ FAMILIES: dict[str, Family] = {
         PHI3,
         MARIAN,
         BART,
+        MBART,
         BERT,
         ROBERTA,
         *(t5_family(variant) for variant in T5_VARIANTS.values()),

@@ -37,6 +37,9 @@ NORM_TYPES = ("rms_norm", "offset_rms_norm", "layer_norm")  # offset: Gemma's (1
 # Where the norms sit around a layer's sub-layers (blocks.py for the decoder, seq2seq_layers.py for the stacks).
 DECODER_NORM_POSITIONS = ("pre", "post", "sandwich", "parallel", "parallel_shared_norm", "deepnorm", "output")
 SEQ2SEQ_NORM_POSITIONS = ("post", "pre", "sandwich")
+# How the encoder-decoder's teacher forcing makes `decoder_input_ids` from `labels`: behind `decoder_start_token_id`
+# (Marian, Bart, T5), or behind each row's last real label token, wrapped to the front (mBART: the target language).
+LABEL_SHIFTS = ("decoder_start_token", "wrap_last_token")
 
 # What QK-norm normalises: each head's queries and keys (Qwen3, Gemma3) or the whole q and k projections before they
 # are split into heads (OLMo 2; one gain per channel of the projection).
@@ -63,6 +66,7 @@ def intermediate_size_from_rule(hidden_size: int, rule: str, multiple_of: int = 
 
 __all__ = [
     "DECODER_NORM_POSITIONS",
+    "LABEL_SHIFTS",
     "LAYER_TYPES",
     "MLP_LAYER_TYPES",
     "MLP_TYPES",

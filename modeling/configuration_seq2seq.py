@@ -27,7 +27,14 @@ from typing import Any
 from huggingface_hub.dataclasses import strict
 from transformers.configuration_utils import PreTrainedConfig
 
-from .catalogue import MLP_TYPES, NORM_TYPES, SEQ2SEQ_NORM_POSITIONS, SEQ2SEQ_POSITION_SCHEMES, SINUSOIDAL_LAYOUTS
+from .catalogue import (
+    LABEL_SHIFTS,
+    MLP_TYPES,
+    NORM_TYPES,
+    SEQ2SEQ_NORM_POSITIONS,
+    SEQ2SEQ_POSITION_SCHEMES,
+    SINUSOIDAL_LAYOUTS,
+)
 from .validation import (
     ACTIVATIONS,
     check_attention_backend,
@@ -123,6 +130,12 @@ class Seq2SeqConfig(PreTrainedConfig):
             that dropout to the first token's state before the pooler too, as RoBERTa's classification head (dropout,
             dense + tanh, dropout, out_proj); training only. Without the pooler it has nothing to precede and is
             ignored (the state is dropped out once).
+        label_shift (`str`, defaults to `"decoder_start_token"`): how teacher forcing builds the decoder input from
+            `labels` (when no `decoder_input_ids` are given): `"decoder_start_token"` (Marian, Bart, T5: the labels
+            shifted right behind `decoder_start_token_id`) or `"wrap_last_token"` (mBART: shifted right behind each
+            row's last real label token, which mBART's tokenizer makes the target-language code, so the decoder input
+            starts with that code and needs no `decoder_start_token_id`). Generation always starts from
+            `decoder_start_token_id`.
 
     Example:
     ```python
@@ -226,6 +239,7 @@ class Seq2SeqConfig(PreTrainedConfig):
     classifier_pooler: bool = True
     classifier_dropout: float | int | None = None
     classifier_dropout_before_pooler: bool = False
+    label_shift: str = "decoder_start_token"
 
     @classmethod
     def from_dict(cls, config_dict: dict[str, Any], **kwargs: Any) -> Seq2SeqConfig:
@@ -303,6 +317,7 @@ class Seq2SeqConfig(PreTrainedConfig):
         check_choice(self, "mlp_type", MLP_TYPES)
         check_choice(self, "position_embedding_type", SEQ2SEQ_POSITION_SCHEMES)
         check_choice(self, "sinusoidal_layout", SINUSOIDAL_LAYOUTS)
+        check_choice(self, "label_shift", LABEL_SHIFTS)
         for side in ("encoder", "decoder"):
             heads, kv_heads = getattr(self, f"{side}_attention_heads"), getattr(self, f"{side}_key_value_heads")
             if self.d_kv is None and self.d_model % heads != 0:

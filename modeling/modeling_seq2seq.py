@@ -10,10 +10,10 @@ The Transformer of "Attention Is All You Need" (Vaswani et al. 2017; seeds 000 Â
 each sub-layer wrapped as LayerNorm(x + Dropout(sublayer(x))) with the default post-norm; `norm_position` moves the
 norm before the sub-layer ("pre", with a final norm per stack) or around it ("sandwich"). The layers are in
 `seq2seq_layers.py`, the stacks in `seq2seq_stacks.py`; this file holds the models and the generation head.
-Training is teacher forcing: `labels` are shifted right behind `decoder_start_token_id` to make the decoder input,
-and the loss compares logits with the *unshifted* labels. Generation (greedy, sampling, beam search) runs through
-`GenerationMixin` with an `EncoderDecoderCache`: the encoder runs once, every cross-attention layer projects its
-keys/values once.
+Training is teacher forcing: `labels` are shifted right behind `decoder_start_token_id` (mBART: behind each row's
+last label token, `label_shift`) to make the decoder input, and the loss compares logits with the *unshifted*
+labels. Generation (greedy, sampling, beam search) runs through `GenerationMixin` with an `EncoderDecoderCache`: the
+encoder runs once, every cross-attention layer projects its keys/values once.
 
 Module and parameter names are Marian's (`model.encoder.layers.N.self_attn.out_proj`, `fc1`, `fc2`,
 `self_attn_layer_norm`, `encoder_attn`, `final_layer_norm`, `final_logits_bias`, ...), so a Marian-equivalent config
@@ -51,6 +51,31 @@ def shift_tokens_right(
     shifted = labels.new_full(labels.shape, decoder_start_token_id)
     shifted[:, 1:] = labels[:, :-1]
     return shifted.masked_fill_(shifted == IGNORE_INDEX, pad_token_id)
+
+
+def shift_tokens_right_wrapping_last(labels: torch.Tensor, pad_token_id: int | None) -> torch.Tensor:
+    """mBART's teacher forcing (`label_shift="wrap_last_token"`): decoder input = [y_last, y_0, ..., y_{T-2}], where
+    y_last is each row's last real label token (the target-language code mBART's tokenizer appends after `</s>`);
+    ignored label positions (-100) become padding. As `MBartForConditionalGeneration`, the real tokens are counted
+    (right-padded labels); a row without any starts with padding."""
+    if pad_token_id is None:
+        raise ValueError(
+            "`pad_token_id` must be set in the config to build `decoder_input_ids` from `labels` (or pass "
+            "`decoder_input_ids`)."
+        )
+    tokens = labels.masked_fill(labels == IGNORE_INDEX, pad_token_id)
+    last = (tokens.ne(pad_token_id).sum(dim=1, keepdim=True) - 1).clamp(min=0)
+    shifted = torch.empty_like(tokens)
+    shifted[:, 1:] = tokens[:, :-1]
+    shifted[:, :1] = tokens.gather(1, last)
+    return shifted
+
+
+def decoder_input_ids_from_labels(labels: torch.Tensor, config: Seq2SeqConfig) -> torch.Tensor:
+    """Teacher forcing's decoder input, as the config's `label_shift` says."""
+    if config.label_shift == "wrap_last_token":
+        return shift_tokens_right_wrapping_last(labels, config.pad_token_id)
+    return shift_tokens_right(labels, config.pad_token_id, config.decoder_start_token_id)
 
 
 def check_one_target_per_source(labels: torch.Tensor, input_ids, inputs_embeds, encoder_outputs) -> None:
@@ -369,7 +394,7 @@ class Seq2SeqForConditionalGeneration(FastDecodingMixin, Seq2SeqPreTrainedModel,
 
     def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
         """Used by `DataCollatorForSeq2Seq` (needed when the Trainer pops `labels` for label smoothing)."""
-        return shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)
+        return decoder_input_ids_from_labels(labels, self.config)
 
     def forward(
         self,
@@ -450,4 +475,5 @@ __all__ = [
     "Seq2SeqModel",
     "Seq2SeqForConditionalGeneration",
     "shift_tokens_right",
+    "shift_tokens_right_wrapping_last",
 ]

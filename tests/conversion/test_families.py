@@ -27,6 +27,7 @@ from transformers import (
     GPTNeoXConfig,
     LlamaConfig,
     MarianConfig,
+    MBartConfig,
     MistralConfig,
     MixtralConfig,
     MptConfig,
@@ -45,12 +46,14 @@ from transformers import (
     T5Config,
     UMT5Config,
 )
+from transformers.models.mbart.modeling_mbart import shift_tokens_right as mbart_shift_tokens_right
 
 from archlab import (
     DecoderForCausalLM,
     DecoderForSequenceClassification,
     EncoderForMaskedLM,
     EncoderForSequenceClassification,
+    Seq2SeqForConditionalGeneration,
 )
 from archlab.conversion import FAMILIES, ConversionError, convert_checkpoint
 from archlab.conversion.heads import (
@@ -384,6 +387,11 @@ CASES = {
         BartConfig(**SEQ2SEQ_SHAPE),
         {"position_embedding_type": "learned", "position_embedding_offset": 2, "embedding_layernorm": True},
     ),
+    # mBART: Bart made pre-norm (mBART-50's token ids: pad 1, eos 2, the decoder starting from a language code)
+    "mbart": (
+        MBartConfig(**SEQ2SEQ_SHAPE, scale_embedding=True, decoder_start_token_id=VOCAB - 1),
+        {"norm_position": "pre", "embedding_layernorm": True, "label_shift": "wrap_last_token"},
+    ),
     # an untied head: the export wrote one storage for the three embedding names, and the stock model loaded two of
     # them as missing (random)
     "bart-untied": (BartConfig(**SEQ2SEQ_SHAPE, tie_word_embeddings=False), {"tie_word_embeddings": False}),
@@ -585,7 +593,7 @@ def _inputs(case: str, batches) -> dict[str, torch.Tensor]:
     """The left-padded batch as the family's forward takes it."""
     _, padded, mask, target, segments = batches
     inputs = dict(input_ids=padded, attention_mask=mask)
-    if case.startswith(("marian", "bart", "t5", "mt5", "umt5")):
+    if case.startswith(("marian", "bart", "mbart", "t5", "mt5", "umt5")):
         inputs["decoder_input_ids"] = target
     if case == "bert":
         inputs["token_type_ids"] = segments
@@ -712,6 +720,7 @@ NOT_EXPRESSIBLE = {
     "phi3": ({"rope_parameters": {"rope_type": "linear", "rope_theta": 1e4, "factor": 2.0}}, ["rope_type"]),
     "stablelm": ({"norm_position": "parallel"}, ["norm_position"]),
     "bart": ({"embedding_layernorm": False}, ["embedding_layernorm"]),
+    "mbart": ({"norm_position": "sandwich", "label_shift": "decoder_start_token"}, ["norm_position", "label_shift"]),
     "bert": ({"norm_position": "pre", "use_qk_norm": True}, ["norm_position", "use_qk_norm"]),
     "roberta": ({"position_ids_from_attention_mask": False}, ["position_ids_from_attention_mask"]),
 }
@@ -849,6 +858,27 @@ def test_an_archlab_model_with_its_own_head_exports_every_embedding(family, fold
             - model(input_ids=ids, decoder_input_ids=target).logits
         )
     assert diff.abs().max() <= ATOL
+
+
+def test_mbart_trains_from_labels_alone_as_mbart(folders):
+    """mBART's decoder input is the labels shifted right behind each row's last real token (its target-language code):
+    from right-padded `labels` alone (-100 past each row's end) archlab builds MBartForConditionalGeneration's decoder
+    input and computes its loss, in evaluation and through the chunked training loss."""
+    reference, root = folders["mbart"]
+    model = Seq2SeqForConditionalGeneration.from_pretrained(root / "archlab").eval()
+    pad = reference.config.pad_token_id
+    _, padded, mask, labels, _ = _batches(pad)
+    labels[0, 3:] = -100
+    labels[1, 5:] = -100
+    stock_input = mbart_shift_tokens_right(labels, pad)
+    assert torch.equal(model.prepare_decoder_input_ids_from_labels(labels), stock_input)
+    assert stock_input[:, 0].tolist() == [labels[0, 2], labels[1, 4], labels[2, 5]]
+    inputs = dict(input_ids=padded, attention_mask=mask, labels=labels)
+    with torch.no_grad():
+        expected = reference(**inputs).loss
+        assert abs(model(**inputs).loss - expected) <= ATOL
+        model.train()  # dropout 0: the chunked training loss, the same function
+        assert abs(model(**inputs).loss - expected) <= ATOL
 
 
 def test_gemma3_with_one_rope_set_imports_it_flat_and_exports_it_for_both_layer_types(folders, tmp_path):

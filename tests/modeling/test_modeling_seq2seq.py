@@ -110,6 +110,7 @@ def marian_pair() -> tuple[MarianMTModel, Seq2SeqForConditionalGeneration]:
         (dict(norm_position="middle"), "`norm_position`='middle' is not supported; allowed values: 'post', 'pre'"),
         (dict(mlp_type="moe"), "`mlp_type`"),
         (dict(sinusoidal_layout="halves"), "'interleaved', 'split'"),
+        (dict(label_shift="mbart"), "`label_shift`='mbart' is not supported; allowed values: 'decoder_start_token', "),
         (dict(d_model=30), "`d_model` \\(30\\) must be divisible by `encoder_attention_heads`"),
         (dict(decoder_key_value_heads=3), "`decoder_key_value_heads` \\(3\\) must divide"),
         (dict(activation_dropout=1.0), "`activation_dropout` must be a probability"),
