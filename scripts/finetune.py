@@ -95,7 +95,14 @@ from archlab.training.reporting import log, summary, training_setup
 from archlab.training.sampling import sample_unless_sharded, stop_at_the_end_of_a_turn
 from archlab.training.saving import EMBEDDED_CORPUS, dataset_label, save_final
 from archlab.training.sources import first_process_writes_the_cache, load_examples
-from archlab.training.task_data import glue_text_columns, text_pair_column
+from archlab.training.task_data import (
+    forced_bos_token_id,
+    glue_text_columns,
+    set_generation_languages,
+    set_tokenizer_languages,
+    text_pair_column,
+    translation_key,
+)
 from archlab.training.tasks import (
     TASKS,
     Task,
@@ -160,11 +167,20 @@ class FinetuneArguments:
         default=None,
         metadata={
             "help": "seq2seq: read run_translation.py's form, a `translation` column of {language: text} (wmt16, "
-            "opus_books): the source language's key (with --target_lang; instead of --source_column)."
+            "opus_books): the source language's key (with --target_lang; instead of --source_column). With an "
+            "mBART tokenizer, its language code (`en_XX`: the key `en`, and the code marks the sources)."
         },
     )
     target_lang: str | None = field(
         default=None, metadata={"help": "seq2seq: the target language's key of the `translation` column."}
+    )
+    forced_bos_token: str | None = field(
+        default=None,
+        metadata={
+            "help": "seq2seq: the token every generated target starts with, after the decoder's start (an mBART-50 "
+            "tokenizer's target-language code, `ro_RO`), as run_translation.py's flag: saved as the model's "
+            "`forced_bos_token_id`."
+        },
     )
     max_source_length: int = field(default=256, metadata={"help": "seq2seq: truncate inputs to this many tokens."})
     max_target_length: int = field(default=48, metadata={"help": "seq2seq: truncate targets to this many tokens."})
@@ -290,8 +306,6 @@ SEQ2SEQ_EXAMPLE_FLAGS = {
     "pad_to_max_length": "leave it out: each batch is padded to its longest example, which changes no loss and no "
     "generated text (question-answering pads every window to --max_seq_length, as run_qa.py's default)",
     "ignore_pad_token_for_loss": "leave it out: padded label positions are always -100, outside the loss",
-    "forced_bos_token": "none: it names an mBART-50 / M2M100 tokenizer's target-language token, and archlab converts "
-    "neither family",
 }
 CLASSIFICATION_EXAMPLE_FLAGS = {
     "task_name": "--task classification with --dataset_name nyu-mll/glue --dataset_config_name NAME for a GLUE task "
@@ -371,6 +385,8 @@ def main(argv: Sequence[str] | None = None, callbacks: list[TrainerCallback] | N
     check_question_answering_flags(args, passed)
     if args.source_prefix is not None and args.task != "seq2seq":
         raise ValueError(f"--source_prefix is for --task seq2seq (the encoder's inputs), not --task {args.task}.")
+    if args.forced_bos_token is not None and args.task != "seq2seq":
+        raise ValueError(f"--forced_bos_token is for --task seq2seq (its generations), not --task {args.task}.")
     check_language_flags(args, passed)
     check_column_flags(args, data_args.text_column_name, passed)
     text_column = check_text_column_flags(args, data_args.text_column_name)
@@ -412,6 +428,10 @@ def main(argv: Sequence[str] | None = None, callbacks: list[TrainerCallback] | N
         text_column = read_glue_text_columns(args, text_column, raw["train"].column_names)
     raw = prepare_splits(task, raw, args, text_column)
     tokenizer = task_tokenizer(task, model_args, raw["train"], args, text_column, resume)
+    if task.generates:
+        set_tokenizer_languages(tokenizer, args)
+        if args.forced_bos_token is not None:
+            forced_bos_token_id(tokenizer, args.forced_bos_token)  # checked before the data is tokenized
     built = build_task_model(
         task,
         model_args,
@@ -431,6 +451,7 @@ def main(argv: Sequence[str] | None = None, callbacks: list[TrainerCallback] | N
     pipeline_tag = card_pipeline_tag(task, args.pipeline_tag, own_data)
     if task.generates:  # before training, so that the checkpoints' configs record it as well
         record_source_prefix(built["model"].config, args, pipeline_tag)
+        set_generation_languages(built["model"], tokenizer, args)
     if training_args.label_smoothing_factor and built["model"].config.problem_type == "regression":
         # Trainer's label smoother gathers class log-probabilities at the labels: the first step failed on float
         # labels ("gather(): Expected dtype int32/int64 for index"), after the data and model were prepared
@@ -660,7 +681,12 @@ def check_language_flags(args: FinetuneArguments, passed: Iterable[str] = ()) ->
             f"Conflicting flags: {' and '.join(given)} with --source_lang / --target_lang, which read the "
             "`translation` column; pass one form."
         )
-    args.source_column, args.target_column = args.source_lang, args.target_lang
+    args.source_column, args.target_column = translation_key(args.source_lang), translation_key(args.target_lang)
+    if args.source_column == args.target_column:
+        raise ValueError(
+            f"--source_lang {args.source_lang} and --target_lang {args.target_lang} read the same key "
+            f"{args.source_column!r} of the `translation` column (a language code's part before '_')."
+        )
 
 
 def check_text_column_flags(args: FinetuneArguments, text_column_name: str) -> str:

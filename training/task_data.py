@@ -31,6 +31,7 @@ class TaskOptions(Protocol):
     source_prefix: str | None
     source_lang: str | None
     target_lang: str | None
+    forced_bos_token: str | None
     text_column_names: str | None
 
 
@@ -557,11 +558,18 @@ def check_pair_columns(dataset: Any, split: str, args: TaskOptions, text_column:
 TRANSLATION_COLUMN = "translation"
 
 
+def translation_key(language: str) -> str:
+    """The `translation` column's key of a --source_lang / --target_lang: a language-code tokenizer's code (mBART's
+    `en_XX`, `ro_RO`) reads the key before its underscore (`en`, `ro`), as run_translation.py does; a plain key
+    (`en`) is itself."""
+    return language.split("_")[0]
+
+
 def from_translation_column(dataset: Any, split: str, args: TaskOptions) -> Any:
     """run_translation.py's form: each row's `translation` {language: text} read into a source and a target column
-    named by the languages (`args.source_column` / `args.target_column`, which the script sets to them)."""
+    named by the languages' keys (`args.source_column` / `args.target_column`, which the script sets to them)."""
     check_columns(dataset, TRANSLATION_COLUMN, split=split, flags=["--source_lang"])
-    languages = (args.source_lang, args.target_lang)
+    languages = (args.source_column, args.target_column)
     for row, pair in enumerate(dataset[TRANSLATION_COLUMN]):
         if not isinstance(pair, dict) or not set(languages) <= pair.keys():
             keys = sorted(pair) if isinstance(pair, dict) else type(pair).__name__
@@ -571,11 +579,62 @@ def from_translation_column(dataset: Any, split: str, args: TaskOptions) -> Any:
             )
     return dataset.map(
         lambda row: {
-            args.source_column: row[TRANSLATION_COLUMN][args.source_lang],
-            args.target_column: row[TRANSLATION_COLUMN][args.target_lang],
+            args.source_column: row[TRANSLATION_COLUMN][args.source_column],
+            args.target_column: row[TRANSLATION_COLUMN][args.target_column],
         },
         remove_columns=dataset.column_names,
     )
+
+
+def language_codes(tokenizer: Any) -> list[str] | None:
+    """The language codes of a tokenizer that marks each text's language with one (mBART's, mBART-50's, M2M100's,
+    NLLB's: a `src_lang` it puts around the source and a `tgt_lang` around the target), or None for any other."""
+    if not hasattr(tokenizer, "src_lang") or not hasattr(tokenizer, "tgt_lang"):
+        return None
+    codes = getattr(tokenizer, "lang_code_to_id", None) or getattr(tokenizer, "lang_code_to_token", None)
+    return list(codes) if codes else None
+
+
+def set_tokenizer_languages(tokenizer: Any, args: TaskOptions) -> None:
+    """--source_lang / --target_lang given as a language-code tokenizer's codes (`en_XX`, `ro_RO`): the tokenizer
+    marks the sources and targets with them (`src_lang`, `tgt_lang`), as run_translation.py sets them; a code it does
+    not have is refused with the ones it has. Other tokenizers: nothing to set (the languages name the column's
+    keys only)."""
+    codes = language_codes(tokenizer)
+    if codes is None or not getattr(args, "source_lang", None):
+        return
+    for flag, language in (("--source_lang", args.source_lang), ("--target_lang", args.target_lang)):
+        if language not in codes:
+            raise ValueError(
+                f"`{flag}`={language!r} is not a language code of the tokenizer ({type(tokenizer).__name__}); "
+                f"allowed values: {', '.join(codes)}."
+            )
+    tokenizer.src_lang, tokenizer.tgt_lang = args.source_lang, args.target_lang
+
+
+def forced_bos_token_id(tokenizer: Any, token: str) -> int:
+    """The id of --forced_bos_token, a token of the tokenizer (mBART-50's target-language code), or a ValueError."""
+    token_id = tokenizer.convert_tokens_to_ids(token)
+    if token_id is None or (token_id == tokenizer.unk_token_id and token != tokenizer.unk_token):
+        codes = language_codes(tokenizer)
+        allowed = f"; its language codes: {', '.join(codes)}" if codes else ""
+        raise ValueError(f"`--forced_bos_token`={token!r} is not a token of the tokenizer{allowed}.")
+    return token_id
+
+
+def set_generation_languages(model: Any, tokenizer: Any, args: TaskOptions) -> None:
+    """What generation starts from, as run_translation.py sets it: --forced_bos_token's id as the generation config's
+    `forced_bos_token_id` (mBART-50 starts every target with its language code; transformers 5 reads it there only,
+    and refuses it on the model's config); and a model trained behind each target's language code (mBART's
+    `label_shift="wrap_last_token"`) without a `decoder_start_token_id` starts from --target_lang's code (config and
+    generation config). Evaluation, prediction and the saved folder read them."""
+    token = getattr(args, "forced_bos_token", None)
+    if token is not None:
+        model.generation_config.forced_bos_token_id = forced_bos_token_id(tokenizer, token)
+    wraps = getattr(model.config, "label_shift", None) == "wrap_last_token"
+    if wraps and model.config.decoder_start_token_id is None and language_codes(tokenizer) and args.target_lang:
+        code = tokenizer.convert_tokens_to_ids(args.target_lang)
+        model.config.decoder_start_token_id = model.generation_config.decoder_start_token_id = code
 
 
 def with_prefix(sources: Iterable[str], args: TaskOptions) -> list[str]:

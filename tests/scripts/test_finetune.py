@@ -789,7 +789,6 @@ def test_a_messages_column_that_is_not_conversations_is_named(conversation, mess
         (["--num_beams", "4"], "--generation_num_beams"),
         (["--val_max_target_length=64"], "--generation_max_length"),
         (["--pad_to_max_length", "--ignore_pad_token_for_loss", "true"], "padded to its longest.*always -100"),
-        (["--forced_bos_token", "ro_RO"], "mBART-50 / M2M100"),
     ],
 )
 def test_run_translation_flags_are_refused_naming_what_to_pass_instead(flags, alternative) -> None:
@@ -1156,6 +1155,9 @@ def test_translation_pairs_are_read_by_their_languages() -> None:
     args = finetune.FinetuneArguments(task="seq2seq", source_lang="en", target_lang="de")
     finetune.check_language_flags(args)
     assert (args.source_column, args.target_column) == ("en", "de")
+    codes = finetune.FinetuneArguments(task="seq2seq", source_lang="en_XX", target_lang="de_DE")
+    finetune.check_language_flags(codes)  # an mBART tokenizer's codes: the keys before the '_', as run_translation.py
+    assert (codes.source_column, codes.target_column) == ("en", "de")
     rows = [{"id": "0", "translation": {"en": "Hello.", "de": "Hallo.", "fr": "Salut."}}]
     pairs = check_pair_columns(Dataset.from_list(rows), "train", args, "text")
     assert pairs.column_names == ["en", "de"] and pairs[0] == {"en": "Hello.", "de": "Hallo."}
@@ -1165,6 +1167,7 @@ def test_translation_pairs_are_read_by_their_languages() -> None:
         ({"source_lang": "en"}, "--source_lang and --target_lang go together and differ"),
         ({"source_lang": "en", "target_lang": "de", "source_column": "english"}, "Conflicting flags: --source_col"),
         ({"source_lang": "en", "target_lang": "de", "task": "classification"}, "are for --task seq2seq, not --ta"),
+        ({"source_lang": "en_XX", "target_lang": "en_GB"}, "read the same key 'en' of the `translation` column"),
     ):
         with pytest.raises(ValueError, match=message):
             finetune.check_language_flags(finetune.FinetuneArguments(**{"task": "seq2seq", **given}))
@@ -1173,6 +1176,65 @@ def test_translation_pairs_are_read_by_their_languages() -> None:
         finetune.check_language_flags(
             finetune.FinetuneArguments(task="seq2seq", source_lang="en", target_lang="de"), {"source_column"}
         )
+
+
+MBART_WORDS = "hello world good morning thank you bonjour le monde merci beaucoup".split()
+
+
+def mbart_folder(root: Path) -> Path:
+    """A converted tiny mBART (pre-norm, mBART's label shift) with a tiny mBART tokenizer (its 25 language codes)."""
+    from transformers import MBartConfig, MBartForConditionalGeneration, MBartTokenizer
+
+    from archlab.conversion import convert_checkpoint
+
+    vocab = [("<s>", 0.0), ("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0), ("▁", -2.0)]
+    tokenizer = MBartTokenizer(vocab=vocab + [("▁" + word, -1.0) for word in MBART_WORDS])
+    shape = dict(d_model=16, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2, decoder_attention_heads=2)
+    config = MBartConfig(
+        vocab_size=len(tokenizer), **shape, encoder_ffn_dim=32, decoder_ffn_dim=32, max_position_embeddings=32
+    )
+    torch.manual_seed(0)
+    MBartForConditionalGeneration(config).save_pretrained(root / "stock")
+    tokenizer.save_pretrained(root / "stock")
+    convert_checkpoint(root / "stock", root / "archlab")
+    return root / "archlab"
+
+
+def test_mbart_translates_between_its_language_codes(tmp_path: Path) -> None:
+    """run_translation.py's mBART recipe: --source_lang / --target_lang as the tokenizer's language codes read the
+    `translation` column's keys before the '_' and mark the texts (sources and targets end with `</s>` and their
+    code, the decoder input starts with the target's); --forced_bos_token is saved as the generation config's
+    `forced_bos_token_id`, and a
+    model without a `decoder_start_token_id` starts from the target's code. Unknown codes are refused, naming the
+    allowed ones, before anything is written."""
+    folder = mbart_folder(tmp_path)
+    rows = [{"translation": {"en": "hello world", "fr": "bonjour le monde"}}] * 6
+    rows += [{"translation": {"en": "thank you", "fr": "merci beaucoup"}}] * 6
+    Dataset.from_list(rows).to_json(tmp_path / "pairs.jsonl")
+    files = ["--train_file", str(tmp_path / "pairs.jsonl"), "--validation_file", str(tmp_path / "pairs.jsonl")]
+    lengths = ["--max_source_length", "16", "--max_target_length", "16"]
+    base = ["--task", "seq2seq", "--model_name_or_path", str(folder), *files, *lengths, "--max_steps", "2"]
+    languages = ["--source_lang", "en_XX", "--target_lang", "fr_XX"]
+    out = tmp_path / "out"
+    for wrong, message in (
+        (["--source_lang", "en", "--target_lang", "fr_XX"], r"`--source_lang`='en' is not a language code .* en_XX"),
+        ([*languages, "--forced_bos_token", "xx_YY"], "`--forced_bos_token`='xx_YY' is not a token of the tokenizer"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            finetune.main(run_args(out, *base, *wrong, "--save_strategy", "no"))
+        assert not out.exists()
+    finetune.main(run_args(out, *base, *languages, "--forced_bos_token", "fr_XX", "--generation_max_length", "4"))
+
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    assert (tokenizer.src_lang, tokenizer.tgt_lang) == ("en_XX", "fr_XX")
+    code = tokenizer.convert_tokens_to_ids("fr_XX")
+    labels = tokenizer(text_target="merci beaucoup")["input_ids"]
+    assert labels[-2:] == [tokenizer.eos_token_id, code]
+    model = archlab.Seq2SeqForConditionalGeneration.from_pretrained(out)
+    assert model.prepare_decoder_input_ids_from_labels(torch.tensor([labels]))[0, 0] == code
+    assert model.generation_config.forced_bos_token_id == code
+    assert model.config.decoder_start_token_id == model.generation_config.decoder_start_token_id == code
+    assert model.generate(**tokenizer("hello world", return_tensors="pt"), max_new_tokens=3)[0, 1] == code
 
 
 def pair_rows(n: int, seed: int) -> list[dict[str, str]]:
