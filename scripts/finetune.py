@@ -13,7 +13,8 @@
   mean squared error), as run_glue.py reads them; reports MSE and Pearson's r. A list of labels per row (JSON) is
   multi-label classification, as run_classification.py reads it (one sigmoid output per class, binary
   cross-entropy); reports subset accuracy and micro-F1. Two text columns (`--text_column_names sentence1,sentence2`,
-  or GLUE's columns read without flags) are classified as pairs, encoded as the tokenizer's pair, as run_glue.py does.
+  or GLUE's columns read without flags) are classified as pairs, encoded as the tokenizer's pair, as run_glue.py does;
+  three or more are joined into one text (`--text_column_delimiter`), as run_classification.py joins them.
       python scripts/finetune.py --task classification --model_name_or_path runs/pretrain --train_file reviews.csv
 - `seq2seq`: encoder-decoder fine-tuning, by default on the embedded code -> docstring-first-sentence task,
   evaluated by generation with sacrebleu's BLEU and chrF and exact match; `--source_prefix` puts a T5-style task
@@ -156,9 +157,19 @@ class FinetuneArguments:
         default=None,
         metadata={
             "help": "classification: the text column, or two comma-separated (`sentence1,sentence2`) for "
-            "sentence pairs, encoded as the tokenizer's pair (`tokenizer(first, second)`, as run_glue.py does). "
-            "Unset: --text_column_name, or, when the data has no such column, GLUE's text columns (sentence1,"
-            "sentence2 / question1,question2 / question,sentence / premise,hypothesis / sentence)."
+            "sentence pairs, encoded as the tokenizer's pair (`tokenizer(first, second)`, as run_glue.py does), or "
+            "three or more (`title,body,category`) joined into one text by --text_column_delimiter, as "
+            "run_classification.py joins them. Unset: --text_column_name, or, when the data has no such column, "
+            "GLUE's text columns (sentence1,sentence2 / question1,question2 / question,sentence / premise,"
+            "hypothesis / sentence)."
+        },
+    )
+    text_column_delimiter: str | None = field(
+        default=None,
+        metadata={
+            "help": "classification: what joins the texts of --text_column_names into one (`\\n`, `\\t`: a line "
+            "break, a tab), as run_classification.py's flag; given with two columns, they are joined, not a pair. "
+            "Unset: a space for three or more columns."
         },
     )
     source_column: str = field(default="code", metadata={"help": "seq2seq: the input column."})
@@ -528,7 +539,10 @@ def data_columns(args: FinetuneArguments, text_column: str) -> dict[str, str | N
         }
     if args.task == "classification":
         text = args.text_column_names or text_column
-        return {"--text_column_name(s)": text, "--label_column_name": args.label_column_name}
+        columns = {"--text_column_name(s)": text, "--label_column_name": args.label_column_name}
+        if args.text_column_delimiter is not None:  # (joined texts: another delimiter reads other data)
+            columns["--text_column_delimiter"] = args.text_column_delimiter
+        return columns
     if args.task == "token-classification":  # (--label_all_tokens trains other targets too)
         columns = {"--text_column_name": text_column, "--label_column_name": args.label_column_name}
         return {**columns, "--label_all_tokens": str(args.label_all_tokens).lower()}
@@ -690,18 +704,30 @@ def check_language_flags(args: FinetuneArguments, passed: Iterable[str] = ()) ->
 
 
 def check_text_column_flags(args: FinetuneArguments, text_column_name: str) -> str:
-    """--text_column_names (run_classification.py's form): for --task classification, one column or two (a sentence
-    pair), instead of --text_column_name. Returns the (first) text column; the second stays in the flag."""
+    """--text_column_names (run_classification.py's form): for --task classification, one column, two (a sentence
+    pair) or more (joined by --text_column_delimiter), instead of --text_column_name. Returns the (first) text
+    column; the others stay in the flag."""
+    if args.text_column_delimiter is not None and args.task != "classification":
+        raise ValueError(f"--text_column_delimiter is for --task classification, not --task {args.task}.")
     if args.text_column_names is None:
+        if args.text_column_delimiter is not None:
+            raise ValueError(
+                "--text_column_delimiter joins the columns of --text_column_names (`title,body`): pass them too, or "
+                "leave it out."
+            )
         return text_column_name
     if args.task != "classification":
         raise ValueError(f"--text_column_names is for --task classification, not --task {args.task}.")
     names = [name.strip() for name in args.text_column_names.split(",")]
-    if not 1 <= len(names) <= 2 or not all(names) or len(set(names)) < len(names):
+    if not all(names) or len(set(names)) < len(names):
         raise ValueError(
-            f"--text_column_names {args.text_column_names!r}: one text column, or two different ones separated by a "
-            "comma (`sentence1,sentence2`), encoded as a pair; more texts do not make a pair: join them into one "
-            "column first."
+            f"--text_column_names {args.text_column_names!r}: different column names separated by commas: one text "
+            "column, two (`sentence1,sentence2`, encoded as a pair) or more (joined by --text_column_delimiter)."
+        )
+    if len(names) == 1 and args.text_column_delimiter is not None:
+        raise ValueError(
+            f"--text_column_delimiter joins two or more columns; --text_column_names names one ({names[0]!r}): "
+            "leave the delimiter out, or name the columns to join."
         )
     if text_column_name != "text":
         raise ValueError(

@@ -33,6 +33,7 @@ class TaskOptions(Protocol):
     target_lang: str | None
     forced_bos_token: str | None
     text_column_names: str | None
+    text_column_delimiter: str | None
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -348,15 +349,46 @@ def glue_text_columns(column_names: Iterable[str]) -> tuple[str, ...] | None:
 
 
 def text_pair_column(args: TaskOptions) -> str | None:
-    """The second text column of a sentence-pair task (`--text_column_names first,second`), else None."""
+    """The second text column of a sentence-pair task (`--text_column_names first,second` without
+    --text_column_delimiter), else None."""
     names = (getattr(args, "text_column_names", None) or "").split(",")
-    return names[1].strip() if len(names) == 2 else None
+    return names[1].strip() if len(names) == 2 and text_delimiter(args) is None else None
+
+
+def text_delimiter(args: TaskOptions) -> str | None:
+    """--text_column_delimiter with `\\n` and `\\t` read as a line break and a tab (what a shell passes for
+    run_classification.py's `--text_column_delimiter "\\n"`), or None when not given."""
+    delimiter = getattr(args, "text_column_delimiter", None)
+    return None if delimiter is None else delimiter.replace("\\n", "\n").replace("\\t", "\t")
+
+
+def joined_text_columns(args: TaskOptions) -> list[str] | None:
+    """The text columns read as one text, joined by --text_column_delimiter (a space unless given), as
+    run_classification.py joins its `--text_column_names`: three or more of them, or two with the delimiter given
+    (two without it are a sentence pair); else None."""
+    names = [name.strip() for name in (getattr(args, "text_column_names", None) or "").split(",")]
+    return names if len(names) > 2 or (len(names) == 2 and text_delimiter(args) is not None) else None
+
+
+def join_text_columns(dataset: Any, split: str, args: TaskOptions, text_column: str) -> Any:
+    """`joined_text_columns`, checked, joined into the first one's place (`text_column`), the rest dropped."""
+    names = joined_text_columns(args)
+    check_columns(dataset, *names, split=split, flags=["--text_column_names"] * len(names))
+    check_text_columns(dataset, *names, split=split)
+    delimiter = " " if text_delimiter(args) is None else text_delimiter(args)
+    return dataset.map(
+        lambda row: {text_column: delimiter.join(row[name] for name in names)},
+        remove_columns=[name for name in names if name != text_column],
+    )
 
 
 def check_classification_columns(dataset: Any, split: str, args: TaskOptions, text_column: str) -> Any:
     """The text column (or the two of a pair) and the label column, checked; a test split may come without labels
     (the column missing, or every row None or -1, as GLUE's test splits hold them): it is then predicted only, its
-    label column dropped."""
+    label column dropped. Three or more text columns (or two with --text_column_delimiter) are joined into one first
+    (`join_text_columns`)."""
+    if joined_text_columns(args):
+        dataset = join_text_columns(dataset, split, args, text_column)
     pair = text_pair_column(args)
     texts = [text_column, *([pair] if pair else [])]
     text_flags = ["--text_column_names"] * 2 if pair else ["--text_column_name"]

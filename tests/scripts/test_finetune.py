@@ -34,6 +34,7 @@ from archlab.training.metrics import classification_metrics, entity_scores, text
 from archlab.training.question_answering import squad_metrics, tokenize_question_answering
 from archlab.training.task_data import (
     as_messages,
+    check_classification_columns,
     check_pair_columns,
     classification_texts,
     glue_text_columns,
@@ -41,6 +42,7 @@ from archlab.training.task_data import (
     is_multi_label,
     label_maps,
     pair_texts,
+    text_pair_column,
     tokenize_classification,
     tokenize_instruct,
     tokenize_seq2seq,
@@ -1303,17 +1305,51 @@ def test_a_missing_second_text_column_is_named_before_training(tmp_path: Path, w
     with pytest.raises(ValueError, match=r"Column 'sentence3' not found in the train split.*--text_column_names\."):
         finetune.main([*args, "--text_column_names", "sentence1,sentence3"])
     for given, message in (
-        ("a,b,c", "one text column, or two different ones separated by a comma"),
-        ("a,a", "one text column, or two different ones"),
-        ("a,", "one text column, or two different ones"),
+        (["--text_column_names", "a,a"], "different column names separated by commas"),
+        (["--text_column_names", "a,"], "different column names separated by commas"),
+        (["--text_column_names", "a", "--text_column_delimiter", " "], "joins two or more columns; .* names one"),
+        (["--text_column_delimiter", "\\n"], "joins the columns of --text_column_names"),
+        (["--text_column_names", "sentence1,sentence2,sentence3"], r"Column 'sentence3' not found in the train split"),
     ):
         with pytest.raises(ValueError, match=message):
-            finetune.main([*args, "--text_column_names", given])
+            finetune.main([*args, *given])
+    with pytest.raises(ValueError, match="--text_column_delimiter is for --task classification, not --task seq2seq"):
+        finetune.main(run_args(tmp_path / "out", "--task", "seq2seq", "--text_column_delimiter", " "))
     with pytest.raises(ValueError, match="Conflicting flags: --text_column_name and --text_column_names"):
         finetune.main([*args, "--text_column_names", "a,b", "--text_column_name", "a"])
     with pytest.raises(ValueError, match="--text_column_names is for --task classification, not --task seq2seq"):
         finetune.main(run_args(tmp_path / "out", "--task", "seq2seq", "--text_column_names", "a,b"))
     assert not (tmp_path / "out").exists()
+
+
+def test_more_text_columns_are_joined_into_one_text_as_run_classification_joins_them(
+    tmp_path: Path, work: Path
+) -> None:
+    """--text_column_names title,body,tag (run_classification.py's amazon_reviews_multi example): the texts joined by
+    --text_column_delimiter (a space unless given; `\\n` read as a line break) into one text; two columns with the
+    delimiter are joined too, not a pair. End to end: the joined text is what the classifier learns from."""
+    rows = [{"title": "one", "body": "two three", "tag": "good", "label": 0}]
+    args = finetune.FinetuneArguments(task="classification", text_column_names="title,body,tag")
+    assert finetune.check_text_column_flags(args, "text") == "title"
+    joined = check_classification_columns(Dataset.from_list(rows), "train", args, "title")
+    assert joined.column_names == ["title", "label"] and joined[0]["title"] == "one two three good"
+    args = finetune.FinetuneArguments(text_column_names="title,body", text_column_delimiter="\\n")
+    assert text_pair_column(args) is None
+    assert check_classification_columns(Dataset.from_list(rows), "train", args, "title")[0]["title"] == "one\ntwo three"
+
+    # the label is the mood of the third column alone: a classifier reading only the first could not learn it
+    def rows_of(n: int, seed: int) -> list[dict[str, Any]]:
+        return [{**row, "sentence3": row["sentence2"]} | {"sentence2": "one two"} for row in pair_rows(n, seed)]
+
+    for name, n, seed in (("train", 80, 1), ("validation", 40, 2)):
+        Dataset.from_list(rows_of(n, seed)).to_csv(tmp_path / f"{name}.csv")
+    files = [tmp_path / f"{name}.csv" for name in ("train", "validation")]
+    flags = ["--text_column_names", "sentence1,sentence2,sentence3", "--text_column_delimiter", " | "]
+    flags += ["--block_size", "64"]  # the joined text whole (32 tokens cut into the third column)
+    metrics = finetune.main(classification_args(tmp_path / "out", work / "base", *files, *flags))
+    assert metrics["eval_accuracy"] >= 0.9
+    facts = json.loads((tmp_path / "out" / "checkpoint-10" / "run_facts.json").read_text())
+    assert facts["columns"]["--text_column_delimiter"] == " | "
 
 
 def test_glue_text_columns_are_read_as_run_glue_reads_them() -> None:
