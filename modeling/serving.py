@@ -20,10 +20,13 @@ SERVE_MODEL_MANAGER_MODULE = "transformers.cli.serving.model_manager"
 def expose_decoder_to_serve(model_manager: ModuleType) -> None:
     """Make `DecoderForCausalLM` an attribute of the transformers module the serving model manager looks classes up
     in, unless transformers has a class of that name itself. The last archlab copy loaded is the one served (archlab's
-    own, or a folder's remote code); either loads any archlab decoder folder."""
+    own, or a folder's remote code); either loads any archlab decoder folder. A manager module without that
+    namespace (a transformers version that finds classes another way) is left as it is."""
     from .modeling_decoder import DecoderForCausalLM
 
-    namespace = model_manager.transformers
+    namespace = getattr(model_manager, "transformers", None)
+    if not isinstance(namespace, ModuleType):  # a manager that looks its classes up otherwise: nothing to add to, and
+        return  # failing here would fail its import, the whole server with it
     name = DecoderForCausalLM.__name__
     existing = getattr(namespace, name, None)
     if existing is not None and existing.__module__.startswith("transformers."):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import inspect
 import json
 import socket
+import types
 
 import pytest
 
@@ -137,3 +138,18 @@ with TestClient(serve.server.config.app) as client:
     assert module.startswith("transformers_modules.")  # the folder's own code, not archlab's
     expected = generated(folder)
     assert json.loads(texts) == {**expected, **{f"{name} streamed": text for name, text in expected.items()}}
+
+
+def test_a_model_manager_without_transformers_namespace_is_left_as_it_is():
+    """The class goes into the namespace the model manager looks classes up in (`model_manager.transformers`); a
+    manager that has none (another transformers version) is left alone, its import not failed with it."""
+    from archlab.modeling.serving import expose_decoder_to_serve
+
+    namespace = types.ModuleType("transformers")
+    manager = types.ModuleType("model_manager")
+    manager.transformers = namespace
+    expose_decoder_to_serve(manager)
+    assert namespace.DecoderForCausalLM is DecoderForCausalLM
+    bare = types.ModuleType("model_manager")
+    expose_decoder_to_serve(bare)
+    assert vars(bare).keys() == vars(types.ModuleType("model_manager")).keys()
