@@ -1,12 +1,12 @@
 """The families the converter knows: one `Family` row each, by `model_type`.
 
-The Llama-like decoders (Llama, Mistral, Mixtral, Gemma, Gemma2, Qwen2, Qwen2-MoE, Qwen3, Qwen3-MoE, OLMo 2) differ from
-Llama only in which config fields they have and what they fix; their weights have archlab's names already (archlab uses
-Llama's, Gemma2's and OLMo 2's), except the per-expert modules of Mixtral's, Qwen2-MoE's and Qwen3-MoE's saved
-checkpoints (`experts.py`). The decoders with their own names, fused q/k/v and Conv1D weights (GPT-2, OpenAI-GPT,
-GPT-NeoX, Falcon, BLOOM, MPT) live in `fused_decoders.py`, StableLM, Phi and OPT in `layernorm_decoders.py`, Phi-3
-(fused q/k/v and gate/up) in `phi3.py`, the encoder-decoders in `marian.py`, `bart.py`, `mbart.py` and `t5.py`, BERT
-and RoBERTa (as `EncoderForMaskedLM`) in `bert.py` and `roberta.py`.
+The Llama-like decoders (Llama, Mistral, Mixtral, Gemma, Gemma2, Gemma3, Qwen2, Qwen2-MoE, Qwen3, Qwen3-MoE, OLMo 2,
+OLMo 3, SmolLM3) differ from Llama only in which config fields they have and what they fix; their weights have
+archlab's names already (archlab uses Llama's, Gemma2's and OLMo 2's), except the per-expert modules of Mixtral's,
+Qwen2-MoE's and Qwen3-MoE's saved checkpoints (`experts.py`). The decoders with their own names, fused q/k/v and
+Conv1D weights (GPT-2, OpenAI-GPT, GPT-NeoX, Falcon, BLOOM, MPT) live in `fused_decoders.py`, StableLM, Phi and OPT in
+`layernorm_decoders.py`, Phi-3 (fused q/k/v and gate/up) in `phi3.py`, the encoder-decoders in `marian.py`,
+`bart.py`, `mbart.py` and `t5.py`, BERT and RoBERTa (as `EncoderForMaskedLM`) in `bert.py` and `roberta.py`.
 """
 
 from __future__ import annotations
@@ -30,6 +30,8 @@ from transformers import (
     MixtralForCausalLM,
     Olmo2Config,
     Olmo2ForCausalLM,
+    Olmo3Config,
+    Olmo3ForCausalLM,
     PreTrainedConfig,
     Qwen2Config,
     Qwen2ForCausalLM,
@@ -39,6 +41,8 @@ from transformers import (
     Qwen3ForCausalLM,
     Qwen3MoeConfig,
     Qwen3MoeForCausalLM,
+    SmolLM3Config,
+    SmolLM3ForCausalLM,
 )
 
 from ..modeling import DecoderForCausalLM
@@ -165,6 +169,14 @@ QWEN3_MOE_FIELDS = {
 # q and k projections (`q_norm` of num_heads · head_dim, `k_norm` of num_kv_heads · head_dim), always.
 OLMO2_FIELDS = tuple(name for name in LLAMA_FIELDS if name not in ("mlp_bias", "head_dim"))
 OLMO2_IMPLIED = {"norm_position": "output", "use_qk_norm": True, "qk_norm_scope": "projection"}
+# SmolLM3: Llama's block without a `head_dim` field (its attention and RoPE read one from config.json, as Qwen2's),
+# with every fourth layer NoPE (`no_rope_layers`: per layer 1 rotates, 0 does not; archlab's `nope_layers` lists the
+# 0s) and Qwen2's optional window (`use_sliding_window`; its masks slide wherever `layer_types` says so).
+SMOLLM3_FIELDS = tuple(name for name in LLAMA_FIELDS if name != "head_dim") + ("layer_types",)
+# OLMo 3: OLMo 2's block with sliding-window layers (`layer_types`: three local layers to one global by default), and
+# RoPE as one parameter set per layer type, as Gemma3's (`_sets_per_layer_type_to_archlab`: a long-context checkpoint
+# scales its global layers' RoPE only).
+OLMO3_FIELDS = tuple(name for name in OLMO2_FIELDS if name != "rope_parameters") + ("sliding_window", "layer_types")
 
 
 def experts_in_every_layer(config: PreTrainedConfig, architecture: str) -> None:
@@ -222,47 +234,63 @@ def _gemma2_from_archlab(config: PreTrainedConfig, architecture: str = "Gemma2Fo
     return {"query_pre_attn_scalar": int(scalar), **capping, "sliding_window": window}
 
 
-def _partial_rotary_sets(rope_parameters: Mapping[str, Any]) -> dict[str, str]:
-    """Gemma3's RoPE rotates every channel of each head (its default RoPE ignores `partial_rotary_factor`, the scaled
-    types would rotate fewer channels than the head has): the refusal of a set with another factor."""
+def _partial_rotary_sets(rope_parameters: Mapping[str, Any], architecture: str) -> dict[str, str]:
+    """Gemma3's and OLMo 3's RoPE rotates every channel of each head (their default RoPE ignores
+    `partial_rotary_factor`, the scaled types would rotate fewer channels than the head has): the refusal of a set
+    with another factor."""
     return {
-        f"rope_parameters[{kind!r}]['partial_rotary_factor']={factor!r}": "Gemma3 rotates every channel of each head"
+        f"rope_parameters[{kind!r}]['partial_rotary_factor']={factor!r}": f"{architecture} rotates every channel of "
+        "each head"
         for kind, parameters in rope_parameters.items()
         if isinstance(parameters, Mapping) and (factor := parameters.get("partial_rotary_factor")) not in (None, 1)
     }
 
 
-def _gemma3_to_archlab(stock: PreTrainedConfig, values: Mapping[str, Any]) -> dict[str, Any]:
-    """Gemma3TextConfig holds RoPE as one set per layer type: archlab's one flat set where the layers present share
-    it (one layer type, or equal sets), else the sets of the layer types present."""
-    _causal_only("gemma3_text")(stock, values)
+def _sets_per_layer_type_to_archlab(stock: PreTrainedConfig, architecture: str) -> tuple[dict[str, Any], dict]:
+    """A stock config's RoPE as one set per layer type (Gemma3, OLMo 3): archlab's one flat set where the layers
+    present share it (one layer type, or equal sets), else the sets of the layer types present; and the refusals of
+    sets with a partial rotary factor."""
     sets = {kind: dict(stock.rope_parameters[kind]) for kind in dict.fromkeys(stock.layer_types)}
-    wrong = _partial_rotary_sets(sets)
+    first = next(iter(sets.values()))
+    flat = first if all(other == first for other in sets.values()) else sets
+    return {"rope_parameters": flat}, _partial_rotary_sets(sets, architecture)
+
+
+def _sets_per_layer_type_from_archlab(config: PreTrainedConfig, architecture: str) -> dict[str, Any]:
+    """A RoPE set for each of the stock layer types: archlab's flat set for both, or its set per layer type (a type no
+    layer has takes another's; it is never used); a set with a partial rotary factor is refused."""
+    rope = config.rope_parameters
+    sets = {kind: value for kind, value in rope.items() if isinstance(value, dict)} or dict.fromkeys(
+        GEMMA3_LAYER_TYPES, rope
+    )
+    refuse_export(architecture, _partial_rotary_sets(sets, architecture))
+    present = next(iter(sets.values()))
+    return {"rope_parameters": {kind: dict(sets.get(kind, present)) for kind in GEMMA3_LAYER_TYPES}}
+
+
+def _gemma3_to_archlab(stock: PreTrainedConfig, values: Mapping[str, Any]) -> dict[str, Any]:
+    """Gemma3TextConfig holds RoPE as one set per layer type (`_sets_per_layer_type_to_archlab`)."""
+    _causal_only("gemma3_text")(stock, values)
+    rope, wrong = _sets_per_layer_type_to_archlab(stock, "Gemma3")
     if stock.attn_logit_softcapping is not None:
         wrong[setting(stock, "attn_logit_softcapping")] = (
             "Gemma3ForCausalLM never applies it (its attention does not pass it on), so its logits are not what such "
             "a checkpoint was trained for"
         )
     refuse_import("gemma3_text", wrong)
-    first = next(iter(sets.values()))
-    return {"rope_parameters": first if all(other == first for other in sets.values()) else sets}
+    return rope
 
 
 def _gemma3_from_archlab(config: PreTrainedConfig) -> dict[str, Any]:
-    """Gemma2's fields, and a RoPE set for each of Gemma3's layer types: archlab's flat set for both, or its set per
-    layer type (a type no layer has takes another's; it is never used)."""
-    rope = config.rope_parameters
-    sets = {kind: value for kind, value in rope.items() if isinstance(value, dict)} or dict.fromkeys(
-        GEMMA3_LAYER_TYPES, rope
-    )
-    wrong = _partial_rotary_sets(sets)
+    """Gemma2's fields, and a RoPE set for each of Gemma3's layer types."""
     if config.attn_logit_softcapping is not None:
-        wrong[setting(config, "attn_logit_softcapping")] = "Gemma3ForCausalLM never caps the attention scores"
-    refuse_export("Gemma3ForCausalLM", wrong)
-    present = next(iter(sets.values()))
-    rope_parameters = {kind: dict(sets.get(kind, present)) for kind in GEMMA3_LAYER_TYPES}
+        refuse_export(
+            "Gemma3ForCausalLM",
+            {setting(config, "attn_logit_softcapping"): "Gemma3ForCausalLM never caps the attention scores"},
+        )
+    rope = _sets_per_layer_type_from_archlab(config, "Gemma3")
     gemma2 = _gemma2_from_archlab(config, "Gemma3ForCausalLM")
-    return {**gemma2, "attn_logit_softcapping": None, "rope_parameters": rope_parameters}
+    return {**gemma2, "attn_logit_softcapping": None, **rope}
 
 
 def _qwen3_from_archlab(config: PreTrainedConfig) -> dict[str, Any]:
@@ -320,6 +348,39 @@ def _olmo2_to_archlab(stock: PreTrainedConfig, values: Mapping[str, Any]) -> dic
 
 def _olmo2_from_archlab(config: PreTrainedConfig) -> dict[str, Any]:
     return {"head_dim": config.head_dim}
+
+
+def _smollm3_to_archlab(stock: PreTrainedConfig, values: Mapping[str, Any]) -> dict[str, Any]:
+    """The head size config.json gives, the NoPE layers, and the window where `layer_types` has local layers."""
+    nope = [index for index, rotates in enumerate(stock.no_rope_layers) if not rotates]
+    local = "sliding_attention" in stock.layer_types
+    return {
+        **head_dim_given(stock, values),
+        "nope_layers": nope or None,
+        "sliding_window": stock.sliding_window if local else None,
+    }
+
+
+def _smollm3_from_archlab(config: PreTrainedConfig) -> dict[str, Any]:
+    nope = set(config.nope_layers or ())
+    local = config.sliding_window is not None and "sliding_attention" in config.layer_types
+    return {
+        **head_dim_to_write(config),
+        "no_rope_layers": [int(index not in nope) for index in range(config.num_hidden_layers)],
+        "use_sliding_window": local,
+        "sliding_window": config.sliding_window if local else None,
+    }
+
+
+def _olmo3_to_archlab(stock: PreTrainedConfig, values: Mapping[str, Any]) -> dict[str, Any]:
+    """OLMo 2's head size, and RoPE as one set per layer type."""
+    rope, wrong = _sets_per_layer_type_to_archlab(stock, "OLMo 3")
+    refuse_import("olmo3", wrong)
+    return {**_olmo2_to_archlab(stock, values), **rope}
+
+
+def _olmo3_from_archlab(config: PreTrainedConfig) -> dict[str, Any]:
+    return {**_olmo2_from_archlab(config), **_sets_per_layer_type_from_archlab(config, "OLMo 3")}
 
 
 def _qwen3_moe_from_archlab(config: PreTrainedConfig) -> dict[str, Any]:
@@ -464,6 +525,25 @@ FAMILIES: dict[str, Family] = {
             from_archlab=_olmo2_from_archlab,
             expressible=frozenset({"head_dim"}),
         ),
+        Family(
+            SmolLM3Config,
+            SmolLM3ForCausalLM,
+            DecoderForCausalLM,
+            fields=same(*SMOLLM3_FIELDS),
+            to_archlab=_smollm3_to_archlab,
+            from_archlab=_smollm3_from_archlab,
+            expressible=frozenset({"head_dim", "nope_layers", "sliding_window"}),
+        ),
+        Family(
+            Olmo3Config,
+            Olmo3ForCausalLM,
+            DecoderForCausalLM,
+            fields=same(*OLMO3_FIELDS),
+            implied=OLMO2_IMPLIED,
+            to_archlab=_olmo3_to_archlab,
+            from_archlab=_olmo3_from_archlab,
+            expressible=frozenset({"head_dim", "rope_parameters"}),
+        ),
         *FUSED_DECODERS,
         *LAYERNORM_DECODERS,
         PHI3,
@@ -492,6 +572,8 @@ IGNORES_PARTIAL_ROTARY = (
     "gemma",
     "gemma2",
     "olmo2",
+    "olmo3",
+    "smollm3",
     "falcon",
 )
 READS_UNDECLARED_HEAD_DIM = ("stablelm", "gpt_neox")
@@ -540,6 +622,8 @@ __all__ = [
     "MISTRAL_FIELDS",
     "MIXTRAL_FIELDS",
     "OLMO2_FIELDS",
+    "OLMO3_FIELDS",
     "QWEN3_FIELDS",
     "QWEN3_MOE_FIELDS",
+    "SMOLLM3_FIELDS",
 ]

@@ -64,6 +64,7 @@ class DecoderBlock(GradientCheckpointingLayer):
     def __init__(self, config, layer_idx: int) -> None:
         super().__init__()
         self.attention_type = config.layer_types[layer_idx] if config.layer_types else "full_attention"
+        self.rotates = layer_idx not in (getattr(config, "nope_layers", None) or ())  # False: a NoPE layer
         self.self_attn = Attention(config, layer_idx, is_causal=True)
         self.mlp = build_mlp(config, layer_idx)
 

@@ -268,6 +268,10 @@ class DecoderConfig(PreTrainedConfig):
             (Mistral).
         layer_types (`list[str]`, *optional*): per layer `"full_attention"` or `"sliding_attention"` (Gemma2's
             interleaved local/global layers); None follows `sliding_window`.
+        nope_layers (`list[int]`, *optional*): the layers (0-based indices) that get no RoPE: their attention sees no
+            positions (NoPE; causal masking alone leaks order), the others rotate as `rope_parameters` says — RoPE
+            interleaved with NoPE layers, as SmolLM3 (every fourth layer) and Llama 4 ("iRoPE") do. Only with
+            `position_embedding_type="rope"`; None: every layer rotates.
         prefix_lm (`bool`, False): bidirectional attention over a per-row prefix given as `prefix_lengths` to
             `forward` / `generate`, causal after it (seed 003).
         use_qk_norm (`bool`, False): a `norm_type` norm of the queries and keys before RoPE (Qwen3, OLMo 2).
@@ -413,6 +417,7 @@ class DecoderConfig(PreTrainedConfig):
     lm_head_bias: bool = False
     sliding_window: int | None = None
     layer_types: list[str] | None = None
+    nope_layers: list[int] | None = None
     prefix_lm: bool = False
     use_qk_norm: bool = False
     qk_norm_scope: str = "head"
@@ -447,6 +452,9 @@ class DecoderConfig(PreTrainedConfig):
                         f"`num_hidden_layers={layers}` adds layers to a model whose `{name}` mixes types ({types}): "
                         f"pass `{name}` with {layers} entries too."
                     )
+            nope = config_dict.get("nope_layers")
+            if isinstance(nope, list) and "nope_layers" not in kwargs:  # the layers kept keep theirs; new ones rotate
+                config_dict["nope_layers"] = [index for index in nope if isinstance(index, int) and index < layers]
         config_dict = _derive_per_layer_types_again(config_dict, kwargs)
         # RoPE overrides are construction arguments: transformers would drop a `rope_theta`, and set a `rope_scaling`
         # or `rope_parameters` on the built config unstandardised (no `rope_theta`: a model that cannot be built).
@@ -526,6 +534,7 @@ class DecoderConfig(PreTrainedConfig):
             _validate_rotary_dimension(self)
         else:
             _validate_unused_rope(self)
+        _validate_nope_layers(self)
         for name in ("pad_token_id", "bos_token_id"):
             value = getattr(self, name)
             if value is not None and not 0 <= value < self.vocab_size:
@@ -589,6 +598,24 @@ def _validate_unused_rope(config: Any) -> None:
                 f"{config.position_embedding_type!r}, which builds no RoPE: set `position_embedding_type='rope'`, or "
                 "leave `rope_parameters` unset."
             )
+
+
+def _validate_nope_layers(config: Any) -> None:
+    """`nope_layers`: distinct layer indices, and only where the model builds RoPE to leave out."""
+    layers = config.nope_layers
+    if layers is None:
+        return
+    if config.position_embedding_type != "rope":
+        raise ValueError(
+            f"`nope_layers` ({layers}) leaves RoPE out of those layers, but `position_embedding_type` is "
+            f"{config.position_embedding_type!r}: allowed values are None, or layer indices with 'rope'."
+        )
+    wrong = [index for index in layers if not 0 <= index < config.num_hidden_layers]
+    if wrong or len(set(layers)) < len(layers):
+        raise ValueError(
+            f"`nope_layers` must hold distinct layer indices in [0, num_hidden_layers={config.num_hidden_layers}), "
+            f"got {layers}."
+        )
 
 
 def _validate_rotary_dimension(config: Any) -> None:

@@ -258,12 +258,16 @@ class DecoderModel(DecoderPreTrainedModel):
                 all_hidden_states += (hidden_states,)
             # Positional: checkpointing with `use_reentrant=True` back-propagates only a layer's positional inputs
             # itself. T5's learned bias, shared by the layers, as a keyword would have its graph freed by the first.
+            if not layer.rotates:  # a NoPE layer (`nope_layers`)
+                rotary = None
+            elif isinstance(position_embeddings, dict):
+                rotary = position_embeddings[layer.attention_type]
+            else:
+                rotary = position_embeddings
             hidden_states, attn_weights = layer(
                 hidden_states,
                 masks[layer.attention_type],
-                position_embeddings[layer.attention_type]
-                if isinstance(position_embeddings, dict)
-                else position_embeddings,
+                rotary,
                 past_key_values,
                 None if biases is None else biases[layer.attention_type],
                 output_attentions=output_attentions,

@@ -125,6 +125,10 @@ DECODER_VARIANTS = {
             "full_attention": {"rope_type": "linear", "rope_theta": 1e6, "factor": 2.0},
         },
     ),
+    # RoPE interleaved with NoPE layers (Llama 4's iRoPE: local layers rotate, the global ones see no positions)
+    "nope_global_layers": dict(
+        nope_layers=[1], sliding_window=WINDOW, layer_types=["sliding_attention", "full_attention"]
+    ),
     "prefix_lm": dict(prefix_lm=True),
     "prefix_lm_alibi": dict(prefix_lm=True, position_embedding_type="alibi"),
     "softcapping_eager_attention": dict(attn_logit_softcapping=2.0, final_logit_softcapping=5.0),  # no sdpa here

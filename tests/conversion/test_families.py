@@ -33,6 +33,7 @@ from transformers import (
     MptConfig,
     MT5Config,
     Olmo2Config,
+    Olmo3Config,
     OpenAIGPTConfig,
     OPTConfig,
     Phi3Config,
@@ -42,6 +43,7 @@ from transformers import (
     Qwen3Config,
     Qwen3MoeConfig,
     RobertaConfig,
+    SmolLM3Config,
     StableLmConfig,
     T5Config,
     UMT5Config,
@@ -110,6 +112,19 @@ ROPE_25 = {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor
 GEMMA3_ROPE = {
     "full_attention": {"rope_type": "linear", "rope_theta": 1e6, "factor": 2.0},
     "sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+}
+# OLMo 3's long-context recipe: YaRN on the global layers only, the local ones as trained
+OLMO3_ROPE = {
+    "full_attention": {
+        "rope_type": "yarn",
+        "rope_theta": 5e5,
+        "factor": 8.0,
+        "original_max_position_embeddings": 8,
+        "attention_factor": 1.2,
+        "beta_fast": 32.0,
+        "beta_slow": 1.0,
+    },
+    "sliding_attention": {"rope_type": "default", "rope_theta": 5e5},
 }
 SEQ2SEQ_SHAPE = dict(
     vocab_size=VOCAB,
@@ -221,6 +236,32 @@ CASES = {
             "qk_norm_scope": "projection",
             "head_dim": 16,
             "attention_bias": True,
+        },
+    ),
+    # SmolLM3: the second of two layers NoPE (`no_rope_layer_interval=2`), a head size config.json gives
+    "smollm3": (
+        SmolLM3Config(**{**QWEN2_SHAPE, "head_dim": 16}, no_rope_layer_interval=2),
+        {"nope_layers": [1], "head_dim": 16, "sliding_window": None},
+    ),
+    # with Qwen2's window on its NoPE layers (SmolLM3's `layer_types` when `use_sliding_window` is set)
+    "smollm3-sliding": (
+        SmolLM3Config(**QWEN2_SHAPE, no_rope_layer_interval=2, use_sliding_window=True, sliding_window=4),
+        {"nope_layers": [1], "sliding_window": 4, "layer_types": ["full_attention", "sliding_attention"]},
+    ),
+    # OLMo 3: OLMo 2's block, local layers with a window of 4, the global layers' RoPE scaled (sets per layer type)
+    "olmo3": (
+        Olmo3Config(
+            **{**LLAMA_LIKE, "head_dim": 16},
+            sliding_window=4,
+            layer_types=["sliding_attention", "full_attention"],
+            rope_parameters=OLMO3_ROPE,
+        ),
+        {
+            "norm_position": "output",
+            "qk_norm_scope": "projection",
+            "sliding_window": 4,
+            "layer_types": ["sliding_attention", "full_attention"],
+            "rope_parameters": OLMO3_ROPE,
         },
     ),
     "gemma": (
@@ -709,6 +750,8 @@ NOT_EXPRESSIBLE = {
         {"norm_position": "sandwich", "use_qk_norm": False, "qk_norm_scope": "head"},
         ["norm_position", "use_qk_norm", "qk_norm_scope"],
     ),
+    "olmo3": ({"qk_norm_scope": "head"}, ["qk_norm_scope"]),
+    "smollm3": ({"norm_position": "sandwich"}, ["norm_position"]),
     "gpt_neox": ({"num_key_value_heads": 2}, ["num_key_value_heads"]),
     "falcon": ({"norm_position": "pre", "num_key_value_heads": 2}, ["norm_position", "num_key_value_heads"]),
     "bloom": ({"intermediate_size": 96}, ["intermediate_size"]),
@@ -1127,10 +1170,10 @@ TAGS = {0: "O", 1: "B-NUM", 2: "I-NUM", 3: "B-WORD", 4: "I-WORD"}
 
 
 def test_every_generic_token_and_qa_head_is_checked():
-    """Llama, Mistral, Mixtral, Qwen2, Qwen2-MoE, Qwen3 and Qwen3-MoE (both heads), Gemma, Gemma2, Phi, Phi-3 and
-    StableLM (tokens)."""
+    """Llama, Mistral, Mixtral, Qwen2, Qwen2-MoE, Qwen3, Qwen3-MoE and SmolLM3 (both heads), Gemma, Gemma2, Phi, Phi-3
+    and StableLM (tokens)."""
     qa, tokens = {_family(case).name for case in QA_CASES}, {_family(case).name for case in TOKEN_CASES}
-    assert qa == {"llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe"} <= tokens
+    assert qa == {"llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "smollm3"} <= tokens
     assert {"gemma", "gemma2", "phi", "phi3", "stablelm"} <= tokens
 
 

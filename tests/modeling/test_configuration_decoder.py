@@ -565,3 +565,36 @@ def test_from_pretrained_with_a_window_or_experts_derives_the_layer_types_again(
     )
     tiny_decoder_config(sliding_window=8, layer_types=["sliding_attention", "full_attention"]).save_pretrained(tmp_path)
     assert AutoConfig.from_pretrained(tmp_path, sliding_window=4).layer_types == ["sliding_attention", "full_attention"]
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (dict(nope_layers=[2]), r"`nope_layers` must hold distinct layer indices in \[0, num_hidden_layers=2\)"),
+        (dict(nope_layers=[1, 1]), r"distinct layer indices .* got \[1, 1\]"),
+        (dict(nope_layers=1), "`nope_layers` must be a list of int or None, got 1"),
+        (dict(nope_layers=[1], position_embedding_type="alibi"), "`position_embedding_type` is 'alibi': allowed"),
+    ],
+)
+def test_bad_nope_layers_fail_at_construction(overrides, message):
+    with pytest.raises(ValueError, match=message):
+        tiny_decoder_config(**overrides)
+
+
+def test_nope_layers_leave_rope_out_of_those_layers_alone(tmp_path):
+    """A NoPE layer's attention is given no rotary embeddings (it rotates nothing), the other layers theirs (the
+    parity with SmolLM3 is tests/conversion's). `from_pretrained(folder, num_hidden_layers=n)` keeps the NoPE layers
+    below n."""
+    model = DecoderForCausalLM(tiny_decoder_config(nope_layers=[1])).eval()
+    assert [layer.rotates for layer in model.model.layers] == [True, False]
+    seen = {}
+    for index, layer in enumerate(model.model.layers):
+        layer.self_attn.register_forward_pre_hook(
+            lambda module, args, kwargs, index=index: seen.setdefault(index, []).append(kwargs["position_embeddings"]),
+            with_kwargs=True,
+        )
+    model(torch.tensor([[1, 5, 6]]))
+    assert seen[0][0] is not None and seen[1] == [None]
+    model.save_pretrained(tmp_path / "two")
+    assert DecoderForCausalLM.from_pretrained(tmp_path / "two", num_hidden_layers=1).config.nope_layers == []
+    assert DecoderForCausalLM.from_pretrained(tmp_path / "two").config.nope_layers == [1]
