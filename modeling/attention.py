@@ -61,7 +61,10 @@ def eager_attention_forward(
         scores = scores + position_bias
     if attention_mask is not None:  # additive float mask (0 / -inf-ish), broadcast over heads
         scores = scores + attention_mask[:, :, :, : key.shape[-2]]
-    probs = nn.functional.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
+    # at least float32 (half-precision scores), float64 kept: cast to float32, float64's mask value (finfo.min) was
+    # -inf, and a padded query row masked whole gave NaN probabilities, which its values spread to the real rows
+    probs = nn.functional.softmax(scores, dim=-1, dtype=torch.promote_types(scores.dtype, torch.float32))
+    probs = probs.to(query.dtype)
     probs = nn.functional.dropout(probs, p=dropout, training=module.training)
     output = torch.matmul(probs, value).transpose(1, 2).contiguous()  # (B, Tq, H, D)
     return output, probs

@@ -12,12 +12,13 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 
+from archlab import DecoderForCausalLM
 from archlab.modeling import attention as attention_module
 from archlab.modeling.attention import Attention, eager_attention_forward, one_token_grouped_sdpa, repeat_kv
 from archlab.modeling.fused_projections import inference_projections
 from archlab.modeling.rotary import apply_rotary
 
-from helpers import assert_close_to_scale, tiny_decoder_config
+from helpers import assert_close_to_scale, randomised, tiny_decoder_config
 
 BATCH, HEADS, QUERIES, KEYS, DIM = 2, 4, 5, 7, 8
 
@@ -148,6 +149,19 @@ def test_eager_equals_sdpa(causal):
             expected = eager_module(hidden, attention_mask=causal_mask)[0]
             assert_close_to_scale(sdpa_module(hidden)[0], expected, rtol=1e-5)
             assert (eager_module(hidden)[0] - expected).abs().max() > 1e-3  # the mask matters
+
+
+def test_eager_attention_in_float64_keeps_padded_rows_finite():
+    """A padded query row masked whole: in float64 the mask value is float64's finfo.min, which the softmax's float32
+    cast made -inf, so that row's probabilities were NaN and the next layer's values spread them to every real token.
+    The softmax now runs in float64 there: a left-padded float64 batch gives the float64 SDPA model's logits."""
+    configs = [tiny_decoder_config(attn_implementation=kind) for kind in ("eager", "sdpa")]
+    models = [randomised(DecoderForCausalLM(config)).double() for config in configs]
+    ids, mask = torch.tensor([[0, 0, 5, 6, 7], [3, 4, 5, 6, 7]]), torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]])
+    with torch.no_grad():
+        eager, sdpa = (model(input_ids=ids, attention_mask=mask).logits for model in models)
+    assert torch.isfinite(eager).all()
+    torch.testing.assert_close(eager[mask.bool()], sdpa[mask.bool()], atol=1e-10, rtol=0)
 
 
 @pytest.mark.parametrize("kv_heads", [2, 1], ids=["gqa", "mqa"])
