@@ -574,6 +574,7 @@ IGNORES_PARTIAL_ROTARY = (
     "olmo2",
     "olmo3",
     "smollm3",
+    "starcoder2",
     "falcon",
 )
 READS_UNDECLARED_HEAD_DIM = ("stablelm", "gpt_neox")

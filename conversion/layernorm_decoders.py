@@ -1,7 +1,7 @@
-"""StableLM, Phi and OPT: LayerNorm decoders with separate q/k/v projections, as `Family` rows.
+"""StableLM, Phi, OPT and StarCoder2: LayerNorm decoders with separate q/k/v projections, as `Family` rows.
 
-StableLM has Llama's parameter names (its weights need no rule); Phi and OPT have their own, renamed by the rules of
-`layouts.py`. The blocks they select with a flag are archlab's `norm_position` values: StableLM's
+StableLM has Llama's parameter names (its weights need no rule); Phi, OPT and StarCoder2 have their own, renamed by
+the rules of `layouts.py`. The blocks they select with a flag are archlab's `norm_position` values: StableLM's
 `use_parallel_residual` and Phi's only block are the parallel block with one shared norm ("parallel_shared_norm"),
 OPT's `do_layer_norm_before=False` (OPT-350m) is the post-norm block. Every stock LayerNorm epsilon is archlab's
 `rms_norm_eps` (OPT's is nn.LayerNorm's fixed 1e-5). Dropouts other than attention dropout only change training;
@@ -21,10 +21,12 @@ from transformers import (
     PreTrainedConfig,
     StableLmConfig,
     StableLmForCausalLM,
+    Starcoder2Config,
+    Starcoder2ForCausalLM,
 )
 
 from ..modeling import DecoderForCausalLM
-from .checks import head_dim_given, head_dim_to_write, refuse_export, refuse_import, setting
+from .checks import head_dim_given, head_dim_to_write, one_window_for_every_layer, refuse_export, refuse_import, setting
 from .family import Family, same
 from .fused_decoders import ATTN, LAYER, MLP
 from .layouts import Rename, WeightRules
@@ -256,6 +258,49 @@ OPT = Family(
     ).layout(),
 )
 
-LAYERNORM_DECODERS = (STABLELM, PHI, OPT)
+# --- StarCoder2: Llama's attention with biases, LayerNorm, a plain GELU MLP (c_fc / c_proj), one window ---------------
 
-__all__ = ["LAYERNORM_DECODERS", "OPT", "PHI", "STABLELM"]
+
+def _starcoder2_from_archlab(config: PreTrainedConfig) -> dict[str, Any]:
+    return {
+        **one_window_for_every_layer(config, "Starcoder2ForCausalLM"),
+        **head_dim_to_write(config),
+        "residual_dropout": 0.0,
+        "embedding_dropout": 0.0,
+    }
+
+
+STARCODER2 = Family(
+    Starcoder2Config,
+    Starcoder2ForCausalLM,
+    DecoderForCausalLM,
+    fields={
+        **same(*SHARED_FIELDS, "sliding_window"),
+        "norm_epsilon": "rms_norm_eps",
+        "use_bias": ("attention_bias", "mlp_bias"),
+    },
+    implied={"norm_type": "layer_norm", "mlp_type": "plain"},
+    # its config has no head_dim field, but its attention and RoPE read one from config.json
+    to_archlab=lambda stock, values: head_dim_given(stock, values),
+    from_archlab=_starcoder2_from_archlab,
+    expressible=frozenset({"head_dim", "layer_types"}),
+    layout=WeightRules(
+        (
+            Rename("model.embed_tokens", "model.embed_tokens"),
+            Rename("model.layers.{n}.input_layernorm", f"{LAYER}.input_layernorm"),
+            Rename("model.layers.{n}.post_attention_layernorm", f"{LAYER}.post_attention_layernorm"),
+            *_separate_qkv("model.layers.{n}.self_attn"),
+            Rename("model.layers.{n}.self_attn.o_proj", f"{ATTN}.o_proj"),
+            Rename("model.layers.{n}.mlp.c_fc", f"{MLP}.up_proj"),
+            Rename("model.layers.{n}.mlp.c_proj", f"{MLP}.down_proj"),
+            Rename("model.norm", "model.norm"),
+            Rename("lm_head", "lm_head"),
+        ),
+        base_prefix="model",
+        ignore=(r"inv_freq$",),
+    ).layout(),
+)
+
+LAYERNORM_DECODERS = (STABLELM, PHI, OPT, STARCODER2)
+
+__all__ = ["LAYERNORM_DECODERS", "OPT", "PHI", "STABLELM", "STARCODER2"]

@@ -45,6 +45,7 @@ from transformers import (
     RobertaConfig,
     SmolLM3Config,
     StableLmConfig,
+    Starcoder2Config,
     T5Config,
     UMT5Config,
 )
@@ -412,6 +413,15 @@ CASES = {
         StableLmConfig(**QWEN2_SHAPE, use_parallel_residual=True),
         {"norm_position": "parallel_shared_norm", "qkv_bias": False},
     ),
+    # StarCoder2: LayerNorm, biases, a plain tanh-GELU MLP, a window on every layer, a head size config.json gives
+    "starcoder2": (
+        Starcoder2Config(**{**LLAMA_LIKE, "head_dim": 16}, sliding_window=4),
+        {"norm_type": "layer_norm", "mlp_type": "plain", "mlp_bias": True, "sliding_window": 4, "head_dim": 16},
+    ),
+    "starcoder2-no-bias": (
+        Starcoder2Config(**QWEN2_SHAPE, use_bias=False, hidden_act="gelu"),
+        {"attention_bias": False, "mlp_bias": False, "hidden_act": "gelu", "sliding_window": None},
+    ),
     # encoder-decoders (Marian's token conventions: pad is the decoder start, eos is 0)
     "marian": (
         MarianConfig(
@@ -762,6 +772,7 @@ NOT_EXPRESSIBLE = {
     "phi": ({"lm_head_bias": False, "mlp_type": "gated"}, ["lm_head_bias", "mlp_type"]),
     "phi3": ({"rope_parameters": {"rope_type": "linear", "rope_theta": 1e4, "factor": 2.0}}, ["rope_type"]),
     "stablelm": ({"norm_position": "parallel"}, ["norm_position"]),
+    "starcoder2": ({"layer_types": ["sliding_attention", "full_attention"]}, ["layer_types"]),
     "bart": ({"embedding_layernorm": False}, ["embedding_layernorm"]),
     "mbart": ({"norm_position": "sandwich", "label_shift": "decoder_start_token"}, ["norm_position", "label_shift"]),
     "bert": ({"norm_position": "pre", "use_qk_norm": True}, ["norm_position", "use_qk_norm"]),
