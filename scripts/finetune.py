@@ -87,7 +87,7 @@ from archlab.training.checkpoints import (
     resolve_resume,
     run_facts,
 )
-from archlab.training.dtypes import check_training_dtype, trained_dtype
+from archlab.training.dtypes import check_training_dtype, confirm_loaded_dtype, trained_dtype
 from archlab.training.evaluation import train_and_evaluate
 from archlab.training.kinds import model_kind
 from archlab.training.metrics import entity_types
@@ -456,6 +456,7 @@ def main(argv: Sequence[str] | None = None, callbacks: list[TrainerCallback] | N
         first_process_writes_the_cache(training_args, raw),
     )
 
+    confirm_loaded_dtype(built["model"], model_args, training_args, facts, resume)
     if entity_type is not None:
         check_entity_type_metric(entity_type, built["model"].config.id2label.values(), training_args)
     own_data = bool(data_args.train_file or data_args.dataset_name)

@@ -47,7 +47,7 @@ from archlab.training.checkpoints import (
     run_facts,
 )
 from archlab.training.configs import build_config, build_model, check_resumed_config
-from archlab.training.dtypes import check_training_dtype, trained_dtype
+from archlab.training.dtypes import check_training_dtype, confirm_loaded_dtype, trained_dtype
 from archlab.training.evaluation import train_and_evaluate
 from archlab.training.kinds import model_kind
 from archlab.training.metrics import with_perplexity
@@ -209,6 +209,7 @@ def main(argv: Sequence[str] | None = None, callbacks: list[TrainerCallback] | N
         model_args.attn_implementation,
         dtype=model_args.dtype,
     )
+    confirm_loaded_dtype(model, model_args, training_args, facts, resume)
     n_params = sum(p.numel() for p in model.parameters())
     log(
         f"{type(model).__name__}: {n_params / 1e6:.2f}M parameters, vocabulary {len(tokenizer)}, "

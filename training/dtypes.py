@@ -12,6 +12,7 @@ from typing import Any
 import torch
 from safetensors import safe_open
 
+from .checkpoints import check_resumed_run_facts
 from .reporting import log
 
 DTYPES = ("auto", "bfloat16", "float16", "float32")
@@ -84,9 +85,38 @@ def check_training_dtype(value: str | None, model_name_or_path: str | None, fp16
     source = f"--dtype {value}"
     if value == "auto":
         if not os.path.isfile(os.path.join(model_name_or_path, "config.json")):
-            return  # (a Hub name: its dtype is known once downloaded)
+            return  # (a Hub name: its dtype is known once downloaded, `check_loaded_dtype`)
         weights = saved_dtype(model_name_or_path)
         source = f"--dtype auto ({model_name_or_path!r} was saved in {str(weights).removeprefix('torch.')})"
+    check_weights_dtype(weights, source, fp16)
+
+
+def check_loaded_dtype(model: Any, value: str | None, model_name_or_path: str | None, fp16: bool) -> str | None:
+    """`--dtype auto` with a Hub name: the dtype the weights load in is known once they are downloaded, so it is
+    checked on the loaded model (before training) as `check_training_dtype` checks a local folder's. Returns that
+    dtype's name (the run fact `trained_dtype` could not give), or None where the earlier check had it."""
+    if value != "auto" or not model_name_or_path or os.path.isfile(os.path.join(model_name_or_path, "config.json")):
+        return None
+    weights = next((p.dtype for p in model.parameters() if p.is_floating_point()), None)
+    if weights is None:
+        return None
+    name = str(weights).removeprefix("torch.")
+    check_weights_dtype(weights, f"--dtype auto ({model_name_or_path!r} loaded in {name})", fp16)
+    return name
+
+
+def confirm_loaded_dtype(model: Any, model_args: Any, training_args: Any, facts: dict, resume: str | None) -> None:
+    """The scripts' step after loading: `check_loaded_dtype`, and the dtype it learnt as the run fact `weights_dtype`
+    (a resume of a Hub model in another dtype is refused then, as a folder's is before anything is read)."""
+    loaded = check_loaded_dtype(model, model_args.dtype, model_args.model_name_or_path, training_args.fp16)
+    if loaded is not None:
+        facts["weights_dtype"] = loaded
+        check_resumed_run_facts(resume, facts)
+
+
+def check_weights_dtype(weights: Any, source: str, fp16: bool) -> None:
+    """The refusals and the warning of `check_training_dtype` for weights of dtype `weights` (`source`: the flag and
+    where the dtype came from)."""
     if weights == torch.float16:
         raise ValueError(
             f"{source} would train float16 weights: --fp16's loss scaling refuses float16 gradients (it scales "

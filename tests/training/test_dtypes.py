@@ -94,3 +94,37 @@ def test_float16_weights_and_bfloat16_weights_under_fp16_are_refused_for_trainin
     check_training_dtype("auto", str(folders["bfloat16"]), fp16=False)
     out = capsys.readouterr().out
     assert "Warning: --dtype auto" in out and "(pure bfloat16)" in out
+
+
+def test_auto_on_a_hub_name_is_checked_once_the_weights_are_loaded(folders: dict[str, Path], tmp_path) -> None:
+    """`--dtype auto` with a Hub name: nothing is known before the download (`check_training_dtype` lets it pass), so
+    the loaded model is checked before training, with the same refusals as a local folder's, and its dtype becomes
+    the run fact a resume must keep."""
+    from types import SimpleNamespace
+
+    from archlab.model_cards.facts import RUN_FACTS
+    from archlab.training.dtypes import check_loaded_dtype, confirm_loaded_dtype
+
+    hub = "org/hub-model"
+    check_training_dtype("auto", hub, fp16=False)  # (not downloaded yet: no error)
+    half = archlab.DecoderForCausalLM.from_pretrained(folders["float16"], dtype="auto")
+    bf16 = archlab.DecoderForCausalLM.from_pretrained(folders["bfloat16"], dtype="auto")
+    with pytest.raises(ValueError, match=r"--dtype auto \('org/hub-model' loaded in float16\) would train float16"):
+        check_loaded_dtype(half, "auto", hub, fp16=False)
+    with pytest.raises(ValueError, match=r"Conflicting flags: --fp16 and --dtype auto \('org/hub-model' loaded in"):
+        check_loaded_dtype(bf16, "auto", hub, fp16=True)
+    assert check_loaded_dtype(bf16, "auto", hub, fp16=False) == "bfloat16"
+    # a local folder was checked before loading, and another --dtype needs no download to be known
+    assert check_loaded_dtype(half, "auto", str(folders["float16"]), fp16=False) is None
+    assert check_loaded_dtype(bf16, "bfloat16", hub, fp16=False) is None
+
+    args = SimpleNamespace(dtype="auto", model_name_or_path=hub), SimpleNamespace(fp16=False)
+    facts: dict = {}
+    confirm_loaded_dtype(bf16, *args, facts, resume=None)
+    assert facts == {"weights_dtype": "bfloat16"}
+    resume = tmp_path / "checkpoint-5"
+    resume.mkdir()
+    (resume / RUN_FACTS).write_text(json.dumps({"weights_dtype": "float32"}))
+    refused = r"was trained with --dtype \(the weights' dtype\) = 'float32', but these flags give 'bfloat16'"
+    with pytest.raises(ValueError, match=refused):
+        confirm_loaded_dtype(bf16, *args, {}, resume=str(resume))
