@@ -1,7 +1,7 @@
 """The families the converter knows: one `Family` row each, by `model_type`.
 
 The Llama-like decoders (Llama, Mistral, Mixtral, Gemma, Gemma2, Gemma3, Qwen2, Qwen2-MoE, Qwen3, Qwen3-MoE, OLMo 2,
-OLMo 3, SmolLM3) differ from Llama only in which config fields they have and what they fix; their weights have
+OLMo 3, SmolLM3, EXAONE 4) differ from Llama only in which config fields they have and what they fix; their weights have
 archlab's names already (archlab uses Llama's, Gemma2's and OLMo 2's), except the per-expert modules of Mixtral's,
 Qwen2-MoE's and Qwen3-MoE's saved checkpoints (`experts.py`). The decoders with their own names, fused q/k/v and
 Conv1D weights (GPT-2, OpenAI-GPT, GPT-NeoX, Falcon, BLOOM, MPT) live in `fused_decoders.py`, StableLM, Phi and OPT in
@@ -16,6 +16,8 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from transformers import (
+    Exaone4Config,
+    Exaone4ForCausalLM,
     Gemma2Config,
     Gemma2ForCausalLM,
     Gemma3ForCausalLM,
@@ -173,6 +175,12 @@ OLMO2_IMPLIED = {"norm_position": "output", "use_qk_norm": True, "qk_norm_scope"
 # with every fourth layer NoPE (`no_rope_layers`: per layer 1 rotates, 0 does not; archlab's `nope_layers` lists the
 # 0s) and Qwen2's optional window (`use_sliding_window`; its masks slide wherever `layer_types` says so).
 SMOLLM3_FIELDS = tuple(name for name in LLAMA_FIELDS if name != "head_dim") + ("layer_types",)
+# EXAONE 4: OLMo 2's output norms with QK-norm per head (Qwen3's), no `head_dim` field (its attention reads one from
+# config.json), and with a window, its local layers (three in four) rotating and its global ones NoPE
+# (`_exaone4_to_archlab`: archlab's `nope_layers` are the global layers then; without a window every layer rotates).
+EXAONE4_FIELDS = tuple(name for name in LLAMA_FIELDS if name not in ("head_dim", "attention_bias", "mlp_bias")) + (
+    "layer_types",
+)
 # OLMo 3: OLMo 2's block with sliding-window layers (`layer_types`: three local layers to one global by default), and
 # RoPE as one parameter set per layer type, as Gemma3's (`_sets_per_layer_type_to_archlab`: a long-context checkpoint
 # scales its global layers' RoPE only).
@@ -372,6 +380,38 @@ def _smollm3_from_archlab(config: PreTrainedConfig) -> dict[str, Any]:
     }
 
 
+def _exaone4_to_archlab(stock: PreTrainedConfig, values: Mapping[str, Any]) -> dict[str, Any]:
+    """The head size config.json gives; with a window, the local layers slide and rotate, the global ones are NoPE."""
+    local = "sliding_attention" in stock.layer_types
+    if local and stock.sliding_window is None:
+        refuse_import(
+            "exaone4",
+            {f"{setting(stock, 'layer_types')}, sliding_window=None": "its local layers need a window to slide over"},
+        )
+    nope = [i for i, kind in enumerate(stock.layer_types) if kind == "full_attention"]
+    return {
+        **head_dim_given(stock, values),
+        "sliding_window": stock.sliding_window if local else None,
+        "nope_layers": (nope or None) if stock.sliding_window is not None else None,
+    }
+
+
+def _exaone4_from_archlab(config: PreTrainedConfig) -> dict[str, Any]:
+    local = "sliding_attention" in config.layer_types
+    global_layers = [i for i, kind in enumerate(config.layer_types) if kind == "full_attention"] if local else []
+    if sorted(config.nope_layers or ()) != global_layers:
+        refuse_export(
+            "Exaone4ForCausalLM",
+            {
+                f"{setting(config, 'nope_layers')} with layer_types={config.layer_types!r}": (
+                    "EXAONE 4 rotates exactly its sliding layers when it has some (its global layers NoPE), and "
+                    "every layer when it has none"
+                )
+            },
+        )
+    return {**head_dim_to_write(config), "sliding_window": config.sliding_window if local else None}
+
+
 def _olmo3_to_archlab(stock: PreTrainedConfig, values: Mapping[str, Any]) -> dict[str, Any]:
     """OLMo 2's head size, and RoPE as one set per layer type."""
     rope, wrong = _sets_per_layer_type_to_archlab(stock, "OLMo 3")
@@ -535,6 +575,16 @@ FAMILIES: dict[str, Family] = {
             expressible=frozenset({"head_dim", "nope_layers", "sliding_window"}),
         ),
         Family(
+            Exaone4Config,
+            Exaone4ForCausalLM,
+            DecoderForCausalLM,
+            fields=same(*EXAONE4_FIELDS),
+            implied={"norm_position": "output", "use_qk_norm": True},
+            to_archlab=_exaone4_to_archlab,
+            from_archlab=_exaone4_from_archlab,
+            expressible=frozenset({"head_dim", "nope_layers", "sliding_window"}),
+        ),
+        Family(
             Olmo3Config,
             Olmo3ForCausalLM,
             DecoderForCausalLM,
@@ -575,6 +625,7 @@ IGNORES_PARTIAL_ROTARY = (
     "olmo3",
     "smollm3",
     "starcoder2",
+    "exaone4",
     "falcon",
 )
 READS_UNDECLARED_HEAD_DIM = ("stablelm", "gpt_neox")
@@ -616,6 +667,7 @@ FAMILIES = {name: _guarded(family) for name, family in FAMILIES.items()}
 
 __all__ = [
     "FAMILIES",
+    "EXAONE4_FIELDS",
     "GEMMA2_FIELDS",
     "GEMMA3_FIELDS",
     "GEMMA_FIELDS",

@@ -19,6 +19,7 @@ from transformers import (
     BartConfig,
     BertConfig,
     BloomConfig,
+    Exaone4Config,
     FalconConfig,
     Gemma2Config,
     Gemma3TextConfig,
@@ -248,6 +249,23 @@ CASES = {
     "smollm3-sliding": (
         SmolLM3Config(**QWEN2_SHAPE, no_rope_layer_interval=2, use_sliding_window=True, sliding_window=4),
         {"nope_layers": [1], "sliding_window": 4, "layer_types": ["full_attention", "sliding_attention"]},
+    ),
+    # EXAONE 4: output norms, QK-norm per head; with a window its global layer is NoPE, without one every layer rotates
+    "exaone4": (
+        Exaone4Config(**{**QWEN2_SHAPE, "head_dim": 16}, sliding_window=4, sliding_window_pattern=2),
+        {
+            "norm_position": "output",
+            "use_qk_norm": True,
+            "qk_norm_scope": "head",
+            "layer_types": ["sliding_attention", "full_attention"],
+            "nope_layers": [1],
+            "head_dim": 16,
+        },
+    ),
+    "exaone4-global": (
+        # (its layer types given: Exaone4Config derives them by `i % 0` without a window)
+        Exaone4Config(**QWEN2_SHAPE, sliding_window=None, layer_types=["full_attention"] * 2),
+        {"nope_layers": None, "sliding_window": None, "layer_types": ["full_attention"] * 2},
     ),
     # OLMo 3: OLMo 2's block, local layers with a window of 4, the global layers' RoPE scaled (sets per layer type)
     "olmo3": (
@@ -761,6 +779,7 @@ NOT_EXPRESSIBLE = {
         ["norm_position", "use_qk_norm", "qk_norm_scope"],
     ),
     "olmo3": ({"qk_norm_scope": "head"}, ["qk_norm_scope"]),
+    "exaone4": ({"nope_layers": None}, ["nope_layers"]),
     "smollm3": ({"norm_position": "sandwich"}, ["norm_position"]),
     "gpt_neox": ({"num_key_value_heads": 2}, ["num_key_value_heads"]),
     "falcon": ({"norm_position": "pre", "num_key_value_heads": 2}, ["norm_position", "num_key_value_heads"]),
@@ -1181,10 +1200,11 @@ TAGS = {0: "O", 1: "B-NUM", 2: "I-NUM", 3: "B-WORD", 4: "I-WORD"}
 
 
 def test_every_generic_token_and_qa_head_is_checked():
-    """Llama, Mistral, Mixtral, Qwen2, Qwen2-MoE, Qwen3, Qwen3-MoE and SmolLM3 (both heads), Gemma, Gemma2, Phi, Phi-3
-    and StableLM (tokens)."""
+    """Llama, Mistral, Mixtral, Qwen2, Qwen2-MoE, Qwen3, Qwen3-MoE, SmolLM3 and EXAONE 4 (both heads), Gemma, Gemma2,
+    Phi, Phi-3 and StableLM (tokens)."""
     qa, tokens = {_family(case).name for case in QA_CASES}, {_family(case).name for case in TOKEN_CASES}
-    assert qa == {"llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "smollm3"} <= tokens
+    both = {"llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "smollm3", "exaone4"}
+    assert qa == both <= tokens
     assert {"gemma", "gemma2", "phi", "phi3", "stablelm"} <= tokens
 
 
