@@ -1,10 +1,11 @@
 """The families the converter knows: one `Family` row each, by `model_type`.
 
 The Llama-like decoders (Llama, Mistral, Mixtral, Gemma, Gemma2, Gemma3, Qwen2, Qwen2-MoE, Qwen3, Qwen3-MoE, OLMo 2,
-OLMo 3, SmolLM3, EXAONE 4) differ from Llama only in which config fields they have and what they fix; their weights have
-archlab's names already (archlab uses Llama's, Gemma2's and OLMo 2's), except the per-expert modules of Mixtral's,
-Qwen2-MoE's and Qwen3-MoE's saved checkpoints (`experts.py`). The decoders with their own names, fused q/k/v and
-Conv1D weights (GPT-2, OpenAI-GPT, GPT-NeoX, Falcon, BLOOM, MPT) live in `fused_decoders.py`, StableLM, Phi and OPT in
+OLMo 3, SmolLM3, EXAONE 4, Helium) differ from Llama only in which config fields they have and what they fix; their
+weights have archlab's names already (archlab uses Llama's, Gemma2's and OLMo 2's), except the per-expert modules of
+Mixtral's, Qwen2-MoE's and Qwen3-MoE's saved checkpoints (`experts.py`) and Helium's q/k rows (its interleaved RoPE,
+`interleaved_rope.py`). The decoders with their own names, fused q/k/v and Conv1D weights (GPT-2, OpenAI-GPT,
+GPT-NeoX, Falcon, BLOOM, MPT) live in `fused_decoders.py`, StableLM, Phi, OPT and StarCoder2 in
 `layernorm_decoders.py`, Phi-3 (fused q/k/v and gate/up) in `phi3.py`, the encoder-decoders in `marian.py`,
 `bart.py`, `mbart.py` and `t5.py`, BERT and RoBERTa (as `EncoderForMaskedLM`) in `bert.py` and `roberta.py`.
 """
@@ -24,6 +25,8 @@ from transformers import (
     Gemma3TextConfig,
     GemmaConfig,
     GemmaForCausalLM,
+    HeliumConfig,
+    HeliumForCausalLM,
     LlamaConfig,
     LlamaForCausalLM,
     MistralConfig,
@@ -59,8 +62,9 @@ from .checks import (
     setting,
 )
 from .experts import MIXTRAL_LAYOUT, QWEN2_MOE_LAYOUT
-from .family import ConversionError, Family, same
+from .family import IDENTITY, ConversionError, Family, same
 from .fused_decoders import FUSED_DECODERS
+from .interleaved_rope import interleaved_rope
 from .layernorm_decoders import LAYERNORM_DECODERS
 from .marian import MARIAN
 from .mbart import MBART
@@ -181,6 +185,10 @@ SMOLLM3_FIELDS = tuple(name for name in LLAMA_FIELDS if name != "head_dim") + ("
 EXAONE4_FIELDS = tuple(name for name in LLAMA_FIELDS if name not in ("head_dim", "attention_bias", "mlp_bias")) + (
     "layer_types",
 )
+# Helium: Llama's block with RoPE over interleaved channel pairs (`interleaved_rope.py`: its q/k rows reordered),
+# `attention_bias` on q/k/v only (its output projection has none: archlab's `qkv_bias`), and an output projection of
+# hidden_size columns (so heads × head_dim = hidden_size).
+HELIUM_FIELDS = {**same(*(name for name in LLAMA_FIELDS if name != "attention_bias")), "attention_bias": "qkv_bias"}
 # OLMo 3: OLMo 2's block with sliding-window layers (`layer_types`: three local layers to one global by default), and
 # RoPE as one parameter set per layer type, as Gemma3's (`_sets_per_layer_type_to_archlab`: a long-context checkpoint
 # scales its global layers' RoPE only).
@@ -380,6 +388,21 @@ def _smollm3_from_archlab(config: PreTrainedConfig) -> dict[str, Any]:
     }
 
 
+def _helium_to_archlab(stock: PreTrainedConfig, values: Mapping[str, Any]) -> dict[str, Any]:
+    if stock.head_dim * stock.num_attention_heads != stock.hidden_size:
+        refuse_import("helium", {setting(stock, "head_dim"): HELIUM_OUTPUT_WIDTH})
+    return {}
+
+
+def _helium_from_archlab(config: PreTrainedConfig) -> dict[str, Any]:
+    if config.head_dim * config.num_attention_heads != config.hidden_size:
+        refuse_export("HeliumForCausalLM", {setting(config, "head_dim"): HELIUM_OUTPUT_WIDTH})
+    return {"attention_bias": config.attention_bias if config.qkv_bias is None else config.qkv_bias}
+
+
+HELIUM_OUTPUT_WIDTH = "Helium's output projection reads hidden_size channels: heads x head_dim must equal hidden_size"
+
+
 def _exaone4_to_archlab(stock: PreTrainedConfig, values: Mapping[str, Any]) -> dict[str, Any]:
     """The head size config.json gives; with a window, the local layers slide and rotate, the global ones are NoPE."""
     local = "sliding_attention" in stock.layer_types
@@ -575,6 +598,16 @@ FAMILIES: dict[str, Family] = {
             expressible=frozenset({"head_dim", "nope_layers", "sliding_window"}),
         ),
         Family(
+            HeliumConfig,
+            HeliumForCausalLM,
+            DecoderForCausalLM,
+            fields=HELIUM_FIELDS,
+            implied={"attention_bias": False},
+            to_archlab=_helium_to_archlab,
+            from_archlab=_helium_from_archlab,
+            layout=interleaved_rope(IDENTITY),
+        ),
+        Family(
             Exaone4Config,
             Exaone4ForCausalLM,
             DecoderForCausalLM,
@@ -626,6 +659,7 @@ IGNORES_PARTIAL_ROTARY = (
     "smollm3",
     "starcoder2",
     "exaone4",
+    "helium",
     "falcon",
 )
 READS_UNDECLARED_HEAD_DIM = ("stablelm", "gpt_neox")
@@ -669,6 +703,7 @@ __all__ = [
     "FAMILIES",
     "EXAONE4_FIELDS",
     "GEMMA2_FIELDS",
+    "HELIUM_FIELDS",
     "GEMMA3_FIELDS",
     "GEMMA_FIELDS",
     "LLAMA_FIELDS",

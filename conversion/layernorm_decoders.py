@@ -1,9 +1,10 @@
-"""StableLM, Phi, OPT and StarCoder2: LayerNorm decoders with separate q/k/v projections, as `Family` rows.
+"""StableLM, Phi, OPT, StarCoder2 and GPT-J: LayerNorm decoders with separate q/k/v projections, as `Family` rows.
 
-StableLM has Llama's parameter names (its weights need no rule); Phi, OPT and StarCoder2 have their own, renamed by
-the rules of `layouts.py`. The blocks they select with a flag are archlab's `norm_position` values: StableLM's
-`use_parallel_residual` and Phi's only block are the parallel block with one shared norm ("parallel_shared_norm"),
-OPT's `do_layer_norm_before=False` (OPT-350m) is the post-norm block. Every stock LayerNorm epsilon is archlab's
+StableLM has Llama's parameter names (its weights need no rule); Phi, OPT, StarCoder2 and GPT-J have their own, renamed
+by the rules of `layouts.py` (GPT-J's q/k rows also reordered for its interleaved RoPE: `interleaved_rope.py`). The
+blocks they select with a flag are archlab's `norm_position` values: StableLM's `use_parallel_residual` and Phi's and
+GPT-J's only block are the parallel block with one shared norm ("parallel_shared_norm"), OPT's
+`do_layer_norm_before=False` (OPT-350m) is the post-norm block. Every stock LayerNorm epsilon is archlab's
 `rms_norm_eps` (OPT's is nn.LayerNorm's fixed 1e-5). Dropouts other than attention dropout only change training;
 archlab has none, so they are dropped on import and exported as 0.
 """
@@ -14,6 +15,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from transformers import (
+    GPTJConfig,
+    GPTJForCausalLM,
     OPTConfig,
     OPTForCausalLM,
     PhiConfig,
@@ -29,6 +32,7 @@ from ..modeling import DecoderForCausalLM
 from .checks import head_dim_given, head_dim_to_write, one_window_for_every_layer, refuse_export, refuse_import, setting
 from .family import Family, same
 from .fused_decoders import ATTN, LAYER, MLP
+from .interleaved_rope import interleaved_rope, rotary_dimension
 from .layouts import Rename, WeightRules
 
 # fields StableLM and Phi share with archlab (and Llama) under the same names
@@ -301,6 +305,86 @@ STARCODER2 = Family(
     ).layout(),
 )
 
-LAYERNORM_DECODERS = (STABLELM, PHI, OPT, STARCODER2)
+# --- GPT-J: one shared LayerNorm per block (the parallel block), interleaved partial RoPE, biased MLP and head -------
 
-__all__ = ["LAYERNORM_DECODERS", "OPT", "PHI", "STABLELM", "STARCODER2"]
+GPTJ_ROPE_BASE = 10000.0  # GPT-J's `create_sinusoidal_positions`: fixed
+
+
+def _gptj_to_archlab(stock: PreTrainedConfig, values: Mapping[str, Any]) -> dict[str, Any]:
+    head_dim = stock.n_embd // stock.n_head
+    rotary = stock.rotary_dim or head_dim
+    return {
+        "intermediate_size": stock.n_inner or 4 * stock.n_embd,
+        "head_dim": head_dim,
+        "rope_parameters": {
+            "rope_type": "default",
+            "rope_theta": GPTJ_ROPE_BASE,
+            "partial_rotary_factor": rotary / head_dim,
+        },
+    }
+
+
+def _gptj_from_archlab(config: PreTrainedConfig) -> dict[str, Any]:
+    rope = config.rope_parameters
+    wrong = {}
+    if rope.get("rope_type", "default") != "default" or rope.get("rope_theta") != GPTJ_ROPE_BASE:
+        wrong[f"rope_parameters={rope!r}"] = f"GPT-J's RoPE is the default one with base {GPTJ_ROPE_BASE:g}"
+    if config.head_dim * config.num_attention_heads != config.hidden_size:
+        wrong[setting(config, "head_dim")] = "GPT-J's heads are hidden_size / n_head wide"
+    refuse_export("GPTJForCausalLM", wrong)
+    return {
+        "n_inner": config.intermediate_size,
+        "rotary_dim": rotary_dimension(config),
+        "resid_pdrop": 0.0,
+        "embd_pdrop": 0.0,
+    }
+
+
+GPTJ = Family(
+    GPTJConfig,
+    GPTJForCausalLM,
+    DecoderForCausalLM,
+    fields={
+        **same("vocab_size", "initializer_range", "use_cache", "bos_token_id", "eos_token_id", "pad_token_id"),
+        "tie_word_embeddings": "tie_word_embeddings",
+        "n_positions": "max_position_embeddings",
+        "n_embd": "hidden_size",
+        "n_layer": "num_hidden_layers",
+        "n_head": ("num_attention_heads", "num_key_value_heads"),
+        "activation_function": "hidden_act",
+        "layer_norm_epsilon": "rms_norm_eps",
+        "attn_pdrop": "attention_dropout",
+    },
+    implied={
+        "norm_type": "layer_norm",
+        "norm_position": "parallel_shared_norm",
+        "mlp_type": "plain",
+        "attention_bias": False,
+        "mlp_bias": True,
+        "lm_head_bias": True,
+    },
+    to_archlab=_gptj_to_archlab,
+    from_archlab=_gptj_from_archlab,
+    expressible=frozenset({"intermediate_size", "head_dim", "rope_parameters"}),
+    layout=interleaved_rope(
+        WeightRules(
+            (
+                Rename("transformer.wte", "model.embed_tokens"),
+                Rename("transformer.h.{n}.ln_1", f"{LAYER}.input_layernorm"),
+                *_separate_qkv("transformer.h.{n}.attn"),
+                Rename("transformer.h.{n}.attn.out_proj", f"{ATTN}.o_proj"),
+                Rename("transformer.h.{n}.mlp.fc_in", f"{MLP}.up_proj"),
+                Rename("transformer.h.{n}.mlp.fc_out", f"{MLP}.down_proj"),
+                Rename("transformer.ln_f", "model.norm"),
+                Rename("lm_head", "lm_head"),
+            ),
+            base_prefix="transformer",
+            # causal-mask buffers and the sinusoid table in older checkpoints
+            ignore=(r"\.attn\.(masked_)?bias$", r"embed_positions$"),
+        ).layout()
+    ),
+)
+
+LAYERNORM_DECODERS = (STABLELM, PHI, OPT, STARCODER2, GPTJ)
+
+__all__ = ["GPTJ", "LAYERNORM_DECODERS", "OPT", "PHI", "STABLELM", "STARCODER2"]

@@ -25,7 +25,9 @@ from transformers import (
     Gemma3TextConfig,
     GemmaConfig,
     GPT2Config,
+    GPTJConfig,
     GPTNeoXConfig,
+    HeliumConfig,
     LlamaConfig,
     MarianConfig,
     MBartConfig,
@@ -250,6 +252,8 @@ CASES = {
         SmolLM3Config(**QWEN2_SHAPE, no_rope_layer_interval=2, use_sliding_window=True, sliding_window=4),
         {"nope_layers": [1], "sliding_window": 4, "layer_types": ["full_attention", "sliding_attention"]},
     ),
+    # Helium: interleaved RoPE, biases on q/k/v only
+    "helium": (HeliumConfig(**LLAMA_LIKE, attention_bias=True), {"qkv_bias": True, "attention_bias": False}),
     # EXAONE 4: output norms, QK-norm per head; with a window its global layer is NoPE, without one every layer rotates
     "exaone4": (
         Exaone4Config(**{**QWEN2_SHAPE, "head_dim": 16}, sliding_window=4, sliding_window_pattern=2),
@@ -439,6 +443,11 @@ CASES = {
     "starcoder2-no-bias": (
         Starcoder2Config(**QWEN2_SHAPE, use_bias=False, hidden_act="gelu"),
         {"attention_bias": False, "mlp_bias": False, "hidden_act": "gelu", "sliding_window": None},
+    ),
+    # GPT-J: the parallel block with one LayerNorm, interleaved RoPE over the first 4 of each head's 8 channels
+    "gptj": (
+        GPTJConfig(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, n_positions=64, rotary_dim=4, **IDS),
+        {"norm_position": "parallel_shared_norm", "lm_head_bias": True, "intermediate_size": 128},
     ),
     # encoder-decoders (Marian's token conventions: pad is the decoder start, eos is 0)
     "marian": (
@@ -780,6 +789,8 @@ NOT_EXPRESSIBLE = {
     ),
     "olmo3": ({"qk_norm_scope": "head"}, ["qk_norm_scope"]),
     "exaone4": ({"nope_layers": None}, ["nope_layers"]),
+    "helium": ({"head_dim": 16}, ["head_dim"]),
+    "gptj": ({"rope_parameters": {"rope_type": "default", "rope_theta": 5e5}}, ["rope_parameters"]),
     "smollm3": ({"norm_position": "sandwich"}, ["norm_position"]),
     "gpt_neox": ({"num_key_value_heads": 2}, ["num_key_value_heads"]),
     "falcon": ({"norm_position": "pre", "num_key_value_heads": 2}, ["norm_position", "num_key_value_heads"]),
@@ -1200,11 +1211,11 @@ TAGS = {0: "O", 1: "B-NUM", 2: "I-NUM", 3: "B-WORD", 4: "I-WORD"}
 
 
 def test_every_generic_token_and_qa_head_is_checked():
-    """Llama, Mistral, Mixtral, Qwen2, Qwen2-MoE, Qwen3, Qwen3-MoE, SmolLM3 and EXAONE 4 (both heads), Gemma, Gemma2,
-    Phi, Phi-3 and StableLM (tokens)."""
+    """Llama, Mistral, Mixtral, Qwen2, Qwen2-MoE, Qwen3, Qwen3-MoE, SmolLM3 and EXAONE 4 (both heads), GPT-J
+    (question answering), Gemma, Gemma2, Phi, Phi-3 and StableLM (tokens)."""
     qa, tokens = {_family(case).name for case in QA_CASES}, {_family(case).name for case in TOKEN_CASES}
     both = {"llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "smollm3", "exaone4"}
-    assert qa == both <= tokens
+    assert qa == both | {"gptj"} and both <= tokens
     assert {"gemma", "gemma2", "phi", "phi3", "stablelm"} <= tokens
 
 
