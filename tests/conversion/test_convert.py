@@ -1,6 +1,7 @@
 """scripts/convert_checkpoint.py and archlab.conversion: Llama folders to archlab and back."""
 
 import json
+import re
 import subprocess
 import sys
 
@@ -21,7 +22,7 @@ from transformers import (
     LlamaForSequenceClassification,
 )
 
-from archlab.conversion import ConversionError, convert_checkpoint
+from archlab.conversion import FAMILIES, ConversionError, convert_checkpoint
 from archlab.scripts import convert_checkpoint as convert_script
 
 from helpers import REPO, TINY, tiny_decoder_config
@@ -297,3 +298,10 @@ def test_an_adapter_saved_beside_the_weights_is_neither_read_nor_copied(llama_fo
     shards[-1].unlink()
     with pytest.raises(ConversionError, match=f"{shards[-1].name} is missing: model.safetensors.index.json names it"):
         convert_checkpoint(tmp_path / "sharded", tmp_path / "incomplete")
+
+
+def test_the_script_help_names_every_family():
+    """The families the script's help lists (its docstring) are the converter's, every one of them."""
+    listed = convert_script.__doc__.split("Families:", 1)[1].split("A config the other side", 1)[0]
+    named = set(re.findall(r"[a-z][a-z0-9_-]+\d?", re.sub(r"\([^)]*\)", "", listed)))
+    assert set(FAMILIES) <= named, sorted(set(FAMILIES) - named)
