@@ -1,12 +1,12 @@
 """The families the converter knows: one `Family` row each, by `model_type`.
 
-The Llama-like decoders (Llama, Mistral, Mixtral, Gemma, Gemma2, Gemma3, Qwen2, Qwen2-MoE, Qwen3, Qwen3-MoE, OLMo 2,
-OLMo 3, SmolLM3, EXAONE 4, Helium) differ from Llama only in which config fields they have and what they fix; their
-weights have archlab's names already (archlab uses Llama's, Gemma2's and OLMo 2's), except the per-expert modules of
-Mixtral's, Qwen2-MoE's and Qwen3-MoE's saved checkpoints (`experts.py`) and Helium's q/k rows (its interleaved RoPE,
-`interleaved_rope.py`). The decoders with their own names, fused q/k/v and Conv1D weights (GPT-2, OpenAI-GPT,
-GPT-NeoX, Falcon, BLOOM, MPT) live in `fused_decoders.py`, StableLM, Phi, OPT and StarCoder2 in
-`layernorm_decoders.py`, Phi-3 (fused q/k/v and gate/up) in `phi3.py`, the encoder-decoders in `marian.py`,
+The Llama-like decoders (Llama, Mistral, Ministral, Mixtral, Gemma, Gemma2, Gemma3, Qwen2, Qwen2-MoE, Qwen3, Qwen3-MoE,
+OLMo 2, OLMo 3, SmolLM3, EXAONE 4, Helium, Arcee, Seed-OSS) differ from Llama only in which config fields they have and
+what they fix; their weights have archlab's names already (archlab uses Llama's, Gemma2's and OLMo 2's), except the
+per-expert modules of Mixtral's, Qwen2-MoE's and Qwen3-MoE's saved checkpoints (`experts.py`) and Helium's q/k rows
+(its interleaved RoPE, `interleaved_rope.py`). The decoders with their own names, fused q/k/v and Conv1D weights
+(GPT-2, OpenAI-GPT, GPT-NeoX, Falcon, BLOOM, MPT) live in `fused_decoders.py`, StableLM, Phi, OPT, StarCoder2 and GPT-J
+in `layernorm_decoders.py`, Phi-3 (fused q/k/v and gate/up) in `phi3.py`, the encoder-decoders in `marian.py`,
 `bart.py`, `mbart.py` and `t5.py`, BERT and RoBERTa (as `EncoderForMaskedLM`) in `bert.py` and `roberta.py`.
 """
 
@@ -17,6 +17,8 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from transformers import (
+    ArceeConfig,
+    ArceeForCausalLM,
     Exaone4Config,
     Exaone4ForCausalLM,
     Gemma2Config,
@@ -29,6 +31,8 @@ from transformers import (
     HeliumForCausalLM,
     LlamaConfig,
     LlamaForCausalLM,
+    MinistralConfig,
+    MinistralForCausalLM,
     MistralConfig,
     MistralForCausalLM,
     MixtralConfig,
@@ -46,6 +50,8 @@ from transformers import (
     Qwen3ForCausalLM,
     Qwen3MoeConfig,
     Qwen3MoeForCausalLM,
+    SeedOssConfig,
+    SeedOssForCausalLM,
     SmolLM3Config,
     SmolLM3ForCausalLM,
 )
@@ -189,6 +195,16 @@ EXAONE4_FIELDS = tuple(name for name in LLAMA_FIELDS if name not in ("head_dim",
 # `attention_bias` on q/k/v only (its output projection has none: archlab's `qkv_bias`), and an output projection of
 # hidden_size columns (so heads × head_dim = hidden_size).
 HELIUM_FIELDS = {**same(*(name for name in LLAMA_FIELDS if name != "attention_bias")), "attention_bias": "qkv_bias"}
+# Ministral: Mistral's fields with `layer_types` (its local and global layers interleaved, Qwen3's form).
+MINISTRAL_FIELDS = MISTRAL_FIELDS + ("layer_types",)
+# Arcee (AFM): Llama's block with a plain MLP (up, activation, down: ReLU² by default), no gate.
+# Seed-OSS: Llama's block with one bias flag for q/k/v (`attention_bias`, archlab's `qkv_bias`) and one for the output
+# projection (`attention_out_bias`, archlab's `attention_bias`); its residual dropout (training only) is dropped.
+SEED_OSS_FIELDS = {
+    **same(*(name for name in LLAMA_FIELDS if name != "attention_bias")),
+    "attention_bias": "qkv_bias",
+    "attention_out_bias": "attention_bias",
+}
 # OLMo 3: OLMo 2's block with sliding-window layers (`layer_types`: three local layers to one global by default), and
 # RoPE as one parameter set per layer type, as Gemma3's (`_sets_per_layer_type_to_archlab`: a long-context checkpoint
 # scales its global layers' RoPE only).
@@ -385,6 +401,13 @@ def _smollm3_from_archlab(config: PreTrainedConfig) -> dict[str, Any]:
         "no_rope_layers": [int(index not in nope) for index in range(config.num_hidden_layers)],
         "use_sliding_window": local,
         "sliding_window": config.sliding_window if local else None,
+    }
+
+
+def _seed_oss_from_archlab(config: PreTrainedConfig) -> dict[str, Any]:
+    return {
+        "attention_bias": config.attention_bias if config.qkv_bias is None else config.qkv_bias,
+        "residual_dropout": 0.0,
     }
 
 
@@ -597,6 +620,17 @@ FAMILIES: dict[str, Family] = {
             from_archlab=_smollm3_from_archlab,
             expressible=frozenset({"head_dim", "nope_layers", "sliding_window"}),
         ),
+        Family(MinistralConfig, MinistralForCausalLM, DecoderForCausalLM, fields=same(*MINISTRAL_FIELDS)),
+        Family(
+            ArceeConfig, ArceeForCausalLM, DecoderForCausalLM, fields=same(*LLAMA_FIELDS), implied={"mlp_type": "plain"}
+        ),
+        Family(
+            SeedOssConfig,
+            SeedOssForCausalLM,
+            DecoderForCausalLM,
+            fields=SEED_OSS_FIELDS,
+            from_archlab=_seed_oss_from_archlab,
+        ),
         Family(
             HeliumConfig,
             HeliumForCausalLM,
@@ -660,6 +694,9 @@ IGNORES_PARTIAL_ROTARY = (
     "starcoder2",
     "exaone4",
     "helium",
+    "ministral",
+    "arcee",
+    "seed_oss",
     "falcon",
 )
 READS_UNDECLARED_HEAD_DIM = ("stablelm", "gpt_neox")
@@ -708,10 +745,12 @@ __all__ = [
     "GEMMA_FIELDS",
     "LLAMA_FIELDS",
     "MISTRAL_FIELDS",
+    "MINISTRAL_FIELDS",
     "MIXTRAL_FIELDS",
     "OLMO2_FIELDS",
     "OLMO3_FIELDS",
     "QWEN3_FIELDS",
     "QWEN3_MOE_FIELDS",
+    "SEED_OSS_FIELDS",
     "SMOLLM3_FIELDS",
 ]

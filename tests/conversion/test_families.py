@@ -16,6 +16,7 @@ import pytest
 import torch
 import transformers
 from transformers import (
+    ArceeConfig,
     BartConfig,
     BertConfig,
     BloomConfig,
@@ -31,6 +32,7 @@ from transformers import (
     LlamaConfig,
     MarianConfig,
     MBartConfig,
+    MinistralConfig,
     MistralConfig,
     MixtralConfig,
     MptConfig,
@@ -46,6 +48,7 @@ from transformers import (
     Qwen3Config,
     Qwen3MoeConfig,
     RobertaConfig,
+    SeedOssConfig,
     SmolLM3Config,
     StableLmConfig,
     Starcoder2Config,
@@ -251,6 +254,18 @@ CASES = {
     "smollm3-sliding": (
         SmolLM3Config(**QWEN2_SHAPE, no_rope_layer_interval=2, use_sliding_window=True, sliding_window=4),
         {"nope_layers": [1], "sliding_window": 4, "layer_types": ["full_attention", "sliding_attention"]},
+    ),
+    # Ministral: a local layer then a global one
+    "ministral": (
+        MinistralConfig(**LLAMA_LIKE, sliding_window=4, layer_types=["sliding_attention", "full_attention"]),
+        {"sliding_window": 4, "layer_types": ["sliding_attention", "full_attention"]},
+    ),
+    # Arcee: a plain ReLU² MLP
+    "arcee": (ArceeConfig(**LLAMA_LIKE, mlp_bias=True), {"mlp_type": "plain", "hidden_act": "relu2", "mlp_bias": True}),
+    # Seed-OSS: biases on q/k/v, none on the output projection
+    "seed_oss": (
+        SeedOssConfig(**LLAMA_LIKE, attention_bias=True, attention_out_bias=False),
+        {"qkv_bias": True, "attention_bias": False},
     ),
     # Helium: interleaved RoPE, biases on q/k/v only
     "helium": (HeliumConfig(**LLAMA_LIKE, attention_bias=True), {"qkv_bias": True, "attention_bias": False}),
@@ -790,6 +805,9 @@ NOT_EXPRESSIBLE = {
     "olmo3": ({"qk_norm_scope": "head"}, ["qk_norm_scope"]),
     "exaone4": ({"nope_layers": None}, ["nope_layers"]),
     "helium": ({"head_dim": 16}, ["head_dim"]),
+    "ministral": ({"attention_bias": True}, ["attention_bias"]),
+    "arcee": ({"mlp_type": "gated"}, ["mlp_type"]),
+    "seed_oss": ({"use_qk_norm": True}, ["use_qk_norm"]),
     "gptj": ({"rope_parameters": {"rope_type": "default", "rope_theta": 5e5}}, ["rope_parameters"]),
     "smollm3": ({"norm_position": "sandwich"}, ["norm_position"]),
     "gpt_neox": ({"num_key_value_heads": 2}, ["num_key_value_heads"]),
@@ -1211,10 +1229,11 @@ TAGS = {0: "O", 1: "B-NUM", 2: "I-NUM", 3: "B-WORD", 4: "I-WORD"}
 
 
 def test_every_generic_token_and_qa_head_is_checked():
-    """Llama, Mistral, Mixtral, Qwen2, Qwen2-MoE, Qwen3, Qwen3-MoE, SmolLM3 and EXAONE 4 (both heads), GPT-J
-    (question answering), Gemma, Gemma2, Phi, Phi-3 and StableLM (tokens)."""
+    """Llama, Mistral, Ministral, Mixtral, Qwen2, Qwen2-MoE, Qwen3, Qwen3-MoE, SmolLM3, EXAONE 4, Arcee and Seed-OSS
+    (both heads), GPT-J (question answering), Gemma, Gemma2, Phi, Phi-3 and StableLM (tokens)."""
     qa, tokens = {_family(case).name for case in QA_CASES}, {_family(case).name for case in TOKEN_CASES}
-    both = {"llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "smollm3", "exaone4"}
+    both = {"llama", "mistral", "ministral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "smollm3"}
+    both |= {"exaone4", "arcee", "seed_oss"}
     assert qa == both | {"gptj"} and both <= tokens
     assert {"gemma", "gemma2", "phi", "phi3", "stablelm"} <= tokens
 
