@@ -4,10 +4,11 @@ The Llama-like decoders (Llama, Mistral, Ministral, Mixtral, Gemma, Gemma2, Gemm
 OLMo 2, OLMo 3, SmolLM3, EXAONE 4, Helium, Arcee, Seed-OSS) differ from Llama only in which config fields they have and
 what they fix; their weights have archlab's names already (archlab uses Llama's, Gemma2's and OLMo 2's), except the
 per-expert modules of Mixtral's, Qwen2-MoE's and Qwen3-MoE's saved checkpoints (`experts.py`) and Helium's q/k rows
-(its interleaved RoPE, `interleaved_rope.py`). The decoders with their own names, fused q/k/v and Conv1D weights
-(GPT-2, OpenAI-GPT, GPT-NeoX, Falcon, BLOOM, MPT) live in `fused_decoders.py`, StableLM, Phi, OPT, StarCoder2 and GPT-J
-in `layernorm_decoders.py`, Phi-3 (fused q/k/v and gate/up) in `phi3.py`, the encoder-decoders in `marian.py`,
-`bart.py`, `mbart.py` and `t5.py`, BERT and RoBERTa (as `EncoderForMaskedLM`) in `bert.py` and `roberta.py`.
+(its interleaved RoPE, `interleaved_rope.py`). GLM and GLM-4 (fused gate/up, interleaved RoPE) live in `glm.py`; the
+decoders with their own names, fused q/k/v and Conv1D weights (GPT-2, OpenAI-GPT, GPT-NeoX, Falcon, BLOOM, MPT) in
+`fused_decoders.py`; StableLM, Phi, OPT, StarCoder2 and GPT-J in `layernorm_decoders.py`; Phi-3 (fused q/k/v and
+gate/up) in `phi3.py`; the encoder-decoders in `marian.py`, `bart.py`, `mbart.py` and `t5.py`; BERT and RoBERTa (as
+`EncoderForMaskedLM`) in `bert.py` and `roberta.py`.
 """
 
 from __future__ import annotations
@@ -70,6 +71,7 @@ from .checks import (
 from .experts import MIXTRAL_LAYOUT, QWEN2_MOE_LAYOUT
 from .family import IDENTITY, ConversionError, Family, same
 from .fused_decoders import FUSED_DECODERS
+from .glm import GLM_FAMILIES
 from .interleaved_rope import interleaved_rope
 from .layernorm_decoders import LAYERNORM_DECODERS
 from .marian import MARIAN
@@ -661,6 +663,7 @@ FAMILIES: dict[str, Family] = {
             from_archlab=_olmo3_from_archlab,
             expressible=frozenset({"head_dim", "rope_parameters"}),
         ),
+        *GLM_FAMILIES,
         *FUSED_DECODERS,
         *LAYERNORM_DECODERS,
         PHI3,

@@ -25,6 +25,8 @@ from transformers import (
     Gemma2Config,
     Gemma3TextConfig,
     GemmaConfig,
+    Glm4Config,
+    GlmConfig,
     GPT2Config,
     GPTJConfig,
     GPTNeoXConfig,
@@ -266,6 +268,12 @@ CASES = {
     "seed_oss": (
         SeedOssConfig(**LLAMA_LIKE, attention_bias=True, attention_out_bias=False),
         {"qkv_bias": True, "attention_bias": False},
+    ),
+    # GLM: interleaved RoPE over half of each head, fused gate/up, biases on q/k/v; GLM-4 adds the sandwich norms
+    "glm": (GlmConfig(**LLAMA_LIKE), {"qkv_bias": True, "attention_bias": False}),
+    "glm4": (
+        Glm4Config(**{**LLAMA_LIKE, "head_dim": 16}, attention_bias=False),
+        {"norm_position": "sandwich", "qkv_bias": False, "head_dim": 16},
     ),
     # Helium: interleaved RoPE, biases on q/k/v only
     "helium": (HeliumConfig(**LLAMA_LIKE, attention_bias=True), {"qkv_bias": True, "attention_bias": False}),
@@ -805,6 +813,8 @@ NOT_EXPRESSIBLE = {
     "olmo3": ({"qk_norm_scope": "head"}, ["qk_norm_scope"]),
     "exaone4": ({"nope_layers": None}, ["nope_layers"]),
     "helium": ({"head_dim": 16}, ["head_dim"]),
+    "glm": ({"norm_position": "sandwich"}, ["norm_position"]),
+    "glm4": ({"norm_position": "pre"}, ["norm_position"]),
     "ministral": ({"attention_bias": True}, ["attention_bias"]),
     "arcee": ({"mlp_type": "gated"}, ["mlp_type"]),
     "seed_oss": ({"use_qk_norm": True}, ["use_qk_norm"]),
