@@ -46,6 +46,11 @@ def one_window_for_every_layer(config: PreTrainedConfig, architecture: str) -> d
     return {}
 
 
+def qkv_bias_of(config: PreTrainedConfig) -> bool:
+    """Whether archlab's q/k/v projections have a bias: `qkv_bias`, or `attention_bias` where it is None."""
+    return config.attention_bias if config.qkv_bias is None else config.qkv_bias
+
+
 def head_dim_given(stock: PreTrainedConfig | Any, values: Mapping[str, Any]) -> dict[str, Any]:
     """The head size config.json gives to a family whose config declares no `head_dim` but whose attention and RoPE
     read it (`getattr(config, "head_dim", hidden // heads)`: Qwen2, Qwen2-MoE, Phi, Phi-3), else hidden / heads."""
@@ -75,6 +80,7 @@ __all__ = [
     "head_dim_given",
     "head_dim_to_write",
     "one_window_for_every_layer",
+    "qkv_bias_of",
     "refuse_export",
     "refuse_import",
     "setting",

@@ -64,6 +64,7 @@ from .checks import (
     head_dim_given,
     head_dim_to_write,
     one_window_for_every_layer,
+    qkv_bias_of,
     refuse_export,
     refuse_import,
     setting,
@@ -408,7 +409,7 @@ def _smollm3_from_archlab(config: PreTrainedConfig) -> dict[str, Any]:
 
 def _seed_oss_from_archlab(config: PreTrainedConfig) -> dict[str, Any]:
     return {
-        "attention_bias": config.attention_bias if config.qkv_bias is None else config.qkv_bias,
+        "attention_bias": qkv_bias_of(config),
         "residual_dropout": 0.0,
     }
 
@@ -422,7 +423,7 @@ def _helium_to_archlab(stock: PreTrainedConfig, values: Mapping[str, Any]) -> di
 def _helium_from_archlab(config: PreTrainedConfig) -> dict[str, Any]:
     if config.head_dim * config.num_attention_heads != config.hidden_size:
         refuse_export("HeliumForCausalLM", {setting(config, "head_dim"): HELIUM_OUTPUT_WIDTH})
-    return {"attention_bias": config.attention_bias if config.qkv_bias is None else config.qkv_bias}
+    return {"attention_bias": qkv_bias_of(config)}
 
 
 HELIUM_OUTPUT_WIDTH = "Helium's output projection reads hidden_size channels: heads x head_dim must equal hidden_size"
@@ -501,7 +502,7 @@ def _qwen2_moe_from_archlab(config: PreTrainedConfig) -> dict[str, Any]:
     refuse_export("Qwen2MoeForCausalLM", wrong)
     dense = [i for i, kind in enumerate(config.mlp_layer_types) if kind == "dense"]
     return {
-        "qkv_bias": config.attention_bias if config.qkv_bias is None else config.qkv_bias,
+        "qkv_bias": qkv_bias_of(config),
         "decoder_sparse_step": 1,
         "mlp_only_layers": dense,
         **_qwen3_from_archlab(config),

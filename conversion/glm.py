@@ -20,6 +20,7 @@ from typing import Any
 from transformers import Glm4Config, Glm4ForCausalLM, GlmConfig, GlmForCausalLM, PreTrainedConfig
 
 from ..modeling import DecoderForCausalLM
+from .checks import qkv_bias_of
 from .family import Family, same
 from .fused_decoders import ATTN, LAYER, MLP
 from .interleaved_rope import interleaved_rope
@@ -53,7 +54,7 @@ STOCK = "model.layers.{n}"
 
 
 def _from_archlab(config: PreTrainedConfig) -> dict[str, Any]:
-    return {"attention_bias": config.attention_bias if config.qkv_bias is None else config.qkv_bias}
+    return {"attention_bias": qkv_bias_of(config)}
 
 
 def _layout(norms: tuple[Rename, ...]):

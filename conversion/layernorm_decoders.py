@@ -29,7 +29,15 @@ from transformers import (
 )
 
 from ..modeling import DecoderForCausalLM
-from .checks import head_dim_given, head_dim_to_write, one_window_for_every_layer, refuse_export, refuse_import, setting
+from .checks import (
+    head_dim_given,
+    head_dim_to_write,
+    one_window_for_every_layer,
+    qkv_bias_of,
+    refuse_export,
+    refuse_import,
+    setting,
+)
 from .family import Family, same
 from .fused_decoders import ATTN, LAYER, MLP
 from .interleaved_rope import interleaved_rope, rotary_dimension
@@ -91,7 +99,7 @@ def _stablelm_from_archlab(config: PreTrainedConfig) -> dict[str, Any]:
         )
     return {
         "use_parallel_residual": config.norm_position == "parallel_shared_norm",
-        "use_qkv_bias": config.attention_bias if config.qkv_bias is None else config.qkv_bias,
+        "use_qkv_bias": qkv_bias_of(config),
         "rope_parameters": _full_rotary_unless_given(config),
     }
 
