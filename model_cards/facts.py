@@ -144,10 +144,15 @@ def _positions(config: dict[str, Any], encoder_decoder: bool) -> str:
     rope = config.get("rope_parameters") or {}
     per_layer_type = {name: value for name, value in rope.items() if isinstance(value, dict)}
     if per_layer_type:  # one set per layer type (Gemma3's local and global bases)
-        return "RoPE per layer type: " + "; ".join(
+        text = "RoPE per layer type: " + "; ".join(
             f"{name} {_rope_set(value)}" for name, value in per_layer_type.items()
         )
-    return f"RoPE {_rope_set(rope)}"
+    else:
+        text = f"RoPE {_rope_set(rope)}"
+    nope = config.get("nope_layers")
+    if nope:  # RoPE interleaved with layers that see no positions (SmolLM3, Llama 4)
+        text += f"; no positions (NoPE) in layers {', '.join(map(str, sorted(nope)))}"
+    return text
 
 
 # The entries of a RoPE parameter set besides its type, base and partial factor, in the order a card shows them: the

@@ -103,6 +103,12 @@ def test_architecture_rows_name_each_layer_type_s_rope():
     )
 
 
+def test_architecture_rows_name_the_nope_layers():
+    config = tiny_decoder_config(nope_layers=[1]).to_dict()
+    assert dict(architecture_rows(config))["positions"].endswith("; no positions (NoPE) in layers 1")
+    assert "NoPE" not in dict(architecture_rows(tiny_decoder_config().to_dict()))["positions"]
+
+
 LONG_FACTORS = [1.0, 2.0, 3.0, 4.0]
 
 
