@@ -279,6 +279,13 @@ def architecture_rows(config: dict[str, Any]) -> list[tuple[str, str]]:
         stability.insert(1, f"qk_norm_scope={config['qk_norm_scope']}")
     if stability:
         rows.append(("stability", ", ".join(stability)))
+    multipliers = [  # μP's constants (Granite), where they are not 1 (the attention's: where given)
+        f"{name}={config[name]:g}"
+        for name in ("embedding_multiplier", "residual_multiplier", "attention_multiplier", "logit_scale")
+        if isinstance(config.get(name), (int, float)) and (config[name] != 1 or name == "attention_multiplier")
+    ]
+    if multipliers:
+        rows.append(("multipliers", ", ".join(multipliers)))
     rows.append(("vocabulary", str(config.get("vocab_size"))))
     context = _first(config, "max_position_embeddings")
     if context:

@@ -206,6 +206,8 @@ class Attention(FusableProjections, nn.Module):
         # Catalogue variants, fixed at construction; configs without these fields get the plain attention.
         if getattr(config, "query_pre_attn_scalar", None) is not None:
             self.scaling = config.query_pre_attn_scalar**-0.5  # Gemma2
+        if getattr(config, "attention_multiplier", None) is not None:
+            self.scaling = float(config.attention_multiplier)  # Granite, μP
         if scaling is not None:
             self.scaling = scaling  # e.g. 1.0: T5's unscaled q·kᵀ
         self.softcap = getattr(config, "attn_logit_softcapping", None)

@@ -9,6 +9,9 @@ seed 004 "pre- vs post-norm", "parallel layers").
     deepnorm  N(α·x + Attn(x)); then N(α·h + MLP(h)); Attn/MLP init scaled by β  (DeepNet, GLM-130B)
     output    x + N(Attn(x)); then h + N(MLP(h)); final norm                      (OLMo 2, Swin Transformer V2)
 
+In each, a sub-layer's output joins the residual stream times `residual_multiplier` where that is not 1 (Granite's
+μP constant: x + m·Attn(N(x)); after the norm of a sandwich or output-norm block, before the post-norm's).
+
 `output` is the OLMo 2 report's (2024) "reordered norm" (Swin Transformer V2's res-post-norm): the sandwich block
 without its input norms, each sub-layer's output normed before it joins the residual stream, which itself is never
 normed until the final norm.
@@ -67,6 +70,12 @@ class DecoderBlock(GradientCheckpointingLayer):
         self.rotates = layer_idx not in (getattr(config, "nope_layers", None) or ())  # False: a NoPE layer
         self.self_attn = Attention(config, layer_idx, is_causal=True)
         self.mlp = build_mlp(config, layer_idx)
+        # each sub-layer's output times this before it joins the residual stream (Granite, μP); 1.0: untouched
+        self.residual_multiplier = float(getattr(config, "residual_multiplier", 1.0))
+
+    def scaled(self, branch: torch.Tensor) -> torch.Tensor:
+        """A sub-layer's output as it joins the residual stream: times `residual_multiplier` where that is not 1."""
+        return branch if self.residual_multiplier == 1.0 else branch * self.residual_multiplier
 
     def attend(self, hidden_states, attention_mask, position_embeddings, past_key_values, **kwargs):
         return self.self_attn(
@@ -115,8 +124,8 @@ class PreNormBlock(DecoderBlock):
             position_bias=position_bias,
             **kwargs,
         )
-        hidden_states = hidden_states + attn_out
-        hidden_states = hidden_states + self.mlp(self.post_attention_layernorm(hidden_states))
+        hidden_states = hidden_states + self.scaled(attn_out)
+        hidden_states = hidden_states + self.scaled(self.mlp(self.post_attention_layernorm(hidden_states)))
         return hidden_states, weights
 
 
@@ -141,8 +150,9 @@ class PostNormBlock(DecoderBlock):
         attn_out, weights = self.attend(
             hidden_states, attention_mask, position_embeddings, past_key_values, position_bias=position_bias, **kwargs
         )
-        hidden_states = self.post_attention_layernorm(hidden_states * self.residual_scale + attn_out)
-        hidden_states = self.post_feedforward_layernorm(hidden_states * self.residual_scale + self.mlp(hidden_states))
+        hidden_states = self.post_attention_layernorm(hidden_states * self.residual_scale + self.scaled(attn_out))
+        mlp_out = self.scaled(self.mlp(hidden_states))
+        hidden_states = self.post_feedforward_layernorm(hidden_states * self.residual_scale + mlp_out)
         return hidden_states, weights
 
 
@@ -187,9 +197,9 @@ class SandwichNormBlock(DecoderBlock):
             position_bias=position_bias,
             **kwargs,
         )
-        hidden_states = hidden_states + self.post_attention_layernorm(attn_out)
+        hidden_states = hidden_states + self.scaled(self.post_attention_layernorm(attn_out))
         mlp_out = self.mlp(self.pre_feedforward_layernorm(hidden_states))
-        hidden_states = hidden_states + self.post_feedforward_layernorm(mlp_out)
+        hidden_states = hidden_states + self.scaled(self.post_feedforward_layernorm(mlp_out))
         return hidden_states, weights
 
 
@@ -214,8 +224,8 @@ class OutputNormBlock(DecoderBlock):
         attn_out, weights = self.attend(
             hidden_states, attention_mask, position_embeddings, past_key_values, position_bias=position_bias, **kwargs
         )
-        hidden_states = hidden_states + self.post_attention_layernorm(attn_out)
-        hidden_states = hidden_states + self.post_feedforward_layernorm(self.mlp(hidden_states))
+        hidden_states = hidden_states + self.scaled(self.post_attention_layernorm(attn_out))
+        hidden_states = hidden_states + self.scaled(self.post_feedforward_layernorm(self.mlp(hidden_states)))
         return hidden_states, weights
 
 
@@ -258,7 +268,7 @@ class ParallelBlock(DecoderBlock):
             **kwargs,
         )
         mlp_out = self.mlp(self.post_attention_layernorm(hidden_states))
-        return hidden_states + attn_out + mlp_out, weights
+        return hidden_states + self.scaled(attn_out) + self.scaled(mlp_out), weights
 
 
 class SharedNormParallelBlock(DecoderBlock):
@@ -294,7 +304,7 @@ class SharedNormParallelBlock(DecoderBlock):
         attn_out, weights = self.attend(
             normed, attention_mask, position_embeddings, past_key_values, position_bias=position_bias, **kwargs
         )
-        return hidden_states + attn_out + self.mlp(normed), weights
+        return hidden_states + self.scaled(attn_out) + self.scaled(self.mlp(normed)), weights
 
 
 BLOCKS: dict[str, type[DecoderBlock]] = {

@@ -280,6 +280,16 @@ class DecoderConfig(PreTrainedConfig):
             split into heads, gains of `num_attention_heads * head_dim` and `num_key_value_heads * head_dim` (OLMo 2).
             Only with `use_qk_norm=True`.
         query_pre_attn_scalar (`float`, *optional*): scores scaled by its -½ power instead of head_dim's (Gemma2).
+        attention_multiplier (`float`, *optional*): the scores' scale itself, in place of head_dim^-½ (Granite's
+            field; μP's 1/head_dim, Tensor Programs V, Yang et al. 2022). At most one of it and
+            `query_pre_attn_scalar`.
+        embedding_multiplier (`float`, 1.0): the token embeddings times this constant (Granite; MiniCPM's `scale_emb`;
+            μP's input multiplier), inside `embed_tokens` as `scale_embedding`'s √d (both given: their product).
+        residual_multiplier (`float`, 1.0): each sub-layer's output times this constant before it joins the residual
+            stream, x + m·Attn(N(x)) (Granite; MiniCPM's scale_depth / √N), in every `norm_position`.
+        logit_scale (`float`, 1.0): the output logits times this constant, before `final_logit_softcapping` (Cohere's
+            `logit_scale`; Granite's 1 / `logits_scaling`; μP's output multiplier); the chunked and fused losses
+            apply it too.
         attn_logit_softcapping / final_logit_softcapping (`float`, *optional*): c · tanh(x / c) on the attention
             scores / the output logits (Gemma2). SDPA cannot cap scores: the default backend then falls back to
             eager and an explicit `attn_implementation="sdpa"` fails.
@@ -422,6 +432,10 @@ class DecoderConfig(PreTrainedConfig):
     use_qk_norm: bool = False
     qk_norm_scope: str = "head"
     query_pre_attn_scalar: int | float | None = None
+    attention_multiplier: int | float | None = None
+    embedding_multiplier: int | float = 1.0
+    residual_multiplier: int | float = 1.0
+    logit_scale: int | float = 1.0
     attn_logit_softcapping: int | float | None = None
     final_logit_softcapping: int | float | None = None
     lm_z_loss_coef: int | float = 0.0
@@ -720,9 +734,22 @@ def _validate_catalogue(config: Any) -> None:
                 raise ValueError(
                     f"`{name}` is only used with `norm_position='deepnorm'` (got {config.norm_position!r})."
                 )
-    for name in ("query_pre_attn_scalar", "attn_logit_softcapping", "final_logit_softcapping", "sliding_window"):
+    for name in (
+        "query_pre_attn_scalar",
+        "attention_multiplier",
+        "attn_logit_softcapping",
+        "final_logit_softcapping",
+        "sliding_window",
+    ):
         if getattr(config, name) is not None:
             check_positive(config, name, integer=name == "sliding_window")
+    for name in ("embedding_multiplier", "residual_multiplier", "logit_scale"):
+        check_positive(config, name, integer=False)
+    if config.attention_multiplier is not None and config.query_pre_attn_scalar is not None:
+        raise ValueError(
+            f"`attention_multiplier` ({config.attention_multiplier}) and `query_pre_attn_scalar` "
+            f"({config.query_pre_attn_scalar}) both set the attention scores' scale: give at most one of them."
+        )
     if config.sliding_window == 1 and "sliding_attention" in (config.layer_types or ()):
         # transformers' sliding-window cache layers keep the last `window - 1` keys as `keys[..., -window + 1:, :]`,
         # which keeps every key when the window is 1: decoding would see keys its mask leaves out

@@ -29,8 +29,9 @@ launches and the router's top-k beside the experts'); otherwise it keeps its MLP
 fused. A parallel block's MLP reads the block's input and adds its output after the attention's (GPT-J's shared norm is
 computed inside both input GEMVs). Everything else runs the block's own forward: the post-norm, DeepNorm, sandwich and
 output-norm (OLMo 2) blocks norm a product's output, where these kernels put a norm before a product, so their forwards
-never ask. QK-norm is the attention's: over the whole projection in its `split_heads`, per head in its
-`position_and_cache`, both of which the fused step calls as the attention does. The default on CUDA, for steps of one
+never ask; a block whose sub-layers' outputs are scaled (`residual_multiplier`, Granite) runs its forward too. QK-norm
+is the attention's: over the whole projection in its `split_heads`, per head in its `position_and_cache`, both of
+which the fused step calls as the attention does. The default on CUDA, for steps of one
 row (`FUSED_BLOCK_ROWS`: batch-1 decoding), with archlab's attention and MoE kernels and every kernel launched through
 the ops' PDL twins (triton_launch.py): `--suite cuda-tuning` measured that step at 1.25x the step before on an H200
 (886 against 709 tok/s, the 1.1B model in bf16; docs/gpu.md). On CPU the tests run the kernels through Triton's
@@ -81,6 +82,7 @@ def fused_block_applies(block: nn.Module, hidden_states: torch.Tensor) -> bool:
     output = getattr(attention, attention.output_name, None)
     return (
         fused is not None
+        and block.residual_multiplier == 1.0  # the kernels add the residual unscaled
         and _norm_fits(block.input_layernorm, hidden_states)
         and type(output) is nn.Linear
         and _plain(output)

@@ -346,6 +346,7 @@ def fused_causal_lm_loss(
     softcap: float | None,
     z_loss_coef: float,
     num_items_in_batch: torch.Tensor | int | None,
+    logit_scale: float = 1.0,
 ) -> torch.Tensor:
     """`lm_head_loss`'s training loss through a fused linear cross-entropy kernel (e.g. Liger's, see archlab.liger).
 
@@ -359,6 +360,9 @@ def fused_causal_lm_loss(
     if output_bias is not None:
         bias = output_bias.reshape(-1) if bias is None else bias + output_bias.reshape(-1)
     hidden = hidden_states.reshape(-1, hidden_states.shape[-1])
+    if logit_scale != 1.0:  # s·(h Wᵀ + b) = (s·h) Wᵀ + s·b: the kernel computes the scaled logits
+        hidden = hidden * logit_scale
+        bias = None if bias is None else bias * logit_scale
     total = fused_loss(hidden, head.weight, bias, targets.to(hidden.device), softcap, z_loss_coef)
     return _reduce(total, targets, num_items_in_batch)
 
@@ -403,6 +407,15 @@ def embedding_matrix(embedding: nn.Embedding, device: torch.device) -> torch.Ten
     return embedding(torch.arange(embedding.num_embeddings, device=device))
 
 
+def scaled_and_capped(logits: torch.Tensor, logit_scale: float = 1.0, softcap: float | None = None) -> torch.Tensor:
+    """An LM head's logits times `logit_scale` s (Cohere, Granite), then soft-capped to c · tanh(z / c) (Gemma2)."""
+    if logit_scale != 1.0:
+        logits = logits * logit_scale
+    if softcap is not None:
+        logits = torch.tanh(logits / softcap) * softcap
+    return logits
+
+
 def lm_head_loss(
     hidden_states: torch.Tensor,
     head: nn.Module,
@@ -416,6 +429,7 @@ def lm_head_loss(
     z_loss_coef: float = 0.0,
     num_items_in_batch: torch.Tensor | int | None = None,
     logits_to_keep: int | torch.Tensor = 0,
+    logit_scale: float = 1.0,
 ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """(loss, logits) of an LM head over hidden states (B, T, d), as both families' generation heads compute them.
 
@@ -424,12 +438,15 @@ def lm_head_loss(
     returned, with the loss when labels are given. `labels` are next-token labels (shifted here), `shifted_labels`
     targets aligned with the positions. `output_bias` (1, V) is a constant bias added after the head (Marian's
     `final_logits_bias`); a bias of the head itself is added too. `softcap` c applies c · tanh(z / c) to the logits
-    (Gemma2); the chunked loss has no soft-cap, so then, when the head's weight is a DTensor (FSDP2 / tensor
-    parallelism must gather it through the module), when the head is not a Linear (PEFT's LoRA layer on it), and when
-    it is quantized or offloaded (`weight_is_readable`), the loss runs unchunked. A head carrying a fused kernel
-    (`head.fused_linear_cross_entropy`, set by archlab.liger) runs the training loss through it instead, soft-cap too.
+    (Gemma2), after `logit_scale` s multiplies them (Cohere, Granite: the chunked and fused losses read s·h for h and
+    s·b for a bias b, the same logits); the chunked loss has no soft-cap, so then, when the head's weight is a DTensor
+    (FSDP2 / tensor parallelism must gather it through the module), when the head is not a Linear (PEFT's LoRA layer
+    on it), and when it is quantized or offloaded (`weight_is_readable`), the loss runs unchunked. A head carrying a
+    fused kernel (`head.fused_linear_cross_entropy`, set by archlab.liger) runs the training loss through it instead,
+    soft-cap too.
     """
     wants_loss = labels is not None or shifted_labels is not None
+    scaled = logit_scale != 1.0
     if wants_loss and training:  # (only these losses look at the head: not a decoding step's forward)
         # the fused and chunked losses read the head's weight and bias themselves: right only for a Linear whose
         # weight is a whole tensor, not for a head PEFT wraps (a LoRA layer on `lm_head`), a sharded weight (DTensor),
@@ -450,12 +467,16 @@ def lm_head_loss(
                 softcap,
                 z_loss_coef,
                 num_items_in_batch,
+                logit_scale,
             )
             return fused_causal_lm_loss(fused_loss, *args), None
         if reads_weight and chunk_size > 0 and softcap is None:
             weight, bias = linear.weight, linear.bias
             if output_bias is not None:
                 bias = output_bias.reshape(-1) if bias is None else bias + output_bias.reshape(-1)
+            if scaled:  # s·(h Wᵀ + b) = (s·h) Wᵀ + s·b
+                hidden_states = hidden_states * logit_scale
+                bias = None if bias is None else bias * logit_scale
             loss = chunked_causal_lm_loss(
                 hidden_states, weight, labels, chunk_size, num_items_in_batch, z_loss_coef, shifted_labels, bias
             )
@@ -464,8 +485,7 @@ def lm_head_loss(
     logits = head(hidden_states[:, keep, :])
     if output_bias is not None:
         logits = logits + output_bias.to(hidden_states.dtype)
-    if softcap is not None:
-        logits = torch.tanh(logits / softcap) * softcap
+    logits = scaled_and_capped(logits, logit_scale, softcap)
     loss = None
     if wants_loss:
         loss = causal_lm_loss(logits, labels, num_items_in_batch, z_loss_coef, shifted_labels=shifted_labels)

@@ -44,7 +44,14 @@ from .input_checks import (
     embedding_rows,
     input_shape,
 )
-from .losses import IGNORE_INDEX, causal_lm_loss, embedding_matrix, lm_head_loss, share_of_batch
+from .losses import (
+    IGNORE_INDEX,
+    causal_lm_loss,
+    embedding_matrix,
+    lm_head_loss,
+    scaled_and_capped,
+    share_of_batch,
+)
 from .losses import shift_labels as next_token_targets
 from .moe import collect_router_logits, load_balancing_loss, router_z_loss
 from .positions import check_given_position_ids, position_bias, position_ids_from_mask, position_table
@@ -91,10 +98,10 @@ def _share_of_labels(labels: torch.Tensor, num_items_in_batch, device: torch.dev
 
 
 class ScaledEmbedding(nn.Embedding):
-    """Token embeddings times `scale` (√d under `scale_embedding`), inside the module, as Gemma's
-    `GemmaTextScaledWordEmbedding` computes them: what a hook on `get_input_embeddings()` sees (NEFTune's noise,
-    added to the module's output, was √d times Gemma's when the model scaled afterwards) and what
-    `inputs_embeds` holds (`get_input_embeddings()(ids)`, used as is, as in Gemma)."""
+    """Token embeddings times `scale` (√d under `scale_embedding`, times `embedding_multiplier`), inside the module,
+    as Gemma's `GemmaTextScaledWordEmbedding` computes them: what a hook on `get_input_embeddings()` sees (NEFTune's
+    noise, added to the module's output, was √d times Gemma's when the model scaled afterwards) and what `inputs_embeds`
+    holds (`get_input_embeddings()(ids)`, used as is, as in Gemma)."""
 
     def __init__(self, num_embeddings: int, embedding_dim: int, padding_idx: int | None, scale: float | None) -> None:
         super().__init__(num_embeddings, embedding_dim, padding_idx)
@@ -135,7 +142,8 @@ class DecoderModel(DecoderPreTrainedModel):
         super().__init__(config)
         self.padding_idx = config.pad_token_id
         self.vocab_size = config.vocab_size
-        scale = config.hidden_size**0.5 if config.scale_embedding else None
+        scale = (config.hidden_size**0.5 if config.scale_embedding else 1.0) * config.embedding_multiplier
+        scale = None if scale == 1.0 else scale
         self.embed_tokens = ScaledEmbedding(config.vocab_size, config.hidden_size, self.padding_idx, scale)
         # Registered before the final norm: accelerate's FSDP2 preparation takes the base model's last `*Norm` child
         # for the final norm and groups it with the LM head.
@@ -376,6 +384,7 @@ class DecoderForCausalLM(FastDecodingMixin, DecoderPreTrainedModel, GenerationMi
             z_loss_coef=self.config.lm_z_loss_coef,
             num_items_in_batch=num_items_in_batch,
             logits_to_keep=logits_to_keep,
+            logit_scale=self.config.logit_scale,
         )
 
         # Mixture of experts: load-balancing loss (returned, and added to the LM loss as Mixtral) and z-loss.
@@ -483,7 +492,8 @@ class DecoderForSequenceClassification(DecoderPreTrainedModel):
     position, where Llama's head refuses a batch of more than one row.
 
     With `config.classifier_lm_loss_weight = λ > 0` the loss is L_FT + λ·L_PT, L_PT the next-token loss on the
-    input (the auxiliary LM objective of GPT-1); the LM head is tied to the embeddings for that. With sparse layers,
+    input (the auxiliary LM objective of GPT-1); the LM head is tied to the embeddings for that (its logits scaled and
+    soft-capped as the causal LM's, `logit_scale` and `final_logit_softcapping`). With sparse layers,
     `output_router_logits` adds the load-balancing loss and `router_z_loss_coef` > 0 the router z-loss, as in
     `DecoderForCausalLM` (Mixtral's classifier adds neither, and fine-tuning it leaves the routers unbalanced).
 
@@ -571,6 +581,7 @@ class DecoderForSequenceClassification(DecoderPreTrainedModel):
             if weight > 0 and input_ids is not None:
                 targets = self._lm_targets(input_ids, attention_mask)
                 lm_logits = hidden_states @ embedding_matrix(self.model.embed_tokens, hidden_states.device).t()
+                lm_logits = scaled_and_capped(lm_logits, self.config.logit_scale, self.config.final_logit_softcapping)
                 if num_lm_items_in_batch is not None:
                     lm_loss = causal_lm_loss(lm_logits, None, num_lm_items_in_batch, shifted_labels=targets)
                 else:

@@ -8,6 +8,7 @@ Config-side: imports no model code, only the catalogue's names (`catalogue.py`) 
 from __future__ import annotations
 
 import functools
+import math
 import sys
 import typing
 from collections.abc import Iterable
@@ -65,8 +66,10 @@ def check_field_types(config: Any) -> None:
 
 def check_positive(config: Any, name: str, integer: bool = True) -> None:
     value = getattr(config, name)
-    kind = "a positive integer" if integer else "a positive number"
-    if isinstance(value, bool) or (integer and not isinstance(value, int)) or value <= 0:
+    kind = "a positive integer" if integer else "a positive, finite number"
+    # (NaN and infinity pass `value <= 0`; as a scale or an epsilon they make every output NaN)
+    finite = isinstance(value, (int, float)) and math.isfinite(value)
+    if isinstance(value, bool) or (integer and not isinstance(value, int)) or not finite or value <= 0:
         raise ValueError(f"`{name}` must be {kind}, got {value!r}.")
 
 

@@ -129,6 +129,10 @@ DECODER_VARIANTS = {
     "nope_global_layers": dict(
         nope_layers=[1], sliding_window=WINDOW, layer_types=["sliding_attention", "full_attention"]
     ),
+    # μP's constants as Granite sets them: embeddings, each sub-layer's output, the scores and the logits scaled
+    "mup_multipliers": dict(
+        embedding_multiplier=3.0, residual_multiplier=0.5, attention_multiplier=0.2, logit_scale=0.25
+    ),
     "prefix_lm": dict(prefix_lm=True),
     "prefix_lm_alibi": dict(prefix_lm=True, position_embedding_type="alibi"),
     "softcapping_eager_attention": dict(attn_logit_softcapping=2.0, final_logit_softcapping=5.0),  # no sdpa here

@@ -103,6 +103,16 @@ def test_architecture_rows_name_each_layer_type_s_rope():
     )
 
 
+def test_architecture_rows_name_the_mup_multipliers_that_are_set():
+    config = tiny_decoder_config(embedding_multiplier=12.0, residual_multiplier=0.22, logit_scale=0.125).to_dict()
+    rows = dict(architecture_rows(config))
+    assert rows["multipliers"] == "embedding_multiplier=12, residual_multiplier=0.22, logit_scale=0.125"
+    assert dict(architecture_rows(tiny_decoder_config(attention_multiplier=0.25).to_dict()))["multipliers"] == (
+        "attention_multiplier=0.25"
+    )
+    assert "multipliers" not in dict(architecture_rows(tiny_decoder_config().to_dict()))
+
+
 def test_architecture_rows_name_the_nope_layers():
     config = tiny_decoder_config(nope_layers=[1]).to_dict()
     assert dict(architecture_rows(config))["positions"].endswith("; no positions (NoPE) in layers 1")

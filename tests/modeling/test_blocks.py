@@ -40,31 +40,40 @@ def _mlp(layer, x):
     return m.down_proj(nn.functional.silu(m.gate_proj(x)) * m.up_proj(x))
 
 
+# each placement's layer from its weights; m is `residual_multiplier`, scaling what each sub-layer adds to the stream
 REFERENCES = {
-    "pre": lambda L, x: (h := x + _attn(L, L.input_layernorm(x))) + _mlp(L, L.post_attention_layernorm(h)),
-    "post": lambda L, x: L.post_feedforward_layernorm((h := L.post_attention_layernorm(x + _attn(L, x))) + _mlp(L, h)),
-    "sandwich": lambda L, x: (
-        (h := x + L.post_attention_layernorm(_attn(L, L.input_layernorm(x))))
-        + L.post_feedforward_layernorm(_mlp(L, L.pre_feedforward_layernorm(h)))
+    "pre": lambda L, x, m: (h := x + m * _attn(L, L.input_layernorm(x))) + m * _mlp(L, L.post_attention_layernorm(h)),
+    "post": lambda L, x, m: L.post_feedforward_layernorm(
+        (h := L.post_attention_layernorm(x + m * _attn(L, x))) + m * _mlp(L, h)
     ),
-    "parallel": lambda L, x: x + _attn(L, L.input_layernorm(x)) + _mlp(L, L.post_attention_layernorm(x)),
-    "output": lambda L, x: (
-        (h := x + L.post_attention_layernorm(_attn(L, x))) + L.post_feedforward_layernorm(_mlp(L, h))
+    "sandwich": lambda L, x, m: (
+        (h := x + m * L.post_attention_layernorm(_attn(L, L.input_layernorm(x))))
+        + m * L.post_feedforward_layernorm(_mlp(L, L.pre_feedforward_layernorm(h)))
+    ),
+    "parallel": lambda L, x, m: x + m * _attn(L, L.input_layernorm(x)) + m * _mlp(L, L.post_attention_layernorm(x)),
+    "parallel_shared_norm": lambda L, x, m: x + m * _attn(L, L.input_layernorm(x)) + m * _mlp(L, L.input_layernorm(x)),
+    "output": lambda L, x, m: (
+        (h := x + m * L.post_attention_layernorm(_attn(L, x))) + m * L.post_feedforward_layernorm(_mlp(L, h))
     ),
 }
 
 
-def _deepnorm_reference(layer, x):
+def _deepnorm_reference(layer, x, m):
     alpha = (2 * 2) ** 0.25  # two layers
-    h = layer.post_attention_layernorm(alpha * x + _attn(layer, x))
-    return layer.post_feedforward_layernorm(alpha * h + _mlp(layer, h))
+    h = layer.post_attention_layernorm(alpha * x + m * _attn(layer, x))
+    return layer.post_feedforward_layernorm(alpha * h + m * _mlp(layer, h))
 
 
 @pytest.mark.parametrize("placement", [*REFERENCES, "deepnorm"])
 @pytest.mark.parametrize("attn", ["eager", "sdpa"])
-def test_block_matches_reference(placement, attn):
+@pytest.mark.parametrize("residual_multiplier", [1.0, 0.25], ids=["plain", "residual_multiplier"])
+def test_block_matches_reference(placement, attn, residual_multiplier):
     config = tiny_decoder_config(
-        norm_position=placement, norm_type="layer_norm", position_embedding_type="none", attn_implementation=attn
+        norm_position=placement,
+        norm_type="layer_norm",
+        position_embedding_type="none",
+        attn_implementation=attn,
+        residual_multiplier=residual_multiplier,
     )
     model = DecoderForCausalLM(config).eval()
     with torch.no_grad():
@@ -77,7 +86,7 @@ def test_block_matches_reference(placement, attn):
         ours = model.model(inputs_embeds=x).last_hidden_state
         expected = x
         for layer in model.model.layers:
-            expected = reference(layer, expected)
+            expected = reference(layer, expected, residual_multiplier)
         expected = model.model.norm(expected)
     assert_close_to_scale(ours, expected, rtol=1e-5)
 

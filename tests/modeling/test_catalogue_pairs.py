@@ -78,8 +78,11 @@ CONCERNS: dict[str, dict[str, dict]] = {
         "qk_norm_over_projection": dict(use_qk_norm=True, qk_norm_scope="projection"),
         "softcapping": dict(attn_logit_softcapping=2.0, final_logit_softcapping=5.0),
         "query_pre_attn_scalar": dict(query_pre_attn_scalar=16),
+        "attention_multiplier": dict(attention_multiplier=0.2),  # Granite's scores scale
     },
     "embeddings": {"scaled_and_normed": dict(scale_embedding=True, embedding_layernorm=True)},
+    # μP's constants (Granite): embeddings, each sub-layer's output and the logits scaled
+    "multipliers": {"mup": dict(embedding_multiplier=3.0, residual_multiplier=0.5, logit_scale=0.25)},
     "biases": {
         "all_biases": dict(attention_bias=True, mlp_bias=True, lm_head_bias=True),
         "qkv_bias": dict(qkv_bias=True),

@@ -408,6 +408,14 @@ def test_rope_type_is_checked_at_construction():
         (dict(position_embedding_type="alibi", attn_implementation="flash_attention_2"), r"adds a bias"),
         (dict(attn_logit_softcapping=30.0, attn_implementation="sdpa"), r"`attn_logit_softcapping`.*sdpa"),
         (dict(final_logit_softcapping=0.0), r"`final_logit_softcapping` must be a positive"),
+        (dict(residual_multiplier=0.0), r"`residual_multiplier` must be a positive, finite number, got 0.0"),
+        (dict(logit_scale=float("nan")), r"`logit_scale` must be a positive, finite number, got nan"),
+        (dict(embedding_multiplier=float("inf")), r"`embedding_multiplier` must be a positive, finite number"),
+        (dict(attention_multiplier=-0.1), r"`attention_multiplier` must be a positive, finite number"),
+        (
+            dict(attention_multiplier=0.1, query_pre_attn_scalar=16),
+            r"`attention_multiplier` \(0.1\) and `query_pre_attn_scalar` \(16\) both set .* at most one",
+        ),
         (dict(lm_z_loss_coef=-1e-4), r"`lm_z_loss_coef` must be >= 0"),
         (dict(position_embedding_type="relative_bias", relative_attention_num_buckets=1), r"relative_attention"),
         (

@@ -102,6 +102,9 @@ def test_the_fused_step_applies_only_to_plain_pre_norm_layers_of_a_few_rows(monk
                 assert not fused_block_applies(_laid_out(_model(**variant)), step), variant
             for position in ("parallel", "parallel_shared_norm"):
                 assert fused_block_applies(_laid_out(_model(norm_position=position)), step), position
+            # the kernels add the residual unscaled: Granite's scaled sub-layer outputs keep the block's forward
+            assert not fused_block_applies(_laid_out(_model(residual_multiplier=0.5)), step)
+            assert fused_block_applies(_laid_out(_model(logit_scale=0.5, attention_multiplier=0.1)), step)
         layer.input_layernorm._forward_hooks.clear()
         monkeypatch.setattr(decode_block, "FUSED_BLOCK_DEVICES", ())
         with inference_projections(model, force=True):

@@ -209,6 +209,33 @@ def test_a_fused_kernel_on_the_head_gets_bias_softcap_and_z_loss_and_is_reduced_
     assert lm_head_loss(hidden, head, training=False, **kwargs)[1] is not None
 
 
+@pytest.mark.parametrize("path", ["chunked", "fused"])
+def test_a_logit_scale_gives_the_training_losses_the_scaled_logits_loss(path):
+    """`logit_scale` s (Cohere, Granite): the chunked and fused losses read s·h and s·b, and must give the loss and
+    gradients of the full logits s·(h Wᵀ + b), soft-capped after."""
+    torch.manual_seed(0)
+    head = nn.Linear(16, 50, bias=True)
+    hidden = torch.randn(2, 7, 16, requires_grad=True)
+    labels = torch.randint(0, 50, (2, 7))
+    kwargs = dict(chunk_size=4, output_bias=torch.randn(1, 50), softcap=3.0, logit_scale=0.125, labels=labels)
+    expected, logits = lm_head_loss(hidden, head, training=False, **kwargs)
+    unscaled = head(hidden) + kwargs["output_bias"]
+    torch.testing.assert_close(logits, 3.0 * torch.tanh(0.125 * unscaled / 3.0))
+    if path == "fused":
+        head.fused_linear_cross_entropy = _reference_fused_loss
+    else:
+        kwargs["softcap"] = None  # (the chunked loss runs without a soft-cap)
+        expected = lm_head_loss(hidden, head, training=False, **kwargs)[0]
+    loss, no_logits = lm_head_loss(hidden, head, training=True, **kwargs)
+    assert no_logits is None
+    torch.testing.assert_close(loss, expected)
+    for grad, expected_grad in zip(
+        torch.autograd.grad(loss, (hidden, head.weight, head.bias)),
+        torch.autograd.grad(expected, (hidden, head.weight, head.bias)),
+    ):
+        assert_close_to_scale(grad, expected_grad)
+
+
 class _Int8Linear(nn.Linear):
     """A quantized head as bitsandbytes' `Linear8bitLt` stores one: int8 weight, a row scale, dequantized in forward."""
 
