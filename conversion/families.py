@@ -4,11 +4,13 @@ The Llama-like decoders (Llama, Mistral, Ministral, Mixtral, Gemma, Gemma2, Gemm
 OLMo 2, OLMo 3, SmolLM3, EXAONE 4, Helium, Arcee, Seed-OSS) differ from Llama only in which config fields they have and
 what they fix; their weights have archlab's names already (archlab uses Llama's, Gemma2's and OLMo 2's), except the
 per-expert modules of Mixtral's, Qwen2-MoE's and Qwen3-MoE's saved checkpoints (`experts.py`) and Helium's q/k rows
-(its interleaved RoPE, `interleaved_rope.py`). GLM and GLM-4 (fused gate/up, interleaved RoPE) live in `glm.py`; the
-decoders with their own names, fused q/k/v and Conv1D weights (GPT-2, OpenAI-GPT, GPT-NeoX, Falcon, BLOOM, MPT) in
-`fused_decoders.py`; StableLM, Phi, OPT, StarCoder2 and GPT-J in `layernorm_decoders.py`; Phi-3 (fused q/k/v and
-gate/up) in `phi3.py`; the encoder-decoders in `marian.py`, `bart.py`, `mbart.py` and `t5.py`; BERT and RoBERTa (as
-`EncoderForMaskedLM`) in `bert.py` and `roberta.py`.
+(its interleaved RoPE, `interleaved_rope.py`). GLM and GLM-4 (fused gate/up, interleaved RoPE) live in `glm.py`,
+Granite, GraniteMoE and GraniteMoE-Shared (μP's multipliers, fused experts) in `granite.py`, Cohere and Cohere2
+(parallel blocks, interleaved RoPE, a logit scale) in `cohere.py`; the decoders with their own names, fused q/k/v and
+Conv1D weights (GPT-2, OpenAI-GPT, GPT-NeoX, Falcon, BLOOM, MPT) in `fused_decoders.py`; StableLM, Phi, OPT,
+StarCoder2 and GPT-J in `layernorm_decoders.py`; Phi-3 (fused q/k/v and gate/up) in `phi3.py`; the encoder-decoders in
+`marian.py`, `bart.py`, `mbart.py` and `t5.py`; BERT and RoBERTa (as `EncoderForMaskedLM`) in `bert.py` and
+`roberta.py`.
 """
 
 from __future__ import annotations
@@ -69,10 +71,13 @@ from .checks import (
     refuse_import,
     setting,
 )
+from .cohere import COHERE_FAMILIES
 from .experts import MIXTRAL_LAYOUT, QWEN2_MOE_LAYOUT
 from .family import IDENTITY, ConversionError, Family, same
+from .field_lists import LLAMA_FIELDS
 from .fused_decoders import FUSED_DECODERS
 from .glm import GLM_FAMILIES
+from .granite import GRANITE_FAMILIES
 from .interleaved_rope import interleaved_rope
 from .layernorm_decoders import LAYERNORM_DECODERS
 from .marian import MARIAN
@@ -81,29 +86,6 @@ from .phi3 import PHI3
 from .roberta import ROBERTA
 from .t5 import T5_VARIANTS, t5_family
 
-# LlamaConfig fields archlab's DecoderConfig shares with identical meaning.
-LLAMA_FIELDS = (
-    "vocab_size",
-    "hidden_size",
-    "intermediate_size",
-    "num_hidden_layers",
-    "num_attention_heads",
-    "num_key_value_heads",
-    "head_dim",
-    "hidden_act",
-    "max_position_embeddings",
-    "initializer_range",
-    "rms_norm_eps",
-    "use_cache",
-    "pad_token_id",
-    "bos_token_id",
-    "eos_token_id",
-    "tie_word_embeddings",
-    "rope_parameters",
-    "attention_bias",
-    "attention_dropout",
-    "mlp_bias",
-)
 # MistralConfig: Llama's fields without the bias flags, plus `sliding_window`, which makes every layer local.
 MISTRAL_FIELDS = tuple(name for name in LLAMA_FIELDS if name not in ("attention_bias", "mlp_bias")) + (
     "sliding_window",
@@ -665,6 +647,8 @@ FAMILIES: dict[str, Family] = {
             expressible=frozenset({"head_dim", "rope_parameters"}),
         ),
         *GLM_FAMILIES,
+        *GRANITE_FAMILIES,
+        *COHERE_FAMILIES,
         *FUSED_DECODERS,
         *LAYERNORM_DECODERS,
         PHI3,
@@ -702,6 +686,11 @@ IGNORES_PARTIAL_ROTARY = (
     "arcee",
     "seed_oss",
     "falcon",
+    "granite",
+    "granitemoe",
+    "granitemoeshared",
+    "cohere",
+    "cohere2",
 )
 READS_UNDECLARED_HEAD_DIM = ("stablelm", "gpt_neox")
 

@@ -22,32 +22,14 @@ from transformers import Glm4Config, Glm4ForCausalLM, GlmConfig, GlmForCausalLM,
 from ..modeling import DecoderForCausalLM
 from .checks import qkv_bias_of
 from .family import Family, same
+from .field_lists import LLAMA_FIELDS
 from .fused_decoders import ATTN, LAYER, MLP
 from .interleaved_rope import interleaved_rope
 from .layouts import FusedGateUp, Rename, WeightRules
 
 # GlmConfig / Glm4Config fields archlab has with the same meaning (`attention_bias` is archlab's `qkv_bias`)
 GLM_FIELDS = {
-    **same(
-        "vocab_size",
-        "hidden_size",
-        "intermediate_size",
-        "num_hidden_layers",
-        "num_attention_heads",
-        "num_key_value_heads",
-        "head_dim",
-        "hidden_act",
-        "attention_dropout",
-        "max_position_embeddings",
-        "initializer_range",
-        "rms_norm_eps",
-        "use_cache",
-        "tie_word_embeddings",
-        "rope_parameters",
-        "pad_token_id",
-        "eos_token_id",
-        "bos_token_id",
-    ),
+    **same(*(name for name in LLAMA_FIELDS if name not in ("attention_bias", "mlp_bias"))),
     "attention_bias": "qkv_bias",
 }
 STOCK = "model.layers.{n}"

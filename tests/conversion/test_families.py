@@ -20,6 +20,8 @@ from transformers import (
     BartConfig,
     BertConfig,
     BloomConfig,
+    Cohere2Config,
+    CohereConfig,
     Exaone4Config,
     FalconConfig,
     Gemma2Config,
@@ -30,6 +32,9 @@ from transformers import (
     GPT2Config,
     GPTJConfig,
     GPTNeoXConfig,
+    GraniteConfig,
+    GraniteMoeConfig,
+    GraniteMoeSharedConfig,
     HeliumConfig,
     LlamaConfig,
     MarianConfig,
@@ -135,6 +140,10 @@ OLMO3_ROPE = {
     },
     "sliding_attention": {"rope_type": "default", "rope_theta": 5e5},
 }
+# Granite 3's μP constants (granite-3.0-2b: logits divided by 8)
+GRANITE_MULTIPLIERS = dict(
+    embedding_multiplier=12.0, residual_multiplier=0.22, attention_multiplier=0.015625, logits_scaling=8.0
+)
 SEQ2SEQ_SHAPE = dict(
     vocab_size=VOCAB,
     d_model=32,
@@ -309,6 +318,47 @@ CASES = {
             "layer_types": ["sliding_attention", "full_attention"],
             "rope_parameters": OLMO3_ROPE,
         },
+    ),
+    # Granite: μP's four constants (Granite 3's values), a head size config.json gives (GraniteConfig has no field)
+    "granite": (
+        GraniteConfig(**{**QWEN2_SHAPE, "head_dim": 16}, mlp_bias=True, **GRANITE_MULTIPLIERS),
+        {
+            "embedding_multiplier": 12.0,
+            "residual_multiplier": 0.22,
+            "attention_multiplier": 0.015625,
+            "logit_scale": 0.125,
+            "head_dim": 16,
+        },
+    ),
+    "granitemoe": (
+        GraniteMoeConfig(**QWEN2_SHAPE, num_local_experts=4, num_experts_per_tok=2, **GRANITE_MULTIPLIERS),
+        {"mlp_layer_types": ["sparse"] * 2, "moe_intermediate_size": 64, "norm_topk_prob": True, "logit_scale": 0.125},
+    ),
+    "granitemoeshared": (
+        GraniteMoeSharedConfig(
+            **QWEN2_SHAPE,
+            num_local_experts=4,
+            num_experts_per_tok=2,
+            shared_intermediate_size=24,
+            **GRANITE_MULTIPLIERS,
+        ),
+        {"shared_expert_intermediate_size": 24, "shared_expert_gate": False, "residual_multiplier": 0.22},
+    ),
+    # Cohere: one LayerNorm (no bias) for a parallel attention and MLP, interleaved RoPE, a logit scale, q/k/v/o biases
+    "cohere": (
+        CohereConfig(**QWEN2_SHAPE, attention_bias=True, logit_scale=0.25, tie_word_embeddings=False),
+        {
+            "norm_position": "parallel_shared_norm",
+            "norm_type": "layer_norm",
+            "norm_bias": False,
+            "logit_scale": 0.25,
+            "attention_bias": True,
+        },
+    ),
+    # Cohere2: a local layer (the only one that rotates) and a global one, tied embeddings
+    "cohere2": (
+        Cohere2Config(**QWEN2_SHAPE, sliding_window=4, layer_types=["sliding_attention", "full_attention"]),
+        {"nope_layers": [1], "layer_types": ["sliding_attention", "full_attention"], "logit_scale": 0.0625},
     ),
     "gemma": (
         GemmaConfig(**LLAMA_LIKE, attention_bias=True),
@@ -818,6 +868,11 @@ NOT_EXPRESSIBLE = {
     "ministral": ({"attention_bias": True}, ["attention_bias"]),
     "arcee": ({"mlp_type": "gated"}, ["mlp_type"]),
     "seed_oss": ({"use_qk_norm": True}, ["use_qk_norm"]),
+    "granite": ({"query_pre_attn_scalar": 16, "attention_multiplier": None}, ["query_pre_attn_scalar"]),
+    "cohere": ({"norm_bias": True, "scale_embedding": True}, ["norm_bias", "scale_embedding"]),
+    "cohere2": ({"nope_layers": None}, ["nope_layers"]),
+    "granitemoe": ({"mlp_layer_types": ["dense", "sparse"]}, ["mlp_layer_types"]),
+    "granitemoeshared": ({"shared_expert_gate": True}, ["shared_expert_gate"]),
     "gptj": ({"rope_parameters": {"rope_type": "default", "rope_theta": 5e5}}, ["rope_parameters"]),
     "smollm3": ({"norm_position": "sandwich"}, ["norm_position"]),
     "gpt_neox": ({"num_key_value_heads": 2}, ["num_key_value_heads"]),
@@ -865,6 +920,13 @@ def test_export_refuses_what_the_family_cannot_compute(family, folders, tmp_path
 
 # more refusals: id -> (family, the case to start from, changes, the fields named)
 ALSO_NOT_EXPRESSIBLE = {
+    # a stock Cohere2 builds a sliding-window mask for every forward
+    "cohere2-no-window": (
+        "cohere2",
+        "cohere2",
+        {"sliding_window": None, "layer_types": ["full_attention"] * 2, "nope_layers": [0, 1]},
+        ["sliding_window"],
+    ),
     # the stock default RoPE of the Llama-like families rotates every channel whatever the factor says
     "llama-partial-rotary": ("llama", "llama", {"rope_parameters": ROPE_25}, ["partial_rotary_factor"]),
     "gemma-partial-rotary": ("gemma", "gemma", {"rope_parameters": ROPE_25}, ["partial_rotary_factor"]),
@@ -1036,6 +1098,8 @@ def test_gemma2_exports_without_a_window_and_with_integer_caps(folders, tmp_path
         ("mixtral", dict(sliding_window=4, layer_types=["full_attention", "full_attention"])),
         # no sparse layer: stock Qwen2-MoE's load-balancing loss failed on an empty tuple of router logits
         ("qwen2_moe", dict(mlp_layer_types=["dense"] * 3, output_router_logits=True)),
+        # archlab's default scores scale (head_dim^-½), which Granite's attention takes as its `attention_multiplier`
+        ("granite", dict(attention_multiplier=None)),
     ],
 )
 def test_exports_of_settings_that_change_nothing(family, changes, folders, tmp_path):
@@ -1057,6 +1121,9 @@ def test_export_refuses_a_folder_of_another_archlab_class(folders, tmp_path):
 
 # stock configs archlab cannot compute yet (or that transformers' stock class silently ignores)
 NOT_IMPORTABLE = {
+    # Command R+'s QK-norm: a gain per head and channel
+    "cohere-qk-norm": (CohereConfig(**QWEN2_SHAPE, use_qk_norm=True), ["use_qk_norm"]),
+    "cohere2-no-window": (Cohere2Config(**QWEN2_SHAPE, sliding_window=None), ["sliding_window"]),
     "falcon-new-sequential": (
         FalconConfig(
             hidden_size=32,
