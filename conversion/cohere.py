@@ -3,11 +3,11 @@
 Both are a parallel block with one norm that the attention and the SwiGLU MLP read (archlab's
 `norm_position="parallel_shared_norm"`, GPT-J's), a LayerNorm without a bias (`norm_type="layer_norm"`,
 `norm_bias=False`; `layer_norm_eps` is archlab's `rms_norm_eps`), RoPE over interleaved channel pairs (the q/k rows
-reordered, `interleaved_rope.py`) and logits times `logit_scale` (archlab's field of that name). Cohere's optional
-QK-norm (`use_qk_norm`, Command R+) has a gain per head and channel, (heads, head_dim), which no archlab QK-norm scope
-holds: refused by name. Cohere2 interleaves local layers (`sliding_window`, three in four by default) with global
-ones, and only its local layers rotate: its global layers are archlab's `nope_layers`. It needs a window (its model
-builds a sliding-window mask for every forward).
+reordered, `interleaved_rope.py`, and the QK-norm gains' channels with them) and logits times `logit_scale` (archlab's
+field of that name). Cohere's optional QK-norm (`use_qk_norm`, Command R+) is a LayerNorm of each head with a gain per
+head and channel, (heads, head_dim): archlab's `qk_norm_scope="per_head"`. Cohere2 interleaves local layers
+(`sliding_window`, three in four by default) with global ones, and only its local layers rotate: its global layers are
+archlab's `nope_layers`. It needs a window (its model builds a sliding-window mask for every forward).
 """
 
 from __future__ import annotations
@@ -34,16 +34,18 @@ IMPLIED = {"norm_type": "layer_norm", "norm_bias": False, "norm_position": "para
 
 
 def _cohere_to_archlab(stock: PreTrainedConfig, values: Mapping[str, Any]) -> dict[str, Any]:
-    if stock.use_qk_norm:
-        refuse_import(
-            "cohere",
-            {"use_qk_norm=True": "its QK-norm has a gain per head and channel, which no archlab QK-norm scope holds"},
-        )
-    return head_dim_given(stock, values)
+    # Command R+'s QK-norm: a LayerNorm (no bias) of each head with a gain per head and channel, (heads, head_dim)
+    qk_norm = {"use_qk_norm": True, "qk_norm_scope": "per_head"} if stock.use_qk_norm else {}
+    return {**qk_norm, **head_dim_given(stock, values)}
 
 
 def _cohere_from_archlab(config: PreTrainedConfig) -> dict[str, Any]:
-    return head_dim_to_write(config)
+    if config.use_qk_norm and config.qk_norm_scope != "per_head":
+        refuse_export(
+            "CohereForCausalLM",
+            {setting(config, "qk_norm_scope"): "Cohere's QK-norm has a gain per head and channel: 'per_head'"},
+        )
+    return {"use_qk_norm": config.use_qk_norm, **head_dim_to_write(config)}
 
 
 def _global_layers(layer_types: list[str]) -> list[int] | None:
@@ -78,7 +80,7 @@ COHERE = Family(
     implied=IMPLIED,
     to_archlab=_cohere_to_archlab,
     from_archlab=_cohere_from_archlab,
-    expressible=frozenset({"head_dim"}),
+    expressible=frozenset({"head_dim", "use_qk_norm", "qk_norm_scope"}),
     layout=interleaved_rope(IDENTITY),
 )
 COHERE2 = Family(

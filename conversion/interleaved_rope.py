@@ -8,7 +8,8 @@ not change when both have their channels permuted alike: so a model whose q and 
 [0, 2, 4, ..., R - 2, 1, 3, ..., R - 1] within the first R channels of each head computes, with rotate-half RoPE, what
 the stock model computes with interleaved RoPE — the permutation transformers' own Llama converter applies to Meta's
 checkpoints. The channels past R (partial rotary: GPT-J rotates 64 of 256) stay where they are, and the values are
-untouched. Exporting applies the inverse permutation. `interleaved_rope` wraps a family's `Layout` with it.
+untouched; a QK-norm's gains (and biases) per head channel are permuted alike. Exporting applies the inverse
+permutation. `interleaved_rope` wraps a family's `Layout` with it.
 """
 
 from __future__ import annotations
@@ -22,6 +23,10 @@ from .family import Layout, StateDict
 
 # archlab's query and key projections, whose rows (and biases) are permuted
 PROJECTIONS = re.compile(r"^model\.layers\.\d+\.self_attn\.(?P<proj>q_proj|k_proj)\.(weight|bias)$")
+# their QK-norms' gains and biases, per channel of a head ((head_dim,); (heads, head_dim) with a gain per head; heads ·
+# head_dim over a projection), which follow the channels (a head's or a projection's statistics do not change when the
+# channels are permuted)
+QK_NORMS = re.compile(r"^model\.layers\.\d+\.self_attn\.(?P<norm>q_norm|k_norm)\.(weight|bias)$")
 
 
 def rotate_half_order(head_dim: int, rotary_dim: int) -> torch.Tensor:
@@ -49,10 +54,15 @@ def rotary_dimension(config: PreTrainedConfig) -> int:
 
 def _permuted(state_dict: StateDict, config: PreTrainedConfig, inverse: bool) -> StateDict:
     rotary_dim = rotary_dimension(config)
-    return {
-        name: permute_heads(tensor, config.head_dim, rotary_dim, inverse) if PROJECTIONS.match(name) else tensor
-        for name, tensor in state_dict.items()
-    }
+    out = {}
+    for name, tensor in state_dict.items():
+        if PROJECTIONS.match(name):
+            tensor = permute_heads(tensor, config.head_dim, rotary_dim, inverse)
+        elif QK_NORMS.match(name):  # (any scope: a gain per channel of each head, of all heads, or shared)
+            flat = permute_heads(tensor.reshape(-1), config.head_dim, rotary_dim, inverse)
+            tensor = flat.reshape(tensor.shape)
+        out[name] = tensor
+    return out
 
 
 def interleaved_rope(layout: Layout) -> Layout:

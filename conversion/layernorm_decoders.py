@@ -1,6 +1,7 @@
 """StableLM, Phi, OPT, StarCoder2 and GPT-J: LayerNorm decoders with separate q/k/v projections, as `Family` rows.
 
-StableLM has Llama's parameter names (its weights need no rule); Phi, OPT, StarCoder2 and GPT-J have their own, renamed
+StableLM has Llama's parameter names (its weights need no rule but for StableLM 2 12B's per-head QK LayerNorms, stacked
+into archlab's (heads, head_dim) gains); Phi, OPT, StarCoder2 and GPT-J have their own, renamed
 by the rules of `layouts.py` (GPT-J's q/k rows also reordered for its interleaved RoPE: `interleaved_rope.py`). The
 blocks they select with a flag are archlab's `norm_position` values: StableLM's `use_parallel_residual` and Phi's and
 GPT-J's only block are the parallel block with one shared norm ("parallel_shared_norm"), OPT's
@@ -11,9 +12,11 @@ archlab has none, so they are dropped on import and exported as 0.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
 
+import torch
 from transformers import (
     GPTJConfig,
     GPTJForCausalLM,
@@ -38,7 +41,7 @@ from .checks import (
     refuse_import,
     setting,
 )
-from .family import Family, same
+from .family import ConversionError, Family, Layout, StateDict, same
 from .fused_decoders import ATTN, LAYER, MLP
 from .interleaved_rope import interleaved_rope, rotary_dimension
 from .layouts import Rename, WeightRules
@@ -78,17 +81,9 @@ def _full_rotary_unless_given(config: PreTrainedConfig) -> dict[str, Any]:
 
 
 def _stablelm_to_archlab(stock: PreTrainedConfig, values: Mapping[str, Any]) -> dict[str, Any]:
-    if stock.qk_layernorm:
-        refuse_import(
-            "stablelm",
-            {
-                setting(stock, "qk_layernorm"): (
-                    "StableLM normalises each head's queries and keys with a LayerNorm of its own (per-head weights, "
-                    "no bias); archlab's use_qk_norm has one norm shared by every head"
-                )
-            },
-        )
-    return {"norm_position": "parallel_shared_norm" if stock.use_parallel_residual else "pre"}
+    # StableLM 2 12B's `qk_layernorm`: a LayerNorm (no bias) of its own per head, archlab's "per_head" QK-norm
+    qk_norm = {"use_qk_norm": True, "qk_norm_scope": "per_head"} if stock.qk_layernorm else {}
+    return {"norm_position": "parallel_shared_norm" if stock.use_parallel_residual else "pre", **qk_norm}
 
 
 def _stablelm_from_archlab(config: PreTrainedConfig) -> dict[str, Any]:
@@ -97,11 +92,59 @@ def _stablelm_from_archlab(config: PreTrainedConfig) -> dict[str, Any]:
             "StableLmForCausalLM",
             {setting(config, "norm_position"): "StableLM has 'pre' or 'parallel_shared_norm' (use_parallel_residual)"},
         )
+    if config.use_qk_norm and config.qk_norm_scope != "per_head":
+        refuse_export(
+            "StableLmForCausalLM",
+            {setting(config, "qk_norm_scope"): "StableLM's qk_layernorm is a LayerNorm per head: 'per_head'"},
+        )
     return {
         "use_parallel_residual": config.norm_position == "parallel_shared_norm",
+        "qk_layernorm": config.use_qk_norm,
         "use_qkv_bias": qkv_bias_of(config),
         "rope_parameters": _full_rotary_unless_given(config),
     }
+
+
+# StableLM's per-head QK LayerNorms (`q_layernorm.norms.H`, no bias) and archlab's `q_norm` of (heads, head_dim) gains,
+# whose biases (archlab's LayerNorms have one) are zero on import and must be zero to export
+STOCK_HEAD_NORM = re.compile(
+    r"^(?P<attn>model\.layers\.\d+\.self_attn)\.(?P<qk>[qk])_layernorm\.norms\.(?P<head>\d+)\.weight$"
+)
+ARCHLAB_HEAD_NORM = re.compile(r"^(?P<attn>model\.layers\.\d+\.self_attn)\.(?P<qk>[qk])_norm\.(?P<leaf>weight|bias)$")
+
+
+def _head_norms_to_archlab(state_dict: StateDict, config: PreTrainedConfig) -> StateDict:
+    out: StateDict = {}
+    gains: dict[tuple[str, str], dict[int, torch.Tensor]] = {}
+    for key, tensor in state_dict.items():
+        match = STOCK_HEAD_NORM.match(key)
+        if match is None:
+            out[key] = tensor
+        else:
+            gains.setdefault((match["attn"], match["qk"]), {})[int(match["head"])] = tensor
+    for (attn, qk), per_head in gains.items():
+        weight = torch.stack([per_head[head] for head in sorted(per_head)])
+        out[f"{attn}.{qk}_norm.weight"] = weight
+        out[f"{attn}.{qk}_norm.bias"] = torch.zeros_like(weight)
+    return out
+
+
+def _head_norms_from_archlab(state_dict: StateDict, config: PreTrainedConfig) -> StateDict:
+    out: StateDict = {}
+    for key, tensor in state_dict.items():
+        match = ARCHLAB_HEAD_NORM.match(key)
+        if match is None:
+            out[key] = tensor
+        elif match["leaf"] == "bias":
+            if tensor.any():
+                raise ConversionError(
+                    f"`{key}` is not zero: StableLM's per-head QK LayerNorms have no bias, so a stock "
+                    "StableLmForCausalLM cannot compute this model."
+                )
+        else:
+            for head, gain in enumerate(tensor):
+                out[f"{match['attn']}.{match['qk']}_layernorm.norms.{head}.weight"] = gain.contiguous()
+    return out
 
 
 STABLELM = Family(
@@ -112,7 +155,8 @@ STABLELM = Family(
     implied={"norm_type": "layer_norm"},
     to_archlab=_stablelm_to_archlab,
     from_archlab=_stablelm_from_archlab,
-    expressible=frozenset({"norm_position"}),
+    expressible=frozenset({"norm_position", "use_qk_norm", "qk_norm_scope"}),
+    layout=Layout(to_archlab=_head_norms_to_archlab, from_archlab=_head_norms_from_archlab),
 )
 
 

@@ -22,7 +22,7 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from .continuous_batching import is_paged_cache
 from .flex_decoding import flex_applies, flex_decode_attention
 from .fused_projections import FusableProjections
-from .normalization import make_norm
+from .normalization import PerHeadNorm, make_norm
 from .rotary import apply_rotary
 from .triton_decoding import decode_attention, triton_decoding_applies
 
@@ -215,7 +215,8 @@ class Attention(FusableProjections, nn.Module):
         is_sliding = layer_types is not None and layer_types[layer_idx] == "sliding_attention"
         self.sliding_window = config.sliding_window if is_sliding else None  # the mask does it; flash reads it
         self.q_norm = self.k_norm = None
-        # QK-norm (seed 004): over each head (Qwen3), or over the whole q / k projection (OLMo 2: `qk_norm_scope`)
+        # QK-norm (seed 004): over each head (Qwen3; with a gain per head, Command R+), or over the whole q / k
+        # projection (OLMo 2: `qk_norm_scope`)
         self.qk_norm_per_head = self.qk_norm_over_projection = False
         if getattr(config, "use_qk_norm", False):
             self.qk_norm_over_projection = getattr(config, "qk_norm_scope", "head") == "projection"
@@ -225,8 +226,12 @@ class Attention(FusableProjections, nn.Module):
             q_size, k_size = self.head_dim, self.head_dim
             if self.qk_norm_over_projection:
                 q_size, k_size = self.num_heads * self.head_dim, self.num_key_value_heads * self.head_dim
-            self.q_norm = make_norm(config.norm_type, q_size, eps, norm_bias)
-            self.k_norm = make_norm(config.norm_type, k_size, eps, norm_bias)
+            if getattr(config, "qk_norm_scope", "head") == "per_head":  # a gain per head (Command R+): (H, D)
+                self.q_norm = PerHeadNorm(config.norm_type, self.num_heads, self.head_dim, eps, norm_bias)
+                self.k_norm = PerHeadNorm(config.norm_type, self.num_key_value_heads, self.head_dim, eps, norm_bias)
+            else:
+                self.q_norm = make_norm(config.norm_type, q_size, eps, norm_bias)
+                self.k_norm = make_norm(config.norm_type, k_size, eps, norm_bias)
         self.attention_dropout = config.attention_dropout
         self.is_causal = is_causal
         bias = bias if bias is not None else config.attention_bias

@@ -41,9 +41,10 @@ SEQ2SEQ_NORM_POSITIONS = ("post", "pre", "sandwich")
 # (Marian, Bart, T5), or behind each row's last real label token, wrapped to the front (mBART: the target language).
 LABEL_SHIFTS = ("decoder_start_token", "wrap_last_token")
 
-# What QK-norm normalises: each head's queries and keys (Qwen3, Gemma3) or the whole q and k projections before they
-# are split into heads (OLMo 2; one gain per channel of the projection).
-QK_NORM_SCOPES = ("head", "projection")
+# What QK-norm normalises: each head's queries and keys with one gain the heads share (Qwen3, Gemma3), the whole q and
+# k projections before they are split into heads (OLMo 2; one gain per channel of the projection), or each head with
+# a gain of its own (Command R+, StableLM 2 12B: gains of (heads, head_dim)).
+QK_NORM_SCOPES = ("head", "projection", "per_head")
 
 MLP_TYPES = ("gated", "plain")  # act(gate x) ⊙ up x (SwiGLU, GeGLU) | act(up x) (ReLU/GELU FFN)
 MLP_LAYER_TYPES = ("dense", "sparse")  # per-layer feed-forward: one MLP, or a mixture of experts

@@ -277,8 +277,9 @@ class DecoderConfig(PreTrainedConfig):
         use_qk_norm (`bool`, False): a `norm_type` norm of the queries and keys before RoPE (Qwen3, OLMo 2).
         qk_norm_scope (`str`, `"head"`): what QK-norm normalises: `"head"` = each head's queries and keys, one gain of
             `head_dim` shared by the heads (Qwen3); `"projection"` = the whole q and k projections before they are
-            split into heads, gains of `num_attention_heads * head_dim` and `num_key_value_heads * head_dim` (OLMo 2).
-            Only with `use_qk_norm=True`.
+            split into heads, gains of `num_attention_heads * head_dim` and `num_key_value_heads * head_dim` (OLMo 2);
+            `"per_head"` = each head's queries and keys with a gain of its own, (heads, head_dim) (Command R+,
+            StableLM 2 12B). Only with `use_qk_norm=True`.
         query_pre_attn_scalar (`float`, *optional*): scores scaled by its -½ power instead of head_dim's (Gemma2).
         attention_multiplier (`float`, *optional*): the scores' scale itself, in place of head_dim^-½ (Granite's
             field; μP's 1/head_dim, Tensor Programs V, Yang et al. 2022). At most one of it and
@@ -345,9 +346,10 @@ class DecoderConfig(PreTrainedConfig):
         """Tensor parallelism for `from_pretrained(..., tp_plan="auto")`: Llama's plan (q/k/v and gate/up split by
         output columns, o/down by input rows: each rank runs whole heads and a slice of the MLP). A QK-norm over the
         whole projections (`qk_norm_scope="projection"`) needs every head of a token: as OLMo 2's plan, q/k/v are
-        gathered after their split product and the output projection splits its input again."""
+        gathered after their split product and the output projection splits its input again; so with a gain per head
+        (`"per_head"`), whose (heads, head_dim) gains every rank holds whole."""
         attention = {"q_proj": "colwise", "k_proj": "colwise", "v_proj": "colwise", "o_proj": "rowwise"}
-        if self.use_qk_norm and self.qk_norm_scope == "projection":
+        if self.use_qk_norm and self.qk_norm_scope in ("projection", "per_head"):
             attention = {name: "colwise_gather_output" for name in ("q_proj", "k_proj", "v_proj")}
             attention["o_proj"] = "rowwise_split_input"
         plan = {f"layers.*.self_attn.{name}": style for name, style in attention.items()}

@@ -5,6 +5,8 @@
 - `OffsetRMSNorm`: RMSNorm whose gain is stored as (1 + w), w initialised to 0 — Gemma/Gemma2's `Gemma2RMSNorm`,
   numerically identical to it (the whole computation in fp32). Weight decay then pulls the gain towards 1, not 0.
 - `LayerNorm` (Ba et al. 2016): `torch.nn.LayerNorm`, as in the original Transformer, GPT, BLOOM and GPT-NeoX.
+- `PerHeadNorm`: any of the three over each attention head's channels, with a gain per head (QK-norm's `"per_head"`
+  scope: Command R+, StableLM 2 12B).
 
 DeepNorm (Wang et al. 2022) is not a different normalizer but a post-norm block with an up-weighted residual and
 down-scaled initialisation; it lives in `blocks.py` and uses any norm of this registry.
@@ -135,10 +137,46 @@ class LayerNorm(nn.LayerNorm):
 NORMS: dict[str, type[nn.Module]] = {"rms_norm": RMSNorm, "offset_rms_norm": OffsetRMSNorm, "layer_norm": LayerNorm}
 
 
+class PerHeadNorm(nn.Module):
+    """`norm_type`'s normalisation of each head's channels with a gain (and a LayerNorm's bias) per head and channel,
+    (heads, head_dim): QK-norm with `qk_norm_scope="per_head"` (Command R+'s `CohereLayerNorm((heads, head_dim))`,
+    StableLM 2 12B's LayerNorm per head). Reads heads as (B, heads, T, head_dim); computed in fp32 and cast back, as
+    Cohere's. The statistics are those of the norm type; an offset RMSNorm's gain is 1 + w, w initialised to 0."""
+
+    def __init__(self, norm_type: str, heads: int, head_dim: int, eps: float, bias: bool | None = None) -> None:
+        super().__init__()
+        if norm_type not in NORMS:
+            raise ValueError(
+                f"`norm_type`={norm_type!r} is not supported; allowed values: {', '.join(map(repr, NORMS))}."
+            )
+        bias = norm_type == "layer_norm" if bias is None else bias
+        if bias and norm_type != "layer_norm":
+            raise ValueError("RMSNorm has no bias: set `norm_bias=False` or use `norm_type='layer_norm'`.")
+        self.norm_type = norm_type
+        self.eps = eps
+        self.offset = norm_type == "offset_rms_norm"
+        self.weight = nn.Parameter((torch.zeros if self.offset else torch.ones)(heads, head_dim))
+        self.bias = nn.Parameter(torch.zeros(heads, head_dim)) if bias else None
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        x = hidden_states.float()
+        if self.norm_type == "layer_norm":
+            x = x - x.mean(-1, keepdim=True)
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        gain = self.weight.float()[:, None, :]  # (heads, 1, head_dim) against (B, heads, T, head_dim)
+        x = x * (1.0 + gain if self.offset else gain)
+        if self.bias is not None:
+            x = x + self.bias.float()[:, None, :]
+        return x.to(hidden_states.dtype)
+
+    def extra_repr(self) -> str:
+        return f"{self.norm_type}, {tuple(self.weight.shape)}, eps={self.eps}"
+
+
 def make_norm(norm_type: str, hidden_size: int, eps: float, bias: bool | None = None) -> nn.Module:
     """`NORMS[norm_type](hidden_size, eps, bias)`; `bias=None` keeps the norm's own default (LayerNorm has one)."""
     norm_class = NORMS[norm_type]
     return norm_class(hidden_size, eps=eps) if bias is None else norm_class(hidden_size, eps=eps, bias=bias)
 
 
-__all__ = ["NORMS", "RMSNorm", "rms_normalized", "OffsetRMSNorm", "LayerNorm", "make_norm"]
+__all__ = ["NORMS", "RMSNorm", "rms_normalized", "OffsetRMSNorm", "LayerNorm", "PerHeadNorm", "make_norm"]

@@ -139,6 +139,7 @@ DECODER_VARIANTS = {
     # OLMo 2's two choices: each sub-layer's output normed before the residual add, QK-norm over the projections
     "output_norm": dict(norm_position="output"),
     "qk_norm_over_projection": dict(use_qk_norm=True, qk_norm_scope="projection"),
+    "qk_norm_per_head_gains": dict(use_qk_norm=True, qk_norm_scope="per_head", norm_type="layer_norm"),  # Command R+
     "moe": dict(num_local_experts=4, num_experts_per_tok=2),
     "moe_shared_expert_dense_sparse": dict(
         num_local_experts=4,

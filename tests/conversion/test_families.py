@@ -355,6 +355,11 @@ CASES = {
             "attention_bias": True,
         },
     ),
+    # Command R+'s QK-norm: a LayerNorm per head with a gain per head and channel, its channels reordered with q/k's
+    "cohere-qk-norm": (
+        CohereConfig(**{**QWEN2_SHAPE, "head_dim": 16}, use_qk_norm=True),
+        {"use_qk_norm": True, "qk_norm_scope": "per_head", "head_dim": 16},
+    ),
     # Cohere2: a local layer (the only one that rotates) and a global one, tied embeddings
     "cohere2": (
         Cohere2Config(**QWEN2_SHAPE, sliding_window=4, layer_types=["sliding_attention", "full_attention"]),
@@ -507,6 +512,11 @@ CASES = {
     "stablelm-parallel": (
         StableLmConfig(**QWEN2_SHAPE, use_parallel_residual=True),
         {"norm_position": "parallel_shared_norm", "qkv_bias": False},
+    ),
+    # StableLM 2 12B: parallel, a LayerNorm of its own per head for the queries and the keys (`qk_layernorm`)
+    "stablelm-qk-layernorm": (
+        StableLmConfig(**QWEN2_SHAPE, use_parallel_residual=True, qk_layernorm=True),
+        {"use_qk_norm": True, "qk_norm_scope": "per_head"},
     ),
     # StarCoder2: LayerNorm, biases, a plain tanh-GELU MLP, a window on every layer, a head size config.json gives
     "starcoder2": (
@@ -1121,8 +1131,6 @@ def test_export_refuses_a_folder_of_another_archlab_class(folders, tmp_path):
 
 # stock configs archlab cannot compute yet (or that transformers' stock class silently ignores)
 NOT_IMPORTABLE = {
-    # Command R+'s QK-norm: a gain per head and channel
-    "cohere-qk-norm": (CohereConfig(**QWEN2_SHAPE, use_qk_norm=True), ["use_qk_norm"]),
     "cohere2-no-window": (Cohere2Config(**QWEN2_SHAPE, sliding_window=None), ["sliding_window"]),
     "falcon-new-sequential": (
         FalconConfig(
@@ -1182,7 +1190,6 @@ NOT_IMPORTABLE = {
     ),
     "qwen3_moe-partial-rotary": (Qwen3MoeConfig(**QWEN2_SHAPE, rope_parameters=ROPE_25), ["partial_rotary_factor"]),
     "olmo2-partial-rotary": (Olmo2Config(**QWEN2_SHAPE, rope_parameters=ROPE_25), ["partial_rotary_factor"]),
-    "stablelm-qk-layernorm": (StableLmConfig(**QWEN2_SHAPE, qk_layernorm=True), ["qk_layernorm"]),
     "opt-350m": (OPTConfig(**OPT_SHAPE, word_embed_proj_dim=16, do_layer_norm_before=False), ["word_embed_proj_dim"]),
     "opt-no-final-norm": (
         OPTConfig(**OPT_SHAPE, _remove_final_layer_norm=True, layer_norm_elementwise_affine=False),
@@ -1283,6 +1290,19 @@ def test_a_bert_head_that_differs_from_what_it_copies_is_refused(folders, tmp_pa
     save_file(state, str(tmp_path / "src" / "model.safetensors"))
     with pytest.raises(ConversionError, match="cls.predictions.decoder.bias"):
         convert_checkpoint(tmp_path / "src", tmp_path / "out")
+
+
+def test_a_per_head_qk_norm_with_a_bias_is_refused_by_stablelm(folders, tmp_path):
+    """archlab's per-head QK LayerNorms have a bias, StableLM's none: zero on import, and a trained one refused."""
+    _, root = folders["stablelm-qk-layernorm"]
+    model = DecoderForCausalLM.from_pretrained(root / "archlab")
+    assert not model.model.layers[0].self_attn.q_norm.bias.any()
+    with torch.no_grad():
+        model.model.layers[0].self_attn.k_norm.bias.add_(0.1)
+    model.save_pretrained(tmp_path / "archlab")
+    with pytest.raises(ConversionError, match=r"model\.layers\.0\.self_attn\.k_norm\.bias` is not zero"):
+        convert_checkpoint(tmp_path / "archlab", tmp_path / "out", to="stablelm")
+    assert not (tmp_path / "out").exists()
 
 
 def test_a_masked_lm_without_segment_types_exports_with_one_zero_segment(folders, tmp_path):

@@ -109,6 +109,8 @@ def test_qk_norm_over_the_projection_gathers_q_k_v_under_tensor_parallelism():
     assert tiny_decoder_config(use_qk_norm=True).base_model_tp_plan == LlamaConfig.base_model_tp_plan
     projection = tiny_decoder_config(use_qk_norm=True, qk_norm_scope="projection")
     assert projection.base_model_tp_plan == Olmo2Config.base_model_tp_plan
+    per_head = tiny_decoder_config(use_qk_norm=True, qk_norm_scope="per_head")  # (heads, head_dim) gains held whole
+    assert per_head.base_model_tp_plan == Olmo2Config.base_model_tp_plan
     assert "base_model_tp_plan" not in projection.to_dict()
 
 
@@ -158,6 +160,8 @@ def test_trainer_data_parallel_matches_one_process(tmp_path, decoder_dir, launch
 
 
 TP_ONLY_OLMO2 = "tp_only_olmo2"  # a folder checked with tensor parallelism only
+TP_ONLY_PER_HEAD = "tp_only_per_head_qk_norm"  # and another: QK-norm gains per head (Command R+)
+TP_ONLY = (TP_ONLY_OLMO2, TP_ONLY_PER_HEAD)
 # Heads tied to their input embeddings, checked with tensor parallelism only (see the test below).
 TIED_HEADS = {
     "decoder": lambda: DecoderForCausalLM(tiny_decoder_config(tie_word_embeddings=True)),
@@ -188,13 +192,24 @@ def launched(tmp_path_factory, decoder_dir, seq2seq_dirs, moe_dir) -> dict:
     torch.manual_seed(0)  # OLMo 2's blocks: QK-norm over the projections, under OLMo 2's tensor-parallel plan
     olmo2 = tiny_decoder_config(norm_position="output", use_qk_norm=True, qk_norm_scope="projection")
     randomised(DecoderForCausalLM(olmo2)).save_pretrained(folder / TP_ONLY_OLMO2)
+    torch.manual_seed(0)
+    per_head = tiny_decoder_config(norm_position="parallel_shared_norm", use_qk_norm=True, qk_norm_scope="per_head")
+    randomised(DecoderForCausalLM(per_head)).save_pretrained(folder / TP_ONLY_PER_HEAD)
     norm_positions = []
     for position in ("pre", "post"):
         torch.manual_seed(0)
         DecoderForCausalLM(tiny_decoder_config(norm_position=position)).save_pretrained(folder / position)
         norm_positions.append(str(folder / position))
     jobs = {
-        "sharded": ["sharded", decoder_dir, *seq2seq_dirs, moe_dir, "--tp_only", *tied, str(folder / TP_ONLY_OLMO2)],
+        "sharded": [
+            "sharded",
+            decoder_dir,
+            *seq2seq_dirs,
+            moe_dir,
+            "--tp_only",
+            *tied,
+            *(str(folder / name) for name in TP_ONLY),
+        ],
         "trainer": ["trainer", decoder_dir, "--output_dir", str(folder / "trainer")],
         "accelerate_fsdp2": ["accelerate_fsdp2", *norm_positions],
     }
@@ -211,7 +226,7 @@ def test_tensor_parallel_and_fsdp2_match_one_process(launched, moe_dir):
     result = {
         name: entry
         for name, entry in launched["sharded"].items()
-        if not name.startswith("tied_") and name != TP_ONLY_OLMO2
+        if not name.startswith("tied_") and name not in TP_ONLY
     }
     assert len(result) == 5
     moe = result[os.path.basename(moe_dir)]
@@ -246,10 +261,11 @@ def test_tensor_parallel_with_tied_heads_matches_one_process(launched):
 def test_tensor_parallel_with_qk_norm_over_the_projection_matches_one_process(launched):
     """OLMo 2's blocks under `tp_plan="auto"` (its plan: q/k/v gathered for the QK-norm over all heads, the output
     projection's input split): logits and greedy generation equal one process."""
-    entry = launched["sharded"][TP_ONLY_OLMO2]
-    assert entry["tp_sharded"]
-    assert entry["tp_logits"] <= 1e-4
-    assert entry["tp_generate_equal"]
+    for name in TP_ONLY:  # and the gains per head (Command R+), which need every head of a token alike
+        entry = launched["sharded"][name]
+        assert entry["tp_sharded"], name
+        assert entry["tp_logits"] <= 1e-4, name
+        assert entry["tp_generate_equal"], name
 
 
 @pytest.mark.slow

@@ -76,6 +76,7 @@ CONCERNS: dict[str, dict[str, dict]] = {
     "stability": {
         "qk_norm": dict(use_qk_norm=True),
         "qk_norm_over_projection": dict(use_qk_norm=True, qk_norm_scope="projection"),
+        "qk_norm_per_head": dict(use_qk_norm=True, qk_norm_scope="per_head"),
         "softcapping": dict(attn_logit_softcapping=2.0, final_logit_softcapping=5.0),
         "query_pre_attn_scalar": dict(query_pre_attn_scalar=16),
         "attention_multiplier": dict(attention_multiplier=0.2),  # Granite's scores scale

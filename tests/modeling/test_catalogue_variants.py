@@ -48,6 +48,7 @@ VARIANTS = {
     ),
     "qk_norm": dict(use_qk_norm=True),
     "qk_norm_over_projection": dict(use_qk_norm=True, qk_norm_scope="projection"),
+    "qk_norm_per_head": dict(use_qk_norm=True, qk_norm_scope="per_head", norm_type="offset_rms_norm"),
     "softcapping": dict(attn_logit_softcapping=2.0, final_logit_softcapping=5.0),
     "scaled_embedding_layernorm": dict(scale_embedding=True, embedding_layernorm=True),
     "z_loss": dict(lm_z_loss_coef=1e-3),

@@ -6,7 +6,7 @@ from torch import nn
 from transformers.models.gemma2.modeling_gemma2 import Gemma2RMSNorm
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
-from archlab.modeling.normalization import NORMS, LayerNorm, OffsetRMSNorm, RMSNorm, make_norm
+from archlab.modeling.normalization import NORMS, LayerNorm, OffsetRMSNorm, PerHeadNorm, RMSNorm, make_norm
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -138,3 +138,27 @@ def test_rms_norm_fused_kernels_match_llama_on_cuda():
     with torch.no_grad():
         half = x.detach().bfloat16()
         torch.testing.assert_close(ours.bfloat16()(half), ref.bfloat16()(half), atol=0, rtol=2**-7)
+
+
+@pytest.mark.parametrize("norm_type", list(NORMS))
+def test_a_per_head_norm_is_each_head_s_own_norm(norm_type):
+    """`qk_norm_scope="per_head"`: head h of (B, H, T, D) normed as the norm type's own module with head h's gain (and
+    bias), as StableLM 2 12B runs one LayerNorm per head and Command R+ one `CohereLayerNorm((H, D))`."""
+    torch.manual_seed(0)
+    norm = PerHeadNorm(norm_type, 3, 8, eps=1e-5)
+    with torch.no_grad():
+        norm.weight.normal_(0.5, 0.3)
+        if norm.bias is not None:
+            norm.bias.normal_(0.0, 0.3)
+    heads = torch.randn(2, 3, 5, 8)
+    out = norm(heads)
+    for h in range(3):
+        single = make_norm(norm_type, 8, 1e-5)
+        with torch.no_grad():
+            single.weight.copy_(norm.weight[h])
+            if norm.bias is not None:
+                single.bias.copy_(norm.bias[h])
+        torch.testing.assert_close(out[:, h], single(heads[:, h]), atol=1e-6, rtol=1e-5)
+    assert (norm.bias is not None) == (norm_type == "layer_norm")
+    with pytest.raises(ValueError, match="RMSNorm has no bias"):
+        PerHeadNorm("rms_norm", 3, 8, eps=1e-5, bias=True)
