@@ -3,14 +3,14 @@
 The Llama-like decoders (Llama, Mistral, Ministral, Mixtral, Gemma, Gemma2, Gemma3, Qwen2, Qwen2-MoE, Qwen3, Qwen3-MoE,
 OLMo 2, OLMo 3, SmolLM3, EXAONE 4, Helium, Arcee, Seed-OSS) differ from Llama only in which config fields they have and
 what they fix; their weights have archlab's names already (archlab uses Llama's, Gemma2's and OLMo 2's), except the
-per-expert modules of Mixtral's, Qwen2-MoE's and Qwen3-MoE's saved checkpoints (`experts.py`) and Helium's q/k rows
-(its interleaved RoPE, `interleaved_rope.py`). GLM and GLM-4 (fused gate/up, interleaved RoPE) live in `glm.py`,
-Granite, GraniteMoE and GraniteMoE-Shared (μP's multipliers, fused experts) in `granite.py`, Cohere and Cohere2
-(parallel blocks, interleaved RoPE, a logit scale) in `cohere.py`; the decoders with their own names, fused q/k/v and
-Conv1D weights (GPT-2, OpenAI-GPT, GPT-NeoX, Falcon, BLOOM, MPT) in `fused_decoders.py`; StableLM, Phi, OPT,
-StarCoder2 and GPT-J in `layernorm_decoders.py`; Phi-3 (fused q/k/v and gate/up) in `phi3.py`; the encoder-decoders in
-`marian.py`, `bart.py`, `mbart.py` and `t5.py`; BERT and RoBERTa (as `EncoderForMaskedLM`) in `bert.py` and
-`roberta.py`.
+per-expert modules of Mixtral's, Qwen2-MoE's and Qwen3-MoE's saved checkpoints (`experts.py`) and Helium's q/k rows (its
+interleaved RoPE, `interleaved_rope.py`). GLM and GLM-4 (fused gate/up, interleaved RoPE) live in `glm.py`, Granite,
+GraniteMoE and GraniteMoE-Shared (μP's multipliers, fused experts) in `granite.py`, Cohere and Cohere2 (parallel blocks,
+interleaved RoPE, a logit scale) in `cohere.py`, OLMoE and FlexOlmo in `olmoe.py`, CWM, ERNIE 4.5 and Jais 2 in
+`llama_like.py` (VaultGemma, Gemma2 as a pre-norm block, is here); the decoders with their own names, fused q/k/v and
+Conv1D weights (GPT-2, OpenAI-GPT, GPT-NeoX, Falcon, BLOOM, MPT) in `fused_decoders.py`; StableLM, Phi, OPT, StarCoder2
+and GPT-J in `layernorm_decoders.py`; Phi-3 (fused q/k/v and gate/up) in `phi3.py`; the encoder-decoders in `marian.py`,
+`bart.py`, `mbart.py` and `t5.py`; BERT and RoBERTa (as `EncoderForMaskedLM`) in `bert.py` and `roberta.py`.
 """
 
 from __future__ import annotations
@@ -57,6 +57,8 @@ from transformers import (
     SeedOssForCausalLM,
     SmolLM3Config,
     SmolLM3ForCausalLM,
+    VaultGemmaConfig,
+    VaultGemmaForCausalLM,
 )
 
 from ..modeling import DecoderForCausalLM
@@ -73,15 +75,17 @@ from .checks import (
 )
 from .cohere import COHERE_FAMILIES
 from .experts import MIXTRAL_LAYOUT, QWEN2_MOE_LAYOUT
-from .family import IDENTITY, ConversionError, Family, same
+from .family import IDENTITY, ConversionError, Family, Layout, StateDict, same
 from .field_lists import LLAMA_FIELDS
 from .fused_decoders import FUSED_DECODERS
 from .glm import GLM_FAMILIES
 from .granite import GRANITE_FAMILIES
 from .interleaved_rope import interleaved_rope
 from .layernorm_decoders import LAYERNORM_DECODERS
+from .llama_like import LLAMA_LIKE_FAMILIES
 from .marian import MARIAN
 from .mbart import MBART
+from .olmoe import OLMOE_FAMILIES
 from .phi3 import PHI3
 from .roberta import ROBERTA
 from .t5 import T5_VARIANTS, t5_family
@@ -249,6 +253,21 @@ def _gemma2_from_archlab(config: PreTrainedConfig, architecture: str = "Gemma2Fo
     # Gemma2ForCausalLM always builds its sliding-window mask: with every layer global the window is never used
     window = config.max_position_embeddings if config.sliding_window is None else config.sliding_window
     return {"query_pre_attn_scalar": int(scalar), **capping, "sliding_window": window}
+
+
+# VaultGemma: Gemma2 without the norms after each sub-layer (a pre-norm block); its MLP's input norm keeps Gemma2's
+# name, `pre_feedforward_layernorm`, where archlab's pre-norm block has Llama's `post_attention_layernorm`
+VAULTGEMMA_NORMS = (".pre_feedforward_layernorm.", ".post_attention_layernorm.")
+
+
+def _renamed_norms(state_dict: StateDict, old: str, new: str) -> StateDict:
+    return {key.replace(old, new): tensor for key, tensor in state_dict.items()}
+
+
+VAULTGEMMA_LAYOUT = Layout(
+    to_archlab=lambda state_dict, config: _renamed_norms(state_dict, *VAULTGEMMA_NORMS),
+    from_archlab=lambda state_dict, config: _renamed_norms(state_dict, *reversed(VAULTGEMMA_NORMS)),
+)
 
 
 def _partial_rotary_sets(rope_parameters: Mapping[str, Any], architecture: str) -> dict[str, str]:
@@ -536,6 +555,15 @@ FAMILIES: dict[str, Family] = {
             from_archlab=_gemma2_from_archlab,
         ),
         Family(
+            VaultGemmaConfig,
+            VaultGemmaForCausalLM,
+            DecoderForCausalLM,
+            fields=GEMMA2_FIELDS,
+            implied={**GEMMA_IMPLIED, "norm_position": "pre"},
+            from_archlab=lambda config: _gemma2_from_archlab(config, "VaultGemmaForCausalLM"),
+            layout=VAULTGEMMA_LAYOUT,
+        ),
+        Family(
             Gemma3TextConfig,
             Gemma3ForCausalLM,
             DecoderForCausalLM,
@@ -649,6 +677,8 @@ FAMILIES: dict[str, Family] = {
         *GLM_FAMILIES,
         *GRANITE_FAMILIES,
         *COHERE_FAMILIES,
+        *OLMOE_FAMILIES,
+        *LLAMA_LIKE_FAMILIES,
         *FUSED_DECODERS,
         *LAYERNORM_DECODERS,
         PHI3,
@@ -691,6 +721,12 @@ IGNORES_PARTIAL_ROTARY = (
     "granitemoeshared",
     "cohere",
     "cohere2",
+    "vaultgemma",
+    "olmoe",
+    "flex_olmo",
+    "cwm",
+    "ernie4_5",
+    "jais2",
 )
 READS_UNDECLARED_HEAD_DIM = ("stablelm", "gpt_neox")
 

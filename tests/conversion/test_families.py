@@ -22,8 +22,11 @@ from transformers import (
     BloomConfig,
     Cohere2Config,
     CohereConfig,
+    CwmConfig,
+    Ernie4_5Config,
     Exaone4Config,
     FalconConfig,
+    FlexOlmoConfig,
     Gemma2Config,
     Gemma3TextConfig,
     GemmaConfig,
@@ -36,6 +39,7 @@ from transformers import (
     GraniteMoeConfig,
     GraniteMoeSharedConfig,
     HeliumConfig,
+    Jais2Config,
     LlamaConfig,
     MarianConfig,
     MBartConfig,
@@ -46,6 +50,7 @@ from transformers import (
     MT5Config,
     Olmo2Config,
     Olmo3Config,
+    OlmoeConfig,
     OpenAIGPTConfig,
     OPTConfig,
     Phi3Config,
@@ -61,6 +66,7 @@ from transformers import (
     Starcoder2Config,
     T5Config,
     UMT5Config,
+    VaultGemmaConfig,
 )
 from transformers.models.mbart.modeling_mbart import shift_tokens_right as mbart_shift_tokens_right
 
@@ -364,6 +370,48 @@ CASES = {
     "cohere2": (
         Cohere2Config(**QWEN2_SHAPE, sliding_window=4, layer_types=["sliding_attention", "full_attention"]),
         {"nope_layers": [1], "layer_types": ["sliding_attention", "full_attention"], "logit_scale": 0.0625},
+    ),
+    # OLMoE: QK-norm over the projections, every layer a mixture of experts with unrenormalised top-k weights
+    "olmoe": (
+        OlmoeConfig(**QWEN2_SHAPE, num_experts=4, num_experts_per_tok=2),
+        {
+            "qk_norm_scope": "projection",
+            "mlp_layer_types": ["sparse"] * 2,
+            "num_local_experts": 4,
+            "norm_topk_prob": False,
+            "moe_intermediate_size": 64,
+        },
+    ),
+    # FlexOlmo: OLMoE's with OLMo 2's output norms, renormalised top-k weights, a head size config.json gives
+    "flex_olmo": (
+        FlexOlmoConfig(**{**QWEN2_SHAPE, "head_dim": 16}, num_experts=4, num_experts_per_tok=2, norm_topk_prob=True),
+        {"norm_position": "output", "use_qk_norm": True, "norm_topk_prob": True, "head_dim": 16},
+    ),
+    # CWM: a local layer and a global one, llama3 RoPE scaling
+    "cwm": (
+        CwmConfig(**LLAMA_LIKE, sliding_window=4, layer_types=["sliding_attention", "full_attention"]),
+        {"layer_types": ["sliding_attention", "full_attention"], "sliding_window": 4},
+    ),
+    # ERNIE 4.5: interleaved RoPE, a bias on every projection (`use_bias`)
+    "ernie4_5": (
+        Ernie4_5Config(**LLAMA_LIKE, use_bias=True),
+        {"attention_bias": True, "mlp_bias": True, "tie_word_embeddings": True},
+    ),
+    # Jais 2: LayerNorm with biases, a plain ReLU² MLP with biases, biases on q/k/v/o
+    "jais2": (
+        Jais2Config(**LLAMA_LIKE),
+        {"norm_type": "layer_norm", "norm_bias": True, "mlp_type": "plain", "hidden_act": "relu2", "mlp_bias": True},
+    ),
+    # VaultGemma: Gemma2 as a pre-norm block (no norms after the sub-layers), soft-capping, a local and a global layer
+    "vaultgemma": (
+        VaultGemmaConfig(
+            **{**LLAMA_LIKE, "head_dim": 16},
+            query_pre_attn_scalar=16,
+            sliding_window=4,
+            attn_logit_softcapping=5.0,
+            final_logit_softcapping=3.0,
+        ),
+        {"norm_position": "pre", "layer_types": ["sliding_attention", "full_attention"]},
     ),
     "gemma": (
         GemmaConfig(**LLAMA_LIKE, attention_bias=True),
@@ -881,6 +929,12 @@ NOT_EXPRESSIBLE = {
     "granite": ({"query_pre_attn_scalar": 16, "attention_multiplier": None}, ["query_pre_attn_scalar"]),
     "cohere": ({"norm_bias": True, "scale_embedding": True}, ["norm_bias", "scale_embedding"]),
     "cohere2": ({"nope_layers": None}, ["nope_layers"]),
+    "olmoe": ({"qk_norm_scope": "head"}, ["qk_norm_scope"]),
+    "flex_olmo": ({"mlp_layer_types": ["dense", "sparse"]}, ["mlp_layer_types"]),
+    "cwm": ({"attention_bias": True}, ["attention_bias"]),
+    "ernie4_5": ({"attention_bias": False}, ["attention_bias/mlp_bias"]),
+    "jais2": ({"norm_type": "rms_norm", "norm_bias": False}, ["norm_type"]),
+    "vaultgemma": ({"norm_position": "sandwich"}, ["norm_position"]),
     "granitemoe": ({"mlp_layer_types": ["dense", "sparse"]}, ["mlp_layer_types"]),
     "granitemoeshared": ({"shared_expert_gate": True}, ["shared_expert_gate"]),
     "gptj": ({"rope_parameters": {"rope_type": "default", "rope_theta": 5e5}}, ["rope_parameters"]),
