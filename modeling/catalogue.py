@@ -48,6 +48,8 @@ QK_NORM_SCOPES = ("head", "projection", "per_head")
 
 MLP_TYPES = ("gated", "plain")  # act(gate x) ⊙ up x (SwiGLU, GeGLU) | act(up x) (ReLU/GELU FFN)
 MLP_LAYER_TYPES = ("dense", "sparse")  # per-layer feed-forward: one MLP, or a mixture of experts
+# How a router scores the experts: a softmax over them (Mixtral, Qwen2-MoE) or a sigmoid each (DeepSeek-V3, GLM-4.5)
+ROUTER_SCORE_FUNCTIONS = ("softmax", "sigmoid")
 LAYER_TYPES = ("full_attention", "sliding_attention")  # per-layer attention span (Mistral, Gemma2)
 SINUSOIDAL_LAYOUTS = ("interleaved", "split")  # the paper's sin/cos per pair | Marian's sines then cosines
 
@@ -76,6 +78,7 @@ __all__ = [
     "POSITION_SCHEMES",
     "PositionScheme",
     "QK_NORM_SCOPES",
+    "ROUTER_SCORE_FUNCTIONS",
     "SEQ2SEQ_NORM_POSITIONS",
     "SEQ2SEQ_POSITION_SCHEMES",
     "SINUSOIDAL_LAYOUTS",

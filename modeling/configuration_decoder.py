@@ -28,6 +28,7 @@ from .catalogue import (
     NORM_TYPES,
     POSITION_SCHEMES,
     QK_NORM_SCOPES,
+    ROUTER_SCORE_FUNCTIONS,
     intermediate_size_from_rule,
 )
 from .import_hooks import after_import
@@ -314,6 +315,14 @@ class DecoderConfig(PreTrainedConfig):
             sparse layers. A dense model has no router, so it is 0 there whatever is given.
         router_z_loss_coef (`float`, 0.0): weight of the ST-MoE router z-loss added to the loss (every head's).
         router_jitter_noise (`float`, 0.0): Mixtral's multiplicative input noise in training.
+        router_score_function (`str`, `"softmax"`): how the router scores the experts: `"softmax"` over them
+            (Mixtral) or `"sigmoid"` of each (DeepSeek-V3, GLM-4.5, dots.llm1); the load-balancing loss then reads
+            each token's scores normalised to sum to 1.
+        router_correction_bias (`bool`, False): a per-expert bias (`mlp.gate.e_score_correction_bias`, fp32) added
+            to the scores to choose the top k, not to weigh them (DeepSeek-V3's auxiliary-loss-free balancing bias).
+            It is kept as loaded: training does not update it (as in transformers).
+        routed_scaling_factor (`float`, 1.0): the routed experts' top-k weights times this (DeepSeek-V3), after
+            `norm_topk_prob`'s renormalisation.
 
     Training:
         classifier_lm_loss_weight (`float`, 0.0): λ in L = L_FT + λ·L_PT for [`DecoderForSequenceClassification`]
@@ -405,6 +414,9 @@ class DecoderConfig(PreTrainedConfig):
     router_aux_loss_coef: int | float | None = None  # None: 0.001 with sparse layers, else 0.0
     router_z_loss_coef: int | float = 0.0
     router_jitter_noise: int | float = 0.0
+    router_score_function: str = "softmax"
+    router_correction_bias: bool = False
+    routed_scaling_factor: int | float = 1.0
 
     # --- archlab fields ---
     classifier_lm_loss_weight: int | float = 0.0
@@ -820,6 +832,8 @@ def _resolve_moe_defaults(config: Any) -> None:
 
 
 def _validate_moe(config: Any) -> None:
+    check_choice(config, "router_score_function", ROUTER_SCORE_FUNCTIONS)
+    check_positive(config, "routed_scaling_factor", integer=False)
     check_non_negative(config, "num_local_experts")
     check_positive(config, "num_experts_per_tok")
     check_non_negative(config, "router_aux_loss_coef")

@@ -80,7 +80,11 @@ def add_router_losses(
     aux_loss = None
     if output_router_logits and router_logits:
         aux_loss = load_balancing_loss(
-            router_logits, config.num_local_experts, config.num_experts_per_tok, attention_mask
+            router_logits,
+            config.num_local_experts,
+            config.num_experts_per_tok,
+            attention_mask,
+            score_function=config.router_score_function,
         )
         if loss is not None:
             loss = loss + config.router_aux_loss_coef * share * aux_loss.to(loss.device)
@@ -127,6 +131,10 @@ class DecoderPreTrainedModel(ArchlabPreTrainedModel):
         # The instance lists only the block this config builds: accelerate's FSDP wrap policy (TRANSFORMER_BASED_WRAP)
         # raises on a listed class the model does not contain. The class attribute keeps every block.
         self._no_split_modules = [BLOCKS[config.norm_position].__name__]
+        # a router's correction bias stays fp32 in a bf16/fp16 load (as transformers' DeepSeek-V3 / GLM-4.5 routers');
+        # on the instance, where the model has one (transformers' tests require every listed module to exist)
+        if getattr(config, "router_correction_bias", False):
+            self._keep_in_fp32_modules_strict = ["e_score_correction_bias"]
 
     def resize_token_embeddings(self, *args, **kwargs) -> nn.Embedding:
         """transformers' resize, and a warning when the new size drops `pad_token_id` or `bos_token_id`."""

@@ -52,25 +52,60 @@ def _one_token_on_cpu(hidden_states: torch.Tensor) -> bool:
 
 
 class TopKRouter(nn.Module):
-    """Linear scores → softmax over the K experts → top k (optionally renormalised to sum to 1)."""
+    """Linear scores → softmax over the K experts → top k (optionally renormalised to sum to 1).
 
-    def __init__(self, hidden_size: int, num_experts: int, top_k: int, norm_topk_prob: bool) -> None:
+    With `score_function="sigmoid"` (DeepSeek-V3, GLM-4.5, dots.llm1) each expert's score is sigmoid(logit), not a
+    softmax over the experts; with `correction_bias` a per-expert bias (`e_score_correction_bias`, DeepSeek-V3's
+    auxiliary-loss-free balancing bias) is added to the scores to choose the top k but not to weigh them; the top-k
+    weights are renormalised under `norm_topk_prob` and then times `routed_scaling_factor`. The scores and weights
+    are computed in fp32, as transformers' routers compute them. The bias is a buffer kept as loaded (as
+    transformers keeps it): training does not update it."""
+
+    def __init__(
+        self,
+        hidden_size: int,
+        num_experts: int,
+        top_k: int,
+        norm_topk_prob: bool,
+        score_function: str = "softmax",
+        correction_bias: bool = False,
+        routed_scaling_factor: float = 1.0,
+    ) -> None:
         super().__init__()
         self.top_k = top_k
         self.num_experts = num_experts
         self.norm_topk_prob = norm_topk_prob
+        self.score_function = score_function
+        self.routed_scaling_factor = float(routed_scaling_factor)
         self.weight = nn.Parameter(torch.empty(num_experts, hidden_size))
+        if correction_bias:
+            self.register_buffer("e_score_correction_bias", torch.zeros(num_experts, dtype=torch.float32))
+        else:
+            self.e_score_correction_bias = None
 
     def forward(self, hidden_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         return self.route(F.linear(hidden_states, self.weight))  # (N, K) logits
 
     def route(self, router_logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(logits, top-k weights, top-k experts) from the (N, K) logits (the fused layer step computes them)."""
-        probs = torch.softmax(router_logits.float(), dim=-1)
-        top_weights, top_index = torch.topk(probs, self.top_k, dim=-1)  # (N, k)
+        scores = router_scores(router_logits, self.score_function)
+        if self.e_score_correction_bias is None:
+            top_weights, top_index = torch.topk(scores, self.top_k, dim=-1)  # (N, k)
+        else:  # the bias chooses, the scores weigh
+            top_index = torch.topk(scores + self.e_score_correction_bias.float(), self.top_k, dim=-1).indices
+            top_weights = scores.gather(-1, top_index)
         if self.norm_topk_prob:
             top_weights = top_weights / top_weights.sum(dim=-1, keepdim=True)
+        if self.routed_scaling_factor != 1.0:
+            top_weights = top_weights * self.routed_scaling_factor
         return router_logits, top_weights, top_index
+
+
+def router_scores(router_logits: torch.Tensor, score_function: str = "softmax") -> torch.Tensor:
+    """Each token's (N, K) expert scores in fp32: a softmax over the experts (Mixtral) or each expert's sigmoid
+    (DeepSeek-V3)."""
+    logits = router_logits.float()
+    return torch.sigmoid(logits) if score_function == "sigmoid" else torch.softmax(logits, dim=-1)
 
 
 class Experts(nn.Module):
@@ -164,7 +199,13 @@ class SparseMoeBlock(nn.Module):
         # that does not forward their attributes)
         self.num_experts, self.top_k = config.num_local_experts, config.num_experts_per_tok
         self.gate = TopKRouter(
-            config.hidden_size, config.num_local_experts, config.num_experts_per_tok, config.norm_topk_prob
+            config.hidden_size,
+            config.num_local_experts,
+            config.num_experts_per_tok,
+            config.norm_topk_prob,
+            score_function=getattr(config, "router_score_function", "softmax"),
+            correction_bias=getattr(config, "router_correction_bias", False),
+            routed_scaling_factor=getattr(config, "routed_scaling_factor", 1.0),
         )
         self.experts = Experts(
             config.num_local_experts,
@@ -247,17 +288,23 @@ def load_balancing_loss(
     num_experts: int,
     top_k: int,
     attention_mask: torch.Tensor | None = None,
+    score_function: str = "softmax",
 ) -> torch.Tensor | None:
     """Switch Transformer's auxiliary loss K · Σ_e f_e · P_e, as transformers' Mixtral computes it.
 
     f_e: share of the (token, slot) assignments that went to expert e, P_e: mean router probability of e, both
-    pooled over all sparse layers and the non-pad tokens. Equals k when routing is perfectly balanced.
+    pooled over all sparse layers and the non-pad tokens. Equals k when routing is perfectly balanced. Under sigmoid
+    scores the probabilities are each token's scores normalised to sum to 1 (DeepSeek-V3's balance loss); the
+    assignments are the top k of the scores (a router's correction bias, which only training-free balancing moves,
+    is not counted).
     """
     if not router_logits:
         return None
     mask = _rows_mask(router_logits, attention_mask)
     logits = torch.cat([layer.to(router_logits[0].device) for layer in router_logits]).float()  # (L·N, K)
-    probs = torch.softmax(logits, dim=-1)
+    probs = router_scores(logits, score_function)
+    if score_function == "sigmoid":
+        probs = probs / probs.sum(dim=-1, keepdim=True)
     chosen = torch.topk(probs, top_k, dim=-1).indices  # (L·N, k)
     row_weight = mask.repeat(len(router_logits)) if mask is not None else probs.new_ones(probs.shape[0])  # (L·N,)
     counts = probs.new_zeros(num_experts).scatter_add_(
@@ -313,5 +360,6 @@ __all__ = [
     "count_parameters",
     "init_moe_weights",
     "load_balancing_loss",
+    "router_scores",
     "router_z_loss",
 ]

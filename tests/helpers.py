@@ -139,8 +139,20 @@ DECODER_VARIANTS = {
     # OLMo 2's two choices: each sub-layer's output normed before the residual add, QK-norm over the projections
     "output_norm": dict(norm_position="output"),
     "qk_norm_over_projection": dict(use_qk_norm=True, qk_norm_scope="projection"),
-    "qk_norm_per_head_gains": dict(use_qk_norm=True, qk_norm_scope="per_head", norm_type="layer_norm"),  # Command R+
+    # a QK-norm gain per head (Command R+'s is a LayerNorm: tests/conversion and the catalogue variants)
+    "qk_norm_per_head_gains": dict(use_qk_norm=True, qk_norm_scope="per_head"),
     "moe": dict(num_local_experts=4, num_experts_per_tok=2),
+    # DeepSeek-V3's router (GLM-4.5): sigmoid scores, a correction bias to choose, a routed scale; an ungated shared
+    # expert
+    "moe_sigmoid_router": dict(
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        router_score_function="sigmoid",
+        router_correction_bias=True,
+        routed_scaling_factor=2.5,
+        shared_expert_intermediate_size=32,
+        shared_expert_gate=False,
+    ),
     "moe_shared_expert_dense_sparse": dict(
         num_local_experts=4,
         num_experts_per_tok=2,

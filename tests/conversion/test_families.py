@@ -31,6 +31,7 @@ from transformers import (
     Gemma3TextConfig,
     GemmaConfig,
     Glm4Config,
+    Glm4MoeConfig,
     GlmConfig,
     GPT2Config,
     GPTJConfig,
@@ -323,6 +324,32 @@ CASES = {
             "sliding_window": 4,
             "layer_types": ["sliding_attention", "full_attention"],
             "rope_parameters": OLMO3_ROPE,
+        },
+    ),
+    # GLM-4.5: a dense layer then sparse ones, DeepSeek-V3's sigmoid router with its correction bias and a routed
+    # scale, an ungated shared expert twice an expert's width, QK-norm per head, rotate-half RoPE over half of each head
+    "glm4_moe": (
+        Glm4MoeConfig(
+            **{**QWEN2_SHAPE, "num_hidden_layers": 3, "head_dim": 16},
+            attention_bias=True,
+            use_qk_norm=True,
+            n_routed_experts=4,
+            num_experts_per_tok=2,
+            moe_intermediate_size=16,
+            n_shared_experts=2,
+            routed_scaling_factor=2.5,
+            first_k_dense_replace=1,
+        ),
+        {
+            "router_score_function": "sigmoid",
+            "router_correction_bias": True,
+            "routed_scaling_factor": 2.5,
+            "mlp_layer_types": ["dense", "sparse", "sparse"],
+            "shared_expert_intermediate_size": 32,
+            "shared_expert_gate": False,
+            "qkv_bias": True,
+            "attention_bias": False,
+            "head_dim": 16,
         },
     ),
     # Granite: μP's four constants (Granite 3's values), a head size config.json gives (GraniteConfig has no field)
@@ -690,7 +717,8 @@ def _family(case: str):
 @torch.no_grad()
 def _perturb(model: torch.nn.Module) -> None:
     """Every trained parameter random (norm gains around 1, Gemma's (1 + w) around w = 0, the rest around 0), and
-    Marian's and Bart's output bias; fixed tables (Marian's sinusoids) stay."""
+    Marian's and Bart's output bias and DeepSeek-V3-style routers' correction bias (large enough to change their
+    choice); fixed tables (Marian's sinusoids) stay."""
     for module in model.modules():
         is_norm = "norm" in type(module).__name__.lower()
         offset = "gemma" in type(module).__name__.lower()
@@ -701,6 +729,8 @@ def _perturb(model: torch.nn.Module) -> None:
     for name, buffer in model.named_buffers():
         if name == "final_logits_bias":
             buffer.normal_()
+        if name.endswith("e_score_correction_bias"):
+            buffer.normal_(0.0, 0.5)
 
 
 def _stock(case: str):
@@ -927,6 +957,7 @@ NOT_EXPRESSIBLE = {
     "arcee": ({"mlp_type": "gated"}, ["mlp_type"]),
     "seed_oss": ({"use_qk_norm": True}, ["use_qk_norm"]),
     "granite": ({"query_pre_attn_scalar": 16, "attention_multiplier": None}, ["query_pre_attn_scalar"]),
+    "glm4_moe": ({"router_score_function": "softmax", "mlp_layer_types": ["sparse"] * 3}, ["router_score_function"]),
     "cohere": ({"norm_bias": True, "scale_embedding": True}, ["norm_bias", "scale_embedding"]),
     "cohere2": ({"nope_layers": None}, ["nope_layers"]),
     "olmoe": ({"qk_norm_scope": "head"}, ["qk_norm_scope"]),

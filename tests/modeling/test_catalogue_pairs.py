@@ -90,6 +90,14 @@ CONCERNS: dict[str, dict[str, dict]] = {
     },
     "experts": {
         "moe_router_logits": dict(num_local_experts=4, num_experts_per_tok=2, output_router_logits=True),
+        "moe_sigmoid_router": dict(
+            num_local_experts=4,
+            num_experts_per_tok=2,
+            router_score_function="sigmoid",
+            router_correction_bias=True,
+            routed_scaling_factor=2.0,
+            output_router_logits=True,
+        ),
         "moe_shared_dense_sparse": dict(
             num_local_experts=4,
             num_experts_per_tok=1,

@@ -50,6 +50,11 @@ VARIANTS = {
     **{position: dict(norm_position=position) for position in ("parallel", "parallel_shared_norm")},
     "parallel_moe": dict(norm_position="parallel", **MOE),
 }
+# μP's constants but the residual multiplier, whose block keeps its forward (the kernels add the residual unscaled:
+# `test_the_fused_step_applies_only_to_plain_pre_norm_layers_of_a_few_rows`)
+VARIANTS["mup_multipliers"] = {
+    name: value for name, value in DECODER_VARIANTS["mup_multipliers"].items() if name != "residual_multiplier"
+}
 
 
 _interpreter_gaps = interpreter_gaps_filled("archlab.modeling.triton_")

@@ -31,13 +31,17 @@ def sparse_block(**overrides) -> SparseMoeBlock:
 
 
 def reference_moe(block: SparseMoeBlock, x: torch.Tensor) -> torch.Tensor:
-    """Token by token, slot by slot, with plain matmuls: softmax → top-k → (renormalise) → Σ w · expert(x)."""
+    """Token by token, slot by slot, with plain matmuls: softmax → top-k → (renormalise) → Σ w · expert(x); a
+    sigmoid router's experts chosen by score + correction bias, weighed by the score, times the routed scale."""
     gate, experts = block.gate, block.experts
+    bias = gate.e_score_correction_bias
     out = torch.zeros_like(x)
     for t in range(x.shape[0]):
-        probs = torch.softmax(x[t] @ gate.weight.t(), dim=-1)
-        top = sorted(range(gate.num_experts), key=lambda e: -probs[e].item())[: gate.top_k]
-        weights = probs[top] / (probs[top].sum() if gate.norm_topk_prob else 1.0)
+        logits = x[t] @ gate.weight.t()
+        probs = torch.sigmoid(logits) if gate.score_function == "sigmoid" else torch.softmax(logits, dim=-1)
+        choice = probs + bias if bias is not None else probs
+        top = sorted(range(gate.num_experts), key=lambda e: -choice[e].item())[: gate.top_k]
+        weights = probs[top] / (probs[top].sum() if gate.norm_topk_prob else 1.0) * gate.routed_scaling_factor
         for w, e in zip(weights, top):
             if experts.gated:
                 g, u = (experts.gate_up_proj[e] @ x[t]).chunk(2)
@@ -68,6 +72,8 @@ def reference_moe(block: SparseMoeBlock, x: torch.Tensor) -> torch.Tensor:
         (dict(router_z_loss_coef=-0.1), "router_z_loss_coef"),
         (dict(router_jitter_noise=1.5), "router_jitter_noise"),
         (dict(shared_expert_intermediate_size=-4), "shared_expert_intermediate_size"),
+        (dict(router_score_function="sparsemax"), "router_score_function"),
+        (dict(routed_scaling_factor=0.0), "routed_scaling_factor"),
     ],
 )
 def test_bad_moe_values_fail_at_construction(overrides, field):
@@ -117,10 +123,14 @@ def test_router_aux_loss_coef_only_on_models_with_experts_and_num_experts_alias(
         dict(mlp_type="plain", hidden_act="gelu"),
         dict(shared_expert_intermediate_size=48),
         dict(shared_expert_intermediate_size=48, shared_expert_gate=False, norm_topk_prob=False),
+        dict(router_score_function="sigmoid", norm_topk_prob=False),
+        dict(router_score_function="sigmoid", router_correction_bias=True, routed_scaling_factor=2.5),
     ],
 )
 def test_block_matches_slow_reference(overrides):
     block = sparse_block(**overrides)
+    if block.gate.e_score_correction_bias is not None:  # large enough to change choices
+        block.gate.e_score_correction_bias.copy_(torch.tensor([0.3, -0.3, 0.0, 0.2]))
     x = torch.randn(13, 32)
     torch.testing.assert_close(block(x[None])[0], reference_moe(block, x), atol=1e-5, rtol=1e-5)
     assert block.router_logits.shape == (13, 4)
@@ -284,6 +294,30 @@ def test_load_balancing_loss_matches_mixtral_formula():
     # with a cache the router sees only the new tokens: the mask's last columns are used
     long_mask = torch.cat([torch.ones(2, 5, dtype=torch.long), mask], dim=1)
     torch.testing.assert_close(load_balancing_loss(logits, 6, 2, long_mask), load_balancing_loss(logits, 6, 2, mask))
+
+
+def test_load_balancing_loss_under_sigmoid_scores_reads_them_normalised():
+    """DeepSeek-V3's balance loss: P_e from each token's sigmoid scores normalised to sum to 1, f_e from their top k;
+    K · Σ f_e P_e, written out."""
+    logits = (torch.randn(10, 6), torch.randn(10, 6))
+    scores = torch.sigmoid(torch.cat(logits))
+    normalised = scores / scores.sum(-1, keepdim=True)
+    chosen = torch.nn.functional.one_hot(scores.topk(2, dim=-1).indices, 6).sum(1).float()  # (20, 6)
+    expected = 6 * ((chosen.sum(0) / 20) * normalised.mean(0)).sum()
+    torch.testing.assert_close(load_balancing_loss(logits, 6, 2, score_function="sigmoid"), expected)
+
+
+def test_a_routers_correction_bias_is_a_saved_fp32_buffer_that_training_leaves(tmp_path):
+    """`mlp.gate.e_score_correction_bias` (transformers' name): saved, loaded in fp32 under a bf16 load, and not a
+    parameter an optimizer would move."""
+    model = archlab.DecoderForCausalLM(moe_config(router_score_function="sigmoid", router_correction_bias=True))
+    gate = model.model.layers[0].mlp.gate
+    assert "e_score_correction_bias" not in dict(gate.named_parameters())
+    gate.e_score_correction_bias.copy_(torch.tensor([0.5, -0.25, 0.125, 1e-3]))
+    model.save_pretrained(tmp_path)
+    loaded = archlab.DecoderForCausalLM.from_pretrained(tmp_path, dtype=torch.bfloat16)
+    bias = loaded.model.layers[0].mlp.gate.e_score_correction_bias
+    assert bias.dtype == torch.float32 and torch.equal(bias, gate.e_score_correction_bias)
 
 
 def test_router_z_loss_against_definition():
