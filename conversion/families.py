@@ -74,6 +74,7 @@ from .checks import (
     setting,
 )
 from .cohere import COHERE_FAMILIES
+from .deepseek_moe import DEEPSEEK_MOE_FAMILIES
 from .experts import MIXTRAL_LAYOUT, QWEN2_MOE_LAYOUT
 from .family import IDENTITY, ConversionError, Family, Layout, StateDict, same
 from .field_lists import LLAMA_FIELDS
@@ -675,6 +676,7 @@ FAMILIES: dict[str, Family] = {
             expressible=frozenset({"head_dim", "rope_parameters"}),
         ),
         *GLM_FAMILIES,
+        *DEEPSEEK_MOE_FAMILIES,
         *GRANITE_FAMILIES,
         *COHERE_FAMILIES,
         *OLMOE_FAMILIES,

@@ -23,6 +23,7 @@ from transformers import (
     Cohere2Config,
     CohereConfig,
     CwmConfig,
+    Dots1Config,
     Ernie4_5Config,
     Exaone4Config,
     FalconConfig,
@@ -63,6 +64,7 @@ from transformers import (
     RobertaConfig,
     SeedOssConfig,
     SmolLM3Config,
+    SolarOpenConfig,
     StableLmConfig,
     Starcoder2Config,
     T5Config,
@@ -351,6 +353,41 @@ CASES = {
             "attention_bias": False,
             "head_dim": 16,
         },
+    ),
+    # dots.llm1: Qwen3's attention (biases on q/k/v/o), a dense layer then sparse ones with DeepSeek-V3's router, the
+    # top-k weights not renormalised, a local layer (`max_window_layers`)
+    "dots1": (
+        Dots1Config(
+            **{**QWEN2_SHAPE, "num_hidden_layers": 3},
+            attention_bias=True,
+            n_routed_experts=4,
+            n_shared_experts=1,
+            num_experts_per_tok=2,
+            moe_intermediate_size=16,
+            first_k_dense_replace=1,
+            routed_scaling_factor=1.5,
+            sliding_window=4,
+            max_window_layers=2,
+        ),
+        {
+            "use_qk_norm": True,
+            "mlp_layer_types": ["dense", "sparse", "sparse"],
+            "norm_topk_prob": False,
+            "layer_types": ["full_attention", "full_attention", "sliding_attention"],
+            "shared_expert_intermediate_size": 16,
+        },
+    ),
+    # Solar Open: Llama's attention (q/k/v biases), every layer sparse with DeepSeek-V3's router, a head size of 16
+    "solar_open": (
+        SolarOpenConfig(
+            **{**QWEN2_SHAPE, "head_dim": 16},
+            attention_bias=True,
+            n_routed_experts=4,
+            n_shared_experts=2,
+            num_experts_per_tok=2,
+            moe_intermediate_size=16,
+        ),
+        {"mlp_layer_types": ["sparse"] * 2, "qkv_bias": True, "head_dim": 16, "router_correction_bias": True},
     ),
     # Granite: μP's four constants (Granite 3's values), a head size config.json gives (GraniteConfig has no field)
     "granite": (
@@ -958,6 +995,8 @@ NOT_EXPRESSIBLE = {
     "seed_oss": ({"use_qk_norm": True}, ["use_qk_norm"]),
     "granite": ({"query_pre_attn_scalar": 16, "attention_multiplier": None}, ["query_pre_attn_scalar"]),
     "glm4_moe": ({"router_score_function": "softmax", "mlp_layer_types": ["sparse"] * 3}, ["router_score_function"]),
+    "dots1": ({"mlp_layer_types": ["sparse", "dense", "sparse"]}, ["mlp_layer_types"]),
+    "solar_open": ({"mlp_layer_types": ["dense", "sparse"]}, ["mlp_layer_types"]),
     "cohere": ({"norm_bias": True, "scale_embedding": True}, ["norm_bias", "scale_embedding"]),
     "cohere2": ({"nope_layers": None}, ["nope_layers"]),
     "olmoe": ({"qk_norm_scope": "head"}, ["qk_norm_scope"]),

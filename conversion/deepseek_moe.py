@@ -1,0 +1,188 @@
+"""The decoders with DeepSeek-V3's mixture of experts and a standard attention: GLM-4.5 (`glm4_moe`), dots.llm1
+(`dots1`) and Solar Open (`solar_open`), as `Family` rows.
+
+Their sparse layers share DeepSeek-V3's router and experts: sigmoid scores, a per-expert correction bias
+(`mlp.gate.e_score_correction_bias`) that chooses the top k without weighing them, the top-k weights renormalised
+under `norm_topk_prob` and times `routed_scaling_factor` (archlab's `router_score_function="sigmoid"`,
+`router_correction_bias=True`), `n_routed_experts` experts of `moe_intermediate_size` and an ungated shared expert
+`n_shared_experts` times as wide (`mlp.shared_experts`, archlab's `mlp.shared_expert`); the first
+`first_k_dense_replace` layers are dense (Solar Open has none). Group-limited routing (`topk_group` < `n_group`,
+DeepSeek-V3's) has no archlab field: refused. Their checkpoints hold one module per expert (Qwen2-MoE's layout,
+`experts.py`) and, for GLM-4.5, multi-token-prediction layers past `num_hidden_layers`, which transformers drops on load
+too. Attention: GLM-4.5's is Llama's with biases on q/k/v only, an optional QK-norm per head and rotate-half RoPE over
+`partial_rotary_factor` (0.5) of each head; dots.llm1's is Qwen3's (QK-norm per head, `attention_bias` on q/k/v/o,
+windows from `max_window_layers`); Solar Open's is Llama's with biases on q/k/v only.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from transformers import (
+    Dots1Config,
+    Dots1ForCausalLM,
+    Glm4MoeConfig,
+    Glm4MoeForCausalLM,
+    PreTrainedConfig,
+    SolarOpenConfig,
+    SolarOpenForCausalLM,
+)
+
+from ..modeling import DecoderForCausalLM
+from .checks import head_dim_given, head_dim_to_write, qkv_bias_of, refuse_export, refuse_import, setting
+from .experts import QWEN2_MOE_LAYOUT
+from .family import Family, Layout, StateDict, same
+from .field_lists import LLAMA_FIELDS
+
+# the experts' fields every one of these configs has under these names
+EXPERT_FIELDS = {
+    **same("moe_intermediate_size", "num_experts_per_tok", "output_router_logits", "routed_scaling_factor"),
+    **same("norm_topk_prob"),
+    "n_routed_experts": "num_local_experts",
+}
+DEEPSEEK_ROUTER = {"router_score_function": "sigmoid", "router_correction_bias": True, "shared_expert_gate": False}
+# Llama's attention fields without `attention_bias` (q/k/v only: archlab's `qkv_bias`), `head_dim` and `mlp_bias`
+ATTENTION_FIELDS = {
+    **same(*(name for name in LLAMA_FIELDS if name not in ("attention_bias", "head_dim", "mlp_bias"))),
+    "attention_bias": "qkv_bias",
+}
+# the multi-token-prediction layers a GLM-4.5 checkpoint holds past `num_hidden_layers`
+LAYER_INDEX = re.compile(r"^model\.layers\.(\d+)\.")
+# what each family's config.json calls its first dense layers (Solar Open has none)
+FIRST_DENSE = {"glm4_moe": "first_k_dense_replace", "dots1": "first_k_dense_replace"}
+
+
+def _experts_to_archlab(stock: PreTrainedConfig, values: Mapping[str, Any]) -> dict[str, Any]:
+    """The shared expert's width and which layers are sparse."""
+    family = stock.model_type
+    wrong = {}
+    if not stock.n_shared_experts:
+        wrong[setting(stock, "n_shared_experts")] = "archlab has no zero-width shared expert (its tensors exist)"
+    if stock.topk_group < stock.n_group:
+        wrong[f"n_group={stock.n_group!r}, topk_group={stock.topk_group!r}"] = "archlab has no group-limited routing"
+    refuse_import(family, wrong)
+    dense = min(getattr(stock, FIRST_DENSE[family]), stock.num_hidden_layers) if family in FIRST_DENSE else 0
+    return {
+        "shared_expert_intermediate_size": stock.moe_intermediate_size * stock.n_shared_experts,
+        "mlp_layer_types": ["dense"] * dense + ["sparse"] * (stock.num_hidden_layers - dense),
+    }
+
+
+def _experts_from_archlab(architecture: str, family: str) -> Callable[[PreTrainedConfig], dict[str, Any]]:
+    def from_archlab(config: PreTrainedConfig) -> dict[str, Any]:
+        types = config.mlp_layer_types
+        dense = types.index("sparse") if "sparse" in types else len(types)
+        shared, width = config.shared_expert_intermediate_size, config.moe_intermediate_size
+        wrong = {}
+        if any(kind != "sparse" for kind in types[dense:]) or (dense and family not in FIRST_DENSE):
+            wrong[setting(config, "mlp_layer_types")] = (
+                f"{architecture}'s dense layers come first, every later layer sparse"
+                if family in FIRST_DENSE
+                else f"every {architecture} layer is sparse"
+            )
+        if shared < 1 or shared % width:
+            wrong[setting(config, "shared_expert_intermediate_size")] = (
+                f"its shared expert is a positive multiple of moe_intermediate_size={width} wide"
+            )
+        refuse_export(architecture, wrong)
+        first_dense = {FIRST_DENSE[family]: dense} if family in FIRST_DENSE else {}
+        return {"n_shared_experts": shared // width, "n_group": 1, "topk_group": 1, **first_dense}
+
+    return from_archlab
+
+
+def _renamed(state_dict: StateDict, old: str, new: str) -> StateDict:
+    return {key.replace(old, new): tensor for key, tensor in state_dict.items()}
+
+
+def _weights_to_archlab(state_dict: StateDict, config: PreTrainedConfig) -> StateDict:
+    kept = {
+        key: tensor
+        for key, tensor in state_dict.items()
+        if not ((match := LAYER_INDEX.match(key)) and int(match.group(1)) >= config.num_hidden_layers)
+    }
+    return _renamed(QWEN2_MOE_LAYOUT.to_archlab(kept, config), ".mlp.shared_experts.", ".mlp.shared_expert.")
+
+
+DEEPSEEK_MOE_LAYOUT = Layout(
+    to_archlab=_weights_to_archlab,
+    from_archlab=lambda state_dict, config: _renamed(state_dict, ".mlp.shared_expert.", ".mlp.shared_experts."),
+)
+# the router z-loss only changes training; it is dropped on export
+EXPRESSIBLE = frozenset({"head_dim", "mlp_layer_types", "shared_expert_intermediate_size", "router_z_loss_coef"})
+SOLAR_OPEN_EXPRESSIBLE = EXPRESSIBLE - {"head_dim"}
+
+
+def _glm4_moe_to_archlab(stock: PreTrainedConfig, values: Mapping[str, Any]) -> dict[str, Any]:
+    return {**_experts_to_archlab(stock, values), **head_dim_given(stock, values)}
+
+
+def _dots1_to_archlab(stock: PreTrainedConfig, values: Mapping[str, Any]) -> dict[str, Any]:
+    """Also: a window only where a layer slides (dots.llm1's 4,096 is set whatever `max_window_layers` leaves local,
+    and is longer than a short context, which archlab refuses for a window that never applies)."""
+    window = {} if "sliding_attention" in stock.layer_types else {"sliding_window": None}
+    return {**_glm4_moe_to_archlab(stock, values), **window}
+
+
+def _glm4_moe_from_archlab(config: PreTrainedConfig) -> dict[str, Any]:
+    if config.attention_bias:
+        refuse_export("Glm4MoeForCausalLM", {setting(config, "attention_bias"): "its output projection has no bias"})
+    experts = _experts_from_archlab("Glm4MoeForCausalLM", "glm4_moe")(config)
+    return {**experts, "attention_bias": qkv_bias_of(config), **head_dim_to_write(config)}
+
+
+def _solar_open_from_archlab(config: PreTrainedConfig) -> dict[str, Any]:
+    if config.attention_bias:
+        refuse_export("SolarOpenForCausalLM", {setting(config, "attention_bias"): "its output projection has no bias"})
+    experts = _experts_from_archlab("SolarOpenForCausalLM", "solar_open")(config)
+    return {**experts, "attention_bias": qkv_bias_of(config)}
+
+
+def _dots1_from_archlab(config: PreTrainedConfig) -> dict[str, Any]:
+    experts = _experts_from_archlab("Dots1ForCausalLM", "dots1")(config)
+    return {**experts, **head_dim_to_write(config)}
+
+
+GLM4_MOE = Family(
+    Glm4MoeConfig,
+    Glm4MoeForCausalLM,
+    DecoderForCausalLM,
+    fields={**ATTENTION_FIELDS, **EXPERT_FIELDS, **same("use_qk_norm")},
+    implied={**DEEPSEEK_ROUTER, "attention_bias": False},
+    to_archlab=_glm4_moe_to_archlab,
+    from_archlab=_glm4_moe_from_archlab,
+    expressible=EXPRESSIBLE,
+    layout=DEEPSEEK_MOE_LAYOUT,
+)
+SOLAR_OPEN = Family(
+    SolarOpenConfig,
+    SolarOpenForCausalLM,
+    DecoderForCausalLM,
+    fields={**ATTENTION_FIELDS, **EXPERT_FIELDS, **same("head_dim")},  # (its config declares one: 128)
+    implied={**DEEPSEEK_ROUTER, "attention_bias": False},
+    to_archlab=_experts_to_archlab,
+    from_archlab=_solar_open_from_archlab,
+    expressible=SOLAR_OPEN_EXPRESSIBLE,
+    layout=DEEPSEEK_MOE_LAYOUT,
+)
+# dots.llm1: Qwen3's attention (QK-norm per head always, `attention_bias` on q/k/v/o, its windows in `layer_types`)
+DOTS1 = Family(
+    Dots1Config,
+    Dots1ForCausalLM,
+    DecoderForCausalLM,
+    fields={
+        **same(*(name for name in LLAMA_FIELDS if name not in ("head_dim", "mlp_bias")), "sliding_window"),
+        **same("layer_types"),
+        **EXPERT_FIELDS,
+    },
+    implied={**DEEPSEEK_ROUTER, "use_qk_norm": True},
+    to_archlab=_dots1_to_archlab,
+    from_archlab=_dots1_from_archlab,
+    expressible=EXPRESSIBLE | {"sliding_window"},
+    layout=DEEPSEEK_MOE_LAYOUT,
+)
+DEEPSEEK_MOE_FAMILIES = (GLM4_MOE, DOTS1, SOLAR_OPEN)
+
+__all__ = ["DEEPSEEK_MOE_FAMILIES", "DEEPSEEK_MOE_LAYOUT", "DOTS1", "GLM4_MOE", "SOLAR_OPEN"]
