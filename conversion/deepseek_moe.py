@@ -1,5 +1,6 @@
 """The decoders with DeepSeek-V3's mixture of experts and a standard attention: GLM-4.5 (`glm4_moe`), dots.llm1
-(`dots1`) and Solar Open (`solar_open`), as `Family` rows.
+(`dots1`) and Solar Open (`solar_open`), as `Family` rows, and MiniMax-M2 (DeepSeek-V3's router on Mixtral's experts,
+no shared expert). EXAONE-MoE (EXAONE 4's attention) is in `families.py`.
 
 Their sparse layers share DeepSeek-V3's router and experts: sigmoid scores, a per-expert correction bias
 (`mlp.gate.e_score_correction_bias`) that chooses the top k without weighing them, the top-k weights renormalised
@@ -25,6 +26,8 @@ from transformers import (
     Dots1ForCausalLM,
     Glm4MoeConfig,
     Glm4MoeForCausalLM,
+    MiniMaxM2Config,
+    MiniMaxM2ForCausalLM,
     PreTrainedConfig,
     SolarOpenConfig,
     SolarOpenForCausalLM,
@@ -32,7 +35,7 @@ from transformers import (
 
 from ..modeling import DecoderForCausalLM
 from .checks import head_dim_given, head_dim_to_write, qkv_bias_of, refuse_export, refuse_import, setting
-from .experts import QWEN2_MOE_LAYOUT
+from .experts import MIXTRAL_LAYOUT, QWEN2_MOE_LAYOUT
 from .family import Family, Layout, StateDict, same
 from .field_lists import LLAMA_FIELDS
 
@@ -54,18 +57,40 @@ LAYER_INDEX = re.compile(r"^model\.layers\.(\d+)\.")
 FIRST_DENSE = {"glm4_moe": "first_k_dense_replace", "dots1": "first_k_dense_replace"}
 
 
+def shared_expert_to_archlab(stock: PreTrainedConfig, shared_field: str = "n_shared_experts") -> dict[str, Any]:
+    """The ungated shared expert's width (`shared_field` experts of `moe_intermediate_size`); refuses none and
+    group-limited routing."""
+    wrong = {}
+    shared = getattr(stock, shared_field)
+    if not shared:
+        wrong[setting(stock, shared_field)] = "archlab has no zero-width shared expert (its tensors exist)"
+    if stock.topk_group < stock.n_group:
+        wrong[f"n_group={stock.n_group!r}, topk_group={stock.topk_group!r}"] = "archlab has no group-limited routing"
+    refuse_import(stock.model_type, wrong)
+    return {"shared_expert_intermediate_size": stock.moe_intermediate_size * shared}
+
+
+def shared_expert_from_archlab(config: PreTrainedConfig, architecture: str, shared_field: str) -> dict[str, Any]:
+    """The stock count of shared experts (and no group-limited routing); refuses a width that is not a multiple."""
+    shared, width = config.shared_expert_intermediate_size, config.moe_intermediate_size
+    if shared < 1 or shared % width:
+        refuse_export(
+            architecture,
+            {
+                setting(config, "shared_expert_intermediate_size"): (
+                    f"its shared expert is a positive multiple of moe_intermediate_size={width} wide"
+                )
+            },
+        )
+    return {shared_field: shared // width, "n_group": 1, "topk_group": 1}
+
+
 def _experts_to_archlab(stock: PreTrainedConfig, values: Mapping[str, Any]) -> dict[str, Any]:
     """The shared expert's width and which layers are sparse."""
     family = stock.model_type
-    wrong = {}
-    if not stock.n_shared_experts:
-        wrong[setting(stock, "n_shared_experts")] = "archlab has no zero-width shared expert (its tensors exist)"
-    if stock.topk_group < stock.n_group:
-        wrong[f"n_group={stock.n_group!r}, topk_group={stock.topk_group!r}"] = "archlab has no group-limited routing"
-    refuse_import(family, wrong)
     dense = min(getattr(stock, FIRST_DENSE[family]), stock.num_hidden_layers) if family in FIRST_DENSE else 0
     return {
-        "shared_expert_intermediate_size": stock.moe_intermediate_size * stock.n_shared_experts,
+        **shared_expert_to_archlab(stock),
         "mlp_layer_types": ["dense"] * dense + ["sparse"] * (stock.num_hidden_layers - dense),
     }
 
@@ -74,21 +99,13 @@ def _experts_from_archlab(architecture: str, family: str) -> Callable[[PreTraine
     def from_archlab(config: PreTrainedConfig) -> dict[str, Any]:
         types = config.mlp_layer_types
         dense = types.index("sparse") if "sparse" in types else len(types)
-        shared, width = config.shared_expert_intermediate_size, config.moe_intermediate_size
-        wrong = {}
         if any(kind != "sparse" for kind in types[dense:]) or (dense and family not in FIRST_DENSE):
-            wrong[setting(config, "mlp_layer_types")] = (
-                f"{architecture}'s dense layers come first, every later layer sparse"
-                if family in FIRST_DENSE
-                else f"every {architecture} layer is sparse"
+            where = (
+                "dense layers come first, every later layer sparse" if family in FIRST_DENSE else "layers are sparse"
             )
-        if shared < 1 or shared % width:
-            wrong[setting(config, "shared_expert_intermediate_size")] = (
-                f"its shared expert is a positive multiple of moe_intermediate_size={width} wide"
-            )
-        refuse_export(architecture, wrong)
+            refuse_export(architecture, {setting(config, "mlp_layer_types"): f"{architecture}'s {where}"})
         first_dense = {FIRST_DENSE[family]: dense} if family in FIRST_DENSE else {}
-        return {"n_shared_experts": shared // width, "n_group": 1, "topk_group": 1, **first_dense}
+        return {**shared_expert_from_archlab(config, architecture, "n_shared_experts"), **first_dense}
 
     return from_archlab
 
@@ -183,6 +200,72 @@ DOTS1 = Family(
     expressible=EXPRESSIBLE | {"sliding_window"},
     layout=DEEPSEEK_MOE_LAYOUT,
 )
-DEEPSEEK_MOE_FAMILIES = (GLM4_MOE, DOTS1, SOLAR_OPEN)
 
-__all__ = ["DEEPSEEK_MOE_FAMILIES", "DEEPSEEK_MOE_LAYOUT", "DOTS1", "GLM4_MOE", "SOLAR_OPEN"]
+# --- MiniMax-M2: Mixtral's names and experts with DeepSeek-V3's router (no shared expert, always renormalised) -------
+
+# MiniMaxM2Config: Llama's fields without the bias flags (it has none) and Mixtral's experts, each `intermediate_size`
+# wide; QK-norm over the whole q and k projections (OLMo 2's) always; RoPE over `partial_rotary_factor` of each head
+# (released checkpoints' `rotary_dim`, which its config reads as the factor)
+MINIMAX_M2_FIELDS = {
+    **same(
+        *(name for name in LLAMA_FIELDS if name not in ("attention_bias", "mlp_bias", "intermediate_size")),
+        "num_local_experts",
+        "num_experts_per_tok",
+        "output_router_logits",
+        "router_aux_loss_coef",
+        "router_jitter_noise",
+    ),
+    "intermediate_size": ("intermediate_size", "moe_intermediate_size"),
+}
+# its router's correction bias sits on the sparse block (`block_sparse_moe.e_score_correction_bias` in a checkpoint,
+# `mlp.e_score_correction_bias` in memory), archlab's on the router
+MINIMAX_BIAS = re.compile(r"^(model\.layers\.\d+)\.(?:block_sparse_moe|mlp)\.e_score_correction_bias$")
+
+
+def _minimax_m2_to_archlab_weights(state_dict: StateDict, config: PreTrainedConfig) -> StateDict:
+    out = {}
+    for key, tensor in MIXTRAL_LAYOUT.to_archlab(state_dict, config).items():
+        match = MINIMAX_BIAS.match(key)
+        out[f"{match.group(1)}.mlp.gate.e_score_correction_bias" if match else key] = tensor
+    return out
+
+
+def _minimax_m2_from_archlab(config: PreTrainedConfig) -> dict[str, Any]:
+    if any(kind != "sparse" for kind in config.mlp_layer_types):
+        refuse_export("MiniMaxM2ForCausalLM", {setting(config, "mlp_layer_types"): "every MiniMax-M2 layer is sparse"})
+    return {}
+
+
+MINIMAX_M2 = Family(
+    MiniMaxM2Config,
+    MiniMaxM2ForCausalLM,
+    DecoderForCausalLM,
+    fields=MINIMAX_M2_FIELDS,
+    implied={
+        "router_score_function": "sigmoid",
+        "router_correction_bias": True,
+        "norm_topk_prob": True,
+        "use_qk_norm": True,
+        "qk_norm_scope": "projection",
+    },
+    from_archlab=_minimax_m2_from_archlab,
+    expressible=frozenset({"mlp_layer_types", "router_z_loss_coef"}),
+    layout=Layout(
+        to_archlab=_minimax_m2_to_archlab_weights,
+        from_archlab=lambda state_dict, config: _renamed(
+            state_dict, ".mlp.gate.e_score_correction_bias", ".mlp.e_score_correction_bias"
+        ),
+    ),
+)
+DEEPSEEK_MOE_FAMILIES = (GLM4_MOE, DOTS1, SOLAR_OPEN, MINIMAX_M2)
+
+__all__ = [
+    "DEEPSEEK_MOE_FAMILIES",
+    "DEEPSEEK_MOE_LAYOUT",
+    "DOTS1",
+    "GLM4_MOE",
+    "MINIMAX_M2",
+    "SOLAR_OPEN",
+    "shared_expert_from_archlab",
+    "shared_expert_to_archlab",
+]

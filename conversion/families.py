@@ -24,6 +24,8 @@ from transformers import (
     ArceeForCausalLM,
     Exaone4Config,
     Exaone4ForCausalLM,
+    ExaoneMoeConfig,
+    ExaoneMoeForCausalLM,
     Gemma2Config,
     Gemma2ForCausalLM,
     Gemma3ForCausalLM,
@@ -74,7 +76,12 @@ from .checks import (
     setting,
 )
 from .cohere import COHERE_FAMILIES
-from .deepseek_moe import DEEPSEEK_MOE_FAMILIES
+from .deepseek_moe import (
+    DEEPSEEK_MOE_FAMILIES,
+    DEEPSEEK_ROUTER,
+    shared_expert_from_archlab,
+    shared_expert_to_archlab,
+)
 from .experts import MIXTRAL_LAYOUT, QWEN2_MOE_LAYOUT
 from .family import IDENTITY, ConversionError, Family, Layout, StateDict, same
 from .field_lists import LLAMA_FIELDS
@@ -463,6 +470,50 @@ def _exaone4_from_archlab(config: PreTrainedConfig) -> dict[str, Any]:
     return {**head_dim_to_write(config), "sliding_window": config.sliding_window if local else None}
 
 
+# EXAONE-MoE: EXAONE 4's attention (QK-norm per head; with a window its global layers NoPE) in a pre-norm block, and
+# DeepSeek-V3's experts (`mlp_layer_types`, an ungated shared expert `num_shared_experts` experts wide)
+EXAONE_MOE_FIELDS = {
+    **same(
+        *EXAONE4_FIELDS,
+        "mlp_layer_types",
+        "moe_intermediate_size",
+        "num_experts_per_tok",
+        "output_router_logits",
+        "routed_scaling_factor",
+        "norm_topk_prob",
+    ),
+    "num_experts": "num_local_experts",
+}
+
+
+def _exaone_moe_to_archlab(stock: PreTrainedConfig, values: Mapping[str, Any]) -> dict[str, Any]:
+    return {**_exaone4_to_archlab(stock, values), **shared_expert_to_archlab(stock, "num_shared_experts")}
+
+
+def _exaone_moe_from_archlab(config: PreTrainedConfig) -> dict[str, Any]:
+    shared = shared_expert_from_archlab(config, "ExaoneMoeForCausalLM", "num_shared_experts")
+    types = config.mlp_layer_types
+    first_dense = types.index("sparse") if "sparse" in types else len(types)
+    return {**_exaone4_from_archlab(config), **shared, "first_k_dense_replace": first_dense}
+
+
+def _exaone_moe_weights(state_dict: StateDict, config: PreTrainedConfig) -> StateDict:
+    """Per-expert checkpoint modules fused; the router's correction bias and the shared expert under archlab's names."""
+    fused = QWEN2_MOE_LAYOUT.to_archlab(state_dict, config)
+    renamed = {
+        key.replace(".mlp.e_score_correction_bias", ".mlp.gate.e_score_correction_bias"): t for key, t in fused.items()
+    }
+    return {key.replace(".mlp.shared_experts.", ".mlp.shared_expert."): t for key, t in renamed.items()}
+
+
+EXAONE_MOE_LAYOUT = Layout(
+    to_archlab=_exaone_moe_weights,
+    from_archlab=lambda state_dict, config: {
+        key.replace(".mlp.shared_expert.", ".mlp.shared_experts."): tensor for key, tensor in state_dict.items()
+    },
+)
+
+
 def _olmo3_to_archlab(stock: PreTrainedConfig, values: Mapping[str, Any]) -> dict[str, Any]:
     """OLMo 2's head size, and RoPE as one set per layer type."""
     rope, wrong = _sets_per_layer_type_to_archlab(stock, "OLMo 3")
@@ -666,6 +717,20 @@ FAMILIES: dict[str, Family] = {
             expressible=frozenset({"head_dim", "nope_layers", "sliding_window"}),
         ),
         Family(
+            ExaoneMoeConfig,
+            ExaoneMoeForCausalLM,
+            DecoderForCausalLM,
+            fields=EXAONE_MOE_FIELDS,
+            implied={**DEEPSEEK_ROUTER, "use_qk_norm": True},
+            to_archlab=_exaone_moe_to_archlab,
+            from_archlab=_exaone_moe_from_archlab,
+            # the router z-loss only changes training; it is dropped on export
+            expressible=frozenset(
+                {"head_dim", "nope_layers", "sliding_window", "shared_expert_intermediate_size", "router_z_loss_coef"}
+            ),
+            layout=EXAONE_MOE_LAYOUT,
+        ),
+        Family(
             Olmo3Config,
             Olmo3ForCausalLM,
             DecoderForCausalLM,
@@ -729,6 +794,7 @@ IGNORES_PARTIAL_ROTARY = (
     "cwm",
     "ernie4_5",
     "jais2",
+    "exaone_moe",
 )
 READS_UNDECLARED_HEAD_DIM = ("stablelm", "gpt_neox")
 

@@ -26,6 +26,7 @@ from transformers import (
     Dots1Config,
     Ernie4_5Config,
     Exaone4Config,
+    ExaoneMoeConfig,
     FalconConfig,
     FlexOlmoConfig,
     Gemma2Config,
@@ -45,6 +46,7 @@ from transformers import (
     LlamaConfig,
     MarianConfig,
     MBartConfig,
+    MiniMaxM2Config,
     MinistralConfig,
     MistralConfig,
     MixtralConfig,
@@ -388,6 +390,43 @@ CASES = {
             moe_intermediate_size=16,
         ),
         {"mlp_layer_types": ["sparse"] * 2, "qkv_bias": True, "head_dim": 16, "router_correction_bias": True},
+    ),
+    # MiniMax-M2: QK-norm over the projections, RoPE over half of each head, every layer Mixtral's experts with
+    # DeepSeek-V3's router (renormalised, no shared expert)
+    "minimax_m2": (
+        MiniMaxM2Config(
+            **{**LLAMA_LIKE, "head_dim": 16},
+            num_local_experts=4,
+            num_experts_per_tok=2,
+            rope_parameters={"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.5},
+        ),
+        {
+            "qk_norm_scope": "projection",
+            "router_score_function": "sigmoid",
+            "router_correction_bias": True,
+            "mlp_layer_types": ["sparse"] * 2,
+            "moe_intermediate_size": 64,
+        },
+    ),
+    # EXAONE-MoE: EXAONE 4's attention (a local layer, a NoPE global one) and DeepSeek-V3's experts after a dense layer
+    "exaone_moe": (
+        ExaoneMoeConfig(
+            **{**QWEN2_SHAPE, "num_hidden_layers": 3, "head_dim": 16},
+            sliding_window=4,
+            layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+            num_experts=4,
+            num_experts_per_tok=2,
+            moe_intermediate_size=16,
+            num_shared_experts=1,
+            first_k_dense_replace=1,
+        ),
+        {
+            "nope_layers": [1],
+            "mlp_layer_types": ["dense", "sparse", "sparse"],
+            "routed_scaling_factor": 2.5,
+            "shared_expert_intermediate_size": 16,
+            "use_qk_norm": True,
+        },
     ),
     # Granite: μP's four constants (Granite 3's values), a head size config.json gives (GraniteConfig has no field)
     "granite": (
@@ -996,6 +1035,8 @@ NOT_EXPRESSIBLE = {
     "granite": ({"query_pre_attn_scalar": 16, "attention_multiplier": None}, ["query_pre_attn_scalar"]),
     "glm4_moe": ({"router_score_function": "softmax", "mlp_layer_types": ["sparse"] * 3}, ["router_score_function"]),
     "dots1": ({"mlp_layer_types": ["sparse", "dense", "sparse"]}, ["mlp_layer_types"]),
+    "minimax_m2": ({"router_correction_bias": False}, ["router_correction_bias"]),
+    "exaone_moe": ({"shared_expert_intermediate_size": 24}, ["shared_expert_intermediate_size"]),
     "solar_open": ({"mlp_layer_types": ["dense", "sparse"]}, ["mlp_layer_types"]),
     "cohere": ({"norm_bias": True, "scale_embedding": True}, ["norm_bias", "scale_embedding"]),
     "cohere2": ({"nope_layers": None}, ["nope_layers"]),
