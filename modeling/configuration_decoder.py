@@ -320,7 +320,12 @@ class DecoderConfig(PreTrainedConfig):
             each token's scores normalised to sum to 1.
         router_correction_bias (`bool`, False): a per-expert bias (`mlp.gate.e_score_correction_bias`, fp32) added
             to the scores to choose the top k, not to weigh them (DeepSeek-V3's auxiliary-loss-free balancing bias).
-            It is kept as loaded: training does not update it (as in transformers).
+            Kept as loaded (as in transformers) unless `router_bias_update_rate` > 0.
+        router_bias_update_rate (`float`, 0.0): DeepSeek-V3's auxiliary-loss-free balancing speed γ (0.001 there):
+            after each optimizer step every expert's correction bias moves by γ towards the mean load of the steps'
+            training forwards (b_e += γ · sign(mean − load_e), summed over data-parallel processes), through
+            `modeling.moe.update_router_biases`, which archlab's Trainer (the scripts') calls; with another Trainer add
+            `archlab.training.callbacks.RouterBiasCallback`. Needs `router_correction_bias=True`.
         routed_scaling_factor (`float`, 1.0): the routed experts' top-k weights times this (DeepSeek-V3), after
             `norm_topk_prob`'s renormalisation.
 
@@ -417,6 +422,7 @@ class DecoderConfig(PreTrainedConfig):
     router_score_function: str = "softmax"
     router_correction_bias: bool = False
     routed_scaling_factor: int | float = 1.0
+    router_bias_update_rate: int | float = 0.0
 
     # --- archlab fields ---
     classifier_lm_loss_weight: int | float = 0.0
@@ -834,6 +840,12 @@ def _resolve_moe_defaults(config: Any) -> None:
 def _validate_moe(config: Any) -> None:
     check_choice(config, "router_score_function", ROUTER_SCORE_FUNCTIONS)
     check_positive(config, "routed_scaling_factor", integer=False)
+    check_non_negative(config, "router_bias_update_rate")
+    if config.router_bias_update_rate > 0 and not config.router_correction_bias:
+        raise ValueError(
+            f"`router_bias_update_rate` ({config.router_bias_update_rate}) moves the routers' correction bias, but "
+            "`router_correction_bias` is False: set `router_correction_bias=True`, or leave the rate at 0."
+        )
     check_non_negative(config, "num_local_experts")
     check_positive(config, "num_experts_per_tok")
     check_non_negative(config, "router_aux_loss_coef")

@@ -58,8 +58,11 @@ class TopKRouter(nn.Module):
     softmax over the experts; with `correction_bias` a per-expert bias (`e_score_correction_bias`, DeepSeek-V3's
     auxiliary-loss-free balancing bias) is added to the scores to choose the top k but not to weigh them; the top-k
     weights are renormalised under `norm_topk_prob` and then times `routed_scaling_factor`. The scores and weights
-    are computed in fp32, as transformers' routers compute them. The bias is a buffer kept as loaded (as
-    transformers keeps it): training does not update it."""
+    are computed in fp32, as transformers' routers compute them. The bias is a buffer: kept as loaded (as transformers
+    keeps it) unless `bias_update_rate` γ > 0, DeepSeek-V3's auxiliary-loss-free balancing: training forwards count
+    the slots each expert takes (`expert_load`) and `update_router_biases`, called after each optimizer step (the
+    Trainer callback `archlab.training.callbacks.RouterBiasCallback`), moves each expert's bias by γ towards the
+    mean load."""
 
     def __init__(
         self,
@@ -70,6 +73,7 @@ class TopKRouter(nn.Module):
         score_function: str = "softmax",
         correction_bias: bool = False,
         routed_scaling_factor: float = 1.0,
+        bias_update_rate: float = 0.0,
     ) -> None:
         super().__init__()
         self.top_k = top_k
@@ -77,11 +81,13 @@ class TopKRouter(nn.Module):
         self.norm_topk_prob = norm_topk_prob
         self.score_function = score_function
         self.routed_scaling_factor = float(routed_scaling_factor)
+        self.bias_update_rate = float(bias_update_rate)
         self.weight = nn.Parameter(torch.empty(num_experts, hidden_size))
-        if correction_bias:
-            self.register_buffer("e_score_correction_bias", torch.zeros(num_experts, dtype=torch.float32))
-        else:
-            self.e_score_correction_bias = None
+        bias = torch.zeros(num_experts, dtype=torch.float32) if correction_bias else None
+        self.register_buffer("e_score_correction_bias", bias)
+        # the slots each expert took in training since the last balancing step
+        load = torch.zeros(num_experts, dtype=torch.float32) if correction_bias and bias_update_rate > 0 else None
+        self.register_buffer("expert_load", load, persistent=False)
 
     def forward(self, hidden_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         return self.route(F.linear(hidden_states, self.weight))  # (N, K) logits
@@ -98,6 +104,10 @@ class TopKRouter(nn.Module):
             top_weights = top_weights / top_weights.sum(dim=-1, keepdim=True)
         if self.routed_scaling_factor != 1.0:
             top_weights = top_weights * self.routed_scaling_factor
+        if self.training and self.expert_load is not None:
+            with torch.no_grad():
+                ones = torch.ones(top_index.numel(), dtype=self.expert_load.dtype, device=top_index.device)
+                self.expert_load.scatter_add_(0, top_index.reshape(-1), ones)
         return router_logits, top_weights, top_index
 
 
@@ -206,6 +216,7 @@ class SparseMoeBlock(nn.Module):
             score_function=getattr(config, "router_score_function", "softmax"),
             correction_bias=getattr(config, "router_correction_bias", False),
             routed_scaling_factor=getattr(config, "routed_scaling_factor", 1.0),
+            bias_update_rate=getattr(config, "router_bias_update_rate", 0.0),
         )
         self.experts = Experts(
             config.num_local_experts,
@@ -258,6 +269,26 @@ def collect_router_logits(layers: Iterable[nn.Module]) -> tuple[torch.Tensor, ..
             "gradient_checkpointing_kwargs={'use_reentrant': False}, transformers' default."
         )
     return tuple(collected)
+
+
+@torch.no_grad()
+def update_router_biases(model: nn.Module) -> int:
+    """DeepSeek-V3's auxiliary-loss-free balancing step (Liu et al. 2024, §2.1.2), for every router with a correction
+    bias and `bias_update_rate` γ > 0: b_e += γ · sign(mean load − load_e) over the slots counted since the last
+    call, which are then cleared. Call it after each optimizer step; under data parallelism on every process, where
+    the counts are summed first (a collective) so every replica moves its biases alike. Returns the routers updated.
+    Counting twice (a gradient-checkpointed layer's forward runs again in backward) changes no sign."""
+    routers = [m for m in model.modules() if isinstance(m, TopKRouter) and m.expert_load is not None]
+    if not routers:
+        return 0
+    loads = torch.stack([router.expert_load for router in routers])  # (routers, K)
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.all_reduce(loads)
+    for router, load in zip(routers, loads):
+        step = router.bias_update_rate * torch.sign(load.mean() - load)
+        router.e_score_correction_bias.add_(step.to(router.e_score_correction_bias.dtype))
+        router.expert_load.zero_()
+    return len(routers)
 
 
 @torch.no_grad()
@@ -362,4 +393,5 @@ __all__ = [
     "load_balancing_loss",
     "router_scores",
     "router_z_loss",
+    "update_router_biases",
 ]

@@ -1,4 +1,5 @@
-"""Trainer callbacks for watching a mixture of experts train: per-layer expert load and router entropy.
+"""Trainer callbacks for a mixture of experts: per-layer expert load and router entropy (watching it train), and
+DeepSeek-V3's auxiliary-loss-free balancing step after each optimizer step (`RouterBiasCallback`).
 
 Routing collapse (a few experts take every token, the rest stop learning) is invisible in the loss curve until it
 is too late; these metrics show it as it happens. Kept outside `modeling/` on purpose: a saved model never needs
@@ -22,7 +23,7 @@ import re
 import torch
 from transformers import Trainer, TrainerCallback
 
-from archlab.modeling.moe import TopKRouter
+from archlab.modeling.moe import TopKRouter, update_router_biases
 
 logger = logging.getLogger(__name__)
 
@@ -115,6 +116,23 @@ class RouterStatsCallback(TrainerCallback):
         self.history[-1]["step"] = state.global_step
 
 
+class RouterBiasCallback(TrainerCallback):
+    """After each optimizer step, every router's correction bias moves towards balance (`router_bias_update_rate`,
+    `modeling.moe.update_router_biases`: DeepSeek-V3's auxiliary-loss-free balancing). archlab's Trainer (the scripts')
+    adds it where the model asks for it; add it to another Trainer (TRL's) with `trainer.add_callback`. Every process
+    runs it (the loads are summed across data-parallel processes), so the replicas' biases stay equal."""
+
+    def on_step_end(self, args, state, control, model=None, **kwargs):
+        if model is not None:
+            update_router_biases(model)
+
+
+def wants_router_bias_updates(model) -> bool:
+    """Whether `model`'s config asks for DeepSeek-V3's balancing updates (`router_bias_update_rate` > 0)."""
+    config = getattr(model, "config", None)
+    return (getattr(config, "router_bias_update_rate", 0) or 0) > 0
+
+
 def attach_router_stats(trainer: Trainer, **kwargs) -> RouterStatsCallback:
     """Adds a `RouterStatsCallback` in front of the Trainer's callbacks so printers and reporters log its metrics."""
     callback = RouterStatsCallback(**kwargs)
@@ -122,4 +140,4 @@ def attach_router_stats(trainer: Trainer, **kwargs) -> RouterStatsCallback:
     return callback
 
 
-__all__ = ["RouterStatsCallback", "attach_router_stats"]
+__all__ = ["RouterBiasCallback", "RouterStatsCallback", "attach_router_stats", "wants_router_bias_updates"]

@@ -28,6 +28,7 @@ from transformers.training_args import ParallelMode
 from archlab.tokenization.data import IGNORE_INDEX
 from archlab.tokenization.training import save_tokenizer
 
+from .callbacks import RouterBiasCallback, wants_router_bias_updates
 from .checkpoints import RUN_FACTS, STAGING
 from .reporting import log
 
@@ -100,6 +101,8 @@ class AtomicCheckpointTrainer(Trainer):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.add_callback(LogAtSave)
+        if wants_router_bias_updates(self.model):  # DeepSeek-V3's balancing step after each optimizer step
+            self.add_callback(RouterBiasCallback)
         self._warn_of_terms_a_replaced_loss_drops()
         collator = self.data_collator
         self._masking = None

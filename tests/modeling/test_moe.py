@@ -576,3 +576,30 @@ def test_sparse_block_compiles_fullgraph_without_host_sync():
         torch.testing.assert_close(g, r)
     with torch.no_grad():  # one token without gradients: compiled code keeps the grouped path (no host read)
         torch.testing.assert_close(compiled(x[:1, :1]), block(x[:1, :1]))
+
+
+def test_routers_count_their_training_slots_and_the_balancing_step_moves_biases_by_the_summed_loads(monkeypatch):
+    """`expert_load` counts the k slots of every training token (not in evaluation); `update_router_biases` moves
+    each bias by γ · sign(mean − load) over the loads summed across data-parallel processes, then clears them."""
+    config = moe_config(router_score_function="sigmoid", router_correction_bias=True, router_bias_update_rate=0.1)
+    model = archlab.DecoderForCausalLM(config)
+    ids = torch.randint(3, 97, (2, 5))
+    model.eval()
+    model(ids)
+    gate = model.model.layers[0].mlp.gate
+    assert not gate.expert_load.any()
+    model.train()
+    model(ids)
+    assert gate.expert_load.sum() == 2 * 5 * 2  # tokens x k
+
+    for layer in model.model.layers:
+        layer.mlp.gate.expert_load.copy_(torch.tensor([3.0, 1.0, 0.0, 0.0]))
+    other_process = torch.tensor([0.0, 0.0, 1.0, 3.0])  # summed: [3, 1, 1, 3], mean 2
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.distributed, "all_reduce", lambda loads: loads.add_(other_process))
+    assert moe.update_router_biases(model) == 2
+    torch.testing.assert_close(gate.e_score_correction_bias, torch.tensor([-0.1, 0.1, 0.1, -0.1]))
+    assert not gate.expert_load.any()
+    assert moe.update_router_biases(archlab.DecoderForCausalLM(moe_config())) == 0  # no balancing router
+    with pytest.raises(ValueError, match="`router_bias_update_rate` .* `router_correction_bias` is False"):
+        moe_config(router_bias_update_rate=0.001)

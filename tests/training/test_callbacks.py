@@ -98,3 +98,52 @@ def test_hooks_ignore_eval_and_are_removed():
     callback.on_train_end(None, None, None)
     model(ids)
     assert callback.summarize() == {}
+
+
+def _top_experts_of_layer_0(model, ids) -> torch.Tensor:
+    """How often each expert of layer 0's router is chosen over `ids` (eval mode, counts of K)."""
+    chosen = []
+    handle = model.model.layers[0].mlp.gate.register_forward_hook(lambda m, i, out: chosen.append(out[2]))
+    model.eval()
+    with torch.no_grad():
+        model(ids)
+    model.train()
+    handle.remove()
+    return torch.bincount(chosen[0].reshape(-1), minlength=4)
+
+
+def test_aux_loss_free_balancing_brings_a_collapsed_router_back(tmp_path):
+    """DeepSeek-V3's balancing alone (learning rate 0: only the correction biases move): archlab's Trainer adds the
+    callback, and the experts a collapsed router never chose take slots again; a plain Trainer moves nothing until
+    the callback is added."""
+    from archlab.training.callbacks import RouterBiasCallback
+    from archlab.training.trainer import AtomicCheckpointTrainer
+
+    overrides = dict(router_score_function="sigmoid", router_correction_bias=True, router_bias_update_rate=0.05)
+    data = [{"input_ids": ids, "labels": ids} for ids in torch.randint(3, 97, (32, 16))]
+    probe = torch.stack([row["input_ids"] for row in data[:8]])
+    args = TrainingArguments(
+        output_dir=str(tmp_path),
+        max_steps=16,
+        per_device_train_batch_size=8,
+        learning_rate=0.0,
+        report_to=[],
+        save_strategy="no",
+        use_cpu=True,
+        disable_tqdm=True,
+        seed=0,
+    )
+    torch.manual_seed(0)
+    model = collapsed_moe(**overrides)
+    before = _top_experts_of_layer_0(model, probe)
+    assert before[2:].sum() == 0  # experts 2 and 3 never chosen
+    Trainer(model=model, args=args, train_dataset=data).train()
+    assert not model.model.layers[0].mlp.gate.e_score_correction_bias.any()  # no callback: nothing moved
+
+    trainer = AtomicCheckpointTrainer(model=model, args=args, train_dataset=data)
+    assert any(isinstance(callback, RouterBiasCallback) for callback in trainer.callback_handler.callbacks)
+    trainer.train()
+    bias = model.model.layers[0].mlp.gate.e_score_correction_bias
+    after = _top_experts_of_layer_0(model, probe)
+    assert bias[:2].max() < 0 < bias[2:].min(), bias  # the overloaded experts pushed down, the idle ones up
+    assert after[2:].sum() > 0 and after.max() < before.max(), (before, after)
