@@ -1,6 +1,7 @@
 """The decoders with DeepSeek-V3's mixture of experts and a standard attention: GLM-4.5 (`glm4_moe`), dots.llm1
 (`dots1`) and Solar Open (`solar_open`), as `Family` rows, and MiniMax-M2 (DeepSeek-V3's router on Mixtral's experts,
-no shared expert). EXAONE-MoE (EXAONE 4's attention) is in `families.py`.
+no shared expert) and AFMoE (sandwich norms, gated attention, NoPE global layers). EXAONE-MoE (EXAONE 4's attention)
+is in `families.py`.
 
 Their sparse layers share DeepSeek-V3's router and experts: sigmoid scores, a per-expert correction bias
 (`mlp.gate.e_score_correction_bias`) that chooses the top k without weighing them, the top-k weights renormalised
@@ -22,6 +23,8 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from transformers import (
+    AfmoeConfig,
+    AfmoeForCausalLM,
     Dots1Config,
     Dots1ForCausalLM,
     Glm4MoeConfig,
@@ -64,8 +67,9 @@ def shared_expert_to_archlab(stock: PreTrainedConfig, shared_field: str = "n_sha
     shared = getattr(stock, shared_field)
     if not shared:
         wrong[setting(stock, shared_field)] = "archlab has no zero-width shared expert (its tensors exist)"
-    if stock.topk_group < stock.n_group:
-        wrong[f"n_group={stock.n_group!r}, topk_group={stock.topk_group!r}"] = "archlab has no group-limited routing"
+    groups, chosen = getattr(stock, "n_group", 1), getattr(stock, "topk_group", 1)  # (AFMoE has no groups)
+    if chosen < groups:
+        wrong[f"n_group={groups!r}, topk_group={chosen!r}"] = "archlab has no group-limited routing"
     refuse_import(stock.model_type, wrong)
     return {"shared_expert_intermediate_size": stock.moe_intermediate_size * shared}
 
@@ -257,9 +261,99 @@ MINIMAX_M2 = Family(
         ),
     ),
 )
-DEEPSEEK_MOE_FAMILIES = (GLM4_MOE, DOTS1, SOLAR_OPEN, MINIMAX_M2)
+
+# --- AFMoE (Arcee's Trinity): sandwich norms, gated attention, NoPE global layers, DeepSeek-V3's router ---------------
+
+# AfmoeConfig: Llama's fields without `mlp_bias` and the experts (`num_experts` of `moe_intermediate_size`, an ungated
+# shared expert `num_shared_experts` experts wide, the first `num_dense_layers` layers dense, top-k weights always
+# renormalised, times `route_scale`); its local layers rotate, its global ones do not (archlab's `nope_layers`);
+# `mup_enabled` scales the embeddings by √d (archlab's `scale_embedding`)
+AFMOE_FIELDS = {
+    **same(
+        *(name for name in LLAMA_FIELDS if name != "mlp_bias"),
+        "moe_intermediate_size",
+        "num_experts_per_tok",
+        "output_router_logits",
+        "sliding_window",
+        "layer_types",
+    ),
+    "num_experts": "num_local_experts",
+    "route_scale": "routed_scaling_factor",
+    "mup_enabled": "scale_embedding",
+}
+AFMOE_IMPLIED = {
+    **DEEPSEEK_ROUTER,
+    "norm_topk_prob": True,
+    "norm_position": "sandwich",
+    "use_qk_norm": True,
+    "attention_output_gate": "elementwise",
+}
+# AFMoE's names -> archlab's (its checkpoint's experts one module each, as Qwen2-MoE's)
+AFMOE_NAMES = (
+    (".pre_mlp_layernorm.", ".pre_feedforward_layernorm."),
+    (".post_mlp_layernorm.", ".post_feedforward_layernorm."),
+    (".mlp.router.gate.weight", ".mlp.gate.weight"),
+    (".mlp.expert_bias", ".mlp.gate.e_score_correction_bias"),
+    (".mlp.shared_experts.", ".mlp.shared_expert."),
+)
+
+
+def _afmoe_to_archlab(stock: PreTrainedConfig, values: Mapping[str, Any]) -> dict[str, Any]:
+    dense = min(stock.num_dense_layers, stock.num_hidden_layers)
+    local = "sliding_attention" in stock.layer_types
+    return {
+        **shared_expert_to_archlab(stock, "num_shared_experts"),
+        "mlp_layer_types": ["dense"] * dense + ["sparse"] * (stock.num_hidden_layers - dense),
+        "nope_layers": [i for i, kind in enumerate(stock.layer_types) if kind == "full_attention"] or None,
+        # (a window set on layers that are all global is never used; archlab refuses one longer than the context)
+        "sliding_window": stock.sliding_window if local else None,
+    }
+
+
+def _afmoe_from_archlab(config: PreTrainedConfig) -> dict[str, Any]:
+    types = config.mlp_layer_types
+    dense = types.index("sparse") if "sparse" in types else len(types)
+    expected = [i for i, kind in enumerate(config.layer_types) if kind == "full_attention"] or None
+    wrong = {}
+    if any(kind != "sparse" for kind in types[dense:]):
+        wrong[setting(config, "mlp_layer_types")] = "AFMoE's dense layers come first, every later layer sparse"
+    if config.nope_layers != expected:
+        wrong[setting(config, "nope_layers")] = f"AFMoE rotates exactly its local layers: nope_layers={expected!r}"
+    refuse_export("AfmoeForCausalLM", wrong)
+    shared = shared_expert_from_archlab(config, "AfmoeForCausalLM", "num_shared_experts")
+    return {"num_shared_experts": shared["num_shared_experts"], "num_dense_layers": dense}
+
+
+def _afmoe_weights_to_archlab(state_dict: StateDict, config: PreTrainedConfig) -> StateDict:
+    for stock, ours in AFMOE_NAMES[:3]:  # the router's name first: the per-expert fusion reads `mlp.gate.weight`
+        state_dict = _renamed(state_dict, stock, ours)
+    state_dict = QWEN2_MOE_LAYOUT.to_archlab(state_dict, config)
+    for stock, ours in AFMOE_NAMES[3:]:
+        state_dict = _renamed(state_dict, stock, ours)
+    return state_dict
+
+
+def _afmoe_weights_from_archlab(state_dict: StateDict, config: PreTrainedConfig) -> StateDict:
+    for stock, ours in AFMOE_NAMES:
+        state_dict = _renamed(state_dict, ours, stock)
+    return state_dict
+
+
+AFMOE = Family(
+    AfmoeConfig,
+    AfmoeForCausalLM,
+    DecoderForCausalLM,
+    fields=AFMOE_FIELDS,
+    implied=AFMOE_IMPLIED,
+    to_archlab=_afmoe_to_archlab,
+    from_archlab=_afmoe_from_archlab,
+    expressible=frozenset({"mlp_layer_types", "nope_layers", "shared_expert_intermediate_size", "router_z_loss_coef"}),
+    layout=Layout(to_archlab=_afmoe_weights_to_archlab, from_archlab=_afmoe_weights_from_archlab),
+)
+DEEPSEEK_MOE_FAMILIES = (GLM4_MOE, DOTS1, SOLAR_OPEN, MINIMAX_M2, AFMOE)
 
 __all__ = [
+    "AFMOE",
     "DEEPSEEK_MOE_FAMILIES",
     "DEEPSEEK_MOE_LAYOUT",
     "DOTS1",

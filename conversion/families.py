@@ -795,6 +795,7 @@ IGNORES_PARTIAL_ROTARY = (
     "ernie4_5",
     "jais2",
     "exaone_moe",
+    "afmoe",
 )
 READS_UNDECLARED_HEAD_DIM = ("stablelm", "gpt_neox")
 

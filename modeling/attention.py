@@ -242,6 +242,11 @@ class Attention(FusableProjections, nn.Module):
         self.v_proj = nn.Linear(hidden, self.num_key_value_heads * self.head_dim, bias=qkv_bias)
         self.output_name = output_name
         self.add_module(output_name, nn.Linear(self.num_heads * self.head_dim, hidden, bias=bias))
+        # Gated attention (AFMoE, Qwen3-Next): sigmoid(gate_proj(x)) times the heads' output, per channel or per head
+        self.output_gate = getattr(config, "attention_output_gate", None)
+        if self.output_gate is not None:
+            gates = self.num_heads * self.head_dim if self.output_gate == "elementwise" else self.num_heads
+            self.gate_proj = nn.Linear(hidden, gates, bias=False)
 
     def _project_self(self, states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(B, T, d) -> queries (B, H, T, D), keys and values (B, H_kv, T, D): one product where laid out."""
@@ -339,8 +344,20 @@ class Attention(FusableProjections, nn.Module):
             query, key, value, attention_mask, past_key_values, cross=cross, group=group, **kwargs
         )
         # (B / group, group · T, H, D) for grouped rows: row-major, so the same memory as (B, T, H, D)
-        output = getattr(self, self.output_name)(output.reshape(batch, seq_len, -1))
+        output = output.reshape(batch, seq_len, -1)
+        if self.output_gate is not None:
+            output = self.gated(output, hidden_states)
+        output = getattr(self, self.output_name)(output)
         return output, weights
+
+    def gated(self, heads: torch.Tensor, hidden_states: torch.Tensor) -> torch.Tensor:
+        """The heads' output (B, T, H · D) times sigmoid(gate_proj(hidden_states)): a gate per channel, or one per head
+        (`attention_output_gate`)."""
+        gate = torch.sigmoid(self.gate_proj(hidden_states))
+        if self.output_gate == "elementwise":
+            return heads * gate
+        # (-1: this rank's heads under tensor parallelism, whose gates are split alike)
+        return (heads.view(*heads.shape[:-1], -1, self.head_dim) * gate.unsqueeze(-1)).view(heads.shape)
 
     def attend_heads(
         self,

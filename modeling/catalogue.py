@@ -48,6 +48,9 @@ QK_NORM_SCOPES = ("head", "projection", "per_head")
 
 MLP_TYPES = ("gated", "plain")  # act(gate x) ⊙ up x (SwiGLU, GeGLU) | act(up x) (ReLU/GELU FFN)
 MLP_LAYER_TYPES = ("dense", "sparse")  # per-layer feed-forward: one MLP, or a mixture of experts
+# A sigmoid gate on the attention's output before the output projection, from the layer's input (Qiu et al. 2025,
+# "Gated Attention for Large Language Models"; AFMoE, Qwen3-Next): one gate per channel of each head, or one per head
+ATTENTION_OUTPUT_GATES = ("elementwise", "headwise")
 # How a router scores the experts: a softmax over them (Mixtral, Qwen2-MoE) or a sigmoid each (DeepSeek-V3, GLM-4.5)
 ROUTER_SCORE_FUNCTIONS = ("softmax", "sigmoid")
 LAYER_TYPES = ("full_attention", "sliding_attention")  # per-layer attention span (Mistral, Gemma2)
@@ -68,6 +71,7 @@ def intermediate_size_from_rule(hidden_size: int, rule: str, multiple_of: int = 
 
 
 __all__ = [
+    "ATTENTION_OUTPUT_GATES",
     "DECODER_NORM_POSITIONS",
     "LABEL_SHIFTS",
     "LAYER_TYPES",

@@ -20,6 +20,7 @@ from transformers.configuration_utils import PreTrainedConfig
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from .catalogue import (
+    ATTENTION_OUTPUT_GATES,
     DECODER_NORM_POSITIONS,
     LAYER_TYPES,
     MLP_LAYER_TYPES,
@@ -285,6 +286,10 @@ class DecoderConfig(PreTrainedConfig):
         attention_multiplier (`float`, *optional*): the scores' scale itself, in place of head_dim^-½ (Granite's
             field; μP's 1/head_dim, Tensor Programs V, Yang et al. 2022). At most one of it and
             `query_pre_attn_scalar`.
+        attention_output_gate (`str`, *optional*): a sigmoid gate on the attention's output before the output
+            projection, computed from the layer's input by `self_attn.gate_proj` (Qiu et al. 2025, "Gated Attention
+            for Large Language Models"; AFMoE, Qwen3-Next): `"elementwise"` (one gate per channel of each head) or
+            `"headwise"` (one per head). None: no gate.
         embedding_multiplier (`float`, 1.0): the token embeddings times this constant (Granite; MiniCPM's `scale_emb`;
             μP's input multiplier), inside `embed_tokens` as `scale_embedding`'s √d (both given: their product).
         residual_multiplier (`float`, 1.0): each sub-layer's output times this constant before it joins the residual
@@ -366,6 +371,8 @@ class DecoderConfig(PreTrainedConfig):
         if self.use_qk_norm and self.qk_norm_scope in ("projection", "per_head"):
             attention = {name: "colwise_gather_output" for name in ("q_proj", "k_proj", "v_proj")}
             attention["o_proj"] = "rowwise_split_input"
+        if self.attention_output_gate is not None:  # the gate's rows follow the heads, as q's
+            attention["gate_proj"] = attention["q_proj"]
         plan = {f"layers.*.self_attn.{name}": style for name, style in attention.items()}
         plan.update({"layers.*.mlp.gate_proj": "colwise", "layers.*.mlp.up_proj": "colwise"})
         plan["layers.*.mlp.down_proj"] = "rowwise"
@@ -453,6 +460,7 @@ class DecoderConfig(PreTrainedConfig):
     qk_norm_scope: str = "head"
     query_pre_attn_scalar: int | float | None = None
     attention_multiplier: int | float | None = None
+    attention_output_gate: str | None = None
     embedding_multiplier: int | float = 1.0
     residual_multiplier: int | float = 1.0
     logit_scale: int | float = 1.0
@@ -765,6 +773,8 @@ def _validate_catalogue(config: Any) -> None:
             check_positive(config, name, integer=name == "sliding_window")
     for name in ("embedding_multiplier", "residual_multiplier", "logit_scale"):
         check_positive(config, name, integer=False)
+    if config.attention_output_gate is not None:
+        check_choice(config, "attention_output_gate", ATTENTION_OUTPUT_GATES)
     if config.attention_multiplier is not None and config.query_pre_attn_scalar is not None:
         raise ValueError(
             f"`attention_multiplier` ({config.attention_multiplier}) and `query_pre_attn_scalar` "

@@ -5,8 +5,8 @@
 
 The source family is read from SRC/config.json. Families: llama, mistral, ministral, mixtral, qwen2, qwen2_moe, qwen3,
 qwen3_moe, olmo2, olmo3, smollm3, exaone4, helium, arcee, seed_oss, glm, glm4, glm4_moe, dots1, solar_open, minimax_m2,
-exaone_moe, granite, granitemoe, granitemoeshared, cohere, cohere2, olmoe, flex_olmo, cwm, ernie4_5, jais2, gemma,
-gemma2, vaultgemma, gemma3_text, gpt_neox, gptj, falcon, bloom, mpt, opt, gpt2, openai-gpt, phi, phi3, stablelm,
+exaone_moe, afmoe, granite, granitemoe, granitemoeshared, cohere, cohere2, olmoe, flex_olmo, cwm, ernie4_5, jais2,
+gemma, gemma2, vaultgemma, gemma3_text, gpt_neox, gptj, falcon, bloom, mpt, opt, gpt2, openai-gpt, phi, phi3, stablelm,
 starcoder2 (archlab decoder); marian, bart, mbart, t5 (T5 v1.0, v1.1, flan-T5), mt5 and umt5 (archlab encoder-decoder);
 bert and roberta (archlab's EncoderForMaskedLM). A config the other side cannot compute is refused with the fields
 named. A decoder family's `<Family>ForSequenceClassification` (a reward model, a classifier) converts to archlab's

@@ -16,6 +16,7 @@ import pytest
 import torch
 import transformers
 from transformers import (
+    AfmoeConfig,
     ArceeConfig,
     BartConfig,
     BertConfig,
@@ -426,6 +427,31 @@ CASES = {
             "routed_scaling_factor": 2.5,
             "shared_expert_intermediate_size": 16,
             "use_qk_norm": True,
+        },
+    ),
+    # AFMoE: sandwich norms, gated attention, QK-norm per head, a local layer (the only ones that rotate) and a global
+    # one, a dense layer then sparse ones with DeepSeek-V3's router, embeddings scaled by √d (`mup_enabled`)
+    "afmoe": (
+        AfmoeConfig(
+            **{**LLAMA_LIKE, "num_hidden_layers": 3, "head_dim": 16},
+            num_experts=4,
+            num_experts_per_tok=2,
+            moe_intermediate_size=16,
+            num_shared_experts=1,
+            num_dense_layers=1,
+            route_scale=2.0,
+            sliding_window=4,
+            layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+            mup_enabled=True,
+            attention_bias=True,
+        ),
+        {
+            "norm_position": "sandwich",
+            "attention_output_gate": "elementwise",
+            "nope_layers": [1],
+            "mlp_layer_types": ["dense", "sparse", "sparse"],
+            "routed_scaling_factor": 2.0,
+            "scale_embedding": True,
         },
     ),
     # Granite: μP's four constants (Granite 3's values), a head size config.json gives (GraniteConfig has no field)
@@ -1036,6 +1062,7 @@ NOT_EXPRESSIBLE = {
     "glm4_moe": ({"router_score_function": "softmax", "mlp_layer_types": ["sparse"] * 3}, ["router_score_function"]),
     "dots1": ({"mlp_layer_types": ["sparse", "dense", "sparse"]}, ["mlp_layer_types"]),
     "minimax_m2": ({"router_correction_bias": False}, ["router_correction_bias"]),
+    "afmoe": ({"attention_output_gate": "headwise"}, ["attention_output_gate"]),
     "exaone_moe": ({"shared_expert_intermediate_size": 24}, ["shared_expert_intermediate_size"]),
     "solar_open": ({"mlp_layer_types": ["dense", "sparse"]}, ["mlp_layer_types"]),
     "cohere": ({"norm_bias": True, "scale_embedding": True}, ["norm_bias", "scale_embedding"]),

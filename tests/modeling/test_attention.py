@@ -322,6 +322,29 @@ def test_qk_norm_normalises_each_head_or_the_whole_projection(scope):
         assert not torch.allclose(normed[:, 1:], loud_normed[:, 1:])
 
 
+@pytest.mark.parametrize("gate", ["elementwise", "headwise"])
+def test_a_gated_attention_scales_the_heads_output_by_the_sigmoid_of_its_gate(gate):
+    """`attention_output_gate`: o_proj(heads ⊙ sigmoid(gate_proj(x))), a gate per channel of each head or one per
+    head, against the ungated attention's heads (o_proj is linear: the heads are o_proj's input)."""
+    torch.manual_seed(0)
+    gated = Attention(tiny_decoder_config(attention_output_gate=gate), layer_idx=0).eval()
+    plain = Attention(tiny_decoder_config(), layer_idx=0).eval()
+    plain.load_state_dict({k: v for k, v in gated.state_dict().items() if not k.startswith("gate_proj")})
+    assert gated.gate_proj.weight.shape == ((4 * 8 if gate == "elementwise" else 4), 32)
+    x = torch.randn(2, 5, 32)
+    heads = []
+    plain.o_proj.register_forward_hook(lambda module, inputs, output: heads.append(inputs[0]))
+    with torch.no_grad():
+        plain(x)
+        expected_heads = heads[0]
+        g = torch.sigmoid(gated.gate_proj(x))
+        if gate == "headwise":
+            g = g.repeat_interleave(8, dim=-1)
+        torch.testing.assert_close(gated(x)[0], gated.o_proj(expected_heads * g), atol=1e-6, rtol=1e-5)
+    with pytest.raises(ValueError, match="`attention_output_gate`='sigmoid' is not supported; allowed values"):
+        tiny_decoder_config(attention_output_gate="sigmoid")
+
+
 class _RecordOps(TorchDispatchMode):
     def __init__(self) -> None:
         super().__init__()

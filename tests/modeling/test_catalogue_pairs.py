@@ -71,6 +71,7 @@ CONCERNS: dict[str, dict[str, dict]] = {
         "mha": dict(num_key_value_heads=4),
         "all_sliding": dict(sliding_window=WINDOW),
         "local_global": dict(sliding_window=WINDOW, layer_types=["sliding_attention", "full_attention"]),
+        "gated_heads": dict(attention_output_gate="headwise"),
     },
     "prefix": {"prefix_lm": dict(prefix_lm=True)},
     "stability": {

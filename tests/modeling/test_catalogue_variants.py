@@ -52,6 +52,7 @@ VARIANTS = {
     "softcapping": dict(attn_logit_softcapping=2.0, final_logit_softcapping=5.0),
     "scaled_embedding_layernorm": dict(scale_embedding=True, embedding_layernorm=True),
     "z_loss": dict(lm_z_loss_coef=1e-3),
+    "gated_attention_headwise": dict(attention_output_gate="headwise"),
     "mup_multipliers": dict(
         embedding_multiplier=3.0, residual_multiplier=0.5, attention_multiplier=0.2, logit_scale=0.25
     ),

@@ -41,8 +41,9 @@ from triton_interpreter import (
 MOE = dict(num_local_experts=4, num_experts_per_tok=2)
 # every decoder variant of the catalogue's tests (RMSNorm: position schemes, RoPE types, sliding and prefix-LM masks,
 # soft-capping, mixtures of experts, QK-norm over the projections), biases, QK-norm, and the parallel blocks; the
-# output-norm block never takes the fused step (`test_an_output_norm_layer_s_step_runs_the_block_s_forward`)
-UNFUSED_PLACEMENTS = {"output_norm"}
+# output-norm block (`test_an_output_norm_layer_s_step_runs_the_block_s_forward`) and a gated attention
+# (`test_the_fused_step_applies_only_to_plain_pre_norm_layers_of_a_few_rows`) never take the fused step
+UNFUSED_PLACEMENTS = {"output_norm", "gated_attention"}
 VARIANTS = {
     **{name: fields for name, fields in DECODER_VARIANTS.items() if name not in UNFUSED_PLACEMENTS},
     "biases": dict(attention_bias=True, mlp_bias=True),
@@ -110,6 +111,7 @@ def test_the_fused_step_applies_only_to_plain_pre_norm_layers_of_a_few_rows(monk
             # the kernels add the residual unscaled: Granite's scaled sub-layer outputs keep the block's forward
             assert not fused_block_applies(_laid_out(_model(residual_multiplier=0.5)), step)
             assert fused_block_applies(_laid_out(_model(logit_scale=0.5, attention_multiplier=0.1)), step)
+            assert not fused_block_applies(_laid_out(_model(attention_output_gate="elementwise")), step)  # gated heads
         layer.input_layernorm._forward_hooks.clear()
         monkeypatch.setattr(decode_block, "FUSED_BLOCK_DEVICES", ())
         with inference_projections(model, force=True):
