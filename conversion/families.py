@@ -88,6 +88,7 @@ from .field_lists import LLAMA_FIELDS
 from .fused_decoders import FUSED_DECODERS
 from .glm import GLM_FAMILIES
 from .granite import GRANITE_FAMILIES
+from .hunyuan import HUNYUAN_FAMILIES
 from .interleaved_rope import interleaved_rope
 from .layernorm_decoders import LAYERNORM_DECODERS
 from .llama_like import LLAMA_LIKE_FAMILIES
@@ -744,6 +745,7 @@ FAMILIES: dict[str, Family] = {
         *DEEPSEEK_MOE_FAMILIES,
         *GRANITE_FAMILIES,
         *COHERE_FAMILIES,
+        *HUNYUAN_FAMILIES,
         *OLMOE_FAMILIES,
         *LLAMA_LIKE_FAMILIES,
         *FUSED_DECODERS,
@@ -796,6 +798,8 @@ IGNORES_PARTIAL_ROTARY = (
     "jais2",
     "exaone_moe",
     "afmoe",
+    "hunyuan_v1_dense",
+    "hunyuan_v1_moe",
 )
 READS_UNDECLARED_HEAD_DIM = ("stablelm", "gpt_neox")
 

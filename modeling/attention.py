@@ -218,6 +218,7 @@ class Attention(FusableProjections, nn.Module):
         # QK-norm (seed 004): over each head (Qwen3; with a gain per head, Command R+), or over the whole q / k
         # projection (OLMo 2: `qk_norm_scope`)
         self.qk_norm_per_head = self.qk_norm_over_projection = False
+        self.qk_norm_after_rope = bool(getattr(config, "qk_norm_after_rope", False))
         if getattr(config, "use_qk_norm", False):
             self.qk_norm_over_projection = getattr(config, "qk_norm_scope", "head") == "projection"
             self.qk_norm_per_head = not self.qk_norm_over_projection
@@ -280,14 +281,17 @@ class Attention(FusableProjections, nn.Module):
         attention_kwargs: dict | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Self-attention's heads (as `split_heads` makes them) -> the heads attended: QK-norm per head (over the
-        projection, `to_heads` has applied it), RoPE, and the keys and values of the cache (this step's appended).
+        projection, `to_heads` has applied it), RoPE (before the norm under `qk_norm_after_rope`), and the keys and
+        values of the cache (this step's appended).
         Continuous batching's paged cache reads its indices from `attention_kwargs` (the keyword arguments the
         attention function gets next) and sets this layer type's own there, in place."""
-        if self.qk_norm_per_head:
+        if self.qk_norm_per_head and not self.qk_norm_after_rope:
             query, key = self.q_norm(query), self.k_norm(key)
         if position_embeddings is not None:
             cos, sin = position_embeddings
             query, key = self.rotate(query, key, cos, sin)
+        if self.qk_norm_per_head and self.qk_norm_after_rope:  # (Hunyuan)
+            query, key = self.q_norm(query), self.k_norm(key)
         if is_paged_cache(past_key_values):
             key, value = past_key_values.update(key, value, self.layer_idx, attention_kwargs)
         elif past_key_values is not None:

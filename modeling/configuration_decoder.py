@@ -282,6 +282,8 @@ class DecoderConfig(PreTrainedConfig):
             split into heads, gains of `num_attention_heads * head_dim` and `num_key_value_heads * head_dim` (OLMo 2);
             `"per_head"` = each head's queries and keys with a gain of its own, (heads, head_dim) (Command R+,
             StableLM 2 12B). Only with `use_qk_norm=True`.
+        qk_norm_after_rope (`bool`, False): apply a per-head QK-norm (`"head"`, `"per_head"`) to the rotated queries
+            and keys instead of before RoPE (Hunyuan); the cache holds the normed keys either way.
         query_pre_attn_scalar (`float`, *optional*): scores scaled by its -½ power instead of head_dim's (Gemma2).
         attention_multiplier (`float`, *optional*): the scores' scale itself, in place of head_dim^-½ (Granite's
             field; μP's 1/head_dim, Tensor Programs V, Yang et al. 2022). At most one of it and
@@ -458,6 +460,7 @@ class DecoderConfig(PreTrainedConfig):
     prefix_lm: bool = False
     use_qk_norm: bool = False
     qk_norm_scope: str = "head"
+    qk_norm_after_rope: bool = False
     query_pre_attn_scalar: int | float | None = None
     attention_multiplier: int | float | None = None
     attention_output_gate: str | None = None
@@ -739,6 +742,12 @@ def _validate_catalogue(config: Any) -> None:
     check_choice(config, "mlp_width_rule", MLP_WIDTH_RULES)
     check_choice(config, "position_embedding_type", POSITION_SCHEMES)
     check_choice(config, "qk_norm_scope", QK_NORM_SCOPES)
+    if config.qk_norm_after_rope and (not config.use_qk_norm or config.qk_norm_scope == "projection"):
+        raise ValueError(
+            "`qk_norm_after_rope=True` moves a per-head QK-norm after RoPE: it needs `use_qk_norm=True` with "
+            f"`qk_norm_scope` 'head' or 'per_head' (got use_qk_norm={config.use_qk_norm}, "
+            f"qk_norm_scope={config.qk_norm_scope!r})."
+        )
     if config.qk_norm_scope != "head" and not config.use_qk_norm:
         raise ValueError(
             f"`qk_norm_scope`={config.qk_norm_scope!r} says what QK-norm normalises, but `use_qk_norm` is False: set "

@@ -141,6 +141,8 @@ DECODER_VARIANTS = {
     "qk_norm_over_projection": dict(use_qk_norm=True, qk_norm_scope="projection"),
     # a QK-norm gain per head (Command R+'s is a LayerNorm: tests/conversion and the catalogue variants)
     "qk_norm_per_head_gains": dict(use_qk_norm=True, qk_norm_scope="per_head"),
+    # Hunyuan's QK-norm, applied to the rotated queries and keys
+    "qk_norm_after_rope": dict(use_qk_norm=True, qk_norm_after_rope=True),
     # gated attention (AFMoE, Qwen3-Next): a sigmoid gate per channel on the heads' output
     "gated_attention": dict(attention_output_gate="elementwise"),
     "moe": dict(num_local_experts=4, num_experts_per_tok=2),

@@ -43,6 +43,8 @@ from transformers import (
     GraniteMoeConfig,
     GraniteMoeSharedConfig,
     HeliumConfig,
+    HunYuanDenseV1Config,
+    HunYuanMoEV1Config,
     Jais2Config,
     LlamaConfig,
     MarianConfig,
@@ -152,6 +154,8 @@ OLMO3_ROPE = {
     },
     "sliding_attention": {"rope_type": "default", "rope_theta": 5e5},
 }
+# Hunyuan's NTK-alpha RoPE: the base stretched once by alpha^(d / (d - 2))
+HUNYUAN_NTK_ALPHA = {"rope_type": "dynamic", "rope_theta": 1e4, "alpha": 50.0, "factor": 1.0}
 # Granite 3's μP constants (granite-3.0-2b: logits divided by 8)
 GRANITE_MULTIPLIERS = dict(
     embedding_multiplier=12.0, residual_multiplier=0.22, attention_multiplier=0.015625, logits_scaling=8.0
@@ -452,6 +456,22 @@ CASES = {
             "mlp_layer_types": ["dense", "sparse", "sparse"],
             "routed_scaling_factor": 2.0,
             "scale_embedding": True,
+        },
+    ),
+    # Hunyuan: QK-norm per head after RoPE, RoPE's base stretched by an NTK alpha (its "dynamic" type with an alpha)
+    "hunyuan_v1_dense": (
+        HunYuanDenseV1Config(**LLAMA_LIKE, attention_bias=True, rope_parameters=HUNYUAN_NTK_ALPHA),
+        {"use_qk_norm": True, "qk_norm_after_rope": True, "attention_bias": True},
+    ),
+    # Hunyuan-MoE: every layer sparse (softmax, renormalised top-k), an ungated shared expert as wide as an expert
+    "hunyuan_v1_moe": (
+        HunYuanMoEV1Config(**LLAMA_LIKE, num_experts=4, moe_topk=2),
+        {
+            "qk_norm_after_rope": True,
+            "num_local_experts": 4,
+            "num_experts_per_tok": 2,
+            "shared_expert_intermediate_size": 64,
+            "shared_expert_gate": False,
         },
     ),
     # Granite: μP's four constants (Granite 3's values), a head size config.json gives (GraniteConfig has no field)
@@ -1063,6 +1083,8 @@ NOT_EXPRESSIBLE = {
     "dots1": ({"mlp_layer_types": ["sparse", "dense", "sparse"]}, ["mlp_layer_types"]),
     "minimax_m2": ({"router_correction_bias": False}, ["router_correction_bias"]),
     "afmoe": ({"attention_output_gate": "headwise"}, ["attention_output_gate"]),
+    "hunyuan_v1_dense": ({"qk_norm_after_rope": False}, ["qk_norm_after_rope"]),
+    "hunyuan_v1_moe": ({"shared_expert_intermediate_size": 32}, ["shared_expert_intermediate_size"]),
     "exaone_moe": ({"shared_expert_intermediate_size": 24}, ["shared_expert_intermediate_size"]),
     "solar_open": ({"mlp_layer_types": ["dense", "sparse"]}, ["mlp_layer_types"]),
     "cohere": ({"norm_bias": True, "scale_embedding": True}, ["norm_bias", "scale_embedding"]),

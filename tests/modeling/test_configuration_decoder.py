@@ -409,6 +409,11 @@ def test_rope_type_is_checked_at_construction():
         (dict(attn_logit_softcapping=30.0, attn_implementation="sdpa"), r"`attn_logit_softcapping`.*sdpa"),
         (dict(final_logit_softcapping=0.0), r"`final_logit_softcapping` must be a positive"),
         (dict(residual_multiplier=0.0), r"`residual_multiplier` must be a positive, finite number, got 0.0"),
+        (dict(qk_norm_after_rope=True), r"`qk_norm_after_rope=True` moves a per-head QK-norm after RoPE: it needs"),
+        (
+            dict(qk_norm_after_rope=True, use_qk_norm=True, qk_norm_scope="projection"),
+            r"qk_norm_scope='projection'",
+        ),
         (dict(logit_scale=float("nan")), r"`logit_scale` must be a positive, finite number, got nan"),
         (dict(embedding_multiplier=float("inf")), r"`embedding_multiplier` must be a positive, finite number"),
         (dict(attention_multiplier=-0.1), r"`attention_multiplier` must be a positive, finite number"),
