@@ -216,6 +216,10 @@ def _experts(config: dict[str, Any]) -> str:
     if experts <= 1:
         return "none (dense)"
     text = f"{experts} experts, top-{config.get('num_experts_per_tok', 2)} routing"
+    if config.get("router_score_function") == "sigmoid":  # DeepSeek-V3's router
+        text += " on sigmoid scores" + (" with a correction bias" if config.get("router_correction_bias") else "")
+        if config.get("router_bias_update_rate"):
+            text += f" (auxiliary-loss-free balancing, rate {config['router_bias_update_rate']:g})"
     if config.get("moe_intermediate_size"):
         text += f", expert width {config['moe_intermediate_size']}"
     shared = _first(config, "num_shared_experts", "shared_expert_intermediate_size", default=0)
@@ -253,6 +257,8 @@ def architecture_rows(config: dict[str, Any]) -> list[tuple[str, str]]:
     if head_dim:
         rows.append(("head dim", str(head_dim)))
     rows.append(("attention pattern", _attention_pattern(config)))
+    if config.get("attention_output_gate"):  # gated attention (AFMoE, Qwen3-Next)
+        rows.append(("attention output gate", f"sigmoid, {config['attention_output_gate']}"))
     rows.append(("positions", _positions(config, encoder_decoder)))
     norm = config.get("norm_type", default_norm)
     eps = _first(config, "rms_norm_eps", "layer_norm_eps", "norm_eps")
@@ -277,6 +283,8 @@ def architecture_rows(config: dict[str, Any]) -> list[tuple[str, str]]:
     ]
     if config.get("use_qk_norm") and config.get("qk_norm_scope", "head") != "head":  # OLMo 2's, over the projection
         stability.insert(1, f"qk_norm_scope={config['qk_norm_scope']}")
+    if config.get("qk_norm_after_rope"):
+        stability.append("qk_norm_after_rope=True")
     if stability:
         rows.append(("stability", ", ".join(stability)))
     multipliers = [  # μP's constants (Granite), where they are not 1 (the attention's: where given)

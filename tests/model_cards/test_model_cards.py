@@ -113,6 +113,24 @@ def test_architecture_rows_name_the_mup_multipliers_that_are_set():
     assert "multipliers" not in dict(architecture_rows(tiny_decoder_config().to_dict()))
 
 
+def test_architecture_rows_name_the_router_the_output_gate_and_a_late_qk_norm():
+    config = tiny_decoder_config(
+        num_local_experts=4,
+        router_score_function="sigmoid",
+        router_correction_bias=True,
+        router_bias_update_rate=0.001,
+        attention_output_gate="headwise",
+        use_qk_norm=True,
+        qk_norm_after_rope=True,
+    ).to_dict()
+    rows = dict(architecture_rows(config))
+    assert rows["experts"].startswith(
+        "4 experts, top-2 routing on sigmoid scores with a correction bias (auxiliary-loss-free balancing, rate 0.001)"
+    )
+    assert rows["attention output gate"] == "sigmoid, headwise"
+    assert rows["stability"].endswith("qk_norm_after_rope=True")
+
+
 def test_architecture_rows_name_the_nope_layers():
     config = tiny_decoder_config(nope_layers=[1]).to_dict()
     assert dict(architecture_rows(config))["positions"].endswith("; no positions (NoPE) in layers 1")
