@@ -800,6 +800,7 @@ IGNORES_PARTIAL_ROTARY = (
     "afmoe",
     "hunyuan_v1_dense",
     "hunyuan_v1_moe",
+    "ernie4_5_moe",
 )
 READS_UNDECLARED_HEAD_DIM = ("stablelm", "gpt_neox")
 

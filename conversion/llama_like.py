@@ -5,23 +5,38 @@
 - ERNIE 4.5 (Baidu, dense): RoPE over interleaved channel pairs of each head (the q/k rows reordered,
   `interleaved_rope.py`), one `use_bias` flag for every projection (archlab's `attention_bias` and `mlp_bias`, which
   must then be equal to export).
+- ERNIE 4.5 MoE: ERNIE 4.5's attention with sparse layers every `moe_layer_interval` layers between
+  `moe_layer_start_index` and `moe_layer_end_index` (archlab's `mlp_layer_types`): a softmax router whose top k is
+  chosen with a correction bias (`mlp.gate.moe_statics.e_score_correction_bias`, (1, K), archlab's
+  `mlp.gate.e_score_correction_bias`) and renormalised, an ungated shared expert of `moe_num_shared_experts` experts;
+  `use_bias` also gives the LM head a bias. Its multi-token-prediction tensors (`mtp*`) are dropped, as transformers
+  drops them.
 - Jais 2 (Inception): LayerNorm with biases (`layer_norm_eps`), a plain MLP (up, ReLU², down) with biases, biases on
   q/k/v/o.
 """
 
 from __future__ import annotations
 
+import re
+from collections.abc import Mapping
+from typing import Any
+
 from transformers import (
     CwmConfig,
     CwmForCausalLM,
+    Ernie4_5_MoeConfig,
+    Ernie4_5_MoeForCausalLM,
     Ernie4_5Config,
     Ernie4_5ForCausalLM,
     Jais2Config,
     Jais2ForCausalLM,
+    PreTrainedConfig,
 )
 
 from ..modeling import DecoderForCausalLM
-from .family import IDENTITY, Family, same
+from .checks import head_dim_given, head_dim_to_write, refuse_export, setting
+from .experts import QWEN2_MOE_LAYOUT
+from .family import IDENTITY, Family, Layout, StateDict, same
 from .field_lists import LLAMA_FIELDS
 from .interleaved_rope import interleaved_rope
 
@@ -47,6 +62,92 @@ JAIS2 = Family(
     fields=JAIS2_FIELDS,
     implied={"norm_type": "layer_norm", "norm_bias": True, "mlp_type": "plain"},
 )
-LLAMA_LIKE_FAMILIES = (CWM, ERNIE4_5, JAIS2)
 
-__all__ = ["CWM", "ERNIE4_5", "JAIS2", "LLAMA_LIKE_FAMILIES"]
+# --- ERNIE 4.5 MoE ----------------------------------------------------------------------------------------------------
+
+ERNIE4_5_MOE_FIELDS = {
+    **same(*(name for name in ERNIE4_5_FIELDS if name not in ("use_bias", "head_dim")), "moe_intermediate_size"),
+    **same("output_router_logits", "router_aux_loss_coef"),
+    "use_bias": ("attention_bias", "mlp_bias", "lm_head_bias"),
+    "moe_num_experts": "num_local_experts",
+    "moe_k": "num_experts_per_tok",
+}
+STOCK_BIAS = ".mlp.gate.moe_statics.e_score_correction_bias"
+ARCHLAB_BIAS = ".mlp.gate.e_score_correction_bias"
+MTP = re.compile(r"(^|\.)mtp")
+
+
+def _sparse_layers(layers: int, interval: int, start: int, end: int) -> list[str]:
+    end = layers - 1 if end == -1 else end
+    return ["sparse" if (i + 1) % interval == 0 and start <= i <= end else "dense" for i in range(layers)]
+
+
+def _ernie_moe_to_archlab(stock: PreTrainedConfig, values: Mapping[str, Any]) -> dict[str, Any]:
+    types = _sparse_layers(
+        stock.num_hidden_layers, stock.moe_layer_interval, stock.moe_layer_start_index, stock.moe_layer_end_index
+    )
+    return {
+        **head_dim_given(stock, values),
+        "mlp_layer_types": types,
+        "shared_expert_intermediate_size": stock.moe_intermediate_size * stock.moe_num_shared_experts,
+    }
+
+
+def _ernie_moe_from_archlab(config: PreTrainedConfig) -> dict[str, Any]:
+    """The (interval, start, end) that lays out archlab's sparse layers, and the shared expert's count."""
+    types, layers = config.mlp_layer_types, config.num_hidden_layers
+    sparse = [i for i, kind in enumerate(types) if kind == "sparse"]
+    pattern = None
+    for interval in range(1, layers + 1):
+        if sparse and _sparse_layers(layers, interval, sparse[0], sparse[-1]) == types:
+            pattern = {"moe_layer_interval": interval, "moe_layer_start_index": sparse[0]}
+            pattern["moe_layer_end_index"] = sparse[-1]
+            break
+    wrong = {}
+    if pattern is None:
+        wrong[setting(config, "mlp_layer_types")] = "ERNIE 4.5 MoE's sparse layers are every n-th between two layers"
+    shared, width = config.shared_expert_intermediate_size, config.moe_intermediate_size
+    if shared % width:
+        wrong[setting(config, "shared_expert_intermediate_size")] = f"a multiple of moe_intermediate_size={width}"
+    refuse_export("Ernie4_5_MoeForCausalLM", wrong)
+    return {**pattern, "moe_num_shared_experts": shared // width, **head_dim_to_write(config)}
+
+
+def _ernie_moe_weights_to_archlab(state_dict: StateDict, config: PreTrainedConfig) -> StateDict:
+    kept = {key: tensor for key, tensor in state_dict.items() if not MTP.search(key)}
+    kept = {key.replace(".mlp.moe_statics.", ".mlp.gate.moe_statics."): tensor for key, tensor in kept.items()}
+    fused = QWEN2_MOE_LAYOUT.to_archlab(kept, config)
+    return {
+        key.replace(STOCK_BIAS, ARCHLAB_BIAS).replace(".mlp.shared_experts.", ".mlp.shared_expert."): (
+            tensor.reshape(-1) if key.endswith(STOCK_BIAS) else tensor
+        )
+        for key, tensor in fused.items()
+    }
+
+
+def _ernie_moe_weights_from_archlab(state_dict: StateDict, config: PreTrainedConfig) -> StateDict:
+    return {
+        key.replace(ARCHLAB_BIAS, STOCK_BIAS).replace(".mlp.shared_expert.", ".mlp.shared_experts."): (
+            tensor.reshape(1, -1) if key.endswith(ARCHLAB_BIAS) else tensor
+        )
+        for key, tensor in state_dict.items()
+    }
+
+
+ERNIE4_5_MOE = Family(
+    Ernie4_5_MoeConfig,
+    Ernie4_5_MoeForCausalLM,
+    DecoderForCausalLM,
+    fields=ERNIE4_5_MOE_FIELDS,
+    implied={"router_correction_bias": True, "norm_topk_prob": True, "shared_expert_gate": False},
+    to_archlab=_ernie_moe_to_archlab,
+    from_archlab=_ernie_moe_from_archlab,
+    # the router z-loss only changes training; it is dropped on export
+    expressible=frozenset({"head_dim", "mlp_layer_types", "shared_expert_intermediate_size", "router_z_loss_coef"}),
+    layout=interleaved_rope(
+        Layout(to_archlab=_ernie_moe_weights_to_archlab, from_archlab=_ernie_moe_weights_from_archlab)
+    ),
+)
+LLAMA_LIKE_FAMILIES = (CWM, ERNIE4_5, ERNIE4_5_MOE, JAIS2)
+
+__all__ = ["CWM", "ERNIE4_5", "ERNIE4_5_MOE", "JAIS2", "LLAMA_LIKE_FAMILIES"]

@@ -25,6 +25,7 @@ from transformers import (
     CohereConfig,
     CwmConfig,
     Dots1Config,
+    Ernie4_5_MoeConfig,
     Ernie4_5Config,
     Exaone4Config,
     ExaoneMoeConfig,
@@ -546,6 +547,27 @@ CASES = {
         Ernie4_5Config(**LLAMA_LIKE, use_bias=True),
         {"attention_bias": True, "mlp_bias": True, "tie_word_embeddings": True},
     ),
+    # ERNIE 4.5 MoE: biases everywhere (the LM head too), sparse layers 1 and 3 of 4 (every second from the second), a
+    # softmax router choosing with a correction bias, a shared expert
+    "ernie4_5_moe": (
+        Ernie4_5_MoeConfig(
+            **{**QWEN2_SHAPE, "num_hidden_layers": 4},
+            use_bias=True,
+            moe_num_experts=4,
+            moe_k=2,
+            moe_intermediate_size=16,
+            moe_num_shared_experts=1,
+            moe_layer_start_index=1,
+            moe_layer_interval=2,
+        ),
+        {
+            "mlp_layer_types": ["dense", "sparse", "dense", "sparse"],
+            "router_correction_bias": True,
+            "router_score_function": "softmax",
+            "lm_head_bias": True,
+            "shared_expert_intermediate_size": 16,
+        },
+    ),
     # Jais 2: LayerNorm with biases, a plain ReLU² MLP with biases, biases on q/k/v/o
     "jais2": (
         Jais2Config(**LLAMA_LIKE),
@@ -853,6 +875,9 @@ def _perturb(model: torch.nn.Module) -> None:
             buffer.normal_()
         if name.endswith("e_score_correction_bias"):
             buffer.normal_(0.0, 0.5)
+    for name, param in model.named_parameters():  # (ERNIE's and AFMoE's correction biases are frozen parameters)
+        if name.endswith(("e_score_correction_bias", "expert_bias")):
+            param.normal_(0.0, 0.5)
 
 
 def _stock(case: str):
@@ -1083,6 +1108,7 @@ NOT_EXPRESSIBLE = {
     "dots1": ({"mlp_layer_types": ["sparse", "dense", "sparse"]}, ["mlp_layer_types"]),
     "minimax_m2": ({"router_correction_bias": False}, ["router_correction_bias"]),
     "afmoe": ({"attention_output_gate": "headwise"}, ["attention_output_gate"]),
+    "ernie4_5_moe": ({"mlp_layer_types": ["sparse", "sparse", "dense", "sparse"]}, ["mlp_layer_types"]),
     "hunyuan_v1_dense": ({"qk_norm_after_rope": False}, ["qk_norm_after_rope"]),
     "hunyuan_v1_moe": ({"shared_expert_intermediate_size": 32}, ["shared_expert_intermediate_size"]),
     "exaone_moe": ({"shared_expert_intermediate_size": 24}, ["shared_expert_intermediate_size"]),
