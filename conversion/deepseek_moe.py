@@ -147,16 +147,13 @@ def _dots1_to_archlab(stock: PreTrainedConfig, values: Mapping[str, Any]) -> dic
     return {**_glm4_moe_to_archlab(stock, values), **window}
 
 
+# (their output projection has no bias: `attention_bias=False` is implied, so an archlab one is refused by name)
 def _glm4_moe_from_archlab(config: PreTrainedConfig) -> dict[str, Any]:
-    if config.attention_bias:
-        refuse_export("Glm4MoeForCausalLM", {setting(config, "attention_bias"): "its output projection has no bias"})
     experts = _experts_from_archlab("Glm4MoeForCausalLM", "glm4_moe")(config)
     return {**experts, "attention_bias": qkv_bias_of(config), **head_dim_to_write(config)}
 
 
 def _solar_open_from_archlab(config: PreTrainedConfig) -> dict[str, Any]:
-    if config.attention_bias:
-        refuse_export("SolarOpenForCausalLM", {setting(config, "attention_bias"): "its output projection has no bias"})
     experts = _experts_from_archlab("SolarOpenForCausalLM", "solar_open")(config)
     return {**experts, "attention_bias": qkv_bias_of(config)}
 
