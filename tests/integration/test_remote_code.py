@@ -46,6 +46,24 @@ VARIANTS = {
             mlp_layer_types=["dense", "sparse"],
         ),
     ),
+    # DeepSeek-V3's router with its balancing buffers, gated attention, a QK-norm gain per head, μP's multipliers
+    "sigmoid-router-gated-mup": (
+        "DecoderForCausalLM",
+        dict(
+            num_local_experts=4,
+            num_experts_per_tok=2,
+            router_score_function="sigmoid",
+            router_correction_bias=True,
+            router_bias_update_rate=0.001,
+            attention_output_gate="headwise",
+            use_qk_norm=True,
+            qk_norm_scope="per_head",
+            norm_type="layer_norm",
+            embedding_multiplier=2.0,
+            residual_multiplier=0.5,
+            logit_scale=0.5,
+        ),
+    ),
     "layernorm-gelu-alibi": (
         "DecoderForCausalLM",
         dict(
