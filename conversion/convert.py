@@ -73,7 +73,7 @@ def convert_checkpoint(src: str | os.PathLike, dst: str | os.PathLike, to: str |
 
 
 # the families whose config holds RoPE per layer type (transformers 5's form); the others build one for every layer
-ROPE_PER_LAYER_TYPE_FAMILIES = ("gemma3_text", "olmo3")
+ROPE_PER_LAYER_TYPE_FAMILIES = ("gemma3_text", "olmo3", "mellum")
 
 
 def with_one_rope(config: PreTrainedConfig, to: str) -> PreTrainedConfig:

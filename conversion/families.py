@@ -36,6 +36,8 @@ from transformers import (
     HeliumForCausalLM,
     LlamaConfig,
     LlamaForCausalLM,
+    MellumConfig,
+    MellumForCausalLM,
     MinistralConfig,
     MinistralForCausalLM,
     MistralConfig,
@@ -526,6 +528,39 @@ def _olmo3_from_archlab(config: PreTrainedConfig) -> dict[str, Any]:
     return {**_olmo2_from_archlab(config), **_sets_per_layer_type_from_archlab(config, "OLMo 3")}
 
 
+# Mellum (JetBrains): Qwen3-MoE's attention (QK-norm per head, `attention_bias` on q/k/v/o) with local layers
+# (`layer_types`), dense layers (`mlp_layer_types`, `intermediate_size` wide) and RoPE as one set per layer type (its
+# attention rotates every channel: a partial factor is refused); its multi-token-prediction tensors (`mtp.*`) dropped
+MELLUM_FIELDS = {
+    **same(
+        *(name for name in LLAMA_FIELDS if name not in ("mlp_bias", "rope_parameters")),
+        "sliding_window",
+        "layer_types",
+        "mlp_layer_types",
+        "moe_intermediate_size",
+        "num_experts_per_tok",
+        "norm_topk_prob",
+        "output_router_logits",
+        "router_aux_loss_coef",
+    ),
+    "num_experts": "num_local_experts",
+}
+
+
+def _mellum_to_archlab(stock: PreTrainedConfig, values: Mapping[str, Any]) -> dict[str, Any]:
+    rope, wrong = _sets_per_layer_type_to_archlab(stock, "Mellum")
+    refuse_import("mellum", wrong)
+    window = {} if "sliding_attention" in stock.layer_types else {"sliding_window": None}  # (a window never used)
+    return {**rope, **window}
+
+
+MELLUM_LAYOUT = Layout(
+    to_archlab=lambda state_dict, config: QWEN2_MOE_LAYOUT.to_archlab(
+        {key: tensor for key, tensor in state_dict.items() if not key.startswith("mtp.")}, config
+    )
+)
+
+
 def _qwen3_moe_from_archlab(config: PreTrainedConfig) -> dict[str, Any]:
     wrong = {}
     if config.num_local_experts > 0 and config.shared_expert_intermediate_size > 0:
@@ -730,6 +765,18 @@ FAMILIES: dict[str, Family] = {
                 {"head_dim", "nope_layers", "sliding_window", "shared_expert_intermediate_size", "router_z_loss_coef"}
             ),
             layout=EXAONE_MOE_LAYOUT,
+        ),
+        Family(
+            MellumConfig,
+            MellumForCausalLM,
+            DecoderForCausalLM,
+            fields=MELLUM_FIELDS,
+            implied={"use_qk_norm": True},
+            to_archlab=_mellum_to_archlab,
+            from_archlab=lambda config: _sets_per_layer_type_from_archlab(config, "Mellum"),
+            # the router z-loss only changes training; it is dropped on export
+            expressible=frozenset({"rope_parameters", "sliding_window", "router_z_loss_coef"}),
+            layout=MELLUM_LAYOUT,
         ),
         Family(
             Olmo3Config,

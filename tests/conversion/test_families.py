@@ -50,6 +50,7 @@ from transformers import (
     LlamaConfig,
     MarianConfig,
     MBartConfig,
+    MellumConfig,
     MiniMaxM2Config,
     MinistralConfig,
     MistralConfig,
@@ -154,6 +155,11 @@ OLMO3_ROPE = {
         "beta_slow": 1.0,
     },
     "sliding_attention": {"rope_type": "default", "rope_theta": 5e5},
+}
+# Mellum's RoPE per layer type: the global layers with their own base, linearly scaled
+MELLUM_ROPE = {
+    "full_attention": {"rope_type": "linear", "rope_theta": 5e5, "factor": 2.0},
+    "sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
 }
 # Hunyuan's NTK-alpha RoPE: the base stretched once by alpha^(d / (d - 2))
 HUNYUAN_NTK_ALPHA = {"rope_type": "dynamic", "rope_theta": 1e4, "alpha": 50.0, "factor": 1.0}
@@ -473,6 +479,27 @@ CASES = {
             "num_experts_per_tok": 2,
             "shared_expert_intermediate_size": 64,
             "shared_expert_gate": False,
+        },
+    ),
+    # Mellum: a local layer and a dense MLP, then a global layer with experts; RoPE per layer type
+    "mellum": (
+        MellumConfig(
+            **{**LLAMA_LIKE, "head_dim": 16},
+            attention_bias=True,
+            sliding_window=4,
+            layer_types=["sliding_attention", "full_attention"],
+            mlp_layer_types=["dense", "sparse"],
+            num_experts=4,
+            num_experts_per_tok=2,
+            moe_intermediate_size=16,
+            rope_parameters=MELLUM_ROPE,
+        ),
+        {
+            "use_qk_norm": True,
+            "mlp_layer_types": ["dense", "sparse"],
+            "layer_types": ["sliding_attention", "full_attention"],
+            "rope_parameters": MELLUM_ROPE,
+            "attention_bias": True,
         },
     ),
     # Granite: μP's four constants (Granite 3's values), a head size config.json gives (GraniteConfig has no field)
@@ -1108,6 +1135,7 @@ NOT_EXPRESSIBLE = {
     "dots1": ({"mlp_layer_types": ["sparse", "dense", "sparse"]}, ["mlp_layer_types"]),
     "minimax_m2": ({"router_correction_bias": False}, ["router_correction_bias"]),
     "afmoe": ({"attention_output_gate": "headwise"}, ["attention_output_gate"]),
+    "mellum": ({"use_qk_norm": False}, ["use_qk_norm"]),
     "ernie4_5_moe": ({"mlp_layer_types": ["sparse", "sparse", "dense", "sparse"]}, ["mlp_layer_types"]),
     "hunyuan_v1_dense": ({"qk_norm_after_rope": False}, ["qk_norm_after_rope"]),
     "hunyuan_v1_moe": ({"shared_expert_intermediate_size": 32}, ["shared_expert_intermediate_size"]),
@@ -1375,6 +1403,17 @@ def test_export_refuses_a_folder_of_another_archlab_class(folders, tmp_path):
 # stock configs archlab cannot compute yet (or that transformers' stock class silently ignores)
 NOT_IMPORTABLE = {
     "cohere2-no-window": (Cohere2Config(**QWEN2_SHAPE, sliding_window=None), ["sliding_window"]),
+    # Mellum's RoPE table takes a partial factor, its attention rotates every channel
+    "mellum-partial-rotary": (
+        MellumConfig(
+            **LLAMA_LIKE,
+            rope_parameters={
+                "full_attention": {"rope_type": "default", "rope_theta": 5e5, "partial_rotary_factor": 0.5},
+                "sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+            },
+        ),
+        ["partial_rotary_factor"],
+    ),
     "falcon-new-sequential": (
         FalconConfig(
             hidden_size=32,
