@@ -39,7 +39,7 @@ from transformers import (
 from ..modeling import DecoderForCausalLM
 from .checks import head_dim_given, head_dim_to_write, qkv_bias_of, refuse_export, refuse_import, setting
 from .experts import MIXTRAL_LAYOUT, QWEN2_MOE_LAYOUT
-from .family import Family, Layout, StateDict, same
+from .family import Family, Layout, StateDict, renamed, same
 from .field_lists import LLAMA_FIELDS
 
 # the experts' fields every one of these configs has under these names
@@ -54,6 +54,8 @@ ATTENTION_FIELDS = {
     **same(*(name for name in LLAMA_FIELDS if name not in ("attention_bias", "head_dim", "mlp_bias"))),
     "attention_bias": "qkv_bias",
 }
+# the shared expert's stock name and archlab's
+SHARED_EXPERTS = ((".mlp.shared_experts.", ".mlp.shared_expert."),)
 # the multi-token-prediction layers a GLM-4.5 checkpoint holds past `num_hidden_layers`
 LAYER_INDEX = re.compile(r"^model\.layers\.(\d+)\.")
 # what each family's config.json calls its first dense layers (Solar Open has none)
@@ -114,22 +116,18 @@ def _experts_from_archlab(architecture: str, family: str) -> Callable[[PreTraine
     return from_archlab
 
 
-def _renamed(state_dict: StateDict, old: str, new: str) -> StateDict:
-    return {key.replace(old, new): tensor for key, tensor in state_dict.items()}
-
-
 def _weights_to_archlab(state_dict: StateDict, config: PreTrainedConfig) -> StateDict:
     kept = {
         key: tensor
         for key, tensor in state_dict.items()
         if not ((match := LAYER_INDEX.match(key)) and int(match.group(1)) >= config.num_hidden_layers)
     }
-    return _renamed(QWEN2_MOE_LAYOUT.to_archlab(kept, config), ".mlp.shared_experts.", ".mlp.shared_expert.")
+    return renamed(QWEN2_MOE_LAYOUT.to_archlab(kept, config), SHARED_EXPERTS)
 
 
 DEEPSEEK_MOE_LAYOUT = Layout(
     to_archlab=_weights_to_archlab,
-    from_archlab=lambda state_dict, config: _renamed(state_dict, ".mlp.shared_expert.", ".mlp.shared_experts."),
+    from_archlab=lambda state_dict, config: renamed(state_dict, SHARED_EXPERTS, back=True),
 )
 # the router z-loss only changes training; it is dropped on export
 EXPRESSIBLE = frozenset({"head_dim", "mlp_layer_types", "shared_expert_intermediate_size", "router_z_loss_coef"})
@@ -253,8 +251,8 @@ MINIMAX_M2 = Family(
     expressible=frozenset({"mlp_layer_types", "router_z_loss_coef"}),
     layout=Layout(
         to_archlab=_minimax_m2_to_archlab_weights,
-        from_archlab=lambda state_dict, config: _renamed(
-            state_dict, ".mlp.gate.e_score_correction_bias", ".mlp.e_score_correction_bias"
+        from_archlab=lambda state_dict, config: renamed(
+            state_dict, ((".mlp.e_score_correction_bias", ".mlp.gate.e_score_correction_bias"),), back=True
         ),
     ),
 )
@@ -322,18 +320,13 @@ def _afmoe_from_archlab(config: PreTrainedConfig) -> dict[str, Any]:
 
 
 def _afmoe_weights_to_archlab(state_dict: StateDict, config: PreTrainedConfig) -> StateDict:
-    for stock, ours in AFMOE_NAMES[:3]:  # the router's name first: the per-expert fusion reads `mlp.gate.weight`
-        state_dict = _renamed(state_dict, stock, ours)
-    state_dict = QWEN2_MOE_LAYOUT.to_archlab(state_dict, config)
-    for stock, ours in AFMOE_NAMES[3:]:
-        state_dict = _renamed(state_dict, stock, ours)
-    return state_dict
+    # the router's name first: the per-expert fusion reads `mlp.gate.weight`
+    state_dict = QWEN2_MOE_LAYOUT.to_archlab(renamed(state_dict, AFMOE_NAMES[:3]), config)
+    return renamed(state_dict, AFMOE_NAMES[3:])
 
 
 def _afmoe_weights_from_archlab(state_dict: StateDict, config: PreTrainedConfig) -> StateDict:
-    for stock, ours in AFMOE_NAMES:
-        state_dict = _renamed(state_dict, ours, stock)
-    return state_dict
+    return renamed(state_dict, AFMOE_NAMES, back=True)
 
 
 AFMOE = Family(

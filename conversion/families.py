@@ -85,7 +85,7 @@ from .deepseek_moe import (
     shared_expert_to_archlab,
 )
 from .experts import MIXTRAL_LAYOUT, QWEN2_MOE_LAYOUT
-from .family import IDENTITY, ConversionError, Family, Layout, StateDict, same
+from .family import IDENTITY, ConversionError, Family, Layout, StateDict, renamed, same
 from .field_lists import LLAMA_FIELDS
 from .fused_decoders import FUSED_DECODERS
 from .glm import GLM_FAMILIES
@@ -268,16 +268,12 @@ def _gemma2_from_archlab(config: PreTrainedConfig, architecture: str = "Gemma2Fo
 
 # VaultGemma: Gemma2 without the norms after each sub-layer (a pre-norm block); its MLP's input norm keeps Gemma2's
 # name, `pre_feedforward_layernorm`, where archlab's pre-norm block has Llama's `post_attention_layernorm`
-VAULTGEMMA_NORMS = (".pre_feedforward_layernorm.", ".post_attention_layernorm.")
-
-
-def _renamed_norms(state_dict: StateDict, old: str, new: str) -> StateDict:
-    return {key.replace(old, new): tensor for key, tensor in state_dict.items()}
+VAULTGEMMA_NORMS = ((".pre_feedforward_layernorm.", ".post_attention_layernorm."),)
 
 
 VAULTGEMMA_LAYOUT = Layout(
-    to_archlab=lambda state_dict, config: _renamed_norms(state_dict, *VAULTGEMMA_NORMS),
-    from_archlab=lambda state_dict, config: _renamed_norms(state_dict, *reversed(VAULTGEMMA_NORMS)),
+    to_archlab=lambda state_dict, config: renamed(state_dict, VAULTGEMMA_NORMS),
+    from_archlab=lambda state_dict, config: renamed(state_dict, VAULTGEMMA_NORMS, back=True),
 )
 
 

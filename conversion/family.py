@@ -180,6 +180,15 @@ class Family:
             ) from None
 
 
+def renamed(state_dict: StateDict, pairs: tuple[tuple[str, str], ...], back: bool = False) -> StateDict:
+    """`state_dict` with, for each (stock, archlab) pair of name parts in turn, the stock part replaced by archlab's
+    in every key (`back`: archlab's by the stock one): the layouts whose tensors differ from archlab's by name only."""
+    for stock, ours in pairs:
+        old, new = (ours, stock) if back else (stock, ours)
+        state_dict = {key.replace(old, new): tensor for key, tensor in state_dict.items()}
+    return state_dict
+
+
 def without_ids_outside_the_vocabulary(kwargs: dict[str, Any]) -> dict[str, Any]:
     """A stock config's pad/bos id outside `[0, vocab_size)` (older Llama folders carry `pad_token_id=-1`, "no pad")
     becomes None, with a warning: stock configs only warn about it, archlab's refuse it, and the folder would not
@@ -206,5 +215,6 @@ __all__ = [
     "Layout",
     "StateDict",
     "TRAINING_ONLY_FIELDS",
+    "renamed",
     "same",
 ]

@@ -25,7 +25,7 @@ from transformers import (
 from ..modeling import DecoderForCausalLM
 from .checks import refuse_export, refuse_import, setting
 from .experts import QWEN2_MOE_LAYOUT
-from .family import Family, Layout, StateDict, same
+from .family import Family, Layout, StateDict, renamed, same
 from .field_lists import LLAMA_FIELDS
 
 HUNYUAN_FIELDS = tuple(name for name in LLAMA_FIELDS if name not in ("mlp_bias", "rope_parameters"))
@@ -47,13 +47,6 @@ def _rope_to_archlab(stock: PreTrainedConfig) -> dict[str, Any]:
         head_dim = stock.head_dim
         rope = {"rope_type": "default", "rope_theta": rope["rope_theta"] * alpha ** (head_dim / (head_dim - 2))}
     return {"rope_parameters": rope}
-
-
-def _renamed(state_dict: StateDict, pairs, back: bool = False) -> StateDict:
-    for stock, ours in pairs:
-        old, new = (ours, stock) if back else (stock, ours)
-        state_dict = {key.replace(old, new): tensor for key, tensor in state_dict.items()}
-    return state_dict
 
 
 def _dense_to_archlab(stock: PreTrainedConfig, values: Mapping[str, Any]) -> dict[str, Any]:
@@ -100,7 +93,7 @@ def _moe_from_archlab(config: PreTrainedConfig) -> dict[str, Any]:
 
 
 def _moe_weights_to_archlab(state_dict: StateDict, config: PreTrainedConfig) -> StateDict:
-    return QWEN2_MOE_LAYOUT.to_archlab(_renamed(state_dict, NAMES), config)
+    return QWEN2_MOE_LAYOUT.to_archlab(renamed(state_dict, NAMES), config)
 
 
 HUNYUAN_DENSE = Family(
@@ -113,8 +106,8 @@ HUNYUAN_DENSE = Family(
     from_archlab=_from_archlab,
     expressible=frozenset({"rope_parameters"}),
     layout=Layout(
-        to_archlab=lambda state_dict, config: _renamed(state_dict, NAMES[:2]),
-        from_archlab=lambda state_dict, config: _renamed(state_dict, NAMES[:2], back=True),
+        to_archlab=lambda state_dict, config: renamed(state_dict, NAMES[:2]),
+        from_archlab=lambda state_dict, config: renamed(state_dict, NAMES[:2], back=True),
     ),
 )
 HUNYUAN_MOE = Family(
@@ -140,7 +133,7 @@ HUNYUAN_MOE = Family(
     ),
     layout=Layout(
         to_archlab=_moe_weights_to_archlab,
-        from_archlab=lambda state_dict, config: _renamed(state_dict, NAMES, back=True),
+        from_archlab=lambda state_dict, config: renamed(state_dict, NAMES, back=True),
     ),
 )
 HUNYUAN_FAMILIES = (HUNYUAN_DENSE, HUNYUAN_MOE)
