@@ -61,7 +61,6 @@ import torch
 from .triton_launch import (
     archlab_op,
     dependent_launch,
-    l2_prefetch,
     launchable,
     pdl_launch,
     register_pdl_twin,
@@ -77,10 +76,6 @@ except ImportError:  # the CPU wheels of torch come without Triton: nothing here
 
 # Devices on which a gated MLP's down projection of a few rows runs through `gated_down` (`gated_down_applies`).
 GATED_DOWN_DEVICES: tuple[str, ...] = ()
-# Devices on which the streaming kernels launched dependent on the kernel before (the PDL twins) ask the L2 cache for
-# the rest of their weight rows before they wait for that kernel (`streaming_pdl`, `_prefetch_rows`): a candidate,
-# off until `--suite cuda-kernels` and `cuda-tuning` have measured it
-L2_PREFETCH_DEVICES: tuple[str, ...] = ()
 # The most rows (tokens) the kernels take: up to `STREAMED_ROWS` the streaming kernel (one fp32 accumulator row per
 # token, element-wise), above that the tensor-core kernel (`_dot_kernel`: rows padded to 16, a `tl.dot` per block)
 STREAMED_ROWS = 4
@@ -131,15 +126,6 @@ if triton is not None:
         """Block `first` of inputs of the weight's rows `ws`."""
         ks = first * BLOCK_K + tl.arange(0, BLOCK_K)
         return tl.load(w_ptr + ws[:, None] * w_n + ks[None, :], mask=w_ok[:, None] & (ks < inputs)[None, :], other=0.0)
-
-    @triton.jit
-    def _prefetch_rows(w_ptr, ws, w_ok, start, inputs, w_n, BLOCK_K: tl.constexpr):
-        """Ask the L2 cache for the weight's rows `ws` from input block `start` on (every 32 elements: a 64-byte half
-        line of bf16, a line of fp32), out-of-range addresses replaced by the weight's first."""
-        for first in range(start, tl.cdiv(inputs, BLOCK_K)):
-            ks = first * BLOCK_K + tl.arange(0, BLOCK_K // 32) * 32
-            at = w_ptr + ws[:, None] * w_n + ks[None, :]
-            l2_prefetch(tl.where(w_ok[:, None] & (ks < inputs)[None, :], at, w_ptr))
 
     @triton.jit
     def _input_block(
@@ -311,8 +297,6 @@ if triton is not None:
         args = (x_ptr, up_ptr, gain_ptr, w_ptr)
         start = 0
         if PDL:  # the first block of the weight read while the kernel before ends (nothing on the GPU writes it)
-            if PDL == 2:  # and the rest asked of the L2 cache (`L2_PREFETCH_DEVICES`)
-                _prefetch_rows(w_ptr, ws, w_ok, 1, inputs, w_n, BLOCK_K)
             w = _weight_block(w_ptr, ws, w_ok, 0, inputs, w_n, BLOCK_K)
             dependent_launch(PDL)  # then the input, which the kernel before writes
             acc0, acc1, acc2, acc3, sq0, sq1, sq2, sq3 = _block_products(
@@ -500,11 +484,11 @@ def _tiles(outputs: int, gated: bool):
     return lambda meta: (triton.cdiv(outputs, meta["BLOCK_N"] // 2 if gated else meta["BLOCK_N"]),)
 
 
-def streaming_pdl(dependent: bool, like: torch.Tensor) -> int:
+def streaming_pdl(dependent: bool) -> int:
     """The streaming kernels' `PDL`: 0 launched plainly, 1 dependent on the kernel before (`dependent`: the op's PDL
-    twin where the device has it), 2 also prefetching their weight rows into L2 before the wait
-    (`L2_PREFETCH_DEVICES`)."""
-    return 0 if not dependent else 2 if like.device.type in L2_PREFETCH_DEVICES else 1
+    twin where the device has it). (Asking the L2 cache for the rest of the weight rows before the wait, `PDL` 2, lost:
+    0.83x a layer's step and 0.91x the batch-1 decoding step on an H200, docs/gpu.md's eighth session.)"""
+    return int(dependent)
 
 
 def kernel_for(rows: int):
@@ -548,7 +532,7 @@ def _launch(
     if kernel is not _dot_kernel:
         launchable(kernel, x, "gemv", pdl=dependent)[tiles](
             *arguments, *sizes, *strides, *out_strides, ROWS=triton.next_power_of_2(rows),
-            PDL=streaming_pdl(dependent, x), **flags,
+            PDL=streaming_pdl(dependent), **flags,
         )  # fmt: skip
         return output.reshape(*x.shape[:-1], outputs)
     # the tensor-core kernel: rows padded to 16; split-K where the products' tiles would leave processors idle

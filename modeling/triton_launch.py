@@ -132,17 +132,8 @@ if triton is not None:
             tl.extra.cuda.gdc_wait()
             tl.extra.cuda.gdc_launch_dependents()
 
-    @triton.jit
-    def l2_prefetch(pointers):
-        """Ask the L2 cache to fetch the lines at `pointers` and keep them (`prefetch.global.L2::evict_last`: no
-        register written, nothing waited for; Ampere and later). A hint: what a kernel then loads is the same."""
-        tl.inline_asm_elementwise(
-            "mov.u32 $0, 0; prefetch.global.L2::evict_last [$1];", "=r,l", [pointers], dtype=tl.int32, is_pure=False,
-            pack=1,
-        )  # fmt: skip
-
 else:
-    dependent_launch = l2_prefetch = None
+    dependent_launch = None
 
 
 def launchable(kernel, like: torch.Tensor, op: str, pdl: bool = False):

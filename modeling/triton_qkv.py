@@ -229,7 +229,7 @@ def _qkv_rotary_cache_body(
         x2.stride(0), weight.stride(0), cos2.stride(0), query.stride(0),
         key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
         ROWS=triton.next_power_of_2(rows), PROLOGUE=PLAIN if gain is None else RMS_NORM, HAS_BIAS=bias is not None,
-        HALF=head_dim // 2, ROTARY_HALF=cos.shape[-1] // 2, PDL=streaming_pdl(dependent, x),
+        HALF=head_dim // 2, ROTARY_HALF=cos.shape[-1] // 2, PDL=streaming_pdl(dependent),
     )  # fmt: skip
     return query.reshape(batch, tokens, heads * head_dim)
 

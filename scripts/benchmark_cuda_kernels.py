@@ -22,9 +22,7 @@ the MoE's autotuned blocks). It says which kernel is worth a tuning row, and how
 - a pre-norm layer's decoding step (no cache: the attention is the same on both sides) fused against the default's
   step, both compiled with the step's options, 1, 4 (the streaming kernel's most: whether `FUSED_BLOCK_ROWS` can
   rise to it) and 16 rows; and at 1 row the fused step with its kernels launched
-  dependent on the kernel before (the ops' PDL twins, triton_launch.py) against the fused step, and that step with
-  its streaming GEMVs asking the L2 cache for their weight rows before they wait (`L2_PREFETCH_DEVICES`) against it
-  without;
+  dependent on the kernel before (the ops' PDL twins, triton_launch.py) against the fused step;
 - an MoE's routed experts (triton_moe.py) against archlab's default experts (moe.Experts: grouped GEMMs), 1 and 4
   tokens, each token routed to 2 of 8 experts.
 The kernels run on CUDA, or on a CPU through Triton's interpreter (TRITON_INTERPRET=1, in fp32: NumPy has no
@@ -329,15 +327,14 @@ def qkv_rotary_row(setup, report: Report, rows: int) -> None:
     report.rows[-1].extra["kernel's choice"] = _best_config(triton_qkv.kernel_for(rows))
 
 
-def layer_row(setup, report: Report, rows: int, pdl: bool = False, prefetch: bool = False) -> None:
+def layer_row(setup, report: Report, rows: int, pdl: bool = False) -> None:
     """A pre-norm layer of the dense model (1.1B shape) on one decoding step, fused (decode_block.py: four GEMVs,
     the norms and residual adds inside) against the default's step (inductor's norm, SwiGLU and add kernels around
     cuBLAS's GEMVs), both compiled with the decoding step's options, q/k/v and gate/up read as one product each
     (as generate reads them on CUDA). The attention has no cache here (it attends to the step's own token): it is
     the same kernel on both sides, and what differs is everything around it. `pdl`: the fused step with its kernels
     launched dependent on the kernel before (the ops' PDL twins, triton_launch.py; inductor's kernels with
-    `triton.enable_pdl`) against the fused step; `prefetch`: that step with its streaming GEMVs asking the L2 cache
-    for their weight rows before they wait (triton_gemv.py's `L2_PREFETCH_DEVICES`) against it without."""
+    `triton.enable_pdl`) against the fused step."""
     from archlab import DecoderConfig, DecoderForCausalLM
     from archlab.modeling import decode_block, step_compile, triton_launch
     from archlab.modeling.fused_projections import inference_projections
@@ -356,9 +353,6 @@ def layer_row(setup, report: Report, rows: int, pdl: bool = False, prefetch: boo
         mock.patch.object(decode_block, "FUSED_BLOCK_ROWS", rows),
     ]
     pdl_off, pdl_on = (mock.patch.object(triton_launch, "PDL_DEVICES", devices) for devices in ((), device))
-    prefetch_off, prefetch_on = (
-        mock.patch.object(triton_gemv, "L2_PREFETCH_DEVICES", devices) for devices in ((), device)
-    )
     unfused = [mock.patch.object(decode_block, "FUSED_BLOCK_DEVICES", ()), pdl_off]
     options = step_compile.TUNED_STEP_OPTIONS
     pdl_options = {**options, **step_compile.DEPENDENT_LAUNCH_OPTIONS}
@@ -386,12 +380,7 @@ def layer_row(setup, report: Report, rows: int, pdl: bool = False, prefetch: boo
 
     weights = sum(p.numel() * p.element_size() for name, p in layer.named_parameters() if "norm" not in name)
     s = "s" if rows > 1 else ""
-    if prefetch:
-        metric = (
-            f"a pre-norm layer's decoding step (no cache), {rows} row{s}: the fused step launched dependent, its "
-            "streaming GEMVs asking the L2 cache for their weight rows before the wait vs without, both compiled"
-        )
-    elif pdl:
+    if pdl:
         metric = (
             f"a pre-norm layer's decoding step (no cache), {rows} row{s}: the fused step launched dependent on the "
             "kernel before (archlab's PDL twins, inductor's triton.enable_pdl) vs the fused step, both compiled"
@@ -402,12 +391,7 @@ def layer_row(setup, report: Report, rows: int, pdl: bool = False, prefetch: boo
             "decode_block.py) vs the default's (norms, GEMVs, SwiGLU, adds), both compiled"
         )
     with torch.no_grad(), inference_projections(model, force=True):
-        if prefetch:
-            pair = (
-                runner([*fused_on, pdl_on, prefetch_on], pdl_options),
-                runner([*fused_on, pdl_on, prefetch_off], pdl_options),
-            )
-        elif pdl:
+        if pdl:
             pair = (runner([*fused_on, pdl_on], pdl_options), runner([*fused_on, pdl_off], options))
         else:
             pair = (runner([*fused_on, pdl_off], options), runner(unfused, options))
@@ -486,8 +470,6 @@ def run(args: argparse.Namespace) -> Report:
     for rows in (1, triton_gemv.STREAMED_ROWS, triton_gemv.MAX_ROWS):
         guarded(report, setup, f"layer, {rows} rows", functools.partial(layer_row, setup, report, rows))
     guarded(report, setup, "layer with PDL, 1 row", functools.partial(layer_row, setup, report, 1, pdl=True))
-    measure = functools.partial(layer_row, setup, report, 1, pdl=True, prefetch=True)
-    guarded(report, setup, "layer with PDL and the L2 prefetch, 1 row", measure)
     for batch, keys in ((1, KEY_COUNTS[0]), (1, KEY_COUNTS[1]), (16, KEY_COUNTS[0])):
         measure = functools.partial(attention_rows, setup, report, batch, keys)
         guarded(report, setup, f"attention, batch {batch}, {keys} keys", measure)

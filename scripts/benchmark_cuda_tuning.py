@@ -12,28 +12,25 @@ MoE's routed experts through its two Triton kernels (modeling/triton_moe.py), ev
 one before (programmatic dependent launch: the ops' PDL twins, modeling/triton_launch.py, and inductor's
 `triton.enable_pdl` on Hopper): 886 against 709 tok/s at batch 1 (1.25×). The third (H200), after the kernels'
 rework: the default at 991 tok/s against 762 without them (1.30×), 11,713 against 11,179 at batch 16 (1.05×), and
-the q/k/v kernel with RoPE and the cache writes worth nothing in the step (0.98×). The rows now, each setting on its own
-copy of the model (a compiled step is kept per model):
-- at batch 1, the fused step's streaming GEMVs (1-4 rows), launched dependent on the kernel before, asking the L2
-  cache for the rest of their weight rows before they wait for it (triton_gemv.py's `L2_PREFETCH_DEVICES`: the
-  weights stream while the kernel before ends, the attention's ~5 µs a layer among them);
-- at batch 16, the fused layer steps at every row count (the default fuses steps of one row: the kernels suite timed
-  the tensor-core GEMVs of 16 rows below cuBLAS's);
-- the mixture of experts (Mixtral shape) at batch 1 without archlab's kernels (grouped GEMMs, SDPA) against the
-  default (its layers' whole steps fused, the MoE half with the norm and the residual inside the expert kernels);
-- the time to first token of a 2,048-token prompt with `compile_prefill=True`, the prompt padded to a bucket and
-  the compiled forward replayed as a CUDA graph (modeling/prefill_buckets.py, the default there now) against the
-  same compiled forward without buckets or graphs (the default before: ~300 kernels launched from Python, 18.3 ms
-  for ~8.5 ms of kernels);
-- without archlab's decoding kernels (the default before), at batch 1 and 16: what they gain (the seventh GPU
-  session: 1.30× and 1.05×);
-- at batch 1, the fused step's q/k/v GEMV followed by inductor's RoPE and cache-write kernel (the default before)
-  instead of one kernel with the rotation and the cache writes in its epilogue (modeling/triton_qkv.py);
+the q/k/v kernel with RoPE and the cache writes worth nothing in the step (0.98×). The fourth (H200): the default at
+973 tok/s against 703 without the kernels (1.38×); the streaming GEMVs asking the L2 cache for their weight rows
+before the dependent wait at 0.91× (removed since), the fused layer steps at 16 rows at 0.77×, the MoE's kernels at
+1.16×, the bucketed prefill's time to first token at 1.62×. The rows now, each setting on its own copy of the model (a
+compiled step is kept per model), those not yet measured on an H200 first:
+- without archlab's decoding kernels (the default before), at batch 16 (the seventh GPU session: 1.05×);
 - without archlab's kernels, the attention on SDPA's memory-efficient kernel (`torch.nn.attention.sdpa_kernel`), not
   cuDNN's with its memset;
 - at batch 16, without archlab's kernels, the step without the combo kernels (the plain mode, the default before
   those), and the self-attention through FlexAttention's split-KV decoding kernel (modeling/flex_decoding.py)
   instead of archlab's;
+- the mixture of experts (Mixtral shape) at batch 1 without archlab's kernels (grouped GEMMs, SDPA) against the
+  default (its layers' whole steps fused, the MoE half with the norm and the residual inside the expert kernels);
+- the time to first token of a 2,048-token prompt with `compile_prefill=True`, the prompt padded to a bucket and
+  the compiled forward replayed as a CUDA graph (modeling/prefill_buckets.py, the default there) against the same
+  compiled forward without buckets or graphs;
+- measured already: without archlab's decoding kernels at batch 1; the fused step's q/k/v GEMV followed by inductor's
+  RoPE and cache-write kernel instead of one kernel with the rotation and the cache writes in its epilogue
+  (modeling/triton_qkv.py); at batch 16 the fused layer steps at every row count (the default fuses steps of one row);
 - the 2,048-token prefill compiled as compile_prefill compiles it, its decoder blocks nested compile regions
   (`torch.compiler.nested_compile_region`: the layers after the first compiled once; compiled_prefill.py) against
   unrolled as before: its compile's seconds (68 s unrolled) and the warm prefill;
@@ -133,12 +130,6 @@ def qkv_kernel_off():
     return mock.patch.object(triton_qkv, "QKV_ROTARY_CACHE_DEVICES", ())
 
 
-def l2_prefetch_on():
-    """The streaming GEMVs of the fused step ask the L2 cache for their weight rows before waiting for the kernel
-    before (triton_gemv.py's `L2_PREFETCH_DEVICES`)."""
-    return mock.patch.object(triton_gemv, "L2_PREFETCH_DEVICES", ("cuda",))
-
-
 def plain_step():
     """The step compiled in the plain mode, without step_compile.py's options (the default before combo kernels)."""
     return mock.patch.object(step_compile, "TUNED_STEP_DEVICES", ())
@@ -152,10 +143,6 @@ QKV_SEPARATE = (
     "the fused step's q/k/v GEMV, then inductor's RoPE and cache-write kernel, instead of the one kernel with both "
     "in its epilogue (triton_qkv.py)"
 )
-L2_PREFETCH = (
-    "the fused step's streaming GEMVs asking the L2 cache for their weight rows while the kernel before ends "
-    "(L2_PREFETCH_DEVICES)"
-)
 FUSED_ROWS = "the fused layer steps at every row count (FUSED_BLOCK_ROWS = 16; the default fuses one row)"
 EFFICIENT = "without archlab's kernels, attention on SDPA's memory-efficient kernel (sdpa_kernel)"
 PLAIN = "without archlab's kernels, the plain mode, no combo kernels (the default before those)"
@@ -163,7 +150,6 @@ FLEX = "self-attention through FlexAttention's decoding kernel (flex_decoding.py
 MOE_BEFORE = "without archlab's decoding kernels (grouped experts, cuDNN attention): the default before"
 AUTOTUNED = 'compile_config=CompileConfig(mode="max-autotune") (every GEMM autotuned)'
 SETTINGS = {
-    L2_PREFETCH: ({}, (l2_prefetch_on,)),
     BEFORE: ({}, (kernels_off,)),
     QKV_SEPARATE: ({}, (qkv_kernel_off,)),
     FUSED_ROWS: ({}, (fused_every_row_count,)),
@@ -176,16 +162,15 @@ SETTINGS = {
 # (`prefill_compile_row`); max-autotune last (its GEMM autotuning compiles longest): a call's budget ends the suite
 # where it is, keeping the rows finished
 ROWS = [
-    (1, L2_PREFETCH),  # first: the candidate not yet measured (a call's budget may end the suite after one row)
-    ("larger", FUSED_ROWS),
-    (1, BEFORE),  # measured by the seventh GPU session (H200): 0.77×, 0.98×, 0.95×
-    (1, QKV_SEPARATE),
-    ("larger", BEFORE),
+    ("larger", BEFORE),  # first: not yet measured on an H200 (the eighth session's budget ended in this row)
     (1, EFFICIENT),
     ("larger", PLAIN),
     ("larger", FLEX),
+    (1, BEFORE),  # the eighth GPU session (H200): 0.73×; the seventh 0.77×
+    (1, QKV_SEPARATE),  # 1.02×, 0.98×: noise
+    ("larger", FUSED_ROWS),  # 0.77×
 ]
-FIRST_ROWS = 2  # those before the MoE row
+FIRST_ROWS = 4  # those before the MoE row
 LATE_ROWS = [(1, AUTOTUNED)]
 # Each setting compiles the step function once more: dynamo's limit (8) would leave the later rows' steps eager.
 RECOMPILE_LIMIT = 64

@@ -95,14 +95,12 @@ def fill_interpreter_gaps(monkeypatch, module_prefix: str) -> None:
 def with_dependent_launch_code(monkeypatch, *modules) -> None:
     """The kernels of `modules` (triton_gemv, ...) launched by their ops' PDL twins run their dependent-launch code
     (triton_launch.py): on a GPU as the twins decide (Hopper: with the launch attribute); under the interpreter, which
-    has neither the attribute nor the `griddepcontrol` instructions, with the instructions left out (and the L2
-    prefetches of `L2_PREFETCH_DEVICES`, inline PTX)."""
+    has neither the attribute nor the `griddepcontrol` instructions, with the instructions left out."""
     if not INTERPRETING:
         return
     replacements = {
         "pdl_launch": lambda like: True,
         "dependent_launch": lambda PDL: None,
-        "l2_prefetch": lambda pointers: None,  # (inline PTX: no interpreter runs it)
     }
     for module in modules:
         for name, replacement in replacements.items():

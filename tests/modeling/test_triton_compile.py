@@ -465,9 +465,8 @@ PDL_CASES = {
 }
 
 
-def _pdl_ptx(kernel, constexprs: dict, pointers: dict, config, pdl: bool | int = True) -> str:
-    """The PTX of `kernel` in `config` (None: not autotuned) with `PDL` and Triton's `launch_pdl`, or without (`pdl`
-    2: the streaming kernels' L2 prefetch too)."""
+def _pdl_ptx(kernel, constexprs: dict, pointers: dict, config, pdl: bool = True) -> str:
+    """The PTX of `kernel` in `config` (None: not autotuned) with `PDL` and Triton's `launch_pdl`, or without."""
     constexprs = {**constexprs, **(config.kwargs if config else {}), "PDL": pdl}
     options = dict(num_warps=config.num_warps, num_stages=config.num_stages) if config else {}
     compiled = _compile(kernel, constexprs, pointers, 90, launch_pdl=bool(pdl), **options)
@@ -524,25 +523,6 @@ def test_the_streaming_gemv_reads_its_first_weight_block_before_waiting(prologue
             block_loads = config.kwargs["BLOCK_N"] * config.kwargs["BLOCK_K"] * 2 // (16 * threads)
             assert len(early) == block_loads and all("ld.global.v4" in line for line in early), (config, early)
     assert "griddepcontrol" not in _pdl_ptx(kernel, constexprs, pointers, config, pdl=False)
-
-
-@pytest.mark.parametrize("kernel_name, rows", [("_gemv_row_kernel", 1), ("_gemv_kernel", 4)])
-def test_with_the_l2_prefetch_the_streaming_gemv_asks_for_its_rows_before_waiting(kernel_name, rows):
-    """`PDL` 2 (`L2_PREFETCH_DEVICES`): before `griddepcontrol.wait` the streaming GEMV's code also asks the L2 cache
-    for the rest of its weight rows (`prefetch.global.L2::evict_last`), with the same loads there as without (the
-    first weight block) and no store; with `PDL` 1 no prefetch anywhere. Every configuration's code has them."""
-    from archlab.modeling import triton_gemv
-
-    kernel = getattr(triton_gemv, kernel_name)
-    pointers = {name: "*bf16" for name in GEMV_POINTERS}
-    constexprs = dict(ROWS=rows, PROLOGUE=1, HAS_BIAS=False, HAS_RESIDUAL=True, GATED=False)
-    for config in kernel.configs:
-        ptx, plain = (_pdl_ptx(kernel, constexprs, pointers, config, pdl) for pdl in (2, 1))
-        wait, plain_wait = ptx.find("griddepcontrol.wait"), plain.find("griddepcontrol.wait")
-        assert "prefetch.global.L2::evict_last" in ptx[:wait], config
-        assert "prefetch.global.L2::evict_last" not in ptx[wait:] and "prefetch" not in plain, config
-        early, plain_early = _global_accesses(ptx[:wait]), _global_accesses(plain[:plain_wait])
-        assert [line.split()[1] for line in early] == [line.split()[1] for line in plain_early], config
 
 
 class _DriverWithoutGPU:

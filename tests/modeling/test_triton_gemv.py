@@ -118,15 +118,11 @@ def _norm(inputs, dtype=torch.float32, seed=1):
 
 
 def _launched_as(launch: str, monkeypatch) -> None:
-    """`dependent`: the ops go through their PDL twins and the kernels run their dependent-launch code; `prefetching`:
-    and the streaming kernels ask the L2 cache for their weight rows before the wait (`L2_PREFETCH_DEVICES`; under
-    the interpreter the prefetch instructions left out, the loop that addresses them run); `plain`: the ops as they
-    are."""
-    if launch in ("dependent", "prefetching"):
+    """`dependent`: the ops go through their PDL twins and the kernels run their dependent-launch code; `plain`: the
+    ops as they are."""
+    if launch == "dependent":
         monkeypatch.setattr(triton_launch, "PDL_DEVICES", (DEVICE,))
         with_dependent_launch_code(monkeypatch, triton_gemv)
-    if launch == "prefetching":
-        monkeypatch.setattr(triton_gemv, "L2_PREFETCH_DEVICES", (DEVICE,))
 
 
 @runs_kernels
@@ -142,7 +138,7 @@ def _launched_as(launch: str, monkeypatch) -> None:
         (16, 520, 72, False),
     ],
 )
-@pytest.mark.parametrize("launch", ["plain", "dependent", "prefetching"])
+@pytest.mark.parametrize("launch", ["plain", "dependent"])
 def test_each_prologue_with_a_residual_equals_the_unfused_step(
     prologue, rows, inputs, outputs, bias, launch, monkeypatch
 ):
@@ -179,7 +175,7 @@ def test_each_prologue_with_a_residual_equals_the_unfused_step(
         (16, 520, 72, False),
     ],
 )
-@pytest.mark.parametrize("launch", ["plain", "dependent", "prefetching"])
+@pytest.mark.parametrize("launch", ["plain", "dependent"])
 def test_the_gated_gemv_equals_the_unfused_gate_up_product_and_swiglu(
     prologue, rows, inputs, outputs, bias, launch, monkeypatch
 ):

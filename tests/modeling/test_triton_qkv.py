@@ -101,17 +101,15 @@ def _unfused(attention, layer, x, position_embeddings, norm):
 @runs_kernels
 @pytest.mark.parametrize("batch, tokens", [(1, 1), (2, 1), (3, 1), (1, 2), (2, 2)])
 @pytest.mark.parametrize("normed, bias", [(False, False), (True, True)], ids=["plain", "rms_norm-bias"])
-@pytest.mark.parametrize("launch", ["plain", "dependent", "prefetching"])
+@pytest.mark.parametrize("launch", ["plain", "dependent"])
 def test_the_kernel_equals_the_gemv_the_rotation_and_the_cache_write(batch, tokens, normed, bias, launch, monkeypatch):
     """Queries, and the whole cache after the write (the filled positions kept, the step's written at the layer's
     length, nothing else touched), as the unfused step leaves them: 1-4 rows, fp32 to 1e-5 of the scale. Heads of 6
     (3 channel pairs), where the interpreter's configuration streams 2 pairs a program: programs whose pairs straddle
     two heads, and the queries' and keys' last heads."""
-    if launch in ("dependent", "prefetching"):
+    if launch == "dependent":
         monkeypatch.setattr(triton_launch, "PDL_DEVICES", (DEVICE,))
         with_dependent_launch_code(monkeypatch, triton_gemv, triton_qkv)  # (the loop is triton_gemv's)
-    if launch == "prefetching":  # the weight rows asked of the L2 cache first (triton_gemv.L2_PREFETCH_DEVICES)
-        monkeypatch.setattr(triton_gemv, "L2_PREFETCH_DEVICES", (DEVICE,))
     head_dim = 6
     attention = _attention(head_dim, bias)
     norm = _norm(48) if normed else None

@@ -242,8 +242,8 @@ def test_headline_suite_runs_the_goal_rows(tmp_path, monkeypatch, device):
 
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
 def test_tuning_suite_measures_each_setting_against_the_default(tmp_path, device):
-    """cuda-tuning: each setting of the decoding step (the streaming GEMVs' L2 prefetch, without archlab's decoding
-    kernels at batch 1 and a larger batch, the q/k/v GEMV apart from RoPE and the cache writes, the fused layer steps
+    """cuda-tuning: each setting of the decoding step (without archlab's decoding kernels at batch 1 and a larger
+    batch, the q/k/v GEMV apart from RoPE and the cache writes, the fused layer steps
     at every row count, the
     memory-efficient attention, the plain mode and FlexAttention, max-autotune), each on its own copy of the weights
     against archlab's default path, with both sides' first calls; the MoE without archlab's kernels against its
@@ -253,7 +253,7 @@ def test_tuning_suite_measures_each_setting_against_the_default(tmp_path, device
 
     rates = ["--peak-tflops", "1", "--peak-bandwidth", "0.05"] if device == "cpu" else []
     table = run_suites(tmp_path, "--suite", "cuda-tuning", *rates, device=device)
-    assert len(tuning.SETTINGS) == 8
+    assert len(tuning.SETTINGS) == 7
     rows = tuning.ROWS + tuning.LATE_ROWS
     assert {name for _, name in rows} == set(tuning.SETTINGS)
     for batch, name in rows:
