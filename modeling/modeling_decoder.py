@@ -53,7 +53,7 @@ from .losses import (
     share_of_batch,
 )
 from .losses import shift_labels as next_token_targets
-from .moe import collect_router_logits, load_balancing_loss, router_z_loss
+from .moe import collect_router_logits, count_expert_loads, load_balancing_loss, router_z_loss
 from .positions import check_given_position_ids, position_bias, position_ids_from_mask, position_table
 from .pretrained import ArchlabPreTrainedModel
 from .rotary import LayerTypeRotaryEmbeddings, RotaryEmbedding, rotary_per_layer_type
@@ -294,6 +294,8 @@ class DecoderModel(DecoderPreTrainedModel):
         hidden_states = self.norm(hidden_states)
         if output_hidden_states:
             all_hidden_states += (hidden_states,)
+        if self.training and self.has_sparse_layers:
+            count_expert_loads(self.layers, attention_mask)  # the balancing routers' loads (DeepSeek-V3's biases)
         # one (B·T, K) per sparse layer; () if dense (without the walk over the layers: every decoding step)
         router_logits = collect_router_logits(self.layers) if self.has_sparse_layers else ()
         if output_router_logits is None:

@@ -60,9 +60,10 @@ class TopKRouter(nn.Module):
     weights are renormalised under `norm_topk_prob` and then times `routed_scaling_factor`. The scores and weights
     are computed in fp32, as transformers' routers compute them. The bias is a buffer: kept as loaded (as transformers
     keeps it) unless `bias_update_rate` γ > 0, DeepSeek-V3's auxiliary-loss-free balancing: training forwards count
-    the slots each expert takes (`expert_load`) and `update_router_biases`, called after each optimizer step (the
-    Trainer callback `archlab.training.callbacks.RouterBiasCallback`), moves each expert's bias by γ towards the
-    mean load."""
+    the slots each expert takes for the tokens the attention mask keeps (`expert_load`, `count_expert_loads`) and
+    `update_router_biases`, called after each optimizer step (the Trainer callback
+    `archlab.training.callbacks.RouterBiasCallback`), moves each expert's bias by γ towards the mean load. Both
+    buffers stay float32 when the model is cast (`_apply`)."""
 
     def __init__(
         self,
@@ -104,11 +105,37 @@ class TopKRouter(nn.Module):
             top_weights = top_weights / top_weights.sum(dim=-1, keepdim=True)
         if self.routed_scaling_factor != 1.0:
             top_weights = top_weights * self.routed_scaling_factor
-        if self.training and self.expert_load is not None:
-            with torch.no_grad():
-                ones = torch.ones(top_index.numel(), dtype=self.expert_load.dtype, device=top_index.device)
-                self.expert_load.scatter_add_(0, top_index.reshape(-1), ones)
         return router_logits, top_weights, top_index
+
+    @torch.no_grad()
+    def count_load(self, router_logits: torch.Tensor, rows_mask: torch.Tensor | None) -> None:
+        """Add the slots each expert took for the (N, K) `router_logits` of a training forward to `expert_load`,
+        the rows `rows_mask` zeroes (padding) left out: the experts the bias chose, as `route` chose them."""
+        scores = router_scores(router_logits.detach(), self.score_function)
+        top_index = torch.topk(scores + self.e_score_correction_bias.float(), self.top_k, dim=-1).indices  # (N, k)
+        if rows_mask is None:
+            counted = torch.ones(top_index.shape, dtype=torch.float32, device=top_index.device)
+        else:
+            counted = rows_mask[:, None].expand(top_index.shape)
+        self.expert_load.scatter_add_(0, top_index.reshape(-1), counted.reshape(-1).to(self.expert_load.dtype))
+
+    def _apply(self, fn, recurse=True):
+        """`Module._apply` (`.to`, `.half()`, `.cuda()` ...), the balancing buffers kept in float32 whatever the
+        model is cast to: in bf16 a bias of ~1 moves in steps of 2^-7 (a γ of 1e-3 would never move it) and a count
+        past 256 rounds. They go to the device `fn` moves them to."""
+        kept = {
+            name: self._buffers.pop(name)
+            for name in ("e_score_correction_bias", "expert_load")
+            if self._buffers.get(name) is not None and self._buffers[name].dtype == torch.float32
+        }
+        super()._apply(fn, recurse)
+        for name, buffer in kept.items():
+            moved = fn(buffer)
+            if moved.dtype != torch.float32:  # cast: the float32 values on the device `fn` chose
+                meta = buffer.is_meta
+                moved = torch.empty_like(moved, dtype=torch.float32) if meta else buffer.to(moved.device)
+            self._buffers[name] = moved
+        return self
 
 
 def router_scores(router_logits: torch.Tensor, score_function: str = "softmax") -> torch.Tensor:
@@ -271,13 +298,23 @@ def collect_router_logits(layers: Iterable[nn.Module]) -> tuple[torch.Tensor, ..
     return tuple(collected)
 
 
+def count_expert_loads(layers: Iterable[nn.Module], attention_mask: torch.Tensor | None) -> None:
+    """In a training forward, each balancing router (`TopKRouter.expert_load`) counts the slots its experts took, from
+    the router logits its sparse layer left (call before `collect_router_logits` clears them); the tokens a 2-D
+    `attention_mask` pads out are not counted (a padded batch's pads would push the biases against the experts
+    they route to). Counted once a forward: a checkpointed layer's recomputation does not count again."""
+    for layer in layers:
+        mlp = getattr(layer, "mlp", None)
+        if isinstance(mlp, SparseMoeBlock) and mlp.router_logits is not None and mlp.gate.expert_load is not None:
+            mlp.gate.count_load(mlp.router_logits, _rows_mask((mlp.router_logits,), attention_mask))
+
+
 @torch.no_grad()
 def update_router_biases(model: nn.Module) -> int:
     """DeepSeek-V3's auxiliary-loss-free balancing step (Liu et al. 2024, §2.1.2), for every router with a correction
     bias and `bias_update_rate` γ > 0: b_e += γ · sign(mean load − load_e) over the slots counted since the last
     call, which are then cleared. Call it after each optimizer step; under data parallelism on every process, where
-    the counts are summed first (a collective) so every replica moves its biases alike. Returns the routers updated.
-    Counting twice (a gradient-checkpointed layer's forward runs again in backward) changes no sign."""
+    the counts are summed first (a collective) so every replica moves its biases alike. Returns the routers updated."""
     routers = [m for m in model.modules() if isinstance(m, TopKRouter) and m.expert_load is not None]
     if not routers:
         return 0
@@ -388,6 +425,7 @@ __all__ = [
     "SparseMoeBlock",
     "TopKRouter",
     "collect_router_logits",
+    "count_expert_loads",
     "count_parameters",
     "init_moe_weights",
     "load_balancing_loss",

@@ -603,3 +603,38 @@ def test_routers_count_their_training_slots_and_the_balancing_step_moves_biases_
     assert moe.update_router_biases(archlab.DecoderForCausalLM(moe_config())) == 0  # no balancing router
     with pytest.raises(ValueError, match="`router_bias_update_rate` .* `router_correction_bias` is False"):
         moe_config(router_bias_update_rate=0.001)
+
+
+def test_balancing_counts_leave_padding_out_and_the_buffers_stay_float32_when_the_model_is_cast():
+    """`expert_load` counts the slots of the tokens the attention mask keeps (a left-padded row's pads route
+    somewhere too, and would push the biases against those experts), once a forward; cast to bf16 or fp16, the model
+    keeps its correction biases and loads in float32 (in bf16 a bias near 1 moves in steps of 2^-7: a γ of 1e-3 never
+    moved it), and a balancing step still moves them by γ."""
+    config = moe_config(router_score_function="sigmoid", router_correction_bias=True, router_bias_update_rate=1e-3)
+    model = archlab.DecoderForCausalLM(config).train()
+    ids = torch.randint(3, 97, (2, 6))
+    mask = torch.tensor([[0, 0, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1]])
+    model(ids, attention_mask=mask)
+    gate = model.model.layers[0].mlp.gate
+    assert gate.expert_load.sum() == (4 + 6) * 2  # kept tokens x k
+    # the same counts as routing the kept tokens alone
+    router_logits = model(ids, attention_mask=mask, output_router_logits=True).router_logits[0]
+    kept = router_logits[mask.reshape(-1).bool()]
+    chosen = gate.route(kept)[2]
+    expected = torch.bincount(chosen.reshape(-1), minlength=gate.num_experts).float()
+    torch.testing.assert_close(gate.expert_load, 2 * expected)  # (two forwards)
+
+    for dtype in (torch.bfloat16, torch.float16):
+        cast = copy.deepcopy(model).to(dtype)
+        router = cast.model.layers[0].mlp.gate
+        assert router.weight.dtype == dtype
+        assert router.e_score_correction_bias.dtype == router.expert_load.dtype == torch.float32
+        torch.testing.assert_close(router.expert_load, gate.expert_load)
+        router.e_score_correction_bias.fill_(1.0)
+        router.expert_load.copy_(torch.tensor([5.0, 1.0, 1.0, 1.0]))
+        moe.update_router_biases(cast)
+        torch.testing.assert_close(
+            router.e_score_correction_bias, torch.tensor([1 - 1e-3, 1 + 1e-3, 1 + 1e-3, 1 + 1e-3])
+        )
+        with torch.no_grad():  # and the cast model routes
+            cast.eval()(ids, attention_mask=mask)
