@@ -49,6 +49,18 @@ VARIANTS: dict[str, Variant] = {
         dict(use_qk_norm=True, qk_norm_scope="projection"),
         claim="QK-norm over the whole projection (OLMo 2) costs nothing",
     ),
+    "qk_norm_per_head_gains": Variant(
+        dict(use_qk_norm=True, qk_norm_scope="per_head"),
+        claim="QK-norm with a gain per head (Cohere's Command R+) costs nothing",
+    ),
+    "gated_attention": Variant(
+        dict(attention_output_gate="elementwise"),
+        claim="a sigmoid gate on the heads' output before o_proj (Qiu et al. 2025) lowers the loss",
+    ),
+    "gated_attention_headwise": Variant(
+        dict(attention_output_gate="headwise"),
+        claim="one gate per head keeps most of the elementwise gate's gain at 1/head_dim of its parameters",
+    ),
 }
 
 
