@@ -72,6 +72,7 @@ from .loop_processors import (
     check_ids,
     fill_bans,
     fill_forced,
+    first_argmax,
     force_tokens,
     penalise_seen,
     repeated_ngram_bans,
@@ -265,7 +266,7 @@ def choose_tokens(
     scores = force_tokens(scores, buffers.length, buffers.forced_at, buffers.forced_tokens)
     for warper in warpers:
         scores = warper(None, scores)  # score warpers do not read the sequence (SCORE_WARPERS)
-    next_tokens = sample(scores) if do_sample else torch.argmax(scores, dim=-1)
+    next_tokens = sample(scores) if do_sample else first_argmax(scores)
     alive = buffers.unfinished.amax()  # transformers' loop runs this step only while a row is unfinished
     if eos_token_id is not None:
         next_tokens = next_tokens * buffers.unfinished + pad_token_id * (1 - buffers.unfinished)

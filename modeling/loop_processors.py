@@ -155,12 +155,33 @@ def fill_bans(banned_below: torch.Tensor, bans: list[tuple[torch.Tensor, int]]) 
         banned_below[ids] = banned_below[ids].clamp(min=min_length)
 
 
+# `first_argmax`: the entries of a row one program of the first stage reduces, and the fewest a row needs to be split
+ARGMAX_CHUNK = 512
+SPLIT_ARGMAX_FROM = 2 * ARGMAX_CHUNK
+
+
+def first_argmax(scores: torch.Tensor) -> torch.Tensor:
+    """`torch.argmax(scores, dim=-1)` of (B, V) scores in two stages: the maximum and its first index in each chunk
+    of `ARGMAX_CHUNK` entries, then the first chunk holding the largest. The same index (the first of tied maxima, the
+    first NaN, 0 for a row all -inf). Why: inductor never splits an argmax, so a compiled batch-1 step reduced the
+    whole vocabulary in one program, with the token choice's other work fused behind it — the decode-1 profile's
+    18 µs kernel a token on an H200 for 32,000 logits (docs/gpu.md); split, the chunks reduce in parallel."""
+    vocab = scores.shape[-1]
+    if vocab < SPLIT_ARGMAX_FROM:
+        return torch.argmax(scores, dim=-1)
+    chunks = -(-vocab // ARGMAX_CHUNK)
+    padded = torch.nn.functional.pad(scores, (0, chunks * ARGMAX_CHUNK - vocab), value=-math.inf)
+    values, within = padded.view(*scores.shape[:-1], chunks, ARGMAX_CHUNK).max(dim=-1)  # (B, chunks)
+    best = torch.argmax(values, dim=-1, keepdim=True)  # (B, 1)
+    return (best * ARGMAX_CHUNK + within.gather(-1, best)).squeeze(-1)
+
+
 def sample(scores: torch.Tensor) -> torch.Tensor:
     """One token per row from softmax(scores), as `torch.multinomial(probs, 1)` draws it in distribution, by the
     exponential race: argmax of p_i / E_i with E_i ~ Exp(1). No host synchronisation, so it can be in a CUDA graph."""
     probs = torch.softmax(scores, dim=-1)
     race = torch.empty_like(probs).exponential_().clamp_(min=torch.finfo(probs.dtype).tiny)
-    return torch.argmax(probs / race, dim=-1)
+    return first_argmax(probs / race)
 
 
 def repeated_ngram_bans(sequence: torch.Tensor, length: torch.Tensor, n: int, vocab_size: int) -> torch.Tensor:

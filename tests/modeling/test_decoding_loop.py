@@ -732,3 +732,32 @@ def test_an_encoder_decoder_reuses_its_static_cache_for_sources_padded_to_one_le
     del model._prepare_static_cache
     for source, output in zip(sources, outputs):
         assert torch.equal(output, model.generate(source, **kwargs, disable_compile=True))  # unpadded
+
+
+@pytest.mark.parametrize("vocab", [1023, 1024, 1025, 32000, 5000])
+def test_the_two_stage_argmax_picks_torch_argmax_index(vocab):
+    """`first_argmax` (the vocabulary reduced in chunks, then the chunks): `torch.argmax`'s index for every row —
+    the first of tied maxima (within a chunk, across chunks, at a chunk's edge), the first NaN, 0 for a row all -inf,
+    a maximum in the last, partly padded chunk — eagerly and compiled (inductor on CPU)."""
+    from archlab.modeling.loop_processors import ARGMAX_CHUNK, first_argmax
+
+    scores = torch.randn(8, vocab, generator=torch.Generator().manual_seed(vocab))
+    top = scores.max() + 1
+    scores[1, [7, 900]] = top  # tied, in one chunk (or two, below the split)
+    scores[2, [ARGMAX_CHUNK - 1, ARGMAX_CHUNK]] = top  # tied across a chunk's edge
+    scores[3, [vocab - 1, 3]] = top  # the first of two, the other in the last chunk
+    scores[4] = -math.inf
+    scores[5, [vocab // 2, vocab - 2]] = math.nan
+    scores[6, vocab - 1] = top  # alone in the last chunk, padded
+    expected = torch.argmax(scores, dim=-1)
+    assert torch.equal(first_argmax(scores), expected)
+    torch._dynamo.reset()
+    assert torch.equal(torch.compile(first_argmax, backend="inductor", dynamic=False)(scores), expected)
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_a_vocabulary_the_token_choice_splits_decodes_as_transformers_loop(batch, loop_calls):
+    """With 2,100 tokens (the loop's argmax in chunks, `first_argmax`) greedy decoding gives transformers' tokens."""
+    model = randomised(DecoderForCausalLM(tiny_decoder_config(vocab_size=2100)))
+    reference, ours = _both(model, loop_calls, **_prompts(batch), **OUTPUTS, max_new_tokens=12, pad_token_id=0)
+    _assert_same(reference, ours)
