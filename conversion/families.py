@@ -810,6 +810,8 @@ FAMILIES: dict[str, Family] = {
 # attention too and map it (`head_dim_given`).
 IGNORES_PARTIAL_ROTARY = (
     "llama",
+    "internlm3",
+    "iquestcoder",
     "mistral",
     "mixtral",
     "qwen2",

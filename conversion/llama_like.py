@@ -13,6 +13,10 @@
   drops them.
 - Jais 2 (Inception): LayerNorm with biases (`layer_norm_eps`), a plain MLP (up, ReLU², down) with biases, biases on
   q/k/v/o.
+- InternLM3 (Shanghai AI Laboratory) and IQuest-Coder (IQuestLab): Llama itself under their own `model_type`
+  (transformers runs both on `LlamaForCausalLM`, which their folders name); InternLM3's attention and MLP biases are
+  one setting (its config refuses them unequal: archlab's `attention_bias` and `mlp_bias` must then be equal to
+  export).
 """
 
 from __future__ import annotations
@@ -28,8 +32,11 @@ from transformers import (
     Ernie4_5_MoeForCausalLM,
     Ernie4_5Config,
     Ernie4_5ForCausalLM,
+    InternLM3Config,
+    IQuestCoderConfig,
     Jais2Config,
     Jais2ForCausalLM,
+    LlamaForCausalLM,
     PreTrainedConfig,
 )
 
@@ -148,6 +155,22 @@ ERNIE4_5_MOE = Family(
         Layout(to_archlab=_ernie_moe_weights_to_archlab, from_archlab=_ernie_moe_weights_from_archlab)
     ),
 )
-LLAMA_LIKE_FAMILIES = (CWM, ERNIE4_5, ERNIE4_5_MOE, JAIS2)
 
-__all__ = ["CWM", "ERNIE4_5", "ERNIE4_5_MOE", "JAIS2", "LLAMA_LIKE_FAMILIES"]
+# --- InternLM3, IQuest-Coder: Llama under another model_type ---------------------------------------------------------
+
+INTERNLM3_FIELDS = {
+    **same(*(name for name in LLAMA_FIELDS if name not in ("attention_bias", "mlp_bias"))),
+    "attention_bias": ("attention_bias", "mlp_bias"),  # its `mlp_bias` equals it (InternLM3Config refuses otherwise)
+}
+INTERNLM3 = Family(
+    InternLM3Config,
+    LlamaForCausalLM,
+    DecoderForCausalLM,
+    fields=INTERNLM3_FIELDS,
+    from_archlab=lambda config: {"mlp_bias": config.mlp_bias},
+)
+IQUESTCODER = Family(IQuestCoderConfig, LlamaForCausalLM, DecoderForCausalLM, fields=same(*LLAMA_FIELDS))
+
+LLAMA_LIKE_FAMILIES = (CWM, ERNIE4_5, ERNIE4_5_MOE, JAIS2, INTERNLM3, IQUESTCODER)
+
+__all__ = ["CWM", "ERNIE4_5", "ERNIE4_5_MOE", "INTERNLM3", "IQUESTCODER", "JAIS2", "LLAMA_LIKE_FAMILIES"]

@@ -46,6 +46,8 @@ from transformers import (
     HeliumConfig,
     HunYuanDenseV1Config,
     HunYuanMoEV1Config,
+    InternLM3Config,
+    IQuestCoderConfig,
     Jais2Config,
     LlamaConfig,
     MarianConfig,
@@ -600,6 +602,13 @@ CASES = {
         Jais2Config(**LLAMA_LIKE),
         {"norm_type": "layer_norm", "norm_bias": True, "mlp_type": "plain", "hidden_act": "relu2", "mlp_bias": True},
     ),
+    # InternLM3: Llama under its own model_type, its attention and MLP biases one setting
+    "internlm3": (
+        InternLM3Config(**LLAMA_LIKE, attention_bias=True, mlp_bias=True),
+        {"attention_bias": True, "mlp_bias": True, "norm_position": "pre"},
+    ),
+    # IQuest-Coder: Llama under its own model_type
+    "iquestcoder": (IQuestCoderConfig(**LLAMA_LIKE), {"attention_bias": False, "norm_position": "pre"}),
     # VaultGemma: Gemma2 as a pre-norm block (no norms after the sub-layers), soft-capping, a local and a global layer
     "vaultgemma": (
         VaultGemmaConfig(
@@ -1148,6 +1157,8 @@ NOT_EXPRESSIBLE = {
     "cwm": ({"attention_bias": True}, ["attention_bias"]),
     "ernie4_5": ({"attention_bias": False}, ["attention_bias/mlp_bias"]),
     "jais2": ({"norm_type": "rms_norm", "norm_bias": False}, ["norm_type"]),
+    "internlm3": ({"attention_bias": False}, ["attention_bias/mlp_bias"]),
+    "iquestcoder": ({"use_qk_norm": True}, ["use_qk_norm"]),
     "vaultgemma": ({"norm_position": "sandwich"}, ["norm_position"]),
     "granitemoe": ({"mlp_layer_types": ["dense", "sparse"]}, ["mlp_layer_types"]),
     "granitemoeshared": ({"shared_expert_gate": True}, ["shared_expert_gate"]),
