@@ -96,6 +96,7 @@ from .layernorm_decoders import LAYERNORM_DECODERS
 from .llama_like import LLAMA_LIKE_FAMILIES
 from .marian import MARIAN
 from .mbart import MBART
+from .olmo import OLMO
 from .olmoe import OLMOE_FAMILIES
 from .phi3 import PHI3
 from .roberta import ROBERTA
@@ -789,6 +790,7 @@ FAMILIES: dict[str, Family] = {
         *GRANITE_FAMILIES,
         *COHERE_FAMILIES,
         *HUNYUAN_FAMILIES,
+        OLMO,
         *OLMOE_FAMILIES,
         *LLAMA_LIKE_FAMILIES,
         *FUSED_DECODERS,
@@ -810,6 +812,7 @@ FAMILIES: dict[str, Family] = {
 # attention too and map it (`head_dim_given`).
 IGNORES_PARTIAL_ROTARY = (
     "llama",
+    "olmo",
     "internlm3",
     "iquestcoder",
     "mistral",

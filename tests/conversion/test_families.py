@@ -61,6 +61,7 @@ from transformers import (
     MT5Config,
     Olmo2Config,
     Olmo3Config,
+    OlmoConfig,
     OlmoeConfig,
     OpenAIGPTConfig,
     OPTConfig,
@@ -601,6 +602,11 @@ CASES = {
     "jais2": (
         Jais2Config(**LLAMA_LIKE),
         {"norm_type": "layer_norm", "norm_bias": True, "mlp_type": "plain", "hidden_act": "relu2", "mlp_bias": True},
+    ),
+    # OLMo: LayerNorms without gain or bias (archlab's gains of ones), q/k/v/o biases
+    "olmo": (
+        OlmoConfig(**QWEN2_SHAPE, attention_bias=True),
+        {"norm_type": "layer_norm", "norm_bias": False, "rms_norm_eps": 1e-5, "attention_bias": True},
     ),
     # InternLM3: Llama under its own model_type, its attention and MLP biases one setting
     "internlm3": (
@@ -1158,6 +1164,7 @@ NOT_EXPRESSIBLE = {
     "ernie4_5": ({"attention_bias": False}, ["attention_bias/mlp_bias"]),
     "jais2": ({"norm_type": "rms_norm", "norm_bias": False}, ["norm_type"]),
     "internlm3": ({"attention_bias": False}, ["attention_bias/mlp_bias"]),
+    "olmo": ({"norm_bias": True}, ["norm_bias"]),
     "iquestcoder": ({"use_qk_norm": True}, ["use_qk_norm"]),
     "vaultgemma": ({"norm_position": "sandwich"}, ["norm_position"]),
     "granitemoe": ({"mlp_layer_types": ["dense", "sparse"]}, ["mlp_layer_types"]),
@@ -1516,6 +1523,8 @@ NOT_IMPORTABLE = {
     # no `head_dim` field in their configs: their RoPE reads one from config.json, their attention takes hidden / heads
     "stablelm-undeclared-head-dim": (StableLmConfig(**QWEN2_SHAPE, head_dim=16), ["head_dim"]),
     "gpt_neox-undeclared-head-dim": (GPTNeoXConfig(**NEOX_SHAPE, head_dim=16), ["head_dim"]),
+    # OLMo-7B-0424's q/k/v clamp
+    "olmo-clip-qkv": (OlmoConfig(**QWEN2_SHAPE, clip_qkv=8.0), ["clip_qkv"]),
     # Phi's QK LayerNorms are hidden / heads wide whatever head size its attention reads
     "phi-qk-layernorm-head-size": (
         PhiConfig(**QWEN2_SHAPE, head_dim=16, qk_layernorm=True),
@@ -1530,6 +1539,26 @@ def test_import_refuses_what_archlab_cannot_compute(case):
     with pytest.raises(ConversionError) as err:
         FAMILIES[stock_config.model_type].archlab_config(stock_config.to_dict())
     assert all(name in str(err.value) for name in named), str(err.value)
+
+
+def test_olmo_export_refuses_norm_gains_other_than_one(folders, tmp_path):
+    """OLMo's LayerNorms have no gain: an archlab model converted from OLMo exports while its gains are 1, and one
+    whose gains moved (trained after the import) is refused with the tensors named, nothing written."""
+    from safetensors.torch import load_file, save_file
+
+    archlab_folder = folders["olmo"][1] / "archlab"
+    convert_checkpoint(archlab_folder, tmp_path / "back", to="olmo")
+    trained = tmp_path / "trained"
+    trained.mkdir()
+    for item in archlab_folder.iterdir():
+        if item.is_file():
+            (trained / item.name).write_bytes(item.read_bytes())
+    weights = load_file(trained / "model.safetensors")
+    weights["model.layers.1.post_attention_layernorm.weight"] = weights["model.norm.weight"] * 1.5
+    save_file(weights, trained / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(ConversionError, match=r"no gain.*model\.layers\.1\.post_attention_layernorm\.weight"):
+        convert_checkpoint(trained, tmp_path / "refused", to="olmo")
+    assert not (tmp_path / "refused").exists()
 
 
 def test_checkpoints_saved_from_the_base_model_and_legacy_names_convert(folders, tmp_path):
