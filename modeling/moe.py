@@ -305,8 +305,12 @@ def count_expert_loads(layers: Iterable[nn.Module], attention_mask: torch.Tensor
     they route to). Counted once a forward: a checkpointed layer's recomputation does not count again."""
     for layer in layers:
         mlp = getattr(layer, "mlp", None)
-        if isinstance(mlp, SparseMoeBlock) and mlp.router_logits is not None and mlp.gate.expert_load is not None:
-            mlp.gate.count_load(mlp.router_logits, _rows_mask((mlp.router_logits,), attention_mask))
+        if not isinstance(mlp, SparseMoeBlock) or mlp.router_logits is None:
+            continue
+        # the router itself, inside PEFT's wrapper where `target_parameters` wrapped it (which forwards no attribute)
+        router = next(module for module in mlp.gate.modules() if isinstance(module, TopKRouter))
+        if router.expert_load is not None:
+            router.count_load(mlp.router_logits, _rows_mask((mlp.router_logits,), attention_mask))
 
 
 @torch.no_grad()

@@ -336,6 +336,16 @@ def test_moe_helpers_find_a_router_and_experts_that_peft_wraps(monkeypatch):
     assert decode_block._moe_fits(plain, hidden)  # the check this test relies on passes for a plain layer
     assert not decode_block._moe_fits(model.eval().base_model.model.model.layers[0], hidden)
 
+    # a balancing router (DeepSeek-V3's correction bias) inside the wrapper counts its loads and moves its biases
+    balancing = dict(router_score_function="sigmoid", router_correction_bias=True, router_bias_update_rate=0.1)
+    model = get_peft_model(DecoderForCausalLM(tiny_decoder_config(**dict(config.to_diff_dict(), **balancing))), lora)
+    model.train()(input_ids=ids, labels=ids)
+    router = next(m for m in model.modules() if isinstance(m, moe.TopKRouter))
+    assert router.expert_load.sum() == ids.numel() * 2  # tokens x k
+    router.expert_load.copy_(torch.tensor([3.0, 1.0, 0.0, 0.0]))
+    assert moe.update_router_biases(model) == config.num_hidden_layers
+    torch.testing.assert_close(router.e_score_correction_bias, torch.tensor([-0.1, 0.0, 0.1, 0.1]))  # mean 1
+
 
 EMBEDDING_CASES = {
     "decoder": (lambda: DecoderForCausalLM(tiny_decoder_config()), 97, "CAUSAL_LM"),
