@@ -1,4 +1,5 @@
-"""CWM, ERNIE 4.5 and Jais 2: Llama's names and block with one or two changes each, as `Family` rows.
+"""CWM, ERNIE 4.5, Jais 2, Nemotron, InternLM3 and IQuest-Coder: Llama's names and block with one or two changes each,
+as `Family` rows.
 
 - CWM (Meta's Code World Model): local layers interleaved with global ones (`sliding_window`, `layer_types`: every
   fourth layer global by default), llama3 RoPE scaling, no attention bias.
@@ -13,6 +14,9 @@
   drops them.
 - Jais 2 (Inception): LayerNorm with biases (`layer_norm_eps`), a plain MLP (up, ReLU², down) with biases, biases on
   q/k/v/o.
+- Nemotron (NVIDIA: Nemotron-4, Minitron): LayerNorm1P — a LayerNorm with a bias whose gain is stored as w of
+  (1 + w) (archlab's `norm_type="offset_layer_norm"`, `norm_eps`), a plain MLP (up, ReLU², down), RoPE over
+  `partial_rotary_factor` of each head (0.5 by default).
 - InternLM3 (Shanghai AI Laboratory) and IQuest-Coder (IQuestLab): Llama itself under their own `model_type`
   (transformers runs both on `LlamaForCausalLM`, which their folders name); InternLM3's attention and MLP biases are
   one setting (its config refuses them unequal: archlab's `attention_bias` and `mlp_bias` must then be equal to
@@ -37,6 +41,8 @@ from transformers import (
     Jais2Config,
     Jais2ForCausalLM,
     LlamaForCausalLM,
+    NemotronConfig,
+    NemotronForCausalLM,
     PreTrainedConfig,
 )
 
@@ -156,6 +162,16 @@ ERNIE4_5_MOE = Family(
     ),
 )
 
+# --- Nemotron: LayerNorm1P, ReLU², partial RoPE ---------------------------------------------------------------------
+
+NEMOTRON = Family(
+    NemotronConfig,
+    NemotronForCausalLM,
+    DecoderForCausalLM,
+    fields={**same(*(name for name in LLAMA_FIELDS if name != "rms_norm_eps")), "norm_eps": "rms_norm_eps"},
+    implied={"norm_type": "offset_layer_norm", "norm_bias": True, "mlp_type": "plain"},
+)
+
 # --- InternLM3, IQuest-Coder: Llama under another model_type ---------------------------------------------------------
 
 INTERNLM3_FIELDS = {
@@ -171,6 +187,6 @@ INTERNLM3 = Family(
 )
 IQUESTCODER = Family(IQuestCoderConfig, LlamaForCausalLM, DecoderForCausalLM, fields=same(*LLAMA_FIELDS))
 
-LLAMA_LIKE_FAMILIES = (CWM, ERNIE4_5, ERNIE4_5_MOE, JAIS2, INTERNLM3, IQUESTCODER)
+LLAMA_LIKE_FAMILIES = (CWM, ERNIE4_5, ERNIE4_5_MOE, JAIS2, NEMOTRON, INTERNLM3, IQUESTCODER)
 
-__all__ = ["CWM", "ERNIE4_5", "ERNIE4_5_MOE", "INTERNLM3", "IQUESTCODER", "JAIS2", "LLAMA_LIKE_FAMILIES"]
+__all__ = ["CWM", "ERNIE4_5", "ERNIE4_5_MOE", "INTERNLM3", "IQUESTCODER", "JAIS2", "LLAMA_LIKE_FAMILIES", "NEMOTRON"]

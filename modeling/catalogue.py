@@ -32,7 +32,10 @@ POSITION_SCHEMES: dict[str, PositionScheme] = {
 # The schemes the encoder-decoder implements.
 SEQ2SEQ_POSITION_SCHEMES = ("sinusoidal", "learned", "relative_bias", "none")
 
-NORM_TYPES = ("rms_norm", "offset_rms_norm", "layer_norm")  # offset: Gemma's (1 + w) gain
+# offset: the gain stored as w of (1 + w) (Gemma's RMSNorm, Nemotron's LayerNorm1P)
+NORM_TYPES = ("rms_norm", "offset_rms_norm", "layer_norm", "offset_layer_norm")
+LAYER_NORM_TYPES = ("layer_norm", "offset_layer_norm")  # a bias by default
+OFFSET_NORM_TYPES = ("offset_rms_norm", "offset_layer_norm")  # the gain stored as w of (1 + w)
 
 # Where the norms sit around a layer's sub-layers (blocks.py for the decoder, seq2seq_layers.py for the stacks).
 DECODER_NORM_POSITIONS = ("pre", "post", "sandwich", "parallel", "parallel_shared_norm", "deepnorm", "output")
@@ -79,6 +82,8 @@ __all__ = [
     "MLP_TYPES",
     "MLP_WIDTH_RULES",
     "NORM_TYPES",
+    "LAYER_NORM_TYPES",
+    "OFFSET_NORM_TYPES",
     "POSITION_SCHEMES",
     "PositionScheme",
     "QK_NORM_SCOPES",

@@ -22,6 +22,7 @@ from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 from .catalogue import (
     ATTENTION_OUTPUT_GATES,
     DECODER_NORM_POSITIONS,
+    LAYER_NORM_TYPES,
     LAYER_TYPES,
     MLP_LAYER_TYPES,
     MLP_TYPES,
@@ -242,14 +243,15 @@ class DecoderConfig(PreTrainedConfig):
 
     Architecture catalogue (seed 000 §5.2, seed 004; Mistral / Gemma2 / Qwen3 / T5 names where they have the concept;
     the allowed values are the registries of `catalogue.py`):
-        norm_type (`str`, `"rms_norm"`): `"rms_norm"`, `"offset_rms_norm"` (Gemma's (1 + w) gain) or `"layer_norm"`.
+        norm_type (`str`, `"rms_norm"`): `"rms_norm"`, `"offset_rms_norm"` (Gemma's (1 + w) gain), `"layer_norm"` or
+            `"offset_layer_norm"` (Nemotron's LayerNorm1P: a (1 + w) gain and a bias).
         norm_position (`str`, `"pre"`): where the norms sit (blocks.py): `"pre"` (Llama), `"post"` (Vaswani et al.),
             `"sandwich"` (Gemma2), `"parallel"` (attention and MLP on the same input: GPT-NeoX, PaLM),
             `"parallel_shared_norm"` (the parallel block with one norm for both: GPT-J, Falcon-7B, Phi),
             `"deepnorm"` (post-norm with DeepNet's α-weighted residual and β-scaled init) or `"output"` (no norm
             before a sub-layer: its output is normed before the residual add, x + N(Attn(x)); OLMo 2's "reordered
             norm", OLMo 2 report 2024, and Swin Transformer V2's res-post-norm; a final norm after the stack).
-        norm_bias (`bool`, *optional*): a LayerNorm bias; None is True for `"layer_norm"`, False for the RMS norms.
+        norm_bias (`bool`, *optional*): a LayerNorm bias; None is True for the LayerNorms, False for the RMS norms.
         deepnorm_alpha / deepnorm_beta (`float`, *optional*): DeepNet's α and β; None is (2N)^¼ and (8N)^-¼.
         mlp_type (`str`, `"gated"`): `"gated"` = down(act(gate x) ⊙ up x) (SwiGLU with silu, GeGLU with gelu) or
             `"plain"` = down(act(up x)) (the ReLU/GELU FFN of the original Transformer and GPT).
@@ -728,7 +730,7 @@ def _resolve_catalogue_defaults(config: Any) -> None:
             config.hidden_size, config.mlp_width_rule, config.mlp_width_multiple_of
         )
     if config.norm_bias is None:
-        config.norm_bias = config.norm_type == "layer_norm"
+        config.norm_bias = config.norm_type in LAYER_NORM_TYPES
     if config.layer_types is None and isinstance(config.num_hidden_layers, int):
         # Mistral: a window means every layer is local. Always a list, as transformers' mask/cache helpers expect.
         kind = "full_attention" if config.sliding_window is None else "sliding_attention"
@@ -762,8 +764,10 @@ def _validate_catalogue(config: Any) -> None:
             f"`position_embedding_type` is {config.position_embedding_type!r}: allowed values are 0, or any with "
             "'learned'."
         )
-    if config.norm_bias and config.norm_type != "layer_norm":
-        raise ValueError(f"`norm_bias=True` needs `norm_type='layer_norm'`: {config.norm_type!r} has no bias.")
+    if config.norm_bias and config.norm_type not in LAYER_NORM_TYPES:
+        raise ValueError(
+            f"`norm_bias=True` needs `norm_type` 'layer_norm' or 'offset_layer_norm': {config.norm_type!r} has no bias."
+        )
     for name in ("deepnorm_alpha", "deepnorm_beta"):
         if getattr(config, name) is not None:
             check_positive(config, name, integer=False)

@@ -65,7 +65,8 @@ class Seq2SeqConfig(PreTrainedConfig):
     `forced_eos_token_id`.
 
     archlab fields:
-        norm_type (`str`, defaults to `"layer_norm"`): `"layer_norm"`, `"rms_norm"` or `"offset_rms_norm"`.
+        norm_type (`str`, defaults to `"layer_norm"`): `"layer_norm"`, `"rms_norm"`, `"offset_rms_norm"` or
+            `"offset_layer_norm"`.
         layer_norm_eps (`float`, defaults to 1e-5): epsilon of every norm (nn.LayerNorm's default, as Marian).
         norm_position (`str`, defaults to `"post"`): `"post"` (the paper, Marian: norm after each residual add),
             `"pre"` (norm before each sub-layer, plus a final norm per stack: mBART, T5) or `"sandwich"` (pre and

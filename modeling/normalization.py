@@ -5,6 +5,8 @@
 - `OffsetRMSNorm`: RMSNorm whose gain is stored as (1 + w), w initialised to 0 — Gemma/Gemma2's `Gemma2RMSNorm`,
   numerically identical to it (the whole computation in fp32). Weight decay then pulls the gain towards 1, not 0.
 - `LayerNorm` (Ba et al. 2016): `torch.nn.LayerNorm`, as in the original Transformer, GPT, BLOOM and GPT-NeoX.
+- `OffsetLayerNorm`: LayerNorm whose gain is stored as (1 + w), w initialised to 0 — Nemotron's `LayerNorm1P`
+  (zero-centred gamma: weight decay pulls the gain towards 1), numerically identical to it.
 - `PerHeadNorm`: any of the three over each attention head's channels, with a gain per head (QK-norm's `"per_head"`
   scope: Command R+, StableLM 2 12B).
 
@@ -16,6 +18,8 @@ from __future__ import annotations
 
 import torch
 from torch import nn
+
+from .catalogue import LAYER_NORM_TYPES, OFFSET_NORM_TYPES
 
 # torch's fused RMSNorm ops (torch >= 2.8; None in older torch, which then runs the op-by-op forms). The forward runs
 # on every device (on CPU as its decomposition); the backward has a CUDA kernel only (`FUSED_BACKWARD_DEVICES`).
@@ -134,14 +138,32 @@ class LayerNorm(nn.LayerNorm):
         super().__init__(hidden_size, eps=eps, bias=bias)
 
 
-NORMS: dict[str, type[nn.Module]] = {"rms_norm": RMSNorm, "offset_rms_norm": OffsetRMSNorm, "layer_norm": LayerNorm}
+class OffsetLayerNorm(nn.LayerNorm):
+    """y = (x - mean) / sqrt(var + eps) · (1 + w) + b, w initialised to 0 (Nemotron's LayerNorm1P). Not a subclass
+    of `LayerNorm`: what patches or fuses that one (Liger's kernel) would read w as the gain."""
+
+    def __init__(self, hidden_size: int, eps: float = 1e-5, bias: bool = True) -> None:
+        super().__init__(hidden_size, eps=eps, bias=bias)
+        with torch.no_grad():
+            self.weight.zero_()
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return nn.functional.layer_norm(hidden_states, self.normalized_shape, self.weight + 1.0, self.bias, self.eps)
+
+
+NORMS: dict[str, type[nn.Module]] = {
+    "rms_norm": RMSNorm,
+    "offset_rms_norm": OffsetRMSNorm,
+    "layer_norm": LayerNorm,
+    "offset_layer_norm": OffsetLayerNorm,
+}
 
 
 class PerHeadNorm(nn.Module):
     """`norm_type`'s normalisation of each head's channels with a gain (and a LayerNorm's bias) per head and channel,
     (heads, head_dim): QK-norm with `qk_norm_scope="per_head"` (Command R+'s `CohereLayerNorm((heads, head_dim))`,
     StableLM 2 12B's LayerNorm per head). Reads heads as (B, heads, T, head_dim); computed in fp32 and cast back, as
-    Cohere's. The statistics are those of the norm type; an offset RMSNorm's gain is 1 + w, w initialised to 0."""
+    Cohere's. The statistics are those of the norm type; an offset norm's gain is 1 + w, w initialised to 0."""
 
     def __init__(self, norm_type: str, heads: int, head_dim: int, eps: float, bias: bool | None = None) -> None:
         super().__init__()
@@ -149,18 +171,18 @@ class PerHeadNorm(nn.Module):
             raise ValueError(
                 f"`norm_type`={norm_type!r} is not supported; allowed values: {', '.join(map(repr, NORMS))}."
             )
-        bias = norm_type == "layer_norm" if bias is None else bias
-        if bias and norm_type != "layer_norm":
+        bias = norm_type in LAYER_NORM_TYPES if bias is None else bias
+        if bias and norm_type not in LAYER_NORM_TYPES:
             raise ValueError("RMSNorm has no bias: set `norm_bias=False` or use `norm_type='layer_norm'`.")
         self.norm_type = norm_type
         self.eps = eps
-        self.offset = norm_type == "offset_rms_norm"
+        self.offset = norm_type in OFFSET_NORM_TYPES
         self.weight = nn.Parameter((torch.zeros if self.offset else torch.ones)(heads, head_dim))
         self.bias = nn.Parameter(torch.zeros(heads, head_dim)) if bias else None
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         x = hidden_states.float()
-        if self.norm_type == "layer_norm":
+        if self.norm_type in LAYER_NORM_TYPES:
             x = x - x.mean(-1, keepdim=True)
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
         gain = self.weight.float()[:, None, :]  # (heads, 1, head_dim) against (B, heads, T, head_dim)
@@ -179,4 +201,13 @@ def make_norm(norm_type: str, hidden_size: int, eps: float, bias: bool | None = 
     return norm_class(hidden_size, eps=eps) if bias is None else norm_class(hidden_size, eps=eps, bias=bias)
 
 
-__all__ = ["NORMS", "RMSNorm", "rms_normalized", "OffsetRMSNorm", "LayerNorm", "PerHeadNorm", "make_norm"]
+__all__ = [
+    "NORMS",
+    "LayerNorm",
+    "OffsetLayerNorm",
+    "OffsetRMSNorm",
+    "PerHeadNorm",
+    "RMSNorm",
+    "make_norm",
+    "rms_normalized",
+]

@@ -21,7 +21,7 @@ from transformers.utils import logging
 from .hub_mixin import HubMixin
 from .import_hooks import after_import
 from .moe import init_moe_weights
-from .normalization import OffsetRMSNorm, PerHeadNorm
+from .normalization import OffsetLayerNorm, OffsetRMSNorm, PerHeadNorm
 from .peft_defaults import PEFT_CONSTANTS_MODULE, register_with_peft
 from .positions import ALiBiBias, alibi_slopes
 from .signatures import keep_signatures
@@ -75,8 +75,8 @@ class ArchlabPreTrainedModel(HubMixin, PreTrainedModel):
             return  # its weight becomes another module's parameter (seq2seq's TiedEmbedding)
         super()._init_weights(module)
         init_moe_weights(module, self.config.initializer_range)  # expert tensors and routers; no-op otherwise
-        if isinstance(module, OffsetRMSNorm):
-            init.zeros_(module.weight)  # the gain is 1 + w
+        if isinstance(module, (OffsetRMSNorm, OffsetLayerNorm)):
+            init.zeros_(module.weight)  # the gain is 1 + w (transformers' init set a LayerNorm's to 1)
         elif isinstance(module, PerHeadNorm):  # QK-norm's gain per head: 1 (or w = 0 of 1 + w), no shift
             (init.zeros_ if module.offset else init.ones_)(module.weight)
             if module.bias is not None:

@@ -59,6 +59,7 @@ from transformers import (
     MixtralConfig,
     MptConfig,
     MT5Config,
+    NemotronConfig,
     Olmo2Config,
     Olmo3Config,
     OlmoConfig,
@@ -607,6 +608,16 @@ CASES = {
     "olmo": (
         OlmoConfig(**QWEN2_SHAPE, attention_bias=True),
         {"norm_type": "layer_norm", "norm_bias": False, "rms_norm_eps": 1e-5, "attention_bias": True},
+    ),
+    # Nemotron: LayerNorm1P ((1 + w) gain, bias), ReLU² MLP, RoPE over half of each head, q/k/v/o and MLP biases
+    "nemotron": (
+        NemotronConfig(
+            **LLAMA_LIKE,
+            attention_bias=True,
+            mlp_bias=True,
+            rope_parameters={"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.5},
+        ),
+        {"norm_type": "offset_layer_norm", "norm_bias": True, "mlp_type": "plain", "hidden_act": "relu2"},
     ),
     # InternLM3: Llama under its own model_type, its attention and MLP biases one setting
     "internlm3": (
@@ -1165,6 +1176,7 @@ NOT_EXPRESSIBLE = {
     "jais2": ({"norm_type": "rms_norm", "norm_bias": False}, ["norm_type"]),
     "internlm3": ({"attention_bias": False}, ["attention_bias/mlp_bias"]),
     "olmo": ({"norm_bias": True}, ["norm_bias"]),
+    "nemotron": ({"norm_type": "layer_norm"}, ["norm_type"]),
     "iquestcoder": ({"use_qk_norm": True}, ["use_qk_norm"]),
     "vaultgemma": ({"norm_position": "sandwich"}, ["norm_position"]),
     "granitemoe": ({"mlp_layer_types": ["dense", "sparse"]}, ["mlp_layer_types"]),
@@ -1648,12 +1660,12 @@ TAGS = {0: "O", 1: "B-NUM", 2: "I-NUM", 3: "B-WORD", 4: "I-WORD"}
 
 
 def test_every_generic_token_and_qa_head_is_checked():
-    """Llama, Mistral, Ministral, Mixtral, Qwen2, Qwen2-MoE, Qwen3, Qwen3-MoE, SmolLM3, EXAONE 4, Arcee and Seed-OSS
-    (both heads), GPT-J (question answering), Gemma, Gemma2, GLM, GLM-4, Helium, Phi, Phi-3, StableLM and StarCoder2
-    (tokens)."""
+    """Llama, Mistral, Ministral, Mixtral, Qwen2, Qwen2-MoE, Qwen3, Qwen3-MoE, SmolLM3, EXAONE 4, Arcee, Seed-OSS and
+    Nemotron (both heads), GPT-J (question answering), Gemma, Gemma2, GLM, GLM-4, Helium, Phi, Phi-3, StableLM and
+    StarCoder2 (tokens)."""
     qa, tokens = {_family(case).name for case in QA_CASES}, {_family(case).name for case in TOKEN_CASES}
     both = {"llama", "mistral", "ministral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "smollm3"}
-    both |= {"exaone4", "arcee", "seed_oss"}
+    both |= {"exaone4", "arcee", "seed_oss", "nemotron"}
     assert qa == both | {"gptj"} and both <= tokens
     assert {"gemma", "gemma2", "glm", "glm4", "helium", "phi", "phi3", "stablelm", "starcoder2"} <= tokens
 

@@ -35,7 +35,11 @@ from helpers import (
 
 WINDOW = 4
 CONCERNS: dict[str, dict[str, dict]] = {
-    "norm": {"layer_norm": dict(norm_type="layer_norm"), "offset_rms_norm": dict(norm_type="offset_rms_norm")},
+    "norm": {
+        "layer_norm": dict(norm_type="layer_norm"),
+        "offset_rms_norm": dict(norm_type="offset_rms_norm"),
+        "offset_layer_norm": dict(norm_type="offset_layer_norm"),
+    },
     "placement": {
         name: dict(norm_position=name)
         for name in ("post", "sandwich", "parallel", "parallel_shared_norm", "deepnorm", "output")

@@ -13,6 +13,7 @@ ATOL = 1e-4
 VARIANTS = {
     "layer_norm": dict(norm_type="layer_norm"),
     "offset_rms_norm": dict(norm_type="offset_rms_norm"),
+    "offset_layer_norm": dict(norm_type="offset_layer_norm"),
     "post_norm": dict(norm_position="post"),
     "sandwich_norm": dict(norm_position="sandwich"),
     "parallel_block": dict(norm_position="parallel", norm_type="layer_norm"),

@@ -394,7 +394,7 @@ def test_rope_type_is_checked_at_construction():
         (dict(mlp_type="swish"), r"`mlp_type`.*'gated'.*'plain'"),
         (dict(position_embedding_type="xpos"), r"`position_embedding_type`.*'rope'.*'alibi'.*'relative_bias'"),
         (dict(intermediate_size=None, mlp_width_rule="3d"), r"`mlp_width_rule`.*'4d'.*'8/3d'"),
-        (dict(norm_bias=True), r"`norm_bias=True` needs `norm_type='layer_norm'`"),
+        (dict(norm_bias=True), r"`norm_bias=True` needs `norm_type` 'layer_norm' or 'offset_layer_norm'"),
         (dict(deepnorm_alpha=2.0), r"`deepnorm_alpha` is only used with `norm_position='deepnorm'`"),
         (dict(norm_position="deepnorm", deepnorm_beta=-1.0), r"`deepnorm_beta` must be a positive"),
         (dict(sliding_window=500), r"`sliding_window` \(500\) is larger than the context `max_position_embeddings`"),

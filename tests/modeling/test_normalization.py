@@ -42,12 +42,35 @@ def test_layer_norm_is_torch_layer_norm():
 
 
 def test_make_norm_and_registry():
-    assert set(NORMS) == {"rms_norm", "offset_rms_norm", "layer_norm"}
+    assert set(NORMS) == {"rms_norm", "offset_rms_norm", "layer_norm", "offset_layer_norm"}
     assert make_norm("layer_norm", 8, 1e-5).bias is not None  # LayerNorm keeps its bias by default
     assert make_norm("layer_norm", 8, 1e-5, bias=False).bias is None
     assert isinstance(make_norm("offset_rms_norm", 8, 1e-6), OffsetRMSNorm)
     with pytest.raises(ValueError, match="norm_bias"):
         make_norm("rms_norm", 8, 1e-6, bias=True)
+
+
+def test_offset_layer_norm_is_nemotrons_layernorm1p():
+    """`offset_layer_norm`: LayerNorm with a bias and the gain stored as w of (1 + w), initialised to the identity
+    (w = 0, b = 0) — Nemotron's `NemotronLayerNorm1P`, forward and gradients, for the same w and b."""
+    from transformers.models.nemotron.modeling_nemotron import NemotronLayerNorm1P
+
+    from archlab.modeling.normalization import OffsetLayerNorm
+
+    fresh = make_norm("offset_layer_norm", 16, 1e-5)
+    assert isinstance(fresh, OffsetLayerNorm) and not fresh.weight.any() and not fresh.bias.any()
+    torch.manual_seed(0)
+    ours, ref = OffsetLayerNorm(16, eps=1e-5), NemotronLayerNorm1P(16, eps=1e-5)
+    with torch.no_grad():
+        ours.weight.normal_(0.0, 0.2)
+        ours.bias.normal_(0.0, 0.2)
+        ref.load_state_dict(ours.state_dict())
+    x = torch.randn(2, 5, 16, requires_grad=True)
+    y_ours, y_ref = ours(x), ref(x)
+    torch.testing.assert_close(y_ours, y_ref, atol=0, rtol=0)
+    grads = [torch.autograd.grad(y.square().sum(), (x, m.weight, m.bias)) for y, m in ((y_ours, ours), (y_ref, ref))]
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b)
 
 
 def test_rms_norm_matches_llama_forward_bitwise_and_backward():
@@ -159,6 +182,6 @@ def test_a_per_head_norm_is_each_head_s_own_norm(norm_type):
             if norm.bias is not None:
                 single.bias.copy_(norm.bias[h])
         torch.testing.assert_close(out[:, h], single(heads[:, h]), atol=1e-6, rtol=1e-5)
-    assert (norm.bias is not None) == (norm_type == "layer_norm")
+    assert (norm.bias is not None) == (norm_type in ("layer_norm", "offset_layer_norm"))
     with pytest.raises(ValueError, match="RMSNorm has no bias"):
         PerHeadNorm("rms_norm", 3, 8, eps=1e-5, bias=True)
