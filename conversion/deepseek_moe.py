@@ -4,16 +4,16 @@ no shared expert) and AFMoE (sandwich norms, gated attention, NoPE global layers
 is in `families.py`.
 
 Their sparse layers share DeepSeek-V3's router and experts: sigmoid scores, a per-expert correction bias
-(`mlp.gate.e_score_correction_bias`) that chooses the top k without weighing them, the top-k weights renormalised
-under `norm_topk_prob` and times `routed_scaling_factor` (archlab's `router_score_function="sigmoid"`,
+(`mlp.gate.e_score_correction_bias`) that chooses the top k without weighing them, the top-k weights renormalised under
+`norm_topk_prob` and times `routed_scaling_factor` (archlab's `router_score_function="sigmoid"`,
 `router_correction_bias=True`), `n_routed_experts` experts of `moe_intermediate_size` and an ungated shared expert
 `n_shared_experts` times as wide (`mlp.shared_experts`, archlab's `mlp.shared_expert`); the first
-`first_k_dense_replace` layers are dense (Solar Open has none). Group-limited routing (`topk_group` < `n_group`,
-DeepSeek-V3's) has no archlab field: refused. Their checkpoints hold one module per expert (Qwen2-MoE's layout,
-`experts.py`) and, for GLM-4.5, multi-token-prediction layers past `num_hidden_layers`, which transformers drops on load
-too. Attention: GLM-4.5's is Llama's with biases on q/k/v only, an optional QK-norm per head and rotate-half RoPE over
-`partial_rotary_factor` (0.5) of each head; dots.llm1's is Qwen3's (QK-norm per head, `attention_bias` on q/k/v/o,
-windows from `max_window_layers`); Solar Open's is Llama's with biases on q/k/v only.
+`first_k_dense_replace` layers are dense (Solar Open has none); group-limited routing (`n_group`, `topk_group`) is
+archlab's `router_groups`, `router_top_groups` (AFMoE and MiniMax-M2 have none). Their checkpoints hold one module per
+expert (Qwen2-MoE's layout, `experts.py`) and, for GLM-4.5, multi-token-prediction layers past `num_hidden_layers`,
+which transformers drops on load too. Attention: GLM-4.5's is Llama's with biases on q/k/v only, an optional QK-norm per
+head and rotate-half RoPE over `partial_rotary_factor` (0.5) of each head; dots.llm1's is Qwen3's (QK-norm per head,
+`attention_bias` on q/k/v/o, windows from `max_window_layers`); Solar Open's is Llama's with biases on q/k/v only.
 """
 
 from __future__ import annotations
@@ -63,21 +63,19 @@ FIRST_DENSE = {"glm4_moe": "first_k_dense_replace", "dots1": "first_k_dense_repl
 
 
 def shared_expert_to_archlab(stock: PreTrainedConfig, shared_field: str = "n_shared_experts") -> dict[str, Any]:
-    """The ungated shared expert's width (`shared_field` experts of `moe_intermediate_size`); refuses none and
-    group-limited routing."""
-    wrong = {}
+    """The ungated shared expert's width (`shared_field` experts of `moe_intermediate_size`), refusing none; and the
+    group-limited routing (`n_group`, `topk_group`: archlab's `router_groups`, `router_top_groups`) where the family
+    has it."""
     shared = getattr(stock, shared_field)
     if not shared:
-        wrong[setting(stock, shared_field)] = "archlab has no zero-width shared expert (its tensors exist)"
-    groups, chosen = getattr(stock, "n_group", 1), getattr(stock, "topk_group", 1)  # (AFMoE has no groups)
-    if chosen < groups:
-        wrong[f"n_group={groups!r}, topk_group={chosen!r}"] = "archlab has no group-limited routing"
-    refuse_import(stock.model_type, wrong)
-    return {"shared_expert_intermediate_size": stock.moe_intermediate_size * shared}
+        refuse_import(stock.model_type, {setting(stock, shared_field): "archlab has no zero-width shared expert"})
+    groups, top = getattr(stock, "n_group", None) or 1, getattr(stock, "topk_group", None)  # (AFMoE has no groups)
+    limited = {} if groups == 1 else {"router_groups": groups, "router_top_groups": top if top < groups else None}
+    return {"shared_expert_intermediate_size": stock.moe_intermediate_size * shared, **limited}
 
 
 def shared_expert_from_archlab(config: PreTrainedConfig, architecture: str, shared_field: str) -> dict[str, Any]:
-    """The stock count of shared experts (and no group-limited routing); refuses a width that is not a multiple."""
+    """The stock count of shared experts and the group-limited routing; refuses a width that is not a multiple."""
     shared, width = config.shared_expert_intermediate_size, config.moe_intermediate_size
     if shared < 1 or shared % width:
         refuse_export(
@@ -88,7 +86,8 @@ def shared_expert_from_archlab(config: PreTrainedConfig, architecture: str, shar
                 )
             },
         )
-    return {shared_field: shared // width, "n_group": 1, "topk_group": 1}
+    groups = config.router_groups
+    return {shared_field: shared // width, "n_group": groups, "topk_group": config.router_top_groups or groups}
 
 
 def _experts_to_archlab(stock: PreTrainedConfig, values: Mapping[str, Any]) -> dict[str, Any]:
@@ -130,7 +129,11 @@ DEEPSEEK_MOE_LAYOUT = Layout(
     from_archlab=lambda state_dict, config: renamed(state_dict, SHARED_EXPERTS, back=True),
 )
 # the router z-loss only changes training; it is dropped on export
-EXPRESSIBLE = frozenset({"head_dim", "mlp_layer_types", "shared_expert_intermediate_size", "router_z_loss_coef"})
+# (group-limited routing: `n_group` / `topk_group`, from and to the config in `shared_expert_*_archlab`)
+ROUTER_GROUPS = frozenset({"router_groups", "router_top_groups"})
+EXPRESSIBLE = frozenset(
+    {"head_dim", "mlp_layer_types", "shared_expert_intermediate_size", "router_z_loss_coef", *ROUTER_GROUPS}
+)
 SOLAR_OPEN_EXPRESSIBLE = EXPRESSIBLE - {"head_dim"}
 
 
@@ -350,6 +353,7 @@ __all__ = [
     "GLM4_MOE",
     "MINIMAX_M2",
     "SOLAR_OPEN",
+    "ROUTER_GROUPS",
     "shared_expert_from_archlab",
     "shared_expert_to_archlab",
 ]

@@ -81,6 +81,7 @@ from .cohere import COHERE_FAMILIES
 from .deepseek_moe import (
     DEEPSEEK_MOE_FAMILIES,
     DEEPSEEK_ROUTER,
+    ROUTER_GROUPS,
     shared_expert_from_archlab,
     shared_expert_to_archlab,
 )
@@ -760,7 +761,8 @@ FAMILIES: dict[str, Family] = {
             # the router z-loss only changes training; it is dropped on export
             expressible=frozenset(
                 {"head_dim", "nope_layers", "sliding_window", "shared_expert_intermediate_size", "router_z_loss_coef"}
-            ),
+            )
+            | ROUTER_GROUPS,
             layout=EXAONE_MOE_LAYOUT,
         ),
         Family(

@@ -220,6 +220,9 @@ def _experts(config: dict[str, Any]) -> str:
         text += " on sigmoid scores" + (" with a correction bias" if config.get("router_correction_bias") else "")
         if config.get("router_bias_update_rate"):
             text += f" (auxiliary-loss-free balancing, rate {config['router_bias_update_rate']:g})"
+    groups, top_groups = config.get("router_groups") or 1, config.get("router_top_groups")
+    if groups > 1 and top_groups and top_groups < groups:  # DeepSeek-V3's group-limited routing
+        text += f", from the best {top_groups} of {groups} expert groups"
     if config.get("moe_intermediate_size"):
         text += f", expert width {config['moe_intermediate_size']}"
     shared = _first(config, "num_shared_experts", "shared_expert_intermediate_size", default=0)

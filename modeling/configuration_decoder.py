@@ -337,6 +337,11 @@ class DecoderConfig(PreTrainedConfig):
             `archlab.training.callbacks.RouterBiasCallback`. Needs `router_correction_bias=True`.
         routed_scaling_factor (`float`, 1.0): the routed experts' top-k weights times this (DeepSeek-V3), after
             `norm_topk_prob`'s renormalisation.
+        router_groups (`int`, 1): DeepSeek-V3's group-limited routing (`n_group`): the experts in this many equal
+            groups, each scored by the sum of its two best choice scores (scores plus the correction bias); a
+            token's top k is chosen among the experts of its `router_top_groups` best groups only.
+        router_top_groups (`int`, *optional*): how many groups a token's experts come from (`topk_group`); None is
+            every group (no limit).
 
     Training:
         classifier_lm_loss_weight (`float`, 0.0): λ in L = L_FT + λ·L_PT for [`DecoderForSequenceClassification`]
@@ -434,6 +439,8 @@ class DecoderConfig(PreTrainedConfig):
     router_correction_bias: bool = False
     routed_scaling_factor: int | float = 1.0
     router_bias_update_rate: int | float = 0.0
+    router_groups: int = 1
+    router_top_groups: int | None = None
 
     # --- archlab fields ---
     classifier_lm_loss_weight: int | float = 0.0
@@ -860,6 +867,33 @@ def _resolve_moe_defaults(config: Any) -> None:
         config.router_aux_loss_coef = 0.0
 
 
+def _validate_router_groups(config: Any) -> None:
+    """`router_groups` divides the experts into groups of at least 2 (a group is scored by its two best experts);
+    `router_top_groups` is 1 to `router_groups` and leaves at least `num_experts_per_tok` experts to choose from."""
+    check_positive(config, "router_groups")
+    groups, experts = config.router_groups, config.num_local_experts
+    if config.router_top_groups is not None:
+        check_positive(config, "router_top_groups")
+        if config.router_top_groups > groups:
+            raise ValueError(
+                f"`router_top_groups` ({config.router_top_groups}) chooses among `router_groups` ({groups}) groups: "
+                f"allowed values are 1 to {groups}, or None (every group)."
+            )
+    if groups == 1 or not experts:
+        return
+    if experts % groups or experts // groups < 2:
+        raise ValueError(
+            f"`router_groups` ({groups}) splits the `num_local_experts` ({experts}) experts into equal groups of at "
+            "least 2 (a group is scored by its two best experts): allowed values divide it into groups of 2 or more."
+        )
+    top = config.router_top_groups or groups
+    if top * (experts // groups) < config.num_experts_per_tok:
+        raise ValueError(
+            f"`router_top_groups` ({top}) x {experts // groups} experts a group leaves fewer than "
+            f"`num_experts_per_tok` ({config.num_experts_per_tok}) experts to choose."
+        )
+
+
 def _validate_moe(config: Any) -> None:
     check_choice(config, "router_score_function", ROUTER_SCORE_FUNCTIONS)
     check_positive(config, "routed_scaling_factor", integer=False)
@@ -871,6 +905,7 @@ def _validate_moe(config: Any) -> None:
         )
     check_non_negative(config, "num_local_experts")
     check_positive(config, "num_experts_per_tok")
+    _validate_router_groups(config)
     check_non_negative(config, "router_aux_loss_coef")
     check_non_negative(config, "router_z_loss_coef")
     check_non_negative(config, "shared_expert_intermediate_size")

@@ -20,6 +20,7 @@ few tokens, two Triton kernels indexed by the router's choice, is in triton_moe.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 
 import torch
@@ -75,8 +76,12 @@ class TopKRouter(nn.Module):
         correction_bias: bool = False,
         routed_scaling_factor: float = 1.0,
         bias_update_rate: float = 0.0,
+        groups: int = 1,
+        top_groups: int | None = None,
     ) -> None:
         super().__init__()
+        self.groups = groups
+        self.top_groups = groups if top_groups is None else top_groups
         self.top_k = top_k
         self.num_experts = num_experts
         self.norm_topk_prob = norm_topk_prob
@@ -96,10 +101,10 @@ class TopKRouter(nn.Module):
     def route(self, router_logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(logits, top-k weights, top-k experts) from the (N, K) logits (the fused layer step computes them)."""
         scores = router_scores(router_logits, self.score_function)
-        if self.e_score_correction_bias is None:
+        if self.e_score_correction_bias is None and self.top_groups == self.groups:
             top_weights, top_index = torch.topk(scores, self.top_k, dim=-1)  # (N, k)
-        else:  # the bias chooses, the scores weigh
-            top_index = torch.topk(scores + self.e_score_correction_bias.float(), self.top_k, dim=-1).indices
+        else:  # the bias (and the groups) choose, the scores weigh
+            top_index = torch.topk(self.choice_scores(scores), self.top_k, dim=-1).indices
             top_weights = scores.gather(-1, top_index)
         if self.norm_topk_prob:
             top_weights = top_weights / top_weights.sum(dim=-1, keepdim=True)
@@ -107,12 +112,27 @@ class TopKRouter(nn.Module):
             top_weights = top_weights * self.routed_scaling_factor
         return router_logits, top_weights, top_index
 
+    def choice_scores(self, scores: torch.Tensor) -> torch.Tensor:
+        """The (N, K) fp32 scores the top k is chosen by: plus the correction bias, and with group-limited routing
+        (DeepSeek-V3's `n_group` / `topk_group`) -inf outside each token's `top_groups` best groups, a group scored
+        by the sum of its two best (as transformers' GLM-4.5 and dots.llm1 routers choose)."""
+        if self.e_score_correction_bias is not None:
+            scores = scores + self.e_score_correction_bias.float()
+        if self.top_groups == self.groups:
+            return scores
+        rows, experts = scores.shape
+        grouped = scores.view(rows, self.groups, experts // self.groups)
+        group_scores = grouped.topk(2, dim=-1).values.sum(dim=-1)  # (N, groups)
+        chosen = torch.topk(group_scores, self.top_groups, dim=-1).indices
+        kept = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, chosen, True)
+        return grouped.masked_fill(~kept[..., None], -math.inf).view(rows, experts)
+
     @torch.no_grad()
     def count_load(self, router_logits: torch.Tensor, rows_mask: torch.Tensor | None) -> None:
         """Add the slots each expert took for the (N, K) `router_logits` of a training forward to `expert_load`,
         the rows `rows_mask` zeroes (padding) left out: the experts the bias chose, as `route` chose them."""
         scores = router_scores(router_logits.detach(), self.score_function)
-        top_index = torch.topk(scores + self.e_score_correction_bias.float(), self.top_k, dim=-1).indices  # (N, k)
+        top_index = torch.topk(self.choice_scores(scores), self.top_k, dim=-1).indices  # (N, k)
         if rows_mask is None:
             counted = torch.ones(top_index.shape, dtype=torch.float32, device=top_index.device)
         else:
@@ -244,6 +264,8 @@ class SparseMoeBlock(nn.Module):
             correction_bias=getattr(config, "router_correction_bias", False),
             routed_scaling_factor=getattr(config, "routed_scaling_factor", 1.0),
             bias_update_rate=getattr(config, "router_bias_update_rate", 0.0),
+            groups=getattr(config, "router_groups", 1),
+            top_groups=getattr(config, "router_top_groups", None),
         )
         self.experts = Experts(
             config.num_local_experts,

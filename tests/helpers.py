@@ -157,6 +157,14 @@ DECODER_VARIANTS = {
         shared_expert_intermediate_size=32,
         shared_expert_gate=False,
     ),
+    "moe_group_limited_router": dict(
+        num_local_experts=8,
+        num_experts_per_tok=2,
+        router_score_function="sigmoid",
+        router_correction_bias=True,
+        router_groups=4,
+        router_top_groups=2,
+    ),
     "moe_shared_expert_dense_sparse": dict(
         num_local_experts=4,
         num_experts_per_tok=2,

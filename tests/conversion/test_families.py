@@ -395,6 +395,20 @@ CASES = {
             "shared_expert_intermediate_size": 16,
         },
     ),
+    # dots.llm1 with DeepSeek-V3's group-limited routing: 8 experts in 4 groups, a token's 2 from its best 2 groups
+    "dots1-groups": (
+        Dots1Config(
+            **{**QWEN2_SHAPE, "num_hidden_layers": 2},
+            n_routed_experts=8,
+            n_shared_experts=1,
+            num_experts_per_tok=2,
+            moe_intermediate_size=16,
+            first_k_dense_replace=0,
+            n_group=4,
+            topk_group=2,
+        ),
+        {"router_groups": 4, "router_top_groups": 2, "mlp_layer_types": ["sparse", "sparse"]},
+    ),
     # Solar Open: Llama's attention (q/k/v biases), every layer sparse with DeepSeek-V3's router, a head size of 16
     "solar_open": (
         SolarOpenConfig(

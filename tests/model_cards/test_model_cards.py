@@ -129,6 +129,10 @@ def test_architecture_rows_name_the_router_the_output_gate_and_a_late_qk_norm():
     )
     assert rows["attention output gate"] == "sigmoid, headwise"
     assert rows["stability"].endswith("qk_norm_after_rope=True")
+    grouped = tiny_decoder_config(num_local_experts=8, router_groups=4, router_top_groups=2).to_dict()
+    assert dict(architecture_rows(grouped))["experts"].startswith(
+        "8 experts, top-2 routing, from the best 2 of 4 expert groups"
+    )
 
 
 def test_architecture_rows_name_the_nope_layers():

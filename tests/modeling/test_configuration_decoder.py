@@ -395,6 +395,12 @@ def test_rope_type_is_checked_at_construction():
         (dict(position_embedding_type="xpos"), r"`position_embedding_type`.*'rope'.*'alibi'.*'relative_bias'"),
         (dict(intermediate_size=None, mlp_width_rule="3d"), r"`mlp_width_rule`.*'4d'.*'8/3d'"),
         (dict(norm_bias=True), r"`norm_bias=True` needs `norm_type` 'layer_norm' or 'offset_layer_norm'"),
+        (dict(num_local_experts=6, router_groups=4), r"`router_groups` \(4\) splits the `num_local_experts` \(6\)"),
+        (dict(num_local_experts=8, router_groups=4, router_top_groups=5), r"`router_top_groups` \(5\).*1 to 4"),
+        (
+            dict(num_local_experts=8, num_experts_per_tok=3, router_groups=4, router_top_groups=1),
+            r"`router_top_groups` \(1\) x 2 experts.*`num_experts_per_tok` \(3\)",
+        ),
         (dict(deepnorm_alpha=2.0), r"`deepnorm_alpha` is only used with `norm_position='deepnorm'`"),
         (dict(norm_position="deepnorm", deepnorm_beta=-1.0), r"`deepnorm_beta` must be a positive"),
         (dict(sliding_window=500), r"`sliding_window` \(500\) is larger than the context `max_position_embeddings`"),
