@@ -148,32 +148,24 @@ QWEN3_FIELDS = GEMMA_FIELDS + ("sliding_window", "layer_types")
 QWEN2_FIELDS = tuple(name for name in MISTRAL_FIELDS if name != "head_dim") + ("layer_types",)
 # Qwen2-MoE: Qwen2's, its own `qkv_bias` flag, and the experts (`num_experts` is archlab's `num_local_experts`; every
 # sparse layer also has a gated shared expert). Which layers are sparse is computed (`_qwen2_moe_to_archlab`).
+# the routed experts' fields of Qwen2-MoE's config, which Qwen3-MoE and Mellum copy (`num_experts` archlab's
+# `num_local_experts`)
+QWEN_MOE_EXPERT_FIELDS = (
+    "moe_intermediate_size",
+    "num_experts_per_tok",
+    "norm_topk_prob",
+    "output_router_logits",
+    "router_aux_loss_coef",
+)
 QWEN2_MOE_FIELDS = {
-    **same(
-        *QWEN2_FIELDS,
-        "qkv_bias",
-        "moe_intermediate_size",
-        "shared_expert_intermediate_size",
-        "num_experts_per_tok",
-        "norm_topk_prob",
-        "output_router_logits",
-        "router_aux_loss_coef",
-    ),
+    **same(*QWEN2_FIELDS, "qkv_bias", "shared_expert_intermediate_size", *QWEN_MOE_EXPERT_FIELDS),
     "num_experts": "num_local_experts",
 }
 # Qwen3-MoE: Qwen3's attention (QK-norm always; `attention_bias` on q/k/v/o; no `layer_types`, its window on every
 # layer) with Qwen2-MoE's sparse layers without the shared expert. Its config has no `head_dim` field but its
 # attention reads one from config.json (Qwen3-30B-A3B: 128, not hidden / heads = 64): `_qwen3_moe_to_archlab`.
 QWEN3_MOE_FIELDS = {
-    **same(
-        *(name for name in MISTRAL_FIELDS if name != "head_dim"),
-        "attention_bias",
-        "moe_intermediate_size",
-        "num_experts_per_tok",
-        "norm_topk_prob",
-        "output_router_logits",
-        "router_aux_loss_coef",
-    ),
+    **same(*(name for name in MISTRAL_FIELDS if name != "head_dim"), "attention_bias", *QWEN_MOE_EXPERT_FIELDS),
     "num_experts": "num_local_experts",
 }
 
@@ -535,11 +527,7 @@ MELLUM_FIELDS = {
         "sliding_window",
         "layer_types",
         "mlp_layer_types",
-        "moe_intermediate_size",
-        "num_experts_per_tok",
-        "norm_topk_prob",
-        "output_router_logits",
-        "router_aux_loss_coef",
+        *QWEN_MOE_EXPERT_FIELDS,
     ),
     "num_experts": "num_local_experts",
 }
