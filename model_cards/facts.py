@@ -262,6 +262,8 @@ def architecture_rows(config: dict[str, Any]) -> list[tuple[str, str]]:
     rows.append(("attention pattern", _attention_pattern(config)))
     if config.get("attention_output_gate"):  # gated attention (AFMoE, Qwen3-Next)
         rows.append(("attention output gate", f"sigmoid, {config['attention_output_gate']}"))
+    if config.get("attention_sinks"):  # GPT-OSS
+        rows.append(("attention sinks", "a learned logit per head in the softmax's denominator"))
     rows.append(("positions", _positions(config, encoder_decoder)))
     norm = config.get("norm_type", default_norm)
     eps = _first(config, "rms_norm_eps", "layer_norm_eps", "norm_eps")

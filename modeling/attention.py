@@ -19,6 +19,7 @@ from transformers.cache_utils import Cache, EncoderDecoderCache
 from transformers.integrations.sdpa_attention import create_position_bias_mask
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
+from .attention_sinks import sink_sdpa
 from .continuous_batching import is_paged_cache
 from .flex_decoding import flex_applies, flex_decode_attention
 from .fused_projections import FusableProjections
@@ -46,11 +47,14 @@ def eager_attention_forward(
     dropout: float = 0.0,
     softcap: float | None = None,
     position_bias: torch.Tensor | None = None,
+    sinks: torch.Tensor | None = None,
     **kwargs,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """softmax(cap(Q Kᵀ · scaling) + bias + mask) V, written out. Shapes: q (B, H, Tq, D), k/v (B, H_kv, Tk, D).
 
-    `softcap` c maps scores to c · tanh(s / c) (Gemma2); `position_bias` (1 or B, H, Tq, Tk) is ALiBi or T5's bias.
+    `softcap` c maps scores to c · tanh(s / c) (Gemma2); `position_bias` (1 or B, H, Tq, Tk) is ALiBi or T5's bias;
+    `sinks` (H,) are attention sinks' logits (GPT-OSS): one more score per head in the softmax's denominator, whose
+    value is zero (the returned weights leave its column out, so a row sums to less than 1).
     """
     key = repeat_kv(key, module.num_key_value_groups)
     value = repeat_kv(value, module.num_key_value_groups)
@@ -63,7 +67,12 @@ def eager_attention_forward(
         scores = scores + attention_mask[:, :, :, : key.shape[-2]]
     # at least float32 (half-precision scores), float64 kept: cast to float32, float64's mask value (finfo.min) was
     # -inf, and a padded query row masked whole gave NaN probabilities, which its values spread to the real rows
-    probs = nn.functional.softmax(scores, dim=-1, dtype=torch.promote_types(scores.dtype, torch.float32))
+    softmax_dtype = torch.promote_types(scores.dtype, torch.float32)
+    if sinks is not None:
+        sink_column = sinks.to(scores.dtype).view(1, -1, 1, 1).expand(*scores.shape[:-1], 1)
+        probs = nn.functional.softmax(torch.cat([scores, sink_column], dim=-1), dim=-1, dtype=softmax_dtype)[..., :-1]
+    else:
+        probs = nn.functional.softmax(scores, dim=-1, dtype=softmax_dtype)
     probs = probs.to(query.dtype)
     probs = nn.functional.dropout(probs, p=dropout, training=module.training)
     output = torch.matmul(probs, value).transpose(1, 2).contiguous()  # (B, Tq, H, D)
@@ -248,6 +257,8 @@ class Attention(FusableProjections, nn.Module):
         if self.output_gate is not None:
             gates = self.num_heads * self.head_dim if self.output_gate == "elementwise" else self.num_heads
             self.gate_proj = nn.Linear(hidden, gates, bias=False)
+        # Attention sinks (GPT-OSS): a learned logit per head in the softmax's denominator (attention_sinks.py)
+        self.sinks = nn.Parameter(torch.zeros(self.num_heads)) if getattr(config, "attention_sinks", False) else None
 
     def _project_self(self, states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(B, T, d) -> queries (B, H, T, D), keys and values (B, H_kv, T, D): one product where laid out."""
@@ -381,7 +392,14 @@ class Attention(FusableProjections, nn.Module):
         if implementation == "paged|eager":
             # continuous batching's eager backend: transformers' has no soft-cap; this one takes its packed mask as is
             attention = eager_attention_forward
-        if is_paged_cache(past_key_values):
+        if self.sinks is not None:
+            # attention sinks: written out (eager), as one more key (SDPA), else transformers' `s_aux` (flash, flex);
+            # continuous batching's backends by the same kernel names
+            kernel = implementation.split("|")[-1]
+            sink_functions = {"eager": eager_attention_forward, "sdpa": sink_sdpa}
+            attention = sink_functions.get(kernel, attention)
+            kwargs = {**kwargs, ("sinks" if kernel in sink_functions else "s_aux"): self.sinks}
+        elif is_paged_cache(past_key_values):
             pass  # continuous batching: its packed row and keys go to the backend it chose, as in Llama
         elif not cross and triton_decoding_applies(self, query, attention_mask, kwargs):
             # a decoding step: one Triton kernel, the split of a row's keys set by the cache's capacity

@@ -294,6 +294,10 @@ class DecoderConfig(PreTrainedConfig):
             projection, computed from the layer's input by `self_attn.gate_proj` (Qiu et al. 2025, "Gated Attention
             for Large Language Models"; AFMoE, Qwen3-Next): `"elementwise"` (one gate per channel of each head) or
             `"headwise"` (one per head). None: no gate.
+        attention_sinks (`bool`, False): a learned logit per head (`self_attn.sinks`, (heads,)) that joins each
+            softmax's denominator with a value of zero, so a head can attend to next to nothing (GPT-OSS; StreamingLLM's
+            sinks, Xiao et al. 2024, learned). Runs under `"eager"`, `"sdpa"` (as one more key), `"flex_attention"` on a
+            GPU, and the flash kernels that take transformers' `s_aux` (not `"flash_attention_2"`).
         embedding_multiplier (`float`, 1.0): the token embeddings times this constant (Granite; MiniCPM's `scale_emb`;
             μP's input multiplier), inside `embed_tokens` as `scale_embedding`'s √d (both given: their product).
         residual_multiplier (`float`, 1.0): each sub-layer's output times this constant before it joins the residual
@@ -382,6 +386,8 @@ class DecoderConfig(PreTrainedConfig):
             attention["o_proj"] = "rowwise_split_input"
         if self.attention_output_gate is not None:  # the gate's rows follow the heads, as q's
             attention["gate_proj"] = attention["q_proj"]
+        if self.attention_sinks and attention["q_proj"] == "colwise":  # each rank's heads' sinks (GPT-OSS's plan)
+            attention["sinks"] = "local_rowwise"
         plan = {f"layers.*.self_attn.{name}": style for name, style in attention.items()}
         plan.update({"layers.*.mlp.gate_proj": "colwise", "layers.*.mlp.up_proj": "colwise"})
         plan["layers.*.mlp.down_proj"] = "rowwise"
@@ -473,6 +479,7 @@ class DecoderConfig(PreTrainedConfig):
     query_pre_attn_scalar: int | float | None = None
     attention_multiplier: int | float | None = None
     attention_output_gate: str | None = None
+    attention_sinks: bool = False
     embedding_multiplier: int | float = 1.0
     residual_multiplier: int | float = 1.0
     logit_scale: int | float = 1.0

@@ -18,6 +18,7 @@ from transformers import initialization as init
 from transformers.modeling_utils import PreTrainedModel
 from transformers.utils import logging
 
+from .attention import Attention
 from .hub_mixin import HubMixin
 from .import_hooks import after_import
 from .moe import init_moe_weights
@@ -83,6 +84,8 @@ class ArchlabPreTrainedModel(HubMixin, PreTrainedModel):
                 init.zeros_(module.bias)
         elif isinstance(module, SinusoidalPositionalEmbedding):
             init.copy_(module.weight, sinusoid_table(module.num_positions, module.dim, module.layout, module.base))
+        elif isinstance(module, Attention) and module.sinks is not None:
+            init.zeros_(module.sinks)  # attention sinks' logits: a sink as likely as a key of score 0
         elif isinstance(module, ALiBiBias):
             init.copy_(module.slopes, alibi_slopes(module.num_heads))
         elif isinstance(module, nn.Linear) and hasattr(module, "deepnorm_gain"):

@@ -132,6 +132,12 @@ def check_attention_backend(config: Any, implementation: str) -> None:
             f"`position_embedding_type`={position_type!r} adds a bias to the attention scores, which "
             f"`attn_implementation`={implementation!r} cannot take here; use 'sdpa' or 'eager'."
         )
+    if getattr(config, "attention_sinks", False) and implementation.split("|")[-1] == "flash_attention_2":
+        raise ValueError(
+            "`attention_sinks=True` needs a kernel that takes the sinks' logits, which "
+            f"`attn_implementation`={implementation!r} does not; use 'sdpa', 'eager', 'flex_attention' (GPU) or a "
+            "flash kernel from the Hub that takes them (transformers' `s_aux`, e.g. vllm-flash-attn3)."
+        )
     if getattr(config, "attn_logit_softcapping", None) is not None and "sdpa" in implementation:
         raise ValueError(
             "`attn_logit_softcapping` cannot be applied by `attn_implementation='sdpa'` (SDPA has no score hook); use "

@@ -145,6 +145,8 @@ DECODER_VARIANTS = {
     "qk_norm_after_rope": dict(use_qk_norm=True, qk_norm_after_rope=True),
     # gated attention (AFMoE, Qwen3-Next): a sigmoid gate per channel on the heads' output
     "gated_attention": dict(attention_output_gate="elementwise"),
+    # GPT-OSS's attention: a learned sink logit per head, on local and global layers
+    "attention_sinks": dict(attention_sinks=True, sliding_window=WINDOW, layer_types=list(LAYER_TYPES)),
     "moe": dict(num_local_experts=4, num_experts_per_tok=2),
     # DeepSeek-V3's router (GLM-4.5): sigmoid scores, a correction bias to choose, a routed scale; an ungated shared
     # expert

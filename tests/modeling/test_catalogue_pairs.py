@@ -76,6 +76,7 @@ CONCERNS: dict[str, dict[str, dict]] = {
         "all_sliding": dict(sliding_window=WINDOW),
         "local_global": dict(sliding_window=WINDOW, layer_types=["sliding_attention", "full_attention"]),
         "gated_heads": dict(attention_output_gate="headwise"),
+        "sinks": dict(attention_sinks=True),  # GPT-OSS
     },
     "prefix": {"prefix_lm": dict(prefix_lm=True)},
     "stability": {

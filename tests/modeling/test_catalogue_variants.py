@@ -54,6 +54,8 @@ VARIANTS = {
     "scaled_embedding_layernorm": dict(scale_embedding=True, embedding_layernorm=True),
     "z_loss": dict(lm_z_loss_coef=1e-3),
     "gated_attention_headwise": dict(attention_output_gate="headwise"),
+    "attention_sinks": dict(attention_sinks=True, num_key_value_heads=2),  # GPT-OSS
+    "attention_sinks_alibi": dict(attention_sinks=True, position_embedding_type="alibi"),
     "mup_multipliers": dict(
         embedding_multiplier=3.0, residual_multiplier=0.5, attention_multiplier=0.2, logit_scale=0.25
     ),
@@ -67,11 +69,13 @@ def _model(name, attn="eager", **extra):
 
 
 def _perturb(model):
-    """Random norms and biases, so placements and (1 + w) gains matter."""
+    """Random norms and attention sinks, so placements, (1 + w) gains and the sinks' logits matter."""
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "norm" in name:
                 p.add_(torch.randn_like(p) * 0.2)
+            elif name.endswith("sinks"):
+                p.add_(torch.randn_like(p))
     return model
 
 
@@ -103,7 +107,16 @@ def test_incremental_decoding_equals_full_forward(name):
 
 @pytest.mark.parametrize(
     "name",
-    ["alibi", "relative_bias", "sliding_window", "interleaved_local_global", "alibi_sliding", "learned", "sinusoidal"],
+    [
+        "alibi",
+        "relative_bias",
+        "sliding_window",
+        "interleaved_local_global",
+        "alibi_sliding",
+        "learned",
+        "sinusoidal",
+        "attention_sinks",
+    ],
 )
 def test_static_cache_generation_equals_uncached(name):
     model = _perturb(_model(name, attn="sdpa"))
