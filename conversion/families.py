@@ -90,6 +90,7 @@ from .family import IDENTITY, ConversionError, Family, Layout, StateDict, rename
 from .field_lists import LLAMA_FIELDS
 from .fused_decoders import FUSED_DECODERS
 from .glm import GLM_FAMILIES
+from .gpt_oss import GPT_OSS
 from .granite import GRANITE_FAMILIES
 from .hunyuan import HUNYUAN_FAMILIES
 from .interleaved_rope import interleaved_rope
@@ -782,6 +783,7 @@ FAMILIES: dict[str, Family] = {
         *HUNYUAN_FAMILIES,
         OLMO,
         *OLMOE_FAMILIES,
+        GPT_OSS,
         *LLAMA_LIKE_FAMILIES,
         *FUSED_DECODERS,
         *LAYERNORM_DECODERS,
@@ -839,6 +841,7 @@ IGNORES_PARTIAL_ROTARY = (
     "hunyuan_v1_dense",
     "hunyuan_v1_moe",
     "ernie4_5_moe",
+    "gpt_oss",
 )
 READS_UNDECLARED_HEAD_DIM = ("stablelm", "gpt_neox")
 

@@ -33,7 +33,7 @@ from transformers.modeling_layers import GradientCheckpointingLayer
 
 from .attention import Attention
 from .decode_block import fused_block_applies, fused_block_forward
-from .feed_forward import MLPS
+from .feed_forward import mlp_from_config
 from .moe import SparseMoeBlock
 from .normalization import make_norm
 
@@ -43,7 +43,7 @@ def build_mlp(config, layer_idx: int) -> nn.Module:
     mixture of experts where `mlp_layer_types[layer_idx]` is "sparse" (see moe.py)."""
     if config.mlp_layer_types[layer_idx] == "sparse":
         return SparseMoeBlock(config)
-    return MLPS[config.mlp_type](config.hidden_size, config.intermediate_size, config.hidden_act, config.mlp_bias)
+    return mlp_from_config(config, config.intermediate_size)
 
 
 def norm_from_config(config) -> nn.Module:

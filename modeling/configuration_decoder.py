@@ -13,6 +13,7 @@ model: it may import only torch, transformers and sibling modules (`from .x impo
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from huggingface_hub.dataclasses import strict
@@ -294,6 +295,11 @@ class DecoderConfig(PreTrainedConfig):
             projection, computed from the layer's input by `self_attn.gate_proj` (Qiu et al. 2025, "Gated Attention
             for Large Language Models"; AFMoE, Qwen3-Next): `"elementwise"` (one gate per channel of each head) or
             `"headwise"` (one per head). None: no gate.
+        swiglu_limit (`float`, *optional*): a gated MLP (every one: dense, shared and routed experts) clamps its gate
+            to at most this and its up to [-limit, limit] before act(gate) ⊙ up (GPT-OSS: 7.0). Only with
+            `mlp_type="gated"`.
+        swiglu_up_offset (`float`, 0.0): added to a gated MLP's up before the product, act(gate) ⊙ (up + offset)
+            (GPT-OSS: 1.0, with `hidden_act="quick_gelu"`, x · σ(1.702 x)). Only with `mlp_type="gated"`.
         attention_sinks (`bool`, False): a learned logit per head (`self_attn.sinks`, (heads,)) that joins each
             softmax's denominator with a value of zero, so a head can attend to next to nothing (GPT-OSS; StreamingLLM's
             sinks, Xiao et al. 2024, learned). Runs under `"eager"`, `"sdpa"` (as one more key), `"flex_attention"` on a
@@ -346,6 +352,10 @@ class DecoderConfig(PreTrainedConfig):
             token's top k is chosen among the experts of its `router_top_groups` best groups only.
         router_top_groups (`int`, *optional*): how many groups a token's experts come from (`topk_group`); None is
             every group (no limit).
+        router_bias (`bool`, False): the router's logits get a learned bias per expert (`mlp.gate.bias`; GPT-OSS),
+            which, unlike `router_correction_bias`, weighs the experts as well as choosing them.
+        expert_bias (`bool`, False): the routed experts' two products get a bias each (`mlp.experts.gate_up_proj_bias`
+            (K, 2f), `mlp.experts.down_proj_bias` (K, d); GPT-OSS).
 
     Training:
         classifier_lm_loss_weight (`float`, 0.0): λ in L = L_FT + λ·L_PT for [`DecoderForSequenceClassification`]
@@ -447,6 +457,8 @@ class DecoderConfig(PreTrainedConfig):
     router_bias_update_rate: int | float = 0.0
     router_groups: int = 1
     router_top_groups: int | None = None
+    router_bias: bool = False
+    expert_bias: bool = False
 
     # --- archlab fields ---
     classifier_lm_loss_weight: int | float = 0.0
@@ -461,6 +473,8 @@ class DecoderConfig(PreTrainedConfig):
     mlp_type: str = "gated"
     mlp_width_rule: str = "8/3d"
     mlp_width_multiple_of: int = 256
+    swiglu_limit: int | float | None = None
+    swiglu_up_offset: int | float = 0.0
     position_embedding_type: str = "rope"
     relative_attention_num_buckets: int = 32
     relative_attention_max_distance: int = 128
@@ -751,11 +765,26 @@ def _resolve_catalogue_defaults(config: Any) -> None:
         config.layer_types = [kind] * config.num_hidden_layers
 
 
+def _validate_swiglu_clamps(config: Any) -> None:
+    """GPT-OSS's clamps and up offset: a positive limit, a finite offset, a gated MLP to apply them to."""
+    if config.swiglu_limit is not None:
+        check_positive(config, "swiglu_limit", integer=False)
+    if not math.isfinite(config.swiglu_up_offset):
+        raise ValueError(f"`swiglu_up_offset` must be a finite number, got {config.swiglu_up_offset!r}.")
+    clamps = [name for name in ("swiglu_limit", "swiglu_up_offset") if getattr(config, name) not in (None, 0, 0.0)]
+    if clamps and config.mlp_type != "gated":
+        raise ValueError(
+            f"`{clamps[0]}` changes a gated MLP's act(gate) ⊙ up, but `mlp_type` is {config.mlp_type!r}: set "
+            "`mlp_type='gated'`, or leave it unset."
+        )
+
+
 def _validate_catalogue(config: Any) -> None:
     check_choice(config, "norm_type", NORM_TYPES)
     check_choice(config, "norm_position", DECODER_NORM_POSITIONS)
     check_choice(config, "mlp_type", MLP_TYPES)
     check_choice(config, "mlp_width_rule", MLP_WIDTH_RULES)
+    _validate_swiglu_clamps(config)
     check_choice(config, "position_embedding_type", POSITION_SCHEMES)
     check_choice(config, "qk_norm_scope", QK_NORM_SCOPES)
     if config.qk_norm_after_rope and (not config.use_qk_norm or config.qk_norm_scope == "projection"):

@@ -111,7 +111,7 @@ def _mlp_norm(block: nn.Module) -> nn.Module:
 def _mlp_fits(block: nn.Module, hidden_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None] | None:
     """gate/up's (weight, bias) as one product where the dense MLP joins the fused step, else None."""
     mlp = block.mlp
-    if type(mlp) is not GatedMLP or not _plain(mlp) or mlp.hidden_act not in ACTIVATIONS:
+    if type(mlp) is not GatedMLP or not _plain(mlp) or mlp.hidden_act not in ACTIVATIONS or mlp.clamped:
         return None
     fused = mlp.fused_weights()
     down = mlp.down_proj
@@ -139,6 +139,7 @@ def _moe_fits(block: nn.Module, hidden_states: torch.Tensor) -> bool:
         and _plain(mlp.gate)
         and _plain(mlp.experts)
         and mlp.shared_expert is None
+        and mlp.gate.bias is None  # (the router's GEMV adds none)
         and not mlp.training  # no router jitter
         and _norm_fits(_mlp_norm(block), hidden_states)
         and moe_decode_applies(mlp.experts, hidden_states.reshape(-1, hidden_states.shape[-1]))

@@ -1,6 +1,8 @@
 """Position-wise feed-forward networks (seed 000 §5.2 "activation functions").
 
 - `GatedMLP`: down(act(gate(x)) ⊙ up(x)) — SwiGLU with `silu`, GeGLU with `gelu` (Shazeer 2020); Llama's MLP.
+  GPT-OSS clamps both halves (gate ≤ L, |up| ≤ L: `swiglu_limit`) and adds 1 to up (`swiglu_up_offset`), with
+  act(x) = x · σ(1.702 x) (`quick_gelu`): act(min(gate, L)) ⊙ (clamp(up, -L, L) + 1).
 - `MLP`: down(act(up(x))) — the original Transformer's ReLU FFN, GPT's GELU FFN.
 
 `MLPS` is the registry the config's `mlp_type` resolves through.
@@ -16,39 +18,67 @@ from .compiled_kernels import CompiledKernel, elementwise_kernel
 from .fused_projections import FusableProjections
 from .triton_gemv import gated_down, gated_down_applies
 
-_GATED_KERNELS: dict[str, tuple[CompiledKernel, type]] = {}  # by activation name: (kernel, its activation's class)
+# by (activation name, limit, up offset): (kernel, its activation's class)
+_GATED_KERNELS: dict[tuple[str, float | None, float], tuple[CompiledKernel, type]] = {}
 
 
-def gated_activation(hidden_act: str, act_fn, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-    """act(gate) ⊙ up, `act_fn` being `ACT2FN[hidden_act]`: on CUDA in eager mode one compiled kernel forward and one
+def gated_formula(act_fn, gate: torch.Tensor, up: torch.Tensor, limit: float | None = None, up_offset: float = 0.0):
+    """act(gate) ⊙ up, with GPT-OSS's clamps where `limit` is set (gate ≤ limit, |up| ≤ limit) and `up_offset` added
+    to up."""
+    if limit is not None:
+        gate, up = gate.clamp(max=limit), up.clamp(min=-limit, max=limit)
+    if up_offset:
+        up = up + up_offset
+    return act_fn(gate) * up
+
+
+def gated_activation(
+    hidden_act: str, act_fn, gate: torch.Tensor, up: torch.Tensor, limit: float | None = None, up_offset: float = 0.0
+) -> torch.Tensor:
+    """`gated_formula`, `act_fn` being `ACT2FN[hidden_act]`: on CUDA in eager mode one compiled kernel forward and one
     backward (compiled_kernels.py; eager, two kernels forward, and autograd keeps act(gate) as well), the formula
     elsewhere — and wherever `act_fn` was swapped for another activation. Inside compiled code the formula, which
     the compiler fuses itself, without a look at the kernel table: a table filled during a trace would be guarded
     on, and the next call recompile the whole compiled region (a regionally compiled block, once per process)."""
     if torch.compiler.is_compiling():
-        return act_fn(gate) * up
-    if hidden_act not in _GATED_KERNELS:
+        return gated_formula(act_fn, gate, up, limit, up_offset)
+    key = (hidden_act, limit, up_offset)
+    if key not in _GATED_KERNELS:
         act = ACT2FN[hidden_act]
 
         def gated(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-            return act(gate) * up
+            return gated_formula(act, gate, up, limit, up_offset)
 
-        _GATED_KERNELS[hidden_act] = (elementwise_kernel(gated, f"the gated activation ({hidden_act})"), type(act))
-    kernel, act_class = _GATED_KERNELS[hidden_act]
+        _GATED_KERNELS[key] = (elementwise_kernel(gated, f"the gated activation ({hidden_act})"), type(act))
+    kernel, act_class = _GATED_KERNELS[key]
     fused = kernel(gate, up) if type(act_fn) is act_class else None
-    return fused if fused is not None else act_fn(gate) * up
+    return fused if fused is not None else gated_formula(act_fn, gate, up, limit, up_offset)
 
 
 class GatedMLP(FusableProjections, nn.Module):
     fusable = ("gate_proj", "up_proj")  # inference reads both as one matrix where laid out (fused_projections.py)
 
-    def __init__(self, hidden_size: int, intermediate_size: int, hidden_act: str, bias: bool = False) -> None:
+    def __init__(
+        self,
+        hidden_size: int,
+        intermediate_size: int,
+        hidden_act: str,
+        bias: bool = False,
+        limit: float | None = None,
+        up_offset: float = 0.0,
+    ) -> None:
         super().__init__()
         self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=bias)
         self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=bias)
         self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=bias)
         self.hidden_act = hidden_act
         self.act_fn = ACT2FN[hidden_act]
+        self.limit, self.up_offset = limit, float(up_offset)  # GPT-OSS's clamps and offset (module docstring)
+
+    @property
+    def clamped(self) -> bool:
+        """Whether the activation clamps or offsets (GPT-OSS): the plain act(gate) ⊙ up kernels do not apply."""
+        return self.limit is not None or self.up_offset != 0.0
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         fused = self.fused_weights()
@@ -58,7 +88,7 @@ class GatedMLP(FusableProjections, nn.Module):
             gate, up = self.gate_proj(hidden_states), self.up_proj(hidden_states)
         if gated_down_applies(self, gate):  # a decoding step: the activation inside the down GEMV (triton_gemv.py)
             return gated_down(self, gate, up)
-        return self.down_proj(gated_activation(self.hidden_act, self.act_fn, gate, up))
+        return self.down_proj(gated_activation(self.hidden_act, self.act_fn, gate, up, self.limit, self.up_offset))
 
 
 class MLP(nn.Module):
@@ -73,3 +103,15 @@ class MLP(nn.Module):
 
 
 MLPS: dict[str, type[nn.Module]] = {"gated": GatedMLP, "plain": MLP}
+
+
+def gated_options(config) -> dict:
+    """The gated activation's clamp and up offset of `config` (`swiglu_limit`, `swiglu_up_offset`; GPT-OSS) as the
+    `limit` and `up_offset` keyword arguments of `GatedMLP` and `moe.Experts`."""
+    return {"limit": getattr(config, "swiglu_limit", None), "up_offset": getattr(config, "swiglu_up_offset", 0.0)}
+
+
+def mlp_from_config(config, intermediate_size: int) -> nn.Module:
+    """The config's MLP (`mlp_type`, `hidden_act`, `mlp_bias`, and a gated one's clamp and offset) of this width."""
+    options = gated_options(config) if config.mlp_type == "gated" else {}
+    return MLPS[config.mlp_type](config.hidden_size, intermediate_size, config.hidden_act, config.mlp_bias, **options)

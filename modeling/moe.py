@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
+from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -30,7 +31,7 @@ from transformers import initialization as init
 from transformers.activations import ACT2FN
 from transformers.utils import logging
 
-from .feed_forward import MLPS, gated_activation
+from .feed_forward import gated_activation, gated_options, mlp_from_config
 from .grouped_gemm import grouped_compute_dtype, grouped_linear
 from .moe_slots import slots_to_tokens, sort_slots, tokens_to_slots
 from .triton_moe import moe_decode, moe_decode_applies
@@ -53,7 +54,8 @@ def _one_token_on_cpu(hidden_states: torch.Tensor) -> bool:
 
 
 class TopKRouter(nn.Module):
-    """Linear scores → softmax over the K experts → top k (optionally renormalised to sum to 1).
+    """Linear scores → softmax over the K experts → top k (optionally renormalised to sum to 1). The linear map has a
+    bias with `bias` (GPT-OSS, whose softmax over the top k logits is this softmax renormalised over the top k).
 
     With `score_function="sigmoid"` (DeepSeek-V3, GLM-4.5, dots.llm1) each expert's score is sigmoid(logit), not a
     softmax over the experts; with `correction_bias` a per-expert bias (`e_score_correction_bias`, DeepSeek-V3's
@@ -78,6 +80,7 @@ class TopKRouter(nn.Module):
         bias_update_rate: float = 0.0,
         groups: int = 1,
         top_groups: int | None = None,
+        bias: bool = False,
     ) -> None:
         super().__init__()
         self.groups = groups
@@ -89,14 +92,15 @@ class TopKRouter(nn.Module):
         self.routed_scaling_factor = float(routed_scaling_factor)
         self.bias_update_rate = float(bias_update_rate)
         self.weight = nn.Parameter(torch.empty(num_experts, hidden_size))
-        bias = torch.zeros(num_experts, dtype=torch.float32) if correction_bias else None
-        self.register_buffer("e_score_correction_bias", bias)
+        self.bias = nn.Parameter(torch.zeros(num_experts)) if bias else None  # the logits' bias (GPT-OSS)
+        correction = torch.zeros(num_experts, dtype=torch.float32) if correction_bias else None
+        self.register_buffer("e_score_correction_bias", correction)
         # the slots each expert took in training since the last balancing step
         load = torch.zeros(num_experts, dtype=torch.float32) if correction_bias and bias_update_rate > 0 else None
         self.register_buffer("expert_load", load, persistent=False)
 
     def forward(self, hidden_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        return self.route(F.linear(hidden_states, self.weight))  # (N, K) logits
+        return self.route(F.linear(hidden_states, self.weight, self.bias))  # (N, K) logits
 
     def route(self, router_logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(logits, top-k weights, top-k experts) from the (N, K) logits (the fused layer step computes them)."""
@@ -169,22 +173,50 @@ class Experts(nn.Module):
     """K expert FFNs stored as 3-D tensors: gated `gate_up_proj` (K, 2f, d) = [gate; up], or plain `up_proj`
     (K, f, d); `down_proj` (K, d, f)."""
 
-    def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int, hidden_act: str, gated: bool):
+    def __init__(
+        self,
+        num_experts: int,
+        hidden_size: int,
+        intermediate_size: int,
+        hidden_act: str,
+        gated: bool,
+        bias: bool = False,
+        limit: float | None = None,
+        up_offset: float = 0.0,
+    ):
         super().__init__()
         self.num_experts = num_experts
         self.intermediate_size = intermediate_size
         self.gated = gated
         in_rows = 2 * intermediate_size if gated else intermediate_size
-        if gated:
-            self.gate_up_proj = nn.Parameter(torch.empty(num_experts, in_rows, hidden_size))
-        else:
-            self.up_proj = nn.Parameter(torch.empty(num_experts, in_rows, hidden_size))
+        self.in_name = "gate_up_proj" if gated else "up_proj"
+        self.register_parameter(self.in_name, nn.Parameter(torch.empty(num_experts, in_rows, hidden_size)))
         self.down_proj = nn.Parameter(torch.empty(num_experts, hidden_size, intermediate_size))
+        # GPT-OSS: a bias per expert on both products (`gate_up_proj_bias` (K, 2f), `down_proj_bias` (K, d))
+        self.register_parameter(
+            f"{self.in_name}_bias", nn.Parameter(torch.zeros(num_experts, in_rows)) if bias else None
+        )
+        self.down_proj_bias = nn.Parameter(torch.zeros(num_experts, hidden_size)) if bias else None
         self.hidden_act = hidden_act
         self.act_fn = ACT2FN[hidden_act]
+        self.limit, self.up_offset = limit, float(up_offset)  # GPT-OSS's clamps and offset (feed_forward.py)
+
+    @property
+    def plain(self) -> bool:
+        """No biases, clamps or up offset (GPT-OSS's): what the decoding kernels of triton_moe.py compute."""
+        return self.down_proj_bias is None and self.limit is None and self.up_offset == 0.0
+
+    def _activation(self, projected: torch.Tensor) -> torch.Tensor:
+        """act(gate) ⊙ up of a gated expert's (…, 2f) product (with its clamps and offset); act(up) of a plain one."""
+        if not self.gated:
+            return self.act_fn(projected)
+        gate, up = projected.chunk(2, dim=-1)
+        return gated_activation(self.hidden_act, self.act_fn, gate, up, self.limit, self.up_offset)
 
     def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor):
-        """hidden_states (N, d), top_k_index/top_k_weights (N, k) -> Σ_slots weight · expert(x), (N, d)."""
+        """hidden_states (N, d), top_k_index/top_k_weights (N, k) -> Σ_slots weight · expert(x), (N, d). With biases
+        (GPT-OSS) each sorted row gets its expert's, gathered (backward, summed into each expert's bias by an
+        index-add: atomic, so not bit-reproducible on a GPU as the rest of the layer is)."""
         if moe_decode_applies(self, hidden_states):  # a decoding step's few tokens: two Triton kernels (triton_moe.py)
             return moe_decode(self, hidden_states, top_k_index, top_k_weights)
         if _one_token_on_cpu(hidden_states):
@@ -194,13 +226,17 @@ class Experts(nn.Module):
         order, inverse, offsets = sort_slots(top_k_index, self.num_experts)  # S = N·k slots (moe_slots.py)
         dtype = grouped_compute_dtype(hidden_states, self.down_proj)
         x = tokens_to_slots(hidden_states, order, inverse, top_k_index.shape[-1], dtype)  # (S, d), expert order
-        if self.gated:
-            gate, up = grouped_linear(x, self.gate_up_proj, offsets).chunk(2, dim=-1)  # (S, f) each
-            h = gated_activation(self.hidden_act, self.act_fn, gate, up)
-        else:
-            h = self.act_fn(grouped_linear(x, self.up_proj, offsets))
-        y = grouped_linear(h, self.down_proj, offsets)  # (S, d)
+        # each sorted row's expert, for the biases (GPT-OSS)
+        experts = None if self.down_proj_bias is None else top_k_index.reshape(-1).index_select(0, order)
+        projected = self._with_bias(grouped_linear(x, getattr(self, self.in_name), offsets), self.in_name, experts)
+        y = self._with_bias(grouped_linear(self._activation(projected), self.down_proj, offsets), "down_proj", experts)
         return slots_to_tokens(y, top_k_weights, order, inverse).to(hidden_states.dtype)
+
+    def _with_bias(self, rows: torch.Tensor, name: str, experts: torch.Tensor | None) -> torch.Tensor:
+        """A product's rows (S, n) plus the bias of each row's expert (`experts`, (S,)), where the experts have
+        biases."""
+        bias = getattr(self, f"{name}_bias")
+        return rows if bias is None else rows + bias.to(rows.dtype).index_select(0, experts)
 
     def _forward_every_expert(
         self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor
@@ -211,17 +247,20 @@ class Experts(nn.Module):
         `aten.sort` nor of the grouped GEMMs' custom ops (transformers' Mixtral fails on its grouped GEMM too)."""
         dtype = grouped_compute_dtype(hidden_states, self.down_proj)
         x = hidden_states.to(dtype).unsqueeze(0)  # (1, N, d)
-        if self.gated:
-            gate, up = torch.matmul(x, self.gate_up_proj.to(dtype).transpose(1, 2)).chunk(2, dim=-1)  # (K, N, f)
-            h = gated_activation(self.hidden_act, self.act_fn, gate, up)
-        else:
-            h = self.act_fn(torch.matmul(x, self.up_proj.to(dtype).transpose(1, 2)))
-        y = torch.matmul(h, self.down_proj.to(dtype).transpose(1, 2))  # (K, N, d)
+        projected = torch.matmul(x, getattr(self, self.in_name).to(dtype).transpose(1, 2))  # (K, N, 2f or f)
+        projected = self._every_expert_bias(projected, self.in_name)
+        y = torch.matmul(self._activation(projected), self.down_proj.to(dtype).transpose(1, 2))  # (K, N, d)
+        y = self._every_expert_bias(y, "down_proj")
         weights = torch.zeros(
             top_k_index.shape[0], self.num_experts, dtype=top_k_weights.dtype, device=top_k_weights.device
         ).scatter(1, top_k_index, top_k_weights)  # (N, K)
         out = (weights.t().unsqueeze(-1).to(dtype) * y).sum(dim=0)  # (N, d)
         return out.to(hidden_states.dtype)
+
+    def _every_expert_bias(self, products: torch.Tensor, name: str) -> torch.Tensor:
+        """Every expert's (K, N, n) product plus its bias (K, n), where the experts have biases."""
+        bias = getattr(self, f"{name}_bias")
+        return products if bias is None else products + bias.to(products.dtype).unsqueeze(1)
 
     def _forward_one_token(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor):
         """The one-token decode step on CPU: k plain matrix-vector products on the chosen experts' weights.
@@ -230,15 +269,16 @@ class Experts(nn.Module):
         gathers, scatter and per-expert kernel calls (including empty ones) cost more than they save.
         """
         out = None
+        in_bias, down_bias = getattr(self, f"{self.in_name}_bias"), self.down_proj_bias
         for expert, weight in zip(top_k_index[0].tolist(), top_k_weights[0].tolist()):
-            if self.gated:
-                gate, up = F.linear(hidden_states, self.gate_up_proj[expert]).chunk(2, dim=-1)
-                h = self.act_fn(gate) * up
-            else:
-                h = self.act_fn(F.linear(hidden_states, self.up_proj[expert]))
-            y = F.linear(h, self.down_proj[expert]) * weight  # (1, d)
+            in_rows = F.linear(hidden_states, getattr(self, self.in_name)[expert], _row(in_bias, expert))
+            y = F.linear(self._activation(in_rows), self.down_proj[expert], _row(down_bias, expert)) * weight  # (1, d)
             out = y if out is None else out.add_(y)
         return out.to(hidden_states.dtype)
+
+
+def _row(bias: torch.Tensor | None, expert: int) -> torch.Tensor | None:
+    return None if bias is None else bias[expert]
 
 
 class SparseMoeBlock(nn.Module):
@@ -266,6 +306,7 @@ class SparseMoeBlock(nn.Module):
             bias_update_rate=getattr(config, "router_bias_update_rate", 0.0),
             groups=getattr(config, "router_groups", 1),
             top_groups=getattr(config, "router_top_groups", None),
+            bias=getattr(config, "router_bias", False),
         )
         self.experts = Experts(
             config.num_local_experts,
@@ -273,12 +314,12 @@ class SparseMoeBlock(nn.Module):
             config.moe_intermediate_size,
             config.hidden_act,
             gated=mlp_type == "gated",
+            bias=getattr(config, "expert_bias", False),
+            **(gated_options(config) if mlp_type == "gated" else {}),
         )
         self.shared_expert = self.shared_expert_gate = None
         if config.shared_expert_intermediate_size > 0:
-            self.shared_expert = MLPS[mlp_type](
-                config.hidden_size, config.shared_expert_intermediate_size, config.hidden_act, config.mlp_bias
-            )
+            self.shared_expert = mlp_from_config(config, config.shared_expert_intermediate_size)
             if config.shared_expert_gate:
                 self.shared_expert_gate = nn.Linear(config.hidden_size, 1, bias=False)
         self.router_logits: torch.Tensor | None = None
@@ -356,12 +397,15 @@ def update_router_biases(model: nn.Module) -> int:
 
 @torch.no_grad()
 def init_moe_weights(module: nn.Module, std: float) -> None:
-    """Normal(0, std) for the 3-D expert tensors and the router (nn.Linear parts are handled by transformers)."""
+    """Normal(0, std) for the 3-D expert tensors and the router, zeros for their biases (nn.Linear parts are handled by
+    transformers)."""
     if isinstance(module, Experts):
-        for param in module.parameters(recurse=False):
-            init.normal_(param, mean=0.0, std=std)
+        for name, param in module.named_parameters(recurse=False):
+            (init.zeros_ if name.endswith("_bias") else partial(init.normal_, mean=0.0, std=std))(param)
     elif isinstance(module, TopKRouter):
         init.normal_(module.weight, mean=0.0, std=std)
+        if module.bias is not None:
+            init.zeros_(module.bias)
 
 
 # --------------------------------------------------------------------------------------------------------------

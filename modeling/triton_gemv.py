@@ -101,6 +101,7 @@ def gated_down_applies(module, gate: torch.Tensor) -> bool:
         and gate.device.type in GATED_DOWN_DEVICES  # first: no guard on a traced length where it is not listed
         and gemv_applies(gate, module.down_proj.weight)
         and module.hidden_act in ACTIVATIONS
+        and not module.clamped  # (GPT-OSS's clamps and offset: the kernel computes act(gate) ⊙ up)
     )
 
 

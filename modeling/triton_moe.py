@@ -64,6 +64,7 @@ def moe_decode_applies(experts, hidden_states: torch.Tensor) -> bool:
         and hidden_states.shape[0] <= MAX_TOKENS
         and experts.gated
         and experts.hidden_act in ACTIVATIONS
+        and experts.plain  # (no biases, clamps or offset: GPT-OSS's experts run the grouped path)
         and hidden_states.dtype in (torch.float32, torch.float16, torch.bfloat16)
         and experts.gate_up_proj.dtype == hidden_states.dtype
         and experts.gate_up_proj.stride(-1) == 1

@@ -167,6 +167,18 @@ DECODER_VARIANTS = {
         router_groups=4,
         router_top_groups=2,
     ),
+    # GPT-OSS's layer: sinks, biases everywhere, a router with a bias, experts with biases and the clamped SwiGLU
+    "moe_gpt_oss": dict(
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        attention_sinks=True,
+        attention_bias=True,
+        router_bias=True,
+        expert_bias=True,
+        swiglu_limit=1.0,
+        swiglu_up_offset=1.0,
+        hidden_act="quick_gelu",
+    ),
     "moe_shared_expert_dense_sparse": dict(
         num_local_experts=4,
         num_experts_per_tok=2,

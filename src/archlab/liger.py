@@ -174,6 +174,8 @@ def _classify(module: nn.Module):
         kernel = _gated_kernel(module.act_fn)
         if kernel is None:
             return None, f"gated MLP with {type(module.act_fn).__name__}"
+        if getattr(module, "clamped", False):
+            return None, "gated MLP with GPT-OSS's clamps (swiglu_limit, swiglu_up_offset)"
         halves = isinstance(module, GatedActivation)  # the encoder-decoder's fc1 holds gate and up side by side
         forwards = {
             "swiglu": (_swiglu_mlp_forward, _swiglu_halves_forward),

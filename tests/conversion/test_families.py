@@ -40,6 +40,7 @@ from transformers import (
     GPT2Config,
     GPTJConfig,
     GPTNeoXConfig,
+    GptOssConfig,
     GraniteConfig,
     GraniteMoeConfig,
     GraniteMoeSharedConfig,
@@ -164,6 +165,16 @@ OLMO3_ROPE = {
 MELLUM_ROPE = {
     "full_attention": {"rope_type": "linear", "rope_theta": 5e5, "factor": 2.0},
     "sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+}
+# GPT-OSS's long-context recipe (YaRN, its interpolation ramp not truncated), at this file's lengths
+GPT_OSS_YARN = {
+    "rope_type": "yarn",
+    "rope_theta": 1.5e5,
+    "factor": 4.0,
+    "beta_fast": 32.0,
+    "beta_slow": 1.0,
+    "truncate": False,
+    "original_max_position_embeddings": 16,
 }
 # Hunyuan's NTK-alpha RoPE: the base stretched once by alpha^(d / (d - 2))
 HUNYUAN_NTK_ALPHA = {"rope_type": "dynamic", "rope_theta": 1e4, "alpha": 50.0, "factor": 1.0}
@@ -497,6 +508,29 @@ CASES = {
             "num_experts_per_tok": 2,
             "shared_expert_intermediate_size": 64,
             "shared_expert_gate": False,
+        },
+    ),
+    # GPT-OSS: attention sinks and biases, a local then a global layer, YaRN; a router with a bias, experts with
+    # biases and the clamped SwiGLU with up + 1 (a limit of 1: the clamps bite at these weights)
+    "gpt_oss": (
+        GptOssConfig(
+            **LLAMA_LIKE,
+            num_local_experts=4,
+            num_experts_per_tok=2,
+            sliding_window=4,
+            swiglu_limit=1.0,
+            rope_parameters=GPT_OSS_YARN,
+        ),
+        {
+            "attention_sinks": True,
+            "router_bias": True,
+            "expert_bias": True,
+            "hidden_act": "quick_gelu",
+            "swiglu_limit": 1.0,
+            "swiglu_up_offset": 1.0,
+            "layer_types": ["sliding_attention", "full_attention"],
+            "moe_intermediate_size": 64,
+            "rope_parameters": GPT_OSS_YARN,
         },
     ),
     # Mellum: a local layer and a dense MLP, then a global layer with experts; RoPE per layer type
@@ -1178,6 +1212,7 @@ NOT_EXPRESSIBLE = {
     "mellum": ({"use_qk_norm": False}, ["use_qk_norm"]),
     "ernie4_5_moe": ({"mlp_layer_types": ["sparse", "sparse", "dense", "sparse"]}, ["mlp_layer_types"]),
     "hunyuan_v1_dense": ({"qk_norm_after_rope": False}, ["qk_norm_after_rope"]),
+    "gpt_oss": ({"attention_sinks": False}, ["attention_sinks"]),
     "hunyuan_v1_moe": ({"shared_expert_intermediate_size": 32}, ["shared_expert_intermediate_size"]),
     "exaone_moe": ({"shared_expert_intermediate_size": 24}, ["shared_expert_intermediate_size"]),
     "solar_open": ({"mlp_layer_types": ["dense", "sparse"]}, ["mlp_layer_types"]),
@@ -1242,6 +1277,9 @@ def test_export_refuses_what_the_family_cannot_compute(family, folders, tmp_path
 
 # more refusals: id -> (family, the case to start from, changes, the fields named)
 ALSO_NOT_EXPRESSIBLE = {
+    # GPT-OSS always clamps its experts' SwiGLU
+    "gpt_oss-no-clamp": ("gpt_oss", "gpt_oss", {"swiglu_limit": None}, ["swiglu_limit"]),
+    "gpt_oss-gelu": ("gpt_oss", "gpt_oss", {"hidden_act": "gelu"}, ["hidden_act='gelu'", "quick_gelu"]),
     # GLM-4.5's and Solar Open's output projections have no bias
     "glm4_moe-output-bias": ("glm4_moe", "glm4_moe", {"attention_bias": True}, ["attention_bias"]),
     "solar_open-output-bias": ("solar_open", "solar_open", {"attention_bias": True}, ["attention_bias"]),
@@ -1446,6 +1484,8 @@ def test_export_refuses_a_folder_of_another_archlab_class(folders, tmp_path):
 
 # stock configs archlab cannot compute yet (or that transformers' stock class silently ignores)
 NOT_IMPORTABLE = {
+    # archlab's activations compute x · σ(α x) for α = 1.702 (quick_gelu) and 1 (silu) only
+    "gpt_oss-other-alpha": (GptOssConfig(**LLAMA_LIKE, num_local_experts=4, swiglu_alpha=1.5), ["swiglu_alpha"]),
     "cohere2-no-window": (Cohere2Config(**QWEN2_SHAPE, sliding_window=None), ["sliding_window"]),
     # Mellum's RoPE table takes a partial factor, its attention rotates every channel
     "mellum-partial-rotary": (
@@ -2006,3 +2046,24 @@ def test_a_qwen3_moe_folder_trains_with_the_stock_load_balancing_loss(tmp_path):
             ours, theirs = model(**inputs, labels=inputs["input_ids"]), reference(**inputs, labels=inputs["input_ids"])
             torch.testing.assert_close(ours.aux_loss, theirs.aux_loss, rtol=1e-5, atol=1e-6)
             torch.testing.assert_close(ours.loss, theirs.loss, rtol=1e-5, atol=1e-6)
+
+
+def test_a_gpt_oss_checkpoint_with_mxfp4_experts_is_refused_with_the_way_to_convert_it(folders, tmp_path):
+    """The published GPT-OSS checkpoints hold their experts as MXFP4 blocks and scales: refused by name, saying how
+    to get a bf16 folder, before anything is written."""
+    from safetensors.torch import load_file, save_file
+
+    stock = folders["gpt_oss"][1] / "stock"
+    quantised = tmp_path / "quantised"
+    quantised.mkdir()
+    (quantised / "config.json").write_text((stock / "config.json").read_text())
+    weights = load_file(stock / "model.safetensors")
+    for key in [key for key in weights if key.endswith("experts.gate_up_proj")]:
+        blocks = weights.pop(key).to(torch.uint8)
+        weights[f"{key}_blocks"], weights[f"{key}_scales"] = blocks, blocks[..., :1].clone()
+    save_file(weights, quantised / "model.safetensors")
+    with pytest.raises(
+        ConversionError, match=r"MXFP4-quantised experts \(model\.layers\.0\.mlp\.experts\.gate_up_proj_"
+    ):
+        convert_checkpoint(quantised, tmp_path / "out")
+    assert not (tmp_path / "out").exists()

@@ -122,8 +122,10 @@ def test_architecture_rows_name_the_router_the_output_gate_and_a_late_qk_norm():
         attention_output_gate="headwise",
         use_qk_norm=True,
         qk_norm_after_rope=True,
+        attention_sinks=True,
     ).to_dict()
     rows = dict(architecture_rows(config))
+    assert rows["attention sinks"] == "a learned logit per head in the softmax's denominator"
     assert rows["experts"].startswith(
         "4 experts, top-2 routing on sigmoid scores with a correction bias (auxiliary-loss-free balancing, rate 0.001)"
     )

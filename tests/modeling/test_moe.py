@@ -19,6 +19,10 @@ from archlab.modeling.moe import SparseMoeBlock, count_parameters, load_balancin
 from helpers import assert_close_to_scale, tiny_decoder_config
 
 MOE = dict(num_local_experts=4, num_experts_per_tok=2)
+# GPT-OSS's router and experts: a router bias, expert biases, the clamped SwiGLU with up + 1 (a limit the inputs reach)
+GPT_OSS_EXPERTS = dict(
+    router_bias=True, expert_bias=True, swiglu_limit=0.5, swiglu_up_offset=1.0, hidden_act="quick_gelu"
+)
 
 
 def moe_config(**overrides) -> archlab.DecoderConfig:
@@ -26,8 +30,18 @@ def moe_config(**overrides) -> archlab.DecoderConfig:
 
 
 def sparse_block(**overrides) -> SparseMoeBlock:
+    """The sparse block of a one-layer model; its router and expert biases (GPT-OSS's) random where it has them."""
     model = archlab.DecoderForCausalLM(moe_config(num_hidden_layers=1, **overrides))
-    return model.model.layers[0].mlp
+    block = model.model.layers[0].mlp
+    with torch.no_grad():
+        for name, parameter in block.named_parameters():
+            if name.endswith("bias") and name.startswith(("gate.", "experts.")):
+                parameter.normal_(0.0, 0.5)
+    return block
+
+
+def _bias(bias: torch.Tensor | None, expert: int):
+    return 0.0 if bias is None else bias[expert]
 
 
 def reference_moe(block: SparseMoeBlock, x: torch.Tensor) -> torch.Tensor:
@@ -37,18 +51,20 @@ def reference_moe(block: SparseMoeBlock, x: torch.Tensor) -> torch.Tensor:
     bias = gate.e_score_correction_bias
     out = torch.zeros_like(x)
     for t in range(x.shape[0]):
-        logits = x[t] @ gate.weight.t()
+        logits = x[t] @ gate.weight.t() + (gate.bias if gate.bias is not None else 0.0)
         probs = torch.sigmoid(logits) if gate.score_function == "sigmoid" else torch.softmax(logits, dim=-1)
         choice = probs + bias if bias is not None else probs
         top = sorted(range(gate.num_experts), key=lambda e: -choice[e].item())[: gate.top_k]
         weights = probs[top] / (probs[top].sum() if gate.norm_topk_prob else 1.0) * gate.routed_scaling_factor
         for w, e in zip(weights, top):
             if experts.gated:
-                g, u = (experts.gate_up_proj[e] @ x[t]).chunk(2)
-                h = experts.act_fn(g) * u
+                g, u = (experts.gate_up_proj[e] @ x[t] + _bias(experts.gate_up_proj_bias, e)).chunk(2)
+                if experts.limit is not None:  # GPT-OSS: act(min(g, L)) ⊙ (clamp(u, -L, L) + offset)
+                    g, u = g.clamp(max=experts.limit), u.clamp(-experts.limit, experts.limit)
+                h = experts.act_fn(g) * (u + experts.up_offset)
             else:
                 h = experts.act_fn(experts.up_proj[e] @ x[t])
-            out[t] += w * (experts.down_proj[e] @ h)
+            out[t] += w * (experts.down_proj[e] @ h + _bias(experts.down_proj_bias, e))
         if block.shared_expert is not None:
             shared = block.shared_expert(x[t])
             if block.shared_expert_gate is not None:
@@ -74,6 +90,9 @@ def reference_moe(block: SparseMoeBlock, x: torch.Tensor) -> torch.Tensor:
         (dict(shared_expert_intermediate_size=-4), "shared_expert_intermediate_size"),
         (dict(router_score_function="sparsemax"), "router_score_function"),
         (dict(routed_scaling_factor=0.0), "routed_scaling_factor"),
+        (dict(swiglu_limit=-1.0), "swiglu_limit"),
+        (dict(swiglu_limit=7.0, mlp_type="plain", hidden_act="gelu"), "swiglu_limit"),
+        (dict(swiglu_up_offset=float("inf")), "swiglu_up_offset"),
     ],
 )
 def test_bad_moe_values_fail_at_construction(overrides, field):
@@ -125,6 +144,7 @@ def test_router_aux_loss_coef_only_on_models_with_experts_and_num_experts_alias(
         dict(shared_expert_intermediate_size=48, shared_expert_gate=False, norm_topk_prob=False),
         dict(router_score_function="sigmoid", norm_topk_prob=False),
         dict(router_score_function="sigmoid", router_correction_bias=True, routed_scaling_factor=2.5),
+        GPT_OSS_EXPERTS,
     ],
 )
 def test_block_matches_slow_reference(overrides):
@@ -138,7 +158,12 @@ def test_block_matches_slow_reference(overrides):
 
 @pytest.mark.parametrize(
     "overrides",
-    [{}, dict(mlp_type="plain", hidden_act="gelu"), dict(num_experts_per_tok=3, shared_expert_intermediate_size=48)],
+    [
+        {},
+        dict(mlp_type="plain", hidden_act="gelu"),
+        dict(num_experts_per_tok=3, shared_expert_intermediate_size=48),
+        GPT_OSS_EXPERTS,
+    ],
 )
 def test_one_token_decode_path_matches_reference_and_grouped_path(overrides, monkeypatch):
     block = sparse_block(**overrides).eval()
@@ -157,7 +182,12 @@ def test_one_token_decode_path_matches_reference_and_grouped_path(overrides, mon
 
 @pytest.mark.parametrize(
     "overrides",
-    [{}, dict(mlp_type="plain", hidden_act="gelu"), dict(num_experts_per_tok=3, shared_expert_intermediate_size=48)],
+    [
+        {},
+        dict(mlp_type="plain", hidden_act="gelu"),
+        dict(num_experts_per_tok=3, shared_expert_intermediate_size=48),
+        GPT_OSS_EXPERTS,
+    ],
 )
 def test_onnx_export_path_runs_every_expert_without_sort_or_grouped_gemm_and_matches(overrides, monkeypatch):
     """Under `torch.onnx.export` (no ONNX translation of a stable sort or of the grouped GEMM ops) every expert runs
