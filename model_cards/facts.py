@@ -223,8 +223,12 @@ def _experts(config: dict[str, Any]) -> str:
     groups, top_groups = config.get("router_groups") or 1, config.get("router_top_groups")
     if groups > 1 and top_groups and top_groups < groups:  # DeepSeek-V3's group-limited routing
         text += f", from the best {top_groups} of {groups} expert groups"
+    if config.get("router_bias"):  # GPT-OSS
+        text += ", a router bias"
     if config.get("moe_intermediate_size"):
         text += f", expert width {config['moe_intermediate_size']}"
+    if config.get("expert_bias"):
+        text += ", expert biases"
     shared = _first(config, "num_shared_experts", "shared_expert_intermediate_size", default=0)
     if shared:
         text += ", shared expert" + ("s" if config.get("num_shared_experts", 1) > 1 else "")
@@ -271,6 +275,11 @@ def architecture_rows(config: dict[str, Any]) -> list[tuple[str, str]]:
     rows.append(("norm position", str(config.get("norm_position", default_position))))
     mlp_type = config.get("mlp_type", default_mlp)
     ffn_name = _FFN_NAMES.get((mlp_type, act), f"{mlp_type} MLP, {act}")
+    limit, offset = config.get("swiglu_limit"), config.get("swiglu_up_offset")
+    if limit is not None:  # GPT-OSS's clamped SwiGLU
+        ffn_name += f", gate ≤ {limit:g} and |up| ≤ {limit:g}"
+    if offset:
+        ffn_name += f", up + {offset:g}"
     rows.append(("feed-forward", f"{ffn_name}, width {ffn_width}"))
     rows.append(("experts", _experts(config)))
     stability = [

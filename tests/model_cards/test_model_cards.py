@@ -113,7 +113,7 @@ def test_architecture_rows_name_the_mup_multipliers_that_are_set():
     assert "multipliers" not in dict(architecture_rows(tiny_decoder_config().to_dict()))
 
 
-def test_architecture_rows_name_the_router_the_output_gate_and_a_late_qk_norm():
+def test_architecture_rows_name_the_router_the_output_gate_a_late_qk_norm_and_gpt_oss_s_choices():
     config = tiny_decoder_config(
         num_local_experts=4,
         router_score_function="sigmoid",
@@ -126,6 +126,17 @@ def test_architecture_rows_name_the_router_the_output_gate_and_a_late_qk_norm():
     ).to_dict()
     rows = dict(architecture_rows(config))
     assert rows["attention sinks"] == "a learned logit per head in the softmax's denominator"
+    gpt_oss = tiny_decoder_config(
+        num_local_experts=4,
+        router_bias=True,
+        expert_bias=True,
+        swiglu_limit=7.0,
+        swiglu_up_offset=1.0,
+        hidden_act="quick_gelu",
+    ).to_dict()
+    gpt_oss_rows = dict(architecture_rows(gpt_oss))
+    assert gpt_oss_rows["feed-forward"].startswith("gated MLP, quick_gelu, gate ≤ 7 and |up| ≤ 7, up + 1, width")
+    assert gpt_oss_rows["experts"] == "4 experts, top-2 routing, a router bias, expert width 64, expert biases"
     assert rows["experts"].startswith(
         "4 experts, top-2 routing on sigmoid scores with a correction bias (auxiliary-loss-free balancing, rate 0.001)"
     )
