@@ -42,6 +42,7 @@ def test_every_preset_is_a_valid_config_and_runs_shrunk(name):
         ("llama-2-13b", 13_015_864_320),
         ("mistral-7b", 7_241_732_096),
         ("olmo-2-1b", 1_484_916_736),
+        ("gpt-oss-20b", 20_914_757_184),  # OpenAI: "21B parameters with 3.6B active"
     ],
 )
 def test_full_size_parameter_counts(name, params):
@@ -90,6 +91,64 @@ def test_olmo2_preset_is_the_published_model():
         stock = Olmo2ForCausalLM(family.stock_config(OLMO_2_1B))
         ours = DecoderForCausalLM(preset_config("olmo-2-1b"))
     assert {k: v.shape for k, v in ours.state_dict().items()} == {k: v.shape for k, v in stock.state_dict().items()}
+
+
+# openai/gpt-oss-20b's config.json (the architecture fields, without its MXFP4 quantization config)
+GPT_OSS_20B = dict(
+    attention_bias=True,
+    head_dim=64,
+    hidden_act="silu",
+    hidden_size=2880,
+    intermediate_size=2880,
+    layer_types=["sliding_attention", "full_attention"] * 12,
+    max_position_embeddings=131072,
+    num_attention_heads=64,
+    num_experts_per_tok=4,
+    num_hidden_layers=24,
+    num_key_value_heads=8,
+    num_local_experts=32,
+    rms_norm_eps=1e-5,
+    rope_scaling={
+        "beta_fast": 32.0,
+        "beta_slow": 1.0,
+        "factor": 32.0,
+        "original_max_position_embeddings": 4096,
+        "rope_type": "yarn",
+        "truncate": False,
+    },
+    rope_theta=150000,
+    sliding_window=128,
+    swiglu_limit=7.0,
+    tie_word_embeddings=False,
+    vocab_size=201088,
+    eos_token_id=200002,
+    pad_token_id=199999,
+)
+
+
+def test_gpt_oss_preset_is_the_published_model():
+    """The converter's reading of gpt-oss-20b's config.json is the preset, and the stock GptOssForCausalLM of that
+    config.json has the preset model's parameters, shape for shape under archlab's names (the router `mlp.gate`, the
+    experts' products transposed); 3.6 B of them active a token besides the embeddings, as OpenAI counts."""
+    from transformers import GptOssForCausalLM
+
+    from archlab.conversion.families import FAMILIES
+    from archlab.modeling.moe import count_parameters
+
+    family = FAMILIES["gpt_oss"]
+    published = family.archlab_config(GPT_OSS_20B).to_dict()
+    preset = preset_config("gpt-oss-20b").to_dict()
+    token_ids = {"bos_token_id", "eos_token_id", "pad_token_id"}
+    assert {k: v for k, v in published.items() if k not in token_ids} == {
+        k: v for k, v in preset.items() if k not in token_ids
+    }
+    with torch.device("meta"):
+        stock = GptOssForCausalLM(family.stock_config(GPT_OSS_20B))
+        ours = DecoderForCausalLM(preset_config("gpt-oss-20b"))
+    shapes = {k: tuple(v.shape) for k, v in family.layout.to_archlab(stock.state_dict(), ours.config).items()}
+    assert shapes == {k: tuple(v.shape) for k, v in ours.state_dict().items()}
+    counts = count_parameters(ours)
+    assert round((counts["active"] - counts["embedding"]) / 1e9, 1) == 3.6
 
 
 def test_overrides_and_errors():
