@@ -9,20 +9,20 @@ scores (attention.py, `eager_attention_forward`, as transformers' GPT-OSS does).
 SDPA has no such term; `sink_sdpa` gives it one, exactly, as one more key. The queries get one more channel holding
 σ_h / scale, every key a zero there, and a last key is added whose channels are zero but that one, which is 1: its
 score q'·k'·scale is σ_h for every query of head h, whatever the query, and its value is zero. The sink key is the
-same for every head, so grouped key/value heads stay grouped (and a decoding step's query heads regroup per KV head
-as transformers' SDPA function regroups them). The mask gets a column that shows the sink to every query (SDPA's own
-`is_causal` would hide a last key from all but the last query, so a causal mask is written out); channels are padded
-to a multiple of 8 (the fused kernels' alignment; the values keep their size). Gradients reach σ_h through the
-queries' extra channel. Memory: the padded copies of q and k (B · (H + H_kv) · T · 8 values more) and an explicit
-boolean mask of (B, 1, T, S + 1), where transformers' SDPA call could use `is_causal` — the memory-efficient kernel's
-instead of flash's on a GPU.
+same for every head, so a decoding step's query heads regroup per KV head (as transformers' SDPA function regroups
+them: the cache read once); longer queries take the keys repeated per query head, as transformers' SDPA function does
+under a mask. The mask gets a column that shows the sink to every query (SDPA's own `is_causal` would hide a last key
+from all but the last query, so a causal mask is written out); channels are padded to a multiple of 8 (the fused
+kernels' alignment; the values keep their size). Gradients reach σ_h through the queries' extra channel. Memory: the
+padded copies of q and k (B · 2H · T · 8 values more) and an explicit boolean mask of (B, 1, T, S + 1), where
+transformers' SDPA call could use `is_causal` — the memory-efficient kernel's instead of flash's on a GPU.
 """
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from transformers.integrations.sdpa_attention import create_position_bias_mask, sdpa_attention_forward
+from transformers.integrations.sdpa_attention import create_position_bias_mask, repeat_kv
 
 ALIGNMENT = 8  # channels of q and k padded to a multiple of this
 
@@ -68,7 +68,10 @@ def sink_sdpa(
     **kwargs,
 ) -> tuple[torch.Tensor, None]:
     """SDPA with attention sinks (module docstring): q (B, H, T, D), k/v (B, H_kv, S, D), `sinks` (H,) -> (B, T, H, D),
-    equal to `eager_attention_forward(..., sinks=sinks)`."""
+    equal to `eager_attention_forward(..., sinks=sinks)`. Grouped KV heads: a decoding step's query heads regrouped per
+    KV head (the cache read once), longer queries over keys repeated per query head before the sink key joins them (a
+    mask keeps SDPA's memory-efficient kernel from taking grouped heads, and repeated keys with the sink key appended
+    keep their strides free of the length for torch.export)."""
     batch, heads, q_len, head_dim = query.shape
     kv_heads = key.shape[1]
     pad = ALIGNMENT - head_dim % ALIGNMENT  # at least one channel: the sink's
@@ -77,22 +80,21 @@ def sink_sdpa(
     mask = _visible_mask(attention_mask, position_bias, query, key, causal)
     if mask is not None:
         mask = _with_sink_column(mask)
+    regroup = q_len == 1 and kv_heads != heads
+    if not regroup:
+        key, value = repeat_kv(key, heads // kv_heads), repeat_kv(value, heads // kv_heads)
     sink_channel = (sinks.to(query.dtype) / scaling).view(1, heads, 1, 1).expand(batch, heads, q_len, 1)
     query = torch.cat([query, sink_channel, query.new_zeros(batch, heads, q_len, pad - 1)], dim=-1)
-    sink_key = key.new_zeros(batch, kv_heads, 1, head_dim + pad)
+    sink_key = key.new_zeros(batch, key.shape[1], 1, head_dim + pad)
     sink_key[..., head_dim] = 1.0
     key = torch.cat([F.pad(key, (0, pad)), sink_key], dim=2)
-    value = torch.cat([value, value.new_zeros(batch, kv_heads, 1, value.shape[-1])], dim=2)
-    return sdpa_attention_forward(
-        module, query, key, value, mask, dropout=dropout, scaling=scaling, is_causal=False, **_sdpa_kwargs(kwargs)
-    )
-
-
-def _sdpa_kwargs(kwargs: dict) -> dict:
-    """The keyword arguments transformers' SDPA function reads (no soft-cap, no window: the mask holds the window;
-    the causal structure is in the mask)."""
-    left_out = ("softcap", "sliding_window", "s_aux", "is_causal")
-    return {name: value for name, value in kwargs.items() if name not in left_out}
+    value = torch.cat([value, value.new_zeros(batch, value.shape[1], 1, value.shape[-1])], dim=2)
+    if regroup:  # (B, H_kv, H / H_kv, D'): each KV head's query heads as its query positions
+        query = query.reshape(batch, kv_heads, heads // kv_heads, head_dim + pad)
+        if mask is not None and mask.shape[1] != 1:
+            mask = mask.reshape(mask.shape[0], kv_heads, heads // kv_heads, mask.shape[-1])
+    output = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, dropout_p=dropout, scale=scaling)
+    return output.reshape(batch, heads, q_len, value.shape[-1]).transpose(1, 2).contiguous(), None
 
 
 __all__ = ["sink_sdpa"]

@@ -41,9 +41,10 @@ from triton_interpreter import (
 MOE = dict(num_local_experts=4, num_experts_per_tok=2)
 # every decoder variant of the catalogue's tests (RMSNorm: position schemes, RoPE types, sliding and prefix-LM masks,
 # soft-capping, mixtures of experts, QK-norm over the projections), biases, QK-norm, and the parallel blocks; the
-# output-norm block (`test_an_output_norm_layer_s_step_runs_the_block_s_forward`) and a gated attention
-# (`test_the_fused_step_applies_only_to_plain_pre_norm_layers_of_a_few_rows`) never take the fused step
-UNFUSED_PLACEMENTS = {"output_norm", "gated_attention"}
+# output-norm block (`test_an_output_norm_layer_s_step_runs_the_block_s_forward`), a gated attention and attention
+# sinks (GPT-OSS's layers too: `test_the_fused_step_applies_only_to_plain_pre_norm_layers_of_a_few_rows`) never take
+# the fused step
+UNFUSED_PLACEMENTS = {"output_norm", "gated_attention", "attention_sinks", "moe_gpt_oss"}
 VARIANTS = {
     **{name: fields for name, fields in DECODER_VARIANTS.items() if name not in UNFUSED_PLACEMENTS},
     "biases": dict(attention_bias=True, mlp_bias=True),
@@ -112,6 +113,7 @@ def test_the_fused_step_applies_only_to_plain_pre_norm_layers_of_a_few_rows(monk
             assert not fused_block_applies(_laid_out(_model(residual_multiplier=0.5)), step)
             assert fused_block_applies(_laid_out(_model(logit_scale=0.5, attention_multiplier=0.1)), step)
             assert not fused_block_applies(_laid_out(_model(attention_output_gate="elementwise")), step)  # gated heads
+            assert not fused_block_applies(_laid_out(_model(attention_sinks=True)), step)  # no sink term in the kernel
         layer.input_layernorm._forward_hooks.clear()
         monkeypatch.setattr(decode_block, "FUSED_BLOCK_DEVICES", ())
         with inference_projections(model, force=True):
@@ -150,22 +152,28 @@ def test_each_layer_s_step_equals_the_block_s_forward(variant, monkeypatch):
     _assert_the_fused_step_equals_the_block_s(_model(**VARIANTS[variant]), 2, monkeypatch)
 
 
+# GPT-OSS's router bias, and its experts' clamps (with SiLU, which the kernels take), keep the block's MLP
+MOE_KEEPING_THEIR_MLP = {"moe_router_bias": dict(MOE, router_bias=True), "moe_clamped": dict(MOE, swiglu_limit=1.0)}
+
+
 @runs_kernels
-@pytest.mark.parametrize("variant", ["moe", "parallel_moe", "moe_norm_topk", "moe_shared_expert_dense_sparse"])
+@pytest.mark.parametrize(
+    "variant", ["moe", "parallel_moe", "moe_norm_topk", "moe_shared_expert_dense_sparse", *MOE_KEEPING_THEIR_MLP]
+)
 def test_a_mixture_of_experts_takes_its_half_of_the_step_through_the_expert_kernels(variant, monkeypatch):
     """With triton_moe.py's kernels on too, an MoE layer's MLP half joins the fused step: RMSNorm inside the router's
     GEMV and the experts' gate/up kernel, the residual added by their down kernel; the same hidden states and logits
-    as the blocks' forward, once for each sparse layer. A shared expert
-    keeps the block's MLP (its layers' attention half still fused); a dense layer of a mixed model fuses as dense."""
+    as the blocks' forward, once for each sparse layer. A shared expert, a router bias or clamped experts (GPT-OSS's)
+    keep the block's MLP (its layers' attention half still fused); a dense layer of a mixed model fuses as dense."""
     monkeypatch.setattr(triton_moe, "MOE_DECODE_DEVICES", (DEVICE,))
     calls, fused_moe = [], decode_block._fused_moe
     monkeypatch.setattr(decode_block, "_fused_moe", lambda *a: calls.append(1) or fused_moe(*a))
-    overrides = {**MOE, "norm_topk_prob": True} if variant == "moe_norm_topk" else VARIANTS[variant]
-    model = _model(**overrides)
+    overrides = {**MOE, "norm_topk_prob": True} if variant == "moe_norm_topk" else VARIANTS.get(variant)
+    model = _model(**(MOE_KEEPING_THEIR_MLP.get(variant) or overrides))
     _assert_the_fused_step_equals_the_block_s(model, 2, monkeypatch)
     sparse_layers = [layer for layer in model.model.layers if type(layer.mlp).__name__ == "SparseMoeBlock"]
     shared = any(layer.mlp.shared_expert is not None for layer in sparse_layers)
-    assert len(calls) == (0 if shared else len(sparse_layers))
+    assert len(calls) == (0 if shared or variant in MOE_KEEPING_THEIR_MLP else len(sparse_layers))
 
 
 @runs_kernels

@@ -49,6 +49,7 @@ def test_the_kernel_applies_only_to_a_few_rows_of_silu_on_the_listed_devices(mon
         assert not gated_down_applies(mlp, torch.zeros(17, 1, gate.shape[-1]))  # a prefill, a larger batch
         assert not gated_down_applies(mlp, gate.double())
         assert not gated_down_applies(_mlp(hidden_act="gelu_pytorch_tanh"), gate)  # GeGLU: not written
+        assert not gated_down_applies(_mlp(swiglu_limit=7.0), gate)  # GPT-OSS's clamps: not written either
     assert not gated_down_applies(mlp, gate)  # gradients wanted (the weights'): the kernel has no backward
     monkeypatch.setattr(triton_gemv, "GATED_DOWN_DEVICES", ())
     with torch.no_grad():

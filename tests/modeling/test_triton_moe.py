@@ -54,6 +54,9 @@ def test_the_kernels_apply_only_to_a_few_tokens_of_gated_silu_experts_on_the_lis
         assert not moe_decode_applies(experts, torch.zeros(5, 48))  # a prefill, a larger batch: grouped GEMMs
         assert not moe_decode_applies(_experts(act="gelu_pytorch_tanh").cpu(), x)
         assert not moe_decode_applies(_experts(gated=False).cpu(), x)
+        # GPT-OSS's experts: biases, clamps, up + 1 (the kernels compute none of them)
+        for gpt_oss in (dict(bias=True), dict(limit=7.0), dict(up_offset=1.0)):
+            assert not moe_decode_applies(Experts(4, 48, 72, "silu", True, **gpt_oss).eval(), x), gpt_oss
         assert not moe_decode_applies(experts, x.double())
     assert not moe_decode_applies(experts, x)  # gradients wanted (the weights'): no backward
     with torch.no_grad():
