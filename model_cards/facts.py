@@ -259,7 +259,18 @@ def architecture_rows(config: dict[str, Any]) -> list[tuple[str, str]]:
         act = _first(config, "hidden_act", "activation_function", default="silu")
         default_norm, default_position, default_mlp = "rms_norm", "pre", "gated"
     rows.append(("hidden size", str(hidden)))
-    rows.append(("attention", _attention_kind(heads, kv_heads)))
+    if config.get("kv_lora_rank"):  # DeepSeek-V2/V3's multi-head latent attention
+        query = f", queries through a rank-{config['q_lora_rank']} latent" if config.get("q_lora_rank") else ""
+        rows.append(
+            (
+                "attention",
+                f"multi-head latent (MLA), {heads} heads, keys and values from a cached rank-"
+                f"{config['kv_lora_rank']} latent{query}; per head {config.get('qk_nope_head_dim')} + "
+                f"{config.get('qk_rope_head_dim')} (RoPE) query/key channels, {config.get('v_head_dim')} value channels",
+            )
+        )
+    else:
+        rows.append(("attention", _attention_kind(heads, kv_heads)))
     head_dim = _first(config, "head_dim", "d_kv")  # T5's d_kv in the encoder-decoder
     if head_dim:
         rows.append(("head dim", str(head_dim)))

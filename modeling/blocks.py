@@ -34,6 +34,7 @@ from transformers.modeling_layers import GradientCheckpointingLayer
 from .attention import Attention
 from .decode_block import fused_block_applies, fused_block_forward
 from .feed_forward import mlp_from_config
+from .latent_attention import LatentAttention
 from .moe import SparseMoeBlock
 from .normalization import make_norm
 
@@ -68,7 +69,9 @@ class DecoderBlock(GradientCheckpointingLayer):
         super().__init__()
         self.attention_type = config.layer_types[layer_idx] if config.layer_types else "full_attention"
         self.rotates = layer_idx not in (getattr(config, "nope_layers", None) or ())  # False: a NoPE layer
-        self.self_attn = Attention(config, layer_idx, is_causal=True)
+        # multi-head latent attention with `kv_lora_rank` (DeepSeek-V2/V3), else q/k/v heads
+        attention_class = LatentAttention if getattr(config, "kv_lora_rank", None) is not None else Attention
+        self.self_attn = attention_class(config, layer_idx, is_causal=True)
         self.mlp = build_mlp(config, layer_idx)
         # each sub-layer's output times this before it joins the residual stream (Granite, μP); 1.0: untouched
         self.residual_multiplier = float(getattr(config, "residual_multiplier", 1.0))
@@ -159,14 +162,20 @@ class PostNormBlock(DecoderBlock):
 class DeepNormBlock(PostNormBlock):
     """Post-norm with the residual up-weighted by α, and DeepNet's init: Xavier-normal with gain β for v/o and the
     MLP, gain 1 for q/k. The gains are tagged on the linear layers (`deepnorm_gain`) and applied by the model's
-    `_init_weights`, which skips weights loaded from a checkpoint."""
+    `_init_weights`, which skips weights loaded from a checkpoint. Latent attention's value expansion (`kv_b_proj`,
+    which expands the keys too) takes v's gain, its latents q's and k's."""
 
     def __init__(self, config, layer_idx: int) -> None:
         super().__init__(config, layer_idx)
         self.residual_scale, beta = deepnorm_constants(config)
         attn = self.self_attn
-        for proj, gain in ((attn.q_proj, 1.0), (attn.k_proj, 1.0), (attn.v_proj, beta), (attn.o_proj, beta)):
-            proj.deepnorm_gain = gain
+        if isinstance(attn, LatentAttention):
+            queries = ("q_proj",) if attn.q_lora_rank is None else ("q_a_proj", "q_b_proj")
+            gains = [*((name, 1.0) for name in (*queries, "kv_a_proj_with_mqa")), ("kv_b_proj", beta), ("o_proj", beta)]
+        else:
+            gains = [("q_proj", 1.0), ("k_proj", 1.0), ("v_proj", beta), ("o_proj", beta)]
+        for name, gain in gains:
+            getattr(attn, name).deepnorm_gain = gain
         for module in self.mlp.modules():
             if isinstance(module, nn.Linear):
                 module.deepnorm_gain = beta

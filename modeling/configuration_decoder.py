@@ -291,6 +291,16 @@ class DecoderConfig(PreTrainedConfig):
         attention_multiplier (`float`, *optional*): the scores' scale itself, in place of head_dim^-½ (Granite's
             field; μP's 1/head_dim, Tensor Programs V, Yang et al. 2022). At most one of it and
             `query_pre_attn_scalar`.
+        kv_lora_rank (`int`, *optional*): multi-head latent attention (MLA; DeepSeek-V2/V3, Kimi K2;
+            latent_attention.py): keys and values expanded per head (`kv_b_proj`) from a cached latent of this many
+            channels and one rotary key every head shares (`kv_a_proj_with_mqa`). None: the attention of
+            `num_key_value_heads`. With it, `head_dim` is the rotary size `qk_rope_head_dim` (derived when unset) and
+            `num_key_value_heads` equals `num_attention_heads`.
+        q_lora_rank (`int`, *optional*): MLA's queries through a low-rank latent of this many channels (`q_a_proj`,
+            `q_a_layernorm`, `q_b_proj`); None: one `q_proj`. Only with `kv_lora_rank`.
+        qk_nope_head_dim / qk_rope_head_dim / v_head_dim (`int`, 128 / 64 / 128): MLA's channels of a head's query
+            and key without positions, with RoPE, and of its value (DeepSeek-V3's sizes). Only read with
+            `kv_lora_rank`.
         attention_output_gate (`str`, *optional*): a sigmoid gate on the attention's output before the output
             projection, computed from the layer's input by `self_attn.gate_proj` (Qiu et al. 2025, "Gated Attention
             for Large Language Models"; AFMoE, Qwen3-Next): `"elementwise"` (one gate per channel of each head) or
@@ -389,14 +399,18 @@ class DecoderConfig(PreTrainedConfig):
         output columns, o/down by input rows: each rank runs whole heads and a slice of the MLP). A QK-norm over the
         whole projections (`qk_norm_scope="projection"`) needs every head of a token: as OLMo 2's plan, q/k/v are
         gathered after their split product and the output projection splits its input again; so with a gain per head
-        (`"per_head"`), whose (heads, head_dim) gains every rank holds whole."""
+        (`"per_head"`), whose (heads, head_dim) gains every rank holds whole. Multi-head latent attention splits its
+        per-head products (the queries', `kv_b_proj`'s expansion) by heads and keeps the latents whole on every rank."""
         attention = {"q_proj": "colwise", "k_proj": "colwise", "v_proj": "colwise", "o_proj": "rowwise"}
+        if self.kv_lora_rank is not None:
+            query = "q_b_proj" if self.q_lora_rank is not None else "q_proj"
+            attention = {query: "colwise", "kv_b_proj": "colwise", "o_proj": "rowwise"}
         if self.use_qk_norm and self.qk_norm_scope in ("projection", "per_head"):
             attention = {name: "colwise_gather_output" for name in ("q_proj", "k_proj", "v_proj")}
             attention["o_proj"] = "rowwise_split_input"
         if self.attention_output_gate is not None:  # the gate's rows follow the heads, as q's
             attention["gate_proj"] = attention["q_proj"]
-        if self.attention_sinks and attention["q_proj"] == "colwise":  # each rank's heads' sinks (GPT-OSS's plan)
+        if self.attention_sinks and attention.get("q_proj") == "colwise":  # each rank's heads' sinks (GPT-OSS's plan)
             attention["sinks"] = "local_rowwise"
         plan = {f"layers.*.self_attn.{name}": style for name, style in attention.items()}
         plan.update({"layers.*.mlp.gate_proj": "colwise", "layers.*.mlp.up_proj": "colwise"})
@@ -494,6 +508,11 @@ class DecoderConfig(PreTrainedConfig):
     attention_multiplier: int | float | None = None
     attention_output_gate: str | None = None
     attention_sinks: bool = False
+    kv_lora_rank: int | None = None
+    q_lora_rank: int | None = None
+    qk_nope_head_dim: int = 128
+    qk_rope_head_dim: int = 64
+    v_head_dim: int = 128
     embedding_multiplier: int | float = 1.0
     residual_multiplier: int | float = 1.0
     logit_scale: int | float = 1.0
@@ -548,6 +567,8 @@ class DecoderConfig(PreTrainedConfig):
         _resolve_catalogue_defaults(self)
         if self.num_key_value_heads is None:
             self.num_key_value_heads = self.num_attention_heads
+        if self.kv_lora_rank is not None and self.head_dim is None:  # MLA: the rotary size (latent_attention.py)
+            self.head_dim = self.qk_rope_head_dim
         heads, hidden = self.num_attention_heads, self.hidden_size
         if self.head_dim is None and isinstance(heads, int) and heads > 0 and isinstance(hidden, int) and hidden > 0:
             if self.hidden_size % self.num_attention_heads != 0:
@@ -610,11 +631,57 @@ class DecoderConfig(PreTrainedConfig):
         else:
             _validate_unused_rope(self)
         _validate_nope_layers(self)
+        _validate_latent_attention(self)
         for name in ("pad_token_id", "bos_token_id"):
             value = getattr(self, name)
             if value is not None and not 0 <= value < self.vocab_size:
                 raise ValueError(f"`{name}` ({value}) must be None or in [0, vocab_size={self.vocab_size}).")
         _validate_catalogue(self)
+
+
+# Attention variants that multi-head latent attention does not compute (latent_attention.py): refused beside it
+NOT_WITH_LATENT_ATTENTION = (
+    "attention_sinks",
+    "attention_output_gate",
+    "use_qk_norm",
+    "qkv_bias",
+    "query_pre_attn_scalar",
+    "attention_multiplier",
+)
+
+
+def _validate_latent_attention(config: Any) -> None:
+    """MLA's sizes positive, `head_dim` its rotary size, a key and value per query head, and none of the attention
+    variants it does not compute; `q_lora_rank` only with it."""
+    if config.kv_lora_rank is None:
+        if config.q_lora_rank is not None:
+            raise ValueError(
+                f"`q_lora_rank` ({config.q_lora_rank}) is multi-head latent attention's query rank, but `kv_lora_rank` "
+                "is None (no latent attention): set `kv_lora_rank`, or leave `q_lora_rank` unset."
+            )
+        return
+    for name in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
+        check_positive(config, name)
+    if config.q_lora_rank is not None:
+        check_positive(config, "q_lora_rank")
+    if config.head_dim != config.qk_rope_head_dim:
+        raise ValueError(
+            f"With multi-head latent attention (`kv_lora_rank`) `head_dim` is the rotary size `qk_rope_head_dim` "
+            f"({config.qk_rope_head_dim}), got {config.head_dim}: leave `head_dim` unset."
+        )
+    if config.num_key_value_heads != config.num_attention_heads:
+        raise ValueError(
+            f"Multi-head latent attention (`kv_lora_rank`) expands a key and value for every query head: "
+            f"`num_key_value_heads` must equal `num_attention_heads` ({config.num_attention_heads}), got "
+            f"{config.num_key_value_heads}."
+        )
+    defaults = {"qkv_bias": None, "use_qk_norm": False, "attention_sinks": False}
+    given = [name for name in NOT_WITH_LATENT_ATTENTION if getattr(config, name) != defaults.get(name)]
+    if given:
+        raise ValueError(
+            f"`{given[0]}` ({getattr(config, given[0])!r}) changes an attention that multi-head latent attention "
+            f"(`kv_lora_rank`) replaces: leave it unset with `kv_lora_rank`."
+        )
 
 
 def _derive_per_layer_types_again(config_dict: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:

@@ -54,6 +54,8 @@ def continuous_batching_refusal(config) -> str | None:
             "forward, which in a packed row of requests is another request's, so a request's tokens would depend on "
             "its batch"
         )
+    if getattr(config, "kv_lora_rank", None) is not None:
+        return "multi-head latent attention (`kv_lora_rank`) caches latents, which the paged cache's blocks cannot hold"
     if getattr(config, "prefix_lm", False):
         return "`prefix_lm=True` needs `prefix_lengths`, which transformers' continuous batching does not pass"
     return None

@@ -44,6 +44,7 @@ from .input_checks import (
     embedding_rows,
     input_shape,
 )
+from .latent_attention import LatentAttention
 from .losses import (
     IGNORE_INDEX,
     causal_lm_loss,
@@ -228,7 +229,10 @@ class DecoderModel(DecoderPreTrainedModel):
             inputs_embeds = self.embed_tokens(input_ids)
         batch_size, seq_len = inputs_embeds.shape[:2]
         heads = self.layers[0].self_attn
-        check_cache_heads(past_key_values, heads.num_key_value_heads, heads.head_dim, "num_key_value_heads", "head_dim")
+        if not isinstance(heads, LatentAttention):  # (MLA's cache layers hold its latents: latent_attention.py)
+            check_cache_heads(
+                past_key_values, heads.num_key_value_heads, heads.head_dim, "num_key_value_heads", "head_dim"
+            )
         past = cached_length(past_key_values)  # None only for a static cache on an accelerator
         check_attention_mask(
             attention_mask, batch_size, None if past is None else past + seq_len, keys="cached + new tokens"

@@ -145,6 +145,27 @@ DECODER_VARIANTS = {
     "qk_norm_after_rope": dict(use_qk_norm=True, qk_norm_after_rope=True),
     # gated attention (AFMoE, Qwen3-Next): a sigmoid gate per channel on the heads' output
     "gated_attention": dict(attention_output_gate="elementwise"),
+    # multi-head latent attention (DeepSeek-V2/V3): keys and values expanded from a cached latent; queries through
+    # their own latent, YaRN with DeepSeek's attention mscale
+    "latent_attention": dict(
+        num_key_value_heads=4, kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=6
+    ),
+    "latent_attention_query_rank_yarn": dict(
+        num_key_value_heads=4,
+        kv_lora_rank=16,
+        q_lora_rank=12,
+        qk_nope_head_dim=8,
+        qk_rope_head_dim=4,
+        v_head_dim=6,
+        rope_parameters={
+            "rope_type": "yarn",
+            "rope_theta": 1e4,
+            "factor": 4.0,
+            "original_max_position_embeddings": 8,
+            "mscale": 1.0,
+            "mscale_all_dim": 1.0,
+        },
+    ),
     # GPT-OSS's attention: a learned sink logit per head, on local and global layers
     "attention_sinks": dict(attention_sinks=True, sliding_window=WINDOW, layer_types=list(LAYER_TYPES)),
     "moe": dict(num_local_experts=4, num_experts_per_tok=2),

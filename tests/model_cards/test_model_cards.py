@@ -134,6 +134,13 @@ def test_architecture_rows_name_the_router_the_output_gate_a_late_qk_norm_and_gp
         swiglu_up_offset=1.0,
         hidden_act="quick_gelu",
     ).to_dict()
+    latent = tiny_decoder_config(
+        num_key_value_heads=4, kv_lora_rank=16, q_lora_rank=12, qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=6
+    ).to_dict()
+    assert dict(architecture_rows(latent))["attention"] == (
+        "multi-head latent (MLA), 4 heads, keys and values from a cached rank-16 latent, queries through a rank-12 "
+        "latent; per head 8 + 4 (RoPE) query/key channels, 6 value channels"
+    )
     gpt_oss_rows = dict(architecture_rows(gpt_oss))
     assert gpt_oss_rows["feed-forward"].startswith("gated MLP, quick_gelu, gate ≤ 7 and |up| ≤ 7, up + 1, width")
     assert gpt_oss_rows["experts"] == "4 experts, top-2 routing, a router bias, expert width 64, expert biases"

@@ -77,6 +77,8 @@ CONCERNS: dict[str, dict[str, dict]] = {
         "local_global": dict(sliding_window=WINDOW, layer_types=["sliding_attention", "full_attention"]),
         "gated_heads": dict(attention_output_gate="headwise"),
         "sinks": dict(attention_sinks=True),  # GPT-OSS
+        # DeepSeek-V3's multi-head latent attention
+        "latent": dict(num_key_value_heads=4, kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=6),
     },
     "prefix": {"prefix_lm": dict(prefix_lm=True)},
     "stability": {

@@ -56,6 +56,9 @@ VARIANTS = {
     "gated_attention_headwise": dict(attention_output_gate="headwise"),
     "attention_sinks": dict(attention_sinks=True, num_key_value_heads=2),  # GPT-OSS
     "attention_sinks_alibi": dict(attention_sinks=True, position_embedding_type="alibi"),
+    "latent_attention": dict(
+        num_key_value_heads=4, kv_lora_rank=16, q_lora_rank=12, qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=6
+    ),
     "mup_multipliers": dict(
         embedding_multiplier=3.0, residual_multiplier=0.5, attention_multiplier=0.2, logit_scale=0.25
     ),

@@ -36,6 +36,8 @@ REFUSED = {
     "prefix_lm_alibi": "alibi",
     "rope_dynamic": "dynamic",
     "rope_longrope": "longrope",
+    "latent_attention": "kv_lora_rank",
+    "latent_attention_query_rank_yarn": "kv_lora_rank",
 }
 RUN = [name for name in DECODER_VARIANTS if name not in REFUSED]
 
