@@ -266,7 +266,8 @@ def architecture_rows(config: dict[str, Any]) -> list[tuple[str, str]]:
                 "attention",
                 f"multi-head latent (MLA), {heads} heads, keys and values from a cached rank-"
                 f"{config['kv_lora_rank']} latent{query}; per head {config.get('qk_nope_head_dim')} + "
-                f"{config.get('qk_rope_head_dim')} (RoPE) query/key channels, {config.get('v_head_dim')} value channels",
+                f"{config.get('qk_rope_head_dim')} (RoPE) query/key channels, {config.get('v_head_dim')} value "
+                "channels",
             )
         )
     else:
