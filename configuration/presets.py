@@ -263,6 +263,42 @@ PRESETS: dict[str, dict[str, Any]] = {
         qk_norm_scope="projection",
         rope_parameters=_rope(500000.0),
     ),
+    # --- DeepSeek-V3 (and R1, Kimi K2's shape with more experts): latent attention, DeepSeek-V3's experts ---
+    "deepseek-v3": dict(
+        _LLAMA,
+        vocab_size=129280,
+        hidden_size=7168,
+        intermediate_size=18432,
+        num_hidden_layers=61,
+        num_attention_heads=128,
+        max_position_embeddings=163840,
+        kv_lora_rank=512,
+        q_lora_rank=1536,
+        qk_nope_head_dim=128,
+        qk_rope_head_dim=64,
+        v_head_dim=128,
+        rope_parameters={
+            "rope_type": "yarn",
+            "rope_theta": 10000.0,
+            "factor": 40.0,
+            "beta_fast": 32.0,
+            "beta_slow": 1.0,
+            "mscale": 1.0,
+            "mscale_all_dim": 1.0,
+            "original_max_position_embeddings": 4096,
+        },
+        num_local_experts=256,
+        num_experts_per_tok=8,
+        moe_intermediate_size=2048,
+        mlp_layer_types=["dense"] * 3 + ["sparse"] * 58,
+        shared_expert_intermediate_size=2048,
+        shared_expert_gate=False,
+        router_score_function="sigmoid",
+        router_correction_bias=True,
+        routed_scaling_factor=2.5,
+        router_groups=8,
+        router_top_groups=4,
+    ),
     # --- GPT-OSS: attention sinks, local and global layers, YaRN; experts with biases and a clamped SwiGLU ---
     "gpt-oss-20b": dict(
         _LLAMA,
@@ -498,11 +534,16 @@ def preset_config(name: str, **overrides: Any) -> DecoderConfig:
     """`DecoderConfig` of the named preset with `overrides` applied (validated like any config); a legacy
     `rope_theta` / `rope_scaling` / `partial_rotary_factor` changes the preset's `rope_parameters` (`override_rope`).
 
-    Overriding `num_hidden_layers` of a preset with interleaved `layer_types` re-derives the alternation."""
+    Overriding `num_hidden_layers` of a preset with interleaved `layer_types` re-derives the alternation; of one whose
+    first layers are dense (`mlp_layer_types`, DeepSeek-V3's three), keeps them dense while a sparse layer remains."""
     kwargs = preset_kwargs(name)
-    if "num_hidden_layers" in overrides and "layer_types" in kwargs and "layer_types" not in overrides:
+    layers = overrides.get("num_hidden_layers")
+    if layers is not None and "layer_types" in kwargs and "layer_types" not in overrides:
         pattern = kwargs["layer_types"][:2]
-        kwargs["layer_types"] = [pattern[i % len(pattern)] for i in range(overrides["num_hidden_layers"])]
+        kwargs["layer_types"] = [pattern[i % len(pattern)] for i in range(layers)]
+    if layers is not None and "mlp_layer_types" in kwargs and "mlp_layer_types" not in overrides:
+        dense = min(kwargs["mlp_layer_types"].index("sparse"), layers - 1)
+        kwargs["mlp_layer_types"] = ["dense"] * dense + ["sparse"] * (layers - dense)
     return DecoderConfig(**override_rope(kwargs, overrides))
 
 

@@ -90,6 +90,7 @@ from .family import IDENTITY, ConversionError, Family, Layout, StateDict, rename
 from .field_lists import LLAMA_FIELDS
 from .fused_decoders import FUSED_DECODERS
 from .glm import GLM_FAMILIES
+from .deepseek_v3 import DEEPSEEK_V3
 from .gpt_oss import GPT_OSS
 from .granite import GRANITE_FAMILIES
 from .hunyuan import HUNYUAN_FAMILIES
@@ -784,6 +785,7 @@ FAMILIES: dict[str, Family] = {
         OLMO,
         *OLMOE_FAMILIES,
         GPT_OSS,
+        DEEPSEEK_V3,
         *LLAMA_LIKE_FAMILIES,
         *FUSED_DECODERS,
         *LAYERNORM_DECODERS,
@@ -842,6 +844,7 @@ IGNORES_PARTIAL_ROTARY = (
     "hunyuan_v1_moe",
     "ernie4_5_moe",
     "gpt_oss",
+    "deepseek_v3",
 )
 READS_UNDECLARED_HEAD_DIM = ("stablelm", "gpt_neox")
 

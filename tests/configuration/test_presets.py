@@ -15,6 +15,15 @@ def test_every_preset_is_a_valid_config_and_runs_shrunk(name):
     head_dim = 16
     heads = 4
     kv = 1 if config.num_key_value_heads == 1 else 2
+    shrunk = {}
+    if config.kv_lora_rank is not None:  # latent attention: a key and value per head, head_dim its rotary size
+        kv = heads
+        shrunk.update(kv_lora_rank=16, q_lora_rank=8, qk_nope_head_dim=8, qk_rope_head_dim=head_dim, v_head_dim=8)
+    if config.num_local_experts:  # few narrow experts (still two a group under group-limited routing)
+        shrunk.update(num_local_experts=2 * config.router_groups, moe_intermediate_size=32)
+        shrunk.update(num_experts_per_tok=min(config.num_experts_per_tok, 2))
+        if config.shared_expert_intermediate_size:
+            shrunk["shared_expert_intermediate_size"] = 32
     small = preset_config(
         name,
         vocab_size=64,
@@ -27,6 +36,7 @@ def test_every_preset_is_a_valid_config_and_runs_shrunk(name):
         max_position_embeddings=32,
         **({"sliding_window": 8} if config.sliding_window else {}),
         **({"query_pre_attn_scalar": head_dim} if config.query_pre_attn_scalar else {}),
+        **shrunk,
     )
     for field in ("norm_type", "norm_position", "position_embedding_type", "mlp_type", "hidden_act"):
         assert getattr(small, field) == getattr(config, field)
@@ -43,6 +53,7 @@ def test_every_preset_is_a_valid_config_and_runs_shrunk(name):
         ("mistral-7b", 7_241_732_096),
         ("olmo-2-1b", 1_484_916_736),
         ("gpt-oss-20b", 20_914_757_184),  # OpenAI: "21B parameters with 3.6B active"
+        ("deepseek-v3", 671_026_404_352),  # DeepSeek: 671 B (its multi-token-prediction module aside)
     ],
 )
 def test_full_size_parameter_counts(name, params):
@@ -151,6 +162,72 @@ def test_gpt_oss_preset_is_the_published_model():
     assert round((counts["active"] - counts["embedding"]) / 1e9, 1) == 3.6
 
 
+# deepseek-ai/DeepSeek-V3's config.json (the architecture fields; its `rope_scaling` as transformers 5 names it)
+DEEPSEEK_V3 = dict(
+    hidden_size=7168,
+    intermediate_size=18432,
+    moe_intermediate_size=2048,
+    num_hidden_layers=61,
+    num_attention_heads=128,
+    num_key_value_heads=128,
+    n_shared_experts=1,
+    n_routed_experts=256,
+    routed_scaling_factor=2.5,
+    kv_lora_rank=512,
+    q_lora_rank=1536,
+    qk_rope_head_dim=64,
+    v_head_dim=128,
+    qk_nope_head_dim=128,
+    n_group=8,
+    topk_group=4,
+    num_experts_per_tok=8,
+    first_k_dense_replace=3,
+    norm_topk_prob=True,
+    vocab_size=129280,
+    rms_norm_eps=1e-6,
+    rope_parameters={
+        "rope_type": "yarn",
+        "rope_theta": 10000.0,
+        "factor": 40.0,
+        "beta_fast": 32.0,
+        "beta_slow": 1.0,
+        "mscale": 1.0,
+        "mscale_all_dim": 1.0,
+        "original_max_position_embeddings": 4096,
+    },
+    max_position_embeddings=163840,
+    tie_word_embeddings=False,
+    attention_bias=False,
+    bos_token_id=0,
+    eos_token_id=1,
+)
+
+
+def test_deepseek_v3_preset_is_the_published_model():
+    """The converter's reading of DeepSeek-V3's config.json is the preset, and the stock DeepseekV3ForCausalLM of it
+    has the preset model's parameters name for name and shape for shape; 37 B of them active a token besides the
+    embeddings, as DeepSeek counts ("671B total parameters with 37B activated for each token")."""
+    from transformers import DeepseekV3ForCausalLM
+
+    from archlab.conversion.families import FAMILIES
+    from archlab.modeling.moe import count_parameters
+
+    family = FAMILIES["deepseek_v3"]
+    published = family.archlab_config(DEEPSEEK_V3).to_dict()
+    preset = preset_config("deepseek-v3").to_dict()
+    token_ids = {"bos_token_id", "eos_token_id", "pad_token_id"}
+    assert {k: v for k, v in published.items() if k not in token_ids} == {
+        k: v for k, v in preset.items() if k not in token_ids
+    }
+    with torch.device("meta"):
+        stock = DeepseekV3ForCausalLM(family.stock_config(DEEPSEEK_V3))
+        ours = DecoderForCausalLM(preset_config("deepseek-v3"))
+    shapes = {k: tuple(v.shape) for k, v in family.layout.to_archlab(stock.state_dict(), ours.config).items()}
+    assert shapes == {k: tuple(v.shape) for k, v in ours.state_dict().items()}
+    counts = count_parameters(ours)
+    assert round((counts["active"] - counts["embedding"]) / 1e9) == 37
+
+
 def test_overrides_and_errors():
     config = preset_config("tiny", position_embedding_type="alibi", vocab_size=500)
     assert config.position_embedding_type == "alibi" and config.vocab_size == 500
@@ -184,3 +261,8 @@ def test_legacy_rope_overrides_change_the_presets_rope_parameters():
 def test_interleaved_preset_follows_a_new_depth():
     config = preset_config("gemma-2-9b", num_hidden_layers=5)
     assert config.layer_types == ["sliding_attention", "full_attention"] * 2 + ["sliding_attention"]
+
+
+def test_fewer_layers_keep_the_first_dense_layers_while_a_sparse_one_remains():
+    assert preset_config("deepseek-v3", num_hidden_layers=5).mlp_layer_types == ["dense"] * 3 + ["sparse"] * 2
+    assert preset_config("deepseek-v3", num_hidden_layers=2).mlp_layer_types == ["dense", "sparse"]

@@ -39,6 +39,7 @@ from transformers import (
     GlmConfig,
     GPT2Config,
     GPTJConfig,
+    DeepseekV3Config,
     GPTNeoXConfig,
     GptOssConfig,
     GraniteConfig,
@@ -175,6 +176,17 @@ GPT_OSS_YARN = {
     "beta_slow": 1.0,
     "truncate": False,
     "original_max_position_embeddings": 16,
+}
+# DeepSeek-V3's YaRN, with the attention scale of its `mscale_all_dim`
+DEEPSEEK_YARN = {
+    "rope_type": "yarn",
+    "rope_theta": 1e4,
+    "factor": 4.0,
+    "original_max_position_embeddings": 16,
+    "beta_fast": 32.0,
+    "beta_slow": 1.0,
+    "mscale": 1.0,
+    "mscale_all_dim": 1.0,
 }
 # Hunyuan's NTK-alpha RoPE: the base stretched once by alpha^(d / (d - 2))
 HUNYUAN_NTK_ALPHA = {"rope_type": "dynamic", "rope_theta": 1e4, "alpha": 50.0, "factor": 1.0}
@@ -531,6 +543,44 @@ CASES = {
             "layer_types": ["sliding_attention", "full_attention"],
             "moe_intermediate_size": 64,
             "rope_parameters": GPT_OSS_YARN,
+        },
+    ),
+    # DeepSeek-V3: multi-head latent attention (queries through their own latent, interleaved RoPE, YaRN with its
+    # attention mscale, biases on the latents and the output), a dense layer then DeepSeek-V3's experts with
+    # group-limited routing and a shared expert; its multi-token-prediction layer is not in a stock save
+    "deepseek_v3": (
+        DeepseekV3Config(
+            **{
+                **{k: v for k, v in LLAMA_LIKE.items() if k != "head_dim"},
+                "num_hidden_layers": 3,
+                "num_key_value_heads": 4,
+            },
+            kv_lora_rank=16,
+            q_lora_rank=12,
+            qk_nope_head_dim=8,
+            qk_rope_head_dim=4,
+            v_head_dim=6,
+            n_routed_experts=4,
+            num_experts_per_tok=2,
+            moe_intermediate_size=16,
+            n_shared_experts=1,
+            first_k_dense_replace=1,
+            n_group=2,
+            topk_group=1,
+            attention_bias=True,
+            rope_parameters=DEEPSEEK_YARN,
+        ),
+        {
+            "kv_lora_rank": 16,
+            "q_lora_rank": 12,
+            "head_dim": 4,
+            "v_head_dim": 6,
+            "mlp_layer_types": ["dense", "sparse", "sparse"],
+            "router_score_function": "sigmoid",
+            "router_groups": 2,
+            "router_top_groups": 1,
+            "shared_expert_intermediate_size": 16,
+            "rope_parameters": DEEPSEEK_YARN,
         },
     ),
     # Mellum: a local layer and a dense MLP, then a global layer with experts; RoPE per layer type
@@ -1213,6 +1263,7 @@ NOT_EXPRESSIBLE = {
     "ernie4_5_moe": ({"mlp_layer_types": ["sparse", "sparse", "dense", "sparse"]}, ["mlp_layer_types"]),
     "hunyuan_v1_dense": ({"qk_norm_after_rope": False}, ["qk_norm_after_rope"]),
     "gpt_oss": ({"attention_sinks": False}, ["attention_sinks"]),
+    "deepseek_v3": ({"mlp_layer_types": ["sparse", "dense", "sparse"]}, ["mlp_layer_types"]),
     "hunyuan_v1_moe": ({"shared_expert_intermediate_size": 32}, ["shared_expert_intermediate_size"]),
     "exaone_moe": ({"shared_expert_intermediate_size": 24}, ["shared_expert_intermediate_size"]),
     "solar_open": ({"mlp_layer_types": ["dense", "sparse"]}, ["mlp_layer_types"]),
@@ -1277,6 +1328,13 @@ def test_export_refuses_what_the_family_cannot_compute(family, folders, tmp_path
 
 # more refusals: id -> (family, the case to start from, changes, the fields named)
 ALSO_NOT_EXPRESSIBLE = {
+    # DeepSeek-V3's attention is latent attention
+    "deepseek_v3-no-latents": (
+        "deepseek_v3",
+        "deepseek_v3",
+        {"kv_lora_rank": None, "q_lora_rank": None},
+        ["kv_lora_rank=None", "multi-head latent attention"],
+    ),
     # GPT-OSS always clamps its experts' SwiGLU
     "gpt_oss-no-clamp": ("gpt_oss", "gpt_oss", {"swiglu_limit": None}, ["swiglu_limit"]),
     "gpt_oss-gelu": ("gpt_oss", "gpt_oss", {"hidden_act": "gelu"}, ["hidden_act='gelu'", "quick_gelu"]),
@@ -1484,6 +1542,11 @@ def test_export_refuses_a_folder_of_another_archlab_class(folders, tmp_path):
 
 # stock configs archlab cannot compute yet (or that transformers' stock class silently ignores)
 NOT_IMPORTABLE = {
+    # no DeepSeek-V3 checkpoint rotates halves; the layout reorders interleaved pairs
+    "deepseek_v3-rotate-half": (
+        DeepseekV3Config(**QWEN2_SHAPE, kv_lora_rank=16, qk_rope_head_dim=4, rope_interleave=False),
+        ["rope_interleave"],
+    ),
     # archlab's activations compute x · σ(α x) for α = 1.702 (quick_gelu) and 1 (silu) only
     "gpt_oss-other-alpha": (GptOssConfig(**LLAMA_LIKE, num_local_experts=4, swiglu_alpha=1.5), ["swiglu_alpha"]),
     "cohere2-no-window": (Cohere2Config(**QWEN2_SHAPE, sliding_window=None), ["sliding_window"]),

@@ -1,0 +1,121 @@
+"""DeepSeek-V3 (also DeepSeek-R1 and Kimi K2, which share its architecture) as a `Family` row.
+
+DeepSeek-V3 is Llama's pre-norm block with multi-head latent attention (archlab's `kv_lora_rank`, `q_lora_rank`,
+`qk_nope_head_dim`, `qk_rope_head_dim`, `v_head_dim`; latent_attention.py: the same module names) and DeepSeek-V3's
+mixture of experts after `first_k_dense_replace` dense layers (sigmoid scores, a correction bias that chooses, the
+top-k weights renormalised and scaled, group-limited routing, an ungated shared expert: deepseek_moe.py's helpers, as
+GLM-4.5 converts). Its checkpoints hold one module per expert and a multi-token-prediction layer past
+`num_hidden_layers`, dropped as transformers drops it.
+
+RoPE: DeepSeek-V3 rotates interleaved channel pairs (`rope_interleave=True`, how it was trained and how every
+published config sets it); archlab rotates halves, so importing reorders the rotary rows of the queries' projection
+(`q_proj` or `q_b_proj`, each head's last `qk_rope_head_dim` rows) and of `kv_a_proj_with_mqa` (its last
+`qk_rope_head_dim` rows, the rotary key) from interleaved to rotate-half order (interleaved_rope.py's argument: a score
+does not change when a query and its keys have their channels permuted alike), and exporting reorders them back.
+A config with `rope_interleave=False` is refused (no such checkpoint is published; the layout cannot tell the two
+apart).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from transformers import DeepseekV3Config, DeepseekV3ForCausalLM, PreTrainedConfig
+
+from ..modeling import DecoderForCausalLM
+from .checks import refuse_export, refuse_import, setting
+from .deepseek_moe import (
+    DEEPSEEK_MOE_LAYOUT,
+    DEEPSEEK_ROUTER,
+    EXPERT_FIELDS,
+    ROUTER_GROUPS,
+    shared_expert_from_archlab,
+    shared_expert_to_archlab,
+)
+from .family import Family, Layout, StateDict, same
+from .field_lists import LLAMA_FIELDS
+from .interleaved_rope import rotate_half_order
+
+LATENT_ATTENTION_FIELDS = ("kv_lora_rank", "q_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
+DEEPSEEK_V3_FIELDS = {
+    **same(*(name for name in LLAMA_FIELDS if name not in ("head_dim", "mlp_bias")), *LATENT_ATTENTION_FIELDS),
+    **EXPERT_FIELDS,
+}
+# the projections whose last `qk_rope_head_dim` rows (of each head, for the queries) RoPE rotates
+QUERY_ROWS = re.compile(r"^model\.layers\.\d+\.self_attn\.(q_proj|q_b_proj)\.weight$")
+ROTARY_KEY_ROWS = re.compile(r"^model\.layers\.\d+\.self_attn\.kv_a_proj_with_mqa\.(weight|bias)$")
+
+
+def _to_archlab(stock: PreTrainedConfig, values: Mapping[str, Any]) -> dict[str, Any]:
+    if not stock.rope_interleave:
+        refuse_import(
+            "deepseek_v3",
+            {setting(stock, "rope_interleave"): "archlab converts DeepSeek-V3's interleaved RoPE, as published"},
+        )
+    dense = min(stock.first_k_dense_replace, stock.num_hidden_layers)
+    return {
+        **shared_expert_to_archlab(stock),
+        "mlp_layer_types": ["dense"] * dense + ["sparse"] * (stock.num_hidden_layers - dense),
+    }
+
+
+def _from_archlab(config: PreTrainedConfig) -> dict[str, Any]:
+    types = config.mlp_layer_types
+    dense = types.index("sparse") if "sparse" in types else len(types)
+    wrong = {}
+    if any(kind != "sparse" for kind in types[dense:]):
+        wrong[setting(config, "mlp_layer_types")] = "DeepSeek-V3's dense layers come first, every later layer sparse"
+    if config.kv_lora_rank is None:
+        wrong[setting(config, "kv_lora_rank")] = "DeepSeek-V3's attention is multi-head latent attention"
+    refuse_export("DeepseekV3ForCausalLM", wrong)
+    shared = shared_expert_from_archlab(config, "DeepseekV3ForCausalLM", "n_shared_experts")
+    return {**shared, "first_k_dense_replace": dense, "rope_interleave": True}
+
+
+def _reordered(rows: torch.Tensor, block: int, rotary: int, inverse: bool) -> torch.Tensor:
+    """`rows` (…, n · block rows first) with the last `rotary` rows of each `block` reordered from interleaved to
+    rotate-half order (`inverse`: back)."""
+    order = rotate_half_order(rotary, rotary)
+    if inverse:
+        order = torch.argsort(order)
+    within = torch.cat([torch.arange(block - rotary), block - rotary + order])
+    blocks = rows.shape[0] // block
+    return rows.reshape(blocks, block, *rows.shape[1:])[:, within].reshape(rows.shape)
+
+
+def _permuted(state_dict: StateDict, config: PreTrainedConfig, inverse: bool) -> StateDict:
+    rotary, head = config.qk_rope_head_dim, config.qk_nope_head_dim + config.qk_rope_head_dim
+    out = {}
+    for key, tensor in state_dict.items():
+        if QUERY_ROWS.match(key):  # each head's rows: [no positions; rotary]
+            tensor = _reordered(tensor, head, rotary, inverse)
+        elif ROTARY_KEY_ROWS.match(key):  # [latent; the rotary key]
+            tensor = _reordered(tensor, tensor.shape[0], rotary, inverse)
+        out[key] = tensor
+    return out
+
+
+DEEPSEEK_V3_LAYOUT = Layout(
+    to_archlab=lambda state_dict, config: _permuted(DEEPSEEK_MOE_LAYOUT.to_archlab(state_dict, config), config, False),
+    from_archlab=lambda state_dict, config: DEEPSEEK_MOE_LAYOUT.from_archlab(
+        _permuted(state_dict, config, True), config
+    ),
+)
+
+DEEPSEEK_V3 = Family(
+    DeepseekV3Config,
+    DeepseekV3ForCausalLM,
+    DecoderForCausalLM,
+    fields=DEEPSEEK_V3_FIELDS,
+    implied=DEEPSEEK_ROUTER,
+    to_archlab=_to_archlab,
+    from_archlab=_from_archlab,
+    # the router z-loss only changes training; it is dropped on export
+    expressible=frozenset({"mlp_layer_types", "shared_expert_intermediate_size", "router_z_loss_coef", *ROUTER_GROUPS}),
+    layout=DEEPSEEK_V3_LAYOUT,
+)
+
+__all__ = ["DEEPSEEK_V3"]
