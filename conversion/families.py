@@ -85,12 +85,12 @@ from .deepseek_moe import (
     shared_expert_from_archlab,
     shared_expert_to_archlab,
 )
+from .deepseek_v3 import DEEPSEEK_V3
 from .experts import MIXTRAL_LAYOUT, QWEN2_MOE_LAYOUT
 from .family import IDENTITY, ConversionError, Family, Layout, StateDict, renamed, same
 from .field_lists import LLAMA_FIELDS
 from .fused_decoders import FUSED_DECODERS
 from .glm import GLM_FAMILIES
-from .deepseek_v3 import DEEPSEEK_V3
 from .gpt_oss import GPT_OSS
 from .granite import GRANITE_FAMILIES
 from .hunyuan import HUNYUAN_FAMILIES
