@@ -78,6 +78,7 @@ from .checks import (
     setting,
 )
 from .cohere import COHERE_FAMILIES
+from .deepseek_mla import DEEPSEEK_MLA_FAMILIES
 from .deepseek_moe import (
     DEEPSEEK_MOE_FAMILIES,
     DEEPSEEK_ROUTER,
@@ -85,7 +86,6 @@ from .deepseek_moe import (
     shared_expert_from_archlab,
     shared_expert_to_archlab,
 )
-from .deepseek_v3 import DEEPSEEK_V3
 from .experts import MIXTRAL_LAYOUT, QWEN2_MOE_LAYOUT
 from .family import IDENTITY, ConversionError, Family, Layout, StateDict, renamed, same
 from .field_lists import LLAMA_FIELDS
@@ -785,7 +785,7 @@ FAMILIES: dict[str, Family] = {
         OLMO,
         *OLMOE_FAMILIES,
         GPT_OSS,
-        DEEPSEEK_V3,
+        *DEEPSEEK_MLA_FAMILIES,
         *LLAMA_LIKE_FAMILIES,
         *FUSED_DECODERS,
         *LAYERNORM_DECODERS,

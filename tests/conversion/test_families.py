@@ -24,6 +24,7 @@ from transformers import (
     Cohere2Config,
     CohereConfig,
     CwmConfig,
+    DeepseekV2Config,
     DeepseekV3Config,
     Dots1Config,
     Ernie4_5_MoeConfig,
@@ -581,6 +582,33 @@ CASES = {
             "router_top_groups": 1,
             "shared_expert_intermediate_size": 16,
             "rope_parameters": DEEPSEEK_YARN,
+        },
+    ),
+    # DeepSeek-V2 (V2-Lite's form): latent attention with one query projection, interleaved RoPE; a dense layer then
+    # DeepSeek-V2's experts (softmax, greedy, not renormalised, scaled) with two shared experts
+    "deepseek_v2": (
+        DeepseekV2Config(
+            **{**QWEN2_SHAPE, "num_hidden_layers": 3, "num_key_value_heads": 4},
+            kv_lora_rank=16,
+            q_lora_rank=None,
+            qk_nope_head_dim=8,
+            qk_rope_head_dim=4,
+            v_head_dim=6,
+            n_routed_experts=4,
+            num_experts_per_tok=2,
+            moe_intermediate_size=16,
+            n_shared_experts=2,
+            first_k_dense_replace=1,
+            routed_scaling_factor=1.5,
+        ),
+        {
+            "kv_lora_rank": 16,
+            "q_lora_rank": None,
+            "mlp_layer_types": ["dense", "sparse", "sparse"],
+            "router_score_function": "softmax",
+            "norm_topk_prob": False,
+            "routed_scaling_factor": 1.5,
+            "shared_expert_intermediate_size": 32,
         },
     ),
     # Mellum: a local layer and a dense MLP, then a global layer with experts; RoPE per layer type
@@ -1264,6 +1292,7 @@ NOT_EXPRESSIBLE = {
     "hunyuan_v1_dense": ({"qk_norm_after_rope": False}, ["qk_norm_after_rope"]),
     "gpt_oss": ({"attention_sinks": False}, ["attention_sinks"]),
     "deepseek_v3": ({"mlp_layer_types": ["sparse", "dense", "sparse"]}, ["mlp_layer_types"]),
+    "deepseek_v2": ({"router_correction_bias": True}, ["router_correction_bias"]),
     "hunyuan_v1_moe": ({"shared_expert_intermediate_size": 32}, ["shared_expert_intermediate_size"]),
     "exaone_moe": ({"shared_expert_intermediate_size": 24}, ["shared_expert_intermediate_size"]),
     "solar_open": ({"mlp_layer_types": ["dense", "sparse"]}, ["mlp_layer_types"]),
@@ -1542,6 +1571,19 @@ def test_export_refuses_a_folder_of_another_archlab_class(folders, tmp_path):
 
 # stock configs archlab cannot compute yet (or that transformers' stock class silently ignores)
 NOT_IMPORTABLE = {
+    # DeepSeek-V2 scores a group by its best expert, archlab by the sum of its two best
+    "deepseek_v2-group-limited": (
+        DeepseekV2Config(
+            **{**QWEN2_SHAPE, "num_key_value_heads": 4},
+            kv_lora_rank=16,
+            qk_rope_head_dim=4,
+            n_routed_experts=8,
+            n_group=4,
+            topk_group=2,
+            topk_method="group_limited_greedy",
+        ),
+        ["topk_method", "scored by their best expert"],
+    ),
     # no DeepSeek-V3 checkpoint rotates halves; the layout reorders interleaved pairs
     "deepseek_v3-rotate-half": (
         DeepseekV3Config(**QWEN2_SHAPE, kv_lora_rank=16, qk_rope_head_dim=4, rope_interleave=False),

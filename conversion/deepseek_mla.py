@@ -1,4 +1,5 @@
-"""DeepSeek-V3 (also DeepSeek-R1 and Kimi K2, which share its architecture) as a `Family` row.
+"""The DeepSeek models with multi-head latent attention as `Family` rows: DeepSeek-V3 (also DeepSeek-R1 and Kimi K2,
+which share its architecture) and DeepSeek-V2 (V2-Lite, Coder-V2).
 
 DeepSeek-V3 is Llama's pre-norm block with multi-head latent attention (archlab's `kv_lora_rank`, `q_lora_rank`,
 `qk_nope_head_dim`, `qk_rope_head_dim`, `v_head_dim`; latent_attention.py: the same module names) and DeepSeek-V3's
@@ -14,6 +15,13 @@ published config sets it); archlab rotates halves, so importing reorders the rot
 does not change when a query and its keys have their channels permuted alike), and exporting reorders them back.
 A config with `rope_interleave=False` is refused (no such checkpoint is published; the layout cannot tell the two
 apart).
+
+DeepSeek-V2 has the same attention (its RoPE a complex product over interleaved pairs: the same rotation, reordered
+alike) and DeepSeek-V2's experts: a softmax router whose top-k weights are not renormalised (its config's
+`norm_topk_prob` is read by nothing), times `routed_scaling_factor`, and `n_shared_experts` shared experts; its
+group-limited routing (`topk_method="group_limited_greedy"`) scores a group by its best expert where archlab's
+(DeepSeek-V3's) sums the two best, so it is refused where it limits the groups (DeepSeek-V2-Lite and Coder-V2-Lite
+route greedily).
 """
 
 from __future__ import annotations
@@ -23,7 +31,13 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
-from transformers import DeepseekV3Config, DeepseekV3ForCausalLM, PreTrainedConfig
+from transformers import (
+    DeepseekV2Config,
+    DeepseekV2ForCausalLM,
+    DeepseekV3Config,
+    DeepseekV3ForCausalLM,
+    PreTrainedConfig,
+)
 
 from ..modeling import DecoderForCausalLM
 from .checks import refuse_export, refuse_import, setting
@@ -62,16 +76,16 @@ def _to_archlab(stock: PreTrainedConfig, values: Mapping[str, Any]) -> dict[str,
     }
 
 
-def _from_archlab(config: PreTrainedConfig) -> dict[str, Any]:
+def _from_archlab(config: PreTrainedConfig, architecture: str = "DeepseekV3ForCausalLM") -> dict[str, Any]:
     types = config.mlp_layer_types
     dense = types.index("sparse") if "sparse" in types else len(types)
     wrong = {}
     if any(kind != "sparse" for kind in types[dense:]):
-        wrong[setting(config, "mlp_layer_types")] = "DeepSeek-V3's dense layers come first, every later layer sparse"
+        wrong[setting(config, "mlp_layer_types")] = "DeepSeek's dense layers come first, every later layer sparse"
     if config.kv_lora_rank is None:
-        wrong[setting(config, "kv_lora_rank")] = "DeepSeek-V3's attention is multi-head latent attention"
-    refuse_export("DeepseekV3ForCausalLM", wrong)
-    shared = shared_expert_from_archlab(config, "DeepseekV3ForCausalLM", "n_shared_experts")
+        wrong[setting(config, "kv_lora_rank")] = "DeepSeek's attention is multi-head latent attention"
+    refuse_export(architecture, wrong)
+    shared = shared_expert_from_archlab(config, architecture, "n_shared_experts")
     return {**shared, "first_k_dense_replace": dense, "rope_interleave": True}
 
 
@@ -118,4 +132,56 @@ DEEPSEEK_V3 = Family(
     layout=DEEPSEEK_V3_LAYOUT,
 )
 
-__all__ = ["DEEPSEEK_V3"]
+# --- DeepSeek-V2: the same attention, DeepSeek-V2's experts ----------------------------------------------------------
+
+DEEPSEEK_V2_FIELDS = {
+    **same(*(name for name in LLAMA_FIELDS if name != "head_dim"), *LATENT_ATTENTION_FIELDS),
+    **{name: ours for name, ours in EXPERT_FIELDS.items() if name != "norm_topk_prob"},
+}
+
+
+def _v2_to_archlab(stock: PreTrainedConfig, values: Mapping[str, Any]) -> dict[str, Any]:
+    groups, top = stock.n_group or 1, stock.topk_group
+    if stock.topk_method == "group_limited_greedy" and groups > 1 and top is not None and top < groups:
+        refuse_import(
+            "deepseek_v2",
+            {
+                setting(stock, "topk_method"): (
+                    f"its groups (n_group={groups}, topk_group={top}) are scored by their best expert, archlab's by "
+                    "the sum of their two best (DeepSeek-V3's)"
+                )
+            },
+        )
+    dense = min(stock.first_k_dense_replace, stock.num_hidden_layers)
+    shared = shared_expert_to_archlab(stock)
+    return {
+        "shared_expert_intermediate_size": shared["shared_expert_intermediate_size"],
+        "mlp_layer_types": ["dense"] * dense + ["sparse"] * (stock.num_hidden_layers - dense),
+    }
+
+
+def _v2_from_archlab(config: PreTrainedConfig) -> dict[str, Any]:
+    extra = _from_archlab(config, "DeepseekV2ForCausalLM")
+    if config.router_groups > 1 and (config.router_top_groups or config.router_groups) < config.router_groups:
+        refuse_export(
+            "DeepseekV2ForCausalLM",
+            {setting(config, "router_top_groups"): "DeepSeek-V2 scores a group by its best expert"},
+        )
+    del extra["rope_interleave"], extra["n_group"], extra["topk_group"]
+    return {**extra, "topk_method": "greedy", "norm_topk_prob": False}
+
+
+DEEPSEEK_V2 = Family(
+    DeepseekV2Config,
+    DeepseekV2ForCausalLM,
+    DecoderForCausalLM,
+    fields=DEEPSEEK_V2_FIELDS,
+    implied={"shared_expert_gate": False, "norm_topk_prob": False},
+    to_archlab=_v2_to_archlab,
+    from_archlab=_v2_from_archlab,
+    expressible=frozenset({"mlp_layer_types", "shared_expert_intermediate_size", "router_z_loss_coef"}),
+    layout=DEEPSEEK_V3_LAYOUT,
+)
+DEEPSEEK_MLA_FAMILIES = (DEEPSEEK_V3, DEEPSEEK_V2)
+
+__all__ = ["DEEPSEEK_MLA_FAMILIES", "DEEPSEEK_V2", "DEEPSEEK_V3"]
