@@ -95,3 +95,36 @@ def test_the_config_derives_the_rotary_size_and_refuses_what_latent_attention_do
             tiny_decoder_config(**MLA, **{field: value})
     with pytest.raises(ValueError, match="kv_lora_rank"):
         tiny_decoder_config(**{**MLA, "kv_lora_rank": 0})
+
+
+def test_a_decoding_step_attends_over_the_latents_with_kv_b_proj_absorbed(monkeypatch):
+    """Greedy decoding of a left-padded batch on the dynamic and the static cache: the steps take the absorbed path
+    (queries into the latent space, outputs out of it) and give the expanded path's logits; with gradients (training)
+    the cache is expanded."""
+    from archlab.modeling import latent_attention
+
+    model = DecoderForCausalLM(tiny_decoder_config(**MLA, q_lora_rank=12)).eval()
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.normal_(0.0, 0.3, generator=torch.Generator().manual_seed(parameter.numel()))
+    ids = torch.randint(3, 97, (2, 6), generator=torch.Generator().manual_seed(2))
+    mask = torch.ones_like(ids)
+    mask[0, :2] = 0
+    greedy = dict(
+        attention_mask=mask, max_new_tokens=8, do_sample=False, output_logits=True, return_dict_in_generate=True
+    )
+    calls = []
+    absorbed = latent_attention.LatentAttention._absorbed
+    monkeypatch.setattr(latent_attention.LatentAttention, "_absorbed", lambda *a: calls.append(1) or absorbed(*a))
+    for cache in ("dynamic", "static"):
+        fast = model.generate(ids, cache_implementation=cache, **greedy)
+        assert len(calls) == 2 * 7  # two layers, every step after the prompt's
+        calls.clear()
+        with monkeypatch.context() as patch:
+            patch.setattr(latent_attention.LatentAttention, "_absorbs", lambda *a: False)
+            expanded = model.generate(ids, cache_implementation=cache, **greedy)
+        assert torch.equal(fast.sequences, expanded.sequences)
+        torch.testing.assert_close(torch.stack(fast.logits), torch.stack(expanded.logits), atol=1e-5, rtol=1e-5)
+    model.train()
+    model(ids[:, :1], attention_mask=mask[:, :1]).logits.sum().backward()
+    assert calls == []  # one token, but gradients: expanded
