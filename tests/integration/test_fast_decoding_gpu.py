@@ -3,7 +3,8 @@ and compiles its decoding step (inductor, CUDA graphs), and gives the tokens of 
 the dynamic cache, nothing compiled) at batch 1 and 16 — in fp32 exactly, in bf16 up to a divergence at a near-tie,
 with the logits of the steps up to it within bf16 rounding — and a second call recompiles nothing: the
 dense decoder, the mixture of experts (its one-token step), local/global sliding windows (kept whole, and past 4
-windows as rings), and seq2seq beam search.
+windows as rings), latent attention (DeepSeek-V3's), GPT-OSS's layers (sinks, biased clamped experts), and seq2seq beam
+search.
 
     python -m pytest -m gpu tests/integration/test_fast_decoding_gpu.py
 """
@@ -36,6 +37,28 @@ MODELS = {
     "sliding": lambda: DecoderForCausalLM(
         DecoderConfig(
             **SHAPE, num_key_value_heads=2, sliding_window=16, layer_types=["sliding_attention", "full_attention"] * 2
+        )
+    ),
+    # DeepSeek-V3's latent attention (decoding steps attend over the latents, kv_b_proj absorbed)
+    "latent": lambda: DecoderForCausalLM(
+        DecoderConfig(**SHAPE, kv_lora_rank=64, q_lora_rank=48, qk_nope_head_dim=32, qk_rope_head_dim=16, v_head_dim=32)
+    ),
+    # GPT-OSS's layers: sinks on local and global layers, biased attention, biased experts with the clamped SwiGLU
+    "gpt_oss": lambda: DecoderForCausalLM(
+        DecoderConfig(
+            **SHAPE,
+            num_key_value_heads=2,
+            attention_sinks=True,
+            attention_bias=True,
+            sliding_window=16,
+            layer_types=["sliding_attention", "full_attention"] * 2,
+            num_local_experts=8,
+            num_experts_per_tok=2,
+            router_bias=True,
+            expert_bias=True,
+            swiglu_limit=7.0,
+            swiglu_up_offset=1.0,
+            hidden_act="quick_gelu",
         )
     ),
     "seq2seq": lambda: Seq2SeqForConditionalGeneration(
@@ -157,7 +180,7 @@ def _assert_agree(fast, eager, dtype: torch.dtype, prompt: int, kind: str) -> No
     for step in range(compared):
         a, b = steps[step].float(), eager_steps[step].float()
         finite = torch.isfinite(b)  # beam scores hold -inf
-        if kind == "moe" and dtype != torch.float32:
+        if kind in ("moe", "gpt_oss") and dtype != torch.float32:  # (a router choice flips at a near-tie)
             scale = b[finite].abs().max()
             close = ((a[finite] - b[finite]).abs() <= rtol * scale).float().mean().item()
             assert close >= 0.9, f"step {step}: {close:.1%} of the logits within {rtol:g} of the scale"
