@@ -22,6 +22,10 @@ alike) and DeepSeek-V2's experts: a softmax router whose top-k weights are not r
 group-limited routing (`topk_method="group_limited_greedy"`) scores a group by its best expert where archlab's
 (DeepSeek-V3's) sums the two best, so it is refused where it limits the groups (DeepSeek-V2-Lite and Coder-V2-Lite
 route greedily).
+
+GLM-4.7-Flash (`glm4_moe_lite`) is DeepSeek-V3's attention with GLM-4.5's experts (DeepSeek-V3's router) and its
+dense and sparse layers listed per layer (`mlp_layer_types`, as archlab's); its config's `head_dim` is another name of
+`qk_rope_head_dim`.
 """
 
 from __future__ import annotations
@@ -36,6 +40,8 @@ from transformers import (
     DeepseekV2ForCausalLM,
     DeepseekV3Config,
     DeepseekV3ForCausalLM,
+    Glm4MoeLiteConfig,
+    Glm4MoeLiteForCausalLM,
     PreTrainedConfig,
 )
 
@@ -182,6 +188,41 @@ DEEPSEEK_V2 = Family(
     expressible=frozenset({"mlp_layer_types", "shared_expert_intermediate_size", "router_z_loss_coef"}),
     layout=DEEPSEEK_V3_LAYOUT,
 )
-DEEPSEEK_MLA_FAMILIES = (DEEPSEEK_V3, DEEPSEEK_V2)
+# --- GLM-4.7-Flash: DeepSeek-V3's attention, GLM-4.5's experts, dense and sparse layers listed ------------------------
 
-__all__ = ["DEEPSEEK_MLA_FAMILIES", "DEEPSEEK_V2", "DEEPSEEK_V3"]
+GLM4_MOE_LITE_FIELDS = {**DEEPSEEK_V3_FIELDS, **same("mlp_layer_types")}
+
+
+def _glm4_moe_lite_to_archlab(stock: PreTrainedConfig, values: Mapping[str, Any]) -> dict[str, Any]:
+    if not stock.rope_interleave:
+        refuse_import(
+            "glm4_moe_lite",
+            {setting(stock, "rope_interleave"): "archlab converts GLM-4.7-Flash's interleaved RoPE, as published"},
+        )
+    return shared_expert_to_archlab(stock)
+
+
+def _glm4_moe_lite_from_archlab(config: PreTrainedConfig) -> dict[str, Any]:
+    if config.kv_lora_rank is None:
+        refuse_export(
+            "Glm4MoeLiteForCausalLM",
+            {setting(config, "kv_lora_rank"): "GLM-4.7-Flash's attention is multi-head latent attention"},
+        )
+    shared = shared_expert_from_archlab(config, "Glm4MoeLiteForCausalLM", "n_shared_experts")
+    return {**shared, "rope_interleave": True}
+
+
+GLM4_MOE_LITE = Family(
+    Glm4MoeLiteConfig,
+    Glm4MoeLiteForCausalLM,
+    DecoderForCausalLM,
+    fields=GLM4_MOE_LITE_FIELDS,
+    implied=DEEPSEEK_ROUTER,
+    to_archlab=_glm4_moe_lite_to_archlab,
+    from_archlab=_glm4_moe_lite_from_archlab,
+    expressible=frozenset({"shared_expert_intermediate_size", "router_z_loss_coef", *ROUTER_GROUPS}),
+    layout=DEEPSEEK_V3_LAYOUT,
+)
+DEEPSEEK_MLA_FAMILIES = (DEEPSEEK_V3, DEEPSEEK_V2, GLM4_MOE_LITE)
+
+__all__ = ["DEEPSEEK_MLA_FAMILIES", "DEEPSEEK_V2", "DEEPSEEK_V3", "GLM4_MOE_LITE"]

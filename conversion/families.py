@@ -845,6 +845,8 @@ IGNORES_PARTIAL_ROTARY = (
     "ernie4_5_moe",
     "gpt_oss",
     "deepseek_v3",
+    "deepseek_v2",
+    "glm4_moe_lite",
 )
 READS_UNDECLARED_HEAD_DIM = ("stablelm", "gpt_neox")
 
