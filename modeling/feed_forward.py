@@ -18,8 +18,8 @@ from .compiled_kernels import CompiledKernel, elementwise_kernel
 from .fused_projections import FusableProjections
 from .triton_gemv import gated_down, gated_down_applies
 
-# by (activation name, limit, up offset): (kernel, its activation's class)
-_GATED_KERNELS: dict[tuple[str, float | None, float], tuple[CompiledKernel, type]] = {}
+# by activation name, or (name, limit, up offset) with GPT-OSS's clamps: (kernel, its activation's class)
+_GATED_KERNELS: dict[str | tuple[str, float | None, float], tuple[CompiledKernel, type]] = {}
 
 
 def gated_formula(act_fn, gate: torch.Tensor, up: torch.Tensor, limit: float | None = None, up_offset: float = 0.0):
@@ -42,7 +42,7 @@ def gated_activation(
     on, and the next call recompile the whole compiled region (a regionally compiled block, once per process)."""
     if torch.compiler.is_compiling():
         return gated_formula(act_fn, gate, up, limit, up_offset)
-    key = (hidden_act, limit, up_offset)
+    key = hidden_act if limit is None and not up_offset else (hidden_act, limit, up_offset)
     if key not in _GATED_KERNELS:
         act = ACT2FN[hidden_act]
 
