@@ -179,6 +179,9 @@ GPT_OSS_YARN = {
     "truncate": False,
     "original_max_position_embeddings": 16,
 }
+# multi-head latent attention's sizes (DeepSeek-V2/V3, GLM-4.7-Flash) and DeepSeek's experts, at this file's shape
+LATENT_ATTENTION = dict(kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=6)
+DEEPSEEK_EXPERTS = dict(n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=16)
 # DeepSeek-V3's YaRN, with the attention scale of its `mscale_all_dim`
 DEEPSEEK_YARN = {
     "rope_type": "yarn",
@@ -557,14 +560,9 @@ CASES = {
                 "num_hidden_layers": 3,
                 "num_key_value_heads": 4,
             },
-            kv_lora_rank=16,
+            **LATENT_ATTENTION,
             q_lora_rank=12,
-            qk_nope_head_dim=8,
-            qk_rope_head_dim=4,
-            v_head_dim=6,
-            n_routed_experts=4,
-            num_experts_per_tok=2,
-            moe_intermediate_size=16,
+            **DEEPSEEK_EXPERTS,
             n_shared_experts=1,
             first_k_dense_replace=1,
             n_group=2,
@@ -590,14 +588,9 @@ CASES = {
     "deepseek_v2": (
         DeepseekV2Config(
             **{**QWEN2_SHAPE, "num_hidden_layers": 3, "num_key_value_heads": 4},
-            kv_lora_rank=16,
+            **LATENT_ATTENTION,
             q_lora_rank=None,
-            qk_nope_head_dim=8,
-            qk_rope_head_dim=4,
-            v_head_dim=6,
-            n_routed_experts=4,
-            num_experts_per_tok=2,
-            moe_intermediate_size=16,
+            **DEEPSEEK_EXPERTS,
             n_shared_experts=2,
             first_k_dense_replace=1,
             routed_scaling_factor=1.5,
@@ -616,14 +609,9 @@ CASES = {
     "glm4_moe_lite": (
         Glm4MoeLiteConfig(
             **{**QWEN2_SHAPE, "num_hidden_layers": 3, "num_key_value_heads": 4},
-            kv_lora_rank=16,
+            **LATENT_ATTENTION,
             q_lora_rank=12,
-            qk_nope_head_dim=8,
-            qk_rope_head_dim=4,
-            v_head_dim=6,
-            n_routed_experts=4,
-            num_experts_per_tok=2,
-            moe_intermediate_size=16,
+            **DEEPSEEK_EXPERTS,
             n_shared_experts=1,
             mlp_layer_types=["dense", "sparse", "dense"],
         ),
