@@ -1,5 +1,5 @@
-"""CWM, ERNIE 4.5, Jais 2, Nemotron, InternLM3 and IQuest-Coder: Llama's names and block with one or two changes each,
-as `Family` rows.
+"""CWM, ERNIE 4.5, Jais 2, Nemotron, InternLM3, IQuest-Coder and Apertus: Llama's names and block with one or two
+changes each, as `Family` rows.
 
 - CWM (Meta's Code World Model): local layers interleaved with global ones (`sliding_window`, `layer_types`: every
   fourth layer global by default), llama3 RoPE scaling, no attention bias.
@@ -21,6 +21,10 @@ as `Family` rows.
   (transformers runs both on `LlamaForCausalLM`, which their folders name); InternLM3's attention and MLP biases are
   one setting (its config refuses them unequal: archlab's `attention_bias` and `mlp_bias` must then be equal to
   export).
+- Apertus (Swiss AI, EPFL, ETH Zurich): a plain MLP (up, xIELU, down; xIELU's α learned per layer,
+  `mlp.act_fn.alpha_p` / `alpha_n` with its β and ε buffers, the same names in archlab) and QK-norm per head
+  (Qwen3's); its norms are named `attention_layernorm` and `feedforward_layernorm` (archlab's `input_layernorm`,
+  `post_attention_layernorm`).
 """
 
 from __future__ import annotations
@@ -30,6 +34,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from transformers import (
+    ApertusConfig,
+    ApertusForCausalLM,
     CwmConfig,
     CwmForCausalLM,
     Ernie4_5_MoeConfig,
@@ -49,7 +55,7 @@ from transformers import (
 from ..modeling import DecoderForCausalLM
 from .checks import head_dim_given, head_dim_to_write, refuse_export, setting
 from .experts import QWEN2_MOE_LAYOUT
-from .family import IDENTITY, Family, Layout, StateDict, same
+from .family import IDENTITY, Family, Layout, StateDict, renamed, same
 from .field_lists import LLAMA_FIELDS
 from .interleaved_rope import interleaved_rope
 
@@ -187,6 +193,28 @@ INTERNLM3 = Family(
 )
 IQUESTCODER = Family(IQuestCoderConfig, LlamaForCausalLM, DecoderForCausalLM, fields=same(*LLAMA_FIELDS))
 
-LLAMA_LIKE_FAMILIES = (CWM, ERNIE4_5, ERNIE4_5_MOE, JAIS2, NEMOTRON, INTERNLM3, IQUESTCODER)
+# --- Apertus: a plain xIELU MLP, QK-norm per head, its norms named after their sub-layers --------------------------
+
+APERTUS_NORMS = (
+    (".attention_layernorm.", ".input_layernorm."),
+    (".feedforward_layernorm.", ".post_attention_layernorm."),
+)
+APERTUS = Family(
+    ApertusConfig,
+    ApertusForCausalLM,
+    DecoderForCausalLM,
+    fields=same(*(name for name in LLAMA_FIELDS if name not in ("mlp_bias", "head_dim"))),
+    implied={"mlp_type": "plain", "use_qk_norm": True},
+    # (no `head_dim` field: its attention reads one from config.json, hidden / heads without)
+    to_archlab=head_dim_given,
+    from_archlab=head_dim_to_write,
+    expressible=frozenset({"head_dim"}),
+    layout=Layout(
+        to_archlab=lambda state_dict, config: renamed(state_dict, APERTUS_NORMS),
+        from_archlab=lambda state_dict, config: renamed(state_dict, APERTUS_NORMS, back=True),
+    ),
+)
+
+LLAMA_LIKE_FAMILIES = (CWM, ERNIE4_5, ERNIE4_5_MOE, JAIS2, NEMOTRON, INTERNLM3, IQUESTCODER, APERTUS)
 
 __all__ = ["CWM", "ERNIE4_5", "ERNIE4_5_MOE", "INTERNLM3", "IQUESTCODER", "JAIS2", "LLAMA_LIKE_FAMILIES", "NEMOTRON"]

@@ -12,11 +12,27 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from transformers.activations import ACT2FN
+from transformers.activations import ACT2CLS, ACT2FN
 
 from .compiled_kernels import CompiledKernel, elementwise_kernel
 from .fused_projections import FusableProjections
 from .triton_gemv import gated_down, gated_down_applies
+
+
+def make_activation(name: str) -> nn.Module:
+    """`ACT2FN[name]`, but an activation with parameters (xIELU: Apertus, Huang 2024) built in torch's default dtype:
+    transformers builds xIELU's parameters in bfloat16 unless told, which the rest of an fp32 model is not (the model's
+    `.to(dtype)` casts them with everything else)."""
+    if name == "xielu":
+        return ACT2CLS["xielu"](dtype=torch.get_default_dtype())
+    return ACT2FN[name]
+
+
+def has_parameters(module: nn.Module) -> bool:
+    """Whether an activation learns something of its own (xIELU's α): a compiled kernel built from its name alone
+    would compute it with fresh values."""
+    return next(module.parameters(), None) is not None
+
 
 # by activation name, or (name, limit, up offset) with GPT-OSS's clamps: (kernel, its activation's class)
 _GATED_KERNELS: dict[str | tuple[str, float | None, float], tuple[CompiledKernel, type]] = {}
@@ -40,7 +56,7 @@ def gated_activation(
     elsewhere — and wherever `act_fn` was swapped for another activation. Inside compiled code the formula, which
     the compiler fuses itself, without a look at the kernel table: a table filled during a trace would be guarded
     on, and the next call recompile the whole compiled region (a regionally compiled block, once per process)."""
-    if torch.compiler.is_compiling():
+    if torch.compiler.is_compiling() or has_parameters(act_fn):
         return gated_formula(act_fn, gate, up, limit, up_offset)
     key = hidden_act if limit is None and not up_offset else (hidden_act, limit, up_offset)
     if key not in _GATED_KERNELS:
@@ -72,7 +88,7 @@ class GatedMLP(FusableProjections, nn.Module):
         self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=bias)
         self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=bias)
         self.hidden_act = hidden_act
-        self.act_fn = ACT2FN[hidden_act]
+        self.act_fn = make_activation(hidden_act)
         self.limit, self.up_offset = limit, float(up_offset)  # GPT-OSS's clamps and offset (module docstring)
 
     @property
@@ -96,7 +112,7 @@ class MLP(nn.Module):
         super().__init__()
         self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=bias)
         self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=bias)
-        self.act_fn = ACT2FN[hidden_act]
+        self.act_fn = make_activation(hidden_act)
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         return self.down_proj(self.act_fn(self.up_proj(hidden_states)))

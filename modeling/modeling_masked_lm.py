@@ -19,7 +19,6 @@ from __future__ import annotations
 import torch
 from torch import nn
 from transformers import initialization as init
-from transformers.activations import ACT2FN
 from transformers.modeling_outputs import (
     BaseModelOutput,
     MaskedLMOutput,
@@ -29,6 +28,7 @@ from transformers.modeling_outputs import (
 )
 
 from .configuration_seq2seq import Seq2SeqConfig
+from .feed_forward import make_activation
 from .input_checks import check_answer_positions, check_token_labels, input_shape
 from .losses import IGNORE_INDEX, causal_lm_loss
 from .modeling_seq2seq import Seq2SeqPreTrainedModel, _architectures
@@ -42,7 +42,7 @@ class MaskedLMHead(nn.Module):
     def __init__(self, config: Seq2SeqConfig) -> None:
         super().__init__()
         self.dense = nn.Linear(config.d_model, config.d_model)
-        self.act_fn = ACT2FN[config.activation_function]
+        self.act_fn = make_activation(config.activation_function)
         self.layer_norm = make_norm(config.norm_type, config.d_model, config.layer_norm_eps)
         self.decoder = nn.Linear(config.d_model, config.vocab_size, bias=False)
         self.bias = nn.Parameter(torch.zeros(config.vocab_size))

@@ -28,10 +28,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from transformers import initialization as init
-from transformers.activations import ACT2FN
 from transformers.utils import logging
 
-from .feed_forward import gated_activation, gated_options, mlp_from_config
+from .feed_forward import gated_activation, gated_options, make_activation, mlp_from_config
 from .grouped_gemm import grouped_compute_dtype, grouped_linear
 from .moe_slots import slots_to_tokens, sort_slots, tokens_to_slots
 from .triton_moe import moe_decode, moe_decode_applies
@@ -198,7 +197,7 @@ class Experts(nn.Module):
         )
         self.down_proj_bias = nn.Parameter(torch.zeros(num_experts, hidden_size)) if bias else None
         self.hidden_act = hidden_act
-        self.act_fn = ACT2FN[hidden_act]
+        self.act_fn = make_activation(hidden_act)
         self.limit, self.up_offset = limit, float(up_offset)  # GPT-OSS's clamps and offset (feed_forward.py)
 
     @property

@@ -17,13 +17,12 @@ from collections.abc import Callable
 
 import torch
 from torch import nn
-from transformers.activations import ACT2FN
 from transformers.cache_utils import EncoderDecoderCache
 from transformers.modeling_layers import GradientCheckpointingLayer
 
 from .attention import Attention
 from .configuration_seq2seq import Seq2SeqConfig
-from .feed_forward import gated_activation
+from .feed_forward import gated_activation, make_activation
 from .normalization import make_norm
 from .positions import position_bias
 
@@ -49,7 +48,7 @@ class GatedActivation(nn.Module):
     def __init__(self, activation: str) -> None:
         super().__init__()
         self.activation = activation
-        self.act_fn = ACT2FN[activation]
+        self.act_fn = make_activation(activation)
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         return gated_activation(self.activation, self.act_fn, *hidden_states.chunk(2, dim=-1))
@@ -57,7 +56,7 @@ class GatedActivation(nn.Module):
 
 # mlp_type -> (activation module factory, fc1 width multiplier)
 FFN_ACTIVATIONS: dict[str, tuple[Callable[[str], nn.Module], int]] = {
-    "plain": (lambda name: ACT2FN[name], 1),
+    "plain": (make_activation, 1),
     "gated": (GatedActivation, 2),
 }
 

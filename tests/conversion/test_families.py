@@ -17,6 +17,7 @@ import torch
 import transformers
 from transformers import (
     AfmoeConfig,
+    ApertusConfig,
     ArceeConfig,
     BartConfig,
     BertConfig,
@@ -621,6 +622,11 @@ CASES = {
             "mlp_layer_types": ["dense", "sparse", "dense"],
             "router_score_function": "sigmoid",
         },
+    ),
+    # Apertus: a plain MLP with xIELU (its α learned per layer), QK-norm per head, llama3 RoPE scaling
+    "apertus": (
+        ApertusConfig(**QWEN2_SHAPE),
+        {"mlp_type": "plain", "hidden_act": "xielu", "use_qk_norm": True},
     ),
     # Mellum: a local layer and a dense MLP, then a global layer with experts; RoPE per layer type
     "mellum": (
@@ -1304,6 +1310,7 @@ NOT_EXPRESSIBLE = {
     "gpt_oss": ({"attention_sinks": False}, ["attention_sinks"]),
     "deepseek_v3": ({"mlp_layer_types": ["sparse", "dense", "sparse"]}, ["mlp_layer_types"]),
     "deepseek_v2": ({"router_correction_bias": True}, ["router_correction_bias"]),
+    "apertus": ({"mlp_type": "gated"}, ["mlp_type"]),
     "glm4_moe_lite": ({"router_score_function": "softmax"}, ["router_score_function"]),
     "hunyuan_v1_moe": ({"shared_expert_intermediate_size": 32}, ["shared_expert_intermediate_size"]),
     "exaone_moe": ({"shared_expert_intermediate_size": 24}, ["shared_expert_intermediate_size"]),

@@ -24,6 +24,7 @@ VARIANTS = {
     ),
     "gelu_mlp": dict(mlp_type="plain", hidden_act="gelu"),
     "silu_mlp": dict(mlp_type="plain", hidden_act="silu"),
+    "xielu_mlp": dict(mlp_type="plain", hidden_act="xielu"),  # Apertus: the activation learns α per layer
     "geglu": dict(hidden_act="gelu_pytorch_tanh", intermediate_size=None, mlp_width_multiple_of=8),
     "no_positions": dict(position_embedding_type="none"),
     "sinusoidal": dict(position_embedding_type="sinusoidal"),

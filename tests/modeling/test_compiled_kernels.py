@@ -244,3 +244,16 @@ def test_without_gradients_small_tensors_run_the_formula(on_cpu, monkeypatch):
     assert rotary.ROTARY_KERNEL(query, key, cos, sin, torch.float32) is not None  # recording a gradient: compiled
     with torch.no_grad():
         assert rotary.ROTARY_KERNEL(query, key, cos, sin, torch.float32) is None
+
+
+def test_an_activation_with_parameters_is_built_in_the_model_dtype_and_never_compiled_by_name(on_cpu):
+    """xIELU (Apertus) learns α: transformers builds its parameters in bfloat16 unless told (an fp32 model's other
+    parameters are not), and a kernel compiled from the activation's name would compute it with fresh α — the formula
+    runs instead, with the module's own."""
+    act = feed_forward.make_activation("xielu")
+    assert {p.dtype for p in act.parameters()} == {torch.float32}
+    with torch.no_grad():
+        act.alpha_p.fill_(2.0)
+    gate, up = torch.randn(4, 8), torch.randn(4, 8)
+    torch.testing.assert_close(feed_forward.gated_activation("xielu", act, gate, up), act(gate) * up)
+    assert "xielu" not in feed_forward._GATED_KERNELS
