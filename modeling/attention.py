@@ -399,15 +399,17 @@ class Attention(FusableProjections, nn.Module):
             sink_functions = {"eager": eager_attention_forward, "sdpa": sink_sdpa}
             attention = sink_functions.get(kernel, attention)
             kwargs = {**kwargs, ("sinks" if kernel in sink_functions else "s_aux"): self.sinks}
-        elif is_paged_cache(past_key_values):
+        if is_paged_cache(past_key_values):
             pass  # continuous batching: its packed row and keys go to the backend it chose, as in Llama
         elif (
             not cross
             and value.shape[-1] == query.shape[-1]
             and triton_decoding_applies(self, query, attention_mask, kwargs)
         ):
-            # a decoding step: one Triton kernel, the split of a row's keys set by the cache's capacity
+            # a decoding step: one Triton kernel (sinks too), the split of a row's keys set by the cache's capacity
             attention = functools.partial(decode_attention, capacity=cache_capacity(past_key_values, self.layer_idx))
+        elif self.sinks is not None:
+            pass  # attention sinks: the function chosen above
         elif not cross and value.shape[-1] == query.shape[-1] and flex_applies(self, query, attention_mask, kwargs):
             attention = flex_decode_attention  # a compiled decoding step: FlexAttention's split-KV kernel
         elif (

@@ -30,7 +30,8 @@ fused. A parallel block's MLP reads the block's input and adds its output after 
 computed inside both input GEMVs). Everything else runs the block's own forward: the post-norm, DeepNorm, sandwich and
 output-norm (OLMo 2) blocks norm a product's output, where these kernels put a norm before a product, so their forwards
 never ask; a block whose sub-layers' outputs are scaled (`residual_multiplier`, Granite) or whose attention gates its
-output (`attention_output_gate`) or adds attention sinks (`attention_sinks`) runs its forward too. QK-norm
+output (`attention_output_gate`) runs its forward too (attention sinks take the attention's own kernel choice, as every
+variant does in `attend_heads`). QK-norm
 is the attention's: over the whole projection in its `split_heads`, per head in its `position_and_cache`, both of
 which the fused step calls as the attention does. The default on CUDA, for steps of one
 row (`FUSED_BLOCK_ROWS`: batch-1 decoding), with archlab's attention and MoE kernels and every kernel launched through
@@ -85,7 +86,6 @@ def fused_block_applies(block: nn.Module, hidden_states: torch.Tensor) -> bool:
         fused is not None
         and block.residual_multiplier == 1.0  # the kernels add the residual unscaled
         and attention.output_gate is None  # (and the output GEMV reads the heads ungated)
-        and attention.sinks is None  # (the split attention has no sink term)
         and _norm_fits(block.input_layernorm, hidden_states)
         and type(output) is nn.Linear
         and _plain(output)

@@ -19,7 +19,9 @@ code (and CUDA graphs record it), in eager code it launches as it is. Where it a
 one query per row, Triton importable, a device in `TRITON_DECODING_DEVICES`, SDPA as the attention implementation, no
 soft-cap and no position bias (ALiBi, T5's buckets), a mask shared by the heads ((batch or 1, 1, 1, keys), boolean
 or additive) or none, a head size that is a power of two from 16 to 256, fp32/fp16/bf16, inference (no dropout, no
-gradient: the kernel has no backward). Everything else runs as before. The default on CUDA (through the op's PDL twin,
+gradient: the kernel has no backward). Attention sinks (GPT-OSS, attention_sinks.py) join it: each query head's sink
+logit enters the running maximum and the denominator where the row's output is normalised (in the split kernel with
+one split, else where the splits are combined), as a key of value zero. Everything else runs as before. The default on CUDA (through the op's PDL twin,
 triton_launch.py): `--suite cuda-kernels` timed it at 1.9-4.6x SDPA's cuDNN kernel at the 1.1B shape (batch 1 and
 16, 384 and 2,048 keys; H200), and the batch-1 step with it and the fused layers at 1.25x the step before. On CPU the
 tests run the kernel through Triton's interpreter (tests/triton_interpreter.py) against SDPA.
@@ -102,22 +104,34 @@ def split_count(rows: int, kv_heads: int, capacity: int) -> int:
 if triton is not None:
 
     @triton.jit
+    def _sink_logits(sink_ptr, h, GROUP: tl.constexpr, GROUP_ROWS: tl.constexpr):
+        """The attention sinks' logits (float32) of KV head h's query heads, -inf past them (attention_sinks.py)."""
+        rows = tl.arange(0, GROUP_ROWS)
+        return tl.load(sink_ptr + h * GROUP + rows, mask=rows < GROUP, other=float("-inf")).to(tl.float32)
+
+    @triton.jit
     def _combine_splits(
-        part_ptr, stat_ptr, out_ptr, pid, b, h, o_b, o_h, o_d,
+        part_ptr, stat_ptr, sink_ptr, out_ptr, pid, b, h, o_b, o_h, o_d,
         GROUP: tl.constexpr, GROUP_ROWS: tl.constexpr, HEAD: tl.constexpr, SPLITS: tl.constexpr,
-        CACHE: tl.constexpr,
+        CACHE: tl.constexpr, SINKS: tl.constexpr,
     ):  # fmt: skip
         """Row b, KV head h (program `pid` of the split kernel's first axis): the splits' partial outputs rescaled to
-        their common maximum and summed, in split order. CACHE: the loads' cache modifier (".cg": past the L1 cache,
-        for partial results another multiprocessor wrote during this kernel)."""
+        their common maximum and summed, in split order; with SINKS each query head's sink logit joins the maximum
+        and the denominator (a key of value zero). CACHE: the loads' cache modifier (".cg": past the L1 cache, for
+        partial results another multiprocessor wrote during this kernel)."""
         rows = tl.arange(0, GROUP_ROWS)
         dims = tl.arange(0, HEAD)
         best = tl.full([GROUP_ROWS], float("-inf"), tl.float32)
+        if SINKS:
+            sinks = _sink_logits(sink_ptr, h, GROUP, GROUP_ROWS)
+            best = sinks
         for split in range(SPLITS):
             slot = (pid * SPLITS + split) * GROUP_ROWS + rows
             best = tl.maximum(best, tl.load(stat_ptr + slot * 2, cache_modifier=CACHE))
         safe = tl.where(best == float("-inf"), 0.0, best)
         total = tl.zeros([GROUP_ROWS], tl.float32)
+        if SINKS:
+            total = tl.exp(sinks - safe)
         acc = tl.zeros([GROUP_ROWS, HEAD], tl.float32)
         for split in range(SPLITS):
             slot = (pid * SPLITS + split) * GROUP_ROWS + rows
@@ -134,7 +148,7 @@ if triton is not None:
 
     @triton.jit
     def _decode_split_kernel(
-        q_ptr, k_ptr, v_ptr, mask_ptr, out_ptr, part_ptr, stat_ptr, count_ptr,
+        q_ptr, k_ptr, v_ptr, mask_ptr, out_ptr, part_ptr, stat_ptr, count_ptr, sink_ptr,
         keys, kv_heads, scale,
         q_b, q_h, q_d,
         k_b, k_h, k_s, k_d,
@@ -143,8 +157,10 @@ if triton is not None:
         o_b, o_h, o_d,
         GROUP: tl.constexpr, GROUP_ROWS: tl.constexpr, HEAD: tl.constexpr, BLOCK: tl.constexpr,
         SPLITS: tl.constexpr, MASK: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr, COMBINE: tl.constexpr,
+        SINKS: tl.constexpr,
     ):  # fmt: skip
         """One program: row b, KV head h, its split of the keys. MASK: 0 none, 1 boolean (True attends), 2 additive.
+        SINKS: each query head's sink logit (`sink_ptr`, (H,) float32) joins the softmax's denominator.
         SPLITS == 1 writes the output; otherwise the unnormalised partial output and (max, sum) of the split, and
         with COMBINE the program that finishes its (row, KV head) last — the count at `count_ptr`, which it puts back
         to zero — combines the splits (`_combine_splits`)."""
@@ -196,6 +212,13 @@ if triton is not None:
                 acc = acc * rescale[:, None] + tl.dot(weights.to(v.dtype), v)
             best = new_best
         if SPLITS == 1:
+            if SINKS:  # the sink as one more key of value zero: into the maximum and the denominator
+                sinks = _sink_logits(sink_ptr, h, GROUP, GROUP_ROWS)
+                both = tl.maximum(best, sinks)
+                safe = tl.where(both == float("-inf"), 0.0, both)
+                rescale = tl.exp(best - safe)
+                total = total * rescale + tl.exp(sinks - safe)
+                acc = acc * rescale[:, None]
             out = acc / tl.where(total == 0.0, 1.0, total)[:, None]
             tl.store(
                 out_ptr + b * o_b + (h * GROUP + rows)[:, None] * o_h + dims[None, :] * o_d,
@@ -212,23 +235,25 @@ if triton is not None:
                 finished = tl.atomic_add(count_ptr + pid, 1, sem="acq_rel", scope="gpu")
                 if finished == SPLITS - 1:  # the last split of this row's KV head: the others' results are visible
                     _combine_splits(
-                        part_ptr, stat_ptr, out_ptr, pid, b, h, o_b, o_h, o_d, GROUP, GROUP_ROWS, HEAD, SPLITS, ".cg"
-                    )
+                        part_ptr, stat_ptr, sink_ptr, out_ptr, pid, b, h, o_b, o_h, o_d, GROUP, GROUP_ROWS, HEAD,
+                        SPLITS, ".cg", SINKS,
+                    )  # fmt: skip
                     tl.atomic_xchg(count_ptr + pid, 0, sem="relaxed", scope="gpu")  # for the next launch
 
     @triton.jit
     def _decode_combine_kernel(
-        part_ptr, stat_ptr, out_ptr,
+        part_ptr, stat_ptr, sink_ptr, out_ptr,
         kv_heads,
         o_b, o_h, o_d,
         GROUP: tl.constexpr, GROUP_ROWS: tl.constexpr, HEAD: tl.constexpr, SPLITS: tl.constexpr, PDL: tl.constexpr,
+        SINKS: tl.constexpr,
     ):  # fmt: skip
         """One program: row b, KV head h; the splits' partial outputs rescaled to their common maximum and summed."""
         dependent_launch(PDL)
         pid = tl.program_id(0)
         _combine_splits(
-            part_ptr, stat_ptr, out_ptr, pid, pid // kv_heads, pid % kv_heads, o_b, o_h, o_d, GROUP, GROUP_ROWS, HEAD,
-            SPLITS, "",
+            part_ptr, stat_ptr, sink_ptr, out_ptr, pid, pid // kv_heads, pid % kv_heads, o_b, o_h, o_d, GROUP,
+            GROUP_ROWS, HEAD, SPLITS, "", SINKS,
         )  # fmt: skip
 
 
@@ -253,8 +278,9 @@ def split_counts(device: torch.device, programs: int) -> torch.Tensor | None:
     return kept[-1]
 
 
-def _decode_attention_body(query, key, value, mask, scale, splits, pdl: bool = False) -> torch.Tensor:
-    """The op's body; `pdl`: launched by its PDL twin (triton_launch.py)."""
+def _decode_attention_body(query, key, value, mask, scale, splits, sinks=None, pdl: bool = False) -> torch.Tensor:
+    """The op's body; `sinks`: the attention sinks' logits (H,), or None; `pdl`: launched by its PDL twin
+    (triton_launch.py)."""
     batch, heads, _, head_dim = query.shape
     kv_heads, keys = key.shape[1], key.shape[2]
     group = heads // kv_heads
@@ -275,9 +301,10 @@ def _decode_attention_body(query, key, value, mask, scale, splits, pdl: bool = F
     dependent = pdl and pdl_launch(query)
     # the twin (opaque to torch.compile: the counts are its own) combines in the split kernel where listed
     counts = split_counts(query.device, batch * kv_heads) if pdl and splits > 1 else None
+    sink_ptr = query.new_empty(0, dtype=torch.float32) if sinks is None else sinks.float()
     launchable(_decode_split_kernel, query, "decode_attention", pdl=dependent)[(batch * kv_heads, splits)](
         query, key, value, mask_ptr, output, parts, stats,
-        query.new_empty(0, dtype=torch.int32) if counts is None else counts,
+        query.new_empty(0, dtype=torch.int32) if counts is None else counts, sink_ptr,
         keys, kv_heads, scale,
         query.stride(0), query.stride(1), query.stride(3),
         key.stride(0), key.stride(1), key.stride(2), key.stride(3),
@@ -286,12 +313,13 @@ def _decode_attention_body(query, key, value, mask, scale, splits, pdl: bool = F
         output.stride(0), output.stride(2), output.stride(3),
         GROUP=group, GROUP_ROWS=group_rows, HEAD=head_dim, BLOCK=block_keys(head_dim, query.element_size()),
         SPLITS=splits, MASK=kind, IEEE=query.dtype == torch.float32, PDL=dependent, COMBINE=counts is not None,
+        SINKS=sinks is not None,
     )  # fmt: skip
     if splits > 1 and counts is None:
         launchable(_decode_combine_kernel, query, "decode_attention", pdl=dependent)[(batch * kv_heads,)](
-            parts, stats, output, kv_heads,
+            parts, stats, sink_ptr, output, kv_heads,
             output.stride(0), output.stride(2), output.stride(3),
-            GROUP=group, GROUP_ROWS=group_rows, HEAD=head_dim, SPLITS=splits, PDL=dependent,
+            GROUP=group, GROUP_ROWS=group_rows, HEAD=head_dim, SPLITS=splits, PDL=dependent, SINKS=sinks is not None,
         )  # fmt: skip
     return output
 
@@ -306,8 +334,9 @@ if triton is not None and not registered("decode_attention"):
         mask: torch.Tensor | None,
         scale: float,
         splits: int,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        return _decode_attention_body(query, key, value, mask, scale, splits)
+        return _decode_attention_body(query, key, value, mask, scale, splits, sinks)
 
 
 if triton is not None:
@@ -323,13 +352,15 @@ def decode_attention(
     scaling: float,
     dropout: float = 0.0,
     capacity: int | None = None,
+    sinks: torch.Tensor | None = None,
     **kwargs,
 ) -> tuple[torch.Tensor, None]:
     """Queries (B, H, 1, D) over keys and values (B, H_kv, S, D), with a boolean or additive mask (B or 1, 1, 1, ≥ S)
-    or none, as SDPA computes it; `capacity`: the most keys the cache holds (it sets the split, `split_count`, so one
-    compiled graph serves every length). Returns (B, 1, H, D), as every attention function of the interface."""
+    or none, as SDPA computes it; `sinks` (H,): attention sinks' logits in each head's denominator (GPT-OSS), or none;
+    `capacity`: the most keys the cache holds (it sets the split, `split_count`, so one compiled graph serves every
+    length). Returns (B, 1, H, D), as every attention function of the interface."""
     splits = split_count(query.shape[0], key.shape[1], capacity if capacity is not None else key.shape[2])
-    output = archlab_op("decode_attention", query)(query, key, value, attention_mask, float(scaling), splits)
+    output = archlab_op("decode_attention", query)(query, key, value, attention_mask, float(scaling), splits, sinks)
     return output, None
 
 

@@ -53,9 +53,10 @@ def _compile(
     from triton.compiler import ASTSource
 
     fn = kernel.fn if hasattr(kernel, "configs") else kernel  # an autotuner: its kernel
-    defaults = {name: False for name in ("PDL", "COMBINE") if name in fn.arg_names}  # the flags off unless asked
+    defaults = {name: False for name in ("PDL", "COMBINE", "SINKS") if name in fn.arg_names}  # flags off unless asked
     signature, constants, attrs = {}, {**defaults, **constexprs}, {}
-    pointers = {"count_ptr": "*i32", **pointers}  # the split attention's counts (its in-kernel combine)
+    # the split attention's counts (its in-kernel combine) and sinks' logits
+    pointers = {"count_ptr": "*i32", "sink_ptr": "*fp32", **pointers}
     for index, name in enumerate(fn.arg_names):
         if name in constants:
             signature[name] = "constexpr"
@@ -106,7 +107,17 @@ def test_the_attention_kernels_compile_and_fit_shared_memory(arch, dtype, head):
                 _assert_compiles(triton_decoding._decode_split_kernel, constexprs, pointers, arch, scale=scale)
     constexprs = dict(GROUP=8, GROUP_ROWS=16, HEAD=head, SPLITS=4)
     pointers = {"part_ptr": "*fp32", "stat_ptr": "*fp32", "out_ptr": f"*{dtype}"}
-    _assert_compiles(triton_decoding._decode_combine_kernel, constexprs, pointers, arch)
+    for sinks in (False, True):  # attention sinks' logits (GPT-OSS) in the denominator
+        _assert_compiles(triton_decoding._decode_combine_kernel, {**constexprs, "SINKS": sinks}, pointers, arch)
+    for splits in (1, 4):  # with sinks: into the split kernel's normalisation (one split) or the combine
+        constexprs = dict(
+            GROUP=8, GROUP_ROWS=16, HEAD=head, BLOCK=triton_decoding.block_keys(head, DTYPES[dtype]), SPLITS=splits,
+            MASK=1, IEEE=dtype == "fp32", SINKS=True, COMBINE=splits > 1,
+        )  # fmt: skip
+        scratch = "*fp32" if splits > 1 else f"*{dtype}"
+        pointers = {name: f"*{dtype}" for name in ("q_ptr", "k_ptr", "v_ptr", "out_ptr")}
+        pointers.update(mask_ptr="*i1", part_ptr=scratch, stat_ptr=scratch)
+        _assert_compiles(triton_decoding._decode_split_kernel, constexprs, pointers, arch)
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -609,7 +620,7 @@ def _traced_launch(case: str) -> tuple:
         q_ptr=bf16(64), k_ptr=bf16(64), v_ptr=bf16(64), out_ptr=bf16(64), keys=384, kv_heads=4, scale=0.125
     )
     attention.update(strides, GROUP=8, GROUP_ROWS=16, HEAD=64, BLOCK=64, IEEE=False, PDL=False, COMBINE=False)
-    attention.update(count_ptr=torch.zeros(0, dtype=torch.int32))
+    attention.update(count_ptr=torch.zeros(0, dtype=torch.int32), sink_ptr=fp32(32), SINKS=True)
     gemv = dict(x_ptr=bf16(64), up_ptr=bf16(64), gain_ptr=bf16(64), w_ptr=bf16(64), bias_ptr=bf16(64))
     gemv.update(residual_ptr=bf16(64), y_ptr=bf16(64), rows=1, outputs=2560, inputs=2048, eps=1e-6, x_m=2048)
     gemv.update(up_m=2048, w_n=2048, residual_m=2560, y_m=2560, HAS_BIAS=False, HAS_RESIDUAL=True, PDL=False)
@@ -635,6 +646,7 @@ def _traced_launch(case: str) -> tuple:
             dict(
                 part_ptr=fp32(64),
                 stat_ptr=fp32(64),
+                sink_ptr=fp32(32),
                 out_ptr=bf16(64),
                 kv_heads=4,
                 o_b=64,
@@ -645,6 +657,7 @@ def _traced_launch(case: str) -> tuple:
                 HEAD=64,
                 SPLITS=4,
                 PDL=False,
+                SINKS=True,
             ),
             ["out_ptr"],
         ),  # fmt: skip

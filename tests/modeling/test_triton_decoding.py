@@ -9,13 +9,15 @@ image's torch brings it; CPU wheels of torch do not, and then those tests skip).
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 from torch import nn
 
 from archlab import DecoderForCausalLM
 from archlab.modeling import triton_decoding
-from archlab.modeling.attention import one_token_grouped_sdpa
+from archlab.modeling.attention import eager_attention_forward, one_token_grouped_sdpa
 from archlab.modeling.triton_decoding import split_count, triton_decoding_applies
 
 from helpers import tiny_decoder_config
@@ -117,6 +119,15 @@ def test_the_kernel_equals_sdpa(batch, heads, kv_heads, keys, dim, mask_kind, ma
         output = getattr(torch.ops.archlab, op)(query, key, value, mask, 0.3, splits)
         assert output.shape == (batch, 1, heads, dim) and output.dtype == query.dtype
         torch.testing.assert_close(output, expected, rtol=1e-5, atol=1e-5)
+    # attention sinks (GPT-OSS): each query head's logit in the denominator, against the eager function's
+    sinks = 2.0 * torch.randn(heads, generator=torch.Generator().manual_seed(5)).to(DEVICE)
+    module = SimpleNamespace(num_key_value_groups=heads // kv_heads, training=False)
+    float_mask = mask
+    if mask is not None and mask.dtype == torch.bool:
+        float_mask = torch.zeros(mask.shape, device=DEVICE).masked_fill(~mask, float("-inf"))
+    expected, _ = eager_attention_forward(module, query, key, value, float_mask, scaling=0.3, sinks=sinks)
+    output = getattr(torch.ops.archlab, op)(query, key, value, mask, 0.3, splits, sinks)
+    torch.testing.assert_close(output, expected, rtol=1e-5, atol=1e-5)
     if combined and splits > 1:
         ((counts,),) = triton_decoding._SPLIT_COUNTS.values()
         assert counts.numel() >= batch * kv_heads and not counts.any()
@@ -159,7 +170,9 @@ def test_greedy_decoding_through_the_kernel_gives_sdpa_tokens(compiled, monkeypa
         assert torch.equal(greedy_tokens(model, batch, graphs), expected)
         # the static cache holds 9 + 10 positions: 3 splits of 8 keys, from the capacity, whatever the span
         assert graphs and all(graph.count("archlab.decode_attention") == 2 for graph in graphs)
-        assert all(", 3)" in line for graph in graphs for line in graph.splitlines() if "decode_attention" in line)
+        assert all(
+            ", 3, None)" in line for graph in graphs for line in graph.splitlines() if "decode_attention" in line
+        )
     else:
         kernel = triton_decoding.decode_attention
         monkeypatch.setattr(
@@ -167,6 +180,32 @@ def test_greedy_decoding_through_the_kernel_gives_sdpa_tokens(compiled, monkeypa
         )
         assert torch.equal(greedy_tokens(model, batch), expected)
         assert len(calls) == 2 * 9  # two layers, the nine steps after the prefill
+
+
+@runs_kernels
+def test_a_model_with_attention_sinks_decodes_through_the_kernel_as_through_sdpa(monkeypatch):
+    """GPT-OSS's sinks go into the kernel (each head's logit in its denominator): the tokens and logits of SDPA's
+    sink key, every step after the prefill through the kernel, its keys split among programs."""
+    torch.manual_seed(0)
+    config = tiny_decoder_config(head_dim=16, num_attention_heads=4, num_key_value_heads=2, attention_sinks=True)
+    model = DecoderForCausalLM(config).to(DEVICE).eval()
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.sinks.normal_(0.0, 2.0)
+    batch = left_padded_batch(model.config.vocab_size)
+    greedy = dict(max_new_tokens=9, do_sample=False, output_logits=True, return_dict_in_generate=True)
+    expected = model.generate(**batch, **greedy)
+    monkeypatch.setattr(triton_decoding, "TRITON_DECODING_DEVICES", (DEVICE,))
+    monkeypatch.setattr(triton_decoding, "KEYS_PER_PROGRAM", 8)
+    calls, kernel = [], triton_decoding.decode_attention
+    monkeypatch.setattr(
+        "archlab.modeling.attention.decode_attention",
+        lambda *a, **k: calls.append(k["sinks"] is not None) or kernel(*a, **k),
+    )
+    output = model.generate(**batch, **greedy)
+    assert calls == [True] * (2 * 8)  # two layers, the eight steps after the prefill
+    assert torch.equal(output.sequences, expected.sequences)
+    torch.testing.assert_close(torch.stack(output.logits), torch.stack(expected.logits), atol=1e-4, rtol=1e-4)
 
 
 # ---- on a GPU: half precision, and the kernel inside inductor's code and CUDA graphs --------------------------------
