@@ -28,10 +28,10 @@ def make_activation(name: str) -> nn.Module:
     return ACT2FN[name]
 
 
-def has_parameters(module: nn.Module) -> bool:
+def has_parameters(module) -> bool:
     """Whether an activation learns something of its own (xIELU's α): a compiled kernel built from its name alone
     would compute it with fresh values."""
-    return next(module.parameters(), None) is not None
+    return isinstance(module, nn.Module) and next(module.parameters(), None) is not None
 
 
 # by activation name, or (name, limit, up offset) with GPT-OSS's clamps: (kernel, its activation's class)
