@@ -64,6 +64,28 @@ VARIANTS = {
             logit_scale=0.5,
         ),
     ),
+    # DeepSeek-V3's latent attention; GPT-OSS's sinks and biased, clamped experts; Apertus's xIELU
+    "latent-attention": (
+        "DecoderForCausalLM",
+        dict(
+            num_key_value_heads=4, kv_lora_rank=16, q_lora_rank=12, qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=8
+        ),
+    ),
+    "gpt-oss-layers": (
+        "DecoderForCausalLM",
+        dict(
+            attention_sinks=True,
+            attention_bias=True,
+            num_local_experts=4,
+            num_experts_per_tok=2,
+            router_bias=True,
+            expert_bias=True,
+            swiglu_limit=7.0,
+            swiglu_up_offset=1.0,
+            hidden_act="quick_gelu",
+        ),
+    ),
+    "xielu": ("DecoderForCausalLM", dict(mlp_type="plain", hidden_act="xielu")),
     "layernorm-gelu-alibi": (
         "DecoderForCausalLM",
         dict(
