@@ -21,9 +21,10 @@ soft-cap and no position bias (ALiBi, T5's buckets), a mask shared by the heads 
 or additive) or none, a head size that is a power of two from 16 to 256, fp32/fp16/bf16, inference (no dropout, no
 gradient: the kernel has no backward). Attention sinks (GPT-OSS, attention_sinks.py) join it: each query head's sink
 logit enters the running maximum and the denominator where the row's output is normalised (in the split kernel with
-one split, else where the splits are combined), as a key of value zero. Everything else runs as before. The default on CUDA (through the op's PDL twin,
-triton_launch.py): `--suite cuda-kernels` timed it at 1.9-4.6x SDPA's cuDNN kernel at the 1.1B shape (batch 1 and
-16, 384 and 2,048 keys; H200), and the batch-1 step with it and the fused layers at 1.25x the step before. On CPU the
+one split, else where the splits are combined), as a key of value zero. Everything else runs as before. The default
+on CUDA (through the op's PDL twin, triton_launch.py): `--suite cuda-kernels` timed it at 1.9-4.6x SDPA's cuDNN kernel
+at the 1.1B shape (batch 1 and 16, 384 and 2,048 keys; H200), and the batch-1 step with it and the fused layers at
+1.25x the step before. On CPU the
 tests run the kernel through Triton's interpreter (tests/triton_interpreter.py) against SDPA.
 """
 
