@@ -82,7 +82,9 @@ def _to_archlab(stock: PreTrainedConfig, values: Mapping[str, Any]) -> dict[str,
     }
 
 
-def _from_archlab(config: PreTrainedConfig, architecture: str = "DeepseekV3ForCausalLM") -> dict[str, Any]:
+def _deepseek_layers_from_archlab(config: PreTrainedConfig, architecture: str) -> dict[str, Any]:
+    """What DeepSeek-V2 and V3 write alike: the shared experts, the group-limited routing and the first dense layers;
+    refuses what neither computes (dense layers after sparse ones, an attention without latents)."""
     types = config.mlp_layer_types
     dense = types.index("sparse") if "sparse" in types else len(types)
     wrong = {}
@@ -92,7 +94,11 @@ def _from_archlab(config: PreTrainedConfig, architecture: str = "DeepseekV3ForCa
         wrong[setting(config, "kv_lora_rank")] = "DeepSeek's attention is multi-head latent attention"
     refuse_export(architecture, wrong)
     shared = shared_expert_from_archlab(config, architecture, "n_shared_experts")
-    return {**shared, "first_k_dense_replace": dense, "rope_interleave": True}
+    return {**shared, "first_k_dense_replace": dense}
+
+
+def _from_archlab(config: PreTrainedConfig) -> dict[str, Any]:
+    return {**_deepseek_layers_from_archlab(config, "DeepseekV3ForCausalLM"), "rope_interleave": True}
 
 
 def _reordered(rows: torch.Tensor, block: int, rotary: int, inverse: bool) -> torch.Tensor:
@@ -167,14 +173,14 @@ def _v2_to_archlab(stock: PreTrainedConfig, values: Mapping[str, Any]) -> dict[s
 
 
 def _v2_from_archlab(config: PreTrainedConfig) -> dict[str, Any]:
-    extra = _from_archlab(config, "DeepseekV2ForCausalLM")
     if config.router_groups > 1 and (config.router_top_groups or config.router_groups) < config.router_groups:
         refuse_export(
             "DeepseekV2ForCausalLM",
             {setting(config, "router_top_groups"): "DeepSeek-V2 scores a group by its best expert"},
         )
-    del extra["rope_interleave"], extra["n_group"], extra["topk_group"]
-    return {**extra, "topk_method": "greedy", "norm_topk_prob": False}
+    layers = _deepseek_layers_from_archlab(config, "DeepseekV2ForCausalLM")
+    del layers["n_group"], layers["topk_group"]  # greedy routing: DeepSeek-V2's configs leave them unset
+    return {**layers, "topk_method": "greedy", "norm_topk_prob": False}
 
 
 DEEPSEEK_V2 = Family(
