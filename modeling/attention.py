@@ -23,7 +23,7 @@ from .attention_sinks import sink_sdpa
 from .continuous_batching import is_paged_cache
 from .flex_decoding import flex_applies, flex_decode_attention
 from .fused_projections import FusableProjections
-from .normalization import PerHeadNorm, make_norm
+from .normalization import PerHeadNorm, ScaleFreeRMSNorm, make_norm
 from .rotary import apply_rotary
 from .triton_decoding import decode_attention, triton_decoding_applies
 
@@ -224,11 +224,17 @@ class Attention(FusableProjections, nn.Module):
         is_sliding = layer_types is not None and layer_types[layer_idx] == "sliding_attention"
         self.sliding_window = config.sliding_window if is_sliding else None  # the mask does it; flash reads it
         self.q_norm = self.k_norm = None
+        # a NoPE layer of a model that rotates the others (`nope_layers`: SmolLM3, Llama 4)
+        rotates = layer_idx not in (getattr(config, "nope_layers", None) or ())
+        # Llama 4's temperature tuning: a NoPE layer's queries scaled up with the token's index (`temperature`)
+        self.temperature = None
+        if getattr(config, "attn_temperature_tuning", False) and not rotates:
+            self.temperature = (float(config.floor_scale), float(config.attn_scale))
         # QK-norm (seed 004): over each head (Qwen3; with a gain per head, Command R+), or over the whole q / k
-        # projection (OLMo 2: `qk_norm_scope`)
+        # projection (OLMo 2: `qk_norm_scope`); without a gain (Llama 4), and left out of NoPE layers (Llama 4)
         self.qk_norm_per_head = self.qk_norm_over_projection = False
         self.qk_norm_after_rope = bool(getattr(config, "qk_norm_after_rope", False))
-        if getattr(config, "use_qk_norm", False):
+        if getattr(config, "use_qk_norm", False) and (rotates or getattr(config, "qk_norm_nope_layers", True)):
             self.qk_norm_over_projection = getattr(config, "qk_norm_scope", "head") == "projection"
             self.qk_norm_per_head = not self.qk_norm_over_projection
             eps = norm_eps if norm_eps is not None else config.rms_norm_eps
@@ -236,7 +242,9 @@ class Attention(FusableProjections, nn.Module):
             q_size, k_size = self.head_dim, self.head_dim
             if self.qk_norm_over_projection:
                 q_size, k_size = self.num_heads * self.head_dim, self.num_key_value_heads * self.head_dim
-            if getattr(config, "qk_norm_scope", "head") == "per_head":  # a gain per head (Command R+): (H, D)
+            if not getattr(config, "qk_norm_weight", True):  # no gain (Llama 4's L2Norm)
+                self.q_norm, self.k_norm = ScaleFreeRMSNorm(eps), ScaleFreeRMSNorm(eps)
+            elif getattr(config, "qk_norm_scope", "head") == "per_head":  # a gain per head (Command R+): (H, D)
                 self.q_norm = PerHeadNorm(config.norm_type, self.num_heads, self.head_dim, eps, norm_bias)
                 self.k_norm = PerHeadNorm(config.norm_type, self.num_key_value_heads, self.head_dim, eps, norm_bias)
             else:
@@ -301,13 +309,25 @@ class Attention(FusableProjections, nn.Module):
         if position_embeddings is not None:
             cos, sin = position_embeddings
             query, key = self.rotate(query, key, cos, sin)
-        if self.qk_norm_per_head and self.qk_norm_after_rope:  # (Hunyuan)
+        if self.qk_norm_per_head and self.qk_norm_after_rope:  # (Hunyuan, Llama 4)
             query, key = self.q_norm(query), self.k_norm(key)
+        if self.temperature is not None:
+            query = self.tuned_temperature(query, past_key_values)
         if is_paged_cache(past_key_values):
             key, value = past_key_values.update(key, value, self.layer_idx, attention_kwargs)
         elif past_key_values is not None:
             key, value = past_key_values.update(key, value, self.layer_idx)
         return query, key, value
+
+    def tuned_temperature(self, query: torch.Tensor, past_key_values: Cache | None) -> torch.Tensor:
+        """Llama 4's temperature tuning of a NoPE layer's queries (B, H, T, D): query t times
+        1 + attn_scale · log(1 + floor((p + 1) / floor_scale)), p = t + the tokens the layer's cache held before (the
+        same p for every row, as transformers' Llama 4 counts it), rounded back to the queries' dtype."""
+        floor_scale, attn_scale = self.temperature
+        past = past_key_values.get_seq_length(self.layer_idx) if past_key_values is not None else 0
+        positions = torch.arange(query.shape[2], device=query.device, dtype=torch.float32) + past
+        scales = torch.log1p(torch.floor((positions + 1.0) / floor_scale)) * attn_scale + 1.0
+        return (query * scales.view(1, 1, -1, 1)).to(query.dtype)
 
     def _project_key_value(self, states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(B, S, d) -> keys, values (B, H_kv, S, D); the keys normed where QK-norm reads the whole projection."""

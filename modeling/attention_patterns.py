@@ -1,11 +1,11 @@
-"""Which keys each query sees, per layer type: full or sliding-window causal attention (Mistral; Gemma2's interleaved
-local/global layers via `layer_types`), prefix-LM (seed 003: bidirectional over a prefix, causal after it), and the
-additive position biases (ALiBi, T5) sized to the same keys.
+"""Which keys each query sees, per layer type: full, sliding-window or chunked causal attention (Mistral; Gemma2's
+interleaved local/global layers via `layer_types`; Llama 4's blocks of `attention_chunk_size`), prefix-LM (seed 003:
+bidirectional over a prefix, causal after it), and the additive position biases (ALiBi, T5) sized to the same keys.
 
-Masks come from transformers' `masking_utils` (`create_causal_mask`, `create_sliding_window_causal_mask`), so each
-attention backend gets the mask format it wants and the Cache's sliding layers (which keep only the last window of
-keys) line up with the mask. Everything is built once per forward and shared by all layers of a type.
-"""
+Masks come from transformers' `masking_utils` (`create_causal_mask`, `create_sliding_window_causal_mask`,
+`create_chunked_causal_mask`), so each attention backend gets the mask format it wants and the Cache's sliding layers
+(which keep only the last window of keys; chunked layers use them too) line up with the mask. Everything is built
+once per forward and shared by all layers of a type."""
 
 from __future__ import annotations
 
@@ -14,7 +14,11 @@ from collections.abc import Callable
 import torch
 from torch import nn
 from transformers.cache_utils import Cache
-from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
+from transformers.masking_utils import (
+    create_causal_mask,
+    create_chunked_causal_mask,
+    create_sliding_window_causal_mask,
+)
 
 from .cache_names import with_cache
 from .input_checks import cached_length, can_read_values
@@ -22,6 +26,7 @@ from .input_checks import cached_length, can_read_values
 MASK_BUILDERS: dict[str, Callable] = {
     "full_attention": create_causal_mask,
     "sliding_attention": create_sliding_window_causal_mask,
+    "chunked_attention": create_chunked_causal_mask,
 }
 
 

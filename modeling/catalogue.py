@@ -56,7 +56,9 @@ MLP_LAYER_TYPES = ("dense", "sparse")  # per-layer feed-forward: one MLP, or a m
 ATTENTION_OUTPUT_GATES = ("elementwise", "headwise")
 # How a router scores the experts: a softmax over them (Mixtral, Qwen2-MoE) or a sigmoid each (DeepSeek-V3, GLM-4.5)
 ROUTER_SCORE_FUNCTIONS = ("softmax", "sigmoid")
-LAYER_TYPES = ("full_attention", "sliding_attention")  # per-layer attention span (Mistral, Gemma2)
+# per-layer attention span: every key, the last `sliding_window` (Mistral, Gemma2), or the keys of the query's own
+# block of `attention_chunk_size` positions (Llama 4's chunked attention)
+LAYER_TYPES = ("full_attention", "sliding_attention", "chunked_attention")
 SINUSOIDAL_LAYOUTS = ("interleaved", "split")  # the paper's sin/cos per pair | Marian's sines then cosines
 
 # `intermediate_size` when it is None: ratio · d rounded up to `mlp_width_multiple_of`.

@@ -271,12 +271,22 @@ class DecoderConfig(PreTrainedConfig):
         lm_head_bias (`bool`, False): a bias on the LM head (Phi).
         sliding_window (`int`, *optional*): the window of `"sliding_attention"` layers; alone, every layer slides
             (Mistral).
-        layer_types (`list[str]`, *optional*): per layer `"full_attention"` or `"sliding_attention"` (Gemma2's
-            interleaved local/global layers); None follows `sliding_window`.
+        attention_chunk_size (`int`, *optional*): the blocks of `"chunked_attention"` layers: a query sees the keys
+            of its own block of this many positions (from the row's first real token), up to itself (Llama 4's
+            chunked local attention, 8192 there); alone, every layer is chunked. Their cache keeps the last block's
+            keys (transformers' sliding-window cache layers, as Llama 4's); `generate` decodes them on the dynamic
+            cache (the compiled static-cache loops build no chunked masks).
+        layer_types (`list[str]`, *optional*): per layer `"full_attention"`, `"sliding_attention"` (Gemma2's
+            interleaved local/global layers) or `"chunked_attention"` (Llama 4); None follows `sliding_window` or
+            `attention_chunk_size`.
         nope_layers (`list[int]`, *optional*): the layers (0-based indices) that get no RoPE: their attention sees no
             positions (NoPE; causal masking alone leaks order), the others rotate as `rope_parameters` says — RoPE
             interleaved with NoPE layers, as SmolLM3 (every fourth layer) and Llama 4 ("iRoPE") do. Only with
             `position_embedding_type="rope"`; None: every layer rotates.
+        attn_temperature_tuning (`bool`, False): the queries of the NoPE layers (`nope_layers`) times
+            1 + attn_scale · log(1 + floor((p + 1) / floor_scale)) at token index p (counted from the cache's
+            start, as Llama 4), sharpening attention over long contexts (Llama 4's temperature tuning; Nakanishi
+            2025, "Scalable-Softmax"). floor_scale (`float`, 8192) / attn_scale (`float`, 0.1): its two constants.
         prefix_lm (`bool`, False): bidirectional attention over a per-row prefix given as `prefix_lengths` to
             `forward` / `generate`, causal after it (seed 003).
         use_qk_norm (`bool`, False): a `norm_type` norm of the queries and keys before RoPE (Qwen3, OLMo 2).
@@ -287,6 +297,11 @@ class DecoderConfig(PreTrainedConfig):
             StableLM 2 12B). Only with `use_qk_norm=True`.
         qk_norm_after_rope (`bool`, False): apply a per-head QK-norm (`"head"`, `"per_head"`) to the rotated queries
             and keys instead of before RoPE (Hunyuan); the cache holds the normed keys either way.
+        qk_norm_weight (`bool`, True): False: the QK-norm has no gain, x / sqrt(mean(x²) + eps) (Llama 4's
+            `L2Norm`). Only with `use_qk_norm=True`, `norm_type="rms_norm"` and `qk_norm_scope` "head" or
+            "projection".
+        qk_norm_nope_layers (`bool`, True): False: the NoPE layers (`nope_layers`) have no QK-norm, the rotating
+            ones do (Llama 4). Only with `use_qk_norm=True` and `nope_layers`.
         query_pre_attn_scalar (`float`, *optional*): scores scaled by its -½ power instead of head_dim's (Gemma2).
         attention_multiplier (`float`, *optional*): the scores' scale itself, in place of head_dim^-½ (Granite's
             field; μP's 1/head_dim, Tensor Programs V, Yang et al. 2022). At most one of it and
@@ -366,6 +381,9 @@ class DecoderConfig(PreTrainedConfig):
             which, unlike `router_correction_bias`, weighs the experts as well as choosing them.
         expert_bias (`bool`, False): the routed experts' two products get a bias each (`mlp.experts.gate_up_proj_bias`
             (K, 2f), `mlp.experts.down_proj_bias` (K, d); GPT-OSS).
+        routing_weights_on_input (`bool`, False): each chosen expert reads the token times its routing weight and
+            the experts' outputs are summed unweighted, Σ expert(w · x), instead of Σ w · expert(x) (Llama 4, whose
+            weight is the sigmoid of the expert's logit: `router_score_function="sigmoid"`, `norm_topk_prob=False`).
 
     Training:
         classifier_lm_loss_weight (`float`, 0.0): λ in L = L_FT + λ·L_PT for [`DecoderForSequenceClassification`]
@@ -473,6 +491,7 @@ class DecoderConfig(PreTrainedConfig):
     router_top_groups: int | None = None
     router_bias: bool = False
     expert_bias: bool = False
+    routing_weights_on_input: bool = False
 
     # --- archlab fields ---
     classifier_lm_loss_weight: int | float = 0.0
@@ -498,12 +517,18 @@ class DecoderConfig(PreTrainedConfig):
     position_ids_from_attention_mask: bool = False
     lm_head_bias: bool = False
     sliding_window: int | None = None
+    attention_chunk_size: int | None = None
     layer_types: list[str] | None = None
     nope_layers: list[int] | None = None
+    attn_temperature_tuning: bool = False
+    floor_scale: int | float = 8192
+    attn_scale: int | float = 0.1
     prefix_lm: bool = False
     use_qk_norm: bool = False
     qk_norm_scope: str = "head"
     qk_norm_after_rope: bool = False
+    qk_norm_weight: bool = True
+    qk_norm_nope_layers: bool = True
     query_pre_attn_scalar: int | float | None = None
     attention_multiplier: int | float | None = None
     attention_output_gate: str | None = None
@@ -647,6 +672,7 @@ NOT_WITH_LATENT_ATTENTION = (
     "qkv_bias",
     "query_pre_attn_scalar",
     "attention_multiplier",
+    "attn_temperature_tuning",
 )
 
 
@@ -675,7 +701,7 @@ def _validate_latent_attention(config: Any) -> None:
             f"`num_key_value_heads` must equal `num_attention_heads` ({config.num_attention_heads}), got "
             f"{config.num_key_value_heads}."
         )
-    defaults = {"qkv_bias": None, "use_qk_norm": False, "attention_sinks": False}
+    defaults = {"qkv_bias": None, "use_qk_norm": False, "attention_sinks": False, "attn_temperature_tuning": False}
     given = [name for name in NOT_WITH_LATENT_ATTENTION if getattr(config, name) != defaults.get(name)]
     if given:
         raise ValueError(
@@ -827,8 +853,19 @@ def _resolve_catalogue_defaults(config: Any) -> None:
     if config.norm_bias is None:
         config.norm_bias = config.norm_type in LAYER_NORM_TYPES
     if config.layer_types is None and isinstance(config.num_hidden_layers, int):
-        # Mistral: a window means every layer is local. Always a list, as transformers' mask/cache helpers expect.
-        kind = "full_attention" if config.sliding_window is None else "sliding_attention"
+        # Mistral: a window means every layer is local (a chunk size: every layer chunked). Always a list, as
+        # transformers' mask/cache helpers expect.
+        if config.sliding_window is not None and config.attention_chunk_size is not None:
+            raise ValueError(
+                f"`sliding_window` ({config.sliding_window}) and `attention_chunk_size` ({config.attention_chunk_size})"
+                " each make every layer local without `layer_types`: give `layer_types` to say which layers slide "
+                "('sliding_attention') and which are chunked ('chunked_attention'), or set only one of them."
+            )
+        kind = "full_attention"
+        if config.sliding_window is not None:
+            kind = "sliding_attention"
+        elif config.attention_chunk_size is not None:
+            kind = "chunked_attention"
         config.layer_types = [kind] * config.num_hidden_layers
 
 
@@ -941,15 +978,65 @@ def _validate_catalogue(config: Any) -> None:
                 )
         if "sliding_attention" in config.layer_types and config.sliding_window is None:
             raise ValueError("`layer_types` has 'sliding_attention' layers but `sliding_window` is None: set it.")
+        _validate_chunked_attention(config)
 
-    if config.prefix_lm and config.layer_types is not None and "sliding_attention" in config.layer_types:
+    local = {"sliding_attention", "chunked_attention"} & set(config.layer_types or ())
+    if config.prefix_lm and local:
         raise ValueError(
-            "`prefix_lm=True` cannot be combined with sliding-window layers (`sliding_window`/`layer_types`): a "
-            "sliding cache drops prefix keys that later queries must still see. Use full attention layers."
+            f"`prefix_lm=True` cannot be combined with {' or '.join(sorted(local))} layers (`layer_types`): their "
+            "cache drops prefix keys that later queries must still see. Use full attention layers."
         )
+    _validate_llama4_attention(config)
     requested = requested_attention(config)
     if requested is not None:
         check_attention_backend(config, requested)
+
+
+def _validate_chunked_attention(config: Any) -> None:
+    """`attention_chunk_size`: a block of at least 2 positions, given exactly when some layer is chunked."""
+    chunked = "chunked_attention" in config.layer_types
+    size = config.attention_chunk_size
+    if size is None:
+        if chunked:
+            raise ValueError("`layer_types` has 'chunked_attention' layers but `attention_chunk_size` is None: set it.")
+        return
+    check_positive(config, "attention_chunk_size")
+    if size < 2:
+        # (transformers' sliding-window cache layers, which chunked layers use, cannot keep a window of 1)
+        raise ValueError(
+            f"`attention_chunk_size` must be at least 2, got {size}: transformers' cache layers for chunked "
+            "attention keep the last `attention_chunk_size - 1` keys."
+        )
+    if not chunked:
+        raise ValueError(
+            f"`attention_chunk_size` ({size}) sets the blocks of 'chunked_attention' layers, but `layer_types` has "
+            "none: add them to `layer_types`, or leave `attention_chunk_size` unset."
+        )
+
+
+def _validate_llama4_attention(config: Any) -> None:
+    """Llama 4's attention choices: a QK-norm without a gain, none on the NoPE layers, the NoPE layers' temperature."""
+    if not config.qk_norm_weight:
+        if not config.use_qk_norm or config.norm_type != "rms_norm" or config.qk_norm_scope == "per_head":
+            raise ValueError(
+                "`qk_norm_weight=False` leaves the QK-norm's gain out: it needs `use_qk_norm=True`, "
+                "`norm_type='rms_norm'` and `qk_norm_scope` 'head' or 'projection' (got "
+                f"use_qk_norm={config.use_qk_norm}, norm_type={config.norm_type!r}, "
+                f"qk_norm_scope={config.qk_norm_scope!r})."
+            )
+    if not config.qk_norm_nope_layers and not (config.use_qk_norm and config.nope_layers):
+        raise ValueError(
+            "`qk_norm_nope_layers=False` leaves QK-norm out of the NoPE layers: it needs `use_qk_norm=True` and "
+            f"`nope_layers` (got use_qk_norm={config.use_qk_norm}, nope_layers={config.nope_layers})."
+        )
+    check_positive(config, "floor_scale", integer=False)
+    if not math.isfinite(config.attn_scale) or config.attn_scale < 0:
+        raise ValueError(f"`attn_scale` must be a finite number >= 0, got {config.attn_scale!r}.")
+    if config.attn_temperature_tuning and not config.nope_layers:
+        raise ValueError(
+            "`attn_temperature_tuning=True` scales the queries of the NoPE layers, but `nope_layers` is "
+            f"{config.nope_layers!r}: list the layers without RoPE in `nope_layers`, or leave it False."
+        )
 
 
 def _resolve_moe_defaults(config: Any) -> None:

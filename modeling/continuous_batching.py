@@ -58,6 +58,15 @@ def continuous_batching_refusal(config) -> str | None:
         return "multi-head latent attention (`kv_lora_rank`) caches latents, which the paged cache's blocks cannot hold"
     if getattr(config, "prefix_lm", False):
         return "`prefix_lm=True` needs `prefix_lengths`, which transformers' continuous batching does not pass"
+    if "chunked_attention" in (getattr(config, "layer_types", None) or ()):
+        return (
+            "chunked attention layers (`attention_chunk_size`) need chunked masks, which the paged cache's do not have"
+        )
+    if getattr(config, "attn_temperature_tuning", False):
+        return (
+            "attention temperature tuning (`attn_temperature_tuning`) scales a query by its index in its own "
+            "sequence, which a packed row of requests does not give"
+        )
     return None
 
 

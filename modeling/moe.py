@@ -182,6 +182,7 @@ class Experts(nn.Module):
         bias: bool = False,
         limit: float | None = None,
         up_offset: float = 0.0,
+        weights_on_input: bool = False,
     ):
         super().__init__()
         self.num_experts = num_experts
@@ -199,11 +200,16 @@ class Experts(nn.Module):
         self.hidden_act = hidden_act
         self.act_fn = make_activation(hidden_act)
         self.limit, self.up_offset = limit, float(up_offset)  # GPT-OSS's clamps and offset (feed_forward.py)
+        # Llama 4: an expert reads the token times its routing weight, the outputs summed unweighted
+        self.weights_on_input = weights_on_input
 
     @property
     def plain(self) -> bool:
-        """No biases, clamps or up offset (GPT-OSS's): what the decoding kernels of triton_moe.py compute."""
-        return self.down_proj_bias is None and self.limit is None and self.up_offset == 0.0
+        """No biases, clamps or up offset (GPT-OSS's), the weights applied to the outputs (not Llama 4's inputs): what
+        the decoding kernels of triton_moe.py compute."""
+        return (
+            self.down_proj_bias is None and self.limit is None and self.up_offset == 0.0 and not self.weights_on_input
+        )
 
     def _activation(self, projected: torch.Tensor) -> torch.Tensor:
         """act(gate) ⊙ up of a gated expert's (…, 2f) product (with its clamps and offset); act(up) of a plain one."""
@@ -225,6 +231,9 @@ class Experts(nn.Module):
         order, inverse, offsets = sort_slots(top_k_index, self.num_experts)  # S = N·k slots (moe_slots.py)
         dtype = grouped_compute_dtype(hidden_states, self.down_proj)
         x = tokens_to_slots(hidden_states, order, inverse, top_k_index.shape[-1], dtype)  # (S, d), expert order
+        if self.weights_on_input:  # Llama 4: each slot's row times its weight; the outputs summed with weight 1
+            x = x * top_k_weights.reshape(-1).index_select(0, order).unsqueeze(-1).to(dtype)
+            top_k_weights = torch.ones_like(top_k_weights)
         # each sorted row's expert, for the biases (GPT-OSS)
         experts = None if self.down_proj_bias is None else top_k_index.reshape(-1).index_select(0, order)
         projected = self._with_bias(grouped_linear(x, getattr(self, self.in_name), offsets), self.in_name, experts)
@@ -246,13 +255,16 @@ class Experts(nn.Module):
         `aten.sort` nor of the grouped GEMMs' custom ops (transformers' Mixtral fails on its grouped GEMM too)."""
         dtype = grouped_compute_dtype(hidden_states, self.down_proj)
         x = hidden_states.to(dtype).unsqueeze(0)  # (1, N, d)
+        weights = torch.zeros(
+            top_k_index.shape[0], self.num_experts, dtype=top_k_weights.dtype, device=top_k_weights.device
+        ).scatter(1, top_k_index, top_k_weights)  # (N, K)
+        if self.weights_on_input:  # Llama 4: expert e reads x · w_e (zero where not chosen), its output weighed 1
+            x = x * weights.t().unsqueeze(-1).to(dtype)  # (K, N, d)
+            weights = torch.zeros_like(weights).scatter(1, top_k_index, 1.0)
         projected = torch.matmul(x, getattr(self, self.in_name).to(dtype).transpose(1, 2))  # (K, N, 2f or f)
         projected = self._every_expert_bias(projected, self.in_name)
         y = torch.matmul(self._activation(projected), self.down_proj.to(dtype).transpose(1, 2))  # (K, N, d)
         y = self._every_expert_bias(y, "down_proj")
-        weights = torch.zeros(
-            top_k_index.shape[0], self.num_experts, dtype=top_k_weights.dtype, device=top_k_weights.device
-        ).scatter(1, top_k_index, top_k_weights)  # (N, K)
         out = (weights.t().unsqueeze(-1).to(dtype) * y).sum(dim=0)  # (N, d)
         return out.to(hidden_states.dtype)
 
@@ -270,8 +282,10 @@ class Experts(nn.Module):
         out = None
         in_bias, down_bias = getattr(self, f"{self.in_name}_bias"), self.down_proj_bias
         for expert, weight in zip(top_k_index[0].tolist(), top_k_weights[0].tolist()):
-            in_rows = F.linear(hidden_states, getattr(self, self.in_name)[expert], _row(in_bias, expert))
-            y = F.linear(self._activation(in_rows), self.down_proj[expert], _row(down_bias, expert)) * weight  # (1, d)
+            x = hidden_states * weight if self.weights_on_input else hidden_states  # (Llama 4: the input weighed)
+            in_rows = F.linear(x, getattr(self, self.in_name)[expert], _row(in_bias, expert))
+            y = F.linear(self._activation(in_rows), self.down_proj[expert], _row(down_bias, expert))  # (1, d)
+            y = y if self.weights_on_input else y * weight
             out = y if out is None else out.add_(y)
         return out.to(hidden_states.dtype)
 
@@ -314,6 +328,7 @@ class SparseMoeBlock(nn.Module):
             config.hidden_act,
             gated=mlp_type == "gated",
             bias=getattr(config, "expert_bias", False),
+            weights_on_input=getattr(config, "routing_weights_on_input", False),
             **(gated_options(config) if mlp_type == "gated" else {}),
         )
         self.shared_expert = self.shared_expert_gate = None

@@ -112,6 +112,20 @@ class RMSNorm(nn.Module):
         return f"{tuple(self.weight.shape)}, eps={self.variance_epsilon}"
 
 
+class ScaleFreeRMSNorm(nn.Module):
+    """y = x / sqrt(mean(x²) + eps), no gain (Llama 4's QK `L2Norm`): `qk_norm_weight=False`."""
+
+    def __init__(self, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.variance_epsilon = eps
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return rms_normalized(hidden_states, self.variance_epsilon)[0]
+
+    def extra_repr(self) -> str:
+        return f"eps={self.variance_epsilon}"
+
+
 class OffsetRMSNorm(nn.Module):
     """y = x / sqrt(mean(x²) + eps) · (1 + w), computed in fp32 and cast back (Gemma's RMSNorm)."""
 
@@ -208,6 +222,7 @@ __all__ = [
     "OffsetRMSNorm",
     "PerHeadNorm",
     "RMSNorm",
+    "ScaleFreeRMSNorm",
     "make_norm",
     "rms_normalized",
 ]

@@ -19,6 +19,9 @@ that a compiled forward takes as a symbolic input: a new value, and a new CUDA g
 
 `kept_whole` decides, the same way for generate's cache choice (`fast_decoding.sliding_window_blocker`) and for the
 cache it builds (`keep_sliding_layers_whole`):
+- always for a model with chunked layers (Llama 4's `attention_chunk_size`, which transformers' static cache makes
+  window-long sliding layers of one block): whole, the chunked masks give each query its block at any length, and
+  sliding layers beside them are whole too (transformers sizes every local mask from the first local layer);
 - always up to `WHOLE_CACHE_WINDOWS` windows: memory and reads within that factor of the window's;
 - past that, greedy decoding, sampling and beam search decode window-long layers as rings (`decodes_as_rings`);
 - the others (beam sampling, transformers' loop), on CUDA, keep the layers whole while the keys kept past the window
@@ -42,7 +45,9 @@ WHOLE_CACHE_WINDOWS = 4
 
 
 class WholeCacheSlidingLayer(SpannedLayer):
-    """A sliding-window layer of a static cache that keeps every position of the cache (module docstring)."""
+    """A sliding-window layer of a static cache that keeps every position of the cache (module docstring); a chunked
+    layer's too (Llama 4's `attention_chunk_size`: transformers gives those its window-long sliding layers, one block
+    of keys), masked block by block by transformers' chunked masks over the absolute positions."""
 
     is_sliding = True
 
@@ -61,6 +66,8 @@ def kept_whole(model, length: int, batch_size: int | None, rings: bool = False) 
     whole (module docstring). Without a batch size only the `WHOLE_CACHE_WINDOWS` rule applies, and so it does for
     a call that decodes window-long layers as rings (`rings`, `decodes_as_rings`): past 4 windows a ring holds and
     reads less than a whole layer."""
+    if "chunked_attention" in (getattr(model.config, "layer_types", None) or ()):
+        return True  # Llama 4's chunked layers: always whole (`WholeCacheSlidingLayer`), and sliding ones beside them
     window = getattr(model.config, "sliding_window", None)
     if window is None:
         return False
@@ -108,6 +115,9 @@ def ring_blocker(model) -> str | None:
         return "rings are switched off (sliding_layers.RINGS)"
     if config.is_encoder_decoder:
         return "an encoder-decoder"
+    if "chunked_attention" in (getattr(config, "layer_types", None) or ()):
+        # transformers sizes every local layer type's mask from the first layer flagged sliding
+        return "chunked attention layers beside them (their masks are sized from the same cache layer)"
     if config._attn_implementation not in RING_BACKENDS:
         return f"the attention backend {config._attn_implementation!r} (a ring builds SDPA's and eager's masks)"
     return None

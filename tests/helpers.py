@@ -19,7 +19,7 @@ from transformers import CompileConfig, T5Config, T5ForConditionalGeneration
 from archlab import DecoderConfig, DecoderForCausalLM, Seq2SeqConfig, Seq2SeqForConditionalGeneration
 from archlab.conversion import FAMILIES
 from archlab.conversion.t5 import archlab_state_dict_to_t5, t5_state_dict_to_archlab
-from archlab.modeling.catalogue import LAYER_TYPES, MLP_LAYER_TYPES, POSITION_SCHEMES, SEQ2SEQ_POSITION_SCHEMES
+from archlab.modeling.catalogue import MLP_LAYER_TYPES, POSITION_SCHEMES, SEQ2SEQ_POSITION_SCHEMES
 from archlab.modeling.configuration_decoder import ROPE_TYPES
 
 REPO = Path(__file__).resolve().parents[1]
@@ -105,6 +105,7 @@ ROPE_PARAMETERS = {
     "proportional": {"partial_rotary_factor": 0.5},
 }
 WINDOW = 4  # well inside the 18 tokens generated
+LOCAL_GLOBAL = ("full_attention", "sliding_attention")  # Gemma2's interleaved local and global layers
 DECODER_VARIANTS = {
     **{f"positions_{kind}": dict(position_embedding_type=kind) for kind in POSITION_SCHEMES},
     **{
@@ -114,12 +115,28 @@ DECODER_VARIANTS = {
     "learned_positions_from_mask": dict(
         position_embedding_type="learned", position_ids_from_attention_mask=True, position_embedding_offset=2
     ),
-    **{f"all_{kind}": dict(sliding_window=WINDOW, layer_types=[kind, kind]) for kind in LAYER_TYPES},
-    "local_global": dict(sliding_window=WINDOW, layer_types=list(LAYER_TYPES)),
-    "alibi_local_global": dict(position_embedding_type="alibi", sliding_window=WINDOW, layer_types=list(LAYER_TYPES)),
+    **{f"all_{kind}": dict(sliding_window=WINDOW, layer_types=[kind, kind]) for kind in LOCAL_GLOBAL},
+    "local_global": dict(sliding_window=WINDOW, layer_types=list(LOCAL_GLOBAL)),
+    "alibi_local_global": dict(position_embedding_type="alibi", sliding_window=WINDOW, layer_types=list(LOCAL_GLOBAL)),
+    # Llama 4's chunked attention: each query sees its own block of WINDOW positions
+    "all_chunked_attention": dict(attention_chunk_size=WINDOW, layer_types=["chunked_attention"] * 2),
+    # Llama 4's attention: chunked rotating layers with a QK-norm without a gain after RoPE, NoPE global layers
+    # with the temperature tuning (a floor scale of 4 bites within the tokens generated)
+    "llama4_attention": dict(
+        attention_chunk_size=WINDOW,
+        layer_types=["chunked_attention", "full_attention"],
+        nope_layers=[1],
+        use_qk_norm=True,
+        qk_norm_after_rope=True,
+        qk_norm_weight=False,
+        qk_norm_nope_layers=False,
+        attn_temperature_tuning=True,
+        floor_scale=4,
+        attn_scale=0.5,
+    ),
     "rope_per_layer_type": dict(  # Gemma3: local layers with their own base, the global ones scaled
         sliding_window=WINDOW,
-        layer_types=list(LAYER_TYPES),
+        layer_types=list(LOCAL_GLOBAL),
         rope_parameters={
             "sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
             "full_attention": {"rope_type": "linear", "rope_theta": 1e6, "factor": 2.0},
@@ -167,7 +184,7 @@ DECODER_VARIANTS = {
         },
     ),
     # GPT-OSS's attention: a learned sink logit per head, on local and global layers
-    "attention_sinks": dict(attention_sinks=True, sliding_window=WINDOW, layer_types=list(LAYER_TYPES)),
+    "attention_sinks": dict(attention_sinks=True, sliding_window=WINDOW, layer_types=list(LOCAL_GLOBAL)),
     "moe": dict(num_local_experts=4, num_experts_per_tok=2),
     # DeepSeek-V3's router (GLM-4.5): sigmoid scores, a correction bias to choose, a routed scale; an ungated shared
     # expert
@@ -200,6 +217,16 @@ DECODER_VARIANTS = {
         swiglu_up_offset=1.0,
         hidden_act="quick_gelu",
     ),
+    # Llama 4's experts: the sigmoid of the top-1 logit weighs the chosen expert's input, an ungated shared expert
+    "moe_llama4": dict(
+        num_local_experts=4,
+        num_experts_per_tok=1,
+        router_score_function="sigmoid",
+        norm_topk_prob=False,
+        routing_weights_on_input=True,
+        shared_expert_intermediate_size=32,
+        shared_expert_gate=False,
+    ),
     "moe_shared_expert_dense_sparse": dict(
         num_local_experts=4,
         num_experts_per_tok=2,
@@ -207,7 +234,9 @@ DECODER_VARIANTS = {
         mlp_layer_types=list(MLP_LAYER_TYPES),
     ),
 }
-NO_STATIC_CACHE = {"rope_dynamic"}  # fast_decoding.static_cache_blocker: these decode with the dynamic cache
+# fast_decoding.static_cache_blocker: these decode with the dynamic cache, its one-line notice naming what they need
+NO_STATIC_CACHE_NOTICES = {"rope_dynamic": "dynamic RoPE"}
+NO_STATIC_CACHE = set(NO_STATIC_CACHE_NOTICES)
 
 SEQ2SEQ_VARIANTS = {
     **{f"positions_{kind}": dict(position_embedding_type=kind) for kind in SEQ2SEQ_POSITION_SCHEMES},

@@ -8,7 +8,7 @@ as it does alone; eager attention equals SDPA.
 test_catalogue_variants.py checks each choice alone. A combination fuzz found bugs that no choice shows alone (an
 MoE's router loss given the static cache's masks, sinusoidal positions counted from a padded mask), so here every
 pair of choices is covered by a greedy all-pairs design (`helpers.AllPairsDesign`): each model combines up to one
-choice per concern, picked to cover the most pairs not yet covered, ~40 models for ~480 pairs. A pair that cannot
+choice per concern, picked to cover the most pairs not yet covered, ~80 models for ~920 pairs. A pair that cannot
 be built is refused when its config is made, with a ValueError that names a field (its own test).
 """
 
@@ -75,6 +75,7 @@ CONCERNS: dict[str, dict[str, dict]] = {
         "mha": dict(num_key_value_heads=4),
         "all_sliding": dict(sliding_window=WINDOW),
         "local_global": dict(sliding_window=WINDOW, layer_types=["sliding_attention", "full_attention"]),
+        "chunked": dict(attention_chunk_size=WINDOW),  # Llama 4's chunked attention
         "gated_heads": dict(attention_output_gate="headwise"),
         "sinks": dict(attention_sinks=True),  # GPT-OSS
         # DeepSeek-V3's multi-head latent attention
@@ -85,6 +86,7 @@ CONCERNS: dict[str, dict[str, dict]] = {
         "qk_norm": dict(use_qk_norm=True),
         "qk_norm_over_projection": dict(use_qk_norm=True, qk_norm_scope="projection"),
         "qk_norm_per_head": dict(use_qk_norm=True, qk_norm_scope="per_head"),
+        "qk_norm_without_gain": dict(use_qk_norm=True, qk_norm_weight=False, qk_norm_after_rope=True),  # Llama 4
         "softcapping": dict(attn_logit_softcapping=2.0, final_logit_softcapping=5.0),
         "query_pre_attn_scalar": dict(query_pre_attn_scalar=16),
         "attention_multiplier": dict(attention_multiplier=0.2),  # Granite's scores scale
@@ -105,6 +107,14 @@ CONCERNS: dict[str, dict[str, dict]] = {
             router_correction_bias=True,
             routed_scaling_factor=2.0,
             output_router_logits=True,
+        ),
+        # Llama 4's: the chosen expert reads the token times its sigmoid weight
+        "moe_weights_on_input": dict(
+            num_local_experts=4,
+            num_experts_per_tok=1,
+            router_score_function="sigmoid",
+            norm_topk_prob=False,
+            routing_weights_on_input=True,
         ),
         "moe_shared_dense_sparse": dict(
             num_local_experts=4,
@@ -130,7 +140,7 @@ DESIGN = AllPairsDesign(CONCERNS, _config)
 
 def test_the_design_covers_every_pair_that_builds():
     assert DESIGN.buildable_pairs() <= DESIGN.covered_pairs()
-    assert len(DESIGN.buildable_pairs()) > 400 and len(DESIGN.models()) < 80  # ~480 pairs in ~40 models
+    assert len(DESIGN.buildable_pairs()) > 900 and len(DESIGN.models()) < 90  # ~920 pairs in ~80 models
 
 
 @pytest.mark.parametrize("pair", DESIGN.refused_pairs(), ids=choice_names)

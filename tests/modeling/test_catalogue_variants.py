@@ -63,6 +63,31 @@ VARIANTS = {
     "mup_multipliers": dict(
         embedding_multiplier=3.0, residual_multiplier=0.5, attention_multiplier=0.2, logit_scale=0.25
     ),
+    "chunked_attention": dict(attention_chunk_size=4),  # Llama 4's blocks of 4 positions
+    # Llama 4's attention: chunked rotating layers with a QK-norm without a gain after RoPE, a NoPE global layer with
+    # its queries' temperature tuned (a floor scale of 4: it bites within the tokens checked)
+    "llama4_attention": dict(
+        attention_chunk_size=4,
+        layer_types=["chunked_attention", "full_attention"],
+        nope_layers=[1],
+        use_qk_norm=True,
+        qk_norm_after_rope=True,
+        qk_norm_weight=False,
+        qk_norm_nope_layers=False,
+        attn_temperature_tuning=True,
+        floor_scale=4,
+        attn_scale=0.5,
+    ),
+    # Llama 4's experts: each chosen expert reads the token times the sigmoid of its logit; an ungated shared expert
+    "moe_llama4": dict(
+        num_local_experts=4,
+        num_experts_per_tok=1,
+        router_score_function="sigmoid",
+        norm_topk_prob=False,
+        routing_weights_on_input=True,
+        shared_expert_intermediate_size=32,
+        shared_expert_gate=False,
+    ),
 }
 EAGER_ONLY = {"softcapping"}  # sdpa cannot soft-cap: refused at construction
 

@@ -38,6 +38,8 @@ REFUSED = {
     "rope_longrope": "longrope",
     "latent_attention": "kv_lora_rank",
     "latent_attention_query_rank_yarn": "kv_lora_rank",
+    "all_chunked_attention": "attention_chunk_size",
+    "llama4_attention": "attention_chunk_size",
 }
 RUN = [name for name in DECODER_VARIANTS if name not in REFUSED]
 

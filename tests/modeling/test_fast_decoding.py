@@ -31,6 +31,7 @@ from archlab.modeling.configuration_decoder import ROPE_TYPES
 from helpers import (
     DECODER_VARIANTS,
     NO_STATIC_CACHE,
+    NO_STATIC_CACHE_NOTICES,
     ROPE_PARAMETERS,
     SEQ2SEQ_VARIANTS,
     character_tokenizer,
@@ -121,7 +122,8 @@ def test_variants_without_a_static_path_fall_back_with_one_notice(name, notices,
     for out in (asked, default):
         assert isinstance(out.past_key_values, DynamicCache)
         _assert_same_decoding(out, dynamic)
-    assert len(notices) == 2 and all("dynamic RoPE" in notice and "\n" not in notice for notice in notices)
+    named = NO_STATIC_CACHE_NOTICES[name]
+    assert len(notices) == 2 and all(named in notice and "\n" not in notice for notice in notices)
 
 
 def test_default_on_cuda_is_the_static_cache_and_the_user_can_opt_out(on_cuda, notices):

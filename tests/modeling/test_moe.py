@@ -23,6 +23,8 @@ MOE = dict(num_local_experts=4, num_experts_per_tok=2)
 GPT_OSS_EXPERTS = dict(
     router_bias=True, expert_bias=True, swiglu_limit=0.5, swiglu_up_offset=1.0, hidden_act="quick_gelu"
 )
+# Llama 4's: the sigmoid of each chosen logit weighs the expert's input (top-2 here: the sum of two inputs' outputs)
+LLAMA4_EXPERTS = dict(router_score_function="sigmoid", norm_topk_prob=False, routing_weights_on_input=True)
 
 
 def moe_config(**overrides) -> archlab.DecoderConfig:
@@ -46,7 +48,8 @@ def _bias(bias: torch.Tensor | None, expert: int):
 
 def reference_moe(block: SparseMoeBlock, x: torch.Tensor) -> torch.Tensor:
     """Token by token, slot by slot, with plain matmuls: softmax → top-k → (renormalise) → Σ w · expert(x); a
-    sigmoid router's experts chosen by score + correction bias, weighed by the score, times the routed scale."""
+    sigmoid router's experts chosen by score + correction bias, weighed by the score, times the routed scale; with
+    the weights on the input (Llama 4), Σ expert(w · x)."""
     gate, experts = block.gate, block.experts
     bias = gate.e_score_correction_bias
     out = torch.zeros_like(x)
@@ -57,13 +60,15 @@ def reference_moe(block: SparseMoeBlock, x: torch.Tensor) -> torch.Tensor:
         top = sorted(range(gate.num_experts), key=lambda e: -choice[e].item())[: gate.top_k]
         weights = probs[top] / (probs[top].sum() if gate.norm_topk_prob else 1.0) * gate.routed_scaling_factor
         for w, e in zip(weights, top):
+            x_in = w * x[t] if experts.weights_on_input else x[t]
+            w = 1.0 if experts.weights_on_input else w
             if experts.gated:
-                g, u = (experts.gate_up_proj[e] @ x[t] + _bias(experts.gate_up_proj_bias, e)).chunk(2)
+                g, u = (experts.gate_up_proj[e] @ x_in + _bias(experts.gate_up_proj_bias, e)).chunk(2)
                 if experts.limit is not None:  # GPT-OSS: act(min(g, L)) ⊙ (clamp(u, -L, L) + offset)
                     g, u = g.clamp(max=experts.limit), u.clamp(-experts.limit, experts.limit)
                 h = experts.act_fn(g) * (u + experts.up_offset)
             else:
-                h = experts.act_fn(experts.up_proj[e] @ x[t])
+                h = experts.act_fn(experts.up_proj[e] @ x_in)
             out[t] += w * (experts.down_proj[e] @ h + _bias(experts.down_proj_bias, e))
         if block.shared_expert is not None:
             shared = block.shared_expert(x[t])
@@ -145,6 +150,8 @@ def test_router_aux_loss_coef_only_on_models_with_experts_and_num_experts_alias(
         dict(router_score_function="sigmoid", norm_topk_prob=False),
         dict(router_score_function="sigmoid", router_correction_bias=True, routed_scaling_factor=2.5),
         GPT_OSS_EXPERTS,
+        LLAMA4_EXPERTS,
+        dict(LLAMA4_EXPERTS, mlp_type="plain", hidden_act="gelu", num_experts_per_tok=1),
     ],
 )
 def test_block_matches_slow_reference(overrides):
@@ -156,6 +163,22 @@ def test_block_matches_slow_reference(overrides):
     assert block.router_logits.shape == (13, 4)
 
 
+def test_weights_on_the_input_train_the_router_and_experts_as_the_reference():
+    """Llama 4's experts read w · x: the router's gradient comes through the experts' inputs, on the grouped path as in
+    the slow reference (the sorted slots' weights gathered in expert order)."""
+    block = sparse_block(**LLAMA4_EXPERTS)
+    x = torch.randn(13, 32)
+    probe = torch.randn(13, 32)
+    grads = []
+    for forward in (lambda: block(x[None])[0], lambda: reference_moe(block, x)):
+        block.zero_grad()
+        (forward() * probe).sum().backward()
+        grads.append({name: p.grad.clone() for name, p in block.named_parameters() if p.grad is not None})
+    assert grads[0].keys() == grads[1].keys() and "gate.weight" in grads[0]
+    for name in grads[0]:
+        torch.testing.assert_close(grads[0][name], grads[1][name], atol=1e-5, rtol=1e-5, msg=name)
+
+
 @pytest.mark.parametrize(
     "overrides",
     [
@@ -163,6 +186,7 @@ def test_block_matches_slow_reference(overrides):
         dict(mlp_type="plain", hidden_act="gelu"),
         dict(num_experts_per_tok=3, shared_expert_intermediate_size=48),
         GPT_OSS_EXPERTS,
+        LLAMA4_EXPERTS,
     ],
 )
 def test_one_token_decode_path_matches_reference_and_grouped_path(overrides, monkeypatch):
@@ -187,6 +211,7 @@ def test_one_token_decode_path_matches_reference_and_grouped_path(overrides, mon
         dict(mlp_type="plain", hidden_act="gelu"),
         dict(num_experts_per_tok=3, shared_expert_intermediate_size=48),
         GPT_OSS_EXPERTS,
+        dict(LLAMA4_EXPERTS, expert_bias=True),
     ],
 )
 def test_onnx_export_path_runs_every_expert_without_sort_or_grouped_gemm_and_matches(overrides, monkeypatch):
