@@ -18,6 +18,7 @@ from .families import FAMILIES
 from .family import ConversionError
 from .folders import load_state_dict, read_config, write_model
 from .heads import archlab_row, stock_row
+from .text_stacks import TEXT_STACKS
 
 ARCHLAB_MODEL_TYPES = {config.model_type: config for config in (DecoderConfig, Seq2SeqConfig)}
 
@@ -26,7 +27,9 @@ def convert_checkpoint(src: str | os.PathLike, dst: str | os.PathLike, to: str |
     """Convert the model folder `src` into `dst` and return `dst`.
 
     - `src` of a stock family in `FAMILIES` -> an archlab folder (`to` must be None or "archlab");
-    - `src` an archlab folder and `to` a family name -> a stock folder of that family.
+    - `src` an archlab folder and `to` a family name -> a stock folder of that family;
+    - `src` a multimodal folder whose language model is a family (`TEXT_STACKS`: Llama 4's) -> an archlab folder of
+      that language model.
 
     A decoder family's `<Family>ForSequenceClassification` is archlab's `DecoderForSequenceClassification`, both ways;
     BERT's sequence and token classifiers are `EncoderForSequenceClassification` / `EncoderForTokenClassification`.
@@ -68,7 +71,18 @@ def convert_checkpoint(src: str | os.PathLike, dst: str | os.PathLike, to: str |
         state_dict = family.layout.to_archlab(load_state_dict(src), config)
         return write_model(family.archlab_class, config, state_dict, src, dst)
 
-    known = sorted(FAMILIES) + sorted(ARCHLAB_MODEL_TYPES)
+    if model_type in TEXT_STACKS:  # a multimodal folder: its language model (text_stacks.py)
+        stack = TEXT_STACKS[model_type]
+        if to not in (None, "archlab"):
+            raise ConversionError(
+                f"{src} is a {model_type} checkpoint; its language model converts to archlab only (no `to`)."
+            )
+        family = FAMILIES[stack.family]
+        config = family.archlab_config(stack.text_values(values, src))
+        state_dict = family.layout.to_archlab(stack.load(src), config)
+        return write_model(family.archlab_class, config, state_dict, src, dst)
+
+    known = sorted(FAMILIES) + sorted(TEXT_STACKS) + sorted(ARCHLAB_MODEL_TYPES)
     raise ConversionError(f"{src} has model_type={model_type!r}; the converter knows: {known}.")
 
 

@@ -96,6 +96,7 @@ from .granite import GRANITE_FAMILIES
 from .hunyuan import HUNYUAN_FAMILIES
 from .interleaved_rope import interleaved_rope
 from .layernorm_decoders import LAYERNORM_DECODERS
+from .llama4 import LLAMA4_TEXT
 from .llama_like import LLAMA_LIKE_FAMILIES
 from .marian import MARIAN
 from .mbart import MBART
@@ -785,6 +786,7 @@ FAMILIES: dict[str, Family] = {
         OLMO,
         *OLMOE_FAMILIES,
         GPT_OSS,
+        LLAMA4_TEXT,
         *DEEPSEEK_MLA_FAMILIES,
         *LLAMA_LIKE_FAMILIES,
         *FUSED_DECODERS,
@@ -844,6 +846,7 @@ IGNORES_PARTIAL_ROTARY = (
     "hunyuan_v1_moe",
     "ernie4_5_moe",
     "gpt_oss",
+    "llama4_text",
     "deepseek_v3",
     "deepseek_v2",
     "glm4_moe_lite",

@@ -54,6 +54,7 @@ from transformers import (
     InternLM3Config,
     IQuestCoderConfig,
     Jais2Config,
+    Llama4TextConfig,
     LlamaConfig,
     MarianConfig,
     MBartConfig,
@@ -147,6 +148,14 @@ PHI3_LONGROPE = {
     "long_factor": [2.0, 3.0, 4.0, 5.0],
 }
 ROPE_25 = {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25}
+LLAMA3_ROPE = {
+    "rope_type": "llama3",
+    "rope_theta": 10000.0,
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 8,
+}
 # Gemma3's RoPE per layer type: global layers scaled linearly (Gemma3-4B's recipe), local ones with their own base
 GEMMA3_ROPE = {
     "full_attention": {"rope_type": "linear", "rope_theta": 1e6, "factor": 2.0},
@@ -549,6 +558,37 @@ CASES = {
             "layer_types": ["sliding_attention", "full_attention"],
             "moe_intermediate_size": 64,
             "rope_parameters": GPT_OSS_YARN,
+        },
+    ),
+    # Llama 4's text stack: chunked attention on the rotating layers (interleaved RoPE, llama3 scaling, a QK-norm
+    # without a gain after it), every other layer NoPE with the temperature tuning (a floor scale of 4: it bites within
+    # the 12-token batches), experts on every other layer (sigmoid of the top-1 logit times the expert's input, a
+    # shared expert); the dense layers of their own width
+    "llama4_text": (
+        Llama4TextConfig(
+            **{**LLAMA_LIKE, "num_hidden_layers": 4},
+            intermediate_size_mlp=48,
+            num_local_experts=4,
+            num_experts_per_tok=1,
+            interleave_moe_layer_step=2,
+            no_rope_layer_interval=2,
+            attention_chunk_size=4,
+            floor_scale=4,
+            attn_scale=0.5,
+            rope_parameters=LLAMA3_ROPE,
+        ),
+        {
+            "layer_types": ["chunked_attention", "full_attention"] * 2,
+            "attention_chunk_size": 4,
+            "nope_layers": [1, 3],
+            "mlp_layer_types": ["dense", "sparse"] * 2,
+            "intermediate_size": 48,
+            "moe_intermediate_size": 64,
+            "shared_expert_intermediate_size": 64,
+            "qk_norm_weight": False,
+            "qk_norm_nope_layers": False,
+            "attn_temperature_tuning": True,
+            "routing_weights_on_input": True,
         },
     ),
     # DeepSeek-V3: multi-head latent attention (queries through their own latent, interleaved RoPE, YaRN with its
@@ -1308,6 +1348,7 @@ NOT_EXPRESSIBLE = {
     "ernie4_5_moe": ({"mlp_layer_types": ["sparse", "sparse", "dense", "sparse"]}, ["mlp_layer_types"]),
     "hunyuan_v1_dense": ({"qk_norm_after_rope": False}, ["qk_norm_after_rope"]),
     "gpt_oss": ({"attention_sinks": False}, ["attention_sinks"]),
+    "llama4_text": ({"routing_weights_on_input": False}, ["routing_weights_on_input"]),
     "deepseek_v3": ({"mlp_layer_types": ["sparse", "dense", "sparse"]}, ["mlp_layer_types"]),
     "deepseek_v2": ({"router_correction_bias": True}, ["router_correction_bias"]),
     "apertus": ({"mlp_type": "gated"}, ["mlp_type"]),
@@ -1382,6 +1423,14 @@ ALSO_NOT_EXPRESSIBLE = {
         "deepseek_v3",
         {"kv_lora_rank": None, "q_lora_rank": None},
         ["kv_lora_rank=None", "multi-head latent attention"],
+    ),
+    # Llama 4's QK-norm has no gain, and its layers are full or chunked
+    "llama4_text-qk-gain": ("llama4_text", "llama4_text", {"qk_norm_weight": True}, ["qk_norm_weight=True"]),
+    "llama4_text-sliding": (
+        "llama4_text",
+        "llama4_text",
+        {"layer_types": ["sliding_attention", "full_attention"] * 2, "sliding_window": 4, "attention_chunk_size": None},
+        ["layer_types", "chunked_attention"],
     ),
     # GPT-OSS always clamps its experts' SwiGLU
     "gpt_oss-no-clamp": ("gpt_oss", "gpt_oss", {"swiglu_limit": None}, ["swiglu_limit"]),
@@ -2191,3 +2240,42 @@ def test_a_gpt_oss_checkpoint_with_mxfp4_experts_is_refused_with_the_way_to_conv
     ):
         convert_checkpoint(quantised, tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+def test_a_llama4_multimodal_folder_imports_its_language_model(tmp_path):
+    """Llama 4 is published as `Llama4ForConditionalGeneration` folders: the converter reads the language model (its
+    `text_config`, its tensors under `language_model.`) and leaves the vision tower out; the archlab model gives the
+    stock language model's logits and greedy tokens. Exporting goes to `llama4_text` (the multimodal class is not a
+    target), and a `--to` on such a folder is refused."""
+    from transformers import Llama4Config, Llama4ForConditionalGeneration
+
+    torch.manual_seed(0)
+    text = CASES["llama4_text"][0].to_dict()
+    vision = dict(
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        image_size=28,
+        patch_size=14,
+        vision_output_dim=32,
+        projector_input_dim=32,
+        projector_output_dim=32,
+    )
+    stock = Llama4ForConditionalGeneration(Llama4Config(text_config=text, vision_config=vision)).eval()
+    _perturb(stock)
+    stock.save_pretrained(tmp_path / "stock")
+    convert_checkpoint(tmp_path / "stock", tmp_path / "archlab")
+    with pytest.raises(ConversionError, match="its language model converts to archlab only"):
+        convert_checkpoint(tmp_path / "stock", tmp_path / "elsewhere", to="llama4_text")
+    model = DecoderForCausalLM.from_pretrained(tmp_path / "archlab").eval()
+    assert model.config.attn_temperature_tuning and model.config.routing_weights_on_input
+    reference = stock.language_model
+    pad = reference.config.pad_token_id or 0
+    with torch.no_grad():
+        assert max(_check_decoder(model, reference, _batches(pad), pad)) <= ATOL
+    convert_checkpoint(tmp_path / "archlab", tmp_path / "text", to="llama4_text")
+    back = FAMILIES["llama4_text"].model_class.from_pretrained(tmp_path / "text")
+    theirs = reference.state_dict()
+    assert back.state_dict().keys() == theirs.keys()
+    assert all(torch.equal(tensor, theirs[key]) for key, tensor in back.state_dict().items())
