@@ -152,6 +152,11 @@ def _positions(config: dict[str, Any], encoder_decoder: bool) -> str:
     nope = config.get("nope_layers")
     if nope:  # RoPE interleaved with layers that see no positions (SmolLM3, Llama 4)
         text += f"; no positions (NoPE) in layers {', '.join(map(str, sorted(nope)))}"
+        if config.get("attn_temperature_tuning"):  # Llama 4
+            text += (
+                f", their queries' temperature tuned (attn_scale {config.get('attn_scale'):g}, floor_scale "
+                f"{config.get('floor_scale'):g})"
+            )
     return text
 
 
@@ -208,6 +213,8 @@ def _attention_pattern(config: dict[str, Any]) -> str:
         text = "sliding window" if window else "full"
     if window:
         text += f" (window {window})"
+    if config.get("attention_chunk_size"):  # Llama 4's chunked attention
+        text += f" (chunks of {config['attention_chunk_size']})"
     return text
 
 
@@ -229,6 +236,8 @@ def _experts(config: dict[str, Any]) -> str:
         text += f", expert width {config['moe_intermediate_size']}"
     if config.get("expert_bias"):
         text += ", expert biases"
+    if config.get("routing_weights_on_input"):  # Llama 4
+        text += ", the routing weight applied to each expert's input"
     shared = _first(config, "num_shared_experts", "shared_expert_intermediate_size", default=0)
     if shared:
         text += ", shared expert" + ("s" if config.get("num_shared_experts", 1) > 1 else "")
@@ -311,6 +320,9 @@ def architecture_rows(config: dict[str, Any]) -> list[tuple[str, str]]:
         stability.insert(1, f"qk_norm_scope={config['qk_norm_scope']}")
     if config.get("qk_norm_after_rope"):
         stability.append("qk_norm_after_rope=True")
+    for name in ("qk_norm_weight", "qk_norm_nope_layers"):  # Llama 4's: no gain, none on the NoPE layers
+        if config.get("use_qk_norm") and config.get(name) is False:
+            stability.append(f"{name}=False")
     if stability:
         rows.append(("stability", ", ".join(stability)))
     multipliers = [  # μP's constants (Granite), where they are not 1 (the attention's: where given)
