@@ -19,9 +19,9 @@ apart).
 DeepSeek-V2 has the same attention (its RoPE a complex product over interleaved pairs: the same rotation, reordered
 alike) and DeepSeek-V2's experts: a softmax router whose top-k weights are not renormalised (its config's
 `norm_topk_prob` is read by nothing), times `routed_scaling_factor`, and `n_shared_experts` shared experts; its
-group-limited routing (`topk_method="group_limited_greedy"`) scores a group by its best expert where archlab's
-(DeepSeek-V3's) sums the two best, so it is refused where it limits the groups (DeepSeek-V2-Lite and Coder-V2-Lite
-route greedily).
+group-limited routing (`topk_method="group_limited_greedy"`, DeepSeek-V2 and Coder-V2 themselves: `n_group=8`,
+`topk_group=3`) scores a group by its best expert: archlab's `router_group_score="max"` (DeepSeek-V2-Lite and
+Coder-V2-Lite route greedily).
 
 GLM-4.7-Flash (`glm4_moe_lite`) is DeepSeek-V3's attention with GLM-4.5's experts (DeepSeek-V3's router) and its
 dense and sparse layers listed per layer (`mlp_layer_types`, as archlab's); its config's `head_dim` is another name of
@@ -153,32 +153,34 @@ DEEPSEEK_V2_FIELDS = {
 
 
 def _v2_to_archlab(stock: PreTrainedConfig, values: Mapping[str, Any]) -> dict[str, Any]:
+    """Greedy routing, or group-limited greedy (DeepSeek-V2 itself: n_group=8, topk_group=3): groups scored by their
+    best expert (`router_group_score="max"`)."""
     groups, top = stock.n_group or 1, stock.topk_group
-    if stock.topk_method == "group_limited_greedy" and groups > 1 and top is not None and top < groups:
-        refuse_import(
-            "deepseek_v2",
-            {
-                setting(stock, "topk_method"): (
-                    f"its groups (n_group={groups}, topk_group={top}) are scored by their best expert, archlab's by "
-                    "the sum of their two best (DeepSeek-V3's)"
-                )
-            },
-        )
+    limited = stock.topk_method == "group_limited_greedy" and groups > 1 and top is not None and top < groups
+    routing = {"router_groups": groups, "router_top_groups": top, "router_group_score": "max"} if limited else {}
     dense = min(stock.first_k_dense_replace, stock.num_hidden_layers)
     shared = shared_expert_to_archlab(stock)
     return {
         "shared_expert_intermediate_size": shared["shared_expert_intermediate_size"],
         "mlp_layer_types": ["dense"] * dense + ["sparse"] * (stock.num_hidden_layers - dense),
+        **routing,
     }
 
 
 def _v2_from_archlab(config: PreTrainedConfig) -> dict[str, Any]:
-    if config.router_groups > 1 and (config.router_top_groups or config.router_groups) < config.router_groups:
+    limited = config.router_groups > 1 and (config.router_top_groups or config.router_groups) < config.router_groups
+    if limited and config.router_group_score != "max":
         refuse_export(
             "DeepseekV2ForCausalLM",
-            {setting(config, "router_top_groups"): "DeepSeek-V2 scores a group by its best expert"},
+            {
+                setting(config, "router_group_score"): (
+                    "DeepSeek-V2's group-limited routing scores a group by its best expert: 'max'"
+                )
+            },
         )
     layers = _deepseek_layers_from_archlab(config, "DeepseekV2ForCausalLM")
+    if limited:
+        return {**layers, "topk_method": "group_limited_greedy", "norm_topk_prob": False}
     del layers["n_group"], layers["topk_group"]  # greedy routing: DeepSeek-V2's configs leave them unset
     return {**layers, "topk_method": "greedy", "norm_topk_prob": False}
 
@@ -191,7 +193,15 @@ DEEPSEEK_V2 = Family(
     implied={"shared_expert_gate": False, "norm_topk_prob": False},
     to_archlab=_v2_to_archlab,
     from_archlab=_v2_from_archlab,
-    expressible=frozenset({"mlp_layer_types", "shared_expert_intermediate_size", "router_z_loss_coef"}),
+    expressible=frozenset(
+        {
+            "mlp_layer_types",
+            "shared_expert_intermediate_size",
+            "router_z_loss_coef",
+            "router_group_score",
+            *ROUTER_GROUPS,
+        }
+    ),
     layout=DEEPSEEK_V3_LAYOUT,
 )
 # --- GLM-4.7-Flash: DeepSeek-V3's attention, GLM-4.5's experts, dense and sparse layers listed ------------------------

@@ -230,6 +230,8 @@ def _experts(config: dict[str, Any]) -> str:
     groups, top_groups = config.get("router_groups") or 1, config.get("router_top_groups")
     if groups > 1 and top_groups and top_groups < groups:  # DeepSeek-V3's group-limited routing
         text += f", from the best {top_groups} of {groups} expert groups"
+        if config.get("router_group_score") == "max":  # DeepSeek-V2's group-limited greedy routing
+            text += " (scored by their best expert)"
     if config.get("router_bias"):  # GPT-OSS
         text += ", a router bias"
     if config.get("moe_intermediate_size"):

@@ -56,6 +56,9 @@ MLP_LAYER_TYPES = ("dense", "sparse")  # per-layer feed-forward: one MLP, or a m
 ATTENTION_OUTPUT_GATES = ("elementwise", "headwise")
 # How a router scores the experts: a softmax over them (Mixtral, Qwen2-MoE) or a sigmoid each (DeepSeek-V3, GLM-4.5)
 ROUTER_SCORE_FUNCTIONS = ("softmax", "sigmoid")
+# How group-limited routing scores a group of experts: the sum of its two best (DeepSeek-V3, GLM-4.5) or its best one
+# (DeepSeek-V2's "group_limited_greedy")
+ROUTER_GROUP_SCORES = ("top2_sum", "max")
 # per-layer attention span: every key, the last `sliding_window` (Mistral, Gemma2), or the keys of the query's own
 # block of `attention_chunk_size` positions (Llama 4's chunked attention)
 LAYER_TYPES = ("full_attention", "sliding_attention", "chunked_attention")
@@ -89,6 +92,7 @@ __all__ = [
     "POSITION_SCHEMES",
     "PositionScheme",
     "QK_NORM_SCOPES",
+    "ROUTER_GROUP_SCORES",
     "ROUTER_SCORE_FUNCTIONS",
     "SEQ2SEQ_NORM_POSITIONS",
     "SEQ2SEQ_POSITION_SCHEMES",

@@ -31,6 +31,7 @@ from .catalogue import (
     NORM_TYPES,
     POSITION_SCHEMES,
     QK_NORM_SCOPES,
+    ROUTER_GROUP_SCORES,
     ROUTER_SCORE_FUNCTIONS,
     intermediate_size_from_rule,
 )
@@ -377,6 +378,9 @@ class DecoderConfig(PreTrainedConfig):
             token's top k is chosen among the experts of its `router_top_groups` best groups only.
         router_top_groups (`int`, *optional*): how many groups a token's experts come from (`topk_group`); None is
             every group (no limit).
+        router_group_score (`str`, `"top2_sum"`): how a group is scored to choose the best ones: `"top2_sum"`, the
+            sum of its two best choice scores (DeepSeek-V3, GLM-4.5), or `"max"`, its best score (DeepSeek-V2's
+            `topk_method="group_limited_greedy"`). Only with `router_top_groups` below `router_groups`.
         router_bias (`bool`, False): the router's logits get a learned bias per expert (`mlp.gate.bias`; GPT-OSS),
             which, unlike `router_correction_bias`, weighs the experts as well as choosing them.
         expert_bias (`bool`, False): the routed experts' two products get a bias each (`mlp.experts.gate_up_proj_bias`
@@ -489,6 +493,7 @@ class DecoderConfig(PreTrainedConfig):
     router_bias_update_rate: int | float = 0.0
     router_groups: int = 1
     router_top_groups: int | None = None
+    router_group_score: str = "top2_sum"
     router_bias: bool = False
     expert_bias: bool = False
     routing_weights_on_input: bool = False
@@ -1061,6 +1066,7 @@ def _validate_router_groups(config: Any) -> None:
     """`router_groups` divides the experts into groups of at least 2 (a group is scored by its two best experts);
     `router_top_groups` is 1 to `router_groups` and leaves at least `num_experts_per_tok` experts to choose from."""
     check_positive(config, "router_groups")
+    check_choice(config, "router_group_score", ROUTER_GROUP_SCORES)
     groups, experts = config.router_groups, config.num_local_experts
     if config.router_top_groups is not None:
         check_positive(config, "router_top_groups")
@@ -1069,6 +1075,13 @@ def _validate_router_groups(config: Any) -> None:
                 f"`router_top_groups` ({config.router_top_groups}) chooses among `router_groups` ({groups}) groups: "
                 f"allowed values are 1 to {groups}, or None (every group)."
             )
+    limited = groups > 1 and (config.router_top_groups or groups) < groups
+    if config.router_group_score != "top2_sum" and not limited:
+        raise ValueError(
+            f"`router_group_score`={config.router_group_score!r} scores the expert groups of group-limited routing, "
+            f"but every group is kept (router_groups={groups}, router_top_groups={config.router_top_groups}): set "
+            "`router_top_groups` below `router_groups`, or leave it at 'top2_sum'."
+        )
     if groups == 1 or not experts:
         return
     if experts % groups or experts // groups < 2:

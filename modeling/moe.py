@@ -80,9 +80,11 @@ class TopKRouter(nn.Module):
         groups: int = 1,
         top_groups: int | None = None,
         bias: bool = False,
+        group_score: str = "top2_sum",
     ) -> None:
         super().__init__()
         self.groups = groups
+        self.group_score = group_score
         self.top_groups = groups if top_groups is None else top_groups
         self.top_k = top_k
         self.num_experts = num_experts
@@ -118,14 +120,18 @@ class TopKRouter(nn.Module):
     def choice_scores(self, scores: torch.Tensor) -> torch.Tensor:
         """The (N, K) fp32 scores the top k is chosen by: plus the correction bias, and with group-limited routing
         (DeepSeek-V3's `n_group` / `topk_group`) -inf outside each token's `top_groups` best groups, a group scored
-        by the sum of its two best (as transformers' GLM-4.5 and dots.llm1 routers choose)."""
+        by the sum of its two best (as transformers' GLM-4.5 and dots.llm1 routers choose), or by its best one
+        (`group_score="max"`: DeepSeek-V2's group-limited greedy routing)."""
         if self.e_score_correction_bias is not None:
             scores = scores + self.e_score_correction_bias.float()
         if self.top_groups == self.groups:
             return scores
         rows, experts = scores.shape
         grouped = scores.view(rows, self.groups, experts // self.groups)
-        group_scores = grouped.topk(2, dim=-1).values.sum(dim=-1)  # (N, groups)
+        if self.group_score == "max":
+            group_scores = grouped.max(dim=-1).values  # (N, groups)
+        else:
+            group_scores = grouped.topk(2, dim=-1).values.sum(dim=-1)
         chosen = torch.topk(group_scores, self.top_groups, dim=-1).indices
         kept = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, chosen, True)
         return grouped.masked_fill(~kept[..., None], -math.inf).view(rows, experts)
@@ -320,6 +326,7 @@ class SparseMoeBlock(nn.Module):
             groups=getattr(config, "router_groups", 1),
             top_groups=getattr(config, "router_top_groups", None),
             bias=getattr(config, "router_bias", False),
+            group_score=getattr(config, "router_group_score", "top2_sum"),
         )
         self.experts = Experts(
             config.num_local_experts,

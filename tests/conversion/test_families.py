@@ -646,6 +646,22 @@ CASES = {
             "shared_expert_intermediate_size": 32,
         },
     ),
+    # DeepSeek-V2 itself: group-limited greedy routing, a group scored by its best expert (8 experts in 4 groups, the
+    # best 2 groups kept)
+    "deepseek_v2-group-limited": (
+        DeepseekV2Config(
+            **{**QWEN2_SHAPE, "num_hidden_layers": 2, "num_key_value_heads": 4},
+            **LATENT_ATTENTION,
+            q_lora_rank=None,
+            **{**DEEPSEEK_EXPERTS, "n_routed_experts": 8},
+            n_shared_experts=1,
+            first_k_dense_replace=0,
+            n_group=4,
+            topk_group=2,
+            topk_method="group_limited_greedy",
+        ),
+        {"router_groups": 4, "router_top_groups": 2, "router_group_score": "max", "num_local_experts": 8},
+    ),
     # GLM-4.7-Flash: DeepSeek-V3's latent attention with GLM-4.5's experts, a sparse layer between dense ones
     "glm4_moe_lite": (
         Glm4MoeLiteConfig(
@@ -1424,6 +1440,14 @@ ALSO_NOT_EXPRESSIBLE = {
         {"kv_lora_rank": None, "q_lora_rank": None},
         ["kv_lora_rank=None", "multi-head latent attention"],
     ),
+    # DeepSeek-V3's groups are scored by their two best experts, DeepSeek-V2's by their best
+    "deepseek_v3-group-max": ("deepseek_v3", "deepseek_v3", {"router_group_score": "max"}, ["router_group_score"]),
+    "deepseek_v2-group-sum": (
+        "deepseek_v2",
+        "deepseek_v2-group-limited",
+        {"router_group_score": "top2_sum"},
+        ["router_group_score", "'max'"],
+    ),
     # Llama 4's QK-norm has no gain, and its layers are full or chunked
     "llama4_text-qk-gain": ("llama4_text", "llama4_text", {"qk_norm_weight": True}, ["qk_norm_weight=True"]),
     "llama4_text-sliding": (
@@ -1639,19 +1663,6 @@ def test_export_refuses_a_folder_of_another_archlab_class(folders, tmp_path):
 
 # stock configs archlab cannot compute yet (or that transformers' stock class silently ignores)
 NOT_IMPORTABLE = {
-    # DeepSeek-V2 scores a group by its best expert, archlab by the sum of its two best
-    "deepseek_v2-group-limited": (
-        DeepseekV2Config(
-            **{**QWEN2_SHAPE, "num_key_value_heads": 4},
-            kv_lora_rank=16,
-            qk_rope_head_dim=4,
-            n_routed_experts=8,
-            n_group=4,
-            topk_group=2,
-            topk_method="group_limited_greedy",
-        ),
-        ["topk_method", "scored by their best expert"],
-    ),
     # no DeepSeek-V3 checkpoint rotates halves; the layout reorders interleaved pairs
     "deepseek_v3-rotate-half": (
         DeepseekV3Config(**QWEN2_SHAPE, kv_lora_rank=16, qk_rope_head_dim=4, rope_interleave=False),

@@ -153,6 +153,12 @@ def test_architecture_rows_name_the_router_the_output_gate_a_late_qk_norm_and_gp
     assert dict(architecture_rows(grouped))["experts"].startswith(
         "8 experts, top-2 routing, from the best 2 of 4 expert groups"
     )
+    grouped_v2 = tiny_decoder_config(
+        num_local_experts=8, router_groups=4, router_top_groups=2, router_group_score="max"
+    ).to_dict()
+    assert dict(architecture_rows(grouped_v2))["experts"].startswith(
+        "8 experts, top-2 routing, from the best 2 of 4 expert groups (scored by their best expert)"
+    )
 
 
 def test_architecture_rows_name_llama_4_s_choices():

@@ -421,6 +421,11 @@ def test_rope_type_is_checked_at_construction():
             r"qk_norm_scope='projection'",
         ),
         (dict(logit_scale=float("nan")), r"`logit_scale` must be a positive, finite number, got nan"),
+        (dict(num_local_experts=8, router_group_score="top1"), r"`router_group_score`.*'top2_sum', 'max'"),
+        (
+            dict(num_local_experts=8, router_groups=4, router_group_score="max"),
+            r"`router_group_score`='max' scores the expert groups of group-limited routing, but every group is kept",
+        ),
         # Llama 4's chunked attention, QK-norm without a gain, NoPE layers without it and their temperature tuning
         (dict(layer_types=["chunked_attention"] * 2), r"'chunked_attention' layers but `attention_chunk_size` is None"),
         (dict(attention_chunk_size=1), r"`attention_chunk_size` must be at least 2, got 1"),
