@@ -139,11 +139,10 @@ def _moe_fits(block: nn.Module, hidden_states: torch.Tensor) -> bool:
         and _plain(mlp.gate)
         and _plain(mlp.experts)
         and mlp.shared_expert is None
-        and mlp.gate.bias is None  # (the router's GEMV adds none)
         and not mlp.training  # no router jitter
         and _norm_fits(_mlp_norm(block), hidden_states)
         and moe_decode_applies(mlp.experts, hidden_states.reshape(-1, hidden_states.shape[-1]))
-        and gemv_applies(hidden_states, mlp.gate.weight)
+        and gemv_applies(hidden_states, mlp.gate.weight, mlp.gate.bias)
     )
 
 
@@ -153,7 +152,7 @@ def _fused_moe(block: nn.Module, mlp_input: torch.Tensor, residual: torch.Tensor
     mlp, norm = block.mlp, _mlp_norm(block)
     shape = mlp_input.shape
     x = mlp_input.reshape(-1, shape[-1])
-    router_logits, top_weights, top_index = mlp.gate.route(gemv(x, mlp.gate.weight, norm=norm))
+    router_logits, top_weights, top_index = mlp.gate.route(gemv(x, mlp.gate.weight, mlp.gate.bias, norm=norm))
     out = moe_decode(mlp.experts, x, top_index, top_weights, norm=norm, residual=residual.reshape(-1, shape[-1]))
     mlp.router_logits = router_logits
     return out.reshape(shape)

@@ -209,14 +209,6 @@ class Experts(nn.Module):
         # Llama 4: an expert reads the token times its routing weight, the outputs summed unweighted
         self.weights_on_input = weights_on_input
 
-    @property
-    def plain(self) -> bool:
-        """No biases, clamps or up offset (GPT-OSS's), the weights applied to the outputs (not Llama 4's inputs): what
-        the decoding kernels of triton_moe.py compute."""
-        return (
-            self.down_proj_bias is None and self.limit is None and self.up_offset == 0.0 and not self.weights_on_input
-        )
-
     def _activation(self, projected: torch.Tensor) -> torch.Tensor:
         """act(gate) ⊙ up of a gated expert's (…, 2f) product (with its clamps and offset); act(up) of a plain one."""
         if not self.gated:

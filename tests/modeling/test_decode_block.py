@@ -153,28 +153,42 @@ def test_each_layer_s_step_equals_the_block_s_forward(variant, monkeypatch):
     _assert_the_fused_step_equals_the_block_s(_model(**VARIANTS[variant]), 2, monkeypatch)
 
 
-# GPT-OSS's router bias, and its experts' clamps (with SiLU, which the kernels take), keep the block's MLP
-MOE_KEEPING_THEIR_MLP = {"moe_router_bias": dict(MOE, router_bias=True), "moe_clamped": dict(MOE, swiglu_limit=1.0)}
+# the experts' own choices the fused step's kernels compute: GPT-OSS's router bias (inside the router's GEMV), its
+# experts' biases and clamped quick-GELU SwiGLU with up + 1, and Llama 4's routing weight on the expert's input
+MOE_OWN_CHOICES = {
+    "moe_gpt_oss": dict(
+        MOE,
+        router_bias=True,
+        expert_bias=True,
+        swiglu_limit=1.0,
+        swiglu_up_offset=1.0,
+        hidden_act="quick_gelu",
+    ),
+    "moe_llama4": dict(
+        MOE, num_experts_per_tok=1, router_score_function="sigmoid", norm_topk_prob=False, routing_weights_on_input=True
+    ),
+}
 
 
 @runs_kernels
 @pytest.mark.parametrize(
-    "variant", ["moe", "parallel_moe", "moe_norm_topk", "moe_shared_expert_dense_sparse", *MOE_KEEPING_THEIR_MLP]
+    "variant", ["moe", "parallel_moe", "moe_norm_topk", "moe_shared_expert_dense_sparse", *MOE_OWN_CHOICES]
 )
 def test_a_mixture_of_experts_takes_its_half_of_the_step_through_the_expert_kernels(variant, monkeypatch):
     """With triton_moe.py's kernels on too, an MoE layer's MLP half joins the fused step: RMSNorm inside the router's
     GEMV and the experts' gate/up kernel, the residual added by their down kernel; the same hidden states and logits
-    as the blocks' forward, once for each sparse layer. A shared expert, a router bias or clamped experts (GPT-OSS's)
-    keep the block's MLP (its layers' attention half still fused); a dense layer of a mixed model fuses as dense."""
+    as the blocks' forward, once for each sparse layer; GPT-OSS's router bias and experts and Llama 4's weights on the
+    input too. A shared expert keeps the block's MLP (its layers' attention half still fused); a dense layer of a
+    mixed model fuses as dense."""
     monkeypatch.setattr(triton_moe, "MOE_DECODE_DEVICES", (DEVICE,))
     calls, fused_moe = [], decode_block._fused_moe
     monkeypatch.setattr(decode_block, "_fused_moe", lambda *a: calls.append(1) or fused_moe(*a))
     overrides = {**MOE, "norm_topk_prob": True} if variant == "moe_norm_topk" else VARIANTS.get(variant)
-    model = _model(**(MOE_KEEPING_THEIR_MLP.get(variant) or overrides))
+    model = _model(**(MOE_OWN_CHOICES.get(variant) or overrides))
     _assert_the_fused_step_equals_the_block_s(model, 2, monkeypatch)
     sparse_layers = [layer for layer in model.model.layers if type(layer.mlp).__name__ == "SparseMoeBlock"]
     shared = any(layer.mlp.shared_expert is not None for layer in sparse_layers)
-    assert len(calls) == (0 if shared or variant in MOE_KEEPING_THEIR_MLP else len(sparse_layers))
+    assert len(calls) == (0 if shared else len(sparse_layers))
 
 
 @runs_kernels

@@ -53,7 +53,10 @@ def _compile(
     from triton.compiler import ASTSource
 
     fn = kernel.fn if hasattr(kernel, "configs") else kernel  # an autotuner: its kernel
-    defaults = {name: False for name in ("PDL", "COMBINE", "SINKS") if name in fn.arg_names}  # flags off unless asked
+    # flags off unless asked (the MoE kernels' experts' own choices too), SiLU's α
+    flags = ("PDL", "COMBINE", "SINKS", "WEIGHTED_INPUT", "BIAS", "CLAMP")
+    defaults = {name: False for name in flags if name in fn.arg_names}
+    defaults.update({"ALPHA": 1.0} if "ALPHA" in fn.arg_names else {})
     signature, constants, attrs = {}, {**defaults, **constexprs}, {}
     # the split attention's counts (its in-kernel combine) and sinks' logits
     pointers = {"count_ptr": "*i32", "sink_ptr": "*fp32", **pointers}
@@ -63,7 +66,7 @@ def _compile(
         elif name in pointers:
             signature[name] = pointers[name]
             attrs[(index,)] = [["tt.divisibility", 16]]
-        elif name in ("scale", "eps"):
+        elif name in ("scale", "eps", "limit", "up_offset"):
             signature[name] = scale
         elif name in UNIT_STRIDES:
             signature[name], constants[name] = "constexpr", 1
@@ -186,15 +189,27 @@ GEMV_PROLOGUES = (0, 1, 2)  # triton_gemv's PLAIN, RMS_NORM, SILU_GATED
 GEMV_VARIANTS = ((0, False), (1, False), (2, False), (0, True), (1, True))
 
 
+def moe_kernel_variants():
+    """(kernel, its pointers of the weights' dtype, constexprs) of each MoE kernel variant: with the norm, the residual;
+    GPT-OSS's experts (biases, the clamped quick GELU); Llama 4's (the routing weight on the input)."""
+    from archlab.modeling import triton_moe
+
+    gate_up, down = triton_moe._expert_gate_up_kernel, triton_moe._expert_down_kernel
+    return (
+        (gate_up, ("x_ptr", "w_ptr", "gain_ptr", "y_ptr"), {"NORM": True}),
+        (gate_up, ("x_ptr", "w_ptr", "bias_ptr", "gain_ptr", "y_ptr"), {"BIAS": True, "CLAMP": True, "ALPHA": 1.702}),
+        (gate_up, ("x_ptr", "w_ptr", "gain_ptr", "y_ptr"), {"NORM": True, "WEIGHTED_INPUT": True}),
+        (down, ("h_ptr", "w_ptr", "residual_ptr", "y_ptr"), {"HAS_RESIDUAL": True}),
+        (down, ("h_ptr", "w_ptr", "bias_ptr", "residual_ptr", "y_ptr"), {"BIAS": True}),
+        (down, ("h_ptr", "w_ptr", "residual_ptr", "y_ptr"), {"HAS_RESIDUAL": True, "WEIGHTED_INPUT": True}),
+    )
+
+
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_the_moe_kernels_compile_in_every_autotuned_configuration(arch, dtype):
-    from archlab.modeling import triton_moe
 
-    for kernel, names, extra in (
-        (triton_moe._expert_gate_up_kernel, ("x_ptr", "w_ptr", "gain_ptr", "y_ptr"), {"NORM": True}),
-        (triton_moe._expert_down_kernel, ("h_ptr", "w_ptr", "residual_ptr", "y_ptr"), {"HAS_RESIDUAL": True}),
-    ):
+    for kernel, names, extra in moe_kernel_variants():
         pointers = {name: f"*{dtype}" for name in names}
         pointers.update(index_ptr="*i64", weight_ptr="*fp32")
         for config in kernel.configs:
@@ -330,7 +345,7 @@ def test_the_decoding_kernels_keep_everything_in_registers():
     RoPE and the cache writes at one and four rows (RMSNorm, a bias), both MoE kernels in
     every configuration, the attention for heads of 64-256, with and without splits, every mask kind. (The
     three-dimensional tile the streaming kernel had before spilled at 4 rows in some configurations.)"""
-    from archlab.modeling import triton_decoding, triton_gemv, triton_moe, triton_qkv
+    from archlab.modeling import triton_decoding, triton_gemv, triton_qkv
 
     spilled = []
     pointers = {name: "*bf16" for name in GEMV_POINTERS}
@@ -354,10 +369,7 @@ def test_the_decoding_kernels_keep_everything_in_registers():
             options = dict(num_warps=config.num_warps, num_stages=config.num_stages, launch_pdl=pdl)
             if _spills(_compile(kernel, constexprs, qkv_pointers, 90, **options)):
                 spilled.append(("qkv", constexprs, config.num_warps))
-    for kernel, names, extra in (
-        (triton_moe._expert_gate_up_kernel, ("x_ptr", "w_ptr", "gain_ptr", "y_ptr"), {"NORM": True}),
-        (triton_moe._expert_down_kernel, ("h_ptr", "w_ptr", "residual_ptr", "y_ptr"), {"HAS_RESIDUAL": True}),
-    ):
+    for kernel, names, extra in moe_kernel_variants():
         pointers = {name: "*bf16" for name in names}
         pointers.update(index_ptr="*i64", weight_ptr="*fp32")
         for config in kernel.configs:
@@ -626,7 +638,7 @@ def _traced_launch(case: str) -> tuple:
     gemv.update(up_m=2048, w_n=2048, residual_m=2560, y_m=2560, HAS_BIAS=False, HAS_RESIDUAL=True, PDL=False)
     gemv.update(GATED=False)
     moe = dict(index_ptr=torch.zeros(2, dtype=torch.int64), w_ptr=bf16(64), y_ptr=bf16(64), outputs=2048)
-    moe.update(inputs=1024, w_e=2048 * 1024, w_n=1024, y_m=2048, PDL=False)
+    moe.update(inputs=1024, w_e=2048 * 1024, w_n=1024, y_m=2048, PDL=False, weight_ptr=fp32(2), WEIGHTED_INPUT=False)
     empty = fp32(0)
     return {
         "attention-one-split": (
@@ -740,7 +752,22 @@ def _traced_launch(case: str) -> tuple:
         ),  # fmt: skip
         "moe-gate-up": (
             triton_moe._expert_gate_up_kernel,
-            dict(moe, x_ptr=bf16(64), gain_ptr=bf16(64), slots=2, eps=1e-6, x_m=1024, NORM=True),
+            dict(
+                moe,
+                x_ptr=bf16(64),
+                gain_ptr=bf16(64),
+                bias_ptr=bf16(64),
+                slots=2,
+                eps=1e-6,
+                limit=7.0,
+                up_offset=1.0,
+                x_m=1024,
+                b_e=4096,
+                NORM=True,
+                BIAS=True,
+                CLAMP=True,
+                ALPHA=1.702,
+            ),  # fmt: skip
             ["y_ptr"],
         ),
         "moe-down": (
@@ -748,12 +775,14 @@ def _traced_launch(case: str) -> tuple:
             dict(
                 moe,
                 h_ptr=bf16(64),
-                weight_ptr=fp32(2),
+                bias_ptr=bf16(64),
                 residual_ptr=bf16(64),
                 h_m=1024,
+                b_e=2048,
                 residual_m=2048,
                 SLOTS=2,
                 HAS_RESIDUAL=True,
+                BIAS=True,
             ),
             ["y_ptr"],
         ),  # fmt: skip

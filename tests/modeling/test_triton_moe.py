@@ -34,9 +34,15 @@ MOE = dict(num_local_experts=4, num_experts_per_tok=2)
 _interpreter_gaps = interpreter_gaps_filled("archlab.modeling.triton_moe")
 
 
-def _experts(experts=4, hidden=48, intermediate=72, act="silu", gated=True, dtype=torch.float32, seed=0):
+# the experts' own choices the kernels compute: GPT-OSS's (biases on both products, the clamped quick-GELU SwiGLU with
+# up + 1; a limit the products reach) and Llama 4's (the routing weight on the expert's input)
+GPT_OSS = dict(act="quick_gelu", bias=True, limit=0.5, up_offset=1.0)
+LLAMA4 = dict(weights_on_input=True)
+
+
+def _experts(experts=4, hidden=48, intermediate=72, act="silu", gated=True, dtype=torch.float32, seed=0, **options):
     torch.manual_seed(seed)
-    module = Experts(experts, hidden, intermediate, act, gated)
+    module = Experts(experts, hidden, intermediate, act, gated, **options)
     with torch.no_grad():
         for parameter in module.parameters():
             parameter.normal_(0.0, parameter.shape[-1] ** -0.5)
@@ -54,9 +60,9 @@ def test_the_kernels_apply_only_to_a_few_tokens_of_gated_silu_experts_on_the_lis
         assert not moe_decode_applies(experts, torch.zeros(5, 48))  # a prefill, a larger batch: grouped GEMMs
         assert not moe_decode_applies(_experts(act="gelu_pytorch_tanh").cpu(), x)
         assert not moe_decode_applies(_experts(gated=False).cpu(), x)
-        # GPT-OSS's experts: biases, clamps, up + 1 (the kernels compute none of them)
-        for gpt_oss in (dict(bias=True), dict(limit=7.0), dict(up_offset=1.0)):
-            assert not moe_decode_applies(Experts(4, 48, 72, "silu", True, **gpt_oss).eval(), x), gpt_oss
+        # GPT-OSS's experts (biases, clamps, up + 1, quick GELU) and Llama 4's (weights on the input) take them too
+        for options in (GPT_OSS, LLAMA4):
+            assert moe_decode_applies(_experts(**options).cpu(), x), options
         assert not moe_decode_applies(experts, x.double())
     assert not moe_decode_applies(experts, x)  # gradients wanted (the weights'): no backward
     with torch.no_grad():
@@ -93,6 +99,31 @@ def test_the_kernels_equal_the_pytorch_experts(tokens, slots, op, monkeypatch):
     with torch.no_grad():
         output = getattr(torch.ops.archlab, op)(x, index, weights, experts.gate_up_proj, experts.down_proj)
     assert output.shape == x.shape and output.dtype == x.dtype
+    torch.testing.assert_close(output, expected, rtol=1e-5, atol=1e-5)
+
+
+@runs_kernels
+@pytest.mark.parametrize(
+    "options", [GPT_OSS, LLAMA4, dict(GPT_OSS, act="silu", limit=None)], ids=["gpt-oss", "llama4", "biases"]
+)
+@pytest.mark.parametrize("fused", [False, True], ids=["alone", "norm-residual"])
+@pytest.mark.parametrize("tokens, slots", [(1, 2), (3, 2), (2, 1)])
+def test_the_experts_own_choices_equal_the_pytorch_experts(options, fused, tokens, slots):
+    """GPT-OSS's experts (both biases, the clamped quick-GELU SwiGLU with up + 1; biases alone) and Llama 4's (the
+    routing weight on the expert's input), alone and as the fused layer step's MLP half (norm inside, residual
+    after), equal to the PyTorch experts."""
+    experts = _experts(**options)
+    x, index, weights = _routing(tokens, 4, slots)
+    x = x * 3.0
+    norm = RMSNorm(48, eps=1e-5).to(DEVICE) if fused else None
+    residual = torch.randn(tokens, 48, generator=torch.Generator().manual_seed(4)).to(DEVICE) if fused else None
+    with torch.no_grad():
+        normed = norm(x) if fused else x
+        expected = _reference(experts, normed, index, weights) + (residual if fused else 0.0)
+        output = moe_decode(experts, x, index, weights, norm=norm, residual=residual)
+    if experts.limit is not None:  # the clamps bite
+        projected = torch.einsum("td,efd->tef", normed, experts.gate_up_proj) + experts.gate_up_proj_bias
+        assert (projected.abs() > experts.limit).any()
     torch.testing.assert_close(output, expected, rtol=1e-5, atol=1e-5)
 
 
