@@ -25,9 +25,10 @@ the down kernel then sums the slots unweighted); the fused layer step's router G
 `moe_decode` is a `torch.library.triton_op` (inductor calls its kernels from the step's generated code, CUDA graphs
 record them). Where it applies (`moe_decode_applies`): at most `MAX_TOKENS` tokens, gated experts with SiLU or quick
 GELU, Triton importable, a device in `MOE_DECODE_DEVICES`, fp32/fp16/bf16, inference (no gradient: no backward).
-Everything else runs the grouped path. The default on CUDA (through the op's PDL twin, triton_launch.py): `--suite cuda-kernels` timed
-the experts of one token at 3.9x archlab's grouped path and of four at 2.3x (Mixtral shape, H200). On CPU the tests
-run the kernels through Triton's interpreter (tests/triton_interpreter.py) against the grouped path.
+Everything else runs the grouped path. The default on CUDA (through the op's PDL twin, triton_launch.py):
+`--suite cuda-kernels` timed the experts of one token at 3.9x archlab's grouped path and of four at 2.3x (Mixtral
+shape, H200). On CPU the tests run the kernels through Triton's interpreter (tests/triton_interpreter.py) against the
+grouped path.
 """
 
 from __future__ import annotations
