@@ -12,6 +12,7 @@
     python scripts/benchmark.py --suite cuda-headline --device cuda # the headline goals' rows, ~2-4 min (first look)
     python scripts/benchmark.py --suite cuda-tuning --device cuda   # generate settings vs archlab's default decoding
     python scripts/benchmark.py --suite cuda-kernels --device cuda  # archlab's Triton kernels vs the PyTorch paths
+    python scripts/benchmark.py --suite cuda-catalogue --device cuda  # GPT-OSS, DeepSeek-V3, Llama 4 shapes decoding
 
 Method (absolute numbers drift on shared machines, ratios measured side by side do not): both models live in one
 process with identical weights and inputs; each is warmed up; every round times both, alternating which goes first;
@@ -173,6 +174,7 @@ EXTERNAL_SUITES = {
     "cuda-headline": "benchmark_cuda_headline",
     "cuda-tuning": "benchmark_cuda_tuning",
     "cuda-kernels": "benchmark_cuda_kernels",
+    "cuda-catalogue": "benchmark_cuda_catalogue",
 }
 # The suites that take --device and run the reference GPU shapes; the others run on CPU at their own sizes.
 DEVICE_SUITES = (
@@ -184,6 +186,7 @@ DEVICE_SUITES = (
     "cuda-headline",
     "cuda-tuning",
     "cuda-kernels",
+    "cuda-catalogue",
 )
 # Defaults of the shape flags for the CPU suites (the cuda-* suites have fixed reference shapes instead).
 CPU_SHAPE_DEFAULTS = {"batch_size": 8, "seq_len": 256, "new_tokens": 128}

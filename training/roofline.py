@@ -90,6 +90,44 @@ def _head_dim(config) -> int:
     return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
 
 
+def _latent(config) -> bool:
+    """Multi-head latent attention (DeepSeek-V2/V3's `kv_lora_rank`)."""
+    return getattr(config, "kv_lora_rank", None) is not None
+
+
+def _attention_weights(config) -> int:
+    """Matmul weights of one layer's attention: q/k/v/o of its heads; with latent attention the query's (through its
+    own latent with `q_lora_rank`), the latents' (`kv_a_proj_with_mqa`), their expansion (`kv_b_proj`) and the
+    output's."""
+    h, heads = config.hidden_size, config.num_attention_heads
+    if not _latent(config):
+        hd, kv = _head_dim(config), config.num_key_value_heads
+        return h * hd * (heads + 2 * kv) + heads * hd * h
+    qk = config.qk_nope_head_dim + config.qk_rope_head_dim
+    rank = getattr(config, "q_lora_rank", None)
+    query = h * rank + rank * heads * qk if rank else h * heads * qk
+    latents = h * (config.kv_lora_rank + config.qk_rope_head_dim)
+    expansion = config.kv_lora_rank * heads * (config.qk_nope_head_dim + config.v_head_dim)
+    return query + latents + expansion + heads * config.v_head_dim * h
+
+
+def _attention_flops_per_key(config) -> int:
+    """Forward FLOPs of one query and one key in one layer: 2 · heads · (query/key width + value width) — QKᵀ and the
+    weighted sum of V (4 · heads · head_dim with equal widths)."""
+    heads = config.num_attention_heads
+    if _latent(config):
+        return 2 * heads * (config.qk_nope_head_dim + config.qk_rope_head_dim + config.v_head_dim)
+    return 4 * heads * _head_dim(config)
+
+
+def _cache_values_per_position(config) -> int:
+    """Values one layer's cache holds per position: a key and a value per KV head, or the latent and the shared
+    rotary key (latent attention: what archlab caches)."""
+    if _latent(config):
+        return config.kv_lora_rank + config.qk_rope_head_dim
+    return 2 * config.num_key_value_heads * _head_dim(config)
+
+
 def _mlp_weights(config, width: int) -> int:
     """Matmul weights of one MLP of `width`: gate, up and down (gated, SwiGLU), or up and down (`mlp_type="plain"`)."""
     return (2 if getattr(config, "mlp_type", "gated") == "plain" else 3) * config.hidden_size * width
@@ -109,9 +147,8 @@ def decoder_layer_weights(config, sparse: bool | None = None) -> tuple[int, int]
     `intermediate_size`; a sparse one (`sparse`; None: whether the config has experts): k of `num_local_experts`
     experts of `moe_intermediate_size` (default `intermediate_size`), the router, and a shared expert of
     `shared_expert_intermediate_size` with its one-column gate where there is one."""
-    h, hd = config.hidden_size, _head_dim(config)
-    heads, kv = config.num_attention_heads, config.num_key_value_heads
-    attention = h * hd * (heads + 2 * kv) + heads * hd * h
+    h = config.hidden_size
+    attention = _attention_weights(config)
     experts = getattr(config, "num_local_experts", None) or 0
     if not (experts if sparse is None else sparse):
         return attention + _mlp_weights(config, config.intermediate_size), 0
@@ -137,7 +174,7 @@ def decoder_weights_per_token(config) -> int:
 def decoder_training_flops(config, batch: int, seq_len: int) -> float:
     """Model FLOPs of one training step (forward + backward) over `batch` sequences of `seq_len` tokens."""
     tokens = batch * seq_len
-    attention = 12 * config.num_attention_heads * _head_dim(config) * attended_positions(config, seq_len)
+    attention = 3 * _attention_flops_per_key(config) * attended_positions(config, seq_len)
     return tokens * (6 * decoder_weights_per_token(config) + attention)
 
 
@@ -146,7 +183,7 @@ def decoder_forward_flops(config, batch: int, seq_len: int, logits_positions: in
     1: the last only, as `generate` does)."""
     head = config.hidden_size * config.vocab_size
     body = decoder_weights_per_token(config) - head
-    attention = 4 * config.num_attention_heads * _head_dim(config) * attended_positions(config, seq_len)
+    attention = _attention_flops_per_key(config) * attended_positions(config, seq_len)
     positions = seq_len if logits_positions is None else logits_positions
     return batch * (seq_len * (2 * body + attention) + positions * 2 * head)
 
@@ -161,7 +198,6 @@ def decode_roofline_seconds(
     prompt's pass)."""
     if peaks.flops is None or peaks.bandwidth is None:
         return None
-    hd = _head_dim(config)
     stack, routed = decoder_stack_weights(config)
 
     def weights_read(tokens: int) -> float:
@@ -173,7 +209,7 @@ def decode_roofline_seconds(
         return weights
 
     weights = weights_read(batch)
-    kv_per_layer_position = 2 * config.num_key_value_heads * hd * bytes_per_value
+    kv_per_layer_position = _cache_values_per_position(config) * bytes_per_value
     seconds = max(
         weights_read(batch * prompt) * bytes_per_value / peaks.bandwidth,
         decoder_forward_flops(config, batch, prompt, 1) / peaks.flops,
@@ -181,7 +217,7 @@ def decode_roofline_seconds(
     for context in range(prompt + 1, prompt + new_tokens):
         attended = attended_positions(config, context)  # summed over the layers
         read = weights * bytes_per_value + batch * kv_per_layer_position * attended
-        flops = batch * (2 * decoder_weights_per_token(config) + 4 * config.num_attention_heads * hd * attended)
+        flops = batch * (2 * decoder_weights_per_token(config) + _attention_flops_per_key(config) * attended)
         seconds += max(read / peaks.bandwidth, flops / peaks.flops)
     return seconds
 
@@ -189,12 +225,15 @@ def decode_roofline_seconds(
 def attended_positions(config, context: int) -> int:
     """Positions a one-token step at sequence length `context` must read, summed over the layers: `context` for a
     full-attention layer, at most `sliding_window` for a sliding one (`layer_types`, Mistral / Gemma 2; a config
-    with a window and no layer types slides in every layer)."""
+    with a window and no layer types slides in every layer), at most `attention_chunk_size` for a chunked one (Llama
+    4; its block can be shorter: this bounds it, as the window bounds a sliding layer's)."""
     window = getattr(config, "sliding_window", None)
+    chunk = getattr(config, "attention_chunk_size", None)
     kinds = getattr(config, "layer_types", None) or ["sliding_attention" if window else "full_attention"] * (
         config.num_hidden_layers
     )
-    return sum(min(context, window) if kind == "sliding_attention" and window else context for kind in kinds)
+    spans = {"sliding_attention": window, "chunked_attention": chunk}
+    return sum(min(context, spans[kind]) if spans.get(kind) else context for kind in kinds)
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -29,6 +29,8 @@
 #   loops   --suite cuda-loops      (about 6-7 minutes: sampling, the loop's gain, MoE, beam search, rings, all compiled)
 #   tuning  --suite cuda-tuning     (settings of the decoding step against the default: max-autotune's tuned GEMVs,
 #           the memory-efficient attention, both, at batch 1; max-autotune at batch 16; each row compiles twice)
+#   catalogue --suite cuda-catalogue: GPT-OSS-, DeepSeek-V3- and Llama-4-shaped models decoding on the static cache
+#           against their stock models (batch 1 and 16, each row compiling both sides; a call of its own)
 #   profile scripts/profile_cuda.py: where the GPU time goes in training (dense compiled and eager, MoE, seq2seq),
 #           the prefill (eager and compiled) and decoding at batch 1 and 64 — kernel time by kind, idle share,
 #           top kernels (189 s on an H100); PROFILE_WORKLOADS="train-moe decode-1" profiles only those
@@ -51,9 +53,9 @@ PROFILE_WORKLOADS="${PROFILE_WORKLOADS:-}"
 GPU_TEST_WORKERS="${GPU_TEST_WORKERS:-4}"
 SESSION_BUDGET="${SESSION_BUDGET:-570}"
 DEVICE="${DEVICE:-cuda}"
-STEPS_ALLOWED="setup info headline kernels tests cputests quick train compiled decode static loops tuning profile"
+STEPS_ALLOWED="setup info headline kernels tests cputests quick train compiled decode static loops tuning catalogue profile"
 # Each step's own limit in seconds; a step also stops where the session's budget ends.
-declare -A BUDGET=([setup]=120 [info]=60 [headline]=480 [kernels]=240 [tests]=540 [cputests]=540 [quick]=240 [train]=540 [compiled]=540 [decode]=540 [static]=540 [loops]=540 [tuning]=540 [profile]=540)
+declare -A BUDGET=([setup]=120 [info]=60 [headline]=480 [kernels]=240 [tests]=540 [cputests]=540 [quick]=240 [train]=540 [compiled]=540 [decode]=540 [static]=540 [loops]=540 [tuning]=540 [catalogue]=540 [profile]=540)
 
 dry_run=0
 requested=()
@@ -195,7 +197,7 @@ suite() {  # suite NAME OUTPUT [flags...]: one benchmark run, its table written 
 
 step_quick() {
     local status=0
-    for name in cuda-train cuda-train-compiled cuda-decode cuda-static cuda-loops cuda-tuning cuda-kernels; do  # one process each, as in full
+    for name in cuda-train cuda-train-compiled cuda-decode cuda-static cuda-loops cuda-tuning cuda-kernels cuda-catalogue; do  # one process each, as in full
         suite "$name" "quick-$name.md" --quick || status=1
     done
     return $status
@@ -208,6 +210,7 @@ step_decode() { suite cuda-decode cuda-decode.md; }
 step_static() { suite cuda-static cuda-static.md; }
 step_loops() { suite cuda-loops cuda-loops.md; }
 step_tuning() { suite cuda-tuning cuda-tuning.md; }
+step_catalogue() { suite cuda-catalogue cuda-catalogue.md; }
 step_profile() {
     local flags=() name
     for name in $PROFILE_WORKLOADS; do flags+=(--workload "$name"); done

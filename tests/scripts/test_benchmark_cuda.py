@@ -173,6 +173,23 @@ def test_compiled_training_suite_runs_every_comparison(tmp_path, monkeypatch, de
 
 @pytest.mark.slow
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_the_catalogue_suite_decodes_each_new_architecture_against_its_stock_model(tmp_path, device):
+    """GPT-OSS, DeepSeek-V3 and Llama 4 shapes, each pair built through the converter; the roofline from the given
+    rates (latent attention's cache, chunked layers' blocks)."""
+    rates = ["--peak-tflops", "1", "--peak-bandwidth", "0.05"] if device == "cpu" else []
+    table = run_suites(tmp_path, "--suite", "cuda-catalogue", *rates, device=device)
+    for name, stock in (
+        ("GPT-OSS shape", "GptOssForCausalLM"),
+        ("DeepSeek-V3 shape", "DeepseekV3ForCausalLM"),
+        ("Llama 4 shape", "Llama4ForCausalLM"),
+    ):
+        row = cells(table, name)
+        assert row[0].endswith(f"StaticCache: archlab vs {stock}") and row[3].endswith("×"), row
+        assert row[4].endswith("%") and row[5].endswith("%"), row
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
 def test_decode_suites_run_every_comparison(tmp_path, device):
     rates = ["--peak-tflops", "1", "--peak-bandwidth", "0.05"] if device == "cpu" else []
     suites = ("--suite", "cuda-decode", "--suite", "cuda-static", "--suite", "cuda-loops")

@@ -87,14 +87,18 @@ ARCHLAB_SMALL = dict(SMALL, hidden_size=32, num_hidden_layers=4, lm_loss_chunk_s
         dict(num_local_experts=4, num_experts_per_tok=2, moe_intermediate_size=16),  # experts narrower than the MLP
         dict(num_local_experts=4, num_experts_per_tok=2, shared_expert_intermediate_size=24),  # + shared expert, gate
         dict(num_local_experts=4, num_experts_per_tok=2, mlp_layer_types=["dense", "sparse"] * 2),  # dense layers
+        # DeepSeek's latent attention: queries through a latent, keys and values expanded from one, other widths
+        dict(
+            num_key_value_heads=4, kv_lora_rank=16, q_lora_rank=12, qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=6
+        ),
     ],
-    ids=["plain-mlp", "moe-intermediate-size", "shared-expert", "dense-and-sparse-layers"],
+    ids=["plain-mlp", "moe-intermediate-size", "shared-expert", "dense-and-sparse-layers", "latent-attention"],
 )
 def test_decoder_flops_match_flop_counter_on_archlab_variants(variant):
     """archlab's DecoderConfig variants the formulas read from its fields (each was 23-90 % off before). The MoE's
     weighted sum of a token's k expert outputs is a batched product in archlab (2 · k · hidden per token and sparse
     layer, under 1 % here) that is no weight's matmul: hence the tolerance."""
-    config = DecoderConfig(**ARCHLAB_SMALL, **variant)
+    config = DecoderConfig(**{**ARCHLAB_SMALL, **variant})
     model = DecoderForCausalLM(config)
     ids = torch.randint(0, 100, (2, 10))
     forward = counted(lambda: model(input_ids=ids, use_cache=False))
@@ -103,16 +107,22 @@ def test_decoder_flops_match_flop_counter_on_archlab_variants(variant):
     assert roofline.decoder_training_flops(config, 2, 10) == pytest.approx(counted(step), rel=1e-2)
 
 
-@pytest.mark.parametrize("layer_types", [None, ["sliding_attention", "full_attention"] * 2], ids=["mistral", "gemma2"])
+@pytest.mark.parametrize(
+    "layer_types",
+    [None, ["sliding_attention", "full_attention"] * 2, ["chunked_attention", "full_attention"] * 2],
+    ids=["mistral", "gemma2", "llama4-chunks"],
+)
 def test_sliding_window_layers_count_their_window_of_keys(layer_types):
     """The keys a sliding layer's query spans are its window (at most): the full-matrix count of PaLM, with the
     window as T, as the decode roofline reads the cache. Up to the window every layer counts what eager attention
     computes; past it, a sliding layer counts the window where eager attention computes (and masks) every key."""
-    config = DecoderConfig(**ARCHLAB_SMALL, sliding_window=4, layer_types=layer_types)
+    chunked = layer_types is not None and "chunked_attention" in layer_types  # Llama 4's blocks of 4: bounded alike
+    span = dict(attention_chunk_size=4) if chunked else dict(sliding_window=4)
+    config = DecoderConfig(**ARCHLAB_SMALL, **span, layer_types=layer_types)
     model = DecoderForCausalLM(config)
     short, long = torch.randint(0, 100, (2, 4)), torch.randint(0, 100, (2, 10))
     assert counted(lambda: model(input_ids=short, use_cache=False)) == roofline.decoder_forward_flops(config, 2, 4)
-    sliding = config.layer_types.count("sliding_attention")
+    sliding = sum(kind != "full_attention" for kind in config.layer_types)
     masked = 2 * 10 * sliding * 4 * config.num_attention_heads * config.head_dim * (10 - 4)  # keys past the window
     eager = counted(lambda: model(input_ids=long, use_cache=False))
     assert roofline.decoder_forward_flops(config, 2, 10) == eager - masked
