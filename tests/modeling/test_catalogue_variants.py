@@ -63,6 +63,8 @@ VARIANTS = {
     "mup_multipliers": dict(
         embedding_multiplier=3.0, residual_multiplier=0.5, attention_multiplier=0.2, logit_scale=0.25
     ),
+    # a QK-norm without a gain over the whole projections (OLMo 2's scope, Llama 4's L2Norm)
+    "qk_norm_projection_without_gain": dict(use_qk_norm=True, qk_norm_scope="projection", qk_norm_weight=False),
     "chunked_attention": dict(attention_chunk_size=4),  # Llama 4's blocks of 4 positions
     # Llama 4's attention: chunked rotating layers with a QK-norm without a gain after RoPE, a NoPE global layer with
     # its queries' temperature tuned (a floor scale of 4: it bites within the tokens checked)
