@@ -106,6 +106,30 @@ ROPE_PARAMETERS = {
 }
 WINDOW = 4  # well inside the 18 tokens generated
 LOCAL_GLOBAL = ("full_attention", "sliding_attention")  # Gemma2's interleaved local and global layers
+# Llama 4's attention: chunked rotating layers with a QK-norm without a gain after RoPE, NoPE global layers with the
+# temperature tuning (a floor scale of 4 bites within the tokens generated)
+LLAMA4_ATTENTION = dict(
+    attention_chunk_size=WINDOW,
+    layer_types=["chunked_attention", "full_attention"],
+    nope_layers=[1],
+    use_qk_norm=True,
+    qk_norm_after_rope=True,
+    qk_norm_weight=False,
+    qk_norm_nope_layers=False,
+    attn_temperature_tuning=True,
+    floor_scale=4,
+    attn_scale=0.5,
+)
+# Llama 4's experts: the sigmoid of the top-1 logit weighs the chosen expert's input, an ungated shared expert
+LLAMA4_EXPERTS = dict(
+    num_local_experts=4,
+    num_experts_per_tok=1,
+    router_score_function="sigmoid",
+    norm_topk_prob=False,
+    routing_weights_on_input=True,
+    shared_expert_intermediate_size=32,
+    shared_expert_gate=False,
+)
 DECODER_VARIANTS = {
     **{f"positions_{kind}": dict(position_embedding_type=kind) for kind in POSITION_SCHEMES},
     **{
@@ -120,20 +144,7 @@ DECODER_VARIANTS = {
     "alibi_local_global": dict(position_embedding_type="alibi", sliding_window=WINDOW, layer_types=list(LOCAL_GLOBAL)),
     # Llama 4's chunked attention: each query sees its own block of WINDOW positions
     "all_chunked_attention": dict(attention_chunk_size=WINDOW, layer_types=["chunked_attention"] * 2),
-    # Llama 4's attention: chunked rotating layers with a QK-norm without a gain after RoPE, NoPE global layers
-    # with the temperature tuning (a floor scale of 4 bites within the tokens generated)
-    "llama4_attention": dict(
-        attention_chunk_size=WINDOW,
-        layer_types=["chunked_attention", "full_attention"],
-        nope_layers=[1],
-        use_qk_norm=True,
-        qk_norm_after_rope=True,
-        qk_norm_weight=False,
-        qk_norm_nope_layers=False,
-        attn_temperature_tuning=True,
-        floor_scale=4,
-        attn_scale=0.5,
-    ),
+    "llama4_attention": LLAMA4_ATTENTION,  # (above)
     "rope_per_layer_type": dict(  # Gemma3: local layers with their own base, the global ones scaled
         sliding_window=WINDOW,
         layer_types=list(LOCAL_GLOBAL),
@@ -217,16 +228,7 @@ DECODER_VARIANTS = {
         swiglu_up_offset=1.0,
         hidden_act="quick_gelu",
     ),
-    # Llama 4's experts: the sigmoid of the top-1 logit weighs the chosen expert's input, an ungated shared expert
-    "moe_llama4": dict(
-        num_local_experts=4,
-        num_experts_per_tok=1,
-        router_score_function="sigmoid",
-        norm_topk_prob=False,
-        routing_weights_on_input=True,
-        shared_expert_intermediate_size=32,
-        shared_expert_gate=False,
-    ),
+    "moe_llama4": LLAMA4_EXPERTS,  # (above)
     "moe_shared_expert_dense_sparse": dict(
         num_local_experts=4,
         num_experts_per_tok=2,

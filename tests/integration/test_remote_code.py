@@ -24,7 +24,7 @@ from safetensors.torch import load_file, save_file
 import archlab.modeling
 from archlab import registration
 
-from helpers import tiny_config_for
+from helpers import LLAMA4_ATTENTION, LLAMA4_EXPERTS, tiny_config_for
 from isolated import check, run_without_archlab
 
 # one test worker (pytest-xdist) runs the module: its tests share the saved cases (`saved`) and the one fresh
@@ -87,25 +87,7 @@ VARIANTS = {
     ),
     # Llama 4's layers: chunked attention, a NoPE layer with temperature tuning, a QK-norm without a gain, experts
     # weighing their input
-    "llama4-layers": (
-        "DecoderForCausalLM",
-        dict(
-            attention_chunk_size=4,
-            layer_types=["chunked_attention", "full_attention"],
-            nope_layers=[1],
-            attn_temperature_tuning=True,
-            floor_scale=4,
-            use_qk_norm=True,
-            qk_norm_after_rope=True,
-            qk_norm_weight=False,
-            qk_norm_nope_layers=False,
-            num_local_experts=4,
-            num_experts_per_tok=1,
-            router_score_function="sigmoid",
-            norm_topk_prob=False,
-            routing_weights_on_input=True,
-        ),
-    ),
+    "llama4-layers": ("DecoderForCausalLM", {**LLAMA4_ATTENTION, **LLAMA4_EXPERTS}),
     "xielu": ("DecoderForCausalLM", dict(mlp_type="plain", hidden_act="xielu")),
     "layernorm-gelu-alibi": (
         "DecoderForCausalLM",

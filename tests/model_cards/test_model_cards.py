@@ -23,7 +23,7 @@ from archlab import (
 from archlab.model_cards import write_model_card
 from archlab.model_cards.facts import architecture_rows
 
-from helpers import tiny_config_for, tiny_decoder_config
+from helpers import LLAMA4_ATTENTION, LLAMA4_EXPERTS, tiny_config_for, tiny_decoder_config
 from isolated import check, run_without_archlab
 
 
@@ -162,28 +162,14 @@ def test_architecture_rows_name_the_router_the_output_gate_a_late_qk_norm_and_gp
 
 
 def test_architecture_rows_name_llama_4_s_choices():
-    config = tiny_decoder_config(
-        attention_chunk_size=4,
-        layer_types=["chunked_attention", "full_attention"],
-        nope_layers=[1],
-        attn_temperature_tuning=True,
-        use_qk_norm=True,
-        qk_norm_after_rope=True,
-        qk_norm_weight=False,
-        qk_norm_nope_layers=False,
-        num_local_experts=4,
-        num_experts_per_tok=1,
-        router_score_function="sigmoid",
-        norm_topk_prob=False,
-        routing_weights_on_input=True,
-    ).to_dict()
+    config = tiny_decoder_config(**LLAMA4_ATTENTION, **LLAMA4_EXPERTS).to_dict()
     rows = dict(architecture_rows(config))
     assert rows["attention pattern"] == "chunked_attention x1, full_attention x1 (chunks of 4)"
     assert rows["positions"].endswith(
-        "no positions (NoPE) in layers 1, their queries' temperature tuned (attn_scale 0.1, floor_scale 8192)"
+        "no positions (NoPE) in layers 1, their queries' temperature tuned (attn_scale 0.5, floor_scale 4)"
     )
     assert rows["stability"].endswith("qk_norm_after_rope=True, qk_norm_weight=False, qk_norm_nope_layers=False")
-    assert rows["experts"].endswith("the routing weight applied to each expert's input")
+    assert rows["experts"].endswith("the routing weight applied to each expert's input, shared expert")
 
 
 def test_architecture_rows_name_the_nope_layers():

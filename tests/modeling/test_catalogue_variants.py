@@ -6,7 +6,7 @@ import torch
 
 from archlab import DecoderForCausalLM
 
-from helpers import assert_close_to_scale, tiny_decoder_config
+from helpers import LLAMA4_ATTENTION, LLAMA4_EXPERTS, assert_close_to_scale, tiny_decoder_config
 
 ATOL = 1e-4
 
@@ -66,30 +66,9 @@ VARIANTS = {
     # a QK-norm without a gain over the whole projections (OLMo 2's scope, Llama 4's L2Norm)
     "qk_norm_projection_without_gain": dict(use_qk_norm=True, qk_norm_scope="projection", qk_norm_weight=False),
     "chunked_attention": dict(attention_chunk_size=4),  # Llama 4's blocks of 4 positions
-    # Llama 4's attention: chunked rotating layers with a QK-norm without a gain after RoPE, a NoPE global layer with
-    # its queries' temperature tuned (a floor scale of 4: it bites within the tokens checked)
-    "llama4_attention": dict(
-        attention_chunk_size=4,
-        layer_types=["chunked_attention", "full_attention"],
-        nope_layers=[1],
-        use_qk_norm=True,
-        qk_norm_after_rope=True,
-        qk_norm_weight=False,
-        qk_norm_nope_layers=False,
-        attn_temperature_tuning=True,
-        floor_scale=4,
-        attn_scale=0.5,
-    ),
-    # Llama 4's experts: each chosen expert reads the token times the sigmoid of its logit; an ungated shared expert
-    "moe_llama4": dict(
-        num_local_experts=4,
-        num_experts_per_tok=1,
-        router_score_function="sigmoid",
-        norm_topk_prob=False,
-        routing_weights_on_input=True,
-        shared_expert_intermediate_size=32,
-        shared_expert_gate=False,
-    ),
+    # Llama 4's attention and experts (helpers.py)
+    "llama4_attention": LLAMA4_ATTENTION,
+    "moe_llama4": LLAMA4_EXPERTS,
 }
 EAGER_ONLY = {"softcapping"}  # sdpa cannot soft-cap: refused at construction
 

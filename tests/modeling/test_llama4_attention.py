@@ -15,21 +15,9 @@ from archlab import DecoderForCausalLM
 from archlab.modeling.normalization import ScaleFreeRMSNorm
 from archlab.modeling.sliding_layers import WholeCacheSlidingLayer
 
-from helpers import cpu_compile_config, randomised, tiny_decoder_config
+from helpers import LLAMA4_ATTENTION, cpu_compile_config, randomised, tiny_decoder_config
 
 CHUNK = 4
-LLAMA4_ATTENTION = dict(
-    attention_chunk_size=CHUNK,
-    layer_types=["chunked_attention", "full_attention"],
-    nope_layers=[1],
-    use_qk_norm=True,
-    qk_norm_after_rope=True,
-    qk_norm_weight=False,
-    qk_norm_nope_layers=False,
-    attn_temperature_tuning=True,
-    floor_scale=4,
-    attn_scale=0.5,
-)
 
 
 def _model(attn: str = "sdpa", **fields) -> DecoderForCausalLM:
