@@ -14,6 +14,7 @@ compilations fit one device call); --quick runs tiny ones (CPU: the code path, n
 from __future__ import annotations
 
 import argparse
+import sys
 
 import torch
 
@@ -205,3 +206,13 @@ def run(args: argparse.Namespace) -> Report:
     not_compiled_note(setup, report)
     closing_notes(setup, report)
     return with_goals(report, CATALOGUE_GOALS)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from archlab.scripts import benchmark
+
+    return benchmark.main(["--suite", "cuda-catalogue", *(sys.argv[1:] if argv is None else argv)])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -43,7 +43,9 @@ def session(tmp_path: Path, *steps: str, **env: str) -> tuple[subprocess.Complet
 def test_unknown_steps_are_refused_with_the_allowed_ones(tmp_path):
     done, verdicts = session(tmp_path, "tests", "benchmark")
     assert done.returncode == 2
-    allowed = "setup info headline kernels tests cputests quick train compiled decode static loops tuning profile"
+    allowed = (
+        "setup info headline kernels tests cputests quick train compiled decode static loops tuning catalogue profile"
+    )
     assert f"unknown step 'benchmark'; allowed: {allowed}" in done.stderr
     assert verdicts == []
 
