@@ -68,6 +68,13 @@ class SpannedLayer(StaticLayer):
     # one eager forward's write positions, made by its first layer and read by the others (`shared_positions`)
     shared: SharedPositions | None = None
 
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        # attributes of the instance from the start, as `as_spanned` sets them (a sliding or chunked layer kept whole,
+        # sliding_layers.py, is built so): a compiled forward guards on their being in the instance's dict, and the
+        # compiled prefill recompiled once the decoding loop had set them
+        self.span = self.shared = None
+
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         self.max_cache_len += 1  # StaticLayer allocates (and marks static) tensors of max_cache_len positions
         try:

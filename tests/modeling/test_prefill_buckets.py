@@ -10,12 +10,20 @@ import pytest
 import torch
 from transformers import CompileConfig, StaticCache
 
+from archlab import DecoderForCausalLM
 from archlab.modeling import compiled_prefill, prefill_buckets
 from archlab.modeling.cache_names import with_cache
 from archlab.modeling.cache_spans import make_spanned, self_attention_layers
 from archlab.modeling.prefill_buckets import bucket_length, pad_blocker
 
-from helpers import DECODER_VARIANTS, NO_STATIC_CACHE, assert_close_to_scale, decoder_variant
+from helpers import (
+    DECODER_VARIANTS,
+    NO_STATIC_CACHE,
+    assert_close_to_scale,
+    decoder_variant,
+    randomised,
+    tiny_decoder_config,
+)
 
 
 @pytest.fixture
@@ -66,6 +74,8 @@ def _spy_on_pads(monkeypatch) -> list[int | None]:
 # the fast suite's share of the variants (each ~4 s): positions by RoPE and by bias, a prefix, experts, and one whose
 # sliding layers keep it unpadded; CI's slow run takes the others
 FAST_VARIANTS = {"positions_rope", "positions_alibi", "prefix_lm", "moe", "local_global"}
+# sliding layers kept whole (a window of 8: the 22-position cache is under 4 windows), padded like full ones
+SLIDING_KEPT_WHOLE = dict(sliding_window=8, layer_types=["sliding_attention", "full_attention"])
 
 
 @pytest.mark.parametrize(
@@ -73,13 +83,18 @@ FAST_VARIANTS = {"positions_rope", "positions_alibi", "prefix_lm", "moe", "local
     [
         name if name in FAST_VARIANTS else pytest.param(name, marks=pytest.mark.slow)
         for name in sorted(set(DECODER_VARIANTS) - NO_STATIC_CACHE)
-    ],
+    ]
+    + ["sliding_kept_whole"],
 )
 def test_padded_prefills_give_eager_tokens(name, padded_on_cpu, monkeypatch):
     """Prompts of 6, 9 and 3 tokens padded to 8, 16 and 8 in a kept cache of 22 positions: generate's tokens are
-    eager decoding's, for every decoder variant, compiled once; those `pad_blocker` refuses run unpadded."""
+    eager decoding's, for every decoder variant, compiled once; those `pad_blocker` refuses run unpadded. (The
+    variant "sliding_kept_whole": local layers of a window of 8, which the 22-position cache keeps whole.)"""
     torch._dynamo.reset()
-    model = decoder_variant(name)
+    if name == "sliding_kept_whole":
+        model = randomised(DecoderForCausalLM(tiny_decoder_config(**SLIDING_KEPT_WHOLE)))
+    else:
+        model = decoder_variant(name)
     common = dict(do_sample=False, pad_token_id=0, eos_token_id=None, cache_implementation="static")
     calls = [(_prompts(length, seed), 22 - length) for seed, length in enumerate((6, 9, 3))]
     expected = [model.generate(**p, **common, max_new_tokens=n, disable_compile=True) for p, n in calls]
