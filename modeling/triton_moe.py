@@ -89,7 +89,7 @@ if triton is not None:
         for n, k, unroll, warps in [(4, 1024, 2, 4), (8, 1024, 1, 4), (4, 512, 4, 2), (8, 512, 2, 2), (4, 2048, 1, 8)]
     ]
 
-    @triton.autotune(configs=_CONFIGS, key=["outputs", "inputs", "NORM"])
+    @triton.autotune(configs=_CONFIGS, key=["outputs", "inputs", "NORM", "WEIGHTED_INPUT", "BIAS", "CLAMP"])
     @triton.jit
     def _expert_gate_up_kernel(
         x_ptr, index_ptr, weight_ptr, w_ptr, bias_ptr, gain_ptr, y_ptr,
@@ -144,7 +144,7 @@ if triton is not None:
         out = (gate * tl.sigmoid(ALPHA * gate) * up).to(y_ptr.dtype.element_ty)
         tl.store(y_ptr + slot * y_m + ns, out, mask=ns < outputs)
 
-    @triton.autotune(configs=_CONFIGS, key=["outputs", "inputs"])
+    @triton.autotune(configs=_CONFIGS, key=["outputs", "inputs", "BIAS", "WEIGHTED_INPUT"])
     @triton.jit
     def _expert_down_kernel(
         h_ptr, index_ptr, weight_ptr, w_ptr, bias_ptr, residual_ptr, y_ptr,
