@@ -2290,3 +2290,43 @@ def test_a_llama4_multimodal_folder_imports_its_language_model(tmp_path):
     theirs = reference.state_dict()
     assert back.state_dict().keys() == theirs.keys()
     assert all(torch.equal(tensor, theirs[key]) for key, tensor in back.state_dict().items())
+
+
+def test_a_sharded_llama4_multimodal_folder_reads_only_its_language_model(tmp_path):
+    """A sharded multimodal folder (an index naming the shards): the language model's tensors are gathered from every
+    shard; a folder whose tensors hold no language model is refused by name, nothing written."""
+    from safetensors.torch import load_file, save_file
+    from transformers import Llama4Config, Llama4ForConditionalGeneration
+
+    torch.manual_seed(0)
+    vision = dict(
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        image_size=28,
+        patch_size=14,
+        vision_output_dim=32,
+        projector_input_dim=32,
+        projector_output_dim=32,
+    )
+    stock = Llama4ForConditionalGeneration(
+        Llama4Config(text_config=CASES["llama4_text"][0].to_dict(), vision_config=vision)
+    ).eval()
+    stock.save_pretrained(tmp_path / "stock", max_shard_size="200KB")
+    assert (tmp_path / "stock" / "model.safetensors.index.json").is_file()
+    convert_checkpoint(tmp_path / "stock", tmp_path / "archlab")
+    model = DecoderForCausalLM.from_pretrained(tmp_path / "archlab").eval()
+    ids = torch.randint(3, VOCAB, (2, 9), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        assert (model(ids).logits - stock.language_model(ids).logits).abs().max() <= ATOL
+    vision_only = tmp_path / "vision-only"
+    vision_only.mkdir()
+    (vision_only / "config.json").write_text((tmp_path / "stock" / "config.json").read_text())
+    tensors = {}
+    for shard in sorted((tmp_path / "stock").glob("*.safetensors")):
+        tensors.update({k: v for k, v in load_file(str(shard)).items() if not k.startswith("language_model.")})
+    save_file(tensors, str(vision_only / "model.safetensors"))
+    with pytest.raises(ConversionError, match="no tensors under `language_model.`"):
+        convert_checkpoint(vision_only, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
