@@ -2253,6 +2253,20 @@ def test_a_gpt_oss_checkpoint_with_mxfp4_experts_is_refused_with_the_way_to_conv
     assert not (tmp_path / "out").exists()
 
 
+# a tiny vision tower beside the text stack of a Llama 4 multimodal folder (the converter leaves it out)
+LLAMA4_VISION = dict(
+    hidden_size=16,
+    intermediate_size=32,
+    num_hidden_layers=1,
+    num_attention_heads=2,
+    image_size=28,
+    patch_size=14,
+    vision_output_dim=32,
+    projector_input_dim=32,
+    projector_output_dim=32,
+)
+
+
 def test_a_llama4_multimodal_folder_imports_its_language_model(tmp_path):
     """Llama 4 is published as `Llama4ForConditionalGeneration` folders: the converter reads the language model (its
     `text_config`, its tensors under `language_model.`) and leaves the vision tower out; the archlab model gives the
@@ -2262,18 +2276,7 @@ def test_a_llama4_multimodal_folder_imports_its_language_model(tmp_path):
 
     torch.manual_seed(0)
     text = CASES["llama4_text"][0].to_dict()
-    vision = dict(
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        image_size=28,
-        patch_size=14,
-        vision_output_dim=32,
-        projector_input_dim=32,
-        projector_output_dim=32,
-    )
-    stock = Llama4ForConditionalGeneration(Llama4Config(text_config=text, vision_config=vision)).eval()
+    stock = Llama4ForConditionalGeneration(Llama4Config(text_config=text, vision_config=LLAMA4_VISION)).eval()
     _perturb(stock)
     stock.save_pretrained(tmp_path / "stock")
     convert_checkpoint(tmp_path / "stock", tmp_path / "archlab")
@@ -2299,19 +2302,8 @@ def test_a_sharded_llama4_multimodal_folder_reads_only_its_language_model(tmp_pa
     from transformers import Llama4Config, Llama4ForConditionalGeneration
 
     torch.manual_seed(0)
-    vision = dict(
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        image_size=28,
-        patch_size=14,
-        vision_output_dim=32,
-        projector_input_dim=32,
-        projector_output_dim=32,
-    )
     stock = Llama4ForConditionalGeneration(
-        Llama4Config(text_config=CASES["llama4_text"][0].to_dict(), vision_config=vision)
+        Llama4Config(text_config=CASES["llama4_text"][0].to_dict(), vision_config=LLAMA4_VISION)
     ).eval()
     stock.save_pretrained(tmp_path / "stock", max_shard_size="200KB")
     assert (tmp_path / "stock" / "model.safetensors.index.json").is_file()
