@@ -21,23 +21,25 @@ fewer a layer.
 traced step guards on nothing new), at most `triton_gemv.MAX_ROWS` rows (a decoding step of a small batch; a short
 prompt), inference (no gradient), a pre-norm or parallel block (GPT-NeoX's two norms, or GPT-J's shared one) whose
 norms are archlab's `RMSNorm` and whose attention reads q/k/v as one product (`fused_projections`'
-`inference_projections`: generate enters it on CUDA), one dtype, no hooks or patched forwards (accelerate's,
-Liger's). A dense layer's MLP joins where it is a SiLU `GatedMLP` with gate/up laid out as one product; a mixture of
-experts' where triton_moe.py's kernels take its experts (`MOE_DECODE_DEVICES`) and it has no shared expert: RMSNorm
-inside the router's GEMV and inside the experts' gate/up kernel, the residual added by their down kernel (two
-launches and the router's top-k beside the experts'); otherwise it keeps its MLP (and its norm), the attention half
-fused. A parallel block's MLP reads the block's input and adds its output after the attention's (GPT-J's shared norm is
-computed inside both input GEMVs). Everything else runs the block's own forward: the post-norm, DeepNorm, sandwich and
-output-norm (OLMo 2) blocks norm a product's output, where these kernels put a norm before a product, so their forwards
-never ask; a block whose sub-layers' outputs are scaled (`residual_multiplier`, Granite) or whose attention gates its
-output (`attention_output_gate`) runs its forward too (attention sinks take the attention's own kernel choice, as every
-variant does in `attend_heads`). QK-norm
-is the attention's: over the whole projection in its `split_heads`, per head in its `position_and_cache`, both of
-which the fused step calls as the attention does. The default on CUDA, for steps of one
-row (`FUSED_BLOCK_ROWS`: batch-1 decoding), with archlab's attention and MoE kernels and every kernel launched through
-the ops' PDL twins (triton_launch.py): `--suite cuda-tuning` measured that step at 1.25x the step before on an H200
-(886 against 709 tok/s, the 1.1B model in bf16; docs/gpu.md). On CPU the tests run the kernels through Triton's
-interpreter against the block's forward.
+`inference_projections`: generate enters it on CUDA), one dtype, no hooks or patched forwards (accelerate's, Liger's).
+A dense layer's MLP joins where it is a SiLU `GatedMLP` with gate/up laid out as one product; a mixture of experts'
+where triton_moe.py's kernels take its experts (`MOE_DECODE_DEVICES`) and it has no shared expert: RMSNorm inside the
+router's GEMV and inside the experts' gate/up kernel, the residual added by their down kernel (two launches and the
+router's top-k beside the experts'); otherwise it keeps its MLP (and its norm), the attention half fused. With
+`triton_layer_tail.TAIL_DEVICES` listing the device (a candidate, off: not yet timed on a GPU), a sequential block's
+output projection and dense MLP run as one persistent kernel of one row, three phases apart by barriers across the
+grid instead of three kernels. A parallel block's MLP reads the block's input and adds its output after the
+attention's (GPT-J's shared norm is computed inside both input GEMVs). Everything else runs the block's own forward:
+the post-norm, DeepNorm, sandwich and output-norm (OLMo 2) blocks norm a product's output, where these kernels put a
+norm before a product, so their forwards never ask; a block whose sub-layers' outputs are scaled
+(`residual_multiplier`, Granite) or whose attention gates its output (`attention_output_gate`) runs its forward too
+(attention sinks take the attention's own kernel choice, as every variant does in `attend_heads`). QK-norm is the
+attention's: over the whole projection in its `split_heads`, per head in its `position_and_cache`, both of which the
+fused step calls as the attention does. The default on CUDA, for steps of one row (`FUSED_BLOCK_ROWS`: batch-1
+decoding), with archlab's attention and MoE kernels and every kernel launched through the ops' PDL twins
+(triton_launch.py): `--suite cuda-tuning` measured that step at 1.25x the step before on an H200 (886 against 709
+tok/s, the 1.1B model in bf16; docs/gpu.md). On CPU the tests run the kernels through Triton's interpreter against the
+block's forward.
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ from .moe import Experts, SparseMoeBlock, TopKRouter
 from .normalization import RMSNorm
 from .triton_gemv import ACTIVATIONS, gated_gemv, gemv, gemv_applies
 from .triton_launch import NVIDIA_GPUS, kernels_fit
+from .triton_layer_tail import layer_tail, layer_tail_applies
 from .triton_moe import moe_decode, moe_decode_applies
 from .triton_qkv import qkv_rotary_cache, qkv_rotary_cache_applies
 
@@ -187,6 +190,11 @@ def fused_block_forward(
         )
     heads, weights = attention.attend_heads(query, key, value, attention_mask, past_key_values, **kwargs)
     output = getattr(attention, attention.output_name)
+    if not block.parallel and layer_tail_applies(hidden_states):  # the rest of the layer as one persistent kernel
+        gate_up = _mlp_fits(block, hidden_states)
+        if gate_up is not None:
+            heads = heads.reshape(batch, length, -1)
+            return layer_tail(heads, hidden_states, output, _mlp_norm(block), gate_up, block.mlp.down_proj), weights
     hidden_states = gemv(heads.reshape(batch, length, -1), output.weight, output.bias, residual=hidden_states)
     mlp_input = block_input if block.parallel else hidden_states
     if _moe_fits(block, mlp_input):

@@ -47,6 +47,7 @@ def _compile(
     num_stages: int = 3,
     scale: str = "fp64",
     launch_pdl: bool = False,
+    maxnreg: int | None = None,
 ):
     import triton
     from triton.backends.compiler import GPUTarget
@@ -76,6 +77,7 @@ def _compile(
                 attrs[(index,)] = [["tt.divisibility", 16]]
     source = ASTSource(fn=fn, signature=signature, constexprs=constants, attrs=attrs)
     options = {"num_warps": num_warps, "num_stages": num_stages, "launch_pdl": launch_pdl}
+    options.update({"maxnreg": maxnreg} if maxnreg else {})
     return triton.compile(source, target=GPUTarget("cuda", arch, 32), options=options)
 
 
@@ -845,3 +847,58 @@ def test_the_kernels_compile_with_every_scalar_argument_a_constant(case):
     pointers = {name: types[value.dtype] for name, value in kwargs.items() if isinstance(value, torch.Tensor)}
     constants = {name: value for name, value in kwargs.items() if name not in pointers and name in fn.arg_names}
     assert "cubin" in _compile(kernel, {**constants, **config}, pointers, 90).asm
+
+
+def _layer_tail(arch: int, dtype: str, pdl: bool = False):
+    """The persistent layer tail (triton_layer_tail.py) compiled as the op launches it: every phase, biases, its
+    default blocks, the registers capped for `PROGRAMS_PER_PROCESSOR` programs a multiprocessor."""
+    from archlab.modeling import triton_layer_tail as tail
+
+    block_n, block_k, unroll, warps = tail.TAIL_BLOCKS
+    kernel = tail._layer_tail_kernel
+    constexprs = dict(
+        HAS_O_BIAS=True, HAS_GU_BIAS=True, HAS_D_BIAS=True, **tail._waits(tail.ALL_PHASES, pdl),
+        PHASES=tail.ALL_PHASES, BLOCK_N=block_n, BLOCK_K=block_k, UNROLL=unroll,
+    )  # fmt: skip
+    pointers = {name: f"*{dtype}" for name in kernel.arg_names if name.endswith("_ptr") and name != "count_ptr"}
+    return _compile(
+        kernel, constexprs, pointers, arch, num_warps=warps, num_stages=1, scale="fp32", launch_pdl=pdl,
+        maxnreg=tail.max_registers(warps),
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_the_layer_tail_compiles_to_resident_programs_and_grid_barriers(arch, dtype):
+    """The persistent kernel compiles within its capped registers (in bf16 without spilling: the decoding step's
+    dtype), and its two barriers are what they must be for the phases to see each other's outputs: each program's
+    arrival an acquire-release atomic add at GPU scope, its wait an acquire load at GPU scope which the machine code
+    turns into a strong load and an invalidation of the multiprocessor's L1 cache (so the plain loads of the next
+    phase read what other programs wrote), and the counts put back to zero once (three exchanges)."""
+    import re
+
+    compiled = _layer_tail(arch, dtype)
+    assert "cubin" in compiled.asm and compiled.metadata.shared <= SHARED_LIMIT
+    if dtype == "bf16":
+        assert not _spills(compiled)
+    ptx = compiled.asm["ptx"]
+    assert len(re.findall(r"atom\.global\.gpu\.acq_rel\.add", ptx)) == 3  # two arrivals, the programs done
+    assert len(re.findall(r"ld\.global\.gpu\.acquire", ptx)) == 2  # the two waits
+    assert len(re.findall(r"atom\.global\.gpu\.relaxed\.exch", ptx)) == 3
+    waits = [loop for loop in _sass_loops(compiled) if any("STRONG.GPU" in text for text in loop)]
+    assert len(waits) == 2 and all(any(text.startswith("CCTL.IVALL") for text in loop) for loop in waits), waits
+
+
+def test_the_layer_tail_reads_its_first_weight_block_before_waiting():
+    """Launched dependent on the attention (Hopper), the tail reads the first block of the output projection's weight
+    before `griddepcontrol.wait` and nothing else: the 128-bit loads of one BLOCK_N × BLOCK_K block of bf16 per
+    thread, no store, no atomic; without the dependent launch no `griddepcontrol`."""
+    from archlab.modeling import triton_layer_tail as tail
+
+    ptx = _layer_tail(90, "bf16", pdl=True).asm["ptx"]
+    wait, launch = ptx.find("griddepcontrol.wait"), ptx.find("griddepcontrol.launch_dependents")
+    assert 0 <= wait < launch
+    block_n, block_k, _, warps = tail.TAIL_BLOCKS
+    early = _global_accesses(ptx[:wait])
+    assert len(early) == block_n * block_k * 2 // (16 * 32 * warps) and all("ld.global.v4" in line for line in early)
+    assert "griddepcontrol" not in _layer_tail(90, "bf16").asm["ptx"]
