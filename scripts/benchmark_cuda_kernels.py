@@ -23,6 +23,11 @@ the MoE's autotuned blocks). It says which kernel is worth a tuning row, and how
   step, both compiled with the step's options, 1, 4 (the streaming kernel's most: whether `FUSED_BLOCK_ROWS` can
   rise to it) and 16 rows; and at 1 row the fused step with its kernels launched
   dependent on the kernel before (the ops' PDL twins, triton_launch.py) against the fused step;
+- the rest of a layer's step after its attention at 1 row (output projection, gate/up + SwiGLU, down projection)
+  as one persistent kernel whose phases meet at barriers across the grid (triton_layer_tail.py) against the three
+  GEMVs through their PDL twins and against its own phases as three dependent launches (what a barrier costs against
+  a kernel boundary, the code the same), and the persistent kernel with 2 and 8 programs a processor and wider
+  blocks against its defaults;
 - an MoE's routed experts (triton_moe.py) against archlab's default experts (moe.Experts: grouped GEMMs), 1 and 4
   tokens, each token routed to 2 of 8 experts.
 The kernels run on CUDA, or on a CPU through Triton's interpreter (TRITON_INTERPRET=1, in fp32: NumPy has no
@@ -398,6 +403,92 @@ def layer_row(setup, report: Report, rows: int, pdl: bool = False) -> None:
         graphed_row(setup, report, metric, *pair, weights)
 
 
+# The persistent layer tail's settings timed against its defaults (4 programs a processor, blocks (4, 1024, 2, 4)):
+# fewer and more programs resident (registers capped to fit them), and tiles of more rows, wider blocks of inputs
+# over 8 warps
+TAIL_VARIANTS = (("PROGRAMS_PER_PROCESSOR", 2), ("PROGRAMS_PER_PROCESSOR", 8), ("TAIL_BLOCKS", (8, 2048, 1, 8)))
+
+
+def layer_tail_rows(setup, report: Report) -> None:
+    """The rest of a pre-norm layer's step after its attention (the dense 1.1B shape, one row): output projection +
+    residual, RMSNorm + gate/up + SwiGLU, down + residual as one persistent kernel (triton_layer_tail.py) against the
+    fused step's three GEMVs through their PDL twins (the default's); then the persistent kernel with other programs
+    a processor and other blocks against its default. Each call reads one copy of the three weights (`cold_copies`)."""
+    from archlab import DecoderConfig
+    from archlab.modeling import triton_launch, triton_layer_tail
+    from archlab.modeling.triton_gemv import gated_gemv, gemv
+    from archlab.modeling.triton_layer_tail import (
+        DOWN,
+        GATE_UP,
+        OUTPUT,
+        launch_layer_tail,
+        tail_counts,
+        tail_programs,
+    )
+
+    config = DecoderConfig(**shape("dense", setup.quick))
+    width, intermediate, dtype = config.hidden_size, config.intermediate_size, _dtype(setup)
+    generator = torch.Generator(device=setup.device).manual_seed(0)
+
+    def randn(*size, scale=1.0):
+        return (torch.randn(*size, generator=generator, device=setup.device) * scale).to(dtype)
+
+    heads, residual = randn(1, width), randn(1, width)
+    norm = torch.nn.RMSNorm(width, eps=1e-6, device=setup.device, dtype=dtype)
+    norm.variance_epsilon = norm.eps
+    shapes = ((width, width), (2 * intermediate, width), (width, intermediate))
+    bytes_read = sum(rows * inputs for rows, inputs in shapes) * torch.finfo(dtype).bits // 8
+    operands = [
+        tuple(randn(rows, inputs, scale=inputs**-0.5) for rows, inputs in shapes)
+        for _ in range(cold_copies(setup, bytes_read))
+    ]
+    counts, pdl = tail_counts(setup.device), setup.cuda and triton_launch.has_dependent_launch(setup.device)
+
+    def persistent(output, gate_up, down):
+        programs = tail_programs(setup.device)
+        args = (heads, residual, output, None, norm.weight, norm.eps, gate_up, None, down, None)
+        return launch_layer_tail(*args, counts=counts, programs=programs, pdl=pdl)[0]
+
+    def three_gemvs(output, gate_up, down):
+        with mock.patch.object(triton_launch, "PDL_DEVICES", (setup.device.type,)):
+            hidden = gemv(heads, output, residual=residual)
+            return gemv(gated_gemv(hidden, gate_up, norm=norm), down, residual=hidden)
+
+    def three_launches(output, gate_up, down):
+        """The persistent kernel's phases as three launches of it (each dependent on the one before): the same code,
+        kernel boundaries in place of the barriers."""
+        programs = tail_programs(setup.device)
+        args = (heads, residual, output, None, norm.weight, norm.eps, gate_up, None, down, None)
+        _, hidden, _ = launch_layer_tail(*args, counts=counts, programs=programs, phases=OUTPUT, pdl=pdl)
+        _, _, activated = launch_layer_tail(
+            *args, counts=counts, programs=programs, phases=GATE_UP, hidden=hidden, pdl=pdl
+        )
+        return launch_layer_tail(
+            *args, counts=counts, programs=programs, phases=DOWN, hidden=hidden, activated=activated, pdl=pdl
+        )[0]
+
+    metric = (
+        "a layer's output projection, gate/up + SwiGLU and down projection, 1 row: one persistent kernel "
+        "(triton_layer_tail.py) vs the three GEMVs through their PDL twins"
+    )
+    programs = str(tail_programs(setup.device))
+    extra = {"kernel's choice": f"{programs} programs, blocks {triton_layer_tail.TAIL_BLOCKS}"}
+    kernel_row(setup, report, metric, persistent, three_gemvs, bytes_read, extra, operands=operands)
+    metric = (
+        "the persistent layer tail, 1 row: its phases met at barriers vs the same phases as three dependent "
+        "launches (kernel boundaries)"
+    )
+    kernel_row(setup, report, metric, persistent, three_launches, bytes_read, operands=operands)
+    for setting, value in TAIL_VARIANTS:
+
+        def varied(*weights, setting=setting, value=value):
+            with mock.patch.object(triton_layer_tail, setting, value):
+                return persistent(*weights)
+
+        metric = f"the persistent layer tail, 1 row: {setting} = {value} vs the default's"
+        kernel_row(setup, report, metric, varied, persistent, bytes_read, operands=operands)
+
+
 def _compiled(setup, peer: Callable) -> Callable:
     """`peer` as the decoding step's compile runs it (inductor, on CUDA); as it is under the interpreter."""
     return torch.compile(peer, dynamic=False) if setup.cuda else peer
@@ -470,6 +561,7 @@ def run(args: argparse.Namespace) -> Report:
     for rows in (1, triton_gemv.STREAMED_ROWS, triton_gemv.MAX_ROWS):
         guarded(report, setup, f"layer, {rows} rows", functools.partial(layer_row, setup, report, rows))
     guarded(report, setup, "layer with PDL, 1 row", functools.partial(layer_row, setup, report, 1, pdl=True))
+    guarded(report, setup, "persistent layer tail, 1 row", functools.partial(layer_tail_rows, setup, report))
     for batch, keys in ((1, KEY_COUNTS[0]), (1, KEY_COUNTS[1]), (16, KEY_COUNTS[0])):
         measure = functools.partial(attention_rows, setup, report, batch, keys)
         guarded(report, setup, f"attention, batch {batch}, {keys} keys", measure)

@@ -17,6 +17,9 @@ the q/k/v kernel with RoPE and the cache writes worth nothing in the step (0.98�
 before the dependent wait at 0.91× (removed since), the fused layer steps at 16 rows at 0.77×, the MoE's kernels at
 1.16×, the bucketed prefill's time to first token at 1.62×. The rows now, each setting on its own copy of the model (a
 compiled step is kept per model), those not yet measured on an H200 first:
+- at batch 1, each fused layer step's output projection, gate/up product and down projection as one persistent
+  kernel whose phases meet at barriers across the grid (modeling/triton_layer_tail.py), instead of three GEMVs: the
+  candidate for the batch-1 goal;
 - without archlab's decoding kernels (the default before), at batch 16 (the seventh GPU session: 1.05×);
 - without archlab's kernels, the attention on SDPA's memory-efficient kernel (`torch.nn.attention.sdpa_kernel`), not
   cuDNN's with its memset;
@@ -68,6 +71,7 @@ from archlab.modeling import (
     step_compile,
     triton_decoding,
     triton_gemv,
+    triton_layer_tail,
     triton_qkv,
 )
 from archlab.modeling.cache_names import with_cache
@@ -130,6 +134,11 @@ def qkv_kernel_off():
     return mock.patch.object(triton_qkv, "QKV_ROTARY_CACHE_DEVICES", ())
 
 
+def layer_tail_on():
+    """Each fused layer step's output projection and dense MLP as one persistent kernel (triton_layer_tail.py)."""
+    return mock.patch.object(triton_layer_tail, "TAIL_DEVICES", ("cuda",))
+
+
 def plain_step():
     """The step compiled in the plain mode, without step_compile.py's options (the default before combo kernels)."""
     return mock.patch.object(step_compile, "TUNED_STEP_DEVICES", ())
@@ -143,6 +152,10 @@ QKV_SEPARATE = (
     "the fused step's q/k/v GEMV, then inductor's RoPE and cache-write kernel, instead of the one kernel with both "
     "in its epilogue (triton_qkv.py)"
 )
+LAYER_TAIL = (
+    "each layer's output projection + residual, RMSNorm + gate/up + SwiGLU and down + residual as one persistent "
+    "kernel, barriers between them (triton_layer_tail.py), instead of three GEMV kernels"
+)
 FUSED_ROWS = "the fused layer steps at every row count (FUSED_BLOCK_ROWS = 16; the default fuses one row)"
 EFFICIENT = "without archlab's kernels, attention on SDPA's memory-efficient kernel (sdpa_kernel)"
 PLAIN = "without archlab's kernels, the plain mode, no combo kernels (the default before those)"
@@ -152,6 +165,7 @@ AUTOTUNED = 'compile_config=CompileConfig(mode="max-autotune") (every GEMM autot
 SETTINGS = {
     BEFORE: ({}, (kernels_off,)),
     QKV_SEPARATE: ({}, (qkv_kernel_off,)),
+    LAYER_TAIL: ({}, (layer_tail_on,)),
     FUSED_ROWS: ({}, (fused_every_row_count,)),
     EFFICIENT: ({}, (kernels_off, efficient_attention)),
     PLAIN: ({}, (kernels_off, plain_step)),
@@ -162,6 +176,7 @@ SETTINGS = {
 # (`prefill_compile_row`); max-autotune last (its GEMM autotuning compiles longest): a call's budget ends the suite
 # where it is, keeping the rows finished
 ROWS = [
+    (1, LAYER_TAIL),  # first: the candidate for the batch-1 goal (50 % of the roofline), never yet timed
     ("larger", BEFORE),  # first: not yet measured on an H200 (the eighth session's budget ended in this row)
     (1, EFFICIENT),
     ("larger", PLAIN),

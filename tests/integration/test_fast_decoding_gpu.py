@@ -617,6 +617,8 @@ CANDIDATE_CASES = [
     ("fused-pdl", "dense", 1),
     ("fused-pdl", "dense", 16),
     ("fused-pdl", "moe", 1),
+    # the default's kernels with each layer's output projection and MLP as one persistent kernel (triton_layer_tail.py)
+    ("layer-tail", "dense", 1),
 ]
 
 
@@ -639,6 +641,7 @@ def test_candidate_defaults_equal_eager_without_falling_back(candidate, kind, ba
         triton_decoding,
         triton_gemv,
         triton_launch,
+        triton_layer_tail,
         triton_moe,
     )
     from archlab.scripts.benchmark_cuda_decode import decode_kernel_switches
@@ -664,16 +667,17 @@ def test_candidate_defaults_equal_eager_without_falling_back(candidate, kind, ba
         monkeypatch.setattr(decode_block, "FUSED_BLOCK_ROWS", batch)
     elif candidate == "moe-kernels":
         monkeypatch.setattr(triton_moe, "MOE_DECODE_DEVICES", ("cuda",))
-    elif candidate == "fused-pdl":
+    elif candidate in ("fused-pdl", "layer-tail"):
         for module, name in decode_kernel_switches():
             monkeypatch.setattr(module, name, ("cuda",))
         monkeypatch.setattr(decode_block, "FUSED_BLOCK_ROWS", batch)
+        monkeypatch.setattr(triton_layer_tail, "TAIL_DEVICES", ("cuda",) if candidate == "layer-tail" else ())
     else:
         monkeypatch.setattr(step_compile, "TUNED_STEP_DEVICES", ("cuda",))
     if candidate == "combo":
         options = {"combo_kernels": True}
         monkeypatch.setattr(step_compile, "TUNED_STEP_OPTIONS", options)
-    if candidate in ("pdl", "fused-pdl"):
+    if candidate in ("pdl", "fused-pdl", "layer-tail"):
         options = {**step_compile.TUNED_STEP_OPTIONS, "triton.enable_pdl": True}
         monkeypatch.setattr(step_compile, "TUNED_STEP_OPTIONS", options)
     model = _model(kind, torch.float32)
@@ -697,7 +701,8 @@ def test_candidate_defaults_equal_eager_without_falling_back(candidate, kind, ba
         mlp = model.model.layers[0].mlp
         with torch.no_grad():
             assert triton_gemv.gated_down_applies(mlp, torch.zeros(batch, 1, mlp.down_proj.in_features, device="cuda"))
-    if candidate.startswith("fused"):  # the fused step takes this model's layers in its steps
+    if candidate.startswith("fused") or candidate == "layer-tail":  # the fused step takes this model's layers
         step = torch.zeros(batch, 1, model.config.hidden_size, device="cuda")
         with torch.no_grad(), inference_projections(model):
             assert decode_block.fused_block_applies(model.model.layers[0], step)
+            assert triton_layer_tail.layer_tail_applies(step) == (candidate == "layer-tail")

@@ -1,10 +1,11 @@
-"""`--suite cuda-kernels` (scripts/benchmark_cuda_kernels.py): archlab's Triton kernels each against the PyTorch
-path it would replace — rows for the attention (the split count chosen, and others at batch 1), the GEMV in each of
-a fused layer's uses at 1, 4 and 16 rows (at 16 the split-K shares chosen, and q/k/v split against whole; and
-q/k/v with RoPE and the cache writes at 1 and 4), a whole layer's
-step fused and not at 1, 4 and 16 rows (and at 1 row fused with its kernels launched dependent on the one before
-against fused), and the MoE's experts at 1 and 4 tokens, with µs per call, the bytes read and the autotuner's
-choice; where the kernels cannot run, a note and no row.
+"""`--suite cuda-kernels` (scripts/benchmark_cuda_kernels.py): archlab's Triton kernels each against the PyTorch path it
+would replace — rows for the attention (the split count chosen, and others at batch 1), the GEMV in each of a fused
+layer's uses at 1, 4 and 16 rows (at 16 the split-K shares chosen, and q/k/v split against whole; and q/k/v with RoPE
+and the cache writes at 1 and 4), a whole layer's step fused and not at 1, 4 and 16 rows (and at 1 row fused with its
+kernels launched dependent on the one before against fused), the rest of a layer after its attention as one
+persistent kernel against three GEMVs (and the persistent kernel's settings against its defaults), and the MoE's
+experts at 1 and 4 tokens, with µs per call, the bytes read and the autotuner's choice; where the kernels cannot run,
+a note and no row.
 
 The rows run where the kernels do: on a GPU (quick shapes), or on a CPU through Triton's interpreter (fp32), which
 `test_kernels_through_the_triton_interpreter` starts in a fresh process (CI's interpreter step runs this file)."""
@@ -50,8 +51,13 @@ def test_where_the_kernels_cannot_run_the_suite_says_so_and_measures_nothing(tmp
 
 @runs_kernels
 def test_each_kernel_has_rows_against_its_pytorch_path(tmp_path, monkeypatch):
+    from archlab.modeling import triton_layer_tail
+
+    blocks = triton_layer_tail.TAIL_BLOCKS
     if INTERPRETING:
         fill_interpreter_gaps(monkeypatch, "archlab.modeling.triton_")
+        blocks = (32, 256, 1, 4)  # fewer tiles for the interpreter to run, one program after another
+        monkeypatch.setattr(triton_layer_tail, "TAIL_BLOCKS", blocks)
     table = _table(tmp_path, DEVICE)
     assert "failed" not in table, table
     header = _rows(table, "metric")[0]
@@ -85,7 +91,14 @@ def test_each_kernel_has_rows_against_its_pytorch_path(tmp_path, monkeypatch):
     counts = [row[0].split(",")[1].split(":")[0].strip() for row in layers]
     assert counts == ["1 row", "4 rows", "16 rows", "1 row"], table
     assert "PDL twins" in layers[3][0] and "PDL" not in layers[0][0], table
-    for row in attention + gemv + moe + layers:
+    tail = _rows(table, "a layer's output projection, gate/up + SwiGLU and down projection, 1 row")
+    assert len(tail) == 1 and "PDL twins" in tail[0][0], table
+    persistent = _rows(table, "the persistent layer tail, 1 row")
+    assert "three dependent launches" in persistent[0][0], table
+    variants = [re.search(r": (\w+) = ", row[0])[1] for row in persistent[1:]]
+    assert variants == ["PROGRAMS_PER_PROCESSOR", "PROGRAMS_PER_PROCESSOR", "TAIL_BLOCKS"], table
+    tail += persistent
+    for row in attention + gemv + moe + layers + tail:
         assert row[1].endswith("calls/s") and row[3].endswith("×"), row
         assert float(row[micro]) > 0 and float(row[read]) > 0, row
     # each call of a kernel row reads its own copy of the weights or keys, so together they span twice the L2 (one
@@ -95,6 +108,7 @@ def test_each_kernel_has_rows_against_its_pytorch_path(tmp_path, monkeypatch):
     assert all((int(row[copies]) > 1) == (DEVICE == "cuda") for row in gemv + moe), table
     choice = header.index("kernel's choice")
     assert all("BLOCK_N" in row[choice] for row in gemv + moe), table
+    assert tail[0][choice] == f"{tail[0][choice].split()[0]} programs, blocks {blocks}", table
     assert all(("not autotuned" in row[choice]) == INTERPRETING for row in gemv + moe), table
 
 
