@@ -6,16 +6,16 @@ decoder, 2025; Mirage's persistent kernels).
 
 Why: the eighth GPU session (docs/gpu.md) timed each GEMV of the batch-1 step 2.5-4.7 µs slower than its bytes at the
 bandwidth allow: ~12.7 µs a layer of fixed cost per kernel (ramp-up, the last programs' tail, the launch) of which
-programmatic dependent launch won back ~4.3. The batch-1 goal (50 % of the roofline) needs ~7 µs a layer of it.
-Here a launch has exactly as many programs as the GPU holds at once (`tail_programs`: `PROGRAMS_PER_PROCESSOR` a
+programmatic dependent launch won back ~4.3. The batch-1 goal (50 % of the roofline) needs ~7 µs a layer of it. Here a
+launch has exactly as many programs as the GPU holds at once (`tail_programs`: `PROGRAMS_PER_PROCESSOR` a
 multiprocessor, their registers capped so that they fit: `max_registers`), each taking the phase's tiles of weight
-rows in turn (tile t to program t mod programs) with the streaming GEMV's own loop and epilogue (`_row_products`,
-`_store_row`: the same arithmetic and rounding as the three kernels). Between two phases each program first reads
-its next tile's first weight block (a few MB over the grid: no kernel of a decoding step writes a weight), then
-waits at the barrier for every program's outputs of the phase before — so the next phase's weight stream starts
-before the slowest program of the last one ends, where a kernel boundary starts it only once the next kernel's
-programs are resident. The first phase, launched dependent on the attention (the PDL twins' `griddepcontrol.wait`),
-reads its first block before that wait too.
+rows in turn (tile t to program t mod programs; tiles of 4 rows, or 2 where that leaves the busiest program fewer
+rows: `tile_rows`) with the streaming GEMV's own loop and epilogue (`_row_products`, `_store_row`: the same arithmetic
+and rounding as the three kernels). Between two phases each program first reads its next tile's first weight block (a
+few MB over the grid: no kernel of a decoding step writes a weight), then waits at the barrier for every program's
+outputs of the phase before — so the next phase's weight stream starts before the slowest program of the last one
+ends, where a kernel boundary starts it only once the next kernel's programs are resident. The first phase, launched
+dependent on the attention (the PDL twins' `griddepcontrol.wait`), reads its first block before that wait too.
 
 The barrier (`_grid_barrier`): the program's threads synchronise (their stores done), one thread adds 1 to the phase's
 count at GPU scope with release semantics and re-reads it with acquire semantics until every program has arrived, and
@@ -58,6 +58,8 @@ PROGRAMS_PER_PROCESSOR = 4
 # (BLOCK_N weight rows a tile, BLOCK_K inputs a block, UNROLL, warps): the one-row GEMV's first configuration
 # (triton_gemv.ROW_CONFIGS), blocks of inputs spanning the program's threads (8 half-precision values a thread)
 TAIL_BLOCKS = (4, 1024, 2, 4)
+# Whether each phase's tiles are sized to balance the programs' rows (`tile_rows`)
+BALANCED_TILES = True
 # 32-bit registers of one multiprocessor (every NVIDIA GPU from Volta to Blackwell) and the allocation's unit
 REGISTERS_PER_PROCESSOR = 65536
 REGISTER_UNIT = 8
@@ -181,35 +183,50 @@ if triton is not None:
         width, attended, intermediate, eps, programs, o_n, gu_n, d_n,
         HAS_O_BIAS: tl.constexpr, HAS_GU_BIAS: tl.constexpr, HAS_D_BIAS: tl.constexpr,
         WAIT_OUTPUT: tl.constexpr, WAIT_GATE_UP: tl.constexpr, WAIT_DOWN: tl.constexpr, PHASES: tl.constexpr,
-        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, UNROLL: tl.constexpr,
+        ROWS_OUTPUT: tl.constexpr, ROWS_GATE_UP: tl.constexpr, ROWS_DOWN: tl.constexpr, BLOCK_K: tl.constexpr,
+        UNROLL: tl.constexpr,
     ):  # fmt: skip
         """The phases PHASES names (bits: OUTPUT, GATE_UP, DOWN), in order:
             hidden = o_w · heads (+ o_b) + residual
             act = SiLU(gate) ⊙ up, [gate; up] = gu_w · RMSNorm(hidden) (+ gu_b)
             out = d_w · act (+ d_b) + hidden
-        each phase waiting as its WAIT_* says (0 none, 1 the kernel before, 2 the barrier after the phase before)."""
+        each phase waiting as its WAIT_* says (0 none, 1 the kernel before, 2 the barrier after the phase before),
+        its tiles of ROWS_* weight rows (`tile_rows`)."""
         pid = tl.program_id(0)
         # each phase's (WAIT, PROLOGUE: triton_gemv's PLAIN 0 or RMS_NORM 1, HAS_BIAS, HAS_RESIDUAL, GATED, blocks)
         if PHASES & 1:
             _phase(
                 heads_ptr, heads_ptr, o_w_ptr, o_b_ptr, residual_ptr, hidden_ptr, count_ptr, pid, programs,
                 width, attended, eps, o_n,
-                WAIT_OUTPUT, 0, HAS_O_BIAS, True, False, BLOCK_N, BLOCK_K, UNROLL,
+                WAIT_OUTPUT, 0, HAS_O_BIAS, True, False, ROWS_OUTPUT, BLOCK_K, UNROLL,
             )  # fmt: skip
         if PHASES & 2:
             _phase(
                 hidden_ptr, gain_ptr, gu_w_ptr, gu_b_ptr, hidden_ptr, act_ptr, count_ptr, pid, programs,
                 intermediate, width, eps, gu_n,
-                WAIT_GATE_UP, 1, HAS_GU_BIAS, False, True, BLOCK_N, BLOCK_K, UNROLL,
+                WAIT_GATE_UP, 1, HAS_GU_BIAS, False, True, ROWS_GATE_UP, BLOCK_K, UNROLL,
             )  # fmt: skip
         if PHASES & 4:
             _phase(
                 act_ptr, act_ptr, d_w_ptr, d_b_ptr, hidden_ptr, out_ptr, count_ptr + 1, pid, programs,
                 width, intermediate, eps, d_n,
-                WAIT_DOWN, 0, HAS_D_BIAS, True, False, BLOCK_N, BLOCK_K, UNROLL,
+                WAIT_DOWN, 0, HAS_D_BIAS, True, False, ROWS_DOWN, BLOCK_K, UNROLL,
             )  # fmt: skip
             if WAIT_DOWN == 2:
                 _reset_counts(count_ptr, programs)
+
+
+def tile_rows(weight_rows: int, programs: int, most: int) -> int:
+    """The weight rows of a phase's tiles: `most` (TAIL_BLOCKS' BLOCK_N) or half of it (at least 2: a gated tile
+    holds gate and up rows in pairs), whichever leaves the busiest program fewer rows to stream (each program takes
+    every programs-th tile: the phase waits for the busiest at the barrier after it); the wider on a tie (more bytes
+    in flight a load). The 1.1B model's gate/up product on an H200 (11,264 rows, 528 programs): tiles of 2 rows, 22
+    rows for the busiest program against 24 with tiles of 4 (21.3 on average); its output and down projections
+    (2,048 rows) keep tiles of 4 (`BALANCED_TILES` False: `most` everywhere)."""
+    if not BALANCED_TILES:
+        return most
+    candidates = [rows for rows in (most, most // 2) if rows >= 2]
+    return min(candidates, key=lambda rows: (-(-weight_rows // rows) + programs - 1) // programs * rows)
 
 
 def _waits(phases: int, dependent: bool) -> dict[str, int]:
@@ -260,7 +277,9 @@ def launch_layer_tail(
         width, attended, intermediate, eps, programs,
         output_weight.stride(0), gate_up_weight.stride(0), down_weight.stride(0),
         HAS_O_BIAS=output_bias is not None, HAS_GU_BIAS=gate_up_bias is not None, HAS_D_BIAS=down_bias is not None,
-        **_waits(phases, pdl), PHASES=phases, BLOCK_N=block_n, BLOCK_K=block_k, UNROLL=unroll, **options,
+        **_waits(phases, pdl), PHASES=phases, ROWS_OUTPUT=tile_rows(width, programs, block_n),
+        ROWS_GATE_UP=tile_rows(2 * intermediate, programs, block_n), ROWS_DOWN=tile_rows(width, programs, block_n),
+        BLOCK_K=block_k, UNROLL=unroll, **options,
     )  # fmt: skip
     return out, hidden, activated
 

@@ -26,8 +26,8 @@ the MoE's autotuned blocks). It says which kernel is worth a tuning row, and how
 - the rest of a layer's step after its attention at 1 row (output projection, gate/up + SwiGLU, down projection)
   as one persistent kernel whose phases meet at barriers across the grid (triton_layer_tail.py) against the three
   GEMVs through their PDL twins and against its own phases as three dependent launches (what a barrier costs against
-  a kernel boundary, the code the same), and the persistent kernel with 2 and 8 programs a processor and wider
-  blocks against its defaults;
+  a kernel boundary, the code the same), and the persistent kernel with 2 and 8 programs a processor, wider
+  blocks, and tiles never halved against its defaults;
 - an MoE's routed experts (triton_moe.py) against archlab's default experts (moe.Experts: grouped GEMMs), 1 and 4
   tokens, each token routed to 2 of 8 experts.
 The kernels run on CUDA, or on a CPU through Triton's interpreter (TRITON_INTERPRET=1, in fp32: NumPy has no
@@ -404,9 +404,14 @@ def layer_row(setup, report: Report, rows: int, pdl: bool = False) -> None:
 
 
 # The persistent layer tail's settings timed against its defaults (4 programs a processor, blocks (4, 1024, 2, 4)):
-# fewer and more programs resident (registers capped to fit them), and tiles of more rows, wider blocks of inputs
-# over 8 warps
-TAIL_VARIANTS = (("PROGRAMS_PER_PROCESSOR", 2), ("PROGRAMS_PER_PROCESSOR", 8), ("TAIL_BLOCKS", (8, 2048, 1, 8)))
+# fewer and more programs resident (registers capped to fit them), tiles of more rows and wider blocks of inputs
+# over 8 warps, and every phase's tiles of 4 rows (not halved where that balances the programs' rows)
+TAIL_VARIANTS = (
+    ("PROGRAMS_PER_PROCESSOR", 2),
+    ("PROGRAMS_PER_PROCESSOR", 8),
+    ("TAIL_BLOCKS", (8, 2048, 1, 8)),
+    ("BALANCED_TILES", False),
+)
 
 
 def layer_tail_rows(setup, report: Report) -> None:

@@ -849,16 +849,23 @@ def test_the_kernels_compile_with_every_scalar_argument_a_constant(case):
     assert "cubin" in _compile(kernel, {**constants, **config}, pointers, 90).asm
 
 
+# The 1.1B model's weight rows of the tail's phases: output projection, gate/up product, down projection
+TAIL_WEIGHT_ROWS = {"ROWS_OUTPUT": 2048, "ROWS_GATE_UP": 2 * 5632, "ROWS_DOWN": 2048}
+
+
 def _layer_tail(arch: int, dtype: str, pdl: bool = False):
-    """The persistent layer tail (triton_layer_tail.py) compiled as the op launches it: every phase, biases, its
-    default blocks, the registers capped for `PROGRAMS_PER_PROCESSOR` programs a multiprocessor."""
+    """The persistent layer tail (triton_layer_tail.py) compiled as the op launches it for the 1.1B model on an H200
+    (528 programs): every phase, biases, its default blocks, the gate/up product's tiles halved to balance the
+    programs (`tile_rows`), the registers capped for `PROGRAMS_PER_PROCESSOR` programs a multiprocessor."""
     from archlab.modeling import triton_layer_tail as tail
 
     block_n, block_k, unroll, warps = tail.TAIL_BLOCKS
     kernel = tail._layer_tail_kernel
+    rows = {name: tail.tile_rows(weight_rows, 528, block_n) for name, weight_rows in TAIL_WEIGHT_ROWS.items()}
+    assert rows == {"ROWS_OUTPUT": block_n, "ROWS_GATE_UP": block_n // 2, "ROWS_DOWN": block_n}
     constexprs = dict(
         HAS_O_BIAS=True, HAS_GU_BIAS=True, HAS_D_BIAS=True, **tail._waits(tail.ALL_PHASES, pdl),
-        PHASES=tail.ALL_PHASES, BLOCK_N=block_n, BLOCK_K=block_k, UNROLL=unroll,
+        PHASES=tail.ALL_PHASES, **rows, BLOCK_K=block_k, UNROLL=unroll,
     )  # fmt: skip
     pointers = {name: f"*{dtype}" for name in kernel.arg_names if name.endswith("_ptr") and name != "count_ptr"}
     return _compile(

@@ -27,6 +27,7 @@ from archlab.modeling.triton_layer_tail import (
     launch_layer_tail,
     layer_tail_applies,
     max_registers,
+    tile_rows,
 )
 
 from helpers import assert_close_to_scale, randomised, tiny_decoder_config
@@ -131,6 +132,16 @@ def test_each_phase_waits_at_the_barrier_after_the_phase_before():
     assert waits(ALL_PHASES, False) == dict(WAIT_OUTPUT=0, WAIT_GATE_UP=2, WAIT_DOWN=2)
     assert waits(GATE_UP | DOWN, True) == dict(WAIT_OUTPUT=0, WAIT_GATE_UP=1, WAIT_DOWN=2)
     assert waits(DOWN, False) == dict(WAIT_OUTPUT=0, WAIT_GATE_UP=0, WAIT_DOWN=0)
+
+
+def test_each_phase_s_tiles_balance_the_programs_rows(monkeypatch):
+    """A phase's tiles hold TAIL_BLOCKS' rows or half as many, whichever leaves the busiest program fewer rows."""
+    assert tile_rows(2 * 5632, 528, 4) == 2  # the 1.1B gate/up product on an H200: 22 rows at most, not 24
+    assert tile_rows(2048, 528, 4) == 4  # its output and down projections: one tile each either way (the wider)
+    assert tile_rows(2 * SHAPE[2], 2, 4) == 2  # (the phase test's gate/up product over 2 programs: 150 rows, not 152)
+    assert tile_rows(300, 1, 4) == 4 and tile_rows(11264, 528, 2) == 2  # one program; never below 2 (gate, up)
+    monkeypatch.setattr(triton_layer_tail, "BALANCED_TILES", False)
+    assert tile_rows(2 * 5632, 528, 4) == 4
 
 
 @pytest.mark.parametrize("warps", [2, 4, 8])

@@ -260,11 +260,12 @@ def test_headline_suite_runs_the_goal_rows(tmp_path, monkeypatch, device):
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
 def test_tuning_suite_measures_each_setting_against_the_default(tmp_path, device):
     """cuda-tuning: each setting of the decoding step (the persistent layer tail at batch 1, without archlab's decoding
-    kernels at batch 1 and a larger batch, the q/k/v GEMV apart from RoPE and the cache writes, the fused layer steps
-    at every row count, the memory-efficient attention, the plain mode and FlexAttention, max-autotune), each on its own copy of the weights
-    against archlab's default path, with both sides' first calls; the MoE without archlab's kernels against its
-    default; the time to first token with the prompt padded to a bucket and replayed as a CUDA graph against
-    without; and the prefill compiled with each decoder block a nested compile region against without."""
+    kernels at batch 1 and a larger batch, the q/k/v GEMV apart from RoPE and the cache writes, the fused layer
+    steps at every row count, the memory-efficient attention, the plain mode and FlexAttention, max-autotune), each
+    on its own copy of the weights against archlab's default path, with both sides' first calls; the MoE without
+    archlab's kernels against its default; the time to first token with the prompt padded to a bucket and replayed
+    as a CUDA graph against without; and the prefill compiled with each decoder block a nested compile region
+    against without."""
     from archlab.scripts import benchmark_cuda_tuning as tuning
 
     rates = ["--peak-tflops", "1", "--peak-bandwidth", "0.05"] if device == "cpu" else []

@@ -96,7 +96,7 @@ def test_each_kernel_has_rows_against_its_pytorch_path(tmp_path, monkeypatch):
     persistent = _rows(table, "the persistent layer tail, 1 row")
     assert "three dependent launches" in persistent[0][0], table
     variants = [re.search(r": (\w+) = ", row[0])[1] for row in persistent[1:]]
-    assert variants == ["PROGRAMS_PER_PROCESSOR", "PROGRAMS_PER_PROCESSOR", "TAIL_BLOCKS"], table
+    assert variants == ["PROGRAMS_PER_PROCESSOR", "PROGRAMS_PER_PROCESSOR", "TAIL_BLOCKS", "BALANCED_TILES"], table
     tail += persistent
     for row in attention + gemv + moe + layers + tail:
         assert row[1].endswith("calls/s") and row[3].endswith("×"), row
