@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import re
 
-from archlab.scripts import benchmark
+from archlab.scripts import benchmark, benchmark_cuda_kernels
+from archlab.scripts.benchmark_cuda_kernels import TAIL_VARIANTS
 
 from triton_interpreter import (
     DEVICE,
@@ -23,6 +24,27 @@ from triton_interpreter import (
     interpreted_run_of,
     runs_kernels,
 )
+
+
+def _wide_tiles(monkeypatch) -> None:
+    """Under the interpreter, which runs a kernel's programs one after another at a cost a program, each streaming
+    kernel's first configuration (the one it runs) with many weight rows a program: the 4-row GEMVs of the quick shapes
+    took ~20 s a call in tiles of 4 rows, ~0.5 s in tiles of 128. This test checks the suite's rows, not the kernels'
+    arithmetic in their own tiles (their own tests do, in the configurations a GPU runs)."""
+    import triton
+
+    from archlab.modeling import triton_gemv, triton_moe, triton_qkv
+
+    wide = {"BLOCK_N": 128, "BLOCK_K": 1024, "UNROLL": 1}
+    for kernel in (
+        triton_gemv._gemv_row_kernel,
+        triton_gemv._gemv_kernel,
+        triton_qkv._row_kernel,
+        triton_qkv._rows_kernel,
+        triton_moe._expert_gate_up_kernel,
+        triton_moe._expert_down_kernel,
+    ):
+        monkeypatch.setattr(kernel, "configs", [triton.Config(wide, num_warps=4, num_stages=1), *kernel.configs])
 
 
 def _table(tmp_path, device: str) -> str:
@@ -58,6 +80,9 @@ def test_each_kernel_has_rows_against_its_pytorch_path(tmp_path, monkeypatch):
         fill_interpreter_gaps(monkeypatch, "archlab.modeling.triton_")
         blocks = (32, 256, 1, 4)  # fewer tiles for the interpreter to run, one program after another
         monkeypatch.setattr(triton_layer_tail, "TAIL_BLOCKS", blocks)
+        _wide_tiles(monkeypatch)
+        variants = [(name, (64, *blocks[1:]) if name == "TAIL_BLOCKS" else value) for name, value in TAIL_VARIANTS]
+        monkeypatch.setattr(benchmark_cuda_kernels, "TAIL_VARIANTS", variants)
     table = _table(tmp_path, DEVICE)
     assert "failed" not in table, table
     header = _rows(table, "metric")[0]
