@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import zlib
 
 import pytest
 import torch
@@ -1159,19 +1160,34 @@ def _max_diff(model, reference, real: torch.Tensor | None = None, **inputs) -> f
     return (ours - theirs)[real].abs().max().item()
 
 
+class _BuiltOnFirstUse(dict):
+    """key -> `build(key)`, built the first time a test asks for it (a test process builds only what its tests use:
+    pytest-xdist spreads a module's tests over its workers), each from a seed of its own, so a key's weights do not
+    depend on what was built before it."""
+
+    def __init__(self, build):
+        super().__init__()
+        self.build = build
+
+    def __missing__(self, key):
+        torch.manual_seed(zlib.crc32(key.encode()))
+        self[key] = self.build(key)
+        return self[key]
+
+
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory):
     """case -> (stock model, the folder holding stock/, archlab/ and back/, the one exported back)."""
-    torch.manual_seed(0)
-    out = {}
-    for case in CASES:
+
+    def build(case):
         root = tmp_path_factory.mktemp(case)
         reference = _stock(case)
         reference.save_pretrained(root / "stock")
         convert_checkpoint(root / "stock", root / "archlab")
         convert_checkpoint(root / "archlab", root / "back", to=reference.config.model_type)
-        out[case] = reference, root
-    return out
+        return reference, root
+
+    return _BuiltOnFirstUse(build)
 
 
 def _check_decoder(model, reference, batches, pad: int) -> list[float]:
@@ -1279,9 +1295,8 @@ LABELS = {0: "worse", 1: "same", 2: "better"}
 @pytest.fixture(scope="module")
 def classifier_folders(tmp_path_factory):
     """case -> (stock classifier with 3 labels, the folder holding stock/, archlab/ and back/)."""
-    torch.manual_seed(0)
-    out = {}
-    for case in CLASSIFIER_CASES:
+
+    def build(case):
         root = tmp_path_factory.mktemp(f"{case}-classifier")
         config = CASES[case][0]
         labels = dict(id2label=LABELS, label2id={v: k for k, v in LABELS.items()})
@@ -1291,8 +1306,9 @@ def classifier_folders(tmp_path_factory):
         reference.save_pretrained(root / "stock")
         convert_checkpoint(root / "stock", root / "archlab")
         convert_checkpoint(root / "archlab", root / "back", to=config.model_type)
-        out[case] = reference, root
-    return out
+        return reference, root
+
+    return _BuiltOnFirstUse(build)
 
 
 @pytest.mark.parametrize("case", CLASSIFIER_CASES)
@@ -2016,9 +2032,9 @@ BERT_HEADS = {"sequence": ENCODER_SEQUENCE_CLASSIFICATION, "token": ENCODER_TOKE
 def bert_head_folders(tmp_path_factory):
     """head -> (stock BERT classifier with 3 labels, every parameter perturbed, the folder holding stock/, archlab/
     and back/)."""
-    torch.manual_seed(0)
-    out = {}
-    for name, head in BERT_HEADS.items():
+
+    def build(name):
+        head = BERT_HEADS[name]
         root = tmp_path_factory.mktemp(f"bert-{name}")
         labels = dict(id2label=LABELS, label2id={v: k for k, v in LABELS.items()}, classifier_dropout=0.3)
         if name == "sequence":
@@ -2029,8 +2045,9 @@ def bert_head_folders(tmp_path_factory):
         reference.save_pretrained(root / "stock")
         convert_checkpoint(root / "stock", root / "archlab")
         convert_checkpoint(root / "archlab", root / "back", to="bert")
-        out[name] = reference, root
-    return out
+        return reference, root
+
+    return _BuiltOnFirstUse(build)
 
 
 @pytest.mark.parametrize("name", BERT_HEADS)
