@@ -1163,15 +1163,16 @@ def _max_diff(model, reference, real: torch.Tensor | None = None, **inputs) -> f
 class _BuiltOnFirstUse(dict):
     """key -> `build(key)`, built the first time a test asks for it (a test process builds only what its tests use:
     pytest-xdist spreads a module's tests over its workers), each from a seed of its own, so a key's weights do not
-    depend on what was built before it."""
+    depend on what was built before it, and the asking test's own random numbers do not depend on whether it built."""
 
     def __init__(self, build):
         super().__init__()
         self.build = build
 
     def __missing__(self, key):
-        torch.manual_seed(zlib.crc32(key.encode()))
-        self[key] = self.build(key)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(zlib.crc32(key.encode()))
+            self[key] = self.build(key)
         return self[key]
 
 
