@@ -338,39 +338,28 @@ def _spills(compiled) -> int:
     return len(re.findall(r"\b(?:STL|LDL)(?:\.[A-Z0-9]+)*\s", _sass(compiled)))
 
 
-def test_the_decoding_kernels_keep_everything_in_registers():
-    """A weight-streaming loop that spills its accumulators to local memory reads and writes them every iteration
-    beside the weights. In bf16 on sm90, as the decoding steps of batch 1 to 4 launch them, no kernel spills: the
-    GEMV of one row (the one-row kernel) and of two and four (the streaming kernel: one accumulator a row, at most
-    4 weight rows a program) in every configuration and variant (each prologue; the gate/up product with SwiGLU
-    after it), launched plain or dependent (PDL, the first weight block read before the wait), the q/k/v GEMV with
-    RoPE and the cache writes at one and four rows (RMSNorm, a bias), both MoE kernels in
-    every configuration, the attention for heads of 64-256, with and without splits, every mask kind. (The
-    three-dimensional tile the streaming kernel had before spilled at 4 rows in some configurations.)"""
-    from archlab.modeling import triton_decoding, triton_gemv, triton_qkv
-
-    spilled = []
+def _gemv_spills(kernel, rows: int):
     pointers = {name: "*bf16" for name in GEMV_POINTERS}
-    for kernel, rows in (
-        (triton_gemv._gemv_row_kernel, 1),
-        (triton_gemv._gemv_kernel, 2),
-        (triton_gemv._gemv_kernel, 4),
-    ):
-        for config, (prologue, gated), pdl in itertools.product(kernel.configs, GEMV_VARIANTS, (False, True)):
-            constexprs = dict(
-                ROWS=rows, PROLOGUE=prologue, HAS_BIAS=False, HAS_RESIDUAL=not gated, GATED=gated, PDL=pdl,
-                **config.kwargs,
-            )  # fmt: skip
-            options = dict(num_warps=config.num_warps, num_stages=config.num_stages, launch_pdl=pdl)
-            if _spills(_compile(kernel, constexprs, pointers, 90, **options)):
-                spilled.append(("gemv", constexprs, config.num_warps))
-    qkv_pointers = {**{name: "*bf16" for name in QKV_POINTERS}, "pos_ptr": "*i64"}
-    for kernel, rows in ((triton_qkv._row_kernel, 1), (triton_qkv._rows_kernel, 4)):
-        for config, pdl in itertools.product(kernel.configs, (False, True)):
-            constexprs = dict(ROWS=rows, PROLOGUE=1, HAS_BIAS=True, HALF=32, ROTARY_HALF=32, PDL=pdl, **config.kwargs)
-            options = dict(num_warps=config.num_warps, num_stages=config.num_stages, launch_pdl=pdl)
-            if _spills(_compile(kernel, constexprs, qkv_pointers, 90, **options)):
-                spilled.append(("qkv", constexprs, config.num_warps))
+    for config, (prologue, gated), pdl in itertools.product(kernel.configs, GEMV_VARIANTS, (False, True)):
+        constexprs = dict(
+            ROWS=rows, PROLOGUE=prologue, HAS_BIAS=False, HAS_RESIDUAL=not gated, GATED=gated, PDL=pdl,
+            **config.kwargs,
+        )  # fmt: skip
+        options = dict(num_warps=config.num_warps, num_stages=config.num_stages, launch_pdl=pdl)
+        if _spills(_compile(kernel, constexprs, pointers, 90, **options)):
+            yield "gemv", constexprs, config.num_warps
+
+
+def _qkv_spills(kernel, rows: int):
+    pointers = {**{name: "*bf16" for name in QKV_POINTERS}, "pos_ptr": "*i64"}
+    for config, pdl in itertools.product(kernel.configs, (False, True)):
+        constexprs = dict(ROWS=rows, PROLOGUE=1, HAS_BIAS=True, HALF=32, ROTARY_HALF=32, PDL=pdl, **config.kwargs)
+        options = dict(num_warps=config.num_warps, num_stages=config.num_stages, launch_pdl=pdl)
+        if _spills(_compile(kernel, constexprs, pointers, 90, **options)):
+            yield "qkv", constexprs, config.num_warps
+
+
+def _moe_spills():
     for kernel, names, extra in moe_kernel_variants():
         pointers = {name: "*bf16" for name in names}
         pointers.update(index_ptr="*i64", weight_ptr="*fp32")
@@ -378,7 +367,12 @@ def test_the_decoding_kernels_keep_everything_in_registers():
             constexprs = {**config.kwargs, **extra, **({"SLOTS": 2} if "SLOTS" in kernel.fn.arg_names else {})}
             options = dict(num_warps=config.num_warps, num_stages=config.num_stages)
             if _spills(_compile(kernel, constexprs, pointers, 90, **options)):
-                spilled.append((kernel.fn.__name__, constexprs, config.num_warps))
+                yield kernel.fn.__name__, constexprs, config.num_warps
+
+
+def _attention_spills():
+    from archlab.modeling import triton_decoding
+
     pointers = {name: "*bf16" for name in ("q_ptr", "k_ptr", "v_ptr", "out_ptr")}
     for head, splits, mask in itertools.product((64, 128, 256), (1, 4), (0, 1, 2)):
         block = triton_decoding.block_keys(head, DTYPES["bf16"])
@@ -390,8 +384,35 @@ def test_the_decoding_kernels_keep_everything_in_registers():
             "stat_ptr": scratch}, 90,
         )  # fmt: skip
         if _spills(compiled):
-            spilled.append(("attention", constexprs))
-    assert not spilled, spilled
+            yield "attention", constexprs
+
+
+# each a test of its own: together one test of ~200 s that held one worker while the others had finished
+REGISTER_CASES = ("gemv-one-row", "gemv-two-rows", "gemv-four-rows", "qkv-one-row", "qkv-four-rows", "moe", "attention")
+
+
+@pytest.mark.parametrize("case", REGISTER_CASES)
+def test_the_decoding_kernels_keep_everything_in_registers(case):
+    """A weight-streaming loop that spills its accumulators to local memory reads and writes them every iteration
+    beside the weights. In bf16 on sm90, as the decoding steps of batch 1 to 4 launch them, no kernel spills: the
+    GEMV of one row (the one-row kernel) and of two and four (the streaming kernel: one accumulator a row, at most
+    4 weight rows a program) in every configuration and variant (each prologue; the gate/up product with SwiGLU
+    after it), launched plain or dependent (PDL, the first weight block read before the wait), the q/k/v GEMV with
+    RoPE and the cache writes at one and four rows (RMSNorm, a bias), both MoE kernels in
+    every configuration, the attention for heads of 64-256, with and without splits, every mask kind. (The
+    three-dimensional tile the streaming kernel had before spilled at 4 rows in some configurations.)"""
+    from archlab.modeling import triton_gemv, triton_qkv
+
+    spilled = {
+        "gemv-one-row": lambda: _gemv_spills(triton_gemv._gemv_row_kernel, 1),
+        "gemv-two-rows": lambda: _gemv_spills(triton_gemv._gemv_kernel, 2),
+        "gemv-four-rows": lambda: _gemv_spills(triton_gemv._gemv_kernel, 4),
+        "qkv-one-row": lambda: _qkv_spills(triton_qkv._row_kernel, 1),
+        "qkv-four-rows": lambda: _qkv_spills(triton_qkv._rows_kernel, 4),
+        "moe": _moe_spills,
+        "attention": _attention_spills,
+    }[case]()
+    assert not list(spilled)
 
 
 @pytest.mark.parametrize("prologue", GEMV_PROLOGUES)
