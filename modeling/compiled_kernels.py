@@ -73,21 +73,27 @@ class CompiledKernel:
         self.compiled: dict[str, Callable | None] = {}  # by device type; None once the compiler failed there
         self.told_no_recompile = False
 
-    def serves(self, device_type: str) -> bool:
-        """Whether calls on `device_type` may run the compiled kernel: elsewhere the caller runs `function` without
+    def applies(self, args: tuple, devices: tuple[str, ...]) -> bool:
+        """Whether a call on `args` would run the compiled kernel were it to serve `devices`: the first tensor
+        argument's device is one of them, nothing traces or compiles the call already, and it records a gradient or
+        is large enough. (The tests' run with the CUDA paths opened to the CPU is chosen by it: tests/cuda_paths.py.)"""
+        if args[0].device.type not in devices or torch.compiler.is_compiling() or torch.jit.is_tracing():
+            return False
+        if _dynamo_disabled():
+            return False
+        return args[0].numel() >= self.inference_min_elements() or _records_gradient(args)
+
+    def serves(self, *args) -> bool:
+        """Whether a call on `args` runs the compiled kernel: where it does not, the caller runs `function` without
         preparing the kernel's arguments (a decoding step pays for nothing it does not use)."""
-        return device_type in self.devices()
+        return self.applies(args, self.devices())
 
     def __call__(self, *args):
         """`function(*args)` from the compiled kernel (the first tensor argument's device decides), or None where
         the caller should run `function` itself."""
+        if not self.serves(*args):
+            return None
         device_type = args[0].device.type
-        if device_type not in self.devices() or torch.compiler.is_compiling() or torch.jit.is_tracing():
-            return None
-        if _dynamo_disabled():
-            return None
-        if args[0].numel() < self.inference_min_elements() and not _records_gradient(args):
-            return None
         if device_type not in self.compiled:
             self.compiled[device_type] = torch.compile(self.function, fullgraph=True)
         compiled = self.compiled[device_type]

@@ -228,11 +228,13 @@ def fusable_modules(model: nn.Module) -> list[FusableProjections]:
     return found
 
 
-def fuses_on(model: nn.Module) -> bool:
+def fuses_on(model: nn.Module, devices: tuple[str, ...] | None = None) -> bool:
     """Whether `generate` reads `model`'s projections as one product per group: its parameters are on a
-    `FUSED_PROJECTION_DEVICES` device and no global module hook would miss the projections' own calls."""
+    `FUSED_PROJECTION_DEVICES` device (or one of `devices`) and no global module hook would miss the projections' own
+    calls."""
     parameter = next(model.parameters(), None)
-    if parameter is None or parameter.device.type not in FUSED_PROJECTION_DEVICES:
+    devices = FUSED_PROJECTION_DEVICES if devices is None else devices
+    if parameter is None or parameter.device.type not in devices:
         return False
     hooks = nn.modules.module
     return not (hooks._global_forward_hooks or hooks._global_forward_pre_hooks)

@@ -169,9 +169,9 @@ def apply_rotary(
     Under autocast the kernel writes the autocast dtype: the formula's result is float32 there (the rotary table
     follows the float32 residual stream, as Llama's), and attention casts it down anyway — the kernel rounds the
     same float32 values once, and saves writing and reading them in float32."""
-    device = query.device.type
-    if not ROTARY_KERNEL.serves(device):  # first: the dtype below is the kernel's alone
+    if not ROTARY_KERNEL.serves(query, key, cos, sin):  # first: the dtype below is the kernel's alone
         return rotary_formula(query, key, cos, sin)
+    device = query.device.type
     if torch.is_autocast_enabled(device):
         dtype = torch.get_autocast_dtype(device)
     else:

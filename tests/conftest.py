@@ -11,26 +11,16 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import pytest
 import torch
 
-# ARCHLAB_TEST_CUDA_PATHS_ON_CPU=1 (CI's second pass): the fast paths that run on CUDA only — the compiled element-wise
-# kernels (RoPE, gated activations), the LM loss's compiled gradient, q/k/v and gate/up read as one product in
-# generate — run on the CPU too, so every test of the suite checks them against its reference, all at once, as a GPU
-# runs them. (Not the decoding loops' CUDA default, which would compile every test's generate, nor the RMSNorm fused
-# backward, which has no CPU kernel; their own tests force them.)
-CUDA_PATHS_ON_CPU = os.environ.get("ARCHLAB_TEST_CUDA_PATHS_ON_CPU") == "1"
+# ARCHLAB_TEST_CUDA_PATHS_ON_CPU=1 (CI's pass after the suite): the fast paths that run on CUDA only opened to the CPU,
+# for the tests that go through one (cuda_paths.py). (Not the decoding loops' CUDA default, which would compile every
+# test's generate, nor the RMSNorm fused backward, which has no CPU kernel; their own tests force them.)
+pytest_plugins = ["cuda_paths", "pytester"]  # pytester: test_cuda_paths.py runs pytest on a probe
 
 
 # ARCHLAB_TEST_FAILURES_AT_ONCE=1 (the GPU session's `tests` step): each failure's traceback is written as the test
 # ends, not in the summary at the end of the run, so a run stopped at its time limit still says why tests failed.
 FAILURES_AT_ONCE = os.environ.get("ARCHLAB_TEST_FAILURES_AT_ONCE") == "1"
 _config: pytest.Config | None = None
-
-
-def _open_the_cuda_paths_to_the_cpu() -> None:
-    from archlab.modeling import compiled_kernels, fused_projections, losses
-
-    compiled_kernels.FUSED_KERNEL_DEVICES = ("cuda", "cpu")
-    losses.FUSED_GRADIENT_DEVICES = ("cuda", "cpu")
-    fused_projections.FUSED_PROJECTION_DEVICES = ("cuda", "cpu")
 
 
 def _cores() -> int:
@@ -80,8 +70,6 @@ def pytest_configure(config: pytest.Config) -> None:
     global _config
     _config = config
     _share_the_cores_between_workers()
-    if CUDA_PATHS_ON_CPU:
-        _open_the_cuda_paths_to_the_cpu()
     # pytest-xdist's, registered here too: the modules that carry it also run where pytest-xdist is not installed
     config.addinivalue_line("markers", "xdist_group(name): tests that run in the same pytest-xdist worker")
     # marks that transformers' common model tests (test_transformers_common.py) put on some of their tests

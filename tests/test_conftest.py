@@ -74,7 +74,8 @@ def test_workers_by_default_one_process_with_n0_or_without_xdist(tmp_path):
     pytest.importorskip("xdist")
     project = tmp_path / "project"
     project.mkdir()
-    shutil.copy(Path(__file__).with_name("conftest.py"), project / "conftest.py")
+    for name in ("conftest.py", "cuda_paths.py"):  # and the plugin conftest.py loads
+        shutil.copy(Path(__file__).with_name(name), project / name)
     (project / "test_probe.py").write_text(PROBE)
     (project / "test_a_group.py").write_text(GROUPED)
     # the run's environment, less this run's own pytest and xdist variables and thread count
