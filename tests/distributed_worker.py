@@ -327,6 +327,7 @@ def run_accelerate_fsdp2(args: argparse.Namespace) -> dict:
             mixed_precision="no",
             is_main_process=dist.get_rank() == 0,
             torch_device_mesh=None,
+            device=torch.device("cpu"),  # accelerate 1.16 moves the modules FSDP2 leaves unsharded there
         )
         model = fsdp2_prepare_model(accelerator, AutoModelForCausalLM.from_pretrained(path).train())
         groups = {name: m._get_fsdp_state() for name, m in model.named_modules() if isinstance(m, FSDPModule)}
