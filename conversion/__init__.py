@@ -13,6 +13,8 @@
   (the `score` head on the family's body), and BERT's (and RoBERTa's) sequence and token classifiers as
   `EncoderForSequenceClassification` / `EncoderForTokenClassification`, the head chosen from `architectures`;
 - `folders.py`: model folders on disk (safetensors only; a written folder is complete or absent);
+- `quantized.py`: folders whose weights are stored quantized (FP8 with scales, GPTQ/AWQ, bitsandbytes, ...), refused
+  by their method with the way to a floating-point copy;
 - `convert.py`: `convert_checkpoint(src, dst, to=None)`, what `scripts/convert_checkpoint.py` runs.
 """
 

@@ -18,15 +18,20 @@ from .families import FAMILIES
 from .family import ConversionError
 from .folders import load_state_dict, read_config, write_model
 from .heads import archlab_row, stock_row
+from .quantized import refuse_quantized_weights
 from .text_stacks import TEXT_STACKS
 
 ARCHLAB_MODEL_TYPES = {config.model_type: config for config in (DecoderConfig, Seq2SeqConfig)}
+# config.json model_types that are a family's under another name: Kimi K2's folders (the config of its remote code is
+# DeepSeek-V3's, read so by transformers itself in its Kimi K2.5 config's text model)
+MODEL_TYPE_ALIASES = {"kimi_k2": "deepseek_v3"}
 
 
 def convert_checkpoint(src: str | os.PathLike, dst: str | os.PathLike, to: str | None = None) -> Path:
     """Convert the model folder `src` into `dst` and return `dst`.
 
-    - `src` of a stock family in `FAMILIES` -> an archlab folder (`to` must be None or "archlab");
+    - `src` of a stock family in `FAMILIES` (or one of `MODEL_TYPE_ALIASES`: Kimi K2 is DeepSeek-V3) -> an archlab
+      folder (`to` must be None or "archlab");
     - `src` an archlab folder and `to` a family name -> a stock folder of that family;
     - `src` a multimodal folder whose language model is a family (`TEXT_STACKS`: Llama 4's) -> an archlab folder of
       that language model.
@@ -41,6 +46,9 @@ def convert_checkpoint(src: str | os.PathLike, dst: str | os.PathLike, to: str |
         raise ConversionError(f"Destination {dst} exists and is not empty; choose a new folder.")
     values = read_config(src)
     model_type = values.get("model_type")
+    if model_type in MODEL_TYPE_ALIASES:
+        model_type = MODEL_TYPE_ALIASES[model_type]
+        values = {**values, "model_type": model_type}
 
     if model_type in ARCHLAB_MODEL_TYPES:
         if to is None or to == "archlab":
@@ -60,7 +68,9 @@ def convert_checkpoint(src: str | os.PathLike, dst: str | os.PathLike, to: str |
         family = archlab_row(family, values.get("architectures"), src, to)
         config = with_one_rope(config, to)
         stock_config = family.export_config(config)
-        state_dict = family.layout.from_archlab(load_state_dict(src), config)
+        state_dict = load_state_dict(src)
+        refuse_quantized_weights(src, values, state_dict)
+        state_dict = family.layout.from_archlab(state_dict, config)
         return write_model(family.model_class, stock_config, state_dict, src, dst)
 
     if model_type in FAMILIES:
@@ -68,7 +78,9 @@ def convert_checkpoint(src: str | os.PathLike, dst: str | os.PathLike, to: str |
             raise ConversionError(f"{src} is a {model_type} checkpoint; it converts to archlab only (no `to`).")
         family = stock_row(FAMILIES[model_type], values.get("architectures"), src)
         config = family.archlab_config(values)
-        state_dict = family.layout.to_archlab(load_state_dict(src), config)
+        state_dict = load_state_dict(src)
+        refuse_quantized_weights(src, values, state_dict)
+        state_dict = family.layout.to_archlab(state_dict, config)
         return write_model(family.archlab_class, config, state_dict, src, dst)
 
     if model_type in TEXT_STACKS:  # a multimodal folder: its language model (text_stacks.py)
@@ -79,10 +91,12 @@ def convert_checkpoint(src: str | os.PathLike, dst: str | os.PathLike, to: str |
             )
         family = FAMILIES[stack.family]
         config = family.archlab_config(stack.text_values(values, src))
-        state_dict = family.layout.to_archlab(stack.load(src), config)
+        state_dict = stack.load(src)
+        refuse_quantized_weights(src, values, state_dict)
+        state_dict = family.layout.to_archlab(state_dict, config)
         return write_model(family.archlab_class, config, state_dict, src, dst)
 
-    known = sorted(FAMILIES) + sorted(TEXT_STACKS) + sorted(ARCHLAB_MODEL_TYPES)
+    known = sorted(FAMILIES) + sorted(MODEL_TYPE_ALIASES) + sorted(TEXT_STACKS) + sorted(ARCHLAB_MODEL_TYPES)
     raise ConversionError(f"{src} has model_type={model_type!r}; the converter knows: {known}.")
 
 

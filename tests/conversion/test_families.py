@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import shutil
 import zlib
 
 import pytest
@@ -2269,6 +2270,64 @@ def test_a_gpt_oss_checkpoint_with_mxfp4_experts_is_refused_with_the_way_to_conv
     ):
         convert_checkpoint(quantised, tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    "method, stored",
+    [
+        ("fp8", "block-scaled"),  # DeepSeek-V3, Kimi K2: float8 weights, a scale per 128 x 128 block
+        ("gptq", "packed"),  # packed integers beside the scales, no float8
+        (None, "block-scaled"),  # no quantization_config: float8 tensors are enough to tell
+    ],
+)
+def test_a_checkpoint_with_quantized_weights_is_refused_by_its_method(folders, tmp_path, method, stored):
+    """A folder whose linear weights are stored quantized (FP8 with block scales, GPTQ's packed integers) is refused
+    before anything is converted or written, naming the method and a tensor and saying how to get a floating-point
+    copy (it used to fail on the model's unexpected keys, naming a scale tensor)."""
+    from safetensors.torch import load_file, save_file
+
+    stock = folders["llama"][1] / "stock"
+    quantized = tmp_path / "quantized"
+    quantized.mkdir()
+    values = json.loads((stock / "config.json").read_text())
+    if method:
+        values["quantization_config"] = {"quant_method": method}
+    (quantized / "config.json").write_text(json.dumps(values))
+    weights = load_file(stock / "model.safetensors")
+    for key in [key for key in weights if key.endswith("proj.weight")]:
+        if stored == "block-scaled":
+            weights[key] = weights[key].to(torch.float8_e4m3fn)
+            weights[f"{key}_scale_inv"] = torch.ones(1, 1)
+        else:
+            weight = weights.pop(key)
+            base = key[: -len(".weight")]
+            weights[f"{base}.qweight"] = torch.zeros(weight.shape[1] // 8, weight.shape[0], dtype=torch.int32)
+            weights[f"{base}.scales"] = torch.ones(1, weight.shape[0], dtype=torch.float16)
+    save_file(weights, quantized / "model.safetensors")
+    named = rf"{method}-quantized weights" if method else "quantized weights"
+    with pytest.raises(ConversionError, match=rf"holds {named} \(model\.layers\.0\..*dequantize=True"):
+        convert_checkpoint(quantized, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_kimi_k2_folder_converts_as_deepseek_v3(folders, tmp_path):
+    """Kimi K2's folders say `model_type` "kimi_k2" (the config class of their remote code), with DeepSeek-V3's
+    fields and `DeepseekV3ForCausalLM` as architecture: the converter reads them as DeepSeek-V3's (as transformers
+    reads Kimi K2.5's text model), giving the same archlab folder."""
+    from safetensors.torch import load_file
+
+    reference, root = folders["deepseek_v3"]
+    kimi = tmp_path / "kimi"
+    shutil.copytree(root / "stock", kimi)
+    values = json.loads((kimi / "config.json").read_text())
+    (kimi / "config.json").write_text(json.dumps({**values, "model_type": "kimi_k2"}))
+    convert_checkpoint(kimi, tmp_path / "archlab")
+    ours, theirs = (load_file(folder / "model.safetensors") for folder in (tmp_path / "archlab", root / "archlab"))
+    assert ours.keys() == theirs.keys() and all(torch.equal(ours[key], theirs[key]) for key in ours)
+    model = DecoderForCausalLM.from_pretrained(tmp_path / "archlab").eval()
+    ids = torch.randint(3, VOCAB, (2, 7), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        assert (model(ids).logits - reference(ids).logits).abs().max() <= ATOL
 
 
 # a tiny vision tower beside the text stack of a Llama 4 multimodal folder (the converter leaves it out)
