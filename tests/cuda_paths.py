@@ -86,9 +86,16 @@ class _Recorder:
     def __init__(self) -> None:
         self.item: pytest.Item | None = None
         self.fixtures: list = []  # the fixture definitions being set up, outermost first
+        self.module: pytest.Module | None = None  # the test module being imported
+        self.modules_that_came: set[str] = set()  # test modules that came to a path as they were imported
+        self.came_elsewhere = False  # a path came to before collection (conftest.py), outside any module or test
 
     def note(self) -> None:
         if self.item is None:
+            if self.module is not None:
+                self.modules_that_came.add(self.module.nodeid)
+            else:
+                self.came_elsewhere = True
             return
         wider = {d.argname for d in self.fixtures if d.scope != "function"}
         properties = self.item.user_properties
@@ -122,6 +129,24 @@ class _Recorder:
         from archlab.modeling import compiled_kernels, fused_projections
 
         compiled_kernels.CompiledKernel.applies, fused_projections.fuses_on = self.originals
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_make_collect_report(self, collector):
+        """A test module is imported as it is collected: what its module-level code comes to is noted for it."""
+        if isinstance(collector, pytest.Module):
+            self.module = collector
+        try:
+            yield
+        finally:
+            self.module = None
+
+    def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
+        """Each test of a module that came to a path as it was imported (every test, where code before collection
+        did) is noted as coming to one itself: the values that code computed may differ opened."""
+        for item in items:
+            module = item.getparent(pytest.Module)
+            if self.came_elsewhere or (module is not None and module.nodeid in self.modules_that_came):
+                item.user_properties.append((REACHED, True))
 
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_protocol(self, item):

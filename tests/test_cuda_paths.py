@@ -106,6 +106,38 @@ def test_the_opened_run_runs_the_tests_that_come_to_a_path_and_those_it_knows_no
     assert passed == set(NAMES) and "no closed run of this code is noted" in output
 
 
+IMPORTED = """
+import torch
+
+from archlab.modeling.rotary import apply_rotary
+
+query = torch.randn(1, 2, 3, 4, requires_grad=True)
+ROTATED = apply_rotary(query, query, torch.ones(1, 3, 4), torch.zeros(1, 3, 4))  # as the module is imported
+
+
+def test_reads_what_the_import_computed():
+    assert ROTATED[0].shape == (1, 2, 3, 4)
+"""
+
+PLAIN = """
+def test_plain():
+    pass
+"""
+
+
+def test_what_a_module_computes_as_it_is_imported_counts_for_its_tests(pytester, monkeypatch):
+    """A test module whose module-level code comes to an opened path: each of its tests reruns opened (the values it
+    reads may differ); a module beside it that came to none does not."""
+    from archlab.modeling.rotary import ROTARY_KERNEL
+
+    monkeypatch.setitem(ROTARY_KERNEL.compiled, "cpu", None)
+    pytester.makepyfile(test_imported=IMPORTED, test_plain=PLAIN)
+    passed, _ = _run(pytester, monkeypatch, "")
+    assert passed == {"test_reads_what_the_import_computed", "test_plain"}
+    passed, output = _run(pytester, monkeypatch, "1")
+    assert passed == {"test_reads_what_the_import_computed"}, output
+
+
 def test_the_opened_run_opens_the_paths_and_puts_them_back(pytester, monkeypatch):
     from archlab.modeling import compiled_kernels, fused_projections, losses
 
