@@ -229,8 +229,8 @@ def fusable_modules(model: nn.Module) -> list[FusableProjections]:
 
 
 def fuses_on(model: nn.Module, devices: tuple[str, ...] | None = None) -> bool:
-    """Whether `generate` reads `model`'s projections as one product per group: its parameters are on a
-    `FUSED_PROJECTION_DEVICES` device (or one of `devices`) and no global module hook would miss the projections' own
+    """Whether `generate` reads `model`'s projections as one product per group: its parameters are on a device of
+    `devices` (by default `FUSED_PROJECTION_DEVICES`) and no global module hook would miss the projections' own
     calls."""
     parameter = next(model.parameters(), None)
     devices = FUSED_PROJECTION_DEVICES if devices is None else devices
