@@ -391,7 +391,8 @@ def beam_search(model, input_ids, logits_processor, stopping_criteria, generatio
 
     has_padding = not model.config.is_encoder_decoder and kwargs.get("attention_mask") is not None
     arguments = (settings, eos_token_id, top_mask, encoder, has_padding)
-    with SlidingRings(cache):  # window-long sliding layers as rings, until the cache is rewound
+    # window-long sliding (and chunked) layers as rings, until the cache is rewound
+    with SlidingRings(cache, getattr(model.config, "layer_types", None)):
         with Spans(cache) as spans, Spares(cache) as spares:
             for step in range(1, config.max_length - prompt_len):
                 torch.compiler.cudagraph_mark_step_begin()

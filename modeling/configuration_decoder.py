@@ -274,9 +274,10 @@ class DecoderConfig(PreTrainedConfig):
             (Mistral).
         attention_chunk_size (`int`, *optional*): the blocks of `"chunked_attention"` layers: a query sees the keys
             of its own block of this many positions (from the row's first real token), up to itself (Llama 4's
-            chunked local attention, 8192 there); alone, every layer is chunked. Their cache keeps the last block's
-            keys (transformers' sliding-window cache layers, as Llama 4's); `generate` decodes them on the dynamic
-            cache (the compiled static-cache loops build no chunked masks).
+            chunked local attention, 8192 there); alone, every layer is chunked. Their dynamic cache keeps the last
+            block's keys (transformers' sliding-window cache layers, as Llama 4's); generate's static cache keeps
+            every key up to 4 blocks, and past that the compiled loops decode them as rings of one block
+            (`sliding_layers.py`).
         layer_types (`list[str]`, *optional*): per layer `"full_attention"`, `"sliding_attention"` (Gemma2's
             interleaved local/global layers) or `"chunked_attention"` (Llama 4); None follows `sliding_window` or
             `attention_chunk_size`.

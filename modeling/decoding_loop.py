@@ -292,11 +292,14 @@ def one_token_logits(
     its `position_ids`; an encoder-decoder's decoder positions follow the cache length, and `encoder` holds its
     encoder states and source mask). Where the cache's layers read a span (`cache_spans`), the padding mask is cut to
     it (gathered, not sliced: a slice is contiguous exactly when the span is the whole cache, which the compiled
-    graph would then guard on). Sliding layers decoded as rings get their own mask (`sliding_layers.ring_mask`).
-    The masks are written into `mask_buffer` and read from it by every layer (`step_masks.realized_masks`).
-    Traceable in one graph: no host read."""
-    ring = next((layer for layer in self_attention_layers(cache) if isinstance(layer, RingSlidingLayer)), None)
-    sliding = None if ring is None else ring_mask(model, ring, padding_mask, tokens.shape[0])
+    graph would then guard on). Sliding and chunked layers decoded as rings get their own masks
+    (`sliding_layers.ring_mask`). The masks are written into `mask_buffer` and read from it by every layer
+    (`step_masks.realized_masks`). Traceable in one graph: no host read."""
+    rings = {}  # a ring of each kind: sliding and chunked layers take masks of their own
+    for layer in self_attention_layers(cache):
+        if isinstance(layer, RingSlidingLayer):
+            rings.setdefault("chunked_attention" if layer.chunked else "sliding_attention", layer)
+    local = {kind: ring_mask(model, ring, padding_mask, tokens.shape[0]) for kind, ring in rings.items()}
     span = attended_length(cache)
     if padding_mask is not None and span is not None:
         padding_mask = padding_mask.index_select(1, torch.arange(span, device=padding_mask.device))
@@ -316,8 +319,8 @@ def one_token_logits(
             **with_cache(cache),
             is_first_iteration=False,
         )
-        if sliding is not None:  # replaces transformers' mask over the ring's slots, which assumes them in order
-            masks = dict(masks, sliding_attention=sliding) if isinstance(masks, dict) else sliding
+        if local:  # replaces transformers' masks over the rings' slots, which assume them in order
+            masks = dict(masks, **local) if isinstance(masks, dict) else next(iter(local.values()))
         masks = realized_masks(masks, mask_buffer)
         inputs = dict(input_ids=tokens, position_ids=position_ids, attention_mask=masks)
     outputs = model(**inputs, **with_cache(cache), use_cache=True, logits_to_keep=1, return_dict=True)
@@ -498,7 +501,8 @@ def decode(
     )
     checks = eos_token_id is not None or bool(stop_strings) or streamer is not None or deadline is not None
     spans = Spans(cache)
-    with SlidingRings(cache):  # window-long sliding layers as rings, until the cache is rewound
+    # window-long sliding (and chunked) layers as rings, until the cache is rewound
+    with SlidingRings(cache, getattr(model.config, "layer_types", None)):
         with model._optimize_model_for_decode(), spans:
             for step in range(1, stopping_criteria.max_length - prompt_length):
                 torch.compiler.cudagraph_mark_step_begin()  # the last outputs are dead: replay, do not record anew

@@ -17,12 +17,16 @@ that a compiled forward takes as a symbolic input: a new value, and a new CUDA g
   returns is transformers'. A window's memory and reads at any length. Not for attention backends other than SDPA
   and eager, or beam sampling, which runs transformers' loop (`ring_blocker`, `decodes_as_rings`).
 
+Chunked layers (Llama 4's `attention_chunk_size`) are window-long sliding layers of one chunk in transformers' static
+cache: whole, transformers' chunked masks give each query its chunk at any length; as rings of `chunk +
+RING_SPARE_SLOTS` slots, `ring_mask` does (the current chunk always lies within the last `chunk` positions).
+
 `kept_whole` decides, the same way for generate's cache choice (`fast_decoding.sliding_window_blocker`) and for the
 cache it builds (`keep_sliding_layers_whole`):
-- always for a model with chunked layers (Llama 4's `attention_chunk_size`, which transformers' static cache makes
-  window-long sliding layers of one block): whole, the chunked masks give each query its block at any length, and
-  sliding layers beside them are whole too (transformers sizes every local mask from the first local layer);
-- always up to `WHOLE_CACHE_WINDOWS` windows: memory and reads within that factor of the window's;
+- always for a model with chunked and sliding layers side by side (transformers sizes every local mask from the first
+  local layer, so their window-long layers of two lengths would not line up with their masks), and for a chunked
+  model in a call that does not decode as rings;
+- always up to `WHOLE_CACHE_WINDOWS` windows (chunks): memory and reads within that factor of the window's;
 - past that, greedy decoding, sampling and beam search decode window-long layers as rings (`decodes_as_rings`);
 - the others (beam sampling, transformers' loop), on CUDA, keep the layers whole while the keys kept past the window
   (every sliding layer, every row) take no more bytes than the model's weights — a step, which reads the weights once,
@@ -52,6 +56,16 @@ class WholeCacheSlidingLayer(SpannedLayer):
     is_sliding = True
 
 
+def local_window(config) -> int | None:
+    """The length of transformers' window-long static cache layers for `config`: its sliding window, or its chunk size
+    where the local layers are all chunked (Llama 4); None without local layers, or with both kinds (their masks are
+    sized from one cache layer, so such a cache stays whole)."""
+    kinds = set(getattr(config, "layer_types", None) or ())
+    if "chunked_attention" in kinds:
+        return None if "sliding_attention" in kinds else config.attention_chunk_size
+    return getattr(config, "sliding_window", None)
+
+
 def bytes_past_the_window(config, length: int, batch_size: int, dtype: torch.dtype) -> int:
     """Bytes of keys and values a `length`-position static cache of `batch_size` rows holds past the sliding window
     when its sliding layers are kept whole."""
@@ -66,9 +80,9 @@ def kept_whole(model, length: int, batch_size: int | None, rings: bool = False) 
     whole (module docstring). Without a batch size only the `WHOLE_CACHE_WINDOWS` rule applies, and so it does for
     a call that decodes window-long layers as rings (`rings`, `decodes_as_rings`): past 4 windows a ring holds and
     reads less than a whole layer."""
-    if "chunked_attention" in (getattr(model.config, "layer_types", None) or ()):
-        return True  # Llama 4's chunked layers: always whole (`WholeCacheSlidingLayer`), and sliding ones beside them
-    window = getattr(model.config, "sliding_window", None)
+    window = local_window(model.config)
+    if "chunked_attention" in (getattr(model.config, "layer_types", None) or ()) and (window is None or not rings):
+        return True  # chunked layers beside sliding ones, or a call without rings: always whole
     if window is None:
         return False
     if length <= WHOLE_CACHE_WINDOWS * window:
@@ -115,9 +129,9 @@ def ring_blocker(model) -> str | None:
         return "rings are switched off (sliding_layers.RINGS)"
     if config.is_encoder_decoder:
         return "an encoder-decoder"
-    if "chunked_attention" in (getattr(config, "layer_types", None) or ()):
+    if {"chunked_attention", "sliding_attention"} <= set(getattr(config, "layer_types", None) or ()):
         # transformers sizes every local layer type's mask from the first layer flagged sliding
-        return "chunked attention layers beside them (their masks are sized from the same cache layer)"
+        return "chunked and sliding attention layers side by side (their masks are sized from the same cache layer)"
     if config._attn_implementation not in RING_BACKENDS:
         return f"the attention backend {config._attn_implementation!r} (a ring builds SDPA's and eager's masks)"
     return None
@@ -131,15 +145,18 @@ def decodes_as_rings(model, generation_mode: GenerationMode | None) -> bool:
 class RingSlidingLayer(StaticLayer):
     """A sliding-window layer of `window + RING_SPARE_SLOTS` slots for the decoding loops' one-token steps: position p
     lives in slot p mod slots, the position written next is `cumulative_length` (a device tensor: one compiled graph
-    and one CUDA graph for every step), and `ring_mask` gives each query the slots of its window."""
+    and one CUDA graph for every step), and `ring_mask` gives each query the slots of its window — or, for a chunked
+    layer (`chunked`, Llama 4: `window` is then the chunk size), of its chunk, which lies within the last `window`
+    positions too."""
 
     is_sliding = True
     # its steps' `cumulative_length` is advanced by the step, with every layer's (cache_spans.advance_lengths)
     defers_length = True
 
-    def __init__(self, window: int):
+    def __init__(self, window: int, chunked: bool = False):
         super().__init__(max_cache_len=window + RING_SPARE_SLOTS)
         self.window = window
+        self.chunked = chunked
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         if key_states.shape[-2] != 1:  # a static shape: checked at tracing, never on the device
@@ -186,10 +203,22 @@ class RingSlidingLayer(StaticLayer):
 def ring_mask(model, ring: RingSlidingLayer, padding_mask: torch.Tensor | None, batch_size: int) -> torch.Tensor:
     """The sliding layers' mask of a one-token step over `ring`'s slots, (batch, 1, 1, slots): a slot is seen when
     it holds a position of the query's window (written, fewer than `window` positions back) that is not padding
-    (`padding_mask` (batch, ≥ positions) over absolute positions, or None). Boolean for SDPA, additive for eager."""
+    (`padding_mask` (batch, ≥ positions) over absolute positions, or None). A chunked ring's slot is seen when its
+    position is in the query's chunk; as in transformers' chunked masks (`chunked_overlay`) a row's chunks start at its
+    first token, after its left padding. Boolean for SDPA, additive for eager."""
     position = ring.cumulative_length
     held = ring.slot_positions()  # (slots,)
-    seen = ((held >= 0) & (position - held < ring.window)).expand(batch_size, -1)
+    if ring.chunked:
+        left = torch.zeros((batch_size, 1), dtype=held.dtype, device=held.device)
+        if padding_mask is not None:  # each row's left padding: the zeros before its first one
+            left = (padding_mask.cumsum(dim=-1) == 0).sum(dim=-1, keepdim=True).to(held.dtype)
+        chunk = ring.window
+        same_chunk = (held - left).div(chunk, rounding_mode="floor") == (position - left).div(
+            chunk, rounding_mode="floor"
+        )
+        seen = (held >= 0) & same_chunk
+    else:
+        seen = ((held >= 0) & (position - held < ring.window)).expand(batch_size, -1)
     if padding_mask is not None:
         seen = seen & padding_mask.gather(1, held.clamp(min=0).expand(batch_size, -1)).bool()
     seen = seen[:, None, None, :]
@@ -209,21 +238,22 @@ def window_long_layers(cache: Cache | None) -> list[int]:
 
 
 class SlidingRings:
-    """Inside, each window-long sliding layer of a prefilled cache is a `RingSlidingLayer` holding its keys; on exit
-    the rings (rewound where steps were dropped) are unrolled back, so the cache generate returns or keeps is
-    transformers' again. A window-long layer keeps its ring for the next call: the same addresses, so the compiled
-    step's CUDA graphs replay."""
+    """Inside, each window-long sliding layer of a prefilled cache is a `RingSlidingLayer` holding its keys (chunked
+    where `layer_types`, the model's, says the layer is); on exit the rings (rewound where steps were dropped) are
+    unrolled back, so the cache generate returns or keeps is transformers' again. A window-long layer keeps its ring
+    for the next call: the same addresses, so the compiled step's CUDA graphs replay."""
 
-    def __init__(self, cache: Cache):
+    def __init__(self, cache: Cache, layer_types=None):
         self.layers = self_attention_layers(cache)
         self.indices = window_long_layers(cache)
         self.windows = [self.layers[i] for i in self.indices]
+        self.chunked = [bool(layer_types) and layer_types[i] == "chunked_attention" for i in self.indices]
 
     def __enter__(self) -> SlidingRings:
-        for index, window in zip(self.indices, self.windows):
+        for index, window, chunked in zip(self.indices, self.windows, self.chunked):
             ring = getattr(window, "ring", None)
-            if ring is None:
-                ring = window.ring = RingSlidingLayer(window.max_cache_len)  # a window-long layer's length
+            if ring is None:  # a window-long layer's length (a chunked layer's: its chunk size)
+                ring = window.ring = RingSlidingLayer(window.max_cache_len, chunked)
             ring.fill_from(window)
             self.layers[index] = ring
         return self
@@ -247,6 +277,7 @@ __all__ = [
     "decodes_as_rings",
     "keep_sliding_layers_whole",
     "kept_whole",
+    "local_window",
     "ring_blocker",
     "ring_mask",
     "window_long_layers",

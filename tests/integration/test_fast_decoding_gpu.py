@@ -404,17 +404,17 @@ def test_prompts_of_other_lengths_replay_the_recorded_step(monkeypatch):
         assert torch.equal(output, expected[length]), length
 
 
+@pytest.mark.parametrize("local", ["sliding_attention", "chunked_attention"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-def test_sliding_layers_decoded_as_rings_replay_one_recorded_step(dtype, monkeypatch):
+def test_sliding_layers_decoded_as_rings_replay_one_recorded_step(dtype, local, monkeypatch):
     """Window 8, 32 + 24 positions: past 4 windows the sliding layers are window-long and the loop decodes them as
     rings — eager decoding's tokens, no cudagraph skip, and a second call records nothing and reuses the rings; beam
-    search over rings gives eager beam search's sequences."""
+    search over rings gives eager beam search's sequences. Llama 4's chunked layers (chunks of 8) likewise."""
     torch._dynamo.reset()
     counters.clear()
     torch.manual_seed(0)
-    config = DecoderConfig(
-        **SHAPE, num_key_value_heads=2, sliding_window=8, layer_types=["sliding_attention", "full_attention"] * 2
-    )
+    size = dict(sliding_window=8) if local == "sliding_attention" else dict(attention_chunk_size=8)
+    config = DecoderConfig(**SHAPE, num_key_value_heads=2, **size, layer_types=[local, "full_attention"] * 2)
     model = DecoderForCausalLM(config).to("cuda", dtype).eval()
     model.load_state_dict(_model("dense", dtype).state_dict())
     inputs = _inputs("dense", 4)

@@ -210,11 +210,13 @@ def test_rings_sample_and_stream_as_whole_layers(loop_calls, monkeypatch):
     assert torch.equal(streamed, rings[:, 6:])
 
 
-def test_ring_steps_compile_as_one_graph_and_keep_their_rings(loop_calls):
+@pytest.mark.parametrize("name", ["all_sliding_attention", "all_chunked_attention"])
+def test_ring_steps_compile_as_one_graph_and_keep_their_rings(name, loop_calls):
     """The ring's slot, mask and write trace into the step (fullgraph=True); a second call with another prompt
-    recompiles nothing and reuses the window-long layers' rings (the same addresses: CUDA graphs replay)."""
+    recompiles nothing and reuses the window-long layers' rings (the same addresses: CUDA graphs replay). Sliding
+    and chunked (Llama 4) layers alike."""
     torch._dynamo.reset()
-    model = decoder_variant("all_sliding_attention")
+    model = decoder_variant(name)
     config = _compile_config("eager")
     kwargs = dict(do_sample=False, max_new_tokens=24, pad_token_id=0, eos_token_id=None, cache_implementation="static")
     inputs = _prompts(2)

@@ -264,6 +264,50 @@ def test_generations_over_four_windows_decode_as_rings_by_default(name, on_cuda,
     assert len(notices) == 1 and "(window 4;" in notices[0] and "beam sampling" in notices[0] and "\n" not in notices[0]
 
 
+@pytest.mark.parametrize("name", ["all_chunked_attention", "llama4_attention"])
+def test_generations_over_four_chunks_decode_chunked_layers_as_rings(name, on_cuda, notices, monkeypatch):
+    """Llama 4's chunked layers: up to 4 chunks the static cache keeps them whole; past that greedy decoding and beam
+    search decode transformers' chunk-long layers as rings whose masks give each query its chunk (counted, as
+    transformers counts it, from each row's first token after its left padding): the dynamic cache's tokens and
+    logits. Beam sampling, transformers' loop, keeps them whole at any length, as before the rings."""
+    kwargs = dict(**_prompts(2, 97), **GREEDY, pad_token_id=0, max_new_tokens=12)  # a 17-position cache, chunks of 4
+    model = randomised(DecoderForCausalLM(tiny_decoder_config(**DECODER_VARIANTS[name])))
+    short = model.generate(**dict(kwargs, max_new_tokens=10))  # 16 positions: 4 chunks
+    assert isinstance(short.past_key_values, StaticCache) and not _window_long(short)
+    rings = []
+    monkeypatch.setattr(sliding_layers.RingSlidingLayer, "fill_from", _recorded(rings, "fill_from"))
+    monkeypatch.setattr(fast_decoding, "compiled_decoding_step", lambda model, config: decoding_loop.decoding_step)
+    monkeypatch.setattr(fast_decoding, "compiled_beam_step", lambda model, config: beam_loop.beam_step)
+    default = model.generate(**kwargs, compile_config=_on_this_cpu())  # the loop takes the call, as on CUDA
+    assert _window_long(default) and rings and all(ring.chunked and ring.window == 4 for ring in rings)
+    _assert_same_decoding(default, model.generate(**kwargs, cache_implementation="dynamic"))
+    beams = dict(kwargs, num_beams=2, output_logits=False, output_scores=True, max_new_tokens=16)
+    rings.clear()
+    static = model.generate(**beams, compile_config=_on_this_cpu())
+    assert _window_long(static) and rings
+    dynamic = model.generate(**beams, cache_implementation="dynamic")
+    assert torch.equal(static.sequences, dynamic.sequences)
+    torch.testing.assert_close(static.sequences_scores, dynamic.sequences_scores, atol=1e-5, rtol=1e-5)
+    sampled = model.generate(**dict(beams, do_sample=True))
+    assert isinstance(sampled.past_key_values, StaticCache) and not _window_long(sampled)
+    assert not notices
+
+
+def test_chunked_layers_beside_sliding_ones_stay_whole():
+    """transformers sizes the masks of both local kinds from one cache layer: such a model never decodes as rings."""
+    config = tiny_decoder_config(
+        sliding_window=4, attention_chunk_size=6, layer_types=["sliding_attention", "chunked_attention"]
+    )
+    model = DecoderForCausalLM(config)
+    assert sliding_layers.local_window(config) is None
+    assert "side by side" in sliding_layers.ring_blocker(model)
+    assert sliding_layers.kept_whole(model, 1000, 1, rings=True)
+    chunked = DecoderForCausalLM(tiny_decoder_config(**DECODER_VARIANTS["all_chunked_attention"]))
+    assert sliding_layers.ring_blocker(chunked) is None and sliding_layers.local_window(chunked.config) == 4
+    assert sliding_layers.kept_whole(chunked, 16, 1, rings=True) and not sliding_layers.kept_whole(chunked, 17, 1, True)
+    assert sliding_layers.kept_whole(chunked, 1000, 1)  # a call without rings: whole at any length
+
+
 def _on_this_cpu() -> CompileConfig:
     """A compile config under which generate compiles its decoding steps on CPU too (dynamo's tracing backend)."""
     config = CompileConfig(backend="eager", mode=None, fullgraph=True)
