@@ -332,6 +332,47 @@ PRESETS: dict[str, dict[str, Any]] = {
         swiglu_limit=7.0,
         swiglu_up_offset=1.0,
     ),
+    # --- Llama 4 Scout's text stack: chunked attention with NoPE global layers every fourth, 16 experts top-1 ---
+    "llama-4-scout": dict(
+        _LLAMA,
+        vocab_size=202048,
+        hidden_size=5120,
+        intermediate_size=16384,
+        num_hidden_layers=48,
+        num_attention_heads=40,
+        num_key_value_heads=8,
+        head_dim=128,
+        max_position_embeddings=10485760,
+        rms_norm_eps=1e-5,
+        rope_parameters={
+            "rope_type": "llama3",
+            "rope_theta": 500000.0,
+            "factor": 16.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 1.0,
+            "original_max_position_embeddings": 8192,
+        },
+        attention_chunk_size=8192,
+        layer_types=["chunked_attention"] * 3 + ["full_attention"],  # tiled to the depth (`preset_config`)
+        nope_layers=[3],  # likewise: every fourth layer, the global ones
+        use_qk_norm=True,
+        qk_norm_after_rope=True,
+        qk_norm_weight=False,
+        qk_norm_nope_layers=False,
+        attn_temperature_tuning=True,
+        floor_scale=8192,
+        attn_scale=0.1,
+        num_local_experts=16,
+        num_experts_per_tok=1,
+        moe_intermediate_size=8192,
+        shared_expert_intermediate_size=8192,
+        shared_expert_gate=False,
+        router_score_function="sigmoid",
+        norm_topk_prob=False,
+        routing_weights_on_input=True,
+        router_aux_loss_coef=0.001,
+        mlp_layer_types=["sparse"],  # every layer
+    ),
     # --- parallel attention + MLP blocks ---
     "pythia-1.4b": dict(
         _GPT,
@@ -512,6 +553,7 @@ PRESET_NOTES: dict[str, str] = {
     "baichuan2-13b": "Baichuan2 normalises its LM head weights (NormHead); archlab uses a plain head.",
     "gemma-7b": "Gemma-7B is multi-head (16 KV heads) with head_dim 256 > hidden_size / heads.",
     "mpt-30b": "MPT clips QKV and uses no biases at all; the clipping is not modelled.",
+    "llama-4-scout": "Llama 4 Scout's text stack (107.8 B parameters, 17.2 B active): its vision tower is left out.",
 }
 
 
@@ -534,17 +576,26 @@ def preset_config(name: str, **overrides: Any) -> DecoderConfig:
     """`DecoderConfig` of the named preset with `overrides` applied (validated like any config); a legacy
     `rope_theta` / `rope_scaling` / `partial_rotary_factor` changes the preset's `rope_parameters` (`override_rope`).
 
-    Overriding `num_hidden_layers` of a preset with interleaved `layer_types` re-derives the alternation; of one whose
-    first layers are dense (`mlp_layer_types`, DeepSeek-V3's three), keeps them dense while a sparse layer remains."""
+    A preset's `layer_types` and `nope_layers` are a pattern repeated to its depth (Gemma-2's local/global pairs,
+    Llama 4's three chunked layers and a global NoPE one), and so to an overridden `num_hidden_layers`; one whose
+    first layers are dense (`mlp_layer_types`, DeepSeek-V3's three) keeps them dense while a sparse layer remains."""
     kwargs = preset_kwargs(name)
-    layers = overrides.get("num_hidden_layers")
-    if layers is not None and "layer_types" in kwargs and "layer_types" not in overrides:
-        pattern = kwargs["layer_types"][:2]
-        kwargs["layer_types"] = [pattern[i % len(pattern)] for i in range(layers)]
-    if layers is not None and "mlp_layer_types" in kwargs and "mlp_layer_types" not in overrides:
+    layers = overrides.get("num_hidden_layers", kwargs["num_hidden_layers"])
+    if "nope_layers" in kwargs and "nope_layers" not in overrides:  # listed for the preset's `layer_types`
+        period = [index in kwargs["nope_layers"] for index in range(len(kwargs["layer_types"]))]
+        kwargs["nope_layers"] = [index for index, nope in enumerate(_repeated(period, layers)) if nope] or None
+    if "layer_types" in kwargs and "layer_types" not in overrides:
+        kwargs["layer_types"] = _repeated(kwargs["layer_types"], layers)
+    if "mlp_layer_types" in kwargs and "mlp_layer_types" not in overrides:
         dense = min(kwargs["mlp_layer_types"].index("sparse"), layers - 1)
         kwargs["mlp_layer_types"] = ["dense"] * dense + ["sparse"] * (layers - dense)
     return DecoderConfig(**override_rope(kwargs, overrides))
+
+
+def _repeated(pattern: list, layers: int | None) -> list:
+    """`pattern`'s shortest period repeated to `layers` entries."""
+    period = next(p for p in range(1, len(pattern) + 1) if all(v == pattern[i % p] for i, v in enumerate(pattern)))
+    return [pattern[i % period] for i in range(layers)]
 
 
 __all__ = ["PRESETS", "PRESET_NOTES", "list_presets", "preset_config", "preset_kwargs"]

@@ -31,7 +31,7 @@ def test_every_preset_is_a_valid_config_and_runs_shrunk(name):
         head_dim=head_dim,
         num_attention_heads=heads,
         num_key_value_heads=kv,
-        num_hidden_layers=2,
+        num_hidden_layers=len(config.layer_types) if config.nope_layers else 2,  # (Llama 4: a NoPE layer in 4)
         intermediate_size=96,
         max_position_embeddings=32,
         **({"sliding_window": 8} if config.sliding_window else {}),
@@ -54,6 +54,7 @@ def test_every_preset_is_a_valid_config_and_runs_shrunk(name):
         ("olmo-2-1b", 1_484_916_736),
         ("gpt-oss-20b", 20_914_757_184),  # OpenAI: "21B parameters with 3.6B active"
         ("deepseek-v3", 671_026_404_352),  # DeepSeek: 671 B (its multi-token-prediction module aside)
+        ("llama-4-scout", 107_769_861_120),  # Meta: 109 B with the vision tower, which the preset leaves out
     ],
 )
 def test_full_size_parameter_counts(name, params):
@@ -157,13 +158,56 @@ DEEPSEEK_V3 = dict(
 )
 
 
-# preset -> (converter family, the published config.json above, active parameters a token besides the embeddings
-# as its authors count them, in billions: OpenAI's "3.6B active", DeepSeek's "37B activated"; None for a dense model)
+# meta-llama/Llama-4-Scout-17B-16E's config.json, its `text_config` (the architecture fields; `no_rope_layers`,
+# `moe_layers` and `layer_types` as Llama4TextConfig derives them from the interval fields, as published)
+LLAMA_4_SCOUT = dict(
+    attention_bias=False,
+    attention_chunk_size=8192,
+    attn_scale=0.1,
+    attn_temperature_tuning=True,
+    floor_scale=8192,
+    head_dim=128,
+    hidden_act="silu",
+    hidden_size=5120,
+    interleave_moe_layer_step=1,
+    intermediate_size=8192,
+    intermediate_size_mlp=16384,
+    max_position_embeddings=10485760,
+    num_attention_heads=40,
+    num_experts_per_tok=1,
+    num_hidden_layers=48,
+    num_key_value_heads=8,
+    num_local_experts=16,
+    output_router_logits=False,
+    rms_norm_eps=1e-5,
+    rope_scaling={
+        "factor": 16.0,
+        "high_freq_factor": 1.0,
+        "low_freq_factor": 1.0,
+        "original_max_position_embeddings": 8192,
+        "rope_type": "llama3",
+    },
+    rope_theta=500000.0,
+    router_aux_loss_coef=0.001,
+    tie_word_embeddings=False,
+    use_qk_norm=True,
+    vocab_size=202048,
+    bos_token_id=200000,
+    eos_token_id=[200001, 200007, 200008],
+    pad_token_id=200018,
+)
+
+
+# preset -> (converter family, the published config.json above, active parameters a token as its authors count them,
+# in billions: OpenAI's "3.6B active" and DeepSeek's "37B activated" besides the input embeddings, Meta's "17B active"
+# with them; None for a dense model)
 PUBLISHED = {
     "olmo-2-1b": ("olmo2", OLMO_2_1B, None),
     "gpt-oss-20b": ("gpt_oss", GPT_OSS_20B, 3.6),
     "deepseek-v3": ("deepseek_v3", DEEPSEEK_V3, 37),
+    "llama-4-scout": ("llama4_text", LLAMA_4_SCOUT, 17),
 }
+ACTIVE_WITH_EMBEDDINGS = {"llama-4-scout"}
 
 
 @pytest.mark.parametrize("name", PUBLISHED)
@@ -189,7 +233,8 @@ def test_a_preset_is_the_published_model(name):
     assert shapes == {k: tuple(v.shape) for k, v in ours.state_dict().items()}
     if active is not None:
         counts = count_parameters(ours)
-        assert abs((counts["active"] - counts["embedding"]) / 1e9 - active) < 0.5  # as rounded by its authors
+        embedding = 0 if name in ACTIVE_WITH_EMBEDDINGS else counts["embedding"]
+        assert abs((counts["active"] - embedding) / 1e9 - active) < 0.5  # as rounded by its authors
 
 
 def test_overrides_and_errors():
@@ -230,3 +275,13 @@ def test_interleaved_preset_follows_a_new_depth():
 def test_fewer_layers_keep_the_first_dense_layers_while_a_sparse_one_remains():
     assert preset_config("deepseek-v3", num_hidden_layers=5).mlp_layer_types == ["dense"] * 3 + ["sparse"] * 2
     assert preset_config("deepseek-v3", num_hidden_layers=2).mlp_layer_types == ["dense", "sparse"]
+
+
+def test_a_preset_repeats_its_layer_pattern_to_a_new_depth():
+    """Llama 4 Scout's period of three chunked layers and a global NoPE one, at any depth."""
+    config = preset_config("llama-4-scout", num_hidden_layers=6)
+    assert config.layer_types == ["chunked_attention"] * 3 + ["full_attention"] + ["chunked_attention"] * 2
+    assert config.nope_layers == [3] and config.mlp_layer_types == ["sparse"] * 6
+    full = preset_config("llama-4-scout")
+    assert full.nope_layers == list(range(3, 48, 4)) and full.layer_types.count("full_attention") == 12
+    assert preset_config("gpt-oss-20b").layer_types == PRESETS["gpt-oss-20b"]["layer_types"]
