@@ -68,6 +68,7 @@ from transformers import (
 from ..modeling import DecoderForCausalLM
 from .bart import BART
 from .bert import BERT
+from .bitnet import BITNET
 from .checks import (
     head_dim_given,
     head_dim_to_write,
@@ -787,6 +788,7 @@ FAMILIES: dict[str, Family] = {
         *OLMOE_FAMILIES,
         GPT_OSS,
         LLAMA4_TEXT,
+        BITNET,
         *DEEPSEEK_MLA_FAMILIES,
         *LLAMA_LIKE_FAMILIES,
         *FUSED_DECODERS,

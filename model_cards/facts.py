@@ -295,6 +295,8 @@ def architecture_rows(config: dict[str, Any]) -> list[tuple[str, str]]:
     norm = config.get("norm_type", default_norm)
     eps = _first(config, "rms_norm_eps", "layer_norm_eps", "norm_eps")
     rows.append(("normalization", f"{norm}" + (f" (eps={eps:g})" if isinstance(eps, (int, float)) else "")))
+    if config.get("sub_layer_norm"):  # Sub-LN (Foundation Transformers, BitNet)
+        rows.append(("sub-layer norms", "Sub-LN: heads' output before o_proj, MLP activation before down_proj"))
     rows.append(("norm position", str(config.get("norm_position", default_position))))
     mlp_type = config.get("mlp_type", default_mlp)
     ffn_name = _FFN_NAMES.get((mlp_type, act), f"{mlp_type} MLP, {act}")

@@ -265,6 +265,12 @@ class Attention(FusableProjections, nn.Module):
         if self.output_gate is not None:
             gates = self.num_heads * self.head_dim if self.output_gate == "elementwise" else self.num_heads
             self.gate_proj = nn.Linear(hidden, gates, bias=False)
+        # Sub-LN (Foundation Transformers, BitNet): a norm over the heads' output before the output projection
+        self.attn_sub_norm = None
+        if getattr(config, "sub_layer_norm", False):
+            eps = norm_eps if norm_eps is not None else config.rms_norm_eps
+            norm_bias = getattr(config, "norm_bias", None)
+            self.attn_sub_norm = make_norm(config.norm_type, self.num_heads * self.head_dim, eps, norm_bias)
         # Attention sinks (GPT-OSS): a learned logit per head in the softmax's denominator (attention_sinks.py)
         self.sinks = nn.Parameter(torch.zeros(self.num_heads)) if getattr(config, "attention_sinks", False) else None
 
@@ -382,6 +388,8 @@ class Attention(FusableProjections, nn.Module):
         output = output.reshape(batch, seq_len, -1)
         if self.output_gate is not None:
             output = self.gated(output, hidden_states)
+        if self.attn_sub_norm is not None:
+            output = self.attn_sub_norm(output)
         output = getattr(self, self.output_name)(output)
         return output, weights
 

@@ -44,7 +44,7 @@ def build_mlp(config, layer_idx: int) -> nn.Module:
     mixture of experts where `mlp_layer_types[layer_idx]` is "sparse" (see moe.py)."""
     if config.mlp_layer_types[layer_idx] == "sparse":
         return SparseMoeBlock(config)
-    return mlp_from_config(config, config.intermediate_size)
+    return mlp_from_config(config, config.intermediate_size, sub_norm=getattr(config, "sub_layer_norm", False))
 
 
 def norm_from_config(config) -> nn.Module:

@@ -322,6 +322,11 @@ class DecoderConfig(PreTrainedConfig):
             projection, computed from the layer's input by `self_attn.gate_proj` (Qiu et al. 2025, "Gated Attention
             for Large Language Models"; AFMoE, Qwen3-Next): `"elementwise"` (one gate per channel of each head) or
             `"headwise"` (one per head). None: no gate.
+        sub_layer_norm (`bool`, False): Sub-LN (Wang et al. 2022, "Foundation Transformers"; BitNet b1.58): a norm of
+            the config's `norm_type` inside each sub-layer, before its output projection: over the heads' output
+            before `o_proj` (`self_attn.attn_sub_norm`) and over the MLP's hidden activation before `down_proj`
+            (`mlp.ffn_sub_norm`). Dense MLPs only (not with `num_local_experts`) and not with `kv_lora_rank`; such a
+            layer's decoding step runs its own forward (no fused GEMV kernels).
         swiglu_limit (`float`, *optional*): a gated MLP (every one: dense, shared and routed experts) clamps its gate
             to at most this and its up to [-limit, limit] before act(gate) ⊙ up (GPT-OSS: 7.0). Only with
             `mlp_type="gated"`.
@@ -423,7 +428,9 @@ class DecoderConfig(PreTrainedConfig):
         whole projections (`qk_norm_scope="projection"`) needs every head of a token: as OLMo 2's plan, q/k/v are
         gathered after their split product and the output projection splits its input again; so with a gain per head
         (`"per_head"`), whose (heads, head_dim) gains every rank holds whole. Multi-head latent attention splits its
-        per-head products (the queries', `kv_b_proj`'s expansion) by heads and keeps the latents whole on every rank."""
+        per-head products (the queries', `kv_b_proj`'s expansion) by heads and keeps the latents whole on every rank.
+        Sub-LN (`sub_layer_norm`) norms all heads' output and the MLP's whole hidden activation: q/k/v and gate/up are
+        gathered after their split product, o/down split their input again (as OLMo 2's QK-norm)."""
         attention = {"q_proj": "colwise", "k_proj": "colwise", "v_proj": "colwise", "o_proj": "rowwise"}
         if self.kv_lora_rank is not None:
             query = "q_b_proj" if self.q_lora_rank is not None else "q_proj"
@@ -431,13 +438,18 @@ class DecoderConfig(PreTrainedConfig):
         if self.use_qk_norm and self.qk_norm_scope in ("projection", "per_head"):
             attention = {name: "colwise_gather_output" for name in ("q_proj", "k_proj", "v_proj")}
             attention["o_proj"] = "rowwise_split_input"
+        if self.sub_layer_norm and self.kv_lora_rank is None:  # Sub-LN norms every head's output of a token together
+            attention = {name: "colwise_gather_output" for name in ("q_proj", "k_proj", "v_proj")}
+            attention["o_proj"] = "rowwise_split_input"
         if self.attention_output_gate is not None:  # the gate's rows follow the heads, as q's
             attention["gate_proj"] = attention["q_proj"]
         if self.attention_sinks and attention.get("q_proj") == "colwise":  # each rank's heads' sinks (GPT-OSS's plan)
             attention["sinks"] = "local_rowwise"
         plan = {f"layers.*.self_attn.{name}": style for name, style in attention.items()}
-        plan.update({"layers.*.mlp.gate_proj": "colwise", "layers.*.mlp.up_proj": "colwise"})
-        plan["layers.*.mlp.down_proj"] = "rowwise"
+        # (Sub-LN norms the MLP's whole hidden activation of a token: gathered after gate/up, split again before down)
+        split = "colwise_gather_output" if self.sub_layer_norm else "colwise"
+        plan.update({"layers.*.mlp.gate_proj": split, "layers.*.mlp.up_proj": split})
+        plan["layers.*.mlp.down_proj"] = "rowwise_split_input" if self.sub_layer_norm else "rowwise"
         return plan
 
     base_model_pp_plan = {
@@ -538,6 +550,7 @@ class DecoderConfig(PreTrainedConfig):
     query_pre_attn_scalar: int | float | None = None
     attention_multiplier: int | float | None = None
     attention_output_gate: str | None = None
+    sub_layer_norm: bool = False
     attention_sinks: bool = False
     kv_lora_rank: int | None = None
     q_lora_rank: int | None = None
@@ -674,6 +687,7 @@ class DecoderConfig(PreTrainedConfig):
 NOT_WITH_LATENT_ATTENTION = (
     "attention_sinks",
     "attention_output_gate",
+    "sub_layer_norm",
     "use_qk_norm",
     "qkv_bias",
     "query_pre_attn_scalar",
@@ -707,7 +721,13 @@ def _validate_latent_attention(config: Any) -> None:
             f"`num_key_value_heads` must equal `num_attention_heads` ({config.num_attention_heads}), got "
             f"{config.num_key_value_heads}."
         )
-    defaults = {"qkv_bias": None, "use_qk_norm": False, "attention_sinks": False, "attn_temperature_tuning": False}
+    defaults = {
+        "qkv_bias": None,
+        "use_qk_norm": False,
+        "attention_sinks": False,
+        "attn_temperature_tuning": False,
+        "sub_layer_norm": False,
+    }
     given = [name for name in NOT_WITH_LATENT_ATTENTION if getattr(config, name) != defaults.get(name)]
     if given:
         raise ValueError(
@@ -941,6 +961,11 @@ def _validate_catalogue(config: Any) -> None:
         check_positive(config, name, integer=False)
     if config.attention_output_gate is not None:
         check_choice(config, "attention_output_gate", ATTENTION_OUTPUT_GATES)
+    if config.sub_layer_norm and "sparse" in (config.mlp_layer_types or ()):
+        raise ValueError(
+            "`sub_layer_norm=True` norms a dense MLP's hidden activation (`mlp.ffn_sub_norm`); the experts of "
+            "`num_local_experts` have none: allowed with `num_local_experts` 0/None, or `mlp_layer_types` all 'dense'."
+        )
     if config.attention_multiplier is not None and config.query_pre_attn_scalar is not None:
         raise ValueError(
             f"`attention_multiplier` ({config.attention_multiplier}) and `query_pre_attn_scalar` "

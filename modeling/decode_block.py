@@ -32,7 +32,8 @@ grid instead of three kernels. A parallel block's MLP reads the block's input an
 attention's (GPT-J's shared norm is computed inside both input GEMVs). Everything else runs the block's own forward:
 the post-norm, DeepNorm, sandwich and output-norm (OLMo 2) blocks norm a product's output, where these kernels put a
 norm before a product, so their forwards never ask; a block whose sub-layers' outputs are scaled
-(`residual_multiplier`, Granite) or whose attention gates its output (`attention_output_gate`) runs its forward too
+(`residual_multiplier`, Granite) or whose attention gates or norms its output (`attention_output_gate`,
+`sub_layer_norm`) runs its forward too
 (attention sinks take the attention's own kernel choice, as every variant does in `attend_heads`). QK-norm is the
 attention's: over the whole projection in its `split_heads`, per head in its `position_and_cache`, both of which the
 fused step calls as the attention does. The default on CUDA, for steps of one row (`FUSED_BLOCK_ROWS`: batch-1
@@ -88,7 +89,8 @@ def fused_block_applies(block: nn.Module, hidden_states: torch.Tensor) -> bool:
     return (
         fused is not None
         and block.residual_multiplier == 1.0  # the kernels add the residual unscaled
-        and attention.output_gate is None  # (and the output GEMV reads the heads ungated)
+        and attention.output_gate is None  # (and the output GEMV reads the heads ungated
+        and getattr(attention, "attn_sub_norm", None) is None  # and unnormed: no Sub-LN)
         and _norm_fits(block.input_layernorm, hidden_states)
         and type(output) is nn.Linear
         and _plain(output)
@@ -115,6 +117,8 @@ def _mlp_fits(block: nn.Module, hidden_states: torch.Tensor) -> tuple[torch.Tens
     """gate/up's (weight, bias) as one product where the dense MLP joins the fused step, else None."""
     mlp = block.mlp
     if type(mlp) is not GatedMLP or not _plain(mlp) or mlp.hidden_act not in ACTIVATIONS or mlp.clamped:
+        return None
+    if mlp.ffn_sub_norm is not None:  # Sub-LN: a norm between the activation and the down GEMV
         return None
     fused = mlp.fused_weights()
     down = mlp.down_proj

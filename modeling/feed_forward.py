@@ -5,6 +5,9 @@
   act(x) = x · σ(1.702 x) (`quick_gelu`): act(min(gate, L)) ⊙ (clamp(up, -L, L) + 1).
 - `MLP`: down(act(up(x))) — the original Transformer's ReLU FFN, GPT's GELU FFN.
 
+Either takes Sub-LN (`sub_layer_norm`; Wang et al. 2022, "Foundation Transformers"; BitNet b1.58): a norm over the
+hidden activation before `down_proj` (`ffn_sub_norm`).
+
 `MLPS` is the registry the config's `mlp_type` resolves through.
 """
 
@@ -16,6 +19,7 @@ from transformers.activations import ACT2CLS, ACT2FN
 
 from .compiled_kernels import CompiledKernel, elementwise_kernel
 from .fused_projections import FusableProjections
+from .normalization import make_norm
 from .triton_gemv import gated_down, gated_down_applies
 
 
@@ -82,6 +86,7 @@ class GatedMLP(FusableProjections, nn.Module):
         bias: bool = False,
         limit: float | None = None,
         up_offset: float = 0.0,
+        sub_norm: nn.Module | None = None,
     ) -> None:
         super().__init__()
         self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=bias)
@@ -90,6 +95,7 @@ class GatedMLP(FusableProjections, nn.Module):
         self.hidden_act = hidden_act
         self.act_fn = make_activation(hidden_act)
         self.limit, self.up_offset = limit, float(up_offset)  # GPT-OSS's clamps and offset (module docstring)
+        self.ffn_sub_norm = sub_norm  # Sub-LN (module docstring), or None
 
     @property
     def clamped(self) -> bool:
@@ -104,18 +110,28 @@ class GatedMLP(FusableProjections, nn.Module):
             gate, up = self.gate_proj(hidden_states), self.up_proj(hidden_states)
         if gated_down_applies(self, gate):  # a decoding step: the activation inside the down GEMV (triton_gemv.py)
             return gated_down(self, gate, up)
-        return self.down_proj(gated_activation(self.hidden_act, self.act_fn, gate, up, self.limit, self.up_offset))
+        hidden = gated_activation(self.hidden_act, self.act_fn, gate, up, self.limit, self.up_offset)
+        return self.down_proj(hidden if self.ffn_sub_norm is None else self.ffn_sub_norm(hidden))
 
 
 class MLP(nn.Module):
-    def __init__(self, hidden_size: int, intermediate_size: int, hidden_act: str, bias: bool = False) -> None:
+    def __init__(
+        self,
+        hidden_size: int,
+        intermediate_size: int,
+        hidden_act: str,
+        bias: bool = False,
+        sub_norm: nn.Module | None = None,
+    ) -> None:
         super().__init__()
         self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=bias)
         self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=bias)
         self.act_fn = make_activation(hidden_act)
+        self.ffn_sub_norm = sub_norm  # Sub-LN (module docstring), or None
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.act_fn(self.up_proj(hidden_states)))
+        hidden = self.act_fn(self.up_proj(hidden_states))
+        return self.down_proj(hidden if self.ffn_sub_norm is None else self.ffn_sub_norm(hidden))
 
 
 MLPS: dict[str, type[nn.Module]] = {"gated": GatedMLP, "plain": MLP}
@@ -127,7 +143,11 @@ def gated_options(config) -> dict:
     return {"limit": getattr(config, "swiglu_limit", None), "up_offset": getattr(config, "swiglu_up_offset", 0.0)}
 
 
-def mlp_from_config(config, intermediate_size: int) -> nn.Module:
-    """The config's MLP (`mlp_type`, `hidden_act`, `mlp_bias`, and a gated one's clamp and offset) of this width."""
+def mlp_from_config(config, intermediate_size: int, sub_norm: bool = False) -> nn.Module:
+    """The config's MLP (`mlp_type`, `hidden_act`, `mlp_bias`, and a gated one's clamp and offset) of this width;
+    with `sub_norm`, Sub-LN's norm of the config's `norm_type` before its down projection."""
     options = gated_options(config) if config.mlp_type == "gated" else {}
+    if sub_norm:
+        norm_bias = getattr(config, "norm_bias", None)
+        options["sub_norm"] = make_norm(config.norm_type, intermediate_size, config.rms_norm_eps, norm_bias)
     return MLPS[config.mlp_type](config.hidden_size, intermediate_size, config.hidden_act, config.mlp_bias, **options)

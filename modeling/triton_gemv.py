@@ -102,6 +102,7 @@ def gated_down_applies(module, gate: torch.Tensor) -> bool:
         and gemv_applies(gate, module.down_proj.weight)
         and module.hidden_act in ACTIVATIONS
         and not module.clamped  # (GPT-OSS's clamps and offset: the kernel computes act(gate) ⊙ up)
+        and module.ffn_sub_norm is None  # (Sub-LN: a norm between act(gate) ⊙ up and the down projection)
     )
 
 

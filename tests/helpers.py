@@ -173,6 +173,8 @@ DECODER_VARIANTS = {
     "qk_norm_after_rope": dict(use_qk_norm=True, qk_norm_after_rope=True),
     # gated attention (AFMoE, Qwen3-Next): a sigmoid gate per channel on the heads' output
     "gated_attention": dict(attention_output_gate="elementwise"),
+    # Sub-LN (Foundation Transformers, BitNet): norms before o_proj and down_proj, BitNet's ReLU² gated MLP
+    "sub_layer_norm": dict(sub_layer_norm=True, hidden_act="relu2"),
     # multi-head latent attention (DeepSeek-V2/V3): keys and values expanded from a cached latent; queries through
     # their own latent, YaRN with DeepSeek's attention mscale
     "latent_attention": dict(

@@ -104,11 +104,16 @@ def _layer_norm_forward(self: LayerNorm, hidden_states: torch.Tensor) -> torch.T
 
 
 def _swiglu_mlp_forward(self: GatedMLP, hidden_states: torch.Tensor) -> torch.Tensor:
-    return self.down_proj(_liger().swiglu(self.gate_proj(hidden_states), self.up_proj(hidden_states)))
+    return _down(self, _liger().swiglu(self.gate_proj(hidden_states), self.up_proj(hidden_states)))
 
 
 def _geglu_mlp_forward(self: GatedMLP, hidden_states: torch.Tensor) -> torch.Tensor:
-    return self.down_proj(_liger().geglu(self.gate_proj(hidden_states), self.up_proj(hidden_states)))
+    return _down(self, _liger().geglu(self.gate_proj(hidden_states), self.up_proj(hidden_states)))
+
+
+def _down(mlp: GatedMLP, hidden: torch.Tensor) -> torch.Tensor:
+    """The down projection of a gated MLP's activation, after its Sub-LN norm where it has one (`sub_layer_norm`)."""
+    return mlp.down_proj(hidden if mlp.ffn_sub_norm is None else mlp.ffn_sub_norm(hidden))
 
 
 def _swiglu_halves_forward(self: GatedActivation, hidden_states: torch.Tensor) -> torch.Tensor:

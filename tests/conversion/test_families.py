@@ -23,6 +23,7 @@ from transformers import (
     ArceeConfig,
     BartConfig,
     BertConfig,
+    BitNetConfig,
     BloomConfig,
     Cohere2Config,
     CohereConfig,
@@ -340,6 +341,11 @@ CASES = {
     ),
     # Arcee: a plain ReLU² MLP
     "arcee": (ArceeConfig(**LLAMA_LIKE, mlp_bias=True), {"mlp_type": "plain", "hidden_act": "relu2", "mlp_bias": True}),
+    # BitNet's architecture in floating point: Sub-LN before o_proj and down_proj, a ReLU² gated MLP
+    "bitnet": (
+        BitNetConfig(**{k: v for k, v in LLAMA_LIKE.items() if k != "head_dim"}, attention_bias=True),
+        {"sub_layer_norm": True, "hidden_act": "relu2", "attention_bias": True, "mlp_type": "gated"},
+    ),
     # Seed-OSS: biases on q/k/v, none on the output projection
     "seed_oss": (
         SeedOssConfig(**LLAMA_LIKE, attention_bias=True, attention_out_bias=False),
@@ -1372,6 +1378,7 @@ NOT_EXPRESSIBLE = {
     "glm4": ({"norm_position": "pre"}, ["norm_position"]),
     "ministral": ({"attention_bias": True}, ["attention_bias"]),
     "arcee": ({"mlp_type": "gated"}, ["mlp_type"]),
+    "bitnet": ({"sub_layer_norm": False}, ["sub_layer_norm"]),
     "seed_oss": ({"use_qk_norm": True}, ["use_qk_norm"]),
     "granite": ({"query_pre_attn_scalar": 16, "attention_multiplier": None}, ["query_pre_attn_scalar"]),
     "glm4_moe": ({"router_score_function": "softmax", "mlp_layer_types": ["sparse"] * 3}, ["router_score_function"]),
@@ -1541,6 +1548,7 @@ ALSO_NOT_EXPRESSIBLE = {
     # OLMo 2 norms the whole q and k projections, and its MLP has no bias
     "olmo2-per-head-qk-norm": ("olmo2", "olmo2", {"qk_norm_scope": "head"}, ["qk_norm_scope"]),
     "olmo2-mlp-bias": ("olmo2", "olmo2", {"mlp_bias": True}, ["mlp_bias"]),
+    "bitnet-narrow-heads": ("bitnet", "bitnet", {"head_dim": 4}, ["head_dim", "hidden_size (32)"]),
     "olmo2-partial-rotary": ("olmo2", "olmo2", {"rope_parameters": ROPE_25}, ["partial_rotary_factor"]),
     "gemma2-fractional-scalar": ("gemma2", "gemma2", {"query_pre_attn_scalar": 12.5}, ["query_pre_attn_scalar"]),
     # what Bart keeps (no d_kv) is no valid config on its own: a ConversionError naming the field, not a ValueError
@@ -2306,6 +2314,27 @@ def test_a_checkpoint_with_quantized_weights_is_refused_by_its_method(folders, t
     save_file(weights, quantized / "model.safetensors")
     named = rf"{method}-quantized weights" if method else "quantized weights"
     with pytest.raises(ConversionError, match=rf"holds {named} \(model\.layers\.0\..*dequantize=True"):
+        convert_checkpoint(quantized, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("mode", ["online", "offline"])
+def test_a_bitnet_folder_quantized_by_transformers_is_refused(folders, tmp_path, mode):
+    """Microsoft's BitNet b1.58 folders say `quant_method="bitnet"`: transformers makes their weights ternary when it
+    loads them (online: bf16 master weights; offline: packed), which archlab does not compute. Read as plain linear
+    layers they would be another model, so they are refused by the method, nothing written; the same folder without
+    the quantization config converts."""
+    stock = folders["bitnet"][1] / "stock"
+    quantized = tmp_path / "quantized"
+    shutil.copytree(stock, quantized)
+    values = json.loads((quantized / "config.json").read_text())
+    values["quantization_config"] = {
+        "quant_method": "bitnet",
+        "linear_class": "autobitlinear",
+        "quantization_mode": mode,
+    }
+    (quantized / "config.json").write_text(json.dumps(values))
+    with pytest.raises(ConversionError, match=r"bitnet checkpoint.*quant_method='bitnet'.*ternary"):
         convert_checkpoint(quantized, tmp_path / "out")
     assert not (tmp_path / "out").exists()
 

@@ -112,6 +112,11 @@ def test_qk_norm_over_the_projection_gathers_q_k_v_under_tensor_parallelism():
     per_head = tiny_decoder_config(use_qk_norm=True, qk_norm_scope="per_head")  # (heads, head_dim) gains held whole
     assert per_head.base_model_tp_plan == Olmo2Config.base_model_tp_plan
     assert "base_model_tp_plan" not in projection.to_dict()
+    sub_ln = tiny_decoder_config(sub_layer_norm=True).base_model_tp_plan  # Sub-LN: q/k/v and gate/up gathered too
+    olmo2_attention = {k: v for k, v in Olmo2Config.base_model_tp_plan.items() if ".self_attn." in k}
+    assert {k: v for k, v in sub_ln.items() if ".self_attn." in k} == olmo2_attention
+    assert sub_ln["layers.*.mlp.up_proj"] == "colwise_gather_output"
+    assert sub_ln["layers.*.mlp.down_proj"] == "rowwise_split_input"
 
 
 def test_accelerate_groups_the_final_norm_with_the_head():
@@ -161,7 +166,8 @@ def test_trainer_data_parallel_matches_one_process(tmp_path, decoder_dir, launch
 
 TP_ONLY_OLMO2 = "tp_only_olmo2"  # a folder checked with tensor parallelism only
 TP_ONLY_PER_HEAD = "tp_only_per_head_qk_norm"  # and another: QK-norm gains per head (Command R+)
-TP_ONLY = (TP_ONLY_OLMO2, TP_ONLY_PER_HEAD)
+TP_ONLY_SUB_LN = "tp_only_sub_layer_norm"  # and Sub-LN (BitNet): norms over all heads and the MLP's whole width
+TP_ONLY = (TP_ONLY_OLMO2, TP_ONLY_PER_HEAD, TP_ONLY_SUB_LN)
 # Heads tied to their input embeddings, checked with tensor parallelism only (see the test below).
 TIED_HEADS = {
     "decoder": lambda: DecoderForCausalLM(tiny_decoder_config(tie_word_embeddings=True)),
@@ -195,6 +201,9 @@ def launched(tmp_path_factory, decoder_dir, seq2seq_dirs, moe_dir) -> dict:
     torch.manual_seed(0)
     per_head = tiny_decoder_config(norm_position="parallel_shared_norm", use_qk_norm=True, qk_norm_scope="per_head")
     randomised(DecoderForCausalLM(per_head)).save_pretrained(folder / TP_ONLY_PER_HEAD)
+    torch.manual_seed(0)
+    sub_ln = tiny_decoder_config(sub_layer_norm=True, hidden_act="relu2")
+    randomised(DecoderForCausalLM(sub_ln)).save_pretrained(folder / TP_ONLY_SUB_LN)
     norm_positions = []
     for position in ("pre", "post"):
         torch.manual_seed(0)
@@ -260,8 +269,9 @@ def test_tensor_parallel_with_tied_heads_matches_one_process(launched):
 @pytest.mark.slow
 def test_tensor_parallel_with_qk_norm_over_the_projection_matches_one_process(launched):
     """OLMo 2's blocks under `tp_plan="auto"` (its plan: q/k/v gathered for the QK-norm over all heads, the output
-    projection's input split): logits and greedy generation equal one process."""
-    for name in TP_ONLY:  # and the gains per head (Command R+), which need every head of a token alike
+    projection's input split): logits and greedy generation equal one process. So with QK-norm gains per head
+    (Command R+), which need every head of a token alike, and Sub-LN (norms over all heads and the MLP's width)."""
+    for name in TP_ONLY:
         entry = launched["sharded"][name]
         assert entry["tp_sharded"], name
         assert entry["tp_logits"] <= 1e-4, name

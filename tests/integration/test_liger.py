@@ -57,6 +57,7 @@ DECODERS = {
         lm_head_bias=True,
     ),
     "neox-like": dict(norm_type="layer_norm", norm_bias=True, norm_position="parallel", hidden_act="silu"),
+    "sub-ln": dict(sub_layer_norm=True),  # Sub-LN: a norm between the SwiGLU kernel and the down projection
     "rope-per-layer-type": dict(  # Gemma3's form: a partial RoPE on one layer type only
         layer_types=["sliding_attention", "full_attention"],
         sliding_window=4,

@@ -415,6 +415,11 @@ def test_rope_type_is_checked_at_construction():
         (dict(attn_logit_softcapping=30.0, attn_implementation="sdpa"), r"`attn_logit_softcapping`.*sdpa"),
         (dict(final_logit_softcapping=0.0), r"`final_logit_softcapping` must be a positive"),
         (dict(residual_multiplier=0.0), r"`residual_multiplier` must be a positive, finite number, got 0.0"),
+        (dict(sub_layer_norm=True, num_local_experts=4), r"`sub_layer_norm=True` norms a dense MLP's.*'dense'"),
+        (
+            dict(sub_layer_norm=True, kv_lora_rank=16, num_key_value_heads=4, qk_rope_head_dim=8),
+            r"`sub_layer_norm` \(True\) changes an attention that multi-head latent attention",
+        ),
         (dict(qk_norm_after_rope=True), r"`qk_norm_after_rope=True` moves a per-head QK-norm after RoPE: it needs"),
         (
             dict(qk_norm_after_rope=True, use_qk_norm=True, qk_norm_scope="projection"),

@@ -41,9 +41,15 @@ from triton_interpreter import (
 MOE = dict(num_local_experts=4, num_experts_per_tok=2)
 # every decoder variant of the catalogue's tests (RMSNorm: position schemes, RoPE types, sliding and prefix-LM masks,
 # soft-capping, mixtures of experts, QK-norm over the projections), biases, QK-norm, and the parallel blocks; the
-# output-norm block (`test_an_output_norm_layer_s_step_runs_the_block_s_forward`), a gated attention and latent
+# output-norm block (`test_an_output_norm_layer_s_step_runs_the_block_s_forward`), a gated attention, Sub-LN and latent
 # attention (`test_the_fused_step_applies_only_to_plain_pre_norm_layers_of_a_few_rows`) never take the fused step
-UNFUSED_PLACEMENTS = {"output_norm", "gated_attention", "latent_attention", "latent_attention_query_rank_yarn"}
+UNFUSED_PLACEMENTS = {
+    "output_norm",
+    "gated_attention",
+    "sub_layer_norm",
+    "latent_attention",
+    "latent_attention_query_rank_yarn",
+}
 VARIANTS = {
     **{name: fields for name, fields in DECODER_VARIANTS.items() if name not in UNFUSED_PLACEMENTS},
     "biases": dict(attention_bias=True, mlp_bias=True),
@@ -112,6 +118,7 @@ def test_the_fused_step_applies_only_to_plain_pre_norm_layers_of_a_few_rows(monk
             assert not fused_block_applies(_laid_out(_model(residual_multiplier=0.5)), step)
             assert fused_block_applies(_laid_out(_model(logit_scale=0.5, attention_multiplier=0.1)), step)
             assert not fused_block_applies(_laid_out(_model(attention_output_gate="elementwise")), step)  # gated heads
+            assert not fused_block_applies(_laid_out(_model(sub_layer_norm=True)), step)  # heads normed (Sub-LN)
             assert fused_block_applies(_laid_out(_model(attention_sinks=True)), step)  # sinks: attend_heads' choice
             latent = dict(num_key_value_heads=4, kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=8)
             assert not fused_block_applies(_model(**latent).model.layers[0], step)  # no q/k/v product: latents

@@ -50,6 +50,7 @@ def test_the_kernel_applies_only_to_a_few_rows_of_silu_on_the_listed_devices(mon
         assert not gated_down_applies(mlp, gate.double())
         assert not gated_down_applies(_mlp(hidden_act="gelu_pytorch_tanh"), gate)  # GeGLU: not written
         assert not gated_down_applies(_mlp(swiglu_limit=7.0), gate)  # GPT-OSS's clamps: not written either
+        assert not gated_down_applies(_mlp(sub_layer_norm=True), gate)  # Sub-LN's norm before the down projection
     assert not gated_down_applies(mlp, gate)  # gradients wanted (the weights'): the kernel has no backward
     monkeypatch.setattr(triton_gemv, "GATED_DOWN_DEVICES", ())
     with torch.no_grad():
