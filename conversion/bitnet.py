@@ -1,4 +1,4 @@
-"""BitNet b1.58's architecture (`bitnet`, `BitNetForCausalLM`) as a `Family` row, its weights in floating point.
+"""BitNet b1.58 (`bitnet`, `BitNetForCausalLM`) as a `Family` row.
 
 BitNet is Llama's pre-RMSNorm block with Sub-LN (Wang et al. 2022, "Foundation Transformers"): an RMSNorm over the
 heads' output before `o_proj` (`self_attn.attn_sub_norm`) and over the gated MLP's hidden activation before
@@ -6,12 +6,16 @@ heads' output before `o_proj` (`self_attn.attn_sub_norm`) and over the gated MLP
 (`hidden_act="relu2"`), and it has no MLP bias and no `head_dim` field (the sub-norm is `hidden_size` wide: heads ×
 head size = hidden size).
 
-What makes BitNet b1.58 ternary is not in the architecture but in transformers' quantizer: Microsoft's published
-folders carry `quantization_config` with `quant_method="bitnet"`, whether their weights are packed ternary values
-(`bitnet-b1.58-2B-4T`) or the bf16 master weights that `AutoBitLinear` makes ternary in every forward
-(`-bf16`: weights scaled by their mean absolute value and rounded to {-1, 0, 1}, activations to 8 bits a token).
-archlab has no BitLinear: converting those weights as plain linear layers would give another model without a word,
-so such a folder is refused by its method. A BitNet-shaped model trained in floating point converts both ways.
+What makes BitNet b1.58 ternary is transformers' quantizer, named in config.json's `quantization_config`
+(`quant_method="bitnet"`):
+- `linear_class="autobitlinear"`, `quantization_mode="online"` (Microsoft's `bitnet-b1.58-2B-4T-bf16`): the folder
+  holds full-precision weights that every forward makes ternary, with 8-bit activations: archlab's `bitlinear=True`
+  (`modeling/bitlinear.py`, the same arithmetic), and it exports so again;
+- the offline mode (`bitnet-b1.58-2B-4T`: weights packed four to a byte with a scale each) is refused: archlab reads
+  floating-point weights, and requantizing the unpacked ternary values online would not give the same model;
+- `use_rms_norm=True` (an RMSNorm inside every BitLinear) and other `modules_to_not_convert` than the LM head are
+  refused by name.
+Without a `quantization_config` a BitNet-shaped model converts as a floating-point one (`bitlinear=False`).
 """
 
 from __future__ import annotations
@@ -29,20 +33,32 @@ from .field_lists import LLAMA_FIELDS
 BITNET_FIELDS = tuple(name for name in LLAMA_FIELDS if name not in ("head_dim", "mlp_bias"))
 
 
+# what a folder of full-precision weights made ternary in every forward says (archlab's `bitlinear=True`)
+ONLINE_BITLINEAR = {"quant_method": "bitnet", "linear_class": "autobitlinear", "quantization_mode": "online"}
+
+
 def _to_archlab(stock: PreTrainedConfig, values: Mapping[str, Any]) -> dict[str, Any]:
     quantization = values.get("quantization_config")
-    method = quantization.get("quant_method") if isinstance(quantization, Mapping) else None
-    if method == "bitnet":
-        refuse_import(
-            "bitnet",
-            {
-                f"quantization_config.quant_method={method!r}": "transformers makes these weights ternary when it "
-                "loads them (BitLinear: weights scaled by their mean absolute value and rounded to -1/0/1, "
-                "activations to 8 bits), which archlab does not compute; as plain linear layers they would be "
-                "another model. A BitNet-shaped model trained in floating point (no quantization_config) converts"
-            },
+    if not isinstance(quantization, Mapping) or quantization.get("quant_method") != "bitnet":
+        return {"bitlinear": False}
+    wrong = {}
+    for name, value in ONLINE_BITLINEAR.items():
+        default = {"linear_class": "bitlinear", "quantization_mode": "offline"}.get(name)
+        given = quantization.get(name, default)
+        if given != value:
+            wrong[f"quantization_config.{name}={given!r}"] = (
+                f"archlab computes BitLinear from floating-point weights ({name}={value!r}); the offline mode's "
+                "packed ternary weights and scales are not read"
+            )
+    if quantization.get("use_rms_norm"):
+        wrong["quantization_config.use_rms_norm=True"] = "archlab's BitLinear has no RMSNorm of its own"
+    skipped = quantization.get("modules_to_not_convert")
+    if skipped and set(skipped) - {"lm_head"}:
+        wrong[f"quantization_config.modules_to_not_convert={skipped!r}"] = (
+            "archlab makes every projection of the layers BitLinear, the LM head never"
         )
-    return {}
+    refuse_import("bitnet", wrong)
+    return {"bitlinear": True}
 
 
 def _from_archlab(config: PreTrainedConfig) -> dict[str, Any]:
@@ -52,7 +68,7 @@ def _from_archlab(config: PreTrainedConfig) -> dict[str, Any]:
             f"BitNet's heads span the model width: head_dim × num_attention_heads = hidden_size ({config.hidden_size})"
         )
     refuse_export("BitNetForCausalLM", wrong)
-    return {}
+    return {"quantization_config": dict(ONLINE_BITLINEAR)} if config.bitlinear else {}
 
 
 BITNET = Family(
@@ -63,6 +79,7 @@ BITNET = Family(
     implied={"sub_layer_norm": True},
     to_archlab=_to_archlab,
     from_archlab=_from_archlab,
+    expressible=frozenset({"bitlinear"}),
 )
 
 __all__ = ["BITNET"]

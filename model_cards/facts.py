@@ -297,6 +297,8 @@ def architecture_rows(config: dict[str, Any]) -> list[tuple[str, str]]:
     rows.append(("normalization", f"{norm}" + (f" (eps={eps:g})" if isinstance(eps, (int, float)) else "")))
     if config.get("sub_layer_norm"):  # Sub-LN (Foundation Transformers, BitNet)
         rows.append(("sub-layer norms", "Sub-LN: heads' output before o_proj, MLP activation before down_proj"))
+    if config.get("bitlinear"):  # BitNet b1.58
+        rows.append(("projections", "BitLinear: ternary weights, 8-bit activations (BitNet b1.58)"))
     rows.append(("norm position", str(config.get("norm_position", default_position))))
     mlp_type = config.get("mlp_type", default_mlp)
     ffn_name = _FFN_NAMES.get((mlp_type, act), f"{mlp_type} MLP, {act}")

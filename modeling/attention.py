@@ -20,6 +20,7 @@ from transformers.integrations.sdpa_attention import create_position_bias_mask
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from .attention_sinks import sink_sdpa
+from .bitlinear import linear_class
 from .continuous_batching import is_paged_cache
 from .flex_decoding import flex_applies, flex_decode_attention
 from .fused_projections import FusableProjections
@@ -255,11 +256,12 @@ class Attention(FusableProjections, nn.Module):
         bias = bias if bias is not None else config.attention_bias
         qkv_bias = getattr(config, "qkv_bias", None)  # Qwen2: q/k/v with a bias, the output projection without
         qkv_bias = bias if qkv_bias is None else qkv_bias
-        self.q_proj = nn.Linear(hidden, self.num_heads * self.head_dim, bias=qkv_bias)
-        self.k_proj = nn.Linear(hidden, self.num_key_value_heads * self.head_dim, bias=qkv_bias)
-        self.v_proj = nn.Linear(hidden, self.num_key_value_heads * self.head_dim, bias=qkv_bias)
+        linear = linear_class(config)  # nn.Linear, or BitNet's BitLinear (`bitlinear`)
+        self.q_proj = linear(hidden, self.num_heads * self.head_dim, bias=qkv_bias)
+        self.k_proj = linear(hidden, self.num_key_value_heads * self.head_dim, bias=qkv_bias)
+        self.v_proj = linear(hidden, self.num_key_value_heads * self.head_dim, bias=qkv_bias)
         self.output_name = output_name
-        self.add_module(output_name, nn.Linear(self.num_heads * self.head_dim, hidden, bias=bias))
+        self.add_module(output_name, linear(self.num_heads * self.head_dim, hidden, bias=bias))
         # Gated attention (AFMoE, Qwen3-Next): sigmoid(gate_proj(x)) times the heads' output, per channel or per head
         self.output_gate = getattr(config, "attention_output_gate", None)
         if self.output_gate is not None:

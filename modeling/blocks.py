@@ -32,6 +32,7 @@ from transformers.cache_utils import Cache
 from transformers.modeling_layers import GradientCheckpointingLayer
 
 from .attention import Attention
+from .bitlinear import linear_class
 from .decode_block import fused_block_applies, fused_block_forward
 from .feed_forward import mlp_from_config
 from .latent_attention import LatentAttention
@@ -44,7 +45,8 @@ def build_mlp(config, layer_idx: int) -> nn.Module:
     mixture of experts where `mlp_layer_types[layer_idx]` is "sparse" (see moe.py)."""
     if config.mlp_layer_types[layer_idx] == "sparse":
         return SparseMoeBlock(config)
-    return mlp_from_config(config, config.intermediate_size, sub_norm=getattr(config, "sub_layer_norm", False))
+    sub_norm = getattr(config, "sub_layer_norm", False)
+    return mlp_from_config(config, config.intermediate_size, sub_norm=sub_norm, linear=linear_class(config))
 
 
 def norm_from_config(config) -> nn.Module:

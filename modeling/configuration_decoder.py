@@ -327,6 +327,12 @@ class DecoderConfig(PreTrainedConfig):
             before `o_proj` (`self_attn.attn_sub_norm`) and over the MLP's hidden activation before `down_proj`
             (`mlp.ffn_sub_norm`). Dense MLPs only (not with `num_local_experts`) and not with `kv_lora_rank`; such a
             layer's decoding step runs its own forward (no fused GEMV kernels).
+        bitlinear (`bool`, False): BitNet b1.58's BitLinear (`bitlinear.py`): every projection of the layers (q/k/v/o
+            and the dense MLP's; not the embeddings or the LM head) computes with ternary weights (rounded to
+            {-1, 0, 1} times their mean absolute value, per tensor) and 8-bit activations (per token), quantized in
+            each forward from the full-precision weights, the gradient passed straight through in training. Dense
+            MLPs only and not with `kv_lora_rank`; no tensor-parallel plan (a weight's scale is over the whole
+            tensor); decoding steps run the layers' own forward.
         swiglu_limit (`float`, *optional*): a gated MLP (every one: dense, shared and routed experts) clamps its gate
             to at most this and its up to [-limit, limit] before act(gate) ⊙ up (GPT-OSS: 7.0). Only with
             `mlp_type="gated"`.
@@ -430,7 +436,10 @@ class DecoderConfig(PreTrainedConfig):
         (`"per_head"`), whose (heads, head_dim) gains every rank holds whole. Multi-head latent attention splits its
         per-head products (the queries', `kv_b_proj`'s expansion) by heads and keeps the latents whole on every rank.
         Sub-LN (`sub_layer_norm`) norms all heads' output and the MLP's whole hidden activation: q/k/v and gate/up are
-        gathered after their split product, o/down split their input again (as OLMo 2's QK-norm)."""
+        gathered after their split product, o/down split their input again (as OLMo 2's QK-norm). BitLinear layers
+        (`bitlinear`) have no plan: a weight's ternary scale is its whole tensor's mean magnitude."""
+        if self.bitlinear:
+            return {}
         attention = {"q_proj": "colwise", "k_proj": "colwise", "v_proj": "colwise", "o_proj": "rowwise"}
         if self.kv_lora_rank is not None:
             query = "q_b_proj" if self.q_lora_rank is not None else "q_proj"
@@ -551,6 +560,7 @@ class DecoderConfig(PreTrainedConfig):
     attention_multiplier: int | float | None = None
     attention_output_gate: str | None = None
     sub_layer_norm: bool = False
+    bitlinear: bool = False
     attention_sinks: bool = False
     kv_lora_rank: int | None = None
     q_lora_rank: int | None = None
@@ -688,6 +698,7 @@ NOT_WITH_LATENT_ATTENTION = (
     "attention_sinks",
     "attention_output_gate",
     "sub_layer_norm",
+    "bitlinear",
     "use_qk_norm",
     "qkv_bias",
     "query_pre_attn_scalar",
@@ -727,6 +738,7 @@ def _validate_latent_attention(config: Any) -> None:
         "attention_sinks": False,
         "attn_temperature_tuning": False,
         "sub_layer_norm": False,
+        "bitlinear": False,
     }
     given = [name for name in NOT_WITH_LATENT_ATTENTION if getattr(config, name) != defaults.get(name)]
     if given:
@@ -965,6 +977,11 @@ def _validate_catalogue(config: Any) -> None:
         raise ValueError(
             "`sub_layer_norm=True` norms a dense MLP's hidden activation (`mlp.ffn_sub_norm`); the experts of "
             "`num_local_experts` have none: allowed with `num_local_experts` 0/None, or `mlp_layer_types` all 'dense'."
+        )
+    if config.bitlinear and "sparse" in (config.mlp_layer_types or ()):
+        raise ValueError(
+            "`bitlinear=True` makes the dense layers' projections BitLinear; the experts of `num_local_experts` are "
+            "not: allowed with `num_local_experts` 0/None, or `mlp_layer_types` all 'dense'."
         )
     if config.attention_multiplier is not None and config.query_pre_attn_scalar is not None:
         raise ValueError(

@@ -6,7 +6,7 @@
 - `MLP`: down(act(up(x))) — the original Transformer's ReLU FFN, GPT's GELU FFN.
 
 Either takes Sub-LN (`sub_layer_norm`; Wang et al. 2022, "Foundation Transformers"; BitNet b1.58): a norm over the
-hidden activation before `down_proj` (`ffn_sub_norm`).
+hidden activation before `down_proj` (`ffn_sub_norm`); and BitNet's `BitLinear` projections (`bitlinear.py`).
 
 `MLPS` is the registry the config's `mlp_type` resolves through.
 """
@@ -87,11 +87,12 @@ class GatedMLP(FusableProjections, nn.Module):
         limit: float | None = None,
         up_offset: float = 0.0,
         sub_norm: nn.Module | None = None,
+        linear: type[nn.Linear] = nn.Linear,
     ) -> None:
         super().__init__()
-        self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=bias)
-        self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=bias)
-        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=bias)
+        self.gate_proj = linear(hidden_size, intermediate_size, bias=bias)
+        self.up_proj = linear(hidden_size, intermediate_size, bias=bias)
+        self.down_proj = linear(intermediate_size, hidden_size, bias=bias)
         self.hidden_act = hidden_act
         self.act_fn = make_activation(hidden_act)
         self.limit, self.up_offset = limit, float(up_offset)  # GPT-OSS's clamps and offset (module docstring)
@@ -122,10 +123,11 @@ class MLP(nn.Module):
         hidden_act: str,
         bias: bool = False,
         sub_norm: nn.Module | None = None,
+        linear: type[nn.Linear] = nn.Linear,
     ) -> None:
         super().__init__()
-        self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=bias)
-        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=bias)
+        self.up_proj = linear(hidden_size, intermediate_size, bias=bias)
+        self.down_proj = linear(intermediate_size, hidden_size, bias=bias)
         self.act_fn = make_activation(hidden_act)
         self.ffn_sub_norm = sub_norm  # Sub-LN (module docstring), or None
 
@@ -143,10 +145,12 @@ def gated_options(config) -> dict:
     return {"limit": getattr(config, "swiglu_limit", None), "up_offset": getattr(config, "swiglu_up_offset", 0.0)}
 
 
-def mlp_from_config(config, intermediate_size: int, sub_norm: bool = False) -> nn.Module:
+def mlp_from_config(config, intermediate_size: int, sub_norm: bool = False, linear=nn.Linear) -> nn.Module:
     """The config's MLP (`mlp_type`, `hidden_act`, `mlp_bias`, and a gated one's clamp and offset) of this width;
-    with `sub_norm`, Sub-LN's norm of the config's `norm_type` before its down projection."""
+    with `sub_norm`, Sub-LN's norm of the config's `norm_type` before its down projection; its projections of class
+    `linear` (BitNet's `BitLinear`, or `nn.Linear`)."""
     options = gated_options(config) if config.mlp_type == "gated" else {}
+    options["linear"] = linear
     if sub_norm:
         norm_bias = getattr(config, "norm_bias", None)
         options["sub_norm"] = make_norm(config.norm_type, intermediate_size, config.rms_norm_eps, norm_bias)

@@ -57,6 +57,7 @@ from __future__ import annotations
 import functools
 
 import torch
+from torch import nn
 
 from .triton_launch import (
     archlab_op,
@@ -99,6 +100,7 @@ def gated_down_applies(module, gate: torch.Tensor) -> bool:
     return (
         triton is not None
         and gate.device.type in GATED_DOWN_DEVICES  # first: no guard on a traced length where it is not listed
+        and type(module.down_proj) is nn.Linear  # (not BitNet's BitLinear, LoRA's, a quantized layer)
         and gemv_applies(gate, module.down_proj.weight)
         and module.hidden_act in ACTIVATIONS
         and not module.clamped  # (GPT-OSS's clamps and offset: the kernel computes act(gate) ⊙ up)

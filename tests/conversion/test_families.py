@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import inspect
 import json
+import re
 import shutil
 import zlib
+from pathlib import Path
 
 import pytest
 import torch
@@ -2318,24 +2320,55 @@ def test_a_checkpoint_with_quantized_weights_is_refused_by_its_method(folders, t
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.parametrize("mode", ["online", "offline"])
-def test_a_bitnet_folder_quantized_by_transformers_is_refused(folders, tmp_path, mode):
-    """Microsoft's BitNet b1.58 folders say `quant_method="bitnet"`: transformers makes their weights ternary when it
-    loads them (online: bf16 master weights; offline: packed), which archlab does not compute. Read as plain linear
-    layers they would be another model, so they are refused by the method, nothing written; the same folder without
-    the quantization config converts."""
-    stock = folders["bitnet"][1] / "stock"
-    quantized = tmp_path / "quantized"
-    shutil.copytree(stock, quantized)
-    values = json.loads((quantized / "config.json").read_text())
-    values["quantization_config"] = {
-        "quant_method": "bitnet",
-        "linear_class": "autobitlinear",
-        "quantization_mode": mode,
-    }
-    (quantized / "config.json").write_text(json.dumps(values))
-    with pytest.raises(ConversionError, match=r"bitnet checkpoint.*quant_method='bitnet'.*ternary"):
-        convert_checkpoint(quantized, tmp_path / "out")
+def _bitnet_folder(folders, tmp_path, **quantization) -> Path:
+    """The bitnet case's stock folder with `quantization_config` {quant_method: bitnet, **quantization}."""
+    folder = tmp_path / "quantized"
+    shutil.copytree(folders["bitnet"][1] / "stock", folder)
+    values = json.loads((folder / "config.json").read_text())
+    values["quantization_config"] = {"quant_method": "bitnet", **quantization}
+    (folder / "config.json").write_text(json.dumps(values))
+    return folder
+
+
+def test_an_online_bitnet_folder_converts_to_bitlinear_both_ways(folders, tmp_path):
+    """Microsoft's bf16 BitNet b1.58 folder form (`autobitlinear`, online: full-precision weights made ternary in each
+    forward, with 8-bit activations): archlab's `bitlinear=True`, the logits of transformers' quantized model, and
+    back to a folder that transformers loads quantized again, with the same logits."""
+    online = dict(linear_class="autobitlinear", quantization_mode="online")
+    stock = _bitnet_folder(folders, tmp_path, **online)
+    convert_checkpoint(stock, tmp_path / "archlab")
+    ours = DecoderForCausalLM.from_pretrained(tmp_path / "archlab").eval()
+    assert ours.config.bitlinear and ours.config.sub_layer_norm
+    convert_checkpoint(tmp_path / "archlab", tmp_path / "back", to="bitnet")
+    exported = json.loads((tmp_path / "back" / "config.json").read_text())["quantization_config"]
+    assert {key: exported[key] for key in ("quant_method", *online)} == {"quant_method": "bitnet", **online}
+    ids = torch.randint(3, VOCAB, (2, 9), generator=torch.Generator().manual_seed(0))
+    plain = folders["bitnet"][0](ids).logits  # the same weights unquantized
+    with torch.no_grad(), torch._dynamo.config.patch(disable=True):  # (transformers compiles its quantizers)
+        logits = ours(ids).logits
+        for folder in (stock, tmp_path / "back"):
+            reference = transformers.BitNetForCausalLM.from_pretrained(folder).eval()
+            assert type(reference.model.layers[0].mlp.down_proj).__name__ == "AutoBitLinear"
+            assert (logits - reference(ids).logits).abs().max().item() <= ATOL
+    assert (logits - plain).abs().max().item() > 0.01  # quantized: another model than the plain weights
+
+
+@pytest.mark.parametrize(
+    "quantization, named",
+    [
+        ({"linear_class": "bitlinear"}, "linear_class='bitlinear'"),  # the offline mode's packed weights
+        ({"linear_class": "autobitlinear", "quantization_mode": "offline"}, "quantization_mode='offline'"),
+        (
+            {"linear_class": "autobitlinear", "quantization_mode": "online", "use_rms_norm": True},
+            "use_rms_norm=True",
+        ),
+    ],
+)
+def test_bitnet_folders_archlab_does_not_compute_are_refused(folders, tmp_path, quantization, named):
+    """The offline mode (weights packed four to a byte with a scale: `bitnet-b1.58-2B-4T`) and a BitLinear with its
+    own RMSNorm are refused by name, nothing written."""
+    with pytest.raises(ConversionError, match=rf"bitnet checkpoint.*{re.escape(named)}"):
+        convert_checkpoint(_bitnet_folder(folders, tmp_path, **quantization), tmp_path / "out")
     assert not (tmp_path / "out").exists()
 
 

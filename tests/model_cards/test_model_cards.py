@@ -111,10 +111,10 @@ def test_architecture_rows_name_the_mup_multipliers_that_are_set():
         "attention_multiplier=0.25"
     )
     assert "multipliers" not in dict(architecture_rows(tiny_decoder_config().to_dict()))
-    sub_ln = dict(architecture_rows(tiny_decoder_config(sub_layer_norm=True).to_dict()))
-    assert sub_ln["sub-layer norms"].startswith("Sub-LN") and "sub-layer norms" not in dict(
-        architecture_rows(tiny_decoder_config().to_dict())
-    )
+    bitnet = dict(architecture_rows(tiny_decoder_config(sub_layer_norm=True, bitlinear=True).to_dict()))
+    plain = dict(architecture_rows(tiny_decoder_config().to_dict()))
+    assert bitnet["sub-layer norms"].startswith("Sub-LN") and "sub-layer norms" not in plain
+    assert bitnet["projections"].startswith("BitLinear") and "projections" not in plain
 
 
 def test_architecture_rows_name_the_router_the_output_gate_a_late_qk_norm_and_gpt_oss_s_choices():

@@ -1,0 +1,65 @@
+"""BitNet b1.58's BitLinear (Ma et al. 2024, "The Era of 1-bit LLMs"; Wang et al. 2023, "BitNet"): a linear layer
+that computes with ternary weights and 8-bit activations, quantized in every forward from full-precision weights.
+
+- weights: per tensor, scaled by the inverse of their mean absolute value, rounded to {-1, 0, 1}, and scaled back
+  (`ternary_weights`);
+- activations: per token (the last dimension), scaled so that the largest magnitude is 127, rounded to the integers
+  of [-128, 127], and scaled back (`int8_activations`);
+- in training both pass the gradient straight through (the straight-through estimator), so the full-precision
+  weights learn: quantization-aware training, as BitNet is trained.
+
+The arithmetic is transformers' `AutoBitLinear` in its online mode (`integrations/bitnet.py`, the layer of
+Microsoft's bf16 BitNet b1.58 folders), operation for operation, so the same weights give the same logits. archlab
+computes it in floating point, as that layer does: the memory and speed of ternary kernels (bitnet.cpp, packed
+2-bit weights) are not this module's. `DecoderConfig(bitlinear=True)` makes every projection of the layers one
+(q/k/v/o and the dense MLP's; not the embeddings or the LM head).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+
+def ternary_weights(weight: torch.Tensor) -> torch.Tensor:
+    """`weight` rounded to {-1, 0, 1} times its mean absolute value (computed in float32, returned in its dtype)."""
+    values = weight.float()
+    scale = 1.0 / values.abs().mean().clamp(min=1e-5)
+    return ((values * scale).round().clamp(-1, 1) / scale).to(weight.dtype)
+
+
+def int8_activations(activation: torch.Tensor) -> torch.Tensor:
+    """`activation` rounded per token (last dimension) to 8-bit integers scaled by its largest magnitude / 127."""
+    values = activation.float()
+    scale = 127 / values.abs().amax(dim=-1, keepdim=True).clamp(min=1e-5)
+    return ((values * scale).round().clamp(-128, 127) / scale).to(activation.dtype)
+
+
+class _StraightThrough(torch.autograd.Function):
+    """`quantize(x)` forward, the identity backward."""
+
+    @staticmethod
+    def forward(ctx, tensor: torch.Tensor, ternary: bool) -> torch.Tensor:
+        return ternary_weights(tensor) if ternary else int8_activations(tensor)
+
+    @staticmethod
+    def backward(ctx, grad_output: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return grad_output, None
+
+
+class BitLinear(nn.Linear):
+    """`nn.Linear` computing with `ternary_weights(weight)` on `int8_activations(input)` (module docstring); its
+    parameters, names and state dict are a plain linear layer's."""
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        weight = _StraightThrough.apply(self.weight, True)
+        return F.linear(_StraightThrough.apply(input, False), weight, self.bias)
+
+
+def linear_class(config) -> type[nn.Linear]:
+    """The class of a decoder layer's projections: `BitLinear` where `config.bitlinear`, else `nn.Linear`."""
+    return BitLinear if getattr(config, "bitlinear", False) else nn.Linear
+
+
+__all__ = ["BitLinear", "int8_activations", "linear_class", "ternary_weights"]

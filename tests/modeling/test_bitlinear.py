@@ -1,0 +1,95 @@
+"""bitlinear.py: BitNet b1.58's BitLinear — ternary weights and 8-bit activations quantized in every forward, the
+gradient passed straight through — equal to transformers' `AutoBitLinear` in its online mode, layer for layer and as
+every projection of a `bitlinear=True` decoder."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from archlab import DecoderForCausalLM
+from archlab.modeling.bitlinear import BitLinear, int8_activations, ternary_weights
+
+from helpers import randomised, tiny_decoder_config
+
+
+def test_weights_become_three_values_times_their_mean_magnitude():
+    weight = torch.tensor([[0.9, -0.05, 0.4], [-1.2, 0.0, 0.2]])
+    mean = weight.abs().mean()  # 0.4583
+    expected = torch.tensor([[1.0, 0.0, 1.0], [-1.0, 0.0, 0.0]]) * mean  # 0.4 / 0.458 = 0.87 rounds to 1
+    torch.testing.assert_close(ternary_weights(weight), expected)
+    assert ternary_weights(weight.bfloat16()).dtype == torch.bfloat16
+
+
+def test_activations_take_8_bits_per_token():
+    activation = torch.randn(3, 5, 64, generator=torch.Generator().manual_seed(0))
+    quantized = int8_activations(activation)
+    steps = quantized * 127 / activation.abs().amax(dim=-1, keepdim=True)  # integers in [-127, 127]
+    torch.testing.assert_close(steps, steps.round(), rtol=0, atol=1e-4)
+    assert (quantized - activation).abs().max() <= activation.abs().max() / 254 + 1e-6  # half a step at most
+    torch.testing.assert_close(int8_activations(activation[1:2]), quantized[1:2])  # per token: rows independent
+
+
+def test_the_layer_equals_transformers_online_autobitlinear_and_passes_gradients_straight_through():
+    from transformers.integrations.bitnet import AutoBitLinear
+
+    torch.manual_seed(0)
+    ours = BitLinear(24, 16, bias=True)
+    theirs = AutoBitLinear(24, 16, bias=True, online_quant=True)
+    theirs.load_state_dict(ours.state_dict())
+    inputs = torch.randn(2, 5, 24, requires_grad=True)
+    with torch._dynamo.config.patch(disable=True):  # their quantizers are `torch.compile`d: eager here
+        expected = theirs(inputs)
+    output = ours(inputs)
+    assert torch.equal(output, expected)
+    assert not torch.equal(output, nn.functional.linear(inputs, ours.weight, ours.bias))  # it does quantize
+    output.sum().backward()
+    # straight through: the gradients of a plain linear layer at the quantized operands
+    torch.testing.assert_close(
+        ours.weight.grad, torch.ones(2, 5, 16).flatten(0, 1).T @ int8_activations(inputs.detach()).flatten(0, 1)
+    )
+    torch.testing.assert_close(inputs.grad, torch.ones(2, 5, 16) @ ternary_weights(ours.weight.detach()))
+
+
+def test_a_bitlinear_decoder_quantizes_every_layer_projection_and_trains():
+    model = randomised(DecoderForCausalLM(tiny_decoder_config(bitlinear=True, sub_layer_norm=True, hidden_act="relu2")))
+    projections = {name for name, module in model.named_modules() if isinstance(module, BitLinear)}
+    layer = {f"model.layers.0.self_attn.{p}_proj" for p in "qkvo"} | {
+        f"model.layers.0.mlp.{p}_proj" for p in ("gate", "up", "down")
+    }
+    assert layer <= projections and len(projections) == 7 * model.config.num_hidden_layers
+    assert type(model.lm_head) is nn.Linear
+    assert model.config.base_model_tp_plan == {}  # a weight's scale is over its whole tensor
+    ids = torch.randint(3, 90, (2, 9), generator=torch.Generator().manual_seed(0))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    losses = []
+    for _ in range(12):
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(loss.item())
+    assert losses[-1] < losses[0] - 0.5, losses  # the full-precision weights learn through the quantizers
+
+
+@pytest.mark.parametrize("fields", [dict(num_local_experts=4), dict(kv_lora_rank=16, num_key_value_heads=4)])
+def test_bitlinear_is_refused_where_its_projections_are_not_linear_layers(fields):
+    with pytest.raises(ValueError, match="bitlinear"):
+        tiny_decoder_config(bitlinear=True, **fields)
+
+
+def test_a_bitlinear_decoder_compiles_in_one_graph_with_the_same_loss_and_gradients():
+    """The straight-through quantizers trace into one graph (fullgraph=True), forward and backward."""
+    torch._dynamo.reset()
+    model = randomised(DecoderForCausalLM(tiny_decoder_config(bitlinear=True)))
+    ids = torch.randint(3, 90, (2, 9), generator=torch.Generator().manual_seed(1))
+    loss = model(input_ids=ids, labels=ids).loss
+    loss.backward()
+    eager = {name: p.grad.clone() for name, p in model.named_parameters()}
+    model.zero_grad()
+    compiled = torch.compile(model, backend="aot_eager", fullgraph=True)(input_ids=ids, labels=ids).loss
+    compiled.backward()
+    torch.testing.assert_close(compiled, loss)
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(p.grad, eager[name], msg=name)
