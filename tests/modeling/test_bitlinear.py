@@ -93,3 +93,24 @@ def test_a_bitlinear_decoder_compiles_in_one_graph_with_the_same_loss_and_gradie
     torch.testing.assert_close(compiled, loss)
     for name, p in model.named_parameters():
         torch.testing.assert_close(p.grad, eager[name], msg=name)
+
+
+def test_inference_never_reads_bitlinear_projections_as_plain_weights(monkeypatch):
+    """generate's fused q/k/v and gate/up products and the gated down GEMV read `nn.Linear` weights directly: they
+    leave BitLinear projections alone, so its forward (the quantizers) runs."""
+    from archlab.modeling import triton_gemv
+    from archlab.modeling.fused_projections import inference_projections
+
+    model = randomised(DecoderForCausalLM(tiny_decoder_config(bitlinear=True))).eval()
+    ids = torch.randint(3, 90, (1, 6), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        expected = model(ids).logits
+        with inference_projections(model, force=True) as groups:
+            assert groups == 0
+            assert torch.equal(model(ids).logits, expected)
+        monkeypatch.setattr(triton_gemv, "triton", object())  # as where Triton is installed
+        monkeypatch.setattr(triton_gemv, "GATED_DOWN_DEVICES", ("cpu",))
+        gate = torch.zeros(1, 1, model.config.intermediate_size)
+        plain = randomised(DecoderForCausalLM(tiny_decoder_config())).model.layers[0].mlp
+        assert triton_gemv.gated_down_applies(plain, gate)
+        assert not triton_gemv.gated_down_applies(model.model.layers[0].mlp, gate)
