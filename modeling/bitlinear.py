@@ -8,6 +8,11 @@ that computes with ternary weights and 8-bit activations, quantized in every for
 - in training both pass the gradient straight through (the straight-through estimator), so the full-precision
   weights learn: quantization-aware training, as BitNet is trained.
 
+Inside `ternary_weights_once(model)` — `generate` enters it — the layers' forwards without gradients read ternary
+weights computed once on entry instead of quantizing every weight again each step (by byte count a decoding step's
+GEMV reads its weight once instead of about four times: the mean, the rounding, the copy and the product); the same
+values, so the same tokens.
+
 The arithmetic is transformers' `AutoBitLinear` in its online mode (`integrations/bitnet.py`, the layer of
 Microsoft's bf16 BitNet b1.58 folders), operation for operation, so the same weights give the same logits. archlab
 computes it in floating point, as that layer does: the memory and speed of ternary kernels (bitnet.cpp, packed
@@ -16,6 +21,9 @@ computes it in floating point, as that layer does: the memory and speed of terna
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 from torch import nn
@@ -52,9 +60,34 @@ class BitLinear(nn.Linear):
     """`nn.Linear` computing with `ternary_weights(weight)` on `int8_activations(input)` (module docstring); its
     parameters, names and state dict are a plain linear layer's."""
 
+    _ternary: torch.Tensor | None = None  # the quantized weight, inside `ternary_weights_once` only
+
     def forward(self, input: torch.Tensor) -> torch.Tensor:
-        weight = _StraightThrough.apply(self.weight, True)
+        weight = self._ternary
+        if weight is None or torch.is_grad_enabled():
+            weight = _StraightThrough.apply(self.weight, True)
         return F.linear(_StraightThrough.apply(input, False), weight, self.bias)
+
+
+@contextmanager
+def ternary_weights_once(model: nn.Module) -> Iterator[int]:
+    """Inside, forwards of `model`'s `BitLinear` layers that record no gradient read ternary weights computed on
+    entry (the weights must not change inside: `generate` enters it). Yields how many layers; a model without
+    `bitlinear` is not walked."""
+    if not getattr(getattr(model, "config", None), "bitlinear", False):
+        yield 0
+        return
+    layers = [module for module in model.modules() if isinstance(module, BitLinear)]
+    with torch.no_grad():
+        for layer in layers:
+            ternary = ternary_weights(layer.weight)
+            torch._dynamo.mark_static_address(ternary)  # CUDA graphs read it in place, as they read parameters
+            layer.__dict__["_ternary"] = ternary
+    try:
+        yield len(layers)
+    finally:
+        for layer in layers:
+            layer.__dict__.pop("_ternary", None)
 
 
 def linear_class(config) -> type[nn.Linear]:
@@ -62,4 +95,4 @@ def linear_class(config) -> type[nn.Linear]:
     return BitLinear if getattr(config, "bitlinear", False) else nn.Linear
 
 
-__all__ = ["BitLinear", "int8_activations", "linear_class", "ternary_weights"]
+__all__ = ["BitLinear", "int8_activations", "linear_class", "ternary_weights", "ternary_weights_once"]

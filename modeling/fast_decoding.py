@@ -55,6 +55,7 @@ from transformers.utils import logging
 from transformers.utils.generic import is_flash_attention_requested
 
 from .beam_loop import beam_loop_blocker, beam_search, compiled_beam_step
+from .bitlinear import ternary_weights_once
 from .cache_growth import grow_static_cache
 from .cache_names import cache_in
 from .cache_reset import reset_at_once
@@ -516,8 +517,9 @@ class FastDecodingMixin:
     ):
         """Greedy decoding and sampling through `decoding_loop.decode` where transformers would compile the decoding
         step and `loop_blocker` finds nothing against it; otherwise transformers' loop. Either way q/k/v and gate/up
-        are read as one product each on CUDA (`fused_projections.inference_projections`)."""
-        with inference_projections(self):
+        are read as one product each on CUDA (`fused_projections.inference_projections`), and BitLinear layers' ternary
+        weights computed once (`bitlinear.ternary_weights_once`)."""
+        with inference_projections(self), ternary_weights_once(self):
             return self._sample_with_projections_ready(
                 input_ids, logits_processor, stopping_criteria, generation_config, synced_gpus, streamer, **model_kwargs
             )
@@ -554,8 +556,9 @@ class FastDecodingMixin:
         """Beam search through `beam_loop.beam_search` where transformers would compile the decoding step and
         `beam_loop_blocker` finds nothing against it; there otherwise transformers' loop with its one-token steps
         compiled (`compiled_decoding_steps`); elsewhere transformers' loop as it is. q/k/v and gate/up are read as
-        one product each on CUDA (`fused_projections.inference_projections`)."""
-        with inference_projections(self):
+        one product each on CUDA (`fused_projections.inference_projections`), and BitLinear layers' ternary weights
+        computed once (`bitlinear.ternary_weights_once`)."""
+        with inference_projections(self), ternary_weights_once(self):
             return self._beam_search_with_projections_ready(
                 input_ids, logits_processor, stopping_criteria, generation_config, synced_gpus, **kw
             )

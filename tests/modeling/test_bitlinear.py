@@ -114,3 +114,67 @@ def test_inference_never_reads_bitlinear_projections_as_plain_weights(monkeypatc
         plain = randomised(DecoderForCausalLM(tiny_decoder_config())).model.layers[0].mlp
         assert triton_gemv.gated_down_applies(plain, gate)
         assert not triton_gemv.gated_down_applies(model.model.layers[0].mlp, gate)
+
+
+@pytest.mark.parametrize("cache", ["dynamic", "static"])
+def test_generate_quantizes_each_weight_once_with_the_same_tokens(cache, monkeypatch):
+    """Inside `generate` (`ternary_weights_once`) every BitLinear layer's ternary weight is computed once, not once
+    a step: the same tokens and logits as quantizing every step; outside, and with gradients, every forward
+    quantizes again."""
+    import contextlib
+
+    from archlab.modeling import bitlinear, fast_decoding
+
+    model = randomised(DecoderForCausalLM(tiny_decoder_config(bitlinear=True))).eval()
+    ids = torch.randint(3, 90, (2, 5), generator=torch.Generator().manual_seed(3))
+    kwargs = dict(max_new_tokens=6, do_sample=False, pad_token_id=0, eos_token_id=None, cache_implementation=cache)
+    kwargs.update(output_logits=True, return_dict_in_generate=True)
+    calls = []
+    quantize = bitlinear.ternary_weights
+    monkeypatch.setattr(bitlinear, "ternary_weights", lambda weight: calls.append(weight) or quantize(weight))
+    once = model.generate(ids, **kwargs)
+    layers = 7 * model.config.num_hidden_layers
+    assert len(calls) == layers  # once each, for the prefill and every step
+    assert all(module._ternary is None for module in model.modules() if isinstance(module, BitLinear))
+    calls.clear()
+    monkeypatch.setattr(fast_decoding, "ternary_weights_once", lambda model: contextlib.nullcontext(0))
+    every_step = model.generate(ids, **kwargs)
+    assert len(calls) == layers * 6  # the prefill and 5 steps
+    assert torch.equal(once.sequences, every_step.sequences)
+    for a, b in zip(once.logits, every_step.logits):
+        assert torch.equal(a, b)
+    with bitlinear.ternary_weights_once(model) as count:
+        assert count == layers
+        calls.clear()
+        model(ids, labels=ids).loss.backward()  # training: quantized afresh, gradients through
+        assert len(calls) == layers and model.model.layers[0].mlp.up_proj.weight.grad is not None
+
+
+def test_the_compiled_decoding_loop_reads_the_ternary_weights_in_one_graph(monkeypatch):
+    """generate's own loop with its step traced by dynamo (fullgraph=True), as on CUDA: it reads each layer's ternary
+    weight computed once, and gives the tokens of the same loop quantizing every step."""
+    import contextlib
+
+    from transformers import CompileConfig
+
+    from archlab.modeling import bitlinear, fast_decoding
+
+    torch._dynamo.reset()
+    monkeypatch.setattr(fast_decoding, "decodes_compiled_by_default", lambda device: True)
+    loops = []
+    decode = fast_decoding.decode
+    monkeypatch.setattr(fast_decoding, "decode", lambda *args, **kwargs: loops.append(1) or decode(*args, **kwargs))
+    model = randomised(DecoderForCausalLM(tiny_decoder_config(bitlinear=True))).eval()
+    ids = torch.randint(3, 90, (2, 5), generator=torch.Generator().manual_seed(3))
+    config = CompileConfig(backend="eager", mode=None, fullgraph=True)
+    config._compile_all_devices = True  # (transformers compiles generate's steps on CUDA only)
+    kwargs = dict(max_new_tokens=8, do_sample=False, pad_token_id=0, eos_token_id=None)
+    calls = []
+    quantize = bitlinear.ternary_weights
+    monkeypatch.setattr(bitlinear, "ternary_weights", lambda weight: calls.append(weight) or quantize(weight))
+    fast = model.generate(ids, compile_config=config, **kwargs)
+    assert loops and len(calls) == 7 * model.config.num_hidden_layers
+    monkeypatch.setattr(fast_decoding, "ternary_weights_once", lambda model: contextlib.nullcontext(0))
+    every_step = model.generate(ids, compile_config=config, **kwargs)
+    assert len(loops) == 2 and len(calls) > 7 * model.config.num_hidden_layers * 2
+    assert torch.equal(fast, every_step)
