@@ -29,6 +29,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from .fused_projections import _hooked
+
 
 def ternary_weights(weight: torch.Tensor) -> torch.Tensor:
     """`weight` rounded to {-1, 0, 1} times its mean absolute value (computed in float32, returned in its dtype)."""
@@ -73,11 +75,20 @@ class BitLinear(nn.Linear):
 def ternary_weights_once(model: nn.Module) -> Iterator[int]:
     """Inside, forwards of `model`'s `BitLinear` layers that record no gradient read ternary weights computed on
     entry (the weights must not change inside: `generate` enters it). Yields how many layers; a model without
-    `bitlinear` is not walked."""
+    `bitlinear` is not walked. Layers whose weights are not whole here are left to quantize in their forward: hooked
+    ones (DeepSpeed ZeRO-3 gathers in a hook, accelerate's offloading), sharded ones (FSDP2's and tensor
+    parallelism's DTensors: a tensor subclass), weights on the meta device."""
     if not getattr(getattr(model, "config", None), "bitlinear", False):
         yield 0
         return
-    layers = [module for module in model.modules() if isinstance(module, BitLinear)]
+    layers = [
+        module
+        for module in model.modules()
+        if isinstance(module, BitLinear)
+        and not _hooked(module)
+        and type(module.weight.data) is torch.Tensor
+        and module.weight.device.type != "meta"
+    ]
     with torch.no_grad():
         for layer in layers:
             ternary = ternary_weights(layer.weight)

@@ -178,3 +178,17 @@ def test_the_compiled_decoding_loop_reads_the_ternary_weights_in_one_graph(monke
     every_step = model.generate(ids, compile_config=config, **kwargs)
     assert len(loops) == 2 and len(calls) > 7 * model.config.num_hidden_layers * 2
     assert torch.equal(fast, every_step)
+
+
+def test_weights_that_are_not_whole_here_quantize_in_their_forward():
+    """A hooked layer (DeepSpeed ZeRO-3 gathers its weight in a hook; accelerate's offloading) is left to its forward
+    inside `ternary_weights_once`, as one without `bitlinear` is never walked."""
+    from archlab.modeling.bitlinear import ternary_weights_once
+
+    model = randomised(DecoderForCausalLM(tiny_decoder_config(bitlinear=True))).eval()
+    hooked = model.model.layers[0].self_attn.q_proj
+    hooked.register_forward_pre_hook(lambda module, args: None)
+    with ternary_weights_once(model) as count:
+        assert count == 7 * model.config.num_hidden_layers - 1 and hooked._ternary is None
+    with ternary_weights_once(DecoderForCausalLM(tiny_decoder_config())) as count:
+        assert count == 0
