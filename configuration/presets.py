@@ -592,7 +592,7 @@ def preset_config(name: str, **overrides: Any) -> DecoderConfig:
     return DecoderConfig(**override_rope(kwargs, overrides))
 
 
-def _repeated(pattern: list, layers: int | None) -> list:
+def _repeated(pattern: list, layers: int) -> list:
     """`pattern`'s shortest period repeated to `layers` entries."""
     period = next(p for p in range(1, len(pattern) + 1) if all(v == pattern[i % p] for i, v in enumerate(pattern)))
     return [pattern[i % period] for i in range(layers)]

@@ -35,6 +35,8 @@ BITNET_FIELDS = tuple(name for name in LLAMA_FIELDS if name not in ("head_dim", 
 
 # what a folder of full-precision weights made ternary in every forward says (archlab's `bitlinear=True`)
 ONLINE_BITLINEAR = {"quant_method": "bitnet", "linear_class": "autobitlinear", "quantization_mode": "online"}
+# transformers' `BitNetQuantConfig` defaults where config.json leaves them out
+QUANTIZER_DEFAULTS = {"linear_class": "bitlinear", "quantization_mode": "offline"}
 
 
 def _to_archlab(stock: PreTrainedConfig, values: Mapping[str, Any]) -> dict[str, Any]:
@@ -43,8 +45,7 @@ def _to_archlab(stock: PreTrainedConfig, values: Mapping[str, Any]) -> dict[str,
         return {"bitlinear": False}
     wrong = {}
     for name, value in ONLINE_BITLINEAR.items():
-        default = {"linear_class": "bitlinear", "quantization_mode": "offline"}.get(name)
-        given = quantization.get(name, default)
+        given = quantization.get(name, QUANTIZER_DEFAULTS.get(name))
         if given != value:
             wrong[f"quantization_config.{name}={given!r}"] = (
                 f"archlab computes BitLinear from floating-point weights ({name}={value!r}); the offline mode's "

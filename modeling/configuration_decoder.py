@@ -444,10 +444,8 @@ class DecoderConfig(PreTrainedConfig):
         if self.kv_lora_rank is not None:
             query = "q_b_proj" if self.q_lora_rank is not None else "q_proj"
             attention = {query: "colwise", "kv_b_proj": "colwise", "o_proj": "rowwise"}
-        if self.use_qk_norm and self.qk_norm_scope in ("projection", "per_head"):
-            attention = {name: "colwise_gather_output" for name in ("q_proj", "k_proj", "v_proj")}
-            attention["o_proj"] = "rowwise_split_input"
-        if self.sub_layer_norm and self.kv_lora_rank is None:  # Sub-LN norms every head's output of a token together
+        # (Sub-LN norms every head's output of a token together, as such a QK-norm does its queries and keys)
+        if self.sub_layer_norm or (self.use_qk_norm and self.qk_norm_scope in ("projection", "per_head")):
             attention = {name: "colwise_gather_output" for name in ("q_proj", "k_proj", "v_proj")}
             attention["o_proj"] = "rowwise_split_input"
         if self.attention_output_gate is not None:  # the gate's rows follow the heads, as q's

@@ -209,8 +209,9 @@ def ring_mask(model, ring: RingSlidingLayer, padding_mask: torch.Tensor | None, 
     position = ring.cumulative_length
     held = ring.slot_positions()  # (slots,)
     if ring.chunked:
-        left = torch.zeros((batch_size, 1), dtype=held.dtype, device=held.device)
-        if padding_mask is not None:  # each row's left padding: the zeros before its first one
+        if padding_mask is None:
+            left = torch.zeros((batch_size, 1), dtype=held.dtype, device=held.device)
+        else:  # each row's left padding: the zeros before its first one
             left = (padding_mask.cumsum(dim=-1) == 0).sum(dim=-1, keepdim=True).to(held.dtype)
         chunk = ring.window
         same_chunk = (held - left).div(chunk, rounding_mode="floor") == (position - left).div(
