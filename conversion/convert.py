@@ -78,7 +78,7 @@ def convert_checkpoint(src: str | os.PathLike, dst: str | os.PathLike, to: str |
             raise ConversionError(f"{src} is a {model_type} checkpoint; it converts to archlab only (no `to`).")
         family = stock_row(FAMILIES[model_type], values.get("architectures"), src)
         config = family.archlab_config(values)
-        state_dict = load_state_dict(src)
+        state_dict = family.dequantize(load_state_dict(src), values)
         refuse_quantized_weights(src, values, state_dict)
         state_dict = family.layout.to_archlab(state_dict, config)
         return write_model(family.archlab_class, config, state_dict, src, dst)

@@ -70,6 +70,10 @@ def _identity(state_dict: StateDict, config: PreTrainedConfig) -> StateDict:
     return state_dict
 
 
+def _stored_as_read(state_dict: StateDict, values: Mapping[str, Any]) -> StateDict:
+    return state_dict
+
+
 @dataclass(frozen=True)
 class Layout:
     """How a family's checkpoint tensors become archlab's and back: each function takes a state dict and the archlab
@@ -96,6 +100,9 @@ class Family:
     from_archlab: Callable[[PreTrainedConfig], dict[str, Any]] = lambda config: {}
     expressible: frozenset[str] = frozenset()
     layout: Layout = IDENTITY
+    # (a folder's state dict, its config.json values) -> floating-point weights, for a quantized form the family's
+    # own archlab config computes (BitNet's packed ternary weights); run before quantized folders are refused
+    dequantize: Callable[[StateDict, Mapping[str, Any]], StateDict] = _stored_as_read
 
     @property
     def name(self) -> str:

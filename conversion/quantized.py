@@ -6,7 +6,8 @@ per-channel scales (`weight_scale`, compressed-tensors), GPTQ's and AWQ's packed
 `scales`, `g_idx`), compressed-tensors' packed INT4 (`weight_packed`), bitsandbytes' 4-bit and 8-bit states
 (`absmax`, `quant_map`, `quant_state`, `SCB`). The converter reads floating-point weights: such a folder used to fail
 only when the model's keys did not match, naming a scale tensor. It is refused here by its method, saying how to get
-a floating-point copy. GPT-OSS's MXFP4 experts have their own refusal in its family (conversion/gpt_oss.py).
+a floating-point copy. GPT-OSS's MXFP4 experts have their own refusal in its family (conversion/gpt_oss.py);
+BitNet's packed ternary weights are read by its family before this check (`Family.dequantize`, conversion/bitnet.py).
 """
 
 from __future__ import annotations

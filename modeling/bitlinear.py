@@ -22,6 +22,7 @@ computes it in floating point, as that layer does: the memory and speed of terna
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -31,11 +32,13 @@ from torch.nn import functional as F
 
 from .fused_projections import _hooked
 
+MIN_MEAN_MAGNITUDE = 1e-5  # the mean magnitude of a weight's quantization, clamped below (as transformers')
+
 
 def ternary_weights(weight: torch.Tensor) -> torch.Tensor:
     """`weight` rounded to {-1, 0, 1} times its mean absolute value (computed in float32, returned in its dtype)."""
     values = weight.float()
-    scale = 1.0 / values.abs().mean().clamp(min=1e-5)
+    scale = 1.0 / values.abs().mean().clamp(min=MIN_MEAN_MAGNITUDE)
     return ((values * scale).round().clamp(-1, 1) / scale).to(weight.dtype)
 
 
@@ -101,9 +104,50 @@ def ternary_weights_once(model: nn.Module) -> Iterator[int]:
             layer.__dict__.pop("_ternary", None)
 
 
+def weight_of_ternary(ternary: torch.Tensor, magnitude: float, dtype: torch.dtype) -> torch.Tensor:
+    """A full-precision weight of `dtype` whose `ternary_weights` are `ternary * magnitude` (`ternary` in {-1, 0, 1};
+    its mean magnitude within half a step of `dtype` over the nonzero count): how a checkpoint of ternary weights and
+    a scale (BitNet's offline folders) becomes the weights `BitLinear` quantizes, computing the same.
+
+    Zeros stay zero; each nonzero entry takes its sign and one of the two values of `dtype` around
+    `magnitude / share of nonzeros`, the larger one in as many entries (the first, in storage order) as bring the mean
+    magnitude to `magnitude`: every nonzero entry is then at least about the mean, so it rounds back to ±1. Entries
+    all equal to the nearest value of `dtype` would miss the mean by that value's rounding (up to 0.4 % in bfloat16,
+    a scale on the layer's output)."""
+    if not math.isfinite(magnitude) or magnitude < MIN_MEAN_MAGNITUDE:
+        raise ValueError(
+            f"a ternary weight's scale must be finite and at least {MIN_MEAN_MAGNITUDE} (the mean magnitude "
+            f"`ternary_weights` clamps to), got {magnitude}"
+        )
+    signs = ternary.to(torch.int8).flatten()
+    if not bool(((signs >= -1) & (signs <= 1)).all()):
+        raise ValueError("`ternary` holds values other than -1, 0 and 1")
+    weight = torch.zeros(signs.numel(), dtype=dtype)
+    where = signs.nonzero().squeeze(1)
+    if where.numel() == 0:
+        return weight.view(ternary.shape)
+    total = magnitude * signs.numel()  # the sum of magnitudes whose mean is `magnitude`
+    ideal = total / where.numel()
+    nearest = torch.tensor(ideal, dtype=torch.float64).to(dtype)
+    toward = torch.tensor(math.inf if nearest.item() <= ideal else -math.inf, dtype=dtype)
+    low, high = sorted((nearest, torch.nextafter(nearest, toward)), key=lambda value: value.item())
+    larger = round((total - where.numel() * low.item()) / (high.item() - low.item()))
+    values = low.expand(where.numel()).clone()
+    values[: min(max(larger, 0), where.numel())] = high
+    weight[where] = values * signs[where].to(dtype)
+    return weight.view(ternary.shape)
+
+
 def linear_class(config) -> type[nn.Linear]:
     """The class of a decoder layer's projections: `BitLinear` where `config.bitlinear`, else `nn.Linear`."""
     return BitLinear if getattr(config, "bitlinear", False) else nn.Linear
 
 
-__all__ = ["BitLinear", "int8_activations", "linear_class", "ternary_weights", "ternary_weights_once"]
+__all__ = [
+    "BitLinear",
+    "int8_activations",
+    "linear_class",
+    "ternary_weights",
+    "ternary_weights_once",
+    "weight_of_ternary",
+]

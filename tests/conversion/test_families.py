@@ -2334,7 +2334,7 @@ def test_an_online_bitnet_folder_converts_to_bitlinear_both_ways(folders, tmp_pa
     """Microsoft's bf16 BitNet b1.58 folder form (`autobitlinear`, online: full-precision weights made ternary in each
     forward, with 8-bit activations): archlab's `bitlinear=True`, the logits of transformers' quantized model, and
     back to a folder that transformers loads quantized again, with the same logits."""
-    online = dict(linear_class="autobitlinear", quantization_mode="online")
+    online = ONLINE
     stock = _bitnet_folder(folders, tmp_path, **online)
     convert_checkpoint(stock, tmp_path / "archlab")
     ours = DecoderForCausalLM.from_pretrained(tmp_path / "archlab").eval()
@@ -2353,20 +2353,87 @@ def test_an_online_bitnet_folder_converts_to_bitlinear_both_ways(folders, tmp_pa
     assert (logits - plain).abs().max().item() > 0.01  # quantized: another model than the plain weights
 
 
+def _offline_bitnet_folder(folders, tmp_path, linear_class: str, packed: bool) -> Path:
+    """The bitnet case's stock weights as an offline BitNet folder (transformers' layout: each projection's ternary
+    weight, packed four to a byte by transformers' `pack_weights` or as floats, and its `weight_scale`: the inverse
+    of the weight's mean magnitude for `BitLinear`, the mean magnitude for `AutoBitLinear`, which scales its bias
+    too), computing what the online folder of the same weights computes."""
+    from safetensors.torch import load_file, save_file
+    from transformers.integrations.bitnet import pack_weights
+
+    folder = _bitnet_folder(folders, tmp_path, linear_class=linear_class, quantization_mode="offline")
+    weights = load_file(folder / "model.safetensors")
+    for key in [key for key in weights if key.endswith("proj.weight")]:
+        mean = weights[key].abs().mean()
+        ternary = (weights[key] / mean).round().clamp(-1, 1)
+        weights[key] = pack_weights(ternary.to(torch.int8)) if packed else ternary
+        weights[f"{key}_scale"] = (1 / mean if linear_class == "bitlinear" else mean).reshape(1)
+        bias = key.removesuffix("weight") + "bias"
+        if linear_class == "autobitlinear" and bias in weights:  # its layer scales the bias with the product
+            weights[bias] = weights[bias] / mean
+    save_file(weights, folder / "model.safetensors")
+    return folder
+
+
+@pytest.mark.parametrize(
+    "linear_class, packed", [("bitlinear", True), ("autobitlinear", True), ("autobitlinear", False)]
+)
+def test_an_offline_bitnet_folder_converts_to_the_weights_bitlinear_makes_the_same_ternary_weights_of(
+    folders, tmp_path, linear_class, packed
+):
+    """The offline forms (`bitnet-b1.58-2B-4T`'s packed ternary weights with a scale each, transformers' `BitLinear`
+    dividing by it, `AutoBitLinear` multiplying; or unpacked ternary floats): archlab's `bitlinear=True` with the
+    logits of transformers' offline model, exported as an online folder with them too."""
+    offline = _offline_bitnet_folder(folders, tmp_path, linear_class, packed)
+    convert_checkpoint(offline, tmp_path / "archlab")
+    ours = DecoderForCausalLM.from_pretrained(tmp_path / "archlab").eval()
+    assert ours.config.bitlinear and ours.model.layers[0].mlp.down_proj.weight.dtype == torch.float32
+    convert_checkpoint(tmp_path / "archlab", tmp_path / "back", to="bitnet")
+    ids = torch.randint(3, VOCAB, (2, 9), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad(), torch._dynamo.config.patch(disable=True):  # (transformers compiles its quantizers)
+        logits = ours(ids).logits
+        for folder, layer in (
+            (offline, "BitLinear" if linear_class == "bitlinear" else "AutoBitLinear"),
+            (tmp_path / "back", "AutoBitLinear"),
+        ):
+            reference = transformers.BitNetForCausalLM.from_pretrained(folder).eval()
+            assert type(reference.model.layers[0].mlp.down_proj).__name__ == layer
+            assert (logits - reference(ids).logits).abs().max().item() <= ATOL
+    # the same ternary weights and scales as the online folder of the weights they were made from
+    convert_checkpoint(_bitnet_folder(folders, tmp_path / "online", **ONLINE), tmp_path / "from-online")
+    with torch.no_grad():
+        online = DecoderForCausalLM.from_pretrained(tmp_path / "from-online").eval()(ids).logits
+    assert (logits - online).abs().max().item() <= ATOL
+
+
+ONLINE = dict(linear_class="autobitlinear", quantization_mode="online")
+
+
+def test_an_offline_bitnet_folder_whose_weights_are_not_ternary_is_refused(folders, tmp_path):
+    """An offline `AutoBitLinear` folder with floats other than -1, 0 and 1 computes with them as they are: not a
+    BitLinear model; refused by the tensor's name, nothing written."""
+    from safetensors.torch import load_file, save_file
+
+    folder = _offline_bitnet_folder(folders, tmp_path, "autobitlinear", packed=False)
+    weights = load_file(folder / "model.safetensors")
+    weights["model.layers.1.mlp.up_proj.weight"][0, 0] = 0.5
+    save_file(weights, folder / "model.safetensors")
+    with pytest.raises(ConversionError, match=r"model\.layers\.1\.mlp\.up_proj\.weight holds values other than"):
+        convert_checkpoint(folder, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
 @pytest.mark.parametrize(
     "quantization, named",
     [
-        ({"linear_class": "bitlinear"}, "linear_class='bitlinear'"),  # the offline mode's packed weights
-        ({"linear_class": "autobitlinear", "quantization_mode": "offline"}, "quantization_mode='offline'"),
-        (
-            {"linear_class": "autobitlinear", "quantization_mode": "online", "use_rms_norm": True},
-            "use_rms_norm=True",
-        ),
+        ({"linear_class": "ternarylinear"}, "linear_class='ternarylinear'"),
+        ({**ONLINE, "use_rms_norm": True}, "use_rms_norm=True"),
+        ({**ONLINE, "modules_to_not_convert": ["lm_head", "model.layers.0.self_attn.q_proj"]}, "modules_to_not"),
     ],
 )
 def test_bitnet_folders_archlab_does_not_compute_are_refused(folders, tmp_path, quantization, named):
-    """The offline mode (weights packed four to a byte with a scale: `bitnet-b1.58-2B-4T`) and a BitLinear with its
-    own RMSNorm are refused by name, nothing written."""
+    """A linear class transformers does not know, a BitLinear with its own RMSNorm and a projection left in full
+    precision are refused by name, nothing written."""
     with pytest.raises(ConversionError, match=rf"bitnet checkpoint.*{re.escape(named)}"):
         convert_checkpoint(_bitnet_folder(folders, tmp_path, **quantization), tmp_path / "out")
     assert not (tmp_path / "out").exists()
