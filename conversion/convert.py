@@ -33,8 +33,8 @@ def convert_checkpoint(src: str | os.PathLike, dst: str | os.PathLike, to: str |
     - `src` of a stock family in `FAMILIES` (or one of `MODEL_TYPE_ALIASES`: Kimi K2 is DeepSeek-V3) -> an archlab
       folder (`to` must be None or "archlab");
     - `src` an archlab folder and `to` a family name -> a stock folder of that family;
-    - `src` a multimodal folder whose language model is a family (`TEXT_STACKS`: Llama 4's) -> an archlab folder of
-      that language model.
+    - `src` a multimodal folder whose language model is a family (`TEXT_STACKS`: Llama 4's, Gemma 3's, Mistral 3's,
+      LLaVA's) -> an archlab folder of that language model.
 
     A decoder family's `<Family>ForSequenceClassification` is archlab's `DecoderForSequenceClassification`, both ways;
     BERT's sequence and token classifiers are `EncoderForSequenceClassification` / `EncoderForTokenClassification`.
@@ -89,8 +89,14 @@ def convert_checkpoint(src: str | os.PathLike, dst: str | os.PathLike, to: str |
             raise ConversionError(
                 f"{src} is a {model_type} checkpoint; its language model converts to archlab only (no `to`)."
             )
-        family = FAMILIES[stack.family]
-        config = family.archlab_config(stack.text_values(values, src))
+        text = stack.text_values(values, src)
+        if text["model_type"] not in FAMILIES:
+            raise ConversionError(
+                f"{src} is a {model_type} checkpoint whose language model is {text['model_type']!r}, which the "
+                f"converter does not know; it knows: {sorted(FAMILIES)}."
+            )
+        family = FAMILIES[text["model_type"]]
+        config = family.archlab_config(text)
         state_dict = stack.load(src)
         refuse_quantized_weights(src, values, state_dict)
         state_dict = family.layout.to_archlab(state_dict, config)

@@ -2501,6 +2501,90 @@ def test_a_llama4_multimodal_folder_imports_its_language_model(tmp_path):
     assert all(torch.equal(tensor, theirs[key]) for key, tensor in back.state_dict().items())
 
 
+# multimodal model type -> the case whose stock config is its language model (the class's default text family)
+LLAVA_STYLE = {
+    "gemma3": "gemma3_text",
+    "mistral3": "mistral",
+    "llava": "llama",
+    "llava_next": "llama",
+    "llava_onevision": "qwen2",
+    "vipllava": "llama",
+    "aya_vision": "cohere2",
+    "internvl": "qwen2",
+}
+
+
+def _llava_style(model_type: str, case: str | None = None) -> torch.nn.Module:
+    """A tiny multimodal model of a LLaVA-style class whose language model is the `case`'s stock config (its default
+    text family's case) beside a one-layer vision tower of its default kind; its parameters random."""
+    from transformers import AutoConfig, AutoModelForImageTextToText
+
+    vision_class = type(AutoConfig.for_model(model_type).vision_config)
+    vision = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2)
+    if vision_class.model_type == "internvl_vision":
+        vision.update(image_size=[28, 28], patch_size=[14, 14])
+    else:
+        vision.update(image_size=28, patch_size=14, **({"head_dim": 8} if vision_class.model_type == "pixtral" else {}))
+    extra = {"vision_feature_layers": [-1]} if model_type == "vipllava" else {}
+    config = AutoConfig.for_model(
+        model_type,
+        text_config=CASES[case or LLAVA_STYLE[model_type]][0].to_dict(),
+        vision_config=vision_class(**vision).to_dict(),
+        **extra,
+    )
+    torch.manual_seed(0)
+    model = AutoModelForImageTextToText.from_config(config).eval()
+    _perturb(model)
+    return model
+
+
+@pytest.mark.parametrize("model_type", sorted(LLAVA_STYLE))
+def test_a_llava_style_multimodal_folder_imports_its_language_model(tmp_path, model_type):
+    """Gemma 3 (4B-27B), Mistral Small 3.1, LLaVA (1.5, NeXT, OneVision, ViP), Aya Vision and InternVL are published
+    as multimodal folders: the converter reads the language model (the `text_config`, its tensors as published and
+    saved, `language_model.model.*`, or under the modules' names, `model.language_model.*`), and the archlab model
+    gives the multimodal model's logits and greedy tokens on text (left padding included; Gemma 3's multimodal
+    class never softcaps its logits; the head tied as the outer config says)."""
+    from safetensors.torch import load_file, save_file
+
+    stock = _llava_style(model_type)
+    stock.save_pretrained(tmp_path / "stock")
+    convert_checkpoint(tmp_path / "stock", tmp_path / "archlab")
+    model = DecoderForCausalLM.from_pretrained(tmp_path / "archlab").eval()
+    assert model.config.tie_word_embeddings == stock.config.tie_word_embeddings
+    pad = stock.config.get_text_config().pad_token_id or 0
+    with torch.no_grad():
+        assert max(_check_decoder(model, stock, _batches(pad), pad)) <= ATOL
+    # transformers saves the published layout (the language model under `language_model.`, the tower and projector
+    # at the top); its modules' own names (`model.language_model.*`, `lm_head.*`, `model.vision_tower.*`) read too
+    assert all(not key.startswith("model.") for key in load_file(tmp_path / "stock" / "model.safetensors"))
+    modules = tmp_path / "modules"
+    shutil.copytree(tmp_path / "stock", modules)
+    names = {"language_model.model.": "model.language_model.", "language_model.lm_head.": "lm_head.", "": "model."}
+    tensors = {}
+    for key, tensor in load_file(modules / "model.safetensors").items():
+        stored, renamed = next((old, new) for old, new in names.items() if key.startswith(old))
+        tensors[renamed + key[len(stored) :]] = tensor
+    assert any(key.startswith("model.vision_tower.") for key in tensors)
+    save_file(tensors, modules / "model.safetensors")
+    convert_checkpoint(modules, tmp_path / "from-modules")
+    ours = load_file(tmp_path / "archlab" / "model.safetensors")
+    again = load_file(tmp_path / "from-modules" / "model.safetensors")
+    assert ours.keys() == again.keys() and all(torch.equal(ours[key], again[key]) for key in ours)
+
+
+def test_a_multimodal_folder_whose_language_model_is_no_family_is_refused(tmp_path):
+    """A LLaVA folder whose `text_config` names a model type the converter does not know: refused by name."""
+    stock = _llava_style("llava")
+    stock.save_pretrained(tmp_path / "stock")
+    values = json.loads((tmp_path / "stock" / "config.json").read_text())
+    values["text_config"]["model_type"] = "jamba"
+    (tmp_path / "stock" / "config.json").write_text(json.dumps(values))
+    with pytest.raises(ConversionError, match="llava checkpoint whose language model is 'jamba'"):
+        convert_checkpoint(tmp_path / "stock", tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
 def test_a_sharded_llama4_multimodal_folder_reads_only_its_language_model(tmp_path):
     """A sharded multimodal folder (an index naming the shards): the language model's tensors are gathered from every
     shard; a folder whose tensors hold no language model is refused by name, nothing written."""
@@ -2525,6 +2609,6 @@ def test_a_sharded_llama4_multimodal_folder_reads_only_its_language_model(tmp_pa
     for shard in sorted((tmp_path / "stock").glob("*.safetensors")):
         tensors.update({k: v for k, v in load_file(str(shard)).items() if not k.startswith("language_model.")})
     save_file(tensors, str(vision_only / "model.safetensors"))
-    with pytest.raises(ConversionError, match="no tensors under `language_model.`"):
+    with pytest.raises(ConversionError, match="no tensors under `language_model.` \\(its language model\\)"):
         convert_checkpoint(vision_only, tmp_path / "out")
     assert not (tmp_path / "out").exists()
