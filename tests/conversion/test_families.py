@@ -2573,6 +2573,74 @@ def test_a_llava_style_multimodal_folder_imports_its_language_model(tmp_path, mo
     assert ours.keys() == again.keys() and all(torch.equal(ours[key], again[key]) for key in ours)
 
 
+# multimodal model type -> (the case whose stock config is its language model, its vision tower's config)
+QWEN_VL = {
+    "qwen2_vl": ("qwen2", dict(depth=1, embed_dim=16, num_heads=2, hidden_size=32)),
+    "qwen2_5_vl": ("qwen2", dict(depth=1, hidden_size=16, intermediate_size=32, num_heads=2, out_hidden_size=32)),
+    "qwen3_vl": (
+        "qwen3",
+        dict(
+            depth=1, hidden_size=16, intermediate_size=32, num_heads=2, out_hidden_size=32, deepstack_visual_indexes=[0]
+        ),
+    ),
+}
+
+
+@pytest.mark.parametrize("model_type", sorted(QWEN_VL))
+def test_a_qwen_vl_folder_imports_its_language_model(tmp_path, model_type):
+    """Qwen2-VL, Qwen2.5-VL and Qwen3-VL: their language model is Qwen2's / Qwen3's, its RoPE in sections (t, h, w)
+    that text alone gives the same position, the plain RoPE (Qwen3-VL's attention has no window: the qwen3 case's
+    is left out, and the import drops one its text config would name). The archlab model gives the multimodal
+    model's logits and greedy tokens on text; the published Qwen2-VL layout (the text fields at the top of
+    Qwen2-VL's and Qwen2.5-VL's config.json, the layers at `model.layers.*`, the tower at `visual.*`) and the
+    modules' one (`model.language_model.*`, `model.visual.*`) give the same folder."""
+    from safetensors.torch import load_file, save_file
+    from transformers import AutoConfig, AutoModelForImageTextToText
+
+    case, vision = QWEN_VL[model_type]
+    text = CASES[case][0].to_dict()
+    if model_type == "qwen3_vl":  # its attention has no window (its cache would still keep the window's keys only)
+        text.update(use_sliding_window=False, sliding_window=None, layer_types=["full_attention"] * 2)
+    half = (text.get("head_dim") or 8) // 2  # the frequencies, in sections for t, h and w
+    text["rope_parameters"] = {
+        **text["rope_parameters"],
+        "mrope_section": [half - 2 * (half // 4), half // 4, half // 4],
+    }
+    torch.manual_seed(0)
+    stock = AutoModelForImageTextToText.from_config(
+        AutoConfig.for_model(model_type, text_config=text, vision_config=vision)
+    ).eval()
+    _perturb(stock)
+    stock.save_pretrained(tmp_path / "stock")
+    convert_checkpoint(tmp_path / "stock", tmp_path / "archlab")
+    model = DecoderForCausalLM.from_pretrained(tmp_path / "archlab").eval()
+    assert model.config.model_type == "archlab_decoder" and "mrope_section" not in str(model.config.rope_parameters)
+    with torch.no_grad():
+        assert max(_check_decoder(model, stock, _batches(0), 0)) <= ATOL
+    tensors = load_file(tmp_path / "stock" / "model.safetensors")
+    nested = any(key.startswith("model.language_model.") for key in tensors)
+    other = tmp_path / "other-layout"
+    shutil.copytree(tmp_path / "stock", other)
+    if nested:  # (Qwen3-VL saves the modules' names) -> the layers at the top, the tower at `visual.*`
+        names = {"model.language_model.": "model.", "model.visual.": "visual."}
+    else:  # (Qwen2-VL saves the published layout) -> the modules' names
+        names = {"model.": "model.language_model.", "visual.": "model.visual."}
+    names["lm_head."] = "lm_head."
+    renamed = {}
+    for key, tensor in tensors.items():
+        stored, new = next((old, new) for old, new in names.items() if key.startswith(old))
+        renamed[new + key[len(stored) :]] = tensor
+    save_file(renamed, other / "model.safetensors")
+    values = json.loads((other / "config.json").read_text())
+    if model_type != "qwen3_vl":  # the published Qwen2-VL / Qwen2.5-VL config.json: the text fields at the top
+        values.update({key: value for key, value in values.pop("text_config").items() if key != "model_type"})
+    (other / "config.json").write_text(json.dumps(values))
+    convert_checkpoint(other, tmp_path / "from-other")
+    ours = load_file(tmp_path / "archlab" / "model.safetensors")
+    again = load_file(tmp_path / "from-other" / "model.safetensors")
+    assert ours.keys() == again.keys() and all(torch.equal(ours[key], again[key]) for key in ours)
+
+
 def test_a_multimodal_folder_whose_language_model_is_no_family_is_refused(tmp_path):
     """A LLaVA folder whose `text_config` names a model type the converter does not know: refused by name."""
     stock = _llava_style("llava")
