@@ -813,6 +813,7 @@ IGNORES_PARTIAL_ROTARY = (
     "olmo",
     "internlm3",
     "iquestcoder",
+    "exaone",
     "mistral",
     "mixtral",
     "qwen2",

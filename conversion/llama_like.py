@@ -1,5 +1,5 @@
-"""CWM, ERNIE 4.5, Jais 2, Nemotron, InternLM3, IQuest-Coder and Apertus: Llama's names and block with one or two
-changes each, as `Family` rows.
+"""CWM, ERNIE 4.5, Jais 2, Nemotron, InternLM3, IQuest-Coder, EXAONE 3 and Apertus: Llama's names and block with one
+or two changes each, as `Family` rows.
 
 - CWM (Meta's Code World Model): local layers interleaved with global ones (`sliding_window`, `layer_types`: every
   fourth layer global by default), llama3 RoPE scaling, no attention bias.
@@ -21,6 +21,9 @@ changes each, as `Family` rows.
   (transformers runs both on `LlamaForCausalLM`, which their folders name); InternLM3's attention and MLP biases are
   one setting (its config refuses them unequal: archlab's `attention_bias` and `mlp_bias` must then be equal to
   export).
+- EXAONE 3.0 / 3.5 (LG AI Research, `exaone`): Llama itself (transformers runs it on `LlamaForCausalLM`) under GPT-2's
+  names (`transformer.h.N.attn.attention.q_proj`, `ln_1`, `mlp.c_fc_0` / `c_fc_1` / `c_proj`, ...), which
+  transformers also writes back when it saves one; a folder with Llama's names converts too.
 - Apertus (Swiss AI, EPFL, ETH Zurich): a plain MLP (up, xIELU, down; xIELU's α learned per layer,
   `mlp.act_fn.alpha_p` / `alpha_n` with its β and ε buffers, the same names in archlab) and QK-norm per head
   (Qwen3's); its norms are named `attention_layernorm` and `feedforward_layernorm` (archlab's `input_layernorm`,
@@ -42,6 +45,7 @@ from transformers import (
     Ernie4_5_MoeForCausalLM,
     Ernie4_5Config,
     Ernie4_5ForCausalLM,
+    ExaoneConfig,
     InternLM3Config,
     IQuestCoderConfig,
     Jais2Config,
@@ -193,6 +197,27 @@ INTERNLM3 = Family(
 )
 IQUESTCODER = Family(IQuestCoderConfig, LlamaForCausalLM, DecoderForCausalLM, fields=same(*LLAMA_FIELDS))
 
+# EXAONE 3's names -> Llama's (the output projection's before the attention's prefix); `LlamaForCausalLM` saves them
+EXAONE_NAMES = (
+    ("transformer.wte.", "model.embed_tokens."),
+    ("transformer.h.", "model.layers."),
+    ("transformer.ln_f.", "model.norm."),
+    (".attn.attention.out_proj.", ".self_attn.o_proj."),
+    (".attn.attention.", ".self_attn."),
+    (".ln_1.", ".input_layernorm."),
+    (".ln_2.", ".post_attention_layernorm."),
+    (".mlp.c_fc_0.", ".mlp.gate_proj."),
+    (".mlp.c_fc_1.", ".mlp.up_proj."),
+    (".mlp.c_proj.", ".mlp.down_proj."),
+)
+EXAONE = Family(
+    ExaoneConfig,
+    LlamaForCausalLM,
+    DecoderForCausalLM,
+    fields=same(*LLAMA_FIELDS),
+    layout=Layout(to_archlab=lambda state_dict, config: renamed(state_dict, EXAONE_NAMES)),
+)
+
 # --- Apertus: a plain xIELU MLP, QK-norm per head, its norms named after their sub-layers --------------------------
 
 APERTUS_NORMS = (
@@ -215,6 +240,16 @@ APERTUS = Family(
     ),
 )
 
-LLAMA_LIKE_FAMILIES = (CWM, ERNIE4_5, ERNIE4_5_MOE, JAIS2, NEMOTRON, INTERNLM3, IQUESTCODER, APERTUS)
+LLAMA_LIKE_FAMILIES = (CWM, ERNIE4_5, ERNIE4_5_MOE, JAIS2, NEMOTRON, INTERNLM3, IQUESTCODER, EXAONE, APERTUS)
 
-__all__ = ["CWM", "ERNIE4_5", "ERNIE4_5_MOE", "INTERNLM3", "IQUESTCODER", "JAIS2", "LLAMA_LIKE_FAMILIES", "NEMOTRON"]
+__all__ = [
+    "CWM",
+    "ERNIE4_5",
+    "ERNIE4_5_MOE",
+    "EXAONE",
+    "INTERNLM3",
+    "IQUESTCODER",
+    "JAIS2",
+    "LLAMA_LIKE_FAMILIES",
+    "NEMOTRON",
+]

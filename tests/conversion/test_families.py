@@ -36,6 +36,7 @@ from transformers import (
     Ernie4_5_MoeConfig,
     Ernie4_5Config,
     Exaone4Config,
+    ExaoneConfig,
     ExaoneMoeConfig,
     FalconConfig,
     FlexOlmoConfig,
@@ -835,6 +836,8 @@ CASES = {
     ),
     # IQuest-Coder: Llama under its own model_type
     "iquestcoder": (IQuestCoderConfig(**LLAMA_LIKE), {"attention_bias": False, "norm_position": "pre"}),
+    # EXAONE 3.0 / 3.5: Llama under GPT-2's tensor names (transformers saves them so)
+    "exaone": (ExaoneConfig(**LLAMA_LIKE, attention_bias=True), {"attention_bias": True, "norm_position": "pre"}),
     # VaultGemma: Gemma2 as a pre-norm block (no norms after the sub-layers), soft-capping, a local and a global layer
     "vaultgemma": (
         VaultGemmaConfig(
@@ -1410,6 +1413,7 @@ NOT_EXPRESSIBLE = {
     "olmo": ({"norm_bias": True}, ["norm_bias"]),
     "nemotron": ({"norm_type": "layer_norm"}, ["norm_type"]),
     "iquestcoder": ({"use_qk_norm": True}, ["use_qk_norm"]),
+    "exaone": ({"norm_type": "layer_norm"}, ["norm_type"]),
     "vaultgemma": ({"norm_position": "sandwich"}, ["norm_position"]),
     "granitemoe": ({"mlp_layer_types": ["dense", "sparse"]}, ["mlp_layer_types"]),
     "granitemoeshared": ({"shared_expert_gate": True}, ["shared_expert_gate"]),
