@@ -101,6 +101,7 @@ from .llama4 import LLAMA4_TEXT
 from .llama_like import LLAMA_LIKE_FAMILIES
 from .marian import MARIAN
 from .mbart import MBART
+from .ministral3 import MINISTRAL3
 from .olmo import OLMO
 from .olmoe import OLMOE_FAMILIES
 from .phi3 import PHI3
@@ -712,6 +713,7 @@ FAMILIES: dict[str, Family] = {
             expressible=frozenset({"head_dim", "nope_layers", "sliding_window"}),
         ),
         Family(MinistralConfig, MinistralForCausalLM, DecoderForCausalLM, fields=same(*MINISTRAL_FIELDS)),
+        MINISTRAL3,
         Family(
             ArceeConfig, ArceeForCausalLM, DecoderForCausalLM, fields=same(*LLAMA_FIELDS), implied={"mlp_type": "plain"}
         ),
@@ -829,6 +831,7 @@ IGNORES_PARTIAL_ROTARY = (
     "exaone4",
     "helium",
     "ministral",
+    "ministral3",
     "arcee",
     "seed_oss",
     "falcon",

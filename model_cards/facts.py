@@ -292,6 +292,9 @@ def architecture_rows(config: dict[str, Any]) -> list[tuple[str, str]]:
     if config.get("attention_sinks"):  # GPT-OSS
         rows.append(("attention sinks", "a learned logit per head in the softmax's denominator"))
     rows.append(("positions", _positions(config, encoder_decoder)))
+    if config.get("query_scaling_beta"):  # Mistral 3's `llama_4_scaling_beta`
+        beta, length = config["query_scaling_beta"], config.get("query_scaling_length")
+        rows.append(("query scaling", f"× 1 + {beta:g} · log(1 + floor(position / {length})) after RoPE"))
     norm = config.get("norm_type", default_norm)
     eps = _first(config, "rms_norm_eps", "layer_norm_eps", "norm_eps")
     rows.append(("normalization", f"{norm}" + (f" (eps={eps:g})" if isinstance(eps, (int, float)) else "")))

@@ -314,11 +314,14 @@ class Attention(FusableProjections, nn.Module):
         attention function gets next) and sets this layer type's own there, in place."""
         if self.qk_norm_per_head and not self.qk_norm_after_rope:
             query, key = self.q_norm(query), self.k_norm(key)
+        query_scales = None
         if position_embeddings is not None:
-            cos, sin = position_embeddings
+            cos, sin, *query_scales = position_embeddings  # (a third: Mistral 3's query scales, `with_query_scales`)
             query, key = self.rotate(query, key, cos, sin)
         if self.qk_norm_per_head and self.qk_norm_after_rope:  # (Hunyuan, Llama 4)
             query, key = self.q_norm(query), self.k_norm(key)
+        if query_scales:
+            query = query * query_scales[0].to(query.dtype)
         if self.temperature is not None:
             query = self.tuned_temperature(query, past_key_values)
         if is_paged_cache(past_key_values):

@@ -289,6 +289,11 @@ class DecoderConfig(PreTrainedConfig):
             1 + attn_scale · log(1 + floor((p + 1) / floor_scale)) at token index p (counted from the cache's
             start, as Llama 4), sharpening attention over long contexts (Llama 4's temperature tuning; Nakanishi
             2025, "Scalable-Softmax"). floor_scale (`float`, 8192) / attn_scale (`float`, 0.1): its two constants.
+        query_scaling_beta (`float`, 0.0): the queries of every layer with RoPE times
+            1 + query_scaling_beta · log(1 + floor(p / query_scaling_length)) at the row's position p (its position
+            id), after RoPE: attention sharpened past the length the model was trained at (Mistral 3's
+            `llama_4_scaling_beta`, Ministral 3). 0: off. query_scaling_length (`int`, *optional*): the length of
+            each step (Ministral 3: its YaRN's `original_max_position_embeddings`); required with a beta.
         prefix_lm (`bool`, False): bidirectional attention over a per-row prefix given as `prefix_lengths` to
             `forward` / `generate`, causal after it (seed 003).
         use_qk_norm (`bool`, False): a `norm_type` norm of the queries and keys before RoPE (Qwen3, OLMo 2).
@@ -548,6 +553,8 @@ class DecoderConfig(PreTrainedConfig):
     attn_temperature_tuning: bool = False
     floor_scale: int | float = 8192
     attn_scale: int | float = 0.1
+    query_scaling_beta: int | float = 0.0
+    query_scaling_length: int | None = None
     prefix_lm: bool = False
     use_qk_norm: bool = False
     qk_norm_scope: str = "head"
@@ -702,6 +709,7 @@ NOT_WITH_LATENT_ATTENTION = (
     "query_pre_attn_scalar",
     "attention_multiplier",
     "attn_temperature_tuning",
+    "query_scaling_beta",
 )
 
 
@@ -735,6 +743,7 @@ def _validate_latent_attention(config: Any) -> None:
         "use_qk_norm": False,
         "attention_sinks": False,
         "attn_temperature_tuning": False,
+        "query_scaling_beta": 0.0,
         "sub_layer_norm": False,
         "bitlinear": False,
     }
@@ -1033,6 +1042,7 @@ def _validate_catalogue(config: Any) -> None:
             "cache drops prefix keys that later queries must still see. Use full attention layers."
         )
     _validate_llama4_attention(config)
+    _validate_query_scaling(config)
     requested = requested_attention(config)
     if requested is not None:
         check_attention_backend(config, requested)
@@ -1082,6 +1092,26 @@ def _validate_llama4_attention(config: Any) -> None:
         raise ValueError(
             "`attn_temperature_tuning=True` scales the queries of the NoPE layers, but `nope_layers` is "
             f"{config.nope_layers!r}: list the layers without RoPE in `nope_layers`, or leave it False."
+        )
+
+
+def _validate_query_scaling(config: Any) -> None:
+    """Mistral 3's query scaling: a finite beta >= 0, a positive step length with a beta, RoPE to scale after."""
+    beta = config.query_scaling_beta
+    if isinstance(beta, bool) or not isinstance(beta, (int, float)) or not math.isfinite(beta) or beta < 0:
+        raise ValueError(f"`query_scaling_beta` must be a finite number >= 0 (0: off), got {beta!r}.")
+    if not beta:
+        return
+    if config.query_scaling_length is None:
+        raise ValueError(
+            f"`query_scaling_beta={beta}` scales the queries at every `query_scaling_length` positions, but "
+            "`query_scaling_length` is None: set it (Ministral 3: its YaRN's original_max_position_embeddings)."
+        )
+    check_positive(config, "query_scaling_length")
+    if config.position_embedding_type != "rope":
+        raise ValueError(
+            f"`query_scaling_beta` scales the queries of the layers with RoPE, but `position_embedding_type` is "
+            f"{config.position_embedding_type!r}: use 'rope', or leave `query_scaling_beta` at 0."
         )
 
 

@@ -57,7 +57,7 @@ from .losses import shift_labels as next_token_targets
 from .moe import collect_router_logits, count_expert_loads, load_balancing_loss, router_z_loss
 from .positions import check_given_position_ids, position_bias, position_ids_from_mask, position_table
 from .pretrained import ArchlabPreTrainedModel
-from .rotary import LayerTypeRotaryEmbeddings, RotaryEmbedding, rotary_per_layer_type
+from .rotary import LayerTypeRotaryEmbeddings, RotaryEmbedding, rotary_per_layer_type, with_query_scales
 
 
 def _is_padding_mask(attention_mask: torch.Tensor | dict | None) -> bool:
@@ -270,6 +270,8 @@ class DecoderModel(DecoderPreTrainedModel):
         if self.embedding_layernorm is not None:
             hidden_states = self.embedding_layernorm(hidden_states)
         position_embeddings = self.rotary_emb(hidden_states, position_ids) if self.rotary_emb is not None else None
+        if position_embeddings is not None and self.config.query_scaling_beta:
+            position_embeddings = with_query_scales(position_embeddings, position_ids, self.config)
 
         all_hidden_states = () if output_hidden_states else None
         all_attentions = () if output_attentions else None

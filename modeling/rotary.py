@@ -14,6 +14,9 @@ where that is longer (`rope_length`: Qwen2.5's yarn recipe keeps `max_position_e
 `rope_parameters` may hold one parameter set per layer type (`{"full_attention": {...}, "sliding_attention": {...}}`,
 transformers 5's form: Gemma3's local layers rotate with a base of 10k, its global ones with 1M):
 `LayerTypeRotaryEmbeddings` then builds one `RotaryEmbedding` per layer type present.
+
+With `query_scaling_beta` (Mistral 3) the tables carry a third entry, each position's query scale
+(`with_query_scales`), which the attention multiplies its rotated queries by.
 """
 
 from __future__ import annotations
@@ -153,6 +156,18 @@ def rotary_per_layer_type(config) -> bool:
     encoder-decoder's and the masked LM's)."""
     parameters = getattr(config, "rope_parameters", None)
     return isinstance(parameters, dict) and any(isinstance(value, dict) for value in parameters.values())
+
+
+def with_query_scales(position_embeddings, position_ids: torch.Tensor, config):
+    """The rotary tables (cos, sin), or one per layer type, with a third entry: each position's query scale
+    1 + query_scaling_beta · log(1 + floor(p / query_scaling_length)), shaped (B or 1, 1, T, 1) to multiply the
+    rotated queries (B, H, T, D) — Mistral 3's `llama_4_scaling` from the rows' own position ids (a left-padded row's
+    count from its first token), as transformers' Ministral 3 computes it (float32, then the queries' dtype)."""
+    if isinstance(position_embeddings, dict):
+        return {kind: with_query_scales(tables, position_ids, config) for kind, tables in position_embeddings.items()}
+    steps = torch.floor(position_ids.float() / config.query_scaling_length)
+    scales = 1 + config.query_scaling_beta * torch.log(1 + steps)
+    return (*position_embeddings, scales[:, None, :, None])
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:

@@ -74,7 +74,9 @@ def qkv_rotary_cache_applies(attention, layer, hidden_states: torch.Tensor, posi
         return False
     if triton is None or position_embeddings is None or type(layer) is not SpannedLayer or layer.span is None:
         return False
-    cos, _ = position_embeddings
+    if len(position_embeddings) != 2:  # query scales beside the tables (Mistral 3): the attention applies them
+        return False
+    cos = position_embeddings[0]
     keys = layer.keys
     batch, length, _ = hidden_states.shape
     return (

@@ -145,6 +145,9 @@ DECODER_VARIANTS = {
     # Llama 4's chunked attention: each query sees its own block of WINDOW positions
     "all_chunked_attention": dict(attention_chunk_size=WINDOW, layer_types=["chunked_attention"] * 2),
     "llama4_attention": LLAMA4_ATTENTION,  # (above)
+    # Mistral 3's query scaling: every rotating layer's queries scaled up at each step of 4 positions (its own
+    # position ids: a left-padded row counts from its first token)
+    "query_scaling": dict(query_scaling_beta=0.5, query_scaling_length=WINDOW),
     "rope_per_layer_type": dict(  # Gemma3: local layers with their own base, the global ones scaled
         sliding_window=WINDOW,
         layer_types=list(LOCAL_GLOBAL),

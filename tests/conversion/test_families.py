@@ -66,6 +66,7 @@ from transformers import (
     MBartConfig,
     MellumConfig,
     MiniMaxM2Config,
+    Ministral3Config,
     MinistralConfig,
     MistralConfig,
     MixtralConfig,
@@ -341,6 +342,25 @@ CASES = {
     "ministral": (
         MinistralConfig(**LLAMA_LIKE, sliding_window=4, layer_types=["sliding_attention", "full_attention"]),
         {"sliding_window": 4, "layer_types": ["sliding_attention", "full_attention"]},
+    ),
+    # Ministral 3: YaRN, the queries scaled after RoPE by 1 + β · log(1 + floor(p / 4)) (steps inside the batches)
+    "ministral3": (
+        Ministral3Config(
+            **LLAMA_LIKE,
+            rope_parameters={
+                "rope_type": "yarn",
+                "rope_theta": 1e6,
+                "factor": 16.0,
+                "original_max_position_embeddings": 4,
+                "max_position_embeddings": 64,
+                "beta_fast": 32.0,
+                "beta_slow": 1.0,
+                "mscale": 1.0,
+                "mscale_all_dim": 1.0,
+                "llama_4_scaling_beta": 0.5,
+            },
+        ),
+        {"query_scaling_beta": 0.5, "query_scaling_length": 4},
     ),
     # Arcee: a plain ReLU² MLP
     "arcee": (ArceeConfig(**LLAMA_LIKE, mlp_bias=True), {"mlp_type": "plain", "hidden_act": "relu2", "mlp_bias": True}),
@@ -1382,6 +1402,7 @@ NOT_EXPRESSIBLE = {
     "glm": ({"norm_position": "sandwich"}, ["norm_position"]),
     "glm4": ({"norm_position": "pre"}, ["norm_position"]),
     "ministral": ({"attention_bias": True}, ["attention_bias"]),
+    "ministral3": ({"query_scaling_length": 8}, ["query_scaling_length"]),
     "arcee": ({"mlp_type": "gated"}, ["mlp_type"]),
     "bitnet": ({"sub_layer_norm": False}, ["sub_layer_norm"]),
     "seed_oss": ({"use_qk_norm": True}, ["use_qk_norm"]),
@@ -2542,8 +2563,11 @@ def _llava_style(model_type: str, case: str | None = None) -> torch.nn.Module:
     return model
 
 
-@pytest.mark.parametrize("model_type", sorted(LLAVA_STYLE))
-def test_a_llava_style_multimodal_folder_imports_its_language_model(tmp_path, model_type):
+@pytest.mark.parametrize(
+    "model_type, case",
+    [*sorted(LLAVA_STYLE.items()), ("mistral3", "ministral3")],  # (Ministral 3's folders: its text config names it)
+)
+def test_a_llava_style_multimodal_folder_imports_its_language_model(tmp_path, model_type, case):
     """Gemma 3 (4B-27B), Mistral Small 3.1, LLaVA (1.5, NeXT, OneVision, ViP), Aya Vision and InternVL are published
     as multimodal folders: the converter reads the language model (the `text_config`, its tensors as published and
     saved, `language_model.model.*`, or under the modules' names, `model.language_model.*`), and the archlab model
@@ -2551,7 +2575,7 @@ def test_a_llava_style_multimodal_folder_imports_its_language_model(tmp_path, mo
     class never softcaps its logits; the head tied as the outer config says)."""
     from safetensors.torch import load_file, save_file
 
-    stock = _llava_style(model_type)
+    stock = _llava_style(model_type, case)
     stock.save_pretrained(tmp_path / "stock")
     convert_checkpoint(tmp_path / "stock", tmp_path / "archlab")
     model = DecoderForCausalLM.from_pretrained(tmp_path / "archlab").eval()

@@ -416,6 +416,23 @@ def test_rope_type_is_checked_at_construction():
         (dict(final_logit_softcapping=0.0), r"`final_logit_softcapping` must be a positive"),
         (dict(residual_multiplier=0.0), r"`residual_multiplier` must be a positive, finite number, got 0.0"),
         (dict(sub_layer_norm=True, num_local_experts=4), r"`sub_layer_norm=True` norms a dense MLP's.*'dense'"),
+        (dict(query_scaling_beta=0.1), r"`query_scaling_length` is None: set it"),
+        (dict(query_scaling_beta=-0.1, query_scaling_length=8), r"`query_scaling_beta` must be a finite number >= 0"),
+        (dict(query_scaling_beta=0.1, query_scaling_length=0), r"`query_scaling_length` must be a positive integer"),
+        (
+            dict(query_scaling_beta=0.1, query_scaling_length=8, position_embedding_type="alibi"),
+            r"`query_scaling_beta` scales the queries of the layers with RoPE.*'alibi'",
+        ),
+        (
+            dict(
+                query_scaling_beta=0.1,
+                query_scaling_length=8,
+                kv_lora_rank=16,
+                num_key_value_heads=4,
+                qk_rope_head_dim=8,
+            ),
+            r"`query_scaling_beta` \(0.1\) changes an attention that multi-head latent attention",
+        ),
         (
             dict(sub_layer_norm=True, kv_lora_rank=16, num_key_value_heads=4, qk_rope_head_dim=8),
             r"`sub_layer_norm` \(True\) changes an attention that multi-head latent attention",

@@ -189,6 +189,8 @@ def test_the_kernel_applies_to_a_spanned_layer_rotated_without_qk_norm(monkeypat
     assert qkv_rotary_cache_applies(attention, layer, x, rotary)
     assert not qkv_rotary_cache_applies(attention, layer, torch.zeros(5, 1, 48, device=DEVICE), _rotary(5, 1, 16, 5))
     assert not qkv_rotary_cache_applies(attention, layer, x, None)  # no RoPE (ALiBi, T5's bias, NoPE)
+    scales = torch.ones(2, 1, 1, 1, device=DEVICE)
+    assert not qkv_rotary_cache_applies(attention, layer, x, (*rotary, scales))  # Mistral 3's query scales
     assert qkv_rotary_cache_applies(attention, layer, x, tuple(t[..., :8] for t in rotary))  # partial rotary
     assert not qkv_rotary_cache_applies(attention, layer, x, tuple(t[..., :7] for t in rotary))  # (odd: no pairs)
     assert not qkv_rotary_cache_applies(_real_attention(use_qk_norm=True), layer, x, rotary)
