@@ -1951,11 +1951,12 @@ TAGS = {0: "O", 1: "B-NUM", 2: "I-NUM", 3: "B-WORD", 4: "I-WORD"}
 
 
 def test_every_generic_token_and_qa_head_is_checked():
-    """Llama, Mistral, Ministral, Mixtral, Qwen2, Qwen2-MoE, Qwen3, Qwen3-MoE, SmolLM3, EXAONE 4, Arcee, Seed-OSS and
-    Nemotron (both heads), GPT-J (question answering), Gemma, Gemma2, GLM, GLM-4, Helium, Phi, Phi-3, StableLM and
-    StarCoder2 (tokens)."""
+    """Llama, Mistral, Ministral, Ministral 3, Mixtral, Qwen2, Qwen2-MoE, Qwen3, Qwen3-MoE, SmolLM3, EXAONE 4, Arcee,
+    Seed-OSS and Nemotron (both heads), GPT-J (question answering), Gemma, Gemma2, GLM, GLM-4, Helium, Phi, Phi-3,
+    StableLM and StarCoder2 (tokens)."""
     qa, tokens = {_family(case).name for case in QA_CASES}, {_family(case).name for case in TOKEN_CASES}
-    both = {"llama", "mistral", "ministral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "smollm3"}
+    both = {"llama", "mistral", "ministral", "ministral3", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe"}
+    both |= {"smollm3"}
     both |= {"exaone4", "arcee", "seed_oss", "nemotron"}
     assert qa == both | {"gptj"} and both <= tokens
     assert {"gemma", "gemma2", "glm", "glm4", "helium", "phi", "phi3", "stablelm", "starcoder2"} <= tokens
