@@ -23,6 +23,10 @@ group-limited routing (`topk_method="group_limited_greedy"`, DeepSeek-V2 and Cod
 `topk_group=3`) scores a group by its best expert: archlab's `router_group_score="max"` (DeepSeek-V2-Lite and
 Coder-V2-Lite route greedily).
 
+Sarvam's MLA model (`sarvam_mla`, Sarvam-105B) is DeepSeek-V3 under its own config class (transformers runs it on
+`DeepseekV3ForCausalLM`; the class reads its remote code's legacy config fields). Youtu-LLM (`youtu`, Tencent) is
+DeepSeek-V3's attention in Llama's block with a dense SwiGLU MLP in every layer.
+
 GLM-4.7-Flash (`glm4_moe_lite`) is DeepSeek-V3's attention with GLM-4.5's experts (DeepSeek-V3's router) and its
 dense and sparse layers listed per layer (`mlp_layer_types`, as archlab's); its config's `head_dim` is another name of
 `qk_rope_head_dim`.
@@ -30,6 +34,7 @@ dense and sparse layers listed per layer (`mlp_layer_types`, as archlab's); its 
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -43,6 +48,9 @@ from transformers import (
     Glm4MoeLiteConfig,
     Glm4MoeLiteForCausalLM,
     PreTrainedConfig,
+    SarvamMLAConfig,
+    YoutuConfig,
+    YoutuForCausalLM,
 )
 
 from ..modeling import DecoderForCausalLM
@@ -239,6 +247,45 @@ GLM4_MOE_LITE = Family(
     expressible=frozenset({"shared_expert_intermediate_size", "router_z_loss_coef", *ROUTER_GROUPS}),
     layout=DEEPSEEK_V3_LAYOUT,
 )
-DEEPSEEK_MLA_FAMILIES = (DEEPSEEK_V3, DEEPSEEK_V2, GLM4_MOE_LITE)
 
-__all__ = ["DEEPSEEK_MLA_FAMILIES", "DEEPSEEK_V2", "DEEPSEEK_V3", "GLM4_MOE_LITE"]
+# --- Sarvam-105B: DeepSeek-V3 under its own config class ------------------------------------------------------------
+
+SARVAM_MLA = dataclasses.replace(DEEPSEEK_V3, config_class=SarvamMLAConfig)
+
+# --- Youtu-LLM: DeepSeek-V3's attention, a dense MLP in every layer ---------------------------------------------------
+
+
+def _youtu_to_archlab(stock: PreTrainedConfig, values: Mapping[str, Any]) -> dict[str, Any]:
+    if not stock.rope_interleave:
+        refuse_import(
+            "youtu", {setting(stock, "rope_interleave"): "archlab converts Youtu's interleaved RoPE, as published"}
+        )
+    return {}
+
+
+def _youtu_from_archlab(config: PreTrainedConfig) -> dict[str, Any]:
+    wrong = {}
+    if config.kv_lora_rank is None:
+        wrong[setting(config, "kv_lora_rank")] = "Youtu's attention is multi-head latent attention"
+    if "sparse" in config.mlp_layer_types:
+        wrong[setting(config, "mlp_layer_types")] = "every Youtu layer has a dense MLP"
+    refuse_export("YoutuForCausalLM", wrong)
+    return {"rope_interleave": True}
+
+
+YOUTU = Family(
+    YoutuConfig,
+    YoutuForCausalLM,
+    DecoderForCausalLM,
+    fields=same(*(name for name in LLAMA_FIELDS if name not in ("head_dim", "mlp_bias")), *LATENT_ATTENTION_FIELDS),
+    to_archlab=_youtu_to_archlab,
+    from_archlab=_youtu_from_archlab,
+    layout=Layout(
+        to_archlab=lambda state_dict, config: _permuted(state_dict, config, False),
+        from_archlab=lambda state_dict, config: _permuted(state_dict, config, True),
+    ),
+)
+
+DEEPSEEK_MLA_FAMILIES = (DEEPSEEK_V3, DEEPSEEK_V2, GLM4_MOE_LITE, SARVAM_MLA, YOUTU)
+
+__all__ = ["DEEPSEEK_MLA_FAMILIES", "DEEPSEEK_V2", "DEEPSEEK_V3", "GLM4_MOE_LITE", "SARVAM_MLA", "YOUTU"]

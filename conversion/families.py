@@ -856,6 +856,8 @@ IGNORES_PARTIAL_ROTARY = (
     "deepseek_v3",
     "deepseek_v2",
     "glm4_moe_lite",
+    "sarvam_mla",
+    "youtu",
 )
 READS_UNDECLARED_HEAD_DIM = ("stablelm", "gpt_neox")
 

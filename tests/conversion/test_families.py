@@ -86,6 +86,7 @@ from transformers import (
     Qwen3Config,
     Qwen3MoeConfig,
     RobertaConfig,
+    SarvamMLAConfig,
     SeedOssConfig,
     SmolLM3Config,
     SolarOpenConfig,
@@ -94,6 +95,7 @@ from transformers import (
     T5Config,
     UMT5Config,
     VaultGemmaConfig,
+    YoutuConfig,
 )
 from transformers.models.mbart.modeling_mbart import shift_tokens_right as mbart_shift_tokens_right
 
@@ -654,6 +656,37 @@ CASES = {
             "shared_expert_intermediate_size": 16,
             "rope_parameters": DEEPSEEK_YARN,
         },
+    ),
+    # Sarvam-105B: DeepSeek-V3 under its own config class
+    "sarvam_mla": (
+        SarvamMLAConfig(
+            **{
+                **{k: v for k, v in LLAMA_LIKE.items() if k != "head_dim"},
+                "num_hidden_layers": 3,
+                "num_key_value_heads": 4,
+            },
+            **LATENT_ATTENTION,
+            **DEEPSEEK_EXPERTS,
+            n_shared_experts=1,
+            first_k_dense_replace=1,
+            rope_parameters=DEEPSEEK_YARN,
+        ),
+        {"kv_lora_rank": 16, "mlp_layer_types": ["dense", "sparse", "sparse"], "router_score_function": "sigmoid"},
+    ),
+    # Youtu-LLM: DeepSeek-V3's attention (interleaved RoPE, a query latent) in Llama's block, dense MLPs; no pad id,
+    # as Youtu's (transformers' Youtu zeroes a pad id's embedding row whenever it loads one)
+    "youtu": (
+        YoutuConfig(
+            **{
+                **{k: v for k, v in LLAMA_LIKE.items() if k != "head_dim"},
+                "num_key_value_heads": 4,
+                "pad_token_id": None,
+            },
+            **LATENT_ATTENTION,
+            q_lora_rank=12,
+            rope_parameters=DEEPSEEK_YARN,
+        ),
+        {"kv_lora_rank": 16, "q_lora_rank": 12, "mlp_layer_types": ["dense", "dense"]},
     ),
     # DeepSeek-V2 (V2-Lite's form): latent attention with one query projection, interleaved RoPE; a dense layer then
     # DeepSeek-V2's experts (softmax, greedy, not renormalised, scaled) with two shared experts
@@ -1418,6 +1451,8 @@ NOT_EXPRESSIBLE = {
     "llama4_text": ({"routing_weights_on_input": False}, ["routing_weights_on_input"]),
     "deepseek_v3": ({"mlp_layer_types": ["sparse", "dense", "sparse"]}, ["mlp_layer_types"]),
     "deepseek_v2": ({"router_correction_bias": True}, ["router_correction_bias"]),
+    "sarvam_mla": ({"mlp_layer_types": ["sparse", "dense", "sparse"]}, ["mlp_layer_types"]),
+    "youtu": ({"norm_position": "sandwich"}, ["norm_position"]),
     "apertus": ({"mlp_type": "gated"}, ["mlp_type"]),
     "glm4_moe_lite": ({"router_score_function": "softmax"}, ["router_score_function"]),
     "hunyuan_v1_moe": ({"shared_expert_intermediate_size": 32}, ["shared_expert_intermediate_size"]),
