@@ -106,8 +106,9 @@ def convert_checkpoint(src: str | os.PathLike, dst: str | os.PathLike, to: str |
     raise ConversionError(f"{src} has model_type={model_type!r}; the converter knows: {known}.")
 
 
-# the families whose config holds RoPE per layer type (transformers 5's form); the others build one for every layer
-ROPE_PER_LAYER_TYPE_FAMILIES = ("gemma3_text", "olmo3", "mellum")
+# the families whose config holds RoPE per layer type (transformers 5's form; Granite SWA's a base per layer,
+# `layer_rope_theta`); the others build one for every layer
+ROPE_PER_LAYER_TYPE_FAMILIES = ("gemma3_text", "olmo3", "mellum", "granite_swa")
 
 
 def with_one_rope(config: PreTrainedConfig, to: str) -> PreTrainedConfig:

@@ -838,6 +838,7 @@ IGNORES_PARTIAL_ROTARY = (
     "granite",
     "granitemoe",
     "granitemoeshared",
+    "granite_swa",
     "cohere",
     "cohere2",
     "vaultgemma",

@@ -19,6 +19,12 @@ Their checkpoints hold the experts fused (`block_sparse_moe.input_linear` = [gat
 the router `router.layer`; the shared expert's `shared_mlp.input_linear` = [gate; up]), which `GRANITE_MOE_LAYOUT`
 renames (and splits the shared expert's [gate; up]) both ways; in memory transformers names them
 `block_sparse_moe.experts.gate_up_proj` / `down_proj` and `router.weight`, the names an export hands the stock class.
+
+Granite SWA (`granite_swa`, granite-swash) is Granite with local and global layers (`sliding_window`, `layer_types`:
+every fourth layer global by default), a learned sink logit per head (`self_attn.sinks`, archlab's
+`attention_sinks`: its eager path scales the output by sigmoid(logsumexp(scores) - sink), the same function as GPT-OSS's
+extra softmax logit) and a RoPE base per layer (`layer_rope_theta`, 0 for a NoPE layer): archlab's `nope_layers` and one
+RoPE set, or one per layer type where the local and global layers' bases differ.
 """
 
 from __future__ import annotations
@@ -35,11 +41,13 @@ from transformers import (
     GraniteMoeForCausalLM,
     GraniteMoeSharedConfig,
     GraniteMoeSharedForCausalLM,
+    GraniteSWAConfig,
+    GraniteSWAForCausalLM,
     PreTrainedConfig,
 )
 
 from ..modeling import DecoderForCausalLM
-from .checks import head_dim_given, head_dim_to_write, refuse_export, setting
+from .checks import head_dim_given, head_dim_to_write, refuse_export, refuse_import, setting
 from .family import Family, Layout, StateDict, same
 from .field_lists import LLAMA_FIELDS
 
@@ -184,6 +192,65 @@ GRANITE_MOE_SHARED = Family(
     expressible=SCALES | {"mlp_layer_types", "router_z_loss_coef"},
     layout=GRANITE_MOE_LAYOUT,
 )
-GRANITE_FAMILIES = (GRANITE, GRANITE_MOE, GRANITE_MOE_SHARED)
 
-__all__ = ["GRANITE", "GRANITE_FAMILIES", "GRANITE_MOE", "GRANITE_MOE_SHARED", "GRANITE_MOE_LAYOUT"]
+# --- Granite SWA: local and global layers, a sink per head, a RoPE base per layer ------------------------------------
+
+
+def _swa_to_archlab(stock: PreTrainedConfig, values: Mapping[str, Any]) -> dict[str, Any]:
+    """Granite's, with `layer_rope_theta` (a base per layer, 0 for NoPE) as `nope_layers` and one RoPE set for every
+    layer, or one per layer type where the two types' bases differ; other patterns are refused."""
+    thetas, kinds = list(stock.layer_rope_theta), list(stock.layer_types)
+    nope = [i for i, theta in enumerate(thetas) if not theta]
+    bases = {kind: {theta for theta, k in zip(thetas, kinds) if theta and k == kind} for kind in set(kinds)}
+    if any(len(found) > 1 for found in bases.values()):
+        refuse_import(
+            "granite_swa",
+            {
+                f"layer_rope_theta={thetas!r}": (
+                    "archlab rotates the layers of one type (`layer_types`) with one RoPE base"
+                )
+            },
+        )
+    rope = {key: value for key, value in stock.rope_parameters.items()}
+    bases = {kind: found.pop() for kind, found in bases.items() if found}
+    if len(set(bases.values())) > 1:
+        rope = {kind: {**rope, "rope_theta": theta} for kind, theta in bases.items()}
+    elif bases:
+        rope = {**rope, "rope_theta": next(iter(bases.values()))}
+    return {**_to_archlab(stock, values), "rope_parameters": rope, "nope_layers": nope or None}
+
+
+def _swa_from_archlab(config: PreTrainedConfig) -> dict[str, Any]:
+    if not config.attention_sinks:
+        refuse_export(
+            "GraniteSWAForCausalLM", {setting(config, "attention_sinks"): "every Granite SWA layer has a sink per head"}
+        )
+    nope = set(config.nope_layers or ())
+    per_type = {k: v for k, v in config.rope_parameters.items() if isinstance(v, dict)}
+    flat = dict(next(iter(per_type.values()))) if per_type else dict(config.rope_parameters)
+    thetas = [
+        0 if i in nope else (per_type[kind] if per_type else flat)["rope_theta"]
+        for i, kind in enumerate(config.layer_types)
+    ]
+    if per_type and any({**v, "rope_theta": 0} != {**flat, "rope_theta": 0} for v in per_type.values()):
+        refuse_export(
+            "GraniteSWAForCausalLM",
+            {setting(config, "rope_parameters"): "Granite SWA's layers differ in their RoPE base alone"},
+        )
+    return {**_from_archlab(config), "rope_parameters": flat, "layer_rope_theta": thetas}
+
+
+GRANITE_SWA = Family(
+    GraniteSWAConfig,
+    GraniteSWAForCausalLM,
+    DecoderForCausalLM,
+    fields=same(*GRANITE_FIELDS, "sliding_window", "layer_types"),
+    implied={"attention_sinks": True},
+    to_archlab=_swa_to_archlab,
+    from_archlab=_swa_from_archlab,
+    expressible=SCALES | {"nope_layers"},
+)
+
+GRANITE_FAMILIES = (GRANITE, GRANITE_MOE, GRANITE_MOE_SHARED, GRANITE_SWA)
+
+__all__ = ["GRANITE", "GRANITE_FAMILIES", "GRANITE_MOE", "GRANITE_MOE_SHARED", "GRANITE_MOE_LAYOUT", "GRANITE_SWA"]

@@ -8,9 +8,9 @@ qwen2_moe, qwen3, qwen3_moe, olmo, olmo2, olmo3, smollm3, exaone4, helium, arcee
 solar_open, minimax_m2, exaone_moe, afmoe, mellum, hunyuan_v1_dense, hunyuan_v1_moe, gpt_oss, llama4_text (and a llama4
 folder's language model; so gemma3, mistral3, llava, llava_next, llava_onevision, vipllava, aya_vision, internvl,
 qwen2_vl, qwen2_5_vl and qwen3_vl folders give theirs), bitnet (BitNet b1.58's bf16 and packed folders), deepseek_v2,
-deepseek_v3, glm4_moe_lite, sarvam_mla, youtu, granite, granitemoe, granitemoeshared, cohere, cohere2, olmoe, flex_olmo,
-cwm, ernie4_5, ernie4_5_moe, jais2, nemotron, internlm3, iquestcoder, exaone, apertus, gemma, gemma2, vaultgemma,
-gemma3_text, gpt_neox, gptj, falcon, bloom, mpt, opt, gpt2, openai-gpt, phi, phi3, stablelm, starcoder2
+deepseek_v3, glm4_moe_lite, sarvam_mla, youtu, granite, granitemoe, granitemoeshared, granite_swa, cohere, cohere2,
+olmoe, flex_olmo, cwm, ernie4_5, ernie4_5_moe, jais2, nemotron, internlm3, iquestcoder, exaone, apertus, gemma, gemma2,
+vaultgemma, gemma3_text, gpt_neox, gptj, falcon, bloom, mpt, opt, gpt2, openai-gpt, phi, phi3, stablelm, starcoder2
 (archlab decoder); marian, bart, mbart, t5 (T5 v1.0, v1.1, flan-T5), mt5 and umt5 (archlab encoder-decoder); bert and
 roberta (archlab's EncoderForMaskedLM). A config the other side cannot compute is refused with the fields named. A
 decoder family's `<Family>ForSequenceClassification` (a reward model, a classifier) converts to archlab's

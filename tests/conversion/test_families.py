@@ -54,6 +54,7 @@ from transformers import (
     GraniteConfig,
     GraniteMoeConfig,
     GraniteMoeSharedConfig,
+    GraniteSWAConfig,
     HeliumConfig,
     HunYuanDenseV1Config,
     HunYuanMoEV1Config,
@@ -780,6 +781,33 @@ CASES = {
             "head_dim": 16,
         },
     ),
+    # Granite SWA: a NoPE global layer and a rotating local one, a sink per head
+    "granite_swa": (
+        GraniteSWAConfig(
+            **QWEN2_SHAPE,
+            **GRANITE_MULTIPLIERS,
+            sliding_window=4,
+            layer_types=["full_attention", "sliding_attention"],
+            layer_rope_theta=[0, 1e4],
+        ),
+        {"attention_sinks": True, "nope_layers": [0], "sliding_window": 4, "logit_scale": 0.125},
+    ),
+    # and a base per layer type (both layers rotating)
+    "granite_swa-bases": (
+        GraniteSWAConfig(
+            **QWEN2_SHAPE,
+            sliding_window=4,
+            layer_types=["full_attention", "sliding_attention"],
+            layer_rope_theta=[1e6, 1e4],
+        ),
+        {
+            "nope_layers": None,
+            "rope_parameters": {
+                "full_attention": {"rope_type": "default", "rope_theta": 1e6},
+                "sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+            },
+        },
+    ),
     "granitemoe": (
         GraniteMoeConfig(**QWEN2_SHAPE, num_local_experts=4, num_experts_per_tok=2, **GRANITE_MULTIPLIERS),
         {"mlp_layer_types": ["sparse"] * 2, "moe_intermediate_size": 64, "norm_topk_prob": True, "logit_scale": 0.125},
@@ -1440,6 +1468,7 @@ NOT_EXPRESSIBLE = {
     "bitnet": ({"sub_layer_norm": False}, ["sub_layer_norm"]),
     "seed_oss": ({"use_qk_norm": True}, ["use_qk_norm"]),
     "granite": ({"query_pre_attn_scalar": 16, "attention_multiplier": None}, ["query_pre_attn_scalar"]),
+    "granite_swa": ({"attention_sinks": False}, ["attention_sinks"]),
     "glm4_moe": ({"router_score_function": "softmax", "mlp_layer_types": ["sparse"] * 3}, ["router_score_function"]),
     "dots1": ({"mlp_layer_types": ["sparse", "dense", "sparse"]}, ["mlp_layer_types"]),
     "minimax_m2": ({"router_correction_bias": False}, ["router_correction_bias"]),
@@ -2497,6 +2526,25 @@ def test_bitnet_folders_archlab_does_not_compute_are_refused(folders, tmp_path, 
     precision are refused by name, nothing written."""
     with pytest.raises(ConversionError, match=rf"bitnet checkpoint.*{re.escape(named)}"):
         convert_checkpoint(_bitnet_folder(folders, tmp_path, **quantization), tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_granite_swa_folder_rotating_layers_of_one_type_with_two_bases_is_refused(tmp_path):
+    """Granite SWA's `layer_rope_theta` gives each layer a base; archlab gives each layer type one: two global layers
+    with different bases are refused by name, nothing written."""
+    from transformers import GraniteSWAForCausalLM
+
+    config = GraniteSWAConfig(
+        **{**QWEN2_SHAPE, "num_hidden_layers": 3},
+        sliding_window=4,
+        layer_types=["full_attention", "sliding_attention", "full_attention"],
+        layer_rope_theta=[1e6, 1e4, 5e5],
+    )
+    GraniteSWAForCausalLM(config).save_pretrained(tmp_path / "stock")
+    with pytest.raises(
+        ConversionError, match=r"granite_swa checkpoint.*layer_rope_theta=\[1000000\.0, 10000\.0, 500000"
+    ):
+        convert_checkpoint(tmp_path / "stock", tmp_path / "out")
     assert not (tmp_path / "out").exists()
 
 
